@@ -1,0 +1,159 @@
+//! The method registry: every typed API method with its JSON Schemas, and strict decoding of
+//! request bodies against the method's input type.
+
+use super::AppState;
+use crate::refusal::{Refusal, Result};
+use futures::future::BoxFuture;
+use schemars::{JsonSchema, schema_for};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+type Handler = Arc<dyn Fn(AppState, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
+
+pub struct Method {
+    pub name: String,
+    pub summary: String,
+    pub input_schema: Value,
+    pub output_schema: Value,
+    handler: Handler,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    methods: BTreeMap<String, Method>,
+}
+
+impl Registry {
+    /// Register a method. `In` is decoded strictly (unknown fields refused) before `handler` runs.
+    pub fn add<In, Out, F, Fut>(&mut self, name: &str, summary: &str, handler: F)
+    where
+        In: DeserializeOwned + JsonSchema + Send + 'static,
+        Out: Serialize + JsonSchema + 'static,
+        F: Fn(AppState, In) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Out>> + Send + 'static,
+    {
+        assert!(valid_method_name(name), "method name {name} must be <area>.<verb> in camelCase");
+        assert!(!self.methods.contains_key(name), "method {name} registered twice");
+        let handler = Arc::new(handler);
+        let method = Method {
+            name: name.into(),
+            summary: summary.into(),
+            input_schema: serde_json::to_value(schema_for!(In)).expect("schema serializes"),
+            output_schema: serde_json::to_value(schema_for!(Out)).expect("schema serializes"),
+            handler: Arc::new(move |state, body| {
+                let handler = handler.clone();
+                Box::pin(async move {
+                    let input: In = decode(body)?;
+                    let output = handler(state, input).await?;
+                    serde_json::to_value(output).map_err(Refusal::internal)
+                })
+            }),
+        };
+        self.methods.insert(name.into(), method);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Method> {
+        self.methods.get(name)
+    }
+
+    pub fn list(&self) -> impl Iterator<Item = &Method> {
+        self.methods.values()
+    }
+
+    /// The machine-readable listing served at `GET /api/v1/methods`.
+    pub fn describe(&self) -> Value {
+        let methods: Vec<Value> = self
+            .list()
+            .map(|m| json!({"name": m.name, "summary": m.summary, "input": m.input_schema, "output": m.output_schema}))
+            .collect();
+        json!({ "methods": methods })
+    }
+}
+
+impl Method {
+    pub async fn call(&self, state: AppState, body: Value) -> Result<Value> {
+        (self.handler)(state, body).await
+    }
+}
+
+/// `<area>.<verb>`: lowercase-initial camelCase words joined by one dot.
+pub fn valid_method_name(name: &str) -> bool {
+    let Some((area, verb)) = name.split_once('.') else { return false };
+    let word = |w: &str| w.starts_with(|c: char| c.is_ascii_lowercase()) && w.chars().all(|c| c.is_ascii_alphanumeric()) && w.len() <= 64;
+    word(area) && word(verb)
+}
+
+/// Decode a body strictly. A mistake names the field: unknown fields by their path, type
+/// errors by the path where they occurred.
+pub fn decode<T: DeserializeOwned>(body: Value) -> Result<T> {
+    serde_path_to_error::deserialize(body).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.inner().to_string();
+        let (field, message) = match inner.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`')) {
+            Some((name, _)) => {
+                // the path already ends at the unknown field
+                let field = if path == "." || path.is_empty() { name.to_string() } else { path.clone() };
+                (field.clone(), format!("unknown field {field:?}"))
+            }
+            None if path == "." || path.is_empty() => (String::new(), format!("invalid request body: {inner}")),
+            None => (path.clone(), format!("invalid field {path:?}: {inner}")),
+        };
+        let refusal = Refusal::invalid_request(message);
+        if field.is_empty() { refusal } else { refusal.with_data(json!({ "field": field })) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Input {
+        name: String,
+        nested: Option<Nested>,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Nested {
+        count: u32,
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = decode::<Input>(json!({"name": "x", "extra": 1})).unwrap_err();
+        assert_eq!(err.code, "invalid-request");
+        assert_eq!(err.data.unwrap()["field"], "extra");
+        let err = decode::<Input>(json!({"name": "x", "nested": {"count": 1, "deep": 2}})).unwrap_err();
+        assert_eq!(err.data.unwrap()["field"], "nested.deep");
+    }
+
+    #[test]
+    fn type_errors_and_missing_fields_are_refused() {
+        let err = decode::<Input>(json!({"name": 5})).unwrap_err();
+        assert_eq!(err.data.unwrap()["field"], "name");
+        let err = decode::<Input>(json!({"name": "x", "nested": {"count": -1}})).unwrap_err();
+        assert_eq!(err.data.unwrap()["field"], "nested.count");
+        let err = decode::<Input>(json!({})).unwrap_err();
+        assert_eq!(err.code, "invalid-request");
+        assert!(err.message.contains("name"), "{}", err.message);
+        assert_eq!(decode::<Input>(json!([])).unwrap_err().code, "invalid-request");
+    }
+
+    #[test]
+    fn method_names_are_area_dot_verb() {
+        for ok in ["auth.login", "services.create", "appstore.getCatalogStatus"] {
+            assert!(valid_method_name(ok), "{ok}");
+        }
+        for bad in ["login", "Auth.login", "a.b.c", "a.", ".b", "a.get-x"] {
+            assert!(!valid_method_name(bad), "{bad}");
+        }
+    }
+}

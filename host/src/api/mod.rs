@@ -1,0 +1,168 @@
+//! The HTTP API: typed methods at `POST /api/v1/<method>`, their listing at
+//! `GET /api/v1/methods`, and the probes `GET /healthz` and `GET /status`.
+//!
+//! Every answer carries an `x-request-id` header; the same id is on every log line of the
+//! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
+
+pub mod methods;
+mod system;
+
+use crate::blobs::Blobs;
+use crate::migrate::Chain;
+use crate::refusal::Refusal;
+use crate::store::Store;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+pub use methods::Registry;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub blobs: Blobs,
+    pub chain: Arc<Chain>,
+    pub methods: Arc<Registry>,
+    pub max_body_bytes: usize,
+    pub public_origin: String,
+}
+
+impl AppState {
+    pub fn new(store: Store, blobs: Blobs, chain: Chain, max_body_bytes: usize, public_origin: String) -> Self {
+        let mut registry = Registry::default();
+        system::register(&mut registry);
+        AppState { store, blobs, chain: Arc::new(chain), methods: Arc::new(registry), max_body_bytes, public_origin }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/status", get(status))
+        .route("/api/v1/methods", get(list_methods))
+        .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// An error as the client sees it.
+pub struct ApiError(pub Refusal);
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        ApiError(r)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let refusal = self.0;
+        let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "request failed: {}", refusal.message);
+        } else {
+            tracing::info!(code = %refusal.code, "request refused: {}", refusal.message);
+        }
+        (status, Json(json!({ "error": refusal }))).into_response()
+    }
+}
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// Give each request an id (a well-formed incoming one is kept, so a load balancer's id
+/// threads through), run it inside a span carrying the id, and stamp the id on the answer.
+async fn request_id(request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path());
+    let started = Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    span.in_scope(|| tracing::info!(status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request done"));
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn status(State(state): State<AppState>) -> Response {
+    let report = system::status_report(&state).await;
+    let code = if report.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(report)).into_response()
+}
+
+async fn list_methods(State(state): State<AppState>) -> Json<Value> {
+    Json(state.methods.describe())
+}
+
+async fn call_method(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Result<Json<Value>, ApiError> {
+    let methods = state.methods.clone();
+    let Some(method) = methods.get(&name) else {
+        return Err(Refusal::new("method-unknown", format!("there is no method {name:?}; GET /api/v1/methods lists them"))
+            .with_data(json!({ "method": truncate(&name) }))
+            .into());
+    };
+    if let Some(kind) = headers.get(header::CONTENT_TYPE) {
+        let kind = kind.to_str().unwrap_or("");
+        if !kind.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json") {
+            return Err(Refusal::new("unsupported-media-type", "request bodies are JSON: send Content-Type: application/json").into());
+        }
+    }
+    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
+    let input: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
+        json!({})
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))?
+    };
+    Ok(Json(method.call(state, input).await?))
+}
+
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
+    let too_large = || {
+        Refusal::new("request-too-large", format!("request bodies are limited to {limit} bytes")).with_data(json!({ "limitBytes": limit }))
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(err) = source {
+            if err.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            source = err.source();
+        }
+        Refusal::invalid_request("the request body could not be read").detail(e)
+    })
+}
+
+async fn method_not_allowed() -> ApiError {
+    Refusal::new("method-not-allowed", "API methods are called with POST").into()
+}
+
+async fn not_found() -> ApiError {
+    Refusal::new("not-found", "no such path; the API lives under /api/v1/").into()
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(100).collect()
+}

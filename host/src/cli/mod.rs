@@ -1,0 +1,89 @@
+//! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
+
+mod serve;
+
+use crate::config::{self, Flags};
+use crate::refusal::Refusal;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "capstan", version, about = "Capstan: a self-hosted infrastructure control plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the Capstan host: the API, the store, the blobs, the migrations.
+    ///
+    /// Without --dev every required variable must be set (see below); with --dev, missing
+    /// values get embedded defaults under the data directory and each one chosen is printed.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Development mode: embedded SQLite store and local blobs under --data-dir, created on
+    /// first start and reused after.
+    #[arg(long)]
+    dev: bool,
+    /// --dev only: where the embedded data lives [env: CAPSTAN_DATA_DIR] [default: ./capstan-data]
+    #[arg(long, value_name = "DIR", requires = "dev")]
+    data_dir: Option<PathBuf>,
+    /// Address to bind, e.g. 127.0.0.1:8080 [env: CAPSTAN_LISTEN]
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// A TOML file with any of the variables below (keys lower-case, without CAPSTAN_)
+    /// [env: CAPSTAN_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format [env: CAPSTAN_LOG_FORMAT] [default: human]
+    #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"])]
+    log_format: Option<String>,
+}
+
+/// Exit status for a refused configuration (nothing was opened).
+const EXIT_CONFIG: u8 = 2;
+/// Exit status for a refusal after configuration (store, blobs, migrations, bind).
+const EXIT_REFUSED: u8 = 1;
+
+pub fn main() -> ExitCode {
+    let command = Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(config::vars_help()));
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match cli.command {
+        Command::Serve(args) => {
+            let flags = Flags { dev: args.dev, data_dir: args.data_dir, listen: args.listen, config_file: args.config, log_format: args.log_format };
+            let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
+            let config = match config::resolve(&flags, &env) {
+                Ok(config) => config,
+                Err(refusal) => return refuse(&refusal, EXIT_CONFIG),
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return refuse(&Refusal::internal(format!("starting the async runtime: {e}")), EXIT_REFUSED),
+            };
+            match runtime.block_on(serve::run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(refusal) => {
+                    tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "start refused: {}", refusal.message);
+                    refuse(&refusal, EXIT_REFUSED)
+                }
+            }
+        }
+    }
+}
+
+/// Print a refusal for the operator: the code first, so scripts can match it.
+fn refuse(refusal: &Refusal, status: u8) -> ExitCode {
+    eprintln!("capstan: refused ({}): {}", refusal.code, refusal.message);
+    if let Some(detail) = &refusal.detail {
+        eprintln!("  detail: {detail}");
+    }
+    ExitCode::from(status)
+}

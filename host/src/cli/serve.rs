@@ -1,0 +1,92 @@
+//! `capstan serve`: open the store and blobs, migrate, then serve the API until a signal.
+
+use crate::api::{self, AppState};
+use crate::blobs::Blobs;
+use crate::config::{LogFormat, ServeConfig};
+use crate::migrate::{self, LockOptions};
+use crate::refusal::{Refusal, Result};
+use crate::store::Store;
+use std::os::unix::fs::DirBuilderExt;
+
+pub async fn run(config: ServeConfig) -> Result<()> {
+    init_logging(&config);
+    if let Some(dir) = &config.data_dir {
+        announce_dev(&config);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| Refusal::new("data-dir-unusable", format!("cannot create the data directory {}: {}", dir.display(), e.kind())))?;
+    }
+
+    let store = Store::open(&config.database_url, config.request_budget).await?;
+    store.ping().await?;
+    let blobs = Blobs::open(&config.blob_url).await?;
+    blobs.probe().await?;
+    tracing::info!(store = %store.describe(), blobs = %blobs.describe(), "storage ready");
+
+    let chain = migrate::host_chain();
+    let mut lock = LockOptions::for_this_process();
+    lock.wait = config.migration_lock_wait;
+    lock.ttl = config.migration_lock_ttl;
+    let outcome = migrate::run(&store, &chain, &lock).await?;
+    if outcome.stamped {
+        tracing::info!(version = %outcome.to, "new database stamped at data version {}", outcome.to);
+    } else if !outcome.applied.is_empty() {
+        tracing::info!(steps = ?outcome.applied, "migrated data to version {}", outcome.to);
+    }
+
+    let state = AppState::new(store, blobs, chain, config.max_body_bytes, config.public_origin.clone());
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Refusal::new("listen-failed", format!("cannot listen on {}: {}", config.listen, e.kind())))?;
+    let bound = listener.local_addr().map_err(Refusal::internal)?;
+    println!("Capstan serving on http://{bound} (public origin {})", config.public_origin);
+    tracing::info!(address = %bound, "serving");
+
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| Refusal::internal(format!("server failed: {e}")))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn announce_dev(config: &ServeConfig) {
+    println!("Capstan dev mode: embedded store and blobs, for one machine and for trying things out.");
+    for (var, value) in &config.dev_defaults {
+        println!("  {var} = {value}  (dev default)");
+    }
+    if config.dev_defaults.is_empty() {
+        println!("  every value was given explicitly; no defaults chosen");
+    }
+}
+
+fn init_logging(config: &ServeConfig) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| {
+        eprintln!("capstan: CAPSTAN_LOG {:?} is not a valid filter; using info", config.log_filter);
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let _ = match config.log_format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).try_init(),
+    };
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = terminate => {} }
+    tracing::info!("shutting down: finishing requests in flight");
+}

@@ -1,0 +1,376 @@
+//! Configuration of `capstan serve`: command-line flags, `CAPSTAN_*` environment variables and
+//! an optional TOML file, in that order of precedence, over built-in defaults.
+//!
+//! Without `--dev` nothing is invented: a start missing a required value is refused
+//! `config-missing`, naming every missing variable at once, before anything is opened.
+//! With `--dev` the missing values get defaults under the data directory, and each default
+//! chosen is reported so nothing is decided silently.
+
+use crate::refusal::{Refusal, Result};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// One configuration variable: its environment name, its key in the TOML file, and its help.
+pub struct Var {
+    pub env: &'static str,
+    pub required: bool,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+impl Var {
+    /// The key in the `--config` file: the variable without `CAPSTAN_`, lower-cased.
+    pub fn file_key(&self) -> String {
+        self.env.trim_start_matches("CAPSTAN_").to_ascii_lowercase()
+    }
+}
+
+pub const PUBLIC_ORIGIN: &str = "CAPSTAN_PUBLIC_ORIGIN";
+pub const KEYRING_PATH: &str = "CAPSTAN_KEYRING_PATH";
+pub const DATABASE_URL: &str = "CAPSTAN_DATABASE_URL";
+pub const BLOB_URL: &str = "CAPSTAN_BLOB_URL";
+pub const LISTEN: &str = "CAPSTAN_LISTEN";
+pub const DATA_DIR: &str = "CAPSTAN_DATA_DIR";
+pub const LOG: &str = "CAPSTAN_LOG";
+pub const LOG_FORMAT: &str = "CAPSTAN_LOG_FORMAT";
+pub const MAX_BODY_BYTES: &str = "CAPSTAN_MAX_BODY_BYTES";
+pub const REQUEST_BUDGET_MS: &str = "CAPSTAN_REQUEST_BUDGET_MS";
+pub const MIGRATION_LOCK_WAIT_MS: &str = "CAPSTAN_MIGRATION_LOCK_WAIT_MS";
+pub const MIGRATION_LOCK_TTL_MS: &str = "CAPSTAN_MIGRATION_LOCK_TTL_MS";
+
+/// Every variable `capstan serve` reads. `--help` and README.md are checked against this list.
+pub const VARS: &[Var] = &[
+    Var { env: PUBLIC_ORIGIN, required: true, default: "--dev: http://<listen address>", help: "Externally reachable origin of this Capstan (scheme, host, optional port; no path), e.g. https://capstan.example.com" },
+    Var { env: KEYRING_PATH, required: true, default: "--dev: <data dir>/keyring.json", help: "Path to the private keyring file (KEKs and the ingress recipient)" },
+    Var { env: DATABASE_URL, required: true, default: "--dev: sqlite:<data dir>/capstan.sqlite", help: "Document store: sqlite:<path> (embedded) or mongodb://… (production)" },
+    Var { env: BLOB_URL, required: true, default: "--dev: file:<data dir>/blobs", help: "Object storage: file:<dir> (embedded) or s3://<bucket>[/<prefix>] (production)" },
+    Var { env: LISTEN, required: false, default: "127.0.0.1:8080", help: "Address the HTTP API binds to (use 0.0.0.0:8080 in a container)" },
+    Var { env: DATA_DIR, required: false, default: "./capstan-data", help: "--dev only: directory holding the embedded store, blobs and keyring" },
+    Var { env: LOG, required: false, default: "info", help: "Log filter (tracing env-filter syntax, e.g. info,capstan=debug)" },
+    Var { env: LOG_FORMAT, required: false, default: "human", help: "Log format: human or json" },
+    Var { env: MAX_BODY_BYTES, required: false, default: "1048576", help: "Largest API request body accepted, in bytes" },
+    Var { env: REQUEST_BUDGET_MS, required: false, default: "5000", help: "Time a store transaction may spend retrying transient contention, in milliseconds" },
+    Var { env: MIGRATION_LOCK_WAIT_MS, required: false, default: "30000", help: "How long a start waits for another process's migration lock before refusing lock-timeout" },
+    Var { env: MIGRATION_LOCK_TTL_MS, required: false, default: "600000", help: "How long a migration lock lives unless renewed (a crashed holder blocks starts until then)" },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// What the command line said (flags win over everything else).
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub dev: bool,
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub config_file: Option<PathBuf>,
+    pub log_format: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub dev: bool,
+    pub data_dir: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub public_origin: String,
+    pub keyring_path: PathBuf,
+    pub database_url: String,
+    pub blob_url: String,
+    pub log_filter: String,
+    pub log_format: LogFormat,
+    pub max_body_bytes: usize,
+    pub request_budget: Duration,
+    pub migration_lock_wait: Duration,
+    pub migration_lock_ttl: Duration,
+    /// `(variable, value)` for every default dev mode chose, to be reported at start.
+    pub dev_defaults: Vec<(&'static str, String)>,
+}
+
+/// Read the `--config` TOML file into variable values, refusing unknown keys by name.
+pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Refusal::new("config-invalid", format!("cannot read the config file {}: {}", path.display(), e.kind()))
+    })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| Refusal::new("config-invalid", format!("config file {} is not valid TOML: {}", path.display(), e.message())))?;
+    let mut values = BTreeMap::new();
+    for (key, value) in table {
+        let Some(var) = VARS.iter().find(|v| v.file_key() == key) else {
+            let known: Vec<String> = VARS.iter().map(Var::file_key).collect();
+            return Err(Refusal::new("config-invalid", format!("config file {}: unknown key {key:?} (known: {})", path.display(), known.join(", ")))
+                .with_data(json!({"key": key})));
+        };
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            other => {
+                return Err(Refusal::new("config-invalid", format!("config file {}: {key} must be a string or an integer, not {}", path.display(), other.type_str()))
+                    .with_data(json!({"key": key})));
+            }
+        };
+        values.insert(var.env, text);
+    }
+    Ok(values)
+}
+
+/// Resolve the configuration from flags, the environment and the file. Pure: opens nothing
+/// except the config file, writes nothing.
+pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeConfig> {
+    let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let file = match &file_path {
+        Some(path) => read_file(path)?,
+        None => BTreeMap::new(),
+    };
+    let lookup = |name: &str| -> Option<String> {
+        env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned())
+    };
+    let mut dev_defaults = Vec::new();
+
+    let listen_text = flags.listen.clone().or_else(|| lookup(LISTEN)).unwrap_or_else(|| "127.0.0.1:8080".into());
+    let listen: SocketAddr = listen_text
+        .parse()
+        .map_err(|_| Refusal::new("config-invalid", format!("{LISTEN} must be an address like 127.0.0.1:8080, not {listen_text:?}")))?;
+
+    let data_dir = if flags.dev {
+        let dir = match flags.data_dir.clone().or_else(|| lookup(DATA_DIR).map(PathBuf::from)) {
+            Some(dir) => dir,
+            None => {
+                dev_defaults.push((DATA_DIR, "./capstan-data".to_string()));
+                PathBuf::from("./capstan-data")
+            }
+        };
+        Some(dir)
+    } else {
+        None
+    };
+
+    // Required values: from the sources, or (dev only) a default under the data dir.
+    let mut missing = Vec::new();
+    let mut required = |name: &'static str, dev_default: &dyn Fn(&Path) -> String| -> String {
+        if let Some(value) = lookup(name) {
+            return value;
+        }
+        match &data_dir {
+            Some(dir) => {
+                let value = dev_default(dir);
+                dev_defaults.push((name, value.clone()));
+                value
+            }
+            None => {
+                missing.push(name);
+                String::new()
+            }
+        }
+    };
+    let public_origin = required(PUBLIC_ORIGIN, &|_| format!("http://{listen}"));
+    let keyring_path = required(KEYRING_PATH, &|d| d.join("keyring.json").display().to_string());
+    let database_url = required(DATABASE_URL, &|d| format!("sqlite:{}", d.join("capstan.sqlite").display()));
+    let blob_url = required(BLOB_URL, &|d| format!("file:{}", d.join("blobs").display()));
+    if !missing.is_empty() {
+        return Err(Refusal::new(
+            "config-missing",
+            format!(
+                "missing required configuration: {} (set them in the environment or the --config file, or run `capstan serve --dev` for embedded defaults)",
+                missing.join(", ")
+            ),
+        )
+        .with_data(json!({ "missing": missing })));
+    }
+    validate_origin(&public_origin)?;
+
+    let log_format = match flags.log_format.clone().or_else(|| lookup(LOG_FORMAT)).as_deref().unwrap_or("human") {
+        "human" => LogFormat::Human,
+        "json" => LogFormat::Json,
+        other => return Err(Refusal::new("config-invalid", format!("{LOG_FORMAT} must be human or json, not {other:?}"))),
+    };
+    let number = |name: &str, default: u64, min: u64| -> Result<u64> {
+        match lookup(name) {
+            None => Ok(default),
+            Some(text) => match text.trim().parse::<u64>() {
+                Ok(n) if n >= min => Ok(n),
+                _ => Err(Refusal::new("config-invalid", format!("{name} must be a whole number of at least {min}, not {text:?}"))),
+            },
+        }
+    };
+    Ok(ServeConfig {
+        dev: flags.dev,
+        data_dir,
+        listen,
+        public_origin: public_origin.trim_end_matches('/').to_string(),
+        keyring_path: PathBuf::from(keyring_path),
+        database_url,
+        blob_url,
+        log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
+        log_format,
+        max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,
+        request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
+        migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
+        migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
+        dev_defaults,
+    })
+}
+
+fn validate_origin(origin: &str) -> Result<()> {
+    let refuse = || {
+        Err(Refusal::new(
+            "config-invalid",
+            format!("{PUBLIC_ORIGIN} must be an origin like https://capstan.example.com or http://127.0.0.1:8080 (no path, query or credentials)"),
+        ))
+    };
+    let Some(rest) = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://")) else {
+        return refuse();
+    };
+    let host = rest.trim_end_matches('/');
+    if host.is_empty() || host.contains(['/', '?', '#', '@', ' ']) {
+        return refuse();
+    }
+    Ok(())
+}
+
+/// The `--help` text listing every variable with its default.
+pub fn vars_help() -> String {
+    let mut out = String::from("Configuration (flags > environment > --config file > defaults):\n");
+    for var in VARS {
+        let required = if var.required { "required without --dev; " } else { "" };
+        out.push_str(&format!("  {}\n      {}\n      [{}default: {}] [file key: {}]\n", var.env, var.help, required, var.default, var.file_key()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn full() -> BTreeMap<String, String> {
+        env(&[
+            (PUBLIC_ORIGIN, "https://capstan.example.com"),
+            (KEYRING_PATH, "/etc/capstan/keyring.json"),
+            (DATABASE_URL, "sqlite:/var/lib/capstan/db.sqlite"),
+            (BLOB_URL, "file:/var/lib/capstan/blobs"),
+        ])
+    }
+
+    #[test]
+    fn missing_required_values_are_all_named_at_once() {
+        let err = resolve(&Flags::default(), &env(&[(KEYRING_PATH, "/k")])).unwrap_err();
+        assert_eq!(err.code, "config-missing");
+        for name in [PUBLIC_ORIGIN, DATABASE_URL, BLOB_URL] {
+            assert!(err.message.contains(name), "{name} named in {}", err.message);
+        }
+        assert!(!err.message.contains(KEYRING_PATH));
+        assert_eq!(err.data.unwrap()["missing"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn empty_values_count_as_missing() {
+        let mut e = full();
+        e.insert(BLOB_URL.into(), "  ".into());
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "config-missing");
+    }
+
+    #[test]
+    fn production_config_invents_nothing() {
+        let config = resolve(&Flags::default(), &full()).unwrap();
+        assert!(config.dev_defaults.is_empty());
+        assert!(config.data_dir.is_none());
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.log_format, LogFormat::Human);
+    }
+
+    #[test]
+    fn dev_mode_reports_every_default_it_chose() {
+        let flags = Flags { dev: true, listen: Some("127.0.0.1:9000".into()), ..Flags::default() };
+        let config = resolve(&flags, &env(&[(BLOB_URL, "file:/elsewhere")])).unwrap();
+        let chosen: Vec<&str> = config.dev_defaults.iter().map(|(k, _)| *k).collect();
+        assert_eq!(chosen, vec![DATA_DIR, PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL]);
+        assert_eq!(config.public_origin, "http://127.0.0.1:9000");
+        assert_eq!(config.blob_url, "file:/elsewhere", "an explicit value wins in dev mode too");
+        assert!(config.database_url.starts_with("sqlite:") && config.database_url.ends_with("capstan.sqlite"));
+    }
+
+    #[test]
+    fn flags_beat_environment_which_beats_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:1\"\nlog_format = \"json\"\npublic_origin = \"http://file\"\nmax_body_bytes = 2048\n").unwrap();
+        let mut e = full();
+        e.insert(LISTEN.into(), "127.0.0.1:2".into());
+        let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(config.listen.port(), 2, "environment beats file");
+        assert_eq!(config.public_origin, "https://capstan.example.com");
+        assert_eq!(config.log_format, LogFormat::Json, "file beats default");
+        assert_eq!(config.max_body_bytes, 2048);
+        let flags = Flags { config_file: Some(file), listen: Some("127.0.0.1:3".into()), log_format: Some("human".into()), ..Flags::default() };
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(config.listen.port(), 3, "flag beats environment");
+        assert_eq!(config.log_format, LogFormat::Human);
+    }
+
+    #[test]
+    fn the_file_supplies_required_values_and_refuses_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, "public_origin = \"http://x\"\nkeyring_path = \"/k\"\ndatabase_url = \"sqlite:/d\"\nblob_url = \"file:/b\"\n").unwrap();
+        let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
+        resolve(&flags, &BTreeMap::new()).unwrap();
+
+        std::fs::write(&file, "databse_url = \"sqlite:/d\"\n").unwrap();
+        let err = resolve(&flags, &BTreeMap::new()).unwrap_err();
+        assert_eq!(err.code, "config-invalid");
+        assert!(err.message.contains("databse_url"));
+
+        std::fs::write(&file, "listen = [1]\n").unwrap();
+        assert_eq!(resolve(&flags, &BTreeMap::new()).unwrap_err().code, "config-invalid");
+        std::fs::write(&file, "not toml").unwrap();
+        assert_eq!(resolve(&flags, &BTreeMap::new()).unwrap_err().code, "config-invalid");
+        let flags = Flags { config_file: Some(dir.path().join("absent.toml")), ..Flags::default() };
+        assert_eq!(resolve(&flags, &BTreeMap::new()).unwrap_err().code, "config-invalid");
+    }
+
+    #[test]
+    fn malformed_values_are_refused_by_name() {
+        for (name, value) in [
+            (LISTEN, "localhost"),
+            (PUBLIC_ORIGIN, "capstan.example.com"),
+            (PUBLIC_ORIGIN, "https://user:pw@x"),
+            (PUBLIC_ORIGIN, "https://x/path"),
+            (LOG_FORMAT, "xml"),
+            (MAX_BODY_BYTES, "lots"),
+            (MAX_BODY_BYTES, "10"),
+        ] {
+            let mut e = full();
+            e.insert(name.into(), value.into());
+            let err = resolve(&Flags::default(), &e).unwrap_err();
+            assert_eq!(err.code, "config-invalid", "{name}={value}");
+            assert!(!err.message.contains("pw"), "a refused origin is not echoed: it may carry credentials");
+        }
+    }
+
+    #[test]
+    fn help_documents_every_variable_and_default() {
+        let help = vars_help();
+        for var in VARS {
+            assert!(help.contains(var.env) && help.contains(var.default), "{}", var.env);
+        }
+    }
+
+    #[test]
+    fn readme_documents_every_variable() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        for var in VARS {
+            assert!(readme.contains(var.env), "README.md lacks {}", var.env);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Capstan: the trusted host of a self-hosted infrastructure control plane.
+//!
+//! One folder per subsystem; see `ARCHITECTURE.md` at the repository root.
+
+pub mod api;
+pub mod blobs;
+pub mod cli;
+pub mod config;
+pub mod migrate;
+pub mod refusal;
+pub mod store;
