@@ -23,13 +23,7 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Refusal {
-            code: code.into(),
-            message: message.into(),
-            retryable: false,
-            data: None,
-            detail: None,
-        }
+        Refusal { code: code.into(), message: message.into(), retryable: false, data: None, detail: None }
     }
 
     pub fn retryable(mut self) -> Self {

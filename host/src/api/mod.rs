@@ -92,7 +92,9 @@ async fn request_id(request: Request, next: Next) -> Response {
     let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path());
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
-    span.in_scope(|| tracing::info!(status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request done"));
+    span.in_scope(|| {
+        tracing::info!(status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request done")
+    });
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
@@ -113,7 +115,12 @@ async fn list_methods(State(state): State<AppState>) -> Json<Value> {
     Json(state.methods.describe())
 }
 
-async fn call_method(State(state): State<AppState>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Result<Json<Value>, ApiError> {
+async fn call_method(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
     let methods = state.methods.clone();
     let Some(method) = methods.get(&name) else {
         return Err(Refusal::new("method-unknown", format!("there is no method {name:?}; GET /api/v1/methods lists them"))

@@ -67,13 +67,7 @@ pub async fn status_report(state: &AppState) -> StatusReport {
     let store = component(state.store.ping().await, state.store.describe());
     let blobs = component(state.blobs.list("", None, 1).await.map(|_| ()), state.blobs.describe());
     let migrations = migration_state(state).await;
-    StatusReport {
-        ready: store.ok && blobs.ok && migrations.done,
-        version: env!("CARGO_PKG_VERSION").into(),
-        store,
-        blobs,
-        migrations,
-    }
+    StatusReport { ready: store.ok && blobs.ok && migrations.done, version: env!("CARGO_PKG_VERSION").into(), store, blobs, migrations }
 }
 
 async fn migration_state(state: &AppState) -> MigrationState {
@@ -88,7 +82,9 @@ async fn migration_state(state: &AppState) -> MigrationState {
         oldest_supported: chain.oldest_supported.to_string(),
         running: ledger.as_ref().and_then(|l| l.running.clone()),
         history: ledger
-            .map(|l| l.history.into_iter().map(|h| HistoryEntry { step: h.step, from: h.from, to: h.to, finished_at: h.finished_at }).collect())
+            .map(|l| {
+                l.history.into_iter().map(|h| HistoryEntry { step: h.step, from: h.from, to: h.to, finished_at: h.finished_at }).collect()
+            })
             .unwrap_or_default(),
     }
 }
@@ -113,16 +109,22 @@ pub struct VersionReport {
 }
 
 pub fn register(registry: &mut Registry) {
-    registry.add("system.getStatus", "Readiness of the store, the blobs and the migrations (same as GET /status)", |state: AppState, _: Empty| async move {
-        Ok(status_report(&state).await)
-    });
+    registry.add(
+        "system.getStatus",
+        "Readiness of the store, the blobs and the migrations (same as GET /status)",
+        |state: AppState, _: Empty| async move { Ok(status_report(&state).await) },
+    );
     registry.add("system.getVersion", "The Capstan version and the data version it migrates to", |state: AppState, _: Empty| async move {
         Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: state.chain.target().to_string() })
     });
-    registry.add("migrations.getStatus", "A migration chain's ledger: data version, target, floor, history", |state: AppState, q: MigrationsQuery| async move {
-        match q.chain.as_deref() {
-            None | Some("capstan") => Ok(migration_state(&state).await),
-            Some(other) => Err(Refusal::not_found(format!("migration chain {other:?}"))),
-        }
-    });
+    registry.add(
+        "migrations.getStatus",
+        "A migration chain's ledger: data version, target, floor, history",
+        |state: AppState, q: MigrationsQuery| async move {
+            match q.chain.as_deref() {
+                None | Some("capstan") => Ok(migration_state(&state).await),
+                Some(other) => Err(Refusal::not_found(format!("migration chain {other:?}"))),
+            }
+        },
+    );
 }

@@ -12,10 +12,7 @@
 //! An etag is derived from the object file's metadata (inode, size, mtime, ctime), so it changes
 //! on every write without storing anything next to the object.
 
-use super::{
-    BlobBackend, BlobMeta, BlobPage, BlobReader, MAX_LIST_LIMIT, PutMode, validate_key,
-    validate_prefix,
-};
+use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, MAX_LIST_LIMIT, PutMode, validate_key, validate_prefix};
 use crate::refusal::{Refusal, Result};
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
@@ -52,26 +49,17 @@ impl LocalBlobs {
     pub async fn open(dir: &str) -> Result<LocalBlobs> {
         let given = dir.to_string();
         let inner = blocking(move || {
-            let root = std::path::absolute(&given)
-                .map_err(|e| unavailable("resolving the blob directory failed", e))?;
-            let inner = Inner {
-                objects: root.join("objects"),
-                tmp: root.join("tmp"),
-                lock: root.join("lock"),
-            };
+            let root = std::path::absolute(&given).map_err(|e| unavailable("resolving the blob directory failed", e))?;
+            let inner = Inner { objects: root.join("objects"), tmp: root.join("tmp"), lock: root.join("lock") };
             for dir in [&root, &inner.objects, &inner.tmp] {
-                make_dirs(dir)
-                    .map_err(|e| unavailable("creating the blob directory failed", at(dir, e)))?;
+                make_dirs(dir).map_err(|e| unavailable("creating the blob directory failed", at(dir, e)))?;
             }
             inner.open_lock_file()?;
             inner.remove_stale_temp_files();
             Ok(inner)
         })
         .await?;
-        Ok(LocalBlobs {
-            dir: dir.to_string(),
-            inner: Arc::new(inner),
-        })
+        Ok(LocalBlobs { dir: dir.to_string(), inner: Arc::new(inner) })
     }
 }
 
@@ -83,24 +71,16 @@ impl BlobBackend for LocalBlobs {
 
     async fn put(&self, key: &str, mut body: BlobReader, mode: PutMode) -> Result<BlobMeta> {
         validate_key(key)?;
-        let temp = TempFile(Some(
-            self.inner
-                .tmp
-                .join(format!("put-{:032x}", rand::random::<u128>())),
-        ));
+        let temp = TempFile(Some(self.inner.tmp.join(format!("put-{:032x}", rand::random::<u128>()))));
         let mut file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(temp.path())
             .await
-            .map_err(|e| {
-                unavailable("creating a temporary blob file failed", at(temp.path(), e))
-            })?;
+            .map_err(|e| unavailable("creating a temporary blob file failed", at(temp.path(), e)))?;
         let size = copy_body(&mut body, &mut file, temp.path()).await?;
-        file.flush()
-            .await
-            .map_err(|e| unavailable("writing a blob failed", at(temp.path(), e)))?;
+        file.flush().await.map_err(|e| unavailable("writing a blob failed", at(temp.path(), e)))?;
         let file = file.into_std().await;
         let inner = self.inner.clone();
         let key = key.to_string();
@@ -116,18 +96,12 @@ impl BlobBackend for LocalBlobs {
             Err(e) => return Err(unavailable("opening a blob failed", at(&path, e))),
         };
         // The etag comes from the open handle, so it describes exactly the bytes streamed.
-        let meta = file
-            .metadata()
-            .await
-            .map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
+        let meta = file.metadata().await.map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
         if !meta.is_file() {
             return Err(unavailable("a blob is not a regular file", path.display()));
         }
         let meta = blob_meta(key.to_string(), &meta);
-        Ok(Some((
-            meta,
-            Box::pin(tokio::io::BufReader::with_capacity(IO_BUF, file)),
-        )))
+        Ok(Some((meta, Box::pin(tokio::io::BufReader::with_capacity(IO_BUF, file)))))
     }
 
     async fn head(&self, key: &str) -> Result<Option<BlobMeta>> {
@@ -138,10 +112,7 @@ impl BlobBackend for LocalBlobs {
             Err(e) if is_absent(&e) => return Ok(None),
             Err(e) => return Err(unavailable("opening a blob failed", at(&path, e))),
         };
-        let meta = file
-            .metadata()
-            .await
-            .map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
+        let meta = file.metadata().await.map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
         if !meta.is_file() {
             return Err(unavailable("a blob is not a regular file", path.display()));
         }
@@ -154,9 +125,7 @@ impl BlobBackend for LocalBlobs {
             validate_key(cursor)?;
         }
         if limit == 0 {
-            return Err(Refusal::invalid_request(
-                "a blob listing needs a limit of at least 1",
-            ));
+            return Err(Refusal::invalid_request("a blob listing needs a limit of at least 1"));
         }
         let limit = limit.min(MAX_LIST_LIMIT);
         let inner = self.inner.clone();
@@ -200,20 +169,12 @@ impl Inner {
     /// two handles contend even inside one process (one shared handle would not).
     fn lock(&self) -> Result<File> {
         let file = self.open_lock_file()?;
-        file.lock()
-            .map_err(|e| unavailable("locking the blob directory failed", at(&self.lock, e)))?;
+        file.lock().map_err(|e| unavailable("locking the blob directory failed", at(&self.lock, e)))?;
         Ok(file)
     }
 
     /// Move a fully written temporary file into place if `mode` allows it.
-    fn commit(
-        &self,
-        temp: TempFile,
-        file: File,
-        size: u64,
-        key: String,
-        mode: PutMode,
-    ) -> Result<BlobMeta> {
+    fn commit(&self, temp: TempFile, file: File, size: u64, key: String, mode: PutMode) -> Result<BlobMeta> {
         // An mtime with nanosecond precision (the kernel stamps writes with a coarse clock)
         // makes an etag repeat after delete-and-recreate practically impossible.
         file.set_modified(SystemTime::now())
@@ -230,22 +191,15 @@ impl Inner {
         match (&mode, &current) {
             (PutMode::Overwrite, _) | (PutMode::CreateOnly, None) => {}
             (PutMode::CreateOnly, Some(_)) => {
-                return Err(Refusal::new("exists", format!("blob {key} already exists"))
-                    .with_data(serde_json::json!({ "key": key })));
+                return Err(Refusal::new("exists", format!("blob {key} already exists")).with_data(serde_json::json!({ "key": key })));
             }
             (PutMode::IfMatch(_), None) => {
-                return Err(Refusal::new(
-                    "conflict",
-                    format!("blob {key} does not exist, so it cannot match the given etag"),
-                )
-                .with_data(serde_json::json!({ "key": key })));
+                return Err(Refusal::new("conflict", format!("blob {key} does not exist, so it cannot match the given etag"))
+                    .with_data(serde_json::json!({ "key": key })));
             }
             (PutMode::IfMatch(expected), Some(etag)) if expected != etag => {
-                return Err(Refusal::new(
-                    "conflict",
-                    format!("blob {key} has changed (its etag no longer matches)"),
-                )
-                .with_data(serde_json::json!({ "key": key })));
+                return Err(Refusal::new("conflict", format!("blob {key} has changed (its etag no longer matches)"))
+                    .with_data(serde_json::json!({ "key": key })));
             }
             (PutMode::IfMatch(_), Some(_)) => {}
         }
@@ -253,16 +207,12 @@ impl Inner {
         let parent = target.parent().expect("an object path has a parent");
         let created_dirs = !parent.is_dir();
         if created_dirs {
-            make_dirs(parent)
-                .map_err(|e| unavailable("creating a blob directory failed", at(parent, e)))?;
+            make_dirs(parent).map_err(|e| unavailable("creating a blob directory failed", at(parent, e)))?;
         }
-        fs::rename(temp.path(), &target)
-            .map_err(|e| unavailable("storing a blob failed", at(&target, e)))?;
+        fs::rename(temp.path(), &target).map_err(|e| unavailable("storing a blob failed", at(&target, e)))?;
         temp.disarm();
 
-        let mut meta = file
-            .metadata()
-            .map_err(|e| unavailable("reading blob metadata failed", at(&target, e)))?;
+        let mut meta = file.metadata().map_err(|e| unavailable("reading blob metadata failed", at(&target, e)))?;
         let mut etag = etag_of(&meta);
         if current.as_ref() == Some(&etag) {
             // Never hand out the etag of the object this one replaced (ABA). With the old file
@@ -270,21 +220,15 @@ impl Inner {
             // not a path we expect. Double the step in case the filesystem has coarse times.
             let mut step = Duration::from_nanos(1);
             for _ in 0..48 {
-                let bumped = meta
-                    .modified()
-                    .map(|t| t + step)
-                    .and_then(|t| file.set_modified(t));
-                meta = bumped
-                    .and_then(|()| file.metadata())
-                    .map_err(|e| unavailable("updating blob metadata failed", at(&target, e)))?;
+                let bumped = meta.modified().map(|t| t + step).and_then(|t| file.set_modified(t));
+                meta = bumped.and_then(|()| file.metadata()).map_err(|e| unavailable("updating blob metadata failed", at(&target, e)))?;
                 etag = etag_of(&meta);
                 if current.as_ref() != Some(&etag) {
                     break;
                 }
                 step *= 2;
             }
-            file.sync_all()
-                .map_err(|e| unavailable("writing a blob failed", at(&target, e)))?;
+            file.sync_all().map_err(|e| unavailable("writing a blob failed", at(&target, e)))?;
         }
 
         // Make the new directory entries durable: the parent, and every directory created.
@@ -296,16 +240,8 @@ impl Inner {
             }
             dir = d.parent();
         }
-        debug_assert_eq!(
-            meta.len(),
-            size,
-            "the stored size matches the bytes streamed"
-        );
-        Ok(BlobMeta {
-            key,
-            size: meta.len(),
-            etag,
-        })
+        debug_assert_eq!(meta.len(), size, "the stored size matches the bytes streamed");
+        Ok(BlobMeta { key, size: meta.len(), etag })
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
@@ -338,15 +274,10 @@ impl Inner {
             None => self.objects.clone(),
         };
         let mut items = Vec::new();
-        walk(&dir, base, Some(partial), cursor, limit + 1, &mut items)
-            .map_err(|e| unavailable("listing blobs failed", at(&dir, e)))?;
+        walk(&dir, base, Some(partial), cursor, limit + 1, &mut items).map_err(|e| unavailable("listing blobs failed", at(&dir, e)))?;
         let more = items.len() > limit;
         items.truncate(limit);
-        let next_cursor = if more {
-            items.last().map(|m| m.key.clone())
-        } else {
-            None
-        };
+        let next_cursor = if more { items.last().map(|m| m.key.clone()) } else { None };
         Ok(BlobPage { items, next_cursor })
     }
 
@@ -357,10 +288,8 @@ impl Inner {
         };
         let now = SystemTime::now();
         for entry in entries.flatten() {
-            let stale = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_TMP_AGE));
+            let stale =
+                entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_TMP_AGE));
             if stale && entry.file_type().is_ok_and(|t| t.is_file()) {
                 let _ = fs::remove_file(entry.path());
             }
@@ -376,14 +305,7 @@ impl Inner {
 /// directory) yields keys in byte order: a directory's keys all start with `name/` and no
 /// sibling key has that as a prefix. So the walk can stop early and skip whole directories
 /// that lie before the cursor.
-fn walk(
-    dir: &Path,
-    key_prefix: &str,
-    partial: Option<&str>,
-    cursor: Option<&str>,
-    want: usize,
-    out: &mut Vec<BlobMeta>,
-) -> io::Result<()> {
+fn walk(dir: &Path, key_prefix: &str, partial: Option<&str>, cursor: Option<&str>, want: usize, out: &mut Vec<BlobMeta>) -> io::Result<()> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if is_absent(&e) => return Ok(()),
@@ -406,9 +328,7 @@ fn walk(
         };
         let (segment, is_dir) = if file_type.is_dir() {
             (name.as_str(), true)
-        } else if let (true, Some(segment)) =
-            (file_type.is_file(), name.strip_suffix(OBJECT_SUFFIX))
-        {
+        } else if let (true, Some(segment)) = (file_type.is_file(), name.strip_suffix(OBJECT_SUFFIX)) {
             (segment, false)
         } else {
             continue;
@@ -416,18 +336,8 @@ fn walk(
         if validate_key(segment).is_err() || partial.is_some_and(|p| !segment.starts_with(p)) {
             continue;
         }
-        let key = if is_dir {
-            format!("{key_prefix}{segment}/")
-        } else {
-            format!("{key_prefix}{segment}")
-        };
-        let before_cursor = cursor.is_some_and(|c| {
-            if is_dir {
-                key.as_str() < c && !c.starts_with(&key)
-            } else {
-                key.as_str() <= c
-            }
-        });
+        let key = if is_dir { format!("{key_prefix}{segment}/") } else { format!("{key_prefix}{segment}") };
+        let before_cursor = cursor.is_some_and(|c| if is_dir { key.as_str() < c && !c.starts_with(&key) } else { key.as_str() <= c });
         if !before_cursor {
             found.push((key, is_dir));
         }
@@ -438,14 +348,7 @@ fn walk(
             break;
         }
         if is_dir {
-            walk(
-                &dir.join(key[key_prefix.len()..].trim_end_matches('/')),
-                &key,
-                None,
-                cursor,
-                want,
-                out,
-            )?;
+            walk(&dir.join(key[key_prefix.len()..].trim_end_matches('/')), &key, None, cursor, want, out)?;
             continue;
         }
         let path = dir.join(format!("{}{OBJECT_SUFFIX}", &key[key_prefix.len()..]));
@@ -466,11 +369,10 @@ async fn copy_body(body: &mut BlobReader, file: &mut tokio::fs::File, path: &Pat
     loop {
         let mut filled = 0;
         while filled < buf.len() {
-            let n = body.read(&mut buf[filled..]).await.map_err(|e| {
-                Refusal::new("blobs-unavailable", "reading the blob body failed")
-                    .retryable()
-                    .detail(e)
-            })?;
+            let n = body
+                .read(&mut buf[filled..])
+                .await
+                .map_err(|e| Refusal::new("blobs-unavailable", "reading the blob body failed").retryable().detail(e))?;
             if n == 0 {
                 break;
             }
@@ -479,9 +381,7 @@ async fn copy_body(body: &mut BlobReader, file: &mut tokio::fs::File, path: &Pat
         if filled == 0 {
             return Ok(total);
         }
-        file.write_all(&buf[..filled])
-            .await
-            .map_err(|e| unavailable("writing a blob failed", at(path, e)))?;
+        file.write_all(&buf[..filled]).await.map_err(|e| unavailable("writing a blob failed", at(path, e)))?;
         total += filled as u64;
     }
 }
@@ -516,97 +416,51 @@ pub(crate) async fn probe_conditional_writes<B: BlobBackend + ?Sized>(backend: &
     outcome?;
     match cleanup {
         Ok(true) => Ok(()),
-        Ok(false) => Err(capability_missing(
-            "delete",
-            "deleting the probe object reported it absent",
-        )),
+        Ok(false) => Err(capability_missing("delete", "deleting the probe object reported it absent")),
         Err(e) => Err(e),
     }
 }
 
 async fn probe_steps<B: BlobBackend + ?Sized>(backend: &B, key: &str) -> Result<()> {
     let body = |bytes: &'static [u8]| -> BlobReader { Box::pin(bytes) };
-    let first = backend
-        .put(key, body(b"capstan probe 1"), PutMode::Overwrite)
-        .await?;
+    let first = backend.put(key, body(b"capstan probe 1"), PutMode::Overwrite).await?;
     match backend.head(key).await? {
         Some(meta) if meta.etag == first.etag && meta.size == first.size => {}
         other => {
-            return Err(capability_missing(
-                "read-after-write",
-                format!("head after put returned {other:?}"),
-            ));
+            return Err(capability_missing("read-after-write", format!("head after put returned {other:?}")));
         }
     }
-    expect_refused(
-        backend
-            .put(key, body(b"capstan probe x"), PutMode::CreateOnly)
-            .await,
-        "exists",
-        "create-only",
-    )?;
-    let second = match backend
-        .put(
-            key,
-            body(b"capstan probe 2"),
-            PutMode::IfMatch(first.etag.clone()),
-        )
-        .await
-    {
+    expect_refused(backend.put(key, body(b"capstan probe x"), PutMode::CreateOnly).await, "exists", "create-only")?;
+    let second = match backend.put(key, body(b"capstan probe 2"), PutMode::IfMatch(first.etag.clone())).await {
         Ok(meta) => meta,
         Err(e) if e.is("blobs-unavailable") => return Err(e),
         Err(e) => {
-            return Err(capability_missing(
-                "if-match",
-                format!("if-match with the current etag was refused: {e}"),
-            ));
+            return Err(capability_missing("if-match", format!("if-match with the current etag was refused: {e}")));
         }
     };
     if second.etag == first.etag {
-        return Err(capability_missing(
-            "etag-changes-on-write",
-            "a write kept the previous etag",
-        ));
+        return Err(capability_missing("etag-changes-on-write", "a write kept the previous etag"));
     }
-    expect_refused(
-        backend
-            .put(key, body(b"capstan probe y"), PutMode::IfMatch(first.etag))
-            .await,
-        "conflict",
-        "if-match",
-    )
+    expect_refused(backend.put(key, body(b"capstan probe y"), PutMode::IfMatch(first.etag)).await, "conflict", "if-match")
 }
 
 fn expect_refused(outcome: Result<BlobMeta>, code: &str, capability: &str) -> Result<()> {
     match outcome {
         Err(e) if e.is(code) => Ok(()),
         Err(e) if e.is("blobs-unavailable") => Err(e),
-        Err(e) => Err(capability_missing(
-            capability,
-            format!("expected `{code}`, got {e}"),
-        )),
-        Ok(meta) => Err(capability_missing(
-            capability,
-            format!("expected `{code}`, the write succeeded: {meta:?}"),
-        )),
+        Err(e) => Err(capability_missing(capability, format!("expected `{code}`, got {e}"))),
+        Ok(meta) => Err(capability_missing(capability, format!("expected `{code}`, the write succeeded: {meta:?}"))),
     }
 }
 
 fn capability_missing(capability: &str, detail: impl fmt::Display) -> Refusal {
-    Refusal::new(
-        "blob-capability-missing",
-        format!("the blob store does not honour {capability} writes"),
-    )
-    .with_data(serde_json::json!({ "capability": capability }))
-    .detail(detail)
+    Refusal::new("blob-capability-missing", format!("the blob store does not honour {capability} writes"))
+        .with_data(serde_json::json!({ "capability": capability }))
+        .detail(detail)
 }
 
 fn blob_meta(key: String, meta: &Metadata) -> BlobMeta {
-    BlobMeta {
-        key,
-        size: meta.len(),
-        etag: etag_of(meta),
-    }
+    BlobMeta { key, size: meta.len(), etag: etag_of(meta) }
 }
 
 /// Hex of the first 16 bytes of sha256 over (inode, size, mtime ns, ctime ns).
@@ -615,10 +469,7 @@ fn etag_of(meta: &Metadata) -> String {
     for n in [meta.ino(), meta.size()] {
         hash.update(n.to_le_bytes());
     }
-    for (secs, nanos) in [
-        (meta.mtime(), meta.mtime_nsec()),
-        (meta.ctime(), meta.ctime_nsec()),
-    ] {
+    for (secs, nanos) in [(meta.mtime(), meta.mtime_nsec()), (meta.ctime(), meta.ctime_nsec())] {
         hash.update((i128::from(secs) * 1_000_000_000 + i128::from(nanos)).to_le_bytes());
     }
     hex::encode(&hash.finalize()[..16])
@@ -638,9 +489,7 @@ fn is_absent(e: &io::Error) -> bool {
 
 /// An io failure: the client sees `what`, the log also sees the path and the error.
 fn unavailable(what: &str, detail: impl fmt::Display) -> Refusal {
-    Refusal::new("blobs-unavailable", what)
-        .retryable()
-        .detail(detail)
+    Refusal::new("blobs-unavailable", what).retryable().detail(detail)
 }
 
 fn at(path: &Path, e: io::Error) -> String {
@@ -648,9 +497,7 @@ fn at(path: &Path, e: io::Error) -> String {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Refusal::internal(format!("blob task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| Refusal::internal(format!("blob task failed: {e}")))?
 }
 
 #[cfg(test)]
@@ -661,11 +508,7 @@ mod tests {
 
     async fn open_temp() -> (tempfile::TempDir, Blobs) {
         let dir = tempfile::tempdir().unwrap();
-        let blobs = Blobs::new(
-            LocalBlobs::open(dir.path().to_str().unwrap())
-                .await
-                .unwrap(),
-        );
+        let blobs = Blobs::new(LocalBlobs::open(dir.path().to_str().unwrap()).await.unwrap());
         (dir, blobs)
     }
 
@@ -692,10 +535,7 @@ mod tests {
         let blobs = LocalBlobs::open(dir).await.unwrap();
         assert_eq!(blobs.describe(), format!("file:{dir}"));
         for sub in ["new", "new/blobs", "new/blobs/objects", "new/blobs/tmp"] {
-            let mode = fs::metadata(parent.path().join(sub))
-                .unwrap()
-                .permissions()
-                .mode();
+            let mode = fs::metadata(parent.path().join(sub)).unwrap().permissions().mode();
             assert_eq!(mode & 0o077, 0, "{sub} is private: {mode:o}");
         }
         assert!(root.join("lock").is_file());
@@ -704,10 +544,7 @@ mod tests {
         // A file where the directory should be is `blobs-unavailable`, without the path.
         let file = parent.path().join("file");
         fs::write(&file, b"x").unwrap();
-        let err = LocalBlobs::open(file.to_str().unwrap())
-            .await
-            .err()
-            .unwrap();
+        let err = LocalBlobs::open(file.to_str().unwrap()).await.err().unwrap();
         assert!(err.is("blobs-unavailable") && err.retryable, "{err}");
         assert!(!err.message.contains('/'), "{err:?}");
         assert!(err.detail.unwrap().contains(file.to_str().unwrap()));
@@ -716,65 +553,35 @@ mod tests {
     #[tokio::test]
     async fn key_and_nested_keys_coexist() {
         let (dir, blobs) = open_temp().await;
-        blobs
-            .put_bytes("a", b"file".to_vec(), PutMode::CreateOnly)
-            .await
-            .unwrap();
-        blobs
-            .put_bytes("a/b", b"nested".to_vec(), PutMode::CreateOnly)
-            .await
-            .unwrap();
-        blobs
-            .put_bytes("a/b/c", b"deeper".to_vec(), PutMode::CreateOnly)
-            .await
-            .unwrap();
+        blobs.put_bytes("a", b"file".to_vec(), PutMode::CreateOnly).await.unwrap();
+        blobs.put_bytes("a/b", b"nested".to_vec(), PutMode::CreateOnly).await.unwrap();
+        blobs.put_bytes("a/b/c", b"deeper".to_vec(), PutMode::CreateOnly).await.unwrap();
         assert!(dir.path().join("objects/a~").is_file());
         assert!(dir.path().join("objects/a/b~").is_file());
         assert!(dir.path().join("objects/a/b/c~").is_file());
         assert_eq!(blobs.get_bytes("a").await.unwrap().unwrap().1, b"file");
         assert_eq!(blobs.get_bytes("a/b").await.unwrap().unwrap().1, b"nested");
-        assert_eq!(
-            blobs.get_bytes("a/b/c").await.unwrap().unwrap().1,
-            b"deeper"
-        );
+        assert_eq!(blobs.get_bytes("a/b/c").await.unwrap().unwrap().1, b"deeper");
         let page = blobs.list("", None, 10).await.unwrap();
         let keys: Vec<_> = page.items.iter().map(|m| m.key.as_str()).collect();
         assert_eq!(keys, ["a", "a/b", "a/b/c"]);
         assert!(blobs.delete("a").await.unwrap());
         assert_eq!(blobs.get_bytes("a/b").await.unwrap().unwrap().1, b"nested");
         assert!(blobs.delete("a/b").await.unwrap());
-        assert_eq!(
-            blobs.get_bytes("a/b/c").await.unwrap().unwrap().1,
-            b"deeper"
-        );
+        assert_eq!(blobs.get_bytes("a/b/c").await.unwrap().unwrap().1, b"deeper");
     }
 
     #[tokio::test]
     async fn delete_removes_empty_directories() {
         let (dir, blobs) = open_temp().await;
         let objects = dir.path().join("objects");
-        blobs
-            .put_bytes("x/y/z/k2", b"2".to_vec(), PutMode::Overwrite)
-            .await
-            .unwrap();
-        blobs
-            .put_bytes("x/y/k1", b"1".to_vec(), PutMode::Overwrite)
-            .await
-            .unwrap();
+        blobs.put_bytes("x/y/z/k2", b"2".to_vec(), PutMode::Overwrite).await.unwrap();
+        blobs.put_bytes("x/y/k1", b"1".to_vec(), PutMode::Overwrite).await.unwrap();
         assert!(blobs.delete("x/y/z/k2").await.unwrap());
-        assert!(
-            !objects.join("x/y/z").exists(),
-            "the emptied directory is gone"
-        );
-        assert!(
-            objects.join("x/y").is_dir(),
-            "a directory still holding an object stays"
-        );
+        assert!(!objects.join("x/y/z").exists(), "the emptied directory is gone");
+        assert!(objects.join("x/y").is_dir(), "a directory still holding an object stays");
         assert!(blobs.delete("x/y/k1").await.unwrap());
-        assert!(
-            !objects.join("x").exists(),
-            "every emptied directory is gone"
-        );
+        assert!(!objects.join("x").exists(), "every emptied directory is gone");
         assert!(objects.is_dir(), "objects/ itself stays");
         assert!(!blobs.delete("x/y/k1").await.unwrap());
         // Deleting an absent key under a missing directory is just `false`.
@@ -784,39 +591,18 @@ mod tests {
     #[tokio::test]
     async fn refused_conditional_puts_leave_no_temp_file() {
         let (dir, blobs) = open_temp().await;
-        let meta = blobs
-            .put_bytes("k", b"v1".to_vec(), PutMode::CreateOnly)
-            .await
-            .unwrap();
+        let meta = blobs.put_bytes("k", b"v1".to_vec(), PutMode::CreateOnly).await.unwrap();
         assert!(tmp_is_empty(dir.path()));
-        let err = blobs
-            .put_bytes("k", b"v2".to_vec(), PutMode::CreateOnly)
-            .await
-            .unwrap_err();
+        let err = blobs.put_bytes("k", b"v2".to_vec(), PutMode::CreateOnly).await.unwrap_err();
         assert!(err.is("exists") && err.message.contains('k'), "{err}");
         assert!(tmp_is_empty(dir.path()), "temp file removed after `exists`");
-        blobs
-            .put_bytes("k", b"v2".to_vec(), PutMode::IfMatch(meta.etag.clone()))
-            .await
-            .unwrap();
-        let err = blobs
-            .put_bytes("k", b"v3".to_vec(), PutMode::IfMatch(meta.etag))
-            .await
-            .unwrap_err();
+        blobs.put_bytes("k", b"v2".to_vec(), PutMode::IfMatch(meta.etag.clone())).await.unwrap();
+        let err = blobs.put_bytes("k", b"v3".to_vec(), PutMode::IfMatch(meta.etag)).await.unwrap_err();
         assert!(err.is("conflict"), "{err}");
-        assert!(
-            tmp_is_empty(dir.path()),
-            "temp file removed after `conflict`"
-        );
-        let err = blobs
-            .put_bytes("absent", b"v".to_vec(), PutMode::IfMatch("x".into()))
-            .await
-            .unwrap_err();
+        assert!(tmp_is_empty(dir.path()), "temp file removed after `conflict`");
+        let err = blobs.put_bytes("absent", b"v".to_vec(), PutMode::IfMatch("x".into())).await.unwrap_err();
         assert!(err.is("conflict"), "{err}");
-        assert!(
-            tmp_is_empty(dir.path()),
-            "temp file removed after `conflict` on an absent key"
-        );
+        assert!(tmp_is_empty(dir.path()), "temp file removed after `conflict` on an absent key");
         assert!(!dir.path().join("objects/absent~").exists());
     }
 
@@ -838,10 +624,7 @@ mod tests {
             }
         }
         let (dir, blobs) = open_temp().await;
-        let err = blobs
-            .put("k", Box::pin(Failing(3)), PutMode::Overwrite)
-            .await
-            .unwrap_err();
+        let err = blobs.put("k", Box::pin(Failing(3)), PutMode::Overwrite).await.unwrap_err();
         assert!(err.is("blobs-unavailable") && err.retryable, "{err}");
         assert!(tmp_is_empty(dir.path()));
         assert!(blobs.head("k").await.unwrap().is_none());
@@ -856,28 +639,17 @@ mod tests {
         let fresh = dir.path().join("tmp/put-fresh");
         fs::write(&stale, b"x").unwrap();
         fs::write(&fresh, b"x").unwrap();
-        File::options()
-            .write(true)
-            .open(&stale)
-            .unwrap()
-            .set_modified(SystemTime::now() - Duration::from_secs(2 * 3600))
-            .unwrap();
+        File::options().write(true).open(&stale).unwrap().set_modified(SystemTime::now() - Duration::from_secs(2 * 3600)).unwrap();
         LocalBlobs::open(path).await.unwrap();
         assert!(!stale.exists(), "a temp file older than an hour is removed");
-        assert!(
-            fresh.exists(),
-            "a recent temp file (maybe a put in progress) stays"
-        );
+        assert!(fresh.exists(), "a recent temp file (maybe a put in progress) stays");
     }
 
     #[tokio::test]
     async fn list_skips_foreign_files_and_hands_out_the_last_key_as_cursor() {
         let (dir, blobs) = open_temp().await;
         for key in ["p/1", "p/2", "p/3"] {
-            blobs
-                .put_bytes(key, b"x".to_vec(), PutMode::Overwrite)
-                .await
-                .unwrap();
+            blobs.put_bytes(key, b"x".to_vec(), PutMode::Overwrite).await.unwrap();
         }
         let objects = dir.path().join("objects");
         fs::write(objects.join("p/no-suffix"), b"x").unwrap();
@@ -888,43 +660,24 @@ mod tests {
         let keys: Vec<_> = page.items.iter().map(|m| m.key.as_str()).collect();
         assert_eq!(keys, ["p/1", "p/2"]);
         assert_eq!(page.next_cursor.as_deref(), Some("p/2"));
-        let page = blobs
-            .list("p/", page.next_cursor.as_deref(), 2)
-            .await
-            .unwrap();
+        let page = blobs.list("p/", page.next_cursor.as_deref(), 2).await.unwrap();
         let keys: Vec<_> = page.items.iter().map(|m| m.key.as_str()).collect();
         assert_eq!(keys, ["p/3"]);
         assert_eq!(page.next_cursor, None);
         // A prefix whose directory does not exist lists nothing.
-        assert!(
-            blobs
-                .list("nope/deeper/", None, 5)
-                .await
-                .unwrap()
-                .items
-                .is_empty()
-        );
+        assert!(blobs.list("nope/deeper/", None, 5).await.unwrap().items.is_empty());
     }
 
     #[tokio::test]
     async fn etags_follow_the_open_handle() {
         let (_dir, blobs) = open_temp().await;
-        let v1 = blobs
-            .put_bytes("k", b"one".to_vec(), PutMode::Overwrite)
-            .await
-            .unwrap();
+        let v1 = blobs.put_bytes("k", b"one".to_vec(), PutMode::Overwrite).await.unwrap();
         let (meta, mut reader) = blobs.get("k").await.unwrap().unwrap();
-        let v2 = blobs
-            .put_bytes("k", b"two!".to_vec(), PutMode::Overwrite)
-            .await
-            .unwrap();
+        let v2 = blobs.put_bytes("k", b"two!".to_vec(), PutMode::Overwrite).await.unwrap();
         // The stream opened before the overwrite still reads the old bytes under the old etag.
         let mut bytes = Vec::new();
         reader.read_to_end(&mut bytes).await.unwrap();
-        assert_eq!(
-            (meta.etag.as_str(), bytes.as_slice()),
-            (v1.etag.as_str(), b"one".as_slice())
-        );
+        assert_eq!((meta.etag.as_str(), bytes.as_slice()), (v1.etag.as_str(), b"one".as_slice()));
         assert_eq!(blobs.head("k").await.unwrap().unwrap(), v2);
     }
 
@@ -938,10 +691,7 @@ mod tests {
         let first = File::create(&path).unwrap();
         let second = File::options().write(true).open(&path).unwrap();
         first.lock().unwrap();
-        assert!(
-            matches!(second.try_lock(), Err(fs::TryLockError::WouldBlock)),
-            "a second handle must not get the lock"
-        );
+        assert!(matches!(second.try_lock(), Err(fs::TryLockError::WouldBlock)), "a second handle must not get the lock");
         drop(first);
         second.try_lock().unwrap();
     }
@@ -950,10 +700,7 @@ mod tests {
     async fn two_instances_on_one_directory_race() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_str().unwrap();
-        let handles = [
-            Blobs::new(LocalBlobs::open(path).await.unwrap()),
-            Blobs::new(LocalBlobs::open(path).await.unwrap()),
-        ];
+        let handles = [Blobs::new(LocalBlobs::open(path).await.unwrap()), Blobs::new(LocalBlobs::open(path).await.unwrap())];
         conformance::race_create_only(&handles, "race/create").await;
         conformance::race_if_match(&handles, "race/if-match").await;
         assert!(tmp_is_empty(dir.path()), "refused racers left temp files");
@@ -966,11 +713,7 @@ mod tests {
             return;
         };
         let mut parts = spec.split('|');
-        let (dir, start, etag) = (
-            parts.next().unwrap(),
-            parts.next().unwrap(),
-            parts.next().unwrap().to_string(),
-        );
+        let (dir, start, etag) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap().to_string());
         let blobs = Blobs::new(LocalBlobs::open(dir).await.unwrap());
         let ready = format!("{start}.ready-{}", std::process::id());
         fs::write(&ready, b"").unwrap();
@@ -983,12 +726,8 @@ mod tests {
             let (blobs, etag) = (blobs.clone(), etag.clone());
             tokio::spawn(async move {
                 let body = format!("{} {i}", std::process::id()).into_bytes();
-                let created = blobs
-                    .put_bytes("race/create", body.clone(), PutMode::CreateOnly)
-                    .await;
-                let matched = blobs
-                    .put_bytes("race/if-match", body, PutMode::IfMatch(etag))
-                    .await;
+                let created = blobs.put_bytes("race/create", body.clone(), PutMode::CreateOnly).await;
+                let matched = blobs.put_bytes("race/if-match", body, PutMode::IfMatch(etag)).await;
                 (created, matched)
             })
         });
@@ -998,11 +737,7 @@ mod tests {
                 Ok(_) => "won".to_string(),
                 Err(e) => e.code.to_string(),
             };
-            println!(
-                "RACE-RESULT create={} if-match={}",
-                outcome(created),
-                outcome(matched)
-            );
+            println!("RACE-RESULT create={} if-match={}", outcome(created), outcome(matched));
         }
     }
 
@@ -1014,20 +749,12 @@ mod tests {
         let start = signals.path().join("go");
         let path = dir.path().to_str().unwrap();
         let blobs = Blobs::new(LocalBlobs::open(path).await.unwrap());
-        let initial = blobs
-            .put_bytes("race/if-match", b"start".to_vec(), PutMode::Overwrite)
-            .await
-            .unwrap();
+        let initial = blobs.put_bytes("race/if-match", b"start".to_vec(), PutMode::Overwrite).await.unwrap();
         let spec = format!("{path}|{}|{}", start.display(), initial.etag);
         let children: Vec<_> = (0..CHILDREN)
             .map(|_| {
                 std::process::Command::new(std::env::current_exe().unwrap())
-                    .args([
-                        "--exact",
-                        "blobs::local::tests::child_racer",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
+                    .args(["--exact", "blobs::local::tests::child_racer", "--nocapture", "--test-threads=1"])
                     .env("CAPSTAN_BLOBS_TEST_CHILD", &spec)
                     .stdout(std::process::Stdio::piped())
                     .spawn()
@@ -1044,19 +771,10 @@ mod tests {
         let mut lines = Vec::new();
         for child in children {
             let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "child failed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
+            assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stdout));
             let stdout = String::from_utf8(out.stdout).unwrap();
             // libtest prints `test ... ` before the first line of output, hence not a prefix match.
-            lines.extend(
-                stdout
-                    .lines()
-                    .filter_map(|l| l.split_once("RACE-RESULT "))
-                    .map(|(_, r)| r.to_string()),
-            );
+            lines.extend(stdout.lines().filter_map(|l| l.split_once("RACE-RESULT ")).map(|(_, r)| r.to_string()));
         }
         assert_eq!(lines.len(), CHILDREN * 4, "{lines:?}");
         let count = |s: &str| lines.iter().filter(|l| l.contains(s)).count();

@@ -79,15 +79,9 @@ impl Blobs {
             return Ok(Blobs::new(local::LocalBlobs::open(dir).await?));
         }
         if url.starts_with("s3://") {
-            return Err(Refusal::new(
-                "config-invalid",
-                "CAPSTAN_BLOB_URL s3:// is not available in this build yet; use file:<dir>",
-            ));
+            return Err(Refusal::new("config-invalid", "CAPSTAN_BLOB_URL s3:// is not available in this build yet; use file:<dir>"));
         }
-        Err(Refusal::new(
-            "config-invalid",
-            format!("CAPSTAN_BLOB_URL must start with file: or s3:// (got {:?})", scheme_of(url)),
-        ))
+        Err(Refusal::new("config-invalid", format!("CAPSTAN_BLOB_URL must start with file: or s3:// (got {:?})", scheme_of(url))))
     }
 
     pub fn backend(&self) -> &dyn BlobBackend {
@@ -105,10 +99,7 @@ impl Blobs {
             return Ok(None);
         };
         let mut buf = Vec::with_capacity(meta.size as usize);
-        reader
-            .read_to_end(&mut buf)
-            .await
-            .map_err(|e| Refusal::new("blobs-unavailable", "reading a blob failed").retryable().detail(e))?;
+        reader.read_to_end(&mut buf).await.map_err(|e| Refusal::new("blobs-unavailable", "reading a blob failed").retryable().detail(e))?;
         Ok(Some((meta, buf)))
     }
 }

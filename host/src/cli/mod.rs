@@ -58,7 +58,13 @@ pub fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => {
-            let flags = Flags { dev: args.dev, data_dir: args.data_dir, listen: args.listen, config_file: args.config, log_format: args.log_format };
+            let flags = Flags {
+                dev: args.dev,
+                data_dir: args.data_dir,
+                listen: args.listen,
+                config_file: args.config,
+                log_format: args.log_format,
+            };
             let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
             let config = match config::resolve(&flags, &env) {
                 Ok(config) => config,

@@ -43,18 +43,63 @@ pub const MIGRATION_LOCK_TTL_MS: &str = "CAPSTAN_MIGRATION_LOCK_TTL_MS";
 
 /// Every variable `capstan serve` reads. `--help` and README.md are checked against this list.
 pub const VARS: &[Var] = &[
-    Var { env: PUBLIC_ORIGIN, required: true, default: "--dev: http://<listen address>", help: "Externally reachable origin of this Capstan (scheme, host, optional port; no path), e.g. https://capstan.example.com" },
-    Var { env: KEYRING_PATH, required: true, default: "--dev: <data dir>/keyring.json", help: "Path to the private keyring file (KEKs and the ingress recipient)" },
-    Var { env: DATABASE_URL, required: true, default: "--dev: sqlite:<data dir>/capstan.sqlite", help: "Document store: sqlite:<path> (embedded) or mongodb://… (production)" },
-    Var { env: BLOB_URL, required: true, default: "--dev: file:<data dir>/blobs", help: "Object storage: file:<dir> (embedded) or s3://<bucket>[/<prefix>] (production)" },
-    Var { env: LISTEN, required: false, default: "127.0.0.1:8080", help: "Address the HTTP API binds to (use 0.0.0.0:8080 in a container)" },
-    Var { env: DATA_DIR, required: false, default: "./capstan-data", help: "--dev only: directory holding the embedded store, blobs and keyring" },
+    Var {
+        env: PUBLIC_ORIGIN,
+        required: true,
+        default: "--dev: http://<listen address>",
+        help: "Externally reachable origin of this Capstan (scheme, host, optional port; no path), e.g. https://capstan.example.com",
+    },
+    Var {
+        env: KEYRING_PATH,
+        required: true,
+        default: "--dev: <data dir>/keyring.json",
+        help: "Path to the private keyring file (KEKs and the ingress recipient)",
+    },
+    Var {
+        env: DATABASE_URL,
+        required: true,
+        default: "--dev: sqlite:<data dir>/capstan.sqlite",
+        help: "Document store: sqlite:<path> (embedded) or mongodb://… (production)",
+    },
+    Var {
+        env: BLOB_URL,
+        required: true,
+        default: "--dev: file:<data dir>/blobs",
+        help: "Object storage: file:<dir> (embedded) or s3://<bucket>[/<prefix>] (production)",
+    },
+    Var {
+        env: LISTEN,
+        required: false,
+        default: "127.0.0.1:8080",
+        help: "Address the HTTP API binds to (use 0.0.0.0:8080 in a container)",
+    },
+    Var {
+        env: DATA_DIR,
+        required: false,
+        default: "./capstan-data",
+        help: "--dev only: directory holding the embedded store, blobs and keyring",
+    },
     Var { env: LOG, required: false, default: "info", help: "Log filter (tracing env-filter syntax, e.g. info,capstan=debug)" },
     Var { env: LOG_FORMAT, required: false, default: "human", help: "Log format: human or json" },
     Var { env: MAX_BODY_BYTES, required: false, default: "1048576", help: "Largest API request body accepted, in bytes" },
-    Var { env: REQUEST_BUDGET_MS, required: false, default: "5000", help: "Time a store transaction may spend retrying transient contention, in milliseconds" },
-    Var { env: MIGRATION_LOCK_WAIT_MS, required: false, default: "30000", help: "How long a start waits for another process's migration lock before refusing lock-timeout" },
-    Var { env: MIGRATION_LOCK_TTL_MS, required: false, default: "600000", help: "How long a migration lock lives unless renewed (a crashed holder blocks starts until then)" },
+    Var {
+        env: REQUEST_BUDGET_MS,
+        required: false,
+        default: "5000",
+        help: "Time a store transaction may spend retrying transient contention, in milliseconds",
+    },
+    Var {
+        env: MIGRATION_LOCK_WAIT_MS,
+        required: false,
+        default: "30000",
+        help: "How long a start waits for another process's migration lock before refusing lock-timeout",
+    },
+    Var {
+        env: MIGRATION_LOCK_TTL_MS,
+        required: false,
+        default: "600000",
+        help: "How long a migration lock lives unless renewed (a crashed holder blocks starts until then)",
+    },
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,25 +139,30 @@ pub struct ServeConfig {
 
 /// Read the `--config` TOML file into variable values, refusing unknown keys by name.
 pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Refusal::new("config-invalid", format!("cannot read the config file {}: {}", path.display(), e.kind()))
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Refusal::new("config-invalid", format!("cannot read the config file {}: {}", path.display(), e.kind())))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Refusal::new("config-invalid", format!("config file {} is not valid TOML: {}", path.display(), e.message()))
     })?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| Refusal::new("config-invalid", format!("config file {} is not valid TOML: {}", path.display(), e.message())))?;
     let mut values = BTreeMap::new();
     for (key, value) in table {
         let Some(var) = VARS.iter().find(|v| v.file_key() == key) else {
             let known: Vec<String> = VARS.iter().map(Var::file_key).collect();
-            return Err(Refusal::new("config-invalid", format!("config file {}: unknown key {key:?} (known: {})", path.display(), known.join(", ")))
-                .with_data(json!({"key": key})));
+            return Err(Refusal::new(
+                "config-invalid",
+                format!("config file {}: unknown key {key:?} (known: {})", path.display(), known.join(", ")),
+            )
+            .with_data(json!({"key": key})));
         };
         let text = match value {
             toml::Value::String(s) => s,
             toml::Value::Integer(i) => i.to_string(),
             other => {
-                return Err(Refusal::new("config-invalid", format!("config file {}: {key} must be a string or an integer, not {}", path.display(), other.type_str()))
-                    .with_data(json!({"key": key})));
+                return Err(Refusal::new(
+                    "config-invalid",
+                    format!("config file {}: {key} must be a string or an integer, not {}", path.display(), other.type_str()),
+                )
+                .with_data(json!({"key": key})));
             }
         };
         values.insert(var.env, text);
@@ -128,9 +178,8 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         Some(path) => read_file(path)?,
         None => BTreeMap::new(),
     };
-    let lookup = |name: &str| -> Option<String> {
-        env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned())
-    };
+    let lookup =
+        |name: &str| -> Option<String> { env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned()) };
     let mut dev_defaults = Vec::new();
 
     let listen_text = flags.listen.clone().or_else(|| lookup(LISTEN)).unwrap_or_else(|| "127.0.0.1:8080".into());
@@ -221,7 +270,9 @@ fn validate_origin(origin: &str) -> Result<()> {
     let refuse = || {
         Err(Refusal::new(
             "config-invalid",
-            format!("{PUBLIC_ORIGIN} must be an origin like https://capstan.example.com or http://127.0.0.1:8080 (no path, query or credentials)"),
+            format!(
+                "{PUBLIC_ORIGIN} must be an origin like https://capstan.example.com or http://127.0.0.1:8080 (no path, query or credentials)"
+            ),
         ))
     };
     let Some(rest) = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://")) else {
@@ -239,7 +290,14 @@ pub fn vars_help() -> String {
     let mut out = String::from("Configuration (flags > environment > --config file > defaults):\n");
     for var in VARS {
         let required = if var.required { "required without --dev; " } else { "" };
-        out.push_str(&format!("  {}\n      {}\n      [{}default: {}] [file key: {}]\n", var.env, var.help, required, var.default, var.file_key()));
+        out.push_str(&format!(
+            "  {}\n      {}\n      [{}default: {}] [file key: {}]\n",
+            var.env,
+            var.help,
+            required,
+            var.default,
+            var.file_key()
+        ));
     }
     out
 }
@@ -303,7 +361,8 @@ mod tests {
     fn flags_beat_environment_which_beats_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("capstan.toml");
-        std::fs::write(&file, "listen = \"127.0.0.1:1\"\nlog_format = \"json\"\npublic_origin = \"http://file\"\nmax_body_bytes = 2048\n").unwrap();
+        std::fs::write(&file, "listen = \"127.0.0.1:1\"\nlog_format = \"json\"\npublic_origin = \"http://file\"\nmax_body_bytes = 2048\n")
+            .unwrap();
         let mut e = full();
         e.insert(LISTEN.into(), "127.0.0.1:2".into());
         let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
@@ -312,7 +371,8 @@ mod tests {
         assert_eq!(config.public_origin, "https://capstan.example.com");
         assert_eq!(config.log_format, LogFormat::Json, "file beats default");
         assert_eq!(config.max_body_bytes, 2048);
-        let flags = Flags { config_file: Some(file), listen: Some("127.0.0.1:3".into()), log_format: Some("human".into()), ..Flags::default() };
+        let flags =
+            Flags { config_file: Some(file), listen: Some("127.0.0.1:3".into()), log_format: Some("human".into()), ..Flags::default() };
         let config = resolve(&flags, &e).unwrap();
         assert_eq!(config.listen.port(), 3, "flag beats environment");
         assert_eq!(config.log_format, LogFormat::Human);
@@ -322,7 +382,11 @@ mod tests {
     fn the_file_supplies_required_values_and_refuses_unknown_keys() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("capstan.toml");
-        std::fs::write(&file, "public_origin = \"http://x\"\nkeyring_path = \"/k\"\ndatabase_url = \"sqlite:/d\"\nblob_url = \"file:/b\"\n").unwrap();
+        std::fs::write(
+            &file,
+            "public_origin = \"http://x\"\nkeyring_path = \"/k\"\ndatabase_url = \"sqlite:/d\"\nblob_url = \"file:/b\"\n",
+        )
+        .unwrap();
         let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
         resolve(&flags, &BTreeMap::new()).unwrap();
 

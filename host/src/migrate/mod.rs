@@ -176,7 +176,10 @@ fn parse_ledger(doc: Document) -> Result<(Ledger, u64)> {
 
 fn version_of(ledger: &Ledger, chain: &str) -> Result<Version> {
     Version::parse(&ledger.data_version).map_err(|_| {
-        Refusal::new("ledger-invalid", format!("the migration ledger {chain} states data version {:?}, which is not semver", ledger.data_version))
+        Refusal::new(
+            "ledger-invalid",
+            format!("the migration ledger {chain} states data version {:?}, which is not semver", ledger.data_version),
+        )
     })
 }
 
@@ -223,14 +226,26 @@ pub async fn run(store: &Store, chain: &Chain, lock: &LockOptions) -> Result<Out
             let version = version_of(&ledger, name)?;
             judge(chain, &version)?;
             if version == target {
-                return Ok(Outcome { chain: name.into(), from: Some(version.to_string()), to: target.to_string(), applied: vec![], stamped: false });
+                return Ok(Outcome {
+                    chain: name.into(),
+                    from: Some(version.to_string()),
+                    to: target.to_string(),
+                    applied: vec![],
+                    stamped: false,
+                });
             }
             Some(version)
         }
         None if !is_populated(store, chain).await? => {
             let ledger = Ledger { data_version: target.to_string(), lock: None, running: None, history: vec![] };
             let data = serde_json::to_value(&ledger).map_err(Refusal::internal)?;
-            match store.transact(|tx| { let data = data.clone(); async move { tx.insert(LEDGER_COLLECTION, name, data).await } }).await {
+            match store
+                .transact(|tx| {
+                    let data = data.clone();
+                    async move { tx.insert(LEDGER_COLLECTION, name, data).await }
+                })
+                .await
+            {
                 Ok(_) => {
                     tracing::info!(chain = name, version = %target, "empty database stamped at the migration target");
                     return Ok(Outcome { chain: name.into(), from: None, to: target.to_string(), applied: vec![], stamped: true });
@@ -288,7 +303,12 @@ async fn apply(store: &Store, chain: &Chain, lock: &Arc<LockHandle>) -> Result<(
         done.data_version = step.to.to_string();
         done.running = None;
         done.lock = Some(lock.fresh_lock());
-        done.history.push(LedgerEntry { step: step.name.clone(), from: step.from.to_string(), to: step.to.to_string(), finished_at: now_ms() });
+        done.history.push(LedgerEntry {
+            step: step.name.clone(),
+            from: step.from.to_string(),
+            to: step.to.to_string(),
+            finished_at: now_ms(),
+        });
         lock.write(store, current, &done).await?;
         applied.push(step.name.clone());
     }
@@ -327,7 +347,13 @@ impl LockHandle {
                                     Some(held) if held.owner != mine.owner && held.expires_at > now_ms() => Ok(Some(held.clone())),
                                     _ => {
                                         ledger.lock = Some(mine);
-                                        tx.replace(LEDGER_COLLECTION, name, revision, serde_json::to_value(&ledger).map_err(Refusal::internal)?).await?;
+                                        tx.replace(
+                                            LEDGER_COLLECTION,
+                                            name,
+                                            revision,
+                                            serde_json::to_value(&ledger).map_err(Refusal::internal)?,
+                                        )
+                                        .await?;
                                         Ok(None)
                                     }
                                 }
@@ -364,10 +390,12 @@ impl LockHandle {
 
     /// Read the ledger and check the lock is still ours.
     async fn read_own(&self, store: &Store) -> Result<(Ledger, u64)> {
-        let (ledger, revision) = read_ledger(store, &self.chain).await?.ok_or_else(|| Refusal::internal("migration ledger vanished while locked"))?;
+        let (ledger, revision) =
+            read_ledger(store, &self.chain).await?.ok_or_else(|| Refusal::internal("migration ledger vanished while locked"))?;
         match &ledger.lock {
             Some(l) if l.owner == self.options.owner => Ok((ledger, revision)),
-            _ => Err(Refusal::new("lock-lost", format!("the {} migration lock expired and was taken by another process", self.chain)).retryable()),
+            _ => Err(Refusal::new("lock-lost", format!("the {} migration lock expired and was taken by another process", self.chain))
+                .retryable()),
         }
     }
 
@@ -375,9 +403,14 @@ impl LockHandle {
         let data = serde_json::to_value(ledger).map_err(Refusal::internal)?;
         let name = self.chain.as_str();
         let doc = store
-            .transact(|tx| { let data = data.clone(); async move { tx.replace(LEDGER_COLLECTION, name, revision, data).await } })
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.replace(LEDGER_COLLECTION, name, revision, data).await }
+            })
             .await
-            .map_err(|e| if e.is("conflict") { Refusal::new("lock-lost", "the migration ledger changed under the lock").retryable() } else { e })?;
+            .map_err(|e| {
+                if e.is("conflict") { Refusal::new("lock-lost", "the migration ledger changed under the lock").retryable() } else { e }
+            })?;
         Ok(doc.revision)
     }
 

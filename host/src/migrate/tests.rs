@@ -24,7 +24,13 @@ fn tagging_step(name: &str, from: &str, to: &str, fail_after: Arc<AtomicUsize>, 
         async move {
             let mut cursor: Option<String> = None;
             loop {
-                let page = ctx.store.transact(|tx| { let c = cursor.clone(); async move { tx.scan("things", c.as_deref(), 1).await } }).await?;
+                let page = ctx
+                    .store
+                    .transact(|tx| {
+                        let c = cursor.clone();
+                        async move { tx.scan("things", c.as_deref(), 1).await }
+                    })
+                    .await?;
                 let Some(doc) = page.documents.into_iter().next() else { return Ok(()) };
                 cursor = Some(doc.id.clone());
                 if doc.data.get(&tag).is_some() {
@@ -36,7 +42,13 @@ fn tagging_step(name: &str, from: &str, to: &str, fail_after: Arc<AtomicUsize>, 
                 fail_after.fetch_sub(1, Ordering::SeqCst);
                 let mut data = doc.data.clone();
                 data[&tag] = json!(true);
-                ctx.store.transact(|tx| { let d = data.clone(); let id = doc.id.clone(); async move { tx.replace("things", &id, doc.revision, d).await } }).await?;
+                ctx.store
+                    .transact(|tx| {
+                        let d = data.clone();
+                        let id = doc.id.clone();
+                        async move { tx.replace("things", &id, doc.revision, d).await }
+                    })
+                    .await?;
                 writes.fetch_add(1, Ordering::SeqCst);
                 ctx.renew_lock().await?;
             }

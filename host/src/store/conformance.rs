@@ -108,12 +108,12 @@ pub async fn rollback_on_refusal(store: &Store) {
 
 pub async fn unique_indexes(store: &Store) {
     let c = unique_name("conf_unique");
+    store.declare(CollectionSpec::new(&c).unique("by_email", &["email"]).unique("by_org_name", &["org", "profile.name"])).await.unwrap();
+    let c = c.as_str();
     store
-        .declare(CollectionSpec::new(&c).unique("by_email", &["email"]).unique("by_org_name", &["org", "profile.name"]))
+        .transact(|tx| async move { tx.insert(c, "u1", json!({"email": "a@x", "org": "o1", "profile": {"name": "n"}})).await })
         .await
         .unwrap();
-    let c = c.as_str();
-    store.transact(|tx| async move { tx.insert(c, "u1", json!({"email": "a@x", "org": "o1", "profile": {"name": "n"}})).await }).await.unwrap();
 
     let dup = store.transact(|tx| async move { tx.insert(c, "u2", json!({"email": "a@x"})).await }).await.unwrap_err();
     assert_eq!(dup.code, "exists");
@@ -155,7 +155,13 @@ pub async fn find_and_scan_paging(store: &Store) {
     let mut cursor: Option<String> = None;
     loop {
         let cur = cursor.clone();
-        let page = store.transact(|tx| { let cur = cur.clone(); async move { tx.find(c, "by_kind", &[json!("even")], cur.as_deref(), 3).await } }).await.unwrap();
+        let page = store
+            .transact(|tx| {
+                let cur = cur.clone();
+                async move { tx.find(c, "by_kind", &[json!("even")], cur.as_deref(), 3).await }
+            })
+            .await
+            .unwrap();
         assert!(page.documents.len() <= 3);
         ids.extend(page.documents.iter().map(|d| d.id.clone()));
         match page.next_cursor {
@@ -176,7 +182,13 @@ pub async fn find_and_scan_paging(store: &Store) {
     let first = store.transact(|tx| async move { tx.scan(c, None, 5).await }).await.unwrap();
     assert_eq!(first.documents.len(), 5);
     let next = first.next_cursor.clone().expect("more to scan");
-    let rest = store.transact(|tx| { let next = next.clone(); async move { tx.scan(c, Some(&next), 5).await } }).await.unwrap();
+    let rest = store
+        .transact(|tx| {
+            let next = next.clone();
+            async move { tx.scan(c, Some(&next), 5).await }
+        })
+        .await
+        .unwrap();
     assert_eq!(rest.documents.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), vec!["d5", "d6", "x"]);
     assert!(rest.next_cursor.is_none());
 
@@ -184,7 +196,10 @@ pub async fn find_and_scan_paging(store: &Store) {
     assert_eq!(code(store.transact(|tx| async move { tx.scan(c, None, 0).await }).await), "invalid-request");
     let capped = store.transact(|tx| async move { tx.scan(c, None, 1_000_000).await }).await.unwrap();
     assert_eq!(capped.documents.len(), 8);
-    assert_eq!(code(store.transact(|tx| async move { tx.find(c, "by_kind", &[json!("a"), json!("b")], None, 1).await }).await), "invalid-request");
+    assert_eq!(
+        code(store.transact(|tx| async move { tx.find(c, "by_kind", &[json!("a"), json!("b")], None, 1).await }).await),
+        "invalid-request"
+    );
     assert_eq!(code(store.transact(|tx| async move { tx.find(c, "by_kind", &[json!(null)], None, 1).await }).await), "invalid-request");
 }
 
@@ -196,7 +211,17 @@ pub async fn validation(store: &Store) {
     assert_eq!(code(store.transact(|tx| async move { tx.insert(c, "", json!({})).await }).await), "invalid-id");
     assert_eq!(code(store.transact(|tx| async move { tx.insert(c, "a\nb", json!({})).await }).await), "invalid-id");
     let huge = json!({"blob": "x".repeat(super::MAX_DOCUMENT_BYTES)});
-    assert_eq!(code(store.transact(|tx| { let huge = huge.clone(); async move { tx.insert(c, "big", huge).await } }).await), "document-too-large");
+    assert_eq!(
+        code(
+            store
+                .transact(|tx| {
+                    let huge = huge.clone();
+                    async move { tx.insert(c, "big", huge).await }
+                })
+                .await
+        ),
+        "document-too-large"
+    );
     assert_eq!(code(store.declare(CollectionSpec::new("Bad-Name")).await), "invalid-collection");
     assert_eq!(code(store.declare(CollectionSpec::new("ok").index("by x", &["x"])).await), "invalid-index");
     assert_eq!(code(store.declare(CollectionSpec::new("ok").index("by_x", &["x..y"])).await), "invalid-index");
@@ -207,7 +232,13 @@ pub async fn validation(store: &Store) {
 pub async fn concurrent_compare_and_swap(store: &Store) {
     let c = unique_name("conf_race");
     store.declare(CollectionSpec::new(&c)).await.unwrap();
-    store.transact(|tx| { let c = c.clone(); async move { tx.insert(&c, "counter", json!({"n": 0})).await } }).await.unwrap();
+    store
+        .transact(|tx| {
+            let c = c.clone();
+            async move { tx.insert(&c, "counter", json!({"n": 0})).await }
+        })
+        .await
+        .unwrap();
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let store = store.clone();
@@ -231,7 +262,13 @@ pub async fn concurrent_compare_and_swap(store: &Store) {
     for t in tasks {
         t.await.unwrap();
     }
-    let doc = store.transact(|tx| { let c = c.clone(); async move { tx.require(&c, "counter").await } }).await.unwrap();
+    let doc = store
+        .transact(|tx| {
+            let c = c.clone();
+            async move { tx.require(&c, "counter").await }
+        })
+        .await
+        .unwrap();
     assert_eq!(doc.data["n"], 40, "no increment lost");
     assert_eq!(doc.revision, 41);
 }
@@ -240,7 +277,13 @@ pub async fn populated_collections(store: &Store) {
     let c = unique_name("conf_pop");
     store.declare(CollectionSpec::new(&c)).await.unwrap();
     assert!(!store.populated_collections().await.unwrap().contains(&c), "a declared empty collection is not populated");
-    store.transact(|tx| { let c = c.clone(); async move { tx.insert(&c, "a", json!({})).await } }).await.unwrap();
+    store
+        .transact(|tx| {
+            let c = c.clone();
+            async move { tx.insert(&c, "a", json!({})).await }
+        })
+        .await
+        .unwrap();
     assert!(store.populated_collections().await.unwrap().contains(&c));
 }
 

@@ -67,7 +67,10 @@ impl CollectionSpec {
         let mut seen = std::collections::HashSet::new();
         for index in &self.indexes {
             if !is_identifier(&index.name) || !seen.insert(&index.name) {
-                return Err(Refusal::new("invalid-index", format!("index name {:?} on {} is not a unique identifier", index.name, self.name)));
+                return Err(Refusal::new(
+                    "invalid-index",
+                    format!("index name {:?} on {} is not a unique identifier", index.name, self.name),
+                ));
             }
             if index.fields.is_empty() || index.fields.iter().any(|f| !f.split('.').all(is_identifier)) {
                 return Err(Refusal::new("invalid-index", format!("index {} on {} needs dotted field paths", index.name, self.name)));
@@ -163,12 +166,18 @@ impl Store {
     pub async fn open(url: &str, budget: Duration) -> Result<Self> {
         if let Some(path) = url.strip_prefix("sqlite:") {
             if path.is_empty() {
-                return Err(Refusal::new("config-invalid", "CAPSTAN_DATABASE_URL sqlite: needs a file path, e.g. sqlite:/var/lib/capstan/capstan.sqlite"));
+                return Err(Refusal::new(
+                    "config-invalid",
+                    "CAPSTAN_DATABASE_URL sqlite: needs a file path, e.g. sqlite:/var/lib/capstan/capstan.sqlite",
+                ));
             }
             return Ok(Store::new(sqlite::SqliteStore::open(path)?, budget));
         }
         if url.starts_with("mongodb://") || url.starts_with("mongodb+srv://") {
-            return Err(Refusal::new("config-invalid", "CAPSTAN_DATABASE_URL mongodb:// is not available in this build yet; use sqlite:<path>"));
+            return Err(Refusal::new(
+                "config-invalid",
+                "CAPSTAN_DATABASE_URL mongodb:// is not available in this build yet; use sqlite:<path>",
+            ));
         }
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
         Err(Refusal::new("config-invalid", format!("CAPSTAN_DATABASE_URL must start with sqlite: or mongodb:// (got scheme {scheme:?})")))
@@ -331,7 +340,8 @@ impl OpenTxn<'_> {
 /// The refusal every backend gives for a duplicate id or unique value.
 pub fn exists(collection: &str, id: &str, index: Option<&str>) -> Refusal {
     match index {
-        None => Refusal::new("exists", format!("{collection}/{id} already exists")).with_data(serde_json::json!({"collection": collection, "id": id})),
+        None => Refusal::new("exists", format!("{collection}/{id} already exists"))
+            .with_data(serde_json::json!({"collection": collection, "id": id})),
         Some(index) => Refusal::new("exists", format!("another document in {collection} already holds this {index}"))
             .with_data(serde_json::json!({"collection": collection, "index": index})),
     }

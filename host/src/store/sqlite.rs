@@ -37,7 +37,7 @@ impl SqliteStore {
     }
 
     async fn connection(&self) -> Result<Pooled> {
-        let permit = self.permits.clone().acquire_owned().await.map_err(|e| Refusal::internal(e))?;
+        let permit = self.permits.clone().acquire_owned().await.map_err(Refusal::internal)?;
         let reused = self.idle.lock().expect("sqlite pool lock").pop();
         let conn = match reused {
             Some(conn) => conn,
@@ -51,8 +51,7 @@ fn connect(path: &Path) -> Result<Connection> {
     let conn = Connection::open(path).map_err(|e| unavailable("opening the SQLite database", e))?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| unavailable("configuring SQLite", e))?;
     // FULL: a committed write survives power loss, which a control plane's state must.
-    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
-        .map_err(|e| map_err(e, "configuring SQLite"))?;
+    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;").map_err(|e| map_err(e, "configuring SQLite"))?;
     Ok(conn)
 }
 
@@ -175,15 +174,17 @@ impl StoreBackend for SqliteStore {
                 let exprs: Vec<String> = index.fields.iter().map(|f| json_path(f)).collect();
                 let present = exprs.iter().map(|e| format!("{e} IS NOT NULL")).collect::<Vec<_>>().join(" AND ");
                 // a plain index also carries the id, so a page of equal values comes in id order
-                let (unique, columns) = if index.unique { ("UNIQUE ", exprs.join(", ")) } else { ("", format!("{}, id", exprs.join(", "))) };
-                conn.execute_batch(&format!("CREATE {unique}INDEX \"{name}\" ON {t} ({columns}) WHERE {present}"))
-                    .map_err(|e| match e.sqlite_error_code() {
-                        Some(ErrorCode::ConstraintViolation) => Refusal::new(
-                            "index-build-failed",
-                            format!("unique index {} on {} cannot be built: existing documents share a value", index.name, spec.name),
-                        ),
-                        _ => map_err(e, "creating an index"),
-                    })?;
+                let (unique, columns) =
+                    if index.unique { ("UNIQUE ", exprs.join(", ")) } else { ("", format!("{}, id", exprs.join(", "))) };
+                conn.execute_batch(&format!("CREATE {unique}INDEX \"{name}\" ON {t} ({columns}) WHERE {present}")).map_err(|e| match e
+                    .sqlite_error_code()
+                {
+                    Some(ErrorCode::ConstraintViolation) => Refusal::new(
+                        "index-build-failed",
+                        format!("unique index {} on {} cannot be built: existing documents share a value", index.name, spec.name),
+                    ),
+                    _ => map_err(e, "creating an index"),
+                })?;
             }
             conn.execute_batch("COMMIT").map_err(|e| map_err(e, "committing a schema change"))
         })
@@ -236,16 +237,13 @@ impl SqliteTxn {
     }
 
     fn write_err(&self, e: rusqlite::Error, collection: &str, id: &str) -> Refusal {
-        if let rusqlite::Error::SqliteFailure(err, Some(message)) = &e {
-            if err.code == ErrorCode::ConstraintViolation {
-                // "UNIQUE constraint failed: index 'ix_<collection>__<name>__<hash>'"
-                let prefix = format!("index 'ix_{collection}__");
-                let index = message
-                    .split_once(&prefix)
-                    .and_then(|(_, rest)| rest.rsplit_once("__"))
-                    .map(|(name, _)| name);
-                return exists(collection, id, index);
-            }
+        if let rusqlite::Error::SqliteFailure(err, Some(message)) = &e
+            && err.code == ErrorCode::ConstraintViolation
+        {
+            // "UNIQUE constraint failed: index 'ix_<collection>__<name>__<hash>'"
+            let prefix = format!("index 'ix_{collection}__");
+            let index = message.split_once(&prefix).and_then(|(_, rest)| rest.rsplit_once("__")).map(|(name, _)| name);
+            return exists(collection, id, index);
         }
         map_err(e, "writing a document")
     }
@@ -253,7 +251,9 @@ impl SqliteTxn {
     fn query_page(&self, sql: &str, params: &[SqlValue], limit: usize) -> Result<Page> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(|e| map_err(e, "querying documents"))?;
         let rows = stmt
-            .query_map(rusqlite::params_from_iter(params.iter()), |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))
+            .query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+            })
             .and_then(|rows| rows.collect::<std::result::Result<Vec<_>, _>>())
             .map_err(|e| map_err(e, "querying documents"))?;
         let docs = rows.into_iter().map(|(id, rev, data)| row_to_document(id, rev, data)).collect::<Result<Vec<_>>>()?;
@@ -408,16 +408,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = temp_store(&dir);
         store.declare(CollectionSpec::new("people").index("by_name", &["name"])).await.unwrap();
-        store.transact(|tx| async move {
-            tx.insert("people", "1", serde_json::json!({"name": "x"})).await?;
-            tx.insert("people", "2", serde_json::json!({"name": "x"})).await
-        })
-        .await
-        .unwrap();
+        store
+            .transact(|tx| async move {
+                tx.insert("people", "1", serde_json::json!({"name": "x"})).await?;
+                tx.insert("people", "2", serde_json::json!({"name": "x"})).await
+            })
+            .await
+            .unwrap();
         // turning the index unique over duplicate data is refused by name, nothing lost
         let err = store.declare(CollectionSpec::new("people").unique("by_name", &["name"])).await.unwrap_err();
         assert!(err.is("index-build-failed"), "{err}");
-        let found = store.transact(|tx| async move { tx.find("people", "by_name", &[serde_json::json!("x")], None, 10).await }).await.unwrap();
+        let found =
+            store.transact(|tx| async move { tx.find("people", "by_name", &[serde_json::json!("x")], None, 10).await }).await.unwrap();
         assert_eq!(found.documents.len(), 2, "the old index still serves");
         store.declare(CollectionSpec::new("people").unique("by_mail", &["mail"])).await.unwrap();
         let page = store.transact(|tx| async move { tx.scan("people", None, 10).await }).await.unwrap();
