@@ -6,6 +6,7 @@ pub mod api;
 pub mod blobs;
 pub mod cli;
 pub mod config;
+pub mod keyring;
 pub mod migrate;
 pub mod refusal;
 pub mod store;

@@ -1,1 +1,10 @@
-fn main() {}
+//! End-to-end tests: each starts the real `capstan` binary (`CARGO_BIN_EXE_capstan`) in its own
+//! temporary directory on port 0 and talks to it as a client would (HTTP, exit status, output),
+//! preparing or inspecting its SQLite store through the library where no API exists yet.
+
+mod api;
+mod config;
+mod logging;
+mod migrations;
+mod serve;
+mod support;

@@ -8,6 +8,7 @@ pub mod methods;
 mod system;
 
 use crate::blobs::Blobs;
+use crate::keyring::Keyring;
 use crate::migrate::Chain;
 use crate::refusal::Refusal;
 use crate::store::Store;
@@ -30,6 +31,7 @@ pub use methods::Registry;
 pub struct AppState {
     pub store: Store,
     pub blobs: Blobs,
+    pub keyring: Arc<Keyring>,
     pub chain: Arc<Chain>,
     pub methods: Arc<Registry>,
     pub max_body_bytes: usize,
@@ -37,10 +39,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(store: Store, blobs: Blobs, chain: Chain, max_body_bytes: usize, public_origin: String) -> Self {
+    pub fn new(store: Store, blobs: Blobs, keyring: Arc<Keyring>, chain: Chain, max_body_bytes: usize, public_origin: String) -> Self {
         let mut registry = Registry::default();
         system::register(&mut registry);
-        AppState { store, blobs, chain: Arc::new(chain), methods: Arc::new(registry), max_body_bytes, public_origin }
+        AppState { store, blobs, keyring, chain: Arc::new(chain), methods: Arc::new(registry), max_body_bytes, public_origin }
     }
 }
 
@@ -50,6 +52,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
+        .method_not_allowed_fallback(wrong_http_method)
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
         .with_state(state)
@@ -73,7 +76,12 @@ impl IntoResponse for ApiError {
         } else {
             tracing::info!(code = %refusal.code, "request refused: {}", refusal.message);
         }
-        (status, Json(json!({ "error": refusal }))).into_response()
+        let mut response = (status, Json(json!({ "error": refusal }))).into_response();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // the rest of the body is not read: tell the client this connection ends here
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
@@ -121,9 +129,12 @@ async fn call_method(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
+    // Read the body before judging anything else: a refusal that leaves a body unread makes
+    // the server drop the connection, which a client reusing connections would trip over.
+    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
     let methods = state.methods.clone();
     let Some(method) = methods.get(&name) else {
-        return Err(Refusal::new("method-unknown", format!("there is no method {name:?}; GET /api/v1/methods lists them"))
+        return Err(Refusal::new("method-unknown", format!("there is no method {:?}; GET /api/v1/methods lists them", truncate(&name)))
             .with_data(json!({ "method": truncate(&name) }))
             .into());
     };
@@ -133,7 +144,6 @@ async fn call_method(
             return Err(Refusal::new("unsupported-media-type", "request bodies are JSON: send Content-Type: application/json").into());
         }
     }
-    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
     let input: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
         json!({})
     } else {
@@ -164,6 +174,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 
 async fn method_not_allowed() -> ApiError {
     Refusal::new("method-not-allowed", "API methods are called with POST").into()
+}
+
+async fn wrong_http_method() -> ApiError {
+    Refusal::new("method-not-allowed", "this path does not accept that HTTP method; probes and listings are read with GET").into()
 }
 
 async fn not_found() -> ApiError {

@@ -123,7 +123,7 @@ pub fn register(registry: &mut Registry) {
         |state: AppState, q: MigrationsQuery| async move {
             match q.chain.as_deref() {
                 None | Some("capstan") => Ok(migration_state(&state).await),
-                Some(other) => Err(Refusal::not_found(format!("migration chain {other:?}"))),
+                Some(other) => Err(Refusal::not_found(format!("migration chain {:?}", other.chars().take(100).collect::<String>()))),
             }
         },
     );

@@ -1,5 +1,6 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
+mod keyring;
 mod serve;
 
 use crate::config::{self, Flags};
@@ -22,6 +23,9 @@ enum Command {
     /// Without --dev every required variable must be set (see below); with --dev, missing
     /// values get embedded defaults under the data directory and each one chosen is printed.
     Serve(ServeArgs),
+    /// Create and inspect the private keyring file (KEKs and the ingress recipient).
+    #[command(subcommand)]
+    Keyring(keyring::KeyringCommand),
 }
 
 #[derive(clap::Args)]
@@ -57,6 +61,7 @@ pub fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     match cli.command {
+        Command::Keyring(command) => keyring::run(command),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,
@@ -86,7 +91,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Print a refusal for the operator: the code first, so scripts can match it.
-fn refuse(refusal: &Refusal, status: u8) -> ExitCode {
+pub(crate) fn refuse(refusal: &Refusal, status: u8) -> ExitCode {
     eprintln!("capstan: refused ({}): {}", refusal.code, refusal.message);
     if let Some(detail) = &refusal.detail {
         eprintln!("  detail: {detail}");

@@ -3,12 +3,14 @@
 use crate::api::{self, AppState};
 use crate::blobs::Blobs;
 use crate::config::{LogFormat, ServeConfig};
+use crate::keyring::Keyring;
 use crate::migrate::{self, LockOptions};
 use crate::refusal::{Refusal, Result};
 use crate::store::Store;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::sync::Arc;
 
-pub async fn run(config: ServeConfig) -> Result<()> {
+pub async fn run(mut config: ServeConfig) -> Result<()> {
     init_logging(&config);
     if let Some(dir) = &config.data_dir {
         announce_dev(&config);
@@ -18,6 +20,10 @@ pub async fn run(config: ServeConfig) -> Result<()> {
             .create(dir)
             .map_err(|e| Refusal::new("data-dir-unusable", format!("cannot create the data directory {}: {}", dir.display(), e.kind())))?;
     }
+
+    let keyring = open_keyring(&config)?;
+    let report = keyring.report();
+    tracing::info!(active_kek = %report.active_kek_id, ingress = %report.ingress.id, "keyring loaded");
 
     let store = Store::open(&config.database_url, config.request_budget).await?;
     store.ping().await?;
@@ -36,11 +42,15 @@ pub async fn run(config: ServeConfig) -> Result<()> {
         tracing::info!(steps = ?outcome.applied, "migrated data to version {}", outcome.to);
     }
 
-    let state = AppState::new(store, blobs, chain, config.max_body_bytes, config.public_origin.clone());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| Refusal::new("listen-failed", format!("cannot listen on {}: {}", config.listen, e.kind())))?;
     let bound = listener.local_addr().map_err(Refusal::internal)?;
+    if config.listen.port() == 0 && config.dev_defaults.iter().any(|(var, _)| *var == crate::config::PUBLIC_ORIGIN) {
+        // the dev default origin follows the port the system actually gave us
+        config.public_origin = format!("http://{bound}");
+    }
+    let state = AppState::new(store, blobs, Arc::new(keyring), chain, config.max_body_bytes, config.public_origin.clone());
     println!("Capstan serving on http://{bound} (public origin {})", config.public_origin);
     tracing::info!(address = %bound, "serving");
 
@@ -50,6 +60,21 @@ pub async fn run(config: ServeConfig) -> Result<()> {
         .map_err(|e| Refusal::internal(format!("server failed: {e}")))?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Load the keyring; in dev mode, generate it on first start. Refuses `keyring-invalid`.
+fn open_keyring(config: &ServeConfig) -> Result<Keyring> {
+    let path = &config.keyring_path;
+    if config.dev && std::fs::symlink_metadata(path).is_err() {
+        Keyring::generate(None, None)?.write_new(path)?;
+        println!("  generated a new keyring at {} (mode 0600); keep it with the data", path.display());
+    }
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(path = %path.display(), "the keyring file is readable or writable by group or others; chmod 600 it");
+    }
+    Keyring::load(path)
 }
 
 fn announce_dev(config: &ServeConfig) {

@@ -32,6 +32,12 @@ pub const PUBLIC_ORIGIN: &str = "CAPSTAN_PUBLIC_ORIGIN";
 pub const KEYRING_PATH: &str = "CAPSTAN_KEYRING_PATH";
 pub const DATABASE_URL: &str = "CAPSTAN_DATABASE_URL";
 pub const BLOB_URL: &str = "CAPSTAN_BLOB_URL";
+pub const DATABASE_NAME: &str = "CAPSTAN_DATABASE_NAME";
+pub const S3_ENDPOINT: &str = "CAPSTAN_S3_ENDPOINT";
+pub const S3_REGION: &str = "CAPSTAN_S3_REGION";
+pub const S3_ACCESS_KEY: &str = "CAPSTAN_S3_ACCESS_KEY";
+pub const S3_SECRET_KEY: &str = "CAPSTAN_S3_SECRET_KEY";
+pub const S3_FORCE_PATH_STYLE: &str = "CAPSTAN_S3_FORCE_PATH_STYLE";
 pub const LISTEN: &str = "CAPSTAN_LISTEN";
 pub const DATA_DIR: &str = "CAPSTAN_DATA_DIR";
 pub const LOG: &str = "CAPSTAN_LOG";
@@ -127,6 +133,8 @@ pub struct ServeConfig {
     pub keyring_path: PathBuf,
     pub database_url: String,
     pub blob_url: String,
+    pub database_name: Option<String>,
+    pub s3: S3Settings,
     pub log_filter: String,
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
@@ -135,6 +143,36 @@ pub struct ServeConfig {
     pub migration_lock_ttl: Duration,
     /// `(variable, value)` for every default dev mode chose, to be reported at start.
     pub dev_defaults: Vec<(&'static str, String)>,
+}
+
+/// How to reach an S3-compatible bucket (used when `CAPSTAN_BLOB_URL` is `s3://…`).
+#[derive(Debug, Clone, Default)]
+pub struct S3Settings {
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub access_key: Option<String>,
+    pub secret_key: Option<SecretString>,
+    pub force_path_style: bool,
+}
+
+/// A configuration value that must never be printed: `Debug` shows `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretString(String);
+
+impl SecretString {
+    pub fn new(value: String) -> Self {
+        SecretString(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// Read the `--config` TOML file into variable values, refusing unknown keys by name.
@@ -222,6 +260,21 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     let keyring_path = required(KEYRING_PATH, &|d| d.join("keyring.json").display().to_string());
     let database_url = required(DATABASE_URL, &|d| format!("sqlite:{}", d.join("capstan.sqlite").display()));
     let blob_url = required(BLOB_URL, &|d| format!("file:{}", d.join("blobs").display()));
+    let s3 = S3Settings {
+        endpoint: lookup(S3_ENDPOINT),
+        region: lookup(S3_REGION).unwrap_or_else(|| "us-east-1".into()),
+        access_key: lookup(S3_ACCESS_KEY),
+        secret_key: lookup(S3_SECRET_KEY).map(SecretString::new),
+        force_path_style: false,
+    };
+    if blob_url.starts_with("s3://") {
+        if s3.access_key.is_none() {
+            missing.push(S3_ACCESS_KEY);
+        }
+        if s3.secret_key.is_none() {
+            missing.push(S3_SECRET_KEY);
+        }
+    }
     if !missing.is_empty() {
         return Err(Refusal::new(
             "config-missing",
@@ -248,6 +301,11 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             },
         }
     };
+    let force_path_style = match lookup(S3_FORCE_PATH_STYLE).as_deref().map(str::trim) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => return Err(Refusal::new("config-invalid", format!("{S3_FORCE_PATH_STYLE} must be true or false, not {other:?}"))),
+    };
     Ok(ServeConfig {
         dev: flags.dev,
         data_dir,
@@ -256,6 +314,8 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         keyring_path: PathBuf::from(keyring_path),
         database_url,
         blob_url,
+        database_name: lookup(DATABASE_NAME),
+        s3: S3Settings { force_path_style, ..s3 },
         log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
         log_format,
         max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,
@@ -328,6 +388,24 @@ mod tests {
         }
         assert!(!err.message.contains(KEYRING_PATH));
         assert_eq!(err.data.unwrap()["missing"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn s3_blobs_need_credentials_and_never_show_the_secret() {
+        let mut e = full();
+        e.insert(BLOB_URL.into(), "s3://bucket".into());
+        let err = resolve(&Flags::default(), &e).unwrap_err();
+        assert_eq!(err.code, "config-missing");
+        assert!(err.message.contains(S3_ACCESS_KEY) && err.message.contains(S3_SECRET_KEY));
+        e.insert(S3_ACCESS_KEY.into(), "AKIA".into());
+        e.insert(S3_SECRET_KEY.into(), "very-secret-value".into());
+        e.insert(S3_FORCE_PATH_STYLE.into(), "true".into());
+        let config = resolve(&Flags::default(), &e).unwrap();
+        assert!(config.s3.force_path_style);
+        assert_eq!(config.s3.region, "us-east-1");
+        assert!(!format!("{config:?}").contains("very-secret-value"));
+        e.insert(S3_FORCE_PATH_STYLE.into(), "maybe".into());
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "config-invalid");
     }
 
     #[test]

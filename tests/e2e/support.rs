@@ -1,0 +1,521 @@
+//! Test support: start the real `capstan` binary, talk to it over HTTP, and prepare or inspect
+//! its SQLite store through the library.
+
+use capstan::store::{CollectionSpec, Document, Store};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a start may take before the test gives up.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a process may take to exit (after a refusal or SIGTERM).
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait for an expected log line.
+pub const LOG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The prefix of the one stdout line announcing the bound address.
+const SERVING: &str = "Capstan serving on http://";
+
+/// A `capstan` command with no inherited `CAPSTAN_*` variables, so the machine's environment
+/// cannot leak into a test.
+pub fn capstan() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_capstan"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CAPSTAN_") {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// `capstan serve --dev --data-dir DIR --listen 127.0.0.1:0`.
+pub fn dev_command(data_dir: &Path) -> Command {
+    let mut cmd = capstan();
+    cmd.arg("serve").arg("--dev").arg("--data-dir").arg(data_dir).args(["--listen", "127.0.0.1:0"]);
+    cmd
+}
+
+/// A full production-style configuration under `dir`: SQLite store, file blobs, keyring path,
+/// a public origin. The listen address is not included.
+pub struct ProdConfig {
+    pub public_origin: String,
+    pub keyring_path: PathBuf,
+    pub database: PathBuf,
+    pub blobs: PathBuf,
+}
+
+impl ProdConfig {
+    /// Paths under `dir`; the keyring is generated with `capstan keyring generate`.
+    pub fn under(dir: &Path) -> Self {
+        let prod = ProdConfig {
+            public_origin: "https://capstan.e2e.example".into(),
+            keyring_path: dir.join("keyring.json"),
+            database: dir.join("store").join("capstan.sqlite"),
+            blobs: dir.join("blobs"),
+        };
+        let mut cmd = capstan();
+        cmd.args(["keyring", "generate", "--output"]).arg(&prod.keyring_path);
+        let generated = run_to_exit(cmd);
+        assert!(generated.status.success(), "capstan keyring generate should succeed: {generated:?}");
+        prod
+    }
+
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("CAPSTAN_PUBLIC_ORIGIN", self.public_origin.clone()),
+            ("CAPSTAN_KEYRING_PATH", self.keyring_path.display().to_string()),
+            ("CAPSTAN_DATABASE_URL", format!("sqlite:{}", self.database.display())),
+            ("CAPSTAN_BLOB_URL", format!("file:{}", self.blobs.display())),
+        ]
+    }
+
+    /// `capstan serve --listen 127.0.0.1:0` with every required variable in the environment.
+    pub fn command(&self) -> Command {
+        let mut cmd = capstan();
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        for (key, value) in self.vars() {
+            cmd.env(key, value);
+        }
+        cmd
+    }
+}
+
+type Shared = Arc<Mutex<String>>;
+
+fn text_of(shared: &Shared) -> String {
+    shared.lock().expect("output buffer lock").clone()
+}
+
+/// Copy a child's output into `buffer` line by line; send each line to `lines` too.
+fn pump(stream: impl Read + Send + 'static, buffer: Shared, lines: Option<mpsc::Sender<String>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut raw = Vec::new();
+        loop {
+            raw.clear();
+            match reader.read_until(b'\n', &mut raw) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&raw).into_owned();
+                    buffer.lock().expect("output buffer lock").push_str(&line);
+                    if let Some(tx) = &lines {
+                        let _ = tx.send(line);
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// How a process ended.
+#[derive(Debug)]
+pub struct Exited {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Exited {
+    /// Assert the process was refused with `code` and exit status `status`; returns stderr.
+    pub fn assert_refused(&self, status: i32, code: &str) -> &str {
+        assert_eq!(
+            self.status.code(),
+            Some(status),
+            "expected exit status {status} (refusal {code}), got {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        let line = format!("capstan: refused ({code}): ");
+        assert!(
+            self.stderr.lines().any(|l| l.starts_with(&line)),
+            "expected a stderr line starting {line:?}\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        assert!(!self.stdout.contains(SERVING), "a refused start must not serve; stdout:\n{}", self.stdout);
+        &self.stderr
+    }
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait().expect("polling the capstan process") {
+            Some(status) => return Some(status),
+            None if Instant::now() >= deadline => return None,
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Run a command that is expected to end by itself (a refusal, `--help`), with a timeout.
+pub fn run_to_exit(mut cmd: Command) -> Exited {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawning capstan");
+    let (stdout, stderr) = (Shared::default(), Shared::default());
+    let readers = [
+        pump(child.stdout.take().expect("piped stdout"), stdout.clone(), None),
+        pump(child.stderr.take().expect("piped stderr"), stderr.clone(), None),
+    ];
+    let Some(status) = wait_with_timeout(&mut child, EXIT_TIMEOUT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "capstan was expected to exit by itself within {EXIT_TIMEOUT:?} but kept running\nstdout:\n{}\nstderr:\n{}",
+            text_of(&stdout),
+            text_of(&stderr)
+        );
+    };
+    for reader in readers {
+        reader.join().expect("output reader");
+    }
+    Exited { status, stdout: text_of(&stdout), stderr: text_of(&stderr) }
+}
+
+/// A running `capstan serve`; killed when dropped.
+pub struct Capstan {
+    child: Child,
+    /// `127.0.0.1:PORT` as announced on stdout.
+    pub addr: String,
+    stdout: Shared,
+    stderr: Shared,
+    readers: Vec<JoinHandle<()>>,
+    agent: ureq::Agent,
+}
+
+impl Capstan {
+    /// Start a dev server on a fresh port with its data under `data_dir`.
+    pub fn dev(data_dir: &Path) -> Capstan {
+        Capstan::start(dev_command(data_dir))
+    }
+
+    /// Spawn `cmd` (a `capstan serve` binding port 0) and wait for its "serving on" line.
+    pub fn start(mut cmd: Command) -> Capstan {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawning capstan");
+        let (stdout, stderr) = (Shared::default(), Shared::default());
+        let (tx, lines) = mpsc::channel();
+        let readers = vec![
+            pump(child.stdout.take().expect("piped stdout"), stdout.clone(), Some(tx)),
+            pump(child.stderr.take().expect("piped stderr"), stderr.clone(), None),
+        ];
+        let deadline = Instant::now() + START_TIMEOUT;
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(SERVING) {
+                        let addr = rest.split_whitespace().next().unwrap_or_default().to_string();
+                        assert!(
+                            addr.starts_with("127.0.0.1:") && addr[10..].parse::<u16>().is_ok_and(|p| p != 0),
+                            "the serving line should name 127.0.0.1:<port>, got {line:?}"
+                        );
+                        break addr;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // stdout closed before the line: the process is ending
+                    let status = wait_with_timeout(&mut child, EXIT_TIMEOUT);
+                    if status.is_none() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    for reader in readers {
+                        let _ = reader.join();
+                    }
+                    panic!(
+                        "capstan exited ({status:?}) before announcing its address\nstdout:\n{}\nstderr:\n{}",
+                        text_of(&stdout),
+                        text_of(&stderr)
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "capstan did not announce its address within {START_TIMEOUT:?}\nstdout:\n{}\nstderr:\n{}",
+                        text_of(&stdout),
+                        text_of(&stderr)
+                    );
+                }
+            }
+        };
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            // with `Expect: 100-continue`, wait for the server's verdict before sending a body
+            .timeout_await_100(Some(Duration::from_secs(30)))
+            // a fresh connection per request: the server may close a connection after answering
+            // without reading the body, and ureq does not retry on a stale pooled one
+            .max_idle_connections(0)
+            .build();
+        Capstan { child, addr, stdout, stderr, readers, agent: config.into() }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn stdout(&self) -> String {
+        text_of(&self.stdout)
+    }
+
+    pub fn stderr(&self) -> String {
+        text_of(&self.stderr)
+    }
+
+    /// Wait until stderr contains `needle`; returns stderr at that point.
+    pub fn wait_for_stderr(&self, needle: &str) -> String {
+        let deadline = Instant::now() + LOG_TIMEOUT;
+        loop {
+            let text = self.stderr();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "expected the server log to contain {needle:?} within {LOG_TIMEOUT:?}; stderr:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Send any request.
+    pub fn send(&self, request: ureq::http::Request<impl ureq::AsSendBody>) -> Reply {
+        let what = format!("{} {}", request.method(), request.uri());
+        let mut response = self
+            .agent
+            .run(request)
+            .unwrap_or_else(|e| panic!("{what} should get an HTTP answer, got the transport error {e}; server stderr:\n{}", self.stderr()));
+        let header = |name: &str| response.headers().get(name).map(|v| v.to_str().expect("ascii header").to_string());
+        let request_id = header("x-request-id");
+        let content_type = header("content-type");
+        let body = response.body_mut().read_to_string().unwrap_or_else(|e| panic!("{what}: reading the answer failed: {e}"));
+        Reply { what, status: response.status().as_u16(), request_id, content_type, body }
+    }
+
+    /// `method path` with optional headers and body bytes (sent with a content-length).
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Reply {
+        let mut builder = ureq::http::Request::builder().method(method).uri(self.url(path));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        match body {
+            Some(bytes) => self.send(builder.body(bytes.to_vec()).expect("a valid request")),
+            None => self.send(builder.body(()).expect("a valid request")),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, &[], None)
+    }
+
+    /// `POST /api/v1/<method>` with a JSON body.
+    pub fn call(&self, method: &str, body: &str) -> Reply {
+        self.request("POST", &format!("/api/v1/{method}"), &[("content-type", "application/json")], Some(body.as_bytes()))
+    }
+
+    /// Write `request` (a whole HTTP/1.1 request) on a fresh connection and parse the answer.
+    /// Write errors are ignored: the server may answer and close before reading everything,
+    /// and the answer is still readable after that.
+    pub fn raw(&self, request: &[u8]) -> Reply {
+        let what = String::from_utf8_lossy(request.split(|b| *b == b'\r').next().unwrap_or_default()).into_owned();
+        let mut stream = TcpStream::connect(&self.addr).unwrap_or_else(|e| panic!("{what}: connecting to {}: {e}", self.addr));
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = stream.write_all(request);
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        let complete = |answer: &[u8]| parse_answer(answer).is_some_and(|a| a.body.len() >= a.length);
+        while !complete(&answer) {
+            match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break, // a reset after the answer arrived
+            }
+        }
+        let Some(RawAnswer { status, headers, body, length }) = parse_answer(&answer) else {
+            panic!("{what}: expected an HTTP answer, got {:?}; server stderr:\n{}", String::from_utf8_lossy(&answer), self.stderr());
+        };
+        assert!(body.len() >= length, "{what}: the answer was cut short: {:?}", String::from_utf8_lossy(&answer));
+        let header = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        Reply {
+            what,
+            status,
+            request_id: header("x-request-id"),
+            content_type: header("content-type"),
+            body: String::from_utf8_lossy(&body[..length]).into_owned(),
+        }
+    }
+
+    /// Stop with SIGTERM and wait for the exit; returns the full output.
+    pub fn stop(mut self) -> Exited {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill -TERM");
+        assert!(sent.success(), "kill -TERM {pid} failed: {sent:?}");
+        let Some(status) = wait_with_timeout(&mut self.child, EXIT_TIMEOUT) else {
+            panic!("capstan did not exit within {EXIT_TIMEOUT:?} of SIGTERM; stderr:\n{}", self.stderr());
+        };
+        for reader in std::mem::take(&mut self.readers) {
+            reader.join().expect("output reader");
+        }
+        Exited { status, stdout: self.stdout(), stderr: self.stderr() }
+    }
+}
+
+impl Drop for Capstan {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// An HTTP answer read off a socket, once its head is complete.
+struct RawAnswer<'a> {
+    status: u16,
+    /// Lower-cased names.
+    headers: Vec<(String, String)>,
+    /// The body bytes read so far.
+    body: &'a [u8],
+    /// The declared content-length.
+    length: usize,
+}
+
+fn parse_answer(answer: &[u8]) -> Option<RawAnswer<'_>> {
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    let length = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    Some(RawAnswer { status, headers, body: &answer[end + 4..], length })
+}
+
+/// A whole `POST path` request with a chunked JSON body (no content-length).
+pub fn chunked_post(path: &str, body: &[u8]) -> Vec<u8> {
+    let mut out =
+        format!("POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+            .into_bytes();
+    for chunk in body.chunks(1000) {
+        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// A whole `POST path` request with a JSON body and its content-length.
+pub fn sized_post(path: &str, body: &[u8]) -> Vec<u8> {
+    let mut out =
+        format!("POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len())
+            .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Reply {
+    /// `METHOD url`, for messages.
+    pub what: String,
+    pub status: u16,
+    pub request_id: Option<String>,
+    pub content_type: Option<String>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{}: expected a JSON body, got {e} for {:?}", self.what, self.body))
+    }
+
+    /// Assert a 2xx-or-other `status` with a JSON body; returns the body.
+    pub fn expect_json(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}: expected HTTP {status}, got {} with body {}", self.what, self.status, self.body);
+        assert!(self.request_id.is_some(), "{}: every answer should carry x-request-id", self.what);
+        let kind = self.content_type.as_deref().unwrap_or_default();
+        assert!(kind.starts_with("application/json"), "{}: expected a JSON content type, got {kind:?}", self.what);
+        self.json()
+    }
+
+    /// Assert the error envelope with `status` and `code`; returns the `error` object.
+    pub fn expect_error(&self, status: u16, code: &str) -> Value {
+        let body = self.expect_json(status);
+        let error = check_envelope(&self.what, &body);
+        assert_eq!(error["code"], code, "{}: expected error code {code}, got body {}", self.what, self.body);
+        error
+    }
+}
+
+/// Lower-case ASCII letters and digits in words joined by single dashes.
+pub fn is_kebab_case(code: &str) -> bool {
+    !code.is_empty() && code.split('-').all(|word| !word.is_empty() && word.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+}
+
+/// Check `{"error":{"code","message","retryable","data"?}}` exactly; returns the error object.
+pub fn check_envelope(what: &str, body: &Value) -> Value {
+    let top = body.as_object().unwrap_or_else(|| panic!("{what}: an error body should be an object, got {body}"));
+    assert_eq!(top.keys().collect::<Vec<_>>(), vec!["error"], "{what}: an error body should hold only `error`, got {body}");
+    let error = top["error"].as_object().unwrap_or_else(|| panic!("{what}: `error` should be an object, got {body}"));
+    for key in error.keys() {
+        assert!(["code", "message", "retryable", "data"].contains(&key.as_str()), "{what}: unexpected key {key:?} in error {body}");
+    }
+    let code = error.get("code").and_then(Value::as_str).unwrap_or_else(|| panic!("{what}: error.code should be a string in {body}"));
+    assert!(is_kebab_case(code), "{what}: error code {code:?} should be kebab-case");
+    let message =
+        error.get("message").and_then(Value::as_str).unwrap_or_else(|| panic!("{what}: error.message should be a string in {body}"));
+    assert!(!message.trim().is_empty(), "{what}: error.message should not be empty in {body}");
+    assert!(error.get("retryable").is_some_and(Value::is_boolean), "{what}: error.retryable should be a boolean in {body}");
+    Value::Object(error.clone())
+}
+
+/// Run `work` on the SQLite store at `db` (ledger collection declared, plus `collections`),
+/// with the store dropped before this returns.
+pub fn with_store<T, F, Fut>(db: &Path, collections: &[&str], work: F) -> T
+where
+    F: FnOnce(Store) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    runtime.block_on(async {
+        let url = format!("sqlite:{}", db.display());
+        let store = Store::open(&url, capstan::store::DEFAULT_BUDGET).await.unwrap_or_else(|e| panic!("opening {url}: {e}"));
+        capstan::migrate::declare(&store).await.expect("declaring the ledger collection");
+        for name in collections {
+            store.declare(CollectionSpec::new(name)).await.unwrap_or_else(|e| panic!("declaring {name}: {e}"));
+        }
+        work(store).await
+    })
+}
+
+pub fn insert_doc(db: &Path, collection: &str, id: &str, data: Value) -> Document {
+    with_store(db, &[collection], |store| async move {
+        store
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.insert(collection, id, data).await }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("inserting {collection}/{id}: {e}"))
+    })
+}
+
+pub fn read_doc(db: &Path, collection: &str, id: &str) -> Option<Document> {
+    with_store(db, &[collection], |store| async move {
+        store.transact(|tx| async move { tx.get(collection, id).await }).await.unwrap_or_else(|e| panic!("reading {collection}/{id}: {e}"))
+    })
+}
+
+/// The host chain's ledger document.
+pub fn read_ledger(db: &Path) -> Option<Document> {
+    read_doc(db, capstan::migrate::LEDGER_COLLECTION, "capstan")
+}
