@@ -3,6 +3,7 @@
 //! One folder per subsystem; see `ARCHITECTURE.md` at the repository root.
 
 pub mod api;
+pub mod auth;
 pub mod blobs;
 pub mod cli;
 pub mod config;

@@ -488,7 +488,7 @@ where
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
     runtime.block_on(async {
         let url = format!("sqlite:{}", db.display());
-        let store = Store::open(&url, capstan::store::DEFAULT_BUDGET).await.unwrap_or_else(|e| panic!("opening {url}: {e}"));
+        let store = Store::open(&url, &capstan::store::StoreOptions::default()).await.unwrap_or_else(|e| panic!("opening {url}: {e}"));
         capstan::migrate::declare(&store).await.expect("declaring the ledger collection");
         for name in collections {
             store.declare(CollectionSpec::new(name)).await.unwrap_or_else(|e| panic!("declaring {name}: {e}"));

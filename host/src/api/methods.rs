@@ -2,6 +2,8 @@
 //! request bodies against the method's input type.
 
 use super::AppState;
+use crate::auth::Identity;
+use std::net::IpAddr;
 use crate::refusal::{Refusal, Result};
 use futures::future::BoxFuture;
 use schemars::{JsonSchema, schema_for};
@@ -11,11 +13,39 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-type Handler = Arc<dyn Fn(AppState, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
+type Handler = Arc<dyn Fn(Call, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
+
+/// Who may call a method. Checked by the dispatcher before the body is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Access {
+    /// Anyone (login, probes).
+    Public,
+    /// Any authenticated user or machine.
+    Authenticated,
+    /// A human administrator.
+    Admin,
+}
+
+/// One call: the host state, the caller as established for this request, its address.
+#[derive(Clone)]
+pub struct Call {
+    pub state: AppState,
+    pub identity: Option<Identity>,
+    pub source: Option<IpAddr>,
+}
+
+impl Call {
+    /// The authenticated caller (the dispatcher guarantees one for non-public methods).
+    pub fn identity(&self) -> Result<&Identity> {
+        self.identity.as_ref().ok_or_else(crate::auth::denied)
+    }
+}
 
 pub struct Method {
     pub name: String,
     pub summary: String,
+    pub access: Access,
     pub input_schema: Value,
     pub output_schema: Value,
     handler: Handler,
@@ -28,11 +58,11 @@ pub struct Registry {
 
 impl Registry {
     /// Register a method. `In` is decoded strictly (unknown fields refused) before `handler` runs.
-    pub fn add<In, Out, F, Fut>(&mut self, name: &str, summary: &str, handler: F)
+    pub fn add<In, Out, F, Fut>(&mut self, name: &str, summary: &str, access: Access, handler: F)
     where
         In: DeserializeOwned + JsonSchema + Send + 'static,
         Out: Serialize + JsonSchema + 'static,
-        F: Fn(AppState, In) -> Fut + Send + Sync + 'static,
+        F: Fn(Call, In) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<Out>> + Send + 'static,
     {
         assert!(valid_method_name(name), "method name {name} must be <area>.<verb> in camelCase");
@@ -41,13 +71,14 @@ impl Registry {
         let method = Method {
             name: name.into(),
             summary: summary.into(),
+            access,
             input_schema: serde_json::to_value(schema_for!(In)).expect("schema serializes"),
             output_schema: serde_json::to_value(schema_for!(Out)).expect("schema serializes"),
-            handler: Arc::new(move |state, body| {
+            handler: Arc::new(move |call, body| {
                 let handler = handler.clone();
                 Box::pin(async move {
                     let input: In = decode(body)?;
-                    let output = handler(state, input).await?;
+                    let output = handler(call, input).await?;
                     serde_json::to_value(output).map_err(Refusal::internal)
                 })
             }),
@@ -67,15 +98,15 @@ impl Registry {
     pub fn describe(&self) -> Value {
         let methods: Vec<Value> = self
             .list()
-            .map(|m| json!({"name": m.name, "summary": m.summary, "input": m.input_schema, "output": m.output_schema}))
+            .map(|m| json!({"name": m.name, "summary": m.summary, "access": m.access, "input": m.input_schema, "output": m.output_schema}))
             .collect();
         json!({ "methods": methods })
     }
 }
 
 impl Method {
-    pub async fn call(&self, state: AppState, body: Value) -> Result<Value> {
-        (self.handler)(state, body).await
+    pub async fn call(&self, call: Call, body: Value) -> Result<Value> {
+        (self.handler)(call, body).await
     }
 }
 

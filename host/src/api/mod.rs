@@ -7,24 +7,26 @@
 pub mod methods;
 mod system;
 
+use crate::auth::Auth;
 use crate::blobs::Blobs;
 use crate::keyring::Keyring;
 use crate::migrate::Chain;
 use crate::refusal::Refusal;
 use crate::store::Store;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
 
-pub use methods::Registry;
+pub use methods::{Access, Call, Registry};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -32,6 +34,7 @@ pub struct AppState {
     pub store: Store,
     pub blobs: Blobs,
     pub keyring: Arc<Keyring>,
+    pub auth: Arc<Auth>,
     pub chain: Arc<Chain>,
     pub methods: Arc<Registry>,
     pub max_body_bytes: usize,
@@ -39,11 +42,30 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(store: Store, blobs: Blobs, keyring: Arc<Keyring>, chain: Chain, max_body_bytes: usize, public_origin: String) -> Self {
+    pub fn new(
+        store: Store,
+        blobs: Blobs,
+        keyring: Arc<Keyring>,
+        auth: Arc<Auth>,
+        chain: Chain,
+        max_body_bytes: usize,
+        public_origin: String,
+    ) -> Self {
         let mut registry = Registry::default();
         system::register(&mut registry);
-        AppState { store, blobs, keyring, chain: Arc::new(chain), methods: Arc::new(registry), max_body_bytes, public_origin }
+        crate::auth::methods::register(&mut registry);
+        AppState { store, blobs, keyring, auth, chain: Arc::new(chain), methods: Arc::new(registry), max_body_bytes, public_origin }
     }
+}
+
+/// A complete host state on an embedded store in `dir`, for tests.
+#[cfg(test)]
+pub async fn test_state(dir: &std::path::Path) -> AppState {
+    let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.join("capstan.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
+    let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
+    let keyring = Arc::new(Keyring::generate(None, None).unwrap());
+    let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
+    AppState::new(store, blobs, keyring, auth, crate::migrate::host_chain(), 1 << 20, "http://capstan.test".into())
 }
 
 pub fn router(state: AppState) -> Router {
@@ -123,20 +145,29 @@ async fn list_methods(State(state): State<AppState>) -> Json<Value> {
     Json(state.methods.describe())
 }
 
-async fn call_method(
-    State(state): State<AppState>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Json<Value>, ApiError> {
+async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Json<Value>, ApiError> {
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     // Read the body before judging anything else: a refusal that leaves a body unread makes
     // the server drop the connection, which a client reusing connections would trip over.
-    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
+    let bytes = read_body(headers, body, state.max_body_bytes).await?;
     let methods = state.methods.clone();
     let Some(method) = methods.get(&name) else {
         return Err(Refusal::new("method-unknown", format!("there is no method {:?}; GET /api/v1/methods lists them", truncate(&name)))
             .with_data(json!({ "method": truncate(&name) }))
             .into());
+    };
+    let identity = match method.access {
+        Access::Public => None,
+        Access::Authenticated | Access::Admin => {
+            let bearer = bearer_token(headers).ok_or_else(crate::auth::denied)?;
+            let identity = state.auth.authenticate(bearer).await?;
+            if method.access == Access::Admin && !identity.is_human_admin() {
+                return Err(Refusal::new("forbidden", format!("{name} needs an administrator")).into());
+            }
+            Some(identity)
+        }
     };
     if let Some(kind) = headers.get(header::CONTENT_TYPE) {
         let kind = kind.to_str().unwrap_or("");
@@ -149,7 +180,15 @@ async fn call_method(
     } else {
         serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))?
     };
-    Ok(Json(method.call(state, input).await?))
+    let call = Call { state, identity, source };
+    Ok(Json(method.call(call, input).await?))
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
 }
 
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {

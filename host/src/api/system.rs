@@ -1,6 +1,7 @@
 //! Methods about the host itself: readiness, version, migration state.
 //! Readiness is derived on every read from the store, the blobs and the ledger.
 
+use super::methods::{Access, Call};
 use super::{AppState, Registry};
 use crate::migrate;
 use crate::refusal::{Refusal, Result};
@@ -112,17 +113,19 @@ pub fn register(registry: &mut Registry) {
     registry.add(
         "system.getStatus",
         "Readiness of the store, the blobs and the migrations (same as GET /status)",
-        |state: AppState, _: Empty| async move { Ok(status_report(&state).await) },
+        Access::Public,
+        |call: Call, _: Empty| async move { Ok(status_report(&call.state).await) },
     );
-    registry.add("system.getVersion", "The Capstan version and the data version it migrates to", |state: AppState, _: Empty| async move {
-        Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: state.chain.target().to_string() })
+    registry.add("system.getVersion", "The Capstan version and the data version it migrates to", Access::Public, |call: Call, _: Empty| async move {
+        Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: call.state.chain.target().to_string() })
     });
     registry.add(
         "migrations.getStatus",
-        "A migration chain's ledger: data version, target, floor, history",
-        |state: AppState, q: MigrationsQuery| async move {
+        "A migration chain's ledger: data version, target, floor, history (public, like GET /status)",
+        Access::Public,
+        |call: Call, q: MigrationsQuery| async move {
             match q.chain.as_deref() {
-                None | Some("capstan") => Ok(migration_state(&state).await),
+                None | Some("capstan") => Ok(migration_state(&call.state).await),
                 Some(other) => Err(Refusal::not_found(format!("migration chain {:?}", other.chars().take(100).collect::<String>()))),
             }
         },

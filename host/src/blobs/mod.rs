@@ -5,6 +5,8 @@
 
 pub mod conformance;
 pub mod local;
+mod probe;
+pub mod s3;
 
 use crate::refusal::{Refusal, Result};
 use async_trait::async_trait;
@@ -70,8 +72,8 @@ impl Blobs {
         Blobs(Arc::new(backend))
     }
 
-    /// Open the backend a `CAPSTAN_BLOB_URL` names.
-    pub async fn open(url: &str) -> Result<Self> {
+    /// Open the backend a `CAPSTAN_BLOB_URL` names (`s3` is used for `s3://` URLs).
+    pub async fn open(url: &str, s3: &crate::config::S3Settings) -> Result<Self> {
         if let Some(dir) = url.strip_prefix("file:") {
             if dir.is_empty() {
                 return Err(Refusal::new("config-invalid", "CAPSTAN_BLOB_URL file: needs a directory, e.g. file:/var/lib/capstan/blobs"));
@@ -79,7 +81,7 @@ impl Blobs {
             return Ok(Blobs::new(local::LocalBlobs::open(dir).await?));
         }
         if url.starts_with("s3://") {
-            return Err(Refusal::new("config-invalid", "CAPSTAN_BLOB_URL s3:// is not available in this build yet; use file:<dir>"));
+            return Ok(Blobs::new(s3::S3Blobs::open(url, s3)?));
         }
         Err(Refusal::new("config-invalid", format!("CAPSTAN_BLOB_URL must start with file: or s3:// (got {:?})", scheme_of(url))))
     }

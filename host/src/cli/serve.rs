@@ -3,10 +3,12 @@
 use crate::api::{self, AppState};
 use crate::blobs::Blobs;
 use crate::config::{LogFormat, ServeConfig};
+use crate::auth::{self, Auth, Bootstrap};
 use crate::keyring::Keyring;
+use std::net::SocketAddr;
 use crate::migrate::{self, LockOptions};
 use crate::refusal::{Refusal, Result};
-use crate::store::Store;
+use crate::store::{Store, StoreOptions};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 
@@ -25,9 +27,10 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     let report = keyring.report();
     tracing::info!(active_kek = %report.active_kek_id, ingress = %report.ingress.id, "keyring loaded");
 
-    let store = Store::open(&config.database_url, config.request_budget).await?;
+    let store_options = StoreOptions { database_name: config.database_name.clone(), budget: config.request_budget };
+    let store = Store::open(&config.database_url, &store_options).await?;
     store.ping().await?;
-    let blobs = Blobs::open(&config.blob_url).await?;
+    let blobs = Blobs::open(&config.blob_url, &config.s3).await?;
     blobs.probe().await?;
     tracing::info!(store = %store.describe(), blobs = %blobs.describe(), "storage ready");
 
@@ -50,15 +53,44 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
         // the dev default origin follows the port the system actually gave us
         config.public_origin = format!("http://{bound}");
     }
-    let state = AppState::new(store, blobs, Arc::new(keyring), chain, config.max_body_bytes, config.public_origin.clone());
+    let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
+    bootstrap_admin(&config, &store).await?;
+    let state = AppState::new(store, blobs, Arc::new(keyring), auth, chain, config.max_body_bytes, config.public_origin.clone());
     println!("Capstan serving on http://{bound} (public origin {})", config.public_origin);
     tracing::info!(address = %bound, "serving");
 
-    axum::serve(listener, api::router(state))
+    axum::serve(listener, api::router(state).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Refusal::internal(format!("server failed: {e}")))?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// The first administrator: from CAPSTAN_ADMIN_ACCOUNT, or in dev mode on a store without
+/// users, with a generated password printed here once (never logged, never shown again).
+async fn bootstrap_admin(config: &ServeConfig, store: &Store) -> Result<()> {
+    if let Some(account) = &config.admin_account {
+        let Some((username, password)) = account.expose().split_once(':') else {
+            return Err(Refusal::new("config-invalid", "CAPSTAN_ADMIN_ACCOUNT must be username:password"));
+        };
+        match auth::bootstrap_admin(store, username, password).await? {
+            Bootstrap::Created { username } => tracing::info!(%username, "administrator created from CAPSTAN_ADMIN_ACCOUNT"),
+            Bootstrap::AlreadyExists { username } => {
+                tracing::info!(%username, "administrator exists; CAPSTAN_ADMIN_ACCOUNT does not change an existing user's password")
+            }
+        }
+        return Ok(());
+    }
+    if config.dev && !auth::any_user(store).await? {
+        let password = auth::password::generate();
+        if let Bootstrap::Created { username } = auth::bootstrap_admin(store, "admin", &password).await? {
+            println!("  administrator: {username}");
+            println!("  password:      {password}");
+            println!("  (shown this once; Capstan keeps only a scrypt verifier of it)");
+            tracing::info!(%username, "dev mode created the first administrator; its password was printed once on stdout");
+        }
+    }
     Ok(())
 }
 

@@ -38,6 +38,7 @@ pub const S3_REGION: &str = "CAPSTAN_S3_REGION";
 pub const S3_ACCESS_KEY: &str = "CAPSTAN_S3_ACCESS_KEY";
 pub const S3_SECRET_KEY: &str = "CAPSTAN_S3_SECRET_KEY";
 pub const S3_FORCE_PATH_STYLE: &str = "CAPSTAN_S3_FORCE_PATH_STYLE";
+pub const ADMIN_ACCOUNT: &str = "CAPSTAN_ADMIN_ACCOUNT";
 pub const LISTEN: &str = "CAPSTAN_LISTEN";
 pub const DATA_DIR: &str = "CAPSTAN_DATA_DIR";
 pub const LOG: &str = "CAPSTAN_LOG";
@@ -135,6 +136,7 @@ pub struct ServeConfig {
     pub blob_url: String,
     pub database_name: Option<String>,
     pub s3: S3Settings,
+    pub admin_account: Option<SecretString>,
     pub log_filter: String,
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
@@ -316,6 +318,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         blob_url,
         database_name: lookup(DATABASE_NAME),
         s3: S3Settings { force_path_style, ..s3 },
+        admin_account: lookup(ADMIN_ACCOUNT).map(SecretString::new),
         log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
         log_format,
         max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,

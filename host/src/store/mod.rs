@@ -6,6 +6,7 @@
 //! store's budget, so callers see either a committed result or a named refusal.
 
 pub mod conformance;
+pub mod mongo;
 pub mod sqlite;
 
 use crate::refusal::{Refusal, Result};
@@ -154,6 +155,21 @@ pub struct Store {
     budget: Duration,
 }
 
+/// How to open a store besides its URL.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// MongoDB database name; the one the URL names (else `capstan`) when absent.
+    pub database_name: Option<String>,
+    /// Time a transaction may spend retrying transient contention.
+    pub budget: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { database_name: None, budget: DEFAULT_BUDGET }
+    }
+}
+
 /// Default time a transaction may spend retrying transient contention.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
 
@@ -163,7 +179,8 @@ impl Store {
     }
 
     /// Open the backend a `CAPSTAN_DATABASE_URL` names.
-    pub async fn open(url: &str, budget: Duration) -> Result<Self> {
+    pub async fn open(url: &str, options: &StoreOptions) -> Result<Self> {
+        let budget = options.budget;
         if let Some(path) = url.strip_prefix("sqlite:") {
             if path.is_empty() {
                 return Err(Refusal::new(
@@ -174,10 +191,7 @@ impl Store {
             return Ok(Store::new(sqlite::SqliteStore::open(path)?, budget));
         }
         if url.starts_with("mongodb://") || url.starts_with("mongodb+srv://") {
-            return Err(Refusal::new(
-                "config-invalid",
-                "CAPSTAN_DATABASE_URL mongodb:// is not available in this build yet; use sqlite:<path>",
-            ));
+            return Ok(Store::new(mongo::MongoStore::open(url, options.database_name.as_deref()).await?, budget));
         }
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
         Err(Refusal::new("config-invalid", format!("CAPSTAN_DATABASE_URL must start with sqlite: or mongodb:// (got scheme {scheme:?})")))

@@ -1,0 +1,49 @@
+# Sourced by .ci/run: install and start the real peers the tests need, on loopback, and export
+# the variables that make those tests mandatory. Everything is stopped when the run ends.
+#
+#   CAPSTAN_TEST_MONGODB_URL  a MongoDB wire-protocol server (nx-27017, SQLite-backed; no real
+#                             mongod can be installed on these machines — docs/compatibility.md)
+#   CAPSTAN_TEST_S3_ENDPOINT  an S3 server (moto), path-style, any credentials
+
+PEERS_DIR="$(mktemp -d /tmp/capstan-peers.XXXXXX)"
+PEER_PIDS=()
+
+stop_peers() {
+    for pid in "${PEER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    rm -rf "$PEERS_DIR"
+}
+trap stop_peers EXIT
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+wait_for_port() { # name port log
+    for _ in $(seq 1 150); do
+        if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $2), 1)" 2>/dev/null; then
+            echo "$1 is up on 127.0.0.1:$2"
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "$1 did not come up on 127.0.0.1:$2; its log:" >&2
+    cat "$3" >&2 || true
+    return 1
+}
+
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]'
+# pyenv installs console scripts behind shims that appear after a rehash
+command -v pyenv >/dev/null && pyenv rehash || true
+
+MONGO_PORT="$(free_port)"
+nx-27017 --host 127.0.0.1 -p "$MONGO_PORT" --db "$PEERS_DIR/mongo.sqlite" \
+    --log-file "$PEERS_DIR/mongo.log" --pid-file "$PEERS_DIR/mongo.pid" >"$PEERS_DIR/mongo.out" 2>&1 &
+PEER_PIDS+=($!)
+wait_for_port "MongoDB wire server (nx-27017)" "$MONGO_PORT" "$PEERS_DIR/mongo.out"
+export CAPSTAN_TEST_MONGODB_URL="mongodb://127.0.0.1:$MONGO_PORT/?directConnection=true"
+
+S3_PORT="$(free_port)"
+moto_server -H 127.0.0.1 -p "$S3_PORT" >"$PEERS_DIR/moto.log" 2>&1 &
+PEER_PIDS+=($!)
+wait_for_port "S3 server (moto)" "$S3_PORT" "$PEERS_DIR/moto.log"
+export CAPSTAN_TEST_S3_ENDPOINT="http://127.0.0.1:$S3_PORT"

@@ -1,0 +1,41 @@
+# Capstan host image: a release build of `capstan`, run as an unprivileged user.
+#
+#   docker build -t capstan .
+#   docker run --rm -p 8080:8080 -v capstan-state:/var/lib/capstan \
+#     -e CAPSTAN_PUBLIC_ORIGIN=https://capstan.example.com \
+#     -e CAPSTAN_DATABASE_URL='mongodb://mongo:27017/?replicaSet=rs0' \
+#     -e CAPSTAN_BLOB_URL=s3://capstan -e CAPSTAN_S3_ENDPOINT=http://minio:9000 … capstan
+#
+# docker-compose.yml runs it with MongoDB (single-node replica set) and MinIO.
+
+FROM rust:1-bookworm AS build
+WORKDIR /src
+# rust-toolchain.toml pins the toolchain; rustup installs it (and the wasm target) here.
+COPY rust-toolchain.toml ./
+RUN rustup show active-toolchain
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p capstan \
+    && install -m 0755 target/release/capstan /usr/local/bin/capstan
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --user-group --home-dir /var/lib/capstan --shell /usr/sbin/nologin capstan \
+    && install -d -o capstan -g capstan -m 0700 /var/lib/capstan /var/lib/capstan/keyring
+COPY --from=build /usr/local/bin/capstan /usr/local/bin/capstan
+
+USER capstan
+WORKDIR /var/lib/capstan
+# The state volume: the keyring lives in its own directory so it can be mounted separately.
+VOLUME ["/var/lib/capstan"]
+ENV CAPSTAN_LISTEN=0.0.0.0:8080 \
+    CAPSTAN_KEYRING_PATH=/var/lib/capstan/keyring/keyring.json \
+    CAPSTAN_LOG_FORMAT=json
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
+ENTRYPOINT ["capstan"]
+CMD ["serve"]

@@ -1,0 +1,340 @@
+//! The `auth.*` and `admin.*` API methods.
+
+use super::*;
+use crate::api::methods::{Access, Call, Registry};
+use schemars::JsonSchema;
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginInput {
+    pub username: String,
+    pub password: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeInput {
+    /// A machine user's token.
+    pub token: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WhoAmI {
+    pub user_id: String,
+    pub username: String,
+    pub kind: String,
+    pub admin: bool,
+    pub session_id: String,
+    pub authenticated_at: u64,
+    pub expires_at: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoggedOut {
+    pub logged_out: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UserRef {
+    pub user_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialView {
+    pub user_id: String,
+    pub generation: u64,
+    pub password_enabled: bool,
+    pub updated_at: u64,
+}
+
+/// One credential operation.
+#[derive(Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Operation {
+    /// Replace the password (at least 20 characters, at most 1024 UTF-8 bytes).
+    RotatePassword {
+        #[serde(rename = "newPassword")]
+        new_password: String,
+    },
+    /// Disable password login.
+    RevokePassword {},
+    /// End every session of the user.
+    RevokeSessions {},
+}
+
+#[derive(Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MutateInput {
+    pub user_id: String,
+    pub expected_generation: u64,
+    /// A stable id for this change: repeating it with the same request replays the answer.
+    pub mutation_id: String,
+    pub operation: Operation,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MutationAnswer {
+    #[serde(flatten)]
+    pub credential: CredentialView,
+    pub replayed: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateMachineUser {
+    pub username: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineToken {
+    pub user_id: String,
+    pub username: String,
+    /// Shown this once; Capstan keeps only its SHA-256.
+    pub token: String,
+    pub generation: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListInput {
+    pub cursor: Option<String>,
+    /// At most 100 (default 50).
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineUserView {
+    pub user_id: String,
+    pub username: String,
+    pub token_active: bool,
+    pub generation: u64,
+    pub created_at: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineUserPage {
+    pub users: Vec<MachineUserView>,
+    pub next_cursor: Option<String>,
+}
+
+fn view(user_id: &str, c: &Credential) -> CredentialView {
+    CredentialView { user_id: user_id.into(), generation: c.generation, password_enabled: c.verifier.is_some(), updated_at: c.updated_at }
+}
+
+async fn load_credential(tx: &Tx, user_id: &str, kind: &str) -> Result<(Document, Credential)> {
+    let user = tx.get(USERS, user_id).await?.map(|d| parse::<User>(&d)).transpose()?;
+    match user {
+        Some(u) if u.kind == kind => {}
+        Some(_) => return Err(Refusal::new("wrong-user-kind", format!("user {user_id} is not a {kind} user"))),
+        None => return Err(Refusal::not_found(format!("user {user_id}"))),
+    }
+    let doc = tx.require(CREDENTIALS, user_id).await?;
+    let credential = parse::<Credential>(&doc)?;
+    Ok((doc, credential))
+}
+
+fn valid_mutation_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
+        return Err(Refusal::invalid_request("mutationId is 1 to 128 of A-Z a-z 0-9 - _ . :"));
+    }
+    Ok(())
+}
+
+/// Salted digest of a request, so a receipt can recognise its exact replay without keeping
+/// the request (which may hold a password).
+fn request_digest(salt: &str, input: &MutateInput) -> Result<String> {
+    let body = serde_json::to_vec(input).map_err(Refusal::internal)?;
+    Ok(hex::encode(Sha256::new().chain_update(salt.as_bytes()).chain_update(&body).finalize()))
+}
+
+async fn mutate_credential(call: Call, input: MutateInput) -> Result<MutationAnswer> {
+    let actor = call.identity()?.clone();
+    actor.require_fresh()?;
+    valid_mutation_id(&input.mutation_id)?;
+    // hash outside the transaction: it is slow, and the transaction may run twice
+    let verifier = match &input.operation {
+        Operation::RotatePassword { new_password } => {
+            password::check_policy(new_password)?;
+            let pw = new_password.clone();
+            Some(tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??)
+        }
+        _ => None,
+    };
+    let receipt_id = format!("{}:{}", actor.user_id, input.mutation_id);
+    let fresh_salt = hex::encode(rand::random::<[u8; 16]>());
+    let (input, verifier, receipt_id, fresh_salt) = (&input, &verifier, receipt_id.as_str(), fresh_salt.as_str());
+    let answer = call
+        .state
+        .store
+        .transact(|tx| async move {
+            if let Some(receipt) = tx.get(RECEIPTS, receipt_id).await? {
+                let salt = receipt.data["salt"].as_str().unwrap_or_default();
+                if receipt.data["digest"].as_str() != Some(request_digest(salt, input)?.as_str()) {
+                    return Err(Refusal::new("mutation-reused", "this mutationId was used for a different request"));
+                }
+                let mut answer: MutationAnswer = serde_json::from_value(receipt.data["answer"].clone()).map_err(Refusal::internal)?;
+                answer.replayed = true;
+                return Ok(answer);
+            }
+            let (doc, mut credential) = load_credential(&tx, &input.user_id, "human").await?;
+            if credential.generation != input.expected_generation {
+                return Err(Refusal::new("conflict", format!("the credential is at generation {}, not {}", credential.generation, input.expected_generation))
+                    .with_data(json!({ "generation": credential.generation })));
+            }
+            match &input.operation {
+                Operation::RotatePassword { .. } => credential.verifier = verifier.clone(),
+                Operation::RevokePassword {} => credential.verifier = None,
+                Operation::RevokeSessions {} => {}
+            }
+            credential.generation += 1;
+            credential.updated_at = now();
+            tx.replace(CREDENTIALS, &input.user_id, doc.revision, to_value(&credential)?).await?;
+            revoke_sessions(&tx, &input.user_id).await?;
+            let answer = MutationAnswer { credential: view(&input.user_id, &credential), replayed: false };
+            let receipt = json!({
+                "actor": actor_id(receipt_id),
+                "salt": fresh_salt,
+                "digest": request_digest(fresh_salt, input)?,
+                "answer": answer,
+                "at": now(),
+            });
+            tx.insert(RECEIPTS, receipt_id, receipt).await?;
+            Ok(answer)
+        })
+        .await?;
+    if !answer.replayed {
+        tracing::info!(actor = %actor.username, target = %answer.credential.user_id, generation = answer.credential.generation, "human credential changed");
+    }
+    Ok(answer)
+}
+
+fn actor_id(receipt_id: &str) -> &str {
+    receipt_id.split_once(':').map(|(a, _)| a).unwrap_or(receipt_id)
+}
+
+async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<MachineToken> {
+    call.identity()?.require_fresh()?;
+    validate_username(&input.username)?;
+    let token = new_machine_token();
+    let hash = token_hash(&token);
+    let user_id = new_id("machine");
+    let (username, hash_ref, id) = (input.username.as_str(), hash.as_str(), user_id.as_str());
+    call.state
+        .store
+        .transact(|tx| async move {
+            if find_user_by_name(&tx, username).await?.is_some() {
+                return Err(Refusal::new("exists", format!("a user named {username} exists")));
+            }
+            let at = now();
+            let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at };
+            let credential = Credential { kind: "machine".into(), generation: 1, verifier: None, token_hash: Some(hash_ref.into()), updated_at: at };
+            insert_user(&tx, id, &user, &credential).await
+        })
+        .await?;
+    tracing::info!(machine_user = %input.username, "machine user created");
+    Ok(MachineToken { user_id, username: input.username, token, generation: 1 })
+}
+
+/// Replace (or with `None`, remove) a machine user's token; every session opened with the
+/// old token ends because its JWT names the old hash.
+async fn set_machine_token(call: &Call, user_id: &str, token: Option<&str>) -> Result<(User, Credential)> {
+    call.identity()?.require_fresh()?;
+    let hash = token.map(token_hash);
+    let hash = hash.as_deref();
+    call.state
+        .store
+        .transact(|tx| async move {
+            let (doc, mut credential) = load_credential(&tx, user_id, "machine").await?;
+            let user = parse::<User>(&tx.require(USERS, user_id).await?)?;
+            credential.token_hash = hash.map(str::to_string);
+            credential.generation += 1;
+            credential.updated_at = now();
+            tx.replace(CREDENTIALS, user_id, doc.revision, to_value(&credential)?).await?;
+            revoke_sessions(&tx, user_id).await?;
+            Ok((user, credential))
+        })
+        .await
+}
+
+async fn list_machine_users(call: Call, input: ListInput) -> Result<MachineUserPage> {
+    let limit = input.limit.unwrap_or(50).clamp(1, 100);
+    let cursor = input.cursor.as_deref();
+    call.state
+        .store
+        .transact(|tx| async move {
+            let page = tx.find(USERS, "by_kind", &[json!("machine")], cursor, limit).await?;
+            let mut users = Vec::new();
+            for doc in &page.documents {
+                let user = parse::<User>(doc)?;
+                let credential = parse::<Credential>(&tx.require(CREDENTIALS, &doc.id).await?)?;
+                users.push(MachineUserView {
+                    user_id: doc.id.clone(),
+                    username: user.username,
+                    token_active: credential.token_hash.is_some(),
+                    generation: credential.generation,
+                    created_at: user.created_at,
+                });
+            }
+            Ok(MachineUserPage { users, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub fn register(registry: &mut Registry) {
+    registry.add("auth.login", "Username and password to a session JWT (one uniform denial on any mistake)", Access::Public, |call: Call, input: LoginInput| async move {
+        call.state.auth.login(&input.username, &input.password, call.source).await
+    });
+    registry.add("auth.exchangeToken", "A machine user's token to a session JWT bound to that token", Access::Public, |call: Call, input: ExchangeInput| async move {
+        call.state.auth.exchange_token(&input.token, call.source).await
+    });
+    registry.add("auth.whoami", "The caller's identity and session", Access::Authenticated, |call: Call, _: Empty| async move {
+        let id = call.identity()?;
+        Ok(WhoAmI {
+            user_id: id.user_id.clone(),
+            username: id.username.clone(),
+            kind: id.kind.clone(),
+            admin: id.admin,
+            session_id: id.session_id.clone(),
+            authenticated_at: id.authenticated_at,
+            expires_at: id.expires_at,
+        })
+    });
+    registry.add("auth.logout", "End the caller's session", Access::Authenticated, |call: Call, _: Empty| async move {
+        call.state.auth.logout(call.identity()?).await?;
+        Ok(LoggedOut { logged_out: true })
+    });
+    registry.add("admin.getHumanCredential", "A human user's credential metadata (needs a login from the last 5 minutes)", Access::Admin, |call: Call, input: UserRef| async move {
+        call.identity()?.require_fresh()?;
+        let id = input.user_id.as_str();
+        call.state.store.transact(|tx| async move { Ok(view(id, &load_credential(&tx, id, "human").await?.1)) }).await
+    });
+    registry.add(
+        "admin.mutateHumanCredential",
+        "rotatePassword, revokePassword or revokeSessions with an expected generation and a mutationId (fresh login required)",
+        Access::Admin,
+        mutate_credential,
+    );
+    registry.add("admin.createMachineUser", "Create a machine user; its token is returned this once", Access::Admin, create_machine_user);
+    registry.add("admin.rotateMachineToken", "Give a machine user a new token (returned once); sessions of the old one end", Access::Admin, |call: Call, input: UserRef| async move {
+        let token = new_machine_token();
+        let (user, credential) = set_machine_token(&call, &input.user_id, Some(&token)).await?;
+        Ok(MachineToken { user_id: input.user_id, username: user.username, token, generation: credential.generation })
+    });
+    registry.add("admin.revokeMachineTokens", "Remove a machine user's token; every session opened with it ends", Access::Admin, |call: Call, input: UserRef| async move {
+        let (_, credential) = set_machine_token(&call, &input.user_id, None).await?;
+        Ok(view(&input.user_id, &credential))
+    });
+    registry.add("admin.listMachineUsers", "Machine users, paged", Access::Admin, list_machine_users);
+}
