@@ -72,6 +72,7 @@ impl Refusal {
             "method-not-allowed" => 405,
             "exists" | "conflict" | "mutation-reused" => 409,
             "request-too-large" => 413,
+            "rate-limited" => 429,
             "unsupported-media-type" => 415,
             "unauthenticated" => 401,
             "forbidden" => 403,

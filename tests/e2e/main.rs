@@ -4,6 +4,7 @@
 
 mod api;
 mod config;
+mod identity;
 mod logging;
 mod migrations;
 mod serve;

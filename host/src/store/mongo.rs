@@ -902,6 +902,8 @@ mod tests {
     use crate::store::{DEFAULT_BUDGET, Store, conformance};
     use mongodb::error::CommandError;
     use serde_json::json;
+    use std::future::Future;
+    use std::sync::OnceLock;
 
     /// The wire server to test against, or `None` (after saying why) when none is configured.
     fn test_url() -> Option<String> {
@@ -917,23 +919,28 @@ mod tests {
         }
     }
 
-    fn fresh_database() -> String {
-        format!("capstan_test_{:016x}", rand::random::<u64>())
-    }
-
-    /// Collection names are random too: nx-27017 started on a single file shares collections
-    /// between databases (docs/compatibility.md).
+    /// Collection names are random as well as database names: nx-27017 started on a single
+    /// file shares collections between databases (docs/compatibility.md).
     fn unique_name(base: &str) -> String {
         format!("{base}_{:08x}", rand::random::<u32>())
     }
 
-    async fn open(url: &str, database: &str) -> MongoStore {
-        MongoStore::open(url, Some(database)).await.unwrap_or_else(|e| panic!("opening {}: {e}", describe_url(url, database)))
+    /// One turn for every server call of this test process, taken only when the server does not
+    /// isolate concurrent transactions (see [`Harness::store`]).
+    fn turn() -> Arc<tokio::sync::Mutex<()>> {
+        static TURN: OnceLock<Arc<tokio::sync::Mutex<()>>> = OnceLock::new();
+        TURN.get_or_init(Default::default).clone()
+    }
+
+    /// Run a call to the server on its own, whatever else the tests are doing.
+    async fn alone<T>(work: impl Future<Output = T>) -> T {
+        let _turn = turn().lock_owned().await;
+        work.await
     }
 
     /// Whether the server isolates concurrent transactions: one must not see another's
-    /// uncommitted insert. Real MongoDB does; nx-27017 runs every session on one SQLite
-    /// connection and does not.
+    /// uncommitted insert. Real MongoDB does; nx-27017 runs all sessions of a database on one
+    /// SQLite connection and does not.
     async fn server_isolates_transactions(store: &MongoStore) -> bool {
         let c = unique_name("isolation_probe");
         store.create_collection(&c).await.unwrap();
@@ -948,44 +955,75 @@ mod tests {
         matches!(seen, Ok(None))
     }
 
-    /// A store for the conformance suite. On a server that does not isolate concurrent
-    /// transactions, transactions from this store take turns (documented accommodation: the
-    /// suite's racing writers would otherwise corrupt each other's transactions on the server).
-    async fn conformance_store(url: &str, database: &str) -> Store {
-        let backend = open(url, database).await;
-        if server_isolates_transactions(&backend).await {
-            return Store::new(backend, DEFAULT_BUDGET);
-        }
-        eprintln!(
-            "note: this server does not isolate concurrent transactions (nx-27017 gap, docs/compatibility.md); \
-             the conformance suite runs with this store's transactions taking turns"
-        );
-        Store::new(TakingTurns { inner: backend, turn: Default::default() }, DEFAULT_BUDGET)
+    /// A fresh database on the test server, dropped by `finish`.
+    struct Harness {
+        url: String,
+        database: String,
+        isolated: bool,
     }
 
-    struct TakingTurns {
-        inner: MongoStore,
-        turn: Arc<tokio::sync::Mutex<()>>,
+    async fn harness() -> Option<Harness> {
+        static ISOLATED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+        let url = test_url()?;
+        let database = format!("capstan_test_{:016x}", rand::random::<u64>());
+        let isolated = *ISOLATED
+            .get_or_init(|| async {
+                let h = Harness { url: url.clone(), database: database.clone(), isolated: false };
+                let isolated = alone(async { server_isolates_transactions(&h.backend().await).await }).await;
+                if !isolated {
+                    eprintln!(
+                        "note: this server does not isolate concurrent transactions (nx-27017 gap, \
+                         docs/compatibility.md); the MongoDB tests take turns on it"
+                    );
+                }
+                isolated
+            })
+            .await;
+        Some(Harness { url, database, isolated })
     }
+
+    impl Harness {
+        async fn backend(&self) -> MongoStore {
+            alone(MongoStore::open(&self.url, Some(&self.database)))
+                .await
+                .unwrap_or_else(|e| panic!("opening {}: {e}", describe_url(&self.url, &self.database)))
+        }
+
+        /// A store on the database. On a server that does not isolate concurrent transactions,
+        /// its transactions take turns with every other server call of the tests (documented
+        /// accommodation: the suite's racing writers would otherwise corrupt each other's
+        /// transactions on such a server); on real MongoDB it is the plain backend.
+        async fn store(&self) -> Store {
+            let backend = self.backend().await;
+            if self.isolated { Store::new(backend, DEFAULT_BUDGET) } else { Store::new(TakingTurns(backend), DEFAULT_BUDGET) }
+        }
+
+        async fn finish(self) {
+            let backend = self.backend().await;
+            alone(backend.drop_database()).await;
+        }
+    }
+
+    struct TakingTurns(MongoStore);
 
     #[async_trait]
     impl StoreBackend for TakingTurns {
         fn describe(&self) -> String {
-            self.inner.describe()
+            self.0.describe()
         }
         async fn ensure_collection(&self, spec: &CollectionSpec) -> Result<()> {
-            self.inner.ensure_collection(spec).await
+            alone(self.0.ensure_collection(spec)).await
         }
         async fn begin(&self) -> Result<Box<dyn TxnBackend>> {
-            let guard = self.turn.clone().lock_owned().await;
-            let txn = self.inner.begin_txn().await?;
+            let guard = turn().lock_owned().await;
+            let txn = self.0.begin_txn().await?;
             Ok(Box::new(TurnTxn { txn: Some(txn), guard: Some(guard) }))
         }
         async fn populated_collections(&self) -> Result<Vec<String>> {
-            self.inner.populated_collections().await
+            alone(self.0.populated_collections()).await
         }
         async fn ping(&self) -> Result<()> {
-            self.inner.ping().await
+            alone(self.0.ping()).await
         }
     }
 
@@ -1005,6 +1043,7 @@ mod tests {
             // hand the turn on only after the abort reached the server
             if let (Some(mut txn), Some(guard)) = (self.txn.take(), self.guard.take()) {
                 tokio::spawn(async move {
+                    // after a commit this is refused locally, without a round trip
                     let _ = txn.session.abort_transaction().await;
                     drop(guard);
                 });
@@ -1039,100 +1078,90 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn conformance_suite() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let store = conformance_store(&url, &database).await;
-        conformance::run_all(&store).await;
-        open(&url, &database).await.drop_database().await;
+        let Some(h) = harness().await else { return };
+        conformance::run_all(&h.store().await).await;
+        h.finish().await;
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn conformance_suite_single_threaded() {
+        let Some(h) = harness().await else { return };
+        conformance::run_all(&h.store().await).await;
+        h.finish().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_clients_share_state() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let a = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
-        let b = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
-        conformance::two_stores_share_state(&a, &b).await;
-        open(&url, &database).await.drop_database().await;
-    }
-
-    /// Real MongoDB isolates; a server that does not is named in docs/compatibility.md. This
-    /// test only reports, so the suite states which case it ran under.
-    #[tokio::test]
-    async fn isolation_of_concurrent_transactions_is_reported() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let store = open(&url, &database).await;
-        let isolated = server_isolates_transactions(&store).await;
-        eprintln!("concurrent transactions isolated by this server: {isolated}");
-        store.drop_database().await;
+        let Some(h) = harness().await else { return };
+        conformance::two_stores_share_state(&h.store().await, &h.store().await).await;
+        h.finish().await;
     }
 
     #[tokio::test]
     async fn transaction_probe_passes_and_leaves_nothing() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let store = open(&url, &database).await;
-        store.probe_transactions().await.expect("a second probe passes too");
-        let left = store.db.collection::<BsonDocument>(PROBE_COLLECTION).count_documents(doc! {}).await.unwrap();
-        assert_eq!(left, 0, "the probe's insert was aborted");
-        assert!(!store.populated_collections().await.unwrap().contains(&PROBE_COLLECTION.to_string()), "the probe is not a Capstan collection");
-        assert_eq!(store.describe(), describe_url(&url, &database));
-        store.drop_database().await;
+        let Some(h) = harness().await else { return };
+        let store = h.backend().await;
+        alone(async {
+            store.probe_transactions().await.expect("a second probe passes too");
+            let left = store.db.collection::<BsonDocument>(PROBE_COLLECTION).count_documents(doc! {}).await.unwrap();
+            assert_eq!(left, 0, "the probe's insert was aborted");
+            let populated = store.populated_collections().await.unwrap();
+            assert!(!populated.iter().any(|c| c == PROBE_COLLECTION), "the probe is not a Capstan collection");
+        })
+        .await;
+        assert_eq!(store.describe(), describe_url(&h.url, &h.database));
+        h.finish().await;
     }
 
     #[tokio::test]
     async fn documents_are_stored_apart_from_bookkeeping() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let raw = open(&url, &database).await;
-        let store = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
+        let Some(h) = harness().await else { return };
+        let raw = h.backend().await;
+        let store = h.store().await;
         let c = unique_name("things");
-        store.declare(CollectionSpec::new(&c)).await.unwrap();
         let cc = c.as_str();
+        store.declare(CollectionSpec::new(cc)).await.unwrap();
         store.transact(|tx| async move { tx.insert(cc, "a", json!({"n": 1, "rev": "mine", "_id": "x"})).await }).await.unwrap();
-        let stored = raw.db.collection::<BsonDocument>(&c).find_one(doc! {"_id": "a"}).await.unwrap().expect("stored under its id");
-        assert_eq!(stored.get_i64("rev").ok().or(stored.get_i32("rev").ok().map(i64::from)), Some(1));
+        let stored = alone(async { raw.db.collection::<BsonDocument>(cc).find_one(doc! {"_id": "a"}).await }).await.unwrap().expect("stored under its id");
+        assert_eq!(stored.get("rev"), Some(&Bson::Int64(1)));
         let data = stored.get_document("data").unwrap();
         assert_eq!(data.get_str("rev").unwrap(), "mine", "user fields named like bookkeeping stay user data");
         let doc = store.transact(|tx| async move { tx.require(cc, "a").await }).await.unwrap();
         assert_eq!(doc.data, json!({"n": 1, "rev": "mine", "_id": "x"}));
-        raw.drop_database().await;
+        h.finish().await;
     }
 
     #[tokio::test]
     async fn data_survives_a_new_client() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
+        let Some(h) = harness().await else { return };
         let c = unique_name("things");
         let cc = c.as_str();
-        let spec = CollectionSpec::new(&c).unique("by_key", &["key"]);
+        let spec = CollectionSpec::new(cc).unique("by_key", &["key"]);
         {
-            let store = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
+            let store = h.store().await;
             store.declare(spec.clone()).await.unwrap();
             assert!(!store.populated_collections().await.unwrap().contains(&c));
             store.transact(|tx| async move { tx.insert(cc, "a", json!({"key": "k", "n": 1.5})).await }).await.unwrap();
         }
-        let store = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
+        let store = h.store().await;
         store.declare(spec).await.unwrap();
         let doc = store.transact(|tx| async move { tx.require(cc, "a").await }).await.unwrap();
         assert_eq!(doc.data, json!({"key": "k", "n": 1.5}));
         assert!(store.populated_collections().await.unwrap().contains(&c));
         let dup = store.transact(|tx| async move { tx.insert(cc, "b", json!({"key": "k"})).await }).await.unwrap_err();
         assert_eq!(dup.data.as_ref().unwrap()["index"], "by_key", "the unique index was kept across clients");
-        open(&url, &database).await.drop_database().await;
+        h.finish().await;
     }
 
     /// A refused write leaves the transaction usable, as on SQLite: on MongoDB a failed write
     /// would abort the whole transaction, so the checks come first.
     #[tokio::test]
     async fn refused_writes_leave_the_transaction_usable() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let store = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
+        let Some(h) = harness().await else { return };
+        let store = h.store().await;
         let c = unique_name("people");
         let cc = c.as_str();
-        store.declare(CollectionSpec::new(&c).unique("by_mail", &["mail"])).await.unwrap();
+        store.declare(CollectionSpec::new(cc).unique("by_mail", &["mail"])).await.unwrap();
         store.transact(|tx| async move { tx.insert(cc, "a", json!({"mail": "a@x"})).await }).await.unwrap();
         store
             .transact(|tx| async move {
@@ -1146,18 +1175,17 @@ mod tests {
             .unwrap();
         let found = store.transact(|tx| async move { tx.find(cc, "by_mail", &[json!("c@x")], None, 10).await }).await.unwrap();
         assert_eq!(found.documents.len(), 1, "the write after the refusals committed");
-        open(&url, &database).await.drop_database().await;
+        h.finish().await;
     }
 
     /// Null and missing values are not bound by a unique index (like SQLite); present ones are.
     #[tokio::test]
     async fn unique_indexes_skip_null_and_missing_values() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let store = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
+        let Some(h) = harness().await else { return };
+        let store = h.store().await;
         let c = unique_name("people");
         let cc = c.as_str();
-        store.declare(CollectionSpec::new(&c).unique("by_mail", &["mail"])).await.unwrap();
+        store.declare(CollectionSpec::new(cc).unique("by_mail", &["mail"])).await.unwrap();
         store
             .transact(|tx| async move {
                 tx.insert(cc, "n1", json!({"mail": null})).await?;
@@ -1172,18 +1200,17 @@ mod tests {
         store.transact(|tx| async move { tx.insert(cc, "s2", json!({"mail": 7})).await }).await.unwrap();
         let dup = store.transact(|tx| async move { tx.insert(cc, "s3", json!({"mail": 7})).await }).await.unwrap_err();
         assert_eq!(dup.code, "exists");
-        open(&url, &database).await.drop_database().await;
+        h.finish().await;
     }
 
     #[tokio::test]
     async fn changed_index_definition_is_rebuilt() {
-        let Some(url) = test_url() else { return };
-        let database = fresh_database();
-        let backend = open(&url, &database).await;
-        let store = Store::new(open(&url, &database).await, DEFAULT_BUDGET);
+        let Some(h) = harness().await else { return };
+        let backend = h.backend().await;
+        let store = h.store().await;
         let c = unique_name("people");
         let cc = c.as_str();
-        store.declare(CollectionSpec::new(&c).index("by_name", &["name"])).await.unwrap();
+        store.declare(CollectionSpec::new(cc).index("by_name", &["name"])).await.unwrap();
         store
             .transact(|tx| async move {
                 tx.insert(cc, "1", json!({"name": "x"})).await?;
@@ -1191,12 +1218,13 @@ mod tests {
             })
             .await
             .unwrap();
-        let coll = backend.db.collection::<BsonDocument>(&c);
-        let names: Vec<String> = backend.list_indexes(&coll).await.unwrap().into_iter().map(|i| i.name).collect();
+        let coll = backend.db.collection::<BsonDocument>(cc);
+        let index_names = || async { alone(backend.list_indexes(&coll)).await.unwrap().into_iter().map(|i| i.name).collect::<Vec<_>>() };
+        let names = index_names().await;
         let keeps_names = names.contains(&lookup_index_name(&["name".to_string()]));
         if keeps_names {
             // turning the index unique over duplicate data is refused by name, nothing lost
-            let err = store.declare(CollectionSpec::new(&c).unique("by_name", &["name"])).await.unwrap_err();
+            let err = store.declare(CollectionSpec::new(cc).unique("by_name", &["name"])).await.unwrap_err();
             assert!(err.is("index-build-failed"), "{err}");
         } else {
             eprintln!(
@@ -1206,15 +1234,15 @@ mod tests {
         }
         let found = store.transact(|tx| async move { tx.find(cc, "by_name", &[json!("x")], None, 10).await }).await.unwrap();
         assert_eq!(found.documents.len(), 2, "the old index still serves");
-        store.declare(CollectionSpec::new(&c).unique("by_mail", &["mail"])).await.unwrap();
+        store.declare(CollectionSpec::new(cc).unique("by_mail", &["mail"])).await.unwrap();
         let page = store.transact(|tx| async move { tx.scan(cc, None, 10).await }).await.unwrap();
         assert_eq!(page.documents.len(), 2);
         if keeps_names {
-            let after: Vec<String> = backend.list_indexes(&coll).await.unwrap().into_iter().map(|i| i.name).collect();
+            let after = index_names().await;
             assert!(!after.contains(&lookup_index_name(&["name".to_string()])), "an index nobody declares is dropped: {after:?}");
             assert!(after.iter().any(|n| n.starts_with("capstan_by_mail__")), "{after:?}");
         }
-        backend.drop_database().await;
+        h.finish().await;
     }
 
     #[tokio::test]

@@ -1,0 +1,200 @@
+//! Identity end to end: the keyring commands, the keyring at start, the first administrator,
+//! sessions and machine tokens over HTTP, and that no secret reaches a log line.
+
+use crate::support::*;
+use serde_json::{Value, json};
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+
+fn private_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
+
+fn keyring(args: &[&str], path: &Path) -> Exited {
+    let mut cmd = capstan();
+    cmd.arg("keyring").args(args).arg(path);
+    run_to_exit(cmd)
+}
+
+#[test]
+fn keyring_generate_writes_a_private_file_once_and_check_shows_no_key() {
+    let dir = private_dir();
+    let path = dir.path().join("keyring.json");
+    let made = keyring(&["generate", "--json", "--output"], &path);
+    assert!(made.status.success(), "{made:?}");
+    assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let file: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    let kek_id = file["activeKekId"].as_str().unwrap();
+    let kek = file["keks"][kek_id].as_str().unwrap();
+    let private = file["ingress"]["privateKey"].as_str().unwrap();
+    let report: Value = serde_json::from_str(made.stdout.trim()).unwrap();
+    assert_eq!(report["keyring"]["activeKekId"], kek_id);
+
+    let again = keyring(&["generate", "--output"], &path);
+    again.assert_refused(1, "output-exists");
+    assert_eq!(serde_json::from_slice::<Value>(&fs::read(&path).unwrap()).unwrap(), file, "never clobbered");
+
+    let mut check = capstan();
+    check.args(["keyring", "check"]).env("CAPSTAN_KEYRING_PATH", &path);
+    let checked = run_to_exit(check);
+    assert!(checked.status.success(), "{checked:?}");
+    assert!(checked.stdout.contains(kek_id) && checked.stdout.contains("sha256:"));
+    for secret in [kek, private] {
+        assert!(!checked.stdout.contains(secret) && !checked.stderr.contains(secret), "key material printed");
+        assert!(!made.stdout.contains(secret) && !made.stderr.contains(secret), "key material printed");
+    }
+}
+
+#[test]
+fn keyring_commands_refuse_unsafe_files_by_name() {
+    let dir = private_dir();
+    let path = dir.path().join("keyring.json");
+    assert!(keyring(&["generate", "--output"], &path).status.success());
+
+    let link = dir.path().join("link.json");
+    symlink(&path, &link).unwrap();
+    keyring(&["check", "--path"], &link).assert_refused(1, "input-symlink");
+    keyring(&["generate", "--output"], &link).assert_refused(1, "output-exists");
+
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    keyring(&["check", "--path"], &path).assert_refused(1, "input-permissions");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+
+    fs::hard_link(&path, dir.path().join("second")).unwrap();
+    keyring(&["check", "--path"], &path).assert_refused(1, "input-hard-links");
+
+    let shared = tempfile::tempdir().unwrap();
+    fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    keyring(&["generate", "--output"], &shared.path().join("k.json")).assert_refused(1, "output-directory-not-private");
+
+    let broken = dir.path().join("broken.json");
+    fs::write(&broken, b"{\"version\":1}").unwrap();
+    fs::set_permissions(&broken, fs::Permissions::from_mode(0o600)).unwrap();
+    keyring(&["check", "--path"], &broken).assert_refused(1, "keyring-invalid");
+}
+
+#[test]
+fn serve_refuses_a_missing_or_invalid_keyring() {
+    let dir = private_dir();
+    let prod = ProdConfig::under(dir.path());
+    fs::remove_file(&prod.keyring_path).unwrap();
+    run_to_exit(prod.command()).assert_refused(1, "keyring-invalid");
+    fs::write(&prod.keyring_path, b"{\"version\":1,\"activeKekId\":\"k\",\"keks\":{},\"ingress\":{}}").unwrap();
+    let refused = run_to_exit(prod.command());
+    refused.assert_refused(1, "keyring-invalid");
+    assert!(!prod.database.exists(), "the store is not opened before the keyring is valid");
+}
+
+fn printed_password(stdout: &str) -> Option<String> {
+    stdout.lines().find_map(|l| l.trim().strip_prefix("password:").map(|p| p.trim().to_string()))
+}
+
+fn login(server: &Capstan, username: &str, password: &str) -> Reply {
+    server.call("auth.login", &json!({"username": username, "password": password}).to_string())
+}
+
+fn call_as(server: &Capstan, token: &str, method: &str, body: Value) -> Reply {
+    let auth = format!("Bearer {token}");
+    server.request(
+        "POST",
+        &format!("/api/v1/{method}"),
+        &[("content-type", "application/json"), ("authorization", &auth)],
+        Some(body.to_string().as_bytes()),
+    )
+}
+
+#[test]
+fn dev_mode_prints_the_admin_password_once_and_it_logs_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::dev(dir.path());
+    let password = printed_password(&server.stdout()).expect("the first start prints the password");
+    assert!(password.len() >= 20);
+    assert!(!server.stderr().contains(&password), "the password is never logged");
+
+    let answer = login(&server, "admin", &password).expect_json(200);
+    let token = answer["token"].as_str().unwrap().to_string();
+    let me = call_as(&server, &token, "auth.whoami", json!({})).expect_json(200);
+    assert_eq!((me["username"].as_str(), me["admin"].as_bool()), (Some("admin"), Some(true)));
+    server.stop();
+
+    let again = Capstan::dev(dir.path());
+    assert!(printed_password(&again.stdout()).is_none(), "never printed again");
+    login(&again, "admin", &password).expect_json(200);
+}
+
+#[test]
+fn sessions_and_machine_tokens_over_http_and_no_secret_in_any_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_password = "planted-admin-password-0123456789";
+    let mut cmd = dev_command(dir.path());
+    cmd.env("CAPSTAN_ADMIN_ACCOUNT", format!("root:{admin_password}")).env("CAPSTAN_LOG", "debug");
+    let server = Capstan::start(cmd);
+    assert!(printed_password(&server.stdout()).is_none(), "an explicit account prints nothing");
+
+    // one uniform denial
+    let wrong_password = login(&server, "root", "definitely-not-the-password").expect_error(401, "unauthenticated");
+    let wrong_user = login(&server, "nobody", admin_password).expect_error(401, "unauthenticated");
+    assert_eq!(wrong_password, wrong_user, "the same denial for a wrong username and a wrong password");
+    server.call("auth.whoami", "{}").expect_error(401, "unauthenticated");
+    call_as(&server, "not-a-jwt", "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+
+    let jwt = login(&server, "root", admin_password).expect_json(200)["token"].as_str().unwrap().to_string();
+    let created = call_as(&server, &jwt, "admin.createMachineUser", json!({"username": "deployer"})).expect_json(200);
+    let machine_token = created["token"].as_str().unwrap().to_string();
+    let machine_id = created["userId"].as_str().unwrap().to_string();
+
+    let machine_jwt = server.call("auth.exchangeToken", &json!({"token": machine_token}).to_string()).expect_json(200)["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let me = call_as(&server, &machine_jwt, "auth.whoami", json!({})).expect_json(200);
+    assert_eq!(me["kind"], "machine");
+    call_as(&server, &machine_jwt, "admin.listMachineUsers", json!({})).expect_error(403, "forbidden");
+
+    let rotated = call_as(&server, &jwt, "admin.rotateMachineToken", json!({"userId": machine_id})).expect_json(200);
+    let rotated_token = rotated["token"].as_str().unwrap().to_string();
+    call_as(&server, &machine_jwt, "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+
+    let me = call_as(&server, &jwt, "auth.whoami", json!({})).expect_json(200);
+    let new_password = "planted-rotated-password-abcdefghij";
+    let mutation = json!({
+        "userId": me["userId"], "expectedGeneration": 1, "mutationId": "rotate-1",
+        "operation": {"rotatePassword": {"newPassword": new_password}}
+    });
+    let changed = call_as(&server, &jwt, "admin.mutateHumanCredential", mutation.clone()).expect_json(200);
+    assert_eq!((changed["generation"].as_u64(), changed["replayed"].as_bool()), (Some(2), Some(false)));
+    call_as(&server, &jwt, "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+    let jwt2 = login(&server, "root", new_password).expect_json(200)["token"].as_str().unwrap().to_string();
+    let replay = call_as(&server, &jwt2, "admin.mutateHumanCredential", mutation).expect_json(200);
+    assert_eq!(replay["replayed"], true);
+    let mut reused = json!({
+        "userId": me["userId"], "expectedGeneration": 2, "mutationId": "rotate-1",
+        "operation": {"revokeSessions": {}}
+    });
+    call_as(&server, &jwt2, "admin.mutateHumanCredential", reused.clone()).expect_error(409, "mutation-reused");
+    reused["operation"] = json!({"revokeSessions": {}, "extra": 1});
+    call_as(&server, &jwt2, "admin.mutateHumanCredential", reused).expect_error(400, "invalid-request");
+
+    call_as(&server, &jwt2, "auth.logout", json!({})).expect_json(200);
+    call_as(&server, &jwt2, "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+
+    let logs = server.stderr() + &server.stdout();
+    for secret in [admin_password, new_password, &machine_token, &rotated_token, &machine_jwt, &jwt, &jwt2] {
+        assert!(!logs.contains(secret), "a planted secret reached the output: {}…", &secret[..8]);
+    }
+}
+
+#[test]
+fn failed_logins_are_rate_limited_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::dev(dir.path());
+    for _ in 0..10 {
+        login(&server, "admin", "wrong-password-wrong-password").expect_error(401, "unauthenticated");
+    }
+    let limited = login(&server, "admin", "wrong-password-wrong-password").expect_error(429, "rate-limited");
+    assert!(limited["retryable"].as_bool().unwrap());
+    assert!(limited["data"]["retryAfterMs"].as_u64().unwrap() > 0);
+}
