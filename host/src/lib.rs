@@ -7,6 +7,8 @@ pub mod auth;
 pub mod blobs;
 pub mod cli;
 pub mod config;
+pub mod fleet;
+pub mod dashboard;
 pub mod keyring;
 pub mod migrate;
 pub mod refusal;

@@ -1,0 +1,140 @@
+//! `capstan fleet nodes`: the fleet as the bucket records it, judged against one clock.
+
+use super::lease::LeaseRecord;
+use super::{Freeze, NodeRecord, Timing};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Listing {
+    /// The one clock every row is judged against (ms since the Unix epoch).
+    pub now: u64,
+    pub total: usize,
+    pub live: usize,
+    pub freeze: Option<Freeze>,
+    pub coordinator: Option<LeaseRecord>,
+    /// Per binary: version → node count, newest first (`unreported` last).
+    pub versions: BTreeMap<String, Vec<(String, usize)>>,
+    pub nodes: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub node_id: String,
+    /// live, draining, stale or never (no heartbeat recorded)
+    pub state: String,
+    pub answering: bool,
+    pub heartbeat_age_ms: Option<u64>,
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub capstan: Option<String>,
+    pub coordinator: bool,
+}
+
+fn version_key(v: &str) -> (Option<semver::Version>, String) {
+    (semver::Version::parse(v).ok(), v.to_string())
+}
+
+pub fn build(now: u64, timing: &Timing, nodes: &[NodeRecord], freeze: Option<Freeze>, lease: Option<LeaseRecord>) -> Listing {
+    let holder = lease.as_ref().filter(|l| l.expires_at > now).map(|l| l.holder.clone());
+    let mut rows: Vec<Row> = nodes
+        .iter()
+        .map(|n| {
+            let state = if n.heartbeat_at.is_none() {
+                "never"
+            } else if n.live(now, timing) {
+                "live"
+            } else if n.draining_at.is_some() {
+                "draining"
+            } else {
+                "stale"
+            };
+            Row {
+                node_id: n.node_id.clone(),
+                state: state.into(),
+                answering: n.answering(now, timing),
+                heartbeat_age_ms: n.heartbeat_at.map(|at| now.saturating_sub(at)),
+                address: format!("{}:{}", n.addresses.internal, n.addresses.api_port),
+                labels: n.labels.clone(),
+                capstan: n.versions.as_ref().map(|v| v.capstan.clone()),
+                coordinator: holder.as_deref() == Some(n.node_id.as_str()),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+
+    let mut versions = BTreeMap::new();
+    let binaries: [(&str, fn(&NodeRecord) -> Option<String>); 3] = [
+        ("capstan", |n| n.versions.as_ref().map(|v| v.capstan.clone())),
+        ("wit", |n| n.versions.as_ref().map(|v| v.wit_world.clone())),
+        ("wasmtime", |n| n.versions.as_ref().and_then(|v| v.wasmtime.clone())),
+    ];
+    for (binary, read) in binaries {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut unreported = 0;
+        for n in nodes {
+            match read(n) {
+                Some(v) => *counts.entry(v).or_default() += 1,
+                None => unreported += 1,
+            }
+        }
+        let mut list: Vec<(String, usize)> = counts.into_iter().collect();
+        list.sort_by(|a, b| version_key(&b.0).cmp(&version_key(&a.0)));
+        if unreported > 0 {
+            list.push(("unreported".into(), unreported));
+        }
+        versions.insert(binary.to_string(), list);
+    }
+    Listing { now, total: nodes.len(), live: rows.iter().filter(|r| r.state == "live").count(), freeze, coordinator: lease, versions, nodes: rows }
+}
+
+fn age(ms: u64) -> String {
+    match ms / 1000 {
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s => format!("{}h ago", s / 3600),
+    }
+}
+
+fn timestamp(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+}
+
+/// The listing for people.
+pub fn render(listing: &Listing) -> String {
+    let mut out = format!("fleet: {} node{}, {} live\n", listing.total, if listing.total == 1 { "" } else { "s" }, listing.live);
+    if let Some(f) = &listing.freeze {
+        out.push_str(&format!("deploys frozen since {} by {}: {}\n", timestamp(f.since), f.by, f.reason));
+    }
+    for (binary, counts) in &listing.versions {
+        if counts.is_empty() {
+            continue;
+        }
+        let parts: Vec<String> = counts.iter().map(|(v, n)| format!("{v} on {n}")).collect();
+        out.push_str(&format!("{binary}: {}\n", parts.join(", ")));
+    }
+    if listing.nodes.is_empty() {
+        out.push_str("no node has registered in this bucket\n");
+        return out;
+    }
+    out.push_str(&format!("{:<24} {:<9} {:<12} {:<22} {:<8} {}\n", "NODE", "STATE", "HEARTBEAT", "ADDRESS", "VERSION", "LABELS"));
+    for r in &listing.nodes {
+        let labels: Vec<String> = r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let name = if r.coordinator { format!("{} *", r.node_id) } else { r.node_id.clone() };
+        out.push_str(&format!(
+            "{:<24} {:<9} {:<12} {:<22} {:<8} {}\n",
+            name,
+            r.state,
+            r.heartbeat_age_ms.map(age).unwrap_or_else(|| "-".into()),
+            r.address,
+            r.capstan.as_deref().unwrap_or("?"),
+            labels.join(",")
+        ));
+    }
+    if listing.nodes.iter().any(|r| r.coordinator) {
+        out.push_str("* holds the coordinator lease\n");
+    }
+    out
+}
