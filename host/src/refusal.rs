@@ -14,8 +14,9 @@ pub struct Refusal {
     pub code: Cow<'static, str>,
     pub message: String,
     pub retryable: bool,
+    /// Boxed: keeps `Result<T, Refusal>` small on every hot path.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
+    pub data: Option<Box<Value>>,
     /// Operator-facing detail for the log only (never sent to a client).
     #[serde(skip)]
     pub detail: Option<String>,
@@ -32,7 +33,7 @@ impl Refusal {
     }
 
     pub fn with_data(mut self, data: Value) -> Self {
-        self.data = Some(data);
+        self.data = Some(Box::new(data));
         self
     }
 

@@ -1,9 +1,10 @@
 //! Configuration refusals and `--help`: what `capstan serve` says before it opens anything.
 
 use crate::support::{capstan, run_to_exit};
-use capstan::config::{BLOB_URL, DATABASE_URL, KEYRING_PATH, PUBLIC_ORIGIN, VARS};
+use capstan::config::{BLOB_URL, DATABASE_URL, KEYRING_PATH, PUBLIC_ORIGIN, STATE_DIR, VARS};
 
-const REQUIRED: [&str; 4] = [PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL, BLOB_URL];
+/// The four of the host skeleton, and the node's state directory the fleet added.
+const REQUIRED: [&str; 5] = [PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL, BLOB_URL, STATE_DIR];
 
 fn entries(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
@@ -32,7 +33,7 @@ fn serve_missing_some_variables_names_exactly_those() {
         .env(BLOB_URL, format!("file:{}", dir.path().join("blobs").display()));
     let exited = run_to_exit(cmd);
     let stderr = exited.assert_refused(2, "config-missing");
-    for var in [PUBLIC_ORIGIN, DATABASE_URL] {
+    for var in [PUBLIC_ORIGIN, DATABASE_URL, STATE_DIR] {
         assert!(stderr.contains(var), "the refusal should name the missing {var}; stderr:\n{stderr}");
     }
     for var in [KEYRING_PATH, BLOB_URL] {

@@ -3,9 +3,11 @@
 //! preparing or inspecting its SQLite store through the library where no API exists yet.
 
 mod api;
+mod browser;
 mod config;
 mod identity;
 mod logging;
 mod migrations;
+mod s3;
 mod serve;
 mod support;

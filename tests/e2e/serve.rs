@@ -132,11 +132,12 @@ fn production_configuration_from_a_config_file_serves() {
     let prod = ProdConfig::under(dir.path());
     let file = dir.path().join("capstan.toml");
     let text = format!(
-        "public_origin = {:?}\nkeyring_path = {:?}\ndatabase_url = {:?}\nblob_url = {:?}\nlisten = \"127.0.0.1:0\"\n",
+        "public_origin = {:?}\nkeyring_path = {:?}\ndatabase_url = {:?}\nblob_url = {:?}\nstate_dir = {:?}\nlisten = \"127.0.0.1:0\"\n",
         prod.public_origin,
         prod.keyring_path.display().to_string(),
         format!("sqlite:{}", prod.database.display()),
         format!("file:{}", prod.blobs.display()),
+        prod.state_dir.display().to_string(),
     );
     std::fs::write(&file, text).unwrap();
     let mut cmd = capstan();

@@ -49,6 +49,7 @@ pub struct ProdConfig {
     pub keyring_path: PathBuf,
     pub database: PathBuf,
     pub blobs: PathBuf,
+    pub state_dir: PathBuf,
 }
 
 impl ProdConfig {
@@ -59,6 +60,7 @@ impl ProdConfig {
             keyring_path: dir.join("keyring.json"),
             database: dir.join("store").join("capstan.sqlite"),
             blobs: dir.join("blobs"),
+            state_dir: dir.join("state"),
         };
         let mut cmd = capstan();
         cmd.args(["keyring", "generate", "--output"]).arg(&prod.keyring_path);
@@ -73,6 +75,7 @@ impl ProdConfig {
             ("CAPSTAN_KEYRING_PATH", self.keyring_path.display().to_string()),
             ("CAPSTAN_DATABASE_URL", format!("sqlite:{}", self.database.display())),
             ("CAPSTAN_BLOB_URL", format!("file:{}", self.blobs.display())),
+            ("CAPSTAN_STATE_DIR", self.state_dir.display().to_string()),
         ]
     }
 
@@ -518,4 +521,17 @@ pub fn read_doc(db: &Path, collection: &str, id: &str) -> Option<Document> {
 /// The host chain's ledger document.
 pub fn read_ledger(db: &Path) -> Option<Document> {
     read_doc(db, capstan::migrate::LEDGER_COLLECTION, "capstan")
+}
+
+impl Capstan {
+    /// The administrator password a first `serve --dev` start printed on stdout, if any.
+    pub fn printed_admin_password(&self) -> Option<String> {
+        self.stdout().lines().find_map(|l| l.trim().strip_prefix("password:").map(|p| p.trim().to_string())).filter(|p| !p.is_empty())
+    }
+}
+
+/// A loopback TCP port that was free a moment ago (for a peer that needs its port up front).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
+    listener.local_addr().expect("the bound address").port()
 }

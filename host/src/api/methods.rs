@@ -3,7 +3,6 @@
 
 use super::AppState;
 use crate::auth::Identity;
-use std::net::IpAddr;
 use crate::refusal::{Refusal, Result};
 use futures::future::BoxFuture;
 use schemars::{JsonSchema, schema_for};
@@ -11,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 type Handler = Arc<dyn Fn(Call, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;

@@ -5,7 +5,7 @@
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
 pub mod methods;
-mod system;
+pub mod system;
 
 use crate::auth::Auth;
 use crate::blobs::Blobs;
@@ -39,6 +39,8 @@ pub struct AppState {
     pub methods: Arc<Registry>,
     pub max_body_bytes: usize,
     pub public_origin: String,
+    /// The liveness window fleet listings judge by.
+    pub fleet_timing: crate::fleet::Timing,
 }
 
 impl AppState {
@@ -54,7 +56,18 @@ impl AppState {
         let mut registry = Registry::default();
         system::register(&mut registry);
         crate::auth::methods::register(&mut registry);
-        AppState { store, blobs, keyring, auth, chain: Arc::new(chain), methods: Arc::new(registry), max_body_bytes, public_origin }
+        crate::fleet::methods::register(&mut registry);
+        AppState {
+            store,
+            blobs,
+            keyring,
+            auth,
+            chain: Arc::new(chain),
+            methods: Arc::new(registry),
+            max_body_bytes,
+            public_origin,
+            fleet_timing: Default::default(),
+        }
     }
 }
 
@@ -74,6 +87,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
+        .merge(crate::dashboard::router())
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
@@ -219,8 +233,13 @@ async fn wrong_http_method() -> ApiError {
     Refusal::new("method-not-allowed", "this path does not accept that HTTP method; probes and listings are read with GET").into()
 }
 
-async fn not_found() -> ApiError {
-    Refusal::new("not-found", "no such path; the API lives under /api/v1/").into()
+/// Unknown paths: the error envelope, except that a browser (asking for HTML) outside
+/// `/api` gets the dashboard's "not found" page.
+async fn not_found(headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    if crate::dashboard::wants_html(&headers, uri.path()) {
+        return crate::dashboard::not_found_page();
+    }
+    ApiError(Refusal::new("not-found", "no such path; the API lives under /api/v1/")).into_response()
 }
 
 fn truncate(s: &str) -> String {

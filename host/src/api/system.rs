@@ -116,9 +116,14 @@ pub fn register(registry: &mut Registry) {
         Access::Public,
         |call: Call, _: Empty| async move { Ok(status_report(&call.state).await) },
     );
-    registry.add("system.getVersion", "The Capstan version and the data version it migrates to", Access::Public, |call: Call, _: Empty| async move {
-        Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: call.state.chain.target().to_string() })
-    });
+    registry.add(
+        "system.getVersion",
+        "The Capstan version and the data version it migrates to",
+        Access::Public,
+        |call: Call, _: Empty| async move {
+            Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: call.state.chain.target().to_string() })
+        },
+    );
     registry.add(
         "migrations.getStatus",
         "A migration chain's ledger: data version, target, floor, history (public, like GET /status)",

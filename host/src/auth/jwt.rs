@@ -64,9 +64,11 @@ impl JwtKeys {
         store.declare(CollectionSpec::new(HOST_KEYS)).await?;
         loop {
             if let Some(doc) = store.transact(|tx| async move { tx.get(HOST_KEYS, SIGNING_KEY_ID).await }).await? {
-                let stored: StoredKey = serde_json::from_value(doc.data).map_err(|e| Refusal::internal(format!("stored signing key: {e}")))?;
+                let stored: StoredKey =
+                    serde_json::from_value(doc.data).map_err(|e| Refusal::internal(format!("stored signing key: {e}")))?;
                 let secret = keyring.open(&context(&stored.kid), &stored.sealed)?;
-                let bytes: [u8; 32] = secret.as_slice().try_into().map_err(|_| Refusal::internal("stored signing key has the wrong length"))?;
+                let bytes: [u8; 32] =
+                    secret.as_slice().try_into().map_err(|_| Refusal::internal("stored signing key has the wrong length"))?;
                 return Self::from_secret(stored.kid, &SigningKey::from_bytes(&bytes), issuer);
             }
             let kid = format!("host-{:016x}", rand::random::<u64>());
@@ -74,7 +76,13 @@ impl JwtKeys {
             let sealed = keyring.seal(&context(&kid), key.as_bytes())?;
             let stored = StoredKey { kid: kid.clone(), public_key: B64.encode(key.verifying_key().as_bytes()), sealed };
             let data = serde_json::to_value(&stored).map_err(Refusal::internal)?;
-            match store.transact(|tx| { let data = data.clone(); async move { tx.insert(HOST_KEYS, SIGNING_KEY_ID, data).await } }).await {
+            match store
+                .transact(|tx| {
+                    let data = data.clone();
+                    async move { tx.insert(HOST_KEYS, SIGNING_KEY_ID, data).await }
+                })
+                .await
+            {
                 Ok(_) => {
                     tracing::info!(kid = %kid, "generated the host JWT signing key (sealed under the keyring)");
                     return Self::from_secret(kid, &key, issuer);
@@ -175,7 +183,8 @@ mod tests {
         assert!(keys.verify(&good).is_some());
         assert!(keys.verify(&keys.sign(&claims(now() - 60)).unwrap()).is_none(), "expired");
         let mut parts: Vec<String> = good.split('.').map(str::to_string).collect();
-        parts[1] = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&Claims { sub: "admin".into(), ..claims(now() + 60) }).unwrap());
+        parts[1] = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(&Claims { sub: "admin".into(), ..claims(now() + 60) }).unwrap());
         assert!(keys.verify(&parts.join(".")).is_none(), "tampered claims");
         assert!(keys.verify("not.a.jwt").is_none());
         let other_dir = tempfile::tempdir().unwrap();

@@ -190,8 +190,11 @@ async fn mutate_credential(call: Call, input: MutateInput) -> Result<MutationAns
             }
             let (doc, mut credential) = load_credential(&tx, &input.user_id, "human").await?;
             if credential.generation != input.expected_generation {
-                return Err(Refusal::new("conflict", format!("the credential is at generation {}, not {}", credential.generation, input.expected_generation))
-                    .with_data(json!({ "generation": credential.generation })));
+                return Err(Refusal::new(
+                    "conflict",
+                    format!("the credential is at generation {}, not {}", credential.generation, input.expected_generation),
+                )
+                .with_data(json!({ "generation": credential.generation })));
             }
             match &input.operation {
                 Operation::RotatePassword { .. } => credential.verifier = verifier.clone(),
@@ -239,7 +242,8 @@ async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<Mac
             }
             let at = now();
             let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at };
-            let credential = Credential { kind: "machine".into(), generation: 1, verifier: None, token_hash: Some(hash_ref.into()), updated_at: at };
+            let credential =
+                Credential { kind: "machine".into(), generation: 1, verifier: None, token_hash: Some(hash_ref.into()), updated_at: at };
             insert_user(&tx, id, &user, &credential).await
         })
         .await?;
@@ -293,12 +297,18 @@ async fn list_machine_users(call: Call, input: ListInput) -> Result<MachineUserP
 }
 
 pub fn register(registry: &mut Registry) {
-    registry.add("auth.login", "Username and password to a session JWT (one uniform denial on any mistake)", Access::Public, |call: Call, input: LoginInput| async move {
-        call.state.auth.login(&input.username, &input.password, call.source).await
-    });
-    registry.add("auth.exchangeToken", "A machine user's token to a session JWT bound to that token", Access::Public, |call: Call, input: ExchangeInput| async move {
-        call.state.auth.exchange_token(&input.token, call.source).await
-    });
+    registry.add(
+        "auth.login",
+        "Username and password to a session JWT (one uniform denial on any mistake)",
+        Access::Public,
+        |call: Call, input: LoginInput| async move { call.state.auth.login(&input.username, &input.password, call.source).await },
+    );
+    registry.add(
+        "auth.exchangeToken",
+        "A machine user's token to a session JWT bound to that token",
+        Access::Public,
+        |call: Call, input: ExchangeInput| async move { call.state.auth.exchange_token(&input.token, call.source).await },
+    );
     registry.add("auth.whoami", "The caller's identity and session", Access::Authenticated, |call: Call, _: Empty| async move {
         let id = call.identity()?;
         Ok(WhoAmI {
@@ -315,11 +325,16 @@ pub fn register(registry: &mut Registry) {
         call.state.auth.logout(call.identity()?).await?;
         Ok(LoggedOut { logged_out: true })
     });
-    registry.add("admin.getHumanCredential", "A human user's credential metadata (needs a login from the last 5 minutes)", Access::Admin, |call: Call, input: UserRef| async move {
-        call.identity()?.require_fresh()?;
-        let id = input.user_id.as_str();
-        call.state.store.transact(|tx| async move { Ok(view(id, &load_credential(&tx, id, "human").await?.1)) }).await
-    });
+    registry.add(
+        "admin.getHumanCredential",
+        "A human user's credential metadata (needs a login from the last 5 minutes)",
+        Access::Admin,
+        |call: Call, input: UserRef| async move {
+            call.identity()?.require_fresh()?;
+            let id = input.user_id.as_str();
+            call.state.store.transact(|tx| async move { Ok(view(id, &load_credential(&tx, id, "human").await?.1)) }).await
+        },
+    );
     registry.add(
         "admin.mutateHumanCredential",
         "rotatePassword, revokePassword or revokeSessions with an expected generation and a mutationId (fresh login required)",
@@ -327,14 +342,24 @@ pub fn register(registry: &mut Registry) {
         mutate_credential,
     );
     registry.add("admin.createMachineUser", "Create a machine user; its token is returned this once", Access::Admin, create_machine_user);
-    registry.add("admin.rotateMachineToken", "Give a machine user a new token (returned once); sessions of the old one end", Access::Admin, |call: Call, input: UserRef| async move {
-        let token = new_machine_token();
-        let (user, credential) = set_machine_token(&call, &input.user_id, Some(&token)).await?;
-        Ok(MachineToken { user_id: input.user_id, username: user.username, token, generation: credential.generation })
-    });
-    registry.add("admin.revokeMachineTokens", "Remove a machine user's token; every session opened with it ends", Access::Admin, |call: Call, input: UserRef| async move {
-        let (_, credential) = set_machine_token(&call, &input.user_id, None).await?;
-        Ok(view(&input.user_id, &credential))
-    });
+    registry.add(
+        "admin.rotateMachineToken",
+        "Give a machine user a new token (returned once); sessions of the old one end",
+        Access::Admin,
+        |call: Call, input: UserRef| async move {
+            let token = new_machine_token();
+            let (user, credential) = set_machine_token(&call, &input.user_id, Some(&token)).await?;
+            Ok(MachineToken { user_id: input.user_id, username: user.username, token, generation: credential.generation })
+        },
+    );
+    registry.add(
+        "admin.revokeMachineTokens",
+        "Remove a machine user's token; every session opened with it ends",
+        Access::Admin,
+        |call: Call, input: UserRef| async move {
+            let (_, credential) = set_machine_token(&call, &input.user_id, None).await?;
+            Ok(view(&input.user_id, &credential))
+        },
+    );
     registry.add("admin.listMachineUsers", "Machine users, paged", Access::Admin, list_machine_users);
 }

@@ -135,7 +135,10 @@ pub fn check_user_record(data: &Value) -> Result<()> {
     if let Some(obj) = data.as_object()
         && let Some(key) = obj.keys().find(|k| forbidden.iter().any(|f| k.to_ascii_lowercase().contains(f)))
     {
-        return Err(Refusal::new("user-record-carries-password", format!("a user record may not carry {key:?}: credentials live in the credential authority")));
+        return Err(Refusal::new(
+            "user-record-carries-password",
+            format!("a user record may not carry {key:?}: credentials live in the credential authority"),
+        ));
     }
     Ok(())
 }
@@ -199,7 +202,8 @@ pub async fn bootstrap_admin(store: &Store, username: &str, password: &str) -> R
                 }
                 let at = now();
                 let user = User { username: username.into(), kind: "human".into(), admin: true, created_at: at };
-                let credential = Credential { kind: "human".into(), generation: 1, verifier: Some(verifier), token_hash: None, updated_at: at };
+                let credential =
+                    Credential { kind: "human".into(), generation: 1, verifier: Some(verifier), token_hash: None, updated_at: at };
                 insert_user(&tx, &new_id("user"), &user, &credential).await?;
                 Ok(Bootstrap::Created { username: username.into() })
             }
@@ -244,7 +248,8 @@ impl Auth {
     pub async fn login(&self, username: &str, password: &str, source: Option<IpAddr>) -> Result<LoginAnswer> {
         let user_key = username.to_ascii_lowercase();
         let address_key = source.map(|ip| ip.to_string());
-        if let Some(wait) = self.by_username.blocked(&user_key).or_else(|| address_key.as_deref().and_then(|a| self.by_address.blocked(a))) {
+        if let Some(wait) = self.by_username.blocked(&user_key).or_else(|| address_key.as_deref().and_then(|a| self.by_address.blocked(a)))
+        {
             return Err(Self::rate_limited(wait));
         }
         let found = if validate_username(username).is_ok() {
@@ -334,7 +339,12 @@ impl Auth {
         let session_id = new_id("session");
         let data = to_value(&session)?;
         let sid = session_id.as_str();
-        self.store.transact(|tx| { let data = data.clone(); async move { tx.insert(SESSIONS, sid, data).await } }).await?;
+        self.store
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.insert(SESSIONS, sid, data).await }
+            })
+            .await?;
         let claims = Claims {
             iss: self.keys.issuer().to_string(),
             sub: user_id.to_string(),
@@ -347,7 +357,13 @@ impl Auth {
             auth_time: at,
         };
         tracing::info!(user = %user.username, session = %session_id, "session opened");
-        Ok(LoginAnswer { token: self.keys.sign(&claims)?, expires_at: session.expires_at, user_id: user_id.into(), username: user.username.clone(), admin: user.admin })
+        Ok(LoginAnswer {
+            token: self.keys.sign(&claims)?,
+            expires_at: session.expires_at,
+            user_id: user_id.into(),
+            username: user.username.clone(),
+            admin: user.admin,
+        })
     }
 
     /// A bearer JWT to the identity it stands for, checked against the session and the
@@ -371,7 +387,9 @@ impl Auth {
             && session.expires_at > now()
             && match claims.kind.as_str() {
                 "human" => claims.generation == Some(credential.generation) && session.generation == claims.generation,
-                "machine" => claims.token_hash.is_some() && claims.token_hash == credential.token_hash && session.token_hash == claims.token_hash,
+                "machine" => {
+                    claims.token_hash.is_some() && claims.token_hash == credential.token_hash && session.token_hash == claims.token_hash
+                }
                 _ => false,
             };
         if !live {
@@ -406,6 +424,41 @@ impl Auth {
     pub fn store(&self) -> &Store {
         &self.store
     }
+}
+
+/// Delete sessions whose expiry has passed (a host task the fleet places on one node).
+pub async fn reap_expired_sessions(store: &Store) -> Result<usize> {
+    let now = now();
+    let mut reaped = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let c = cursor.clone();
+        let page = store
+            .transact(|tx| {
+                let c = c.clone();
+                async move { tx.scan(SESSIONS, c.as_deref(), 500).await }
+            })
+            .await?;
+        for doc in &page.documents {
+            let expired = doc.data.get("expiresAt").and_then(Value::as_u64).is_some_and(|at| at <= now);
+            if expired {
+                let (id, revision) = (doc.id.as_str(), doc.revision);
+                match store.transact(|tx| async move { tx.delete(SESSIONS, id, revision).await }).await {
+                    Ok(()) => reaped += 1,
+                    Err(e) if e.is("conflict") || e.is("not-found") => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    if reaped > 0 {
+        tracing::info!(reaped, "expired sessions removed");
+    }
+    Ok(reaped)
 }
 
 /// Delete every session of a user inside the caller's transaction (bounded pages).

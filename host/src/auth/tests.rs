@@ -84,12 +84,16 @@ async fn sessions_end_on_logout_and_on_credential_mutations() {
 
     let actor = admin(&state).await;
     let bystander = state.auth.login("admin", PASSWORD, None).await.unwrap();
-    let answer = mutate(&state, &actor, MutateInput {
-        user_id: actor.user_id.clone(),
-        expected_generation: 1,
-        mutation_id: "m1".into(),
-        operation: Operation::RevokeSessions {},
-    })
+    let answer = mutate(
+        &state,
+        &actor,
+        MutateInput {
+            user_id: actor.user_id.clone(),
+            expected_generation: 1,
+            mutation_id: "m1".into(),
+            operation: Operation::RevokeSessions {},
+        },
+    )
     .await
     .unwrap();
     assert_eq!(answer.credential.generation, 2);
@@ -121,12 +125,16 @@ async fn password_rotation_replays_and_refuses_reuse_and_stale_generations() {
     let short = mutate(&state, &fresh, rotate(&actor.user_id, 2, "rot-3", "short")).await.unwrap_err();
     assert_eq!(short.code, "password-too-short");
 
-    let revoked = mutate(&state, &fresh, MutateInput {
-        user_id: actor.user_id.clone(),
-        expected_generation: 2,
-        mutation_id: "rev".into(),
-        operation: Operation::RevokePassword {},
-    })
+    let revoked = mutate(
+        &state,
+        &fresh,
+        MutateInput {
+            user_id: actor.user_id.clone(),
+            expected_generation: 2,
+            mutation_id: "rev".into(),
+            operation: Operation::RevokePassword {},
+        },
+    )
     .await
     .unwrap();
     assert!(!revoked.credential.password_enabled);

@@ -89,8 +89,9 @@ pub async fn overwrite_changes_etag(blobs: &Blobs, p: &str) {
     let (meta, bytes) = get(blobs, &key).await.expect("overwrite: get finds the object");
     assert_eq!(bytes, b"bbbb", "overwrite: get returns the new content");
     assert_eq!(meta.etag, second.etag, "overwrite: get returns the new etag");
+    // Identical content may keep its etag (S3's is the content's MD5); what a backend answers
+    // must still be what head reports.
     let third = blobs.put_bytes(&key, b"bbbb".to_vec(), PutMode::Overwrite).await.expect("overwrite: third put");
-    assert_ne!(third.etag, second.etag, "overwrite: a write with identical content still changes the etag");
     assert_eq!(blobs.head(&key).await.expect("overwrite: head").map(|m| m.etag), Some(third.etag), "overwrite: head");
 }
 

@@ -32,7 +32,9 @@ pub enum PutMode {
 pub struct BlobMeta {
     pub key: String,
     pub size: u64,
-    /// Changes on every successful write of the key.
+    /// Changes whenever the content changes (the local backend changes it on every write; S3's
+    /// is the content's MD5, so rewriting identical bytes may keep it — harmless for
+    /// compare-and-swap, which only needs "the content I read is still there").
     pub etag: String,
 }
 

@@ -58,6 +58,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Per attempt of a small request (the time to the answer's head, not a streamed body).
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(90);
+/// Per attempt of a `PutObject` of up to one part.
+const PUT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Per attempt of a request carrying a part or completing an upload (S3 may take minutes to
 /// complete a large one).
 const TRANSFER_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -89,19 +91,15 @@ impl S3Blobs {
     /// Check the URL and settings and build the client; nothing is contacted yet (see `probe`).
     pub fn open(url: &str, settings: &S3Settings) -> Result<S3Blobs> {
         let (bucket, prefix) = parse_url(url)?;
-        let missing: Vec<&str> = [
-            (S3_ACCESS_KEY, settings.access_key.as_deref().is_none_or(str::is_empty)),
-            (S3_SECRET_KEY, settings.secret_key.as_ref().is_none_or(|s| s.expose().is_empty())),
-        ]
-        .into_iter()
-        .filter_map(|(name, absent)| absent.then_some(name))
-        .collect();
-        if !missing.is_empty() {
+        let access_key = settings.access_key.as_deref().filter(|k| !k.is_empty());
+        let secret_key = settings.secret_key.as_ref().filter(|s| !s.expose().is_empty());
+        let (Some(access_key), Some(secret_key)) = (access_key, secret_key) else {
+            let missing: Vec<&str> = [(S3_ACCESS_KEY, access_key.is_none()), (S3_SECRET_KEY, secret_key.is_none())]
+                .into_iter()
+                .filter_map(|(name, absent)| absent.then_some(name))
+                .collect();
             return Err(Refusal::new("config-missing", format!("an s3:// CAPSTAN_BLOB_URL needs {}", missing.join(" and ")))
                 .with_data(json!({ "missing": missing })));
-        }
-        let (Some(access_key), Some(secret_key)) = (&settings.access_key, &settings.secret_key) else {
-            return Err(Refusal::internal("S3 credentials vanished after the check"));
         };
         let region = settings.region.trim();
         if region.is_empty() || !region.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
@@ -109,7 +107,7 @@ impl S3Blobs {
         }
         let endpoint = settings.endpoint.as_deref().map(str::trim).filter(|e| !e.is_empty()).map(check_endpoint).transpose()?;
 
-        let credentials = Credentials::new(access_key.as_str(), secret_key.expose(), None, None, "capstan-config");
+        let credentials = Credentials::new(access_key, secret_key.expose(), None, None, "capstan-config");
         let mut config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(region.to_string()))
@@ -166,13 +164,10 @@ impl S3Blobs {
     }
 
     /// Per-request settings for a write whose attempts [`Self::write`] makes itself.
-    fn single_attempt() -> aws_sdk_s3::config::Builder {
-        aws_sdk_s3::Config::builder().retry_config(RetryConfig::disabled()).timeout_config(
-            TimeoutConfig::builder()
-                .operation_attempt_timeout(TRANSFER_ATTEMPT_TIMEOUT)
-                .operation_timeout(TRANSFER_ATTEMPT_TIMEOUT)
-                .build(),
-        )
+    fn single_attempt(timeout: Duration) -> aws_sdk_s3::config::Builder {
+        aws_sdk_s3::Config::builder()
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(TimeoutConfig::builder().operation_attempt_timeout(timeout).operation_timeout(timeout).build())
     }
 
     /// Per-request settings for a part upload (the SDK retries it: a part is idempotent).
@@ -213,9 +208,21 @@ impl S3Blobs {
     /// `mode`'s condition) to a definite outcome; returns the new etag.
     ///
     /// S3 answers 409 ConditionalRequestConflict while another conditional write of the key is
-    /// in flight and asks for a retry. An attempt that timed out or lost its answer may still
-    /// have landed; if a later attempt is then refused, the write id shows whether it did.
-    async fn write<F, Fut>(&self, key: &str, object: &str, mode: &PutMode, write_id: &str, what: &str, mut send: F) -> Result<String>
+    /// in flight: a `PutObject` is then retried (`retry_busy`); a multipart upload would have to
+    /// start over, which a streamed body cannot, so it is refused at once. An attempt that
+    /// timed out or lost its answer may still have landed; if a later attempt is then refused,
+    /// the write id shows whether it did.
+    #[allow(clippy::too_many_arguments)]
+    async fn write<F, Fut>(
+        &self,
+        key: &str,
+        object: &str,
+        mode: &PutMode,
+        write_id: &str,
+        what: &str,
+        retry_busy: bool,
+        mut send: F,
+    ) -> Result<String>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<Option<String>, S3Error>>,
@@ -238,10 +245,11 @@ impl S3Blobs {
                 Err(e) => e,
             };
             let refused = match write_outcome(&error, mode) {
-                WriteOutcome::Busy => {
+                WriteOutcome::Busy if retry_busy => {
                     last = Some(busy(key, mode).detail(&error.detail));
                     continue;
                 }
+                WriteOutcome::Busy => return Err(busy(key, mode).detail(&error.detail)),
                 WriteOutcome::Unknown => {
                     maybe_landed = true;
                     last = Some(error.refusal(self, what));
@@ -281,7 +289,7 @@ impl S3Blobs {
         let write_id = new_write_id();
         let (if_none_match, if_match) = conditions(mode);
         let etag = self
-            .write(key, object, mode, &write_id, "storing a blob", || {
+            .write(key, object, mode, &write_id, "storing a blob", true, || {
                 let request = self
                     .client
                     .put_object()
@@ -294,7 +302,12 @@ impl S3Blobs {
                 let body = body.try_clone();
                 async move {
                     let body = body.ok_or_else(|| S3Error::local("the request body could not be replayed"))?;
-                    let out = request.body(ByteStream::new(body)).customize().config_override(Self::single_attempt()).send().await;
+                    let out = request
+                        .body(ByteStream::new(body))
+                        .customize()
+                        .config_override(Self::single_attempt(PUT_ATTEMPT_TIMEOUT))
+                        .send()
+                        .await;
                     out.map(|o| o.e_tag().map(str::to_string)).map_err(S3Error::from_sdk)
                 }
             })
@@ -335,11 +348,15 @@ impl S3Blobs {
             .send()
             .await
             .map_err(|e| S3Error::from_sdk(e).refusal(self, "starting a multipart upload"))?;
-        let upload_id = created
-            .upload_id()
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| Refusal::new("blobs-unavailable", "starting a multipart upload: S3 answered without an upload id").retryable())?;
-        let mut upload = Upload { client: self.client.clone(), bucket: self.bucket.clone(), object: object.to_string(), id: Some(upload_id.to_string()) };
+        let upload_id = created.upload_id().filter(|id| !id.is_empty()).ok_or_else(|| {
+            Refusal::new("blobs-unavailable", "starting a multipart upload: S3 answered without an upload id").retryable()
+        })?;
+        let mut upload = Upload {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            object: object.to_string(),
+            id: Some(upload_id.to_string()),
+        };
         let outcome = self.upload_parts(key, object, body, mode, &write_id, upload_id, first, second).await;
         match outcome {
             Ok(meta) => {
@@ -372,7 +389,7 @@ impl S3Blobs {
         let mut read_ahead = Some(second);
         loop {
             size += current.len() as u64;
-            // Read the next part while this one uploads.
+            // Read the next part while this one uploads; the first failure cancels the other.
             let next = async {
                 match read_ahead.take() {
                     Some(bytes) => Ok(bytes),
@@ -382,9 +399,9 @@ impl S3Blobs {
                     }
                 }
             };
-            let (uploaded, next) = tokio::join!(self.upload_part(object, upload_id, number, current), next);
-            parts.push(uploaded?);
-            current = next?;
+            let (uploaded, next) = tokio::try_join!(self.upload_part(object, upload_id, number, current), next)?;
+            parts.push(uploaded);
+            current = next;
             if current.is_empty() {
                 break;
             }
@@ -398,7 +415,7 @@ impl S3Blobs {
         let (if_none_match, if_match) = conditions(mode);
         let completed = CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
         let etag = self
-            .write(key, object, mode, write_id, "completing a multipart upload", || {
+            .write(key, object, mode, write_id, "completing a multipart upload", false, || {
                 let request = self
                     .client
                     .complete_multipart_upload()
@@ -409,7 +426,7 @@ impl S3Blobs {
                     .set_if_none_match(if_none_match.clone())
                     .set_if_match(if_match.clone());
                 async move {
-                    let out = request.customize().config_override(Self::single_attempt()).send().await;
+                    let out = request.customize().config_override(Self::single_attempt(TRANSFER_ATTEMPT_TIMEOUT)).send().await;
                     out.map(|o| o.e_tag().map(str::to_string)).map_err(S3Error::from_sdk)
                 }
             })
@@ -679,7 +696,9 @@ impl S3Error {
         } else if self.is_transient() {
             Refusal::new("blobs-unavailable", format!("{what} failed: S3 ({}) did not answer in time or is unavailable", blobs.location()))
                 .retryable()
-        } else if self.status == Some(301) || matches!(code, "PermanentRedirect" | "AuthorizationHeaderMalformed" | "IllegalLocationConstraintException") {
+        } else if self.status == Some(301)
+            || matches!(code, "PermanentRedirect" | "AuthorizationHeaderMalformed" | "IllegalLocationConstraintException")
+        {
             let hint = match &self.bucket_region {
                 Some(region) => format!("; S3 says it is in {region}"),
                 None => String::new(),
@@ -1035,9 +1054,7 @@ mod tests {
         }
     }
 
-    /// `conformance::run_all` step by step, with the two checks S3 cannot pass as written:
-    /// - `overwrite_changes_etag` also requires a new etag for identical bytes, but S3's etag of
-    ///   a plain upload is the content's MD5 (see `run_all_expects_new_etags_for_identical_bytes`);
+    /// `conformance::run_all` step by step, with the one check S3 cannot pass as written:
     /// - `long_key` uses keys up to 1024 bytes, which no longer fit under a prefix.
     ///
     /// The race checks need a server whose conditional writes are atomic, which moto's are not;
@@ -1049,7 +1066,7 @@ mod tests {
             None => conformance::long_key(blobs, &p).await,
             Some(len) => longest_key_under_a_prefix(blobs, &p, len).await,
         }
-        overwrite_changes_etag_when_the_content_does(blobs, &p).await;
+        conformance::overwrite_changes_etag(blobs, &p).await;
         conformance::create_only(blobs, &p).await;
         conformance::if_match(blobs, &p).await;
         conformance::absent(blobs, &p).await;
@@ -1118,17 +1135,6 @@ mod tests {
         assert!(handles[0].delete(key).await.unwrap());
     }
 
-    async fn overwrite_changes_etag_when_the_content_does(blobs: &Blobs, p: &str) {
-        let key = format!("{p}overwrite");
-        let first = blobs.put_bytes(&key, b"aaaa".to_vec(), PutMode::Overwrite).await.unwrap();
-        let second = blobs.put_bytes(&key, b"bbbb".to_vec(), PutMode::Overwrite).await.unwrap();
-        assert_ne!(first.etag, second.etag, "a write with new content changes the etag");
-        let (meta, bytes) = blobs.get_bytes(&key).await.unwrap().unwrap();
-        assert_eq!((meta.etag.as_str(), bytes.as_slice()), (second.etag.as_str(), b"bbbb".as_slice()));
-        let third = blobs.put_bytes(&key, b"bbbb".to_vec(), PutMode::Overwrite).await.unwrap();
-        assert_eq!(blobs.head(&key).await.unwrap().map(|m| m.etag), Some(third.etag));
-    }
-
     /// Keys up to what S3 can hold with the prefix work; one byte more is `invalid-key`.
     async fn longest_key_under_a_prefix(blobs: &Blobs, p: &str, prefix_len: usize) {
         let room = S3_MAX_KEY_BYTES - prefix_len - 1;
@@ -1186,7 +1192,15 @@ mod tests {
         // Objects live under the prefix; what is outside it stays invisible and untouched.
         bucket.client.put_object().bucket(&bucket.name).key("tenants/a-10").body(ByteStream::from_static(b"x")).send().await.unwrap();
         bucket.client.put_object().bucket(&bucket.name).key("outside").body(ByteStream::from_static(b"x")).send().await.unwrap();
-        bucket.client.put_object().bucket(&bucket.name).key("tenants/a-1/bad key").body(ByteStream::from_static(b"x")).send().await.unwrap();
+        bucket
+            .client
+            .put_object()
+            .bucket(&bucket.name)
+            .key("tenants/a-1/bad key")
+            .body(ByteStream::from_static(b"x"))
+            .send()
+            .await
+            .unwrap();
         blobs.put_bytes("k/1", b"one".to_vec(), PutMode::CreateOnly).await.unwrap();
         blobs.put_bytes("k/2", b"two".to_vec(), PutMode::CreateOnly).await.unwrap();
         let mut raw = bucket.object_keys().await;
@@ -1204,16 +1218,6 @@ mod tests {
         bucket.remove().await;
     }
 
-    /// Documents the one check of the shared suite S3 cannot pass (docs/compatibility.md):
-    /// `conformance::overwrite_changes_etag` wants a new etag when identical bytes are rewritten.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    #[ignore = "S3 keeps the etag (the content's MD5) when identical bytes are rewritten; see docs/compatibility.md"]
-    async fn run_all_expects_new_etags_for_identical_bytes() {
-        let Some(endpoint) = endpoint() else { return };
-        let bucket = TestBucket::create(&endpoint).await;
-        conformance::run_all(&Blobs::new(bucket.open(None))).await;
-    }
-
     #[tokio::test]
     async fn probe_refuses_a_missing_bucket_by_name() {
         let Some(endpoint) = endpoint() else { return };
@@ -1222,7 +1226,7 @@ mod tests {
         let err = blobs.probe().await.unwrap_err();
         assert!(err.is("blob-bucket-missing") && !err.retryable, "{err}");
         assert!(err.message.contains(&name) && err.message.contains(&endpoint), "{err}");
-        assert_eq!(err.data, Some(json!({ "bucket": name })));
+        assert_eq!(err.data.as_deref(), Some(&json!({ "bucket": name })));
         // Every other operation names it the same way (S3 answers NoSuchBucket).
         let err = blobs.put_bytes("k", b"x".to_vec(), PutMode::CreateOnly).await.unwrap_err();
         assert!(err.is("blob-bucket-missing"), "{err}");
@@ -1517,7 +1521,7 @@ mod tests {
         assert!(err.is("config-missing") && err.message.contains(S3_SECRET_KEY), "{err}");
         s.access_key = Some(String::new());
         let err = S3Blobs::open("s3://bucket", &s).unwrap_err();
-        assert_eq!(err.data, Some(json!({ "missing": [S3_ACCESS_KEY, S3_SECRET_KEY] })));
+        assert_eq!(err.data.as_deref(), Some(&json!({ "missing": [S3_ACCESS_KEY, S3_SECRET_KEY] })));
 
         let mut s = settings(Some("http://user:very-secret@127.0.0.1:9000"));
         let err = S3Blobs::open("s3://bucket", &s).unwrap_err();

@@ -1,5 +1,6 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
+mod fleet;
 mod keyring;
 mod serve;
 
@@ -26,6 +27,12 @@ enum Command {
     /// Create and inspect the private keyring file (KEKs and the ingress recipient).
     #[command(subcommand)]
     Keyring(keyring::KeyringCommand),
+    /// The fleet as the bucket records it: nodes, versions, the coordinator, deploy freezes.
+    #[command(subcommand)]
+    Fleet(fleet::FleetCommand),
+    /// WireGuard transport: create this node's key pair in its state directory.
+    #[command(subcommand)]
+    Wg(fleet::WgCommand),
 }
 
 #[derive(clap::Args)]
@@ -47,6 +54,18 @@ struct ServeArgs {
     /// Log format [env: CAPSTAN_LOG_FORMAT] [default: human]
     #[arg(long, value_name = "FORMAT", value_parser = ["human", "json"])]
     log_format: Option<String>,
+    /// This node's state directory (identity) [env: CAPSTAN_STATE_DIR] [--dev: the data dir]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Pin this node's id [env: CAPSTAN_NODE_ID]
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// A node label key=value; repeat for more [env: CAPSTAN_NODE_LABELS as k=v,k2=v2]
+    #[arg(long = "node-labels", value_name = "K=V")]
+    node_labels: Vec<String>,
+    /// The network a bind or advertised address beyond loopback is on [env: CAPSTAN_NETWORK]
+    #[arg(long, value_name = "NETWORK", value_parser = ["lan", "wireguard", "public"])]
+    network: Option<String>,
 }
 
 /// Exit status for a refused configuration (nothing was opened).
@@ -62,6 +81,8 @@ pub fn main() -> ExitCode {
     };
     match cli.command {
         Command::Keyring(command) => keyring::run(command),
+        Command::Fleet(command) => fleet::run(command),
+        Command::Wg(command) => fleet::run_wg(command),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,
@@ -69,6 +90,10 @@ pub fn main() -> ExitCode {
                 listen: args.listen,
                 config_file: args.config,
                 log_format: args.log_format,
+                state_dir: args.state_dir,
+                node_id: args.node_id,
+                node_labels: args.node_labels,
+                network: args.network,
             };
             let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
             let config = match config::resolve(&flags, &env) {

@@ -1,14 +1,19 @@
 //! `capstan serve`: open the store and blobs, migrate, then serve the API until a signal.
 
 use crate::api::{self, AppState};
-use crate::blobs::Blobs;
-use crate::config::{LogFormat, ServeConfig};
 use crate::auth::{self, Auth, Bootstrap};
+use crate::blobs::Blobs;
+use crate::config::Network;
+use crate::config::{LogFormat, ServeConfig};
+use crate::fleet::identity::{Loaded, NodeIdentity};
+use crate::fleet::placement::Workload;
+use crate::fleet::runtime::{Fleet, HostTask};
+use crate::fleet::{Addresses, Node};
 use crate::keyring::Keyring;
-use std::net::SocketAddr;
 use crate::migrate::{self, LockOptions};
 use crate::refusal::{Refusal, Result};
 use crate::store::{Store, StoreOptions};
+use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 
@@ -21,6 +26,25 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
             .mode(0o700)
             .create(dir)
             .map_err(|e| Refusal::new("data-dir-unusable", format!("cannot create the data directory {}: {}", dir.display(), e.kind())))?;
+    }
+
+    let state_dir = &config.node.state_dir;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(state_dir).map_err(|e| {
+        Refusal::new("state-dir-unusable", format!("cannot create the state directory {}: {}", state_dir.display(), e.kind()))
+    })?;
+    let (identity, loaded) = NodeIdentity::load_or_create(state_dir, config.node.node_id.as_deref())?;
+    match loaded {
+        Loaded::Created => tracing::info!(node = %identity.id, "new node identity created"),
+        Loaded::Reused => tracing::info!(node = %identity.id, "node identity loaded"),
+        Loaded::Replaced { previous } => {
+            tracing::warn!(node = %identity.id, %previous, "pinned node id differs from the stored one: new key pair")
+        }
+    }
+    if config.node.network == Some(Network::Wireguard) && !state_dir.join(super::fleet::WIREGUARD_FILE).exists() {
+        return Err(Refusal::new(
+            "wireguard-key-missing",
+            "--network wireguard needs a key pair: run `capstan wg init` with this state directory first",
+        ));
     }
 
     let keyring = open_keyring(&config)?;
@@ -55,16 +79,58 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     }
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     bootstrap_admin(&config, &store).await?;
-    let state = AppState::new(store, blobs, Arc::new(keyring), auth, chain, config.max_body_bytes, config.public_origin.clone());
-    println!("Capstan serving on http://{bound} (public origin {})", config.public_origin);
+    let fleet = join_fleet(&config, &blobs, &store, identity, bound).await?;
+    let mut state = AppState::new(store, blobs, Arc::new(keyring), auth, chain, config.max_body_bytes, config.public_origin.clone());
+    state.fleet_timing = config.node.timing;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let loops = fleet.spawn(stopped);
+    println!("Capstan serving on http://{bound} (public origin {}) as node {}", config.public_origin, fleet.node.identity.id);
     tracing::info!(address = %bound, "serving");
 
+    let leaving = fleet.clone();
     axum::serve(listener, api::router(state).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // first tell the fleet this node is leaving, then finish what is in flight
+            leaving.drain().await;
+        })
         .await
         .map_err(|e| Refusal::internal(format!("server failed: {e}")))?;
+    let _ = stop.send(true);
+    for handle in loops {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), handle).await;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Register this node in the fleet and prepare its loops and host tasks.
+async fn join_fleet(config: &ServeConfig, blobs: &Blobs, store: &Store, identity: NodeIdentity, bound: SocketAddr) -> Result<Arc<Fleet>> {
+    let internal = match &config.node.advertise {
+        Some(address) => address.rsplit_once(':').map(|(host, _)| host.to_string()).unwrap_or_else(|| address.clone()),
+        // a wildcard bind is dialled locally on 127.0.0.1; a specific one as bound
+        None if bound.ip().is_unspecified() => "127.0.0.1".into(),
+        None => bound.ip().to_string(),
+    };
+    let port = config.node.advertise.as_deref().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok()).unwrap_or(bound.port());
+    let node = Arc::new(Node { blobs: blobs.clone(), identity, timing: config.node.timing });
+    node.register(
+        Addresses { internal, api_port: port },
+        config.node.labels.clone(),
+        config.node.network.map(|n| n.as_str().to_string()),
+        vec!["api".into(), "dashboard".into()],
+    )
+    .await?;
+    let reaper_store = store.clone();
+    let tasks = vec![HostTask {
+        workload: Workload { id: "host.reap-expired-sessions".into(), replicas: 1, selector: Default::default() },
+        every: std::time::Duration::from_secs(600),
+        run: Arc::new(move || {
+            let store = reaper_store.clone();
+            Box::pin(async move { auth::reap_expired_sessions(&store).await.map(|_| ()) })
+        }),
+    }];
+    Ok(Fleet::new(node, tasks))
 }
 
 /// The first administrator: from CAPSTAN_ADMIN_ACCOUNT, or in dev mode on a store without

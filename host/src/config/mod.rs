@@ -39,6 +39,15 @@ pub const S3_ACCESS_KEY: &str = "CAPSTAN_S3_ACCESS_KEY";
 pub const S3_SECRET_KEY: &str = "CAPSTAN_S3_SECRET_KEY";
 pub const S3_FORCE_PATH_STYLE: &str = "CAPSTAN_S3_FORCE_PATH_STYLE";
 pub const ADMIN_ACCOUNT: &str = "CAPSTAN_ADMIN_ACCOUNT";
+pub const STATE_DIR: &str = "CAPSTAN_STATE_DIR";
+pub const NODE_ID: &str = "CAPSTAN_NODE_ID";
+pub const NODE_LABELS: &str = "CAPSTAN_NODE_LABELS";
+pub const NETWORK: &str = "CAPSTAN_NETWORK";
+pub const ADVERTISE_ADDRESS: &str = "CAPSTAN_ADVERTISE_ADDRESS";
+pub const NODE_REFRESH_MS: &str = "CAPSTAN_NODE_REFRESH_MS";
+pub const HEARTBEAT_MS: &str = "CAPSTAN_HEARTBEAT_MS";
+pub const LIVENESS_WINDOW_MS: &str = "CAPSTAN_LIVENESS_WINDOW_MS";
+pub const LEASE_TTL_MS: &str = "CAPSTAN_LEASE_TTL_MS";
 pub const LISTEN: &str = "CAPSTAN_LISTEN";
 pub const DATA_DIR: &str = "CAPSTAN_DATA_DIR";
 pub const LOG: &str = "CAPSTAN_LOG";
@@ -74,6 +83,67 @@ pub const VARS: &[Var] = &[
         default: "--dev: file:<data dir>/blobs",
         help: "Object storage: file:<dir> (embedded) or s3://<bucket>[/<prefix>] (production)",
     },
+    Var {
+        env: STATE_DIR,
+        required: true,
+        default: "--dev: the data dir",
+        help: "This node's state directory (its identity, node.json); keep it across restarts and upgrades (--state-dir)",
+    },
+    Var { env: DATABASE_NAME, required: false, default: "the database the URL names, else capstan", help: "MongoDB database name" },
+    Var {
+        env: S3_ENDPOINT,
+        required: false,
+        default: "AWS S3",
+        help: "S3-compatible endpoint URL, e.g. http://127.0.0.1:9000 (MinIO, Ceph, moto)",
+    },
+    Var { env: S3_REGION, required: false, default: "us-east-1", help: "S3 region" },
+    Var { env: S3_ACCESS_KEY, required: false, default: "required with s3://", help: "S3 access key id" },
+    Var { env: S3_SECRET_KEY, required: false, default: "required with s3://", help: "S3 secret access key (never logged or shown)" },
+    Var {
+        env: S3_FORCE_PATH_STYLE,
+        required: false,
+        default: "false",
+        help: "true for path-style bucket addressing (most self-hosted S3 servers)",
+    },
+    Var {
+        env: ADMIN_ACCOUNT,
+        required: false,
+        default: "none; --dev generates a password on first start",
+        help: "First-start administrator as username:password (password at least 20 characters); never changes an existing user",
+    },
+    Var {
+        env: NODE_ID,
+        required: false,
+        default: "generated on first boot",
+        help: "Pin this node's id; a different id than the stored one gets a new key pair (--node-id)",
+    },
+    Var {
+        env: NODE_LABELS,
+        required: false,
+        default: "none",
+        help: "Node labels as k=v,k2=v2 (--node-labels k=v, repeatable); replaces the file's [node] labels",
+    },
+    Var {
+        env: NETWORK,
+        required: false,
+        default: "none (loopback only)",
+        help: "lan, wireguard or public: required when the listen or advertised address reaches beyond loopback (--network)",
+    },
+    Var {
+        env: ADVERTISE_ADDRESS,
+        required: false,
+        default: "the listen address (127.0.0.1 for a wildcard bind)",
+        help: "host:port other nodes dial this one on",
+    },
+    Var { env: HEARTBEAT_MS, required: false, default: "30000", help: "How often this node beats its heartbeat" },
+    Var {
+        env: LIVENESS_WINDOW_MS,
+        required: false,
+        default: "90000",
+        help: "A node heard from within this window is answering (live unless draining)",
+    },
+    Var { env: LEASE_TTL_MS, required: false, default: "90000", help: "Coordinator lease lifetime; at most the liveness window" },
+    Var { env: NODE_REFRESH_MS, required: false, default: "30000", help: "How often each node re-reads the fleet's records" },
     Var {
         env: LISTEN,
         required: false,
@@ -123,6 +193,41 @@ pub struct Flags {
     pub listen: Option<String>,
     pub config_file: Option<PathBuf>,
     pub log_format: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub node_id: Option<String>,
+    /// `--node-labels k=v`, repeatable; replaces the environment's and the file's set.
+    pub node_labels: Vec<String>,
+    pub network: Option<String>,
+}
+
+/// Which network a node beyond loopback is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    Lan,
+    Wireguard,
+    Public,
+}
+
+impl Network {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Network::Lan => "lan",
+            Network::Wireguard => "wireguard",
+            Network::Public => "public",
+        }
+    }
+}
+
+/// Fleet membership settings.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    pub state_dir: PathBuf,
+    pub node_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub network: Option<Network>,
+    /// host:port other nodes dial
+    pub advertise: Option<String>,
+    pub timing: crate::fleet::Timing,
 }
 
 #[derive(Debug, Clone)]
@@ -137,6 +242,7 @@ pub struct ServeConfig {
     pub database_name: Option<String>,
     pub s3: S3Settings,
     pub admin_account: Option<SecretString>,
+    pub node: NodeSettings,
     pub log_filter: String,
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
@@ -185,6 +291,17 @@ pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
         Refusal::new("config-invalid", format!("config file {} is not valid TOML: {}", path.display(), e.message()))
     })?;
     let mut values = BTreeMap::new();
+    let mut table = table;
+    // `[node] labels = { k = "v" }` is the file's spelling of CAPSTAN_NODE_LABELS
+    if let Some(toml::Value::Table(mut node)) = table.remove("node") {
+        if let Some(labels) = node.remove("labels") {
+            table.insert("node_labels".into(), labels);
+        }
+        if let Some((key, _)) = node.into_iter().next() {
+            return Err(Refusal::new("config-invalid", format!("config file {}: unknown key node.{key}", path.display()))
+                .with_data(json!({"key": format!("node.{key}")})));
+        }
+    }
     for (key, value) in table {
         let Some(var) = VARS.iter().find(|v| v.file_key() == key) else {
             let known: Vec<String> = VARS.iter().map(Var::file_key).collect();
@@ -196,6 +313,19 @@ pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
         };
         let text = match value {
             toml::Value::String(s) => s,
+            toml::Value::Table(t) if var.env == NODE_LABELS => {
+                let mut pairs = Vec::new();
+                for (k, v) in t {
+                    let toml::Value::String(v) = v else {
+                        return Err(Refusal::new(
+                            "config-invalid",
+                            format!("config file {}: node label {k} must be a string", path.display()),
+                        ));
+                    };
+                    pairs.push(format!("{k}={v}"));
+                }
+                pairs.join(",")
+            }
             toml::Value::Integer(i) => i.to_string(),
             other => {
                 return Err(Refusal::new(
@@ -258,6 +388,10 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             }
         }
     };
+    let state_dir = match flags.state_dir.clone() {
+        Some(dir) => dir.display().to_string(),
+        None => required(STATE_DIR, &|d| d.display().to_string()),
+    };
     let public_origin = required(PUBLIC_ORIGIN, &|_| format!("http://{listen}"));
     let keyring_path = required(KEYRING_PATH, &|d| d.join("keyring.json").display().to_string());
     let database_url = required(DATABASE_URL, &|d| format!("sqlite:{}", d.join("capstan.sqlite").display()));
@@ -308,6 +442,19 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         Some("true") | Some("1") => true,
         Some(other) => return Err(Refusal::new("config-invalid", format!("{S3_FORCE_PATH_STYLE} must be true or false, not {other:?}"))),
     };
+    let timing = crate::fleet::Timing {
+        heartbeat: Duration::from_millis(number(HEARTBEAT_MS, 30_000, 100)?),
+        liveness_window: Duration::from_millis(number(LIVENESS_WINDOW_MS, 90_000, 300)?),
+        lease_ttl: Duration::from_millis(number(LEASE_TTL_MS, 90_000, 300)?),
+        refresh: Duration::from_millis(number(NODE_REFRESH_MS, 30_000, 100)?),
+    };
+    if timing.lease_ttl > timing.liveness_window {
+        return Err(Refusal::new(
+            "config-invalid",
+            format!("{LEASE_TTL_MS} may not be longer than {LIVENESS_WINDOW_MS}: a longer lease buys no failover time"),
+        ));
+    }
+    let node = node_settings(flags, &lookup, listen, PathBuf::from(state_dir), timing)?;
     Ok(ServeConfig {
         dev: flags.dev,
         data_dir,
@@ -319,6 +466,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         database_name: lookup(DATABASE_NAME),
         s3: S3Settings { force_path_style, ..s3 },
         admin_account: lookup(ADMIN_ACCOUNT).map(SecretString::new),
+        node,
         log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
         log_format,
         max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,
@@ -327,6 +475,106 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
         dev_defaults,
     })
+}
+
+/// Only what reaching the bucket needs (for `capstan fleet …`, which reads it directly).
+pub fn resolve_blobs(flags: &Flags, env: &BTreeMap<String, String>) -> Result<(String, S3Settings)> {
+    let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let file = match &file_path {
+        Some(path) => read_file(path)?,
+        None => BTreeMap::new(),
+    };
+    let lookup =
+        |name: &str| -> Option<String> { env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned()) };
+    let blob_url = match lookup(BLOB_URL) {
+        Some(url) => url,
+        None if flags.dev => {
+            let dir =
+                flags.data_dir.clone().or_else(|| lookup(DATA_DIR).map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("./capstan-data"));
+            format!("file:{}", dir.join("blobs").display())
+        }
+        None => {
+            return Err(Refusal::new("config-missing", format!("missing required configuration: {BLOB_URL} (or --dev --data-dir DIR)"))
+                .with_data(json!({ "missing": [BLOB_URL] })));
+        }
+    };
+    let force_path_style = matches!(lookup(S3_FORCE_PATH_STYLE).as_deref().map(str::trim), Some("true" | "1"));
+    let s3 = S3Settings {
+        endpoint: lookup(S3_ENDPOINT),
+        region: lookup(S3_REGION).unwrap_or_else(|| "us-east-1".into()),
+        access_key: lookup(S3_ACCESS_KEY),
+        secret_key: lookup(S3_SECRET_KEY).map(SecretString::new),
+        force_path_style,
+    };
+    Ok((blob_url, s3))
+}
+
+/// Parse `k=v` pairs: keys and values of letters, digits, `-`, `_`, `.`, `/`.
+pub fn parse_labels<'a>(pairs: impl IntoIterator<Item = &'a str>) -> Result<BTreeMap<String, String>> {
+    let ok = |s: &str| !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+    let mut labels = BTreeMap::new();
+    for pair in pairs.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((k, v)) if ok(k) && ok(v) => {
+                labels.insert(k.to_string(), v.to_string());
+            }
+            _ => {
+                return Err(Refusal::new("invalid-input", format!("node label {pair:?} must be key=value (letters, digits, - _ . /)"))
+                    .with_data(json!({ "field": "nodeLabels" })));
+            }
+        }
+    }
+    Ok(labels)
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn node_settings(
+    flags: &Flags,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    listen: SocketAddr,
+    state_dir: PathBuf,
+    timing: crate::fleet::Timing,
+) -> Result<NodeSettings> {
+    let labels = if !flags.node_labels.is_empty() {
+        parse_labels(flags.node_labels.iter().map(String::as_str))?
+    } else {
+        parse_labels(lookup(NODE_LABELS).unwrap_or_default().split(','))?
+    };
+    let network = match flags.network.clone().or_else(|| lookup(NETWORK)).as_deref().map(str::trim) {
+        None => None,
+        Some("lan") => Some(Network::Lan),
+        Some("wireguard") => Some(Network::Wireguard),
+        Some("public") => Some(Network::Public),
+        Some(other) => {
+            return Err(Refusal::new("invalid-input", format!("{NETWORK} must be lan, wireguard or public, not {other:?}"))
+                .with_data(json!({"field": "network"})));
+        }
+    };
+    let advertise = lookup(ADVERTISE_ADDRESS);
+    // Reaching beyond loopback is a decision the operator states, never a default.
+    let mut beyond = Vec::new();
+    if !listen.ip().is_loopback() {
+        beyond.push("listen");
+    }
+    if let Some(addr) = &advertise {
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        if !is_loopback_host(host) {
+            beyond.push("advertiseAddress");
+        }
+    }
+    if network.is_none() && !beyond.is_empty() {
+        return Err(Refusal::new(
+            "invalid-input",
+            format!("{} reach beyond loopback: state the network with --network lan|wireguard|public ({NETWORK})", beyond.join(" and ")),
+        )
+        .with_data(json!({ "fields": beyond })));
+    }
+    let node_id = flags.node_id.clone().or_else(|| lookup(NODE_ID));
+    Ok(NodeSettings { state_dir, node_id, labels, network, advertise, timing })
 }
 
 fn validate_origin(origin: &str) -> Result<()> {
@@ -379,6 +627,7 @@ mod tests {
             (KEYRING_PATH, "/etc/capstan/keyring.json"),
             (DATABASE_URL, "sqlite:/var/lib/capstan/db.sqlite"),
             (BLOB_URL, "file:/var/lib/capstan/blobs"),
+            (STATE_DIR, "/var/lib/capstan/state"),
         ])
     }
 
@@ -386,11 +635,11 @@ mod tests {
     fn missing_required_values_are_all_named_at_once() {
         let err = resolve(&Flags::default(), &env(&[(KEYRING_PATH, "/k")])).unwrap_err();
         assert_eq!(err.code, "config-missing");
-        for name in [PUBLIC_ORIGIN, DATABASE_URL, BLOB_URL] {
+        for name in [PUBLIC_ORIGIN, DATABASE_URL, BLOB_URL, STATE_DIR] {
             assert!(err.message.contains(name), "{name} named in {}", err.message);
         }
         assert!(!err.message.contains(KEYRING_PATH));
-        assert_eq!(err.data.unwrap()["missing"].as_array().unwrap().len(), 3);
+        assert_eq!(err.data.unwrap()["missing"].as_array().unwrap().len(), 4);
     }
 
     #[test]
@@ -432,7 +681,7 @@ mod tests {
         let flags = Flags { dev: true, listen: Some("127.0.0.1:9000".into()), ..Flags::default() };
         let config = resolve(&flags, &env(&[(BLOB_URL, "file:/elsewhere")])).unwrap();
         let chosen: Vec<&str> = config.dev_defaults.iter().map(|(k, _)| *k).collect();
-        assert_eq!(chosen, vec![DATA_DIR, PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL]);
+        assert_eq!(chosen, vec![DATA_DIR, STATE_DIR, PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL]);
         assert_eq!(config.public_origin, "http://127.0.0.1:9000");
         assert_eq!(config.blob_url, "file:/elsewhere", "an explicit value wins in dev mode too");
         assert!(config.database_url.starts_with("sqlite:") && config.database_url.ends_with("capstan.sqlite"));
@@ -465,7 +714,7 @@ mod tests {
         let file = dir.path().join("capstan.toml");
         std::fs::write(
             &file,
-            "public_origin = \"http://x\"\nkeyring_path = \"/k\"\ndatabase_url = \"sqlite:/d\"\nblob_url = \"file:/b\"\n",
+            "public_origin = \"http://x\"\nkeyring_path = \"/k\"\ndatabase_url = \"sqlite:/d\"\nblob_url = \"file:/b\"\nstate_dir = \"/s\"\n",
         )
         .unwrap();
         let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
@@ -501,6 +750,47 @@ mod tests {
             assert_eq!(err.code, "config-invalid", "{name}={value}");
             assert!(!err.message.contains("pw"), "a refused origin is not echoed: it may carry credentials");
         }
+    }
+
+    #[test]
+    fn node_labels_come_from_one_source_wholesale() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, "[node]\nlabels = { tier = \"fast\", zone = \"a\" }\n").unwrap();
+        let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
+        let config = resolve(&flags, &full()).unwrap();
+        assert_eq!(config.node.labels.len(), 2);
+        let mut e = full();
+        e.insert(NODE_LABELS.into(), "region=eu-west-1".into());
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(
+            config.node.labels,
+            BTreeMap::from([("region".to_string(), "eu-west-1".to_string())]),
+            "the variable replaces the file's set"
+        );
+        let flags = Flags { config_file: Some(file), node_labels: vec!["tier=slow".into()], ..Flags::default() };
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(config.node.labels, BTreeMap::from([("tier".to_string(), "slow".to_string())]), "the flag replaces both");
+        e.insert(NODE_LABELS.into(), "novalue".into());
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "invalid-input");
+    }
+
+    #[test]
+    fn reaching_beyond_loopback_needs_a_stated_network() {
+        let flags = Flags { listen: Some("0.0.0.0:8080".into()), ..Flags::default() };
+        let err = resolve(&flags, &full()).unwrap_err();
+        assert_eq!(err.code, "invalid-input");
+        assert_eq!(err.data.unwrap()["fields"], json!(["listen"]));
+        let mut e = full();
+        e.insert(ADVERTISE_ADDRESS.into(), "10.0.0.5:8080".into());
+        let err = resolve(&Flags::default(), &e).unwrap_err();
+        assert_eq!(err.data.unwrap()["fields"], json!(["advertiseAddress"]));
+        let flags = Flags { listen: Some("0.0.0.0:8080".into()), network: Some("lan".into()), ..Flags::default() };
+        assert_eq!(resolve(&flags, &e).unwrap().node.network, Some(Network::Lan));
+        let flags = Flags { network: Some("internet".into()), ..Flags::default() };
+        assert_eq!(resolve(&flags, &full()).unwrap_err().code, "invalid-input");
+        e.insert(LEASE_TTL_MS.into(), "100000".into());
+        assert_eq!(resolve(&Flags { network: Some("lan".into()), ..Flags::default() }, &e).unwrap_err().code, "config-invalid");
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub enum Loaded {
     Created,
     Reused,
     /// The pinned id differed from the stored one: a new key pair under the new id.
-    Replaced { previous: String },
+    Replaced {
+        previous: String,
+    },
 }
 
 /// Node ids: lowercase letters, digits and `-`, 1 to 63 characters, starting with a letter or
@@ -73,8 +75,11 @@ impl NodeIdentity {
         if let Some(id) = pinned
             && !valid_node_id(id)
         {
-            return Err(Refusal::new("invalid-input", format!("node id {id:?} must be 1 to 63 of a-z 0-9 -, starting with a letter or digit"))
-                .with_data(json!({ "field": "nodeId" })));
+            return Err(Refusal::new(
+                "invalid-input",
+                format!("node id {id:?} must be 1 to 63 of a-z 0-9 -, starting with a letter or digit"),
+            )
+            .with_data(json!({ "field": "nodeId" })));
         }
         let path = state_dir.join(FILE_NAME);
         let existing = match std::fs::read(&path) {
@@ -93,7 +98,8 @@ impl NodeIdentity {
             (None, pinned) => {
                 let id = pinned.map(str::to_string).unwrap_or_else(|| format!("node-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff));
                 let fresh = Self::generate(id);
-                std::fs::create_dir_all(state_dir).map_err(|e| invalid_input(format!("cannot create the state directory: {}", e.kind()), state_dir))?;
+                std::fs::create_dir_all(state_dir)
+                    .map_err(|e| invalid_input(format!("cannot create the state directory: {}", e.kind()), state_dir))?;
                 fresh.write(&path, false)?;
                 Ok((fresh, Loaded::Created))
             }
@@ -105,7 +111,15 @@ impl NodeIdentity {
     }
 
     fn parse(bytes: &[u8], path: &Path) -> Result<Self> {
-        let unreadable = |why: &str| invalid_input(format!("{} is not a node identity ({why}); it is never replaced automatically — restore it or move it away", path.display()), path);
+        let unreadable = |why: &str| {
+            invalid_input(
+                format!(
+                    "{} is not a node identity ({why}); it is never replaced automatically — restore it or move it away",
+                    path.display()
+                ),
+                path,
+            )
+        };
         let file: NodeFile = serde_json::from_slice(bytes).map_err(|_| unreadable("not the expected JSON"))?;
         if file.version != 1 || !valid_node_id(&file.node_id) {
             return Err(unreadable("unknown version or invalid id"));
@@ -121,7 +135,8 @@ impl NodeIdentity {
 
     /// Write atomically (temporary file + rename), mode 0600. `replace` allows an existing file.
     fn write(&self, path: &Path, replace: bool) -> Result<()> {
-        let file = NodeFile { version: 1, node_id: self.id.clone(), private_key: B64.encode(self.key.as_bytes()), public_key: self.public_key() };
+        let file =
+            NodeFile { version: 1, node_id: self.id.clone(), private_key: B64.encode(self.key.as_bytes()), public_key: self.public_key() };
         let text = Zeroizing::new(serde_json::to_vec_pretty(&file).map_err(Refusal::internal)?);
         let temp: PathBuf = path.with_extension(format!("tmp-{:08x}", rand::random::<u32>()));
         let io = |e: std::io::Error| Refusal::new("state-dir-unusable", format!("writing {} failed: {}", path.display(), e.kind()));
@@ -129,11 +144,7 @@ impl NodeIdentity {
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temp).map_err(io)?;
             f.write_all(&text).map_err(io)?;
             f.sync_all().map_err(io)?;
-            if replace {
-                std::fs::rename(&temp, path).map_err(io)
-            } else {
-                std::fs::hard_link(&temp, path).map_err(io)
-            }
+            if replace { std::fs::rename(&temp, path).map_err(io) } else { std::fs::hard_link(&temp, path).map_err(io) }
         })();
         let _ = std::fs::remove_file(&temp);
         result
@@ -176,7 +187,9 @@ mod tests {
     fn an_unreadable_state_file_is_refused_and_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE_NAME);
-        for garbage in [&b"not json"[..], b"{\"version\":1}", b"{\"version\":1,\"nodeId\":\"a\",\"privateKey\":\"AAAA\",\"publicKey\":\"AAAA\"}"] {
+        for garbage in
+            [&b"not json"[..], b"{\"version\":1}", b"{\"version\":1,\"nodeId\":\"a\",\"privateKey\":\"AAAA\",\"publicKey\":\"AAAA\"}"]
+        {
             std::fs::write(&path, garbage).unwrap();
             let err = NodeIdentity::load_or_create(dir.path(), None).unwrap_err();
             assert_eq!(err.code, "invalid-input");

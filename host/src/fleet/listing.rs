@@ -66,7 +66,8 @@ pub fn build(now: u64, timing: &Timing, nodes: &[NodeRecord], freeze: Option<Fre
     rows.sort_by(|a, b| a.node_id.cmp(&b.node_id));
 
     let mut versions = BTreeMap::new();
-    let binaries: [(&str, fn(&NodeRecord) -> Option<String>); 3] = [
+    type Reader = fn(&NodeRecord) -> Option<String>;
+    let binaries: [(&str, Reader); 3] = [
         ("capstan", |n| n.versions.as_ref().map(|v| v.capstan.clone())),
         ("wit", |n| n.versions.as_ref().map(|v| v.wit_world.clone())),
         ("wasmtime", |n| n.versions.as_ref().and_then(|v| v.wasmtime.clone())),
@@ -81,13 +82,21 @@ pub fn build(now: u64, timing: &Timing, nodes: &[NodeRecord], freeze: Option<Fre
             }
         }
         let mut list: Vec<(String, usize)> = counts.into_iter().collect();
-        list.sort_by(|a, b| version_key(&b.0).cmp(&version_key(&a.0)));
+        list.sort_by_key(|entry| std::cmp::Reverse(version_key(&entry.0)));
         if unreported > 0 {
             list.push(("unreported".into(), unreported));
         }
         versions.insert(binary.to_string(), list);
     }
-    Listing { now, total: nodes.len(), live: rows.iter().filter(|r| r.state == "live").count(), freeze, coordinator: lease, versions, nodes: rows }
+    Listing {
+        now,
+        total: nodes.len(),
+        live: rows.iter().filter(|r| r.state == "live").count(),
+        freeze,
+        coordinator: lease,
+        versions,
+        nodes: rows,
+    }
 }
 
 fn age(ms: u64) -> String {

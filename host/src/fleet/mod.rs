@@ -12,7 +12,9 @@
 pub mod identity;
 pub mod lease;
 pub mod listing;
+pub mod methods;
 pub mod placement;
+pub mod runtime;
 
 use crate::blobs::{BlobMeta, Blobs, PutMode};
 use crate::refusal::{Refusal, Result};
@@ -141,7 +143,8 @@ pub async fn claim_identity(blobs: &Blobs, id: &str, kind: &str, public_key: &st
     match blobs.put_bytes(&key, encode(&claim)?, PutMode::CreateOnly).await {
         Ok(_) => Ok(()),
         Err(e) if e.is("exists") => {
-            let (_, bytes) = blobs.get_bytes(&key).await?.ok_or_else(|| Refusal::new("blobs-unavailable", "an identity claim vanished").retryable())?;
+            let (_, bytes) =
+                blobs.get_bytes(&key).await?.ok_or_else(|| Refusal::new("blobs-unavailable", "an identity claim vanished").retryable())?;
             let existing: IdentityClaim = decode(&key, &bytes)?;
             if existing.public_key == public_key && existing.kind == kind {
                 Ok(())
@@ -184,7 +187,13 @@ pub struct Node {
 
 impl Node {
     /// Claim the id and write the node record (versions, addresses, labels; a fresh beat).
-    pub async fn register(&self, addresses: Addresses, labels: BTreeMap<String, String>, network: Option<String>, serves: Vec<String>) -> Result<NodeRecord> {
+    pub async fn register(
+        &self,
+        addresses: Addresses,
+        labels: BTreeMap<String, String>,
+        network: Option<String>,
+        serves: Vec<String>,
+    ) -> Result<NodeRecord> {
         claim_identity(&self.blobs, &self.identity.id, "node", &self.identity.public_key()).await?;
         let at = now_ms();
         let record = NodeRecord {
@@ -209,7 +218,8 @@ impl Node {
     async fn update(&self, change: impl Fn(&mut NodeRecord)) -> Result<BlobMeta> {
         let key = node_key(&self.identity.id);
         for _ in 0..5 {
-            let (meta, bytes) = self.blobs.get_bytes(&key).await?.ok_or_else(|| Refusal::new("node-unregistered", "this node's record is missing"))?;
+            let (meta, bytes) =
+                self.blobs.get_bytes(&key).await?.ok_or_else(|| Refusal::new("node-unregistered", "this node's record is missing"))?;
             let mut record: NodeRecord = decode(&key, &bytes)?;
             change(&mut record);
             match self.blobs.put_bytes(&key, encode(&record)?, PutMode::IfMatch(meta.etag)).await {

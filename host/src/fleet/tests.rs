@@ -108,7 +108,8 @@ async fn the_lease_has_one_holder_and_moves_with_a_higher_fence() {
 async fn racing_candidates_elect_exactly_one() {
     let dir = tempfile::tempdir().unwrap();
     let blobs = bucket(&dir).await;
-    let coordinators: Vec<_> = (0..6).map(|i| std::sync::Arc::new(Coordinator::new(blobs.clone(), &format!("n{i}"), Duration::from_secs(30)))).collect();
+    let coordinators: Vec<_> =
+        (0..6).map(|i| std::sync::Arc::new(Coordinator::new(blobs.clone(), &format!("n{i}"), Duration::from_secs(30)))).collect();
     let tasks: Vec<_> = coordinators.iter().cloned().map(|c| tokio::spawn(async move { c.tick().await })).collect();
     let mut holders = 0;
     for t in tasks {

@@ -291,7 +291,7 @@ async fn apply(store: &Store, chain: &Chain, lock: &Arc<LockHandle>) -> Result<(
         let ctx = StepContext { store: store.clone(), lock: lock.clone() };
         (step.run)(ctx).await.map_err(|mut e| {
             e.message = format!("migration step {} ({} to {}) refused: {}", step.name, step.from, step.to, e.message);
-            let mut data = e.data.take().unwrap_or_else(|| json!({}));
+            let mut data = e.data.take().map(|d| *d).unwrap_or_else(|| json!({}));
             if let Some(obj) = data.as_object_mut() {
                 obj.insert("step".into(), json!(step.name));
             }

@@ -103,7 +103,8 @@ impl MongoStore {
         options.connect_timeout.get_or_insert(CONNECT_TIMEOUT);
         options.app_name.get_or_insert_with(|| "capstan".to_string());
         let client = Client::with_options(options).map_err(|e| {
-            secrets.scrub_refusal(Refusal::new("config-invalid", "CAPSTAN_DATABASE_URL cannot be used to build a MongoDB client").detail(&e))
+            secrets
+                .scrub_refusal(Refusal::new("config-invalid", "CAPSTAN_DATABASE_URL cannot be used to build a MongoDB client").detail(&e))
         })?;
         let db = client.database(&name);
         let store = MongoStore { client, db, description: describe_url(url, &name), specs: Default::default(), secrets };
@@ -207,13 +208,7 @@ impl MongoStore {
             .write_concern(WriteConcern::majority())
             .await
             .map_err(|e| self.map(&e, "starting a transaction"))?;
-        Ok(MongoTxn {
-            session,
-            db: self.db.clone(),
-            specs: self.specs.clone(),
-            secrets: self.secrets.clone(),
-            seen: HashMap::new(),
-        })
+        Ok(MongoTxn { session, db: self.db.clone(), specs: self.specs.clone(), secrets: self.secrets.clone(), seen: HashMap::new() })
     }
 
     #[cfg(test)]
@@ -959,27 +954,55 @@ mod tests {
     struct Harness {
         url: String,
         database: String,
+        server: ServerTraits,
+    }
+
+    /// What the tests learn about the server once per process.
+    #[derive(Clone, Copy)]
+    struct ServerTraits {
+        /// Concurrent transactions do not see each other's uncommitted writes.
         isolated: bool,
+        /// A collection made in one database shows in another (nx-27017 on a single file),
+        /// so dropping "our" database would drop everyone's collections.
+        shares_databases: bool,
     }
 
     async fn harness() -> Option<Harness> {
-        static ISOLATED: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+        static SERVER: tokio::sync::OnceCell<ServerTraits> = tokio::sync::OnceCell::const_new();
         let url = test_url()?;
         let database = format!("capstan_test_{:016x}", rand::random::<u64>());
-        let isolated = *ISOLATED
+        let server = *SERVER
             .get_or_init(|| async {
-                let h = Harness { url: url.clone(), database: database.clone(), isolated: false };
-                let isolated = alone(async { server_isolates_transactions(&h.backend().await).await }).await;
-                if !isolated {
-                    eprintln!(
-                        "note: this server does not isolate concurrent transactions (nx-27017 gap, \
-                         docs/compatibility.md); the MongoDB tests take turns on it"
-                    );
-                }
-                isolated
+                let unknown = ServerTraits { isolated: false, shares_databases: true };
+                let one = Harness { url: url.clone(), database: format!("{database}_a"), server: unknown }.backend().await;
+                let other = Harness { url: url.clone(), database: format!("{database}_b"), server: unknown }.backend().await;
+                alone(async {
+                    let isolated = server_isolates_transactions(&one).await;
+                    let marker = unique_name("namespace_probe");
+                    one.create_collection(&marker).await.unwrap();
+                    let shares_databases = other.db.list_collection_names().await.unwrap().contains(&marker);
+                    let _ = one.db.collection::<BsonDocument>(&marker).drop().await;
+                    if !isolated {
+                        eprintln!(
+                            "note: this server does not isolate concurrent transactions (nx-27017 gap, \
+                             docs/compatibility.md); the MongoDB tests take turns on it"
+                        );
+                    }
+                    if shares_databases {
+                        eprintln!(
+                            "note: this server shares collections between databases (nx-27017 started with --db <file>; \
+                             start it with --data-dir <dir> for real databases); test databases are not dropped"
+                        );
+                    } else {
+                        let _ = one.db.drop().await;
+                        let _ = other.db.drop().await;
+                    }
+                    ServerTraits { isolated, shares_databases }
+                })
+                .await
             })
             .await;
-        Some(Harness { url, database, isolated })
+        Some(Harness { url, database, server })
     }
 
     impl Harness {
@@ -995,12 +1018,14 @@ mod tests {
         /// transactions on such a server); on real MongoDB it is the plain backend.
         async fn store(&self) -> Store {
             let backend = self.backend().await;
-            if self.isolated { Store::new(backend, DEFAULT_BUDGET) } else { Store::new(TakingTurns(backend), DEFAULT_BUDGET) }
+            if self.server.isolated { Store::new(backend, DEFAULT_BUDGET) } else { Store::new(TakingTurns(backend), DEFAULT_BUDGET) }
         }
 
         async fn finish(self) {
-            let backend = self.backend().await;
-            alone(backend.drop_database()).await;
+            if !self.server.shares_databases {
+                let backend = self.backend().await;
+                alone(backend.drop_database()).await;
+            }
         }
     }
 
@@ -1065,7 +1090,14 @@ mod tests {
         async fn delete(&mut self, collection: &str, id: &str, expected_revision: u64) -> Result<()> {
             self.txn().delete(collection, id, expected_revision).await
         }
-        async fn find(&mut self, spec: &CollectionSpec, index: &IndexSpec, key: &[Value], cursor: Option<&str>, limit: usize) -> Result<Page> {
+        async fn find(
+            &mut self,
+            spec: &CollectionSpec,
+            index: &IndexSpec,
+            key: &[Value],
+            cursor: Option<&str>,
+            limit: usize,
+        ) -> Result<Page> {
             self.txn().find(spec, index, key, cursor, limit).await
         }
         async fn scan(&mut self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
@@ -1121,13 +1153,21 @@ mod tests {
         let c = unique_name("things");
         let cc = c.as_str();
         store.declare(CollectionSpec::new(cc)).await.unwrap();
-        store.transact(|tx| async move { tx.insert(cc, "a", json!({"n": 1, "rev": "mine", "_id": "x"})).await }).await.unwrap();
-        let stored = alone(async { raw.db.collection::<BsonDocument>(cc).find_one(doc! {"_id": "a"}).await }).await.unwrap().expect("stored under its id");
-        assert_eq!(stored.get("rev"), Some(&Bson::Int64(1)));
+        store
+            .transact(|tx| async move { tx.insert(cc, "a", json!({"n": 1, "rev": "mine", "_id": "x", "whole": 2.0})).await })
+            .await
+            .unwrap();
+        let stored = alone(async { raw.db.collection::<BsonDocument>(cc).find_one(doc! {"_id": "a"}).await })
+            .await
+            .unwrap()
+            .expect("stored under its id");
+        // real MongoDB keeps the Int64 written; nx-27017 hands small integers back as Int32
+        assert!(matches!(stored.get("rev"), Some(Bson::Int64(1) | Bson::Int32(1))), "{stored:?}");
+        assert_eq!(stored.keys().collect::<Vec<_>>(), vec!["_id", "rev", "data"], "bookkeeping and data only");
         let data = stored.get_document("data").unwrap();
         assert_eq!(data.get_str("rev").unwrap(), "mine", "user fields named like bookkeeping stay user data");
         let doc = store.transact(|tx| async move { tx.require(cc, "a").await }).await.unwrap();
-        assert_eq!(doc.data, json!({"n": 1, "rev": "mine", "_id": "x"}));
+        assert_eq!(doc.data, json!({"n": 1, "rev": "mine", "_id": "x", "whole": 2.0}), "numbers keep their JSON form");
         h.finish().await;
     }
 
@@ -1249,7 +1289,8 @@ mod tests {
     async fn unreachable_server_is_refused_in_bounded_time() {
         // nothing listens on port 1; no test server needed
         let started = std::time::Instant::now();
-        let err = match MongoStore::open("mongodb://capstan:hunter2@127.0.0.1:1/?serverSelectionTimeoutMS=300&connectTimeoutMS=300", None).await
+        let err = match MongoStore::open("mongodb://capstan:hunter2@127.0.0.1:1/?serverSelectionTimeoutMS=300&connectTimeoutMS=300", None)
+            .await
         {
             Ok(_) => panic!("nothing listens on port 1"),
             Err(e) => e,
@@ -1362,7 +1403,8 @@ mod tests {
 
     #[test]
     fn index_layout_follows_the_declaration() {
-        let spec = CollectionSpec::new("users").unique("by_email", &["email"]).index("by_mail", &["email"]).index("by_org", &["org", "p.n"]);
+        let spec =
+            CollectionSpec::new("users").unique("by_email", &["email"]).index("by_mail", &["email"]).index("by_org", &["org", "p.n"]);
         let physical = physical_indexes(&spec);
         assert_eq!(physical.len(), 3, "by_mail shares the lookup index of by_email: {physical:?}");
         assert!(physical[0].unique, "unique indexes are built first");

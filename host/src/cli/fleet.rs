@@ -1,0 +1,146 @@
+//! `capstan fleet nodes | freeze | unfreeze` read and write the bucket directly, so no node has
+//! to be up; `capstan wg init` prepares the WireGuard transport.
+
+use super::refuse;
+use crate::blobs::Blobs;
+use crate::config::{self, Flags};
+use crate::fleet::{self, Timing, lease, listing};
+use crate::keyring::private_file;
+use crate::refusal::{Refusal, Result};
+use base64::Engine;
+use clap::Subcommand;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Where the bucket is: the same configuration `serve` reads.
+#[derive(clap::Args)]
+pub struct BucketArgs {
+    /// Read the dev-mode bucket under --data-dir
+    #[arg(long)]
+    dev: bool,
+    /// --dev only: the data dir [env: CAPSTAN_DATA_DIR] [default: ./capstan-data]
+    #[arg(long, value_name = "DIR", requires = "dev")]
+    data_dir: Option<PathBuf>,
+    /// The TOML configuration file [env: CAPSTAN_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub enum FleetCommand {
+    /// List the nodes: totals, versions per binary, one row per node judged on one clock.
+    Nodes {
+        #[command(flatten)]
+        bucket: BucketArgs,
+        /// Print exact JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Freeze deploys (plugin installs and upgrades are refused `deploy-frozen`).
+    Freeze {
+        #[command(flatten)]
+        bucket: BucketArgs,
+        /// Why; shown to everyone who lists the fleet or is refused
+        #[arg(long)]
+        reason: String,
+        /// Who is freezing [default: $USER]
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Lift the deploy freeze.
+    Unfreeze {
+        #[command(flatten)]
+        bucket: BucketArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum WgCommand {
+    /// Create this node's WireGuard key pair (X25519) in its state directory, mode 0600.
+    Init {
+        /// The node's state directory [env: CAPSTAN_STATE_DIR]
+        #[arg(long, value_name = "DIR", env = "CAPSTAN_STATE_DIR")]
+        state_dir: PathBuf,
+    },
+}
+
+/// The file `wg init` writes and `serve --network wireguard` requires.
+pub const WIREGUARD_FILE: &str = "wireguard.json";
+
+async fn open_bucket(args: &BucketArgs) -> Result<Blobs> {
+    let flags = Flags { dev: args.dev, data_dir: args.data_dir.clone(), config_file: args.config.clone(), ..Flags::default() };
+    let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
+    let (url, s3) = config::resolve_blobs(&flags, &env)?;
+    Blobs::open(&url, &s3).await
+}
+
+/// The liveness window the listing judges by: the same variable `serve` reads.
+fn timing_from_env() -> Timing {
+    let mut timing = Timing::default();
+    if let Some(ms) = std::env::var(config::LIVENESS_WINDOW_MS).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+        timing.liveness_window = std::time::Duration::from_millis(ms);
+    }
+    timing
+}
+
+pub fn run(command: FleetCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return refuse(&Refusal::internal(e), 1),
+    };
+    let result: Result<()> = runtime.block_on(async {
+        match command {
+            FleetCommand::Nodes { bucket, json } => {
+                let blobs = open_bucket(&bucket).await?;
+                let nodes = fleet::read_nodes(&blobs).await?;
+                let freeze = fleet::read_freeze(&blobs).await?;
+                let lease = lease::read_lease(&blobs).await?;
+                let listing = listing::build(fleet::now_ms(), &timing_from_env(), &nodes, freeze, lease);
+                if json {
+                    println!("{}", serde_json::to_string(&listing).map_err(Refusal::internal)?);
+                } else {
+                    print!("{}", listing::render(&listing));
+                }
+                Ok(())
+            }
+            FleetCommand::Freeze { bucket, reason, by } => {
+                let blobs = open_bucket(&bucket).await?;
+                let by = by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into());
+                let freeze = fleet::freeze(&blobs, &by, &reason).await?;
+                println!("deploys frozen by {} : {}", freeze.by, freeze.reason);
+                Ok(())
+            }
+            FleetCommand::Unfreeze { bucket } => {
+                let blobs = open_bucket(&bucket).await?;
+                if fleet::unfreeze(&blobs).await? {
+                    println!("deploy freeze lifted");
+                } else {
+                    println!("no deploy freeze was standing");
+                }
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => refuse(&e, 1),
+    }
+}
+
+pub fn run_wg(command: WgCommand) -> ExitCode {
+    let WgCommand::Init { state_dir } = command;
+    let secret = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
+    let public = base64::engine::general_purpose::STANDARD.encode(x25519_dalek::PublicKey::from(&secret).as_bytes());
+    let file = serde_json::json!({
+        "privateKey": base64::engine::general_purpose::STANDARD.encode(secret.to_bytes()),
+        "publicKey": public,
+    });
+    let bytes = zeroize::Zeroizing::new(serde_json::to_vec_pretty(&file).expect("json"));
+    match private_file::write_new(&state_dir.join(WIREGUARD_FILE), &bytes) {
+        Ok(()) => {
+            println!("wrote the WireGuard key pair; public key: {public}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => refuse(&e, 1),
+    }
+}

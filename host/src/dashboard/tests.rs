@@ -1,0 +1,405 @@
+//! The dashboard through the whole router, as a browser would meet it.
+
+use super::*;
+use crate::api::test_state;
+use axum::body::Body;
+use tower::ServiceExt;
+
+const PASSWORD: &str = "a-long-enough-admin-password";
+/// The public origin `test_state` configures.
+const ORIGIN: &str = "http://capstan.test";
+
+/// A migrated host with the administrator `admin`.
+async fn setup() -> (tempfile::TempDir, AppState) {
+    let (dir, state) = unmigrated().await;
+    crate::migrate::run(&state.store, &state.chain, &crate::migrate::LockOptions::for_this_process()).await.unwrap();
+    (dir, state)
+}
+
+/// A host whose migrations have not run (so it is not ready), with the administrator `admin`.
+async fn unmigrated() -> (tempfile::TempDir, AppState) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = test_state(dir.path()).await;
+    crate::auth::bootstrap_admin(&state.store, "admin", PASSWORD).await.unwrap();
+    (dir, state)
+}
+
+/// `text` as the templates escape it.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#x27;")
+        .replace('/', "&#x2f;")
+}
+
+/// One answer, read whole.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn location(&self) -> Option<&str> {
+        self.header("location")
+    }
+
+    /// The `name=value` of the first `Set-Cookie`, and the whole header.
+    fn set_cookie(&self) -> Option<(String, String)> {
+        let header = self.header("set-cookie")?.to_string();
+        let pair = header.split(';').next().unwrap_or_default().trim().to_string();
+        Some((pair, header))
+    }
+
+    fn assert_security_headers(&self, what: &str) {
+        assert_eq!(self.header("content-security-policy"), Some(CONTENT_SECURITY_POLICY), "{what}: CSP");
+        assert_eq!(self.header("x-content-type-options"), Some("nosniff"), "{what}: nosniff");
+        assert_eq!(self.header("referrer-policy"), Some("same-origin"), "{what}: referrer policy");
+    }
+}
+
+async fn send(state: &AppState, request: Request) -> Answer {
+    let response = crate::api::router(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 22).await.unwrap();
+    Answer { status, headers, body: String::from_utf8(bytes.to_vec()).unwrap() }
+}
+
+fn get(path: &str, cookie: Option<&str>) -> Request {
+    let mut builder = Request::builder().uri(path).header("host", "capstan.test").header("accept", "text/html");
+    if let Some(cookie) = cookie {
+        builder = builder.header("cookie", cookie);
+    }
+    builder.body(Body::empty()).unwrap()
+}
+
+fn post_form(path: &str, body: &str, cookie: Option<&str>, origin: Option<&str>) -> Request {
+    let mut builder = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", "capstan.test")
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(cookie) = cookie {
+        builder = builder.header("cookie", cookie);
+    }
+    if let Some(origin) = origin {
+        builder = builder.header("origin", origin);
+    }
+    builder.body(Body::from(body.to_string())).unwrap()
+}
+
+fn form(username: &str, password: &str) -> String {
+    let encode = |s: &str| {
+        s.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect::<String>()
+    };
+    format!("username={}&password={}", encode(username), encode(password))
+}
+
+/// Log in as the admin; returns the `capstan_session=<jwt>` pair.
+async fn login_cookie(state: &AppState) -> String {
+    let answer = send(state, post_form("/login", &form("admin", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    answer.set_cookie().expect("a session cookie").0
+}
+
+#[tokio::test]
+async fn the_login_page_renders_with_security_headers() {
+    let (_dir, state) = setup().await;
+    let answer = send(&state, get("/login", None)).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(answer.header("content-type").unwrap().starts_with("text/html"), "{:?}", answer.headers);
+    answer.assert_security_headers("GET /login");
+    assert_eq!(answer.header("cache-control"), Some("no-store"));
+    assert!(answer.body.contains(r#"<form method="post" action="/login""#), "{}", answer.body);
+    assert!(answer.body.contains(r#"name="username""#) && answer.body.contains(r#"name="password" type="password""#));
+    assert!(!answer.body.contains("Login failed"), "no error before a try");
+    // no inline script or style: everything comes from /static
+    assert!(!answer.body.contains("<script>") && !answer.body.contains("<style") && !answer.body.contains("style="), "{}", answer.body);
+    assert!(answer.body.contains(&assets::url("app.css").unwrap()));
+    assert!(answer.body.contains(&assets::url("vendor/htmx.min.js").unwrap()));
+}
+
+#[tokio::test]
+async fn a_wrong_password_shows_the_denial_and_sets_no_cookie() {
+    let (_dir, state) = setup().await;
+    for (user, password) in [("admin", "not-the-right-password-at-all"), ("nobody", PASSWORD), ("", "")] {
+        let answer = send(&state, post_form("/login", &form(user, password), None, Some(ORIGIN))).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{user}");
+        assert!(answer.body.contains(DENIAL), "{user}: {}", answer.body);
+        assert!(answer.set_cookie().is_none(), "{user}: a failed login sets no cookie");
+        assert!(!answer.body.contains(password) || password.is_empty(), "the password is never echoed");
+        answer.assert_security_headers("failed login");
+    }
+}
+
+#[tokio::test]
+async fn the_right_password_sets_a_strict_http_only_cookie_and_redirects() {
+    let (_dir, state) = setup().await;
+    let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_eq!(answer.location(), Some("/"));
+    let (pair, header) = answer.set_cookie().expect("a session cookie");
+    assert!(pair.starts_with("capstan_session=") && pair.len() > 40, "{header}");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="] {
+        assert!(header.contains(attribute), "the cookie should carry {attribute}: {header}");
+    }
+    assert!(!header.contains("Secure"), "an http origin gets no Secure attribute: {header}");
+    let max_age: u64 = header.split("Max-Age=").nth(1).unwrap().split(';').next().unwrap().parse().unwrap();
+    assert!(max_age > 11 * 3600 && max_age <= 12 * 3600, "the cookie lives as long as the session: {max_age}");
+
+    // the login page now sends a logged-in browser to the overview
+    let again = send(&state, get("/login", Some(&pair))).await;
+    assert_eq!((again.status, again.location()), (StatusCode::SEE_OTHER, Some("/")));
+}
+
+#[tokio::test]
+async fn an_https_origin_makes_the_cookie_secure() {
+    let (_dir, mut state) = setup().await;
+    state.public_origin = "https://capstan.example".into();
+    let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some("https://capstan.example"))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let (_, header) = answer.set_cookie().unwrap();
+    assert!(header.contains("; Secure"), "{header}");
+}
+
+#[tokio::test]
+async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
+    let (_dir, state) = setup().await;
+    let anonymous = send(&state, get("/", None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    anonymous.assert_security_headers("GET / without a session");
+
+    let forged = send(&state, get("/", Some("capstan_session=eyJhbGciOiJFZERTQSJ9.e30.AAAA"))).await;
+    assert_eq!((forged.status, forged.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let (pair, header) = forged.set_cookie().expect("a cookie that does not work is removed");
+    assert_eq!(pair, "capstan_session=");
+    assert!(header.contains("Max-Age=0"), "{header}");
+
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/", Some(&format!("theme=x; {cookie}; other=y")))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /");
+    assert_eq!(page.header("cache-control"), Some("no-store"));
+    let body = &page.body;
+    assert!(body.contains(r#"<span class="user-name" id="current-user">admin</span>"#), "{body}");
+    assert!(body.contains("Administrator"), "{body}");
+    assert!(body.contains(r#"id="readiness" data-ready="true""#) && body.contains("<strong>Ready</strong>"), "{body}");
+    assert!(body.contains(&escaped(&state.store.describe())) && body.contains(&escaped(&state.blobs.describe())), "backends: {body}");
+    let target = state.chain.target().to_string();
+    assert!(body.contains(&format!("version {target} of {target}")), "migrations are shown: {body}");
+    assert!(body.contains(env!("CARGO_PKG_VERSION")));
+    assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
+    // every section is in the rail; only the overview is a link
+    for section in ["Clusters", "Services", "Secrets", "Apps", "Backups", "Mail", "Ingress", "Plugins", "Settings"] {
+        assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
+    }
+    assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
+    // the JWT is only ever in the Set-Cookie header
+    let token = cookie.trim_start_matches("capstan_session=");
+    assert!(!body.contains(token));
+
+    // the status panel alone, for htmx
+    let panel = send(&state, get("/overview/status", Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK);
+    assert!(panel.body.trim_start().starts_with("<section") && panel.body.contains(r#"data-ready="true""#), "{}", panel.body);
+    let mut request = get("/overview/status", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+    let anonymous = send(&state, get("/overview/status", None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+}
+
+#[tokio::test]
+async fn a_host_that_is_not_ready_says_why() {
+    let (_dir, state) = unmigrated().await;
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains(r#"id="readiness" data-ready="false""#) && page.body.contains("<strong>Not ready</strong>"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("The migrations are not done."), "{}", page.body);
+    assert!(page.body.contains("version unknown of"), "{}", page.body);
+}
+
+#[tokio::test]
+async fn logout_ends_the_session() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    assert_eq!(send(&state, get("/", Some(&cookie))).await.status, StatusCode::OK);
+
+    let answer = send(&state, post_form("/logout", "", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let (pair, header) = answer.set_cookie().expect("the cookie is cleared");
+    assert_eq!(pair, "capstan_session=");
+    assert!(header.contains("Max-Age=0") && header.contains("HttpOnly") && header.contains("SameSite=Strict"), "{header}");
+
+    // the old cookie no longer works, on the page and on the API
+    let after = send(&state, get("/", Some(&cookie))).await;
+    assert_eq!((after.status, after.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let token = cookie.trim_start_matches("capstan_session=");
+    assert!(state.auth.authenticate(token).await.unwrap_err().is("unauthenticated"));
+
+    // logging out without a session is harmless
+    let again = send(&state, post_form("/logout", "", None, None)).await;
+    assert_eq!((again.status, again.location()), (StatusCode::SEE_OTHER, Some("/login")));
+}
+
+#[tokio::test]
+async fn cross_origin_posts_are_refused() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    for origin in ["https://evil.example", "null", "http://capstan.test.evil.example", "capstan.test"] {
+        let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some(origin))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{origin}: {}", answer.body);
+        assert!(answer.set_cookie().is_none(), "{origin}");
+        assert!(answer.body.contains("Request refused"), "{}", answer.body);
+        answer.assert_security_headers("cross-origin login");
+
+        let answer = send(&state, post_form("/logout", "", Some(&cookie), Some(origin))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{origin}");
+    }
+    // the session survived the refused logouts
+    assert_eq!(send(&state, get("/", Some(&cookie))).await.status, StatusCode::OK);
+
+    // the request's own host is fine too (a browser reaching the host by another name), and a
+    // post without an Origin header (older clients) relies on the SameSite cookie
+    let mut request = post_form("/login", &form("admin", PASSWORD), None, Some("http://127.0.0.1:8080"));
+    request.headers_mut().insert("host", HeaderValue::from_static("127.0.0.1:8080"));
+    assert_eq!(send(&state, request).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(send(&state, post_form("/login", &form("admin", PASSWORD), None, None)).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        send(&state, post_form("/login", &form("admin", PASSWORD), None, Some("HTTP://CAPSTAN.TEST"))).await.status,
+        StatusCode::SEE_OTHER
+    );
+}
+
+#[tokio::test]
+async fn what_a_user_typed_is_escaped() {
+    let (_dir, state) = setup().await;
+    let typed = r#""><script>alert(1)</script>"#;
+    let answer = send(&state, post_form("/login", &form(typed, "whatever-password"), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(!answer.body.contains("<script>alert"), "{}", answer.body);
+    assert!(answer.body.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"), "{}", answer.body);
+    assert!(answer.body.contains(r#"value="&quot;&gt;&lt;script"#), "the value attribute cannot be broken out of: {}", answer.body);
+}
+
+#[tokio::test]
+async fn repeated_failures_show_the_wait() {
+    let (_dir, state) = setup().await;
+    for _ in 0..10 {
+        let answer = send(&state, post_form("/login", &form("admin", "not-the-right-password-at-all"), None, Some(ORIGIN))).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    }
+    let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{}", answer.body);
+    assert!(answer.set_cookie().is_none());
+    let seconds: u64 = answer.header("retry-after").unwrap().parse().unwrap();
+    assert!(seconds > 800 && seconds <= 900, "{seconds}");
+    assert!(answer.body.contains(&format!("Too many failed logins. Wait {seconds} seconds before trying again.")), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn unreadable_forms_are_refused_plainly() {
+    let (_dir, state) = setup().await;
+    let mut request = post_form("/login", "{\"username\":\"admin\"}", None, Some(ORIGIN));
+    request.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    let answer = send(&state, request).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert!(answer.body.contains("The login form could not be read"), "{}", answer.body);
+
+    let huge = format!("username=admin&password={}", "a".repeat(FORM_LIMIT + 1));
+    let answer = send(&state, post_form("/login", &huge, None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(answer.set_cookie().is_none());
+    assert!(!answer.body.contains("aaaaaaaa"));
+}
+
+#[tokio::test]
+async fn static_assets_are_immutable_under_their_hash() {
+    let (_dir, state) = setup().await;
+    for asset in assets::ASSETS {
+        let url = assets::url(asset.path).unwrap();
+        let answer = send(&state, get(&url, None)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{url}");
+        assert_eq!(answer.header("content-type"), Some(asset.content_type), "{url}");
+        assert_eq!(answer.header("cache-control"), Some("public, max-age=31536000, immutable"), "{url}");
+        assert_eq!(answer.body.len(), asset.bytes.len(), "{url}");
+        answer.assert_security_headers(&url);
+    }
+    assert!(assets::url("vendor/htmx.min.js").unwrap().ends_with("/vendor/htmx.min.js"));
+    let wrong = send(&state, get("/static/0000000000000000/app.css", None)).await;
+    assert_eq!(wrong.status, StatusCode::NOT_FOUND);
+    assert_eq!(wrong.header("cache-control"), Some("no-store"));
+    assert_eq!(send(&state, get("/static/x/../../etc/passwd", None)).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn unknown_paths_are_html_for_browsers_and_json_for_the_api() {
+    let (_dir, state) = setup().await;
+    let page = send(&state, get("/nowhere", None)).await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"));
+    assert!(page.body.contains("Page not found"));
+    page.assert_security_headers("HTML 404");
+
+    for (path, accept) in [("/api/v1/", "text/html"), ("/api/nowhere", "text/html"), ("/nowhere", "*/*"), ("/nowhere", "application/json")]
+    {
+        let request = Request::builder().uri(path).header("accept", accept).body(Body::empty()).unwrap();
+        let answer = send(&state, request).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{path}");
+        let body: serde_json::Value =
+            serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{path} {accept}: {e}: {}", answer.body));
+        assert_eq!(body["error"]["code"], "not-found", "{path}");
+    }
+    // the JSON API and the probes are unchanged
+    let status = send(&state, Request::builder().uri("/status").body(Body::empty()).unwrap()).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert!(status.header("content-type").unwrap().starts_with("application/json"));
+    assert!(status.header("content-security-policy").is_none(), "API answers are not dashboard pages");
+    let healthz = send(&state, Request::builder().uri("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(healthz.body, r#"{"status":"ok"}"#);
+    let wrong_verb = send(&state, Request::builder().method("DELETE").uri("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(wrong_verb.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[test]
+fn every_template_compiles() {
+    for (name, _) in TEMPLATES {
+        TEMPLATE_ENV.get_template(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let page = message_page(StatusCode::NOT_FOUND, "<b>title</b>", "a & b");
+    assert_eq!(page.status(), StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn times_are_shown_in_utc() {
+    assert_eq!(utc(0), "1970-01-01 00:00 UTC");
+    assert_eq!(utc(1_700_000_000), "2023-11-14 22:13 UTC");
+    assert_eq!(utc(u64::MAX), "9999-12-31 23:59 UTC");
+    assert_eq!(time_left(now_secs() + 3 * 3600 + 120 + 30), "in 3 h 2 min");
+    assert_eq!(time_left(0), "in less than a minute");
+}
+
+#[test]
+fn session_cookies_are_found_among_others() {
+    let mut headers = HeaderMap::new();
+    headers.append(header::COOKIE, HeaderValue::from_static("a=1; capstan_sessionx=no"));
+    assert_eq!(session_token(&headers), None);
+    headers.append(header::COOKIE, HeaderValue::from_static("b=2;capstan_session=tok.en.sig ; c=3"));
+    assert_eq!(session_token(&headers), Some("tok.en.sig"));
+    let mut empty = HeaderMap::new();
+    empty.insert(header::COOKIE, HeaderValue::from_static("capstan_session="));
+    assert_eq!(session_token(&empty), None);
+}

@@ -1,0 +1,184 @@
+//! The node's background loops: heartbeat, fleet refresh, the coordinator (lease + placement),
+//! and running the host tasks placed on this node.
+
+use super::lease::{Coordinator, Role};
+use super::placement::{self, Workload};
+use super::{Node, NodeRecord, now_ms, read_nodes};
+use crate::blobs::PutMode;
+use crate::refusal::{Refusal, Result};
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub const ASSIGNMENTS_KEY: &str = "_capstan/coordinator/assignments.json";
+
+/// Background work the host itself places on the fleet.
+pub struct HostTask {
+    pub workload: Workload,
+    pub every: Duration,
+    pub run: Arc<dyn Fn() -> BoxFuture<'static, Result<()>> + Send + Sync>,
+}
+
+/// Where the coordinator placed each workload, stamped with the fence it decided under.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignments {
+    pub fence: u64,
+    pub fingerprint: String,
+    pub decided_at: u64,
+    pub placements: BTreeMap<String, Vec<String>>,
+}
+
+pub struct Fleet {
+    pub node: Arc<Node>,
+    pub coordinator: Arc<Coordinator>,
+    view: Mutex<Vec<NodeRecord>>,
+    last_fingerprint: Mutex<Option<(u64, String)>>,
+    tasks: Vec<HostTask>,
+}
+
+impl Fleet {
+    pub fn new(node: Arc<Node>, tasks: Vec<HostTask>) -> Arc<Self> {
+        let coordinator = Arc::new(Coordinator::new(node.blobs.clone(), &node.identity.id, node.timing.lease_ttl));
+        Arc::new(Fleet { node, coordinator, view: Mutex::new(Vec::new()), last_fingerprint: Mutex::new(None), tasks })
+    }
+
+    /// The fleet's records as last read.
+    pub fn view(&self) -> Vec<NodeRecord> {
+        self.view.lock().expect("fleet view").clone()
+    }
+
+    async fn refresh(&self) -> Result<()> {
+        let nodes = read_nodes(&self.node.blobs).await?;
+        *self.view.lock().expect("fleet view") = nodes;
+        Ok(())
+    }
+
+    /// One coordinator iteration: lease, then (as holder) placement unless nothing moved.
+    async fn coordinate(&self) -> Result<()> {
+        let Role::Holder { fence } = self.coordinator.tick().await else {
+            *self.last_fingerprint.lock().expect("fingerprint") = None;
+            return Ok(());
+        };
+        let now = now_ms();
+        let live: Vec<NodeRecord> = self.view().into_iter().filter(|n| n.live(now, &self.node.timing)).collect();
+        let workloads: Vec<Workload> = self.tasks.iter().map(|t| t.workload.clone()).collect();
+        let fingerprint = placement::fingerprint(&workloads, &live);
+        // a new holder compares against nothing: the previous one may have decided unseen things
+        if self.last_fingerprint.lock().expect("fingerprint").as_ref() == Some(&(fence, fingerprint.clone())) {
+            return Ok(());
+        }
+        let decided =
+            Assignments { fence, fingerprint: fingerprint.clone(), decided_at: now, placements: placement::place(&workloads, &live) };
+        let blobs = &self.node.blobs;
+        let mode = match blobs.get_bytes(ASSIGNMENTS_KEY).await? {
+            Some((meta, bytes)) => {
+                let current: Option<Assignments> = serde_json::from_slice(&bytes).ok();
+                if current.as_ref().is_some_and(|c| c.fence > fence) {
+                    return Err(Refusal::new("fence-stale", "a newer coordinator has already decided placements"));
+                }
+                if current.as_ref().is_some_and(|c| c.placements == decided.placements && c.fence == fence) {
+                    *self.last_fingerprint.lock().expect("fingerprint") = Some((fence, fingerprint));
+                    return Ok(());
+                }
+                PutMode::IfMatch(meta.etag)
+            }
+            None => PutMode::CreateOnly,
+        };
+        // stamped: applied only while this fence still holds the lease
+        super::lease::check_fence(blobs, fence).await?;
+        blobs.put_bytes(ASSIGNMENTS_KEY, serde_json::to_vec_pretty(&decided).map_err(Refusal::internal)?, mode).await?;
+        tracing::info!(fence, workloads = workloads.len(), live = live.len(), "placements decided");
+        *self.last_fingerprint.lock().expect("fingerprint") = Some((fence, fingerprint));
+        Ok(())
+    }
+
+    async fn my_tasks(&self) -> Vec<String> {
+        match self.node.blobs.get_bytes(ASSIGNMENTS_KEY).await {
+            Ok(Some((_, bytes))) => serde_json::from_slice::<Assignments>(&bytes)
+                .map(|a| a.placements.into_iter().filter(|(_, nodes)| nodes.contains(&self.node.identity.id)).map(|(w, _)| w).collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Start the loops; they stop when `stop` turns true.
+    pub fn spawn(self: &Arc<Self>, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        let timing = self.node.timing;
+        let mut handles = Vec::new();
+        let me = self.clone();
+        handles.push(every(timing.heartbeat, stop.clone(), move || {
+            let me = me.clone();
+            async move {
+                if let Err(e) = me.node.beat().await {
+                    tracing::warn!(code = %e.code, "heartbeat not written: {}", e.message);
+                }
+            }
+        }));
+        let me = self.clone();
+        handles.push(every(timing.refresh, stop.clone(), move || {
+            let me = me.clone();
+            async move {
+                if let Err(e) = me.refresh().await {
+                    tracing::warn!(code = %e.code, "fleet records not read: {}", e.message);
+                }
+            }
+        }));
+        let me = self.clone();
+        handles.push(every(self.coordinator.interval(), stop.clone(), move || {
+            let me = me.clone();
+            async move {
+                if let Err(e) = me.coordinate().await {
+                    tracing::warn!(code = %e.code, "coordinator pass did not finish: {}", e.message);
+                }
+            }
+        }));
+        for task in &self.tasks {
+            let me = self.clone();
+            let id = task.workload.id.clone();
+            let run = task.run.clone();
+            handles.push(every(task.every, stop.clone(), move || {
+                let (me, id, run) = (me.clone(), id.clone(), run.clone());
+                async move {
+                    if me.my_tasks().await.contains(&id)
+                        && let Err(e) = run().await
+                    {
+                        tracing::warn!(task = %id, code = %e.code, "host task failed: {}", e.message);
+                    }
+                }
+            }));
+        }
+        handles
+    }
+
+    /// Leaving: mark draining first, then give the lease up.
+    pub async fn drain(&self) {
+        self.node.drain().await;
+        self.coordinator.release().await;
+    }
+}
+
+/// Run `work` now and then every `period` until `stop` turns true.
+fn every<F, Fut>(period: Duration, mut stop: watch::Receiver<bool>, work: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => work().await,
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+        }
+    })
+}

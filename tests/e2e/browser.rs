@@ -1,0 +1,275 @@
+//! The dashboard in a real headless Chromium, driven over WebDriver (chromedriver): log in
+//! with a wrong and then the right password, read the overview, log out.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`/usr/bin/chromium`, `/usr/bin/chromedriver`).
+//! Without them the test prints why and passes, unless `CAPSTAN_TEST_REQUIRE_BROWSER=1`
+//! (set by `.ci/run`) makes them mandatory.
+
+use crate::support::{Capstan, free_port};
+use fantoccini::{Client, ClientBuilder, Locator};
+use futures::FutureExt;
+use serde_json::json;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const REQUIRE: &str = "CAPSTAN_TEST_REQUIRE_BROWSER";
+/// The denial the login page shows for any failed login.
+const DENIAL: &str = "Login failed: check the username and password.";
+/// Where a copy of the overview screenshot is left for people to look at.
+const SCREENSHOT_COPY: &str = "/tmp/capstan-overview.png";
+const LOGIN_SCREENSHOT_COPY: &str = "/tmp/capstan-login.png";
+/// How long the whole browser scenario may take.
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Whether the browser is there; `false` (after saying why) when the test should be skipped.
+fn browser_available() -> bool {
+    let missing: Vec<&str> = [CHROMIUM, CHROMEDRIVER].into_iter().filter(|p| !Path::new(p).exists()).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!("{} missing; install them with `apt-get install -y chromium chromium-driver`", missing.join(" and "));
+    assert!(std::env::var(REQUIRE).as_deref() != Ok("1"), "{REQUIRE}=1 but {why}");
+    eprintln!("skipped: {why}");
+    false
+}
+
+/// A running chromedriver on a loopback port; it and the browsers it started are killed when
+/// dropped (it leads its own process group).
+struct Driver {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Driver {
+    fn start(dir: &Path) -> Driver {
+        let log = dir.join("chromedriver.log");
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let mut cmd = Command::new(CHROMEDRIVER);
+            cmd.arg(format!("--port={port}"))
+                .arg(format!("--log-path={}", log.display()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            let child = cmd.spawn().expect("spawning chromedriver");
+            let mut driver = Driver { child, url: format!("http://127.0.0.1:{port}"), log: log.clone() };
+            match driver.wait_ready() {
+                Ok(()) => return driver,
+                Err(e) => last_error = e, // the port may have been taken meanwhile: try another
+            }
+        }
+        panic!("chromedriver did not become ready: {last_error}\nits log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+
+    /// Poll `GET /status` until the driver says it is ready.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(2))).build().into();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("chromedriver exited with {status}"));
+            }
+            if let Ok(mut reply) = agent.get(format!("{}/status", self.url)).call()
+                && let Ok(text) = reply.body_mut().read_to_string()
+                && serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|body| body["value"]["ready"] == true)
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err("no ready answer on /status within 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // the whole group: chromedriver and any browser it left behind
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// Headless Chromium with the flags that keep it quiet and local, and a fresh profile.
+fn capabilities(profile: &Path) -> fantoccini::wd::Capabilities {
+    let caps = json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": [
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--window-size=1366,900",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        },
+    });
+    caps.as_object().expect("an object").clone()
+}
+
+fn is_png(bytes: &[u8]) -> bool {
+    bytes.len() > 1000 && bytes.starts_with(b"\x89PNG\r\n\x1a\n")
+}
+
+#[test]
+fn a_browser_logs_in_reads_the_overview_and_logs_out() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::dev(&dir.path().join("data"));
+    let password = server.printed_admin_password().expect("a first dev start prints the admin password");
+    let profile = dir.path().join("chromium-profile");
+    std::fs::create_dir_all(&profile).unwrap();
+    let driver = Driver::start(dir.path());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = runtime.block_on(async {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let client = ClientBuilder::new(connector)
+            .capabilities(capabilities(&profile))
+            .connect(&driver.url)
+            .await
+            .unwrap_or_else(|e| panic!("a WebDriver session should start: {e}\nchromedriver log:\n{}", driver.log_text()));
+        let scenario = tokio::time::timeout(SCENARIO_TIMEOUT, scenario(&client, &server, &password, dir.path()));
+        // close the browser whatever happened, then report
+        let outcome = AssertUnwindSafe(scenario).catch_unwind().await;
+        let _ = client.close().await;
+        outcome
+    });
+    drop(driver);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("the browser scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+
+    // nothing secret reached the log
+    let log = server.stderr();
+    assert!(!log.contains(&password), "the password must not be logged");
+    assert!(!log.contains("eyJ"), "no JWT may be logged:\n{log}");
+}
+
+async fn text_of(client: &Client, css: &str) -> String {
+    let element = match client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(css)).await {
+        Ok(element) => element,
+        Err(e) => panic!("expected an element {css:?}: {e}\npage:\n{}", client.source().await.unwrap_or_default()),
+    };
+    element.text().await.unwrap_or_else(|e| panic!("reading the text of {css:?}: {e}"))
+}
+
+async fn path_of(client: &Client) -> String {
+    client.current_url().await.expect("the current URL").path().to_string()
+}
+
+/// Fill the login form and send it.
+async fn log_in(client: &Client, username: &str, password: &str) {
+    let user = client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#username")).await.expect("the username field");
+    user.clear().await.unwrap();
+    user.send_keys(username).await.unwrap();
+    let pass = client.find(Locator::Css("#password")).await.expect("the password field");
+    pass.clear().await.unwrap();
+    pass.send_keys(password).await.unwrap();
+    client.find(Locator::Css("#login-submit")).await.expect("the login button").click().await.unwrap();
+}
+
+async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path) {
+    // an anonymous visit to the overview lands on the login page
+    client.goto(&server.url("/")).await.unwrap();
+    assert_eq!(path_of(client).await, "/login");
+    assert_eq!(client.title().await.unwrap(), "Log in · Capstan");
+
+    // a wrong password: the uniform denial, no session
+    log_in(client, "admin", "definitely-not-the-admin-password").await;
+    assert_eq!(text_of(client, "#login-error").await, DENIAL);
+    assert_eq!(path_of(client).await, "/login");
+    assert!(client.get_named_cookie("capstan_session").await.is_err(), "a failed login sets no cookie");
+    let login_shot = client.screenshot().await.expect("a screenshot of the login page");
+    assert!(is_png(&login_shot));
+    std::fs::write(dir.join("login.png"), &login_shot).unwrap();
+    let _ = std::fs::write(LOGIN_SCREENSHOT_COPY, &login_shot);
+
+    // the right one: the overview, with who we are and the status
+    log_in(client, "admin", password).await;
+    assert_eq!(text_of(client, "#current-user").await, "admin");
+    assert_eq!(path_of(client).await, "/");
+    let readiness = text_of(client, "#readiness").await;
+    assert!(readiness.to_lowercase().starts_with("ready"), "the status should be ready, got {readiness:?}");
+    assert_eq!(text_of(client, "#session-user").await, "admin");
+    assert!(text_of(client, "#session-role").await.contains("Administrator"));
+    assert_eq!(text_of(client, "#capstan-version").await, env!("CARGO_PKG_VERSION"));
+    assert!(text_of(client, "#store-backend").await.starts_with("sqlite"), "the store backend is shown");
+
+    // the session cookie is HttpOnly and SameSite=Strict: page scripts cannot read it
+    let cookie = client.get_named_cookie("capstan_session").await.expect("the session cookie");
+    assert_eq!(cookie.http_only(), Some(true), "{cookie:?}");
+    assert!(format!("{:?}", cookie.same_site()).contains("Strict"), "{cookie:?}");
+    let visible = client.execute("return document.cookie", vec![]).await.unwrap();
+    assert!(!visible.as_str().unwrap_or_default().contains("capstan_session"), "document.cookie shows {visible}");
+
+    // the stylesheet and htmx loaded under the Content-Security-Policy
+    let htmx = client.execute("return window.htmx ? htmx.version : null", vec![]).await.unwrap();
+    assert_eq!(htmx, json!("2.0.11"), "htmx should be loaded");
+    // htmx was told (htmx-config) not to inject the inline styles the policy would block
+    let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+    assert_eq!(inline_styles, json!(0), "no inline styles on the page");
+    let rail = client.find(Locator::Css(".rail")).await.unwrap();
+    assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
+    // sections not built yet are not links
+    let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
+    assert_eq!(disabled.len(), 9);
+    assert!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len() == 1);
+
+    let shot = client.screenshot().await.expect("a screenshot of the overview");
+    assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
+    let saved = dir.join("overview.png");
+    std::fs::write(&saved, &shot).unwrap();
+    assert!(std::fs::read(&saved).is_ok_and(|b| is_png(&b)));
+    if let Err(e) = std::fs::write(SCREENSHOT_COPY, &shot) {
+        eprintln!("could not leave a copy of the screenshot at {SCREENSHOT_COPY}: {e}");
+    }
+
+    // htmx refreshes the status panel in place (a new panel, the page stays)
+    client.execute("document.querySelector('#status').dataset.old = 'yes'", vec![]).await.unwrap();
+    client.find(Locator::Css("#status button")).await.unwrap().click().await.unwrap();
+    client
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#status:not([data-old])"))
+        .await
+        .expect("the status panel should be swapped by htmx");
+    assert!(text_of(client, "#readiness").await.to_lowercase().starts_with("ready"));
+    assert_eq!(path_of(client).await, "/");
+
+    // log out: back on the login page, and the overview is closed again
+    let token = cookie.value().to_string();
+    client.find(Locator::Css("#logout")).await.expect("the logout button").click().await.unwrap();
+    client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#login-form")).await.expect("the login page after logout");
+    assert_eq!(path_of(client).await, "/login");
+    assert!(client.get_named_cookie("capstan_session").await.is_err(), "logout removes the cookie");
+    client.goto(&server.url("/")).await.unwrap();
+    client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#login-form")).await.expect("the login page");
+    assert_eq!(path_of(client).await, "/login");
+
+    // the old session cookie, replayed by hand, no longer opens the overview
+    let replay = server.request("GET", "/", &[("cookie", &format!("capstan_session={token}")), ("accept", "text/html")], None);
+    assert!(replay.body.contains("id=\"login-form\"") && !replay.body.contains("current-user"), "{replay:?}");
+}
