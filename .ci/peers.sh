@@ -36,7 +36,9 @@ python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ig
 command -v pyenv >/dev/null && pyenv rehash || true
 
 MONGO_PORT="$(free_port)"
-nx-27017 --host 127.0.0.1 -p "$MONGO_PORT" --db "$PEERS_DIR/mongo.sqlite" \
+# --data-dir: one SQLite file per database, so each test's fresh database really is fresh
+mkdir -p "$PEERS_DIR/mongo"
+nx-27017 --host 127.0.0.1 -p "$MONGO_PORT" --data-dir "$PEERS_DIR/mongo" \
     --log-file "$PEERS_DIR/mongo.log" --pid-file "$PEERS_DIR/mongo.pid" >"$PEERS_DIR/mongo.out" 2>&1 &
 PEER_PIDS+=($!)
 wait_for_port "MongoDB wire server (nx-27017)" "$MONGO_PORT" "$PEERS_DIR/mongo.out"

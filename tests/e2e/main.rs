@@ -5,9 +5,11 @@
 mod api;
 mod browser;
 mod config;
+mod fleet;
 mod identity;
 mod logging;
 mod migrations;
+mod mongo;
 mod s3;
 mod serve;
 mod support;

@@ -535,3 +535,57 @@ pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
     listener.local_addr().expect("the bound address").port()
 }
+
+impl Capstan {
+    /// The node id announced on the serving line (`… as node ID`).
+    pub fn node_id(&self) -> String {
+        let stdout = self.stdout();
+        stdout
+            .lines()
+            .find(|l| l.starts_with(SERVING))
+            .and_then(|l| l.rsplit_once(" as node "))
+            .map(|(_, id)| id.trim().to_string())
+            .unwrap_or_else(|| panic!("the serving line should end with `as node ID`; stdout:\n{stdout}"))
+    }
+
+    /// Send SIGTERM without waiting for the exit (`stop` waits).
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill -TERM");
+        assert!(sent.success(), "kill -TERM {pid} failed: {sent:?}");
+    }
+
+    /// Stop with SIGKILL (nothing runs on the way out) and wait for the exit; returns the
+    /// output up to the kill.
+    pub fn kill_hard(mut self) -> Exited {
+        self.child.kill().expect("sending SIGKILL to capstan");
+        let status = self.child.wait().expect("waiting for the killed capstan");
+        for reader in std::mem::take(&mut self.readers) {
+            reader.join().expect("output reader");
+        }
+        Exited { status, stdout: self.stdout(), stderr: self.stderr() }
+    }
+}
+
+/// Poll `check` every 50 ms until it returns `Ok`, for at most `timeout`; on timeout, panic
+/// with `what` and the last `Err` (the last thing observed).
+pub fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(last) if Instant::now() >= deadline => panic!("{what}: not within {timeout:?}; last observed:\n{last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The object stored under `key` in a `file:<dir>` blob directory, as JSON (`None` if absent).
+pub fn read_blob_json(blobs: &Path, key: &str) -> Option<Value> {
+    let path = blobs.join("objects").join(format!("{key}~"));
+    match std::fs::read(&path) {
+        Ok(bytes) => Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{} should hold JSON: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => panic!("reading {}: {e}", path.display()),
+    }
+}

@@ -24,18 +24,6 @@ pub struct Empty {}
 
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct WhoAmI {
-    pub user_id: String,
-    pub username: String,
-    pub kind: String,
-    pub admin: bool,
-    pub session_id: String,
-    pub authenticated_at: u64,
-    pub expires_at: u64,
-}
-
-#[derive(Debug, Serialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
 pub struct LoggedOut {
     pub logged_out: bool,
 }
@@ -310,16 +298,7 @@ pub fn register(registry: &mut Registry) {
         |call: Call, input: ExchangeInput| async move { call.state.auth.exchange_token(&input.token, call.source).await },
     );
     registry.add("auth.whoami", "The caller's identity and session", Access::Authenticated, |call: Call, _: Empty| async move {
-        let id = call.identity()?;
-        Ok(WhoAmI {
-            user_id: id.user_id.clone(),
-            username: id.username.clone(),
-            kind: id.kind.clone(),
-            admin: id.admin,
-            session_id: id.session_id.clone(),
-            authenticated_at: id.authenticated_at,
-            expires_at: id.expires_at,
-        })
+        call.identity().cloned()
     });
     registry.add("auth.logout", "End the caller's session", Access::Authenticated, |call: Call, _: Empty| async move {
         call.state.auth.logout(call.identity()?).await?;

@@ -71,8 +71,9 @@ pub struct Session {
     pub expires_at: u64,
 }
 
-/// Who is calling, as established from durable state on this request.
-#[derive(Debug, Clone, PartialEq)]
+/// Who is calling, as established from durable state on this request (`auth.whoami`).
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct Identity {
     pub user_id: String,
     pub username: String,

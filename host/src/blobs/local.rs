@@ -12,7 +12,7 @@
 //! An etag is derived from the object file's metadata (inode, size, mtime, ctime), so it changes
 //! on every write without storing anything next to the object.
 
-use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, MAX_LIST_LIMIT, PutMode, validate_key, validate_prefix};
+use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, PutMode, validate_key};
 use crate::refusal::{Refusal, Result};
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
@@ -88,46 +88,18 @@ impl BlobBackend for LocalBlobs {
     }
 
     async fn get(&self, key: &str) -> Result<Option<(BlobMeta, BlobReader)>> {
-        validate_key(key)?;
-        let path = self.inner.object_path(key);
-        let file = match tokio::fs::File::open(&path).await {
-            Ok(file) => file,
-            Err(e) if is_absent(&e) => return Ok(None),
-            Err(e) => return Err(unavailable("opening a blob failed", at(&path, e))),
-        };
-        // The etag comes from the open handle, so it describes exactly the bytes streamed.
-        let meta = file.metadata().await.map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
-        if !meta.is_file() {
-            return Err(unavailable("a blob is not a regular file", path.display()));
-        }
-        let meta = blob_meta(key.to_string(), &meta);
-        Ok(Some((meta, Box::pin(tokio::io::BufReader::with_capacity(IO_BUF, file)))))
+        Ok(self.open_object(key).await?.map(|(meta, file)| {
+            let reader: BlobReader = Box::pin(tokio::io::BufReader::with_capacity(IO_BUF, file));
+            (meta, reader)
+        }))
     }
 
     async fn head(&self, key: &str) -> Result<Option<BlobMeta>> {
-        validate_key(key)?;
-        let path = self.inner.object_path(key);
-        let file = match tokio::fs::File::open(&path).await {
-            Ok(file) => file,
-            Err(e) if is_absent(&e) => return Ok(None),
-            Err(e) => return Err(unavailable("opening a blob failed", at(&path, e))),
-        };
-        let meta = file.metadata().await.map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
-        if !meta.is_file() {
-            return Err(unavailable("a blob is not a regular file", path.display()));
-        }
-        Ok(Some(blob_meta(key.to_string(), &meta)))
+        Ok(self.open_object(key).await?.map(|(meta, _)| meta))
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<BlobPage> {
-        validate_prefix(prefix)?;
-        if let Some(cursor) = cursor {
-            validate_key(cursor)?;
-        }
-        if limit == 0 {
-            return Err(Refusal::invalid_request("a blob listing needs a limit of at least 1"));
-        }
-        let limit = limit.min(MAX_LIST_LIMIT);
+        let limit = super::validate_listing(prefix, cursor, limit)?;
         let inner = self.inner.clone();
         let prefix = prefix.to_string();
         let cursor = cursor.map(str::to_string);
@@ -143,6 +115,25 @@ impl BlobBackend for LocalBlobs {
 
     async fn probe(&self) -> Result<()> {
         super::probe::probe_conditional_writes(self).await
+    }
+}
+
+impl LocalBlobs {
+    /// Open an object's file; the etag comes from the open handle, so it describes exactly
+    /// the bytes read from it.
+    async fn open_object(&self, key: &str) -> Result<Option<(BlobMeta, tokio::fs::File)>> {
+        validate_key(key)?;
+        let path = self.inner.object_path(key);
+        let file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
+            Err(e) if is_absent(&e) => return Ok(None),
+            Err(e) => return Err(unavailable("opening a blob failed", at(&path, e))),
+        };
+        let meta = file.metadata().await.map_err(|e| unavailable("reading blob metadata failed", at(&path, e)))?;
+        if !meta.is_file() {
+            return Err(unavailable("a blob is not a regular file", path.display()));
+        }
+        Ok(Some((blob_meta(key.to_string(), &meta), file)))
     }
 }
 

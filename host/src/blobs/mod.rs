@@ -159,6 +159,18 @@ pub fn validate_key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// Check a listing's arguments (same on every backend); returns the limit, capped.
+pub fn validate_listing(prefix: &str, cursor: Option<&str>, limit: usize) -> Result<usize> {
+    validate_prefix(prefix)?;
+    if let Some(cursor) = cursor {
+        validate_key(cursor)?;
+    }
+    if limit == 0 {
+        return Err(Refusal::invalid_request("a blob listing needs a limit of at least 1"));
+    }
+    Ok(limit.min(MAX_LIST_LIMIT))
+}
+
 /// Prefixes follow the key rules, except that they may be empty or end with `/`.
 pub fn validate_prefix(prefix: &str) -> Result<()> {
     let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);

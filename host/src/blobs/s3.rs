@@ -19,7 +19,7 @@
 //! profile lookups. Nothing here prints the secret key; [`S3Blobs`]'s `Debug` leaves the client
 //! (which holds the credentials) out.
 
-use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, MAX_KEY_BYTES, MAX_LIST_LIMIT, PutMode, validate_key, validate_prefix};
+use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, MAX_KEY_BYTES, MAX_LIST_LIMIT, PutMode, validate_key};
 use crate::config::{S3_ACCESS_KEY, S3_ENDPOINT, S3_REGION, S3_SECRET_KEY, S3Settings};
 use crate::refusal::{Refusal, Result};
 use async_trait::async_trait;
@@ -510,14 +510,7 @@ impl BlobBackend for S3Blobs {
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<BlobPage> {
-        validate_prefix(prefix)?;
-        if let Some(cursor) = cursor {
-            validate_key(cursor)?;
-        }
-        if limit == 0 {
-            return Err(Refusal::invalid_request("a blob listing needs a limit of at least 1"));
-        }
-        let limit = limit.min(MAX_LIST_LIMIT);
+        let limit = super::validate_listing(prefix, cursor, limit)?;
         let root = self.with_prefix("");
         let wanted = self.with_prefix(prefix);
         if wanted.len() > S3_MAX_KEY_BYTES {

@@ -67,20 +67,13 @@ pub enum WgCommand {
 /// The file `wg init` writes and `serve --network wireguard` requires.
 pub const WIREGUARD_FILE: &str = "wireguard.json";
 
-async fn open_bucket(args: &BucketArgs) -> Result<Blobs> {
+/// The bucket `serve` would use, and the liveness window it judges nodes by.
+async fn open_bucket(args: &BucketArgs) -> Result<(Blobs, Timing)> {
     let flags = Flags { dev: args.dev, data_dir: args.data_dir.clone(), config_file: args.config.clone(), ..Flags::default() };
     let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
-    let (url, s3) = config::resolve_blobs(&flags, &env)?;
-    Blobs::open(&url, &s3).await
-}
-
-/// The liveness window the listing judges by: the same variable `serve` reads.
-fn timing_from_env() -> Timing {
-    let mut timing = Timing::default();
-    if let Some(ms) = std::env::var(config::LIVENESS_WINDOW_MS).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
-        timing.liveness_window = std::time::Duration::from_millis(ms);
-    }
-    timing
+    let bucket = config::resolve_blobs(&flags, &env)?;
+    let timing = Timing { liveness_window: bucket.liveness_window, ..Timing::default() };
+    Ok((Blobs::open(&bucket.url, &bucket.s3).await?, timing))
 }
 
 pub fn run(command: FleetCommand) -> ExitCode {
@@ -91,11 +84,11 @@ pub fn run(command: FleetCommand) -> ExitCode {
     let result: Result<()> = runtime.block_on(async {
         match command {
             FleetCommand::Nodes { bucket, json } => {
-                let blobs = open_bucket(&bucket).await?;
+                let (blobs, timing) = open_bucket(&bucket).await?;
                 let nodes = fleet::read_nodes(&blobs).await?;
                 let freeze = fleet::read_freeze(&blobs).await?;
                 let lease = lease::read_lease(&blobs).await?;
-                let listing = listing::build(fleet::now_ms(), &timing_from_env(), &nodes, freeze, lease);
+                let listing = listing::build(fleet::now_ms(), &timing, &nodes, freeze, lease);
                 if json {
                     println!("{}", serde_json::to_string(&listing).map_err(Refusal::internal)?);
                 } else {
@@ -104,14 +97,14 @@ pub fn run(command: FleetCommand) -> ExitCode {
                 Ok(())
             }
             FleetCommand::Freeze { bucket, reason, by } => {
-                let blobs = open_bucket(&bucket).await?;
+                let (blobs, _) = open_bucket(&bucket).await?;
                 let by = by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into());
                 let freeze = fleet::freeze(&blobs, &by, &reason).await?;
                 println!("deploys frozen by {} : {}", freeze.by, freeze.reason);
                 Ok(())
             }
             FleetCommand::Unfreeze { bucket } => {
-                let blobs = open_bucket(&bucket).await?;
+                let (blobs, _) = open_bucket(&bucket).await?;
                 if fleet::unfreeze(&blobs).await? {
                     println!("deploy freeze lifted");
                 } else {
@@ -129,6 +122,10 @@ pub fn run(command: FleetCommand) -> ExitCode {
 
 pub fn run_wg(command: WgCommand) -> ExitCode {
     let WgCommand::Init { state_dir } = command;
+    // the state directory may not exist before the node's first start
+    if let Err(e) = std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&state_dir) {
+        return refuse(&Refusal::new("state-dir-unusable", format!("cannot create {}: {}", state_dir.display(), e.kind())), 1);
+    }
     let secret = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
     let public = base64::engine::general_purpose::STANDARD.encode(x25519_dalek::PublicKey::from(&secret).as_bytes());
     let file = serde_json::json!({

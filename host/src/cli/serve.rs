@@ -17,6 +17,9 @@ use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 
+/// How long requests in flight may take to finish once a node is leaving.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub async fn run(mut config: ServeConfig) -> Result<()> {
     init_logging(&config);
     if let Some(dir) = &config.data_dir {
@@ -84,18 +87,29 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     state.fleet_timing = config.node.timing;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let loops = fleet.spawn(stopped);
+    let signalled = shutdown_signal()?;
     println!("Capstan serving on http://{bound} (public origin {}) as node {}", config.public_origin, fleet.node.identity.id);
     tracing::info!(address = %bound, "serving");
 
     let leaving = fleet.clone();
-    axum::serve(listener, api::router(state).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+    let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
+    let server =
+        axum::serve(listener, api::router(state).into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(async move {
+            signalled.await;
             // first tell the fleet this node is leaving, then finish what is in flight
             leaving.drain().await;
-        })
-        .await
-        .map_err(|e| Refusal::internal(format!("server failed: {e}")))?;
+            let _ = draining_tx.send(true);
+        });
+    // Requests in flight get a bounded time to finish: a client that never completes its
+    // request must not keep a leaving node up.
+    let deadline = async {
+        let _ = draining.wait_for(|d| *d).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served.map_err(|e| Refusal::internal(format!("server failed: {e}")))?,
+        _ = deadline => tracing::warn!("requests still in flight after {} s; stopping anyway", SHUTDOWN_GRACE.as_secs()),
+    }
     let _ = stop.send(true);
     for handle in loops {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), handle).await;
@@ -198,18 +212,14 @@ fn init_logging(config: &ServeConfig) {
     };
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! { _ = ctrl_c => {}, _ = terminate => {} }
-    tracing::info!("shutting down: finishing requests in flight");
+/// Listen for SIGTERM and SIGINT from now on (so a signal arriving right after the serving
+/// line still drains); the returned future completes on the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| Refusal::internal(format!("installing the SIGTERM handler: {e}")))?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| Refusal::internal(format!("installing the SIGINT handler: {e}")))?;
+    Ok(async move {
+        tokio::select! { _ = terminate.recv() => {}, _ = interrupt.recv() => {} }
+        tracing::info!("shutting down: finishing requests in flight");
+    })
 }

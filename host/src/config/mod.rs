@@ -478,7 +478,14 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
 }
 
 /// Only what reaching the bucket needs (for `capstan fleet …`, which reads it directly).
-pub fn resolve_blobs(flags: &Flags, env: &BTreeMap<String, String>) -> Result<(String, S3Settings)> {
+/// What `capstan fleet …` needs: the bucket, and the liveness window to judge nodes by.
+pub struct BucketConfig {
+    pub url: String,
+    pub s3: S3Settings,
+    pub liveness_window: Duration,
+}
+
+pub fn resolve_blobs(flags: &Flags, env: &BTreeMap<String, String>) -> Result<BucketConfig> {
     let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
     let file = match &file_path {
         Some(path) => read_file(path)?,
@@ -506,7 +513,19 @@ pub fn resolve_blobs(flags: &Flags, env: &BTreeMap<String, String>) -> Result<(S
         secret_key: lookup(S3_SECRET_KEY).map(SecretString::new),
         force_path_style,
     };
-    Ok((blob_url, s3))
+    let liveness_window = match lookup(LIVENESS_WINDOW_MS) {
+        None => crate::fleet::Timing::default().liveness_window,
+        Some(text) => match text.trim().parse::<u64>() {
+            Ok(ms) if ms >= 300 => Duration::from_millis(ms),
+            _ => {
+                return Err(Refusal::new(
+                    "config-invalid",
+                    format!("{LIVENESS_WINDOW_MS} must be a whole number of at least 300, not {text:?}"),
+                ));
+            }
+        },
+    };
+    Ok(BucketConfig { url: blob_url, s3, liveness_window })
 }
 
 /// Parse `k=v` pairs: keys and values of letters, digits, `-`, `_`, `.`, `/`.

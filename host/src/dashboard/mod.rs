@@ -1,7 +1,8 @@
-//! The operator dashboard: server-rendered HTML at `/` (overview), `/login` and `/logout`,
-//! from the templates in `dashboard/templates/` (minijinja, autoescaped, embedded in the
-//! binary at compile time), with the static assets of [`assets`] and the vendored htmx for
-//! partial updates. No Node build step.
+//! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
+//! nodes, administrators only), `/login` and `/logout`, from the templates in
+//! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
+//! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
+//! build step.
 //!
 //! A browser session is the JWT of a human login, kept only in the `capstan_session` cookie
 //! (HttpOnly, SameSite=Strict, Secure under an https public origin). Every request checks it
@@ -11,6 +12,7 @@
 //! script or style, nothing loaded from elsewhere, no framing.
 
 pub mod assets;
+mod fleet;
 
 use crate::api::AppState;
 use crate::api::system::{StatusReport, status_report};
@@ -45,6 +47,8 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(overview))
         .route("/overview/status", get(status_panel))
+        .route("/fleet", get(fleet::page))
+        .route("/fleet/panel", get(fleet::panel))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))
@@ -62,6 +66,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("login.html", include_str!("../../../dashboard/templates/login.html")),
     ("overview.html", include_str!("../../../dashboard/templates/overview.html")),
     ("status.html", include_str!("../../../dashboard/templates/status.html")),
+    ("fleet.html", include_str!("../../../dashboard/templates/fleet.html")),
+    ("fleet_panel.html", include_str!("../../../dashboard/templates/fleet_panel.html")),
     ("message.html", include_str!("../../../dashboard/templates/message.html")),
 ];
 
@@ -285,6 +291,7 @@ struct NavItem {
 /// The rail's sections; the ones without a page yet are shown as coming soon.
 const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Overview", "overview", Some("/")),
+    ("Fleet", "fleet", Some("/fleet")),
     ("Clusters", "clusters", None),
     ("Services", "services", None),
     ("Secrets", "secrets", None),

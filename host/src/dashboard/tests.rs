@@ -403,3 +403,173 @@ fn session_cookies_are_found_among_others() {
     empty.insert(header::COOKIE, HeaderValue::from_static("capstan_session="));
     assert_eq!(session_token(&empty), None);
 }
+
+// ---------------------------------------------------------------------------------------
+// The Fleet view
+
+/// A human operator (not an administrator) `oscar`, with the admin's password.
+async fn add_operator(state: &AppState) {
+    let verifier = crate::auth::password::hash(PASSWORD).unwrap();
+    state
+        .store
+        .transact(|tx| {
+            let verifier = verifier.clone();
+            async move {
+                let at = crate::auth::jwt::now();
+                let user = crate::auth::User { username: "oscar".into(), kind: "human".into(), admin: false, created_at: at };
+                let credential = crate::auth::Credential {
+                    kind: "human".into(),
+                    generation: 1,
+                    verifier: Some(verifier),
+                    token_hash: None,
+                    updated_at: at,
+                };
+                crate::auth::insert_user(&tx, &crate::auth::new_id("user"), &user, &credential).await
+            }
+        })
+        .await
+        .unwrap();
+}
+
+/// A fleet member `id` of `state`'s bucket, its identity kept under `dir`.
+fn fleet_node(state: &AppState, dir: &std::path::Path, id: &str) -> crate::fleet::Node {
+    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(dir, Some(id)).unwrap();
+    crate::fleet::Node { blobs: state.blobs.clone(), identity, timing: crate::fleet::Timing::default() }
+}
+
+fn fleet_addresses(port: u16) -> crate::fleet::Addresses {
+    crate::fleet::Addresses { internal: "10.0.0.7".into(), api_port: port }
+}
+
+#[tokio::test]
+async fn the_fleet_view_needs_an_administrator() {
+    let (_dir, state) = setup().await;
+    for path in ["/fleet", "/fleet/panel"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    let mut request = get("/fleet/panel", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let operator = answer.set_cookie().unwrap().0;
+    // an operator sees the overview, with the Fleet entry, but not the fleet
+    let overview = send(&state, get("/", Some(&operator))).await;
+    assert_eq!(overview.status, StatusCode::OK);
+    assert!(overview.body.contains("Operator"), "{}", overview.body);
+    for path in ["/fleet", "/fleet/panel"] {
+        let refused = send(&state, get(path, Some(&operator))).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{path}: {}", refused.body);
+        assert!(refused.body.contains("Administrators only"), "{}", refused.body);
+        assert!(!refused.body.contains(r#"id="fleet""#), "{}", refused.body);
+        refused.assert_security_headers(path);
+    }
+
+    let admin = login_cookie(&state).await;
+    assert_eq!(send(&state, get("/fleet", Some(&admin))).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+
+    // an empty bucket: a clear empty state
+    let page = send(&state, get("/fleet", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /fleet");
+    let body = &page.body;
+    assert!(body.contains("<title>Fleet · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"id="fleet-summary">0 nodes, 0 live<"#), "{body}");
+    assert!(body.contains(r#"id="fleet-empty""#) && body.contains("No nodes yet"), "{body}");
+    assert!(!body.contains(r#"id="fleet-nodes""#) && !body.contains(r#"id="fleet-freeze""#), "{body}");
+    // the rail links the fleet as the current page; the sections after it are still to come
+    assert!(body.contains(r#"href="&#x2f;fleet" aria-current="page""#), "{body}");
+    assert!(body.contains(r#"title="Clusters: coming soon""#), "{body}");
+    assert!(body.find(">Overview<").unwrap() < body.find(">Fleet<").unwrap());
+    assert!(body.find(">Fleet<").unwrap() < body.find(">Clusters<").unwrap());
+    // live: the panel polls its own route; nothing inline
+    assert!(body.contains(r#"hx-get="/fleet/panel" hx-trigger="every 5s" hx-swap="outerHTML""#), "{body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+
+    // two nodes, one drained, one with labels that need escaping; alpha holds the lease
+    let identities = tempfile::tempdir().unwrap();
+    let typed = r#""><script>alert(1)</script>"#;
+    let labels: std::collections::BTreeMap<String, String> =
+        [("tier".to_string(), "fast".to_string()), ("note".to_string(), typed.to_string())].into();
+    let alpha = fleet_node(&state, &identities.path().join("a"), "alpha");
+    alpha.register(fleet_addresses(8080), labels, None, vec![]).await.unwrap();
+    let beta = fleet_node(&state, &identities.path().join("b"), "beta");
+    beta.register(fleet_addresses(8081), Default::default(), None, vec![]).await.unwrap();
+    beta.drain().await;
+    let lease = crate::fleet::lease::Coordinator::new(state.blobs.clone(), "alpha", Duration::from_secs(60));
+    assert_eq!(lease.tick().await, crate::fleet::lease::Role::Holder { fence: 1 });
+
+    let page = send(&state, get("/fleet", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains(r#"id="fleet-summary">2 nodes, 1 live<"#), "{body}");
+    assert!(body.contains(r#"<tr data-node="alpha" data-state="live">"#), "{body}");
+    assert!(body.contains(r#"<tr data-node="beta" data-state="draining">"#), "{body}");
+    assert!(body.contains(r#"<span class="pill state state-draining">draining</span>"#), "{body}");
+    assert!(body.contains(r#"<span class="pill state state-live">live</span>"#), "{body}");
+    assert!(body.contains("10.0.0.7:8080") && body.contains("10.0.0.7:8081"), "{body}");
+    assert!(body.contains(r#"<span class="answer answer-yes">yes</span>"#), "a draining node still answers: {body}");
+    assert!(body.contains(" s ago</time>") || body.contains("just now</time>"), "heartbeat ages: {body}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        body.contains(&format!(r#"<span class="version-binary">capstan:</span> <span class="version-count">{version} on 2 nodes</span>"#)),
+        "{body}"
+    );
+    assert!(body.contains(r#"<span class="muted">unreported on 2 nodes</span>"#), "wasmtime is not reported yet: {body}");
+    assert!(body.contains(r#"id="coordinator-holder">alpha<"#) && body.contains("fence 1"), "{body}");
+    assert_eq!(body.matches(">coordinator</span>").count(), 1, "one row carries the coordinator badge: {body}");
+    assert!(body.find(">coordinator</span>").unwrap() > body.find(r#"data-node="alpha""#).unwrap());
+    assert!(body.find(">coordinator</span>").unwrap() < body.find(r#"data-node="beta""#).unwrap());
+    // labels are chips, escaped
+    assert!(body.contains(r#"<span class="chip"><span class="chip-key">tier</span>=fast</span>"#), "{body}");
+    assert!(!body.contains("<script>alert"), "{body}");
+    assert!(body.contains(&escaped(typed)), "{body}");
+    assert!(!body.contains(r#"id="fleet-freeze""#), "no freeze yet");
+
+    // a freeze: its banner, by whom and why
+    let freeze = crate::fleet::freeze(&state.blobs, "alice", "release week").await.unwrap();
+    let page = send(&state, get("/fleet", Some(&cookie))).await;
+    let body = &page.body;
+    assert!(body.contains(r#"id="fleet-freeze""#) && body.contains("Deploys are frozen"), "{body}");
+    assert!(body.contains(r#"<b id="freeze-by">alice</b>"#) && body.contains(r#"<q id="freeze-reason">release week</q>"#), "{body}");
+    assert!(body.contains(&utc(freeze.since / 1000)), "since, in UTC: {body}");
+
+    // the panel route: only the fragment, with the same facts
+    let panel = send(&state, get("/fleet/panel", Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK);
+    panel.assert_security_headers("GET /fleet/panel");
+    let fragment = panel.body.trim_start();
+    assert!(fragment.starts_with(r#"<div class="stack" id="fleet""#), "{fragment}");
+    assert!(!fragment.contains("<html") && !fragment.contains("<title>") && !fragment.contains(r#"class="rail""#), "{fragment}");
+    assert!(fragment.contains("2 nodes, 1 live") && fragment.contains(r#"id="fleet-freeze""#), "{fragment}");
+    assert!(fragment.contains(r#"hx-trigger="every 5s""#), "the fragment keeps polling: {fragment}");
+    // the JWT is never in a page
+    assert!(!body.contains(cookie.trim_start_matches("capstan_session=")));
+}
+
+#[tokio::test]
+async fn an_unreadable_bucket_is_an_error_panel_not_an_error_page() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    state.blobs.put_bytes(crate::fleet::FREEZE_KEY, b"{not json".to_vec(), crate::blobs::PutMode::Overwrite).await.unwrap();
+    for path in ["/fleet", "/fleet/panel"] {
+        let answer = send(&state, get(path, Some(&cookie))).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
+        let body = &answer.body;
+        assert!(body.contains(r#"id="fleet-error" data-code="fleet-record-invalid""#), "{path}: {body}");
+        assert!(body.contains("The fleet could not be read (fleet-record-invalid)"), "{body}");
+        assert!(body.contains(r#"hx-trigger="every 5s""#), "the panel keeps trying: {body}");
+        assert!(!body.contains("expected") && !body.contains("line 1"), "the parser's detail stays in the log: {body}");
+    }
+}

@@ -44,11 +44,13 @@ pub struct Coordinator {
     node_id: String,
     ttl: Duration,
     held: Mutex<Option<Held>>,
+    /// Set when this node leaves: it never takes the lease again.
+    leaving: std::sync::atomic::AtomicBool,
 }
 
 impl Coordinator {
     pub fn new(blobs: Blobs, node_id: &str, ttl: Duration) -> Self {
-        Coordinator { blobs, node_id: node_id.into(), ttl, held: Mutex::new(None) }
+        Coordinator { blobs, node_id: node_id.into(), ttl, held: Mutex::new(None), leaving: Default::default() }
     }
 
     /// How often `tick` should run.
@@ -96,11 +98,16 @@ impl Coordinator {
     }
 
     async fn try_tick(&self) -> Result<Role> {
+        if self.leaving.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Role::Candidate { holder: None, fence: 0 });
+        }
+        // validity is counted from before the write, as the recorded expiry is
+        let started = Instant::now();
         let current = self.blobs.get_bytes(LEASE_KEY).await?;
         let Some((meta, bytes)) = current else {
             let record = self.record(1, now_ms());
             return match self.write(&record, PutMode::CreateOnly).await {
-                Ok(etag) => Ok(self.acquired(record, etag)),
+                Ok(etag) => Ok(self.acquired(record, etag, started)),
                 Err(e) if e.is("exists") => Ok(self.local_role(None, 0)),
                 Err(e) => Err(e),
             };
@@ -112,7 +119,7 @@ impl Coordinator {
             let record = self.record(lease.fence, lease.acquired_at);
             return match self.write(&record, PutMode::IfMatch(meta.etag)).await {
                 Ok(etag) => {
-                    self.set(Some(Held { fence: record.fence, etag, valid_until: Instant::now() + self.ttl }));
+                    self.set(Some(Held { fence: record.fence, etag, valid_until: started + self.ttl }));
                     Ok(Role::Holder { fence: record.fence })
                 }
                 Err(e) if e.is("conflict") => {
@@ -133,7 +140,7 @@ impl Coordinator {
         }
         let record = self.record(lease.fence + 1, now_ms());
         match self.write(&record, PutMode::IfMatch(meta.etag)).await {
-            Ok(etag) => Ok(self.acquired(record, etag)),
+            Ok(etag) => Ok(self.acquired(record, etag, started)),
             Err(e) if e.is("conflict") => {
                 self.set(None);
                 Ok(Role::Candidate { holder: None, fence: lease.fence })
@@ -142,14 +149,15 @@ impl Coordinator {
         }
     }
 
-    fn acquired(&self, record: LeaseRecord, etag: String) -> Role {
+    fn acquired(&self, record: LeaseRecord, etag: String, started: Instant) -> Role {
         tracing::info!(fence = record.fence, "took the coordinator lease");
-        self.set(Some(Held { fence: record.fence, etag, valid_until: Instant::now() + self.ttl }));
+        self.set(Some(Held { fence: record.fence, etag, valid_until: started + self.ttl }));
         Role::Holder { fence: record.fence }
     }
 
     /// Give the lease up (on draining), so another node need not wait for it to expire.
     pub async fn release(&self) {
+        self.leaving.store(true, std::sync::atomic::Ordering::SeqCst);
         let held = self.held.lock().expect("lease lock").take();
         let Some(held) = held else { return };
         match self.blobs.get_bytes(LEASE_KEY).await {

@@ -48,6 +48,8 @@ const BOUND_TYPES: [&str; 4] = ["string", "number", "bool", "object"];
 const MAX_BSON_BYTES: usize = 16 * 1024 * 1024 - 16 * 1024;
 
 // Server error codes this backend tells apart (src/mongo/base/error_codes.yml).
+const CODE_UNAUTHORIZED: i32 = 13;
+const CODE_AUTHENTICATION_FAILED: i32 = 18;
 const CODE_ILLEGAL_OPERATION: i32 = 20;
 const CODE_LOCK_TIMEOUT: i32 = 24;
 const CODE_INDEX_NOT_FOUND: i32 = 27;
@@ -458,7 +460,8 @@ impl MongoTxn {
         if let Some(index) = uniques.iter().find(|i| message.contains(&unique_index_name(i))) {
             return exists(collection, id, Some(&index.name)).detail(self.secrets.scrub(&message));
         }
-        if message.contains("_id") {
+        // MongoDB names the `_id_` index; SQLite-backed wire servers name the column (`<table>._id`)
+        if message.contains("index: _id_") || message.trim_end().ends_with("._id") {
             return exists(collection, id, None).detail(self.secrets.scrub(&message));
         }
         // a server that does not name the index: the only unique index binding a value of this
@@ -783,6 +786,9 @@ fn classify(kind: Kind, code: Option<i32>, message: &str, transient_label: bool)
         Kind::Auth => return Class::AuthFailed,
         _ => {}
     }
+    if matches!(code, Some(CODE_UNAUTHORIZED | CODE_AUTHENTICATION_FAILED)) {
+        return Class::AuthFailed;
+    }
     if transient_label {
         return Class::Transient;
     }
@@ -817,7 +823,10 @@ fn map_err(e: &MongoError, what: &str) -> Refusal {
         Class::TransactionsUnsupported => transactions_unsupported().detail(e),
         Class::Transient => busy(format!("{what}: {e}")),
         Class::Unreachable => unavailable(what, e),
-        Class::AuthFailed => Refusal::new("store-unavailable", format!("{what} failed: MongoDB refused the credentials")).detail(e),
+        Class::AuthFailed => {
+            Refusal::new("store-unavailable", format!("{what} failed: MongoDB refused the credentials or the user lacks a privilege"))
+                .detail(e)
+        }
         Class::DocumentInvalid => Refusal::new("invalid-document", "MongoDB refused a field name in the document").detail(e),
         Class::DocumentTooLarge => Refusal::new("document-too-large", "the document exceeds MongoDB's size limit").detail(e),
         Class::Other => Refusal::new("store-unavailable", format!("{what} failed")).retryable().detail(e),
@@ -1372,6 +1381,8 @@ mod tests {
         assert_eq!(classify(Kind::Unreachable, None, "Server selection timeout", true), Class::Unreachable);
         assert_eq!(map_err(&command_error(10334, "BSONObjectTooLarge", "too large"), "x").code, "document-too-large");
         assert_eq!(map_err(&command_error(2, "BadValue", "odd"), "x").code, "store-unavailable");
+        let denied = map_err(&command_error(13, "Unauthorized", "not authorized on capstan to execute command"), "x");
+        assert_eq!((denied.code.as_ref(), denied.retryable), ("store-unavailable", false), "a missing privilege is not retried");
         let dup = command_error(11000, "DuplicateKey", "E11000 duplicate key error collection: d.c index: capstan_by_x__0a1b2c3d dup key");
         assert_eq!(error_code(&dup), Some(CODE_DUPLICATE_KEY));
     }
