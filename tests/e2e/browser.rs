@@ -1,5 +1,6 @@
 //! The dashboard in a real headless Chromium, driven over WebDriver (chromedriver): log in
-//! with a wrong and then the right password, read the overview, log out.
+//! with a wrong and then the right password, read the overview, open the Fleet view and find
+//! this node in it, log out.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`/usr/bin/chromium`, `/usr/bin/chromedriver`).
 //! Without them the test prints why and passes, unless `CAPSTAN_TEST_REQUIRE_BROWSER=1`
@@ -22,6 +23,7 @@ const DENIAL: &str = "Login failed: check the username and password.";
 /// Where a copy of the overview screenshot is left for people to look at.
 const SCREENSHOT_COPY: &str = "/tmp/capstan-overview.png";
 const LOGIN_SCREENSHOT_COPY: &str = "/tmp/capstan-login.png";
+const FLEET_SCREENSHOT_COPY: &str = "/tmp/capstan-fleet.png";
 /// How long the whole browser scenario may take.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -130,7 +132,7 @@ fn is_png(bytes: &[u8]) -> bool {
 }
 
 #[test]
-fn a_browser_logs_in_reads_the_overview_and_logs_out() {
+fn a_browser_logs_in_reads_the_overview_and_the_fleet_and_logs_out() {
     if !browser_available() {
         return;
     }
@@ -191,6 +193,66 @@ async fn log_in(client: &Client, username: &str, password: &str) {
     client.find(Locator::Css("#login-submit")).await.expect("the login button").click().await.unwrap();
 }
 
+/// The node id the serving line announces (`… as node ID`).
+fn served_node_id(server: &Capstan) -> String {
+    let stdout = server.stdout();
+    stdout
+        .lines()
+        .find(|l| l.starts_with("Capstan serving on "))
+        .and_then(|l| l.rsplit_once(" as node "))
+        .map(|(_, id)| id.trim().to_string())
+        .unwrap_or_else(|| panic!("the serving line should end with `as node ID`; stdout:\n{stdout}"))
+}
+
+/// From the overview, the Fleet entry of the rail: this node's row, live, and the panel
+/// refreshing itself.
+async fn fleet_view(client: &Client, server: &Capstan, dir: &Path) {
+    let node = served_node_id(server);
+    client.find(Locator::Css(r#"a.nav-item[href="/fleet"]"#)).await.expect("the Fleet entry").click().await.unwrap();
+    client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#fleet-nodes")).await.expect("the fleet table");
+    assert_eq!(path_of(client).await, "/fleet");
+    assert_eq!(client.title().await.unwrap(), "Fleet · Capstan");
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Fleet");
+    assert_eq!(text_of(client, "#fleet-summary").await, "1 node, 1 live");
+    let row_css = format!(r#"tr[data-node="{node}"]"#);
+    let row = client.find(Locator::Css(&row_css)).await.unwrap_or_else(|e| panic!("a row for node {node}: {e}"));
+    assert_eq!(row.attr("data-state").await.unwrap().as_deref(), Some("live"));
+    let text = row.text().await.unwrap();
+    for fact in [node.as_str(), "live", "yes", env!("CARGO_PKG_VERSION")] {
+        assert!(text.contains(fact), "the row should show {fact:?}: {text:?}");
+    }
+    let version = format!("capstan: {} on 1 node", env!("CARGO_PKG_VERSION"));
+    assert_eq!(text_of(client, r#"#fleet-versions li[data-binary="capstan"]"#).await, version);
+    assert!(client.find_all(Locator::Css("#fleet-freeze")).await.unwrap().is_empty(), "no freeze stands");
+    let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+    assert_eq!(inline_styles, json!(0), "no inline styles on the fleet page");
+
+    // the panel replaces itself every 5 s, without a click; by then this node holds the lease
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        client.execute("document.querySelector('#fleet').dataset.old = 'yes'", vec![]).await.unwrap();
+        client
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css("#fleet:not([data-old])"))
+            .await
+            .expect("the fleet panel should be refreshed by htmx on its own");
+        if text_of(client, "#fleet-coordinator").await.contains(&node) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "this node should take the coordinator lease: {}", text_of(client, "#fleet-coordinator").await);
+    }
+    assert!(text_of(client, &format!("{row_css} th")).await.contains("coordinator"), "the row carries the coordinator badge");
+    assert_eq!(path_of(client).await, "/fleet");
+
+    let shot = client.screenshot().await.expect("a screenshot of the fleet view");
+    assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
+    std::fs::write(dir.join("fleet.png"), &shot).unwrap();
+    if let Err(e) = std::fs::write(FLEET_SCREENSHOT_COPY, &shot) {
+        eprintln!("could not leave a copy of the screenshot at {FLEET_SCREENSHOT_COPY}: {e}");
+    }
+}
+
 async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path) {
     // an anonymous visit to the overview lands on the login page
     client.goto(&server.url("/")).await.unwrap();
@@ -233,10 +295,10 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     assert_eq!(inline_styles, json!(0), "no inline styles on the page");
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
-    // sections not built yet are not links
+    // sections not built yet are not links; the overview and the fleet are
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
     assert_eq!(disabled.len(), 9);
-    assert!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len() == 1);
+    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 2);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -258,6 +320,8 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
         .expect("the status panel should be swapped by htmx");
     assert!(text_of(client, "#readiness").await.to_lowercase().starts_with("ready"));
     assert_eq!(path_of(client).await, "/");
+
+    fleet_view(client, server, dir).await;
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();

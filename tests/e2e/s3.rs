@@ -105,3 +105,48 @@ fn an_invalid_bucket_name_is_refused_before_anything_is_contacted() {
     assert!(stderr.contains("Not_A_Bucket"), "the refusal names the bucket; stderr:\n{stderr}");
     assert_no_secret("stderr", &exited.stderr);
 }
+
+/// The production pair together: `capstan serve` on `mongodb://` and `s3://` starts, migrates
+/// (stamps the empty database), serves `/status` ready and survives a restart.
+#[test]
+fn production_on_mongodb_and_s3_serves_ready_and_survives_a_restart() {
+    let Some(endpoint) = endpoint() else { return };
+    let Ok(mongo) = std::env::var("CAPSTAN_TEST_MONGODB_URL") else {
+        eprintln!("skipped: CAPSTAN_TEST_MONGODB_URL is not set (.ci/peers.sh starts a MongoDB wire server)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = fresh_bucket_name();
+    create_bucket(&endpoint, &bucket);
+    let database = format!("capstan_e2e_{:016x}", rand::random::<u64>());
+    let prod = ProdConfig::under(dir.path());
+    let command = || {
+        let mut cmd = prod.command();
+        cmd.env("CAPSTAN_PUBLIC_ORIGIN", "http://127.0.0.1")
+            .env("CAPSTAN_DATABASE_URL", &mongo)
+            .env("CAPSTAN_DATABASE_NAME", &database)
+            .env("CAPSTAN_BLOB_URL", format!("s3://{bucket}/capstan"))
+            .env("CAPSTAN_S3_ENDPOINT", &endpoint)
+            .env("CAPSTAN_S3_ACCESS_KEY", ACCESS_KEY)
+            .env("CAPSTAN_S3_SECRET_KEY", SECRET_KEY)
+            .env("CAPSTAN_S3_FORCE_PATH_STYLE", "true")
+            .current_dir(dir.path());
+        cmd
+    };
+    let first = Capstan::start(command());
+    let status = first.get("/status").expect_json(200);
+    assert_eq!(status["ready"], true, "{status}");
+    assert!(status["store"]["backend"].as_str().unwrap_or_default().starts_with("mongodb://"), "{status}");
+    assert!(status["blobs"]["backend"].as_str().unwrap_or_default().starts_with("s3://"), "{status}");
+    let version = status["migrations"]["dataVersion"].clone();
+    assert!(first.stderr().contains("stamped"), "the empty database is stamped at the target");
+    let exited = first.stop();
+    assert!(exited.status.success(), "{:?}\n{}", exited.status, exited.stderr);
+
+    let second = Capstan::start(command());
+    let status = second.get("/status").expect_json(200);
+    assert_eq!(status["ready"], true, "{status}");
+    assert_eq!(status["migrations"]["dataVersion"], version, "{status}");
+    assert!(!second.stderr().contains("stamped"), "a restart finds its ledger and stamps nothing");
+    assert_no_secret("stderr", &second.stderr());
+}

@@ -42,6 +42,8 @@ struct CoordinatorView {
 struct VersionCount {
     version: String,
     count: usize,
+    /// `on 3 nodes`
+    on: String,
     /// `0.1.0 on 3 nodes`
     text: String,
     unreported: bool,
@@ -150,6 +152,7 @@ fn view(listing: &listing::Listing) -> FleetView {
                 .map(|(version, count)| VersionCount {
                     version: version.clone(),
                     count: *count,
+                    on: format!("on {}", plural(*count, "node", "nodes")),
                     text: format!("{version} on {}", plural(*count, "node", "nodes")),
                     // the listing's own marker for nodes that did not say
                     unreported: version == "unreported",
@@ -273,5 +276,47 @@ mod tests {
         assert_eq!(within(600_000), "in 10 min");
         assert_eq!(clock(1_700_000_007_000), "22:13:27 UTC");
         assert_eq!(plural(1, "node", "nodes"), "1 node");
+    }
+
+    fn record(id: &str, heartbeat_at: Option<u64>, capstan: Option<&str>) -> fleet::NodeRecord {
+        fleet::NodeRecord {
+            node_id: id.into(),
+            public_key: String::new(),
+            addresses: fleet::Addresses { internal: "10.0.0.1".into(), api_port: 8080 },
+            labels: [("zone".to_string(), "a".to_string())].into(),
+            versions: capstan.map(|v| fleet::Versions { capstan: v.into(), wit_world: fleet::WIT_WORLD.into(), wasmtime: None }),
+            serves: vec![],
+            network: None,
+            booted_at: 0,
+            heartbeat_at,
+            draining_at: None,
+        }
+    }
+
+    #[test]
+    fn the_view_says_what_the_listing_says() {
+        let now = 10_000_000;
+        let nodes = [
+            record("fresh", Some(now - 3_000), Some("0.2.0")),
+            record("old", Some(now - 600_000), Some("0.1.0")),
+            record("mute", None, None),
+        ];
+        let lease = fleet::lease::LeaseRecord { holder: "old".into(), fence: 7, acquired_at: 0, renewed_at: 0, expires_at: now - 120_000 };
+        let listing = listing::build(now, &fleet::Timing::default(), &nodes, None, Some(lease));
+        let view = view(&listing);
+        assert_eq!(view.summary, "3 nodes, 1 live");
+        let states: Vec<(&str, &str, &str)> =
+            view.nodes.iter().map(|r| (r.node_id.as_str(), r.state.as_str(), r.heartbeat.as_str())).collect();
+        assert_eq!(states, [("fresh", "live", "3 s ago"), ("mute", "never", "never"), ("old", "stale", "10 min ago")]);
+        assert!(view.nodes.iter().all(|r| !r.coordinator), "an expired lease makes no coordinator");
+        let coordinator = view.coordinator.unwrap();
+        assert_eq!((coordinator.holder.as_str(), coordinator.fence, coordinator.current), ("old", 7, false));
+        assert_eq!(coordinator.expiry, "expired 2 min ago");
+        let binaries: Vec<&str> = view.versions.iter().map(|b| b.binary).collect();
+        assert_eq!(binaries, ["capstan", "wit", "wasmtime"]);
+        let capstan: Vec<&str> = view.versions[0].counts.iter().map(|c| c.text.as_str()).collect();
+        assert_eq!(capstan, ["0.2.0 on 1 node", "0.1.0 on 1 node", "unreported on 1 node"]);
+        assert!(view.versions[0].mixed && !view.versions[1].mixed && !view.versions[2].mixed);
+        assert!(view.versions[2].counts[0].unreported);
     }
 }

@@ -523,7 +523,9 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     assert!(body.contains(" s ago</time>") || body.contains("just now</time>"), "heartbeat ages: {body}");
     let version = env!("CARGO_PKG_VERSION");
     assert!(
-        body.contains(&format!(r#"<span class="version-binary">capstan:</span> <span class="version-count">{version} on 2 nodes</span>"#)),
+        body.contains(&format!(
+            r#"<span class="version-binary">capstan:</span> <span class="version"><span class="mono">{version}</span> on 2 nodes</span>"#
+        )),
         "{body}"
     );
     assert!(body.contains(r#"<span class="muted">unreported on 2 nodes</span>"#), "wasmtime is not reported yet: {body}");
