@@ -102,7 +102,14 @@ fn store_cas(c: &mut Criterion) {
             let c = collection.as_str();
             store.transact(|tx| async move { tx.insert(c, "counter", json!({ "n": 0 })).await }).await.expect("seed");
         });
-        for writers in [1usize, 8] {
+        // The MongoDB wire server CI runs (nx-27017) does not isolate concurrent transactions
+        // (docs/compatibility.md); concurrent writers are measured only on a real replica set.
+        let concurrent = name != "mongodb" || std::env::var("CAPSTAN_BENCH_MONGODB_CONCURRENT").is_ok();
+        if !concurrent {
+            eprintln!("mongodb 8_writers skipped: set CAPSTAN_BENCH_MONGODB_CONCURRENT=1 against a real replica set");
+        }
+        let counts: &[usize] = if concurrent { &[1, 8] } else { &[1] };
+        for &writers in counts {
             // one iteration = one committed update; with 8 writers, 8 run at once on one document
             group.throughput(Throughput::Elements(1));
             group.bench_with_input(BenchmarkId::new(name.as_str(), format!("{writers}_writers")), &writers, |b, &writers| {

@@ -32,6 +32,19 @@ pub struct Page {
     pub next_cursor: Option<String>,
 }
 
+impl Page {
+    /// A page from a query that fetched `limit + 1` rows: the extra row only says more remain.
+    pub fn from_overfetch(mut documents: Vec<Document>, limit: usize) -> Page {
+        let next_cursor = if documents.len() > limit {
+            documents.truncate(limit);
+            documents.last().map(|d| d.id.clone())
+        } else {
+            None
+        };
+        Page { documents, next_cursor }
+    }
+}
+
 /// A collection and the indexes `find` may use. Declared in code, created at startup.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CollectionSpec {

@@ -488,18 +488,8 @@ impl MongoTxn {
             self.remember(collection, &document.id, Some(document.revision));
             documents.push(document);
         }
-        Ok(page(documents, limit))
+        Ok(Page::from_overfetch(documents, limit))
     }
-}
-
-fn page(mut documents: Vec<Document>, limit: usize) -> Page {
-    let next_cursor = if documents.len() > limit {
-        documents.truncate(limit);
-        documents.last().map(|d| d.id.clone())
-    } else {
-        None
-    };
-    Page { documents, next_cursor }
 }
 
 /// The stored form: bookkeeping at the top, user data under `data`.

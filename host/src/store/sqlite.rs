@@ -132,17 +132,6 @@ fn row_to_document(id: String, revision: i64, data: String) -> Result<Document> 
     Ok(Document { id, revision: revision as u64, data })
 }
 
-fn page(rows: Vec<Document>, limit: usize) -> Page {
-    let mut documents = rows;
-    let next_cursor = if documents.len() > limit {
-        documents.truncate(limit);
-        documents.last().map(|d| d.id.clone())
-    } else {
-        None
-    };
-    Page { documents, next_cursor }
-}
-
 #[async_trait]
 impl StoreBackend for SqliteStore {
     fn describe(&self) -> String {
@@ -257,7 +246,7 @@ impl SqliteTxn {
             .and_then(|rows| rows.collect::<std::result::Result<Vec<_>, _>>())
             .map_err(|e| map_err(e, "querying documents"))?;
         let docs = rows.into_iter().map(|(id, rev, data)| row_to_document(id, rev, data)).collect::<Result<Vec<_>>>()?;
-        Ok(page(docs, limit))
+        Ok(Page::from_overfetch(docs, limit))
     }
 }
 
