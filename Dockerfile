@@ -24,14 +24,18 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/capstan --shell /usr/sbin/nologin capstan \
-    && install -d -o capstan -g capstan -m 0700 /var/lib/capstan /var/lib/capstan/keyring
+    && install -d -o capstan -g capstan -m 0700 /var/lib/capstan /var/lib/capstan/keyring /var/lib/capstan/state
 COPY --from=build /usr/local/bin/capstan /usr/local/bin/capstan
 
 USER capstan
 WORKDIR /var/lib/capstan
 # The state volume: the keyring lives in its own directory so it can be mounted separately.
 VOLUME ["/var/lib/capstan"]
+# A container listens on all its interfaces, which is beyond loopback: the image states the
+# network as the container's private one (override with CAPSTAN_NETWORK=public or wireguard).
 ENV CAPSTAN_LISTEN=0.0.0.0:8080 \
+    CAPSTAN_NETWORK=lan \
+    CAPSTAN_STATE_DIR=/var/lib/capstan/state \
     CAPSTAN_KEYRING_PATH=/var/lib/capstan/keyring/keyring.json \
     CAPSTAN_LOG_FORMAT=json
 EXPOSE 8080
