@@ -384,3 +384,61 @@ pub fn conflict(collection: &str, id: &str, expected: u64, actual: u64) -> Refus
 pub fn busy(detail: impl std::fmt::Display) -> Refusal {
     Refusal::new("store-busy", "the store is busy; try again").retryable().detail(detail)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A backend that is always busy, counting how often a transaction was attempted.
+    struct AlwaysBusy(Arc<AtomicUsize>);
+
+    #[async_trait]
+    impl StoreBackend for AlwaysBusy {
+        fn describe(&self) -> String {
+            "busy:".into()
+        }
+        async fn ensure_collection(&self, _: &CollectionSpec) -> Result<()> {
+            Ok(())
+        }
+        async fn begin(&self) -> Result<Box<dyn TxnBackend>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(busy("locked by another writer"))
+        }
+        async fn populated_collections(&self) -> Result<Vec<String>> {
+            Ok(vec![])
+        }
+        async fn ping(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn transient_contention_is_retried_until_the_budget_is_spent() {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let store = Store::new(AlwaysBusy(attempts.clone()), Duration::from_millis(100));
+        let err = store.transact(|_tx| async move { Ok(()) }).await.unwrap_err();
+        assert_eq!(err.code, "store-busy");
+        assert!(err.retryable, "the caller may try again later");
+        assert!(attempts.load(Ordering::SeqCst) > 1, "retried before giving up");
+    }
+
+    #[tokio::test]
+    async fn other_refusals_are_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), DEFAULT_BUDGET);
+        store.declare(CollectionSpec::new("things")).await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let err = store
+            .transact(|_tx| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Err::<(), _>(Refusal::new("conflict", "stale"))
+                }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!((err.code.as_ref(), runs.load(Ordering::SeqCst)), ("conflict", 1));
+    }
+}
