@@ -11,5 +11,7 @@ pub mod dashboard;
 pub mod fleet;
 pub mod keyring;
 pub mod migrate;
+pub mod events;
+pub mod plugins;
 pub mod refusal;
 pub mod store;

@@ -41,7 +41,13 @@ pub struct AppState {
     pub public_origin: String,
     /// The liveness window fleet listings judge by.
     pub fleet_timing: crate::fleet::Timing,
+    /// The plugin runtime; `None` only in tests that do not need it.
+    pub plugins: Option<Arc<crate::plugins::host::PluginHost>>,
 }
+
+/// The id of the current request (an extension set by the request-id middleware).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
 
 impl AppState {
     pub fn new(
@@ -57,6 +63,7 @@ impl AppState {
         system::register(&mut registry);
         crate::auth::methods::register(&mut registry);
         crate::fleet::methods::register(&mut registry);
+        crate::plugins::methods::register(&mut registry);
         AppState {
             store,
             blobs,
@@ -67,6 +74,7 @@ impl AppState {
             max_body_bytes,
             public_origin,
             fleet_timing: Default::default(),
+            plugins: None,
         }
     }
 }
@@ -78,7 +86,12 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
     let keyring = Arc::new(Keyring::generate(None, None).unwrap());
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
-    AppState::new(store, blobs, keyring, auth, crate::migrate::host_chain(), 1 << 20, "http://capstan.test".into())
+    let services = crate::plugins::imports::Services::new(store.clone(), blobs.clone(), keyring.clone(), "test-node".into());
+    let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
+    let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();
+    let mut state = AppState::new(store, blobs, keyring, auth, crate::migrate::host_chain(), 1 << 20, "http://capstan.test".into());
+    state.plugins = Some(plugins);
+    state
 }
 
 pub fn router(state: AppState) -> Router {
@@ -87,6 +100,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
+        .route("/api/v1/uploads/plugin-bundle", post(crate::plugins::methods::upload_bundle).fallback(method_not_allowed))
         .merge(crate::dashboard::router())
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(not_found)
@@ -125,7 +139,7 @@ const REQUEST_ID: &str = "x-request-id";
 
 /// Give each request an id (a well-formed incoming one is kept, so a load balancer's id
 /// threads through), run it inside a span carrying the id, and stamp the id on the answer.
-async fn request_id(request: Request, next: Next) -> Response {
+async fn request_id(mut request: Request, next: Next) -> Response {
     let id = request
         .headers()
         .get(REQUEST_ID)
@@ -133,6 +147,7 @@ async fn request_id(request: Request, next: Next) -> Response {
         .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
         .map(str::to_string)
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    request.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path());
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
@@ -156,7 +171,11 @@ async fn status(State(state): State<AppState>) -> Response {
 }
 
 async fn list_methods(State(state): State<AppState>) -> Json<Value> {
-    Json(state.methods.describe())
+    let mut listing = state.methods.describe();
+    if let (Some(plugins), Some(methods)) = (&state.plugins, listing["methods"].as_array_mut()) {
+        methods.extend(plugins.describe_methods());
+    }
+    Json(listing)
 }
 
 async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Json<Value>, ApiError> {
@@ -167,6 +186,20 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     // the server drop the connection, which a client reusing connections would trip over.
     let bytes = read_body(headers, body, state.max_body_bytes).await?;
     let methods = state.methods.clone();
+    if methods.get(&name).is_none()
+        && let Some(plugins) = state.plugins.clone()
+        && let Some((plugin, verb)) = name.split_once('.')
+        && (plugins.get(plugin).is_some() || plugins.load_error(plugin).is_some())
+    {
+        let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
+        // The role check happens in dispatch, which knows what the method declares.
+        let identity = match bearer_token(headers) {
+            Some(bearer) => Some(state.auth.authenticate(bearer).await?),
+            None => None,
+        };
+        let input = json_body(headers, &bytes)?;
+        return Ok(Json(plugins.dispatch(plugin, verb, identity.as_ref(), &request_id, input).await?));
+    }
     let Some(method) = methods.get(&name) else {
         return Err(Refusal::new("method-unknown", format!("there is no method {:?}; GET /api/v1/methods lists them", truncate(&name)))
             .with_data(json!({ "method": truncate(&name) }))
@@ -183,19 +216,28 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
             Some(identity)
         }
     };
+    let input = json_body(headers, &bytes)?;
+    let call = Call { state, identity, source };
+    Ok(Json(method.call(call, input).await?))
+}
+
+/// A request body as JSON (an empty body is `{}`); other content types are refused.
+fn json_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, Refusal> {
     if let Some(kind) = headers.get(header::CONTENT_TYPE) {
         let kind = kind.to_str().unwrap_or("");
         if !kind.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json") {
-            return Err(Refusal::new("unsupported-media-type", "request bodies are JSON: send Content-Type: application/json").into());
+            return Err(Refusal::new("unsupported-media-type", "request bodies are JSON: send Content-Type: application/json"));
         }
     }
-    let input: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
-        json!({})
-    } else {
-        serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))?
-    };
-    let call = Call { state, identity, source };
-    Ok(Json(method.call(call, input).await?))
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))
+}
+
+/// Read a body of at most `limit` bytes (for endpoints beyond the API's usual body limit).
+pub async fn read_body_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
+    read_body(headers, body, limit).await
 }
 
 /// The token of an `Authorization: Bearer <token>` header.

@@ -2,6 +2,7 @@
 
 mod fleet;
 mod keyring;
+mod plugin;
 mod serve;
 
 use crate::config::{self, Flags};
@@ -33,6 +34,9 @@ enum Command {
     /// WireGuard transport: create this node's key pair in its state directory.
     #[command(subcommand)]
     Wg(fleet::WgCommand),
+    /// Plugin authoring, offline: keygen, build, sign, verify, inspect.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
 }
 
 #[derive(clap::Args)]
@@ -83,6 +87,7 @@ pub fn main() -> ExitCode {
         Command::Keyring(command) => keyring::run(command),
         Command::Fleet(command) => fleet::run(command),
         Command::Wg(command) => fleet::run_wg(command),
+        Command::Plugin(command) => plugin::run(command),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,

@@ -10,6 +10,10 @@ use crate::fleet::placement::Workload;
 use crate::fleet::runtime::{Fleet, HostTask};
 use crate::fleet::{Addresses, Node};
 use crate::keyring::Keyring;
+use crate::plugins::bundle::PublisherKey;
+use crate::plugins::host::PluginHost;
+use crate::plugins::imports::Services;
+use crate::plugins::runtime::Runtime;
 use crate::migrate::{self, LockOptions};
 use crate::refusal::{Refusal, Result};
 use crate::store::{Store, StoreOptions};
@@ -83,10 +87,14 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     bootstrap_admin(&config, &store).await?;
     let fleet = join_fleet(&config, &blobs, &store, identity, bound).await?;
-    let mut state = AppState::new(store, blobs, Arc::new(keyring), auth, chain, config.max_body_bytes, config.public_origin.clone());
+    let keyring = Arc::new(keyring);
+    let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
+    let mut state = AppState::new(store, blobs, keyring, auth, chain, config.max_body_bytes, config.public_origin.clone());
     state.fleet_timing = config.node.timing;
+    state.plugins = Some(plugins.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let loops = fleet.spawn(stopped);
+    let mut loops = fleet.spawn(stopped.clone());
+    loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped));
     let signalled = shutdown_signal()?;
     println!("Capstan serving on http://{bound} (public origin {}) as node {}", config.public_origin, fleet.node.identity.id);
     tracing::info!(address = %bound, "serving");
@@ -116,6 +124,32 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The plugin runtime: the engine (compiled components cached in the state directory), the
+/// trusted publishers, and every enabled plugin loaded from the registry.
+async fn start_plugins(
+    config: &ServeConfig,
+    store: &Store,
+    blobs: &Blobs,
+    keyring: &Arc<Keyring>,
+    fleet: &Arc<Fleet>,
+) -> Result<Arc<PluginHost>> {
+    let publishers = config
+        .trusted_publishers
+        .iter()
+        .map(|k| k.parse::<PublisherKey>())
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| Refusal::new("config-invalid", format!("{}: {}", crate::config::TRUSTED_PUBLISHERS, e.message)))?;
+    let runtime = Runtime::new(Some(config.node.state_dir.join("plugin-cache")))?;
+    let services = Services::new(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone());
+    let plugins = PluginHost::new(runtime, services, publishers).await?;
+    plugins.sync().await?;
+    let source = plugins.clone();
+    fleet.set_workload_source(Arc::new(move || source.loaded().iter().map(|a| a.described.placement.clone()).collect()));
+    let loaded = plugins.loaded();
+    tracing::info!(plugins = loaded.len(), "plugin runtime ready");
+    Ok(plugins)
 }
 
 /// Register this node in the fleet and prepare its loops and host tasks.

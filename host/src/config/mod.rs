@@ -42,6 +42,7 @@ pub const ADMIN_ACCOUNT: &str = "CAPSTAN_ADMIN_ACCOUNT";
 pub const STATE_DIR: &str = "CAPSTAN_STATE_DIR";
 pub const NODE_ID: &str = "CAPSTAN_NODE_ID";
 pub const NODE_LABELS: &str = "CAPSTAN_NODE_LABELS";
+pub const TRUSTED_PUBLISHERS: &str = "CAPSTAN_TRUSTED_PUBLISHERS";
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
 pub const ADVERTISE_ADDRESS: &str = "CAPSTAN_ADVERTISE_ADDRESS";
 pub const NODE_REFRESH_MS: &str = "CAPSTAN_NODE_REFRESH_MS";
@@ -122,6 +123,12 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none",
         help: "Node labels as k=v,k2=v2 (--node-labels k=v, repeatable); replaces the file's [node] labels",
+    },
+    Var {
+        env: TRUSTED_PUBLISHERS,
+        required: false,
+        default: "none",
+        help: "Plugin publisher keys trusted by configuration, comma-separated, as `capstan plugin keygen` prints them",
     },
     Var {
         env: NETWORK,
@@ -249,6 +256,8 @@ pub struct ServeConfig {
     pub request_budget: Duration,
     pub migration_lock_wait: Duration,
     pub migration_lock_ttl: Duration,
+    /// Plugin publisher keys trusted by configuration, as given (checked at start).
+    pub trusted_publishers: Vec<String>,
     /// `(variable, value)` for every default dev mode chose, to be reported at start.
     pub dev_defaults: Vec<(&'static str, String)>,
 }
@@ -473,6 +482,9 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
         migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
         migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
+        trusted_publishers: lookup(TRUSTED_PUBLISHERS)
+            .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+            .unwrap_or_default(),
         dev_defaults,
     })
 }

@@ -39,12 +39,33 @@ pub struct Fleet {
     view: Mutex<Vec<NodeRecord>>,
     last_fingerprint: Mutex<Option<(u64, String)>>,
     tasks: Vec<HostTask>,
+    /// More workloads to place, asked on every coordinator pass (the loaded plugins).
+    workload_source: Mutex<Option<WorkloadSource>>,
 }
+
+pub type WorkloadSource = Arc<dyn Fn() -> Vec<Workload> + Send + Sync>;
 
 impl Fleet {
     pub fn new(node: Arc<Node>, tasks: Vec<HostTask>) -> Arc<Self> {
         let coordinator = Arc::new(Coordinator::new(node.blobs.clone(), &node.identity.id, node.timing.lease_ttl));
-        Arc::new(Fleet { node, coordinator, view: Mutex::new(Vec::new()), last_fingerprint: Mutex::new(None), tasks })
+        Arc::new(Fleet {
+            node,
+            coordinator,
+            view: Mutex::new(Vec::new()),
+            last_fingerprint: Mutex::new(None),
+            tasks,
+            workload_source: Mutex::new(None),
+        })
+    }
+
+    /// Place these workloads too (plugins plug in here).
+    pub fn set_workload_source(&self, source: WorkloadSource) {
+        *self.workload_source.lock().expect("workload source") = Some(source);
+    }
+
+    /// Whether the coordinator's last placement put `workload` on this node.
+    pub async fn assigned_here(&self, workload: &str) -> bool {
+        self.my_tasks().await.iter().any(|w| w == workload)
     }
 
     /// The fleet's records as last read.
@@ -66,7 +87,12 @@ impl Fleet {
         };
         let now = now_ms();
         let live: Vec<NodeRecord> = self.view().into_iter().filter(|n| n.live(now, &self.node.timing)).collect();
-        let workloads: Vec<Workload> = self.tasks.iter().map(|t| t.workload.clone()).collect();
+        let mut workloads: Vec<Workload> = self.tasks.iter().map(|t| t.workload.clone()).collect();
+        let source = self.workload_source.lock().expect("workload source").clone();
+        if let Some(source) = source {
+            workloads.extend(source());
+        }
+        workloads.sort_by(|a, b| a.id.cmp(&b.id));
         let fingerprint = placement::fingerprint(&workloads, &live);
         // a new holder compares against nothing: the previous one may have decided unseen things
         if self.last_fingerprint.lock().expect("fingerprint").as_ref() == Some(&(fence, fingerprint.clone())) {

@@ -287,6 +287,11 @@ impl Tx {
             .ok_or_else(|| Refusal::internal(format!("collection {collection} was never declared")))
     }
 
+    /// Whether `collection` was declared on this store (a subsystem not yet started has none).
+    pub fn is_declared(&self, collection: &str) -> bool {
+        self.specs.read().expect("store specs lock").contains_key(collection)
+    }
+
     /// The open transaction, after checking the collection was declared.
     async fn open(&self, collection: &str) -> Result<OpenTxn<'_>> {
         self.spec(collection)?;

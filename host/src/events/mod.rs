@@ -1,0 +1,157 @@
+//! The durable event outbox. A change and its event commit in one transaction ([`append`]);
+//! consumers (plugins, the dashboard's live channel) read in sequence order from their own
+//! cursor and move it only after handling, so delivery is at least once and in commit order.
+
+use crate::refusal::{Refusal, Result};
+use crate::store::{CollectionSpec, Store, Tx};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+pub const EVENTS: &str = "events";
+pub const CURSORS: &str = "event_cursors";
+/// One document holding the last sequence handed out; every append advances it (CAS), which
+/// orders events exactly as their transactions committed.
+const SEQUENCE: &str = "event_sequence";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub sequence: u64,
+    /// `<area>.<name>`, e.g. `service.deleting`, `example.noteChanged`.
+    pub kind: String,
+    /// The entity the event is about; order holds per subject.
+    pub subject: String,
+    pub data: Value,
+    pub at_ms: u64,
+    /// Who wrote it: `host` or `plugin:<id>`.
+    pub source: String,
+}
+
+pub async fn declare(store: &Store) -> Result<()> {
+    store.declare(CollectionSpec::new(EVENTS)).await?;
+    store.declare(CollectionSpec::new(CURSORS)).await?;
+    store.declare(CollectionSpec::new(SEQUENCE)).await
+}
+
+fn event_id(sequence: u64) -> String {
+    format!("{sequence:020}")
+}
+
+/// Append an event inside the caller's transaction.
+pub async fn append(tx: &Tx, kind: &str, subject: &str, data: Value, source: &str) -> Result<u64> {
+    if !data.is_object() {
+        return Err(Refusal::invalid_request("event data must be a JSON object"));
+    }
+    let sequence = match tx.get(SEQUENCE, "last").await? {
+        Some(doc) => {
+            let next = doc.data["value"].as_u64().unwrap_or(0) + 1;
+            tx.replace(SEQUENCE, "last", doc.revision, json!({ "value": next })).await?;
+            next
+        }
+        None => {
+            tx.insert(SEQUENCE, "last", json!({ "value": 1 })).await?;
+            1
+        }
+    };
+    let event = Event { sequence, kind: kind.into(), subject: subject.into(), data, at_ms: crate::fleet::now_ms(), source: source.into() };
+    tx.insert(EVENTS, &event_id(sequence), serde_json::to_value(&event).map_err(Refusal::internal)?).await?;
+    Ok(sequence)
+}
+
+/// Up to `limit` events after `after`, in order.
+pub async fn read_after(store: &Store, after: u64, limit: usize) -> Result<Vec<Event>> {
+    let cursor = (after > 0).then(|| event_id(after));
+    let page = store.transact(|tx| {
+        let cursor = cursor.clone();
+        async move { tx.scan(EVENTS, cursor.as_deref(), limit).await }
+    })
+    .await?;
+    page.documents.into_iter().map(|d| serde_json::from_value(d.data).map_err(Refusal::internal)).collect()
+}
+
+/// The last sequence `consumer` handled (0: none).
+pub async fn cursor(store: &Store, consumer: &str) -> Result<u64> {
+    let consumer = consumer.to_string();
+    let doc = store.transact(|tx| {
+        let consumer = consumer.clone();
+        async move { tx.get(CURSORS, &consumer).await }
+    })
+    .await?;
+    Ok(doc.and_then(|d| d.data["sequence"].as_u64()).unwrap_or(0))
+}
+
+/// The newest sequence in the outbox (0: empty).
+pub async fn head(store: &Store) -> Result<u64> {
+    let doc = store.transact(|tx| async move { tx.get(SEQUENCE, "last").await }).await?;
+    Ok(doc.and_then(|d| d.data["value"].as_u64()).unwrap_or(0))
+}
+
+/// Record that `consumer` handled everything up to `sequence`. Never moves backwards.
+pub async fn advance(store: &Store, consumer: &str, sequence: u64) -> Result<()> {
+    let consumer = consumer.to_string();
+    store
+        .transact(|tx| {
+            let consumer = consumer.clone();
+            async move {
+                match tx.get(CURSORS, &consumer).await? {
+                    Some(doc) if doc.data["sequence"].as_u64().unwrap_or(0) >= sequence => Ok(()),
+                    Some(doc) => tx.replace(CURSORS, &consumer, doc.revision, json!({ "sequence": sequence })).await.map(drop),
+                    None => tx.insert(CURSORS, &consumer, json!({ "sequence": sequence })).await.map(drop),
+                }
+            }
+        })
+        .await
+}
+
+/// Whether `kind` matches a subscription: exact, or `<prefix>.*`, or `*`.
+pub fn matches(subscription: &str, kind: &str) -> bool {
+    match subscription.strip_suffix('*') {
+        Some("") => true,
+        Some(prefix) => prefix.ends_with('.') && kind.starts_with(prefix),
+        None => subscription == kind,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscriptions_match_exactly_or_by_prefix() {
+        assert!(matches("service.deleting", "service.deleting"));
+        assert!(!matches("service.deleting", "service.deleted"));
+        assert!(matches("service.*", "service.deleting"));
+        assert!(!matches("service.*", "services.x"));
+        assert!(matches("*", "anything.at"));
+        assert!(!matches("serv*", "service.x"));
+    }
+
+    #[tokio::test]
+    async fn events_keep_commit_order_and_cursors_never_go_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
+        declare(&store).await.unwrap();
+        for i in 0..5 {
+            store.transact(|tx| async move { append(&tx, "test.happened", &format!("s{i}"), json!({ "i": i }), "host").await }).await.unwrap();
+        }
+        let all = read_after(&store, 0, 100).await.unwrap();
+        assert_eq!(all.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(all[2].data["i"], 2);
+        let rest = read_after(&store, 3, 100).await.unwrap();
+        assert_eq!(rest.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![4, 5]);
+        assert_eq!(head(&store).await.unwrap(), 5);
+        advance(&store, "plugin:x", 4).await.unwrap();
+        advance(&store, "plugin:x", 2).await.unwrap();
+        assert_eq!(cursor(&store, "plugin:x").await.unwrap(), 4);
+        assert_eq!(cursor(&store, "plugin:y").await.unwrap(), 0);
+        // a failed transaction leaves no event behind
+        let failed: Result<()> = store
+            .transact(|tx| async move {
+                append(&tx, "test.happened", "s", json!({}), "host").await?;
+                Err(Refusal::new("conflict", "no"))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(head(&store).await.unwrap(), 5);
+    }
+}

@@ -1,0 +1,904 @@
+//! The plugin manifest, `capstan-plugin.toml`: who the plugin is, which WIT world it targets, the
+//! capabilities it requests and the limits it runs under.
+//!
+//! Parsing is strict: an unknown key, a wrong type, an id outside the grammar or a capability the
+//! host does not know is refused by name, so what an operator approves is exactly what runs.
+//!
+//! ```toml
+//! [plugin]
+//! id = "example"
+//! name = "Example"
+//! version = "0.1.0"
+//! wit = "capstan:plugin@0.1.0"
+//! description = "What it manages"
+//! publisher = "Example Corp"          # optional display name
+//!
+//! [capabilities]
+//! requested = ["store", "log", "http:https://catalog.example.com"]
+//!
+//! [limits]                            # optional
+//! memory-mib = 64                     # per instance; default 64, at most 1024
+//! concurrency = 16                    # concurrent instances; default 16, at most 256
+//! ```
+
+use crate::refusal::{Refusal, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::json;
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+/// The WIT world this host serves.
+pub const SUPPORTED_WIT: &str = "capstan:plugin@0.1.0";
+
+/// The file name of the manifest, in a plugin crate and inside a bundle.
+pub const MANIFEST_FILE: &str = "capstan-plugin.toml";
+
+/// Ids a plugin may not take: they name the host's own API namespaces and pages.
+pub const RESERVED_IDS: &[&str] = &[
+    "capstan",
+    "system",
+    "auth",
+    "admin",
+    "api",
+    "plugins",
+    "fleet",
+    "secrets",
+    "organizations",
+    "clusters",
+    "services",
+    "settings",
+    "tasks",
+    "events",
+    "inventory",
+    "dashboard",
+];
+
+/// The word an operator may approve instead of listing every requested capability.
+pub const ALL_REQUESTED: &str = "all-requested";
+
+pub const DEFAULT_MEMORY_MIB: u32 = 64;
+pub const MAX_MEMORY_MIB: u32 = 1024;
+pub const DEFAULT_CONCURRENCY: u32 = 16;
+pub const MAX_CONCURRENCY: u32 = 256;
+
+const MAX_NAME_CHARS: usize = 64;
+const MAX_DESCRIPTION_CHARS: usize = 2048;
+const MAX_PUBLISHER_CHARS: usize = 128;
+const MAX_CAPABILITY_CHARS: usize = 300;
+
+/// A parsed, validated manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    pub id: String,
+    pub name: String,
+    #[serde(serialize_with = "serialize_display")]
+    pub version: semver::Version,
+    pub wit: String,
+    pub description: String,
+    pub publisher: Option<String>,
+    /// The requested capabilities, sorted (canonical order) and without duplicates.
+    pub capabilities: Vec<Capability>,
+    pub limits: Limits,
+}
+
+/// Per-plugin resource limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    /// Linear memory per instance, MiB.
+    pub memory_mib: u32,
+    /// Instances of this plugin running at once.
+    pub concurrency: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { memory_mib: DEFAULT_MEMORY_MIB, concurrency: DEFAULT_CONCURRENCY }
+    }
+}
+
+fn serialize_display<T: fmt::Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal::new("manifest-invalid", message)
+}
+
+fn invalid_key(key: &str, message: impl Into<String>) -> Refusal {
+    invalid(message).with_data(json!({ "key": key }))
+}
+
+impl Manifest {
+    /// Parse and validate `capstan-plugin.toml`.
+    ///
+    /// Refuses `manifest-invalid` (not TOML, an unknown key — named —, a missing or mistyped field,
+    /// a bad version, limits out of range, a duplicated capability), `plugin-id-invalid` and
+    /// `capability-unknown`.
+    pub fn parse(text: &str) -> Result<Manifest> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let at = e.span().map(|span| format!(" (line {})", text[..span.start.min(text.len())].matches('\n').count() + 1));
+            invalid(format!("{MANIFEST_FILE} is not valid TOML{}: {}", at.unwrap_or_default(), e.message().trim()))
+        })?;
+        let mut top = Section { prefix: "", table };
+        let plugin = top.take_table("plugin")?.ok_or_else(|| invalid_key("plugin", format!("{MANIFEST_FILE} has no [plugin] table")))?;
+        let capabilities = top.take_table("capabilities")?;
+        let limits = top.take_table("limits")?;
+        top.finish()?;
+
+        let mut plugin = Section { prefix: "plugin.", table: plugin };
+        let id = plugin.required_str("id")?;
+        let name = plugin.required_str("name")?;
+        let version = plugin.required_str("version")?;
+        let wit = plugin.required_str("wit")?;
+        let description = plugin.take_str("description")?.unwrap_or_default();
+        let publisher = plugin.take_str("publisher")?;
+        plugin.finish()?;
+
+        check_plugin_id(&id)?;
+        check_text("plugin.name", &name, MAX_NAME_CHARS, false)?;
+        if name.trim().is_empty() {
+            return Err(invalid_key("plugin.name", "plugin.name must not be empty"));
+        }
+        check_text("plugin.description", &description, MAX_DESCRIPTION_CHARS, true)?;
+        if let Some(publisher) = &publisher {
+            check_text("plugin.publisher", publisher, MAX_PUBLISHER_CHARS, false)?;
+            if publisher.trim().is_empty() {
+                return Err(invalid_key("plugin.publisher", "plugin.publisher must not be empty when present"));
+            }
+        }
+        let version = semver::Version::parse(&version)
+            .map_err(|e| invalid_key("plugin.version", format!("plugin.version {version:?} is not a semantic version like 0.1.0: {e}")))?;
+        parse_wit(&wit)?;
+
+        let mut requested = Vec::new();
+        if let Some(table) = capabilities {
+            let mut section = Section { prefix: "capabilities.", table };
+            requested = section.take_str_array("requested")?.unwrap_or_default();
+            section.finish()?;
+        }
+        let mut set = BTreeSet::new();
+        for text in &requested {
+            let capability: Capability = text.parse()?;
+            if !set.insert(capability) {
+                return Err(invalid_key("capabilities.requested", format!("capabilities.requested lists {text:?} more than once"))
+                    .with_data(json!({ "key": "capabilities.requested", "capability": text })));
+            }
+        }
+
+        let mut parsed_limits = Limits::default();
+        if let Some(table) = limits {
+            let mut section = Section { prefix: "limits.", table };
+            if let Some(v) = section.take_int("memory-mib")? {
+                parsed_limits.memory_mib = in_range("limits.memory-mib", v, MAX_MEMORY_MIB, "MiB")?;
+            }
+            if let Some(v) = section.take_int("concurrency")? {
+                parsed_limits.concurrency = in_range("limits.concurrency", v, MAX_CONCURRENCY, "instances")?;
+            }
+            section.finish()?;
+        }
+
+        Ok(Manifest { id, name, version, wit, description, publisher, capabilities: set.into_iter().collect(), limits: parsed_limits })
+    }
+
+    /// The version of the WIT world the plugin targets (`0.1.0` in `capstan:plugin@0.1.0`).
+    pub fn wit_version(&self) -> semver::Version {
+        // `parse` validated it; a hand-built manifest with a bad `wit` reads as 0.0.0, which no
+        // host serves
+        parse_wit(&self.wit).map(|(_, v)| v).unwrap_or_else(|_| semver::Version::new(0, 0, 0))
+    }
+
+    /// Refuse `wit-version-unsupported` unless this host serves the world the plugin targets.
+    pub fn check_wit_supported(&self) -> Result<()> {
+        check_wit_supported(&self.wit)
+    }
+
+    /// The requested capabilities in canonical text form, sorted.
+    pub fn requested_set(&self) -> BTreeSet<String> {
+        self.capabilities.iter().map(Capability::to_string).collect()
+    }
+
+    /// The requested capabilities as a set (what [`check_approval`] takes).
+    pub fn capability_set(&self) -> BTreeSet<Capability> {
+        self.capabilities.iter().cloned().collect()
+    }
+}
+
+/// Refuse `plugin-id-invalid` unless `id` matches `^[a-z][a-z0-9-]{1,38}[a-z0-9]$` and is not reserved.
+pub fn check_plugin_id(id: &str) -> Result<()> {
+    let refuse = |why: &str| {
+        Refusal::new("plugin-id-invalid", format!("plugin id {id:?} {why}"))
+            .with_data(json!({ "id": id.chars().take(64).collect::<String>() }))
+    };
+    let bytes = id.as_bytes();
+    if !(3..=40).contains(&bytes.len()) {
+        return Err(refuse("must be 3 to 40 characters"));
+    }
+    if !bytes[0].is_ascii_lowercase() {
+        return Err(refuse("must start with a lower-case letter"));
+    }
+    if !bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-') {
+        return Err(refuse("may contain only lower-case letters, digits and '-'"));
+    }
+    if bytes[bytes.len() - 1] == b'-' {
+        return Err(refuse("must not end with '-'"));
+    }
+    if RESERVED_IDS.contains(&id) {
+        return Err(refuse("is reserved for the host"));
+    }
+    Ok(())
+}
+
+/// Split `namespace:package@version`, checking the syntax only (`manifest-invalid`).
+fn parse_wit(wit: &str) -> Result<(&str, semver::Version)> {
+    let bad = || invalid_key("plugin.wit", format!("plugin.wit {wit:?} must look like {SUPPORTED_WIT:?}"));
+    let (package, version) = wit.split_once('@').ok_or_else(bad)?;
+    let (namespace, name) = package.split_once(':').ok_or_else(bad)?;
+    let word = |s: &str| {
+        s.as_bytes().first().is_some_and(u8::is_ascii_lowercase)
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    if !word(namespace) || !word(name) {
+        return Err(bad());
+    }
+    let version = semver::Version::parse(version).map_err(|_| bad())?;
+    Ok((package, version))
+}
+
+/// Refuse `wit-version-unsupported` unless `wit` names [`SUPPORTED_WIT`]'s package at a version
+/// this host serves: the same major (and, before 1.0, the same minor) and a patch no newer than
+/// the host's. Pre-release worlds must match exactly.
+pub fn check_wit_supported(wit: &str) -> Result<()> {
+    let (host_package, host) = parse_wit(SUPPORTED_WIT).map_err(|e| Refusal::internal(format!("SUPPORTED_WIT is malformed: {e}")))?;
+    let refuse = |why: &str| {
+        Refusal::new("wit-version-unsupported", format!("the plugin targets {wit}, {why}; this host serves {SUPPORTED_WIT}"))
+            .with_data(json!({ "wit": wit, "supported": SUPPORTED_WIT }))
+    };
+    let (package, version) = parse_wit(wit).map_err(|_| refuse("which is not a WIT world name"))?;
+    if package != host_package {
+        return Err(refuse("a different WIT package"));
+    }
+    if wit == SUPPORTED_WIT {
+        return Ok(());
+    }
+    if !version.pre.is_empty() || !version.build.is_empty() {
+        return Err(refuse("a pre-release world this host does not serve"));
+    }
+    let compatible = version.major == host.major
+        && if host.major == 0 {
+            version.minor == host.minor && version.patch <= host.patch
+        } else {
+            version.minor < host.minor || (version.minor == host.minor && version.patch <= host.patch)
+        };
+    if !compatible {
+        return Err(refuse("a version this host does not serve"));
+    }
+    Ok(())
+}
+
+fn check_text(key: &str, value: &str, max_chars: usize, allow_newlines: bool) -> Result<()> {
+    if value.chars().count() > max_chars {
+        return Err(invalid_key(key, format!("{key} is longer than {max_chars} characters")));
+    }
+    if value.chars().any(|c| c.is_control() && !(allow_newlines && c == '\n')) {
+        return Err(invalid_key(key, format!("{key} must not contain control characters")));
+    }
+    Ok(())
+}
+
+fn in_range(key: &str, value: i64, max: u32, unit: &str) -> Result<u32> {
+    match u32::try_from(value) {
+        Ok(v) if (1..=max).contains(&v) => Ok(v),
+        _ => Err(invalid_key(key, format!("{key} must be between 1 and {max} ({unit}); it is {value}"))),
+    }
+}
+
+/// One TOML table being consumed key by key; what is left at `finish` is unknown.
+struct Section {
+    prefix: &'static str,
+    table: toml::Table,
+}
+
+impl Section {
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn take_table(&mut self, key: &str) -> Result<Option<toml::Table>> {
+        match self.table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::Table(t)) => Ok(Some(t)),
+            Some(_) => Err(invalid_key(key, format!("[{key}] must be a table"))),
+        }
+    }
+
+    fn take_str(&mut self, key: &str) -> Result<Option<String>> {
+        match self.table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(invalid_key(&self.key(key), format!("{} must be a string", self.key(key)))),
+        }
+    }
+
+    fn required_str(&mut self, key: &str) -> Result<String> {
+        self.take_str(key)?.ok_or_else(|| invalid_key(&self.key(key), format!("{} is required", self.key(key))))
+    }
+
+    fn take_int(&mut self, key: &str) -> Result<Option<i64>> {
+        match self.table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(i)) => Ok(Some(i)),
+            Some(_) => Err(invalid_key(&self.key(key), format!("{} must be an integer", self.key(key)))),
+        }
+    }
+
+    fn take_str_array(&mut self, key: &str) -> Result<Option<Vec<String>>> {
+        let full = self.key(key);
+        let not_strings = || invalid_key(&full, format!("{full} must be an array of strings"));
+        match self.table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::Array(items)) => items
+                .into_iter()
+                .map(|v| match v {
+                    toml::Value::String(s) => Ok(s),
+                    _ => Err(not_strings()),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(_) => Err(not_strings()),
+        }
+    }
+
+    fn finish(self) -> Result<()> {
+        match self.table.keys().next() {
+            None => Ok(()),
+            Some(key) => {
+                let full = self.key(key);
+                Err(invalid_key(&full, format!("unknown key {full:?} in {MANIFEST_FILE}")))
+            }
+        }
+    }
+}
+
+/// A capability a plugin may request and an operator may approve. Its text form (`Display` /
+/// `FromStr`, and serde) is canonical: parsing accepts only the form `Display` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Capability {
+    /// `store`: the plugin's own collections.
+    Store,
+    /// `inventory:read`: read the platform model.
+    InventoryRead,
+    /// `inventory:write-services`: the narrow write the service managers need.
+    InventoryWriteServices,
+    /// `secrets:<scope>`: write and use secrets within a management scope.
+    Secrets(String),
+    /// `secrets-reveal:<scope>`: read secret values within a management scope.
+    SecretsReveal(String),
+    /// `blobs`: the plugin's own blob prefix.
+    Blobs,
+    /// `http:<origin>`: outbound HTTP to one origin (`https://host[:port]`).
+    Http(String),
+    /// `agents`: call named methods on connected cluster relays.
+    Agents,
+    /// `events:publish`.
+    EventsPublish,
+    /// `sign`: the host signs with a key the plugin never sees.
+    Sign,
+    /// `log`.
+    Log,
+}
+
+impl Capability {
+    /// The origin of an `http:` capability.
+    pub fn http_origin(&self) -> Option<&str> {
+        match self {
+            Capability::Http(origin) => Some(origin),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Capability::Store => f.write_str("store"),
+            Capability::InventoryRead => f.write_str("inventory:read"),
+            Capability::InventoryWriteServices => f.write_str("inventory:write-services"),
+            Capability::Secrets(scope) => write!(f, "secrets:{scope}"),
+            Capability::SecretsReveal(scope) => write!(f, "secrets-reveal:{scope}"),
+            Capability::Blobs => f.write_str("blobs"),
+            Capability::Http(origin) => write!(f, "http:{origin}"),
+            Capability::Agents => f.write_str("agents"),
+            Capability::EventsPublish => f.write_str("events:publish"),
+            Capability::Sign => f.write_str("sign"),
+            Capability::Log => f.write_str("log"),
+        }
+    }
+}
+
+impl FromStr for Capability {
+    type Err = Refusal;
+
+    /// Refuses `capability-unknown`, naming the text and what is wrong with it.
+    fn from_str(s: &str) -> Result<Capability> {
+        let shown: String = s.chars().take(MAX_CAPABILITY_CHARS).collect();
+        let refuse = |why: String| Refusal::new("capability-unknown", why).with_data(json!({ "capability": shown }));
+        if s.len() > MAX_CAPABILITY_CHARS {
+            return Err(refuse(format!("capability {shown:?}… is longer than {MAX_CAPABILITY_CHARS} characters")));
+        }
+        let simple = match s {
+            "store" => Some(Capability::Store),
+            "inventory:read" => Some(Capability::InventoryRead),
+            "inventory:write-services" => Some(Capability::InventoryWriteServices),
+            "blobs" => Some(Capability::Blobs),
+            "agents" => Some(Capability::Agents),
+            "events:publish" => Some(Capability::EventsPublish),
+            "sign" => Some(Capability::Sign),
+            "log" => Some(Capability::Log),
+            _ => None,
+        };
+        if let Some(capability) = simple {
+            return Ok(capability);
+        }
+        let Some((kind, arg)) = s.split_once(':') else {
+            return Err(refuse(format!("unknown capability {s:?}")));
+        };
+        match kind {
+            "secrets" | "secrets-reveal" => {
+                if !valid_scope(arg) {
+                    return Err(refuse(format!(
+                        "capability {s:?}: the scope must be a lower-case letter then up to 31 lower-case letters, digits or '-'"
+                    )));
+                }
+                Ok(if kind == "secrets" { Capability::Secrets(arg.to_string()) } else { Capability::SecretsReveal(arg.to_string()) })
+            }
+            "http" => match check_origin(arg) {
+                Ok(()) => Ok(Capability::Http(arg.to_string())),
+                Err(why) => Err(refuse(format!("capability {s:?}: the origin {why}"))),
+            },
+            _ => Err(refuse(format!("unknown capability {s:?}"))),
+        }
+    }
+}
+
+impl PartialOrd for Capability {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Ordered by the canonical text, so a set of capabilities sorts as its strings do.
+impl Ord for Capability {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.to_string().cmp(&other.to_string())
+    }
+}
+
+impl Serialize for Capability {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Capability {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|r: Refusal| serde::de::Error::custom(r.message))
+    }
+}
+
+fn valid_scope(scope: &str) -> bool {
+    let b = scope.as_bytes();
+    (1..=32).contains(&b.len()) && b[0].is_ascii_lowercase() && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// Accept only a canonical origin: `http` or `https`, a lower-case host name, IPv4 address or
+/// bracketed IPv6 address, and an optional non-default port; nothing after it.
+fn check_origin(origin: &str) -> std::result::Result<(), String> {
+    let (rest, default_port) = if let Some(rest) = origin.strip_prefix("https://") {
+        (rest, 443)
+    } else if let Some(rest) = origin.strip_prefix("http://") {
+        (rest, 80)
+    } else {
+        return Err("must start with https:// or http:// (lower-case)".into());
+    };
+    if rest.is_empty() {
+        return Err("has no host".into());
+    }
+    if rest.ends_with('/') {
+        return Err("must not end with '/'".into());
+    }
+    if let Some(c) = rest.chars().find(|c| matches!(c, '/' | '?' | '#' | '@' | '\\')) {
+        return Err(format!("must be scheme, host and port only (found {c:?})"));
+    }
+    let (host, port) = if let Some(after_bracket) = rest.strip_prefix('[') {
+        let (inner, after) = after_bracket.split_once(']').ok_or("has an unclosed '['")?;
+        let addr: Ipv6Addr = inner.parse().map_err(|_| format!("has an invalid IPv6 address {inner:?}"))?;
+        if addr.to_string() != inner {
+            return Err(format!("must write the IPv6 address in its canonical form [{addr}]"));
+        }
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':').ok_or("has text after the IPv6 address")?),
+        };
+        (None, port)
+    } else {
+        match rest.split_once(':') {
+            Some((host, port)) => (Some(host), Some(port)),
+            None => (Some(rest), None),
+        }
+    };
+    if let Some(host) = host {
+        check_host(host)?;
+    }
+    if let Some(port) = port {
+        if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) || port.starts_with('0') || port.len() > 5 {
+            return Err(format!("has an invalid port {port:?}"));
+        }
+        let n: u32 = port.parse().map_err(|_| format!("has an invalid port {port:?}"))?;
+        if n > 65535 {
+            return Err(format!("has an invalid port {port:?}"));
+        }
+        if n == default_port {
+            return Err(format!("must omit the scheme's default port {n}"));
+        }
+    }
+    Ok(())
+}
+
+fn check_host(host: &str) -> std::result::Result<(), String> {
+    if host.is_empty() {
+        return Err("has no host".into());
+    }
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err("must be lower-case".into());
+    }
+    if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        let addr: Ipv4Addr = host.parse().map_err(|_| format!("has an invalid IPv4 address {host:?}"))?;
+        if addr.to_string() != host {
+            return Err(format!("must write the IPv4 address in its canonical form {addr}"));
+        }
+        return Ok(());
+    }
+    if host.len() > 253 {
+        return Err("has a host name longer than 253 characters".into());
+    }
+    for label in host.split('.') {
+        let ok = (1..=63).contains(&label.len())
+            && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !ok {
+            return Err(format!("has an invalid host name {host:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Check an operator's approval against the requested set. `approved` is either exactly
+/// `["all-requested"]` or the requested capabilities exactly (any order); anything else is
+/// refused `capabilities-not-approved` with `{ requested, approved, missing, extra }`.
+pub fn check_approval(requested: &BTreeSet<Capability>, approved: &[String]) -> Result<BTreeSet<Capability>> {
+    if approved.len() == 1 && approved[0] == ALL_REQUESTED {
+        return Ok(requested.clone());
+    }
+    let requested_text: BTreeSet<String> = requested.iter().map(Capability::to_string).collect();
+    let mut approved_set = BTreeSet::new();
+    let mut extra = BTreeSet::new();
+    for text in approved {
+        match text.parse::<Capability>() {
+            Ok(capability) if requested.contains(&capability) => {
+                approved_set.insert(capability);
+            }
+            _ => {
+                extra.insert(text.clone());
+            }
+        }
+    }
+    let missing: Vec<String> = requested.iter().filter(|c| !approved_set.contains(*c)).map(Capability::to_string).collect();
+    if missing.is_empty() && extra.is_empty() {
+        return Ok(approved_set);
+    }
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("not approved: {}", missing.join(", ")));
+    }
+    if !extra.is_empty() {
+        parts.push(format!("approved but not requested: {}", extra.iter().cloned().collect::<Vec<_>>().join(", ")));
+    }
+    Err(Refusal::new(
+        "capabilities-not-approved",
+        format!("the approval must be exactly the requested capabilities (or {ALL_REQUESTED}); {}", parts.join("; ")),
+    )
+    .with_data(json!({
+        "requested": requested_text,
+        "approved": approved,
+        "missing": missing,
+        "extra": extra,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[plugin]
+id = "example"
+name = "Example"
+version = "0.1.0"
+wit = "capstan:plugin@0.1.0"
+description = "An example"
+publisher = "Example Corp"
+
+[capabilities]
+requested = ["store", "log", "events:publish", "http:https://catalog.example.com"]
+
+[limits]
+memory-mib = 128
+concurrency = 4
+"#;
+
+    fn code(text: &str) -> String {
+        Manifest::parse(text).unwrap_err().code.to_string()
+    }
+
+    fn with_plugin(extra: &str) -> String {
+        format!("[plugin]\nid = \"example\"\nname = \"Example\"\nversion = \"0.1.0\"\nwit = \"capstan:plugin@0.1.0\"\n{extra}")
+    }
+
+    #[test]
+    fn parses_a_good_manifest() {
+        let m = Manifest::parse(GOOD).unwrap();
+        assert_eq!(m.id, "example");
+        assert_eq!(m.name, "Example");
+        assert_eq!(m.version, semver::Version::new(0, 1, 0));
+        assert_eq!(m.wit_version(), semver::Version::new(0, 1, 0));
+        assert_eq!(m.publisher.as_deref(), Some("Example Corp"));
+        assert_eq!(m.limits, Limits { memory_mib: 128, concurrency: 4 });
+        let texts: Vec<String> = m.capabilities.iter().map(|c| c.to_string()).collect();
+        assert_eq!(texts, ["events:publish", "http:https://catalog.example.com", "log", "store"], "sorted canonically");
+        assert_eq!(m.requested_set().into_iter().collect::<Vec<_>>(), texts);
+        m.check_wit_supported().unwrap();
+        let json = serde_json::to_value(&m).unwrap();
+        assert_eq!(json["version"], "0.1.0");
+        assert_eq!(json["limits"]["memoryMib"], 128);
+        assert_eq!(json["capabilities"][1], "http:https://catalog.example.com");
+    }
+
+    #[test]
+    fn minimal_manifest_gets_defaults() {
+        let m = Manifest::parse(&with_plugin("")).unwrap();
+        assert_eq!(m.limits, Limits { memory_mib: 64, concurrency: 16 });
+        assert!(m.capabilities.is_empty());
+        assert_eq!(m.description, "");
+        assert_eq!(m.publisher, None);
+    }
+
+    #[test]
+    fn refuses_unknown_keys_by_name() {
+        for (text, key) in [
+            (with_plugin("colour = \"red\""), "plugin.colour"),
+            (format!("{}\n[extra]\n", with_plugin("")), "extra"),
+            (format!("{}\n[capabilities]\nrequsted = []\n", with_plugin("")), "capabilities.requsted"),
+            (format!("{}\n[limits]\nmemory_mib = 3\n", with_plugin("")), "limits.memory_mib"),
+        ] {
+            let err = Manifest::parse(&text).unwrap_err();
+            assert_eq!(err.code, "manifest-invalid", "{text}");
+            assert!(err.message.contains(key), "{} should name {key}", err.message);
+            assert_eq!(err.data.as_ref().unwrap()["key"], key);
+        }
+    }
+
+    #[test]
+    fn refuses_bad_fields() {
+        assert_eq!(code("not toml ["), "manifest-invalid");
+        assert_eq!(code(""), "manifest-invalid");
+        assert_eq!(code("plugin = 3"), "manifest-invalid");
+        for missing in ["id", "name", "version", "wit"] {
+            let text: String = with_plugin("").lines().filter(|l| !l.starts_with(&format!("{missing} ="))).collect::<Vec<_>>().join("\n");
+            let err = Manifest::parse(&text).unwrap_err();
+            assert_eq!(err.code, "manifest-invalid");
+            assert!(err.message.contains(missing), "{}", err.message);
+        }
+        let replace = |from: &str, to: &str| with_plugin("").replace(from, to);
+        assert_eq!(code(&replace("version = \"0.1.0\"", "version = \"1.0\"")), "manifest-invalid");
+        assert_eq!(code(&replace("version = \"0.1.0\"", "version = 1")), "manifest-invalid");
+        assert_eq!(code(&replace("name = \"Example\"", "name = \"  \"")), "manifest-invalid");
+        assert_eq!(code(&replace("name = \"Example\"", "name = \"a\\u0007b\"")), "manifest-invalid");
+        assert_eq!(code(&replace("wit = \"capstan:plugin@0.1.0\"", "wit = \"0.1.0\"")), "manifest-invalid");
+        assert_eq!(code(&replace("wit = \"capstan:plugin@0.1.0\"", "wit = \"capstan:plugin@x\"")), "manifest-invalid");
+        assert_eq!(code(&with_plugin("publisher = \"\"")), "manifest-invalid");
+        assert_eq!(code(&with_plugin(&format!("description = \"{}\"", "x".repeat(3000)))), "manifest-invalid");
+        assert_eq!(code(&format!("{}\n[capabilities]\nrequested = \"store\"\n", with_plugin(""))), "manifest-invalid");
+        assert_eq!(code(&format!("{}\n[capabilities]\nrequested = [1]\n", with_plugin(""))), "manifest-invalid");
+        assert_eq!(
+            code(&format!("{}\n[capabilities]\nrequested = [\"store\", \"log\", \"store\"]\n", with_plugin(""))),
+            "manifest-invalid"
+        );
+        assert_eq!(code(&format!("{}\n[capabilities]\nrequested = [\"stor\"]\n", with_plugin(""))), "capability-unknown");
+        for limits in
+            ["memory-mib = 0", "memory-mib = 1025", "memory-mib = -1", "concurrency = 0", "concurrency = 257", "concurrency = \"2\""]
+        {
+            assert_eq!(code(&format!("{}\n[limits]\n{limits}\n", with_plugin(""))), "manifest-invalid", "{limits}");
+        }
+        let m = Manifest::parse(&format!("{}\n[limits]\nmemory-mib = 1024\nconcurrency = 256\n", with_plugin(""))).unwrap();
+        assert_eq!(m.limits, Limits { memory_mib: 1024, concurrency: 256 });
+    }
+
+    #[test]
+    fn plugin_ids() {
+        for good in ["abc", "mail", "app-store", "a1b", &format!("a{}", "b".repeat(39))] {
+            check_plugin_id(good).unwrap();
+        }
+        for bad in
+            ["", "ab", "1abc", "-abc", "abc-", "Abc", "ab_c", "ab.c", "abç", &format!("a{}", "b".repeat(40)), "capstan", "api", "dashboard"]
+        {
+            assert_eq!(check_plugin_id(bad).unwrap_err().code, "plugin-id-invalid", "{bad}");
+        }
+        for reserved in RESERVED_IDS {
+            assert_eq!(check_plugin_id(reserved).unwrap_err().code, "plugin-id-invalid");
+        }
+        let text = with_plugin("").replace("id = \"example\"", "id = \"admin\"");
+        assert_eq!(code(&text), "plugin-id-invalid");
+    }
+
+    #[test]
+    fn wit_versions() {
+        check_wit_supported(SUPPORTED_WIT).unwrap();
+        for bad in [
+            "capstan:plugin@0.1.1",
+            "capstan:plugin@0.2.0",
+            "capstan:plugin@0.0.9",
+            "capstan:plugin@1.1.0",
+            "capstan:plugin@0.1.0-rc.1",
+            "capstan:other@0.1.0",
+            "other:plugin@0.1.0",
+            "nonsense",
+        ] {
+            assert_eq!(check_wit_supported(bad).unwrap_err().code, "wit-version-unsupported", "{bad}");
+        }
+        let m = Manifest::parse(&with_plugin("").replace("@0.1.0", "@0.2.0")).unwrap();
+        assert_eq!(m.wit_version(), semver::Version::new(0, 2, 0));
+        assert_eq!(m.check_wit_supported().unwrap_err().code, "wit-version-unsupported");
+    }
+
+    #[test]
+    fn capabilities_round_trip() {
+        for text in [
+            "store",
+            "inventory:read",
+            "inventory:write-services",
+            "secrets:mail",
+            "secrets:a",
+            "secrets-reveal:mail-relay-2",
+            "blobs",
+            "http:https://catalog.example.com",
+            "http:http://localhost:8080",
+            "http:https://10.0.0.1:8443",
+            "http:https://[::1]:9000",
+            "http:https://[2001:db8::1]",
+            "agents",
+            "events:publish",
+            "sign",
+            "log",
+        ] {
+            let c: Capability = text.parse().unwrap();
+            assert_eq!(c.to_string(), text);
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(json, format!("\"{text}\""));
+            assert_eq!(serde_json::from_str::<Capability>(&json).unwrap(), c);
+        }
+        assert_eq!("http:https://a.example".parse::<Capability>().unwrap().http_origin(), Some("https://a.example"));
+        assert!(serde_json::from_str::<Capability>("\"stor\"").is_err());
+    }
+
+    #[test]
+    fn capabilities_refused() {
+        for text in [
+            "",
+            "stor",
+            "Store",
+            "store:x",
+            "events",
+            "events:subscribe",
+            "inventory",
+            "inventory:write",
+            "secrets",
+            "secrets:",
+            "secrets:Mail",
+            "secrets:1mail",
+            "secrets:mail:x",
+            "secrets:mail_x",
+            &format!("secrets:a{}", "b".repeat(32)),
+            "secrets-reveal:",
+            "http:",
+            "http:example.com",
+            "http:ftp://example.com",
+            "http:HTTPS://example.com",
+            "http:https://Example.com",
+            "http:https://example.com/",
+            "http:https://example.com/path",
+            "http:https://example.com?q",
+            "http:https://example.com#f",
+            "http:https://user@example.com",
+            "http:https://",
+            "http:https://:8080",
+            "http:https://example.com:",
+            "http:https://example.com:0",
+            "http:https://example.com:08080",
+            "http:https://example.com:65536",
+            "http:https://example.com:443",
+            "http:http://example.com:80",
+            "http:https://example.com:8080:1",
+            "http:https://-bad.example.com",
+            "http:https://bad..example.com",
+            "http:https://example.com.",
+            "http:https://under_score.example",
+            "http:https://256.1.1.1",
+            "http:https://01.1.1.1",
+            "http:https://[::1",
+            "http:https://[::0:1]",
+            "http:https://[::1]x",
+            "http:https://[nonsense]",
+            &format!("http:https://{}.example", "a".repeat(300)),
+        ] {
+            let err = text.parse::<Capability>().unwrap_err();
+            assert_eq!(err.code, "capability-unknown", "{text}");
+        }
+    }
+
+    #[test]
+    fn capability_order_is_text_order() {
+        let set: BTreeSet<Capability> =
+            ["store", "log", "agents", "secrets:b", "secrets:a", "secrets-reveal:a"].iter().map(|s| s.parse().unwrap()).collect();
+        let texts: Vec<String> = set.iter().map(|c| c.to_string()).collect();
+        let mut sorted = texts.clone();
+        sorted.sort();
+        assert_eq!(texts, sorted);
+    }
+
+    fn set(items: &[&str]) -> BTreeSet<Capability> {
+        items.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn approval_exact_and_all_requested() {
+        let requested = set(&["store", "log", "http:https://a.example"]);
+        assert_eq!(check_approval(&requested, &strings(&["log", "http:https://a.example", "store"])).unwrap(), requested);
+        assert_eq!(check_approval(&requested, &strings(&["all-requested"])).unwrap(), requested);
+        assert_eq!(check_approval(&BTreeSet::new(), &[]).unwrap(), BTreeSet::new());
+        assert_eq!(check_approval(&BTreeSet::new(), &strings(&["all-requested"])).unwrap(), BTreeSet::new());
+    }
+
+    #[test]
+    fn approval_missing_and_extra() {
+        let requested = set(&["store", "log"]);
+        let err = check_approval(&requested, &strings(&["store"])).unwrap_err();
+        assert_eq!(err.code, "capabilities-not-approved");
+        let data = err.data.unwrap();
+        assert_eq!(data["missing"], json!(["log"]));
+        assert_eq!(data["extra"], json!([]));
+        assert_eq!(data["requested"], json!(["log", "store"]));
+        assert_eq!(data["approved"], json!(["store"]));
+
+        let err = check_approval(&requested, &strings(&["store", "log", "sign", "nonsense"])).unwrap_err();
+        assert_eq!(err.code, "capabilities-not-approved");
+        let data = err.data.unwrap();
+        assert_eq!(data["missing"], json!([]));
+        assert_eq!(data["extra"], json!(["nonsense", "sign"]));
+
+        let err = check_approval(&requested, &[]).unwrap_err();
+        assert_eq!(err.data.unwrap()["missing"], json!(["log", "store"]));
+        let err = check_approval(&requested, &strings(&["all-requested", "store"])).unwrap_err();
+        assert_eq!(err.data.unwrap()["extra"], json!(["all-requested"]));
+    }
+}

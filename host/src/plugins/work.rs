@@ -1,0 +1,219 @@
+//! Plugin background work on this node: keep the loaded versions in step with the registry,
+//! deliver events from the outbox, run reconcile passes and scheduled tasks. Events,
+//! reconcile and tasks run only where the coordinator placed the plugin's workload, one round
+//! at a time per plugin.
+
+use super::host::{Active, PluginHost};
+use super::runtime::wit_guest;
+use crate::fleet::runtime::Fleet;
+use std::collections::{BTreeSet, HashMap};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often the registry is re-read (another node may have upgraded a plugin).
+const SYNC_EVERY: Duration = Duration::from_secs(5);
+/// How often each plugin's round is considered.
+const ROUND_EVERY: Duration = Duration::from_millis(250);
+/// A hinted reconcile waits this long after the last hint.
+const QUIET: Duration = Duration::from_secs(1);
+/// Events handed to a plugin per round.
+const EVENT_BATCH: usize = 100;
+
+#[derive(Default)]
+struct PluginState {
+    busy: Arc<AtomicBool>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    hints: BTreeSet<String>,
+    last_hint: Option<Instant>,
+    last_pass: Option<Instant>,
+    requeue_at: Option<Instant>,
+    /// When schedules were last checked (tasks due since then run).
+    tasks_checked: Option<std::time::SystemTime>,
+    /// After a failed delivery, wait until then.
+    events_backoff_until: Option<Instant>,
+    events_failures: u32,
+}
+
+pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut states: HashMap<String, PluginState> = HashMap::new();
+        let mut last_sync = Instant::now();
+        let mut ticker = tokio::time::interval(ROUND_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+            if last_sync.elapsed() >= SYNC_EVERY {
+                last_sync = Instant::now();
+                if let Err(e) = host.sync().await {
+                    tracing::warn!(code = %e.code, "plugin registry not read: {}", e.message);
+                }
+            }
+            let loaded = host.loaded();
+            states.retain(|id, _| loaded.iter().any(|a| &a.manifest.id == id));
+            for active in loaded {
+                let workload = active.described.placement.id.clone();
+                if let Some(fleet) = &fleet
+                    && !fleet.assigned_here(&workload).await
+                {
+                    continue;
+                }
+                let state = states.entry(active.manifest.id.clone()).or_default();
+                if state.busy.swap(true, Ordering::AcqRel) {
+                    continue; // one round at a time per plugin
+                }
+                let (busy, shared, host) = (state.busy.clone(), state.shared.clone(), host.clone());
+                tokio::spawn(async move {
+                    round(&host, &active, &shared).await;
+                    busy.store(false, Ordering::Release);
+                });
+            }
+        }
+    })
+}
+
+/// One round for one plugin: events, then reconcile if due, then due tasks.
+async fn round(host: &PluginHost, active: &Arc<Active>, shared: &Mutex<Shared>) {
+    deliver_events(host, active, shared).await;
+    reconcile_if_due(active, shared).await;
+    run_due_tasks(active, shared).await;
+}
+
+async fn deliver_events(host: &PluginHost, active: &Active, shared: &Mutex<Shared>) {
+    let subscriptions = &active.described.subscriptions;
+    if subscriptions.is_empty() {
+        return;
+    }
+    if shared.lock().expect("plugin work").events_backoff_until.is_some_and(|t| Instant::now() < t) {
+        return;
+    }
+    let store = &host.services.store;
+    let consumer = format!("plugin:{}", active.manifest.id);
+    let result: crate::refusal::Result<()> = async {
+        let after = crate::events::cursor(store, &consumer).await?;
+        let events = crate::events::read_after(store, after, EVENT_BATCH).await?;
+        let mut handled = after;
+        for event in events {
+            if subscriptions.iter().any(|s| crate::events::matches(s, &event.kind)) {
+                let wit = wit_guest::Event {
+                    sequence: event.sequence,
+                    kind: event.kind.clone(),
+                    subject: event.subject.clone(),
+                    data: event.data.to_string(),
+                    at_ms: event.at_ms,
+                };
+                if let Err(e) = active.sandbox.on_event(&wit).await {
+                    // keep what was handled; this event is delivered again after a backoff
+                    crate::events::advance(store, &consumer, handled).await?;
+                    return Err(e);
+                }
+                let mut s = shared.lock().expect("plugin work");
+                s.hints.insert(event.subject.clone());
+                s.last_hint = Some(Instant::now());
+            }
+            handled = event.sequence;
+        }
+        if handled > after {
+            crate::events::advance(store, &consumer, handled).await?;
+        }
+        Ok(())
+    }
+    .await;
+    let mut s = shared.lock().expect("plugin work");
+    match result {
+        Ok(()) => s.events_failures = 0,
+        Err(e) => {
+            s.events_failures += 1;
+            let backoff = Duration::from_millis((500u64 << s.events_failures.min(7)).min(60_000));
+            s.events_backoff_until = Some(Instant::now() + backoff);
+            tracing::warn!(plugin = %active.manifest.id, code = %e.code, retry_in_ms = backoff.as_millis() as u64,
+                "event delivery failed: {}", e.message);
+        }
+    }
+}
+
+async fn reconcile_if_due(active: &Active, shared: &Mutex<Shared>) {
+    let Some(period) = active.described.reconcile_period else { return };
+    let trigger = {
+        let mut s = shared.lock().expect("plugin work");
+        let now = Instant::now();
+        let periodic = s.last_pass.is_none_or(|t| now >= t + period) || s.requeue_at.is_some_and(|t| now >= t);
+        let hinted = !s.hints.is_empty() && s.last_hint.is_some_and(|t| now >= t + QUIET);
+        if !periodic && !hinted {
+            return;
+        }
+        let hints = std::mem::take(&mut s.hints).into_iter().collect();
+        s.last_pass = Some(now);
+        s.requeue_at = None;
+        wit_guest::ReconcileTrigger { periodic, hints }
+    };
+    match active.sandbox.reconcile(&trigger).await {
+        Ok(outcome) => {
+            tracing::debug!(plugin = %active.manifest.id, summary = %outcome.summary, "reconcile pass done");
+            if let Some(ms) = outcome.requeue_after_ms {
+                shared.lock().expect("plugin work").requeue_at = Some(Instant::now() + Duration::from_millis(ms.max(100)));
+            }
+        }
+        Err(e) => tracing::warn!(plugin = %active.manifest.id, code = %e.code, "reconcile pass failed: {}", e.message),
+    }
+}
+
+async fn run_due_tasks(active: &Active, shared: &Mutex<Shared>) {
+    if active.described.schedules.is_empty() {
+        return;
+    }
+    let now = std::time::SystemTime::now();
+    let since = {
+        let mut s = shared.lock().expect("plugin work");
+        let since = s.tasks_checked.unwrap_or(now);
+        s.tasks_checked = Some(now);
+        since
+    };
+    for schedule in &active.described.schedules {
+        if due_between(&schedule.cron, since, now) {
+            match active.sandbox.run_task(&schedule.name).await {
+                Ok(summary) => tracing::info!(plugin = %active.manifest.id, task = %schedule.name, %summary, "plugin task done"),
+                Err(e) => tracing::warn!(plugin = %active.manifest.id, task = %schedule.name, code = %e.code, "plugin task failed: {}", e.message),
+            }
+        }
+    }
+}
+
+/// Whether `cron` has an occurrence in `(since, now]`.
+fn due_between(cron: &str, since: std::time::SystemTime, now: std::time::SystemTime) -> bool {
+    let Ok(cron) = croner::Cron::from_str(cron) else { return false };
+    let to_utc = |t: std::time::SystemTime| -> Option<chrono::DateTime<chrono::Utc>> {
+        let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+        chrono::DateTime::from_timestamp(d.as_secs() as i64, d.subsec_nanos())
+    };
+    let (Some(since), Some(now)) = (to_utc(since), to_utc(now)) else { return false };
+    cron.find_next_occurrence(&since, false).is_ok_and(|next| next <= now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_are_due_once_their_time_passed() {
+        let t = |s: u64| std::time::UNIX_EPOCH + Duration::from_secs(s);
+        // 0 * * * *: on the hour
+        assert!(due_between("0 * * * *", t(3599), t(3600)));
+        assert!(!due_between("0 * * * *", t(3600), t(3601)));
+        assert!(!due_between("0 * * * *", t(100), t(200)));
+        assert!(!due_between("not a cron", t(0), t(100_000)));
+    }
+}

@@ -1,0 +1,284 @@
+//! The example manager: the plugin contract in one small file, and the reference plugin authors
+//! copy. It greets, keeps notes in its store with compare-and-swap, publishes an event for every
+//! note written, records the events it receives (in order), counts notes in a reconcile loop and
+//! a scheduled task, and records its migrations.
+
+use capstan_sdk::store::{self, Batch, Doc};
+use capstan_sdk::{Context, Descriptor, Empty, Event, JsonSchema, Manager, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role};
+use capstan_sdk::{events, json};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+const NOTES: &str = "notes";
+const COUNTERS: &str = "counters";
+const EVENTS: &str = "events";
+const META: &str = "meta";
+/// How many received events `eventLog` keeps (the oldest are dropped first).
+const EVENT_LOG_LIMIT: usize = 1000;
+
+struct Example;
+
+impl Manager for Example {
+    fn describe() -> Descriptor {
+        Descriptor::new()
+            .method("greet", "Greet someone by name.", Role::Authenticated, greet)
+            .method("putNote", "Create a note, or replace the one at expectedRevision.", Role::Authenticated, put_note)
+            .method("getNote", "One note.", Role::Authenticated, get_note)
+            .method("listNotes", "Notes in id order, a page at a time.", Role::Authenticated, list_notes)
+            .method("countEvents", "How many events the plugin has received.", Role::Authenticated, count_events)
+            .method("eventLog", "The events received, in the order they arrived.", Role::Authenticated, event_log)
+            .collection(NOTES)
+            .collection(COUNTERS)
+            .collection(EVENTS)
+            .collection(META)
+            .subscribe("example.noteChanged")
+            .subscribe("service.*")
+            .schedule("tidy", "0 * * * *", "Count the notes.")
+            .reconcile_every(Duration::from_secs(60))
+    }
+
+    /// Record the event. Delivery is at least once and in order, so an event at or below the
+    /// last recorded sequence is a redelivery: acknowledge it without counting it twice.
+    fn on_event(_ctx: &Context, event: Event) -> Result<()> {
+        let counter = store::get::<EventCounter>(COUNTERS, "events")?;
+        let log = store::get::<EventLog>(EVENTS, "log")?;
+        if counter.as_ref().is_some_and(|c| event.sequence <= c.data.last_sequence) {
+            return Ok(());
+        }
+        let next_counter = EventCounter { count: counter.as_ref().map_or(0, |c| c.data.count) + 1, last_sequence: event.sequence };
+        let mut next_log = log.as_ref().map(|l| l.data.clone()).unwrap_or_default();
+        next_log.events.push(Received { sequence: event.sequence, kind: event.kind, subject: event.subject });
+        let excess = next_log.events.len().saturating_sub(EVENT_LOG_LIMIT);
+        next_log.events.drain(..excess);
+        // Both documents move together or not at all; a conflict refuses, and the host
+        // redelivers the event.
+        Batch::new()
+            .put(COUNTERS, "events", counter.map(|c| c.revision), &next_counter)
+            .put(EVENTS, "log", log.map(|l| l.revision), &next_log)
+            .commit()?;
+        Ok(())
+    }
+
+    /// Count the notes into `counters/reconcile`. (The example records every pass so tests can
+    /// see them; a real reconciler writes only when something changed.)
+    fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
+        let notes = count_notes()?;
+        store::update_with_retry(
+            COUNTERS,
+            "reconcile",
+            |current: Option<ReconcileCounter>| {
+                let passes = current.map_or(0, |c| c.passes) + 1;
+                Ok(Some(ReconcileCounter { passes, last_notes: notes }))
+            },
+            5,
+        )?;
+        Ok(ReconcileOutcome::done(format!("{notes} notes")))
+    }
+
+    fn run_task(_ctx: &Context, name: &str) -> Result<String> {
+        match name {
+            "tidy" => Ok(format!("tidy: {} notes, nothing to tidy", count_notes()?)),
+            other => Err(Refusal::new("task-unknown", format!("The example has no task {other:?}."))),
+        }
+    }
+
+    /// Append `{from, to}` to `meta/migrations`.
+    fn migrate(_ctx: &Context, from: Option<&str>, to: &str) -> Result<()> {
+        let step = Migration { from: from.map(str::to_string), to: to.to_string() };
+        store::update_with_retry(
+            META,
+            "migrations",
+            |current: Option<Migrations>| {
+                let mut all = current.unwrap_or_default();
+                all.migrations.push(step.clone());
+                Ok(Some(all))
+            },
+            5,
+        )?;
+        capstan_sdk::info!("migrated from {} to {to}", from.unwrap_or("nothing"));
+        Ok(())
+    }
+}
+
+capstan_sdk::manager!(Example);
+
+// ---- greet ----
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Greet {
+    #[schemars(length(min = 1, max = 200))]
+    name: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Greeting {
+    greeting: String,
+    /// The plugin version that answered.
+    version: String,
+    /// The caller's user id.
+    caller: String,
+}
+
+fn greet(ctx: &Context, input: Greet) -> Result<Greeting> {
+    Ok(Greeting {
+        greeting: format!("Hello, {}!", input.name),
+        version: ctx.plugin_version().to_string(),
+        caller: ctx.caller().id().to_string(),
+    })
+}
+
+// ---- notes ----
+
+/// A note as stored in `notes/<id>`.
+#[derive(Serialize, Deserialize)]
+struct Note {
+    text: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PutNote {
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._-]+$"))]
+    id: String,
+    #[schemars(length(max = 10000))]
+    text: String,
+    /// The revision that was read; absent: "I read none" (create).
+    expected_revision: Option<u64>,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Saved {
+    id: String,
+    revision: u64,
+}
+
+fn put_note(_ctx: &Context, input: PutNote) -> Result<Saved> {
+    let note = Note { text: input.text };
+    let written = Batch::new().put(NOTES, &input.id, input.expected_revision, &note).commit().map_err(|refusal| {
+        // `exists` (insert) and `not-found` (replace) are both "not at the revision you read".
+        if refusal.is("exists") || refusal.is("not-found") || refusal.is("conflict") {
+            Refusal::conflict(format!("The note {:?} is not at the revision the request expected.", input.id))
+                .with_data(json!({ "id": input.id, "expectedRevision": input.expected_revision }))
+        } else {
+            refusal
+        }
+    })?;
+    let revision = written[0].revision;
+    // The write is committed; the event tells subscribers (this plugin among them).
+    events::publish("example.noteChanged", &input.id, &json!({ "id": input.id, "revision": revision }))?;
+    Ok(Saved { id: input.id, revision })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GetNote {
+    id: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct NoteView {
+    id: String,
+    revision: u64,
+    text: String,
+}
+
+impl From<Doc<Note>> for NoteView {
+    fn from(d: Doc<Note>) -> Self {
+        NoteView { id: d.id, revision: d.revision, text: d.data.text }
+    }
+}
+
+fn get_note(_ctx: &Context, input: GetNote) -> Result<NoteView> {
+    match store::get::<Note>(NOTES, &input.id)? {
+        Some(doc) => Ok(doc.into()),
+        None => Err(Refusal::not_found("example-note").with_data(json!({ "id": input.id }))),
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListNotes {
+    cursor: Option<String>,
+    /// Default 50.
+    #[schemars(range(min = 1, max = 500))]
+    limit: Option<u32>,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct NotePage {
+    notes: Vec<NoteView>,
+    next_cursor: Option<String>,
+}
+
+fn list_notes(_ctx: &Context, input: ListNotes) -> Result<NotePage> {
+    let page = store::scan::<Note>(NOTES, input.cursor.as_deref(), input.limit.unwrap_or(50).clamp(1, 500))?;
+    Ok(NotePage { notes: page.documents.into_iter().map(NoteView::from).collect(), next_cursor: page.next_cursor })
+}
+
+fn count_notes() -> Result<u64> {
+    let (mut count, mut cursor) = (0, None);
+    loop {
+        let page = store::scan::<capstan_sdk::Value>(NOTES, cursor.as_deref(), 500)?;
+        count += page.documents.len() as u64;
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(count),
+        }
+    }
+}
+
+// ---- events ----
+
+/// `counters/events`.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct EventCounter {
+    count: u64,
+    last_sequence: u64,
+}
+
+/// `events/log`: the events received, oldest first.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Default)]
+struct EventLog {
+    events: Vec<Received>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone)]
+struct Received {
+    sequence: u64,
+    kind: String,
+    subject: String,
+}
+
+fn count_events(_ctx: &Context, _: Empty) -> Result<EventCounter> {
+    let counter = store::get::<EventCounter>(COUNTERS, "events")?;
+    Ok(counter.map_or(EventCounter { count: 0, last_sequence: 0 }, |c| c.data))
+}
+
+fn event_log(_ctx: &Context, _: Empty) -> Result<EventLog> {
+    Ok(store::get::<EventLog>(EVENTS, "log")?.map(|l| l.data).unwrap_or_default())
+}
+
+// ---- reconcile and migrations ----
+
+/// `counters/reconcile`.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReconcileCounter {
+    passes: u64,
+    last_notes: u64,
+}
+
+/// `meta/migrations`: every migration run, oldest first.
+#[derive(Serialize, Deserialize, Default)]
+struct Migrations {
+    migrations: Vec<Migration>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct Migration {
+    from: Option<String>,
+    to: String,
+}

@@ -1,0 +1,57 @@
+//! Reads of the platform model the operator edits — organizations, clusters, services, nodes,
+//! settings (capability `inventory:read`) — and service writes on behalf of the caller
+//! (`inventory:write-services`).
+
+use crate::bindings::capstan::plugin::inventory as wit;
+use crate::{Result, Value, encode, parse};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use wit::EntityKind;
+
+/// An entity as the API's `get` answers it, decoded into `T`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entity<T = Value> {
+    pub kind: EntityKind,
+    pub id: String,
+    pub revision: u64,
+    pub data: T,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntityPage<T = Value> {
+    pub entities: Vec<Entity<T>>,
+    pub next_cursor: Option<String>,
+}
+
+fn entity<T: DeserializeOwned>(e: wit::Entity) -> Result<Entity<T>> {
+    let data = parse(&e.data, &format!("{:?} {}", e.kind, e.id))?;
+    Ok(Entity { kind: e.kind, id: e.id, revision: e.revision, data })
+}
+
+/// The entity, or `None`.
+pub fn get<T: DeserializeOwned>(kind: EntityKind, id: &str) -> Result<Option<Entity<T>>> {
+    wit::get(kind, id)?.map(entity).transpose()
+}
+
+/// Entities of `kind` a page at a time.
+pub fn list<T: DeserializeOwned>(kind: EntityKind, cursor: Option<&str>, limit: u32) -> Result<EntityPage<T>> {
+    let page = wit::list(kind, cursor, limit)?;
+    Ok(EntityPage { entities: page.entities.into_iter().map(entity).collect::<Result<_>>()?, next_cursor: page.next_cursor })
+}
+
+/// The public settings document and its revision.
+pub fn settings<T: DeserializeOwned>() -> Result<Entity<T>> {
+    entity(wit::settings()?)
+}
+
+/// Create a service as `services.create` would, with the authority of the current caller.
+pub fn create_service<T: DeserializeOwned>(body: &impl Serialize) -> Result<Entity<T>> {
+    entity(wit::create_service(&encode(body)?)?)
+}
+
+/// Update a service as `services.update` would (the body carries `expectedRevision`).
+pub fn update_service<T: DeserializeOwned>(body: &impl Serialize) -> Result<Entity<T>> {
+    entity(wit::update_service(&encode(body)?)?)
+}

@@ -1,0 +1,209 @@
+//! The [`Manager`] trait a plugin implements, and the adapter that exports it.
+
+use crate::bindings::capstan::plugin::types;
+use crate::bindings::exports::capstan::plugin::guest::{self as wit, Guest};
+use crate::{Context, Descriptor, Refusal, Result};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+/// A manager: implement this for a unit struct and export it with [`crate::manager!`].
+///
+/// Every function is an associated function (no `self`): the host runs a fresh instance for
+/// each call, so nothing kept in memory survives it — state lives in [`crate::store`] and
+/// [`crate::blobs`].
+pub trait Manager {
+    /// Methods with their handlers, collections, subscriptions, schedules, reconcile period and
+    /// placement. Must not use the imports (the host refuses them while describing).
+    fn describe() -> Descriptor;
+
+    /// Take one event of a subscribed kind. A refusal (or a trap) redelivers it later, and the
+    /// events after it wait, so make this idempotent: delivery is at least once.
+    fn on_event(ctx: &Context, event: Event) -> Result<()> {
+        let _ = (ctx, event);
+        Ok(())
+    }
+
+    /// One level-triggered pass: read durable state, decide, write only what changes.
+    fn reconcile(ctx: &Context, trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
+        let _ = (ctx, trigger);
+        Ok(ReconcileOutcome::default())
+    }
+
+    /// Run the scheduled task `name`; the string is recorded as the execution's outcome.
+    fn run_task(ctx: &Context, name: &str) -> Result<String> {
+        let _ = ctx;
+        Err(Refusal::new("task-unknown", format!("The plugin has no task {name:?}.")).with_data(serde_json::json!({ "task": name })))
+    }
+
+    /// Bring the data from version `from` (`None`: a fresh install) to `to`, before the new
+    /// version serves any call. A refusal aborts the upgrade.
+    fn migrate(ctx: &Context, from: Option<&str>, to: &str) -> Result<()> {
+        let _ = (ctx, from, to);
+        Ok(())
+    }
+}
+
+/// An event delivered to [`Manager::on_event`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Position in the outbox; strictly increasing.
+    pub sequence: u64,
+    /// `<pluginId>.<name>` or a host kind such as `service.deleting`.
+    pub kind: String,
+    /// The entity the event is about; ordering holds per subject.
+    pub subject: String,
+    pub data: Value,
+    /// Milliseconds since the Unix epoch when the event was published.
+    pub at_ms: u64,
+}
+
+impl Event {
+    /// The data decoded into `T` (refused `invalid-request` naming the field otherwise).
+    pub fn data_as<T: DeserializeOwned>(&self) -> Result<T> {
+        crate::decode_value(self.data.clone())
+    }
+}
+
+impl TryFrom<wit::Event> for Event {
+    type Error = Refusal;
+
+    fn try_from(e: wit::Event) -> Result<Self> {
+        let data = serde_json::from_str(&e.data).map_err(|err| Refusal::invalid_request(format!("event data is not JSON: {err}")))?;
+        Ok(Event { sequence: e.sequence, kind: e.kind, subject: e.subject, data, at_ms: e.at_ms })
+    }
+}
+
+/// Why a reconcile pass runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileTrigger {
+    /// True when the period elapsed; false when hints woke it.
+    pub periodic: bool,
+    /// Subjects hinted since the last pass (deduplicated).
+    pub hints: Vec<String>,
+}
+
+/// What a reconcile pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileOutcome {
+    /// Run again this soon (sooner than the period).
+    pub requeue_after: Option<Duration>,
+    /// One line for the operator.
+    pub summary: String,
+}
+
+impl ReconcileOutcome {
+    /// A finished pass that found `summary`.
+    pub fn done(summary: impl Into<String>) -> Self {
+        ReconcileOutcome { requeue_after: None, summary: summary.into() }
+    }
+
+    /// Ask for the next pass after `delay` rather than the full period.
+    pub fn requeue_after(mut self, delay: Duration) -> Self {
+        self.requeue_after = Some(delay);
+        self
+    }
+}
+
+/// Implements the generated `Guest` export for any [`Manager`]; [`crate::manager!`] exports
+/// `Adapter<YourManager>`.
+///
+/// A plugin that needs the raw exports for one call (answering bytes the SDK would not
+/// produce, say) can implement [`crate::bindings::exports::capstan::plugin::guest::Guest`] on
+/// its own type, forward the rest to `Adapter<M>`, and export it with
+/// `capstan_sdk::bindings::export!(MyType with_types_in capstan_sdk::bindings)`.
+pub struct Adapter<M>(PhantomData<M>);
+
+impl<M: Manager> Guest for Adapter<M> {
+    fn describe() -> wit::Descriptor {
+        M::describe().to_wit()
+    }
+
+    fn handle(ctx: types::CallContext, method: String, body: String) -> std::result::Result<String, types::Refusal> {
+        Ok(M::describe().handle(&ctx.into(), &method, &body)?)
+    }
+
+    fn on_event(ctx: types::CallContext, event: wit::Event) -> std::result::Result<(), types::Refusal> {
+        Ok(M::on_event(&ctx.into(), event.try_into()?)?)
+    }
+
+    fn reconcile(ctx: types::CallContext, trigger: wit::ReconcileTrigger) -> std::result::Result<wit::ReconcileOutcome, types::Refusal> {
+        let trigger = ReconcileTrigger { periodic: trigger.periodic, hints: trigger.hints };
+        let outcome = M::reconcile(&ctx.into(), trigger)?;
+        Ok(wit::ReconcileOutcome {
+            requeue_after_ms: outcome.requeue_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            summary: outcome.summary,
+        })
+    }
+
+    fn run_task(ctx: types::CallContext, name: String) -> std::result::Result<String, types::Refusal> {
+        Ok(M::run_task(&ctx.into(), &name)?)
+    }
+
+    fn migrate(ctx: types::CallContext, from: Option<String>, to: String) -> std::result::Result<(), types::Refusal> {
+        Ok(M::migrate(&ctx.into(), from.as_deref(), &to)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::descriptor::Empty;
+    use crate::{Role, json};
+
+    struct Minimal;
+
+    impl Manager for Minimal {
+        fn describe() -> Descriptor {
+            Descriptor::new().method::<Empty, Value>("hello", "Hello.", Role::Public, |ctx, _| Ok(json!({"v": ctx.plugin_version()})))
+        }
+    }
+
+    fn wit_ctx() -> types::CallContext {
+        crate::context::test_context().into()
+    }
+
+    #[test]
+    fn adapter_forwards_with_defaults() {
+        type A = Adapter<Minimal>;
+        assert_eq!(A::describe().methods[0].name, "hello");
+        assert_eq!(A::handle(wit_ctx(), "hello".into(), "{}".into()).unwrap(), r#"{"v":"1.2.3"}"#);
+        let refusal = A::handle(wit_ctx(), "hello".into(), r#"{"x":1}"#.into()).unwrap_err();
+        assert_eq!(refusal.code, "invalid-request");
+        let event = wit::Event { sequence: 1, kind: "service.deleting".into(), subject: "s1".into(), data: "{}".into(), at_ms: 5 };
+        A::on_event(wit_ctx(), event).unwrap();
+        let outcome = A::reconcile(wit_ctx(), wit::ReconcileTrigger { periodic: true, hints: vec![] }).unwrap();
+        assert_eq!((outcome.requeue_after_ms, outcome.summary.as_str()), (None, ""));
+        assert_eq!(A::run_task(wit_ctx(), "tidy".into()).unwrap_err().code, "task-unknown");
+        A::migrate(wit_ctx(), None, "0.1.0".into()).unwrap();
+    }
+
+    #[test]
+    fn events_decode_their_data() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Deleting {
+            #[serde(rename = "serviceId")]
+            service_id: String,
+        }
+        let raw = wit::Event {
+            sequence: 9,
+            kind: "service.deleting".into(),
+            subject: "s1".into(),
+            data: r#"{"serviceId":"s1"}"#.into(),
+            at_ms: 1,
+        };
+        let event = Event::try_from(raw).unwrap();
+        assert_eq!(event.data_as::<Deleting>().unwrap().service_id, "s1");
+        let err = Event { data: json!({"serviceId": 3}), ..event }.data_as::<Deleting>().unwrap_err();
+        assert_eq!(err.data(), Some(&json!({"field": "serviceId"})));
+        let bad = wit::Event { sequence: 9, kind: "k".into(), subject: "s".into(), data: "nope".into(), at_ms: 1 };
+        assert_eq!(Event::try_from(bad).unwrap_err().code(), "invalid-request");
+    }
+
+    #[test]
+    fn outcomes_requeue() {
+        let o = ReconcileOutcome::done("3 notes").requeue_after(Duration::from_secs(5));
+        assert_eq!((o.summary.as_str(), o.requeue_after), ("3 notes", Some(Duration::from_secs(5))));
+    }
+}

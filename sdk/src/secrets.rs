@@ -1,0 +1,57 @@
+//! Secrets within the management scopes the operator approved (capability `secrets:<scope>`;
+//! `secrets:mail` covers `mail:<serviceId>`). Values never cross except through [`reveal`],
+//! which needs `secrets-reveal:<scope>`.
+
+use crate::Result;
+use crate::bindings::capstan::plugin::secrets as wit;
+
+pub use wit::{Generate, Owner, SecretInfo};
+
+impl Generate {
+    /// `length` characters of `[A-Za-z0-9]`.
+    pub fn alphanumeric(length: u32) -> Self {
+        Generate { length, alphabet: "alphanumeric".into() }
+    }
+
+    /// `length` lowercase hex digits.
+    pub fn hex(length: u32) -> Self {
+        Generate { length, alphabet: "hex".into() }
+    }
+
+    /// `length` characters of unpadded base64url.
+    pub fn base64url(length: u32) -> Self {
+        Generate { length, alphabet: "base64url".into() }
+    }
+
+    /// `length` printable ASCII characters.
+    pub fn printable(length: u32) -> Self {
+        Generate { length, alphabet: "printable".into() }
+    }
+}
+
+/// The secret `key` of `owner` in `scope`, created with a generated value if no active one
+/// exists, else the existing one unchanged. Refused `management-scope-mismatch` when another
+/// scope manages it.
+pub fn ensure(scope: &str, owner: &Owner, key: &str, generate: &Generate) -> Result<SecretInfo> {
+    Ok(wit::ensure(scope, owner, key, generate)?)
+}
+
+/// A new version with a newly generated value.
+pub fn rotate(scope: &str, secret_id: &str) -> Result<SecretInfo> {
+    Ok(wit::rotate(scope, secret_id)?)
+}
+
+pub fn revoke(scope: &str, secret_id: &str) -> Result<SecretInfo> {
+    Ok(wit::revoke(scope, secret_id)?)
+}
+
+/// Metadata of every secret in `scope`; never a value.
+pub fn list(scope: &str) -> Result<Vec<SecretInfo>> {
+    Ok(wit::list(scope)?)
+}
+
+/// The active value, for deriving something from it (a DKIM public key, say). Never log it,
+/// store it or answer it. Capability `secrets-reveal:<scope>`.
+pub fn reveal(scope: &str, secret_id: &str) -> Result<Vec<u8>> {
+    Ok(wit::reveal(scope, secret_id)?)
+}
