@@ -10,6 +10,7 @@ mod identity;
 mod logging;
 mod migrations;
 mod mongo;
+mod plugins;
 mod s3;
 mod serve;
 mod support;

@@ -1,8 +1,11 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
+mod client;
 mod fleet;
 mod keyring;
 mod plugin;
+mod plugin_new;
+mod plugin_online;
 mod serve;
 
 use crate::config::{self, Flags};
@@ -34,9 +37,19 @@ enum Command {
     /// WireGuard transport: create this node's key pair in its state directory.
     #[command(subcommand)]
     Wg(fleet::WgCommand),
-    /// Plugin authoring, offline: keygen, build, sign, verify, inspect.
+    /// Plugins: author (new, keygen, build, sign, verify, inspect) and operate on a running
+    /// host (install, upgrade, rollback, list, get, disable, enable, uninstall, trust).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Log in to a Capstan server and keep the session token for the other commands.
+    ///
+    /// Asks for the password on the terminal without echo, or reads it from standard input
+    /// with --password-stdin. The token goes to $XDG_CONFIG_HOME/capstan/credentials.json
+    /// (else ~/.config/capstan/credentials.json), mode 0600, keyed by the server URL; it is
+    /// never printed. Client commands use CAPSTAN_TOKEN instead when it is set.
+    Login(client::LoginArgs),
+    /// End the session at the server and forget its stored token.
+    Logout(client::LogoutArgs),
 }
 
 #[derive(clap::Args)]
@@ -88,6 +101,8 @@ pub fn main() -> ExitCode {
         Command::Fleet(command) => fleet::run(command),
         Command::Wg(command) => fleet::run_wg(command),
         Command::Plugin(command) => plugin::run(command),
+        Command::Login(args) => client::login(args),
+        Command::Logout(args) => client::logout(args),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,

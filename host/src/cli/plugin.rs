@@ -1,7 +1,8 @@
 //! `capstan plugin keygen | sign | verify | inspect | build`: the plugin author's offline
-//! commands. They never start the host or talk to it.
+//! commands. They never start the host or talk to it. `new` scaffolds a plugin crate
+//! (`plugin_new`); the operator's commands are clients of a running host (`plugin_online`).
 
-use super::refuse;
+use super::{plugin_new, plugin_online, refuse};
 use crate::plugins::bundle::{self, Bundle, MAX_BUNDLE_BYTES, PublisherKey};
 use crate::plugins::manifest::{MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
@@ -18,6 +19,14 @@ const EXIT_REFUSED: u8 = 1;
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
+    /// Scaffold a plugin crate in `<dir>/<name>/` that builds and signs out of the box.
+    ///
+    /// Writes Cargo.toml (its own workspace; a cdylib depending on capstan-sdk by path),
+    /// capstan-plugin.toml (id = NAME, version 0.1.0, capabilities store and log), src/lib.rs
+    /// (one method, `hello`), .gitignore and README.md. Refuses `plugin-id-invalid`,
+    /// `output-exists` and, when this capstan was built away from its source tree and no --sdk
+    /// is given, `sdk-not-found`.
+    New(plugin_new::NewArgs),
     /// Create a publisher signing key (Ed25519) and print its public key.
     ///
     /// The private key is written as PKCS#8 PEM to a new file, mode 0600, through a same-directory
@@ -97,6 +106,8 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    #[command(flatten)]
+    Online(plugin_online::OnlineCommand),
 }
 
 pub fn run(command: PluginCommand) -> ExitCode {
@@ -106,6 +117,8 @@ pub fn run(command: PluginCommand) -> ExitCode {
         PluginCommand::Verify { bundle, trust, json } => (verify(&bundle, &trust, json), json),
         PluginCommand::Inspect { bundle, json } => (inspect(&bundle, json), json),
         PluginCommand::Build { dir, key, json } => (build(&dir, key.as_deref(), json), json),
+        PluginCommand::New(args) => plugin_new::run(&args),
+        PluginCommand::Online(command) => plugin_online::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -247,6 +260,10 @@ fn build(dir: &Path, key_path: Option<&Path>, json: bool) -> Result<()> {
     let key = key_path.map(bundle::read_key_file).transpose()?;
 
     let cargo_toml = dir.join("Cargo.toml");
+    if !cargo_toml.is_file() {
+        return Err(Refusal::new("build-failed", format!("{} has no Cargo.toml: a plugin is a Rust crate", dir.display()))
+            .with_data(json!({ "path": cargo_toml.display().to_string() })));
+    }
     let wasm = cargo_build(&cargo_toml)?;
     let component = fs::read(&wasm).map_err(|e| {
         Refusal::new("artifact-missing", format!("cannot read the built component {}: {}", wasm.display(), e.kind()))
@@ -302,8 +319,8 @@ fn cargo_build(cargo_toml: &Path) -> Result<PathBuf> {
         return Err(Refusal::new(
             "build-failed",
             format!(
-                "cargo build failed ({status}); its errors are above. The wasm32-wasip2 target must be installed \
-                 (rustup target add wasm32-wasip2)"
+                "cargo build failed ({status}); its errors are above (a missing target installs with \
+                 `rustup target add wasm32-wasip2`)"
             ),
         )
         .with_data(json!({ "exitCode": status.code() })));

@@ -1,5 +1,6 @@
 //! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
-//! nodes, administrators only), `/login` and `/logout`, from the templates in
+//! nodes, administrators only), `/plugins` (installed plugins and their lifecycle,
+//! administrators only), `/login` and `/logout`, from the templates in
 //! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
 //! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
 //! build step.
@@ -13,6 +14,7 @@
 
 pub mod assets;
 mod fleet;
+mod plugins;
 
 use crate::api::AppState;
 use crate::api::system::{StatusReport, status_report};
@@ -39,7 +41,7 @@ pub const DENIAL: &str = "Login failed: check the username and password.";
 /// The policy on every dashboard response.
 pub const CONTENT_SECURITY_POLICY: &str =
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'";
-/// The largest form body the dashboard reads.
+/// The largest form body the dashboard reads (bundle uploads have their own limit).
 const FORM_LIMIT: usize = 16 * 1024;
 
 /// The dashboard's routes, to be merged into the API router (which owns the fallback).
@@ -49,6 +51,15 @@ pub fn router() -> Router<AppState> {
         .route("/overview/status", get(status_panel))
         .route("/fleet", get(fleet::page))
         .route("/fleet/panel", get(fleet::panel))
+        .route("/plugins", get(plugins::page))
+        // a bundle may be up to 64 MiB: this route alone reads more than a form
+        .route("/plugins/inspect", post(plugins::inspect).layer(DefaultBodyLimit::max(plugins::UPLOAD_LIMIT)))
+        .route("/plugins/install", post(plugins::install))
+        .route("/plugins/upgrade", post(plugins::upgrade))
+        .route("/plugins/discard", post(plugins::discard))
+        .route("/plugins/rollback", post(plugins::rollback))
+        .route("/plugins/disable", post(plugins::disable))
+        .route("/plugins/enable", post(plugins::enable))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))
@@ -68,6 +79,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("status.html", include_str!("../../../dashboard/templates/status.html")),
     ("fleet.html", include_str!("../../../dashboard/templates/fleet.html")),
     ("fleet_panel.html", include_str!("../../../dashboard/templates/fleet_panel.html")),
+    ("plugins.html", include_str!("../../../dashboard/templates/plugins.html")),
+    ("plugins_list.html", include_str!("../../../dashboard/templates/plugins_list.html")),
+    ("plugins_approve.html", include_str!("../../../dashboard/templates/plugins_approve.html")),
+    ("plugins_flash.html", include_str!("../../../dashboard/templates/plugins_flash.html")),
     ("message.html", include_str!("../../../dashboard/templates/message.html")),
 ];
 
@@ -299,7 +314,7 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Backups", "backups", None),
     ("Mail", "mail", None),
     ("Ingress", "ingress", None),
-    ("Plugins", "plugins", None),
+    ("Plugins", "plugins", Some("/plugins")),
     ("Settings", "settings", None),
 ];
 

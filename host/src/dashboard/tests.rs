@@ -196,8 +196,8 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     assert!(body.contains(&format!("version {target} of {target}")), "migrations are shown: {body}");
     assert!(body.contains(env!("CARGO_PKG_VERSION")));
     assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
-    // every section is in the rail; only the overview is a link
-    for section in ["Clusters", "Services", "Secrets", "Apps", "Backups", "Mail", "Ingress", "Plugins", "Settings"] {
+    // every section is in the rail; the ones without a page yet are shown as coming soon
+    for section in ["Clusters", "Services", "Secrets", "Apps", "Backups", "Mail", "Ingress", "Settings"] {
         assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
     }
     assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
@@ -574,4 +574,375 @@ async fn an_unreadable_bucket_is_an_error_panel_not_an_error_page() {
         assert!(body.contains(r#"hx-trigger="every 5s""#), "the panel keeps trying: {body}");
         assert!(!body.contains("expected") && !body.contains("line 1"), "the parser's detail stays in the log: {body}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The Plugins view
+
+use crate::plugins::bundle::{Bundle, PublisherKey, generate_key};
+use crate::plugins::host::{InstalledVersion, PLUGINS, Record};
+
+/// Every form post of the Plugins view, with a body that would be acceptable.
+const PLUGIN_POSTS: [(&str, &str); 6] = [
+    ("/plugins/install", "upload=0123456789abcdef0123456789abcdef&approve=log"),
+    ("/plugins/upgrade", "upload=0123456789abcdef0123456789abcdef&approve=log"),
+    ("/plugins/discard", "upload=0123456789abcdef0123456789abcdef"),
+    ("/plugins/rollback", "id=example"),
+    ("/plugins/disable", "id=example"),
+    ("/plugins/enable", "id=example"),
+];
+
+const MULTIPART_BOUNDARY: &str = "capstan-test-boundary-7MA4YWxkTrZu0gW";
+
+/// A `multipart/form-data` post of `fields` (name, file name for a file, content).
+fn post_multipart(path: &str, fields: &[(&str, Option<&str>, &[u8])], cookie: Option<&str>, origin: Option<&str>) -> Request {
+    let mut body = Vec::new();
+    for (name, file, data) in fields {
+        let file = file.map(|f| format!("; filename=\"{f}\"")).unwrap_or_default();
+        body.extend(format!("--{MULTIPART_BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"{file}\r\n").as_bytes());
+        if !file.is_empty() {
+            body.extend(b"Content-Type: application/octet-stream\r\n");
+        }
+        body.extend(b"\r\n");
+        body.extend(*data);
+        body.extend(b"\r\n");
+    }
+    body.extend(format!("--{MULTIPART_BOUNDARY}--\r\n").as_bytes());
+    let mut builder = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", "capstan.test")
+        .header("content-type", format!("multipart/form-data; boundary={MULTIPART_BOUNDARY}"))
+        .header("content-length", body.len());
+    if let Some(cookie) = cookie {
+        builder = builder.header("cookie", cookie);
+    }
+    if let Some(origin) = origin {
+        builder = builder.header("origin", origin);
+    }
+    builder.body(Body::from(body)).unwrap()
+}
+
+/// The install form with `bundle` as the file.
+fn upload(bundle: &[u8], cookie: &str) -> Request {
+    post_multipart(
+        "/plugins/inspect",
+        &[("intent", None, b"install"), ("bundle", Some("x.capstan-plugin"), bundle)],
+        Some(cookie),
+        Some(ORIGIN),
+    )
+}
+
+/// How many uploads are kept.
+async fn kept_uploads(state: &AppState) -> usize {
+    state.blobs.list(crate::plugins::methods::UPLOADS, None, 100).await.unwrap().items.len()
+}
+
+/// A signed bundle of 3 MiB, more than a form or axum's default body limit, that parses (its
+/// component is a component header and noise, so it never compiles); its signer is trusted
+/// as `Tests`.
+async fn parsing_bundle(state: &AppState) -> Vec<u8> {
+    let manifest = "[plugin]\nid = \"example\"\nname = \"Example\"\nversion = \"0.3.0\"\nwit = \"capstan:plugin@0.1.0\"\ndescription = \"A test bundle.\"\n\n[capabilities]\nrequested = [\"store\", \"log\"]\n";
+    let mut component = b"\0asm\x0d\x00\x01\x00".to_vec();
+    component.extend((0..3u32 << 20).map(|i| (i * 7 % 251) as u8));
+    let key = generate_key();
+    let public = PublisherKey::from(&key).to_string();
+    state.plugins.as_ref().unwrap().add_trusted_publisher(&public, "Tests", "admin").await.unwrap();
+    let mut bundle = Bundle::new(manifest.to_string(), component).unwrap();
+    bundle.sign(&key);
+    bundle.to_bytes()
+}
+
+/// The upload id an approval page carries.
+fn upload_id(body: &str) -> String {
+    let at = body.find(r#"name="upload" value=""#).unwrap_or_else(|| panic!("no upload id: {body}"));
+    body[at + 21..at + 53].to_string()
+}
+
+fn installed(version: &str, publisher: &str, grants: &[&str]) -> InstalledVersion {
+    InstalledVersion {
+        version: version.into(),
+        bundle_key: format!("_capstan/plugins/test/{version}-0000000000000000.capstan-plugin"),
+        digest: "ab".repeat(32),
+        publisher: publisher.into(),
+        grants: grants.iter().map(|g| g.to_string()).collect(),
+        installed_at: 1_700_000_000_000,
+        installed_by: "admin".into(),
+    }
+}
+
+/// Put a registry record straight into the store (its bundle is not in the bucket, so it
+/// never loads: cheap, and it shows how a plugin that fails to load looks).
+async fn put_record(state: &AppState, record: Record) {
+    let value = serde_json::to_value(&record).unwrap();
+    state
+        .store
+        .transact(|tx| {
+            let (id, value) = (record.id.clone(), value.clone());
+            async move { tx.insert(PLUGINS, &id, value).await.map(drop) }
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_plugins_view_needs_an_administrator() {
+    let (_dir, state) = setup().await;
+    let anonymous = send(&state, get("/plugins", None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    anonymous.assert_security_headers("GET /plugins");
+    for (path, body) in PLUGIN_POSTS {
+        let answer = send(&state, post_form(path, body, None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+    let answer = send(&state, post_multipart("/plugins/inspect", &[("bundle", Some("b"), b"junk")], None, Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")));
+
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let refused = send(&state, get("/plugins", Some(&operator))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(refused.body.contains("Administrators only"), "{}", refused.body);
+    assert!(!refused.body.contains(r#"id="plugins""#), "{}", refused.body);
+    refused.assert_security_headers("GET /plugins as an operator");
+    for (path, body) in PLUGIN_POSTS {
+        let answer = send(&state, post_form(path, body, Some(&operator), Some(ORIGIN))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+    }
+    let answer = send(&state, upload(b"junk", &operator)).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+
+    // an administrator sees the view, linked in the rail, empty at first
+    let admin = login_cookie(&state).await;
+    let page = send(&state, get("/plugins", Some(&admin))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /plugins");
+    let body = &page.body;
+    assert!(body.contains("<title>Plugins · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"href="&#x2f;plugins" aria-current="page""#), "{body}");
+    assert!(body.contains(r#"id="plugins-empty""#) && body.contains("No plugins installed"), "{body}");
+    assert!(body.contains(r#"action="/plugins/inspect" enctype="multipart/form-data""#), "{body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    // the rail links the view for operators too (the page then says it is for administrators)
+    let overview = send(&state, get("/", Some(&operator))).await;
+    assert!(overview.body.contains(r#"href="&#x2f;plugins""#), "{}", overview.body);
+}
+
+#[tokio::test]
+async fn the_plugins_view_lists_versions_publishers_status_and_grants() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let host = state.plugins.clone().unwrap();
+    let key = PublisherKey::from(&generate_key());
+    host.add_trusted_publisher(&key.to_string(), "Example Corp", "admin").await.unwrap();
+    put_record(
+        &state,
+        Record {
+            id: "example".into(),
+            name: "Example".into(),
+            enabled: true,
+            current: installed("0.2.0", &key.to_string(), &["events:publish", "log", "store"]),
+            previous: Some(installed("0.1.0", &key.to_string(), &["log", "store"])),
+        },
+    )
+    .await;
+    put_record(
+        &state,
+        Record {
+            id: "quiet".into(),
+            name: "Quiet".into(),
+            enabled: false,
+            current: installed("1.0.0", "first-party", &[]),
+            previous: None,
+        },
+    )
+    .await;
+    // the example's bundle is not in the bucket: loading it fails and says why
+    host.sync().await.unwrap();
+
+    let page = send(&state, get("/plugins", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains(r#"id="plugins-summary">2 installed<"#), "{body}");
+    assert!(body.contains(r#"<tr data-plugin="example" data-status="failed">"#), "{body}");
+    assert!(body.contains(r#"<tr data-plugin="quiet" data-status="disabled">"#), "{body}");
+    let example = &body[body.find(r#"data-plugin="example""#).unwrap()..body.find(r#"data-plugin="quiet""#).unwrap()];
+    let quiet = &body[body.find(r#"data-plugin="quiet""#).unwrap()..];
+    assert!(example.contains(r#"data-version="0.2.0""#) && example.contains("previously 0.1.0"), "{example}");
+    assert!(example.contains(&key.fingerprint()) && example.contains("Example Corp"), "publisher: {example}");
+    assert!(!example.contains(&key.to_string()[20..]) || example.contains(&format!(r#"title="{}""#, escaped(&key.to_string()))));
+    assert!(example.contains(r#"data-error="bundle-missing""#), "the load error is shown: {example}");
+    for grant in ["events:publish", "log", "store"] {
+        assert!(example.contains(&format!(r#"<span class="chip">{grant}</span>"#)), "{grant}: {example}");
+    }
+    assert!(example.contains(r#"data-action="rollback""#) && example.contains("Roll back to 0.1.0"), "{example}");
+    assert!(example.contains(r#"data-action="disable""#) && !example.contains(r#"data-action="enable""#), "{example}");
+    assert!(example.contains(r#"<input type="hidden" name="plugin" value="example">"#), "an Upgrade form per row: {example}");
+    assert!(quiet.contains(r#"<span class="pill pill-info">first-party</span>"#), "{quiet}");
+    assert!(quiet.contains(r#"data-action="enable""#) && !quiet.contains(r#"data-action="rollback""#), "{quiet}");
+    assert!(quiet.contains(r#"<span class="muted">none</span>"#), "no grants: {quiet}");
+
+    // disable: a 303 back to the page, which says so
+    let answer = send(&state, post_form("/plugins/disable", "id=example", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/plugins?done=disabled&id=example")), "{}", answer.body);
+    let page = send(&state, get("/plugins?done=disabled&id=example", Some(&cookie))).await;
+    assert!(page.body.contains(r#"id="plugins-flash" role="status""#) && page.body.contains("Plugin disabled"), "{}", page.body);
+    assert!(page.body.contains(r#"<tr data-plugin="example" data-status="disabled">"#), "{}", page.body);
+    assert!(!host.record("example").await.unwrap().unwrap().0.enabled);
+
+    // refusals are shown by code, with the refusal's status
+    let answer = send(&state, post_form("/plugins/rollback", "id=quiet", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="rollback-unavailable""#), "{}", answer.body);
+    assert!(answer.body.contains("(rollback-unavailable)") && answer.body.contains("no previous version"), "{}", answer.body);
+    let answer = send(&state, post_form("/plugins/enable", "id=nothing", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="not-found""#), "{}", answer.body);
+    // an unknown `done` says nothing
+    let page = send(&state, get("/plugins?done=%3Cb%3E&id=%3Cscript%3E", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(!page.body.contains(r#"id="plugins-flash""#) && !page.body.contains("<script>"), "{}", page.body);
+}
+
+#[tokio::test]
+async fn an_invalid_upload_shows_bundle_malformed_and_keeps_nothing() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let answer = send(&state, upload(b"this is not a bundle", &cookie)).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    answer.assert_security_headers("POST /plugins/inspect");
+    assert!(answer.body.contains(r#"id="plugins-flash" data-code="bundle-malformed""#), "{}", answer.body);
+    assert!(
+        answer.body.contains("The bundle was not accepted (bundle-malformed)") && answer.body.contains("Nothing was kept"),
+        "{}",
+        answer.body
+    );
+    assert!(answer.body.contains(r#"id="install-form""#), "the page is there to try again: {}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+
+    // no file chosen, not multipart, and more than a bundle may be: refused by name too
+    let empty = send(&state, upload(b"", &cookie)).await;
+    let empty_unnamed = send(
+        &state,
+        post_multipart("/plugins/inspect", &[("intent", None, b"install"), ("bundle", Some(""), b"")], Some(&cookie), Some(ORIGIN)),
+    )
+    .await;
+    assert!(empty.body.contains(r#"data-code="bundle-malformed""#), "{}", empty.body);
+    assert!(empty_unnamed.body.contains(r#"data-code="invalid-request""#), "{}", empty_unnamed.body);
+    let json = send(&state, post_form("/plugins/inspect", "bundle=x", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", json.body);
+    assert!(json.body.contains(r#"data-code="unsupported-media-type""#), "{}", json.body);
+    let mut huge = upload(b"junk", &cookie);
+    huge.headers_mut().insert("content-length", HeaderValue::from(plugins::UPLOAD_LIMIT as u64 + 1));
+    let huge = send(&state, huge).await;
+    assert_eq!(huge.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", huge.body);
+    assert!(huge.body.contains(r#"data-code="bundle-too-large""#), "{}", huge.body);
+    assert_eq!(huge.header("connection"), Some("close"), "the rest of the body is not read");
+    // a body that does not say its length is cut off where a bundle would be too large
+    let oversized = vec![0u8; crate::plugins::bundle::MAX_BUNDLE_BYTES + 1];
+    let mut streamed = upload(&oversized, &cookie);
+    drop(oversized);
+    streamed.headers_mut().remove("content-length");
+    let streamed = send(&state, streamed).await;
+    assert_eq!(streamed.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", streamed.body);
+    assert!(streamed.body.contains(r#"data-code="bundle-too-large""#), "{}", streamed.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+}
+
+#[tokio::test]
+async fn a_bundle_is_installed_only_with_every_requested_capability_approved() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let bundle = parsing_bundle(&state).await;
+
+    // the approval step: what the bundle is, who signed it, a checkbox per capability
+    let answer = send(&state, upload(&bundle, &cookie)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("the approval page");
+    let body = &answer.body;
+    assert!(body.contains("<title>Approve the install · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"id="bundle-id">example<"#) && body.contains(r#"id="bundle-version">0.3.0<"#), "{body}");
+    assert!(body.contains("trusted: Tests") && body.contains("3.0 MiB"), "{body}");
+    assert!(body.contains(r#"<form method="post" action="/plugins/install" class="form" id="approve-form">"#), "{body}");
+    for capability in ["log", "store"] {
+        assert!(body.contains(&format!(r#"<input type="checkbox" name="approve" value="{capability}">"#)), "{capability}: {body}");
+    }
+    assert_eq!(kept_uploads(&state).await, 1);
+    let upload = upload_id(body);
+
+    // one box unticked: the host's refusal, on the approval page again, the upload kept
+    let partial = format!("upload={upload}&approve=log");
+    let answer = send(&state, post_form("/plugins/install", &partial, Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="capabilities-not-approved""#), "{}", answer.body);
+    assert!(answer.body.contains("not approved: store"), "{}", answer.body);
+    assert!(answer.body.contains(r#"value="log" checked>"#) && answer.body.contains(r#"value="store">"#), "{}", answer.body);
+    assert_eq!(upload_id(&answer.body), upload);
+    assert_eq!(kept_uploads(&state).await, 1);
+
+    // all ticked: the host goes on and refuses the component (it never compiles); the
+    // refusal is shown by code and the upload is discarded
+    let all = format!("upload={upload}&approve=log&approve=store");
+    let answer = send(&state, post_form("/plugins/install", &all, Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="bundle-malformed""#), "{}", answer.body);
+    assert!(answer.body.contains("The plugin was not installed (bundle-malformed)"), "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+    assert!(state.plugins.as_ref().unwrap().record("example").await.unwrap().is_none());
+    let again = send(&state, post_form("/plugins/install", &all, Some(&cookie), Some(ORIGIN))).await;
+    assert!(again.body.contains(r#"data-code="upload-not-found""#), "{}", again.body);
+
+    // an Upgrade button's bundle must be the plugin it was for; else nothing is kept
+    let fields: [(&str, Option<&str>, &[u8]); 3] =
+        [("intent", None, b"upgrade"), ("plugin", None, b"other"), ("bundle", Some("x.capstan-plugin"), &bundle)];
+    let answer = send(&state, post_multipart("/plugins/inspect", &fields, Some(&cookie), Some(ORIGIN))).await;
+    assert!(answer.body.contains(r#"data-code="bundle-plugin-mismatch""#), "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+    let fields: [(&str, Option<&str>, &[u8]); 3] =
+        [("intent", None, b"upgrade"), ("plugin", None, b"example"), ("bundle", Some("x.capstan-plugin"), &bundle)];
+    let answer = send(&state, post_multipart("/plugins/inspect", &fields, Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert!(answer.body.contains(r#"action="/plugins/upgrade""#) && answer.body.contains("Approve and upgrade"), "{}", answer.body);
+    assert!(answer.body.contains("example is not installed"), "the page warns before the host refuses: {}", answer.body);
+
+    // cancelling discards the upload
+    let upload = upload_id(&answer.body);
+    let answer = send(&state, post_form("/plugins/discard", &format!("upload={upload}"), Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+    let answer = send(&state, post_form("/plugins/discard", "upload=..%2F..%2Fx", Some(&cookie), Some(ORIGIN))).await;
+    assert!(answer.body.contains(r#"data-code="invalid-request""#), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn plugin_posts_from_another_origin_are_refused() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    put_record(
+        &state,
+        Record {
+            id: "example".into(),
+            name: "Example".into(),
+            enabled: true,
+            current: installed("1.0.0", "first-party", &[]),
+            previous: None,
+        },
+    )
+    .await;
+    let bundle = parsing_bundle(&state).await;
+    for origin in ["https://evil.example", "null", "http://capstan.test.evil.example"] {
+        for (path, body) in PLUGIN_POSTS {
+            let answer = send(&state, post_form(path, body, Some(&cookie), Some(origin))).await;
+            assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path} from {origin}: {}", answer.body);
+            assert!(answer.body.contains("Request refused"), "{}", answer.body);
+            answer.assert_security_headers(path);
+        }
+        let fields: [(&str, Option<&str>, &[u8]); 1] = [("bundle", Some("x.capstan-plugin"), &bundle)];
+        let answer = send(&state, post_multipart("/plugins/inspect", &fields, Some(&cookie), Some(origin))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "inspect from {origin}: {}", answer.body);
+    }
+    assert_eq!(kept_uploads(&state).await, 0, "nothing was kept");
+    assert!(state.plugins.as_ref().unwrap().record("example").await.unwrap().unwrap().0.enabled, "nothing was disabled");
 }

@@ -61,22 +61,24 @@ pub async fn append(tx: &Tx, kind: &str, subject: &str, data: Value, source: &st
 /// Up to `limit` events after `after`, in order.
 pub async fn read_after(store: &Store, after: u64, limit: usize) -> Result<Vec<Event>> {
     let cursor = (after > 0).then(|| event_id(after));
-    let page = store.transact(|tx| {
-        let cursor = cursor.clone();
-        async move { tx.scan(EVENTS, cursor.as_deref(), limit).await }
-    })
-    .await?;
+    let page = store
+        .transact(|tx| {
+            let cursor = cursor.clone();
+            async move { tx.scan(EVENTS, cursor.as_deref(), limit).await }
+        })
+        .await?;
     page.documents.into_iter().map(|d| serde_json::from_value(d.data).map_err(Refusal::internal)).collect()
 }
 
 /// The last sequence `consumer` handled (0: none).
 pub async fn cursor(store: &Store, consumer: &str) -> Result<u64> {
     let consumer = consumer.to_string();
-    let doc = store.transact(|tx| {
-        let consumer = consumer.clone();
-        async move { tx.get(CURSORS, &consumer).await }
-    })
-    .await?;
+    let doc = store
+        .transact(|tx| {
+            let consumer = consumer.clone();
+            async move { tx.get(CURSORS, &consumer).await }
+        })
+        .await?;
     Ok(doc.and_then(|d| d.data["sequence"].as_u64()).unwrap_or(0))
 }
 
@@ -132,7 +134,10 @@ mod tests {
         let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
         declare(&store).await.unwrap();
         for i in 0..5 {
-            store.transact(|tx| async move { append(&tx, "test.happened", &format!("s{i}"), json!({ "i": i }), "host").await }).await.unwrap();
+            store
+                .transact(|tx| async move { append(&tx, "test.happened", &format!("s{i}"), json!({ "i": i }), "host").await })
+                .await
+                .unwrap();
         }
         let all = read_after(&store, 0, 100).await.unwrap();
         assert_eq!(all.iter().map(|e| e.sequence).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);

@@ -77,7 +77,8 @@ impl Described {
                 return Err(invalid(format!("method name {:?} must be a camelCase verb", m.name)));
             }
             let role: Role = m.role.parse()?;
-            let input_schema: Value = serde_json::from_str(&m.input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
+            let input_schema: Value =
+                serde_json::from_str(&m.input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
             let output_schema: Value =
                 serde_json::from_str(&m.output_schema).map_err(|e| invalid(format!("{}: output schema: {e}", m.name)))?;
             let validator = jsonschema::validator_for(&input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
@@ -291,7 +292,11 @@ impl PluginHost {
             })
             .await
             .map_err(|e| {
-                if e.is("exists") { Refusal::new("publisher-exists", "this publisher key is already trusted").with_data(json!({"fingerprint": id})) } else { e }
+                if e.is("exists") {
+                    Refusal::new("publisher-exists", "this publisher key is already trusted").with_data(json!({"fingerprint": id}))
+                } else {
+                    e
+                }
             })?;
         Ok(publisher)
     }
@@ -437,10 +442,14 @@ impl PluginHost {
         crate::fleet::refuse_if_frozen(&self.services.blobs).await?;
         let bundle = Bundle::parse(bytes)?;
         let id = bundle.manifest.id.clone();
+        // the signature first: a changed byte always reads as such
+        let publisher = bundle.verify(&self.trusted_keys().await?)?;
         if self.record(&id).await?.is_some() {
-            return Err(Refusal::new("plugin-exists", format!("plugin {id} is installed; use plugins.upgrade")).with_data(json!({"id": id})));
+            return Err(
+                Refusal::new("plugin-exists", format!("plugin {id} is installed; use plugins.upgrade")).with_data(json!({"id": id}))
+            );
         }
-        let active = self.prepare(&bundle, approved, 0).await?;
+        let active = self.prepare_verified(&bundle, approved, publisher.to_string(), 0).await?;
         self.services.declare_collections(&id, &active.described.collections).await?;
         active.sandbox.migrate(None, &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
@@ -452,7 +461,8 @@ impl PluginHost {
                 let (id, value, record) = (id.clone(), value.clone(), record.clone());
                 async move {
                     let doc = tx.insert(PLUGINS, &id, value).await?;
-                    crate::events::append(&tx, "plugin.installed", &id, json!({ "id": id, "version": record.current.version }), "host").await?;
+                    crate::events::append(&tx, "plugin.installed", &id, json!({ "id": id, "version": record.current.version }), "host")
+                        .await?;
                     Ok(doc)
                 }
             })
@@ -488,6 +498,7 @@ impl PluginHost {
         crate::fleet::refuse_if_frozen(&self.services.blobs).await?;
         let bundle = Bundle::parse(bytes)?;
         let id = bundle.manifest.id.clone();
+        let publisher = bundle.verify(&self.trusted_keys().await?)?;
         let (record, revision) = self.record(&id).await?.ok_or_else(|| not_installed(&id))?;
         let current: semver::Version = record.current.version.parse().map_err(Refusal::internal)?;
         if bundle.manifest.version <= current {
@@ -497,7 +508,7 @@ impl PluginHost {
             )
             .with_data(json!({ "installed": current.to_string(), "offered": bundle.manifest.version.to_string() })));
         }
-        let active = self.prepare(&bundle, approved, 0).await?;
+        let active = self.prepare_verified(&bundle, approved, publisher.to_string(), 0).await?;
         self.services.declare_collections(&id, &active.described.collections).await?;
         active.sandbox.migrate(Some(&record.current.version), &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
@@ -603,11 +614,24 @@ impl PluginHost {
         self.services.declare_collections(id, collections).await?;
         for spec in collections {
             let name = collection_name(id, &spec.name);
-            if !self.store().transact(|tx| { let name = name.clone(); async move { Ok(tx.is_declared(&name)) } }).await? {
+            if !self
+                .store()
+                .transact(|tx| {
+                    let name = name.clone();
+                    async move { Ok(tx.is_declared(&name)) }
+                })
+                .await?
+            {
                 continue;
             }
             loop {
-                let page = self.store().transact(|tx| { let name = name.clone(); async move { tx.scan(&name, None, 200).await } }).await?;
+                let page = self
+                    .store()
+                    .transact(|tx| {
+                        let name = name.clone();
+                        async move { tx.scan(&name, None, 200).await }
+                    })
+                    .await?;
                 if page.documents.is_empty() {
                     break;
                 }
@@ -656,7 +680,14 @@ impl PluginHost {
     }
 
     /// Call a plugin method as `caller`, after the role check and schema validation.
-    pub async fn dispatch(&self, plugin: &str, method: &str, caller: Option<&crate::auth::Identity>, request_id: &str, body: Value) -> Result<Value> {
+    pub async fn dispatch(
+        &self,
+        plugin: &str,
+        method: &str,
+        caller: Option<&crate::auth::Identity>,
+        request_id: &str,
+        body: Value,
+    ) -> Result<Value> {
         let active = self.get(plugin).ok_or_else(|| self.unavailable(plugin))?;
         let entry = active.described.methods.get(method).ok_or_else(|| {
             Refusal::new("method-unknown", format!("plugin {plugin} has no method {method:?}; GET /api/v1/methods lists them"))

@@ -382,9 +382,10 @@ impl inventory::Host for CallData {
 
     async fn settings(&mut self) -> WitResult<inventory::Entity> {
         self.require(&Capability::InventoryRead)?;
-        let doc = self.services.store.transact(|tx| async move {
-            if tx.is_declared("settings") { tx.get("settings", "public").await } else { Ok(None) }
-        });
+        let doc = self
+            .services
+            .store
+            .transact(|tx| async move { if tx.is_declared("settings") { tx.get("settings", "public").await } else { Ok(None) } });
         let doc = doc.await.map_err(to_wit)?;
         Ok(match doc {
             Some(d) => entity(inventory::EntityKind::Organization, d),
@@ -481,7 +482,8 @@ impl blobs::HostBlobReader for CallData {
     async fn read(&mut self, reader: Resource<BlobReaderState>, max: u32) -> WitResult<Vec<u8>> {
         let state = self.table.get_mut(&reader).map_err(table_error)?;
         let mut buf = vec![0u8; max.clamp(1, MAX_CHUNK) as usize];
-        let n = state.0.read(&mut buf).await.map_err(|e| refusal("blobs-unavailable", format!("reading the blob failed: {e}"), json!({})))?;
+        let n =
+            state.0.read(&mut buf).await.map_err(|e| refusal("blobs-unavailable", format!("reading the blob failed: {e}"), json!({})))?;
         buf.truncate(n);
         Ok(buf)
     }
@@ -586,8 +588,8 @@ pub fn origin_of(url: &reqwest::Url) -> Option<String> {
 
 impl http::Host for CallData {
     async fn fetch(&mut self, request: http::Request) -> WitResult<http::Response> {
-        let url = reqwest::Url::parse(&request.url)
-            .map_err(|e| refusal("invalid-request", format!("not an absolute URL: {e}"), json!({})))?;
+        let url =
+            reqwest::Url::parse(&request.url).map_err(|e| refusal("invalid-request", format!("not an absolute URL: {e}"), json!({})))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(refusal("invalid-request", "only http and https URLs can be fetched".into(), json!({})));
         }
@@ -610,11 +612,8 @@ impl http::Host for CallData {
             refusal(code, format!("fetching {origin} failed: {}", without_url(&e)), json!({ "origin": origin })).retryable_wit()
         })?;
         let status = response.status().as_u16();
-        let headers = response
-            .headers()
-            .iter()
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
-            .collect();
+        let headers =
+            response.headers().iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string()))).collect();
         let mut body = Vec::new();
         let mut stream = response;
         while let Some(chunk) = stream.chunk().await.map_err(|e| {
@@ -712,7 +711,8 @@ async fn signing_key(services: Arc<Services>, plugin: String, name: String) -> W
                 if let Some(doc) = tx.get(PLUGIN_KEYS, &id).await? {
                     let stored: StoredKey = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
                     let secret = keyring.open(&context, &stored.sealed)?;
-                    let bytes: [u8; 32] = secret.as_slice().try_into().map_err(|_| Refusal::internal("stored signing key is not 32 bytes"))?;
+                    let bytes: [u8; 32] =
+                        secret.as_slice().try_into().map_err(|_| Refusal::internal("stored signing key is not 32 bytes"))?;
                     return Ok(ed25519_dalek::SigningKey::from_bytes(&bytes));
                 }
                 let key = ed25519_dalek::SigningKey::from_bytes(&rand::random());

@@ -5,7 +5,7 @@
 //! what the bundle requests; `plugins.install` / `plugins.upgrade` then name the upload and the
 //! approved capabilities.
 
-use super::bundle::{Bundle, MAX_BUNDLE_BYTES};
+use super::bundle::{Bundle, Inspection, MAX_BUNDLE_BYTES};
 use super::host::{LastError, PluginHost, Record, TrustedPublisher};
 use crate::api::methods::{Access, Call, Registry};
 use crate::api::{ApiError, AppState};
@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-const UPLOADS: &str = "_capstan/uploads/";
+/// Where kept uploads live in blobs: `_capstan/uploads/<32 hex>`.
+pub(crate) const UPLOADS: &str = "_capstan/uploads/";
 
 fn plugins(call: &Call) -> Result<Arc<PluginHost>> {
     call.state.plugins.clone().ok_or_else(|| Refusal::new("plugins-unavailable", "this host runs without the plugin runtime"))
@@ -88,7 +89,7 @@ pub struct PluginView {
     pub methods: Vec<String>,
 }
 
-fn view(host: &PluginHost, record: &Record) -> PluginView {
+pub(crate) fn view(host: &PluginHost, record: &Record) -> PluginView {
     let active = host.get(&record.id);
     let last_error = host.load_error(&record.id);
     let status = match (&active, record.enabled) {
@@ -126,20 +127,33 @@ pub struct PublisherList {
     pub added: Vec<TrustedPublisher>,
 }
 
-async fn take_upload(call: &Call, upload: &str) -> Result<Vec<u8>> {
+/// Keep a bundle for a following install or upgrade: parse it (what does not parse is refused
+/// by name and nothing is kept), store it under `_capstan/uploads/<32 hex>`, and answer the
+/// upload id and what the bundle requests. Nothing is verified against trust here.
+pub(crate) async fn keep_upload(state: &AppState, bytes: &[u8], by: &str) -> Result<(String, Inspection)> {
+    let bundle = Bundle::parse(bytes)?;
+    let upload = uuid::Uuid::new_v4().simple().to_string();
+    state.blobs.put_bytes(&format!("{UPLOADS}{upload}"), bytes.to_vec(), PutMode::CreateOnly).await?;
+    tracing::info!(upload = %upload, plugin = %bundle.manifest.id, version = %bundle.manifest.version, by, "plugin bundle uploaded");
+    Ok((upload, bundle.inspect()))
+}
+
+/// The bytes of a kept upload.
+pub(crate) async fn take_upload(state: &AppState, upload: &str) -> Result<Vec<u8>> {
     let valid = upload.len() == 32 && upload.chars().all(|c| c.is_ascii_hexdigit());
     if !valid {
         return Err(Refusal::invalid_request("upload ids are the 32 hex digits the upload answered").with_data(json!({"field": "upload"})));
     }
     let key = format!("{UPLOADS}{upload}");
-    let (_, bytes) = call.state.blobs.get_bytes(&key).await?.ok_or_else(|| {
+    let (_, bytes) = state.blobs.get_bytes(&key).await?.ok_or_else(|| {
         Refusal::new("upload-not-found", "no such upload; upload the bundle again").with_data(json!({ "upload": upload }))
     })?;
     Ok(bytes)
 }
 
-async fn forget_upload(call: &Call, upload: &str) {
-    let _ = call.state.blobs.delete(&format!("{UPLOADS}{upload}")).await;
+/// Drop a kept upload (best effort).
+pub(crate) async fn forget_upload(state: &AppState, upload: &str) {
+    let _ = state.blobs.delete(&format!("{UPLOADS}{upload}")).await;
 }
 
 fn by(call: &Call) -> Result<String> {
@@ -147,11 +161,16 @@ fn by(call: &Call) -> Result<String> {
 }
 
 pub fn register(registry: &mut Registry) {
-    registry.add("plugins.list", "Installed plugins with status, version, publisher and grants", Access::Admin, |call: Call, _: Empty| async move {
-        let host = plugins(&call)?;
-        let records = host.records().await?;
-        Ok(PluginList { plugins: records.iter().map(|(r, _)| view(&host, r)).collect() })
-    });
+    registry.add(
+        "plugins.list",
+        "Installed plugins with status, version, publisher and grants",
+        Access::Admin,
+        |call: Call, _: Empty| async move {
+            let host = plugins(&call)?;
+            let records = host.records().await?;
+            Ok(PluginList { plugins: records.iter().map(|(r, _)| view(&host, r)).collect() })
+        },
+    );
     registry.add("plugins.get", "One plugin: status, version, grants, last error", Access::Admin, |call: Call, input: ById| async move {
         let host = plugins(&call)?;
         let (record, _) = host.record(&input.id).await?.ok_or_else(|| Refusal::not_found(format!("plugin {:?}", input.id)))?;
@@ -163,9 +182,9 @@ pub fn register(registry: &mut Registry) {
         Access::Admin,
         |call: Call, input: InstallInput| async move {
             let host = plugins(&call)?;
-            let bytes = take_upload(&call, &input.upload).await?;
+            let bytes = take_upload(&call.state, &input.upload).await?;
             let record = host.install(&bytes, &input.approve, &by(&call)?).await?;
-            forget_upload(&call, &input.upload).await;
+            forget_upload(&call.state, &input.upload).await;
             Ok(view(&host, &record))
         },
     );
@@ -175,17 +194,22 @@ pub fn register(registry: &mut Registry) {
         Access::Admin,
         |call: Call, input: InstallInput| async move {
             let host = plugins(&call)?;
-            let bytes = take_upload(&call, &input.upload).await?;
+            let bytes = take_upload(&call.state, &input.upload).await?;
             let record = host.upgrade(&bytes, &input.approve, &by(&call)?).await?;
-            forget_upload(&call, &input.upload).await;
+            forget_upload(&call.state, &input.upload).await;
             Ok(view(&host, &record))
         },
     );
-    registry.add("plugins.rollback", "Go back to the version before the last upgrade", Access::Admin, |call: Call, input: ById| async move {
-        let host = plugins(&call)?;
-        let record = host.rollback(&input.id, &by(&call)?).await?;
-        Ok(view(&host, &record))
-    });
+    registry.add(
+        "plugins.rollback",
+        "Go back to the version before the last upgrade",
+        Access::Admin,
+        |call: Call, input: ById| async move {
+            let host = plugins(&call)?;
+            let record = host.rollback(&input.id, &by(&call)?).await?;
+            Ok(view(&host, &record))
+        },
+    );
     registry.add("plugins.disable", "Stop serving a plugin (its data stays)", Access::Admin, |call: Call, input: ById| async move {
         let host = plugins(&call)?;
         let record = host.set_enabled(&input.id, false, &by(&call)?).await?;
@@ -205,13 +229,18 @@ pub fn register(registry: &mut Registry) {
             host.uninstall(&input.id, input.purge, &by(&call)?).await
         },
     );
-    registry.add("plugins.listTrustedPublishers", "Publisher keys bundles may be signed by", Access::Admin, |call: Call, _: Empty| async move {
-        let host = plugins(&call)?;
-        Ok(PublisherList {
-            configured: host.configured_publishers().iter().map(ToString::to_string).collect(),
-            added: host.trusted_publishers().await?,
-        })
-    });
+    registry.add(
+        "plugins.listTrustedPublishers",
+        "Publisher keys bundles may be signed by",
+        Access::Admin,
+        |call: Call, _: Empty| async move {
+            let host = plugins(&call)?;
+            Ok(PublisherList {
+                configured: host.configured_publishers().iter().map(ToString::to_string).collect(),
+                added: host.trusted_publishers().await?,
+            })
+        },
+    );
     registry.add(
         "plugins.addTrustedPublisher",
         "Trust a publisher key (needs a fresh administrator login)",
@@ -221,7 +250,7 @@ pub fn register(registry: &mut Registry) {
             let identity = call.identity()?;
             identity.require_fresh()?;
             let added = host.add_trusted_publisher(&input.public_key, &input.name, &identity.username).await?;
-            Ok(serde_json::to_value(added).map_err(Refusal::internal)?)
+            serde_json::to_value(added).map_err(Refusal::internal)
         },
     );
     registry.add(
@@ -238,20 +267,21 @@ pub fn register(registry: &mut Registry) {
 }
 
 /// `POST /api/v1/uploads/plugin-bundle`: keep a bundle for a following install or upgrade and
-/// say what it is and what it requests. Nothing is verified against trust here.
+/// say what it is and what it requests (see [`keep_upload`]).
 pub async fn upload_bundle(State(state): State<AppState>, request: Request) -> std::result::Result<Json<Value>, ApiError> {
     let (parts, body) = request.into_parts();
-    let bytes = crate::api::read_body_limited(&parts.headers, body, MAX_BUNDLE_BYTES)
-        .await
-        .map_err(|e| if e.is("request-too-large") { Refusal::new("bundle-too-large", format!("a bundle is at most {MAX_BUNDLE_BYTES} bytes")) } else { e })?;
+    let bytes = crate::api::read_body_limited(&parts.headers, body, MAX_BUNDLE_BYTES).await.map_err(|e| {
+        if e.is("request-too-large") {
+            Refusal::new("bundle-too-large", format!("a bundle is at most {MAX_BUNDLE_BYTES} bytes"))
+        } else {
+            e
+        }
+    })?;
     let bearer = crate::api::bearer_token(&parts.headers).ok_or_else(crate::auth::denied)?;
     let identity = state.auth.authenticate(bearer).await?;
     if !identity.is_human_admin() {
         return Err(Refusal::new("forbidden", "uploading a plugin bundle needs an administrator").into());
     }
-    let bundle = Bundle::parse(&bytes)?;
-    let upload = uuid::Uuid::new_v4().simple().to_string();
-    state.blobs.put_bytes(&format!("{UPLOADS}{upload}"), bytes.to_vec(), PutMode::CreateOnly).await?;
-    tracing::info!(upload = %upload, plugin = %bundle.manifest.id, version = %bundle.manifest.version, by = %identity.username, "plugin bundle uploaded");
-    Ok(Json(json!({ "upload": upload, "bundle": bundle.inspect() })))
+    let (upload, inspection) = keep_upload(&state, &bytes, &identity.username).await?;
+    Ok(Json(json!({ "upload": upload, "bundle": inspection })))
 }

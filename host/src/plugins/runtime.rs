@@ -115,7 +115,8 @@ impl Runtime {
             }
         }
         let compiled = self.engine.precompile_component(bytes).map_err(|e| {
-            Refusal::new("bundle-malformed", format!("plugin.wasm is not a valid component: {e}")).with_data(json!({"entry": "plugin.wasm"}))
+            Refusal::new("bundle-malformed", format!("plugin.wasm is not a valid component: {e}"))
+                .with_data(json!({"entry": "plugin.wasm"}))
         })?;
         if let Some(path) = &path
             && let Err(e) = write_atomically(path, &compiled)
@@ -162,9 +163,11 @@ fn config(pooling: bool) -> Config {
 
 fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| {
-        Refusal::new("state-dir-unusable", format!("cannot create the plugin cache {}: {e}", dir.display()))
-    })
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Refusal::new("state-dir-unusable", format!("cannot create the plugin cache {}: {e}", dir.display())))
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -337,7 +340,7 @@ impl Sandbox {
             kind == CallKind::Describe,
             STDIO_CAPTURE,
         );
-        let mut store = Store::new(&self.prepared.pre.engine(), data);
+        let mut store = Store::new(self.prepared.pre.engine(), data);
         store.limiter(|data| &mut data.limiter);
         let stop_at = started + deadline;
         store.set_epoch_deadline(1);
@@ -389,8 +392,7 @@ impl Sandbox {
         }
         let reason = trap.downcast_ref::<wasmtime::Trap>().map(|t| t.to_string()).unwrap_or_else(|| format!("{trap:#}"));
         tracing::warn!(plugin = %self.id, kind = ?kind, reason = %reason, "plugin call failed");
-        Refusal::new("plugin-failed", format!("plugin {} failed: {}", self.id, first_line(&reason)))
-            .with_data(json!({ "plugin": self.id }))
+        Refusal::new("plugin-failed", format!("plugin {} failed: {}", self.id, first_line(&reason))).with_data(json!({ "plugin": self.id }))
     }
 
     /// A refusal the plugin returned, passed on when it is well formed.

@@ -9,23 +9,34 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-/// Build the test plugins once per test process; the artifacts' directory.
-fn built() -> &'static PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target")).join("wasm-plugins");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .current_dir(&workspace)
-            .args(["build", "--release", "--target", "wasm32-wasip2", "-p", "capstan-plugin-example", "-p", "capstan-plugin-adversary"])
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the test plugins failed");
-        target.join("wasm32-wasip2/release")
-    })
+/// Build the test plugins once per test process; the artifacts' directory, or `None` (with
+/// the reason printed) where they cannot be built — unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1`
+/// (as `.ci/run` sets it), which makes that a failure.
+fn built() -> Option<&'static PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let target =
+                std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target")).join("wasm-plugins");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .current_dir(&workspace)
+                .args(["build", "--release", "--target", "wasm32-wasip2", "-p", "capstan-plugin-example", "-p", "capstan-plugin-adversary"])
+                .arg("--target-dir")
+                .arg(&target)
+                .status();
+            match status {
+                Ok(s) if s.success() => Some(target.join("wasm32-wasip2/release")),
+                other => {
+                    let why = format!("building the test plugins for wasm32-wasip2 failed ({other:?}); is the target installed?");
+                    assert!(std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1"), "{why}");
+                    eprintln!("skipped: {why}");
+                    None
+                }
+            }
+        })
+        .as_ref()
 }
 
 fn manifest(dir: &str, version: Option<&str>) -> String {
@@ -46,7 +57,9 @@ struct Fixture {
 }
 
 impl Fixture {
-    async fn new() -> Fixture {
+    /// `None` when the test plugins cannot be built here (the reason was printed).
+    async fn new() -> Option<Fixture> {
+        built()?;
         let dir = tempfile::tempdir().unwrap();
         let state = crate::api::test_state(dir.path()).await;
         let host = state.plugins.clone().unwrap();
@@ -62,11 +75,11 @@ impl Fixture {
             authenticated_at: now,
             expires_at: now + 60_000,
         };
-        Fixture { _dir: dir, state, host, key, admin }
+        Some(Fixture { _dir: dir, state, host, key, admin })
     }
 
     fn bundle(&self, crate_name: &str, dir: &str, version: Option<&str>) -> Vec<u8> {
-        let component = std::fs::read(built().join(format!("{crate_name}.wasm"))).unwrap();
+        let component = std::fs::read(built().expect("built").join(format!("{crate_name}.wasm"))).unwrap();
         let mut bundle = Bundle::new(manifest(dir, version), component).unwrap();
         bundle.sign(&self.key);
         bundle.to_bytes()
@@ -91,7 +104,7 @@ fn all() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrade_and_rollback() {
-    let f = Fixture::new().await;
+    let Some(f) = Fixture::new().await else { return };
     let record = f.host.install(&f.example(None), &all(), "admin").await.unwrap();
     assert_eq!(record.current.version, "0.1.0");
     assert_eq!(record.current.grants, vec!["events:publish", "log", "store"]);
@@ -147,7 +160,7 @@ async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrad
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_refuses_by_name_and_records_nothing() {
-    let f = Fixture::new().await;
+    let Some(f) = Fixture::new().await else { return };
     let good = f.example(None);
 
     let mut changed = good.clone();
@@ -164,7 +177,7 @@ async fn install_refuses_by_name_and_records_nothing() {
     let too_few = vec!["store".to_string()];
     assert_eq!(f.host.install(&good, &too_few, "admin").await.unwrap_err().code, "capabilities-not-approved");
 
-    assert_eq!(f.host.install(&vec![0u8; 100], &all(), "admin").await.unwrap_err().code, "bundle-malformed");
+    assert_eq!(f.host.install(&[0u8; 100], &all(), "admin").await.unwrap_err().code, "bundle-malformed");
     assert!(f.host.records().await.unwrap().is_empty());
 
     f.host.install(&good, &["events:publish".into(), "log".into(), "store".into()], "admin").await.unwrap();
@@ -176,7 +189,7 @@ async fn install_refuses_by_name_and_records_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misbehaving_plugin_is_refused_by_name_and_the_host_keeps_serving() {
-    let f = Fixture::new().await;
+    let Some(f) = Fixture::new().await else { return };
     f.host.install(&f.adversary(), &all(), "admin").await.unwrap();
     f.host.install(&f.example(None), &all(), "admin").await.unwrap();
 
@@ -197,7 +210,7 @@ async fn a_misbehaving_plugin_is_refused_by_name_and_the_host_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_reach_a_subscribed_plugin_in_commit_order() {
-    let f = Fixture::new().await;
+    let Some(f) = Fixture::new().await else { return };
     f.host.install(&f.example(None), &all(), "admin").await.unwrap();
     for i in 0..5 {
         f.call("example", "putNote", json!({ "id": format!("n{i}"), "text": "x" })).await.unwrap();
@@ -219,13 +232,16 @@ async fn events_reach_a_subscribed_plugin_in_commit_order() {
     assert_eq!(subjects, vec!["n0", "n1", "n2", "n3", "n4"]);
     let sequences: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
     assert!(sequences.windows(2).all(|w| w[0] < w[1]));
-    assert_eq!(crate::events::cursor(&f.host.services.store, "plugin:example").await.unwrap(), crate::events::head(&f.host.services.store).await.unwrap());
+    assert_eq!(
+        crate::events::cursor(&f.host.services.store, "plugin:example").await.unwrap(),
+        crate::events::head(&f.host.services.store).await.unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compiled_component_is_cached_by_digest() {
-    let f = Fixture::new().await;
-    let component = std::fs::read(built().join("capstan_plugin_example.wasm")).unwrap();
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let runtime = super::runtime::Runtime::new(Some(dir.path().to_path_buf())).unwrap();
     assert!(!runtime.prepare(&component).unwrap().cached);

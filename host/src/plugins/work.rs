@@ -186,7 +186,9 @@ async fn run_due_tasks(active: &Active, shared: &Mutex<Shared>) {
         if due_between(&schedule.cron, since, now) {
             match active.sandbox.run_task(&schedule.name).await {
                 Ok(summary) => tracing::info!(plugin = %active.manifest.id, task = %schedule.name, %summary, "plugin task done"),
-                Err(e) => tracing::warn!(plugin = %active.manifest.id, task = %schedule.name, code = %e.code, "plugin task failed: {}", e.message),
+                Err(e) => {
+                    tracing::warn!(plugin = %active.manifest.id, task = %schedule.name, code = %e.code, "plugin task failed: {}", e.message)
+                }
             }
         }
     }
