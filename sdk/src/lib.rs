@@ -114,6 +114,8 @@ pub mod log;
 pub mod secrets;
 pub mod sign;
 pub mod store;
+#[cfg(all(feature = "testing", not(target_family = "wasm")))]
+pub mod testing;
 
 /// The bindings `wit-bindgen` generates for the `manager` world: the raw imports under
 /// `bindings::capstan::plugin`, the export trait under `bindings::exports`, and `export!`.

@@ -62,9 +62,10 @@ impl Flash {
     }
 
     fn refused(title: &str, refusal: &Refusal, after: &str) -> Flash {
-        let mut message = refusal.message.clone();
+        let mut message = refusal.message.trim_end_matches('.').to_string();
+        message.push('.');
         if !after.is_empty() {
-            message = format!("{message}. {after}");
+            message = format!("{message} {after}");
         }
         Flash { ok: false, code: Some(refusal.code.to_string()), title: format!("{title} ({})", refusal.code), message }
     }
@@ -394,11 +395,13 @@ fn done_flash(query: &DoneQuery, rows: Option<&[RowView]>) -> Option<Flash> {
     let id: String = query.id.as_deref()?.chars().take(64).collect();
     let row = rows.and_then(|rows| rows.iter().find(|r| r.id == id));
     let at = row.map(|r| format!(" {}", r.version)).unwrap_or_default();
+    let failed = row.is_some_and(|r| r.status == "failed");
     let (title, message) = match what {
         "installed" => ("Plugin installed", format!("{id}{at} is installed with the capabilities you approved.")),
-        "upgraded" => ("Plugin upgraded", format!("{id} is upgraded to{at}; calls now go to the new version.")),
-        "rolled-back" => ("Plugin rolled back", format!("{id} is back at{at}.")),
+        "upgraded" => ("Plugin upgraded", format!("{id} is upgraded{}; calls now go to the new version.", at.replacen(' ', " to ", 1))),
+        "rolled-back" => ("Plugin rolled back", format!("{id} is back at the previous version{at}.")),
         "disabled" => ("Plugin disabled", format!("{id} no longer serves calls; its data stays.")),
+        "enabled" if failed => ("Plugin enabled", format!("{id} is enabled but did not load on this node: its status says why.")),
         "enabled" => ("Plugin enabled", format!("{id} serves calls again.")),
         _ => return None,
     };
@@ -606,7 +609,7 @@ async fn confirm(state: AppState, request: Request, upgrade: bool) -> Response {
                 Err(e) => return refused_page(&state, &identity, action, title, e, "").await,
             };
             let checked: BTreeSet<String> = approved.into_iter().collect();
-            let flash = Flash::refused(title, &refusal, "Nothing was changed; the upload is kept for another try");
+            let flash = Flash::refused(title, &refusal, "Nothing was changed; the upload is kept for another try.");
             approval_page(&identity, &host, upload, upgrade, inspection, &checked, Some((status_of(&refusal), flash))).await
         }
         Err(refusal) => {

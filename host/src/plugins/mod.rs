@@ -7,6 +7,7 @@ pub mod imports;
 pub mod manifest;
 pub mod methods;
 pub mod runtime;
+pub mod testing;
 pub mod work;
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 use super::host::{Active, PluginHost};
 use super::runtime::wit_guest;
 use crate::fleet::runtime::Fleet;
+use crate::refusal::Result;
 use std::collections::{BTreeSet, HashMap};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,48 +94,21 @@ async fn round(host: &PluginHost, active: &Arc<Active>, shared: &Mutex<Shared>) 
 }
 
 async fn deliver_events(host: &PluginHost, active: &Active, shared: &Mutex<Shared>) {
-    let subscriptions = &active.described.subscriptions;
-    if subscriptions.is_empty() {
+    if active.described.subscriptions.is_empty() {
         return;
     }
     if shared.lock().expect("plugin work").events_backoff_until.is_some_and(|t| Instant::now() < t) {
         return;
     }
-    let store = &host.services.store;
-    let consumer = format!("plugin:{}", active.manifest.id);
-    let result: crate::refusal::Result<()> = async {
-        let after = crate::events::cursor(store, &consumer).await?;
-        let events = crate::events::read_after(store, after, EVENT_BATCH).await?;
-        let mut handled = after;
-        for event in events {
-            if subscriptions.iter().any(|s| crate::events::matches(s, &event.kind)) {
-                let wit = wit_guest::Event {
-                    sequence: event.sequence,
-                    kind: event.kind.clone(),
-                    subject: event.subject.clone(),
-                    data: event.data.to_string(),
-                    at_ms: event.at_ms,
-                };
-                if let Err(e) = active.sandbox.on_event(&wit).await {
-                    // keep what was handled; this event is delivered again after a backoff
-                    crate::events::advance(store, &consumer, handled).await?;
-                    return Err(e);
-                }
-                let mut s = shared.lock().expect("plugin work");
-                s.hints.insert(event.subject.clone());
-                s.last_hint = Some(Instant::now());
-            }
-            handled = event.sequence;
-        }
-        if handled > after {
-            crate::events::advance(store, &consumer, handled).await?;
-        }
-        Ok(())
-    }
+    let result = deliver_batch(host, active, |subject| {
+        let mut s = shared.lock().expect("plugin work");
+        s.hints.insert(subject.to_string());
+        s.last_hint = Some(Instant::now());
+    })
     .await;
     let mut s = shared.lock().expect("plugin work");
     match result {
-        Ok(()) => s.events_failures = 0,
+        Ok(_) => s.events_failures = 0,
         Err(e) => {
             s.events_failures += 1;
             let backoff = Duration::from_millis((500u64 << s.events_failures.min(7)).min(60_000));
@@ -143,6 +117,53 @@ async fn deliver_events(host: &PluginHost, active: &Active, shared: &Mutex<Share
                 "event delivery failed: {}", e.message);
         }
     }
+}
+
+/// Deliver everything pending for `active` now; how many events it took (for tests).
+pub async fn deliver_pending(host: &PluginHost, active: &Active) -> Result<usize> {
+    let mut total = 0;
+    loop {
+        let before = crate::events::cursor(&host.services.store, &format!("plugin:{}", active.manifest.id)).await?;
+        total += deliver_batch(host, active, |_| {}).await?;
+        let after = crate::events::cursor(&host.services.store, &format!("plugin:{}", active.manifest.id)).await?;
+        if after == before {
+            return Ok(total);
+        }
+    }
+}
+
+/// Hand the next batch of outbox events to the plugin, in order, moving its cursor past
+/// each one handled (and past events it does not subscribe to). Stops at the first refusal:
+/// that event is delivered again later and the ones after it wait.
+async fn deliver_batch(host: &PluginHost, active: &Active, mut delivered: impl FnMut(&str)) -> Result<usize> {
+    let subscriptions = &active.described.subscriptions;
+    let store = &host.services.store;
+    let consumer = format!("plugin:{}", active.manifest.id);
+    let after = crate::events::cursor(store, &consumer).await?;
+    let events = crate::events::read_after(store, after, EVENT_BATCH).await?;
+    let (mut handled, mut count) = (after, 0);
+    for event in events {
+        if subscriptions.iter().any(|s| crate::events::matches(s, &event.kind)) {
+            let wit = wit_guest::Event {
+                sequence: event.sequence,
+                kind: event.kind.clone(),
+                subject: event.subject.clone(),
+                data: event.data.to_string(),
+                at_ms: event.at_ms,
+            };
+            if let Err(e) = active.sandbox.on_event(&wit).await {
+                crate::events::advance(store, &consumer, handled).await?;
+                return Err(e);
+            }
+            delivered(&event.subject);
+            count += 1;
+        }
+        handled = event.sequence;
+    }
+    if handled > after {
+        crate::events::advance(store, &consumer, handled).await?;
+    }
+    Ok(count)
 }
 
 async fn reconcile_if_due(active: &Active, shared: &Mutex<Shared>) {

@@ -1,0 +1,91 @@
+//! An in-process host for testing one plugin: an embedded store and blob directory in a
+//! temporary directory, the real runtime, the plugin installed with every capability it
+//! requests. `capstan_sdk::testing` wraps it for plugin authors.
+
+use super::bundle::{Bundle, PublisherKey, generate_key};
+use super::host::PluginHost;
+use super::imports::Services;
+use super::runtime::Runtime;
+use crate::auth::Identity;
+use crate::refusal::{Refusal, Result};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub struct TestHost {
+    dir: PathBuf,
+    pub host: Arc<PluginHost>,
+    pub plugin: String,
+    caller: Identity,
+}
+
+impl TestHost {
+    /// Install `component` with `manifest_text` (its `capstan-plugin.toml`) on a fresh host.
+    pub async fn load(manifest_text: &str, component: Vec<u8>) -> Result<TestHost> {
+        let dir = std::env::temp_dir().join(format!("capstan-test-host-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).map_err(Refusal::internal)?;
+        let store = crate::store::Store::open(&format!("sqlite:{}", dir.join("store.sqlite").display()), &Default::default()).await?;
+        let blobs = crate::blobs::Blobs::open(&format!("file:{}", dir.join("blobs").display()), &Default::default()).await?;
+        let keyring = Arc::new(crate::keyring::Keyring::generate(None, None)?);
+        let services = Services::new(store, blobs, keyring, "test-node".into());
+        let key = generate_key();
+        let host = PluginHost::new(Runtime::new(None)?, services, vec![PublisherKey::from_verifying_key(key.verifying_key())]).await?;
+        let mut bundle = Bundle::new(manifest_text.to_string(), component)?;
+        bundle.sign(&key);
+        let record = host.install(&bundle.to_bytes(), &["all-requested".into()], "test").await?;
+        let now = crate::fleet::now_ms();
+        let caller = Identity {
+            user_id: "u-test".into(),
+            username: "test".into(),
+            kind: "human".into(),
+            admin: true,
+            session_id: "test".into(),
+            authenticated_at: now,
+            expires_at: now + 24 * 3_600_000,
+        };
+        Ok(TestHost { dir, host, plugin: record.id, caller })
+    }
+
+    /// Call a method as an administrator, through the same checks an API call goes through.
+    pub async fn call(&self, method: &str, body: Value) -> Result<Value> {
+        self.host.dispatch(&self.plugin, method, Some(&self.caller), "test", body).await
+    }
+
+    /// Publish an event to the outbox as the host would (e.g. `service.deleting`).
+    pub async fn publish(&self, kind: &str, subject: &str, data: Value) -> Result<u64> {
+        let (kind, subject) = (kind.to_string(), subject.to_string());
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let (kind, subject, data) = (kind.clone(), subject.clone(), data.clone());
+                async move { crate::events::append(&tx, &kind, &subject, data, "host").await }
+            })
+            .await
+    }
+
+    /// Deliver every pending event the plugin subscribes to; how many it took.
+    pub async fn deliver_events(&self) -> Result<usize> {
+        let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
+        super::work::deliver_pending(&self.host, &active).await
+    }
+
+    /// Run one reconcile pass now.
+    pub async fn reconcile(&self, hints: Vec<String>) -> Result<String> {
+        let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
+        let trigger = super::runtime::wit_guest::ReconcileTrigger { periodic: hints.is_empty(), hints };
+        Ok(active.sandbox.reconcile(&trigger).await?.summary)
+    }
+
+    /// Run a scheduled task now.
+    pub async fn run_task(&self, name: &str) -> Result<String> {
+        let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
+        active.sandbox.run_task(name).await
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

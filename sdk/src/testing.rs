@@ -1,0 +1,104 @@
+//! Run a built plugin against an in-process Capstan host, from a plain `#[test]`.
+//!
+//! ```ignore
+//! use capstan_sdk::testing::TestHost;
+//! use serde_json::json;
+//!
+//! #[test]
+//! fn greets() {
+//!     let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+//!     let out = host.call("greet", json!({ "name": "Ada" })).unwrap();
+//!     assert_eq!(out["greeting"], "Hello, Ada!");
+//! }
+//! ```
+//!
+//! `build` compiles the crate for `wasm32-wasip2` (into `$CARGO_TARGET_DIR/wasm-plugins`, or
+//! `target/wasm-plugins` beside it) and installs it on a fresh host with an embedded store and
+//! blob directory, every capability its manifest requests approved. Calls go through the
+//! same role check and schema validation as the API; refusals come back as [`Refusal`]s.
+
+use crate::Refusal;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+pub struct TestHost {
+    runtime: tokio::runtime::Runtime,
+    inner: capstan::plugins::testing::TestHost,
+}
+
+fn to_sdk(r: capstan::refusal::Refusal) -> Refusal {
+    let mut out = Refusal::new(r.code.to_string(), r.message.clone());
+    if r.retryable {
+        out = out.retryable();
+    }
+    if let Some(data) = r.data {
+        out = out.with_data(*data);
+    }
+    out
+}
+
+/// Build the plugin crate in `crate_dir` for wasm32-wasip2; the component's path.
+pub fn build_component(crate_dir: &Path) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| crate_dir.join("target")).join("wasm-plugins");
+    let output = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(crate_dir)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--message-format=json-render-diagnostics", "--target-dir"])
+        .arg(&target)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(output.status.success(), "building {} for wasm32-wasip2 failed", crate_dir.display());
+    let manifest = crate_dir.join("Cargo.toml").canonicalize().expect("the crate has a Cargo.toml");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && Path::new(m["manifest_path"].as_str().unwrap_or("")) == manifest)
+        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| f.extension().is_some_and(|e| e == "wasm"))
+        .expect("the crate builds a cdylib .wasm (crate-type = [\"cdylib\"])")
+}
+
+impl TestHost {
+    /// Build the plugin crate in `crate_dir` and load it on a fresh in-process host.
+    pub fn build(crate_dir: impl AsRef<Path>) -> TestHost {
+        let dir = crate_dir.as_ref();
+        let component = std::fs::read(build_component(dir)).expect("the built component");
+        let manifest = std::fs::read_to_string(dir.join("capstan-plugin.toml")).expect("capstan-plugin.toml beside Cargo.toml");
+        Self::load(&manifest, component)
+    }
+
+    /// Load an already built component with its manifest text.
+    pub fn load(manifest: &str, component: Vec<u8>) -> TestHost {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime");
+        let inner = runtime
+            .block_on(capstan::plugins::testing::TestHost::load(manifest, component))
+            .unwrap_or_else(|r| panic!("the plugin did not install: {r}"));
+        TestHost { runtime, inner }
+    }
+
+    /// Call a method (as an administrator).
+    pub fn call(&self, method: &str, body: Value) -> Result<Value, Refusal> {
+        self.runtime.block_on(self.inner.call(method, body)).map_err(to_sdk)
+    }
+
+    /// Publish an event as the host would, e.g. `service.deleting`.
+    pub fn publish(&self, kind: &str, subject: &str, data: Value) -> u64 {
+        self.runtime.block_on(self.inner.publish(kind, subject, data)).expect("the outbox takes the event")
+    }
+
+    /// Deliver every pending event the plugin subscribes to; how many it took.
+    pub fn deliver_events(&self) -> Result<usize, Refusal> {
+        self.runtime.block_on(self.inner.deliver_events()).map_err(to_sdk)
+    }
+
+    /// One reconcile pass now (hints as subjects; none: a periodic pass). Its summary.
+    pub fn reconcile(&self, hints: &[&str]) -> Result<String, Refusal> {
+        self.runtime.block_on(self.inner.reconcile(hints.iter().map(|h| h.to_string()).collect())).map_err(to_sdk)
+    }
+
+    /// Run a scheduled task now; its summary.
+    pub fn run_task(&self, name: &str) -> Result<String, Refusal> {
+        self.runtime.block_on(self.inner.run_task(name)).map_err(to_sdk)
+    }
+}
