@@ -24,7 +24,8 @@ pub struct Refusal {
     code: String,
     message: String,
     retryable: bool,
-    data: Option<Value>,
+    /// Boxed so a `Result<T, Refusal>` stays small whatever features serde_json has.
+    data: Option<Box<Value>>,
 }
 
 impl Refusal {
@@ -43,7 +44,7 @@ impl Refusal {
 
     /// Attach details (a JSON object by convention: a field name, an id).
     pub fn with_data(mut self, data: Value) -> Self {
-        self.data = Some(data);
+        self.data = Some(Box::new(data));
         self
     }
 
@@ -86,7 +87,7 @@ impl Refusal {
 
     /// The details, if any.
     pub fn data(&self) -> Option<&Value> {
-        self.data.as_ref()
+        self.data.as_deref()
     }
 
     /// Whether this refusal has `code`.
@@ -113,7 +114,7 @@ impl From<types::Refusal> for Refusal {
     /// The host's refusal as it came. Data that is not JSON (which the host never sends) is kept
     /// as a JSON string rather than lost.
     fn from(r: types::Refusal) -> Self {
-        let data = r.data.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
+        let data = r.data.map(|text| Box::new(serde_json::from_str(&text).unwrap_or(Value::String(text))));
         Refusal { code: r.code, message: r.message, retryable: r.retryable, data }
     }
 }

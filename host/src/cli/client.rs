@@ -12,9 +12,9 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Value, json};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::{self, DirBuilder, OpenOptions};
+use std::fs::DirBuilder;
 use std::io::{BufRead, IsTerminal, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -194,27 +194,10 @@ impl Credentials {
         let dir = self.path.parent().ok_or_else(|| failed("finding the directory of", std::io::ErrorKind::NotFound.into()))?;
         DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| failed("creating the directory of", e))?;
         let text = Zeroizing::new(serde_json::to_vec_pretty(&self.tokens).map_err(Refusal::internal)?);
-        let temp = dir.join(format!(".{CREDENTIALS_FILE}.tmp-{:016x}", rand::random::<u64>()));
-        let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&temp)
-                .map_err(|e| failed("creating a temporary file beside", e))?;
-            file.write_all(&text).and_then(|()| file.write_all(b"\n")).map_err(|e| failed("writing", e))?;
-            file.sync_all().map_err(|e| failed("syncing", e))?;
-            fs::rename(&temp, &self.path).map_err(|e| failed("replacing", e))?;
-            if let Ok(d) = fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        result
+        let mut bytes = text.to_vec();
+        bytes.push(b'\n');
+        let bytes = Zeroizing::new(bytes);
+        private_file::replace_atomically(&self.path, &bytes, 0o600).map_err(|e| failed("replacing", e))
     }
 }
 
@@ -564,6 +547,7 @@ fn run_logout(args: LogoutArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]

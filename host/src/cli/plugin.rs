@@ -8,9 +8,9 @@ use crate::plugins::manifest::{MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
-use std::fs::{self, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -363,32 +363,10 @@ fn pick_artifact(cargo_toml: &Path, artifacts: Vec<(PathBuf, PathBuf)>) -> Resul
     }
 }
 
-/// Replace `path` with `bytes` atomically: a new same-directory temporary file, synced, renamed.
+/// Replace `path` with `bytes` atomically.
 fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let path = std::path::absolute(path).map_err(|e| write_failed(path, &e))?;
-    let dir = path.parent().ok_or_else(|| Refusal::new("bundle-write-failed", format!("{} has no directory", path.display())))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)
-            .map_err(|e| write_failed(&path, &e))?;
-        file.write_all(bytes).map_err(|e| write_failed(&path, &e))?;
-        file.sync_all().map_err(|e| write_failed(&path, &e))?;
-        fs::rename(&temp, &path).map_err(|e| write_failed(&path, &e))?;
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
+    crate::keyring::private_file::replace_atomically(&path, bytes, mode).map_err(|e| write_failed(&path, &e))
 }
 
 fn write_failed(path: &Path, e: &std::io::Error) -> Refusal {

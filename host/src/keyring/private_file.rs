@@ -122,6 +122,28 @@ fn io_refusal(what: &str, e: std::io::Error) -> Refusal {
     Refusal::new("private-file-io", format!("{what} failed: {}", e.kind())).detail(e)
 }
 
+/// Replace `path` with `bytes` atomically (a same-directory temporary file created with `mode`,
+/// synced, renamed over `path`, the directory synced): readers see the old file or the new one.
+pub fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
+    let result = (|| {
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW).open(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&temp, path)?;
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -246,24 +246,11 @@ impl PluginHost {
     }
 
     pub async fn trusted_publishers(&self) -> Result<Vec<TrustedPublisher>> {
-        let mut out = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let page = self
-                .store()
-                .transact(|tx| {
-                    let cursor = cursor.clone();
-                    async move { tx.scan(TRUSTED_PUBLISHERS, cursor.as_deref(), 500).await }
-                })
-                .await?;
-            for doc in page.documents {
-                out.push(serde_json::from_value(doc.data).map_err(Refusal::internal)?);
-            }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => return Ok(out),
-            }
-        }
+        scan_all(self.store(), TRUSTED_PUBLISHERS)
+            .await?
+            .into_iter()
+            .map(|doc| serde_json::from_value(doc.data).map_err(Refusal::internal))
+            .collect()
     }
 
     pub fn configured_publishers(&self) -> &[PublisherKey] {
@@ -338,24 +325,11 @@ impl PluginHost {
     }
 
     pub async fn records(&self) -> Result<Vec<(Record, u64)>> {
-        let mut out = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let page = self
-                .store()
-                .transact(|tx| {
-                    let cursor = cursor.clone();
-                    async move { tx.scan(PLUGINS, cursor.as_deref(), 500).await }
-                })
-                .await?;
-            for doc in page.documents {
-                out.push((serde_json::from_value(doc.data).map_err(Refusal::internal)?, doc.revision));
-            }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => return Ok(out),
-            }
-        }
+        scan_all(self.store(), PLUGINS)
+            .await?
+            .into_iter()
+            .map(|doc| serde_json::from_value(doc.data).map(|r| (r, doc.revision)).map_err(Refusal::internal))
+            .collect()
     }
 
     pub fn load_error(&self, id: &str) -> Option<LastError> {
@@ -719,6 +693,25 @@ impl PluginHost {
     /// organization roles, which this host has no memberships for yet.
     pub fn role_of(&self, plugin: &str, method: &str) -> Option<Role> {
         self.get(plugin).and_then(|a| a.described.methods.get(method).map(|m| m.role))
+    }
+}
+
+/// Every document of a (small) collection, a page at a time.
+async fn scan_all(store: &Store, collection: &'static str) -> Result<Vec<crate::store::Document>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store
+            .transact(|tx| {
+                let cursor = cursor.clone();
+                async move { tx.scan(collection, cursor.as_deref(), 500).await }
+            })
+            .await?;
+        out.extend(page.documents);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
     }
 }
 

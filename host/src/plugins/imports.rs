@@ -5,6 +5,7 @@
 
 use super::manifest::Capability;
 use super::runtime::capstan::plugin::{agents, blobs, events, http, inventory, log, secrets, sign, store, types};
+use super::runtime::truncate;
 use crate::blobs::{Blobs, PutMode};
 use crate::keyring::Keyring;
 use crate::keyring::seal::{Context as SealContext, Sealed};
@@ -230,17 +231,6 @@ fn parse_object(text: &str, what: &str) -> WitResult<Value> {
         Ok(_) => Err(refusal("invalid-request", format!("{what} must be a JSON object"), json!({}))),
         Err(e) => Err(refusal("invalid-request", format!("{what} is not valid JSON: {e}"), json!({}))),
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 impl types::Host for CallData {}

@@ -119,7 +119,7 @@ impl Runtime {
                 .with_data(json!({"entry": "plugin.wasm"}))
         })?;
         if let Some(path) = &path
-            && let Err(e) = write_atomically(path, &compiled)
+            && let Err(e) = crate::keyring::private_file::replace_atomically(path, &compiled, 0o600)
         {
             tracing::warn!(error = %e, "could not cache a compiled plugin");
         }
@@ -168,14 +168,6 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| Refusal::new("state-dir-unusable", format!("cannot create the plugin cache {}: {e}", dir.display())))
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 /// A compiled, pre-instantiated component.
@@ -430,7 +422,8 @@ fn first_line(s: &str) -> String {
     truncate(s.lines().next().unwrap_or(""), 300)
 }
 
-fn truncate(s: &str, max: usize) -> String {
+/// At most `max` bytes of `s` (on a character boundary), marked when cut.
+pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
