@@ -295,10 +295,10 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     assert_eq!(inline_styles, json!(0), "no inline styles on the page");
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
-    // sections not built yet are not links; the overview and the fleet are
+    // sections not built yet are not links; the overview, the fleet and the plugins are
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
-    assert_eq!(disabled.len(), 9);
-    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 2);
+    assert_eq!(disabled.len(), 8);
+    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 3);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
