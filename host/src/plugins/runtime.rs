@@ -28,9 +28,9 @@ wasmtime::component::bindgen!({
     },
 });
 
-pub use capstan::plugin::types::{CallContext, Caller, CallerKind};
-pub use exports::capstan::plugin::guest as wit_guest;
-pub type WitRefusal = capstan::plugin::types::Refusal;
+pub use self::capstan::plugin::types::{CallContext, Caller, CallerKind};
+pub use self::exports::capstan::plugin::guest as wit_guest;
+pub type WitRefusal = self::capstan::plugin::types::Refusal;
 
 /// Deadline of a method call, an event delivery, a describe.
 pub const METHOD_DEADLINE: Duration = Duration::from_secs(6);
