@@ -2,7 +2,7 @@
 //! commands. They never start the host or talk to it. `new` scaffolds a plugin crate
 //! (`plugin_new`); the operator's commands are clients of a running host (`plugin_online`).
 
-use super::{plugin_new, plugin_online, refuse};
+use super::{plugin_new, plugin_online};
 use crate::plugins::bundle::{self, Bundle, MAX_BUNDLE_BYTES, PublisherKey};
 use crate::plugins::manifest::{MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
@@ -13,9 +13,6 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-
-/// Exit status for a refusal.
-const EXIT_REFUSED: u8 = 1;
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
@@ -120,14 +117,7 @@ pub fn run(command: PluginCommand) -> ExitCode {
         PluginCommand::New(args) => plugin_new::run(&args),
         PluginCommand::Online(command) => plugin_online::run(command),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(refusal) if json => {
-            println!("{}", json!({ "ok": false, "error": refusal }));
-            ExitCode::from(EXIT_REFUSED)
-        }
-        Err(refusal) => refuse(&refusal, EXIT_REFUSED),
-    }
+    super::client::finish(result, json)
 }
 
 fn display(path: &Path) -> String {

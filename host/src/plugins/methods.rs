@@ -160,6 +160,25 @@ fn by(call: &Call) -> Result<String> {
     Ok(call.identity()?.username.clone())
 }
 
+enum Operation {
+    Install,
+    Upgrade,
+}
+
+/// Install or upgrade from an upload. An upload serves one attempt whatever its outcome (the
+/// CLI uploads again; a refused bundle does not linger in the bucket).
+async fn apply_upload(call: &Call, input: &InstallInput, operation: Operation) -> Result<PluginView> {
+    let host = plugins(call)?;
+    let bytes = take_upload(&call.state, &input.upload).await?;
+    let by = by(call)?;
+    let outcome = match operation {
+        Operation::Install => host.install(&bytes, &input.approve, &by).await,
+        Operation::Upgrade => host.upgrade(&bytes, &input.approve, &by).await,
+    };
+    forget_upload(&call.state, &input.upload).await;
+    Ok(view(&host, &outcome?))
+}
+
 pub fn register(registry: &mut Registry) {
     registry.add(
         "plugins.list",
@@ -180,25 +199,13 @@ pub fn register(registry: &mut Registry) {
         "plugins.install",
         "Install an uploaded bundle, approving exactly the capabilities it requests",
         Access::Admin,
-        |call: Call, input: InstallInput| async move {
-            let host = plugins(&call)?;
-            let bytes = take_upload(&call.state, &input.upload).await?;
-            let record = host.install(&bytes, &input.approve, &by(&call)?).await?;
-            forget_upload(&call.state, &input.upload).await;
-            Ok(view(&host, &record))
-        },
+        |call: Call, input: InstallInput| async move { apply_upload(&call, &input, Operation::Install).await },
     );
     registry.add(
         "plugins.upgrade",
         "Upgrade to a higher version from an uploaded bundle: migrate, then swap without failing a call",
         Access::Admin,
-        |call: Call, input: InstallInput| async move {
-            let host = plugins(&call)?;
-            let bytes = take_upload(&call.state, &input.upload).await?;
-            let record = host.upgrade(&bytes, &input.approve, &by(&call)?).await?;
-            forget_upload(&call.state, &input.upload).await;
-            Ok(view(&host, &record))
-        },
+        |call: Call, input: InstallInput| async move { apply_upload(&call, &input, Operation::Upgrade).await },
     );
     registry.add(
         "plugins.rollback",
