@@ -85,7 +85,7 @@ fn serves_ready_on_mongodb_and_a_restart_keeps_the_ledger() {
 
     let prod = ProdConfig::under(dir.path());
     let first = Capstan::start(mongo_command(&prod, dir.path(), &url, &database));
-    let status = first.get("/status").expect_json(200);
+    let status = first.ready_status();
     assert_eq!(status["ready"], true, "/status should be ready: {status}");
     assert_eq!(status["store"]["ok"], true, "the store should answer: {status}");
     assert_eq!(status["store"]["backend"], described(&url, &database), "{status}");
@@ -100,7 +100,7 @@ fn serves_ready_on_mongodb_and_a_restart_keeps_the_ledger() {
     assert_eq!(ledger.data["lock"], serde_json::Value::Null, "no lock should be left behind: {ledger:?}");
 
     let second = Capstan::start(mongo_command(&prod, dir.path(), &url, &database));
-    let status = second.get("/status").expect_json(200);
+    let status = second.ready_status();
     assert_eq!(status["ready"], true, "/status should be ready after a restart: {status}");
     assert_eq!(status["migrations"]["history"], serde_json::json!([]), "nothing was migrated: {status}");
     let exited = second.stop();

@@ -69,7 +69,7 @@ fn serves_ready_with_blobs_in_an_s3_bucket() {
     create_bucket(&endpoint, &bucket);
 
     let server = Capstan::start(s3_command(dir.path(), &endpoint, &bucket));
-    let status = server.get("/status").expect_json(200);
+    let status = server.ready_status();
     assert_eq!(status["ready"], true, "/status should be ready: {status}");
     assert_eq!(status["blobs"]["ok"], true, "the bucket should answer: {status}");
     let backend = status["blobs"]["backend"].as_str().unwrap_or_default();
@@ -134,7 +134,7 @@ fn production_on_mongodb_and_s3_serves_ready_and_survives_a_restart() {
         cmd
     };
     let first = Capstan::start(command());
-    let status = first.get("/status").expect_json(200);
+    let status = first.ready_status();
     assert_eq!(status["ready"], true, "{status}");
     assert!(status["store"]["backend"].as_str().unwrap_or_default().starts_with("mongodb://"), "{status}");
     assert!(status["blobs"]["backend"].as_str().unwrap_or_default().starts_with("s3://"), "{status}");
@@ -144,7 +144,7 @@ fn production_on_mongodb_and_s3_serves_ready_and_survives_a_restart() {
     assert!(exited.status.success(), "{:?}\n{}", exited.status, exited.stderr);
 
     let second = Capstan::start(command());
-    let status = second.get("/status").expect_json(200);
+    let status = second.ready_status();
     assert_eq!(status["ready"], true, "{status}");
     assert_eq!(status["migrations"]["dataVersion"], version, "{status}");
     assert!(!second.stderr().contains("stamped"), "a restart finds its ledger and stamps nothing");

@@ -319,6 +319,15 @@ impl Capstan {
     }
 
     /// `POST /api/v1/<method>` with a JSON body.
+    /// Poll `GET /status` as a readiness probe would, until it answers 200 (at most 30 s), and
+    /// return its body. For servers on a shared peer, where one read may be slow under load.
+    pub fn ready_status(&self) -> Value {
+        eventually("/status answering 200", Duration::from_secs(30), || {
+            let reply = self.get("/status");
+            if reply.status == 200 { Ok(reply.json()) } else { Err(format!("HTTP {}: {}", reply.status, reply.body)) }
+        })
+    }
+
     pub fn call(&self, method: &str, body: &str) -> Reply {
         self.request("POST", &format!("/api/v1/{method}"), &[("content-type", "application/json")], Some(body.as_bytes()))
     }

@@ -42,6 +42,9 @@ pub struct MigrationState {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub running: Option<String>,
     pub history: Vec<HistoryEntry>,
+    /// Why the ledger could not be read (a refusal code), when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -73,7 +76,13 @@ pub async fn status_report(state: &AppState) -> StatusReport {
 
 async fn migration_state(state: &AppState) -> MigrationState {
     let chain = &state.chain;
-    let ledger = migrate::read_ledger(&state.store, &chain.name).await.ok().flatten().map(|(l, _)| l);
+    let (ledger, error) = match migrate::read_ledger(&state.store, &chain.name).await {
+        Ok(ledger) => (ledger.map(|(l, _)| l), None),
+        Err(e) => {
+            tracing::warn!(code = %e.code, detail = e.detail.as_deref().unwrap_or(""), "the migration ledger cannot be read");
+            (None, Some(e.code.to_string()))
+        }
+    };
     let target = chain.target().to_string();
     MigrationState {
         chain: chain.name.clone(),
@@ -87,6 +96,7 @@ async fn migration_state(state: &AppState) -> MigrationState {
                 l.history.into_iter().map(|h| HistoryEntry { step: h.step, from: h.from, to: h.to, finished_at: h.finished_at }).collect()
             })
             .unwrap_or_default(),
+        error,
     }
 }
 
