@@ -14,4 +14,5 @@ pub mod keyring;
 pub mod migrate;
 pub mod plugins;
 pub mod refusal;
+pub mod scheduler;
 pub mod store;

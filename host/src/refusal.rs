@@ -66,12 +66,16 @@ impl Refusal {
         self.code == code
     }
 
-    /// The HTTP status that fits this refusal. Codes not listed are client mistakes (400).
+    /// The HTTP status that fits this refusal. Codes not listed are client mistakes (400);
+    /// every `…-not-found` is 404.
     pub fn http_status(&self) -> u16 {
         match self.code.as_ref() {
             "not-found" | "method-unknown" => 404,
+            code if code.ends_with("-not-found") => 404,
             "method-not-allowed" => 405,
             "exists" | "conflict" | "mutation-reused" => 409,
+            // the target's current state stands in the way
+            "task-running" | "task-disabled" | "execution-not-running" => 409,
             "request-too-large" => 413,
             "rate-limited" => 429,
             "unsupported-media-type" => 415,
@@ -117,6 +121,10 @@ mod tests {
             assert_eq!(Refusal::new(code, "x").http_status(), 400);
         }
         assert_eq!(Refusal::new("conflict", "x").http_status(), 409);
+        for code in ["not-found", "task-not-found", "execution-not-found"] {
+            assert_eq!(Refusal::new(code, "x").http_status(), 404, "{code}");
+        }
+        assert_eq!(Refusal::new("not-foundling", "x").http_status(), 400);
         assert_eq!(Refusal::new("store-busy", "x").retryable().http_status(), 503);
     }
 }

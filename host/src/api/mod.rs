@@ -43,6 +43,8 @@ pub struct AppState {
     pub fleet_timing: crate::fleet::Timing,
     /// The plugin runtime; `None` only in tests that do not need it.
     pub plugins: Option<Arc<crate::plugins::host::PluginHost>>,
+    /// The scheduler; `None` only in tests that do not need it.
+    pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -64,6 +66,7 @@ impl AppState {
         crate::auth::methods::register(&mut registry);
         crate::fleet::methods::register(&mut registry);
         crate::plugins::methods::register(&mut registry);
+        crate::scheduler::methods::register(&mut registry);
         AppState {
             store,
             blobs,
@@ -75,6 +78,7 @@ impl AppState {
             public_origin,
             fleet_timing: Default::default(),
             plugins: None,
+            scheduler: None,
         }
     }
 }
@@ -90,6 +94,7 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
     let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();
     let mut state = AppState::new(store, blobs, keyring, auth, crate::migrate::host_chain(), 1 << 20, "http://capstan.test".into());
+    state.scheduler = Some(crate::scheduler::Scheduler::new(state.store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap());
     state.plugins = Some(plugins);
     state
 }

@@ -6,8 +6,7 @@ use crate::blobs::Blobs;
 use crate::config::Network;
 use crate::config::{LogFormat, ServeConfig};
 use crate::fleet::identity::{Loaded, NodeIdentity};
-use crate::fleet::placement::Workload;
-use crate::fleet::runtime::{Fleet, HostTask};
+use crate::fleet::runtime::Fleet;
 use crate::fleet::{Addresses, Node};
 use crate::keyring::Keyring;
 use crate::migrate::{self, LockOptions};
@@ -16,6 +15,7 @@ use crate::plugins::host::PluginHost;
 use crate::plugins::imports::Services;
 use crate::plugins::runtime::Runtime;
 use crate::refusal::{Refusal, Result};
+use crate::scheduler::{HostTask, Scheduler};
 use crate::store::{Store, StoreOptions};
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -86,15 +86,18 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     }
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     bootstrap_admin(&config, &store).await?;
-    let fleet = join_fleet(&config, &blobs, &store, identity, bound).await?;
+    let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
     let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
+    let scheduler = start_scheduler(&store, &fleet, &plugins).await?;
     let mut state = AppState::new(store, blobs, keyring, auth, chain, config.max_body_bytes, config.public_origin.clone());
     state.fleet_timing = config.node.timing;
     state.plugins = Some(plugins.clone());
+    state.scheduler = Some(scheduler.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());
-    loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped));
+    loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped.clone()));
+    loops.push(scheduler.spawn(stopped));
     let signalled = shutdown_signal()?;
     println!("Capstan serving on http://{bound} (public origin {}) as node {}", config.public_origin, fleet.node.identity.id);
     tracing::info!(address = %bound, "serving");
@@ -146,14 +149,34 @@ async fn start_plugins(
     let plugins = PluginHost::new(runtime, services, publishers).await?;
     plugins.sync().await?;
     let source = plugins.clone();
-    fleet.set_workload_source(Arc::new(move || source.loaded().iter().map(|a| a.described.placement.clone()).collect()));
+    fleet.add_workload_source(Arc::new(move || source.loaded().iter().map(|a| a.described.placement.clone()).collect()));
     let loaded = plugins.loaded();
     tracing::info!(plugins = loaded.len(), "plugin runtime ready");
     Ok(plugins)
 }
 
-/// Register this node in the fleet and prepare its loops and host tasks.
-async fn join_fleet(config: &ServeConfig, blobs: &Blobs, store: &Store, identity: NodeIdentity, bound: SocketAddr) -> Result<Arc<Fleet>> {
+/// The scheduler with the host's tasks; the coordinator places them.
+async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<PluginHost>) -> Result<Arc<Scheduler>> {
+    let scheduler = Scheduler::new(store.clone(), fleet.node.identity.id.clone(), Some(fleet.clone()), Some(plugins.clone())).await?;
+    let reaper_store = store.clone();
+    scheduler.register(
+        HostTask::new("host.reap-expired-sessions", "Remove expired sessions", "*/5 * * * *", move |log| {
+            let store = reaper_store.clone();
+            async move {
+                let reaped = auth::reap_expired_sessions(&store).await?;
+                log.line(format!("removed {reaped} expired sessions"));
+                Ok(())
+            }
+        })
+        .description("Deletes sessions whose expiry has passed."),
+    )?;
+    let source = scheduler.clone();
+    fleet.add_workload_source(Arc::new(move || source.workloads()));
+    Ok(scheduler)
+}
+
+/// Register this node in the fleet and prepare its loops.
+async fn join_fleet(config: &ServeConfig, blobs: &Blobs, identity: NodeIdentity, bound: SocketAddr) -> Result<Arc<Fleet>> {
     let internal = match &config.node.advertise {
         Some(address) => address.rsplit_once(':').map(|(host, _)| host.to_string()).unwrap_or_else(|| address.clone()),
         // a wildcard bind is dialled locally on 127.0.0.1; a specific one as bound
@@ -169,16 +192,7 @@ async fn join_fleet(config: &ServeConfig, blobs: &Blobs, store: &Store, identity
         vec!["api".into(), "dashboard".into()],
     )
     .await?;
-    let reaper_store = store.clone();
-    let tasks = vec![HostTask {
-        workload: Workload { id: "host.reap-expired-sessions".into(), replicas: 1, selector: Default::default() },
-        every: std::time::Duration::from_secs(600),
-        run: Arc::new(move || {
-            let store = reaper_store.clone();
-            Box::pin(async move { auth::reap_expired_sessions(&store).await.map(|_| ()) })
-        }),
-    }];
-    Ok(Fleet::new(node, tasks))
+    Ok(Fleet::new(node))
 }
 
 /// The first administrator: from CAPSTAN_ADMIN_ACCOUNT, or in dev mode on a store without

@@ -105,6 +105,90 @@ pub async fn advance(store: &Store, consumer: &str, sequence: u64) -> Result<()>
         .await
 }
 
+/// A delivered event stays this long after every consumer passed it: a consumer that just
+/// handled it (or the dashboard's live channel reconnecting) can still read it back.
+pub const DELIVERED_RETENTION_MS: u64 = 3600 * 1000;
+/// An event older than this goes even if a consumer has not handled it: a consumer stuck for a
+/// month must not grow the outbox without bound (the trim names it in a warning).
+pub const MAX_EVENT_AGE_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Events read (and at most deleted) per transaction, so no trim transaction grows large.
+pub const TRIM_BATCH: usize = 200;
+/// Batches per trim pass; what remains waits for the next pass.
+pub const TRIM_MAX_BATCHES: usize = 100;
+
+/// What one [`trim`] pass did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trimmed {
+    /// Events every counted consumer had handled.
+    pub delivered: u64,
+    /// Events deleted for age although a consumer had not handled them.
+    pub expired: u64,
+    /// The consumers that had not handled an expired event.
+    pub lagging: Vec<String>,
+}
+
+/// Delete events from the front of the outbox: those every consumer has handled and that are
+/// older than [`DELIVERED_RETENTION_MS`], and any older than [`MAX_EVENT_AGE_MS`]. Only the
+/// cursors for which `counts(consumer)` holds are considered (a cursor left behind by an
+/// uninstalled plugin must not hold events forever). Stops at the first event that stays.
+pub async fn trim(store: &Store, now_ms: u64, counts: impl Fn(&str) -> bool) -> Result<Trimmed> {
+    let mut cursors: Vec<(String, u64)> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .transact(|tx| {
+                let after = after.clone();
+                async move { tx.scan(CURSORS, after.as_deref(), 500).await }
+            })
+            .await?;
+        cursors.extend(page.documents.iter().filter(|d| counts(&d.id)).map(|d| (d.id.clone(), d.data["sequence"].as_u64().unwrap_or(0))));
+        match page.next_cursor {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    // with no consumer at all, nothing is waiting for any event
+    let floor = cursors.iter().map(|(_, s)| *s).min().unwrap_or(u64::MAX);
+    let mut trimmed = Trimmed::default();
+    for _ in 0..TRIM_MAX_BATCHES {
+        let (delivered, expired, lagging_upto, more) = store
+            .transact(|tx| async move {
+                let page = tx.scan(EVENTS, None, TRIM_BATCH).await?;
+                let (mut delivered, mut expired, mut lagging_upto) = (0u64, 0u64, 0u64);
+                for doc in &page.documents {
+                    let sequence = doc.data["sequence"].as_u64().or_else(|| doc.id.parse().ok()).unwrap_or(0);
+                    let at = doc.data["atMs"].as_u64().unwrap_or(0);
+                    if sequence <= floor && at.saturating_add(DELIVERED_RETENTION_MS) <= now_ms {
+                        delivered += 1;
+                    } else if at.saturating_add(MAX_EVENT_AGE_MS) <= now_ms {
+                        expired += 1;
+                        lagging_upto = sequence;
+                    } else {
+                        return Ok((delivered, expired, lagging_upto, false));
+                    }
+                    tx.delete(EVENTS, &doc.id, doc.revision).await?;
+                }
+                Ok((delivered, expired, lagging_upto, page.next_cursor.is_some()))
+            })
+            .await?;
+        trimmed.delivered += delivered;
+        trimmed.expired += expired;
+        for (consumer, sequence) in &cursors {
+            if *sequence < lagging_upto && !trimmed.lagging.contains(consumer) {
+                trimmed.lagging.push(consumer.clone());
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    if trimmed.expired > 0 {
+        tracing::warn!(expired = trimmed.expired, lagging = ?trimmed.lagging,
+            "events older than 30 days were deleted before these consumers handled them");
+    }
+    Ok(trimmed)
+}
+
 /// Whether `kind` matches a subscription: exact, or `<prefix>.*`, or `*`.
 pub fn matches(subscription: &str, kind: &str) -> bool {
     match subscription.strip_suffix('*') {
@@ -117,6 +201,41 @@ pub fn matches(subscription: &str, kind: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn trimming_keeps_what_a_consumer_still_needs_and_drops_what_is_too_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
+        declare(&store).await.unwrap();
+        for i in 0..6 {
+            store.transact(|tx| async move { append(&tx, "test.happened", "s", json!({ "i": i }), "host").await }).await.unwrap();
+        }
+        let at = read_after(&store, 0, 100).await.unwrap()[5].at_ms;
+        advance(&store, "plugin:fast", 6).await.unwrap();
+        advance(&store, "plugin:slow", 2).await.unwrap();
+        advance(&store, "plugin:gone", 1).await.unwrap();
+        let counts = |c: &str| c != "plugin:gone";
+        let sequences = |store: Store| async move { read_after(&store, 0, 100).await.unwrap().iter().map(|e| e.sequence).collect::<Vec<_>>() };
+
+        // delivered to everyone but younger than the retention: kept
+        assert_eq!(trim(&store, at, counts).await.unwrap(), Trimmed::default());
+        assert_eq!(sequences(store.clone()).await.len(), 6);
+
+        // an hour later: up to the slowest counted cursor goes (the uninstalled plugin's is ignored)
+        let later = at + DELIVERED_RETENTION_MS;
+        let t = trim(&store, later, counts).await.unwrap();
+        assert_eq!((t.delivered, t.expired), (2, 0));
+        assert_eq!(sequences(store.clone()).await, vec![3, 4, 5, 6]);
+        assert_eq!(trim(&store, later, counts).await.unwrap(), Trimmed::default(), "a second pass decides nothing");
+
+        // a month later: everything goes, and the lagging consumer is named
+        let t = trim(&store, at + MAX_EVENT_AGE_MS, counts).await.unwrap();
+        assert_eq!((t.delivered, t.expired, t.lagging), (0, 4, vec!["plugin:slow".to_string()]));
+        assert!(sequences(store.clone()).await.is_empty());
+        // the sequence goes on where it was
+        let next = store.transact(|tx| async move { append(&tx, "test.happened", "s", json!({}), "host").await }).await.unwrap();
+        assert_eq!(next, 7);
+    }
 
     #[test]
     fn subscriptions_match_exactly_or_by_prefix() {

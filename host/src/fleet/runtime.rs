@@ -1,12 +1,11 @@
-//! The node's background loops: heartbeat, fleet refresh, the coordinator (lease + placement),
-//! and running the host tasks placed on this node.
+//! The node's background loops: heartbeat, fleet refresh and the coordinator (lease +
+//! placement). What runs on the placed workloads is the scheduler's and the plugins' business.
 
 use super::lease::{Coordinator, Role};
 use super::placement::{self, Workload};
 use super::{Node, NodeRecord, now_ms, read_nodes};
 use crate::blobs::PutMode;
 use crate::refusal::{Refusal, Result};
-use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -15,13 +14,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub const ASSIGNMENTS_KEY: &str = "_capstan/coordinator/assignments.json";
-
-/// Background work the host itself places on the fleet.
-pub struct HostTask {
-    pub workload: Workload,
-    pub every: Duration,
-    pub run: Arc<dyn Fn() -> BoxFuture<'static, Result<()>> + Send + Sync>,
-}
 
 /// Where the coordinator placed each workload, stamped with the fence it decided under.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -38,29 +30,28 @@ pub struct Fleet {
     pub coordinator: Arc<Coordinator>,
     view: Mutex<Vec<NodeRecord>>,
     last_fingerprint: Mutex<Option<(u64, String)>>,
-    tasks: Vec<HostTask>,
-    /// More workloads to place, asked on every coordinator pass (the loaded plugins).
-    workload_source: Mutex<Option<WorkloadSource>>,
+    /// Where the workloads to place come from, asked on every coordinator pass (the
+    /// scheduler's host tasks, the loaded plugins).
+    workload_sources: Mutex<Vec<WorkloadSource>>,
 }
 
 pub type WorkloadSource = Arc<dyn Fn() -> Vec<Workload> + Send + Sync>;
 
 impl Fleet {
-    pub fn new(node: Arc<Node>, tasks: Vec<HostTask>) -> Arc<Self> {
+    pub fn new(node: Arc<Node>) -> Arc<Self> {
         let coordinator = Arc::new(Coordinator::new(node.blobs.clone(), &node.identity.id, node.timing.lease_ttl));
         Arc::new(Fleet {
             node,
             coordinator,
             view: Mutex::new(Vec::new()),
             last_fingerprint: Mutex::new(None),
-            tasks,
-            workload_source: Mutex::new(None),
+            workload_sources: Mutex::new(Vec::new()),
         })
     }
 
-    /// Place these workloads too (plugins plug in here).
-    pub fn set_workload_source(&self, source: WorkloadSource) {
-        *self.workload_source.lock().expect("workload source") = Some(source);
+    /// Place these workloads too (the scheduler and the plugins plug in here).
+    pub fn add_workload_source(&self, source: WorkloadSource) {
+        self.workload_sources.lock().expect("workload sources").push(source);
     }
 
     /// Whether the coordinator's last placement put `workload` on this node.
@@ -87,11 +78,8 @@ impl Fleet {
         };
         let now = now_ms();
         let live: Vec<NodeRecord> = self.view().into_iter().filter(|n| n.live(now, &self.node.timing)).collect();
-        let mut workloads: Vec<Workload> = self.tasks.iter().map(|t| t.workload.clone()).collect();
-        let source = self.workload_source.lock().expect("workload source").clone();
-        if let Some(source) = source {
-            workloads.extend(source());
-        }
+        let sources = self.workload_sources.lock().expect("workload sources").clone();
+        let mut workloads: Vec<Workload> = sources.iter().flat_map(|source| source()).collect();
         workloads.sort_by(|a, b| a.id.cmp(&b.id));
         let fingerprint = placement::fingerprint(&workloads, &live);
         // a new holder compares against nothing: the previous one may have decided unseen things
@@ -163,21 +151,6 @@ impl Fleet {
                 }
             }
         }));
-        for task in &self.tasks {
-            let me = self.clone();
-            let id = task.workload.id.clone();
-            let run = task.run.clone();
-            handles.push(every(task.every, stop.clone(), move || {
-                let (me, id, run) = (me.clone(), id.clone(), run.clone());
-                async move {
-                    if me.my_tasks().await.contains(&id)
-                        && let Err(e) = run().await
-                    {
-                        tracing::warn!(task = %id, code = %e.code, "host task failed: {}", e.message);
-                    }
-                }
-            }));
-        }
         handles
     }
 
@@ -189,7 +162,7 @@ impl Fleet {
 }
 
 /// Run `work` now and then every `period` until `stop` turns true.
-fn every<F, Fut>(period: Duration, mut stop: watch::Receiver<bool>, work: F) -> JoinHandle<()>
+pub(crate) fn every<F, Fut>(period: Duration, mut stop: watch::Receiver<bool>, work: F) -> JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,

@@ -1,14 +1,13 @@
 //! Plugin background work on this node: keep the loaded versions in step with the registry,
-//! deliver events from the outbox, run reconcile passes and scheduled tasks. Events,
-//! reconcile and tasks run only where the coordinator placed the plugin's workload, one round
-//! at a time per plugin.
+//! deliver events from the outbox, run reconcile passes. Events and reconcile run only where
+//! the coordinator placed the plugin's workload, one round at a time per plugin. Scheduled
+//! tasks are the scheduler's (`crate::scheduler`), with the same placement.
 
 use super::host::{Active, PluginHost};
 use super::runtime::wit_guest;
 use crate::fleet::runtime::Fleet;
 use crate::refusal::Result;
 use std::collections::{BTreeSet, HashMap};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,8 +35,6 @@ struct Shared {
     last_hint: Option<Instant>,
     last_pass: Option<Instant>,
     requeue_at: Option<Instant>,
-    /// When schedules were last checked (tasks due since then run).
-    tasks_checked: Option<std::time::SystemTime>,
     /// After a failed delivery, wait until then.
     events_backoff_until: Option<Instant>,
     events_failures: u32,
@@ -86,11 +83,10 @@ pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::
     })
 }
 
-/// One round for one plugin: events, then reconcile if due, then due tasks.
+/// One round for one plugin: events, then reconcile if due.
 async fn round(host: &PluginHost, active: &Arc<Active>, shared: &Mutex<Shared>) {
     deliver_events(host, active, shared).await;
     reconcile_if_due(active, shared).await;
-    run_due_tasks(active, shared).await;
 }
 
 async fn deliver_events(host: &PluginHost, active: &Active, shared: &Mutex<Shared>) {
@@ -189,54 +185,5 @@ async fn reconcile_if_due(active: &Active, shared: &Mutex<Shared>) {
             }
         }
         Err(e) => tracing::warn!(plugin = %active.manifest.id, code = %e.code, "reconcile pass failed: {}", e.message),
-    }
-}
-
-async fn run_due_tasks(active: &Active, shared: &Mutex<Shared>) {
-    if active.described.schedules.is_empty() {
-        return;
-    }
-    let now = std::time::SystemTime::now();
-    let since = {
-        let mut s = shared.lock().expect("plugin work");
-        let since = s.tasks_checked.unwrap_or(now);
-        s.tasks_checked = Some(now);
-        since
-    };
-    for schedule in &active.described.schedules {
-        if due_between(&schedule.cron, since, now) {
-            match active.sandbox.run_task(&schedule.name).await {
-                Ok(summary) => tracing::info!(plugin = %active.manifest.id, task = %schedule.name, %summary, "plugin task done"),
-                Err(e) => {
-                    tracing::warn!(plugin = %active.manifest.id, task = %schedule.name, code = %e.code, "plugin task failed: {}", e.message)
-                }
-            }
-        }
-    }
-}
-
-/// Whether `cron` has an occurrence in `(since, now]`.
-fn due_between(cron: &str, since: std::time::SystemTime, now: std::time::SystemTime) -> bool {
-    let Ok(cron) = croner::Cron::from_str(cron) else { return false };
-    let to_utc = |t: std::time::SystemTime| -> Option<chrono::DateTime<chrono::Utc>> {
-        let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
-        chrono::DateTime::from_timestamp(d.as_secs() as i64, d.subsec_nanos())
-    };
-    let (Some(since), Some(now)) = (to_utc(since), to_utc(now)) else { return false };
-    cron.find_next_occurrence(&since, false).is_ok_and(|next| next <= now)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn schedules_are_due_once_their_time_passed() {
-        let t = |s: u64| std::time::UNIX_EPOCH + Duration::from_secs(s);
-        // 0 * * * *: on the hour
-        assert!(due_between("0 * * * *", t(3599), t(3600)));
-        assert!(!due_between("0 * * * *", t(3600), t(3601)));
-        assert!(!due_between("0 * * * *", t(100), t(200)));
-        assert!(!due_between("not a cron", t(0), t(100_000)));
     }
 }
