@@ -94,7 +94,8 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
     let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();
     let mut state = AppState::new(store, blobs, keyring, auth, crate::migrate::host_chain(), 1 << 20, "http://capstan.test".into());
-    state.scheduler = Some(crate::scheduler::Scheduler::new(state.store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap());
+    state.scheduler =
+        Some(crate::scheduler::Scheduler::new(state.store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap());
     state.plugins = Some(plugins);
     state
 }

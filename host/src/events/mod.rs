@@ -215,7 +215,8 @@ mod tests {
         advance(&store, "plugin:slow", 2).await.unwrap();
         advance(&store, "plugin:gone", 1).await.unwrap();
         let counts = |c: &str| c != "plugin:gone";
-        let sequences = |store: Store| async move { read_after(&store, 0, 100).await.unwrap().iter().map(|e| e.sequence).collect::<Vec<_>>() };
+        let sequences =
+            |store: Store| async move { read_after(&store, 0, 100).await.unwrap().iter().map(|e| e.sequence).collect::<Vec<_>>() };
 
         // delivered to everyone but younger than the retention: kept
         assert_eq!(trim(&store, at, counts).await.unwrap(), Trimmed::default());

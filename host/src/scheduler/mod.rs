@@ -358,7 +358,9 @@ impl Scheduler {
                     log.line(format!("refused ({}): {}", refusal.code, refusal.message));
                     (Status::Failed, error(&refusal.code, refusal.message))
                 }
-                Ok(Ok(Err(_panic))) => (Status::Failed, error("task-panicked", "the task stopped unexpectedly; the server log has more".into())),
+                Ok(Ok(Err(_panic))) => {
+                    (Status::Failed, error("task-panicked", "the task stopped unexpectedly; the server log has more".into()))
+                }
                 Ok(Err(_aborted)) => (Status::Cancelled, None),
                 Err(_elapsed) => (Status::Failed, error("task-timed-out", format!("the task did not finish within {} s", max.as_secs()))),
             };
@@ -509,7 +511,8 @@ impl Scheduler {
                 None
             };
             let reason = reason.or_else(|| {
-                (now > execution.deadline_at.saturating_add(ABANDON_GRACE.as_millis() as u64)).then(|| "it ran far past its deadline".into())
+                (now > execution.deadline_at.saturating_add(ABANDON_GRACE.as_millis() as u64))
+                    .then(|| "it ran far past its deadline".into())
             });
             let Some(reason) = reason else { continue };
             let error = ExecutionError { code: "task-abandoned".into(), message: format!("abandoned: {reason}") };

@@ -71,8 +71,7 @@ async fn a_manual_run_records_its_outcome_log_and_duration() {
         Ok(())
     }))
     .unwrap();
-    s.register(HostTask::new("host.broken", "Broken", "0 0 1 1 *", |_| async { Err(Refusal::new("thing-broken", "it broke")) }))
-        .unwrap();
+    s.register(HostTask::new("host.broken", "Broken", "0 0 1 1 *", |_| async { Err(Refusal::new("thing-broken", "it broke")) })).unwrap();
 
     let started = s.trigger("host.ok", "user-1").await.unwrap();
     assert_eq!((started.status, started.trigger, started.triggered_by.as_deref()), (Status::Running, Trigger::Manual, Some("user-1")));
@@ -269,7 +268,10 @@ async fn cleanup_keeps_recent_history_and_trims_the_outbox() {
     }
     let still_running = put("host.stuck", now - 40 * day, Status::Running).await;
     for i in 0..3 {
-        store.transact(|tx| async move { crate::events::append(&tx, "test.happened", "s", json!({ "i": i }), "host").await }).await.unwrap();
+        store
+            .transact(|tx| async move { crate::events::append(&tx, "test.happened", "s", json!({ "i": i }), "host").await })
+            .await
+            .unwrap();
     }
     crate::events::advance(&store, "plugin:uninstalled", 1).await.unwrap();
 
