@@ -14,3 +14,4 @@ mod plugins;
 mod s3;
 mod serve;
 mod support;
+mod tasks;

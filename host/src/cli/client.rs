@@ -84,6 +84,40 @@ pub fn print_json(value: &Value) {
     println!("{value}");
 }
 
+/// Print rows under a header, each column as wide as its widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::new();
+        for (i, cell) in cells.enumerate() {
+            let pad = widths.get(i).copied().unwrap_or(0).saturating_sub(cell.chars().count());
+            out.push_str(cell);
+            out.push_str(&" ".repeat(pad + 2));
+        }
+        println!("{}", out.trim_end());
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+}
+
+/// A Unix time (seconds, or milliseconds when that large) as UTC text.
+pub fn when(at: Option<u64>) -> String {
+    let Some(at) = at else { return "?".into() };
+    let seconds = if at > 100_000_000_000 { at / 1000 } else { at };
+    i64::try_from(seconds)
+        .ok()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| at.to_string())
+}
+
 // ---- the server's URL ----
 
 /// The canonical form of a server URL (`http(s)://host[:port][/prefix]`, no trailing slash): the
@@ -549,6 +583,14 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn times_read_as_utc() {
+        assert_eq!(when(Some(0)), "1970-01-01 00:00:00 UTC");
+        assert_eq!(when(Some(1_700_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(when(Some(1_700_000_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(when(None), "?");
+    }
 
     #[test]
     fn credentials_round_trip_privately() {

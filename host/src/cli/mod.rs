@@ -7,6 +7,7 @@ mod plugin;
 mod plugin_new;
 mod plugin_online;
 mod serve;
+mod tasks;
 
 use crate::config::{self, Flags};
 use crate::refusal::Refusal;
@@ -41,6 +42,10 @@ enum Command {
     /// host (install, upgrade, rollback, list, get, disable, enable, uninstall, trust).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Tasks on a running host: list, inspect, run now, cancel, enable or disable them, and
+    /// read their executions with the log each one kept.
+    #[command(subcommand)]
+    Tasks(tasks::TasksCommand),
     /// Log in to a Capstan server and keep the session token for the other commands.
     ///
     /// Asks for the password on the terminal without echo, or reads it from standard input
@@ -101,6 +106,7 @@ pub fn main() -> ExitCode {
         Command::Fleet(command) => fleet::run(command),
         Command::Wg(command) => fleet::run_wg(command),
         Command::Plugin(command) => plugin::run(command),
+        Command::Tasks(command) => tasks::run(command),
         Command::Login(args) => client::login(args),
         Command::Logout(args) => client::logout(args),
         Command::Serve(args) => {

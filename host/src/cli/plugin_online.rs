@@ -4,7 +4,7 @@
 //! With `--json` each prints the API's answer exactly (one line); refusals print
 //! `{"ok":false,"error":{…}}` and exit 1, as the offline commands do.
 
-use super::client::{Client, Connection, print_json};
+use super::client::{Client, Connection, print_json, print_table, when};
 use crate::plugins::bundle::{self, Bundle};
 use crate::plugins::manifest::ALL_REQUESTED;
 use crate::refusal::{Refusal, Result};
@@ -239,10 +239,10 @@ fn list(args: &ListArgs) -> Result<()> {
         println!("no plugins installed");
         return Ok(());
     }
-    let rows: Vec<[String; 5]> = plugins
+    let rows: Vec<Vec<String>> = plugins
         .iter()
         .map(|p| {
-            [
+            vec![
                 text(p, "id").to_string(),
                 text(p, "version").to_string(),
                 text(p, "status").to_string(),
@@ -251,28 +251,7 @@ fn list(args: &ListArgs) -> Result<()> {
             ]
         })
         .collect();
-    let header = ["ID", "VERSION", "STATUS", "PREVIOUS", "GRANTS"];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let line = |cells: [&str; 5]| {
-        let mut out = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i == cells.len() - 1 {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<width$}  ", width = widths[i]));
-            }
-        }
-        println!("{}", out.trim_end());
-    };
-    line(header);
-    for row in &rows {
-        line([&row[0], &row[1], &row[2], &row[3], &row[4]]);
-    }
+    print_table(&["ID", "VERSION", "STATUS", "PREVIOUS", "GRANTS"], &rows);
     for p in &plugins {
         if let Some(error) = p["lastError"].as_object() {
             let code = error.get("code").and_then(Value::as_str).unwrap_or("?");
@@ -300,17 +279,6 @@ fn get(args: &IdArgs) -> Result<()> {
     println!("installed:   by {} at {}", text(&p, "installedBy"), when(p["installedAt"].as_u64()));
     print_last_error(&p);
     Ok(())
-}
-
-/// A Unix time (seconds, or milliseconds when that large) as UTC text.
-fn when(at: Option<u64>) -> String {
-    let Some(at) = at else { return "?".into() };
-    let seconds = if at > 100_000_000_000 { at / 1000 } else { at };
-    i64::try_from(seconds)
-        .ok()
-        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
-        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
-        .unwrap_or_else(|| at.to_string())
 }
 
 fn uninstall(args: &UninstallArgs) -> Result<()> {
@@ -376,13 +344,5 @@ mod tests {
         assert!(refusal.message.contains("--approve log,store"), "{}", refusal.message);
         assert_eq!(refusal.data.as_deref().unwrap()["requested"], json!(["log", "store"]));
         assert_eq!(approval_required(&dir.path().join("missing"), "install").code, "bundle-unreadable");
-    }
-
-    #[test]
-    fn times_read_as_utc() {
-        assert_eq!(when(Some(0)), "1970-01-01 00:00:00 UTC");
-        assert_eq!(when(Some(1_700_000_000)), "2023-11-14 22:13:20 UTC");
-        assert_eq!(when(Some(1_700_000_000_000)), "2023-11-14 22:13:20 UTC");
-        assert_eq!(when(None), "?");
     }
 }
