@@ -20,6 +20,15 @@ pub fn task(store: Store, plugins: Option<Arc<PluginHost>>) -> HostTask {
     )
 }
 
+/// Whether a consumer's cursor holds events back: a plugin's only while it is installed
+/// (`installed` is `None` when this host runs without plugins: then every cursor counts).
+fn holds_events(consumer: &str, installed: Option<&BTreeSet<String>>) -> bool {
+    match (consumer.strip_prefix("plugin:"), installed) {
+        (Some(id), Some(installed)) => installed.contains(id),
+        _ => true,
+    }
+}
+
 /// One cleanup pass at `now`.
 pub async fn run(store: &Store, plugins: Option<&PluginHost>, log: &TaskLog, now: u64) -> Result<()> {
     let executions = model::trim_executions(store, now).await?;
@@ -29,11 +38,7 @@ pub async fn run(store: &Store, plugins: Option<&PluginHost>, log: &TaskLog, now
         Some(p) => Some(p.records().await?.into_iter().map(|(record, _)| record.id).collect()),
         None => None,
     };
-    let counts = |consumer: &str| match (consumer.strip_prefix("plugin:"), &installed) {
-        (Some(id), Some(installed)) => installed.contains(id),
-        _ => true,
-    };
-    let trimmed = crate::events::trim(store, now, counts).await?;
+    let trimmed = crate::events::trim(store, now, |consumer| holds_events(consumer, installed.as_ref())).await?;
     log.line(format!("removed {} delivered events", trimmed.delivered));
     if trimmed.expired > 0 {
         log.line(format!(
@@ -43,4 +48,18 @@ pub async fn run(store: &Store, plugins: Option<&PluginHost>, log: &TaskLog, now
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_installed_plugins_hold_events_back() {
+        let installed: BTreeSet<String> = ["mail".to_string()].into();
+        assert!(holds_events("plugin:mail", Some(&installed)));
+        assert!(!holds_events("plugin:gone", Some(&installed)));
+        assert!(holds_events("dashboard", Some(&installed)), "other consumers always count");
+        assert!(holds_events("plugin:gone", None));
+    }
 }
