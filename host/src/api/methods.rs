@@ -23,6 +23,11 @@ pub enum Access {
     Public,
     /// Any authenticated user or machine.
     Authenticated,
+    /// A member of the organization the request names (or an administrator); checked by
+    /// `inventory::access` once the organization is known.
+    Member,
+    /// An owner of the organization the request names (or an administrator).
+    Owner,
     /// A human administrator.
     Admin,
 }

@@ -218,12 +218,22 @@ fn actor_id(receipt_id: &str) -> &str {
 async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<MachineToken> {
     call.identity()?.require_fresh()?;
     validate_username(&input.username)?;
+    Ok(mint_machine_user(&call.state.store, &input.username, |_, _| Box::pin(async { Ok(()) })).await?.0)
+}
+
+/// Create a machine user and its token (returned this once). `also` runs in the same
+/// transaction with the new user's id, for callers that write more with it (a deployer, a
+/// cluster); a refusal from it creates nothing.
+pub async fn mint_machine_user<'c, T, F>(store: &Store, username: &str, also: F) -> Result<(MachineToken, T)>
+where
+    T: Send,
+    F: Fn(Tx, String) -> futures::future::BoxFuture<'c, Result<T>> + Send + Sync,
+{
     let token = new_machine_token();
     let hash = token_hash(&token);
     let user_id = new_id("machine");
-    let (username, hash_ref, id) = (input.username.as_str(), hash.as_str(), user_id.as_str());
-    call.state
-        .store
+    let (hash_ref, id, also) = (hash.as_str(), user_id.as_str(), &also);
+    let extra = store
         .transact(|tx| async move {
             if find_user_by_name(&tx, username).await?.is_some() {
                 return Err(Refusal::new("exists", format!("a user named {username} exists")));
@@ -232,11 +242,13 @@ async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<Mac
             let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at };
             let credential =
                 Credential { kind: "machine".into(), generation: 1, verifier: None, token_hash: Some(hash_ref.into()), updated_at: at };
-            insert_user(&tx, id, &user, &credential).await
+            insert_user(&tx, id, &user, &credential).await?;
+            also(tx.clone(), id.to_string()).await
         })
-        .await?;
-    tracing::info!(machine_user = %input.username, "machine user created");
-    Ok(MachineToken { user_id, username: input.username, token, generation: 1 })
+        .await;
+    let extra = extra?;
+    tracing::info!(machine_user = %username, "machine user created");
+    Ok((MachineToken { user_id, username: username.into(), token, generation: 1 }, extra))
 }
 
 /// Replace (or with `None`, remove) a machine user's token; every session opened with the
