@@ -110,7 +110,13 @@ impl Registry {
 }
 
 impl Method {
+    /// Run the method for `call`. An administrator-only method refuses anyone else here, before
+    /// the body is decoded; organization roles are checked by the handler once it knows the
+    /// organization (`inventory::access`).
     pub async fn call(&self, call: Call, body: Value) -> Result<Value> {
+        if self.access == Access::Admin && !call.identity.as_ref().is_some_and(|i| i.is_human_admin()) {
+            return Err(Refusal::new("forbidden", format!("{} needs an administrator", self.name)));
+        }
         (self.handler)(call, body).await
     }
 }

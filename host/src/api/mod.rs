@@ -211,11 +211,7 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
         Access::Public => None,
         Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {
             let bearer = bearer_token(headers).ok_or_else(crate::auth::denied)?;
-            let identity = state.auth.authenticate(bearer).await?;
-            if method.access == Access::Admin && !identity.is_human_admin() {
-                return Err(Refusal::new("forbidden", format!("{name} needs an administrator")).into());
-            }
-            Some(identity)
+            Some(state.auth.authenticate(bearer).await?)
         }
     };
     let input = json_body(headers, &bytes)?;
