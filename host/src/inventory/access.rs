@@ -43,6 +43,28 @@ pub async fn role_in(tx: &Tx, organization: &str, user: &str) -> Result<Option<O
     serde_json::from_value(doc.data["role"].clone()).map(Some).map_err(|e| Refusal::internal(format!("membership {id}: {e}")))
 }
 
+/// The identity a plugin acts with outside any caller's request (events, reconcile, tasks):
+/// the authority the operator approved for it at install (`inventory:write-services`).
+pub fn plugin_identity(plugin: &str) -> Identity {
+    Identity {
+        user_id: format!("plugin:{plugin}"),
+        username: format!("plugin:{plugin}"),
+        kind: PLUGIN_KIND.into(),
+        admin: false,
+        session_id: String::new(),
+        authenticated_at: 0,
+        expires_at: 0,
+    }
+}
+
+const PLUGIN_KIND: &str = "plugin";
+
+/// Whether the identity is the inventory-wide authority an approved capability gives: an
+/// administrator, or a plugin acting on its own account.
+fn manages_all(identity: &Identity) -> bool {
+    identity.is_human_admin() || identity.kind == PLUGIN_KIND
+}
+
 pub fn require_admin(identity: &Identity) -> Result<()> {
     if identity.is_human_admin() { Ok(()) } else { Err(forbidden("an administrator")) }
 }
@@ -50,7 +72,7 @@ pub fn require_admin(identity: &Identity) -> Result<()> {
 /// Allow an administrator, or a caller holding at least `need` in `organization`. Anyone else
 /// is refused `forbidden` whether or not the organization exists, so nothing can be probed.
 pub async fn require_org(tx: &Tx, identity: &Identity, organization: &str, need: OrgRole) -> Result<()> {
-    if identity.is_human_admin() {
+    if manages_all(identity) {
         return Ok(());
     }
     match role_in(tx, organization, &identity.user_id).await? {
@@ -73,7 +95,7 @@ pub enum ServiceNeed {
 
 /// Allow `need` on a service of `organization`.
 pub async fn require_service(tx: &Tx, identity: &Identity, service_id: &str, organization: &str, need: ServiceNeed) -> Result<()> {
-    if identity.is_human_admin() {
+    if manages_all(identity) {
         return Ok(());
     }
     let role = role_in(tx, organization, &identity.user_id).await?;

@@ -667,13 +667,14 @@ impl PluginHost {
             Refusal::new("method-unknown", format!("plugin {plugin} has no method {method:?}; GET /api/v1/methods lists them"))
                 .with_data(json!({ "method": format!("{plugin}.{method}") }))
         })?;
+        let acting = caller.cloned();
         let caller = authorize(entry.role, caller, plugin, method)?;
         if let Some(error) = entry.validator.iter_errors(&body).next() {
             let path = error.instance_path().to_string();
             return Err(Refusal::invalid_request(format!("{plugin}.{method}: {}", error.masked()))
                 .with_data(json!({ "field": path.trim_start_matches('/').replace('/', ".") })));
         }
-        active.sandbox.handle(request_id, caller, method, &body).await
+        active.sandbox.handle(request_id, caller, acting, method, &body).await
     }
 
     fn unavailable(&self, plugin: &str) -> Refusal {
