@@ -254,8 +254,11 @@ async fn update(call: Call, input: UpdateInput) -> Result<Entity<Cluster>> {
             if let Some(pointer) = &input.machine_user_id
                 && *pointer != current.data.machine_user_id
             {
-                return Err(Refusal::new("cluster-user-immutable", "the cluster's machine user is Capstan's to set; an update may only echo it")
-                    .with_data(json!({ "field": "machineUserId" })));
+                return Err(Refusal::new(
+                    "cluster-user-immutable",
+                    "the cluster's machine user is Capstan's to set; an update may only echo it",
+                )
+                .with_data(json!({ "field": "machineUserId" })));
             }
             let mut next = current.data.clone();
             if let Some(name) = &input.name
@@ -293,17 +296,24 @@ async fn delete(call: Call, input: DeleteInput) -> Result<Deleted> {
             check_revision("cluster", &input.id, input.expected_revision, cluster.revision)?;
             let nodes = tx.find(CLUSTER_NODES, "by_cluster", &[json!(input.id)], None, 1).await?;
             if !nodes.documents.is_empty() {
-                return Err(Refusal::new("cluster-has-nodes", format!("nodes still belong to the cluster {}: retire and delete them first", cluster.data.name)));
+                return Err(Refusal::new(
+                    "cluster-has-nodes",
+                    format!("nodes still belong to the cluster {}: retire and delete them first", cluster.data.name),
+                ));
             }
             // only the user minted with this cluster is removed; anything else refuses the whole deletion
             let pointer = &cluster.data.machine_user_id;
             let minted = tx.get(CLUSTER_IDENTITIES, &input.id).await?.and_then(|d| d.data["userId"].as_str().map(str::to_string));
             let user = tx.get(auth::USERS, pointer).await?;
-            let is_minted_machine = minted.as_deref() == Some(pointer.as_str()) && user.as_ref().is_some_and(|u| u.data["kind"] == "machine");
+            let is_minted_machine =
+                minted.as_deref() == Some(pointer.as_str()) && user.as_ref().is_some_and(|u| u.data["kind"] == "machine");
             if !is_minted_machine {
                 return Err(Refusal::new(
                     "cluster-user-not-machine",
-                    format!("the cluster {} names a user that is not the machine user minted with it; nothing was deleted", cluster.data.name),
+                    format!(
+                        "the cluster {} names a user that is not the machine user minted with it; nothing was deleted",
+                        cluster.data.name
+                    ),
                 ));
             }
             auth::revoke_sessions(&tx, pointer).await?;
@@ -355,14 +365,22 @@ async fn set_phase(call: Call, input: SetPhaseInput) -> Result<RuntimeView> {
             if current.data.generation != input.expected_generation {
                 return Err(Refusal::new(
                     "conflict",
-                    format!("the cluster runtime is at generation {}, not {}: read it again", current.data.generation, input.expected_generation),
+                    format!(
+                        "the cluster runtime is at generation {}, not {}: read it again",
+                        current.data.generation, input.expected_generation
+                    ),
                 )
                 .with_data(json!({ "generation": current.data.generation, "phase": current.data.phase })));
             }
             if current.data.phase == input.phase {
                 return Ok(RuntimeView { cluster_id: input.id.clone(), runtime: current.data });
             }
-            let next = Runtime { phase: input.phase, generation: current.data.generation + 1, updated_at: now(), updated_by: identity.user_id.clone() };
+            let next = Runtime {
+                phase: input.phase,
+                generation: current.data.generation + 1,
+                updated_at: now(),
+                updated_by: identity.user_id.clone(),
+            };
             tx.replace(CLUSTER_RUNTIMES, &input.id, current.revision, to_value(&next)?).await?;
             emit(
                 &tx,

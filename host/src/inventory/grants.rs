@@ -98,7 +98,8 @@ fn check_username(username: &str) -> Result<()> {
             .with_data(json!({ "field": "username" })));
     }
     if let Some(prefix) = RESERVED_PREFIXES.iter().find(|p| username.starts_with(*p)) {
-        return Err(Refusal::new("exists", format!("usernames starting with {prefix} are taken by Capstan")).with_data(json!({ "field": "username" })));
+        return Err(Refusal::new("exists", format!("usernames starting with {prefix} are taken by Capstan"))
+            .with_data(json!({ "field": "username" })));
     }
     Ok(())
 }
@@ -135,9 +136,16 @@ async fn grant(call: Call, input: GrantInput) -> Result<Grant> {
             .with_data(json!({ "field": "capabilities" })));
     }
     if capabilities.is_empty() {
-        return Err(Refusal::invalid_request("name at least one capability; revoke with deployers.revoke").with_data(json!({ "field": "capabilities" })));
+        return Err(Refusal::invalid_request("name at least one capability; revoke with deployers.revoke")
+            .with_data(json!({ "field": "capabilities" })));
     }
-    let grant = Grant { service_id: input.service_id.clone(), user_id: input.user_id.clone(), capabilities, granted_by: identity.user_id.clone(), granted_at: now() };
+    let grant = Grant {
+        service_id: input.service_id.clone(),
+        user_id: input.user_id.clone(),
+        capabilities,
+        granted_by: identity.user_id.clone(),
+        granted_at: now(),
+    };
     let grant_ref = &grant;
     call.state
         .store
@@ -172,7 +180,8 @@ async fn revoke(call: Call, input: RevokeInput) -> Result<Revoked> {
             let revoked = match tx.get(SERVICE_GRANTS, &id).await? {
                 Some(doc) => {
                     tx.delete(SERVICE_GRANTS, &id, doc.revision).await?;
-                    emit(&tx, "service.deployerRevoked", &input.service_id, json!({ "id": input.service_id, "userId": input.user_id })).await?;
+                    emit(&tx, "service.deployerRevoked", &input.service_id, json!({ "id": input.service_id, "userId": input.user_id }))
+                        .await?;
                     true
                 }
                 None => false,

@@ -201,7 +201,10 @@ async fn delete(call: Call, input: DeleteInput) -> Result<Deleted> {
             check_revision("organization", &input.id, input.expected_revision, org.revision)?;
             let services = tx.find(SERVICES, "by_organization", &[json!(input.id)], None, 1).await?;
             if !services.documents.is_empty() {
-                return Err(Refusal::new("organization-has-services", format!("the organization {} still has services: delete them first", org.data.name)));
+                return Err(Refusal::new(
+                    "organization-has-services",
+                    format!("the organization {} still has services: delete them first", org.data.name),
+                ));
             }
             // memberships go with it, page by page inside this one transaction
             loop {
@@ -301,10 +304,20 @@ async fn members(call: Call, input: MembersInput) -> Result<Listing<MemberView>>
 
 pub fn register(registry: &mut Registry) {
     registry.add("organizations.create", "Create an organization (administrator)", Access::Admin, create);
-    registry.add("organizations.list", "Organizations: all for an administrator, the caller's own for anyone else", Access::Authenticated, list);
+    registry.add(
+        "organizations.list",
+        "Organizations: all for an administrator, the caller's own for anyone else",
+        Access::Authenticated,
+        list,
+    );
     registry.add("organizations.get", "One organization (member)", Access::Member, get);
     registry.add("organizations.update", "Rename an organization with its expected revision (owner)", Access::Owner, update);
-    registry.add("organizations.delete", "Delete an organization that has no services, with its memberships (administrator)", Access::Admin, delete);
+    registry.add(
+        "organizations.delete",
+        "Delete an organization that has no services, with its memberships (administrator)",
+        Access::Admin,
+        delete,
+    );
     registry.add(
         "organizations.setMember",
         "Give a user the owner or member role in an organization, or remove it with role null (owner)",

@@ -265,7 +265,11 @@ fn check_fields(fields: &Fields) -> Result<()> {
     if let Some(template) = &fields.template {
         let size = template.to_string().len();
         if !template.is_object() || size > MAX_TEMPLATE_BYTES {
-            return Err(invalid("template-invalid", "template", format!("template is a JSON object of at most {MAX_TEMPLATE_BYTES} bytes")));
+            return Err(invalid(
+                "template-invalid",
+                "template",
+                format!("template is a JSON object of at most {MAX_TEMPLATE_BYTES} bytes"),
+            ));
         }
     }
     Ok(())
@@ -378,7 +382,11 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             if let Some(org) = &input.organization_id
                 && *org != current.data.organization_id
             {
-                return Err(invalid("service-organization-immutable", "organizationId", "a service never moves to another organization".into()));
+                return Err(invalid(
+                    "service-organization-immutable",
+                    "organizationId",
+                    "a service never moves to another organization".into(),
+                ));
             }
             let mut next = current.data.clone();
             if let Some(name) = &input.name
@@ -471,11 +479,7 @@ async fn delete(call: Call, input: DeleteInput) -> Result<DeleteAnswer> {
         .await?;
     tracing::info!(service = %input.id, actor = %identity.username, "service marked for deletion");
     let outcome = finalize_one(&call.state.store, &input.id).await?;
-    Ok(DeleteAnswer {
-        id: input.id,
-        state: if outcome.is_empty() { "deleted".into() } else { "deleting".into() },
-        waiting_for: outcome,
-    })
+    Ok(DeleteAnswer { id: input.id, state: if outcome.is_empty() { "deleted".into() } else { "deleting".into() }, waiting_for: outcome })
 }
 
 /// The holders of a service, as `plugin:<id>` (or `host:<name>`).
@@ -614,12 +618,12 @@ pub fn register(registry: &mut Registry) {
         Access::Owner,
         |call: Call, input: UpdateInput| async move { update(&call.state.store, call.identity()?, input).await },
     );
-    registry.add("services.get", "One service and what still holds it (member, or a deployer granted deployment:status)", Access::Member, get);
-    registry.add("services.list", "An organization's services, paged (member; an administrator may list all)", Access::Member, list);
     registry.add(
-        "services.delete",
-        "Mark a service for deletion (owner); it is removed once no manager holds it",
-        Access::Owner,
-        delete,
+        "services.get",
+        "One service and what still holds it (member, or a deployer granted deployment:status)",
+        Access::Member,
+        get,
     );
+    registry.add("services.list", "An organization's services, paged (member; an administrator may list all)", Access::Member, list);
+    registry.add("services.delete", "Mark a service for deletion (owner); it is removed once no manager holds it", Access::Owner, delete);
 }

@@ -82,7 +82,8 @@ fn check(key: &str, value: &Value) -> Result<()> {
         return Err(Refusal::new("setting-unknown", format!("{shown:?} is not a setting; settings.get lists them"))
             .with_data(json!({ "key": shown, "known": ALLOWED.iter().map(|(k, _, _)| k).collect::<Vec<_>>() })));
     };
-    let bad = |what: &str| Refusal::new("setting-invalid", format!("{shown} must be {what}")).with_data(json!({ "key": shown, "field": shown }));
+    let bad =
+        |what: &str| Refusal::new("setting-invalid", format!("{shown} must be {what}")).with_data(json!({ "key": shown, "field": shown }));
     let host_ok = |v: &Value| v.as_str().is_some_and(|h| h.parse::<IpAddr>().is_ok() || validate::is_hostname(h) || h == "localhost");
     match kind {
         Kind::Url => value.as_str().ok_or_else(|| bad("a URL")).and_then(|u| validate::url(key, u, false))?,
@@ -103,9 +104,9 @@ fn check(key: &str, value: &Value) -> Result<()> {
         Kind::Port if !value.as_u64().is_some_and(|p| (1..=65535).contains(&p)) => return Err(bad("a port 1–65535")),
         Kind::Days if !value.as_u64().is_some_and(|d| d <= 3650) => return Err(bad("whole days, 0–3650")),
         Kind::Identifier => {
-            let ok = value.as_str().is_some_and(|s| {
-                !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-            });
+            let ok = value
+                .as_str()
+                .is_some_and(|s| !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)));
             if !ok {
                 return Err(bad("1–128 of A-Z a-z 0-9 . _ -"));
             }
@@ -188,7 +189,8 @@ async fn update(call: Call, input: UpdateInput) -> Result<SettingsView> {
     for (key, value) in &input.set {
         if value.is_null() {
             let shown: String = key.chars().take(64).collect();
-            return Err(Refusal::invalid_request(format!("{shown} is null: remove a setting with unset")).with_data(json!({ "field": format!("set.{shown}") })));
+            return Err(Refusal::invalid_request(format!("{shown} is null: remove a setting with unset"))
+                .with_data(json!({ "field": format!("set.{shown}") })));
         }
         check(key, value)?;
     }
@@ -252,7 +254,14 @@ mod tests {
 
     #[test]
     fn secrets_are_named_before_unknown_keys() {
-        for key in ["dcrouterGatewayToken", "DCROUTER_GATEWAY_API_TOKEN", "HETZNER_TOKEN", "s3SecretKey", "smtpPassword", "BACKUP_EXTERNAL_TARGET_CREDENTIALS"] {
+        for key in [
+            "dcrouterGatewayToken",
+            "DCROUTER_GATEWAY_API_TOKEN",
+            "HETZNER_TOKEN",
+            "s3SecretKey",
+            "smtpPassword",
+            "BACKUP_EXTERNAL_TARGET_CREDENTIALS",
+        ] {
             assert_eq!(check(key, &json!("x")).unwrap_err().code, "setting-is-secret", "{key}");
         }
         let err = check("colour", &json!("blue")).unwrap_err();

@@ -67,16 +67,39 @@ async fn organizations_keep_admins_and_owners_apart() {
 
     w.ok(&w.admin, "organizations.setMember", json!({"organizationId": acme, "userId": owner.user_id, "role": "owner"})).await;
     w.ok(&owner, "organizations.setMember", json!({"organizationId": acme, "userId": member.user_id, "role": "member"})).await;
-    w.refused(&member, "organizations.setMember", json!({"organizationId": acme, "userId": stranger.user_id, "role": "member"}), "forbidden").await;
-    w.refused(&owner, "organizations.setMember", json!({"organizationId": other, "userId": member.user_id, "role": "member"}), "forbidden").await;
-    w.refused(&w.admin, "organizations.setMember", json!({"organizationId": acme, "userId": "user_nobody", "role": "member"}), "user-not-found").await;
+    w.refused(
+        &member,
+        "organizations.setMember",
+        json!({"organizationId": acme, "userId": stranger.user_id, "role": "member"}),
+        "forbidden",
+    )
+    .await;
+    w.refused(&owner, "organizations.setMember", json!({"organizationId": other, "userId": member.user_id, "role": "member"}), "forbidden")
+        .await;
+    w.refused(
+        &w.admin,
+        "organizations.setMember",
+        json!({"organizationId": acme, "userId": "user_nobody", "role": "member"}),
+        "user-not-found",
+    )
+    .await;
     // the last owner cannot walk out and leave the organization to administrators alone
-    w.refused(&owner, "organizations.setMember", json!({"organizationId": acme, "userId": owner.user_id, "role": null}), "organization-last-owner").await;
+    w.refused(
+        &owner,
+        "organizations.setMember",
+        json!({"organizationId": acme, "userId": owner.user_id, "role": null}),
+        "organization-last-owner",
+    )
+    .await;
 
     // an administrator is not listed as an owner; each caller sees what it belongs to
     let members = w.ok(&member, "organizations.listMembers", json!({"organizationId": acme})).await;
-    let roles: Vec<(String, String)> =
-        members["items"].as_array().unwrap().iter().map(|m| (m["username"].as_str().unwrap().into(), m["role"].as_str().unwrap().into())).collect();
+    let roles: Vec<(String, String)> = members["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["username"].as_str().unwrap().into(), m["role"].as_str().unwrap().into()))
+        .collect();
     assert_eq!(roles.len(), 2, "{members}");
     assert!(roles.contains(&("olga".into(), "owner".into())) && roles.contains(&("max".into(), "member".into())));
     let mine = w.ok(&member, "organizations.list", json!({})).await;
@@ -89,7 +112,8 @@ async fn organizations_keep_admins_and_owners_apart() {
 
     // renames: owner only, with the revision it read
     let got = w.ok(&member, "organizations.get", json!({"id": acme})).await;
-    w.refused(&member, "organizations.update", json!({"id": acme, "expectedRevision": got["revision"], "name": "acme-2"}), "forbidden").await;
+    w.refused(&member, "organizations.update", json!({"id": acme, "expectedRevision": got["revision"], "name": "acme-2"}), "forbidden")
+        .await;
     w.refused(&owner, "organizations.update", json!({"id": acme, "expectedRevision": 99, "name": "acme-2"}), "conflict").await;
     w.refused(&owner, "organizations.update", json!({"id": acme, "expectedRevision": got["revision"], "name": "other"}), "exists").await;
     let renamed = w.ok(&owner, "organizations.update", json!({"id": acme, "expectedRevision": got["revision"], "name": "acme-2"})).await;
@@ -98,7 +122,8 @@ async fn organizations_keep_admins_and_owners_apart() {
     // deletion: administrator only, refused while services remain
     w.ok(&owner, "services.create", json!({"name": "web", "organizationId": acme, "image": "nginx:1.27"})).await;
     w.refused(&owner, "organizations.delete", json!({"id": acme, "expectedRevision": renamed["revision"]}), "forbidden").await;
-    w.refused(&w.admin, "organizations.delete", json!({"id": acme, "expectedRevision": renamed["revision"]}), "organization-has-services").await;
+    w.refused(&w.admin, "organizations.delete", json!({"id": acme, "expectedRevision": renamed["revision"]}), "organization-has-services")
+        .await;
     let o = w.ok(&w.admin, "organizations.get", json!({"id": other})).await;
     w.ok(&w.admin, "organizations.delete", json!({"id": other, "expectedRevision": o["revision"]})).await;
 
@@ -142,8 +167,15 @@ async fn clusters_mint_their_machine_user_and_guard_their_pointer_and_phase() {
     // echoing the pointer is accepted and changes nothing; another value and the phase are refused
     let same = w.ok(&w.admin, "clusters.update", json!({"id": id, "expectedRevision": rev, "machineUserId": user_id})).await;
     assert_eq!(same["revision"], rev);
-    w.refused(&w.admin, "clusters.update", json!({"id": id, "expectedRevision": rev, "machineUserId": w.admin.user_id}), "cluster-user-immutable").await;
-    w.refused(&w.admin, "clusters.update", json!({"id": id, "expectedRevision": rev, "phase": "swarm"}), "cluster-phase-not-writable").await;
+    w.refused(
+        &w.admin,
+        "clusters.update",
+        json!({"id": id, "expectedRevision": rev, "machineUserId": w.admin.user_id}),
+        "cluster-user-immutable",
+    )
+    .await;
+    w.refused(&w.admin, "clusters.update", json!({"id": id, "expectedRevision": rev, "phase": "swarm"}), "cluster-phase-not-writable")
+        .await;
     w.refused(&w.admin, "clusters.update", json!({"id": id, "expectedRevision": 0, "description": "x"}), "conflict").await;
     let updated = w.ok(&w.admin, "clusters.update", json!({"id": id, "expectedRevision": rev, "description": "Frankfurt"})).await;
     assert_eq!((updated["description"].as_str(), updated["labels"]["region"].as_str()), (Some("Frankfurt"), Some("eu")));
@@ -152,7 +184,8 @@ async fn clusters_mint_their_machine_user_and_guard_their_pointer_and_phase() {
     let runtime = w.ok(&w.admin, "clusters.getRuntime", json!({"id": id})).await;
     assert_eq!((runtime["phase"].as_str(), runtime["generation"].as_u64()), (Some("pallet"), Some(1)));
     w.refused(&w.admin, "clusters.setRuntimePhase", json!({"id": id, "phase": "draining", "expectedGeneration": 0}), "conflict").await;
-    w.refused(&w.admin, "clusters.setRuntimePhase", json!({"id": id, "phase": "sideways", "expectedGeneration": 1}), "invalid-request").await;
+    w.refused(&w.admin, "clusters.setRuntimePhase", json!({"id": id, "phase": "sideways", "expectedGeneration": 1}), "invalid-request")
+        .await;
     let moved = w.ok(&w.admin, "clusters.setRuntimePhase", json!({"id": id, "phase": "draining", "expectedGeneration": 1})).await;
     assert_eq!((moved["phase"].as_str(), moved["generation"].as_u64()), (Some("draining"), Some(2)));
 
@@ -185,7 +218,10 @@ async fn clusters_mint_their_machine_user_and_guard_their_pointer_and_phase() {
         .await
         .unwrap();
     w.refused(&w.admin, "clusters.delete", json!({"id": id, "expectedRevision": tampered.revision}), "cluster-user-not-machine").await;
-    assert!(w.state.auth.authenticate(&w.state.auth.login("admin", PASSWORD, None).await.unwrap().token).await.is_ok(), "the admin survives");
+    assert!(
+        w.state.auth.authenticate(&w.state.auth.login("admin", PASSWORD, None).await.unwrap().token).await.is_ok(),
+        "the admin survives"
+    );
     let restored = node_store
         .transact(|tx| {
             let (cid, user_id) = (id.clone(), user_id.clone());
@@ -265,9 +301,17 @@ async fn services_are_validated_strictly_and_written_with_their_revision() {
     assert_eq!(got["holds"], json!([]));
     w.refused(&member, "services.update", json!({"id": id, "expectedRevision": got["revision"], "scale": 2}), "forbidden").await;
     w.refused(&owner, "services.update", json!({"id": id, "expectedRevision": 0, "scale": 2}), "conflict").await;
-    w.refused(&owner, "services.update", json!({"id": id, "expectedRevision": got["revision"], "organizationId": "org_else"}), "service-organization-immutable").await;
+    w.refused(
+        &owner,
+        "services.update",
+        json!({"id": id, "expectedRevision": got["revision"], "organizationId": "org_else"}),
+        "service-organization-immutable",
+    )
+    .await;
     w.refused(&owner, "services.update", json!({"id": "svc_missing", "expectedRevision": 1, "scale": 2}), "service-not-found").await;
-    let updated = w.ok(&owner, "services.update", json!({"id": id, "expectedRevision": got["revision"], "scale": 3, "image": "ghcr.io/acme/web:1.1"})).await;
+    let updated = w
+        .ok(&owner, "services.update", json!({"id": id, "expectedRevision": got["revision"], "scale": 3, "image": "ghcr.io/acme/web:1.1"}))
+        .await;
     assert_eq!((updated["scale"].as_u64(), updated["domains"][0].as_str()), (Some(3), Some("web.acme.example")), "absent fields stay");
 
     let listed = w.ok(&member, "services.list", json!({"organizationId": acme})).await;
@@ -299,7 +343,8 @@ async fn deletion_waits_for_every_hold_and_a_deleting_service_takes_no_new_work(
     assert_eq!((answer["state"].as_str(), answer["waitingFor"].clone()), (Some("deleting"), json!(["plugin:mail"])));
     let deleting = w.ok(&w.admin, "services.get", json!({"id": id})).await;
     assert_eq!(deleting["state"], "deleting");
-    w.refused(&w.admin, "services.update", json!({"id": id, "expectedRevision": deleting["revision"], "scale": 2}), "service-deleting").await;
+    w.refused(&w.admin, "services.update", json!({"id": id, "expectedRevision": deleting["revision"], "scale": 2}), "service-deleting")
+        .await;
     assert_eq!(super::services::hold(&store, &id, "plugin:backups").await.unwrap_err().code, "service-deleting");
     // the sweep is level-triggered: it finishes nothing while the hold stands, and asking again changes nothing
     assert_eq!(super::services::finalize_deleting(&store).await.unwrap(), (0, 1));
@@ -345,17 +390,41 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
     w.refused(&w.admin, "deployers.create", json!({"username": "pallet-registry-x"}), "exists").await;
     let person = w.person("olga").await;
     for user in [&person.user_id, &w.admin.user_id] {
-        w.refused(&w.admin, "deployers.grant", json!({"serviceId": service["id"], "userId": user, "capabilities": ["deployment:status"]}), "deployment-machine-user-invalid").await;
+        w.refused(
+            &w.admin,
+            "deployers.grant",
+            json!({"serviceId": service["id"], "userId": user, "capabilities": ["deployment:status"]}),
+            "deployment-machine-user-invalid",
+        )
+        .await;
     }
-    w.refused(&w.admin, "deployers.grant", json!({"serviceId": service["id"], "userId": uid, "capabilities": ["root"]}), "deployment-capability-unknown").await;
-    w.refused(&w.admin, "deployers.grant", json!({"serviceId": "svc_missing", "userId": uid, "capabilities": ["deployment:status"]}), "service-not-found").await;
-    w.ok(&w.admin, "deployers.grant", json!({"serviceId": service["id"], "userId": uid, "capabilities": ["deployment:status", "registry:push"]})).await;
+    w.refused(
+        &w.admin,
+        "deployers.grant",
+        json!({"serviceId": service["id"], "userId": uid, "capabilities": ["root"]}),
+        "deployment-capability-unknown",
+    )
+    .await;
+    w.refused(
+        &w.admin,
+        "deployers.grant",
+        json!({"serviceId": "svc_missing", "userId": uid, "capabilities": ["deployment:status"]}),
+        "service-not-found",
+    )
+    .await;
+    w.ok(
+        &w.admin,
+        "deployers.grant",
+        json!({"serviceId": service["id"], "userId": uid, "capabilities": ["deployment:status", "registry:push"]}),
+    )
+    .await;
 
     let session = w.state.auth.exchange_token(deployer["token"].as_str().unwrap(), None).await.unwrap();
     let machine = w.state.auth.authenticate(&session.token).await.unwrap();
     w.ok(&machine, "services.get", json!({"id": service["id"]})).await;
     w.refused(&machine, "services.get", json!({"id": other["id"]}), "forbidden").await;
-    w.refused(&machine, "services.update", json!({"id": service["id"], "expectedRevision": service["revision"], "scale": 2}), "forbidden").await;
+    w.refused(&machine, "services.update", json!({"id": service["id"], "expectedRevision": service["revision"], "scale": 2}), "forbidden")
+        .await;
 
     let listed = w.ok(&w.admin, "deployers.list", json!({})).await;
     assert_eq!(listed["items"][0]["grants"][0]["capabilities"], json!(["deployment:status", "registry:push"]));
@@ -372,11 +441,22 @@ async fn settings_are_an_allowlist_without_credentials() {
     assert_eq!((empty["revision"].as_u64(), empty["settings"].clone()), (Some(0), json!({})));
     w.refused(&person, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 443}}), "forbidden").await;
     w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"colour": "blue"}}), "setting-unknown").await;
-    let err = w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterGatewayToken": "hunter2-token"}}), "setting-is-secret").await;
+    let err = w
+        .refused(
+            &w.admin,
+            "settings.update",
+            json!({"expectedRevision": 0, "set": {"dcrouterGatewayToken": "hunter2-token"}}),
+            "setting-is-secret",
+        )
+        .await;
     assert!(!err.message.contains("hunter2"));
     w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": "https"}}), "setting-invalid").await;
     let set = w
-        .ok(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 443, "appStoreCatalogSources": ["https://c.example.com/a.json"]}}))
+        .ok(
+            &w.admin,
+            "settings.update",
+            json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 443, "appStoreCatalogSources": ["https://c.example.com/a.json"]}}),
+        )
         .await;
     let revision = set["revision"].as_u64().unwrap();
     w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 8443}}), "conflict").await;

@@ -32,7 +32,9 @@ pub fn is_hostname(s: &str) -> bool {
 
 /// An OCI image reference: `[registry[:port]/]path[:tag][@sha256:<64 hex>]`.
 pub fn image(value: &str) -> Result<()> {
-    let bad = |why: &str| invalid("image-invalid", "image", format!("image is not an OCI reference ({why}), e.g. registry.example.com/team/app:1.2"));
+    let bad = |why: &str| {
+        invalid("image-invalid", "image", format!("image is not an OCI reference ({why}), e.g. registry.example.com/team/app:1.2"))
+    };
     if value.is_empty() || value.len() > 512 {
         return Err(bad("1 to 512 bytes"));
     }
@@ -92,10 +94,25 @@ pub fn env_key(field: &str, key: &str) -> Result<()> {
 }
 
 /// Key names that say "credential": such a variable belongs in secrets.
-const SECRET_NAME_PARTS: &[&str] = &["PASSWORD", "PASSWD", "SECRET", "TOKEN", "PRIVATE_KEY", "API_KEY", "APIKEY", "CREDENTIAL", "ACCESS_KEY"];
+const SECRET_NAME_PARTS: &[&str] =
+    &["PASSWORD", "PASSWD", "SECRET", "TOKEN", "PRIVATE_KEY", "API_KEY", "APIKEY", "CREDENTIAL", "ACCESS_KEY"];
 /// Prefixes of well-known credential formats.
-const SECRET_VALUE_PREFIXES: &[&str] =
-    &["-----BEGIN", "AKIA", "ASIA", "ghp_", "gho_", "ghs_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "sk_live_", "sk-", "capstan_mt_", "eyJ"];
+const SECRET_VALUE_PREFIXES: &[&str] = &[
+    "-----BEGIN",
+    "AKIA",
+    "ASIA",
+    "ghp_",
+    "gho_",
+    "ghs_",
+    "github_pat_",
+    "glpat-",
+    "xoxb-",
+    "xoxp-",
+    "sk_live_",
+    "sk-",
+    "capstan_mt_",
+    "eyJ",
+];
 
 /// Refuse a plain environment value that looks like a credential; secrets hold those. The
 /// refusal names the key and why, never the value.
@@ -108,10 +125,18 @@ pub fn env_value(key: &str, value: &str) -> Result<()> {
         .with_data(json!({ "field": format!("environment.{key}"), "key": key }))
     };
     if value.len() > 4096 {
-        return Err(invalid("environment-value-invalid", &format!("environment.{key}"), format!("environment {key} is longer than 4096 bytes")));
+        return Err(invalid(
+            "environment-value-invalid",
+            &format!("environment.{key}"),
+            format!("environment {key} is longer than 4096 bytes"),
+        ));
     }
     if value.chars().any(|c| c.is_control() && c != '\t') {
-        return Err(invalid("environment-value-invalid", &format!("environment.{key}"), format!("environment {key} holds control characters")));
+        return Err(invalid(
+            "environment-value-invalid",
+            &format!("environment.{key}"),
+            format!("environment {key} holds control characters"),
+        ));
     }
     if !value.is_empty() && SECRET_NAME_PARTS.iter().any(|part| key.contains(part)) {
         return Err(refuse("is named like a credential"));
@@ -159,12 +184,20 @@ pub fn mail_address(field: &str, value: &str) -> Result<()> {
                 && !local.ends_with('.')
                 && is_hostname(domain)
         });
-    if ok { Ok(()) } else { Err(invalid("mail-address-invalid", field, format!("{field} must be a lowercase address like app@example.com"))) }
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("mail-address-invalid", field, format!("{field} must be a lowercase address like app@example.com")))
+    }
 }
 
 pub fn domain(field: &str, value: &str) -> Result<()> {
     let host = value.strip_prefix("*.").unwrap_or(value);
-    if is_hostname(host) { Ok(()) } else { Err(invalid("domain-invalid", field, format!("{field} must be a lowercase host name like app.example.com"))) }
+    if is_hostname(host) {
+        Ok(())
+    } else {
+        Err(invalid("domain-invalid", field, format!("{field} must be a lowercase host name like app.example.com")))
+    }
 }
 
 /// An absolute container path without `..`, at most 256 bytes.
@@ -174,7 +207,11 @@ pub fn mount_path(field: &str, value: &str) -> Result<()> {
         && value != "/"
         && !value.split('/').any(|c| c == ".." || c == ".")
         && !value.chars().any(|c| c.is_control());
-    if ok { Ok(()) } else { Err(invalid("volume-invalid", field, format!("{field} must be an absolute path other than / without . or .."))) }
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("volume-invalid", field, format!("{field} must be an absolute path other than / without . or ..")))
+    }
 }
 
 /// An `https://` (or, for loopback only, `http://`) URL.
@@ -182,7 +219,10 @@ pub fn url(field: &str, value: &str, https_only: bool) -> Result<()> {
     let parsed = url::Url::parse(value).ok();
     let ok = parsed.as_ref().is_some_and(|u| {
         let loopback = matches!(u.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
-        u.has_host() && u.username().is_empty() && u.password().is_none() && (u.scheme() == "https" || (u.scheme() == "http" && (!https_only || loopback)))
+        u.has_host()
+            && u.username().is_empty()
+            && u.password().is_none()
+            && (u.scheme() == "https" || (u.scheme() == "http" && (!https_only || loopback)))
     });
     if ok {
         Ok(())
@@ -219,7 +259,8 @@ mod tests {
         ] {
             assert!(image(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Nginx", "nginx:", "nginx:-x", "ghcr.io//app", "app@sha256:abc", "app@md5:00", "bad host:1/app", "a/b/", "exa mple"] {
+        for bad in ["", "Nginx", "nginx:", "nginx:-x", "ghcr.io//app", "app@sha256:abc", "app@md5:00", "bad host:1/app", "a/b/", "exa mple"]
+        {
             assert_eq!(image(bad).unwrap_err().code, "image-invalid", "{bad}");
         }
     }
