@@ -10,6 +10,7 @@ pub mod config;
 pub mod dashboard;
 pub mod events;
 pub mod fleet;
+pub mod inventory;
 pub mod keyring;
 pub mod migrate;
 pub mod plugins;

@@ -83,6 +83,7 @@ impl Refusal {
             "forbidden" => 403,
             "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" => 503,
             "internal" => 500,
+            code if code.ends_with("-not-found") => 404,
             _ => 400,
         }
     }

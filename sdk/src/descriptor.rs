@@ -17,9 +17,10 @@ pub enum Role {
     Public,
     /// Any signed-in user or machine.
     Authenticated,
-    /// A member of the organization.
+    /// A member of the organization the request names in its `organizationId` field (or an
+    /// administrator); the host checks the membership before the plugin runs.
     Member,
-    /// An owner of the organization.
+    /// An owner of the organization the request names in `organizationId` (or an administrator).
     Owner,
     /// An administrator.
     Admin,

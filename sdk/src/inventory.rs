@@ -46,7 +46,8 @@ pub fn settings<T: DeserializeOwned>() -> Result<Entity<T>> {
     entity(wit::settings()?)
 }
 
-/// Create a service as `services.create` would, with the authority of the current caller.
+/// Create a service as `services.create` would: inside a method call with the caller's
+/// authority, outside one with the authority the operator approved for this plugin.
 pub fn create_service<T: DeserializeOwned>(body: &impl Serialize) -> Result<Entity<T>> {
     entity(wit::create_service(&encode(body)?)?)
 }
@@ -54,4 +55,16 @@ pub fn create_service<T: DeserializeOwned>(body: &impl Serialize) -> Result<Enti
 /// Update a service as `services.update` would (the body carries `expectedRevision`).
 pub fn update_service<T: DeserializeOwned>(body: &impl Serialize) -> Result<Entity<T>> {
     entity(wit::update_service(&encode(body)?)?)
+}
+
+/// Record that this plugin owns something of the service: its deletion waits for
+/// [`release_service`]. Refused `service-deleting` once the service is being deleted.
+pub fn hold_service(service_id: &str) -> Result<()> {
+    Ok(wit::hold_service(service_id)?)
+}
+
+/// Release this plugin's hold on the service once it cleaned up (after `service.deleting`);
+/// the last release of a deleting service finishes its deletion.
+pub fn release_service(service_id: &str) -> Result<()> {
+    Ok(wit::release_service(service_id)?)
 }

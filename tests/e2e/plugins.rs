@@ -19,19 +19,19 @@ use std::time::{Duration, Instant};
 
 const REQUIRE: &str = "CAPSTAN_TEST_REQUIRE_PLUGINS";
 /// A plugin build (the first compiles the SDK's dependencies for wasm32-wasip2).
-const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// A client command (an install or upgrade compiles the component on the server).
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// Threads calling the plugin during the upgrade.
 const LOAD_THREADS: usize = 4;
 
-fn workspace() -> PathBuf {
+pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Whether wasm32-wasip2 is installed for the workspace's toolchain; `false` (after saying why)
 /// when the test should be skipped.
-fn wasm_target_available() -> bool {
+pub fn wasm_target_available() -> bool {
     let listed = Command::new("rustup").args(["target", "list", "--installed"]).current_dir(workspace()).output();
     let why = match listed {
         Err(e) => format!("rustup is not available ({e}), so the wasm32-wasip2 target cannot be checked"),
@@ -45,7 +45,7 @@ fn wasm_target_available() -> bool {
 }
 
 /// Run `cmd` to its end with `input` on standard input, within `timeout`.
-fn run(mut cmd: Command, input: &[u8], timeout: Duration) -> Exited {
+pub fn run(mut cmd: Command, input: &[u8], timeout: Duration) -> Exited {
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawning capstan");
     let mut stdin = child.stdin.take().expect("piped stdin");
@@ -78,7 +78,7 @@ fn run(mut cmd: Command, input: &[u8], timeout: Duration) -> Exited {
     Exited { status, stdout: stdout.join().expect("stdout reader"), stderr: stderr.join().expect("stderr reader") }
 }
 
-fn assert_ok(what: &str, exited: &Exited) {
+pub fn assert_ok(what: &str, exited: &Exited) {
     assert!(
         exited.status.success(),
         "{what} should succeed, got {:?}\nstdout:\n{}\nstderr:\n{}",

@@ -332,6 +332,20 @@ impl Capstan {
         self.request("POST", &format!("/api/v1/{method}"), &[("content-type", "application/json")], Some(body.as_bytes()))
     }
 
+    /// `POST /api/v1/<method>` with a JSON body as the holder of `token`.
+    pub fn call_as(&self, token: &str, method: &str, body: &Value) -> Reply {
+        let bearer = format!("Bearer {token}");
+        let headers = [("content-type", "application/json"), ("authorization", bearer.as_str())];
+        self.request("POST", &format!("/api/v1/{method}"), &headers, Some(body.to_string().as_bytes()))
+    }
+
+    /// Log in over HTTP; the session token.
+    pub fn login(&self, username: &str, password: &str) -> String {
+        let answer =
+            self.call("auth.login", &serde_json::json!({ "username": username, "password": password }).to_string()).expect_json(200);
+        answer["token"].as_str().expect("a login answers a token").to_string()
+    }
+
     /// Write `request` (a whole HTTP/1.1 request) on a fresh connection and parse the answer.
     /// Write errors are ignored: the server may answer and close before reading everything,
     /// and the answer is still readable after that.

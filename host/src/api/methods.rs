@@ -23,6 +23,11 @@ pub enum Access {
     Public,
     /// Any authenticated user or machine.
     Authenticated,
+    /// A member of the organization the request names (or an administrator); checked by
+    /// `inventory::access` once the organization is known.
+    Member,
+    /// An owner of the organization the request names (or an administrator).
+    Owner,
     /// A human administrator.
     Admin,
 }
@@ -105,7 +110,13 @@ impl Registry {
 }
 
 impl Method {
+    /// Run the method for `call`. An administrator-only method refuses anyone else here, before
+    /// the body is decoded; organization roles are checked by the handler once it knows the
+    /// organization (`inventory::access`).
     pub async fn call(&self, call: Call, body: Value) -> Result<Value> {
+        if self.access == Access::Admin && !call.identity.as_ref().is_some_and(|i| i.is_human_admin()) {
+            return Err(Refusal::new("forbidden", format!("{} needs an administrator", self.name)));
+        }
         (self.handler)(call, body).await
     }
 }

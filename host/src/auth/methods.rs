@@ -215,15 +215,69 @@ fn actor_id(receipt_id: &str) -> &str {
     receipt_id.split_once(':').map(|(a, _)| a).unwrap_or(receipt_id)
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    pub username: String,
+    /// An infrastructure administrator (default false). Organization roles are separate.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedUser {
+    pub user_id: String,
+    pub username: String,
+    pub admin: bool,
+    /// A generated password, shown this once; the user changes it after logging in.
+    pub password: String,
+}
+
+async fn create_user(call: Call, input: CreateUser) -> Result<CreatedUser> {
+    call.identity()?.require_fresh()?;
+    validate_username(&input.username)?;
+    let password = password::generate();
+    let pw = password.clone();
+    let verifier = tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??;
+    let user_id = new_id("user");
+    let (username, id, admin) = (input.username.as_str(), user_id.as_str(), input.admin);
+    call.state
+        .store
+        .transact(|tx| {
+            let verifier = verifier.clone();
+            async move {
+                if find_user_by_name(&tx, username).await?.is_some() {
+                    return Err(Refusal::new("exists", format!("a user named {username} exists")));
+                }
+                let (user, credential) = human_records(username, admin, verifier);
+                insert_user(&tx, id, &user, &credential).await
+            }
+        })
+        .await?;
+    tracing::info!(user = %input.username, admin, "user created");
+    Ok(CreatedUser { user_id, username: input.username, admin, password })
+}
+
 async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<MachineToken> {
     call.identity()?.require_fresh()?;
     validate_username(&input.username)?;
+    Ok(mint_machine_user(&call.state.store, &input.username, |_, _| Box::pin(async { Ok(()) })).await?.0)
+}
+
+/// Create a machine user and its token (returned this once). `also` runs in the same
+/// transaction with the new user's id, for callers that write more with it (a deployer, a
+/// cluster); a refusal from it creates nothing.
+pub async fn mint_machine_user<'c, T, F>(store: &Store, username: &str, also: F) -> Result<(MachineToken, T)>
+where
+    T: Send,
+    F: Fn(Tx, String) -> futures::future::BoxFuture<'c, Result<T>> + Send + Sync,
+{
     let token = new_machine_token();
     let hash = token_hash(&token);
     let user_id = new_id("machine");
-    let (username, hash_ref, id) = (input.username.as_str(), hash.as_str(), user_id.as_str());
-    call.state
-        .store
+    let (hash_ref, id, also) = (hash.as_str(), user_id.as_str(), &also);
+    let extra = store
         .transact(|tx| async move {
             if find_user_by_name(&tx, username).await?.is_some() {
                 return Err(Refusal::new("exists", format!("a user named {username} exists")));
@@ -232,11 +286,13 @@ async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<Mac
             let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at };
             let credential =
                 Credential { kind: "machine".into(), generation: 1, verifier: None, token_hash: Some(hash_ref.into()), updated_at: at };
-            insert_user(&tx, id, &user, &credential).await
+            insert_user(&tx, id, &user, &credential).await?;
+            also(tx.clone(), id.to_string()).await
         })
-        .await?;
-    tracing::info!(machine_user = %input.username, "machine user created");
-    Ok(MachineToken { user_id, username: input.username, token, generation: 1 })
+        .await;
+    let extra = extra?;
+    tracing::info!(machine_user = %username, "machine user created");
+    Ok((MachineToken { user_id, username: username.into(), token, generation: 1 }, extra))
 }
 
 /// Replace (or with `None`, remove) a machine user's token; every session opened with the
@@ -319,6 +375,12 @@ pub fn register(registry: &mut Registry) {
         "rotatePassword, revokePassword or revokeSessions with an expected generation and a mutationId (fresh login required)",
         Access::Admin,
         mutate_credential,
+    );
+    registry.add(
+        "admin.createUser",
+        "Create a person's account with a generated password shown this once (administrator, fresh login)",
+        Access::Admin,
+        create_user,
     );
     registry.add("admin.createMachineUser", "Create a machine user; its token is returned this once", Access::Admin, create_machine_user);
     registry.add(

@@ -180,6 +180,14 @@ async fn find_user_by_name(tx: &Tx, username: &str) -> Result<Option<(String, Us
     page.documents.first().map(|d| Ok((d.id.clone(), parse::<User>(d)?))).transpose()
 }
 
+/// The user and credential records of a new human with a password verifier.
+pub fn human_records(username: &str, admin: bool, verifier: String) -> (User, Credential) {
+    let at = now();
+    let user = User { username: username.into(), kind: "human".into(), admin, created_at: at };
+    let credential = Credential { kind: "human".into(), generation: 1, verifier: Some(verifier), token_hash: None, updated_at: at };
+    (user, credential)
+}
+
 /// What bootstrapping the first administrator did.
 #[derive(Debug, PartialEq)]
 pub enum Bootstrap {
@@ -201,10 +209,7 @@ pub async fn bootstrap_admin(store: &Store, username: &str, password: &str) -> R
                 if find_user_by_name(&tx, username).await?.is_some() {
                     return Ok(Bootstrap::AlreadyExists { username: username.into() });
                 }
-                let at = now();
-                let user = User { username: username.into(), kind: "human".into(), admin: true, created_at: at };
-                let credential =
-                    Credential { kind: "human".into(), generation: 1, verifier: Some(verifier), token_hash: None, updated_at: at };
+                let (user, credential) = human_records(username, true, verifier);
                 insert_user(&tx, &new_id("user"), &user, &credential).await?;
                 Ok(Bootstrap::Created { username: username.into() })
             }

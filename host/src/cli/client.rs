@@ -84,7 +84,8 @@ pub fn print_json(value: &Value) {
     println!("{value}");
 }
 
-/// Print rows under a header, each column as wide as its widest cell.
+/// Print `rows` under `header` for people: columns padded to their widest cell, the last one
+/// left as it is.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -95,9 +96,8 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     let line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut out = String::new();
         for (i, cell) in cells.enumerate() {
-            let pad = widths.get(i).copied().unwrap_or(0).saturating_sub(cell.chars().count());
-            out.push_str(cell);
-            out.push_str(&" ".repeat(pad + 2));
+            let width = widths.get(i).copied().unwrap_or(0);
+            out.push_str(&format!("{cell:<width$}  "));
         }
         println!("{}", out.trim_end());
     };
@@ -107,8 +107,8 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// A Unix time (seconds, or milliseconds when that large) as UTC text.
-pub fn when(at: Option<u64>) -> String {
+/// A Unix time (seconds, or milliseconds when that large) as UTC text; `?` when absent.
+pub fn utc(at: Option<u64>) -> String {
     let Some(at) = at else { return "?".into() };
     let seconds = if at > 100_000_000_000 { at / 1000 } else { at };
     i64::try_from(seconds)
@@ -303,6 +303,21 @@ impl Client {
     pub fn call(&self, method: &str, body: &Value) -> Result<Value> {
         let body = serde_json::to_vec(body).map_err(Refusal::internal)?;
         self.call_raw(method, body)
+    }
+
+    /// The revision (or generation) a compare-and-swap write states: `given` when the caller
+    /// named one, else the number `field` of what `method` answers for `body` now. Reading
+    /// first does not weaken the check: a change between the read and the write is still
+    /// refused `conflict` by the server.
+    pub fn expected_or_current(&self, given: Option<u64>, method: &str, body: &Value, field: &str) -> Result<u64> {
+        if let Some(given) = given {
+            return Ok(given);
+        }
+        let current = self.call(method, body)?;
+        current[field].as_u64().ok_or_else(|| {
+            Refusal::new("response-invalid", format!("the answer of {method} holds no {field}"))
+                .with_data(json!({ "method": method, "field": field }))
+        })
     }
 
     /// [`Client::call`] with an already encoded JSON body.
@@ -586,10 +601,10 @@ mod tests {
 
     #[test]
     fn times_read_as_utc() {
-        assert_eq!(when(Some(0)), "1970-01-01 00:00:00 UTC");
-        assert_eq!(when(Some(1_700_000_000)), "2023-11-14 22:13:20 UTC");
-        assert_eq!(when(Some(1_700_000_000_000)), "2023-11-14 22:13:20 UTC");
-        assert_eq!(when(None), "?");
+        assert_eq!(utc(Some(0)), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(Some(1_700_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc(Some(1_700_000_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc(None), "?");
     }
 
     #[test]

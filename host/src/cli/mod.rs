@@ -2,6 +2,7 @@
 
 mod client;
 mod fleet;
+mod inventory;
 mod keyring;
 mod plugin;
 mod plugin_new;
@@ -55,6 +56,22 @@ enum Command {
     Login(client::LoginArgs),
     /// End the session at the server and forget its stored token.
     Logout(client::LogoutArgs),
+    /// Organizations and their members: list, get, create, rename, delete, members, set-member.
+    #[command(subcommand)]
+    Organizations(inventory::OrganizationsCommand),
+    /// Clusters with their machine user and runtime phase: list, get, create, update, delete,
+    /// runtime, set-phase.
+    #[command(subcommand)]
+    Clusters(inventory::ClustersCommand),
+    /// An organization's services: list, get, create, update, delete (in two phases).
+    #[command(subcommand)]
+    Services(inventory::ServicesCommand),
+    /// The public settings document: get, set, unset (an allowlist; credentials are refused).
+    #[command(subcommand)]
+    Settings(inventory::SettingsCommand),
+    /// People's accounts: create one with a generated password, shown once.
+    #[command(subcommand)]
+    Users(inventory::UsersCommand),
 }
 
 #[derive(clap::Args)]
@@ -109,6 +126,11 @@ pub fn main() -> ExitCode {
         Command::Tasks(command) => tasks::run(command),
         Command::Login(args) => client::login(args),
         Command::Logout(args) => client::logout(args),
+        Command::Organizations(command) => inventory::organizations(command),
+        Command::Clusters(command) => inventory::clusters(command),
+        Command::Services(command) => inventory::services(command),
+        Command::Settings(command) => inventory::settings(command),
+        Command::Users(command) => inventory::users(command),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,

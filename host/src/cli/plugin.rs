@@ -90,7 +90,7 @@ pub enum PluginCommand {
     /// before anything is built), runs `cargo build --release --target wasm32-wasip2` on
     /// DIR/Cargo.toml (its progress goes to standard error; CARGO_TARGET_DIR is respected), packs
     /// the crate's cdylib component with the manifest, signs it with --key if given, writes the
-    /// bundle into DIR atomically and prints its absolute path. Refuses `build-failed` when cargo
+    /// bundle into DIR (or --out-dir) atomically and prints its absolute path. Refuses `build-failed` when cargo
     /// fails and `artifact-missing` when the crate produced no cdylib `.wasm`.
     Build {
         /// The plugin crate directory
@@ -99,6 +99,9 @@ pub enum PluginCommand {
         /// Sign the bundle with this private key file
         #[arg(long, value_name = "FILE")]
         key: Option<PathBuf>,
+        /// Write the bundle into this directory instead of DIR (for CI and read-only sources)
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
         /// Print exact JSON instead of text
         #[arg(long)]
         json: bool,
@@ -113,7 +116,7 @@ pub fn run(command: PluginCommand) -> ExitCode {
         PluginCommand::Sign { bundle, key, json } => (sign(&bundle, &key, json), json),
         PluginCommand::Verify { bundle, trust, json } => (verify(&bundle, &trust, json), json),
         PluginCommand::Inspect { bundle, json } => (inspect(&bundle, json), json),
-        PluginCommand::Build { dir, key, json } => (build(&dir, key.as_deref(), json), json),
+        PluginCommand::Build { dir, key, out_dir, json } => (build(&dir, key.as_deref(), out_dir.as_deref(), json), json),
         PluginCommand::New(args) => plugin_new::run(&args),
         PluginCommand::Online(command) => plugin_online::run(command),
     };
@@ -237,7 +240,7 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn build(dir: &Path, key_path: Option<&Path>, json: bool) -> Result<()> {
+fn build(dir: &Path, key_path: Option<&Path>, out_dir: Option<&Path>, json: bool) -> Result<()> {
     let dir = std::path::absolute(dir).map_err(|e| Refusal::new("build-failed", format!("cannot resolve {}: {e}", dir.display())))?;
     let manifest_path = dir.join(MANIFEST_FILE);
     let manifest_text = fs::read_to_string(&manifest_path).map_err(|e| {
@@ -269,7 +272,7 @@ fn build(dir: &Path, key_path: Option<&Path>, json: bool) -> Result<()> {
     if let Some(key) = &key {
         built.sign(key);
     }
-    let output = dir.join(built.file_name());
+    let output = out_dir.map_or_else(|| Ok(dir.clone()), std::path::absolute).map_err(Refusal::internal)?.join(built.file_name());
     write_atomically(&output, &built.to_bytes(), 0o644)?;
     if json {
         println!("{}", json!({ "ok": true, "output": output.display().to_string(), "bundle": built.inspect() }));

@@ -4,7 +4,7 @@
 //! With `--json` each prints the API's answer exactly (one line); refusals print
 //! `{"ok":false,"error":{…}}` and exit 1, as the offline commands do.
 
-use super::client::{Client, Connection, print_json, print_table, when};
+use super::client::{Client, Connection, print_json, print_table, utc};
 use crate::plugins::bundle::{self, Bundle};
 use crate::plugins::manifest::ALL_REQUESTED;
 use crate::refusal::{Refusal, Result};
@@ -276,7 +276,7 @@ fn get(args: &IdArgs) -> Result<()> {
     println!("grants:      {}", list_text(&strings(&p["grants"])));
     println!("methods:     {}", list_text(&strings(&p["methods"])));
     println!("digest:      {}", text(&p, "digest"));
-    println!("installed:   by {} at {}", text(&p, "installedBy"), when(p["installedAt"].as_u64()));
+    println!("installed:   by {} at {}", text(&p, "installedBy"), utc(p["installedAt"].as_u64()));
     print_last_error(&p);
     Ok(())
 }

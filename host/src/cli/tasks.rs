@@ -4,7 +4,7 @@
 //! With `--json` each prints the API's answer exactly (one line); refusals print
 //! `{"ok":false,"error":{…}}` and exit 1.
 
-use super::client::{Client, Connection, finish, print_json, print_table, when};
+use super::client::{Client, Connection, finish, print_json, print_table, utc};
 use crate::refusal::Result;
 use clap::Subcommand;
 use serde_json::{Value, json};
@@ -145,7 +145,7 @@ fn last_run(task: &Value) -> String {
         Some(last) => format!(
             "{} {} ({})",
             last.get("status").and_then(Value::as_str).unwrap_or("?"),
-            when(last.get("startedAt").and_then(Value::as_u64)),
+            utc(last.get("startedAt").and_then(Value::as_u64)),
             duration(last.get("durationMs").and_then(Value::as_u64))
         ),
         None => "never".into(),
@@ -154,7 +154,7 @@ fn last_run(task: &Value) -> String {
 
 fn next_run(task: &Value) -> String {
     match task["nextRunAt"].as_u64() {
-        Some(at) => when(Some(at)),
+        Some(at) => utc(Some(at)),
         None if task["enabled"] == false => "disabled".into(),
         None => "-".into(),
     }
@@ -192,7 +192,7 @@ fn execution_rows(executions: &[Value]) -> Vec<Vec<String>> {
                 text(e, "id").to_string(),
                 text(e, "status").to_string(),
                 text(e, "trigger").to_string(),
-                when(e["startedAt"].as_u64()),
+                utc(e["startedAt"].as_u64()),
                 duration(e["durationMs"].as_u64()),
                 text(e, "nodeId").to_string(),
                 e["error"]["code"].as_str().unwrap_or("").to_string(),
@@ -239,12 +239,12 @@ fn print_execution(e: &Value) {
         None => println!("trigger:   {}", text(e, "trigger")),
     }
     println!("node:      {}", text(e, "nodeId"));
-    println!("started:   {}", when(e["startedAt"].as_u64()));
+    println!("started:   {}", utc(e["startedAt"].as_u64()));
     if let Some(ended) = e["endedAt"].as_u64() {
-        println!("ended:     {} ({})", when(Some(ended)), duration(e["durationMs"].as_u64()));
+        println!("ended:     {} ({})", utc(Some(ended)), duration(e["durationMs"].as_u64()));
     }
     if let Some(at) = e["cancelRequestedAt"].as_u64() {
-        println!("cancel:    requested by {} at {}", text(e, "cancelRequestedBy"), when(Some(at)));
+        println!("cancel:    requested by {} at {}", text(e, "cancelRequestedBy"), utc(Some(at)));
     }
     if let Some(code) = e["error"]["code"].as_str() {
         println!("error:     {code}: {}", e["error"]["message"].as_str().unwrap_or(""));

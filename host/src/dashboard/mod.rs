@@ -1,6 +1,8 @@
 //! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
-//! nodes, administrators only), `/plugins` (installed plugins and their lifecycle,
-//! administrators only), `/login` and `/logout`, from the templates in
+//! nodes, administrators only), `/clusters`, `/services` (with organizations) and `/settings`
+//! (the inventory, through the same methods as the API, updated live from the event outbox),
+//! `/plugins` (installed plugins and their lifecycle, administrators only), `/login` and
+//! `/logout`, from the templates in
 //! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
 //! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
 //! build step.
@@ -13,8 +15,13 @@
 //! script or style, nothing loaded from elsewhere, no framing.
 
 pub mod assets;
+mod clusters;
 mod fleet;
+mod forms;
+mod live;
 mod plugins;
+mod services;
+mod settings;
 
 use crate::api::AppState;
 use crate::api::system::{StatusReport, status_report};
@@ -51,6 +58,26 @@ pub fn router() -> Router<AppState> {
         .route("/overview/status", get(status_panel))
         .route("/fleet", get(fleet::page))
         .route("/fleet/panel", get(fleet::panel))
+        .route("/clusters", get(clusters::page))
+        .route("/clusters/panel", get(clusters::panel))
+        .route("/clusters/create", post(clusters::create))
+        .route("/clusters/{id}", get(clusters::detail))
+        .route("/clusters/{id}/panel", get(clusters::detail_panel))
+        .route("/clusters/{id}/update", post(clusters::update))
+        .route("/clusters/{id}/phase", post(clusters::set_phase))
+        .route("/clusters/{id}/delete", get(clusters::confirm).post(clusters::delete))
+        .route("/services", get(services::page))
+        .route("/services/panel", get(services::panel))
+        .route("/services/create", post(services::create))
+        .route("/services/{id}", get(services::detail))
+        .route("/services/{id}/panel", get(services::detail_panel))
+        .route("/services/{id}/update", post(services::update))
+        .route("/services/{id}/delete", get(services::confirm).post(services::delete))
+        .route("/organizations/create", post(services::create_organization))
+        .route("/settings", get(settings::page))
+        .route("/settings/panel", get(settings::panel))
+        .route("/settings/update", post(settings::update))
+        .route("/live/wait", get(live::wait))
         .route("/plugins", get(plugins::page))
         // a bundle may be up to 64 MiB: this route alone reads more than a form
         .route("/plugins/inspect", post(plugins::inspect).layer(DefaultBodyLimit::max(plugins::UPLOAD_LIMIT)))
@@ -84,6 +111,20 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("plugins_approve.html", include_str!("../../../dashboard/templates/plugins_approve.html")),
     ("plugins_flash.html", include_str!("../../../dashboard/templates/plugins_flash.html")),
     ("message.html", include_str!("../../../dashboard/templates/message.html")),
+    ("flash.html", include_str!("../../../dashboard/templates/flash.html")),
+    ("live.html", include_str!("../../../dashboard/templates/live.html")),
+    ("confirm_delete.html", include_str!("../../../dashboard/templates/confirm_delete.html")),
+    ("clusters.html", include_str!("../../../dashboard/templates/clusters.html")),
+    ("clusters_panel.html", include_str!("../../../dashboard/templates/clusters_panel.html")),
+    ("cluster.html", include_str!("../../../dashboard/templates/cluster.html")),
+    ("cluster_panel.html", include_str!("../../../dashboard/templates/cluster_panel.html")),
+    ("cluster_created.html", include_str!("../../../dashboard/templates/cluster_created.html")),
+    ("services.html", include_str!("../../../dashboard/templates/services.html")),
+    ("services_panel.html", include_str!("../../../dashboard/templates/services_panel.html")),
+    ("service.html", include_str!("../../../dashboard/templates/service.html")),
+    ("service_panel.html", include_str!("../../../dashboard/templates/service_panel.html")),
+    ("settings.html", include_str!("../../../dashboard/templates/settings.html")),
+    ("settings_panel.html", include_str!("../../../dashboard/templates/settings_panel.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -307,15 +348,15 @@ struct NavItem {
 const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Overview", "overview", Some("/")),
     ("Fleet", "fleet", Some("/fleet")),
-    ("Clusters", "clusters", None),
-    ("Services", "services", None),
+    ("Clusters", "clusters", Some("/clusters")),
+    ("Services", "services", Some("/services")),
     ("Secrets", "secrets", None),
     ("Apps", "apps", None),
     ("Backups", "backups", None),
     ("Mail", "mail", None),
     ("Ingress", "ingress", None),
     ("Plugins", "plugins", Some("/plugins")),
-    ("Settings", "settings", None),
+    ("Settings", "settings", Some("/settings")),
 ];
 
 fn nav(active: &str) -> Vec<NavItem> {

@@ -667,13 +667,14 @@ impl PluginHost {
             Refusal::new("method-unknown", format!("plugin {plugin} has no method {method:?}; GET /api/v1/methods lists them"))
                 .with_data(json!({ "method": format!("{plugin}.{method}") }))
         })?;
-        let caller = authorize(entry.role, caller, plugin, method)?;
+        let acting = caller.cloned();
+        let caller = authorize(self.store(), entry.role, caller, &body, plugin, method).await?;
         if let Some(error) = entry.validator.iter_errors(&body).next() {
             let path = error.instance_path().to_string();
             return Err(Refusal::invalid_request(format!("{plugin}.{method}: {}", error.masked()))
                 .with_data(json!({ "field": path.trim_start_matches('/').replace('/', ".") })));
         }
-        active.sandbox.handle(request_id, caller, method, &body).await
+        active.sandbox.handle(request_id, caller, acting, method, &body).await
     }
 
     fn unavailable(&self, plugin: &str) -> Refusal {
@@ -689,8 +690,8 @@ impl PluginHost {
         self.loaded().iter().flat_map(|a| a.described.describe_methods(&a.manifest.id)).collect()
     }
 
-    /// The role a method needs, checked; `Access` of the host methods, extended by the
-    /// organization roles, which this host has no memberships for yet.
+    /// The role a method needs: `Access` of the host methods, extended by the organization
+    /// roles (checked against the body's `organizationId`).
     pub fn role_of(&self, plugin: &str, method: &str) -> Option<Role> {
         self.get(plugin).and_then(|a| a.described.methods.get(method).map(|m| m.role))
     }
@@ -719,9 +720,19 @@ fn not_installed(id: &str) -> Refusal {
     Refusal::not_found(format!("plugin {id:?}")).with_data(json!({ "id": id }))
 }
 
-/// The caller as the plugin sees it, once the role is satisfied.
-fn authorize(role: Role, identity: Option<&crate::auth::Identity>, plugin: &str, method: &str) -> Result<Caller> {
+/// The caller as the plugin sees it, once the role is satisfied. A member or owner method
+/// names its organization in the body's `organizationId`; the role is checked there
+/// (`inventory::access`), and an administrator passes as it does for host methods.
+async fn authorize(
+    store: &Store,
+    role: Role,
+    identity: Option<&crate::auth::Identity>,
+    body: &Value,
+    plugin: &str,
+    method: &str,
+) -> Result<Caller> {
     use super::runtime::CallerKind;
+    use crate::inventory::access::{self, OrgRole};
     let Some(identity) = identity else {
         return match role {
             Role::Public => Ok(Caller { kind: CallerKind::Human, id: String::new(), roles: vec!["public".into()] }),
@@ -733,15 +744,34 @@ fn authorize(role: Role, identity: Option<&crate::auth::Identity>, plugin: &str,
     if identity.is_human_admin() {
         roles.push("admin".into());
     }
-    let allowed = match role {
-        Role::Public | Role::Authenticated => true,
-        Role::Admin => identity.is_human_admin(),
-        // Organization memberships arrive with the inventory; until then no one holds them.
-        Role::Member | Role::Owner => false,
+    let need = match role {
+        Role::Public | Role::Authenticated => None,
+        Role::Admin if identity.is_human_admin() => None,
+        Role::Admin => {
+            return Err(Refusal::new("forbidden", format!("{plugin}.{method} needs the admin role")).with_data(json!({ "role": role })));
+        }
+        Role::Member => Some(OrgRole::Member),
+        Role::Owner => Some(OrgRole::Owner),
     };
-    if !allowed {
-        let needs = serde_json::to_value(role).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-        return Err(Refusal::new("forbidden", format!("{plugin}.{method} needs the {needs} role")).with_data(json!({ "role": role })));
+    if let Some(need) = need {
+        let organization = body["organizationId"].as_str().ok_or_else(|| {
+            Refusal::invalid_request(format!("{plugin}.{method} acts within an organization: name it in organizationId"))
+                .with_data(json!({ "field": "organizationId" }))
+        })?;
+        let held = store
+            .transact(|tx| async move {
+                access::require_org(&tx, identity, organization, need).await?;
+                access::role_in(&tx, organization, &identity.user_id).await
+            })
+            .await?;
+        roles.extend(
+            held.iter()
+                .flat_map(|r| match r {
+                    OrgRole::Owner => ["member", "owner"].as_slice(),
+                    OrgRole::Member => ["member"].as_slice(),
+                })
+                .map(|r| r.to_string()),
+        );
     }
     Ok(Caller { kind, id: identity.user_id.clone(), roles })
 }

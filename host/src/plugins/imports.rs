@@ -122,6 +122,8 @@ pub struct CallData {
     stdout: MemoryOutputPipe,
     stderr: MemoryOutputPipe,
     pub limiter: MemoryLimiter,
+    /// The caller a method call acts for; `None` outside a method call.
+    pub acting: Option<crate::auth::Identity>,
 }
 
 impl CallData {
@@ -155,7 +157,14 @@ impl CallData {
             stdout,
             stderr,
             limiter: MemoryLimiter { limit: memory_limit, exhausted: false },
+            acting: None,
         }
+    }
+
+    /// Who an inventory write acts as: the caller of the current method, or else the plugin
+    /// itself with the authority the operator approved for it.
+    fn actor(&self) -> crate::auth::Identity {
+        self.acting.clone().unwrap_or_else(|| crate::inventory::access::plugin_identity(&self.plugin))
     }
 
     /// Log what the plugin printed, a line per log record, under its id.
@@ -383,20 +392,34 @@ impl inventory::Host for CallData {
         })
     }
 
-    async fn create_service(&mut self, _body: String) -> WitResult<inventory::Entity> {
+    async fn create_service(&mut self, body: String) -> WitResult<inventory::Entity> {
         self.require(&Capability::InventoryWriteServices)?;
-        Err(inventory_unavailable())
+        let input = crate::api::methods::decode(parse_object(&body, "the service")?).map_err(to_wit)?;
+        let created = crate::inventory::services::create(&self.services.store, &self.actor(), input).await.map_err(to_wit)?;
+        service_entity(created)
     }
 
-    async fn update_service(&mut self, _body: String) -> WitResult<inventory::Entity> {
+    async fn update_service(&mut self, body: String) -> WitResult<inventory::Entity> {
         self.require(&Capability::InventoryWriteServices)?;
-        Err(inventory_unavailable())
+        let input = crate::api::methods::decode(parse_object(&body, "the service")?).map_err(to_wit)?;
+        let updated = crate::inventory::services::update(&self.services.store, &self.actor(), input).await.map_err(to_wit)?;
+        service_entity(updated)
+    }
+
+    async fn hold_service(&mut self, service_id: String) -> WitResult<()> {
+        self.require(&Capability::InventoryWriteServices)?;
+        crate::inventory::services::hold(&self.services.store, &service_id, &format!("plugin:{}", self.plugin)).await.map_err(to_wit)
+    }
+
+    async fn release_service(&mut self, service_id: String) -> WitResult<()> {
+        self.require(&Capability::InventoryWriteServices)?;
+        crate::inventory::services::release(&self.services.store, &service_id, &format!("plugin:{}", self.plugin)).await.map_err(to_wit)
     }
 }
 
-/// Service writes arrive with the inventory subsystem; until then they are refused by name.
-fn inventory_unavailable() -> types::Refusal {
-    refusal("inventory-unavailable", "this host does not manage services yet".into(), json!({}))
+fn service_entity(service: crate::inventory::Entity<crate::inventory::services::Service>) -> WitResult<inventory::Entity> {
+    let data = serde_json::to_string(&service.data).map_err(|e| to_wit(Refusal::internal(e)))?;
+    Ok(inventory::Entity { kind: inventory::EntityKind::Service, id: service.id, revision: service.revision, data })
 }
 
 fn inventory_collection(kind: inventory::EntityKind) -> &'static str {

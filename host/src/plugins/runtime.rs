@@ -7,6 +7,7 @@
 
 use super::imports::CallData;
 use super::manifest::{Capability, Manifest};
+use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -234,13 +235,14 @@ impl Sandbox {
         self.run(CallKind::Describe, &ctx, |guest, store| Box::pin(async move { guest.call_describe(store).await.map(Ok) })).await
     }
 
-    /// Serve one method; the body already passed the method's schema.
-    pub async fn handle(&self, request_id: &str, caller: Caller, method: &str, body: &Value) -> Result<Value> {
+    /// Serve one method for `acting` (the authenticated caller, whose authority the plugin's
+    /// inventory writes act with); the body already passed the method's schema.
+    pub async fn handle(&self, request_id: &str, caller: Caller, acting: Option<Identity>, method: &str, body: &Value) -> Result<Value> {
         let ctx = self.context(request_id, caller, CallKind::Method);
         let body = body.to_string();
         let method = method.to_string();
         let out = self
-            .run(CallKind::Method, &ctx, |guest, store| {
+            .run_as(acting, CallKind::Method, &ctx, |guest, store| {
                 let ctx = ctx.clone();
                 Box::pin(async move { guest.call_handle(store, &ctx, &method, &body).await })
             })
@@ -313,6 +315,16 @@ impl Sandbox {
             &'a mut Store<CallData>,
         ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
     {
+        self.run_as(None, kind, ctx, call).await
+    }
+
+    async fn run_as<R, F>(&self, acting: Option<Identity>, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
+    where
+        F: for<'a> FnOnce(
+            &'a wit_guest::Guest,
+            &'a mut Store<CallData>,
+        ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
+    {
         let deadline = kind.deadline();
         let started = Instant::now();
         let _slot = match tokio::time::timeout(deadline, self.slots.clone().acquire_owned()).await {
@@ -323,7 +335,7 @@ impl Sandbox {
                     .with_data(json!({ "plugin": self.id })));
             }
         };
-        let data = CallData::new(
+        let mut data = CallData::new(
             self.services.clone(),
             self.id.clone(),
             ctx.request_id.clone(),
@@ -332,6 +344,7 @@ impl Sandbox {
             kind == CallKind::Describe,
             STDIO_CAPTURE,
         );
+        data.acting = acting;
         let mut store = Store::new(self.prepared.pre.engine(), data);
         store.limiter(|data| &mut data.limiter);
         let stop_at = started + deadline;

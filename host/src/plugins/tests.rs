@@ -107,7 +107,7 @@ async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrad
     let Some(f) = Fixture::new().await else { return };
     let record = f.host.install(&f.example(None), &all(), "admin").await.unwrap();
     assert_eq!(record.current.version, "0.1.0");
-    assert_eq!(record.current.grants, vec!["events:publish", "log", "store"]);
+    assert_eq!(record.current.grants, vec!["events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
 
     let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
     assert_eq!(greeting["greeting"], "Hello, Ada!");
@@ -180,7 +180,7 @@ async fn install_refuses_by_name_and_records_nothing() {
     assert_eq!(f.host.install(&[0u8; 100], &all(), "admin").await.unwrap_err().code, "bundle-malformed");
     assert!(f.host.records().await.unwrap().is_empty());
 
-    f.host.install(&good, &["events:publish".into(), "log".into(), "store".into()], "admin").await.unwrap();
+    f.host.install(&good, &["events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()], "admin").await.unwrap();
     assert_eq!(f.host.install(&good, &all(), "admin").await.unwrap_err().code, "plugin-exists");
 
     crate::fleet::freeze(&f.state.blobs, "alice", "release week").await.unwrap();

@@ -1,11 +1,13 @@
 //! The example manager: the plugin contract in one small file, and the reference plugin authors
 //! copy. It greets, keeps notes in its store with compare-and-swap, publishes an event for every
 //! note written, records the events it receives (in order), counts notes in a reconcile loop and
-//! a scheduled task, and records its migrations.
+//! a scheduled task, and records its migrations. It also shows how a manager takes part in a
+//! service's deletion: it holds every service it hears of and releases it on `service.deleting`,
+//! once it would have cleaned up what it owned.
 
 use capstan_sdk::store::{self, Batch, Doc};
 use capstan_sdk::{Context, Descriptor, Empty, Event, JsonSchema, Manager, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role};
-use capstan_sdk::{events, json};
+use capstan_sdk::{events, inventory, json};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -40,6 +42,7 @@ impl Manager for Example {
     /// Record the event. Delivery is at least once and in order, so an event at or below the
     /// last recorded sequence is a redelivery: acknowledge it without counting it twice.
     fn on_event(_ctx: &Context, event: Event) -> Result<()> {
+        take_part_in_deletion(&event)?;
         let counter = store::get::<EventCounter>(COUNTERS, "events")?;
         let log = store::get::<EventLog>(EVENTS, "log")?;
         if counter.as_ref().is_some_and(|c| event.sequence <= c.data.last_sequence) {
@@ -215,6 +218,21 @@ struct NotePage {
 fn list_notes(_ctx: &Context, input: ListNotes) -> Result<NotePage> {
     let page = store::scan::<Note>(NOTES, input.cursor.as_deref(), input.limit.unwrap_or(50).clamp(1, 500))?;
     Ok(NotePage { notes: page.documents.into_iter().map(NoteView::from).collect(), next_cursor: page.next_cursor })
+}
+
+/// Hold a service while this manager "owns" something of it, release it when it is being
+/// deleted. Both are idempotent, so a redelivered event does no harm; a service already gone
+/// or already deleting is simply not held.
+fn take_part_in_deletion(event: &Event) -> Result<()> {
+    let outcome = match event.kind.as_str() {
+        "service.created" => inventory::hold_service(&event.subject),
+        "service.deleting" => inventory::release_service(&event.subject),
+        _ => return Ok(()),
+    };
+    match outcome {
+        Err(refusal) if matches!(refusal.code(), "service-deleting" | "service-not-found") => Ok(()),
+        other => other,
+    }
 }
 
 fn count_notes() -> Result<u64> {

@@ -1,0 +1,257 @@
+//! The Settings view at `/settings`: the public settings document, every key Capstan accepts
+//! with what it is for (as `settings.get` answers them) and its value, edited in one form
+//! with the revision the page read (`settings.update`, administrators). Values are typed as
+//! JSON (`443`, `["https://…"]`, `{"bucket": "b"}`); a bare word is taken as text. Only the
+//! keys whose value was changed are sent; an emptied field removes its key. Another key may
+//! be named at the bottom of the form: the method refuses anything that is not a setting
+//! (`setting-unknown`) or is a credential (`setting-is-secret`), by name.
+//!
+//! A small status panel re-fetches itself when a `settings.*` event commits and says when the
+//! document moved past the revision the form was read at; the form itself is never replaced
+//! under the operator's hands.
+
+use super::forms::{ErrorView, Flash, FormData, call, number, post, redirect, session, status_of, u64_of};
+use super::{live, nav, render, user_view};
+use crate::api::AppState;
+use crate::auth::Identity;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use minijinja::context;
+use minijinja::value::Serde;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+
+const AREAS: &[&str] = &["settings"];
+
+#[derive(Serialize)]
+struct RowView {
+    key: String,
+    summary: String,
+    /// Whether the document holds the key.
+    set: bool,
+    /// The stored value as the form shows it (empty when not set).
+    read: String,
+    /// What the input holds: the stored value, or what the operator typed.
+    value: String,
+    known: bool,
+}
+
+/// A value as the form shows it: text as it is, anything else as compact JSON.
+fn shown(value: &Value) -> String {
+    value.as_str().map(str::to_string).unwrap_or_else(|| value.to_string())
+}
+
+/// A typed value: JSON when it parses as JSON, else the text itself.
+fn typed_value(text: &str) -> Value {
+    let text = text.trim();
+    serde_json::from_str(text).unwrap_or_else(|_| Value::from(text))
+}
+
+/// What the form was read at and what the operator typed, after a refusal.
+#[derive(Default)]
+struct Typed {
+    revision: Option<String>,
+    /// `key → (read, typed)`.
+    values: HashMap<String, (String, String)>,
+    other_key: String,
+    other_value: String,
+}
+
+fn rows(document: &Value, typed: &Typed) -> Vec<RowView> {
+    let settings = document["settings"].as_object().cloned().unwrap_or_default();
+    let mut rows: Vec<RowView> = document["known"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|k| {
+            let key = k["key"].as_str().unwrap_or_default().to_string();
+            let stored = settings.get(&key);
+            RowView { summary: k["summary"].as_str().unwrap_or_default().into(), set: stored.is_some(), read: stored.map(shown).unwrap_or_default(), value: String::new(), known: true, key }
+        })
+        .collect();
+    // a stored key the allowlist no longer names is still shown (and may be removed)
+    for (key, value) in &settings {
+        if !rows.iter().any(|r| r.key == *key) {
+            rows.push(RowView { key: key.clone(), summary: "Not a setting this version accepts".into(), set: true, read: shown(value), value: String::new(), known: false });
+        }
+    }
+    for row in &mut rows {
+        row.value = match typed.values.get(&row.key) {
+            Some((read, typed)) => {
+                // the form keeps what it was read at, so only the operator's changes are sent
+                row.read = read.clone();
+                typed.clone()
+            }
+            None => row.read.clone(),
+        };
+    }
+    rows
+}
+
+async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>, typed: Typed) -> Response {
+    let head = live::head(&state.store).await;
+    let document = call(state, identity, "settings.get", json!({})).await;
+    let (rows, revision, error) = match &document {
+        Ok(document) => (rows(document, &typed), u64_of(document, "revision"), None),
+        Err(refusal) => (Vec::new(), 0, Some(ErrorView::from(refusal))),
+    };
+    let expected = typed.revision.clone().unwrap_or_else(|| revision.to_string());
+    let set = rows.iter().filter(|r| r.set).count();
+    let ctx = context! {
+        page => "Settings",
+        nav => Serde(nav("settings")),
+        user => Serde(user_view(identity)),
+        flash => Serde(flash),
+        error => Serde(error),
+        rows => Serde(rows),
+        expected_revision => expected,
+        other_key => typed.other_key,
+        other_value => typed.other_value,
+        ..live::element(head, AREAS),
+        ..status_context(document.as_ref().ok(), revision)
+    };
+    render(status, "settings.html", ctx)
+}
+
+/// The status panel: the document's revision and how many keys are set, and whether it moved
+/// past `read` (the revision the page's form was read at).
+fn status_context(document: Option<&Value>, read: u64) -> minijinja::Value {
+    let Some(document) = document else { return context! { status => Serde(None::<Value>) } };
+    let revision = u64_of(document, "revision");
+    let set = document["settings"].as_object().map_or(0, Map::len);
+    let known = document["known"].as_array().map_or(0, Vec::len);
+    context! { status => context! { revision, read, moved => revision != read, set, known } }
+}
+
+#[derive(Deserialize)]
+pub(super) struct PageQuery {
+    done: Option<String>,
+    read: Option<u64>,
+}
+
+/// `GET /settings`.
+pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<PageQuery>>) -> Response {
+    let identity = match session(&state, &headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let flash = match query.as_ref().and_then(|q| q.done.as_deref()) {
+        Some("updated") => Some(Flash::done("Settings saved", "The changed keys are stored; managers read them from the new revision.")),
+        Some("unchanged") => Some(Flash::done("Nothing to save", "No value differed from what the page showed, so nothing was written.")),
+        _ => None,
+    };
+    settings_page(&state, &identity, StatusCode::OK, flash, Typed::default()).await
+}
+
+/// `GET /settings/panel?read=<revision>`: the status panel alone, for htmx.
+pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<PageQuery>>) -> Response {
+    let identity = match session(&state, &headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let read = query.and_then(|q| q.0.read).unwrap_or_default();
+    let document = call(&state, &identity, "settings.get", json!({})).await.ok();
+    render(StatusCode::OK, "settings_panel.html", status_context(document.as_ref(), read))
+}
+
+/// What the form asks to change: keys whose input differs from the value it was read at
+/// (an emptied input removes the key), and the other key when one is named.
+fn changes(form: &FormData) -> (Map<String, Value>, Vec<String>) {
+    let (mut set, mut unset) = (Map::new(), Vec::new());
+    let mut change = |key: &str, text: &str| {
+        if text.trim().is_empty() {
+            unset.push(key.to_string());
+        } else {
+            set.insert(key.to_string(), typed_value(text));
+        }
+    };
+    for (name, text) in &form.0 {
+        let Some(key) = name.strip_prefix("value.") else { continue };
+        if text.trim() != form.text(&format!("read.{key}")) {
+            change(key, text);
+        }
+    }
+    let other = form.text("otherKey");
+    if !other.is_empty() {
+        change(other, form.raw("otherValue"));
+    }
+    (set, unset)
+}
+
+/// `POST /settings/update` (`expectedRevision`, `value.<key>` and `read.<key>` per key,
+/// `otherKey`, `otherValue`).
+pub(super) async fn update(State(state): State<AppState>, request: Request) -> Response {
+    let (identity, form) = match post(&state, request).await {
+        Ok(posted) => posted,
+        Err(response) => return response,
+    };
+    let (set, unset) = changes(&form);
+    if set.is_empty() && unset.is_empty() {
+        return redirect("/settings?done=unchanged");
+    }
+    let body = json!({ "expectedRevision": number(form.text("expectedRevision")), "set": set, "unset": unset });
+    match call(&state, &identity, "settings.update", body).await {
+        Ok(_) => redirect("/settings?done=updated"),
+        Err(refusal) => {
+            let mut typed = Typed {
+                revision: Some(form.text("expectedRevision").chars().take(40).collect()),
+                other_key: form.raw("otherKey").chars().take(200).collect(),
+                other_value: form.raw("otherValue").chars().take(4000).collect(),
+                ..Typed::default()
+            };
+            for (name, text) in &form.0 {
+                if let Some(key) = name.strip_prefix("value.") {
+                    let read = form.text(&format!("read.{key}")).to_string();
+                    typed.values.insert(key.to_string(), (read, text.chars().take(4000).collect()));
+                }
+            }
+            let after = if refusal.is("conflict") {
+                if let Some(revision) = refusal.data.as_ref().and_then(|d| d.get("revision")).and_then(Value::as_u64) {
+                    typed.revision = Some(revision.to_string());
+                }
+                "Someone saved settings since this page read them. Your changes are still in the form; sending it again applies only the keys you changed."
+            } else {
+                "Nothing was saved; your entries are kept below."
+            };
+            let flash = Flash::refused("The settings were not saved", &refusal, after);
+            settings_page(&state, &identity, status_of(&refusal), Some(flash), typed).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_changed_keys_are_sent() {
+        let form = FormData(
+            [
+                ("expectedRevision", "3"),
+                ("value.dcrouterTargetPort", "8443"),
+                ("read.dcrouterTargetPort", "443"),
+                ("value.dcrouterTargetHost", "gw.example.com"),
+                ("read.dcrouterTargetHost", "gw.example.com"),
+                ("value.backupNodeCacheKeepDays", ""),
+                ("read.backupNodeCacheKeepDays", "7"),
+                ("value.appStoreCatalogSources", r#"["https://c.example.com/a.json"]"#),
+                ("read.appStoreCatalogSources", ""),
+                ("otherKey", "colour"),
+                ("otherValue", "blue"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .to_vec(),
+        );
+        let (set, unset) = changes(&form);
+        assert_eq!(
+            Value::Object(set),
+            json!({"dcrouterTargetPort": 8443, "appStoreCatalogSources": ["https://c.example.com/a.json"], "colour": "blue"})
+        );
+        assert_eq!(unset, ["backupNodeCacheKeepDays"]);
+        assert_eq!(shown(&json!("starttls")), "starttls");
+        assert_eq!(shown(&json!(["a"])), r#"["a"]"#);
+        assert_eq!(typed_value("tls"), json!("tls"));
+    }
+}
