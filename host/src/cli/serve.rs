@@ -171,6 +171,18 @@ async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<Plugin
         })
         .description("Deletes sessions whose expiry has passed."),
     )?;
+    let finalizer_store = store.clone();
+    scheduler.register(
+        HostTask::new("host.finalize-deleted-services", "Finish service deletions", "* * * * *", move |log| {
+            let store = finalizer_store.clone();
+            async move {
+                let (finished, waiting) = crate::inventory::services::finalize_deleting(&store).await?;
+                log.line(format!("finished {finished} deletions; {waiting} still wait for managers to release them"));
+                Ok(())
+            }
+        })
+        .description("Deletes every service marked for deletion that no manager holds any more, so an interrupted deletion is finished, never stranded."),
+    )?;
     let source = scheduler.clone();
     fleet.add_workload_source(Arc::new(move || source.workloads()));
     Ok(scheduler)
