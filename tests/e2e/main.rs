@@ -5,8 +5,10 @@
 mod api;
 mod browser;
 mod config;
+mod events;
 mod fleet;
 mod identity;
+mod inventory;
 mod logging;
 mod migrations;
 mod mongo;

@@ -5,7 +5,7 @@
 //! administrator or a cluster's machine user never is (`deployment-machine-user-invalid`).
 
 use super::services::require_active;
-use super::{Listing, SERVICE_GRANTS, emit, now, page_limit, to_value};
+use super::{Listing, PageInput, SERVICE_GRANTS, emit, now, to_value};
 use crate::api::methods::{Access, Call, Registry};
 use crate::auth::methods::MachineToken;
 use crate::refusal::{Refusal, Result};
@@ -69,14 +69,6 @@ pub struct DeployerView {
     /// Whether the user holds a token now.
     pub token_active: bool,
     pub grants: Vec<Grant>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ListInput {
-    pub cursor: Option<String>,
-    /// At most 200 (default 50).
-    pub limit: Option<usize>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -191,8 +183,8 @@ async fn revoke(call: Call, input: RevokeInput) -> Result<Revoked> {
         .await
 }
 
-async fn list(call: Call, input: ListInput) -> Result<Listing<DeployerView>> {
-    let limit = page_limit(input.limit);
+async fn list(call: Call, input: PageInput) -> Result<Listing<DeployerView>> {
+    let limit = input.limit();
     let cursor = input.cursor.as_deref();
     call.state
         .store

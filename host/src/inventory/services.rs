@@ -90,23 +90,6 @@ pub struct Service {
     pub updated_at: u64,
 }
 
-/// The fields a caller sets. On create absent ones take their defaults; on update absent ones
-/// stay as stored.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Fields {
-    pub image: Option<String>,
-    pub ports: Option<Vec<Port>>,
-    pub domains: Option<Vec<String>>,
-    pub environment: Option<BTreeMap<String, String>>,
-    /// Replicas, 0–64 (default 1).
-    pub scale: Option<u32>,
-    pub volumes: Option<Vec<Volume>>,
-    pub mail_addresses: Option<Vec<String>>,
-    /// A JSON object describing the template the service came from (at most 64 KiB).
-    pub template: Option<Value>,
-}
-
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
@@ -185,8 +168,12 @@ fn too_many(field: &str, max: usize) -> Refusal {
     invalid("too-many-items", field, format!("{field} holds at most {max} items"))
 }
 
-/// Check every field a write sets; the first mistake is named by its field.
-fn check_fields(fields: &Fields) -> Result<()> {
+/// Check every field a write sets (a create is checked as the update that sets everything);
+/// the first mistake is named by its field.
+fn check_fields(fields: &UpdateInput) -> Result<()> {
+    if let Some(name) = &fields.name {
+        validate::name("name", name)?;
+    }
     if let Some(image) = &fields.image {
         validate::image(image)?;
     }
@@ -304,23 +291,26 @@ fn name_exists(name: &str) -> Refusal {
 
 /// Create a service as `identity` (an owner of its organization or an administrator).
 pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> Result<Entity<Service>> {
-    validate::name("name", &input.name)?;
-    let fields = Fields {
+    let fields = UpdateInput {
+        id: String::new(),
+        expected_revision: 0,
+        name: Some(input.name),
+        organization_id: Some(input.organization_id.clone()),
         image: Some(input.image.clone()),
-        ports: input.ports.clone(),
-        domains: input.domains.clone(),
-        environment: input.environment.clone(),
+        ports: input.ports,
+        domains: input.domains,
+        environment: input.environment,
         scale: input.scale,
-        volumes: input.volumes.clone(),
-        mail_addresses: input.mail_addresses.clone(),
-        template: input.template.clone(),
+        volumes: input.volumes,
+        mail_addresses: input.mail_addresses,
+        template: input.template,
     };
     check_fields(&fields)?;
     let at = now();
     let service = Service {
-        name: input.name.clone(),
-        organization_id: input.organization_id.clone(),
-        image: input.image.clone(),
+        name: fields.name.unwrap_or_default(),
+        organization_id: input.organization_id,
+        image: input.image,
         ports: fields.ports.unwrap_or_default(),
         domains: fields.domains.unwrap_or_default(),
         environment: fields.environment.unwrap_or_default(),
@@ -358,21 +348,8 @@ fn summary(id: &str, service: &Service) -> Value {
 
 /// Update a service as `identity`; absent fields stay as stored.
 pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> Result<Entity<Service>> {
-    if let Some(name) = &input.name {
-        validate::name("name", name)?;
-    }
-    let fields = Fields {
-        image: input.image.clone(),
-        ports: input.ports.clone(),
-        domains: input.domains.clone(),
-        environment: input.environment.clone(),
-        scale: input.scale,
-        volumes: input.volumes.clone(),
-        mail_addresses: input.mail_addresses.clone(),
-        template: input.template.clone(),
-    };
-    check_fields(&fields)?;
-    let (input, fields) = (&input, &fields);
+    check_fields(&input)?;
+    let input = &input;
     store
         .transact(|tx| async move {
             let current = require_service(&tx, &input.id).await?;
@@ -397,7 +374,7 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
                 }
                 next.name = name.clone();
             }
-            let f = fields.clone();
+            let f = input.clone();
             next.image = f.image.unwrap_or(next.image);
             next.ports = f.ports.unwrap_or(next.ports);
             next.domains = f.domains.unwrap_or(next.domains);

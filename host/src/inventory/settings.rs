@@ -102,7 +102,7 @@ fn check(key: &str, value: &Value) -> Result<()> {
             }
         }
         Kind::Port if !value.as_u64().is_some_and(|p| (1..=65535).contains(&p)) => return Err(bad("a port 1–65535")),
-        Kind::Days if !value.as_u64().is_some_and(|d| d <= 3650) => return Err(bad("whole days, 0–3650")),
+        Kind::Days if value.as_u64().is_none_or(|d| d > 3650) => return Err(bad("whole days, 0–3650")),
         Kind::Identifier => {
             let ok = value
                 .as_str()
