@@ -1,6 +1,8 @@
 //! The dashboard in a real headless Chromium, driven over WebDriver (chromedriver): log in
 //! with a wrong and then the right password, read the overview, open the Fleet view and find
-//! this node in it, log out.
+//! this node in it; create an organization, a service and a cluster through the forms (the
+//! cluster's token shown once), edit and delete the service through its confirmation, see the
+//! lists update live after changes made through the HTTP API, log out.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`/usr/bin/chromium`, `/usr/bin/chromedriver`).
 //! Without them the test prints why and passes, unless `CAPSTAN_TEST_REQUIRE_BROWSER=1`
@@ -24,6 +26,10 @@ const DENIAL: &str = "Login failed: check the username and password.";
 const SCREENSHOT_COPY: &str = "/tmp/capstan-overview.png";
 const LOGIN_SCREENSHOT_COPY: &str = "/tmp/capstan-login.png";
 const FLEET_SCREENSHOT_COPY: &str = "/tmp/capstan-fleet.png";
+const SERVICES_SCREENSHOT_COPY: &str = "/tmp/capstan-services.png";
+const CLUSTERS_SCREENSHOT_COPY: &str = "/tmp/capstan-clusters.png";
+/// How long the scenario waits for an element (a page, a live update) before failing.
+const ELEMENT_WAIT: Duration = Duration::from_secs(30);
 /// How long the whole browser scenario may take.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -132,7 +138,7 @@ fn is_png(bytes: &[u8]) -> bool {
 }
 
 #[test]
-fn a_browser_logs_in_reads_the_overview_and_the_fleet_and_logs_out() {
+fn a_browser_logs_in_and_works_through_the_dashboard() {
     if !browser_available() {
         return;
     }
@@ -297,8 +303,8 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
     // sections not built yet are not links; the overview, the fleet and the plugins are
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
-    assert_eq!(disabled.len(), 8);
-    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 3);
+    assert_eq!(disabled.len(), 5);
+    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 6);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -322,6 +328,10 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     assert_eq!(path_of(client).await, "/");
 
     fleet_view(client, server, dir).await;
+    let api = ApiClient::log_in(server, password);
+    services_view(client, server, &api, dir).await;
+    clusters_view(client, &api, dir).await;
+    settings_view(client).await;
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();
@@ -336,4 +346,204 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     // the old session cookie, replayed by hand, no longer opens the overview
     let replay = server.request("GET", "/", &[("cookie", &format!("capstan_session={token}")), ("accept", "text/html")], None);
     assert!(replay.body.contains("id=\"login-form\"") && !replay.body.contains("current-user"), "{replay:?}");
+}
+
+/// The HTTP API as a script would use it, with a bearer token of its own.
+struct ApiClient<'a> {
+    server: &'a Capstan,
+    token: String,
+}
+
+impl<'a> ApiClient<'a> {
+    fn log_in(server: &'a Capstan, password: &str) -> ApiClient<'a> {
+        let body = json!({ "username": "admin", "password": password }).to_string();
+        let reply = server.call("auth.login", &body);
+        assert_eq!(reply.status, 200, "auth.login: {}", reply.body);
+        ApiClient { server, token: reply.json()["token"].as_str().expect("a token").to_string() }
+    }
+
+    fn call(&self, method: &str, body: serde_json::Value) -> serde_json::Value {
+        let bearer = format!("Bearer {}", self.token);
+        let headers = [("content-type", "application/json"), ("authorization", bearer.as_str())];
+        let reply = self.server.request("POST", &format!("/api/v1/{method}"), &headers, Some(body.to_string().as_bytes()));
+        assert_eq!(reply.status, 200, "{method}: {}", reply.body);
+        reply.json()
+    }
+}
+
+async fn wait_for(client: &Client, css: &str) -> fantoccini::elements::Element {
+    match client.wait().at_most(ELEMENT_WAIT).for_element(Locator::Css(css)).await {
+        Ok(element) => element,
+        Err(e) => panic!("expected an element {css:?}: {e}\npage:\n{}", client.source().await.unwrap_or_default()),
+    }
+}
+
+/// Type `text` into the field `css` (emptied first).
+async fn fill(client: &Client, css: &str, text: &str) {
+    let field = wait_for(client, css).await;
+    field.clear().await.unwrap_or_else(|e| panic!("clearing {css}: {e}"));
+    if !text.is_empty() {
+        field.send_keys(text).await.unwrap_or_else(|e| panic!("typing into {css}: {e}"));
+    }
+}
+
+async fn click(client: &Client, css: &str) {
+    wait_for(client, css).await.click().await.unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+}
+
+/// Mark the document, so a later check can tell an in-place update from a page load.
+async fn mark_page(client: &Client) {
+    client.execute("document.body.dataset.unreloaded = 'yes'", vec![]).await.unwrap();
+}
+
+async fn page_was_not_reloaded(client: &Client) -> bool {
+    client.execute("return document.body.dataset.unreloaded === 'yes'", vec![]).await.unwrap() == json!(true)
+}
+
+fn save_screenshot(shot: &[u8], dir: &Path, name: &str, copy: &str) {
+    assert!(is_png(shot), "the screenshot should be a PNG ({} bytes)", shot.len());
+    std::fs::write(dir.join(name), shot).unwrap();
+    if let Err(e) = std::fs::write(copy, shot) {
+        eprintln!("could not leave a copy of the screenshot at {copy}: {e}");
+    }
+}
+
+/// The Services view: an organization and a service made through the forms, the service
+/// edited, another one appearing live when a script creates it through the API, the first
+/// one deleted through its confirmation step.
+async fn services_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, dir: &Path) {
+    click(client, r#"a.nav-item[href="/services"]"#).await;
+    wait_for(client, "#organizations-empty").await;
+    assert_eq!(client.title().await.unwrap(), "Services · Capstan");
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Services");
+
+    // an organization, then a service in it
+    fill(client, "#org-name", "acme").await;
+    click(client, "#organization-create-submit").await;
+    wait_for(client, "#service-create-form").await;
+    assert_eq!(text_of(client, "#flash strong").await, "Organization acme created");
+    assert_eq!(path_of(client).await, "/services");
+    let org = client.current_url().await.unwrap().query_pairs().find(|(k, _)| k == "org").map(|(_, v)| v.into_owned()).expect("?org=");
+    wait_for(client, "#services-empty").await;
+    fill(client, "#service-name", "web").await;
+    fill(client, "#service-image", "ghcr.io/acme/web:1.4.2").await;
+    fill(client, "#service-scale", "2").await;
+    fill(client, "#service-ports", "443:8080/http").await;
+    fill(client, "#service-domains", "web.acme.example").await;
+    fill(client, "#service-environment", "LOG_LEVEL=info").await;
+    fill(client, "#service-volumes", "data:/var/lib/web").await;
+    fill(client, "#service-mail", "web@acme.example").await;
+    click(client, "#service-create-submit").await;
+    wait_for(client, "#service-panel").await;
+    assert_eq!(text_of(client, "#flash strong").await, "Service created");
+    assert!(path_of(client).await.starts_with("/services/svc_"), "{}", path_of(client).await);
+    assert_eq!(text_of(client, "#service-scale-value").await, "2 replicas");
+    assert_eq!(text_of(client, "#service-state").await, "active");
+    for (css, expected) in [
+        ("#service-ports-value", "443:8080/http"),
+        ("#service-domains-value", "web.acme.example"),
+        ("#service-mail-value", "web@acme.example"),
+    ] {
+        assert_eq!(text_of(client, css).await, expected, "{css}");
+    }
+
+    // a refusal keeps what was typed and shows its code; then a good edit
+    fill(client, "#service-environment", "LOG_LEVEL=info\nDB_PASSWORD=correct-horse-battery").await;
+    fill(client, "#service-scale", "3").await;
+    click(client, "#service-edit-submit").await;
+    let flash = wait_for(client, "#flash.banner-error").await;
+    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("environment-value-is-secret"));
+    let scale = wait_for(client, "#service-scale").await.prop("value").await.unwrap();
+    assert_eq!(scale.as_deref(), Some("3"), "the form keeps what was typed");
+    fill(client, "#service-environment", "LOG_LEVEL=debug").await;
+    click(client, "#service-edit-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Service updated");
+    assert_eq!(text_of(client, "#service-scale-value").await, "3 replicas");
+    assert!(text_of(client, "#service-environment-value").await.contains("LOG_LEVEL=debug"));
+
+    // the list, updated live when a script creates a service through the API
+    client.goto(&server.url(&format!("/services?org={org}"))).await.unwrap();
+    wait_for(client, r#"tr[data-service="web"]"#).await;
+    assert_eq!(text_of(client, "#services-summary").await, "1 service");
+    mark_page(client).await;
+    api.call(
+        "services.create",
+        json!({
+            "organizationId": org, "name": "api", "image": "ghcr.io/acme/api:2.0.1", "scale": 3,
+            "ports": [{"port": 9000, "protocol": "http", "publicPort": 8443}], "domains": ["api.acme.example"],
+        }),
+    );
+    wait_for(client, r#"tr[data-service="api"]"#).await;
+    assert!(page_was_not_reloaded(client).await, "the list was updated in place, not reloaded");
+    assert_eq!(text_of(client, "#services-summary").await, "2 services");
+    let shot = client.screenshot().await.expect("a screenshot of the services view");
+    save_screenshot(&shot, dir, "services.png", SERVICES_SCREENSHOT_COPY);
+
+    // delete web through its confirmation step
+    click(client, r#"tr[data-service="web"] a.row-link"#).await;
+    click(client, "#service-delete").await;
+    wait_for(client, "#delete-form").await;
+    assert!(path_of(client).await.ends_with("/delete"));
+    fill(client, "#confirm-name", "api").await;
+    click(client, "#delete-submit").await;
+    let flash = wait_for(client, "#flash.banner-error").await;
+    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("confirmation-mismatch"));
+    fill(client, "#confirm-name", "web").await;
+    click(client, "#delete-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Service web deleted");
+    assert_eq!(path_of(client).await, "/services");
+    wait_for(client, r#"tr[data-service="api"]"#).await;
+    assert!(client.find_all(Locator::Css(r#"tr[data-service="web"]"#)).await.unwrap().is_empty(), "web is gone from the list");
+    let listed = api.call("services.list", json!({ "organizationId": org }));
+    let names: Vec<&str> = listed["items"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["api"]);
+}
+
+/// The Clusters view: a cluster made through the form, its token shown once and never on its
+/// page; another appearing live when a script creates it through the API.
+async fn clusters_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
+    click(client, r#"a.nav-item[href="/clusters"]"#).await;
+    wait_for(client, "#clusters-empty").await;
+    assert_eq!(client.title().await.unwrap(), "Clusters · Capstan");
+    fill(client, "#cluster-name", "eu-central-1").await;
+    fill(client, "#cluster-description", "Frankfurt, bare metal").await;
+    fill(client, "#cluster-labels", "region=eu").await;
+    click(client, "#cluster-create-submit").await;
+    assert!(text_of(client, "#token-warning").await.contains("it is not shown again"));
+    let token = wait_for(client, "#cluster-token").await.prop("value").await.unwrap().unwrap_or_default();
+    assert!(token.len() > 20, "the token is shown: {token:?}");
+    click(client, "#token-done").await;
+    wait_for(client, "#cluster-panel").await;
+    assert_eq!(text_of(client, "#cluster-phase").await, "pallet");
+    assert_eq!(text_of(client, "#cluster-generation").await, "1");
+    assert!(text_of(client, "#cluster-machine-user").await.starts_with("machine_"));
+    assert!(!client.source().await.unwrap().contains(&token), "the cluster's page never shows the token");
+
+    client.find(Locator::Css(r#"a[href="/clusters"]"#)).await.unwrap().click().await.unwrap();
+    wait_for(client, r#"tr[data-cluster="eu-central-1"][data-phase="pallet"]"#).await;
+    assert!(!client.source().await.unwrap().contains(&token), "nor does the list");
+    mark_page(client).await;
+    let created = api.call("clusters.create", json!({ "name": "us-east-1", "labels": { "region": "us" } }));
+    assert!(created["machineUser"]["token"].is_string());
+    wait_for(client, r#"tr[data-cluster="us-east-1"]"#).await;
+    assert!(page_was_not_reloaded(client).await, "the list was updated in place, not reloaded");
+    let shot = client.screenshot().await.expect("a screenshot of the clusters view");
+    save_screenshot(&shot, dir, "clusters.png", CLUSTERS_SCREENSHOT_COPY);
+}
+
+/// The Settings view: every key listed; a credential refused by name.
+async fn settings_view(client: &Client) {
+    click(client, r#"a.nav-item[href="/settings"]"#).await;
+    wait_for(client, r#"tr[data-setting="dcrouterTargetPort"]"#).await;
+    fill(client, "#other-key", "dcrouterGatewayToken").await;
+    fill(client, "#other-value", "not-a-real-token").await;
+    click(client, "#settings-submit").await;
+    let flash = wait_for(client, "#flash.banner-error").await;
+    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("setting-is-secret"));
+    fill(client, "#other-key", "").await;
+    fill(client, "#other-value", "").await;
+    fill(client, "#setting-dcrouterTargetPort", "443").await;
+    click(client, "#settings-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Settings saved");
+    assert_eq!(text_of(client, "#settings-revision").await, "1");
 }

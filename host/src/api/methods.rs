@@ -128,8 +128,20 @@ pub fn valid_method_name(name: &str) -> bool {
     word(area) && word(verb)
 }
 
+/// What a decoding error says without the value it quotes (serde writes `invalid type:
+/// string "…", expected a map`): the value may be a secret put in the wrong field.
+fn value_free(inner: &str) -> String {
+    if inner.starts_with("missing field") {
+        return inner.to_string();
+    }
+    match inner.split_once(", expected ") {
+        Some((_, expected)) => format!("expected {expected}"),
+        None => "not a value this field accepts".to_string(),
+    }
+}
+
 /// Decode a body strictly. A mistake names the field: unknown fields by their path, type
-/// errors by the path where they occurred.
+/// errors by the path where they occurred; the offending value is never quoted.
 pub fn decode<T: DeserializeOwned>(body: Value) -> Result<T> {
     serde_path_to_error::deserialize(body).map_err(|err| {
         let path = err.path().to_string();
@@ -140,8 +152,8 @@ pub fn decode<T: DeserializeOwned>(body: Value) -> Result<T> {
                 let field = if path == "." || path.is_empty() { name.to_string() } else { path.clone() };
                 (field.clone(), format!("unknown field {field:?}"))
             }
-            None if path == "." || path.is_empty() => (String::new(), format!("invalid request body: {inner}")),
-            None => (path.clone(), format!("invalid field {path:?}: {inner}")),
+            None if path == "." || path.is_empty() => (String::new(), format!("invalid request body: {}", value_free(&inner))),
+            None => (path.clone(), format!("invalid field {path:?}: {}", value_free(&inner))),
         };
         let refusal = Refusal::invalid_request(message);
         if field.is_empty() { refusal } else { refusal.with_data(json!({ "field": field })) }
@@ -187,6 +199,15 @@ mod tests {
         assert_eq!(err.code, "invalid-request");
         assert!(err.message.contains("name"), "{}", err.message);
         assert_eq!(decode::<Input>(json!([])).unwrap_err().code, "invalid-request");
+    }
+
+    #[test]
+    fn refusals_never_quote_the_value() {
+        let err = decode::<Input>(json!({"name": {"secret": "hunter2"}})).unwrap_err();
+        assert!(!err.message.contains("hunter2"), "{}", err.message);
+        let err = decode::<Input>(json!({"name": "x", "nested": {"count": "hunter2-planted"}})).unwrap_err();
+        assert!(!err.message.contains("hunter2") && err.message.contains("expected"), "{}", err.message);
+        assert!(decode::<Input>(json!({})).unwrap_err().message.contains("missing field `name`"));
     }
 
     #[test]

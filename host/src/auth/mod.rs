@@ -222,12 +222,24 @@ pub async fn any_user(store: &Store) -> Result<bool> {
     Ok(!store.transact(|tx| async move { tx.scan(USERS, None, 1).await }).await?.documents.is_empty())
 }
 
+/// Username prefixes Capstan mints itself: a cluster's machine user (`cluster-<name>`) and the
+/// registry's runtime credentials. Nobody else may take them.
+pub const RESERVED_USERNAME_PREFIXES: &[&str] = &["cluster-", "pallet-registry-"];
+
 pub fn validate_username(username: &str) -> Result<()> {
     let ok = !username.is_empty()
         && username.len() <= 64
         && username.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
         && username.starts_with(|c: char| c.is_ascii_alphanumeric());
-    if ok { Ok(()) } else { Err(Refusal::invalid_request("a username is 1 to 64 of A-Z a-z 0-9 - _ . @, starting with a letter or digit")) }
+    if !ok {
+        return Err(Refusal::invalid_request("a username is 1 to 64 of A-Z a-z 0-9 - _ . @, starting with a letter or digit")
+            .with_data(json!({ "field": "username" })));
+    }
+    if let Some(prefix) = RESERVED_USERNAME_PREFIXES.iter().find(|p| username.to_ascii_lowercase().starts_with(*p)) {
+        return Err(Refusal::new("username-reserved", format!("usernames starting with {prefix} are minted by Capstan"))
+            .with_data(json!({ "field": "username" })));
+    }
+    Ok(())
 }
 
 impl Auth {

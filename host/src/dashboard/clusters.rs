@@ -13,15 +13,15 @@
 //! [`super::live`]).
 
 use super::forms::{
-    ErrorView, Flash, FormData, PAGE, Pair, call, encode, format_pairs, number, pairs_of, parse_pairs, post, redirect, session, shown_name,
-    status_of, str_of, u64_of, when,
+    ErrorView, Flash, FormData, PAGE, Pair, call, encode, format_pairs, number, pairs_of, parse_pairs, post, query_of, redirect, session,
+    shown_name, status_of, str_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -111,7 +111,14 @@ struct RuntimeView {
 fn runtime_view(value: &Value) -> RuntimeView {
     let phase = str_of(value, "phase").to_string();
     let (updated_at, updated_iso) = when(u64_of(value, "updatedAt"));
-    RuntimeView { phase_class: phase_class(&phase), phase, generation: u64_of(value, "generation"), updated_at, updated_iso, updated_by: str_of(value, "updatedBy").into() }
+    RuntimeView {
+        phase_class: phase_class(&phase),
+        phase,
+        generation: u64_of(value, "generation"),
+        updated_at,
+        updated_iso,
+        updated_by: str_of(value, "updatedBy").into(),
+    }
 }
 
 /// What the create and edit forms show: what was read, or what the operator typed.
@@ -188,12 +195,17 @@ async fn list_context(state: &AppState, identity: &Identity, cursor: Option<&str
             created_iso: cluster.created_iso,
         });
     }
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
     let next = listing["nextCursor"].as_str().map(|c| format!("/clusters?cursor={}", encode(c)));
     context! { clusters => Serde(Some(rows)), error => Serde(None::<ErrorView>), next, here }
 }
 
 /// One cluster and its runtime, as the detail shows them.
-async fn read_cluster(state: &AppState, identity: &Identity, id: &str) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
+async fn read_cluster(
+    state: &AppState,
+    identity: &Identity,
+    id: &str,
+) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
     let cluster = cluster_view(&call(state, identity, "clusters.get", json!({ "id": id })).await?);
     let runtime = match call(state, identity, "clusters.getRuntime", json!({ "id": id })).await {
         Ok(runtime) => Ok(runtime_view(&runtime)),
@@ -230,12 +242,22 @@ pub(super) struct ListQuery {
 fn done_flash(query: &ListQuery) -> Option<Flash> {
     let name = shown_name(query.name.as_deref()).unwrap_or_else(|| "The cluster".into());
     match query.done.as_deref()? {
-        "deleted" => Some(Flash::done(format!("Cluster {name} deleted"), "Its machine user and runtime phase were removed with it; its agents can no longer authenticate.")),
+        "deleted" => Some(Flash::done(
+            format!("Cluster {name} deleted"),
+            "Its machine user and runtime phase were removed with it; its agents can no longer authenticate.",
+        )),
         _ => None,
     }
 }
 
-async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, cursor: Option<&str>, flash: Option<Flash>, form: FormView) -> Response {
+async fn list_page(
+    state: &AppState,
+    identity: &Identity,
+    status: StatusCode,
+    cursor: Option<&str>,
+    flash: Option<Flash>,
+    form: FormView,
+) -> Response {
     let head = live::head(&state.store).await;
     let ctx = context! {
         page => "Clusters",
@@ -243,29 +265,28 @@ async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, cu
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         form => Serde(form),
-        ..live::element(head, AREAS),
-        ..list_context(state, identity, cursor).await
+        ..context! { ..live::element(head, AREAS), ..list_context(state, identity, cursor).await }
     };
     render(status, "clusters.html", ctx)
 }
 
 /// `GET /clusters`: the list and the create form.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<ListQuery>>) -> Response {
+pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let query = query.map(|q| q.0).unwrap_or(ListQuery { cursor: None, done: None, name: None });
+    let query = query_of(&uri).unwrap_or(ListQuery { cursor: None, done: None, name: None });
     list_page(&state, &identity, StatusCode::OK, query.cursor.as_deref(), done_flash(&query), FormView::default()).await
 }
 
 /// `GET /clusters/panel`: the list alone, for htmx to swap in place.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<ListQuery>>) -> Response {
+pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let cursor = query.and_then(|q| q.0.cursor);
+    let cursor = query_of::<ListQuery>(&uri).and_then(|q| q.cursor);
     render(StatusCode::OK, "clusters_panel.html", list_context(&state, &identity, cursor.as_deref()).await)
 }
 
@@ -280,7 +301,9 @@ pub(super) async fn create(State(state): State<AppState>, request: Request) -> R
     let refused = |refusal: Refusal| Flash::refused(title, &refusal, "Nothing was created.");
     let labels = match parse_pairs("labels", form.raw("labels"), "KEY=value, one per line") {
         Ok(labels) => labels,
-        Err(refusal) => return list_page(&state, &identity, status_of(&refusal), None, Some(refused(refusal)), FormView::typed(&form)).await,
+        Err(refusal) => {
+            return list_page(&state, &identity, status_of(&refusal), None, Some(refused(refusal)), FormView::typed(&form)).await;
+        }
     };
     let body = json!({ "name": form.text("name"), "description": form.raw("description").trim_end(), "labels": labels });
     match call(&state, &identity, "clusters.create", body).await {
@@ -349,19 +372,18 @@ async fn detail_page(
         phase_form,
         delete_href => format!("/clusters/{}/delete", encode(id)),
         action => format!("/clusters/{}", encode(id)),
-        ..live::element(head, AREAS),
-        ..facts_context(id, &read)
+        ..context! { ..live::element(head, AREAS), ..facts_context(id, &read) }
     };
     render(status, "cluster.html", ctx)
 }
 
 /// `GET /clusters/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, query: Option<Query<DetailQuery>>) -> Response {
+pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let flash = match query.and_then(|q| q.0.done).as_deref() {
+    let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("updated") => Some(Flash::done("Cluster updated", "The new name, description and labels are stored.")),
         Some("phase") => Some(Flash::done("Runtime phase set", "The cluster's runtime phase moved; its generation advanced.")),
         _ => None,
@@ -450,7 +472,15 @@ pub(super) async fn set_phase(State(state): State<AppState>, Path(id): Path<Stri
 // Deletion
 
 /// The confirmation page: what goes with the cluster, and its name to type.
-async fn confirm_page(state: &AppState, identity: &Identity, id: &str, status: StatusCode, flash: Option<Flash>, typed: &str, revision: Option<String>) -> Response {
+async fn confirm_page(
+    state: &AppState,
+    identity: &Identity,
+    id: &str,
+    status: StatusCode,
+    flash: Option<Flash>,
+    typed: &str,
+    revision: Option<String>,
+) -> Response {
     let read = call(state, identity, "clusters.get", json!({ "id": id })).await;
     let (cluster, error) = match &read {
         Ok(value) => (Some(cluster_view(value)), None),

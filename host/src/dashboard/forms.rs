@@ -14,10 +14,11 @@ use crate::api::methods::Call;
 use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::Form;
-use axum::extract::{FromRequest, Request};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{FromRequest, Query, Request};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 /// The largest page of a list the views ask for.
@@ -47,7 +48,8 @@ pub(super) async fn post(state: &AppState, request: Request) -> std::result::Res
     }
     let identity = session(state, &parts.headers).await?;
     match Form::<Vec<(String, String)>>::from_request(Request::from_parts(parts, body), state).await {
-        Ok(Form(pairs)) => Ok((identity, FormData(pairs))),
+        // browsers send a text area's line breaks as CRLF; the methods take LF
+        Ok(Form(pairs)) => Ok((identity, FormData(pairs.into_iter().map(|(k, v)| (k, v.replace("\r\n", "\n"))).collect()))),
         Err(rejection) => {
             tracing::info!(status = rejection.status().as_u16(), "an unreadable dashboard form was refused");
             let status =
@@ -155,6 +157,11 @@ pub(super) fn encode(text: &str) -> String {
         .collect()
 }
 
+/// A page's query, `None` when it does not read as one.
+pub(super) fn query_of<T: DeserializeOwned>(uri: &Uri) -> Option<T> {
+    Query::<T>::try_from_uri(uri).ok().map(|q| q.0)
+}
+
 /// `303 See Other` to a location built from encoded parts.
 pub(super) fn redirect(location: &str) -> Response {
     match HeaderValue::from_str(location) {
@@ -203,7 +210,11 @@ pub(super) struct Pair {
 pub(super) fn pairs_of(value: Option<&Value>) -> Vec<Pair> {
     value
         .and_then(Value::as_object)
-        .map(|map| map.iter().map(|(k, v)| Pair { key: k.clone(), value: v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()) }).collect())
+        .map(|map| {
+            map.iter()
+                .map(|(k, v)| Pair { key: k.clone(), value: v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()) })
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -306,7 +317,10 @@ mod tests {
         assert_eq!((err.code.as_ref(), err.message.contains("line 2")), ("invalid-request", true), "{err}");
         let back = format_ports(Some(&json!([{"port": 8080, "protocol": "http", "publicPort": 443}, {"port": 53, "protocol": "udp"}])));
         assert_eq!(back, ["443:8080/http", "53/udp"]);
-        assert_eq!(parse_pairs("labels", "region=eu\nnote = a=b\n", "KEY=value").unwrap(), json!({"region": "eu", "note": "a=b"}).as_object().unwrap().clone());
+        assert_eq!(
+            parse_pairs("labels", "region=eu\nnote = a=b\n", "KEY=value").unwrap(),
+            json!({"region": "eu", "note": "a=b"}).as_object().unwrap().clone()
+        );
         assert_eq!(parse_pairs("labels", "region", "KEY=value").unwrap_err().data.unwrap()["field"], "labels");
         assert_eq!(parse_list("a.example, b.example\nc.example"), [json!("a.example"), json!("b.example"), json!("c.example")]);
         assert_eq!(Value::from(parse_volumes("volumes", "data:/var/lib/x").unwrap()), json!([{"name": "data", "mountPath": "/var/lib/x"}]));

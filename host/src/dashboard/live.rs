@@ -14,14 +14,14 @@
 //! are answered `503` and the element tries again after a few seconds, as after any error).
 //! It needs a logged-in session like every page, and shows no event's content.
 
-use super::forms::session;
+use super::forms::{query_of, session};
 use super::render;
 use crate::api::AppState;
 use crate::events;
 use crate::refusal::Result;
 use crate::store::Store;
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use minijinja::context;
 use serde::Deserialize;
@@ -108,11 +108,11 @@ pub(super) async fn head(store: &Store) -> u64 {
 }
 
 /// `GET /live/wait?after=<sequence>&areas=<a,b>`.
-pub(super) async fn wait(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<WaitQuery>>) -> Response {
+pub(super) async fn wait(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     if let Err(response) = session(&state, &headers).await {
         return response;
     }
-    let query = query.map(|q| q.0).unwrap_or(WaitQuery { after: None, areas: None });
+    let query = query_of(&uri).unwrap_or(WaitQuery { after: None, areas: None });
     let areas = areas_of(query.areas.as_deref().unwrap_or_default());
     let after = query.after.as_deref().and_then(|a| a.trim().parse::<u64>().ok());
     let (Some(after), false) = (after, areas.is_empty()) else {

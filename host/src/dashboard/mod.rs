@@ -119,6 +119,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("cluster.html", include_str!("../../../dashboard/templates/cluster.html")),
     ("cluster_panel.html", include_str!("../../../dashboard/templates/cluster_panel.html")),
     ("cluster_created.html", include_str!("../../../dashboard/templates/cluster_created.html")),
+    ("service_fields.html", include_str!("../../../dashboard/templates/service_fields.html")),
     ("services.html", include_str!("../../../dashboard/templates/services.html")),
     ("services_panel.html", include_str!("../../../dashboard/templates/services_panel.html")),
     ("service.html", include_str!("../../../dashboard/templates/service.html")),

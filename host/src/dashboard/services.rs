@@ -15,14 +15,14 @@
 
 use super::forms::{
     ErrorView, Flash, FormData, PAGE, Pair, call, encode, format_pairs, format_ports, format_volumes, number, pairs_of, parse_list,
-    parse_pairs, parse_ports, parse_volumes, post, redirect, session, shown_name, status_of, str_of, strings_of, u64_of, when,
+    parse_pairs, parse_ports, parse_volumes, post, query_of, redirect, session, shown_name, status_of, str_of, strings_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -167,7 +167,11 @@ fn fields(form: &FormData) -> Result<Map<String, Value>> {
 
 /// The organizations the person may see, the chosen one marked (the asked one, else the
 /// first), or why they could not be read.
-async fn organizations(state: &AppState, identity: &Identity, asked: Option<&str>) -> std::result::Result<(Vec<OrgOption>, Option<OrgOption>), Refusal> {
+async fn organizations(
+    state: &AppState,
+    identity: &Identity,
+    asked: Option<&str>,
+) -> std::result::Result<(Vec<OrgOption>, Option<OrgOption>), Refusal> {
     let listing = call(state, identity, "organizations.list", json!({ "limit": ORGANIZATIONS })).await?;
     let mut options: Vec<OrgOption> = listing["items"]
         .as_array()
@@ -220,7 +224,7 @@ async fn list_context(state: &AppState, identity: &Identity, org: Option<&OrgOpt
     }
     match call(state, identity, "services.list", body).await {
         Ok(listing) => {
-            let rows: Vec<RowView> = listing["items"]
+            let mut rows: Vec<RowView> = listing["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -240,10 +244,13 @@ async fn list_context(state: &AppState, identity: &Identity, org: Option<&OrgOpt
                     }
                 })
                 .collect();
+            rows.sort_by(|a, b| a.name.cmp(&b.name));
             let next = listing["nextCursor"].as_str().map(|c| format!("/services?org={}&cursor={}", encode(&org.id), encode(c)));
             context! { services => Serde(Some(rows)), error => Serde(None::<ErrorView>), org => Serde(Some(org)), next, here }
         }
-        Err(refusal) => context! { services => Serde(None::<Vec<RowView>>), error => Serde(Some(ErrorView::from(&refusal))), org => Serde(Some(org)), here },
+        Err(refusal) => {
+            context! { services => Serde(None::<Vec<RowView>>), error => Serde(Some(ErrorView::from(&refusal))), org => Serde(Some(org)), here }
+        }
     }
 }
 
@@ -282,7 +289,14 @@ struct Extras {
     organization_name: String,
 }
 
-async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, org: Option<&str>, cursor: Option<&str>, extras: Extras) -> Response {
+async fn list_page(
+    state: &AppState,
+    identity: &Identity,
+    status: StatusCode,
+    org: Option<&str>,
+    cursor: Option<&str>,
+    extras: Extras,
+) -> Response {
     let head = live::head(&state.store).await;
     let (options, selected, orgs_error) = match organizations(state, identity, org).await {
         Ok((options, selected)) => (options, selected, None),
@@ -297,30 +311,29 @@ async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, or
         organizations_error => Serde(orgs_error),
         service_form => Serde(extras.service_form),
         organization_name => extras.organization_name,
-        ..live::element(head, AREAS),
-        ..list_context(state, identity, selected.as_ref(), cursor).await
+        ..context! { ..live::element(head, AREAS), ..list_context(state, identity, selected.as_ref(), cursor).await }
     };
     render(status, "services.html", ctx)
 }
 
 /// `GET /services?org=<id>`: the organization picker, its services, the forms.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<ListQuery>>) -> Response {
+pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let query = query.map(|q| q.0).unwrap_or_default();
+    let query = query_of(&uri).unwrap_or_default();
     let extras = Extras { flash: done_flash(&query), ..Extras::default() };
     list_page(&state, &identity, StatusCode::OK, query.org.as_deref(), query.cursor.as_deref(), extras).await
 }
 
 /// `GET /services/panel?org=<id>`: the list alone, for htmx.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<ListQuery>>) -> Response {
+pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let query = query.map(|q| q.0).unwrap_or_default();
+    let query: ListQuery = query_of(&uri).unwrap_or_default();
     let selected = match organizations(&state, &identity, query.org.as_deref()).await {
         Ok((_, selected)) => selected,
         Err(refusal) => {
@@ -401,7 +414,14 @@ fn facts_context(id: &str, read: &Result<(ServiceView, String)>) -> minijinja::V
     }
 }
 
-async fn detail_page(state: &AppState, identity: &Identity, id: &str, status: StatusCode, flash: Option<Flash>, typed: Option<FormView>) -> Response {
+async fn detail_page(
+    state: &AppState,
+    identity: &Identity,
+    id: &str,
+    status: StatusCode,
+    flash: Option<Flash>,
+    typed: Option<FormView>,
+) -> Response {
     let head = live::head(&state.store).await;
     let read = read_service(state, identity, id).await;
     let (form, name) = match &read {
@@ -420,8 +440,7 @@ async fn detail_page(state: &AppState, identity: &Identity, id: &str, status: St
         form => Serde(form),
         action => format!("/services/{}", encode(id)),
         delete_href => format!("/services/{}/delete", encode(id)),
-        ..live::element(head, AREAS),
-        ..facts_context(id, &read)
+        ..context! { ..live::element(head, AREAS), ..facts_context(id, &read) }
     };
     render(status, "service.html", ctx)
 }
@@ -432,12 +451,12 @@ pub(super) struct DetailQuery {
 }
 
 /// `GET /services/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, query: Option<Query<DetailQuery>>) -> Response {
+pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let flash = match query.and_then(|q| q.0.done).as_deref() {
+    let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("created") => Some(Flash::done("Service created", "It is stored in its organization; managers pick it up from here.")),
         Some("updated") => Some(Flash::done("Service updated", "The new definition is stored.")),
         Some("deleting") => Some(Flash::done(
@@ -494,7 +513,15 @@ pub(super) async fn update(State(state): State<AppState>, Path(id): Path<String>
 // ---------------------------------------------------------------------------------------
 // Deletion
 
-async fn confirm_page(state: &AppState, identity: &Identity, id: &str, status: StatusCode, flash: Option<Flash>, typed: &str, revision: Option<String>) -> Response {
+async fn confirm_page(
+    state: &AppState,
+    identity: &Identity,
+    id: &str,
+    status: StatusCode,
+    flash: Option<Flash>,
+    typed: &str,
+    revision: Option<String>,
+) -> Response {
     let read = call(state, identity, "services.get", json!({ "id": id })).await;
     let (service, error) = match &read {
         Ok(value) => (Some(service_view(value)), None),
@@ -576,7 +603,11 @@ pub(super) async fn delete(State(state): State<AppState>, Path(id): Path<String>
         }
         Ok(_) => redirect(&format!("/services/{}?done=deleting", encode(&id))),
         Err(refusal) => {
-            let after = if refusal.is("conflict") { "It changed since this page read it: review it and confirm again." } else { "Nothing was deleted." };
+            let after = if refusal.is("conflict") {
+                "It changed since this page read it: review it and confirm again."
+            } else {
+                "Nothing was deleted."
+            };
             let flash = Flash::refused(title, &refusal, after);
             let revision = if refusal.is("conflict") { None } else { revision };
             confirm_page(&state, &identity, &id, status_of(&refusal), Some(flash), typed, revision).await

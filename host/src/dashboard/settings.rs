@@ -10,12 +10,12 @@
 //! document moved past the revision the form was read at; the form itself is never replaced
 //! under the operator's hands.
 
-use super::forms::{ErrorView, Flash, FormData, call, number, post, redirect, session, status_of, u64_of};
+use super::forms::{ErrorView, Flash, FormData, call, number, post, query_of, redirect, session, status_of, u64_of};
 use super::{live, nav, render, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
-use axum::extract::{Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -68,13 +68,27 @@ fn rows(document: &Value, typed: &Typed) -> Vec<RowView> {
         .map(|k| {
             let key = k["key"].as_str().unwrap_or_default().to_string();
             let stored = settings.get(&key);
-            RowView { summary: k["summary"].as_str().unwrap_or_default().into(), set: stored.is_some(), read: stored.map(shown).unwrap_or_default(), value: String::new(), known: true, key }
+            RowView {
+                summary: k["summary"].as_str().unwrap_or_default().into(),
+                set: stored.is_some(),
+                read: stored.map(shown).unwrap_or_default(),
+                value: String::new(),
+                known: true,
+                key,
+            }
         })
         .collect();
     // a stored key the allowlist no longer names is still shown (and may be removed)
     for (key, value) in &settings {
         if !rows.iter().any(|r| r.key == *key) {
-            rows.push(RowView { key: key.clone(), summary: "Not a setting this version accepts".into(), set: true, read: shown(value), value: String::new(), known: false });
+            rows.push(RowView {
+                key: key.clone(),
+                summary: "Not a setting this version accepts".into(),
+                set: true,
+                read: shown(value),
+                value: String::new(),
+                known: false,
+            });
         }
     }
     for row in &mut rows {
@@ -98,7 +112,6 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
         Err(refusal) => (Vec::new(), 0, Some(ErrorView::from(refusal))),
     };
     let expected = typed.revision.clone().unwrap_or_else(|| revision.to_string());
-    let set = rows.iter().filter(|r| r.set).count();
     let ctx = context! {
         page => "Settings",
         nav => Serde(nav("settings")),
@@ -109,8 +122,7 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
         expected_revision => expected,
         other_key => typed.other_key,
         other_value => typed.other_value,
-        ..live::element(head, AREAS),
-        ..status_context(document.as_ref().ok(), revision)
+        ..context! { ..live::element(head, AREAS), ..status_context(document.as_ref().ok(), revision) }
     };
     render(status, "settings.html", ctx)
 }
@@ -132,11 +144,12 @@ pub(super) struct PageQuery {
 }
 
 /// `GET /settings`.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<PageQuery>>) -> Response {
+pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
+    let query = query_of::<PageQuery>(&uri);
     let flash = match query.as_ref().and_then(|q| q.done.as_deref()) {
         Some("updated") => Some(Flash::done("Settings saved", "The changed keys are stored; managers read them from the new revision.")),
         Some("unchanged") => Some(Flash::done("Nothing to save", "No value differed from what the page showed, so nothing was written.")),
@@ -146,12 +159,12 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, quer
 }
 
 /// `GET /settings/panel?read=<revision>`: the status panel alone, for htmx.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, query: Option<Query<PageQuery>>) -> Response {
+pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
-    let read = query.and_then(|q| q.0.read).unwrap_or_default();
+    let read = query_of::<PageQuery>(&uri).and_then(|q| q.read).unwrap_or_default();
     let document = call(&state, &identity, "settings.get", json!({})).await.ok();
     render(StatusCode::OK, "settings_panel.html", status_context(document.as_ref(), read))
 }

@@ -197,8 +197,11 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     assert!(body.contains(env!("CARGO_PKG_VERSION")));
     assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
     // every section is in the rail; the ones without a page yet are shown as coming soon
-    for section in ["Clusters", "Services", "Secrets", "Apps", "Backups", "Mail", "Ingress", "Settings"] {
+    for section in ["Secrets", "Apps", "Backups", "Mail", "Ingress"] {
         assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
+    }
+    for path in ["clusters", "services", "settings"] {
+        assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
     }
     assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
     // the JWT is only ever in the Set-Cookie header
@@ -488,9 +491,9 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     assert!(body.contains(r#"id="fleet-summary">0 nodes, 0 live<"#), "{body}");
     assert!(body.contains(r#"id="fleet-empty""#) && body.contains("No nodes yet"), "{body}");
     assert!(!body.contains(r#"id="fleet-nodes""#) && !body.contains(r#"id="fleet-freeze""#), "{body}");
-    // the rail links the fleet as the current page; the sections after it are still to come
+    // the rail links the fleet as the current page; sections not built yet are still to come
     assert!(body.contains(r#"href="&#x2f;fleet" aria-current="page""#), "{body}");
-    assert!(body.contains(r#"title="Clusters: coming soon""#), "{body}");
+    assert!(body.contains(r#"title="Secrets: coming soon""#), "{body}");
     assert!(body.find(">Overview<").unwrap() < body.find(">Fleet<").unwrap());
     assert!(body.find(">Fleet<").unwrap() < body.find(">Clusters<").unwrap());
     // live: the panel polls its own route; nothing inline
@@ -945,4 +948,430 @@ async fn plugin_posts_from_another_origin_are_refused() {
     }
     assert_eq!(kept_uploads(&state).await, 0, "nothing was kept");
     assert!(state.plugins.as_ref().unwrap().record("example").await.unwrap().unwrap().0.enabled, "nothing was disabled");
+}
+
+// ---------------------------------------------------------------------------------------
+// The inventory views: clusters, services, settings, live updates
+
+/// A form body from pairs, percent-encoded.
+fn encoded(fields: &[(&str, &str)]) -> String {
+    fields.iter().map(|(k, v)| format!("{}={}", forms::encode(k), forms::encode(v))).collect::<Vec<_>>().join("&")
+}
+
+fn as_refs<'a>(fields: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    fields.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// Post a dashboard form as the session `cookie`, from this host.
+async fn submit(state: &AppState, path: &str, fields: &[(&str, &str)], cookie: &str) -> Answer {
+    send(state, post_form(path, &encoded(fields), Some(cookie), Some(ORIGIN))).await
+}
+
+/// The value of the `value` attribute of the element with `id`, unescaped.
+fn value_of(body: &str, id: &str) -> String {
+    let at = body.find(&format!(r#"id="{id}""#)).unwrap_or_else(|| panic!("no element #{id}: {body}"));
+    let tag_end = at + body[at..].find('>').unwrap();
+    let tag = &body[body[..at].rfind('<').unwrap()..tag_end];
+    let value = tag.split(r#"value=""#).nth(1).unwrap_or_else(|| panic!("#{id} has no value: {tag}"));
+    value[..value.find('"').unwrap()]
+        .replace("&#x2f;", "/")
+        .replace("&quot;", "\"")
+        .replace("&#x27;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// The path a `303` answered, and the id its last segment names (`/clusters/<id>?…`).
+fn redirected_id(answer: &Answer) -> String {
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let location = answer.location().unwrap();
+    let path = location.split('?').next().unwrap();
+    path.rsplit('/').next().unwrap().to_string()
+}
+
+async fn method(state: &AppState, cookie: &str, name: &str, body: serde_json::Value) -> serde_json::Value {
+    let token = cookie.trim_start_matches("capstan_session=");
+    let identity = state.auth.authenticate(token).await.unwrap();
+    forms::call(state, &identity, name, body).await.unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[tokio::test]
+async fn the_inventory_views_need_a_session_and_render_for_an_admin() {
+    let (_dir, state) = setup().await;
+    for path in [
+        "/clusters",
+        "/clusters/panel",
+        "/services",
+        "/services/panel",
+        "/settings",
+        "/settings/panel",
+        "/clusters/x",
+        "/services/x/delete",
+    ] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    let mut request = get("/live/wait?after=0&areas=cluster", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+    for path in ["/clusters/create", "/services/create", "/organizations/create", "/settings/update", "/clusters/x/delete"] {
+        let answer = send(&state, post_form(path, "name=x", None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+
+    let cookie = login_cookie(&state).await;
+    for (path, title, section) in
+        [("/clusters", "Clusters", "clusters"), ("/services", "Services", "services"), ("/settings", "Settings", "settings")]
+    {
+        let page = send(&state, get(path, Some(&cookie))).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        page.assert_security_headers(path);
+        let body = &page.body;
+        assert!(body.contains(&format!("<title>{title} · Capstan</title>")), "{body}");
+        assert!(body.contains(&format!(r#"href="&#x2f;{section}" aria-current="page""#)), "{body}");
+        assert!(body.contains(r#"id="live" data-head="0" data-changed="false""#), "the live element waits from the head: {body}");
+        assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    }
+    let clusters = send(&state, get("/clusters", Some(&cookie))).await.body;
+    assert!(clusters.contains(r#"id="clusters-empty""#) && clusters.contains(r#"action="/clusters/create""#), "{clusters}");
+    let services = send(&state, get("/services", Some(&cookie))).await.body;
+    assert!(services.contains(r#"id="organizations-empty""#) && services.contains(r#"action="/organizations/create""#), "{services}");
+    assert!(!services.contains(r#"id="service-create-form""#), "no service form without an organization: {services}");
+    // every key settings.get knows is on the page, with what it is for
+    let settings = send(&state, get("/settings", Some(&cookie))).await.body;
+    let document = method(&state, &cookie, "settings.get", serde_json::json!({})).await;
+    let known = document["known"].as_array().unwrap();
+    assert!(known.len() > 10);
+    for key in known {
+        assert!(settings.contains(&format!(r#"data-setting="{}""#, key["key"].as_str().unwrap())), "{key}: {settings}");
+        assert!(settings.contains(&escaped(key["summary"].as_str().unwrap())), "{key}");
+    }
+    assert!(settings.contains(r#"id="settings-revision">0<"#), "{settings}");
+
+    // an operator sees the views, and the methods' own refusal where the API refuses
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get("/clusters", Some(&operator))).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(r#"id="clusters-error" data-code="forbidden""#), "{}", page.body);
+    let answer = submit(&state, "/clusters/create", &[("name", "eu-1")], &operator).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="forbidden""#), "{}", answer.body);
+    let page = send(&state, get("/settings", Some(&operator))).await;
+    assert!(page.body.contains(r#"id="settings-readonly""#) && !page.body.contains(r#"id="settings-submit""#), "{}", page.body);
+    let answer = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "0"), ("otherKey", "dcrouterTargetPort"), ("otherValue", "443")],
+        &operator,
+    )
+    .await;
+    assert!(answer.body.contains(r#"id="flash" data-code="forbidden""#), "{}", answer.body);
+    let services = send(&state, get("/services", Some(&operator))).await.body;
+    assert!(!services.contains(r#"id="organization-create-form""#), "{services}");
+}
+
+#[tokio::test]
+async fn a_cluster_token_is_shown_once_and_never_on_its_page() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let answer = submit(
+        &state,
+        "/clusters/create",
+        &[("name", "eu-1"), ("description", "Frankfurt"), ("labels", "region=eu\ntier=prod\n")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("the created page");
+    assert_eq!(answer.header("cache-control"), Some("no-store"), "the token page is never cached");
+    assert!(answer.body.contains("Copy it now: it is not shown again"), "{}", answer.body);
+    let token = value_of(&answer.body, "cluster-token");
+    assert!(token.len() > 20, "{token}");
+    let session = state.auth.exchange_token(&token, None).await.expect("the token shown is the machine user's");
+    let machine = state.auth.authenticate(&session.token).await.unwrap();
+    assert_eq!(machine.username, "cluster-eu-1");
+
+    let listed = method(&state, &cookie, "clusters.list", serde_json::json!({})).await;
+    let id = listed["items"][0]["id"].as_str().unwrap().to_string();
+    let list = send(&state, get("/clusters", Some(&cookie))).await;
+    assert!(list.body.contains(r#"<tr data-cluster="eu-1" data-phase="pallet">"#), "{}", list.body);
+    assert!(list.body.contains(r#"<span class="chip-key">region</span>=eu"#), "{}", list.body);
+    let detail = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(detail.body.contains(&format!(r#"id="cluster-machine-user">{}<"#, machine.user_id)), "{}", detail.body);
+    assert!(detail.body.contains(r#"data-phase="pallet""#) && detail.body.contains(r#"id="cluster-generation">1<"#), "{}", detail.body);
+    for page in [&list.body, &detail.body, &send(&state, get(&format!("/clusters/{id}/panel"), Some(&cookie))).await.body] {
+        assert!(!page.contains(&token), "the token is never shown again");
+    }
+
+    // an edit states the revision it read: a stale one is the method's conflict, the typed edit kept
+    assert_eq!(value_of(&detail.body, "edit-revision"), "1", "the edit form states the revision it read");
+    let edit = |revision: &'static str, description: &'static str| {
+        vec![("expectedRevision", revision), ("name", "eu-1"), ("description", description), ("labels", "region=eu")]
+    };
+    let stale = submit(&state, &format!("/clusters/{id}/update"), &edit("0", "Typed by me"), &cookie).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#) && stale.body.contains("(conflict)"), "{}", stale.body);
+    assert!(stale.body.contains(">Typed by me</textarea>"), "the form keeps what was typed: {}", stale.body);
+    // a text area's CRLF line breaks reach the method as LF (it refuses a bare CR)
+    let done = submit(&state, &format!("/clusters/{id}/update"), &edit("1", "Frankfurt,\r\nrack 4"), &cookie).await;
+    assert_eq!(done.location(), Some(format!("/clusters/{id}?done=updated").as_str()), "{}", done.body);
+    let got = method(&state, &cookie, "clusters.get", serde_json::json!({"id": id})).await;
+    assert_eq!(
+        (got["description"].as_str(), got["labels"].clone(), got["revision"].as_u64()),
+        (Some("Frankfurt,\nrack 4"), serde_json::json!({"region": "eu"}), Some(2))
+    );
+
+    // a refused name shows its code, the form as typed
+    let bad = submit(&state, "/clusters/create", &[("name", "Bad Name"), ("labels", "zone=a")], &cookie).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains(r#"id="flash" data-code="name-invalid""#), "{}", bad.body);
+    assert_eq!(value_of(&bad.body, "cluster-name"), "Bad Name");
+    let shapeless = submit(&state, "/clusters/create", &[("name", "eu-2"), ("labels", "zone")], &cookie).await;
+    assert!(shapeless.body.contains(r#"data-code="invalid-request""#) && shapeless.body.contains("labels, line 1"), "{}", shapeless.body);
+
+    // the phase moves with the generation read
+    let stale = submit(&state, &format!("/clusters/{id}/phase"), &[("phase", "draining"), ("expectedGeneration", "0")], &cookie).await;
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#), "{}", stale.body);
+    let moved = submit(&state, &format!("/clusters/{id}/phase"), &[("phase", "draining"), ("expectedGeneration", "1")], &cookie).await;
+    assert_eq!(moved.status, StatusCode::SEE_OTHER, "{}", moved.body);
+    let detail = send(&state, get(&format!("/clusters/{id}?done=phase"), Some(&cookie))).await;
+    assert!(detail.body.contains(r#"data-phase="draining""#) && detail.body.contains(r#"id="cluster-generation">2<"#), "{}", detail.body);
+
+    // deletion: a confirmation page, the name typed, then gone with its machine user
+    let confirm = send(&state, get(&format!("/clusters/{id}/delete"), Some(&cookie))).await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(confirm.body.contains(r#"id="delete-form""#) && confirm.body.contains(&machine.user_id), "{}", confirm.body);
+    let wrong = submit(&state, &format!("/clusters/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "eu-2")], &cookie).await;
+    assert!(wrong.body.contains(r#"id="flash" data-code="confirmation-mismatch""#), "{}", wrong.body);
+    method(&state, &cookie, "clusters.get", serde_json::json!({"id": id})).await;
+    let gone = submit(&state, &format!("/clusters/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "eu-1")], &cookie).await;
+    assert_eq!(gone.location(), Some("/clusters?done=deleted&name=eu-1"), "{}", gone.body);
+    assert!(state.auth.authenticate(&session.token).await.is_err(), "its machine user's sessions ended");
+    let list = send(&state, get("/clusters?done=deleted&name=eu-1", Some(&cookie))).await;
+    assert!(list.body.contains("Cluster eu-1 deleted") && list.body.contains(r#"id="clusters-empty""#), "{}", list.body);
+    let missing = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.body.contains(r#"data-code="cluster-not-found""#), "{}", missing.body);
+}
+
+#[tokio::test]
+async fn services_are_created_edited_and_deleted_through_forms() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let refused = submit(&state, "/organizations/create", &[("name", "Acme Inc")], &cookie).await;
+    assert!(refused.body.contains(r#"id="flash" data-code="name-invalid""#), "{}", refused.body);
+    assert_eq!(value_of(&refused.body, "org-name"), "Acme Inc");
+    let created = submit(&state, "/organizations/create", &[("name", "acme")], &cookie).await;
+    let org = created.location().unwrap().split("org=").nth(1).unwrap().split('&').next().unwrap().to_string();
+    assert!(created.location().unwrap().ends_with("&done=organization-created&name=acme"), "{:?}", created.location());
+    let page = send(&state, get(created.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Organization acme created") && page.body.contains(r#"id="services-empty""#), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"<option value="{org}" selected>acme</option>"#)), "{}", page.body);
+
+    let fields = |name: &'static str, environment: &'static str| {
+        vec![
+            ("organizationId", org.clone()),
+            ("name", name.to_string()),
+            ("image", "ghcr.io/acme/web:1.0".to_string()),
+            ("scale", "2".to_string()),
+            ("ports", "443:8080/http\n53/udp".to_string()),
+            ("domains", "web.acme.example".to_string()),
+            ("environment", environment.to_string()),
+            ("volumes", "data:/var/lib/web".to_string()),
+            ("mailAddresses", "web@acme.example".to_string()),
+        ]
+    };
+    // a credential in the environment: the method's refusal, by code and field, the form kept
+    let typed = fields("web", "LOG_LEVEL=info\nDB_PASSWORD=hunter2-hunter2");
+    let answer = submit(&state, "/services/create", &as_refs(&typed), &cookie).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="environment-value-is-secret""#), "{}", answer.body);
+    assert!(answer.body.contains("Field: <code>environment.DB_PASSWORD</code>"), "{}", answer.body);
+    assert_eq!(value_of(&answer.body, "service-image"), "ghcr.io/acme/web:1.0");
+    let bad_port = fields("web", "");
+    let mut bad_port = as_refs(&bad_port);
+    bad_port[4] = ("ports", "http");
+    let answer = submit(&state, "/services/create", &bad_port, &cookie).await;
+    assert!(answer.body.contains(r#"data-code="invalid-request""#) && answer.body.contains("ports[0].port"), "{}", answer.body);
+
+    let typed = fields("web", "LOG_LEVEL=info");
+    let answer = submit(&state, "/services/create", &as_refs(&typed), &cookie).await;
+    let id = redirected_id(&answer);
+    let detail = send(&state, get(&format!("/services/{id}?done=created"), Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    for shown in [
+        "Service created",
+        "ghcr.io&#x2f;acme&#x2f;web:1.0",
+        "443:8080&#x2f;http",
+        "53&#x2f;udp",
+        "web.acme.example",
+        "web@acme.example",
+        "data:&#x2f;var&#x2f;lib&#x2f;web",
+        "2 replicas",
+    ] {
+        assert!(detail.body.contains(shown), "{shown}: {}", detail.body);
+    }
+    assert!(detail.body.contains(r#"<span class="chip-key">LOG_LEVEL</span>=info"#), "{}", detail.body);
+    assert!(detail.body.contains(r#"id="service-state" data-state="active""#), "{}", detail.body);
+    let list = send(&state, get(&format!("/services?org={org}"), Some(&cookie))).await;
+    assert!(list.body.contains(r#"<tr data-service="web" data-state="active">"#), "{}", list.body);
+
+    // edit with the revision read; absent scale stays
+    let mut edit = as_refs(&typed);
+    edit[0] = ("expectedRevision", "1");
+    edit[2] = ("image", "ghcr.io/acme/web:1.1");
+    edit[3] = ("scale", "");
+    let answer = submit(&state, &format!("/services/{id}/update"), &edit, &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/services/{id}?done=updated").as_str()), "{}", answer.body);
+    let stale = submit(&state, &format!("/services/{id}/update"), &edit, &cookie).await;
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#), "{}", stale.body);
+    let got = method(&state, &cookie, "services.get", serde_json::json!({"id": id})).await;
+    assert_eq!((got["image"].as_str(), got["scale"].as_u64(), got["revision"].as_u64()), (Some("ghcr.io/acme/web:1.1"), Some(2), Some(2)));
+
+    // a manager holds it: deletion leaves it deleting, and the page says what holds it
+    state
+        .store
+        .transact(|tx| async move { tx.insert(crate::plugins::host::PLUGINS, "mail", serde_json::json!({"id": "mail"})).await })
+        .await
+        .unwrap();
+    crate::inventory::services::hold(&state.store, &id, "plugin:mail").await.unwrap();
+    let wrong = submit(&state, &format!("/services/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "api")], &cookie).await;
+    assert!(wrong.body.contains(r#"data-code="confirmation-mismatch""#), "{}", wrong.body);
+    let answer = submit(&state, &format!("/services/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "web")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/services/{id}?done=deleting").as_str()), "{}", answer.body);
+    let detail = send(&state, get(&format!("/services/{id}?done=deleting"), Some(&cookie))).await;
+    assert!(detail.body.contains(r#"id="service-state" data-state="deleting""#), "{}", detail.body);
+    assert!(detail.body.contains(r#"id="service-holds"><span class="chip">plugin:mail</span>"#), "{}", detail.body);
+    assert!(!detail.body.contains(r#"id="service-edit-form""#), "a deleting service takes no edits: {}", detail.body);
+    crate::inventory::services::release(&state.store, &id, "plugin:mail").await.unwrap();
+    let panel = send(&state, get(&format!("/services/{id}/panel"), Some(&cookie))).await;
+    assert!(panel.body.contains(r#"id="service-error" data-code="service-not-found""#), "{}", panel.body);
+
+    // nothing holds the next one: it is gone at once
+    let answer = submit(&state, "/services/create", &as_refs(&fields("api", "")), &cookie).await;
+    let id = redirected_id(&answer);
+    let answer = submit(&state, &format!("/services/{id}/delete"), &[("expectedRevision", "1"), ("confirm", "api")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/services?org={org}&done=deleted&name=api").as_str()), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn settings_refusals_are_banners_and_changes_are_saved_with_their_revision() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let base = [("expectedRevision", "0"), ("value.dcrouterTargetPort", ""), ("read.dcrouterTargetPort", "")];
+    for (key, value, code) in [
+        ("colour", "blue", "setting-unknown"),
+        ("dcrouterGatewayToken", "hunter2-token", "setting-is-secret"),
+        ("dcrouterTargetPort", "https", "setting-invalid"),
+    ] {
+        let mut fields = base.to_vec();
+        fields.extend([("otherKey", key), ("otherValue", value)]);
+        let answer = submit(&state, "/settings/update", &fields, &cookie).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{key}: {}", answer.body);
+        assert!(answer.body.contains(&format!(r#"id="flash" data-code="{code}""#)), "{key}: {}", answer.body);
+        assert_eq!(value_of(&answer.body, "other-key"), key, "the form keeps what was typed");
+    }
+    let saved = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "0"), ("value.dcrouterTargetPort", "443"), ("read.dcrouterTargetPort", "")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(saved.location(), Some("/settings?done=updated"), "{}", saved.body);
+    let page = send(&state, get("/settings?done=updated", Some(&cookie))).await;
+    assert!(
+        page.body.contains("Settings saved") && page.body.contains(r#"<tr data-setting="dcrouterTargetPort" data-set="true">"#),
+        "{}",
+        page.body
+    );
+    assert_eq!(value_of(&page.body, "setting-dcrouterTargetPort"), "443");
+    // the same form again: it read revision 0, now stale
+    let stale = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "0"), ("value.dcrouterTargetPort", "8443"), ("read.dcrouterTargetPort", "")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#), "{}", stale.body);
+    assert_eq!(value_of(&stale.body, "setting-dcrouterTargetPort"), "8443");
+    let unchanged = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "1"), ("value.dcrouterTargetPort", "443"), ("read.dcrouterTargetPort", "443")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(unchanged.location(), Some("/settings?done=unchanged"));
+    // the status panel says when the document moved past what the page read
+    let panel = send(&state, get("/settings/panel?read=0", Some(&cookie))).await;
+    assert!(panel.body.contains(r#"id="settings-moved""#), "{}", panel.body);
+    let panel = send(&state, get("/settings/panel?read=1", Some(&cookie))).await;
+    assert!(!panel.body.contains(r#"id="settings-moved""#), "{}", panel.body);
+}
+
+#[tokio::test]
+async fn the_live_endpoint_answers_when_an_event_of_its_areas_commits() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let head = crate::events::head(&state.store).await.unwrap();
+    // nothing happens: a short watch answers "unchanged" at the same head; another area's event does not count
+    assert_eq!(live::watch(&state.store, head, &["cluster"], Duration::from_millis(600)).await.unwrap(), (head, false));
+    method(&state, &cookie, "organizations.create", serde_json::json!({"name": "acme"})).await;
+    let (moved, changed) = live::watch(&state.store, head, &["cluster"], Duration::from_millis(600)).await.unwrap();
+    assert_eq!((moved, changed), (head + 1, false), "the head moves on past events of other areas");
+    assert_eq!(live::watch(&state.store, head, &["organization"], Duration::from_millis(600)).await.unwrap(), (head + 1, true));
+
+    // a page's poll waits, and answers as soon as a cluster is created
+    let waiting = {
+        let (state, cookie) = (state.clone(), cookie.clone());
+        tokio::spawn(async move { send(&state, get(&format!("/live/wait?after={}&areas=cluster", head + 1), Some(&cookie))).await })
+    };
+    tokio::time::sleep(live::POLL_EVERY * 2).await;
+    assert!(!waiting.is_finished(), "nothing changed yet: the poll waits");
+    method(&state, &cookie, "clusters.create", serde_json::json!({"name": "eu-1"})).await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the poll answers once the event commits").unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("/live/wait");
+    assert_eq!(answer.header("hx-trigger"), Some(live::CHANGED));
+    let head = crate::events::head(&state.store).await.unwrap();
+    assert!(answer.body.contains(&format!(r#"id="live" data-head="{head}" data-changed="true""#)), "{}", answer.body);
+    assert!(answer.body.contains(&format!("after={head}&amp;areas=cluster")), "the next poll waits from the new head: {}", answer.body);
+    // what it cannot read is refused plainly
+    for query in ["after=x&areas=cluster", "after=1&areas=bogus", "areas=cluster"] {
+        assert_eq!(send(&state, get(&format!("/live/wait?{query}"), Some(&cookie))).await.status, StatusCode::BAD_REQUEST, "{query}");
+    }
+}
+
+#[tokio::test]
+async fn inventory_posts_from_another_origin_are_refused() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    for path in
+        ["/clusters/create", "/organizations/create", "/services/create", "/settings/update", "/clusters/x/update", "/services/x/delete"]
+    {
+        let answer = send(
+            &state,
+            post_form(
+                path,
+                "name=evil&otherKey=dcrouterTargetPort&otherValue=1&expectedRevision=0",
+                Some(&cookie),
+                Some("https://evil.example"),
+            ),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+        assert!(answer.body.contains("Request refused"), "{}", answer.body);
+    }
+    let clusters = method(&state, &cookie, "clusters.list", serde_json::json!({})).await;
+    let orgs = method(&state, &cookie, "organizations.list", serde_json::json!({})).await;
+    assert!(clusters["items"].as_array().unwrap().is_empty() && orgs["items"].as_array().unwrap().is_empty(), "nothing was created");
 }

@@ -146,8 +146,11 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<()> {
 }
 
 fn check_description(description: &str) -> Result<()> {
-    if description.len() > 1024 || description.chars().any(|c| c.is_control() && c != '\n') {
-        return Err(invalid_field("description", "a description is at most 1024 printable bytes"));
+    if description.len() > 1024 || description.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
+        return Err(invalid_field(
+            "description",
+            "a description is at most 1024 bytes of text (no control characters but line breaks and tabs)",
+        ));
     }
     Ok(())
 }

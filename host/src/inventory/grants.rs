@@ -20,9 +20,6 @@ pub const DEPLOYERS: &str = "deployers";
 /// What a grant may allow on one service.
 pub const CAPABILITIES: &[&str] = &["deployment:status", "deployment:reserve", "deployment:promote", "registry:push", "registry:pull"];
 
-/// Registry runtime credentials and cluster identities use these prefixes.
-const RESERVED_PREFIXES: &[&str] = &["pallet-registry-", "cluster-"];
-
 pub fn grant_id(service_id: &str, user_id: &str) -> String {
     format!("{service_id}~{user_id}")
 }
@@ -89,11 +86,7 @@ fn check_username(username: &str) -> Result<()> {
         return Err(Refusal::new("deployment-machine-user-invalid", "a deployer's username is 1–64 of a-z 0-9 - _ . (no : or /)")
             .with_data(json!({ "field": "username" })));
     }
-    if let Some(prefix) = RESERVED_PREFIXES.iter().find(|p| username.starts_with(*p)) {
-        return Err(Refusal::new("exists", format!("usernames starting with {prefix} are taken by Capstan"))
-            .with_data(json!({ "field": "username" })));
-    }
-    Ok(())
+    crate::auth::validate_username(username)
 }
 
 async fn create(call: Call, input: CreateInput) -> Result<MachineToken> {

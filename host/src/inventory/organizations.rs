@@ -239,6 +239,13 @@ async fn set_member(call: Call, input: SetMemberInput) -> Result<SetMemberAnswer
             access::require_org(&tx, identity, &input.organization_id, OrgRole::Owner).await?;
             require_organization(&tx, &input.organization_id).await?;
             let user = require(&tx, crate::auth::USERS, "user", &input.user_id).await.map(|u: Entity<crate::auth::User>| u)?;
+            if input.role.is_some() && is_minted_identity(&tx, &input.user_id).await? {
+                return Err(Refusal::new(
+                    "member-user-invalid",
+                    "a cluster's machine user or a deployer acts through its own grants, never as an organization member",
+                )
+                .with_data(json!({ "field": "userId" })));
+            }
             let id = membership_id(&input.organization_id, &input.user_id);
             let current = tx.get(MEMBERS, &id).await?;
             let current_role = current.as_ref().and_then(|d| serde_json::from_value::<OrgRole>(d.data["role"].clone()).ok());
@@ -273,9 +280,22 @@ async fn set_member(call: Call, input: SetMemberInput) -> Result<SetMemberAnswer
         .await
 }
 
+/// Whether the user is one Capstan minted for a purpose of its own (a cluster, a deployer).
+async fn is_minted_identity(tx: &Tx, user: &str) -> Result<bool> {
+    let cluster = !tx.find(super::CLUSTER_IDENTITIES, "by_user", &[json!(user)], None, 1).await?.documents.is_empty();
+    Ok(cluster || tx.get(super::grants::DEPLOYERS, user).await?.is_some())
+}
+
 async fn owners(tx: &Tx, organization: &str) -> Result<usize> {
-    let page = tx.find(MEMBERS, "by_organization", &[json!(organization)], None, crate::store::MAX_PAGE).await?;
-    Ok(page.documents.iter().filter(|d| d.data["role"] == "owner").count())
+    let (mut owners, mut cursor) = (0, None::<String>);
+    loop {
+        let page = tx.find(MEMBERS, "by_organization", &[json!(organization)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
+        owners += page.documents.iter().filter(|d| d.data["role"] == "owner").count();
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(owners),
+        }
+    }
 }
 
 async fn members(call: Call, input: MembersInput) -> Result<Listing<MemberView>> {

@@ -459,10 +459,17 @@ async fn delete(call: Call, input: DeleteInput) -> Result<DeleteAnswer> {
     Ok(DeleteAnswer { id: input.id, state: if outcome.is_empty() { "deleted".into() } else { "deleting".into() }, waiting_for: outcome })
 }
 
-/// The holders of a service, as `plugin:<id>` (or `host:<name>`).
+/// The holders whose hold counts, as `plugin:<id>` (or `host:<name>`): a plugin that is no
+/// longer installed will never release what it held, so its hold is not counted.
 pub async fn holders(tx: &Tx, service_id: &str) -> Result<Vec<String>> {
     let page = tx.find(SERVICE_HOLDS, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
-    Ok(page.documents.iter().filter_map(|d| d.data["holder"].as_str().map(str::to_string)).collect())
+    let mut holders = Vec::new();
+    for holder in page.documents.iter().filter_map(|d| d.data["holder"].as_str()) {
+        if holder_present(tx, holder).await? {
+            holders.push(holder.to_string());
+        }
+    }
+    Ok(holders)
 }
 
 fn hold_id(service_id: &str, holder: &str) -> String {
@@ -505,8 +512,7 @@ pub async fn release(store: &Store, service_id: &str, holder: &str) -> Result<()
     Ok(())
 }
 
-/// A hold counts while its holder can still act on it: a plugin that is no longer installed
-/// will never release what it held, so its holds no longer block a deletion.
+/// Whether a holder can still act on its hold (a plugin: while it is installed).
 async fn holder_present(tx: &Tx, holder: &str) -> Result<bool> {
     match holder.strip_prefix("plugin:") {
         Some(plugin) => Ok(tx.is_declared(crate::plugins::host::PLUGINS) && tx.get(crate::plugins::host::PLUGINS, plugin).await?.is_some()),
@@ -524,20 +530,20 @@ pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>
             if service.data.state != ServiceState::Deleting {
                 return Ok(vec![]);
             }
-            let mut waiting = Vec::new();
-            for holder in holders(&tx, service_id).await? {
-                if holder_present(&tx, &holder).await? {
-                    waiting.push(holder);
-                }
-            }
+            let waiting = holders(&tx, service_id).await?;
             if !waiting.is_empty() {
                 return Ok(waiting);
             }
-            // gone for good: its holds and grants go with the row
+            // gone for good: its holds and grants go with the row, page by page
             for collection in [SERVICE_HOLDS, SERVICE_GRANTS] {
-                let page = tx.find(collection, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
-                for doc in &page.documents {
-                    tx.delete(collection, &doc.id, doc.revision).await?;
+                loop {
+                    let page = tx.find(collection, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
+                    for doc in &page.documents {
+                        tx.delete(collection, &doc.id, doc.revision).await?;
+                    }
+                    if page.next_cursor.is_none() {
+                        break;
+                    }
                 }
             }
             tx.delete(SERVICES, service_id, service.revision).await?;

@@ -198,8 +198,9 @@ async fn update(call: Call, input: UpdateInput) -> Result<SettingsView> {
         if input.set.contains_key(key) {
             return Err(Refusal::invalid_request("a key is both set and unset").with_data(json!({ "field": "unset" })));
         }
-        // unset of a key nothing could ever hold is a mistake worth naming
-        if !is_secret_key(key) && !ALLOWED.iter().any(|(k, _, _)| k == key) {
+        // unset of a key nothing could ever hold is a mistake worth naming (a credential's
+        // included: it was never here)
+        if !ALLOWED.iter().any(|(k, _, _)| k == key) {
             check(key, &Value::Null)?;
         }
     }

@@ -387,7 +387,10 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
     let deployer = w.ok(&w.admin, "deployers.create", json!({"username": "ci-deploy"})).await;
     let uid = deployer["userId"].as_str().unwrap().to_string();
     w.refused(&w.admin, "deployers.create", json!({"username": "CI:bad"}), "deployment-machine-user-invalid").await;
-    w.refused(&w.admin, "deployers.create", json!({"username": "pallet-registry-x"}), "exists").await;
+    w.refused(&w.admin, "deployers.create", json!({"username": "pallet-registry-x"}), "username-reserved").await;
+    w.refused(&w.admin, "admin.createUser", json!({"username": "cluster-eu-1"}), "username-reserved").await;
+    w.refused(&w.admin, "organizations.setMember", json!({"organizationId": acme, "userId": uid, "role": "member"}), "member-user-invalid")
+        .await;
     let person = w.person("olga").await;
     for user in [&person.user_id, &w.admin.user_id] {
         w.refused(
