@@ -180,7 +180,14 @@ async fn install_refuses_by_name_and_records_nothing() {
     assert_eq!(f.host.install(&[0u8; 100], &all(), "admin").await.unwrap_err().code, "bundle-malformed");
     assert!(f.host.records().await.unwrap().is_empty());
 
-    f.host.install(&good, &["events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()], "admin").await.unwrap();
+    f.host
+        .install(
+            &good,
+            &["events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()],
+            "admin",
+        )
+        .await
+        .unwrap();
     assert_eq!(f.host.install(&good, &all(), "admin").await.unwrap_err().code, "plugin-exists");
 
     crate::fleet::freeze(&f.state.blobs, "alice", "release week").await.unwrap();
