@@ -262,13 +262,13 @@ async fn create_user(call: Call, input: CreateUser) -> Result<CreatedUser> {
 async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<MachineToken> {
     call.identity()?.require_fresh()?;
     validate_username(&input.username)?;
-    Ok(mint_machine_user(&call.state.store, &input.username, |_, _| Box::pin(async { Ok(()) })).await?.0)
+    Ok(mint_machine_user(&call.state.store, &input.username, None, |_, _| Box::pin(async { Ok(()) })).await?.0)
 }
 
 /// Create a machine user and its token (returned this once). `also` runs in the same
 /// transaction with the new user's id, for callers that write more with it (a deployer, a
 /// cluster); a refusal from it creates nothing.
-pub async fn mint_machine_user<'c, T, F>(store: &Store, username: &str, also: F) -> Result<(MachineToken, T)>
+pub async fn mint_machine_user<'c, T, F>(store: &Store, username: &str, expires_at: Option<u64>, also: F) -> Result<(MachineToken, T)>
 where
     T: Send,
     F: Fn(Tx, String) -> futures::future::BoxFuture<'c, Result<T>> + Send + Sync,
@@ -284,8 +284,14 @@ where
             }
             let at = now();
             let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at };
-            let credential =
-                Credential { kind: "machine".into(), generation: 1, verifier: None, token_hash: Some(hash_ref.into()), updated_at: at };
+            let credential = Credential {
+                kind: "machine".into(),
+                generation: 1,
+                verifier: None,
+                token_hash: Some(hash_ref.into()),
+                updated_at: at,
+                token_expires_at: expires_at,
+            };
             insert_user(&tx, id, &user, &credential).await?;
             also(tx.clone(), id.to_string()).await
         })
@@ -295,9 +301,18 @@ where
     Ok((MachineToken { user_id, username: username.into(), token, generation: 1 }, extra))
 }
 
+/// How a new machine token expires.
+#[derive(Debug, Clone, Copy)]
+pub enum Expiry {
+    /// As the token it replaces did.
+    Keep,
+    /// At this time (seconds), or never.
+    Set(Option<u64>),
+}
+
 /// Replace (or with `None`, remove) a machine user's token; every session opened with the
 /// old token ends because its JWT names the old hash.
-async fn set_machine_token(call: &Call, user_id: &str, token: Option<&str>) -> Result<(User, Credential)> {
+pub async fn set_machine_token(call: &Call, user_id: &str, token: Option<&str>, expiry: Expiry) -> Result<(User, Credential)> {
     call.identity()?.require_fresh()?;
     let hash = token.map(token_hash);
     let hash = hash.as_deref();
@@ -307,6 +322,9 @@ async fn set_machine_token(call: &Call, user_id: &str, token: Option<&str>) -> R
             let (doc, mut credential) = load_credential(&tx, user_id, "machine").await?;
             let user = parse::<User>(&tx.require(USERS, user_id).await?)?;
             credential.token_hash = hash.map(str::to_string);
+            if let Expiry::Set(at) = expiry {
+                credential.token_expires_at = at;
+            }
             credential.generation += 1;
             credential.updated_at = now();
             tx.replace(CREDENTIALS, user_id, doc.revision, to_value(&credential)?).await?;
@@ -389,7 +407,7 @@ pub fn register(registry: &mut Registry) {
         Access::Admin,
         |call: Call, input: UserRef| async move {
             let token = new_machine_token();
-            let (user, credential) = set_machine_token(&call, &input.user_id, Some(&token)).await?;
+            let (user, credential) = set_machine_token(&call, &input.user_id, Some(&token), Expiry::Keep).await?;
             Ok(MachineToken { user_id: input.user_id, username: user.username, token, generation: credential.generation })
         },
     );
@@ -398,7 +416,7 @@ pub fn register(registry: &mut Registry) {
         "Remove a machine user's token; every session opened with it ends",
         Access::Admin,
         |call: Call, input: UserRef| async move {
-            let (_, credential) = set_machine_token(&call, &input.user_id, None).await?;
+            let (_, credential) = set_machine_token(&call, &input.user_id, None, Expiry::Keep).await?;
             Ok(view(&input.user_id, &credential))
         },
     );

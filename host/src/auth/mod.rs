@@ -58,6 +58,9 @@ pub struct Credential {
     /// Machine: SHA-256 (hex) of the current token, `None` when revoked.
     pub token_hash: Option<String>,
     pub updated_at: u64,
+    /// Machine: when the token stops opening sessions (seconds); `None`: it does not expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -184,7 +187,14 @@ async fn find_user_by_name(tx: &Tx, username: &str) -> Result<Option<(String, Us
 pub fn human_records(username: &str, admin: bool, verifier: String) -> (User, Credential) {
     let at = now();
     let user = User { username: username.into(), kind: "human".into(), admin, created_at: at };
-    let credential = Credential { kind: "human".into(), generation: 1, verifier: Some(verifier), token_hash: None, updated_at: at };
+    let credential = Credential {
+        kind: "human".into(),
+        generation: 1,
+        verifier: Some(verifier),
+        token_hash: None,
+        updated_at: at,
+        token_expires_at: None,
+    };
     (user, credential)
 }
 
@@ -330,6 +340,10 @@ impl Auth {
             .transact(|tx| async move {
                 let page = tx.find(CREDENTIALS, "by_token_hash", &[json!(hash_ref)], None, 1).await?;
                 let Some(doc) = page.documents.first() else { return Ok(None) };
+                // an expired token opens nothing, and is denied like any wrong one
+                if parse::<Credential>(doc)?.token_expires_at.is_some_and(|t| t <= now()) {
+                    return Ok(None);
+                }
                 let user = tx.get(USERS, &doc.id).await?.map(|d| parse::<User>(&d)).transpose()?;
                 Ok(user.map(|u| (doc.id.clone(), u)))
             })
@@ -406,7 +420,10 @@ impl Auth {
             && match claims.kind.as_str() {
                 "human" => claims.generation == Some(credential.generation) && session.generation == claims.generation,
                 "machine" => {
-                    claims.token_hash.is_some() && claims.token_hash == credential.token_hash && session.token_hash == claims.token_hash
+                    claims.token_hash.is_some()
+                        && claims.token_hash == credential.token_hash
+                        && session.token_hash == claims.token_hash
+                        && credential.token_expires_at.is_none_or(|t| t > now())
                 }
                 _ => false,
             };

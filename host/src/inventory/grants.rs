@@ -7,7 +7,7 @@
 use super::services::require_active;
 use super::{Listing, PageInput, SERVICE_GRANTS, emit, now, to_value};
 use crate::api::methods::{Access, Call, Registry};
-use crate::auth::methods::MachineToken;
+use crate::auth::methods::{Expiry, MachineToken, set_machine_token};
 use crate::refusal::{Refusal, Result};
 use crate::store::Tx;
 use schemars::JsonSchema;
@@ -24,11 +24,60 @@ pub fn grant_id(service_id: &str, user_id: &str) -> String {
     format!("{service_id}~{user_id}")
 }
 
+/// The longest a deployer's token may live.
+const MAX_TOKEN_LIFETIME: u64 = 366 * 24 * 3600;
+/// How long a token lives when the request states nothing.
+const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600;
+
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
     /// Lowercase, at most 64 characters, no `:` or `/`; also the registry login name.
     pub username: String,
+    /// When the token stops working (Unix seconds), at most a year ahead; a year by default.
+    pub expires_at: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RotateInput {
+    pub user_id: String,
+    /// When the new token stops working (Unix seconds), at most a year ahead; a year by default.
+    pub expires_at: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UserInput {
+    pub user_id: String,
+}
+
+/// A deployer's token, shown this once, with when it expires.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeployerToken {
+    #[serde(flatten)]
+    pub token: MachineToken,
+    pub expires_at: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRevoked {
+    pub user_id: String,
+    /// The grants stay; only the token is gone.
+    pub token_active: bool,
+}
+
+/// The expiry a request asks for, judged: in the future and at most a year ahead.
+fn expiry(requested: Option<u64>) -> Result<u64> {
+    let now = now();
+    let at = requested.unwrap_or(now + DEFAULT_TOKEN_LIFETIME);
+    if at <= now || at > now + MAX_TOKEN_LIFETIME {
+        return Err(Refusal::new("expiry-invalid", "expiresAt is a Unix time in the future, at most a year ahead")
+            .with_data(json!({ "field": "expiresAt" })));
+    }
+    Ok(at)
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -65,6 +114,8 @@ pub struct DeployerView {
     pub username: String,
     /// Whether the user holds a token now.
     pub token_active: bool,
+    /// When that token stops working (Unix seconds).
+    pub token_expires_at: Option<u64>,
     pub grants: Vec<Grant>,
 }
 
@@ -89,15 +140,37 @@ fn check_username(username: &str) -> Result<()> {
     crate::auth::validate_username(username)
 }
 
-async fn create(call: Call, input: CreateInput) -> Result<MachineToken> {
+async fn create(call: Call, input: CreateInput) -> Result<DeployerToken> {
     call.identity()?.require_fresh()?;
     check_username(&input.username)?;
+    let expires_at = expiry(input.expires_at)?;
     let username = input.username.as_str();
-    let (token, ()) = crate::auth::methods::mint_machine_user(&call.state.store, username, |tx, user_id| {
+    let (token, ()) = crate::auth::methods::mint_machine_user(&call.state.store, username, Some(expires_at), |tx, user_id| {
         Box::pin(async move { tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now() })).await.map(drop) })
     })
     .await?;
-    Ok(token)
+    Ok(DeployerToken { token, expires_at })
+}
+
+async fn rotate_token(call: Call, input: RotateInput) -> Result<DeployerToken> {
+    let expires_at = expiry(input.expires_at)?;
+    let user = input.user_id.as_str();
+    call.state.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
+    let token = crate::auth::new_machine_token();
+    let (found, credential) = set_machine_token(&call, user, Some(&token), Expiry::Set(Some(expires_at))).await?;
+    tracing::info!(deployer = %found.username, "deployer token rotated");
+    Ok(DeployerToken {
+        token: MachineToken { user_id: input.user_id, username: found.username, token, generation: credential.generation },
+        expires_at,
+    })
+}
+
+async fn revoke_token(call: Call, input: UserInput) -> Result<TokenRevoked> {
+    let user = input.user_id.as_str();
+    call.state.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
+    let (found, _) = set_machine_token(&call, user, None, Expiry::Set(None)).await?;
+    tracing::info!(deployer = %found.username, "deployer token revoked");
+    Ok(TokenRevoked { user_id: input.user_id, token_active: false })
 }
 
 /// Refuse anyone who is not a deployer created by `deployers.create`.
@@ -185,13 +258,16 @@ async fn list(call: Call, input: PageInput) -> Result<Listing<DeployerView>> {
             let page = tx.scan(DEPLOYERS, cursor, limit).await?;
             let mut items = Vec::new();
             for doc in &page.documents {
-                let token_active = tx.get(crate::auth::CREDENTIALS, &doc.id).await?.is_some_and(|c| !c.data["tokenHash"].is_null());
+                let credential = tx.get(crate::auth::CREDENTIALS, &doc.id).await?;
+                let token_active = credential.as_ref().is_some_and(|c| !c.data["tokenHash"].is_null());
+                let token_expires_at = credential.as_ref().and_then(|c| c.data["tokenExpiresAt"].as_u64()).filter(|_| token_active);
                 let grants = tx.find(SERVICE_GRANTS, "by_user", &[json!(doc.id)], None, crate::store::MAX_PAGE).await?;
                 let grants = grants.documents.iter().map(|g| super::parse::<Grant>(g).map(|e| e.data)).collect::<Result<_>>()?;
                 items.push(DeployerView {
                     user_id: doc.id.clone(),
                     username: doc.data["username"].as_str().unwrap_or_default().into(),
                     token_active,
+                    token_expires_at,
                     grants,
                 });
             }
@@ -212,6 +288,18 @@ pub fn register(registry: &mut Registry) {
         "Give a deployment machine user capabilities on one service, replacing what it held there (administrator)",
         Access::Admin,
         grant,
+    );
+    registry.add(
+        "deployers.rotateToken",
+        "Replace every token of a deployer with one new token (shown this once); sessions of the old one end (administrator, fresh login)",
+        Access::Admin,
+        rotate_token,
+    );
+    registry.add(
+        "deployers.revokeToken",
+        "Remove a deployer's token; its grants stay and every session it opened ends (administrator, fresh login)",
+        Access::Admin,
+        revoke_token,
     );
     registry.add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke);
     registry.add("deployers.list", "Deployment machine users with their grants, never a token (administrator)", Access::Admin, list);

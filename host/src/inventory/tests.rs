@@ -432,6 +432,49 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
     let listed = w.ok(&w.admin, "deployers.list", json!({})).await;
     assert_eq!(listed["items"][0]["grants"][0]["capabilities"], json!(["deployment:status", "registry:push"]));
     assert!(!listed.to_string().contains(deployer["token"].as_str().unwrap()));
+    let year = 365 * 24 * 3600;
+    assert!(listed["items"][0]["tokenExpiresAt"].as_u64().unwrap() > crate::auth::jwt::now() + year - 60, "a year by default");
+    w.refused(&w.admin, "deployers.create", json!({"username": "old", "expiresAt": 1}), "expiry-invalid").await;
+    w.refused(&w.admin, "deployers.rotateToken", json!({"userId": uid, "expiresAt": crate::auth::jwt::now() + 2 * year}), "expiry-invalid")
+        .await;
+    w.refused(&w.admin, "deployers.rotateToken", json!({"userId": w.admin.user_id}), "deployment-machine-user-invalid").await;
+
+    // an expired token opens nothing, and its sessions end
+    let short = w.ok(&w.admin, "deployers.create", json!({"username": "short-lived", "expiresAt": crate::auth::jwt::now() + 60})).await;
+    let short_session = w.state.auth.exchange_token(short["token"].as_str().unwrap(), None).await.unwrap();
+    let short_id = short["userId"].as_str().unwrap().to_string();
+    let store = w.state.store.clone();
+    store
+        .transact(|tx| {
+            let short_id = short_id.clone();
+            async move {
+                let doc = tx.require(crate::auth::CREDENTIALS, &short_id).await?;
+                let mut data = doc.data.clone();
+                data["tokenExpiresAt"] = json!(crate::auth::jwt::now() - 1);
+                tx.replace(crate::auth::CREDENTIALS, &short_id, doc.revision, data).await
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(w.state.auth.authenticate(&short_session.token).await.unwrap_err().code, "unauthenticated");
+    assert_eq!(w.state.auth.exchange_token(short["token"].as_str().unwrap(), None).await.unwrap_err().code, "unauthenticated");
+
+    // rotation replaces the token; revocation removes it and keeps the grants
+    let rotated = w.ok(&w.admin, "deployers.rotateToken", json!({"userId": uid})).await;
+    assert_eq!(w.state.auth.authenticate(&session.token).await.unwrap_err().code, "unauthenticated", "the old token's sessions end");
+    let session = w.state.auth.exchange_token(rotated["token"].as_str().unwrap(), None).await.unwrap();
+    let machine = w.state.auth.authenticate(&session.token).await.unwrap();
+    w.ok(&machine, "services.get", json!({"id": service["id"]})).await;
+    w.ok(&w.admin, "deployers.revokeToken", json!({"userId": uid})).await;
+    assert_eq!(w.state.auth.authenticate(&session.token).await.unwrap_err().code, "unauthenticated");
+    let listed = w.ok(&w.admin, "deployers.list", json!({})).await;
+    let revoked = listed["items"].as_array().unwrap().iter().find(|d| d["userId"] == uid.as_str()).unwrap().clone();
+    assert_eq!((revoked["tokenActive"].as_bool(), revoked["grants"].as_array().map(Vec::len)), (Some(false), Some(1)), "{revoked}");
+    let session = w.state.auth.exchange_token(rotated["token"].as_str().unwrap(), None).await;
+    assert!(session.is_err());
+    let rotated = w.ok(&w.admin, "deployers.rotateToken", json!({"userId": uid})).await;
+    let session = w.state.auth.exchange_token(rotated["token"].as_str().unwrap(), None).await.unwrap();
+    let machine = w.state.auth.authenticate(&session.token).await.unwrap();
     w.ok(&w.admin, "deployers.revoke", json!({"serviceId": service["id"], "userId": uid})).await;
     w.refused(&machine, "services.get", json!({"id": service["id"]}), "forbidden").await;
 }
