@@ -16,4 +16,5 @@ pub mod migrate;
 pub mod plugins;
 pub mod refusal;
 pub mod scheduler;
+pub mod secrets;
 pub mod store;

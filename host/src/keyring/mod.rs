@@ -230,6 +230,33 @@ impl Keyring {
         &self.ingress_public
     }
 
+    /// The X25519 shared secret between the ingress recipient and a sender's ephemeral key
+    /// (the secret key itself never leaves the keyring). Wiped when dropped.
+    pub fn ingress_agree(&self, ephemeral: &x25519_dalek::PublicKey) -> Zeroizing<[u8; 32]> {
+        Zeroizing::new(*self.ingress_secret.diffie_hellman(ephemeral).as_bytes())
+    }
+
+    /// This keyring with one more KEK, which becomes the active one (`kek_id`, or a random
+    /// id). Every earlier KEK stays, so what they sealed keeps opening.
+    pub fn with_new_active_kek(&self, kek_id: Option<&str>) -> Result<Keyring> {
+        let id = kek_id.map(str::to_string).unwrap_or_else(|| random_id("kek"));
+        if !valid_key_id(&id) {
+            return Err(Refusal::invalid_request(format!("key id {id:?} must be 1 to 64 of A-Z a-z 0-9 - _ .")));
+        }
+        if self.keks.contains_key(&id) {
+            return Err(Refusal::new("exists", format!("the keyring already holds a KEK {id:?}")));
+        }
+        let mut keks: BTreeMap<String, Kek> = self.keks.iter().map(|(k, v)| (k.clone(), Kek(Zeroizing::new(*v.bytes())))).collect();
+        keks.insert(id.clone(), Kek(Zeroizing::new(rand::random())));
+        Ok(Keyring {
+            active_kek_id: id,
+            keks,
+            ingress_id: self.ingress_id.clone(),
+            ingress_secret: self.ingress_secret.clone(),
+            ingress_public: self.ingress_public,
+        })
+    }
+
     pub fn report(&self) -> KeyringReport {
         KeyringReport {
             active_kek_id: self.active_kek_id.clone(),

@@ -1,0 +1,6 @@
+//! Secrets: write-only material in envelopes (a DEK per version, wrapped by the keyring's KEK),
+//! values that arrive generated or sealed to the ingress recipient, and answers that carry
+//! metadata only.
+
+pub mod envelope;
+pub mod ingress;
