@@ -27,6 +27,8 @@ impl TestHost {
         let store = crate::store::Store::open(&format!("sqlite:{}", dir.join("store.sqlite").display()), &Default::default()).await?;
         let blobs = crate::blobs::Blobs::open(&format!("file:{}", dir.join("blobs").display()), &Default::default()).await?;
         let keyring = Arc::new(crate::keyring::Keyring::generate(None, None)?);
+        // the platform model a plugin reads and holds services in, as on a real host
+        crate::inventory::declare(&store).await?;
         let services = Services::new(store, blobs, keyring, "test-node".into());
         let key = generate_key();
         let host = PluginHost::new(Runtime::new(None)?, services, vec![PublisherKey::from_verifying_key(key.verifying_key())]).await?;
