@@ -68,6 +68,7 @@ impl AppState {
         crate::plugins::methods::register(&mut registry);
         crate::scheduler::methods::register(&mut registry);
         crate::inventory::register(&mut registry);
+        crate::secrets::methods::register(&mut registry);
         AppState {
             store,
             blobs,
@@ -92,6 +93,7 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let keyring = Arc::new(Keyring::generate(None, None).unwrap());
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
     crate::inventory::declare(&store).await.unwrap();
+    crate::secrets::methods::declare(&store).await.unwrap();
     let services = crate::plugins::imports::Services::new(store.clone(), blobs.clone(), keyring.clone(), "test-node".into());
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
     let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();

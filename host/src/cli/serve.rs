@@ -86,6 +86,7 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     }
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     crate::inventory::declare(&store).await?;
+    crate::secrets::methods::declare(&store).await?;
     bootstrap_admin(&config, &store).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);

@@ -4,3 +4,7 @@
 
 pub mod envelope;
 pub mod ingress;
+pub mod methods;
+
+#[cfg(test)]
+mod tests;

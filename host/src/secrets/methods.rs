@@ -1,0 +1,539 @@
+//! The `secrets.*` API: secrets owned by a service, an organization or the system, each a
+//! chain of immutable versions sealed in envelopes. Every answer is metadata; a value enters
+//! generated on the server or sealed to the ingress recipient, and never leaves.
+
+use super::envelope::{self, Envelope, MaterialContext};
+use super::ingress::{self, SealedInput};
+use crate::api::methods::{Access, Call, Registry};
+use crate::inventory::{Listing, emit, not_found, now};
+use crate::refusal::{Refusal, Result};
+use crate::store::{CollectionSpec, Store, Tx};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use zeroize::Zeroizing;
+
+pub const SECRETS: &str = "secrets";
+pub const VERSIONS: &str = "secret_versions";
+/// What the material of every version is sealed for.
+const PURPOSE: &str = "secret-material";
+/// The largest value Capstan keeps, in bytes.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+pub async fn declare(store: &Store) -> Result<()> {
+    store
+        .declare(CollectionSpec::new(SECRETS).unique("by_owner_key", &["ownerRef", "key", "environment"]).index("by_owner", &["ownerRef"]))
+        .await?;
+    store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await
+}
+
+/// Who a secret belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Owner {
+    #[serde(rename_all = "camelCase")]
+    Service { service_id: String },
+    /// An organization's shared secret (a SecretSet member).
+    #[serde(rename_all = "camelCase")]
+    Organization { organization_id: String },
+    /// The host's own integrations (gateway tokens, backup target credentials).
+    #[serde(rename_all = "camelCase")]
+    System { system_id: String },
+}
+
+impl Owner {
+    /// `service:<id>`, `organization:<id>` or `system:<id>`: how owners are indexed and bound.
+    pub fn reference(&self) -> String {
+        match self {
+            Owner::Service { service_id } => format!("service:{service_id}"),
+            Owner::Organization { organization_id } => format!("organization:{organization_id}"),
+            Owner::System { system_id } => format!("system:{system_id}"),
+        }
+    }
+}
+
+/// How the host generates a value.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Generate {
+    /// 16–512 characters.
+    pub length: usize,
+    /// `alphanumeric`, `hex`, `base64url` or `printable`.
+    pub alphabet: String,
+}
+
+/// Where a new version's value comes from: generated here, or sealed by the client to the
+/// ingress recipient for this very request.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Value {
+    Generate(Generate),
+    Sealed(SealedInput),
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CreateInput {
+    pub owner: Owner,
+    /// An environment variable name: `[A-Z_][A-Z0-9_]*`.
+    pub key: String,
+    /// Which environment it is for (default `production`).
+    pub environment: Option<String>,
+    /// The manager that owns it, e.g. `mail:<serviceId>`; writes from any other scope are refused.
+    pub management_scope: Option<String>,
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RotateInput {
+    pub id: String,
+    /// The version the caller read; a newer one means someone else rotated (`conflict`).
+    pub expected_version_id: String,
+    pub management_scope: Option<String>,
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevokeInput {
+    pub id: String,
+    pub management_scope: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ListInput {
+    /// Only this owner's secrets.
+    pub owner: Option<Owner>,
+    pub cursor: Option<String>,
+    /// At most 200 (default 50).
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum State {
+    Active,
+    Revoked,
+}
+
+/// A secret's metadata — all any answer ever carries.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Secret {
+    pub owner: Owner,
+    pub owner_ref: String,
+    /// The owning organization ("" for system secrets).
+    pub organization_id: String,
+    pub key: String,
+    pub environment: String,
+    pub management_scope: Option<String>,
+    pub state: State,
+    pub current_version_id: String,
+    pub versions: u64,
+    pub created_at: u64,
+    pub updated_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<u64>,
+}
+
+/// A version as stored: its envelope stays in the store, never in an answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Version {
+    pub secret_id: String,
+    pub number: u64,
+    /// `generated` or `sealed`.
+    pub source: String,
+    pub created_at: u64,
+    pub created_by: String,
+    pub envelope: Envelope,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionView {
+    pub id: String,
+    pub number: u64,
+    pub source: String,
+    pub created_at: u64,
+    pub created_by: String,
+    /// The KEK its data key is wrapped by.
+    pub kek_id: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretView {
+    pub id: String,
+    pub revision: u64,
+    #[serde(flatten)]
+    pub secret: Secret,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretDetail {
+    #[serde(flatten)]
+    pub secret: SecretView,
+    pub version_history: Vec<VersionView>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Recipient {
+    pub recipient_id: String,
+    /// X25519 public key, base64.
+    pub public_key: String,
+    pub profile: &'static str,
+}
+
+fn check_key(key: &str) -> Result<()> {
+    crate::inventory::validate::env_key("key", key)
+}
+
+fn check_environment(environment: &str) -> Result<()> {
+    crate::inventory::validate::name("environment", environment)
+}
+
+/// The organization an owner lives in, checking the owner exists.
+async fn owner_organization(tx: &Tx, owner: &Owner) -> Result<String> {
+    match owner {
+        Owner::Service { service_id } => Ok(crate::inventory::services::require_active(tx, service_id).await?.data.organization_id),
+        Owner::Organization { organization_id } => {
+            crate::inventory::organizations::require_organization(tx, organization_id).await?;
+            Ok(organization_id.clone())
+        }
+        Owner::System { system_id } => {
+            let ok = !system_id.is_empty()
+                && system_id.len() <= 128
+                && system_id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+            if !ok {
+                return Err(
+                    Refusal::invalid_request("a systemId is 1–128 of A-Z a-z 0-9 - _ . :").with_data(json!({ "field": "owner.systemId" }))
+                );
+            }
+            Ok(String::new())
+        }
+    }
+}
+
+const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+const HEX: &[u8] = b"0123456789abcdef";
+const BASE64URL: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+const PRINTABLE: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&()*+,-./:;<=>?@[]^_{|}~";
+
+/// A value of `length` characters drawn uniformly from the alphabet.
+fn generate(spec: &Generate) -> Result<Zeroizing<Vec<u8>>> {
+    let alphabet = match spec.alphabet.as_str() {
+        "alphanumeric" => ALPHANUMERIC,
+        "hex" => HEX,
+        "base64url" => BASE64URL,
+        "printable" => PRINTABLE,
+        _ => {
+            return Err(Refusal::invalid_request("alphabet is one of alphanumeric, hex, base64url, printable")
+                .with_data(json!({ "field": "value.generate.alphabet" })));
+        }
+    };
+    if !(16..=512).contains(&spec.length) {
+        return Err(
+            Refusal::invalid_request("a generated value is 16–512 characters").with_data(json!({ "field": "value.generate.length" }))
+        );
+    }
+    let mut out = Zeroizing::new(Vec::with_capacity(spec.length));
+    // rejection sampling keeps every character equally likely
+    let limit = 256 - (256 % alphabet.len());
+    while out.len() < spec.length {
+        let byte = rand::random::<u8>() as usize;
+        if byte < limit {
+            out.push(alphabet[byte % alphabet.len()]);
+        }
+    }
+    Ok(out)
+}
+
+/// The plaintext of a new version and where it came from. A sealed value opens only for
+/// `target`; an empty or oversized one is refused by name.
+fn material(keyring: &crate::keyring::Keyring, value: &Value, target: &str) -> Result<(Zeroizing<Vec<u8>>, &'static str)> {
+    let (plaintext, source) = match value {
+        Value::Generate(spec) => (generate(spec)?, "generated"),
+        Value::Sealed(sealed) => (ingress::open(keyring, target, sealed)?, "sealed"),
+    };
+    if plaintext.is_empty() {
+        return Err(Refusal::new("input-empty", "the value is empty"));
+    }
+    if plaintext.len() > MAX_VALUE_BYTES {
+        return Err(Refusal::new("input-oversized", format!("a value is at most {MAX_VALUE_BYTES} bytes"))
+            .with_data(json!({ "limitBytes": MAX_VALUE_BYTES })));
+    }
+    Ok((plaintext, source))
+}
+
+fn context(secret_id: &str, version_id: &str, secret: &Secret) -> MaterialContext {
+    MaterialContext {
+        purpose: PURPOSE.into(),
+        secret_id: secret_id.into(),
+        version_id: version_id.into(),
+        owner: secret.owner_ref.clone(),
+        organization: secret.organization_id.clone(),
+        key: secret.key.clone(),
+        environment: secret.environment.clone(),
+    }
+}
+
+fn check_scope(secret: &Secret, scope: &Option<String>) -> Result<()> {
+    if secret.management_scope != *scope {
+        return Err(Refusal::new("management-scope-mismatch", "this secret is managed from another scope; only its manager may change it")
+            .with_data(json!({ "managementScope": secret.management_scope })));
+    }
+    Ok(())
+}
+
+fn view(id: &str, revision: u64, secret: Secret) -> SecretView {
+    SecretView { id: id.into(), revision, secret }
+}
+
+fn parse_secret(doc: &crate::store::Document) -> Result<Secret> {
+    serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("stored secret {} is malformed: {e}", doc.id)))
+}
+
+async fn require_secret(tx: &Tx, id: &str) -> Result<(crate::store::Document, Secret)> {
+    if crate::store::validate_id(id).is_err() {
+        return Err(not_found("secret", id));
+    }
+    let doc = tx.get(SECRETS, id).await?.ok_or_else(|| not_found("secret", id))?;
+    let secret = parse_secret(&doc)?;
+    Ok((doc, secret))
+}
+
+/// Every change's event: ids, owner and key — never a value.
+fn event_data(id: &str, secret: &Secret) -> serde_json::Value {
+    json!({ "id": id, "owner": secret.owner_ref, "key": secret.key, "environment": secret.environment, "versionId": secret.current_version_id, "state": secret.state })
+}
+
+async fn create(call: Call, input: CreateInput) -> Result<SecretView> {
+    let identity = call.identity()?.clone();
+    check_key(&input.key)?;
+    let environment = input.environment.clone().unwrap_or_else(|| "production".into());
+    check_environment(&environment)?;
+    let owner_ref = input.owner.reference();
+    let target = ingress::target("secrets.create", &owner_ref, &input.key);
+    let (plaintext, source) = material(&call.state.keyring, &input.value, &target)?;
+    let (secret_id, version_id) = (crate::auth::new_id("sec"), crate::auth::new_id("ver"));
+    let keyring = call.state.keyring.clone();
+    let (input, environment, identity, plaintext) = (&input, &environment, &identity, &plaintext);
+    let (secret_ref, version_ref) = (&secret_id, &version_id);
+    let (revision, secret) = call
+        .state
+        .store
+        .transact(|tx| {
+            let keyring = keyring.clone();
+            async move {
+                let organization_id = owner_organization(&tx, &input.owner).await?;
+                let at = now();
+                let secret = Secret {
+                    owner: input.owner.clone(),
+                    owner_ref: input.owner.reference(),
+                    organization_id,
+                    key: input.key.clone(),
+                    environment: environment.clone(),
+                    management_scope: input.management_scope.clone(),
+                    state: State::Active,
+                    current_version_id: version_ref.clone(),
+                    versions: 1,
+                    created_at: at,
+                    updated_at: at,
+                    revoked_at: None,
+                };
+                let taken = tx
+                    .find(SECRETS, "by_owner_key", &[json!(secret.owner_ref), json!(secret.key), json!(secret.environment)], None, 1)
+                    .await?;
+                if !taken.documents.is_empty() {
+                    return Err(Refusal::new(
+                        "exists",
+                        format!("{} already has a secret {} for {}: rotate it", secret.owner_ref, secret.key, secret.environment),
+                    )
+                    .with_data(json!({ "id": taken.documents[0].id })));
+                }
+                let sealed = envelope::seal(&keyring, &context(secret_ref, version_ref, &secret), plaintext)?;
+                let version = Version {
+                    secret_id: secret_ref.clone(),
+                    number: 1,
+                    source: source.into(),
+                    created_at: at,
+                    created_by: identity.user_id.clone(),
+                    envelope: sealed,
+                };
+                tx.insert(VERSIONS, version_ref, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
+                let doc = tx.insert(SECRETS, secret_ref, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
+                emit(&tx, "secret.created", secret_ref, event_data(secret_ref, &secret)).await?;
+                Ok((doc.revision, secret))
+            }
+        })
+        .await?;
+    tracing::info!(secret = %secret_id, owner = %secret.owner_ref, key = %secret.key, source, "secret created");
+    Ok(view(&secret_id, revision, secret))
+}
+
+async fn rotate(call: Call, input: RotateInput) -> Result<SecretView> {
+    let identity = call.identity()?.clone();
+    // the target needs the owner and key, read before the value is opened
+    let id = input.id.as_str();
+    let (_, current) = call.state.store.transact(|tx| async move { require_secret(&tx, id).await }).await?;
+    let target = ingress::target("secrets.rotate", &current.owner_ref, &current.key);
+    let (plaintext, source) = material(&call.state.keyring, &input.value, &target)?;
+    let version_id = crate::auth::new_id("ver");
+    let keyring = call.state.keyring.clone();
+    let (input, identity, plaintext, version_ref) = (&input, &identity, &plaintext, &version_id);
+    let (revision, secret) = call
+        .state
+        .store
+        .transact(|tx| {
+            let keyring = keyring.clone();
+            async move {
+                let (doc, mut secret) = require_secret(&tx, &input.id).await?;
+                check_scope(&secret, &input.management_scope)?;
+                if secret.state == State::Revoked {
+                    return Err(Refusal::new("secret-revoked", "a revoked secret takes no new version; create a new one"));
+                }
+                if secret.current_version_id != input.expected_version_id {
+                    return Err(Refusal::new("conflict", "the secret has a newer version than the one stated: read it again")
+                        .with_data(json!({ "currentVersionId": secret.current_version_id })));
+                }
+                let at = now();
+                secret.versions += 1;
+                secret.current_version_id = version_ref.clone();
+                secret.updated_at = at;
+                let sealed = envelope::seal(&keyring, &context(&input.id, version_ref, &secret), plaintext)?;
+                let version = Version {
+                    secret_id: input.id.clone(),
+                    number: secret.versions,
+                    source: source.into(),
+                    created_at: at,
+                    created_by: identity.user_id.clone(),
+                    envelope: sealed,
+                };
+                tx.insert(VERSIONS, version_ref, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
+                let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
+                emit(&tx, "secret.rotated", &input.id, event_data(&input.id, &secret)).await?;
+                Ok((doc.revision, secret))
+            }
+        })
+        .await?;
+    tracing::info!(secret = %input.id, version = secret.versions, source, "secret rotated");
+    Ok(view(&input.id, revision, secret))
+}
+
+async fn revoke(call: Call, input: RevokeInput) -> Result<SecretView> {
+    let input = &input;
+    let (revision, secret) = call
+        .state
+        .store
+        .transact(|tx| async move {
+            let (doc, mut secret) = require_secret(&tx, &input.id).await?;
+            check_scope(&secret, &input.management_scope)?;
+            if secret.state == State::Revoked {
+                return Ok((doc.revision, secret));
+            }
+            secret.state = State::Revoked;
+            secret.revoked_at = Some(now());
+            secret.updated_at = now();
+            let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
+            emit(&tx, "secret.revoked", &input.id, event_data(&input.id, &secret)).await?;
+            Ok((doc.revision, secret))
+        })
+        .await?;
+    tracing::info!(secret = %input.id, "secret revoked");
+    Ok(view(&input.id, revision, secret))
+}
+
+async fn list(call: Call, input: ListInput) -> Result<Listing<SecretView>> {
+    let limit = crate::inventory::page_limit(input.limit);
+    let input = &input;
+    call.state
+        .store
+        .transact(|tx| async move {
+            let cursor = input.cursor.as_deref();
+            let page = match &input.owner {
+                Some(owner) => tx.find(SECRETS, "by_owner", &[json!(owner.reference())], cursor, limit).await?,
+                None => tx.scan(SECRETS, cursor, limit).await?,
+            };
+            let items = page.documents.iter().map(|d| Ok(view(&d.id, d.revision, parse_secret(d)?))).collect::<Result<_>>()?;
+            Ok(Listing { items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+async fn get(call: Call, input: crate::inventory::ById) -> Result<SecretDetail> {
+    let id = input.id.as_str();
+    call.state
+        .store
+        .transact(|tx| async move {
+            let (doc, secret) = require_secret(&tx, id).await?;
+            let versions = tx.find(VERSIONS, "by_secret", &[json!(id)], None, crate::store::MAX_PAGE).await?;
+            let mut history = Vec::new();
+            for v in &versions.documents {
+                let version: Version = serde_json::from_value(v.data.clone()).map_err(Refusal::internal)?;
+                history.push(VersionView {
+                    id: v.id.clone(),
+                    number: version.number,
+                    source: version.source,
+                    created_at: version.created_at,
+                    created_by: version.created_by,
+                    kek_id: version.envelope.kek_id,
+                });
+            }
+            history.sort_by_key(|v| std::cmp::Reverse(v.number));
+            Ok(SecretDetail { secret: view(id, doc.revision, secret), version_history: history })
+        })
+        .await
+}
+
+async fn recipient(call: Call, _: crate::api::system::Empty) -> Result<Recipient> {
+    use base64::Engine;
+    let keyring = &call.state.keyring;
+    Ok(Recipient {
+        recipient_id: keyring.ingress_id().into(),
+        public_key: base64::engine::general_purpose::STANDARD.encode(keyring.ingress_public_key().as_bytes()),
+        profile: ingress::PROFILE,
+    })
+}
+
+/// The plaintext of a secret's current version, for the host's own use (delivery to agents,
+/// system integrations). Never reachable from any API answer.
+pub async fn open_current(store: &Store, keyring: &crate::keyring::Keyring, id: &str) -> Result<Zeroizing<Vec<u8>>> {
+    let (secret, version_id, version) = store
+        .transact(|tx| async move {
+            let (_, secret) = require_secret(&tx, id).await?;
+            let doc = tx.require(VERSIONS, &secret.current_version_id).await?;
+            let version: Version = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
+            Ok((secret.clone(), secret.current_version_id.clone(), version))
+        })
+        .await?;
+    envelope::open(keyring, &context(id, &version_id, &secret), &version.envelope)
+}
+
+pub fn register(registry: &mut Registry) {
+    registry.add(
+        "secrets.getIngressRecipient",
+        "The X25519 public key and id values are sealed to before they are sent",
+        Access::Authenticated,
+        recipient,
+    );
+    registry.add(
+        "secrets.create",
+        "Create a secret with its first version, generated here or sealed to the ingress recipient; answers metadata only",
+        Access::Admin,
+        create,
+    );
+    registry.add(
+        "secrets.rotate",
+        "Add a new immutable version (generated or sealed) to a secret, stating the version read",
+        Access::Admin,
+        rotate,
+    );
+    registry.add("secrets.revoke", "Revoke a secret; its versions stay as history", Access::Admin, revoke);
+    registry.add("secrets.list", "Secrets' metadata, all or one owner's, paged", Access::Admin, list);
+    registry.add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get);
+}
