@@ -426,6 +426,7 @@ async fn add_operator(state: &AppState) {
                     verifier: Some(verifier),
                     token_hash: None,
                     updated_at: at,
+                    token_expires_at: None,
                 };
                 crate::auth::insert_user(&tx, &crate::auth::new_id("user"), &user, &credential).await
             }
