@@ -78,11 +78,9 @@ fn invalid(reason: &str) -> Refusal {
         .with_data(json!({ "reason": reason }))
 }
 
-/// Open a sealed value sent for `target`. The plaintext is wiped when dropped.
+/// Open a sealed value sent to the keyring's ingress recipient for `target`. The plaintext is
+/// wiped when dropped.
 pub fn open(keyring: &Keyring, target: &str, input: &SealedInput) -> Result<Zeroizing<Vec<u8>>> {
-    if input.profile != PROFILE {
-        return Err(invalid("profile"));
-    }
     if input.recipient_id != keyring.ingress_id() {
         return Err(Refusal::new(
             "sealed-input-recipient-unknown",
@@ -90,12 +88,30 @@ pub fn open(keyring: &Keyring, target: &str, input: &SealedInput) -> Result<Zero
         )
         .with_data(json!({ "recipientId": keyring.ingress_id() })));
     }
+    open_with(keyring.ingress_public_key(), |ephemeral| keyring.ingress_agree(ephemeral), target, input)
+}
+
+/// Open a value sealed to `secret`'s public key (an agent opening its sealed manifest).
+pub fn open_as(secret: &x25519_dalek::StaticSecret, target: &str, input: &SealedInput) -> Result<Zeroizing<Vec<u8>>> {
+    let public = x25519_dalek::PublicKey::from(secret);
+    open_with(&public, |ephemeral| Zeroizing::new(*secret.diffie_hellman(ephemeral).as_bytes()), target, input)
+}
+
+fn open_with(
+    recipient: &x25519_dalek::PublicKey,
+    agree: impl FnOnce(&x25519_dalek::PublicKey) -> Zeroizing<[u8; 32]>,
+    target: &str,
+    input: &SealedInput,
+) -> Result<Zeroizing<Vec<u8>>> {
+    if input.profile != PROFILE {
+        return Err(invalid("profile"));
+    }
     let decode32 = |text: &str| -> Option<[u8; 32]> { B64.decode(text).ok()?.try_into().ok() };
     let ephemeral = decode32(&input.ephemeral_public_key).ok_or_else(|| invalid("ephemeral-public-key"))?;
     let nonce: [u8; 12] = B64.decode(&input.nonce).ok().and_then(|n| n.try_into().ok()).ok_or_else(|| invalid("nonce"))?;
     let ciphertext = B64.decode(&input.ciphertext).map_err(|_| invalid("ciphertext"))?;
-    let shared = keyring.ingress_agree(&x25519_dalek::PublicKey::from(ephemeral));
-    let key = content_key(&shared, &ephemeral, keyring.ingress_public_key().as_bytes());
+    let shared = agree(&x25519_dalek::PublicKey::from(ephemeral));
+    let key = content_key(&shared, &ephemeral, recipient.as_bytes());
     let cipher = Aes256Gcm::new_from_slice(key.as_slice()).map_err(Refusal::internal)?;
     cipher
         .decrypt(Nonce::from_slice(&nonce), Payload { msg: &ciphertext, aad: &aad(&input.recipient_id, target) })

@@ -24,7 +24,8 @@ pub async fn declare(store: &Store) -> Result<()> {
     store
         .declare(CollectionSpec::new(SECRETS).unique("by_owner_key", &["ownerRef", "key", "environment"]).index("by_owner", &["ownerRef"]))
         .await?;
-    store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await
+    store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await?;
+    super::manifests::declare(store).await
 }
 
 /// Who a secret belongs to.
@@ -99,6 +100,12 @@ pub struct RotateInput {
 pub struct RevokeInput {
     pub id: String,
     pub management_scope: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceRef {
+    pub service_id: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -270,7 +277,8 @@ fn material(keyring: &crate::keyring::Keyring, value: &Value, target: &str) -> R
     Ok((plaintext, source))
 }
 
-fn context(secret_id: &str, version_id: &str, secret: &Secret) -> MaterialContext {
+/// What a version's material is sealed for.
+pub(super) fn material_context(secret_id: &str, version_id: &str, secret: &Secret) -> MaterialContext {
     MaterialContext {
         purpose: PURPOSE.into(),
         secret_id: secret_id.into(),
@@ -305,6 +313,14 @@ async fn require_secret(tx: &Tx, id: &str) -> Result<(crate::store::Document, Se
     let doc = tx.get(SECRETS, id).await?.ok_or_else(|| not_found("secret", id))?;
     let secret = parse_secret(&doc)?;
     Ok((doc, secret))
+}
+
+/// A service's secrets changed: publish its next resolved manifest in the same transaction.
+async fn publish_manifest(tx: &Tx, secret: &Secret) -> Result<()> {
+    if let Owner::Service { service_id } = &secret.owner {
+        super::manifests::publish(tx, service_id).await?;
+    }
+    Ok(())
 }
 
 /// Every change's event: ids, owner and key — never a value.
@@ -356,7 +372,7 @@ async fn create(call: Call, input: CreateInput) -> Result<SecretView> {
                     )
                     .with_data(json!({ "id": taken.documents[0].id })));
                 }
-                let sealed = envelope::seal(&keyring, &context(secret_ref, version_ref, &secret), plaintext)?;
+                let sealed = envelope::seal(&keyring, &material_context(secret_ref, version_ref, &secret), plaintext)?;
                 let version = Version {
                     secret_id: secret_ref.clone(),
                     number: 1,
@@ -368,6 +384,7 @@ async fn create(call: Call, input: CreateInput) -> Result<SecretView> {
                 tx.insert(VERSIONS, version_ref, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
                 let doc = tx.insert(SECRETS, secret_ref, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
                 emit(&tx, "secret.created", secret_ref, event_data(secret_ref, &secret)).await?;
+                publish_manifest(&tx, &secret).await?;
                 Ok((doc.revision, secret))
             }
         })
@@ -405,7 +422,7 @@ async fn rotate(call: Call, input: RotateInput) -> Result<SecretView> {
                 secret.versions += 1;
                 secret.current_version_id = version_ref.clone();
                 secret.updated_at = at;
-                let sealed = envelope::seal(&keyring, &context(&input.id, version_ref, &secret), plaintext)?;
+                let sealed = envelope::seal(&keyring, &material_context(&input.id, version_ref, &secret), plaintext)?;
                 let version = Version {
                     secret_id: input.id.clone(),
                     number: secret.versions,
@@ -417,6 +434,7 @@ async fn rotate(call: Call, input: RotateInput) -> Result<SecretView> {
                 tx.insert(VERSIONS, version_ref, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
                 let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
                 emit(&tx, "secret.rotated", &input.id, event_data(&input.id, &secret)).await?;
+                publish_manifest(&tx, &secret).await?;
                 Ok((doc.revision, secret))
             }
         })
@@ -441,6 +459,7 @@ async fn revoke(call: Call, input: RevokeInput) -> Result<SecretView> {
             secret.updated_at = now();
             let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
             emit(&tx, "secret.revoked", &input.id, event_data(&input.id, &secret)).await?;
+            publish_manifest(&tx, &secret).await?;
             Ok((doc.revision, secret))
         })
         .await?;
@@ -511,7 +530,86 @@ pub async fn open_current(store: &Store, keyring: &crate::keyring::Keyring, id: 
             Ok((secret.clone(), secret.current_version_id.clone(), version))
         })
         .await?;
-    envelope::open(keyring, &context(id, &version_id, &secret), &version.envelope)
+    envelope::open(keyring, &material_context(id, &version_id, &secret), &version.envelope)
+}
+
+/// The most versions one `secrets.rewrap` call re-wraps.
+pub const MAX_REWRAP_PAGE: usize = 500;
+const DEFAULT_REWRAP_PAGE: usize = 100;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RewrapInput {
+    /// Continue after this version id (the `nextCursor` of the previous call).
+    pub cursor: Option<String>,
+    /// At most 500 versions per call (default 100).
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RewrapAnswer {
+    /// Versions whose data key this call re-wrapped under the active KEK.
+    pub rewrapped: u64,
+    /// Versions already under the active KEK (nothing written).
+    pub already_current: u64,
+    /// The KEK every version of this page is now wrapped by.
+    pub active_kek_id: String,
+    /// Pass back as `cursor` to continue; `null` when every version has been seen.
+    pub next_cursor: Option<String>,
+}
+
+/// Re-wrap one version's data key under the active KEK, in its own transaction, writing
+/// against the revision read there. Whether it was written; the material is never decrypted.
+async fn rewrap_version(store: &Store, keyring: &crate::keyring::Keyring, version_id: &str) -> Result<bool> {
+    store
+        .transact(|tx| async move {
+            let Some(doc) = tx.get(VERSIONS, version_id).await? else { return Ok(false) };
+            let mut version: Version = serde_json::from_value(doc.data.clone()).map_err(Refusal::internal)?;
+            if version.envelope.kek_id == keyring.active_kek_id() {
+                return Ok(false);
+            }
+            let (_, secret) = require_secret(&tx, &version.secret_id).await?;
+            let context = material_context(&version.secret_id, version_id, &secret);
+            let Some(moved) = envelope::rewrap(keyring, &context, &version.envelope).map_err(|mut refusal| {
+                // name the version that cannot move, so the operator can find it
+                let mut data = refusal.data.take().map(|d| *d).unwrap_or_else(|| json!({}));
+                if let Some(map) = data.as_object_mut() {
+                    map.insert("versionId".into(), json!(version_id));
+                    map.insert("secretId".into(), json!(version.secret_id));
+                }
+                refusal.with_data(data)
+            })?
+            else {
+                return Ok(false);
+            };
+            version.envelope = moved;
+            tx.replace(VERSIONS, version_id, doc.revision, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
+            Ok(true)
+        })
+        .await
+}
+
+/// `secrets.rewrap`: one page of versions (in id order after `cursor`), each re-wrapped under
+/// the active KEK in its own transaction. Resumable: call again with `nextCursor` until null.
+async fn rewrap(call: Call, input: RewrapInput) -> Result<RewrapAnswer> {
+    let limit = input.limit.unwrap_or(DEFAULT_REWRAP_PAGE);
+    if !(1..=MAX_REWRAP_PAGE).contains(&limit) {
+        return Err(Refusal::invalid_request(format!("limit is 1–{MAX_REWRAP_PAGE}")).with_data(json!({ "field": "limit" })));
+    }
+    let cursor = input.cursor.as_deref();
+    let page = call.state.store.transact(|tx| async move { tx.scan(VERSIONS, cursor, limit).await }).await?;
+    let keyring = &call.state.keyring;
+    let (mut rewrapped, mut already_current) = (0u64, 0u64);
+    for doc in &page.documents {
+        if rewrap_version(&call.state.store, keyring, &doc.id).await? {
+            rewrapped += 1;
+        } else {
+            already_current += 1;
+        }
+    }
+    tracing::info!(rewrapped, already_current, kek = %keyring.active_kek_id(), more = page.next_cursor.is_some(), "secret versions re-wrapped");
+    Ok(RewrapAnswer { rewrapped, already_current, active_kek_id: keyring.active_kek_id().into(), next_cursor: page.next_cursor })
 }
 
 pub fn register(registry: &mut Registry) {
@@ -534,6 +632,131 @@ pub fn register(registry: &mut Registry) {
         rotate,
     );
     registry.add("secrets.revoke", "Revoke a secret; its versions stay as history", Access::Admin, revoke);
+    registry.add(
+        "secrets.getManifest",
+        "A service's newest resolved manifest: which secret version each key resolves to (value-free)",
+        Access::Admin,
+        |call: Call, input: ServiceRef| async move { super::manifests::current(&call.state.store, &input.service_id).await },
+    );
     registry.add("secrets.list", "Secrets' metadata, all or one owner's, paged", Access::Admin, list);
     registry.add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get);
+    registry.add(
+        "secrets.rewrap",
+        "Re-wrap up to `limit` versions' data keys under the active KEK (never decrypting the material); resumable by cursor",
+        Access::Admin,
+        rewrap,
+    );
+}
+
+#[cfg(test)]
+mod rewrap_tests {
+    use super::*;
+    use crate::api::{Call, test_state};
+    use serde_json::Value;
+    use std::sync::Arc;
+
+    const PLANTED: &str = "hunter2-planted-rewrap-value";
+
+    async fn call(state: &crate::api::AppState, admin: &crate::auth::Identity, method: &str, body: Value) -> Result<Value> {
+        let m = state.methods.get(method).unwrap();
+        let result = m.call(Call { state: state.clone(), identity: Some(admin.clone()), source: None }, body).await;
+        let shown = match &result {
+            Ok(v) => v.to_string(),
+            Err(e) => format!("{} {} {:?} {:?}", e.code, e.message, e.data, e.detail),
+        };
+        assert!(!shown.contains(PLANTED), "{method} showed the value: {shown}");
+        result
+    }
+
+    async fn all_versions(store: &Store) -> Vec<(String, Version)> {
+        store
+            .transact(|tx| async move { tx.scan(VERSIONS, None, 1000).await })
+            .await
+            .unwrap()
+            .documents
+            .into_iter()
+            .map(|d| (d.id, serde_json::from_value(d.data).unwrap()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn rewrap_moves_every_version_to_the_new_kek_in_resumable_pages_and_all_still_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = test_state(dir.path()).await;
+        crate::auth::bootstrap_admin(&state.store, "admin", "a-long-enough-admin-password").await.unwrap();
+        let answer = state.auth.login("admin", "a-long-enough-admin-password", None).await.unwrap();
+        let admin = state.auth.authenticate(&answer.token).await.unwrap();
+        let org = call(&state, &admin, "organizations.create", json!({"name": "acme"})).await.unwrap();
+        let svc =
+            call(&state, &admin, "services.create", json!({"name": "web", "organizationId": org["id"], "image": "nginx"})).await.unwrap();
+        let owner_ref = format!("service:{}", svc["id"].as_str().unwrap());
+        let sealed = ingress::seal_to(
+            state.keyring.ingress_id(),
+            state.keyring.ingress_public_key(),
+            &ingress::target("secrets.create", &owner_ref, "DB_PASSWORD"),
+            PLANTED.as_bytes(),
+        );
+        let owner = json!({"kind": "service", "serviceId": svc["id"]});
+        let db = call(&state, &admin, "secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": sealed}}))
+            .await
+            .unwrap();
+        let generate = json!({"generate": {"length": 24, "alphabet": "hex"}});
+        let api = call(&state, &admin, "secrets.create", json!({"owner": owner, "key": "API_TOKEN", "value": generate})).await.unwrap();
+        call(&state, &admin, "secrets.rotate", json!({"id": api["id"], "expectedVersionId": api["currentVersionId"], "value": generate}))
+            .await
+            .unwrap();
+        let system = json!({"kind": "system", "systemId": "gateway"});
+        let gateway =
+            call(&state, &admin, "secrets.create", json!({"owner": system, "key": "GATEWAY_TOKEN", "value": generate})).await.unwrap();
+        call(&state, &admin, "secrets.revoke", json!({"id": gateway["id"]})).await.unwrap();
+        let old_kek = state.keyring.active_kek_id().to_string();
+        let before = all_versions(&state.store).await;
+        assert_eq!(before.len(), 4);
+        assert!(before.iter().all(|(_, v)| v.envelope.kek_id == old_kek));
+
+        // nothing to move while the sealing KEK is the active one
+        let idle = call(&state, &admin, "secrets.rewrap", json!({})).await.unwrap();
+        assert_eq!(idle, json!({"rewrapped": 0, "alreadyCurrent": 4, "activeKekId": old_kek, "nextCursor": null}));
+
+        // the keyring rotates (as `capstan keyring rotate` and a restart do)
+        state.keyring = Arc::new(state.keyring.with_new_active_kek(Some("kek-rotated")).unwrap());
+        assert_eq!(&**open_current(&state.store, &state.keyring, db["id"].as_str().unwrap()).await.unwrap(), PLANTED.as_bytes());
+
+        // pages of 3: resumable by cursor until it is null
+        let (mut cursor, mut rewrapped, mut pages) = (Value::Null, 0, 0);
+        loop {
+            let page = call(&state, &admin, "secrets.rewrap", json!({"cursor": cursor, "limit": 3})).await.unwrap();
+            assert_eq!(page["activeKekId"], "kek-rotated");
+            rewrapped += page["rewrapped"].as_u64().unwrap();
+            pages += 1;
+            cursor = page["nextCursor"].clone();
+            if cursor.is_null() {
+                break;
+            }
+        }
+        assert_eq!((rewrapped, pages), (4, 2));
+
+        let after = all_versions(&state.store).await;
+        for ((id, old), (_, new)) in before.iter().zip(&after) {
+            assert_eq!(new.envelope.kek_id, "kek-rotated", "{id}");
+            assert_eq!(new.envelope.ciphertext, old.envelope.ciphertext, "the material itself is not touched");
+            let doc = state.store.transact(|tx| async move { require_secret(&tx, &new.secret_id).await }).await.unwrap().1;
+            let opened = envelope::open(&state.keyring, &material_context(&new.secret_id, id, &doc), &new.envelope).unwrap();
+            let was = envelope::open(&state.keyring, &material_context(&old.secret_id, id, &doc), &old.envelope).unwrap();
+            assert_eq!(opened, was, "{id} still opens to the same value");
+        }
+        assert_eq!(&**open_current(&state.store, &state.keyring, db["id"].as_str().unwrap()).await.unwrap(), PLANTED.as_bytes());
+        let detail = call(&state, &admin, "secrets.get", json!({"id": api["id"]})).await.unwrap();
+        assert!(detail["versionHistory"].as_array().unwrap().iter().all(|v| v["kekId"] == "kek-rotated"), "{detail}");
+
+        // a second pass finds everything current and writes nothing
+        let again = call(&state, &admin, "secrets.rewrap", json!({"limit": 500})).await.unwrap();
+        assert_eq!((again["rewrapped"].as_u64(), again["alreadyCurrent"].as_u64()), (Some(0), Some(4)));
+        for limit in [0, 501] {
+            let err = call(&state, &admin, "secrets.rewrap", json!({"limit": limit})).await.unwrap_err();
+            assert_eq!(err.code, "invalid-request");
+        }
+        let err = call(&state, &admin, "secrets.rewrap", json!({"extra": PLANTED})).await.unwrap_err();
+        assert_eq!(err.code, "invalid-request");
+    }
 }

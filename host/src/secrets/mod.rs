@@ -4,6 +4,7 @@
 
 pub mod envelope;
 pub mod ingress;
+pub mod manifests;
 pub mod methods;
 
 #[cfg(test)]

@@ -129,7 +129,17 @@ async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
         .map(|e| e.kind)
         .filter(|k| k.starts_with("secret."))
         .collect();
-    assert_eq!(kinds, ["secret.created", "secret.rotated", "secret.revoked"]);
+    assert_eq!(
+        kinds,
+        [
+            "secret.created",
+            "secret.manifestPublished",
+            "secret.rotated",
+            "secret.manifestPublished",
+            "secret.revoked",
+            "secret.manifestPublished"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -231,4 +241,54 @@ async fn a_stored_envelope_moved_to_another_secret_does_not_open() {
     let err = super::methods::open_current(&w.state.store, &w.state.keyring, b["id"].as_str().unwrap()).await.unwrap_err();
     assert_eq!(err.code, "material-not-readable");
     assert!(envelope::PROFILE.starts_with("capstan-envelope"));
+}
+
+#[tokio::test]
+async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_copy() {
+    let w = World::new().await;
+    let svc = w.service().await;
+    let owner = json!({"kind": "service", "serviceId": svc});
+    let owner_ref = format!("service:{svc}");
+    let db = w
+        .call("secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": w.sealed("secrets.create", &owner_ref, "DB_PASSWORD", PLANTED)}}))
+        .await
+        .unwrap();
+    let api = w
+        .call("secrets.create", json!({"owner": owner, "key": "API_TOKEN", "value": {"generate": {"length": 20, "alphabet": "hex"}}}))
+        .await
+        .unwrap();
+    let manifest = w.call("secrets.getManifest", json!({"serviceId": svc})).await.unwrap();
+    assert_eq!(manifest["number"], 2, "one manifest per change: {manifest}");
+    assert_eq!(manifest["entries"]["production"]["DB_PASSWORD"]["versionId"], db["currentVersionId"]);
+    assert_eq!(manifest["entries"]["production"]["API_TOKEN"]["secretId"], api["id"]);
+
+    // a revocation resolves differently: a new manifest without the key; revoking again publishes nothing
+    w.call("secrets.revoke", json!({"id": api["id"]})).await.unwrap();
+    w.call("secrets.revoke", json!({"id": api["id"]})).await.unwrap();
+    let manifest = w.call("secrets.getManifest", json!({"serviceId": svc})).await.unwrap();
+    assert_eq!(manifest["number"], 3);
+    assert!(manifest["entries"]["production"].get("API_TOKEN").is_none());
+    let published = crate::events::read_after(&w.state.store, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "secret.manifestPublished")
+        .count();
+    assert_eq!(published, 3);
+
+    // the agent's copy opens with its own key, for this manifest and key only
+    let agent = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
+    let current = super::manifests::current(&w.state.store, &svc).await.unwrap().unwrap();
+    let sealed =
+        super::manifests::seal_for_agent(&w.state.store, &w.state.keyring, &current, "agent-1", &x25519_dalek::PublicKey::from(&agent))
+            .await
+            .unwrap();
+    assert!(!serde_json::to_string(&sealed).unwrap().contains(PLANTED));
+    let value = &sealed.values["production"]["DB_PASSWORD"];
+    let target = super::manifests::agent_target(&svc, 3, "production", "DB_PASSWORD");
+    assert_eq!(&**ingress::open_as(&agent, &target, value).unwrap(), PLANTED.as_bytes());
+    let older = super::manifests::agent_target(&svc, 2, "production", "DB_PASSWORD");
+    assert_eq!(ingress::open_as(&agent, &older, value).unwrap_err().code, "sealed-input-invalid");
+    let stranger = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
+    assert_eq!(ingress::open_as(&stranger, &target, value).unwrap_err().code, "sealed-input-invalid");
 }
