@@ -28,9 +28,12 @@ fn versions(c: &mut Criterion) {
     for size in [32usize, 4096, 65536] {
         let value = vec![b'x'; size];
         group.throughput(Throughput::Bytes(size as u64));
-        group.bench_with_input(BenchmarkId::new("seal", size), &value, |b, value| b.iter(|| envelope::seal(&keyring, &ctx, value).unwrap()));
+        group
+            .bench_with_input(BenchmarkId::new("seal", size), &value, |b, value| b.iter(|| envelope::seal(&keyring, &ctx, value).unwrap()));
         let sealed = envelope::seal(&keyring, &ctx, &value).unwrap();
-        group.bench_with_input(BenchmarkId::new("open", size), &sealed, |b, sealed| b.iter(|| envelope::open(&keyring, &ctx, sealed).unwrap()));
+        group.bench_with_input(BenchmarkId::new("open", size), &sealed, |b, sealed| {
+            b.iter(|| envelope::open(&keyring, &ctx, sealed).unwrap())
+        });
         group.bench_with_input(BenchmarkId::new("seal+open", size), &value, |b, value| {
             b.iter(|| {
                 let sealed = envelope::seal(&keyring, &ctx, value).unwrap();

@@ -2,7 +2,9 @@
 //! with a wrong and then the right password, read the overview, open the Fleet view and find
 //! this node in it; create an organization, a service and a cluster through the forms (the
 //! cluster's token shown once), edit and delete the service through its confirmation, see the
-//! lists update live after changes made through the HTTP API, log out.
+//! lists update live after changes made through the HTTP API; run `host.cleanup` from the Tasks
+//! view and watch its execution end, disable it (confirmed) and see Run now refused, enable it
+//! again; log out.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`/usr/bin/chromium`, `/usr/bin/chromedriver`).
 //! Without them the test prints why and passes, unless `CAPSTAN_TEST_REQUIRE_BROWSER=1`
@@ -28,6 +30,8 @@ const LOGIN_SCREENSHOT_COPY: &str = "/tmp/capstan-login.png";
 const FLEET_SCREENSHOT_COPY: &str = "/tmp/capstan-fleet.png";
 const SERVICES_SCREENSHOT_COPY: &str = "/tmp/capstan-services.png";
 const CLUSTERS_SCREENSHOT_COPY: &str = "/tmp/capstan-clusters.png";
+const TASKS_SCREENSHOT_COPY: &str = "/tmp/capstan-tasks.png";
+const TASK_SCREENSHOT_COPY: &str = "/tmp/capstan-task.png";
 /// How long the scenario waits for an element (a page, a live update) before failing.
 const ELEMENT_WAIT: Duration = Duration::from_secs(30);
 /// How long the whole browser scenario may take.
@@ -301,10 +305,11 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     assert_eq!(inline_styles, json!(0), "no inline styles on the page");
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
-    // sections not built yet are not links; the overview, the fleet and the plugins are
+    // sections not built yet are not links; the overview, fleet, clusters, services, plugins,
+    // tasks and settings are
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
     assert_eq!(disabled.len(), 5);
-    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 6);
+    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 7);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -332,6 +337,7 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     services_view(client, server, &api, dir).await;
     clusters_view(client, &api, dir).await;
     settings_view(client).await;
+    tasks_view(client, dir).await;
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();
@@ -546,4 +552,57 @@ async fn settings_view(client: &Client) {
     click(client, "#settings-submit").await;
     assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Settings saved");
     assert_eq!(text_of(client, "#settings-revision").await, "1");
+}
+
+/// The Tasks view: `host.cleanup` run by hand, its execution followed to `succeeded` with a
+/// duration and a log; disabled through its confirmation, Run now refused `task-disabled`,
+/// enabled again.
+async fn tasks_view(client: &Client, dir: &Path) {
+    click(client, r#"a.nav-item[href="/tasks"]"#).await;
+    wait_for(client, r#"tr[data-task="host.cleanup"][data-enabled="true"]"#).await;
+    assert_eq!(client.title().await.unwrap(), "Tasks · Capstan");
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Tasks");
+    wait_for(client, r#"tr[data-task="host.reap-expired-sessions"]"#).await;
+    let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+    assert_eq!(inline_styles, json!(0), "no inline styles on the tasks page");
+
+    // Run now: the task's page, with the execution; it ends on its own and the page follows
+    click(client, r#"tr[data-task="host.cleanup"] button[data-action="run"]"#).await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Task started");
+    assert_eq!(path_of(client).await, "/tasks/host.cleanup");
+    let run = r#"#executions tbody.execution[data-status="succeeded"]"#;
+    wait_for(client, run).await;
+    wait_for(client, r#"#task-panel[data-refreshing="false"]"#).await;
+    let duration = text_of(client, &format!("{run} .execution-duration")).await;
+    assert!(duration.ends_with(" ms") || duration.ends_with(" s"), "the execution shows its duration: {duration:?}");
+    assert!(text_of(client, &format!("{run} tr:first-child")).await.contains("manual"), "triggered by hand");
+    assert!(text_of(client, "#task-last").await.starts_with("succeeded"), "{}", text_of(client, "#task-last").await);
+    // the log tail opens in place
+    click(client, &format!("{run} details.log summary")).await;
+    let log = text_of(client, &format!("{run} pre.log-tail")).await;
+    assert!(!log.trim().is_empty(), "the log tail shows what the run wrote");
+    client.execute("document.querySelector('#executions').scrollIntoView()", vec![]).await.unwrap();
+    let shot = client.screenshot().await.expect("a screenshot of the task's page");
+    save_screenshot(&shot, dir, "task.png", TASK_SCREENSHOT_COPY);
+
+    // disable (confirmed on a page of its own), then Run now is refused by name
+    click(client, "#task-disable").await;
+    wait_for(client, "#disable-form").await;
+    assert!(text_of(client, "#confirm-title").await.contains("host.cleanup"));
+    click(client, "#disable-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Task disabled");
+    wait_for(client, r#"#task-enabled[data-enabled="false"]"#).await;
+    click(client, "#task-run").await;
+    let flash = wait_for(client, "#flash.banner-error").await;
+    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("task-disabled"));
+    assert!(text_of(client, "#flash").await.contains("Enable it first"), "{}", text_of(client, "#flash").await);
+
+    // enabled again; the list says so too
+    click(client, "#task-enable").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Task enabled");
+    wait_for(client, r#"#task-enabled[data-enabled="true"]"#).await;
+    click(client, r#"nav.breadcrumbs a[href="/tasks"]"#).await;
+    wait_for(client, r#"tr[data-task="host.cleanup"][data-enabled="true"] .task-last [data-status="succeeded"]"#).await;
+    let shot = client.screenshot().await.expect("a screenshot of the tasks view");
+    save_screenshot(&shot, dir, "tasks.png", TASKS_SCREENSHOT_COPY);
 }

@@ -1,7 +1,8 @@
 //! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
 //! nodes, administrators only), `/clusters`, `/services` (with organizations) and `/settings`
 //! (the inventory, through the same methods as the API, updated live from the event outbox),
-//! `/plugins` (installed plugins and their lifecycle, administrators only), `/login` and
+//! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
+//! scheduler's tasks and their executions, through the `tasks.*` methods), `/login` and
 //! `/logout`, from the templates in
 //! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
 //! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
@@ -22,6 +23,7 @@ mod live;
 mod plugins;
 mod services;
 mod settings;
+mod tasks;
 
 use crate::api::AppState;
 use crate::api::system::{StatusReport, status_report};
@@ -77,6 +79,14 @@ pub fn router() -> Router<AppState> {
         .route("/settings", get(settings::page))
         .route("/settings/panel", get(settings::panel))
         .route("/settings/update", post(settings::update))
+        .route("/tasks", get(tasks::page))
+        .route("/tasks/panel", get(tasks::panel))
+        .route("/tasks/{id}", get(tasks::detail))
+        .route("/tasks/{id}/panel", get(tasks::detail_panel))
+        .route("/tasks/{id}/run", post(tasks::run))
+        .route("/tasks/{id}/disable", get(tasks::confirm_disable).post(tasks::disable))
+        .route("/tasks/{id}/enable", post(tasks::enable))
+        .route("/tasks/{id}/cancel", post(tasks::cancel))
         .route("/live/wait", get(live::wait))
         .route("/plugins", get(plugins::page))
         // a bundle may be up to 64 MiB: this route alone reads more than a form
@@ -126,6 +136,11 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("service_panel.html", include_str!("../../../dashboard/templates/service_panel.html")),
     ("settings.html", include_str!("../../../dashboard/templates/settings.html")),
     ("settings_panel.html", include_str!("../../../dashboard/templates/settings_panel.html")),
+    ("tasks.html", include_str!("../../../dashboard/templates/tasks.html")),
+    ("tasks_panel.html", include_str!("../../../dashboard/templates/tasks_panel.html")),
+    ("task.html", include_str!("../../../dashboard/templates/task.html")),
+    ("task_panel.html", include_str!("../../../dashboard/templates/task_panel.html")),
+    ("task_disable.html", include_str!("../../../dashboard/templates/task_disable.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -357,6 +372,7 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Mail", "mail", None),
     ("Ingress", "ingress", None),
     ("Plugins", "plugins", Some("/plugins")),
+    ("Tasks", "tasks", Some("/tasks")),
     ("Settings", "settings", Some("/settings")),
 ];
 

@@ -200,7 +200,7 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     for section in ["Secrets", "Apps", "Backups", "Mail", "Ingress"] {
         assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
     }
-    for path in ["clusters", "services", "settings"] {
+    for path in ["clusters", "services", "tasks", "settings"] {
         assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
     }
     assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
@@ -1375,4 +1375,243 @@ async fn inventory_posts_from_another_origin_are_refused() {
     let clusters = method(&state, &cookie, "clusters.list", serde_json::json!({})).await;
     let orgs = method(&state, &cookie, "organizations.list", serde_json::json!({})).await;
     assert!(clusters["items"].as_array().unwrap().is_empty() && orgs["items"].as_array().unwrap().is_empty(), "nothing was created");
+}
+
+// ---------------------------------------------------------------------------------------
+// The Tasks view
+
+/// The host tasks `capstan serve` registers besides `host.cleanup` (which every scheduler
+/// has): the session reaper, and `host.slow`, a run that goes on until it is cancelled.
+fn register_tasks(state: &AppState) {
+    let scheduler = state.scheduler.as_ref().expect("the test state has a scheduler");
+    let store = state.store.clone();
+    scheduler
+        .register(crate::scheduler::HostTask::new("host.reap-expired-sessions", "Remove expired sessions", "*/5 * * * *", move |log| {
+            let store = store.clone();
+            async move {
+                let reaped = crate::auth::reap_expired_sessions(&store).await?;
+                log.line(format!("removed {reaped} expired sessions"));
+                Ok(())
+            }
+        }))
+        .unwrap();
+    scheduler
+        .register(crate::scheduler::HostTask::new("host.slow", "Take a while", "0 3 * * *", |log| async move {
+            log.line("started; waiting to be cancelled");
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            Ok(())
+        }))
+        .unwrap();
+}
+
+/// The execution `id` once it has ended (polled through the method).
+async fn ended_execution(state: &AppState, cookie: &str, id: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let execution = method(state, cookie, "tasks.getExecution", serde_json::json!({ "id": id })).await;
+        if execution["status"] != "running" {
+            return execution;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "execution {id} should end: {execution}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The newest execution of `task`.
+async fn newest_execution(state: &AppState, cookie: &str, task: &str) -> serde_json::Value {
+    let page = method(state, cookie, "tasks.listExecutions", serde_json::json!({ "taskId": task, "limit": 1 })).await;
+    page["executions"][0].clone()
+}
+
+#[tokio::test]
+async fn the_tasks_view_needs_a_session_and_lists_every_task() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    for path in ["/tasks", "/tasks/panel", "/tasks/host.cleanup", "/tasks/host.cleanup/panel", "/tasks/host.cleanup/disable"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    let mut request = get("/tasks/panel", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/tasks", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /tasks");
+    let body = &page.body;
+    assert!(body.contains("<title>Tasks · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"href="&#x2f;tasks" aria-current="page""#), "the rail links and marks Tasks: {body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    for (task, title, cron) in
+        [("host.cleanup", "Clean up history", "0 * * * *"), ("host.reap-expired-sessions", "Remove expired sessions", "*&#x2f;5 * * * *")]
+    {
+        let row = format!(r#"<tr data-task="{task}" data-enabled="true" data-running="false">"#);
+        assert!(body.contains(&row), "{task}: {body}");
+        assert!(body.contains(&format!(r#"href="&#x2f;tasks&#x2f;{task}">{task}</a>"#)), "{task} links to its page: {body}");
+        assert!(body.contains(cron), "{task}'s schedule: {body}");
+        assert!(body.contains(&format!(r#"<span class="muted small">{title}</span>"#)), "{task}'s title: {body}");
+    }
+    assert!(body.contains("never run") && body.contains(r#"data-action="run""#) && body.contains(r#"data-action="disable""#), "{body}");
+    // nothing runs: the list does not refresh itself
+    assert!(body.contains(r#"id="tasks-panel" aria-labelledby="tasks-title" data-refreshing="false">"#), "{body}");
+    assert!(!body.contains("every 2s"), "{body}");
+
+    // the detail of a task that was never run
+    let detail = send(&state, get("/tasks/host.reap-expired-sessions", Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(detail.body.contains("<title>Task host.reap-expired-sessions · Capstan</title>"), "{}", detail.body);
+    assert!(detail.body.contains(r#"id="executions-empty""#) && detail.body.contains(r#"id="task-run""#), "{}", detail.body);
+    assert!(!detail.body.contains("every 2s"), "{}", detail.body);
+    // an unknown task is the method's refusal, by name
+    let missing = send(&state, get("/tasks/host.nothing", Some(&cookie))).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert!(missing.body.contains(r#"id="task-error" data-code="task-not-found""#), "{}", missing.body);
+}
+
+#[tokio::test]
+async fn run_now_shows_the_execution_and_its_outcome() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    let cookie = login_cookie(&state).await;
+    let answer = submit(&state, "/tasks/host.cleanup/run", &[("from", "list")], &cookie).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/tasks/host.cleanup?done=started")), "{}", answer.body);
+    let execution = newest_execution(&state, &cookie, "host.cleanup").await;
+    let id = execution["id"].as_str().unwrap().to_string();
+    assert_eq!(execution["trigger"], "manual");
+    let detail = send(&state, get("/tasks/host.cleanup?done=started", Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(detail.body.contains("Task started"), "{}", detail.body);
+    assert!(detail.body.contains(&format!(r#"data-execution="{id}""#)), "the run is on the task's page: {}", detail.body);
+
+    // once it ended: succeeded, with its duration, node and log
+    let done = ended_execution(&state, &cookie, &id).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let detail = send(&state, get("/tasks/host.cleanup", Some(&cookie))).await;
+    let body = &detail.body;
+    assert!(body.contains(&format!(r#"<tbody class="execution" data-execution="{id}" data-status="succeeded">"#)), "{body}");
+    assert!(body.contains(&tasks::duration(done["durationMs"].as_u64().unwrap())), "the duration is shown: {body}");
+    assert!(body.contains(r#"<td class="execution-node"><span class="mono">test-node</span>"#), "{body}");
+    assert!(body.contains(r#"<span class="muted small">by you</span>"#), "{body}");
+    assert!(body.contains(r#"<pre class="log-tail">"#), "the log tail is there to expand: {body}");
+    for line in done["log"].as_array().unwrap() {
+        assert!(body.contains(&escaped(line.as_str().unwrap())), "{line}: {body}");
+    }
+    assert!(!body.contains("every 2s") && !body.contains("execution-cancel"), "nothing runs: {body}");
+    let list = send(&state, get("/tasks", Some(&cookie))).await;
+    assert!(list.body.contains(r#"data-status="succeeded">succeeded</span>"#), "the list shows the last run: {}", list.body);
+}
+
+#[tokio::test]
+async fn a_disabled_task_is_refused_on_run_now_until_enabled_again() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    let cookie = login_cookie(&state).await;
+    // disabling asks first, and says what it means
+    let confirm = send(&state, get("/tasks/host.cleanup/disable?from=list", Some(&cookie))).await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(confirm.body.contains(r#"id="disable-form""#) && confirm.body.contains("task-disabled"), "{}", confirm.body);
+    assert!(confirm.body.contains(r#"name="from" value="list""#), "{}", confirm.body);
+    let answer = submit(&state, "/tasks/host.cleanup/disable", &[("from", "list")], &cookie).await;
+    assert_eq!(answer.location(), Some("/tasks?done=disabled&task=host.cleanup"), "{}", answer.body);
+    let list = send(&state, get("/tasks?done=disabled&task=host.cleanup", Some(&cookie))).await;
+    assert!(list.body.contains("Task host.cleanup disabled"), "{}", list.body);
+    assert!(list.body.contains(r#"<tr data-task="host.cleanup" data-enabled="false""#), "{}", list.body);
+    assert!(list.body.contains(r#"data-action="enable""#), "{}", list.body);
+    // a crafted link cannot put words in the banner
+    let crafted = send(&state, get("/tasks?done=disabled&task=Pay%20now", Some(&cookie))).await;
+    assert!(crafted.body.contains("Task disabled") && !crafted.body.contains("Pay now"), "{}", crafted.body);
+
+    // Run now: the method's refusal, by code, on the page the form was on
+    let refused = submit(&state, "/tasks/host.cleanup/run", &[("from", "list")], &cookie).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
+    assert!(refused.body.contains(r#"id="flash" data-code="task-disabled""#), "{}", refused.body);
+    assert!(refused.body.contains(r#"id="tasks-panel""#), "the list again: {}", refused.body);
+    let refused = submit(&state, "/tasks/host.cleanup/run", &[("from", "task")], &cookie).await;
+    assert!(refused.body.contains(r#"id="flash" data-code="task-disabled""#), "{}", refused.body);
+    assert!(refused.body.contains(r#"id="task-enabled" data-enabled="false""#), "the task's page again: {}", refused.body);
+    let record = method(&state, &cookie, "tasks.get", serde_json::json!({ "id": "host.cleanup" })).await;
+    assert!(record["recentExecutions"].as_array().unwrap().is_empty(), "nothing ran: {record}");
+
+    // enabled again from its page: it runs
+    let answer = submit(&state, "/tasks/host.cleanup/enable", &[("from", "task")], &cookie).await;
+    assert_eq!(answer.location(), Some("/tasks/host.cleanup?done=enabled"), "{}", answer.body);
+    let detail = send(&state, get("/tasks/host.cleanup?done=enabled", Some(&cookie))).await;
+    assert!(detail.body.contains("Task enabled") && detail.body.contains(r#"data-enabled="true""#), "{}", detail.body);
+    let answer = submit(&state, "/tasks/host.cleanup/run", &[("from", "task")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+}
+
+#[tokio::test]
+async fn a_running_execution_refreshes_its_panels_and_can_be_cancelled() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    let cookie = login_cookie(&state).await;
+    let answer = submit(&state, "/tasks/host.slow/run", &[("from", "task")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let id = newest_execution(&state, &cookie, "host.slow").await["id"].as_str().unwrap().to_string();
+
+    // while it runs, both panels re-fetch themselves every 2 s, and it can be cancelled
+    let detail = send(&state, get("/tasks/host.slow", Some(&cookie))).await;
+    let body = &detail.body;
+    assert!(body.contains(&format!(r#"data-execution="{id}" data-status="running""#)), "{body}");
+    assert!(body.contains(r#"hx-get="&#x2f;tasks&#x2f;host.slow&#x2f;panel" hx-trigger="every 2s""#), "{body}");
+    assert!(body.contains(&format!(r#"name="executionId" value="{id}""#)) && body.contains("execution-cancel"), "{body}");
+    assert!(body.contains("so far"), "a running execution's duration so far: {body}");
+    let list = send(&state, get("/tasks", Some(&cookie))).await;
+    assert!(list.body.contains(r#"data-refreshing="true" hx-get="/tasks/panel" hx-trigger="every 2s""#), "{}", list.body);
+    assert!(list.body.contains(r#"<tr data-task="host.slow" data-enabled="true" data-running="true">"#), "{}", list.body);
+    let panel = send(&state, get("/tasks/host.slow/panel", Some(&cookie))).await;
+    assert!(panel.body.trim_start().starts_with(r#"<div class="stack" id="task-panel""#), "{}", panel.body);
+    assert!(panel.body.contains("every 2s"), "{}", panel.body);
+
+    // one at a time
+    let busy = submit(&state, "/tasks/host.slow/run", &[("from", "list")], &cookie).await;
+    assert!(busy.body.contains(r#"id="flash" data-code="task-running""#), "{}", busy.body);
+
+    let answer = submit(&state, "/tasks/host.slow/cancel", &[("executionId", &id)], &cookie).await;
+    assert_eq!(answer.location(), Some("/tasks/host.slow?done=cancel-requested"), "{}", answer.body);
+    let done = ended_execution(&state, &cookie, &id).await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    // nothing runs any more: the panels stop refreshing
+    let panel = send(&state, get("/tasks/host.slow/panel", Some(&cookie))).await;
+    assert!(panel.body.contains(r#"data-status="cancelled""#) && !panel.body.contains("every 2s"), "{}", panel.body);
+    let list = send(&state, get("/tasks/panel", Some(&cookie))).await;
+    assert!(!list.body.contains("every 2s"), "{}", list.body);
+    // cancelling again is the method's refusal
+    let again = submit(&state, "/tasks/host.slow/cancel", &[("executionId", &id)], &cookie).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    assert!(again.body.contains(r#"id="flash" data-code="execution-not-running""#), "{}", again.body);
+}
+
+#[tokio::test]
+async fn the_tasks_view_shows_an_operator_forbidden() {
+    let (_dir, state) = setup().await;
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get("/tasks", Some(&operator))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="tasks-error" data-code="forbidden""#), "{}", page.body);
+    assert!(!page.body.contains("data-task="), "{}", page.body);
+    let detail = send(&state, get("/tasks/host.cleanup", Some(&operator))).await;
+    assert_eq!(detail.status, StatusCode::FORBIDDEN, "{}", detail.body);
+    assert!(detail.body.contains(r#"id="task-error" data-code="forbidden""#), "{}", detail.body);
+    let answer = submit(&state, "/tasks/host.cleanup/run", &[("from", "list")], &operator).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="forbidden""#), "{}", answer.body);
+    let answer = submit(&state, "/tasks/host.cleanup/disable", &[("from", "list")], &operator).await;
+    assert!(answer.body.contains(r#"data-code="forbidden""#), "{}", answer.body);
+    // and the posts from another site are refused before anything
+    let cookie = login_cookie(&state).await;
+    for path in ["/tasks/host.cleanup/run", "/tasks/host.cleanup/disable", "/tasks/host.cleanup/enable", "/tasks/host.cleanup/cancel"] {
+        let answer = send(&state, post_form(path, "from=list&executionId=x", Some(&cookie), Some("https://evil.example"))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+        assert!(answer.body.contains("Request refused"), "{}", answer.body);
+    }
+    let tasks = method(&state, &cookie, "tasks.list", serde_json::json!({})).await;
+    let cleanup = tasks["tasks"].as_array().unwrap().iter().find(|t| t["id"] == "host.cleanup").unwrap().clone();
+    assert_eq!((cleanup["enabled"].as_bool(), cleanup["lastExecution"].is_null()), (Some(true), true), "nothing was done: {cleanup}");
 }
