@@ -15,7 +15,7 @@ pub mod settings;
 pub mod validate;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::api::methods::Registry;
 use crate::refusal::{Refusal, Result};

@@ -7,14 +7,16 @@ use serde_json::{Value, json};
 
 const PASSWORD: &str = "a-long-enough-admin-password";
 
-struct World {
+/// A host on a fresh embedded store with a logged-in administrator (shared by other
+/// subsystems' tests).
+pub(crate) struct World {
     _dir: tempfile::TempDir,
-    state: AppState,
-    admin: Identity,
+    pub(crate) state: AppState,
+    pub(crate) admin: Identity,
 }
 
 impl World {
-    async fn new() -> World {
+    pub(crate) async fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let state = test_state(dir.path()).await;
         crate::auth::bootstrap_admin(&state.store, "admin", PASSWORD).await.unwrap();
@@ -23,7 +25,7 @@ impl World {
         World { _dir: dir, state, admin }
     }
 
-    async fn call(&self, who: &Identity, method: &str, body: Value) -> Result<Value, Refusal> {
+    pub(crate) async fn call(&self, who: &Identity, method: &str, body: Value) -> Result<Value, Refusal> {
         let m = self.state.methods.get(method).unwrap_or_else(|| panic!("{method} is registered"));
         m.call(Call { state: self.state.clone(), identity: Some(who.clone()), source: None }, body).await
     }

@@ -3,32 +3,22 @@
 
 use super::envelope;
 use super::ingress::{self, seal_to};
-use crate::api::{AppState, Call, test_state};
-use crate::auth::Identity;
 use crate::refusal::Refusal;
 use serde_json::{Value, json};
 
 const PLANTED: &str = "hunter2-planted-secret-value";
 
 struct World {
-    _dir: tempfile::TempDir,
-    state: AppState,
-    admin: Identity,
+    host: crate::inventory::tests::World,
 }
 
 impl World {
     async fn new() -> World {
-        let dir = tempfile::tempdir().unwrap();
-        let state = test_state(dir.path()).await;
-        crate::auth::bootstrap_admin(&state.store, "admin", "a-long-enough-admin-password").await.unwrap();
-        let answer = state.auth.login("admin", "a-long-enough-admin-password", None).await.unwrap();
-        let admin = state.auth.authenticate(&answer.token).await.unwrap();
-        World { _dir: dir, state, admin }
+        World { host: crate::inventory::tests::World::new().await }
     }
 
     async fn call(&self, method: &str, body: Value) -> Result<Value, Refusal> {
-        let m = self.state.methods.get(method).unwrap();
-        let result = m.call(Call { state: self.state.clone(), identity: Some(self.admin.clone()), source: None }, body).await;
+        let result = self.host.call(&self.host.admin, method, body).await;
         // whatever happens, no answer and no refusal carries the planted value
         let shown = match &result {
             Ok(v) => v.to_string(),
@@ -39,7 +29,7 @@ impl World {
     }
 
     fn sealed(&self, method: &str, owner: &str, key: &str, value: &str) -> Value {
-        let keyring = &self.state.keyring;
+        let keyring = &self.host.state.keyring;
         let target = ingress::target(method, owner, key);
         serde_json::to_value(seal_to(keyring.ingress_id(), keyring.ingress_public_key(), &target, value.as_bytes())).unwrap()
     }
@@ -66,7 +56,7 @@ async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
         (created["state"].as_str(), created["versions"].as_u64(), created["environment"].as_str()),
         (Some("active"), Some(1), Some("production"))
     );
-    assert_eq!(&**super::methods::open_current(&w.state.store, &w.state.keyring, &id).await.unwrap(), PLANTED.as_bytes());
+    assert_eq!(&**super::methods::open_current(&w.host.state.store, &w.host.state.keyring, &id).await.unwrap(), PLANTED.as_bytes());
 
     // a value sealed for another request does not open here
     let wrong = w.sealed("secrets.create", &owner_ref, "OTHER_KEY", PLANTED);
@@ -88,7 +78,7 @@ async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
         .await
         .unwrap();
     assert_eq!(rotated["versions"], 2);
-    let generated = super::methods::open_current(&w.state.store, &w.state.keyring, &id).await.unwrap();
+    let generated = super::methods::open_current(&w.host.state.store, &w.host.state.keyring, &id).await.unwrap();
     assert_eq!(generated.len(), 32);
     assert!(generated.iter().all(u8::is_ascii_alphanumeric));
     let stale = w
@@ -122,7 +112,7 @@ async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
     let listed = w.call("secrets.list", json!({"owner": owner})).await.unwrap();
     assert_eq!(listed["items"].as_array().unwrap().len(), 1);
 
-    let kinds: Vec<String> = crate::events::read_after(&w.state.store, 0, 100)
+    let kinds: Vec<String> = crate::events::read_after(&w.host.state.store, 0, 100)
         .await
         .unwrap()
         .into_iter()
@@ -211,7 +201,7 @@ async fn refusals_are_named_and_scopes_keep_managers_apart() {
         .unwrap();
     assert_eq!((system["ownerRef"].as_str(), system["organizationId"].as_str()), (Some("system:gateway"), Some("")));
     let recipient = w.call("secrets.getIngressRecipient", json!({})).await.unwrap();
-    assert_eq!(recipient["recipientId"], w.state.keyring.ingress_id());
+    assert_eq!(recipient["recipientId"], w.host.state.keyring.ingress_id());
 }
 
 #[tokio::test]
@@ -224,7 +214,7 @@ async fn a_stored_envelope_moved_to_another_secret_does_not_open() {
     let b = w.call("secrets.create", json!({"owner": owner, "key": "B_KEY", "value": generate})).await.unwrap();
     let (a_version, b_version) = (a["currentVersionId"].as_str().unwrap().to_string(), b["currentVersionId"].as_str().unwrap().to_string());
     // copy A's envelope over B's version, as someone with store access might
-    let store = w.state.store.clone();
+    let store = w.host.state.store.clone();
     store
         .transact(|tx| {
             let (a_version, b_version) = (a_version.clone(), b_version.clone());
@@ -238,7 +228,7 @@ async fn a_stored_envelope_moved_to_another_secret_does_not_open() {
         })
         .await
         .unwrap();
-    let err = super::methods::open_current(&w.state.store, &w.state.keyring, b["id"].as_str().unwrap()).await.unwrap_err();
+    let err = super::methods::open_current(&w.host.state.store, &w.host.state.keyring, b["id"].as_str().unwrap()).await.unwrap_err();
     assert_eq!(err.code, "material-not-readable");
     assert!(envelope::PROFILE.starts_with("capstan-envelope"));
 }
@@ -268,7 +258,7 @@ async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_co
     let manifest = w.call("secrets.getManifest", json!({"serviceId": svc})).await.unwrap();
     assert_eq!(manifest["number"], 3);
     assert!(manifest["entries"]["production"].get("API_TOKEN").is_none());
-    let published = crate::events::read_after(&w.state.store, 0, 100)
+    let published = crate::events::read_after(&w.host.state.store, 0, 100)
         .await
         .unwrap()
         .into_iter()
@@ -278,11 +268,16 @@ async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_co
 
     // the agent's copy opens with its own key, for this manifest and key only
     let agent = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
-    let current = super::manifests::current(&w.state.store, &svc).await.unwrap().unwrap();
-    let sealed =
-        super::manifests::seal_for_agent(&w.state.store, &w.state.keyring, &current, "agent-1", &x25519_dalek::PublicKey::from(&agent))
-            .await
-            .unwrap();
+    let current = super::manifests::current(&w.host.state.store, &svc).await.unwrap().unwrap();
+    let sealed = super::manifests::seal_for_agent(
+        &w.host.state.store,
+        &w.host.state.keyring,
+        &current,
+        "agent-1",
+        &x25519_dalek::PublicKey::from(&agent),
+    )
+    .await
+    .unwrap();
     assert!(!serde_json::to_string(&sealed).unwrap().contains(PLANTED));
     let value = &sealed.values["production"]["DB_PASSWORD"];
     let target = super::manifests::agent_target(&svc, 3, "production", "DB_PASSWORD");
