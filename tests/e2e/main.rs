@@ -14,6 +14,7 @@ mod migrations;
 mod mongo;
 mod plugins;
 mod s3;
+mod secrets;
 mod serve;
 mod support;
 mod tasks;

@@ -1,4 +1,4 @@
-//! `capstan keyring generate | check`: offline commands on the keyring file. They never start
+//! `capstan keyring generate | check | rotate`: offline commands on the keyring file. They never start
 //! the host and never print key material.
 
 use super::refuse;
@@ -42,6 +42,36 @@ pub enum KeyringCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Add a new KEK to the keyring and make it the active one; print ids and fingerprints.
+    ///
+    /// The file is read under the strict private-file rules (like `check`) and replaced
+    /// atomically (a same-directory temporary file, mode 0600, renamed over it). Every earlier
+    /// KEK stays in the file, so what they sealed keeps opening. A running server picks the new
+    /// KEK up when it restarts (every node of a fleet needs the new file); after that, new
+    /// versions are sealed under it, and `capstan secrets rewrap` moves the data keys of the
+    /// existing versions onto it without decrypting any value. Only once a rewrap has finished
+    /// may an old KEK be retired.
+    Rotate {
+        /// The keyring file
+        #[arg(long, value_name = "PATH", env = "CAPSTAN_KEYRING_PATH")]
+        keyring: PathBuf,
+        /// Id of the new KEK (letters, digits, - _ .; random when absent; must be new)
+        #[arg(long, value_name = "ID")]
+        kek_id: Option<String>,
+        /// Print exact JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Load the keyring strictly, add a new active KEK, and replace the file atomically (0600).
+fn rotate(path: &std::path::Path, kek_id: Option<&str>) -> crate::refusal::Result<Keyring> {
+    let ring = Keyring::load_strict(path)?.with_new_active_kek(kek_id)?;
+    crate::keyring::private_file::replace_atomically(path, &ring.to_file_bytes(), 0o600).map_err(|e| {
+        Refusal::new("keyring-write-failed", format!("replacing the keyring {} failed: {}", path.display(), e.kind()))
+            .with_data(serde_json::json!({ "path": path.display().to_string() }))
+    })?;
+    Ok(ring)
 }
 
 pub fn run(command: KeyringCommand) -> ExitCode {
@@ -52,6 +82,15 @@ pub fn run(command: KeyringCommand) -> ExitCode {
             (result, json)
         }
         KeyringCommand::Check { path, json } => (Keyring::load_strict(&path).map(|ring| (ring, None)), json),
+        KeyringCommand::Rotate { keyring, kek_id, json } => {
+            let result = rotate(&keyring, kek_id.as_deref()).map(|ring| (ring, None));
+            if let (Ok((ring, _)), false) = (&result, json) {
+                println!("added the KEK {} to {} and made it active (mode 0600)", ring.active_kek_id(), keyring.display());
+                println!("  earlier KEKs stay and keep opening what they sealed; restart the servers to use it,");
+                println!("  then run `capstan secrets rewrap` to move existing versions onto it");
+            }
+            (result, json)
+        }
     };
     match result {
         Ok((ring, written)) => {
@@ -82,4 +121,30 @@ pub fn run(command: KeyringCommand) -> ExitCode {
 fn print_json_refusal(refusal: &Refusal) -> ExitCode {
     println!("{}", serde_json::json!({ "ok": false, "error": refusal }));
     ExitCode::from(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn rotate_adds_an_active_kek_and_keeps_the_old_ones_privately() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let path = dir.path().join("keyring.json");
+        let first = Keyring::generate(Some("kek-one"), None).unwrap();
+        first.write_new(&path).unwrap();
+        let rotated = rotate(&path, Some("kek-two")).unwrap();
+        assert_eq!(rotated.active_kek_id(), "kek-two");
+        let back = Keyring::load_strict(&path).unwrap();
+        assert_eq!(back.report(), rotated.report());
+        assert_eq!(back.report().keks.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(), ["kek-one", "kek-two"]);
+        assert_eq!(back.report().ingress, first.report().ingress, "the ingress recipient stays");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+        assert_eq!(rotate(&path, Some("kek-two")).unwrap_err().code, "exists");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(rotate(&path, None).unwrap_err().code, "input-permissions");
+    }
 }

@@ -7,6 +7,7 @@ mod keyring;
 mod plugin;
 mod plugin_new;
 mod plugin_online;
+mod secrets;
 mod serve;
 mod tasks;
 
@@ -30,7 +31,7 @@ enum Command {
     /// Without --dev every required variable must be set (see below); with --dev, missing
     /// values get embedded defaults under the data directory and each one chosen is printed.
     Serve(ServeArgs),
-    /// Create and inspect the private keyring file (KEKs and the ingress recipient).
+    /// Create, inspect and rotate the private keyring file (KEKs and the ingress recipient).
     #[command(subcommand)]
     Keyring(keyring::KeyringCommand),
     /// The fleet as the bucket records it: nodes, versions, the coordinator, deploy freezes.
@@ -72,6 +73,10 @@ enum Command {
     /// People's accounts: create one with a generated password, shown once.
     #[command(subcommand)]
     Users(inventory::UsersCommand),
+    /// Secrets: set one from standard input (sealed to the server), generate, list, get,
+    /// revoke, and re-wrap every version under the active KEK. No value is ever printed.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
 }
 
 #[derive(clap::Args)]
@@ -131,6 +136,7 @@ pub fn main() -> ExitCode {
         Command::Services(command) => inventory::services(command),
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => inventory::users(command),
+        Command::Secrets(command) => secrets::run(command),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,
