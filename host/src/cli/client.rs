@@ -84,6 +84,16 @@ pub fn print_json(value: &Value) {
     println!("{value}");
 }
 
+/// A string field of an answer for people; `-` when it is absent.
+pub fn text<'a>(value: &'a Value, key: &str) -> &'a str {
+    value[key].as_str().unwrap_or("-")
+}
+
+/// The `items` of a list answer (none when it has none).
+pub fn items(answer: &Value) -> &[Value] {
+    answer["items"].as_array().map(Vec::as_slice).unwrap_or_default()
+}
+
 /// Print `rows` under `header` for people: columns padded to their widest cell, the last one
 /// left as it is.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {

@@ -11,7 +11,7 @@
 //! A secret shown once (a cluster's machine token, a new person's password) goes to standard
 //! output only, with a note that it is not shown again; nothing here logs it.
 
-use super::client::{Client, Connection, finish, print_json, print_table, utc};
+use super::client::{Client, Connection, finish, items, print_json, print_table, text, utc};
 use crate::refusal::{Refusal, Result};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Map, Value, json};
@@ -1070,14 +1070,6 @@ fn insert<T: serde::Serialize>(body: &mut Map<String, Value>, key: &str, value: 
     if let Some(value) = value {
         body.insert(key.into(), json!(value));
     }
-}
-
-fn items(answer: &Value) -> Vec<Value> {
-    answer["items"].as_array().cloned().unwrap_or_default()
-}
-
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
-    value[key].as_str().unwrap_or("?")
 }
 
 fn number(value: &Value, key: &str) -> String {

@@ -4,7 +4,7 @@
 //! With `--json` each prints the API's answer exactly (one line); refusals print
 //! `{"ok":false,"error":{…}}` and exit 1, as the offline commands do.
 
-use super::client::{Client, Connection, print_json, print_table, utc};
+use super::client::{Client, Connection, print_json, print_table, text, utc};
 use crate::plugins::bundle::{self, Bundle};
 use crate::plugins::manifest::ALL_REQUESTED;
 use crate::refusal::{Refusal, Result};
@@ -135,10 +135,6 @@ fn list_text(items: &[String]) -> String {
 
 fn strings(value: &Value) -> Vec<String> {
     value.as_array().map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect()).unwrap_or_default()
-}
-
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
-    value[key].as_str().unwrap_or("?")
 }
 
 /// Refuse a missing `--approve`, naming what the bundle requests (read locally: nothing is

@@ -9,7 +9,7 @@
 //! travels in the clear, not even inside TLS. Nothing here prints or logs a value: every answer
 //! is metadata.
 
-use super::client::{Client, Connection, finish, print_json, print_table, utc};
+use super::client::{Client, Connection, finish, items, print_json, print_table, text, utc};
 use crate::refusal::{Refusal, Result};
 use crate::secrets::ingress;
 use crate::secrets::methods::MAX_VALUE_BYTES;
@@ -519,14 +519,6 @@ fn rewrap(limit: usize, cursor: Option<String>, common: &Common) -> Result<()> {
         println!("done: {rewrapped} version(s) re-wrapped, {current} already under the active KEK {kek}");
     }
     Ok(())
-}
-
-fn text<'a>(value: &'a Value, field: &str) -> &'a str {
-    value[field].as_str().unwrap_or("")
-}
-
-fn items(answer: &Value) -> &[Value] {
-    answer["items"].as_array().map(Vec::as_slice).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! With `--json` each prints the API's answer exactly (one line); refusals print
 //! `{"ok":false,"error":{…}}` and exit 1.
 
-use super::client::{Client, Connection, finish, print_json, print_table, utc};
+use super::client::{Client, Connection, finish, print_json, print_table, text, utc};
 use crate::refusal::Result;
 use clap::Subcommand;
 use serde_json::{Value, json};
@@ -121,10 +121,6 @@ pub fn run(command: TasksCommand) -> ExitCode {
         Ok(false) => ExitCode::from(1),
         Err(refusal) => finish(Err(refusal), json),
     }
-}
-
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
-    value[key].as_str().unwrap_or("-")
 }
 
 /// A duration in milliseconds, for people.
