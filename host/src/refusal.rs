@@ -76,6 +76,7 @@ impl Refusal {
             "exists" | "conflict" | "mutation-reused" => 409,
             // the target's current state stands in the way
             "task-running" | "task-disabled" | "execution-not-running" => 409,
+            "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
             "request-too-large" => 413,
             "rate-limited" => 429,
             "unsupported-media-type" => 415,
@@ -83,7 +84,6 @@ impl Refusal {
             "forbidden" => 403,
             "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" => 503,
             "internal" => 500,
-            code if code.ends_with("-not-found") => 404,
             _ => 400,
         }
     }

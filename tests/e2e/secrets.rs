@@ -182,12 +182,23 @@ fn a_planted_value_goes_in_sealed_and_never_comes_out() {
     assert!(again.stdout.contains(&format!("rotated secret {db_id}")) && again.stdout.contains("2 versions"), "{}", again.stdout);
     let system = cli.json_with(&["secrets", "set-system", "GATEWAY_TOKEN"], PLANTED_SYSTEM.as_bytes());
     assert_eq!((system["ownerRef"].as_str(), system["organizationId"].as_str()), (Some("system:capstan"), Some("")));
-    let shared =
-        cli.json_with(&["secrets", "set", "--organization", &org_id, "SHARED_KEY", "--environment", "staging"], PLANTED.as_bytes());
+    let set = cli.json(&["secrets", "sets", "create", "--organization", &org_id, "shared", "--description", "smtp relay"]);
+    let set_id = set["id"].as_str().unwrap().to_string();
+    let shared = cli.json_with(&["secrets", "set", "--secret-set", &set_id, "SHARED_KEY", "--environment", "staging"], PLANTED.as_bytes());
     assert_eq!(
         (shared["ownerRef"].as_str(), shared["environment"].as_str()),
-        (Some(format!("organization:{org_id}").as_str()), Some("staging"))
+        (Some(format!("organization:{org_id}/secretSet:{set_id}").as_str()), Some("staging"))
     );
+    // attached, the set's key resolves for the service (the CLI reads the secrets revision itself)
+    let attached = cli.json(&["secrets", "attach", "--service", &svc_id, "--secret-set", &set_id]);
+    assert_eq!(attached["secretsRevision"], 1);
+    let preview = cli.json(&["secrets", "preview", "--service", &svc_id]);
+    let entry = preview["entries"].as_array().unwrap().iter().find(|e| e["key"] == "SHARED_KEY").cloned().unwrap();
+    assert_eq!((entry["environment"].as_str(), entry["from"]["secretSetId"].as_str()), (Some("staging"), Some(set_id.as_str())));
+    assert!(cli.text(&["secrets", "preview", "--service", &svc_id]).contains(&format!("SecretSet {set_id}")));
+    cli.refused_with(&["secrets", "attach", "--service", &svc_id, "--secret-set", &set_id], b"", "secret-set-already-attached");
+    let shown = cli.text(&["secrets", "sets", "show", &set_id]);
+    assert!(shown.contains("SHARED_KEY") && shown.contains(&svc_id), "{shown}");
     let generated = cli.json(&["secrets", "generate", "--service", &svc_id, "API_TOKEN", "--length", "48", "--alphabet", "hex"]);
     let api_id = generated["id"].as_str().unwrap().to_string();
     assert_eq!(generated["versions"], 1);
@@ -295,6 +306,18 @@ fn a_planted_value_goes_in_sealed_and_never_comes_out() {
     http.refused(&admin, "secrets.rewrap", json!({ "limit": 501 }), 400, "invalid-request");
     http.refused(&admin, "secrets.rewrap", json!({ "cursor": null, "extra": PLANTED }), 400, "invalid-request");
 
+    // retiring the SecretSet detaches it from the service in the same transaction
+    http.refused(&admin, "secrets.retireSecretSet", json!({ "id": set_id, "expectedRevision": 7 }), 409, "conflict");
+    let retire = json!({ "id": set_id, "expectedRevision": 1, "mutationId": "retire-shared-1" });
+    let retired = http.ok(&admin, "secrets.retireSecretSet", retire.clone());
+    assert_eq!((retired["secretSet"]["state"].as_str(), retired["detachedServiceIds"].clone()), (Some("retired"), json!([svc_id])));
+    assert_eq!(http.ok(&admin, "secrets.retireSecretSet", retire), retired, "an exact replay answers the first answer");
+    let preview = http.ok(&admin, "secrets.previewResolution", json!({ "serviceId": svc_id }));
+    assert!(preview["entries"].as_array().unwrap().iter().all(|e| e["key"] != "SHARED_KEY"), "{preview}");
+    let attach = json!({ "serviceId": svc_id, "secretSetId": set_id, "expectedSecretsRevision": preview["secretsRevision"] });
+    http.refused(&admin, "secrets.attachSecretSet", attach, 409, "secret-set-retired");
+    http.refused(&admin, "secrets.getSecretSet", json!({ "id": "sset_missing" }), 404, "secret-set-not-found");
+
     // a person who is not an administrator reaches none of it (the recipient is public knowledge)
     let person = http.ok(&admin, "admin.createUser", json!({ "username": "olga" }));
     let olga = server.login("olga", person["password"].as_str().unwrap());
@@ -310,6 +333,9 @@ fn a_planted_value_goes_in_sealed_and_never_comes_out() {
         ("secrets.list", json!({})),
         ("secrets.get", json!({ "id": db_id })),
         ("secrets.rewrap", json!({})),
+        ("secrets.createSecretSet", json!({ "organizationId": org_id, "name": "olgas" })),
+        ("secrets.listSecretSets", json!({})),
+        ("secrets.previewResolution", json!({ "serviceId": svc_id })),
     ] {
         http.refused(&olga, method, body, 403, "forbidden");
     }

@@ -5,6 +5,7 @@
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
 pub mod methods;
+pub mod receipts;
 pub mod system;
 
 use crate::auth::Auth;

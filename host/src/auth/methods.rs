@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::api::methods::{Access, Call, Registry};
+use crate::api::receipts;
 use schemars::JsonSchema;
 
 #[derive(Deserialize, JsonSchema)]
@@ -133,24 +134,10 @@ async fn load_credential(tx: &Tx, user_id: &str, kind: &str) -> Result<(Document
     Ok((doc, credential))
 }
 
-fn valid_mutation_id(id: &str) -> Result<()> {
-    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
-        return Err(Refusal::invalid_request("mutationId is 1 to 128 of A-Z a-z 0-9 - _ . :"));
-    }
-    Ok(())
-}
-
-/// Salted digest of a request, so a receipt can recognise its exact replay without keeping
-/// the request (which may hold a password).
-fn request_digest(salt: &str, input: &MutateInput) -> Result<String> {
-    let body = serde_json::to_vec(input).map_err(Refusal::internal)?;
-    Ok(hex::encode(Sha256::new().chain_update(salt.as_bytes()).chain_update(&body).finalize()))
-}
-
 async fn mutate_credential(call: Call, input: MutateInput) -> Result<MutationAnswer> {
     let actor = call.identity()?.clone();
     actor.require_fresh()?;
-    valid_mutation_id(&input.mutation_id)?;
+    receipts::check_mutation_id(&input.mutation_id)?;
     // hash outside the transaction: it is slow, and the transaction may run twice
     let verifier = match &input.operation {
         Operation::RotatePassword { new_password } => {
@@ -160,19 +147,12 @@ async fn mutate_credential(call: Call, input: MutateInput) -> Result<MutationAns
         }
         _ => None,
     };
-    let receipt_id = format!("{}:{}", actor.user_id, input.mutation_id);
-    let fresh_salt = hex::encode(rand::random::<[u8; 16]>());
-    let (input, verifier, receipt_id, fresh_salt) = (&input, &verifier, receipt_id.as_str(), fresh_salt.as_str());
+    let (input, verifier, actor_id) = (&input, &verifier, actor.user_id.as_str());
     let answer = call
         .state
         .store
         .transact(|tx| async move {
-            if let Some(receipt) = tx.get(RECEIPTS, receipt_id).await? {
-                let salt = receipt.data["salt"].as_str().unwrap_or_default();
-                if receipt.data["digest"].as_str() != Some(request_digest(salt, input)?.as_str()) {
-                    return Err(Refusal::new("mutation-reused", "this mutationId was used for a different request"));
-                }
-                let mut answer: MutationAnswer = serde_json::from_value(receipt.data["answer"].clone()).map_err(Refusal::internal)?;
+            if let Some(mut answer) = receipts::replay::<MutationAnswer>(&tx, actor_id, Some(&input.mutation_id), input).await? {
                 answer.replayed = true;
                 return Ok(answer);
             }
@@ -194,14 +174,7 @@ async fn mutate_credential(call: Call, input: MutateInput) -> Result<MutationAns
             tx.replace(CREDENTIALS, &input.user_id, doc.revision, to_value(&credential)?).await?;
             revoke_sessions(&tx, &input.user_id).await?;
             let answer = MutationAnswer { credential: view(&input.user_id, &credential), replayed: false };
-            let receipt = json!({
-                "actor": actor_id(receipt_id),
-                "salt": fresh_salt,
-                "digest": request_digest(fresh_salt, input)?,
-                "answer": answer,
-                "at": now(),
-            });
-            tx.insert(RECEIPTS, receipt_id, receipt).await?;
+            receipts::record(&tx, actor_id, Some(&input.mutation_id), input, &answer).await?;
             Ok(answer)
         })
         .await?;
@@ -209,10 +182,6 @@ async fn mutate_credential(call: Call, input: MutateInput) -> Result<MutationAns
         tracing::info!(actor = %actor.username, target = %answer.credential.user_id, generation = answer.credential.generation, "human credential changed");
     }
     Ok(answer)
-}
-
-fn actor_id(receipt_id: &str) -> &str {
-    receipt_id.split_once(':').map(|(a, _)| a).unwrap_or(receipt_id)
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

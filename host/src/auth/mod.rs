@@ -26,7 +26,7 @@ use std::time::Duration;
 pub const USERS: &str = "users";
 pub const CREDENTIALS: &str = "credentials";
 pub const SESSIONS: &str = "sessions";
-pub const RECEIPTS: &str = "mutation_receipts";
+pub use crate::api::receipts::RECEIPTS;
 
 /// How long a human session lives.
 pub const HUMAN_SESSION: Duration = Duration::from_secs(12 * 3600);

@@ -7,6 +7,7 @@ mod keyring;
 mod plugin;
 mod plugin_new;
 mod plugin_online;
+mod secret_sets;
 mod secrets;
 mod serve;
 mod tasks;

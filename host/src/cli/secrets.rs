@@ -23,32 +23,39 @@ use zeroize::Zeroizing;
 #[derive(clap::Args)]
 pub struct Common {
     #[command(flatten)]
-    connection: Connection,
+    pub(super) connection: Connection,
     /// Print the API's answer exactly, as one line of JSON
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
-/// Whose secret: a service's or an organization's (exactly one).
+/// Whose secret: a service's, or a SecretSet's shared by the services it is attached to
+/// (exactly one).
 #[derive(clap::Args)]
 #[group(required = true, multiple = false)]
 pub struct OwnerArgs {
     /// The service that owns the secret (`svc_…`)
     #[arg(long, value_name = "ID")]
     service: Option<String>,
-    /// The organization that owns the secret, shared by its services (`org_…`)
+    /// The organization's SecretSet that holds the secret (`sset_…`)
     #[arg(long, value_name = "ID")]
-    organization: Option<String>,
+    secret_set: Option<String>,
 }
 
 impl OwnerArgs {
-    fn owner(&self) -> Value {
-        match (&self.service, &self.organization) {
-            (Some(id), _) => json!({ "kind": "service", "serviceId": id }),
-            (None, Some(id)) => json!({ "kind": "organization", "organizationId": id }),
+    fn owner(&self, client: &Client) -> Result<Value> {
+        match (&self.service, &self.secret_set) {
+            (Some(id), _) => Ok(json!({ "kind": "service", "serviceId": id })),
+            (None, Some(id)) => set_owner(client, id),
             (None, None) => unreachable!("clap requires one owner"),
         }
     }
+}
+
+/// The owner of a SecretSet's members: the set's organization and the set.
+fn set_owner(client: &Client, secret_set_id: &str) -> Result<Value> {
+    let set = client.call("secrets.getSecretSet", &json!({ "id": secret_set_id }))?;
+    Ok(json!({ "kind": "organization", "organizationId": text(&set, "organizationId"), "secretSetId": secret_set_id }))
 }
 
 #[derive(clap::Args)]
@@ -72,7 +79,7 @@ pub struct ValueInput {
 
 #[derive(Subcommand)]
 pub enum SecretsCommand {
-    /// Set a service's or an organization's secret from standard input (`secrets.create`, or
+    /// Set a service's or a SecretSet's secret from standard input (`secrets.create`, or
     /// `secrets.rotate` when it exists).
     ///
     /// The value is read from standard input only (one trailing newline is dropped), at most
@@ -106,8 +113,8 @@ pub enum SecretsCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Have the server generate a service's or an organization's secret (create, or rotate when
-    /// it exists). The value is never shown.
+    /// Have the server generate a service's or a SecretSet's secret (create, or rotate when it
+    /// exists). The value is never shown.
     Generate {
         #[command(flatten)]
         owner: OwnerArgs,
@@ -127,11 +134,11 @@ pub enum SecretsCommand {
     /// Secrets' metadata: every one, or one owner's (`secrets.list`).
     List {
         /// Only this service's secrets
-        #[arg(long, value_name = "ID", conflicts_with_all = ["organization", "system"])]
+        #[arg(long, value_name = "ID", conflicts_with_all = ["secret_set", "system"])]
         service: Option<String>,
-        /// Only this organization's secrets
+        /// Only this SecretSet's secrets
         #[arg(long, value_name = "ID", conflicts_with = "system")]
-        organization: Option<String>,
+        secret_set: Option<String>,
         /// Only this system integration's secrets
         #[arg(long, value_name = "ID")]
         system: Option<String>,
@@ -177,29 +184,54 @@ pub enum SecretsCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// SecretSets: an organization's shared secrets (list, create, show, rename, retire).
+    #[command(subcommand)]
+    Sets(super::secret_sets::SetsCommand),
+    /// Attach a SecretSet to a service (`secrets.attachSecretSet`); keys the service does not
+    /// set itself resolve from it, earlier attachments first.
+    Attach {
+        #[command(flatten)]
+        attachment: super::secret_sets::AttachmentArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Detach a SecretSet from a service (`secrets.detachSecretSet`).
+    Detach {
+        #[command(flatten)]
+        attachment: super::secret_sets::AttachmentArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Which key of a service resolves from where, and every conflict
+    /// (`secrets.previewResolution`; value-free).
+    Preview {
+        /// The service (`svc_…`)
+        #[arg(long, value_name = "ID")]
+        service: String,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 pub fn run(command: SecretsCommand) -> ExitCode {
     let (result, json) = match command {
         SecretsCommand::Set { owner, key, placement, input, common } => {
-            (set(owner.owner(), &key, &placement, &input, &common), common.json)
+            (set(|client| owner.owner(client), &key, &placement, &input, &common), common.json)
         }
         SecretsCommand::SetSystem { key, system_id, placement, input, common } => {
-            (set(json!({ "kind": "system", "systemId": system_id }), &key, &placement, &input, &common), common.json)
+            (set(|_| Ok(json!({ "kind": "system", "systemId": system_id })), &key, &placement, &input, &common), common.json)
         }
         SecretsCommand::Generate { owner, key, length, alphabet, placement, common } => {
             let value = json!({ "generate": { "length": length, "alphabet": alphabet } });
-            (generate(owner.owner(), &key, value, &placement, &common), common.json)
+            (generate(&owner, &key, value, &placement, &common), common.json)
         }
-        SecretsCommand::List { service, organization, system, cursor, limit, common } => {
-            let owner = match (service, organization, system) {
-                (Some(id), _, _) => Some(json!({ "kind": "service", "serviceId": id })),
-                (_, Some(id), _) => Some(json!({ "kind": "organization", "organizationId": id })),
-                (_, _, Some(id)) => Some(json!({ "kind": "system", "systemId": id })),
-                _ => None,
-            };
-            (list(owner, cursor, limit, &common), common.json)
+        SecretsCommand::List { service, secret_set, system, cursor, limit, common } => {
+            (list(service, secret_set, system, cursor, limit, &common), common.json)
         }
+        SecretsCommand::Sets(command) => return super::secret_sets::run(command),
+        SecretsCommand::Attach { attachment, common } => (super::secret_sets::attach(&attachment, true, &common), common.json),
+        SecretsCommand::Detach { attachment, common } => (super::secret_sets::attach(&attachment, false, &common), common.json),
+        SecretsCommand::Preview { service, common } => (super::secret_sets::preview(&service, &common), common.json),
         SecretsCommand::Get { id, common } => (get(&id, &common), common.json),
         SecretsCommand::Revoke { id, scope, common } => (revoke(&id, scope, &common), common.json),
         SecretsCommand::Rewrap { limit, cursor, common } => (rewrap(limit, cursor, &common), common.json),
@@ -284,12 +316,10 @@ fn read_input(input: &ValueInput, key: &str) -> Result<Zeroizing<Vec<u8>>> {
 
 // ---- set / generate ----
 
-fn owner_ref(owner: &Value) -> String {
-    match owner["kind"].as_str() {
-        Some("service") => format!("service:{}", text(owner, "serviceId")),
-        Some("organization") => format!("organization:{}", text(owner, "organizationId")),
-        _ => format!("system:{}", text(owner, "systemId")),
-    }
+/// What a sealed value for `owner` is bound to.
+fn owner_ref(owner: &Value) -> Result<String> {
+    let owner: crate::secrets::methods::Owner = serde_json::from_value(owner.clone()).map_err(Refusal::internal)?;
+    Ok(owner.reference())
 }
 
 /// The existing secret with this owner, key and environment (revoked ones included), if any.
@@ -333,7 +363,7 @@ fn write(
     placement: &Placement,
     value: impl Fn(&str, &str) -> Result<Value>,
 ) -> Result<(Value, &'static str)> {
-    let reference = owner_ref(&owner);
+    let reference = owner_ref(&owner)?;
     match find_existing(client, &owner, key, &placement.environment)? {
         None => {
             let mut body = Map::new();
@@ -376,10 +406,11 @@ fn report(answer: &Value, done: &str, common: &Common) {
     println!("  current version: {}", text(answer, "currentVersionId"));
 }
 
-fn set(owner: Value, key: &str, placement: &Placement, input: &ValueInput, common: &Common) -> Result<()> {
+fn set(owner: impl FnOnce(&Client) -> Result<Value>, key: &str, placement: &Placement, input: &ValueInput, common: &Common) -> Result<()> {
     // the value is read (and refused when empty or oversized) before anything is sent
     let plaintext = read_input(input, key)?;
     let client = Client::new(&common.connection)?;
+    let owner = owner(&client)?;
     let (recipient_id, public) = recipient(&client)?;
     let (answer, done) = write(&client, owner, key, placement, |method, reference| {
         let sealed = ingress::seal_to(&recipient_id, &public, &ingress::target(method, reference, key), &plaintext);
@@ -390,8 +421,9 @@ fn set(owner: Value, key: &str, placement: &Placement, input: &ValueInput, commo
     Ok(())
 }
 
-fn generate(owner: Value, key: &str, value: Value, placement: &Placement, common: &Common) -> Result<()> {
+fn generate(owner: &OwnerArgs, key: &str, value: Value, placement: &Placement, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let owner = owner.owner(&client)?;
     let (answer, done) = write(&client, owner, key, placement, |_, _| Ok(value.clone()))?;
     report(&answer, &format!("{done} (generated)"), common);
     Ok(())
@@ -399,8 +431,21 @@ fn generate(owner: Value, key: &str, value: Value, placement: &Placement, common
 
 // ---- reads and the rest ----
 
-fn list(owner: Option<Value>, cursor: Option<String>, limit: Option<usize>, common: &Common) -> Result<()> {
+fn list(
+    service: Option<String>,
+    secret_set: Option<String>,
+    system: Option<String>,
+    cursor: Option<String>,
+    limit: Option<usize>,
+    common: &Common,
+) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let owner = match (service, secret_set, system) {
+        (Some(id), _, _) => Some(json!({ "kind": "service", "serviceId": id })),
+        (_, Some(id), _) => Some(set_owner(&client, &id)?),
+        (_, _, Some(id)) => Some(json!({ "kind": "system", "systemId": id })),
+        _ => None,
+    };
     let mut body = Map::new();
     if let Some(owner) = owner {
         body.insert("owner".into(), owner);

@@ -80,7 +80,7 @@ pub fn register(registry: &mut Registry) {
 }
 
 /// An inventory document as the API answers it: its id, revision and fields.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Entity<T> {
     pub id: String,

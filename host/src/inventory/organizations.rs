@@ -206,6 +206,12 @@ async fn delete(call: Call, input: DeleteInput) -> Result<Deleted> {
                     format!("the organization {} still has services: delete them first", org.data.name),
                 ));
             }
+            if crate::secrets::sets::has_active(&tx, &input.id).await? {
+                return Err(Refusal::new(
+                    "organization-has-secret-sets",
+                    format!("the organization {} still has active SecretSets: retire them first", org.data.name),
+                ));
+            }
             // memberships go with it, page by page inside this one transaction
             loop {
                 let page = tx.find(MEMBERS, "by_organization", &[json!(input.id)], None, 100).await?;

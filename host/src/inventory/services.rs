@@ -546,6 +546,8 @@ pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>
                     }
                 }
             }
+            // its own secrets are revoked and its SecretSet attachments go (the sets stay)
+            crate::secrets::methods::forget_service(&tx, service_id).await?;
             tx.delete(SERVICES, service_id, service.revision).await?;
             emit(&tx, "service.deleted", service_id, summary(service_id, &service.data)).await?;
             tracing::info!(service = %service_id, name = %service.data.name, "service deleted");

@@ -24,12 +24,24 @@ pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(HEADS)).await
 }
 
-/// Where one key resolves from.
+/// Where a key resolves from: the service's own secret, or a SecretSet attached to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Source {
+    Service,
+    #[serde(rename_all = "camelCase")]
+    SecretSet {
+        secret_set_id: String,
+    },
+}
+
+/// Which secret version one key resolves to, and from where.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Resolved {
     pub secret_id: String,
     pub version_id: String,
+    pub from: Source,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -43,35 +55,87 @@ pub struct Manifest {
     pub published_at: u64,
 }
 
+/// A key more than one source provides: which one wins and which are shadowed.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Conflict {
+    pub environment: String,
+    pub key: String,
+    pub resolved_from: Source,
+    pub shadowed: Vec<Source>,
+}
+
+/// What a service's secrets resolve to now, and every key provided twice.
+pub struct Resolution {
+    pub entries: BTreeMap<String, BTreeMap<String, Resolved>>,
+    pub conflicts: Vec<Conflict>,
+}
+
 fn manifest_id(service_id: &str, number: u64) -> String {
     format!("{service_id}~{number:010}")
 }
 
-/// What the service's active secrets resolve to now.
-async fn resolve(tx: &Tx, service_id: &str) -> Result<BTreeMap<String, BTreeMap<String, Resolved>>> {
-    let owner = Owner::Service { service_id: service_id.into() }.reference();
-    let mut entries: BTreeMap<String, BTreeMap<String, Resolved>> = BTreeMap::new();
+/// Every active secret of one owner.
+async fn active_secrets(tx: &Tx, owner_ref: &str) -> Result<Vec<(String, Secret)>> {
+    let mut found = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page = tx.find(SECRETS, "by_owner", &[json!(owner)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
+        let page = tx.find(SECRETS, "by_owner", &[json!(owner_ref)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
         for doc in &page.documents {
             let secret: Secret = serde_json::from_value(doc.data.clone()).map_err(Refusal::internal)?;
             if secret.state == State::Active {
-                let resolved = Resolved { secret_id: doc.id.clone(), version_id: secret.current_version_id };
-                entries.entry(secret.environment).or_default().insert(secret.key, resolved);
+                found.push((doc.id.clone(), secret));
             }
         }
         match page.next_cursor {
             Some(next) => cursor = Some(next),
-            None => return Ok(entries),
+            None => return Ok(found),
         }
     }
+}
+
+/// Resolve a service's secrets: its own secrets first, then each attached SecretSet in the
+/// order it was attached; the first source to provide a key wins, later ones are shadowed.
+pub async fn resolution(tx: &Tx, service_id: &str) -> Result<Resolution> {
+    let mut sources = vec![(Source::Service, Owner::Service { service_id: service_id.into() }.reference())];
+    for attachment in super::sets::attachments(tx, service_id).await? {
+        let owner = Owner::Organization { organization_id: attachment.organization_id, secret_set_id: attachment.secret_set_id.clone() };
+        sources.push((Source::SecretSet { secret_set_id: attachment.secret_set_id }, owner.reference()));
+    }
+    let mut entries: BTreeMap<String, BTreeMap<String, Resolved>> = BTreeMap::new();
+    let mut conflicts: BTreeMap<(String, String), Conflict> = BTreeMap::new();
+    for (source, owner_ref) in sources {
+        for (secret_id, secret) in active_secrets(tx, &owner_ref).await? {
+            let keys = entries.entry(secret.environment.clone()).or_default();
+            match keys.get(&secret.key) {
+                None => {
+                    let resolved = Resolved { secret_id, version_id: secret.current_version_id, from: source.clone() };
+                    keys.insert(secret.key, resolved);
+                }
+                Some(winner) => {
+                    let conflict = conflicts.entry((secret.environment.clone(), secret.key.clone())).or_insert_with(|| Conflict {
+                        environment: secret.environment,
+                        key: secret.key,
+                        resolved_from: winner.from.clone(),
+                        shadowed: Vec::new(),
+                    });
+                    conflict.shadowed.push(source.clone());
+                }
+            }
+        }
+    }
+    Ok(Resolution { entries, conflicts: conflicts.into_values().collect() })
+}
+
+/// The number of the service's newest manifest (0 before the first).
+pub async fn head(tx: &Tx, service_id: &str) -> Result<u64> {
+    Ok(tx.get(HEADS, service_id).await?.and_then(|h| h.data["number"].as_u64()).unwrap_or(0))
 }
 
 /// Publish the service's next manifest in the caller's transaction if what resolves changed.
 /// Answers the number published, or `None` when nothing changed.
 pub async fn publish(tx: &Tx, service_id: &str) -> Result<Option<u64>> {
-    let entries = resolve(tx, service_id).await?;
+    let entries = resolution(tx, service_id).await?.entries;
     let head = tx.get(HEADS, service_id).await?;
     let last = head.as_ref().and_then(|h| h.data["number"].as_u64()).unwrap_or(0);
     if last > 0

@@ -5,6 +5,7 @@
 use super::envelope::{self, Envelope, MaterialContext};
 use super::ingress::{self, SealedInput};
 use crate::api::methods::{Access, Call, Registry};
+use crate::api::receipts;
 use crate::inventory::{Listing, emit, not_found, now};
 use crate::refusal::{Refusal, Result};
 use crate::store::{CollectionSpec, Store, Tx};
@@ -25,6 +26,7 @@ pub async fn declare(store: &Store) -> Result<()> {
         .declare(CollectionSpec::new(SECRETS).unique("by_owner_key", &["ownerRef", "key", "environment"]).index("by_owner", &["ownerRef"]))
         .await?;
     store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await?;
+    super::sets::declare(store).await?;
     super::manifests::declare(store).await
 }
 
@@ -34,27 +36,28 @@ pub async fn declare(store: &Store) -> Result<()> {
 pub enum Owner {
     #[serde(rename_all = "camelCase")]
     Service { service_id: String },
-    /// An organization's shared secret (a SecretSet member).
+    /// An organization's shared secret: a member of one of its SecretSets.
     #[serde(rename_all = "camelCase")]
-    Organization { organization_id: String },
+    Organization { organization_id: String, secret_set_id: String },
     /// The host's own integrations (gateway tokens, backup target credentials).
     #[serde(rename_all = "camelCase")]
     System { system_id: String },
 }
 
 impl Owner {
-    /// `service:<id>`, `organization:<id>` or `system:<id>`: how owners are indexed and bound.
+    /// `service:<id>`, `organization:<id>/secretSet:<id>` or `system:<id>`: how owners are
+    /// indexed and what sealed values are bound to.
     pub fn reference(&self) -> String {
         match self {
             Owner::Service { service_id } => format!("service:{service_id}"),
-            Owner::Organization { organization_id } => format!("organization:{organization_id}"),
+            Owner::Organization { organization_id, secret_set_id } => format!("organization:{organization_id}/secretSet:{secret_set_id}"),
             Owner::System { system_id } => format!("system:{system_id}"),
         }
     }
 }
 
 /// How the host generates a value.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Generate {
     /// 16–512 characters.
@@ -65,14 +68,14 @@ pub struct Generate {
 
 /// Where a new version's value comes from: generated here, or sealed by the client to the
 /// ingress recipient for this very request.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Value {
     Generate(Generate),
     Sealed(SealedInput),
 }
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
     pub owner: Owner,
@@ -83,9 +86,11 @@ pub struct CreateInput {
     /// The manager that owns it, e.g. `mail:<serviceId>`; writes from any other scope are refused.
     pub management_scope: Option<String>,
     pub value: Value,
+    /// Repeating the same request with this id answers the first answer again, changing nothing.
+    pub mutation_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RotateInput {
     pub id: String,
@@ -93,13 +98,17 @@ pub struct RotateInput {
     pub expected_version_id: String,
     pub management_scope: Option<String>,
     pub value: Value,
+    /// Repeating the same request with this id answers the first answer again, changing nothing.
+    pub mutation_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RevokeInput {
     pub id: String,
     pub management_scope: Option<String>,
+    /// Repeating the same request with this id answers the first answer again.
+    pub mutation_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -170,7 +179,7 @@ pub struct VersionView {
     pub kek_id: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretView {
     pub id: String,
@@ -208,8 +217,8 @@ fn check_environment(environment: &str) -> Result<()> {
 async fn owner_organization(tx: &Tx, owner: &Owner) -> Result<String> {
     match owner {
         Owner::Service { service_id } => Ok(crate::inventory::services::require_active(tx, service_id).await?.data.organization_id),
-        Owner::Organization { organization_id } => {
-            crate::inventory::organizations::require_organization(tx, organization_id).await?;
+        Owner::Organization { organization_id, secret_set_id } => {
+            super::sets::require_usable(tx, secret_set_id, organization_id).await?;
             Ok(organization_id.clone())
         }
         Owner::System { system_id } => {
@@ -298,11 +307,11 @@ fn check_scope(secret: &Secret, scope: &Option<String>) -> Result<()> {
     Ok(())
 }
 
-fn view(id: &str, revision: u64, secret: Secret) -> SecretView {
+pub(super) fn view(id: &str, revision: u64, secret: Secret) -> SecretView {
     SecretView { id: id.into(), revision, secret }
 }
 
-fn parse_secret(doc: &crate::store::Document) -> Result<Secret> {
+pub(super) fn parse_secret(doc: &crate::store::Document) -> Result<Secret> {
     serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("stored secret {} is malformed: {e}", doc.id)))
 }
 
@@ -315,12 +324,42 @@ async fn require_secret(tx: &Tx, id: &str) -> Result<(crate::store::Document, Se
     Ok((doc, secret))
 }
 
-/// A service's secrets changed: publish its next resolved manifest in the same transaction.
+/// A secret changed: publish the next resolved manifest of every service it reaches — its own
+/// service, or each service its SecretSet is attached to — in the same transaction.
 async fn publish_manifest(tx: &Tx, secret: &Secret) -> Result<()> {
-    if let Owner::Service { service_id } = &secret.owner {
-        super::manifests::publish(tx, service_id).await?;
+    let services = match &secret.owner {
+        Owner::Service { service_id } => vec![service_id.clone()],
+        Owner::Organization { secret_set_id, .. } => super::sets::attached_services(tx, secret_set_id).await?,
+        Owner::System { .. } => Vec::new(),
+    };
+    for service_id in services {
+        super::manifests::publish(tx, &service_id).await?;
     }
     Ok(())
+}
+
+/// A service is gone: its own secrets are revoked (their versions stay as history) and its
+/// attachments and secrets revision removed, in the caller's transaction.
+pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
+    let owner = Owner::Service { service_id: service_id.into() }.reference();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = tx.find(SECRETS, "by_owner", &[json!(owner)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
+        for doc in &page.documents {
+            let mut secret = parse_secret(doc)?;
+            if secret.state == State::Active {
+                let at = now();
+                (secret.state, secret.revoked_at, secret.updated_at) = (State::Revoked, Some(at), at);
+                tx.replace(SECRETS, &doc.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
+                emit(tx, "secret.revoked", &doc.id, event_data(&doc.id, &secret)).await?;
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    super::sets::forget_service(tx, service_id).await
 }
 
 /// Every change's event: ids, owner and key — never a value.
@@ -340,12 +379,16 @@ async fn create(call: Call, input: CreateInput) -> Result<SecretView> {
     let keyring = call.state.keyring.clone();
     let (input, environment, identity, plaintext) = (&input, &environment, &identity, &plaintext);
     let (secret_ref, version_ref) = (&secret_id, &version_id);
-    let (revision, secret) = call
+    let answer = call
         .state
         .store
         .transact(|tx| {
             let keyring = keyring.clone();
             async move {
+                let mutation = input.mutation_id.as_deref();
+                if let Some(answer) = receipts::replay(&tx, &identity.user_id, mutation, &("secrets.create", input)).await? {
+                    return Ok(answer);
+                }
                 let organization_id = owner_organization(&tx, &input.owner).await?;
                 let at = now();
                 let secret = Secret {
@@ -385,12 +428,14 @@ async fn create(call: Call, input: CreateInput) -> Result<SecretView> {
                 let doc = tx.insert(SECRETS, secret_ref, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
                 emit(&tx, "secret.created", secret_ref, event_data(secret_ref, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
-                Ok((doc.revision, secret))
+                let answer = view(secret_ref, doc.revision, secret);
+                receipts::record(&tx, &identity.user_id, mutation, &("secrets.create", input), &answer).await?;
+                Ok(answer)
             }
         })
         .await?;
-    tracing::info!(secret = %secret_id, owner = %secret.owner_ref, key = %secret.key, source, "secret created");
-    Ok(view(&secret_id, revision, secret))
+    tracing::info!(secret = %answer.id, owner = %answer.secret.owner_ref, key = %answer.secret.key, source, "secret created");
+    Ok(answer)
 }
 
 async fn rotate(call: Call, input: RotateInput) -> Result<SecretView> {
@@ -403,14 +448,20 @@ async fn rotate(call: Call, input: RotateInput) -> Result<SecretView> {
     let version_id = crate::auth::new_id("ver");
     let keyring = call.state.keyring.clone();
     let (input, identity, plaintext, version_ref) = (&input, &identity, &plaintext, &version_id);
-    let (revision, secret) = call
+    let answer = call
         .state
         .store
         .transact(|tx| {
             let keyring = keyring.clone();
             async move {
+                let mutation = input.mutation_id.as_deref();
+                if let Some(answer) = receipts::replay(&tx, &identity.user_id, mutation, &("secrets.rotate", input)).await? {
+                    return Ok(answer);
+                }
                 let (doc, mut secret) = require_secret(&tx, &input.id).await?;
                 check_scope(&secret, &input.management_scope)?;
+                // a deleting service's or a retired SecretSet's secret takes no new version
+                owner_organization(&tx, &secret.owner).await?;
                 if secret.state == State::Revoked {
                     return Err(Refusal::new("secret-revoked", "a revoked secret takes no new version; create a new one"));
                 }
@@ -435,24 +486,31 @@ async fn rotate(call: Call, input: RotateInput) -> Result<SecretView> {
                 let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
                 emit(&tx, "secret.rotated", &input.id, event_data(&input.id, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
-                Ok((doc.revision, secret))
+                let answer = view(&input.id, doc.revision, secret);
+                receipts::record(&tx, &identity.user_id, mutation, &("secrets.rotate", input), &answer).await?;
+                Ok(answer)
             }
         })
         .await?;
-    tracing::info!(secret = %input.id, version = secret.versions, source, "secret rotated");
-    Ok(view(&input.id, revision, secret))
+    tracing::info!(secret = %input.id, version = answer.secret.versions, source, "secret rotated");
+    Ok(answer)
 }
 
 async fn revoke(call: Call, input: RevokeInput) -> Result<SecretView> {
-    let input = &input;
-    let (revision, secret) = call
+    let actor = call.identity()?.user_id.clone();
+    let (input, actor) = (&input, actor.as_str());
+    let answer = call
         .state
         .store
         .transact(|tx| async move {
+            let mutation = input.mutation_id.as_deref();
+            if let Some(answer) = receipts::replay(&tx, actor, mutation, &("secrets.revoke", input)).await? {
+                return Ok(answer);
+            }
             let (doc, mut secret) = require_secret(&tx, &input.id).await?;
             check_scope(&secret, &input.management_scope)?;
             if secret.state == State::Revoked {
-                return Ok((doc.revision, secret));
+                return Ok(view(&input.id, doc.revision, secret));
             }
             secret.state = State::Revoked;
             secret.revoked_at = Some(now());
@@ -460,11 +518,13 @@ async fn revoke(call: Call, input: RevokeInput) -> Result<SecretView> {
             let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
             emit(&tx, "secret.revoked", &input.id, event_data(&input.id, &secret)).await?;
             publish_manifest(&tx, &secret).await?;
-            Ok((doc.revision, secret))
+            let answer = view(&input.id, doc.revision, secret);
+            receipts::record(&tx, actor, mutation, &("secrets.revoke", input), &answer).await?;
+            Ok(answer)
         })
         .await?;
     tracing::info!(secret = %input.id, "secret revoked");
-    Ok(view(&input.id, revision, secret))
+    Ok(answer)
 }
 
 async fn list(call: Call, input: ListInput) -> Result<Listing<SecretView>> {
@@ -640,6 +700,7 @@ pub fn register(registry: &mut Registry) {
     );
     registry.add("secrets.list", "Secrets' metadata, all or one owner's, paged", Access::Admin, list);
     registry.add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get);
+    super::sets::register(registry);
     registry.add(
         "secrets.rewrap",
         "Re-wrap up to `limit` versions' data keys under the active KEK (never decrypting the material); resumable by cursor",

@@ -6,6 +6,7 @@ pub mod envelope;
 pub mod ingress;
 pub mod manifests;
 pub mod methods;
+pub mod sets;
 
 #[cfg(test)]
 mod tests;

@@ -142,8 +142,8 @@ async fn refusals_are_named_and_scopes_keep_managers_apart() {
         (json!({"owner": owner, "key": "lower", "value": generate}), "environment-key-invalid"),
         (json!({"owner": {"kind": "service", "serviceId": "svc_missing"}, "key": "K", "value": generate}), "service-not-found"),
         (
-            json!({"owner": {"kind": "organization", "organizationId": "org_missing"}, "key": "K", "value": generate}),
-            "organization-not-found",
+            json!({"owner": {"kind": "organization", "organizationId": "org_missing", "secretSetId": "sset_missing"}, "key": "K", "value": generate}),
+            "secret-set-not-found",
         ),
         (json!({"owner": {"kind": "system", "systemId": "bad id!"}, "key": "K", "value": generate}), "invalid-request"),
         (json!({"owner": owner, "key": "K", "value": {"generate": {"length": 8, "alphabet": "hex"}}}), "invalid-request"),
@@ -286,4 +286,172 @@ async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_co
     assert_eq!(ingress::open_as(&agent, &older, value).unwrap_err().code, "sealed-input-invalid");
     let stranger = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
     assert_eq!(ingress::open_as(&stranger, &target, value).unwrap_err().code, "sealed-input-invalid");
+}
+
+fn manifests_published(events: &[crate::events::Event], service: &str) -> usize {
+    events.iter().filter(|e| e.kind == "secret.manifestPublished" && e.subject == service).count()
+}
+
+async fn events(w: &World) -> Vec<crate::events::Event> {
+    crate::events::read_after(&w.host.state.store, 0, 1000).await.unwrap()
+}
+
+#[tokio::test]
+async fn secret_sets_attach_in_order_resolve_with_conflicts_named_and_retire_detaching_everywhere() {
+    let w = World::new().await;
+    let web = w.service().await;
+    let org = w.call("services.get", json!({"id": web})).await.unwrap()["organizationId"].as_str().unwrap().to_string();
+    let api = w.call("services.create", json!({"name": "api", "organizationId": org, "image": "nginx"})).await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let generate = json!({"generate": {"length": 24, "alphabet": "hex"}});
+
+    let set =
+        w.call("secrets.createSecretSet", json!({"organizationId": org, "name": "shared", "description": "smtp relay"})).await.unwrap();
+    let set_id = set["id"].as_str().unwrap().to_string();
+    assert_eq!((set["state"].as_str(), set["revision"].as_u64()), (Some("active"), Some(1)));
+    assert_eq!(w.call("secrets.createSecretSet", json!({"organizationId": org, "name": "shared"})).await.unwrap_err().code, "exists");
+    let set_owner = json!({"kind": "organization", "organizationId": org, "secretSetId": set_id});
+    let set_ref = format!("organization:{org}/secretSet:{set_id}");
+    let smtp = w
+        .call("secrets.create", json!({"owner": set_owner, "key": "SMTP_PASSWORD", "value": {"sealed": w.sealed("secrets.create", &set_ref, "SMTP_PASSWORD", PLANTED)}}))
+        .await
+        .unwrap();
+    assert_eq!((smtp["ownerRef"].as_str(), smtp["organizationId"].as_str()), (Some(set_ref.as_str()), Some(org.as_str())));
+    w.call("secrets.create", json!({"owner": set_owner, "key": "DB_URL", "value": generate})).await.unwrap();
+    let own = w
+        .call("secrets.create", json!({"owner": {"kind": "service", "serviceId": web}, "key": "DB_URL", "value": generate}))
+        .await
+        .unwrap();
+
+    // attaching states the service's secrets revision
+    let config = w.call("secrets.getServiceConfiguration", json!({"serviceId": web})).await.unwrap();
+    assert_eq!(config, json!({"serviceId": web, "secretsRevision": 0, "attachments": []}));
+    let attach = |service: &str, revision: u64| json!({"serviceId": service, "secretSetId": set_id, "expectedSecretsRevision": revision});
+    assert_eq!(w.call("secrets.attachSecretSet", attach(&web, 3)).await.unwrap_err().code, "conflict");
+    let config = w.call("secrets.attachSecretSet", attach(&web, 0)).await.unwrap();
+    assert_eq!((config["secretsRevision"].as_u64(), config["attachments"][0]["secretSetId"].as_str()), (Some(1), Some(set_id.as_str())));
+    assert_eq!(w.call("secrets.attachSecretSet", attach(&web, 1)).await.unwrap_err().code, "secret-set-already-attached");
+
+    // the service's own secret wins and the conflict is named; the set supplies the rest
+    let manifest = w.call("secrets.getManifest", json!({"serviceId": web})).await.unwrap();
+    let entries = &manifest["entries"]["production"];
+    assert_eq!(entries["DB_URL"]["secretId"], own["id"]);
+    assert_eq!(entries["DB_URL"]["from"], json!({"kind": "service"}));
+    assert_eq!(entries["SMTP_PASSWORD"]["from"], json!({"kind": "secretSet", "secretSetId": set_id}));
+    let preview = w.call("secrets.previewResolution", json!({"serviceId": web})).await.unwrap();
+    assert_eq!((preview["secretsRevision"].as_u64(), preview["manifestNumber"].clone()), (Some(1), manifest["number"].clone()));
+    assert_eq!(preview["entries"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        preview["conflicts"],
+        json!([{"environment": "production", "key": "DB_URL", "resolvedFrom": {"kind": "service"}, "shadowed": [{"kind": "secretSet", "secretSetId": set_id}]}])
+    );
+
+    // an exact replay answers again and publishes nothing; the same id for another request is refused
+    let mut replayable = attach(&api, 0);
+    replayable["mutationId"] = json!("attach-api-1");
+    let first = w.call("secrets.attachSecretSet", replayable.clone()).await.unwrap();
+    let before = events(&w).await;
+    assert_eq!(w.call("secrets.attachSecretSet", replayable.clone()).await.unwrap(), first);
+    assert_eq!(events(&w).await.len(), before.len(), "a replay writes nothing");
+    replayable["serviceId"] = json!(web);
+    assert_eq!(w.call("secrets.attachSecretSet", replayable).await.unwrap_err().code, "mutation-reused");
+
+    // rotating a set member publishes the manifest of every service it is attached to
+    let before = events(&w).await;
+    w.call("secrets.rotate", json!({"id": smtp["id"], "expectedVersionId": smtp["currentVersionId"], "value": generate})).await.unwrap();
+    let after = events(&w).await;
+    assert_eq!(
+        (manifests_published(&after, &web), manifests_published(&after, &api)),
+        (manifests_published(&before, &web) + 1, manifests_published(&before, &api) + 1)
+    );
+
+    // another organization's set, and a set that is not attached, are refused by name
+    let other_org = w.call("organizations.create", json!({"name": "globex"})).await.unwrap();
+    let foreign = w.call("secrets.createSecretSet", json!({"organizationId": other_org["id"], "name": "shared"})).await.unwrap();
+    let body = json!({"serviceId": web, "secretSetId": foreign["id"], "expectedSecretsRevision": 1});
+    assert_eq!(w.call("secrets.attachSecretSet", body.clone()).await.unwrap_err().code, "secret-set-organization-mismatch");
+    assert_eq!(w.call("secrets.detachSecretSet", body).await.unwrap_err().code, "secret-set-not-attached");
+    assert_eq!(
+        w.call("organizations.delete", json!({"id": other_org["id"], "expectedRevision": other_org["revision"]})).await.unwrap_err().code,
+        "organization-has-secret-sets"
+    );
+
+    // renaming states the revision
+    let renamed = w.call("secrets.updateSecretSet", json!({"id": set_id, "expectedRevision": 1, "name": "mail-relay"})).await.unwrap();
+    assert_eq!((renamed["name"].as_str(), renamed["revision"].as_u64()), (Some("mail-relay"), Some(2)));
+    assert_eq!(
+        w.call("secrets.updateSecretSet", json!({"id": set_id, "expectedRevision": 1, "description": "x"})).await.unwrap_err().code,
+        "conflict"
+    );
+
+    // retiring detaches it from every service and publishes each one's manifest, in one go
+    assert_eq!(w.call("secrets.retireSecretSet", json!({"id": set_id, "expectedRevision": 1})).await.unwrap_err().code, "conflict");
+    let retired = w.call("secrets.retireSecretSet", json!({"id": set_id, "expectedRevision": 2})).await.unwrap();
+    let mut detached: Vec<&str> = retired["detachedServiceIds"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    detached.sort();
+    let mut both = vec![web.as_str(), api.as_str()];
+    both.sort();
+    assert_eq!((retired["secretSet"]["state"].as_str(), detached), (Some("retired"), both));
+    for service in [&web, &api] {
+        let manifest = w.call("secrets.getManifest", json!({"serviceId": service})).await.unwrap();
+        assert!(manifest["entries"]["production"].get("SMTP_PASSWORD").is_none(), "{manifest}");
+        let config = w.call("secrets.getServiceConfiguration", json!({"serviceId": service})).await.unwrap();
+        assert_eq!(config["attachments"], json!([]));
+    }
+    let detail = w.call("secrets.getSecretSet", json!({"id": set_id})).await.unwrap();
+    assert_eq!((detail["secrets"].as_array().unwrap().len(), detail["attachedServiceIds"].clone()), (2, json!([])));
+    let web_revision =
+        w.call("secrets.getServiceConfiguration", json!({"serviceId": web})).await.unwrap()["secretsRevision"].as_u64().unwrap();
+    assert_eq!(w.call("secrets.attachSecretSet", attach(&web, web_revision)).await.unwrap_err().code, "secret-set-retired");
+    assert_eq!(
+        w.call("secrets.create", json!({"owner": set_owner, "key": "NEW_KEY", "value": generate})).await.unwrap_err().code,
+        "secret-set-retired"
+    );
+    let smtp_now = w.call("secrets.get", json!({"id": smtp["id"]})).await.unwrap();
+    let err =
+        w.call("secrets.rotate", json!({"id": smtp["id"], "expectedVersionId": smtp_now["currentVersionId"], "value": generate})).await;
+    assert_eq!(err.unwrap_err().code, "secret-set-retired");
+    assert_eq!(
+        w.call("secrets.retireSecretSet", json!({"id": set_id, "expectedRevision": retired["secretSet"]["revision"]}))
+            .await
+            .unwrap_err()
+            .code,
+        "secret-set-retired"
+    );
+    let listed = w.call("secrets.listSecretSets", json!({"organizationId": org})).await.unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1);
+    assert_eq!(w.call("secrets.getSecretSet", json!({"id": "sset_missing"})).await.unwrap_err().code, "secret-set-not-found");
+}
+
+#[tokio::test]
+async fn replays_create_nothing_twice_and_a_deleted_service_takes_its_secrets_and_attachments_along() {
+    let w = World::new().await;
+    let svc = w.service().await;
+    let owner = json!({"kind": "service", "serviceId": svc});
+    let owner_ref = format!("service:{svc}");
+    let body = json!({"owner": owner, "key": "DB_PASSWORD", "mutationId": "create-db-1", "value": {"sealed": w.sealed("secrets.create", &owner_ref, "DB_PASSWORD", PLANTED)}});
+    let first = w.call("secrets.create", body.clone()).await.unwrap();
+    let before = events(&w).await.len();
+    assert_eq!(w.call("secrets.create", body).await.unwrap(), first, "the exact replay answers the first answer");
+    assert_eq!(events(&w).await.len(), before, "and writes nothing, publishes nothing");
+    let rotate = json!({"id": first["id"], "expectedVersionId": first["currentVersionId"], "mutationId": "rotate-db-1", "value": {"generate": {"length": 16, "alphabet": "hex"}}});
+    let rotated = w.call("secrets.rotate", rotate.clone()).await.unwrap();
+    assert_eq!(w.call("secrets.rotate", rotate).await.unwrap(), rotated, "a replayed generate does not generate again");
+    assert_eq!(w.call("secrets.get", json!({"id": first["id"]})).await.unwrap()["versions"], 2);
+    let err = w.call("secrets.revoke", json!({"id": first["id"], "mutationId": "bad id!"})).await.unwrap_err();
+    assert_eq!(err.code, "invalid-request");
+
+    let org = w.call("services.get", json!({"id": svc})).await.unwrap()["organizationId"].clone();
+    let set = w.call("secrets.createSecretSet", json!({"organizationId": org, "name": "shared"})).await.unwrap();
+    w.call("secrets.attachSecretSet", json!({"serviceId": svc, "secretSetId": set["id"], "expectedSecretsRevision": 0})).await.unwrap();
+    let service = w.call("services.get", json!({"id": svc})).await.unwrap();
+    let deleted = w.call("services.delete", json!({"id": svc, "expectedRevision": service["revision"]})).await.unwrap();
+    assert_eq!(deleted["state"], "deleted");
+    let secret = w.call("secrets.get", json!({"id": first["id"]})).await.unwrap();
+    assert_eq!(secret["state"], "revoked", "a deleted service's own secrets are revoked");
+    let detail = w.call("secrets.getSecretSet", json!({"id": set["id"]})).await.unwrap();
+    assert_eq!((detail["state"].as_str(), detail["attachedServiceIds"].clone()), (Some("active"), json!([])), "the set stays, detached");
+    assert_eq!(w.call("secrets.previewResolution", json!({"serviceId": svc})).await.unwrap_err().code, "service-not-found");
 }
