@@ -132,7 +132,8 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
 }
 
 /// The plugin runtime: the engine (compiled components cached in the state directory), the
-/// trusted publishers, and every enabled plugin loaded from the registry.
+/// trusted publishers, the first-party plugins installed or upgraded, and every enabled plugin
+/// loaded from the registry.
 async fn start_plugins(
     config: &ServeConfig,
     store: &Store,
@@ -149,6 +150,7 @@ async fn start_plugins(
     let runtime = Runtime::new(Some(config.node.state_dir.join("plugin-cache")))?;
     let services = Services::new(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone());
     let plugins = PluginHost::new(runtime, services, publishers).await?;
+    plugins.install_first_party().await?;
     plugins.sync().await?;
     let source = plugins.clone();
     fleet.add_workload_source(Arc::new(move || source.loaded().iter().map(|a| a.described.placement.clone()).collect()));

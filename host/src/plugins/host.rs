@@ -184,6 +184,8 @@ pub struct PluginHost {
     pub services: Arc<Services>,
     /// Keys trusted by configuration (cannot be removed through the API).
     configured_publishers: Vec<PublisherKey>,
+    /// The first-party bundles this binary embeds.
+    first_party: Vec<Bundle>,
     active: RwLock<HashMap<String, Arc<Active>>>,
     /// Why an installed plugin is not loaded here, by id.
     load_errors: RwLock<HashMap<String, LastError>>,
@@ -197,6 +199,16 @@ fn bundle_key(id: &str, version: &str, digest: &str) -> String {
 
 impl PluginHost {
     pub async fn new(runtime: Arc<Runtime>, services: Arc<Services>, configured_publishers: Vec<PublisherKey>) -> Result<Arc<Self>> {
+        Self::with_first_party(runtime, services, configured_publishers, super::first_party::bundles()?).await
+    }
+
+    /// A host whose first-party plugins are `first_party` (the embedded ones, or a test's).
+    pub async fn with_first_party(
+        runtime: Arc<Runtime>,
+        services: Arc<Services>,
+        configured_publishers: Vec<PublisherKey>,
+        first_party: Vec<Bundle>,
+    ) -> Result<Arc<Self>> {
         services.store.declare(CollectionSpec::new(PLUGINS)).await?;
         services.store.declare(CollectionSpec::new(TRUSTED_PUBLISHERS)).await?;
         services.store.declare(CollectionSpec::new(super::imports::PLUGIN_KEYS)).await?;
@@ -205,6 +217,7 @@ impl PluginHost {
             runtime,
             services,
             configured_publishers,
+            first_party,
             active: Default::default(),
             load_errors: Default::default(),
             lifecycle: Default::default(),
@@ -342,11 +355,21 @@ impl PluginHost {
         self.load_errors.write().expect("plugins lock").insert(id.to_string(), error);
     }
 
+    /// Who vouches for a bundle: `first-party` for an unsigned bundle byte for byte one this
+    /// binary embeds, else the trusted publisher whose signature verifies.
+    async fn trust(&self, bundle: &Bundle) -> Result<String> {
+        let digest = bundle.digest_hex();
+        if bundle.signature.is_none() && self.first_party.iter().any(|b| b.manifest.id == bundle.manifest.id && b.digest_hex() == digest) {
+            return Ok(super::first_party::PUBLISHER.into());
+        }
+        Ok(bundle.verify(&self.trusted_keys().await?)?.to_string())
+    }
+
     /// Verify a bundle and prepare it to run: signature and trust, WIT version, approval,
     /// compilation, descriptor. Nothing is recorded.
     async fn prepare(&self, bundle: &Bundle, approved: &[String], revision: u64) -> Result<Active> {
-        let publisher = bundle.verify(&self.trusted_keys().await?)?;
-        self.prepare_verified(bundle, approved, publisher.to_string(), revision).await
+        let publisher = self.trust(bundle).await?;
+        self.prepare_verified(bundle, approved, publisher, revision).await
     }
 
     async fn prepare_verified(&self, bundle: &Bundle, approved: &[String], publisher: String, revision: u64) -> Result<Active> {
@@ -410,6 +433,42 @@ impl PluginHost {
         Ok(())
     }
 
+    /// Install the first-party plugins this binary embeds, or upgrade them to the embedded
+    /// version. Never stops a start: a failure is logged and noted as the plugin's load error.
+    /// A plugin of the same id from another publisher, or one an operator disabled, is left
+    /// as it is.
+    pub async fn install_first_party(&self) -> Result<()> {
+        let all_requested = ["all-requested".to_string()];
+        for bundle in &self.first_party {
+            let id = bundle.manifest.id.as_str();
+            let outcome = match self.record(id).await? {
+                None => self.install(&bundle.to_bytes(), &all_requested, super::first_party::INSTALLER).await.map(|_| "installed"),
+                Some((record, _)) if record.current.publisher != super::first_party::PUBLISHER => {
+                    tracing::warn!(plugin = %id, publisher = %record.current.publisher, "a plugin from another publisher holds a first-party id; the embedded one is not installed");
+                    continue;
+                }
+                Some((record, _)) => {
+                    let installed: semver::Version = record.current.version.parse().map_err(Refusal::internal)?;
+                    if bundle.manifest.version <= installed {
+                        continue;
+                    }
+                    if !record.enabled {
+                        tracing::info!(plugin = %id, installed = %installed, embedded = %bundle.manifest.version, "first-party plugin disabled; not upgraded");
+                        continue;
+                    }
+                    self.upgrade(&bundle.to_bytes(), &all_requested, super::first_party::INSTALLER).await.map(|_| "upgraded")
+                }
+            };
+            match outcome {
+                Ok(done) => tracing::info!(plugin = %id, version = %bundle.manifest.version, "first-party plugin {done}"),
+                // another node of the fleet did it first
+                Err(e) if e.is("plugin-exists") || e.is("version-not-newer") || e.is("conflict") => {}
+                Err(e) => self.note_load_error(id, &e),
+            }
+        }
+        Ok(())
+    }
+
     /// Install a new plugin from a bundle.
     pub async fn install(&self, bytes: &[u8], approved: &[String], by: &str) -> Result<Record> {
         let _guard = self.lifecycle.lock().await;
@@ -417,13 +476,13 @@ impl PluginHost {
         let bundle = Bundle::parse(bytes)?;
         let id = bundle.manifest.id.clone();
         // the signature first: a changed byte always reads as such
-        let publisher = bundle.verify(&self.trusted_keys().await?)?;
+        let publisher = self.trust(&bundle).await?;
         if self.record(&id).await?.is_some() {
             return Err(
                 Refusal::new("plugin-exists", format!("plugin {id} is installed; use plugins.upgrade")).with_data(json!({"id": id}))
             );
         }
-        let active = self.prepare_verified(&bundle, approved, publisher.to_string(), 0).await?;
+        let active = self.prepare_verified(&bundle, approved, publisher, 0).await?;
         self.services.declare_collections(&id, &active.described.collections).await?;
         active.sandbox.migrate(None, &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
@@ -472,7 +531,7 @@ impl PluginHost {
         crate::fleet::refuse_if_frozen(&self.services.blobs).await?;
         let bundle = Bundle::parse(bytes)?;
         let id = bundle.manifest.id.clone();
-        let publisher = bundle.verify(&self.trusted_keys().await?)?;
+        let publisher = self.trust(&bundle).await?;
         let (record, revision) = self.record(&id).await?.ok_or_else(|| not_installed(&id))?;
         let current: semver::Version = record.current.version.parse().map_err(Refusal::internal)?;
         if bundle.manifest.version <= current {
@@ -482,13 +541,16 @@ impl PluginHost {
             )
             .with_data(json!({ "installed": current.to_string(), "offered": bundle.manifest.version.to_string() })));
         }
-        let active = self.prepare_verified(&bundle, approved, publisher.to_string(), 0).await?;
+        let active = self.prepare_verified(&bundle, approved, publisher, 0).await?;
         self.services.declare_collections(&id, &active.described.collections).await?;
         active.sandbox.migrate(Some(&record.current.version), &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
         let next = Record { previous: Some(record.current.clone()), current: version, name: bundle.manifest.name.clone(), ..record };
         let doc = self.replace_record(&next, revision, "plugin.upgraded").await?;
-        self.swap_in(Arc::new(Active { revision: doc, ..active }));
+        // a disabled plugin is upgraded on record only; enabling it loads the new version
+        if next.enabled {
+            self.swap_in(Arc::new(Active { revision: doc, ..active }));
+        }
         tracing::info!(plugin = %id, from = %current, to = %next.current.version, by, "plugin upgraded");
         Ok(next)
     }
@@ -558,6 +620,13 @@ impl PluginHost {
     pub async fn uninstall(&self, id: &str, purge: bool, by: &str) -> Result<Value> {
         let _guard = self.lifecycle.lock().await;
         let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
+        if record.current.publisher == super::first_party::PUBLISHER {
+            return Err(Refusal::new(
+                "plugin-first-party",
+                format!("{id} ships inside the host and is installed again at every start: disable it instead"),
+            )
+            .with_data(json!({ "id": id })));
+        }
         // A purge needs the plugin's collections: from the loaded version, else its bundle.
         let collections: Vec<CollectionSpec> = match self.get(id) {
             Some(active) => active.described.collections.clone(),

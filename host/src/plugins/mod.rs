@@ -2,6 +2,7 @@
 //! world (`wit/manager.wit`), loaded from signed bundles and swapped live.
 
 pub mod bundle;
+pub mod first_party;
 pub mod host;
 pub mod imports;
 pub mod manifest;

@@ -255,3 +255,64 @@ async fn a_compiled_component_is_cached_by_digest() {
     assert!(runtime.prepare(&component).unwrap().cached);
     let _ = f;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_party_plugins_install_at_start_follow_the_binary_and_are_disabled_rather_than_uninstalled() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let embedded = |version: Option<&str>| Bundle::new(manifest("plugins/example", version), component.clone()).unwrap();
+    let (runtime, services) = (f.host.runtime.clone(), f.host.services.clone());
+    let start = |first_party: Vec<Bundle>| PluginHost::with_first_party(runtime.clone(), services.clone(), vec![], first_party);
+
+    // the first start installs it with exactly what it declares, trusted as first-party
+    let host = start(vec![embedded(None)]).await.unwrap();
+    host.install_first_party().await.unwrap();
+    let (record, revision) = host.record("example").await.unwrap().unwrap();
+    assert_eq!(
+        (record.current.publisher.as_str(), record.current.installed_by.as_str(), record.current.version.as_str()),
+        ("first-party", "capstan", "0.1.0")
+    );
+    assert_eq!(record.current.grants, vec!["events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
+    assert_eq!(host.dispatch("example", "greet", Some(&f.admin), "r", json!({ "name": "Ada" })).await.unwrap()["version"], "0.1.0");
+    host.install_first_party().await.unwrap();
+    assert_eq!(host.record("example").await.unwrap().unwrap().1, revision, "a second start changes nothing");
+
+    // a restart loads it from the registry again; a binary that does not embed those bytes cannot
+    let restarted = start(vec![embedded(None)]).await.unwrap();
+    restarted.sync().await.unwrap();
+    assert!(restarted.get("example").is_some());
+    let stranger = start(vec![]).await.unwrap();
+    stranger.sync().await.unwrap();
+    assert!(stranger.get("example").is_none());
+    assert_eq!(stranger.load_error("example").unwrap().code, "bundle-signature-invalid");
+
+    // a newer binary upgrades it at start
+    let newer = start(vec![embedded(Some("0.2.0"))]).await.unwrap();
+    newer.install_first_party().await.unwrap();
+    let (record, _) = newer.record("example").await.unwrap().unwrap();
+    assert_eq!((record.current.version.as_str(), record.previous.unwrap().version.as_str()), ("0.2.0", "0.1.0"));
+    assert_eq!(newer.dispatch("example", "greet", Some(&f.admin), "r", json!({ "name": "Ada" })).await.unwrap()["version"], "0.2.0");
+    // an unsigned bundle is first-party only byte for byte
+    let imitation = embedded(Some("0.3.0")).to_bytes();
+    assert_eq!(newer.upgrade(&imitation, &all(), "admin").await.unwrap_err().code, "bundle-signature-invalid");
+    // it is not uninstalled (it would come back at the next start): it is disabled
+    assert_eq!(newer.uninstall("example", false, "admin").await.unwrap_err().code, "plugin-first-party");
+    newer.set_enabled("example", false, "admin").await.unwrap();
+    let newest = start(vec![embedded(Some("0.4.0"))]).await.unwrap();
+    newest.install_first_party().await.unwrap();
+    let (record, _) = newest.record("example").await.unwrap().unwrap();
+    assert_eq!((record.current.version.as_str(), record.enabled), ("0.2.0", false), "a disabled plugin stays as the operator left it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_another_publisher_installed_under_a_first_party_id_is_left_alone() {
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.example(None), &all(), "admin").await.unwrap();
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let first_party = vec![Bundle::new(manifest("plugins/example", Some("0.9.0")), component).unwrap()];
+    let host = PluginHost::with_first_party(f.host.runtime.clone(), f.host.services.clone(), vec![], first_party).await.unwrap();
+    host.install_first_party().await.unwrap();
+    let (record, _) = host.record("example").await.unwrap().unwrap();
+    assert_eq!(record.current.version, "0.1.0");
+    assert_ne!(record.current.publisher, "first-party");
+}
