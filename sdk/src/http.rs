@@ -1,5 +1,6 @@
 //! Outbound HTTP to approved origins only (capability `http:<origin>`, e.g.
-//! `http:https://catalog.example.com`). Redirects are not followed; bodies are capped.
+//! `http:https://catalog.example.com`, or `http-setting:<key>`: the origins the public setting
+//! `<key>` lists when the request is made). Redirects are not followed; bodies are capped.
 //!
 //! ```no_run
 //! use capstan_sdk::http::Request;

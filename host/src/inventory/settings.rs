@@ -37,11 +37,14 @@ enum Kind {
     TlsMode,
     /// A value-free descriptor object.
     Descriptor,
+    /// A list of Ed25519 public keys in `capstan-ed25519:` form.
+    PublicKeys,
 }
 
 /// Every setting Capstan accepts, with what it is for.
 const ALLOWED: &[(&str, Kind, &str)] = &[
     ("appStoreCatalogSources", Kind::HttpsUrls, "Where the App Store asks for signed catalogs, in order"),
+    ("appStoreTrustedCatalogKeys", Kind::PublicKeys, "Catalog signing keys the App Store trusts besides the ones it ships with"),
     ("backupExternalTarget", Kind::Descriptor, "Value-free backup target descriptor (credentials are system secrets)"),
     ("backupNodeCacheKeepDays", Kind::Days, "Days a node keeps its backup cache"),
     ("corebuildWorkerUrl", Kind::Url, "A build worker URL"),
@@ -66,6 +69,18 @@ const SECRET_WORDS: &[&str] = &["token", "secret", "password", "passwd", "creden
 fn is_secret_key(key: &str) -> bool {
     let folded: String = key.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
     SECRET_WORDS.iter().any(|w| folded.contains(w))
+}
+
+/// Whether `key` is a setting that lists URLs (what an `http-setting:<key>` grant may name).
+pub fn lists_urls(key: &str) -> bool {
+    ALLOWED.iter().any(|(name, kind, _)| *name == key && matches!(kind, Kind::HttpsUrls | Kind::Urls))
+}
+
+/// The URLs the public setting `key` lists now (none when it is unset).
+pub async fn urls(store: &crate::store::Store, key: &str) -> Result<Vec<String>> {
+    let doc = store.transact(|tx| async move { tx.get(SETTINGS, PUBLIC).await }).await?;
+    let listed = doc.as_ref().and_then(|d| d.data.get(key)).and_then(Value::as_array).cloned().unwrap_or_default();
+    Ok(listed.iter().filter_map(Value::as_str).map(str::to_string).collect())
 }
 
 /// Judge one key and value; refusals name the key, never the value.
@@ -118,6 +133,13 @@ fn check(key: &str, value: &Value) -> Result<()> {
             }
         }
         Kind::TlsMode if !matches!(value.as_str(), Some("starttls" | "tls" | "none")) => return Err(bad("one of starttls, tls, none")),
+        Kind::PublicKeys => {
+            let list = value.as_array().filter(|l| l.len() <= 16).ok_or_else(|| bad("a list of at most 16 public keys"))?;
+            let parses = |k: &Value| k.as_str().is_some_and(|k| k.parse::<crate::plugins::bundle::PublisherKey>().is_ok());
+            if !list.iter().all(parses) {
+                return Err(bad("public keys of the form capstan-ed25519:<43 base64url characters>"));
+            }
+        }
         Kind::Descriptor => {
             let map = value.as_object().ok_or_else(|| bad("an object"))?;
             if value.to_string().len() > 4096 {
@@ -275,6 +297,11 @@ mod tests {
     #[test]
     fn values_are_judged_by_kind() {
         assert!(check("appStoreCatalogSources", &json!(["https://catalog.example.com/c.json", "http://127.0.0.1:9/c"])).is_ok());
+        let key = "capstan-ed25519:11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        assert!(check("appStoreTrustedCatalogKeys", &json!([key])).is_ok());
+        for bad in [json!(key), json!(["capstan-ed25519:short"]), json!([key.to_uppercase()])] {
+            assert_eq!(check("appStoreTrustedCatalogKeys", &bad).unwrap_err().code, "setting-invalid", "{bad}");
+        }
         assert_eq!(check("appStoreCatalogSources", &json!(["http://catalog.example.com/"])).unwrap_err().code, "setting-invalid");
         assert!(check("dcrouterTargetPort", &json!(443)).is_ok());
         assert!(check("dcrouterTargetPort", &json!(0)).is_err() && check("dcrouterTargetPort", &json!("443")).is_err());

@@ -192,6 +192,24 @@ impl CallData {
         Err(refusal("capability-denied", message, json!({ "capability": capability.to_string() })))
     }
 
+    /// Outbound HTTP to `origin`: granted by name (`http:<origin>`), or because a setting the
+    /// plugin was granted (`http-setting:<key>`) lists a URL of that origin right now.
+    async fn require_http(&mut self, origin: &str) -> WitResult<()> {
+        let by_name = Capability::Http(origin.to_string());
+        if self.describing || self.grants.contains(&by_name) {
+            return self.require(&by_name);
+        }
+        let keys: Vec<String> =
+            self.grants.iter().filter_map(|g| if let Capability::HttpSetting(key) = g { Some(key.clone()) } else { None }).collect();
+        for key in keys {
+            let listed = crate::inventory::settings::urls(&self.services.store, &key).await.map_err(to_wit)?;
+            if listed.iter().filter_map(|u| reqwest::Url::parse(u).ok()).any(|u| origin_of(&u).as_deref() == Some(origin)) {
+                return Ok(());
+            }
+        }
+        self.require(&by_name)
+    }
+
     fn collection(&self, name: &str) -> WitResult<String> {
         self.require(&Capability::Store)?;
         let declared = self.services.collections.read().expect("collections lock").get(&self.plugin).is_some_and(|c| c.contains(name));
@@ -607,7 +625,7 @@ impl http::Host for CallData {
             return Err(refusal("invalid-request", "only http and https URLs can be fetched".into(), json!({})));
         }
         let origin = origin_of(&url).ok_or_else(|| refusal("invalid-request", "the URL has no host".into(), json!({})))?;
-        self.require(&Capability::Http(origin.clone()))?;
+        self.require_http(&origin).await?;
         let method = reqwest::Method::from_bytes(request.method.as_bytes())
             .ok()
             .filter(|m| ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&m.as_str()))

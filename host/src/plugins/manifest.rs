@@ -382,6 +382,10 @@ pub enum Capability {
     Blobs,
     /// `http:<origin>`: outbound HTTP to one origin (`https://host[:port]`).
     Http(String),
+    /// `http-setting:<key>`: outbound HTTP to the origins of the URLs the operator lists in
+    /// the public setting `<key>` (for sources only the operator knows, such as
+    /// `appStoreCatalogSources`), as they stand at each request.
+    HttpSetting(String),
     /// `agents`: call named methods on connected cluster relays.
     Agents,
     /// `events:publish`.
@@ -412,6 +416,7 @@ impl fmt::Display for Capability {
             Capability::SecretsReveal(scope) => write!(f, "secrets-reveal:{scope}"),
             Capability::Blobs => f.write_str("blobs"),
             Capability::Http(origin) => write!(f, "http:{origin}"),
+            Capability::HttpSetting(key) => write!(f, "http-setting:{key}"),
             Capability::Agents => f.write_str("agents"),
             Capability::EventsPublish => f.write_str("events:publish"),
             Capability::Sign => f.write_str("sign"),
@@ -460,6 +465,8 @@ impl FromStr for Capability {
                 Ok(()) => Ok(Capability::Http(arg.to_string())),
                 Err(why) => Err(refuse(format!("capability {s:?}: the origin {why}"))),
             },
+            "http-setting" if crate::inventory::settings::lists_urls(arg) => Ok(Capability::HttpSetting(arg.to_string())),
+            "http-setting" => Err(refuse(format!("capability {s:?}: {arg:?} is not a setting that lists URLs"))),
             _ => Err(refuse(format!("unknown capability {s:?}"))),
         }
     }

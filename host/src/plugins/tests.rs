@@ -316,3 +316,52 @@ async fn a_plugin_another_publisher_installed_under_a_first_party_id_is_left_alo
     assert_eq!(record.current.version, "0.1.0");
     assert_ne!(record.current.publisher, "first-party");
 }
+
+/// A loopback HTTP server answering every request `200 ok`; its origin.
+async fn answering_server() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+            });
+        }
+    });
+    origin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_now() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
+    let text = manifest("tests/plugins/adversary", None).replacen(
+        r#"requested = ["store", "log"]"#,
+        r#"requested = ["store", "log", "http-setting:appStoreCatalogSources"]"#,
+        1,
+    );
+    let mut bundle = Bundle::new(text, component).unwrap();
+    bundle.sign(&f.key);
+    let record = f.host.install(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    assert!(record.current.grants.contains(&"http-setting:appStoreCatalogSources".to_string()), "{:?}", record.current.grants);
+
+    let (listed, unlisted) = (answering_server().await, answering_server().await);
+    let fetch = |origin: &str| f.call("adversary", "fetch", json!({ "url": format!("{origin}/catalog.json") }));
+    assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "nothing is listed yet");
+    let settings = f.state.methods.get("settings.update").unwrap();
+    let call = || crate::api::Call { state: f.state.clone(), identity: Some(f.admin.clone()), source: None };
+    let body = json!({ "expectedRevision": 0, "set": { "appStoreCatalogSources": [format!("{listed}/catalog.json")] } });
+    settings.call(call(), body).await.unwrap();
+    assert_eq!(fetch(&listed).await.unwrap()["status"], 200);
+    assert_eq!(fetch(&unlisted).await.unwrap_err().code, "capability-denied", "another origin stays closed");
+    settings.call(call(), json!({ "expectedRevision": 1, "unset": ["appStoreCatalogSources"] })).await.unwrap();
+    assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "the grant follows the setting as it stands");
+    assert_eq!(
+        "http-setting:dcrouterTargetHost".parse::<crate::plugins::manifest::Capability>().unwrap_err().code,
+        "capability-unknown",
+        "only a setting that lists URLs can be named"
+    );
+}

@@ -8,7 +8,8 @@
 //! - `trap`: panics, which is a WebAssembly trap;
 //! - `garbage`: answers a body that is not JSON, through the raw bindings;
 //! - `echo`: behaves, to prove the plugin still works after all of the above;
-//! - `sleepy`: busy-waits on the wall clock for `ms` milliseconds (concurrency and deadlines).
+//! - `sleepy`: busy-waits on the wall clock for `ms` milliseconds (concurrency and deadlines);
+//! - `fetch`: GETs the URL given, for tests of what its grants let through.
 
 use capstan_sdk::bindings::capstan::plugin::types;
 use capstan_sdk::bindings::exports::capstan::plugin::guest::{self, Guest};
@@ -32,6 +33,7 @@ impl Manager for Adversary {
             })
             .method("echo", "Answer the value sent.", Role::Authenticated, echo)
             .method("sleepy", "Busy-wait for ms milliseconds.", Role::Authenticated, sleepy)
+            .method("fetch", "GET a URL and answer its status.", Role::Authenticated, fetch)
     }
 }
 
@@ -61,6 +63,17 @@ struct Fetched {
 
 fn forbidden(_ctx: &Context, _: Empty) -> Result<Fetched> {
     let response = http::Request::get("https://example.com/").send()?;
+    Ok(Fetched { status: response.status })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Fetch {
+    url: String,
+}
+
+fn fetch(_ctx: &Context, input: Fetch) -> Result<Fetched> {
+    let response = http::Request::get(&input.url).send()?;
     Ok(Fetched { status: response.status })
 }
 
