@@ -4,7 +4,10 @@
 //! cluster's token shown once), edit and delete the service through its confirmation, see the
 //! lists update live after changes made through the HTTP API; run `host.cleanup` from the Tasks
 //! view and watch its execution end, disable it (confirmed) and see Run now refused, enable it
-//! again; log out.
+//! again; in the Secrets view, create a service's secret from a typed value and one generated
+//! in the browser (shown once, then nowhere), rotate and revoke them, with every value sealed
+//! by the page's script and checked against the server's store; a SecretSet with a member
+//! secret attached to the service, its resolution previewed; log out.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`/usr/bin/chromium`, `/usr/bin/chromedriver`).
 //! Without them the test prints why and passes, unless `CAPSTAN_TEST_REQUIRE_BROWSER=1`
@@ -32,10 +35,19 @@ const SERVICES_SCREENSHOT_COPY: &str = "/tmp/capstan-services.png";
 const CLUSTERS_SCREENSHOT_COPY: &str = "/tmp/capstan-clusters.png";
 const TASKS_SCREENSHOT_COPY: &str = "/tmp/capstan-tasks.png";
 const TASK_SCREENSHOT_COPY: &str = "/tmp/capstan-task.png";
+const SECRETS_SCREENSHOT_COPY: &str = "/tmp/capstan-secrets.png";
+const SECRETS_GENERATE_SCREENSHOT_COPY: &str = "/tmp/capstan-secrets-generate.png";
+const SECRET_SET_SCREENSHOT_COPY: &str = "/tmp/capstan-secret-set.png";
+const SECRETS_RESOLVED_SCREENSHOT_COPY: &str = "/tmp/capstan-secrets-resolved.png";
+const SECRET_REVOKE_SCREENSHOT_COPY: &str = "/tmp/capstan-secret-revoke.png";
+/// The values the browser seals in the Secrets view: none may appear in any page or log.
+const TYPED_VALUE: &str = "typed-in-the-browser-4b1e Ünïcode ✓";
+const ROTATED_VALUE: &str = "rotated-in-the-browser-9c2d";
+const SET_VALUE: &str = "shared-in-the-browser-70aa";
 /// How long the scenario waits for an element (a page, a live update) before failing.
 const ELEMENT_WAIT: Duration = Duration::from_secs(30);
 /// How long the whole browser scenario may take.
-const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Whether the browser is there; `false` (after saying why) when the test should be skipped.
 fn browser_available() -> bool {
@@ -177,6 +189,9 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
     // nothing secret reached the log
     let log = server.stderr();
     assert!(!log.contains(&password), "the password must not be logged");
+    for value in [TYPED_VALUE, ROTATED_VALUE, SET_VALUE] {
+        assert!(!log.contains(value), "a secret value must not be logged");
+    }
     assert!(!log.contains("eyJ"), "no JWT may be logged:\n{log}");
 }
 
@@ -305,11 +320,11 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     assert_eq!(inline_styles, json!(0), "no inline styles on the page");
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
-    // sections not built yet are not links; the overview, fleet, clusters, services, plugins,
-    // tasks and settings are
+    // sections not built yet are not links; the overview, fleet, clusters, services, secrets,
+    // plugins, tasks and settings are
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
-    assert_eq!(disabled.len(), 5);
-    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 7);
+    assert_eq!(disabled.len(), 4);
+    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 8);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -338,6 +353,7 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     clusters_view(client, &api, dir).await;
     settings_view(client).await;
     tasks_view(client, dir).await;
+    secrets_view(client, server, &api, dir).await;
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();
@@ -605,4 +621,163 @@ async fn tasks_view(client: &Client, dir: &Path) {
     wait_for(client, r#"tr[data-task="host.cleanup"][data-enabled="true"] .task-last [data-status="succeeded"]"#).await;
     let shot = client.screenshot().await.expect("a screenshot of the tasks view");
     save_screenshot(&shot, dir, "tasks.png", TASKS_SCREENSHOT_COPY);
+}
+
+/// The current plaintext of a secret, read from the dev server's data directory (its SQLite
+/// store and keyring) through the library, on a thread of its own (the store helper blocks).
+async fn stored_value(dir: &Path, secret_id: &str) -> Vec<u8> {
+    let (data, id) = (dir.join("data"), secret_id.to_string());
+    tokio::task::spawn_blocking(move || {
+        let keyring = capstan::keyring::Keyring::load(&data.join("keyring.json")).expect("the dev keyring");
+        crate::support::with_store(&data.join("capstan.sqlite"), &[], |store| async move {
+            capstan::secrets::methods::declare(&store).await.unwrap();
+            capstan::secrets::methods::open_current(&store, &keyring, &id).await.unwrap().to_vec()
+        })
+    })
+    .await
+    .unwrap()
+}
+
+/// Whether `value` is anywhere in the page: its source, its text, or a field's current value.
+async fn page_holds(client: &Client, value: &str) -> bool {
+    let source = client.source().await.unwrap();
+    let in_fields = client
+        .execute(
+            "const v = arguments[0]; return document.body.innerText.includes(v) || \
+             Array.from(document.querySelectorAll('input, textarea')).some(e => e.value.includes(v))",
+            vec![json!(value)],
+        )
+        .await
+        .unwrap();
+    source.contains(value) || in_fields == json!(true)
+}
+
+async fn secret_id_of(client: &Client, key: &str) -> String {
+    wait_for(client, &format!(r#"tr[data-secret="{key}"]"#)).await.attr("data-id").await.unwrap().expect("the row names its secret")
+}
+
+/// The Secrets view: on a service `vault-demo` of its own organization, a typed value and a
+/// value generated in the browser become secrets; the server opens exactly what the page
+/// sealed; the generated value is shown once in its unsaved form and nowhere after saving;
+/// a rotation and a confirmed revocation; a refusal by code; a SecretSet with a member
+/// sealed for the set, attached to the service, its keys resolved.
+async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, dir: &Path) {
+    let org = api.call("organizations.create", json!({ "name": "secrets-demo" }))["id"].as_str().unwrap().to_string();
+    api.call("services.create", json!({ "organizationId": org, "name": "vault-demo", "image": "ghcr.io/acme/vault-demo:1" }));
+    click(client, r#"a.nav-item[href="/secrets"]"#).await;
+    wait_for(client, "#organization-picker").await;
+    assert_eq!(client.title().await.unwrap(), "Secrets · Capstan");
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Secrets");
+    wait_for(client, "#org-select").await.select_by_value(&org).await.unwrap();
+    click(client, "#organization-open").await;
+    click(client, r#"li[data-service="vault-demo"] a"#).await;
+    wait_for(client, "#secrets-empty").await;
+    assert_eq!(client.title().await.unwrap(), "Secrets of vault-demo · Capstan");
+    let secure = client.execute("return window.isSecureContext && !!(crypto.subtle)", vec![]).await.unwrap();
+    assert_eq!(secure, json!(true), "a loopback page may seal");
+    wait_for(client, r#"#secret-create-form[data-seal-ready="true"]"#).await;
+
+    // a typed value: sealed here, opened by the server, exactly these bytes
+    fill(client, "#secret-key", "DB_PASSWORD").await;
+    fill(client, "#create-value", TYPED_VALUE).await;
+    click(client, "#secret-create-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret DB_PASSWORD created");
+    let db = secret_id_of(client, "DB_PASSWORD").await;
+    assert_eq!(stored_value(dir, &db).await, TYPED_VALUE.as_bytes(), "the server opened what the browser sealed");
+    assert!(!page_holds(client, TYPED_VALUE).await, "no page shows the value");
+
+    // generated in the browser: shown once in the unsaved form, then nowhere
+    wait_for(client, r#"#secret-create-form[data-seal-ready="true"]"#).await;
+    fill(client, "#secret-key", "API_TOKEN").await;
+    click(client, "#create-mode-generated").await;
+    assert!(!wait_for(client, "#create-value").await.is_displayed().await.unwrap(), "the typed field gives way");
+    fill(client, "#create-length", "40").await;
+    wait_for(client, "#create-alphabet").await.select_by_value("hex").await.unwrap();
+    click(client, "#create-generate").await;
+    let generated = wait_for(client, "#create-generated").await.prop("value").await.unwrap().unwrap_or_default();
+    assert_eq!(generated.len(), 40, "{generated:?}");
+    assert!(generated.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "hex: {generated:?}");
+    assert!(wait_for(client, "[data-seal-shown]").await.is_displayed().await.unwrap(), "the value is shown with its warning");
+    assert!(text_of(client, "[data-seal-shown] .banner").await.contains("shown only here, once"));
+    let shot = client.screenshot().await.expect("a screenshot of a generated value");
+    save_screenshot(&shot, dir, "secrets-generate.png", SECRETS_GENERATE_SCREENSHOT_COPY);
+    click(client, "#secret-create-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret API_TOKEN created");
+    let token = secret_id_of(client, "API_TOKEN").await;
+    assert!(!page_holds(client, &generated).await, "after saving, the generated value is nowhere in the page");
+    assert_eq!(stored_value(dir, &token).await, generated.as_bytes());
+    client.back().await.unwrap();
+    wait_for(client, "#secret-create-form").await;
+    assert!(!page_holds(client, &generated).await, "nor on the form the browser puts back");
+    client.forward().await.unwrap();
+
+    // the same key again: refused by code, nothing typed shown again
+    wait_for(client, r#"#secret-create-form[data-seal-ready="true"]"#).await;
+    fill(client, "#secret-key", "DB_PASSWORD").await;
+    fill(client, "#create-value", ROTATED_VALUE).await;
+    click(client, "#secret-create-submit").await;
+    let flash = wait_for(client, "#flash.banner-error").await;
+    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("exists"));
+    assert!(!page_holds(client, ROTATED_VALUE).await);
+
+    // rotation: the next version, sealed for secrets.rotate
+    click(client, r#"tr[data-secret="DB_PASSWORD"] a[data-action="rotate"]"#).await;
+    wait_for(client, r#"#secret-rotate-form[data-seal-ready="true"]"#).await;
+    fill(client, "#rotate-value", ROTATED_VALUE).await;
+    click(client, "#secret-rotate-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret DB_PASSWORD rotated");
+    wait_for(client, r#"tr[data-secret="DB_PASSWORD"] td[data-versions="2"]"#).await;
+    assert_eq!(stored_value(dir, &db).await, ROTATED_VALUE.as_bytes());
+
+    // revocation, confirmed by typing the key
+    click(client, r#"tr[data-secret="API_TOKEN"] a[data-action="revoke"]"#).await;
+    wait_for(client, "#revoke-form").await;
+    let shot = client.screenshot().await.expect("a screenshot of a revocation's confirmation");
+    save_screenshot(&shot, dir, "secret-revoke.png", SECRET_REVOKE_SCREENSHOT_COPY);
+    fill(client, "#confirm-key", "API_TOKEN").await;
+    click(client, "#revoke-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret API_TOKEN revoked");
+    wait_for(client, r#"tr[data-secret="API_TOKEN"][data-state="revoked"]"#).await;
+    let shot = client.screenshot().await.expect("a screenshot of a service's secrets");
+    save_screenshot(&shot, dir, "secrets.png", SECRETS_SCREENSHOT_COPY);
+
+    // a SecretSet: created, a member sealed for the set's owner reference, attached, resolved
+    click(client, r#"nav.breadcrumbs a[href^="/secrets?org="]"#).await;
+    fill(client, "#set-name", "shared-mail").await;
+    fill(client, "#set-description", "SMTP relay credentials").await;
+    click(client, "#set-create-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "SecretSet shared-mail created");
+    wait_for(client, r#"#secret-create-form[data-seal-ready="true"]"#).await;
+    fill(client, "#secret-key", "SMTP_PASSWORD").await;
+    fill(client, "#create-value", SET_VALUE).await;
+    click(client, "#secret-create-submit").await;
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret SMTP_PASSWORD created");
+    let member = secret_id_of(client, "SMTP_PASSWORD").await;
+    assert_eq!(stored_value(dir, &member).await, SET_VALUE.as_bytes());
+    let set_page = path_of(client).await;
+    assert_eq!(org_of(client).await, org);
+    client.goto(&server.url(&format!("/secrets?org={org}"))).await.unwrap();
+    click(client, r#"li[data-service="vault-demo"] a"#).await;
+    wait_for(client, "#attach-form").await.find(Locator::Css("#attach-submit")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "SecretSet shared-mail attached");
+    wait_for(client, r#"#resolved-table tr[data-resolved="SMTP_PASSWORD"][data-from="shared-mail"]"#).await;
+    wait_for(client, r#"#resolved-table tr[data-resolved="DB_PASSWORD"][data-from="service"]"#).await;
+    assert!(!page_holds(client, SET_VALUE).await && !page_holds(client, ROTATED_VALUE).await);
+    client.execute("document.querySelector('#attachments').scrollIntoView()", vec![]).await.unwrap();
+    let shot = client.screenshot().await.expect("a screenshot of the attachments");
+    std::fs::write(dir.join("secrets-resolved.png"), &shot).unwrap();
+    let _ = std::fs::write(SECRETS_RESOLVED_SCREENSHOT_COPY, &shot);
+    client.goto(&server.url(&set_page)).await.unwrap();
+    wait_for(client, r#"#set-services a.chip"#).await;
+    let shot = client.screenshot().await.expect("a screenshot of the SecretSet");
+    save_screenshot(&shot, dir, "secret-set.png", SECRET_SET_SCREENSHOT_COPY);
+
+    let log = server.stderr();
+    assert!(!log.contains(&generated), "the generated value must not be logged");
+}
+
+/// The organization id the breadcrumbs of a Secrets page link to.
+async fn org_of(client: &Client) -> String {
+    let href = wait_for(client, r#"nav.breadcrumbs a[href^="/secrets?org="]"#).await.attr("href").await.unwrap().unwrap();
+    href.split("org=").nth(1).unwrap().to_string()
 }

@@ -20,6 +20,7 @@ pub struct Asset {
 pub static ASSETS: &[Asset] = &[
     Asset { path: "app.css", content_type: "text/css; charset=utf-8", bytes: include_bytes!("../../../dashboard/static/app.css") },
     Asset { path: "logo.svg", content_type: "image/svg+xml", bytes: include_bytes!("../../../dashboard/static/logo.svg") },
+    Asset { path: "seal.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../../../dashboard/static/seal.js") },
     Asset {
         path: "vendor/htmx.min.js",
         content_type: "text/javascript; charset=utf-8",

@@ -3,7 +3,7 @@
 //! A page that shows inventory carries one small element (`live.html`) that htmx loads as
 //! soon as it is on the page: a long poll that reads the outbox's head every
 //! [`POLL_EVERY`] and answers once an event in one of the page's areas (`cluster`,
-//! `service`, `organization`, `settings`) committed after `after`, or after [`WAIT_AT_MOST`]
+//! `service`, `organization`, `settings`, `secret`, `secretSet`) committed after `after`, or after [`WAIT_AT_MOST`]
 //! with nothing. The answer is the element again, holding the new head, so htmx swaps it in
 //! and the next poll starts from there; when something changed it also carries
 //! `HX-Trigger: capstan-changed`, on which the page's panels re-fetch themselves. A refresh
@@ -38,7 +38,7 @@ const SCAN: usize = 200;
 /// The most polls waiting at once in this process.
 const MAX_WAITERS: usize = 256;
 /// The areas a page may watch: the first word of an event's kind.
-pub(super) const AREAS: &[&str] = &["cluster", "service", "organization", "settings"];
+pub(super) const AREAS: &[&str] = &["cluster", "service", "organization", "settings", "secret", "secretSet"];
 /// The event the panels listen for.
 pub(super) const CHANGED: &str = "capstan-changed";
 

@@ -2,7 +2,9 @@
 //! nodes, administrators only), `/clusters`, `/services` (with organizations) and `/settings`
 //! (the inventory, through the same methods as the API, updated live from the event outbox),
 //! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
-//! scheduler's tasks and their executions, through the `tasks.*` methods), `/login` and
+//! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
+//! service's secrets and each organization's SecretSets, write-only: values are sealed in the
+//! browser), `/login` and
 //! `/logout`, from the templates in
 //! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
 //! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
@@ -21,6 +23,7 @@ mod fleet;
 mod forms;
 mod live;
 mod plugins;
+mod secrets;
 mod services;
 mod settings;
 mod tasks;
@@ -76,6 +79,24 @@ pub fn router() -> Router<AppState> {
         .route("/services/{id}/update", post(services::update))
         .route("/services/{id}/delete", get(services::confirm).post(services::delete))
         .route("/organizations/create", post(services::create_organization))
+        .route("/secrets", get(secrets::page))
+        .route("/secrets/services/{id}", get(secrets::service))
+        .route("/secrets/services/{id}/panel", get(secrets::service_panel))
+        // a sealed 64 KiB value is larger than a form: these two routes read more
+        .route("/secrets/services/{id}/create", post(secrets::create).layer(DefaultBodyLimit::max(secrets::SEALED_FORM_LIMIT)))
+        .route(
+            "/secrets/{id}/rotate",
+            get(secrets::rotate_page).post(secrets::rotate).layer(DefaultBodyLimit::max(secrets::SEALED_FORM_LIMIT)),
+        )
+        .route("/secrets/services/{id}/attach", post(secrets::attach))
+        .route("/secrets/services/{id}/detach", post(secrets::detach))
+        .route("/secrets/sets/create", post(secrets::create_set))
+        .route("/secrets/sets/{id}", get(secrets::set))
+        .route("/secrets/sets/{id}/panel", get(secrets::set_panel))
+        .route("/secrets/sets/{id}/create", post(secrets::create_member).layer(DefaultBodyLimit::max(secrets::SEALED_FORM_LIMIT)))
+        .route("/secrets/sets/{id}/update", post(secrets::update_set))
+        .route("/secrets/sets/{id}/retire", get(secrets::confirm_retire).post(secrets::retire))
+        .route("/secrets/{id}/revoke", get(secrets::revoke_page).post(secrets::revoke))
         .route("/settings", get(settings::page))
         .route("/settings/panel", get(settings::panel))
         .route("/settings/update", post(settings::update))
@@ -141,6 +162,15 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("task.html", include_str!("../../../dashboard/templates/task.html")),
     ("task_panel.html", include_str!("../../../dashboard/templates/task_panel.html")),
     ("task_disable.html", include_str!("../../../dashboard/templates/task_disable.html")),
+    ("secrets.html", include_str!("../../../dashboard/templates/secrets.html")),
+    ("secrets_value.html", include_str!("../../../dashboard/templates/secrets_value.html")),
+    ("secrets_list.html", include_str!("../../../dashboard/templates/secrets_list.html")),
+    ("secrets_facts.html", include_str!("../../../dashboard/templates/secrets_facts.html")),
+    ("secrets_service.html", include_str!("../../../dashboard/templates/secrets_service.html")),
+    ("secrets_rotate.html", include_str!("../../../dashboard/templates/secrets_rotate.html")),
+    ("secrets_revoke.html", include_str!("../../../dashboard/templates/secrets_revoke.html")),
+    ("secrets_set.html", include_str!("../../../dashboard/templates/secrets_set.html")),
+    ("secrets_set_retire.html", include_str!("../../../dashboard/templates/secrets_set_retire.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -366,7 +396,7 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Fleet", "fleet", Some("/fleet")),
     ("Clusters", "clusters", Some("/clusters")),
     ("Services", "services", Some("/services")),
-    ("Secrets", "secrets", None),
+    ("Secrets", "secrets", Some("/secrets")),
     ("Apps", "apps", None),
     ("Backups", "backups", None),
     ("Mail", "mail", None),

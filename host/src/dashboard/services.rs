@@ -37,10 +37,10 @@ const ORGANIZATIONS: usize = 200;
 // Views
 
 #[derive(Serialize, Clone)]
-struct OrgOption {
-    id: String,
-    name: String,
-    selected: bool,
+pub(super) struct OrgOption {
+    pub id: String,
+    pub name: String,
+    pub selected: bool,
 }
 
 #[derive(Serialize)]
@@ -167,7 +167,7 @@ fn fields(form: &FormData) -> Result<Map<String, Value>> {
 
 /// The organizations the person may see, the chosen one marked (the asked one, else the
 /// first), or why they could not be read.
-async fn organizations(
+pub(super) async fn organizations(
     state: &AppState,
     identity: &Identity,
     asked: Option<&str>,

@@ -197,10 +197,10 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     assert!(body.contains(env!("CARGO_PKG_VERSION")));
     assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
     // every section is in the rail; the ones without a page yet are shown as coming soon
-    for section in ["Secrets", "Apps", "Backups", "Mail", "Ingress"] {
+    for section in ["Apps", "Backups", "Mail", "Ingress"] {
         assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
     }
-    for path in ["clusters", "services", "tasks", "settings"] {
+    for path in ["clusters", "services", "secrets", "tasks", "settings"] {
         assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
     }
     assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
@@ -494,7 +494,7 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     assert!(!body.contains(r#"id="fleet-nodes""#) && !body.contains(r#"id="fleet-freeze""#), "{body}");
     // the rail links the fleet as the current page; sections not built yet are still to come
     assert!(body.contains(r#"href="&#x2f;fleet" aria-current="page""#), "{body}");
-    assert!(body.contains(r#"title="Secrets: coming soon""#), "{body}");
+    assert!(body.contains(r#"title="Apps: coming soon""#), "{body}");
     assert!(body.find(">Overview<").unwrap() < body.find(">Fleet<").unwrap());
     assert!(body.find(">Fleet<").unwrap() < body.find(">Clusters<").unwrap());
     // live: the panel polls its own route; nothing inline
@@ -1614,4 +1614,404 @@ async fn the_tasks_view_shows_an_operator_forbidden() {
     let tasks = method(&state, &cookie, "tasks.list", serde_json::json!({})).await;
     let cleanup = tasks["tasks"].as_array().unwrap().iter().find(|t| t["id"] == "host.cleanup").unwrap().clone();
     assert_eq!((cleanup["enabled"].as_bool(), cleanup["lastExecution"].is_null()), (Some(true), true), "nothing was done: {cleanup}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The Secrets view
+
+const PLANTED: &str = "hunter2-planted-dashboard-3f9c";
+const PLANTED_ROTATED: &str = "hunter2-planted-dashboard-rotated-81d0";
+
+/// A value sealed as seal.js seals it: to `state`'s ingress recipient, for `method`, `owner`, `key`.
+fn sealed(state: &AppState, method: &str, owner: &str, key: &str, value: &[u8]) -> String {
+    let target = crate::secrets::ingress::target(method, owner, key);
+    let input = crate::secrets::ingress::seal_to(state.keyring.ingress_id(), state.keyring.ingress_public_key(), &target, value);
+    serde_json::to_string(&input).unwrap()
+}
+
+/// An organization `acme` with the service `web`; the service's id.
+async fn secret_service(state: &AppState, cookie: &str) -> String {
+    let org = method(state, cookie, "organizations.create", serde_json::json!({"name": "acme"})).await;
+    let service =
+        method(state, cookie, "services.create", serde_json::json!({"organizationId": org["id"], "name": "web", "image": "nginx"})).await;
+    service["id"].as_str().unwrap().to_string()
+}
+
+async fn current_value(state: &AppState, id: &str) -> Vec<u8> {
+    crate::secrets::methods::open_current(&state.store, &state.keyring, id).await.unwrap().to_vec()
+}
+
+/// Every page a test read, checked at the end: no planted value on any.
+#[derive(Default)]
+struct Pages(Vec<String>);
+
+impl Pages {
+    fn keep(&mut self, answer: Answer) -> Answer {
+        self.0.push(answer.body.clone());
+        answer
+    }
+
+    fn assert_value_free(&self) {
+        for page in &self.0 {
+            assert!(!page.contains(PLANTED) && !page.contains(PLANTED_ROTATED), "a value was shown: {page}");
+            assert!(!page.contains("hunter2"), "a value was shown: {page}");
+        }
+    }
+}
+
+/// The banner's refusal code on a page.
+fn flash_code(body: &str) -> Option<String> {
+    let at = body.find(r#"id="flash" data-code=""#)? + r#"id="flash" data-code=""#.len();
+    Some(body[at..at + body[at..].find('"')?].to_string())
+}
+
+#[tokio::test]
+async fn the_secrets_view_needs_a_session_and_offers_a_sealing_form() {
+    let (_dir, state) = setup().await;
+    for path in ["/secrets", "/secrets/services/x", "/secrets/services/x/panel", "/secrets/x/rotate", "/secrets/x/revoke"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    for path in ["/secrets/services/x/create", "/secrets/x/rotate", "/secrets/x/revoke"] {
+        let answer = send(&state, post_form(path, "key=A&sealed=x", None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+
+    let cookie = login_cookie(&state).await;
+    let empty = send(&state, get("/secrets", Some(&cookie))).await;
+    assert_eq!(empty.status, StatusCode::OK, "{}", empty.body);
+    assert!(empty.body.contains(r#"id="organizations-empty""#) && empty.body.contains(r#"id="secret-services-empty""#), "{}", empty.body);
+    assert!(empty.body.contains(r#"href="&#x2f;secrets" aria-current="page""#), "the rail links the view: {}", empty.body);
+    let id = secret_service(&state, &cookie).await;
+    let service = send(&state, get(&format!("/services/{id}"), Some(&cookie))).await;
+    assert!(service.body.contains(&format!(r#"href="/secrets/services/{id}" id="service-secrets""#)), "{}", service.body);
+    let index = send(&state, get("/secrets", Some(&cookie))).await;
+    assert!(
+        index.body.contains(&format!(r#"<li data-service="web"><a class="row-link" href="&#x2f;secrets&#x2f;services&#x2f;{id}">web</a>"#)),
+        "{}",
+        index.body
+    );
+
+    let page = send(&state, get(&format!("/secrets/services/{id}"), Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("the secrets page");
+    let body = &page.body;
+    assert!(body.contains("<title>Secrets of web · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"id="secrets-empty""#) && body.contains(r#"id="live" data-head="#), "{body}");
+    // the form carries the recipient and the target, and loads the sealing script from /static
+    let form_tag = &body[body.find(r#"id="secret-create-form""#).unwrap()..];
+    let form_tag = &form_tag[..form_tag.find('>').unwrap()];
+    for attribute in [
+        format!(r#"data-recipient-id="{}""#, escaped(state.keyring.ingress_id())),
+        r#"data-method="secrets.create""#.to_string(),
+        format!(r#"data-owner="service:{id}""#),
+        "data-seal ".to_string(),
+    ] {
+        assert!(form_tag.contains(&attribute), "{attribute}: {form_tag}");
+    }
+    let public_key = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(state.keyring.ingress_public_key().as_bytes())
+    };
+    assert!(form_tag.contains(&format!(r#"data-recipient-key="{}""#, escaped(&public_key))), "{form_tag}");
+    assert!(body.contains(&format!(r#"<script src="{}" defer></script>"#, assets::url("seal.js").unwrap())), "{body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    // the plain fields have no name: only `sealed` is ever sent
+    for marker in ["data-seal-typed", "data-seal-generated"] {
+        let at = body.find(marker).unwrap_or_else(|| panic!("{marker}: {body}"));
+        let tag = &body[body[..at].rfind('<').unwrap()..at + body[at..].find('>').unwrap()];
+        assert!(!tag.contains("name="), "{marker} must not be sent: {tag}");
+    }
+    assert!(body.contains(r#"<input type="hidden" name="sealed" value="">"#), "{body}");
+}
+
+#[tokio::test]
+async fn secrets_are_created_rotated_and_revoked_with_sealed_values_only() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let id = secret_service(&state, &cookie).await;
+    let owner = format!("service:{id}");
+    let create = format!("/secrets/services/{id}/create");
+    let mut pages = Pages::default();
+
+    // refusals, each by its code, the typed key kept and nothing stored
+    let other_ring = crate::keyring::Keyring::generate(None, None).unwrap();
+    let elsewhere = serde_json::to_string(&crate::secrets::ingress::seal_to(
+        other_ring.ingress_id(),
+        other_ring.ingress_public_key(),
+        &crate::secrets::ingress::target("secrets.create", &owner, "DB_PASSWORD"),
+        PLANTED.as_bytes(),
+    ))
+    .unwrap();
+    let oversized = "x".repeat(crate::secrets::methods::MAX_VALUE_BYTES + 1);
+    for (key, value, code, status) in [
+        ("DB_PASSWORD", String::new(), "input-not-sealed", StatusCode::BAD_REQUEST),
+        ("DB_PASSWORD", "{not json".to_string(), "sealed-input-invalid", StatusCode::BAD_REQUEST),
+        (
+            "DB_PASSWORD",
+            sealed(&state, "secrets.create", &owner, "API_TOKEN", PLANTED.as_bytes()),
+            "sealed-input-invalid",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "DB_PASSWORD",
+            sealed(&state, "secrets.rotate", &owner, "DB_PASSWORD", PLANTED.as_bytes()),
+            "sealed-input-invalid",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("DB_PASSWORD", elsewhere, "sealed-input-recipient-unknown", StatusCode::BAD_REQUEST),
+        ("DB_PASSWORD", sealed(&state, "secrets.create", &owner, "DB_PASSWORD", b""), "input-empty", StatusCode::BAD_REQUEST),
+        (
+            "DB_PASSWORD",
+            sealed(&state, "secrets.create", &owner, "DB_PASSWORD", oversized.as_bytes()),
+            "input-oversized",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "db password",
+            sealed(&state, "secrets.create", &owner, "db password", PLANTED.as_bytes()),
+            "environment-key-invalid",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let answer = pages.keep(submit(&state, &create, &[("key", key), ("environment", ""), ("sealed", &value)], &cookie).await);
+        assert_eq!(answer.status, status, "{code}: {}", answer.body);
+        assert_eq!(flash_code(&answer.body).as_deref(), Some(code), "{}", answer.body);
+        assert!(answer.body.contains(&format!("({code})")), "the code is in the banner's title: {}", answer.body);
+        assert_eq!(value_of(&answer.body, "secret-key"), key, "the key typed is kept");
+        assert!(!answer.body.contains(&value) || value.is_empty(), "the sealed input is never echoed");
+    }
+    let listed = method(&state, &cookie, "secrets.list", serde_json::json!({"owner": {"kind": "service", "serviceId": id}})).await;
+    assert_eq!(listed["items"], serde_json::json!([]), "nothing was stored");
+
+    // created: the server opens exactly what the browser sealed
+    let value = sealed(&state, "secrets.create", &owner, "DB_PASSWORD", PLANTED.as_bytes());
+    let answer =
+        submit(&state, &create, &[("key", "DB_PASSWORD"), ("environment", ""), ("valueMode", "typed"), ("sealed", &value)], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/secrets/services/{id}?done=created&key=DB_PASSWORD").as_str()), "{}", answer.body);
+    let listed = method(&state, &cookie, "secrets.list", serde_json::json!({"owner": {"kind": "service", "serviceId": id}})).await;
+    let secret = listed["items"][0].clone();
+    let secret_id = secret["id"].as_str().unwrap().to_string();
+    assert_eq!((secret["key"].as_str(), secret["environment"].as_str()), (Some("DB_PASSWORD"), Some("production")));
+    assert_eq!(current_value(&state, &secret_id).await, PLANTED.as_bytes());
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("Secret DB_PASSWORD created"), "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            r#"<tr data-secret="DB_PASSWORD" data-environment="production" data-state="active" data-id="{secret_id}">"#
+        )),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(r#"data-versions="1">1<"#), "{}", page.body);
+    pages.keep(send(&state, get(&format!("/secrets/services/{id}/panel"), Some(&cookie))).await);
+
+    // the same key again in the same environment: exists; another environment is another secret
+    let again = pages.keep(submit(&state, &create, &[("key", "DB_PASSWORD"), ("sealed", &value)], &cookie).await);
+    assert_eq!((again.status, flash_code(&again.body).as_deref()), (StatusCode::CONFLICT, Some("exists")), "{}", again.body);
+    assert!(again.body.contains("rotate it instead"), "{}", again.body);
+    let staging = sealed(&state, "secrets.create", &owner, "DB_PASSWORD", PLANTED.as_bytes());
+    let answer = submit(&state, &create, &[("key", "DB_PASSWORD"), ("environment", "staging"), ("sealed", &staging)], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+
+    // rotation: the form states the version read; a stale one is conflict
+    let rotate = format!("/secrets/{secret_id}/rotate");
+    let rotating = pages.keep(send(&state, get(&rotate, Some(&cookie))).await);
+    assert_eq!(rotating.status, StatusCode::OK, "{}", rotating.body);
+    let version = secret["currentVersionId"].as_str().unwrap().to_string();
+    let body = &rotating.body;
+    assert!(body.contains(&format!(r#"<input type="hidden" name="expectedVersionId" value="{version}">"#)), "{body}");
+    assert!(body.contains(r#"data-key="DB_PASSWORD""#) && body.contains(r#"data-method="secrets.rotate""#), "{body}");
+    assert!(body.contains(&format!(r#"data-owner="service:{id}""#)), "{body}");
+    let next = sealed(&state, "secrets.rotate", &owner, "DB_PASSWORD", PLANTED_ROTATED.as_bytes());
+    let stale = pages.keep(submit(&state, &rotate, &[("expectedVersionId", "ver_old"), ("sealed", &next)], &cookie).await);
+    assert_eq!((stale.status, flash_code(&stale.body).as_deref()), (StatusCode::CONFLICT, Some("conflict")), "{}", stale.body);
+    assert!(stale.body.contains(&format!(r#"name="expectedVersionId" value="{version}""#)), "the form states the version read now");
+    let for_create = pages.keep(submit(&state, &rotate, &[("expectedVersionId", &version), ("sealed", &value)], &cookie).await);
+    assert_eq!(flash_code(&for_create.body).as_deref(), Some("sealed-input-invalid"), "a value sealed for the create does not rotate");
+    let answer = submit(&state, &rotate, &[("expectedVersionId", &version), ("sealed", &next)], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/secrets/services/{id}?done=rotated&key=DB_PASSWORD").as_str()), "{}", answer.body);
+    assert_eq!(current_value(&state, &secret_id).await, PLANTED_ROTATED.as_bytes());
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("Secret DB_PASSWORD rotated") && page.body.contains(r#"data-versions="2">2<"#), "{}", page.body);
+
+    // revocation: confirmed by typing the key
+    let revoke = format!("/secrets/{secret_id}/revoke");
+    let confirm = pages.keep(send(&state, get(&revoke, Some(&cookie))).await);
+    assert!(confirm.body.contains(r#"id="revoke-form""#) && confirm.body.contains("Revoke the secret"), "{}", confirm.body);
+    assert!(confirm.body.contains("Back to the service web"), "the owner is named: {}", confirm.body);
+    let wrong = pages.keep(submit(&state, &revoke, &[("confirm", "API_TOKEN")], &cookie).await);
+    assert_eq!(flash_code(&wrong.body).as_deref(), Some("confirmation-mismatch"), "{}", wrong.body);
+    assert_eq!(method(&state, &cookie, "secrets.get", serde_json::json!({"id": secret_id})).await["state"], "active");
+    let answer = submit(&state, &revoke, &[("confirm", "DB_PASSWORD")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/secrets/services/{id}?done=revoked&key=DB_PASSWORD").as_str()), "{}", answer.body);
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains(r#"data-environment="production" data-state="revoked""#), "{}", page.body);
+    let next = sealed(&state, "secrets.rotate", &owner, "DB_PASSWORD", PLANTED.as_bytes());
+    let revoked = pages.keep(submit(&state, &rotate, &[("expectedVersionId", "x"), ("sealed", &next)], &cookie).await);
+    assert_eq!(flash_code(&revoked.body).as_deref(), Some("secret-revoked"), "{}", revoked.body);
+
+    // a secret a manager owns: no actions offered, and the methods refuse the dashboard's writes
+    let scoped = method(
+        &state,
+        &cookie,
+        "secrets.create",
+        serde_json::json!({"owner": {"kind": "service", "serviceId": id}, "key": "SMTP_PASSWORD", "managementScope": format!("mail:{id}"),
+            "value": {"generate": {"length": 24, "alphabet": "hex"}}}),
+    )
+    .await;
+    let scoped_id = scoped["id"].as_str().unwrap();
+    let page = pages.keep(send(&state, get(&format!("/secrets/services/{id}"), Some(&cookie))).await);
+    assert!(page.body.contains("changed by its manager"), "{}", page.body);
+    let next = sealed(&state, "secrets.rotate", &owner, "SMTP_PASSWORD", PLANTED.as_bytes());
+    let version = scoped["currentVersionId"].as_str().unwrap();
+    let answer = pages
+        .keep(submit(&state, &format!("/secrets/{scoped_id}/rotate"), &[("expectedVersionId", version), ("sealed", &next)], &cookie).await);
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("management-scope-mismatch"), "{}", answer.body);
+    let answer = pages.keep(submit(&state, &format!("/secrets/{scoped_id}/revoke"), &[("confirm", "SMTP_PASSWORD")], &cookie).await);
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("management-scope-mismatch"), "{}", answer.body);
+
+    // an unknown secret's pages say so
+    let missing = pages.keep(send(&state, get("/secrets/sec_nothing/rotate", Some(&cookie))).await);
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert!(missing.body.contains(r#"id="secret-error" data-code="secret-not-found""#), "{}", missing.body);
+    pages.assert_value_free();
+
+    // an operator sees the methods' refusal; another site's posts are refused before anything
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get(&format!("/secrets/services/{id}"), Some(&operator))).await;
+    assert!(page.body.contains(r#"data-code="forbidden""#) && !page.body.contains("data-secret="), "{}", page.body);
+    let value = sealed(&state, "secrets.create", &owner, "API_TOKEN", PLANTED.as_bytes());
+    let answer = submit(&state, &create, &[("key", "API_TOKEN"), ("sealed", &value)], &operator).await;
+    assert_eq!((answer.status, flash_code(&answer.body).as_deref()), (StatusCode::FORBIDDEN, Some("forbidden")), "{}", answer.body);
+    for path in [create.as_str(), rotate.as_str(), revoke.as_str()] {
+        let answer = send(
+            &state,
+            post_form(path, &encoded(&[("key", "API_TOKEN"), ("sealed", &value)]), Some(&cookie), Some("https://evil.example")),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+    }
+    let listed = method(&state, &cookie, "secrets.list", serde_json::json!({"owner": {"kind": "service", "serviceId": id}})).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3, "DB_PASSWORD twice and SMTP_PASSWORD: {listed}");
+}
+
+#[tokio::test]
+async fn secret_sets_are_created_attached_previewed_and_retired_through_forms() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let web = secret_service(&state, &cookie).await;
+    let org = method(&state, &cookie, "services.get", serde_json::json!({"id": web})).await["organizationId"].as_str().unwrap().to_string();
+    let mut pages = Pages::default();
+
+    let index = pages.keep(send(&state, get(&format!("/secrets?org={org}"), Some(&cookie))).await);
+    assert!(index.body.contains(r#"id="secret-sets-empty""#) && index.body.contains(r#"id="set-create-form""#), "{}", index.body);
+    let refused = pages.keep(submit(&state, "/secrets/sets/create", &[("organizationId", &org), ("name", "Shared SMTP")], &cookie).await);
+    assert_eq!(flash_code(&refused.body).as_deref(), Some("name-invalid"), "{}", refused.body);
+    assert_eq!(value_of(&refused.body, "set-name"), "Shared SMTP");
+    let created =
+        submit(&state, "/secrets/sets/create", &[("organizationId", &org), ("name", "smtp"), ("description", "Relay")], &cookie).await;
+    let set = redirected_id(&created);
+    assert_eq!(created.location(), Some(format!("/secrets/sets/{set}?done=set-created&name=smtp").as_str()));
+    let page = pages.keep(send(&state, get(created.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("SecretSet smtp created") && page.body.contains(r#"id="set-state" data-state="active""#), "{}", page.body);
+    let owner = format!("organization:{org}/secretSet:{set}");
+    assert!(page.body.contains(&format!(r#"data-owner="{}""#, escaped(&owner))), "the set's owner reference is the target: {}", page.body);
+
+    // member secrets, sealed for the set's owner reference
+    let add = format!("/secrets/sets/{set}/create");
+    let for_service = sealed(&state, "secrets.create", &format!("service:{web}"), "SMTP_PASSWORD", PLANTED.as_bytes());
+    let wrong = pages.keep(submit(&state, &add, &[("key", "SMTP_PASSWORD"), ("sealed", &for_service)], &cookie).await);
+    assert_eq!(flash_code(&wrong.body).as_deref(), Some("sealed-input-invalid"), "{}", wrong.body);
+    for key in ["SMTP_PASSWORD", "SMTP_RELAY"] {
+        let value = sealed(&state, "secrets.create", &owner, key, PLANTED.as_bytes());
+        let answer = submit(&state, &add, &[("key", key), ("environment", ""), ("sealed", &value)], &cookie).await;
+        assert_eq!(answer.location(), Some(format!("/secrets/sets/{set}?done=created&key={key}").as_str()), "{}", answer.body);
+    }
+    let detail = method(&state, &cookie, "secrets.getSecretSet", serde_json::json!({"id": set})).await;
+    let member =
+        detail["secrets"].as_array().unwrap().iter().find(|s| s["key"] == "SMTP_PASSWORD").unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(current_value(&state, &member).await, PLANTED.as_bytes());
+    let page = pages.keep(send(&state, get(&format!("/secrets/sets/{set}"), Some(&cookie))).await);
+    assert!(
+        page.body.contains(r#"<tr data-secret="SMTP_RELAY""#) && page.body.contains(r#"id="secrets-summary">2 secrets<"#),
+        "{}",
+        page.body
+    );
+    // its rotation page leads back to the set
+    let rotating = pages.keep(send(&state, get(&format!("/secrets/{member}/rotate"), Some(&cookie))).await);
+    assert!(rotating.body.contains(&format!(r#"data-owner="{}""#, escaped(&owner))), "{}", rotating.body);
+    assert!(rotating.body.contains(&format!(r#"href="&#x2f;secrets&#x2f;sets&#x2f;{set}""#)), "{}", rotating.body);
+
+    // rename with the revision read
+    let update = format!("/secrets/sets/{set}/update");
+    let stale =
+        pages.keep(submit(&state, &update, &[("expectedRevision", "0"), ("name", "smtp-relay"), ("description", "Typed")], &cookie).await);
+    assert_eq!((stale.status, flash_code(&stale.body).as_deref()), (StatusCode::CONFLICT, Some("conflict")), "{}", stale.body);
+    assert_eq!((value_of(&stale.body, "set-name"), value_of(&stale.body, "set-edit-revision")), ("smtp-relay".into(), "1".into()));
+    let renamed = submit(&state, &update, &[("expectedRevision", "1"), ("name", "smtp-relay"), ("description", "Relay")], &cookie).await;
+    assert_eq!(renamed.location(), Some(format!("/secrets/sets/{set}?done=set-updated&name=smtp-relay").as_str()), "{}", renamed.body);
+
+    // the service has its own SMTP_PASSWORD: attached, the set fills in SMTP_RELAY and the conflict is named
+    let own = sealed(&state, "secrets.create", &format!("service:{web}"), "SMTP_PASSWORD", PLANTED_ROTATED.as_bytes());
+    let answer = submit(&state, &format!("/secrets/services/{web}/create"), &[("key", "SMTP_PASSWORD"), ("sealed", &own)], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let service_page = format!("/secrets/services/{web}");
+    let page = pages.keep(send(&state, get(&service_page, Some(&cookie))).await);
+    assert!(
+        page.body.contains(r#"id="attachments-empty""#) && page.body.contains(&format!(r#"<option value="{set}">smtp-relay</option>"#)),
+        "{}",
+        page.body
+    );
+    let attach = format!("/secrets/services/{web}/attach");
+    let answer = submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "0")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("{service_page}?done=attached&name=smtp-relay").as_str()), "{}", answer.body);
+    let stale = pages.keep(submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "0")], &cookie).await);
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    let twice = pages.keep(submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "1")], &cookie).await);
+    assert_eq!(flash_code(&twice.body).as_deref(), Some("secret-set-already-attached"), "{}", twice.body);
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    let body = &page.body;
+    assert!(body.contains("SecretSet smtp-relay attached") && body.contains(r#"<li data-attached="smtp-relay">"#), "{body}");
+    assert!(body.contains(r#"id="secrets-revision">1<"#), "{body}");
+    assert!(body.contains(r#"<tr data-resolved="SMTP_PASSWORD" data-environment="production" data-from="service">"#), "{body}");
+    assert!(body.contains(r#"<tr data-resolved="SMTP_RELAY" data-environment="production" data-from="smtp-relay">"#), "{body}");
+    assert!(body.contains(r#"<li data-conflict="SMTP_PASSWORD" data-environment="production">"#), "{body}");
+    assert!(body.contains("shadowing SecretSet <a"), "the shadowed source is named: {body}");
+
+    // detached, attached again, then retired (confirmed by name): detached everywhere at once
+    let detach = format!("/secrets/services/{web}/detach");
+    let answer = submit(&state, &detach, &[("secretSetId", &set), ("expectedSecretsRevision", "1")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("{service_page}?done=detached&name=smtp-relay").as_str()), "{}", answer.body);
+    let again = pages.keep(submit(&state, &detach, &[("secretSetId", &set), ("expectedSecretsRevision", "2")], &cookie).await);
+    assert_eq!(flash_code(&again.body).as_deref(), Some("secret-set-not-attached"), "{}", again.body);
+    submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "2")], &cookie).await;
+    let retire = format!("/secrets/sets/{set}/retire");
+    let confirm = pages.keep(send(&state, get(&retire, Some(&cookie))).await);
+    assert!(confirm.body.contains(r#"id="retire-form""#) && confirm.body.contains(r#"<span class="mono">web</span>"#), "{}", confirm.body);
+    let wrong = pages.keep(submit(&state, &retire, &[("expectedRevision", "2"), ("confirm", "smtp")], &cookie).await);
+    assert_eq!(flash_code(&wrong.body).as_deref(), Some("confirmation-mismatch"), "{}", wrong.body);
+    let answer = submit(&state, &retire, &[("expectedRevision", "2"), ("confirm", "smtp-relay")], &cookie).await;
+    assert_eq!(
+        answer.location(),
+        Some(format!("/secrets/sets/{set}?done=set-retired&name=smtp-relay&detached=1").as_str()),
+        "{}",
+        answer.body
+    );
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("It was detached from 1 service") && page.body.contains(r#"id="set-retired""#), "{}", page.body);
+    assert!(!page.body.contains(r#"id="secret-create-form""#) && !page.body.contains(r#"id="set-edit-form""#), "{}", page.body);
+    let page = pages.keep(send(&state, get(&service_page, Some(&cookie))).await);
+    assert!(page.body.contains(r#"id="attachments-empty""#) && !page.body.contains(r#"id="attach-form""#), "{}", page.body);
+    let retired = pages.keep(submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "4")], &cookie).await);
+    assert_eq!(flash_code(&retired.body).as_deref(), Some("secret-set-retired"), "{}", retired.body);
+    let value = sealed(&state, "secrets.create", &owner, "LATE", PLANTED.as_bytes());
+    let late = pages.keep(submit(&state, &add, &[("key", "LATE"), ("sealed", &value)], &cookie).await);
+    assert_eq!(flash_code(&late.body).as_deref(), Some("secret-set-retired"), "{}", late.body);
+    let index = pages.keep(send(&state, get(&format!("/secrets?org={org}"), Some(&cookie))).await);
+    assert!(index.body.contains(r#"<tr data-set="smtp-relay" data-state="retired">"#), "{}", index.body);
+    pages.assert_value_free();
 }

@@ -33,13 +33,30 @@ pub struct SealedInput {
     pub ciphertext: String,
 }
 
-/// The canonical target a sealed value is bound to: the method and what it writes.
+/// The target's fields in their fixed order: the bytes every sealing client (the CLI, the
+/// dashboard's `seal.js`) builds, whatever JSON map order a dependency turns on.
+#[derive(Serialize)]
+struct Target<'a> {
+    method: &'a str,
+    owner: &'a str,
+    key: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Aad<'a> {
+    profile: &'a str,
+    recipient_id: &'a str,
+    target: &'a str,
+}
+
+/// The canonical target a sealed value is bound to: `{"method":…,"owner":…,"key":…}`.
 pub fn target(method: &str, owner: &str, key: &str) -> String {
-    json!({ "method": method, "owner": owner, "key": key }).to_string()
+    serde_json::to_string(&Target { method, owner, key }).expect("the target serializes")
 }
 
 fn aad(recipient_id: &str, target: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({ "profile": PROFILE, "recipientId": recipient_id, "target": target })).expect("aad serializes")
+    serde_json::to_vec(&Aad { profile: PROFILE, recipient_id, target }).expect("aad serializes")
 }
 
 /// The content key: HKDF-SHA256 over the shared secret, salted with both public keys.
