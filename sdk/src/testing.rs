@@ -97,6 +97,21 @@ impl TestHost {
         self.runtime.block_on(self.inner.reconcile(hints.iter().map(|h| h.to_string()).collect())).map_err(to_sdk)
     }
 
+    /// Replace the host's public settings document (e.g. sources or keys the plugin reads).
+    pub fn set_settings(&self, settings: Value) {
+        self.runtime.block_on(self.inner.set_settings(settings)).expect("the settings are written")
+    }
+
+    /// Create an organization on the host; its id.
+    pub fn create_organization(&self, name: &str) -> String {
+        self.runtime.block_on(self.inner.create_organization(name)).expect("the organization is created")
+    }
+
+    /// A service as the host's inventory holds it (with `id` and `revision`), if it exists.
+    pub fn service(&self, id: &str) -> Option<Value> {
+        self.runtime.block_on(self.inner.service(id)).expect("the store answers")
+    }
+
     /// Run a scheduled task now; its summary.
     pub fn run_task(&self, name: &str) -> Result<String, Refusal> {
         self.runtime.block_on(self.inner.run_task(name)).map_err(to_sdk)

@@ -3,6 +3,8 @@
 //! preparing or inspecting its SQLite store through the library where no API exists yet.
 
 mod api;
+mod appstore;
+mod appstore_catalog;
 mod browser;
 mod config;
 mod events;

@@ -1,5 +1,6 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
+mod appstore;
 mod client;
 mod fleet;
 mod inventory;
@@ -45,6 +46,10 @@ enum Command {
     /// host (install, upgrade, rollback, list, get, disable, enable, uninstall, trust).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// App Store catalogs: sign one from a directory of app definitions, verify one against
+    /// trusted keys (and against the catalog it should succeed).
+    #[command(subcommand)]
+    Appstore(appstore::AppstoreCommand),
     /// Tasks on a running host: list, inspect, run now, cancel, enable or disable them, and
     /// read their executions with the log each one kept.
     #[command(subcommand)]
@@ -129,6 +134,7 @@ pub fn main() -> ExitCode {
         Command::Fleet(command) => fleet::run(command),
         Command::Wg(command) => fleet::run_wg(command),
         Command::Plugin(command) => plugin::run(command),
+        Command::Appstore(command) => appstore::run(command),
         Command::Tasks(command) => tasks::run(command),
         Command::Login(args) => client::login(args),
         Command::Logout(args) => client::logout(args),

@@ -175,7 +175,7 @@ fn sign(path: &Path, key_path: &Path, json: bool) -> Result<()> {
 }
 
 fn verify(path: &Path, trust: &[String], json: bool) -> Result<()> {
-    let trusted = trust.iter().map(|t| t.parse::<PublisherKey>()).collect::<Result<Vec<_>>>()?;
+    let trusted = trust.iter().map(|t| t.parse::<PublisherKey>().map_err(Refusal::from)).collect::<Result<Vec<_>>>()?;
     let parsed = Bundle::parse(&bundle::read_bundle_file(path)?)?;
     let signer = if trusted.is_empty() { parsed.verify_signature()?.publisher.clone() } else { parsed.verify(&trusted)? };
     let m = &parsed.manifest;

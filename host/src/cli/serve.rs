@@ -132,8 +132,8 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
 }
 
 /// The plugin runtime: the engine (compiled components cached in the state directory), the
-/// trusted publishers, the first-party plugins installed or upgraded, and every enabled plugin
-/// loaded from the registry.
+/// trusted publishers, every enabled plugin loaded from the registry, and the first-party
+/// plugins installed or upgraded in the background.
 async fn start_plugins(
     config: &ServeConfig,
     store: &Store,
@@ -145,13 +145,20 @@ async fn start_plugins(
         .trusted_publishers
         .iter()
         .map(|k| k.parse::<PublisherKey>())
-        .collect::<Result<Vec<_>>>()
-        .map_err(|e| Refusal::new("config-invalid", format!("{}: {}", crate::config::TRUSTED_PUBLISHERS, e.message)))?;
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Refusal::new("config-invalid", format!("{}: {e}", crate::config::TRUSTED_PUBLISHERS)))?;
     let runtime = Runtime::new(Some(config.node.state_dir.join("plugin-cache")))?;
     let services = Services::new(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone());
     let plugins = PluginHost::new(runtime, services, publishers).await?;
-    plugins.install_first_party().await?;
     plugins.sync().await?;
+    // Installing or upgrading the embedded plugins compiles them: done in the background, so
+    // a first start serves at once and the plugins arrive seconds later.
+    let installing = plugins.clone();
+    tokio::spawn(async move {
+        if let Err(e) = installing.install_first_party().await {
+            tracing::warn!(refusal = %e, "first-party plugins not installed; the next start tries again");
+        }
+    });
     let source = plugins.clone();
     fleet.add_workload_source(Arc::new(move || source.loaded().iter().map(|a| a.described.placement.clone()).collect()));
     let loaded = plugins.loaded();

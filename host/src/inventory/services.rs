@@ -289,22 +289,34 @@ fn name_exists(name: &str) -> Refusal {
     Refusal::new("exists", format!("the organization has a service named {name}")).with_data(json!({ "field": "name" }))
 }
 
-/// Create a service as `identity` (an owner of its organization or an administrator).
-pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> Result<Entity<Service>> {
-    let fields = UpdateInput {
+/// A create checked as the update that sets everything.
+fn create_fields(input: &CreateInput) -> UpdateInput {
+    UpdateInput {
         id: String::new(),
         expected_revision: 0,
-        name: Some(input.name),
+        name: Some(input.name.clone()),
         organization_id: Some(input.organization_id.clone()),
         image: Some(input.image.clone()),
-        ports: input.ports,
-        domains: input.domains,
-        environment: input.environment,
+        ports: input.ports.clone(),
+        domains: input.domains.clone(),
+        environment: input.environment.clone(),
         scale: input.scale,
-        volumes: input.volumes,
-        mail_addresses: input.mail_addresses,
-        template: input.template,
-    };
+        volumes: input.volumes.clone(),
+        mail_addresses: input.mail_addresses.clone(),
+        template: input.template.clone(),
+    }
+}
+
+/// Check a create's fields exactly as [`create`] does, without a store (so neither the
+/// organization nor the name's uniqueness): `capstan appstore sign-catalog` runs it on every
+/// template, so a publisher learns before signing what an install would be refused.
+pub fn check_create_fields(input: &CreateInput) -> Result<()> {
+    check_fields(&create_fields(input))
+}
+
+/// Create a service as `identity` (an owner of its organization or an administrator).
+pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> Result<Entity<Service>> {
+    let fields = create_fields(&input);
     check_fields(&fields)?;
     let at = now();
     let service = Service {

@@ -13,16 +13,14 @@ use super::manifest::{Capability, Limits, MANIFEST_FILE, Manifest};
 use crate::keyring::private_file;
 use crate::refusal::{Refusal, Result};
 use base64::Engine;
-use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD as B64URL};
+use base64::engine::general_purpose::STANDARD as B64;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, SigningKey};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use std::fmt;
 use std::io::Read;
 use std::path::Path;
-use std::str::FromStr;
 use zeroize::Zeroizing;
 
 /// The largest bundle accepted, in bytes.
@@ -39,8 +37,7 @@ pub const SIGNATURE_FILE: &str = "signature.json";
 /// The file extension `capstan plugin build` writes.
 pub const BUNDLE_EXTENSION: &str = "capstan-plugin";
 
-/// The prefix of a publisher key's text form.
-pub const PUBLIC_KEY_PREFIX: &str = "capstan-ed25519:";
+pub use capstan_catalog::PUBLIC_KEY_PREFIX;
 
 const DIGEST_DOMAIN: &str = "capstan-plugin-bundle-v1";
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
@@ -53,85 +50,13 @@ fn malformed(message: impl Into<String>) -> Refusal {
     Refusal::new("bundle-malformed", message)
 }
 
-/// A publisher's Ed25519 public key. Text form: `capstan-ed25519:<base64url, no padding, of the 32 bytes>`.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct PublisherKey(VerifyingKey);
+/// A publisher's Ed25519 public key, `capstan-ed25519:<43 base64url characters>`: one type for
+/// plugin publishers and catalog keys alike.
+pub use capstan_catalog::PublisherKey;
 
-impl PublisherKey {
-    pub fn from_verifying_key(key: VerifyingKey) -> Self {
-        PublisherKey(key)
-    }
-
-    pub fn verifying_key(&self) -> &VerifyingKey {
-        &self.0
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        self.0.as_bytes()
-    }
-
-    /// The first 16 hex characters of SHA-256 of the key bytes.
-    pub fn fingerprint(&self) -> String {
-        hex::encode(Sha256::digest(self.0.as_bytes()))[..16].to_string()
-    }
-}
-
-impl From<&SigningKey> for PublisherKey {
-    fn from(key: &SigningKey) -> Self {
-        PublisherKey(key.verifying_key())
-    }
-}
-
-impl fmt::Display for PublisherKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PUBLIC_KEY_PREFIX}{}", B64URL.encode(self.0.as_bytes()))
-    }
-}
-
-impl fmt::Debug for PublisherKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PublisherKey({self})")
-    }
-}
-
-impl FromStr for PublisherKey {
-    type Err = Refusal;
-
-    /// Refuses `publisher-key-invalid`: not `capstan-ed25519:` + 43 base64url characters, not 32
-    /// bytes, or not a usable Ed25519 point (weak keys included).
-    fn from_str(s: &str) -> Result<PublisherKey> {
-        let refuse = |why: &str| {
-            Refusal::new("publisher-key-invalid", format!("a publisher key must be {PUBLIC_KEY_PREFIX}<43 base64url characters>; {why}"))
-        };
-        let encoded = s.strip_prefix(PUBLIC_KEY_PREFIX).ok_or_else(|| refuse("the prefix is missing"))?;
-        if encoded.len() != 43 {
-            return Err(refuse("the key has the wrong length"));
-        }
-        let bytes = B64URL.decode(encoded).map_err(|_| refuse("the key is not base64url without padding"))?;
-        let bytes: [u8; 32] = bytes.try_into().map_err(|_| refuse("the key is not 32 bytes"))?;
-        let key = VerifyingKey::from_bytes(&bytes).map_err(|_| refuse("the key is not an Ed25519 public key"))?;
-        if key.is_weak() {
-            return Err(refuse("the key is a weak (small-order) point"));
-        }
-        // only the canonical spelling round-trips; refuse any other
-        let parsed = PublisherKey(key);
-        if parsed.to_string() != s {
-            return Err(refuse("the key is not in canonical form"));
-        }
-        Ok(parsed)
-    }
-}
-
-impl Serialize for PublisherKey {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PublisherKey {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(|r: Refusal| serde::de::Error::custom(r.message))
+impl From<capstan_catalog::KeyError> for Refusal {
+    fn from(e: capstan_catalog::KeyError) -> Refusal {
+        Refusal::new(e.code(), e.to_string())
     }
 }
 
@@ -362,7 +287,7 @@ impl Bundle {
         let Some(signature) = &self.signature else {
             return Err(Refusal::new("bundle-signature-invalid", "bundle is unsigned"));
         };
-        signature.publisher.0.verify_strict(&self.digest(), &Signature::from_bytes(&signature.signature)).map_err(|_| {
+        signature.publisher.verifying_key().verify_strict(&self.digest(), &Signature::from_bytes(&signature.signature)).map_err(|_| {
             Refusal::new(
                 "bundle-signature-invalid",
                 format!("the signature does not verify for {}: the bundle was changed after signing", signature.publisher),
@@ -418,7 +343,8 @@ pub fn check_component(bytes: &[u8]) -> Result<()> {
 fn parse_signature_file(raw: &[u8]) -> Result<BundleSignature> {
     let file: SignatureFile =
         serde_json::from_slice(raw).map_err(|e| malformed(format!("{SIGNATURE_FILE} is not {{\"publisher\", \"signature\"}}: {e}")))?;
-    let publisher: PublisherKey = file.publisher.parse().map_err(|r: Refusal| malformed(format!("{SIGNATURE_FILE}: {}", r.message)))?;
+    let publisher: PublisherKey =
+        file.publisher.parse().map_err(|e: capstan_catalog::KeyError| malformed(format!("{SIGNATURE_FILE}: {e}")))?;
     let bytes = B64.decode(&file.signature).map_err(|_| malformed(format!("{SIGNATURE_FILE}: the signature is not base64")))?;
     let signature: [u8; 64] = bytes.try_into().map_err(|_| malformed(format!("{SIGNATURE_FILE}: the signature is not 64 bytes")))?;
     Ok(BundleSignature { publisher, signature })
@@ -744,35 +670,6 @@ requested = ["store", "log"]
             (MANIFEST.replace("\"log\"", "\"logs\""), "capability-unknown"),
         ] {
             assert_eq!(code(&tar_of(&[(MANIFEST_FILE, manifest.as_bytes(), r), (COMPONENT_FILE, &c, r)])), want);
-        }
-    }
-
-    #[test]
-    fn publisher_key_text() {
-        let k = PublisherKey::from(&key(9));
-        let text = k.to_string();
-        assert!(text.starts_with("capstan-ed25519:"));
-        assert_eq!(text.len(), "capstan-ed25519:".len() + 43);
-        assert_eq!(text.parse::<PublisherKey>().unwrap(), k);
-        assert_eq!(k.fingerprint().len(), 16);
-        assert_eq!(k.fingerprint(), hex::encode(Sha256::digest(k.as_bytes()))[..16]);
-        assert_eq!(serde_json::to_value(&k).unwrap(), json!(text));
-        for bad in [
-            "",
-            "capstan-ed25519:",
-            &text[16..],
-            &format!("ed25519:{}", &text[16..]),
-            &format!("{text}="),
-            &format!("{text}A"),
-            &text[..text.len() - 1],
-            &text.replace('-', "+"),
-            // the identity point: a weak key
-            &format!("capstan-ed25519:{}", B64URL.encode([1u8].iter().chain([0u8; 31].iter()).copied().collect::<Vec<_>>())),
-        ] {
-            if bad == text {
-                continue;
-            }
-            assert_eq!(bad.parse::<PublisherKey>().unwrap_err().code, "publisher-key-invalid", "{bad}");
         }
     }
 

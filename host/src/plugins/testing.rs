@@ -79,6 +79,57 @@ impl TestHost {
         Ok(active.sandbox.reconcile(&trigger).await?.summary)
     }
 
+    /// Replace the public settings document (as `settings.update` would, without its checks):
+    /// catalog sources, trusted keys and the like for the plugin to read.
+    pub async fn set_settings(&self, settings: Value) -> Result<()> {
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let settings = settings.clone();
+                async move {
+                    let current = tx.get(crate::inventory::SETTINGS, crate::inventory::settings::PUBLIC).await?;
+                    tx.put(crate::inventory::SETTINGS, crate::inventory::settings::PUBLIC, current.map(|d| d.revision), settings).await
+                }
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Create an organization for the plugin's services to live in; its id.
+    pub async fn create_organization(&self, name: &str) -> Result<String> {
+        let id = crate::auth::new_id("org");
+        let now = crate::inventory::now();
+        let organization = crate::inventory::organizations::Organization {
+            name: name.into(),
+            created_at: now,
+            created_by: self.caller.user_id.clone(),
+            updated_at: now,
+        };
+        let data = crate::inventory::to_value(&organization)?;
+        let id_ref = &id;
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.insert(crate::inventory::ORGANIZATIONS, id_ref, data).await }
+            })
+            .await?;
+        Ok(id)
+    }
+
+    /// A service as the inventory holds it (`id`, `revision` and its fields), if it exists.
+    pub async fn service(&self, id: &str) -> Result<Option<Value>> {
+        let doc = self.host.services.store.transact(|tx| async move { tx.get(crate::inventory::SERVICES, id).await }).await?;
+        Ok(doc.map(|d| {
+            let mut data = d.data;
+            data["id"] = Value::String(d.id);
+            data["revision"] = d.revision.into();
+            data
+        }))
+    }
+
     /// Run a scheduled task now.
     pub async fn run_task(&self, name: &str) -> Result<String> {
         let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;

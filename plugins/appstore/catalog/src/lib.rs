@@ -1,0 +1,39 @@
+//! `capstan-catalog`: the App Store's signed catalog format — the model (apps, versions,
+//! service templates), the envelope (payload bytes, SHA-256 digest, Ed25519 signature over a
+//! domain-separated statement), verification against trusted keys, and the succession rules a
+//! new catalog must keep. Pure: no filesystem, clock or randomness in the core API, so the App
+//! Store plugin (wasm32-wasip2) and the host's `capstan appstore` commands share one
+//! implementation. The feature `fs` adds [`definitions`], reading a directory of app
+//! definition files.
+//!
+//! The format is specified in this crate's README.md.
+//!
+//! ```
+//! use capstan_catalog::{Catalog, PublisherKey, check_succession, sign, verify};
+//! # let key = capstan_catalog::SigningKey::from_bytes(&[1; 32]);
+//! let envelope = sign(&Catalog::default(), 1, &key).unwrap();
+//! let trusted = [PublisherKey::from(&key)];
+//! let verified = verify(envelope.to_json().as_bytes(), &trusted).unwrap();
+//! check_succession(None, &verified).unwrap();
+//! ```
+
+#[cfg(feature = "fs")]
+pub mod definitions;
+mod envelope;
+mod error;
+mod key;
+mod model;
+mod succession;
+
+pub use envelope::{CONTRACT, Envelope, FORMAT, MAX_ENVELOPE_BYTES, MAX_REVISION, STATEMENT_DOMAIN, Verified, sign, statement, verify};
+pub use error::CatalogError;
+pub use key::{KeyError, PUBLIC_KEY_PREFIX, PublisherKey};
+pub use model::{
+    App, AppVersion, Catalog, Invalid, MAX_APPS, MAX_CAPABILITIES, MAX_CATEGORIES, MAX_ENVIRONMENT, MAX_NAME_CHARS, MAX_PORTS,
+    MAX_TEMPLATE_BYTES, MAX_TEXT_BYTES, MAX_VERSIONS, MAX_VOLUMES, Port, Protocol, Snapshot, Template, Volume, Withdrawal,
+};
+pub use succession::check_succession;
+
+/// The versions and keys this crate uses, for callers that name them.
+pub use ed25519_dalek::SigningKey;
+pub use semver::Version;

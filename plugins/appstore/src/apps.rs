@@ -1,0 +1,407 @@
+//! Apps as the catalog offers them, and services made from them: install creates a service
+//! from a version's template with that version's snapshot on it; upgrade writes the newer
+//! version's template and snapshot against the service revision read; adoption gives every
+//! service that names an app version without a snapshot the snapshot from the active catalog.
+
+use crate::active;
+use capstan_catalog::{App, AppVersion, Snapshot, Template, Verified, Version};
+use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::{Context, JsonSchema, Refusal, Result, Value, json};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+fn app_not_found(app_id: &str) -> Refusal {
+    Refusal::new("appstore-app-not-found", format!("the catalog has no app {app_id:?}")).with_data(json!({ "appId": app_id }))
+}
+
+fn version_not_found(app_id: &str, version: &Version) -> Refusal {
+    Refusal::new("appstore-version-not-found", format!("the catalog has no version {version} of {app_id}"))
+        .with_data(json!({ "appId": app_id, "version": version.to_string() }))
+}
+
+fn find_app<'a>(catalog: &'a Verified, app_id: &str) -> Result<&'a App> {
+    catalog.app(app_id).ok_or_else(|| app_not_found(app_id))
+}
+
+/// The version asked for (it must be offered), or the one a new install gets.
+fn offered_version<'a>(app: &'a App, version: Option<&Version>) -> Result<&'a AppVersion> {
+    let chosen = match version {
+        Some(v) => app.version(v).ok_or_else(|| version_not_found(&app.id, v))?,
+        None => app.newest().ok_or_else(|| {
+            Refusal::new("appstore-version-withdrawn", format!("every version of {} is withdrawn", app.id))
+                .with_data(json!({ "appId": app.id }))
+        })?,
+    };
+    if let Some(withdrawal) = &chosen.withdrawn {
+        return Err(Refusal::new(
+            "appstore-version-withdrawn",
+            format!("{} {} is withdrawn: {}", app.id, chosen.version, withdrawal.reason),
+        )
+        .with_data(json!({ "appId": app.id, "version": chosen.version.to_string() })));
+    }
+    Ok(chosen)
+}
+
+/// The platform capabilities this manager can provide to an app (none yet): a version that
+/// requires another is refused rather than installed half-working.
+fn check_capabilities(app: &App, version: &AppVersion) -> Result<()> {
+    if version.template.capabilities.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        "appstore-capability-unsupported",
+        format!("{} {} requires {} which this host cannot provide yet", app.id, version.version, version.template.capabilities.join(", ")),
+    )
+    .with_data(json!({ "appId": app.id, "version": version.version.to_string(), "capabilities": version.template.capabilities })))
+}
+
+// ---- listing ----
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppView {
+    id: String,
+    name: String,
+    description: String,
+    categories: Vec<String>,
+    /// What a new install gets.
+    newest_version: Option<String>,
+    /// Offered versions, newest first.
+    versions: Vec<String>,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppList {
+    apps: Vec<AppView>,
+    status: crate::Status,
+}
+
+pub fn list_apps(_ctx: &Context, _: capstan_sdk::Empty) -> Result<AppList> {
+    let apps = match active::current()? {
+        Ok((catalog, _)) => catalog
+            .apps()
+            .iter()
+            .map(|app| AppView {
+                id: app.id.clone(),
+                name: app.name.clone(),
+                description: app.description.clone(),
+                categories: app.categories.clone(),
+                newest_version: app.newest().map(|v| v.version.to_string()),
+                versions: app.offered().iter().map(|v| v.version.to_string()).collect(),
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    Ok(AppList { apps, status: crate::current_status()? })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AppVersionRef {
+    app_id: String,
+    /// Default: the version a new install gets.
+    #[schemars(with = "Option<String>")]
+    version: Option<Version>,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppConfig {
+    app_id: String,
+    name: String,
+    version: String,
+    notes: String,
+    /// Why it was withdrawn, when it was (it is then not offered).
+    withdrawn: Option<String>,
+    #[schemars(with = "Value")]
+    template: Template,
+    template_digest: String,
+    catalog_revision: u64,
+}
+
+pub fn get_app_config(_ctx: &Context, input: AppVersionRef) -> Result<AppConfig> {
+    let (catalog, _) = active::require()?;
+    let app = find_app(&catalog, &input.app_id)?;
+    let version = match &input.version {
+        Some(v) => app.version(v).ok_or_else(|| version_not_found(&app.id, v))?,
+        None => offered_version(app, None)?,
+    };
+    Ok(AppConfig {
+        app_id: app.id.clone(),
+        name: app.name.clone(),
+        version: version.version.to_string(),
+        notes: version.notes.clone(),
+        withdrawn: version.withdrawn.as_ref().map(|w| w.reason.clone()),
+        template: version.template.clone(),
+        template_digest: version.template.digest_hex(),
+        catalog_revision: catalog.revision(),
+    })
+}
+
+// ---- install ----
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Install {
+    organization_id: String,
+    app_id: String,
+    /// Default: the version a new install gets.
+    #[schemars(with = "Option<String>")]
+    version: Option<Version>,
+    /// The new service's name (unique in the organization).
+    name: String,
+    domains: Option<Vec<String>>,
+    scale: Option<u32>,
+}
+
+pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
+    let (catalog, _) = active::require()?;
+    let app = find_app(&catalog, &input.app_id)?;
+    let version = offered_version(app, input.version.as_ref())?;
+    check_capabilities(app, version)?;
+    let snapshot = Snapshot::of(app, version, catalog.revision());
+    let template = &version.template;
+    let mut body = json!({
+        "name": input.name,
+        "organizationId": input.organization_id,
+        "image": template.image,
+        "ports": template.ports,
+        "environment": template.environment,
+        "volumes": template.volumes,
+        "template": snapshot,
+    });
+    if let Some(domains) = &input.domains {
+        body["domains"] = json!(domains);
+    }
+    if let Some(scale) = input.scale {
+        body["scale"] = json!(scale);
+    }
+    // as the caller: the inventory judges the caller's right to create in the organization
+    let service = inventory::create_service::<Value>(&body)?;
+    capstan_sdk::info!("installed {} {} as service {}", app.id, version.version, service.id);
+    Ok(json!({ "id": service.id, "revision": service.revision, "appId": app.id, "version": version.version.to_string() }))
+}
+
+// ---- services from the catalog ----
+
+/// A service's snapshot, when it carries one.
+fn snapshot_of(service: &Value) -> Option<Snapshot> {
+    serde_json::from_value(service.get("template")?.clone()).ok()
+}
+
+/// Every service (paged through the inventory), with its id and revision.
+fn all_services() -> Result<Vec<inventory::Entity<Value>>> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = inventory::list::<Value>(EntityKind::Service, cursor.as_deref(), 200)?;
+        all.extend(page.entities);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(all),
+        }
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OrganizationRef {
+    organization_id: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Upgradeable {
+    service_id: String,
+    name: String,
+    app_id: String,
+    current_version: String,
+    /// Offered versions greater than the current one, oldest first.
+    available: Vec<String>,
+}
+
+pub fn list_upgradeable(_ctx: &Context, input: OrganizationRef) -> Result<Vec<Upgradeable>> {
+    let (catalog, _) = active::require()?;
+    let mut found = Vec::new();
+    for service in all_services()? {
+        if service.data["organizationId"] != input.organization_id.as_str() {
+            continue;
+        }
+        let Some(snapshot) = snapshot_of(&service.data) else { continue };
+        let available: Vec<String> =
+            catalog.versions_newer_than(&snapshot.app_id, &snapshot.version).iter().map(|v| v.version.to_string()).collect();
+        if !available.is_empty() {
+            found.push(Upgradeable {
+                service_id: service.id,
+                name: service.data["name"].as_str().unwrap_or_default().into(),
+                app_id: snapshot.app_id,
+                current_version: snapshot.version.to_string(),
+                available,
+            });
+        }
+    }
+    Ok(found)
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UpgradeRequest {
+    organization_id: String,
+    service_id: String,
+    /// Default: the newest offered version greater than the current one.
+    #[schemars(with = "Option<String>")]
+    version: Option<Version>,
+    /// For `upgrade`: the service revision read (a newer one is `conflict`).
+    expected_revision: Option<u64>,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preview {
+    service_id: String,
+    app_id: String,
+    from: String,
+    to: String,
+    image: Change,
+    /// Keys the new template adds, drops, or sets to another value (values are plain
+    /// configuration; keys the operator added stay untouched).
+    environment_added: Vec<String>,
+    environment_removed: Vec<String>,
+    environment_changed: Vec<String>,
+    ports_changed: bool,
+    volumes_changed: bool,
+    /// Release notes of every version passed, oldest first.
+    notes: Vec<String>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct Change {
+    from: String,
+    to: String,
+}
+
+struct Plan {
+    service: inventory::Entity<Value>,
+    from: Snapshot,
+    to: Snapshot,
+    environment: BTreeMap<String, String>,
+    preview: Preview,
+}
+
+/// What upgrading `service_id` to `version` would write, checked against the catalog.
+fn plan(input: &UpgradeRequest) -> Result<Plan> {
+    let (catalog, _) = active::require()?;
+    let service = inventory::get::<Value>(EntityKind::Service, &input.service_id)?
+        .filter(|s| s.data["organizationId"] == input.organization_id.as_str())
+        .ok_or_else(|| Refusal::new("service-not-found", format!("there is no service {:?} in the organization", input.service_id)))?;
+    let from = snapshot_of(&service.data).ok_or_else(|| {
+        Refusal::new(
+            "appstore-service-not-from-catalog",
+            "the service carries no App Store snapshot: it was not installed from the catalog",
+        )
+        .with_data(json!({ "serviceId": input.service_id }))
+    })?;
+    let app = find_app(&catalog, &from.app_id)?;
+    let newer = catalog.versions_newer_than(&from.app_id, &from.version);
+    let target = match &input.version {
+        Some(v) => {
+            let chosen = offered_version(app, Some(v))?;
+            if chosen.version <= from.version {
+                return Err(Refusal::new("version-not-newer", format!("{} runs {}; {v} is not newer", input.service_id, from.version))
+                    .with_data(json!({ "current": from.version.to_string(), "offered": v.to_string() })));
+            }
+            chosen
+        }
+        None => *newer.last().ok_or_else(|| {
+            Refusal::new("appstore-up-to-date", format!("{} {} is the newest offered version", from.app_id, from.version))
+                .with_data(json!({ "serviceId": input.service_id }))
+        })?,
+    };
+    check_capabilities(app, target)?;
+    let to = Snapshot::of(app, target, catalog.revision());
+    let current: BTreeMap<String, String> = serde_json::from_value(service.data["environment"].clone()).unwrap_or_default();
+    // the old template's keys make way for the new template's; the operator's own stay
+    let mut environment: BTreeMap<String, String> =
+        current.iter().filter(|(k, _)| !from.template.environment.contains_key(*k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    environment.extend(to.template.environment.clone());
+    let keys = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<std::collections::BTreeSet<_>>();
+    let (old, new) = (keys(&from.template.environment), keys(&to.template.environment));
+    let preview = Preview {
+        service_id: service.id.clone(),
+        app_id: from.app_id.clone(),
+        from: from.version.to_string(),
+        to: to.version.to_string(),
+        image: Change { from: service.data["image"].as_str().unwrap_or_default().into(), to: to.template.image.clone() },
+        environment_added: new.difference(&old).cloned().collect(),
+        environment_removed: old.difference(&new).cloned().collect(),
+        environment_changed: old
+            .intersection(&new)
+            .filter(|k| from.template.environment[*k] != to.template.environment[*k])
+            .cloned()
+            .collect(),
+        ports_changed: from.template.ports != to.template.ports,
+        volumes_changed: from.template.volumes != to.template.volumes,
+        notes: newer
+            .iter()
+            .filter(|v| v.version <= to.version && !v.notes.is_empty())
+            .map(|v| format!("{}: {}", v.version, v.notes))
+            .collect(),
+    };
+    Ok(Plan { service, from, to, environment, preview })
+}
+
+pub fn upgrade_preview(_ctx: &Context, input: UpgradeRequest) -> Result<Preview> {
+    Ok(plan(&input)?.preview)
+}
+
+pub fn upgrade(_ctx: &Context, input: UpgradeRequest) -> Result<Value> {
+    let expected = input.expected_revision.ok_or_else(|| {
+        Refusal::invalid_request("an upgrade states the service revision it read (expectedRevision)")
+            .with_data(json!({ "field": "expectedRevision" }))
+    })?;
+    let plan = plan(&input)?;
+    let body = json!({
+        "id": plan.service.id,
+        "expectedRevision": expected,
+        "image": plan.to.template.image,
+        "ports": plan.to.template.ports,
+        "environment": plan.environment,
+        "volumes": plan.to.template.volumes,
+        "template": plan.to,
+    });
+    let service = inventory::update_service::<Value>(&body)?;
+    capstan_sdk::info!("upgraded service {} from {} {} to {}", service.id, plan.from.app_id, plan.from.version, plan.to.version);
+    Ok(json!({ "id": service.id, "revision": service.revision, "from": plan.preview.from, "to": plan.preview.to }))
+}
+
+// ---- adoption ----
+
+/// A service that names an app version but carries no snapshot of it: `{appId, version}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Reference {
+    app_id: String,
+    version: Version,
+}
+
+/// Give every service whose template names an app version the catalog lists, but holds no
+/// snapshot, that version's snapshot. Never fails on one service: each miss is logged.
+pub fn adopt_snapshots(catalog: &Verified) -> Result<usize> {
+    let mut adopted = 0;
+    for service in all_services()? {
+        if snapshot_of(&service.data).is_some() {
+            continue;
+        }
+        let Some(reference) = service.data.get("template").and_then(|t| serde_json::from_value::<Reference>(t.clone()).ok()) else {
+            continue;
+        };
+        let Some(snapshot) = catalog.snapshot(&reference.app_id, &reference.version) else { continue };
+        let body = json!({ "id": service.id, "expectedRevision": service.revision, "template": snapshot });
+        match inventory::update_service::<Value>(&body) {
+            Ok(_) => adopted += 1,
+            Err(e) => capstan_sdk::warn!("snapshot adoption for service {} skipped: {} ({})", service.id, e.message(), e.code()),
+        }
+    }
+    Ok(adopted)
+}

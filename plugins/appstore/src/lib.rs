@@ -1,0 +1,169 @@
+//! The App Store manager: apps from a signed catalog (`capstan-catalog`), installed and
+//! upgraded as services through the inventory.
+//!
+//! - **Never a startup blocker.** Loading only schedules work: the reconcile loop asks the
+//!   sources (setting `appStoreCatalogSources`) when a pass is due — every 15 minutes, and after
+//!   a failure with a backoff from 1 to 30 minutes. The catalog takes no part in readiness.
+//! - **Verified before use, last-known-good in the store** (`active`): a candidate activates
+//!   only with a trusted signature (setting `appStoreTrustedCatalogKeys`), its digest, the
+//!   supported contract and a greater revision, every published version kept as it was.
+//! - While no verified catalog is active, exactly `getAppConfig`, `listUpgradeable`,
+//!   `install`, `getUpgradePreview` and `upgrade` are refused `appstore-catalog-unavailable` (retryable)
+//!   with the cause; `listApps` answers an empty list with the status.
+
+mod active;
+mod apps;
+mod loader;
+
+use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, ReconcileOutcome, ReconcileTrigger, Result, Role};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+struct AppStore;
+
+impl Manager for AppStore {
+    fn describe() -> Descriptor {
+        Descriptor::new()
+            .method(
+                "getCatalogStatus",
+                "The active catalog (revision, digest, signer), the loader's last outcome and schedule.",
+                Role::Authenticated,
+                status,
+            )
+            .method("refreshCatalog", "Ask the catalog sources now, in order; answers the status.", Role::Admin, refresh)
+            .method("importCatalog", "Activate an operator-carried signed catalog envelope (for an offline host).", Role::Admin, import)
+            .method(
+                "listApps",
+                "Apps and their offered versions; empty, with the status, while no catalog is active.",
+                Role::Authenticated,
+                apps::list_apps,
+            )
+            .method(
+                "getAppConfig",
+                "One app version: its template, notes and whether it is withdrawn.",
+                Role::Authenticated,
+                apps::get_app_config,
+            )
+            .method("install", "Create a service in an organization from an app version's template.", Role::Owner, apps::install)
+            .method(
+                "listUpgradeable",
+                "An organization's services from the App Store with a newer version offered.",
+                Role::Member,
+                apps::list_upgradeable,
+            )
+            .method("getUpgradePreview", "What upgrading a service to a version changes.", Role::Member, apps::upgrade_preview)
+            .method(
+                "upgrade",
+                "Upgrade a service to a newer version of its app, stating the service revision read.",
+                Role::Owner,
+                apps::upgrade,
+            )
+            .collection(active::CATALOG)
+            .collection(active::CHUNKS)
+            .collection(loader::LOADER)
+            .reconcile_every(Duration::from_secs(60))
+    }
+
+    /// Ask the sources when a pass is due; then give every service the snapshot of its version.
+    fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
+        let mut summary = Vec::new();
+        if loader::due()? {
+            let state = loader::pass()?;
+            summary.push(format!("catalog sources: {}", state.last_outcome.unwrap_or_default()));
+        }
+        if let Ok((catalog, _)) = active::current()? {
+            let adopted = apps::adopt_snapshots(&catalog)?;
+            summary.push(format!("{adopted} snapshots adopted"));
+        }
+        Ok(ReconcileOutcome::done(summary.join("; ")))
+    }
+
+    fn migrate(_ctx: &Context, _from: Option<&str>, _to: &str) -> Result<()> {
+        Ok(())
+    }
+}
+
+capstan_sdk::manager!(AppStore);
+
+/// The active catalog as the status names it.
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActiveView {
+    pub revision: u64,
+    pub digest: String,
+    /// The key that signed it, `capstan-ed25519:…`.
+    pub signer: String,
+    pub apps: usize,
+    pub activated_at: u64,
+    /// A source URL, or `import`.
+    pub source: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub available: bool,
+    pub active: Option<ActiveView>,
+    /// Why no catalog is active (`code`, `message`), when none is.
+    #[schemars(with = "Option<capstan_sdk::Value>")]
+    pub unavailable: Option<active::Unavailable>,
+    pub sources: Vec<String>,
+    #[schemars(with = "capstan_sdk::Value")]
+    pub loader: loader::State,
+}
+
+pub fn current_status() -> Result<Status> {
+    let (active, unavailable) = match active::current()? {
+        Ok((catalog, pointer)) => (
+            Some(ActiveView {
+                revision: catalog.revision(),
+                digest: catalog.digest_hex().to_string(),
+                signer: catalog.signer().to_string(),
+                apps: catalog.apps().len(),
+                activated_at: pointer.activated_at,
+                source: pointer.source,
+            }),
+            None,
+        ),
+        Err(why) => (None, Some(why)),
+    };
+    Ok(Status { available: active.is_some(), active, unavailable, sources: loader::sources()?, loader: loader::state()? })
+}
+
+fn status(_ctx: &Context, _: Empty) -> Result<Status> {
+    current_status()
+}
+
+fn refresh(_ctx: &Context, _: Empty) -> Result<Status> {
+    loader::pass()?;
+    if let Ok((catalog, _)) = active::current()? {
+        apps::adopt_snapshots(&catalog)?;
+    }
+    current_status()
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Import {
+    /// The signed catalog envelope, as text (what `capstan appstore sign-catalog` writes).
+    envelope: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Imported {
+    /// `activated`, `unchanged` (it is the active catalog) or `superseded` (a greater revision
+    /// is active already).
+    #[schemars(with = "String")]
+    outcome: active::Outcome,
+    revision: u64,
+    status: Status,
+}
+
+fn import(_ctx: &Context, input: Import) -> Result<Imported> {
+    let (outcome, catalog) = active::activate(input.envelope.as_bytes(), "import")?;
+    if outcome == active::Outcome::Activated {
+        apps::adopt_snapshots(&catalog)?;
+    }
+    Ok(Imported { outcome, revision: catalog.revision(), status: current_status()? })
+}

@@ -1,0 +1,197 @@
+//! The App Store plugin built for wasm32-wasip2 and run on an in-process host
+//! (`capstan_sdk::testing`): catalogs signed here, imported and served from a loopback source,
+//! refused by name while the active catalog stays, installs and upgrades through the inventory.
+
+use capstan_catalog::{Catalog, PublisherKey, SigningKey, sign};
+use capstan_sdk::testing::TestHost;
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+
+fn wasm_target_missing() -> bool {
+    let missing = std::process::Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("wasm32-wasip2"));
+    if missing && std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1") {
+        eprintln!("skipped: the wasm32-wasip2 target is not installed");
+        return true;
+    }
+    false
+}
+
+fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+fn public(key: &SigningKey) -> String {
+    PublisherKey::from(key).to_string()
+}
+
+fn version(v: &str, image: &str, level: &str) -> Value {
+    json!({
+        "version": v,
+        "notes": format!("release {v}"),
+        "template": {
+            "image": image,
+            "ports": [{ "port": 8080, "protocol": "http" }],
+            "environment": { "LOG_LEVEL": level },
+            "volumes": [{ "name": "data", "mountPath": "/var/lib/wiki" }]
+        }
+    })
+}
+
+/// A catalog with the app `wiki` in the given versions.
+fn catalog(versions: Vec<Value>) -> Catalog {
+    serde_json::from_value(json!({ "apps": [{ "id": "wiki", "name": "Wiki", "description": "A wiki.", "versions": versions }] })).unwrap()
+}
+
+fn envelope(catalog: &Catalog, revision: u64, key: &SigningKey) -> String {
+    sign(catalog, revision, key).unwrap().to_json()
+}
+
+/// A loopback HTTP source answering `body` (changeable) to every request, or 404 when empty.
+fn source() -> (String, Arc<Mutex<String>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/catalog.json", listener.local_addr().unwrap());
+    let body = Arc::new(Mutex::new(String::new()));
+    let served = body.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let body = served.lock().unwrap().clone();
+            let status = if body.is_empty() { "404 Not Found" } else { "200 OK" };
+            let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    (url, body)
+}
+
+fn code(host: &TestHost, method: &str, body: Value) -> String {
+    host.call(method, body).unwrap_err().code().to_string()
+}
+
+#[test]
+fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_upgrades() {
+    if wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let publisher = key(7);
+
+    // ---- nothing active: exactly the catalog-bound methods are refused, retryable ----
+    let status = host.call("getCatalogStatus", json!({})).unwrap();
+    assert_eq!((status["available"].as_bool(), status["unavailable"]["code"].as_str()), (Some(false), Some("catalog-not-loaded")));
+    let listed = host.call("listApps", json!({})).unwrap();
+    assert_eq!((listed["apps"].as_array().unwrap().len(), listed["status"]["available"].as_bool()), (0, Some(false)));
+    let unavailable = host.call("getAppConfig", json!({ "appId": "wiki" })).unwrap_err();
+    assert_eq!((unavailable.code(), unavailable.is_retryable()), ("appstore-catalog-unavailable", true));
+    assert_eq!(unavailable.data().unwrap()["cause"], "catalog-not-loaded");
+    let org = host.create_organization("acme");
+    assert_eq!(code(&host, "listUpgradeable", json!({ "organizationId": org })), "appstore-catalog-unavailable");
+    assert!(host.reconcile(&[]).unwrap().contains("no-sources"), "without sources a pass has nothing to ask");
+
+    // ---- import: only a trusted key activates ----
+    let first = catalog(vec![version("1.0.0", "registry.example.com/wiki:1.0.0", "info")]);
+    let one = envelope(&first, 1, &publisher);
+    assert_eq!(code(&host, "importCatalog", json!({ "envelope": one })), "catalog-key-untrusted");
+    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
+    let imported = host.call("importCatalog", json!({ "envelope": one })).unwrap();
+    assert_eq!((imported["outcome"].as_str(), imported["revision"].as_u64()), (Some("activated"), Some(1)));
+    assert_eq!(host.call("importCatalog", json!({ "envelope": one })).unwrap()["outcome"], "unchanged");
+
+    // ---- every bad candidate is refused by name and the active catalog stays ----
+    let mut tampered: Value = serde_json::from_str(&envelope(&first, 2, &publisher)).unwrap();
+    tampered["revision"] = json!(3);
+    let rewritten = catalog(vec![version("1.0.0", "registry.example.com/wiki:evil", "info")]);
+    let removed = catalog(vec![version("2.0.0", "registry.example.com/wiki:2.0.0", "info")]);
+    for (candidate, expected) in [
+        (tampered.to_string(), "catalog-signature-invalid"),
+        (envelope(&first, 2, &key(9)), "catalog-key-untrusted"),
+        (envelope(&rewritten, 2, &publisher), "catalog-version-rewritten"),
+        (envelope(&removed, 2, &publisher), "catalog-version-removed"),
+        ("{\"not\": \"an envelope\"}".to_string(), "catalog-malformed"),
+    ] {
+        assert_eq!(code(&host, "importCatalog", json!({ "envelope": candidate })), expected);
+    }
+    let status = host.call("getCatalogStatus", json!({})).unwrap();
+    assert_eq!((status["active"]["revision"].as_u64(), status["active"]["source"].as_str()), (Some(1), Some("import")));
+    assert_eq!(status["active"]["signer"], public(&publisher));
+
+    // ---- install creates a service with the version's snapshot ----
+    let config = host.call("getAppConfig", json!({ "appId": "wiki" })).unwrap();
+    assert_eq!(
+        (config["version"].as_str(), config["template"]["image"].as_str()),
+        (Some("1.0.0"), Some("registry.example.com/wiki:1.0.0"))
+    );
+    assert_eq!(code(&host, "getAppConfig", json!({ "appId": "nope" })), "appstore-app-not-found");
+    assert_eq!(code(&host, "getAppConfig", json!({ "appId": "wiki", "version": "9.9.9" })), "appstore-version-not-found");
+    let installed = host.call("install", json!({ "organizationId": org, "appId": "wiki", "name": "team-wiki" })).unwrap();
+    let service_id = installed["id"].as_str().unwrap().to_string();
+    let service = host.service(&service_id).unwrap();
+    assert_eq!(
+        (service["image"].as_str(), service["template"]["version"].as_str()),
+        (Some("registry.example.com/wiki:1.0.0"), Some("1.0.0"))
+    );
+    assert_eq!(service["template"]["catalogRevision"], 1);
+    assert_eq!(host.call("listUpgradeable", json!({ "organizationId": org })).unwrap(), json!([]));
+
+    // ---- a source serves a newer revision: the reconcile pass activates it ----
+    let (url, served) = source();
+    let second = catalog(vec![
+        version("1.0.0", "registry.example.com/wiki:1.0.0", "info"),
+        version("1.1.0", "registry.example.com/wiki:1.1.0", "debug"),
+    ]);
+    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)], "appStoreCatalogSources": [url] }));
+    let failed = host.call("refreshCatalog", json!({})).unwrap();
+    assert_eq!((failed["loader"]["lastOutcome"].as_str(), failed["loader"]["consecutiveFailures"].as_u64()), (Some("failed"), Some(1)));
+    assert_eq!(failed["loader"]["errors"][0]["code"], "catalog-source-failed");
+    assert_eq!(failed["active"]["revision"], 1, "a failed load keeps the active catalog");
+    let backoff = failed["loader"]["nextAttemptAt"].as_u64().unwrap() - failed["loader"]["lastAttemptAt"].as_u64().unwrap();
+    assert_eq!(backoff, 60_000, "the first retry is a minute later");
+    *served.lock().unwrap() = envelope(&second, 2, &publisher);
+    let refreshed = host.call("refreshCatalog", json!({})).unwrap();
+    assert_eq!((refreshed["active"]["revision"].as_u64(), refreshed["loader"]["lastOutcome"].as_str()), (Some(2), Some("activated")));
+    assert_eq!(refreshed["active"]["source"].as_str(), Some(url.as_str()));
+    assert_eq!(refreshed["loader"]["consecutiveFailures"], 0);
+
+    // ---- upgrade: preview, then write the new template and snapshot ----
+    let upgradeable = host.call("listUpgradeable", json!({ "organizationId": org })).unwrap();
+    assert_eq!(upgradeable[0]["available"], json!(["1.1.0"]));
+    let request = json!({ "organizationId": org, "serviceId": service_id });
+    let preview = host.call("getUpgradePreview", request.clone()).unwrap();
+    assert_eq!((preview["from"].as_str(), preview["to"].as_str()), (Some("1.0.0"), Some("1.1.0")));
+    assert_eq!(preview["environmentChanged"], json!(["LOG_LEVEL"]));
+    assert_eq!(code(&host, "upgrade", request.clone()), "invalid-request", "an upgrade states the revision it read");
+    let mut stale = request.clone();
+    stale["expectedRevision"] = json!(99);
+    assert_eq!(code(&host, "upgrade", stale), "conflict");
+    let mut upgrade = request.clone();
+    upgrade["expectedRevision"] = service["revision"].clone();
+    let upgraded = host.call("upgrade", upgrade).unwrap();
+    assert_eq!(upgraded["to"], "1.1.0");
+    let service = host.service(&service_id).unwrap();
+    assert_eq!(
+        (service["image"].as_str(), service["template"]["version"].as_str()),
+        (Some("registry.example.com/wiki:1.1.0"), Some("1.1.0"))
+    );
+    assert_eq!(service["environment"]["LOG_LEVEL"], "debug");
+    assert_eq!(code(&host, "getUpgradePreview", request), "appstore-up-to-date");
+
+    // ---- a lower revision from the source is refused and the active one stays ----
+    *served.lock().unwrap() = envelope(&first, 1, &publisher);
+    let stayed = host.call("refreshCatalog", json!({})).unwrap();
+    assert_eq!(
+        (stayed["active"]["revision"].as_u64(), stayed["loader"]["errors"][0]["code"].as_str()),
+        (Some(2), Some("catalog-revision-not-newer"))
+    );
+
+    // ---- the stored catalog is verified again on every use: an untrusted key disables it ----
+    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [] }));
+    let status = host.call("getCatalogStatus", json!({})).unwrap();
+    assert_eq!((status["available"].as_bool(), status["unavailable"]["code"].as_str()), (Some(false), Some("catalog-key-untrusted")));
+    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
+    assert_eq!(host.call("getCatalogStatus", json!({})).unwrap()["active"]["revision"], 2, "restored from the store, no source needed");
+}

@@ -1,0 +1,130 @@
+//! The App Store plugin end to end, as it ships: embedded in the real binary, installed at the
+//! first start as first-party, its catalog imported and refused over HTTP, an app installed and
+//! upgraded through the API, a service that names an app version adopted into its snapshot, and
+//! the last-known-good catalog restored after a restart with no source reachable.
+
+use crate::support::*;
+use capstan_catalog::{Catalog, PublisherKey, SigningKey, sign};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+
+fn catalog(versions: &[&str]) -> Catalog {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|v| {
+            json!({
+                "version": v,
+                "template": {
+                    "image": format!("registry.example.com/wiki:{v}"),
+                    "ports": [{ "port": 8080, "protocol": "http" }],
+                    "environment": { "WIKI_VERSION": v },
+                    "volumes": [{ "name": "data", "mountPath": "/var/lib/wiki" }]
+                }
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "apps": [{ "id": "wiki", "name": "Wiki", "versions": versions }] })).unwrap()
+}
+
+fn envelope(versions: &[&str], revision: u64, key: &SigningKey) -> String {
+    sign(&catalog(versions), revision, key).unwrap().to_json()
+}
+
+/// The App Store plugin once the first start has installed it (it compiles in the background).
+fn wait_for_appstore(server: &Capstan, admin: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let reply = server.call_as(admin, "plugins.get", &json!({ "id": "appstore" }));
+        if reply.status == 200 {
+            return reply.json();
+        }
+        assert!(std::time::Instant::now() < deadline, "the App Store was not installed within 120 s: {}", reply.body);
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn the_embedded_app_store_imports_installs_upgrades_adopts_and_restores_its_catalog_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = dir.path().join("data");
+    let server = Capstan::dev(&data);
+    let password = server.printed_admin_password().expect("the first dev start prints the admin password");
+    let admin = server.login("admin", &password);
+    let ok = |server: &Capstan, method: &str, body: Value| server.call_as(&admin, method, &body).expect_json(200);
+
+    // shipped inside the binary, installed in the background of the first start with what it declares
+    let plugin = wait_for_appstore(&server, &admin);
+    assert_eq!(
+        (plugin["publisher"].as_str(), plugin["status"].as_str(), plugin["installedBy"].as_str()),
+        (Some("first-party"), Some("running"), Some("capstan"))
+    );
+    assert!(plugin["grants"].as_array().unwrap().contains(&json!("http-setting:appStoreCatalogSources")), "{plugin}");
+    server.call_as(&admin, "plugins.uninstall", &json!({ "id": "appstore" })).expect_error(400, "plugin-first-party");
+
+    // no catalog yet: the status says why, the catalog-bound methods are refused (retryable)
+    let status = ok(&server, "appstore.getCatalogStatus", json!({}));
+    assert_eq!(status["available"], false);
+    let refused =
+        server.call_as(&admin, "appstore.getAppConfig", &json!({ "appId": "wiki" })).expect_error(400, "appstore-catalog-unavailable");
+    assert_eq!((refused["retryable"].as_bool(), refused["data"]["cause"].as_str()), (Some(true), Some("catalog-not-loaded")));
+
+    // an operator-carried envelope, signed by a key the operator trusts
+    let publisher = SigningKey::from_bytes(&[42; 32]);
+    let settings = ok(&server, "settings.get", json!({}));
+    ok(
+        &server,
+        "settings.update",
+        json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } }),
+    );
+    let imported = ok(&server, "appstore.importCatalog", json!({ "envelope": envelope(&["1.0.0"], 1, &publisher) }));
+    assert_eq!(imported["outcome"], "activated");
+    let untrusted = envelope(&["1.0.0", "1.1.0"], 2, &SigningKey::from_bytes(&[7; 32]));
+    server.call_as(&admin, "appstore.importCatalog", &json!({ "envelope": untrusted })).expect_error(400, "catalog-key-untrusted");
+    let rewritten = sign(&catalog(&["1.0.0"]), 2, &publisher).unwrap();
+    let mut tampered: Value = serde_json::from_str(&rewritten.to_json()).unwrap();
+    tampered["revision"] = json!(5);
+    server
+        .call_as(&admin, "appstore.importCatalog", &json!({ "envelope": tampered.to_string() }))
+        .expect_error(400, "catalog-signature-invalid");
+
+    // install through the API: a service with the version's snapshot
+    let org = ok(&server, "organizations.create", json!({ "name": "acme" }));
+    let installed = ok(&server, "appstore.install", json!({ "organizationId": org["id"], "appId": "wiki", "name": "team-wiki" }));
+    let service = ok(&server, "services.get", json!({ "id": installed["id"] }));
+    assert_eq!(
+        (service["image"].as_str(), service["template"]["version"].as_str()),
+        (Some("registry.example.com/wiki:1.0.0"), Some("1.0.0"))
+    );
+
+    // a service written naming an app version gets its snapshot at the next activation
+    let named = ok(
+        &server,
+        "services.create",
+        json!({ "name": "other-wiki", "organizationId": org["id"], "image": "registry.example.com/wiki:1.0.0", "template": { "appId": "wiki", "version": "1.0.0" } }),
+    );
+    ok(&server, "appstore.importCatalog", json!({ "envelope": envelope(&["1.0.0", "1.1.0"], 2, &publisher) }));
+    let adopted = ok(&server, "services.get", json!({ "id": named["id"] }));
+    assert!(adopted["template"]["templateDigest"].is_string(), "{adopted}");
+
+    // upgrade through the API, stating the revision read
+    let upgradeable = ok(&server, "appstore.listUpgradeable", json!({ "organizationId": org["id"] }));
+    assert_eq!(upgradeable.as_array().unwrap().len(), 2, "{upgradeable}");
+    let upgrade = json!({ "organizationId": org["id"], "serviceId": installed["id"], "expectedRevision": service["revision"] });
+    assert_eq!(ok(&server, "appstore.upgrade", upgrade.clone())["to"], "1.1.0");
+    let service = ok(&server, "services.get", json!({ "id": installed["id"] }));
+    assert_eq!(
+        (service["image"].as_str(), service["environment"]["WIKI_VERSION"].as_str()),
+        (Some("registry.example.com/wiki:1.1.0"), Some("1.1.0"))
+    );
+    server.call_as(&admin, "appstore.upgrade", &upgrade).expect_error(400, "appstore-up-to-date");
+    drop(server);
+
+    // a restart restores the last-known-good catalog from the store, no source needed
+    let server = Capstan::dev(&data);
+    let admin = server.login("admin", &password);
+    let status = server.call_as(&admin, "appstore.getCatalogStatus", &json!({})).expect_json(200);
+    assert_eq!((status["available"].as_bool(), status["active"]["revision"].as_u64()), (Some(true), Some(2)));
+    let apps = server.call_as(&admin, "appstore.listApps", &json!({})).expect_json(200);
+    assert_eq!(apps["apps"][0]["versions"], json!(["1.1.0", "1.0.0"]));
+}
