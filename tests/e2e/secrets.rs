@@ -306,16 +306,29 @@ fn a_planted_value_goes_in_sealed_and_never_comes_out() {
     http.refused(&admin, "secrets.rewrap", json!({ "limit": 501 }), 400, "invalid-request");
     http.refused(&admin, "secrets.rewrap", json!({ "cursor": null, "extra": PLANTED }), 400, "invalid-request");
 
+    // the set and the service's configuration read back; a rename states the revision
+    let configuration = http.ok(&admin, "secrets.getServiceConfiguration", json!({ "serviceId": svc_id }));
+    assert_eq!(
+        (configuration["secretsRevision"].as_u64(), configuration["attachments"][0]["secretSetId"].as_str()),
+        (Some(1), Some(set_id.as_str()))
+    );
+    let sets = http.ok(&admin, "secrets.listSecretSets", json!({ "organizationId": org_id }));
+    assert_eq!(sets["items"].as_array().unwrap().len(), 1);
+    http.refused(&admin, "secrets.updateSecretSet", json!({ "id": set_id, "expectedRevision": 9, "name": "relay" }), 409, "conflict");
+    let renamed = http.ok(&admin, "secrets.updateSecretSet", json!({ "id": set_id, "expectedRevision": 1, "name": "relay" }));
+    assert_eq!(renamed["name"], "relay");
+
     // retiring the SecretSet detaches it from the service in the same transaction
     http.refused(&admin, "secrets.retireSecretSet", json!({ "id": set_id, "expectedRevision": 7 }), 409, "conflict");
-    let retire = json!({ "id": set_id, "expectedRevision": 1, "mutationId": "retire-shared-1" });
+    let retire = json!({ "id": set_id, "expectedRevision": 2, "mutationId": "retire-shared-1" });
     let retired = http.ok(&admin, "secrets.retireSecretSet", retire.clone());
     assert_eq!((retired["secretSet"]["state"].as_str(), retired["detachedServiceIds"].clone()), (Some("retired"), json!([svc_id])));
     assert_eq!(http.ok(&admin, "secrets.retireSecretSet", retire), retired, "an exact replay answers the first answer");
     let preview = http.ok(&admin, "secrets.previewResolution", json!({ "serviceId": svc_id }));
     assert!(preview["entries"].as_array().unwrap().iter().all(|e| e["key"] != "SHARED_KEY"), "{preview}");
     let attach = json!({ "serviceId": svc_id, "secretSetId": set_id, "expectedSecretsRevision": preview["secretsRevision"] });
-    http.refused(&admin, "secrets.attachSecretSet", attach, 409, "secret-set-retired");
+    http.refused(&admin, "secrets.attachSecretSet", attach.clone(), 409, "secret-set-retired");
+    http.refused(&admin, "secrets.detachSecretSet", attach, 409, "secret-set-not-attached");
     http.refused(&admin, "secrets.getSecretSet", json!({ "id": "sset_missing" }), 404, "secret-set-not-found");
 
     // a person who is not an administrator reaches none of it (the recipient is public knowledge)

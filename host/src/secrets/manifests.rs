@@ -78,20 +78,13 @@ fn manifest_id(service_id: &str, number: u64) -> String {
 /// Every active secret of one owner.
 async fn active_secrets(tx: &Tx, owner_ref: &str) -> Result<Vec<(String, Secret)>> {
     let mut found = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = tx.find(SECRETS, "by_owner", &[json!(owner_ref)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
-        for doc in &page.documents {
-            let secret: Secret = serde_json::from_value(doc.data.clone()).map_err(Refusal::internal)?;
-            if secret.state == State::Active {
-                found.push((doc.id.clone(), secret));
-            }
-        }
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => return Ok(found),
+    for doc in tx.find_all(SECRETS, "by_owner", &[json!(owner_ref)]).await? {
+        let secret: Secret = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
+        if secret.state == State::Active {
+            found.push((doc.id, secret));
         }
     }
+    Ok(found)
 }
 
 /// Resolve a service's secrets: its own secrets first, then each attached SecretSet in the

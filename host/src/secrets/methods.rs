@@ -342,21 +342,13 @@ async fn publish_manifest(tx: &Tx, secret: &Secret) -> Result<()> {
 /// attachments and secrets revision removed, in the caller's transaction.
 pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
     let owner = Owner::Service { service_id: service_id.into() }.reference();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = tx.find(SECRETS, "by_owner", &[json!(owner)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
-        for doc in &page.documents {
-            let mut secret = parse_secret(doc)?;
-            if secret.state == State::Active {
-                let at = now();
-                (secret.state, secret.revoked_at, secret.updated_at) = (State::Revoked, Some(at), at);
-                tx.replace(SECRETS, &doc.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
-                emit(tx, "secret.revoked", &doc.id, event_data(&doc.id, &secret)).await?;
-            }
-        }
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => break,
+    for doc in tx.find_all(SECRETS, "by_owner", &[json!(owner)]).await? {
+        let mut secret = parse_secret(&doc)?;
+        if secret.state == State::Active {
+            let at = now();
+            (secret.state, secret.revoked_at, secret.updated_at) = (State::Revoked, Some(at), at);
+            tx.replace(SECRETS, &doc.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
+            emit(tx, "secret.revoked", &doc.id, event_data(&doc.id, &secret)).await?;
         }
     }
     super::sets::forget_service(tx, service_id).await

@@ -189,23 +189,10 @@ pub async fn require_usable(tx: &Tx, id: &str, organization_id: &str) -> Result<
     Ok(set)
 }
 
-/// Every document of `collection` whose `index` matches `key`, page by page.
-async fn find_all(tx: &Tx, collection: &str, index: &str, key: &str) -> Result<Vec<crate::store::Document>> {
-    let mut found = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = tx.find(collection, index, &[json!(key)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
-        found.extend(page.documents);
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => return Ok(found),
-        }
-    }
-}
-
 /// A service's attachments in resolution order.
 pub async fn attachments(tx: &Tx, service_id: &str) -> Result<Vec<Attachment>> {
-    let mut found: Vec<Attachment> = find_all(tx, ATTACHMENTS, "by_service", service_id)
+    let mut found: Vec<Attachment> = tx
+        .find_all(ATTACHMENTS, "by_service", &[json!(service_id)])
         .await?
         .iter()
         .map(|d| Ok(parse::<Attachment>(d)?.data))
@@ -216,7 +203,7 @@ pub async fn attachments(tx: &Tx, service_id: &str) -> Result<Vec<Attachment>> {
 
 /// The services a set is attached to.
 pub async fn attached_services(tx: &Tx, secret_set_id: &str) -> Result<Vec<String>> {
-    find_all(tx, ATTACHMENTS, "by_set", secret_set_id).await?.iter().map(|d| Ok(parse::<Attachment>(d)?.data.service_id)).collect()
+    tx.find_all(ATTACHMENTS, "by_set", &[json!(secret_set_id)]).await?.iter().map(|d| Ok(parse::<Attachment>(d)?.data.service_id)).collect()
 }
 
 async fn secrets_revision(tx: &Tx, service_id: &str) -> Result<(Option<u64>, u64)> {
@@ -248,7 +235,7 @@ fn attachment_id(service_id: &str, secret_set_id: &str) -> String {
 
 /// A service is gone: its attachments and secrets revision go with it.
 pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
-    for doc in find_all(tx, ATTACHMENTS, "by_service", service_id).await? {
+    for doc in tx.find_all(ATTACHMENTS, "by_service", &[json!(service_id)]).await? {
         tx.delete(ATTACHMENTS, &doc.id, doc.revision).await?;
     }
     if let Some(doc) = tx.get(CONFIGURATIONS, service_id).await? {
@@ -259,7 +246,7 @@ pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
 
 /// Active SecretSets of an organization (an organization with one is not deleted).
 pub async fn has_active(tx: &Tx, organization_id: &str) -> Result<bool> {
-    let sets = find_all(tx, SETS, "by_organization", organization_id).await?;
+    let sets = tx.find_all(SETS, "by_organization", &[json!(organization_id)]).await?;
     Ok(sets.iter().any(|d| d.data["state"] == "active"))
 }
 
@@ -418,7 +405,7 @@ async fn get(call: Call, input: crate::inventory::ById) -> Result<SetDetail> {
             let set = require_set(&tx, id).await?;
             let owner = Owner::Organization { organization_id: set.data.organization_id.clone(), secret_set_id: id.into() };
             let mut secrets = Vec::new();
-            for doc in find_all(&tx, super::methods::SECRETS, "by_owner", &owner.reference()).await? {
+            for doc in tx.find_all(super::methods::SECRETS, "by_owner", &[json!(owner.reference())]).await? {
                 secrets.push(super::methods::view(&doc.id, doc.revision, super::methods::parse_secret(&doc)?));
             }
             let attached_service_ids = attached_services(&tx, id).await?;

@@ -355,6 +355,20 @@ impl Tx {
         self.open(collection).await?.get().find(&spec, &index_spec, key, cursor, limit).await
     }
 
+    /// Every document whose `index` matches `key`, read page by page in this transaction.
+    pub async fn find_all(&self, collection: &str, index: &str, key: &[Value]) -> Result<Vec<Document>> {
+        let mut found = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self.find(collection, index, key, cursor.as_deref(), MAX_PAGE).await?;
+            found.extend(page.documents);
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(found),
+            }
+        }
+    }
+
     pub async fn scan(&self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
         let limit = validate_limit(limit)?;
         self.open(collection).await?.get().scan(collection, cursor, limit).await
