@@ -30,12 +30,13 @@ fn envelope(versions: &[&str], revision: u64, key: &SigningKey) -> String {
     sign(&catalog(versions), revision, key).unwrap().to_json()
 }
 
-/// The App Store plugin once the first start has installed it (it compiles in the background).
+/// The App Store plugin once it is installed and loaded here (the first start compiles it in the
+/// background; another node of the fleet loads it from the shared registry).
 fn wait_for_appstore(server: &Capstan, admin: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let reply = server.call_as(admin, "plugins.get", &json!({ "id": "appstore" }));
-        if reply.status == 200 {
+        if reply.status == 200 && reply.json()["status"] == "running" {
             return reply.json();
         }
         assert!(std::time::Instant::now() < deadline, "the App Store was not installed within 120 s: {}", reply.body);
@@ -127,4 +128,39 @@ fn the_embedded_app_store_imports_installs_upgrades_adopts_and_restores_its_cata
     assert_eq!((status["available"].as_bool(), status["active"]["revision"].as_u64()), (Some(true), Some(2)));
     let apps = server.call_as(&admin, "appstore.listApps", &json!({})).expect_json(200);
     assert_eq!(apps["apps"][0]["versions"], json!(["1.1.0", "1.0.0"]));
+}
+
+#[test]
+fn two_hosts_on_one_store_converge_on_the_greater_catalog_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let prod = ProdConfig::under(dir.path());
+    let password = "a-long-enough-admin-password-for-two-hosts";
+    let start = |node: &str| {
+        let mut cmd = prod.command();
+        cmd.env("CAPSTAN_STATE_DIR", dir.path().join(format!("state-{node}"))).env("CAPSTAN_ADMIN_ACCOUNT", format!("root:{password}"));
+        Capstan::start(cmd)
+    };
+    let (a, b) = (start("a"), start("b"));
+    let (token_a, token_b) = (a.login("root", password), b.login("root", password));
+    wait_for_appstore(&a, &token_a);
+    wait_for_appstore(&b, &token_b);
+
+    let publisher = SigningKey::from_bytes(&[42; 32]);
+    let settings = a.call_as(&token_a, "settings.get", &json!({})).expect_json(200);
+    let trust = json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } });
+    a.call_as(&token_a, "settings.update", &trust).expect_json(200);
+    let import =
+        |server: &Capstan, token: &str, envelope: String| server.call_as(token, "appstore.importCatalog", &json!({ "envelope": envelope }));
+    let revision = |server: &Capstan, token: &str| {
+        server.call_as(token, "appstore.getCatalogStatus", &json!({})).expect_json(200)["active"]["revision"].as_u64()
+    };
+
+    // what one host activates, the other uses: the last-known-good lives in the shared store
+    assert_eq!(import(&a, &token_a, envelope(&["1.0.0"], 1, &publisher)).expect_json(200)["outcome"], "activated");
+    assert_eq!(revision(&b, &token_b), Some(1));
+    assert_eq!(import(&b, &token_b, envelope(&["1.0.0", "1.1.0"], 2, &publisher)).expect_json(200)["outcome"], "activated");
+    assert_eq!(revision(&a, &token_a), Some(2));
+    // the older revision, arriving late at the other host, does not move the pointer back
+    import(&a, &token_a, envelope(&["1.0.0"], 1, &publisher)).expect_error(400, "catalog-revision-not-newer");
+    assert_eq!((revision(&a, &token_a), revision(&b, &token_b)), (Some(2), Some(2)));
 }
