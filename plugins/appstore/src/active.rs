@@ -153,6 +153,13 @@ pub fn activate(envelope: &[u8], source: &str) -> Result<(Outcome, Verified)> {
         if active.as_ref().is_some_and(|a| a.same_as(&candidate)) {
             return Ok((Outcome::Unchanged, candidate));
         }
+        // the pointer never moves back, even past a stored catalog that no longer verifies
+        // (its key was removed): succession is judged against it only while it verifies
+        if let Some((pointer, _)) = &stored
+            && candidate.revision() <= pointer.revision
+        {
+            return Err(refusal(CatalogError::RevisionNotNewer { active: pointer.revision, candidate: candidate.revision() }));
+        }
         capstan_catalog::check_succession(active.as_ref(), &candidate).map_err(refusal)?;
         let text = std::str::from_utf8(envelope).map_err(|_| Refusal::new("catalog-malformed", "the catalog is not UTF-8 text"))?;
         let chunks = store_chunks(text)?;

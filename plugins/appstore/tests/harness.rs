@@ -189,9 +189,12 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
     );
 
     // ---- the stored catalog is verified again on every use: an untrusted key disables it ----
-    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [] }));
+    let successor = key(11);
+    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&successor)] }));
     let status = host.call("getCatalogStatus", json!({})).unwrap();
     assert_eq!((status["available"].as_bool(), status["unavailable"]["code"].as_str()), (Some(false), Some("catalog-key-untrusted")));
+    // even then the pointer never moves back to a lower revision
+    assert_eq!(code(&host, "importCatalog", json!({ "envelope": envelope(&first, 1, &successor) })), "catalog-revision-not-newer");
     host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
     assert_eq!(host.call("getCatalogStatus", json!({})).unwrap()["active"]["revision"], 2, "restored from the store, no source needed");
 }
