@@ -195,12 +195,39 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
     assert!(!log.contains("eyJ"), "no JWT may be logged:\n{log}");
 }
 
+/// The text of the element `css`, found again if the page replaced it between finding and
+/// reading (a navigation or a live refresh can land in between).
 async fn text_of(client: &Client, css: &str) -> String {
-    let element = match client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(css)).await {
-        Ok(element) => element,
-        Err(e) => panic!("expected an element {css:?}: {e}\npage:\n{}", client.source().await.unwrap_or_default()),
-    };
-    element.text().await.unwrap_or_else(|e| panic!("reading the text of {css:?}: {e}"))
+    let deadline = Instant::now() + ELEMENT_WAIT;
+    loop {
+        let element = wait_for(client, css).await;
+        match element.text().await {
+            Ok(text) => return text,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("reading the text of {css:?}: {e}"),
+        }
+    }
+}
+
+/// Wait until the success banner says `expected`: right after a click the old page (and its
+/// banner) may still be showing.
+async fn expect_flash(client: &Client, expected: &str) {
+    let deadline = Instant::now() + ELEMENT_WAIT;
+    loop {
+        let seen = text_of(client, "#flash.banner-ok strong").await;
+        if seen == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the banner should say {expected:?}, it says {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Wait until the error banner names the refusal `code`.
+async fn expect_refusal(client: &Client, code: &str) {
+    wait_for(client, &format!(r#"#flash.banner-error[data-code="{code}"]"#)).await;
 }
 
 async fn path_of(client: &Client) -> String {
@@ -443,7 +470,7 @@ async fn services_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     fill(client, "#org-name", "acme").await;
     click(client, "#organization-create-submit").await;
     wait_for(client, "#service-create-form").await;
-    assert_eq!(text_of(client, "#flash strong").await, "Organization acme created");
+    expect_flash(client, "Organization acme created").await;
     assert_eq!(path_of(client).await, "/services");
     let org = client.current_url().await.unwrap().query_pairs().find(|(k, _)| k == "org").map(|(_, v)| v.into_owned()).expect("?org=");
     wait_for(client, "#services-empty").await;
@@ -457,7 +484,7 @@ async fn services_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     fill(client, "#service-mail", "web@acme.example").await;
     click(client, "#service-create-submit").await;
     wait_for(client, "#service-panel").await;
-    assert_eq!(text_of(client, "#flash strong").await, "Service created");
+    expect_flash(client, "Service created").await;
     assert!(path_of(client).await.starts_with("/services/svc_"), "{}", path_of(client).await);
     assert_eq!(text_of(client, "#service-scale-value").await, "2 replicas");
     assert_eq!(text_of(client, "#service-state").await, "active");
@@ -473,13 +500,12 @@ async fn services_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     fill(client, "#service-environment", "LOG_LEVEL=info\nDB_PASSWORD=correct-horse-battery").await;
     fill(client, "#service-scale", "3").await;
     click(client, "#service-edit-submit").await;
-    let flash = wait_for(client, "#flash.banner-error").await;
-    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("environment-value-is-secret"));
+    expect_refusal(client, "environment-value-is-secret").await;
     let scale = wait_for(client, "#service-scale").await.prop("value").await.unwrap();
     assert_eq!(scale.as_deref(), Some("3"), "the form keeps what was typed");
     fill(client, "#service-environment", "LOG_LEVEL=debug").await;
     click(client, "#service-edit-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Service updated");
+    expect_flash(client, "Service updated").await;
     assert_eq!(text_of(client, "#service-scale-value").await, "3 replicas");
     assert!(text_of(client, "#service-environment-value").await.contains("LOG_LEVEL=debug"));
 
@@ -508,11 +534,10 @@ async fn services_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     assert!(path_of(client).await.ends_with("/delete"));
     fill(client, "#confirm-name", "api").await;
     click(client, "#delete-submit").await;
-    let flash = wait_for(client, "#flash.banner-error").await;
-    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("confirmation-mismatch"));
+    expect_refusal(client, "confirmation-mismatch").await;
     fill(client, "#confirm-name", "web").await;
     click(client, "#delete-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Service web deleted");
+    expect_flash(client, "Service web deleted").await;
     assert_eq!(path_of(client).await, "/services");
     wait_for(client, r#"tr[data-service="api"]"#).await;
     assert!(client.find_all(Locator::Css(r#"tr[data-service="web"]"#)).await.unwrap().is_empty(), "web is gone from the list");
@@ -560,13 +585,12 @@ async fn settings_view(client: &Client) {
     fill(client, "#other-key", "dcrouterGatewayToken").await;
     fill(client, "#other-value", "not-a-real-token").await;
     click(client, "#settings-submit").await;
-    let flash = wait_for(client, "#flash.banner-error").await;
-    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("setting-is-secret"));
+    expect_refusal(client, "setting-is-secret").await;
     fill(client, "#other-key", "").await;
     fill(client, "#other-value", "").await;
     fill(client, "#setting-dcrouterTargetPort", "443").await;
     click(client, "#settings-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Settings saved");
+    expect_flash(client, "Settings saved").await;
     assert_eq!(text_of(client, "#settings-revision").await, "1");
 }
 
@@ -584,7 +608,7 @@ async fn tasks_view(client: &Client, dir: &Path) {
 
     // Run now: the task's page, with the execution; it ends on its own and the page follows
     click(client, r#"tr[data-task="host.cleanup"] button[data-action="run"]"#).await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Task started");
+    expect_flash(client, "Task started").await;
     assert_eq!(path_of(client).await, "/tasks/host.cleanup");
     let run = r#"#executions tbody.execution[data-status="succeeded"]"#;
     wait_for(client, run).await;
@@ -606,16 +630,15 @@ async fn tasks_view(client: &Client, dir: &Path) {
     wait_for(client, "#disable-form").await;
     assert!(text_of(client, "#confirm-title").await.contains("host.cleanup"));
     click(client, "#disable-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Task disabled");
+    expect_flash(client, "Task disabled").await;
     wait_for(client, r#"#task-enabled[data-enabled="false"]"#).await;
     click(client, "#task-run").await;
-    let flash = wait_for(client, "#flash.banner-error").await;
-    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("task-disabled"));
+    expect_refusal(client, "task-disabled").await;
     assert!(text_of(client, "#flash").await.contains("Enable it first"), "{}", text_of(client, "#flash").await);
 
     // enabled again; the list says so too
     click(client, "#task-enable").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Task enabled");
+    expect_flash(client, "Task enabled").await;
     wait_for(client, r#"#task-enabled[data-enabled="true"]"#).await;
     click(client, r#"nav.breadcrumbs a[href="/tasks"]"#).await;
     wait_for(client, r#"tr[data-task="host.cleanup"][data-enabled="true"] .task-last [data-status="succeeded"]"#).await;
@@ -681,7 +704,7 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     fill(client, "#secret-key", "DB_PASSWORD").await;
     fill(client, "#create-value", TYPED_VALUE).await;
     click(client, "#secret-create-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret DB_PASSWORD created");
+    expect_flash(client, "Secret DB_PASSWORD created").await;
     let db = secret_id_of(client, "DB_PASSWORD").await;
     assert_eq!(stored_value(dir, &db).await, TYPED_VALUE.as_bytes(), "the server opened what the browser sealed");
     assert!(!page_holds(client, TYPED_VALUE).await, "no page shows the value");
@@ -702,7 +725,7 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     let shot = client.screenshot().await.expect("a screenshot of a generated value");
     save_screenshot(&shot, dir, "secrets-generate.png", SECRETS_GENERATE_SCREENSHOT_COPY);
     click(client, "#secret-create-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret API_TOKEN created");
+    expect_flash(client, "Secret API_TOKEN created").await;
     let token = secret_id_of(client, "API_TOKEN").await;
     assert!(!page_holds(client, &generated).await, "after saving, the generated value is nowhere in the page");
     assert_eq!(stored_value(dir, &token).await, generated.as_bytes());
@@ -716,8 +739,7 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     fill(client, "#secret-key", "DB_PASSWORD").await;
     fill(client, "#create-value", ROTATED_VALUE).await;
     click(client, "#secret-create-submit").await;
-    let flash = wait_for(client, "#flash.banner-error").await;
-    assert_eq!(flash.attr("data-code").await.unwrap().as_deref(), Some("exists"));
+    expect_refusal(client, "exists").await;
     assert!(!page_holds(client, ROTATED_VALUE).await);
 
     // rotation: the next version, sealed for secrets.rotate
@@ -725,7 +747,7 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     wait_for(client, r#"#secret-rotate-form[data-seal-ready="true"]"#).await;
     fill(client, "#rotate-value", ROTATED_VALUE).await;
     click(client, "#secret-rotate-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret DB_PASSWORD rotated");
+    expect_flash(client, "Secret DB_PASSWORD rotated").await;
     wait_for(client, r#"tr[data-secret="DB_PASSWORD"] td[data-versions="2"]"#).await;
     assert_eq!(stored_value(dir, &db).await, ROTATED_VALUE.as_bytes());
 
@@ -736,7 +758,7 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     save_screenshot(&shot, dir, "secret-revoke.png", SECRET_REVOKE_SCREENSHOT_COPY);
     fill(client, "#confirm-key", "API_TOKEN").await;
     click(client, "#revoke-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret API_TOKEN revoked");
+    expect_flash(client, "Secret API_TOKEN revoked").await;
     wait_for(client, r#"tr[data-secret="API_TOKEN"][data-state="revoked"]"#).await;
     let shot = client.screenshot().await.expect("a screenshot of a service's secrets");
     save_screenshot(&shot, dir, "secrets.png", SECRETS_SCREENSHOT_COPY);
@@ -746,12 +768,12 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     fill(client, "#set-name", "shared-mail").await;
     fill(client, "#set-description", "SMTP relay credentials").await;
     click(client, "#set-create-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "SecretSet shared-mail created");
+    expect_flash(client, "SecretSet shared-mail created").await;
     wait_for(client, r#"#secret-create-form[data-seal-ready="true"]"#).await;
     fill(client, "#secret-key", "SMTP_PASSWORD").await;
     fill(client, "#create-value", SET_VALUE).await;
     click(client, "#secret-create-submit").await;
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "Secret SMTP_PASSWORD created");
+    expect_flash(client, "Secret SMTP_PASSWORD created").await;
     let member = secret_id_of(client, "SMTP_PASSWORD").await;
     assert_eq!(stored_value(dir, &member).await, SET_VALUE.as_bytes());
     let set_page = path_of(client).await;
@@ -759,7 +781,7 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
     client.goto(&server.url(&format!("/secrets?org={org}"))).await.unwrap();
     click(client, r#"li[data-service="vault-demo"] a"#).await;
     wait_for(client, "#attach-form").await.find(Locator::Css("#attach-submit")).await.unwrap().click().await.unwrap();
-    assert_eq!(text_of(client, "#flash.banner-ok strong").await, "SecretSet shared-mail attached");
+    expect_flash(client, "SecretSet shared-mail attached").await;
     wait_for(client, r#"#resolved-table tr[data-resolved="SMTP_PASSWORD"][data-from="shared-mail"]"#).await;
     wait_for(client, r#"#resolved-table tr[data-resolved="DB_PASSWORD"][data-from="service"]"#).await;
     assert!(!page_holds(client, SET_VALUE).await && !page_holds(client, ROTATED_VALUE).await);
