@@ -82,7 +82,7 @@ impl Refusal {
             "unsupported-media-type" => 415,
             "unauthenticated" => 401,
             "forbidden" => 403,
-            "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" => 503,
+            "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" | "coordinator-unavailable" => 503,
             "internal" => 500,
             _ => 400,
         }

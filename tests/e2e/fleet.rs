@@ -281,8 +281,9 @@ fn killing_the_coordinator_moves_the_lease_under_a_higher_fence_and_leaves_it_st
 
 #[test]
 fn sigterm_marks_the_node_draining_at_once_and_it_exits_cleanly() {
-    // a long window: the drained node must still be heard from when it is listed
-    let fleet = Fleet::new(200, 200, 10_000, 1500);
+    // a long window: the drained node must still be heard from when it is listed, even when
+    // a loaded machine makes it take a while to finish its in-flight work and stop
+    let fleet = Fleet::new(200, 200, 60_000, 1500);
     let mut nodes = fleet.start_three();
     let ids = ids(&nodes);
     let listing = wait_all_live(&fleet, &ids);
@@ -742,4 +743,70 @@ fn idle_fleet_writes() {
     assert_eq!(writes["assignments"], 0, "no placement writes while nothing moves: {changed_keys:?}");
     assert_eq!(writes["other"], 0, "nothing else is written: {changed_keys:?}");
     assert_eq!(fence_before, fence_after, "the lease is renewed, never re-taken, while the holder lives");
+}
+
+#[test]
+fn a_coordinator_only_request_to_any_node_is_answered_by_the_holder() {
+    const PASSWORD: &str = "a-long-enough-admin-password";
+    let mut fleet = Fleet::fast();
+    fleet.timing.push(("CAPSTAN_ADMIN_ACCOUNT", format!("root:{PASSWORD}")));
+    let mut nodes = fleet.start_three();
+    let ids = ids(&nodes);
+    let holder = coordinators(&wait_all_live(&fleet, &ids)).remove(0);
+    let token = nodes[0].login("root", PASSWORD);
+
+    // every node answers with the holder's decision, stamped with the lease's fence
+    let listed: Value = nodes[0].get("/api/v1/methods").expect_json(200);
+    let method = listed["methods"].as_array().unwrap().iter().find(|m| m["name"] == "fleet.rebalance").expect("fleet.rebalance is listed");
+    assert_eq!(method["coordinatorOnly"], true, "{method}");
+    for node in &nodes {
+        let answer = node.call_as(&token, "fleet.rebalance", &json!({})).expect_json(200);
+        assert_eq!(answer["decidedBy"], holder.as_str(), "node {} forwards to the holder: {answer}", node.node_id());
+        assert_eq!(answer["fence"], fence(&fleet.lease().unwrap()), "{answer}");
+        let placements = answer["placements"].as_object().expect("placements by workload");
+        assert!(!placements.is_empty(), "the host's tasks are placed: {answer}");
+        for (work, on) in placements {
+            let on = on.as_array().unwrap();
+            assert!(!on.is_empty() && on.iter().all(|n| ids.iter().any(|id| n == id)), "{work} runs on live nodes: {answer}");
+        }
+        let stored = fleet.object(ASSIGNMENTS_KEY).expect("the decision is in the bucket");
+        assert_eq!(stored["placements"], answer["placements"], "{stored}");
+        assert_eq!(stored["fence"], answer["fence"], "{stored}");
+    }
+
+    // the holder's refusals come back as they are; a caller without credentials is refused
+    // where it called
+    let other = nodes.iter().position(|n| n.node_id() != holder).unwrap();
+    nodes[other].call_as(&token, "fleet.rebalance", &json!({"now": true})).expect_error(400, "invalid-request");
+    nodes[other].call("fleet.rebalance", "{}").expect_error(401, "unauthenticated");
+    // a request that was already forwarded once is not forwarded again
+    let bearer = format!("Bearer {token}");
+    let headers = [("content-type", "application/json"), ("authorization", bearer.as_str()), ("x-capstan-forwarded-by", "elsewhere")];
+    let refused =
+        nodes[other].request("POST", "/api/v1/fleet.rebalance", &headers, Some(b"{}")).expect_error(503, "coordinator-unavailable");
+    assert_eq!(refused["retryable"], true, "{refused}");
+
+    // the holder dies: requests are refused as retryable until the lease has moved, then
+    // answered by the new holder under a higher fence, and once the dead node's window has
+    // passed nothing is placed on it
+    let old_fence = fence(&fleet.lease().unwrap());
+    let at = nodes.iter().position(|n| n.node_id() == holder).unwrap();
+    nodes.remove(at).kill_hard();
+    let asked = &nodes[0];
+    let answer = eventually("a new holder answering", SETTLE, || {
+        let reply = asked.call_as(&token, "fleet.rebalance", &json!({}));
+        match reply.status {
+            200 if !reply.body.contains(&holder) => Ok(reply.json()),
+            200 => Err(reply.body),
+            503 => {
+                let body = reply.json();
+                assert_eq!(body["error"]["code"], "coordinator-unavailable", "{body}");
+                assert_eq!(body["error"]["retryable"], true, "{body}");
+                Err(body.to_string())
+            }
+            other => panic!("HTTP {other} while the lease moves: {}", reply.body),
+        }
+    });
+    assert_ne!(answer["decidedBy"], holder.as_str(), "{answer}");
+    assert!(answer["fence"].as_u64().unwrap() > old_fence, "{answer}");
 }

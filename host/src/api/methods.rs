@@ -53,6 +53,8 @@ pub struct Method {
     pub access: Access,
     pub input_schema: Value,
     pub output_schema: Value,
+    /// Only the coordinator lease's holder answers: another node forwards the request to it.
+    pub coordinator_only: bool,
     handler: Handler,
 }
 
@@ -63,7 +65,7 @@ pub struct Registry {
 
 impl Registry {
     /// Register a method. `In` is decoded strictly (unknown fields refused) before `handler` runs.
-    pub fn add<In, Out, F, Fut>(&mut self, name: &str, summary: &str, access: Access, handler: F)
+    pub fn add<In, Out, F, Fut>(&mut self, name: &str, summary: &str, access: Access, handler: F) -> &mut Method
     where
         In: DeserializeOwned + JsonSchema + Send + 'static,
         Out: Serialize + JsonSchema + 'static,
@@ -79,6 +81,7 @@ impl Registry {
             access,
             input_schema: serde_json::to_value(schema_for!(In)).expect("schema serializes"),
             output_schema: serde_json::to_value(schema_for!(Out)).expect("schema serializes"),
+            coordinator_only: false,
             handler: Arc::new(move |call, body| {
                 let handler = handler.clone();
                 Box::pin(async move {
@@ -88,7 +91,7 @@ impl Registry {
                 })
             }),
         };
-        self.methods.insert(name.into(), method);
+        self.methods.entry(name.into()).or_insert(method)
     }
 
     pub fn get(&self, name: &str) -> Option<&Method> {
@@ -103,13 +106,22 @@ impl Registry {
     pub fn describe(&self) -> Value {
         let methods: Vec<Value> = self
             .list()
-            .map(|m| json!({"name": m.name, "summary": m.summary, "access": m.access, "input": m.input_schema, "output": m.output_schema}))
+            .map(|m| {
+                json!({"name": m.name, "summary": m.summary, "access": m.access, "coordinatorOnly": m.coordinator_only,
+                    "input": m.input_schema, "output": m.output_schema})
+            })
             .collect();
         json!({ "methods": methods })
     }
 }
 
 impl Method {
+    /// Mark the method as answered by the coordinator only (`fleet::forward` takes it there).
+    pub fn coordinator_only(&mut self) -> &mut Self {
+        self.coordinator_only = true;
+        self
+    }
+
     /// Run the method for `call`. An administrator-only method refuses anyone else here, before
     /// the body is decoded; organization roles are checked by the handler once it knows the
     /// organization (`inventory::access`).

@@ -10,6 +10,7 @@ pub mod system;
 
 use crate::auth::Auth;
 use crate::blobs::Blobs;
+use crate::fleet::forward;
 use crate::keyring::Keyring;
 use crate::migrate::Chain;
 use crate::refusal::Refusal;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub plugins: Option<Arc<crate::plugins::host::PluginHost>>,
     /// The scheduler; `None` only in tests that do not need it.
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
+    /// This node's place in the fleet; `None` only in tests that do not need it.
+    pub fleet: Option<Arc<crate::fleet::runtime::Fleet>>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -82,6 +85,7 @@ impl AppState {
             fleet_timing: Default::default(),
             plugins: None,
             scheduler: None,
+            fleet: None,
         }
     }
 }
@@ -189,7 +193,7 @@ async fn list_methods(State(state): State<AppState>) -> Json<Value> {
     Json(listing)
 }
 
-async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Json<Value>, ApiError> {
+async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
@@ -209,7 +213,7 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
             None => None,
         };
         let input = json_body(headers, &bytes)?;
-        return Ok(Json(plugins.dispatch(plugin, verb, identity.as_ref(), &request_id, input).await?));
+        return Ok(Json(plugins.dispatch(plugin, verb, identity.as_ref(), &request_id, input).await?).into_response());
     }
     let Some(method) = methods.get(&name) else {
         return Err(Refusal::new("method-unknown", format!("there is no method {:?}; GET /api/v1/methods lists them", truncate(&name)))
@@ -224,8 +228,45 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
         }
     };
     let input = json_body(headers, &bytes)?;
-    let call = Call { state, identity, source };
-    Ok(Json(method.call(call, input).await?))
+    let Some(fleet) = state.fleet.clone().filter(|_| method.coordinator_only) else {
+        let call = Call { state, identity, source };
+        return Ok(Json(method.call(call, input).await?).into_response());
+    };
+    let answered_by = |mut response: Response, node: &str| {
+        if let Ok(value) = HeaderValue::from_str(node) {
+            response.headers_mut().insert(forward::ANSWERED_BY, value);
+        }
+        response
+    };
+    match forward::route(&fleet, headers.contains_key(forward::FORWARDED_BY)).await? {
+        forward::Route::Here => {
+            let call = Call { state, identity, source };
+            Ok(answered_by(Json(method.call(call, input).await?).into_response(), &fleet.node.identity.id))
+        }
+        forward::Route::Holder { node_id, base_url } => {
+            let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.as_str()).unwrap_or_default();
+            let mut outgoing = fleet
+                .http
+                .post(format!("{base_url}/api/v1/{name}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(REQUEST_ID, request_id)
+                .header(forward::FORWARDED_BY, &fleet.node.identity.id)
+                .body(bytes.clone());
+            if let Some(authorization) = headers.get(header::AUTHORIZATION) {
+                outgoing = outgoing.header(header::AUTHORIZATION, authorization);
+            }
+            tracing::info!(method = %name, holder = %node_id, "forwarding a coordinator-only request");
+            let reply = outgoing.send().await.map_err(|e| forward::unreachable(&node_id, e))?;
+            let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let answered = reply.headers().get(forward::ANSWERED_BY).cloned();
+            let body = reply.bytes().await.map_err(|e| forward::unreachable(&node_id, e))?;
+            let mut response = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
+            if let Some(answered) = answered {
+                response.headers_mut().insert(forward::ANSWERED_BY, answered);
+            }
+            Ok(response)
+        }
+    }
 }
 
 /// A request body as JSON (an empty body is `{}`); other content types are refused.

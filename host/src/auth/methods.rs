@@ -209,7 +209,7 @@ async fn create_user(call: Call, input: CreateUser) -> Result<CreatedUser> {
     let password = password::generate();
     let pw = password.clone();
     let verifier = tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??;
-    let user_id = new_id("user");
+    let user_id = claim_user_id(&call.state.blobs, "user").await?;
     let (username, id, admin) = (input.username.as_str(), user_id.as_str(), input.admin);
     call.state
         .store
@@ -231,22 +231,28 @@ async fn create_user(call: Call, input: CreateUser) -> Result<CreatedUser> {
 async fn create_machine_user(call: Call, input: CreateMachineUser) -> Result<MachineToken> {
     call.identity()?.require_fresh()?;
     validate_username(&input.username)?;
-    Ok(mint_machine_user(&call.state.store, &input.username, None, |_, _| Box::pin(async { Ok(()) })).await?.0)
+    Ok(mint_machine_user(&call.state, &input.username, None, |_, _| Box::pin(async { Ok(()) })).await?.0)
 }
 
 /// Create a machine user and its token (returned this once). `also` runs in the same
 /// transaction with the new user's id, for callers that write more with it (a deployer, a
 /// cluster); a refusal from it creates nothing.
-pub async fn mint_machine_user<'c, T, F>(store: &Store, username: &str, expires_at: Option<u64>, also: F) -> Result<(MachineToken, T)>
+pub async fn mint_machine_user<'c, T, F>(
+    state: &crate::api::AppState,
+    username: &str,
+    expires_at: Option<u64>,
+    also: F,
+) -> Result<(MachineToken, T)>
 where
     T: Send,
     F: Fn(Tx, String) -> futures::future::BoxFuture<'c, Result<T>> + Send + Sync,
 {
     let token = new_machine_token();
     let hash = token_hash(&token);
-    let user_id = new_id("machine");
+    let user_id = claim_user_id(&state.blobs, "machine").await?;
     let (hash_ref, id, also) = (hash.as_str(), user_id.as_str(), &also);
-    let extra = store
+    let extra = state
+        .store
         .transact(|tx| async move {
             if find_user_by_name(&tx, username).await?.is_some() {
                 return Err(Refusal::new("exists", format!("a user named {username} exists")));

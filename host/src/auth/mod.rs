@@ -11,6 +11,7 @@ pub mod limiter;
 pub mod methods;
 pub mod password;
 
+use crate::blobs::Blobs;
 use crate::keyring::Keyring;
 use crate::refusal::{Refusal, Result};
 use crate::store::{CollectionSpec, Document, Store, Tx};
@@ -207,11 +208,17 @@ pub enum Bootstrap {
 
 /// Create the administrator `username` with `password` unless that user exists. User and
 /// credential are written in one transaction; an existing user is never touched.
-pub async fn bootstrap_admin(store: &Store, username: &str, password: &str) -> Result<Bootstrap> {
+pub async fn bootstrap_admin(store: &Store, blobs: &Blobs, username: &str, password: &str) -> Result<Bootstrap> {
     validate_username(username)?;
     password::check_policy(password)?;
+    // the usual restart: nothing to hash or claim
+    if store.transact(|tx| async move { find_user_by_name(&tx, username).await }).await?.is_some() {
+        return Ok(Bootstrap::AlreadyExists { username: username.into() });
+    }
     let pw = password.to_string();
     let verifier = tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??;
+    let id = claim_user_id(blobs, "user").await?;
+    let id = id.as_str();
     store
         .transact(|tx| {
             let verifier = verifier.clone();
@@ -220,11 +227,21 @@ pub async fn bootstrap_admin(store: &Store, username: &str, password: &str) -> R
                     return Ok(Bootstrap::AlreadyExists { username: username.into() });
                 }
                 let (user, credential) = human_records(username, true, verifier);
-                insert_user(&tx, &new_id("user"), &user, &credential).await?;
+                insert_user(&tx, id, &user, &credential).await?;
                 Ok(Bootstrap::Created { username: username.into() })
             }
         })
         .await
+}
+
+/// A new user id (`user_…` for people, `machine_…` for machine users), claimed in the fleet's
+/// shared id keyspace (`_capstan/identities/`) where node ids live too, before the user is
+/// written. A claim whose user is then not written (a refused creation) binds nothing and
+/// names an id nobody will mint again.
+pub async fn claim_user_id(blobs: &Blobs, kind: &str) -> Result<String> {
+    let id = new_id(kind);
+    crate::fleet::claim_identity(blobs, &id, kind, "").await?;
+    Ok(id)
 }
 
 /// Whether any user exists (first start detection for dev mode).

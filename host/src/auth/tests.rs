@@ -7,7 +7,10 @@ const PASSWORD: &str = "a-long-enough-admin-password";
 async fn setup() -> (tempfile::TempDir, AppState) {
     let dir = tempfile::tempdir().unwrap();
     let state = test_state(dir.path()).await;
-    assert_eq!(bootstrap_admin(&state.store, "admin", PASSWORD).await.unwrap(), Bootstrap::Created { username: "admin".into() });
+    assert_eq!(
+        bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap(),
+        Bootstrap::Created { username: "admin".into() }
+    );
     (dir, state)
 }
 
@@ -38,14 +41,14 @@ async fn mutate(state: &AppState, actor: &Identity, input: MutateInput) -> Resul
 #[tokio::test]
 async fn bootstrap_never_overwrites_and_user_records_carry_no_password() {
     let (_dir, state) = setup().await;
-    let again = bootstrap_admin(&state.store, "admin", "another-long-password-value").await.unwrap();
+    let again = bootstrap_admin(&state.store, &state.blobs, "admin", "another-long-password-value").await.unwrap();
     assert_eq!(again, Bootstrap::AlreadyExists { username: "admin".into() });
     state.auth.login("admin", PASSWORD, None).await.expect("the original password still works");
     let users = state.store.transact(|tx| async move { tx.scan(USERS, None, 10).await }).await.unwrap();
     let text = serde_json::to_string(&users.documents).unwrap();
     assert!(!text.contains("scrypt") && !text.contains("verifier"), "{text}");
     assert_eq!(check_user_record(&json!({"username": "x", "passwordHash": "y"})).unwrap_err().code, "user-record-carries-password");
-    assert_eq!(bootstrap_admin(&state.store, "other", "short").await.unwrap_err().code, "password-too-short");
+    assert_eq!(bootstrap_admin(&state.store, &state.blobs, "other", "short").await.unwrap_err().code, "password-too-short");
 }
 
 #[tokio::test]
@@ -204,4 +207,31 @@ async fn machine_tokens_open_sessions_bound_to_the_token() {
 
     let wrong_kind = rotate.call(call(&state, Some(actor.clone())), json!({"userId": actor.user_id})).await.unwrap_err();
     assert_eq!(wrong_kind.code, "wrong-user-kind");
+}
+
+#[tokio::test]
+async fn every_user_id_is_claimed_in_the_fleet_id_keyspace() {
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let create = state.methods.get("admin.createUser").unwrap();
+    let person = create.call(call(&state, Some(actor.clone())), json!({"username": "alice"})).await.unwrap();
+    let machine = state.methods.get("admin.createMachineUser").unwrap();
+    let robot = machine.call(call(&state, Some(actor.clone())), json!({"username": "deploy-bot"})).await.unwrap();
+    let ids = [
+        (actor.user_id.clone(), "user"),
+        (person["userId"].as_str().unwrap().to_string(), "user"),
+        (robot["userId"].as_str().unwrap().to_string(), "machine"),
+    ];
+    for (id, kind) in &ids {
+        let (_, bytes) =
+            state.blobs.get_bytes(&format!("{}{id}.json", crate::fleet::IDENTITIES_PREFIX)).await.unwrap().expect("a claim per user");
+        let claim: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!((claim["id"].as_str(), claim["kind"].as_str()), (Some(id.as_str()), Some(*kind)), "{claim}");
+        // nobody else can take the id: a node with a key is refused
+        let taken = crate::fleet::claim_identity(&state.blobs, id, "node", "c29tZS1ub2RlLWtleQ").await.unwrap_err();
+        assert_eq!(taken.code, "identity-claimed");
+    }
+    // a refused creation (the name exists) leaves the existing users' claims as they were
+    let refused = create.call(call(&state, Some(actor)), json!({"username": "alice"})).await.unwrap_err();
+    assert_eq!(refused.code, "exists");
 }

@@ -1,6 +1,8 @@
 //! `capstan fleet nodes | freeze | unfreeze` read and write the bucket directly, so no node has
-//! to be up; `capstan wg init` prepares the WireGuard transport.
+//! to be up; `capstan fleet rebalance` asks the coordinator through any node's API;
+//! `capstan wg init` prepares the WireGuard transport.
 
+use super::client::{Client, Connection, finish, print_json, print_table};
 use super::refuse;
 use crate::blobs::Blobs;
 use crate::config::{self, Flags};
@@ -52,6 +54,39 @@ pub enum FleetCommand {
         #[command(flatten)]
         bucket: BucketArgs,
     },
+    /// Decide now where background work runs (any node forwards this to the coordinator)
+    /// and print the placements.
+    Rebalance {
+        #[command(flatten)]
+        connection: Connection,
+        /// Print exact JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn rebalance(connection: &Connection, json: bool) -> Result<()> {
+    let answer = Client::new(connection)?.call("fleet.rebalance", &serde_json::json!({}))?;
+    if json {
+        print_json(&answer);
+        return Ok(());
+    }
+    let by = answer["decidedBy"].as_str().unwrap_or("?");
+    println!("placements decided by {by} under fence {}", answer["fence"]);
+    let rows: Vec<Vec<String>> = answer["placements"]
+        .as_object()
+        .map(|placements| {
+            placements
+                .iter()
+                .map(|(work, nodes)| {
+                    let nodes: Vec<&str> = nodes.as_array().map(|n| n.iter().filter_map(|n| n.as_str()).collect()).unwrap_or_default();
+                    vec![work.clone(), if nodes.is_empty() { "(no eligible node)".into() } else { nodes.join(", ") }]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    print_table(&["WORK", "NODES"], &rows);
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -77,6 +112,9 @@ async fn open_bucket(args: &BucketArgs) -> Result<(Blobs, Timing)> {
 }
 
 pub fn run(command: FleetCommand) -> ExitCode {
+    if let FleetCommand::Rebalance { connection, json } = &command {
+        return finish(rebalance(connection, *json), *json);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return refuse(&Refusal::internal(e), 1),
@@ -103,6 +141,8 @@ pub fn run(command: FleetCommand) -> ExitCode {
                 println!("deploys frozen by {} : {}", freeze.by, freeze.reason);
                 Ok(())
             }
+            // answered above, through the API
+            FleetCommand::Rebalance { .. } => Ok(()),
             FleetCommand::Unfreeze { bucket } => {
                 let (blobs, _) = open_bucket(&bucket).await?;
                 if fleet::unfreeze(&blobs).await? {

@@ -87,7 +87,7 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     crate::inventory::declare(&store).await?;
     crate::secrets::methods::declare(&store).await?;
-    bootstrap_admin(&config, &store).await?;
+    bootstrap_admin(&config, &store, &blobs).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
     let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
@@ -96,6 +96,7 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
     state.fleet_timing = config.node.timing;
     state.plugins = Some(plugins.clone());
     state.scheduler = Some(scheduler.clone());
+    state.fleet = Some(fleet.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());
     loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped.clone()));
@@ -220,12 +221,12 @@ async fn join_fleet(config: &ServeConfig, blobs: &Blobs, identity: NodeIdentity,
 
 /// The first administrator: from CAPSTAN_ADMIN_ACCOUNT, or in dev mode on a store without
 /// users, with a generated password printed here once (never logged, never shown again).
-async fn bootstrap_admin(config: &ServeConfig, store: &Store) -> Result<()> {
+async fn bootstrap_admin(config: &ServeConfig, store: &Store, blobs: &Blobs) -> Result<()> {
     if let Some(account) = &config.admin_account {
         let Some((username, password)) = account.expose().split_once(':') else {
             return Err(Refusal::new("config-invalid", "CAPSTAN_ADMIN_ACCOUNT must be username:password"));
         };
-        match auth::bootstrap_admin(store, username, password).await? {
+        match auth::bootstrap_admin(store, blobs, username, password).await? {
             Bootstrap::Created { username } => tracing::info!(%username, "administrator created from CAPSTAN_ADMIN_ACCOUNT"),
             Bootstrap::AlreadyExists { username } => {
                 tracing::info!(%username, "administrator exists; CAPSTAN_ADMIN_ACCOUNT does not change an existing user's password")
@@ -235,7 +236,7 @@ async fn bootstrap_admin(config: &ServeConfig, store: &Store) -> Result<()> {
     }
     if config.dev && !auth::any_user(store).await? {
         let password = auth::password::generate();
-        if let Bootstrap::Created { username } = auth::bootstrap_admin(store, "admin", &password).await? {
+        if let Bootstrap::Created { username } = auth::bootstrap_admin(store, blobs, "admin", &password).await? {
             println!("  administrator: {username}");
             println!("  password:      {password}");
             println!("  (shown this once; Capstan keeps only a scrypt verifier of it)");

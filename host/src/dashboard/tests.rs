@@ -20,7 +20,7 @@ async fn setup() -> (tempfile::TempDir, AppState) {
 async fn unmigrated() -> (tempfile::TempDir, AppState) {
     let dir = tempfile::tempdir().unwrap();
     let state = test_state(dir.path()).await;
-    crate::auth::bootstrap_admin(&state.store, "admin", PASSWORD).await.unwrap();
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
     (dir, state)
 }
 

@@ -9,6 +9,7 @@
 //! - `_capstan/coordinator/lease.json` the coordinator lease with its fence
 //! - `_capstan/fleet/freeze.json`     a deploy freeze, while one stands
 
+pub mod forward;
 pub mod identity;
 pub mod lease;
 pub mod listing;

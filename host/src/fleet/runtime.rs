@@ -33,6 +33,10 @@ pub struct Fleet {
     /// Where the workloads to place come from, asked on every coordinator pass (the
     /// scheduler's host tasks, the loaded plugins).
     workload_sources: Mutex<Vec<WorkloadSource>>,
+    /// One placement pass at a time: the loop's and an operator's `fleet.rebalance`.
+    placing: tokio::sync::Mutex<()>,
+    /// Carries coordinator-only requests to the holder (`forward`).
+    pub http: reqwest::Client,
 }
 
 pub type WorkloadSource = Arc<dyn Fn() -> Vec<Workload> + Send + Sync>;
@@ -46,6 +50,13 @@ impl Fleet {
             view: Mutex::new(Vec::new()),
             last_fingerprint: Mutex::new(None),
             workload_sources: Mutex::new(Vec::new()),
+            placing: tokio::sync::Mutex::new(()),
+            http: reqwest::Client::builder()
+                .timeout(super::forward::FORWARD_TIMEOUT)
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .build()
+                .unwrap_or_default(),
         })
     }
 
@@ -76,28 +87,49 @@ impl Fleet {
             *self.last_fingerprint.lock().expect("fingerprint") = None;
             return Ok(());
         };
+        self.place(fence, false).await.map(|_| ())
+    }
+
+    /// Decide placements now, as the holder (`fleet.rebalance`): the pass runs even if
+    /// nothing moved, and answers the placements in force with the fence they carry.
+    pub async fn rebalance(&self) -> Result<Assignments> {
+        let fence = self
+            .coordinator
+            .fence()
+            .ok_or_else(|| Refusal::new("coordinator-unavailable", "this node no longer holds the coordinator lease; retry").retryable())?;
+        self.place(fence, true).await
+    }
+
+    /// Place every workload on the live nodes under `fence` and write the decision, stamped.
+    /// Without `force`, a pass whose inputs have not moved since the last one under the
+    /// same fence writes nothing.
+    async fn place(&self, fence: u64, force: bool) -> Result<Assignments> {
+        let _one_at_a_time = self.placing.lock().await;
         let now = now_ms();
         let live: Vec<NodeRecord> = self.view().into_iter().filter(|n| n.live(now, &self.node.timing)).collect();
         let sources = self.workload_sources.lock().expect("workload sources").clone();
         let mut workloads: Vec<Workload> = sources.iter().flat_map(|source| source()).collect();
         workloads.sort_by(|a, b| a.id.cmp(&b.id));
         let fingerprint = placement::fingerprint(&workloads, &live);
-        // a new holder compares against nothing: the previous one may have decided unseen things
-        if self.last_fingerprint.lock().expect("fingerprint").as_ref() == Some(&(fence, fingerprint.clone())) {
-            return Ok(());
-        }
         let decided =
             Assignments { fence, fingerprint: fingerprint.clone(), decided_at: now, placements: placement::place(&workloads, &live) };
+        // a new holder compares against nothing: the previous one may have decided unseen things
+        let unmoved = self.last_fingerprint.lock().expect("fingerprint").as_ref() == Some(&(fence, fingerprint.clone()));
+        if unmoved && !force {
+            return Ok(decided);
+        }
         let blobs = &self.node.blobs;
         let mode = match blobs.get_bytes(ASSIGNMENTS_KEY).await? {
             Some((meta, bytes)) => {
                 let current: Option<Assignments> = serde_json::from_slice(&bytes).ok();
-                if current.as_ref().is_some_and(|c| c.fence > fence) {
-                    return Err(Refusal::new("fence-stale", "a newer coordinator has already decided placements"));
-                }
-                if current.as_ref().is_some_and(|c| c.placements == decided.placements && c.fence == fence) {
-                    *self.last_fingerprint.lock().expect("fingerprint") = Some((fence, fingerprint));
-                    return Ok(());
+                if let Some(current) = current {
+                    if current.fence > fence {
+                        return Err(Refusal::new("fence-stale", "a newer coordinator has already decided placements"));
+                    }
+                    if current.placements == decided.placements && current.fence == fence {
+                        *self.last_fingerprint.lock().expect("fingerprint") = Some((fence, fingerprint));
+                        return Ok(current);
+                    }
                 }
                 PutMode::IfMatch(meta.etag)
             }
@@ -108,7 +140,7 @@ impl Fleet {
         blobs.put_bytes(ASSIGNMENTS_KEY, serde_json::to_vec_pretty(&decided).map_err(Refusal::internal)?, mode).await?;
         tracing::info!(fence, workloads = workloads.len(), live = live.len(), "placements decided");
         *self.last_fingerprint.lock().expect("fingerprint") = Some((fence, fingerprint));
-        Ok(())
+        Ok(decided)
     }
 
     async fn my_tasks(&self) -> Vec<String> {

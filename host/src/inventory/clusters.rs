@@ -188,7 +188,7 @@ async fn create(call: Call, input: CreateInput) -> Result<Created> {
     let runtime = Runtime { phase: Phase::Pallet, generation: 1, updated_at: at, updated_by: identity.user_id.clone() };
     let (id_ref, runtime_ref, name, labels, description) = (&id, &runtime, &input.name, &labels, &description);
     // the cluster, its machine user and its phase: one transaction
-    let (minted, doc) = auth::methods::mint_machine_user(&call.state.store, &username, None, |tx, user_id| {
+    let (minted, doc) = auth::methods::mint_machine_user(&call.state, &username, None, |tx, user_id| {
         Box::pin(async move {
             if name_taken(&tx, name).await? {
                 return Err(Refusal::new("exists", format!("a cluster named {name} exists")).with_data(json!({ "field": "name" })));

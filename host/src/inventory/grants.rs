@@ -145,7 +145,7 @@ async fn create(call: Call, input: CreateInput) -> Result<DeployerToken> {
     check_username(&input.username)?;
     let expires_at = expiry(input.expires_at)?;
     let username = input.username.as_str();
-    let (token, ()) = crate::auth::methods::mint_machine_user(&call.state.store, username, Some(expires_at), |tx, user_id| {
+    let (token, ()) = crate::auth::methods::mint_machine_user(&call.state, username, Some(expires_at), |tx, user_id| {
         Box::pin(async move { tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now() })).await.map(drop) })
     })
     .await?;

@@ -19,7 +19,7 @@ impl World {
     pub(crate) async fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let state = test_state(dir.path()).await;
-        crate::auth::bootstrap_admin(&state.store, "admin", PASSWORD).await.unwrap();
+        crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
         let answer = state.auth.login("admin", PASSWORD, None).await.unwrap();
         let admin = state.auth.authenticate(&answer.token).await.unwrap();
         World { _dir: dir, state, admin }

@@ -736,7 +736,7 @@ mod rewrap_tests {
     async fn rewrap_moves_every_version_to_the_new_kek_in_resumable_pages_and_all_still_open() {
         let dir = tempfile::tempdir().unwrap();
         let mut state = test_state(dir.path()).await;
-        crate::auth::bootstrap_admin(&state.store, "admin", "a-long-enough-admin-password").await.unwrap();
+        crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", "a-long-enough-admin-password").await.unwrap();
         let answer = state.auth.login("admin", "a-long-enough-admin-password", None).await.unwrap();
         let admin = state.auth.authenticate(&answer.token).await.unwrap();
         let org = call(&state, &admin, "organizations.create", json!({"name": "acme"})).await.unwrap();
