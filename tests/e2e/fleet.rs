@@ -684,11 +684,17 @@ fn idle_fleet_writes() {
     let nodes = fleet.start_three();
     let ids = ids(&nodes);
     wait_all_live(&fleet, &ids);
-    // let the first placements settle: every node in every view
-    eventually("placements settled on three live nodes", SETTLE, || {
+    // let the start settle: the embedded App Store installed in the background (its bundle
+    // written once) and placed with the host's tasks, every node in every view
+    eventually("placements settled on three live nodes", Duration::from_secs(120), || {
         let lease = fleet.lease().unwrap();
         match fleet.object(ASSIGNMENTS_KEY) {
-            Some(a) if a["fence"] == lease["fence"] => Ok(()),
+            Some(a)
+                if a["fence"] == lease["fence"]
+                    && a["placements"].as_object().is_some_and(|p| p.keys().any(|k| k.contains("appstore"))) =>
+            {
+                Ok(())
+            }
             other => Err(format!("{other:?}")),
         }
     });
