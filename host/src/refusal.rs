@@ -66,8 +66,8 @@ impl Refusal {
         self.code == code
     }
 
-    /// The HTTP status that fits this refusal. Codes not listed are client mistakes (400);
-    /// every `…-not-found` is 404.
+    /// The HTTP status that fits this refusal. Codes not listed are client mistakes (400)
+    /// unless the refusal is retryable (503); every `…-not-found` is 404.
     pub fn http_status(&self) -> u16 {
         match self.code.as_ref() {
             "not-found" | "method-unknown" => 404,
@@ -84,6 +84,9 @@ impl Refusal {
             "forbidden" => 403,
             "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" | "coordinator-unavailable" => 503,
             "internal" => 500,
+            // a refusal that says retrying may help is not the client's mistake: the service
+            // (a plugin's catalog, a lock, a peer) is unavailable for now
+            _ if self.retryable => 503,
             _ => 400,
         }
     }
@@ -127,5 +130,8 @@ mod tests {
         }
         assert_eq!(Refusal::new("not-foundling", "x").http_status(), 400);
         assert_eq!(Refusal::new("store-busy", "x").retryable().http_status(), 503);
+        // any other retryable refusal (a plugin's, say) is the service's state, not a mistake
+        assert_eq!(Refusal::new("appstore-catalog-unavailable", "x").retryable().http_status(), 503);
+        assert_eq!(Refusal::new("conflict", "x").retryable().http_status(), 409, "a listed code keeps its status");
     }
 }

@@ -67,7 +67,7 @@ fn the_embedded_app_store_imports_installs_upgrades_adopts_and_restores_its_cata
     let status = ok(&server, "appstore.getCatalogStatus", json!({}));
     assert_eq!(status["available"], false);
     let refused =
-        server.call_as(&admin, "appstore.getAppConfig", &json!({ "appId": "wiki" })).expect_error(400, "appstore-catalog-unavailable");
+        server.call_as(&admin, "appstore.getAppConfig", &json!({ "appId": "wiki" })).expect_error(503, "appstore-catalog-unavailable");
     assert_eq!((refused["retryable"].as_bool(), refused["data"]["cause"].as_str()), (Some(true), Some("catalog-not-loaded")));
 
     // an operator-carried envelope, signed by a key the operator trusts
