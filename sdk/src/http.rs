@@ -90,6 +90,7 @@ impl Request {
 }
 
 /// Send `request`. Refused `capability-denied` (origin not granted), `http-timeout`,
+/// `http-tls-failed` (its `data.cause` names why, e.g. `certificate-unknown-issuer`),
 /// `http-failed` or `http-body-too-large`; a non-2xx status is a response, not a refusal.
 pub fn fetch(request: Request) -> Result<Response> {
     if let Some(error) = request.error {

@@ -112,6 +112,28 @@ impl TestHost {
         self.runtime.block_on(self.inner.service(id)).expect("the store answers")
     }
 
+    /// Move the wall clock the plugin sees `by` ahead (the host's own clock is untouched):
+    /// what a plugin does once time has passed, without waiting.
+    pub fn advance_clock(&self, by: std::time::Duration) {
+        self.inner.advance_clock(by)
+    }
+
+    /// The wall clock the plugin sees now, in milliseconds since the epoch.
+    pub fn clock_ms(&self) -> u64 {
+        self.inner.clock_ms()
+    }
+
+    /// Every document of one of the plugin's collections (with `id` and `revision`), in id order.
+    pub fn documents(&self, collection: &str) -> Vec<Value> {
+        self.runtime.block_on(self.inner.documents(collection)).expect("the store answers")
+    }
+
+    /// Write a document of one of the plugin's collections, as another node sharing the store
+    /// would (over whatever is there).
+    pub fn put_document(&self, collection: &str, id: &str, data: Value) {
+        self.runtime.block_on(self.inner.put_document(collection, id, data)).expect("the document is written")
+    }
+
     /// Run a scheduled task now; its summary.
     pub fn run_task(&self, name: &str) -> Result<String, Refusal> {
         self.runtime.block_on(self.inner.run_task(name)).map_err(to_sdk)

@@ -116,6 +116,10 @@ struct ServeArgs {
     /// The network a bind or advertised address beyond loopback is on [env: CAPSTAN_NETWORK]
     #[arg(long, value_name = "NETWORK", value_parser = ["lan", "wireguard", "public"])]
     network: Option<String>,
+    /// A PEM file of root certificates plugins' outbound HTTPS trusts besides the platform's
+    /// (a private CA) [env: CAPSTAN_PLUGIN_HTTP_CA_FILE]
+    #[arg(long, value_name = "FILE")]
+    plugin_http_ca_file: Option<PathBuf>,
 }
 
 /// Exit status for a refused configuration (nothing was opened).
@@ -155,6 +159,7 @@ pub fn main() -> ExitCode {
                 node_id: args.node_id,
                 node_labels: args.node_labels,
                 network: args.network,
+                plugin_http_ca_file: args.plugin_http_ca_file,
             };
             let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
             let config = match config::resolve(&flags, &env) {

@@ -12,7 +12,7 @@ use crate::keyring::Keyring;
 use crate::migrate::{self, LockOptions};
 use crate::plugins::bundle::PublisherKey;
 use crate::plugins::host::PluginHost;
-use crate::plugins::imports::Services;
+use crate::plugins::imports::{Services, plugin_http_client};
 use crate::plugins::runtime::Runtime;
 use crate::refusal::{Refusal, Result};
 use crate::scheduler::{HostTask, Scheduler};
@@ -149,7 +149,15 @@ async fn start_plugins(
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Refusal::new("config-invalid", format!("{}: {e}", crate::config::TRUSTED_PUBLISHERS)))?;
     let runtime = Runtime::new(Some(config.node.state_dir.join("plugin-cache")))?;
-    let services = Services::new(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone());
+    let roots = config.plugin_http_ca.as_ref().map(|ca| ca.certificates.as_slice()).unwrap_or_default();
+    let http = plugin_http_client(roots).map_err(|e| {
+        Refusal::new("config-invalid", format!("{}: the plugin HTTP client cannot be built: {e}", crate::config::PLUGIN_HTTP_CA_FILE))
+    })?;
+    if let Some(ca) = &config.plugin_http_ca {
+        let (file, certificates) = (ca.path.display(), ca.certificates.len());
+        tracing::info!(%file, certificates, "plugin outbound HTTPS also trusts the roots in {}", crate::config::PLUGIN_HTTP_CA_FILE);
+    }
+    let services = Services::with_http(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone(), http);
     let plugins = PluginHost::new(runtime, services, publishers).await?;
     plugins.sync().await?;
     // Installing or upgrading the embedded plugins compiles them: done in the background, so

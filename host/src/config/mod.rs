@@ -43,6 +43,7 @@ pub const STATE_DIR: &str = "CAPSTAN_STATE_DIR";
 pub const NODE_ID: &str = "CAPSTAN_NODE_ID";
 pub const NODE_LABELS: &str = "CAPSTAN_NODE_LABELS";
 pub const TRUSTED_PUBLISHERS: &str = "CAPSTAN_TRUSTED_PUBLISHERS";
+pub const PLUGIN_HTTP_CA_FILE: &str = "CAPSTAN_PLUGIN_HTTP_CA_FILE";
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
 pub const ADVERTISE_ADDRESS: &str = "CAPSTAN_ADVERTISE_ADDRESS";
 pub const NODE_REFRESH_MS: &str = "CAPSTAN_NODE_REFRESH_MS";
@@ -131,6 +132,12 @@ pub const VARS: &[Var] = &[
         help: "Plugin publisher keys trusted by configuration, comma-separated, as `capstan plugin keygen` prints them",
     },
     Var {
+        env: PLUGIN_HTTP_CA_FILE,
+        required: false,
+        default: "none (the platform's roots only)",
+        help: "PEM file of extra root certificates for plugins' outbound HTTPS, e.g. a private CA (--plugin-http-ca-file)",
+    },
+    Var {
         env: NETWORK,
         required: false,
         default: "none (loopback only)",
@@ -205,6 +212,8 @@ pub struct Flags {
     /// `--node-labels k=v`, repeatable; replaces the environment's and the file's set.
     pub node_labels: Vec<String>,
     pub network: Option<String>,
+    /// `--plugin-http-ca-file FILE`
+    pub plugin_http_ca_file: Option<PathBuf>,
 }
 
 /// Which network a node beyond loopback is on.
@@ -258,8 +267,49 @@ pub struct ServeConfig {
     pub migration_lock_ttl: Duration,
     /// Plugin publisher keys trusted by configuration, as given (checked at start).
     pub trusted_publishers: Vec<String>,
+    /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
+    pub plugin_http_ca: Option<PluginHttpCa>,
     /// `(variable, value)` for every default dev mode chose, to be reported at start.
     pub dev_defaults: Vec<(&'static str, String)>,
+}
+
+/// The extra roots of plugins' outbound HTTPS: `CAPSTAN_PLUGIN_HTTP_CA_FILE`, read at start.
+#[derive(Debug, Clone)]
+pub struct PluginHttpCa {
+    pub path: PathBuf,
+    /// At least one.
+    pub certificates: Vec<reqwest::Certificate>,
+}
+
+/// Largest CA file read (a full public bundle is about 200 KiB).
+const MAX_CA_FILE_BYTES: u64 = 4 << 20;
+
+/// Read a PEM file of root certificates for plugins' outbound HTTPS. Refused `config-invalid`,
+/// naming the variable and the file, when it cannot be read, is too large, is not PEM, holds
+/// no certificate or holds one TLS cannot use as a root (`data.cause` says which).
+pub fn read_plugin_http_ca(path: &Path) -> Result<PluginHttpCa> {
+    let refuse = |cause: &str, why: String| {
+        Refusal::new("config-invalid", format!("{PLUGIN_HTTP_CA_FILE}: {} {why}", path.display()))
+            .with_data(json!({ "variable": PLUGIN_HTTP_CA_FILE, "cause": cause }))
+    };
+    let unreadable = |e: std::io::Error| refuse("ca-file-unreadable", format!("cannot be read: {}", e.kind()));
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_CA_FILE_BYTES + 1), &mut bytes).map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_CA_FILE_BYTES {
+        return Err(refuse("ca-file-too-large", format!("is larger than {MAX_CA_FILE_BYTES} bytes")));
+    }
+    let certificates = reqwest::Certificate::from_pem_bundle(&bytes)
+        .map_err(|_| refuse("ca-file-invalid", "is not a PEM file of certificates (a block does not decode)".into()))?;
+    if certificates.is_empty() {
+        return Err(refuse("ca-file-no-certificate", "holds no certificate (no -----BEGIN CERTIFICATE----- block)".into()));
+    }
+    // every certificate must be usable as a trust anchor, or the client could not be built
+    reqwest::Client::builder()
+        .tls_certs_only(certificates.iter().cloned())
+        .build()
+        .map_err(|_| refuse("ca-file-invalid", "holds a certificate that cannot be used as a root (not X.509 DER)".into()))?;
+    Ok(PluginHttpCa { path: path.to_path_buf(), certificates })
 }
 
 /// How to reach an S3-compatible bucket (used when `CAPSTAN_BLOB_URL` is `s3://…`).
@@ -350,7 +400,8 @@ pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
 }
 
 /// Resolve the configuration from flags, the environment and the file. Pure: opens nothing
-/// except the config file, writes nothing.
+/// except the config file and the CA file it names (`CAPSTAN_PLUGIN_HTTP_CA_FILE`), writes
+/// nothing.
 pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeConfig> {
     let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
     let file = match &file_path {
@@ -464,6 +515,10 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         ));
     }
     let node = node_settings(flags, &lookup, listen, PathBuf::from(state_dir), timing)?;
+    let plugin_http_ca = match flags.plugin_http_ca_file.clone().or_else(|| lookup(PLUGIN_HTTP_CA_FILE).map(PathBuf::from)) {
+        Some(path) => Some(read_plugin_http_ca(&path)?),
+        None => None,
+    };
     Ok(ServeConfig {
         dev: flags.dev,
         data_dir,
@@ -485,6 +540,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         trusted_publishers: lookup(TRUSTED_PUBLISHERS)
             .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
             .unwrap_or_default(),
+        plugin_http_ca,
         dev_defaults,
     })
 }
@@ -822,6 +878,52 @@ mod tests {
         assert_eq!(resolve(&flags, &full()).unwrap_err().code, "invalid-input");
         e.insert(LEASE_TTL_MS.into(), "100000".into());
         assert_eq!(resolve(&Flags { network: Some("lan".into()), ..Flags::default() }, &e).unwrap_err().code, "config-invalid");
+    }
+
+    #[test]
+    fn a_plugin_http_ca_file_is_read_at_start_or_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap();
+        let bundle = dir.path().join("ca.pem");
+        std::fs::write(&bundle, format!("# a private CA\n{}{}", ca.pem(), ca.pem())).unwrap();
+
+        assert!(resolve(&Flags::default(), &full()).unwrap().plugin_http_ca.is_none(), "none unless configured");
+        let mut e = full();
+        e.insert(PLUGIN_HTTP_CA_FILE.into(), bundle.display().to_string());
+        let config = resolve(&Flags::default(), &e).unwrap();
+        let ca = config.plugin_http_ca.unwrap();
+        assert_eq!((ca.path.as_path(), ca.certificates.len()), (bundle.as_path(), 2));
+        crate::plugins::imports::plugin_http_client(&ca.certificates).expect("a client trusting them builds");
+
+        // the flag wins over the environment, and the file's key is the variable's
+        let flags = Flags { plugin_http_ca_file: Some(dir.path().join("absent.pem")), ..Flags::default() };
+        let err = resolve(&flags, &e).unwrap_err();
+        assert_eq!((err.code.as_ref(), err.data.as_ref().unwrap()["cause"].as_str()), ("config-invalid", Some("ca-file-unreadable")));
+        assert!(err.message.contains(PLUGIN_HTTP_CA_FILE) && err.message.contains("absent.pem"), "{}", err.message);
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, format!("plugin_http_ca_file = {:?}\n", bundle.display().to_string())).unwrap();
+        let config = resolve(&Flags { config_file: Some(file), ..Flags::default() }, &full()).unwrap();
+        assert_eq!(config.plugin_http_ca.unwrap().certificates.len(), 2);
+
+        for (content, cause) in [
+            ("".to_string(), "ca-file-no-certificate"),
+            ("not a certificate\n".to_string(), "ca-file-no-certificate"),
+            (key.serialize_pem(), "ca-file-no-certificate"),
+            ("-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n".to_string(), "ca-file-invalid"),
+            ("-----BEGIN CERTIFICATE-----\nAAECAwQ=\n-----END CERTIFICATE-----\n".to_string(), "ca-file-invalid"),
+        ] {
+            std::fs::write(&bundle, &content).unwrap();
+            let err = resolve(&Flags::default(), &e).unwrap_err();
+            assert_eq!(err.code, "config-invalid", "{content:?}");
+            assert_eq!(err.data.as_ref().unwrap()["cause"], cause, "{content:?}: {}", err.message);
+            assert!(err.message.contains(PLUGIN_HTTP_CA_FILE), "{}", err.message);
+            assert!(!err.message.contains("PRIVATE KEY"), "the file's content is never echoed");
+        }
+        std::fs::write(&bundle, vec![b'#'; MAX_CA_FILE_BYTES as usize + 1]).unwrap();
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().data.unwrap()["cause"], "ca-file-too-large");
     }
 
     #[test]

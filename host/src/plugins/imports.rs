@@ -14,7 +14,9 @@ use crate::store::{CollectionSpec, Store};
 use base64::Engine as _;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -37,19 +39,48 @@ pub struct Services {
     pub blobs: Blobs,
     pub keyring: Arc<Keyring>,
     pub node_id: String,
+    /// Plugins' outbound HTTP (`http.fetch`): see [`plugin_http_client`].
     pub http: reqwest::Client,
     /// Declared collections per plugin id (the names the plugin uses).
     pub collections: RwLock<HashMap<String, BTreeSet<String>>>,
+    /// How far ahead of the system clock plugins see the wall clock, in milliseconds: always 0
+    /// on a serving host; the in-process test host moves it to show a plugin time passing.
+    clock_ahead_ms: AtomicU64,
+}
+
+/// The client plugins' outbound HTTP goes through: no redirects followed, TLS verified against
+/// the platform's roots and `extra_roots` (`CAPSTAN_PLUGIN_HTTP_CA_FILE`, for a private CA).
+pub fn plugin_http_client(extra_roots: &[reqwest::Certificate]) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("capstan/", env!("CARGO_PKG_VERSION")))
+        .tls_certs_merge(extra_roots.iter().cloned())
+        .build()
 }
 
 impl Services {
+    /// Services whose outbound HTTP trusts the platform's roots only.
     pub fn new(store: Store, blobs: Blobs, keyring: Arc<Keyring>, node_id: String) -> Arc<Self> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("capstan/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .expect("an HTTP client with default TLS roots");
-        Arc::new(Services { store, blobs, keyring, node_id, http, collections: Default::default() })
+        let http = plugin_http_client(&[]).expect("an HTTP client with default TLS roots");
+        Self::with_http(store, blobs, keyring, node_id, http)
+    }
+
+    /// Services whose outbound HTTP goes through `http` (from [`plugin_http_client`]).
+    pub fn with_http(store: Store, blobs: Blobs, keyring: Arc<Keyring>, node_id: String, http: reqwest::Client) -> Arc<Self> {
+        Arc::new(Services { store, blobs, keyring, node_id, http, collections: Default::default(), clock_ahead_ms: AtomicU64::new(0) })
+    }
+
+    /// Move the wall clock plugins see `by` ahead (the host's own clock is untouched). For the
+    /// in-process test host only.
+    pub fn advance_plugin_clock(&self, by: Duration) {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        let _ = self.clock_ahead_ms.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |ahead| Some(ahead.saturating_add(by)));
+    }
+
+    /// The wall clock plugins see now, in milliseconds since the epoch.
+    pub fn plugin_clock_ms(&self) -> u64 {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(now.as_millis()).unwrap_or(u64::MAX).saturating_add(self.clock_ahead_ms.load(Ordering::SeqCst))
     }
 
     /// Declare a plugin's collections (created if missing) and remember them for its calls.
@@ -139,13 +170,13 @@ impl CallData {
         let stdout = MemoryOutputPipe::new(stdio_capture);
         let stderr = MemoryOutputPipe::new(stdio_capture);
         // No filesystem, environment, arguments or network: only clocks, random and stdio.
-        let wasi = WasiCtx::builder()
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone()).stderr(stderr.clone()).allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+        let ahead = services.clock_ahead_ms.load(Ordering::SeqCst);
+        if ahead > 0 {
+            wasi.wall_clock(AheadClock(Duration::from_millis(ahead)));
+        }
+        let wasi = wasi.build();
         CallData {
             services,
             plugin,
@@ -228,6 +259,19 @@ impl CallData {
         let full = format!("{}{key}", blob_prefix(&self.plugin));
         crate::blobs::validate_key(&full).map_err(to_wit)?;
         Ok(full)
+    }
+}
+
+/// The system wall clock, a fixed time ahead (see [`Services::advance_plugin_clock`]).
+struct AheadClock(Duration);
+
+impl wasmtime_wasi::HostWallClock for AheadClock {
+    fn resolution(&self) -> Duration {
+        wasmtime_wasi::clocks::WallClock::new().resolution()
+    }
+
+    fn now(&self) -> Duration {
+        wasmtime_wasi::clocks::WallClock::new().now().saturating_add(self.0)
     }
 }
 
@@ -638,10 +682,7 @@ impl http::Host for CallData {
         if let Some(body) = request.body {
             builder = builder.body(body);
         }
-        let response = builder.send().await.map_err(|e| {
-            let code = if e.is_timeout() { "http-timeout" } else { "http-failed" };
-            refusal(code, format!("fetching {origin} failed: {}", without_url(&e)), json!({ "origin": origin })).retryable_wit()
-        })?;
+        let response = builder.send().await.map_err(|e| send_refusal(&e, &origin))?;
         let status = response.status().as_u16();
         let headers =
             response.headers().iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string()))).collect();
@@ -656,6 +697,71 @@ impl http::Host for CallData {
             body.extend_from_slice(&chunk);
         }
         Ok(http::Response { status, headers, body })
+    }
+}
+
+/// Why a request was not answered, as the plugin is told: `http-timeout`, `http-tls-failed`
+/// (the TLS cause named in `data.cause`, e.g. `certificate-unknown-issuer`) or `http-failed`.
+fn send_refusal(e: &reqwest::Error, origin: &str) -> types::Refusal {
+    if e.is_timeout() {
+        return refusal("http-timeout", format!("fetching {origin} failed: {}", without_url(e)), json!({ "origin": origin }))
+            .retryable_wit();
+    }
+    if let Some(tls) = tls_error(e) {
+        let cause = tls_cause(tls);
+        let hint = if cause == "certificate-unknown-issuer" {
+            "; its issuer is not among the roots trusted here (a private CA is added with CAPSTAN_PLUGIN_HTTP_CA_FILE)"
+        } else {
+            ""
+        };
+        let refused = refusal(
+            "http-tls-failed",
+            format!("fetching {origin} failed: TLS {cause}: {tls}{hint}"),
+            json!({ "origin": origin, "cause": cause }),
+        );
+        // a certificate this host refuses stays refused until someone changes it or the trust
+        return if cause.starts_with("certificate-") { refused } else { refused.retryable_wit() };
+    }
+    refusal("http-failed", format!("fetching {origin} failed: {}", without_url(e)), json!({ "origin": origin })).retryable_wit()
+}
+
+/// The TLS error somewhere in `e`'s chain of causes. (An `io::Error` wrapping one hides it from
+/// `source()`, so it is opened by hand.)
+fn tls_error<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    let mut next = Some(e);
+    for _ in 0..16 {
+        let current = next?;
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(inner) = current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls);
+            }
+            next = Some(inner);
+            continue;
+        }
+        next = current.source();
+    }
+    None
+}
+
+/// A stable kebab-case name for a TLS failure.
+fn tls_cause(e: &rustls::Error) -> &'static str {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => "certificate-unknown-issuer",
+            C::Expired | C::ExpiredContext { .. } => "certificate-expired",
+            C::NotValidYet | C::NotValidYetContext { .. } => "certificate-not-yet-valid",
+            C::NotValidForName | C::NotValidForNameContext { .. } => "certificate-name-mismatch",
+            C::Revoked => "certificate-revoked",
+            C::BadSignature => "certificate-bad-signature",
+            _ => "certificate-invalid",
+        },
+        rustls::Error::AlertReceived(_) => "alert-received",
+        rustls::Error::NoCertificatesPresented => "certificate-missing",
+        _ => "handshake-failed",
     }
 }
 
@@ -811,6 +917,40 @@ mod tests {
         assert!(validate_plugin_collection("").is_err());
         assert!(validate_plugin_collection(&"n".repeat(21)).is_err());
         assert!(crate::store::validate_collection(&collection_name(&"a".repeat(40), &"n".repeat(20))).is_ok());
+    }
+
+    #[test]
+    fn tls_failures_are_found_behind_io_errors_and_named() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error sending request")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = Outer(std::io::Error::new(std::io::ErrorKind::InvalidData, unknown));
+        let found = tls_error(&wrapped).expect("the rustls error inside the io::Error");
+        assert_eq!(tls_cause(found), "certificate-unknown-issuer");
+        let plain = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"));
+        assert!(tls_error(&plain).is_none());
+        assert_eq!(tls_cause(&rustls::Error::InvalidCertificate(rustls::CertificateError::Expired)), "certificate-expired");
+        assert_eq!(tls_cause(&rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)), "certificate-name-mismatch");
+        assert_eq!(tls_cause(&rustls::Error::DecryptError), "handshake-failed");
+    }
+
+    #[test]
+    fn a_plugin_clock_moved_ahead_stays_ahead() {
+        let ahead = AheadClock(Duration::from_secs(3600));
+        let system = wasmtime_wasi::clocks::WallClock::new();
+        use wasmtime_wasi::HostWallClock;
+        let gap = ahead.now().saturating_sub(system.now());
+        assert!(gap >= Duration::from_secs(3599) && gap <= Duration::from_secs(3600), "{gap:?}");
     }
 
     #[test]

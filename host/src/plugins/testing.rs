@@ -130,6 +130,64 @@ impl TestHost {
         }))
     }
 
+    /// Move the wall clock the plugin sees `by` ahead (the host's own clock is untouched).
+    pub fn advance_clock(&self, by: std::time::Duration) {
+        self.host.services.advance_plugin_clock(by);
+    }
+
+    /// The wall clock the plugin sees now, in milliseconds since the epoch.
+    pub fn clock_ms(&self) -> u64 {
+        self.host.services.plugin_clock_ms()
+    }
+
+    /// Every document of one of the plugin's collections (`id`, `revision` and its fields), in
+    /// id order.
+    pub async fn documents(&self, collection: &str) -> Result<Vec<Value>> {
+        let name = super::imports::collection_name(&self.plugin, collection);
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self
+                .host
+                .services
+                .store
+                .transact(|tx| {
+                    let (name, cursor) = (name.clone(), cursor.clone());
+                    async move { tx.scan(&name, cursor.as_deref(), 100).await }
+                })
+                .await?;
+            for d in page.documents {
+                let mut data = d.data;
+                data["id"] = Value::String(d.id);
+                data["revision"] = d.revision.into();
+                out.push(data);
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Write a document of one of the plugin's collections as another node of a fleet would,
+    /// over whatever is there.
+    pub async fn put_document(&self, collection: &str, id: &str, data: Value) -> Result<()> {
+        let name = super::imports::collection_name(&self.plugin, collection);
+        let (name, id) = (&name, id);
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let data = data.clone();
+                async move {
+                    let current = tx.get(name, id).await?;
+                    tx.put(name, id, current.map(|d| d.revision), data).await
+                }
+            })
+            .await
+            .map(drop)
+    }
+
     /// Run a scheduled task now.
     pub async fn run_task(&self, name: &str) -> Result<String> {
         let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;

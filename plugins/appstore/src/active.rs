@@ -3,18 +3,30 @@
 //! a greater revision. Every read verifies the stored envelope again against the keys trusted
 //! now, so a catalog whose key the operator stopped trusting stops being used. Nodes of a fleet
 //! share the store, so they share what is active: the greatest revision any of them stored.
+//!
+//! Chunks no pointer names any more (those of superseded catalogs) are deleted by
+//! [`collect_garbage`] once they are older than [`CHUNK_GRACE_MS`]; its comment argues why
+//! that never deletes a chunk an activation in flight on another node is about to point to.
 
 use capstan_catalog::{CatalogError, PublisherKey, Verified};
 use capstan_sdk::store::{self, Batch};
 use capstan_sdk::{Refusal, Result, Value, inventory, json};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
 
 pub const CATALOG: &str = "catalog";
 pub const CHUNKS: &str = "chunks";
 const POINTER: &str = "pointer";
 /// Chunk size: well inside the store's 1 MiB document bound once JSON-encoded.
 const CHUNK_BYTES: usize = 256 * 1024;
+/// How long a chunk no pointer names is kept after an activation last stored or claimed it.
+pub const CHUNK_GRACE_MS: u64 = 60 * 60 * 1000;
+/// An activation reusing a stored chunk stamps it again when its stamp is older than this, so
+/// every chunk an activation names is at most this old once the activation has claimed it.
+const CHUNK_RESTAMP_MS: u64 = CHUNK_GRACE_MS / 2;
+/// Chunks read per page by the cleanup (each up to 256 KiB of text).
+const CLEANUP_PAGE: u32 = 8;
 /// The setting listing catalog keys the operator trusts.
 pub const TRUSTED_KEYS_SETTING: &str = "appStoreTrustedCatalogKeys";
 
@@ -31,9 +43,15 @@ pub struct Pointer {
     pub source: String,
 }
 
+/// `chunks/<sha256 of text>`.
 #[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Chunk {
     text: String,
+    /// When an activation last stored or claimed it (ms since the epoch). Chunks stored before
+    /// the cleanup existed have none: the cleanup stamps them first and counts from then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stored_at: Option<u64>,
 }
 
 /// A catalog refusal as the plugin answers it: the catalog's own code, message and data.
@@ -186,7 +204,8 @@ pub fn activate(envelope: &[u8], source: &str) -> Result<(Outcome, Verified)> {
     }
 }
 
-/// Store the envelope text in chunks named by their SHA-256 (already stored ones are kept).
+/// Store the envelope text in chunks named by their SHA-256 (already stored ones are kept, and
+/// claimed: see [`claim_chunk`]).
 fn store_chunks(text: &str) -> Result<Vec<String>> {
     let mut names = Vec::new();
     let mut rest = text;
@@ -197,15 +216,98 @@ fn store_chunks(text: &str) -> Result<Vec<String>> {
         }
         let (piece, after) = rest.split_at(end);
         let name = hex::encode(Sha256::digest(piece.as_bytes()));
-        if store::get::<Chunk>(CHUNKS, &name)?.is_none() {
-            match Batch::new().insert(CHUNKS, &name, &Chunk { text: piece.to_string() }).commit() {
-                Ok(_) => {}
-                Err(e) if e.is("exists") => {} // the same name holds the same text
-                Err(e) => return Err(e),
-            }
-        }
+        claim_chunk(&name, piece)?;
         names.push(name);
         rest = after;
     }
     Ok(names)
+}
+
+/// Make `chunks/<name>` hold `piece` with a stamp younger than [`CHUNK_RESTAMP_MS`]: insert it
+/// stamped now, keep it if its stamp is recent, or stamp it again (compare-and-swap, so a
+/// cleanup that read the old stamp cannot delete it after).
+fn claim_chunk(name: &str, piece: &str) -> Result<()> {
+    let now = now_ms();
+    let fresh = Chunk { text: piece.to_string(), stored_at: Some(now) };
+    for _ in 0..5 {
+        let written = match store::get::<Value>(CHUNKS, name)? {
+            None => Batch::new().insert(CHUNKS, name, &fresh).commit(),
+            Some(doc) if doc.data.get("storedAt").and_then(Value::as_u64).is_some_and(|at| now.saturating_sub(at) < CHUNK_RESTAMP_MS) => {
+                return Ok(());
+            }
+            // the same name holds the same text; writing `piece` also mends a corrupt copy
+            Some(doc) => Batch::new().replace(CHUNKS, name, doc.revision, &fresh).commit(),
+        };
+        match written {
+            Ok(_) => return Ok(()),
+            // another node stored, stamped or collected it meanwhile: look again
+            Err(e) if e.is("exists") || e.is("conflict") || e.is("not-found") => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Refusal::new("store-busy", "a catalog chunk kept changing; try again").retryable())
+}
+
+/// What one cleanup did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    /// Chunks deleted: no pointer named them and they were older than the grace period.
+    pub deleted: usize,
+    /// Chunks without a stamp (stored before the cleanup existed) stamped now.
+    pub stamped: usize,
+}
+
+/// Delete the chunks the pointer does not name that were stored or claimed more than
+/// [`CHUNK_GRACE_MS`] ago.
+///
+/// Why this never deletes a chunk an activation in flight (on this node or another sharing
+/// the store) is about to point to: an activation claims every chunk it names before it moves
+/// the pointer ([`claim_chunk`]), leaving each with a stamp younger than [`CHUNK_RESTAMP_MS`]
+/// (half the grace), and a plugin call lives at most 30 s (its deadline), so the pointer moves within 30 s of
+/// the claim. This pass reads the pointer first: an activation that moved it earlier has its
+/// chunks in the set kept; one that moves it later claimed them at most 30 s before that, so
+/// their stamps are younger than half the grace plus a minute here, far from the full grace.
+/// A claim that lands between this pass's read and its delete changed the chunk's revision,
+/// and the delete states the revision read (compare-and-swap), so it is refused instead.
+/// Wall clocks of the nodes may differ by up to half the grace (30 minutes) without harm.
+pub fn collect_garbage() -> Result<Collected> {
+    let keep: BTreeSet<String> = pointer()?.map(|(p, _)| p.chunks.into_iter().collect()).unwrap_or_default();
+    let now = now_ms();
+    let mut done = Collected::default();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store::scan::<Value>(CHUNKS, cursor.as_deref(), CLEANUP_PAGE)?;
+        for doc in page.documents {
+            if keep.contains(&doc.id) {
+                continue;
+            }
+            let written = match doc.data.get("storedAt").and_then(Value::as_u64) {
+                Some(at) if now.saturating_sub(at) >= CHUNK_GRACE_MS => {
+                    Batch::new().delete(CHUNKS, &doc.id, doc.revision).commit().map(|_| done.deleted += 1)
+                }
+                Some(_) => continue,
+                None => {
+                    let mut stamped = doc.data.clone();
+                    if let Some(fields) = stamped.as_object_mut() {
+                        fields.insert("storedAt".into(), json!(now));
+                    }
+                    Batch::new().replace(CHUNKS, &doc.id, doc.revision, &stamped).commit().map(|_| done.stamped += 1)
+                }
+            };
+            match written {
+                Ok(()) => {}
+                // claimed, stamped or deleted meanwhile: the next pass looks again
+                Err(e) if e.is("conflict") || e.is("not-found") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    if done.deleted > 0 {
+        capstan_sdk::info!("deleted {} catalog chunks no pointer names", done.deleted);
+    }
+    Ok(done)
 }

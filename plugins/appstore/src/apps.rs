@@ -68,6 +68,28 @@ pub struct AppView {
     newest_version: Option<String>,
     /// Offered versions, newest first.
     versions: Vec<String>,
+    /// Withdrawn versions with the publisher's reason, newest first: kept in the catalog for
+    /// the services already running them, never installed or offered as an upgrade.
+    withdrawn: Vec<WithdrawnView>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct WithdrawnView {
+    version: String,
+    reason: String,
+}
+
+/// An app's withdrawn versions, newest first.
+fn withdrawn_versions(app: &App) -> Vec<WithdrawnView> {
+    let mut withdrawn: Vec<&AppVersion> = app.versions.iter().filter(|v| v.withdrawn.is_some()).collect();
+    withdrawn.sort_by(|a, b| b.version.cmp(&a.version));
+    withdrawn
+        .into_iter()
+        .map(|v| WithdrawnView {
+            version: v.version.to_string(),
+            reason: v.withdrawn.as_ref().map(|w| w.reason.clone()).unwrap_or_default(),
+        })
+        .collect()
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -89,6 +111,7 @@ pub fn list_apps(_ctx: &Context, _: capstan_sdk::Empty) -> Result<AppList> {
                 categories: app.categories.clone(),
                 newest_version: app.newest().map(|v| v.version.to_string()),
                 versions: app.offered().iter().map(|v| v.version.to_string()).collect(),
+                withdrawn: withdrawn_versions(app),
             })
             .collect(),
         Err(_) => Vec::new(),

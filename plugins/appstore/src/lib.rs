@@ -7,6 +7,8 @@
 //! - **Verified before use, last-known-good in the store** (`active`): a candidate activates
 //!   only with a trusted signature (setting `appStoreTrustedCatalogKeys`), its digest, the
 //!   supported contract and a greater revision, every published version kept as it was.
+//! - **Superseded catalogs do not pile up**: with each loader pass, stored chunks no pointer
+//!   names are deleted once they are an hour old (`active::collect_garbage`).
 //! - While no verified catalog is active, exactly `getAppConfig`, `listUpgradeable`,
 //!   `install`, `getUpgradePreview` and `upgrade` are refused `appstore-catalog-unavailable` (retryable)
 //!   with the cause; `listApps` answers an empty list with the status.
@@ -64,12 +66,21 @@ impl Manager for AppStore {
             .reconcile_every(Duration::from_secs(60))
     }
 
-    /// Ask the sources when a pass is due; then give every service the snapshot of its version.
+    /// Ask the sources when a pass is due, and delete the stored catalog chunks no pointer
+    /// names any more; then give every service the snapshot of its version.
     fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
         let mut summary = Vec::new();
         if loader::due()? {
             let state = loader::pass()?;
             summary.push(format!("catalog sources: {}", state.last_outcome.unwrap_or_default()));
+            // housekeeping: a failure here is logged and tried again at the next pass
+            match active::collect_garbage() {
+                Ok(done) if done.deleted > 0 || done.stamped > 0 => {
+                    summary.push(format!("catalog chunks: {} deleted, {} stamped", done.deleted, done.stamped))
+                }
+                Ok(_) => {}
+                Err(e) => capstan_sdk::warn!("cleaning up catalog chunks failed: {} ({})", e.message(), e.code()),
+            }
         }
         if let Ok((catalog, _)) = active::current()? {
             let adopted = apps::adopt_snapshots(&catalog)?;

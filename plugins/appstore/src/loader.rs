@@ -26,6 +26,10 @@ pub struct SourceError {
     pub source: String,
     pub code: String,
     pub message: String,
+    /// The refusal's `data.cause` when it names one (e.g. `certificate-unknown-issuer` for
+    /// `http-tls-failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 /// `loader/state`.
@@ -83,7 +87,8 @@ pub fn pass() -> Result<State> {
             }
             Err(e) => {
                 capstan_sdk::warn!("catalog source {source}: {} ({})", e.message(), e.code());
-                errors.push(SourceError { source: source.clone(), code: e.code().into(), message: e.message().into() });
+                let cause = e.data().and_then(|d| d.get("cause")).and_then(Value::as_str).map(String::from);
+                errors.push(SourceError { source: source.clone(), code: e.code().into(), message: e.message().into(), cause });
             }
         }
     }

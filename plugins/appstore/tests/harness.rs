@@ -1,12 +1,16 @@
 //! The App Store plugin built for wasm32-wasip2 and run on an in-process host
 //! (`capstan_sdk::testing`): catalogs signed here, imported and served from a loopback source,
-//! refused by name while the active catalog stays, installs and upgrades through the inventory.
+//! refused by name while the active catalog stays, installs and upgrades through the inventory;
+//! the chunks of superseded catalogs deleted once past their grace period.
 
 use capstan_catalog::{Catalog, PublisherKey, SigningKey, sign};
 use capstan_sdk::testing::TestHost;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 fn wasm_target_missing() -> bool {
     let missing = std::process::Command::new("rustup")
@@ -197,4 +201,118 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
     assert_eq!(code(&host, "importCatalog", json!({ "envelope": envelope(&first, 1, &successor) })), "catalog-revision-not-newer");
     host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
     assert_eq!(host.call("getCatalogStatus", json!({})).unwrap()["active"]["revision"], 2, "restored from the store, no source needed");
+}
+
+/// The app `wiki` in versions 1.0.0 … 1.0.{count - 1}, each with 4000 bytes of release notes:
+/// with 110 versions or more the envelope spans three chunks, and since a later revision only
+/// adds versions at the end, the middle chunk of every such envelope is the same.
+fn big_catalog(count: usize) -> Catalog {
+    let versions = (0..count)
+        .map(|i| {
+            let mut v = version(&format!("1.0.{i}"), &format!("registry.example.com/wiki:1.0.{i}"), "info");
+            let notes = format!("release 1.0.{i}: ");
+            v["notes"] = json!(format!("{notes}{}", "n".repeat(4000 - notes.len())));
+            v
+        })
+        .collect();
+    catalog(versions)
+}
+
+fn chunk_names(host: &TestHost) -> BTreeSet<String> {
+    host.documents("chunks").iter().map(|d| d["id"].as_str().unwrap().to_string()).collect()
+}
+
+/// The chunks the catalog pointer names.
+fn pointed(host: &TestHost) -> BTreeSet<String> {
+    let catalog = host.documents("catalog");
+    let pointer = catalog.iter().find(|d| d["id"] == "pointer").expect("a catalog is active");
+    pointer["chunks"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect()
+}
+
+fn stored_at(host: &TestHost, name: &str) -> Option<u64> {
+    host.documents("chunks").iter().find(|d| d["id"] == name).and_then(|d| d["storedAt"].as_u64())
+}
+
+/// A chunk as another node stores it: named by the SHA-256 of its text.
+fn put_chunk(host: &TestHost, text: &str, stored_at: Option<u64>) -> String {
+    let name = hex::encode(Sha256::digest(text.as_bytes()));
+    let mut data = json!({ "text": text });
+    if let Some(at) = stored_at {
+        data["storedAt"] = json!(at);
+    }
+    host.put_document("chunks", &name, data);
+    name
+}
+
+#[test]
+fn chunks_no_pointer_names_are_deleted_once_past_the_grace_period_and_fresh_ones_survive() {
+    if wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let publisher = key(7);
+    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
+
+    // ---- three imports: each leaves the chunks only its own envelope had behind ----
+    let mut named = Vec::new();
+    for revision in 1..=3u64 {
+        let envelope = envelope(&big_catalog(100 + 10 * revision as usize), revision, &publisher);
+        let imported = host.call("importCatalog", json!({ "envelope": envelope })).unwrap();
+        assert_eq!(imported["outcome"], "activated");
+        named.push(pointed(&host));
+    }
+    let current = named[2].clone();
+    assert_eq!(current.len(), 3, "the envelope spans three chunks");
+    assert!(named[0].intersection(&named[1]).count() >= 1, "revisions share their unchanged middle chunk");
+    let stored = chunk_names(&host);
+    assert!(stored.len() > current.len() + 2, "superseded catalogs left {} chunks behind", stored.len() - current.len());
+    let started = host.clock_ms();
+    for name in &stored {
+        assert!(stored_at(&host, name).is_some_and(|at| at <= started), "every chunk carries the time it was stored");
+    }
+
+    // ---- within the grace period nothing is deleted; a chunk stored before stamps existed gets one ----
+    let legacy = put_chunk(&host, "a chunk stored by an earlier build", None);
+    let summary = host.reconcile(&[]).unwrap();
+    assert!(summary.contains("catalog chunks: 0 deleted, 1 stamped"), "{summary}");
+    assert_eq!(chunk_names(&host).len(), stored.len() + 1);
+    assert!(stored_at(&host, &legacy).is_some());
+
+    // ---- an hour later: only the current catalog's chunks remain, and one a node just stored ----
+    host.advance_clock(Duration::from_secs(61 * 60));
+    let fresh = put_chunk(&host, "a chunk another node stored for a catalog it is about to activate", Some(host.clock_ms()));
+    let summary = host.reconcile(&[]).unwrap();
+    let deleted = stored.len() - current.len() + 1;
+    assert!(summary.contains(&format!("catalog chunks: {deleted} deleted, 0 stamped")), "{summary}");
+    let mut expected = current.clone();
+    expected.insert(fresh.clone());
+    assert_eq!(chunk_names(&host), expected);
+    let status = host.call("getCatalogStatus", json!({})).unwrap();
+    assert_eq!((status["available"].as_bool(), status["active"]["revision"].as_u64()), (Some(true), Some(3)));
+    assert_eq!(host.call("listApps", json!({})).unwrap()["apps"][0]["newestVersion"], "1.0.129");
+
+    // a pass soon after decides nothing and writes nothing
+    let revisions: Vec<Value> = host.documents("chunks").iter().map(|d| d["revision"].clone()).collect();
+    assert!(!host.reconcile(&[]).unwrap().contains("catalog chunks"));
+    assert_eq!(host.documents("chunks").iter().map(|d| d["revision"].clone()).collect::<Vec<_>>(), revisions);
+
+    // ---- an activation reusing an old chunk claims it again before the pointer names it ----
+    let before = host.clock_ms();
+    let envelope = envelope(&big_catalog(140), 4, &publisher);
+    assert_eq!(host.call("importCatalog", json!({ "envelope": envelope })).unwrap()["outcome"], "activated");
+    let fourth = pointed(&host);
+    let reused: Vec<&String> = fourth.intersection(&current).collect();
+    assert!(!reused.is_empty(), "revision 4 reuses the middle chunk of revision 3");
+    for name in &fourth {
+        assert!(stored_at(&host, name).is_some_and(|at| at >= before), "chunk {name} was claimed by the activation");
+    }
+
+    // ---- the fresh chunk outlives a pass within its grace period, and not one after it ----
+    host.advance_clock(Duration::from_secs(16 * 60));
+    host.reconcile(&[]).unwrap();
+    assert!(chunk_names(&host).contains(&fresh), "16 minutes old: kept");
+    host.advance_clock(Duration::from_secs(45 * 60));
+    host.reconcile(&[]).unwrap();
+    assert_eq!(chunk_names(&host), fourth, "61 minutes old and named by no pointer: deleted, with revision 3's own");
+    assert_eq!(host.call("getCatalogStatus", json!({})).unwrap()["active"]["revision"], 4);
 }
