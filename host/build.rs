@@ -4,8 +4,11 @@
 //! each the name of a directory under `plugins/` holding a plugin crate and its
 //! `capstan-plugin.toml`. Each is built (release, without debug info: a smaller component
 //! compiles faster at every first start) by a nested cargo into its own target directory,
-//! `$CARGO_TARGET_DIR/wasm-first-party`, and `$OUT_DIR/first_party.rs` is written, holding every
-//! plugin's manifest text and component bytes for `plugins::first_party`.
+//! `$CARGO_TARGET_DIR/wasm-first-party/<source tree>`, and `$OUT_DIR/first_party.rs` is
+//! written, holding every plugin's manifest text and component bytes for `plugins::first_party`.
+//! One directory per source tree: two clones sharing a `CARGO_TARGET_DIR` would otherwise
+//! overwrite each other's component, and cargo, finding its own unit fresh, would not write
+//! it back.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,8 +25,11 @@ fn main() {
         for watched in ["sdk", "wit", "Cargo.lock", "Cargo.toml"] {
             println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
         }
-        let target_dir =
-            std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target")).join("wasm-first-party");
+        let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target"))
+            .join("wasm-first-party")
+            .join(tree_name(&workspace));
         let packages: Vec<(String, PathBuf)> = names
             .iter()
             .map(|name| {
@@ -74,6 +80,16 @@ fn package_name(cargo_toml: &Path) -> String {
 
 /// One nested `cargo build` for every first-party plugin, with none of the outer build's
 /// compiler settings (clippy's wrapper, host rustflags, a target override) leaking in.
+/// A short stable name for the source tree at `workspace` (FNV-1a of its path).
+fn tree_name(workspace: &Path) -> String {
+    let hash = workspace
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+    format!("{hash:016x}")
+}
+
 fn build(workspace: &Path, target_dir: &Path, packages: &[(String, PathBuf)]) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);

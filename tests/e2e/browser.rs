@@ -7,7 +7,8 @@
 //! again; in the Secrets view, create a service's secret from a typed value and one generated
 //! in the browser (shown once, then nowhere), rotate and revoke them, with every value sealed
 //! by the page's script and checked against the server's store; a SecretSet with a member
-//! secret attached to the service, its resolution previewed; log out.
+//! secret attached to the service, its resolution previewed; in the App Store, import a signed
+//! catalog, install an app into an organization, and upgrade it after a preview; log out.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`/usr/bin/chromium`, `/usr/bin/chromedriver`).
 //! Without them the test prints why and passes, unless `CAPSTAN_TEST_REQUIRE_BROWSER=1`
@@ -40,6 +41,9 @@ const SECRETS_GENERATE_SCREENSHOT_COPY: &str = "/tmp/capstan-secrets-generate.pn
 const SECRET_SET_SCREENSHOT_COPY: &str = "/tmp/capstan-secret-set.png";
 const SECRETS_RESOLVED_SCREENSHOT_COPY: &str = "/tmp/capstan-secrets-resolved.png";
 const SECRET_REVOKE_SCREENSHOT_COPY: &str = "/tmp/capstan-secret-revoke.png";
+const APPSTORE_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore.png";
+const APPSTORE_APP_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore-app.png";
+const APPSTORE_UPGRADE_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore-upgrade.png";
 /// The values the browser seals in the Secrets view: none may appear in any page or log.
 const TYPED_VALUE: &str = "typed-in-the-browser-4b1e Ünïcode ✓";
 const ROTATED_VALUE: &str = "rotated-in-the-browser-9c2d";
@@ -348,10 +352,10 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
     // sections not built yet are not links; the overview, fleet, clusters, services, secrets,
-    // plugins, tasks and settings are
+    // App Store, plugins, tasks and settings are
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
-    assert_eq!(disabled.len(), 4);
-    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 8);
+    assert_eq!(disabled.len(), 3);
+    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 9);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -381,6 +385,7 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     settings_view(client).await;
     tasks_view(client, dir).await;
     secrets_view(client, server, &api, dir).await;
+    appstore_view(client, server, &api, dir).await;
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();
@@ -802,4 +807,93 @@ async fn secrets_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, di
 async fn org_of(client: &Client) -> String {
     let href = wait_for(client, r#"nav.breadcrumbs a[href^="/secrets?org="]"#).await.attr("href").await.unwrap().unwrap();
     href.split("org=").nth(1).unwrap().to_string()
+}
+
+/// A signed catalog with the app `wiki` in `versions`.
+fn wiki_catalog(versions: &[&str], revision: u64, key: &capstan_catalog::SigningKey) -> String {
+    let versions: Vec<serde_json::Value> = versions
+        .iter()
+        .map(|v| {
+            json!({
+                "version": v,
+                "notes": format!("release {v}"),
+                "template": {
+                    "image": format!("registry.example.com/wiki:{v}"),
+                    "ports": [{ "port": 8080, "protocol": "http" }],
+                    "environment": { "WIKI_VERSION": v },
+                    "volumes": [{ "name": "data", "mountPath": "/var/lib/wiki" }]
+                }
+            })
+        })
+        .collect();
+    let catalog: capstan_catalog::Catalog =
+        serde_json::from_value(json!({ "apps": [{ "id": "wiki", "name": "Wiki", "description": "A small wiki.", "versions": versions }] }))
+            .unwrap();
+    capstan_catalog::sign(&catalog, revision, key).unwrap().to_json()
+}
+
+/// The App Store view: the embedded plugin (installed in the background at start) serves it;
+/// a signed catalog pasted into the import form, its app installed into an organization
+/// through the app's page, and, once a newer revision offers one, upgraded after a preview.
+async fn appstore_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while api.call("plugins.get", json!({ "id": "appstore" }))["status"] != "running" {
+        assert!(Instant::now() < deadline, "the App Store plugin should be running");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let publisher = capstan_catalog::SigningKey::from_bytes(&[42; 32]);
+    let settings = api.call("settings.get", json!({}));
+    let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
+    api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [trusted] } }));
+    let org = api.call("organizations.create", json!({ "name": "apps-demo" }))["id"].as_str().unwrap().to_string();
+
+    click(client, r#"a.nav-item[href="/appstore"]"#).await;
+    wait_for(client, r#"#catalog-status[data-available="false"]"#).await;
+    assert_eq!(client.title().await.unwrap(), "App Store · Capstan");
+    assert_eq!(text_of(client, "a.nav-item.active").await, "App Store");
+    wait_for(client, "#apps-empty").await;
+
+    // a refused import names the catalog's code; a good one activates
+    fill(client, "#catalog-envelope", r#"{"format": "capstan-catalog"}"#).await;
+    click(client, "#catalog-import-submit").await;
+    expect_refusal(client, "catalog-malformed").await;
+    let envelope = wiki_catalog(&["1.0.0"], 1, &publisher);
+    wait_for(client, "#catalog-envelope").await;
+    client.execute("document.querySelector('#catalog-envelope').value = arguments[0]", vec![json!(envelope)]).await.unwrap();
+    click(client, "#catalog-import-submit").await;
+    expect_flash(client, "Catalog revision 1 activated").await;
+    assert_eq!(text_of(client, "#catalog-revision").await, "1");
+    wait_for(client, r#"tr[data-app="wiki"]"#).await;
+
+    // install it into the organization from the app's page
+    client.goto(&server.url(&format!("/appstore?org={org}"))).await.unwrap();
+    click(client, r#"tr[data-app="wiki"] a.row-link"#).await;
+    wait_for(client, "#install-form").await;
+    assert_eq!(text_of(client, "#version-image").await, "registry.example.com/wiki:1.0.0");
+    fill(client, "#install-name", "team-wiki").await;
+    let shot = client.screenshot().await.expect("a screenshot of an app's page");
+    save_screenshot(&shot, dir, "appstore-app.png", APPSTORE_APP_SCREENSHOT_COPY);
+    click(client, "#install-submit").await;
+    expect_flash(client, "App wiki installed as team-wiki").await;
+    let listed = api.call("services.list", json!({ "organizationId": org }));
+    assert_eq!(listed["items"][0]["name"], "team-wiki");
+    assert_eq!(listed["items"][0]["image"], "registry.example.com/wiki:1.0.0");
+
+    // a newer revision (imported by a script) offers an upgrade: preview, confirm
+    api.call("appstore.importCatalog", json!({ "envelope": wiki_catalog(&["1.0.0", "1.1.0"], 2, &publisher) }));
+    client.goto(&server.url(&format!("/appstore?org={org}"))).await.unwrap();
+    wait_for(client, r#"tr[data-service="team-wiki"]"#).await;
+    let shot = client.screenshot().await.expect("a screenshot of the App Store");
+    save_screenshot(&shot, dir, "appstore.png", APPSTORE_SCREENSHOT_COPY);
+    click(client, r#"a[data-upgrade="team-wiki"]"#).await;
+    wait_for(client, "#upgrade-preview").await;
+    assert_eq!(text_of(client, "#upgrade-to").await, "1.1.0");
+    assert!(text_of(client, "#preview-env-changed").await.contains("WIKI_VERSION"));
+    let shot = client.screenshot().await.expect("a screenshot of the upgrade preview");
+    save_screenshot(&shot, dir, "appstore-upgrade.png", APPSTORE_UPGRADE_SCREENSHOT_COPY);
+    click(client, "#upgrade-confirm").await;
+    expect_flash(client, "Service team-wiki upgraded to 1.1.0").await;
+    wait_for(client, "#upgradeable-empty").await;
+    let listed = api.call("services.list", json!({ "organizationId": org }));
+    assert_eq!(listed["items"][0]["image"], "registry.example.com/wiki:1.1.0");
 }

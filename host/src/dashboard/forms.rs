@@ -72,6 +72,48 @@ pub(super) async fn call(state: &AppState, identity: &Identity, name: &str, body
     result
 }
 
+/// Call the plugin method `<plugin>.<method>` as `identity`, exactly as
+/// `POST /api/v1/<plugin>.<method>` would: the host checks the role the plugin declares and
+/// validates the body against the method's schema, then the sandbox answers. A plugin that is
+/// not serving here is refused by name: `plugins-unavailable` (no plugin runtime),
+/// `plugin-unavailable` (installed but failed to load, with its cause), `plugin-disabled`, or
+/// `plugin-not-loaded` (retryable: first-party plugins are installed in the background at start).
+pub(super) async fn call_plugin(
+    state: &AppState,
+    identity: &Identity,
+    request_id: &str,
+    plugin: &str,
+    method: &str,
+    body: Value,
+) -> Result<Value> {
+    let result = match &state.plugins {
+        None => Err(Refusal::new("plugins-unavailable", "this host runs without the plugin runtime")),
+        Some(host) if host.get(plugin).is_none() && host.load_error(plugin).is_none() => Err(not_serving(host, plugin).await),
+        Some(host) => host.dispatch(plugin, method, Some(identity), request_id, body).await,
+    };
+    if let Err(refusal) = &result {
+        log_refusal(&format!("{plugin}.{method}"), refusal);
+    }
+    result
+}
+
+/// Why a plugin that has no load error is not serving here.
+async fn not_serving(host: &crate::plugins::host::PluginHost, plugin: &str) -> Refusal {
+    match host.record(plugin).await {
+        Ok(Some((record, _))) if !record.enabled => {
+            Refusal::new("plugin-disabled", format!("the plugin {plugin} is disabled; an administrator enables it again on the Plugins page"))
+                .with_data(json!({ "plugin": plugin }))
+        }
+        Ok(_) => Refusal::new(
+            "plugin-not-loaded",
+            format!("the plugin {plugin} is not loaded on this host yet; first-party plugins are installed in the background at start, so try again in a few seconds"),
+        )
+        .with_data(json!({ "plugin": plugin }))
+        .retryable(),
+        Err(refusal) => refusal,
+    }
+}
+
 fn log_refusal(method: &str, refusal: &Refusal) {
     if refusal.http_status() >= 500 {
         tracing::error!(method, code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "a dashboard call failed: {}", refusal.message);

@@ -4,7 +4,8 @@
 //! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
 //! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
-//! browser), `/login` and
+//! browser), `/appstore` (the App Store: catalog status, apps, installs and upgrades through
+//! the App Store plugin's methods), `/login` and
 //! `/logout`, from the templates in
 //! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
 //! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
@@ -17,6 +18,7 @@
 //! host is refused. Every response carries a strict Content-Security-Policy: no inline
 //! script or style, nothing loaded from elsewhere, no framing.
 
+mod appstore;
 pub mod assets;
 mod clusters;
 mod fleet;
@@ -97,6 +99,13 @@ pub fn router() -> Router<AppState> {
         .route("/secrets/sets/{id}/update", post(secrets::update_set))
         .route("/secrets/sets/{id}/retire", get(secrets::confirm_retire).post(secrets::retire))
         .route("/secrets/{id}/revoke", get(secrets::revoke_page).post(secrets::revoke))
+        .route("/appstore", get(appstore::page))
+        .route("/appstore/refresh", post(appstore::refresh))
+        // a signed catalog may be up to 8 MiB: this route alone reads more than a form
+        .route("/appstore/import", post(appstore::import).layer(DefaultBodyLimit::max(appstore::IMPORT_FORM_LIMIT)))
+        .route("/appstore/apps/{id}", get(appstore::app))
+        .route("/appstore/apps/{id}/install", post(appstore::install))
+        .route("/appstore/upgrade", get(appstore::upgrade_preview).post(appstore::upgrade))
         .route("/settings", get(settings::page))
         .route("/settings/panel", get(settings::panel))
         .route("/settings/update", post(settings::update))
@@ -171,6 +180,9 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("secrets_revoke.html", include_str!("../../../dashboard/templates/secrets_revoke.html")),
     ("secrets_set.html", include_str!("../../../dashboard/templates/secrets_set.html")),
     ("secrets_set_retire.html", include_str!("../../../dashboard/templates/secrets_set_retire.html")),
+    ("appstore.html", include_str!("../../../dashboard/templates/appstore.html")),
+    ("appstore_app.html", include_str!("../../../dashboard/templates/appstore_app.html")),
+    ("appstore_upgrade.html", include_str!("../../../dashboard/templates/appstore_upgrade.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -397,7 +409,7 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Clusters", "clusters", Some("/clusters")),
     ("Services", "services", Some("/services")),
     ("Secrets", "secrets", Some("/secrets")),
-    ("Apps", "apps", None),
+    ("App Store", "apps", Some("/appstore")),
     ("Backups", "backups", None),
     ("Mail", "mail", None),
     ("Ingress", "ingress", None),

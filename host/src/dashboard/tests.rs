@@ -197,10 +197,10 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     assert!(body.contains(env!("CARGO_PKG_VERSION")));
     assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
     // every section is in the rail; the ones without a page yet are shown as coming soon
-    for section in ["Apps", "Backups", "Mail", "Ingress"] {
+    for section in ["Backups", "Mail", "Ingress"] {
         assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
     }
-    for path in ["clusters", "services", "secrets", "tasks", "settings"] {
+    for path in ["clusters", "services", "secrets", "appstore", "tasks", "settings"] {
         assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
     }
     assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
@@ -494,7 +494,7 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     assert!(!body.contains(r#"id="fleet-nodes""#) && !body.contains(r#"id="fleet-freeze""#), "{body}");
     // the rail links the fleet as the current page; sections not built yet are still to come
     assert!(body.contains(r#"href="&#x2f;fleet" aria-current="page""#), "{body}");
-    assert!(body.contains(r#"title="Apps: coming soon""#), "{body}");
+    assert!(body.contains(r#"title="Backups: coming soon""#), "{body}");
     assert!(body.find(">Overview<").unwrap() < body.find(">Fleet<").unwrap());
     assert!(body.find(">Fleet<").unwrap() < body.find(">Clusters<").unwrap());
     // live: the panel polls its own route; nothing inline
@@ -2014,4 +2014,246 @@ async fn secret_sets_are_created_attached_previewed_and_retired_through_forms() 
     let index = pages.keep(send(&state, get(&format!("/secrets?org={org}"), Some(&cookie))).await);
     assert!(index.body.contains(r#"<tr data-set="smtp-relay" data-state="retired">"#), "{}", index.body);
     pages.assert_value_free();
+}
+
+// ---------------------------------------------------------------------------------------
+// The App Store view
+
+/// The catalog publisher the App Store tests trust.
+fn catalog_key() -> capstan_catalog::SigningKey {
+    capstan_catalog::SigningKey::from_bytes(&[42; 32])
+}
+
+/// A signed catalog with the app `wiki` in `versions` (`(version, withdrawal reason)`).
+fn wiki_envelope(versions: &[(&str, Option<&str>)], revision: u64, key: &capstan_catalog::SigningKey) -> String {
+    let versions: Vec<serde_json::Value> = versions
+        .iter()
+        .map(|(v, withdrawn)| {
+            let mut version = serde_json::json!({
+                "version": v,
+                "notes": format!("release {v}"),
+                "template": {
+                    "image": format!("registry.example.com/wiki:{v}"),
+                    "ports": [{ "port": 8080, "protocol": "http" }],
+                    "environment": { "WIKI_VERSION": v },
+                    "volumes": [{ "name": "data", "mountPath": "/var/lib/wiki" }]
+                }
+            });
+            if let Some(reason) = withdrawn {
+                version["withdrawn"] = serde_json::json!({ "reason": reason });
+            }
+            version
+        })
+        .collect();
+    let catalog: capstan_catalog::Catalog = serde_json::from_value(serde_json::json!({
+        "apps": [{ "id": "wiki", "name": "Wiki", "description": "A small wiki.", "categories": ["docs"], "versions": versions }]
+    }))
+    .unwrap();
+    capstan_catalog::sign(&catalog, revision, key).unwrap().to_json()
+}
+
+#[tokio::test]
+async fn the_app_store_view_needs_a_session_and_says_when_the_plugin_is_not_loaded() {
+    let (_dir, state) = setup().await;
+    for path in ["/appstore", "/appstore/apps/wiki", "/appstore/upgrade?service=x"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    for path in ["/appstore/refresh", "/appstore/import", "/appstore/apps/wiki/install", "/appstore/upgrade"] {
+        let answer = send(&state, post_form(path, "envelope=x", None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        let foreign = send(&state, post_form(path, "envelope=x", None, Some("https://evil.example"))).await;
+        assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{path}");
+    }
+
+    // the embedded App Store is installed in the background at start: until it is, the page says so
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/appstore", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("/appstore");
+    assert!(page.body.contains("<title>App Store · Capstan</title>"), "{}", page.body);
+    assert!(page.body.contains(r#"href="&#x2f;appstore" aria-current="page""#), "the rail links the view: {}", page.body);
+    assert!(page.body.contains(r#"id="appstore-unavailable" data-code="plugin-not-loaded""#), "{}", page.body);
+    assert!(!page.body.contains(r#"id="catalog-import-form""#), "{}", page.body);
+    assert!(!page.body.contains("<script>") && !page.body.contains("<style") && !page.body.contains("style="), "{}", page.body);
+    let answer = submit(&state, "/appstore/import", &[("envelope", "{}")], &cookie).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("plugin-not-loaded"), "{}", answer.body);
+    let app = send(&state, get("/appstore/apps/wiki", Some(&cookie))).await;
+    assert!(app.body.contains(r#"id="app-error" data-code="plugin-not-loaded""#), "{}", app.body);
+    // retryable: the service's state (503), never an internal error
+    assert_eq!(app.status, StatusCode::SERVICE_UNAVAILABLE, "{}", app.body);
+}
+
+#[tokio::test]
+async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugin() {
+    let (_dir, state) = setup().await;
+    let plugins = state.plugins.clone().unwrap();
+    plugins.install_first_party().await.unwrap();
+    assert!(plugins.get("appstore").is_some(), "the embedded App Store is loaded: {:?}", plugins.load_error("appstore"));
+    let cookie = login_cookie(&state).await;
+
+    // no catalog yet: the status says why, nothing is offered
+    let page = send(&state, get("/appstore", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains(r#"id="catalog-status" data-available="false""#), "{body}");
+    assert!(body.contains(r#"id="catalog-unavailable" data-code="catalog-not-loaded""#), "{body}");
+    assert!(body.contains(r#"id="apps-empty""#) && body.contains(r#"id="catalog-import-form""#), "{body}");
+    assert!(body.contains(r#"id="catalog-refresh""#), "{body}");
+    let missing = send(&state, get("/appstore/apps/wiki", Some(&cookie))).await;
+    assert!(missing.body.contains(r#"id="app-error" data-code="appstore-catalog-unavailable""#), "{}", missing.body);
+
+    // bad imports are refused by the catalog's own code, nothing activates
+    let publisher = catalog_key();
+    let first = wiki_envelope(&[("0.9.0", Some("data loss on upgrade")), ("1.0.0", None)], 1, &publisher);
+    for (envelope, code) in
+        [(first.as_str(), "catalog-key-untrusted"), ("{\"not\": \"an envelope\"}", "catalog-malformed"), ("", "invalid-request")]
+    {
+        let answer = submit(&state, "/appstore/import", &[("envelope", envelope)], &cookie).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{code}: {}", answer.body);
+        assert_eq!(flash_code(&answer.body).as_deref(), Some(code), "{}", answer.body);
+        assert!(answer.body.contains(r#"data-available="false""#), "{}", answer.body);
+    }
+    let settings = method(&state, &cookie, "settings.get", serde_json::json!({})).await;
+    let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
+    method(
+        &state,
+        &cookie,
+        "settings.update",
+        serde_json::json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [trusted] } }),
+    )
+    .await;
+
+    // a trusted catalog activates; its apps are listed
+    let answer = submit(&state, "/appstore/import", &[("envelope", &first)], &cookie).await;
+    assert_eq!(answer.location(), Some("/appstore?done=imported&outcome=activated&revision=1"), "{}", answer.body);
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    let body = &page.body;
+    assert!(body.contains("Catalog revision 1 activated"), "{body}");
+    assert!(body.contains(r#"data-available="true""#) && body.contains(r#"id="catalog-revision">1<"#), "{body}");
+    assert!(body.contains(&format!(r#"id="catalog-signer">{}<"#, escaped(&trusted))), "{body}");
+    assert!(body.contains(r#"<tr data-app="wiki">"#) && body.contains(r#"data-latest="1.0.0""#), "{body}");
+    assert!(body.contains("A small wiki.") && body.contains("1 offered, 1 withdrawn"), "{body}");
+    let again = submit(&state, "/appstore/import", &[("envelope", &first)], &cookie).await;
+    assert_eq!(again.location(), Some("/appstore?done=imported&outcome=unchanged&revision=1"), "{}", again.body);
+    // no sources to ask: the refresh says so, the catalog stays
+    let refreshed = submit(&state, "/appstore/refresh", &[], &cookie).await;
+    assert_eq!(refreshed.location(), Some("/appstore?done=refreshed&outcome=no-sources&revision=1"), "{}", refreshed.body);
+    let page = send(&state, get(refreshed.location().unwrap(), Some(&cookie))).await;
+    assert!(
+        page.body.contains("No catalog sources to ask") && page.body.contains(r#"id="catalog-last-outcome">no-sources<"#),
+        "{}",
+        page.body
+    );
+    let older = submit(&state, "/appstore/import", &[("envelope", &wiki_envelope(&[("1.0.0", None)], 1, &publisher))], &cookie).await;
+    assert_eq!(flash_code(&older.body).as_deref(), Some("catalog-revision-not-newer"), "{}", older.body);
+
+    // the app's page: its versions, the withdrawn one marked, and the install form
+    let org =
+        method(&state, &cookie, "organizations.create", serde_json::json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
+    let app = send(&state, get(&format!("/appstore/apps/wiki?org={org}"), Some(&cookie))).await;
+    assert_eq!(app.status, StatusCode::OK, "{}", app.body);
+    let body = &app.body;
+    assert!(body.contains("<title>App Wiki · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"<li data-version="1.0.0" data-withdrawn="false">"#), "{body}");
+    assert!(body.contains(r#"<li data-version="0.9.0" data-withdrawn="true">"#) && body.contains("data loss on upgrade"), "{body}");
+    assert!(body.contains(r#"id="app-version" data-version="1.0.0""#) && body.contains("registry.example.com&#x2f;wiki:1.0.0"), "{body}");
+    assert!(body.contains(&format!(r#"<option value="{org}" selected>acme</option>"#)), "{body}");
+    assert!(
+        body.contains(r#"<option value="1.0.0" selected>1.0.0 (latest)</option>"#) && !body.contains(r#"<option value="0.9.0""#),
+        "{body}"
+    );
+    let withdrawn = send(&state, get("/appstore/apps/wiki?version=0.9.0", Some(&cookie))).await;
+    assert!(withdrawn.body.contains(r#"id="version-withdrawn""#), "{}", withdrawn.body);
+
+    // refusals keep what was typed and show the plugin's code
+    let install = "/appstore/apps/wiki/install";
+    let answer = submit(&state, install, &[("organizationId", &org), ("name", "Team Wiki"), ("version", "1.0.0")], &cookie).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("name-invalid"), "{}", answer.body);
+    assert_eq!(value_of(&answer.body, "install-name"), "Team Wiki");
+    let answer = submit(&state, install, &[("organizationId", &org), ("name", "old-wiki"), ("version", "0.9.0")], &cookie).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("appstore-version-withdrawn"), "{}", answer.body);
+    let answer = submit(&state, install, &[("organizationId", "org_nope"), ("name", "wiki"), ("version", "1.0.0")], &cookie).await;
+    assert!(flash_code(&answer.body).is_some_and(|c| c.ends_with("not-found")), "{}", answer.body);
+
+    // installed: a service in the organization with the version's snapshot
+    let answer =
+        submit(&state, install, &[("organizationId", &org), ("name", "team-wiki"), ("version", "1.0.0"), ("scale", "2")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let location = answer.location().unwrap().to_string();
+    assert!(location.starts_with(&format!("/appstore/apps/wiki?org={org}&done=installed&name=team-wiki&service=")), "{location}");
+    let service_id = location.rsplit("service=").next().unwrap().to_string();
+    let page = send(&state, get(&location, Some(&cookie))).await;
+    assert!(page.body.contains("App wiki installed as team-wiki"), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"href="&#x2f;services&#x2f;{service_id}" id="installed-service""#)), "{}", page.body);
+    let listed = method(&state, &cookie, "services.list", serde_json::json!({ "organizationId": org })).await;
+    let service = &listed["items"][0];
+    assert_eq!(
+        (service["id"].as_str(), service["name"].as_str(), service["image"].as_str(), service["scale"].as_u64()),
+        (Some(service_id.as_str()), Some("team-wiki"), Some("registry.example.com/wiki:1.0.0"), Some(2))
+    );
+    assert_eq!(service["template"]["version"], "1.0.0");
+    let page = send(&state, get(&format!("/appstore?org={org}"), Some(&cookie))).await;
+    assert!(page.body.contains(r#"id="upgradeable-empty""#) && page.body.contains("up to date"), "{}", page.body);
+
+    // a newer revision offers an upgrade: previewed, then written against the revision read
+    let second = wiki_envelope(&[("0.9.0", Some("data loss on upgrade")), ("1.0.0", None), ("1.1.0", None)], 2, &publisher);
+    let answer = submit(&state, "/appstore/import", &[("envelope", &second), ("org", &org)], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/appstore?org={org}&done=imported&outcome=activated&revision=2").as_str()));
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains(r#"<tr data-service="team-wiki" data-current="1.0.0">"#), "{}", page.body);
+    let preview_href = format!("/appstore/upgrade?service={service_id}&version=1.1.0");
+    assert!(page.body.contains(&escaped(&preview_href)), "{}", page.body);
+    let preview = send(&state, get(&preview_href, Some(&cookie))).await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.body);
+    let body = &preview.body;
+    assert!(body.contains(r#"id="upgrade-preview" data-from="1.0.0" data-to="1.1.0""#), "{body}");
+    assert!(body.contains("registry.example.com&#x2f;wiki:1.0.0") && body.contains("registry.example.com&#x2f;wiki:1.1.0"), "{body}");
+    assert!(body.contains(r#"id="preview-env-changed"><span class="chips"><span class="chip mono">WIKI_VERSION</span>"#), "{body}");
+    assert!(body.contains("1.1.0: release 1.1.0"), "the release notes: {body}");
+    let revision = value_of(body, "upgrade-revision");
+    assert_eq!(revision, service["revision"].as_u64().unwrap().to_string());
+    let upgrade = |revision: String| {
+        vec![
+            ("organizationId", org.clone()),
+            ("serviceId", service_id.clone()),
+            ("version", "1.1.0".to_string()),
+            ("expectedRevision", revision),
+        ]
+    };
+    let stale = submit(&state, "/appstore/upgrade", &as_refs(&upgrade("99".into())), &cookie).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    assert!(stale.body.contains(r#"id="upgrade-form""#), "the preview is shown again: {}", stale.body);
+    let answer = submit(&state, "/appstore/upgrade", &as_refs(&upgrade(revision)), &cookie).await;
+    assert_eq!(
+        answer.location(),
+        Some(format!("/appstore?org={org}&done=upgraded&name=team-wiki&version=1.1.0").as_str()),
+        "{}",
+        answer.body
+    );
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Service team-wiki upgraded to 1.1.0"), "{}", page.body);
+    let upgraded = method(&state, &cookie, "services.get", serde_json::json!({ "id": service_id })).await;
+    assert_eq!(
+        (upgraded["image"].as_str(), upgraded["template"]["version"].as_str(), upgraded["environment"]["WIKI_VERSION"].as_str()),
+        (Some("registry.example.com/wiki:1.1.0"), Some("1.1.0"), Some("1.1.0"))
+    );
+    let done = send(&state, get(&format!("/appstore/upgrade?service={service_id}"), Some(&cookie))).await;
+    assert!(done.body.contains(r#"id="upgrade-error" data-code="appstore-up-to-date""#), "{}", done.body);
+    let unknown = send(&state, get("/appstore/apps/nope", Some(&cookie))).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert!(unknown.body.contains(r#"id="app-error" data-code="appstore-app-not-found""#), "{}", unknown.body);
+
+    // an operator sees the catalog and the apps, and the plugin's own refusal where it refuses
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get("/appstore", Some(&operator))).await;
+    assert!(page.body.contains(r#"<tr data-app="wiki">"#) && !page.body.contains(r#"id="catalog-import-form""#), "{}", page.body);
+    let answer = submit(&state, "/appstore/import", &[("envelope", &second)], &operator).await;
+    assert_eq!((answer.status, flash_code(&answer.body).as_deref()), (StatusCode::FORBIDDEN, Some("forbidden")), "{}", answer.body);
+    let answer = submit(&state, install, &[("organizationId", &org), ("name", "sneaky"), ("version", "1.1.0")], &operator).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("forbidden"), "{}", answer.body);
 }
