@@ -47,7 +47,8 @@ enum Command {
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// App Store catalogs: sign one from a directory of app definitions, verify one against
-    /// trusted keys (and against the catalog it should succeed).
+    /// trusted keys (and against the catalog it should succeed); and the App Store on a running
+    /// host: status, refresh, import, apps, app, install, upgradeable, upgrade.
     #[command(subcommand)]
     Appstore(appstore::AppstoreCommand),
     /// Tasks on a running host: list, inspect, run now, cancel, enable or disable them, and
@@ -170,7 +171,12 @@ pub fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(e) => return refuse(&Refusal::internal(format!("starting the async runtime: {e}")), EXIT_REFUSED),
             };
-            match runtime.block_on(serve::run(config)) {
+            let served = runtime.block_on(serve::run(config));
+            // Background work still running (a component compiling on a blocking thread, say)
+            // must not keep a stopping node up: it is safe to cut, every piece resumes at the
+            // next start.
+            runtime.shutdown_timeout(serve::SHUTDOWN_LEFTOVERS);
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(refusal) => {
                     tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "start refused: {}", refusal.message);

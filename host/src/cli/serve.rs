@@ -23,6 +23,9 @@ use std::sync::Arc;
 
 /// How long requests in flight may take to finish once a node is leaving.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the background loops, then any leftover background work, may take to stop once
+/// the requests are done.
+pub const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub async fn run(mut config: ServeConfig) -> Result<()> {
     init_logging(&config);
@@ -125,8 +128,9 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
         _ = deadline => tracing::warn!("requests still in flight after {} s; stopping anyway", SHUTDOWN_GRACE.as_secs()),
     }
     let _ = stop.send(true);
-    for handle in loops {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), handle).await;
+    // the loops stop together, within one bound
+    if tokio::time::timeout(SHUTDOWN_LEFTOVERS, futures::future::join_all(loops)).await.is_err() {
+        tracing::warn!("background work still running after {} s; stopping anyway", SHUTDOWN_LEFTOVERS.as_secs());
     }
     tracing::info!("stopped");
     Ok(())
