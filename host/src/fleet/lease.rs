@@ -180,7 +180,9 @@ pub async fn check_fence(blobs: &Blobs, fence: u64) -> Result<()> {
     };
     match current {
         Some(lease) if lease.fence == fence && lease.expires_at > now_ms() => Ok(()),
+        // retryable: asked again, the request reaches the lease's new holder
         other => Err(Refusal::new("fence-stale", "this decision was made under a coordinator lease that has since moved")
+            .retryable()
             .with_data(json!({ "fence": fence, "currentFence": other.map(|l| l.fence) }))),
     }
 }

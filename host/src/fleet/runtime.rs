@@ -124,7 +124,7 @@ impl Fleet {
                 let current: Option<Assignments> = serde_json::from_slice(&bytes).ok();
                 if let Some(current) = current {
                     if current.fence > fence {
-                        return Err(Refusal::new("fence-stale", "a newer coordinator has already decided placements"));
+                        return Err(Refusal::new("fence-stale", "a newer coordinator has already decided placements").retryable());
                     }
                     if current.placements == decided.placements && current.fence == fence {
                         *self.last_fingerprint.lock().expect("fingerprint") = Some((fence, fingerprint));

@@ -98,7 +98,8 @@ async fn the_lease_has_one_holder_and_moves_with_a_higher_fence() {
     assert_eq!(read_lease(&blobs).await.unwrap().unwrap().holder, "beta");
 
     // a decision alpha stamped under fence 1 is refused now
-    assert_eq!(check_fence(&blobs, 1).await.unwrap_err().code, "fence-stale");
+    let stale = check_fence(&blobs, 1).await.unwrap_err();
+    assert_eq!((stale.code.as_ref(), stale.retryable, stale.http_status()), ("fence-stale", true, 503));
     check_fence(&blobs, 2).await.unwrap();
     // and alpha, coming back, is a candidate
     assert_eq!(a.tick().await, Role::Candidate { holder: Some("beta".into()), fence: 2 });
