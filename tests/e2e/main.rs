@@ -5,6 +5,7 @@
 mod api;
 mod appstore;
 mod appstore_catalog;
+mod appstore_cli;
 mod browser;
 mod config;
 mod events;

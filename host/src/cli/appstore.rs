@@ -1,8 +1,13 @@
 //! `capstan appstore sign-catalog | verify-catalog`: the catalog publisher's offline commands.
 //! They never start the host or talk to it. The format is `capstan-catalog`'s (its README and
 //! docs/appstore.md).
+//!
+//! `capstan appstore status | refresh | import | apps | app | install | upgradeable | upgrade`:
+//! clients of the embedded App Store plugin's methods (`appstore.*`) on a running host. With
+//! `--json` each prints the API's answer exactly (one line); refusals print
+//! `{"ok":false,"error":{…}}` and exit 1.
 
-use super::client::{finish, print_table};
+use super::client::{Client, Connection, finish, print_json, print_table, text, utc};
 use crate::inventory::services::{CreateInput, check_create_fields};
 use crate::plugins::bundle;
 use crate::refusal::{Refusal, Result};
@@ -11,7 +16,7 @@ use capstan_catalog::{Catalog, CatalogError, MAX_ENVELOPE_BYTES, PublisherKey, S
 use clap::Subcommand;
 use serde_json::{Value, json};
 use std::fs::{self, OpenOptions};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{BufRead, ErrorKind, IsTerminal, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -64,6 +69,129 @@ pub enum AppstoreCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show the catalog's status on a running host (`appstore.getCatalogStatus`).
+    ///
+    /// The active catalog's revision, signer, digest and where it came from (a source URL or
+    /// `import`) — or why none is active, by its cause (`catalog-not-loaded`,
+    /// `catalog-key-untrusted`, …); the sources asked, the loader's last attempt with its
+    /// outcome and each source's error, its last success and when the next attempt is due.
+    Status(Common),
+    /// Ask the catalog sources now, in order, and show the status after
+    /// (`appstore.refreshCatalog`; administrators).
+    ///
+    /// A source that fails is recorded with its code (`catalog-source-failed`, `http-failed`,
+    /// `http-tls-failed`, or the catalog's own refusal) and the active catalog stays.
+    Refresh(Common),
+    /// Activate a signed catalog envelope carried to a host that reaches no source
+    /// (`appstore.importCatalog`; administrators).
+    ///
+    /// FILE is what `capstan appstore sign-catalog` wrote, or `-` for standard input. A file
+    /// that cannot be read is refused `catalog-unreadable`, one over 8 MiB `catalog-malformed`,
+    /// before anything is sent. The host verifies it against the keys it trusts and the catalog
+    /// it has (`catalog-key-untrusted`, `catalog-revision-not-newer`, …) and answers
+    /// `activated`, `unchanged` (it is the active one) or `superseded` (a greater revision is
+    /// active); the status follows.
+    Import {
+        /// The envelope file, or `-` for standard input
+        file: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List the apps the active catalog offers (`appstore.listApps`): id, name, the version a
+    /// new install gets, every offered version, and withdrawn ones with the publisher's reason.
+    ///
+    /// While no catalog is active the list is empty and the cause is shown.
+    Apps(Common),
+    /// Show one app version: its template (image, ports, volumes, environment, capabilities),
+    /// release notes and withdrawal (`appstore.getAppConfig`).
+    ///
+    /// Refuses `appstore-app-not-found`, `appstore-version-not-found` and, while no catalog is
+    /// active, `appstore-catalog-unavailable` with its cause.
+    App {
+        /// The app's id, e.g. wiki
+        app_id: String,
+        /// The version [default: the one a new install gets]
+        #[arg(long, value_name = "VERSION")]
+        version: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Install an app version as a new service in an organization (`appstore.install`; its
+    /// owners and administrators).
+    ///
+    /// The service gets the version's template and its snapshot. Refuses
+    /// `appstore-version-withdrawn`, `appstore-capability-unsupported`, and the inventory's own
+    /// (`exists`, `name-invalid`, `domain-invalid`, …).
+    Install {
+        /// The app's id, e.g. wiki
+        app_id: String,
+        /// The organization the service belongs to (`org_…`)
+        #[arg(long, value_name = "ID")]
+        organization: String,
+        /// The new service's name (1–63 of a-z 0-9 -, starting with a letter; unique in the organization)
+        #[arg(long)]
+        name: String,
+        /// The version to install [default: the newest offered]
+        #[arg(long, value_name = "VERSION")]
+        version: Option<String>,
+        /// A domain the service answers on; repeat for more
+        #[arg(long = "domain", value_name = "DOMAIN")]
+        domains: Vec<String>,
+        /// How many instances to run
+        #[arg(long, value_name = "N")]
+        scale: Option<u32>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List services installed from the catalog that have a newer version offered
+    /// (`appstore.listUpgradeable`).
+    ///
+    /// Without --organization every organization you can see is asked (with --json:
+    /// `{"organizations":[{"id","name","upgradeable":[…]}]}`, each list the API's answer).
+    Upgradeable {
+        /// Only this organization (`org_…`); --json then prints the API's answer exactly
+        #[arg(long, value_name = "ID")]
+        organization: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Upgrade a service installed from the catalog to a newer version of its app
+    /// (`appstore.upgrade`; its owners and administrators).
+    ///
+    /// Shows the preview first (`appstore.getUpgradePreview`: image, environment keys added,
+    /// removed and changed, ports, volumes, release notes), then asks on a terminal. Without a
+    /// terminal it upgrades only with --yes and is otherwise refused `confirmation-required`;
+    /// a "no" is refused `confirmation-declined`. The write states the service revision read
+    /// before the preview, so a change in between is refused `conflict`. Other refusals:
+    /// `appstore-up-to-date`, `version-not-newer`, `appstore-service-not-from-catalog`, …
+    Upgrade {
+        /// The service (`svc_…`)
+        service_id: String,
+        /// The version to upgrade to [default: the newest offered]
+        #[arg(long, value_name = "VERSION")]
+        version: Option<String>,
+        /// The service revision you read [default: the current one, read before the preview]
+        #[arg(long, value_name = "N")]
+        expected_revision: Option<u64>,
+        /// The service's organization [default: read from the service]
+        #[arg(long, value_name = "ID")]
+        organization: Option<String>,
+        /// Upgrade without asking (needed when standard input is not a terminal)
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Where the host is, and how to print.
+#[derive(clap::Args)]
+pub struct Common {
+    #[command(flatten)]
+    connection: Connection,
+    /// Print the API's answer exactly, as one line of JSON
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(command: AppstoreCommand) -> ExitCode {
@@ -72,6 +200,20 @@ pub fn run(command: AppstoreCommand) -> ExitCode {
             (sign_catalog(&apps, &key, revision, output.as_deref(), json), json)
         }
         AppstoreCommand::VerifyCatalog { file, trust, previous, json } => (verify_catalog(&file, &trust, previous.as_deref(), json), json),
+        AppstoreCommand::Status(common) => (status(&common), common.json),
+        AppstoreCommand::Refresh(common) => (refresh(&common), common.json),
+        AppstoreCommand::Import { file, common } => (import(&file, &common), common.json),
+        AppstoreCommand::Apps(common) => (list_apps(&common), common.json),
+        AppstoreCommand::App { app_id, version, common } => (app_config(&app_id, version.as_deref(), &common), common.json),
+        AppstoreCommand::Install { app_id, organization, name, version, domains, scale, common } => {
+            let install = Install { app_id, organization, name, version, domains, scale };
+            (install_app(&install, &common), common.json)
+        }
+        AppstoreCommand::Upgradeable { organization, common } => (upgradeable(organization.as_deref(), &common), common.json),
+        AppstoreCommand::Upgrade { service_id, version, expected_revision, organization, yes, common } => {
+            let upgrade = Upgrade { service_id, version, expected_revision, organization, yes };
+            (upgrade_service(&upgrade, &common), common.json)
+        }
     };
     finish(result, json)
 }
@@ -320,6 +462,455 @@ fn apps_json(verified: &Verified) -> Value {
         .collect()
 }
 
+// ---- the App Store on a running host ----
+
+/// The status for people: the active catalog or why there is none, the sources, the loader.
+fn print_status(s: &Value) {
+    let active = &s["active"];
+    if s["available"] == true && active.is_object() {
+        println!(
+            "catalog:      revision {} ({} apps), active since {}",
+            active["revision"],
+            active["apps"],
+            utc(active["activatedAt"].as_u64())
+        );
+        println!("signer:       {}", text(active, "signer"));
+        println!("digest:       {}", text(active, "digest"));
+        println!("source:       {}", text(active, "source"));
+    } else {
+        println!("catalog:      none active");
+        let why = &s["unavailable"];
+        println!("unavailable:  {}: {}", text(why, "code"), text(why, "message"));
+    }
+    let sources: Vec<&str> = s["sources"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if sources.is_empty() {
+        println!("sources:      none (setting appStoreCatalogSources); import a catalog with `capstan appstore import`");
+    } else {
+        println!("sources:      {}", sources.join(", "));
+    }
+    let loader = &s["loader"];
+    match loader["lastAttemptAt"].as_u64() {
+        Some(at) => println!("last attempt: {} ({})", utc(Some(at)), loader["lastOutcome"].as_str().unwrap_or("?")),
+        None => println!("last attempt: never"),
+    }
+    println!("last success: {}", loader["lastSuccessAt"].as_u64().map_or_else(|| "never".to_string(), |at| utc(Some(at))));
+    match loader["nextAttemptAt"].as_u64() {
+        Some(at) => println!("next attempt: {}", utc(Some(at))),
+        None => println!("next attempt: at the next reconcile pass (within a minute)"),
+    }
+    if let Some(failures) = loader["consecutiveFailures"].as_u64().filter(|n| *n > 0) {
+        println!("failures:     {failures} in a row");
+    }
+    for e in loader["errors"].as_array().into_iter().flatten() {
+        let cause = e["cause"].as_str().map(|c| format!(" (cause {c})")).unwrap_or_default();
+        println!("error:        {}: {}{cause}: {}", text(e, "source"), text(e, "code"), text(e, "message"));
+    }
+}
+
+fn status(common: &Common) -> Result<()> {
+    let answer = Client::new(&common.connection)?.call("appstore.getCatalogStatus", &json!({}))?;
+    if common.json {
+        print_json(&answer);
+    } else {
+        print_status(&answer);
+    }
+    Ok(())
+}
+
+fn refresh(common: &Common) -> Result<()> {
+    let answer = Client::new(&common.connection)?.call("appstore.refreshCatalog", &json!({}))?;
+    if common.json {
+        print_json(&answer);
+    } else {
+        println!("asked the catalog sources: {}", answer["loader"]["lastOutcome"].as_str().unwrap_or("?"));
+        print_status(&answer);
+    }
+    Ok(())
+}
+
+/// The envelope to import, as text: the file (refused before anything is sent when it cannot
+/// be read or is larger than an envelope may be), or standard input for `-`.
+fn read_import(file: &Path) -> Result<String> {
+    let (bytes, name) = if file == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin().lock().take(MAX_ENVELOPE_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(|e| {
+            Refusal::new("catalog-unreadable", format!("cannot read the catalog from standard input: {}", e.kind()))
+                .with_data(json!({ "path": "-" }))
+        })?;
+        if bytes.len() > MAX_ENVELOPE_BYTES {
+            return Err(refusal(&CatalogError::Malformed {
+                reason: format!("the envelope on standard input is larger than {MAX_ENVELOPE_BYTES} bytes (8 MiB)"),
+            }));
+        }
+        (bytes, "standard input".to_string())
+    } else {
+        let bytes = read_envelope(file).map_err(|r| {
+            if r.is("catalog-malformed") { Refusal { message: format!("{}: {}", file.display(), r.message), ..r } } else { r }
+        })?;
+        (bytes, file.display().to_string())
+    };
+    String::from_utf8(bytes).map_err(|_| refusal(&CatalogError::Malformed { reason: format!("{name} is not UTF-8 text") }))
+}
+
+fn import(file: &Path, common: &Common) -> Result<()> {
+    let envelope = read_import(file)?;
+    let answer = Client::new(&common.connection)?.call("appstore.importCatalog", &json!({ "envelope": envelope }))?;
+    if common.json {
+        print_json(&answer);
+        return Ok(());
+    }
+    let revision = &answer["revision"];
+    match answer["outcome"].as_str() {
+        Some("activated") => println!("activated catalog revision {revision}"),
+        Some("unchanged") => println!("catalog revision {revision} is active already; nothing changed"),
+        Some("superseded") => println!(
+            "catalog revision {revision} was not activated: revision {} is active, a greater one",
+            answer["status"]["active"]["revision"]
+        ),
+        other => println!("catalog revision {revision}: {}", other.unwrap_or("?")),
+    }
+    print_status(&answer["status"]);
+    Ok(())
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value.as_array().into_iter().flatten().filter_map(Value::as_str).collect()
+}
+
+/// `-` for an empty list, else the items joined by `sep`.
+fn joined(items: &[String], sep: &str) -> String {
+    if items.is_empty() { "-".into() } else { items.join(sep) }
+}
+
+fn list_apps(common: &Common) -> Result<()> {
+    let answer = Client::new(&common.connection)?.call("appstore.listApps", &json!({}))?;
+    if common.json {
+        print_json(&answer);
+        return Ok(());
+    }
+    let status = &answer["status"];
+    if status["available"] != true {
+        let why = &status["unavailable"];
+        println!("no catalog is active ({}): {}", text(why, "code"), text(why, "message"));
+        return Ok(());
+    }
+    let apps = answer["apps"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if apps.is_empty() {
+        println!("catalog revision {} offers no apps", status["active"]["revision"]);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = apps
+        .iter()
+        .map(|app| {
+            let offered: Vec<String> = strings(&app["versions"]).into_iter().map(String::from).collect();
+            let withdrawn: Vec<String> = app["withdrawn"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|w| format!("{} ({})", text(w, "version"), text(w, "reason")))
+                .collect();
+            vec![
+                text(app, "id").into(),
+                text(app, "name").into(),
+                text(app, "newestVersion").into(),
+                joined(&offered, ", "),
+                joined(&withdrawn, "; "),
+            ]
+        })
+        .collect();
+    println!("catalog revision {}", status["active"]["revision"]);
+    print_table(&["APP", "NAME", "NEWEST", "OFFERED", "WITHDRAWN"], &rows);
+    Ok(())
+}
+
+/// A template's ports for people: `8080/http`, with `:443` when published on another port.
+fn ports_text(template: &Value) -> Vec<String> {
+    template["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let public = p["publicPort"].as_u64().map(|n| format!(":{n}")).unwrap_or_default();
+            format!("{}/{}{public}", p["port"], text(p, "protocol"))
+        })
+        .collect()
+}
+
+fn app_config(app_id: &str, version: Option<&str>, common: &Common) -> Result<()> {
+    let mut body = json!({ "appId": app_id });
+    if let Some(version) = version {
+        body["version"] = json!(version);
+    }
+    let c = Client::new(&common.connection)?.call("appstore.getAppConfig", &body)?;
+    if common.json {
+        print_json(&c);
+        return Ok(());
+    }
+    let t = &c["template"];
+    println!("app:          {} ({})", text(&c, "appId"), text(&c, "name"));
+    match c["withdrawn"].as_str() {
+        Some(reason) => println!("version:      {} (withdrawn: {reason})", text(&c, "version")),
+        None => println!("version:      {}", text(&c, "version")),
+    }
+    println!("catalog:      revision {}", c["catalogRevision"]);
+    println!("template:     {}", text(&c, "templateDigest"));
+    println!("image:        {}", text(t, "image"));
+    println!("ports:        {}", joined(&ports_text(t), ", "));
+    let volumes: Vec<String> =
+        t["volumes"].as_array().into_iter().flatten().map(|v| format!("{} at {}", text(v, "name"), text(v, "mountPath"))).collect();
+    println!("volumes:      {}", joined(&volumes, ", "));
+    let capabilities: Vec<String> = strings(&t["capabilities"]).into_iter().map(String::from).collect();
+    println!("capabilities: {}", joined(&capabilities, ", "));
+    match t["environment"].as_object().filter(|e| !e.is_empty()) {
+        Some(environment) => {
+            println!("environment:");
+            for (key, value) in environment {
+                println!("  {key}={}", value.as_str().unwrap_or_default());
+            }
+        }
+        None => println!("environment:  -"),
+    }
+    if let Some(notes) = c["notes"].as_str().filter(|n| !n.is_empty()) {
+        println!("notes:        {notes}");
+    }
+    Ok(())
+}
+
+struct Install {
+    app_id: String,
+    organization: String,
+    name: String,
+    version: Option<String>,
+    domains: Vec<String>,
+    scale: Option<u32>,
+}
+
+fn install_app(install: &Install, common: &Common) -> Result<()> {
+    let mut body = json!({ "organizationId": install.organization, "appId": install.app_id, "name": install.name });
+    if let Some(version) = &install.version {
+        body["version"] = json!(version);
+    }
+    if !install.domains.is_empty() {
+        body["domains"] = json!(install.domains);
+    }
+    if let Some(scale) = install.scale {
+        body["scale"] = json!(scale);
+    }
+    let answer = Client::new(&common.connection)?.call("appstore.install", &body)?;
+    if common.json {
+        print_json(&answer);
+        return Ok(());
+    }
+    println!(
+        "installed {} {} as service {} ({}), revision {}",
+        text(&answer, "appId"),
+        text(&answer, "version"),
+        install.name,
+        text(&answer, "id"),
+        answer["revision"]
+    );
+    println!("  see it with: capstan services get {}", text(&answer, "id"));
+    Ok(())
+}
+
+/// The upgradeable rows of one `listUpgradeable` answer, led by `organization` when given.
+fn upgradeable_rows(answer: &Value, organization: Option<&str>) -> Vec<Vec<String>> {
+    answer
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| {
+            let available: Vec<String> = strings(&u["available"]).into_iter().map(String::from).collect();
+            let mut row = vec![
+                text(u, "serviceId").to_string(),
+                text(u, "name").to_string(),
+                text(u, "appId").to_string(),
+                text(u, "currentVersion").to_string(),
+                joined(&available, ", "),
+            ];
+            if let Some(organization) = organization {
+                row.insert(0, organization.to_string());
+            }
+            row
+        })
+        .collect()
+}
+
+fn upgradeable(organization: Option<&str>, common: &Common) -> Result<()> {
+    let client = Client::new(&common.connection)?;
+    const HEADER: [&str; 5] = ["SERVICE", "NAME", "APP", "CURRENT", "AVAILABLE"];
+    if let Some(organization) = organization {
+        let answer = client.call("appstore.listUpgradeable", &json!({ "organizationId": organization }))?;
+        if common.json {
+            print_json(&answer);
+            return Ok(());
+        }
+        let rows = upgradeable_rows(&answer, None);
+        if rows.is_empty() {
+            println!("no service of {organization} installed from the catalog has a newer version offered");
+        } else {
+            print_table(&HEADER, &rows);
+        }
+        return Ok(());
+    }
+    // every organization the caller can see, page by page
+    let mut organizations = Vec::new();
+    let mut cursor = Value::Null;
+    loop {
+        let page = client.call("organizations.list", &json!({ "cursor": cursor, "limit": 200 }))?;
+        for o in super::client::items(&page) {
+            let id = text(o, "id").to_string();
+            let answer = client.call("appstore.listUpgradeable", &json!({ "organizationId": id }))?;
+            organizations.push(json!({ "id": id, "name": o["name"], "upgradeable": answer }));
+        }
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = json!(next),
+            None => break,
+        }
+    }
+    if common.json {
+        print_json(&json!({ "organizations": organizations }));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = organizations.iter().flat_map(|o| upgradeable_rows(&o["upgradeable"], Some(text(o, "id")))).collect();
+    if rows.is_empty() {
+        println!("no service installed from the catalog has a newer version offered");
+    } else {
+        let mut header = vec!["ORGANIZATION"];
+        header.extend(HEADER);
+        print_table(&header, &rows);
+    }
+    Ok(())
+}
+
+struct Upgrade {
+    service_id: String,
+    version: Option<String>,
+    expected_revision: Option<u64>,
+    organization: Option<String>,
+    yes: bool,
+}
+
+/// An upgrade preview for people.
+fn write_preview(out: &mut dyn Write, p: &Value) -> std::io::Result<()> {
+    writeln!(out, "upgrade {} ({}) from {} to {}", text(p, "serviceId"), text(p, "appId"), text(p, "from"), text(p, "to"))?;
+    let (from, to) = (text(&p["image"], "from"), text(&p["image"], "to"));
+    if from == to {
+        writeln!(out, "  image:       {to} (unchanged)")?;
+    } else {
+        writeln!(out, "  image:       {from} -> {to}")?;
+    }
+    let keys = |field: &str| strings(&p[field]).join(", ");
+    let mut environment = Vec::new();
+    for (field, what) in [("environmentAdded", "added"), ("environmentRemoved", "removed"), ("environmentChanged", "changed")] {
+        let keys = keys(field);
+        if !keys.is_empty() {
+            environment.push(format!("{what} {keys}"));
+        }
+    }
+    if environment.is_empty() {
+        writeln!(out, "  environment: no template key changes (keys you added stay)")?;
+    } else {
+        writeln!(out, "  environment: {} (keys you added stay)", environment.join("; "))?;
+    }
+    let changed = |field: &str| if p[field] == true { "changed" } else { "unchanged" };
+    writeln!(out, "  ports:       {}", changed("portsChanged"))?;
+    writeln!(out, "  volumes:     {}", changed("volumesChanged"))?;
+    let notes = strings(&p["notes"]);
+    if !notes.is_empty() {
+        writeln!(out, "  release notes:")?;
+        for note in notes {
+            writeln!(out, "    {note}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Go ahead with `what` only when confirmed: with --yes, or with `y`/`yes` answered on a
+/// terminal. Without a terminal it is refused `confirmation-required` rather than done
+/// unasked; any other answer is refused `confirmation-declined`.
+fn confirm(yes: bool, terminal: bool, what: &str, input: &mut dyn BufRead) -> Result<()> {
+    if yes {
+        return Ok(());
+    }
+    if !terminal {
+        return Err(Refusal::new(
+            "confirmation-required",
+            format!("standard input is not a terminal, so nobody can confirm: {what}; read the preview and run again with --yes"),
+        ));
+    }
+    eprint!("{what}? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    input
+        .take(1024)
+        .read_line(&mut line)
+        .map_err(|e| Refusal::new("input-unreadable", format!("reading the answer failed: {}", e.kind())))?;
+    if !std::io::stderr().is_terminal() {
+        // the terminal echoed the answer elsewhere: end the question's line here
+        eprintln!();
+    }
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(Refusal::new("confirmation-declined", format!("not done: {what} (the answer was not yes)"))),
+    }
+}
+
+fn upgrade_service(upgrade: &Upgrade, common: &Common) -> Result<()> {
+    let client = Client::new(&common.connection)?;
+    let service_ref = json!({ "id": upgrade.service_id });
+    // the revision is read before the preview: a change after it is refused `conflict`
+    let (organization, revision) = match &upgrade.organization {
+        Some(organization) => {
+            (organization.clone(), client.expected_or_current(upgrade.expected_revision, "services.get", &service_ref, "revision")?)
+        }
+        None => {
+            let service = client.call("services.get", &service_ref)?;
+            let organization = service["organizationId"].as_str().map(String::from).ok_or_else(|| {
+                Refusal::new("response-invalid", "the answer of services.get holds no organizationId")
+                    .with_data(json!({ "method": "services.get", "field": "organizationId" }))
+            })?;
+            let revision = match upgrade.expected_revision {
+                Some(given) => given,
+                None => service["revision"].as_u64().ok_or_else(|| {
+                    Refusal::new("response-invalid", "the answer of services.get holds no revision")
+                        .with_data(json!({ "method": "services.get", "field": "revision" }))
+                })?,
+            };
+            (organization, revision)
+        }
+    };
+    let mut body = json!({ "organizationId": organization, "serviceId": upgrade.service_id });
+    if let Some(version) = &upgrade.version {
+        body["version"] = json!(version);
+    }
+    let preview = client.call("appstore.getUpgradePreview", &body)?;
+    // with --json, standard output carries only the answer: the preview goes to standard error
+    let shown = if common.json { write_preview(&mut std::io::stderr(), &preview) } else { write_preview(&mut std::io::stdout(), &preview) };
+    shown.map_err(|e| Refusal::new("output-failed", format!("printing the preview failed: {}", e.kind())))?;
+    let what = format!("upgrade {} to {}", upgrade.service_id, text(&preview, "to"));
+    let stdin = std::io::stdin();
+    confirm(upgrade.yes, stdin.is_terminal(), &what, &mut stdin.lock())?;
+    // exactly the version previewed, even if the catalog moved on meanwhile
+    if let Some(to) = preview["to"].as_str() {
+        body["version"] = json!(to);
+    }
+    body["expectedRevision"] = json!(revision);
+    let answer = client.call("appstore.upgrade", &body)?;
+    if common.json {
+        print_json(&answer);
+    } else {
+        println!(
+            "upgraded {} from {} to {}, revision {}",
+            text(&answer, "id"),
+            text(&answer, "from"),
+            text(&answer, "to"),
+            answer["revision"]
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +937,48 @@ mod tests {
                 },
             }],
         }
+    }
+
+    #[test]
+    fn an_upgrade_goes_ahead_only_when_confirmed() {
+        let answer = |yes: bool, terminal: bool, typed: &[u8]| confirm(yes, terminal, "upgrade svc_1 to 1.1.0", &mut &typed[..]);
+        answer(true, false, b"").unwrap();
+        answer(true, true, b"n\n").unwrap();
+        let refused = answer(false, false, b"y\n").unwrap_err();
+        assert_eq!(refused.code, "confirmation-required");
+        assert!(refused.message.contains("--yes"), "{}", refused.message);
+        answer(false, true, b"y\n").unwrap();
+        answer(false, true, b" YES \n").unwrap();
+        for typed in [&b"\n"[..], b"", b"n\n", b"yess\n", &[b'y'; 5000]] {
+            assert_eq!(answer(false, true, typed).unwrap_err().code, "confirmation-declined");
+        }
+    }
+
+    #[test]
+    fn a_preview_reads_for_people() {
+        let preview = json!({
+            "serviceId": "svc_1", "appId": "wiki", "from": "1.0.0", "to": "1.1.0",
+            "image": { "from": "r/wiki:1.0.0", "to": "r/wiki:1.1.0" },
+            "environmentAdded": ["A", "B"], "environmentRemoved": [], "environmentChanged": ["C"],
+            "portsChanged": true, "volumesChanged": false, "notes": ["1.1.0: faster"],
+        });
+        let mut out = Vec::new();
+        write_preview(&mut out, &preview).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        for shown in [
+            "upgrade svc_1 (wiki) from 1.0.0 to 1.1.0",
+            "r/wiki:1.0.0 -> r/wiki:1.1.0",
+            "added A, B; changed C",
+            "ports:       changed",
+            "volumes:     unchanged",
+            "1.1.0: faster",
+        ] {
+            assert!(out.contains(shown), "{shown:?} in {out}");
+        }
+        // an answer missing fields still prints, with `-` for what is absent
+        let mut out = Vec::new();
+        write_preview(&mut out, &json!({})).unwrap();
+        assert!(String::from_utf8(out).unwrap().starts_with("upgrade - (-) from - to -"));
     }
 
     #[test]
