@@ -20,8 +20,8 @@
 //! code (`#flash.banner-error[data-code]` after a post, `data-code` on the section's banner).
 
 use super::forms::{
-    ErrorView, Flash, FormData, call, call_plugin, encode, format_ports, format_volumes, number, pairs_of, parse_list, post, query_of,
-    redirect, session, shown_name, status_of, str_of, strings_of, u64_of, when,
+    ErrorView, Flash, FormData, Signed, call, call_plugin, encode, format_ports, format_volumes, number, pairs_of, parse_list, post,
+    query_of, redirect, shown_name, status_of, str_of, strings_of, u64_of, when,
 };
 use super::services::organizations;
 use super::{nav, now_secs, render, time_left, user_view};
@@ -30,7 +30,7 @@ use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::Extension;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -440,11 +440,7 @@ async fn index_page(asker: &Asker, status: StatusCode, org: Option<&str>, extras
 }
 
 /// `GET /appstore?org=<id>`: the catalog, the apps, the organization's upgradeable services.
-pub(super) async fn page(State(state): State<AppState>, id: Option<Extension<RequestId>>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, id: Option<Extension<RequestId>>, uri: Uri) -> Response {
     let query: IndexQuery = query_of(&uri).unwrap_or_default();
     let extras = Extras { flash: done_flash(&query), ..Extras::default() };
     index_page(&Asker::new(&state, identity, request_id(id)), StatusCode::OK, query.org.as_deref(), extras).await
@@ -687,15 +683,11 @@ async fn app_page(
 /// `GET /appstore/apps/{id}?org=&version=`: the app, its versions, the install form.
 pub(super) async fn app(
     State(state): State<AppState>,
+    Signed(identity): Signed,
     Path(app_id): Path<String>,
     id: Option<Extension<RequestId>>,
-    headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
     let query: AppQuery = query_of(&uri).unwrap_or_default();
     let asker = Asker::new(&state, identity, request_id(id));
     let mut extras = AppExtras::default();
@@ -893,14 +885,10 @@ async fn upgrade_page(asker: &Asker, service_id: &str, version: Option<&str>, st
 /// button that does it.
 pub(super) async fn upgrade_preview(
     State(state): State<AppState>,
+    Signed(identity): Signed,
     id: Option<Extension<RequestId>>,
-    headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
     let query: UpgradeQuery = query_of(&uri).unwrap_or_default();
     let asker = Asker::new(&state, identity, request_id(id));
     let service = query.service.unwrap_or_default();

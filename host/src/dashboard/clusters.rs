@@ -13,7 +13,7 @@
 //! [`super::live`]).
 
 use super::forms::{
-    ErrorView, Flash, FormData, PAGE, Pair, call, encode, format_pairs, number, pairs_of, parse_pairs, post, query_of, redirect, session,
+    ErrorView, Flash, FormData, PAGE, Pair, Signed, call, encode, format_pairs, number, pairs_of, parse_pairs, post, query_of, redirect,
     shown_name, status_of, str_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
@@ -21,7 +21,7 @@ use crate::api::AppState;
 use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -271,21 +271,13 @@ async fn list_page(
 }
 
 /// `GET /clusters`: the list and the create form.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let query = query_of(&uri).unwrap_or(ListQuery { cursor: None, done: None, name: None });
     list_page(&state, &identity, StatusCode::OK, query.cursor.as_deref(), done_flash(&query), FormView::default()).await
 }
 
 /// `GET /clusters/panel`: the list alone, for htmx to swap in place.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let cursor = query_of::<ListQuery>(&uri).and_then(|q| q.cursor);
     render(StatusCode::OK, "clusters_panel.html", list_context(&state, &identity, cursor.as_deref()).await)
 }
@@ -378,11 +370,7 @@ async fn detail_page(
 }
 
 /// `GET /clusters/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("updated") => Some(Flash::done("Cluster updated", "The new name, description and labels are stored.")),
         Some("phase") => Some(Flash::done("Runtime phase set", "The cluster's runtime phase moved; its generation advanced.")),
@@ -392,11 +380,7 @@ pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>
 }
 
 /// `GET /clusters/{id}/panel`: the facts alone, for htmx.
-pub(super) async fn detail_panel(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     let read = read_cluster(&state, &identity, &id).await;
     render(StatusCode::OK, "cluster_panel.html", facts_context(&id, &read))
 }
@@ -518,11 +502,7 @@ async fn confirm_page(
 }
 
 /// `GET /clusters/{id}/delete`: the confirmation step.
-pub(super) async fn confirm(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn confirm(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     confirm_page(&state, &identity, &id, StatusCode::OK, None, "", None).await
 }
 

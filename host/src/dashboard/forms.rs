@@ -39,6 +39,18 @@ pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> std::resul
     }
 }
 
+/// The signed-in person, as a handler argument: without a session the request is answered
+/// by [`session`] (the login page, or `hx-redirect` for htmx) and the handler never runs.
+pub(super) struct Signed(pub Identity);
+
+impl axum::extract::FromRequestParts<AppState> for Signed {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &AppState) -> std::result::Result<Self, Response> {
+        session(state, &parts.headers).await.map(Signed)
+    }
+}
+
 /// A form post: from this host (else `403`), with a session (else to the login page), its
 /// fields read (else `400`/`413`).
 pub(super) async fn post(state: &AppState, request: Request) -> std::result::Result<(Identity, FormData), Response> {

@@ -20,7 +20,7 @@
 //! `secret.*` event commits (see [`super::live`]).
 
 use super::forms::{
-    ErrorView, Flash, FormData, PAGE, call, encode, number, post, query_of, redirect, session, shown_name, status_of, str_of, u64_of, when,
+    ErrorView, Flash, FormData, PAGE, Signed, call, encode, number, post, query_of, redirect, shown_name, status_of, str_of, u64_of, when,
 };
 use super::services::organizations;
 use super::{live, nav, render, user_view};
@@ -29,7 +29,7 @@ use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use crate::secrets::methods::Owner;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -354,11 +354,7 @@ async fn index_page(
 
 /// `GET /secrets?org=<id>`: the organization picker, its services (each a link to its
 /// secrets) and its SecretSets.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let query: IndexQuery = query_of(&uri).unwrap_or_default();
     index_page(&state, &identity, StatusCode::OK, query.org.as_deref(), None, SetTyped::default()).await
 }
@@ -587,21 +583,13 @@ async fn service_page(
 }
 
 /// `GET /secrets/services/{id}`: the service's secrets and the create form.
-pub(super) async fn service(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn service(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     service_page(&state, &identity, &id, StatusCode::OK, done_flash(&query), Typed::default(), query.cursor.as_deref()).await
 }
 
 /// `GET /secrets/services/{id}/panel?cursor=`: the list alone, for htmx.
-pub(super) async fn service_panel(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn service_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     let base = format!("/secrets/services/{}", encode(&id));
     let ctx = list_context(&state, &identity, service_owner(&id), &base, query.cursor.as_deref()).await;
@@ -768,21 +756,13 @@ async fn set_page(
 }
 
 /// `GET /secrets/sets/{id}`: the SecretSet, its member secrets, its forms.
-pub(super) async fn set(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn set(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     set_page(&state, &identity, &id, StatusCode::OK, done_flash(&query), Typed::default(), None, query.cursor.as_deref()).await
 }
 
 /// `GET /secrets/sets/{id}/panel?cursor=`: the member list alone, for htmx.
-pub(super) async fn set_panel(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn set_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     let base = format!("/secrets/sets/{}", encode(&id));
     let ctx = match call(&state, &identity, "secrets.getSecretSet", json!({ "id": id })).await {
@@ -896,11 +876,7 @@ async fn retire_page(state: &AppState, identity: &Identity, id: &str, status: St
 }
 
 /// `GET /secrets/sets/{id}/retire`: the confirmation step.
-pub(super) async fn confirm_retire(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn confirm_retire(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     retire_page(&state, &identity, &id, StatusCode::OK, None, "").await
 }
 
@@ -1069,11 +1045,7 @@ async fn secret_page(
 }
 
 /// `GET /secrets/{id}/rotate`: the secret's facts and a form for its next version.
-pub(super) async fn rotate_page(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn rotate_page(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     secret_page(&state, &identity, &id, "secrets_rotate.html", StatusCode::OK, None, None, "").await
 }
 
@@ -1100,11 +1072,7 @@ pub(super) async fn rotate(State(state): State<AppState>, Path(id): Path<String>
 }
 
 /// `GET /secrets/{id}/revoke`: the confirmation step.
-pub(super) async fn revoke_page(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn revoke_page(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     secret_page(&state, &identity, &id, "secrets_revoke.html", StatusCode::OK, None, None, "").await
 }
 

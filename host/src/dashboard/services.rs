@@ -14,15 +14,15 @@
 //! `organization.*` event commits (see [`super::live`]).
 
 use super::forms::{
-    ErrorView, Flash, FormData, PAGE, Pair, call, encode, format_pairs, format_ports, format_volumes, number, pairs_of, parse_list,
-    parse_pairs, parse_ports, parse_volumes, post, query_of, redirect, session, shown_name, status_of, str_of, strings_of, u64_of, when,
+    ErrorView, Flash, FormData, PAGE, Pair, Signed, call, encode, format_pairs, format_ports, format_volumes, number, pairs_of, parse_list,
+    parse_pairs, parse_ports, parse_volumes, post, query_of, redirect, shown_name, status_of, str_of, strings_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -317,22 +317,14 @@ async fn list_page(
 }
 
 /// `GET /services?org=<id>`: the organization picker, its services, the forms.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let query = query_of(&uri).unwrap_or_default();
     let extras = Extras { flash: done_flash(&query), ..Extras::default() };
     list_page(&state, &identity, StatusCode::OK, query.org.as_deref(), query.cursor.as_deref(), extras).await
 }
 
 /// `GET /services/panel?org=<id>`: the list alone, for htmx.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let query: ListQuery = query_of(&uri).unwrap_or_default();
     let selected = match organizations(&state, &identity, query.org.as_deref()).await {
         Ok((_, selected)) => selected,
@@ -451,11 +443,7 @@ pub(super) struct DetailQuery {
 }
 
 /// `GET /services/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("created") => Some(Flash::done("Service created", "It is stored in its organization; managers pick it up from here.")),
         Some("updated") => Some(Flash::done("Service updated", "The new definition is stored.")),
@@ -469,11 +457,7 @@ pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>
 }
 
 /// `GET /services/{id}/panel`: the facts alone, for htmx.
-pub(super) async fn detail_panel(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     let read = read_service(&state, &identity, &id).await;
     render(StatusCode::OK, "service_panel.html", facts_context(&id, &read))
 }
@@ -565,11 +549,7 @@ async fn confirm_page(
 }
 
 /// `GET /services/{id}/delete`: the confirmation step.
-pub(super) async fn confirm(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn confirm(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     confirm_page(&state, &identity, &id, StatusCode::OK, None, "", None).await
 }
 

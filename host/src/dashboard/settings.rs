@@ -10,12 +10,12 @@
 //! document moved past the revision the form was read at; the form itself is never replaced
 //! under the operator's hands.
 
-use super::forms::{ErrorView, Flash, FormData, call, number, post, query_of, redirect, session, status_of, u64_of};
+use super::forms::{ErrorView, Flash, FormData, Signed, call, number, post, query_of, redirect, status_of, u64_of};
 use super::{live, nav, render, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -144,11 +144,7 @@ pub(super) struct PageQuery {
 }
 
 /// `GET /settings`.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let query = query_of::<PageQuery>(&uri);
     let flash = match query.as_ref().and_then(|q| q.done.as_deref()) {
         Some("updated") => Some(Flash::done("Settings saved", "The changed keys are stored; managers read them from the new revision.")),
@@ -159,11 +155,7 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri:
 }
 
 /// `GET /settings/panel?read=<revision>`: the status panel alone, for htmx.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let read = query_of::<PageQuery>(&uri).and_then(|q| q.read).unwrap_or_default();
     let document = call(&state, &identity, "settings.get", json!({})).await.ok();
     render(StatusCode::OK, "settings_panel.html", status_context(document.as_ref(), read))

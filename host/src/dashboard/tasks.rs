@@ -10,12 +10,12 @@
 //! `hx-trigger="every 2s"` is rendered only while something runs, so the first answer in
 //! which nothing runs carries no trigger and the refreshing stops by itself.
 
-use super::forms::{ErrorView, Flash, PAGE, call, encode, post, query_of, redirect, session, status_of, str_of, u64_of, when};
+use super::forms::{ErrorView, Flash, PAGE, Signed, call, encode, post, query_of, redirect, status_of, str_of, u64_of, when};
 use super::{nav, render, rfc3339, time_left, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use minijinja::context;
 use minijinja::value::Serde;
@@ -311,22 +311,14 @@ async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, fl
 }
 
 /// `GET /tasks`: every task, with its actions.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
     let query: ListQuery = query_of(&uri).unwrap_or_default();
     let flash = done_flash(query.done.as_deref(), shown_task(query.task.as_deref()).as_deref());
     list_page(&state, &identity, StatusCode::OK, flash).await
 }
 
 /// `GET /tasks/panel`: the list alone, for htmx (asked for only while a task runs).
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed) -> Response {
     render(StatusCode::OK, "tasks_panel.html", list_context(&state, &identity).await)
 }
 
@@ -365,11 +357,7 @@ async fn detail_page(
 }
 
 /// `GET /tasks/{id}?cursor=`: the definition, its executions, its actions.
-pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DetailQuery = query_of(&uri).unwrap_or_default();
     let flash = done_flash(query.done.as_deref(), None);
     detail_page(&state, &identity, &id, query.cursor.as_deref(), StatusCode::OK, flash).await
@@ -377,11 +365,7 @@ pub(super) async fn detail(State(state): State<AppState>, Path(id): Path<String>
 
 /// `GET /tasks/{id}/panel?cursor=`: the task and its executions alone, for htmx (asked for
 /// only while one of them runs).
-pub(super) async fn detail_panel(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DetailQuery = query_of(&uri).unwrap_or_default();
     render(StatusCode::OK, "task_panel.html", detail_context(&state, &identity, &id, query.cursor.as_deref()).await.0)
 }
@@ -424,11 +408,7 @@ pub(super) async fn run(State(state): State<AppState>, Path(id): Path<String>, r
 }
 
 /// `GET /tasks/{id}/disable`: the confirmation step.
-pub(super) async fn confirm_disable(State(state): State<AppState>, Path(id): Path<String>, headers: HeaderMap, uri: Uri) -> Response {
-    let identity = match session(&state, &headers).await {
-        Ok(identity) => identity,
-        Err(response) => return response,
-    };
+pub(super) async fn confirm_disable(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     #[derive(Deserialize, Default)]
     struct Query {
         from: Option<String>,
