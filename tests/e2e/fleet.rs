@@ -780,9 +780,27 @@ fn a_coordinator_only_request_to_any_node_is_answered_by_the_holder() {
         assert_eq!(stored["fence"], answer["fence"], "{stored}");
     }
 
+    // the CLI asks any node; the answer is the holder's
+    let other = nodes.iter().position(|n| n.node_id() != holder).unwrap();
+    let cli = |json: bool| {
+        let mut cmd = capstan();
+        cmd.args(["fleet", "rebalance"]).env("XDG_CONFIG_HOME", fleet.dir.path().join("cli-config"));
+        cmd.env("CAPSTAN_URL", nodes[other].url("")).env("CAPSTAN_TOKEN", &token);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = run_to_exit(cmd);
+        assert!(out.status.success(), "capstan fleet rebalance: {out:?}");
+        out.stdout
+    };
+    let answer: Value = serde_json::from_str(cli(true).trim()).expect("--json prints JSON");
+    assert_eq!(answer["decidedBy"], holder.as_str(), "{answer}");
+    let text = cli(false);
+    assert!(text.starts_with(&format!("placements decided by {holder} under fence ")), "{text}");
+    assert!(text.contains("WORK") && text.contains("NODES"), "{text}");
+
     // the holder's refusals come back as they are; a caller without credentials is refused
     // where it called
-    let other = nodes.iter().position(|n| n.node_id() != holder).unwrap();
     nodes[other].call_as(&token, "fleet.rebalance", &json!({"now": true})).expect_error(400, "invalid-request");
     nodes[other].call("fleet.rebalance", "{}").expect_error(401, "unauthenticated");
     // a request that was already forwarded once is not forwarded again
