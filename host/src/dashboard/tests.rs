@@ -2257,3 +2257,20 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugi
     let answer = submit(&state, install, &[("organizationId", &org), ("name", "sneaky"), ("version", "1.1.0")], &operator).await;
     assert_eq!(flash_code(&answer.body).as_deref(), Some("forbidden"), "{}", answer.body);
 }
+
+#[test]
+fn the_create_secret_form_renders_and_says_when_values_cannot_be_sealed() {
+    use minijinja::value::Serde;
+    let source = r#"{% from "secrets_value.html" import create_form %}{{ create_form(seal, seal_error, "/secrets/x", typed, "SMTP_PASSWORD", "Seal and add") }}"#;
+    let with = |seal: serde_json::Value, seal_error: serde_json::Value| {
+        let typed = serde_json::json!({"key": "API_KEY", "environment": ""});
+        let ctx = minijinja::context! { seal => Serde(seal), seal_error => Serde(seal_error), typed => Serde(typed) };
+        super::TEMPLATE_ENV.render_str(source, ctx).unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let page = with(serde_json::json!({"recipient_id": "r1", "public_key": "AAAA", "method": "secrets.create", "owner": "service:s1"}), serde_json::Value::Null);
+    assert!(page.contains(r#"action="/secrets/x/create""#) && page.contains("e.g. SMTP_PASSWORD"), "{page}");
+    assert!(page.contains(r#"value="API_KEY""#) && page.contains(">Seal and add</button>"), "{page}");
+    let page = with(serde_json::Value::Null, serde_json::json!({"code": "keyring-unavailable", "message": "no recipient"}));
+    assert!(page.contains(r#"id="seal-unavailable" data-code="keyring-unavailable""#), "{page}");
+    assert!(!page.contains(r#"id="secret-create-form""#), "{page}");
+}
