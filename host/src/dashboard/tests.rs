@@ -2267,7 +2267,10 @@ fn the_create_secret_form_renders_and_says_when_values_cannot_be_sealed() {
         let ctx = minijinja::context! { seal => Serde(seal), seal_error => Serde(seal_error), typed => Serde(typed) };
         super::TEMPLATE_ENV.render_str(source, ctx).unwrap_or_else(|e| panic!("{e:#}"))
     };
-    let page = with(serde_json::json!({"recipient_id": "r1", "public_key": "AAAA", "method": "secrets.create", "owner": "service:s1"}), serde_json::Value::Null);
+    let page = with(
+        serde_json::json!({"recipient_id": "r1", "public_key": "AAAA", "method": "secrets.create", "owner": "service:s1"}),
+        serde_json::Value::Null,
+    );
     assert!(page.contains(r#"action="/secrets/x/create""#) && page.contains("e.g. SMTP_PASSWORD"), "{page}");
     assert!(page.contains(r#"value="API_KEY""#) && page.contains(">Seal and add</button>"), "{page}");
     let page = with(serde_json::Value::Null, serde_json::json!({"code": "keyring-unavailable", "message": "no recipient"}));
