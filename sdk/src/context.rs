@@ -23,6 +23,7 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// What kind of principal the caller is.
     pub fn kind(&self) -> CallerKind {
         self.kind
     }
@@ -38,6 +39,7 @@ impl Caller {
         &self.roles
     }
 
+    /// Whether the caller has `role`.
     pub fn has_role(&self, role: &str) -> bool {
         self.roles.iter().any(|r| r == role)
     }
@@ -62,6 +64,7 @@ impl Context {
         &self.request_id
     }
 
+    /// Who made the call.
     pub fn caller(&self) -> &Caller {
         &self.caller
     }

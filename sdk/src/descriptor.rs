@@ -27,6 +27,8 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name as `describe` declares it: `public`, `authenticated`, `member`, `owner`
+    /// or `admin`.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Public => "public",
@@ -64,6 +66,8 @@ pub struct CollectionSpec {
 }
 
 impl CollectionSpec {
+    /// A collection called `name`, without indexes. Panics when `name` is not
+    /// `[a-z][a-z0-9]{0,19}`.
     pub fn new(name: impl Into<String>) -> Self {
         let name = name.into();
         assert!(valid_collection_name(&name), "collection name {name:?} must match [a-z][a-z0-9]{{0,19}}");
@@ -83,6 +87,7 @@ impl CollectionSpec {
         self
     }
 
+    /// The collection's name.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -40,27 +40,33 @@ impl Request {
         Request { method: method.into(), url: url.into(), headers: Vec::new(), body: None, timeout: None, error: None }
     }
 
+    /// A `GET` request to `url`.
     pub fn get(url: &str) -> Self {
         Request::new("GET", url)
     }
 
+    /// A `POST` request to `url`.
     pub fn post(url: &str) -> Self {
         Request::new("POST", url)
     }
 
+    /// A `PUT` request to `url`.
     pub fn put(url: &str) -> Self {
         Request::new("PUT", url)
     }
 
+    /// A `DELETE` request to `url`.
     pub fn delete(url: &str) -> Self {
         Request::new("DELETE", url)
     }
 
+    /// Add the header `name: value`.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
 
+    /// Send `body` as the request body.
     pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
         self.body = Some(body.into());
         self

@@ -12,16 +12,22 @@ pub use wit::EntityKind;
 /// An entity as the API's `get` answers it, decoded into `T`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entity<T = Value> {
+    /// What kind of entity it is.
     pub kind: EntityKind,
+    /// The entity's id.
     pub id: String,
+    /// The entity's revision.
     pub revision: u64,
+    /// The entity as the API's `get` answers it (never a secret).
     pub data: T,
 }
 
 /// One page of a listing.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EntityPage<T = Value> {
+    /// The entities on this page.
     pub entities: Vec<Entity<T>>,
+    /// Pass back as `cursor` to continue; `None` when the listing is complete.
     pub next_cursor: Option<String>,
 }
 

@@ -20,22 +20,27 @@ pub fn log(level: Level, message: &str, fields: &[(&str, &str)]) {
     wit::log(level, message, &fields);
 }
 
+/// Log `message` at trace level.
 pub fn trace(message: &str) {
     log(Level::Trace, message, &[]);
 }
 
+/// Log `message` at debug level.
 pub fn debug(message: &str) {
     log(Level::Debug, message, &[]);
 }
 
+/// Log `message` at info level.
 pub fn info(message: &str) {
     log(Level::Info, message, &[]);
 }
 
+/// Log `message` at warn level.
 pub fn warn(message: &str) {
     log(Level::Warn, message, &[]);
 }
 
+/// Log `message` at error level.
 pub fn error(message: &str) {
     log(Level::Error, message, &[]);
 }

@@ -54,6 +54,7 @@ pub struct Event {
     pub kind: String,
     /// The entity the event is about; ordering holds per subject.
     pub subject: String,
+    /// The event's JSON data, as published.
     pub data: Value,
     /// Milliseconds since the Unix epoch when the event was published.
     pub at_ms: u64,

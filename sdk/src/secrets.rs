@@ -41,6 +41,7 @@ pub fn rotate(scope: &str, secret_id: &str) -> Result<SecretInfo> {
     Ok(wit::rotate(scope, secret_id)?)
 }
 
+/// Revoke the secret `secret_id` in `scope`; its metadata as it now is.
 pub fn revoke(scope: &str, secret_id: &str) -> Result<SecretInfo> {
     Ok(wit::revoke(scope, secret_id)?)
 }

@@ -14,9 +14,11 @@ use serde::de::DeserializeOwned;
 /// A stored document with its data decoded into `T`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Doc<T = Value> {
+    /// The document's id within its collection.
     pub id: String,
     /// Advanced by every write; state it to replace or delete (compare-and-swap).
     pub revision: u64,
+    /// The document's data.
     pub data: T,
 }
 
@@ -32,6 +34,7 @@ impl Doc<Value> {
 /// One page of a listing.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page<T = Value> {
+    /// The documents on this page.
     pub documents: Vec<Doc<T>>,
     /// Pass back as `cursor` to continue; `None` when the listing is complete.
     pub next_cursor: Option<String>,
@@ -85,6 +88,7 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// An empty batch.
     pub fn new() -> Self {
         Self::default()
     }

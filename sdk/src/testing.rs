@@ -21,6 +21,7 @@ use crate::Refusal;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// A built plugin installed on an in-process host, with the runtime that drives it.
 pub struct TestHost {
     runtime: tokio::runtime::Runtime,
     inner: capstan::plugins::testing::TestHost,

@@ -5,8 +5,8 @@
 use crate::support::*;
 use capstan::config::{BLOB_URL, HEARTBEAT_MS, LEASE_TTL_MS, LIVENESS_WINDOW_MS, NETWORK, NODE_LABELS, NODE_REFRESH_MS, STATE_DIR};
 use capstan::fleet::lease::LEASE_KEY;
-use capstan::fleet::now_ms;
 use capstan::fleet::runtime::ASSIGNMENTS_KEY;
+use capstan_core::clock::now_ms;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

@@ -26,7 +26,7 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const LOAD_THREADS: usize = 4;
 
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Whether wasm32-wasip2 is installed for the workspace's toolchain; `false` (after saying why)

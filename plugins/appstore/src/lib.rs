@@ -100,29 +100,40 @@ capstan_sdk::manager!(AppStore);
 #[derive(Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ActiveView {
+    /// The catalog's revision.
     pub revision: u64,
+    /// The catalog payload's SHA-256, lowercase hex.
     pub digest: String,
     /// The key that signed it, `capstan-ed25519:…`.
     pub signer: String,
+    /// How many apps the catalog holds.
     pub apps: usize,
+    /// When it was activated, in milliseconds since the Unix epoch.
     pub activated_at: u64,
     /// A source URL, or `import`.
     pub source: String,
 }
 
+/// What `getCatalogStatus` answers: the active catalog or why there is none, the sources and
+/// the loader's schedule.
 #[derive(Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
+    /// Whether a verified catalog is active.
     pub available: bool,
+    /// The active catalog, when there is one.
     pub active: Option<ActiveView>,
     /// Why no catalog is active (`code`, `message`), when none is.
     #[schemars(with = "Option<capstan_sdk::Value>")]
     pub unavailable: Option<active::Unavailable>,
+    /// The catalog source URLs (setting `appStoreCatalogSources`), in the order they are asked.
     pub sources: Vec<String>,
+    /// The loader's last attempt, outcome, errors and next due time (`loader/state`).
     #[schemars(with = "capstan_sdk::Value")]
     pub loader: loader::State,
 }
 
+/// The status as it is now (the active catalog verified again).
 pub fn current_status() -> Result<Status> {
     let (active, unavailable) = match active::current()? {
         Ok((catalog, pointer)) => (

@@ -20,11 +20,23 @@ pub const MAX_DEFINITION_BYTES: u64 = 1024 * 1024;
 pub enum DefinitionError {
     /// `app-definitions-unreadable`: the directory or a file could not be read.
     #[error("cannot read {}: {reason}", path.display())]
-    Unreadable { path: PathBuf, reason: String },
+    Unreadable {
+        /// The directory or file that could not be read.
+        path: PathBuf,
+        /// The kind of I/O error the read failed with.
+        reason: String,
+    },
     /// `app-definition-invalid`: a file (or the directory as a whole) breaks a rule; `field`
     /// is the path inside the app (`versions[1].template.image`) when one is known.
     #[error("{}: {}{message}", file.display(), field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
-    Invalid { file: PathBuf, field: Option<String>, message: String },
+    Invalid {
+        /// The definition file, or the directory when the rule concerns it as a whole.
+        file: PathBuf,
+        /// The path of the offending field inside the app, when one is known.
+        field: Option<String>,
+        /// What rule is broken.
+        message: String,
+    },
 }
 
 impl DefinitionError {

@@ -182,10 +182,12 @@ pub struct Verified {
 }
 
 impl Verified {
+    /// The envelope's revision.
     pub fn revision(&self) -> u64 {
         self.envelope.revision
     }
 
+    /// The envelope's contract version (always [`CONTRACT`]).
     pub fn contract(&self) -> u32 {
         self.envelope.contract
     }
@@ -211,6 +213,7 @@ impl Verified {
         &self.envelope
     }
 
+    /// The verified catalog payload.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
     }
@@ -220,6 +223,7 @@ impl Verified {
         &self.catalog.apps
     }
 
+    /// The app with this id.
     pub fn app(&self, app_id: &str) -> Option<&App> {
         self.catalog.app(app_id)
     }

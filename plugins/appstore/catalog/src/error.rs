@@ -11,37 +11,80 @@ pub enum CatalogError {
     /// `catalog-malformed`: too large, not the envelope's JSON shape, not this format, an
     /// undecodable field, or a payload that is not a valid catalog (the reason names the field).
     #[error("the catalog is malformed: {reason}")]
-    Malformed { reason: String },
+    Malformed {
+        /// What is wrong, naming the field when one is known.
+        reason: String,
+    },
     /// `catalog-contract-unsupported`: the envelope states a contract version this reader does
     /// not implement (`contract` as the envelope spelled it).
     #[error("the catalog's contract version {contract} is not supported; this reader supports contract {CONTRACT}")]
-    ContractUnsupported { contract: String },
+    ContractUnsupported {
+        /// The contract version as the envelope spelled it.
+        contract: String,
+    },
     /// `catalog-digest-mismatch`: the payload's SHA-256 is not the digest the envelope states.
     #[error("the catalog's payload does not match its digest: it states {stated}, the payload hashes to {computed}")]
-    DigestMismatch { stated: String, computed: String },
+    DigestMismatch {
+        /// The digest the envelope states.
+        stated: String,
+        /// The payload's actual SHA-256, lowercase hex.
+        computed: String,
+    },
     /// `catalog-signature-invalid`: the signature does not verify for the stated key over the
     /// signed statement: the envelope was changed after signing (or signed with another key).
     #[error("the catalog's signature does not verify for {public_key}: the catalog was changed after signing")]
-    SignatureInvalid { public_key: String },
+    SignatureInvalid {
+        /// The key the envelope names as signer, in text form.
+        public_key: String,
+    },
     /// `catalog-key-untrusted`: the signature verifies, but the key is not a trusted catalog key.
     #[error("the catalog is signed by {public_key} (fingerprint {fingerprint}), which is not a trusted catalog key")]
-    KeyUntrusted { public_key: String, fingerprint: String },
+    KeyUntrusted {
+        /// The signing key, in text form.
+        public_key: String,
+        /// The signing key's fingerprint ([`PublisherKey::fingerprint`](crate::PublisherKey::fingerprint)).
+        fingerprint: String,
+    },
     /// `catalog-revision-not-newer`: the candidate's revision is not greater than the active one.
     #[error("the catalog's revision {candidate} is not newer than the active revision {active}")]
-    RevisionNotNewer { active: u64, candidate: u64 },
+    RevisionNotNewer {
+        /// The active catalog's revision.
+        active: u64,
+        /// The candidate catalog's revision.
+        candidate: u64,
+    },
     /// `catalog-version-removed`: a version the active catalog published is missing.
     #[error(
         "{app} {version} is published by the active catalog but missing from the candidate: a published version is never removed (withdraw it instead)"
     )]
-    VersionRemoved { app: String, version: String },
+    VersionRemoved {
+        /// The app's id.
+        app: String,
+        /// The missing version.
+        version: String,
+    },
     /// `catalog-version-rewritten`: a published version's template changed (digests differ).
     #[error(
         "{app} {version} is published by the active catalog with template digest {active_digest}, but the candidate's is {candidate_digest}: a published version is never rewritten (publish a new version)"
     )]
-    VersionRewritten { app: String, version: String, active_digest: String, candidate_digest: String },
+    VersionRewritten {
+        /// The app's id.
+        app: String,
+        /// The rewritten version.
+        version: String,
+        /// The template digest in the active catalog, lowercase hex.
+        active_digest: String,
+        /// The template digest in the candidate catalog, lowercase hex.
+        candidate_digest: String,
+    },
     /// `catalog-version-reinstated`: a version the active catalog withdrew is offered again.
     #[error("{app} {version} is withdrawn in the active catalog and offered again by the candidate: a withdrawal is never undone")]
-    VersionReinstated { app: String, version: String },
+    VersionReinstated {
+        /// The app's id.
+        app: String,
+        /// The withdrawn version offered again.
+        version: String,
+    },
 }
 
 impl CatalogError {

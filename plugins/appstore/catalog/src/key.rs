@@ -18,14 +18,17 @@ pub const PUBLIC_KEY_PREFIX: &str = "capstan-ed25519:";
 pub struct PublisherKey(VerifyingKey);
 
 impl PublisherKey {
+    /// The publisher key of an Ed25519 verifying key.
     pub fn from_verifying_key(key: VerifyingKey) -> Self {
         PublisherKey(key)
     }
 
+    /// The Ed25519 verifying key, to check signatures with.
     pub fn verifying_key(&self) -> &VerifyingKey {
         &self.0
     }
 
+    /// The key's 32 raw bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         self.0.as_bytes()
     }

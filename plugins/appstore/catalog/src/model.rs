@@ -21,9 +21,11 @@ use std::fmt;
 pub const MAX_APPS: usize = 1024;
 /// Most versions of one app (withdrawn ones included: a published version stays forever).
 pub const MAX_VERSIONS: usize = 1024;
-/// Most ports, environment variables and volumes in a template (the inventory's limits).
+/// Most ports in a template (the inventory's limit).
 pub const MAX_PORTS: usize = 32;
+/// Most environment variables in a template (the inventory's limit).
 pub const MAX_ENVIRONMENT: usize = 256;
+/// Most volumes in a template (the inventory's limit).
 pub const MAX_VOLUMES: usize = 32;
 /// Most required capabilities of a template.
 pub const MAX_CAPABILITIES: usize = 32;
@@ -99,11 +101,13 @@ pub struct Withdrawal {
 pub struct Template {
     /// An OCI image reference (`registry/path:tag[@sha256:…]`).
     pub image: String,
+    /// The ports the service exposes; at most [`MAX_PORTS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<Port>,
     /// Plain configuration only; anything credential-like belongs in secrets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub environment: BTreeMap<String, String>,
+    /// The volumes the service mounts; at most [`MAX_VOLUMES`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
     /// What the app needs from the platform beyond a container (e.g. `mail`, `platform-oidc`),
@@ -119,17 +123,22 @@ pub struct Template {
 pub struct Port {
     /// The port the container listens on.
     pub port: u16,
+    /// The protocol spoken on the port.
     pub protocol: Protocol,
     /// A port published on the node, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_port: Option<u16>,
 }
 
+/// A port's protocol, as the inventory's `services.create` takes it (`tcp`, `udp`, `http`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Protocol {
+    /// `tcp`: plain TCP.
     Tcp,
+    /// `udp`: UDP.
     Udp,
+    /// `http`: HTTP.
     Http,
 }
 
@@ -137,7 +146,9 @@ pub enum Protocol {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Volume {
+    /// The volume's name: 1–256 bytes, no control characters.
     pub name: String,
+    /// Where the volume is mounted in the container: 1–256 bytes, no control characters.
     pub mount_path: String,
 }
 
@@ -147,18 +158,24 @@ pub struct Volume {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Snapshot {
+    /// The app's id.
     pub app_id: String,
+    /// The app version the template belongs to.
     pub version: Version,
     /// [`Template::digest_hex`] of `template`.
     pub template_digest: String,
+    /// The revision of the catalog the snapshot was taken from.
     pub catalog_revision: u64,
+    /// The version's template, as published.
     pub template: Template,
 }
 
 /// A broken model rule: the field (a path like `apps[2].versions[0].template.image`) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
+    /// The path of the offending field (empty when the rule is about the whole item).
     pub field: String,
+    /// Why the field breaks the rule.
     pub message: String,
 }
 
@@ -277,6 +294,7 @@ impl App {
 }
 
 impl AppVersion {
+    /// Whether the publisher withdrew this version.
     pub fn is_withdrawn(&self) -> bool {
         self.withdrawn.is_some()
     }
@@ -312,6 +330,7 @@ impl Template {
         Sha256::digest(self.canonical_json()).into()
     }
 
+    /// [`digest`](Template::digest) as lowercase hex.
     pub fn digest_hex(&self) -> String {
         hex::encode(self.digest())
     }

@@ -1,0 +1,538 @@
+//! Authentication: human administrators (scrypt verifiers in a credential authority kept
+//! apart from user records), sessions carried by Ed25519-signed JWTs, machine users with
+//! tokens stored only as SHA-256, and the uniform denial.
+//!
+//! Every authenticated request re-reads the session and the credential: a JWT is only as
+//! good as the durable state it names, so revoking a session, advancing a credential's
+//! generation or rotating a machine token ends the sessions it covers at once.
+
+pub mod jwt;
+pub mod limiter;
+pub mod methods;
+pub mod password;
+
+use capstan_blobs::Blobs;
+use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_keyring::Keyring;
+use capstan_store::{CollectionSpec, Document, Store, Tx};
+use jwt::{Claims, JwtKeys};
+use limiter::Limiter;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The store collection of user records ([`User`]).
+pub const USERS: &str = "users";
+/// The store collection of the credential authority ([`Credential`], keyed by user id).
+pub const CREDENTIALS: &str = "credentials";
+/// The store collection of open sessions ([`Session`]).
+pub const SESSIONS: &str = "sessions";
+pub use capstan_rpc::receipts::RECEIPTS;
+
+/// How long a human session lives.
+pub const HUMAN_SESSION: Duration = Duration::from_secs(12 * 3600);
+/// How long a JWT exchanged for a machine token lives.
+pub const MACHINE_SESSION: Duration = Duration::from_secs(3600);
+pub use capstan_rpc::ADMIN_FRESHNESS;
+
+/// A user record. It never carries a password: see [`check_user_record`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct User {
+    /// The login name, unique across users.
+    pub username: String,
+    /// `human` or `machine`.
+    pub kind: String,
+    /// Whether the user is an infrastructure administrator.
+    pub admin: bool,
+    /// When the user was created (seconds since the epoch).
+    pub created_at: u64,
+}
+
+/// The credential authority's record for one user (same id as the user).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Credential {
+    /// `human` or `machine`, as on the user record.
+    pub kind: String,
+    /// Advances on every credential mutation; human JWTs carry it.
+    pub generation: u64,
+    /// Human: the scrypt verifier, `None` when password login is revoked.
+    pub verifier: Option<String>,
+    /// Machine: SHA-256 (hex) of the current token, `None` when revoked.
+    pub token_hash: Option<String>,
+    /// When the credential last changed (seconds since the epoch).
+    pub updated_at: u64,
+    /// Machine: when the token stops opening sessions (seconds); `None`: it does not expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<u64>,
+}
+
+/// A stored session: what a JWT's `sid` names and every request re-reads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    /// The user the session belongs to.
+    pub user_id: String,
+    /// `human` or `machine`.
+    pub kind: String,
+    /// Human sessions: the credential generation the session was opened under.
+    pub generation: Option<u64>,
+    /// Machine sessions: SHA-256 (hex) of the token the session was opened with.
+    pub token_hash: Option<String>,
+    /// When the session was opened (seconds since the epoch).
+    pub created_at: u64,
+    /// When the session ends (seconds since the epoch).
+    pub expires_at: u64,
+}
+
+pub use capstan_rpc::Identity;
+
+/// The answer to a successful login or token exchange (the JWT is shown this once).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoginAnswer {
+    /// The session JWT, sent as a bearer token.
+    pub token: String,
+    /// When the session and its JWT expire (seconds since the epoch).
+    pub expires_at: u64,
+    /// The id of the user who logged in.
+    pub user_id: String,
+    /// The username of the user who logged in.
+    pub username: String,
+    /// Whether the user is an infrastructure administrator.
+    pub admin: bool,
+}
+
+/// The authentication service: logins, token exchanges and request authentication over the
+/// store, with the host's JWT signing key and the failed-login limiters.
+pub struct Auth {
+    store: Store,
+    keys: JwtKeys,
+    by_username: Limiter,
+    by_address: Limiter,
+}
+
+pub use capstan_rpc::denied;
+
+/// The store collections (and their indexes) authentication declares.
+pub fn collections() -> Vec<CollectionSpec> {
+    vec![
+        CollectionSpec::new(USERS).unique("by_username", &["username"]).index("by_kind", &["kind"]),
+        CollectionSpec::new(CREDENTIALS).unique("by_token_hash", &["tokenHash"]),
+        CollectionSpec::new(SESSIONS).index("by_user", &["userId"]),
+        CollectionSpec::new(RECEIPTS),
+    ]
+}
+
+/// Refuse a user record that carries anything password- or token-like.
+pub fn check_user_record(data: &Value) -> Result<()> {
+    let forbidden = ["password", "verifier", "secret", "token", "hash"];
+    if let Some(obj) = data.as_object()
+        && let Some(key) = obj.keys().find(|k| forbidden.iter().any(|f| k.to_ascii_lowercase().contains(f)))
+    {
+        return Err(Refusal::new(
+            "user-record-carries-password",
+            format!("a user record may not carry {key:?}: credentials live in the credential authority"),
+        ));
+    }
+    Ok(())
+}
+
+/// SHA-256 of a machine token, hex-encoded: the only form in which Capstan keeps it.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A new machine token: 32 random bytes, base64url, with a recognisable prefix.
+pub fn new_machine_token() -> String {
+    use base64::Engine;
+    format!("capstan_mt_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>()))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(doc: &Document) -> Result<T> {
+    serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("stored {} is malformed: {e}", doc.id)))
+}
+
+fn to_value<T: Serialize>(value: &T) -> Result<Value> {
+    serde_json::to_value(value).map_err(Refusal::internal)
+}
+
+/// Insert a user and its credential in the caller's transaction.
+pub async fn insert_user(tx: &Tx, id: &str, user: &User, credential: &Credential) -> Result<()> {
+    let data = to_value(user)?;
+    check_user_record(&data)?;
+    tx.insert(USERS, id, data).await?;
+    tx.insert(CREDENTIALS, id, to_value(credential)?).await?;
+    Ok(())
+}
+
+async fn find_user_by_name(tx: &Tx, username: &str) -> Result<Option<(String, User)>> {
+    let page = tx.find(USERS, "by_username", &[json!(username)], None, 1).await?;
+    page.documents.first().map(|d| Ok((d.id.clone(), parse::<User>(d)?))).transpose()
+}
+
+/// The user and credential records of a new human with a password verifier.
+pub fn human_records(username: &str, admin: bool, verifier: String) -> (User, Credential) {
+    let at = now_secs();
+    let user = User { username: username.into(), kind: "human".into(), admin, created_at: at };
+    let credential = Credential {
+        kind: "human".into(),
+        generation: 1,
+        verifier: Some(verifier),
+        token_hash: None,
+        updated_at: at,
+        token_expires_at: None,
+    };
+    (user, credential)
+}
+
+/// What bootstrapping the first administrator did.
+#[derive(Debug, PartialEq)]
+pub enum Bootstrap {
+    /// The administrator was created.
+    Created {
+        /// The new administrator's username.
+        username: String,
+    },
+    /// A user with that name already existed and was left untouched.
+    AlreadyExists {
+        /// The existing user's username.
+        username: String,
+    },
+}
+
+/// Create the administrator `username` with `password` unless that user exists. User and
+/// credential are written in one transaction; an existing user is never touched.
+pub async fn bootstrap_admin(store: &Store, blobs: &Blobs, username: &str, password: &str) -> Result<Bootstrap> {
+    validate_username(username)?;
+    password::check_policy(password)?;
+    // the usual restart: nothing to hash or claim
+    if store.transact(|tx| async move { find_user_by_name(&tx, username).await }).await?.is_some() {
+        return Ok(Bootstrap::AlreadyExists { username: username.into() });
+    }
+    let pw = password.to_string();
+    let verifier = tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??;
+    let id = claim_user_id(blobs, "user").await?;
+    let id = id.as_str();
+    store
+        .transact(|tx| {
+            let verifier = verifier.clone();
+            async move {
+                if find_user_by_name(&tx, username).await?.is_some() {
+                    return Ok(Bootstrap::AlreadyExists { username: username.into() });
+                }
+                let (user, credential) = human_records(username, true, verifier);
+                insert_user(&tx, id, &user, &credential).await?;
+                Ok(Bootstrap::Created { username: username.into() })
+            }
+        })
+        .await
+}
+
+/// A new user id (`user_…` for people, `machine_…` for machine users), claimed in the fleet's
+/// shared id keyspace (`_capstan/identities/`) where node ids live too, before the user is
+/// written. A claim whose user is then not written (a refused creation) binds nothing and
+/// names an id nobody will mint again.
+pub async fn claim_user_id(blobs: &Blobs, kind: &str) -> Result<String> {
+    let id = capstan_core::ids::new_id(kind);
+    capstan_fleet::claim_identity(blobs, &id, kind, "").await?;
+    Ok(id)
+}
+
+/// Whether any user exists (first start detection for dev mode).
+pub async fn any_user(store: &Store) -> Result<bool> {
+    Ok(!store.transact(|tx| async move { tx.scan(USERS, None, 1).await }).await?.documents.is_empty())
+}
+
+/// Username prefixes Capstan mints itself: a cluster's machine user (`cluster-<name>`) and the
+/// registry's runtime credentials. Nobody else may take them.
+pub const RESERVED_USERNAME_PREFIXES: &[&str] = &["cluster-", "pallet-registry-"];
+
+/// Refuse a username that is not 1 to 64 of `A-Z a-z 0-9 - _ . @` starting with a letter or
+/// digit, or that starts with a [reserved prefix](RESERVED_USERNAME_PREFIXES).
+pub fn validate_username(username: &str) -> Result<()> {
+    let ok = !username.is_empty()
+        && username.len() <= 64
+        && username.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+        && username.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if !ok {
+        return Err(Refusal::invalid_request("a username is 1 to 64 of A-Z a-z 0-9 - _ . @, starting with a letter or digit")
+            .with_data(json!({ "field": "username" })));
+    }
+    if let Some(prefix) = RESERVED_USERNAME_PREFIXES.iter().find(|p| username.to_ascii_lowercase().starts_with(*p)) {
+        return Err(Refusal::new("username-reserved", format!("usernames starting with {prefix} are minted by Capstan"))
+            .with_data(json!({ "field": "username" })));
+    }
+    Ok(())
+}
+
+impl Auth {
+    /// Declare the authentication collections, load (or create) the host JWT signing key,
+    /// and set up the failed-login limiters (10 failures per username, 50 per source
+    /// address, in 15 minutes). `issuer` goes into every JWT's `iss`.
+    pub async fn new(store: Store, keyring: &Keyring, issuer: &str) -> Result<Arc<Self>> {
+        for spec in collections() {
+            store.declare(spec).await?;
+        }
+        let keys = JwtKeys::load_or_create(&store, keyring, issuer).await?;
+        Ok(Arc::new(Auth {
+            store,
+            keys,
+            by_username: Limiter::new(Duration::from_secs(15 * 60), 10, 100_000),
+            by_address: Limiter::new(Duration::from_secs(15 * 60), 50, 100_000),
+        }))
+    }
+
+    fn rate_limited(wait: Duration) -> Refusal {
+        Refusal::new("rate-limited", "too many failed logins; wait before trying again")
+            .retryable()
+            .with_data(json!({ "retryAfterMs": wait.as_millis() as u64 }))
+    }
+
+    /// Username and password to a JWT. Wrong username and wrong password are one denial.
+    pub async fn login(&self, username: &str, password: &str, source: Option<IpAddr>) -> Result<LoginAnswer> {
+        let user_key = username.to_ascii_lowercase();
+        let address_key = source.map(|ip| ip.to_string());
+        if let Some(wait) = self.by_username.blocked(&user_key).or_else(|| address_key.as_deref().and_then(|a| self.by_address.blocked(a)))
+        {
+            return Err(Self::rate_limited(wait));
+        }
+        let found = if validate_username(username).is_ok() {
+            self.store
+                .transact(|tx| async move {
+                    let Some((id, user)) = find_user_by_name(&tx, username).await? else { return Ok(None) };
+                    let credential = tx.get(CREDENTIALS, &id).await?.map(|d| parse::<Credential>(&d)).transpose()?;
+                    Ok(Some((id, user, credential)))
+                })
+                .await?
+        } else {
+            None
+        };
+        let candidate = found.and_then(|(id, user, credential)| match credential {
+            Some(c) if user.kind == "human" && c.verifier.is_some() => Some((id, user, c)),
+            _ => None,
+        });
+        let pw = password.to_string();
+        let verified = match &candidate {
+            Some((_, _, credential)) => {
+                let verifier = credential.verifier.clone().unwrap_or_default();
+                tokio::task::spawn_blocking(move || password::verify(&pw, &verifier)).await.map_err(Refusal::internal)?
+            }
+            None => {
+                tokio::task::spawn_blocking(move || password::decoy_verify(&pw)).await.map_err(Refusal::internal)?;
+                false
+            }
+        };
+        let Some((user_id, user, credential)) = candidate.filter(|_| verified) else {
+            self.by_username.record_failure(&user_key);
+            if let Some(a) = &address_key {
+                self.by_address.record_failure(a);
+            }
+            tracing::info!("login denied");
+            return Err(denied());
+        };
+        self.by_username.clear(&user_key);
+        let at = now_secs();
+        let session = Session {
+            user_id: user_id.clone(),
+            kind: "human".into(),
+            generation: Some(credential.generation),
+            token_hash: None,
+            created_at: at,
+            expires_at: at + HUMAN_SESSION.as_secs(),
+        };
+        self.open_session(&user_id, &user, session, at).await
+    }
+
+    /// A machine token to a JWT bound to that token's hash.
+    pub async fn exchange_token(&self, token: &str, source: Option<IpAddr>) -> Result<LoginAnswer> {
+        let address_key = source.map(|ip| ip.to_string());
+        if let Some(wait) = address_key.as_deref().and_then(|a| self.by_address.blocked(a)) {
+            return Err(Self::rate_limited(wait));
+        }
+        let hash = token_hash(token);
+        let hash_ref = hash.as_str();
+        let found = self
+            .store
+            .transact(|tx| async move {
+                let page = tx.find(CREDENTIALS, "by_token_hash", &[json!(hash_ref)], None, 1).await?;
+                let Some(doc) = page.documents.first() else { return Ok(None) };
+                // an expired token opens nothing, and is denied like any wrong one
+                if parse::<Credential>(doc)?.token_expires_at.is_some_and(|t| t <= now_secs()) {
+                    return Ok(None);
+                }
+                let user = tx.get(USERS, &doc.id).await?.map(|d| parse::<User>(&d)).transpose()?;
+                Ok(user.map(|u| (doc.id.clone(), u)))
+            })
+            .await?;
+        let Some((user_id, user)) = found.filter(|(_, u)| u.kind == "machine") else {
+            if let Some(a) = &address_key {
+                self.by_address.record_failure(a);
+            }
+            tracing::info!("token exchange denied");
+            return Err(denied());
+        };
+        let at = now_secs();
+        let session = Session {
+            user_id: user_id.clone(),
+            kind: "machine".into(),
+            generation: None,
+            token_hash: Some(hash.clone()),
+            created_at: at,
+            expires_at: at + MACHINE_SESSION.as_secs(),
+        };
+        self.open_session(&user_id, &user, session, at).await
+    }
+
+    async fn open_session(&self, user_id: &str, user: &User, session: Session, at: u64) -> Result<LoginAnswer> {
+        let session_id = capstan_core::ids::new_id("session");
+        let data = to_value(&session)?;
+        let sid = session_id.as_str();
+        self.store
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.insert(SESSIONS, sid, data).await }
+            })
+            .await?;
+        let claims = Claims {
+            iss: self.keys.issuer().to_string(),
+            sub: user_id.to_string(),
+            sid: session_id.clone(),
+            kind: session.kind.clone(),
+            generation: session.generation,
+            token_hash: session.token_hash.clone(),
+            iat: at,
+            exp: session.expires_at,
+            auth_time: at,
+        };
+        tracing::info!(user = %user.username, session = %session_id, "session opened");
+        Ok(LoginAnswer {
+            token: self.keys.sign(&claims)?,
+            expires_at: session.expires_at,
+            user_id: user_id.into(),
+            username: user.username.clone(),
+            admin: user.admin,
+        })
+    }
+
+    /// A bearer JWT to the identity it stands for, checked against the session and the
+    /// credential as they are now. Every failure is the uniform denial.
+    pub async fn authenticate(&self, bearer: &str) -> Result<Identity> {
+        let claims = self.keys.verify(bearer).ok_or_else(denied)?;
+        let c = &claims;
+        let found = self
+            .store
+            .transact(|tx| async move {
+                let session = tx.get(SESSIONS, &c.sid).await?.map(|d| parse::<Session>(&d)).transpose()?;
+                let user = tx.get(USERS, &c.sub).await?.map(|d| parse::<User>(&d)).transpose()?;
+                let credential = tx.get(CREDENTIALS, &c.sub).await?.map(|d| parse::<Credential>(&d)).transpose()?;
+                Ok((session, user, credential))
+            })
+            .await?;
+        let (Some(session), Some(user), Some(credential)) = found else { return Err(denied()) };
+        let live = session.user_id == claims.sub
+            && session.kind == claims.kind
+            && user.kind == claims.kind
+            && session.expires_at > now_secs()
+            && match claims.kind.as_str() {
+                "human" => claims.generation == Some(credential.generation) && session.generation == claims.generation,
+                "machine" => {
+                    claims.token_hash.is_some()
+                        && claims.token_hash == credential.token_hash
+                        && session.token_hash == claims.token_hash
+                        && credential.token_expires_at.is_none_or(|t| t > now_secs())
+                }
+                _ => false,
+            };
+        if !live {
+            return Err(denied());
+        }
+        Ok(Identity {
+            user_id: claims.sub,
+            username: user.username,
+            kind: user.kind,
+            admin: user.admin,
+            session_id: claims.sid,
+            authenticated_at: claims.auth_time,
+            expires_at: session.expires_at,
+        })
+    }
+
+    /// End the caller's session.
+    pub async fn logout(&self, identity: &Identity) -> Result<()> {
+        let sid = identity.session_id.as_str();
+        self.store
+            .transact(|tx| async move {
+                if let Some(doc) = tx.get(SESSIONS, sid).await? {
+                    tx.delete(SESSIONS, sid, doc.revision).await?;
+                }
+                Ok(())
+            })
+            .await?;
+        tracing::info!(user = %identity.username, session = %sid, "session closed");
+        Ok(())
+    }
+
+    /// The store authentication reads and writes.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// Delete sessions whose expiry has passed (a host task the fleet places on one node).
+pub async fn reap_expired_sessions(store: &Store) -> Result<usize> {
+    let now = now_secs();
+    let mut reaped = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let c = cursor.clone();
+        let page = store
+            .transact(|tx| {
+                let c = c.clone();
+                async move { tx.scan(SESSIONS, c.as_deref(), 500).await }
+            })
+            .await?;
+        for doc in &page.documents {
+            let expired = doc.data.get("expiresAt").and_then(Value::as_u64).is_some_and(|at| at <= now);
+            if expired {
+                let (id, revision) = (doc.id.as_str(), doc.revision);
+                match store.transact(|tx| async move { tx.delete(SESSIONS, id, revision).await }).await {
+                    Ok(()) => reaped += 1,
+                    Err(e) if e.is("conflict") || e.is("not-found") => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    if reaped > 0 {
+        tracing::info!(reaped, "expired sessions removed");
+    }
+    Ok(reaped)
+}
+
+/// Delete every session of a user inside the caller's transaction (bounded pages).
+pub async fn revoke_sessions(tx: &Tx, user_id: &str) -> Result<usize> {
+    let mut count = 0;
+    loop {
+        let page = tx.find(SESSIONS, "by_user", &[json!(user_id)], None, 500).await?;
+        if page.documents.is_empty() {
+            return Ok(count);
+        }
+        for doc in &page.documents {
+            tx.delete(SESSIONS, &doc.id, doc.revision).await?;
+            count += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+use super::methods::*;
+use super::*;
+use capstan_rpc::{Call, Registry};
+
+const PASSWORD: &str = "a-long-enough-admin-password";
+
+/// What these tests reach: the store and blobs auth stands on, auth itself, and its methods.
+struct AppState {
+    store: Store,
+    blobs: Blobs,
+    auth: Arc<Auth>,
+    methods: Registry,
+}
+
+async fn setup() -> (tempfile::TempDir, AppState) {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        Store::new(capstan_store::sqlite::SqliteStore::open(dir.path().join("capstan.sqlite")).unwrap(), capstan_store::DEFAULT_BUDGET);
+    let blobs = Blobs::new(capstan_blobs::local::LocalBlobs::open(dir.path().join("blobs").to_str().unwrap()).await.unwrap());
+    let keyring = Keyring::generate(None, None).unwrap();
+    let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
+    let mut methods = Registry::default();
+    register(&mut methods, Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() });
+    let state = AppState { store, blobs, auth, methods };
+    assert_eq!(
+        bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap(),
+        Bootstrap::Created { username: "admin".into() }
+    );
+    (dir, state)
+}
+
+fn call(_: &AppState, identity: Option<Identity>) -> Call {
+    Call { identity, source: Some("192.0.2.1".parse().unwrap()), ..Call::default() }
+}
+
+async fn admin(state: &AppState) -> Identity {
+    let answer = state.auth.login("admin", PASSWORD, None).await.unwrap();
+    state.auth.authenticate(&answer.token).await.unwrap()
+}
+
+fn rotate(user_id: &str, generation: u64, mutation_id: &str, password: &str) -> MutateInput {
+    MutateInput {
+        user_id: user_id.into(),
+        expected_generation: generation,
+        mutation_id: mutation_id.into(),
+        operation: Operation::RotatePassword { new_password: password.into() },
+    }
+}
+
+async fn mutate(state: &AppState, actor: &Identity, input: MutateInput) -> Result<MutationAnswer> {
+    let method = state.methods.get("admin.mutateHumanCredential").unwrap();
+    let answer = method.call(call(state, Some(actor.clone())), serde_json::to_value(&input).unwrap()).await?;
+    Ok(serde_json::from_value(answer).unwrap())
+}
+
+#[tokio::test]
+async fn bootstrap_never_overwrites_and_user_records_carry_no_password() {
+    let (_dir, state) = setup().await;
+    let again = bootstrap_admin(&state.store, &state.blobs, "admin", "another-long-password-value").await.unwrap();
+    assert_eq!(again, Bootstrap::AlreadyExists { username: "admin".into() });
+    state.auth.login("admin", PASSWORD, None).await.expect("the original password still works");
+    let users = state.store.transact(|tx| async move { tx.scan(USERS, None, 10).await }).await.unwrap();
+    let text = serde_json::to_string(&users.documents).unwrap();
+    assert!(!text.contains("scrypt") && !text.contains("verifier"), "{text}");
+    assert_eq!(check_user_record(&json!({"username": "x", "passwordHash": "y"})).unwrap_err().code, "user-record-carries-password");
+    assert_eq!(bootstrap_admin(&state.store, &state.blobs, "other", "short").await.unwrap_err().code, "password-too-short");
+}
+
+#[tokio::test]
+async fn wrong_username_and_wrong_password_get_the_same_denial() {
+    let (_dir, state) = setup().await;
+    let wrong_password = state.auth.login("admin", "not-the-password-at-all", None).await.unwrap_err();
+    let wrong_user = state.auth.login("nobody", PASSWORD, None).await.unwrap_err();
+    let malformed_user = state.auth.login("bad name!", PASSWORD, None).await.unwrap_err();
+    assert_eq!(wrong_password, wrong_user);
+    assert_eq!(wrong_user, malformed_user);
+    assert_eq!(wrong_user.code, "unauthenticated");
+}
+
+#[tokio::test]
+async fn failed_logins_are_rate_limited_per_username_and_address() {
+    let (_dir, state) = setup().await;
+    let source = Some("198.51.100.7".parse().unwrap());
+    for _ in 0..10 {
+        assert_eq!(state.auth.login("admin", "wrong-wrong-wrong-wrong", source).await.unwrap_err().code, "unauthenticated");
+    }
+    let limited = state.auth.login("admin", PASSWORD, source).await.unwrap_err();
+    assert_eq!(limited.code, "rate-limited");
+    assert!(limited.data.unwrap()["retryAfterMs"].as_u64().unwrap() > 0);
+    // the address limit is separate and larger: other usernames from the same address still answer
+    assert_eq!(state.auth.login("someone", "whatever-whatever-whatever", source).await.unwrap_err().code, "unauthenticated");
+}
+
+#[tokio::test]
+async fn sessions_end_on_logout_and_on_credential_mutations() {
+    let (_dir, state) = setup().await;
+    let first = state.auth.login("admin", PASSWORD, None).await.unwrap();
+    let identity = state.auth.authenticate(&first.token).await.unwrap();
+    assert!(identity.is_human_admin());
+    state.auth.logout(&identity).await.unwrap();
+    assert_eq!(state.auth.authenticate(&first.token).await.unwrap_err().code, "unauthenticated");
+
+    let actor = admin(&state).await;
+    let bystander = state.auth.login("admin", PASSWORD, None).await.unwrap();
+    let answer = mutate(
+        &state,
+        &actor,
+        MutateInput {
+            user_id: actor.user_id.clone(),
+            expected_generation: 1,
+            mutation_id: "m1".into(),
+            operation: Operation::RevokeSessions {},
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.credential.generation, 2);
+    assert!(!answer.replayed);
+    assert_eq!(state.auth.authenticate(&bystander.token).await.unwrap_err().code, "unauthenticated", "older JWTs end");
+    state.auth.login("admin", PASSWORD, None).await.expect("the password still works after revokeSessions");
+}
+
+#[tokio::test]
+async fn password_rotation_replays_and_refuses_reuse_and_stale_generations() {
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let new_password = "the-rotated-password-is-long";
+    let first = mutate(&state, &actor, rotate(&actor.user_id, 1, "rot-1", new_password)).await.unwrap();
+    assert_eq!((first.credential.generation, first.replayed), (2, false));
+    assert_eq!(state.auth.login("admin", PASSWORD, None).await.unwrap_err().code, "unauthenticated");
+    let fresh = admin_with(&state, new_password).await;
+
+    let replay = mutate(&state, &fresh, rotate(&actor.user_id, 1, "rot-1", new_password)).await;
+    // the receipt is bound to its actor (same user), so the exact request replays
+    let replay = replay.unwrap();
+    assert!(replay.replayed);
+    assert_eq!(replay.credential, first.credential);
+
+    let reused = mutate(&state, &fresh, rotate(&actor.user_id, 1, "rot-1", "a-different-long-password")).await.unwrap_err();
+    assert_eq!(reused.code, "mutation-reused");
+    let stale = mutate(&state, &fresh, rotate(&actor.user_id, 1, "rot-2", "a-different-long-password")).await.unwrap_err();
+    assert_eq!(stale.code, "conflict");
+    let short = mutate(&state, &fresh, rotate(&actor.user_id, 2, "rot-3", "short")).await.unwrap_err();
+    assert_eq!(short.code, "password-too-short");
+
+    let revoked = mutate(
+        &state,
+        &fresh,
+        MutateInput {
+            user_id: actor.user_id.clone(),
+            expected_generation: 2,
+            mutation_id: "rev".into(),
+            operation: Operation::RevokePassword {},
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!revoked.credential.password_enabled);
+    assert_eq!(state.auth.login("admin", new_password, None).await.unwrap_err().code, "unauthenticated");
+}
+
+async fn admin_with(state: &AppState, password: &str) -> Identity {
+    let answer = state.auth.login("admin", password, None).await.unwrap();
+    state.auth.authenticate(&answer.token).await.unwrap()
+}
+
+#[tokio::test]
+async fn sensitive_mutations_need_a_fresh_login() {
+    let (_dir, state) = setup().await;
+    let mut stale = admin(&state).await;
+    stale.authenticated_at -= ADMIN_FRESHNESS.as_secs() + 1;
+    let err = mutate(&state, &stale, rotate(&stale.user_id, 1, "m", "a-long-enough-new-password")).await.unwrap_err();
+    assert_eq!(err.code, "admin-not-fresh");
+    let get = state.methods.get("admin.getHumanCredential").unwrap();
+    let err = get.call(call(&state, Some(stale.clone())), json!({"userId": stale.user_id})).await.unwrap_err();
+    assert_eq!(err.code, "admin-not-fresh");
+    let fresh = admin(&state).await;
+    let view = get.call(call(&state, Some(fresh.clone())), json!({"userId": fresh.user_id})).await.unwrap();
+    assert_eq!(view["generation"], 1);
+    assert_eq!(view["passwordEnabled"], true);
+    assert!(view.get("verifier").is_none());
+}
+
+#[tokio::test]
+async fn machine_tokens_open_sessions_bound_to_the_token() {
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let create = state.methods.get("admin.createMachineUser").unwrap();
+    let created = create.call(call(&state, Some(actor.clone())), json!({"username": "ci-bot"})).await.unwrap();
+    let token = created["token"].as_str().unwrap().to_string();
+    let user_id = created["userId"].as_str().unwrap().to_string();
+    assert!(token.starts_with("capstan_mt_"));
+    let dup = create.call(call(&state, Some(actor.clone())), json!({"username": "ci-bot"})).await.unwrap_err();
+    assert_eq!(dup.code, "exists");
+
+    let session = state.auth.exchange_token(&token, None).await.unwrap();
+    let machine = state.auth.authenticate(&session.token).await.unwrap();
+    assert_eq!((machine.kind.as_str(), machine.admin), ("machine", false));
+    assert_eq!(state.auth.exchange_token("capstan_mt_wrong", None).await.unwrap_err().code, "unauthenticated");
+    assert_eq!(state.auth.login("ci-bot", "whatever-whatever-whatever", None).await.unwrap_err().code, "unauthenticated");
+
+    // the credential authority keeps only the hash
+    let uid = user_id.as_str();
+    let cred = state.store.transact(|tx| async move { tx.require(CREDENTIALS, uid).await }).await.unwrap();
+    assert!(!cred.data.to_string().contains(&token));
+
+    let rotate = state.methods.get("admin.rotateMachineToken").unwrap();
+    let rotated = rotate.call(call(&state, Some(actor.clone())), json!({"userId": user_id})).await.unwrap();
+    assert_eq!(state.auth.authenticate(&session.token).await.unwrap_err().code, "unauthenticated", "old token's sessions end");
+    assert_eq!(state.auth.exchange_token(&token, None).await.unwrap_err().code, "unauthenticated");
+    let new_session = state.auth.exchange_token(rotated["token"].as_str().unwrap(), None).await.unwrap();
+    state.auth.authenticate(&new_session.token).await.unwrap();
+
+    let revoke = state.methods.get("admin.revokeMachineTokens").unwrap();
+    revoke.call(call(&state, Some(actor.clone())), json!({"userId": user_id})).await.unwrap();
+    assert_eq!(state.auth.authenticate(&new_session.token).await.unwrap_err().code, "unauthenticated");
+
+    let list = state.methods.get("admin.listMachineUsers").unwrap();
+    let page = list.call(call(&state, Some(actor.clone())), json!({})).await.unwrap();
+    assert_eq!(page["users"][0]["username"], "ci-bot");
+    assert_eq!(page["users"][0]["tokenActive"], false);
+
+    let wrong_kind = rotate.call(call(&state, Some(actor.clone())), json!({"userId": actor.user_id})).await.unwrap_err();
+    assert_eq!(wrong_kind.code, "wrong-user-kind");
+}
+
+#[tokio::test]
+async fn every_user_id_is_claimed_in_the_fleet_id_keyspace() {
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let create = state.methods.get("admin.createUser").unwrap();
+    let person = create.call(call(&state, Some(actor.clone())), json!({"username": "alice"})).await.unwrap();
+    let machine = state.methods.get("admin.createMachineUser").unwrap();
+    let robot = machine.call(call(&state, Some(actor.clone())), json!({"username": "deploy-bot"})).await.unwrap();
+    let ids = [
+        (actor.user_id.clone(), "user"),
+        (person["userId"].as_str().unwrap().to_string(), "user"),
+        (robot["userId"].as_str().unwrap().to_string(), "machine"),
+    ];
+    for (id, kind) in &ids {
+        let (_, bytes) =
+            state.blobs.get_bytes(&format!("{}{id}.json", capstan_fleet::IDENTITIES_PREFIX)).await.unwrap().expect("a claim per user");
+        let claim: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!((claim["id"].as_str(), claim["kind"].as_str()), (Some(id.as_str()), Some(*kind)), "{claim}");
+        // nobody else can take the id: a node with a key is refused
+        let taken = capstan_fleet::claim_identity(&state.blobs, id, "node", "c29tZS1ub2RlLWtleQ").await.unwrap_err();
+        assert_eq!(taken.code, "identity-claimed");
+    }
+    // a refused creation (the name exists) leaves the existing users' claims as they were
+    let refused = create.call(call(&state, Some(actor)), json!({"username": "alice"})).await.unwrap_err();
+    assert_eq!(refused.code, "exists");
+}

@@ -1,0 +1,393 @@
+//! The HTTP API: typed methods at `POST /api/v1/<method>`, their listing at
+//! `GET /api/v1/methods`, and the probes `GET /healthz` and `GET /status`.
+//!
+//! Every answer carries an `x-request-id` header; the same id is on every log line of the
+//! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
+
+pub mod system;
+
+use crate::auth::Auth;
+use crate::blobs::Blobs;
+use crate::fleet::forward;
+use crate::keyring::Keyring;
+use crate::migrate::Chain;
+use crate::refusal::Refusal;
+use crate::store::Store;
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use capstan_core::text::truncate;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// The registry's module, under the name callers used before it became its own crate.
+pub use capstan_rpc as methods;
+pub use capstan_rpc::{Access, Call, Registry, receipts};
+
+/// What every HTTP handler can reach. Methods reach only the context their area registered
+/// them with (see [`AppState::build`]).
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub blobs: Blobs,
+    pub keyring: Arc<Keyring>,
+    pub auth: Arc<Auth>,
+    pub chain: Arc<Chain>,
+    pub methods: Arc<Registry>,
+    pub max_body_bytes: usize,
+    pub public_origin: String,
+    /// The liveness window fleet listings judge by.
+    pub fleet_timing: crate::fleet::Timing,
+    pub plugins: Arc<crate::plugins::host::PluginHost>,
+    pub scheduler: Arc<crate::scheduler::Scheduler>,
+    /// This node's place in the fleet; `None` only in tests that do not need it.
+    pub fleet: Option<Arc<crate::fleet::runtime::Fleet>>,
+}
+
+/// The id of the current request (an extension set by the request-id middleware).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Everything the host state is made of, assembled by `serve` (or a test) before the state.
+pub struct Parts {
+    pub store: Store,
+    pub blobs: Blobs,
+    pub keyring: Arc<Keyring>,
+    pub auth: Arc<Auth>,
+    pub chain: Chain,
+    pub max_body_bytes: usize,
+    pub public_origin: String,
+    pub fleet_timing: crate::fleet::Timing,
+    pub plugins: Arc<crate::plugins::host::PluginHost>,
+    pub scheduler: Arc<crate::scheduler::Scheduler>,
+    pub fleet: Option<Arc<crate::fleet::runtime::Fleet>>,
+}
+
+impl AppState {
+    /// The host state, with every area's methods registered with the context it needs.
+    pub fn build(parts: Parts) -> Self {
+        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, fleet_timing, plugins, scheduler, fleet } = parts;
+        let chain = Arc::new(chain);
+        let mut registry = Registry::default();
+        system::register(&mut registry, system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone() });
+        crate::auth::methods::register(
+            &mut registry,
+            crate::auth::methods::Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() },
+        );
+        crate::fleet::methods::register(
+            &mut registry,
+            crate::fleet::methods::Context { blobs: blobs.clone(), timing: fleet_timing, fleet: fleet.clone() },
+        );
+        crate::plugins::methods::register(&mut registry, crate::plugins::methods::Context { host: plugins.clone(), blobs: blobs.clone() });
+        crate::scheduler::methods::register(&mut registry, scheduler.clone());
+        crate::inventory::register(&mut registry, crate::inventory::Context { store: store.clone(), blobs: blobs.clone() });
+        crate::secrets::methods::register(
+            &mut registry,
+            crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() },
+        );
+        AppState {
+            store,
+            blobs,
+            keyring,
+            auth,
+            chain,
+            methods: Arc::new(registry),
+            max_body_bytes,
+            public_origin,
+            fleet_timing,
+            plugins,
+            scheduler,
+            fleet,
+        }
+    }
+}
+
+impl AppState {
+    /// What readiness is judged on.
+    pub fn system(&self) -> system::System {
+        system::System { store: self.store.clone(), blobs: self.blobs.clone(), chain: self.chain.clone() }
+    }
+}
+
+#[cfg(test)]
+impl AppState {
+    /// The same host with another keyring (as `capstan keyring rotate` and a restart give).
+    pub fn with_keyring(self, keyring: Arc<Keyring>) -> AppState {
+        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, fleet_timing, plugins, scheduler, fleet, .. } = self;
+        let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
+        AppState::build(Parts {
+            store,
+            blobs,
+            keyring,
+            auth,
+            chain,
+            max_body_bytes,
+            public_origin,
+            fleet_timing,
+            plugins,
+            scheduler,
+            fleet,
+        })
+    }
+}
+
+/// A complete host state on an embedded store in `dir`, for tests.
+#[cfg(test)]
+pub async fn test_state(dir: &std::path::Path) -> AppState {
+    let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.join("capstan.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
+    let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
+    let keyring = Arc::new(Keyring::generate(None, None).unwrap());
+    let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
+    crate::inventory::declare(&store).await.unwrap();
+    crate::secrets::methods::declare(&store).await.unwrap();
+    let services = crate::plugins::imports::Services::new(store.clone(), blobs.clone(), keyring.clone(), "test-node".into());
+    let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
+    let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();
+    let scheduler = crate::scheduler::Scheduler::new(store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap();
+    AppState::build(Parts {
+        store,
+        blobs,
+        keyring,
+        auth,
+        chain: crate::migrate::host_chain(),
+        max_body_bytes: 1 << 20,
+        public_origin: "http://capstan.test".into(),
+        fleet_timing: Default::default(),
+        plugins,
+        scheduler,
+        fleet: None,
+    })
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/status", get(status))
+        .route("/api/v1/methods", get(list_methods))
+        .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
+        .route("/api/v1/uploads/plugin-bundle", post(crate::plugins::methods::upload_bundle).fallback(method_not_allowed))
+        .merge(crate::dashboard::router())
+        .method_not_allowed_fallback(wrong_http_method)
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// An error as the client sees it.
+pub struct ApiError(pub Refusal);
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        ApiError(r)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let refusal = self.0;
+        let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "request failed: {}", refusal.message);
+        } else {
+            tracing::info!(code = %refusal.code, "request refused: {}", refusal.message);
+        }
+        let mut response = (status, Json(json!({ "error": refusal }))).into_response();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // the rest of the body is not read: tell the client this connection ends here
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// Give each request an id (a well-formed incoming one is kept, so a load balancer's id
+/// threads through), run it inside a span carrying the id, and stamp the id on the answer.
+async fn request_id(mut request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path());
+    let started = Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::info!(status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request done")
+    });
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn status(State(state): State<AppState>) -> Response {
+    let report = system::status_report(&state.system()).await;
+    let code = if report.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(report)).into_response()
+}
+
+async fn list_methods(State(state): State<AppState>) -> Json<Value> {
+    let mut listing = state.methods.describe();
+    if let Some(methods) = listing["methods"].as_array_mut() {
+        methods.extend(state.plugins.describe_methods());
+    }
+    Json(listing)
+}
+
+async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    // Read the body before judging anything else: a refusal that leaves a body unread makes
+    // the server drop the connection, which a client reusing connections would trip over.
+    let bytes = read_body(headers, body, state.max_body_bytes).await?;
+    let methods = state.methods.clone();
+    let plugins = state.plugins.clone();
+    if methods.get(&name).is_none()
+        && let Some((plugin, verb)) = name.split_once('.')
+        && (plugins.get(plugin).is_some() || plugins.load_error(plugin).is_some())
+    {
+        let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
+        // The role check happens in dispatch, which knows what the method declares.
+        let identity = match bearer_token(headers) {
+            Some(bearer) => Some(state.auth.authenticate(bearer).await?),
+            None => None,
+        };
+        let input = json_body(headers, &bytes)?;
+        return Ok(Json(plugins.dispatch(plugin, verb, identity.as_ref(), &request_id, input).await?).into_response());
+    }
+    let Some(method) = methods.get(&name) else {
+        return Err(Refusal::new(
+            "method-unknown",
+            format!("there is no method {:?}; GET /api/v1/methods lists them", truncate(&name, 100)),
+        )
+        .with_data(json!({ "method": truncate(&name, 100) }))
+        .into());
+    };
+    let identity = match method.access {
+        Access::Public => None,
+        Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {
+            let bearer = bearer_token(headers).ok_or_else(crate::auth::denied)?;
+            Some(state.auth.authenticate(bearer).await?)
+        }
+    };
+    let input = json_body(headers, &bytes)?;
+    let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
+    let Some(fleet) = state.fleet.clone().filter(|_| method.coordinator_only) else {
+        let call = Call { identity, source, request_id };
+        return Ok(Json(method.call(call, input).await?).into_response());
+    };
+    let answered_by = |mut response: Response, node: &str| {
+        if let Ok(value) = HeaderValue::from_str(node) {
+            response.headers_mut().insert(forward::ANSWERED_BY, value);
+        }
+        response
+    };
+    match forward::route(&fleet, headers.contains_key(forward::FORWARDED_BY)).await? {
+        forward::Route::Here => {
+            let call = Call { identity, source, request_id };
+            Ok(answered_by(Json(method.call(call, input).await?).into_response(), &fleet.node.identity.id))
+        }
+        forward::Route::Holder { node_id, base_url } => {
+            let mut outgoing = fleet
+                .http
+                .post(format!("{base_url}/api/v1/{name}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(REQUEST_ID, &request_id)
+                .header(forward::FORWARDED_BY, &fleet.node.identity.id)
+                .body(bytes.clone());
+            if let Some(authorization) = headers.get(header::AUTHORIZATION) {
+                outgoing = outgoing.header(header::AUTHORIZATION, authorization);
+            }
+            tracing::info!(method = %name, holder = %node_id, "forwarding a coordinator-only request");
+            let reply = outgoing.send().await.map_err(|e| forward::unreachable(&node_id, e))?;
+            let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let answered = reply.headers().get(forward::ANSWERED_BY).cloned();
+            let body = reply.bytes().await.map_err(|e| forward::unreachable(&node_id, e))?;
+            let mut response = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
+            if let Some(answered) = answered {
+                response.headers_mut().insert(forward::ANSWERED_BY, answered);
+            }
+            Ok(response)
+        }
+    }
+}
+
+/// A request body as JSON (an empty body is `{}`); other content types are refused.
+fn json_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, Refusal> {
+    if let Some(kind) = headers.get(header::CONTENT_TYPE) {
+        let kind = kind.to_str().unwrap_or("");
+        if !kind.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json") {
+            return Err(Refusal::new("unsupported-media-type", "request bodies are JSON: send Content-Type: application/json"));
+        }
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))
+}
+
+/// Read a body of at most `limit` bytes (for endpoints beyond the API's usual body limit).
+pub async fn read_body_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
+    read_body(headers, body, limit).await
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+}
+
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
+    let too_large = || {
+        Refusal::new("request-too-large", format!("request bodies are limited to {limit} bytes")).with_data(json!({ "limitBytes": limit }))
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(err) = source {
+            if err.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            source = err.source();
+        }
+        Refusal::invalid_request("the request body could not be read").detail(e)
+    })
+}
+
+async fn method_not_allowed() -> ApiError {
+    Refusal::new("method-not-allowed", "API methods are called with POST").into()
+}
+
+async fn wrong_http_method() -> ApiError {
+    Refusal::new("method-not-allowed", "this path does not accept that HTTP method; probes and listings are read with GET").into()
+}
+
+/// Unknown paths: the error envelope, except that a browser (asking for HTML) outside
+/// `/api` gets the dashboard's "not found" page.
+async fn not_found(headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    if crate::dashboard::wants_html(&headers, uri.path()) {
+        return crate::dashboard::not_found_page();
+    }
+    ApiError(Refusal::new("not-found", "no such path; the API lives under /api/v1/")).into_response()
+}

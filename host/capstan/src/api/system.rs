@@ -1,0 +1,159 @@
+//! Methods about the host itself: readiness, version, migration state.
+//! Readiness is derived on every read from the store, the blobs and the ledger.
+
+use super::{Access, Call, Registry};
+use crate::blobs::Blobs;
+use crate::migrate::{self, Chain};
+use crate::refusal::{Refusal, Result};
+use crate::store::Store;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    /// True when the store and blobs answer and the host's migrations are done.
+    pub ready: bool,
+    pub version: String,
+    pub store: Component,
+    pub blobs: Component,
+    pub migrations: MigrationState,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Component {
+    pub ok: bool,
+    pub backend: String,
+    /// The refusal code when not ok.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationState {
+    pub chain: String,
+    /// The version the ledger states; absent when it cannot be read.
+    pub data_version: Option<String>,
+    pub target: String,
+    pub oldest_supported: String,
+    pub done: bool,
+    /// A step an interrupted start left unfinished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
+    pub history: Vec<HistoryEntry>,
+    /// Why the ledger could not be read (a refusal code), when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    pub step: String,
+    pub from: String,
+    pub to: String,
+    /// Milliseconds since the Unix epoch.
+    pub finished_at: u64,
+}
+
+fn component(result: Result<()>, backend: String) -> Component {
+    match result {
+        Ok(()) => Component { ok: true, backend, error: None },
+        Err(e) => {
+            tracing::warn!(code = %e.code, detail = e.detail.as_deref().unwrap_or(""), "{backend} is not answering");
+            Component { ok: false, backend, error: Some(e.code.to_string()) }
+        }
+    }
+}
+
+/// What the system methods and `/status` read: the store, the blobs and the host's chain.
+#[derive(Clone)]
+pub struct System {
+    pub store: Store,
+    pub blobs: Blobs,
+    pub chain: Arc<Chain>,
+}
+
+pub async fn status_report(state: &System) -> StatusReport {
+    let store = component(state.store.ping().await, state.store.describe());
+    let blobs = component(state.blobs.list("", None, 1).await.map(|_| ()), state.blobs.describe());
+    let migrations = migration_state(state).await;
+    StatusReport { ready: store.ok && blobs.ok && migrations.done, version: env!("CARGO_PKG_VERSION").into(), store, blobs, migrations }
+}
+
+async fn migration_state(state: &System) -> MigrationState {
+    let chain = &state.chain;
+    let (ledger, error) = match migrate::read_ledger(&state.store, &chain.name).await {
+        Ok(ledger) => (ledger.map(|(l, _)| l), None),
+        Err(e) => {
+            tracing::warn!(code = %e.code, detail = e.detail.as_deref().unwrap_or(""), "the migration ledger cannot be read");
+            (None, Some(e.code.to_string()))
+        }
+    };
+    let target = chain.target().to_string();
+    MigrationState {
+        chain: chain.name.clone(),
+        done: ledger.as_ref().is_some_and(|l| l.data_version == target && l.running.is_none()),
+        data_version: ledger.as_ref().map(|l| l.data_version.clone()),
+        target,
+        oldest_supported: chain.oldest_supported.to_string(),
+        running: ledger.as_ref().and_then(|l| l.running.clone()),
+        history: ledger
+            .map(|l| {
+                l.history.into_iter().map(|h| HistoryEntry { step: h.step, from: h.from, to: h.to, finished_at: h.finished_at }).collect()
+            })
+            .unwrap_or_default(),
+        error,
+    }
+}
+
+/// No parameters.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MigrationsQuery {
+    /// The chain to report; the host's own chain (`capstan`) when absent.
+    pub chain: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionReport {
+    pub version: String,
+    pub data_version_target: String,
+}
+
+pub fn register(registry: &mut Registry, system: System) {
+    let mut registry = registry.with(system);
+    registry.add(
+        "system.getStatus",
+        "Readiness of the store, the blobs and the migrations (same as GET /status)",
+        Access::Public,
+        |system: System, _: Call, _: Empty| async move { Ok(status_report(&system).await) },
+    );
+    registry.add(
+        "system.getVersion",
+        "The Capstan version and the data version it migrates to",
+        Access::Public,
+        |system: System, _: Call, _: Empty| async move {
+            Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: system.chain.target().to_string() })
+        },
+    );
+    registry.add(
+        "migrations.getStatus",
+        "A migration chain's ledger: data version, target, floor, history (public, like GET /status)",
+        Access::Public,
+        |system: System, _: Call, q: MigrationsQuery| async move {
+            match q.chain.as_deref() {
+                None | Some("capstan") => Ok(migration_state(&system).await),
+                Some(other) => Err(Refusal::not_found(format!("migration chain {:?}", other.chars().take(100).collect::<String>()))),
+            }
+        },
+    );
+}

@@ -1,0 +1,912 @@
+//! Configuration of `capstan serve`: command-line flags, `CAPSTAN_*` environment variables and
+//! an optional TOML file, in that order of precedence, over built-in defaults.
+//!
+//! Without `--dev` nothing is invented: a start missing a required value is refused
+//! `config-missing`, naming every missing variable at once, before anything is opened.
+//! With `--dev` the missing values get defaults under the data directory, and each default
+//! chosen is reported so nothing is decided silently.
+
+use crate::refusal::{Refusal, Result};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// One configuration variable: its environment name, its key in the TOML file, and its help.
+pub struct Var {
+    pub env: &'static str,
+    pub required: bool,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+impl Var {
+    /// The key in the `--config` file: the variable without `CAPSTAN_`, lower-cased.
+    pub fn file_key(&self) -> String {
+        self.env.trim_start_matches("CAPSTAN_").to_ascii_lowercase()
+    }
+}
+
+pub const PUBLIC_ORIGIN: &str = "CAPSTAN_PUBLIC_ORIGIN";
+pub const KEYRING_PATH: &str = "CAPSTAN_KEYRING_PATH";
+pub const DATABASE_URL: &str = "CAPSTAN_DATABASE_URL";
+pub const BLOB_URL: &str = "CAPSTAN_BLOB_URL";
+pub const DATABASE_NAME: &str = "CAPSTAN_DATABASE_NAME";
+pub const ADMIN_ACCOUNT: &str = "CAPSTAN_ADMIN_ACCOUNT";
+pub const STATE_DIR: &str = "CAPSTAN_STATE_DIR";
+pub const NODE_ID: &str = "CAPSTAN_NODE_ID";
+pub const NODE_LABELS: &str = "CAPSTAN_NODE_LABELS";
+pub const TRUSTED_PUBLISHERS: &str = "CAPSTAN_TRUSTED_PUBLISHERS";
+pub const PLUGIN_HTTP_CA_FILE: &str = "CAPSTAN_PLUGIN_HTTP_CA_FILE";
+pub const NETWORK: &str = "CAPSTAN_NETWORK";
+pub const ADVERTISE_ADDRESS: &str = "CAPSTAN_ADVERTISE_ADDRESS";
+pub const NODE_REFRESH_MS: &str = "CAPSTAN_NODE_REFRESH_MS";
+pub const HEARTBEAT_MS: &str = "CAPSTAN_HEARTBEAT_MS";
+pub const LIVENESS_WINDOW_MS: &str = "CAPSTAN_LIVENESS_WINDOW_MS";
+pub const LEASE_TTL_MS: &str = "CAPSTAN_LEASE_TTL_MS";
+pub const LISTEN: &str = "CAPSTAN_LISTEN";
+pub const DATA_DIR: &str = "CAPSTAN_DATA_DIR";
+pub const LOG: &str = "CAPSTAN_LOG";
+pub const LOG_FORMAT: &str = "CAPSTAN_LOG_FORMAT";
+pub const MAX_BODY_BYTES: &str = "CAPSTAN_MAX_BODY_BYTES";
+pub const REQUEST_BUDGET_MS: &str = "CAPSTAN_REQUEST_BUDGET_MS";
+pub const MIGRATION_LOCK_WAIT_MS: &str = "CAPSTAN_MIGRATION_LOCK_WAIT_MS";
+pub const MIGRATION_LOCK_TTL_MS: &str = "CAPSTAN_MIGRATION_LOCK_TTL_MS";
+
+/// Every variable `capstan serve` reads. `--help` and README.md are checked against this list.
+pub const VARS: &[Var] = &[
+    Var {
+        env: PUBLIC_ORIGIN,
+        required: true,
+        default: "--dev: http://<listen address>",
+        help: "Externally reachable origin of this Capstan (scheme, host, optional port; no path), e.g. https://capstan.example.com",
+    },
+    Var {
+        env: KEYRING_PATH,
+        required: true,
+        default: "--dev: <data dir>/keyring.json",
+        help: "Path to the private keyring file (KEKs and the ingress recipient)",
+    },
+    Var {
+        env: DATABASE_URL,
+        required: true,
+        default: "--dev: sqlite:<data dir>/capstan.sqlite",
+        help: "Document store: sqlite:<path> (embedded) or mongodb://… (production)",
+    },
+    Var {
+        env: BLOB_URL,
+        required: true,
+        default: "--dev: file:<data dir>/blobs",
+        help: "Object storage: file:<dir> (embedded) or s3://<bucket>[/<prefix>] (production)",
+    },
+    Var {
+        env: STATE_DIR,
+        required: true,
+        default: "--dev: the data dir",
+        help: "This node's state directory (its identity, node.json); keep it across restarts and upgrades (--state-dir)",
+    },
+    Var { env: DATABASE_NAME, required: false, default: "the database the URL names, else capstan", help: "MongoDB database name" },
+    Var {
+        env: S3_ENDPOINT,
+        required: false,
+        default: "AWS S3",
+        help: "S3-compatible endpoint URL, e.g. http://127.0.0.1:9000 (MinIO, Ceph, moto)",
+    },
+    Var { env: S3_REGION, required: false, default: "us-east-1", help: "S3 region" },
+    Var { env: S3_ACCESS_KEY, required: false, default: "required with s3://", help: "S3 access key id" },
+    Var { env: S3_SECRET_KEY, required: false, default: "required with s3://", help: "S3 secret access key (never logged or shown)" },
+    Var {
+        env: S3_FORCE_PATH_STYLE,
+        required: false,
+        default: "false",
+        help: "true for path-style bucket addressing (most self-hosted S3 servers)",
+    },
+    Var {
+        env: ADMIN_ACCOUNT,
+        required: false,
+        default: "none; --dev generates a password on first start",
+        help: "First-start administrator as username:password (password at least 20 characters); never changes an existing user",
+    },
+    Var {
+        env: NODE_ID,
+        required: false,
+        default: "generated on first boot",
+        help: "Pin this node's id; a different id than the stored one gets a new key pair (--node-id)",
+    },
+    Var {
+        env: NODE_LABELS,
+        required: false,
+        default: "none",
+        help: "Node labels as k=v,k2=v2 (--node-labels k=v, repeatable); replaces the file's [node] labels",
+    },
+    Var {
+        env: TRUSTED_PUBLISHERS,
+        required: false,
+        default: "none",
+        help: "Plugin publisher keys trusted by configuration, comma-separated, as `capstan plugin keygen` prints them",
+    },
+    Var {
+        env: PLUGIN_HTTP_CA_FILE,
+        required: false,
+        default: "none (the platform's roots only)",
+        help: "PEM file of extra root certificates for plugins' outbound HTTPS, e.g. a private CA (--plugin-http-ca-file)",
+    },
+    Var {
+        env: NETWORK,
+        required: false,
+        default: "none (loopback only)",
+        help: "lan, wireguard or public: required when the listen or advertised address reaches beyond loopback (--network)",
+    },
+    Var {
+        env: ADVERTISE_ADDRESS,
+        required: false,
+        default: "the listen address (127.0.0.1 for a wildcard bind)",
+        help: "host:port other nodes dial this one on",
+    },
+    Var { env: HEARTBEAT_MS, required: false, default: "30000", help: "How often this node beats its heartbeat" },
+    Var {
+        env: LIVENESS_WINDOW_MS,
+        required: false,
+        default: "90000",
+        help: "A node heard from within this window is answering (live unless draining)",
+    },
+    Var { env: LEASE_TTL_MS, required: false, default: "90000", help: "Coordinator lease lifetime; at most the liveness window" },
+    Var { env: NODE_REFRESH_MS, required: false, default: "30000", help: "How often each node re-reads the fleet's records" },
+    Var {
+        env: LISTEN,
+        required: false,
+        default: "127.0.0.1:8080",
+        help: "Address the HTTP API binds to (use 0.0.0.0:8080 in a container)",
+    },
+    Var {
+        env: DATA_DIR,
+        required: false,
+        default: "./capstan-data",
+        help: "--dev only: directory holding the embedded store, blobs and keyring",
+    },
+    Var { env: LOG, required: false, default: "info", help: "Log filter (tracing env-filter syntax, e.g. info,capstan=debug)" },
+    Var { env: LOG_FORMAT, required: false, default: "human", help: "Log format: human or json" },
+    Var { env: MAX_BODY_BYTES, required: false, default: "1048576", help: "Largest API request body accepted, in bytes" },
+    Var {
+        env: REQUEST_BUDGET_MS,
+        required: false,
+        default: "5000",
+        help: "Time a store transaction may spend retrying transient contention, in milliseconds",
+    },
+    Var {
+        env: MIGRATION_LOCK_WAIT_MS,
+        required: false,
+        default: "30000",
+        help: "How long a start waits for another process's migration lock before refusing lock-timeout",
+    },
+    Var {
+        env: MIGRATION_LOCK_TTL_MS,
+        required: false,
+        default: "600000",
+        help: "How long a migration lock lives unless renewed (a crashed holder blocks starts until then)",
+    },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// What the command line said (flags win over everything else).
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub dev: bool,
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub config_file: Option<PathBuf>,
+    pub log_format: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub node_id: Option<String>,
+    /// `--node-labels k=v`, repeatable; replaces the environment's and the file's set.
+    pub node_labels: Vec<String>,
+    pub network: Option<String>,
+    /// `--plugin-http-ca-file FILE`
+    pub plugin_http_ca_file: Option<PathBuf>,
+}
+
+/// Which network a node beyond loopback is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    Lan,
+    Wireguard,
+    Public,
+}
+
+impl Network {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Network::Lan => "lan",
+            Network::Wireguard => "wireguard",
+            Network::Public => "public",
+        }
+    }
+}
+
+/// Fleet membership settings.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    pub state_dir: PathBuf,
+    pub node_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub network: Option<Network>,
+    /// host:port other nodes dial
+    pub advertise: Option<String>,
+    pub timing: crate::fleet::Timing,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub dev: bool,
+    pub data_dir: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub public_origin: String,
+    pub keyring_path: PathBuf,
+    pub database_url: String,
+    pub blob_url: String,
+    pub database_name: Option<String>,
+    pub s3: S3Settings,
+    pub admin_account: Option<SecretString>,
+    pub node: NodeSettings,
+    pub log_filter: String,
+    pub log_format: LogFormat,
+    pub max_body_bytes: usize,
+    pub request_budget: Duration,
+    pub migration_lock_wait: Duration,
+    pub migration_lock_ttl: Duration,
+    /// Plugin publisher keys trusted by configuration, as given (checked at start).
+    pub trusted_publishers: Vec<String>,
+    /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
+    pub plugin_http_ca: Option<PluginHttpCa>,
+    /// `(variable, value)` for every default dev mode chose, to be reported at start.
+    pub dev_defaults: Vec<(&'static str, String)>,
+}
+
+/// The extra roots of plugins' outbound HTTPS: `CAPSTAN_PLUGIN_HTTP_CA_FILE`, read at start.
+#[derive(Debug, Clone)]
+pub struct PluginHttpCa {
+    pub path: PathBuf,
+    /// At least one.
+    pub certificates: Vec<reqwest::Certificate>,
+}
+
+/// Largest CA file read (a full public bundle is about 200 KiB).
+const MAX_CA_FILE_BYTES: u64 = 4 << 20;
+
+/// Read a PEM file of root certificates for plugins' outbound HTTPS. Refused `config-invalid`,
+/// naming the variable and the file, when it cannot be read, is too large, is not PEM, holds
+/// no certificate or holds one TLS cannot use as a root (`data.cause` says which).
+pub fn read_plugin_http_ca(path: &Path) -> Result<PluginHttpCa> {
+    let refuse = |cause: &str, why: String| {
+        Refusal::new("config-invalid", format!("{PLUGIN_HTTP_CA_FILE}: {} {why}", path.display()))
+            .with_data(json!({ "variable": PLUGIN_HTTP_CA_FILE, "cause": cause }))
+    };
+    let unreadable = |e: std::io::Error| refuse("ca-file-unreadable", format!("cannot be read: {}", e.kind()));
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_CA_FILE_BYTES + 1), &mut bytes).map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_CA_FILE_BYTES {
+        return Err(refuse("ca-file-too-large", format!("is larger than {MAX_CA_FILE_BYTES} bytes")));
+    }
+    let certificates = reqwest::Certificate::from_pem_bundle(&bytes)
+        .map_err(|_| refuse("ca-file-invalid", "is not a PEM file of certificates (a block does not decode)".into()))?;
+    if certificates.is_empty() {
+        return Err(refuse("ca-file-no-certificate", "holds no certificate (no -----BEGIN CERTIFICATE----- block)".into()));
+    }
+    // every certificate must be usable as a trust anchor, or the client could not be built
+    reqwest::Client::builder()
+        .tls_certs_only(certificates.iter().cloned())
+        .build()
+        .map_err(|_| refuse("ca-file-invalid", "holds a certificate that cannot be used as a root (not X.509 DER)".into()))?;
+    Ok(PluginHttpCa { path: path.to_path_buf(), certificates })
+}
+
+pub use capstan_blobs::{S3_ACCESS_KEY, S3_ENDPOINT, S3_FORCE_PATH_STYLE, S3_REGION, S3_SECRET_KEY, S3Settings};
+pub use capstan_core::text::SecretString;
+
+/// Read the `--config` TOML file into variable values, refusing unknown keys by name.
+pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Refusal::new("config-invalid", format!("cannot read the config file {}: {}", path.display(), e.kind())))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Refusal::new("config-invalid", format!("config file {} is not valid TOML: {}", path.display(), e.message()))
+    })?;
+    let mut values = BTreeMap::new();
+    let mut table = table;
+    // `[node] labels = { k = "v" }` is the file's spelling of CAPSTAN_NODE_LABELS
+    if let Some(toml::Value::Table(mut node)) = table.remove("node") {
+        if let Some(labels) = node.remove("labels") {
+            table.insert("node_labels".into(), labels);
+        }
+        if let Some((key, _)) = node.into_iter().next() {
+            return Err(Refusal::new("config-invalid", format!("config file {}: unknown key node.{key}", path.display()))
+                .with_data(json!({"key": format!("node.{key}")})));
+        }
+    }
+    for (key, value) in table {
+        let Some(var) = VARS.iter().find(|v| v.file_key() == key) else {
+            let known: Vec<String> = VARS.iter().map(Var::file_key).collect();
+            return Err(Refusal::new(
+                "config-invalid",
+                format!("config file {}: unknown key {key:?} (known: {})", path.display(), known.join(", ")),
+            )
+            .with_data(json!({"key": key})));
+        };
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Table(t) if var.env == NODE_LABELS => {
+                let mut pairs = Vec::new();
+                for (k, v) in t {
+                    let toml::Value::String(v) = v else {
+                        return Err(Refusal::new(
+                            "config-invalid",
+                            format!("config file {}: node label {k} must be a string", path.display()),
+                        ));
+                    };
+                    pairs.push(format!("{k}={v}"));
+                }
+                pairs.join(",")
+            }
+            toml::Value::Integer(i) => i.to_string(),
+            other => {
+                return Err(Refusal::new(
+                    "config-invalid",
+                    format!("config file {}: {key} must be a string or an integer, not {}", path.display(), other.type_str()),
+                )
+                .with_data(json!({"key": key})));
+            }
+        };
+        values.insert(var.env, text);
+    }
+    Ok(values)
+}
+
+/// Resolve the configuration from flags, the environment and the file. Pure: opens nothing
+/// except the config file and the CA file it names (`CAPSTAN_PLUGIN_HTTP_CA_FILE`), writes
+/// nothing.
+pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeConfig> {
+    let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let file = match &file_path {
+        Some(path) => read_file(path)?,
+        None => BTreeMap::new(),
+    };
+    let lookup =
+        |name: &str| -> Option<String> { env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned()) };
+    let mut dev_defaults = Vec::new();
+
+    let listen_text = flags.listen.clone().or_else(|| lookup(LISTEN)).unwrap_or_else(|| "127.0.0.1:8080".into());
+    let listen: SocketAddr = listen_text
+        .parse()
+        .map_err(|_| Refusal::new("config-invalid", format!("{LISTEN} must be an address like 127.0.0.1:8080, not {listen_text:?}")))?;
+
+    let data_dir = if flags.dev {
+        let dir = match flags.data_dir.clone().or_else(|| lookup(DATA_DIR).map(PathBuf::from)) {
+            Some(dir) => dir,
+            None => {
+                dev_defaults.push((DATA_DIR, "./capstan-data".to_string()));
+                PathBuf::from("./capstan-data")
+            }
+        };
+        Some(dir)
+    } else {
+        None
+    };
+
+    // Required values: from the sources, or (dev only) a default under the data dir.
+    let mut missing = Vec::new();
+    let mut required = |name: &'static str, dev_default: &dyn Fn(&Path) -> String| -> String {
+        if let Some(value) = lookup(name) {
+            return value;
+        }
+        match &data_dir {
+            Some(dir) => {
+                let value = dev_default(dir);
+                dev_defaults.push((name, value.clone()));
+                value
+            }
+            None => {
+                missing.push(name);
+                String::new()
+            }
+        }
+    };
+    let state_dir = match flags.state_dir.clone() {
+        Some(dir) => dir.display().to_string(),
+        None => required(STATE_DIR, &|d| d.display().to_string()),
+    };
+    let public_origin = required(PUBLIC_ORIGIN, &|_| format!("http://{listen}"));
+    let keyring_path = required(KEYRING_PATH, &|d| d.join("keyring.json").display().to_string());
+    let database_url = required(DATABASE_URL, &|d| format!("sqlite:{}", d.join("capstan.sqlite").display()));
+    let blob_url = required(BLOB_URL, &|d| format!("file:{}", d.join("blobs").display()));
+    let s3 = S3Settings {
+        endpoint: lookup(S3_ENDPOINT),
+        region: lookup(S3_REGION).unwrap_or_else(|| "us-east-1".into()),
+        access_key: lookup(S3_ACCESS_KEY),
+        secret_key: lookup(S3_SECRET_KEY).map(SecretString::new),
+        force_path_style: false,
+    };
+    if blob_url.starts_with("s3://") {
+        if s3.access_key.is_none() {
+            missing.push(S3_ACCESS_KEY);
+        }
+        if s3.secret_key.is_none() {
+            missing.push(S3_SECRET_KEY);
+        }
+    }
+    if !missing.is_empty() {
+        return Err(Refusal::new(
+            "config-missing",
+            format!(
+                "missing required configuration: {} (set them in the environment or the --config file, or run `capstan serve --dev` for embedded defaults)",
+                missing.join(", ")
+            ),
+        )
+        .with_data(json!({ "missing": missing })));
+    }
+    validate_origin(&public_origin)?;
+
+    let log_format = match flags.log_format.clone().or_else(|| lookup(LOG_FORMAT)).as_deref().unwrap_or("human") {
+        "human" => LogFormat::Human,
+        "json" => LogFormat::Json,
+        other => return Err(Refusal::new("config-invalid", format!("{LOG_FORMAT} must be human or json, not {other:?}"))),
+    };
+    let number = |name: &str, default: u64, min: u64| -> Result<u64> {
+        match lookup(name) {
+            None => Ok(default),
+            Some(text) => match text.trim().parse::<u64>() {
+                Ok(n) if n >= min => Ok(n),
+                _ => Err(Refusal::new("config-invalid", format!("{name} must be a whole number of at least {min}, not {text:?}"))),
+            },
+        }
+    };
+    let force_path_style = match lookup(S3_FORCE_PATH_STYLE).as_deref().map(str::trim) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => return Err(Refusal::new("config-invalid", format!("{S3_FORCE_PATH_STYLE} must be true or false, not {other:?}"))),
+    };
+    let timing = crate::fleet::Timing {
+        heartbeat: Duration::from_millis(number(HEARTBEAT_MS, 30_000, 100)?),
+        liveness_window: Duration::from_millis(number(LIVENESS_WINDOW_MS, 90_000, 300)?),
+        lease_ttl: Duration::from_millis(number(LEASE_TTL_MS, 90_000, 300)?),
+        refresh: Duration::from_millis(number(NODE_REFRESH_MS, 30_000, 100)?),
+    };
+    if timing.lease_ttl > timing.liveness_window {
+        return Err(Refusal::new(
+            "config-invalid",
+            format!("{LEASE_TTL_MS} may not be longer than {LIVENESS_WINDOW_MS}: a longer lease buys no failover time"),
+        ));
+    }
+    let node = node_settings(flags, &lookup, listen, PathBuf::from(state_dir), timing)?;
+    let plugin_http_ca = match flags.plugin_http_ca_file.clone().or_else(|| lookup(PLUGIN_HTTP_CA_FILE).map(PathBuf::from)) {
+        Some(path) => Some(read_plugin_http_ca(&path)?),
+        None => None,
+    };
+    Ok(ServeConfig {
+        dev: flags.dev,
+        data_dir,
+        listen,
+        public_origin: public_origin.trim_end_matches('/').to_string(),
+        keyring_path: PathBuf::from(keyring_path),
+        database_url,
+        blob_url,
+        database_name: lookup(DATABASE_NAME),
+        s3: S3Settings { force_path_style, ..s3 },
+        admin_account: lookup(ADMIN_ACCOUNT).map(SecretString::new),
+        node,
+        log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
+        log_format,
+        max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,
+        request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
+        migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
+        migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
+        trusted_publishers: lookup(TRUSTED_PUBLISHERS)
+            .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
+            .unwrap_or_default(),
+        plugin_http_ca,
+        dev_defaults,
+    })
+}
+
+/// Only what reaching the bucket needs (for `capstan fleet …`, which reads it directly).
+/// What `capstan fleet …` needs: the bucket, and the liveness window to judge nodes by.
+pub struct BucketConfig {
+    pub url: String,
+    pub s3: S3Settings,
+    pub liveness_window: Duration,
+}
+
+pub fn resolve_blobs(flags: &Flags, env: &BTreeMap<String, String>) -> Result<BucketConfig> {
+    let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let file = match &file_path {
+        Some(path) => read_file(path)?,
+        None => BTreeMap::new(),
+    };
+    let lookup =
+        |name: &str| -> Option<String> { env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned()) };
+    let blob_url = match lookup(BLOB_URL) {
+        Some(url) => url,
+        None if flags.dev => {
+            let dir =
+                flags.data_dir.clone().or_else(|| lookup(DATA_DIR).map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("./capstan-data"));
+            format!("file:{}", dir.join("blobs").display())
+        }
+        None => {
+            return Err(Refusal::new("config-missing", format!("missing required configuration: {BLOB_URL} (or --dev --data-dir DIR)"))
+                .with_data(json!({ "missing": [BLOB_URL] })));
+        }
+    };
+    let force_path_style = matches!(lookup(S3_FORCE_PATH_STYLE).as_deref().map(str::trim), Some("true" | "1"));
+    let s3 = S3Settings {
+        endpoint: lookup(S3_ENDPOINT),
+        region: lookup(S3_REGION).unwrap_or_else(|| "us-east-1".into()),
+        access_key: lookup(S3_ACCESS_KEY),
+        secret_key: lookup(S3_SECRET_KEY).map(SecretString::new),
+        force_path_style,
+    };
+    let liveness_window = match lookup(LIVENESS_WINDOW_MS) {
+        None => crate::fleet::Timing::default().liveness_window,
+        Some(text) => match text.trim().parse::<u64>() {
+            Ok(ms) if ms >= 300 => Duration::from_millis(ms),
+            _ => {
+                return Err(Refusal::new(
+                    "config-invalid",
+                    format!("{LIVENESS_WINDOW_MS} must be a whole number of at least 300, not {text:?}"),
+                ));
+            }
+        },
+    };
+    Ok(BucketConfig { url: blob_url, s3, liveness_window })
+}
+
+/// Parse `k=v` pairs: keys and values of letters, digits, `-`, `_`, `.`, `/`.
+pub fn parse_labels<'a>(pairs: impl IntoIterator<Item = &'a str>) -> Result<BTreeMap<String, String>> {
+    let ok = |s: &str| !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+    let mut labels = BTreeMap::new();
+    for pair in pairs.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((k, v)) if ok(k) && ok(v) => {
+                labels.insert(k.to_string(), v.to_string());
+            }
+            _ => {
+                return Err(Refusal::new("invalid-input", format!("node label {pair:?} must be key=value (letters, digits, - _ . /)"))
+                    .with_data(json!({ "field": "nodeLabels" })));
+            }
+        }
+    }
+    Ok(labels)
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn node_settings(
+    flags: &Flags,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    listen: SocketAddr,
+    state_dir: PathBuf,
+    timing: crate::fleet::Timing,
+) -> Result<NodeSettings> {
+    let labels = if !flags.node_labels.is_empty() {
+        parse_labels(flags.node_labels.iter().map(String::as_str))?
+    } else {
+        parse_labels(lookup(NODE_LABELS).unwrap_or_default().split(','))?
+    };
+    let network = match flags.network.clone().or_else(|| lookup(NETWORK)).as_deref().map(str::trim) {
+        None => None,
+        Some("lan") => Some(Network::Lan),
+        Some("wireguard") => Some(Network::Wireguard),
+        Some("public") => Some(Network::Public),
+        Some(other) => {
+            return Err(Refusal::new("invalid-input", format!("{NETWORK} must be lan, wireguard or public, not {other:?}"))
+                .with_data(json!({"field": "network"})));
+        }
+    };
+    let advertise = lookup(ADVERTISE_ADDRESS);
+    // Reaching beyond loopback is a decision the operator states, never a default.
+    let mut beyond = Vec::new();
+    if !listen.ip().is_loopback() {
+        beyond.push("listen");
+    }
+    if let Some(addr) = &advertise {
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        if !is_loopback_host(host) {
+            beyond.push("advertiseAddress");
+        }
+    }
+    if network.is_none() && !beyond.is_empty() {
+        return Err(Refusal::new(
+            "invalid-input",
+            format!("{} reach beyond loopback: state the network with --network lan|wireguard|public ({NETWORK})", beyond.join(" and ")),
+        )
+        .with_data(json!({ "fields": beyond })));
+    }
+    let node_id = flags.node_id.clone().or_else(|| lookup(NODE_ID));
+    Ok(NodeSettings { state_dir, node_id, labels, network, advertise, timing })
+}
+
+fn validate_origin(origin: &str) -> Result<()> {
+    let refuse = || {
+        Err(Refusal::new(
+            "config-invalid",
+            format!(
+                "{PUBLIC_ORIGIN} must be an origin like https://capstan.example.com or http://127.0.0.1:8080 (no path, query or credentials)"
+            ),
+        ))
+    };
+    let Some(rest) = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://")) else {
+        return refuse();
+    };
+    let host = rest.trim_end_matches('/');
+    if host.is_empty() || host.contains(['/', '?', '#', '@', ' ']) {
+        return refuse();
+    }
+    Ok(())
+}
+
+/// The `--help` text listing every variable with its default.
+pub fn vars_help() -> String {
+    let mut out = String::from("Configuration (flags > environment > --config file > defaults):\n");
+    for var in VARS {
+        let required = if var.required { "required without --dev; " } else { "" };
+        out.push_str(&format!(
+            "  {}\n      {}\n      [{}default: {}] [file key: {}]\n",
+            var.env,
+            var.help,
+            required,
+            var.default,
+            var.file_key()
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn full() -> BTreeMap<String, String> {
+        env(&[
+            (PUBLIC_ORIGIN, "https://capstan.example.com"),
+            (KEYRING_PATH, "/etc/capstan/keyring.json"),
+            (DATABASE_URL, "sqlite:/var/lib/capstan/db.sqlite"),
+            (BLOB_URL, "file:/var/lib/capstan/blobs"),
+            (STATE_DIR, "/var/lib/capstan/state"),
+        ])
+    }
+
+    #[test]
+    fn missing_required_values_are_all_named_at_once() {
+        let err = resolve(&Flags::default(), &env(&[(KEYRING_PATH, "/k")])).unwrap_err();
+        assert_eq!(err.code, "config-missing");
+        for name in [PUBLIC_ORIGIN, DATABASE_URL, BLOB_URL, STATE_DIR] {
+            assert!(err.message.contains(name), "{name} named in {}", err.message);
+        }
+        assert!(!err.message.contains(KEYRING_PATH));
+        assert_eq!(err.data.unwrap()["missing"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn s3_blobs_need_credentials_and_never_show_the_secret() {
+        let mut e = full();
+        e.insert(BLOB_URL.into(), "s3://bucket".into());
+        let err = resolve(&Flags::default(), &e).unwrap_err();
+        assert_eq!(err.code, "config-missing");
+        assert!(err.message.contains(S3_ACCESS_KEY) && err.message.contains(S3_SECRET_KEY));
+        e.insert(S3_ACCESS_KEY.into(), "AKIA".into());
+        e.insert(S3_SECRET_KEY.into(), "very-secret-value".into());
+        e.insert(S3_FORCE_PATH_STYLE.into(), "true".into());
+        let config = resolve(&Flags::default(), &e).unwrap();
+        assert!(config.s3.force_path_style);
+        assert_eq!(config.s3.region, "us-east-1");
+        assert!(!format!("{config:?}").contains("very-secret-value"));
+        e.insert(S3_FORCE_PATH_STYLE.into(), "maybe".into());
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "config-invalid");
+    }
+
+    #[test]
+    fn empty_values_count_as_missing() {
+        let mut e = full();
+        e.insert(BLOB_URL.into(), "  ".into());
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "config-missing");
+    }
+
+    #[test]
+    fn production_config_invents_nothing() {
+        let config = resolve(&Flags::default(), &full()).unwrap();
+        assert!(config.dev_defaults.is_empty());
+        assert!(config.data_dir.is_none());
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.log_format, LogFormat::Human);
+    }
+
+    #[test]
+    fn dev_mode_reports_every_default_it_chose() {
+        let flags = Flags { dev: true, listen: Some("127.0.0.1:9000".into()), ..Flags::default() };
+        let config = resolve(&flags, &env(&[(BLOB_URL, "file:/elsewhere")])).unwrap();
+        let chosen: Vec<&str> = config.dev_defaults.iter().map(|(k, _)| *k).collect();
+        assert_eq!(chosen, vec![DATA_DIR, STATE_DIR, PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL]);
+        assert_eq!(config.public_origin, "http://127.0.0.1:9000");
+        assert_eq!(config.blob_url, "file:/elsewhere", "an explicit value wins in dev mode too");
+        assert!(config.database_url.starts_with("sqlite:") && config.database_url.ends_with("capstan.sqlite"));
+    }
+
+    #[test]
+    fn flags_beat_environment_which_beats_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:1\"\nlog_format = \"json\"\npublic_origin = \"http://file\"\nmax_body_bytes = 2048\n")
+            .unwrap();
+        let mut e = full();
+        e.insert(LISTEN.into(), "127.0.0.1:2".into());
+        let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(config.listen.port(), 2, "environment beats file");
+        assert_eq!(config.public_origin, "https://capstan.example.com");
+        assert_eq!(config.log_format, LogFormat::Json, "file beats default");
+        assert_eq!(config.max_body_bytes, 2048);
+        let flags =
+            Flags { config_file: Some(file), listen: Some("127.0.0.1:3".into()), log_format: Some("human".into()), ..Flags::default() };
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(config.listen.port(), 3, "flag beats environment");
+        assert_eq!(config.log_format, LogFormat::Human);
+    }
+
+    #[test]
+    fn the_file_supplies_required_values_and_refuses_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(
+            &file,
+            "public_origin = \"http://x\"\nkeyring_path = \"/k\"\ndatabase_url = \"sqlite:/d\"\nblob_url = \"file:/b\"\nstate_dir = \"/s\"\n",
+        )
+        .unwrap();
+        let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
+        resolve(&flags, &BTreeMap::new()).unwrap();
+
+        std::fs::write(&file, "databse_url = \"sqlite:/d\"\n").unwrap();
+        let err = resolve(&flags, &BTreeMap::new()).unwrap_err();
+        assert_eq!(err.code, "config-invalid");
+        assert!(err.message.contains("databse_url"));
+
+        std::fs::write(&file, "listen = [1]\n").unwrap();
+        assert_eq!(resolve(&flags, &BTreeMap::new()).unwrap_err().code, "config-invalid");
+        std::fs::write(&file, "not toml").unwrap();
+        assert_eq!(resolve(&flags, &BTreeMap::new()).unwrap_err().code, "config-invalid");
+        let flags = Flags { config_file: Some(dir.path().join("absent.toml")), ..Flags::default() };
+        assert_eq!(resolve(&flags, &BTreeMap::new()).unwrap_err().code, "config-invalid");
+    }
+
+    #[test]
+    fn malformed_values_are_refused_by_name() {
+        for (name, value) in [
+            (LISTEN, "localhost"),
+            (PUBLIC_ORIGIN, "capstan.example.com"),
+            (PUBLIC_ORIGIN, "https://user:pw@x"),
+            (PUBLIC_ORIGIN, "https://x/path"),
+            (LOG_FORMAT, "xml"),
+            (MAX_BODY_BYTES, "lots"),
+            (MAX_BODY_BYTES, "10"),
+        ] {
+            let mut e = full();
+            e.insert(name.into(), value.into());
+            let err = resolve(&Flags::default(), &e).unwrap_err();
+            assert_eq!(err.code, "config-invalid", "{name}={value}");
+            assert!(!err.message.contains("pw"), "a refused origin is not echoed: it may carry credentials");
+        }
+    }
+
+    #[test]
+    fn node_labels_come_from_one_source_wholesale() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, "[node]\nlabels = { tier = \"fast\", zone = \"a\" }\n").unwrap();
+        let flags = Flags { config_file: Some(file.clone()), ..Flags::default() };
+        let config = resolve(&flags, &full()).unwrap();
+        assert_eq!(config.node.labels.len(), 2);
+        let mut e = full();
+        e.insert(NODE_LABELS.into(), "region=eu-west-1".into());
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(
+            config.node.labels,
+            BTreeMap::from([("region".to_string(), "eu-west-1".to_string())]),
+            "the variable replaces the file's set"
+        );
+        let flags = Flags { config_file: Some(file), node_labels: vec!["tier=slow".into()], ..Flags::default() };
+        let config = resolve(&flags, &e).unwrap();
+        assert_eq!(config.node.labels, BTreeMap::from([("tier".to_string(), "slow".to_string())]), "the flag replaces both");
+        e.insert(NODE_LABELS.into(), "novalue".into());
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "invalid-input");
+    }
+
+    #[test]
+    fn reaching_beyond_loopback_needs_a_stated_network() {
+        let flags = Flags { listen: Some("0.0.0.0:8080".into()), ..Flags::default() };
+        let err = resolve(&flags, &full()).unwrap_err();
+        assert_eq!(err.code, "invalid-input");
+        assert_eq!(err.data.unwrap()["fields"], json!(["listen"]));
+        let mut e = full();
+        e.insert(ADVERTISE_ADDRESS.into(), "10.0.0.5:8080".into());
+        let err = resolve(&Flags::default(), &e).unwrap_err();
+        assert_eq!(err.data.unwrap()["fields"], json!(["advertiseAddress"]));
+        let flags = Flags { listen: Some("0.0.0.0:8080".into()), network: Some("lan".into()), ..Flags::default() };
+        assert_eq!(resolve(&flags, &e).unwrap().node.network, Some(Network::Lan));
+        let flags = Flags { network: Some("internet".into()), ..Flags::default() };
+        assert_eq!(resolve(&flags, &full()).unwrap_err().code, "invalid-input");
+        e.insert(LEASE_TTL_MS.into(), "100000".into());
+        assert_eq!(resolve(&Flags { network: Some("lan".into()), ..Flags::default() }, &e).unwrap_err().code, "config-invalid");
+    }
+
+    #[test]
+    fn a_plugin_http_ca_file_is_read_at_start_or_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap();
+        let bundle = dir.path().join("ca.pem");
+        std::fs::write(&bundle, format!("# a private CA\n{}{}", ca.pem(), ca.pem())).unwrap();
+
+        assert!(resolve(&Flags::default(), &full()).unwrap().plugin_http_ca.is_none(), "none unless configured");
+        let mut e = full();
+        e.insert(PLUGIN_HTTP_CA_FILE.into(), bundle.display().to_string());
+        let config = resolve(&Flags::default(), &e).unwrap();
+        let ca = config.plugin_http_ca.unwrap();
+        assert_eq!((ca.path.as_path(), ca.certificates.len()), (bundle.as_path(), 2));
+        crate::plugins::imports::plugin_http_client(&ca.certificates).expect("a client trusting them builds");
+
+        // the flag wins over the environment, and the file's key is the variable's
+        let flags = Flags { plugin_http_ca_file: Some(dir.path().join("absent.pem")), ..Flags::default() };
+        let err = resolve(&flags, &e).unwrap_err();
+        assert_eq!((err.code.as_ref(), err.data.as_ref().unwrap()["cause"].as_str()), ("config-invalid", Some("ca-file-unreadable")));
+        assert!(err.message.contains(PLUGIN_HTTP_CA_FILE) && err.message.contains("absent.pem"), "{}", err.message);
+        let file = dir.path().join("capstan.toml");
+        std::fs::write(&file, format!("plugin_http_ca_file = {:?}\n", bundle.display().to_string())).unwrap();
+        let config = resolve(&Flags { config_file: Some(file), ..Flags::default() }, &full()).unwrap();
+        assert_eq!(config.plugin_http_ca.unwrap().certificates.len(), 2);
+
+        for (content, cause) in [
+            ("".to_string(), "ca-file-no-certificate"),
+            ("not a certificate\n".to_string(), "ca-file-no-certificate"),
+            (key.serialize_pem(), "ca-file-no-certificate"),
+            ("-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n".to_string(), "ca-file-invalid"),
+            ("-----BEGIN CERTIFICATE-----\nAAECAwQ=\n-----END CERTIFICATE-----\n".to_string(), "ca-file-invalid"),
+        ] {
+            std::fs::write(&bundle, &content).unwrap();
+            let err = resolve(&Flags::default(), &e).unwrap_err();
+            assert_eq!(err.code, "config-invalid", "{content:?}");
+            assert_eq!(err.data.as_ref().unwrap()["cause"], cause, "{content:?}: {}", err.message);
+            assert!(err.message.contains(PLUGIN_HTTP_CA_FILE), "{}", err.message);
+            assert!(!err.message.contains("PRIVATE KEY"), "the file's content is never echoed");
+        }
+        std::fs::write(&bundle, vec![b'#'; MAX_CA_FILE_BYTES as usize + 1]).unwrap();
+        assert_eq!(resolve(&Flags::default(), &e).unwrap_err().data.unwrap()["cause"], "ca-file-too-large");
+    }
+
+    #[test]
+    fn help_documents_every_variable_and_default() {
+        let help = vars_help();
+        for var in VARS {
+            assert!(help.contains(var.env) && help.contains(var.default), "{}", var.env);
+        }
+    }
+
+    #[test]
+    fn readme_documents_every_variable() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+        for var in VARS {
+            assert!(readme.contains(var.env), "README.md lacks {}", var.env);
+        }
+    }
+}

@@ -1,0 +1,604 @@
+//! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
+//! nodes, administrators only), `/clusters`, `/services` (with organizations) and `/settings`
+//! (the inventory, through the same methods as the API, updated live from the event outbox),
+//! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
+//! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
+//! service's secrets and each organization's SecretSets, write-only: values are sealed in the
+//! browser), `/appstore` (the App Store: catalog status, apps, installs and upgrades through
+//! the App Store plugin's methods), `/login` and
+//! `/logout`, from the templates in
+//! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
+//! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
+//! build step.
+//!
+//! A browser session is the JWT of a human login, kept only in the `capstan_session` cookie
+//! (HttpOnly, SameSite=Strict, Secure under an https public origin). Every request checks it
+//! again with [`crate::auth::Auth::authenticate`], so a logout or a credential change ends it
+//! at once. A form post whose `Origin` is neither the public origin nor the request's own
+//! host is refused. Every response carries a strict Content-Security-Policy: no inline
+//! script or style, nothing loaded from elsewhere, no framing.
+
+mod appstore;
+pub mod assets;
+mod clusters;
+mod fleet;
+mod forms;
+mod live;
+mod plugins;
+mod secrets;
+mod services;
+mod settings;
+mod tasks;
+
+use crate::api::AppState;
+use crate::api::system::{StatusReport, status_report};
+use crate::auth::Identity;
+use crate::refusal::Refusal;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use minijinja::value::Serde;
+use minijinja::{Environment, ErrorKind, UndefinedBehavior, context};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use zeroize::Zeroize;
+
+/// The cookie that carries the session JWT.
+pub const SESSION_COOKIE: &str = "capstan_session";
+/// What every failed login shows, whatever was wrong.
+pub const DENIAL: &str = "Login failed: check the username and password.";
+/// The policy on every dashboard response.
+pub const CONTENT_SECURITY_POLICY: &str =
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'";
+/// The largest form body the dashboard reads (bundle uploads have their own limit).
+const FORM_LIMIT: usize = 16 * 1024;
+
+/// The dashboard's routes, to be merged into the API router (which owns the fallback).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", get(overview))
+        .route("/overview/status", get(status_panel))
+        .route("/fleet", get(fleet::page))
+        .route("/fleet/panel", get(fleet::panel))
+        .route("/clusters", get(clusters::page))
+        .route("/clusters/panel", get(clusters::panel))
+        .route("/clusters/create", post(clusters::create))
+        .route("/clusters/{id}", get(clusters::detail))
+        .route("/clusters/{id}/panel", get(clusters::detail_panel))
+        .route("/clusters/{id}/update", post(clusters::update))
+        .route("/clusters/{id}/phase", post(clusters::set_phase))
+        .route("/clusters/{id}/delete", get(clusters::confirm).post(clusters::delete))
+        .route("/services", get(services::page))
+        .route("/services/panel", get(services::panel))
+        .route("/services/create", post(services::create))
+        .route("/services/{id}", get(services::detail))
+        .route("/services/{id}/panel", get(services::detail_panel))
+        .route("/services/{id}/update", post(services::update))
+        .route("/services/{id}/delete", get(services::confirm).post(services::delete))
+        .route("/organizations/create", post(services::create_organization))
+        .route("/secrets", get(secrets::page))
+        .route("/secrets/services/{id}", get(secrets::service))
+        .route("/secrets/services/{id}/panel", get(secrets::service_panel))
+        // a sealed 64 KiB value is larger than a form: these two routes read more
+        .route("/secrets/services/{id}/create", post(secrets::create).layer(DefaultBodyLimit::max(secrets::SEALED_FORM_LIMIT)))
+        .route(
+            "/secrets/{id}/rotate",
+            get(secrets::rotate_page).post(secrets::rotate).layer(DefaultBodyLimit::max(secrets::SEALED_FORM_LIMIT)),
+        )
+        .route("/secrets/services/{id}/attach", post(secrets::attach))
+        .route("/secrets/services/{id}/detach", post(secrets::detach))
+        .route("/secrets/sets/create", post(secrets::create_set))
+        .route("/secrets/sets/{id}", get(secrets::set))
+        .route("/secrets/sets/{id}/panel", get(secrets::set_panel))
+        .route("/secrets/sets/{id}/create", post(secrets::create_member).layer(DefaultBodyLimit::max(secrets::SEALED_FORM_LIMIT)))
+        .route("/secrets/sets/{id}/update", post(secrets::update_set))
+        .route("/secrets/sets/{id}/retire", get(secrets::confirm_retire).post(secrets::retire))
+        .route("/secrets/{id}/revoke", get(secrets::revoke_page).post(secrets::revoke))
+        .route("/appstore", get(appstore::page))
+        .route("/appstore/refresh", post(appstore::refresh))
+        // a signed catalog may be up to 8 MiB: this route alone reads more than a form
+        .route("/appstore/import", post(appstore::import).layer(DefaultBodyLimit::max(appstore::IMPORT_FORM_LIMIT)))
+        .route("/appstore/apps/{id}", get(appstore::app))
+        .route("/appstore/apps/{id}/install", post(appstore::install))
+        .route("/appstore/upgrade", get(appstore::upgrade_preview).post(appstore::upgrade))
+        .route("/settings", get(settings::page))
+        .route("/settings/panel", get(settings::panel))
+        .route("/settings/update", post(settings::update))
+        .route("/tasks", get(tasks::page))
+        .route("/tasks/panel", get(tasks::panel))
+        .route("/tasks/{id}", get(tasks::detail))
+        .route("/tasks/{id}/panel", get(tasks::detail_panel))
+        .route("/tasks/{id}/run", post(tasks::run))
+        .route("/tasks/{id}/disable", get(tasks::confirm_disable).post(tasks::disable))
+        .route("/tasks/{id}/enable", post(tasks::enable))
+        .route("/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/live/wait", get(live::wait))
+        .route("/plugins", get(plugins::page))
+        // a bundle may be up to 64 MiB: this route alone reads more than a form
+        .route("/plugins/inspect", post(plugins::inspect).layer(DefaultBodyLimit::max(plugins::UPLOAD_LIMIT)))
+        .route("/plugins/install", post(plugins::install))
+        .route("/plugins/upgrade", post(plugins::upgrade))
+        .route("/plugins/discard", post(plugins::discard))
+        .route("/plugins/rollback", post(plugins::rollback))
+        .route("/plugins/disable", post(plugins::disable))
+        .route("/plugins/enable", post(plugins::enable))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/static/{hash}/{*path}", get(assets::serve))
+        .layer(DefaultBodyLimit::max(FORM_LIMIT))
+        .layer(middleware::from_fn(security_headers))
+}
+
+// ---------------------------------------------------------------------------------------
+// Templates
+
+const TEMPLATES: &[(&str, &str)] = &[
+    ("layout.html", include_str!("../../../../dashboard/templates/layout.html")),
+    ("app.html", include_str!("../../../../dashboard/templates/app.html")),
+    ("icons.html", include_str!("../../../../dashboard/templates/icons.html")),
+    ("login.html", include_str!("../../../../dashboard/templates/login.html")),
+    ("overview.html", include_str!("../../../../dashboard/templates/overview.html")),
+    ("status.html", include_str!("../../../../dashboard/templates/status.html")),
+    ("fleet.html", include_str!("../../../../dashboard/templates/fleet.html")),
+    ("fleet_panel.html", include_str!("../../../../dashboard/templates/fleet_panel.html")),
+    ("plugins.html", include_str!("../../../../dashboard/templates/plugins.html")),
+    ("plugins_list.html", include_str!("../../../../dashboard/templates/plugins_list.html")),
+    ("plugins_approve.html", include_str!("../../../../dashboard/templates/plugins_approve.html")),
+    ("plugins_flash.html", include_str!("../../../../dashboard/templates/plugins_flash.html")),
+    ("message.html", include_str!("../../../../dashboard/templates/message.html")),
+    ("flash.html", include_str!("../../../../dashboard/templates/flash.html")),
+    ("live.html", include_str!("../../../../dashboard/templates/live.html")),
+    ("confirm_delete.html", include_str!("../../../../dashboard/templates/confirm_delete.html")),
+    ("clusters.html", include_str!("../../../../dashboard/templates/clusters.html")),
+    ("clusters_panel.html", include_str!("../../../../dashboard/templates/clusters_panel.html")),
+    ("cluster.html", include_str!("../../../../dashboard/templates/cluster.html")),
+    ("cluster_panel.html", include_str!("../../../../dashboard/templates/cluster_panel.html")),
+    ("cluster_created.html", include_str!("../../../../dashboard/templates/cluster_created.html")),
+    ("service_fields.html", include_str!("../../../../dashboard/templates/service_fields.html")),
+    ("services.html", include_str!("../../../../dashboard/templates/services.html")),
+    ("services_panel.html", include_str!("../../../../dashboard/templates/services_panel.html")),
+    ("service.html", include_str!("../../../../dashboard/templates/service.html")),
+    ("service_panel.html", include_str!("../../../../dashboard/templates/service_panel.html")),
+    ("settings.html", include_str!("../../../../dashboard/templates/settings.html")),
+    ("settings_panel.html", include_str!("../../../../dashboard/templates/settings_panel.html")),
+    ("tasks.html", include_str!("../../../../dashboard/templates/tasks.html")),
+    ("tasks_panel.html", include_str!("../../../../dashboard/templates/tasks_panel.html")),
+    ("task.html", include_str!("../../../../dashboard/templates/task.html")),
+    ("task_panel.html", include_str!("../../../../dashboard/templates/task_panel.html")),
+    ("task_disable.html", include_str!("../../../../dashboard/templates/task_disable.html")),
+    ("secrets.html", include_str!("../../../../dashboard/templates/secrets.html")),
+    ("secrets_value.html", include_str!("../../../../dashboard/templates/secrets_value.html")),
+    ("secrets_list.html", include_str!("../../../../dashboard/templates/secrets_list.html")),
+    ("secrets_facts.html", include_str!("../../../../dashboard/templates/secrets_facts.html")),
+    ("secrets_service.html", include_str!("../../../../dashboard/templates/secrets_service.html")),
+    ("secrets_rotate.html", include_str!("../../../../dashboard/templates/secrets_rotate.html")),
+    ("secrets_revoke.html", include_str!("../../../../dashboard/templates/secrets_revoke.html")),
+    ("secrets_set.html", include_str!("../../../../dashboard/templates/secrets_set.html")),
+    ("secrets_set_retire.html", include_str!("../../../../dashboard/templates/secrets_set_retire.html")),
+    ("appstore.html", include_str!("../../../../dashboard/templates/appstore.html")),
+    ("appstore_app.html", include_str!("../../../../dashboard/templates/appstore_app.html")),
+    ("appstore_upgrade.html", include_str!("../../../../dashboard/templates/appstore_upgrade.html")),
+];
+
+static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut env = Environment::new();
+    // printing a missing value is an error, not an empty string
+    env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+    env.add_global("version", env!("CARGO_PKG_VERSION"));
+    // asset URLs are ours (`/static/<hex>/<known path>`): emitted as they are
+    env.add_function("asset", |path: &str| {
+        assets::url(path)
+            .map(minijinja::Value::from_safe_string)
+            .ok_or_else(|| minijinja::Error::new(ErrorKind::InvalidOperation, format!("no embedded asset {path:?}")))
+    });
+    for (name, source) in TEMPLATES {
+        if let Err(e) = env.add_template(name, source) {
+            // a page using it then fails to render (500) and says so in the log
+            tracing::error!(template = name, error = %e, "a dashboard template does not compile");
+        }
+    }
+    env
+});
+
+/// Render template `name` (autoescaped: its name ends in `.html`).
+fn render(status: StatusCode, name: &str, ctx: minijinja::Value) -> Response {
+    match TEMPLATE_ENV.get_template(name).and_then(|t| t.render(ctx)) {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(e) => {
+            tracing::error!(template = name, error = %e, "a dashboard page failed to render");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                "This page could not be rendered; the server log has the details.\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// A standalone page with a title and a message (refusals, errors, not found).
+fn message_page(status: StatusCode, title: &str, message: &str) -> Response {
+    render(status, "message.html", context! { title, message, code => status.as_u16() })
+}
+
+// ---------------------------------------------------------------------------------------
+// Headers, cookies, origins
+
+async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    apply_security_headers(&mut response);
+    response
+}
+
+/// The headers every dashboard response carries; HTML is never cached.
+fn apply_security_headers(response: &mut Response) {
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+}
+
+/// Whether an unmatched request should get the HTML "not found" page rather than the API's
+/// JSON envelope: a browser (it asks for `text/html`) outside `/api`.
+pub fn wants_html(headers: &HeaderMap, path: &str) -> bool {
+    let api = path == "/api" || path.starts_with("/api/");
+    !api && headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains("text/html")))
+}
+
+/// The HTML "not found" page, with the dashboard's headers.
+pub fn not_found_page() -> Response {
+    let mut response = message_page(StatusCode::NOT_FOUND, "Page not found", "There is no page at this address.");
+    apply_security_headers(&mut response);
+    response
+}
+
+/// The session token from the `Cookie` headers, if any.
+fn session_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().trim_matches('"'))
+        .filter(|value| !value.is_empty())
+}
+
+fn cookie_attributes(max_age: u64, secure: bool) -> String {
+    format!("HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{}", if secure { "; Secure" } else { "" })
+}
+
+fn is_https(state: &AppState) -> bool {
+    state.public_origin.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+}
+
+/// A `303 See Other` to `location`.
+fn see_other(location: &'static str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}
+
+/// Add a `Set-Cookie` that removes the session cookie.
+fn clear_session_cookie(response: &mut Response, secure: bool) {
+    let value = format!("{SESSION_COOKIE}=; {}", cookie_attributes(0, secure));
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+}
+
+/// Whether a form post's `Origin` (when it has one) is this host: the configured public
+/// origin, or the scheme-less authority the request was sent to (its `Host`).
+fn origin_allowed(origin: &HeaderValue, public_origin: &str, headers: &HeaderMap, uri: &Uri) -> bool {
+    let Ok(origin) = origin.to_str() else { return false };
+    let origin = origin.trim();
+    if origin.eq_ignore_ascii_case(public_origin.trim_end_matches('/')) {
+        return true;
+    }
+    let lower = origin.to_ascii_lowercase();
+    let Some(authority) = lower.strip_prefix("http://").or_else(|| lower.strip_prefix("https://")) else { return false };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::trim).or_else(|| uri.authority().map(|a| a.as_str()));
+    !authority.is_empty() && host.is_some_and(|host| authority.eq_ignore_ascii_case(host))
+}
+
+/// The 403 page for a cross-origin form post, `None` when the post may go on.
+fn refuse_cross_origin(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
+    let origin = headers.get(header::ORIGIN)?;
+    if origin_allowed(origin, &state.public_origin, headers, uri) {
+        return None;
+    }
+    let shown: String = String::from_utf8_lossy(origin.as_bytes()).chars().take(100).collect();
+    tracing::info!(origin = ?shown, "cross-origin form post refused");
+    Some(message_page(
+        StatusCode::FORBIDDEN,
+        "Request refused",
+        "This form was sent from another site, so Capstan did not act on it. Open Capstan at its own address and try again.",
+    ))
+}
+
+/// The page for a refusal that is not about the caller (the store is down, an internal
+/// failure): logged like an API error, shown without detail.
+fn unavailable(refusal: Refusal) -> Response {
+    let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status.is_server_error() {
+        tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "dashboard request failed: {}", refusal.message);
+    } else {
+        tracing::info!(code = %refusal.code, "dashboard request refused: {}", refusal.message);
+    }
+    let message = format!("Capstan could not answer this request ({}): {}. Try again shortly.", refusal.code, refusal.message);
+    message_page(status, "Capstan cannot answer right now", &message)
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions
+
+/// The human session the request's cookie stands for; `None` without a cookie or with one
+/// that no longer authenticates. Other failures (the store is down) are errors.
+async fn current_identity(state: &AppState, headers: &HeaderMap) -> Result<Option<Identity>, Refusal> {
+    let Some(token) = session_token(headers) else { return Ok(None) };
+    match state.auth.authenticate(token).await {
+        Ok(identity) if identity.kind == "human" => Ok(Some(identity)),
+        Ok(_) => Ok(None),
+        Err(e) if e.is("unauthenticated") => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Off to the login page; a cookie that no longer works is removed on the way.
+fn to_login(state: &AppState, headers: &HeaderMap) -> Response {
+    let mut response = see_other("/login");
+    if session_token(headers).is_some() {
+        clear_session_cookie(&mut response, is_https(state));
+    }
+    response
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// `2025-01-31 13:45 UTC` (seconds since the epoch; clamped to what the formatter takes).
+fn utc(secs: u64) -> String {
+    let at = UNIX_EPOCH + Duration::from_secs(secs.min(253_402_300_799));
+    let text = humantime::format_rfc3339_seconds(at).to_string();
+    match (text.get(..10), text.get(11..16)) {
+        (Some(date), Some(time)) => format!("{date} {time} UTC"),
+        _ => text,
+    }
+}
+
+fn rfc3339(secs: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs.min(253_402_300_799))).to_string()
+}
+
+/// `in 11 h 59 min`.
+fn time_left(until: u64) -> String {
+    let left = until.saturating_sub(now_secs());
+    let (hours, minutes) = (left / 3600, (left % 3600) / 60);
+    match (hours, minutes) {
+        (0, 0) => "in less than a minute".into(),
+        (0, m) => format!("in {m} min"),
+        (h, m) => format!("in {h} h {m} min"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Views
+
+/// One entry of the navigation rail.
+#[derive(Serialize)]
+struct NavItem {
+    label: &'static str,
+    icon: &'static str,
+    /// `None`: not built yet, shown disabled.
+    href: Option<&'static str>,
+    active: bool,
+}
+
+/// The rail's sections; the ones without a page yet are shown as coming soon.
+const SECTIONS: &[(&str, &str, Option<&str>)] = &[
+    ("Overview", "overview", Some("/")),
+    ("Fleet", "fleet", Some("/fleet")),
+    ("Clusters", "clusters", Some("/clusters")),
+    ("Services", "services", Some("/services")),
+    ("Secrets", "secrets", Some("/secrets")),
+    ("App Store", "apps", Some("/appstore")),
+    ("Backups", "backups", None),
+    ("Mail", "mail", None),
+    ("Ingress", "ingress", None),
+    ("Plugins", "plugins", Some("/plugins")),
+    ("Tasks", "tasks", Some("/tasks")),
+    ("Settings", "settings", Some("/settings")),
+];
+
+fn nav(active: &str) -> Vec<NavItem> {
+    SECTIONS.iter().map(|&(label, icon, href)| NavItem { label, icon, href, active: icon == active }).collect()
+}
+
+#[derive(Serialize)]
+struct UserView {
+    username: String,
+    initial: String,
+    admin: bool,
+    role: &'static str,
+    logged_in_at: String,
+    logged_in_iso: String,
+    expires_at: String,
+    expires_iso: String,
+    expires_in: String,
+}
+
+fn user_view(identity: &Identity) -> UserView {
+    UserView {
+        username: identity.username.clone(),
+        initial: identity.username.chars().next().map(|c| c.to_ascii_uppercase().to_string()).unwrap_or_default(),
+        admin: identity.admin,
+        role: if identity.admin { "Administrator" } else { "Operator" },
+        logged_in_at: utc(identity.authenticated_at),
+        logged_in_iso: rfc3339(identity.authenticated_at),
+        expires_at: utc(identity.expires_at),
+        expires_iso: rfc3339(identity.expires_at),
+        expires_in: time_left(identity.expires_at),
+    }
+}
+
+#[derive(Serialize)]
+struct HistoryRow {
+    step: String,
+    from: String,
+    to: String,
+    finished: String,
+}
+
+/// The readiness report as the status panel shows it.
+fn status_context(report: &StatusReport) -> minijinja::Value {
+    let history: Vec<HistoryRow> = report
+        .migrations
+        .history
+        .iter()
+        .rev()
+        .take(10)
+        .map(|h| HistoryRow { step: h.step.clone(), from: h.from.clone(), to: h.to.clone(), finished: utc(h.finished_at / 1000) })
+        .collect();
+    let now = now_secs();
+    context! {
+        status => Serde(report),
+        history => Serde(history),
+        checked_at => utc(now),
+        checked_iso => rfc3339(now),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Pages
+
+/// `GET /`: who you are, the readiness report, the version.
+async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let identity = match current_identity(&state, &headers).await {
+        Ok(Some(identity)) => identity,
+        Ok(None) => return to_login(&state, &headers),
+        Err(refusal) => return unavailable(refusal),
+    };
+    let report = status_report(&state.system()).await;
+    let ctx = context! {
+        page => "Overview",
+        nav => Serde(nav("overview")),
+        user => Serde(user_view(&identity)),
+        data_target => state.chain.target().to_string(),
+        ..status_context(&report)
+    };
+    render(StatusCode::OK, "overview.html", ctx)
+}
+
+/// `GET /overview/status`: the status panel alone, for htmx to refresh in place.
+async fn status_panel(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    match current_identity(&state, &headers).await {
+        Ok(Some(_)) => render(StatusCode::OK, "status.html", status_context(&status_report(&state.system()).await)),
+        // htmx follows HX-Redirect with a full page load; a plain request gets the redirect
+        Ok(None) if headers.contains_key("hx-request") => (StatusCode::UNAUTHORIZED, [("hx-redirect", "/login")]).into_response(),
+        Ok(None) => to_login(&state, &headers),
+        Err(refusal) => unavailable(refusal),
+    }
+}
+
+/// The login form, with an error and the username typed so far (never the password).
+fn login_form(status: StatusCode, error: Option<&str>, username: &str) -> Response {
+    let username: String = username.chars().take(100).collect();
+    render(status, "login.html", context! { error, username })
+}
+
+/// `GET /login`: the form; a browser that is already logged in goes to the overview.
+async fn login_page(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    match current_identity(&state, &headers).await {
+        Ok(Some(_)) => see_other("/"),
+        _ => login_form(StatusCode::OK, None, ""),
+    }
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+}
+
+/// `POST /login` (form-encoded): on success the session cookie and a 303 to `/`.
+async fn login(State(state): State<AppState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+        return refused;
+    }
+    let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let form = match Form::<LoginForm>::from_request(Request::from_parts(parts, body), &state).await {
+        Ok(Form(form)) => form,
+        Err(rejection) => {
+            tracing::info!(status = rejection.status().as_u16(), "an unreadable login form was refused");
+            let status =
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::BAD_REQUEST };
+            return login_form(status, Some("The login form could not be read. Reload the page and try again."), "");
+        }
+    };
+    let LoginForm { username, mut password } = form;
+    let username = username.trim();
+    let result = state.auth.login(username, &password, source).await;
+    password.zeroize();
+    match result {
+        Ok(answer) => {
+            let max_age = answer.expires_at.saturating_sub(now_secs());
+            let cookie = format!("{SESSION_COOKIE}={}; {}", answer.token, cookie_attributes(max_age, is_https(&state)));
+            let Ok(cookie) = HeaderValue::from_str(&cookie) else {
+                return unavailable(Refusal::internal("the session token is not a valid cookie value"));
+            };
+            let mut response = see_other("/");
+            response.headers_mut().insert(header::SET_COOKIE, cookie);
+            response
+        }
+        Err(refusal) if refusal.is("unauthenticated") => login_form(StatusCode::UNAUTHORIZED, Some(DENIAL), username),
+        Err(refusal) if refusal.is("rate-limited") => {
+            let wait_ms = refusal.data.as_ref().and_then(|d| d.get("retryAfterMs")).and_then(|v| v.as_u64()).unwrap_or(1000);
+            let seconds = wait_ms.div_ceil(1000).max(1);
+            let message = format!("Too many failed logins. Wait {seconds} seconds before trying again.");
+            let mut response = login_form(StatusCode::TOO_MANY_REQUESTS, Some(&message), username);
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            response
+        }
+        Err(refusal) => {
+            let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            if status.is_server_error() {
+                tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "login failed: {}", refusal.message);
+            }
+            let message = format!("Capstan could not log you in right now ({}). Try again shortly.", refusal.code);
+            login_form(status, Some(&message), username)
+        }
+    }
+}
+
+/// `POST /logout`: end the session, remove the cookie, back to the login page.
+async fn logout(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Some(refused) = refuse_cross_origin(&state, &headers, &uri) {
+        return refused;
+    }
+    match current_identity(&state, &headers).await {
+        Ok(Some(identity)) => {
+            if let Err(refusal) = state.auth.logout(&identity).await {
+                return unavailable(refusal);
+            }
+        }
+        Ok(None) => {}
+        Err(refusal) => return unavailable(refusal),
+    }
+    let mut response = see_other("/login");
+    clear_session_cookie(&mut response, is_https(&state));
+    response
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,730 @@
+//! The Plugins view at `/plugins` (administrators only, like the `plugins.*` API methods): the
+//! installed plugins with version, publisher, status and grants, and the lifecycle as forms.
+//!
+//! Installing or upgrading takes two steps. The bundle is uploaded (multipart, up to 64 MiB)
+//! to `POST /plugins/inspect`, which parses it and keeps it as an upload exactly as the API's
+//! upload endpoint does (nothing is kept when it does not parse), then shows what it requests
+//! with a checkbox per capability. Confirming posts the upload id and the ticked capabilities
+//! to `POST /plugins/install` or `POST /plugins/upgrade`; the host approves only exactly the
+//! requested set and refuses `capabilities-not-approved` otherwise. Rolling back, disabling and
+//! enabling are one form post each.
+//!
+//! Every post is checked like the login form (a foreign `Origin` is refused) and needs an
+//! administrator's session. A success answers `303` to `/plugins?done=<what>&id=<plugin>`
+//! (the page then says what happened); a refusal is shown on the page with its code.
+
+use super::{current_identity, message_page, nav, refuse_cross_origin, render, rfc3339, to_login, unavailable, user_view, utc};
+use crate::api::AppState;
+use crate::auth::Identity;
+use crate::plugins::bundle::{Bundle, Inspection, MAX_BUNDLE_BYTES, PublisherKey};
+use crate::plugins::host::PluginHost;
+use crate::plugins::methods::{self, PluginView};
+use crate::refusal::{Refusal, Result};
+use axum::Form;
+use axum::extract::{FromRequest, Multipart, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use minijinja::context;
+use minijinja::value::Serde;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+
+/// Room for the multipart framing and the small fields around a bundle of the largest size.
+const MULTIPART_SLACK: usize = 64 * 1024;
+/// The body limit of `POST /plugins/inspect`.
+pub(super) const UPLOAD_LIMIT: usize = MAX_BUNDLE_BYTES + MULTIPART_SLACK;
+/// The longest value a small form field (`intent`, `plugin`) may have.
+const FIELD_LIMIT: usize = 256;
+
+// ---------------------------------------------------------------------------------------
+// Views
+
+#[derive(Serialize)]
+struct ErrorView {
+    code: String,
+    message: String,
+}
+
+/// What a post did, or why it did not: the page's banner.
+#[derive(Serialize)]
+struct Flash {
+    ok: bool,
+    /// The refusal's code (refusals only).
+    code: Option<String>,
+    title: String,
+    message: String,
+}
+
+impl Flash {
+    fn done(title: impl Into<String>, message: impl Into<String>) -> Flash {
+        Flash { ok: true, code: None, title: title.into(), message: message.into() }
+    }
+
+    fn refused(title: &str, refusal: &Refusal, after: &str) -> Flash {
+        let mut message = refusal.message.trim_end_matches('.').to_string();
+        message.push('.');
+        if !after.is_empty() {
+            message = format!("{message} {after}");
+        }
+        Flash { ok: false, code: Some(refusal.code.to_string()), title: format!("{title} ({})", refusal.code), message }
+    }
+}
+
+#[derive(Serialize)]
+struct PublisherView {
+    first_party: bool,
+    /// The key's fingerprint (16 hex digits), or the text as recorded when it does not parse.
+    short: String,
+    /// The whole key text (or `first-party`).
+    key: String,
+    /// The name it was trusted under, when added through the API; `configured` for keys from
+    /// the configuration.
+    name: Option<String>,
+}
+
+#[derive(Serialize)]
+struct RowView {
+    id: String,
+    name: String,
+    version: String,
+    previous_version: Option<String>,
+    /// `running`, `disabled` or `failed`.
+    status: String,
+    /// The pill class for the status.
+    status_class: &'static str,
+    enabled: bool,
+    error: Option<ErrorView>,
+    grants: Vec<String>,
+    publisher: PublisherView,
+    installed_at: String,
+    installed_iso: String,
+    installed_by: String,
+    digest: String,
+    methods: usize,
+}
+
+#[derive(Serialize)]
+struct CapabilityRow {
+    name: String,
+    checked: bool,
+    /// Not among the installed version's grants (upgrades only).
+    new: bool,
+}
+
+/// The approval step of an install or an upgrade.
+#[derive(Serialize)]
+struct ApprovalView {
+    upload: String,
+    upgrade: bool,
+    id: String,
+    name: String,
+    version: String,
+    description: String,
+    wit: String,
+    /// The manifest's publisher display name (not verified).
+    manifest_publisher: Option<String>,
+    signer: Option<PublisherView>,
+    digest: String,
+    size: String,
+    installed_version: Option<String>,
+    capabilities: Vec<CapabilityRow>,
+}
+
+/// `5.5 MiB`, `12.0 KiB`, `812 bytes`.
+fn size(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// The trusted publishers' names by fingerprint (`configured` for keys from configuration).
+async fn publisher_names(host: &PluginHost) -> HashMap<String, String> {
+    let mut names: HashMap<String, String> =
+        host.configured_publishers().iter().map(|k| (k.fingerprint(), "configured".to_string())).collect();
+    match host.trusted_publishers().await {
+        Ok(added) => names.extend(added.into_iter().map(|p| (p.fingerprint, p.name))),
+        // the names are a courtesy: the list still shows the fingerprints
+        Err(refusal) => tracing::warn!(code = %refusal.code, "the plugins view could not read the trusted publishers: {}", refusal.message),
+    }
+    names
+}
+
+fn publisher_view(text: &str, names: &HashMap<String, String>) -> PublisherView {
+    if text == "first-party" {
+        return PublisherView { first_party: true, short: text.into(), key: text.into(), name: None };
+    }
+    match text.parse::<PublisherKey>() {
+        Ok(key) => {
+            let short = key.fingerprint();
+            PublisherView { first_party: false, name: names.get(&short).cloned(), short, key: text.into() }
+        }
+        Err(_) => PublisherView { first_party: false, short: text.chars().take(24).collect(), key: text.into(), name: None },
+    }
+}
+
+fn row_view(view: PluginView, names: &HashMap<String, String>) -> RowView {
+    let status_class = match view.status.as_str() {
+        "running" => "state-live",
+        "disabled" => "state-never",
+        _ => "state-stale",
+    };
+    let error = match (view.status.as_str(), view.last_error) {
+        ("failed", Some(e)) => Some(ErrorView { code: e.code, message: e.message }),
+        ("failed", None) => Some(ErrorView { code: "not-loaded".into(), message: "not loaded on this node yet".into() }),
+        _ => None,
+    };
+    let installed = view.installed_at / 1000;
+    RowView {
+        publisher: publisher_view(&view.publisher, names),
+        enabled: view.status != "disabled",
+        status_class,
+        error,
+        installed_at: utc(installed),
+        installed_iso: rfc3339(installed),
+        installed_by: view.installed_by,
+        digest: view.digest.chars().take(16).collect(),
+        methods: view.methods.len(),
+        id: view.id,
+        name: view.name,
+        version: view.version,
+        previous_version: view.previous_version,
+        status: view.status,
+        grants: view.grants,
+    }
+}
+
+/// The installed plugins as the table shows them.
+async fn rows(host: &PluginHost) -> Result<Vec<RowView>> {
+    let records = host.records().await?;
+    let names = publisher_names(host).await;
+    Ok(records.iter().map(|(record, _)| row_view(methods::view(host, record), &names)).collect())
+}
+
+fn approval_view(
+    upload: String,
+    upgrade: bool,
+    inspection: Inspection,
+    installed: Option<(String, Vec<String>)>,
+    checked: &BTreeSet<String>,
+    names: &HashMap<String, String>,
+) -> ApprovalView {
+    let granted: BTreeSet<String> = installed.as_ref().map(|(_, grants)| grants.iter().cloned().collect()).unwrap_or_default();
+    let capabilities = inspection
+        .capabilities
+        .iter()
+        .map(|c| {
+            let name = c.to_string();
+            CapabilityRow { checked: checked.contains(&name), new: upgrade && !granted.contains(&name), name }
+        })
+        .collect();
+    ApprovalView {
+        upload,
+        upgrade,
+        signer: inspection.signed_by.as_deref().map(|key| publisher_view(key, names)),
+        size: size(inspection.component_bytes),
+        installed_version: installed.map(|(version, _)| version),
+        id: inspection.id,
+        name: inspection.name,
+        version: inspection.version,
+        description: inspection.description,
+        wit: inspection.wit,
+        manifest_publisher: inspection.publisher,
+        digest: inspection.digest,
+        capabilities,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses
+
+fn forbidden() -> Response {
+    message_page(
+        StatusCode::FORBIDDEN,
+        "Administrators only",
+        "The plugins view is for administrators. Ask one to show you, or to make you one.",
+    )
+}
+
+/// The administrator the request's session stands for, or the answer to give instead.
+async fn admin(state: &AppState, headers: &HeaderMap) -> std::result::Result<Identity, Response> {
+    match current_identity(state, headers).await {
+        Ok(Some(identity)) if identity.is_human_admin() => Ok(identity),
+        Ok(Some(_)) => Err(forbidden()),
+        Ok(None) => Err(to_login(state, headers)),
+        Err(refusal) => Err(unavailable(refusal)),
+    }
+}
+
+/// The status a refusal is answered with; a bundle that is too large is `413` (its body was
+/// not read to the end).
+fn status_of(refusal: &Refusal) -> StatusCode {
+    if refusal.is("bundle-too-large") {
+        return StatusCode::PAYLOAD_TOO_LARGE;
+    }
+    StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn log_refusal(action: &str, refusal: &Refusal) {
+    if refusal.http_status() >= 500 {
+        tracing::error!(action, code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "a plugin action failed: {}", refusal.message);
+    } else {
+        tracing::info!(action, code = %refusal.code, "a plugin action was refused: {}", refusal.message);
+    }
+}
+
+/// What the page's banner says.
+enum Banner<'a> {
+    None,
+    Flash(Flash),
+    /// What `?done=…&id=…` reports (it names the version, so it is made from the list).
+    Done(&'a DoneQuery),
+}
+
+/// The page: the list (or why it could not be read), the install form, and a banner.
+async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, banner: Banner<'_>) -> Response {
+    let (plugins, error) = match rows(&state.plugins).await {
+        Ok(rows) => (Some(rows), None),
+        Err(refusal) => {
+            log_refusal("list", &refusal);
+            (None, Some(ErrorView { code: refusal.code.to_string(), message: refusal.message.clone() }))
+        }
+    };
+    let flash = match banner {
+        Banner::None => None,
+        Banner::Flash(flash) => Some(flash),
+        Banner::Done(query) => done_flash(query, plugins.as_deref()),
+    };
+    let ctx = context! {
+        page => "Plugins",
+        nav => Serde(nav("plugins")),
+        user => Serde(user_view(identity)),
+        plugins => Serde(plugins),
+        error => Serde(error),
+        flash => Serde(flash),
+    };
+    render(status, "plugins.html", ctx)
+}
+
+/// The page with a refusal in its banner, answered with the refusal's status.
+async fn refused_page(state: &AppState, identity: &Identity, action: &str, title: &str, refusal: Refusal, after: &str) -> Response {
+    log_refusal(action, &refusal);
+    let status = status_of(&refusal);
+    let mut response = list_page(state, identity, status, Banner::Flash(Flash::refused(title, &refusal, after))).await;
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // the rest of the body is not read: this connection ends here
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The approval step for a kept upload; after a refusal, with it in the banner and its status.
+async fn approval_page(
+    identity: &Identity,
+    host: &PluginHost,
+    upload: String,
+    upgrade: bool,
+    inspection: Inspection,
+    checked: &BTreeSet<String>,
+    refused: Option<(StatusCode, Flash)>,
+) -> Response {
+    let installed = match host.record(&inspection.id).await {
+        Ok(record) => record.map(|(r, _)| (r.current.version, r.current.grants)),
+        Err(refusal) => {
+            log_refusal("approve", &refusal);
+            None
+        }
+    };
+    let names = publisher_names(host).await;
+    let approval = approval_view(upload, upgrade, inspection, installed, checked, &names);
+    let (status, flash) = match refused {
+        Some((status, flash)) => (status, Some(flash)),
+        None => (StatusCode::OK, None),
+    };
+    let title = if upgrade { "Approve the upgrade" } else { "Approve the install" };
+    let ctx = context! {
+        page => title,
+        nav => Serde(nav("plugins")),
+        user => Serde(user_view(identity)),
+        approval => Serde(approval),
+        flash => Serde(flash),
+    };
+    render(status, "plugins_approve.html", ctx)
+}
+
+/// `%`-encode everything but ASCII letters, digits, `-` and `_`, for a query value.
+fn query_value(text: &str) -> String {
+    text.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// `303` to the page, which then says what was done to which plugin.
+fn done(what: &str, id: &str) -> Response {
+    let location = format!("/plugins?done={what}&id={}", query_value(id));
+    match HeaderValue::from_str(&location) {
+        Ok(location) => (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response(),
+        Err(_) => (StatusCode::SEE_OTHER, [(header::LOCATION, HeaderValue::from_static("/plugins"))]).into_response(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /plugins
+
+#[derive(Deserialize)]
+struct DoneQuery {
+    done: Option<String>,
+    id: Option<String>,
+}
+
+/// The banner for `?done=<what>&id=<plugin>`, naming the version the plugin is at now.
+fn done_flash(query: &DoneQuery, rows: Option<&[RowView]>) -> Option<Flash> {
+    let what = query.done.as_deref()?;
+    if what == "discarded" {
+        return Some(Flash::done("Upload discarded", "The uploaded bundle was not installed and is no longer kept."));
+    }
+    let id: String = query.id.as_deref()?.chars().take(64).collect();
+    let row = rows.and_then(|rows| rows.iter().find(|r| r.id == id));
+    let at = row.map(|r| format!(" {}", r.version)).unwrap_or_default();
+    let failed = row.is_some_and(|r| r.status == "failed");
+    let (title, message) = match what {
+        "installed" => ("Plugin installed", format!("{id}{at} is installed with the capabilities you approved.")),
+        "upgraded" => ("Plugin upgraded", format!("{id} is upgraded{}; calls now go to the new version.", at.replacen(' ', " to ", 1))),
+        "rolled-back" => ("Plugin rolled back", format!("{id} is back at the previous version{at}.")),
+        "disabled" => ("Plugin disabled", format!("{id} no longer serves calls; its data stays.")),
+        "enabled" if failed => ("Plugin enabled", format!("{id} is enabled but did not load on this node: its status says why.")),
+        "enabled" => ("Plugin enabled", format!("{id} serves calls again.")),
+        _ => return None,
+    };
+    Some(Flash::done(title, message))
+}
+
+/// `GET /plugins`: the installed plugins and the install form.
+pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    let identity = match admin(&state, &headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let query = Query::<DoneQuery>::try_from_uri(&uri).map(|q| q.0).unwrap_or(DoneQuery { done: None, id: None });
+    let banner = if query.done.is_some() { Banner::Done(&query) } else { Banner::None };
+    list_page(&state, &identity, StatusCode::OK, banner).await
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /plugins/inspect
+
+#[derive(Default)]
+struct UploadForm {
+    upgrade: bool,
+    /// The plugin an Upgrade button was for.
+    plugin: Option<String>,
+    bundle: Option<Vec<u8>>,
+    file_name: String,
+}
+
+fn too_large() -> Refusal {
+    Refusal::new("bundle-too-large", format!("a bundle is at most {MAX_BUNDLE_BYTES} bytes (64 MiB)"))
+        .with_data(serde_json::json!({ "limit": MAX_BUNDLE_BYTES }))
+}
+
+fn unreadable(error: &axum::extract::multipart::MultipartError) -> Refusal {
+    if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large();
+    }
+    Refusal::invalid_request("the upload could not be read; choose the bundle file and send the form again").detail(error)
+}
+
+async fn small_field(mut field: axum::extract::multipart::Field<'_>) -> Result<String> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|e| unreadable(&e))? {
+        if bytes.len() + chunk.len() > FIELD_LIMIT {
+            return Err(Refusal::invalid_request("a field of the upload form is too long"));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    String::from_utf8(bytes).map_err(|_| Refusal::invalid_request("a field of the upload form is not text"))
+}
+
+/// The upload form: `bundle` (the file), and from an Upgrade button `intent=upgrade` and
+/// `plugin=<id>`. Other fields are skipped.
+async fn read_upload_form(request: Request, state: &AppState) -> Result<UploadForm> {
+    let mut multipart = Multipart::from_request(request, state).await.map_err(|rejection| {
+        Refusal::new("unsupported-media-type", "the bundle is sent as a multipart/form-data upload").detail(rejection.body_text())
+    })?;
+    let mut form = UploadForm::default();
+    while let Some(mut field) = multipart.next_field().await.map_err(|e| unreadable(&e))? {
+        match field.name().unwrap_or_default() {
+            "bundle" => {
+                form.file_name = field.file_name().unwrap_or_default().chars().take(200).collect();
+                let mut bytes = Vec::new();
+                while let Some(chunk) = field.chunk().await.map_err(|e| unreadable(&e))? {
+                    if bytes.len() + chunk.len() > MAX_BUNDLE_BYTES {
+                        return Err(too_large());
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                form.bundle = Some(bytes);
+            }
+            "intent" => form.upgrade = small_field(field).await?.trim() == "upgrade",
+            "plugin" => form.plugin = Some(small_field(field).await?.trim().to_string()).filter(|p| !p.is_empty()),
+            _ => {}
+        }
+    }
+    Ok(form)
+}
+
+/// `POST /plugins/inspect` (multipart): keep the uploaded bundle and show what it requests
+/// for approval. A bundle that does not parse is refused by name and nothing is kept.
+pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+        return refused;
+    }
+    let identity = match admin(&state, &parts.headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let title = "The bundle was not accepted";
+    let host = state.plugins.clone();
+    let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > UPLOAD_LIMIT as u64) {
+        return refused_page(&state, &identity, "inspect", title, too_large(), "").await;
+    }
+    let form = match read_upload_form(Request::from_parts(parts, body), &state).await {
+        Ok(form) => form,
+        Err(refusal) => return refused_page(&state, &identity, "inspect", title, refusal, "").await,
+    };
+    let bytes = match form.bundle {
+        Some(bytes) if !(bytes.is_empty() && form.file_name.is_empty()) => bytes,
+        _ => {
+            let refusal = Refusal::invalid_request("choose a bundle file (.capstan-plugin) to upload");
+            return refused_page(&state, &identity, "inspect", title, refusal, "").await;
+        }
+    };
+    let (upload, inspection) = match methods::keep_upload(&state.blobs, &bytes, &identity.username).await {
+        Ok(kept) => kept,
+        Err(refusal) => return refused_page(&state, &identity, "inspect", title, refusal, "Nothing was kept.").await,
+    };
+    drop(bytes);
+    // what the button asked for and what the bundle is must agree; otherwise nothing is kept
+    let mismatch = match (form.upgrade, &form.plugin) {
+        (true, Some(plugin)) if *plugin != inspection.id => Some(
+            Refusal::new("bundle-plugin-mismatch", format!("this bundle is plugin {:?}, not {plugin:?}", inspection.id))
+                .with_data(serde_json::json!({ "expected": plugin, "bundle": inspection.id })),
+        ),
+        (true, None) => Some(Refusal::invalid_request("an upgrade names the plugin it upgrades")),
+        _ => None,
+    };
+    if let Some(refusal) = mismatch {
+        methods::forget_upload(&state.blobs, &upload).await;
+        return refused_page(&state, &identity, "inspect", title, refusal, "Nothing was kept.").await;
+    }
+    approval_page(&identity, &host, upload, form.upgrade, inspection, &BTreeSet::new(), None).await
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /plugins/install, /plugins/upgrade
+
+/// The form body as pairs (repeated `approve` fields included), or the page that refuses it.
+async fn read_pairs(
+    state: &AppState,
+    identity: &Identity,
+    action: &str,
+    request: Request,
+) -> std::result::Result<Vec<(String, String)>, Response> {
+    match Form::<Vec<(String, String)>>::from_request(request, state).await {
+        Ok(Form(pairs)) => Ok(pairs),
+        Err(rejection) => {
+            let refusal = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Refusal::new("request-too-large", "the form is larger than the dashboard reads")
+            } else {
+                Refusal::invalid_request("the form could not be read; reload the page and try again")
+            };
+            Err(refused_page(state, identity, action, "Nothing was changed", refusal, "").await)
+        }
+    }
+}
+
+fn field<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
+    pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.trim()).unwrap_or_default()
+}
+
+fn is_upload_id(text: &str) -> bool {
+    text.len() == 32 && text.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// Run an approved install or upgrade of a kept upload. On success the upload is dropped; on
+/// `capabilities-not-approved` or a refusal worth retrying the approval step is shown again
+/// (the upload is kept); on any other refusal the upload is dropped and the list says why.
+async fn confirm(state: AppState, request: Request, upgrade: bool) -> Response {
+    let (parts, body) = request.into_parts();
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+        return refused;
+    }
+    let identity = match admin(&state, &parts.headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let (action, title) = if upgrade { ("upgrade", "The plugin was not upgraded") } else { ("install", "The plugin was not installed") };
+    let pairs = match read_pairs(&state, &identity, action, Request::from_parts(parts, body)).await {
+        Ok(pairs) => pairs,
+        Err(response) => return response,
+    };
+    let host = state.plugins.clone();
+    let upload = field(&pairs, "upload").to_string();
+    let approved: Vec<String> = pairs.iter().filter(|(k, _)| k == "approve").map(|(_, v)| v.trim().to_string()).collect();
+    let bytes = match methods::take_upload(&state.blobs, &upload).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refused_page(&state, &identity, action, title, refusal, "").await,
+    };
+    let result = if upgrade {
+        host.upgrade(&bytes, &approved, &identity.username).await
+    } else {
+        host.install(&bytes, &approved, &identity.username).await
+    };
+    match result {
+        Ok(record) => {
+            methods::forget_upload(&state.blobs, &upload).await;
+            done(if upgrade { "upgraded" } else { "installed" }, &record.id)
+        }
+        Err(refusal) if refusal.is("capabilities-not-approved") || refusal.retryable => {
+            log_refusal(action, &refusal);
+            let inspection = match Bundle::parse(&bytes) {
+                Ok(bundle) => bundle.inspect(),
+                Err(e) => return refused_page(&state, &identity, action, title, e, "").await,
+            };
+            let checked: BTreeSet<String> = approved.into_iter().collect();
+            let flash = Flash::refused(title, &refusal, "Nothing was changed; the upload is kept for another try.");
+            approval_page(&identity, &host, upload, upgrade, inspection, &checked, Some((status_of(&refusal), flash))).await
+        }
+        Err(refusal) => {
+            methods::forget_upload(&state.blobs, &upload).await;
+            refused_page(
+                &state,
+                &identity,
+                action,
+                title,
+                refusal,
+                "The upload was discarded; upload the bundle again once the cause is fixed.",
+            )
+            .await
+        }
+    }
+}
+
+/// `POST /plugins/install` (`upload`, `approve`…): install an inspected upload.
+pub(super) async fn install(State(state): State<AppState>, request: Request) -> Response {
+    confirm(state, request, false).await
+}
+
+/// `POST /plugins/upgrade` (`upload`, `approve`…): upgrade to an inspected upload.
+pub(super) async fn upgrade(State(state): State<AppState>, request: Request) -> Response {
+    confirm(state, request, true).await
+}
+
+/// `POST /plugins/discard` (`upload`): drop an upload that will not be installed.
+pub(super) async fn discard(State(state): State<AppState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+        return refused;
+    }
+    let identity = match admin(&state, &parts.headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let pairs = match read_pairs(&state, &identity, "discard", Request::from_parts(parts, body)).await {
+        Ok(pairs) => pairs,
+        Err(response) => return response,
+    };
+    let upload = field(&pairs, "upload");
+    if !is_upload_id(upload) {
+        let refusal = Refusal::invalid_request("upload ids are the 32 hex digits the upload answered");
+        return refused_page(&state, &identity, "discard", "Nothing was discarded", refusal, "").await;
+    }
+    methods::forget_upload(&state.blobs, upload).await;
+    done("discarded", "")
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /plugins/rollback, /plugins/disable, /plugins/enable
+
+#[derive(Clone, Copy)]
+enum Lifecycle {
+    Rollback,
+    Disable,
+    Enable,
+}
+
+async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response {
+    let (parts, body) = request.into_parts();
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+        return refused;
+    }
+    let identity = match admin(&state, &parts.headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
+    let (action, title, what) = match op {
+        Lifecycle::Rollback => ("rollback", "The plugin was not rolled back", "rolled-back"),
+        Lifecycle::Disable => ("disable", "The plugin was not disabled", "disabled"),
+        Lifecycle::Enable => ("enable", "The plugin was not enabled", "enabled"),
+    };
+    let pairs = match read_pairs(&state, &identity, action, Request::from_parts(parts, body)).await {
+        Ok(pairs) => pairs,
+        Err(response) => return response,
+    };
+    let host = state.plugins.clone();
+    let id = field(&pairs, "id");
+    let by = identity.username.as_str();
+    let result = match op {
+        Lifecycle::Rollback => host.rollback(id, by).await,
+        Lifecycle::Disable => host.set_enabled(id, false, by).await,
+        Lifecycle::Enable => host.set_enabled(id, true, by).await,
+    };
+    match result {
+        Ok(record) => done(what, &record.id),
+        Err(refusal) => refused_page(&state, &identity, action, title, refusal, "").await,
+    }
+}
+
+/// `POST /plugins/rollback` (`id`): back to the version before the last upgrade.
+pub(super) async fn rollback(State(state): State<AppState>, request: Request) -> Response {
+    lifecycle(state, request, Lifecycle::Rollback).await
+}
+
+/// `POST /plugins/disable` (`id`): stop serving a plugin; its data stays.
+pub(super) async fn disable(State(state): State<AppState>, request: Request) -> Response {
+    lifecycle(state, request, Lifecycle::Disable).await
+}
+
+/// `POST /plugins/enable` (`id`): serve a disabled plugin again.
+pub(super) async fn enable(State(state): State<AppState>, request: Request) -> Response {
+    lifecycle(state, request, Lifecycle::Enable).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_query_values_read_right() {
+        assert_eq!(size(812), "812 bytes");
+        assert_eq!(size(12 * 1024), "12.0 KiB");
+        assert_eq!(size(5_754_420), "5.5 MiB");
+        assert_eq!(query_value("example"), "example");
+        assert_eq!(query_value("a b&c"), "a%20b%26c");
+        assert!(is_upload_id("0123456789abcdef0123456789ABCDEF"));
+        assert!(!is_upload_id("../../etc/passwd"));
+    }
+
+    #[test]
+    fn publishers_show_a_fingerprint_and_a_name() {
+        let key = PublisherKey::from(&crate::plugins::bundle::generate_key());
+        let names: HashMap<String, String> = [(key.fingerprint(), "Tests".to_string())].into();
+        let view = publisher_view(&key.to_string(), &names);
+        assert_eq!((view.short.len(), view.name.as_deref(), view.first_party), (16, Some("Tests"), false));
+        assert!(publisher_view("first-party", &names).first_party);
+        assert_eq!(publisher_view("garbage", &names).short, "garbage");
+    }
+}

@@ -1,0 +1,2279 @@
+//! The dashboard through the whole router, as a browser would meet it.
+
+use super::*;
+use crate::api::test_state;
+use axum::body::Body;
+use tower::ServiceExt;
+
+const PASSWORD: &str = "a-long-enough-admin-password";
+/// The public origin `test_state` configures.
+const ORIGIN: &str = "http://capstan.test";
+
+/// A migrated host with the administrator `admin`.
+async fn setup() -> (tempfile::TempDir, AppState) {
+    let (dir, state) = unmigrated().await;
+    crate::migrate::run(&state.store, &state.chain, &crate::migrate::LockOptions::for_this_process()).await.unwrap();
+    (dir, state)
+}
+
+/// A host whose migrations have not run (so it is not ready), with the administrator `admin`.
+async fn unmigrated() -> (tempfile::TempDir, AppState) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = test_state(dir.path()).await;
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+    (dir, state)
+}
+
+/// `text` as the templates escape it.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#x27;")
+        .replace('/', "&#x2f;")
+}
+
+/// One answer, read whole.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn location(&self) -> Option<&str> {
+        self.header("location")
+    }
+
+    /// The `name=value` of the first `Set-Cookie`, and the whole header.
+    fn set_cookie(&self) -> Option<(String, String)> {
+        let header = self.header("set-cookie")?.to_string();
+        let pair = header.split(';').next().unwrap_or_default().trim().to_string();
+        Some((pair, header))
+    }
+
+    fn assert_security_headers(&self, what: &str) {
+        assert_eq!(self.header("content-security-policy"), Some(CONTENT_SECURITY_POLICY), "{what}: CSP");
+        assert_eq!(self.header("x-content-type-options"), Some("nosniff"), "{what}: nosniff");
+        assert_eq!(self.header("referrer-policy"), Some("same-origin"), "{what}: referrer policy");
+    }
+}
+
+async fn send(state: &AppState, request: Request) -> Answer {
+    let response = crate::api::router(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 22).await.unwrap();
+    Answer { status, headers, body: String::from_utf8(bytes.to_vec()).unwrap() }
+}
+
+fn get(path: &str, cookie: Option<&str>) -> Request {
+    let mut builder = Request::builder().uri(path).header("host", "capstan.test").header("accept", "text/html");
+    if let Some(cookie) = cookie {
+        builder = builder.header("cookie", cookie);
+    }
+    builder.body(Body::empty()).unwrap()
+}
+
+fn post_form(path: &str, body: &str, cookie: Option<&str>, origin: Option<&str>) -> Request {
+    let mut builder = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", "capstan.test")
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(cookie) = cookie {
+        builder = builder.header("cookie", cookie);
+    }
+    if let Some(origin) = origin {
+        builder = builder.header("origin", origin);
+    }
+    builder.body(Body::from(body.to_string())).unwrap()
+}
+
+fn form(username: &str, password: &str) -> String {
+    let encode = |s: &str| {
+        s.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect::<String>()
+    };
+    format!("username={}&password={}", encode(username), encode(password))
+}
+
+/// Log in as the admin; returns the `capstan_session=<jwt>` pair.
+async fn login_cookie(state: &AppState) -> String {
+    let answer = send(state, post_form("/login", &form("admin", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    answer.set_cookie().expect("a session cookie").0
+}
+
+#[tokio::test]
+async fn the_login_page_renders_with_security_headers() {
+    let (_dir, state) = setup().await;
+    let answer = send(&state, get("/login", None)).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(answer.header("content-type").unwrap().starts_with("text/html"), "{:?}", answer.headers);
+    answer.assert_security_headers("GET /login");
+    assert_eq!(answer.header("cache-control"), Some("no-store"));
+    assert!(answer.body.contains(r#"<form method="post" action="/login""#), "{}", answer.body);
+    assert!(answer.body.contains(r#"name="username""#) && answer.body.contains(r#"name="password" type="password""#));
+    assert!(!answer.body.contains("Login failed"), "no error before a try");
+    // no inline script or style: everything comes from /static
+    assert!(!answer.body.contains("<script>") && !answer.body.contains("<style") && !answer.body.contains("style="), "{}", answer.body);
+    assert!(answer.body.contains(&assets::url("app.css").unwrap()));
+    assert!(answer.body.contains(&assets::url("vendor/htmx.min.js").unwrap()));
+}
+
+#[tokio::test]
+async fn a_wrong_password_shows_the_denial_and_sets_no_cookie() {
+    let (_dir, state) = setup().await;
+    for (user, password) in [("admin", "not-the-right-password-at-all"), ("nobody", PASSWORD), ("", "")] {
+        let answer = send(&state, post_form("/login", &form(user, password), None, Some(ORIGIN))).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{user}");
+        assert!(answer.body.contains(DENIAL), "{user}: {}", answer.body);
+        assert!(answer.set_cookie().is_none(), "{user}: a failed login sets no cookie");
+        assert!(!answer.body.contains(password) || password.is_empty(), "the password is never echoed");
+        answer.assert_security_headers("failed login");
+    }
+}
+
+#[tokio::test]
+async fn the_right_password_sets_a_strict_http_only_cookie_and_redirects() {
+    let (_dir, state) = setup().await;
+    let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_eq!(answer.location(), Some("/"));
+    let (pair, header) = answer.set_cookie().expect("a session cookie");
+    assert!(pair.starts_with("capstan_session=") && pair.len() > 40, "{header}");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="] {
+        assert!(header.contains(attribute), "the cookie should carry {attribute}: {header}");
+    }
+    assert!(!header.contains("Secure"), "an http origin gets no Secure attribute: {header}");
+    let max_age: u64 = header.split("Max-Age=").nth(1).unwrap().split(';').next().unwrap().parse().unwrap();
+    assert!(max_age > 11 * 3600 && max_age <= 12 * 3600, "the cookie lives as long as the session: {max_age}");
+
+    // the login page now sends a logged-in browser to the overview
+    let again = send(&state, get("/login", Some(&pair))).await;
+    assert_eq!((again.status, again.location()), (StatusCode::SEE_OTHER, Some("/")));
+}
+
+#[tokio::test]
+async fn an_https_origin_makes_the_cookie_secure() {
+    let (_dir, mut state) = setup().await;
+    state.public_origin = "https://capstan.example".into();
+    let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some("https://capstan.example"))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let (_, header) = answer.set_cookie().unwrap();
+    assert!(header.contains("; Secure"), "{header}");
+}
+
+#[tokio::test]
+async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
+    let (_dir, state) = setup().await;
+    let anonymous = send(&state, get("/", None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    anonymous.assert_security_headers("GET / without a session");
+
+    let forged = send(&state, get("/", Some("capstan_session=eyJhbGciOiJFZERTQSJ9.e30.AAAA"))).await;
+    assert_eq!((forged.status, forged.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let (pair, header) = forged.set_cookie().expect("a cookie that does not work is removed");
+    assert_eq!(pair, "capstan_session=");
+    assert!(header.contains("Max-Age=0"), "{header}");
+
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/", Some(&format!("theme=x; {cookie}; other=y")))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /");
+    assert_eq!(page.header("cache-control"), Some("no-store"));
+    let body = &page.body;
+    assert!(body.contains(r#"<span class="user-name" id="current-user">admin</span>"#), "{body}");
+    assert!(body.contains("Administrator"), "{body}");
+    assert!(body.contains(r#"id="readiness" data-ready="true""#) && body.contains("<strong>Ready</strong>"), "{body}");
+    assert!(body.contains(&escaped(&state.store.describe())) && body.contains(&escaped(&state.blobs.describe())), "backends: {body}");
+    let target = state.chain.target().to_string();
+    assert!(body.contains(&format!("version {target} of {target}")), "migrations are shown: {body}");
+    assert!(body.contains(env!("CARGO_PKG_VERSION")));
+    assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
+    // every section is in the rail; the ones without a page yet are shown as coming soon
+    for section in ["Backups", "Mail", "Ingress"] {
+        assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
+    }
+    for path in ["clusters", "services", "secrets", "appstore", "tasks", "settings"] {
+        assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
+    }
+    assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
+    // the JWT is only ever in the Set-Cookie header
+    let token = cookie.trim_start_matches("capstan_session=");
+    assert!(!body.contains(token));
+
+    // the status panel alone, for htmx
+    let panel = send(&state, get("/overview/status", Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK);
+    assert!(panel.body.trim_start().starts_with("<section") && panel.body.contains(r#"data-ready="true""#), "{}", panel.body);
+    let mut request = get("/overview/status", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+    let anonymous = send(&state, get("/overview/status", None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+}
+
+#[tokio::test]
+async fn a_host_that_is_not_ready_says_why() {
+    let (_dir, state) = unmigrated().await;
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains(r#"id="readiness" data-ready="false""#) && page.body.contains("<strong>Not ready</strong>"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("The migrations are not done."), "{}", page.body);
+    assert!(page.body.contains("version unknown of"), "{}", page.body);
+}
+
+#[tokio::test]
+async fn logout_ends_the_session() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    assert_eq!(send(&state, get("/", Some(&cookie))).await.status, StatusCode::OK);
+
+    let answer = send(&state, post_form("/logout", "", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let (pair, header) = answer.set_cookie().expect("the cookie is cleared");
+    assert_eq!(pair, "capstan_session=");
+    assert!(header.contains("Max-Age=0") && header.contains("HttpOnly") && header.contains("SameSite=Strict"), "{header}");
+
+    // the old cookie no longer works, on the page and on the API
+    let after = send(&state, get("/", Some(&cookie))).await;
+    assert_eq!((after.status, after.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let token = cookie.trim_start_matches("capstan_session=");
+    assert!(state.auth.authenticate(token).await.unwrap_err().is("unauthenticated"));
+
+    // logging out without a session is harmless
+    let again = send(&state, post_form("/logout", "", None, None)).await;
+    assert_eq!((again.status, again.location()), (StatusCode::SEE_OTHER, Some("/login")));
+}
+
+#[tokio::test]
+async fn cross_origin_posts_are_refused() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    for origin in ["https://evil.example", "null", "http://capstan.test.evil.example", "capstan.test"] {
+        let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some(origin))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{origin}: {}", answer.body);
+        assert!(answer.set_cookie().is_none(), "{origin}");
+        assert!(answer.body.contains("Request refused"), "{}", answer.body);
+        answer.assert_security_headers("cross-origin login");
+
+        let answer = send(&state, post_form("/logout", "", Some(&cookie), Some(origin))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{origin}");
+    }
+    // the session survived the refused logouts
+    assert_eq!(send(&state, get("/", Some(&cookie))).await.status, StatusCode::OK);
+
+    // the request's own host is fine too (a browser reaching the host by another name), and a
+    // post without an Origin header (older clients) relies on the SameSite cookie
+    let mut request = post_form("/login", &form("admin", PASSWORD), None, Some("http://127.0.0.1:8080"));
+    request.headers_mut().insert("host", HeaderValue::from_static("127.0.0.1:8080"));
+    assert_eq!(send(&state, request).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(send(&state, post_form("/login", &form("admin", PASSWORD), None, None)).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        send(&state, post_form("/login", &form("admin", PASSWORD), None, Some("HTTP://CAPSTAN.TEST"))).await.status,
+        StatusCode::SEE_OTHER
+    );
+}
+
+#[tokio::test]
+async fn what_a_user_typed_is_escaped() {
+    let (_dir, state) = setup().await;
+    let typed = r#""><script>alert(1)</script>"#;
+    let answer = send(&state, post_form("/login", &form(typed, "whatever-password"), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(!answer.body.contains("<script>alert"), "{}", answer.body);
+    assert!(answer.body.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"), "{}", answer.body);
+    assert!(answer.body.contains(r#"value="&quot;&gt;&lt;script"#), "the value attribute cannot be broken out of: {}", answer.body);
+}
+
+#[tokio::test]
+async fn repeated_failures_show_the_wait() {
+    let (_dir, state) = setup().await;
+    for _ in 0..10 {
+        let answer = send(&state, post_form("/login", &form("admin", "not-the-right-password-at-all"), None, Some(ORIGIN))).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    }
+    let answer = send(&state, post_form("/login", &form("admin", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{}", answer.body);
+    assert!(answer.set_cookie().is_none());
+    let seconds: u64 = answer.header("retry-after").unwrap().parse().unwrap();
+    assert!(seconds > 800 && seconds <= 900, "{seconds}");
+    assert!(answer.body.contains(&format!("Too many failed logins. Wait {seconds} seconds before trying again.")), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn unreadable_forms_are_refused_plainly() {
+    let (_dir, state) = setup().await;
+    let mut request = post_form("/login", "{\"username\":\"admin\"}", None, Some(ORIGIN));
+    request.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    let answer = send(&state, request).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert!(answer.body.contains("The login form could not be read"), "{}", answer.body);
+
+    let huge = format!("username=admin&password={}", "a".repeat(FORM_LIMIT + 1));
+    let answer = send(&state, post_form("/login", &huge, None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(answer.set_cookie().is_none());
+    assert!(!answer.body.contains("aaaaaaaa"));
+}
+
+#[tokio::test]
+async fn static_assets_are_immutable_under_their_hash() {
+    let (_dir, state) = setup().await;
+    for asset in assets::ASSETS {
+        let url = assets::url(asset.path).unwrap();
+        let answer = send(&state, get(&url, None)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{url}");
+        assert_eq!(answer.header("content-type"), Some(asset.content_type), "{url}");
+        assert_eq!(answer.header("cache-control"), Some("public, max-age=31536000, immutable"), "{url}");
+        assert_eq!(answer.body.len(), asset.bytes.len(), "{url}");
+        answer.assert_security_headers(&url);
+    }
+    assert!(assets::url("vendor/htmx.min.js").unwrap().ends_with("/vendor/htmx.min.js"));
+    let wrong = send(&state, get("/static/0000000000000000/app.css", None)).await;
+    assert_eq!(wrong.status, StatusCode::NOT_FOUND);
+    assert_eq!(wrong.header("cache-control"), Some("no-store"));
+    assert_eq!(send(&state, get("/static/x/../../etc/passwd", None)).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn unknown_paths_are_html_for_browsers_and_json_for_the_api() {
+    let (_dir, state) = setup().await;
+    let page = send(&state, get("/nowhere", None)).await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"));
+    assert!(page.body.contains("Page not found"));
+    page.assert_security_headers("HTML 404");
+
+    for (path, accept) in [("/api/v1/", "text/html"), ("/api/nowhere", "text/html"), ("/nowhere", "*/*"), ("/nowhere", "application/json")]
+    {
+        let request = Request::builder().uri(path).header("accept", accept).body(Body::empty()).unwrap();
+        let answer = send(&state, request).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{path}");
+        let body: serde_json::Value =
+            serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{path} {accept}: {e}: {}", answer.body));
+        assert_eq!(body["error"]["code"], "not-found", "{path}");
+    }
+    // the JSON API and the probes are unchanged
+    let status = send(&state, Request::builder().uri("/status").body(Body::empty()).unwrap()).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert!(status.header("content-type").unwrap().starts_with("application/json"));
+    assert!(status.header("content-security-policy").is_none(), "API answers are not dashboard pages");
+    let healthz = send(&state, Request::builder().uri("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(healthz.body, r#"{"status":"ok"}"#);
+    let wrong_verb = send(&state, Request::builder().method("DELETE").uri("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(wrong_verb.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[test]
+fn every_template_compiles() {
+    for (name, _) in TEMPLATES {
+        TEMPLATE_ENV.get_template(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let page = message_page(StatusCode::NOT_FOUND, "<b>title</b>", "a & b");
+    assert_eq!(page.status(), StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn times_are_shown_in_utc() {
+    assert_eq!(utc(0), "1970-01-01 00:00 UTC");
+    assert_eq!(utc(1_700_000_000), "2023-11-14 22:13 UTC");
+    assert_eq!(utc(u64::MAX), "9999-12-31 23:59 UTC");
+    assert_eq!(time_left(now_secs() + 3 * 3600 + 120 + 30), "in 3 h 2 min");
+    assert_eq!(time_left(0), "in less than a minute");
+}
+
+#[test]
+fn session_cookies_are_found_among_others() {
+    let mut headers = HeaderMap::new();
+    headers.append(header::COOKIE, HeaderValue::from_static("a=1; capstan_sessionx=no"));
+    assert_eq!(session_token(&headers), None);
+    headers.append(header::COOKIE, HeaderValue::from_static("b=2;capstan_session=tok.en.sig ; c=3"));
+    assert_eq!(session_token(&headers), Some("tok.en.sig"));
+    let mut empty = HeaderMap::new();
+    empty.insert(header::COOKIE, HeaderValue::from_static("capstan_session="));
+    assert_eq!(session_token(&empty), None);
+}
+
+// ---------------------------------------------------------------------------------------
+// The Fleet view
+
+/// A human operator (not an administrator) `oscar`, with the admin's password.
+async fn add_operator(state: &AppState) {
+    let verifier = crate::auth::password::hash(PASSWORD).unwrap();
+    state
+        .store
+        .transact(|tx| {
+            let verifier = verifier.clone();
+            async move {
+                let at = capstan_core::clock::now_secs();
+                let user = crate::auth::User { username: "oscar".into(), kind: "human".into(), admin: false, created_at: at };
+                let credential = crate::auth::Credential {
+                    kind: "human".into(),
+                    generation: 1,
+                    verifier: Some(verifier),
+                    token_hash: None,
+                    updated_at: at,
+                    token_expires_at: None,
+                };
+                crate::auth::insert_user(&tx, &capstan_core::ids::new_id("user"), &user, &credential).await
+            }
+        })
+        .await
+        .unwrap();
+}
+
+/// A fleet member `id` of `state`'s bucket, its identity kept under `dir`.
+fn fleet_node(state: &AppState, dir: &std::path::Path, id: &str) -> crate::fleet::Node {
+    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(dir, Some(id)).unwrap();
+    crate::fleet::Node { blobs: state.blobs.clone(), identity, timing: crate::fleet::Timing::default() }
+}
+
+fn fleet_addresses(port: u16) -> crate::fleet::Addresses {
+    crate::fleet::Addresses { internal: "10.0.0.7".into(), api_port: port }
+}
+
+#[tokio::test]
+async fn the_fleet_view_needs_an_administrator() {
+    let (_dir, state) = setup().await;
+    for path in ["/fleet", "/fleet/panel"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    let mut request = get("/fleet/panel", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let operator = answer.set_cookie().unwrap().0;
+    // an operator sees the overview, with the Fleet entry, but not the fleet
+    let overview = send(&state, get("/", Some(&operator))).await;
+    assert_eq!(overview.status, StatusCode::OK);
+    assert!(overview.body.contains("Operator"), "{}", overview.body);
+    for path in ["/fleet", "/fleet/panel"] {
+        let refused = send(&state, get(path, Some(&operator))).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{path}: {}", refused.body);
+        assert!(refused.body.contains("Administrators only"), "{}", refused.body);
+        assert!(!refused.body.contains(r#"id="fleet""#), "{}", refused.body);
+        refused.assert_security_headers(path);
+    }
+
+    let admin = login_cookie(&state).await;
+    assert_eq!(send(&state, get("/fleet", Some(&admin))).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+
+    // an empty bucket: a clear empty state
+    let page = send(&state, get("/fleet", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /fleet");
+    let body = &page.body;
+    assert!(body.contains("<title>Fleet · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"id="fleet-summary">0 nodes, 0 live<"#), "{body}");
+    assert!(body.contains(r#"id="fleet-empty""#) && body.contains("No nodes yet"), "{body}");
+    assert!(!body.contains(r#"id="fleet-nodes""#) && !body.contains(r#"id="fleet-freeze""#), "{body}");
+    // the rail links the fleet as the current page; sections not built yet are still to come
+    assert!(body.contains(r#"href="&#x2f;fleet" aria-current="page""#), "{body}");
+    assert!(body.contains(r#"title="Backups: coming soon""#), "{body}");
+    assert!(body.find(">Overview<").unwrap() < body.find(">Fleet<").unwrap());
+    assert!(body.find(">Fleet<").unwrap() < body.find(">Clusters<").unwrap());
+    // live: the panel polls its own route; nothing inline
+    assert!(body.contains(r#"hx-get="/fleet/panel" hx-trigger="every 5s" hx-swap="outerHTML""#), "{body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+
+    // two nodes, one drained, one with labels that need escaping; alpha holds the lease
+    let identities = tempfile::tempdir().unwrap();
+    let typed = r#""><script>alert(1)</script>"#;
+    let labels: std::collections::BTreeMap<String, String> =
+        [("tier".to_string(), "fast".to_string()), ("note".to_string(), typed.to_string())].into();
+    let alpha = fleet_node(&state, &identities.path().join("a"), "alpha");
+    alpha.register(fleet_addresses(8080), labels, None, vec![]).await.unwrap();
+    let beta = fleet_node(&state, &identities.path().join("b"), "beta");
+    beta.register(fleet_addresses(8081), Default::default(), None, vec![]).await.unwrap();
+    beta.drain().await;
+    let lease = crate::fleet::lease::Coordinator::new(state.blobs.clone(), "alpha", Duration::from_secs(60));
+    assert_eq!(lease.tick().await, crate::fleet::lease::Role::Holder { fence: 1 });
+
+    let page = send(&state, get("/fleet", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains(r#"id="fleet-summary">2 nodes, 1 live<"#), "{body}");
+    assert!(body.contains(r#"<tr data-node="alpha" data-state="live">"#), "{body}");
+    assert!(body.contains(r#"<tr data-node="beta" data-state="draining">"#), "{body}");
+    assert!(body.contains(r#"<span class="pill state state-draining">draining</span>"#), "{body}");
+    assert!(body.contains(r#"<span class="pill state state-live">live</span>"#), "{body}");
+    assert!(body.contains("10.0.0.7:8080") && body.contains("10.0.0.7:8081"), "{body}");
+    assert!(body.contains(r#"<span class="answer answer-yes">yes</span>"#), "a draining node still answers: {body}");
+    assert!(body.contains(" s ago</time>") || body.contains("just now</time>"), "heartbeat ages: {body}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        body.contains(&format!(
+            r#"<span class="version-binary">capstan:</span> <span class="version"><span class="mono">{version}</span> on 2 nodes</span>"#
+        )),
+        "{body}"
+    );
+    assert!(body.contains(r#"<span class="muted">unreported on 2 nodes</span>"#), "wasmtime is not reported yet: {body}");
+    assert!(body.contains(r#"id="coordinator-holder">alpha<"#) && body.contains("fence 1"), "{body}");
+    assert_eq!(body.matches(">coordinator</span>").count(), 1, "one row carries the coordinator badge: {body}");
+    assert!(body.find(">coordinator</span>").unwrap() > body.find(r#"data-node="alpha""#).unwrap());
+    assert!(body.find(">coordinator</span>").unwrap() < body.find(r#"data-node="beta""#).unwrap());
+    // labels are chips, escaped
+    assert!(body.contains(r#"<span class="chip"><span class="chip-key">tier</span>=fast</span>"#), "{body}");
+    assert!(!body.contains("<script>alert"), "{body}");
+    assert!(body.contains(&escaped(typed)), "{body}");
+    assert!(!body.contains(r#"id="fleet-freeze""#), "no freeze yet");
+
+    // a freeze: its banner, by whom and why
+    let freeze = crate::fleet::freeze(&state.blobs, "alice", "release week").await.unwrap();
+    let page = send(&state, get("/fleet", Some(&cookie))).await;
+    let body = &page.body;
+    assert!(body.contains(r#"id="fleet-freeze""#) && body.contains("Deploys are frozen"), "{body}");
+    assert!(body.contains(r#"<b id="freeze-by">alice</b>"#) && body.contains(r#"<q id="freeze-reason">release week</q>"#), "{body}");
+    assert!(body.contains(&utc(freeze.since / 1000)), "since, in UTC: {body}");
+
+    // the panel route: only the fragment, with the same facts
+    let panel = send(&state, get("/fleet/panel", Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK);
+    panel.assert_security_headers("GET /fleet/panel");
+    let fragment = panel.body.trim_start();
+    assert!(fragment.starts_with(r#"<div class="stack" id="fleet""#), "{fragment}");
+    assert!(!fragment.contains("<html") && !fragment.contains("<title>") && !fragment.contains(r#"class="rail""#), "{fragment}");
+    assert!(fragment.contains("2 nodes, 1 live") && fragment.contains(r#"id="fleet-freeze""#), "{fragment}");
+    assert!(fragment.contains(r#"hx-trigger="every 5s""#), "the fragment keeps polling: {fragment}");
+    // the JWT is never in a page
+    assert!(!body.contains(cookie.trim_start_matches("capstan_session=")));
+}
+
+#[tokio::test]
+async fn an_unreadable_bucket_is_an_error_panel_not_an_error_page() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    state.blobs.put_bytes(crate::fleet::FREEZE_KEY, b"{not json".to_vec(), crate::blobs::PutMode::Overwrite).await.unwrap();
+    for path in ["/fleet", "/fleet/panel"] {
+        let answer = send(&state, get(path, Some(&cookie))).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
+        let body = &answer.body;
+        assert!(body.contains(r#"id="fleet-error" data-code="fleet-record-invalid""#), "{path}: {body}");
+        assert!(body.contains("The fleet could not be read (fleet-record-invalid)"), "{body}");
+        assert!(body.contains(r#"hx-trigger="every 5s""#), "the panel keeps trying: {body}");
+        assert!(!body.contains("expected") && !body.contains("line 1"), "the parser's detail stays in the log: {body}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The Plugins view
+
+use crate::plugins::bundle::{Bundle, PublisherKey, generate_key};
+use crate::plugins::host::{InstalledVersion, PLUGINS, Record};
+
+/// Every form post of the Plugins view, with a body that would be acceptable.
+const PLUGIN_POSTS: [(&str, &str); 6] = [
+    ("/plugins/install", "upload=0123456789abcdef0123456789abcdef&approve=log"),
+    ("/plugins/upgrade", "upload=0123456789abcdef0123456789abcdef&approve=log"),
+    ("/plugins/discard", "upload=0123456789abcdef0123456789abcdef"),
+    ("/plugins/rollback", "id=example"),
+    ("/plugins/disable", "id=example"),
+    ("/plugins/enable", "id=example"),
+];
+
+const MULTIPART_BOUNDARY: &str = "capstan-test-boundary-7MA4YWxkTrZu0gW";
+
+/// A `multipart/form-data` post of `fields` (name, file name for a file, content).
+fn post_multipart(path: &str, fields: &[(&str, Option<&str>, &[u8])], cookie: Option<&str>, origin: Option<&str>) -> Request {
+    let mut body = Vec::new();
+    for (name, file, data) in fields {
+        let file = file.map(|f| format!("; filename=\"{f}\"")).unwrap_or_default();
+        body.extend(format!("--{MULTIPART_BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"{file}\r\n").as_bytes());
+        if !file.is_empty() {
+            body.extend(b"Content-Type: application/octet-stream\r\n");
+        }
+        body.extend(b"\r\n");
+        body.extend(*data);
+        body.extend(b"\r\n");
+    }
+    body.extend(format!("--{MULTIPART_BOUNDARY}--\r\n").as_bytes());
+    let mut builder = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", "capstan.test")
+        .header("content-type", format!("multipart/form-data; boundary={MULTIPART_BOUNDARY}"))
+        .header("content-length", body.len());
+    if let Some(cookie) = cookie {
+        builder = builder.header("cookie", cookie);
+    }
+    if let Some(origin) = origin {
+        builder = builder.header("origin", origin);
+    }
+    builder.body(Body::from(body)).unwrap()
+}
+
+/// The install form with `bundle` as the file.
+fn upload(bundle: &[u8], cookie: &str) -> Request {
+    post_multipart(
+        "/plugins/inspect",
+        &[("intent", None, b"install"), ("bundle", Some("x.capstan-plugin"), bundle)],
+        Some(cookie),
+        Some(ORIGIN),
+    )
+}
+
+/// How many uploads are kept.
+async fn kept_uploads(state: &AppState) -> usize {
+    state.blobs.list(crate::plugins::methods::UPLOADS, None, 100).await.unwrap().items.len()
+}
+
+/// A signed bundle of 3 MiB, more than a form or axum's default body limit, that parses (its
+/// component is a component header and noise, so it never compiles); its signer is trusted
+/// as `Tests`.
+async fn parsing_bundle(state: &AppState) -> Vec<u8> {
+    let manifest = "[plugin]\nid = \"example\"\nname = \"Example\"\nversion = \"0.3.0\"\nwit = \"capstan:plugin@0.1.0\"\ndescription = \"A test bundle.\"\n\n[capabilities]\nrequested = [\"store\", \"log\"]\n";
+    let mut component = b"\0asm\x0d\x00\x01\x00".to_vec();
+    component.extend((0..3u32 << 20).map(|i| (i * 7 % 251) as u8));
+    let key = generate_key();
+    let public = PublisherKey::from(&key).to_string();
+    state.plugins.add_trusted_publisher(&public, "Tests", "admin").await.unwrap();
+    let mut bundle = Bundle::new(manifest.to_string(), component).unwrap();
+    bundle.sign(&key);
+    bundle.to_bytes()
+}
+
+/// The upload id an approval page carries.
+fn upload_id(body: &str) -> String {
+    let at = body.find(r#"name="upload" value=""#).unwrap_or_else(|| panic!("no upload id: {body}"));
+    body[at + 21..at + 53].to_string()
+}
+
+fn installed(version: &str, publisher: &str, grants: &[&str]) -> InstalledVersion {
+    InstalledVersion {
+        version: version.into(),
+        bundle_key: format!("_capstan/plugins/test/{version}-0000000000000000.capstan-plugin"),
+        digest: "ab".repeat(32),
+        publisher: publisher.into(),
+        grants: grants.iter().map(|g| g.to_string()).collect(),
+        installed_at: 1_700_000_000_000,
+        installed_by: "admin".into(),
+    }
+}
+
+/// Put a registry record straight into the store (its bundle is not in the bucket, so it
+/// never loads: cheap, and it shows how a plugin that fails to load looks).
+async fn put_record(state: &AppState, record: Record) {
+    let value = serde_json::to_value(&record).unwrap();
+    state
+        .store
+        .transact(|tx| {
+            let (id, value) = (record.id.clone(), value.clone());
+            async move { tx.insert(PLUGINS, &id, value).await.map(drop) }
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_plugins_view_needs_an_administrator() {
+    let (_dir, state) = setup().await;
+    let anonymous = send(&state, get("/plugins", None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    anonymous.assert_security_headers("GET /plugins");
+    for (path, body) in PLUGIN_POSTS {
+        let answer = send(&state, post_form(path, body, None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+    let answer = send(&state, post_multipart("/plugins/inspect", &[("bundle", Some("b"), b"junk")], None, Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")));
+
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let refused = send(&state, get("/plugins", Some(&operator))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(refused.body.contains("Administrators only"), "{}", refused.body);
+    assert!(!refused.body.contains(r#"id="plugins""#), "{}", refused.body);
+    refused.assert_security_headers("GET /plugins as an operator");
+    for (path, body) in PLUGIN_POSTS {
+        let answer = send(&state, post_form(path, body, Some(&operator), Some(ORIGIN))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+    }
+    let answer = send(&state, upload(b"junk", &operator)).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+
+    // an administrator sees the view, linked in the rail, empty at first
+    let admin = login_cookie(&state).await;
+    let page = send(&state, get("/plugins", Some(&admin))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /plugins");
+    let body = &page.body;
+    assert!(body.contains("<title>Plugins · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"href="&#x2f;plugins" aria-current="page""#), "{body}");
+    assert!(body.contains(r#"id="plugins-empty""#) && body.contains("No plugins installed"), "{body}");
+    assert!(body.contains(r#"action="/plugins/inspect" enctype="multipart/form-data""#), "{body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    // the rail links the view for operators too (the page then says it is for administrators)
+    let overview = send(&state, get("/", Some(&operator))).await;
+    assert!(overview.body.contains(r#"href="&#x2f;plugins""#), "{}", overview.body);
+}
+
+#[tokio::test]
+async fn the_plugins_view_lists_versions_publishers_status_and_grants() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let host = state.plugins.clone();
+    let key = PublisherKey::from(&generate_key());
+    host.add_trusted_publisher(&key.to_string(), "Example Corp", "admin").await.unwrap();
+    put_record(
+        &state,
+        Record {
+            id: "example".into(),
+            name: "Example".into(),
+            enabled: true,
+            current: installed("0.2.0", &key.to_string(), &["events:publish", "log", "store"]),
+            previous: Some(installed("0.1.0", &key.to_string(), &["log", "store"])),
+        },
+    )
+    .await;
+    put_record(
+        &state,
+        Record {
+            id: "quiet".into(),
+            name: "Quiet".into(),
+            enabled: false,
+            current: installed("1.0.0", "first-party", &[]),
+            previous: None,
+        },
+    )
+    .await;
+    // the example's bundle is not in the bucket: loading it fails and says why
+    host.sync().await.unwrap();
+
+    let page = send(&state, get("/plugins", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains(r#"id="plugins-summary">2 installed<"#), "{body}");
+    assert!(body.contains(r#"<tr data-plugin="example" data-status="failed">"#), "{body}");
+    assert!(body.contains(r#"<tr data-plugin="quiet" data-status="disabled">"#), "{body}");
+    let example = &body[body.find(r#"data-plugin="example""#).unwrap()..body.find(r#"data-plugin="quiet""#).unwrap()];
+    let quiet = &body[body.find(r#"data-plugin="quiet""#).unwrap()..];
+    assert!(example.contains(r#"data-version="0.2.0""#) && example.contains("previously 0.1.0"), "{example}");
+    assert!(example.contains(&key.fingerprint()) && example.contains("Example Corp"), "publisher: {example}");
+    assert!(!example.contains(&key.to_string()[20..]) || example.contains(&format!(r#"title="{}""#, escaped(&key.to_string()))));
+    assert!(example.contains(r#"data-error="bundle-missing""#), "the load error is shown: {example}");
+    for grant in ["events:publish", "log", "store"] {
+        assert!(example.contains(&format!(r#"<span class="chip">{grant}</span>"#)), "{grant}: {example}");
+    }
+    assert!(example.contains(r#"data-action="rollback""#) && example.contains("Roll back to 0.1.0"), "{example}");
+    assert!(example.contains(r#"data-action="disable""#) && !example.contains(r#"data-action="enable""#), "{example}");
+    assert!(example.contains(r#"<input type="hidden" name="plugin" value="example">"#), "an Upgrade form per row: {example}");
+    assert!(quiet.contains(r#"<span class="pill pill-info">first-party</span>"#), "{quiet}");
+    assert!(quiet.contains(r#"data-action="enable""#) && !quiet.contains(r#"data-action="rollback""#), "{quiet}");
+    assert!(quiet.contains(r#"<span class="muted">none</span>"#), "no grants: {quiet}");
+
+    // disable: a 303 back to the page, which says so
+    let answer = send(&state, post_form("/plugins/disable", "id=example", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/plugins?done=disabled&id=example")), "{}", answer.body);
+    let page = send(&state, get("/plugins?done=disabled&id=example", Some(&cookie))).await;
+    assert!(page.body.contains(r#"id="plugins-flash" role="status""#) && page.body.contains("Plugin disabled"), "{}", page.body);
+    assert!(page.body.contains(r#"<tr data-plugin="example" data-status="disabled">"#), "{}", page.body);
+    assert!(!host.record("example").await.unwrap().unwrap().0.enabled);
+
+    // refusals are shown by code, with the refusal's status
+    let answer = send(&state, post_form("/plugins/rollback", "id=quiet", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="rollback-unavailable""#), "{}", answer.body);
+    assert!(answer.body.contains("(rollback-unavailable)") && answer.body.contains("no previous version"), "{}", answer.body);
+    let answer = send(&state, post_form("/plugins/enable", "id=nothing", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="not-found""#), "{}", answer.body);
+    // an unknown `done` says nothing
+    let page = send(&state, get("/plugins?done=%3Cb%3E&id=%3Cscript%3E", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(!page.body.contains(r#"id="plugins-flash""#) && !page.body.contains("<script>"), "{}", page.body);
+}
+
+#[tokio::test]
+async fn an_invalid_upload_shows_bundle_malformed_and_keeps_nothing() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let answer = send(&state, upload(b"this is not a bundle", &cookie)).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    answer.assert_security_headers("POST /plugins/inspect");
+    assert!(answer.body.contains(r#"id="plugins-flash" data-code="bundle-malformed""#), "{}", answer.body);
+    assert!(
+        answer.body.contains("The bundle was not accepted (bundle-malformed)") && answer.body.contains("Nothing was kept"),
+        "{}",
+        answer.body
+    );
+    assert!(answer.body.contains(r#"id="install-form""#), "the page is there to try again: {}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+
+    // no file chosen, not multipart, and more than a bundle may be: refused by name too
+    let empty = send(&state, upload(b"", &cookie)).await;
+    let empty_unnamed = send(
+        &state,
+        post_multipart("/plugins/inspect", &[("intent", None, b"install"), ("bundle", Some(""), b"")], Some(&cookie), Some(ORIGIN)),
+    )
+    .await;
+    assert!(empty.body.contains(r#"data-code="bundle-malformed""#), "{}", empty.body);
+    assert!(empty_unnamed.body.contains(r#"data-code="invalid-request""#), "{}", empty_unnamed.body);
+    let json = send(&state, post_form("/plugins/inspect", "bundle=x", Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", json.body);
+    assert!(json.body.contains(r#"data-code="unsupported-media-type""#), "{}", json.body);
+    let mut huge = upload(b"junk", &cookie);
+    huge.headers_mut().insert("content-length", HeaderValue::from(plugins::UPLOAD_LIMIT as u64 + 1));
+    let huge = send(&state, huge).await;
+    assert_eq!(huge.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", huge.body);
+    assert!(huge.body.contains(r#"data-code="bundle-too-large""#), "{}", huge.body);
+    assert_eq!(huge.header("connection"), Some("close"), "the rest of the body is not read");
+    // a body that does not say its length is cut off where a bundle would be too large
+    let oversized = vec![0u8; crate::plugins::bundle::MAX_BUNDLE_BYTES + 1];
+    let mut streamed = upload(&oversized, &cookie);
+    drop(oversized);
+    streamed.headers_mut().remove("content-length");
+    let streamed = send(&state, streamed).await;
+    assert_eq!(streamed.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", streamed.body);
+    assert!(streamed.body.contains(r#"data-code="bundle-too-large""#), "{}", streamed.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+}
+
+#[tokio::test]
+async fn a_bundle_is_installed_only_with_every_requested_capability_approved() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let bundle = parsing_bundle(&state).await;
+
+    // the approval step: what the bundle is, who signed it, a checkbox per capability
+    let answer = send(&state, upload(&bundle, &cookie)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("the approval page");
+    let body = &answer.body;
+    assert!(body.contains("<title>Approve the install · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"id="bundle-id">example<"#) && body.contains(r#"id="bundle-version">0.3.0<"#), "{body}");
+    assert!(body.contains("trusted: Tests") && body.contains("3.0 MiB"), "{body}");
+    assert!(body.contains(r#"<form method="post" action="/plugins/install" class="form" id="approve-form">"#), "{body}");
+    for capability in ["log", "store"] {
+        assert!(body.contains(&format!(r#"<input type="checkbox" name="approve" value="{capability}">"#)), "{capability}: {body}");
+    }
+    assert_eq!(kept_uploads(&state).await, 1);
+    let upload = upload_id(body);
+
+    // one box unticked: the host's refusal, on the approval page again, the upload kept
+    let partial = format!("upload={upload}&approve=log");
+    let answer = send(&state, post_form("/plugins/install", &partial, Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="capabilities-not-approved""#), "{}", answer.body);
+    assert!(answer.body.contains("not approved: store"), "{}", answer.body);
+    assert!(answer.body.contains(r#"value="log" checked>"#) && answer.body.contains(r#"value="store">"#), "{}", answer.body);
+    assert_eq!(upload_id(&answer.body), upload);
+    assert_eq!(kept_uploads(&state).await, 1);
+
+    // all ticked: the host goes on and refuses the component (it never compiles); the
+    // refusal is shown by code and the upload is discarded
+    let all = format!("upload={upload}&approve=log&approve=store");
+    let answer = send(&state, post_form("/plugins/install", &all, Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="bundle-malformed""#), "{}", answer.body);
+    assert!(answer.body.contains("The plugin was not installed (bundle-malformed)"), "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+    assert!(state.plugins.record("example").await.unwrap().is_none());
+    let again = send(&state, post_form("/plugins/install", &all, Some(&cookie), Some(ORIGIN))).await;
+    assert!(again.body.contains(r#"data-code="upload-not-found""#), "{}", again.body);
+
+    // an Upgrade button's bundle must be the plugin it was for; else nothing is kept
+    let fields: [(&str, Option<&str>, &[u8]); 3] =
+        [("intent", None, b"upgrade"), ("plugin", None, b"other"), ("bundle", Some("x.capstan-plugin"), &bundle)];
+    let answer = send(&state, post_multipart("/plugins/inspect", &fields, Some(&cookie), Some(ORIGIN))).await;
+    assert!(answer.body.contains(r#"data-code="bundle-plugin-mismatch""#), "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+    let fields: [(&str, Option<&str>, &[u8]); 3] =
+        [("intent", None, b"upgrade"), ("plugin", None, b"example"), ("bundle", Some("x.capstan-plugin"), &bundle)];
+    let answer = send(&state, post_multipart("/plugins/inspect", &fields, Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert!(answer.body.contains(r#"action="/plugins/upgrade""#) && answer.body.contains("Approve and upgrade"), "{}", answer.body);
+    assert!(answer.body.contains("example is not installed"), "the page warns before the host refuses: {}", answer.body);
+
+    // cancelling discards the upload
+    let upload = upload_id(&answer.body);
+    let answer = send(&state, post_form("/plugins/discard", &format!("upload={upload}"), Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_eq!(kept_uploads(&state).await, 0);
+    let answer = send(&state, post_form("/plugins/discard", "upload=..%2F..%2Fx", Some(&cookie), Some(ORIGIN))).await;
+    assert!(answer.body.contains(r#"data-code="invalid-request""#), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn plugin_posts_from_another_origin_are_refused() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    put_record(
+        &state,
+        Record {
+            id: "example".into(),
+            name: "Example".into(),
+            enabled: true,
+            current: installed("1.0.0", "first-party", &[]),
+            previous: None,
+        },
+    )
+    .await;
+    let bundle = parsing_bundle(&state).await;
+    for origin in ["https://evil.example", "null", "http://capstan.test.evil.example"] {
+        for (path, body) in PLUGIN_POSTS {
+            let answer = send(&state, post_form(path, body, Some(&cookie), Some(origin))).await;
+            assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path} from {origin}: {}", answer.body);
+            assert!(answer.body.contains("Request refused"), "{}", answer.body);
+            answer.assert_security_headers(path);
+        }
+        let fields: [(&str, Option<&str>, &[u8]); 1] = [("bundle", Some("x.capstan-plugin"), &bundle)];
+        let answer = send(&state, post_multipart("/plugins/inspect", &fields, Some(&cookie), Some(origin))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "inspect from {origin}: {}", answer.body);
+    }
+    assert_eq!(kept_uploads(&state).await, 0, "nothing was kept");
+    assert!(state.plugins.record("example").await.unwrap().unwrap().0.enabled, "nothing was disabled");
+}
+
+// ---------------------------------------------------------------------------------------
+// The inventory views: clusters, services, settings, live updates
+
+/// A form body from pairs, percent-encoded.
+fn encoded(fields: &[(&str, &str)]) -> String {
+    fields.iter().map(|(k, v)| format!("{}={}", forms::encode(k), forms::encode(v))).collect::<Vec<_>>().join("&")
+}
+
+fn as_refs<'a>(fields: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    fields.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// Post a dashboard form as the session `cookie`, from this host.
+async fn submit(state: &AppState, path: &str, fields: &[(&str, &str)], cookie: &str) -> Answer {
+    send(state, post_form(path, &encoded(fields), Some(cookie), Some(ORIGIN))).await
+}
+
+/// The value of the `value` attribute of the element with `id`, unescaped.
+fn value_of(body: &str, id: &str) -> String {
+    let at = body.find(&format!(r#"id="{id}""#)).unwrap_or_else(|| panic!("no element #{id}: {body}"));
+    let tag_end = at + body[at..].find('>').unwrap();
+    let tag = &body[body[..at].rfind('<').unwrap()..tag_end];
+    let value = tag.split(r#"value=""#).nth(1).unwrap_or_else(|| panic!("#{id} has no value: {tag}"));
+    value[..value.find('"').unwrap()]
+        .replace("&#x2f;", "/")
+        .replace("&quot;", "\"")
+        .replace("&#x27;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// The path a `303` answered, and the id its last segment names (`/clusters/<id>?…`).
+fn redirected_id(answer: &Answer) -> String {
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let location = answer.location().unwrap();
+    let path = location.split('?').next().unwrap();
+    path.rsplit('/').next().unwrap().to_string()
+}
+
+async fn method(state: &AppState, cookie: &str, name: &str, body: serde_json::Value) -> serde_json::Value {
+    let token = cookie.trim_start_matches("capstan_session=");
+    let identity = state.auth.authenticate(token).await.unwrap();
+    forms::call(state, &identity, name, body).await.unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[tokio::test]
+async fn the_inventory_views_need_a_session_and_render_for_an_admin() {
+    let (_dir, state) = setup().await;
+    for path in [
+        "/clusters",
+        "/clusters/panel",
+        "/services",
+        "/services/panel",
+        "/settings",
+        "/settings/panel",
+        "/clusters/x",
+        "/services/x/delete",
+    ] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    let mut request = get("/live/wait?after=0&areas=cluster", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+    for path in ["/clusters/create", "/services/create", "/organizations/create", "/settings/update", "/clusters/x/delete"] {
+        let answer = send(&state, post_form(path, "name=x", None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+
+    let cookie = login_cookie(&state).await;
+    for (path, title, section) in
+        [("/clusters", "Clusters", "clusters"), ("/services", "Services", "services"), ("/settings", "Settings", "settings")]
+    {
+        let page = send(&state, get(path, Some(&cookie))).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        page.assert_security_headers(path);
+        let body = &page.body;
+        assert!(body.contains(&format!("<title>{title} · Capstan</title>")), "{body}");
+        assert!(body.contains(&format!(r#"href="&#x2f;{section}" aria-current="page""#)), "{body}");
+        assert!(body.contains(r#"id="live" data-head="0" data-changed="false""#), "the live element waits from the head: {body}");
+        assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    }
+    let clusters = send(&state, get("/clusters", Some(&cookie))).await.body;
+    assert!(clusters.contains(r#"id="clusters-empty""#) && clusters.contains(r#"action="/clusters/create""#), "{clusters}");
+    let services = send(&state, get("/services", Some(&cookie))).await.body;
+    assert!(services.contains(r#"id="organizations-empty""#) && services.contains(r#"action="/organizations/create""#), "{services}");
+    assert!(!services.contains(r#"id="service-create-form""#), "no service form without an organization: {services}");
+    // every key settings.get knows is on the page, with what it is for
+    let settings = send(&state, get("/settings", Some(&cookie))).await.body;
+    let document = method(&state, &cookie, "settings.get", serde_json::json!({})).await;
+    let known = document["known"].as_array().unwrap();
+    assert!(known.len() > 10);
+    for key in known {
+        assert!(settings.contains(&format!(r#"data-setting="{}""#, key["key"].as_str().unwrap())), "{key}: {settings}");
+        assert!(settings.contains(&escaped(key["summary"].as_str().unwrap())), "{key}");
+    }
+    assert!(settings.contains(r#"id="settings-revision">0<"#), "{settings}");
+
+    // an operator sees the views, and the methods' own refusal where the API refuses
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get("/clusters", Some(&operator))).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(r#"id="clusters-error" data-code="forbidden""#), "{}", page.body);
+    let answer = submit(&state, "/clusters/create", &[("name", "eu-1")], &operator).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="forbidden""#), "{}", answer.body);
+    let page = send(&state, get("/settings", Some(&operator))).await;
+    assert!(page.body.contains(r#"id="settings-readonly""#) && !page.body.contains(r#"id="settings-submit""#), "{}", page.body);
+    let answer = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "0"), ("otherKey", "dcrouterTargetPort"), ("otherValue", "443")],
+        &operator,
+    )
+    .await;
+    assert!(answer.body.contains(r#"id="flash" data-code="forbidden""#), "{}", answer.body);
+    let services = send(&state, get("/services", Some(&operator))).await.body;
+    assert!(!services.contains(r#"id="organization-create-form""#), "{services}");
+}
+
+#[tokio::test]
+async fn a_cluster_token_is_shown_once_and_never_on_its_page() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let answer = submit(
+        &state,
+        "/clusters/create",
+        &[("name", "eu-1"), ("description", "Frankfurt"), ("labels", "region=eu\ntier=prod\n")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("the created page");
+    assert_eq!(answer.header("cache-control"), Some("no-store"), "the token page is never cached");
+    assert!(answer.body.contains("Copy it now: it is not shown again"), "{}", answer.body);
+    let token = value_of(&answer.body, "cluster-token");
+    assert!(token.len() > 20, "{token}");
+    let session = state.auth.exchange_token(&token, None).await.expect("the token shown is the machine user's");
+    let machine = state.auth.authenticate(&session.token).await.unwrap();
+    assert_eq!(machine.username, "cluster-eu-1");
+
+    let listed = method(&state, &cookie, "clusters.list", serde_json::json!({})).await;
+    let id = listed["items"][0]["id"].as_str().unwrap().to_string();
+    let list = send(&state, get("/clusters", Some(&cookie))).await;
+    assert!(list.body.contains(r#"<tr data-cluster="eu-1" data-phase="pallet">"#), "{}", list.body);
+    assert!(list.body.contains(r#"<span class="chip-key">region</span>=eu"#), "{}", list.body);
+    let detail = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(detail.body.contains(&format!(r#"id="cluster-machine-user">{}<"#, machine.user_id)), "{}", detail.body);
+    assert!(detail.body.contains(r#"data-phase="pallet""#) && detail.body.contains(r#"id="cluster-generation">1<"#), "{}", detail.body);
+    for page in [&list.body, &detail.body, &send(&state, get(&format!("/clusters/{id}/panel"), Some(&cookie))).await.body] {
+        assert!(!page.contains(&token), "the token is never shown again");
+    }
+
+    // an edit states the revision it read: a stale one is the method's conflict, the typed edit kept
+    assert_eq!(value_of(&detail.body, "edit-revision"), "1", "the edit form states the revision it read");
+    let edit = |revision: &'static str, description: &'static str| {
+        vec![("expectedRevision", revision), ("name", "eu-1"), ("description", description), ("labels", "region=eu")]
+    };
+    let stale = submit(&state, &format!("/clusters/{id}/update"), &edit("0", "Typed by me"), &cookie).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#) && stale.body.contains("(conflict)"), "{}", stale.body);
+    assert!(stale.body.contains(">Typed by me</textarea>"), "the form keeps what was typed: {}", stale.body);
+    // a text area's CRLF line breaks reach the method as LF (it refuses a bare CR)
+    let done = submit(&state, &format!("/clusters/{id}/update"), &edit("1", "Frankfurt,\r\nrack 4"), &cookie).await;
+    assert_eq!(done.location(), Some(format!("/clusters/{id}?done=updated").as_str()), "{}", done.body);
+    let got = method(&state, &cookie, "clusters.get", serde_json::json!({"id": id})).await;
+    assert_eq!(
+        (got["description"].as_str(), got["labels"].clone(), got["revision"].as_u64()),
+        (Some("Frankfurt,\nrack 4"), serde_json::json!({"region": "eu"}), Some(2))
+    );
+
+    // a refused name shows its code, the form as typed
+    let bad = submit(&state, "/clusters/create", &[("name", "Bad Name"), ("labels", "zone=a")], &cookie).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains(r#"id="flash" data-code="name-invalid""#), "{}", bad.body);
+    assert_eq!(value_of(&bad.body, "cluster-name"), "Bad Name");
+    let shapeless = submit(&state, "/clusters/create", &[("name", "eu-2"), ("labels", "zone")], &cookie).await;
+    assert!(shapeless.body.contains(r#"data-code="invalid-request""#) && shapeless.body.contains("labels, line 1"), "{}", shapeless.body);
+
+    // the phase moves with the generation read
+    let stale = submit(&state, &format!("/clusters/{id}/phase"), &[("phase", "draining"), ("expectedGeneration", "0")], &cookie).await;
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#), "{}", stale.body);
+    let moved = submit(&state, &format!("/clusters/{id}/phase"), &[("phase", "draining"), ("expectedGeneration", "1")], &cookie).await;
+    assert_eq!(moved.status, StatusCode::SEE_OTHER, "{}", moved.body);
+    let detail = send(&state, get(&format!("/clusters/{id}?done=phase"), Some(&cookie))).await;
+    assert!(detail.body.contains(r#"data-phase="draining""#) && detail.body.contains(r#"id="cluster-generation">2<"#), "{}", detail.body);
+
+    // deletion: a confirmation page, the name typed, then gone with its machine user
+    let confirm = send(&state, get(&format!("/clusters/{id}/delete"), Some(&cookie))).await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(confirm.body.contains(r#"id="delete-form""#) && confirm.body.contains(&machine.user_id), "{}", confirm.body);
+    let wrong = submit(&state, &format!("/clusters/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "eu-2")], &cookie).await;
+    assert!(wrong.body.contains(r#"id="flash" data-code="confirmation-mismatch""#), "{}", wrong.body);
+    method(&state, &cookie, "clusters.get", serde_json::json!({"id": id})).await;
+    let gone = submit(&state, &format!("/clusters/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "eu-1")], &cookie).await;
+    assert_eq!(gone.location(), Some("/clusters?done=deleted&name=eu-1"), "{}", gone.body);
+    assert!(state.auth.authenticate(&session.token).await.is_err(), "its machine user's sessions ended");
+    let list = send(&state, get("/clusters?done=deleted&name=eu-1", Some(&cookie))).await;
+    assert!(list.body.contains("Cluster eu-1 deleted") && list.body.contains(r#"id="clusters-empty""#), "{}", list.body);
+    let missing = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.body.contains(r#"data-code="cluster-not-found""#), "{}", missing.body);
+}
+
+#[tokio::test]
+async fn services_are_created_edited_and_deleted_through_forms() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let refused = submit(&state, "/organizations/create", &[("name", "Acme Inc")], &cookie).await;
+    assert!(refused.body.contains(r#"id="flash" data-code="name-invalid""#), "{}", refused.body);
+    assert_eq!(value_of(&refused.body, "org-name"), "Acme Inc");
+    let created = submit(&state, "/organizations/create", &[("name", "acme")], &cookie).await;
+    let org = created.location().unwrap().split("org=").nth(1).unwrap().split('&').next().unwrap().to_string();
+    assert!(created.location().unwrap().ends_with("&done=organization-created&name=acme"), "{:?}", created.location());
+    let page = send(&state, get(created.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Organization acme created") && page.body.contains(r#"id="services-empty""#), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"<option value="{org}" selected>acme</option>"#)), "{}", page.body);
+
+    let fields = |name: &'static str, environment: &'static str| {
+        vec![
+            ("organizationId", org.clone()),
+            ("name", name.to_string()),
+            ("image", "ghcr.io/acme/web:1.0".to_string()),
+            ("scale", "2".to_string()),
+            ("ports", "443:8080/http\n53/udp".to_string()),
+            ("domains", "web.acme.example".to_string()),
+            ("environment", environment.to_string()),
+            ("volumes", "data:/var/lib/web".to_string()),
+            ("mailAddresses", "web@acme.example".to_string()),
+        ]
+    };
+    // a credential in the environment: the method's refusal, by code and field, the form kept
+    let typed = fields("web", "LOG_LEVEL=info\nDB_PASSWORD=hunter2-hunter2");
+    let answer = submit(&state, "/services/create", &as_refs(&typed), &cookie).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="environment-value-is-secret""#), "{}", answer.body);
+    assert!(answer.body.contains("Field: <code>environment.DB_PASSWORD</code>"), "{}", answer.body);
+    assert_eq!(value_of(&answer.body, "service-image"), "ghcr.io/acme/web:1.0");
+    let bad_port = fields("web", "");
+    let mut bad_port = as_refs(&bad_port);
+    bad_port[4] = ("ports", "http");
+    let answer = submit(&state, "/services/create", &bad_port, &cookie).await;
+    assert!(answer.body.contains(r#"data-code="invalid-request""#) && answer.body.contains("ports[0].port"), "{}", answer.body);
+
+    let typed = fields("web", "LOG_LEVEL=info");
+    let answer = submit(&state, "/services/create", &as_refs(&typed), &cookie).await;
+    let id = redirected_id(&answer);
+    let detail = send(&state, get(&format!("/services/{id}?done=created"), Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    for shown in [
+        "Service created",
+        "ghcr.io&#x2f;acme&#x2f;web:1.0",
+        "443:8080&#x2f;http",
+        "53&#x2f;udp",
+        "web.acme.example",
+        "web@acme.example",
+        "data:&#x2f;var&#x2f;lib&#x2f;web",
+        "2 replicas",
+    ] {
+        assert!(detail.body.contains(shown), "{shown}: {}", detail.body);
+    }
+    assert!(detail.body.contains(r#"<span class="chip-key">LOG_LEVEL</span>=info"#), "{}", detail.body);
+    assert!(detail.body.contains(r#"id="service-state" data-state="active""#), "{}", detail.body);
+    let list = send(&state, get(&format!("/services?org={org}"), Some(&cookie))).await;
+    assert!(list.body.contains(r#"<tr data-service="web" data-state="active">"#), "{}", list.body);
+
+    // edit with the revision read; absent scale stays
+    let mut edit = as_refs(&typed);
+    edit[0] = ("expectedRevision", "1");
+    edit[2] = ("image", "ghcr.io/acme/web:1.1");
+    edit[3] = ("scale", "");
+    let answer = submit(&state, &format!("/services/{id}/update"), &edit, &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/services/{id}?done=updated").as_str()), "{}", answer.body);
+    let stale = submit(&state, &format!("/services/{id}/update"), &edit, &cookie).await;
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#), "{}", stale.body);
+    let got = method(&state, &cookie, "services.get", serde_json::json!({"id": id})).await;
+    assert_eq!((got["image"].as_str(), got["scale"].as_u64(), got["revision"].as_u64()), (Some("ghcr.io/acme/web:1.1"), Some(2), Some(2)));
+
+    // a manager holds it: deletion leaves it deleting, and the page says what holds it
+    state
+        .store
+        .transact(|tx| async move { tx.insert(crate::plugins::host::PLUGINS, "mail", serde_json::json!({"id": "mail"})).await })
+        .await
+        .unwrap();
+    crate::inventory::services::hold(&state.store, &id, "plugin:mail").await.unwrap();
+    let wrong = submit(&state, &format!("/services/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "api")], &cookie).await;
+    assert!(wrong.body.contains(r#"data-code="confirmation-mismatch""#), "{}", wrong.body);
+    let answer = submit(&state, &format!("/services/{id}/delete"), &[("expectedRevision", "2"), ("confirm", "web")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/services/{id}?done=deleting").as_str()), "{}", answer.body);
+    let detail = send(&state, get(&format!("/services/{id}?done=deleting"), Some(&cookie))).await;
+    assert!(detail.body.contains(r#"id="service-state" data-state="deleting""#), "{}", detail.body);
+    assert!(detail.body.contains(r#"id="service-holds"><span class="chip">plugin:mail</span>"#), "{}", detail.body);
+    assert!(!detail.body.contains(r#"id="service-edit-form""#), "a deleting service takes no edits: {}", detail.body);
+    crate::inventory::services::release(&state.store, &id, "plugin:mail").await.unwrap();
+    let panel = send(&state, get(&format!("/services/{id}/panel"), Some(&cookie))).await;
+    assert!(panel.body.contains(r#"id="service-error" data-code="service-not-found""#), "{}", panel.body);
+
+    // nothing holds the next one: it is gone at once
+    let answer = submit(&state, "/services/create", &as_refs(&fields("api", "")), &cookie).await;
+    let id = redirected_id(&answer);
+    let answer = submit(&state, &format!("/services/{id}/delete"), &[("expectedRevision", "1"), ("confirm", "api")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/services?org={org}&done=deleted&name=api").as_str()), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn settings_refusals_are_banners_and_changes_are_saved_with_their_revision() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let base = [("expectedRevision", "0"), ("value.dcrouterTargetPort", ""), ("read.dcrouterTargetPort", "")];
+    for (key, value, code) in [
+        ("colour", "blue", "setting-unknown"),
+        ("dcrouterGatewayToken", "hunter2-token", "setting-is-secret"),
+        ("dcrouterTargetPort", "https", "setting-invalid"),
+    ] {
+        let mut fields = base.to_vec();
+        fields.extend([("otherKey", key), ("otherValue", value)]);
+        let answer = submit(&state, "/settings/update", &fields, &cookie).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{key}: {}", answer.body);
+        assert!(answer.body.contains(&format!(r#"id="flash" data-code="{code}""#)), "{key}: {}", answer.body);
+        assert_eq!(value_of(&answer.body, "other-key"), key, "the form keeps what was typed");
+    }
+    let saved = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "0"), ("value.dcrouterTargetPort", "443"), ("read.dcrouterTargetPort", "")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(saved.location(), Some("/settings?done=updated"), "{}", saved.body);
+    let page = send(&state, get("/settings?done=updated", Some(&cookie))).await;
+    assert!(
+        page.body.contains("Settings saved") && page.body.contains(r#"<tr data-setting="dcrouterTargetPort" data-set="true">"#),
+        "{}",
+        page.body
+    );
+    assert_eq!(value_of(&page.body, "setting-dcrouterTargetPort"), "443");
+    // the same form again: it read revision 0, now stale
+    let stale = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "0"), ("value.dcrouterTargetPort", "8443"), ("read.dcrouterTargetPort", "")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert!(stale.body.contains(r#"id="flash" data-code="conflict""#), "{}", stale.body);
+    assert_eq!(value_of(&stale.body, "setting-dcrouterTargetPort"), "8443");
+    let unchanged = submit(
+        &state,
+        "/settings/update",
+        &[("expectedRevision", "1"), ("value.dcrouterTargetPort", "443"), ("read.dcrouterTargetPort", "443")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(unchanged.location(), Some("/settings?done=unchanged"));
+    // the status panel says when the document moved past what the page read
+    let panel = send(&state, get("/settings/panel?read=0", Some(&cookie))).await;
+    assert!(panel.body.contains(r#"id="settings-moved""#), "{}", panel.body);
+    let panel = send(&state, get("/settings/panel?read=1", Some(&cookie))).await;
+    assert!(!panel.body.contains(r#"id="settings-moved""#), "{}", panel.body);
+}
+
+#[tokio::test]
+async fn the_live_endpoint_answers_when_an_event_of_its_areas_commits() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let head = crate::events::head(&state.store).await.unwrap();
+    // nothing happens: a short watch answers "unchanged" at the same head; another area's event does not count
+    assert_eq!(live::watch(&state.store, head, &["cluster"], Duration::from_millis(600)).await.unwrap(), (head, false));
+    method(&state, &cookie, "organizations.create", serde_json::json!({"name": "acme"})).await;
+    let (moved, changed) = live::watch(&state.store, head, &["cluster"], Duration::from_millis(600)).await.unwrap();
+    assert_eq!((moved, changed), (head + 1, false), "the head moves on past events of other areas");
+    assert_eq!(live::watch(&state.store, head, &["organization"], Duration::from_millis(600)).await.unwrap(), (head + 1, true));
+
+    // a page's poll waits, and answers as soon as a cluster is created
+    let waiting = {
+        let (state, cookie) = (state.clone(), cookie.clone());
+        tokio::spawn(async move { send(&state, get(&format!("/live/wait?after={}&areas=cluster", head + 1), Some(&cookie))).await })
+    };
+    tokio::time::sleep(live::POLL_EVERY * 2).await;
+    assert!(!waiting.is_finished(), "nothing changed yet: the poll waits");
+    method(&state, &cookie, "clusters.create", serde_json::json!({"name": "eu-1"})).await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the poll answers once the event commits").unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("/live/wait");
+    assert_eq!(answer.header("hx-trigger"), Some(live::CHANGED));
+    let head = crate::events::head(&state.store).await.unwrap();
+    assert!(answer.body.contains(&format!(r#"id="live" data-head="{head}" data-changed="true""#)), "{}", answer.body);
+    assert!(answer.body.contains(&format!("after={head}&amp;areas=cluster")), "the next poll waits from the new head: {}", answer.body);
+    // what it cannot read is refused plainly
+    for query in ["after=x&areas=cluster", "after=1&areas=bogus", "areas=cluster"] {
+        assert_eq!(send(&state, get(&format!("/live/wait?{query}"), Some(&cookie))).await.status, StatusCode::BAD_REQUEST, "{query}");
+    }
+}
+
+#[tokio::test]
+async fn inventory_posts_from_another_origin_are_refused() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    for path in
+        ["/clusters/create", "/organizations/create", "/services/create", "/settings/update", "/clusters/x/update", "/services/x/delete"]
+    {
+        let answer = send(
+            &state,
+            post_form(
+                path,
+                "name=evil&otherKey=dcrouterTargetPort&otherValue=1&expectedRevision=0",
+                Some(&cookie),
+                Some("https://evil.example"),
+            ),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+        assert!(answer.body.contains("Request refused"), "{}", answer.body);
+    }
+    let clusters = method(&state, &cookie, "clusters.list", serde_json::json!({})).await;
+    let orgs = method(&state, &cookie, "organizations.list", serde_json::json!({})).await;
+    assert!(clusters["items"].as_array().unwrap().is_empty() && orgs["items"].as_array().unwrap().is_empty(), "nothing was created");
+}
+
+// ---------------------------------------------------------------------------------------
+// The Tasks view
+
+/// The host tasks `capstan serve` registers besides `host.cleanup` (which every scheduler
+/// has): the session reaper, and `host.slow`, a run that goes on until it is cancelled.
+fn register_tasks(state: &AppState) {
+    let scheduler = &state.scheduler;
+    let store = state.store.clone();
+    scheduler
+        .register(crate::scheduler::HostTask::new("host.reap-expired-sessions", "Remove expired sessions", "*/5 * * * *", move |log| {
+            let store = store.clone();
+            async move {
+                let reaped = crate::auth::reap_expired_sessions(&store).await?;
+                log.line(format!("removed {reaped} expired sessions"));
+                Ok(())
+            }
+        }))
+        .unwrap();
+    scheduler
+        .register(crate::scheduler::HostTask::new("host.slow", "Take a while", "0 3 * * *", |log| async move {
+            log.line("started; waiting to be cancelled");
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            Ok(())
+        }))
+        .unwrap();
+}
+
+/// The execution `id` once it has ended (polled through the method).
+async fn ended_execution(state: &AppState, cookie: &str, id: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let execution = method(state, cookie, "tasks.getExecution", serde_json::json!({ "id": id })).await;
+        if execution["status"] != "running" {
+            return execution;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "execution {id} should end: {execution}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The newest execution of `task`.
+async fn newest_execution(state: &AppState, cookie: &str, task: &str) -> serde_json::Value {
+    let page = method(state, cookie, "tasks.listExecutions", serde_json::json!({ "taskId": task, "limit": 1 })).await;
+    page["executions"][0].clone()
+}
+
+#[tokio::test]
+async fn the_tasks_view_needs_a_session_and_lists_every_task() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    for path in ["/tasks", "/tasks/panel", "/tasks/host.cleanup", "/tasks/host.cleanup/panel", "/tasks/host.cleanup/disable"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    let mut request = get("/tasks/panel", None);
+    request.headers_mut().insert("hx-request", HeaderValue::from_static("true"));
+    let anonymous = send(&state, request).await;
+    assert_eq!((anonymous.status, anonymous.header("hx-redirect")), (StatusCode::UNAUTHORIZED, Some("/login")));
+
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/tasks", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("GET /tasks");
+    let body = &page.body;
+    assert!(body.contains("<title>Tasks · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"href="&#x2f;tasks" aria-current="page""#), "the rail links and marks Tasks: {body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    for (task, title, cron) in
+        [("host.cleanup", "Clean up history", "0 * * * *"), ("host.reap-expired-sessions", "Remove expired sessions", "*&#x2f;5 * * * *")]
+    {
+        let row = format!(r#"<tr data-task="{task}" data-enabled="true" data-running="false">"#);
+        assert!(body.contains(&row), "{task}: {body}");
+        assert!(body.contains(&format!(r#"href="&#x2f;tasks&#x2f;{task}">{task}</a>"#)), "{task} links to its page: {body}");
+        assert!(body.contains(cron), "{task}'s schedule: {body}");
+        assert!(body.contains(&format!(r#"<span class="muted small">{title}</span>"#)), "{task}'s title: {body}");
+    }
+    assert!(body.contains("never run") && body.contains(r#"data-action="run""#) && body.contains(r#"data-action="disable""#), "{body}");
+    // nothing runs: the list does not refresh itself
+    assert!(body.contains(r#"id="tasks-panel" aria-labelledby="tasks-title" data-refreshing="false">"#), "{body}");
+    assert!(!body.contains("every 2s"), "{body}");
+
+    // the detail of a task that was never run
+    let detail = send(&state, get("/tasks/host.reap-expired-sessions", Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(detail.body.contains("<title>Task host.reap-expired-sessions · Capstan</title>"), "{}", detail.body);
+    assert!(detail.body.contains(r#"id="executions-empty""#) && detail.body.contains(r#"id="task-run""#), "{}", detail.body);
+    assert!(!detail.body.contains("every 2s"), "{}", detail.body);
+    // an unknown task is the method's refusal, by name
+    let missing = send(&state, get("/tasks/host.nothing", Some(&cookie))).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert!(missing.body.contains(r#"id="task-error" data-code="task-not-found""#), "{}", missing.body);
+}
+
+#[tokio::test]
+async fn run_now_shows_the_execution_and_its_outcome() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    let cookie = login_cookie(&state).await;
+    let answer = submit(&state, "/tasks/host.cleanup/run", &[("from", "list")], &cookie).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/tasks/host.cleanup?done=started")), "{}", answer.body);
+    let execution = newest_execution(&state, &cookie, "host.cleanup").await;
+    let id = execution["id"].as_str().unwrap().to_string();
+    assert_eq!(execution["trigger"], "manual");
+    let detail = send(&state, get("/tasks/host.cleanup?done=started", Some(&cookie))).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert!(detail.body.contains("Task started"), "{}", detail.body);
+    assert!(detail.body.contains(&format!(r#"data-execution="{id}""#)), "the run is on the task's page: {}", detail.body);
+
+    // once it ended: succeeded, with its duration, node and log
+    let done = ended_execution(&state, &cookie, &id).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let detail = send(&state, get("/tasks/host.cleanup", Some(&cookie))).await;
+    let body = &detail.body;
+    assert!(body.contains(&format!(r#"<tbody class="execution" data-execution="{id}" data-status="succeeded">"#)), "{body}");
+    assert!(body.contains(&tasks::duration(done["durationMs"].as_u64().unwrap())), "the duration is shown: {body}");
+    assert!(body.contains(r#"<td class="execution-node"><span class="mono">test-node</span>"#), "{body}");
+    assert!(body.contains(r#"<span class="muted small">by you</span>"#), "{body}");
+    assert!(body.contains(r#"<pre class="log-tail">"#), "the log tail is there to expand: {body}");
+    for line in done["log"].as_array().unwrap() {
+        assert!(body.contains(&escaped(line.as_str().unwrap())), "{line}: {body}");
+    }
+    assert!(!body.contains("every 2s") && !body.contains("execution-cancel"), "nothing runs: {body}");
+    let list = send(&state, get("/tasks", Some(&cookie))).await;
+    assert!(list.body.contains(r#"data-status="succeeded">succeeded</span>"#), "the list shows the last run: {}", list.body);
+}
+
+#[tokio::test]
+async fn a_disabled_task_is_refused_on_run_now_until_enabled_again() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    let cookie = login_cookie(&state).await;
+    // disabling asks first, and says what it means
+    let confirm = send(&state, get("/tasks/host.cleanup/disable?from=list", Some(&cookie))).await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(confirm.body.contains(r#"id="disable-form""#) && confirm.body.contains("task-disabled"), "{}", confirm.body);
+    assert!(confirm.body.contains(r#"name="from" value="list""#), "{}", confirm.body);
+    let answer = submit(&state, "/tasks/host.cleanup/disable", &[("from", "list")], &cookie).await;
+    assert_eq!(answer.location(), Some("/tasks?done=disabled&task=host.cleanup"), "{}", answer.body);
+    let list = send(&state, get("/tasks?done=disabled&task=host.cleanup", Some(&cookie))).await;
+    assert!(list.body.contains("Task host.cleanup disabled"), "{}", list.body);
+    assert!(list.body.contains(r#"<tr data-task="host.cleanup" data-enabled="false""#), "{}", list.body);
+    assert!(list.body.contains(r#"data-action="enable""#), "{}", list.body);
+    // a crafted link cannot put words in the banner
+    let crafted = send(&state, get("/tasks?done=disabled&task=Pay%20now", Some(&cookie))).await;
+    assert!(crafted.body.contains("Task disabled") && !crafted.body.contains("Pay now"), "{}", crafted.body);
+
+    // Run now: the method's refusal, by code, on the page the form was on
+    let refused = submit(&state, "/tasks/host.cleanup/run", &[("from", "list")], &cookie).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
+    assert!(refused.body.contains(r#"id="flash" data-code="task-disabled""#), "{}", refused.body);
+    assert!(refused.body.contains(r#"id="tasks-panel""#), "the list again: {}", refused.body);
+    let refused = submit(&state, "/tasks/host.cleanup/run", &[("from", "task")], &cookie).await;
+    assert!(refused.body.contains(r#"id="flash" data-code="task-disabled""#), "{}", refused.body);
+    assert!(refused.body.contains(r#"id="task-enabled" data-enabled="false""#), "the task's page again: {}", refused.body);
+    let record = method(&state, &cookie, "tasks.get", serde_json::json!({ "id": "host.cleanup" })).await;
+    assert!(record["recentExecutions"].as_array().unwrap().is_empty(), "nothing ran: {record}");
+
+    // enabled again from its page: it runs
+    let answer = submit(&state, "/tasks/host.cleanup/enable", &[("from", "task")], &cookie).await;
+    assert_eq!(answer.location(), Some("/tasks/host.cleanup?done=enabled"), "{}", answer.body);
+    let detail = send(&state, get("/tasks/host.cleanup?done=enabled", Some(&cookie))).await;
+    assert!(detail.body.contains("Task enabled") && detail.body.contains(r#"data-enabled="true""#), "{}", detail.body);
+    let answer = submit(&state, "/tasks/host.cleanup/run", &[("from", "task")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+}
+
+#[tokio::test]
+async fn a_running_execution_refreshes_its_panels_and_can_be_cancelled() {
+    let (_dir, state) = setup().await;
+    register_tasks(&state);
+    let cookie = login_cookie(&state).await;
+    let answer = submit(&state, "/tasks/host.slow/run", &[("from", "task")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let id = newest_execution(&state, &cookie, "host.slow").await["id"].as_str().unwrap().to_string();
+
+    // while it runs, both panels re-fetch themselves every 2 s, and it can be cancelled
+    let detail = send(&state, get("/tasks/host.slow", Some(&cookie))).await;
+    let body = &detail.body;
+    assert!(body.contains(&format!(r#"data-execution="{id}" data-status="running""#)), "{body}");
+    assert!(body.contains(r#"hx-get="&#x2f;tasks&#x2f;host.slow&#x2f;panel" hx-trigger="every 2s""#), "{body}");
+    assert!(body.contains(&format!(r#"name="executionId" value="{id}""#)) && body.contains("execution-cancel"), "{body}");
+    assert!(body.contains("so far"), "a running execution's duration so far: {body}");
+    let list = send(&state, get("/tasks", Some(&cookie))).await;
+    assert!(list.body.contains(r#"data-refreshing="true" hx-get="/tasks/panel" hx-trigger="every 2s""#), "{}", list.body);
+    assert!(list.body.contains(r#"<tr data-task="host.slow" data-enabled="true" data-running="true">"#), "{}", list.body);
+    let panel = send(&state, get("/tasks/host.slow/panel", Some(&cookie))).await;
+    assert!(panel.body.trim_start().starts_with(r#"<div class="stack" id="task-panel""#), "{}", panel.body);
+    assert!(panel.body.contains("every 2s"), "{}", panel.body);
+
+    // one at a time
+    let busy = submit(&state, "/tasks/host.slow/run", &[("from", "list")], &cookie).await;
+    assert!(busy.body.contains(r#"id="flash" data-code="task-running""#), "{}", busy.body);
+
+    let answer = submit(&state, "/tasks/host.slow/cancel", &[("executionId", &id)], &cookie).await;
+    assert_eq!(answer.location(), Some("/tasks/host.slow?done=cancel-requested"), "{}", answer.body);
+    let done = ended_execution(&state, &cookie, &id).await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    // nothing runs any more: the panels stop refreshing
+    let panel = send(&state, get("/tasks/host.slow/panel", Some(&cookie))).await;
+    assert!(panel.body.contains(r#"data-status="cancelled""#) && !panel.body.contains("every 2s"), "{}", panel.body);
+    let list = send(&state, get("/tasks/panel", Some(&cookie))).await;
+    assert!(!list.body.contains("every 2s"), "{}", list.body);
+    // cancelling again is the method's refusal
+    let again = submit(&state, "/tasks/host.slow/cancel", &[("executionId", &id)], &cookie).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    assert!(again.body.contains(r#"id="flash" data-code="execution-not-running""#), "{}", again.body);
+}
+
+#[tokio::test]
+async fn the_tasks_view_shows_an_operator_forbidden() {
+    let (_dir, state) = setup().await;
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get("/tasks", Some(&operator))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="tasks-error" data-code="forbidden""#), "{}", page.body);
+    assert!(!page.body.contains("data-task="), "{}", page.body);
+    let detail = send(&state, get("/tasks/host.cleanup", Some(&operator))).await;
+    assert_eq!(detail.status, StatusCode::FORBIDDEN, "{}", detail.body);
+    assert!(detail.body.contains(r#"id="task-error" data-code="forbidden""#), "{}", detail.body);
+    let answer = submit(&state, "/tasks/host.cleanup/run", &[("from", "list")], &operator).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="forbidden""#), "{}", answer.body);
+    let answer = submit(&state, "/tasks/host.cleanup/disable", &[("from", "list")], &operator).await;
+    assert!(answer.body.contains(r#"data-code="forbidden""#), "{}", answer.body);
+    // and the posts from another site are refused before anything
+    let cookie = login_cookie(&state).await;
+    for path in ["/tasks/host.cleanup/run", "/tasks/host.cleanup/disable", "/tasks/host.cleanup/enable", "/tasks/host.cleanup/cancel"] {
+        let answer = send(&state, post_form(path, "from=list&executionId=x", Some(&cookie), Some("https://evil.example"))).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+        assert!(answer.body.contains("Request refused"), "{}", answer.body);
+    }
+    let tasks = method(&state, &cookie, "tasks.list", serde_json::json!({})).await;
+    let cleanup = tasks["tasks"].as_array().unwrap().iter().find(|t| t["id"] == "host.cleanup").unwrap().clone();
+    assert_eq!((cleanup["enabled"].as_bool(), cleanup["lastExecution"].is_null()), (Some(true), true), "nothing was done: {cleanup}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The Secrets view
+
+const PLANTED: &str = "hunter2-planted-dashboard-3f9c";
+const PLANTED_ROTATED: &str = "hunter2-planted-dashboard-rotated-81d0";
+
+/// A value sealed as seal.js seals it: to `state`'s ingress recipient, for `method`, `owner`, `key`.
+fn sealed(state: &AppState, method: &str, owner: &str, key: &str, value: &[u8]) -> String {
+    let target = crate::secrets::ingress::target(method, owner, key);
+    let input = crate::secrets::ingress::seal_to(state.keyring.ingress_id(), state.keyring.ingress_public_key(), &target, value);
+    serde_json::to_string(&input).unwrap()
+}
+
+/// An organization `acme` with the service `web`; the service's id.
+async fn secret_service(state: &AppState, cookie: &str) -> String {
+    let org = method(state, cookie, "organizations.create", serde_json::json!({"name": "acme"})).await;
+    let service =
+        method(state, cookie, "services.create", serde_json::json!({"organizationId": org["id"], "name": "web", "image": "nginx"})).await;
+    service["id"].as_str().unwrap().to_string()
+}
+
+async fn current_value(state: &AppState, id: &str) -> Vec<u8> {
+    crate::secrets::methods::open_current(&state.store, &state.keyring, id).await.unwrap().to_vec()
+}
+
+/// Every page a test read, checked at the end: no planted value on any.
+#[derive(Default)]
+struct Pages(Vec<String>);
+
+impl Pages {
+    fn keep(&mut self, answer: Answer) -> Answer {
+        self.0.push(answer.body.clone());
+        answer
+    }
+
+    fn assert_value_free(&self) {
+        for page in &self.0 {
+            assert!(!page.contains(PLANTED) && !page.contains(PLANTED_ROTATED), "a value was shown: {page}");
+            assert!(!page.contains("hunter2"), "a value was shown: {page}");
+        }
+    }
+}
+
+/// The banner's refusal code on a page.
+fn flash_code(body: &str) -> Option<String> {
+    let at = body.find(r#"id="flash" data-code=""#)? + r#"id="flash" data-code=""#.len();
+    Some(body[at..at + body[at..].find('"')?].to_string())
+}
+
+#[tokio::test]
+async fn the_secrets_view_needs_a_session_and_offers_a_sealing_form() {
+    let (_dir, state) = setup().await;
+    for path in ["/secrets", "/secrets/services/x", "/secrets/services/x/panel", "/secrets/x/rotate", "/secrets/x/revoke"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    for path in ["/secrets/services/x/create", "/secrets/x/rotate", "/secrets/x/revoke"] {
+        let answer = send(&state, post_form(path, "key=A&sealed=x", None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+
+    let cookie = login_cookie(&state).await;
+    let empty = send(&state, get("/secrets", Some(&cookie))).await;
+    assert_eq!(empty.status, StatusCode::OK, "{}", empty.body);
+    assert!(empty.body.contains(r#"id="organizations-empty""#) && empty.body.contains(r#"id="secret-services-empty""#), "{}", empty.body);
+    assert!(empty.body.contains(r#"href="&#x2f;secrets" aria-current="page""#), "the rail links the view: {}", empty.body);
+    let id = secret_service(&state, &cookie).await;
+    let service = send(&state, get(&format!("/services/{id}"), Some(&cookie))).await;
+    assert!(service.body.contains(&format!(r#"href="/secrets/services/{id}" id="service-secrets""#)), "{}", service.body);
+    let index = send(&state, get("/secrets", Some(&cookie))).await;
+    assert!(
+        index.body.contains(&format!(r#"<li data-service="web"><a class="row-link" href="&#x2f;secrets&#x2f;services&#x2f;{id}">web</a>"#)),
+        "{}",
+        index.body
+    );
+
+    let page = send(&state, get(&format!("/secrets/services/{id}"), Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("the secrets page");
+    let body = &page.body;
+    assert!(body.contains("<title>Secrets of web · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"id="secrets-empty""#) && body.contains(r#"id="live" data-head="#), "{body}");
+    // the form carries the recipient and the target, and loads the sealing script from /static
+    let form_tag = &body[body.find(r#"id="secret-create-form""#).unwrap()..];
+    let form_tag = &form_tag[..form_tag.find('>').unwrap()];
+    for attribute in [
+        format!(r#"data-recipient-id="{}""#, escaped(state.keyring.ingress_id())),
+        r#"data-method="secrets.create""#.to_string(),
+        format!(r#"data-owner="service:{id}""#),
+        "data-seal ".to_string(),
+    ] {
+        assert!(form_tag.contains(&attribute), "{attribute}: {form_tag}");
+    }
+    let public_key = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(state.keyring.ingress_public_key().as_bytes())
+    };
+    assert!(form_tag.contains(&format!(r#"data-recipient-key="{}""#, escaped(&public_key))), "{form_tag}");
+    assert!(body.contains(&format!(r#"<script src="{}" defer></script>"#, assets::url("seal.js").unwrap())), "{body}");
+    assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
+    // the plain fields have no name: only `sealed` is ever sent
+    for marker in ["data-seal-typed", "data-seal-generated"] {
+        let at = body.find(marker).unwrap_or_else(|| panic!("{marker}: {body}"));
+        let tag = &body[body[..at].rfind('<').unwrap()..at + body[at..].find('>').unwrap()];
+        assert!(!tag.contains("name="), "{marker} must not be sent: {tag}");
+    }
+    assert!(body.contains(r#"<input type="hidden" name="sealed" value="">"#), "{body}");
+}
+
+#[tokio::test]
+async fn secrets_are_created_rotated_and_revoked_with_sealed_values_only() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let id = secret_service(&state, &cookie).await;
+    let owner = format!("service:{id}");
+    let create = format!("/secrets/services/{id}/create");
+    let mut pages = Pages::default();
+
+    // refusals, each by its code, the typed key kept and nothing stored
+    let other_ring = crate::keyring::Keyring::generate(None, None).unwrap();
+    let elsewhere = serde_json::to_string(&crate::secrets::ingress::seal_to(
+        other_ring.ingress_id(),
+        other_ring.ingress_public_key(),
+        &crate::secrets::ingress::target("secrets.create", &owner, "DB_PASSWORD"),
+        PLANTED.as_bytes(),
+    ))
+    .unwrap();
+    let oversized = "x".repeat(crate::secrets::methods::MAX_VALUE_BYTES + 1);
+    for (key, value, code, status) in [
+        ("DB_PASSWORD", String::new(), "input-not-sealed", StatusCode::BAD_REQUEST),
+        ("DB_PASSWORD", "{not json".to_string(), "sealed-input-invalid", StatusCode::BAD_REQUEST),
+        (
+            "DB_PASSWORD",
+            sealed(&state, "secrets.create", &owner, "API_TOKEN", PLANTED.as_bytes()),
+            "sealed-input-invalid",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "DB_PASSWORD",
+            sealed(&state, "secrets.rotate", &owner, "DB_PASSWORD", PLANTED.as_bytes()),
+            "sealed-input-invalid",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("DB_PASSWORD", elsewhere, "sealed-input-recipient-unknown", StatusCode::BAD_REQUEST),
+        ("DB_PASSWORD", sealed(&state, "secrets.create", &owner, "DB_PASSWORD", b""), "input-empty", StatusCode::BAD_REQUEST),
+        (
+            "DB_PASSWORD",
+            sealed(&state, "secrets.create", &owner, "DB_PASSWORD", oversized.as_bytes()),
+            "input-oversized",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "db password",
+            sealed(&state, "secrets.create", &owner, "db password", PLANTED.as_bytes()),
+            "environment-key-invalid",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let answer = pages.keep(submit(&state, &create, &[("key", key), ("environment", ""), ("sealed", &value)], &cookie).await);
+        assert_eq!(answer.status, status, "{code}: {}", answer.body);
+        assert_eq!(flash_code(&answer.body).as_deref(), Some(code), "{}", answer.body);
+        assert!(answer.body.contains(&format!("({code})")), "the code is in the banner's title: {}", answer.body);
+        assert_eq!(value_of(&answer.body, "secret-key"), key, "the key typed is kept");
+        assert!(!answer.body.contains(&value) || value.is_empty(), "the sealed input is never echoed");
+    }
+    let listed = method(&state, &cookie, "secrets.list", serde_json::json!({"owner": {"kind": "service", "serviceId": id}})).await;
+    assert_eq!(listed["items"], serde_json::json!([]), "nothing was stored");
+
+    // created: the server opens exactly what the browser sealed
+    let value = sealed(&state, "secrets.create", &owner, "DB_PASSWORD", PLANTED.as_bytes());
+    let answer =
+        submit(&state, &create, &[("key", "DB_PASSWORD"), ("environment", ""), ("valueMode", "typed"), ("sealed", &value)], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/secrets/services/{id}?done=created&key=DB_PASSWORD").as_str()), "{}", answer.body);
+    let listed = method(&state, &cookie, "secrets.list", serde_json::json!({"owner": {"kind": "service", "serviceId": id}})).await;
+    let secret = listed["items"][0].clone();
+    let secret_id = secret["id"].as_str().unwrap().to_string();
+    assert_eq!((secret["key"].as_str(), secret["environment"].as_str()), (Some("DB_PASSWORD"), Some("production")));
+    assert_eq!(current_value(&state, &secret_id).await, PLANTED.as_bytes());
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("Secret DB_PASSWORD created"), "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            r#"<tr data-secret="DB_PASSWORD" data-environment="production" data-state="active" data-id="{secret_id}">"#
+        )),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(r#"data-versions="1">1<"#), "{}", page.body);
+    pages.keep(send(&state, get(&format!("/secrets/services/{id}/panel"), Some(&cookie))).await);
+
+    // the same key again in the same environment: exists; another environment is another secret
+    let again = pages.keep(submit(&state, &create, &[("key", "DB_PASSWORD"), ("sealed", &value)], &cookie).await);
+    assert_eq!((again.status, flash_code(&again.body).as_deref()), (StatusCode::CONFLICT, Some("exists")), "{}", again.body);
+    assert!(again.body.contains("rotate it instead"), "{}", again.body);
+    let staging = sealed(&state, "secrets.create", &owner, "DB_PASSWORD", PLANTED.as_bytes());
+    let answer = submit(&state, &create, &[("key", "DB_PASSWORD"), ("environment", "staging"), ("sealed", &staging)], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+
+    // rotation: the form states the version read; a stale one is conflict
+    let rotate = format!("/secrets/{secret_id}/rotate");
+    let rotating = pages.keep(send(&state, get(&rotate, Some(&cookie))).await);
+    assert_eq!(rotating.status, StatusCode::OK, "{}", rotating.body);
+    let version = secret["currentVersionId"].as_str().unwrap().to_string();
+    let body = &rotating.body;
+    assert!(body.contains(&format!(r#"<input type="hidden" name="expectedVersionId" value="{version}">"#)), "{body}");
+    assert!(body.contains(r#"data-key="DB_PASSWORD""#) && body.contains(r#"data-method="secrets.rotate""#), "{body}");
+    assert!(body.contains(&format!(r#"data-owner="service:{id}""#)), "{body}");
+    let next = sealed(&state, "secrets.rotate", &owner, "DB_PASSWORD", PLANTED_ROTATED.as_bytes());
+    let stale = pages.keep(submit(&state, &rotate, &[("expectedVersionId", "ver_old"), ("sealed", &next)], &cookie).await);
+    assert_eq!((stale.status, flash_code(&stale.body).as_deref()), (StatusCode::CONFLICT, Some("conflict")), "{}", stale.body);
+    assert!(stale.body.contains(&format!(r#"name="expectedVersionId" value="{version}""#)), "the form states the version read now");
+    let for_create = pages.keep(submit(&state, &rotate, &[("expectedVersionId", &version), ("sealed", &value)], &cookie).await);
+    assert_eq!(flash_code(&for_create.body).as_deref(), Some("sealed-input-invalid"), "a value sealed for the create does not rotate");
+    let answer = submit(&state, &rotate, &[("expectedVersionId", &version), ("sealed", &next)], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/secrets/services/{id}?done=rotated&key=DB_PASSWORD").as_str()), "{}", answer.body);
+    assert_eq!(current_value(&state, &secret_id).await, PLANTED_ROTATED.as_bytes());
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("Secret DB_PASSWORD rotated") && page.body.contains(r#"data-versions="2">2<"#), "{}", page.body);
+
+    // revocation: confirmed by typing the key
+    let revoke = format!("/secrets/{secret_id}/revoke");
+    let confirm = pages.keep(send(&state, get(&revoke, Some(&cookie))).await);
+    assert!(confirm.body.contains(r#"id="revoke-form""#) && confirm.body.contains("Revoke the secret"), "{}", confirm.body);
+    assert!(confirm.body.contains("Back to the service web"), "the owner is named: {}", confirm.body);
+    let wrong = pages.keep(submit(&state, &revoke, &[("confirm", "API_TOKEN")], &cookie).await);
+    assert_eq!(flash_code(&wrong.body).as_deref(), Some("confirmation-mismatch"), "{}", wrong.body);
+    assert_eq!(method(&state, &cookie, "secrets.get", serde_json::json!({"id": secret_id})).await["state"], "active");
+    let answer = submit(&state, &revoke, &[("confirm", "DB_PASSWORD")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/secrets/services/{id}?done=revoked&key=DB_PASSWORD").as_str()), "{}", answer.body);
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains(r#"data-environment="production" data-state="revoked""#), "{}", page.body);
+    let next = sealed(&state, "secrets.rotate", &owner, "DB_PASSWORD", PLANTED.as_bytes());
+    let revoked = pages.keep(submit(&state, &rotate, &[("expectedVersionId", "x"), ("sealed", &next)], &cookie).await);
+    assert_eq!(flash_code(&revoked.body).as_deref(), Some("secret-revoked"), "{}", revoked.body);
+
+    // a secret a manager owns: no actions offered, and the methods refuse the dashboard's writes
+    let scoped = method(
+        &state,
+        &cookie,
+        "secrets.create",
+        serde_json::json!({"owner": {"kind": "service", "serviceId": id}, "key": "SMTP_PASSWORD", "managementScope": format!("mail:{id}"),
+            "value": {"generate": {"length": 24, "alphabet": "hex"}}}),
+    )
+    .await;
+    let scoped_id = scoped["id"].as_str().unwrap();
+    let page = pages.keep(send(&state, get(&format!("/secrets/services/{id}"), Some(&cookie))).await);
+    assert!(page.body.contains("changed by its manager"), "{}", page.body);
+    let next = sealed(&state, "secrets.rotate", &owner, "SMTP_PASSWORD", PLANTED.as_bytes());
+    let version = scoped["currentVersionId"].as_str().unwrap();
+    let answer = pages
+        .keep(submit(&state, &format!("/secrets/{scoped_id}/rotate"), &[("expectedVersionId", version), ("sealed", &next)], &cookie).await);
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("management-scope-mismatch"), "{}", answer.body);
+    let answer = pages.keep(submit(&state, &format!("/secrets/{scoped_id}/revoke"), &[("confirm", "SMTP_PASSWORD")], &cookie).await);
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("management-scope-mismatch"), "{}", answer.body);
+
+    // an unknown secret's pages say so
+    let missing = pages.keep(send(&state, get("/secrets/sec_nothing/rotate", Some(&cookie))).await);
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert!(missing.body.contains(r#"id="secret-error" data-code="secret-not-found""#), "{}", missing.body);
+    pages.assert_value_free();
+
+    // an operator sees the methods' refusal; another site's posts are refused before anything
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get(&format!("/secrets/services/{id}"), Some(&operator))).await;
+    assert!(page.body.contains(r#"data-code="forbidden""#) && !page.body.contains("data-secret="), "{}", page.body);
+    let value = sealed(&state, "secrets.create", &owner, "API_TOKEN", PLANTED.as_bytes());
+    let answer = submit(&state, &create, &[("key", "API_TOKEN"), ("sealed", &value)], &operator).await;
+    assert_eq!((answer.status, flash_code(&answer.body).as_deref()), (StatusCode::FORBIDDEN, Some("forbidden")), "{}", answer.body);
+    for path in [create.as_str(), rotate.as_str(), revoke.as_str()] {
+        let answer = send(
+            &state,
+            post_form(path, &encoded(&[("key", "API_TOKEN"), ("sealed", &value)]), Some(&cookie), Some("https://evil.example")),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}: {}", answer.body);
+    }
+    let listed = method(&state, &cookie, "secrets.list", serde_json::json!({"owner": {"kind": "service", "serviceId": id}})).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3, "DB_PASSWORD twice and SMTP_PASSWORD: {listed}");
+}
+
+#[tokio::test]
+async fn secret_sets_are_created_attached_previewed_and_retired_through_forms() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let web = secret_service(&state, &cookie).await;
+    let org = method(&state, &cookie, "services.get", serde_json::json!({"id": web})).await["organizationId"].as_str().unwrap().to_string();
+    let mut pages = Pages::default();
+
+    let index = pages.keep(send(&state, get(&format!("/secrets?org={org}"), Some(&cookie))).await);
+    assert!(index.body.contains(r#"id="secret-sets-empty""#) && index.body.contains(r#"id="set-create-form""#), "{}", index.body);
+    let refused = pages.keep(submit(&state, "/secrets/sets/create", &[("organizationId", &org), ("name", "Shared SMTP")], &cookie).await);
+    assert_eq!(flash_code(&refused.body).as_deref(), Some("name-invalid"), "{}", refused.body);
+    assert_eq!(value_of(&refused.body, "set-name"), "Shared SMTP");
+    let created =
+        submit(&state, "/secrets/sets/create", &[("organizationId", &org), ("name", "smtp"), ("description", "Relay")], &cookie).await;
+    let set = redirected_id(&created);
+    assert_eq!(created.location(), Some(format!("/secrets/sets/{set}?done=set-created&name=smtp").as_str()));
+    let page = pages.keep(send(&state, get(created.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("SecretSet smtp created") && page.body.contains(r#"id="set-state" data-state="active""#), "{}", page.body);
+    let owner = format!("organization:{org}/secretSet:{set}");
+    assert!(page.body.contains(&format!(r#"data-owner="{}""#, escaped(&owner))), "the set's owner reference is the target: {}", page.body);
+
+    // member secrets, sealed for the set's owner reference
+    let add = format!("/secrets/sets/{set}/create");
+    let for_service = sealed(&state, "secrets.create", &format!("service:{web}"), "SMTP_PASSWORD", PLANTED.as_bytes());
+    let wrong = pages.keep(submit(&state, &add, &[("key", "SMTP_PASSWORD"), ("sealed", &for_service)], &cookie).await);
+    assert_eq!(flash_code(&wrong.body).as_deref(), Some("sealed-input-invalid"), "{}", wrong.body);
+    for key in ["SMTP_PASSWORD", "SMTP_RELAY"] {
+        let value = sealed(&state, "secrets.create", &owner, key, PLANTED.as_bytes());
+        let answer = submit(&state, &add, &[("key", key), ("environment", ""), ("sealed", &value)], &cookie).await;
+        assert_eq!(answer.location(), Some(format!("/secrets/sets/{set}?done=created&key={key}").as_str()), "{}", answer.body);
+    }
+    let detail = method(&state, &cookie, "secrets.getSecretSet", serde_json::json!({"id": set})).await;
+    let member =
+        detail["secrets"].as_array().unwrap().iter().find(|s| s["key"] == "SMTP_PASSWORD").unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(current_value(&state, &member).await, PLANTED.as_bytes());
+    let page = pages.keep(send(&state, get(&format!("/secrets/sets/{set}"), Some(&cookie))).await);
+    assert!(
+        page.body.contains(r#"<tr data-secret="SMTP_RELAY""#) && page.body.contains(r#"id="secrets-summary">2 secrets<"#),
+        "{}",
+        page.body
+    );
+    // its rotation page leads back to the set
+    let rotating = pages.keep(send(&state, get(&format!("/secrets/{member}/rotate"), Some(&cookie))).await);
+    assert!(rotating.body.contains(&format!(r#"data-owner="{}""#, escaped(&owner))), "{}", rotating.body);
+    assert!(rotating.body.contains(&format!(r#"href="&#x2f;secrets&#x2f;sets&#x2f;{set}""#)), "{}", rotating.body);
+
+    // rename with the revision read
+    let update = format!("/secrets/sets/{set}/update");
+    let stale =
+        pages.keep(submit(&state, &update, &[("expectedRevision", "0"), ("name", "smtp-relay"), ("description", "Typed")], &cookie).await);
+    assert_eq!((stale.status, flash_code(&stale.body).as_deref()), (StatusCode::CONFLICT, Some("conflict")), "{}", stale.body);
+    assert_eq!((value_of(&stale.body, "set-name"), value_of(&stale.body, "set-edit-revision")), ("smtp-relay".into(), "1".into()));
+    let renamed = submit(&state, &update, &[("expectedRevision", "1"), ("name", "smtp-relay"), ("description", "Relay")], &cookie).await;
+    assert_eq!(renamed.location(), Some(format!("/secrets/sets/{set}?done=set-updated&name=smtp-relay").as_str()), "{}", renamed.body);
+
+    // the service has its own SMTP_PASSWORD: attached, the set fills in SMTP_RELAY and the conflict is named
+    let own = sealed(&state, "secrets.create", &format!("service:{web}"), "SMTP_PASSWORD", PLANTED_ROTATED.as_bytes());
+    let answer = submit(&state, &format!("/secrets/services/{web}/create"), &[("key", "SMTP_PASSWORD"), ("sealed", &own)], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let service_page = format!("/secrets/services/{web}");
+    let page = pages.keep(send(&state, get(&service_page, Some(&cookie))).await);
+    assert!(
+        page.body.contains(r#"id="attachments-empty""#) && page.body.contains(&format!(r#"<option value="{set}">smtp-relay</option>"#)),
+        "{}",
+        page.body
+    );
+    let attach = format!("/secrets/services/{web}/attach");
+    let answer = submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "0")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("{service_page}?done=attached&name=smtp-relay").as_str()), "{}", answer.body);
+    let stale = pages.keep(submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "0")], &cookie).await);
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    let twice = pages.keep(submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "1")], &cookie).await);
+    assert_eq!(flash_code(&twice.body).as_deref(), Some("secret-set-already-attached"), "{}", twice.body);
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    let body = &page.body;
+    assert!(body.contains("SecretSet smtp-relay attached") && body.contains(r#"<li data-attached="smtp-relay">"#), "{body}");
+    assert!(body.contains(r#"id="secrets-revision">1<"#), "{body}");
+    assert!(body.contains(r#"<tr data-resolved="SMTP_PASSWORD" data-environment="production" data-from="service">"#), "{body}");
+    assert!(body.contains(r#"<tr data-resolved="SMTP_RELAY" data-environment="production" data-from="smtp-relay">"#), "{body}");
+    assert!(body.contains(r#"<li data-conflict="SMTP_PASSWORD" data-environment="production">"#), "{body}");
+    assert!(body.contains("shadowing SecretSet <a"), "the shadowed source is named: {body}");
+
+    // detached, attached again, then retired (confirmed by name): detached everywhere at once
+    let detach = format!("/secrets/services/{web}/detach");
+    let answer = submit(&state, &detach, &[("secretSetId", &set), ("expectedSecretsRevision", "1")], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("{service_page}?done=detached&name=smtp-relay").as_str()), "{}", answer.body);
+    let again = pages.keep(submit(&state, &detach, &[("secretSetId", &set), ("expectedSecretsRevision", "2")], &cookie).await);
+    assert_eq!(flash_code(&again.body).as_deref(), Some("secret-set-not-attached"), "{}", again.body);
+    submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "2")], &cookie).await;
+    let retire = format!("/secrets/sets/{set}/retire");
+    let confirm = pages.keep(send(&state, get(&retire, Some(&cookie))).await);
+    assert!(confirm.body.contains(r#"id="retire-form""#) && confirm.body.contains(r#"<span class="mono">web</span>"#), "{}", confirm.body);
+    let wrong = pages.keep(submit(&state, &retire, &[("expectedRevision", "2"), ("confirm", "smtp")], &cookie).await);
+    assert_eq!(flash_code(&wrong.body).as_deref(), Some("confirmation-mismatch"), "{}", wrong.body);
+    let answer = submit(&state, &retire, &[("expectedRevision", "2"), ("confirm", "smtp-relay")], &cookie).await;
+    assert_eq!(
+        answer.location(),
+        Some(format!("/secrets/sets/{set}?done=set-retired&name=smtp-relay&detached=1").as_str()),
+        "{}",
+        answer.body
+    );
+    let page = pages.keep(send(&state, get(answer.location().unwrap(), Some(&cookie))).await);
+    assert!(page.body.contains("It was detached from 1 service") && page.body.contains(r#"id="set-retired""#), "{}", page.body);
+    assert!(!page.body.contains(r#"id="secret-create-form""#) && !page.body.contains(r#"id="set-edit-form""#), "{}", page.body);
+    let page = pages.keep(send(&state, get(&service_page, Some(&cookie))).await);
+    assert!(page.body.contains(r#"id="attachments-empty""#) && !page.body.contains(r#"id="attach-form""#), "{}", page.body);
+    let retired = pages.keep(submit(&state, &attach, &[("secretSetId", &set), ("expectedSecretsRevision", "4")], &cookie).await);
+    assert_eq!(flash_code(&retired.body).as_deref(), Some("secret-set-retired"), "{}", retired.body);
+    let value = sealed(&state, "secrets.create", &owner, "LATE", PLANTED.as_bytes());
+    let late = pages.keep(submit(&state, &add, &[("key", "LATE"), ("sealed", &value)], &cookie).await);
+    assert_eq!(flash_code(&late.body).as_deref(), Some("secret-set-retired"), "{}", late.body);
+    let index = pages.keep(send(&state, get(&format!("/secrets?org={org}"), Some(&cookie))).await);
+    assert!(index.body.contains(r#"<tr data-set="smtp-relay" data-state="retired">"#), "{}", index.body);
+    pages.assert_value_free();
+}
+
+// ---------------------------------------------------------------------------------------
+// The App Store view
+
+/// The catalog publisher the App Store tests trust.
+fn catalog_key() -> capstan_catalog::SigningKey {
+    capstan_catalog::SigningKey::from_bytes(&[42; 32])
+}
+
+/// A signed catalog with the app `wiki` in `versions` (`(version, withdrawal reason)`).
+fn wiki_envelope(versions: &[(&str, Option<&str>)], revision: u64, key: &capstan_catalog::SigningKey) -> String {
+    let versions: Vec<serde_json::Value> = versions
+        .iter()
+        .map(|(v, withdrawn)| {
+            let mut version = serde_json::json!({
+                "version": v,
+                "notes": format!("release {v}"),
+                "template": {
+                    "image": format!("registry.example.com/wiki:{v}"),
+                    "ports": [{ "port": 8080, "protocol": "http" }],
+                    "environment": { "WIKI_VERSION": v },
+                    "volumes": [{ "name": "data", "mountPath": "/var/lib/wiki" }]
+                }
+            });
+            if let Some(reason) = withdrawn {
+                version["withdrawn"] = serde_json::json!({ "reason": reason });
+            }
+            version
+        })
+        .collect();
+    let catalog: capstan_catalog::Catalog = serde_json::from_value(serde_json::json!({
+        "apps": [{ "id": "wiki", "name": "Wiki", "description": "A small wiki.", "categories": ["docs"], "versions": versions }]
+    }))
+    .unwrap();
+    capstan_catalog::sign(&catalog, revision, key).unwrap().to_json()
+}
+
+#[tokio::test]
+async fn the_app_store_view_needs_a_session_and_says_when_the_plugin_is_not_loaded() {
+    let (_dir, state) = setup().await;
+    for path in ["/appstore", "/appstore/apps/wiki", "/appstore/upgrade?service=x"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        anonymous.assert_security_headers(path);
+    }
+    for path in ["/appstore/refresh", "/appstore/import", "/appstore/apps/wiki/install", "/appstore/upgrade"] {
+        let answer = send(&state, post_form(path, "envelope=x", None, Some(ORIGIN))).await;
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+        let foreign = send(&state, post_form(path, "envelope=x", None, Some("https://evil.example"))).await;
+        assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{path}");
+    }
+
+    // the embedded App Store is installed in the background at start: until it is, the page says so
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/appstore", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    page.assert_security_headers("/appstore");
+    assert!(page.body.contains("<title>App Store · Capstan</title>"), "{}", page.body);
+    assert!(page.body.contains(r#"href="&#x2f;appstore" aria-current="page""#), "the rail links the view: {}", page.body);
+    assert!(page.body.contains(r#"id="appstore-unavailable" data-code="plugin-not-loaded""#), "{}", page.body);
+    assert!(!page.body.contains(r#"id="catalog-import-form""#), "{}", page.body);
+    assert!(!page.body.contains("<script>") && !page.body.contains("<style") && !page.body.contains("style="), "{}", page.body);
+    let answer = submit(&state, "/appstore/import", &[("envelope", "{}")], &cookie).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("plugin-not-loaded"), "{}", answer.body);
+    let app = send(&state, get("/appstore/apps/wiki", Some(&cookie))).await;
+    assert!(app.body.contains(r#"id="app-error" data-code="plugin-not-loaded""#), "{}", app.body);
+    // retryable: the service's state (503), never an internal error
+    assert_eq!(app.status, StatusCode::SERVICE_UNAVAILABLE, "{}", app.body);
+}
+
+#[tokio::test]
+async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugin() {
+    let (_dir, state) = setup().await;
+    let plugins = state.plugins.clone();
+    plugins.install_first_party().await.unwrap();
+    assert!(plugins.get("appstore").is_some(), "the embedded App Store is loaded: {:?}", plugins.load_error("appstore"));
+    let cookie = login_cookie(&state).await;
+
+    // no catalog yet: the status says why, nothing is offered
+    let page = send(&state, get("/appstore", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains(r#"id="catalog-status" data-available="false""#), "{body}");
+    assert!(body.contains(r#"id="catalog-unavailable" data-code="catalog-not-loaded""#), "{body}");
+    assert!(body.contains(r#"id="apps-empty""#) && body.contains(r#"id="catalog-import-form""#), "{body}");
+    assert!(body.contains(r#"id="catalog-refresh""#), "{body}");
+    let missing = send(&state, get("/appstore/apps/wiki", Some(&cookie))).await;
+    assert!(missing.body.contains(r#"id="app-error" data-code="appstore-catalog-unavailable""#), "{}", missing.body);
+
+    // bad imports are refused by the catalog's own code, nothing activates
+    let publisher = catalog_key();
+    let first = wiki_envelope(&[("0.9.0", Some("data loss on upgrade")), ("1.0.0", None)], 1, &publisher);
+    for (envelope, code) in
+        [(first.as_str(), "catalog-key-untrusted"), ("{\"not\": \"an envelope\"}", "catalog-malformed"), ("", "invalid-request")]
+    {
+        let answer = submit(&state, "/appstore/import", &[("envelope", envelope)], &cookie).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{code}: {}", answer.body);
+        assert_eq!(flash_code(&answer.body).as_deref(), Some(code), "{}", answer.body);
+        assert!(answer.body.contains(r#"data-available="false""#), "{}", answer.body);
+    }
+    let settings = method(&state, &cookie, "settings.get", serde_json::json!({})).await;
+    let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
+    method(
+        &state,
+        &cookie,
+        "settings.update",
+        serde_json::json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [trusted] } }),
+    )
+    .await;
+
+    // a trusted catalog activates; its apps are listed
+    let answer = submit(&state, "/appstore/import", &[("envelope", &first)], &cookie).await;
+    assert_eq!(answer.location(), Some("/appstore?done=imported&outcome=activated&revision=1"), "{}", answer.body);
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    let body = &page.body;
+    assert!(body.contains("Catalog revision 1 activated"), "{body}");
+    assert!(body.contains(r#"data-available="true""#) && body.contains(r#"id="catalog-revision">1<"#), "{body}");
+    assert!(body.contains(&format!(r#"id="catalog-signer">{}<"#, escaped(&trusted))), "{body}");
+    assert!(body.contains(r#"<tr data-app="wiki">"#) && body.contains(r#"data-latest="1.0.0""#), "{body}");
+    assert!(body.contains("A small wiki.") && body.contains("1 offered, 1 withdrawn"), "{body}");
+    let again = submit(&state, "/appstore/import", &[("envelope", &first)], &cookie).await;
+    assert_eq!(again.location(), Some("/appstore?done=imported&outcome=unchanged&revision=1"), "{}", again.body);
+    // no sources to ask: the refresh says so, the catalog stays
+    let refreshed = submit(&state, "/appstore/refresh", &[], &cookie).await;
+    assert_eq!(refreshed.location(), Some("/appstore?done=refreshed&outcome=no-sources&revision=1"), "{}", refreshed.body);
+    let page = send(&state, get(refreshed.location().unwrap(), Some(&cookie))).await;
+    assert!(
+        page.body.contains("No catalog sources to ask") && page.body.contains(r#"id="catalog-last-outcome">no-sources<"#),
+        "{}",
+        page.body
+    );
+    let older = submit(&state, "/appstore/import", &[("envelope", &wiki_envelope(&[("1.0.0", None)], 1, &publisher))], &cookie).await;
+    assert_eq!(flash_code(&older.body).as_deref(), Some("catalog-revision-not-newer"), "{}", older.body);
+
+    // the app's page: its versions, the withdrawn one marked, and the install form
+    let org =
+        method(&state, &cookie, "organizations.create", serde_json::json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
+    let app = send(&state, get(&format!("/appstore/apps/wiki?org={org}"), Some(&cookie))).await;
+    assert_eq!(app.status, StatusCode::OK, "{}", app.body);
+    let body = &app.body;
+    assert!(body.contains("<title>App Wiki · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"<li data-version="1.0.0" data-withdrawn="false">"#), "{body}");
+    assert!(body.contains(r#"<li data-version="0.9.0" data-withdrawn="true">"#) && body.contains("data loss on upgrade"), "{body}");
+    assert!(body.contains(r#"id="app-version" data-version="1.0.0""#) && body.contains("registry.example.com&#x2f;wiki:1.0.0"), "{body}");
+    assert!(body.contains(&format!(r#"<option value="{org}" selected>acme</option>"#)), "{body}");
+    assert!(
+        body.contains(r#"<option value="1.0.0" selected>1.0.0 (latest)</option>"#) && !body.contains(r#"<option value="0.9.0""#),
+        "{body}"
+    );
+    let withdrawn = send(&state, get("/appstore/apps/wiki?version=0.9.0", Some(&cookie))).await;
+    assert!(withdrawn.body.contains(r#"id="version-withdrawn""#), "{}", withdrawn.body);
+
+    // refusals keep what was typed and show the plugin's code
+    let install = "/appstore/apps/wiki/install";
+    let answer = submit(&state, install, &[("organizationId", &org), ("name", "Team Wiki"), ("version", "1.0.0")], &cookie).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("name-invalid"), "{}", answer.body);
+    assert_eq!(value_of(&answer.body, "install-name"), "Team Wiki");
+    let answer = submit(&state, install, &[("organizationId", &org), ("name", "old-wiki"), ("version", "0.9.0")], &cookie).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("appstore-version-withdrawn"), "{}", answer.body);
+    let answer = submit(&state, install, &[("organizationId", "org_nope"), ("name", "wiki"), ("version", "1.0.0")], &cookie).await;
+    assert!(flash_code(&answer.body).is_some_and(|c| c.ends_with("not-found")), "{}", answer.body);
+
+    // installed: a service in the organization with the version's snapshot
+    let answer =
+        submit(&state, install, &[("organizationId", &org), ("name", "team-wiki"), ("version", "1.0.0"), ("scale", "2")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let location = answer.location().unwrap().to_string();
+    assert!(location.starts_with(&format!("/appstore/apps/wiki?org={org}&done=installed&name=team-wiki&service=")), "{location}");
+    let service_id = location.rsplit("service=").next().unwrap().to_string();
+    let page = send(&state, get(&location, Some(&cookie))).await;
+    assert!(page.body.contains("App wiki installed as team-wiki"), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"href="&#x2f;services&#x2f;{service_id}" id="installed-service""#)), "{}", page.body);
+    let listed = method(&state, &cookie, "services.list", serde_json::json!({ "organizationId": org })).await;
+    let service = &listed["items"][0];
+    assert_eq!(
+        (service["id"].as_str(), service["name"].as_str(), service["image"].as_str(), service["scale"].as_u64()),
+        (Some(service_id.as_str()), Some("team-wiki"), Some("registry.example.com/wiki:1.0.0"), Some(2))
+    );
+    assert_eq!(service["template"]["version"], "1.0.0");
+    let page = send(&state, get(&format!("/appstore?org={org}"), Some(&cookie))).await;
+    assert!(page.body.contains(r#"id="upgradeable-empty""#) && page.body.contains("up to date"), "{}", page.body);
+
+    // a newer revision offers an upgrade: previewed, then written against the revision read
+    let second = wiki_envelope(&[("0.9.0", Some("data loss on upgrade")), ("1.0.0", None), ("1.1.0", None)], 2, &publisher);
+    let answer = submit(&state, "/appstore/import", &[("envelope", &second), ("org", &org)], &cookie).await;
+    assert_eq!(answer.location(), Some(format!("/appstore?org={org}&done=imported&outcome=activated&revision=2").as_str()));
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains(r#"<tr data-service="team-wiki" data-current="1.0.0">"#), "{}", page.body);
+    let preview_href = format!("/appstore/upgrade?service={service_id}&version=1.1.0");
+    assert!(page.body.contains(&escaped(&preview_href)), "{}", page.body);
+    let preview = send(&state, get(&preview_href, Some(&cookie))).await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.body);
+    let body = &preview.body;
+    assert!(body.contains(r#"id="upgrade-preview" data-from="1.0.0" data-to="1.1.0""#), "{body}");
+    assert!(body.contains("registry.example.com&#x2f;wiki:1.0.0") && body.contains("registry.example.com&#x2f;wiki:1.1.0"), "{body}");
+    assert!(body.contains(r#"id="preview-env-changed"><span class="chips"><span class="chip mono">WIKI_VERSION</span>"#), "{body}");
+    assert!(body.contains("1.1.0: release 1.1.0"), "the release notes: {body}");
+    let revision = value_of(body, "upgrade-revision");
+    assert_eq!(revision, service["revision"].as_u64().unwrap().to_string());
+    let upgrade = |revision: String| {
+        vec![
+            ("organizationId", org.clone()),
+            ("serviceId", service_id.clone()),
+            ("version", "1.1.0".to_string()),
+            ("expectedRevision", revision),
+        ]
+    };
+    let stale = submit(&state, "/appstore/upgrade", &as_refs(&upgrade("99".into())), &cookie).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    assert!(stale.body.contains(r#"id="upgrade-form""#), "the preview is shown again: {}", stale.body);
+    let answer = submit(&state, "/appstore/upgrade", &as_refs(&upgrade(revision)), &cookie).await;
+    assert_eq!(
+        answer.location(),
+        Some(format!("/appstore?org={org}&done=upgraded&name=team-wiki&version=1.1.0").as_str()),
+        "{}",
+        answer.body
+    );
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Service team-wiki upgraded to 1.1.0"), "{}", page.body);
+    let upgraded = method(&state, &cookie, "services.get", serde_json::json!({ "id": service_id })).await;
+    assert_eq!(
+        (upgraded["image"].as_str(), upgraded["template"]["version"].as_str(), upgraded["environment"]["WIKI_VERSION"].as_str()),
+        (Some("registry.example.com/wiki:1.1.0"), Some("1.1.0"), Some("1.1.0"))
+    );
+    let done = send(&state, get(&format!("/appstore/upgrade?service={service_id}"), Some(&cookie))).await;
+    assert!(done.body.contains(r#"id="upgrade-error" data-code="appstore-up-to-date""#), "{}", done.body);
+    let unknown = send(&state, get("/appstore/apps/nope", Some(&cookie))).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert!(unknown.body.contains(r#"id="app-error" data-code="appstore-app-not-found""#), "{}", unknown.body);
+
+    // an operator sees the catalog and the apps, and the plugin's own refusal where it refuses
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let page = send(&state, get("/appstore", Some(&operator))).await;
+    assert!(page.body.contains(r#"<tr data-app="wiki">"#) && !page.body.contains(r#"id="catalog-import-form""#), "{}", page.body);
+    let answer = submit(&state, "/appstore/import", &[("envelope", &second)], &operator).await;
+    assert_eq!((answer.status, flash_code(&answer.body).as_deref()), (StatusCode::FORBIDDEN, Some("forbidden")), "{}", answer.body);
+    let answer = submit(&state, install, &[("organizationId", &org), ("name", "sneaky"), ("version", "1.1.0")], &operator).await;
+    assert_eq!(flash_code(&answer.body).as_deref(), Some("forbidden"), "{}", answer.body);
+}
+
+#[test]
+fn the_create_secret_form_renders_and_says_when_values_cannot_be_sealed() {
+    use minijinja::value::Serde;
+    let source = r#"{% from "secrets_value.html" import create_form %}{{ create_form(seal, seal_error, "/secrets/x", typed, "SMTP_PASSWORD", "Seal and add") }}"#;
+    let with = |seal: serde_json::Value, seal_error: serde_json::Value| {
+        let typed = serde_json::json!({"key": "API_KEY", "environment": ""});
+        let ctx = minijinja::context! { seal => Serde(seal), seal_error => Serde(seal_error), typed => Serde(typed) };
+        super::TEMPLATE_ENV.render_str(source, ctx).unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let page = with(
+        serde_json::json!({"recipient_id": "r1", "public_key": "AAAA", "method": "secrets.create", "owner": "service:s1"}),
+        serde_json::Value::Null,
+    );
+    assert!(page.contains(r#"action="/secrets/x/create""#) && page.contains("e.g. SMTP_PASSWORD"), "{page}");
+    assert!(page.contains(r#"value="API_KEY""#) && page.contains(">Seal and add</button>"), "{page}");
+    let page = with(serde_json::Value::Null, serde_json::json!({"code": "keyring-unavailable", "message": "no recipient"}));
+    assert!(page.contains(r#"id="seal-unavailable" data-code="keyring-unavailable""#), "{page}");
+    assert!(!page.contains(r#"id="secret-create-form""#), "{page}");
+}

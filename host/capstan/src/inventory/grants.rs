@@ -1,0 +1,306 @@
+//! Deployment machine users and their per-service grants (`deployers.*`).
+//!
+//! A deployment runs as a deployment machine user: an API machine user with a token and the
+//! grants an administrator attached to it. Only users created here are deployers; a human, an
+//! administrator or a cluster's machine user never is (`deployment-machine-user-invalid`).
+
+use super::Context;
+use super::services::require_active;
+use super::{Listing, PageInput, SERVICE_GRANTS, emit, to_value};
+use crate::auth::methods::{Expiry, MachineToken, set_machine_token};
+use crate::refusal::{Refusal, Result};
+use crate::store::Tx;
+use capstan_core::clock::now_secs;
+use capstan_rpc::{Access, Call, Registry};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Users created as deployers (id = user id).
+pub const DEPLOYERS: &str = "deployers";
+
+/// What a grant may allow on one service.
+pub const CAPABILITIES: &[&str] = &["deployment:status", "deployment:reserve", "deployment:promote", "registry:push", "registry:pull"];
+
+pub fn grant_id(service_id: &str, user_id: &str) -> String {
+    format!("{service_id}~{user_id}")
+}
+
+/// The longest a deployer's token may live.
+const MAX_TOKEN_LIFETIME: u64 = 366 * 24 * 3600;
+/// How long a token lives when the request states nothing.
+const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CreateInput {
+    /// Lowercase, at most 64 characters, no `:` or `/`; also the registry login name.
+    pub username: String,
+    /// When the token stops working (Unix seconds), at most a year ahead; a year by default.
+    pub expires_at: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RotateInput {
+    pub user_id: String,
+    /// When the new token stops working (Unix seconds), at most a year ahead; a year by default.
+    pub expires_at: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UserInput {
+    pub user_id: String,
+}
+
+/// A deployer's token, shown this once, with when it expires.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeployerToken {
+    #[serde(flatten)]
+    pub token: MachineToken,
+    pub expires_at: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRevoked {
+    pub user_id: String,
+    /// The grants stay; only the token is gone.
+    pub token_active: bool,
+}
+
+/// The expiry a request asks for, judged: in the future and at most a year ahead.
+fn expiry(requested: Option<u64>) -> Result<u64> {
+    let now = now_secs();
+    let at = requested.unwrap_or(now + DEFAULT_TOKEN_LIFETIME);
+    if at <= now || at > now + MAX_TOKEN_LIFETIME {
+        return Err(Refusal::new("expiry-invalid", "expiresAt is a Unix time in the future, at most a year ahead")
+            .with_data(json!({ "field": "expiresAt" })));
+    }
+    Ok(at)
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GrantInput {
+    pub service_id: String,
+    pub user_id: String,
+    /// Replaces the user's capabilities on the service: any of deployment:status,
+    /// deployment:reserve, deployment:promote, registry:push, registry:pull.
+    pub capabilities: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevokeInput {
+    pub service_id: String,
+    pub user_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    pub service_id: String,
+    pub user_id: String,
+    pub capabilities: Vec<String>,
+    pub granted_by: String,
+    pub granted_at: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeployerView {
+    pub user_id: String,
+    pub username: String,
+    /// Whether the user holds a token now.
+    pub token_active: bool,
+    /// When that token stops working (Unix seconds).
+    pub token_expires_at: Option<u64>,
+    pub grants: Vec<Grant>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revoked {
+    pub service_id: String,
+    pub user_id: String,
+    /// Whether a grant existed.
+    pub revoked: bool,
+}
+
+fn check_username(username: &str) -> Result<()> {
+    let ok = !username.is_empty()
+        && username.len() <= 64
+        && username.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && username.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c));
+    if !ok {
+        return Err(Refusal::new("deployment-machine-user-invalid", "a deployer's username is 1–64 of a-z 0-9 - _ . (no : or /)")
+            .with_data(json!({ "field": "username" })));
+    }
+    crate::auth::validate_username(username)
+}
+
+async fn create(cx: Context, call: Call, input: CreateInput) -> Result<DeployerToken> {
+    call.identity()?.require_fresh()?;
+    check_username(&input.username)?;
+    let expires_at = expiry(input.expires_at)?;
+    let username = input.username.as_str();
+    let (token, ()) = crate::auth::methods::mint_machine_user(&cx.store, &cx.blobs, username, Some(expires_at), |tx, user_id| {
+        Box::pin(async move { tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now_secs() })).await.map(drop) })
+    })
+    .await?;
+    Ok(DeployerToken { token, expires_at })
+}
+
+async fn rotate_token(cx: Context, call: Call, input: RotateInput) -> Result<DeployerToken> {
+    let expires_at = expiry(input.expires_at)?;
+    let user = input.user_id.as_str();
+    cx.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
+    let token = crate::auth::new_machine_token();
+    let (found, credential) = set_machine_token(&cx.store, &call, user, Some(&token), Expiry::Set(Some(expires_at))).await?;
+    tracing::info!(deployer = %found.username, "deployer token rotated");
+    Ok(DeployerToken {
+        token: MachineToken { user_id: input.user_id, username: found.username, token, generation: credential.generation },
+        expires_at,
+    })
+}
+
+async fn revoke_token(cx: Context, call: Call, input: UserInput) -> Result<TokenRevoked> {
+    let user = input.user_id.as_str();
+    cx.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
+    let (found, _) = set_machine_token(&cx.store, &call, user, None, Expiry::Set(None)).await?;
+    tracing::info!(deployer = %found.username, "deployer token revoked");
+    Ok(TokenRevoked { user_id: input.user_id, token_active: false })
+}
+
+/// Refuse anyone who is not a deployer created by `deployers.create`.
+async fn require_deployer(tx: &Tx, user_id: &str) -> Result<()> {
+    let known = crate::store::validate_id(user_id).is_ok() && tx.get(DEPLOYERS, user_id).await?.is_some();
+    if !known {
+        return Err(Refusal::new("deployment-machine-user-invalid", "grants go to deployment machine users created with deployers.create")
+            .with_data(json!({ "field": "userId" })));
+    }
+    Ok(())
+}
+
+async fn grant(cx: Context, call: Call, input: GrantInput) -> Result<Grant> {
+    let identity = call.identity()?.clone();
+    let mut capabilities = input.capabilities.clone();
+    capabilities.sort();
+    capabilities.dedup();
+    if let Some(unknown) = capabilities.iter().find(|c| !CAPABILITIES.contains(&c.as_str())) {
+        let shown: String = unknown.chars().take(64).collect();
+        return Err(Refusal::new("deployment-capability-unknown", format!("{shown:?} is not one of {}", CAPABILITIES.join(", ")))
+            .with_data(json!({ "field": "capabilities" })));
+    }
+    if capabilities.is_empty() {
+        return Err(Refusal::invalid_request("name at least one capability; revoke with deployers.revoke")
+            .with_data(json!({ "field": "capabilities" })));
+    }
+    let grant = Grant {
+        service_id: input.service_id.clone(),
+        user_id: input.user_id.clone(),
+        capabilities,
+        granted_by: identity.user_id.clone(),
+        granted_at: now_secs(),
+    };
+    let grant_ref = &grant;
+    cx.store
+        .transact(|tx| async move {
+            require_active(&tx, &grant_ref.service_id).await?;
+            require_deployer(&tx, &grant_ref.user_id).await?;
+            let id = grant_id(&grant_ref.service_id, &grant_ref.user_id);
+            match tx.get(SERVICE_GRANTS, &id).await? {
+                Some(doc) => tx.replace(SERVICE_GRANTS, &id, doc.revision, to_value(grant_ref)?).await?,
+                None => tx.insert(SERVICE_GRANTS, &id, to_value(grant_ref)?).await?,
+            };
+            emit(
+                &tx,
+                "service.deployerGranted",
+                &grant_ref.service_id,
+                json!({ "id": grant_ref.service_id, "userId": grant_ref.user_id, "capabilities": grant_ref.capabilities }),
+            )
+            .await
+        })
+        .await?;
+    tracing::info!(service = %grant.service_id, user = %grant.user_id, capabilities = ?grant.capabilities, "deployer granted");
+    Ok(grant)
+}
+
+async fn revoke(cx: Context, _: Call, input: RevokeInput) -> Result<Revoked> {
+    let input = &input;
+    cx.store
+        .transact(|tx| async move {
+            super::services::require_service(&tx, &input.service_id).await?;
+            let id = grant_id(&input.service_id, &input.user_id);
+            let revoked = match tx.get(SERVICE_GRANTS, &id).await? {
+                Some(doc) => {
+                    tx.delete(SERVICE_GRANTS, &id, doc.revision).await?;
+                    emit(&tx, "service.deployerRevoked", &input.service_id, json!({ "id": input.service_id, "userId": input.user_id }))
+                        .await?;
+                    true
+                }
+                None => false,
+            };
+            Ok(Revoked { service_id: input.service_id.clone(), user_id: input.user_id.clone(), revoked })
+        })
+        .await
+}
+
+async fn list(cx: Context, _: Call, input: PageInput) -> Result<Listing<DeployerView>> {
+    let limit = input.limit();
+    let cursor = input.cursor.as_deref();
+    cx.store
+        .transact(|tx| async move {
+            let page = tx.scan(DEPLOYERS, cursor, limit).await?;
+            let mut items = Vec::new();
+            for doc in &page.documents {
+                let credential = tx.get(crate::auth::CREDENTIALS, &doc.id).await?;
+                let token_active = credential.as_ref().is_some_and(|c| !c.data["tokenHash"].is_null());
+                let token_expires_at = credential.as_ref().and_then(|c| c.data["tokenExpiresAt"].as_u64()).filter(|_| token_active);
+                let grants = tx.find(SERVICE_GRANTS, "by_user", &[json!(doc.id)], None, crate::store::MAX_PAGE).await?;
+                let grants = grants.documents.iter().map(|g| super::parse::<Grant>(g).map(|e| e.data)).collect::<Result<_>>()?;
+                items.push(DeployerView {
+                    user_id: doc.id.clone(),
+                    username: doc.data["username"].as_str().unwrap_or_default().into(),
+                    token_active,
+                    token_expires_at,
+                    grants,
+                });
+            }
+            Ok(Listing { items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub fn register(registry: &mut Registry, cx: Context) {
+    let mut registry = registry.with(cx);
+    registry.add(
+        "deployers.create",
+        "Create a deployment machine user; its token is shown this once (administrator, fresh login)",
+        Access::Admin,
+        create,
+    );
+    registry.add(
+        "deployers.grant",
+        "Give a deployment machine user capabilities on one service, replacing what it held there (administrator)",
+        Access::Admin,
+        grant,
+    );
+    registry.add(
+        "deployers.rotateToken",
+        "Replace every token of a deployer with one new token (shown this once); sessions of the old one end (administrator, fresh login)",
+        Access::Admin,
+        rotate_token,
+    );
+    registry.add(
+        "deployers.revokeToken",
+        "Remove a deployer's token; its grants stay and every session it opened ends (administrator, fresh login)",
+        Access::Admin,
+        revoke_token,
+    );
+    registry.add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke);
+    registry.add("deployers.list", "Deployment machine users with their grants, never a token (administrator)", Access::Admin, list);
+}

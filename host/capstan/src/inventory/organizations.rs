@@ -1,0 +1,351 @@
+//! Organizations and their memberships (`organizations.*`).
+
+use super::Context;
+use super::access::{self, OrgRole, membership_id};
+use super::{Entity, Listing, MEMBERS, ORGANIZATIONS, PageInput, SERVICES, check_revision, emit, parse, require, to_value, validate};
+use crate::refusal::{Refusal, Result};
+use crate::store::Tx;
+use capstan_core::clock::now_secs;
+use capstan_rpc::{Access, Call, Registry};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Organization {
+    pub name: String,
+    pub created_at: u64,
+    pub updated_at: u64,
+    /// The administrator who created it.
+    pub created_by: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Membership {
+    pub organization_id: String,
+    pub user_id: String,
+    pub role: OrgRole,
+    pub updated_at: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateInput {
+    /// 1–63 of a-z 0-9 -, starting with a letter; unique.
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UpdateInput {
+    pub id: String,
+    pub expected_revision: u64,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeleteInput {
+    pub id: String,
+    pub expected_revision: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SetMemberInput {
+    pub organization_id: String,
+    pub user_id: String,
+    /// The new role, or `null` to remove the membership.
+    pub role: Option<OrgRole>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MembersInput {
+    pub organization_id: String,
+    pub cursor: Option<String>,
+    /// At most 200 (default 50).
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberView {
+    pub user_id: String,
+    pub username: String,
+    pub role: OrgRole,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SetMemberAnswer {
+    pub organization_id: String,
+    pub user_id: String,
+    /// The role now held; absent when the membership was removed.
+    pub role: Option<OrgRole>,
+}
+
+/// Read an organization or refuse `organization-not-found`.
+pub async fn require_organization(tx: &Tx, id: &str) -> Result<Entity<Organization>> {
+    require(tx, ORGANIZATIONS, "organization", id).await
+}
+
+async fn name_taken(tx: &Tx, name: &str) -> Result<bool> {
+    Ok(!tx.find(ORGANIZATIONS, "by_name", &[json!(name)], None, 1).await?.documents.is_empty())
+}
+
+fn name_exists(name: &str) -> Refusal {
+    Refusal::new("exists", format!("an organization named {name} exists")).with_data(json!({ "field": "name" }))
+}
+
+async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Entity<Organization>> {
+    let identity = call.identity()?.clone();
+    access::require_admin(&identity)?;
+    validate::name("name", &input.name)?;
+    let id = capstan_core::ids::new_id("org");
+    let org =
+        Organization { name: input.name.clone(), created_at: now_secs(), updated_at: now_secs(), created_by: identity.user_id.clone() };
+    let (id_ref, org_ref) = (&id, &org);
+    let doc = cx
+        .store
+        .transact(|tx| async move {
+            if name_taken(&tx, &org_ref.name).await? {
+                return Err(name_exists(&org_ref.name));
+            }
+            let doc = tx.insert(ORGANIZATIONS, id_ref, to_value(org_ref)?).await?;
+            emit(&tx, "organization.created", id_ref, json!({ "id": id_ref, "name": org_ref.name })).await?;
+            Ok(doc)
+        })
+        .await?;
+    tracing::info!(organization = %id, name = %org.name, "organization created");
+    parse(&doc)
+}
+
+async fn list(cx: Context, call: Call, input: PageInput) -> Result<Listing<Entity<Organization>>> {
+    let identity = call.identity()?.clone();
+    let limit = input.limit();
+    let cursor = input.cursor.as_deref();
+    let identity = &identity;
+    cx.store
+        .transact(|tx| async move {
+            if identity.is_human_admin() {
+                let page = tx.scan(ORGANIZATIONS, cursor, limit).await?;
+                let items = page.documents.iter().map(parse).collect::<Result<_>>()?;
+                return Ok(Listing { items, next_cursor: page.next_cursor });
+            }
+            // everyone else sees the organizations it belongs to
+            let page = tx.find(MEMBERS, "by_user", &[json!(identity.user_id)], cursor, limit).await?;
+            let mut items = Vec::new();
+            for membership in &page.documents {
+                let org_id = membership.data["organizationId"].as_str().unwrap_or_default();
+                if let Some(doc) = tx.get(ORGANIZATIONS, org_id).await? {
+                    items.push(parse(&doc)?);
+                }
+            }
+            Ok(Listing { items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+async fn get(cx: Context, call: Call, input: super::ById) -> Result<Entity<Organization>> {
+    let identity = call.identity()?.clone();
+    let (identity, id) = (&identity, input.id.as_str());
+    cx.store
+        .transact(|tx| async move {
+            access::require_org(&tx, identity, id, OrgRole::Member).await?;
+            require_organization(&tx, id).await
+        })
+        .await
+}
+
+async fn update(cx: Context, call: Call, input: UpdateInput) -> Result<Entity<Organization>> {
+    let identity = call.identity()?.clone();
+    if let Some(name) = &input.name {
+        validate::name("name", name)?;
+    }
+    let (identity, input) = (&identity, &input);
+    cx.store
+        .transact(|tx| async move {
+            access::require_org(&tx, identity, &input.id, OrgRole::Owner).await?;
+            let mut org = require_organization(&tx, &input.id).await?;
+            check_revision("organization", &input.id, input.expected_revision, org.revision)?;
+            match &input.name {
+                Some(name) if *name != org.data.name => {
+                    if name_taken(&tx, name).await? {
+                        return Err(name_exists(name));
+                    }
+                    org.data.name = name.clone();
+                }
+                // nothing changes: answer what is stored, write nothing
+                _ => return Ok(org),
+            }
+            org.data.updated_at = now_secs();
+            let doc = tx.replace(ORGANIZATIONS, &input.id, org.revision, to_value(&org.data)?).await?;
+            emit(&tx, "organization.updated", &input.id, json!({ "id": input.id, "name": org.data.name })).await?;
+            parse(&doc)
+        })
+        .await
+}
+
+async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<Deleted> {
+    let identity = call.identity()?.clone();
+    access::require_admin(&identity)?;
+    let input = &input;
+    cx.store
+        .transact(|tx| async move {
+            let org = require_organization(&tx, &input.id).await?;
+            check_revision("organization", &input.id, input.expected_revision, org.revision)?;
+            let services = tx.find(SERVICES, "by_organization", &[json!(input.id)], None, 1).await?;
+            if !services.documents.is_empty() {
+                return Err(Refusal::new(
+                    "organization-has-services",
+                    format!("the organization {} still has services: delete them first", org.data.name),
+                ));
+            }
+            if crate::secrets::sets::has_active(&tx, &input.id).await? {
+                return Err(Refusal::new(
+                    "organization-has-secret-sets",
+                    format!("the organization {} still has active SecretSets: retire them first", org.data.name),
+                ));
+            }
+            // memberships go with it, page by page inside this one transaction
+            loop {
+                let page = tx.find(MEMBERS, "by_organization", &[json!(input.id)], None, 100).await?;
+                for doc in &page.documents {
+                    tx.delete(MEMBERS, &doc.id, doc.revision).await?;
+                }
+                if page.next_cursor.is_none() {
+                    break;
+                }
+            }
+            tx.delete(ORGANIZATIONS, &input.id, org.revision).await?;
+            emit(&tx, "organization.deleted", &input.id, json!({ "id": input.id, "name": org.data.name })).await?;
+            Ok(Deleted { id: input.id.clone(), deleted: true })
+        })
+        .await
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Deleted {
+    pub id: String,
+    pub deleted: bool,
+}
+
+async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<SetMemberAnswer> {
+    let identity = call.identity()?.clone();
+    let (identity, input) = (&identity, &input);
+    cx.store
+        .transact(|tx| async move {
+            access::require_org(&tx, identity, &input.organization_id, OrgRole::Owner).await?;
+            require_organization(&tx, &input.organization_id).await?;
+            let user = require(&tx, crate::auth::USERS, "user", &input.user_id).await.map(|u: Entity<crate::auth::User>| u)?;
+            if input.role.is_some() && is_minted_identity(&tx, &input.user_id).await? {
+                return Err(Refusal::new(
+                    "member-user-invalid",
+                    "a cluster's machine user or a deployer acts through its own grants, never as an organization member",
+                )
+                .with_data(json!({ "field": "userId" })));
+            }
+            let id = membership_id(&input.organization_id, &input.user_id);
+            let current = tx.get(MEMBERS, &id).await?;
+            let current_role = current.as_ref().and_then(|d| serde_json::from_value::<OrgRole>(d.data["role"].clone()).ok());
+            if current_role == input.role {
+                return Ok(SetMemberAnswer { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role: input.role });
+            }
+            if current_role == Some(OrgRole::Owner) && !identity.is_human_admin() && owners(&tx, &input.organization_id).await? <= 1 {
+                // an owner may not leave an organization nobody but an administrator can run
+                return Err(Refusal::new("organization-last-owner", "this is the organization's last owner: make another owner first"));
+            }
+            match (input.role, current) {
+                (Some(role), Some(doc)) => {
+                    let membership = Membership { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role, updated_at: now_secs() };
+                    tx.replace(MEMBERS, &id, doc.revision, to_value(&membership)?).await?;
+                }
+                (Some(role), None) => {
+                    let membership = Membership { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role, updated_at: now_secs() };
+                    tx.insert(MEMBERS, &id, to_value(&membership)?).await?;
+                }
+                (None, Some(doc)) => tx.delete(MEMBERS, &id, doc.revision).await?,
+                (None, None) => {}
+            }
+            emit(
+                &tx,
+                "organization.memberChanged",
+                &input.organization_id,
+                json!({ "organizationId": input.organization_id, "userId": input.user_id, "username": user.data.username, "role": input.role }),
+            )
+            .await?;
+            Ok(SetMemberAnswer { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role: input.role })
+        })
+        .await
+}
+
+/// Whether the user is one Capstan minted for a purpose of its own (a cluster, a deployer).
+async fn is_minted_identity(tx: &Tx, user: &str) -> Result<bool> {
+    let cluster = !tx.find(super::CLUSTER_IDENTITIES, "by_user", &[json!(user)], None, 1).await?.documents.is_empty();
+    Ok(cluster || tx.get(super::grants::DEPLOYERS, user).await?.is_some())
+}
+
+async fn owners(tx: &Tx, organization: &str) -> Result<usize> {
+    let (mut owners, mut cursor) = (0, None::<String>);
+    loop {
+        let page = tx.find(MEMBERS, "by_organization", &[json!(organization)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
+        owners += page.documents.iter().filter(|d| d.data["role"] == "owner").count();
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(owners),
+        }
+    }
+}
+
+async fn members(cx: Context, call: Call, input: MembersInput) -> Result<Listing<MemberView>> {
+    let identity = call.identity()?.clone();
+    let limit = super::page_limit(input.limit);
+    let (identity, input) = (&identity, &input);
+    cx.store
+        .transact(|tx| async move {
+            access::require_org(&tx, identity, &input.organization_id, OrgRole::Member).await?;
+            require_organization(&tx, &input.organization_id).await?;
+            let page = tx.find(MEMBERS, "by_organization", &[json!(input.organization_id)], input.cursor.as_deref(), limit).await?;
+            let mut items = Vec::new();
+            for doc in &page.documents {
+                let membership: Membership = parse(doc)?.data;
+                let username = match tx.get(crate::auth::USERS, &membership.user_id).await? {
+                    Some(user) => user.data["username"].as_str().unwrap_or_default().to_string(),
+                    None => String::new(),
+                };
+                items.push(MemberView { user_id: membership.user_id, username, role: membership.role });
+            }
+            Ok(Listing { items, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+pub fn register(registry: &mut Registry, cx: Context) {
+    let mut registry = registry.with(cx);
+    registry.add("organizations.create", "Create an organization (administrator)", Access::Admin, create);
+    registry.add(
+        "organizations.list",
+        "Organizations: all for an administrator, the caller's own for anyone else",
+        Access::Authenticated,
+        list,
+    );
+    registry.add("organizations.get", "One organization (member)", Access::Member, get);
+    registry.add("organizations.update", "Rename an organization with its expected revision (owner)", Access::Owner, update);
+    registry.add(
+        "organizations.delete",
+        "Delete an organization that has no services, with its memberships (administrator)",
+        Access::Admin,
+        delete,
+    );
+    registry.add(
+        "organizations.setMember",
+        "Give a user the owner or member role in an organization, or remove it with role null (owner)",
+        Access::Owner,
+        set_member,
+    );
+    registry.add("organizations.listMembers", "An organization's members and their roles (member)", Access::Member, members);
+}

@@ -1,0 +1,626 @@
+//! Services (`services.*`): workload definitions owned by an organization, written with an
+//! expected revision and validated strictly, deleted in two phases.
+//!
+//! Deletion: the request marks the service `deleting` durably and emits `service.deleting`;
+//! from then on it refuses new work (`service-deleting`). Managers that own something of a
+//! service hold it (`service_holds`) and release it once they cleaned up. A level-triggered
+//! finalizer ([`finalize_deleting`]) deletes every deleting service nothing holds any more —
+//! run by the request itself, by the release of the last hold, and by a periodic host task,
+//! so a deletion interrupted anywhere is finished by the next pass, never stranded.
+
+use super::Context;
+use super::access::{self, OrgRole, ServiceNeed};
+use super::organizations::require_organization;
+use super::{Entity, Listing, SERVICE_GRANTS, SERVICE_HOLDS, SERVICES, check_revision, emit, parse, require, to_value, validate};
+use crate::auth::Identity;
+use crate::refusal::{Refusal, Result};
+use crate::store::{Store, Tx};
+use capstan_core::clock::now_secs;
+use capstan_rpc::{Access, Call, Registry};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+const MAX_PORTS: usize = 32;
+const MAX_DOMAINS: usize = 32;
+const MAX_ENVIRONMENT: usize = 256;
+const MAX_VOLUMES: usize = 32;
+const MAX_MAIL: usize = 32;
+const MAX_SCALE: u32 = 64;
+/// A template snapshot is a description, not a payload.
+const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Http,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Port {
+    /// The port the container listens on.
+    pub port: u16,
+    pub protocol: Protocol,
+    /// A port published on the node, if any.
+    pub public_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    pub mount_path: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ServiceState {
+    Active,
+    /// Marked for deletion: refuses new work until the finalizer removes it.
+    Deleting,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Service {
+    pub name: String,
+    pub organization_id: String,
+    pub image: String,
+    #[serde(default)]
+    pub ports: Vec<Port>,
+    #[serde(default)]
+    pub domains: Vec<String>,
+    /// Plain configuration only; anything credential-like belongs in secrets.
+    #[serde(default)]
+    pub environment: BTreeMap<String, String>,
+    pub scale: u32,
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+    #[serde(default)]
+    pub mail_addresses: Vec<String>,
+    /// The template snapshot a manager (the App Store) created or upgraded it from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Value>,
+    pub state: ServiceState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleting_at: Option<u64>,
+    pub created_at: u64,
+    pub updated_at: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CreateInput {
+    /// 1–63 of a-z 0-9 -, starting with a letter; unique within the organization.
+    pub name: String,
+    pub organization_id: String,
+    pub image: String,
+    pub ports: Option<Vec<Port>>,
+    pub domains: Option<Vec<String>>,
+    pub environment: Option<BTreeMap<String, String>>,
+    pub scale: Option<u32>,
+    pub volumes: Option<Vec<Volume>>,
+    pub mail_addresses: Option<Vec<String>>,
+    pub template: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UpdateInput {
+    pub id: String,
+    pub expected_revision: u64,
+    pub name: Option<String>,
+    /// Accepted only when it echoes the stored organization: a service never moves.
+    pub organization_id: Option<String>,
+    pub image: Option<String>,
+    pub ports: Option<Vec<Port>>,
+    pub domains: Option<Vec<String>>,
+    pub environment: Option<BTreeMap<String, String>>,
+    pub scale: Option<u32>,
+    pub volumes: Option<Vec<Volume>>,
+    pub mail_addresses: Option<Vec<String>>,
+    pub template: Option<Value>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeleteInput {
+    pub id: String,
+    pub expected_revision: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ListInput {
+    /// Required unless the caller is an administrator.
+    pub organization_id: Option<String>,
+    pub cursor: Option<String>,
+    /// At most 200 (default 50).
+    pub limit: Option<usize>,
+}
+
+/// A service as `services.get` answers it, with what still holds a deleting one.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceView {
+    #[serde(flatten)]
+    pub service: Entity<Service>,
+    /// Managers that still own something of the service (`plugin:<id>`).
+    pub holds: Vec<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteAnswer {
+    pub id: String,
+    /// `deleting` while managers still hold it, `deleted` once it is gone.
+    pub state: String,
+    pub waiting_for: Vec<String>,
+}
+
+fn invalid(code: &'static str, field: &str, message: String) -> Refusal {
+    Refusal::new(code, message).with_data(json!({ "field": field }))
+}
+
+fn too_many(field: &str, max: usize) -> Refusal {
+    invalid("too-many-items", field, format!("{field} holds at most {max} items"))
+}
+
+/// Check every field a write sets (a create is checked as the update that sets everything);
+/// the first mistake is named by its field.
+fn check_fields(fields: &UpdateInput) -> Result<()> {
+    if let Some(name) = &fields.name {
+        validate::name("name", name)?;
+    }
+    if let Some(image) = &fields.image {
+        validate::image(image)?;
+    }
+    if let Some(ports) = &fields.ports {
+        if ports.len() > MAX_PORTS {
+            return Err(too_many("ports", MAX_PORTS));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut published = std::collections::BTreeSet::new();
+        for (i, port) in ports.iter().enumerate() {
+            let field = format!("ports[{i}]");
+            if port.port == 0 || port.public_port == Some(0) {
+                return Err(invalid("port-invalid", &field, format!("{field}: ports are 1–65535")));
+            }
+            let udp = port.protocol == Protocol::Udp;
+            if !seen.insert((port.port, udp)) {
+                return Err(invalid("port-duplicate", &field, format!("{field}: port {} is listed twice", port.port)));
+            }
+            if let Some(public) = port.public_port
+                && !published.insert((public, udp))
+            {
+                return Err(invalid("port-duplicate", &field, format!("{field}: public port {public} is published twice")));
+            }
+        }
+    }
+    if let Some(domains) = &fields.domains {
+        if domains.len() > MAX_DOMAINS {
+            return Err(too_many("domains", MAX_DOMAINS));
+        }
+        for (i, domain) in domains.iter().enumerate() {
+            validate::domain(&format!("domains[{i}]"), domain)?;
+        }
+        if has_duplicates(domains) {
+            return Err(invalid("domain-duplicate", "domains", "a domain is listed twice".into()));
+        }
+    }
+    if let Some(environment) = &fields.environment {
+        if environment.len() > MAX_ENVIRONMENT {
+            return Err(too_many("environment", MAX_ENVIRONMENT));
+        }
+        for (key, value) in environment {
+            validate::env_key("environment", key)?;
+            validate::env_value(key, value)?;
+        }
+    }
+    if let Some(scale) = fields.scale
+        && scale > MAX_SCALE
+    {
+        return Err(invalid("scale-invalid", "scale", format!("scale is 0–{MAX_SCALE}")));
+    }
+    if let Some(volumes) = &fields.volumes {
+        if volumes.len() > MAX_VOLUMES {
+            return Err(too_many("volumes", MAX_VOLUMES));
+        }
+        for (i, volume) in volumes.iter().enumerate() {
+            validate::name(&format!("volumes[{i}].name"), &volume.name).map_err(|e| Refusal { code: "volume-invalid".into(), ..e })?;
+            validate::mount_path(&format!("volumes[{i}].mountPath"), &volume.mount_path)?;
+        }
+        let names: Vec<_> = volumes.iter().map(|v| &v.name).collect();
+        let paths: Vec<_> = volumes.iter().map(|v| &v.mount_path).collect();
+        if has_duplicates(&names) || has_duplicates(&paths) {
+            return Err(invalid("volume-invalid", "volumes", "a volume name or mount path is listed twice".into()));
+        }
+    }
+    if let Some(addresses) = &fields.mail_addresses {
+        if addresses.len() > MAX_MAIL {
+            return Err(too_many("mailAddresses", MAX_MAIL));
+        }
+        for (i, address) in addresses.iter().enumerate() {
+            validate::mail_address(&format!("mailAddresses[{i}]"), address)?;
+        }
+        if has_duplicates(addresses) {
+            return Err(invalid("mail-address-invalid", "mailAddresses", "an address is listed twice".into()));
+        }
+    }
+    if let Some(template) = &fields.template {
+        let size = template.to_string().len();
+        if !template.is_object() || size > MAX_TEMPLATE_BYTES {
+            return Err(invalid(
+                "template-invalid",
+                "template",
+                format!("template is a JSON object of at most {MAX_TEMPLATE_BYTES} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn has_duplicates<T: Ord>(items: &[T]) -> bool {
+    let mut seen = std::collections::BTreeSet::new();
+    !items.iter().all(|item| seen.insert(item))
+}
+
+/// Read a service or refuse `service-not-found`.
+pub async fn require_service(tx: &Tx, id: &str) -> Result<Entity<Service>> {
+    require(tx, SERVICES, "service", id).await
+}
+
+/// Refuse new work for a service marked for deletion.
+pub fn refuse_if_deleting(service: &Entity<Service>) -> Result<()> {
+    if service.data.state == ServiceState::Deleting {
+        return Err(Refusal::new("service-deleting", format!("the service {} is being deleted and takes no new work", service.data.name))
+            .with_data(json!({ "id": service.id })));
+    }
+    Ok(())
+}
+
+async fn name_taken(tx: &Tx, organization: &str, name: &str) -> Result<bool> {
+    Ok(!tx.find(SERVICES, "by_organization_name", &[json!(organization), json!(name)], None, 1).await?.documents.is_empty())
+}
+
+fn name_exists(name: &str) -> Refusal {
+    Refusal::new("exists", format!("the organization has a service named {name}")).with_data(json!({ "field": "name" }))
+}
+
+/// A create checked as the update that sets everything.
+fn create_fields(input: &CreateInput) -> UpdateInput {
+    UpdateInput {
+        id: String::new(),
+        expected_revision: 0,
+        name: Some(input.name.clone()),
+        organization_id: Some(input.organization_id.clone()),
+        image: Some(input.image.clone()),
+        ports: input.ports.clone(),
+        domains: input.domains.clone(),
+        environment: input.environment.clone(),
+        scale: input.scale,
+        volumes: input.volumes.clone(),
+        mail_addresses: input.mail_addresses.clone(),
+        template: input.template.clone(),
+    }
+}
+
+/// Check a create's fields exactly as [`create`] does, without a store (so neither the
+/// organization nor the name's uniqueness): `capstan appstore sign-catalog` runs it on every
+/// template, so a publisher learns before signing what an install would be refused.
+pub fn check_create_fields(input: &CreateInput) -> Result<()> {
+    check_fields(&create_fields(input))
+}
+
+/// Create a service as `identity` (an owner of its organization or an administrator).
+pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> Result<Entity<Service>> {
+    let fields = create_fields(&input);
+    check_fields(&fields)?;
+    let at = now_secs();
+    let service = Service {
+        name: fields.name.unwrap_or_default(),
+        organization_id: input.organization_id,
+        image: input.image,
+        ports: fields.ports.unwrap_or_default(),
+        domains: fields.domains.unwrap_or_default(),
+        environment: fields.environment.unwrap_or_default(),
+        scale: fields.scale.unwrap_or(1),
+        volumes: fields.volumes.unwrap_or_default(),
+        mail_addresses: fields.mail_addresses.unwrap_or_default(),
+        template: fields.template,
+        state: ServiceState::Active,
+        deleting_at: None,
+        created_at: at,
+        updated_at: at,
+    };
+    let id = capstan_core::ids::new_id("svc");
+    let (id_ref, service_ref) = (&id, &service);
+    let doc = store
+        .transact(|tx| async move {
+            access::require_org(&tx, identity, &service_ref.organization_id, OrgRole::Owner).await?;
+            require_organization(&tx, &service_ref.organization_id).await?;
+            if name_taken(&tx, &service_ref.organization_id, &service_ref.name).await? {
+                return Err(name_exists(&service_ref.name));
+            }
+            let doc = tx.insert(SERVICES, id_ref, to_value(service_ref)?).await?;
+            emit(&tx, "service.created", id_ref, summary(id_ref, service_ref)).await?;
+            Ok(doc)
+        })
+        .await?;
+    tracing::info!(service = %id, name = %service.name, organization = %service.organization_id, "service created");
+    parse(&doc)
+}
+
+/// What every service event carries: enough to route it, never the environment.
+fn summary(id: &str, service: &Service) -> Value {
+    json!({ "id": id, "name": service.name, "organizationId": service.organization_id, "state": service.state })
+}
+
+/// Update a service as `identity`; absent fields stay as stored.
+pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> Result<Entity<Service>> {
+    check_fields(&input)?;
+    let input = &input;
+    store
+        .transact(|tx| async move {
+            let current = require_service(&tx, &input.id).await?;
+            access::require_service(&tx, identity, &current.id, &current.data.organization_id, ServiceNeed::Write).await?;
+            check_revision("service", &input.id, input.expected_revision, current.revision)?;
+            refuse_if_deleting(&current)?;
+            if let Some(org) = &input.organization_id
+                && *org != current.data.organization_id
+            {
+                return Err(invalid(
+                    "service-organization-immutable",
+                    "organizationId",
+                    "a service never moves to another organization".into(),
+                ));
+            }
+            let mut next = current.data.clone();
+            if let Some(name) = &input.name
+                && *name != next.name
+            {
+                if name_taken(&tx, &next.organization_id, name).await? {
+                    return Err(name_exists(name));
+                }
+                next.name = name.clone();
+            }
+            let f = input.clone();
+            next.image = f.image.unwrap_or(next.image);
+            next.ports = f.ports.unwrap_or(next.ports);
+            next.domains = f.domains.unwrap_or(next.domains);
+            next.environment = f.environment.unwrap_or(next.environment);
+            next.scale = f.scale.unwrap_or(next.scale);
+            next.volumes = f.volumes.unwrap_or(next.volumes);
+            next.mail_addresses = f.mail_addresses.unwrap_or(next.mail_addresses);
+            next.template = f.template.or(next.template);
+            if to_value(&next)? == to_value(&current.data)? {
+                return Ok(current);
+            }
+            next.updated_at = now_secs();
+            let doc = tx.replace(SERVICES, &input.id, current.revision, to_value(&next)?).await?;
+            emit(&tx, "service.updated", &input.id, summary(&input.id, &next)).await?;
+            parse(&doc)
+        })
+        .await
+}
+
+async fn get(cx: Context, call: Call, input: super::ById) -> Result<ServiceView> {
+    let identity = call.identity()?.clone();
+    let (identity, id) = (&identity, input.id.as_str());
+    cx.store
+        .transact(|tx| async move {
+            let service = require_service(&tx, id).await?;
+            access::require_service(&tx, identity, &service.id, &service.data.organization_id, ServiceNeed::Read).await?;
+            let holds = holders(&tx, id).await?;
+            Ok(ServiceView { service, holds })
+        })
+        .await
+}
+
+async fn list(cx: Context, call: Call, input: ListInput) -> Result<Listing<Entity<Service>>> {
+    let identity = call.identity()?.clone();
+    let limit = super::page_limit(input.limit);
+    let (identity, input) = (&identity, &input);
+    cx.store
+        .transact(|tx| async move {
+            let page = match &input.organization_id {
+                Some(org) => {
+                    access::require_org(&tx, identity, org, OrgRole::Member).await?;
+                    require_organization(&tx, org).await?;
+                    tx.find(SERVICES, "by_organization", &[json!(org)], input.cursor.as_deref(), limit).await?
+                }
+                None if identity.is_human_admin() => tx.scan(SERVICES, input.cursor.as_deref(), limit).await?,
+                None => {
+                    return Err(Refusal::invalid_request("organizationId is required: name the organization whose services to list")
+                        .with_data(json!({ "field": "organizationId" })));
+                }
+            };
+            Ok(Listing { items: page.documents.iter().map(parse).collect::<Result<_>>()?, next_cursor: page.next_cursor })
+        })
+        .await
+}
+
+async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<DeleteAnswer> {
+    let identity = call.identity()?.clone();
+    let (identity_ref, input_ref) = (&identity, &input);
+    cx.store
+        .transact(|tx| async move {
+            let current = require_service(&tx, &input_ref.id).await?;
+            access::require_service(&tx, identity_ref, &current.id, &current.data.organization_id, ServiceNeed::Write).await?;
+            check_revision("service", &input_ref.id, input_ref.expected_revision, current.revision)?;
+            if current.data.state == ServiceState::Deleting {
+                // asking again is fine: the finalizer below decides whether it is done
+                return Ok(());
+            }
+            let mut next = current.data.clone();
+            next.state = ServiceState::Deleting;
+            next.deleting_at = Some(now_secs());
+            next.updated_at = now_secs();
+            tx.replace(SERVICES, &input_ref.id, current.revision, to_value(&next)?).await?;
+            emit(&tx, "service.deleting", &input_ref.id, summary(&input_ref.id, &next)).await?;
+            Ok(())
+        })
+        .await?;
+    tracing::info!(service = %input.id, actor = %identity.username, "service marked for deletion");
+    let outcome = finalize_one(&cx.store, &input.id).await?;
+    Ok(DeleteAnswer { id: input.id, state: if outcome.is_empty() { "deleted".into() } else { "deleting".into() }, waiting_for: outcome })
+}
+
+/// The holders whose hold counts, as `plugin:<id>` (or `host:<name>`): a plugin that is no
+/// longer installed will never release what it held, so its hold is not counted.
+pub async fn holders(tx: &Tx, service_id: &str) -> Result<Vec<String>> {
+    let page = tx.find(SERVICE_HOLDS, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
+    let mut holders = Vec::new();
+    for holder in page.documents.iter().filter_map(|d| d.data["holder"].as_str()) {
+        if holder_present(tx, holder).await? {
+            holders.push(holder.to_string());
+        }
+    }
+    Ok(holders)
+}
+
+fn hold_id(service_id: &str, holder: &str) -> String {
+    format!("{service_id}~{holder}")
+}
+
+/// Record that `holder` owns something of the service; its deletion waits for the release.
+/// A deleting service takes no new holds (`service-deleting`).
+pub async fn hold(store: &Store, service_id: &str, holder: &str) -> Result<()> {
+    store
+        .transact(|tx| async move {
+            let service = require_service(&tx, service_id).await?;
+            refuse_if_deleting(&service)?;
+            let id = hold_id(service_id, holder);
+            if tx.get(SERVICE_HOLDS, &id).await?.is_none() {
+                tx.insert(SERVICE_HOLDS, &id, json!({ "serviceId": service_id, "holder": holder, "since": now_secs() })).await?;
+            }
+            Ok(())
+        })
+        .await
+}
+
+/// Release `holder`'s hold (idempotent); the last release of a deleting service finishes it.
+pub async fn release(store: &Store, service_id: &str, holder: &str) -> Result<()> {
+    let id = hold_id(service_id, holder);
+    let deleting = store
+        .transact(|tx| {
+            let id = id.clone();
+            async move {
+                if let Some(doc) = tx.get(SERVICE_HOLDS, &id).await? {
+                    tx.delete(SERVICE_HOLDS, &id, doc.revision).await?;
+                }
+                Ok(tx.get(SERVICES, service_id).await?.is_some_and(|d| d.data["state"] == "deleting"))
+            }
+        })
+        .await?;
+    if deleting {
+        finalize_one(store, service_id).await?;
+    }
+    Ok(())
+}
+
+/// Whether a holder can still act on its hold (a plugin: while it is installed).
+async fn holder_present(tx: &Tx, holder: &str) -> Result<bool> {
+    match holder.strip_prefix("plugin:") {
+        Some(plugin) => Ok(tx.is_declared(crate::plugins::host::PLUGINS) && tx.get(crate::plugins::host::PLUGINS, plugin).await?.is_some()),
+        None => Ok(true),
+    }
+}
+
+/// Finish one deleting service if nothing holds it any more. Answers who still holds it
+/// (empty: it is gone, or was never there).
+pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>> {
+    let waiting = store
+        .transact(|tx| async move {
+            let Some(doc) = tx.get(SERVICES, service_id).await? else { return Ok(Vec::new()) };
+            let service: Entity<Service> = parse(&doc)?;
+            if service.data.state != ServiceState::Deleting {
+                return Ok(vec![]);
+            }
+            let waiting = holders(&tx, service_id).await?;
+            if !waiting.is_empty() {
+                return Ok(waiting);
+            }
+            // gone for good: its holds and grants go with the row, page by page
+            for collection in [SERVICE_HOLDS, SERVICE_GRANTS] {
+                loop {
+                    let page = tx.find(collection, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
+                    for doc in &page.documents {
+                        tx.delete(collection, &doc.id, doc.revision).await?;
+                    }
+                    if page.next_cursor.is_none() {
+                        break;
+                    }
+                }
+            }
+            // its own secrets are revoked and its SecretSet attachments go (the sets stay)
+            crate::secrets::methods::forget_service(&tx, service_id).await?;
+            tx.delete(SERVICES, service_id, service.revision).await?;
+            emit(&tx, "service.deleted", service_id, summary(service_id, &service.data)).await?;
+            tracing::info!(service = %service_id, name = %service.data.name, "service deleted");
+            Ok(Vec::new())
+        })
+        .await?;
+    Ok(waiting)
+}
+
+/// The level-triggered sweep: try to finish every deleting service. Answers how many were
+/// finished and how many still wait.
+pub async fn finalize_deleting(store: &Store) -> Result<(usize, usize)> {
+    let (mut finished, mut waiting) = (0, 0);
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store
+            .transact(|tx| {
+                let cursor = cursor.clone();
+                async move { tx.find(SERVICES, "by_state", &[json!("deleting")], cursor.as_deref(), 100).await }
+            })
+            .await?;
+        for doc in &page.documents {
+            if finalize_one(store, &doc.id).await?.is_empty() {
+                finished += 1;
+            } else {
+                waiting += 1;
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok((finished, waiting)),
+        }
+    }
+}
+
+/// A service id that must exist, for grants and other references.
+pub async fn require_active(tx: &Tx, id: &str) -> Result<Entity<Service>> {
+    let service = require_service(tx, id).await?;
+    refuse_if_deleting(&service)?;
+    Ok(service)
+}
+
+pub fn register(registry: &mut Registry, cx: Context) {
+    let mut registry = registry.with(cx);
+    registry.add(
+        "services.create",
+        "Create a service in an organization (owner); every field validated, credential-like environment refused",
+        Access::Owner,
+        |cx: Context, call: Call, input: CreateInput| async move { create(&cx.store, call.identity()?, input).await },
+    );
+    registry.add(
+        "services.update",
+        "Change a service's fields with its expected revision (owner); absent fields stay",
+        Access::Owner,
+        |cx: Context, call: Call, input: UpdateInput| async move { update(&cx.store, call.identity()?, input).await },
+    );
+    registry.add(
+        "services.get",
+        "One service and what still holds it (member, or a deployer granted deployment:status)",
+        Access::Member,
+        get,
+    );
+    registry.add("services.list", "An organization's services, paged (member; an administrator may list all)", Access::Member, list);
+    registry.add("services.delete", "Mark a service for deletion (owner); it is removed once no manager holds it", Access::Owner, delete);
+}

@@ -1,0 +1,755 @@
+//! Plugin bundles: one file (a tar archive) holding the manifest, the component and, once signed,
+//! an Ed25519 signature over the bundle's canonical digest.
+//!
+//! The archive has exactly these regular-file entries, in this order:
+//! `capstan-plugin.toml`, `plugin.wasm`, and optionally `signature.json`
+//! (`{"publisher": "capstan-ed25519:…", "signature": "<base64 of 64 bytes>"}`).
+//!
+//! The canonical digest is SHA-256 over the UTF-8 text
+//! `capstan-plugin-bundle-v1\n{id}\n{version}\n{hex sha256(manifest)}\n{hex sha256(component)}\n`,
+//! so a changed byte in the manifest or the component changes what the signature covers.
+
+use super::manifest::{Capability, Limits, MANIFEST_FILE, Manifest};
+use crate::refusal::{Refusal, Result};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use capstan_core::private_file;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
+use ed25519_dalek::{Signature, Signer, SigningKey};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::Path;
+use zeroize::Zeroizing;
+
+/// The largest bundle accepted, in bytes.
+pub const MAX_BUNDLE_BYTES: usize = 64 * 1024 * 1024;
+/// The largest manifest accepted inside a bundle, in bytes.
+pub const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+/// The largest `signature.json` accepted, in bytes.
+const MAX_SIGNATURE_BYTES: usize = 4096;
+
+/// The component's entry name inside a bundle.
+pub const COMPONENT_FILE: &str = "plugin.wasm";
+/// The signature's entry name inside a bundle.
+pub const SIGNATURE_FILE: &str = "signature.json";
+/// The file extension `capstan plugin build` writes.
+pub const BUNDLE_EXTENSION: &str = "capstan-plugin";
+
+pub use capstan_catalog::PUBLIC_KEY_PREFIX;
+
+const DIGEST_DOMAIN: &str = "capstan-plugin-bundle-v1";
+const WASM_MAGIC: &[u8; 4] = b"\0asm";
+const COMPONENT_VERSION: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
+const CORE_MODULE_VERSION: [u8; 4] = [0x01, 0x00, 0x00, 0x00];
+const PEM_BEGIN: &str = "-----BEGIN PRIVATE KEY-----";
+const PEM_END: &str = "-----END PRIVATE KEY-----";
+
+fn malformed(message: impl Into<String>) -> Refusal {
+    Refusal::new("bundle-malformed", message)
+}
+
+/// A publisher's Ed25519 public key, `capstan-ed25519:<43 base64url characters>`: one type for
+/// plugin publishers and catalog keys alike.
+pub use capstan_catalog::PublisherKey;
+
+/// A publisher key that does not parse, refused under the catalog crate's code for it.
+pub fn key_refusal(e: capstan_catalog::KeyError) -> Refusal {
+    Refusal::new(e.code(), e.to_string())
+}
+
+/// Who signed a bundle, and the signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleSignature {
+    pub publisher: PublisherKey,
+    pub signature: [u8; 64],
+}
+
+/// `signature.json` as stored.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignatureFile {
+    publisher: String,
+    signature: String,
+}
+
+/// A parsed bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    pub manifest: Manifest,
+    pub manifest_text: String,
+    pub component: Vec<u8>,
+    pub signature: Option<BundleSignature>,
+}
+
+/// What `capstan plugin inspect` shows about a bundle.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub wit: String,
+    pub description: String,
+    /// The manifest's publisher display name (not verified; the signer is).
+    pub publisher: Option<String>,
+    pub capabilities: Vec<Capability>,
+    pub limits: Limits,
+    pub digest: String,
+    pub manifest_sha256: String,
+    pub component_sha256: String,
+    pub component_bytes: usize,
+    /// The signer's public key, when signed (whether it verifies is `verify`'s question).
+    pub signed_by: Option<String>,
+    /// The signer's fingerprint, when signed.
+    pub fingerprint: Option<String>,
+}
+
+impl Bundle {
+    /// A new unsigned bundle from a manifest text and a component, both validated like `parse`.
+    pub fn new(manifest_text: String, component: Vec<u8>) -> Result<Bundle> {
+        if manifest_text.len() > MAX_MANIFEST_BYTES {
+            return Err(malformed(format!("{MANIFEST_FILE} is larger than {} KiB", MAX_MANIFEST_BYTES / 1024)));
+        }
+        let manifest = Manifest::parse(&manifest_text)?;
+        check_component(&component)?;
+        let bundle = Bundle { manifest, manifest_text, component, signature: None };
+        if bundle.encoded_len() > MAX_BUNDLE_BYTES {
+            return Err(too_large(bundle.encoded_len()));
+        }
+        Ok(bundle)
+    }
+
+    /// Parse a bundle file's bytes.
+    ///
+    /// Refuses `bundle-too-large`, `bundle-malformed` (not a tar archive; a missing, extra,
+    /// duplicate, misordered or non-regular entry; an oversized entry; a manifest that is not
+    /// UTF-8; a component that is not a WebAssembly component; a malformed `signature.json`; data
+    /// after the archive), and passes the manifest's refusals through (`manifest-invalid`,
+    /// `plugin-id-invalid`, `capability-unknown`). It does not check the signature: see `verify`.
+    pub fn parse(bytes: &[u8]) -> Result<Bundle> {
+        if bytes.len() > MAX_BUNDLE_BYTES {
+            return Err(too_large(bytes.len()));
+        }
+        let mut archive = tar::Archive::new(bytes);
+        let entries = archive.entries().map_err(|e| malformed(format!("the bundle is not a tar archive: {e}")))?.raw(true);
+        let expected = [MANIFEST_FILE, COMPONENT_FILE, SIGNATURE_FILE];
+        let mut contents: Vec<Vec<u8>> = Vec::new();
+        let mut end = 0u64;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| malformed(format!("the bundle is not a valid tar archive: {e}")))?;
+            let index = contents.len();
+            let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let Some(want) = expected.get(index) else {
+                return Err(malformed(format!(
+                    "unexpected entry {path:?} after {SIGNATURE_FILE}; a bundle holds only {}",
+                    expected.join(", ")
+                )));
+            };
+            if path != *want {
+                return Err(if let Some(seen) = expected[..index].iter().find(|e| **e == path) {
+                    malformed(format!("the entry {seen:?} appears twice"))
+                } else if index == 2 {
+                    malformed(format!("unexpected entry {path:?}; after {COMPONENT_FILE} only {SIGNATURE_FILE} may follow"))
+                } else {
+                    malformed(format!("expected the entry {want:?} at position {}, found {path:?}", index + 1))
+                });
+            }
+            if entry.header().entry_type() != tar::EntryType::Regular {
+                return Err(malformed(format!("the entry {path:?} is not a regular file")));
+            }
+            let limit = match index {
+                0 => MAX_MANIFEST_BYTES,
+                1 => MAX_BUNDLE_BYTES,
+                _ => MAX_SIGNATURE_BYTES,
+            };
+            let size = entry.size();
+            if size > limit as u64 {
+                return Err(malformed(format!("the entry {path:?} is larger than its limit of {limit} bytes")));
+            }
+            let mut data = Vec::with_capacity(size as usize);
+            Read::by_ref(&mut entry)
+                .take(size)
+                .read_to_end(&mut data)
+                .map_err(|e| malformed(format!("reading the entry {path:?} failed: {e}")))?;
+            if data.len() as u64 != size {
+                return Err(malformed(format!("the entry {path:?} is truncated")));
+            }
+            end = entry.raw_file_position() + size.div_ceil(512) * 512;
+            contents.push(data);
+        }
+        if contents.len() < 2 {
+            let missing = expected[contents.len()];
+            return Err(malformed(format!("the bundle has no {missing} entry")));
+        }
+        match bytes.get(end as usize..) {
+            Some(rest) if rest.iter().all(|b| *b == 0) => {}
+            _ => return Err(malformed("the bundle has data after the archive's end")),
+        }
+        let mut contents = contents.into_iter();
+        let manifest_bytes = contents.next().unwrap_or_default();
+        let component = contents.next().unwrap_or_default();
+        let signature = contents.next().map(|raw| parse_signature_file(&raw)).transpose()?;
+        let manifest_text = String::from_utf8(manifest_bytes).map_err(|_| malformed(format!("{MANIFEST_FILE} is not UTF-8 text")))?;
+        let manifest = Manifest::parse(&manifest_text)?;
+        check_component(&component)?;
+        Ok(Bundle { manifest, manifest_text, component, signature })
+    }
+
+    /// The bundle file's bytes: a deterministic tar (mtime 0, mode 0644, uid/gid 0, no names).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::with_capacity(self.encoded_len()));
+        let mut append = |name: &str, data: &[u8]| {
+            let mut header = tar::Header::new_ustar();
+            // names are fixed ASCII well under 100 bytes; neither call can fail
+            let _ = header.set_path(name);
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_cksum();
+            // writing into a Vec cannot fail
+            let _ = builder.append(&header, data);
+        };
+        append(MANIFEST_FILE, self.manifest_text.as_bytes());
+        append(COMPONENT_FILE, &self.component);
+        if let Some(signature) = &self.signature {
+            let file = SignatureFile { publisher: signature.publisher.to_string(), signature: B64.encode(signature.signature) };
+            let json = serde_json::to_vec(&file).unwrap_or_default();
+            append(SIGNATURE_FILE, &json);
+        }
+        builder.into_inner().unwrap_or_default()
+    }
+
+    /// The size `to_bytes` produces.
+    fn encoded_len(&self) -> usize {
+        let entry = |n: usize| 512 + n.div_ceil(512) * 512;
+        entry(self.manifest_text.len()) + entry(self.component.len()) + if self.signature.is_some() { entry(200) } else { 0 } + 1024
+    }
+
+    /// The canonical digest the signature covers.
+    pub fn digest(&self) -> [u8; 32] {
+        let text = format!(
+            "{DIGEST_DOMAIN}\n{}\n{}\n{}\n{}\n",
+            self.manifest.id,
+            self.manifest.version,
+            self.manifest_sha256_hex(),
+            self.component_sha256_hex()
+        );
+        Sha256::digest(text.as_bytes()).into()
+    }
+
+    pub fn digest_hex(&self) -> String {
+        hex::encode(self.digest())
+    }
+
+    pub fn manifest_sha256_hex(&self) -> String {
+        hex::encode(Sha256::digest(self.manifest_text.as_bytes()))
+    }
+
+    pub fn component_sha256_hex(&self) -> String {
+        hex::encode(Sha256::digest(&self.component))
+    }
+
+    /// Sign the canonical digest, replacing any previous signature.
+    pub fn sign(&mut self, key: &SigningKey) {
+        let signature = key.sign(&self.digest());
+        self.signature = Some(BundleSignature { publisher: PublisherKey::from(key), signature: signature.to_bytes() });
+    }
+
+    /// Check the signature, then the signer's trust; returns the signer.
+    ///
+    /// Refuses `bundle-signature-invalid` (unsigned, or the signature does not verify — any changed
+    /// byte of the manifest or component reads this way) and `publisher-untrusted` (it verifies,
+    /// but the key is not in `trusted`; data carries the key and its fingerprint).
+    pub fn verify(&self, trusted: &[PublisherKey]) -> Result<PublisherKey> {
+        let signature = self.verify_signature()?;
+        if !trusted.contains(&signature.publisher) {
+            return Err(Refusal::new(
+                "publisher-untrusted",
+                format!(
+                    "the bundle is signed by {} (fingerprint {}), which is not a trusted publisher",
+                    signature.publisher,
+                    signature.publisher.fingerprint()
+                ),
+            )
+            .with_data(json!({ "publicKey": signature.publisher.to_string(), "fingerprint": signature.publisher.fingerprint() })));
+        }
+        Ok(signature.publisher.clone())
+    }
+
+    /// Check only that the bundle is signed and the signature verifies (no trust decision).
+    pub fn verify_signature(&self) -> Result<&BundleSignature> {
+        let Some(signature) = &self.signature else {
+            return Err(Refusal::new("bundle-signature-invalid", "bundle is unsigned"));
+        };
+        signature.publisher.verifying_key().verify_strict(&self.digest(), &Signature::from_bytes(&signature.signature)).map_err(|_| {
+            Refusal::new(
+                "bundle-signature-invalid",
+                format!("the signature does not verify for {}: the bundle was changed after signing", signature.publisher),
+            )
+            .with_data(json!({ "publicKey": signature.publisher.to_string(), "fingerprint": signature.publisher.fingerprint() }))
+        })?;
+        Ok(signature)
+    }
+
+    pub fn inspect(&self) -> Inspection {
+        let m = &self.manifest;
+        Inspection {
+            id: m.id.clone(),
+            name: m.name.clone(),
+            version: m.version.to_string(),
+            wit: m.wit.clone(),
+            description: m.description.clone(),
+            publisher: m.publisher.clone(),
+            capabilities: m.capabilities.clone(),
+            limits: m.limits,
+            digest: self.digest_hex(),
+            manifest_sha256: self.manifest_sha256_hex(),
+            component_sha256: self.component_sha256_hex(),
+            component_bytes: self.component.len(),
+            signed_by: self.signature.as_ref().map(|s| s.publisher.to_string()),
+            fingerprint: self.signature.as_ref().map(|s| s.publisher.fingerprint()),
+        }
+    }
+
+    /// The file name `capstan plugin build` gives this bundle: `<id>-<version>.capstan-plugin`.
+    pub fn file_name(&self) -> String {
+        format!("{}-{}.{BUNDLE_EXTENSION}", self.manifest.id, self.manifest.version)
+    }
+}
+
+fn too_large(len: usize) -> Refusal {
+    Refusal::new("bundle-too-large", format!("the bundle is {len} bytes; the limit is {MAX_BUNDLE_BYTES} bytes (64 MiB)"))
+        .with_data(json!({ "bytes": len, "limit": MAX_BUNDLE_BYTES }))
+}
+
+/// Refuse `bundle-malformed` unless `bytes` starts like a WebAssembly component.
+pub fn check_component(bytes: &[u8]) -> Result<()> {
+    if bytes.len() < 8 || &bytes[..4] != WASM_MAGIC {
+        return Err(malformed(format!("{COMPONENT_FILE} is not WebAssembly")));
+    }
+    match <[u8; 4]>::try_from(&bytes[4..8]) {
+        Ok(COMPONENT_VERSION) => Ok(()),
+        Ok(CORE_MODULE_VERSION) => Err(malformed(format!("{COMPONENT_FILE} is a core module, not a component"))),
+        _ => Err(malformed(format!("{COMPONENT_FILE} has an unsupported WebAssembly version or layer"))),
+    }
+}
+
+fn parse_signature_file(raw: &[u8]) -> Result<BundleSignature> {
+    let file: SignatureFile =
+        serde_json::from_slice(raw).map_err(|e| malformed(format!("{SIGNATURE_FILE} is not {{\"publisher\", \"signature\"}}: {e}")))?;
+    let publisher: PublisherKey =
+        file.publisher.parse().map_err(|e: capstan_catalog::KeyError| malformed(format!("{SIGNATURE_FILE}: {e}")))?;
+    let bytes = B64.decode(&file.signature).map_err(|_| malformed(format!("{SIGNATURE_FILE}: the signature is not base64")))?;
+    let signature: [u8; 64] = bytes.try_into().map_err(|_| malformed(format!("{SIGNATURE_FILE}: the signature is not 64 bytes")))?;
+    Ok(BundleSignature { publisher, signature })
+}
+
+/// Read a bundle file's bytes, refusing `bundle-too-large` before reading more than the limit and
+/// `bundle-unreadable` when it is missing, not a regular file, or cannot be read.
+pub fn read_bundle_file(path: &Path) -> Result<Vec<u8>> {
+    let unreadable = |why: String| {
+        Refusal::new("bundle-unreadable", format!("cannot read the bundle {}: {why}", path.display()))
+            .with_data(json!({ "path": path.display().to_string() }))
+    };
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.kind().to_string()))?;
+    let meta = file.metadata().map_err(|e| unreadable(e.kind().to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("not a regular file".into()));
+    }
+    if meta.len() > MAX_BUNDLE_BYTES as u64 {
+        return Err(too_large(usize::try_from(meta.len()).unwrap_or(usize::MAX)));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_BUNDLE_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(|e| unreadable(e.kind().to_string()))?;
+    if bytes.len() > MAX_BUNDLE_BYTES {
+        return Err(too_large(bytes.len()));
+    }
+    Ok(bytes)
+}
+
+/// A fresh random signing key.
+pub fn generate_key() -> SigningKey {
+    SigningKey::from_bytes(&rand::random())
+}
+
+/// Write `key` as a PKCS#8 PEM file, mode 0600, never replacing an existing file (the keyring's
+/// private writer: `output-exists`, `output-directory-not-private`, …). Returns the public key.
+pub fn write_key_file(path: &Path, key: &SigningKey) -> Result<PublisherKey> {
+    // PKCS#8 v1 (no embedded public key), the form `openssl genpkey -algorithm ed25519` writes
+    // and every OpenSSL 3 reads
+    let keypair = ed25519_dalek::pkcs8::KeypairBytes { secret_key: key.to_bytes(), public_key: None };
+    let der = keypair.to_pkcs8_der().map_err(|e| Refusal::internal(format!("encoding the signing key: {e}")))?;
+    let body = Zeroizing::new(B64.encode(der.as_bytes()));
+    let mut pem = Zeroizing::new(String::with_capacity(body.len() + 80));
+    pem.push_str(PEM_BEGIN);
+    pem.push('\n');
+    for line in body.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str(PEM_END);
+    pem.push('\n');
+    private_file::write_new(path, pem.as_bytes())?;
+    Ok(PublisherKey::from(key))
+}
+
+/// Read a key file written by [`write_key_file`] under the keyring's strict rules (a regular file
+/// you own, mode 0600 or stricter, one link, ≤ 64 KiB: `input-permissions` and friends); refuses
+/// `key-file-invalid` when it is not an Ed25519 PKCS#8 PEM private key.
+pub fn read_key_file(path: &Path) -> Result<SigningKey> {
+    let raw = Zeroizing::new(private_file::read_strict(path)?);
+    let invalid = || {
+        Refusal::new("key-file-invalid", format!("{} is not an Ed25519 private key in PKCS#8 PEM form", path.display()))
+            .with_data(json!({ "path": path.display().to_string() }))
+    };
+    let text = std::str::from_utf8(&raw).map_err(|_| invalid())?;
+    let inner = text.trim().strip_prefix(PEM_BEGIN).and_then(|t| t.strip_suffix(PEM_END)).ok_or_else(invalid)?;
+    let body: Zeroizing<String> = Zeroizing::new(inner.chars().filter(|c| !c.is_ascii_whitespace()).collect());
+    let der = Zeroizing::new(B64.decode(body.as_bytes()).map_err(|_| invalid())?);
+    SigningKey::from_pkcs8_der(&der).map_err(|_| invalid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    const MANIFEST: &str = r#"[plugin]
+id = "example"
+name = "Example"
+version = "1.2.3"
+wit = "capstan:plugin@0.1.0"
+
+[capabilities]
+requested = ["store", "log"]
+"#;
+
+    fn component() -> Vec<u8> {
+        let mut c = b"\0asm\x0d\x00\x01\x00".to_vec();
+        c.extend((0..1000u32).map(|i| (i * 7 % 251) as u8));
+        c
+    }
+
+    fn bundle() -> Bundle {
+        Bundle::new(MANIFEST.to_string(), component()).unwrap()
+    }
+
+    fn key(seed: u8) -> SigningKey {
+        SigningKey::from_bytes(&[seed; 32])
+    }
+
+    fn code(bytes: &[u8]) -> String {
+        Bundle::parse(bytes).unwrap_err().code.to_string()
+    }
+
+    /// A raw tar with the given entries (bypassing `to_bytes`' fixed layout).
+    fn tar_of(entries: &[(&str, &[u8], tar::EntryType)]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data, kind) in entries {
+            let mut header = tar::Header::new_ustar();
+            header.set_path(name).unwrap();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(*kind);
+            header.set_cksum();
+            builder.append(&header, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn round_trips_and_is_deterministic() {
+        let b = bundle();
+        let bytes = b.to_bytes();
+        assert_eq!(Bundle::parse(&bytes).unwrap(), b);
+        assert_eq!(bytes, bundle().to_bytes(), "same input, same bytes");
+        assert_eq!(bytes.len(), b.encoded_len());
+
+        let mut signed = bundle();
+        signed.sign(&key(1));
+        let bytes = signed.to_bytes();
+        let parsed = Bundle::parse(&bytes).unwrap();
+        assert_eq!(parsed, signed);
+        assert_eq!(parsed.to_bytes(), bytes);
+        let mut again = bundle();
+        again.sign(&key(1));
+        assert_eq!(again.to_bytes(), bytes, "Ed25519 is deterministic, so a signed bundle is too");
+        assert!(signed.encoded_len() >= bytes.len());
+
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let names: Vec<String> = archive.entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        assert_eq!(names, [MANIFEST_FILE, COMPONENT_FILE, SIGNATURE_FILE]);
+        let mut archive = tar::Archive::new(&bytes[..]);
+        for entry in archive.entries().unwrap() {
+            let entry = entry.unwrap();
+            let h = entry.header();
+            assert_eq!((h.mode().unwrap(), h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap()), (0o644, 0, 0, 0));
+            assert_eq!(h.username().unwrap(), Some(""));
+        }
+    }
+
+    #[test]
+    fn digest_is_the_documented_text() {
+        let b = bundle();
+        let text = format!(
+            "capstan-plugin-bundle-v1\nexample\n1.2.3\n{}\n{}\n",
+            hex::encode(Sha256::digest(MANIFEST.as_bytes())),
+            hex::encode(Sha256::digest(component()))
+        );
+        assert_eq!(b.digest(), <[u8; 32]>::from(Sha256::digest(text.as_bytes())));
+        assert_eq!(b.digest_hex(), hex::encode(b.digest()));
+    }
+
+    #[test]
+    fn signs_and_verifies() {
+        let mut b = bundle();
+        let k = key(1);
+        let publisher = PublisherKey::from(&k);
+        b.sign(&k);
+        let parsed = Bundle::parse(&b.to_bytes()).unwrap();
+        assert_eq!(parsed.verify(std::slice::from_ref(&publisher)).unwrap(), publisher);
+        assert_eq!(parsed.verify(&[PublisherKey::from(&key(2)), publisher.clone()]).unwrap(), publisher);
+
+        let err = parsed.verify(&[PublisherKey::from(&key(2))]).unwrap_err();
+        assert_eq!(err.code, "publisher-untrusted");
+        assert_eq!(err.data.unwrap()["fingerprint"], publisher.fingerprint());
+        assert_eq!(parsed.verify(&[]).unwrap_err().code, "publisher-untrusted");
+
+        let err = bundle().verify(std::slice::from_ref(&publisher)).unwrap_err();
+        assert_eq!(err.code, "bundle-signature-invalid");
+        assert_eq!(err.message, "bundle is unsigned");
+        let unsigned = Bundle::parse(&bundle().to_bytes()).unwrap();
+        assert_eq!(unsigned.verify(&[publisher]).unwrap_err().code, "bundle-signature-invalid");
+    }
+
+    #[test]
+    fn a_signature_by_another_key_does_not_verify() {
+        let mut b = bundle();
+        b.sign(&key(1));
+        let mut sig = b.signature.clone().unwrap();
+        sig.publisher = PublisherKey::from(&key(2));
+        b.signature = Some(sig);
+        assert_eq!(b.verify(&[PublisherKey::from(&key(2))]).unwrap_err().code, "bundle-signature-invalid");
+    }
+
+    #[test]
+    fn one_changed_byte_breaks_the_signature() {
+        let k = key(3);
+        let trusted = [PublisherKey::from(&k)];
+        let mut b = bundle();
+        b.sign(&k);
+        let bytes = b.to_bytes();
+        // locate the two payloads inside the archive and flip every byte of each in turn
+        let manifest_at = bytes.windows(MANIFEST.len()).position(|w| w == MANIFEST.as_bytes()).unwrap();
+        let component_at = bytes.windows(component().len()).position(|w| w == component()).unwrap();
+        let mut checked = 0;
+        for offset in (manifest_at..manifest_at + MANIFEST.len()).chain(component_at..component_at + component().len()) {
+            let mut changed = bytes.clone();
+            changed[offset] ^= 0x01;
+            match Bundle::parse(&changed) {
+                // still a well-formed bundle: the signature must catch it
+                Ok(parsed) => {
+                    assert_eq!(parsed.verify(&trusted).unwrap_err().code, "bundle-signature-invalid", "byte {offset}");
+                    checked += 1;
+                }
+                // a change the parser already refuses (a TOML syntax break, the wasm header) is
+                // refused by name too
+                Err(err) => assert!(
+                    ["bundle-malformed", "manifest-invalid", "plugin-id-invalid", "capability-unknown"].contains(&err.code.as_ref()),
+                    "byte {offset}: {err}"
+                ),
+            }
+        }
+        assert!(checked > 1000, "most flips reach the signature check ({checked})");
+    }
+
+    #[test]
+    fn refuses_oversized_bundles() {
+        let big = vec![0u8; MAX_BUNDLE_BYTES + 1];
+        assert_eq!(code(&big), "bundle-too-large");
+        let mut huge = component();
+        huge.resize(MAX_BUNDLE_BYTES, 0);
+        assert_eq!(Bundle::new(MANIFEST.into(), huge).unwrap_err().code, "bundle-too-large");
+    }
+
+    #[test]
+    fn refuses_garbage() {
+        assert_eq!(code(b""), "bundle-malformed");
+        assert_eq!(code(b"hello, this is not a tar archive"), "bundle-malformed");
+        assert_eq!(code(&[0x5a; 4096]), "bundle-malformed");
+        let mut truncated = bundle().to_bytes();
+        truncated.truncate(700);
+        assert_eq!(code(&truncated), "bundle-malformed");
+        let mut trailing = bundle().to_bytes();
+        trailing.extend_from_slice(b"appended");
+        assert_eq!(code(&trailing), "bundle-malformed");
+        let mut header_flip = bundle().to_bytes();
+        header_flip[140] ^= 0x04; // inside the first header's fields: the checksum catches it
+        assert_eq!(code(&header_flip), "bundle-malformed");
+    }
+
+    #[test]
+    fn refuses_a_core_module_and_non_wasm() {
+        let core = b"\0asm\x01\x00\x00\x00rest".to_vec();
+        let bytes =
+            tar_of(&[(MANIFEST_FILE, MANIFEST.as_bytes(), tar::EntryType::Regular), (COMPONENT_FILE, &core, tar::EntryType::Regular)]);
+        let err = Bundle::parse(&bytes).unwrap_err();
+        assert_eq!(err.code, "bundle-malformed");
+        assert!(err.message.contains("core module, not a component"), "{}", err.message);
+        for bad in [&b"\0asm"[..], b"\0asm\x0e\x00\x01\x00", b"ELF\0\x0d\x00\x01\x00", b""] {
+            let bytes =
+                tar_of(&[(MANIFEST_FILE, MANIFEST.as_bytes(), tar::EntryType::Regular), (COMPONENT_FILE, bad, tar::EntryType::Regular)]);
+            assert_eq!(code(&bytes), "bundle-malformed");
+        }
+        assert_eq!(Bundle::new(MANIFEST.into(), core).unwrap_err().code, "bundle-malformed");
+    }
+
+    #[test]
+    fn refuses_missing_extra_duplicate_and_odd_entries() {
+        let m = MANIFEST.as_bytes();
+        let c = component();
+        let r = tar::EntryType::Regular;
+        let mut signed = bundle();
+        signed.sign(&key(1));
+        let sig = serde_json::to_vec(&SignatureFile {
+            publisher: PublisherKey::from(&key(1)).to_string(),
+            signature: B64.encode(signed.signature.unwrap().signature),
+        })
+        .unwrap();
+        // the hand-built good case parses
+        Bundle::parse(&tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), (SIGNATURE_FILE, &sig, r)])).unwrap();
+
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("missing component", tar_of(&[(MANIFEST_FILE, m, r)])),
+            ("missing manifest", tar_of(&[(COMPONENT_FILE, &c, r)])),
+            ("empty archive", tar_of(&[])),
+            ("wrong order", tar_of(&[(COMPONENT_FILE, &c, r), (MANIFEST_FILE, m, r)])),
+            ("extra entry", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("README", b"hi", r)])),
+            ("extra after signature", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), (SIGNATURE_FILE, &sig, r), ("x", b"", r)])),
+            ("duplicate manifest", tar_of(&[(MANIFEST_FILE, m, r), (MANIFEST_FILE, m, r)])),
+            ("duplicate component", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), (COMPONENT_FILE, &c, r)])),
+            ("directory", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, tar::EntryType::Directory)])),
+            ("symlink", tar_of(&[(MANIFEST_FILE, m, tar::EntryType::Symlink), (COMPONENT_FILE, &c, r)])),
+            ("in a directory", tar_of(&[("plugin/capstan-plugin.toml", m, r), (COMPONENT_FILE, &c, r)])),
+            ("not utf-8", tar_of(&[(MANIFEST_FILE, b"\xff\xfe[plugin]", r), (COMPONENT_FILE, &c, r)])),
+            ("big manifest", tar_of(&[(MANIFEST_FILE, &vec![b'#'; MAX_MANIFEST_BYTES + 1], r), (COMPONENT_FILE, &c, r)])),
+            ("bad signature json", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), (SIGNATURE_FILE, b"{}", r)])),
+            (
+                "short signature",
+                tar_of(&[
+                    (MANIFEST_FILE, m, r),
+                    (COMPONENT_FILE, &c, r),
+                    (SIGNATURE_FILE, format!(r#"{{"publisher":"{}","signature":"AAAA"}}"#, PublisherKey::from(&key(1))).as_bytes(), r),
+                ]),
+            ),
+            (
+                "bad publisher",
+                tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), (SIGNATURE_FILE, br#"{"publisher":"x","signature":"AAAA"}"#, r)]),
+            ),
+        ];
+        for (what, bytes) in cases {
+            let Err(err) = Bundle::parse(&bytes) else { panic!("{what}: parsed") };
+            assert_eq!(err.code, "bundle-malformed", "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn manifest_refusals_pass_through() {
+        let c = component();
+        let r = tar::EntryType::Regular;
+        for (manifest, want) in [
+            (MANIFEST.replace("name = \"Example\"", "name = \"Example\"\nextra = 1"), "manifest-invalid"),
+            (MANIFEST.replace("\"example\"", "\"api\""), "plugin-id-invalid"),
+            (MANIFEST.replace("\"log\"", "\"logs\""), "capability-unknown"),
+        ] {
+            assert_eq!(code(&tar_of(&[(MANIFEST_FILE, manifest.as_bytes(), r), (COMPONENT_FILE, &c, r)])), want);
+        }
+    }
+
+    fn private_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        dir
+    }
+
+    #[test]
+    fn key_file_round_trip() {
+        let dir = private_dir();
+        let path = dir.path().join("publisher.pem");
+        let k = generate_key();
+        let public = write_key_file(&path, &k).unwrap();
+        assert_eq!(public, PublisherKey::from(&k));
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("-----BEGIN PRIVATE KEY-----\n") && text.ends_with("-----END PRIVATE KEY-----\n"), "{text}");
+        assert_eq!(read_key_file(&path).unwrap().to_bytes(), k.to_bytes());
+        assert_eq!(write_key_file(&path, &generate_key()).unwrap_err().code, "output-exists");
+        assert_eq!(read_key_file(&path).unwrap().to_bytes(), k.to_bytes(), "never replaced");
+        assert_ne!(generate_key().to_bytes(), k.to_bytes());
+    }
+
+    #[test]
+    fn reads_an_openssl_generated_key() {
+        // `openssl genpkey -algorithm ed25519` (a throwaway test key)
+        let pem =
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIEf1WSbAJAHqRMzb1XGD49pAz09KU7mA9xb86hWi/RpD\n-----END PRIVATE KEY-----\n";
+        let dir = private_dir();
+        let path = dir.path().join("openssl.pem");
+        private_file::write_new(&path, pem.as_bytes()).unwrap();
+        let key = read_key_file(&path).unwrap();
+        assert_eq!(PublisherKey::from(&key).to_string(), "capstan-ed25519:R7dLXdjdTfvY2wllj0OKXNP6Px9tMOnryaYsVq7QdTE");
+        // and what we write is that same v1 form
+        let ours = dir.path().join("ours.pem");
+        write_key_file(&ours, &key).unwrap();
+        assert_eq!(fs::read_to_string(&ours).unwrap(), pem);
+    }
+
+    #[test]
+    fn key_file_must_be_private_and_valid() {
+        let dir = private_dir();
+        let path = dir.path().join("publisher.pem");
+        write_key_file(&path, &generate_key()).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(read_key_file(&path).unwrap_err().code, "input-permissions");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o604)).unwrap();
+        assert_eq!(read_key_file(&path).unwrap_err().code, "input-permissions");
+        assert_eq!(read_key_file(&dir.path().join("absent")).unwrap_err().code, "input-missing");
+
+        for (name, content) in [
+            ("garbage", &b"not a key"[..]),
+            ("empty-pem", b"-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"),
+            ("bad-base64", b"-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n"),
+            ("not-pkcs8", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"),
+        ] {
+            let p = dir.path().join(name);
+            private_file::write_new(&p, content).unwrap();
+            assert_eq!(read_key_file(&p).unwrap_err().code, "key-file-invalid", "{name}");
+        }
+    }
+
+    #[test]
+    fn inspection() {
+        let mut b = bundle();
+        let unsigned = b.inspect();
+        assert_eq!(unsigned.signed_by, None);
+        assert_eq!(unsigned.fingerprint, None);
+        b.sign(&key(4));
+        let i = b.inspect();
+        assert_eq!(i.id, "example");
+        assert_eq!(i.version, "1.2.3");
+        assert_eq!(i.component_bytes, component().len());
+        assert_eq!(i.signed_by, Some(PublisherKey::from(&key(4)).to_string()));
+        let json = serde_json::to_value(&i).unwrap();
+        for key in ["digest", "manifestSha256", "componentSha256", "componentBytes", "signedBy", "fingerprint", "capabilities", "limits"] {
+            assert!(json.get(key).is_some(), "{key} in {json}");
+        }
+        assert_eq!(json["capabilities"], json!(["log", "store"]));
+        assert_eq!(b.file_name(), "example-1.2.3.capstan-plugin");
+    }
+}

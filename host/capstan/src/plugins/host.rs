@@ -1,0 +1,846 @@
+//! The installed plugins: the registry in the store (collection `plugins`), bundles in blobs
+//! (`_capstan/plugins/<id>/…`), and the versions loaded on this node. Lifecycle operations
+//! (install, upgrade, rollback, disable, enable, uninstall) verify, migrate, record, then swap
+//! the loaded version atomically: a call holds the version it started on until it ends.
+
+use super::bundle::{Bundle, PublisherKey};
+use super::imports::{Services, blob_prefix, collection_name};
+use super::manifest::{Capability, Manifest, check_approval};
+use super::runtime::{Caller, Runtime, Sandbox, wit_guest};
+use crate::blobs::PutMode;
+use crate::refusal::{Refusal, Result};
+use crate::store::{CollectionSpec, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+
+pub const PLUGINS: &str = "plugins";
+pub const TRUSTED_PUBLISHERS: &str = "trusted_publishers";
+
+/// Who may call a plugin method, as its descriptor declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    Public,
+    Authenticated,
+    Member,
+    Owner,
+    Admin,
+}
+
+impl FromStr for Role {
+    type Err = Refusal;
+    fn from_str(s: &str) -> Result<Role> {
+        Ok(match s {
+            "public" => Role::Public,
+            "authenticated" => Role::Authenticated,
+            "member" => Role::Member,
+            "owner" => Role::Owner,
+            "admin" => Role::Admin,
+            other => {
+                return Err(Refusal::new(
+                    "plugin-descriptor-invalid",
+                    format!("role {other:?} is not one of public, authenticated, member, owner, admin"),
+                ));
+            }
+        })
+    }
+}
+
+/// One method a plugin serves, with its compiled input schema.
+pub struct MethodEntry {
+    pub summary: String,
+    pub role: Role,
+    pub input_schema: Value,
+    pub output_schema: Value,
+    validator: jsonschema::Validator,
+}
+
+/// A plugin's descriptor, checked and in host form.
+pub struct Described {
+    pub methods: BTreeMap<String, MethodEntry>,
+    pub collections: Vec<CollectionSpec>,
+    pub subscriptions: Vec<String>,
+    pub schedules: Vec<wit_guest::Schedule>,
+    pub reconcile_period: Option<std::time::Duration>,
+    pub placement: crate::fleet::placement::Workload,
+}
+
+impl Described {
+    fn from_wit(plugin: &str, d: wit_guest::Descriptor) -> Result<Described> {
+        let invalid = |m: String| Refusal::new("plugin-descriptor-invalid", format!("plugin {plugin}: {m}"));
+        let mut methods = BTreeMap::new();
+        for m in d.methods {
+            if !crate::api::methods::valid_method_name(&format!("x.{}", m.name)) {
+                return Err(invalid(format!("method name {:?} must be a camelCase verb", m.name)));
+            }
+            let role: Role = m.role.parse()?;
+            let input_schema: Value =
+                serde_json::from_str(&m.input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
+            let output_schema: Value =
+                serde_json::from_str(&m.output_schema).map_err(|e| invalid(format!("{}: output schema: {e}", m.name)))?;
+            let validator = jsonschema::validator_for(&input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
+            let entry = MethodEntry { summary: m.summary, role, input_schema, output_schema, validator };
+            if methods.insert(m.name.clone(), entry).is_some() {
+                return Err(invalid(format!("method {:?} is declared twice", m.name)));
+            }
+        }
+        let mut collections = Vec::new();
+        for c in d.collections {
+            super::imports::validate_plugin_collection(&c.name)?;
+            let mut spec = CollectionSpec::new(&c.name);
+            for index in c.indexes {
+                let fields: Vec<&str> = index.fields.iter().map(String::as_str).collect();
+                spec = if index.unique { spec.unique(&index.name, &fields) } else { spec.index(&index.name, &fields) };
+            }
+            let mut check = spec.clone();
+            check.name = collection_name(plugin, &c.name);
+            check.validate()?;
+            collections.push(spec);
+        }
+        for s in &d.schedules {
+            croner::Cron::from_str(&s.cron).map_err(|e| invalid(format!("schedule {:?}: cron {:?}: {e}", s.name, s.cron)))?;
+        }
+        let period = d.reconcile_period_ms.map(|ms| std::time::Duration::from_millis(ms.max(1000)));
+        let placement = crate::fleet::placement::Workload {
+            id: format!("plugin.{plugin}"),
+            replicas: d.placement.replicas.clamp(1, 64) as usize,
+            selector: d.placement.selector.into_iter().collect(),
+        };
+        Ok(Described { methods, collections, subscriptions: d.subscriptions, schedules: d.schedules, reconcile_period: period, placement })
+    }
+
+    /// The methods as `GET /api/v1/methods` lists them.
+    pub fn describe_methods(&self, plugin: &str) -> Vec<Value> {
+        self.methods
+            .iter()
+            .map(|(name, m)| {
+                json!({ "name": format!("{plugin}.{name}"), "summary": m.summary, "access": m.role,
+                        "input": m.input_schema, "output": m.output_schema, "plugin": plugin })
+            })
+            .collect()
+    }
+}
+
+/// A plugin version loaded on this node.
+pub struct Active {
+    pub manifest: Manifest,
+    pub sandbox: Sandbox,
+    pub described: Described,
+    pub publisher: String,
+    /// The registry revision this was loaded from.
+    pub revision: u64,
+}
+
+/// One installed version as the registry records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstalledVersion {
+    pub version: String,
+    pub bundle_key: String,
+    pub digest: String,
+    /// The publisher key text, or `first-party`.
+    pub publisher: String,
+    pub grants: Vec<String>,
+    pub installed_at: u64,
+    pub installed_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastError {
+    pub code: String,
+    pub message: String,
+    pub at: u64,
+}
+
+/// A registry record: `plugins/<id>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub id: String,
+    pub name: String,
+    pub enabled: bool,
+    pub current: InstalledVersion,
+    pub previous: Option<InstalledVersion>,
+}
+
+/// A trusted publisher key added through the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrustedPublisher {
+    pub public_key: String,
+    pub name: String,
+    pub fingerprint: String,
+    pub added_by: String,
+    pub added_at: u64,
+}
+
+/// The plugins of this node.
+pub struct PluginHost {
+    pub runtime: Arc<Runtime>,
+    pub services: Arc<Services>,
+    /// Keys trusted by configuration (cannot be removed through the API).
+    configured_publishers: Vec<PublisherKey>,
+    /// The first-party bundles this binary embeds.
+    first_party: Vec<Bundle>,
+    active: RwLock<HashMap<String, Arc<Active>>>,
+    /// Why an installed plugin is not loaded here, by id.
+    load_errors: RwLock<HashMap<String, LastError>>,
+    /// One lifecycle operation at a time on this node; the registry CAS orders nodes.
+    lifecycle: tokio::sync::Mutex<()>,
+}
+
+fn bundle_key(id: &str, version: &str, digest: &str) -> String {
+    format!("_capstan/plugins/{id}/{version}-{}.capstan-plugin", &digest[..16])
+}
+
+impl PluginHost {
+    pub async fn new(runtime: Arc<Runtime>, services: Arc<Services>, configured_publishers: Vec<PublisherKey>) -> Result<Arc<Self>> {
+        Self::with_first_party(runtime, services, configured_publishers, super::first_party::bundles()?).await
+    }
+
+    /// A host whose first-party plugins are `first_party` (the embedded ones, or a test's).
+    pub async fn with_first_party(
+        runtime: Arc<Runtime>,
+        services: Arc<Services>,
+        configured_publishers: Vec<PublisherKey>,
+        first_party: Vec<Bundle>,
+    ) -> Result<Arc<Self>> {
+        services.store.declare(CollectionSpec::new(PLUGINS)).await?;
+        services.store.declare(CollectionSpec::new(TRUSTED_PUBLISHERS)).await?;
+        services.store.declare(CollectionSpec::new(super::imports::PLUGIN_KEYS)).await?;
+        crate::events::declare(&services.store).await?;
+        Ok(Arc::new(PluginHost {
+            runtime,
+            services,
+            configured_publishers,
+            first_party,
+            active: Default::default(),
+            load_errors: Default::default(),
+            lifecycle: Default::default(),
+        }))
+    }
+
+    fn store(&self) -> &Store {
+        &self.services.store
+    }
+
+    /// The loaded version of a plugin.
+    pub fn get(&self, id: &str) -> Option<Arc<Active>> {
+        self.active.read().expect("plugins lock").get(id).cloned()
+    }
+
+    pub fn loaded(&self) -> Vec<Arc<Active>> {
+        let mut all: Vec<_> = self.active.read().expect("plugins lock").values().cloned().collect();
+        all.sort_by(|a, b| a.manifest.id.cmp(&b.manifest.id));
+        all
+    }
+
+    fn swap_in(&self, active: Arc<Active>) {
+        let id = active.manifest.id.clone();
+        self.load_errors.write().expect("plugins lock").remove(&id);
+        self.active.write().expect("plugins lock").insert(id, active);
+    }
+
+    fn unload(&self, id: &str) {
+        self.active.write().expect("plugins lock").remove(id);
+    }
+
+    /// Every trusted key: configuration first, then those added through the API.
+    pub async fn trusted_keys(&self) -> Result<Vec<PublisherKey>> {
+        let mut keys = self.configured_publishers.clone();
+        for p in self.trusted_publishers().await? {
+            keys.push(p.public_key.parse().map_err(super::bundle::key_refusal)?);
+        }
+        Ok(keys)
+    }
+
+    pub async fn trusted_publishers(&self) -> Result<Vec<TrustedPublisher>> {
+        scan_all(self.store(), TRUSTED_PUBLISHERS)
+            .await?
+            .into_iter()
+            .map(|doc| serde_json::from_value(doc.data).map_err(Refusal::internal))
+            .collect()
+    }
+
+    pub fn configured_publishers(&self) -> &[PublisherKey] {
+        &self.configured_publishers
+    }
+
+    pub async fn add_trusted_publisher(&self, key: &str, name: &str, by: &str) -> Result<TrustedPublisher> {
+        let key: PublisherKey = key.trim().parse().map_err(super::bundle::key_refusal)?;
+        let name = name.trim();
+        if name.is_empty() || name.len() > 100 || name.chars().any(char::is_control) {
+            return Err(Refusal::invalid_request("a publisher name is 1 to 100 printable characters").with_data(json!({"field": "name"})));
+        }
+        let publisher = TrustedPublisher {
+            public_key: key.to_string(),
+            name: name.to_string(),
+            fingerprint: key.fingerprint(),
+            added_by: by.to_string(),
+            added_at: capstan_core::clock::now_ms(),
+        };
+        let value = serde_json::to_value(&publisher).map_err(Refusal::internal)?;
+        let id = publisher.fingerprint.clone();
+        self.store()
+            .transact(|tx| {
+                let (id, value) = (id.clone(), value.clone());
+                async move { tx.insert(TRUSTED_PUBLISHERS, &id, value).await }
+            })
+            .await
+            .map_err(|e| {
+                if e.is("exists") {
+                    Refusal::new("publisher-exists", "this publisher key is already trusted").with_data(json!({"fingerprint": id}))
+                } else {
+                    e
+                }
+            })?;
+        Ok(publisher)
+    }
+
+    /// Remove a key added through the API. Loaded plugins it signed keep running until they
+    /// are next loaded (a restart), when they no longer verify and say so.
+    pub async fn remove_trusted_publisher(&self, key: &str) -> Result<bool> {
+        let key: PublisherKey = key.trim().parse().map_err(super::bundle::key_refusal)?;
+        if self.configured_publishers.contains(&key) {
+            return Err(Refusal::new(
+                "publisher-configured",
+                "this key is trusted by configuration (CAPSTAN_TRUSTED_PUBLISHERS); remove it there",
+            ));
+        }
+        let id = key.fingerprint();
+        self.store()
+            .transact(|tx| {
+                let id = id.clone();
+                async move {
+                    match tx.get(TRUSTED_PUBLISHERS, &id).await? {
+                        Some(doc) => tx.delete(TRUSTED_PUBLISHERS, &id, doc.revision).await.map(|()| true),
+                        None => Ok(false),
+                    }
+                }
+            })
+            .await
+    }
+
+    pub async fn record(&self, id: &str) -> Result<Option<(Record, u64)>> {
+        let id = id.to_string();
+        let doc = self
+            .store()
+            .transact(|tx| {
+                let id = id.clone();
+                async move { tx.get(PLUGINS, &id).await }
+            })
+            .await?;
+        doc.map(|d| serde_json::from_value(d.data).map(|r| (r, d.revision)).map_err(Refusal::internal)).transpose()
+    }
+
+    pub async fn records(&self) -> Result<Vec<(Record, u64)>> {
+        scan_all(self.store(), PLUGINS)
+            .await?
+            .into_iter()
+            .map(|doc| serde_json::from_value(doc.data).map(|r| (r, doc.revision)).map_err(Refusal::internal))
+            .collect()
+    }
+
+    pub fn load_error(&self, id: &str) -> Option<LastError> {
+        self.load_errors.read().expect("plugins lock").get(id).cloned()
+    }
+
+    fn note_load_error(&self, id: &str, e: &Refusal) {
+        tracing::warn!(plugin = %id, refusal = %e, "plugin not loaded");
+        let error = LastError { code: e.code.to_string(), message: e.message.clone(), at: capstan_core::clock::now_ms() };
+        self.load_errors.write().expect("plugins lock").insert(id.to_string(), error);
+    }
+
+    /// Who vouches for a bundle: `first-party` for an unsigned bundle byte for byte one this
+    /// binary embeds, else the trusted publisher whose signature verifies.
+    async fn trust(&self, bundle: &Bundle) -> Result<String> {
+        let digest = bundle.digest_hex();
+        if bundle.signature.is_none() && self.first_party.iter().any(|b| b.manifest.id == bundle.manifest.id && b.digest_hex() == digest) {
+            return Ok(super::first_party::PUBLISHER.into());
+        }
+        Ok(bundle.verify(&self.trusted_keys().await?)?.to_string())
+    }
+
+    /// Verify a bundle and prepare it to run: signature and trust, WIT version, approval,
+    /// compilation, descriptor. Nothing is recorded.
+    async fn prepare(&self, bundle: &Bundle, approved: &[String], revision: u64) -> Result<Active> {
+        let publisher = self.trust(bundle).await?;
+        self.prepare_verified(bundle, approved, publisher, revision).await
+    }
+
+    async fn prepare_verified(&self, bundle: &Bundle, approved: &[String], publisher: String, revision: u64) -> Result<Active> {
+        let manifest = bundle.manifest.clone();
+        manifest.check_wit_supported()?;
+        let grants = check_approval(&manifest.capability_set(), approved)?;
+        let runtime = self.runtime.clone();
+        let component = bundle.component.clone();
+        // Compiling is CPU-heavy; keep it off the async workers.
+        let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&component)).await.map_err(Refusal::internal)??;
+        let sandbox = Sandbox::new(&manifest, grants, prepared, self.services.clone());
+        let described = Described::from_wit(&manifest.id, sandbox.describe().await?)?;
+        Ok(Active { manifest, sandbox, described, publisher, revision })
+    }
+
+    /// Read and verify a stored bundle again, then prepare it.
+    async fn load_stored(&self, id: &str, version: &InstalledVersion, revision: u64) -> Result<Active> {
+        let (_, bytes) = self.services.blobs.get_bytes(&version.bundle_key).await?.ok_or_else(|| {
+            Refusal::new("bundle-missing", format!("the stored bundle of {id} {} is gone from the bucket", version.version))
+        })?;
+        let bundle = Bundle::parse(&bytes)?;
+        if bundle.manifest.id != id || bundle.digest_hex() != version.digest {
+            return Err(Refusal::new("bundle-mismatch", format!("the stored bundle of {id} is not the one that was installed")));
+        }
+        self.prepare(&bundle, &version.grants, revision).await
+    }
+
+    /// Make the loaded versions match the registry: load what is enabled and changed, unload
+    /// what is gone or disabled. A plugin that no longer verifies is not loaded and says why.
+    pub async fn sync(&self) -> Result<()> {
+        let records = self.records().await?;
+        let mut seen = BTreeSet::new();
+        for (record, revision) in records {
+            seen.insert(record.id.clone());
+            if !record.enabled {
+                self.unload(&record.id);
+                continue;
+            }
+            if self.get(&record.id).is_some_and(|a| a.revision == revision) {
+                continue;
+            }
+            match self.load_stored(&record.id, &record.current, revision).await {
+                Ok(active) => {
+                    if let Err(e) = self.services.declare_collections(&record.id, &active.described.collections).await {
+                        self.note_load_error(&record.id, &e);
+                        continue;
+                    }
+                    tracing::info!(plugin = %record.id, version = %record.current.version, "plugin loaded");
+                    self.swap_in(Arc::new(active));
+                }
+                Err(e) => {
+                    self.unload(&record.id);
+                    self.note_load_error(&record.id, &e);
+                }
+            }
+        }
+        let stale: Vec<String> = self.active.read().expect("plugins lock").keys().filter(|id| !seen.contains(*id)).cloned().collect();
+        for id in stale {
+            self.unload(&id);
+        }
+        Ok(())
+    }
+
+    /// Install the first-party plugins this binary embeds, or upgrade them to the embedded
+    /// version. Never stops a start: a failure is logged and noted as the plugin's load error.
+    /// A plugin of the same id from another publisher, or one an operator disabled, is left
+    /// as it is.
+    pub async fn install_first_party(&self) -> Result<()> {
+        let all_requested = ["all-requested".to_string()];
+        for bundle in &self.first_party {
+            let id = bundle.manifest.id.as_str();
+            let outcome = match self.record(id).await? {
+                None => self.install(&bundle.to_bytes(), &all_requested, super::first_party::INSTALLER).await.map(|_| "installed"),
+                Some((record, _)) if record.current.publisher != super::first_party::PUBLISHER => {
+                    tracing::warn!(plugin = %id, publisher = %record.current.publisher, "a plugin from another publisher holds a first-party id; the embedded one is not installed");
+                    continue;
+                }
+                Some((record, _)) => {
+                    let installed: semver::Version = record.current.version.parse().map_err(Refusal::internal)?;
+                    if bundle.manifest.version <= installed {
+                        continue;
+                    }
+                    if !record.enabled {
+                        tracing::info!(plugin = %id, installed = %installed, embedded = %bundle.manifest.version, "first-party plugin disabled; not upgraded");
+                        continue;
+                    }
+                    self.upgrade(&bundle.to_bytes(), &all_requested, super::first_party::INSTALLER).await.map(|_| "upgraded")
+                }
+            };
+            match outcome {
+                Ok(done) => tracing::info!(plugin = %id, version = %bundle.manifest.version, "first-party plugin {done}"),
+                // another node of the fleet did it first
+                Err(e) if e.is("plugin-exists") || e.is("version-not-newer") || e.is("conflict") => {}
+                Err(e) => self.note_load_error(id, &e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Install a new plugin from a bundle.
+    pub async fn install(&self, bytes: &[u8], approved: &[String], by: &str) -> Result<Record> {
+        let _guard = self.lifecycle.lock().await;
+        crate::fleet::refuse_if_frozen(&self.services.blobs).await?;
+        let bundle = Bundle::parse(bytes)?;
+        let id = bundle.manifest.id.clone();
+        // the signature first: a changed byte always reads as such
+        let publisher = self.trust(&bundle).await?;
+        if self.record(&id).await?.is_some() {
+            return Err(
+                Refusal::new("plugin-exists", format!("plugin {id} is installed; use plugins.upgrade")).with_data(json!({"id": id}))
+            );
+        }
+        let active = self.prepare_verified(&bundle, approved, publisher, 0).await?;
+        self.services.declare_collections(&id, &active.described.collections).await?;
+        active.sandbox.migrate(None, &active.sandbox.version).await?;
+        let version = self.store_bundle(&bundle, &active, by).await?;
+        let record = Record { id: id.clone(), name: bundle.manifest.name.clone(), enabled: true, current: version, previous: None };
+        let value = serde_json::to_value(&record).map_err(Refusal::internal)?;
+        let doc = self
+            .store()
+            .transact(|tx| {
+                let (id, value, record) = (id.clone(), value.clone(), record.clone());
+                async move {
+                    let doc = tx.insert(PLUGINS, &id, value).await?;
+                    crate::events::append(&tx, "plugin.installed", &id, json!({ "id": id, "version": record.current.version }), "host")
+                        .await?;
+                    Ok(doc)
+                }
+            })
+            .await
+            .map_err(|e| if e.is("exists") { Refusal::new("plugin-exists", format!("plugin {id} was installed meanwhile")) } else { e })?;
+        self.swap_in(Arc::new(Active { revision: doc.revision, ..active }));
+        tracing::info!(plugin = %id, version = %record.current.version, by, "plugin installed");
+        Ok(record)
+    }
+
+    async fn store_bundle(&self, bundle: &Bundle, active: &Active, by: &str) -> Result<InstalledVersion> {
+        let digest = bundle.digest_hex();
+        let key = bundle_key(&bundle.manifest.id, &bundle.manifest.version.to_string(), &digest);
+        match self.services.blobs.put_bytes(&key, bundle.to_bytes(), PutMode::CreateOnly).await {
+            Ok(_) => {}
+            Err(e) if e.is("exists") => {} // the same digest: the same bytes
+            Err(e) => return Err(e),
+        }
+        Ok(InstalledVersion {
+            version: bundle.manifest.version.to_string(),
+            bundle_key: key,
+            digest,
+            publisher: active.publisher.clone(),
+            grants: active.sandbox.grants.iter().map(Capability::to_string).collect(),
+            installed_at: capstan_core::clock::now_ms(),
+            installed_by: by.to_string(),
+        })
+    }
+
+    /// Upgrade to a higher version: verify, approve, migrate, record, swap.
+    pub async fn upgrade(&self, bytes: &[u8], approved: &[String], by: &str) -> Result<Record> {
+        let _guard = self.lifecycle.lock().await;
+        crate::fleet::refuse_if_frozen(&self.services.blobs).await?;
+        let bundle = Bundle::parse(bytes)?;
+        let id = bundle.manifest.id.clone();
+        let publisher = self.trust(&bundle).await?;
+        let (record, revision) = self.record(&id).await?.ok_or_else(|| not_installed(&id))?;
+        let current: semver::Version = record.current.version.parse().map_err(Refusal::internal)?;
+        if bundle.manifest.version <= current {
+            return Err(Refusal::new(
+                "version-not-newer",
+                format!("{id} {} is installed; an upgrade must be a higher version than {}", current, bundle.manifest.version),
+            )
+            .with_data(json!({ "installed": current.to_string(), "offered": bundle.manifest.version.to_string() })));
+        }
+        let active = self.prepare_verified(&bundle, approved, publisher, 0).await?;
+        self.services.declare_collections(&id, &active.described.collections).await?;
+        active.sandbox.migrate(Some(&record.current.version), &active.sandbox.version).await?;
+        let version = self.store_bundle(&bundle, &active, by).await?;
+        let next = Record { previous: Some(record.current.clone()), current: version, name: bundle.manifest.name.clone(), ..record };
+        let doc = self.replace_record(&next, revision, "plugin.upgraded").await?;
+        // a disabled plugin is upgraded on record only; enabling it loads the new version
+        if next.enabled {
+            self.swap_in(Arc::new(Active { revision: doc, ..active }));
+        }
+        tracing::info!(plugin = %id, from = %current, to = %next.current.version, by, "plugin upgraded");
+        Ok(next)
+    }
+
+    async fn replace_record(&self, record: &Record, revision: u64, event: &str) -> Result<u64> {
+        let value = serde_json::to_value(record).map_err(Refusal::internal)?;
+        let (id, version, event) = (record.id.clone(), record.current.version.clone(), event.to_string());
+        let doc = self
+            .store()
+            .transact(|tx| {
+                let (id, value, version, event) = (id.clone(), value.clone(), version.clone(), event.clone());
+                async move {
+                    let doc = tx.replace(PLUGINS, &id, revision, value).await?;
+                    crate::events::append(&tx, &event, &id, json!({ "id": id, "version": version }), "host").await?;
+                    Ok(doc)
+                }
+            })
+            .await?;
+        Ok(doc.revision)
+    }
+
+    /// Go back to the version before the last upgrade (its code; data migrations are not undone).
+    pub async fn rollback(&self, id: &str, by: &str) -> Result<Record> {
+        let _guard = self.lifecycle.lock().await;
+        crate::fleet::refuse_if_frozen(&self.services.blobs).await?;
+        let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
+        let previous = record.previous.clone().ok_or_else(|| {
+            Refusal::new("rollback-unavailable", format!("{id} has no previous version to roll back to")).with_data(json!({"id": id}))
+        })?;
+        let active = self.load_stored(id, &previous, 0).await?;
+        self.services.declare_collections(id, &active.described.collections).await?;
+        let next = Record { current: previous, previous: None, ..record };
+        let doc = self.replace_record(&next, revision, "plugin.rolledBack").await?;
+        if next.enabled {
+            self.swap_in(Arc::new(Active { revision: doc, ..active }));
+        }
+        tracing::info!(plugin = %id, version = %next.current.version, by, "plugin rolled back");
+        Ok(next)
+    }
+
+    pub async fn set_enabled(&self, id: &str, enabled: bool, by: &str) -> Result<Record> {
+        let _guard = self.lifecycle.lock().await;
+        let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
+        if record.enabled == enabled {
+            return Ok(record);
+        }
+        let next = Record { enabled, ..record };
+        let event = if enabled { "plugin.enabled" } else { "plugin.disabled" };
+        let doc = self.replace_record(&next, revision, event).await?;
+        if enabled {
+            match self.load_stored(id, &next.current, doc).await {
+                Ok(active) => {
+                    self.services.declare_collections(id, &active.described.collections).await?;
+                    self.swap_in(Arc::new(active));
+                }
+                Err(e) => self.note_load_error(id, &e),
+            }
+        } else {
+            self.unload(id);
+        }
+        tracing::info!(plugin = %id, enabled, by, "plugin {}", if enabled { "enabled" } else { "disabled" });
+        Ok(next)
+    }
+
+    /// Remove a plugin. Its data stays unless `purge`: then its collections' documents, its
+    /// blobs, its signing keys and its stored bundles go too.
+    pub async fn uninstall(&self, id: &str, purge: bool, by: &str) -> Result<Value> {
+        let _guard = self.lifecycle.lock().await;
+        let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
+        if record.current.publisher == super::first_party::PUBLISHER {
+            return Err(Refusal::new(
+                "plugin-first-party",
+                format!("{id} ships inside the host and is installed again at every start: disable it instead"),
+            )
+            .with_data(json!({ "id": id })));
+        }
+        // A purge needs the plugin's collections: from the loaded version, else its bundle.
+        let collections: Vec<CollectionSpec> = match self.get(id) {
+            Some(active) => active.described.collections.clone(),
+            None if purge => self.load_stored(id, &record.current, 0).await.map(|a| a.described.collections).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let id_owned = id.to_string();
+        self.store()
+            .transact(|tx| {
+                let id = id_owned.clone();
+                async move {
+                    tx.delete(PLUGINS, &id, revision).await?;
+                    crate::events::append(&tx, "plugin.uninstalled", &id, json!({ "id": id }), "host").await.map(drop)
+                }
+            })
+            .await?;
+        self.unload(id);
+        let mut removed = json!({ "documents": 0, "blobs": 0 });
+        if purge {
+            removed = self.purge(id, &collections).await?;
+        }
+        tracing::info!(plugin = %id, purge, by, "plugin uninstalled");
+        Ok(json!({ "id": id, "purged": purge, "removed": removed }))
+    }
+
+    async fn purge(&self, id: &str, collections: &[CollectionSpec]) -> Result<Value> {
+        let mut documents = 0u64;
+        self.services.declare_collections(id, collections).await?;
+        for spec in collections {
+            let name = collection_name(id, &spec.name);
+            if !self
+                .store()
+                .transact(|tx| {
+                    let name = name.clone();
+                    async move { Ok(tx.is_declared(&name)) }
+                })
+                .await?
+            {
+                continue;
+            }
+            loop {
+                let page = self
+                    .store()
+                    .transact(|tx| {
+                        let name = name.clone();
+                        async move { tx.scan(&name, None, 200).await }
+                    })
+                    .await?;
+                if page.documents.is_empty() {
+                    break;
+                }
+                documents += page.documents.len() as u64;
+                self.store()
+                    .transact(|tx| {
+                        let (name, docs) = (name.clone(), page.documents.clone());
+                        async move {
+                            for d in docs {
+                                tx.delete(&name, &d.id, d.revision).await?;
+                            }
+                            Ok(())
+                        }
+                    })
+                    .await?;
+            }
+        }
+        let mut blobs = 0u64;
+        for prefix in [blob_prefix(id), format!("_capstan/plugins/{id}/")] {
+            loop {
+                let page = self.services.blobs.list(&prefix, None, 500).await?;
+                if page.items.is_empty() {
+                    break;
+                }
+                for item in page.items {
+                    if self.services.blobs.delete(&item.key).await? {
+                        blobs += 1;
+                    }
+                }
+            }
+        }
+        let keys_prefix = format!("{id}/");
+        self.store()
+            .transact(|tx| {
+                let keys_prefix = keys_prefix.clone();
+                async move {
+                    let page = tx.scan(super::imports::PLUGIN_KEYS, Some(&keys_prefix), 500).await?;
+                    for d in page.documents.into_iter().filter(|d| d.id.starts_with(&keys_prefix)) {
+                        tx.delete(super::imports::PLUGIN_KEYS, &d.id, d.revision).await?;
+                    }
+                    Ok(())
+                }
+            })
+            .await?;
+        Ok(json!({ "documents": documents, "blobs": blobs }))
+    }
+
+    /// Call a plugin method as `caller`, after the role check and schema validation.
+    pub async fn dispatch(
+        &self,
+        plugin: &str,
+        method: &str,
+        caller: Option<&crate::auth::Identity>,
+        request_id: &str,
+        body: Value,
+    ) -> Result<Value> {
+        let active = self.get(plugin).ok_or_else(|| self.unavailable(plugin))?;
+        let entry = active.described.methods.get(method).ok_or_else(|| {
+            Refusal::new("method-unknown", format!("plugin {plugin} has no method {method:?}; GET /api/v1/methods lists them"))
+                .with_data(json!({ "method": format!("{plugin}.{method}") }))
+        })?;
+        let acting = caller.cloned();
+        let caller = authorize(self.store(), entry.role, caller, &body, plugin, method).await?;
+        if let Some(error) = entry.validator.iter_errors(&body).next() {
+            let path = error.instance_path().to_string();
+            return Err(Refusal::invalid_request(format!("{plugin}.{method}: {}", error.masked()))
+                .with_data(json!({ "field": path.trim_start_matches('/').replace('/', ".") })));
+        }
+        active.sandbox.handle(request_id, caller, acting, method, &body).await
+    }
+
+    fn unavailable(&self, plugin: &str) -> Refusal {
+        if let Some(e) = self.load_error(plugin) {
+            return Refusal::new("plugin-unavailable", format!("plugin {plugin} is installed but not loaded: {}", e.message))
+                .with_data(json!({ "plugin": plugin, "cause": e.code }));
+        }
+        Refusal::new("method-unknown", format!("there is no plugin {plugin:?} serving methods here")).with_data(json!({ "plugin": plugin }))
+    }
+
+    /// The plugins' methods for `GET /api/v1/methods`.
+    pub fn describe_methods(&self) -> Vec<Value> {
+        self.loaded().iter().flat_map(|a| a.described.describe_methods(&a.manifest.id)).collect()
+    }
+
+    /// The role a method needs: `Access` of the host methods, extended by the organization
+    /// roles (checked against the body's `organizationId`).
+    pub fn role_of(&self, plugin: &str, method: &str) -> Option<Role> {
+        self.get(plugin).and_then(|a| a.described.methods.get(method).map(|m| m.role))
+    }
+}
+
+/// Every document of a (small) collection, a page at a time.
+async fn scan_all(store: &Store, collection: &'static str) -> Result<Vec<crate::store::Document>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store
+            .transact(|tx| {
+                let cursor = cursor.clone();
+                async move { tx.scan(collection, cursor.as_deref(), 500).await }
+            })
+            .await?;
+        out.extend(page.documents);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
+fn not_installed(id: &str) -> Refusal {
+    Refusal::not_found(format!("plugin {id:?}")).with_data(json!({ "id": id }))
+}
+
+/// The caller as the plugin sees it, once the role is satisfied. A member or owner method
+/// names its organization in the body's `organizationId`; the role is checked there
+/// (`inventory::access`), and an administrator passes as it does for host methods.
+async fn authorize(
+    store: &Store,
+    role: Role,
+    identity: Option<&crate::auth::Identity>,
+    body: &Value,
+    plugin: &str,
+    method: &str,
+) -> Result<Caller> {
+    use super::runtime::CallerKind;
+    use crate::inventory::access::{self, OrgRole};
+    let Some(identity) = identity else {
+        return match role {
+            Role::Public => Ok(Caller { kind: CallerKind::Human, id: String::new(), roles: vec!["public".into()] }),
+            _ => Err(crate::auth::denied()),
+        };
+    };
+    let kind = if identity.kind == "machine" { CallerKind::Machine } else { CallerKind::Human };
+    let mut roles = vec!["authenticated".to_string()];
+    if identity.is_human_admin() {
+        roles.push("admin".into());
+    }
+    let need = match role {
+        Role::Public | Role::Authenticated => None,
+        Role::Admin if identity.is_human_admin() => None,
+        Role::Admin => {
+            return Err(Refusal::new("forbidden", format!("{plugin}.{method} needs the admin role")).with_data(json!({ "role": role })));
+        }
+        Role::Member => Some(OrgRole::Member),
+        Role::Owner => Some(OrgRole::Owner),
+    };
+    if let Some(need) = need {
+        let organization = body["organizationId"].as_str().ok_or_else(|| {
+            Refusal::invalid_request(format!("{plugin}.{method} acts within an organization: name it in organizationId"))
+                .with_data(json!({ "field": "organizationId" }))
+        })?;
+        let held = store
+            .transact(|tx| async move {
+                access::require_org(&tx, identity, organization, need).await?;
+                access::role_in(&tx, organization, &identity.user_id).await
+            })
+            .await?;
+        roles.extend(
+            held.iter()
+                .flat_map(|r| match r {
+                    OrgRole::Owner => ["member", "owner"].as_slice(),
+                    OrgRole::Member => ["member"].as_slice(),
+                })
+                .map(|r| r.to_string()),
+        );
+    }
+    Ok(Caller { kind, id: identity.user_id.clone(), roles })
+}

@@ -1,0 +1,308 @@
+//! `plugins.*` API methods and the bundle upload endpoint.
+//!
+//! A bundle (up to 64 MiB) is too large for a JSON body, so it travels once as raw bytes to
+//! `POST /api/v1/uploads/plugin-bundle` (administrators only), which answers an upload id and
+//! what the bundle requests; `plugins.install` / `plugins.upgrade` then name the upload and the
+//! approved capabilities.
+
+use super::bundle::{Bundle, Inspection, MAX_BUNDLE_BYTES};
+use super::host::{LastError, PluginHost, Record, TrustedPublisher};
+use crate::api::{ApiError, AppState};
+use crate::blobs::{Blobs, PutMode};
+use crate::refusal::{Refusal, Result};
+use axum::Json;
+use axum::extract::{Request, State};
+use capstan_rpc::{Access, Call, Registry};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Where kept uploads live in blobs: `_capstan/uploads/<32 hex>`.
+pub(crate) const UPLOADS: &str = "_capstan/uploads/";
+
+/// What the `plugins.*` methods reach: the plugin host, and the blobs where uploads wait.
+#[derive(Clone)]
+pub struct Context {
+    pub host: Arc<PluginHost>,
+    pub blobs: Blobs,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ById {
+    /// The plugin id.
+    pub id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InstallInput {
+    /// The upload id `POST /api/v1/uploads/plugin-bundle` answered.
+    pub upload: String,
+    /// Exactly the capabilities the manifest requests, or `["all-requested"]`.
+    pub approve: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UninstallInput {
+    pub id: String,
+    /// Also delete the plugin's documents, blobs, signing keys and stored bundles.
+    #[serde(default)]
+    pub purge: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AddPublisherInput {
+    /// The key exactly as `capstan plugin keygen` prints it (`capstan-ed25519:…`).
+    pub public_key: String,
+    /// Who the key belongs to, for people reading the list.
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RemovePublisherInput {
+    pub public_key: String,
+}
+
+/// A plugin as the API shows it.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginView {
+    pub id: String,
+    pub name: String,
+    /// `running`, `disabled` or `failed` (installed but not loaded here; see `lastError`).
+    pub status: String,
+    pub version: String,
+    pub previous_version: Option<String>,
+    pub publisher: String,
+    pub grants: Vec<String>,
+    pub digest: String,
+    pub installed_at: u64,
+    pub installed_by: String,
+    #[schemars(with = "Option<Value>")]
+    pub last_error: Option<LastError>,
+    pub methods: Vec<String>,
+}
+
+pub(crate) fn view(host: &PluginHost, record: &Record) -> PluginView {
+    let active = host.get(&record.id);
+    let last_error = host.load_error(&record.id);
+    let status = match (&active, record.enabled) {
+        (_, false) => "disabled",
+        (Some(_), true) => "running",
+        (None, true) => "failed",
+    };
+    PluginView {
+        id: record.id.clone(),
+        name: record.name.clone(),
+        status: status.into(),
+        version: record.current.version.clone(),
+        previous_version: record.previous.as_ref().map(|p| p.version.clone()),
+        publisher: record.current.publisher.clone(),
+        grants: record.current.grants.clone(),
+        digest: record.current.digest.clone(),
+        installed_at: record.current.installed_at,
+        installed_by: record.current.installed_by.clone(),
+        last_error,
+        methods: active.map(|a| a.described.methods.keys().map(|m| format!("{}.{m}", record.id)).collect()).unwrap_or_default(),
+    }
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PluginList {
+    pub plugins: Vec<PluginView>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublisherList {
+    /// Keys from CAPSTAN_TRUSTED_PUBLISHERS (removable only there).
+    pub configured: Vec<String>,
+    #[schemars(with = "Vec<Value>")]
+    pub added: Vec<TrustedPublisher>,
+}
+
+/// Keep a bundle for a following install or upgrade: parse it (what does not parse is refused
+/// by name and nothing is kept), store it under `_capstan/uploads/<32 hex>`, and answer the
+/// upload id and what the bundle requests. Nothing is verified against trust here.
+pub(crate) async fn keep_upload(blobs: &Blobs, bytes: &[u8], by: &str) -> Result<(String, Inspection)> {
+    let bundle = Bundle::parse(bytes)?;
+    let upload = uuid::Uuid::new_v4().simple().to_string();
+    blobs.put_bytes(&format!("{UPLOADS}{upload}"), bytes.to_vec(), PutMode::CreateOnly).await?;
+    tracing::info!(upload = %upload, plugin = %bundle.manifest.id, version = %bundle.manifest.version, by, "plugin bundle uploaded");
+    Ok((upload, bundle.inspect()))
+}
+
+/// The bytes of a kept upload.
+pub(crate) async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
+    let valid = upload.len() == 32 && upload.chars().all(|c| c.is_ascii_hexdigit());
+    if !valid {
+        return Err(Refusal::invalid_request("upload ids are the 32 hex digits the upload answered").with_data(json!({"field": "upload"})));
+    }
+    let key = format!("{UPLOADS}{upload}");
+    let (_, bytes) = blobs.get_bytes(&key).await?.ok_or_else(|| {
+        Refusal::new("upload-not-found", "no such upload; upload the bundle again").with_data(json!({ "upload": upload }))
+    })?;
+    Ok(bytes)
+}
+
+/// Drop a kept upload (best effort).
+pub(crate) async fn forget_upload(blobs: &Blobs, upload: &str) {
+    let _ = blobs.delete(&format!("{UPLOADS}{upload}")).await;
+}
+
+fn by(call: &Call) -> Result<String> {
+    Ok(call.identity()?.username.clone())
+}
+
+enum Operation {
+    Install,
+    Upgrade,
+}
+
+/// Install or upgrade from an upload. An upload serves one attempt whatever its outcome (the
+/// CLI uploads again; a refused bundle does not linger in the bucket).
+async fn apply_upload(cx: &Context, call: &Call, input: &InstallInput, operation: Operation) -> Result<PluginView> {
+    let host = &cx.host;
+    let bytes = take_upload(&cx.blobs, &input.upload).await?;
+    let by = by(call)?;
+    let outcome = match operation {
+        Operation::Install => host.install(&bytes, &input.approve, &by).await,
+        Operation::Upgrade => host.upgrade(&bytes, &input.approve, &by).await,
+    };
+    forget_upload(&cx.blobs, &input.upload).await;
+    Ok(view(host, &outcome?))
+}
+
+pub fn register(registry: &mut Registry, cx: Context) {
+    let mut registry = registry.with(cx);
+    registry.add(
+        "plugins.list",
+        "Installed plugins with status, version, publisher and grants",
+        Access::Admin,
+        |cx: Context, _: Call, _: Empty| async move {
+            let host = cx.host;
+            let records = host.records().await?;
+            Ok(PluginList { plugins: records.iter().map(|(r, _)| view(&host, r)).collect() })
+        },
+    );
+    registry.add(
+        "plugins.get",
+        "One plugin: status, version, grants, last error",
+        Access::Admin,
+        |cx: Context, _: Call, input: ById| async move {
+            let host = cx.host;
+            let (record, _) = host.record(&input.id).await?.ok_or_else(|| Refusal::not_found(format!("plugin {:?}", input.id)))?;
+            Ok(view(&host, &record))
+        },
+    );
+    registry.add(
+        "plugins.install",
+        "Install an uploaded bundle, approving exactly the capabilities it requests",
+        Access::Admin,
+        |cx: Context, call: Call, input: InstallInput| async move { apply_upload(&cx, &call, &input, Operation::Install).await },
+    );
+    registry.add(
+        "plugins.upgrade",
+        "Upgrade to a higher version from an uploaded bundle: migrate, then swap without failing a call",
+        Access::Admin,
+        |cx: Context, call: Call, input: InstallInput| async move { apply_upload(&cx, &call, &input, Operation::Upgrade).await },
+    );
+    registry.add(
+        "plugins.rollback",
+        "Go back to the version before the last upgrade",
+        Access::Admin,
+        |cx: Context, call: Call, input: ById| async move {
+            let host = cx.host;
+            let record = host.rollback(&input.id, &by(&call)?).await?;
+            Ok(view(&host, &record))
+        },
+    );
+    registry.add(
+        "plugins.disable",
+        "Stop serving a plugin (its data stays)",
+        Access::Admin,
+        |cx: Context, call: Call, input: ById| async move {
+            let host = cx.host;
+            let record = host.set_enabled(&input.id, false, &by(&call)?).await?;
+            Ok(view(&host, &record))
+        },
+    );
+    registry.add("plugins.enable", "Serve a disabled plugin again", Access::Admin, |cx: Context, call: Call, input: ById| async move {
+        let host = cx.host;
+        let record = host.set_enabled(&input.id, true, &by(&call)?).await?;
+        Ok(view(&host, &record))
+    });
+    registry.add(
+        "plugins.uninstall",
+        "Remove a plugin; its data stays unless purge is true",
+        Access::Admin,
+        |cx: Context, call: Call, input: UninstallInput| async move {
+            let host = cx.host;
+            host.uninstall(&input.id, input.purge, &by(&call)?).await
+        },
+    );
+    registry.add(
+        "plugins.listTrustedPublishers",
+        "Publisher keys bundles may be signed by",
+        Access::Admin,
+        |cx: Context, _: Call, _: Empty| async move {
+            let host = cx.host;
+            Ok(PublisherList {
+                configured: host.configured_publishers().iter().map(ToString::to_string).collect(),
+                added: host.trusted_publishers().await?,
+            })
+        },
+    );
+    registry.add(
+        "plugins.addTrustedPublisher",
+        "Trust a publisher key (needs a fresh administrator login)",
+        Access::Admin,
+        |cx: Context, call: Call, input: AddPublisherInput| async move {
+            let host = cx.host;
+            let identity = call.identity()?;
+            identity.require_fresh()?;
+            let added = host.add_trusted_publisher(&input.public_key, &input.name, &identity.username).await?;
+            serde_json::to_value(added).map_err(Refusal::internal)
+        },
+    );
+    registry.add(
+        "plugins.removeTrustedPublisher",
+        "Stop trusting a publisher key (needs a fresh administrator login)",
+        Access::Admin,
+        |cx: Context, call: Call, input: RemovePublisherInput| async move {
+            let host = cx.host;
+            call.identity()?.require_fresh()?;
+            let removed = host.remove_trusted_publisher(&input.public_key).await?;
+            Ok(json!({ "removed": removed }))
+        },
+    );
+}
+
+/// `POST /api/v1/uploads/plugin-bundle`: keep a bundle for a following install or upgrade and
+/// say what it is and what it requests (see [`keep_upload`]).
+pub async fn upload_bundle(State(state): State<AppState>, request: Request) -> std::result::Result<Json<Value>, ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = crate::api::read_body_limited(&parts.headers, body, MAX_BUNDLE_BYTES).await.map_err(|e| {
+        if e.is("request-too-large") {
+            Refusal::new("bundle-too-large", format!("a bundle is at most {MAX_BUNDLE_BYTES} bytes"))
+        } else {
+            e
+        }
+    })?;
+    let bearer = crate::api::bearer_token(&parts.headers).ok_or_else(crate::auth::denied)?;
+    let identity = state.auth.authenticate(bearer).await?;
+    if !identity.is_human_admin() {
+        return Err(Refusal::new("forbidden", "uploading a plugin bundle needs an administrator").into());
+    }
+    let (upload, inspection) = keep_upload(&state.blobs, &bytes, &identity.username).await?;
+    Ok(Json(json!({ "upload": upload, "bundle": inspection })))
+}

@@ -1,0 +1,461 @@
+//! The sandbox: wasmtime with the component model, async, the pooling allocator and
+//! copy-on-write memory images. A plugin version is compiled once (and cached on disk by
+//! component digest and engine configuration), pre-instantiated once, and every call runs in a
+//! fresh instance with its own memory limit and deadline. Whatever a plugin does, the host
+//! answers a named refusal: `plugin-deadline-exceeded`, `plugin-resource-exhausted`,
+//! `plugin-failed`, `plugin-output-invalid`, `plugin-busy`.
+
+use super::imports::CallData;
+use super::manifest::{Capability, Manifest};
+use crate::auth::Identity;
+use crate::refusal::{Refusal, Result};
+use capstan_core::text::truncate;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
+
+wasmtime::component::bindgen!({
+    world: "manager",
+    path: "../../wit",
+    imports: { default: async },
+    exports: { default: async },
+    with: {
+        "capstan:plugin/blobs.blob-reader": super::imports::BlobReaderState,
+        "capstan:plugin/blobs.blob-writer": super::imports::BlobWriterState,
+    },
+});
+
+pub use self::capstan::plugin::types::{CallContext, Caller, CallerKind};
+pub use self::exports::capstan::plugin::guest as wit_guest;
+pub type WitRefusal = self::capstan::plugin::types::Refusal;
+
+/// Deadline of a method call, an event delivery, a describe.
+pub const METHOD_DEADLINE: Duration = Duration::from_secs(6);
+/// Deadline of a reconcile pass, a scheduled task, a migration.
+pub const PASS_DEADLINE: Duration = Duration::from_secs(30);
+/// How often the engine's epoch advances; deadlines are checked at this granularity.
+const TICK: Duration = Duration::from_millis(5);
+/// The most memory any plugin may ask for (its manifest's `memory-mib` is capped here).
+pub const MAX_MEMORY_BYTES: usize = 1 << 30;
+/// Bytes of a plugin's stdout/stderr kept per call for the log.
+const STDIO_CAPTURE: usize = 64 * 1024;
+
+/// The one wasmtime engine of the host, its on-disk artifact cache and its epoch ticker.
+pub struct Runtime {
+    engine: Engine,
+    cache_dir: Option<PathBuf>,
+    engine_key: String,
+    linker: Linker<CallData>,
+}
+
+impl Runtime {
+    /// An engine with the pooling allocator; `cache_dir` (node-local, private) keeps compiled
+    /// components so a restart does not compile again.
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Arc<Self>> {
+        let engine = match Engine::new(&config(true)) {
+            Ok(engine) => engine,
+            Err(e) => {
+                // A host whose address space is capped cannot reserve the pool; run on-demand.
+                tracing::warn!(error = %e, "pooling allocator unavailable, plugins use on-demand allocation");
+                Engine::new(&config(false)).map_err(|e| Refusal::internal(format!("wasmtime engine: {e}")))?
+            }
+        };
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
+        let engine_key = format!("{:016x}", std::hash::Hasher::finish(&hasher));
+        if let Some(dir) = &cache_dir {
+            create_private_dir(dir)?;
+        }
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Refusal::internal(format!("linking WASI: {e}")))?;
+        Manager::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |data: &mut CallData| data)
+            .map_err(|e| Refusal::internal(format!("linking the capstan imports: {e}")))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("capstan-plugin-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })
+            .map_err(Refusal::internal)?;
+        Ok(Arc::new(Runtime { engine, cache_dir, engine_key, linker }))
+    }
+
+    /// Compile (or load from the cache) and pre-instantiate a component.
+    pub fn prepare(&self, component_bytes: &[u8]) -> Result<Prepared> {
+        let digest = hex::encode(Sha256::digest(component_bytes));
+        let started = Instant::now();
+        let (component, cached) = self.compile(component_bytes, &digest)?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            Refusal::new("plugin-imports-unsupported", format!("the component imports something this host does not provide: {e}"))
+        })?;
+        let pre = ManagerPre::new(pre).map_err(|e| {
+            Refusal::new("wit-version-unsupported", format!("the component does not export the capstan:plugin@0.1.0 manager world: {e}"))
+        })?;
+        tracing::debug!(digest = %digest, cached, ms = started.elapsed().as_millis() as u64, "plugin component ready");
+        Ok(Prepared { pre, digest, cached })
+    }
+
+    fn compile(&self, bytes: &[u8], digest: &str) -> Result<(Component, bool)> {
+        let path = self.cache_dir.as_ref().map(|dir| dir.join(format!("{digest}-{}.cwasm", self.engine_key)));
+        if let Some(path) = &path
+            && path.exists()
+        {
+            // SAFETY: the file is one this host wrote into its private cache directory from a
+            // component it verified; the name binds it to the component digest and the engine.
+            match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(component) => return Ok((component, true)),
+                Err(e) => tracing::warn!(error = %e, path = %path.display(), "discarding an unreadable compiled plugin"),
+            }
+        }
+        let compiled = self.engine.precompile_component(bytes).map_err(|e| {
+            Refusal::new("bundle-malformed", format!("plugin.wasm is not a valid component: {e}"))
+                .with_data(json!({"entry": "plugin.wasm"}))
+        })?;
+        if let Some(path) = &path
+            && let Err(e) = capstan_core::private_file::replace_atomically(path, &compiled, 0o600)
+        {
+            tracing::warn!(error = %e, "could not cache a compiled plugin");
+        }
+        // SAFETY: the bytes were produced by this engine just now.
+        let component = unsafe { Component::deserialize(&self.engine, &compiled) }.map_err(Refusal::internal)?;
+        Ok((component, false))
+    }
+
+    pub fn engine_version() -> &'static str {
+        wasmtime_version()
+    }
+}
+
+fn wasmtime_version() -> &'static str {
+    // Cargo does not expose dependency versions; this is checked against Cargo.lock by a test.
+    "48.0.8"
+}
+
+fn config(pooling: bool) -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    config.memory_init_cow(true);
+    config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(1000);
+        pool.total_core_instances(4000);
+        pool.total_memories(2000);
+        pool.total_tables(4000);
+        pool.max_memory_size(MAX_MEMORY_BYTES);
+        pool.max_core_instances_per_component(32);
+        pool.max_memories_per_component(8);
+        pool.max_tables_per_component(32);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        // Reserve only what a plugin may use, so 2000 memories fit a modest address space.
+        config.memory_reservation(MAX_MEMORY_BYTES as u64);
+    }
+    config
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Refusal::new("state-dir-unusable", format!("cannot create the plugin cache {}: {e}", dir.display())))
+}
+
+/// A compiled, pre-instantiated component.
+#[derive(Clone)]
+pub struct Prepared {
+    pre: ManagerPre<CallData>,
+    pub digest: String,
+    /// Whether the compiled artifact came from the cache.
+    pub cached: bool,
+}
+
+/// One plugin version ready to run: its component, its grants and its limits.
+pub struct Sandbox {
+    pub id: String,
+    pub version: String,
+    pub grants: Arc<BTreeSet<Capability>>,
+    prepared: Prepared,
+    memory_limit: usize,
+    slots: Arc<tokio::sync::Semaphore>,
+    services: Arc<super::imports::Services>,
+}
+
+/// What kind of call, for its deadline and its log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    Describe,
+    Method,
+    Event,
+    Reconcile,
+    Task,
+    Migrate,
+}
+
+impl CallKind {
+    fn deadline(self) -> Duration {
+        match self {
+            CallKind::Describe | CallKind::Method | CallKind::Event => METHOD_DEADLINE,
+            CallKind::Reconcile | CallKind::Task | CallKind::Migrate => PASS_DEADLINE,
+        }
+    }
+}
+
+impl Sandbox {
+    pub fn new(manifest: &Manifest, grants: BTreeSet<Capability>, prepared: Prepared, services: Arc<super::imports::Services>) -> Self {
+        let memory_limit = (manifest.limits.memory_mib as usize).saturating_mul(1 << 20).min(MAX_MEMORY_BYTES);
+        Sandbox {
+            id: manifest.id.clone(),
+            version: manifest.version.to_string(),
+            grants: Arc::new(grants),
+            prepared,
+            memory_limit,
+            slots: Arc::new(tokio::sync::Semaphore::new(manifest.limits.concurrency.max(1) as usize)),
+            services,
+        }
+    }
+
+    pub fn digest(&self) -> &str {
+        &self.prepared.digest
+    }
+
+    /// The plugin's descriptor. Imports are refused during `describe`.
+    pub async fn describe(&self) -> Result<wit_guest::Descriptor> {
+        let ctx = self.context("describe", host_caller(), CallKind::Describe);
+        self.run(CallKind::Describe, &ctx, |guest, store| Box::pin(async move { guest.call_describe(store).await.map(Ok) })).await
+    }
+
+    /// Serve one method for `acting` (the authenticated caller, whose authority the plugin's
+    /// inventory writes act with); the body already passed the method's schema.
+    pub async fn handle(&self, request_id: &str, caller: Caller, acting: Option<Identity>, method: &str, body: &Value) -> Result<Value> {
+        let ctx = self.context(request_id, caller, CallKind::Method);
+        let body = body.to_string();
+        let method = method.to_string();
+        let out = self
+            .run_as(acting, CallKind::Method, &ctx, |guest, store| {
+                let ctx = ctx.clone();
+                Box::pin(async move { guest.call_handle(store, &ctx, &method, &body).await })
+            })
+            .await?;
+        let value: Value = serde_json::from_str(&out).map_err(|e| self.output_invalid(format!("the method answered invalid JSON: {e}")))?;
+        Ok(value)
+    }
+
+    pub async fn on_event(&self, event: &wit_guest::Event) -> Result<()> {
+        let ctx = self.context(&format!("event-{}", event.sequence), host_caller(), CallKind::Event);
+        self.run(CallKind::Event, &ctx, |guest, store| {
+            let (ctx, event) = (ctx.clone(), event.clone());
+            Box::pin(async move { guest.call_on_event(store, &ctx, &event).await })
+        })
+        .await
+    }
+
+    pub async fn reconcile(&self, trigger: &wit_guest::ReconcileTrigger) -> Result<wit_guest::ReconcileOutcome> {
+        let ctx = self.context(&format!("reconcile-{}", uuid::Uuid::new_v4().simple()), host_caller(), CallKind::Reconcile);
+        self.run(CallKind::Reconcile, &ctx, |guest, store| {
+            let (ctx, trigger) = (ctx.clone(), trigger.clone());
+            Box::pin(async move { guest.call_reconcile(store, &ctx, &trigger).await })
+        })
+        .await
+    }
+
+    pub async fn run_task(&self, name: &str) -> Result<String> {
+        let ctx = self.context(&format!("task-{}", uuid::Uuid::new_v4().simple()), host_caller(), CallKind::Task);
+        let name = name.to_string();
+        self.run(CallKind::Task, &ctx, |guest, store| {
+            let ctx = ctx.clone();
+            Box::pin(async move { guest.call_run_task(store, &ctx, &name).await })
+        })
+        .await
+    }
+
+    pub async fn migrate(&self, from: Option<&str>, to: &str) -> Result<()> {
+        let ctx = self.context(&format!("migrate-{}", uuid::Uuid::new_v4().simple()), host_caller(), CallKind::Migrate);
+        let (from, to) = (from.map(str::to_string), to.to_string());
+        self.run(CallKind::Migrate, &ctx, |guest, store| {
+            let ctx = ctx.clone();
+            Box::pin(async move { guest.call_migrate(store, &ctx, from.as_deref(), &to).await })
+        })
+        .await
+    }
+
+    fn context(&self, request_id: &str, caller: Caller, kind: CallKind) -> CallContext {
+        let deadline = std::time::SystemTime::now() + kind.deadline();
+        CallContext {
+            request_id: request_id.to_string(),
+            caller,
+            node_id: self.services.node_id.clone(),
+            plugin_version: self.version.clone(),
+            deadline_ms: deadline.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+        }
+    }
+
+    fn output_invalid(&self, message: String) -> Refusal {
+        tracing::warn!(plugin = %self.id, version = %self.version, "{message}");
+        Refusal::new("plugin-output-invalid", format!("plugin {} answered something that is not valid: {message}", self.id))
+            .with_data(json!({ "plugin": self.id }))
+    }
+
+    /// Run one call in a fresh instance: wait for a slot, instantiate, call with the deadline,
+    /// classify whatever happened, log what the plugin printed.
+    async fn run<R, F>(&self, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
+    where
+        F: for<'a> FnOnce(
+            &'a wit_guest::Guest,
+            &'a mut Store<CallData>,
+        ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
+    {
+        self.run_as(None, kind, ctx, call).await
+    }
+
+    async fn run_as<R, F>(&self, acting: Option<Identity>, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
+    where
+        F: for<'a> FnOnce(
+            &'a wit_guest::Guest,
+            &'a mut Store<CallData>,
+        ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
+    {
+        let deadline = kind.deadline();
+        let started = Instant::now();
+        let _slot = match tokio::time::timeout(deadline, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => permit,
+            _ => {
+                return Err(Refusal::new("plugin-busy", format!("plugin {} has no free instance; try again", self.id))
+                    .retryable()
+                    .with_data(json!({ "plugin": self.id })));
+            }
+        };
+        let mut data = CallData::new(
+            self.services.clone(),
+            self.id.clone(),
+            ctx.request_id.clone(),
+            self.grants.clone(),
+            self.memory_limit,
+            kind == CallKind::Describe,
+            STDIO_CAPTURE,
+        );
+        data.acting = acting;
+        let mut store = Store::new(self.prepared.pre.engine(), data);
+        store.limiter(|data| &mut data.limiter);
+        let stop_at = started + deadline;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if Instant::now() >= stop_at {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                // Yield so one busy plugin never holds an executor thread.
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        let outcome = tokio::time::timeout(deadline + Duration::from_millis(250), async {
+            let bindings = self.prepared.pre.instantiate_async(&mut store).await?;
+            call(bindings.capstan_plugin_guest(), &mut store).await
+        })
+        .await;
+        let data = store.data_mut();
+        data.flush_stdio(&self.id, &ctx.request_id);
+        let exhausted = data.limiter.exhausted;
+        let elapsed = started.elapsed();
+        let result = match outcome {
+            Err(_) => Err(self.deadline_exceeded(kind, deadline)),
+            Ok(Err(trap)) => Err(self.classify_trap(kind, trap, exhausted, deadline)),
+            Ok(Ok(Err(refusal))) => Err(self.plugin_refusal(refusal)),
+            Ok(Ok(Ok(value))) => Ok(value),
+        };
+        tracing::debug!(plugin = %self.id, kind = ?kind, request_id = %ctx.request_id, ms = elapsed.as_millis() as u64,
+            ok = result.is_ok(), "plugin call");
+        result
+    }
+
+    fn deadline_exceeded(&self, kind: CallKind, deadline: Duration) -> Refusal {
+        tracing::warn!(plugin = %self.id, kind = ?kind, "plugin call stopped at its deadline");
+        Refusal::new("plugin-deadline-exceeded", format!("plugin {} did not finish within {} s", self.id, deadline.as_secs()))
+            .with_data(json!({ "plugin": self.id, "deadlineMs": deadline.as_millis() as u64 }))
+    }
+
+    fn classify_trap(&self, kind: CallKind, trap: wasmtime::Error, exhausted: bool, deadline: Duration) -> Refusal {
+        if trap.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+            return self.deadline_exceeded(kind, deadline);
+        }
+        if exhausted {
+            tracing::warn!(plugin = %self.id, kind = ?kind, "plugin call stopped at its memory limit");
+            return Refusal::new(
+                "plugin-resource-exhausted",
+                format!("plugin {} needed more than its {} MiB of memory", self.id, self.memory_limit >> 20),
+            )
+            .with_data(json!({ "plugin": self.id, "memoryLimitBytes": self.memory_limit }));
+        }
+        let reason = trap.downcast_ref::<wasmtime::Trap>().map(|t| t.to_string()).unwrap_or_else(|| format!("{trap:#}"));
+        tracing::warn!(plugin = %self.id, kind = ?kind, reason = %reason, "plugin call failed");
+        Refusal::new("plugin-failed", format!("plugin {} failed: {}", self.id, first_line(&reason))).with_data(json!({ "plugin": self.id }))
+    }
+
+    /// A refusal the plugin returned, passed on when it is well formed.
+    fn plugin_refusal(&self, refusal: WitRefusal) -> Refusal {
+        if !valid_code(&refusal.code) {
+            return self.output_invalid(format!("refusal code {:?} is not kebab-case", first_line(&refusal.code)));
+        }
+        let mut out = Refusal::new(refusal.code, truncate(&refusal.message, 1000));
+        if refusal.retryable {
+            out = out.retryable();
+        }
+        if let Some(data) = refusal.data {
+            match serde_json::from_str::<Value>(&data) {
+                Ok(data @ Value::Object(_)) => out = out.with_data(data),
+                _ => return self.output_invalid("refusal data is not a JSON object".into()),
+            }
+        }
+        out
+    }
+}
+
+/// The caller of host-initiated calls (reconcile, events, tasks, migrations).
+pub fn host_caller() -> Caller {
+    Caller { kind: CallerKind::Host, id: "capstan".into(), roles: vec!["host".into()] }
+}
+
+/// Stable refusal codes: lowercase words joined by single hyphens.
+pub fn valid_code(code: &str) -> bool {
+    !code.is_empty()
+        && code.len() <= 64
+        && code.split('-').all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+}
+
+fn first_line(s: &str) -> String {
+    truncate(s.lines().next().unwrap_or(""), 300)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_codes_are_kebab_case() {
+        assert!(valid_code("conflict"));
+        assert!(valid_code("mail-domain-unverified"));
+        assert!(valid_code("http2-failed"));
+        assert!(!valid_code(""));
+        assert!(!valid_code("Conflict"));
+        assert!(!valid_code("a--b"));
+        assert!(!valid_code("-a"));
+        assert!(!valid_code("a_b"));
+    }
+
+    #[test]
+    fn the_reported_engine_version_is_the_locked_one() {
+        let lock = include_str!("../../../../Cargo.lock");
+        let entry = format!("name = \"wasmtime\"\nversion = \"{}\"", Runtime::engine_version());
+        assert!(lock.contains(&entry), "update wasmtime_version() to the version in Cargo.lock");
+    }
+}

@@ -1,0 +1,202 @@
+//! An in-process host for testing one plugin: an embedded store and blob directory in a
+//! temporary directory, the real runtime, the plugin installed with every capability it
+//! requests. `capstan_sdk::testing` wraps it for plugin authors.
+
+use super::bundle::{Bundle, PublisherKey, generate_key};
+use super::host::PluginHost;
+use super::imports::Services;
+use super::runtime::Runtime;
+use crate::auth::Identity;
+use crate::refusal::{Refusal, Result};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub struct TestHost {
+    dir: PathBuf,
+    pub host: Arc<PluginHost>,
+    pub plugin: String,
+    caller: Identity,
+}
+
+impl TestHost {
+    /// Install `component` with `manifest_text` (its `capstan-plugin.toml`) on a fresh host.
+    pub async fn load(manifest_text: &str, component: Vec<u8>) -> Result<TestHost> {
+        let dir = std::env::temp_dir().join(format!("capstan-test-host-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).map_err(Refusal::internal)?;
+        let store = crate::store::Store::open(&format!("sqlite:{}", dir.join("store.sqlite").display()), &Default::default()).await?;
+        let blobs = crate::blobs::Blobs::open(&format!("file:{}", dir.join("blobs").display()), &Default::default()).await?;
+        let keyring = Arc::new(crate::keyring::Keyring::generate(None, None)?);
+        // the platform model a plugin reads and holds services in, as on a real host
+        crate::inventory::declare(&store).await?;
+        let services = Services::new(store, blobs, keyring, "test-node".into());
+        let key = generate_key();
+        let host = PluginHost::new(Runtime::new(None)?, services, vec![PublisherKey::from_verifying_key(key.verifying_key())]).await?;
+        let mut bundle = Bundle::new(manifest_text.to_string(), component)?;
+        bundle.sign(&key);
+        let record = host.install(&bundle.to_bytes(), &["all-requested".into()], "test").await?;
+        let now = capstan_core::clock::now_ms();
+        let caller = Identity {
+            user_id: "u-test".into(),
+            username: "test".into(),
+            kind: "human".into(),
+            admin: true,
+            session_id: "test".into(),
+            authenticated_at: now,
+            expires_at: now + 24 * 3_600_000,
+        };
+        Ok(TestHost { dir, host, plugin: record.id, caller })
+    }
+
+    /// Call a method as an administrator, through the same checks an API call goes through.
+    pub async fn call(&self, method: &str, body: Value) -> Result<Value> {
+        self.host.dispatch(&self.plugin, method, Some(&self.caller), "test", body).await
+    }
+
+    /// Publish an event to the outbox as the host would (e.g. `service.deleting`).
+    pub async fn publish(&self, kind: &str, subject: &str, data: Value) -> Result<u64> {
+        let (kind, subject) = (kind.to_string(), subject.to_string());
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let (kind, subject, data) = (kind.clone(), subject.clone(), data.clone());
+                async move { crate::events::append(&tx, &kind, &subject, data, "host").await }
+            })
+            .await
+    }
+
+    /// Deliver every pending event the plugin subscribes to; how many it took.
+    pub async fn deliver_events(&self) -> Result<usize> {
+        let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
+        super::work::deliver_pending(&self.host, &active).await
+    }
+
+    /// Run one reconcile pass now.
+    pub async fn reconcile(&self, hints: Vec<String>) -> Result<String> {
+        let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
+        let trigger = super::runtime::wit_guest::ReconcileTrigger { periodic: hints.is_empty(), hints };
+        Ok(active.sandbox.reconcile(&trigger).await?.summary)
+    }
+
+    /// Replace the public settings document (as `settings.update` would, without its checks):
+    /// catalog sources, trusted keys and the like for the plugin to read.
+    pub async fn set_settings(&self, settings: Value) -> Result<()> {
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let settings = settings.clone();
+                async move {
+                    let current = tx.get(crate::inventory::SETTINGS, crate::inventory::settings::PUBLIC).await?;
+                    tx.put(crate::inventory::SETTINGS, crate::inventory::settings::PUBLIC, current.map(|d| d.revision), settings).await
+                }
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Create an organization for the plugin's services to live in; its id.
+    pub async fn create_organization(&self, name: &str) -> Result<String> {
+        let id = capstan_core::ids::new_id("org");
+        let now = capstan_core::clock::now_secs();
+        let organization = crate::inventory::organizations::Organization {
+            name: name.into(),
+            created_at: now,
+            created_by: self.caller.user_id.clone(),
+            updated_at: now,
+        };
+        let data = crate::inventory::to_value(&organization)?;
+        let id_ref = &id;
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.insert(crate::inventory::ORGANIZATIONS, id_ref, data).await }
+            })
+            .await?;
+        Ok(id)
+    }
+
+    /// A service as the inventory holds it (`id`, `revision` and its fields), if it exists.
+    pub async fn service(&self, id: &str) -> Result<Option<Value>> {
+        let doc = self.host.services.store.transact(|tx| async move { tx.get(crate::inventory::SERVICES, id).await }).await?;
+        Ok(doc.map(|d| {
+            let mut data = d.data;
+            data["id"] = Value::String(d.id);
+            data["revision"] = d.revision.into();
+            data
+        }))
+    }
+
+    /// Move the wall clock the plugin sees `by` ahead (the host's own clock is untouched).
+    pub fn advance_clock(&self, by: std::time::Duration) {
+        self.host.services.advance_plugin_clock(by);
+    }
+
+    /// The wall clock the plugin sees now, in milliseconds since the epoch.
+    pub fn clock_ms(&self) -> u64 {
+        self.host.services.plugin_clock_ms()
+    }
+
+    /// Every document of one of the plugin's collections (`id`, `revision` and its fields), in
+    /// id order.
+    pub async fn documents(&self, collection: &str) -> Result<Vec<Value>> {
+        let name = super::imports::collection_name(&self.plugin, collection);
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self
+                .host
+                .services
+                .store
+                .transact(|tx| {
+                    let (name, cursor) = (name.clone(), cursor.clone());
+                    async move { tx.scan(&name, cursor.as_deref(), 100).await }
+                })
+                .await?;
+            for d in page.documents {
+                let mut data = d.data;
+                data["id"] = Value::String(d.id);
+                data["revision"] = d.revision.into();
+                out.push(data);
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Write a document of one of the plugin's collections as another node of a fleet would,
+    /// over whatever is there.
+    pub async fn put_document(&self, collection: &str, id: &str, data: Value) -> Result<()> {
+        let name = super::imports::collection_name(&self.plugin, collection);
+        let (name, id) = (&name, id);
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let data = data.clone();
+                async move {
+                    let current = tx.get(name, id).await?;
+                    tx.put(name, id, current.map(|d| d.revision), data).await
+                }
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Run a scheduled task now.
+    pub async fn run_task(&self, name: &str) -> Result<String> {
+        let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
+        active.sandbox.run_task(name).await
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,367 @@
+//! The runtime against real components: the example plugin and the adversary, built for
+//! wasm32-wasip2 from the workspace, signed, installed, called, upgraded, rolled back.
+
+use super::bundle::{Bundle, PublisherKey, generate_key};
+use super::host::PluginHost;
+use crate::api::AppState;
+use crate::auth::Identity;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+/// Build the test plugins once per test process; the artifacts' directory, or `None` (with
+/// the reason printed) where they cannot be built — unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1`
+/// (as `.ci/run` sets it), which makes that a failure.
+fn built() -> Option<&'static PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+            let target =
+                std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target")).join("wasm-plugins");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .current_dir(&workspace)
+                .args(["build", "--release", "--target", "wasm32-wasip2", "-p", "capstan-plugin-example", "-p", "capstan-plugin-adversary"])
+                .arg("--target-dir")
+                .arg(&target)
+                .status();
+            match status {
+                Ok(s) if s.success() => Some(target.join("wasm32-wasip2/release")),
+                other => {
+                    let why = format!("building the test plugins for wasm32-wasip2 failed ({other:?}); is the target installed?");
+                    assert!(std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1"), "{why}");
+                    eprintln!("skipped: {why}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+fn manifest(dir: &str, version: Option<&str>) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir).join("capstan-plugin.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    match version {
+        Some(v) => text.replacen("version = \"0.1.0\"", &format!("version = \"{v}\""), 1),
+        None => text,
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    state: AppState,
+    host: Arc<PluginHost>,
+    key: ed25519_dalek::SigningKey,
+    admin: Identity,
+}
+
+impl Fixture {
+    /// `None` when the test plugins cannot be built here (the reason was printed).
+    async fn new() -> Option<Fixture> {
+        built()?;
+        let dir = tempfile::tempdir().unwrap();
+        let state = crate::api::test_state(dir.path()).await;
+        let host = state.plugins.clone();
+        let key = generate_key();
+        host.add_trusted_publisher(&PublisherKey::from_verifying_key(key.verifying_key()).to_string(), "Tests", "admin").await.unwrap();
+        let now = capstan_core::clock::now_ms();
+        let admin = Identity {
+            user_id: "u-admin".into(),
+            username: "admin".into(),
+            kind: "human".into(),
+            admin: true,
+            session_id: "s".into(),
+            authenticated_at: now,
+            expires_at: now + 60_000,
+        };
+        Some(Fixture { _dir: dir, state, host, key, admin })
+    }
+
+    fn bundle(&self, crate_name: &str, dir: &str, version: Option<&str>) -> Vec<u8> {
+        let component = std::fs::read(built().expect("built").join(format!("{crate_name}.wasm"))).unwrap();
+        let mut bundle = Bundle::new(manifest(dir, version), component).unwrap();
+        bundle.sign(&self.key);
+        bundle.to_bytes()
+    }
+
+    fn example(&self, version: Option<&str>) -> Vec<u8> {
+        self.bundle("capstan_plugin_example", "plugins/example", version)
+    }
+
+    fn adversary(&self) -> Vec<u8> {
+        self.bundle("capstan_plugin_adversary", "tests/plugins/adversary", None)
+    }
+
+    async fn call(&self, plugin: &str, method: &str, body: Value) -> crate::refusal::Result<Value> {
+        self.host.dispatch(plugin, method, Some(&self.admin), "req-test", body).await
+    }
+}
+
+fn all() -> Vec<String> {
+    vec!["all-requested".into()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrade_and_rollback() {
+    let Some(f) = Fixture::new().await else { return };
+    let record = f.host.install(&f.example(None), &all(), "admin").await.unwrap();
+    assert_eq!(record.current.version, "0.1.0");
+    assert_eq!(record.current.grants, vec!["events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
+
+    let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
+    assert_eq!(greeting["greeting"], "Hello, Ada!");
+    assert_eq!(greeting["version"], "0.1.0");
+    assert_eq!(greeting["caller"], "u-admin");
+
+    let note = f.call("example", "putNote", json!({ "id": "n1", "text": "first" })).await.unwrap();
+    assert_eq!(note["revision"], 1);
+    let stale = f.call("example", "putNote", json!({ "id": "n1", "text": "again", "expectedRevision": 7 })).await.unwrap_err();
+    assert_eq!(stale.code, "conflict");
+    let missing = f.call("example", "getNote", json!({ "id": "nope" })).await.unwrap_err();
+    assert!(missing.code.ends_with("not-found"), "{missing}");
+
+    // the host validates the body against the method's schema before the plugin runs
+    let invalid = f.call("example", "greet", json!({ "name": 5 })).await.unwrap_err();
+    assert_eq!(invalid.code, "invalid-request");
+    let unknown = f.call("example", "nothing", json!({})).await.unwrap_err();
+    assert_eq!(unknown.code, "method-unknown");
+
+    // the same version again is not an upgrade; a higher one is, and runs its migration
+    let same = f.host.upgrade(&f.example(None), &all(), "admin").await.unwrap_err();
+    assert_eq!(same.code, "version-not-newer");
+    let upgraded = f.host.upgrade(&f.example(Some("0.2.0")), &all(), "admin").await.unwrap();
+    assert_eq!(upgraded.previous.as_ref().unwrap().version, "0.1.0");
+    let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
+    assert_eq!(greeting["version"], "0.2.0");
+    assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
+
+    let back = f.host.rollback("example", "admin").await.unwrap();
+    assert_eq!(back.current.version, "0.1.0");
+    assert_eq!(f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap()["version"], "0.1.0");
+    assert_eq!(f.host.rollback("example", "admin").await.unwrap_err().code, "rollback-unavailable");
+
+    f.host.set_enabled("example", false, "admin").await.unwrap();
+    assert_eq!(f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap_err().code, "method-unknown");
+    f.host.set_enabled("example", true, "admin").await.unwrap();
+    assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
+
+    // a restart loads the registry again
+    let fresh = PluginHost::new(f.host.runtime.clone(), f.host.services.clone(), vec![]).await.unwrap();
+    fresh.sync().await.unwrap();
+    assert!(fresh.get("example").is_some());
+
+    let removed = f.host.uninstall("example", true, "admin").await.unwrap();
+    assert_eq!(removed["purged"], true);
+    assert!(removed["removed"]["documents"].as_u64().unwrap() >= 1);
+    assert!(f.host.record("example").await.unwrap().is_none());
+    let _ = &f.state;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_refuses_by_name_and_records_nothing() {
+    let Some(f) = Fixture::new().await else { return };
+    let good = f.example(None);
+
+    let mut changed = good.clone();
+    let at = changed.len() / 2;
+    changed[at] ^= 0x01;
+    let refused = f.host.install(&changed, &all(), "admin").await.unwrap_err();
+    assert!(["bundle-signature-invalid", "bundle-malformed"].contains(&refused.code.as_ref()), "{refused}");
+
+    let stranger = generate_key();
+    let mut untrusted = Bundle::parse(&good).unwrap();
+    untrusted.sign(&stranger);
+    assert_eq!(f.host.install(&untrusted.to_bytes(), &all(), "admin").await.unwrap_err().code, "publisher-untrusted");
+
+    let too_few = vec!["store".to_string()];
+    assert_eq!(f.host.install(&good, &too_few, "admin").await.unwrap_err().code, "capabilities-not-approved");
+
+    assert_eq!(f.host.install(&[0u8; 100], &all(), "admin").await.unwrap_err().code, "bundle-malformed");
+    assert!(f.host.records().await.unwrap().is_empty());
+
+    f.host
+        .install(
+            &good,
+            &["events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()],
+            "admin",
+        )
+        .await
+        .unwrap();
+    assert_eq!(f.host.install(&good, &all(), "admin").await.unwrap_err().code, "plugin-exists");
+
+    crate::fleet::freeze(&f.state.blobs, "alice", "release week").await.unwrap();
+    assert_eq!(f.host.upgrade(&f.example(Some("0.3.0")), &all(), "admin").await.unwrap_err().code, "deploy-frozen");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misbehaving_plugin_is_refused_by_name_and_the_host_keeps_serving() {
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.adversary(), &all(), "admin").await.unwrap();
+    f.host.install(&f.example(None), &all(), "admin").await.unwrap();
+
+    let spin = f.call("adversary", "spin", json!({})).await.unwrap_err();
+    assert_eq!(spin.code, "plugin-deadline-exceeded", "{spin}");
+    let bomb = f.call("adversary", "bomb", json!({})).await.unwrap_err();
+    assert_eq!(bomb.code, "plugin-resource-exhausted", "{bomb}");
+    let forbidden = f.call("adversary", "forbidden", json!({})).await.unwrap_err();
+    assert_eq!(forbidden.code, "capability-denied", "{forbidden}");
+    let trap = f.call("adversary", "trap", json!({})).await.unwrap_err();
+    assert_eq!(trap.code, "plugin-failed", "{trap}");
+    let garbage = f.call("adversary", "garbage", json!({})).await.unwrap_err();
+    assert_eq!(garbage.code, "plugin-output-invalid", "{garbage}");
+
+    assert_eq!(f.call("adversary", "echo", json!({ "value": "still here" })).await.unwrap()["value"], "still here");
+    assert_eq!(f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap()["greeting"], "Hello, Ada!");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_a_subscribed_plugin_in_commit_order() {
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.example(None), &all(), "admin").await.unwrap();
+    for i in 0..5 {
+        f.call("example", "putNote", json!({ "id": format!("n{i}"), "text": "x" })).await.unwrap();
+    }
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let worker = super::work::spawn(f.host.clone(), None, stop);
+    let mut log = Value::Null;
+    for _ in 0..80 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        log = f.call("example", "eventLog", json!({})).await.unwrap();
+        if log["events"].as_array().is_some_and(|e| e.len() == 5) {
+            break;
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = worker.await;
+    let events = log["events"].as_array().expect("an event log");
+    let subjects: Vec<&str> = events.iter().map(|e| e["subject"].as_str().unwrap()).collect();
+    assert_eq!(subjects, vec!["n0", "n1", "n2", "n3", "n4"]);
+    let sequences: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
+    assert!(sequences.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(
+        crate::events::cursor(&f.host.services.store, "plugin:example").await.unwrap(),
+        crate::events::head(&f.host.services.store).await.unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compiled_component_is_cached_by_digest() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = super::runtime::Runtime::new(Some(dir.path().to_path_buf())).unwrap();
+    assert!(!runtime.prepare(&component).unwrap().cached);
+    assert!(runtime.prepare(&component).unwrap().cached);
+    let _ = f;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_party_plugins_install_at_start_follow_the_binary_and_are_disabled_rather_than_uninstalled() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let embedded = |version: Option<&str>| Bundle::new(manifest("plugins/example", version), component.clone()).unwrap();
+    let (runtime, services) = (f.host.runtime.clone(), f.host.services.clone());
+    let start = |first_party: Vec<Bundle>| PluginHost::with_first_party(runtime.clone(), services.clone(), vec![], first_party);
+
+    // the first start installs it with exactly what it declares, trusted as first-party
+    let host = start(vec![embedded(None)]).await.unwrap();
+    host.install_first_party().await.unwrap();
+    let (record, revision) = host.record("example").await.unwrap().unwrap();
+    assert_eq!(
+        (record.current.publisher.as_str(), record.current.installed_by.as_str(), record.current.version.as_str()),
+        ("first-party", "capstan", "0.1.0")
+    );
+    assert_eq!(record.current.grants, vec!["events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
+    assert_eq!(host.dispatch("example", "greet", Some(&f.admin), "r", json!({ "name": "Ada" })).await.unwrap()["version"], "0.1.0");
+    host.install_first_party().await.unwrap();
+    assert_eq!(host.record("example").await.unwrap().unwrap().1, revision, "a second start changes nothing");
+
+    // a restart loads it from the registry again; a binary that does not embed those bytes cannot
+    let restarted = start(vec![embedded(None)]).await.unwrap();
+    restarted.sync().await.unwrap();
+    assert!(restarted.get("example").is_some());
+    let stranger = start(vec![]).await.unwrap();
+    stranger.sync().await.unwrap();
+    assert!(stranger.get("example").is_none());
+    assert_eq!(stranger.load_error("example").unwrap().code, "bundle-signature-invalid");
+
+    // a newer binary upgrades it at start
+    let newer = start(vec![embedded(Some("0.2.0"))]).await.unwrap();
+    newer.install_first_party().await.unwrap();
+    let (record, _) = newer.record("example").await.unwrap().unwrap();
+    assert_eq!((record.current.version.as_str(), record.previous.unwrap().version.as_str()), ("0.2.0", "0.1.0"));
+    assert_eq!(newer.dispatch("example", "greet", Some(&f.admin), "r", json!({ "name": "Ada" })).await.unwrap()["version"], "0.2.0");
+    // an unsigned bundle is first-party only byte for byte
+    let imitation = embedded(Some("0.3.0")).to_bytes();
+    assert_eq!(newer.upgrade(&imitation, &all(), "admin").await.unwrap_err().code, "bundle-signature-invalid");
+    // it is not uninstalled (it would come back at the next start): it is disabled
+    assert_eq!(newer.uninstall("example", false, "admin").await.unwrap_err().code, "plugin-first-party");
+    newer.set_enabled("example", false, "admin").await.unwrap();
+    let newest = start(vec![embedded(Some("0.4.0"))]).await.unwrap();
+    newest.install_first_party().await.unwrap();
+    let (record, _) = newest.record("example").await.unwrap().unwrap();
+    assert_eq!((record.current.version.as_str(), record.enabled), ("0.2.0", false), "a disabled plugin stays as the operator left it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_another_publisher_installed_under_a_first_party_id_is_left_alone() {
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.example(None), &all(), "admin").await.unwrap();
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let first_party = vec![Bundle::new(manifest("plugins/example", Some("0.9.0")), component).unwrap()];
+    let host = PluginHost::with_first_party(f.host.runtime.clone(), f.host.services.clone(), vec![], first_party).await.unwrap();
+    host.install_first_party().await.unwrap();
+    let (record, _) = host.record("example").await.unwrap().unwrap();
+    assert_eq!(record.current.version, "0.1.0");
+    assert_ne!(record.current.publisher, "first-party");
+}
+
+/// A loopback HTTP server answering every request `200 ok`; its origin.
+async fn answering_server() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+            });
+        }
+    });
+    origin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_now() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
+    let text = manifest("tests/plugins/adversary", None).replacen(
+        r#"requested = ["store", "log"]"#,
+        r#"requested = ["store", "log", "http-setting:appStoreCatalogSources"]"#,
+        1,
+    );
+    let mut bundle = Bundle::new(text, component).unwrap();
+    bundle.sign(&f.key);
+    let record = f.host.install(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    assert!(record.current.grants.contains(&"http-setting:appStoreCatalogSources".to_string()), "{:?}", record.current.grants);
+
+    let (listed, unlisted) = (answering_server().await, answering_server().await);
+    let fetch = |origin: &str| f.call("adversary", "fetch", json!({ "url": format!("{origin}/catalog.json") }));
+    assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "nothing is listed yet");
+    let settings = f.state.methods.get("settings.update").unwrap();
+    let call = || crate::api::Call::by(&f.admin);
+    let body = json!({ "expectedRevision": 0, "set": { "appStoreCatalogSources": [format!("{listed}/catalog.json")] } });
+    settings.call(call(), body).await.unwrap();
+    assert_eq!(fetch(&listed).await.unwrap()["status"], 200);
+    assert_eq!(fetch(&unlisted).await.unwrap_err().code, "capability-denied", "another origin stays closed");
+    settings.call(call(), json!({ "expectedRevision": 1, "unset": ["appStoreCatalogSources"] })).await.unwrap();
+    assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "the grant follows the setting as it stands");
+    assert_eq!(
+        "http-setting:dcrouterTargetHost".parse::<crate::plugins::manifest::Capability>().unwrap_err().code,
+        "capability-unknown",
+        "only a setting that lists URLs can be named"
+    );
+}

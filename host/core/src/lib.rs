@@ -1,0 +1,15 @@
+//! Capstan's foundation: what every other crate of the host stands on and nothing else.
+//!
+//! - [`refusal`]: the one error shape every subsystem returns and every client sees;
+//! - [`clock`]: the one wall clock;
+//! - [`ids`]: random identifiers;
+//! - [`private_file`]: the no-clobber writer and strict reader for key material;
+//! - [`text`]: values that must not be printed, and bounded echoes of client input.
+
+pub mod clock;
+pub mod ids;
+pub mod private_file;
+pub mod refusal;
+pub mod text;
+
+pub use refusal::{Refusal, Result};

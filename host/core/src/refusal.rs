@@ -1,0 +1,148 @@
+//! Named refusals: the one error shape every subsystem returns and every client sees.
+//!
+//! A refusal has a stable kebab-case `code`, a human message, whether retrying may help, and
+//! optional structured `data`. It never carries a secret value. Internal failures keep their
+//! detail in the log (`detail`, never serialized) and show the client a generic message.
+
+use serde::Serialize;
+use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
+
+/// A named refusal: what every fallible operation of the host answers instead of a bare error.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Refusal {
+    /// The stable kebab-case code clients match on.
+    pub code: Cow<'static, str>,
+    /// What a person reads.
+    pub message: String,
+    /// Whether asking again may succeed.
+    pub retryable: bool,
+    /// Boxed: keeps `Result<T, Refusal>` small on every hot path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Box<Value>>,
+    /// Operator-facing detail for the log only (never sent to a client).
+    #[serde(skip)]
+    pub detail: Option<String>,
+}
+
+impl Refusal {
+    /// A refusal with its code and message.
+    pub fn new(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Refusal { code: code.into(), message: message.into(), retryable: false, data: None, detail: None }
+    }
+
+    /// Mark the refusal as one that asking again may get past.
+    pub fn retryable(mut self) -> Self {
+        self.retryable = true;
+        self
+    }
+
+    /// Attach structured data for clients (never a secret).
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(Box::new(data));
+        self
+    }
+
+    /// An unexpected failure: the client sees `internal`, the log sees `detail`.
+    pub fn internal(detail: impl fmt::Display) -> Self {
+        Refusal {
+            code: Cow::Borrowed("internal"),
+            message: "internal error; the server log has the details under this request id".into(),
+            retryable: false,
+            data: None,
+            detail: Some(detail.to_string()),
+        }
+    }
+
+    /// `invalid-request`: the body or a field is not acceptable.
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Refusal::new("invalid-request", message)
+    }
+
+    /// `not-found`: the named thing does not exist.
+    pub fn not_found(what: impl fmt::Display) -> Self {
+        Refusal::new("not-found", format!("{what} does not exist"))
+    }
+
+    /// Attach log-only detail (never shown to clients).
+    pub fn detail(mut self, detail: impl fmt::Display) -> Self {
+        self.detail = Some(detail.to_string());
+        self
+    }
+
+    /// Whether this refusal has `code`.
+    pub fn is(&self, code: &str) -> bool {
+        self.code == code
+    }
+
+    /// The HTTP status that fits this refusal. Codes not listed are client mistakes (400)
+    /// unless the refusal is retryable (503); every `…-not-found` is 404.
+    pub fn http_status(&self) -> u16 {
+        match self.code.as_ref() {
+            "not-found" | "method-unknown" => 404,
+            code if code.ends_with("-not-found") => 404,
+            "method-not-allowed" => 405,
+            "exists" | "conflict" | "mutation-reused" => 409,
+            // the target's current state stands in the way
+            "task-running" | "task-disabled" | "execution-not-running" => 409,
+            "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
+            "request-too-large" => 413,
+            "rate-limited" => 429,
+            "unsupported-media-type" => 415,
+            "unauthenticated" => 401,
+            "forbidden" => 403,
+            "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" | "coordinator-unavailable" => 503,
+            "internal" => 500,
+            // a refusal that says retrying may help is not the client's mistake: the service
+            // (a plugin's catalog, a lock, a peer) is unavailable for now
+            _ if self.retryable => 503,
+            _ => 400,
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)?;
+        if let Some(detail) = &self.detail {
+            write!(f, " ({detail})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// A result whose error is a [`Refusal`].
+pub type Result<T, E = Refusal> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_detail_never_serializes() {
+        let r = Refusal::internal("disk /secret/path failed");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("/secret/path"), "{json}");
+        assert_eq!(r.http_status(), 500);
+        assert!(r.to_string().contains("/secret/path"));
+    }
+
+    #[test]
+    fn client_mistakes_are_not_500() {
+        for code in ["invalid-request", "invalid-key", "config-missing"] {
+            assert_eq!(Refusal::new(code, "x").http_status(), 400);
+        }
+        assert_eq!(Refusal::new("conflict", "x").http_status(), 409);
+        for code in ["not-found", "task-not-found", "execution-not-found"] {
+            assert_eq!(Refusal::new(code, "x").http_status(), 404, "{code}");
+        }
+        assert_eq!(Refusal::new("not-foundling", "x").http_status(), 400);
+        assert_eq!(Refusal::new("store-busy", "x").retryable().http_status(), 503);
+        // any other retryable refusal (a plugin's, say) is the service's state, not a mistake
+        assert_eq!(Refusal::new("appstore-catalog-unavailable", "x").retryable().http_status(), 503);
+        assert_eq!(Refusal::new("conflict", "x").retryable().http_status(), 409, "a listed code keeps its status");
+    }
+}

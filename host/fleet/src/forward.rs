@@ -1,0 +1,90 @@
+//! Coordinator-only requests: a method marked `coordinator_only` is answered by the node
+//! holding the coordinator lease. Any other node forwards the request there unchanged (the
+//! caller's own credentials; the holder authenticates and authorizes it again) and relays
+//! the answer, so a client may call any node.
+
+use super::runtime::Fleet;
+use super::{NodeRecord, lease, node_key};
+use capstan_core::clock::now_ms;
+use capstan_core::refusal::{Refusal, Result};
+use serde_json::json;
+use std::time::Duration;
+
+/// Set on a forwarded request: the node that forwarded it. A node receiving it that does
+/// not hold the lease refuses rather than forwarding again (the lease moved meanwhile).
+pub const FORWARDED_BY: &str = "x-capstan-forwarded-by";
+/// Set on every answer of a coordinator-only method: the node that answered.
+pub const ANSWERED_BY: &str = "x-capstan-answered-by";
+
+/// How long a forwarded request may take end to end.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where a coordinator-only request goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Route {
+    /// This node holds the lease: answer here.
+    Here,
+    /// Forward to this node at this base URL.
+    Holder {
+        /// The lease holder's node id.
+        node_id: String,
+        /// The holder's API base URL, e.g. `http://10.0.0.7:8080`.
+        base_url: String,
+    },
+}
+
+fn unavailable(message: impl Into<String>) -> Refusal {
+    Refusal::new("coordinator-unavailable", message).retryable()
+}
+
+/// Decide where a coordinator-only request is answered. `forwarded` is set when the request
+/// already came from another node.
+pub async fn route(fleet: &Fleet, forwarded: bool) -> Result<Route> {
+    if fleet.coordinator.fence().is_some() {
+        return Ok(Route::Here);
+    }
+    if forwarded {
+        return Err(unavailable("the coordinator lease moved while the request was forwarded; retry"));
+    }
+    let blobs = &fleet.node.blobs;
+    let lease = lease::read_lease(blobs).await?.filter(|l| l.expires_at > now_ms());
+    let Some(lease) = lease else {
+        return Err(unavailable("no node holds the coordinator lease right now; retry shortly"));
+    };
+    if lease.holder == fleet.node.identity.id {
+        // a record this node no longer stands behind (a previous process, a lost renewal)
+        return Err(unavailable("the coordinator lease is changing hands; retry shortly"));
+    }
+    let record: Option<NodeRecord> = match blobs.get_bytes(&node_key(&lease.holder)).await? {
+        Some((_, bytes)) => serde_json::from_slice(&bytes).ok(),
+        None => None,
+    };
+    let Some(record) = record.filter(|r| r.answering(now_ms(), &fleet.node.timing)) else {
+        return Err(unavailable(format!("the coordinator {} is not answering; retry once the lease has moved", lease.holder))
+            .with_data(json!({ "holder": lease.holder })));
+    };
+    Ok(Route::Holder { node_id: record.node_id, base_url: base_url(&record.addresses.internal, record.addresses.api_port) })
+}
+
+fn base_url(host: &str, port: u16) -> String {
+    if host.contains(':') { format!("http://[{host}]:{port}") } else { format!("http://{host}:{port}") }
+}
+
+/// The refusal for a holder that could not be reached or answered with something unreadable.
+pub fn unreachable(holder: &str, error: impl std::fmt::Display) -> Refusal {
+    unavailable(format!("the coordinator {holder} could not be reached; retry shortly"))
+        .with_data(json!({ "holder": holder }))
+        .detail(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_are_dialled_by_address_and_port() {
+        assert_eq!(base_url("127.0.0.1", 8080), "http://127.0.0.1:8080");
+        assert_eq!(base_url("10.0.0.7", 443), "http://10.0.0.7:443");
+        assert_eq!(base_url("fd00::7", 8080), "http://[fd00::7]:8080");
+    }
+}

@@ -1,0 +1,104 @@
+//! The workspace's crate graph, written down: which workspace crate may depend on which.
+//!
+//! `ARCHITECTURE.md` draws it; `tests/graph.rs` reads `cargo metadata` and fails on any
+//! dependency between workspace crates (normal, build or dev) that [`ALLOWED`] does not name,
+//! on a workspace crate the table does not place, and on a cycle. Adding an edge is a design
+//! decision: change the table and the drawing together.
+
+/// Every workspace crate and the workspace crates it may depend on, lowest first.
+pub const ALLOWED: &[(&str, &[&str])] = &[
+    // foundation: nothing of the domain, the plugins, the server or the presentation
+    ("capstan-core", &[]),
+    ("capstan-store", &["capstan-core"]),
+    ("capstan-blobs", &["capstan-core"]),
+    ("capstan-keyring", &["capstan-core"]),
+    // the method registry: no HTTP, no domain
+    ("capstan-rpc", &["capstan-core", "capstan-store"]),
+    // domain: the fleet coordinates through the bucket; the outbox lives in the store
+    ("capstan-fleet", &["capstan-core", "capstan-blobs", "capstan-rpc"]),
+    ("capstan-events", &["capstan-core", "capstan-store"]),
+    ("capstan-auth", &["capstan-core", "capstan-store", "capstan-blobs", "capstan-keyring", "capstan-rpc", "capstan-fleet"]),
+    // the signed App Store catalog format, shared by the host's CLI and the App Store plugin
+    ("capstan-catalog", &[]),
+    // what is still one crate: domain, plugin host, server, dashboard and CLI
+    (
+        "capstan",
+        &[
+            "capstan-core",
+            "capstan-store",
+            "capstan-blobs",
+            "capstan-keyring",
+            "capstan-rpc",
+            "capstan-fleet",
+            "capstan-events",
+            "capstan-auth",
+            "capstan-catalog",
+        ],
+    ),
+    // plugin authors' side: the SDK (its `testing` harness runs a plugin on the host)
+    ("capstan-sdk", &["capstan"]),
+    ("capstan-plugin-appstore", &["capstan-sdk", "capstan-catalog"]),
+    ("capstan-plugin-example", &["capstan-sdk"]),
+    ("capstan-plugin-adversary", &["capstan-sdk"]),
+    ("capstan-crate-graph", &[]),
+];
+
+/// The crates `name` may depend on; `None` for a crate the table does not place.
+pub fn allowed(name: &str) -> Option<&'static [&'static str]> {
+    ALLOWED.iter().find(|(crate_name, _)| *crate_name == name).map(|(_, deps)| *deps)
+}
+
+/// A cycle among `edges` (as the crates along it, first repeated last), if there is one.
+pub fn find_cycle(edges: &[(String, String)]) -> Option<Vec<String>> {
+    fn visit(node: &str, edges: &[(String, String)], path: &mut Vec<String>, done: &mut Vec<String>) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.iter().any(|n| n == node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for (_, to) in edges.iter().filter(|(from, _)| from == node) {
+            if let Some(cycle) = visit(to, edges, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.push(node.to_string());
+        None
+    }
+    let mut done = Vec::new();
+    edges.iter().find_map(|(from, _)| visit(from, edges, &mut Vec::new(), &mut done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edges(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn cycles_are_found_and_a_chain_is_not_one() {
+        assert_eq!(find_cycle(&edges(&[("a", "b"), ("b", "c")])), None);
+        let cycle = find_cycle(&edges(&[("a", "b"), ("b", "c"), ("c", "a")])).unwrap();
+        assert_eq!(cycle.first(), cycle.last());
+        assert_eq!(cycle.len(), 4);
+        assert!(find_cycle(&edges(&[("x", "y"), ("y", "x")])).is_some());
+    }
+
+    #[test]
+    fn the_allowed_graph_itself_has_no_cycle() {
+        let all: Vec<(String, String)> =
+            ALLOWED.iter().flat_map(|(from, deps)| deps.iter().map(move |to| (from.to_string(), to.to_string()))).collect();
+        assert_eq!(find_cycle(&all), None);
+        for (_, deps) in ALLOWED {
+            for dep in *deps {
+                assert!(allowed(dep).is_some(), "{dep} is allowed as a dependency but not placed in the table");
+            }
+        }
+    }
+}
