@@ -11,14 +11,16 @@ pub use capstan_blobs as blobs;
 pub use capstan_core::refusal;
 pub use capstan_events as events;
 pub use capstan_fleet as fleet;
+pub use capstan_inventory as inventory;
 pub use capstan_keyring as keyring;
+pub use capstan_secrets as secrets;
 pub use capstan_store::{self as store, migrate};
 
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
-pub mod inventory;
+#[cfg(test)]
+mod host_tests;
 pub mod plugins;
 pub mod scheduler;
-pub mod secrets;

@@ -12,14 +12,23 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-store", &["capstan-core"]),
     ("capstan-blobs", &["capstan-core"]),
     ("capstan-keyring", &["capstan-core"]),
+    // the signed App Store catalog format and publisher keys, shared with the App Store plugin
+    ("capstan-catalog", &[]),
     // the method registry: no HTTP, no domain
     ("capstan-rpc", &["capstan-core", "capstan-store"]),
     // domain: the fleet coordinates through the bucket; the outbox lives in the store
     ("capstan-fleet", &["capstan-core", "capstan-blobs", "capstan-rpc"]),
     ("capstan-events", &["capstan-core", "capstan-store"]),
     ("capstan-auth", &["capstan-core", "capstan-store", "capstan-blobs", "capstan-keyring", "capstan-rpc", "capstan-fleet"]),
-    // the signed App Store catalog format, shared by the host's CLI and the App Store plugin
-    ("capstan-catalog", &[]),
+    // the inventory reaches the areas above it (secrets, plugins) only through its Dependents trait
+    (
+        "capstan-inventory",
+        &["capstan-core", "capstan-store", "capstan-blobs", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-catalog"],
+    ),
+    (
+        "capstan-secrets",
+        &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-inventory"],
+    ),
     // what is still one crate: domain, plugin host, server, dashboard and CLI
     (
         "capstan",
@@ -32,6 +41,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-fleet",
             "capstan-events",
             "capstan-auth",
+            "capstan-inventory",
+            "capstan-secrets",
             "capstan-catalog",
         ],
     ),

@@ -4,6 +4,7 @@
 //! Every answer carries an `x-request-id` header; the same id is on every log line of the
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
+pub mod dependents;
 pub mod system;
 
 use crate::auth::Auth;
@@ -87,7 +88,10 @@ impl AppState {
         );
         crate::plugins::methods::register(&mut registry, crate::plugins::methods::Context { host: plugins.clone(), blobs: blobs.clone() });
         crate::scheduler::methods::register(&mut registry, scheduler.clone());
-        crate::inventory::register(&mut registry, crate::inventory::Context { store: store.clone(), blobs: blobs.clone() });
+        crate::inventory::register(
+            &mut registry,
+            crate::inventory::Context { store: store.clone(), blobs: blobs.clone(), dependents: Arc::new(dependents::HostDependents) },
+        );
         crate::secrets::methods::register(
             &mut registry,
             crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() },

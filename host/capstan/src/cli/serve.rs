@@ -207,7 +207,7 @@ async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<Plugin
         HostTask::new("host.finalize-deleted-services", "Finish service deletions", "* * * * *", move |log| {
             let store = finalizer_store.clone();
             async move {
-                let (finished, waiting) = crate::inventory::services::finalize_deleting(&store).await?;
+                let (finished, waiting) = crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await?;
                 log.line(format!("finished {finished} deletions; {waiting} still wait for managers to release them"));
                 Ok(())
             }

@@ -475,7 +475,14 @@ impl inventory::Host for CallData {
 
     async fn release_service(&mut self, service_id: String) -> WitResult<()> {
         self.require(&Capability::InventoryWriteServices)?;
-        crate::inventory::services::release(&self.services.store, &service_id, &format!("plugin:{}", self.plugin)).await.map_err(to_wit)
+        crate::inventory::services::release(
+            &self.services.store,
+            &crate::api::dependents::HostDependents,
+            &service_id,
+            &format!("plugin:{}", self.plugin),
+        )
+        .await
+        .map_err(to_wit)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::Context;
 use super::{SETTINGS, check_revision, emit, to_value, validate};
-use crate::refusal::{Refusal, Result};
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -78,7 +78,7 @@ pub fn lists_urls(key: &str) -> bool {
 }
 
 /// The URLs the public setting `key` lists now (none when it is unset).
-pub async fn urls(store: &crate::store::Store, key: &str) -> Result<Vec<String>> {
+pub async fn urls(store: &capstan_store::Store, key: &str) -> Result<Vec<String>> {
     let doc = store.transact(|tx| async move { tx.get(SETTINGS, PUBLIC).await }).await?;
     let listed = doc.as_ref().and_then(|d| d.data.get(key)).and_then(Value::as_array).cloned().unwrap_or_default();
     Ok(listed.iter().filter_map(Value::as_str).map(str::to_string).collect())
@@ -136,7 +136,7 @@ fn check(key: &str, value: &Value) -> Result<()> {
         Kind::TlsMode if !matches!(value.as_str(), Some("starttls" | "tls" | "none")) => return Err(bad("one of starttls, tls, none")),
         Kind::PublicKeys => {
             let list = value.as_array().filter(|l| l.len() <= 16).ok_or_else(|| bad("a list of at most 16 public keys"))?;
-            let parses = |k: &Value| k.as_str().is_some_and(|k| k.parse::<crate::plugins::bundle::PublisherKey>().is_ok());
+            let parses = |k: &Value| k.as_str().is_some_and(|k| k.parse::<capstan_catalog::PublisherKey>().is_ok());
             if !list.iter().all(parses) {
                 return Err(bad("public keys of the form capstan-ed25519:<43 base64url characters>"));
             }
@@ -167,22 +167,28 @@ fn canonical_prefix(text: &str) -> bool {
     }
 }
 
+/// The public settings document as `settings.get` and `settings.update` answer it.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SettingsView {
     /// 0 while nothing was ever set.
     pub revision: u64,
+    /// The settings that are set, by key.
     pub settings: Map<String, Value>,
     /// Every key Capstan accepts, with what it is for.
     pub known: Vec<KnownSetting>,
 }
 
+/// One setting Capstan accepts.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct KnownSetting {
+    /// The setting's key.
     pub key: &'static str,
+    /// What the setting is for.
     pub summary: &'static str,
 }
 
+/// Input of `settings.update`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpdateInput {
@@ -200,7 +206,7 @@ fn view(revision: u64, settings: Map<String, Value>) -> SettingsView {
     SettingsView { revision, settings, known: ALLOWED.iter().map(|(key, _, summary)| KnownSetting { key, summary }).collect() }
 }
 
-async fn get(cx: Context, _: Call, _: super::super::api::system::Empty) -> Result<SettingsView> {
+async fn get(cx: Context, _: Call, _: super::Empty) -> Result<SettingsView> {
     let doc = cx.store.transact(|tx| async move { tx.get(SETTINGS, PUBLIC).await }).await?;
     Ok(match doc {
         Some(doc) => view(doc.revision, doc.data.as_object().cloned().unwrap_or_default()),
@@ -261,6 +267,7 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<SettingsView
     Ok(view(revision, settings))
 }
 
+/// Register the `settings.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add("settings.get", "The public settings document, its revision and every key Capstan accepts", Access::Authenticated, get);

@@ -1,7 +1,7 @@
 //! Field rules shared by the inventory's write paths. Each refusal names the field (in
 //! `data.field`) and never echoes a value that might be secret.
 
-use crate::refusal::{Refusal, Result};
+use capstan_core::refusal::{Refusal, Result};
 use serde_json::json;
 
 fn invalid(code: &'static str, field: &str, message: impl Into<String>) -> Refusal {
@@ -191,6 +191,7 @@ pub fn mail_address(field: &str, value: &str) -> Result<()> {
     }
 }
 
+/// A domain a service answers on: a host name, or a `*.` wildcard over one.
 pub fn domain(field: &str, value: &str) -> Result<()> {
     let host = value.strip_prefix("*.").unwrap_or(value);
     if is_hostname(host) {

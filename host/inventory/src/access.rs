@@ -5,9 +5,9 @@
 //! administrator. A deployment machine user reaches only the services it holds a grant on.
 
 use super::{MEMBERS, SERVICE_GRANTS};
-use crate::auth::Identity;
-use crate::refusal::{Refusal, Result};
-use crate::store::Tx;
+use capstan_auth::Identity;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_store::Tx;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -15,11 +15,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum OrgRole {
+    /// May read the organization, its members and its services.
     Member,
+    /// May also rename the organization, set its members' roles and change its services.
     Owner,
 }
 
 impl OrgRole {
+    /// The role as stored and shown: `member` or `owner`.
     pub fn as_str(self) -> &'static str {
         match self {
             OrgRole::Member => "member",
@@ -36,7 +39,7 @@ pub fn membership_id(organization: &str, user: &str) -> String {
 /// The caller's role in `organization`, if it has one.
 pub async fn role_in(tx: &Tx, organization: &str, user: &str) -> Result<Option<OrgRole>> {
     let id = membership_id(organization, user);
-    if crate::store::validate_id(&id).is_err() {
+    if capstan_store::validate_id(&id).is_err() {
         return Ok(None);
     }
     let Some(doc) = tx.get(MEMBERS, &id).await? else { return Ok(None) };
@@ -65,6 +68,7 @@ fn manages_all(identity: &Identity) -> bool {
     identity.is_human_admin() || identity.kind == PLUGIN_KIND
 }
 
+/// Allow only a human administrator; anyone else is refused `forbidden`.
 pub fn require_admin(identity: &Identity) -> Result<()> {
     if identity.is_human_admin() { Ok(()) } else { Err(forbidden("an administrator")) }
 }

@@ -4,13 +4,13 @@
 //! context at both layers, so a swapped, tampered or re-bound envelope fails
 //! `material-not-readable`, and one naming a KEK the keyring lacks fails `kek-unavailable`.
 
-use crate::keyring::Keyring;
-use crate::keyring::seal::{Context, Sealed};
-use crate::refusal::{Refusal, Result};
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_keyring::Keyring;
+use capstan_keyring::seal::{Context, Sealed};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use zeroize::Zeroizing;
@@ -24,12 +24,17 @@ pub const PROFILE: &str = "capstan-envelope-v1";
 pub struct MaterialContext {
     /// What the material is for (`secret-material`).
     pub purpose: String,
+    /// The secret the version belongs to.
     pub secret_id: String,
+    /// The version being sealed or opened.
     pub version_id: String,
-    /// `service:<id>`, `organization:<id>` or `system:<id>`.
+    /// The owner reference: `service:<id>`, `organization:<id>/secretSet:<id>` or `system:<id>`.
     pub owner: String,
+    /// The owning organization's id (empty for system secrets).
     pub organization: String,
+    /// The secret's key, an environment variable name.
     pub key: String,
+    /// The environment the secret is for.
     pub environment: String,
 }
 
@@ -66,10 +71,15 @@ impl MaterialContext {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Envelope {
+    /// The envelope layout, [`PROFILE`].
     pub profile: String,
+    /// The id of the KEK the DEK is wrapped by; must equal the one `wrapped_dek` names.
     pub kek_id: String,
+    /// The version's DEK sealed under that KEK with the version's context.
     pub wrapped_dek: Sealed,
+    /// The AES-256-GCM nonce of the material: 12 bytes, base64.
     pub nonce: String,
+    /// The material sealed under the DEK, with its GCM tag, base64.
     pub ciphertext: String,
 }
 

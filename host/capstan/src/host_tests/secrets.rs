@@ -1,20 +1,20 @@
 //! The secrets methods through the registry: round trips, rotation, revocation, scopes,
 //! sealed input bound to its request, and no planted value in any answer or refusal.
 
-use super::envelope;
-use super::ingress::{self, seal_to};
 use crate::refusal::Refusal;
+use crate::secrets::envelope;
+use crate::secrets::ingress::{self, seal_to};
 use serde_json::{Value, json};
 
 const PLANTED: &str = "hunter2-planted-secret-value";
 
 struct World {
-    host: crate::inventory::tests::World,
+    host: super::inventory::World,
 }
 
 impl World {
     async fn new() -> World {
-        World { host: crate::inventory::tests::World::new().await }
+        World { host: super::inventory::World::new().await }
     }
 
     async fn call(&self, method: &str, body: Value) -> Result<Value, Refusal> {
@@ -56,7 +56,10 @@ async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
         (created["state"].as_str(), created["versions"].as_u64(), created["environment"].as_str()),
         (Some("active"), Some(1), Some("production"))
     );
-    assert_eq!(&**super::methods::open_current(&w.host.state.store, &w.host.state.keyring, &id).await.unwrap(), PLANTED.as_bytes());
+    assert_eq!(
+        &**crate::secrets::methods::open_current(&w.host.state.store, &w.host.state.keyring, &id).await.unwrap(),
+        PLANTED.as_bytes()
+    );
 
     // a value sealed for another request does not open here
     let wrong = w.sealed("secrets.create", &owner_ref, "OTHER_KEY", PLANTED);
@@ -78,7 +81,7 @@ async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
         .await
         .unwrap();
     assert_eq!(rotated["versions"], 2);
-    let generated = super::methods::open_current(&w.host.state.store, &w.host.state.keyring, &id).await.unwrap();
+    let generated = crate::secrets::methods::open_current(&w.host.state.store, &w.host.state.keyring, &id).await.unwrap();
     assert_eq!(generated.len(), 32);
     assert!(generated.iter().all(u8::is_ascii_alphanumeric));
     let stale = w
@@ -160,7 +163,7 @@ async fn refusals_are_named_and_scopes_keep_managers_apart() {
         w.call("secrets.create", json!({"owner": owner, "key": "EMPTY", "value": {"sealed": empty}})).await.unwrap_err().code,
         "input-empty"
     );
-    let big = "x".repeat(super::methods::MAX_VALUE_BYTES + 1);
+    let big = "x".repeat(crate::secrets::methods::MAX_VALUE_BYTES + 1);
     let oversized = w.sealed("secrets.create", &owner_ref, "BIG", &big);
     assert_eq!(
         w.call("secrets.create", json!({"owner": owner, "key": "BIG", "value": {"sealed": oversized}})).await.unwrap_err().code,
@@ -219,16 +222,17 @@ async fn a_stored_envelope_moved_to_another_secret_does_not_open() {
         .transact(|tx| {
             let (a_version, b_version) = (a_version.clone(), b_version.clone());
             async move {
-                let source = tx.require(super::methods::VERSIONS, &a_version).await?;
-                let target = tx.require(super::methods::VERSIONS, &b_version).await?;
+                let source = tx.require(crate::secrets::methods::VERSIONS, &a_version).await?;
+                let target = tx.require(crate::secrets::methods::VERSIONS, &b_version).await?;
                 let mut data = target.data.clone();
                 data["envelope"] = source.data["envelope"].clone();
-                tx.replace(super::methods::VERSIONS, &b_version, target.revision, data).await
+                tx.replace(crate::secrets::methods::VERSIONS, &b_version, target.revision, data).await
             }
         })
         .await
         .unwrap();
-    let err = super::methods::open_current(&w.host.state.store, &w.host.state.keyring, b["id"].as_str().unwrap()).await.unwrap_err();
+    let err =
+        crate::secrets::methods::open_current(&w.host.state.store, &w.host.state.keyring, b["id"].as_str().unwrap()).await.unwrap_err();
     assert_eq!(err.code, "material-not-readable");
     assert!(envelope::PROFILE.starts_with("capstan-envelope"));
 }
@@ -268,8 +272,8 @@ async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_co
 
     // the agent's copy opens with its own key, for this manifest and key only
     let agent = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
-    let current = super::manifests::current(&w.host.state.store, &svc).await.unwrap().unwrap();
-    let sealed = super::manifests::seal_for_agent(
+    let current = crate::secrets::manifests::current(&w.host.state.store, &svc).await.unwrap().unwrap();
+    let sealed = crate::secrets::manifests::seal_for_agent(
         &w.host.state.store,
         &w.host.state.keyring,
         &current,
@@ -280,9 +284,9 @@ async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_co
     .unwrap();
     assert!(!serde_json::to_string(&sealed).unwrap().contains(PLANTED));
     let value = &sealed.values["production"]["DB_PASSWORD"];
-    let target = super::manifests::agent_target(&svc, 3, "production", "DB_PASSWORD");
+    let target = crate::secrets::manifests::agent_target(&svc, 3, "production", "DB_PASSWORD");
     assert_eq!(&**ingress::open_as(&agent, &target, value).unwrap(), PLANTED.as_bytes());
-    let older = super::manifests::agent_target(&svc, 2, "production", "DB_PASSWORD");
+    let older = crate::secrets::manifests::agent_target(&svc, 2, "production", "DB_PASSWORD");
     assert_eq!(ingress::open_as(&agent, &older, value).unwrap_err().code, "sealed-input-invalid");
     let stranger = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
     assert_eq!(ingress::open_as(&stranger, &target, value).unwrap_err().code, "sealed-input-invalid");

@@ -9,28 +9,36 @@ use super::{
     CLUSTER_IDENTITIES, CLUSTER_NODES, CLUSTER_RUNTIMES, CLUSTERS, Entity, Listing, PageInput, check_revision, emit, not_found, parse,
     require, to_value, validate,
 };
-use crate::auth;
-use crate::refusal::{Refusal, Result};
-use crate::store::Tx;
+use capstan_auth as auth;
 use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
+use capstan_store::Tx;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
+/// A cluster of nodes, with the machine user its agents authenticate as.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Cluster {
+    /// 1–63 of a-z 0-9 -, starting with a letter; unique.
     pub name: String,
     /// The machine user minted with the cluster; its agents authenticate as it. Capstan owns
     /// this pointer: no update changes it.
     pub machine_user_id: String,
+    /// Free text of at most 1024 bytes (no control characters but line breaks and tabs); empty
+    /// when none was given.
     #[serde(default)]
     pub description: String,
+    /// Labels by key: at most 64; keys 1–63 of A-Z a-z 0-9 - _ . /, values at most 256 bytes
+    /// without control characters.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// When it was created (seconds since the epoch).
     pub created_at: u64,
+    /// When its name, description or labels last changed (seconds since the epoch).
     pub updated_at: u64,
 }
 
@@ -48,31 +56,44 @@ pub enum Phase {
     Pallet,
 }
 
+/// A cluster's runtime phase, kept in a record of its own.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Runtime {
+    /// Which runtime owns the cluster's workloads.
     pub phase: Phase,
     /// Advances on every phase write.
     pub generation: u64,
+    /// When the phase was last written (seconds since the epoch).
     pub updated_at: u64,
+    /// The user id of whoever last wrote the phase.
     pub updated_by: String,
 }
 
+/// Input of `clusters.create`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateInput {
     /// 1–63 of a-z 0-9 -, starting with a letter; unique.
     pub name: String,
+    /// Free text of at most 1024 bytes (no control characters but line breaks and tabs).
     pub description: Option<String>,
+    /// Labels by key: at most 64; keys 1–63 of A-Z a-z 0-9 - _ . /, values at most 256 bytes
+    /// without control characters.
     pub labels: Option<BTreeMap<String, String>>,
 }
 
+/// Input of `clusters.update`; absent fields stay as stored.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpdateInput {
+    /// The cluster's id.
     pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
     pub expected_revision: u64,
+    /// A new name: 1–63 of a-z 0-9 -, starting with a letter; unique.
     pub name: Option<String>,
+    /// A new description: at most 1024 bytes (no control characters but line breaks and tabs).
     pub description: Option<String>,
     /// Replaces the labels whole.
     pub labels: Option<BTreeMap<String, String>>,
@@ -83,51 +104,70 @@ pub struct UpdateInput {
     pub phase: Option<Value>,
 }
 
+/// Input of `clusters.delete`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DeleteInput {
+    /// The cluster's id.
     pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
     pub expected_revision: u64,
 }
 
+/// Input of `clusters.setRuntimePhase`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SetPhaseInput {
+    /// The cluster's id.
     pub id: String,
+    /// The phase to move to.
     pub phase: Phase,
     /// The generation the caller read (`clusters.getRuntime`).
     pub expected_generation: u64,
 }
 
+/// The machine user minted with a new cluster.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MintedUser {
+    /// The machine user's id.
     pub user_id: String,
+    /// The machine user's username: `cluster-<cluster name>`.
     pub username: String,
     /// Shown this once; Capstan keeps only its SHA-256.
     pub token: String,
 }
 
+/// Answer of `clusters.create`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Created {
+    /// The new cluster.
     pub cluster: Entity<Cluster>,
+    /// Its runtime phase: `pallet`, generation 1.
     pub runtime: RuntimeView,
+    /// Its machine user, with the token shown this once.
     pub machine_user: MintedUser,
 }
 
+/// A cluster's runtime phase as the `clusters.*` methods answer it.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeView {
+    /// The cluster's id.
     pub cluster_id: String,
+    /// The phase, its generation and who wrote it last.
     #[serde(flatten)]
     pub runtime: Runtime,
 }
 
+/// Answer of `clusters.delete`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Deleted {
+    /// The deleted cluster's id.
     pub id: String,
+    /// Always true: the cluster, its machine user and its runtime phase are gone.
     pub deleted: bool,
     /// The machine user removed with it.
     pub machine_user_id: String,
@@ -161,6 +201,7 @@ fn invalid_field(field: &str, message: &str) -> Refusal {
     Refusal::invalid_request(message).with_data(json!({ "field": field }))
 }
 
+/// Read a cluster or refuse `cluster-not-found`.
 pub async fn require_cluster(tx: &Tx, id: &str) -> Result<Entity<Cluster>> {
     require(tx, CLUSTERS, "cluster", id).await
 }
@@ -190,7 +231,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
     let runtime = Runtime { phase: Phase::Pallet, generation: 1, updated_at: at, updated_by: identity.user_id.clone() };
     let (id_ref, runtime_ref, name, labels, description) = (&id, &runtime, &input.name, &labels, &description);
     // the cluster, its machine user and its phase: one transaction
-    let (minted, doc) = auth::methods::mint_machine_user(&cx.store, &cx.blobs, &username, None, |tx, user_id| {
+    let (minted, doc) = capstan_auth::methods::mint_machine_user(&cx.store, &cx.blobs, &username, None, |tx, user_id| {
         Box::pin(async move {
             if name_taken(&tx, name).await? {
                 return Err(Refusal::new("exists", format!("a cluster named {name} exists")).with_data(json!({ "field": "name" })));
@@ -404,6 +445,7 @@ pub async fn require_exists(tx: &Tx, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Register the `clusters.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add(

@@ -7,6 +7,3 @@ pub mod ingress;
 pub mod manifests;
 pub mod methods;
 pub mod sets;
-
-#[cfg(test)]
-mod tests;

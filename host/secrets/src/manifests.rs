@@ -6,19 +6,21 @@
 use super::envelope;
 use super::ingress::{self, SealedInput};
 use super::methods::{Owner, SECRETS, Secret, State, VERSIONS, Version, material_context};
-use crate::inventory::emit;
-use crate::keyring::Keyring;
-use crate::refusal::{Refusal, Result};
-use crate::store::{CollectionSpec, Store, Tx};
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::emit;
+use capstan_keyring::Keyring;
+use capstan_store::{CollectionSpec, Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
 
+/// The published manifests (id `<serviceId>~<number>`, the number zero-padded to 10 digits).
 pub const MANIFESTS: &str = "secret_manifests";
 /// The number of each service's newest manifest (id = service id).
 pub const HEADS: &str = "secret_manifest_heads";
 
+/// Declare the manifest and head collections in the store.
 pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(MANIFESTS)).await?;
     store.declare(CollectionSpec::new(HEADS)).await
@@ -28,9 +30,12 @@ pub async fn declare(store: &Store) -> Result<()> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Source {
+    /// The service's own secret.
     Service,
+    /// A SecretSet attached to the service.
     #[serde(rename_all = "camelCase")]
     SecretSet {
+        /// The SecretSet's id.
         secret_set_id: String,
     },
 }
@@ -39,19 +44,26 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Resolved {
+    /// The secret the key resolves to.
     pub secret_id: String,
+    /// The secret's version the key resolves to: its current one at resolution.
     pub version_id: String,
+    /// Where the secret comes from.
     pub from: Source,
 }
 
+/// A service's resolved manifest: an immutable, numbered, value-free statement of which secret
+/// version every key resolves to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
+    /// The service it resolves for.
     pub service_id: String,
     /// 1, 2, …: one more on every change of what resolves.
     pub number: u64,
     /// environment → key → secret version. Value-free.
     pub entries: BTreeMap<String, BTreeMap<String, Resolved>>,
+    /// When it was published (seconds since the epoch).
     pub published_at: u64,
 }
 
@@ -59,15 +71,21 @@ pub struct Manifest {
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Conflict {
+    /// The environment the key is in.
     pub environment: String,
+    /// The key provided more than once.
     pub key: String,
+    /// The source the key resolves from: the first to provide it.
     pub resolved_from: Source,
+    /// The later sources whose secret for this key is ignored, in resolution order.
     pub shadowed: Vec<Source>,
 }
 
 /// What a service's secrets resolve to now, and every key provided twice.
 pub struct Resolution {
+    /// environment → key → the secret version it resolves to. Value-free.
     pub entries: BTreeMap<String, BTreeMap<String, Resolved>>,
+    /// Every key more than one source provides, ordered by environment and key.
     pub conflicts: Vec<Conflict>,
 }
 
@@ -162,8 +180,11 @@ pub async fn current(store: &Store, service_id: &str) -> Result<Option<Manifest>
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SealedManifest {
+    /// The service the manifest resolves for.
     pub service_id: String,
+    /// The manifest's number.
     pub number: u64,
+    /// The agent the values are sealed to; each sealed value names it as its recipient id.
     pub agent_id: String,
     /// environment → key → sealed value.
     pub values: BTreeMap<String, BTreeMap<String, SealedInput>>,

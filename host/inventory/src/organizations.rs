@@ -3,33 +3,43 @@
 use super::Context;
 use super::access::{self, OrgRole, membership_id};
 use super::{Entity, Listing, MEMBERS, ORGANIZATIONS, PageInput, SERVICES, check_revision, emit, parse, require, to_value, validate};
-use crate::refusal::{Refusal, Result};
-use crate::store::Tx;
 use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
+use capstan_store::Tx;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+/// An organization: it owns services and has members with roles.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Organization {
+    /// 1–63 of a-z 0-9 -, starting with a letter; unique.
     pub name: String,
+    /// When it was created (seconds since the epoch).
     pub created_at: u64,
+    /// When it was last changed (seconds since the epoch).
     pub updated_at: u64,
     /// The administrator who created it.
     pub created_by: String,
 }
 
+/// A user's role in one organization, as stored.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Membership {
+    /// The organization's id.
     pub organization_id: String,
+    /// The member's user id.
     pub user_id: String,
+    /// The member's role.
     pub role: OrgRole,
+    /// When the role was last set (seconds since the epoch).
     pub updated_at: u64,
 }
 
+/// Input of `organizations.create`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateInput {
@@ -37,51 +47,71 @@ pub struct CreateInput {
     pub name: String,
 }
 
+/// Input of `organizations.update`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpdateInput {
+    /// The organization's id.
     pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
     pub expected_revision: u64,
+    /// The new name: 1–63 of a-z 0-9 -, starting with a letter; unique. Absent keeps the name.
     pub name: Option<String>,
 }
 
+/// Input of `organizations.delete`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DeleteInput {
+    /// The organization's id.
     pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
     pub expected_revision: u64,
 }
 
+/// Input of `organizations.setMember`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SetMemberInput {
+    /// The organization's id.
     pub organization_id: String,
+    /// The user whose role changes; a cluster's machine user or a deployer is never a member.
     pub user_id: String,
     /// The new role, or `null` to remove the membership.
     pub role: Option<OrgRole>,
 }
 
+/// Input of `organizations.listMembers`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct MembersInput {
+    /// The organization's id.
     pub organization_id: String,
+    /// Where to continue: the `nextCursor` of the previous page; absent for the first page.
     pub cursor: Option<String>,
     /// At most 200 (default 50).
     pub limit: Option<usize>,
 }
 
+/// One member as `organizations.listMembers` answers it.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberView {
+    /// The member's user id.
     pub user_id: String,
+    /// The member's username; empty when the user no longer exists.
     pub username: String,
+    /// The member's role.
     pub role: OrgRole,
 }
 
+/// Answer of `organizations.setMember`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SetMemberAnswer {
+    /// The organization's id.
     pub organization_id: String,
+    /// The user whose role was set.
     pub user_id: String,
     /// The role now held; absent when the membership was removed.
     pub role: Option<OrgRole>,
@@ -192,7 +222,7 @@ async fn update(cx: Context, call: Call, input: UpdateInput) -> Result<Entity<Or
 async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<Deleted> {
     let identity = call.identity()?.clone();
     access::require_admin(&identity)?;
-    let input = &input;
+    let (input, dependents) = (&input, &*cx.dependents);
     cx.store
         .transact(|tx| async move {
             let org = require_organization(&tx, &input.id).await?;
@@ -204,11 +234,8 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<Deleted> 
                     format!("the organization {} still has services: delete them first", org.data.name),
                 ));
             }
-            if crate::secrets::sets::has_active(&tx, &input.id).await? {
-                return Err(Refusal::new(
-                    "organization-has-secret-sets",
-                    format!("the organization {} still has active SecretSets: retire them first", org.data.name),
-                ));
+            if let Some(refusal) = dependents.organization_blocker(&tx, &input.id, &org.data.name).await? {
+                return Err(refusal);
             }
             // memberships go with it, page by page inside this one transaction
             loop {
@@ -227,10 +254,13 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<Deleted> 
         .await
 }
 
+/// Answer of `organizations.delete`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Deleted {
+    /// The deleted organization's id.
     pub id: String,
+    /// Always true: the organization and its memberships are gone.
     pub deleted: bool,
 }
 
@@ -241,7 +271,7 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
         .transact(|tx| async move {
             access::require_org(&tx, identity, &input.organization_id, OrgRole::Owner).await?;
             require_organization(&tx, &input.organization_id).await?;
-            let user = require(&tx, crate::auth::USERS, "user", &input.user_id).await.map(|u: Entity<crate::auth::User>| u)?;
+            let user = require(&tx, capstan_auth::USERS, "user", &input.user_id).await.map(|u: Entity<capstan_auth::User>| u)?;
             if input.role.is_some() && is_minted_identity(&tx, &input.user_id).await? {
                 return Err(Refusal::new(
                     "member-user-invalid",
@@ -292,7 +322,7 @@ async fn is_minted_identity(tx: &Tx, user: &str) -> Result<bool> {
 async fn owners(tx: &Tx, organization: &str) -> Result<usize> {
     let (mut owners, mut cursor) = (0, None::<String>);
     loop {
-        let page = tx.find(MEMBERS, "by_organization", &[json!(organization)], cursor.as_deref(), crate::store::MAX_PAGE).await?;
+        let page = tx.find(MEMBERS, "by_organization", &[json!(organization)], cursor.as_deref(), capstan_store::MAX_PAGE).await?;
         owners += page.documents.iter().filter(|d| d.data["role"] == "owner").count();
         match page.next_cursor {
             Some(next) => cursor = Some(next),
@@ -313,7 +343,7 @@ async fn members(cx: Context, call: Call, input: MembersInput) -> Result<Listing
             let mut items = Vec::new();
             for doc in &page.documents {
                 let membership: Membership = parse(doc)?.data;
-                let username = match tx.get(crate::auth::USERS, &membership.user_id).await? {
+                let username = match tx.get(capstan_auth::USERS, &membership.user_id).await? {
                     Some(user) => user.data["username"].as_str().unwrap_or_default().to_string(),
                     None => String::new(),
                 };
@@ -324,6 +354,7 @@ async fn members(cx: Context, call: Call, input: MembersInput) -> Result<Listing
         .await
 }
 
+/// Register the `organizations.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add("organizations.create", "Create an organization (administrator)", Access::Admin, create);

@@ -7,22 +7,24 @@
 use super::manifests::{self, Conflict, Resolved};
 use super::methods::Context;
 use super::methods::{Owner, SecretView};
-use crate::inventory::{Entity, Listing, check_revision, emit, parse, require, to_value};
-use crate::refusal::{Refusal, Result};
-use crate::store::{CollectionSpec, Store, Tx};
 use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::{Entity, Listing, check_revision, emit, parse, require, to_value};
 use capstan_rpc::receipts;
 use capstan_rpc::{Access, Call, Registry};
+use capstan_store::{CollectionSpec, Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+/// The SecretSets (unique by organization and name).
 pub const SETS: &str = "secret_sets";
 /// One document per attached set of a service (id `<serviceId>~<secretSetId>`).
 pub const ATTACHMENTS: &str = "secret_set_attachments";
 /// Each service's secrets revision (id = service id; absent means 0).
 pub const CONFIGURATIONS: &str = "service_secret_configurations";
 
+/// Declare the SecretSet, attachment and service configuration collections in the store.
 pub async fn declare(store: &Store) -> Result<()> {
     store
         .declare(
@@ -35,35 +37,51 @@ pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(CONFIGURATIONS)).await
 }
 
+/// Whether a SecretSet can still be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum SetState {
+    /// In use: it takes new member secrets and attachments.
     Active,
+    /// Retired: detached from every service; it takes no new secret, attachment or update.
     Retired,
 }
 
+/// An organization's SecretSet: a named group of shared secrets its services attach.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretSet {
+    /// The organization it belongs to.
     pub organization_id: String,
+    /// Its name, unique within the organization.
     pub name: String,
+    /// Free text, at most 500 characters (empty when none).
     #[serde(default)]
     pub description: String,
+    /// Whether it is active or retired.
     pub state: SetState,
+    /// When it was created (seconds since the epoch).
     pub created_at: u64,
+    /// When it last changed (seconds since the epoch).
     pub updated_at: u64,
+    /// When it was retired (seconds since the epoch); absent while active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retired_at: Option<u64>,
 }
 
+/// A SecretSet attached to a service.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Attachment {
+    /// The service it is attached to.
     pub service_id: String,
+    /// The attached SecretSet.
     pub secret_set_id: String,
+    /// The organization of the service and the set.
     pub organization_id: String,
     /// The service's secrets revision the attachment was made at: the resolution order.
     pub position: u64,
+    /// When it was attached (seconds since the epoch).
     pub attached_at: u64,
 }
 
@@ -71,70 +89,94 @@ pub struct Attachment {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Configuration {
+    /// The service.
     pub service_id: String,
+    /// The service's secrets revision: every attach and detach advances it (0 before the first).
     pub secrets_revision: u64,
     /// In resolution order: an earlier set wins a key a later one also provides.
     pub attachments: Vec<Attachment>,
 }
 
+/// Parameters of `secrets.createSecretSet`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
+    /// The organization the SecretSet belongs to.
     pub organization_id: String,
     /// 1–63 of a-z 0-9 -, starting with a letter; unique within the organization.
     pub name: String,
+    /// Free text, at most 500 characters, without control characters (default empty).
     pub description: Option<String>,
 }
 
+/// Parameters of `secrets.updateSecretSet`: the fields to change.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpdateInput {
+    /// The SecretSet's id.
     pub id: String,
+    /// The SecretSet's revision the caller read; another one is `conflict`.
     pub expected_revision: u64,
+    /// A new name, by the same rules as at creation; absent keeps the current one.
     pub name: Option<String>,
+    /// A new description, by the same rules as at creation; absent keeps the current one.
     pub description: Option<String>,
 }
 
+/// Parameters of `secrets.retireSecretSet`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RetireInput {
+    /// The SecretSet's id.
     pub id: String,
+    /// The SecretSet's revision the caller read; another one is `conflict`.
     pub expected_revision: u64,
     /// Repeating the same request with this id answers the first answer again.
     pub mutation_id: Option<String>,
 }
 
+/// The answer of `secrets.retireSecretSet`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Retired {
+    /// The SecretSet, now retired.
     pub secret_set: Entity<SecretSet>,
     /// The services it was detached from (each got its next manifest).
     pub detached_service_ids: Vec<String>,
 }
 
+/// Parameters of `secrets.listSecretSets`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ListInput {
+    /// Only this organization's SecretSets; absent lists every organization's.
     pub organization_id: Option<String>,
+    /// Where to continue: the `nextCursor` of the previous page; absent for the first page.
     pub cursor: Option<String>,
     /// At most 200 (default 50).
     pub limit: Option<usize>,
 }
 
+/// The answer of `secrets.getSecretSet`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SetDetail {
+    /// The SecretSet.
     #[serde(flatten)]
     pub secret_set: Entity<SecretSet>,
     /// Its member secrets' metadata.
     pub secrets: Vec<SecretView>,
+    /// The services it is attached to.
     pub attached_service_ids: Vec<String>,
 }
 
+/// Parameters of `secrets.attachSecretSet` and `secrets.detachSecretSet`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AttachInput {
+    /// The service to attach the SecretSet to or detach it from.
     pub service_id: String,
+    /// The SecretSet's id; attaching needs it active and in the service's organization.
     pub secret_set_id: String,
     /// The service's `secretsRevision` the caller read; another one is `conflict`.
     pub expected_secrets_revision: u64,
@@ -142,9 +184,11 @@ pub struct AttachInput {
     pub mutation_id: Option<String>,
 }
 
+/// A request naming one service.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServiceRef {
+    /// The service's id.
     pub service_id: String,
 }
 
@@ -152,20 +196,28 @@ pub struct ServiceRef {
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PreviewEntry {
+    /// The environment the key is in.
     pub environment: String,
+    /// The key.
     pub key: String,
+    /// The secret version it resolves to, and from where.
     #[serde(flatten)]
     pub resolved: Resolved,
 }
 
+/// The answer of `secrets.previewResolution`: where each key of a service resolves from.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Preview {
+    /// The service.
     pub service_id: String,
+    /// The service's current secrets revision.
     pub secrets_revision: u64,
     /// The newest published manifest (0 before the first).
     pub manifest_number: u64,
+    /// Every key that resolves, by environment, then key.
     pub entries: Vec<PreviewEntry>,
+    /// Every key more than one source provides.
     pub conflicts: Vec<Conflict>,
 }
 
@@ -271,7 +323,7 @@ async fn refuse_taken_name(tx: &Tx, organization_id: &str, name: &str, except: O
 }
 
 async fn create(cx: Context, _: Call, input: CreateInput) -> Result<Entity<SecretSet>> {
-    crate::inventory::validate::name("name", &input.name)?;
+    capstan_inventory::validate::name("name", &input.name)?;
     let description = input.description.clone().unwrap_or_default();
     check_description(&description)?;
     let id = capstan_core::ids::new_id("sset");
@@ -279,7 +331,7 @@ async fn create(cx: Context, _: Call, input: CreateInput) -> Result<Entity<Secre
     let set = cx
         .store
         .transact(|tx| async move {
-            crate::inventory::organizations::require_organization(&tx, &input.organization_id).await?;
+            capstan_inventory::organizations::require_organization(&tx, &input.organization_id).await?;
             refuse_taken_name(&tx, &input.organization_id, &input.name, None).await?;
             let at = now_secs();
             let set = SecretSet {
@@ -302,7 +354,7 @@ async fn create(cx: Context, _: Call, input: CreateInput) -> Result<Entity<Secre
 
 async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<Entity<SecretSet>> {
     if let Some(name) = &input.name {
-        crate::inventory::validate::name("name", name)?;
+        capstan_inventory::validate::name("name", name)?;
     }
     if let Some(description) = &input.description {
         check_description(description)?;
@@ -380,7 +432,7 @@ async fn retire(cx: Context, call: Call, input: RetireInput) -> Result<Retired> 
 }
 
 async fn list(cx: Context, _: Call, input: ListInput) -> Result<Listing<Entity<SecretSet>>> {
-    let limit = crate::inventory::page_limit(input.limit);
+    let limit = capstan_inventory::page_limit(input.limit);
     let input = &input;
     cx.store
         .transact(|tx| async move {
@@ -395,7 +447,7 @@ async fn list(cx: Context, _: Call, input: ListInput) -> Result<Listing<Entity<S
         .await
 }
 
-async fn get(cx: Context, _: Call, input: crate::inventory::ById) -> Result<SetDetail> {
+async fn get(cx: Context, _: Call, input: capstan_inventory::ById) -> Result<SetDetail> {
     let id = input.id.as_str();
     cx.store
         .transact(|tx| async move {
@@ -422,7 +474,7 @@ async fn change_attachment(cx: Context, call: Call, input: AttachInput, attach: 
             if let Some(answer) = receipts::replay(&tx, actor, input.mutation_id.as_deref(), &(method, input)).await? {
                 return Ok(answer);
             }
-            let service = crate::inventory::services::require_active(&tx, &input.service_id).await?;
+            let service = capstan_inventory::services::require_active(&tx, &input.service_id).await?;
             let (_, revision) = secrets_revision(&tx, &input.service_id).await?;
             if revision != input.expected_secrets_revision {
                 return Err(Refusal::new(
@@ -471,7 +523,7 @@ async fn preview(cx: Context, _: Call, input: ServiceRef) -> Result<Preview> {
     let service_id = input.service_id.as_str();
     cx.store
         .transact(|tx| async move {
-            crate::inventory::services::require_service(&tx, service_id).await?;
+            capstan_inventory::services::require_service(&tx, service_id).await?;
             let resolution = manifests::resolution(&tx, service_id).await?;
             let entries = resolution
                 .entries
@@ -491,6 +543,8 @@ async fn preview(cx: Context, _: Call, input: ServiceRef) -> Result<Preview> {
         .await
 }
 
+/// Register the SecretSet methods: create, update, retire, list and get SecretSets, a service's
+/// configuration, attach, detach and the resolution preview.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add(
@@ -521,7 +575,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
             let service_id = input.service_id.as_str();
             cx.store
                 .transact(|tx| async move {
-                    crate::inventory::services::require_service(&tx, service_id).await?;
+                    capstan_inventory::services::require_service(&tx, service_id).await?;
                     configuration(&tx, service_id).await
                 })
                 .await

@@ -8,15 +8,15 @@
 //! run by the request itself, by the release of the last hold, and by a periodic host task,
 //! so a deletion interrupted anywhere is finished by the next pass, never stranded.
 
-use super::Context;
 use super::access::{self, OrgRole, ServiceNeed};
 use super::organizations::require_organization;
+use super::{Context, Dependents};
 use super::{Entity, Listing, SERVICE_GRANTS, SERVICE_HOLDS, SERVICES, check_revision, emit, parse, require, to_value, validate};
-use crate::auth::Identity;
-use crate::refusal::{Refusal, Result};
-use crate::store::{Store, Tx};
+use capstan_auth::Identity;
 use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
+use capstan_store::{Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -31,113 +31,175 @@ const MAX_SCALE: u32 = 64;
 /// A template snapshot is a description, not a payload.
 const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
 
+/// The protocol a service's port speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Protocol {
+    /// TCP.
     Tcp,
+    /// UDP.
     Udp,
+    /// HTTP.
     Http,
 }
 
+/// A port a service's container listens on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Port {
     /// The port the container listens on.
     pub port: u16,
+    /// What the port speaks: tcp, udp or http.
     pub protocol: Protocol,
     /// A port published on the node, if any.
     pub public_port: Option<u16>,
 }
 
+/// A named volume mounted into a service's container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Volume {
+    /// 1–63 of a-z 0-9 -, starting with a letter.
     pub name: String,
+    /// Where it is mounted: an absolute path other than / without . or .., at most 256 bytes.
     pub mount_path: String,
 }
 
+/// Whether a service is in use or being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum ServiceState {
+    /// In use: it takes new work.
     Active,
     /// Marked for deletion: refuses new work until the finalizer removes it.
     Deleting,
 }
 
+/// A service: a workload definition owned by an organization.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Service {
+    /// 1–63 of a-z 0-9 -, starting with a letter; unique within the organization.
     pub name: String,
+    /// The organization that owns it; it never moves to another.
     pub organization_id: String,
+    /// The image it runs: an OCI image reference.
     pub image: String,
+    /// The ports its container listens on.
     #[serde(default)]
     pub ports: Vec<Port>,
+    /// The domains it answers on (`app.example.com` or `*.example.com`).
     #[serde(default)]
     pub domains: Vec<String>,
     /// Plain configuration only; anything credential-like belongs in secrets.
     #[serde(default)]
     pub environment: BTreeMap<String, String>,
+    /// Replicas, 0–64.
     pub scale: u32,
+    /// The volumes mounted into its container.
     #[serde(default)]
     pub volumes: Vec<Volume>,
+    /// The service's mail addresses.
     #[serde(default)]
     pub mail_addresses: Vec<String>,
     /// The template snapshot a manager (the App Store) created or upgraded it from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Value>,
+    /// `active`, or `deleting` once marked for deletion.
     pub state: ServiceState,
+    /// When it was marked for deletion (seconds since the epoch); absent while active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleting_at: Option<u64>,
+    /// When it was created (seconds since the epoch).
     pub created_at: u64,
+    /// When it was last changed (seconds since the epoch).
     pub updated_at: u64,
 }
 
+/// Input of `services.create`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
     /// 1–63 of a-z 0-9 -, starting with a letter; unique within the organization.
     pub name: String,
+    /// The organization that will own it; the caller must be one of its owners.
     pub organization_id: String,
+    /// The image it runs: an OCI image reference, e.g. registry.example.com/team/app:1.2.
     pub image: String,
+    /// The ports its container listens on: at most 32, ports 1–65535; a port is listed, and a
+    /// public port published, at most once for udp and once for tcp or http.
     pub ports: Option<Vec<Port>>,
+    /// The domains it answers on: at most 32 lowercase host names such as `app.example.com` or
+    /// `*.example.com`, none twice.
     pub domains: Option<Vec<String>>,
+    /// Plain environment variables: at most 256, keys matching `[A-Z_][A-Z0-9_]*`, values at most
+    /// 4096 bytes; a credential-like name or value is refused `environment-value-is-secret`
+    /// (secrets hold those).
     pub environment: Option<BTreeMap<String, String>>,
+    /// Replicas, 0–64 (default 1).
     pub scale: Option<u32>,
+    /// Volumes to mount: at most 32, no name or mount path twice.
     pub volumes: Option<Vec<Volume>>,
+    /// The service's mail addresses: at most 32 lowercase addresses such as app@example.com, none
+    /// twice.
     pub mail_addresses: Option<Vec<String>>,
+    /// The template snapshot a manager creates it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
 }
 
+/// Input of `services.update`; absent fields stay as stored, a given list or map replaces the
+/// stored one whole.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpdateInput {
+    /// The service's id.
     pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
     pub expected_revision: u64,
+    /// A new name: 1–63 of a-z 0-9 -, starting with a letter; unique within the organization.
     pub name: Option<String>,
     /// Accepted only when it echoes the stored organization: a service never moves.
     pub organization_id: Option<String>,
+    /// A new image: an OCI image reference, e.g. registry.example.com/team/app:1.2.
     pub image: Option<String>,
+    /// The ports its container listens on: at most 32, ports 1–65535; a port is listed, and a
+    /// public port published, at most once for udp and once for tcp or http.
     pub ports: Option<Vec<Port>>,
+    /// The domains it answers on: at most 32 lowercase host names such as `app.example.com` or
+    /// `*.example.com`, none twice.
     pub domains: Option<Vec<String>>,
+    /// Plain environment variables: at most 256, keys matching `[A-Z_][A-Z0-9_]*`, values at most
+    /// 4096 bytes; a credential-like name or value is refused `environment-value-is-secret`
+    /// (secrets hold those).
     pub environment: Option<BTreeMap<String, String>>,
+    /// Replicas, 0–64.
     pub scale: Option<u32>,
+    /// Volumes to mount: at most 32, no name or mount path twice.
     pub volumes: Option<Vec<Volume>>,
+    /// The service's mail addresses: at most 32 lowercase addresses such as app@example.com, none
+    /// twice.
     pub mail_addresses: Option<Vec<String>>,
+    /// The template snapshot a manager upgrades it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
 }
 
+/// Input of `services.delete`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DeleteInput {
+    /// The service's id.
     pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
     pub expected_revision: u64,
 }
 
+/// Input of `services.list`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ListInput {
     /// Required unless the caller is an administrator.
     pub organization_id: Option<String>,
+    /// Where to continue: the `nextCursor` of the previous page; absent for the first page.
     pub cursor: Option<String>,
     /// At most 200 (default 50).
     pub limit: Option<usize>,
@@ -147,18 +209,22 @@ pub struct ListInput {
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceView {
+    /// The service.
     #[serde(flatten)]
     pub service: Entity<Service>,
     /// Managers that still own something of the service (`plugin:<id>`).
     pub holds: Vec<String>,
 }
 
+/// Answer of `services.delete`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeleteAnswer {
+    /// The service's id.
     pub id: String,
     /// `deleting` while managers still hold it, `deleted` once it is gone.
     pub state: String,
+    /// The managers that still hold it (`plugin:<id>` or `host:<name>`); empty once it is deleted.
     pub waiting_for: Vec<String>,
 }
 
@@ -410,12 +476,12 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
 
 async fn get(cx: Context, call: Call, input: super::ById) -> Result<ServiceView> {
     let identity = call.identity()?.clone();
-    let (identity, id) = (&identity, input.id.as_str());
+    let (identity, id, dependents) = (&identity, input.id.as_str(), &*cx.dependents);
     cx.store
         .transact(|tx| async move {
             let service = require_service(&tx, id).await?;
             access::require_service(&tx, identity, &service.id, &service.data.organization_id, ServiceNeed::Read).await?;
-            let holds = holders(&tx, id).await?;
+            let holds = holders(&tx, dependents, id).await?;
             Ok(ServiceView { service, holds })
         })
         .await
@@ -466,17 +532,17 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<DeleteAns
         })
         .await?;
     tracing::info!(service = %input.id, actor = %identity.username, "service marked for deletion");
-    let outcome = finalize_one(&cx.store, &input.id).await?;
+    let outcome = finalize_one(&cx.store, &*cx.dependents, &input.id).await?;
     Ok(DeleteAnswer { id: input.id, state: if outcome.is_empty() { "deleted".into() } else { "deleting".into() }, waiting_for: outcome })
 }
 
 /// The holders whose hold counts, as `plugin:<id>` (or `host:<name>`): a plugin that is no
 /// longer installed will never release what it held, so its hold is not counted.
-pub async fn holders(tx: &Tx, service_id: &str) -> Result<Vec<String>> {
-    let page = tx.find(SERVICE_HOLDS, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
+pub async fn holders(tx: &Tx, dependents: &dyn Dependents, service_id: &str) -> Result<Vec<String>> {
+    let page = tx.find(SERVICE_HOLDS, "by_service", &[json!(service_id)], None, capstan_store::MAX_PAGE).await?;
     let mut holders = Vec::new();
     for holder in page.documents.iter().filter_map(|d| d.data["holder"].as_str()) {
-        if holder_present(tx, holder).await? {
+        if dependents.holder_present(tx, holder).await? {
             holders.push(holder.to_string());
         }
     }
@@ -504,7 +570,7 @@ pub async fn hold(store: &Store, service_id: &str, holder: &str) -> Result<()> {
 }
 
 /// Release `holder`'s hold (idempotent); the last release of a deleting service finishes it.
-pub async fn release(store: &Store, service_id: &str, holder: &str) -> Result<()> {
+pub async fn release(store: &Store, dependents: &dyn Dependents, service_id: &str, holder: &str) -> Result<()> {
     let id = hold_id(service_id, holder);
     let deleting = store
         .transact(|tx| {
@@ -518,22 +584,14 @@ pub async fn release(store: &Store, service_id: &str, holder: &str) -> Result<()
         })
         .await?;
     if deleting {
-        finalize_one(store, service_id).await?;
+        finalize_one(store, dependents, service_id).await?;
     }
     Ok(())
 }
 
-/// Whether a holder can still act on its hold (a plugin: while it is installed).
-async fn holder_present(tx: &Tx, holder: &str) -> Result<bool> {
-    match holder.strip_prefix("plugin:") {
-        Some(plugin) => Ok(tx.is_declared(crate::plugins::host::PLUGINS) && tx.get(crate::plugins::host::PLUGINS, plugin).await?.is_some()),
-        None => Ok(true),
-    }
-}
-
 /// Finish one deleting service if nothing holds it any more. Answers who still holds it
 /// (empty: it is gone, or was never there).
-pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>> {
+pub async fn finalize_one(store: &Store, dependents: &dyn Dependents, service_id: &str) -> Result<Vec<String>> {
     let waiting = store
         .transact(|tx| async move {
             let Some(doc) = tx.get(SERVICES, service_id).await? else { return Ok(Vec::new()) };
@@ -541,14 +599,14 @@ pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>
             if service.data.state != ServiceState::Deleting {
                 return Ok(vec![]);
             }
-            let waiting = holders(&tx, service_id).await?;
+            let waiting = holders(&tx, dependents, service_id).await?;
             if !waiting.is_empty() {
                 return Ok(waiting);
             }
             // gone for good: its holds and grants go with the row, page by page
             for collection in [SERVICE_HOLDS, SERVICE_GRANTS] {
                 loop {
-                    let page = tx.find(collection, "by_service", &[json!(service_id)], None, crate::store::MAX_PAGE).await?;
+                    let page = tx.find(collection, "by_service", &[json!(service_id)], None, capstan_store::MAX_PAGE).await?;
                     for doc in &page.documents {
                         tx.delete(collection, &doc.id, doc.revision).await?;
                     }
@@ -557,8 +615,8 @@ pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>
                     }
                 }
             }
-            // its own secrets are revoked and its SecretSet attachments go (the sets stay)
-            crate::secrets::methods::forget_service(&tx, service_id).await?;
+            // what other areas keep on it goes too (its secrets are revoked, say)
+            dependents.service_removed(&tx, service_id).await?;
             tx.delete(SERVICES, service_id, service.revision).await?;
             emit(&tx, "service.deleted", service_id, summary(service_id, &service.data)).await?;
             tracing::info!(service = %service_id, name = %service.data.name, "service deleted");
@@ -570,7 +628,7 @@ pub async fn finalize_one(store: &Store, service_id: &str) -> Result<Vec<String>
 
 /// The level-triggered sweep: try to finish every deleting service. Answers how many were
 /// finished and how many still wait.
-pub async fn finalize_deleting(store: &Store) -> Result<(usize, usize)> {
+pub async fn finalize_deleting(store: &Store, dependents: &dyn Dependents) -> Result<(usize, usize)> {
     let (mut finished, mut waiting) = (0, 0);
     let mut cursor: Option<String> = None;
     loop {
@@ -581,7 +639,7 @@ pub async fn finalize_deleting(store: &Store) -> Result<(usize, usize)> {
             })
             .await?;
         for doc in &page.documents {
-            if finalize_one(store, &doc.id).await?.is_empty() {
+            if finalize_one(store, dependents, &doc.id).await?.is_empty() {
                 finished += 1;
             } else {
                 waiting += 1;
@@ -601,6 +659,7 @@ pub async fn require_active(tx: &Tx, id: &str) -> Result<Entity<Service>> {
     Ok(service)
 }
 
+/// Register the `services.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add(

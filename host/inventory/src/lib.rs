@@ -3,7 +3,7 @@
 //! deployment grants and the public settings document.
 //!
 //! Every write states the revision it read and commits its domain event to the outbox
-//! (`crate::events`) in the same transaction, so a consumer never sees a change without its
+//! (`capstan_events`) in the same transaction, so a consumer never sees a change without its
 //! event or an event without its change. Who may do what is decided in [`access`] alone.
 
 pub mod access;
@@ -14,35 +14,41 @@ pub mod services;
 pub mod settings;
 pub mod validate;
 
-#[cfg(test)]
-pub(crate) mod tests;
-
-use crate::refusal::{Refusal, Result};
-use crate::store::{CollectionSpec, Document, Store, Tx};
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::Registry;
+use capstan_store::{CollectionSpec, Document, Store, Tx};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 
+/// Organizations.
 pub const ORGANIZATIONS: &str = "organizations";
+/// Organization memberships, one per organization and user (id `<organization>~<user>`).
 pub const MEMBERS: &str = "organization_members";
+/// Clusters.
 pub const CLUSTERS: &str = "clusters";
+/// Each cluster's runtime phase and generation, keyed by cluster id.
 pub const CLUSTER_RUNTIMES: &str = "cluster_runtimes";
 /// Which machine user was minted with which cluster: the only user a cluster deletion removes.
 pub const CLUSTER_IDENTITIES: &str = "cluster_identities";
 /// Nodes enrolled into clusters (written by enrollment; read here to guard cluster deletion).
 pub const CLUSTER_NODES: &str = "cluster_nodes";
+/// Services.
 pub const SERVICES: &str = "services";
 /// What a manager still owns of a service; a deleting service is finished once none is left.
 pub const SERVICE_HOLDS: &str = "service_holds";
+/// Deployers' grants on services, one per service and user (id `<service>~<user>`).
 pub const SERVICE_GRANTS: &str = "service_grants";
+/// The settings document ([`settings::PUBLIC`]).
 pub const SETTINGS: &str = "settings";
 
 /// Largest page a list method answers.
 pub const MAX_PAGE: usize = 200;
 const DEFAULT_PAGE: usize = 50;
 
+/// Every collection the inventory keeps, with its indexes.
 pub fn collections() -> Vec<CollectionSpec> {
     vec![
         CollectionSpec::new(ORGANIZATIONS).unique("by_name", &["name"]),
@@ -64,20 +70,44 @@ pub fn collections() -> Vec<CollectionSpec> {
 
 /// Declare the inventory's collections (and the outbox its writes append to).
 pub async fn declare(store: &Store) -> Result<()> {
-    crate::events::declare(store).await?;
+    capstan_events::declare(store).await?;
     for spec in collections() {
         store.declare(spec).await?;
     }
     Ok(())
 }
 
-/// What the inventory's methods reach: the store, and the blobs where new user ids are claimed.
+/// What the inventory's methods reach: the store, the blobs where new user ids are claimed, and
+/// what other areas keep on inventory entities.
 #[derive(Clone)]
 pub struct Context {
+    /// The store every inventory read and write goes through.
     pub store: Store,
-    pub blobs: crate::blobs::Blobs,
+    /// Where a newly minted machine user's id is claimed.
+    pub blobs: capstan_blobs::Blobs,
+    /// What other areas keep on inventory entities, consulted inside inventory transactions.
+    pub dependents: Arc<dyn Dependents>,
 }
 
+/// What other areas (secrets, the plugin registry) keep on the inventory's entities. The
+/// inventory consults it inside its own transactions, so a deletion and what hangs on the
+/// deleted entity commit together; the server supplies it, and the inventory knows no area
+/// above it.
+#[async_trait::async_trait]
+pub trait Dependents: Send + Sync {
+    /// Why the organization `organization_id` (named `name`) cannot be deleted yet, if something
+    /// another area keeps still needs it (active SecretSets, say).
+    async fn organization_blocker(&self, tx: &Tx, organization_id: &str, name: &str) -> Result<Option<Refusal>>;
+    /// The service `service_id` is removed for good: drop what hangs on it (its secrets are
+    /// revoked, its SecretSet attachments go) in the same transaction.
+    async fn service_removed(&self, tx: &Tx, service_id: &str) -> Result<()>;
+    /// Whether `holder` (`plugin:<id>`, `host:<name>`) can still act on its hold of a service:
+    /// a plugin only while it is installed, so an uninstalled one never blocks a deletion.
+    async fn holder_present(&self, tx: &Tx, holder: &str) -> Result<bool>;
+}
+
+/// Register every inventory method (`organizations.*`, `clusters.*`, `services.*`,
+/// `deployers.*`, `settings.*`).
 pub fn register(registry: &mut Registry, cx: Context) {
     organizations::register(registry, cx.clone());
     clusters::register(registry, cx.clone());
@@ -90,8 +120,11 @@ pub fn register(registry: &mut Registry, cx: Context) {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Entity<T> {
+    /// The entity's id.
     pub id: String,
+    /// The stored revision; a write sends it back as `expectedRevision`.
     pub revision: u64,
+    /// The entity's fields.
     #[serde(flatten)]
     pub data: T,
 }
@@ -100,6 +133,7 @@ pub struct Entity<T> {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Listing<T> {
+    /// The items on this page.
     pub items: Vec<T>,
     /// Pass back as `cursor` for the next page; absent on the last one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -110,12 +144,14 @@ pub struct Listing<T> {
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PageInput {
+    /// Where to continue: the `nextCursor` of the previous page; absent for the first page.
     pub cursor: Option<String>,
     /// At most 200 (default 50).
     pub limit: Option<usize>,
 }
 
 impl PageInput {
+    /// The page size to answer: `limit` clamped to 1–200, 50 when absent.
     pub fn limit(&self) -> usize {
         page_limit(self.limit)
     }
@@ -126,18 +162,26 @@ pub fn page_limit(limit: Option<usize>) -> usize {
     limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE)
 }
 
+/// No parameters.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
 /// A request naming one entity by id.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ById {
+    /// The entity's id.
     pub id: String,
 }
 
+/// Read a stored document as an [`Entity`]; a document that does not parse is an internal error.
 pub fn parse<T: DeserializeOwned>(doc: &Document) -> Result<Entity<T>> {
     let data = serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("stored {} is malformed: {e}", doc.id)))?;
     Ok(Entity { id: doc.id.clone(), revision: doc.revision, data })
 }
 
+/// Turn a value into the JSON the store keeps; a failure is an internal error.
 pub fn to_value<T: Serialize>(value: &T) -> Result<Value> {
     serde_json::to_value(value).map_err(Refusal::internal)
 }
@@ -150,7 +194,7 @@ pub fn not_found(kind: &str, id: &str) -> Refusal {
 
 /// Read one entity or refuse `<kind>-not-found`. Ids that cannot be stored cannot exist either.
 pub async fn require<T: DeserializeOwned>(tx: &Tx, collection: &str, kind: &str, id: &str) -> Result<Entity<T>> {
-    if crate::store::validate_id(id).is_err() {
+    if capstan_store::validate_id(id).is_err() {
         return Err(not_found(kind, id));
     }
     match tx.get(collection, id).await? {
@@ -170,5 +214,5 @@ pub fn check_revision(kind: &str, id: &str, expected: u64, actual: u64) -> Resul
 
 /// Append this change's event in the writing transaction.
 pub async fn emit(tx: &Tx, kind: &str, subject: &str, data: Value) -> Result<()> {
-    crate::events::append(tx, kind, subject, data, "host").await.map(drop)
+    capstan_events::append(tx, kind, subject, data, "host").await.map(drop)
 }

@@ -197,13 +197,13 @@ async fn clusters_mint_their_machine_user_and_guard_their_pointer_and_phase() {
     node_store
         .transact(|tx| {
             let cid = cid.clone();
-            async move { tx.insert(super::CLUSTER_NODES, "node-1", json!({ "clusterId": cid })).await }
+            async move { tx.insert(crate::inventory::CLUSTER_NODES, "node-1", json!({ "clusterId": cid })).await }
         })
         .await
         .unwrap();
     let current = w.ok(&w.admin, "clusters.get", json!({"id": id})).await;
     w.refused(&w.admin, "clusters.delete", json!({"id": id, "expectedRevision": current["revision"]}), "cluster-has-nodes").await;
-    node_store.transact(|tx| async move { tx.delete(super::CLUSTER_NODES, "node-1", 1).await }).await.unwrap();
+    node_store.transact(|tx| async move { tx.delete(crate::inventory::CLUSTER_NODES, "node-1", 1).await }).await.unwrap();
 
     // a pointer naming anyone but the minted machine user refuses the whole deletion
     let admin_id = w.admin.user_id.clone();
@@ -212,9 +212,9 @@ async fn clusters_mint_their_machine_user_and_guard_their_pointer_and_phase() {
         .transact(|tx| {
             let (cid, admin_id) = (cid.clone(), admin_id.clone());
             async move {
-                let mut doc = tx.require(super::CLUSTERS, &cid).await?;
+                let mut doc = tx.require(crate::inventory::CLUSTERS, &cid).await?;
                 doc.data["machineUserId"] = json!(admin_id);
-                tx.replace(super::CLUSTERS, &cid, doc_rev, doc.data).await
+                tx.replace(crate::inventory::CLUSTERS, &cid, doc_rev, doc.data).await
             }
         })
         .await
@@ -228,9 +228,9 @@ async fn clusters_mint_their_machine_user_and_guard_their_pointer_and_phase() {
         .transact(|tx| {
             let (cid, user_id) = (id.clone(), user_id.clone());
             async move {
-                let mut doc = tx.require(super::CLUSTERS, &cid).await?;
+                let mut doc = tx.require(crate::inventory::CLUSTERS, &cid).await?;
                 doc.data["machineUserId"] = json!(user_id);
-                tx.replace(super::CLUSTERS, &cid, doc.revision, doc.data).await
+                tx.replace(crate::inventory::CLUSTERS, &cid, doc.revision, doc.data).await
             }
         })
         .await
@@ -339,29 +339,33 @@ async fn deletion_waits_for_every_hold_and_a_deleting_service_takes_no_new_work(
     let id = held["id"].as_str().unwrap().to_string();
     // a holder counts only while its plugin is installed
     store.transact(|tx| async move { tx.insert(crate::plugins::host::PLUGINS, "mail", json!({"id": "mail"})).await }).await.unwrap();
-    super::services::hold(&store, &id, "plugin:mail").await.unwrap();
-    super::services::hold(&store, &id, "plugin:gone").await.unwrap();
+    crate::inventory::services::hold(&store, &id, "plugin:mail").await.unwrap();
+    crate::inventory::services::hold(&store, &id, "plugin:gone").await.unwrap();
     let answer = w.ok(&w.admin, "services.delete", json!({"id": id, "expectedRevision": held["revision"]})).await;
     assert_eq!((answer["state"].as_str(), answer["waitingFor"].clone()), (Some("deleting"), json!(["plugin:mail"])));
     let deleting = w.ok(&w.admin, "services.get", json!({"id": id})).await;
     assert_eq!(deleting["state"], "deleting");
     w.refused(&w.admin, "services.update", json!({"id": id, "expectedRevision": deleting["revision"], "scale": 2}), "service-deleting")
         .await;
-    assert_eq!(super::services::hold(&store, &id, "plugin:backups").await.unwrap_err().code, "service-deleting");
+    assert_eq!(crate::inventory::services::hold(&store, &id, "plugin:backups").await.unwrap_err().code, "service-deleting");
     // the sweep is level-triggered: it finishes nothing while the hold stands, and asking again changes nothing
-    assert_eq!(super::services::finalize_deleting(&store).await.unwrap(), (0, 1));
+    assert_eq!(crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await.unwrap(), (0, 1));
     w.ok(&w.admin, "services.delete", json!({"id": id, "expectedRevision": deleting["revision"]})).await;
-    super::services::release(&store, &id, "plugin:mail").await.unwrap();
+    crate::inventory::services::release(&store, &crate::api::dependents::HostDependents, &id, "plugin:mail").await.unwrap();
     w.refused(&w.admin, "services.get", json!({"id": id}), "service-not-found").await;
-    assert_eq!(super::services::finalize_deleting(&store).await.unwrap(), (0, 0));
+    assert_eq!(crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await.unwrap(), (0, 0));
 
     // a deletion interrupted after its first phase is finished by the next pass
     let stranded = w.ok(&w.admin, "services.create", create("stranded")).await;
     let sid = stranded["id"].as_str().unwrap().to_string();
-    super::services::hold(&store, &sid, "plugin:mail").await.unwrap();
+    crate::inventory::services::hold(&store, &sid, "plugin:mail").await.unwrap();
     w.ok(&w.admin, "services.delete", json!({"id": sid, "expectedRevision": stranded["revision"]})).await;
     store.transact(|tx| async move { tx.delete(crate::plugins::host::PLUGINS, "mail", 1).await }).await.unwrap();
-    assert_eq!(super::services::finalize_deleting(&store).await.unwrap(), (1, 0), "an uninstalled plugin's hold no longer blocks");
+    assert_eq!(
+        crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await.unwrap(),
+        (1, 0),
+        "an uninstalled plugin's hold no longer blocks"
+    );
 
     let kinds: Vec<String> = w.events().await.into_iter().map(|(k, _)| k).filter(|k| k.starts_with("service.")).collect();
     assert_eq!(

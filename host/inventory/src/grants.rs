@@ -7,11 +7,11 @@
 use super::Context;
 use super::services::require_active;
 use super::{Listing, PageInput, SERVICE_GRANTS, emit, to_value};
-use crate::auth::methods::{Expiry, MachineToken, set_machine_token};
-use crate::refusal::{Refusal, Result};
-use crate::store::Tx;
+use capstan_auth::methods::{Expiry, MachineToken, set_machine_token};
 use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
+use capstan_store::Tx;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -22,6 +22,7 @@ pub const DEPLOYERS: &str = "deployers";
 /// What a grant may allow on one service.
 pub const CAPABILITIES: &[&str] = &["deployment:status", "deployment:reserve", "deployment:promote", "registry:push", "registry:pull"];
 
+/// The grant document id of `user_id` on `service_id`.
 pub fn grant_id(service_id: &str, user_id: &str) -> String {
     format!("{service_id}~{user_id}")
 }
@@ -31,6 +32,7 @@ const MAX_TOKEN_LIFETIME: u64 = 366 * 24 * 3600;
 /// How long a token lives when the request states nothing.
 const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600;
 
+/// Input of `deployers.create`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
@@ -40,17 +42,21 @@ pub struct CreateInput {
     pub expires_at: Option<u64>,
 }
 
+/// Input of `deployers.rotateToken`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RotateInput {
+    /// The deployer's user id.
     pub user_id: String,
     /// When the new token stops working (Unix seconds), at most a year ahead; a year by default.
     pub expires_at: Option<u64>,
 }
 
+/// Input of `deployers.revokeToken`: names one deployer.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UserInput {
+    /// The deployer's user id.
     pub user_id: String,
 }
 
@@ -58,14 +64,18 @@ pub struct UserInput {
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeployerToken {
+    /// The deployer's user id and username, the token and the credential generation.
     #[serde(flatten)]
     pub token: MachineToken,
+    /// When the token stops working (seconds since the epoch).
     pub expires_at: u64,
 }
 
+/// Answer of `deployers.revokeToken`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenRevoked {
+    /// The deployer's user id.
     pub user_id: String,
     /// The grants stay; only the token is gone.
     pub token_active: bool,
@@ -82,49 +92,68 @@ fn expiry(requested: Option<u64>) -> Result<u64> {
     Ok(at)
 }
 
+/// Input of `deployers.grant`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GrantInput {
+    /// The service; it must exist and not be deleting.
     pub service_id: String,
+    /// A deployment machine user created with `deployers.create`.
     pub user_id: String,
     /// Replaces the user's capabilities on the service: any of deployment:status,
     /// deployment:reserve, deployment:promote, registry:push, registry:pull.
     pub capabilities: Vec<String>,
 }
 
+/// Input of `deployers.revoke`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RevokeInput {
+    /// The service's id.
     pub service_id: String,
+    /// The deployer's user id.
     pub user_id: String,
 }
 
+/// A deployer's capabilities on one service.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
+    /// The service's id.
     pub service_id: String,
+    /// The deployer's user id.
     pub user_id: String,
+    /// What the deployer may do on the service, sorted and without duplicates.
     pub capabilities: Vec<String>,
+    /// The user id of whoever last set the grant.
     pub granted_by: String,
+    /// When the grant was last set (seconds since the epoch).
     pub granted_at: u64,
 }
 
+/// One deployer as `deployers.list` answers it.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeployerView {
+    /// The deployer's user id.
     pub user_id: String,
+    /// The deployer's username, also its registry login name.
     pub username: String,
     /// Whether the user holds a token now.
     pub token_active: bool,
     /// When that token stops working (Unix seconds).
     pub token_expires_at: Option<u64>,
+    /// Its grants, one per service.
     pub grants: Vec<Grant>,
 }
 
+/// Answer of `deployers.revoke`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Revoked {
+    /// The service's id.
     pub service_id: String,
+    /// The deployer's user id.
     pub user_id: String,
     /// Whether a grant existed.
     pub revoked: bool,
@@ -139,7 +168,7 @@ fn check_username(username: &str) -> Result<()> {
         return Err(Refusal::new("deployment-machine-user-invalid", "a deployer's username is 1–64 of a-z 0-9 - _ . (no : or /)")
             .with_data(json!({ "field": "username" })));
     }
-    crate::auth::validate_username(username)
+    capstan_auth::validate_username(username)
 }
 
 async fn create(cx: Context, call: Call, input: CreateInput) -> Result<DeployerToken> {
@@ -147,7 +176,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<DeployerT
     check_username(&input.username)?;
     let expires_at = expiry(input.expires_at)?;
     let username = input.username.as_str();
-    let (token, ()) = crate::auth::methods::mint_machine_user(&cx.store, &cx.blobs, username, Some(expires_at), |tx, user_id| {
+    let (token, ()) = capstan_auth::methods::mint_machine_user(&cx.store, &cx.blobs, username, Some(expires_at), |tx, user_id| {
         Box::pin(async move { tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now_secs() })).await.map(drop) })
     })
     .await?;
@@ -158,7 +187,7 @@ async fn rotate_token(cx: Context, call: Call, input: RotateInput) -> Result<Dep
     let expires_at = expiry(input.expires_at)?;
     let user = input.user_id.as_str();
     cx.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
-    let token = crate::auth::new_machine_token();
+    let token = capstan_auth::new_machine_token();
     let (found, credential) = set_machine_token(&cx.store, &call, user, Some(&token), Expiry::Set(Some(expires_at))).await?;
     tracing::info!(deployer = %found.username, "deployer token rotated");
     Ok(DeployerToken {
@@ -177,7 +206,7 @@ async fn revoke_token(cx: Context, call: Call, input: UserInput) -> Result<Token
 
 /// Refuse anyone who is not a deployer created by `deployers.create`.
 async fn require_deployer(tx: &Tx, user_id: &str) -> Result<()> {
-    let known = crate::store::validate_id(user_id).is_ok() && tx.get(DEPLOYERS, user_id).await?.is_some();
+    let known = capstan_store::validate_id(user_id).is_ok() && tx.get(DEPLOYERS, user_id).await?.is_some();
     if !known {
         return Err(Refusal::new("deployment-machine-user-invalid", "grants go to deployment machine users created with deployers.create")
             .with_data(json!({ "field": "userId" })));
@@ -257,10 +286,10 @@ async fn list(cx: Context, _: Call, input: PageInput) -> Result<Listing<Deployer
             let page = tx.scan(DEPLOYERS, cursor, limit).await?;
             let mut items = Vec::new();
             for doc in &page.documents {
-                let credential = tx.get(crate::auth::CREDENTIALS, &doc.id).await?;
+                let credential = tx.get(capstan_auth::CREDENTIALS, &doc.id).await?;
                 let token_active = credential.as_ref().is_some_and(|c| !c.data["tokenHash"].is_null());
                 let token_expires_at = credential.as_ref().and_then(|c| c.data["tokenExpiresAt"].as_u64()).filter(|_| token_active);
-                let grants = tx.find(SERVICE_GRANTS, "by_user", &[json!(doc.id)], None, crate::store::MAX_PAGE).await?;
+                let grants = tx.find(SERVICE_GRANTS, "by_user", &[json!(doc.id)], None, capstan_store::MAX_PAGE).await?;
                 let grants = grants.documents.iter().map(|g| super::parse::<Grant>(g).map(|e| e.data)).collect::<Result<_>>()?;
                 items.push(DeployerView {
                     user_id: doc.id.clone(),
@@ -275,6 +304,7 @@ async fn list(cx: Context, _: Call, input: PageInput) -> Result<Listing<Deployer
         .await
 }
 
+/// Register the `deployers.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add(

@@ -3,17 +3,18 @@
 //! ephemeral key (X25519, HKDF-SHA256, AES-256-GCM) and binds the request's target into the
 //! authenticated data, so a sealed value opens only for the request it was made for.
 
-use crate::keyring::Keyring;
-use crate::refusal::{Refusal, Result};
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_keyring::Keyring;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use zeroize::Zeroizing;
 
+/// The sealed-input layout this module writes and reads: every [`SealedInput`]'s `profile`.
 pub const PROFILE: &str = "capstan-sealed-input-v1";
 const INFO: &[u8] = b"capstan sealed input v1";
 

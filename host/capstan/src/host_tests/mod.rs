@@ -1,0 +1,6 @@
+//! Tests that drive the areas' methods through the assembled host (the registry `AppState`
+//! builds, with every area's context), as the API dispatcher and the dashboard call them.
+
+mod inventory;
+mod rewrap;
+mod secrets;
