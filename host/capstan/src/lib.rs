@@ -13,6 +13,7 @@ pub use capstan_events as events;
 pub use capstan_fleet as fleet;
 pub use capstan_inventory as inventory;
 pub use capstan_keyring as keyring;
+pub use capstan_scheduler as scheduler;
 pub use capstan_secrets as secrets;
 pub use capstan_store::{self as store, migrate};
 
@@ -23,4 +24,3 @@ pub mod dashboard;
 #[cfg(test)]
 mod host_tests;
 pub mod plugins;
-pub mod scheduler;

@@ -2,11 +2,11 @@
 
 use super::lease::LeaseRecord;
 use super::{Freeze, NodeRecord, Timing};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The fleet at one moment, as `capstan fleet nodes` and `fleet.listNodes` report it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Listing {
     /// The one clock every row is judged against (ms since the Unix epoch).
@@ -26,7 +26,7 @@ pub struct Listing {
 }
 
 /// One node in a [`Listing`].
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Row {
     /// The node's id.

@@ -1,11 +1,15 @@
 //! `fleet.*` API methods.
 
-use super::runtime::Assignments;
+use super::runtime::{Assignments, Fleet};
 use super::{lease, listing, read_freeze, read_nodes};
 use capstan_core::refusal::Refusal;
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::Deserialize;
+use std::sync::Arc;
+
+/// How long `fleet.listNodes` waits for the bucket before it answers `blobs-unavailable`.
+pub const LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The parameters of a method that takes none (unknown fields are refused).
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -31,29 +35,15 @@ pub struct Rebalanced {
     pub placements: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-/// What the fleet's methods reach: the blobs the fleet coordinates through, the liveness
-/// window, and this process's place in the fleet (absent in a test host that takes no part).
-#[derive(Clone)]
-pub struct Context {
-    /// The bucket the fleet coordinates through.
-    pub blobs: capstan_blobs::Blobs,
-    /// The fleet's timing, against which liveness is judged.
-    pub timing: super::Timing,
-    /// This process's fleet runtime; `None` when it takes no part in a fleet.
-    pub fleet: Option<std::sync::Arc<super::runtime::Fleet>>,
-}
-
-/// Register the admin-only `fleet.rebalance` (coordinator-only) and `fleet.listNodes` methods.
-pub fn register(registry: &mut Registry, cx: Context) {
-    let mut registry = registry.with(cx);
+/// Register the `fleet.*` methods, answered from this node's place in the fleet.
+pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
+    let mut registry = registry.with(fleet);
     registry
         .add(
             "fleet.rebalance",
             "Decide where background work runs now, on the coordinator (any node forwards it there)",
             Access::Admin,
-            |cx: Context, _: Call, _: Empty| async move {
-                let fleet =
-                    cx.fleet.ok_or_else(|| Refusal::new("coordinator-unavailable", "this process takes no part in a fleet").retryable())?;
+            |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
                 let Assignments { fence, decided_at, placements, .. } = fleet.rebalance().await?;
                 Ok(Rebalanced { decided_by: fleet.node.identity.id.clone(), fence, decided_at, placements })
             },
@@ -64,17 +54,13 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "fleet.listNodes",
         "The fleet's nodes, versions, coordinator and freeze, judged on one clock",
         Access::Admin,
-        |cx: Context, _: Call, _: Empty| async move {
-            let blobs = &cx.blobs;
-            let nodes = read_nodes(blobs).await?;
-            let listing = listing::build(
-                capstan_core::clock::now_ms(),
-                &cx.timing,
-                &nodes,
-                read_freeze(blobs).await?,
-                lease::read_lease(blobs).await?,
-            );
-            Ok(ListingJson(listing))
+        |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
+            let blobs = &fleet.node.blobs;
+            let read = async { tokio::try_join!(read_nodes(blobs), read_freeze(blobs), lease::read_lease(blobs)) };
+            let (nodes, freeze, lease) = tokio::time::timeout(LIST_TIMEOUT, read)
+                .await
+                .map_err(|_| Refusal::new("blobs-unavailable", "the blob storage did not answer in time").retryable())??;
+            Ok(ListingJson(listing::build(capstan_core::clock::now_ms(), &fleet.node.timing, &nodes, freeze, lease)))
         },
     );
 }

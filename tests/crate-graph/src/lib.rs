@@ -29,6 +29,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "capstan-secrets",
         &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-inventory"],
     ),
+    // runs plugin tasks through its PluginTasks trait, knowing nothing else of plugins
+    ("capstan-scheduler", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-fleet"]),
     // what is still one crate: domain, plugin host, server, dashboard and CLI
     (
         "capstan",
@@ -43,6 +45,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-auth",
             "capstan-inventory",
             "capstan-secrets",
+            "capstan-scheduler",
             "capstan-catalog",
         ],
     ),

@@ -44,12 +44,10 @@ pub struct AppState {
     pub methods: Arc<Registry>,
     pub max_body_bytes: usize,
     pub public_origin: String,
-    /// The liveness window fleet listings judge by.
-    pub fleet_timing: crate::fleet::Timing,
     pub plugins: Arc<crate::plugins::host::PluginHost>,
     pub scheduler: Arc<crate::scheduler::Scheduler>,
-    /// This node's place in the fleet; `None` only in tests that do not need it.
-    pub fleet: Option<Arc<crate::fleet::runtime::Fleet>>,
+    /// This node's place in the fleet (a test host's is registered in its own bucket).
+    pub fleet: Arc<crate::fleet::runtime::Fleet>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -65,16 +63,15 @@ pub struct Parts {
     pub chain: Chain,
     pub max_body_bytes: usize,
     pub public_origin: String,
-    pub fleet_timing: crate::fleet::Timing,
     pub plugins: Arc<crate::plugins::host::PluginHost>,
     pub scheduler: Arc<crate::scheduler::Scheduler>,
-    pub fleet: Option<Arc<crate::fleet::runtime::Fleet>>,
+    pub fleet: Arc<crate::fleet::runtime::Fleet>,
 }
 
 impl AppState {
     /// The host state, with every area's methods registered with the context it needs.
     pub fn build(parts: Parts) -> Self {
-        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, fleet_timing, plugins, scheduler, fleet } = parts;
+        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
         system::register(&mut registry, system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone() });
@@ -82,10 +79,7 @@ impl AppState {
             &mut registry,
             crate::auth::methods::Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() },
         );
-        crate::fleet::methods::register(
-            &mut registry,
-            crate::fleet::methods::Context { blobs: blobs.clone(), timing: fleet_timing, fleet: fleet.clone() },
-        );
+        crate::fleet::methods::register(&mut registry, fleet.clone());
         crate::plugins::methods::register(&mut registry, crate::plugins::methods::Context { host: plugins.clone(), blobs: blobs.clone() });
         crate::scheduler::methods::register(&mut registry, scheduler.clone());
         crate::inventory::register(
@@ -105,7 +99,6 @@ impl AppState {
             methods: Arc::new(registry),
             max_body_bytes,
             public_origin,
-            fleet_timing,
             plugins,
             scheduler,
             fleet,
@@ -124,21 +117,9 @@ impl AppState {
 impl AppState {
     /// The same host with another keyring (as `capstan keyring rotate` and a restart give).
     pub fn with_keyring(self, keyring: Arc<Keyring>) -> AppState {
-        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, fleet_timing, plugins, scheduler, fleet, .. } = self;
+        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, .. } = self;
         let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
-        AppState::build(Parts {
-            store,
-            blobs,
-            keyring,
-            auth,
-            chain,
-            max_body_bytes,
-            public_origin,
-            fleet_timing,
-            plugins,
-            scheduler,
-            fleet,
-        })
+        AppState::build(Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet })
     }
 }
 
@@ -155,6 +136,11 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
     let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();
     let scheduler = crate::scheduler::Scheduler::new(store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap();
+    // a node identity of its own; it neither registers in the bucket nor runs the fleet's loops,
+    // so the bucket holds only what a test puts there and no coordinator lease is taken
+    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.join("state"), Some("test-node")).unwrap();
+    let fleet =
+        crate::fleet::runtime::Fleet::new(Arc::new(crate::fleet::Node { blobs: blobs.clone(), identity, timing: Default::default() }));
     AppState::build(Parts {
         store,
         blobs,
@@ -163,10 +149,9 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
         chain: crate::migrate::host_chain(),
         max_body_bytes: 1 << 20,
         public_origin: "http://capstan.test".into(),
-        fleet_timing: Default::default(),
         plugins,
         scheduler,
-        fleet: None,
+        fleet,
     })
 }
 
@@ -293,10 +278,11 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     };
     let input = json_body(headers, &bytes)?;
     let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
-    let Some(fleet) = state.fleet.clone().filter(|_| method.coordinator_only) else {
+    let fleet = state.fleet.clone();
+    if !method.coordinator_only {
         let call = Call { identity, source, request_id };
         return Ok(Json(method.call(call, input).await?).into_response());
-    };
+    }
     let answered_by = |mut response: Response, node: &str| {
         if let Ok(value) = HeaderValue::from_str(node) {
             response.headers_mut().insert(forward::ANSWERED_BY, value);

@@ -103,10 +103,9 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
         chain,
         max_body_bytes: config.max_body_bytes,
         public_origin: config.public_origin.clone(),
-        fleet_timing: config.node.timing,
         plugins: plugins.clone(),
         scheduler: scheduler.clone(),
-        fleet: Some(fleet.clone()),
+        fleet: fleet.clone(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());

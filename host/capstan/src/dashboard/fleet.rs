@@ -4,7 +4,8 @@
 
 use super::{current_identity, message_page, nav, render, rfc3339, to_login, unavailable, user_view, utc};
 use crate::api::AppState;
-use crate::fleet::{self, listing};
+use crate::auth::Identity;
+use crate::fleet::listing;
 use crate::refusal::{Refusal, Result};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -12,10 +13,7 @@ use axum::response::{IntoResponse, Response};
 use minijinja::context;
 use minijinja::value::Serde;
 use serde::Serialize;
-use std::time::Duration;
 
-/// How long the bucket may take to answer one refresh.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The binaries whose versions are shown, in this order.
 const BINARIES: [&str; 3] = ["capstan", "wit", "wasmtime"];
 
@@ -192,22 +190,18 @@ fn view(listing: &listing::Listing) -> FleetView {
     }
 }
 
-/// The listing `fleet.listNodes` answers, read now (bounded in time).
-async fn read_listing(state: &AppState) -> Result<listing::Listing> {
-    let blobs = &state.blobs;
-    let read = async { tokio::try_join!(fleet::read_nodes(blobs), fleet::read_freeze(blobs), fleet::lease::read_lease(blobs)) };
-    let (nodes, freeze, lease) = tokio::time::timeout(READ_TIMEOUT, read)
-        .await
-        .map_err(|_| Refusal::new("blobs-unavailable", "the blob storage did not answer in time").retryable())??;
-    Ok(listing::build(capstan_core::clock::now_ms(), &state.fleet_timing, &nodes, freeze, lease))
+/// The listing `fleet.listNodes` answers, as the API answers it to `identity`.
+async fn read_listing(state: &AppState, identity: &Identity) -> Result<listing::Listing> {
+    let answer = super::forms::call(state, identity, "fleet.listNodes", serde_json::json!({})).await?;
+    serde_json::from_value(answer).map_err(Refusal::internal)
 }
 
 /// The panel's context: the fleet, or the refusal that kept it from being read (logged;
 /// shown as its code and client-facing message, never its detail).
-async fn panel_context(state: &AppState) -> minijinja::Value {
+async fn panel_context(state: &AppState, identity: &Identity) -> minijinja::Value {
     let now = capstan_core::clock::now_ms();
     let checked = context! { checked_at => clock(now), checked_iso => rfc3339(now / 1000) };
-    match read_listing(state).await {
+    match read_listing(state, identity).await {
         Ok(listing) => context! { fleet => Serde(Some(view(&listing))), error => Serde(None::<ErrorView>), ..checked },
         Err(refusal) => {
             if refusal.http_status() >= 500 {
@@ -243,7 +237,7 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
         page => "Fleet",
         nav => Serde(nav("fleet")),
         user => Serde(user_view(&identity)),
-        ..panel_context(&state).await
+        ..panel_context(&state, &identity).await
     };
     render(StatusCode::OK, "fleet.html", ctx)
 }
@@ -251,7 +245,9 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
 /// `GET /fleet/panel`: the panel alone, for htmx to swap in place.
 pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap) -> Response {
     match current_identity(&state, &headers).await {
-        Ok(Some(identity)) if identity.is_human_admin() => render(StatusCode::OK, "fleet_panel.html", panel_context(&state).await),
+        Ok(Some(identity)) if identity.is_human_admin() => {
+            render(StatusCode::OK, "fleet_panel.html", panel_context(&state, &identity).await)
+        }
         Ok(Some(_)) => forbidden(),
         // htmx follows HX-Redirect with a full page load; a plain request gets the redirect
         Ok(None) if headers.contains_key("hx-request") => (StatusCode::UNAUTHORIZED, [("hx-redirect", "/login")]).into_response(),
@@ -278,13 +274,17 @@ mod tests {
         assert_eq!(plural(1, "node", "nodes"), "1 node");
     }
 
-    fn record(id: &str, heartbeat_at: Option<u64>, capstan: Option<&str>) -> fleet::NodeRecord {
-        fleet::NodeRecord {
+    fn record(id: &str, heartbeat_at: Option<u64>, capstan: Option<&str>) -> crate::fleet::NodeRecord {
+        crate::fleet::NodeRecord {
             node_id: id.into(),
             public_key: String::new(),
-            addresses: fleet::Addresses { internal: "10.0.0.1".into(), api_port: 8080 },
+            addresses: crate::fleet::Addresses { internal: "10.0.0.1".into(), api_port: 8080 },
             labels: [("zone".to_string(), "a".to_string())].into(),
-            versions: capstan.map(|v| fleet::Versions { capstan: v.into(), wit_world: fleet::WIT_WORLD.into(), wasmtime: None }),
+            versions: capstan.map(|v| crate::fleet::Versions {
+                capstan: v.into(),
+                wit_world: crate::fleet::WIT_WORLD.into(),
+                wasmtime: None,
+            }),
             serves: vec![],
             network: None,
             booted_at: 0,
@@ -301,8 +301,9 @@ mod tests {
             record("old", Some(now - 600_000), Some("0.1.0")),
             record("mute", None, None),
         ];
-        let lease = fleet::lease::LeaseRecord { holder: "old".into(), fence: 7, acquired_at: 0, renewed_at: 0, expires_at: now - 120_000 };
-        let listing = listing::build(now, &fleet::Timing::default(), &nodes, None, Some(lease));
+        let lease =
+            crate::fleet::lease::LeaseRecord { holder: "old".into(), fence: 7, acquired_at: 0, renewed_at: 0, expires_at: now - 120_000 };
+        let listing = listing::build(now, &crate::fleet::Timing::default(), &nodes, None, Some(lease));
         let view = view(&listing);
         assert_eq!(view.summary, "3 nodes, 1 live");
         let states: Vec<(&str, &str, &str)> =

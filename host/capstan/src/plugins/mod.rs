@@ -8,6 +8,7 @@ pub mod imports;
 pub mod manifest;
 pub mod methods;
 pub mod runtime;
+pub mod tasks;
 pub mod testing;
 pub mod work;
 

@@ -1,7 +1,7 @@
 //! Cron schedules: whether one fell due in a window, and when it next falls due. Five fields,
 //! UTC (the same dialect plugin descriptors declare).
 
-use crate::refusal::{Refusal, Result};
+use capstan_core::refusal::{Refusal, Result};
 use chrono::{DateTime, Utc};
 use std::str::FromStr;
 

@@ -1,15 +1,16 @@
 //! `host.cleanup`: keeps the scheduler's history and the event outbox bounded.
 
-use super::{HostTask, TaskLog, model};
-use crate::plugins::host::PluginHost;
-use crate::refusal::Result;
-use crate::store::Store;
+use super::{HostTask, PluginTasks, TaskLog, model};
+use capstan_core::refusal::Result;
+use capstan_store::Store;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// The id of the built-in cleanup task.
 pub const CLEANUP_ID: &str = "host.cleanup";
 
-pub fn task(store: Store, plugins: Option<Arc<PluginHost>>) -> HostTask {
+/// The `host.cleanup` task: on the hour, one cleanup [`run`].
+pub fn task(store: Store, plugins: Option<Arc<dyn PluginTasks>>) -> HostTask {
     HostTask::new(CLEANUP_ID, "Clean up history", "0 * * * *", move |log| {
         let (store, plugins) = (store.clone(), plugins.clone());
         async move { run(&store, plugins.as_deref(), &log, capstan_core::clock::now_ms()).await }
@@ -30,15 +31,15 @@ fn holds_events(consumer: &str, installed: Option<&BTreeSet<String>>) -> bool {
 }
 
 /// One cleanup pass at `now`.
-pub async fn run(store: &Store, plugins: Option<&PluginHost>, log: &TaskLog, now: u64) -> Result<()> {
+pub async fn run(store: &Store, plugins: Option<&dyn PluginTasks>, log: &TaskLog, now: u64) -> Result<()> {
     let executions = model::trim_executions(store, now).await?;
     log.line(format!("removed {executions} old task executions"));
     // the cursor of a plugin that is no longer installed holds nothing back
     let installed: Option<BTreeSet<String>> = match plugins {
-        Some(p) => Some(p.records().await?.into_iter().map(|(record, _)| record.id).collect()),
+        Some(p) => Some(p.installed().await?),
         None => None,
     };
-    let trimmed = crate::events::trim(store, now, |consumer| holds_events(consumer, installed.as_ref())).await?;
+    let trimmed = capstan_events::trim(store, now, |consumer| holds_events(consumer, installed.as_ref())).await?;
     log.line(format!("removed {} delivered events", trimmed.delivered));
     if trimmed.expired > 0 {
         log.line(format!(

@@ -5,32 +5,42 @@
 //! execution reads it and writes it in the same transaction as the new execution, so two nodes
 //! starting the same task concurrently cannot both succeed.
 
-use crate::refusal::{Refusal, Result};
-use crate::store::{CollectionSpec, Document, Store, Tx};
+use capstan_core::refusal::{Refusal, Result};
+use capstan_store::{CollectionSpec, Document, Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+/// The collection of task records ([`TaskRecord`]), keyed by task id.
 pub const TASKS: &str = "tasks";
+/// The collection of executions ([`Execution`]), keyed by execution id, indexed by task and
+/// by status.
 pub const EXECUTIONS: &str = "task_executions";
 
+/// Declare the scheduler's collections and their indexes.
 pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(TASKS)).await?;
     store.declare(CollectionSpec::new(EXECUTIONS).index("by_task", &["taskId"]).index("by_status", &["status"])).await
 }
 
+/// Where an execution stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Status {
+    /// Still going.
     Running,
+    /// Ended without error.
     Succeeded,
+    /// Ended with an error, a crash or a timeout; `error` says which.
     Failed,
+    /// Stopped because someone asked to cancel it.
     Cancelled,
     /// Its node stopped being live, or it ran far past its deadline: nobody will finish it.
     Abandoned,
 }
 
 impl Status {
+    /// The status as the API writes it, e.g. `running`.
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Running => "running",
@@ -42,16 +52,23 @@ impl Status {
     }
 }
 
+/// What started an execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Trigger {
+    /// Its cron schedule fell due.
     Schedule,
+    /// A user ran it by hand (`tasks.trigger`).
     Manual,
 }
 
+/// Why an execution failed or was abandoned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecutionError {
+    /// A stable code: the task's own refusal code, or `task-timed-out`, `task-panicked` or
+    /// `task-abandoned`.
     pub code: String,
+    /// What went wrong, for a person to read.
     pub message: String,
 }
 
@@ -59,15 +76,21 @@ pub struct ExecutionError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Execution {
+    /// The execution id; ids sort newest first.
     pub id: String,
+    /// The task it is a run of.
     pub task_id: String,
+    /// What started it.
     pub trigger: Trigger,
     /// The user who triggered a manual run.
     pub triggered_by: Option<String>,
+    /// Where it stands.
     pub status: Status,
     /// Milliseconds since the Unix epoch.
     pub started_at: u64,
+    /// When it ended (milliseconds since the Unix epoch); absent while it runs.
     pub ended_at: Option<u64>,
+    /// How long it ran, in milliseconds; absent while it runs.
     pub duration_ms: Option<u64>,
     /// The node that runs (or ran) it.
     pub node_id: String,
@@ -80,11 +103,14 @@ pub struct Execution {
     /// How many older lines were dropped from the log.
     #[serde(default)]
     pub log_dropped: u64,
+    /// When someone asked to cancel it (milliseconds since the Unix epoch), if anyone did.
     pub cancel_requested_at: Option<u64>,
+    /// The user who asked to cancel it, if anyone did.
     pub cancel_requested_by: Option<String>,
 }
 
 impl Execution {
+    /// The summary of this execution that its task keeps.
     pub fn summary(&self) -> Summary {
         Summary {
             id: self.id.clone(),
@@ -101,11 +127,17 @@ impl Execution {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
+    /// The execution id.
     pub id: String,
+    /// What started it.
     pub trigger: Trigger,
+    /// How it ended.
     pub status: Status,
+    /// When it started (milliseconds since the Unix epoch).
     pub started_at: u64,
+    /// When it ended (milliseconds since the Unix epoch).
     pub ended_at: Option<u64>,
+    /// How long it ran, in milliseconds.
     pub duration_ms: Option<u64>,
 }
 
@@ -115,10 +147,13 @@ pub struct Summary {
 pub struct TaskRecord {
     /// An administrator's choice; absent means the definition's default.
     pub enabled: Option<bool>,
+    /// The user who last set `enabled`.
     pub enabled_changed_by: Option<String>,
+    /// When `enabled` last changed (milliseconds since the Unix epoch).
     pub enabled_changed_at: Option<u64>,
     /// The execution running now, if any.
     pub running: Option<String>,
+    /// The latest-started execution that has ended, if any.
     pub last_execution: Option<Summary>,
 }
 
@@ -136,6 +171,8 @@ pub fn new_execution_id(started_at: u64) -> String {
     format!("{:016x}-{:08x}", u64::MAX - started_at, rand::random::<u32>())
 }
 
+/// A task's record read in `tx`, with its revision (`None` with a default record when nothing
+/// is stored for the task yet).
 pub async fn task_record(tx: &Tx, id: &str) -> Result<(Option<u64>, TaskRecord)> {
     match tx.get(TASKS, id).await? {
         Some(doc) => Ok((Some(doc.revision), parse(&doc)?)),
@@ -143,17 +180,21 @@ pub async fn task_record(tx: &Tx, id: &str) -> Result<(Option<u64>, TaskRecord)>
     }
 }
 
+/// A task's record; `None` when nothing is stored for the task yet.
 pub async fn read_task(store: &Store, id: &str) -> Result<Option<TaskRecord>> {
     let doc = store.transact(|tx| async move { tx.get(TASKS, id).await }).await?;
     doc.as_ref().map(parse).transpose()
 }
 
+/// One execution; `None` when there is none with that id. Refuses `execution-not-found` for an
+/// id the store cannot hold.
 pub async fn read_execution(store: &Store, id: &str) -> Result<Option<Execution>> {
-    crate::store::validate_id(id).map_err(|_| execution_not_found(id))?;
+    capstan_store::validate_id(id).map_err(|_| execution_not_found(id))?;
     let doc = store.transact(|tx| async move { tx.get(EXECUTIONS, id).await }).await?;
     doc.as_ref().map(parse).transpose()
 }
 
+/// The `execution-not-found` refusal for `id` (cut to 100 bytes).
 pub fn execution_not_found(id: &str) -> Refusal {
     Refusal::new("execution-not-found", format!("there is no task execution {:?}", capstan_core::text::truncate(id, 100)))
         .with_data(json!({ "executionId": capstan_core::text::truncate(id, 100) }))
@@ -161,12 +202,19 @@ pub fn execution_not_found(id: &str) -> Refusal {
 
 /// What a new execution starts as.
 pub struct Start<'a> {
+    /// The task to run.
     pub task_id: &'a str,
+    /// Whether the task runs while no administrator has enabled or disabled it.
     pub enabled_by_default: bool,
+    /// What starts it.
     pub trigger: Trigger,
+    /// The user who runs it by hand; `None` on schedule.
     pub triggered_by: Option<&'a str>,
+    /// The node that runs it.
     pub node_id: &'a str,
+    /// The start time (milliseconds since the Unix epoch).
     pub now: u64,
+    /// How long it may run, in milliseconds; its deadline is `now` plus this.
     pub max_duration_ms: u64,
 }
 
@@ -288,7 +336,7 @@ pub async fn write_log(store: &Store, id: &str, lines: Vec<String>, dropped: u64
 /// Record a request to cancel a running execution; its node acts on it. Refuses
 /// `execution-not-found` and `execution-not-running`.
 pub async fn request_cancel(store: &Store, id: &str, by: &str, now: u64) -> Result<Execution> {
-    crate::store::validate_id(id).map_err(|_| execution_not_found(id))?;
+    capstan_store::validate_id(id).map_err(|_| execution_not_found(id))?;
     store
         .transact(|tx| async move {
             let doc = tx.get(EXECUTIONS, id).await?.ok_or_else(|| execution_not_found(id))?;
@@ -358,6 +406,7 @@ pub async fn read_executions(store: &Store, ids: &[String]) -> Result<Vec<Execut
 /// Bounds of execution history. Kept: 30 days is long enough to compare a month of runs, and
 /// 100 per task keeps a task that runs every minute from filling the store.
 pub const EXECUTION_MAX_AGE_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Executions kept per task, newest first; older ended ones are deleted.
 pub const EXECUTIONS_KEPT_PER_TASK: usize = 100;
 /// Documents read (and at most deleted) per transaction, so no cleanup transaction grows large.
 pub const CLEANUP_BATCH: usize = 200;

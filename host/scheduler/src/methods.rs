@@ -2,8 +2,8 @@
 
 use super::model::{self, Execution, Summary};
 use super::{Definition, Kind, Scheduler, cron, task_not_found};
-use crate::refusal::{Refusal, Result};
 use capstan_core::clock::now_ms;
+use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -16,10 +16,12 @@ const RECENT: usize = 5;
 const PAGE_DEFAULT: usize = 20;
 const PAGE_MAX: usize = 50;
 
+/// No parameters.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
+/// Names a task.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRef {
@@ -27,6 +29,7 @@ pub struct TaskRef {
     pub id: String,
 }
 
+/// Names an execution.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecutionRef {
@@ -34,22 +37,30 @@ pub struct ExecutionRef {
     pub id: String,
 }
 
+/// The execution to stop.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CancelInput {
+    /// The id of a running execution.
     pub execution_id: String,
 }
 
+/// A task to enable or disable.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetEnabledInput {
+    /// The task id.
     pub id: String,
+    /// `true` to let it run; `false` to keep it from running, on schedule or by hand.
     pub enabled: bool,
 }
 
+/// A page of a task's executions to fetch.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ListExecutionsInput {
+    /// The task id; a task no longer defined (its plugin uninstalled) still shows the history
+    /// it left.
     pub task_id: String,
     /// `nextCursor` of the previous page.
     pub cursor: Option<String>,
@@ -61,45 +72,60 @@ pub struct ListExecutionsInput {
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskView {
+    /// The task id, e.g. `host.cleanup` or `plugin.<pluginId>.<schedule>`.
     pub id: String,
     /// `host` (registered by the host) or `plugin` (declared by a loaded plugin).
     pub kind: Kind,
+    /// The id of the plugin that declares it; absent for host tasks.
     pub plugin: Option<String>,
+    /// A short name for the task.
     pub title: String,
+    /// What it does (may be empty).
     pub description: String,
     /// Five fields, UTC.
     pub cron: String,
+    /// Whether it runs: an administrator's choice, else its default.
     pub enabled: bool,
+    /// Whether it runs while no administrator has enabled or disabled it.
     pub enabled_by_default: bool,
     /// The next scheduled run (milliseconds since the Unix epoch); none while disabled.
     pub next_run_at: Option<u64>,
     /// The execution running now, if any.
     pub running_execution_id: Option<String>,
+    /// The latest-started execution that has ended, if any.
     pub last_execution: Option<Summary>,
 }
 
+/// Every task defined now.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct TaskList {
+    /// The tasks, ordered by id.
     pub tasks: Vec<TaskView>,
 }
 
+/// A task with its newest executions.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskDetail {
+    /// The task.
     #[serde(flatten)]
     pub task: TaskView,
     /// The newest executions, newest first.
     pub recent_executions: Vec<Execution>,
 }
 
+/// A page of a task's executions.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionPage {
     /// Newest first.
     pub executions: Vec<Execution>,
+    /// Pass as `cursor` to fetch the next page; absent on the last page.
     pub next_cursor: Option<String>,
 }
 
+/// A task as the API shows it, given its durable record, at `now` (milliseconds since the
+/// Unix epoch).
 pub fn view(definition: &Definition, record: Option<&model::TaskRecord>, now: u64) -> TaskView {
     let enabled = Scheduler::enabled(definition, record);
     TaskView {
@@ -139,12 +165,12 @@ async fn list_executions(scheduler: Arc<Scheduler>, _: Call, input: ListExecutio
     if !(1..=PAGE_MAX).contains(&limit) {
         return Err(Refusal::invalid_request(format!("limit is 1 to {PAGE_MAX}")).with_data(json!({ "field": "limit" })));
     }
-    if input.cursor.as_ref().is_some_and(|c| crate::store::validate_id(c).is_err()) {
+    if input.cursor.as_ref().is_some_and(|c| capstan_store::validate_id(c).is_err()) {
         return Err(Refusal::invalid_request("cursor is not one a page answered").with_data(json!({ "field": "cursor" })));
     }
     // a task defined no more (its plugin uninstalled) still shows the history it left
     if scheduler.definition(&input.task_id).is_err()
-        && (crate::store::validate_id(&input.task_id).is_err() || model::read_task(scheduler.store(), &input.task_id).await?.is_none())
+        && (capstan_store::validate_id(&input.task_id).is_err() || model::read_task(scheduler.store(), &input.task_id).await?.is_none())
     {
         return Err(task_not_found(&input.task_id));
     }
@@ -172,6 +198,7 @@ async fn set_enabled(scheduler: Arc<Scheduler>, call: Call, input: SetEnabledInp
     Ok(view(&scheduler.definition(&input.id)?, Some(&record), now_ms()))
 }
 
+/// Register the `tasks.*` methods, for administrators only.
 pub fn register(registry: &mut Registry, scheduler: Arc<Scheduler>) {
     let mut registry = registry.with(scheduler);
     registry.add("tasks.list", "Every task: schedule, enabled, next run, last execution", Access::Admin, list);

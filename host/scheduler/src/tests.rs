@@ -1,5 +1,5 @@
 use super::*;
-use crate::store::sqlite::SqliteStore;
+use capstan_store::sqlite::SqliteStore;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 struct Fixture {
@@ -9,7 +9,7 @@ struct Fixture {
 
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::new(SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
+    let store = Store::new(SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), capstan_store::DEFAULT_BUDGET);
     let scheduler = Scheduler::new(store, "node-a".into(), None, None).await.unwrap();
     Fixture { _dir: dir, scheduler }
 }
@@ -267,15 +267,15 @@ async fn cleanup_keeps_recent_history_and_trims_the_outbox() {
     let still_running = put("host.stuck", now - 40 * day, Status::Running).await;
     for i in 0..3 {
         store
-            .transact(|tx| async move { crate::events::append(&tx, "test.happened", "s", json!({ "i": i }), "host").await })
+            .transact(|tx| async move { capstan_events::append(&tx, "test.happened", "s", json!({ "i": i }), "host").await })
             .await
             .unwrap();
     }
-    crate::events::advance(&store, "plugin:uninstalled", 1).await.unwrap();
+    capstan_events::advance(&store, "plugin:uninstalled", 1).await.unwrap();
 
     let log = TaskLog::new();
     // an hour after the last event was written, however long writing the fixture took
-    let later = now_ms() + crate::events::DELIVERED_RETENTION_MS;
+    let later = now_ms() + capstan_events::DELIVERED_RETENTION_MS;
     cleanup::run(&store, None, &log, later).await.unwrap();
     let (busy, _) = model::list_executions(&store, "host.busy", None, 200).await.unwrap();
     assert_eq!(busy.len(), model::EXECUTIONS_KEPT_PER_TASK);
@@ -283,6 +283,6 @@ async fn cleanup_keeps_recent_history_and_trims_the_outbox() {
     assert!(model::list_executions(&store, "host.rare", None, 10).await.unwrap().0.is_empty());
     assert_eq!(execution(s, &still_running.id).await.status, Status::Running, "a running execution is never deleted");
     // without a plugin host every cursor counts, so plugin:uninstalled (at 1) holds 2 and 3 back
-    assert_eq!(crate::events::read_after(&store, 0, 10).await.unwrap().len(), 2);
+    assert_eq!(capstan_events::read_after(&store, 0, 10).await.unwrap().len(), 2);
     assert_eq!(log.snapshot().0, vec!["removed 8 old task executions", "removed 1 delivered events"]);
 }

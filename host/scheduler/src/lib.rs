@@ -22,12 +22,11 @@ pub mod model;
 #[cfg(test)]
 mod tests;
 
-use crate::fleet::placement::Workload;
-use crate::fleet::runtime::Fleet;
-use crate::plugins::host::{Active, PluginHost};
-use crate::refusal::{Refusal, Result};
-use crate::store::Store;
 use capstan_core::clock::now_ms;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_fleet::placement::Workload;
+use capstan_fleet::runtime::Fleet;
+use capstan_store::Store;
 use futures::FutureExt;
 use futures::future::{AbortHandle, Abortable, BoxFuture};
 pub use log::TaskLog;
@@ -49,8 +48,41 @@ pub const ABANDON_EVERY: Duration = Duration::from_secs(30);
 pub const ABANDON_GRACE: Duration = Duration::from_secs(60);
 /// The longest a host task runs unless it says otherwise.
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(3600);
-/// A plugin task: the sandbox stops it at its pass deadline; this leaves room to record that.
-pub const PLUGIN_MAX_DURATION: Duration = Duration::from_secs(crate::plugins::runtime::PASS_DEADLINE.as_secs() + 30);
+/// Past a plugin task's deadline (where its sandbox stops it), the room left to record that.
+pub const PLUGIN_DEADLINE_GRACE: Duration = Duration::from_secs(30);
+
+/// Run a plugin's scheduled task once; answers the summary it logs.
+pub type PluginRun = Arc<dyn Fn() -> BoxFuture<'static, Result<String>> + Send + Sync>;
+
+/// A schedule a loaded plugin declares, as the scheduler runs it.
+#[derive(Clone)]
+pub struct PluginSchedule {
+    /// The plugin's id.
+    pub plugin: String,
+    /// The schedule's name within the plugin.
+    pub name: String,
+    /// What it does, in a line (may be empty).
+    pub summary: String,
+    /// When it runs (cron, 5 fields, UTC).
+    pub cron: String,
+    /// The placement workload the plugin's background work belongs to.
+    pub workload: String,
+    /// Where the sandbox stops a run.
+    pub deadline: Duration,
+    /// One run.
+    pub run: PluginRun,
+}
+
+/// The plugins as the scheduler sees them: the schedules the loaded ones declare, and which are
+/// installed (only an installed plugin's event cursor holds events back). The plugin host
+/// implements it; the scheduler knows nothing else of plugins.
+#[async_trait::async_trait]
+pub trait PluginTasks: Send + Sync {
+    /// Every schedule of every plugin loaded here.
+    fn schedules(&self) -> Vec<PluginSchedule>;
+    /// The ids of the installed plugins.
+    async fn installed(&self) -> Result<std::collections::BTreeSet<String>>;
+}
 
 /// What a host task runs: a future given the execution's log.
 pub type TaskFn = Arc<dyn Fn(TaskLog) -> BoxFuture<'static, Result<()>> + Send + Sync>;
@@ -74,13 +106,17 @@ pub type TaskFn = Arc<dyn Fn(TaskLog) -> BoxFuture<'static, Result<()>> + Send +
 pub struct HostTask {
     /// `host.<name>`: lowercase letters, digits, `-` and `.`.
     pub id: String,
+    /// A short name shown in task lists (required).
     pub title: String,
+    /// What it does, in a sentence or two (may be empty).
     pub description: String,
     /// Five fields, UTC.
     pub cron: String,
+    /// Whether it runs while no administrator has enabled or disabled it.
     pub enabled_by_default: bool,
     /// A run still going after this is stopped and recorded `failed` (`task-timed-out`).
     pub max_duration: Duration,
+    /// What one run does.
     pub run: TaskFn,
 }
 
@@ -102,6 +138,7 @@ impl HostTask {
         }
     }
 
+    /// Set the description shown with the task.
     pub fn description(mut self, text: &str) -> Self {
         self.description = text.into();
         self
@@ -113,31 +150,44 @@ impl HostTask {
         self
     }
 
+    /// Set how long a run may last before it is stopped and recorded `failed`.
     pub fn max_duration(mut self, max: Duration) -> Self {
         self.max_duration = max;
         self
     }
 }
 
+/// Where a task is defined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Kind {
+    /// Registered by the host itself; its id is `host.<name>`.
     Host,
+    /// Declared by a loaded plugin; its id is `plugin.<pluginId>.<schedule>`.
     Plugin,
 }
 
 /// A task as defined now (host code or a loaded plugin's descriptor).
 #[derive(Clone)]
 pub struct Definition {
+    /// The task id: `host.<name>` or `plugin.<pluginId>.<schedule>`.
     pub id: String,
+    /// Whether the host or a plugin defines it.
     pub kind: Kind,
+    /// The id of the plugin that declares it; `None` for host tasks.
     pub plugin: Option<String>,
+    /// A short name shown in task lists.
     pub title: String,
+    /// What it does (may be empty).
     pub description: String,
+    /// When it runs (cron, 5 fields, UTC).
     pub cron: String,
+    /// Whether it runs while no administrator has enabled or disabled it.
     pub enabled_by_default: bool,
     /// The workload whose placement decides where it runs on schedule.
     pub workload: String,
+    /// How long a run may last before it is stopped (for a plugin task, its sandbox deadline
+    /// plus [`PLUGIN_DEADLINE_GRACE`]).
     pub max_duration: Duration,
     run: Run,
 }
@@ -145,17 +195,17 @@ pub struct Definition {
 #[derive(Clone)]
 enum Run {
     Host(TaskFn),
-    Plugin { active: Arc<Active>, schedule: String },
+    Plugin(PluginRun),
 }
 
 impl Definition {
     fn future(&self, log: TaskLog) -> BoxFuture<'static, Result<()>> {
         match &self.run {
             Run::Host(run) => run(log),
-            Run::Plugin { active, schedule } => {
-                let (active, schedule) = (active.clone(), schedule.clone());
+            Run::Plugin(run) => {
+                let run = run.clone();
                 Box::pin(async move {
-                    let summary = active.sandbox.run_task(&schedule).await?;
+                    let summary = run().await?;
                     if !summary.trim().is_empty() {
                         log.line(summary);
                     }
@@ -166,6 +216,7 @@ impl Definition {
     }
 }
 
+/// The `task-not-found` refusal for `id` (cut to 200 bytes).
 pub fn task_not_found(id: &str) -> Refusal {
     let id = capstan_core::text::truncate(id, 200);
     Refusal::new("task-not-found", format!("there is no task {id:?}; tasks.list names them")).with_data(json!({ "taskId": id }))
@@ -179,11 +230,13 @@ struct Local {
     flushed: u64,
 }
 
+/// The scheduler of one node: the tasks defined here, the executions this process runs, and
+/// the tick that starts, cancels and abandons them.
 pub struct Scheduler {
     store: Store,
     node_id: String,
     fleet: Option<Arc<Fleet>>,
-    plugins: Option<Arc<PluginHost>>,
+    plugins: Option<Arc<dyn PluginTasks>>,
     host_tasks: RwLock<BTreeMap<String, HostTask>>,
     local: Mutex<HashMap<String, Local>>,
     /// When this process began: an execution recorded on this node before then was cut off
@@ -197,9 +250,9 @@ pub struct Scheduler {
 impl Scheduler {
     /// The scheduler of this node, with the built-in `host.cleanup` registered. Without a
     /// fleet every task is placed here; without plugins there are only host tasks.
-    pub async fn new(store: Store, node_id: String, fleet: Option<Arc<Fleet>>, plugins: Option<Arc<PluginHost>>) -> Result<Arc<Self>> {
+    pub async fn new(store: Store, node_id: String, fleet: Option<Arc<Fleet>>, plugins: Option<Arc<dyn PluginTasks>>) -> Result<Arc<Self>> {
         model::declare(&store).await?;
-        crate::events::declare(&store).await?;
+        capstan_events::declare(&store).await?;
         let now = now_ms();
         let scheduler = Arc::new(Scheduler {
             store: store.clone(),
@@ -263,22 +316,20 @@ impl Scheduler {
                 run: Run::Host(t.run.clone()),
             })
             .collect();
-        for active in self.plugins.iter().flat_map(|p| p.loaded()) {
-            let plugin = &active.manifest.id;
-            for schedule in &active.described.schedules {
-                all.push(Definition {
-                    id: format!("plugin.{plugin}.{}", schedule.name),
-                    kind: Kind::Plugin,
-                    plugin: Some(plugin.clone()),
-                    title: if schedule.summary.trim().is_empty() { schedule.name.clone() } else { schedule.summary.clone() },
-                    description: format!("The scheduled task {:?} of the plugin {plugin}.", schedule.name),
-                    cron: schedule.cron.clone(),
-                    enabled_by_default: true,
-                    workload: active.described.placement.id.clone(),
-                    max_duration: PLUGIN_MAX_DURATION,
-                    run: Run::Plugin { active: active.clone(), schedule: schedule.name.clone() },
-                });
-            }
+        for schedule in self.plugins.iter().flat_map(|p| p.schedules()) {
+            let PluginSchedule { plugin, name, summary, cron, workload, deadline, run } = schedule;
+            all.push(Definition {
+                id: format!("plugin.{plugin}.{name}"),
+                kind: Kind::Plugin,
+                title: if summary.trim().is_empty() { name.clone() } else { summary },
+                description: format!("The scheduled task {name:?} of the plugin {plugin}."),
+                plugin: Some(plugin),
+                cron,
+                enabled_by_default: true,
+                workload,
+                max_duration: deadline + PLUGIN_DEADLINE_GRACE,
+                run: Run::Plugin(run),
+            });
         }
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
@@ -289,6 +340,7 @@ impl Scheduler {
         self.definitions().into_iter().find(|d| d.id == id).ok_or_else(|| task_not_found(id))
     }
 
+    /// The store that holds tasks and executions.
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -313,6 +365,8 @@ impl Scheduler {
         Ok(execution)
     }
 
+    /// Enable or disable a task as `user` (an administrator's override of its default);
+    /// refuses `task-not-found` for a task nobody defines. Answers the task's record.
     pub async fn set_enabled(&self, id: &str, enabled: bool, user: &str) -> Result<model::TaskRecord> {
         self.definition(id)?;
         let record = model::set_enabled(&self.store, id, enabled, user, now_ms()).await?;
@@ -399,7 +453,7 @@ impl Scheduler {
     /// Start the tick loop; it stops when `stop` turns true.
     pub fn spawn(self: &Arc<Self>, stop: watch::Receiver<bool>) -> JoinHandle<()> {
         let me = self.clone();
-        crate::fleet::runtime::every(TICK, stop, move || {
+        capstan_fleet::runtime::every(TICK, stop, move || {
             let me = me.clone();
             async move { me.tick().await }
         })
@@ -492,7 +546,7 @@ impl Scheduler {
     /// Mark `abandoned` the running executions nobody will finish: cut off by a restart of this
     /// node, on a node that stopped being live, or far past their deadline.
     pub async fn abandon_stale(&self, now: u64) -> Result<usize> {
-        let running = model::running(&self.store, crate::store::MAX_PAGE).await?;
+        let running = model::running(&self.store, capstan_store::MAX_PAGE).await?;
         let view = self.fleet.as_ref().map(|f| (f.view(), f.node.timing));
         let mut abandoned = 0;
         for execution in running {

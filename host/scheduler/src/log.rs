@@ -29,6 +29,7 @@ pub struct TaskLog {
 }
 
 impl TaskLog {
+    /// An empty log.
     pub fn new() -> Self {
         Self::default()
     }
