@@ -17,7 +17,13 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p capstan \
+    && install -d /usr/local/lib/debug \
+    && objcopy --only-keep-debug target/release/capstan /usr/local/lib/debug/capstan.debug \
+    && objcopy --strip-debug --add-gnu-debuglink=/usr/local/lib/debug/capstan.debug target/release/capstan \
     && install -m 0755 target/release/capstan /usr/local/bin/capstan
+# The image ships the binary without debug info (its symbol table stays, so backtraces name
+# functions); the line tables stay in this stage's /usr/local/lib/debug/capstan.debug, which
+# `docker build --target build` keeps for crash analysis (gdb follows the debuglink).
 
 FROM debian:bookworm-slim
 RUN apt-get update \

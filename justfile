@@ -6,6 +6,14 @@ export CARGO_TARGET_DIR := env_var_or_default("CARGO_TARGET_DIR", "/var/tmp/caps
 run:
     cargo run --release -- serve --dev
 
+# the shipped shape: a release binary without debug info (symbols kept), and its line tables in
+# capstan.debug beside it, linked so gdb and addr2line find them
+dist:
+    cargo build --release --locked -p capstan
+    objcopy --only-keep-debug "$CARGO_TARGET_DIR/release/capstan" "$CARGO_TARGET_DIR/release/capstan.debug"
+    objcopy --strip-debug --add-gnu-debuglink="$CARGO_TARGET_DIR/release/capstan.debug" "$CARGO_TARGET_DIR/release/capstan"
+    ls -l "$CARGO_TARGET_DIR/release/capstan" "$CARGO_TARGET_DIR/release/capstan.debug"
+
 # run the tests
 test:
     cargo test --workspace

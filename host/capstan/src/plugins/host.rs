@@ -19,40 +19,13 @@ use std::sync::{Arc, RwLock};
 pub const PLUGINS: &str = "plugins";
 pub const TRUSTED_PUBLISHERS: &str = "trusted_publishers";
 
-/// Who may call a plugin method, as its descriptor declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Role {
-    Public,
-    Authenticated,
-    Member,
-    Owner,
-    Admin,
-}
-
-impl FromStr for Role {
-    type Err = Refusal;
-    fn from_str(s: &str) -> Result<Role> {
-        Ok(match s {
-            "public" => Role::Public,
-            "authenticated" => Role::Authenticated,
-            "member" => Role::Member,
-            "owner" => Role::Owner,
-            "admin" => Role::Admin,
-            other => {
-                return Err(Refusal::new(
-                    "plugin-descriptor-invalid",
-                    format!("role {other:?} is not one of public, authenticated, member, owner, admin"),
-                ));
-            }
-        })
-    }
-}
+/// Who may call a plugin method, as its descriptor declares: the registry's one access type.
+pub use capstan_rpc::Access;
 
 /// One method a plugin serves, with its compiled input schema.
 pub struct MethodEntry {
     pub summary: String,
-    pub role: Role,
+    pub role: Access,
     pub input_schema: Value,
     pub output_schema: Value,
     validator: jsonschema::Validator,
@@ -76,7 +49,7 @@ impl Described {
             if !crate::api::methods::valid_method_name(&format!("x.{}", m.name)) {
                 return Err(invalid(format!("method name {:?} must be a camelCase verb", m.name)));
             }
-            let role: Role = m.role.parse()?;
+            let role: Access = m.role.parse()?;
             let input_schema: Value =
                 serde_json::from_str(&m.input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
             let output_schema: Value =
@@ -759,9 +732,8 @@ impl PluginHost {
         self.loaded().iter().flat_map(|a| a.described.describe_methods(&a.manifest.id)).collect()
     }
 
-    /// The role a method needs: `Access` of the host methods, extended by the organization
-    /// roles (checked against the body's `organizationId`).
-    pub fn role_of(&self, plugin: &str, method: &str) -> Option<Role> {
+    /// The access a method needs (organization roles are checked against the body's `organizationId`).
+    pub fn role_of(&self, plugin: &str, method: &str) -> Option<Access> {
         self.get(plugin).and_then(|a| a.described.methods.get(method).map(|m| m.role))
     }
 }
@@ -794,7 +766,7 @@ fn not_installed(id: &str) -> Refusal {
 /// (`inventory::access`), and an administrator passes as it does for host methods.
 async fn authorize(
     store: &Store,
-    role: Role,
+    role: Access,
     identity: Option<&crate::auth::Identity>,
     body: &Value,
     plugin: &str,
@@ -804,7 +776,7 @@ async fn authorize(
     use crate::inventory::access::{self, OrgRole};
     let Some(identity) = identity else {
         return match role {
-            Role::Public => Ok(Caller { kind: CallerKind::Human, id: String::new(), roles: vec!["public".into()] }),
+            Access::Public => Ok(Caller { kind: CallerKind::Human, id: String::new(), roles: vec!["public".into()] }),
             _ => Err(crate::auth::denied()),
         };
     };
@@ -814,13 +786,13 @@ async fn authorize(
         roles.push("admin".into());
     }
     let need = match role {
-        Role::Public | Role::Authenticated => None,
-        Role::Admin if identity.is_human_admin() => None,
-        Role::Admin => {
+        Access::Public | Access::Authenticated => None,
+        Access::Admin if identity.is_human_admin() => None,
+        Access::Admin => {
             return Err(Refusal::new("forbidden", format!("{plugin}.{method} needs the admin role")).with_data(json!({ "role": role })));
         }
-        Role::Member => Some(OrgRole::Member),
-        Role::Owner => Some(OrgRole::Owner),
+        Access::Member => Some(OrgRole::Member),
+        Access::Owner => Some(OrgRole::Owner),
     };
     if let Some(need) = need {
         let organization = body["organizationId"].as_str().ok_or_else(|| {

@@ -9,6 +9,7 @@ pub mod manifest;
 pub mod methods;
 pub mod runtime;
 pub mod tasks;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod work;
 
