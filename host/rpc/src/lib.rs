@@ -316,4 +316,54 @@ mod tests {
             assert!(!valid_method_name(bad), "{bad}");
         }
     }
+
+    fn person(admin: bool) -> Identity {
+        Identity {
+            user_id: "usr_1".into(),
+            username: "ann".into(),
+            kind: "human".into(),
+            admin,
+            session_id: "s".into(),
+            authenticated_at: 0,
+            expires_at: 0,
+        }
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct Named {
+        name: String,
+    }
+
+    #[test]
+    fn a_scoped_handler_gets_its_areas_context_and_admin_methods_refuse_anyone_else() {
+        let mut registry = Registry::default();
+        let mut scope = registry.with(String::from("the area's context"));
+        scope.add("area.echo", "echo", Access::Authenticated, |context: String, call: Call, input: Named| async move {
+            Ok(json!({ "context": context, "name": input.name, "by": call.identity()?.username }))
+        });
+        scope.add("area.secret", "admins only", Access::Admin, |_: String, _: Call, _: Named| async move { Ok(json!("ran")) });
+        let run = |name: &str, call: Call, body: Value| {
+            let method = registry.get(name).expect("registered");
+            futures::executor::block_on(method.call(call, body))
+        };
+        let answer = run("area.echo", Call::by(&person(false)), json!({"name": "x"})).unwrap();
+        assert_eq!(answer, json!({"context": "the area's context", "name": "x", "by": "ann"}));
+        assert_eq!(run("area.echo", Call::by(&person(false)), json!({"name": "x", "extra": 1})).unwrap_err().code, "invalid-request");
+        assert_eq!(run("area.echo", Call::default(), json!({"name": "x"})).unwrap_err().code, "unauthenticated");
+        assert_eq!(run("area.secret", Call::by(&person(false)), json!({"name": "x"})).unwrap_err().code, "forbidden");
+        assert_eq!(run("area.secret", Call::default(), json!({"name": "x"})).unwrap_err().code, "forbidden");
+        assert_eq!(run("area.secret", Call::by(&person(true)), json!({"name": "x"})).unwrap(), json!("ran"));
+        let listed: Vec<&str> = registry.list().map(|m| m.name.as_str()).collect();
+        assert_eq!(listed, ["area.echo", "area.secret"]);
+    }
+
+    #[test]
+    fn access_names_round_trip_and_unknown_roles_are_refused() {
+        for access in [Access::Public, Access::Authenticated, Access::Member, Access::Owner, Access::Admin] {
+            assert_eq!(access.as_str().parse::<Access>().unwrap(), access);
+            assert_eq!(serde_json::to_value(access).unwrap(), json!(access.as_str()));
+        }
+        assert_eq!("root".parse::<Access>().unwrap_err().code, "plugin-descriptor-invalid");
+    }
 }
