@@ -115,6 +115,8 @@ pub mod secrets;
 pub mod sign;
 pub mod store;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
+mod test_host;
+#[cfg(all(feature = "testing", not(target_family = "wasm")))]
 pub mod testing;
 
 /// The bindings `wit-bindgen` generates for the `manager` world: the raw imports under

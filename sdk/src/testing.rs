@@ -24,10 +24,10 @@ use std::path::{Path, PathBuf};
 /// A built plugin installed on an in-process host, with the runtime that drives it.
 pub struct TestHost {
     runtime: tokio::runtime::Runtime,
-    inner: capstan::plugins::testing::TestHost,
+    inner: crate::test_host::TestHost,
 }
 
-fn to_sdk(r: capstan::refusal::Refusal) -> Refusal {
+fn to_sdk(r: capstan_core::refusal::Refusal) -> Refusal {
     let mut out = Refusal::new(r.code.to_string(), r.message.clone());
     if r.retryable {
         out = out.retryable();
@@ -73,7 +73,7 @@ impl TestHost {
     pub fn load(manifest: &str, component: Vec<u8>) -> TestHost {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime");
         let inner = runtime
-            .block_on(capstan::plugins::testing::TestHost::load(manifest, component))
+            .block_on(crate::test_host::TestHost::load(manifest, component))
             .unwrap_or_else(|r| panic!("the plugin did not install: {r}"));
         TestHost { runtime, inner }
     }

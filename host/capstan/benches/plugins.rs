@@ -91,7 +91,8 @@ fn main() {
         let blobs =
             capstan::blobs::Blobs::open(&format!("file:{}", dir.path().join("blobs").display()), &Default::default()).await.expect("blobs");
         let keyring = std::sync::Arc::new(capstan::keyring::Keyring::generate(None, None).expect("keyring"));
-        let services = Services::new(store, blobs, keyring, "bench".into());
+        let platform = capstan_links::InventoryPlatform::new(store.clone(), std::sync::Arc::new(capstan_links::HostDependents));
+        let services = Services::new(store, blobs, keyring, "bench".into(), platform);
 
         // cold load: compile without a cache, then load from the cache
         let cold_dir = tempfile::tempdir().expect("temp dir");
@@ -105,7 +106,7 @@ fn main() {
         assert!(fresh.prepare(&component).expect("loads").cached);
         let cached = started.elapsed();
 
-        let host = PluginHost::new(runtime, services, vec![]).await.expect("plugin host");
+        let host = PluginHost::new(runtime, services, vec![], vec![]).await.expect("plugin host");
         let key = generate_key();
         host.add_trusted_publisher(&PublisherKey::from_verifying_key(key.verifying_key()).to_string(), "bench", "bench")
             .await

@@ -8,28 +8,8 @@ use super::{MEMBERS, SERVICE_GRANTS};
 use capstan_auth::Identity;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_store::Tx;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
-/// A role within one organization. `Owner` includes everything a `Member` may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum OrgRole {
-    /// May read the organization, its members and its services.
-    Member,
-    /// May also rename the organization, set its members' roles and change its services.
-    Owner,
-}
-
-impl OrgRole {
-    /// The role as stored and shown: `member` or `owner`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OrgRole::Member => "member",
-            OrgRole::Owner => "owner",
-        }
-    }
-}
+pub use capstan_rpc::OrgRole;
 
 /// The membership document id of `user` in `organization`.
 pub fn membership_id(organization: &str, user: &str) -> String {
@@ -126,4 +106,19 @@ pub async fn has_grant(tx: &Tx, service_id: &str, user: &str, capability: &str) 
 
 fn forbidden(who: &str) -> Refusal {
     Refusal::new("forbidden", format!("this needs {who}"))
+}
+
+/// The inventory's answer to [`capstan_rpc::OrganizationAuthority`], read from its memberships.
+pub struct Authority(pub capstan_store::Store);
+
+#[async_trait::async_trait]
+impl capstan_rpc::OrganizationAuthority for Authority {
+    async fn require(&self, identity: &Identity, organization: &str, need: OrgRole) -> Result<Option<OrgRole>> {
+        self.0
+            .transact(|tx| async move {
+                require_org(&tx, identity, organization, need).await?;
+                role_in(&tx, organization, &identity.user_id).await
+            })
+            .await
+    }
 }

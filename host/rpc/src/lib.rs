@@ -7,10 +7,12 @@
 //! services it was given, never the whole host.
 
 pub mod identity;
+pub mod organizations;
 pub mod receipts;
 
 pub use capstan_core::refusal;
 pub use identity::{ADMIN_FRESHNESS, Identity, denied};
+pub use organizations::{OrgRole, OrganizationAuthority};
 
 use capstan_core::refusal::{Refusal, Result};
 use futures::future::BoxFuture;

@@ -31,7 +31,25 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // runs plugin tasks through its PluginTasks trait, knowing nothing else of plugins
     ("capstan-scheduler", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-fleet"]),
-    // what is still one crate: domain, plugin host, server, dashboard and CLI
+    // the plugin host: reaches the inventory, settings and organization roles only through its
+    // Platform trait (and the rpc's OrganizationAuthority), answered by capstan-links
+    (
+        "capstan-plugin-host",
+        &[
+            "capstan-core",
+            "capstan-store",
+            "capstan-blobs",
+            "capstan-keyring",
+            "capstan-catalog",
+            "capstan-rpc",
+            "capstan-fleet",
+            "capstan-events",
+            "capstan-scheduler",
+        ],
+    ),
+    // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
+    ("capstan-links", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-plugin-host"]),
+    // what is still one crate: server, dashboard and CLI
     (
         "capstan",
         &[
@@ -46,11 +64,27 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-inventory",
             "capstan-secrets",
             "capstan-scheduler",
+            "capstan-plugin-host",
+            "capstan-links",
             "capstan-catalog",
         ],
     ),
-    // plugin authors' side: the SDK (its `testing` harness runs a plugin on the host)
-    ("capstan-sdk", &["capstan"]),
+    // plugin authors' side: the SDK; its `testing` harness runs a plugin on the plugin host with
+    // an embedded store (no server, no MongoDB, no S3)
+    (
+        "capstan-sdk",
+        &[
+            "capstan-core",
+            "capstan-store",
+            "capstan-blobs",
+            "capstan-keyring",
+            "capstan-rpc",
+            "capstan-events",
+            "capstan-inventory",
+            "capstan-plugin-host",
+            "capstan-links",
+        ],
+    ),
     ("capstan-plugin-appstore", &["capstan-sdk", "capstan-catalog"]),
     ("capstan-plugin-example", &["capstan-sdk"]),
     ("capstan-plugin-adversary", &["capstan-sdk"]),

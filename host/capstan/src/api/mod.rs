@@ -4,8 +4,8 @@
 //! Every answer carries an `x-request-id` header; the same id is on every log line of the
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
-pub mod dependents;
 pub mod system;
+pub mod uploads;
 
 use crate::auth::Auth;
 use crate::blobs::Blobs;
@@ -84,7 +84,7 @@ impl AppState {
         crate::scheduler::methods::register(&mut registry, scheduler.clone());
         crate::inventory::register(
             &mut registry,
-            crate::inventory::Context { store: store.clone(), blobs: blobs.clone(), dependents: Arc::new(dependents::HostDependents) },
+            crate::inventory::Context { store: store.clone(), blobs: blobs.clone(), dependents: Arc::new(capstan_links::HostDependents) },
         );
         crate::secrets::methods::register(
             &mut registry,
@@ -132,9 +132,11 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
-    let services = crate::plugins::imports::Services::new(store.clone(), blobs.clone(), keyring.clone(), "test-node".into());
+    let platform = capstan_links::InventoryPlatform::new(store.clone(), Arc::new(capstan_links::HostDependents));
+    let services = crate::plugins::imports::Services::new(store.clone(), blobs.clone(), keyring.clone(), "test-node".into(), platform);
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
-    let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![]).await.unwrap();
+    let first_party = crate::plugins::first_party::bundles().unwrap();
+    let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![], first_party).await.unwrap();
     let scheduler = crate::scheduler::Scheduler::new(store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap();
     // a node identity of its own; it neither registers in the bucket nor runs the fleet's loops,
     // so the bucket holds only what a test puts there and no coordinator lease is taken
@@ -161,7 +163,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
-        .route("/api/v1/uploads/plugin-bundle", post(crate::plugins::methods::upload_bundle).fallback(method_not_allowed))
+        .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
         .merge(crate::dashboard::router())
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(not_found)

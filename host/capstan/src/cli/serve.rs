@@ -168,8 +168,9 @@ async fn start_plugins(
         let (file, certificates) = (ca.path.display(), ca.certificates.len());
         tracing::info!(%file, certificates, "plugin outbound HTTPS also trusts the roots in {}", crate::config::PLUGIN_HTTP_CA_FILE);
     }
-    let services = Services::with_http(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone(), http);
-    let plugins = PluginHost::new(runtime, services, publishers).await?;
+    let platform = capstan_links::InventoryPlatform::new(store.clone(), Arc::new(capstan_links::HostDependents));
+    let services = Services::with_http(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone(), platform, http);
+    let plugins = PluginHost::new(runtime, services, publishers, crate::plugins::first_party::bundles()?).await?;
     plugins.sync().await?;
     // Installing or upgrading the embedded plugins compiles them: done in the background, so
     // a first start serves at once and the plugins arrive seconds later.
@@ -206,7 +207,7 @@ async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<Plugin
         HostTask::new("host.finalize-deleted-services", "Finish service deletions", "* * * * *", move |log| {
             let store = finalizer_store.clone();
             async move {
-                let (finished, waiting) = crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await?;
+                let (finished, waiting) = crate::inventory::services::finalize_deleting(&store, &capstan_links::HostDependents).await?;
                 log.line(format!("finished {finished} deletions; {waiting} still wait for managers to release them"));
                 Ok(())
             }

@@ -1250,7 +1250,7 @@ async fn services_are_created_edited_and_deleted_through_forms() {
     assert!(detail.body.contains(r#"id="service-state" data-state="deleting""#), "{}", detail.body);
     assert!(detail.body.contains(r#"id="service-holds"><span class="chip">plugin:mail</span>"#), "{}", detail.body);
     assert!(!detail.body.contains(r#"id="service-edit-form""#), "a deleting service takes no edits: {}", detail.body);
-    crate::inventory::services::release(&state.store, &crate::api::dependents::HostDependents, &id, "plugin:mail").await.unwrap();
+    crate::inventory::services::release(&state.store, &capstan_links::HostDependents, &id, "plugin:mail").await.unwrap();
     let panel = send(&state, get(&format!("/services/{id}/panel"), Some(&cookie))).await;
     assert!(panel.body.contains(r#"id="service-error" data-code="service-not-found""#), "{}", panel.body);
 

@@ -349,11 +349,11 @@ async fn deletion_waits_for_every_hold_and_a_deleting_service_takes_no_new_work(
         .await;
     assert_eq!(crate::inventory::services::hold(&store, &id, "plugin:backups").await.unwrap_err().code, "service-deleting");
     // the sweep is level-triggered: it finishes nothing while the hold stands, and asking again changes nothing
-    assert_eq!(crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await.unwrap(), (0, 1));
+    assert_eq!(crate::inventory::services::finalize_deleting(&store, &capstan_links::HostDependents).await.unwrap(), (0, 1));
     w.ok(&w.admin, "services.delete", json!({"id": id, "expectedRevision": deleting["revision"]})).await;
-    crate::inventory::services::release(&store, &crate::api::dependents::HostDependents, &id, "plugin:mail").await.unwrap();
+    crate::inventory::services::release(&store, &capstan_links::HostDependents, &id, "plugin:mail").await.unwrap();
     w.refused(&w.admin, "services.get", json!({"id": id}), "service-not-found").await;
-    assert_eq!(crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await.unwrap(), (0, 0));
+    assert_eq!(crate::inventory::services::finalize_deleting(&store, &capstan_links::HostDependents).await.unwrap(), (0, 0));
 
     // a deletion interrupted after its first phase is finished by the next pass
     let stranded = w.ok(&w.admin, "services.create", create("stranded")).await;
@@ -362,7 +362,7 @@ async fn deletion_waits_for_every_hold_and_a_deleting_service_takes_no_new_work(
     w.ok(&w.admin, "services.delete", json!({"id": sid, "expectedRevision": stranded["revision"]})).await;
     store.transact(|tx| async move { tx.delete(crate::plugins::host::PLUGINS, "mail", 1).await }).await.unwrap();
     assert_eq!(
-        crate::inventory::services::finalize_deleting(&store, &crate::api::dependents::HostDependents).await.unwrap(),
+        crate::inventory::services::finalize_deleting(&store, &capstan_links::HostDependents).await.unwrap(),
         (1, 0),
         "an uninstalled plugin's hold no longer blocks"
     );

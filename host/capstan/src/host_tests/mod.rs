@@ -2,5 +2,6 @@
 //! builds, with every area's context), as the API dispatcher and the dashboard call them.
 
 mod inventory;
+mod plugins;
 mod rewrap;
 mod secrets;

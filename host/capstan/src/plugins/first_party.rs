@@ -6,13 +6,9 @@
 use super::bundle::Bundle;
 use crate::refusal::Result;
 
+pub use capstan_plugin_host::first_party::{INSTALLER, PUBLISHER};
+
 include!(concat!(env!("OUT_DIR"), "/first_party.rs"));
-
-/// The publisher a first-party plugin's registry record names.
-pub const PUBLISHER: &str = "first-party";
-
-/// Who installs and upgrades them: the host itself, at start.
-pub const INSTALLER: &str = "capstan";
 
 /// The bundles this binary embeds.
 pub fn bundles() -> Result<Vec<Bundle>> {

@@ -5,11 +5,11 @@
 //! answers a named refusal: `plugin-deadline-exceeded`, `plugin-resource-exhausted`,
 //! `plugin-failed`, `plugin-output-invalid`, `plugin-busy`.
 
-use super::imports::CallData;
+use super::imports::{CallData, Grant};
 use super::manifest::{Capability, Manifest};
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use capstan_core::text::truncate;
+use capstan_rpc::Identity;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -186,6 +186,10 @@ pub struct Sandbox {
     pub id: String,
     pub version: String,
     pub grants: Arc<BTreeSet<Capability>>,
+    /// The imports the grants open, built once.
+    grant: Arc<Grant>,
+    /// No imports: what `describe` runs with.
+    describe_grant: Arc<Grant>,
     prepared: Prepared,
     memory_limit: usize,
     slots: Arc<tokio::sync::Semaphore>,
@@ -218,6 +222,8 @@ impl Sandbox {
         Sandbox {
             id: manifest.id.clone(),
             version: manifest.version.to_string(),
+            grant: Arc::new(Grant::build(&services, &manifest.id, &grants)),
+            describe_grant: Arc::new(Grant::none(&services, &manifest.id)),
             grants: Arc::new(grants),
             prepared,
             memory_limit,
@@ -336,15 +342,8 @@ impl Sandbox {
                     .with_data(json!({ "plugin": self.id })));
             }
         };
-        let mut data = CallData::new(
-            self.services.clone(),
-            self.id.clone(),
-            ctx.request_id.clone(),
-            self.grants.clone(),
-            self.memory_limit,
-            kind == CallKind::Describe,
-            STDIO_CAPTURE,
-        );
+        let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
+        let mut data = CallData::new(grant, ctx.request_id.clone(), self.services.clock_ahead(), self.memory_limit, STDIO_CAPTURE);
         data.acting = acting;
         let mut store = Store::new(self.prepared.pre.engine(), data);
         store.limiter(|data| &mut data.limiter);
@@ -364,7 +363,7 @@ impl Sandbox {
         })
         .await;
         let data = store.data_mut();
-        data.flush_stdio(&self.id, &ctx.request_id);
+        data.flush_stdio();
         let exhausted = data.limiter.exhausted;
         let elapsed = started.elapsed();
         let result = match outcome {
@@ -454,7 +453,7 @@ mod tests {
 
     #[test]
     fn the_reported_engine_version_is_the_locked_one() {
-        let lock = include_str!("../../../../Cargo.lock");
+        let lock = include_str!("../../../Cargo.lock");
         let entry = format!("name = \"wasmtime\"\nversion = \"{}\"", Runtime::engine_version());
         assert!(lock.contains(&entry), "update wasmtime_version() to the version in Cargo.lock");
     }

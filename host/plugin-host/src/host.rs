@@ -6,6 +6,7 @@
 use super::bundle::{Bundle, PublisherKey};
 use super::imports::{Services, blob_prefix, collection_name};
 use super::manifest::{Capability, Manifest, check_approval};
+use super::platform::Platform;
 use super::runtime::{Caller, Runtime, Sandbox, wit_guest};
 use crate::blobs::PutMode;
 use crate::refusal::{Refusal, Result};
@@ -46,7 +47,7 @@ impl Described {
         let invalid = |m: String| Refusal::new("plugin-descriptor-invalid", format!("plugin {plugin}: {m}"));
         let mut methods = BTreeMap::new();
         for m in d.methods {
-            if !crate::api::methods::valid_method_name(&format!("x.{}", m.name)) {
+            if !capstan_rpc::valid_method_name(&format!("x.{}", m.name)) {
                 return Err(invalid(format!("method name {:?} must be a camelCase verb", m.name)));
             }
             let role: Access = m.role.parse()?;
@@ -171,12 +172,9 @@ fn bundle_key(id: &str, version: &str, digest: &str) -> String {
 }
 
 impl PluginHost {
-    pub async fn new(runtime: Arc<Runtime>, services: Arc<Services>, configured_publishers: Vec<PublisherKey>) -> Result<Arc<Self>> {
-        Self::with_first_party(runtime, services, configured_publishers, super::first_party::bundles()?).await
-    }
-
-    /// A host whose first-party plugins are `first_party` (the embedded ones, or a test's).
-    pub async fn with_first_party(
+    /// A host whose first-party plugins are `first_party` (the bundles the binary embeds, or a
+    /// test's).
+    pub async fn new(
         runtime: Arc<Runtime>,
         services: Arc<Services>,
         configured_publishers: Vec<PublisherKey>,
@@ -333,7 +331,7 @@ impl PluginHost {
     async fn trust(&self, bundle: &Bundle) -> Result<String> {
         let digest = bundle.digest_hex();
         if bundle.signature.is_none() && self.first_party.iter().any(|b| b.manifest.id == bundle.manifest.id && b.digest_hex() == digest) {
-            return Ok(super::first_party::PUBLISHER.into());
+            return Ok(crate::first_party::PUBLISHER.into());
         }
         Ok(bundle.verify(&self.trusted_keys().await?)?.to_string())
     }
@@ -348,6 +346,13 @@ impl PluginHost {
     async fn prepare_verified(&self, bundle: &Bundle, approved: &[String], publisher: String, revision: u64) -> Result<Active> {
         let manifest = bundle.manifest.clone();
         manifest.check_wit_supported()?;
+        for capability in &manifest.capabilities {
+            if let Capability::HttpSetting(key) = capability
+                && !self.services.platform.setting_lists_urls(key)
+            {
+                return Err(super::manifest::not_a_url_setting(key));
+            }
+        }
         let grants = check_approval(&manifest.capability_set(), approved)?;
         let runtime = self.runtime.clone();
         let component = bundle.component.clone();
@@ -415,8 +420,8 @@ impl PluginHost {
         for bundle in &self.first_party {
             let id = bundle.manifest.id.as_str();
             let outcome = match self.record(id).await? {
-                None => self.install(&bundle.to_bytes(), &all_requested, super::first_party::INSTALLER).await.map(|_| "installed"),
-                Some((record, _)) if record.current.publisher != super::first_party::PUBLISHER => {
+                None => self.install(&bundle.to_bytes(), &all_requested, crate::first_party::INSTALLER).await.map(|_| "installed"),
+                Some((record, _)) if record.current.publisher != crate::first_party::PUBLISHER => {
                     tracing::warn!(plugin = %id, publisher = %record.current.publisher, "a plugin from another publisher holds a first-party id; the embedded one is not installed");
                     continue;
                 }
@@ -429,7 +434,7 @@ impl PluginHost {
                         tracing::info!(plugin = %id, installed = %installed, embedded = %bundle.manifest.version, "first-party plugin disabled; not upgraded");
                         continue;
                     }
-                    self.upgrade(&bundle.to_bytes(), &all_requested, super::first_party::INSTALLER).await.map(|_| "upgraded")
+                    self.upgrade(&bundle.to_bytes(), &all_requested, crate::first_party::INSTALLER).await.map(|_| "upgraded")
                 }
             };
             match outcome {
@@ -593,7 +598,7 @@ impl PluginHost {
     pub async fn uninstall(&self, id: &str, purge: bool, by: &str) -> Result<Value> {
         let _guard = self.lifecycle.lock().await;
         let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
-        if record.current.publisher == super::first_party::PUBLISHER {
+        if record.current.publisher == crate::first_party::PUBLISHER {
             return Err(Refusal::new(
                 "plugin-first-party",
                 format!("{id} ships inside the host and is installed again at every start: disable it instead"),
@@ -700,7 +705,7 @@ impl PluginHost {
         &self,
         plugin: &str,
         method: &str,
-        caller: Option<&crate::auth::Identity>,
+        caller: Option<&capstan_rpc::Identity>,
         request_id: &str,
         body: Value,
     ) -> Result<Value> {
@@ -710,7 +715,7 @@ impl PluginHost {
                 .with_data(json!({ "method": format!("{plugin}.{method}") }))
         })?;
         let acting = caller.cloned();
-        let caller = authorize(self.store(), entry.role, caller, &body, plugin, method).await?;
+        let caller = authorize(&*self.services.platform, entry.role, caller, &body, plugin, method).await?;
         if let Some(error) = entry.validator.iter_errors(&body).next() {
             let path = error.instance_path().to_string();
             return Err(Refusal::invalid_request(format!("{plugin}.{method}: {}", error.masked()))
@@ -765,19 +770,19 @@ fn not_installed(id: &str) -> Refusal {
 /// names its organization in the body's `organizationId`; the role is checked there
 /// (`inventory::access`), and an administrator passes as it does for host methods.
 async fn authorize(
-    store: &Store,
+    platform: &dyn Platform,
     role: Access,
-    identity: Option<&crate::auth::Identity>,
+    identity: Option<&capstan_rpc::Identity>,
     body: &Value,
     plugin: &str,
     method: &str,
 ) -> Result<Caller> {
     use super::runtime::CallerKind;
-    use crate::inventory::access::{self, OrgRole};
+    use capstan_rpc::OrgRole;
     let Some(identity) = identity else {
         return match role {
             Access::Public => Ok(Caller { kind: CallerKind::Human, id: String::new(), roles: vec!["public".into()] }),
-            _ => Err(crate::auth::denied()),
+            _ => Err(capstan_rpc::denied()),
         };
     };
     let kind = if identity.kind == "machine" { CallerKind::Machine } else { CallerKind::Human };
@@ -799,12 +804,7 @@ async fn authorize(
             Refusal::invalid_request(format!("{plugin}.{method} acts within an organization: name it in organizationId"))
                 .with_data(json!({ "field": "organizationId" }))
         })?;
-        let held = store
-            .transact(|tx| async move {
-                access::require_org(&tx, identity, organization, need).await?;
-                access::role_in(&tx, organization, &identity.user_id).await
-            })
-            .await?;
+        let held = platform.require(identity, organization, need).await?;
         roles.extend(
             held.iter()
                 .flat_map(|r| match r {

@@ -425,6 +425,13 @@ impl fmt::Display for Capability {
     }
 }
 
+/// `capability-unknown`: `http-setting:<key>` names a key that is not a setting listing URLs.
+pub fn not_a_url_setting(key: &str) -> Refusal {
+    let shown: String = format!("http-setting:{key}").chars().take(MAX_CAPABILITY_CHARS).collect();
+    Refusal::new("capability-unknown", format!("capability {shown:?}: {key:?} is not a setting that lists URLs"))
+        .with_data(json!({ "capability": shown }))
+}
+
 impl FromStr for Capability {
     type Err = Refusal;
 
@@ -465,8 +472,11 @@ impl FromStr for Capability {
                 Ok(()) => Ok(Capability::Http(arg.to_string())),
                 Err(why) => Err(refuse(format!("capability {s:?}: the origin {why}"))),
             },
-            "http-setting" if crate::inventory::settings::lists_urls(arg) => Ok(Capability::HttpSetting(arg.to_string())),
-            "http-setting" => Err(refuse(format!("capability {s:?}: {arg:?} is not a setting that lists URLs"))),
+            // which settings list URLs is the platform's to say, when the plugin is prepared
+            "http-setting" if arg.starts_with(|c: char| c.is_ascii_alphabetic()) && arg.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                Ok(Capability::HttpSetting(arg.to_string()))
+            }
+            "http-setting" => Err(not_a_url_setting(arg)),
             _ => Err(refuse(format!("unknown capability {s:?}"))),
         }
     }

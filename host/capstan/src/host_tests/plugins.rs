@@ -1,10 +1,10 @@
 //! The runtime against real components: the example plugin and the adversary, built for
 //! wasm32-wasip2 from the workspace, signed, installed, called, upgraded, rolled back.
 
-use super::bundle::{Bundle, PublisherKey, generate_key};
-use super::host::PluginHost;
 use crate::api::AppState;
 use crate::auth::Identity;
+use crate::plugins::bundle::{Bundle, PublisherKey, generate_key};
+use crate::plugins::host::PluginHost;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -147,7 +147,7 @@ async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrad
     assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
 
     // a restart loads the registry again
-    let fresh = PluginHost::new(f.host.runtime.clone(), f.host.services.clone(), vec![]).await.unwrap();
+    let fresh = PluginHost::new(f.host.runtime.clone(), f.host.services.clone(), vec![], vec![]).await.unwrap();
     fresh.sync().await.unwrap();
     assert!(fresh.get("example").is_some());
 
@@ -223,7 +223,7 @@ async fn events_reach_a_subscribed_plugin_in_commit_order() {
         f.call("example", "putNote", json!({ "id": format!("n{i}"), "text": "x" })).await.unwrap();
     }
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let worker = super::work::spawn(f.host.clone(), None, stop);
+    let worker = crate::plugins::work::spawn(f.host.clone(), None, stop);
     let mut log = Value::Null;
     for _ in 0..80 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -250,7 +250,7 @@ async fn a_compiled_component_is_cached_by_digest() {
     let Some(f) = Fixture::new().await else { return };
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let runtime = super::runtime::Runtime::new(Some(dir.path().to_path_buf())).unwrap();
+    let runtime = crate::plugins::runtime::Runtime::new(Some(dir.path().to_path_buf())).unwrap();
     assert!(!runtime.prepare(&component).unwrap().cached);
     assert!(runtime.prepare(&component).unwrap().cached);
     let _ = f;
@@ -262,7 +262,7 @@ async fn first_party_plugins_install_at_start_follow_the_binary_and_are_disabled
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
     let embedded = |version: Option<&str>| Bundle::new(manifest("plugins/example", version), component.clone()).unwrap();
     let (runtime, services) = (f.host.runtime.clone(), f.host.services.clone());
-    let start = |first_party: Vec<Bundle>| PluginHost::with_first_party(runtime.clone(), services.clone(), vec![], first_party);
+    let start = |first_party: Vec<Bundle>| PluginHost::new(runtime.clone(), services.clone(), vec![], first_party);
 
     // the first start installs it with exactly what it declares, trusted as first-party
     let host = start(vec![embedded(None)]).await.unwrap();
@@ -310,7 +310,7 @@ async fn a_plugin_another_publisher_installed_under_a_first_party_id_is_left_alo
     f.host.install(&f.example(None), &all(), "admin").await.unwrap();
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
     let first_party = vec![Bundle::new(manifest("plugins/example", Some("0.9.0")), component).unwrap()];
-    let host = PluginHost::with_first_party(f.host.runtime.clone(), f.host.services.clone(), vec![], first_party).await.unwrap();
+    let host = PluginHost::new(f.host.runtime.clone(), f.host.services.clone(), vec![], first_party).await.unwrap();
     host.install_first_party().await.unwrap();
     let (record, _) = host.record("example").await.unwrap().unwrap();
     assert_eq!(record.current.version, "0.1.0");
@@ -343,7 +343,7 @@ async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_no
         r#"requested = ["store", "log", "http-setting:appStoreCatalogSources"]"#,
         1,
     );
-    let mut bundle = Bundle::new(text, component).unwrap();
+    let mut bundle = Bundle::new(text, component.clone()).unwrap();
     bundle.sign(&f.key);
     let record = f.host.install(&bundle.to_bytes(), &all(), "admin").await.unwrap();
     assert!(record.current.grants.contains(&"http-setting:appStoreCatalogSources".to_string()), "{:?}", record.current.grants);
@@ -359,9 +359,13 @@ async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_no
     assert_eq!(fetch(&unlisted).await.unwrap_err().code, "capability-denied", "another origin stays closed");
     settings.call(call(), json!({ "expectedRevision": 1, "unset": ["appStoreCatalogSources"] })).await.unwrap();
     assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "the grant follows the setting as it stands");
-    assert_eq!(
-        "http-setting:dcrouterTargetHost".parse::<crate::plugins::manifest::Capability>().unwrap_err().code,
-        "capability-unknown",
-        "only a setting that lists URLs can be named"
+    let text = manifest("tests/plugins/adversary", Some("0.2.0")).replacen(
+        r#"requested = ["store", "log"]"#,
+        r#"requested = ["store", "log", "http-setting:dcrouterTargetHost"]"#,
+        1,
     );
+    let mut bundle = Bundle::new(text, component).unwrap();
+    bundle.sign(&f.key);
+    let refused = f.host.upgrade(&bundle.to_bytes(), &all(), "admin").await.unwrap_err();
+    assert_eq!(refused.code, "capability-unknown", "only a setting that lists URLs can be named: {refused}");
 }

@@ -1,17 +1,14 @@
-//! `plugins.*` API methods and the bundle upload endpoint.
+//! `plugins.*` API methods. (The bundle upload endpoint is the server's: it is HTTP.)
 //!
 //! A bundle (up to 64 MiB) is too large for a JSON body, so it travels once as raw bytes to
 //! `POST /api/v1/uploads/plugin-bundle` (administrators only), which answers an upload id and
 //! what the bundle requests; `plugins.install` / `plugins.upgrade` then name the upload and the
 //! approved capabilities.
 
-use super::bundle::{Bundle, Inspection, MAX_BUNDLE_BYTES};
+use super::bundle::{Bundle, Inspection};
 use super::host::{LastError, PluginHost, Record, TrustedPublisher};
-use crate::api::{ApiError, AppState};
 use crate::blobs::{Blobs, PutMode};
 use crate::refusal::{Refusal, Result};
-use axum::Json;
-use axum::extract::{Request, State};
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -19,7 +16,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// Where kept uploads live in blobs: `_capstan/uploads/<32 hex>`.
-pub(crate) const UPLOADS: &str = "_capstan/uploads/";
+pub const UPLOADS: &str = "_capstan/uploads/";
 
 /// What the `plugins.*` methods reach: the plugin host, and the blobs where uploads wait.
 #[derive(Clone)]
@@ -92,7 +89,7 @@ pub struct PluginView {
     pub methods: Vec<String>,
 }
 
-pub(crate) fn view(host: &PluginHost, record: &Record) -> PluginView {
+pub fn view(host: &PluginHost, record: &Record) -> PluginView {
     let active = host.get(&record.id);
     let last_error = host.load_error(&record.id);
     let status = match (&active, record.enabled) {
@@ -133,7 +130,7 @@ pub struct PublisherList {
 /// Keep a bundle for a following install or upgrade: parse it (what does not parse is refused
 /// by name and nothing is kept), store it under `_capstan/uploads/<32 hex>`, and answer the
 /// upload id and what the bundle requests. Nothing is verified against trust here.
-pub(crate) async fn keep_upload(blobs: &Blobs, bytes: &[u8], by: &str) -> Result<(String, Inspection)> {
+pub async fn keep_upload(blobs: &Blobs, bytes: &[u8], by: &str) -> Result<(String, Inspection)> {
     let bundle = Bundle::parse(bytes)?;
     let upload = uuid::Uuid::new_v4().simple().to_string();
     blobs.put_bytes(&format!("{UPLOADS}{upload}"), bytes.to_vec(), PutMode::CreateOnly).await?;
@@ -142,7 +139,7 @@ pub(crate) async fn keep_upload(blobs: &Blobs, bytes: &[u8], by: &str) -> Result
 }
 
 /// The bytes of a kept upload.
-pub(crate) async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
+pub async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
     let valid = upload.len() == 32 && upload.chars().all(|c| c.is_ascii_hexdigit());
     if !valid {
         return Err(Refusal::invalid_request("upload ids are the 32 hex digits the upload answered").with_data(json!({"field": "upload"})));
@@ -155,7 +152,7 @@ pub(crate) async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> 
 }
 
 /// Drop a kept upload (best effort).
-pub(crate) async fn forget_upload(blobs: &Blobs, upload: &str) {
+pub async fn forget_upload(blobs: &Blobs, upload: &str) {
     let _ = blobs.delete(&format!("{UPLOADS}{upload}")).await;
 }
 
@@ -285,24 +282,4 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Ok(json!({ "removed": removed }))
         },
     );
-}
-
-/// `POST /api/v1/uploads/plugin-bundle`: keep a bundle for a following install or upgrade and
-/// say what it is and what it requests (see [`keep_upload`]).
-pub async fn upload_bundle(State(state): State<AppState>, request: Request) -> std::result::Result<Json<Value>, ApiError> {
-    let (parts, body) = request.into_parts();
-    let bytes = crate::api::read_body_limited(&parts.headers, body, MAX_BUNDLE_BYTES).await.map_err(|e| {
-        if e.is("request-too-large") {
-            Refusal::new("bundle-too-large", format!("a bundle is at most {MAX_BUNDLE_BYTES} bytes"))
-        } else {
-            e
-        }
-    })?;
-    let bearer = crate::api::bearer_token(&parts.headers).ok_or_else(crate::auth::denied)?;
-    let identity = state.auth.authenticate(bearer).await?;
-    if !identity.is_human_admin() {
-        return Err(Refusal::new("forbidden", "uploading a plugin bundle needs an administrator").into());
-    }
-    let (upload, inspection) = keep_upload(&state.blobs, &bytes, &identity.username).await?;
-    Ok(Json(json!({ "upload": upload, "bundle": inspection })))
 }

@@ -1,17 +1,18 @@
 //! An in-process host for testing one plugin: an embedded store and blob directory in a
 //! temporary directory, the real runtime, the plugin installed with every capability it
-//! requests. `capstan_sdk::testing` wraps it for plugin authors.
+//! requests. [`crate::testing::TestHost`] wraps it for plugin authors.
 
-use super::bundle::{Bundle, PublisherKey, generate_key};
-use super::host::PluginHost;
-use super::imports::Services;
-use super::runtime::Runtime;
-use crate::auth::Identity;
-use crate::refusal::{Refusal, Result};
+use capstan_core::refusal::{Refusal, Result};
+use capstan_plugin_host::bundle::{Bundle, PublisherKey, generate_key};
+use capstan_plugin_host::host::PluginHost;
+use capstan_plugin_host::imports::{Services, collection_name};
+use capstan_plugin_host::runtime::Runtime;
+use capstan_rpc::Identity;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// The host one plugin is tested on (async; [`crate::testing::TestHost`] drives it).
 pub struct TestHost {
     dir: PathBuf,
     pub host: Arc<PluginHost>,
@@ -24,14 +25,16 @@ impl TestHost {
     pub async fn load(manifest_text: &str, component: Vec<u8>) -> Result<TestHost> {
         let dir = std::env::temp_dir().join(format!("capstan-test-host-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).map_err(Refusal::internal)?;
-        let store = crate::store::Store::open(&format!("sqlite:{}", dir.join("store.sqlite").display()), &Default::default()).await?;
-        let blobs = crate::blobs::Blobs::open(&format!("file:{}", dir.join("blobs").display()), &Default::default()).await?;
-        let keyring = Arc::new(crate::keyring::Keyring::generate(None, None)?);
+        let store = capstan_store::Store::open(&format!("sqlite:{}", dir.join("store.sqlite").display()), &Default::default()).await?;
+        let blobs = capstan_blobs::Blobs::open(&format!("file:{}", dir.join("blobs").display()), &Default::default()).await?;
+        let keyring = Arc::new(capstan_keyring::Keyring::generate(None, None)?);
         // the platform model a plugin reads and holds services in, as on a real host
-        crate::inventory::declare(&store).await?;
-        let services = Services::new(store, blobs, keyring, "test-node".into());
+        capstan_inventory::declare(&store).await?;
+        let platform = capstan_links::InventoryPlatform::new(store.clone(), Arc::new(capstan_links::HostDependents));
+        let services = Services::new(store, blobs, keyring, "test-node".into(), platform);
         let key = generate_key();
-        let host = PluginHost::new(Runtime::new(None)?, services, vec![PublisherKey::from_verifying_key(key.verifying_key())]).await?;
+        let publishers = vec![PublisherKey::from_verifying_key(key.verifying_key())];
+        let host = PluginHost::new(Runtime::new(None)?, services, publishers, vec![]).await?;
         let mut bundle = Bundle::new(manifest_text.to_string(), component)?;
         bundle.sign(&key);
         let record = host.install(&bundle.to_bytes(), &["all-requested".into()], "test").await?;
@@ -61,7 +64,7 @@ impl TestHost {
             .store
             .transact(|tx| {
                 let (kind, subject, data) = (kind.clone(), subject.clone(), data.clone());
-                async move { crate::events::append(&tx, &kind, &subject, data, "host").await }
+                async move { capstan_events::append(&tx, &kind, &subject, data, "host").await }
             })
             .await
     }
@@ -69,13 +72,13 @@ impl TestHost {
     /// Deliver every pending event the plugin subscribes to; how many it took.
     pub async fn deliver_events(&self) -> Result<usize> {
         let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
-        super::work::deliver_pending(&self.host, &active).await
+        capstan_plugin_host::work::deliver_pending(&self.host, &active).await
     }
 
     /// Run one reconcile pass now.
     pub async fn reconcile(&self, hints: Vec<String>) -> Result<String> {
         let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
-        let trigger = super::runtime::wit_guest::ReconcileTrigger { periodic: hints.is_empty(), hints };
+        let trigger = capstan_plugin_host::runtime::wit_guest::ReconcileTrigger { periodic: hints.is_empty(), hints };
         Ok(active.sandbox.reconcile(&trigger).await?.summary)
     }
 
@@ -88,8 +91,8 @@ impl TestHost {
             .transact(|tx| {
                 let settings = settings.clone();
                 async move {
-                    let current = tx.get(crate::inventory::SETTINGS, crate::inventory::settings::PUBLIC).await?;
-                    tx.put(crate::inventory::SETTINGS, crate::inventory::settings::PUBLIC, current.map(|d| d.revision), settings).await
+                    let current = tx.get(capstan_inventory::SETTINGS, capstan_inventory::settings::PUBLIC).await?;
+                    tx.put(capstan_inventory::SETTINGS, capstan_inventory::settings::PUBLIC, current.map(|d| d.revision), settings).await
                 }
             })
             .await
@@ -100,20 +103,20 @@ impl TestHost {
     pub async fn create_organization(&self, name: &str) -> Result<String> {
         let id = capstan_core::ids::new_id("org");
         let now = capstan_core::clock::now_secs();
-        let organization = crate::inventory::organizations::Organization {
+        let organization = capstan_inventory::organizations::Organization {
             name: name.into(),
             created_at: now,
             created_by: self.caller.user_id.clone(),
             updated_at: now,
         };
-        let data = crate::inventory::to_value(&organization)?;
+        let data = capstan_inventory::to_value(&organization)?;
         let id_ref = &id;
         self.host
             .services
             .store
             .transact(|tx| {
                 let data = data.clone();
-                async move { tx.insert(crate::inventory::ORGANIZATIONS, id_ref, data).await }
+                async move { tx.insert(capstan_inventory::ORGANIZATIONS, id_ref, data).await }
             })
             .await?;
         Ok(id)
@@ -121,7 +124,7 @@ impl TestHost {
 
     /// A service as the inventory holds it (`id`, `revision` and its fields), if it exists.
     pub async fn service(&self, id: &str) -> Result<Option<Value>> {
-        let doc = self.host.services.store.transact(|tx| async move { tx.get(crate::inventory::SERVICES, id).await }).await?;
+        let doc = self.host.services.store.transact(|tx| async move { tx.get(capstan_inventory::SERVICES, id).await }).await?;
         Ok(doc.map(|d| {
             let mut data = d.data;
             data["id"] = Value::String(d.id);
@@ -143,7 +146,7 @@ impl TestHost {
     /// Every document of one of the plugin's collections (`id`, `revision` and its fields), in
     /// id order.
     pub async fn documents(&self, collection: &str) -> Result<Vec<Value>> {
-        let name = super::imports::collection_name(&self.plugin, collection);
+        let name = collection_name(&self.plugin, collection);
         let mut out = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
@@ -172,7 +175,7 @@ impl TestHost {
     /// Write a document of one of the plugin's collections as another node of a fleet would,
     /// over whatever is there.
     pub async fn put_document(&self, collection: &str, id: &str, data: Value) -> Result<()> {
-        let name = super::imports::collection_name(&self.plugin, collection);
+        let name = collection_name(&self.plugin, collection);
         let (name, id) = (&name, id);
         self.host
             .services

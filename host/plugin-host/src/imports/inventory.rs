@@ -1,0 +1,153 @@
+//! `inventory`: the platform model read (`inventory:read`) and services written
+//! (`inventory:write-services`) — the writes through the server's [`Platform`], acting as the
+//! caller of the current method or else as the plugin itself.
+
+use super::{CallData, Services, WitResult, parse_object, to_wit};
+use crate::blobs::Blobs;
+use crate::manifest::Capability;
+use crate::platform::Platform;
+use crate::runtime::capstan::plugin::inventory;
+use crate::store::Store;
+use std::sync::Arc;
+
+/// The `inventory:read` provider.
+#[derive(Clone)]
+pub(super) struct Reader {
+    store: Store,
+    blobs: Blobs,
+}
+
+impl Reader {
+    pub(super) fn new(services: &Arc<Services>) -> Self {
+        Reader { store: services.store.clone(), blobs: services.blobs.clone() }
+    }
+}
+
+/// The `inventory:write-services` provider.
+#[derive(Clone)]
+pub(super) struct ServiceWriter {
+    platform: Arc<dyn Platform>,
+    plugin: String,
+}
+
+impl ServiceWriter {
+    pub(super) fn new(services: &Arc<Services>, plugin: &str) -> Self {
+        ServiceWriter { platform: services.platform.clone(), plugin: plugin.to_string() }
+    }
+
+    /// How a hold of this plugin is named on a service.
+    fn holder(&self) -> String {
+        format!("plugin:{}", self.plugin)
+    }
+}
+
+impl CallData {
+    fn reader(&self) -> WitResult<Reader> {
+        self.granted(&self.grant.inventory, Capability::InventoryRead)
+    }
+
+    fn service_writer(&self) -> WitResult<ServiceWriter> {
+        self.granted(&self.grant.services, Capability::InventoryWriteServices)
+    }
+
+    /// Who an inventory write acts as: the caller of the current method, or else the plugin
+    /// itself with the authority the operator approved for it.
+    fn actor(&self, writer: &ServiceWriter) -> capstan_rpc::Identity {
+        self.acting.clone().unwrap_or_else(|| writer.platform.plugin_identity(&writer.plugin))
+    }
+}
+
+impl inventory::Host for CallData {
+    async fn get(&mut self, kind: inventory::EntityKind, id: String) -> WitResult<Option<inventory::Entity>> {
+        let reader = self.reader()?;
+        if kind == inventory::EntityKind::Node {
+            let nodes = crate::fleet::read_nodes(&reader.blobs).await.map_err(to_wit)?;
+            return Ok(nodes.into_iter().find(|n| n.node_id == id).map(node_entity));
+        }
+        let collection = collection(kind);
+        let doc = reader.store.transact(|tx| {
+            let id = id.clone();
+            async move { if tx.is_declared(collection) { tx.get(collection, &id).await } else { Ok(None) } }
+        });
+        Ok(doc.await.map_err(to_wit)?.map(|d| entity(kind, d)))
+    }
+
+    async fn list(&mut self, kind: inventory::EntityKind, cursor: Option<String>, limit: u32) -> WitResult<inventory::EntityPage> {
+        let reader = self.reader()?;
+        if kind == inventory::EntityKind::Node {
+            let nodes = crate::fleet::read_nodes(&reader.blobs).await.map_err(to_wit)?;
+            let after: Vec<_> = nodes.into_iter().filter(|n| cursor.as_deref().is_none_or(|c| n.node_id.as_str() > c)).collect();
+            let limit = (limit as usize).clamp(1, 500);
+            let next_cursor = (after.len() > limit).then(|| after[limit - 1].node_id.clone());
+            return Ok(inventory::EntityPage { entities: after.into_iter().take(limit).map(node_entity).collect(), next_cursor });
+        }
+        let collection = collection(kind);
+        let page = reader.store.transact(|tx| {
+            let cursor = cursor.clone();
+            async move {
+                if tx.is_declared(collection) {
+                    tx.scan(collection, cursor.as_deref(), limit as usize).await
+                } else {
+                    Ok(crate::store::Page { documents: vec![], next_cursor: None })
+                }
+            }
+        });
+        let page = page.await.map_err(to_wit)?;
+        Ok(inventory::EntityPage { entities: page.documents.into_iter().map(|d| entity(kind, d)).collect(), next_cursor: page.next_cursor })
+    }
+
+    async fn settings(&mut self) -> WitResult<inventory::Entity> {
+        let reader = self.reader()?;
+        let doc = reader
+            .store
+            .transact(|tx| async move { if tx.is_declared("settings") { tx.get("settings", "public").await } else { Ok(None) } });
+        let doc = doc.await.map_err(to_wit)?;
+        Ok(match doc {
+            Some(d) => entity(inventory::EntityKind::Organization, d),
+            None => inventory::Entity { kind: inventory::EntityKind::Organization, id: "public".into(), revision: 0, data: "{}".into() },
+        })
+    }
+
+    async fn create_service(&mut self, body: String) -> WitResult<inventory::Entity> {
+        let writer = self.service_writer()?;
+        let body = parse_object(&body, "the service")?;
+        let created = writer.platform.create_service(&self.actor(&writer), body).await.map_err(to_wit)?;
+        Ok(entity(inventory::EntityKind::Service, created))
+    }
+
+    async fn update_service(&mut self, body: String) -> WitResult<inventory::Entity> {
+        let writer = self.service_writer()?;
+        let body = parse_object(&body, "the service")?;
+        let updated = writer.platform.update_service(&self.actor(&writer), body).await.map_err(to_wit)?;
+        Ok(entity(inventory::EntityKind::Service, updated))
+    }
+
+    async fn hold_service(&mut self, service_id: String) -> WitResult<()> {
+        let writer = self.service_writer()?;
+        writer.platform.hold_service(&service_id, &writer.holder()).await.map_err(to_wit)
+    }
+
+    async fn release_service(&mut self, service_id: String) -> WitResult<()> {
+        let writer = self.service_writer()?;
+        writer.platform.release_service(&service_id, &writer.holder()).await.map_err(to_wit)
+    }
+}
+
+/// The store collection an entity kind lives in (the names are the inventory's).
+fn collection(kind: inventory::EntityKind) -> &'static str {
+    match kind {
+        inventory::EntityKind::Organization => "organizations",
+        inventory::EntityKind::Cluster => "clusters",
+        inventory::EntityKind::Service => "services",
+        inventory::EntityKind::Node => "nodes",
+    }
+}
+
+fn entity(kind: inventory::EntityKind, d: crate::store::Document) -> inventory::Entity {
+    inventory::Entity { kind, id: d.id, revision: d.revision, data: d.data.to_string() }
+}
+
+fn node_entity(n: crate::fleet::NodeRecord) -> inventory::Entity {
+    let data = serde_json::to_string(&n).unwrap_or_else(|_| "{}".into());
+    inventory::Entity { kind: inventory::EntityKind::Node, id: n.node_id, revision: 0, data }
+}

@@ -1,0 +1,327 @@
+//! The host side of the WIT imports, one file per interface. Each interface is reached through
+//! a provider built once from the plugin's approved grant ([`Grant::build`]): an interface the
+//! grant does not name has no provider, and a call of it is refused `capability-denied`
+//! (logged). Nothing a plugin passes can trap the host. A plugin sees only its own collections
+//! (`p_<id>__<name>`) and its own blob prefix (`plugins/<id>/`).
+
+mod agents;
+mod blobs;
+mod events;
+mod http;
+mod inventory;
+mod log;
+mod secrets;
+mod sign;
+mod store;
+
+pub use blobs::{BlobReaderState, BlobWriterState, MAX_PLUGIN_BLOB_BYTES, blob_prefix};
+pub use http::{origin_of, plugin_http_client};
+pub use sign::PLUGIN_KEYS;
+pub use store::{collection_name, validate_plugin_collection};
+
+use crate::blobs::Blobs;
+use crate::keyring::Keyring;
+use crate::manifest::Capability;
+use crate::platform::Platform;
+use crate::refusal::Refusal;
+use crate::runtime::capstan::plugin::types;
+use crate::store::{CollectionSpec, Store};
+use capstan_core::text::truncate;
+use serde_json::{Value, json};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+type WitResult<T> = std::result::Result<T, types::Refusal>;
+
+/// Largest document (or JSON body) a plugin may pass.
+const MAX_DOCUMENT_BYTES: usize = 1 << 20;
+
+/// What the imports reach: shared by every call of every plugin.
+pub struct Services {
+    pub store: Store,
+    pub blobs: Blobs,
+    pub keyring: Arc<Keyring>,
+    pub node_id: String,
+    /// Plugins' outbound HTTP (`http.fetch`): see [`plugin_http_client`].
+    pub http: reqwest::Client,
+    /// The inventory, settings and organization roles, as the server answers them.
+    pub platform: Arc<dyn Platform>,
+    /// Declared collections per plugin id (the names the plugin uses).
+    pub collections: RwLock<HashMap<String, BTreeSet<String>>>,
+    /// How far ahead of the system clock plugins see the wall clock, in milliseconds: always 0
+    /// on a serving host; the in-process test host moves it to show a plugin time passing.
+    clock_ahead_ms: AtomicU64,
+}
+
+impl Services {
+    /// Services whose outbound HTTP trusts the platform's roots only.
+    pub fn new(store: Store, blobs: Blobs, keyring: Arc<Keyring>, node_id: String, platform: Arc<dyn Platform>) -> Arc<Self> {
+        let http = plugin_http_client(&[]).expect("an HTTP client with default TLS roots");
+        Self::with_http(store, blobs, keyring, node_id, platform, http)
+    }
+
+    /// Services whose outbound HTTP goes through `http` (from [`plugin_http_client`]).
+    pub fn with_http(
+        store: Store,
+        blobs: Blobs,
+        keyring: Arc<Keyring>,
+        node_id: String,
+        platform: Arc<dyn Platform>,
+        http: reqwest::Client,
+    ) -> Arc<Self> {
+        Arc::new(Services {
+            store,
+            blobs,
+            keyring,
+            node_id,
+            http,
+            platform,
+            collections: Default::default(),
+            clock_ahead_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// Move the wall clock plugins see `by` ahead (the host's own clock is untouched). For the
+    /// in-process test host only.
+    pub fn advance_plugin_clock(&self, by: Duration) {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        let _ = self.clock_ahead_ms.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |ahead| Some(ahead.saturating_add(by)));
+    }
+
+    /// How far ahead of the system clock plugins see the wall clock.
+    pub(crate) fn clock_ahead(&self) -> Duration {
+        Duration::from_millis(self.clock_ahead_ms.load(Ordering::SeqCst))
+    }
+
+    /// The wall clock plugins see now, in milliseconds since the epoch.
+    pub fn plugin_clock_ms(&self) -> u64 {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(now.as_millis()).unwrap_or(u64::MAX).saturating_add(self.clock_ahead_ms.load(Ordering::SeqCst))
+    }
+
+    /// Declare a plugin's collections (created if missing) and remember them for its calls.
+    pub async fn declare_collections(&self, plugin: &str, specs: &[CollectionSpec]) -> crate::refusal::Result<()> {
+        let mut names = BTreeSet::new();
+        for spec in specs {
+            validate_plugin_collection(&spec.name)?;
+            let mut host = spec.clone();
+            host.name = collection_name(plugin, &spec.name);
+            self.store.declare(host).await?;
+            names.insert(spec.name.clone());
+        }
+        self.collections.write().expect("collections lock").insert(plugin.to_string(), names);
+        Ok(())
+    }
+}
+
+/// The imports one plugin version may use, built once from its approved grant: an interface
+/// whose capability the grant does not name has no provider here, so no call reaches it.
+pub struct Grant {
+    plugin: String,
+    /// `describe` runs before anything is granted: it gets [`Grant::none`].
+    describing: bool,
+    store: Option<store::Collections>,
+    blobs: Option<blobs::Prefix>,
+    inventory: Option<inventory::Reader>,
+    services: Option<inventory::ServiceWriter>,
+    secrets: secrets::Scopes,
+    http: Option<http::Outbound>,
+    events: Option<events::Publisher>,
+    sign: Option<sign::Signer>,
+    log: Option<log::Logger>,
+    agents: Option<agents::Agents>,
+}
+
+impl Grant {
+    /// The providers `grants` name, for `plugin`.
+    pub fn build(services: &Arc<Services>, plugin: &str, grants: &BTreeSet<Capability>) -> Grant {
+        let has = |c: &Capability| grants.contains(c);
+        Grant {
+            plugin: plugin.to_string(),
+            describing: false,
+            store: has(&Capability::Store).then(|| store::Collections::new(services, plugin)),
+            blobs: has(&Capability::Blobs).then(|| blobs::Prefix::new(services, plugin)),
+            inventory: has(&Capability::InventoryRead).then(|| inventory::Reader::new(services)),
+            services: has(&Capability::InventoryWriteServices).then(|| inventory::ServiceWriter::new(services, plugin)),
+            secrets: secrets::Scopes::new(grants),
+            http: http::Outbound::new(services, grants),
+            events: has(&Capability::EventsPublish).then(|| events::Publisher::new(services, plugin)),
+            sign: has(&Capability::Sign).then(|| sign::Signer::new(services, plugin)),
+            log: has(&Capability::Log).then_some(log::Logger),
+            agents: has(&Capability::Agents).then_some(agents::Agents),
+        }
+    }
+
+    /// No imports at all: what `describe` runs with.
+    pub fn none(services: &Arc<Services>, plugin: &str) -> Grant {
+        Grant { describing: true, ..Grant::build(services, plugin, &BTreeSet::new()) }
+    }
+}
+
+/// A linear-memory limit that remembers it was hit, so a failed call can say why.
+pub struct MemoryLimiter {
+    limit: usize,
+    pub exhausted: bool,
+}
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.exhausted = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+/// The state of one call's instance.
+pub struct CallData {
+    grant: Arc<Grant>,
+    request_id: String,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+    pub limiter: MemoryLimiter,
+    /// The caller a method call acts for; `None` outside a method call.
+    pub acting: Option<capstan_rpc::Identity>,
+}
+
+impl CallData {
+    pub fn new(grant: Arc<Grant>, request_id: String, clock_ahead: Duration, memory_limit: usize, stdio_capture: usize) -> Self {
+        let stdout = MemoryOutputPipe::new(stdio_capture);
+        let stderr = MemoryOutputPipe::new(stdio_capture);
+        // No filesystem, environment, arguments or network: only clocks, random and stdio.
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone()).stderr(stderr.clone()).allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+        if !clock_ahead.is_zero() {
+            wasi.wall_clock(AheadClock(clock_ahead));
+        }
+        let wasi = wasi.build();
+        CallData {
+            grant,
+            request_id,
+            wasi,
+            table: ResourceTable::new(),
+            stdout,
+            stderr,
+            limiter: MemoryLimiter { limit: memory_limit, exhausted: false },
+            acting: None,
+        }
+    }
+
+    fn plugin(&self) -> &str {
+        &self.grant.plugin
+    }
+
+    /// Log what the plugin printed, a line per log record, under its id.
+    pub fn flush_stdio(&self) {
+        let (plugin, request_id) = (self.plugin(), &self.request_id);
+        for (stream, pipe) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            let bytes = pipe.contents();
+            for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
+                tracing::info!(plugin = %plugin, request_id = %request_id, stream, "{}", truncate(line, 2000));
+            }
+        }
+    }
+
+    /// The provider `provider` (a field of the grant), or `capability-denied` naming
+    /// `capability`, logged: the plugin called an import it was not granted.
+    fn granted<P: Clone>(&self, provider: &Option<P>, capability: Capability) -> WitResult<P> {
+        match provider {
+            Some(p) if !self.grant.describing => Ok(p.clone()),
+            _ => Err(self.denied(&capability)),
+        }
+    }
+
+    /// `capability-denied` for `capability`, logged.
+    fn denied(&self, capability: &Capability) -> types::Refusal {
+        tracing::warn!(plugin = %self.plugin(), request_id = %self.request_id, capability = %capability,
+            "plugin called an import it was not granted");
+        let message = if self.grant.describing {
+            "describe must not use host imports".to_string()
+        } else {
+            format!("plugin {} was not granted {capability}", self.plugin())
+        };
+        refusal("capability-denied", message, json!({ "capability": capability.to_string() }))
+    }
+}
+
+/// The system wall clock, a fixed time ahead (see [`Services::advance_plugin_clock`]).
+struct AheadClock(Duration);
+
+impl wasmtime_wasi::HostWallClock for AheadClock {
+    fn resolution(&self) -> Duration {
+        wasmtime_wasi::clocks::WallClock::new().resolution()
+    }
+
+    fn now(&self) -> Duration {
+        wasmtime_wasi::clocks::WallClock::new().now().saturating_add(self.0)
+    }
+}
+
+impl WasiView for CallData {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl types::Host for CallData {}
+
+fn refusal(code: &str, message: String, data: Value) -> types::Refusal {
+    types::Refusal { code: code.into(), message, retryable: false, data: Some(data.to_string()) }
+}
+
+/// A host refusal as the plugin sees it; internal details stay in the host log.
+pub fn to_wit(r: Refusal) -> types::Refusal {
+    if r.code == "internal" {
+        tracing::error!(refusal = %r, "host error during a plugin import");
+    }
+    types::Refusal { code: r.code.to_string(), message: r.message.clone(), retryable: r.retryable, data: r.data.map(|d| d.to_string()) }
+}
+
+/// A JSON object the plugin passed, bounded.
+fn parse_object(text: &str, what: &str) -> WitResult<Value> {
+    if text.len() > MAX_DOCUMENT_BYTES {
+        return Err(refusal("document-too-large", format!("{what} exceeds {MAX_DOCUMENT_BYTES} bytes"), json!({})));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(refusal("invalid-request", format!("{what} must be a JSON object"), json!({}))),
+        Err(e) => Err(refusal("invalid-request", format!("{what} is not valid JSON: {e}"), json!({}))),
+    }
+}
+
+trait RetryableWit {
+    fn retryable_wit(self) -> Self;
+}
+
+impl RetryableWit for types::Refusal {
+    fn retryable_wit(mut self) -> Self {
+        self.retryable = true;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plugin_clock_moved_ahead_stays_ahead() {
+        let ahead = AheadClock(Duration::from_secs(3600));
+        let system = wasmtime_wasi::clocks::WallClock::new();
+        use wasmtime_wasi::HostWallClock;
+        let gap = ahead.now().saturating_sub(system.now());
+        assert!(gap >= Duration::from_secs(3599) && gap <= Duration::from_secs(3600), "{gap:?}");
+    }
+}

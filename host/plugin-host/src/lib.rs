@@ -1,0 +1,29 @@
+//! The plugin host: managers as sandboxed WebAssembly components behind the `capstan:plugin`
+//! WIT world (`wit/manager.wit`), loaded from signed bundles and swapped live.
+//!
+//! - [`bundle`], [`manifest`]: what a plugin is and what it asks for.
+//! - [`runtime`]: the wasmtime engine and one instance per call.
+//! - [`imports`]: the WIT imports, one provider per interface, built from the approved grant.
+//! - [`host`]: the registry of installed plugins, lifecycle, dispatch.
+//! - [`work`], [`tasks`]: events, reconciles and scheduled tasks.
+//! - [`platform`]: what plugins reach of the inventory, through a trait the server implements.
+
+// The subsystems this crate reaches, under short names.
+use capstan_blobs as blobs;
+use capstan_core::refusal;
+use capstan_events as events;
+use capstan_fleet as fleet;
+use capstan_keyring as keyring;
+use capstan_scheduler as scheduler;
+use capstan_store as store;
+
+pub mod bundle;
+pub mod first_party;
+pub mod host;
+pub mod imports;
+pub mod manifest;
+pub mod methods;
+pub mod platform;
+pub mod runtime;
+pub mod tasks;
+pub mod work;
