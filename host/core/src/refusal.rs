@@ -85,7 +85,7 @@ impl Refusal {
             "method-not-allowed" => 405,
             "exists" | "conflict" | "mutation-reused" => 409,
             // the target's current state stands in the way
-            "task-running" | "task-disabled" | "execution-not-running" => 409,
+            "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
             "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
             "request-too-large" => 413,
             "rate-limited" => 429,

@@ -62,7 +62,9 @@ pub fn key_refusal(e: capstan_catalog::KeyError) -> Refusal {
 /// Who signed a bundle, and the signature.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BundleSignature {
+    /// The key that signed the bundle.
     pub publisher: PublisherKey,
+    /// The Ed25519 signature over the bundle's canonical digest.
     pub signature: [u8; 64],
 }
 
@@ -77,9 +79,13 @@ struct SignatureFile {
 /// A parsed bundle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bundle {
+    /// The parsed, validated manifest.
     pub manifest: Manifest,
+    /// The manifest exactly as stored, which the digest covers.
     pub manifest_text: String,
+    /// The WebAssembly component's bytes.
     pub component: Vec<u8>,
+    /// The signature, or `None` for an unsigned bundle.
     pub signature: Option<BundleSignature>,
 }
 
@@ -87,18 +93,29 @@ pub struct Bundle {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Inspection {
+    /// The plugin's id.
     pub id: String,
+    /// The plugin's display name.
     pub name: String,
+    /// The plugin's version.
     pub version: String,
+    /// The WIT world the plugin targets, like `capstan:plugin@0.1.0`.
     pub wit: String,
+    /// What the plugin says it does.
     pub description: String,
     /// The manifest's publisher display name (not verified; the signer is).
     pub publisher: Option<String>,
+    /// The capabilities the manifest requests, in canonical order.
     pub capabilities: Vec<Capability>,
+    /// The memory and concurrency limits the plugin runs under.
     pub limits: Limits,
+    /// The canonical digest the signature covers, hex.
     pub digest: String,
+    /// SHA-256 of the manifest text, hex.
     pub manifest_sha256: String,
+    /// SHA-256 of the component, hex.
     pub component_sha256: String,
+    /// The component's size in bytes.
     pub component_bytes: usize,
     /// The signer's public key, when signed (whether it verifies is `verify`'s question).
     pub signed_by: Option<String>,
@@ -242,14 +259,17 @@ impl Bundle {
         Sha256::digest(text.as_bytes()).into()
     }
 
+    /// The canonical digest as lowercase hex, as inspect output and the registry record show it.
     pub fn digest_hex(&self) -> String {
         hex::encode(self.digest())
     }
 
+    /// SHA-256 of the manifest text as lowercase hex (one input to the digest).
     pub fn manifest_sha256_hex(&self) -> String {
         hex::encode(Sha256::digest(self.manifest_text.as_bytes()))
     }
 
+    /// SHA-256 of the component as lowercase hex (one input to the digest).
     pub fn component_sha256_hex(&self) -> String {
         hex::encode(Sha256::digest(&self.component))
     }
@@ -296,6 +316,7 @@ impl Bundle {
         Ok(signature)
     }
 
+    /// What `capstan plugin inspect` shows: the manifest, hashes and signer, without verifying.
     pub fn inspect(&self) -> Inspection {
         let m = &self.manifest;
         Inspection {

@@ -5,19 +5,23 @@
 
 use super::bundle::{Bundle, PublisherKey};
 use super::imports::{Services, blob_prefix, collection_name};
-use super::manifest::{Capability, Manifest, check_approval};
+use super::manifest::{Capability, Manifest, check_approval, check_plugin_id};
 use super::platform::Platform;
 use super::runtime::{Caller, Runtime, Sandbox, wit_guest};
 use crate::blobs::PutMode;
 use crate::refusal::{Refusal, Result};
 use crate::store::{CollectionSpec, Store};
+use capstan_core::text::truncate;
+use capstan_rpc::{Call, Method, MethodSource, RawHandler};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 
+/// The store collection of the registry: one [`Record`] per installed plugin, keyed by id.
 pub const PLUGINS: &str = "plugins";
+/// The store collection of the publisher keys trusted through the API, keyed by fingerprint.
 pub const TRUSTED_PUBLISHERS: &str = "trusted_publishers";
 
 /// Who may call a plugin method, as its descriptor declares: the registry's one access type.
@@ -25,20 +29,30 @@ pub use capstan_rpc::Access;
 
 /// One method a plugin serves, with its compiled input schema.
 pub struct MethodEntry {
+    /// What the method does, as the descriptor states it.
     pub summary: String,
+    /// Who may call it; enforced before the plugin runs.
     pub role: Access,
+    /// JSON Schema the request body must match; checked before the plugin runs.
     pub input_schema: Value,
+    /// JSON Schema of the answer, as the plugin declares it (published, not checked).
     pub output_schema: Value,
     validator: jsonschema::Validator,
 }
 
 /// A plugin's descriptor, checked and in host form.
 pub struct Described {
-    pub methods: BTreeMap<String, MethodEntry>,
+    /// The methods it serves, by verb (the name after `<plugin>.`).
+    pub methods: BTreeMap<String, Arc<MethodEntry>>,
+    /// The collections it declares, under the names the plugin uses, indexes checked.
     pub collections: Vec<CollectionSpec>,
+    /// The event kinds delivered to its `on-event` (patterns such as `appstore.*`).
     pub subscriptions: Vec<String>,
+    /// Its scheduled tasks; every cron expression parses.
     pub schedules: Vec<wit_guest::Schedule>,
+    /// Time between reconcile passes (at least a second); none: no reconcile loop.
     pub reconcile_period: Option<std::time::Duration>,
+    /// Its background work as a fleet workload `plugin.<id>`: replicas (1 to 64) and node selector.
     pub placement: crate::fleet::placement::Workload,
 }
 
@@ -56,7 +70,7 @@ impl Described {
             let output_schema: Value =
                 serde_json::from_str(&m.output_schema).map_err(|e| invalid(format!("{}: output schema: {e}", m.name)))?;
             let validator = jsonschema::validator_for(&input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
-            let entry = MethodEntry { summary: m.summary, role, input_schema, output_schema, validator };
+            let entry = Arc::new(MethodEntry { summary: m.summary, role, input_schema, output_schema, validator });
             if methods.insert(m.name.clone(), entry).is_some() {
                 return Err(invalid(format!("method {:?} is declared twice", m.name)));
             }
@@ -85,24 +99,19 @@ impl Described {
         };
         Ok(Described { methods, collections, subscriptions: d.subscriptions, schedules: d.schedules, reconcile_period: period, placement })
     }
-
-    /// The methods as `GET /api/v1/methods` lists them.
-    pub fn describe_methods(&self, plugin: &str) -> Vec<Value> {
-        self.methods
-            .iter()
-            .map(|(name, m)| {
-                json!({ "name": format!("{plugin}.{name}"), "summary": m.summary, "access": m.role,
-                        "input": m.input_schema, "output": m.output_schema, "plugin": plugin })
-            })
-            .collect()
-    }
 }
 
 /// A plugin version loaded on this node.
 pub struct Active {
+    /// The manifest of the bundle it was loaded from.
     pub manifest: Manifest,
-    pub sandbox: Sandbox,
+    /// The compiled component with its approved grants, which runs every call.
+    pub sandbox: Arc<Sandbox>,
+    /// What its `describe` declared, checked.
     pub described: Described,
+    /// Its methods as registry entries, by verb: swapped in and out with the version.
+    pub methods: BTreeMap<String, Arc<Method>>,
+    /// Who vouches for it: the trusted publisher key text, or `first-party`.
     pub publisher: String,
     /// The registry revision this was loaded from.
     pub revision: u64,
@@ -112,21 +121,31 @@ pub struct Active {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InstalledVersion {
+    /// The plugin's semver version, from its manifest.
     pub version: String,
+    /// The blob key of the stored bundle: `_capstan/plugins/<id>/<version>-<digest>.capstan-plugin`.
     pub bundle_key: String,
+    /// The bundle's canonical digest as lowercase hex; a reload checks the stored bundle against it.
     pub digest: String,
     /// The publisher key text, or `first-party`.
     pub publisher: String,
+    /// The capabilities approved for it, as text (`store`, `inventory:read`, …).
     pub grants: Vec<String>,
+    /// When it was installed, in milliseconds since the Unix epoch.
     pub installed_at: u64,
+    /// Who installed it: a username, or `capstan` for a first-party plugin.
     pub installed_by: String,
 }
 
+/// Why an installed plugin is not loaded on this node: the refusal that stopped it, and when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LastError {
+    /// The refusal's code.
     pub code: String,
+    /// The refusal's message.
     pub message: String,
+    /// When it happened, in milliseconds since the Unix epoch.
     pub at: u64,
 }
 
@@ -134,10 +153,15 @@ pub struct LastError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
+    /// The plugin id, also the document id.
     pub id: String,
+    /// Its display name, from the current version's manifest.
     pub name: String,
+    /// Whether nodes load it and serve its methods; a disabled plugin stays installed.
     pub enabled: bool,
+    /// The version in use.
     pub current: InstalledVersion,
+    /// The version before the last upgrade, which a rollback returns to; none after a rollback.
     pub previous: Option<InstalledVersion>,
 }
 
@@ -145,16 +169,23 @@ pub struct Record {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TrustedPublisher {
+    /// The public key in its text form, as [`PublisherKey`] displays it.
     pub public_key: String,
+    /// The name it was trusted under (1 to 100 printable characters).
     pub name: String,
+    /// The key's fingerprint (16 hex characters), also the document id.
     pub fingerprint: String,
+    /// Who added it.
     pub added_by: String,
+    /// When it was added, in milliseconds since the Unix epoch.
     pub added_at: u64,
 }
 
 /// The plugins of this node.
 pub struct PluginHost {
+    /// The wasmtime engine plugins are compiled and run on.
     pub runtime: Arc<Runtime>,
+    /// What plugins' imports reach (store, blobs, keyring, platform), shared by every plugin.
     pub services: Arc<Services>,
     /// Keys trusted by configuration (cannot be removed through the API).
     configured_publishers: Vec<PublisherKey>,
@@ -204,6 +235,7 @@ impl PluginHost {
         self.active.read().expect("plugins lock").get(id).cloned()
     }
 
+    /// Every plugin version loaded on this node, in id order.
     pub fn loaded(&self) -> Vec<Arc<Active>> {
         let mut all: Vec<_> = self.active.read().expect("plugins lock").values().cloned().collect();
         all.sort_by(|a, b| a.manifest.id.cmp(&b.manifest.id));
@@ -229,6 +261,7 @@ impl PluginHost {
         Ok(keys)
     }
 
+    /// The publisher keys added through the API (not those trusted by configuration).
     pub async fn trusted_publishers(&self) -> Result<Vec<TrustedPublisher>> {
         scan_all(self.store(), TRUSTED_PUBLISHERS)
             .await?
@@ -237,10 +270,13 @@ impl PluginHost {
             .collect()
     }
 
+    /// The publisher keys trusted by configuration, which the API cannot remove.
     pub fn configured_publishers(&self) -> &[PublisherKey] {
         &self.configured_publishers
     }
 
+    /// Trust a publisher key under `name`, recorded as added by `by`; refuses
+    /// `publisher-exists` when the API already trusts it.
     pub async fn add_trusted_publisher(&self, key: &str, name: &str, by: &str) -> Result<TrustedPublisher> {
         let key: PublisherKey = key.trim().parse().map_err(super::bundle::key_refusal)?;
         let name = name.trim();
@@ -296,6 +332,7 @@ impl PluginHost {
             .await
     }
 
+    /// A plugin's registry record with its revision; none when it is not installed.
     pub async fn record(&self, id: &str) -> Result<Option<(Record, u64)>> {
         let id = id.to_string();
         let doc = self
@@ -308,6 +345,7 @@ impl PluginHost {
         doc.map(|d| serde_json::from_value(d.data).map(|r| (r, d.revision)).map_err(Refusal::internal)).transpose()
     }
 
+    /// Every installed plugin's registry record with its revision, in id order.
     pub async fn records(&self) -> Result<Vec<(Record, u64)>> {
         scan_all(self.store(), PLUGINS)
             .await?
@@ -316,6 +354,7 @@ impl PluginHost {
             .collect()
     }
 
+    /// Why an installed plugin is not loaded on this node, if its last load failed.
     pub fn load_error(&self, id: &str) -> Option<LastError> {
         self.load_errors.read().expect("plugins lock").get(id).cloned()
     }
@@ -358,9 +397,14 @@ impl PluginHost {
         let component = bundle.component.clone();
         // Compiling is CPU-heavy; keep it off the async workers.
         let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&component)).await.map_err(Refusal::internal)??;
-        let sandbox = Sandbox::new(&manifest, grants, prepared, self.services.clone());
+        let sandbox = Arc::new(Sandbox::new(&manifest, grants, prepared, self.services.clone()));
         let described = Described::from_wit(&manifest.id, sandbox.describe().await?)?;
-        Ok(Active { manifest, sandbox, described, publisher, revision })
+        let methods = described
+            .methods
+            .iter()
+            .map(|(verb, entry)| (verb.clone(), registry_entry(&manifest.id, verb, entry, &sandbox, &self.services.platform)))
+            .collect();
+        Ok(Active { manifest, sandbox, described, methods, publisher, revision })
     }
 
     /// Read and verify a stored bundle again, then prepare it.
@@ -569,6 +613,8 @@ impl PluginHost {
         Ok(next)
     }
 
+    /// Enable or disable a plugin: recorded in the registry, then loaded or unloaded here. A
+    /// plugin enabled but failing to load stays enabled and notes its load error.
     pub async fn set_enabled(&self, id: &str, enabled: bool, by: &str) -> Result<Record> {
         let _guard = self.lifecycle.lock().await;
         let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
@@ -700,7 +746,8 @@ impl PluginHost {
         Ok(json!({ "documents": documents, "blobs": blobs }))
     }
 
-    /// Call a plugin method as `caller`, after the role check and schema validation.
+    /// Call `<plugin>.<method>` for `caller` through its registry entry, exactly as
+    /// `POST /api/v1/<plugin>.<method>` would (for tests and the in-process test host).
     pub async fn dispatch(
         &self,
         plugin: &str,
@@ -709,19 +756,11 @@ impl PluginHost {
         request_id: &str,
         body: Value,
     ) -> Result<Value> {
-        let active = self.get(plugin).ok_or_else(|| self.unavailable(plugin))?;
-        let entry = active.described.methods.get(method).ok_or_else(|| {
-            Refusal::new("method-unknown", format!("plugin {plugin} has no method {method:?}; GET /api/v1/methods lists them"))
-                .with_data(json!({ "method": format!("{plugin}.{method}") }))
-        })?;
-        let acting = caller.cloned();
-        let caller = authorize(&*self.services.platform, entry.role, caller, &body, plugin, method).await?;
-        if let Some(error) = entry.validator.iter_errors(&body).next() {
-            let path = error.instance_path().to_string();
-            return Err(Refusal::invalid_request(format!("{plugin}.{method}: {}", error.masked()))
-                .with_data(json!({ "field": path.trim_start_matches('/').replace('/', ".") })));
-        }
-        active.sandbox.handle(request_id, caller, acting, method, &body).await
+        let name = format!("{plugin}.{method}");
+        let Some(entry) = MethodSource::get(self, &name) else {
+            return Err(self.absent(&name).await.unwrap_or_else(|| self.unavailable(plugin)));
+        };
+        entry.call(Call { identity: caller.cloned(), source: None, request_id: request_id.into() }, body).await
     }
 
     fn unavailable(&self, plugin: &str) -> Refusal {
@@ -731,16 +770,82 @@ impl PluginHost {
         }
         Refusal::new("method-unknown", format!("there is no plugin {plugin:?} serving methods here")).with_data(json!({ "plugin": plugin }))
     }
+}
 
-    /// The plugins' methods for `GET /api/v1/methods`.
-    pub fn describe_methods(&self) -> Vec<Value> {
-        self.loaded().iter().flat_map(|a| a.described.describe_methods(&a.manifest.id)).collect()
+/// A plugin method as a registry entry: the caller's role judged (organization roles through
+/// the platform's one authority), the body validated against the schema the plugin declares,
+/// then the sandbox answers.
+fn registry_entry(plugin: &str, verb: &str, entry: &Arc<MethodEntry>, sandbox: &Arc<Sandbox>, platform: &Arc<dyn Platform>) -> Arc<Method> {
+    let (plugin_id, verb_name) = (plugin.to_string(), verb.to_string());
+    let (entry_for_call, sandbox, platform) = (entry.clone(), sandbox.clone(), platform.clone());
+    let handler: RawHandler = Arc::new(move |call: Call, body: Value| {
+        let (entry, sandbox, platform) = (entry_for_call.clone(), sandbox.clone(), platform.clone());
+        let (plugin, verb) = (plugin_id.clone(), verb_name.clone());
+        Box::pin(async move {
+            let caller = authorize(&*platform, entry.role, call.identity.as_ref(), &body, &plugin, &verb).await?;
+            if let Some(error) = entry.validator.iter_errors(&body).next() {
+                let path = error.instance_path().to_string();
+                return Err(Refusal::invalid_request(format!("{plugin}.{verb}: {}", error.masked()))
+                    .with_data(json!({ "field": path.trim_start_matches('/').replace('/', ".") })));
+            }
+            sandbox.handle(&call.request_id, caller, call.identity, &verb, &body).await
+        })
+    });
+    let schemas = (entry.input_schema.clone(), entry.output_schema.clone());
+    Arc::new(Method::served_by(plugin, format!("{plugin}.{verb}"), entry.summary.clone(), entry.role, schemas, handler))
+}
+
+/// The plugins' methods are registry entries: those of the versions loaded here, swapped with
+/// them; a plugin that is installed but not serving says why.
+#[async_trait::async_trait]
+impl MethodSource for PluginHost {
+    fn get(&self, name: &str) -> Option<Arc<Method>> {
+        let (plugin, verb) = name.split_once('.')?;
+        PluginHost::get(self, plugin)?.methods.get(verb).cloned()
     }
 
-    /// The access a method needs (organization roles are checked against the body's `organizationId`).
-    pub fn role_of(&self, plugin: &str, method: &str) -> Option<Access> {
-        self.get(plugin).and_then(|a| a.described.methods.get(method).map(|m| m.role))
+    fn list(&self) -> Vec<Arc<Method>> {
+        self.loaded().iter().flat_map(|a| a.methods.values().cloned().collect::<Vec<_>>()).collect()
     }
+
+    async fn absent(&self, name: &str) -> Option<Refusal> {
+        let (plugin, verb) = name.split_once('.')?;
+        if PluginHost::get(self, plugin).is_some() {
+            return Some(
+                Refusal::new("method-unknown", format!("plugin {plugin} has no method {verb:?}; GET /api/v1/methods lists them"))
+                    .with_data(json!({ "method": truncate(name, 100) })),
+            );
+        }
+        if self.load_error(plugin).is_some() {
+            return Some(self.unavailable(plugin));
+        }
+        check_plugin_id(plugin).ok()?;
+        match self.record(plugin).await {
+            Ok(Some((record, _))) if !record.enabled => Some(
+                Refusal::new(
+                    "plugin-disabled",
+                    format!("the plugin {plugin} is disabled; an administrator enables it again on the Plugins page"),
+                )
+                .with_data(json!({ "plugin": plugin })),
+            ),
+            // installed and enabled, or embedded here and not yet installed (that happens in
+            // the background at start)
+            Ok(Some(_)) => Some(not_loaded(plugin)),
+            Ok(None) if self.first_party.iter().any(|b| b.manifest.id == plugin) => Some(not_loaded(plugin)),
+            Ok(None) => None,
+            Err(refusal) => Some(refusal),
+        }
+    }
+}
+
+/// `plugin-not-loaded` (retryable).
+fn not_loaded(plugin: &str) -> Refusal {
+    Refusal::new(
+            "plugin-not-loaded",
+            format!("the plugin {plugin} is not loaded on this host yet; first-party plugins are installed in the background at start, so try again in a few seconds"),
+        )
+        .with_data(json!({ "plugin": plugin }))
+        .retryable()
 }
 
 /// Every document of a (small) collection, a page at a time.

@@ -59,9 +59,13 @@ pub const RESERVED_IDS: &[&str] = &[
 /// The word an operator may approve instead of listing every requested capability.
 pub const ALL_REQUESTED: &str = "all-requested";
 
+/// Linear memory per instance when `limits.memory-mib` is not set, MiB.
 pub const DEFAULT_MEMORY_MIB: u32 = 64;
+/// The most `limits.memory-mib` may ask for, MiB.
 pub const MAX_MEMORY_MIB: u32 = 1024;
+/// Instances running at once when `limits.concurrency` is not set.
 pub const DEFAULT_CONCURRENCY: u32 = 16;
+/// The most `limits.concurrency` may ask for.
 pub const MAX_CONCURRENCY: u32 = 256;
 
 const MAX_NAME_CHARS: usize = 64;
@@ -73,15 +77,22 @@ const MAX_CAPABILITY_CHARS: usize = 300;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
+    /// The plugin's id: it prefixes the plugin's methods, collections and blobs.
     pub id: String,
+    /// The display name.
     pub name: String,
+    /// The plugin's semantic version; upgrades must raise it.
     #[serde(serialize_with = "serialize_display")]
     pub version: semver::Version,
+    /// The WIT world the plugin targets, like `capstan:plugin@0.1.0`.
     pub wit: String,
+    /// What the plugin does; empty when the manifest has none.
     pub description: String,
+    /// The publisher's display name, unverified (the bundle's signer is what counts).
     pub publisher: Option<String>,
     /// The requested capabilities, sorted (canonical order) and without duplicates.
     pub capabilities: Vec<Capability>,
+    /// The `[limits]` table, with defaults for what it leaves out.
     pub limits: Limits,
 }
 

@@ -21,14 +21,18 @@ pub const UPLOADS: &str = "_capstan/uploads/";
 /// What the `plugins.*` methods reach: the plugin host, and the blobs where uploads wait.
 #[derive(Clone)]
 pub struct Context {
+    /// The plugin host the methods act on.
     pub host: Arc<PluginHost>,
+    /// Where uploaded bundles wait for `plugins.install` / `plugins.upgrade`.
     pub blobs: Blobs,
 }
 
+/// Input of the methods that take no parameters.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
+/// Input of the methods that act on one plugin.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ById {
@@ -36,6 +40,7 @@ pub struct ById {
     pub id: String,
 }
 
+/// Input of `plugins.install` and `plugins.upgrade`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct InstallInput {
@@ -45,15 +50,18 @@ pub struct InstallInput {
     pub approve: Vec<String>,
 }
 
+/// Input of `plugins.uninstall`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UninstallInput {
+    /// The plugin id.
     pub id: String,
     /// Also delete the plugin's documents, blobs, signing keys and stored bundles.
     #[serde(default)]
     pub purge: bool,
 }
 
+/// Input of `plugins.addTrustedPublisher`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AddPublisherInput {
@@ -63,9 +71,11 @@ pub struct AddPublisherInput {
     pub name: String,
 }
 
+/// Input of `plugins.removeTrustedPublisher`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RemovePublisherInput {
+    /// The key to stop trusting (`capstan-ed25519:…`).
     pub public_key: String,
 }
 
@@ -73,22 +83,34 @@ pub struct RemovePublisherInput {
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginView {
+    /// The plugin's id.
     pub id: String,
+    /// The plugin's display name.
     pub name: String,
     /// `running`, `disabled` or `failed` (installed but not loaded here; see `lastError`).
     pub status: String,
+    /// The installed version.
     pub version: String,
+    /// The version `plugins.rollback` would go back to, if any.
     pub previous_version: Option<String>,
+    /// The key that signed the installed bundle, or `first-party`.
     pub publisher: String,
+    /// The capabilities the operator approved.
     pub grants: Vec<String>,
+    /// The installed bundle's canonical digest, hex.
     pub digest: String,
+    /// When the installed version was installed, in milliseconds since the epoch.
     pub installed_at: u64,
+    /// The user who installed it.
     pub installed_by: String,
+    /// Why the plugin last failed to load on this node, if it did.
     #[schemars(with = "Option<Value>")]
     pub last_error: Option<LastError>,
+    /// The methods the plugin serves (`<id>.<method>`); empty unless it is loaded here.
     pub methods: Vec<String>,
 }
 
+/// How the API shows `record`, with its status and methods on this node.
 pub fn view(host: &PluginHost, record: &Record) -> PluginView {
     let active = host.get(&record.id);
     let last_error = host.load_error(&record.id);
@@ -113,16 +135,20 @@ pub fn view(host: &PluginHost, record: &Record) -> PluginView {
     }
 }
 
+/// What `plugins.list` answers.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct PluginList {
+    /// Every installed plugin.
     pub plugins: Vec<PluginView>,
 }
 
+/// What `plugins.listTrustedPublishers` answers.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PublisherList {
     /// Keys from CAPSTAN_TRUSTED_PUBLISHERS (removable only there).
     pub configured: Vec<String>,
+    /// Keys added through `plugins.addTrustedPublisher`.
     #[schemars(with = "Vec<Value>")]
     pub added: Vec<TrustedPublisher>,
 }
@@ -179,6 +205,7 @@ async fn apply_upload(cx: &Context, call: &Call, input: &InstallInput, operation
     Ok(view(host, &outcome?))
 }
 
+/// Add the `plugins.*` methods to `registry`, all for administrators only.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add(

@@ -19,19 +19,26 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-wasmtime::component::bindgen!({
-    world: "manager",
-    path: "../../wit",
-    imports: { default: async },
-    exports: { default: async },
-    with: {
-        "capstan:plugin/blobs.blob-reader": super::imports::BlobReaderState,
-        "capstan:plugin/blobs.blob-writer": super::imports::BlobWriterState,
-    },
-});
+/// The host side of the `capstan:plugin` world, generated from `wit/manager.wit`.
+#[allow(missing_docs)]
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "manager",
+        path: "../../wit",
+        imports: { default: async },
+        exports: { default: async },
+        with: {
+            "capstan:plugin/blobs.blob-reader": crate::imports::BlobReaderState,
+            "capstan:plugin/blobs.blob-writer": crate::imports::BlobWriterState,
+        },
+    });
+}
+
+pub use bindings::{Manager, ManagerPre, capstan, exports};
 
 pub use self::capstan::plugin::types::{CallContext, Caller, CallerKind};
 pub use self::exports::capstan::plugin::guest as wit_guest;
+/// A refusal as a plugin returns it over WIT, before the host checks and converts it.
 pub type WitRefusal = self::capstan::plugin::types::Refusal;
 
 /// Deadline of a method call, an event delivery, a describe.
@@ -130,6 +137,7 @@ impl Runtime {
         Ok((component, false))
     }
 
+    /// The wasmtime version plugins run on (kept equal to Cargo.lock's by a test).
     pub fn engine_version() -> &'static str {
         wasmtime_version()
     }
@@ -176,6 +184,7 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 #[derive(Clone)]
 pub struct Prepared {
     pre: ManagerPre<CallData>,
+    /// SHA-256 of the component bytes as lowercase hex; names the cached artifact.
     pub digest: String,
     /// Whether the compiled artifact came from the cache.
     pub cached: bool,
@@ -183,8 +192,11 @@ pub struct Prepared {
 
 /// One plugin version ready to run: its component, its grants and its limits.
 pub struct Sandbox {
+    /// The plugin id.
     pub id: String,
+    /// The plugin version, from its manifest.
     pub version: String,
+    /// The capabilities the operator approved for this version.
     pub grants: Arc<BTreeSet<Capability>>,
     /// The imports the grants open, built once.
     grant: Arc<Grant>,
@@ -199,11 +211,17 @@ pub struct Sandbox {
 /// What kind of call, for its deadline and its log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallKind {
+    /// `describe`, at load: every import refused, with the method deadline.
     Describe,
+    /// An API method (`handle`), with the method deadline.
     Method,
+    /// One event delivered to `on-event`, with the method deadline.
     Event,
+    /// A reconcile pass, with the pass deadline.
     Reconcile,
+    /// A scheduled task (`run-task`), with the pass deadline.
     Task,
+    /// A data migration at install or upgrade, with the pass deadline.
     Migrate,
 }
 
@@ -217,6 +235,8 @@ impl CallKind {
 }
 
 impl Sandbox {
+    /// A sandbox for `manifest`'s plugin with the approved `grants`, its memory limit (capped at
+    /// [`MAX_MEMORY_BYTES`]) and its concurrency from the manifest's limits.
     pub fn new(manifest: &Manifest, grants: BTreeSet<Capability>, prepared: Prepared, services: Arc<super::imports::Services>) -> Self {
         let memory_limit = (manifest.limits.memory_mib as usize).saturating_mul(1 << 20).min(MAX_MEMORY_BYTES);
         Sandbox {
@@ -232,6 +252,7 @@ impl Sandbox {
         }
     }
 
+    /// SHA-256 of the plugin's component bytes as lowercase hex.
     pub fn digest(&self) -> &str {
         &self.prepared.digest
     }
@@ -258,6 +279,7 @@ impl Sandbox {
         Ok(value)
     }
 
+    /// Deliver one event to the plugin's `on-event`, as the host; a refusal means redeliver later.
     pub async fn on_event(&self, event: &wit_guest::Event) -> Result<()> {
         let ctx = self.context(&format!("event-{}", event.sequence), host_caller(), CallKind::Event);
         self.run(CallKind::Event, &ctx, |guest, store| {
@@ -267,6 +289,7 @@ impl Sandbox {
         .await
     }
 
+    /// Run one reconcile pass, woken by `trigger` (the period or hints), as the host.
     pub async fn reconcile(&self, trigger: &wit_guest::ReconcileTrigger) -> Result<wit_guest::ReconcileOutcome> {
         let ctx = self.context(&format!("reconcile-{}", uuid::Uuid::new_v4().simple()), host_caller(), CallKind::Reconcile);
         self.run(CallKind::Reconcile, &ctx, |guest, store| {
@@ -276,6 +299,7 @@ impl Sandbox {
         .await
     }
 
+    /// Run the scheduled task `name`, as the host; the text it returns is the execution's outcome.
     pub async fn run_task(&self, name: &str) -> Result<String> {
         let ctx = self.context(&format!("task-{}", uuid::Uuid::new_v4().simple()), host_caller(), CallKind::Task);
         let name = name.to_string();
@@ -286,6 +310,7 @@ impl Sandbox {
         .await
     }
 
+    /// Bring the plugin's data from version `from` (none: a fresh install) to `to`, as the host.
     pub async fn migrate(&self, from: Option<&str>, to: &str) -> Result<()> {
         let ctx = self.context(&format!("migrate-{}", uuid::Uuid::new_v4().simple()), host_caller(), CallKind::Migrate);
         let (from, to) = (from.map(str::to_string), to.to_string());

@@ -40,6 +40,8 @@ struct Shared {
     events_failures: u32,
 }
 
+/// Start this node's plugin background work (registry sync, event delivery, reconcile passes)
+/// until `stop` turns true; with a fleet, only plugins whose workload is placed here get rounds.
 pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut states: HashMap<String, PluginState> = HashMap::new();

@@ -25,8 +25,6 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
-type Handler = Arc<dyn Fn(Call, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
-
 /// Who may call a method, host or plugin. Checked by the dispatcher before the body is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -114,13 +112,36 @@ pub struct Method {
     pub output_schema: Value,
     /// Only the coordinator lease's holder answers: another node forwards the request to it.
     pub coordinator_only: bool,
-    handler: Handler,
+    /// The plugin that serves it; `None` for the host's own methods.
+    pub plugin: Option<String>,
+    handler: RawHandler,
 }
 
-/// Every method the host serves, by name.
+/// The handler of a method whose body another layer judges (a plugin's, validated against the
+/// JSON Schema its plugin declares).
+pub type RawHandler = Arc<dyn Fn(Call, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
+
+/// Methods an area loads and unloads while the host runs (the plugin host's): the registry
+/// serves them beside the host's own, so a swap there is a swap here, all at once.
+#[async_trait::async_trait]
+pub trait MethodSource: Send + Sync {
+    /// The method called `name`, if this source serves it now.
+    fn get(&self, name: &str) -> Option<Arc<Method>>;
+
+    /// Every method it serves now.
+    fn list(&self) -> Vec<Arc<Method>>;
+
+    /// Why `name` is not served, when it names something of this source that cannot answer
+    /// now (say, an installed plugin that is disabled, or failed to load); `None` when the
+    /// name is simply unknown to it.
+    async fn absent(&self, name: &str) -> Option<Refusal>;
+}
+
+/// Every method the host serves, by name: its own, and those its sources serve now.
 #[derive(Default)]
 pub struct Registry {
-    methods: BTreeMap<String, Method>,
+    methods: BTreeMap<String, Arc<Method>>,
+    sources: Vec<Arc<dyn MethodSource>>,
 }
 
 /// Registration of one area's methods, each handed a clone of the area's context per call.
@@ -167,6 +188,7 @@ impl Registry {
             input_schema: serde_json::to_value(schema_for!(In)).expect("schema serializes"),
             output_schema: serde_json::to_value(schema_for!(Out)).expect("schema serializes"),
             coordinator_only: false,
+            plugin: None,
             handler: Arc::new(move |call, body| {
                 let handler = handler.clone();
                 Box::pin(async move {
@@ -176,26 +198,57 @@ impl Registry {
                 })
             }),
         };
-        self.methods.entry(name.into()).or_insert(method)
+        let entry = self.methods.entry(name.into()).or_insert(Arc::new(method));
+        Arc::get_mut(entry).expect("a method is not shared while it is registered")
     }
 
-    /// The method called `name`.
-    pub fn get(&self, name: &str) -> Option<&Method> {
-        self.methods.get(name)
+    /// Serve the methods of `source` too (after the host's own, which it cannot shadow).
+    pub fn add_source(&mut self, source: Arc<dyn MethodSource>) {
+        self.sources.push(source);
     }
 
-    /// Every method, by name.
-    pub fn list(&self) -> impl Iterator<Item = &Method> {
-        self.methods.values()
+    /// The method called `name`, the host's or a source's.
+    pub fn get(&self, name: &str) -> Option<Arc<Method>> {
+        self.methods.get(name).cloned().or_else(|| self.sources.iter().find_map(|s| s.get(name)))
+    }
+
+    /// The method called `name`, or why there is none: what its source says
+    /// (`plugin-disabled`, …) or `method-unknown`.
+    pub async fn resolve(&self, name: &str) -> Result<Arc<Method>> {
+        if let Some(method) = self.get(name) {
+            return Ok(method);
+        }
+        for source in &self.sources {
+            if let Some(refusal) = source.absent(name).await {
+                return Err(refusal);
+            }
+        }
+        let shown: String = name.chars().take(100).collect();
+        Err(Refusal::new("method-unknown", format!("there is no method {shown:?}; GET /api/v1/methods lists them"))
+            .with_data(json!({ "method": shown })))
+    }
+
+    /// Every method, the host's by name and then each source's.
+    pub fn list(&self) -> Vec<Arc<Method>> {
+        let mut all: Vec<Arc<Method>> = self.methods.values().cloned().collect();
+        for source in &self.sources {
+            all.extend(source.list().into_iter().filter(|m| !self.methods.contains_key(&m.name)));
+        }
+        all
     }
 
     /// The machine-readable listing served at `GET /api/v1/methods`.
     pub fn describe(&self) -> Value {
         let methods: Vec<Value> = self
             .list()
+            .iter()
             .map(|m| {
-                json!({"name": m.name, "summary": m.summary, "access": m.access, "coordinatorOnly": m.coordinator_only,
-                    "input": m.input_schema, "output": m.output_schema})
+                let mut entry = json!({"name": m.name, "summary": m.summary, "access": m.access, "coordinatorOnly": m.coordinator_only,
+                    "input": m.input_schema, "output": m.output_schema});
+                if let Some(plugin) = &m.plugin {
+                    entry["plugin"] = json!(plugin);
+                }
+                entry
             })
             .collect();
         json!({ "methods": methods })
@@ -203,6 +256,12 @@ impl Registry {
 }
 
 impl Method {
+    /// A method of `plugin` whose handler judges the body itself (against `input_schema`).
+    pub fn served_by(plugin: &str, name: String, summary: String, access: Access, schemas: (Value, Value), handler: RawHandler) -> Method {
+        let (input_schema, output_schema) = schemas;
+        Method { name, summary, access, input_schema, output_schema, coordinator_only: false, plugin: Some(plugin.into()), handler }
+    }
+
     /// Mark the method as answered by the coordinator only (`fleet::forward` takes it there).
     pub fn coordinator_only(&mut self) -> &mut Self {
         self.coordinator_only = true;
@@ -211,7 +270,7 @@ impl Method {
 
     /// Run the method for `call`. An administrator-only method refuses anyone else here, before
     /// the body is decoded; organization roles are checked by the handler once it knows the
-    /// organization (`inventory::access`).
+    /// organization, through the one [`OrganizationAuthority`].
     pub async fn call(&self, call: Call, body: Value) -> Result<Value> {
         if self.access == Access::Admin && !call.identity.as_ref().is_some_and(|i| i.is_human_admin()) {
             return Err(Refusal::new("forbidden", format!("{} needs an administrator", self.name)));
@@ -356,8 +415,50 @@ mod tests {
         assert_eq!(run("area.secret", Call::by(&person(false)), json!({"name": "x"})).unwrap_err().code, "forbidden");
         assert_eq!(run("area.secret", Call::default(), json!({"name": "x"})).unwrap_err().code, "forbidden");
         assert_eq!(run("area.secret", Call::by(&person(true)), json!({"name": "x"})).unwrap(), json!("ran"));
-        let listed: Vec<&str> = registry.list().map(|m| m.name.as_str()).collect();
+        let listed: Vec<String> = registry.list().iter().map(|m| m.name.clone()).collect();
         assert_eq!(listed, ["area.echo", "area.secret"]);
+    }
+
+    /// A source serving `loaded.*` and saying `away.*` is disabled, as the plugin host does.
+    struct Loaded(Arc<Method>);
+
+    #[async_trait::async_trait]
+    impl MethodSource for Loaded {
+        fn get(&self, name: &str) -> Option<Arc<Method>> {
+            (name == self.0.name).then(|| self.0.clone())
+        }
+        fn list(&self) -> Vec<Arc<Method>> {
+            vec![self.0.clone()]
+        }
+        async fn absent(&self, name: &str) -> Option<Refusal> {
+            name.starts_with("away.").then(|| Refusal::new("plugin-disabled", "away is disabled"))
+        }
+    }
+
+    #[test]
+    fn a_source_serves_beside_the_host_cannot_shadow_it_and_says_why_it_does_not_serve() {
+        let handler = |answer: &'static str| -> RawHandler { Arc::new(move |_, _| Box::pin(async move { Ok(json!(answer)) })) };
+        let plugin = |name: &str, answer: &'static str| {
+            Arc::new(Method::served_by("p", name.into(), "s".into(), Access::Authenticated, (json!({}), json!({})), handler(answer)))
+        };
+        let mut registry = Registry::default();
+        registry.add("area.echo", "Echo", Access::Public, |_, _: Value| async move { Ok(json!({ "host": true })) });
+        registry.add_source(Arc::new(Loaded(plugin("loaded.run", "plugin"))));
+        registry.add_source(Arc::new(Loaded(plugin("area.echo", "shadow"))));
+        let call = |name: &str| {
+            futures::executor::block_on(async {
+                let method = registry.resolve(name).await?;
+                method.call(Call::default(), json!({})).await
+            })
+        };
+        assert_eq!(call("loaded.run").unwrap(), json!("plugin"));
+        assert_eq!(call("area.echo").unwrap(), json!({ "host": true }), "the host's own method answers");
+        assert_eq!(call("away.run").unwrap_err().code, "plugin-disabled");
+        assert_eq!(call("nobody.run").unwrap_err().code, "method-unknown");
+        let listing = registry.describe();
+        let names: Vec<&str> = listing["methods"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["area.echo", "loaded.run"]);
+        assert_eq!(listing["methods"][1]["plugin"], "p");
     }
 
     #[test]

@@ -21,7 +21,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use capstan_core::text::truncate;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -82,6 +81,7 @@ impl AppState {
         crate::fleet::methods::register(&mut registry, fleet.clone());
         crate::plugins::methods::register(&mut registry, crate::plugins::methods::Context { host: plugins.clone(), blobs: blobs.clone() });
         crate::scheduler::methods::register(&mut registry, scheduler.clone());
+        registry.add_source(plugins.clone());
         crate::inventory::register(
             &mut registry,
             crate::inventory::Context { store: store.clone(), blobs: blobs.clone(), dependents: Arc::new(capstan_links::HostDependents) },
@@ -234,11 +234,7 @@ async fn status(State(state): State<AppState>) -> Response {
 }
 
 async fn list_methods(State(state): State<AppState>) -> Json<Value> {
-    let mut listing = state.methods.describe();
-    if let Some(methods) = listing["methods"].as_array_mut() {
-        methods.extend(state.plugins.describe_methods());
-    }
-    Json(listing)
+    Json(state.methods.describe())
 }
 
 async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Response, ApiError> {
@@ -248,29 +244,8 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     // Read the body before judging anything else: a refusal that leaves a body unread makes
     // the server drop the connection, which a client reusing connections would trip over.
     let bytes = read_body(headers, body, state.max_body_bytes).await?;
-    let methods = state.methods.clone();
-    let plugins = state.plugins.clone();
-    if methods.get(&name).is_none()
-        && let Some((plugin, verb)) = name.split_once('.')
-        && (plugins.get(plugin).is_some() || plugins.load_error(plugin).is_some())
-    {
-        let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
-        // The role check happens in dispatch, which knows what the method declares.
-        let identity = match bearer_token(headers) {
-            Some(bearer) => Some(state.auth.authenticate(bearer).await?),
-            None => None,
-        };
-        let input = json_body(headers, &bytes)?;
-        return Ok(Json(plugins.dispatch(plugin, verb, identity.as_ref(), &request_id, input).await?).into_response());
-    }
-    let Some(method) = methods.get(&name) else {
-        return Err(Refusal::new(
-            "method-unknown",
-            format!("there is no method {:?}; GET /api/v1/methods lists them", truncate(&name, 100)),
-        )
-        .with_data(json!({ "method": truncate(&name, 100) }))
-        .into());
-    };
+    // host and plugin methods alike: a plugin's are registry entries while it is loaded here
+    let method = state.methods.resolve(&name).await?;
     let identity = match method.access {
         Access::Public => None,
         Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {

@@ -84,12 +84,11 @@ pub(super) async fn call(state: &AppState, identity: &Identity, name: &str, body
     result
 }
 
-/// Call the plugin method `<plugin>.<method>` as `identity`, exactly as
-/// `POST /api/v1/<plugin>.<method>` would: the host checks the role the plugin declares and
-/// validates the body against the method's schema, then the sandbox answers. A plugin that is
-/// not serving here is refused by name:
-/// `plugin-unavailable` (installed but failed to load, with its cause), `plugin-disabled`, or
-/// `plugin-not-loaded` (retryable: first-party plugins are installed in the background at start).
+/// Call the plugin method `<plugin>.<method>` as `identity` through the same registry entry
+/// `POST /api/v1/<plugin>.<method>` reaches. A plugin that is not serving here is refused by
+/// name: `plugin-unavailable` (installed but failed to load, with its cause),
+/// `plugin-disabled`, or `plugin-not-loaded` (retryable: first-party plugins are installed in
+/// the background at start).
 pub(super) async fn call_plugin(
     state: &AppState,
     identity: &Identity,
@@ -98,33 +97,16 @@ pub(super) async fn call_plugin(
     method: &str,
     body: Value,
 ) -> Result<Value> {
-    let host = &state.plugins;
-    let result = if host.get(plugin).is_none() && host.load_error(plugin).is_none() {
-        Err(not_serving(host, plugin).await)
-    } else {
-        host.dispatch(plugin, method, Some(identity), request_id, body).await
+    let name = format!("{plugin}.{method}");
+    let call = Call { identity: Some(identity.clone()), source: None, request_id: request_id.into() };
+    let result = match state.methods.resolve(&name).await {
+        Ok(entry) => entry.call(call, body).await,
+        Err(refusal) => Err(refusal),
     };
     if let Err(refusal) = &result {
-        log_refusal(&format!("{plugin}.{method}"), refusal);
+        log_refusal(&name, refusal);
     }
     result
-}
-
-/// Why a plugin that has no load error is not serving here.
-async fn not_serving(host: &crate::plugins::host::PluginHost, plugin: &str) -> Refusal {
-    match host.record(plugin).await {
-        Ok(Some((record, _))) if !record.enabled => {
-            Refusal::new("plugin-disabled", format!("the plugin {plugin} is disabled; an administrator enables it again on the Plugins page"))
-                .with_data(json!({ "plugin": plugin }))
-        }
-        Ok(_) => Refusal::new(
-            "plugin-not-loaded",
-            format!("the plugin {plugin} is not loaded on this host yet; first-party plugins are installed in the background at start, so try again in a few seconds"),
-        )
-        .with_data(json!({ "plugin": plugin }))
-        .retryable(),
-        Err(refusal) => refusal,
-    }
 }
 
 fn log_refusal(method: &str, refusal: &Refusal) {

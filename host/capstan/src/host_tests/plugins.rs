@@ -142,8 +142,10 @@ async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrad
     assert_eq!(f.host.rollback("example", "admin").await.unwrap_err().code, "rollback-unavailable");
 
     f.host.set_enabled("example", false, "admin").await.unwrap();
-    assert_eq!(f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap_err().code, "method-unknown");
+    assert_eq!(f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap_err().code, "plugin-disabled");
+    assert!(f.state.methods.get("example.greet").is_none(), "a disabled plugin's methods leave the registry");
     f.host.set_enabled("example", true, "admin").await.unwrap();
+    assert!(f.state.methods.get("example.greet").is_some(), "and come back with it");
     assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
 
     // a restart loads the registry again

@@ -43,9 +43,13 @@ const MAX_DOCUMENT_BYTES: usize = 1 << 20;
 
 /// What the imports reach: shared by every call of every plugin.
 pub struct Services {
+    /// The document store behind plugins' collections and event cursors.
     pub store: Store,
+    /// The blob storage behind plugins' blob prefixes.
     pub blobs: Blobs,
+    /// The keyring plugins' signing keys are sealed under.
     pub keyring: Arc<Keyring>,
+    /// This node's id.
     pub node_id: String,
     /// Plugins' outbound HTTP (`http.fetch`): see [`plugin_http_client`].
     pub http: reqwest::Client,
@@ -166,6 +170,7 @@ impl Grant {
 /// A linear-memory limit that remembers it was hit, so a failed call can say why.
 pub struct MemoryLimiter {
     limit: usize,
+    /// Set once the plugin tried to grow memory past the limit.
     pub exhausted: bool,
 }
 
@@ -191,12 +196,15 @@ pub struct CallData {
     table: ResourceTable,
     stdout: MemoryOutputPipe,
     stderr: MemoryOutputPipe,
+    /// The instance's memory limit, which says afterwards whether it was hit.
     pub limiter: MemoryLimiter,
     /// The caller a method call acts for; `None` outside a method call.
     pub acting: Option<capstan_rpc::Identity>,
 }
 
 impl CallData {
+    /// The state for one call: WASI with only clocks, random and captured stdio, and memory
+    /// capped at `memory_limit` bytes.
     pub fn new(grant: Arc<Grant>, request_id: String, clock_ahead: Duration, memory_limit: usize, stdio_capture: usize) -> Self {
         let stdout = MemoryOutputPipe::new(stdio_capture);
         let stderr = MemoryOutputPipe::new(stdio_capture);
