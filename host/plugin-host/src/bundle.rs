@@ -90,7 +90,7 @@ pub struct Bundle {
 }
 
 /// What `capstan plugin inspect` shows about a bundle.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Inspection {
     /// The plugin's id.

@@ -97,7 +97,7 @@ pub struct Manifest {
 }
 
 /// Per-plugin resource limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Limits {
     /// Linear memory per instance, MiB.

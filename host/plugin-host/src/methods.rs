@@ -80,7 +80,7 @@ pub struct RemovePublisherInput {
 }
 
 /// A plugin as the API shows it.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginView {
     /// The plugin's id.
@@ -136,14 +136,14 @@ pub fn view(host: &PluginHost, record: &Record) -> PluginView {
 }
 
 /// What `plugins.list` answers.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct PluginList {
     /// Every installed plugin.
     pub plugins: Vec<PluginView>,
 }
 
 /// What `plugins.listTrustedPublishers` answers.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PublisherList {
     /// Keys from CAPSTAN_TRUSTED_PUBLISHERS (removable only there).
@@ -164,21 +164,25 @@ pub async fn keep_upload(blobs: &Blobs, bytes: &[u8], by: &str) -> Result<(Strin
     Ok((upload, bundle.inspect()))
 }
 
-/// The bytes of a kept upload.
-pub async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
+/// Where a kept upload lives, once its id is known to be one.
+fn upload_key(upload: &str) -> Result<String> {
     let valid = upload.len() == 32 && upload.chars().all(|c| c.is_ascii_hexdigit());
     if !valid {
         return Err(Refusal::invalid_request("upload ids are the 32 hex digits the upload answered").with_data(json!({"field": "upload"})));
     }
-    let key = format!("{UPLOADS}{upload}");
-    let (_, bytes) = blobs.get_bytes(&key).await?.ok_or_else(|| {
+    Ok(format!("{UPLOADS}{upload}"))
+}
+
+/// The bytes of a kept upload.
+async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
+    let (_, bytes) = blobs.get_bytes(&upload_key(upload)?).await?.ok_or_else(|| {
         Refusal::new("upload-not-found", "no such upload; upload the bundle again").with_data(json!({ "upload": upload }))
     })?;
     Ok(bytes)
 }
 
 /// Drop a kept upload (best effort).
-pub async fn forget_upload(blobs: &Blobs, upload: &str) {
+async fn forget_upload(blobs: &Blobs, upload: &str) {
     let _ = blobs.delete(&format!("{UPLOADS}{upload}")).await;
 }
 
@@ -191,8 +195,9 @@ enum Operation {
     Upgrade,
 }
 
-/// Install or upgrade from an upload. An upload serves one attempt whatever its outcome (the
-/// CLI uploads again; a refused bundle does not linger in the bucket).
+/// Install or upgrade from an upload. The upload is dropped once it is installed or refused for
+/// good; it stays for another try after `capabilities-not-approved` or a refusal worth
+/// retrying (the dashboard shows the approval step again; `plugins.discardUpload` drops it).
 async fn apply_upload(cx: &Context, call: &Call, input: &InstallInput, operation: Operation) -> Result<PluginView> {
     let host = &cx.host;
     let bytes = take_upload(&cx.blobs, &input.upload).await?;
@@ -201,8 +206,29 @@ async fn apply_upload(cx: &Context, call: &Call, input: &InstallInput, operation
         Operation::Install => host.install(&bytes, &input.approve, &by).await,
         Operation::Upgrade => host.upgrade(&bytes, &input.approve, &by).await,
     };
-    forget_upload(&cx.blobs, &input.upload).await;
+    match &outcome {
+        Err(refusal) if refusal.is("capabilities-not-approved") || refusal.retryable => {}
+        _ => forget_upload(&cx.blobs, &input.upload).await,
+    }
     Ok(view(host, &outcome?))
+}
+
+/// What `plugins.inspectUpload` answers.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct UploadView {
+    /// The upload id.
+    pub upload: String,
+    /// What the kept bundle is and requests.
+    #[schemars(with = "Value")]
+    pub bundle: Inspection,
+}
+
+/// The body of `plugins.inspectUpload` and `plugins.discardUpload`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ByUpload {
+    /// The upload id `POST /api/v1/uploads/plugin-bundle` answered.
+    pub upload: String,
 }
 
 /// Add the `plugins.*` methods to `registry`, all for administrators only.
@@ -226,6 +252,24 @@ pub fn register(registry: &mut Registry, cx: Context) {
             let host = cx.host;
             let (record, _) = host.record(&input.id).await?.ok_or_else(|| Refusal::not_found(format!("plugin {:?}", input.id)))?;
             Ok(view(&host, &record))
+        },
+    );
+    registry.add(
+        "plugins.inspectUpload",
+        "What a kept upload is and requests, for the approval step",
+        Access::Admin,
+        |cx: Context, _: Call, input: ByUpload| async move {
+            let bytes = take_upload(&cx.blobs, &input.upload).await?;
+            Ok(UploadView { bundle: Bundle::parse(&bytes)?.inspect(), upload: input.upload })
+        },
+    );
+    registry.add(
+        "plugins.discardUpload",
+        "Drop a kept upload that will not be installed",
+        Access::Admin,
+        |cx: Context, _: Call, input: ByUpload| async move {
+            let discarded = cx.blobs.delete(&upload_key(&input.upload)?).await?;
+            Ok(json!({ "discarded": discarded }))
         },
     );
     registry.add(

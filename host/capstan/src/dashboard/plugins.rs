@@ -13,12 +13,12 @@
 //! administrator's session. A success answers `303` to `/plugins?done=<what>&id=<plugin>`
 //! (the page then says what happened); a refusal is shown on the page with its code.
 
+use super::forms::call;
 use super::{current_identity, message_page, nav, refuse_cross_origin, render, rfc3339, to_login, unavailable, user_view, utc};
 use crate::api::AppState;
 use crate::auth::Identity;
-use crate::plugins::bundle::{Bundle, Inspection, MAX_BUNDLE_BYTES, PublisherKey};
-use crate::plugins::host::PluginHost;
-use crate::plugins::methods::{self, PluginView};
+use crate::plugins::bundle::{Inspection, MAX_BUNDLE_BYTES, PublisherKey};
+use crate::plugins::methods::{self, PluginList, PluginView, PublisherList, UploadView};
 use crate::refusal::{Refusal, Result};
 use axum::Form;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
@@ -139,16 +139,26 @@ fn size(bytes: usize) -> String {
     }
 }
 
+/// Call the `plugins.*` method `name` as `identity` and read its answer as `T`.
+async fn call_as<T: serde::de::DeserializeOwned>(state: &AppState, identity: &Identity, name: &str, body: serde_json::Value) -> Result<T> {
+    let answer = call(state, identity, name, body).await?;
+    serde_json::from_value(answer).map_err(|e| Refusal::internal(format!("{name} answered an unexpected shape: {e}")))
+}
+
 /// The trusted publishers' names by fingerprint (`configured` for keys from configuration).
-async fn publisher_names(host: &PluginHost) -> HashMap<String, String> {
-    let mut names: HashMap<String, String> =
-        host.configured_publishers().iter().map(|k| (k.fingerprint(), "configured".to_string())).collect();
-    match host.trusted_publishers().await {
-        Ok(added) => names.extend(added.into_iter().map(|p| (p.fingerprint, p.name))),
+async fn publisher_names(state: &AppState, identity: &Identity) -> HashMap<String, String> {
+    match call_as::<PublisherList>(state, identity, "plugins.listTrustedPublishers", serde_json::json!({})).await {
+        Ok(list) => {
+            let configured =
+                list.configured.iter().filter_map(|k| k.parse::<PublisherKey>().ok()).map(|k| (k.fingerprint(), "configured".to_string()));
+            configured.chain(list.added.into_iter().map(|p| (p.fingerprint, p.name))).collect()
+        }
         // the names are a courtesy: the list still shows the fingerprints
-        Err(refusal) => tracing::warn!(code = %refusal.code, "the plugins view could not read the trusted publishers: {}", refusal.message),
+        Err(refusal) => {
+            tracing::warn!(code = %refusal.code, "the plugins view could not read the trusted publishers: {}", refusal.message);
+            HashMap::new()
+        }
     }
-    names
 }
 
 fn publisher_view(text: &str, names: &HashMap<String, String>) -> PublisherView {
@@ -196,10 +206,10 @@ fn row_view(view: PluginView, names: &HashMap<String, String>) -> RowView {
 }
 
 /// The installed plugins as the table shows them.
-async fn rows(host: &PluginHost) -> Result<Vec<RowView>> {
-    let records = host.records().await?;
-    let names = publisher_names(host).await;
-    Ok(records.iter().map(|(record, _)| row_view(methods::view(host, record), &names)).collect())
+async fn rows(state: &AppState, identity: &Identity) -> Result<Vec<RowView>> {
+    let list: PluginList = call_as(state, identity, "plugins.list", serde_json::json!({})).await?;
+    let names = publisher_names(state, identity).await;
+    Ok(list.plugins.into_iter().map(|view| row_view(view, &names)).collect())
 }
 
 fn approval_view(
@@ -284,7 +294,7 @@ enum Banner<'a> {
 
 /// The page: the list (or why it could not be read), the install form, and a banner.
 async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, banner: Banner<'_>) -> Response {
-    let (plugins, error) = match rows(&state.plugins).await {
+    let (plugins, error) = match rows(state, identity).await {
         Ok(rows) => (Some(rows), None),
         Err(refusal) => {
             log_refusal("list", &refusal);
@@ -321,22 +331,23 @@ async fn refused_page(state: &AppState, identity: &Identity, action: &str, title
 
 /// The approval step for a kept upload; after a refusal, with it in the banner and its status.
 async fn approval_page(
+    state: &AppState,
     identity: &Identity,
-    host: &PluginHost,
     upload: String,
     upgrade: bool,
     inspection: Inspection,
     checked: &BTreeSet<String>,
     refused: Option<(StatusCode, Flash)>,
 ) -> Response {
-    let installed = match host.record(&inspection.id).await {
-        Ok(record) => record.map(|(r, _)| (r.current.version, r.current.grants)),
+    let installed = match call_as::<PluginView>(state, identity, "plugins.get", serde_json::json!({ "id": inspection.id })).await {
+        Ok(view) => Some((view.version, view.grants)),
+        Err(refusal) if refusal.code.ends_with("not-found") => None,
         Err(refusal) => {
             log_refusal("approve", &refusal);
             None
         }
     };
-    let names = publisher_names(host).await;
+    let names = publisher_names(state, identity).await;
     let approval = approval_view(upload, upgrade, inspection, installed, checked, &names);
     let (status, flash) = match refused {
         Some((status, flash)) => (status, Some(flash)),
@@ -486,7 +497,6 @@ pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> 
         Err(response) => return response,
     };
     let title = "The bundle was not accepted";
-    let host = state.plugins.clone();
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > UPLOAD_LIMIT as u64) {
         return refused_page(&state, &identity, "inspect", title, too_large(), "").await;
@@ -517,10 +527,15 @@ pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> 
         _ => None,
     };
     if let Some(refusal) = mismatch {
-        methods::forget_upload(&state.blobs, &upload).await;
+        discard_upload(&state, &identity, &upload).await;
         return refused_page(&state, &identity, "inspect", title, refusal, "Nothing was kept.").await;
     }
-    approval_page(&identity, &host, upload, form.upgrade, inspection, &BTreeSet::new(), None).await
+    approval_page(&state, &identity, upload, form.upgrade, inspection, &BTreeSet::new(), None).await
+}
+
+/// Drop a kept upload through `plugins.discardUpload` (best effort: a refusal is logged).
+async fn discard_upload(state: &AppState, identity: &Identity, upload: &str) {
+    let _ = call(state, identity, "plugins.discardUpload", serde_json::json!({ "upload": upload })).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -550,10 +565,6 @@ fn field<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
     pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.trim()).unwrap_or_default()
 }
 
-fn is_upload_id(text: &str) -> bool {
-    text.len() == 32 && text.chars().all(|c| c.is_ascii_hexdigit())
-}
-
 /// Run an approved install or upgrade of a kept upload. On success the upload is dropped; on
 /// `capabilities-not-approved` or a refusal worth retrying the approval step is shown again
 /// (the upload is kept); on any other refusal the upload is dropped and the list says why.
@@ -571,35 +582,26 @@ async fn confirm(state: AppState, request: Request, upgrade: bool) -> Response {
         Ok(pairs) => pairs,
         Err(response) => return response,
     };
-    let host = state.plugins.clone();
     let upload = field(&pairs, "upload").to_string();
     let approved: Vec<String> = pairs.iter().filter(|(k, _)| k == "approve").map(|(_, v)| v.trim().to_string()).collect();
-    let bytes = match methods::take_upload(&state.blobs, &upload).await {
-        Ok(bytes) => bytes,
-        Err(refusal) => return refused_page(&state, &identity, action, title, refusal, "").await,
-    };
-    let result = if upgrade {
-        host.upgrade(&bytes, &approved, &identity.username).await
-    } else {
-        host.install(&bytes, &approved, &identity.username).await
-    };
-    match result {
-        Ok(record) => {
-            methods::forget_upload(&state.blobs, &upload).await;
-            done(if upgrade { "upgraded" } else { "installed" }, &record.id)
-        }
+    let method = if upgrade { "plugins.upgrade" } else { "plugins.install" };
+    match call_as::<PluginView>(&state, &identity, method, serde_json::json!({ "upload": upload, "approve": approved })).await {
+        Ok(view) => done(if upgrade { "upgraded" } else { "installed" }, &view.id),
+        // the method keeps the upload for another try
         Err(refusal) if refusal.is("capabilities-not-approved") || refusal.retryable => {
-            log_refusal(action, &refusal);
-            let inspection = match Bundle::parse(&bytes) {
-                Ok(bundle) => bundle.inspect(),
+            let kept = call_as::<UploadView>(&state, &identity, "plugins.inspectUpload", serde_json::json!({ "upload": upload })).await;
+            let inspection = match kept {
+                Ok(kept) => kept.bundle,
                 Err(e) => return refused_page(&state, &identity, action, title, e, "").await,
             };
             let checked: BTreeSet<String> = approved.into_iter().collect();
             let flash = Flash::refused(title, &refusal, "Nothing was changed; the upload is kept for another try.");
-            approval_page(&identity, &host, upload, upgrade, inspection, &checked, Some((status_of(&refusal), flash))).await
+            approval_page(&state, &identity, upload, upgrade, inspection, &checked, Some((status_of(&refusal), flash))).await
+        }
+        Err(refusal) if refusal.is("upload-not-found") || refusal.is("invalid-request") => {
+            refused_page(&state, &identity, action, title, refusal, "").await
         }
         Err(refusal) => {
-            methods::forget_upload(&state.blobs, &upload).await;
             refused_page(
                 &state,
                 &identity,
@@ -638,12 +640,10 @@ pub(super) async fn discard(State(state): State<AppState>, request: Request) -> 
         Err(response) => return response,
     };
     let upload = field(&pairs, "upload");
-    if !is_upload_id(upload) {
-        let refusal = Refusal::invalid_request("upload ids are the 32 hex digits the upload answered");
-        return refused_page(&state, &identity, "discard", "Nothing was discarded", refusal, "").await;
+    match call(&state, &identity, "plugins.discardUpload", serde_json::json!({ "upload": upload })).await {
+        Ok(_) => done("discarded", ""),
+        Err(refusal) => refused_page(&state, &identity, "discard", "Nothing was discarded", refusal, "").await,
     }
-    methods::forget_upload(&state.blobs, upload).await;
-    done("discarded", "")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -674,16 +674,13 @@ async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response
         Ok(pairs) => pairs,
         Err(response) => return response,
     };
-    let host = state.plugins.clone();
-    let id = field(&pairs, "id");
-    let by = identity.username.as_str();
-    let result = match op {
-        Lifecycle::Rollback => host.rollback(id, by).await,
-        Lifecycle::Disable => host.set_enabled(id, false, by).await,
-        Lifecycle::Enable => host.set_enabled(id, true, by).await,
+    let method = match op {
+        Lifecycle::Rollback => "plugins.rollback",
+        Lifecycle::Disable => "plugins.disable",
+        Lifecycle::Enable => "plugins.enable",
     };
-    match result {
-        Ok(record) => done(what, &record.id),
+    match call_as::<PluginView>(&state, &identity, method, serde_json::json!({ "id": field(&pairs, "id") })).await {
+        Ok(view) => done(what, &view.id),
         Err(refusal) => refused_page(&state, &identity, action, title, refusal, "").await,
     }
 }
@@ -714,8 +711,6 @@ mod tests {
         assert_eq!(size(5_754_420), "5.5 MiB");
         assert_eq!(query_value("example"), "example");
         assert_eq!(query_value("a b&c"), "a%20b%26c");
-        assert!(is_upload_id("0123456789abcdef0123456789ABCDEF"));
-        assert!(!is_upload_id("../../etc/passwd"));
     }
 
     #[test]

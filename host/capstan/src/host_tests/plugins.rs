@@ -371,3 +371,32 @@ async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_no
     let refused = f.host.upgrade(&bundle.to_bytes(), &all(), "admin").await.unwrap_err();
     assert_eq!(refused.code, "capability-unknown", "only a setting that lists URLs can be named: {refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_stays_for_another_try_after_an_approval_refusal_and_goes_once_installed_or_discarded() {
+    let Some(f) = Fixture::new().await else { return };
+    let method = |name: &str| f.state.methods.get(name).unwrap_or_else(|| panic!("{name} is registered"));
+    let call = || crate::api::Call::by(&f.admin);
+    let (upload, inspection) = crate::plugins::methods::keep_upload(&f.state.blobs, &f.example(None), "admin").await.unwrap();
+    assert_eq!(inspection.id, "example");
+
+    // too few capabilities approved: refused, and the upload is still there to look at
+    let partial = json!({ "upload": upload, "approve": ["log"] });
+    assert_eq!(method("plugins.install").call(call(), partial).await.unwrap_err().code, "capabilities-not-approved");
+    let kept = method("plugins.inspectUpload").call(call(), json!({ "upload": upload })).await.unwrap();
+    assert_eq!((kept["upload"].as_str(), kept["bundle"]["id"].as_str()), (Some(upload.as_str()), Some("example")));
+
+    // installed: the upload is gone
+    let installed = method("plugins.install").call(call(), json!({ "upload": upload, "approve": all() })).await.unwrap();
+    assert_eq!(installed["id"], "example");
+    let gone = method("plugins.inspectUpload").call(call(), json!({ "upload": upload })).await.unwrap_err();
+    assert_eq!(gone.code, "upload-not-found");
+
+    // discarded: once, then there is nothing to discard; a malformed id is refused by name
+    let (other, _) = crate::plugins::methods::keep_upload(&f.state.blobs, &f.example(Some("0.2.0")), "admin").await.unwrap();
+    let discarder = method("plugins.discardUpload");
+    let discard = |upload: &str| discarder.call(call(), json!({ "upload": upload }));
+    assert_eq!(discard(&other).await.unwrap(), json!({ "discarded": true }));
+    assert_eq!(discard(&other).await.unwrap(), json!({ "discarded": false }));
+    assert_eq!(discard("../../etc/passwd").await.unwrap_err().code, "invalid-request");
+}
