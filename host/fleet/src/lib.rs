@@ -32,6 +32,9 @@ pub const NODES_PREFIX: &str = "_capstan/nodes/";
 pub const IDENTITIES_PREFIX: &str = "_capstan/identities/";
 /// Bucket key of the deploy freeze, present only while one stands.
 pub const FREEZE_KEY: &str = "_capstan/fleet/freeze.json";
+/// The file in a node's state directory `capstan wg init` writes and `serve --network
+/// wireguard` requires.
+pub const WIREGUARD_FILE: &str = "wireguard.json";
 
 /// The WIT world this build serves to plugins (reported in the node record).
 pub const WIT_WORLD: &str = "capstan:plugin/manager@0.1.0";

@@ -6,7 +6,7 @@ use super::client::{Client, Connection, finish, print_json, print_table};
 use super::refuse;
 use crate::blobs::Blobs;
 use crate::config::{self, Flags};
-use crate::fleet::{self, Timing, lease, listing};
+use crate::fleet::{self, Timing, WIREGUARD_FILE, lease, listing};
 use crate::refusal::{Refusal, Result};
 use base64::Engine;
 use capstan_core::private_file;
@@ -98,9 +98,6 @@ pub enum WgCommand {
         state_dir: PathBuf,
     },
 }
-
-/// The file `wg init` writes and `serve --network wireguard` requires.
-pub const WIREGUARD_FILE: &str = "wireguard.json";
 
 /// The bucket `serve` would use, and the liveness window it judges nodes by.
 async fn open_bucket(args: &BucketArgs) -> Result<(Blobs, Timing)> {

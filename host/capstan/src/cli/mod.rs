@@ -10,7 +10,6 @@ mod plugin_new;
 mod plugin_online;
 mod secret_sets;
 mod secrets;
-mod serve;
 mod tasks;
 
 use crate::config::{self, Flags};
@@ -128,6 +127,7 @@ const EXIT_CONFIG: u8 = 2;
 /// Exit status for a refusal after configuration (store, blobs, migrations, bind).
 const EXIT_REFUSED: u8 = 1;
 
+/// Run the command line: parse, dispatch, and answer an exit status.
 pub fn main() -> ExitCode {
     let command = Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(config::vars_help()));
     let cli = match Cli::from_arg_matches(&command.get_matches()) {
@@ -171,11 +171,11 @@ pub fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(e) => return refuse(&Refusal::internal(format!("starting the async runtime: {e}")), EXIT_REFUSED),
             };
-            let served = runtime.block_on(serve::run(config));
+            let served = runtime.block_on(capstan_server::serve::run(config, capstan_dashboard::pages()));
             // Background work still running (a component compiling on a blocking thread, say)
             // must not keep a stopping node up: it is safe to cut, every piece resumes at the
             // next start.
-            runtime.shutdown_timeout(serve::SHUTDOWN_LEFTOVERS);
+            runtime.shutdown_timeout(capstan_server::serve::SHUTDOWN_LEFTOVERS);
             match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(refusal) => {

@@ -27,7 +27,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// the requests are done.
 pub const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(5);
 
-pub async fn run(mut config: ServeConfig) -> Result<()> {
+pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     init_logging(&config);
     if let Some(dir) = &config.data_dir {
         announce_dev(&config);
@@ -50,7 +50,7 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
             tracing::warn!(node = %identity.id, %previous, "pinned node id differs from the stored one: new key pair")
         }
     }
-    if config.node.network == Some(Network::Wireguard) && !state_dir.join(super::fleet::WIREGUARD_FILE).exists() {
+    if config.node.network == Some(Network::Wireguard) && !state_dir.join(crate::fleet::WIREGUARD_FILE).exists() {
         return Err(Refusal::new(
             "wireguard-key-missing",
             "--network wireguard needs a key pair: run `capstan wg init` with this state directory first",
@@ -117,8 +117,8 @@ pub async fn run(mut config: ServeConfig) -> Result<()> {
 
     let leaving = fleet.clone();
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
-    let server =
-        axum::serve(listener, api::router(state).into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(async move {
+    let server = axum::serve(listener, api::router(state, pages).into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
             signalled.await;
             // first tell the fleet this node is leaving, then finish what is in flight
             leaving.drain().await;

@@ -10,7 +10,7 @@
 //! clear. A value is typed, or generated in the browser (shown once, in its still-unsaved form,
 //! so it can be copied); on submit `dashboard/static/seal.js` seals it to the keyring's ingress
 //! recipient for the very request (`secrets.create` or `secrets.rotate`, the owner reference,
-//! the key: [`crate::secrets::ingress`]) and sends only the sealed JSON, in the `sealed` field.
+//! the key: [`capstan_server::secrets::ingress`]) and sends only the sealed JSON, in the `sealed` field.
 //! The plain fields have no `name`, so a browser never sends them. The method opens it; a
 //! refusal (`sealed-input-invalid`, `input-empty`, `exists`, `conflict`, …) is a banner with
 //! its code, and nothing typed is ever shown again.
@@ -27,10 +27,10 @@ use super::{live, nav, render, user_view};
 use crate::api::AppState;
 use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
-use crate::secrets::methods::Owner;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::Response;
+use capstan_server::secrets::methods::Owner;
 use minijinja::context;
 use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
@@ -1107,7 +1107,7 @@ pub(super) async fn revoke(State(state): State<AppState>, Path(id): Path<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::ingress;
+    use capstan_server::secrets::ingress;
 
     /// seal.js builds the target and the AAD with `JSON.stringify` of objects whose keys are
     /// in this order; the server's canonical forms must be exactly these bytes.

@@ -12,7 +12,7 @@ const ORIGIN: &str = "http://capstan.test";
 /// A migrated host with the administrator `admin`.
 async fn setup() -> (tempfile::TempDir, AppState) {
     let (dir, state) = unmigrated().await;
-    crate::migrate::run(&state.store, &state.chain, &crate::migrate::LockOptions::for_this_process()).await.unwrap();
+    capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
     (dir, state)
 }
 
@@ -65,7 +65,7 @@ impl Answer {
 }
 
 async fn send(state: &AppState, request: Request) -> Answer {
-    let response = crate::api::router(state.clone()).oneshot(request).await.unwrap();
+    let response = crate::api::router(state.clone(), crate::pages()).oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
     let bytes = axum::body::to_bytes(response.into_body(), 1 << 22).await.unwrap();
@@ -436,13 +436,13 @@ async fn add_operator(state: &AppState) {
 }
 
 /// A fleet member `id` of `state`'s bucket, its identity kept under `dir`.
-fn fleet_node(state: &AppState, dir: &std::path::Path, id: &str) -> crate::fleet::Node {
-    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(dir, Some(id)).unwrap();
-    crate::fleet::Node { blobs: state.blobs.clone(), identity, timing: crate::fleet::Timing::default() }
+fn fleet_node(state: &AppState, dir: &std::path::Path, id: &str) -> capstan_server::fleet::Node {
+    let (identity, _) = capstan_server::fleet::identity::NodeIdentity::load_or_create(dir, Some(id)).unwrap();
+    capstan_server::fleet::Node { blobs: state.blobs.clone(), identity, timing: capstan_server::fleet::Timing::default() }
 }
 
-fn fleet_addresses(port: u16) -> crate::fleet::Addresses {
-    crate::fleet::Addresses { internal: "10.0.0.7".into(), api_port: port }
+fn fleet_addresses(port: u16) -> capstan_server::fleet::Addresses {
+    capstan_server::fleet::Addresses { internal: "10.0.0.7".into(), api_port: port }
 }
 
 #[tokio::test]
@@ -511,8 +511,8 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     let beta = fleet_node(&state, &identities.path().join("b"), "beta");
     beta.register(fleet_addresses(8081), Default::default(), None, vec![]).await.unwrap();
     beta.drain().await;
-    let lease = crate::fleet::lease::Coordinator::new(state.blobs.clone(), "alpha", Duration::from_secs(60));
-    assert_eq!(lease.tick().await, crate::fleet::lease::Role::Holder { fence: 1 });
+    let lease = capstan_server::fleet::lease::Coordinator::new(state.blobs.clone(), "alpha", Duration::from_secs(60));
+    assert_eq!(lease.tick().await, capstan_server::fleet::lease::Role::Holder { fence: 1 });
 
     let page = send(&state, get("/fleet", Some(&cookie))).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
@@ -544,7 +544,7 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     assert!(!body.contains(r#"id="fleet-freeze""#), "no freeze yet");
 
     // a freeze: its banner, by whom and why
-    let freeze = crate::fleet::freeze(&state.blobs, "alice", "release week").await.unwrap();
+    let freeze = capstan_server::fleet::freeze(&state.blobs, "alice", "release week").await.unwrap();
     let page = send(&state, get("/fleet", Some(&cookie))).await;
     let body = &page.body;
     assert!(body.contains(r#"id="fleet-freeze""#) && body.contains("Deploys are frozen"), "{body}");
@@ -568,7 +568,11 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
 async fn an_unreadable_bucket_is_an_error_panel_not_an_error_page() {
     let (_dir, state) = setup().await;
     let cookie = login_cookie(&state).await;
-    state.blobs.put_bytes(crate::fleet::FREEZE_KEY, b"{not json".to_vec(), crate::blobs::PutMode::Overwrite).await.unwrap();
+    state
+        .blobs
+        .put_bytes(capstan_server::fleet::FREEZE_KEY, b"{not json".to_vec(), capstan_server::blobs::PutMode::Overwrite)
+        .await
+        .unwrap();
     for path in ["/fleet", "/fleet/panel"] {
         let answer = send(&state, get(path, Some(&cookie))).await;
         assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
@@ -583,8 +587,8 @@ async fn an_unreadable_bucket_is_an_error_panel_not_an_error_page() {
 // ---------------------------------------------------------------------------------------
 // The Plugins view
 
-use crate::plugins::bundle::{Bundle, PublisherKey, generate_key};
-use crate::plugins::host::{InstalledVersion, PLUGINS, Record};
+use capstan_server::plugins::bundle::{Bundle, PublisherKey, generate_key};
+use capstan_server::plugins::host::{InstalledVersion, PLUGINS, Record};
 
 /// Every form post of the Plugins view, with a body that would be acceptable.
 const PLUGIN_POSTS: [(&str, &str); 6] = [
@@ -639,7 +643,7 @@ fn upload(bundle: &[u8], cookie: &str) -> Request {
 
 /// How many uploads are kept.
 async fn kept_uploads(state: &AppState) -> usize {
-    state.blobs.list(crate::plugins::methods::UPLOADS, None, 100).await.unwrap().items.len()
+    state.blobs.list(capstan_server::plugins::methods::UPLOADS, None, 100).await.unwrap().items.len()
 }
 
 /// A signed bundle of 3 MiB, more than a form or axum's default body limit, that parses (its
@@ -845,7 +849,7 @@ async fn an_invalid_upload_shows_bundle_malformed_and_keeps_nothing() {
     assert!(huge.body.contains(r#"data-code="bundle-too-large""#), "{}", huge.body);
     assert_eq!(huge.header("connection"), Some("close"), "the rest of the body is not read");
     // a body that does not say its length is cut off where a bundle would be too large
-    let oversized = vec![0u8; crate::plugins::bundle::MAX_BUNDLE_BYTES + 1];
+    let oversized = vec![0u8; capstan_server::plugins::bundle::MAX_BUNDLE_BYTES + 1];
     let mut streamed = upload(&oversized, &cookie);
     drop(oversized);
     streamed.headers_mut().remove("content-length");
@@ -1238,7 +1242,7 @@ async fn services_are_created_edited_and_deleted_through_forms() {
     // a manager holds it: deletion leaves it deleting, and the page says what holds it
     state
         .store
-        .transact(|tx| async move { tx.insert(crate::plugins::host::PLUGINS, "mail", serde_json::json!({"id": "mail"})).await })
+        .transact(|tx| async move { tx.insert(capstan_server::plugins::host::PLUGINS, "mail", serde_json::json!({"id": "mail"})).await })
         .await
         .unwrap();
     crate::inventory::services::hold(&state.store, &id, "plugin:mail").await.unwrap();
@@ -1386,17 +1390,22 @@ fn register_tasks(state: &AppState) {
     let scheduler = &state.scheduler;
     let store = state.store.clone();
     scheduler
-        .register(crate::scheduler::HostTask::new("host.reap-expired-sessions", "Remove expired sessions", "*/5 * * * *", move |log| {
-            let store = store.clone();
-            async move {
-                let reaped = crate::auth::reap_expired_sessions(&store).await?;
-                log.line(format!("removed {reaped} expired sessions"));
-                Ok(())
-            }
-        }))
+        .register(capstan_server::scheduler::HostTask::new(
+            "host.reap-expired-sessions",
+            "Remove expired sessions",
+            "*/5 * * * *",
+            move |log| {
+                let store = store.clone();
+                async move {
+                    let reaped = crate::auth::reap_expired_sessions(&store).await?;
+                    log.line(format!("removed {reaped} expired sessions"));
+                    Ok(())
+                }
+            },
+        ))
         .unwrap();
     scheduler
-        .register(crate::scheduler::HostTask::new("host.slow", "Take a while", "0 3 * * *", |log| async move {
+        .register(capstan_server::scheduler::HostTask::new("host.slow", "Take a while", "0 3 * * *", |log| async move {
             log.line("started; waiting to be cancelled");
             tokio::time::sleep(Duration::from_secs(600)).await;
             Ok(())
@@ -1624,8 +1633,8 @@ const PLANTED_ROTATED: &str = "hunter2-planted-dashboard-rotated-81d0";
 
 /// A value sealed as seal.js seals it: to `state`'s ingress recipient, for `method`, `owner`, `key`.
 fn sealed(state: &AppState, method: &str, owner: &str, key: &str, value: &[u8]) -> String {
-    let target = crate::secrets::ingress::target(method, owner, key);
-    let input = crate::secrets::ingress::seal_to(state.keyring.ingress_id(), state.keyring.ingress_public_key(), &target, value);
+    let target = capstan_server::secrets::ingress::target(method, owner, key);
+    let input = capstan_server::secrets::ingress::seal_to(state.keyring.ingress_id(), state.keyring.ingress_public_key(), &target, value);
     serde_json::to_string(&input).unwrap()
 }
 
@@ -1638,7 +1647,7 @@ async fn secret_service(state: &AppState, cookie: &str) -> String {
 }
 
 async fn current_value(state: &AppState, id: &str) -> Vec<u8> {
-    crate::secrets::methods::open_current(&state.store, &state.keyring, id).await.unwrap().to_vec()
+    capstan_server::secrets::methods::open_current(&state.store, &state.keyring, id).await.unwrap().to_vec()
 }
 
 /// Every page a test read, checked at the end: no planted value on any.
@@ -1736,15 +1745,15 @@ async fn secrets_are_created_rotated_and_revoked_with_sealed_values_only() {
     let mut pages = Pages::default();
 
     // refusals, each by its code, the typed key kept and nothing stored
-    let other_ring = crate::keyring::Keyring::generate(None, None).unwrap();
-    let elsewhere = serde_json::to_string(&crate::secrets::ingress::seal_to(
+    let other_ring = capstan_server::keyring::Keyring::generate(None, None).unwrap();
+    let elsewhere = serde_json::to_string(&capstan_server::secrets::ingress::seal_to(
         other_ring.ingress_id(),
         other_ring.ingress_public_key(),
-        &crate::secrets::ingress::target("secrets.create", &owner, "DB_PASSWORD"),
+        &capstan_server::secrets::ingress::target("secrets.create", &owner, "DB_PASSWORD"),
         PLANTED.as_bytes(),
     ))
     .unwrap();
-    let oversized = "x".repeat(crate::secrets::methods::MAX_VALUE_BYTES + 1);
+    let oversized = "x".repeat(capstan_server::secrets::methods::MAX_VALUE_BYTES + 1);
     for (key, value, code, status) in [
         ("DB_PASSWORD", String::new(), "input-not-sealed", StatusCode::BAD_REQUEST),
         ("DB_PASSWORD", "{not json".to_string(), "sealed-input-invalid", StatusCode::BAD_REQUEST),

@@ -123,8 +123,9 @@ impl AppState {
     }
 }
 
-/// A complete host state on an embedded store in `dir`, for tests.
-#[cfg(test)]
+/// A complete host state on an embedded store in `dir`, for tests (here and, through the
+/// `testing` feature, the dashboard's).
+#[cfg(any(test, feature = "testing"))]
 pub async fn test_state(dir: &std::path::Path) -> AppState {
     let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.join("capstan.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
     let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
@@ -157,16 +158,35 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     })
 }
 
-pub fn router(state: AppState) -> Router {
+/// What the server serves beside the API: the dashboard's routes, and its answer to a
+/// browser asking for a path that does not exist (`None` leaves the error envelope).
+#[derive(Clone)]
+pub struct Pages {
+    /// The routes, merged with the API's.
+    pub routes: Router<AppState>,
+    /// The page for an unknown path, when the request wants one (a browser outside `/api`).
+    pub not_found: fn(&HeaderMap, &str) -> Option<Response>,
+}
+
+impl Pages {
+    /// No pages: the API alone.
+    pub fn none() -> Pages {
+        Pages { routes: Router::new(), not_found: |_, _| None }
+    }
+}
+
+/// The whole HTTP surface: the probes, the API, and `pages`.
+pub fn router(state: AppState, pages: Pages) -> Router {
+    let page_not_found = pages.not_found;
     Router::new()
         .route("/healthz", get(healthz))
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
-        .merge(crate::dashboard::router())
+        .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
-        .fallback(not_found)
+        .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })
         .layer(middleware::from_fn(request_id))
         .with_state(state)
 }
@@ -350,11 +370,11 @@ async fn wrong_http_method() -> ApiError {
     Refusal::new("method-not-allowed", "this path does not accept that HTTP method; probes and listings are read with GET").into()
 }
 
-/// Unknown paths: the error envelope, except that a browser (asking for HTML) outside
-/// `/api` gets the dashboard's "not found" page.
-async fn not_found(headers: HeaderMap, uri: axum::http::Uri) -> Response {
-    if crate::dashboard::wants_html(&headers, uri.path()) {
-        return crate::dashboard::not_found_page();
+/// Unknown paths: the error envelope, except where the pages answer (the dashboard's "not
+/// found" page for a browser outside `/api`).
+fn not_found(page: fn(&HeaderMap, &str) -> Option<Response>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    if let Some(page) = page(&headers, uri.path()) {
+        return page;
     }
     ApiError(Refusal::new("not-found", "no such path; the API lives under /api/v1/")).into_response()
 }

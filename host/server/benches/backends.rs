@@ -7,9 +7,9 @@
 //! is set, S3 when CAPSTAN_TEST_S3_ENDPOINT is set (as `.ci/peers.sh` sets them). Figures go in
 //! docs/benchmarks.md with the command that produced them.
 
-use capstan::blobs::{Blobs, PutMode};
-use capstan::config::{S3Settings, SecretString};
-use capstan::store::{CollectionSpec, Store, StoreOptions};
+use capstan_server::blobs::{Blobs, PutMode};
+use capstan_server::config::{S3Settings, SecretString};
+use capstan_server::store::{CollectionSpec, Store, StoreOptions};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 use std::time::{Duration, Instant};

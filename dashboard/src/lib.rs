@@ -6,10 +6,10 @@
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
 //! browser), `/appstore` (the App Store: catalog status, apps, installs and upgrades through
 //! the App Store plugin's methods), `/login` and
-//! `/logout`, from the templates in
-//! `dashboard/templates/` (minijinja, autoescaped, embedded in the binary at compile time),
-//! with the static assets of [`assets`] and the vendored htmx for partial updates. No Node
-//! build step.
+//! `/logout`, from the templates in this crate's `templates/` (minijinja, autoescaped,
+//! embedded in the binary at compile time), with the static assets of [`assets`] (`static/`)
+//! and the vendored htmx for partial updates. No Node build step. It acts only through the
+//! server's registered methods; [`pages`] hands its routes to the server's router.
 //!
 //! A browser session is the JWT of a human login, kept only in the `capstan_session` cookie
 //! (HttpOnly, SameSite=Strict, Secure under an https public origin). Every request checks it
@@ -17,6 +17,9 @@
 //! at once. A form post whose `Origin` is neither the public origin nor the request's own
 //! host is refused. Every response carries a strict Content-Security-Policy: no inline
 //! script or style, nothing loaded from elsewhere, no framing.
+
+// The dashboard's items gain their docs as they are touched.
+#![allow(missing_docs)]
 
 mod appstore;
 pub mod assets;
@@ -29,6 +32,9 @@ mod secrets;
 mod services;
 mod settings;
 mod tasks;
+
+// The server's areas, under the names the views use.
+use capstan_server::{api, auth, events, inventory, refusal, store};
 
 use crate::api::AppState;
 use crate::api::system::{StatusReport, status_report};
@@ -59,6 +65,11 @@ pub const CONTENT_SECURITY_POLICY: &str =
 const FORM_LIMIT: usize = 16 * 1024;
 
 /// The dashboard's routes, to be merged into the API router (which owns the fallback).
+/// The dashboard as the server serves it: its routes, and its "not found" page for a browser.
+pub fn pages() -> api::Pages {
+    api::Pages { routes: router(), not_found: |headers, path| wants_html(headers, path).then(not_found_page) }
+}
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(overview))
@@ -138,51 +149,51 @@ pub fn router() -> Router<AppState> {
 // Templates
 
 const TEMPLATES: &[(&str, &str)] = &[
-    ("layout.html", include_str!("../../../../dashboard/templates/layout.html")),
-    ("app.html", include_str!("../../../../dashboard/templates/app.html")),
-    ("icons.html", include_str!("../../../../dashboard/templates/icons.html")),
-    ("login.html", include_str!("../../../../dashboard/templates/login.html")),
-    ("overview.html", include_str!("../../../../dashboard/templates/overview.html")),
-    ("status.html", include_str!("../../../../dashboard/templates/status.html")),
-    ("fleet.html", include_str!("../../../../dashboard/templates/fleet.html")),
-    ("fleet_panel.html", include_str!("../../../../dashboard/templates/fleet_panel.html")),
-    ("plugins.html", include_str!("../../../../dashboard/templates/plugins.html")),
-    ("plugins_list.html", include_str!("../../../../dashboard/templates/plugins_list.html")),
-    ("plugins_approve.html", include_str!("../../../../dashboard/templates/plugins_approve.html")),
-    ("plugins_flash.html", include_str!("../../../../dashboard/templates/plugins_flash.html")),
-    ("message.html", include_str!("../../../../dashboard/templates/message.html")),
-    ("flash.html", include_str!("../../../../dashboard/templates/flash.html")),
-    ("live.html", include_str!("../../../../dashboard/templates/live.html")),
-    ("confirm_delete.html", include_str!("../../../../dashboard/templates/confirm_delete.html")),
-    ("clusters.html", include_str!("../../../../dashboard/templates/clusters.html")),
-    ("clusters_panel.html", include_str!("../../../../dashboard/templates/clusters_panel.html")),
-    ("cluster.html", include_str!("../../../../dashboard/templates/cluster.html")),
-    ("cluster_panel.html", include_str!("../../../../dashboard/templates/cluster_panel.html")),
-    ("cluster_created.html", include_str!("../../../../dashboard/templates/cluster_created.html")),
-    ("service_fields.html", include_str!("../../../../dashboard/templates/service_fields.html")),
-    ("services.html", include_str!("../../../../dashboard/templates/services.html")),
-    ("services_panel.html", include_str!("../../../../dashboard/templates/services_panel.html")),
-    ("service.html", include_str!("../../../../dashboard/templates/service.html")),
-    ("service_panel.html", include_str!("../../../../dashboard/templates/service_panel.html")),
-    ("settings.html", include_str!("../../../../dashboard/templates/settings.html")),
-    ("settings_panel.html", include_str!("../../../../dashboard/templates/settings_panel.html")),
-    ("tasks.html", include_str!("../../../../dashboard/templates/tasks.html")),
-    ("tasks_panel.html", include_str!("../../../../dashboard/templates/tasks_panel.html")),
-    ("task.html", include_str!("../../../../dashboard/templates/task.html")),
-    ("task_panel.html", include_str!("../../../../dashboard/templates/task_panel.html")),
-    ("task_disable.html", include_str!("../../../../dashboard/templates/task_disable.html")),
-    ("secrets.html", include_str!("../../../../dashboard/templates/secrets.html")),
-    ("secrets_value.html", include_str!("../../../../dashboard/templates/secrets_value.html")),
-    ("secrets_list.html", include_str!("../../../../dashboard/templates/secrets_list.html")),
-    ("secrets_facts.html", include_str!("../../../../dashboard/templates/secrets_facts.html")),
-    ("secrets_service.html", include_str!("../../../../dashboard/templates/secrets_service.html")),
-    ("secrets_rotate.html", include_str!("../../../../dashboard/templates/secrets_rotate.html")),
-    ("secrets_revoke.html", include_str!("../../../../dashboard/templates/secrets_revoke.html")),
-    ("secrets_set.html", include_str!("../../../../dashboard/templates/secrets_set.html")),
-    ("secrets_set_retire.html", include_str!("../../../../dashboard/templates/secrets_set_retire.html")),
-    ("appstore.html", include_str!("../../../../dashboard/templates/appstore.html")),
-    ("appstore_app.html", include_str!("../../../../dashboard/templates/appstore_app.html")),
-    ("appstore_upgrade.html", include_str!("../../../../dashboard/templates/appstore_upgrade.html")),
+    ("layout.html", include_str!("../templates/layout.html")),
+    ("app.html", include_str!("../templates/app.html")),
+    ("icons.html", include_str!("../templates/icons.html")),
+    ("login.html", include_str!("../templates/login.html")),
+    ("overview.html", include_str!("../templates/overview.html")),
+    ("status.html", include_str!("../templates/status.html")),
+    ("fleet.html", include_str!("../templates/fleet.html")),
+    ("fleet_panel.html", include_str!("../templates/fleet_panel.html")),
+    ("plugins.html", include_str!("../templates/plugins.html")),
+    ("plugins_list.html", include_str!("../templates/plugins_list.html")),
+    ("plugins_approve.html", include_str!("../templates/plugins_approve.html")),
+    ("plugins_flash.html", include_str!("../templates/plugins_flash.html")),
+    ("message.html", include_str!("../templates/message.html")),
+    ("flash.html", include_str!("../templates/flash.html")),
+    ("live.html", include_str!("../templates/live.html")),
+    ("confirm_delete.html", include_str!("../templates/confirm_delete.html")),
+    ("clusters.html", include_str!("../templates/clusters.html")),
+    ("clusters_panel.html", include_str!("../templates/clusters_panel.html")),
+    ("cluster.html", include_str!("../templates/cluster.html")),
+    ("cluster_panel.html", include_str!("../templates/cluster_panel.html")),
+    ("cluster_created.html", include_str!("../templates/cluster_created.html")),
+    ("service_fields.html", include_str!("../templates/service_fields.html")),
+    ("services.html", include_str!("../templates/services.html")),
+    ("services_panel.html", include_str!("../templates/services_panel.html")),
+    ("service.html", include_str!("../templates/service.html")),
+    ("service_panel.html", include_str!("../templates/service_panel.html")),
+    ("settings.html", include_str!("../templates/settings.html")),
+    ("settings_panel.html", include_str!("../templates/settings_panel.html")),
+    ("tasks.html", include_str!("../templates/tasks.html")),
+    ("tasks_panel.html", include_str!("../templates/tasks_panel.html")),
+    ("task.html", include_str!("../templates/task.html")),
+    ("task_panel.html", include_str!("../templates/task_panel.html")),
+    ("task_disable.html", include_str!("../templates/task_disable.html")),
+    ("secrets.html", include_str!("../templates/secrets.html")),
+    ("secrets_value.html", include_str!("../templates/secrets_value.html")),
+    ("secrets_list.html", include_str!("../templates/secrets_list.html")),
+    ("secrets_facts.html", include_str!("../templates/secrets_facts.html")),
+    ("secrets_service.html", include_str!("../templates/secrets_service.html")),
+    ("secrets_rotate.html", include_str!("../templates/secrets_rotate.html")),
+    ("secrets_revoke.html", include_str!("../templates/secrets_revoke.html")),
+    ("secrets_set.html", include_str!("../templates/secrets_set.html")),
+    ("secrets_set_retire.html", include_str!("../templates/secrets_set_retire.html")),
+    ("appstore.html", include_str!("../templates/appstore.html")),
+    ("appstore_app.html", include_str!("../templates/appstore_app.html")),
+    ("appstore_upgrade.html", include_str!("../templates/appstore_upgrade.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {

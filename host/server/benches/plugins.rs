@@ -7,11 +7,11 @@
 //!
 //! Builds the example plugin for wasm32-wasip2 first (into $CARGO_TARGET_DIR/wasm-plugins).
 
-use capstan::auth::Identity;
-use capstan::plugins::bundle::{Bundle, PublisherKey, generate_key};
-use capstan::plugins::host::PluginHost;
-use capstan::plugins::imports::Services;
-use capstan::plugins::runtime::Runtime;
+use capstan_server::auth::Identity;
+use capstan_server::plugins::bundle::{Bundle, PublisherKey, generate_key};
+use capstan_server::plugins::host::PluginHost;
+use capstan_server::plugins::imports::Services;
+use capstan_server::plugins::runtime::Runtime;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -46,10 +46,10 @@ struct Greeting {
 }
 
 /// The example's `greet`, written natively: decode, answer, encode.
-async fn native_greet(identity: &Identity, body: Value) -> capstan::refusal::Result<Value> {
-    let input: Greet = capstan::api::methods::decode(body)?;
+async fn native_greet(identity: &Identity, body: Value) -> capstan_server::refusal::Result<Value> {
+    let input: Greet = capstan_server::api::methods::decode(body)?;
     let out = Greeting { greeting: format!("Hello, {}!", input.name), version: "0.1.0".into(), caller: identity.user_id.clone() };
-    serde_json::to_value(out).map_err(capstan::refusal::Refusal::internal)
+    serde_json::to_value(out).map_err(capstan_server::refusal::Refusal::internal)
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
@@ -85,12 +85,14 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = capstan::store::Store::open(&format!("sqlite:{}", dir.path().join("bench.sqlite").display()), &Default::default())
+        let store =
+            capstan_server::store::Store::open(&format!("sqlite:{}", dir.path().join("bench.sqlite").display()), &Default::default())
+                .await
+                .expect("store");
+        let blobs = capstan_server::blobs::Blobs::open(&format!("file:{}", dir.path().join("blobs").display()), &Default::default())
             .await
-            .expect("store");
-        let blobs =
-            capstan::blobs::Blobs::open(&format!("file:{}", dir.path().join("blobs").display()), &Default::default()).await.expect("blobs");
-        let keyring = std::sync::Arc::new(capstan::keyring::Keyring::generate(None, None).expect("keyring"));
+            .expect("blobs");
+        let keyring = std::sync::Arc::new(capstan_server::keyring::Keyring::generate(None, None).expect("keyring"));
         let platform = capstan_links::InventoryPlatform::new(store.clone(), std::sync::Arc::new(capstan_links::HostDependents));
         let services = Services::new(store, blobs, keyring, "bench".into(), platform);
 

@@ -18,22 +18,18 @@ pub struct Asset {
 
 /// Every file the dashboard serves.
 pub static ASSETS: &[Asset] = &[
-    Asset { path: "app.css", content_type: "text/css; charset=utf-8", bytes: include_bytes!("../../../../dashboard/static/app.css") },
-    Asset { path: "logo.svg", content_type: "image/svg+xml", bytes: include_bytes!("../../../../dashboard/static/logo.svg") },
-    Asset {
-        path: "seal.js",
-        content_type: "text/javascript; charset=utf-8",
-        bytes: include_bytes!("../../../../dashboard/static/seal.js"),
-    },
+    Asset { path: "app.css", content_type: "text/css; charset=utf-8", bytes: include_bytes!("../static/app.css") },
+    Asset { path: "logo.svg", content_type: "image/svg+xml", bytes: include_bytes!("../static/logo.svg") },
+    Asset { path: "seal.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/seal.js") },
     Asset {
         path: "vendor/htmx.min.js",
         content_type: "text/javascript; charset=utf-8",
-        bytes: include_bytes!("../../../../dashboard/static/vendor/htmx.min.js"),
+        bytes: include_bytes!("../static/vendor/htmx.min.js"),
     },
     Asset {
         path: "vendor/htmx.LICENSE",
         content_type: "text/plain; charset=utf-8",
-        bytes: include_bytes!("../../../../dashboard/static/vendor/htmx.LICENSE"),
+        bytes: include_bytes!("../static/vendor/htmx.LICENSE"),
     },
 ];
 

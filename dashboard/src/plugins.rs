@@ -17,13 +17,13 @@ use super::forms::call;
 use super::{current_identity, message_page, nav, refuse_cross_origin, render, rfc3339, to_login, unavailable, user_view, utc};
 use crate::api::AppState;
 use crate::auth::Identity;
-use crate::plugins::bundle::{Inspection, MAX_BUNDLE_BYTES, PublisherKey};
-use crate::plugins::methods::{self, PluginList, PluginView, PublisherList, UploadView};
 use crate::refusal::{Refusal, Result};
 use axum::Form;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use capstan_server::plugins::bundle::{Inspection, MAX_BUNDLE_BYTES, PublisherKey};
+use capstan_server::plugins::methods::{self, PluginList, PluginView, PublisherList, UploadView};
 use minijinja::context;
 use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
@@ -715,7 +715,7 @@ mod tests {
 
     #[test]
     fn publishers_show_a_fingerprint_and_a_name() {
-        let key = PublisherKey::from(&crate::plugins::bundle::generate_key());
+        let key = PublisherKey::from(&capstan_server::plugins::bundle::generate_key());
         let names: HashMap<String, String> = [(key.fingerprint(), "Tests".to_string())].into();
         let view = publisher_view(&key.to_string(), &names);
         assert_eq!((view.short.len(), view.name.as_deref(), view.first_party), (16, Some("Tests"), false));

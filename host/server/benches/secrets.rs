@@ -4,9 +4,9 @@
 //!
 //!   cargo bench -p capstan --bench secrets
 
-use capstan::keyring::Keyring;
-use capstan::secrets::envelope::{self, MaterialContext};
-use capstan::secrets::ingress;
+use capstan_server::keyring::Keyring;
+use capstan_server::secrets::envelope::{self, MaterialContext};
+use capstan_server::secrets::ingress;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 fn context() -> MaterialContext {

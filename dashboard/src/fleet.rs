@@ -5,11 +5,11 @@
 use super::{current_identity, message_page, nav, render, rfc3339, to_login, unavailable, user_view, utc};
 use crate::api::AppState;
 use crate::auth::Identity;
-use crate::fleet::listing;
 use crate::refusal::{Refusal, Result};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use capstan_server::fleet::listing;
 use minijinja::context;
 use minijinja::value::Serde;
 use serde::Serialize;
@@ -274,15 +274,15 @@ mod tests {
         assert_eq!(plural(1, "node", "nodes"), "1 node");
     }
 
-    fn record(id: &str, heartbeat_at: Option<u64>, capstan: Option<&str>) -> crate::fleet::NodeRecord {
-        crate::fleet::NodeRecord {
+    fn record(id: &str, heartbeat_at: Option<u64>, capstan: Option<&str>) -> capstan_server::fleet::NodeRecord {
+        capstan_server::fleet::NodeRecord {
             node_id: id.into(),
             public_key: String::new(),
-            addresses: crate::fleet::Addresses { internal: "10.0.0.1".into(), api_port: 8080 },
+            addresses: capstan_server::fleet::Addresses { internal: "10.0.0.1".into(), api_port: 8080 },
             labels: [("zone".to_string(), "a".to_string())].into(),
-            versions: capstan.map(|v| crate::fleet::Versions {
+            versions: capstan.map(|v| capstan_server::fleet::Versions {
                 capstan: v.into(),
-                wit_world: crate::fleet::WIT_WORLD.into(),
+                wit_world: capstan_server::fleet::WIT_WORLD.into(),
                 wasmtime: None,
             }),
             serves: vec![],
@@ -301,9 +301,14 @@ mod tests {
             record("old", Some(now - 600_000), Some("0.1.0")),
             record("mute", None, None),
         ];
-        let lease =
-            crate::fleet::lease::LeaseRecord { holder: "old".into(), fence: 7, acquired_at: 0, renewed_at: 0, expires_at: now - 120_000 };
-        let listing = listing::build(now, &crate::fleet::Timing::default(), &nodes, None, Some(lease));
+        let lease = capstan_server::fleet::lease::LeaseRecord {
+            holder: "old".into(),
+            fence: 7,
+            acquired_at: 0,
+            renewed_at: 0,
+            expires_at: now - 120_000,
+        };
+        let listing = listing::build(now, &capstan_server::fleet::Timing::default(), &nodes, None, Some(lease));
         let view = view(&listing);
         assert_eq!(view.summary, "3 nodes, 1 live");
         let states: Vec<(&str, &str, &str)> =
