@@ -140,3 +140,21 @@ impl TestHost {
         self.runtime.block_on(self.inner.run_task(name)).map_err(to_sdk)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Role;
+    use capstan_rpc::Access;
+
+    /// A role is a string on the WIT contract: the guest's `Role` and the host's one `Access`
+    /// type must spell the same five, in both directions.
+    #[test]
+    fn the_sdk_roles_are_the_hosts_access_names() {
+        let roles = [Role::Public, Role::Authenticated, Role::Member, Role::Owner, Role::Admin];
+        let accesses = [Access::Public, Access::Authenticated, Access::Member, Access::Owner, Access::Admin];
+        for (role, access) in roles.into_iter().zip(accesses) {
+            assert_eq!(role.as_str().parse::<Access>().unwrap(), access);
+            assert_eq!(access.as_str(), role.as_str());
+        }
+    }
+}

@@ -16,11 +16,12 @@ pub use capstan_inventory as inventory;
 pub use capstan_keyring as keyring;
 pub use capstan_scheduler as scheduler;
 pub use capstan_secrets as secrets;
-pub use capstan_store::{self as store, migrate};
+pub use capstan_store as store;
 
 pub mod api;
 pub mod config;
 #[cfg(test)]
 mod host_tests;
+pub mod migrate;
 pub mod plugins;
 pub mod serve;

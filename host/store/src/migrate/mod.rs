@@ -104,13 +104,6 @@ impl Chain {
     }
 }
 
-/// The host's own chain. Its floor is the first data version Capstan ever wrote; steps are
-/// appended here as the host's data model evolves, and deleted once every deployment has
-/// passed them (raising the floor).
-pub fn host_chain() -> Chain {
-    Chain::new("capstan", "0.1.0", Vec::new())
-}
-
 /// A chain's ledger document: the version its data is at, the lock, and the steps applied.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]

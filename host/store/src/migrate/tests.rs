@@ -293,9 +293,3 @@ fn a_chain_with_a_gap_is_a_programming_error() {
     let noop = |_ctx: StepContext| async { Ok(()) };
     Chain::new("gap", "1.0.0", vec![Step::new("a", "1.0.0", "1.1.0", noop), Step::new("b", "1.2.0", "1.3.0", noop)]);
 }
-
-#[test]
-fn the_host_chain_is_well_formed() {
-    let chain = host_chain();
-    assert!(chain.target() >= chain.oldest_supported);
-}
