@@ -12,7 +12,9 @@ use std::sync::LazyLock;
 pub struct Asset {
     /// The path under `dashboard/static/`.
     pub path: &'static str,
+    /// The `content-type` it is served with.
     pub content_type: &'static str,
+    /// Its bytes, embedded at compile time.
     pub bytes: &'static [u8],
 }
 

@@ -18,9 +18,6 @@
 //! host is refused. Every response carries a strict Content-Security-Policy: no inline
 //! script or style, nothing loaded from elsewhere, no framing.
 
-// The dashboard's items gain their docs as they are touched.
-#![allow(missing_docs)]
-
 mod appstore;
 pub mod assets;
 mod clusters;
@@ -70,6 +67,7 @@ pub fn pages() -> api::Pages {
     api::Pages { routes: router(), not_found: |headers, path| wants_html(headers, path).then(not_found_page) }
 }
 
+/// Every dashboard route: the pages, their forms and live updates, and the static assets.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(overview))

@@ -3,10 +3,6 @@
 //! the assembly `capstan serve` runs (`serve`). The dashboard plugs its pages in as
 //! [`api::Pages`]; this crate knows nothing of it.
 
-// The server's items gain their docs as they are touched; the crates below it deny nothing
-// less than the workspace lints.
-#![allow(missing_docs)]
-
 pub use capstan_auth as auth;
 pub use capstan_blobs as blobs;
 pub use capstan_core::refusal;

@@ -27,6 +27,8 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// the requests are done.
 pub const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Start this node (storage, migrations, fleet, plugins, scheduler) and serve the API and
+/// `pages` until SIGTERM or SIGINT, then drain and stop.
 pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     init_logging(&config);
     if let Some(dir) = &config.data_dir {

@@ -35,15 +35,25 @@ pub use capstan_rpc::{Access, Call, Registry, receipts};
 /// them with (see [`AppState::build`]).
 #[derive(Clone)]
 pub struct AppState {
+    /// The document store (SQLite or MongoDB).
     pub store: Store,
+    /// The object storage (a local directory or an S3 bucket).
     pub blobs: Blobs,
+    /// The keyring: the KEKs that seal secrets and the ingress recipient.
     pub keyring: Arc<Keyring>,
+    /// Authentication: turns a bearer token into the caller's identity.
     pub auth: Arc<Auth>,
+    /// The host's migration chain, which `/status` judges readiness against.
     pub chain: Arc<Chain>,
+    /// Every API method, the host's and loaded plugins', resolved by name on each call.
     pub methods: Arc<Registry>,
+    /// Largest API request body accepted, in bytes (`CAPSTAN_MAX_BODY_BYTES`).
     pub max_body_bytes: usize,
+    /// The externally reachable origin of this Capstan, without a trailing slash.
     pub public_origin: String,
+    /// The plugin host: the plugins loaded on this node.
     pub plugins: Arc<crate::plugins::host::PluginHost>,
+    /// The scheduler running host and plugin tasks.
     pub scheduler: Arc<crate::scheduler::Scheduler>,
     /// This node's place in the fleet (a test host's is registered in its own bucket).
     pub fleet: Arc<crate::fleet::runtime::Fleet>,
@@ -55,15 +65,25 @@ pub struct RequestId(pub String);
 
 /// Everything the host state is made of, assembled by `serve` (or a test) before the state.
 pub struct Parts {
+    /// The opened document store.
     pub store: Store,
+    /// The opened object storage.
     pub blobs: Blobs,
+    /// The loaded keyring.
     pub keyring: Arc<Keyring>,
+    /// Authentication over the store and keyring.
     pub auth: Arc<Auth>,
+    /// The host's migration chain (shared once the state is built).
     pub chain: Chain,
+    /// Largest API request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// The externally reachable origin of this Capstan.
     pub public_origin: String,
+    /// The started plugin host; its methods join the registry.
     pub plugins: Arc<crate::plugins::host::PluginHost>,
+    /// The started scheduler, with the host's tasks registered.
     pub scheduler: Arc<crate::scheduler::Scheduler>,
+    /// This node's place in the fleet.
     pub fleet: Arc<crate::fleet::runtime::Fleet>,
 }
 

@@ -10,50 +10,68 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+/// The readiness report of `GET /status` and `system.getStatus`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusReport {
     /// True when the store and blobs answer and the host's migrations are done.
     pub ready: bool,
+    /// The Capstan version this server runs.
     pub version: String,
+    /// Whether the document store answers a ping.
     pub store: Component,
+    /// Whether the object storage answers a one-object listing.
     pub blobs: Component,
+    /// The host's migration chain, as its ledger states it.
     pub migrations: MigrationState,
 }
 
+/// One storage backend's health in a status report.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Component {
+    /// True when the backend answered its probe.
     pub ok: bool,
+    /// The backend's short description, e.g. `sqlite:<path>` (never credentials).
     pub backend: String,
     /// The refusal code when not ok.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
+/// A migration chain's state: where its data is, where this build takes it, and what ran.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationState {
+    /// The chain's name (`capstan` for the host's own).
     pub chain: String,
     /// The version the ledger states; absent when it cannot be read.
     pub data_version: Option<String>,
+    /// The data version this build migrates to.
     pub target: String,
+    /// The oldest data version this build can migrate from.
     pub oldest_supported: String,
+    /// True when the data is at the target and no step is left unfinished.
     pub done: bool,
     /// A step an interrupted start left unfinished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub running: Option<String>,
+    /// The steps that finished, oldest first (empty when the ledger cannot be read).
     pub history: Vec<HistoryEntry>,
     /// Why the ledger could not be read (a refusal code), when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
+/// One finished migration step in a chain's history.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
+    /// The step's name, as recorded in the ledger.
     pub step: String,
+    /// The data version the step started from.
     pub from: String,
+    /// The data version the step left the data at.
     pub to: String,
     /// Milliseconds since the Unix epoch.
     pub finished_at: u64,
@@ -72,11 +90,15 @@ fn component(result: Result<()>, backend: String) -> Component {
 /// What the system methods and `/status` read: the store, the blobs and the host's chain.
 #[derive(Clone)]
 pub struct System {
+    /// The document store, pinged and read for the migration ledger.
     pub store: Store,
+    /// The object storage, probed with a one-object listing.
     pub blobs: Blobs,
+    /// The host's migration chain, whose target the ledger is compared with.
     pub chain: Arc<Chain>,
 }
 
+/// Probe the store and the blobs and read the migration ledger, on every call.
 pub async fn status_report(state: &System) -> StatusReport {
     let store = component(state.store.ping().await, state.store.describe());
     let blobs = component(state.blobs.list("", None, 1).await.map(|_| ()), state.blobs.describe());
@@ -115,6 +137,7 @@ async fn migration_state(state: &System) -> MigrationState {
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
+/// The parameters of `migrations.getStatus`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct MigrationsQuery {
@@ -122,13 +145,17 @@ pub struct MigrationsQuery {
     pub chain: Option<String>,
 }
 
+/// The answer of `system.getVersion`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VersionReport {
+    /// The Capstan version this server runs.
     pub version: String,
+    /// The data version this build migrates to.
     pub data_version_target: String,
 }
 
+/// Register the public methods `system.getStatus`, `system.getVersion` and `migrations.getStatus`.
 pub fn register(registry: &mut Registry, system: System) {
     let mut registry = registry.with(system);
     registry.add(

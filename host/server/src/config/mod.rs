@@ -15,9 +15,13 @@ use std::time::Duration;
 
 /// One configuration variable: its environment name, its key in the TOML file, and its help.
 pub struct Var {
+    /// The environment variable's name, `CAPSTAN_…`.
     pub env: &'static str,
+    /// Whether a start without `--dev` is refused `config-missing` when it has no value.
     pub required: bool,
+    /// The default as `--help` shows it (`--dev:` marks one only dev mode chooses).
     pub default: &'static str,
+    /// The one-line description `--help` shows.
     pub help: &'static str,
 }
 
@@ -28,30 +32,55 @@ impl Var {
     }
 }
 
+/// Externally reachable origin of this Capstan; required without `--dev`.
 pub const PUBLIC_ORIGIN: &str = "CAPSTAN_PUBLIC_ORIGIN";
+/// Path to the private keyring file; required without `--dev`.
 pub const KEYRING_PATH: &str = "CAPSTAN_KEYRING_PATH";
+/// The document store, `sqlite:<path>` or `mongodb://…`; required without `--dev`.
 pub const DATABASE_URL: &str = "CAPSTAN_DATABASE_URL";
+/// The object storage, `file:<dir>` or `s3://<bucket>[/<prefix>]`; required without `--dev`.
 pub const BLOB_URL: &str = "CAPSTAN_BLOB_URL";
+/// MongoDB database name; by default the one the URL names, else `capstan`.
 pub const DATABASE_NAME: &str = "CAPSTAN_DATABASE_NAME";
+/// First-start administrator as `username:password`; never changes an existing user.
 pub const ADMIN_ACCOUNT: &str = "CAPSTAN_ADMIN_ACCOUNT";
+/// This node's state directory (`--state-dir`); required without `--dev`.
 pub const STATE_DIR: &str = "CAPSTAN_STATE_DIR";
+/// Pins this node's id (`--node-id`); generated on first boot otherwise.
 pub const NODE_ID: &str = "CAPSTAN_NODE_ID";
+/// Node labels as `k=v,k2=v2` (`--node-labels`); replaces the file's `[node] labels`.
 pub const NODE_LABELS: &str = "CAPSTAN_NODE_LABELS";
+/// Comma-separated plugin publisher keys trusted by configuration.
 pub const TRUSTED_PUBLISHERS: &str = "CAPSTAN_TRUSTED_PUBLISHERS";
+/// PEM file of extra root certificates for plugins' outbound HTTPS (`--plugin-http-ca-file`).
 pub const PLUGIN_HTTP_CA_FILE: &str = "CAPSTAN_PLUGIN_HTTP_CA_FILE";
+/// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
+/// `host:port` other nodes dial this one on; by default the listen address.
 pub const ADVERTISE_ADDRESS: &str = "CAPSTAN_ADVERTISE_ADDRESS";
+/// How often each node re-reads the fleet's records, in ms (default 30000, at least 100).
 pub const NODE_REFRESH_MS: &str = "CAPSTAN_NODE_REFRESH_MS";
+/// How often this node writes its heartbeat, in ms (default 30000, at least 100).
 pub const HEARTBEAT_MS: &str = "CAPSTAN_HEARTBEAT_MS";
+/// How recently a node must have been heard from to count as answering, in ms (default 90000).
 pub const LIVENESS_WINDOW_MS: &str = "CAPSTAN_LIVENESS_WINDOW_MS";
+/// Coordinator lease lifetime in ms (default 90000); no longer than the liveness window.
 pub const LEASE_TTL_MS: &str = "CAPSTAN_LEASE_TTL_MS";
+/// Address the HTTP API binds to (`--listen`, default `127.0.0.1:8080`).
 pub const LISTEN: &str = "CAPSTAN_LISTEN";
+/// `--dev` only: directory of the embedded store, blobs and keyring (default `./capstan-data`).
 pub const DATA_DIR: &str = "CAPSTAN_DATA_DIR";
+/// Log filter in tracing env-filter syntax (default `info`).
 pub const LOG: &str = "CAPSTAN_LOG";
+/// Log format, `human` or `json` (`--log-format`, default `human`).
 pub const LOG_FORMAT: &str = "CAPSTAN_LOG_FORMAT";
+/// Largest API request body accepted, in bytes (default 1048576, at least 1024).
 pub const MAX_BODY_BYTES: &str = "CAPSTAN_MAX_BODY_BYTES";
+/// Time a store transaction may spend retrying transient contention, in ms (default 5000).
 pub const REQUEST_BUDGET_MS: &str = "CAPSTAN_REQUEST_BUDGET_MS";
+/// How long a start waits for another process's migration lock, in ms (default 30000).
 pub const MIGRATION_LOCK_WAIT_MS: &str = "CAPSTAN_MIGRATION_LOCK_WAIT_MS";
+/// How long a migration lock lives unless renewed, in ms (default 600000, at least 1000).
 pub const MIGRATION_LOCK_TTL_MS: &str = "CAPSTAN_MIGRATION_LOCK_TTL_MS";
 
 /// Every variable `capstan serve` reads. `--help` and README.md are checked against this list.
@@ -188,24 +217,35 @@ pub const VARS: &[Var] = &[
     },
 ];
 
+/// How log lines are written to stderr (`CAPSTAN_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
+    /// Readable text lines, coloured on a terminal (the default).
     Human,
+    /// One JSON object per line, with the current span's fields.
     Json,
 }
 
 /// What the command line said (flags win over everything else).
 #[derive(Debug, Clone, Default)]
 pub struct Flags {
+    /// `--dev`: embedded store and blobs, with missing values defaulted under the data directory.
     pub dev: bool,
+    /// `--data-dir DIR`: where dev mode keeps its data; read only with `--dev`.
     pub data_dir: Option<PathBuf>,
+    /// `--listen ADDR`: the address the HTTP API binds to.
     pub listen: Option<String>,
+    /// `--config FILE`: the TOML file to read (else `CAPSTAN_CONFIG`).
     pub config_file: Option<PathBuf>,
+    /// `--log-format FORMAT`: `human` or `json`.
     pub log_format: Option<String>,
+    /// `--state-dir DIR`: this node's state directory.
     pub state_dir: Option<PathBuf>,
+    /// `--node-id ID`: pins this node's id.
     pub node_id: Option<String>,
     /// `--node-labels k=v`, repeatable; replaces the environment's and the file's set.
     pub node_labels: Vec<String>,
+    /// `--network NETWORK`: `lan`, `wireguard` or `public`.
     pub network: Option<String>,
     /// `--plugin-http-ca-file FILE`
     pub plugin_http_ca_file: Option<PathBuf>,
@@ -214,12 +254,16 @@ pub struct Flags {
 /// Which network a node beyond loopback is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Network {
+    /// A local network.
     Lan,
+    /// A WireGuard network; needs the key pair `capstan wg init` writes in the state directory.
     Wireguard,
+    /// The public internet.
     Public,
 }
 
 impl Network {
+    /// The name as configured and as this node registers it in the fleet.
     pub fn as_str(&self) -> &'static str {
         match self {
             Network::Lan => "lan",
@@ -232,33 +276,56 @@ impl Network {
 /// Fleet membership settings.
 #[derive(Debug, Clone)]
 pub struct NodeSettings {
+    /// This node's state directory: its identity, WireGuard key pair and plugin cache.
     pub state_dir: PathBuf,
+    /// The pinned node id (`CAPSTAN_NODE_ID`); without it the stored or a generated one is used.
     pub node_id: Option<String>,
+    /// The node's labels, whole from one source: the flag, else the variable, else the file.
     pub labels: BTreeMap<String, String>,
+    /// The network this node is on (`CAPSTAN_NETWORK`); required beyond loopback.
     pub network: Option<Network>,
     /// host:port other nodes dial
     pub advertise: Option<String>,
+    /// Heartbeat, liveness window, lease lifetime and refresh interval.
     pub timing: crate::fleet::Timing,
 }
 
+/// The resolved configuration `capstan serve` runs with.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// Dev mode: a missing keyring and first administrator are generated at start.
     pub dev: bool,
+    /// The dev-mode data directory (`CAPSTAN_DATA_DIR`); `None` without `--dev`.
     pub data_dir: Option<PathBuf>,
+    /// Address the HTTP API binds to (`CAPSTAN_LISTEN`, default `127.0.0.1:8080`).
     pub listen: SocketAddr,
+    /// Externally reachable origin, without a trailing slash (`CAPSTAN_PUBLIC_ORIGIN`).
     pub public_origin: String,
+    /// The private keyring file (`CAPSTAN_KEYRING_PATH`).
     pub keyring_path: PathBuf,
+    /// The document store's URL (`CAPSTAN_DATABASE_URL`).
     pub database_url: String,
+    /// The object storage's URL (`CAPSTAN_BLOB_URL`).
     pub blob_url: String,
+    /// MongoDB database name (`CAPSTAN_DATABASE_NAME`), when set.
     pub database_name: Option<String>,
+    /// S3 endpoint, region, credentials and addressing style (`CAPSTAN_S3_*`).
     pub s3: S3Settings,
+    /// First administrator as `username:password` (`CAPSTAN_ADMIN_ACCOUNT`), never shown.
     pub admin_account: Option<SecretString>,
+    /// Fleet membership settings.
     pub node: NodeSettings,
+    /// Log filter (`CAPSTAN_LOG`, default `info`).
     pub log_filter: String,
+    /// Log format (`CAPSTAN_LOG_FORMAT`, default human).
     pub log_format: LogFormat,
+    /// Largest API request body accepted, in bytes (`CAPSTAN_MAX_BODY_BYTES`, default 1 MiB).
     pub max_body_bytes: usize,
+    /// Time a store transaction may spend retrying contention (`CAPSTAN_REQUEST_BUDGET_MS`, default 5 s).
     pub request_budget: Duration,
+    /// How long a start waits for another migration lock (`CAPSTAN_MIGRATION_LOCK_WAIT_MS`, default 30 s).
     pub migration_lock_wait: Duration,
+    /// How long a migration lock lives unless renewed (`CAPSTAN_MIGRATION_LOCK_TTL_MS`, default 10 min).
     pub migration_lock_ttl: Duration,
     /// Plugin publisher keys trusted by configuration, as given (checked at start).
     pub trusted_publishers: Vec<String>,
@@ -271,6 +338,7 @@ pub struct ServeConfig {
 /// The extra roots of plugins' outbound HTTPS: `CAPSTAN_PLUGIN_HTTP_CA_FILE`, read at start.
 #[derive(Debug, Clone)]
 pub struct PluginHttpCa {
+    /// The PEM file the certificates were read from.
     pub path: PathBuf,
     /// At least one.
     pub certificates: Vec<reqwest::Certificate>,
@@ -516,11 +584,15 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
 /// Only what reaching the bucket needs (for `capstan fleet …`, which reads it directly).
 /// What `capstan fleet …` needs: the bucket, and the liveness window to judge nodes by.
 pub struct BucketConfig {
+    /// The blob URL (`CAPSTAN_BLOB_URL`; with `--dev`, `file:` under the data directory).
     pub url: String,
+    /// S3 endpoint, region, credentials and addressing style, for an `s3://` URL.
     pub s3: S3Settings,
+    /// How recently a node must have been heard from to count as answering (`CAPSTAN_LIVENESS_WINDOW_MS`).
     pub liveness_window: Duration,
 }
 
+/// Resolve only the bucket settings from flags, the environment and the file.
 pub fn resolve_blobs(flags: &Flags, env: &BTreeMap<String, String>) -> Result<BucketConfig> {
     let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
     let file = match &file_path {
