@@ -258,7 +258,7 @@ async fn list_page(
     flash: Option<Flash>,
     form: FormView,
 ) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let ctx = context! {
         page => "Clusters",
         nav => Serde(nav("clusters")),
@@ -336,7 +336,7 @@ async fn detail_page(
     typed: Option<FormView>,
     typed_phase: Option<(String, String)>,
 ) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let read = read_cluster(state, identity, id).await;
     let (form, phase_form, name) = match &read {
         Ok((cluster, runtime)) => {

@@ -31,7 +31,7 @@ mod settings;
 mod tasks;
 
 // The server's areas, under the names the views use.
-use capstan_server::{api, auth, events, inventory, refusal, store};
+use capstan_server::{api, auth, inventory, refusal};
 
 use crate::api::AppState;
 use crate::api::system::{StatusReport, status_report};

@@ -1,40 +1,30 @@
 //! Live updates from the event outbox: `GET /live/wait?after=<sequence>&areas=<a,b>`.
 //!
 //! A page that shows inventory carries one small element (`live.html`) that htmx loads as
-//! soon as it is on the page: a long poll that reads the outbox's head every
-//! [`POLL_EVERY`] and answers once an event in one of the page's areas (`cluster`,
-//! `service`, `organization`, `settings`, `secret`, `secretSet`) committed after `after`, or after [`WAIT_AT_MOST`]
-//! with nothing. The answer is the element again, holding the new head, so htmx swaps it in
+//! soon as it is on the page: a long poll through the `events.watch` method, which answers once
+//! an event in one of the page's areas (`cluster`, `service`, `organization`, `settings`,
+//! `secret`, `secretSet`) committed after `after`, or after 25 s with nothing. The answer is the element again, holding the new head, so htmx swaps it in
 //! and the next poll starts from there; when something changed it also carries
 //! `HX-Trigger: capstan-changed`, on which the page's panels re-fetch themselves. A refresh
 //! therefore follows a change, never a timer.
 //!
-//! Bounded: one poll per page; each reads at most [`SCAN`] events per look (a larger gap
-//! is simply "changed"); at most [`MAX_WAITERS`] polls wait at once in this process (more
+//! Bounded: one poll per page; at most [`MAX_WAITERS`] polls wait at once in this process (more
 //! are answered `503` and the element tries again after a few seconds, as after any error).
 //! It needs a logged-in session like every page, and shows no event's content.
 
-use super::forms::{query_of, session};
+use super::forms::{call, query_of, session};
 use super::render;
 use crate::api::AppState;
-use crate::events;
-use crate::refusal::Result;
-use crate::store::Store;
+use crate::auth::Identity;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use capstan_server::events::methods::Watched;
 use minijinja::context;
 use serde::Deserialize;
-use std::time::Duration;
+use serde_json::json;
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
 
-/// How often a waiting poll looks at the outbox's head.
-pub(super) const POLL_EVERY: Duration = Duration::from_millis(500);
-/// The longest a poll waits before answering "nothing changed".
-pub(super) const WAIT_AT_MOST: Duration = Duration::from_secs(25);
-/// The most events one look reads.
-const SCAN: usize = 200;
 /// The most polls waiting at once in this process.
 const MAX_WAITERS: usize = 256;
 /// The areas a page may watch: the first word of an event's kind.
@@ -56,37 +46,10 @@ fn areas_of(text: &str) -> Vec<&'static str> {
     AREAS.iter().copied().filter(|area| asked.contains(area)).collect()
 }
 
-fn in_areas(kind: &str, areas: &[&str]) -> bool {
-    kind.split('.').next().is_some_and(|area| areas.contains(&area))
-}
-
-/// Wait (up to `wait`) until an event of `areas` committed after `after`. Answers the head
-/// to wait from next and whether something in the areas changed.
-pub(super) async fn watch(store: &Store, after: u64, areas: &[&str], wait: Duration) -> Result<(u64, bool)> {
-    let deadline = Instant::now() + wait;
-    let mut after = after;
-    loop {
-        let head = events::head(store).await?;
-        if head < after {
-            // the outbox is behind what the page saw (a restored database): show what is there
-            return Ok((head, true));
-        }
-        if head > after {
-            if head - after > SCAN as u64 {
-                return Ok((head, true));
-            }
-            let seen = events::read_after(store, after, SCAN).await?;
-            let newest = seen.last().map_or(head, |e| e.sequence.max(head));
-            if seen.iter().any(|e| in_areas(&e.kind, areas)) {
-                return Ok((newest, true));
-            }
-            after = newest;
-        }
-        if Instant::now() + POLL_EVERY > deadline {
-            return Ok((after, false));
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
+/// Wait through `events.watch` until an event of `areas` committed after `after`.
+async fn watch(state: &AppState, identity: &Identity, after: u64, areas: &[&str]) -> crate::refusal::Result<Watched> {
+    let answer = call(state, identity, "events.watch", json!({ "after": after, "areas": areas })).await?;
+    serde_json::from_value(answer).map_err(crate::refusal::Refusal::internal)
 }
 
 /// The live element for a page watching `areas`, waiting from `head`.
@@ -97,9 +60,10 @@ pub(super) fn element(head: u64, areas: &[&str]) -> minijinja::Value {
 /// The outbox's head now, for a page about to read what it shows (read first, so a change
 /// committed while the page is read is still announced). `0` when it cannot be read: the
 /// first poll then finds whatever is there and the panels refresh once.
-pub(super) async fn head(store: &Store) -> u64 {
-    match events::head(store).await {
-        Ok(head) => head,
+pub(super) async fn head(state: &AppState, identity: &Identity) -> u64 {
+    match call(state, identity, "events.head", json!({})).await.map(|answer| answer["head"].as_u64()) {
+        Ok(Some(head)) => head,
+        Ok(None) => 0,
         Err(refusal) => {
             tracing::warn!(code = %refusal.code, "the dashboard could not read the outbox head: {}", refusal.message);
             0
@@ -109,9 +73,10 @@ pub(super) async fn head(store: &Store) -> u64 {
 
 /// `GET /live/wait?after=<sequence>&areas=<a,b>`.
 pub(super) async fn wait(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(response) = session(&state, &headers).await {
-        return response;
-    }
+    let identity = match session(&state, &headers).await {
+        Ok(identity) => identity,
+        Err(response) => return response,
+    };
     let query = query_of(&uri).unwrap_or(WaitQuery { after: None, areas: None });
     let areas = areas_of(query.areas.as_deref().unwrap_or_default());
     let after = query.after.as_deref().and_then(|a| a.trim().parse::<u64>().ok());
@@ -123,8 +88,8 @@ pub(super) async fn wait(State(state): State<AppState>, headers: HeaderMap, uri:
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         return response;
     };
-    match watch(&state.store, after, &areas, WAIT_AT_MOST).await {
-        Ok((head, changed)) => {
+    match watch(&state, &identity, after, &areas).await {
+        Ok(Watched { head, changed }) => {
             let ctx = context! { live => context! { head, areas => areas.join(","), changed } };
             let mut response = render(StatusCode::OK, "live.html", ctx);
             if changed {
@@ -151,7 +116,5 @@ mod tests {
     fn areas_are_the_known_ones_only() {
         assert_eq!(areas_of("service, organization,bogus"), ["service", "organization"]);
         assert!(areas_of("").is_empty());
-        assert!(in_areas("service.deleting", &["service"]));
-        assert!(!in_areas("services.x", &["service"]) && !in_areas("cluster.created", &["service"]));
     }
 }

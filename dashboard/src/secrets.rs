@@ -543,7 +543,7 @@ async fn service_page(
     typed: Typed,
     cursor: Option<&str>,
 ) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let (service, error) = match service_head(state, identity, id).await {
         Ok(service) => (Some(service), None),
         Err(refusal) => (None, Some(refusal)),
@@ -705,7 +705,7 @@ async fn set_page(
     set_form: Option<SetTyped>,
     cursor: Option<&str>,
 ) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let read = read_set(state, identity, id).await;
     let status = match (&read, status) {
         (Err(refusal), StatusCode::OK) => status_of(refusal),

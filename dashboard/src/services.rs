@@ -297,7 +297,7 @@ async fn list_page(
     cursor: Option<&str>,
     extras: Extras,
 ) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let (options, selected, orgs_error) = match organizations(state, identity, org).await {
         Ok((options, selected)) => (options, selected, None),
         Err(refusal) => (Vec::new(), None, Some(ErrorView::from(&refusal))),
@@ -414,7 +414,7 @@ async fn detail_page(
     flash: Option<Flash>,
     typed: Option<FormView>,
 ) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let read = read_service(state, identity, id).await;
     let (form, name) = match &read {
         Ok((service, _)) => (Some(typed.unwrap_or_else(|| FormView::of(service))), service.name.clone()),

@@ -105,7 +105,7 @@ fn rows(document: &Value, typed: &Typed) -> Vec<RowView> {
 }
 
 async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>, typed: Typed) -> Response {
-    let head = live::head(&state.store).await;
+    let head = live::head(state, identity).await;
     let document = call(state, identity, "settings.get", json!({})).await;
     let (rows, revision, error) = match &document {
         Ok(document) => (rows(document, &typed), u64_of(document, "revision"), None),

@@ -1327,27 +1327,33 @@ async fn settings_refusals_are_banners_and_changes_are_saved_with_their_revision
 async fn the_live_endpoint_answers_when_an_event_of_its_areas_commits() {
     let (_dir, state) = setup().await;
     let cookie = login_cookie(&state).await;
-    let head = crate::events::head(&state.store).await.unwrap();
+    let head = capstan_server::events::head(&state.store).await.unwrap();
     // nothing happens: a short watch answers "unchanged" at the same head; another area's event does not count
-    assert_eq!(live::watch(&state.store, head, &["cluster"], Duration::from_millis(600)).await.unwrap(), (head, false));
+    let watch = |areas: &'static [&'static str]| {
+        let body = serde_json::json!({ "after": head, "areas": areas, "waitMs": 600 });
+        method(&state, &cookie, "events.watch", body)
+    };
+    assert_eq!(watch(&["cluster"]).await, serde_json::json!({ "head": head, "changed": false }));
     method(&state, &cookie, "organizations.create", serde_json::json!({"name": "acme"})).await;
-    let (moved, changed) = live::watch(&state.store, head, &["cluster"], Duration::from_millis(600)).await.unwrap();
-    assert_eq!((moved, changed), (head + 1, false), "the head moves on past events of other areas");
-    assert_eq!(live::watch(&state.store, head, &["organization"], Duration::from_millis(600)).await.unwrap(), (head + 1, true));
+    let moved = watch(&["cluster"]).await;
+    assert_eq!(moved, serde_json::json!({ "head": head + 1, "changed": false }), "the head moves on past events of other areas");
+    assert_eq!(watch(&["organization"]).await, serde_json::json!({ "head": head + 1, "changed": true }));
+    let head_now = method(&state, &cookie, "events.head", serde_json::json!({})).await;
+    assert_eq!(head_now["head"], head + 1);
 
     // a page's poll waits, and answers as soon as a cluster is created
     let waiting = {
         let (state, cookie) = (state.clone(), cookie.clone());
         tokio::spawn(async move { send(&state, get(&format!("/live/wait?after={}&areas=cluster", head + 1), Some(&cookie))).await })
     };
-    tokio::time::sleep(live::POLL_EVERY * 2).await;
+    tokio::time::sleep(capstan_server::events::methods::POLL_EVERY * 2).await;
     assert!(!waiting.is_finished(), "nothing changed yet: the poll waits");
     method(&state, &cookie, "clusters.create", serde_json::json!({"name": "eu-1"})).await;
     let answer = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the poll answers once the event commits").unwrap();
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     answer.assert_security_headers("/live/wait");
     assert_eq!(answer.header("hx-trigger"), Some(live::CHANGED));
-    let head = crate::events::head(&state.store).await.unwrap();
+    let head = capstan_server::events::head(&state.store).await.unwrap();
     assert!(answer.body.contains(&format!(r#"id="live" data-head="{head}" data-changed="true""#)), "{}", answer.body);
     assert!(answer.body.contains(&format!("after={head}&amp;areas=cluster")), "the next poll waits from the new head: {}", answer.body);
     // what it cannot read is refused plainly

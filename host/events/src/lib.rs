@@ -1,6 +1,8 @@
 //! The durable event outbox. A change and its event commit in one transaction ([`append`]);
-//! consumers (plugins, the dashboard's live channel) read in sequence order from their own
+//! consumers (plugins; pages and clients through [`methods`]) read in sequence order from their own
 //! cursor and move it only after handling, so delivery is at least once and in commit order.
+
+pub mod methods;
 
 use capstan_core::refusal::{Refusal, Result};
 use capstan_store::{CollectionSpec, Store, Tx};

@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// One configuration variable: its environment name, its key in the TOML file, and its help.
+/// One configuration variable: its environment name, whether it is required, its default and
+/// its help (its key in the `--config` file is [`Var::file_key`]).
 pub struct Var {
     /// The environment variable's name, `CAPSTAN_…`.
     pub env: &'static str,
@@ -581,8 +582,8 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     })
 }
 
-/// Only what reaching the bucket needs (for `capstan fleet …`, which reads it directly).
-/// What `capstan fleet …` needs: the bucket, and the liveness window to judge nodes by.
+/// What `capstan fleet …` needs, reading the bucket directly: the bucket, and the liveness
+/// window to judge nodes by.
 pub struct BucketConfig {
     /// The blob URL (`CAPSTAN_BLOB_URL`; with `--dev`, `file:` under the data directory).
     pub url: String,
