@@ -115,6 +115,8 @@ pub struct Auth {
     keys: JwtKeys,
     by_username: Limiter,
     by_address: Limiter,
+    /// Every scrypt verification and hash of a request goes through it.
+    hashing: password::Gate,
 }
 
 pub use capstan_rpc::denied;
@@ -285,6 +287,7 @@ impl Auth {
             keys,
             by_username: Limiter::new(Duration::from_secs(15 * 60), 10, 100_000),
             by_address: Limiter::new(Duration::from_secs(15 * 60), 50, 100_000),
+            hashing: password::Gate::for_this_machine(),
         }))
     }
 
@@ -294,7 +297,15 @@ impl Auth {
             .with_data(json!({ "retryAfterMs": wait.as_millis() as u64 }))
     }
 
-    /// Username and password to a JWT. Wrong username and wrong password are one denial.
+    /// A fresh verifier for `password`, through the hashing gate (`rate-limited` when full).
+    pub async fn hash_password(&self, password: &str) -> Result<String> {
+        let pw = password.to_string();
+        self.hashing.run(move || password::hash(&pw)).await?
+    }
+
+    /// Username and password to a JWT. Wrong username and wrong password are one denial. The
+    /// attempt counts against the limits before the password is checked, so concurrent
+    /// attempts cannot all slip under them; a success takes its count back.
     pub async fn login(&self, username: &str, password: &str, source: Option<IpAddr>) -> Result<LoginAnswer> {
         let user_key = username.to_ascii_lowercase();
         let address_key = source.map(|ip| ip.to_string());
@@ -302,14 +313,33 @@ impl Auth {
         {
             return Err(Self::rate_limited(wait));
         }
+        // counted now, with no await since the check, so concurrent attempts see each other
+        self.by_username.record_failure(&user_key);
+        if let Some(a) = &address_key {
+            self.by_address.record_failure(a);
+        }
+        let take_back = || {
+            self.by_username.forgive(&user_key);
+            if let Some(a) = &address_key {
+                self.by_address.forgive(a);
+            }
+        };
         let found = if validate_username(username).is_ok() {
-            self.store
+            let read = self
+                .store
                 .transact(|tx| async move {
                     let Some((id, user)) = find_user_by_name(&tx, username).await? else { return Ok(None) };
                     let credential = tx.get(CREDENTIALS, &id).await?.map(|d| parse::<Credential>(&d)).transpose()?;
                     Ok(Some((id, user, credential)))
                 })
-                .await?
+                .await;
+            match read {
+                Ok(found) => found,
+                Err(refusal) => {
+                    take_back();
+                    return Err(refusal);
+                }
+            }
         } else {
             None
         };
@@ -318,24 +348,30 @@ impl Auth {
             _ => None,
         });
         let pw = password.to_string();
-        let verified = match &candidate {
-            Some((_, _, credential)) => {
-                let verifier = credential.verifier.clone().unwrap_or_default();
-                tokio::task::spawn_blocking(move || password::verify(&pw, &verifier)).await.map_err(Refusal::internal)?
-            }
-            None => {
-                tokio::task::spawn_blocking(move || password::decoy_verify(&pw)).await.map_err(Refusal::internal)?;
-                false
+        let verifier = candidate.as_ref().map(|(_, _, credential)| credential.verifier.clone().unwrap_or_default());
+        let checked = self
+            .hashing
+            .run(move || match verifier {
+                Some(verifier) => password::verify(&pw, &verifier),
+                None => {
+                    password::decoy_verify(&pw);
+                    false
+                }
+            })
+            .await;
+        let verified = match checked {
+            Ok(verified) => verified,
+            // shed unchecked: it does not count as a failure
+            Err(refusal) => {
+                take_back();
+                return Err(refusal);
             }
         };
         let Some((user_id, user, credential)) = candidate.filter(|_| verified) else {
-            self.by_username.record_failure(&user_key);
-            if let Some(a) = &address_key {
-                self.by_address.record_failure(a);
-            }
             tracing::info!("login denied");
             return Err(denied());
         };
+        take_back();
         self.by_username.clear(&user_key);
         let at = now_secs();
         let session = Session {

@@ -55,6 +55,18 @@ impl Limiter {
         }
     }
 
+    /// Take back the latest failure recorded for `key` (an attempt counted before it was
+    /// checked, which turned out not to fail).
+    pub fn forgive(&self, key: &str) {
+        let mut map = self.failures.lock().expect("limiter lock");
+        if let Some(entries) = map.get_mut(key) {
+            entries.pop_back();
+            if entries.is_empty() {
+                map.remove(key);
+            }
+        }
+    }
+
     /// Forget every failure recorded for `key` (after a successful login).
     pub fn clear(&self, key: &str) {
         self.failures.lock().expect("limiter lock").remove(key);

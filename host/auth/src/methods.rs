@@ -194,8 +194,7 @@ async fn mutate_credential(cx: Context, call: Call, input: MutateInput) -> Resul
     let verifier = match &input.operation {
         Operation::RotatePassword { new_password } => {
             password::check_policy(new_password)?;
-            let pw = new_password.clone();
-            Some(tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??)
+            Some(cx.auth.hash_password(new_password).await?)
         }
         _ => None,
     };
@@ -265,8 +264,7 @@ async fn create_user(cx: Context, call: Call, input: CreateUser) -> Result<Creat
     call.identity()?.require_fresh()?;
     validate_username(&input.username)?;
     let password = password::generate();
-    let pw = password.clone();
-    let verifier = tokio::task::spawn_blocking(move || password::hash(&pw)).await.map_err(Refusal::internal)??;
+    let verifier = cx.auth.hash_password(&password).await?;
     let user_id = claim_user_id(&cx.blobs, "user").await?;
     let (username, id, admin) = (input.username.as_str(), user_id.as_str(), input.admin);
     cx.store

@@ -4,6 +4,7 @@ use capstan_core::refusal::{Refusal, Result};
 use scrypt::Scrypt;
 use scrypt::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use std::sync::LazyLock;
+use tokio::sync::Semaphore;
 
 /// New passwords: at least this many characters …
 pub const MIN_CHARS: usize = 20;
@@ -51,6 +52,40 @@ pub fn decoy_verify(password: &str) {
     let _ = verify(password, &DECOY);
 }
 
+/// Bounds the scrypt work (32 MiB and ~0.1 s of a core each) running at once: `slots` at a
+/// time, at most `queue` more waiting their turn, and anything beyond refused `rate-limited`
+/// at once, so a flood of logins costs bounded memory and never queues without end.
+pub struct Gate {
+    admitted: Semaphore,
+    running: Semaphore,
+}
+
+impl Gate {
+    /// A gate running `slots` at once (at least one) with `queue` more waiting.
+    pub fn new(slots: usize, queue: usize) -> Gate {
+        let slots = slots.max(1);
+        Gate { admitted: Semaphore::new(slots + queue), running: Semaphore::new(slots) }
+    }
+
+    /// One per core, eight waiting per core.
+    pub fn for_this_machine() -> Gate {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        Gate::new(cores, 8 * cores)
+    }
+
+    /// Run `work` (scrypt) on the blocking pool when a slot is free; `rate-limited`
+    /// (retryable) when the queue is full.
+    pub async fn run<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let Ok(_admitted) = self.admitted.try_acquire() else {
+            return Err(Refusal::new("rate-limited", "too many passwords are being checked at once; try again shortly")
+                .retryable()
+                .with_data(serde_json::json!({ "retryAfterMs": 1000 })));
+        };
+        let _running = self.running.acquire().await.map_err(Refusal::internal)?;
+        tokio::task::spawn_blocking(work).await.map_err(Refusal::internal)
+    }
+}
+
 /// A strong generated password: 24 characters from a 62-letter alphabet (~143 bits).
 pub fn generate() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
@@ -68,6 +103,38 @@ pub fn generate() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_gate_runs_its_slots_queues_a_few_and_sheds_the_rest_by_name() {
+        let gate = std::sync::Arc::new(Gate::new(1, 1));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let running = tokio::spawn({
+            let gate = gate.clone();
+            async move {
+                gate.run(move || {
+                    let _ = started_tx.send(());
+                    held.recv().ok();
+                    "first"
+                })
+                .await
+            }
+        });
+        started.await.unwrap();
+        // one waits its turn; one more is shed at once
+        let queued = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.run(|| "second").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let shed = gate.run(|| "third").await.unwrap_err();
+        assert_eq!((shed.code.as_ref(), shed.retryable), ("rate-limited", true));
+        assert!(!queued.is_finished(), "the queued one waits for the slot");
+        release.send(()).unwrap();
+        assert_eq!(running.await.unwrap().unwrap(), "first");
+        assert_eq!(queued.await.unwrap().unwrap(), "second");
+        assert_eq!(gate.run(|| "again").await.unwrap(), "again", "slots come back");
+    }
 
     #[test]
     fn verifiers_are_salted_and_check_the_password() {

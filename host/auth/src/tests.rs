@@ -91,6 +91,30 @@ async fn failed_logins_are_rate_limited_per_username_and_address() {
     assert_eq!(state.auth.login("someone", "whatever-whatever-whatever", source).await.unwrap_err().code, "unauthenticated");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_wrong_logins_count_before_hashing_and_a_good_one_takes_its_count_back() {
+    let (_dir, state) = setup().await;
+    // a success leaves no count behind: ten wrong ones still answer after it
+    state.auth.login("admin", PASSWORD, None).await.unwrap();
+    // forty at once for one username: each counts before its scrypt runs, so no more than the
+    // ten allowed are checked, and the rest are refused without hashing
+    let attempts: Vec<_> = (0..40)
+        .map(|_| {
+            let auth = state.auth.clone();
+            tokio::spawn(async move { auth.login("admin", "wrong-wrong-wrong-wrong", None).await.unwrap_err().code })
+        })
+        .collect();
+    let mut checked = 0;
+    for attempt in attempts {
+        match attempt.await.unwrap().as_ref() {
+            "unauthenticated" => checked += 1,
+            "rate-limited" => {}
+            other => panic!("unexpected refusal {other}"),
+        }
+    }
+    assert!((1..=10).contains(&checked), "{checked} wrong passwords were checked; the limit is 10");
+}
+
 #[tokio::test]
 async fn sessions_end_on_logout_and_on_credential_mutations() {
     let (_dir, state) = setup().await;
