@@ -33,6 +33,17 @@ impl SqliteStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| unavailable("creating the database directory", e))?;
         }
+        // a new database file is the owner's alone (SQLite gives its -wal and -shm files the
+        // same mode); an existing one keeps the mode its operator chose
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| unavailable("creating the database file", e))?;
+        }
         let first = connect(&path)?;
         Ok(SqliteStore { path, idle: Arc::new(Mutex::new(vec![first])), permits: Arc::new(Semaphore::new(POOL_SIZE)) })
     }
@@ -355,6 +366,24 @@ mod tests {
 
     fn temp_store(dir: &tempfile::TempDir) -> Store {
         Store::new(SqliteStore::open(dir.path().join("capstan.sqlite")).unwrap(), DEFAULT_BUDGET)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_database_and_its_journal_are_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = temp_store(&dir);
+        store.declare(crate::CollectionSpec::new("things")).await.unwrap();
+        store.transact(|tx| async move { tx.insert("things", "a", serde_json::json!({})).await }).await.unwrap();
+        let mode = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode("capstan.sqlite"), 0o600);
+        assert_eq!(mode("capstan.sqlite-wal"), 0o600, "SQLite gives its journal the database's mode");
+        // an existing file keeps the mode its operator gave it
+        let chosen = dir.path().join("chosen.sqlite");
+        std::fs::write(&chosen, b"").unwrap();
+        std::fs::set_permissions(&chosen, std::fs::Permissions::from_mode(0o640)).unwrap();
+        SqliteStore::open(&chosen).unwrap();
+        assert_eq!(mode("chosen.sqlite"), 0o640);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
