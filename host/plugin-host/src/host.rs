@@ -812,8 +812,11 @@ impl MethodSource for PluginHost {
         let (plugin, verb) = name.split_once('.')?;
         if PluginHost::get(self, plugin).is_some() {
             return Some(
-                Refusal::new("method-unknown", format!("plugin {plugin} has no method {verb:?}; GET /api/v1/methods lists them"))
-                    .with_data(json!({ "method": truncate(name, 100) })),
+                Refusal::new(
+                    "method-unknown",
+                    format!("plugin {plugin} has no method {:?}; GET /api/v1/methods lists them", truncate(verb, 64)),
+                )
+                .with_data(json!({ "method": truncate(name, 100) })),
             );
         }
         if self.load_error(plugin).is_some() {
