@@ -23,7 +23,8 @@ use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use capstan_server::plugins::bundle::{Inspection, MAX_BUNDLE_BYTES, PublisherKey};
-use capstan_server::plugins::methods::{self, PluginList, PluginView, PublisherList, UploadView};
+use capstan_server::plugins::methods::{PluginList, PluginView, PublisherList, UploadView};
+use capstan_server::plugins::uploads::{Spool, too_large};
 use minijinja::context;
 use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
@@ -267,12 +268,9 @@ async fn admin(state: &AppState, headers: &HeaderMap) -> std::result::Result<Ide
     }
 }
 
-/// The status a refusal is answered with; a bundle that is too large is `413` (its body was
+/// The status a refusal is answered with (a bundle that is too large is `413`: its body was
 /// not read to the end).
 fn status_of(refusal: &Refusal) -> StatusCode {
-    if refusal.is("bundle-too-large") {
-        return StatusCode::PAYLOAD_TOO_LARGE;
-    }
     StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
@@ -430,13 +428,9 @@ struct UploadForm {
     upgrade: bool,
     /// The plugin an Upgrade button was for.
     plugin: Option<String>,
-    bundle: Option<Vec<u8>>,
+    /// The bundle file, spooled to a temporary file as it arrived.
+    bundle: Option<Spool>,
     file_name: String,
-}
-
-fn too_large() -> Refusal {
-    Refusal::new("bundle-too-large", format!("a bundle is at most {MAX_BUNDLE_BYTES} bytes (64 MiB)"))
-        .with_data(serde_json::json!({ "limit": MAX_BUNDLE_BYTES }))
 }
 
 fn unreadable(error: &axum::extract::multipart::MultipartError) -> Refusal {
@@ -468,14 +462,11 @@ async fn read_upload_form(request: Request, state: &AppState) -> Result<UploadFo
         match field.name().unwrap_or_default() {
             "bundle" => {
                 form.file_name = field.file_name().unwrap_or_default().chars().take(200).collect();
-                let mut bytes = Vec::new();
+                let mut spool = Spool::new()?;
                 while let Some(chunk) = field.chunk().await.map_err(|e| unreadable(&e))? {
-                    if bytes.len() + chunk.len() > MAX_BUNDLE_BYTES {
-                        return Err(too_large());
-                    }
-                    bytes.extend_from_slice(&chunk);
+                    spool.push(&chunk).await?;
                 }
-                form.bundle = Some(bytes);
+                form.bundle = Some(spool);
             }
             "intent" => form.upgrade = small_field(field).await?.trim() == "upgrade",
             "plugin" => form.plugin = Some(small_field(field).await?.trim().to_string()).filter(|p| !p.is_empty()),
@@ -505,18 +496,17 @@ pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> 
         Ok(form) => form,
         Err(refusal) => return refused_page(&state, &identity, "inspect", title, refusal, "").await,
     };
-    let bytes = match form.bundle {
-        Some(bytes) if !(bytes.is_empty() && form.file_name.is_empty()) => bytes,
+    let spool = match form.bundle {
+        Some(spool) if !(spool.is_empty() && form.file_name.is_empty()) => spool,
         _ => {
             let refusal = Refusal::invalid_request("choose a bundle file (.capstan-plugin) to upload");
             return refused_page(&state, &identity, "inspect", title, refusal, "").await;
         }
     };
-    let (upload, inspection) = match methods::keep_upload(&state.blobs, &bytes, &identity.username).await {
+    let (upload, inspection) = match spool.keep(&state.blobs, &identity.username).await {
         Ok(kept) => kept,
         Err(refusal) => return refused_page(&state, &identity, "inspect", title, refusal, "Nothing was kept.").await,
     };
-    drop(bytes);
     // what the button asked for and what the bundle is must agree; otherwise nothing is kept
     let mismatch = match (form.upgrade, &form.plugin) {
         (true, Some(plugin)) if *plugin != inspection.id => Some(

@@ -643,7 +643,7 @@ fn upload(bundle: &[u8], cookie: &str) -> Request {
 
 /// How many uploads are kept.
 async fn kept_uploads(state: &AppState) -> usize {
-    state.blobs.list(capstan_server::plugins::methods::UPLOADS, None, 100).await.unwrap().items.len()
+    state.blobs.list(capstan_server::plugins::uploads::UPLOADS, None, 100).await.unwrap().items.len()
 }
 
 /// A signed bundle of 3 MiB, more than a form or axum's default body limit, that parses (its

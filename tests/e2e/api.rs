@@ -91,6 +91,42 @@ fn bodies_over_the_default_limit_are_refused() {
     server.raw(&chunked_post(PATH, &big_body(limit))).expect_error(404, "not-found");
 }
 
+/// The head of a bundle upload that declares `length` bytes of body and sends none of it.
+fn upload_head(authorization: Option<&str>, length: usize) -> Vec<u8> {
+    let auth = authorization.map(|a| format!("authorization: {a}\r\n")).unwrap_or_default();
+    format!("POST /api/v1/uploads/plugin-bundle HTTP/1.1\r\nhost: 127.0.0.1\r\n{auth}content-length: {length}\r\n\r\n").into_bytes()
+}
+
+#[test]
+fn a_bundle_upload_is_authorized_before_its_body_is_read() {
+    let (_dir, server) = dev();
+    // 60 MiB declared and never sent: the answer comes from the head alone (a host that read
+    // the body first would still be waiting for it)
+    server.raw(&upload_head(None, 60 << 20)).expect_error(401, "unauthenticated");
+    server.raw(&upload_head(Some("Bearer not-a-token"), 60 << 20)).expect_error(401, "unauthenticated");
+    let admin = server.login("admin", &server.printed_admin_password().expect("the dev admin password"));
+    // an administrator's body over the limit is refused from its declared length, and one
+    // streamed without a length once the limit is crossed
+    let bearer = format!("Bearer {admin}");
+    let declared = server.raw(&upload_head(Some(&bearer), (64 << 20) + 1)).expect_error(413, "bundle-too-large");
+    assert_eq!(declared["data"]["limit"], 64 << 20, "{declared}");
+    let mut chunked = format!(
+        "POST /api/v1/uploads/plugin-bundle HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: {bearer}\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    let chunk = vec![0u8; 1 << 20];
+    for _ in 0..65 {
+        chunked.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        chunked.extend_from_slice(&chunk);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    server.raw(&chunked).expect_error(413, "bundle-too-large");
+    // a small body that is no bundle is refused by name, and nothing was kept
+    let junk = server.request("POST", "/api/v1/uploads/plugin-bundle", &[("authorization", &bearer)], Some(b"not a tar"));
+    junk.expect_error(400, "bundle-malformed");
+}
+
 #[test]
 fn a_configured_body_limit_is_enforced() {
     let dir = tempfile::tempdir().unwrap();

@@ -87,7 +87,7 @@ impl Refusal {
             // the target's current state stands in the way
             "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
             "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
-            "request-too-large" => 413,
+            "request-too-large" | "bundle-too-large" => 413,
             "rate-limited" => 429,
             "unsupported-media-type" => 415,
             "unauthenticated" => 401,

@@ -26,4 +26,5 @@ pub mod methods;
 pub mod platform;
 pub mod runtime;
 pub mod tasks;
+pub mod uploads;
 pub mod work;

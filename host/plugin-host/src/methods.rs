@@ -1,22 +1,19 @@
 //! `plugins.*` API methods. (The bundle upload endpoint is the server's: it is HTTP.)
 //!
-//! A bundle (up to 64 MiB) is too large for a JSON body, so it travels once as raw bytes to
-//! `POST /api/v1/uploads/plugin-bundle` (administrators only), which answers an upload id and
-//! what the bundle requests; `plugins.install` / `plugins.upgrade` then name the upload and the
-//! approved capabilities.
+//! A bundle travels once as raw bytes to `POST /api/v1/uploads/plugin-bundle` (administrators
+//! only; see [`super::uploads`]), which answers an upload id and what the bundle requests;
+//! `plugins.install` / `plugins.upgrade` then name the upload and the approved capabilities.
 
 use super::bundle::{Bundle, Inspection};
 use super::host::{LastError, PluginHost, Record, TrustedPublisher};
-use crate::blobs::{Blobs, PutMode};
+use super::uploads;
+use crate::blobs::Blobs;
 use crate::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-/// Where kept uploads live in blobs: `_capstan/uploads/<32 hex>`.
-pub const UPLOADS: &str = "_capstan/uploads/";
 
 /// What the `plugins.*` methods reach: the plugin host, and the blobs where uploads wait.
 #[derive(Clone)]
@@ -153,39 +150,6 @@ pub struct PublisherList {
     pub added: Vec<TrustedPublisher>,
 }
 
-/// Keep a bundle for a following install or upgrade: parse it (what does not parse is refused
-/// by name and nothing is kept), store it under `_capstan/uploads/<32 hex>`, and answer the
-/// upload id and what the bundle requests. Nothing is verified against trust here.
-pub async fn keep_upload(blobs: &Blobs, bytes: &[u8], by: &str) -> Result<(String, Inspection)> {
-    let bundle = Bundle::parse(bytes)?;
-    let upload = uuid::Uuid::new_v4().simple().to_string();
-    blobs.put_bytes(&format!("{UPLOADS}{upload}"), bytes.to_vec(), PutMode::CreateOnly).await?;
-    tracing::info!(upload = %upload, plugin = %bundle.manifest.id, version = %bundle.manifest.version, by, "plugin bundle uploaded");
-    Ok((upload, bundle.inspect()))
-}
-
-/// Where a kept upload lives, once its id is known to be one.
-fn upload_key(upload: &str) -> Result<String> {
-    let valid = upload.len() == 32 && upload.chars().all(|c| c.is_ascii_hexdigit());
-    if !valid {
-        return Err(Refusal::invalid_request("upload ids are the 32 hex digits the upload answered").with_data(json!({"field": "upload"})));
-    }
-    Ok(format!("{UPLOADS}{upload}"))
-}
-
-/// The bytes of a kept upload.
-async fn take_upload(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
-    let (_, bytes) = blobs.get_bytes(&upload_key(upload)?).await?.ok_or_else(|| {
-        Refusal::new("upload-not-found", "no such upload; upload the bundle again").with_data(json!({ "upload": upload }))
-    })?;
-    Ok(bytes)
-}
-
-/// Drop a kept upload (best effort).
-async fn forget_upload(blobs: &Blobs, upload: &str) {
-    let _ = blobs.delete(&format!("{UPLOADS}{upload}")).await;
-}
-
 fn by(call: &Call) -> Result<String> {
     Ok(call.identity()?.username.clone())
 }
@@ -200,7 +164,7 @@ enum Operation {
 /// retrying (the dashboard shows the approval step again; `plugins.discardUpload` drops it).
 async fn apply_upload(cx: &Context, call: &Call, input: &InstallInput, operation: Operation) -> Result<PluginView> {
     let host = &cx.host;
-    let bytes = take_upload(&cx.blobs, &input.upload).await?;
+    let bytes = uploads::take(&cx.blobs, &input.upload).await?;
     let by = by(call)?;
     let outcome = match operation {
         Operation::Install => host.install(&bytes, &input.approve, &by).await,
@@ -208,7 +172,9 @@ async fn apply_upload(cx: &Context, call: &Call, input: &InstallInput, operation
     };
     match &outcome {
         Err(refusal) if refusal.is("capabilities-not-approved") || refusal.retryable => {}
-        _ => forget_upload(&cx.blobs, &input.upload).await,
+        _ => {
+            let _ = uploads::forget(&cx.blobs, &input.upload).await;
+        }
     }
     Ok(view(host, &outcome?))
 }
@@ -259,7 +225,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "What a kept upload is and requests, for the approval step",
         Access::Admin,
         |cx: Context, _: Call, input: ByUpload| async move {
-            let bytes = take_upload(&cx.blobs, &input.upload).await?;
+            let bytes = uploads::take(&cx.blobs, &input.upload).await?;
             Ok(UploadView { bundle: Bundle::parse(&bytes)?.inspect(), upload: input.upload })
         },
     );
@@ -268,7 +234,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "Drop a kept upload that will not be installed",
         Access::Admin,
         |cx: Context, _: Call, input: ByUpload| async move {
-            let discarded = cx.blobs.delete(&upload_key(&input.upload)?).await?;
+            let discarded = uploads::forget(&cx.blobs, &input.upload).await?;
             Ok(json!({ "discarded": discarded }))
         },
     );

@@ -1,7 +1,8 @@
 //! Plugin background work on this node: keep the loaded versions in step with the registry,
-//! deliver events from the outbox, run reconcile passes. Events and reconcile run only where
-//! the coordinator placed the plugin's workload, one round at a time per plugin. Scheduled
-//! tasks are the scheduler's (`crate::scheduler`), with the same placement.
+//! deliver events from the outbox, run reconcile passes, sweep expired bundle uploads. Events
+//! and reconcile run only where the coordinator placed the plugin's workload, one round at a
+//! time per plugin. Scheduled tasks are the scheduler's (`crate::scheduler`), with the same
+//! placement.
 
 use super::host::{Active, PluginHost};
 use super::runtime::wit_guest;
@@ -20,6 +21,8 @@ const SYNC_EVERY: Duration = Duration::from_secs(5);
 const ROUND_EVERY: Duration = Duration::from_millis(250);
 /// A hinted reconcile waits this long after the last hint.
 const QUIET: Duration = Duration::from_secs(1);
+/// How often abandoned bundle uploads are swept (they are also swept at every upload).
+const SWEEP_UPLOADS_EVERY: Duration = Duration::from_secs(10 * 60);
 /// Events handed to a plugin per round.
 const EVENT_BATCH: usize = 100;
 
@@ -46,6 +49,7 @@ pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::
     tokio::spawn(async move {
         let mut states: HashMap<String, PluginState> = HashMap::new();
         let mut last_sync = Instant::now();
+        let mut last_sweep = Instant::now();
         let mut ticker = tokio::time::interval(ROUND_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -62,6 +66,11 @@ pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::
                     tracing::warn!(code = %e.code, "plugin registry not read: {}", e.message);
                 }
             }
+            if last_sweep.elapsed() >= SWEEP_UPLOADS_EVERY {
+                last_sweep = Instant::now();
+                let blobs = host.services.blobs.clone();
+                tokio::spawn(async move { super::uploads::sweep(&blobs, std::time::SystemTime::now()).await });
+            }
             let loaded = host.loaded();
             states.retain(|id, _| loaded.iter().any(|a| &a.manifest.id == id));
             for active in loaded {
@@ -75,14 +84,24 @@ pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::
                 if state.busy.swap(true, Ordering::AcqRel) {
                     continue; // one round at a time per plugin
                 }
-                let (busy, shared, host) = (state.busy.clone(), state.shared.clone(), host.clone());
+                let (busy, shared, host) = (Busy(state.busy.clone()), state.shared.clone(), host.clone());
                 tokio::spawn(async move {
+                    let _busy = busy; // cleared when the round ends, also by a panic
                     round(&host, &active, &shared).await;
-                    busy.store(false, Ordering::Release);
                 });
             }
         }
     })
+}
+
+/// A plugin's "round running" flag, cleared when dropped: a round that panics (its task is
+/// unwound) does not leave its plugin marked busy for good.
+struct Busy(Arc<AtomicBool>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// One round for one plugin: events, then reconcile if due.
@@ -187,5 +206,22 @@ async fn reconcile_if_due(active: &Active, shared: &Mutex<Shared>) {
             }
         }
         Err(e) => tracing::warn!(plugin = %active.manifest.id, code = %e.code, "reconcile pass failed: {}", e.message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_round_that_panics_does_not_leave_its_plugin_busy() {
+        let flag = Arc::new(AtomicBool::new(true));
+        let busy = Busy(flag.clone());
+        let round = tokio::spawn(async move {
+            let _busy = busy;
+            panic!("a round failed");
+        });
+        assert!(round.await.unwrap_err().is_panic());
+        assert!(!flag.load(Ordering::Acquire), "the flag was cleared by the unwinding round");
     }
 }

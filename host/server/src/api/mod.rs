@@ -351,11 +351,6 @@ fn json_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, Refusal> {
     serde_json::from_slice(bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))
 }
 
-/// Read a body of at most `limit` bytes (for endpoints beyond the API's usual body limit).
-pub async fn read_body_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
-    read_body(headers, body, limit).await
-}
-
 /// The token of an `Authorization: Bearer <token>` header.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;

@@ -377,7 +377,7 @@ async fn an_upload_stays_for_another_try_after_an_approval_refusal_and_goes_once
     let Some(f) = Fixture::new().await else { return };
     let method = |name: &str| f.state.methods.get(name).unwrap_or_else(|| panic!("{name} is registered"));
     let call = || crate::api::Call::by(&f.admin);
-    let (upload, inspection) = crate::plugins::methods::keep_upload(&f.state.blobs, &f.example(None), "admin").await.unwrap();
+    let (upload, inspection) = crate::plugins::uploads::keep(&f.state.blobs, f.example(None), "admin").await.unwrap();
     assert_eq!(inspection.id, "example");
 
     // too few capabilities approved: refused, and the upload is still there to look at
@@ -393,7 +393,7 @@ async fn an_upload_stays_for_another_try_after_an_approval_refusal_and_goes_once
     assert_eq!(gone.code, "upload-not-found");
 
     // discarded: once, then there is nothing to discard; a malformed id is refused by name
-    let (other, _) = crate::plugins::methods::keep_upload(&f.state.blobs, &f.example(Some("0.2.0")), "admin").await.unwrap();
+    let (other, _) = crate::plugins::uploads::keep(&f.state.blobs, f.example(Some("0.2.0")), "admin").await.unwrap();
     let discarder = method("plugins.discardUpload");
     let discard = |upload: &str| discarder.call(call(), json!({ "upload": upload }));
     assert_eq!(discard(&other).await.unwrap(), json!({ "discarded": true }));
