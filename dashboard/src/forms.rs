@@ -55,7 +55,7 @@ impl axum::extract::FromRequestParts<AppState> for Signed {
 /// fields read (else `400`/`413`).
 pub(super) async fn post(state: &AppState, request: Request) -> std::result::Result<(Identity, FormData), Response> {
     let (parts, body) = request.into_parts();
-    if let Some(refused) = refuse_cross_origin(state, &parts.headers, &parts.uri) {
+    if let Some(refused) = refuse_cross_origin(state, &parts.headers) {
         return Err(refused);
     }
     let identity = session(state, &parts.headers).await?;

@@ -38,7 +38,7 @@ use crate::api::system::{StatusReport, status_report};
 use crate::auth::Identity;
 use crate::refusal::Refusal;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -303,32 +303,33 @@ fn clear_session_cookie(response: &mut Response, secure: bool) {
     }
 }
 
-/// Whether a form post's `Origin` (when it has one) is this host: the configured public
-/// origin, or the scheme-less authority the request was sent to (its `Host`).
-fn origin_allowed(origin: &HeaderValue, public_origin: &str, headers: &HeaderMap, uri: &Uri) -> bool {
-    let Ok(origin) = origin.to_str() else { return false };
-    let origin = origin.trim();
-    if origin.eq_ignore_ascii_case(public_origin.trim_end_matches('/')) {
-        return true;
+/// Whether a form post comes from this host's own pages: a browser's `Sec-Fetch-Site` says
+/// `same-origin` (it cannot be set by a page, and holds whatever name the host was opened by),
+/// or, from a browser that does not send it, `Origin` is exactly the configured public origin.
+/// A post with neither, or with an `Origin` that only matches the `Host` it was sent to (which
+/// a client chooses), is refused.
+fn same_origin(public_origin: &str, headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return site.as_bytes().eq_ignore_ascii_case(b"same-origin");
     }
-    let lower = origin.to_ascii_lowercase();
-    let Some(authority) = lower.strip_prefix("http://").or_else(|| lower.strip_prefix("https://")) else { return false };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::trim).or_else(|| uri.authority().map(|a| a.as_str()));
-    !authority.is_empty() && host.is_some_and(|host| authority.eq_ignore_ascii_case(host))
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else { return false };
+    origin.trim().eq_ignore_ascii_case(public_origin.trim_end_matches('/'))
 }
 
-/// The 403 page for a cross-origin form post, `None` when the post may go on.
-fn refuse_cross_origin(state: &AppState, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
-    let origin = headers.get(header::ORIGIN)?;
-    if origin_allowed(origin, &state.public_origin, headers, uri) {
+/// The 403 page for a form post that does not come from this host's pages, `None` when the
+/// post may go on.
+fn refuse_cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    if same_origin(&state.public_origin, headers) {
         return None;
     }
-    let shown: String = String::from_utf8_lossy(origin.as_bytes()).chars().take(100).collect();
-    tracing::info!(origin = ?shown, "cross-origin form post refused");
+    let shown = |name: &str| -> String {
+        headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).chars().take(100).collect()).unwrap_or_default()
+    };
+    tracing::info!(origin = ?shown("origin"), fetch_site = ?shown("sec-fetch-site"), "cross-origin form post refused");
     Some(message_page(
         StatusCode::FORBIDDEN,
         "Request refused",
-        "This form was sent from another site, so Capstan did not act on it. Open Capstan at its own address and try again.",
+        "This form was not sent from Capstan's own pages, so Capstan did not act on it. Open Capstan at its own address and try again.",
     ))
 }
 
@@ -542,7 +543,7 @@ struct LoginForm {
 /// `POST /login` (form-encoded): on success the session cookie and a 303 to `/`.
 async fn login(State(state): State<AppState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
     }
     let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
@@ -591,8 +592,8 @@ async fn login(State(state): State<AppState>, request: Request) -> Response {
 }
 
 /// `POST /logout`: end the session, remove the cookie, back to the login page.
-async fn logout(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Some(refused) = refuse_cross_origin(&state, &headers, &uri) {
+async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse_cross_origin(&state, &headers) {
         return refused;
     }
     match current_identity(&state, &headers).await {

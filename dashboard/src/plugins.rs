@@ -480,7 +480,7 @@ async fn read_upload_form(request: Request, state: &AppState) -> Result<UploadFo
 /// for approval. A bundle that does not parse is refused by name and nothing is kept.
 pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
     }
     let identity = match admin(&state, &parts.headers).await {
@@ -560,7 +560,7 @@ fn field<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
 /// (the upload is kept); on any other refusal the upload is dropped and the list says why.
 async fn confirm(state: AppState, request: Request, upgrade: bool) -> Response {
     let (parts, body) = request.into_parts();
-    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
     }
     let identity = match admin(&state, &parts.headers).await {
@@ -618,7 +618,7 @@ pub(super) async fn upgrade(State(state): State<AppState>, request: Request) -> 
 /// `POST /plugins/discard` (`upload`): drop an upload that will not be installed.
 pub(super) async fn discard(State(state): State<AppState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
     }
     let identity = match admin(&state, &parts.headers).await {
@@ -648,7 +648,7 @@ enum Lifecycle {
 
 async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response {
     let (parts, body) = request.into_parts();
-    if let Some(refused) = refuse_cross_origin(&state, &parts.headers, &parts.uri) {
+    if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
     }
     let identity = match admin(&state, &parts.headers).await {

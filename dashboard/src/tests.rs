@@ -254,7 +254,7 @@ async fn logout_ends_the_session() {
     assert!(state.auth.authenticate(token).await.unwrap_err().is("unauthenticated"));
 
     // logging out without a session is harmless
-    let again = send(&state, post_form("/logout", "", None, None)).await;
+    let again = send(&state, post_form("/logout", "", None, Some(ORIGIN))).await;
     assert_eq!((again.status, again.location()), (StatusCode::SEE_OTHER, Some("/login")));
 }
 
@@ -275,16 +275,31 @@ async fn cross_origin_posts_are_refused() {
     // the session survived the refused logouts
     assert_eq!(send(&state, get("/", Some(&cookie))).await.status, StatusCode::OK);
 
-    // the request's own host is fine too (a browser reaching the host by another name), and a
-    // post without an Origin header (older clients) relies on the SameSite cookie
-    let mut request = post_form("/login", &form("admin", PASSWORD), None, Some("http://127.0.0.1:8080"));
-    request.headers_mut().insert("host", HeaderValue::from_static("127.0.0.1:8080"));
-    assert_eq!(send(&state, request).await.status, StatusCode::SEE_OTHER);
-    assert_eq!(send(&state, post_form("/login", &form("admin", PASSWORD), None, None)).await.status, StatusCode::SEE_OTHER);
+    // an Origin that only matches the Host the client chose, and a post with no Origin at
+    // all, are refused: the configured public origin is the only one trusted
+    let mut request = post_form("/login", &form("admin", PASSWORD), None, Some("http://evil.example"));
+    request.headers_mut().insert("host", HeaderValue::from_static("evil.example"));
+    assert_eq!(send(&state, request).await.status, StatusCode::FORBIDDEN, "an Origin equal to a spoofed Host");
+    assert_eq!(send(&state, post_form("/login", &form("admin", PASSWORD), None, None)).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(send(&state, post_form("/logout", "", Some(&cookie), None)).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(send(&state, get("/", Some(&cookie))).await.status, StatusCode::OK, "the session survived");
     assert_eq!(
         send(&state, post_form("/login", &form("admin", PASSWORD), None, Some("HTTP://CAPSTAN.TEST"))).await.status,
         StatusCode::SEE_OTHER
     );
+
+    // a browser's Sec-Fetch-Site decides when present: same-origin passes whatever name the
+    // host was opened by; cross-site or same-site is refused even beside a matching Origin
+    let fetch_site = |site: &'static str, origin: Option<&str>| {
+        let mut request = post_form("/login", &form("admin", PASSWORD), None, origin);
+        request.headers_mut().insert("sec-fetch-site", HeaderValue::from_static(site));
+        request
+    };
+    assert_eq!(send(&state, fetch_site("same-origin", Some("http://127.0.0.1:8080"))).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(send(&state, fetch_site("same-origin", None)).await.status, StatusCode::SEE_OTHER);
+    for site in ["cross-site", "same-site", "none"] {
+        assert_eq!(send(&state, fetch_site(site, Some(ORIGIN))).await.status, StatusCode::FORBIDDEN, "{site}");
+    }
 }
 
 #[tokio::test]
