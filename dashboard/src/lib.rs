@@ -496,7 +496,7 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         Ok(None) => return to_login(&state, &headers),
         Err(refusal) => return unavailable(refusal),
     };
-    let report = status_report(&state.system()).await;
+    let report = status_report(&state.system(), identity.is_human_admin()).await;
     let ctx = context! {
         page => "Overview",
         nav => Serde(nav("overview")),
@@ -510,7 +510,9 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
 /// `GET /overview/status`: the status panel alone, for htmx to refresh in place.
 async fn status_panel(State(state): State<AppState>, headers: HeaderMap) -> Response {
     match current_identity(&state, &headers).await {
-        Ok(Some(_)) => render(StatusCode::OK, "status.html", status_context(&status_report(&state.system()).await)),
+        Ok(Some(identity)) => {
+            render(StatusCode::OK, "status.html", status_context(&status_report(&state.system(), identity.is_human_admin()).await))
+        }
         // htmx follows HX-Redirect with a full page load; a plain request gets the redirect
         Ok(None) if headers.contains_key("hx-request") => (StatusCode::UNAUTHORIZED, [("hx-redirect", "/login")]).into_response(),
         Ok(None) => to_login(&state, &headers),

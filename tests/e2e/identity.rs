@@ -80,11 +80,22 @@ fn keyring_commands_refuse_unsafe_files_by_name() {
 fn serve_refuses_a_missing_or_invalid_keyring() {
     let dir = private_dir();
     let prod = ProdConfig::under(dir.path());
+    // a valid keyring that group or others may read is refused, naming the fix
+    let private = fs::read(&prod.keyring_path).unwrap();
+    fs::set_permissions(&prod.keyring_path, fs::Permissions::from_mode(0o640)).unwrap();
+    let shared = run_to_exit(prod.command());
+    assert!(shared.assert_refused(1, "keyring-invalid").contains("chmod 600"), "{}", shared.stderr);
+    let keyring: Value = serde_json::from_slice(&private).unwrap();
+    for kek in keyring["keks"].as_object().unwrap().values() {
+        assert!(!shared.stderr.contains(kek.as_str().unwrap()), "no key is printed");
+    }
     fs::remove_file(&prod.keyring_path).unwrap();
     run_to_exit(prod.command()).assert_refused(1, "keyring-invalid");
     fs::write(&prod.keyring_path, b"{\"version\":1,\"activeKekId\":\"k\",\"keks\":{},\"ingress\":{}}").unwrap();
+    fs::set_permissions(&prod.keyring_path, fs::Permissions::from_mode(0o600)).unwrap();
     let refused = run_to_exit(prod.command());
     refused.assert_refused(1, "keyring-invalid");
+    assert!(!refused.stderr.contains("chmod"), "refused for its content, not its mode: {}", refused.stderr);
     assert!(!prod.database.exists(), "the store is not opened before the keyring is valid");
 }
 

@@ -305,7 +305,7 @@ fn every_write_path_refuses_bad_input_by_name_over_http() {
     w.refused(&owner, m, json!({ "id": service_id, "expectedRevision": 1, "name": "web_2" }), 400, "name-invalid");
     w.refused(&owner, m, json!({ "id": "svc_missing", "expectedRevision": 1, "scale": 2 }), 404, "service-not-found");
     w.refused(&member, m, json!({ "id": service_id, "expectedRevision": 1, "scale": 2 }), 403, "forbidden");
-    w.refused(&stranger, m, json!({ "id": service_id, "expectedRevision": 1, "scale": 2 }), 403, "forbidden");
+    w.refused(&stranger, m, json!({ "id": service_id, "expectedRevision": 1, "scale": 2 }), 404, "service-not-found");
     w.refused(
         &owner,
         m,
@@ -325,7 +325,7 @@ fn every_write_path_refuses_bad_input_by_name_over_http() {
     w.refused(&owner, m, json!({ "id": service_id, "expectedRevision": 1, "now": true }), 400, "invalid-request");
     w.refused(&owner, m, json!({ "id": "svc_missing", "expectedRevision": 1 }), 404, "service-not-found");
     w.refused(&member, m, json!({ "id": service_id, "expectedRevision": 1 }), 403, "forbidden");
-    w.refused(&stranger, m, json!({ "id": service_id, "expectedRevision": 1 }), 403, "forbidden");
+    w.refused(&stranger, m, json!({ "id": service_id, "expectedRevision": 1 }), 404, "service-not-found");
 
     // ---- settings.update ----
     let m = "settings.update";

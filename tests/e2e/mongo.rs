@@ -4,7 +4,7 @@
 //! refused by name without ever printing the password. Skipped, saying so, when the variable
 //! is not set (except the test that needs no server).
 
-use crate::support::{Capstan, ProdConfig, free_port, run_to_exit};
+use crate::support::{Capstan, ProdConfig, free_port, run_to_exit, with_test_admin};
 use capstan::store::{Document, Store, StoreOptions};
 use std::path::Path;
 use std::process::Command;
@@ -84,8 +84,8 @@ fn serves_ready_on_mongodb_and_a_restart_keeps_the_ledger() {
     );
 
     let prod = ProdConfig::under(dir.path());
-    let first = Capstan::start(mongo_command(&prod, dir.path(), &url, &database));
-    let status = first.ready_status();
+    let first = Capstan::start(with_test_admin(mongo_command(&prod, dir.path(), &url, &database)));
+    let status = first.admin_status();
     assert_eq!(status["ready"], true, "/status should be ready: {status}");
     assert_eq!(status["store"]["ok"], true, "the store should answer: {status}");
     assert_eq!(status["store"]["backend"], described(&url, &database), "{status}");

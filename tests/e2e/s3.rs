@@ -2,7 +2,7 @@
 //! refused `blob-bucket-missing` for a missing one, and the secret key printed nowhere.
 //! Skipped, saying so, when `CAPSTAN_TEST_S3_ENDPOINT` is not set.
 
-use crate::support::{Capstan, ProdConfig, run_to_exit};
+use crate::support::{Capstan, ProdConfig, run_to_exit, with_test_admin};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use std::path::Path;
 use std::process::Command;
@@ -68,8 +68,8 @@ fn serves_ready_with_blobs_in_an_s3_bucket() {
     let bucket = fresh_bucket_name();
     create_bucket(&endpoint, &bucket);
 
-    let server = Capstan::start(s3_command(dir.path(), &endpoint, &bucket));
-    let status = server.ready_status();
+    let server = Capstan::start(with_test_admin(s3_command(dir.path(), &endpoint, &bucket)));
+    let status = server.admin_status();
     assert_eq!(status["ready"], true, "/status should be ready: {status}");
     assert_eq!(status["blobs"]["ok"], true, "the bucket should answer: {status}");
     let backend = status["blobs"]["backend"].as_str().unwrap_or_default();
@@ -133,8 +133,8 @@ fn production_on_mongodb_and_s3_serves_ready_and_survives_a_restart() {
             .current_dir(dir.path());
         cmd
     };
-    let first = Capstan::start(command());
-    let status = first.ready_status();
+    let first = Capstan::start(with_test_admin(command()));
+    let status = first.admin_status();
     assert_eq!(status["ready"], true, "{status}");
     assert!(status["store"]["backend"].as_str().unwrap_or_default().starts_with("mongodb://"), "{status}");
     assert!(status["blobs"]["backend"].as_str().unwrap_or_default().starts_with("s3://"), "{status}");

@@ -1,6 +1,6 @@
 //! Starting, restarting and stopping a server: dev mode and production-style configuration.
 
-use crate::support::{Capstan, ProdConfig, capstan, insert_doc, read_doc, read_ledger};
+use crate::support::{Capstan, ProdConfig, capstan, eventually, insert_doc, read_doc, read_ledger, with_test_admin};
 use capstan::config::{BLOB_URL, DATA_DIR, DATABASE_URL, KEYRING_PATH, PUBLIC_ORIGIN};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
@@ -32,7 +32,28 @@ fn dev_mode_on_a_fresh_data_dir_serves_ready_and_reports_its_defaults() {
     let data = dir.path().join("data");
     let server = Capstan::dev(&data);
 
-    assert_ready(&server);
+    let status = assert_ready(&server);
+    // where the store and the blobs are is told to administrators only
+    assert!(status["store"].get("backend").is_none() && status["blobs"].get("backend").is_none(), "{status}");
+    let anonymous = server.call("system.getStatus", "{}").expect_json(200);
+    assert!(anonymous["store"].get("backend").is_none(), "{anonymous}");
+    let admin = server.login("admin", &server.printed_admin_password().expect("the dev administrator's password"));
+    let bearer = format!("Bearer {admin}");
+    let detailed = server.request("GET", "/status", &[("authorization", &bearer)], None).expect_json(200);
+    let store = detailed["store"]["backend"].as_str().unwrap_or_default();
+    assert!(store.starts_with("sqlite:") && store.ends_with("capstan.sqlite"), "{detailed}");
+    let by_method = server.call_as(&admin, "system.getStatus", &json!({})).expect_json(200);
+    assert!(by_method["blobs"]["backend"].as_str().unwrap_or_default().starts_with("file:"), "{by_method}");
+    // a token that does not authenticate leaves a public answer public, and is no error
+    let stale = server.request("GET", "/status", &[("authorization", "Bearer stale")], None).expect_json(200);
+    assert!(stale["store"].get("backend").is_none(), "{stale}");
+    // the embedded App Store is reported while it loads and once it is loaded
+    let plugins = eventually("the first-party plugins loaded", std::time::Duration::from_secs(60), || {
+        let status = server.get("/status").json();
+        let plugins = status["plugins"].clone();
+        if plugins["loaded"].as_u64() >= Some(1) && plugins["loading"] == 0 { Ok(plugins) } else { Err(status.to_string()) }
+    });
+    assert_eq!(plugins["failed"], 0, "{plugins}");
     let health = server.get("/healthz").expect_json(200);
     assert_eq!(health, json!({"status": "ok"}), "/healthz body");
 
@@ -110,7 +131,7 @@ fn assert_production_start(server: &Capstan, prod: &ProdConfig) {
     assert!(stdout.contains(&origin), "the serving line should name the configured origin {origin}; stdout:\n{stdout}");
     assert!(prod.database.is_file(), "the configured database {} should exist", prod.database.display());
     assert!(prod.blobs.is_dir(), "the configured blob directory {} should exist", prod.blobs.display());
-    let status = server.get("/status").json();
+    let status = server.admin_status();
     assert_eq!(status["store"]["backend"], format!("sqlite:{}", prod.database.display()), "{status}");
     assert_eq!(status["blobs"]["backend"], format!("file:{}", prod.blobs.display()), "{status}");
 }
@@ -119,7 +140,7 @@ fn assert_production_start(server: &Capstan, prod: &ProdConfig) {
 fn production_configuration_from_the_environment_serves() {
     let dir = tempfile::tempdir().unwrap();
     let prod = ProdConfig::under(dir.path());
-    let mut cmd = prod.command();
+    let mut cmd = with_test_admin(prod.command());
     cmd.current_dir(dir.path());
     let server = Capstan::start(cmd);
     assert_production_start(&server, &prod);
@@ -140,7 +161,7 @@ fn production_configuration_from_a_config_file_serves() {
         prod.state_dir.display().to_string(),
     );
     std::fs::write(&file, text).unwrap();
-    let mut cmd = capstan();
+    let mut cmd = with_test_admin(capstan());
     cmd.arg("serve").arg("--config").arg(&file).current_dir(dir.path());
     let server = Capstan::start(cmd);
     assert_production_start(&server, &prod);

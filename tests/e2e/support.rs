@@ -42,6 +42,15 @@ pub fn dev_command(data_dir: &Path) -> Command {
     cmd
 }
 
+/// The administrator [`with_test_admin`] bootstraps: username and password.
+pub const TEST_ADMIN: (&str, &str) = ("admin", "e2e-administrator-password-7Qx");
+
+/// Bootstrap [`TEST_ADMIN`] through `CAPSTAN_ADMIN_ACCOUNT`.
+pub fn with_test_admin(mut cmd: Command) -> Command {
+    cmd.env("CAPSTAN_ADMIN_ACCOUNT", format!("{}:{}", TEST_ADMIN.0, TEST_ADMIN.1));
+    cmd
+}
+
 /// A full production-style configuration under `dir`: SQLite store, file blobs, keyring path,
 /// a public origin. The listen address is not included.
 pub struct ProdConfig {
@@ -344,6 +353,15 @@ impl Capstan {
         let answer =
             self.call("auth.login", &serde_json::json!({ "username": username, "password": password }).to_string()).expect_json(200);
         answer["token"].as_str().expect("a login answers a token").to_string()
+    }
+
+    /// `GET /status` as an administrator once it answers 200: the report with where the store
+    /// and the blobs are (an anonymous one leaves them out). The server was started with
+    /// [`with_test_admin`].
+    pub fn admin_status(&self) -> Value {
+        self.ready_status();
+        let token = self.login(TEST_ADMIN.0, TEST_ADMIN.1);
+        self.request("GET", "/status", &[("authorization", &format!("Bearer {token}"))], None).expect_json(200)
     }
 
     /// Write `request` (a whole HTTP/1.1 request) on a fresh connection and parse the answer.

@@ -22,6 +22,12 @@ fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// Whether a file or directory is owned by this user and not writable by group or others:
+/// nobody else can have put or changed what it holds.
+pub fn owned_unshared(meta: &fs::Metadata) -> bool {
+    meta.uid() == effective_uid() && meta.mode() & 0o022 == 0
+}
+
 fn refuse(code: &'static str, message: String, path: &Path) -> Refusal {
     Refusal::new(code, message).with_data(json!({ "path": path.display().to_string() }))
 }
@@ -35,7 +41,7 @@ pub fn write_new(output: &Path, content: &[u8]) -> Result<()> {
     if dir_meta.file_type().is_symlink() || !dir_meta.is_dir() {
         return Err(refuse("output-directory-missing", format!("{} is not a directory (symbolic links are refused)", dir.display()), dir));
     }
-    if dir_meta.uid() != effective_uid() || dir_meta.mode() & 0o022 != 0 {
+    if !owned_unshared(&dir_meta) {
         return Err(refuse(
             "output-directory-not-private",
             format!("the output directory {} must be owned by you and not writable by group or others", dir.display()),

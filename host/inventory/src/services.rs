@@ -340,6 +340,22 @@ pub async fn require_service(tx: &Tx, id: &str) -> Result<Entity<Service>> {
     require(tx, SERVICES, "service", id).await
 }
 
+/// A service as `identity` may know it, with `need` allowed: one it may not read is
+/// `service-not-found` exactly as a missing one, so a stranger cannot probe which ids exist;
+/// one it may read but not change is `forbidden`.
+pub async fn visible_service(tx: &Tx, identity: &Identity, id: &str, need: ServiceNeed) -> Result<Entity<Service>> {
+    let service = require_service(tx, id).await?;
+    let organization = &service.data.organization_id;
+    match access::require_service(tx, identity, &service.id, organization, ServiceNeed::Read).await {
+        Err(e) if e.is("forbidden") => return Err(super::not_found("service", id)),
+        other => other?,
+    }
+    if need == ServiceNeed::Write {
+        access::require_service(tx, identity, &service.id, organization, need).await?;
+    }
+    Ok(service)
+}
+
 /// Refuse new work for a service marked for deletion.
 pub fn refuse_if_deleting(service: &Entity<Service>) -> Result<()> {
     if service.data.state == ServiceState::Deleting {
@@ -432,8 +448,7 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
     let input = &input;
     store
         .transact(|tx| async move {
-            let current = require_service(&tx, &input.id).await?;
-            access::require_service(&tx, identity, &current.id, &current.data.organization_id, ServiceNeed::Write).await?;
+            let current = visible_service(&tx, identity, &input.id, ServiceNeed::Write).await?;
             check_revision("service", &input.id, input.expected_revision, current.revision)?;
             refuse_if_deleting(&current)?;
             if let Some(org) = &input.organization_id
@@ -479,8 +494,7 @@ async fn get(cx: Context, call: Call, input: super::ById) -> Result<ServiceView>
     let (identity, id, dependents) = (&identity, input.id.as_str(), &*cx.dependents);
     cx.store
         .transact(|tx| async move {
-            let service = require_service(&tx, id).await?;
-            access::require_service(&tx, identity, &service.id, &service.data.organization_id, ServiceNeed::Read).await?;
+            let service = visible_service(&tx, identity, id, ServiceNeed::Read).await?;
             let holds = holders(&tx, dependents, id).await?;
             Ok(ServiceView { service, holds })
         })
@@ -515,8 +529,7 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<DeleteAns
     let (identity_ref, input_ref) = (&identity, &input);
     cx.store
         .transact(|tx| async move {
-            let current = require_service(&tx, &input_ref.id).await?;
-            access::require_service(&tx, identity_ref, &current.id, &current.data.organization_id, ServiceNeed::Write).await?;
+            let current = visible_service(&tx, identity_ref, &input_ref.id, ServiceNeed::Write).await?;
             check_revision("service", &input_ref.id, input_ref.expected_revision, current.revision)?;
             if current.data.state == ServiceState::Deleting {
                 // asking again is fine: the finalizer below decides whether it is done

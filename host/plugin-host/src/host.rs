@@ -165,6 +165,18 @@ pub struct Record {
     pub previous: Option<InstalledVersion>,
 }
 
+/// How many of the plugins this node should serve are loaded, failed to load, or still loading
+/// (see [`PluginHost::readiness`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct Readiness {
+    /// Loaded and serving their methods.
+    pub loaded: u32,
+    /// Still loading: their methods answer `plugin-not-loaded` (retryable) meanwhile.
+    pub loading: u32,
+    /// Their last load failed: their methods answer `plugin-unavailable` with the cause.
+    pub failed: u32,
+}
+
 /// A trusted publisher key added through the API.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -352,6 +364,27 @@ impl PluginHost {
             .into_iter()
             .map(|doc| serde_json::from_value(doc.data).map(|r| (r, doc.revision)).map_err(Refusal::internal))
             .collect()
+    }
+
+    /// How far this node is with loading its plugins: every enabled installed plugin and every
+    /// embedded first-party one not installed yet (that happens in the background at start) is
+    /// loaded, failed to load, or still loading.
+    pub async fn readiness(&self) -> Result<Readiness> {
+        let records = self.records().await?;
+        let installed: BTreeSet<&str> = records.iter().map(|(r, _)| r.id.as_str()).collect();
+        let mut expected: BTreeSet<String> = records.iter().filter(|(r, _)| r.enabled).map(|(r, _)| r.id.clone()).collect();
+        expected.extend(self.first_party.iter().map(|b| b.manifest.id.clone()).filter(|id| !installed.contains(id.as_str())));
+        let mut readiness = Readiness::default();
+        for id in expected {
+            if self.get(&id).is_some() {
+                readiness.loaded += 1;
+            } else if self.load_error(&id).is_some() {
+                readiness.failed += 1;
+            } else {
+                readiness.loading += 1;
+            }
+        }
+        Ok(readiness)
     }
 
     /// Why an installed plugin is not loaded on this node, if its last load failed.

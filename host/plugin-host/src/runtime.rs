@@ -113,8 +113,8 @@ impl Runtime {
 
     fn compile(&self, bytes: &[u8], digest: &str) -> Result<(Component, bool)> {
         let path = self.cache_dir.as_ref().map(|dir| dir.join(format!("{digest}-{}.cwasm", self.engine_key)));
-        if let Some(path) = &path
-            && path.exists()
+        if let Some(path) = path.as_ref().filter(|p| p.exists())
+            && trusted_artifact(path)
         {
             // SAFETY: the file is one this host wrote into its private cache directory from a
             // component it verified; the name binds it to the component digest and the engine.
@@ -171,13 +171,31 @@ fn config(pooling: bool) -> Config {
     config
 }
 
+/// Create the compiled-plugin cache (mode 0700), or check an existing one: compiled code is
+/// loaded from it without further checks, so it must be a real directory owned by this user
+/// that group and others cannot write, else `state-dir-unusable`.
 fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| Refusal::new("state-dir-unusable", format!("cannot create the plugin cache {}: {e}", dir.display())))
+    let unusable = |why: String| Refusal::new("state-dir-unusable", format!("the plugin cache {} {why}", dir.display()));
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| unusable(format!("cannot be created: {e}")))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| unusable(format!("cannot be read: {e}")))?;
+    if !meta.is_dir() {
+        return Err(unusable("is not a directory (symbolic links are refused)".into()));
+    }
+    if !capstan_core::private_file::owned_unshared(&meta) {
+        return Err(unusable("must be owned by the user Capstan runs as and not writable by group or others (chmod 700 it)".into()));
+    }
+    Ok(())
+}
+
+/// Whether a cached compiled plugin may be loaded: a regular file (not a link) this user owns
+/// and nobody else can write. One that is not is compiled again and replaced.
+fn trusted_artifact(path: &Path) -> bool {
+    let trusted = std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_file() && capstan_core::private_file::owned_unshared(&meta));
+    if !trusted {
+        tracing::warn!(path = %path.display(), "not loading a compiled plugin that is a link or that others could have written");
+    }
+    trusted
 }
 
 /// A compiled, pre-instantiated component.
@@ -463,6 +481,32 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_compiled_plugin_cache_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let shared = root.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(create_private_dir(&shared).unwrap_err().code, "state-dir-unusable");
+        let linked = root.path().join("linked");
+        std::os::unix::fs::symlink(root.path(), &linked).unwrap();
+        assert_eq!(create_private_dir(&linked).unwrap_err().code, "state-dir-unusable");
+        let fresh = root.path().join("fresh").join("cache");
+        create_private_dir(&fresh).unwrap();
+        assert_eq!(std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777, 0o700);
+
+        let artifact = fresh.join("a.cwasm");
+        std::fs::write(&artifact, b"x").unwrap();
+        std::fs::set_permissions(&artifact, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(trusted_artifact(&artifact));
+        std::fs::set_permissions(&artifact, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!trusted_artifact(&artifact), "others could have written it");
+        let link = fresh.join("b.cwasm");
+        std::os::unix::fs::symlink(&artifact, &link).unwrap();
+        assert!(!trusted_artifact(&link), "a link is not followed");
+    }
 
     #[test]
     fn refusal_codes_are_kebab_case() {

@@ -275,12 +275,23 @@ fn open_keyring(config: &ServeConfig) -> Result<Keyring> {
         Keyring::generate(None, None)?.write_new(path)?;
         println!("  generated a new keyring at {} (mode 0600); keep it with the data", path.display());
     }
-    if let Ok(meta) = std::fs::metadata(path)
-        && meta.permissions().mode() & 0o077 != 0
-    {
-        tracing::warn!(path = %path.display(), "the keyring file is readable or writable by group or others; chmod 600 it");
-    }
+    refuse_shared_keyring(path)?;
     Keyring::load(path)
+}
+
+/// A keyring that group or others may read or write is refused `keyring-invalid`: its keys
+/// unseal every secret, so a start must not go on with them exposed.
+fn refuse_shared_keyring(path: &std::path::Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) }; // Keyring::load names a missing file
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(Refusal::new(
+            "keyring-invalid",
+            format!("the keyring {} has mode {mode:04o}: group or others may read or write it; chmod 600 it", path.display()),
+        )
+        .with_data(serde_json::json!({ "reason": "permissions", "mode": format!("{mode:04o}"), "path": path.display().to_string() })));
+    }
+    Ok(())
 }
 
 fn announce_dev(config: &ServeConfig) {

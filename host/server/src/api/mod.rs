@@ -93,7 +93,10 @@ impl AppState {
         let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
-        system::register(&mut registry, system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone() });
+        system::register(
+            &mut registry,
+            system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone(), plugins: plugins.clone() },
+        );
         crate::auth::methods::register(
             &mut registry,
             crate::auth::methods::Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() },
@@ -130,7 +133,7 @@ impl AppState {
 impl AppState {
     /// What readiness is judged on.
     pub fn system(&self) -> system::System {
-        system::System { store: self.store.clone(), blobs: self.blobs.clone(), chain: self.chain.clone() }
+        system::System { store: self.store.clone(), blobs: self.blobs.clone(), chain: self.chain.clone(), plugins: self.plugins.clone() }
     }
 }
 
@@ -268,8 +271,11 @@ async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-async fn status(State(state): State<AppState>) -> Response {
-    let report = system::status_report(&state.system()).await;
+/// `GET /status`: readiness for anyone (a probe needs no token); an administrator's bearer
+/// token adds where the store and the blobs are.
+async fn status(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let identity = optional_identity(&state, &headers).await;
+    let report = system::status_report(&state.system(), system::sees_details(identity.as_ref())).await;
     let code = if report.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(report)).into_response()
 }
@@ -288,7 +294,8 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     // host and plugin methods alike: a plugin's are registry entries while it is loaded here
     let method = state.methods.resolve(&name).await?;
     let identity = match method.access {
-        Access::Public => None,
+        // a public method serves anyone; a valid token only tells it who is asking
+        Access::Public => optional_identity(&state, headers).await,
         Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {
             let bearer = bearer_token(headers).ok_or_else(crate::auth::denied)?;
             Some(state.auth.authenticate(bearer).await?)
@@ -349,6 +356,12 @@ fn json_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, Refusal> {
         return Ok(json!({}));
     }
     serde_json::from_slice(bytes).map_err(|e| Refusal::invalid_request(format!("the body is not valid JSON: {e}")))
+}
+
+/// Who a request's bearer token stands for, where an answer needs none: without a token, or
+/// with one that does not authenticate, the caller is anonymous.
+async fn optional_identity(state: &AppState, headers: &HeaderMap) -> Option<crate::auth::Identity> {
+    state.auth.authenticate(bearer_token(headers)?).await.ok()
 }
 
 /// The token of an `Authorization: Bearer <token>` header.

@@ -1,9 +1,12 @@
 //! Methods about the host itself: readiness, version, migration state.
-//! Readiness is derived on every read from the store, the blobs and the ledger.
+//! Readiness is derived on every read from the store, the blobs and the ledger. Anyone may ask;
+//! where the store and the blobs are (paths, hosts) is told to administrators only.
 
 use super::{Access, Call, Registry};
+use crate::auth::Identity;
 use crate::blobs::Blobs;
 use crate::migrate::{self, Chain};
+use crate::plugins::host::{PluginHost, Readiness};
 use crate::refusal::{Refusal, Result};
 use crate::store::Store;
 use schemars::JsonSchema;
@@ -24,6 +27,11 @@ pub struct StatusReport {
     pub blobs: Component,
     /// The host's migration chain, as its ledger states it.
     pub migrations: MigrationState,
+    /// How far this node is with loading its plugins (not part of `ready`: the host serves its
+    /// own methods meanwhile, and a plugin's answer `plugin-not-loaded`, retryable); absent when
+    /// the plugin registry cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugins: Option<Readiness>,
 }
 
 /// One storage backend's health in a status report.
@@ -32,8 +40,10 @@ pub struct StatusReport {
 pub struct Component {
     /// True when the backend answered its probe.
     pub ok: bool,
-    /// The backend's short description, e.g. `sqlite:<path>` (never credentials).
-    pub backend: String,
+    /// The backend's short description, e.g. `sqlite:<path>` (never credentials); told to
+    /// administrators only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
     /// The refusal code when not ok.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -77,14 +87,15 @@ pub struct HistoryEntry {
     pub finished_at: u64,
 }
 
-fn component(result: Result<()>, backend: String) -> Component {
-    match result {
-        Ok(()) => Component { ok: true, backend, error: None },
+fn component(result: Result<()>, backend: String, details: bool) -> Component {
+    let (ok, error) = match result {
+        Ok(()) => (true, None),
         Err(e) => {
             tracing::warn!(code = %e.code, detail = e.detail.as_deref().unwrap_or(""), "{backend} is not answering");
-            Component { ok: false, backend, error: Some(e.code.to_string()) }
+            (false, Some(e.code.to_string()))
         }
-    }
+    };
+    Component { ok, backend: details.then_some(backend), error }
 }
 
 /// What the system methods and `/status` read: the store, the blobs and the host's chain.
@@ -96,14 +107,30 @@ pub struct System {
     pub blobs: Blobs,
     /// The host's migration chain, whose target the ledger is compared with.
     pub chain: Arc<Chain>,
+    /// The plugin host, asked how far its plugins are loaded.
+    pub plugins: Arc<PluginHost>,
 }
 
-/// Probe the store and the blobs and read the migration ledger, on every call.
-pub async fn status_report(state: &System) -> StatusReport {
-    let store = component(state.store.ping().await, state.store.describe());
-    let blobs = component(state.blobs.list("", None, 1).await.map(|_| ()), state.blobs.describe());
+/// Whether a caller is told where the store and the blobs are: administrators only.
+pub fn sees_details(identity: Option<&Identity>) -> bool {
+    identity.is_some_and(Identity::is_human_admin)
+}
+
+/// Probe the store and the blobs, read the migration ledger and the plugins' readiness, on
+/// every call; with `details`, say where the store and the blobs are.
+pub async fn status_report(state: &System, details: bool) -> StatusReport {
+    let store = component(state.store.ping().await, state.store.describe(), details);
+    let blobs = component(state.blobs.list("", None, 1).await.map(|_| ()), state.blobs.describe(), details);
     let migrations = migration_state(state).await;
-    StatusReport { ready: store.ok && blobs.ok && migrations.done, version: env!("CARGO_PKG_VERSION").into(), store, blobs, migrations }
+    let plugins = match state.plugins.readiness().await {
+        Ok(readiness) => Some(readiness),
+        Err(e) => {
+            tracing::warn!(code = %e.code, "plugin readiness not read: {}", e.message);
+            None
+        }
+    };
+    let ready = store.ok && blobs.ok && migrations.done;
+    StatusReport { ready, version: env!("CARGO_PKG_VERSION").into(), store, blobs, migrations, plugins }
 }
 
 async fn migration_state(state: &System) -> MigrationState {
@@ -160,9 +187,9 @@ pub fn register(registry: &mut Registry, system: System) {
     let mut registry = registry.with(system);
     registry.add(
         "system.getStatus",
-        "Readiness of the store, the blobs and the migrations (same as GET /status)",
+        "Readiness of the store, the blobs, the migrations and the plugins (same as GET /status; backends for administrators)",
         Access::Public,
-        |system: System, _: Call, _: Empty| async move { Ok(status_report(&system).await) },
+        |system: System, call: Call, _: Empty| async move { Ok(status_report(&system, sees_details(call.identity.as_ref())).await) },
     );
     registry.add(
         "system.getVersion",

@@ -298,6 +298,15 @@ async fn services_are_validated_strictly_and_written_with_their_revision() {
     assert_eq!((created["scale"].as_u64(), created["state"].as_str()), (Some(1), Some("active")));
     w.refused(&owner, "services.create", base.clone(), "exists").await;
 
+    // a stranger cannot tell an existing service from a missing one, reading or writing
+    let stranger = w.person("nora").await;
+    let hidden = w.refused(&stranger, "services.get", json!({"id": id}), "service-not-found").await;
+    let missing = w.refused(&stranger, "services.get", json!({"id": "svc_missing"}), "service-not-found").await;
+    assert_eq!(hidden.message.replace(id.as_str(), "ID"), missing.message.replace("svc_missing", "ID"));
+    for method in ["services.update", "services.delete"] {
+        w.refused(&stranger, method, json!({"id": id, "expectedRevision": 1}), "service-not-found").await;
+    }
+
     // members read, owners write, each write states the revision it read
     let got = w.ok(&member, "services.get", json!({"id": id})).await;
     assert_eq!(got["holds"], json!([]));
@@ -431,7 +440,7 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
     let session = w.state.auth.exchange_token(deployer["token"].as_str().unwrap(), None).await.unwrap();
     let machine = w.state.auth.authenticate(&session.token).await.unwrap();
     w.ok(&machine, "services.get", json!({"id": service["id"]})).await;
-    w.refused(&machine, "services.get", json!({"id": other["id"]}), "forbidden").await;
+    w.refused(&machine, "services.get", json!({"id": other["id"]}), "service-not-found").await;
     w.refused(&machine, "services.update", json!({"id": service["id"], "expectedRevision": service["revision"], "scale": 2}), "forbidden")
         .await;
 
@@ -488,7 +497,7 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
     let session = w.state.auth.exchange_token(rotated["token"].as_str().unwrap(), None).await.unwrap();
     let machine = w.state.auth.authenticate(&session.token).await.unwrap();
     w.ok(&w.admin, "deployers.revoke", json!({"serviceId": service["id"], "userId": uid})).await;
-    w.refused(&machine, "services.get", json!({"id": service["id"]}), "forbidden").await;
+    w.refused(&machine, "services.get", json!({"id": service["id"]}), "service-not-found").await;
 }
 
 #[tokio::test]
