@@ -53,7 +53,8 @@ pub fn settings<T: DeserializeOwned>() -> Result<Entity<T>> {
 }
 
 /// Create a service as `services.create` would: inside a method call with the caller's
-/// authority, outside one with the authority the operator approved for this plugin.
+/// authority, outside one with the authority the operator approved for this plugin. An
+/// anonymous caller of a public method has no authority to lend: refused `unauthenticated`.
 pub fn create_service<T: DeserializeOwned>(body: &impl Serialize) -> Result<Entity<T>> {
     entity(wit::create_service(&encode(body)?)?)
 }

@@ -35,6 +35,16 @@ pub fn truncate(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
+/// `s` with every control character (newlines, carriage returns, escape sequences) written as
+/// its Rust escape, so untrusted text (a plugin's log message) stays on one log line and cannot
+/// forge another or drive a terminal.
+pub fn escape_control(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +61,12 @@ mod tests {
         let s = SecretString::new("hunter2".into());
         assert_eq!(format!("{s:?}"), "<redacted>");
         assert_eq!(s.expose(), "hunter2");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(escape_control("plain, ünïcode"), "plain, ünïcode");
+        assert_eq!(escape_control("ok\n2026-12-01T00:00:00Z INFO forged"), "ok\\n2026-12-01T00:00:00Z INFO forged");
+        assert_eq!(escape_control("\r\u{1b}[31mred\t"), "\\r\\u{1b}[31mred\\t");
     }
 }

@@ -5,7 +5,7 @@
 //! answers a named refusal: `plugin-deadline-exceeded`, `plugin-resource-exhausted`,
 //! `plugin-failed`, `plugin-output-invalid`, `plugin-busy`.
 
-use super::imports::{CallData, Grant};
+use super::imports::{Acting, CallData, Grant};
 use super::manifest::{Capability, Manifest};
 use crate::refusal::{Refusal, Result};
 use capstan_core::text::truncate;
@@ -281,12 +281,14 @@ impl Sandbox {
         self.run(CallKind::Describe, &ctx, |guest, store| Box::pin(async move { guest.call_describe(store).await.map(Ok) })).await
     }
 
-    /// Serve one method for `acting` (the authenticated caller, whose authority the plugin's
-    /// inventory writes act with); the body already passed the method's schema.
-    pub async fn handle(&self, request_id: &str, caller: Caller, acting: Option<Identity>, method: &str, body: &Value) -> Result<Value> {
+    /// Serve one method for `identity` (the authenticated caller, whose authority the plugin's
+    /// inventory writes act with; `None` for an anonymous caller of a public method, whose call
+    /// writes nothing); the body already passed the method's schema.
+    pub async fn handle(&self, request_id: &str, caller: Caller, identity: Option<Identity>, method: &str, body: &Value) -> Result<Value> {
         let ctx = self.context(request_id, caller, CallKind::Method);
         let body = body.to_string();
         let method = method.to_string();
+        let acting = identity.map_or(Acting::Anonymous, Acting::Caller);
         let out = self
             .run_as(acting, CallKind::Method, &ctx, |guest, store| {
                 let ctx = ctx.clone();
@@ -365,10 +367,10 @@ impl Sandbox {
             &'a mut Store<CallData>,
         ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
     {
-        self.run_as(None, kind, ctx, call).await
+        self.run_as(Acting::Plugin, kind, ctx, call).await
     }
 
-    async fn run_as<R, F>(&self, acting: Option<Identity>, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
+    async fn run_as<R, F>(&self, acting: Acting, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
     where
         F: for<'a> FnOnce(
             &'a wit_guest::Guest,
@@ -376,7 +378,6 @@ impl Sandbox {
         ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
     {
         let deadline = kind.deadline();
-        let started = Instant::now();
         let _slot = match tokio::time::timeout(deadline, self.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => permit,
             _ => {
@@ -385,6 +386,8 @@ impl Sandbox {
                     .with_data(json!({ "plugin": self.id })));
             }
         };
+        // the call's own time starts once it has an instance: waiting for one is bounded above
+        let started = Instant::now();
         let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
         let mut data = CallData::new(grant, ctx.request_id.clone(), self.services.clock_ahead(), self.memory_limit, STDIO_CAPTURE);
         data.acting = acting;

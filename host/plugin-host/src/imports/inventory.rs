@@ -50,10 +50,19 @@ impl CallData {
         self.granted(&self.grant.services, Capability::InventoryWriteServices)
     }
 
-    /// Who an inventory write acts as: the caller of the current method, or else the plugin
-    /// itself with the authority the operator approved for it.
-    fn actor(&self, writer: &ServiceWriter) -> capstan_rpc::Identity {
-        self.acting.clone().unwrap_or_else(|| writer.platform.plugin_identity(&writer.plugin))
+    /// Who an inventory write acts as: the caller of the current method, or outside a method
+    /// call the plugin itself with the authority the operator approved for it. An anonymous
+    /// caller of a public method is nobody: it lends the plugin no authority, so the write is
+    /// refused `unauthenticated`.
+    fn actor(&self, writer: &ServiceWriter) -> WitResult<capstan_rpc::Identity> {
+        match &self.acting {
+            super::Acting::Caller(identity) => Ok(identity.clone()),
+            super::Acting::Plugin => Ok(writer.platform.plugin_identity(&writer.plugin)),
+            super::Acting::Anonymous => Err(to_wit(
+                crate::refusal::Refusal::new("unauthenticated", "an anonymous call of a public method cannot change services")
+                    .with_data(serde_json::json!({ "plugin": writer.plugin })),
+            )),
+        }
     }
 }
 
@@ -111,24 +120,26 @@ impl inventory::Host for CallData {
     async fn create_service(&mut self, body: String) -> WitResult<inventory::Entity> {
         let writer = self.service_writer()?;
         let body = parse_object(&body, "the service")?;
-        let created = writer.platform.create_service(&self.actor(&writer), body).await.map_err(to_wit)?;
+        let created = writer.platform.create_service(&self.actor(&writer)?, body).await.map_err(to_wit)?;
         Ok(entity(inventory::EntityKind::Service, created))
     }
 
     async fn update_service(&mut self, body: String) -> WitResult<inventory::Entity> {
         let writer = self.service_writer()?;
         let body = parse_object(&body, "the service")?;
-        let updated = writer.platform.update_service(&self.actor(&writer), body).await.map_err(to_wit)?;
+        let updated = writer.platform.update_service(&self.actor(&writer)?, body).await.map_err(to_wit)?;
         Ok(entity(inventory::EntityKind::Service, updated))
     }
 
     async fn hold_service(&mut self, service_id: String) -> WitResult<()> {
         let writer = self.service_writer()?;
+        self.actor(&writer)?; // an anonymous call changes nothing, holds included
         writer.platform.hold_service(&service_id, &writer.holder()).await.map_err(to_wit)
     }
 
     async fn release_service(&mut self, service_id: String) -> WitResult<()> {
         let writer = self.service_writer()?;
+        self.actor(&writer)?;
         writer.platform.release_service(&service_id, &writer.holder()).await.map_err(to_wit)
     }
 }

@@ -3,7 +3,7 @@
 use super::CallData;
 use crate::manifest::Capability;
 use crate::runtime::capstan::plugin::log;
-use capstan_core::text::truncate;
+use capstan_core::text::{escape_control, truncate};
 
 /// The `log` provider.
 #[derive(Clone)]
@@ -14,9 +14,14 @@ impl log::Host for CallData {
         if self.granted(&self.grant.log, Capability::Log).is_err() {
             return;
         }
-        let message = truncate(&message, 4000);
-        let fields: String =
-            fields.iter().take(16).map(|(k, v)| format!(" {}={:?}", truncate(k, 64), truncate(v, 512))).collect::<Vec<_>>().join("");
+        // escaped: a message is one log line, and cannot forge another
+        let message = escape_control(&truncate(&message, 4000)).into_owned();
+        let fields: String = fields
+            .iter()
+            .take(16)
+            .map(|(k, v)| format!(" {}={:?}", escape_control(&truncate(k, 64)), truncate(v, 512)))
+            .collect::<Vec<_>>()
+            .join("");
         let (plugin, request_id) = (self.plugin(), &self.request_id);
         match level {
             log::Level::Trace => tracing::trace!(plugin = %plugin, request_id = %request_id, "{message}{fields}"),

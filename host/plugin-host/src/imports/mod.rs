@@ -198,8 +198,20 @@ pub struct CallData {
     stderr: MemoryOutputPipe,
     /// The instance's memory limit, which says afterwards whether it was hit.
     pub limiter: MemoryLimiter,
-    /// The caller a method call acts for; `None` outside a method call.
-    pub acting: Option<capstan_rpc::Identity>,
+    /// Whose authority the call's inventory writes carry.
+    pub acting: Acting,
+}
+
+/// Whose authority a plugin call's inventory writes carry.
+#[derive(Debug, Clone)]
+pub enum Acting {
+    /// The plugin's own, as the operator approved it: its background work (events, reconcile
+    /// passes, tasks).
+    Plugin,
+    /// The authenticated caller of the current method.
+    Caller(capstan_rpc::Identity),
+    /// Nobody: an anonymous call of a public method, which writes nothing (`unauthenticated`).
+    Anonymous,
 }
 
 impl CallData {
@@ -223,7 +235,7 @@ impl CallData {
             stdout,
             stderr,
             limiter: MemoryLimiter { limit: memory_limit, exhausted: false },
-            acting: None,
+            acting: Acting::Plugin,
         }
     }
 
@@ -237,7 +249,8 @@ impl CallData {
         for (stream, pipe) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
             let bytes = pipe.contents();
             for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
-                tracing::info!(plugin = %plugin, request_id = %request_id, stream, "{}", truncate(line, 2000));
+                let line = capstan_core::text::escape_control(&truncate(line, 2000)).into_owned();
+                tracing::info!(plugin = %plugin, request_id = %request_id, stream, "{line}");
             }
         }
     }

@@ -400,3 +400,31 @@ async fn an_upload_stays_for_another_try_after_an_approval_refusal_and_goes_once
     assert_eq!(discard(&other).await.unwrap(), json!({ "discarded": false }));
     assert_eq!(discard("../../etc/passwd").await.unwrap_err().code, "invalid-request");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
+    let text = manifest("tests/plugins/adversary", None).replacen(
+        r#"requested = ["store", "log"]"#,
+        r#"requested = ["store", "log", "inventory:write-services"]"#,
+        1,
+    );
+    let mut bundle = Bundle::new(text, component).unwrap();
+    bundle.sign(&f.key);
+    f.host.install(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    let create_org = f.state.methods.get("organizations.create").unwrap();
+    let org = create_org.call(crate::api::Call::by(&f.admin), json!({ "name": "acme" })).await.unwrap();
+    let service = |name: &str| json!({ "service": { "organizationId": org["id"], "name": name, "image": "nginx:1" } });
+
+    // anonymous: the plugin's own authority (which manages every service) is not lent out
+    let refused = f.host.dispatch("adversary", "squat", None, "req-anon", service("squatted")).await.unwrap_err();
+    assert_eq!(refused.code, "unauthenticated", "{refused}");
+    let list = f.state.methods.get("services.list").unwrap();
+    let listed = list.call(crate::api::Call::by(&f.admin), json!({ "organizationId": org["id"] })).await.unwrap();
+    assert_eq!(listed["items"], json!([]), "nothing was created");
+
+    // an authenticated caller's own authority is what the write carries
+    let created = f.call("adversary", "squat", service("invited")).await.unwrap();
+    assert!(created["id"].as_str().is_some_and(|id| !id.is_empty()), "{created}");
+}

@@ -9,7 +9,9 @@
 //! - `garbage`: answers a body that is not JSON, through the raw bindings;
 //! - `echo`: behaves, to prove the plugin still works after all of the above;
 //! - `sleepy`: busy-waits on the wall clock for `ms` milliseconds (concurrency and deadlines);
-//! - `fetch`: GETs the URL given, for tests of what its grants let through.
+//! - `fetch`: GETs the URL given, for tests of what its grants let through;
+//! - `squat`: a public method that tries to create a service (given the grant), which an
+//!   anonymous caller must not be able to do with the plugin's own authority.
 
 use capstan_sdk::bindings::capstan::plugin::types;
 use capstan_sdk::bindings::exports::capstan::plugin::guest::{self, Guest};
@@ -34,6 +36,7 @@ impl Manager for Adversary {
             .method("echo", "Answer the value sent.", Role::Authenticated, echo)
             .method("sleepy", "Busy-wait for ms milliseconds.", Role::Authenticated, sleepy)
             .method("fetch", "GET a URL and answer its status.", Role::Authenticated, fetch)
+            .method("squat", "Create the service sent, for anyone.", Role::Public, squat)
     }
 }
 
@@ -75,6 +78,17 @@ struct Fetch {
 fn fetch(_ctx: &Context, input: Fetch) -> Result<Fetched> {
     let response = http::Request::get(&input.url).send()?;
     Ok(Fetched { status: response.status })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Squat {
+    service: Value,
+}
+
+fn squat(_ctx: &Context, input: Squat) -> Result<Value> {
+    let created: capstan_sdk::inventory::Entity<Value> = capstan_sdk::inventory::create_service(&input.service)?;
+    Ok(json!({ "id": created.id }))
 }
 
 fn trap(_ctx: &Context, _: Empty) -> Result<Empty> {
