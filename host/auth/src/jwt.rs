@@ -198,3 +198,185 @@ mod tests {
         assert!(keys.verify(&wrong_issuer.sign(&Claims { iss: "http://elsewhere".into(), ..claims(now_secs() + 60) }).unwrap()).is_none());
     }
 }
+
+/// Property tests: [`JwtKeys::verify`] reads the bearer token of any request, so whatever text
+/// arrives it answers the claims this host signed or nothing (which `Auth::authenticate` turns
+/// into the uniform denial, `unauthenticated`), never a panic.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+    use capstan_core::clock::now_secs;
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+    use proptest::test_runner::TestRunner;
+
+    const ISSUER: &str = "http://capstan.test";
+    const KID: &str = "host-00000000000000a1";
+
+    fn keys() -> JwtKeys {
+        JwtKeys::from_secret(KID.into(), &SigningKey::from_bytes(&[5; 32]), ISSUER).unwrap()
+    }
+
+    /// Claims this host could sign: any subject, session and kind, expiring in the future.
+    fn claims() -> impl Strategy<Value = Claims> {
+        (
+            "\\PC{0,40}",
+            "\\PC{0,40}",
+            prop_oneof![Just("human".to_string()), Just("machine".to_string()), "\\PC{0,10}"],
+            prop::option::of(any::<u64>()),
+            prop::option::of("[0-9a-f]{64}"),
+            60u64..100_000_000,
+            any::<u32>(),
+        )
+            .prop_map(|(sub, sid, kind, generation, token_hash, ttl, ago)| {
+                let now = now_secs();
+                Claims {
+                    iss: ISSUER.into(),
+                    sub,
+                    sid,
+                    kind,
+                    generation,
+                    token_hash,
+                    iat: now,
+                    exp: now + ttl,
+                    auth_time: now.saturating_sub(u64::from(ago)),
+                }
+            })
+    }
+
+    /// Replace the character at `at` (a position in `token`) by `c`.
+    fn replace(token: &str, at: &Index, c: char) -> String {
+        let mut chars: Vec<char> = token.chars().collect();
+        let at = at.index(chars.len());
+        chars[at] = c;
+        chars.into_iter().collect()
+    }
+
+    /// A character a tamperer might put in a token: mostly base64url and `.`.
+    fn token_char() -> impl Strategy<Value = char> {
+        prop_oneof![
+            4 => "[A-Za-z0-9_.-]".prop_map(|s| s.chars().next().unwrap()),
+            1 => any::<char>(),
+        ]
+    }
+
+    fn header(alg: &str, kid: &str) -> String {
+        B64URL.encode(serde_json::json!({ "alg": alg, "kid": kid, "typ": "JWT" }).to_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary text, and three dot-separated base64url segments of anything, verify to
+        /// nothing.
+        #[test]
+        fn arbitrary_tokens_verify_to_nothing(token in prop_oneof![
+            any::<String>(),
+            "[A-Za-z0-9_.-]{0,300}",
+            (
+                prop::collection::vec(any::<u8>(), 0..120),
+                prop::collection::vec(any::<u8>(), 0..200),
+                prop::collection::vec(any::<u8>(), 0..80),
+            )
+                .prop_map(|(h, c, s)| format!("{}.{}.{}", B64URL.encode(h), B64URL.encode(c), B64URL.encode(s))),
+        ]) {
+            prop_assert!(keys().verify(&token).is_none());
+        }
+
+        /// A signed token verifies to exactly its claims, and no longer once any one character is
+        /// changed, it is cut short anywhere, or anything is appended.
+        #[test]
+        fn signed_tokens_verify_and_tampered_ones_do_not(
+            claims in claims(),
+            at in any::<Index>(),
+            c in token_char(),
+            more in "[A-Za-z0-9_.=-]{1,8}",
+        ) {
+            let keys = keys();
+            let token = keys.sign(&claims).unwrap();
+            prop_assert_eq!(keys.verify(&token), Some(claims));
+            let tampered = replace(&token, &at, c);
+            if tampered != token {
+                prop_assert!(keys.verify(&tampered).is_none(), "{} verified", tampered);
+            }
+            prop_assert!(keys.verify(&token[..at.index(token.len())]).is_none());
+            let appended = format!("{token}{more}");
+            prop_assert!(keys.verify(&appended).is_none());
+        }
+
+        /// Expired (past the leeway), issued for another issuer, under another key id or by
+        /// another key, a token verifies to nothing.
+        #[test]
+        fn foreign_or_expired_tokens_verify_to_nothing(claims in claims(), past in 6u64..1_000_000, seed in 0u8..5, which in 0u8..4) {
+            let keys = keys();
+            let (token, what) = match which {
+                0 => (keys.sign(&Claims { exp: now_secs() - past, ..claims }).unwrap(), "expired"),
+                1 => {
+                    let other = JwtKeys::from_secret(KID.into(), &SigningKey::from_bytes(&[5; 32]), "http://elsewhere").unwrap();
+                    (other.sign(&Claims { iss: "http://elsewhere".into(), ..claims }).unwrap(), "another issuer")
+                }
+                2 => {
+                    let other = JwtKeys::from_secret("host-other".into(), &SigningKey::from_bytes(&[5; 32]), ISSUER).unwrap();
+                    (other.sign(&claims).unwrap(), "another key id")
+                }
+                _ => {
+                    let other = JwtKeys::from_secret(KID.into(), &SigningKey::from_bytes(&[seed; 32]), ISSUER).unwrap();
+                    (other.sign(&claims).unwrap(), "another key")
+                }
+            };
+            prop_assert!(keys.verify(&token).is_none(), "{} verified", what);
+        }
+
+        /// Tokens forged with another algorithm in the header (none, HMAC keyed with the public
+        /// key, RSA) or no signature at all verify to nothing, whatever they claim.
+        #[test]
+        fn forged_headers_verify_to_nothing(
+            claims in claims(),
+            alg in select(vec!["none", "None", "HS256", "HS512", "RS256", "ES256", "EdDSA", "ed25519", ""]),
+            signature in prop_oneof![Just(Vec::new()), prop::collection::vec(any::<u8>(), 64), prop::collection::vec(any::<u8>(), 0..100)],
+        ) {
+            let keys = keys();
+            let body = B64URL.encode(serde_json::to_vec(&claims).unwrap());
+            let forged = format!("{}.{body}.{}", header(alg, KID), B64URL.encode(&signature));
+            prop_assert!(keys.verify(&forged).is_none(), "{} verified", forged);
+            let public = SigningKey::from_bytes(&[5; 32]).verifying_key().to_bytes();
+            let mut hmac_header = Header::new(Algorithm::HS256);
+            hmac_header.kid = Some(KID.into());
+            let confused = jsonwebtoken::encode(&hmac_header, &claims, &EncodingKey::from_secret(&public)).unwrap();
+            prop_assert!(keys.verify(&confused).is_none(), "HS256 keyed with the public key verified");
+        }
+    }
+
+    /// Through [`crate::Auth::authenticate`], a real session's token changed in any one character
+    /// is the uniform denial `unauthenticated`.
+    #[test]
+    fn a_tampered_session_token_is_the_uniform_denial() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (auth, token) = runtime.block_on(async {
+            let store =
+                Store::new(capstan_store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), capstan_store::DEFAULT_BUDGET);
+            let blobs = capstan_blobs::Blobs::new(
+                capstan_blobs::local::LocalBlobs::open(dir.path().join("blobs").to_str().unwrap()).await.unwrap(),
+            );
+            let keyring = Keyring::generate(None, None).unwrap();
+            let auth = crate::Auth::new(store.clone(), &keyring, ISSUER).await.unwrap();
+            crate::bootstrap_admin(&store, &blobs, "admin", "a-long-enough-admin-password").await.unwrap();
+            let token = auth.login("admin", "a-long-enough-admin-password", None).await.unwrap().token;
+            auth.authenticate(&token).await.unwrap();
+            (auth, token)
+        });
+        let mut runner = TestRunner::new(ProptestConfig::with_cases(64));
+        runner
+            .run(&(any::<Index>(), token_char()), |(at, c)| {
+                let tampered = replace(&token, &at, c);
+                if tampered != token {
+                    let err = runtime.block_on(auth.authenticate(&tampered)).unwrap_err();
+                    prop_assert_eq!(err.code.as_ref(), "unauthenticated");
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}

@@ -360,3 +360,187 @@ mod tests {
         assert!(!err.message.contains("12345678901234"), "{}", err.message);
     }
 }
+
+/// Property tests: [`Keyring::parse`] reads a file an operator mounts (or a CLI input), so
+/// whatever it is given it answers a valid keyring or `keyring-invalid` naming what is wrong,
+/// never a panic — and its refusals never quote the key material.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+    use serde_json::Value;
+
+    fn kebab(code: &str) -> bool {
+        !code.is_empty()
+            && !code.starts_with('-')
+            && !code.ends_with('-')
+            && code.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    }
+
+    /// Parse `content`: a refusal is `keyring-invalid` and quotes none of `secrets` (8 characters
+    /// of any of them are too many); a keyring keeps its rules and survives its own file format.
+    fn check(content: &[u8], secrets: &[String]) -> Result<Option<Keyring>, TestCaseError> {
+        match Keyring::parse(content) {
+            Ok(ring) => {
+                let report = ring.report();
+                prop_assert!(report.keks.iter().any(|k| k.id == report.active_kek_id));
+                prop_assert!(report.keks.iter().all(|k| valid_key_id(&k.id)) && valid_key_id(&report.ingress.id));
+                let again = Keyring::parse(&ring.to_file_bytes()).unwrap();
+                prop_assert_eq!(again.report(), report);
+                Ok(Some(ring))
+            }
+            Err(err) => {
+                prop_assert!(kebab(&err.code));
+                prop_assert_eq!(err.code.as_ref(), "keyring-invalid", "{}", err.message);
+                let shown = format!("{} {:?} {:?}", err.message, err.data, err.detail);
+                for secret in secrets {
+                    for window in secret.as_bytes().windows(8) {
+                        let window = std::str::from_utf8(window).unwrap();
+                        prop_assert!(!shown.contains(window), "the refusal quotes key material {:?}: {}", window, shown);
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// A keyring file with two KEKs, and the base64 texts of its three secrets.
+    fn valid_file() -> (Vec<u8>, Vec<String>) {
+        let ring = Keyring::generate(Some("kek-a"), Some("ingress-a")).unwrap().with_new_active_kek(Some("kek-b")).unwrap();
+        let bytes = ring.to_file_bytes().to_vec();
+        let file: Value = serde_json::from_slice(&bytes).unwrap();
+        let secrets = vec![
+            file["keks"]["kek-a"].as_str().unwrap().to_string(),
+            file["keks"]["kek-b"].as_str().unwrap().to_string(),
+            file["ingress"]["privateKey"].as_str().unwrap().to_string(),
+        ];
+        (bytes, secrets)
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f).map(Value::Number)),
+            "\\PC{0,20}".prop_map(Value::from),
+            prop::collection::vec(any::<u8>(), 0..40).prop_map(|b| Value::from(B64.encode(b))),
+            select(vec!["kek-a", "kek-b", "ingress-a", "bad id!", ""]).prop_map(Value::from),
+        ];
+        leaf.prop_recursive(2, 12, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-zA-Z-]{0,10}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Where in a keyring file a value may be changed.
+    const PLACES: [&[&str]; 9] = [
+        &["version"],
+        &["activeKekId"],
+        &["keks"],
+        &["keks", "kek-a"],
+        &["ingress"],
+        &["ingress", "id"],
+        &["ingress", "privateKey"],
+        &["ingress", "publicKey"],
+        &["extra"],
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes and text are refused `keyring-invalid`.
+        #[test]
+        fn arbitrary_bytes_are_refused(bytes in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..1024),
+            "\\PC{0,400}".prop_map(String::into_bytes),
+            json_value().prop_map(|v| v.to_string().into_bytes()),
+        ]) {
+            prop_assert!(check(&bytes, &[])?.is_none());
+        }
+
+        /// A valid file with values replaced or removed anywhere in its shape: a valid keyring or
+        /// `keyring-invalid`, never quoting the keys left in it.
+        #[test]
+        fn a_reshaped_file_is_valid_or_refused_without_quoting_keys(
+            changes in prop::collection::vec((select(PLACES.to_vec()), prop::option::of(json_value())), 1..4),
+        ) {
+            let (bytes, secrets) = valid_file();
+            let mut file: Value = serde_json::from_slice(&bytes).unwrap();
+            for (place, value) in &changes {
+                let (last, parents) = place.split_last().unwrap();
+                let mut at = &mut file;
+                for p in parents {
+                    at = &mut at[*p];
+                }
+                match (value, at.as_object_mut()) {
+                    (Some(value), Some(object)) => {
+                        object.insert(last.to_string(), value.clone());
+                    }
+                    (None, Some(object)) => {
+                        object.remove(*last);
+                    }
+                    _ => {}
+                }
+            }
+            check(file.to_string().as_bytes(), &secrets)?;
+        }
+
+        /// A valid file with a few bytes flipped, cut, inserted or removed: a valid keyring or
+        /// `keyring-invalid`, never quoting the keys.
+        #[test]
+        fn a_changed_file_is_valid_or_refused_without_quoting_keys(
+            changes in prop::collection::vec((any::<Index>(), any::<u8>(), 0u8..4), 1..4),
+        ) {
+            let (mut bytes, secrets) = valid_file();
+            for (at, byte, how) in &changes {
+                let i = at.index(bytes.len().max(1));
+                match how {
+                    0 if !bytes.is_empty() => bytes[i] ^= (*byte).max(1),
+                    1 => bytes.truncate(i),
+                    2 => bytes.insert(at.index(bytes.len() + 1), *byte),
+                    _ if !bytes.is_empty() => {
+                        bytes.remove(i);
+                    }
+                    _ => {}
+                }
+            }
+            check(&bytes, &secrets)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A keyring with any valid ids, rotated, reads back from its file as itself: the same
+        /// ids and fingerprints, and what its KEKs sealed still opens.
+        #[test]
+        fn keyrings_round_trip_through_their_file(
+            kek in "[A-Za-z0-9._-]{1,64}",
+            next in "[A-Za-z0-9._-]{1,64}",
+            ingress in "[A-Za-z0-9._-]{1,64}",
+            plaintext in prop::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let ring = Keyring::generate(Some(&kek), Some(&ingress)).unwrap();
+            let context = seal::Context::new("proptest");
+            let sealed = ring.seal(&context, &plaintext).unwrap();
+            let ring = match ring.with_new_active_kek(Some(&next)) {
+                Ok(rotated) => rotated,
+                Err(err) => {
+                    prop_assert!(next == kek && err.code == "exists");
+                    ring
+                }
+            };
+            let back = Keyring::parse(&ring.to_file_bytes()).unwrap();
+            prop_assert_eq!(back.report(), ring.report());
+            prop_assert_eq!(back.active_kek_id(), next.as_str());
+            prop_assert_eq!(back.ingress_id(), ingress.as_str());
+            prop_assert_eq!(back.ingress_public_key(), ring.ingress_public_key());
+            prop_assert_eq!(&**back.open(&context, &sealed).unwrap(), &plaintext[..]);
+        }
+    }
+}

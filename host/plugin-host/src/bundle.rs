@@ -441,7 +441,7 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    const MANIFEST: &str = r#"[plugin]
+    pub(super) const MANIFEST: &str = r#"[plugin]
 id = "example"
 name = "Example"
 version = "1.2.3"
@@ -451,17 +451,17 @@ wit = "capstan:plugin@0.1.0"
 requested = ["store", "log"]
 "#;
 
-    fn component() -> Vec<u8> {
+    pub(super) fn component() -> Vec<u8> {
         let mut c = b"\0asm\x0d\x00\x01\x00".to_vec();
         c.extend((0..1000u32).map(|i| (i * 7 % 251) as u8));
         c
     }
 
-    fn bundle() -> Bundle {
+    pub(super) fn bundle() -> Bundle {
         Bundle::new(MANIFEST.to_string(), component()).unwrap()
     }
 
-    fn key(seed: u8) -> SigningKey {
+    pub(super) fn key(seed: u8) -> SigningKey {
         SigningKey::from_bytes(&[seed; 32])
     }
 
@@ -470,7 +470,7 @@ requested = ["store", "log"]
     }
 
     /// A raw tar with the given entries (bypassing `to_bytes`' fixed layout).
-    fn tar_of(entries: &[(&str, &[u8], tar::EntryType)]) -> Vec<u8> {
+    pub(super) fn tar_of(entries: &[(&str, &[u8], tar::EntryType)]) -> Vec<u8> {
         let mut builder = tar::Builder::new(Vec::new());
         for (name, data, kind) in entries {
             let mut header = tar::Header::new_ustar();
@@ -772,5 +772,320 @@ requested = ["store", "log"]
         }
         assert_eq!(json["capabilities"], json!(["log", "store"]));
         assert_eq!(b.file_name(), "example-1.2.3.capstan-plugin");
+    }
+}
+
+/// Property tests: `Bundle::parse` is fed bytes from anywhere (an upload, a file), so whatever
+/// it is given it answers a bundle or a refusal by one of its documented names, never a panic.
+#[cfg(test)]
+mod proptests {
+    use super::tests::{MANIFEST, bundle, component, key};
+    use super::*;
+    use crate::manifest::RESERVED_IDS;
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    /// Every refusal `Bundle::parse` documents (its own and the manifest's it passes through).
+    const CODES: &[&str] = &["bundle-too-large", "bundle-malformed", "manifest-invalid", "plugin-id-invalid", "capability-unknown"];
+
+    fn kebab(code: &str) -> bool {
+        !code.is_empty()
+            && !code.starts_with('-')
+            && !code.ends_with('-')
+            && code.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    }
+
+    /// Parse `bytes`; a refusal must carry a documented kebab-case code and a message.
+    fn parse(bytes: &[u8]) -> std::result::Result<Option<Bundle>, TestCaseError> {
+        match Bundle::parse(bytes) {
+            Ok(parsed) => Ok(Some(parsed)),
+            Err(err) => {
+                prop_assert!(kebab(&err.code), "code {:?} is not kebab-case", err.code);
+                prop_assert!(CODES.contains(&err.code.as_ref()), "undocumented code {:?}: {}", err.code, err.message);
+                prop_assert!(!err.message.is_empty(), "{:?} without a message", err.code);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A bundle signed by `key(1)`, and its bytes.
+    fn signed() -> (Bundle, Vec<u8>) {
+        let mut b = bundle();
+        b.sign(&key(1));
+        let bytes = b.to_bytes();
+        (b, bytes)
+    }
+
+    /// One change to a byte string.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip(Index, u8),
+        Set(Index, u8),
+        Truncate(Index),
+        Append(Vec<u8>),
+        Insert(Index, Vec<u8>),
+        Remove(Index, usize),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            4 => (any::<Index>(), 1u8..).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
+            2 => (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::Set(at, byte)),
+            1 => any::<Index>().prop_map(Mutation::Truncate),
+            1 => prop::collection::vec(any::<u8>(), 1..600).prop_map(Mutation::Append),
+            1 => (any::<Index>(), prop::collection::vec(any::<u8>(), 1..600)).prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
+            1 => (any::<Index>(), 1usize..1024).prop_map(|(at, len)| Mutation::Remove(at, len)),
+        ]
+    }
+
+    fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
+        let len = bytes.len().max(1);
+        match mutation {
+            Mutation::Flip(at, mask) if !bytes.is_empty() => bytes[at.index(len)] ^= mask,
+            Mutation::Set(at, byte) if !bytes.is_empty() => bytes[at.index(len)] = *byte,
+            Mutation::Truncate(at) => bytes.truncate(at.index(len)),
+            Mutation::Append(more) => bytes.extend_from_slice(more),
+            Mutation::Insert(at, more) => {
+                let at = at.index(bytes.len() + 1);
+                bytes.splice(at..at, more.iter().copied());
+            }
+            Mutation::Remove(at, n) if !bytes.is_empty() => {
+                let at = at.index(len);
+                bytes.drain(at..(at + n).min(bytes.len()));
+            }
+            _ => {}
+        }
+    }
+
+    /// The parts a hand-made archive is built from.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Part {
+        Manifest,
+        Component,
+        Signature,
+        Other(&'static str),
+    }
+
+    fn part() -> impl Strategy<Value = (Part, tar::EntryType)> {
+        let part = prop_oneof![
+            3 => Just(Part::Manifest),
+            3 => Just(Part::Component),
+            2 => Just(Part::Signature),
+            1 => prop::sample::select(vec![
+                "README",
+                "./capstan-plugin.toml",
+                "./plugin.wasm",
+                "plugin/plugin.wasm",
+                "capstan-plugin.TOML",
+                "plugin.wasm.sig",
+                "signature.json/",
+            ])
+            .prop_map(Part::Other),
+        ];
+        let kind = prop_oneof![
+            6 => Just(tar::EntryType::Regular),
+            1 => prop::sample::select(vec![
+                tar::EntryType::Directory,
+                tar::EntryType::Symlink,
+                tar::EntryType::Link,
+                tar::EntryType::Fifo,
+                tar::EntryType::GNULongName,
+                tar::EntryType::XHeader,
+                tar::EntryType::Continuous,
+            ]),
+        ];
+        (part, kind)
+    }
+
+    /// A tar of the given entries with their names written as given: unlike `tests::tar_of`
+    /// (`set_path`), without turning `./x` or `x/` into `x`.
+    fn raw_tar_of(entries: &[(&str, &[u8], tar::EntryType)]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data, kind) in entries {
+            let mut header = tar::Header::new_ustar();
+            header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(*kind);
+            header.set_cksum();
+            builder.append(&header, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    /// Capabilities a generated manifest may request.
+    const SIMPLE_CAPABILITIES: [&str; 7] = ["store", "log", "blobs", "sign", "agents", "events:publish", "inventory:read"];
+
+    /// A manifest the parser accepts, with the id, version and capabilities given.
+    fn manifest_text(id: &str, version: &(u64, u64, u64), capabilities: &[&str]) -> String {
+        let requested: Vec<String> = capabilities.iter().map(|c| format!("{c:?}")).collect();
+        format!(
+            "[plugin]\nid = {id:?}\nname = \"Generated\"\nversion = \"{}.{}.{}\"\nwit = \"capstan:plugin@0.1.0\"\n\n\
+             [capabilities]\nrequested = [{}]\n",
+            version.0,
+            version.1,
+            version.2,
+            requested.join(", ")
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes, and arbitrary bytes behind a valid bundle's first header, are refused
+        /// by name.
+        #[test]
+        fn arbitrary_bytes_are_refused_by_name(
+            bytes in prop::collection::vec(any::<u8>(), 0..4096),
+            behind_a_header in any::<bool>(),
+        ) {
+            let input = if behind_a_header {
+                let mut input = bundle().to_bytes()[..512].to_vec();
+                input.extend_from_slice(&bytes);
+                input
+            } else {
+                bytes
+            };
+            parse(&input)?;
+        }
+
+        /// Any few changes to a signed bundle are refused by name, or still parse; what parses is
+        /// stable under `to_bytes`, and verifies only when the manifest and component are the
+        /// signed ones.
+        #[test]
+        fn a_changed_bundle_is_refused_or_still_verified(mutations in prop::collection::vec(mutation(), 1..4)) {
+            let (original, mut bytes) = signed();
+            for m in &mutations {
+                apply(&mut bytes, m);
+            }
+            if let Some(parsed) = parse(&bytes)? {
+                prop_assert_eq!(Bundle::parse(&parsed.to_bytes()).ok(), Some(parsed.clone()), "what parses is stable");
+                match parsed.verify(&[PublisherKey::from(&key(1))]) {
+                    Ok(_) => {
+                        prop_assert_eq!(&parsed.manifest_text, &original.manifest_text);
+                        prop_assert_eq!(&parsed.component, &original.component);
+                    }
+                    Err(err) => prop_assert!(
+                        ["bundle-signature-invalid", "publisher-untrusted"].contains(&err.code.as_ref()),
+                        "{}",
+                        err
+                    ),
+                }
+            }
+        }
+
+        /// A bundle cut short anywhere is refused by name, except where only the archive's end
+        /// blocks are lost (the same bundle) or the whole signature entry (the same bundle,
+        /// unsigned, which does not verify).
+        #[test]
+        fn a_truncated_bundle_is_refused_or_whole(at in any::<Index>(), signed_bundle in any::<bool>()) {
+            let (original, bytes) = if signed_bundle { signed() } else { let b = bundle(); let bytes = b.to_bytes(); (b, bytes) };
+            let cut = at.index(bytes.len());
+            if let Some(parsed) = parse(&bytes[..cut])? {
+                prop_assert_eq!(&parsed.manifest_text, &original.manifest_text);
+                prop_assert_eq!(&parsed.component, &original.component);
+                if parsed.signature == original.signature {
+                    prop_assert!(cut >= bytes.len() - 1024, "only the end blocks may go ({} of {})", cut, bytes.len());
+                } else {
+                    prop_assert!(parsed.signature.is_none());
+                    let err = parsed.verify(&[PublisherKey::from(&key(1))]).unwrap_err();
+                    prop_assert_eq!(err.code.as_ref(), "bundle-signature-invalid");
+                }
+            }
+        }
+
+        /// Bytes after the archive: zeros are padding, anything else is refused `bundle-malformed`.
+        #[test]
+        fn data_after_the_archive_is_refused(more in prop::collection::vec(any::<u8>(), 1..2048), zeros in any::<bool>()) {
+            let (original, mut bytes) = signed();
+            let more = if zeros { vec![0; more.len()] } else { more };
+            bytes.extend_from_slice(&more);
+            match Bundle::parse(&bytes) {
+                Ok(parsed) => {
+                    prop_assert!(more.iter().all(|b| *b == 0));
+                    prop_assert_eq!(parsed, original);
+                }
+                Err(err) => {
+                    prop_assert!(more.iter().any(|b| *b != 0));
+                    prop_assert_eq!(err.code.as_ref(), "bundle-malformed");
+                }
+            }
+        }
+
+        /// Archives of any entries in any order, duplicated or of any type: only the manifest
+        /// then the component, then optionally the signature, all regular files, is a bundle;
+        /// everything else is `bundle-malformed`.
+        #[test]
+        fn only_the_documented_layout_parses(parts in prop::collection::vec(part(), 0..5)) {
+            let (signed_bundle, _) = signed();
+            let signature = signed_bundle.signature.clone().unwrap();
+            let signature_json = serde_json::to_vec(&SignatureFile {
+                publisher: signature.publisher.to_string(),
+                signature: B64.encode(signature.signature),
+            })
+            .unwrap();
+            let component = component();
+            let entries: Vec<(&str, &[u8], tar::EntryType)> = parts
+                .iter()
+                .map(|(part, kind)| match part {
+                    Part::Manifest => (MANIFEST_FILE, MANIFEST.as_bytes(), *kind),
+                    Part::Component => (COMPONENT_FILE, &component[..], *kind),
+                    Part::Signature => (SIGNATURE_FILE, &signature_json[..], *kind),
+                    Part::Other(name) => (*name, &b"other"[..], *kind),
+                })
+                .collect();
+            let layout: Vec<Part> = parts.iter().map(|(part, _)| *part).collect();
+            let documented = (layout == [Part::Manifest, Part::Component] || layout == [Part::Manifest, Part::Component, Part::Signature])
+                && parts.iter().all(|(_, kind)| *kind == tar::EntryType::Regular);
+            match Bundle::parse(&raw_tar_of(&entries)) {
+                Ok(parsed) => {
+                    prop_assert!(documented, "{:?} parsed", parts);
+                    prop_assert_eq!(parsed.signature.is_some(), layout.len() == 3);
+                    prop_assert_eq!(parsed.component, component);
+                }
+                Err(err) => {
+                    prop_assert!(!documented, "{:?}: {}", parts, err);
+                    prop_assert_eq!(err.code.as_ref(), "bundle-malformed", "{:?}: {}", parts, err);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A bundle made by `Bundle::new` (and signed, or not) reads back as itself through
+        /// `to_bytes` and `parse`: the same id, version, manifest, component and signer.
+        #[test]
+        fn built_bundles_round_trip(
+            id in "[a-z][a-z0-9-]{1,38}[a-z0-9]".prop_filter("not reserved", |id| !RESERVED_IDS.contains(&id.as_str())),
+            version in (0u64..1000, 0u64..1000, 0u64..1000),
+            capabilities in prop::sample::subsequence(SIMPLE_CAPABILITIES.to_vec(), 0..=SIMPLE_CAPABILITIES.len()),
+            tail in prop::collection::vec(any::<u8>(), 0..4096),
+            signer in prop::option::of(any::<u8>()),
+        ) {
+            let mut wasm = b"\0asm\x0d\x00\x01\x00".to_vec();
+            wasm.extend_from_slice(&tail);
+            let mut built = Bundle::new(manifest_text(&id, &version, &capabilities), wasm.clone()).unwrap();
+            if let Some(seed) = signer {
+                built.sign(&key(seed));
+            }
+            let bytes = built.to_bytes();
+            prop_assert!(bytes.len() <= built.encoded_len());
+            let parsed = Bundle::parse(&bytes).unwrap();
+            prop_assert_eq!(&parsed, &built);
+            prop_assert_eq!(&parsed.manifest.id, &id);
+            prop_assert_eq!(&parsed.manifest.version, &semver::Version::new(version.0, version.1, version.2));
+            prop_assert_eq!(&parsed.component, &wasm);
+            prop_assert_eq!(parsed.manifest.capabilities.len(), capabilities.len());
+            prop_assert_eq!(parsed.to_bytes(), bytes, "deterministic");
+            match signer {
+                Some(seed) => prop_assert_eq!(parsed.verify(&[PublisherKey::from(&key(seed))]).unwrap(), PublisherKey::from(&key(seed))),
+                None => {
+                    let err = parsed.verify(&[]).unwrap_err();
+                    prop_assert_eq!(err.code.as_ref(), "bundle-signature-invalid");
+                }
+            }
+        }
     }
 }

@@ -654,7 +654,7 @@ pub fn check_approval(requested: &BTreeSet<Capability>, approved: &[String]) -> 
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
+    pub(super) const GOOD: &str = r#"
 [plugin]
 id = "example"
 name = "Example"
@@ -928,5 +928,258 @@ concurrency = 4
         assert_eq!(err.data.unwrap()["missing"], json!(["log", "store"]));
         let err = check_approval(&requested, &strings(&["all-requested", "store"])).unwrap_err();
         assert_eq!(err.data.unwrap()["extra"], json!(["all-requested"]));
+    }
+}
+
+/// Property tests: `Manifest::parse` reads text a plugin's author wrote (inside an uploaded
+/// bundle), so whatever it is given it answers a valid manifest or a refusal by one of its
+/// documented names, never a panic.
+#[cfg(test)]
+mod proptests {
+    use super::tests::GOOD;
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+
+    /// Every refusal `Manifest::parse` documents.
+    const CODES: &[&str] = &["manifest-invalid", "plugin-id-invalid", "capability-unknown"];
+
+    fn kebab(code: &str) -> bool {
+        !code.is_empty()
+            && !code.starts_with('-')
+            && !code.ends_with('-')
+            && code.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    }
+
+    /// Parse `text`: a refusal carries a documented code; a manifest keeps every rule.
+    fn parse(text: &str) -> std::result::Result<Option<Manifest>, TestCaseError> {
+        match Manifest::parse(text) {
+            Ok(m) => {
+                prop_assert!(check_plugin_id(&m.id).is_ok(), "id {:?}", m.id);
+                prop_assert!(!m.name.trim().is_empty() && m.name.chars().count() <= MAX_NAME_CHARS);
+                prop_assert!(!m.name.chars().any(char::is_control));
+                prop_assert!(m.description.chars().count() <= MAX_DESCRIPTION_CHARS);
+                prop_assert!(parse_wit(&m.wit).is_ok(), "wit {:?}", m.wit);
+                prop_assert!(m.capabilities.windows(2).all(|w| w[0] < w[1]), "sorted, no duplicates: {:?}", m.capabilities);
+                prop_assert!((1..=MAX_MEMORY_MIB).contains(&m.limits.memory_mib));
+                prop_assert!((1..=MAX_CONCURRENCY).contains(&m.limits.concurrency));
+                prop_assert_eq!(Manifest::parse(text).ok(), Some(m.clone()), "parsing is deterministic");
+                Ok(Some(m))
+            }
+            Err(err) => {
+                prop_assert!(kebab(&err.code), "code {:?} is not kebab-case", err.code);
+                prop_assert!(CODES.contains(&err.code.as_ref()), "undocumented code {:?}: {}", err.code, err.message);
+                prop_assert!(!err.message.is_empty());
+                Ok(None)
+            }
+        }
+    }
+
+    /// A TOML value, well-formed or not, of the kinds a manifest holds.
+    fn toml_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\PC{0,24}".prop_map(|s| toml::Value::String(s).to_string()),
+            any::<i64>().prop_map(|i| i.to_string()),
+            select(vec![
+                "\"example\"",
+                "\"0.1.0\"",
+                "\"1.2.3-rc.1+build\"",
+                "\"capstan:plugin@0.1.0\"",
+                "\"capstan:plugin@9.9.9\"",
+                "[\"store\", \"log\"]",
+                "[\"store\", \"store\"]",
+                "[\"http:https://a.example:8443\", \"secrets:mail\"]",
+                "[\"stor\"]",
+                "[1, 2]",
+                "{ a = 1 }",
+                "[]",
+                "true",
+                "1.5",
+                "nan",
+                "1979-05-27T07:32:00Z",
+                "-1",
+                "0",
+                "1024",
+                "257",
+                "\"\"",
+                "\"api\"",
+                "'''\nmulti\n'''",
+            ])
+            .prop_map(String::from),
+            "[ -~]{0,16}",
+        ]
+    }
+
+    /// A line of a manifest-like TOML document.
+    fn toml_line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            2 => select(vec!["[plugin]", "[capabilities]", "[limits]", "[[plugin]]", "[plugin.extra]", "[extra]", "", "# comment"])
+                .prop_map(String::from),
+            6 => (
+                select(vec![
+                    "id", "name", "version", "wit", "description", "publisher", "requested", "memory-mib", "concurrency", "colour",
+                    "plugin", "\"id\"", "limits", "plugin.id",
+                ]),
+                toml_value(),
+            )
+                .prop_map(|(key, value)| format!("{key} = {value}")),
+            1 => "\\PC{0,40}",
+        ]
+    }
+
+    /// One edit of a text, at a character position.
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Insert(Index, char),
+        Delete(Index),
+        Replace(Index, char),
+    }
+
+    fn edit() -> impl Strategy<Value = Edit> {
+        let ch = prop_oneof![
+            any::<char>(),
+            select(vec!['"', '\'', '[', ']', '=', '\n', '#', ',', '\\', '{', '}', '.', ' ', '\0', '\u{7f}', 'é', '€', '😀']),
+        ];
+        prop_oneof![
+            (any::<Index>(), ch.clone()).prop_map(|(at, c)| Edit::Insert(at, c)),
+            any::<Index>().prop_map(Edit::Delete),
+            (any::<Index>(), ch).prop_map(|(at, c)| Edit::Replace(at, c)),
+        ]
+    }
+
+    fn apply(text: &str, edit: &Edit) -> String {
+        let mut chars: Vec<char> = text.chars().collect();
+        match edit {
+            Edit::Insert(at, c) => chars.insert(at.index(chars.len() + 1), *c),
+            Edit::Delete(at) if !chars.is_empty() => {
+                chars.remove(at.index(chars.len()));
+            }
+            Edit::Replace(at, c) if !chars.is_empty() => {
+                let at = at.index(chars.len());
+                chars[at] = *c;
+            }
+            _ => {}
+        }
+        chars.into_iter().collect()
+    }
+
+    /// A capability text the parser accepts, in its canonical form.
+    fn capability() -> impl Strategy<Value = String> {
+        let host = prop_oneof![
+            "[a-z]([a-z0-9-]{0,8}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?){0,3}",
+            any::<Ipv4Addr>().prop_map(|a| a.to_string()),
+            any::<Ipv6Addr>().prop_map(|a| format!("[{a}]")),
+        ];
+        let origin = (any::<bool>(), host, prop::option::of(1u16..)).prop_map(|(tls, host, port)| {
+            let (scheme, default) = if tls { ("https", 443) } else { ("http", 80) };
+            match port.filter(|p| *p != default) {
+                Some(port) => format!("http:{scheme}://{host}:{port}"),
+                None => format!("http:{scheme}://{host}"),
+            }
+        });
+        prop_oneof![
+            select(vec!["store", "inventory:read", "inventory:write-services", "blobs", "agents", "events:publish", "sign", "log"])
+                .prop_map(String::from),
+            "[a-z][a-z0-9-]{0,31}".prop_map(|scope| format!("secrets:{scope}")),
+            "[a-z][a-z0-9-]{0,31}".prop_map(|scope| format!("secrets-reveal:{scope}")),
+            origin,
+            "[A-Za-z][A-Za-z0-9]{0,20}".prop_map(|key| format!("http-setting:{key}")),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary text is refused by name (or, should it happen to be one, is a valid manifest).
+        #[test]
+        fn arbitrary_text_is_refused_by_name(text in prop_oneof![any::<String>(), "\\PC{0,400}"]) {
+            parse(&text)?;
+        }
+
+        /// Documents of manifest-like lines in any order: a valid manifest or a named refusal.
+        #[test]
+        fn manifest_like_documents_are_valid_or_refused_by_name(lines in prop::collection::vec(toml_line(), 0..16)) {
+            parse(&lines.join("\n"))?;
+        }
+
+        /// A valid manifest with a few characters inserted, deleted or replaced anywhere (multi-byte
+        /// ones too, where a parse error's position is reported): a valid manifest or a named
+        /// refusal.
+        #[test]
+        fn an_edited_manifest_is_valid_or_refused_by_name(edits in prop::collection::vec(edit(), 1..4)) {
+            let text = edits.iter().fold(GOOD.to_string(), |text, e| apply(&text, e));
+            parse(&text)?;
+        }
+
+        /// A capability's text parses to the capability that prints as that very text, or is
+        /// refused `capability-unknown`.
+        #[test]
+        fn capability_text_is_canonical_or_unknown(
+            text in prop_oneof![
+                "\\PC{0,40}",
+                ("(secrets|secrets-reveal|http|http-setting|inventory|events|store)", "[ -~]{0,40}").prop_map(|(k, v)| format!("{k}:{v}")),
+                capability(),
+            ],
+        ) {
+            match text.parse::<Capability>() {
+                Ok(capability) => prop_assert_eq!(capability.to_string(), text),
+                Err(err) => prop_assert_eq!(err.code.as_ref(), "capability-unknown"),
+            }
+        }
+
+        /// Any valid manifest, written out as TOML, parses to exactly its fields, capabilities
+        /// sorted.
+        #[test]
+        fn valid_manifests_parse_to_their_fields(
+            id in "[a-z][a-z0-9-]{1,38}[a-z0-9]".prop_filter("not reserved", |id| !RESERVED_IDS.contains(&id.as_str())),
+            name in "\\PC{1,64}".prop_filter("not blank", |n| !n.trim().is_empty()),
+            version in (any::<u64>(), any::<u64>(), any::<u64>()),
+            description in "(\\PC|\n){0,200}",
+            publisher in prop::option::of("\\PC{1,128}".prop_filter("not blank", |p| !p.trim().is_empty())),
+            capabilities in prop::collection::btree_set(capability(), 0..8)
+                .prop_map(|set| set.into_iter().collect::<Vec<_>>())
+                .prop_shuffle(),
+            memory in prop::option::of(1..=MAX_MEMORY_MIB),
+            concurrency in prop::option::of(1..=MAX_CONCURRENCY),
+        ) {
+            let mut plugin = toml::Table::new();
+            plugin.insert("id".into(), id.clone().into());
+            plugin.insert("name".into(), name.clone().into());
+            plugin.insert("version".into(), format!("{}.{}.{}", version.0, version.1, version.2).into());
+            plugin.insert("wit".into(), SUPPORTED_WIT.into());
+            plugin.insert("description".into(), description.clone().into());
+            if let Some(p) = &publisher {
+                plugin.insert("publisher".into(), p.clone().into());
+            }
+            let mut root = toml::Table::new();
+            root.insert("plugin".into(), plugin.into());
+            let mut requested = toml::Table::new();
+            requested.insert("requested".into(), capabilities.clone().into());
+            root.insert("capabilities".into(), requested.into());
+            let mut limits = toml::Table::new();
+            if let Some(m) = memory {
+                limits.insert("memory-mib".into(), i64::from(m).into());
+            }
+            if let Some(c) = concurrency {
+                limits.insert("concurrency".into(), i64::from(c).into());
+            }
+            root.insert("limits".into(), limits.into());
+            let text = toml::to_string(&root).unwrap();
+
+            let m = Manifest::parse(&text).unwrap();
+            let mut sorted = capabilities.clone();
+            sorted.sort();
+            prop_assert_eq!(&m.id, &id);
+            prop_assert_eq!(&m.name, &name);
+            prop_assert_eq!(&m.version, &semver::Version::new(version.0, version.1, version.2));
+            prop_assert_eq!(&m.wit, SUPPORTED_WIT);
+            prop_assert_eq!(&m.description, &description);
+            prop_assert_eq!(&m.publisher, &publisher);
+            prop_assert_eq!(m.capabilities.iter().map(Capability::to_string).collect::<Vec<_>>(), sorted);
+            prop_assert_eq!(
+                m.limits,
+                Limits { memory_mib: memory.unwrap_or(DEFAULT_MEMORY_MIB), concurrency: concurrency.unwrap_or(DEFAULT_CONCURRENCY) }
+            );
+        }
     }
 }

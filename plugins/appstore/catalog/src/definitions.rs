@@ -144,7 +144,7 @@ mod tests {
     use super::*;
     use std::fs;
 
-    const WIKI: &str = r#"
+    pub(super) const WIKI: &str = r#"
 id = "wiki"
 name = "Wiki"
 description = """
@@ -234,5 +234,70 @@ LOG_LEVEL = "info"
         fs::remove_file(dir.path().join("wiki.toml")).unwrap();
         std::os::unix::fs::symlink(dir.path().join("nowhere"), dir.path().join("wiki.toml")).unwrap();
         assert_eq!(read_dir(dir.path()).unwrap_err().code(), "app-definitions-unreadable");
+    }
+}
+
+/// Property tests: an app definition file is text an operator (or whoever prepared it) wrote, so
+/// [`parse_definition`] answers a valid app or `app-definition-invalid`, never a panic — also when
+/// a parse error falls on a multi-byte character, whose position the message quotes.
+#[cfg(test)]
+mod proptests {
+    use super::tests::WIKI;
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+
+    fn check(text: &str) -> Result<(), TestCaseError> {
+        match parse_definition(Path::new("/defs/wiki.toml"), text) {
+            Ok(app) => {
+                prop_assert_eq!(&app.id, "wiki");
+                prop_assert!(app.validate().is_ok());
+            }
+            Err(err) => {
+                prop_assert_eq!(err.code(), "app-definition-invalid");
+                prop_assert!(!err.to_string().is_empty());
+            }
+        }
+        Ok(())
+    }
+
+    /// A character to put in a definition: any, or one that matters to TOML or is multi-byte.
+    fn edit_char() -> impl Strategy<Value = char> {
+        prop_oneof![any::<char>(), select(vec!['"', '[', ']', '=', '\n', '{', '}', ',', 'é', '€', '😀'])]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary text.
+        #[test]
+        fn arbitrary_text_is_an_app_or_invalid(text in prop_oneof![any::<String>(), "\\PC{0,400}"]) {
+            check(&text)?;
+        }
+
+        /// A valid definition with characters inserted, deleted or replaced anywhere.
+        #[test]
+        fn an_edited_definition_is_an_app_or_invalid(
+            edits in prop::collection::vec(
+                (any::<Index>(), prop::option::of(edit_char()), any::<bool>()),
+                1..4,
+            ),
+        ) {
+            let mut chars: Vec<char> = WIKI.chars().collect();
+            for (at, ch, replace) in &edits {
+                match ch {
+                    Some(c) if *replace && !chars.is_empty() => {
+                        let at = at.index(chars.len());
+                        chars[at] = *c;
+                    }
+                    Some(c) => chars.insert(at.index(chars.len() + 1), *c),
+                    None if !chars.is_empty() => {
+                        chars.remove(at.index(chars.len()));
+                    }
+                    None => {}
+                }
+            }
+            check(&chars.into_iter().collect::<String>())?;
+        }
     }
 }

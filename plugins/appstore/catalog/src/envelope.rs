@@ -269,15 +269,15 @@ mod tests {
     use crate::MAX_APPS;
     use crate::model::tests::{app, catalog};
 
-    fn key(seed: u8) -> SigningKey {
+    pub(super) fn key(seed: u8) -> SigningKey {
         SigningKey::from_bytes(&[seed; 32])
     }
 
-    fn trusted() -> Vec<PublisherKey> {
+    pub(super) fn trusted() -> Vec<PublisherKey> {
         vec![PublisherKey::from(&key(9)), PublisherKey::from(&key(1))]
     }
 
-    fn signed() -> String {
+    pub(super) fn signed() -> String {
         sign(&catalog(), 42, &key(1)).unwrap().to_json()
     }
 
@@ -502,5 +502,249 @@ mod tests {
         }
         let err = sign(&big, 1, &key(1)).unwrap_err();
         assert!(err.code() == "catalog-malformed" && err.to_string().contains("8 MiB"), "{err}");
+    }
+}
+
+/// Property tests: [`verify`] reads an envelope fetched from a catalog source, so whatever bytes
+/// arrive it answers a verified catalog or a refusal by one of its documented names, never a
+/// panic — and it answers a catalog only for exactly what a trusted key signed.
+#[cfg(test)]
+mod proptests {
+    use super::tests::{key, signed, trusted};
+    use super::*;
+    use crate::model::tests::catalog;
+    use proptest::prelude::*;
+    use proptest::sample::{Index, select};
+
+    /// Every refusal `verify` documents.
+    const CODES: &[&str] = &[
+        "catalog-malformed",
+        "catalog-contract-unsupported",
+        "catalog-digest-mismatch",
+        "catalog-signature-invalid",
+        "catalog-key-untrusted",
+    ];
+
+    fn kebab(code: &str) -> bool {
+        !code.is_empty()
+            && !code.starts_with('-')
+            && !code.ends_with('-')
+            && code.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    }
+
+    /// Parse and verify `bytes` against [`trusted`]: a refusal carries a documented code; what
+    /// verifies is a valid catalog signed by a trusted key.
+    fn check(bytes: &[u8]) -> Result<Option<Verified>, TestCaseError> {
+        if let Err(err) = Envelope::parse(bytes) {
+            prop_assert!(["catalog-malformed", "catalog-contract-unsupported"].contains(&err.code()), "parse: {}", err.code());
+        }
+        match verify(bytes, &trusted()) {
+            Ok(verified) => {
+                prop_assert!(verified.catalog().validate().is_ok());
+                prop_assert!(trusted().contains(verified.signer()));
+                Ok(Some(verified))
+            }
+            Err(err) => {
+                prop_assert!(kebab(err.code()), "code {:?} is not kebab-case", err.code());
+                prop_assert!(CODES.contains(&err.code()), "undocumented code {:?}: {}", err.code(), err);
+                prop_assert!(!err.to_string().is_empty() && err.data().is_object());
+                Ok(None)
+            }
+        }
+    }
+
+    /// The envelope of `payload`, signed (validly) by `key(1)`, a trusted key.
+    fn envelope_of(payload: &[u8]) -> String {
+        let digest = hex::encode(Sha256::digest(payload));
+        let signature = key(1).sign(&statement(FORMAT, CONTRACT, 7, &digest));
+        Envelope {
+            format: FORMAT.into(),
+            contract: CONTRACT,
+            revision: 7,
+            digest,
+            public_key: PublisherKey::from(&key(1)).to_string(),
+            signature: B64.encode(signature.to_bytes()),
+            payload: B64.encode(payload),
+        }
+        .to_json()
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f).map(Value::Number)),
+            "\\PC{0,20}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-zA-Z]{0,8}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A value for an envelope field: any JSON, or text close to what the field holds.
+    fn field_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            json_value(),
+            prop::collection::vec(any::<u8>(), 0..100).prop_map(|b| Value::from(B64.encode(b))),
+            prop::collection::vec(any::<u8>(), 32).prop_map(|b| Value::from(hex::encode(b))),
+            any::<u8>().prop_map(|seed| Value::from(PublisherKey::from(&key(seed)).to_string())),
+            select(vec![Value::from(FORMAT), Value::from(CONTRACT), Value::from(MAX_REVISION), Value::from(0), Value::from(42)]),
+        ]
+    }
+
+    /// Bytes a source might serve: anything, any text, or deeply nested JSON.
+    fn served_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..2048),
+            "\\PC{0,400}".prop_map(String::into_bytes),
+            (1usize..4096, select(vec!["[", "{\"a\":", "{\"format\":"])).prop_map(|(n, open)| open.repeat(n).into_bytes()),
+            json_value().prop_map(|v| v.to_string().into_bytes()),
+        ]
+    }
+
+    /// One change to a byte string.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip(Index, u8),
+        Set(Index, u8),
+        Truncate(Index),
+        Append(Vec<u8>),
+        Insert(Index, Vec<u8>),
+        Remove(Index, usize),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        let bytes = prop_oneof![prop::collection::vec(any::<u8>(), 1..32), "[ -~]{1,32}".prop_map(String::into_bytes)];
+        prop_oneof![
+            4 => (any::<Index>(), 1u8..).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
+            2 => (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::Set(at, byte)),
+            1 => any::<Index>().prop_map(Mutation::Truncate),
+            1 => bytes.clone().prop_map(Mutation::Append),
+            1 => (any::<Index>(), bytes).prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
+            1 => (any::<Index>(), 1usize..64).prop_map(|(at, len)| Mutation::Remove(at, len)),
+        ]
+    }
+
+    fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
+        let len = bytes.len().max(1);
+        match mutation {
+            Mutation::Flip(at, mask) if !bytes.is_empty() => bytes[at.index(len)] ^= mask,
+            Mutation::Set(at, byte) if !bytes.is_empty() => bytes[at.index(len)] = *byte,
+            Mutation::Truncate(at) => bytes.truncate(at.index(len)),
+            Mutation::Append(more) => bytes.extend_from_slice(more),
+            Mutation::Insert(at, more) => {
+                let at = at.index(bytes.len() + 1);
+                bytes.splice(at..at, more.iter().copied());
+            }
+            Mutation::Remove(at, n) if !bytes.is_empty() => {
+                let at = at.index(len);
+                bytes.drain(at..(at + n).min(bytes.len()));
+            }
+            _ => {}
+        }
+    }
+
+    const FIELDS: [&str; 8] = ["format", "contract", "revision", "digest", "publicKey", "signature", "payload", "extra"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever a source serves is refused by name.
+        #[test]
+        fn served_bytes_are_refused_by_name(bytes in served_bytes()) {
+            prop_assert!(check(&bytes)?.is_none());
+        }
+
+        /// An envelope whose fields are each kept, dropped or replaced by any value verifies only
+        /// as the very catalog signed; anything else is refused by name.
+        #[test]
+        fn envelope_fields_of_any_value_are_refused_by_name(
+            changes in prop::collection::vec(prop::option::weighted(0.3, prop::option::of(field_value())), FIELDS.len()),
+        ) {
+            let original = verify(signed().as_bytes(), &trusted()).unwrap();
+            let mut envelope: Value = serde_json::from_str(&signed()).unwrap();
+            for (field, change) in FIELDS.iter().zip(&changes) {
+                match change {
+                    None => {}
+                    Some(None) => {
+                        envelope.as_object_mut().unwrap().remove(*field);
+                    }
+                    Some(Some(value)) => envelope[*field] = value.clone(),
+                }
+            }
+            if let Some(verified) = check(envelope.to_string().as_bytes())? {
+                prop_assert!(verified.same_as(&original) && verified.catalog() == original.catalog());
+            }
+        }
+
+        /// A few changes anywhere in a signed envelope's text are refused by name, unless they
+        /// leave the same signed catalog (insignificant whitespace).
+        #[test]
+        fn a_changed_envelope_is_refused_or_the_same(mutations in prop::collection::vec(mutation(), 1..4)) {
+            let text = signed();
+            let original = verify(text.as_bytes(), &trusted()).unwrap();
+            let mut bytes = text.into_bytes();
+            for m in &mutations {
+                apply(&mut bytes, m);
+            }
+            if let Some(verified) = check(&bytes)? {
+                prop_assert!(verified.same_as(&original) && verified.catalog() == original.catalog());
+            }
+        }
+
+        /// Any payload bytes, validly signed by a trusted key: a valid catalog, or refused
+        /// `catalog-malformed` (the payload is checked after the signature).
+        #[test]
+        fn a_signed_payload_of_any_bytes_is_a_valid_catalog_or_malformed(
+            payload in prop_oneof![
+                served_bytes(),
+                prop::collection::vec(mutation(), 1..4).prop_map(|mutations| {
+                    let mut payload = serde_json::to_vec(&catalog()).unwrap();
+                    for m in &mutations {
+                        apply(&mut payload, m);
+                    }
+                    payload
+                }),
+            ],
+        ) {
+            match verify(envelope_of(&payload).as_bytes(), &trusted()) {
+                Ok(verified) => prop_assert!(verified.catalog().validate().is_ok()),
+                Err(err) => prop_assert_eq!(err.code(), "catalog-malformed", "{}", err),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Signed at any revision by any key, an envelope verifies under that key as the same
+        /// catalog and revision; under no trusted key it is untrusted; at another revision its
+        /// signature fails.
+        #[test]
+        fn signed_envelopes_round_trip(revision in 1..=MAX_REVISION, other in 0..=MAX_REVISION + 1, seed in any::<u8>()) {
+            let envelope = sign(&catalog(), revision, &key(seed)).unwrap();
+            let text = envelope.to_json();
+            let signer = PublisherKey::from(&key(seed));
+            let verified = verify(text.as_bytes(), std::slice::from_ref(&signer)).unwrap();
+            prop_assert_eq!(verified.revision(), revision);
+            prop_assert_eq!(verified.catalog(), &catalog());
+            prop_assert_eq!(verified.signer(), &signer);
+            prop_assert_eq!(verified.envelope(), &envelope);
+            prop_assert_eq!(verify(text.as_bytes(), &[]).unwrap_err().code(), "catalog-key-untrusted");
+
+            let mut changed: Value = serde_json::from_str(&text).unwrap();
+            changed["revision"] = other.into();
+            let result = verify(changed.to_string().as_bytes(), std::slice::from_ref(&signer));
+            match result {
+                Ok(again) => prop_assert!(other == revision && again.same_as(&verified)),
+                Err(err) if other == 0 || other > MAX_REVISION => prop_assert_eq!(err.code(), "catalog-malformed"),
+                Err(err) => prop_assert_eq!(err.code(), "catalog-signature-invalid"),
+            }
+        }
     }
 }
