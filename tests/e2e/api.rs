@@ -296,3 +296,74 @@ fn wrong_verbs_on_get_routes_use_the_envelope() {
         reply.expect_error(405, "method-not-allowed");
     }
 }
+
+/// Read until the server closes the connection or `within` passes; what arrived, and whether
+/// the server closed it.
+fn read_until_closed(stream: &mut std::net::TcpStream, within: std::time::Duration) -> (String, bool) {
+    use std::io::Read;
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&answer).into_owned(), true),
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (String::from_utf8_lossy(&answer).into_owned(), true),
+            Err(_) => return (String::from_utf8_lossy(&answer).into_owned(), false),
+        }
+    }
+}
+
+#[test]
+fn slow_clients_are_cut_off_and_cannot_hold_every_connection() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = dev_command(&dir.path().join("data"));
+    cmd.env("CAPSTAN_MAX_CONNECTIONS", "3");
+    let server = Capstan::start(cmd);
+    let addr = server.addr.clone();
+    // (the host's own first-party installation may hold a connection for a moment: none here,
+    // it runs in-process)
+
+    // a head that never completes, and a body that stalls after its first bytes
+    let stalled_head = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            stream.write_all(b"POST /api/v1/system.getStatus HTTP/1.1\r\nhost: 127.0.0.1\r\n").unwrap();
+            read_until_closed(&mut stream, Duration::from_secs(90))
+        }
+    });
+    let stalled_body = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            let head = "POST /api/v1/system.getStatus HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{";
+            stream.write_all(head.as_bytes()).unwrap();
+            read_until_closed(&mut stream, Duration::from_secs(90))
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // with both slow clients and one idle connection holding the three slots, a new client
+    // waits (it is not refused), and is served as soon as a slot frees
+    let idle = TcpStream::connect(&addr).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiting = TcpStream::connect(&addr).unwrap();
+    waiting.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").unwrap();
+    let (early, closed) = read_until_closed(&mut waiting, Duration::from_secs(2));
+    assert!(early.is_empty() && !closed, "a client beyond the cap waits for a slot: {early:?}");
+    drop(idle);
+    let (answer, _) = read_until_closed(&mut waiting, Duration::from_secs(30));
+    assert!(answer.starts_with("HTTP/1.1 200"), "served once a slot freed: {answer:?}");
+
+    let (head_answer, head_closed) = stalled_head.join().unwrap();
+    assert!(head_closed, "a head that never completes is closed by the server: {head_answer:?}");
+    let (body_answer, _) = stalled_body.join().unwrap();
+    assert!(body_answer.starts_with("HTTP/1.1 408"), "{body_answer:?}");
+    assert!(body_answer.contains("\"request-timeout\""), "{body_answer:?}");
+    // and the host serves on
+    assert_eq!(server.get("/healthz").status, 200);
+}

@@ -89,6 +89,7 @@ impl Refusal {
             "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
             "request-too-large" | "bundle-too-large" => 413,
             "rate-limited" => 429,
+            "request-timeout" => 408,
             "unsupported-media-type" => 415,
             "unauthenticated" => 401,
             "forbidden" => 403,

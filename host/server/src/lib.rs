@@ -16,6 +16,7 @@ pub use capstan_store as store;
 
 pub mod api;
 pub mod config;
+pub mod listener;
 #[cfg(test)]
 mod host_tests;
 pub mod migrate;

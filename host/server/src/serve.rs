@@ -119,13 +119,12 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
 
     let leaving = fleet.clone();
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, api::router(state, pages).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            signalled.await;
-            // first tell the fleet this node is leaving, then finish what is in flight
-            leaving.drain().await;
-            let _ = draining_tx.send(true);
-        });
+    let server = crate::listener::serve(listener, api::router(state, pages), config.max_connections, async move {
+        signalled.await;
+        // first tell the fleet this node is leaving, then finish what is in flight
+        leaving.drain().await;
+        let _ = draining_tx.send(true);
+    });
     // Requests in flight get a bounded time to finish: a client that never completes its
     // request must not keep a leaving node up.
     let deadline = async {
@@ -133,7 +132,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     tokio::select! {
-        served = server => served.map_err(|e| Refusal::internal(format!("server failed: {e}")))?,
+        _ = server => {}
         _ = deadline => tracing::warn!("requests still in flight after {} s; stopping anyway", SHUTDOWN_GRACE.as_secs()),
     }
     let _ = stop.send(true);

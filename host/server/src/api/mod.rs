@@ -211,6 +211,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })
+        .layer(middleware::from_fn(crate::listener::body_deadline))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
 }
@@ -380,6 +381,9 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         return Err(too_large());
     }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if crate::listener::is_body_timeout(&e) {
+            return crate::listener::body_timeout_refusal();
+        }
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(err) = source {
             if err.is::<http_body_util::LengthLimitError>() {

@@ -77,6 +77,9 @@ pub const LOG: &str = "CAPSTAN_LOG";
 pub const LOG_FORMAT: &str = "CAPSTAN_LOG_FORMAT";
 /// Largest API request body accepted, in bytes (default 1048576, at least 1024).
 pub const MAX_BODY_BYTES: &str = "CAPSTAN_MAX_BODY_BYTES";
+/// Connections the listener keeps open at once (default 1024, at least 1); more wait for a
+/// free one in the kernel's queue.
+pub const MAX_CONNECTIONS: &str = "CAPSTAN_MAX_CONNECTIONS";
 /// Time a store transaction may spend retrying transient contention, in ms (default 5000).
 pub const REQUEST_BUDGET_MS: &str = "CAPSTAN_REQUEST_BUDGET_MS";
 /// How long a start waits for another process's migration lock, in ms (default 30000).
@@ -198,6 +201,12 @@ pub const VARS: &[Var] = &[
     Var { env: LOG, required: false, default: "info", help: "Log filter (tracing env-filter syntax, e.g. info,capstan=debug)" },
     Var { env: LOG_FORMAT, required: false, default: "human", help: "Log format: human or json" },
     Var { env: MAX_BODY_BYTES, required: false, default: "1048576", help: "Largest API request body accepted, in bytes" },
+    Var {
+        env: MAX_CONNECTIONS,
+        required: false,
+        default: "1024",
+        help: "Connections served at once; more wait for a free one (a slow client cannot hold them all)",
+    },
     Var {
         env: REQUEST_BUDGET_MS,
         required: false,
@@ -322,6 +331,8 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     /// Largest API request body accepted, in bytes (`CAPSTAN_MAX_BODY_BYTES`, default 1 MiB).
     pub max_body_bytes: usize,
+    /// Connections served at once (`CAPSTAN_MAX_CONNECTIONS`, default 1024).
+    pub max_connections: usize,
     /// Time a store transaction may spend retrying contention (`CAPSTAN_REQUEST_BUDGET_MS`, default 5 s).
     pub request_budget: Duration,
     /// How long a start waits for another migration lock (`CAPSTAN_MIGRATION_LOCK_WAIT_MS`, default 30 s).
@@ -571,6 +582,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
         log_format,
         max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,
+        max_connections: number(MAX_CONNECTIONS, 1024, 1)?.min(1 << 20) as usize,
         request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
         migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
         migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
