@@ -134,8 +134,11 @@ pub fn key(upload: &str) -> Result<String> {
 /// The bytes of a kept upload; an expired one is `upload-not-found` like a missing one.
 pub async fn take(blobs: &Blobs, upload: &str) -> Result<Vec<u8>> {
     let not_found = || {
-        Refusal::new("upload-not-found", format!("no such upload (uploads are kept {} minutes); upload the bundle again", UPLOAD_TTL.as_secs() / 60))
-            .with_data(json!({ "upload": upload }))
+        Refusal::new(
+            "upload-not-found",
+            format!("no such upload (uploads are kept {} minutes); upload the bundle again", UPLOAD_TTL.as_secs() / 60),
+        )
+        .with_data(json!({ "upload": upload }))
     };
     let key = key(upload)?;
     if expired(upload, SystemTime::now()) {

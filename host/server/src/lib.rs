@@ -16,9 +16,9 @@ pub use capstan_store as store;
 
 pub mod api;
 pub mod config;
-pub mod listener;
 #[cfg(test)]
 mod host_tests;
+pub mod listener;
 pub mod migrate;
 pub mod plugins;
 pub mod serve;
