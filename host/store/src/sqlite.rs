@@ -59,12 +59,39 @@ impl SqliteStore {
     }
 }
 
+/// How long opening a connection keeps trying while other processes hold the database (nodes
+/// started together on one file race to switch it to WAL, which needs it alone).
+const CONFIGURE_BUDGET: Duration = Duration::from_secs(10);
+
 fn connect(path: &Path) -> Result<Connection> {
     let conn = Connection::open(path).map_err(|e| unavailable("opening the SQLite database", e))?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| unavailable("configuring SQLite", e))?;
-    // FULL: a committed write survives power loss, which a control plane's state must.
-    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;").map_err(|e| map_err(e, "configuring SQLite"))?;
-    Ok(conn)
+    let deadline = std::time::Instant::now() + CONFIGURE_BUDGET;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match configure(&conn) {
+            Ok(()) => return Ok(conn),
+            Err(e)
+                if matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => return Err(map_err(e, "configuring SQLite")),
+        }
+    }
+}
+
+/// WAL (switched once: the mode is kept in the file, so a connection to a database already in
+/// WAL needs no exclusive lock), and FULL sync: a committed write survives power loss, which a
+/// control plane's state must.
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get::<_, String>(0))?;
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL;")
 }
 
 /// A connection borrowed from the pool; returned on drop (rolled back if a transaction is open).
@@ -384,6 +411,22 @@ mod tests {
         std::fs::set_permissions(&chosen, std::fs::Permissions::from_mode(0o640)).unwrap();
         SqliteStore::open(&chosen).unwrap();
         assert_eq!(mode("chosen.sqlite"), 0o640);
+    }
+
+    #[test]
+    fn opening_waits_while_another_process_holds_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.sqlite");
+        // another node, mid-way through creating the database, holds it alone for longer than
+        // one busy wait
+        let holder = Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE t(x);").unwrap();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(BUSY_TIMEOUT * 3);
+            holder.execute_batch("COMMIT").unwrap();
+        });
+        SqliteStore::open(&path).expect("opened once the other holder let go");
+        releaser.join().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
