@@ -6,8 +6,8 @@
 //! good as the durable state it names, so revoking a session, advancing a credential's
 //! generation or rotating a machine token ends the sessions it covers at once.
 
+pub mod attempts;
 pub mod jwt;
-pub mod limiter;
 pub mod methods;
 pub mod password;
 
@@ -17,7 +17,6 @@ use capstan_core::refusal::{Refusal, Result};
 use capstan_keyring::Keyring;
 use capstan_store::{CollectionSpec, Document, Store, Tx};
 use jwt::{Claims, JwtKeys};
-use limiter::Limiter;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -113,19 +112,28 @@ pub struct LoginAnswer {
 pub struct Auth {
     store: Store,
     keys: JwtKeys,
-    by_username: Limiter,
-    by_address: Limiter,
     /// Every scrypt verification and hash of a request goes through it.
     hashing: password::Gate,
+    /// What credential-change receipts are digested with.
+    receipts: ReceiptKeys,
 }
 
 pub use capstan_rpc::denied;
+pub use capstan_rpc::receipts::ReceiptKeys;
+
+/// The keys mutation receipts are digested with, derived from `keyring`'s KEKs (see
+/// [`capstan_rpc::receipts`]).
+pub fn receipt_keys(keyring: &Keyring) -> ReceiptKeys {
+    let (active, keys) = keyring.derived_keys("mutation receipts");
+    ReceiptKeys::new(active, keys)
+}
 
 /// The store collections (and their indexes) authentication declares.
 pub fn collections() -> Vec<CollectionSpec> {
     vec![
         CollectionSpec::new(USERS).unique("by_username", &["username"]).index("by_kind", &["kind"]),
         CollectionSpec::new(CREDENTIALS).unique("by_token_hash", &["tokenHash"]),
+        attempts::collection(),
         CollectionSpec::new(SESSIONS).index("by_user", &["userId"]),
         CollectionSpec::new(RECEIPTS),
     ]
@@ -282,19 +290,12 @@ impl Auth {
             store.declare(spec).await?;
         }
         let keys = JwtKeys::load_or_create(&store, keyring, issuer).await?;
-        Ok(Arc::new(Auth {
-            store,
-            keys,
-            by_username: Limiter::new(Duration::from_secs(15 * 60), 10, 100_000),
-            by_address: Limiter::new(Duration::from_secs(15 * 60), 50, 100_000),
-            hashing: password::Gate::for_this_machine(),
-        }))
+        Ok(Arc::new(Auth { store, keys, hashing: password::Gate::for_this_machine(), receipts: receipt_keys(keyring) }))
     }
 
-    fn rate_limited(wait: Duration) -> Refusal {
-        Refusal::new("rate-limited", "too many failed logins; wait before trying again")
-            .retryable()
-            .with_data(json!({ "retryAfterMs": wait.as_millis() as u64 }))
+    /// The keys this host's mutation receipts are digested with.
+    pub fn receipt_keys(&self) -> &ReceiptKeys {
+        &self.receipts
     }
 
     /// A fresh verifier for `password`, through the hashing gate (`rate-limited` when full).
@@ -304,24 +305,17 @@ impl Auth {
     }
 
     /// Username and password to a JWT. Wrong username and wrong password are one denial. The
-    /// attempt counts against the limits before the password is checked, so concurrent
-    /// attempts cannot all slip under them; a success takes its count back.
+    /// attempt counts against the limits (see [`attempts`]: the username from this client, and
+    /// the client) before the password is checked, so concurrent attempts cannot all slip
+    /// under them; a success takes its count back.
     pub async fn login(&self, username: &str, password: &str, source: Option<IpAddr>) -> Result<LoginAnswer> {
-        let user_key = username.to_ascii_lowercase();
-        let address_key = source.map(|ip| ip.to_string());
-        if let Some(wait) = self.by_username.blocked(&user_key).or_else(|| address_key.as_deref().and_then(|a| self.by_address.blocked(a)))
-        {
-            return Err(Self::rate_limited(wait));
-        }
-        // counted now, with no await since the check, so concurrent attempts see each other
-        self.by_username.record_failure(&user_key);
-        if let Some(a) = &address_key {
-            self.by_address.record_failure(a);
-        }
-        let take_back = || {
-            self.by_username.forgive(&user_key);
-            if let Some(a) = &address_key {
-                self.by_address.forgive(a);
+        let user_key = attempts::user_key(username, source);
+        let mut keys = vec![(user_key.clone(), attempts::PER_USER_AND_CLIENT)];
+        keys.extend(source.map(|client| (attempts::client_key(client), attempts::PER_CLIENT)));
+        attempts::begin(&self.store, &keys).await?;
+        let take_back = || async {
+            if let Err(e) = attempts::take_back(&self.store, &keys).await {
+                tracing::warn!(code = %e.code, "a login attempt's count was not taken back: {}", e.message);
             }
         };
         let found = if validate_username(username).is_ok() {
@@ -336,7 +330,7 @@ impl Auth {
             match read {
                 Ok(found) => found,
                 Err(refusal) => {
-                    take_back();
+                    take_back().await;
                     return Err(refusal);
                 }
             }
@@ -363,7 +357,7 @@ impl Auth {
             Ok(verified) => verified,
             // shed unchecked: it does not count as a failure
             Err(refusal) => {
-                take_back();
+                take_back().await;
                 return Err(refusal);
             }
         };
@@ -371,8 +365,10 @@ impl Auth {
             tracing::info!("login denied");
             return Err(denied());
         };
-        take_back();
-        self.by_username.clear(&user_key);
+        take_back().await;
+        if let Err(e) = attempts::clear(&self.store, &user_key).await {
+            tracing::warn!(code = %e.code, "a login's earlier failures were not forgotten: {}", e.message);
+        }
         let at = now_secs();
         let session = Session {
             user_id: user_id.clone(),
@@ -387,10 +383,9 @@ impl Auth {
 
     /// A machine token to a JWT bound to that token's hash.
     pub async fn exchange_token(&self, token: &str, source: Option<IpAddr>) -> Result<LoginAnswer> {
-        let address_key = source.map(|ip| ip.to_string());
-        if let Some(wait) = address_key.as_deref().and_then(|a| self.by_address.blocked(a)) {
-            return Err(Self::rate_limited(wait));
-        }
+        // counted before the lookup like a login, per client; a success takes it back
+        let keys: Vec<attempts::Keyed> = source.map(|client| (attempts::client_key(client), attempts::PER_CLIENT)).into_iter().collect();
+        attempts::begin(&self.store, &keys).await?;
         let hash = token_hash(token);
         let hash_ref = hash.as_str();
         let found = self
@@ -407,12 +402,10 @@ impl Auth {
             })
             .await?;
         let Some((user_id, user)) = found.filter(|(_, u)| u.kind == "machine") else {
-            if let Some(a) = &address_key {
-                self.by_address.record_failure(a);
-            }
             tracing::info!("token exchange denied");
             return Err(denied());
         };
+        attempts::take_back(&self.store, &keys).await?;
         let at = now_secs();
         let session = Session {
             user_id: user_id.clone(),
@@ -523,6 +516,16 @@ impl Auth {
 /// Delete sessions whose expiry has passed (a host task the fleet places on one node).
 pub async fn reap_expired_sessions(store: &Store) -> Result<usize> {
     let now = now_secs();
+    let reaped = reap(store, SESSIONS, |data| data.get("expiresAt").and_then(Value::as_u64).is_some_and(|at| at <= now)).await?;
+    if reaped > 0 {
+        tracing::info!(reaped, "expired sessions removed");
+    }
+    Ok(reaped)
+}
+
+/// Delete the documents of `collection` whose data `expired` says are; how many went (one
+/// changed or deleted meanwhile is left to the next round).
+pub(crate) async fn reap(store: &Store, collection: &'static str, expired: impl Fn(&Value) -> bool) -> Result<usize> {
     let mut reaped = 0;
     let mut cursor: Option<String> = None;
     loop {
@@ -530,29 +533,22 @@ pub async fn reap_expired_sessions(store: &Store) -> Result<usize> {
         let page = store
             .transact(|tx| {
                 let c = c.clone();
-                async move { tx.scan(SESSIONS, c.as_deref(), 500).await }
+                async move { tx.scan(collection, c.as_deref(), 500).await }
             })
             .await?;
-        for doc in &page.documents {
-            let expired = doc.data.get("expiresAt").and_then(Value::as_u64).is_some_and(|at| at <= now);
-            if expired {
-                let (id, revision) = (doc.id.as_str(), doc.revision);
-                match store.transact(|tx| async move { tx.delete(SESSIONS, id, revision).await }).await {
-                    Ok(()) => reaped += 1,
-                    Err(e) if e.is("conflict") || e.is("not-found") => {}
-                    Err(e) => return Err(e),
-                }
+        for doc in page.documents.iter().filter(|doc| expired(&doc.data)) {
+            let (id, revision) = (doc.id.as_str(), doc.revision);
+            match store.transact(|tx| async move { tx.delete(collection, id, revision).await }).await {
+                Ok(()) => reaped += 1,
+                Err(e) if e.is("conflict") || e.is("not-found") => {}
+                Err(e) => return Err(e),
             }
         }
         match page.next_cursor {
             Some(next) => cursor = Some(next),
-            None => break,
+            None => return Ok(reaped),
         }
     }
-    if reaped > 0 {
-        tracing::info!(reaped, "expired sessions removed");
-    }
-    Ok(reaped)
 }
 
 /// Delete every session of a user inside the caller's transaction (bounded pages).

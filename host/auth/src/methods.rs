@@ -198,11 +198,11 @@ async fn mutate_credential(cx: Context, call: Call, input: MutateInput) -> Resul
         }
         _ => None,
     };
-    let (input, verifier, actor_id) = (&input, &verifier, actor.user_id.as_str());
+    let (input, verifier, actor_id, keys) = (&input, &verifier, actor.user_id.as_str(), cx.auth.receipt_keys());
     let answer = cx
         .store
         .transact(|tx| async move {
-            if let Some(mut answer) = receipts::replay::<MutationAnswer>(&tx, actor_id, Some(&input.mutation_id), input).await? {
+            if let Some(mut answer) = receipts::replay::<MutationAnswer>(&tx, keys, actor_id, Some(&input.mutation_id), input).await? {
                 answer.replayed = true;
                 return Ok(answer);
             }
@@ -224,7 +224,7 @@ async fn mutate_credential(cx: Context, call: Call, input: MutateInput) -> Resul
             tx.replace(CREDENTIALS, &input.user_id, doc.revision, to_value(&credential)?).await?;
             revoke_sessions(&tx, &input.user_id).await?;
             let answer = MutationAnswer { credential: view(&input.user_id, &credential), replayed: false };
-            receipts::record(&tx, actor_id, Some(&input.mutation_id), input, &answer).await?;
+            receipts::record(&tx, keys, actor_id, Some(&input.mutation_id), input, &answer).await?;
             Ok(answer)
         })
         .await?;

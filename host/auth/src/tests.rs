@@ -78,17 +78,30 @@ async fn wrong_username_and_wrong_password_get_the_same_denial() {
 }
 
 #[tokio::test]
-async fn failed_logins_are_rate_limited_per_username_and_address() {
+async fn failed_logins_slow_down_the_client_that_makes_them_and_not_the_user() {
     let (_dir, state) = setup().await;
-    let source = Some("198.51.100.7".parse().unwrap());
-    for _ in 0..10 {
-        assert_eq!(state.auth.login("admin", "wrong-wrong-wrong-wrong", source).await.unwrap_err().code, "unauthenticated");
+    let stranger = Some("198.51.100.7".parse().unwrap());
+    for _ in 0..5 {
+        assert_eq!(state.auth.login("admin", "wrong-wrong-wrong-wrong", stranger).await.unwrap_err().code, "unauthenticated");
     }
-    let limited = state.auth.login("admin", PASSWORD, source).await.unwrap_err();
+    let limited = state.auth.login("admin", PASSWORD, stranger).await.unwrap_err();
     assert_eq!(limited.code, "rate-limited");
-    assert!(limited.data.unwrap()["retryAfterMs"].as_u64().unwrap() > 0);
-    // the address limit is separate and larger: other usernames from the same address still answer
-    assert_eq!(state.auth.login("someone", "whatever-whatever-whatever", source).await.unwrap_err().code, "unauthenticated");
+    let wait = limited.data.unwrap()["retryAfterMs"].as_u64().unwrap();
+    assert!((1..=1000).contains(&wait), "the first wait is at most a second: {wait}");
+    // the user, from their own address, is not locked out by a stranger's guesses
+    state.auth.login("admin", PASSWORD, Some("203.0.113.9".parse().unwrap())).await.expect("the user logs in from elsewhere");
+    // the address limit is separate and larger: other usernames from the stranger still answer
+    assert_eq!(state.auth.login("someone", "whatever-whatever-whatever", stranger).await.unwrap_err().code, "unauthenticated");
+    // the count is in the store, so every node of a fleet sees it
+    let key = attempts::user_key("admin", stranger);
+    let elsewhere = attempts::begin(&state.store, &[(key, attempts::PER_USER_AND_CLIENT)]).await.unwrap_err();
+    assert_eq!(elsewhere.code, "rate-limited");
+    // once the wait has passed one more guess is checked, and the next wait is longer
+    tokio::time::sleep(std::time::Duration::from_millis(wait + 50)).await;
+    assert_eq!(state.auth.login("admin", "wrong-wrong-wrong-wrong", stranger).await.unwrap_err().code, "unauthenticated");
+    let longer = state.auth.login("admin", "wrong-wrong-wrong-wrong", stranger).await.unwrap_err();
+    assert_eq!(longer.code, "rate-limited");
+    assert!(longer.data.unwrap()["retryAfterMs"].as_u64().unwrap() > 1000, "the wait doubled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,7 +110,7 @@ async fn concurrent_wrong_logins_count_before_hashing_and_a_good_one_takes_its_c
     // a success leaves no count behind: ten wrong ones still answer after it
     state.auth.login("admin", PASSWORD, None).await.unwrap();
     // forty at once for one username: each counts before its scrypt runs, so no more than the
-    // ten allowed are checked, and the rest are refused without hashing
+    // five free ones are checked, and the rest are refused without hashing
     let attempts: Vec<_> = (0..40)
         .map(|_| {
             let auth = state.auth.clone();
@@ -112,7 +125,7 @@ async fn concurrent_wrong_logins_count_before_hashing_and_a_good_one_takes_its_c
             other => panic!("unexpected refusal {other}"),
         }
     }
-    assert!((1..=10).contains(&checked), "{checked} wrong passwords were checked; the limit is 10");
+    assert!((1..=5).contains(&checked), "{checked} wrong passwords were checked; five are free");
 }
 
 #[tokio::test]
@@ -273,4 +286,45 @@ async fn every_user_id_is_claimed_in_the_fleet_id_keyspace() {
     // a refused creation (the name exists) leaves the existing users' claims as they were
     let refused = create.call(call(&state, Some(actor)), json!({"username": "alice"})).await.unwrap_err();
     assert_eq!(refused.code, "exists");
+}
+
+#[tokio::test]
+async fn a_rotation_receipt_is_keyed_by_the_keyring_and_holds_nothing_to_test_guesses_against() {
+    use sha2::{Digest, Sha256};
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let new_password = "the-rotated-password-is-long";
+    let request = rotate(&actor.user_id, 1, "rot-k", new_password);
+    mutate(&state, &actor, rotate(&actor.user_id, 1, "rot-k", new_password)).await.unwrap();
+    let receipt_id = format!("{}:rot-k", actor.user_id);
+    let receipt = state
+        .store
+        .transact(|tx| {
+            let id = receipt_id.clone();
+            async move { tx.get(RECEIPTS, &id).await }
+        })
+        .await
+        .unwrap()
+        .expect("the receipt is recorded");
+    let text = receipt.data.to_string();
+    assert!(!text.contains(new_password), "no password in a receipt");
+    // the salted SHA-256 of the request, which a copy of the store could test guesses with,
+    // is not what is kept
+    let salt = receipt.data["salt"].as_str().unwrap();
+    let body = serde_json::to_vec(&request).unwrap();
+    let unkeyed = hex::encode(Sha256::new().chain_update(salt.as_bytes()).chain_update(&body).finalize());
+    assert_ne!(receipt.data["digest"].as_str(), Some(unkeyed.as_str()));
+    assert!(receipt.data["key"].as_str().is_some_and(|k| k.starts_with("kek-")), "{text}");
+
+    // a keyring that does not hold the receipt's key cannot tell: refused, never run twice
+    let other = receipt_keys(&Keyring::generate(None, None).unwrap());
+    let actor_id = actor.user_id.clone();
+    let replayed = state
+        .store
+        .transact(|tx| {
+            let (other, actor_id, request) = (other.clone(), actor_id.clone(), rotate(&actor_id, 1, "rot-k", new_password));
+            async move { capstan_rpc::receipts::replay::<serde_json::Value>(&tx, &other, &actor_id, Some("rot-k"), &request).await }
+        })
+        .await;
+    assert_eq!(replayed.unwrap_err().code, "mutation-reused");
 }

@@ -228,6 +228,25 @@ impl Keyring {
         &self.active_kek_id
     }
 
+    /// A 32-byte key for `purpose` derived (HKDF-SHA256) from each KEK, by KEK id, with the
+    /// active KEK's id: keys as private as the keyring, which change when it is rotated and
+    /// stay derivable while their KEK is kept.
+    pub fn derived_keys(&self, purpose: &str) -> (String, Vec<(String, Zeroizing<[u8; 32]>)>) {
+        let info = format!("capstan {purpose} v1");
+        let keys = self
+            .keks
+            .iter()
+            .map(|(id, kek)| {
+                let mut key = Zeroizing::new([0u8; 32]);
+                hkdf::Hkdf::<sha2::Sha256>::new(None, kek.bytes())
+                    .expand(info.as_bytes(), key.as_mut())
+                    .expect("32 bytes is a valid HKDF length");
+                (id.clone(), key)
+            })
+            .collect();
+        (self.active_kek_id.clone(), keys)
+    }
+
     pub(crate) fn kek(&self, id: &str) -> Option<&Kek> {
         self.keks.get(id)
     }

@@ -432,6 +432,7 @@ fn event_data(id: &str, secret: &Secret) -> serde_json::Value {
 }
 
 async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretView> {
+    let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let identity = call.identity()?.clone();
     check_key(&input.key)?;
     let environment = input.environment.clone().unwrap_or_else(|| "production".into());
@@ -449,7 +450,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
             let keyring = keyring.clone();
             async move {
                 let mutation = input.mutation_id.as_deref();
-                if let Some(answer) = receipts::replay(&tx, &identity.user_id, mutation, &("secrets.create", input)).await? {
+                if let Some(answer) = receipts::replay(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.create", input)).await? {
                     return Ok(answer);
                 }
                 let organization_id = owner_organization(&tx, &input.owner).await?;
@@ -492,7 +493,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
                 emit(&tx, "secret.created", secret_ref, event_data(secret_ref, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
                 let answer = view(secret_ref, doc.revision, secret);
-                receipts::record(&tx, &identity.user_id, mutation, &("secrets.create", input), &answer).await?;
+                receipts::record(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.create", input), &answer).await?;
                 Ok(answer)
             }
         })
@@ -502,6 +503,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
 }
 
 async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretView> {
+    let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let identity = call.identity()?.clone();
     // the target needs the owner and key, read before the value is opened
     let id = input.id.as_str();
@@ -517,7 +519,7 @@ async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretVie
             let keyring = keyring.clone();
             async move {
                 let mutation = input.mutation_id.as_deref();
-                if let Some(answer) = receipts::replay(&tx, &identity.user_id, mutation, &("secrets.rotate", input)).await? {
+                if let Some(answer) = receipts::replay(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input)).await? {
                     return Ok(answer);
                 }
                 let (doc, mut secret) = require_secret(&tx, &input.id).await?;
@@ -549,7 +551,7 @@ async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretVie
                 emit(&tx, "secret.rotated", &input.id, event_data(&input.id, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
                 let answer = view(&input.id, doc.revision, secret);
-                receipts::record(&tx, &identity.user_id, mutation, &("secrets.rotate", input), &answer).await?;
+                receipts::record(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input), &answer).await?;
                 Ok(answer)
             }
         })
@@ -559,13 +561,14 @@ async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretVie
 }
 
 async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Result<SecretView> {
+    let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let actor = call.identity()?.user_id.clone();
     let (input, actor) = (&input, actor.as_str());
     let answer = cx
         .store
         .transact(|tx| async move {
             let mutation = input.mutation_id.as_deref();
-            if let Some(answer) = receipts::replay(&tx, actor, mutation, &("secrets.revoke", input)).await? {
+            if let Some(answer) = receipts::replay(&tx, &receipt_keys, actor, mutation, &("secrets.revoke", input)).await? {
                 return Ok(answer);
             }
             let (doc, mut secret) = require_secret(&tx, &input.id).await?;
@@ -580,7 +583,7 @@ async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Result<SecretVie
             emit(&tx, "secret.revoked", &input.id, event_data(&input.id, &secret)).await?;
             publish_manifest(&tx, &secret).await?;
             let answer = view(&input.id, doc.revision, secret);
-            receipts::record(&tx, actor, mutation, &("secrets.revoke", input), &answer).await?;
+            receipts::record(&tx, &receipt_keys, actor, mutation, &("secrets.revoke", input), &answer).await?;
             Ok(answer)
         })
         .await?;

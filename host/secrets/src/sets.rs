@@ -399,12 +399,15 @@ async fn detach_in(tx: &Tx, service_id: &str, secret_set_id: &str) -> Result<()>
 }
 
 async fn retire(cx: Context, call: Call, input: RetireInput) -> Result<Retired> {
+    let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let actor = call.identity()?.user_id.clone();
     let (input, actor) = (&input, actor.as_str());
     let retired = cx
         .store
         .transact(|tx| async move {
-            if let Some(answer) = receipts::replay(&tx, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input)).await? {
+            if let Some(answer) =
+                receipts::replay(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input)).await?
+            {
                 return Ok(answer);
             }
             let mut set = require_set(&tx, &input.id).await?;
@@ -423,7 +426,7 @@ async fn retire(cx: Context, call: Call, input: RetireInput) -> Result<Retired> 
             let doc = tx.replace(SETS, &input.id, set.revision, to_value(&set.data)?).await?;
             emit(&tx, "secretSet.retired", &input.id, json!({ "id": input.id, "detachedServiceIds": services })).await?;
             let answer = Retired { secret_set: Entity { revision: doc.revision, ..set }, detached_service_ids: services };
-            receipts::record(&tx, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input), &answer).await?;
+            receipts::record(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input), &answer).await?;
             Ok(answer)
         })
         .await?;
@@ -465,13 +468,14 @@ async fn get(cx: Context, _: Call, input: capstan_inventory::ById) -> Result<Set
 
 /// Attach (`attach: true`) or detach a set, stating the service's secrets revision.
 async fn change_attachment(cx: Context, call: Call, input: AttachInput, attach: bool) -> Result<Configuration> {
+    let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let method = if attach { "secrets.attachSecretSet" } else { "secrets.detachSecretSet" };
     let actor = call.identity()?.user_id.clone();
     let (input, actor) = (&input, actor.as_str());
     let answer = cx
         .store
         .transact(|tx| async move {
-            if let Some(answer) = receipts::replay(&tx, actor, input.mutation_id.as_deref(), &(method, input)).await? {
+            if let Some(answer) = receipts::replay(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &(method, input)).await? {
                 return Ok(answer);
             }
             let service = capstan_inventory::services::require_active(&tx, &input.service_id).await?;
@@ -511,7 +515,7 @@ async fn change_attachment(cx: Context, call: Call, input: AttachInput, attach: 
                 detach_in(&tx, &input.service_id, &input.secret_set_id).await?;
             }
             let answer = configuration(&tx, &input.service_id).await?;
-            receipts::record(&tx, actor, input.mutation_id.as_deref(), &(method, input), &answer).await?;
+            receipts::record(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &(method, input), &answer).await?;
             Ok(answer)
         })
         .await?;
