@@ -577,7 +577,8 @@ async fn login(State(state): State<AppState>, request: Request) -> Response {
         Err(refusal) if refusal.is("rate-limited") => {
             let wait_ms = refusal.data.as_ref().and_then(|d| d.get("retryAfterMs")).and_then(|v| v.as_u64()).unwrap_or(1000);
             let seconds = wait_ms.div_ceil(1000).max(1);
-            let message = format!("Too many failed logins. Wait {seconds} seconds before trying again.");
+            let unit = if seconds == 1 { "second" } else { "seconds" };
+            let message = format!("Too many failed logins. Wait {seconds} {unit} before trying again.");
             let mut response = login_form(StatusCode::TOO_MANY_REQUESTS, Some(&message), username);
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             response

@@ -198,14 +198,42 @@ fn sessions_and_machine_tokens_over_http_and_no_secret_in_any_log() {
     }
 }
 
+/// A login from the client `forwarded` names in X-Forwarded-For.
+fn login_from(server: &Capstan, forwarded: &str, username: &str, password: &str) -> Reply {
+    let body = json!({"username": username, "password": password}).to_string();
+    server.request(
+        "POST",
+        "/api/v1/auth.login",
+        &[("content-type", "application/json"), ("x-forwarded-for", forwarded)],
+        Some(body.as_bytes()),
+    )
+}
+
 #[test]
-fn failed_logins_are_rate_limited_over_http() {
+fn failed_logins_slow_down_their_client_over_http() {
     let dir = tempfile::tempdir().unwrap();
+    // without trusted proxies X-Forwarded-For is ignored: every guess here comes from one peer
     let server = Capstan::dev(dir.path());
-    for _ in 0..10 {
-        login(&server, "admin", "wrong-password-wrong-password").expect_error(401, "unauthenticated");
+    for i in 0..5 {
+        login_from(&server, &format!("198.51.100.{i}"), "admin", "wrong-password-wrong-password").expect_error(401, "unauthenticated");
     }
-    let limited = login(&server, "admin", "wrong-password-wrong-password").expect_error(429, "rate-limited");
+    let limited = login_from(&server, "198.51.100.99", "admin", "wrong-password-wrong-password").expect_error(429, "rate-limited");
     assert!(limited["retryable"].as_bool().unwrap());
     assert!(limited["data"]["retryAfterMs"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn behind_a_trusted_proxy_a_strangers_guesses_do_not_lock_the_user_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = dev_command(&dir.path().join("data"));
+    cmd.env("CAPSTAN_TRUSTED_PROXIES", "127.0.0.0/8");
+    let server = Capstan::start(cmd);
+    let password = server.printed_admin_password().expect("the dev administrator's password");
+    for _ in 0..5 {
+        login_from(&server, "198.51.100.7", "admin", "wrong-password-wrong-password").expect_error(401, "unauthenticated");
+    }
+    login_from(&server, "198.51.100.7", "admin", &password).expect_error(429, "rate-limited");
+    // the user, behind the same proxy from another address, logs in
+    let answer = login_from(&server, "203.0.113.9", "admin", &password).expect_json(200);
+    assert!(answer["token"].as_str().is_some_and(|t| !t.is_empty()), "{answer}");
 }

@@ -7,6 +7,10 @@
 //! - A request body must keep up an average of [`BODY_MIN_RATE`] after a [`BODY_GRACE`]
 //!   allowance ([`body_deadline`]); a body that stalls is refused `request-timeout` (408).
 //!
+//! A request's client is the connection's peer, or when the peer is one of the trusted proxies
+//! (`CAPSTAN_TRUSTED_PROXIES`), the nearest address in `X-Forwarded-For` that is not one
+//! ([`TrustedProxies`]); `ConnectInfo<SocketAddr>` holds that client for everything after.
+//!
 //! Shutdown stops accepting, lets requests in flight finish, and returns once every
 //! connection is closed (the caller bounds how long that may take).
 
@@ -32,7 +36,14 @@ pub const BODY_GRACE: Duration = Duration::from_secs(30);
 pub const BODY_MIN_RATE: u64 = 64 * 1024;
 
 /// Serve `router` on `listener` until `shutdown` completes, then drain.
-pub async fn serve(listener: TcpListener, router: Router, max_connections: usize, shutdown: impl Future<Output = ()> + Send) {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    max_connections: usize,
+    proxies: TrustedProxies,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let router = if proxies.0.is_empty() { router } else { router.layer(axum::middleware::from_fn_with_state(proxies, resolve_client)) };
     let slots = Arc::new(Semaphore::new(max_connections.max(1)));
     let (closing, _) = watch::channel(false);
     // every connection holds a receiver; the sender sees them all gone once they have closed
@@ -145,4 +156,97 @@ pub fn body_timeout_refusal() -> crate::refusal::Refusal {
         "request-timeout",
         format!("the request body arrived too slowly (at least {} KiB/s after {} s)", BODY_MIN_RATE / 1024, BODY_GRACE.as_secs()),
     )
+}
+
+/// The proxies whose `X-Forwarded-For` is believed: addresses and networks
+/// (`CAPSTAN_TRUSTED_PROXIES`, e.g. `10.0.0.0/8, 192.0.2.10`). None by default: then every
+/// request's client is the connection's peer, and `X-Forwarded-For` is ignored.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies(Arc<Vec<ipnet::IpNet>>);
+
+impl TrustedProxies {
+    /// Parse a comma-separated list of addresses and networks; the entry that is neither is
+    /// named in the error.
+    pub fn parse(text: &str) -> std::result::Result<TrustedProxies, String> {
+        let mut nets = Vec::new();
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let net = match entry.parse::<ipnet::IpNet>() {
+                Ok(net) => net,
+                Err(_) => entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from).map_err(|_| {
+                    format!("{:?} is neither an IP address nor a network (address/prefix)", entry.chars().take(60).collect::<String>())
+                })?,
+            };
+            nets.push(net);
+        }
+        Ok(TrustedProxies(Arc::new(nets)))
+    }
+
+    fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+
+    /// Who a request from `peer` comes from: `peer` itself unless it is a trusted proxy; then,
+    /// reading `X-Forwarded-For` from the nearest hop back, the first address that is not a
+    /// trusted proxy (an entry that is no address ends the walk at the hop before it).
+    pub fn client(&self, peer: std::net::IpAddr, headers: &axum::http::HeaderMap) -> std::net::IpAddr {
+        if !self.trusts(peer) {
+            return peer;
+        }
+        let hops: Vec<&str> =
+            headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(str::trim).collect();
+        let mut client = peer;
+        for hop in hops.iter().rev() {
+            let Ok(ip) = hop.parse::<std::net::IpAddr>() else { break };
+            client = ip;
+            if !self.trusts(ip) {
+                break;
+            }
+        }
+        client
+    }
+}
+
+/// Middleware: replace the peer in `ConnectInfo` with the client [`TrustedProxies::client`]
+/// names.
+async fn resolve_client(
+    axum::extract::State(proxies): axum::extract::State<TrustedProxies>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().copied() {
+        let client = proxies.client(peer.ip(), request.headers());
+        if client != peer.ip() {
+            request.extensions_mut().insert(ConnectInfo(std::net::SocketAddr::new(client, 0)));
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    #[test]
+    fn only_a_trusted_proxy_is_believed_and_only_as_far_as_trusted_hops_go() {
+        let proxies = TrustedProxies::parse("10.0.0.0/8, 192.0.2.10").unwrap();
+        let mut headers = HeaderMap::new();
+        headers.append("x-forwarded-for", HeaderValue::from_static("203.0.113.66, 198.51.100.7"));
+        headers.append("x-forwarded-for", HeaderValue::from_static("10.1.2.3"));
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        // a client that is not a proxy cannot claim another address
+        assert_eq!(proxies.client(ip("198.51.100.99"), &headers), ip("198.51.100.99"));
+        // through two trusted hops, the first untrusted one from the near end is the client;
+        // what it claimed before it (203.0.113.66) is not believed
+        assert_eq!(proxies.client(ip("192.0.2.10"), &headers), ip("198.51.100.7"));
+        // a hop that is no address ends the walk
+        let mut junk = HeaderMap::new();
+        junk.insert("x-forwarded-for", HeaderValue::from_static("198.51.100.7, not-an-address"));
+        assert_eq!(proxies.client(ip("10.9.9.9"), &junk), ip("10.9.9.9"));
+        // no header: the proxy itself
+        assert_eq!(proxies.client(ip("10.9.9.9"), &HeaderMap::new()), ip("10.9.9.9"));
+        // none trusted by default
+        assert_eq!(TrustedProxies::default().client(ip("10.1.1.1"), &headers), ip("10.1.1.1"));
+        assert!(TrustedProxies::parse("10.0.0.0/8, example.com").unwrap_err().contains("example.com"));
+    }
 }

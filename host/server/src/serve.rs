@@ -119,7 +119,8 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
 
     let leaving = fleet.clone();
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
-    let server = crate::listener::serve(listener, api::router(state, pages), config.max_connections, async move {
+    let proxies = config.trusted_proxies.clone();
+    let server = crate::listener::serve(listener, api::router(state, pages), config.max_connections, proxies, async move {
         signalled.await;
         // first tell the fleet this node is leaving, then finish what is in flight
         leaving.drain().await;
@@ -198,10 +199,12 @@ async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<Plugin
             async move {
                 let reaped = auth::reap_expired_sessions(&store).await?;
                 log.line(format!("removed {reaped} expired sessions"));
+                let forgotten = auth::attempts::reap(&store).await?;
+                log.line(format!("forgot {forgotten} counts of failed logins past their window"));
                 Ok(())
             }
         })
-        .description("Deletes sessions whose expiry has passed."),
+        .description("Deletes sessions whose expiry has passed, and counts of failed logins past their window."),
     )?;
     let finalizer_store = store.clone();
     scheduler.register(

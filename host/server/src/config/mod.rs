@@ -53,6 +53,9 @@ pub const NODE_ID: &str = "CAPSTAN_NODE_ID";
 pub const NODE_LABELS: &str = "CAPSTAN_NODE_LABELS";
 /// Comma-separated plugin publisher keys trusted by configuration.
 pub const TRUSTED_PUBLISHERS: &str = "CAPSTAN_TRUSTED_PUBLISHERS";
+/// Proxies whose `X-Forwarded-For` names a request's client: addresses and networks,
+/// comma-separated (default none: the connection's peer is the client).
+pub const TRUSTED_PROXIES: &str = "CAPSTAN_TRUSTED_PROXIES";
 /// PEM file of extra root certificates for plugins' outbound HTTPS (`--plugin-http-ca-file`).
 pub const PLUGIN_HTTP_CA_FILE: &str = "CAPSTAN_PLUGIN_HTTP_CA_FILE";
 /// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
@@ -158,6 +161,12 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none",
         help: "Plugin publisher keys trusted by configuration, comma-separated, as `capstan plugin keygen` prints them",
+    },
+    Var {
+        env: TRUSTED_PROXIES,
+        required: false,
+        default: "none",
+        help: "Reverse proxies whose X-Forwarded-For names the client (for login limits and logs): addresses or networks, comma-separated",
     },
     Var {
         env: PLUGIN_HTTP_CA_FILE,
@@ -341,6 +350,8 @@ pub struct ServeConfig {
     pub migration_lock_ttl: Duration,
     /// Plugin publisher keys trusted by configuration, as given (checked at start).
     pub trusted_publishers: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed (`CAPSTAN_TRUSTED_PROXIES`).
+    pub trusted_proxies: crate::listener::TrustedProxies,
     /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
     pub plugin_http_ca: Option<PluginHttpCa>,
     /// `(variable, value)` for every default dev mode chose, to be reported at start.
@@ -586,6 +597,8 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
         migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
         migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
+        trusted_proxies: crate::listener::TrustedProxies::parse(&lookup(TRUSTED_PROXIES).unwrap_or_default())
+            .map_err(|e| Refusal::new("config-invalid", format!("{TRUSTED_PROXIES}: {e}")))?,
         trusted_publishers: lookup(TRUSTED_PUBLISHERS)
             .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
             .unwrap_or_default(),
