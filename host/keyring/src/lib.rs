@@ -34,6 +34,9 @@ impl Kek {
     }
 }
 
+/// A key derived from one KEK, with that KEK's id (see [`Keyring::derived_keys`]).
+pub type DerivedKey = (String, Zeroizing<[u8; 32]>);
+
 /// A loaded keyring: its KEKs (one of them active for sealing) and the ingress X25519 key pair.
 pub struct Keyring {
     active_kek_id: String,
@@ -231,7 +234,7 @@ impl Keyring {
     /// A 32-byte key for `purpose` derived (HKDF-SHA256) from each KEK, by KEK id, with the
     /// active KEK's id: keys as private as the keyring, which change when it is rotated and
     /// stay derivable while their KEK is kept.
-    pub fn derived_keys(&self, purpose: &str) -> (String, Vec<(String, Zeroizing<[u8; 32]>)>) {
+    pub fn derived_keys(&self, purpose: &str) -> (String, Vec<DerivedKey>) {
         let info = format!("capstan {purpose} v1");
         let keys = self
             .keks

@@ -450,7 +450,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
             let keyring = keyring.clone();
             async move {
                 let mutation = input.mutation_id.as_deref();
-                if let Some(answer) = receipts::replay(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.create", input)).await? {
+                if let Some(answer) = receipts::replay(&tx, receipt_keys, &identity.user_id, mutation, &("secrets.create", input)).await? {
                     return Ok(answer);
                 }
                 let organization_id = owner_organization(&tx, &input.owner).await?;
@@ -493,7 +493,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
                 emit(&tx, "secret.created", secret_ref, event_data(secret_ref, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
                 let answer = view(secret_ref, doc.revision, secret);
-                receipts::record(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.create", input), &answer).await?;
+                receipts::record(&tx, receipt_keys, &identity.user_id, mutation, &("secrets.create", input), &answer).await?;
                 Ok(answer)
             }
         })
@@ -519,7 +519,7 @@ async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretVie
             let keyring = keyring.clone();
             async move {
                 let mutation = input.mutation_id.as_deref();
-                if let Some(answer) = receipts::replay(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input)).await? {
+                if let Some(answer) = receipts::replay(&tx, receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input)).await? {
                     return Ok(answer);
                 }
                 let (doc, mut secret) = require_secret(&tx, &input.id).await?;
@@ -551,7 +551,7 @@ async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretVie
                 emit(&tx, "secret.rotated", &input.id, event_data(&input.id, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
                 let answer = view(&input.id, doc.revision, secret);
-                receipts::record(&tx, &receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input), &answer).await?;
+                receipts::record(&tx, receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input), &answer).await?;
                 Ok(answer)
             }
         })
@@ -568,7 +568,7 @@ async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Result<SecretVie
         .store
         .transact(|tx| async move {
             let mutation = input.mutation_id.as_deref();
-            if let Some(answer) = receipts::replay(&tx, &receipt_keys, actor, mutation, &("secrets.revoke", input)).await? {
+            if let Some(answer) = receipts::replay(&tx, receipt_keys, actor, mutation, &("secrets.revoke", input)).await? {
                 return Ok(answer);
             }
             let (doc, mut secret) = require_secret(&tx, &input.id).await?;
@@ -583,7 +583,7 @@ async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Result<SecretVie
             emit(&tx, "secret.revoked", &input.id, event_data(&input.id, &secret)).await?;
             publish_manifest(&tx, &secret).await?;
             let answer = view(&input.id, doc.revision, secret);
-            receipts::record(&tx, &receipt_keys, actor, mutation, &("secrets.revoke", input), &answer).await?;
+            receipts::record(&tx, receipt_keys, actor, mutation, &("secrets.revoke", input), &answer).await?;
             Ok(answer)
         })
         .await?;

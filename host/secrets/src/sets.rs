@@ -406,7 +406,7 @@ async fn retire(cx: Context, call: Call, input: RetireInput) -> Result<Retired> 
         .store
         .transact(|tx| async move {
             if let Some(answer) =
-                receipts::replay(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input)).await?
+                receipts::replay(&tx, receipt_keys, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input)).await?
             {
                 return Ok(answer);
             }
@@ -426,7 +426,7 @@ async fn retire(cx: Context, call: Call, input: RetireInput) -> Result<Retired> 
             let doc = tx.replace(SETS, &input.id, set.revision, to_value(&set.data)?).await?;
             emit(&tx, "secretSet.retired", &input.id, json!({ "id": input.id, "detachedServiceIds": services })).await?;
             let answer = Retired { secret_set: Entity { revision: doc.revision, ..set }, detached_service_ids: services };
-            receipts::record(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input), &answer).await?;
+            receipts::record(&tx, receipt_keys, actor, input.mutation_id.as_deref(), &("secrets.retireSecretSet", input), &answer).await?;
             Ok(answer)
         })
         .await?;
@@ -475,7 +475,7 @@ async fn change_attachment(cx: Context, call: Call, input: AttachInput, attach: 
     let answer = cx
         .store
         .transact(|tx| async move {
-            if let Some(answer) = receipts::replay(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &(method, input)).await? {
+            if let Some(answer) = receipts::replay(&tx, receipt_keys, actor, input.mutation_id.as_deref(), &(method, input)).await? {
                 return Ok(answer);
             }
             let service = capstan_inventory::services::require_active(&tx, &input.service_id).await?;
@@ -515,7 +515,7 @@ async fn change_attachment(cx: Context, call: Call, input: AttachInput, attach: 
                 detach_in(&tx, &input.service_id, &input.secret_set_id).await?;
             }
             let answer = configuration(&tx, &input.service_id).await?;
-            receipts::record(&tx, &receipt_keys, actor, input.mutation_id.as_deref(), &(method, input), &answer).await?;
+            receipts::record(&tx, receipt_keys, actor, input.mutation_id.as_deref(), &(method, input), &answer).await?;
             Ok(answer)
         })
         .await?;
