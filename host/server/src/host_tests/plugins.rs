@@ -93,6 +93,20 @@ impl Fixture {
         self.bundle("capstan_plugin_adversary", "tests/plugins/adversary", None)
     }
 
+    /// The adversary at `version`, also requesting `capability` (its manifest asks for
+    /// `store` and `log` only), signed.
+    fn adversary_requesting(&self, version: Option<&str>, capability: &str) -> Vec<u8> {
+        let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
+        let text = manifest("tests/plugins/adversary", version).replacen(
+            r#"requested = ["store", "log"]"#,
+            &format!(r#"requested = ["store", "log", "{capability}"]"#),
+            1,
+        );
+        let mut bundle = Bundle::new(text, component).unwrap();
+        bundle.sign(&self.key);
+        bundle.to_bytes()
+    }
+
     async fn call(&self, plugin: &str, method: &str, body: Value) -> crate::refusal::Result<Value> {
         self.host.dispatch(plugin, method, Some(&self.admin), "req-test", body).await
     }
@@ -339,15 +353,8 @@ async fn answering_server() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_now() {
     let Some(f) = Fixture::new().await else { return };
-    let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
-    let text = manifest("tests/plugins/adversary", None).replacen(
-        r#"requested = ["store", "log"]"#,
-        r#"requested = ["store", "log", "http-setting:appStoreCatalogSources"]"#,
-        1,
-    );
-    let mut bundle = Bundle::new(text, component.clone()).unwrap();
-    bundle.sign(&f.key);
-    let record = f.host.install(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    let bundle = f.adversary_requesting(None, "http-setting:appStoreCatalogSources");
+    let record = f.host.install(&bundle, &all(), "admin").await.unwrap();
     assert!(record.current.grants.contains(&"http-setting:appStoreCatalogSources".to_string()), "{:?}", record.current.grants);
 
     let (listed, unlisted) = (answering_server().await, answering_server().await);
@@ -361,14 +368,8 @@ async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_no
     assert_eq!(fetch(&unlisted).await.unwrap_err().code, "capability-denied", "another origin stays closed");
     settings.call(call(), json!({ "expectedRevision": 1, "unset": ["appStoreCatalogSources"] })).await.unwrap();
     assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "the grant follows the setting as it stands");
-    let text = manifest("tests/plugins/adversary", Some("0.2.0")).replacen(
-        r#"requested = ["store", "log"]"#,
-        r#"requested = ["store", "log", "http-setting:dcrouterTargetHost"]"#,
-        1,
-    );
-    let mut bundle = Bundle::new(text, component).unwrap();
-    bundle.sign(&f.key);
-    let refused = f.host.upgrade(&bundle.to_bytes(), &all(), "admin").await.unwrap_err();
+    let bundle = f.adversary_requesting(Some("0.2.0"), "http-setting:dcrouterTargetHost");
+    let refused = f.host.upgrade(&bundle, &all(), "admin").await.unwrap_err();
     assert_eq!(refused.code, "capability-unknown", "only a setting that lists URLs can be named: {refused}");
 }
 
@@ -404,15 +405,7 @@ async fn an_upload_stays_for_another_try_after_an_approval_refusal_and_goes_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() {
     let Some(f) = Fixture::new().await else { return };
-    let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
-    let text = manifest("tests/plugins/adversary", None).replacen(
-        r#"requested = ["store", "log"]"#,
-        r#"requested = ["store", "log", "inventory:write-services"]"#,
-        1,
-    );
-    let mut bundle = Bundle::new(text, component).unwrap();
-    bundle.sign(&f.key);
-    f.host.install(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    f.host.install(&f.adversary_requesting(None, "inventory:write-services"), &all(), "admin").await.unwrap();
     let create_org = f.state.methods.get("organizations.create").unwrap();
     let org = create_org.call(crate::api::Call::by(&f.admin), json!({ "name": "acme" })).await.unwrap();
     let service = |name: &str| json!({ "service": { "organizationId": org["id"], "name": name, "image": "nginx:1" } });
