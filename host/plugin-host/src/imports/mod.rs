@@ -167,19 +167,32 @@ impl Grant {
     }
 }
 
-/// A linear-memory limit that remembers it was hit, so a failed call can say why.
+/// A linear-memory limit for all of an instance's memories together (a component may hold
+/// several core modules, each with its own), which remembers it was hit so a failed call can
+/// say why.
 pub struct MemoryLimiter {
     limit: usize,
+    /// The bytes every memory of the instance has been allowed to grow to, together.
+    total: usize,
     /// Set once the plugin tried to grow memory past the limit.
     pub exhausted: bool,
 }
 
+impl MemoryLimiter {
+    /// A limit of `limit` bytes across every linear memory.
+    pub fn new(limit: usize) -> Self {
+        MemoryLimiter { limit, total: 0, exhausted: false }
+    }
+}
+
 impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.limit {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let total = self.total.saturating_sub(current).saturating_add(desired);
+        if total > self.limit {
             self.exhausted = true;
             return Ok(false);
         }
+        self.total = total;
         Ok(true)
     }
 
@@ -234,7 +247,7 @@ impl CallData {
             table: ResourceTable::new(),
             stdout,
             stderr,
-            limiter: MemoryLimiter { limit: memory_limit, exhausted: false },
+            limiter: MemoryLimiter::new(memory_limit),
             acting: Acting::Plugin,
         }
     }
@@ -336,6 +349,20 @@ impl RetryableWit for types::Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_limit_counts_every_memory_of_an_instance_together() {
+        use wasmtime::ResourceLimiter;
+        let mib = 1 << 20;
+        let mut limiter = MemoryLimiter::new(100 * mib);
+        // two memories, each well under the limit alone
+        assert!(limiter.memory_growing(0, 60 * mib, None).unwrap());
+        assert!(!limiter.memory_growing(0, 60 * mib, None).unwrap(), "the second would take the total past the limit");
+        assert!(limiter.exhausted);
+        // growing the first within what is left is fine; its own old size is not counted twice
+        assert!(limiter.memory_growing(60 * mib, 100 * mib, None).unwrap());
+        assert!(!limiter.memory_growing(0, 1, None).unwrap());
+    }
 
     #[test]
     fn a_plugin_clock_moved_ahead_stays_ahead() {
