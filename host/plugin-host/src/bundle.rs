@@ -469,12 +469,13 @@ requested = ["store", "log"]
         Bundle::parse(bytes).unwrap_err().code.to_string()
     }
 
-    /// A raw tar with the given entries (bypassing `to_bytes`' fixed layout).
+    /// A raw tar with the given entries (bypassing `to_bytes`' fixed layout), their names
+    /// written byte for byte (`set_path` would turn `./x` or `x/` into `x`).
     pub(super) fn tar_of(entries: &[(&str, &[u8], tar::EntryType)]) -> Vec<u8> {
         let mut builder = tar::Builder::new(Vec::new());
         for (name, data, kind) in entries {
             let mut header = tar::Header::new_ustar();
-            header.set_path(name).unwrap();
+            header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
             header.set_size(data.len() as u64);
             header.set_mode(0o644);
             header.set_entry_type(*kind);
@@ -779,7 +780,7 @@ requested = ["store", "log"]
 /// it is given it answers a bundle or a refusal by one of its documented names, never a panic.
 #[cfg(test)]
 mod proptests {
-    use super::tests::{MANIFEST, bundle, component, key};
+    use super::tests::{MANIFEST, bundle, component, key, tar_of};
     use super::*;
     use crate::manifest::RESERVED_IDS;
     use proptest::prelude::*;
@@ -895,22 +896,6 @@ mod proptests {
             ]),
         ];
         (part, kind)
-    }
-
-    /// A tar of the given entries with their names written as given: unlike `tests::tar_of`
-    /// (`set_path`), without turning `./x` or `x/` into `x`.
-    fn raw_tar_of(entries: &[(&str, &[u8], tar::EntryType)]) -> Vec<u8> {
-        let mut builder = tar::Builder::new(Vec::new());
-        for (name, data, kind) in entries {
-            let mut header = tar::Header::new_ustar();
-            header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
-            header.set_size(data.len() as u64);
-            header.set_mode(0o644);
-            header.set_entry_type(*kind);
-            header.set_cksum();
-            builder.append(&header, *data).unwrap();
-        }
-        builder.into_inner().unwrap()
     }
 
     /// Capabilities a generated manifest may request.
@@ -1037,7 +1022,7 @@ mod proptests {
             let layout: Vec<Part> = parts.iter().map(|(part, _)| *part).collect();
             let documented = (layout == [Part::Manifest, Part::Component] || layout == [Part::Manifest, Part::Component, Part::Signature])
                 && parts.iter().all(|(_, kind)| *kind == tar::EntryType::Regular);
-            match Bundle::parse(&raw_tar_of(&entries)) {
+            match Bundle::parse(&tar_of(&entries)) {
                 Ok(parsed) => {
                     prop_assert!(documented, "{:?} parsed", parts);
                     prop_assert_eq!(parsed.signature.is_some(), layout.len() == 3);
