@@ -8,6 +8,7 @@ mod appstore_catalog;
 mod appstore_cli;
 mod browser;
 mod config;
+mod crash;
 mod events;
 mod fleet;
 mod identity;

@@ -2,14 +2,17 @@
 //!
 //! - [`refusal`]: the one error shape every subsystem returns and every client sees;
 //! - [`clock`]: the one wall clock;
+//! - [`crash`]: crash points, where a debug build kills itself on request (the kill -9 tests);
 //! - [`ids`]: random identifiers;
 //! - [`private_file`]: the no-clobber writer and strict reader for key material;
 //! - [`text`]: values that must not be printed, and bounded echoes of client input.
 
 pub mod clock;
+pub mod crash;
 pub mod ids;
 pub mod private_file;
 pub mod refusal;
 pub mod text;
 
+pub use crash::crash_point;
 pub use refusal::{Refusal, Result};

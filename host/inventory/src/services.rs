@@ -544,6 +544,9 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<DeleteAns
             Ok(())
         })
         .await?;
+    // Crash point `service-delete:marked`: the service is `deleting` (with its event), the
+    // finalizer has not run; the periodic finalizer finishes it.
+    capstan_core::crash_point("service-delete:marked");
     tracing::info!(service = %input.id, actor = %identity.username, "service marked for deletion");
     let outcome = finalize_one(&cx.store, &*cx.dependents, &input.id).await?;
     Ok(DeleteAnswer { id: input.id, state: if outcome.is_empty() { "deleted".into() } else { "deleting".into() }, waiting_for: outcome })
@@ -630,6 +633,9 @@ pub async fn finalize_one(store: &Store, dependents: &dyn Dependents, service_id
             }
             // what other areas keep on it goes too (its secrets are revoked, say)
             dependents.service_removed(&tx, service_id).await?;
+            // Crash point `service-delete:finalizing`: half of the finalizer's transaction is
+            // written and not committed; the store must roll all of it back.
+            capstan_core::crash_point("service-delete:finalizing");
             tx.delete(SERVICES, service_id, service.revision).await?;
             emit(&tx, "service.deleted", service_id, summary(service_id, &service.data)).await?;
             tracing::info!(service = %service_id, name = %service.data.name, "service deleted");

