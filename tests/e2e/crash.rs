@@ -131,3 +131,73 @@ fn a_service_delete_killed_between_or_inside_its_phases_is_finished_by_the_final
     assert_eq!(ok(&server, &token, "secrets.get", json!({ "id": secret["id"] }))["state"], "revoked", "its secret goes with it");
     assert_eq!(events_of(&db, "service.deleted", &id), 1, "deleted once");
 }
+
+/// Lease handover: the coordinator drains and gives the lease up; the node taking it is killed
+/// right after its conditional write (`lease:taken`). The bucket names the dead node under the
+/// next fence (the take is one object, whole); restarted, it takes the lease again under a
+/// higher fence and places under it. Throughout, no fence ever had two holders and the fence
+/// never went back.
+#[test]
+fn a_node_killed_as_it_takes_the_lease_over_leaves_one_holder_per_fence() {
+    use crate::fleet::{Fleet, coordinators, fence, stop_when_serving, wait_all_live};
+    use capstan::fleet::runtime::ASSIGNMENTS_KEY;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let fleet = Fleet::fast();
+    let a = fleet.start("a");
+    let a_id = a.node_id();
+    wait_all_live(&fleet, std::slice::from_ref(&a_id));
+    let first = fence(&fleet.lease().expect("the only node holds the lease"));
+
+    // every (fence, holder) the bucket shows while the lease changes hands
+    let stop = AtomicBool::new(false);
+    let seen = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut seen: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(lease) = fleet.lease() {
+                    let holders = seen.entry(fence(&lease)).or_default();
+                    let holder = lease["holder"].as_str().unwrap().to_string();
+                    if !holders.contains(&holder) {
+                        holders.push(holder);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            seen
+        });
+
+        let b = Capstan::start(armed(fleet.serve_on_loopback("b"), "lease:taken"));
+        let b_id = b.node_id();
+        stop_when_serving(a); // draining gives the lease up: b takes it, and dies
+        crashed_at(b, "lease:taken");
+        let taken = fleet.lease().unwrap();
+        assert_eq!(
+            (taken["holder"].as_str(), fence(&taken)),
+            (Some(b_id.as_str()), first + 1),
+            "the take is whole: the dead node holds the next fence"
+        );
+
+        // restarted (same state directory, same id), it takes the lease again at once, higher
+        let b = fleet.start("b");
+        let retaken = eventually("the restarted node holding the lease again", RESUME, || match fleet.lease() {
+            Some(l) if l["holder"] == b_id.as_str() && fence(&l) > first + 1 => Ok(l),
+            other => Err(format!("{other:?}")),
+        });
+        let a = fleet.start("a");
+        let listing = wait_all_live(&fleet, &[a_id.clone(), b_id.clone()]);
+        assert_eq!(coordinators(&listing), vec![b_id.clone()], "one coordinator: {listing}");
+        eventually("placements decided under the new fence", RESUME, || match fleet.object(ASSIGNMENTS_KEY) {
+            Some(p) if p["fence"] == retaken["fence"] => Ok(()),
+            other => Err(format!("{other:?}")),
+        });
+        stop.store(true, Ordering::Relaxed);
+        drop((a, b));
+        watcher.join().unwrap()
+    });
+    for (fence, holders) in &seen {
+        assert_eq!(holders.len(), 1, "no fence has two holders: fence {fence} was held by {holders:?} (all seen: {seen:?})");
+    }
+    assert!(seen.contains_key(&first) && seen.keys().any(|f| *f > first + 1), "the watch saw the lease move: {seen:?}");
+}

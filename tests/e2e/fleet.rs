@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 const SETTLE: Duration = Duration::from_secs(15);
 
 /// Several nodes' shared configuration under one temporary directory.
-struct Fleet {
+pub struct Fleet {
     dir: tempfile::TempDir,
     prod: ProdConfig,
     window_ms: u64,
@@ -42,7 +42,7 @@ impl Fleet {
     }
 
     /// Beats and re-reads every 200 ms; gone after 1.5 s; the lease renewed every 500 ms.
-    fn fast() -> Fleet {
+    pub fn fast() -> Fleet {
         Fleet::new(200, 200, 1500, 1500)
     }
 
@@ -65,13 +65,13 @@ impl Fleet {
         cmd
     }
 
-    fn serve_on_loopback(&self, node: &str) -> Command {
+    pub fn serve_on_loopback(&self, node: &str) -> Command {
         let mut cmd = self.serve(node);
         cmd.args(["--listen", "127.0.0.1:0"]);
         cmd
     }
 
-    fn start(&self, node: &str) -> Capstan {
+    pub fn start(&self, node: &str) -> Capstan {
         Capstan::start(self.serve_on_loopback(node))
     }
 
@@ -91,7 +91,7 @@ impl Fleet {
     }
 
     /// `capstan fleet nodes --json`.
-    fn listing(&self) -> Value {
+    pub fn listing(&self) -> Value {
         let out = self.cli(&["fleet", "nodes", "--json"]);
         assert!(out.status.success(), "capstan fleet nodes --json should succeed: {out:?}");
         serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("fleet nodes --json should print JSON ({e}): {out:?}"))
@@ -104,7 +104,7 @@ impl Fleet {
         out.stdout
     }
 
-    fn object(&self, key: &str) -> Option<Value> {
+    pub fn object(&self, key: &str) -> Option<Value> {
         read_blob_json(&self.prod.blobs, key)
     }
 
@@ -112,7 +112,7 @@ impl Fleet {
         self.object(&format!("_capstan/nodes/{id}.json")).unwrap_or_else(|| panic!("the bucket should hold the record of node {id}"))
     }
 
-    fn lease(&self) -> Option<Value> {
+    pub fn lease(&self) -> Option<Value> {
         self.object(LEASE_KEY)
     }
 }
@@ -120,7 +120,7 @@ impl Fleet {
 /// Stop with SIGTERM once the server has answered a request. Until the server loop runs, its
 /// SIGTERM handler is not installed and a SIGTERM kills the process outright (see the ignored
 /// `sigterm_right_after_the_serving_line_drains`).
-fn stop_when_serving(node: Capstan) -> Exited {
+pub fn stop_when_serving(node: Capstan) -> Exited {
     node.get("/healthz").expect_json(200);
     let exited = node.stop();
     assert!(exited.status.success(), "SIGTERM should stop the node cleanly: {:?}; stderr:\n{}", exited.status, exited.stderr);
@@ -132,7 +132,7 @@ fn row<'a>(listing: &'a Value, id: &str) -> Option<&'a Value> {
     listing["nodes"].as_array().expect("nodes is an array").iter().find(|r| r["nodeId"] == id)
 }
 
-fn coordinators(listing: &Value) -> Vec<String> {
+pub fn coordinators(listing: &Value) -> Vec<String> {
     listing["nodes"]
         .as_array()
         .expect("nodes is an array")
@@ -143,7 +143,7 @@ fn coordinators(listing: &Value) -> Vec<String> {
 }
 
 /// Wait until the listing shows `ids` all live and exactly one of them holding the lease.
-fn wait_all_live(fleet: &Fleet, ids: &[String]) -> Value {
+pub fn wait_all_live(fleet: &Fleet, ids: &[String]) -> Value {
     eventually("every node live with one coordinator", SETTLE, || {
         let listing = fleet.listing();
         let all_live = ids.iter().all(|id| row(&listing, id).is_some_and(|r| r["state"] == "live"));
@@ -160,7 +160,7 @@ fn ids(nodes: &[Capstan]) -> Vec<String> {
     nodes.iter().map(Capstan::node_id).collect()
 }
 
-fn fence(lease: &Value) -> u64 {
+pub fn fence(lease: &Value) -> u64 {
     lease["fence"].as_u64().unwrap_or_else(|| panic!("a lease should carry a numeric fence: {lease}"))
 }
 

@@ -171,6 +171,9 @@ impl Coordinator {
     }
 
     fn acquired(&self, record: LeaseRecord, etag: String, started: Instant) -> Role {
+        // Crash point `lease:taken`: the bucket names this node holder under the new fence,
+        // and the node dies before it acts on it.
+        capstan_core::crash_point("lease:taken");
         tracing::info!(fence = record.fence, "took the coordinator lease");
         self.set(Some(Held { fence: record.fence, etag, valid_until: started + self.ttl }));
         Role::Holder { fence: record.fence }
