@@ -129,6 +129,8 @@ struct ApprovalView {
     size: String,
     installed_version: Option<String>,
     capabilities: Vec<CapabilityRow>,
+    /// Memory per instance, instances, and the ceiling the operator approves.
+    limits: String,
 }
 
 /// `5.5 MiB`, `12.0 KiB`, `812 bytes`.
@@ -244,6 +246,7 @@ fn approval_view(
         manifest_publisher: inspection.publisher,
         digest: inspection.digest,
         capabilities,
+        limits: inspection.limits.summary(),
     }
 }
 

@@ -888,6 +888,8 @@ async fn a_bundle_is_installed_only_with_every_requested_capability_approved() {
     assert!(body.contains("<title>Approve the install · Capstan</title>"), "{body}");
     assert!(body.contains(r#"id="bundle-id">example<"#) && body.contains(r#"id="bundle-version">0.3.0<"#), "{body}");
     assert!(body.contains("trusted: Tests") && body.contains("3.0 MiB"), "{body}");
+    // what the operator approves in memory: per instance × instances, and the ceiling
+    assert!(body.contains(r#"id="bundle-limits">64 MiB memory per instance × 16 concurrent instances: up to 1024 MiB"#), "{body}");
     assert!(body.contains(r#"<form method="post" action="/plugins/install" class="form" id="approve-form">"#), "{body}");
     for capability in ["log", "store"] {
         assert!(body.contains(&format!(r#"<input type="checkbox" name="approve" value="{capability}">"#)), "{capability}: {body}");

@@ -4,12 +4,14 @@
 //! - [`clock`]: the one wall clock;
 //! - [`crash`]: crash points, where a debug build kills itself on request (the kill -9 tests);
 //! - [`ids`]: random identifiers;
+//! - [`net`]: lists of IP networks from the configuration;
 //! - [`private_file`]: the no-clobber writer and strict reader for key material;
 //! - [`text`]: values that must not be printed, and bounded echoes of client input.
 
 pub mod clock;
 pub mod crash;
 pub mod ids;
+pub mod net;
 pub mod private_file;
 pub mod refusal;
 pub mod text;

@@ -69,7 +69,10 @@ impl Described {
                 serde_json::from_str(&m.input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
             let output_schema: Value =
                 serde_json::from_str(&m.output_schema).map_err(|e| invalid(format!("{}: output schema: {e}", m.name)))?;
-            let validator = jsonschema::validator_for(&input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
+            if m.input_schema.len() > MAX_SCHEMA_BYTES {
+                return Err(invalid(format!("{}: the input schema is larger than {MAX_SCHEMA_BYTES} bytes", m.name)));
+            }
+            let validator = input_validator(&input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
             let entry = Arc::new(MethodEntry { summary: m.summary, role, input_schema, output_schema, validator });
             if methods.insert(m.name.clone(), entry).is_some() {
                 return Err(invalid(format!("method {:?} is declared twice", m.name)));
@@ -601,6 +604,10 @@ impl PluginHost {
         active.sandbox.migrate(Some(&record.current.version), &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
         let next = Record { previous: Some(record.current.clone()), current: version, name: bundle.manifest.name.clone(), ..record };
+        // Crash point `plugin-upgrade:before-record`: the new version's data migration ran and
+        // its bundle is stored, the registry still names the old version, which a restart
+        // loads; the upgrade asked again migrates (idempotently) and swaps.
+        capstan_core::crash_point("plugin-upgrade:before-record");
         let doc = self.replace_record(&next, revision, "plugin.upgraded").await?;
         // a disabled plugin is upgraded on record only; enabling it loads the new version
         if next.enabled {
@@ -805,6 +812,72 @@ impl PluginHost {
     }
 }
 
+/// Largest input schema a plugin may declare for one method, as JSON text.
+const MAX_SCHEMA_BYTES: usize = 256 << 10;
+/// Bodies up to about this size are checked against their schema inline (microseconds); larger
+/// ones on the blocking pool.
+const INLINE_VALIDATION_BYTES: usize = 16 << 10;
+
+/// The validator of a plugin's input schema. Its `pattern`s run on the `regex` engine, which
+/// is linear in the input (no backtracking to blow up), with its compiled size bounded; no
+/// reference outside the schema is resolved.
+fn input_validator(schema: &Value) -> std::result::Result<jsonschema::Validator, String> {
+    let patterns = jsonschema::PatternOptions::regex().size_limit(1 << 20).dfa_size_limit(1 << 20);
+    jsonschema::options().with_pattern_options(patterns).build(schema).map_err(|e| e.to_string())
+}
+
+/// The first way `body` breaks the method's schema: the message (values masked) and the field.
+fn first_violation(entry: &MethodEntry, body: &Value) -> Option<(String, String)> {
+    let error = entry.validator.iter_errors(body).next()?;
+    let path = error.instance_path().to_string();
+    Some((error.masked().to_string(), path.trim_start_matches('/').replace('/', ".")))
+}
+
+/// Whether `value` is larger than about `limit` bytes of JSON text; stops counting past it.
+fn larger_than(value: &Value, limit: usize) -> bool {
+    fn spend(value: &Value, left: &mut isize) {
+        *left -= match value {
+            Value::String(s) => s.len() as isize + 2,
+            Value::Array(_) | Value::Object(_) => 2,
+            _ => 8,
+        };
+        let children: Box<dyn Iterator<Item = (usize, &Value)>> = match value {
+            Value::Array(items) => Box::new(items.iter().map(|v| (0, v))),
+            Value::Object(fields) => Box::new(fields.iter().map(|(k, v)| (k.len() + 3, v))),
+            _ => return,
+        };
+        for (key, child) in children {
+            if *left < 0 {
+                return;
+            }
+            *left -= key as isize;
+            spend(child, left);
+        }
+    }
+    let mut left = limit as isize;
+    spend(value, &mut left);
+    left < 0
+}
+
+#[cfg(test)]
+#[test]
+fn body_sizes_are_estimated_without_walking_past_the_limit() {
+    assert!(!larger_than(&json!({ "name": "x".repeat(100) }), 200));
+    assert!(larger_than(&json!({ "name": "x".repeat(300) }), 200));
+    assert!(larger_than(&json!([[[["y".repeat(300)]]]]), 200));
+    assert!(larger_than(&Value::Array(vec![json!(1); 100]), 200), "numbers count too");
+}
+
+#[cfg(test)]
+#[test]
+fn a_backtracking_pattern_is_checked_in_linear_time_or_refused() {
+    // (a+)+$ against many a's and a b is the classic exponential case for a backtracking engine
+    let validator = input_validator(&json!({ "type": "string", "pattern": "^(a+)+$" })).unwrap();
+    assert!(!validator.is_valid(&json!(format!("{}b", "a".repeat(100_000)))));
+    // look-around needs backtracking: such a schema is refused at describe, not run
+    assert!(input_validator(&json!({ "type": "string", "pattern": "^(?=a)a$" })).is_err());
+}
+
 /// A plugin method as a registry entry: the caller's role judged (organization roles through
 /// the platform's one authority), the body validated against the schema the plugin declares,
 /// then the sandbox answers.
@@ -816,10 +889,21 @@ fn registry_entry(plugin: &str, verb: &str, entry: &Arc<MethodEntry>, sandbox: &
         let (plugin, verb) = (plugin_id.clone(), verb_name.clone());
         Box::pin(async move {
             let caller = authorize(&*platform, entry.role, call.identity.as_ref(), &body, &plugin, &verb).await?;
-            if let Some(error) = entry.validator.iter_errors(&body).next() {
-                let path = error.instance_path().to_string();
-                return Err(Refusal::invalid_request(format!("{plugin}.{verb}: {}", error.masked()))
-                    .with_data(json!({ "field": path.trim_start_matches('/').replace('/', ".") })));
+            // a large body is checked on the blocking pool, so no schema holds an executor thread
+            let (body, invalid) = if larger_than(&body, INLINE_VALIDATION_BYTES) {
+                let entry = entry.clone();
+                tokio::task::spawn_blocking(move || {
+                    let invalid = first_violation(&entry, &body);
+                    (body, invalid)
+                })
+                .await
+                .map_err(|_| Refusal::internal("the input check stopped unexpectedly"))?
+            } else {
+                let invalid = first_violation(&entry, &body);
+                (body, invalid)
+            };
+            if let Some((message, field)) = invalid {
+                return Err(Refusal::invalid_request(format!("{plugin}.{verb}: {message}")).with_data(json!({ "field": field })));
             }
             sandbox.handle(&call.request_id, caller, call.identity, &verb, &body).await
         })

@@ -112,6 +112,24 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The most memory the plugin's instances can take together: memory × concurrency, MiB.
+    pub fn memory_ceiling_mib(&self) -> u64 {
+        u64::from(self.memory_mib) * u64::from(self.concurrency)
+    }
+
+    /// What an operator approves, in one line: per instance, instances, and the ceiling
+    /// (the host holds at most as much again for the instances' calls).
+    pub fn summary(&self) -> String {
+        format!(
+            "{} MiB memory per instance × {} concurrent instances: up to {} MiB, and the host holds at most as much again for their calls",
+            self.memory_mib,
+            self.concurrency,
+            self.memory_ceiling_mib()
+        )
+    }
+}
+
 fn serialize_display<T: fmt::Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.collect_str(value)
 }
@@ -688,6 +706,12 @@ concurrency = 4
         assert_eq!(m.wit_version(), semver::Version::new(0, 1, 0));
         assert_eq!(m.publisher.as_deref(), Some("Example Corp"));
         assert_eq!(m.limits, Limits { memory_mib: 128, concurrency: 4 });
+        assert_eq!(m.limits.memory_ceiling_mib(), 512);
+        assert!(
+            m.limits.summary().starts_with("128 MiB memory per instance × 4 concurrent instances: up to 512 MiB"),
+            "{}",
+            m.limits.summary()
+        );
         let texts: Vec<String> = m.capabilities.iter().map(|c| c.to_string()).collect();
         assert_eq!(texts, ["events:publish", "http:https://catalog.example.com", "log", "store"], "sorted canonically");
         assert_eq!(m.requested_set().into_iter().collect::<Vec<_>>(), texts);

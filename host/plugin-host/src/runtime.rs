@@ -5,7 +5,7 @@
 //! answers a named refusal: `plugin-deadline-exceeded`, `plugin-resource-exhausted`,
 //! `plugin-failed`, `plugin-output-invalid`, `plugin-busy`.
 
-use super::imports::{Acting, CallData, Grant};
+use super::imports::{Acting, CallData, Grant, MAX_METHOD_OUTPUT};
 use super::manifest::{Capability, Manifest};
 use crate::refusal::{Refusal, Result};
 use capstan_core::text::truncate;
@@ -288,6 +288,7 @@ impl Sandbox {
         let ctx = self.context(request_id, caller, CallKind::Method);
         let body = body.to_string();
         let method = method.to_string();
+        let method_name = method.clone();
         let acting = identity.map_or(Acting::Anonymous, Acting::Caller);
         let out = self
             .run_as(acting, CallKind::Method, &ctx, |guest, store| {
@@ -295,6 +296,14 @@ impl Sandbox {
                 Box::pin(async move { guest.call_handle(store, &ctx, &method, &body).await })
             })
             .await?;
+        if out.len() > MAX_METHOD_OUTPUT {
+            tracing::warn!(plugin = %self.id, method = %method_name, bytes = out.len(), "plugin method answered more than the host passes on");
+            return Err(Refusal::new(
+                "resource-exhausted",
+                format!("plugin {} answered {} bytes; a method answers at most {MAX_METHOD_OUTPUT}", self.id, out.len()),
+            )
+            .with_data(json!({ "plugin": self.id, "budget": "method-output", "limit": MAX_METHOD_OUTPUT })));
+        }
         let value: Value = serde_json::from_str(&out).map_err(|e| self.output_invalid(format!("the method answered invalid JSON: {e}")))?;
         Ok(value)
     }

@@ -168,17 +168,7 @@ impl TrustedProxies {
     /// Parse a comma-separated list of addresses and networks; the entry that is neither is
     /// named in the error.
     pub fn parse(text: &str) -> std::result::Result<TrustedProxies, String> {
-        let mut nets = Vec::new();
-        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let net = match entry.parse::<ipnet::IpNet>() {
-                Ok(net) => net,
-                Err(_) => entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from).map_err(|_| {
-                    format!("{:?} is neither an IP address nor a network (address/prefix)", entry.chars().take(60).collect::<String>())
-                })?,
-            };
-            nets.push(net);
-        }
-        Ok(TrustedProxies(Arc::new(nets)))
+        capstan_core::net::parse_networks(text).map(|nets| TrustedProxies(Arc::new(nets)))
     }
 
     fn trusts(&self, ip: std::net::IpAddr) -> bool {

@@ -12,7 +12,7 @@ use crate::keyring::Keyring;
 use crate::migrate::{self, LockOptions};
 use crate::plugins::bundle::PublisherKey;
 use crate::plugins::host::PluginHost;
-use crate::plugins::imports::{Services, plugin_http_client};
+use crate::plugins::imports::{PluginHttp, Services};
 use crate::plugins::runtime::Runtime;
 use crate::refusal::{Refusal, Result};
 use crate::scheduler::{HostTask, Scheduler};
@@ -163,7 +163,7 @@ async fn start_plugins(
         .map_err(|e| Refusal::new("config-invalid", format!("{}: {e}", crate::config::TRUSTED_PUBLISHERS)))?;
     let runtime = Runtime::new(Some(config.node.state_dir.join("plugin-cache")))?;
     let roots = config.plugin_http_ca.as_ref().map(|ca| ca.certificates.as_slice()).unwrap_or_default();
-    let http = plugin_http_client(roots).map_err(|e| {
+    let http = PluginHttp::new(roots, &config.plugin_http_allow).map_err(|e| {
         Refusal::new("config-invalid", format!("{}: the plugin HTTP client cannot be built: {e}", crate::config::PLUGIN_HTTP_CA_FILE))
     })?;
     if let Some(ca) = &config.plugin_http_ca {

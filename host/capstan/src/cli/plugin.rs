@@ -227,7 +227,7 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
             println!("  - {capability}");
         }
     }
-    println!("limits:        {} MiB memory per instance, {} concurrent instances", i.limits.memory_mib, i.limits.concurrency);
+    println!("limits:        {}", i.limits.summary());
     println!("component:     {} bytes, sha256 {}", i.component_bytes, i.component_sha256);
     println!("manifest:      sha256 {}", i.manifest_sha256);
     println!("digest:        {}", i.digest);

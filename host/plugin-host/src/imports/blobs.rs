@@ -81,6 +81,7 @@ impl BlobWriterState {
 
 impl blobs::HostBlobReader for CallData {
     async fn read(&mut self, reader: Resource<BlobReaderState>, max: u32) -> WitResult<Vec<u8>> {
+        self.budget.call()?;
         let state = self.table.get_mut(&reader).map_err(table_error)?;
         let mut buf = vec![0u8; max.clamp(1, MAX_CHUNK) as usize];
         let n =
@@ -108,25 +109,33 @@ impl blobs::HostBlobWriter for CallData {
     }
 
     async fn write(&mut self, writer: Resource<BlobWriterState>, chunk: Vec<u8>) -> WitResult<()> {
+        self.budget.call()?;
         let state = self.table.get_mut(&writer).map_err(table_error)?.writable()?;
         if state.buffer.len() + chunk.len() > MAX_PLUGIN_BLOB_BYTES {
             return Err(refusal("blob-too-large", format!("a plugin blob is at most {MAX_PLUGIN_BLOB_BYTES} bytes"), json!({})));
         }
+        // every open writer's buffer counts, so many writers cannot hold more than one could
+        self.budget.hold(chunk.len(), "a blob writer's buffer")?;
+        let state = self.table.get_mut(&writer).map_err(table_error)?;
         state.buffer.extend_from_slice(&chunk);
         Ok(())
     }
 
     async fn finish(&mut self, writer: Resource<BlobWriterState>) -> WitResult<blobs::BlobInfo> {
+        self.budget.call()?;
         let state = self.table.get_mut(&writer).map_err(table_error)?.writable()?;
         state.finished = true;
         let (prefix, key) = state.target.clone().expect("a writable writer has a target");
         let (mode, bytes) = (state.mode.clone(), std::mem::take(&mut state.buffer));
-        let meta = prefix.blobs.put_bytes(&key, bytes, mode).await.map_err(to_wit)?;
-        Ok(prefix.info(meta))
+        let held = bytes.len();
+        let stored = prefix.blobs.put_bytes(&key, bytes, mode).await;
+        self.budget.release(held);
+        Ok(prefix.info(stored.map_err(to_wit)?))
     }
 
     async fn drop(&mut self, writer: Resource<BlobWriterState>) -> wasmtime::Result<()> {
-        self.table.delete(writer)?;
+        let state = self.table.delete(writer)?;
+        self.budget.release(state.buffer.len());
         Ok(())
     }
 }

@@ -1,26 +1,121 @@
 //! `http`: outbound requests to the origins the grant names (`http:<origin>`), or to those a
 //! granted setting lists right now (`http-setting:<key>`). No redirect is followed; bodies are
 //! bounded; failures are named (`http-timeout`, `http-tls-failed`, `http-failed`).
+//!
+//! A granted origin is a name, and a name can point anywhere: so every address a request would
+//! connect to is checked when it is resolved, and the connection goes to exactly the addresses
+//! checked (no second lookup to rebind). Loopback, link-local (which holds the clouds'
+//! metadata services), other metadata addresses, unspecified, multicast and broadcast are
+//! refused `http-address-refused` unless the operator allows them
+//! (`CAPSTAN_PLUGIN_HTTP_ALLOW`). A `Host` header the plugin sets is dropped: the URL says
+//! where a request goes. No proxy from the environment is used.
 
 use super::{CallData, RetryableWit, Services, WitResult, refusal, to_wit};
 use crate::manifest::Capability;
 use crate::platform::Platform;
 use crate::runtime::capstan::plugin::{http, types};
+use capstan_core::net::IpNet;
 use serde_json::json;
 use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// Largest HTTP response body a plugin receives.
 const MAX_HTTP_BODY: usize = 16 << 20;
 
-/// The client plugins' outbound HTTP goes through: no redirects followed, TLS verified against
-/// the platform's roots and `extra_roots` (`CAPSTAN_PLUGIN_HTTP_CA_FILE`, for a private CA).
-pub fn plugin_http_client(extra_roots: &[reqwest::Certificate]) -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("capstan/", env!("CARGO_PKG_VERSION")))
-        .tls_certs_merge(extra_roots.iter().cloned())
-        .build()
+/// Plugins' outbound HTTP: the client, and the networks the operator lets plugins reach
+/// despite the guard.
+#[derive(Clone)]
+pub struct PluginHttp {
+    client: reqwest::Client,
+    allowed: Arc<Vec<IpNet>>,
+}
+
+impl PluginHttp {
+    /// No redirects followed, no proxy, TLS verified against the platform's roots and
+    /// `extra_roots` (`CAPSTAN_PLUGIN_HTTP_CA_FILE`, for a private CA), every resolved address
+    /// checked by an [`AddressGuard`] that lets `allowed` through (`CAPSTAN_PLUGIN_HTTP_ALLOW`).
+    pub fn new(extra_roots: &[reqwest::Certificate], allowed: &[IpNet]) -> reqwest::Result<PluginHttp> {
+        let allowed = Arc::new(allowed.to_vec());
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(AddressGuard { allowed: allowed.clone() }))
+            .user_agent(concat!("capstan/", env!("CARGO_PKG_VERSION")))
+            .tls_certs_merge(extra_roots.iter().cloned())
+            .build()?;
+        Ok(PluginHttp { client, allowed })
+    }
+}
+
+/// Addresses that are metadata services outside the link-local range.
+const METADATA: [IpAddr; 2] =
+    [IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)), IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254))];
+
+/// Why plugins may not reach `ip` by default: the range it is in, or `None` when it is fine.
+pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
+    // an IPv4 address written as IPv6 is the IPv4 address
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    if METADATA.contains(&ip) {
+        return Some("metadata");
+    }
+    match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some("loopback"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V4(v4) if v4.is_unspecified() || v4.octets()[0] == 0 => Some("unspecified"),
+        IpAddr::V4(v4) if v4.is_multicast() || v4.is_broadcast() => Some("multicast"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("multicast"),
+        _ => None,
+    }
+}
+
+/// The resolver of plugins' outbound HTTP: the system's lookup, then every address checked.
+/// Reqwest connects to the addresses answered here, so what was checked is what is dialled.
+struct AddressGuard {
+    allowed: Arc<Vec<IpNet>>,
+}
+
+/// An address a plugin may not reach, found while resolving (or written in the URL).
+#[derive(Debug)]
+struct AddressRefused {
+    range: &'static str,
+}
+
+impl std::fmt::Display for AddressRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the name resolves to a {} address, which plugins may not reach", self.range)
+    }
+}
+
+impl std::error::Error for AddressRefused {}
+
+/// `Err` naming the range when `ip` is refused and not in `allowed`.
+fn check_address(ip: IpAddr, allowed: &[IpNet]) -> std::result::Result<(), AddressRefused> {
+    match refused_range(ip) {
+        Some(range) if !allowed.iter().any(|net| net.contains(&ip)) => Err(AddressRefused { range }),
+        _ => Ok(()),
+    }
+}
+
+impl reqwest::dns::Resolve for AddressGuard {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allowed = self.allowed.clone();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            // one refused address refuses the name: a name that mixes public and internal
+            // addresses is a rebinding attempt as often as not
+            for addr in &found {
+                check_address(addr.ip(), &allowed)?;
+            }
+            Ok(Box::new(found.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
 }
 
 /// `scheme://host[:port]` of a URL, the port only when it is not the scheme's default.
@@ -35,7 +130,7 @@ pub fn origin_of(url: &reqwest::Url) -> Option<String> {
 /// The `http` provider: the origins granted by name and the settings whose URLs are granted.
 #[derive(Clone)]
 pub(super) struct Outbound {
-    client: reqwest::Client,
+    http: PluginHttp,
     origins: Arc<BTreeSet<String>>,
     settings: Arc<Vec<String>>,
     platform: Arc<dyn Platform>,
@@ -54,7 +149,7 @@ impl Outbound {
             }
         }
         (!origins.is_empty() || !settings.is_empty()).then(|| Outbound {
-            client: services.http.clone(),
+            http: services.http.clone(),
             origins: Arc::new(origins),
             settings: Arc::new(settings),
             platform: services.platform.clone(),
@@ -94,12 +189,18 @@ impl http::Host for CallData {
             .ok()
             .filter(|m| ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&m.as_str()))
             .ok_or_else(|| refusal("invalid-request", format!("HTTP method {:?} is not allowed", request.method), json!({})))?;
+        // an address in the URL is never resolved, so it is checked here
+        let literal = url.host_str().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
+        if let Some(ip) = literal {
+            check_address(ip, &outbound.http.allowed).map_err(|refused| address_refusal(&refused, &origin))?;
+        }
         let timeout = std::time::Duration::from_millis(request.timeout_ms.unwrap_or(5_000).min(30_000) as u64);
-        let mut builder = outbound.client.request(method, url).timeout(timeout);
-        for (name, value) in &request.headers {
+        let mut builder = outbound.http.client.request(method, url).timeout(timeout);
+        for (name, value) in request.headers.iter().filter(|(name, _)| !name.eq_ignore_ascii_case("host")) {
             builder = builder.header(name, value);
         }
         if let Some(body) = request.body {
+            self.budget.fits(body.len(), "the request body")?;
             builder = builder.body(body);
         }
         let response = builder.send().await.map_err(|e| send_refusal(&e, &origin))?;
@@ -114,20 +215,33 @@ impl http::Host for CallData {
             if body.len() + chunk.len() > MAX_HTTP_BODY {
                 return Err(refusal("http-body-too-large", format!("the response is larger than {MAX_HTTP_BODY} bytes"), json!({})));
             }
+            self.budget.fits(body.len() + chunk.len(), "the response body")?;
             body.extend_from_slice(&chunk);
         }
         Ok(http::Response { status, headers, body })
     }
 }
 
+/// `http-address-refused`: the origin is (or resolves to) an address plugins may not reach.
+fn address_refusal(refused: &AddressRefused, origin: &str) -> types::Refusal {
+    refusal(
+        "http-address-refused",
+        format!("fetching {origin} refused: {refused} (an operator allows a network with CAPSTAN_PLUGIN_HTTP_ALLOW)"),
+        json!({ "origin": origin, "range": refused.range }),
+    )
+}
+
 /// Why a request was not answered, as the plugin is told: `http-timeout`, `http-tls-failed`
 /// (the TLS cause named in `data.cause`, e.g. `certificate-unknown-issuer`) or `http-failed`.
 fn send_refusal(e: &reqwest::Error, origin: &str) -> types::Refusal {
+    if let Some(refused) = find_cause::<AddressRefused>(e) {
+        return address_refusal(refused, origin);
+    }
     if e.is_timeout() {
         return refusal("http-timeout", format!("fetching {origin} failed: {}", without_url(e)), json!({ "origin": origin }))
             .retryable_wit();
     }
-    if let Some(tls) = tls_error(e) {
+    if let Some(tls) = find_cause::<rustls::Error>(e) {
         let cause = tls_cause(tls);
         let hint = if cause == "certificate-unknown-issuer" {
             "; its issuer is not among the roots trusted here (a private CA is added with CAPSTAN_PLUGIN_HTTP_CA_FILE)"
@@ -145,18 +259,18 @@ fn send_refusal(e: &reqwest::Error, origin: &str) -> types::Refusal {
     refusal("http-failed", format!("fetching {origin} failed: {}", without_url(e)), json!({ "origin": origin })).retryable_wit()
 }
 
-/// The TLS error somewhere in `e`'s chain of causes. (An `io::Error` wrapping one hides it from
-/// `source()`, so it is opened by hand.)
-fn tls_error<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+/// The error of type `T` somewhere in `e`'s chain of causes. (An `io::Error` wrapping one hides
+/// it from `source()`, so it is opened by hand.)
+fn find_cause<'e, T: std::error::Error + 'static>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e T> {
     let mut next = Some(e);
     for _ in 0..16 {
         let current = next?;
-        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
-            return Some(tls);
+        if let Some(found) = current.downcast_ref::<T>() {
+            return Some(found);
         }
         if let Some(inner) = current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
-            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                return Some(tls);
+            if let Some(found) = inner.downcast_ref::<T>() {
+                return Some(found);
             }
             next = Some(inner);
             continue;
@@ -214,13 +328,51 @@ mod tests {
         }
         let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
         let wrapped = Outer(std::io::Error::new(std::io::ErrorKind::InvalidData, unknown));
-        let found = tls_error(&wrapped).expect("the rustls error inside the io::Error");
+        let found = find_cause::<rustls::Error>(&wrapped).expect("the rustls error inside the io::Error");
         assert_eq!(tls_cause(found), "certificate-unknown-issuer");
         let plain = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"));
-        assert!(tls_error(&plain).is_none());
+        assert!(find_cause::<rustls::Error>(&plain).is_none());
         assert_eq!(tls_cause(&rustls::Error::InvalidCertificate(rustls::CertificateError::Expired)), "certificate-expired");
         assert_eq!(tls_cause(&rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)), "certificate-name-mismatch");
         assert_eq!(tls_cause(&rustls::Error::DecryptError), "handshake-failed");
+    }
+
+    #[test]
+    fn internal_ranges_are_named_and_refused_unless_allowed() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (address, range) in [
+            ("127.0.0.1", Some("loopback")),
+            ("127.9.9.9", Some("loopback")),
+            ("::1", Some("loopback")),
+            ("169.254.169.254", Some("link-local")),
+            ("::ffff:169.254.169.254", Some("link-local")),
+            ("fe80::1", Some("link-local")),
+            ("fd00:ec2::254", Some("metadata")),
+            ("100.100.100.200", Some("metadata")),
+            ("0.0.0.0", Some("unspecified")),
+            ("::", Some("unspecified")),
+            ("224.0.0.1", Some("multicast")),
+            ("255.255.255.255", Some("multicast")),
+            ("10.1.2.3", None),
+            ("192.168.1.1", None),
+            ("93.184.216.34", None),
+            ("2606:2800:220:1::1", None),
+        ] {
+            assert_eq!(refused_range(ip(address)), range, "{address}");
+        }
+        let loopback: IpNet = "127.0.0.0/8".parse().unwrap();
+        assert!(check_address(ip("127.0.0.1"), &[loopback]).is_ok(), "an allowed network is let through");
+        assert_eq!(check_address(ip("::1"), &[loopback]).unwrap_err().range, "loopback", "only what is allowed");
+        assert!(check_address(ip("10.1.2.3"), &[]).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_a_refused_address_is_refused_before_connecting() {
+        let http = PluginHttp::new(&[], &[]).unwrap();
+        let error = http.client.get("http://localhost:9/").send().await.unwrap_err();
+        let refused = find_cause::<AddressRefused>(&error).expect("the guard's refusal in the chain");
+        assert_eq!(refused.range, "loopback");
+        assert_eq!(send_refusal(&error, "http://localhost:9").code, "http-address-refused");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod agents;
 mod blobs;
+mod budget;
 mod events;
 mod http;
 mod inventory;
@@ -15,7 +16,9 @@ mod sign;
 mod store;
 
 pub use blobs::{BlobReaderState, BlobWriterState, MAX_PLUGIN_BLOB_BYTES, blob_prefix};
-pub use http::{origin_of, plugin_http_client};
+use budget::CallBudget;
+pub use budget::{MAX_HOST_CALLS, MAX_METHOD_OUTPUT};
+pub use http::{PluginHttp, origin_of, refused_range};
 pub use sign::PLUGIN_KEYS;
 pub use store::{collection_name, validate_plugin_collection};
 
@@ -51,8 +54,8 @@ pub struct Services {
     pub keyring: Arc<Keyring>,
     /// This node's id.
     pub node_id: String,
-    /// Plugins' outbound HTTP (`http.fetch`): see [`plugin_http_client`].
-    pub http: reqwest::Client,
+    /// Plugins' outbound HTTP (`http.fetch`).
+    pub http: PluginHttp,
     /// The inventory, settings and organization roles, as the server answers them.
     pub platform: Arc<dyn Platform>,
     /// Declared collections per plugin id (the names the plugin uses).
@@ -63,20 +66,21 @@ pub struct Services {
 }
 
 impl Services {
-    /// Services whose outbound HTTP trusts the platform's roots only.
+    /// Services whose outbound HTTP trusts the platform's roots only and reaches no internal
+    /// address.
     pub fn new(store: Store, blobs: Blobs, keyring: Arc<Keyring>, node_id: String, platform: Arc<dyn Platform>) -> Arc<Self> {
-        let http = plugin_http_client(&[]).expect("an HTTP client with default TLS roots");
+        let http = PluginHttp::new(&[], &[]).expect("an HTTP client with default TLS roots");
         Self::with_http(store, blobs, keyring, node_id, platform, http)
     }
 
-    /// Services whose outbound HTTP goes through `http` (from [`plugin_http_client`]).
+    /// Services whose outbound HTTP goes through `http`.
     pub fn with_http(
         store: Store,
         blobs: Blobs,
         keyring: Arc<Keyring>,
         node_id: String,
         platform: Arc<dyn Platform>,
-        http: reqwest::Client,
+        http: PluginHttp,
     ) -> Arc<Self> {
         Arc::new(Services {
             store,
@@ -211,6 +215,8 @@ pub struct CallData {
     stderr: MemoryOutputPipe,
     /// The instance's memory limit, which says afterwards whether it was hit.
     pub limiter: MemoryLimiter,
+    /// What the host may do and hold for this call.
+    budget: CallBudget,
     /// Whose authority the call's inventory writes carry.
     pub acting: Acting,
 }
@@ -248,6 +254,7 @@ impl CallData {
             stdout,
             stderr,
             limiter: MemoryLimiter::new(memory_limit),
+            budget: CallBudget::new(memory_limit),
             acting: Acting::Plugin,
         }
     }
@@ -269,8 +276,10 @@ impl CallData {
     }
 
     /// The provider `provider` (a field of the grant), or `capability-denied` naming
-    /// `capability`, logged: the plugin called an import it was not granted.
+    /// `capability`, logged: the plugin called an import it was not granted. Every import but
+    /// the blob handles' goes through here first, so this counts the host call.
     fn granted<P: Clone>(&self, provider: &Option<P>, capability: Capability) -> WitResult<P> {
+        self.budget.call()?;
         match provider {
             Some(p) if !self.grant.describing => Ok(p.clone()),
             _ => Err(self.denied(&capability)),

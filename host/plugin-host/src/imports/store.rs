@@ -114,6 +114,16 @@ impl store::Host for CallData {
             Delete(u64),
         }
         let c = self.collections()?;
+        // the documents, parsed and copied into the transaction, count as their JSON text
+        let text: usize = writes
+            .iter()
+            .map(|w| match &w.op {
+                store::WriteOp::Insert(data) => data.len(),
+                store::WriteOp::Replace(r) => r.data.len(),
+                store::WriteOp::Delete(_) => 0,
+            })
+            .sum();
+        self.budget.fits(text, "the commit's documents")?;
         let mut checks = Vec::with_capacity(expectations.len());
         for e in expectations {
             checks.push((c.name(&e.collection)?, e.id, e.revision));
@@ -121,6 +131,7 @@ impl store::Host for CallData {
         let mut ops = Vec::with_capacity(writes.len());
         for w in writes {
             let name = c.name(&w.collection)?;
+            capstan_core::crash_point(format_args!("plugin-commit:{name}")); // before a batch writing this collection commits
             let op = match w.op {
                 store::WriteOp::Insert(data) => Op::Insert(parse_object(&data, "document data")?),
                 store::WriteOp::Replace(r) => Op::Replace(r.expected_revision, parse_object(&r.data, "document data")?),

@@ -158,7 +158,10 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
     let platform = capstan_links::InventoryPlatform::new(store.clone(), Arc::new(capstan_links::HostDependents));
-    let services = crate::plugins::imports::Services::new(store.clone(), blobs.clone(), keyring.clone(), "test-node".into(), platform);
+    // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
+    let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();
+    let services =
+        crate::plugins::imports::Services::with_http(store.clone(), blobs.clone(), keyring.clone(), "test-node".into(), platform, http);
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
     let first_party = crate::plugins::first_party::bundles().unwrap();
     let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![], first_party).await.unwrap();

@@ -58,6 +58,8 @@ pub const TRUSTED_PUBLISHERS: &str = "CAPSTAN_TRUSTED_PUBLISHERS";
 pub const TRUSTED_PROXIES: &str = "CAPSTAN_TRUSTED_PROXIES";
 /// PEM file of extra root certificates for plugins' outbound HTTPS (`--plugin-http-ca-file`).
 pub const PLUGIN_HTTP_CA_FILE: &str = "CAPSTAN_PLUGIN_HTTP_CA_FILE";
+/// Networks plugins' outbound HTTP may reach although they are loopback, link-local or metadata.
+pub const PLUGIN_HTTP_ALLOW: &str = "CAPSTAN_PLUGIN_HTTP_ALLOW";
 /// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
 /// `host:port` other nodes dial this one on; by default the listen address.
@@ -173,6 +175,12 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none (the platform's roots only)",
         help: "PEM file of extra root certificates for plugins' outbound HTTPS, e.g. a private CA (--plugin-http-ca-file)",
+    },
+    Var {
+        env: PLUGIN_HTTP_ALLOW,
+        required: false,
+        default: "none (--dev: 127.0.0.0/8, ::1)",
+        help: "Loopback, link-local or metadata networks plugins' outbound HTTP may reach anyway, comma-separated (refused by default: a granted name could point there)",
     },
     Var {
         env: NETWORK,
@@ -354,6 +362,9 @@ pub struct ServeConfig {
     pub trusted_proxies: crate::listener::TrustedProxies,
     /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
     pub plugin_http_ca: Option<PluginHttpCa>,
+    /// Networks plugins' outbound HTTP may reach despite the address guard
+    /// (`CAPSTAN_PLUGIN_HTTP_ALLOW`).
+    pub plugin_http_allow: Vec<capstan_core::net::IpNet>,
     /// `(variable, value)` for every default dev mode chose, to be reported at start.
     pub dev_defaults: Vec<(&'static str, String)>,
 }
@@ -574,6 +585,17 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         ));
     }
     let node = node_settings(flags, &lookup, listen, PathBuf::from(state_dir), timing)?;
+    // dev mode serves one machine, where a catalog or gateway on loopback is the usual test
+    let plugin_http_allow = match (lookup(PLUGIN_HTTP_ALLOW), flags.dev) {
+        (Some(text), _) => text,
+        (None, true) => {
+            dev_defaults.push((PLUGIN_HTTP_ALLOW, "127.0.0.0/8, ::1".to_string()));
+            "127.0.0.0/8, ::1".to_string()
+        }
+        (None, false) => String::new(),
+    };
+    let plugin_http_allow = capstan_core::net::parse_networks(&plugin_http_allow)
+        .map_err(|e| Refusal::new("config-invalid", format!("{PLUGIN_HTTP_ALLOW}: {e}")))?;
     let plugin_http_ca = match flags.plugin_http_ca_file.clone().or_else(|| lookup(PLUGIN_HTTP_CA_FILE).map(PathBuf::from)) {
         Some(path) => Some(read_plugin_http_ca(&path)?),
         None => None,
@@ -603,6 +625,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
             .unwrap_or_default(),
         plugin_http_ca,
+        plugin_http_allow,
         dev_defaults,
     })
 }
@@ -824,6 +847,7 @@ mod tests {
     fn production_config_invents_nothing() {
         let config = resolve(&Flags::default(), &full()).unwrap();
         assert!(config.dev_defaults.is_empty());
+        assert!(config.plugin_http_allow.is_empty(), "plugins reach no internal address unless allowed");
         assert!(config.data_dir.is_none());
         assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(config.log_format, LogFormat::Human);
@@ -834,8 +858,9 @@ mod tests {
         let flags = Flags { dev: true, listen: Some("127.0.0.1:9000".into()), ..Flags::default() };
         let config = resolve(&flags, &env(&[(BLOB_URL, "file:/elsewhere")])).unwrap();
         let chosen: Vec<&str> = config.dev_defaults.iter().map(|(k, _)| *k).collect();
-        assert_eq!(chosen, vec![DATA_DIR, STATE_DIR, PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL]);
+        assert_eq!(chosen, vec![DATA_DIR, STATE_DIR, PUBLIC_ORIGIN, KEYRING_PATH, DATABASE_URL, PLUGIN_HTTP_ALLOW]);
         assert_eq!(config.public_origin, "http://127.0.0.1:9000");
+        assert_eq!(config.plugin_http_allow.len(), 2, "dev mode lets plugins reach loopback");
         assert_eq!(config.blob_url, "file:/elsewhere", "an explicit value wins in dev mode too");
         assert!(config.database_url.starts_with("sqlite:") && config.database_url.ends_with("capstan.sqlite"));
     }
@@ -962,7 +987,7 @@ mod tests {
         let config = resolve(&Flags::default(), &e).unwrap();
         let ca = config.plugin_http_ca.unwrap();
         assert_eq!((ca.path.as_path(), ca.certificates.len()), (bundle.as_path(), 2));
-        crate::plugins::imports::plugin_http_client(&ca.certificates).expect("a client trusting them builds");
+        crate::plugins::imports::PluginHttp::new(&ca.certificates, &[]).expect("a client trusting them builds");
 
         // the flag wins over the environment, and the file's key is the variable's
         let flags = Flags { plugin_http_ca_file: Some(dir.path().join("absent.pem")), ..Flags::default() };

@@ -93,13 +93,14 @@ impl Fixture {
         self.bundle("capstan_plugin_adversary", "tests/plugins/adversary", None)
     }
 
-    /// The adversary at `version`, also requesting `capability` (its manifest asks for
+    /// The adversary at `version`, also requesting `capabilities` (its manifest asks for
     /// `store` and `log` only), signed.
-    fn adversary_requesting(&self, version: Option<&str>, capability: &str) -> Vec<u8> {
+    fn adversary_requesting(&self, version: Option<&str>, capabilities: &[&str]) -> Vec<u8> {
         let component = std::fs::read(built().expect("built").join("capstan_plugin_adversary.wasm")).unwrap();
+        let more: String = capabilities.iter().map(|c| format!(", \"{c}\"")).collect();
         let text = manifest("tests/plugins/adversary", version).replacen(
             r#"requested = ["store", "log"]"#,
-            &format!(r#"requested = ["store", "log", "{capability}"]"#),
+            &format!(r#"requested = ["store", "log"{more}]"#),
             1,
         );
         let mut bundle = Bundle::new(text, component).unwrap();
@@ -232,6 +233,30 @@ async fn a_misbehaving_plugin_is_refused_by_name_and_the_host_keeps_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_make_the_host_do_or_hold_more_than_a_call_s_budgets() {
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.adversary_requesting(None, &["blobs"]), &all(), "admin").await.unwrap();
+    let budget = |refused: &crate::refusal::Refusal| refused.data.as_ref().map(|d| d["budget"].clone()).unwrap_or_default();
+
+    let within = f.call("adversary", "chatter", json!({ "calls": 1000 })).await.unwrap();
+    assert_eq!(within["done"], 1000);
+    let chatter = f.call("adversary", "chatter", json!({ "calls": crate::plugins::imports::MAX_HOST_CALLS + 1 })).await.unwrap_err();
+    assert_eq!((chatter.code.as_ref(), budget(&chatter)), ("resource-exhausted", json!("host-calls")), "{chatter}");
+
+    // 1 MiB per writer, never finished: the host holds at most the plugin's memory limit (64 MiB)
+    let hoard = f.call("adversary", "hoard", json!({})).await.unwrap_err();
+    assert_eq!((hoard.code.as_ref(), budget(&hoard)), ("resource-exhausted", json!("host-bytes")), "{hoard}");
+
+    let limit = crate::plugins::imports::MAX_METHOD_OUTPUT as u32;
+    assert_eq!(f.call("adversary", "bloat", json!({ "bytes": 1000 })).await.unwrap()["filler"].as_str().unwrap().len(), 1000);
+    let bloat = f.call("adversary", "bloat", json!({ "bytes": limit })).await.unwrap_err();
+    assert_eq!((bloat.code.as_ref(), budget(&bloat)), ("resource-exhausted", json!("method-output")), "{bloat}");
+
+    // each call has budgets of its own: the next one starts afresh
+    assert_eq!(f.call("adversary", "chatter", json!({ "calls": 1000 })).await.unwrap()["done"], 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_reach_a_subscribed_plugin_in_commit_order() {
     let Some(f) = Fixture::new().await else { return };
     f.host.install(&f.example(None), &all(), "admin").await.unwrap();
@@ -333,7 +358,8 @@ async fn a_plugin_another_publisher_installed_under_a_first_party_id_is_left_alo
     assert_ne!(record.current.publisher, "first-party");
 }
 
-/// A loopback HTTP server answering every request `200 ok`; its origin.
+/// A loopback HTTP server answering every request `200 ok` — but `421` to one whose `Host`
+/// names another server; its origin.
 async fn answering_server() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let origin = format!("http://{}", listener.local_addr().unwrap());
@@ -342,8 +368,14 @@ async fn answering_server() -> String {
             tokio::spawn(async move {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 let mut request = [0u8; 4096];
-                let _ = socket.read(&mut request).await;
-                let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+                let n = socket.read(&mut request).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&request[..n]).to_ascii_lowercase();
+                let answer: &[u8] = if head.contains("\r\nhost: 127.0.0.1:") || head.contains("\r\nhost: localhost:") {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+                } else {
+                    b"HTTP/1.1 421 Misdirected Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                };
+                let _ = socket.write_all(answer).await;
             });
         }
     });
@@ -353,7 +385,7 @@ async fn answering_server() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_now() {
     let Some(f) = Fixture::new().await else { return };
-    let bundle = f.adversary_requesting(None, "http-setting:appStoreCatalogSources");
+    let bundle = f.adversary_requesting(None, &["http-setting:appStoreCatalogSources"]);
     let record = f.host.install(&bundle, &all(), "admin").await.unwrap();
     assert!(record.current.grants.contains(&"http-setting:appStoreCatalogSources".to_string()), "{:?}", record.current.grants);
 
@@ -368,9 +400,41 @@ async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_no
     assert_eq!(fetch(&unlisted).await.unwrap_err().code, "capability-denied", "another origin stays closed");
     settings.call(call(), json!({ "expectedRevision": 1, "unset": ["appStoreCatalogSources"] })).await.unwrap();
     assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "the grant follows the setting as it stands");
-    let bundle = f.adversary_requesting(Some("0.2.0"), "http-setting:dcrouterTargetHost");
+    let bundle = f.adversary_requesting(Some("0.2.0"), &["http-setting:dcrouterTargetHost"]);
     let refused = f.host.upgrade(&bundle, &all(), "admin").await.unwrap_err();
     assert_eq!(refused.code, "capability-unknown", "only a setting that lists URLs can be named: {refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_http_reaches_no_internal_address_the_operator_did_not_allow() {
+    let Some(f) = Fixture::new().await else { return };
+    let allowed = answering_server().await;
+    let port = allowed.rsplit(':').next().unwrap();
+    // the fixture allows 127.0.0.0/8 only: every origin below is granted, few are reachable
+    let (v6, metadata, named) = (format!("http://[::1]:{port}"), "http://169.254.169.254".to_string(), format!("http://localhost:{port}"));
+    let grants: Vec<String> = [&allowed, &v6, &metadata, &named].iter().map(|o| format!("http:{o}")).collect();
+    let grants: Vec<&str> = grants.iter().map(String::as_str).collect();
+    f.host.install(&f.adversary_requesting(None, &grants), &all(), "admin").await.unwrap();
+    let fetch =
+        |origin: &str, headers: Value| f.call("adversary", "fetch", json!({ "url": format!("{origin}/catalog.json"), "headers": headers }));
+
+    assert_eq!(fetch(&allowed, json!({})).await.unwrap()["status"], 200, "an allowed network is reached");
+    for (origin, range) in [(&v6, "loopback"), (&metadata, "link-local")] {
+        let refused = fetch(origin, json!({})).await.unwrap_err();
+        assert_eq!(refused.code, "http-address-refused", "{origin}: {refused}");
+        assert_eq!(refused.data.as_ref().unwrap()["range"], range, "{origin}");
+    }
+    // a name is checked on every address it resolves to: one outside the allowed networks
+    // refuses it (localhost is ::1 too where the machine resolves it so)
+    let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host(("localhost", 80)).await.unwrap().collect();
+    let answer = fetch(&named, json!({})).await;
+    if resolved.iter().any(|a| a.ip().is_ipv6()) {
+        assert_eq!(answer.unwrap_err().code, "http-address-refused", "localhost resolves to {resolved:?}");
+    } else {
+        assert_eq!(answer.unwrap()["status"], 200, "localhost resolves to {resolved:?}");
+    }
+    // the URL says where a request goes: a Host the plugin sets is dropped
+    assert_eq!(fetch(&allowed, json!({ "Host": "metadata.internal" })).await.unwrap()["status"], 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,7 +469,7 @@ async fn an_upload_stays_for_another_try_after_an_approval_refusal_and_goes_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() {
     let Some(f) = Fixture::new().await else { return };
-    f.host.install(&f.adversary_requesting(None, "inventory:write-services"), &all(), "admin").await.unwrap();
+    f.host.install(&f.adversary_requesting(None, &["inventory:write-services"]), &all(), "admin").await.unwrap();
     let create_org = f.state.methods.get("organizations.create").unwrap();
     let org = create_org.call(crate::api::Call::by(&f.admin), json!({ "name": "acme" })).await.unwrap();
     let service = |name: &str| json!({ "service": { "organizationId": org["id"], "name": name, "image": "nginx:1" } });

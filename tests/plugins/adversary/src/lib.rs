@@ -9,7 +9,12 @@
 //! - `garbage`: answers a body that is not JSON, through the raw bindings;
 //! - `echo`: behaves, to prove the plugin still works after all of the above;
 //! - `sleepy`: busy-waits on the wall clock for `ms` milliseconds (concurrency and deadlines);
-//! - `fetch`: GETs the URL given, for tests of what its grants let through;
+//! - `fetch`: GETs the URL given (with the headers given), for tests of what its grants and the
+//!   address guard let through;
+//! - `chatter`: calls the store `calls` times (the host-call budget must stop it);
+//! - `hoard`: fills blob writers it never finishes (the host-bytes budget must stop it; needs
+//!   the `blobs` grant);
+//! - `bloat`: answers `bytes` bytes (the host passes at most 16 MiB on);
 //! - `squat`: a public method that tries to create a service (given the grant), which an
 //!   anonymous caller must not be able to do with the plugin's own authority.
 
@@ -36,6 +41,9 @@ impl Manager for Adversary {
             .method("echo", "Answer the value sent.", Role::Authenticated, echo)
             .method("sleepy", "Busy-wait for ms milliseconds.", Role::Authenticated, sleepy)
             .method("fetch", "GET a URL and answer its status.", Role::Authenticated, fetch)
+            .method("chatter", "Call the store many times.", Role::Authenticated, chatter)
+            .method("hoard", "Fill blob writers without finishing them.", Role::Authenticated, hoard)
+            .method("bloat", "Answer a huge body.", Role::Authenticated, bloat)
             .method("squat", "Create the service sent, for anyone.", Role::Public, squat)
     }
 }
@@ -73,10 +81,17 @@ fn forbidden(_ctx: &Context, _: Empty) -> Result<Fetched> {
 #[serde(deny_unknown_fields)]
 struct Fetch {
     url: String,
+    /// Headers to send, such as a `Host` that should never reach the server.
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
 }
 
 fn fetch(_ctx: &Context, input: Fetch) -> Result<Fetched> {
-    let response = http::Request::get(&input.url).send()?;
+    let mut request = http::Request::get(&input.url);
+    for (name, value) in &input.headers {
+        request = request.header(name, value);
+    }
+    let response = request.send()?;
     Ok(Fetched { status: response.status })
 }
 
@@ -89,6 +104,61 @@ struct Squat {
 fn squat(_ctx: &Context, input: Squat) -> Result<Value> {
     let created: capstan_sdk::inventory::Entity<Value> = capstan_sdk::inventory::create_service(&input.service)?;
     Ok(json!({ "id": created.id }))
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Count {
+    calls: u32,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Done {
+    done: u32,
+}
+
+/// The store answers every call (a missing collection is a refusal too); the first refusal
+/// that is not about the collection ends the loop and is answered as the adversary's own.
+fn chatter(_ctx: &Context, input: Count) -> Result<Done> {
+    for done in 0..input.calls {
+        if let Err(refusal) = capstan_sdk::store::get::<Value>("nothing", "x")
+            && refusal.code() == "resource-exhausted"
+        {
+            return Err(refusal);
+        }
+        black_box(done);
+    }
+    Ok(Done { done: input.calls })
+}
+
+fn hoard(_ctx: &Context, _: Empty) -> Result<Done> {
+    use std::io::Write;
+    let chunk = vec![7u8; 1 << 20];
+    let mut writers = Vec::new();
+    for n in 0..4096u32 {
+        let mut writer = capstan_sdk::blobs::BlobWriter::new(&format!("hoard/{n}"), capstan_sdk::blobs::PutMode::Overwrite);
+        // an io::Error carries the host's refusal back out
+        writer.write_all(&chunk).and_then(|()| writer.flush()).map_err(capstan_sdk::Refusal::from)?;
+        writers.push(writer);
+    }
+    Ok(Done { done: writers.len() as u32 })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Size {
+    bytes: u32,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Bloated {
+    filler: String,
+}
+
+fn bloat(_ctx: &Context, input: Size) -> Result<Bloated> {
+    // Reached only natively: `Raw::handle` answers `bloat` itself, with one allocation, so the
+    // answer's size and not the plugin's memory is what the host meets.
+    Ok(Bloated { filler: "x".repeat(input.bytes as usize) })
 }
 
 fn trap(_ctx: &Context, _: Empty) -> Result<Empty> {
@@ -138,6 +208,19 @@ impl Guest for Raw {
     fn handle(ctx: types::CallContext, method: String, body: String) -> std::result::Result<String, types::Refusal> {
         if method == "garbage" {
             return Ok("this is {not json".to_string());
+        }
+        if method == "bloat" {
+            let size: Size = serde_json::from_str(&body).map_err(|e| types::Refusal {
+                code: "invalid-request".into(),
+                message: e.to_string(),
+                retryable: false,
+                data: None,
+            })?;
+            let mut answer = String::with_capacity(size.bytes as usize + 16);
+            answer.push_str("{\"filler\":\"");
+            answer.extend(std::iter::repeat_n('x', size.bytes as usize));
+            answer.push_str("\"}");
+            return Ok(answer);
         }
         Adapter::<Adversary>::handle(ctx, method, body)
     }
