@@ -9,9 +9,11 @@
 //! names. The rewrap is also killed from outside at a few moments (timing-based, as a real
 //! `kill -9` lands).
 
+use crate::fleet::stop_when_serving;
 use crate::support::*;
 use capstan_core::crash::{CRASH_AT, CRASH_LINE};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
@@ -35,22 +37,29 @@ fn crashed_at(server: Capstan, point: &str) -> Exited {
     exited
 }
 
-/// Call `method` on a server armed to die inside it: the connection ends without an answer.
-fn call_dying(server: &Capstan, token: &str, method: &str, body: &Value) {
+/// `POST <url>/api/v1/<method>` as the holder of `token`: the status and body, or the transport
+/// error (the server died before answering). Unlike [`Capstan::call_as`], a dead server is an
+/// answer here.
+fn post(url: &str, token: &str, method: &str, body: &Value) -> Result<(u16, String), String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
         .max_idle_connections(0)
         .build()
         .into();
-    let answer = agent
-        .post(server.url(&format!("/api/v1/{method}")))
+    let mut answer = agent
+        .post(format!("{url}/api/v1/{method}"))
         .header("authorization", format!("Bearer {token}"))
         .header("content-type", "application/json")
-        .send(body.to_string());
-    if let Ok(mut answer) = answer {
-        let body = answer.body_mut().read_to_string().unwrap_or_default();
-        panic!("{method} should die without answering, got HTTP {}: {body}", answer.status());
+        .send(body.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok((answer.status().as_u16(), answer.body_mut().read_to_string().unwrap_or_default()))
+}
+
+/// Call `method` on a server armed to die inside it: the connection ends without an answer.
+fn call_dying(server: &Capstan, token: &str, method: &str, body: &Value) {
+    if let Ok((status, body)) = post(&server.url(""), token, method, body) {
+        panic!("{method} should die without answering, got HTTP {status}: {body}");
     }
 }
 
@@ -139,9 +148,8 @@ fn a_service_delete_killed_between_or_inside_its_phases_is_finished_by_the_final
 /// never went back.
 #[test]
 fn a_node_killed_as_it_takes_the_lease_over_leaves_one_holder_per_fence() {
-    use crate::fleet::{Fleet, coordinators, fence, stop_when_serving, wait_all_live};
+    use crate::fleet::{Fleet, coordinators, fence, wait_all_live};
     use capstan::fleet::runtime::ASSIGNMENTS_KEY;
-    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let fleet = Fleet::fast();
@@ -200,4 +208,136 @@ fn a_node_killed_as_it_takes_the_lease_over_leaves_one_holder_per_fence() {
         assert_eq!(holders.len(), 1, "no fence has two holders: fence {fence} was held by {holders:?} (all seen: {seen:?})");
     }
     assert!(seen.contains_key(&first) && seen.keys().any(|f| *f > first + 1), "the watch saw the lease move: {seen:?}");
+}
+
+/// Every secret version in the dev store under `data`, by id: the KEK its data key is wrapped
+/// by and its plaintext, opened with the data directory's keyring. A version that does not open
+/// fails the test, naming it.
+fn open_every_version(data: &Path) -> BTreeMap<String, (String, Vec<u8>)> {
+    use capstan::secrets::envelope;
+    use capstan::secrets::methods::{SECRETS, Secret, VERSIONS, Version, declare, material_context};
+    let keyring = capstan::keyring::Keyring::load(&data.join("keyring.json")).unwrap();
+    with_store(&data.join("capstan.sqlite"), &[], |store| async move {
+        declare(&store).await.unwrap();
+        let mut out = BTreeMap::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let after = cursor.as_deref();
+            let page = store.transact(|tx| async move { tx.scan(VERSIONS, after, 500).await }).await.unwrap();
+            for doc in page.documents {
+                let version: Version = serde_json::from_value(doc.data).unwrap();
+                let secret_id = version.secret_id.as_str();
+                let secret = store.transact(|tx| async move { tx.require(SECRETS, secret_id).await }).await.unwrap();
+                let secret: Secret = serde_json::from_value(secret.data).unwrap();
+                let context = material_context(&version.secret_id, &doc.id, &secret);
+                let plaintext = envelope::open(&keyring, &context, &version.envelope)
+                    .unwrap_or_else(|e| panic!("every version stays readable: {} does not open: {e}", doc.id));
+                out.insert(doc.id, (version.envelope.kek_id, plaintext.to_vec()));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return out,
+            }
+        }
+    })
+}
+
+/// How many versions each KEK wraps.
+fn by_kek(versions: &BTreeMap<String, (String, Vec<u8>)>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (kek, _) in versions.values() {
+        *counts.entry(kek.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Secrets rewrap after a KEK rotation, killed from outside at a few moments (timing-based) and
+/// then at a crash point after the seventh version it moved (`secrets-rewrap:version-rewrapped#7`).
+/// After every kill each version is whole under one KEK or the other, opens to the same value,
+/// and the rewrap asked again finishes what is left.
+#[test]
+fn a_rewrap_killed_anywhere_leaves_every_version_whole_and_finishes_when_asked_again() {
+    const SECRETS: usize = 150;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let data = dir.path().join("data");
+
+    let (server, token) = dev(&data, None);
+    let org = ok(&server, &token, "organizations.create", json!({ "name": "acme" }));
+    let generate = json!({ "generate": { "length": 24, "alphabet": "hex" } });
+    // four writers, each on its own service (one service's manifest is one document)
+    std::thread::scope(|scope| {
+        for part in 0..4 {
+            let service = json!({ "name": format!("web-{part}"), "organizationId": org["id"], "image": "nginx" });
+            let owner = json!({ "kind": "service", "serviceId": ok(&server, &token, "services.create", service)["id"] });
+            let (server, token, generate) = (&server, &token, &generate);
+            scope.spawn(move || {
+                for n in (part..SECRETS).step_by(4) {
+                    let body = json!({ "owner": owner, "key": format!("KEY_{n}"), "value": generate });
+                    let created = ok(server, token, "secrets.create", body);
+                    if n % 10 == 0 {
+                        let rotate = json!({ "id": created["id"], "expectedVersionId": created["currentVersionId"], "value": generate });
+                        ok(server, token, "secrets.rotate", rotate);
+                    }
+                }
+            });
+        }
+    });
+    stop_when_serving(server);
+    let values = open_every_version(&data);
+    let total = values.len();
+    assert_eq!(total, SECRETS + SECRETS / 10);
+    let old_kek = values.values().next().unwrap().0.clone();
+
+    let mut rotate = capstan();
+    rotate.args(["keyring", "rotate", "--kek-id", "kek-crash-second", "--keyring"]).arg(data.join("keyring.json"));
+    assert!(run_to_exit(rotate).status.success(), "capstan keyring rotate");
+
+    // after each kill: every version opens to its value, under exactly one of the two KEKs
+    let check = |when: &str| -> usize {
+        let now = open_every_version(&data);
+        assert_eq!(now.len(), total, "{when}: no version lost or added");
+        for (id, (kek, plaintext)) in &now {
+            assert_eq!(plaintext, &values[id].1, "{when}: version {id} opens to the value it had");
+            assert!(*kek == old_kek || kek == "kek-crash-second", "{when}: version {id} under an unknown KEK {kek}");
+        }
+        by_kek(&now).get("kek-crash-second").copied().unwrap_or(0)
+    };
+
+    // ---- killed at a crash point after the seventh version it moved ----
+    let (server, token) = dev(&data, Some("secrets-rewrap:version-rewrapped#7"));
+    call_dying(&server, &token, "secrets.rewrap", &json!({ "limit": 500 }));
+    crashed_at(server, "secrets-rewrap:version-rewrapped#7");
+    let mut moved = check("killed after the seventh version moved");
+    assert_eq!(moved, 7, "exactly the versions moved before the kill are under the new KEK");
+
+    // ---- killed from outside while the rewrap runs, at a few moments ----
+    for offset in [10, 40, 90] {
+        let (server, token) = dev(&data, None);
+        let url = server.url("");
+        let request = std::thread::spawn(move || post(&url, &token, "secrets.rewrap", &json!({ "limit": 500 })));
+        std::thread::sleep(Duration::from_millis(offset));
+        assert_eq!(server.kill_hard().status.signal(), Some(9));
+        if let Ok(answer) = request.join().unwrap() {
+            eprintln!("the rewrap answered before the kill {offset} ms in: {answer:?}");
+        }
+        let now = check(&format!("killed {offset} ms into a rewrap"));
+        assert!(now >= moved, "a rewrap never moves a version back ({moved} then {now})");
+        eprintln!("kill -9 {offset} ms into a rewrap: {now} of {total} versions under the new KEK");
+        moved = now;
+    }
+
+    // ---- asked again, page by page, it finishes what is left ----
+    let (server, token) = dev(&data, None);
+    let (mut rewrapped, mut cursor) = (0, Value::Null);
+    loop {
+        let page = ok(&server, &token, "secrets.rewrap", json!({ "limit": 50, "cursor": cursor }));
+        rewrapped += page["rewrapped"].as_u64().unwrap() as usize;
+        cursor = page["nextCursor"].clone();
+        if cursor.is_null() {
+            break;
+        }
+    }
+    assert_eq!(rewrapped, total - moved, "the rewrap asked again moves exactly what the kills left");
+    assert_eq!(check("after the rewrap finished"), total, "every version is under the new KEK");
 }

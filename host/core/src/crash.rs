@@ -10,8 +10,8 @@
 /// The environment variable naming the crash point where a debug build kills itself.
 pub const CRASH_AT: &str = "CAPSTAN_CRASH_AT";
 
-/// Written to standard error, followed by the point's name, just before the kill: how a test
-/// tells the crash it asked for from any other death.
+/// Written to standard error, followed by the point as armed (`name` or `name#n`), just before
+/// the kill: how a test tells the crash it asked for from any other death.
 pub const CRASH_LINE: &str = "capstan: crash point reached, killing this process with SIGKILL: ";
 
 /// A crash point named `name` (a `format_args!` for names with parts, so a release build
@@ -41,7 +41,11 @@ mod armed {
         if name.to_string() != *point || HITS.fetch_add(1, Ordering::SeqCst) + 1 != *at {
             return;
         }
-        eprintln!("{}{point}", super::CRASH_LINE);
+        // the point as it was armed: `name`, or `name#n`
+        match at {
+            1 => eprintln!("{}{point}", super::CRASH_LINE),
+            n => eprintln!("{}{point}#{n}", super::CRASH_LINE),
+        }
         // SAFETY: kill(2) on our own pid with a constant signal has no memory-safety preconditions.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         // SIGKILL cannot be caught or ignored; should it not have been delivered, still never go on

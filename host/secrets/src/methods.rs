@@ -733,6 +733,9 @@ async fn rewrap(cx: Context, _: Call, input: RewrapInput) -> Result<RewrapAnswer
     for doc in &page.documents {
         if rewrap_version(&cx.store, keyring, &doc.id).await? {
             rewrapped += 1;
+            // Crash point `secrets-rewrap:version-rewrapped` (`#n`: after the n-th): some
+            // versions are under the new KEK, the rest under the old one, each whole.
+            capstan_core::crash_point("secrets-rewrap:version-rewrapped");
         } else {
             already_current += 1;
         }
