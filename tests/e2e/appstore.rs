@@ -26,13 +26,13 @@ fn catalog(versions: &[&str]) -> Catalog {
     serde_json::from_value(json!({ "apps": [{ "id": "wiki", "name": "Wiki", "versions": versions }] })).unwrap()
 }
 
-fn envelope(versions: &[&str], revision: u64, key: &SigningKey) -> String {
+pub fn envelope(versions: &[&str], revision: u64, key: &SigningKey) -> String {
     sign(&catalog(versions), revision, key).unwrap().to_json()
 }
 
 /// The App Store plugin once it is installed and loaded here (the first start compiles it in the
 /// background; another node of the fleet loads it from the shared registry).
-fn wait_for_appstore(server: &Capstan, admin: &str) -> Value {
+pub fn wait_for_appstore(server: &Capstan, admin: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let reply = server.call_as(admin, "plugins.get", &json!({ "id": "appstore" }));

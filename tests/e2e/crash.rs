@@ -341,3 +341,63 @@ fn a_rewrap_killed_anywhere_leaves_every_version_whole_and_finishes_when_asked_a
     assert_eq!(rewrapped, total - moved, "the rewrap asked again moves exactly what the kills left");
     assert_eq!(check("after the rewrap finished"), total, "every version is under the new KEK");
 }
+
+/// Catalog activation: the envelope's chunks are stored, then the pointer moves, then services
+/// naming a version of the new catalog adopt its snapshot. Killed before the pointer's commit
+/// (`plugin-commit:p_appstore__catalog#2`, the second activation), the last-known-good catalog
+/// is still active and verifies; killed after it (`plugin-committed:p_appstore__catalog`), the
+/// new one is active and the snapshot is adopted by the first reconcile pass after the restart,
+/// nobody asking.
+#[test]
+fn a_catalog_activation_killed_before_or_after_its_pointer_moves_is_before_or_after_and_adopts() {
+    use crate::appstore::{envelope, wait_for_appstore};
+    use capstan_catalog::{PublisherKey, SigningKey};
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let data = dir.path().join("data");
+    let publisher = SigningKey::from_bytes(&[42; 32]);
+    let status = |server: &Capstan, token: &str| ok(server, token, "appstore.getCatalogStatus", json!({}));
+
+    let (server, token) = dev(&data, Some("plugin-commit:p_appstore__catalog#2"));
+    wait_for_appstore(&server, &token);
+    let settings = ok(&server, &token, "settings.get", json!({}));
+    let trust = json!({ "appStoreTrustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] });
+    ok(&server, &token, "settings.update", json!({ "expectedRevision": settings["revision"], "set": trust }));
+    let first = ok(&server, &token, "appstore.importCatalog", json!({ "envelope": envelope(&["1.0.0"], 1, &publisher) }));
+    assert_eq!(first["outcome"], "activated");
+    // a service naming a version only the second catalog offers: adopted when that one is active
+    let org = ok(&server, &token, "organizations.create", json!({ "name": "acme" }));
+    let named = json!({ "name": "wiki", "organizationId": org["id"], "image": "registry.example.com/wiki:1.1.0", "template": { "appId": "wiki", "version": "1.1.0" } });
+    let service = ok(&server, &token, "services.create", named)["id"].clone();
+    let second = envelope(&["1.0.0", "1.1.0"], 2, &publisher);
+    call_dying(&server, &token, "appstore.importCatalog", &json!({ "envelope": second }));
+    crashed_at(server, "plugin-commit:p_appstore__catalog#2");
+
+    // before: the first catalog, still verifying; the second's stored chunks are no catalog
+    let (server, token) = dev(&data, Some("plugin-committed:p_appstore__catalog"));
+    wait_for_appstore(&server, &token);
+    let before = status(&server, &token);
+    assert_eq!(
+        (before["available"].as_bool(), before["active"]["revision"].as_u64()),
+        (Some(true), Some(1)),
+        "killed before its pointer moved, the last-known-good catalog stays active: {before}"
+    );
+    let unadopted = ok(&server, &token, "services.get", json!({ "id": service }));
+    assert!(unadopted["template"].get("templateDigest").is_none(), "nothing adopted from a catalog never active: {unadopted}");
+    call_dying(&server, &token, "appstore.importCatalog", &json!({ "envelope": second }));
+    crashed_at(server, "plugin-committed:p_appstore__catalog");
+
+    // after: the second catalog, and the adoption the kill cut off happens by itself
+    let (server, token) = dev(&data, None);
+    wait_for_appstore(&server, &token);
+    let after = status(&server, &token);
+    assert_eq!(after["active"]["revision"].as_u64(), Some(2), "killed after its pointer moved, the new catalog is active: {after}");
+    let adopted = eventually("the reconcile pass after the restart adopting the snapshot", RESUME, || {
+        let got = ok(&server, &token, "services.get", json!({ "id": service }));
+        if got["template"]["templateDigest"].is_string() { Ok(got) } else { Err(got.to_string()) }
+    });
+    assert_eq!(adopted["template"]["version"], "1.1.0", "{adopted}");
+    let again = ok(&server, &token, "appstore.importCatalog", json!({ "envelope": second }));
+    assert_eq!(again["outcome"], "unchanged", "the activation is complete: {again}");
+}

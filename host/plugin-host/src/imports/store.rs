@@ -131,7 +131,9 @@ impl store::Host for CallData {
         let mut ops = Vec::with_capacity(writes.len());
         for w in writes {
             let name = c.name(&w.collection)?;
-            capstan_core::crash_point(format_args!("plugin-commit:{name}")); // before a batch writing this collection commits
+            // Crash points `plugin-commit:<collection>` / `plugin-committed:<collection>` (the host
+            // name, e.g. `p_appstore__catalog`): before / after a batch writing it commits.
+            capstan_core::crash_point(format_args!("plugin-commit:{name}"));
             let op = match w.op {
                 store::WriteOp::Insert(data) => Op::Insert(parse_object(&data, "document data")?),
                 store::WriteOp::Replace(r) => Op::Replace(r.expected_revision, parse_object(&r.data, "document data")?),
@@ -164,7 +166,11 @@ impl store::Host for CallData {
                 Ok(out)
             }
         });
-        written.await.map(|docs| docs.into_iter().map(wit_document).collect()).map_err(to_wit)
+        let written = written.await;
+        if written.is_ok() {
+            ops.iter().for_each(|(name, _, _)| capstan_core::crash_point(format_args!("plugin-committed:{name}")));
+        }
+        written.map(|docs| docs.into_iter().map(wit_document).collect()).map_err(to_wit)
     }
 }
 
