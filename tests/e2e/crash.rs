@@ -401,3 +401,112 @@ fn a_catalog_activation_killed_before_or_after_its_pointer_moves_is_before_or_af
     let again = ok(&server, &token, "appstore.importCatalog", json!({ "envelope": second }));
     assert_eq!(again["outcome"], "unchanged", "the activation is complete: {again}");
 }
+
+/// The example plugin's component, built for wasm32-wasip2 into the directory the host's plugin
+/// tests use (so a built one is reused); `None` when the target is missing (the reason printed,
+/// unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1` makes that a failure).
+fn example_component() -> Option<Vec<u8>> {
+    use crate::plugins::{wasm_target_available, workspace};
+    if !wasm_target_available() {
+        return None;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+        .join("wasm-plugins");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(workspace())
+        .args(["build", "--release", "--target", "wasm32-wasip2", "-p", "capstan-plugin-example", "--target-dir"])
+        .arg(&target)
+        .status()
+        .expect("running cargo");
+    assert!(status.success(), "building the example plugin: {status:?}");
+    Some(std::fs::read(target.join("wasm32-wasip2/release/capstan_plugin_example.wasm")).unwrap())
+}
+
+/// The example plugin at `version`, signed by `key`.
+fn example_bundle(component: &[u8], version: &str, key: &capstan_catalog::SigningKey) -> Vec<u8> {
+    let manifest = std::fs::read_to_string(crate::plugins::workspace().join("plugins/example/capstan-plugin.toml")).unwrap();
+    assert!(manifest.contains("version = \"0.1.0\""), "{manifest}");
+    let manifest = manifest.replacen("version = \"0.1.0\"", &format!("version = \"{version}\""), 1);
+    let mut bundle = capstan::plugins::bundle::Bundle::new(manifest, component.to_vec()).unwrap();
+    bundle.sign(key);
+    bundle.to_bytes()
+}
+
+/// Upload a bundle; the upload id `plugins.install` / `plugins.upgrade` name.
+fn upload(server: &Capstan, token: &str, bundle: &[u8]) -> Value {
+    let bearer = format!("Bearer {token}");
+    server.request("POST", "/api/v1/uploads/plugin-bundle", &[("authorization", &bearer)], Some(bundle)).expect_json(200)["upload"].clone()
+}
+
+/// The example plugin's record of the data migrations it ran, read from the store.
+fn example_migrations(db: &Path) -> Value {
+    read_doc(db, "p_example__meta", "migrations").map(|d| d.data["migrations"].clone()).unwrap_or(Value::Null)
+}
+
+/// Plugin upgrade: killed after the new version's data migration ran and its bundle was stored,
+/// before the registry names it (`plugin-upgrade:before-record`). The restart loads the old
+/// version, whole (the registry untouched, its data there, serving); the upgrade asked again
+/// migrates again (steps are idempotent) and swaps.
+#[test]
+fn a_plugin_upgrade_killed_before_its_record_keeps_the_old_version_serving_and_completes_when_asked_again() {
+    let Some(component) = example_component() else { return };
+    let key = capstan::plugins::bundle::generate_key();
+    let publisher = capstan::plugins::bundle::PublisherKey::from(&key).to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let db = data.join("capstan.sqlite");
+    let start = |point: Option<&str>| {
+        let mut cmd = with_test_admin(dev_command(&data));
+        cmd.env("CAPSTAN_TRUSTED_PUBLISHERS", &publisher);
+        let server = Capstan::start(match point {
+            Some(point) => armed(cmd, point),
+            None => cmd,
+        });
+        let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+        (server, token)
+    };
+    let all = json!(["all-requested"]);
+
+    let (server, token) = start(Some("plugin-upgrade:before-record"));
+    let v1 = upload(&server, &token, &example_bundle(&component, "0.1.0", &key));
+    ok(&server, &token, "plugins.install", json!({ "upload": v1, "approve": all }));
+    ok(&server, &token, "example.putNote", json!({ "id": "n1", "text": "kept" }));
+    let v2 = upload(&server, &token, &example_bundle(&component, "0.2.0", &key));
+    call_dying(&server, &token, "plugins.upgrade", &json!({ "upload": v2, "approve": all }));
+    crashed_at(server, "plugin-upgrade:before-record");
+    assert_eq!(
+        example_migrations(&db),
+        json!([{ "from": null, "to": "0.1.0" }, { "from": "0.1.0", "to": "0.2.0" }]),
+        "the kill came after the new version's data migration"
+    );
+
+    // before: the registry names 0.1.0 with nothing to roll back to, and 0.1.0 serves
+    let (server, token) = start(None);
+    let plugin = ok(&server, &token, "plugins.get", json!({ "id": "example" }));
+    assert_eq!(
+        (plugin["version"].as_str(), plugin["status"].as_str(), &plugin["previousVersion"]),
+        (Some("0.1.0"), Some("running"), &Value::Null),
+        "the old version stays installed and loaded: {plugin}"
+    );
+    assert_eq!(ok(&server, &token, "example.greet", json!({ "name": "Ada" }))["version"], "0.1.0");
+    assert_eq!(ok(&server, &token, "example.getNote", json!({ "id": "n1" }))["text"], "kept");
+
+    // asked again, the upgrade completes: migrated (again: idempotent steps), recorded, swapped
+    let v2 = upload(&server, &token, &example_bundle(&component, "0.2.0", &key));
+    let upgraded = ok(&server, &token, "plugins.upgrade", json!({ "upload": v2, "approve": all }));
+    assert_eq!((upgraded["version"].as_str(), upgraded["previousVersion"].as_str()), (Some("0.2.0"), Some("0.1.0")), "{upgraded}");
+    assert_eq!(ok(&server, &token, "example.greet", json!({ "name": "Ada" }))["version"], "0.2.0");
+    assert_eq!(ok(&server, &token, "example.getNote", json!({ "id": "n1" }))["text"], "kept");
+    assert_eq!(
+        example_migrations(&db).as_array().map(|m| m.iter().filter(|s| s["to"] == "0.2.0").count()),
+        Some(2),
+        "the interrupted upgrade's migration ran again when it was asked again"
+    );
+    drop(server);
+    let (server, token) = start(None);
+    let plugin = ok(&server, &token, "plugins.get", json!({ "id": "example" }));
+    assert_eq!((plugin["version"].as_str(), plugin["status"].as_str()), (Some("0.2.0"), Some("running")), "{plugin}");
+}
