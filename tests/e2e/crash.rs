@@ -510,3 +510,156 @@ fn a_plugin_upgrade_killed_before_its_record_keeps_the_old_version_serving_and_c
     let plugin = ok(&server, &token, "plugins.get", json!({ "id": "example" }));
     assert_eq!((plugin["version"].as_str(), plugin["status"].as_str()), (Some("0.2.0"), Some("running")), "{plugin}");
 }
+
+/// Where [`migration_child_process`] migrates: the SQLite file, set only for the child.
+const CHILD_DB: &str = "CAPSTAN_CRASH_MIGRATION_DB";
+/// The collection the test chain fills and then stamps.
+const ITEMS: &str = "crash_items";
+const ITEM_COUNT: usize = 200;
+const ITEM_BATCH: usize = 20;
+
+/// A two-step chain over [`ITEMS`]: `fill` inserts the items a batch per transaction (crash
+/// point `migrate-test:batch-written` after each), `stamp` marks each one. Both idempotent, as
+/// every step must be.
+fn test_chain() -> capstan::migrate::Chain {
+    use capstan::migrate::{Chain, Step};
+    let fill = Step::new("fill", "1.0.0", "1.1.0", |ctx| async move {
+        for batch in 0..ITEM_COUNT / ITEM_BATCH {
+            ctx.store
+                .transact(|tx| async move {
+                    for n in batch * ITEM_BATCH..(batch + 1) * ITEM_BATCH {
+                        let id = format!("item-{n:04}");
+                        if tx.get(ITEMS, &id).await?.is_none() {
+                            tx.insert(ITEMS, &id, json!({ "n": n })).await?;
+                        }
+                    }
+                    Ok(())
+                })
+                .await?;
+            capstan_core::crash_point("migrate-test:batch-written");
+        }
+        Ok(())
+    });
+    let stamp = Step::new("stamp", "1.1.0", "1.2.0", |ctx| async move {
+        let mut cursor: Option<String> = None;
+        loop {
+            let after = cursor.as_deref();
+            let page = ctx.store.transact(|tx| async move { tx.scan(ITEMS, after, 50).await }).await?;
+            for doc in page.documents.iter().filter(|d| d.data.get("stamped").is_none()) {
+                let mut data = doc.data.clone();
+                data["stamped"] = json!(true);
+                let data = &data;
+                ctx.store.transact(|tx| async move { tx.replace(ITEMS, &doc.id, doc.revision, data.clone()).await.map(drop) }).await?;
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(()),
+            }
+        }
+    });
+    let mut chain = Chain::new("crash-test", "1.0.0", vec![fill, stamp]);
+    chain.data_collections = Some(vec![ITEMS.into()]);
+    chain
+}
+
+/// Not a test of its own: [`a_migration_killed_inside_and_after_a_step_resumes_to_a_ledger_matching_the_data`]
+/// runs it in a child process (this test binary again) to migrate [`test_chain`] on
+/// `$CAPSTAN_CRASH_MIGRATION_DB`, so the migration can be killed for real. Without that
+/// variable it does nothing.
+#[test]
+#[ignore = "a child process of a_migration_killed_inside_and_after_a_step_resumes_to_a_ledger_matching_the_data"]
+fn migration_child_process() {
+    let Some(db) = std::env::var_os(CHILD_DB) else { return };
+    let lock = capstan::migrate::LockOptions {
+        ttl: MIGRATION_LOCK_TTL,
+        wait: Duration::from_secs(20),
+        ..capstan::migrate::LockOptions::for_this_process()
+    };
+    let outcome = with_store(Path::new(&db), &[ITEMS], |store| async move { capstan::migrate::run(&store, &test_chain(), &lock).await });
+    let outcome = outcome.unwrap_or_else(|e| panic!("the migration refused: {e}"));
+    println!("migrated: {}", serde_json::to_string(&outcome).unwrap());
+}
+
+/// How long the child's migration lock lives unless renewed: a restart after a kill waits this
+/// long for the dead process's lock.
+const MIGRATION_LOCK_TTL: Duration = Duration::from_millis(1500);
+
+/// Run [`migration_child_process`] on `db`, armed at `point` if any.
+fn migrate_in_child(db: &Path, point: Option<&str>) -> Exited {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "crash::migration_child_process", "--ignored", "--nocapture", "--test-threads=1"]).env(CHILD_DB, db);
+    match point {
+        Some(point) => cmd.env(CRASH_AT, point),
+        None => cmd.env_remove(CRASH_AT),
+    };
+    run_to_exit(cmd)
+}
+
+/// The test chain's ledger and the items as stored: (ledger, item count, stamped count).
+fn migration_state(db: &Path) -> (capstan::migrate::Ledger, usize, usize) {
+    let ledger = read_doc(db, capstan::migrate::LEDGER_COLLECTION, "crash-test").expect("the test chain's ledger");
+    let ledger: capstan::migrate::Ledger = serde_json::from_value(ledger.data).unwrap();
+    let items = with_store(db, &[ITEMS], |store| async move {
+        store.transact(|tx| async move { tx.scan(ITEMS, None, capstan::store::MAX_PAGE).await }).await.unwrap().documents
+    });
+    let stamped = items.iter().filter(|d| d.data["stamped"] == true).count();
+    (ledger, items.len(), stamped)
+}
+
+/// A migration (the store's chain machinery, in a process of its own) killed inside its first
+/// step (`migrate-test:batch-written#3`), then after the step's work and before the ledger
+/// records it (`migrate:step-done`). After each kill the ledger never claims a step it did not
+/// finish: it stays at the version before, naming the step `running`, under the dead process's
+/// lock. The next start waits for that lock to expire, runs the step again (idempotently) and
+/// goes on; the end is a ledger at the target, each step once in its history, matching the data.
+#[test]
+fn a_migration_killed_inside_and_after_a_step_resumes_to_a_ledger_matching_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("capstan.sqlite");
+    // data at the chain's floor
+    insert_doc(
+        &db,
+        capstan::migrate::LEDGER_COLLECTION,
+        "crash-test",
+        json!({ "dataVersion": "1.0.0", "lock": null, "running": null, "history": [] }),
+    );
+    let killed = |point: &str| {
+        let exited = migrate_in_child(&db, Some(point));
+        assert_eq!(exited.status.signal(), Some(9), "the migration should die by SIGKILL at {point}: {exited:?}");
+        assert!(exited.stderr.contains(&format!("{CRASH_LINE}{point}")), "killed at {point}: {}", exited.stderr);
+        migration_state(&db)
+    };
+
+    let (ledger, items, _) = killed("migrate-test:batch-written#3");
+    assert_eq!(
+        (ledger.data_version.as_str(), ledger.running.as_deref(), ledger.history.len()),
+        ("1.0.0", Some("fill"), 0),
+        "killed inside a step, the ledger stays before it, naming it running: {ledger:?}"
+    );
+    assert!(ledger.lock.is_some(), "the dead process's lock is left to expire: {ledger:?}");
+    assert_eq!(items, 3 * ITEM_BATCH, "what the step committed before the kill stays");
+
+    let (ledger, items, stamped) = killed("migrate:step-done");
+    assert_eq!(
+        (ledger.data_version.as_str(), ledger.running.as_deref(), ledger.history.len()),
+        ("1.0.0", Some("fill"), 0),
+        "killed after a step's work, the ledger still does not claim it: {ledger:?}"
+    );
+    assert_eq!((items, stamped), (ITEM_COUNT, 0), "the step ran again to its end, adding only what was missing");
+
+    let finished = migrate_in_child(&db, None);
+    assert!(finished.status.success(), "the migration resumes and finishes: {finished:?}");
+    assert!(
+        finished.stdout.contains(r#""applied":["fill","stamp"]"#),
+        "the interrupted step ran again, then the next: {}",
+        finished.stdout
+    );
+    let (ledger, items, stamped) = migration_state(&db);
+    let steps: Vec<&str> = ledger.history.iter().map(|e| e.step.as_str()).collect();
+    assert_eq!(
+        (ledger.data_version.as_str(), ledger.running.as_deref(), ledger.lock.is_none(), steps),
+        ("1.2.0", None, true, vec!["fill", "stamp"]),
+        "the ledger ends at the target, each step once, unlocked: {ledger:?}"
+    );
+    assert_eq!((items, stamped), (ITEM_COUNT, ITEM_COUNT), "the data matches the ledger");
+}

@@ -320,6 +320,9 @@ async fn apply(store: &Store, chain: &Chain, lock: &Arc<LockHandle>) -> Result<(
             }
             e.with_data(data)
         })?;
+        // Crash point `migrate:step-done`: the step's work is durable, the ledger still names
+        // it `running`; the next start runs the step again (steps are idempotent).
+        capstan_core::crash_point("migrate:step-done");
 
         // re-read: the step may have renewed the lock, moving the revision
         let (mut done, current) = lock.read_own(store).await?;
