@@ -290,6 +290,7 @@ mod tests {
             booted_at: 0,
             heartbeat_at,
             draining_at: None,
+            signature: None,
         }
     }
 

@@ -453,7 +453,7 @@ async fn add_operator(state: &AppState) {
 /// A fleet member `id` of `state`'s bucket, its identity kept under `dir`.
 fn fleet_node(state: &AppState, dir: &std::path::Path, id: &str) -> capstan_server::fleet::Node {
     let (identity, _) = capstan_server::fleet::identity::NodeIdentity::load_or_create(dir, Some(id)).unwrap();
-    capstan_server::fleet::Node { blobs: state.blobs.clone(), identity, timing: capstan_server::fleet::Timing::default() }
+    capstan_server::fleet::Node::new(state.blobs.clone(), identity, capstan_server::fleet::Timing::default(), None)
 }
 
 fn fleet_addresses(port: u16) -> capstan_server::fleet::Addresses {
@@ -522,9 +522,9 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     let labels: std::collections::BTreeMap<String, String> =
         [("tier".to_string(), "fast".to_string()), ("note".to_string(), typed.to_string())].into();
     let alpha = fleet_node(&state, &identities.path().join("a"), "alpha");
-    alpha.register(fleet_addresses(8080), labels, None, vec![]).await.unwrap();
+    alpha.register(fleet_addresses(8080), labels, vec![]).await.unwrap();
     let beta = fleet_node(&state, &identities.path().join("b"), "beta");
-    beta.register(fleet_addresses(8081), Default::default(), None, vec![]).await.unwrap();
+    beta.register(fleet_addresses(8081), Default::default(), vec![]).await.unwrap();
     beta.drain().await;
     let lease = capstan_server::fleet::lease::Coordinator::new(state.blobs.clone(), "alpha", Duration::from_secs(60));
     assert_eq!(lease.tick().await, capstan_server::fleet::lease::Role::Holder { fence: 1 });

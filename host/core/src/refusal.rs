@@ -89,6 +89,8 @@ impl Refusal {
             "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
             "request-too-large" | "bundle-too-large" => 413,
             "rate-limited" => 429,
+            // another node answers this; the client calls it there (`data.address`)
+            "coordinator-elsewhere" => 421,
             "request-timeout" => 408,
             "unsupported-media-type" => 415,
             "unauthenticated" => 401,

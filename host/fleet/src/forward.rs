@@ -2,9 +2,18 @@
 //! holding the coordinator lease. Any other node forwards the request there unchanged (the
 //! caller's own credentials; the holder authenticates and authorizes it again) and relays
 //! the answer, so a client may call any node.
+//!
+//! The forwarded request carries the caller's token, so where it goes is checked first: the
+//! holder's record must carry a valid signature by the key its id was claimed with (a record
+//! someone rewrote to point elsewhere is not followed), and forwarding goes over plain HTTP,
+//! so it happens only on a private network (`lan`, `wireguard`). When this node or the holder
+//! is on `public`, the request is refused `coordinator-elsewhere` (421) naming the holder, and
+//! the client calls it directly: nodes have no TLS between them (mutual TLS on the node keys
+//! would need every node to serve a second, node-only listener; until then the fleet's own
+//! traffic stays on private networks).
 
 use super::runtime::Fleet;
-use super::{NodeRecord, lease, node_key};
+use super::{claimed_key, lease, node_key, signed};
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use serde_json::json;
@@ -55,14 +64,37 @@ pub async fn route(fleet: &Fleet, forwarded: bool) -> Result<Route> {
         // a record this node no longer stands behind (a previous process, a lost renewal)
         return Err(unavailable("the coordinator lease is changing hands; retry shortly"));
     }
-    let record: Option<NodeRecord> = match blobs.get_bytes(&node_key(&lease.holder)).await? {
-        Some((_, bytes)) => serde_json::from_slice(&bytes).ok(),
-        None => None,
+    let key = node_key(&lease.holder);
+    let not_answering = || {
+        unavailable(format!("the coordinator {} is not answering; retry once the lease has moved", lease.holder))
+            .with_data(json!({ "holder": lease.holder }))
     };
-    let Some(record) = record.filter(|r| r.answering(now_ms(), &fleet.node.timing)) else {
-        return Err(unavailable(format!("the coordinator {} is not answering; retry once the lease has moved", lease.holder))
-            .with_data(json!({ "holder": lease.holder })));
+    let Some((_, bytes)) = blobs.get_bytes(&key).await? else { return Err(not_answering()) };
+    // the caller's token goes where this record says: only a record its node signed counts
+    let untrusted = |why: Refusal| {
+        tracing::warn!(holder = %lease.holder, code = %why.code, "not forwarding to the coordinator: {}", why.message);
+        unavailable(format!("the coordinator {}'s record cannot be trusted ({}); retry once the lease has moved", lease.holder, why.code))
+            .with_data(json!({ "holder": lease.holder, "cause": why.code }))
     };
+    let record = signed::verify(&key, &bytes).map_err(untrusted)?;
+    if claimed_key(blobs, &record.node_id).await?.as_deref() != Some(record.public_key.as_str()) || record.node_id != lease.holder {
+        let why = Refusal::new("fleet-record-signature-invalid", "the record's key is not the one its id was claimed with");
+        return Err(untrusted(why));
+    }
+    if !record.answering(now_ms(), &fleet.node.timing) {
+        return Err(not_answering());
+    }
+    if fleet.node.network.as_deref() == Some("public") || record.network.as_deref() == Some("public") {
+        let address = base_url(&record.addresses.internal, record.addresses.api_port);
+        return Err(Refusal::new(
+            "coordinator-elsewhere",
+            format!(
+                "this request is answered by the coordinator {} ({address}); nodes on a public network do not forward a caller's credentials over plain HTTP: call it there",
+                record.node_id
+            ),
+        )
+        .with_data(json!({ "holder": record.node_id, "address": address })));
+    }
     Ok(Route::Holder { node_id: record.node_id, base_url: base_url(&record.addresses.internal, record.addresses.api_port) })
 }
 

@@ -4,7 +4,8 @@
 //! on read; nothing announces a death.
 //!
 //! Bucket layout (under the blob store):
-//! - `_capstan/nodes/<id>.json`       the node record (written at boot; beats touch `heartbeatAt`)
+//! - `_capstan/nodes/<id>.json`       the node record, signed by its node (written at boot; beats
+//!   touch `heartbeatAt`): see [`signed`]
 //! - `_capstan/identities/<id>.json`  the claim binding an id to a public key (create-only)
 //! - `_capstan/coordinator/lease.json` the coordinator lease with its fence
 //! - `_capstan/fleet/freeze.json`     a deploy freeze, while one stands
@@ -16,6 +17,7 @@ pub mod listing;
 pub mod methods;
 pub mod placement;
 pub mod runtime;
+pub mod signed;
 
 use capstan_blobs::{BlobMeta, Blobs, PutMode};
 use capstan_core::clock::now_ms;
@@ -122,6 +124,10 @@ pub struct NodeRecord {
     pub heartbeat_at: Option<u64>,
     /// When it marked itself as leaving, in milliseconds since the Unix epoch; `None` unless draining.
     pub draining_at: Option<u64>,
+    /// The node's Ed25519 signature over the rest of the record, base64 ([`signed`]); absent
+    /// in records of builds before signed records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 impl NodeRecord {
@@ -157,6 +163,15 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec_pretty(value).map_err(Refusal::internal)
 }
 
+/// The public key `id` was claimed with, if it was.
+pub async fn claimed_key(blobs: &Blobs, id: &str) -> Result<Option<String>> {
+    let key = format!("{IDENTITIES_PREFIX}{id}.json");
+    match blobs.get_bytes(&key).await? {
+        Some((_, bytes)) => Ok(Some(decode::<IdentityClaim>(&key, &bytes)?.public_key)),
+        None => Ok(None),
+    }
+}
+
 /// Claim `id` for `public_key` in the shared id keyspace (nodes, users and operators). An id
 /// already claimed by another key is refused `identity-claimed`.
 pub async fn claim_identity(blobs: &Blobs, id: &str, kind: &str, public_key: &str) -> Result<()> {
@@ -179,7 +194,9 @@ pub async fn claim_identity(blobs: &Blobs, id: &str, kind: &str, public_key: &st
     }
 }
 
-/// Read every node record (bounded pages); unreadable records are skipped with a warning.
+/// Read every node record (bounded pages); unreadable records, and signed ones whose signature
+/// does not verify, are skipped with a warning. An unsigned record (a build before signed
+/// records) is listed; whoever acts on a record's address checks more ([`forward`]).
 pub async fn read_nodes(blobs: &Blobs) -> Result<Vec<NodeRecord>> {
     let mut nodes = Vec::new();
     let mut cursor: Option<String> = None;
@@ -187,7 +204,11 @@ pub async fn read_nodes(blobs: &Blobs) -> Result<Vec<NodeRecord>> {
         let page = blobs.list(NODES_PREFIX, cursor.as_deref(), 500).await?;
         for item in &page.items {
             if let Some((_, bytes)) = blobs.get_bytes(&item.key).await? {
-                match decode::<NodeRecord>(&item.key, &bytes) {
+                let checked = match signed::verify(&item.key, &bytes) {
+                    Err(e) if e.is("fleet-record-unsigned") => decode::<NodeRecord>(&item.key, &bytes),
+                    other => other,
+                };
+                match checked {
                     Ok(record) => nodes.push(record),
                     Err(e) => tracing::warn!(key = %item.key, "skipping a node record: {}", e.message),
                 }
@@ -208,17 +229,21 @@ pub struct Node {
     pub identity: NodeIdentity,
     /// The fleet's intervals and windows.
     pub timing: Timing,
+    /// The network this node joined the fleet over (`lan`, `wireguard`, `public`), if one was set.
+    pub network: Option<String>,
+    /// The record as this node last wrote it: every write starts from here, never from the
+    /// bucket, so a record someone else changed is never signed as this node's.
+    own: tokio::sync::Mutex<Option<NodeRecord>>,
 }
 
 impl Node {
+    /// This process in the fleet of `blobs`; [`Node::register`] makes it a member.
+    pub fn new(blobs: Blobs, identity: NodeIdentity, timing: Timing, network: Option<String>) -> Node {
+        Node { blobs, identity, timing, network, own: tokio::sync::Mutex::new(None) }
+    }
+
     /// Claim the id and write the node record (versions, addresses, labels; a fresh beat).
-    pub async fn register(
-        &self,
-        addresses: Addresses,
-        labels: BTreeMap<String, String>,
-        network: Option<String>,
-        serves: Vec<String>,
-    ) -> Result<NodeRecord> {
+    pub async fn register(&self, addresses: Addresses, labels: BTreeMap<String, String>, serves: Vec<String>) -> Result<NodeRecord> {
         claim_identity(&self.blobs, &self.identity.id, "node", &self.identity.public_key()).await?;
         let at = now_ms();
         let record = NodeRecord {
@@ -228,31 +253,32 @@ impl Node {
             labels,
             versions: Some(Versions::of_this_build()),
             serves,
-            network,
+            network: self.network.clone(),
             booted_at: at,
             heartbeat_at: Some(at),
             draining_at: None,
+            signature: None,
         };
+        let record = signed::sign(&self.identity, record)?;
+        let mut own = self.own.lock().await;
         self.blobs.put_bytes(&node_key(&record.node_id), encode(&record)?, PutMode::Overwrite).await?;
+        *own = Some(record.clone());
         tracing::info!(node = %record.node_id, "registered in the fleet");
         Ok(record)
     }
 
-    /// Change one field of this node's record by compare-and-swap, so a concurrent write of
-    /// another field (a beat during draining) is never undone.
+    /// Change one field of this node's record: one write at a time, from the record as this
+    /// node last wrote it, so a beat never undoes a drain and what another writer put in the
+    /// bucket is replaced, not signed.
     async fn update(&self, change: impl Fn(&mut NodeRecord)) -> Result<BlobMeta> {
-        let key = node_key(&self.identity.id);
-        for _ in 0..5 {
-            let (meta, bytes) =
-                self.blobs.get_bytes(&key).await?.ok_or_else(|| Refusal::new("node-unregistered", "this node's record is missing"))?;
-            let mut record: NodeRecord = decode(&key, &bytes)?;
-            change(&mut record);
-            match self.blobs.put_bytes(&key, encode(&record)?, PutMode::IfMatch(meta.etag)).await {
-                Err(e) if e.is("conflict") => continue,
-                other => return other,
-            }
-        }
-        Err(Refusal::new("blobs-unavailable", "the node record kept changing under this write").retryable())
+        let mut own = self.own.lock().await;
+        let current = own.as_ref().ok_or_else(|| Refusal::new("node-unregistered", "this node has not registered in the fleet"))?;
+        let mut next = current.clone();
+        change(&mut next);
+        let next = signed::sign(&self.identity, next)?;
+        let written = self.blobs.put_bytes(&node_key(&self.identity.id), encode(&next)?, PutMode::Overwrite).await?;
+        *own = Some(next);
+        Ok(written)
     }
 
     /// Write a heartbeat: set this node's `heartbeatAt` to now.

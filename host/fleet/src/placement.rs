@@ -65,6 +65,7 @@ mod tests {
             booted_at: 0,
             heartbeat_at: Some(0),
             draining_at: None,
+            signature: None,
         }
     }
 

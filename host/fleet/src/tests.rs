@@ -8,7 +8,7 @@ async fn bucket(dir: &tempfile::TempDir) -> Blobs {
 
 fn node(blobs: &Blobs, state: &std::path::Path, id: &str) -> Node {
     let (identity, _) = NodeIdentity::load_or_create(state, Some(id)).unwrap();
-    Node { blobs: blobs.clone(), identity, timing: Timing::default() }
+    Node::new(blobs.clone(), identity, Timing::default(), None)
 }
 
 fn addresses() -> Addresses {
@@ -22,18 +22,18 @@ async fn registration_writes_the_record_and_claims_the_id() {
     let blobs = bucket(&dir).await;
     let a = node(&blobs, state.path(), "alpha");
     let labels: BTreeMap<String, String> = [("tier".to_string(), "fast".to_string())].into();
-    let record = a.register(addresses(), labels.clone(), None, vec!["api".into()]).await.unwrap();
+    let record = a.register(addresses(), labels.clone(), vec!["api".into()]).await.unwrap();
     assert_eq!(record.versions.as_ref().unwrap().capstan, env!("CARGO_PKG_VERSION"));
     let nodes = read_nodes(&blobs).await.unwrap();
     assert_eq!(nodes, vec![record.clone()]);
     assert!(nodes[0].live(now_ms(), &Timing::default()));
     // re-registering with the same key is fine (a restart)
-    a.register(addresses(), labels, None, vec![]).await.unwrap();
+    a.register(addresses(), labels, vec![]).await.unwrap();
 
     // another key under the same id is refused, and so is a user claiming a node's id
     let other_state = tempfile::tempdir().unwrap();
     let impostor = node(&blobs, other_state.path(), "alpha");
-    assert_eq!(impostor.register(addresses(), BTreeMap::new(), None, vec![]).await.unwrap_err().code, "identity-claimed");
+    assert_eq!(impostor.register(addresses(), BTreeMap::new(), vec![]).await.unwrap_err().code, "identity-claimed");
     assert_eq!(claim_identity(&blobs, "alpha", "user", &a.identity.public_key()).await.unwrap_err().code, "identity-claimed");
 }
 
@@ -43,7 +43,7 @@ async fn a_beat_touches_only_its_field_and_draining_wins() {
     let state = tempfile::tempdir().unwrap();
     let blobs = bucket(&dir).await;
     let a = node(&blobs, state.path(), "alpha");
-    let booted = a.register(addresses(), BTreeMap::new(), None, vec![]).await.unwrap();
+    let booted = a.register(addresses(), BTreeMap::new(), vec![]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     a.beat().await.unwrap();
     let after = read_nodes(&blobs).await.unwrap().remove(0);
@@ -72,6 +72,7 @@ fn liveness_is_an_age() {
         booted_at: 0,
         heartbeat_at: None,
         draining_at: None,
+        signature: None,
     };
     assert!(!r.live(1_000_000, &timing), "never beaten is not live");
     r.heartbeat_at = Some(1_000_000 - 90_000);
@@ -151,9 +152,9 @@ async fn the_listing_counts_versions_and_states_on_one_clock() {
     let blobs = bucket(&dir).await;
     let s1 = tempfile::tempdir().unwrap();
     let s2 = tempfile::tempdir().unwrap();
-    node(&blobs, s1.path(), "alpha").register(addresses(), BTreeMap::new(), None, vec![]).await.unwrap();
+    node(&blobs, s1.path(), "alpha").register(addresses(), BTreeMap::new(), vec![]).await.unwrap();
     let b = node(&blobs, s2.path(), "beta");
-    b.register(addresses(), BTreeMap::new(), None, vec![]).await.unwrap();
+    b.register(addresses(), BTreeMap::new(), vec![]).await.unwrap();
     b.drain().await;
     let nodes = read_nodes(&blobs).await.unwrap();
     let listing = listing::build(now_ms(), &Timing::default(), &nodes, None, None);
@@ -162,4 +163,79 @@ async fn the_listing_counts_versions_and_states_on_one_clock() {
     let text = listing::render(&listing);
     assert!(text.starts_with("fleet: 2 nodes, 1 live\n"), "{text}");
     assert!(text.contains("draining"));
+}
+
+#[tokio::test]
+async fn a_record_someone_else_rewrote_is_skipped_and_the_next_beat_restores_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let blobs = bucket(&dir).await;
+    let a = node(&blobs, state.path(), "alpha");
+    a.register(addresses(), BTreeMap::new(), vec![]).await.unwrap();
+    let key = node_key("alpha");
+    let (_, bytes) = blobs.get_bytes(&key).await.unwrap().unwrap();
+    let mut tampered: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    tampered["addresses"]["internal"] = json!("203.0.113.9");
+    blobs.put_bytes(&key, serde_json::to_vec(&tampered).unwrap(), PutMode::Overwrite).await.unwrap();
+    assert!(read_nodes(&blobs).await.unwrap().is_empty(), "a record whose signature fails is not listed");
+
+    // the beat writes what the node knows, signed: the other writer's address is gone
+    a.beat().await.unwrap();
+    let restored = read_nodes(&blobs).await.unwrap().remove(0);
+    assert_eq!(restored.addresses.internal, "127.0.0.1");
+    signed::verify(&key, &blobs.get_bytes(&key).await.unwrap().unwrap().1).unwrap();
+}
+
+#[tokio::test]
+async fn forwarding_follows_only_a_record_its_node_signed_and_never_leaves_a_public_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let (holder_state, asker_state, forger_state, public_state) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let blobs = bucket(&dir).await;
+    let holder = runtime::Fleet::new(std::sync::Arc::new(node(&blobs, holder_state.path(), "holder")));
+    holder.node.register(addresses(), BTreeMap::new(), vec![]).await.unwrap();
+    assert_eq!(holder.coordinator.tick().await, Role::Holder { fence: 1 });
+    let asker = runtime::Fleet::new(std::sync::Arc::new(node(&blobs, asker_state.path(), "asker")));
+    let to_holder = forward::Route::Holder { node_id: "holder".into(), base_url: "http://127.0.0.1:8080".into() };
+    assert_eq!(forward::route(&asker, false).await.unwrap(), to_holder);
+
+    let key = node_key("holder");
+    let (_, signed_bytes) = blobs.get_bytes(&key).await.unwrap().unwrap();
+    let put = |bytes: Vec<u8>| {
+        let (blobs, key) = (blobs.clone(), key.clone());
+        async move { blobs.put_bytes(&key, bytes, PutMode::Overwrite).await.unwrap() }
+    };
+    let cause = |refused: Refusal| {
+        assert_eq!((refused.code.as_ref(), refused.http_status()), ("coordinator-unavailable", 503), "{refused}");
+        refused.data.unwrap()["cause"].as_str().unwrap().to_string()
+    };
+
+    // an address someone rewrote
+    let mut moved: serde_json::Value = serde_json::from_slice(&signed_bytes).unwrap();
+    moved["addresses"]["internal"] = json!("203.0.113.9");
+    put(serde_json::to_vec(&moved).unwrap()).await;
+    assert_eq!(cause(forward::route(&asker, false).await.unwrap_err()), "fleet-record-signature-invalid");
+    // a record another key signed under the holder's id: valid as a signature, not as the holder
+    let (forger, _) = NodeIdentity::load_or_create(forger_state.path(), Some("holder")).unwrap();
+    let mut forged: NodeRecord = serde_json::from_slice(&signed_bytes).unwrap();
+    forged.public_key = forger.public_key();
+    forged.addresses.internal = "203.0.113.9".into();
+    put(serde_json::to_vec(&signed::sign(&forger, forged).unwrap()).unwrap()).await;
+    assert_eq!(cause(forward::route(&asker, false).await.unwrap_err()), "fleet-record-signature-invalid");
+    // no signature at all
+    let mut unsigned: serde_json::Value = serde_json::from_slice(&signed_bytes).unwrap();
+    unsigned.as_object_mut().unwrap().remove("signature");
+    put(serde_json::to_vec(&unsigned).unwrap()).await;
+    assert_eq!(cause(forward::route(&asker, false).await.unwrap_err()), "fleet-record-unsigned");
+
+    // the holder's own write makes it followed again
+    holder.node.beat().await.unwrap();
+    assert_eq!(forward::route(&asker, false).await.unwrap(), to_holder);
+
+    // a node on a public network sends the client to the holder instead of forwarding its token
+    let (identity, _) = NodeIdentity::load_or_create(public_state.path(), Some("edge")).unwrap();
+    let public = runtime::Fleet::new(std::sync::Arc::new(Node::new(blobs.clone(), identity, Timing::default(), Some("public".into()))));
+    let refused = forward::route(&public, false).await.unwrap_err();
+    assert_eq!((refused.code.as_ref(), refused.http_status()), ("coordinator-elsewhere", 421), "{refused}");
+    assert_eq!(refused.data.unwrap()["address"], "http://127.0.0.1:8080");
 }

@@ -232,14 +232,9 @@ async fn join_fleet(config: &ServeConfig, blobs: &Blobs, identity: NodeIdentity,
         None => bound.ip().to_string(),
     };
     let port = config.node.advertise.as_deref().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok()).unwrap_or(bound.port());
-    let node = Arc::new(Node { blobs: blobs.clone(), identity, timing: config.node.timing });
-    node.register(
-        Addresses { internal, api_port: port },
-        config.node.labels.clone(),
-        config.node.network.map(|n| n.as_str().to_string()),
-        vec!["api".into(), "dashboard".into()],
-    )
-    .await?;
+    let network = config.node.network.map(|n| n.as_str().to_string());
+    let node = Arc::new(Node::new(blobs.clone(), identity, config.node.timing, network));
+    node.register(Addresses { internal, api_port: port }, config.node.labels.clone(), vec!["api".into(), "dashboard".into()]).await?;
     Ok(Fleet::new(node))
 }
 

@@ -169,8 +169,7 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     // a node identity of its own; it neither registers in the bucket nor runs the fleet's loops,
     // so the bucket holds only what a test puts there and no coordinator lease is taken
     let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.join("state"), Some("test-node")).unwrap();
-    let fleet =
-        crate::fleet::runtime::Fleet::new(Arc::new(crate::fleet::Node { blobs: blobs.clone(), identity, timing: Default::default() }));
+    let fleet = crate::fleet::runtime::Fleet::new(Arc::new(crate::fleet::Node::new(blobs.clone(), identity, Default::default(), None)));
     AppState::build(Parts {
         store,
         blobs,
