@@ -38,7 +38,9 @@ pub trait Manager {
     }
 
     /// Bring the data from version `from` (`None`: a fresh install) to `to`, before the new
-    /// version serves any call. A refusal aborts the upgrade.
+    /// version serves any call. A refusal aborts the upgrade. It must be idempotent: an install
+    /// or upgrade interrupted after it ran (a node killed) runs it again when asked again, and
+    /// until then the previous version serves the data as migrated, as after a rollback.
     fn migrate(ctx: &Context, from: Option<&str>, to: &str) -> Result<()> {
         let _ = (ctx, from, to);
         Ok(())
