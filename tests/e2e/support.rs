@@ -507,19 +507,32 @@ pub fn is_kebab_case(code: &str) -> bool {
 
 /// Check `{"error":{"code","message","retryable","data"?}}` exactly; returns the error object.
 pub fn check_envelope(what: &str, body: &Value) -> Value {
-    let top = body.as_object().unwrap_or_else(|| panic!("{what}: an error body should be an object, got {body}"));
-    assert_eq!(top.keys().collect::<Vec<_>>(), vec!["error"], "{what}: an error body should hold only `error`, got {body}");
-    let error = top["error"].as_object().unwrap_or_else(|| panic!("{what}: `error` should be an object, got {body}"));
-    for key in error.keys() {
-        assert!(["code", "message", "retryable", "data"].contains(&key.as_str()), "{what}: unexpected key {key:?} in error {body}");
+    envelope_error(body).unwrap_or_else(|problem| panic!("{what}: {problem}"))
+}
+
+/// The error object of `{"error":{"code","message","retryable","data"?}}`, or what is wrong
+/// with the envelope (for a test that gathers every problem before failing).
+pub fn envelope_error(body: &Value) -> Result<Value, String> {
+    let top = body.as_object().ok_or_else(|| format!("an error body should be an object, got {body}"))?;
+    if top.keys().ne(["error"].iter()) {
+        return Err(format!("an error body should hold only `error`, got {body}"));
     }
-    let code = error.get("code").and_then(Value::as_str).unwrap_or_else(|| panic!("{what}: error.code should be a string in {body}"));
-    assert!(is_kebab_case(code), "{what}: error code {code:?} should be kebab-case");
-    let message =
-        error.get("message").and_then(Value::as_str).unwrap_or_else(|| panic!("{what}: error.message should be a string in {body}"));
-    assert!(!message.trim().is_empty(), "{what}: error.message should not be empty in {body}");
-    assert!(error.get("retryable").is_some_and(Value::is_boolean), "{what}: error.retryable should be a boolean in {body}");
-    Value::Object(error.clone())
+    let error = top["error"].as_object().ok_or_else(|| format!("`error` should be an object, got {body}"))?;
+    if let Some(key) = error.keys().find(|k| !["code", "message", "retryable", "data"].contains(&k.as_str())) {
+        return Err(format!("unexpected key {key:?} in error {body}"));
+    }
+    let code = error.get("code").and_then(Value::as_str).ok_or_else(|| format!("error.code should be a string in {body}"))?;
+    if !is_kebab_case(code) {
+        return Err(format!("error code {code:?} should be kebab-case"));
+    }
+    let message = error.get("message").and_then(Value::as_str).ok_or_else(|| format!("error.message should be a string in {body}"))?;
+    if message.trim().is_empty() {
+        return Err(format!("error.message should not be empty in {body}"));
+    }
+    if !error.get("retryable").is_some_and(Value::is_boolean) {
+        return Err(format!("error.retryable should be a boolean in {body}"));
+    }
+    Ok(Value::Object(error.clone()))
 }
 
 /// Run `work` on the SQLite store at `db` (ledger collection declared, plus `collections`),
@@ -628,5 +641,132 @@ pub fn read_blob_json(blobs: &Path, key: &str) -> Option<Value> {
         Ok(bytes) => Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{} should hold JSON: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => panic!("reading {}: {e}", path.display()),
+    }
+}
+
+impl Capstan {
+    /// `POST /api/v1/<method>` with `body` as it is (any bytes), as the holder of `token` or
+    /// anonymously.
+    pub fn call_bytes(&self, token: Option<&str>, method: &str, body: &[u8]) -> Reply {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend(bearer.as_deref().map(|b| ("authorization", b)));
+        self.request("POST", &format!("/api/v1/{method}"), &headers, Some(body))
+    }
+
+    /// `GET /api/v1/methods` once this node's plugins have loaded (the first-party ones load in
+    /// the background after the start): every method, the host's and the plugins'.
+    pub fn listed_methods(&self) -> Vec<Value> {
+        eventually("the plugins loaded", Duration::from_secs(120), || {
+            let status = self.get("/status").json();
+            let plugins = &status["plugins"];
+            if plugins["loading"] == 0 && plugins["loaded"].as_u64() >= Some(1) { Ok(()) } else { Err(status.to_string()) }
+        });
+        let listing = self.get("/api/v1/methods").expect_json(200);
+        listing["methods"].as_array().unwrap_or_else(|| panic!("`methods` should be an array: {listing}")).clone()
+    }
+}
+
+/// Every kind of caller the API tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Administrator,
+    /// An owner of [`Identities::organization_id`].
+    Owner,
+    /// A member of it.
+    Member,
+    /// A person with no membership anywhere.
+    Stranger,
+    /// The machine user of [`Identities::cluster_id`].
+    ClusterMachine,
+    /// A deployer granted `deployment:status` on [`Identities::service_id`].
+    Deployer,
+    Anonymous,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] =
+        [Kind::Administrator, Kind::Owner, Kind::Member, Kind::Stranger, Kind::ClusterMachine, Kind::Deployer, Kind::Anonymous];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Administrator => "administrator",
+            Kind::Owner => "owner",
+            Kind::Member => "member",
+            Kind::Stranger => "stranger",
+            Kind::ClusterMachine => "cluster machine",
+            Kind::Deployer => "deployer",
+            Kind::Anonymous => "anonymous",
+        }
+    }
+}
+
+/// One organization with a service, a cluster, and a session of every [`Kind`], made over the
+/// API by the administrator of a server started [`with_test_admin`].
+pub struct Identities {
+    pub organization_id: String,
+    pub service_id: String,
+    pub cluster_id: String,
+    pub member_id: String,
+    pub member_password: String,
+    pub deployer_id: String,
+    /// The deployer's machine token (what `auth.exchangeToken` takes).
+    pub deployer_token: String,
+    /// A session token per kind, in [`Kind::ALL`] order; none for [`Kind::Anonymous`].
+    tokens: Vec<Option<String>>,
+}
+
+impl Identities {
+    pub fn create(server: &Capstan) -> Identities {
+        let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+        let ok = |method: &str, body: Value| server.call_as(&admin, method, &body).expect_json(200);
+        let id = |value: &Value| value.as_str().unwrap_or_else(|| panic!("an id, got {value}")).to_string();
+        let person = |username: &str| {
+            let created = ok("admin.createUser", serde_json::json!({ "username": username }));
+            let password = id(&created["password"]);
+            (id(&created["userId"]), server.login(username, &password), password)
+        };
+        let exchange = |token: &str| {
+            let answer = server.call("auth.exchangeToken", &serde_json::json!({ "token": token }).to_string()).expect_json(200);
+            id(&answer["token"])
+        };
+
+        let organization_id = id(&ok("organizations.create", serde_json::json!({ "name": "fixture" }))["id"]);
+        let (owner_id, owner, _) = person("owner");
+        let (member_id, member, member_password) = person("member");
+        let (_, stranger, _) = person("stranger");
+        for (user, role) in [(&owner_id, "owner"), (&member_id, "member")] {
+            ok("organizations.setMember", serde_json::json!({ "organizationId": organization_id, "userId": user, "role": role }));
+        }
+        let cluster = ok("clusters.create", serde_json::json!({ "name": "fixture" }));
+        let machine = exchange(&id(&cluster["machineUser"]["token"]));
+        let service = serde_json::json!({ "name": "web", "organizationId": organization_id, "image": "nginx:1.27" });
+        let service_id = id(&ok("services.create", service)["id"]);
+        let deployer = ok("deployers.create", serde_json::json!({ "username": "deployer" }));
+        let (deployer_id, deployer_token) = (id(&deployer["userId"]), id(&deployer["token"]));
+        let grant = serde_json::json!({ "serviceId": service_id, "userId": deployer_id, "capabilities": ["deployment:status"] });
+        ok("deployers.grant", grant);
+        let deployer = exchange(&deployer_token);
+        Identities {
+            organization_id,
+            service_id,
+            cluster_id: id(&cluster["cluster"]["id"]),
+            member_id,
+            member_password,
+            deployer_id,
+            deployer_token,
+            tokens: vec![Some(admin), Some(owner), Some(member), Some(stranger), Some(machine), Some(deployer), None],
+        }
+    }
+
+    /// The session token of `kind` (`None` for [`Kind::Anonymous`]).
+    pub fn token(&self, kind: Kind) -> Option<&str> {
+        let index = Kind::ALL.iter().position(|k| *k == kind).expect("every kind is in Kind::ALL");
+        self.tokens[index].as_deref()
+    }
+
+    /// Call `method` with `body` as `kind`.
+    pub fn call(&self, server: &Capstan, kind: Kind, method: &str, body: &[u8]) -> Reply {
+        server.call_bytes(self.token(kind), method, body)
     }
 }

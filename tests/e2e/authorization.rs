@@ -1,0 +1,359 @@
+//! The authorization matrix: every method `GET /api/v1/methods` lists (the host's and the
+//! first-party plugins') against every kind of caller, each cell's answer declared once below.
+//! A method listed without a row, or a row naming a method no longer listed, fails the test.
+//!
+//! Bodies name the fixture's entities (see [`Identities`]) and are chosen so that no cell
+//! changes what another cell sees: mutations state a revision nobody holds (`conflict`), create
+//! what already exists (`exists`), or name things that do not exist.
+
+use crate::support::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+/// What one caller gets from one method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cell {
+    /// 200: the method ran.
+    Ran,
+    /// Past authorization, refused by the method's own rules with this code.
+    Past(&'static str),
+    /// 403 `forbidden`.
+    Denied,
+    /// 404 with this code, as if the entity did not exist: the caller may not know it does.
+    Hidden(&'static str),
+    /// 401 `unauthenticated`: this method needs a token.
+    Anon,
+}
+
+use Cell::*;
+
+/// One answer per kind, in [`Kind::ALL`] order: administrator, owner, member, stranger, cluster
+/// machine, deployer, anonymous.
+type Cells = [Cell; 7];
+
+/// A human administrator's method: anyone else is denied.
+const fn admin(answer: Cell) -> Cells {
+    [answer, Denied, Denied, Denied, Denied, Denied, Anon]
+}
+
+/// Any caller with a token.
+const fn signed_in(answer: Cell) -> Cells {
+    [answer, answer, answer, answer, answer, answer, Anon]
+}
+
+/// Anyone, with a token or without.
+const fn anyone(answer: Cell) -> Cells {
+    [answer; 7]
+}
+
+// Placeholders a body names the fixture by (see `fill`).
+const ORG: &str = "$organization";
+const SERVICE: &str = "$service";
+const CLUSTER: &str = "$cluster";
+const MEMBER: &str = "$member";
+const MEMBER_PASSWORD: &str = "$member-password";
+const DEPLOYER: &str = "$deployer";
+const DEPLOYER_TOKEN: &str = "$deployer-token";
+
+/// A revision or generation nobody holds: a mutation stating it changes nothing.
+const STALE: u64 = 999;
+
+/// The matrix: method, body, and what each kind of caller gets.
+fn rows() -> Vec<(&'static str, Value, Cells)> {
+    // the member may read the service and the deployer holds deployment:status on it: a write
+    // refuses them `forbidden`; a caller that may not read it learns nothing (`Hidden`)
+    let hidden_service = Hidden("service-not-found");
+    vec![
+        // ---- auth: public and signed-in ----
+        ("auth.login", json!({ "username": "member", "password": MEMBER_PASSWORD }), anyone(Ran)),
+        ("auth.exchangeToken", json!({ "token": DEPLOYER_TOKEN }), anyone(Ran)),
+        ("auth.whoami", json!({}), signed_in(Ran)),
+        // a valid body would end the caller's session for the cells after it; an unknown field
+        // is refused once the caller is authenticated, before the handler runs
+        ("auth.logout", json!({ "matrix": true }), signed_in(Past("invalid-request"))),
+        // ---- administrators' accounts ----
+        ("admin.createMachineUser", json!({ "username": "deployer" }), admin(Past("exists"))),
+        ("admin.createUser", json!({ "username": "member" }), admin(Past("exists"))),
+        ("admin.getHumanCredential", json!({ "userId": MEMBER }), admin(Ran)),
+        ("admin.listMachineUsers", json!({}), admin(Ran)),
+        (
+            "admin.mutateHumanCredential",
+            json!({ "userId": MEMBER, "expectedGeneration": STALE, "mutationId": "matrix", "operation": { "revokeSessions": {} } }),
+            admin(Past("conflict")),
+        ),
+        ("admin.revokeMachineTokens", json!({ "userId": "machine_missing" }), admin(Past("not-found"))),
+        ("admin.rotateMachineToken", json!({ "userId": "machine_missing" }), admin(Past("not-found"))),
+        // ---- clusters ----
+        ("clusters.create", json!({ "name": "fixture" }), admin(Past("exists"))),
+        ("clusters.delete", json!({ "id": CLUSTER, "expectedRevision": STALE }), admin(Past("conflict"))),
+        ("clusters.get", json!({ "id": CLUSTER }), admin(Ran)),
+        ("clusters.getRuntime", json!({ "id": CLUSTER }), admin(Ran)),
+        ("clusters.list", json!({}), admin(Ran)),
+        ("clusters.setRuntimePhase", json!({ "id": CLUSTER, "phase": "pallet", "expectedGeneration": STALE }), admin(Past("conflict"))),
+        ("clusters.update", json!({ "id": CLUSTER, "expectedRevision": STALE, "name": "renamed" }), admin(Past("conflict"))),
+        // ---- deployers ----
+        ("deployers.create", json!({ "username": "deployer" }), admin(Past("exists"))),
+        // the grant the fixture already holds: granting it again changes nothing
+        ("deployers.grant", json!({ "serviceId": SERVICE, "userId": DEPLOYER, "capabilities": ["deployment:status"] }), admin(Ran)),
+        ("deployers.list", json!({}), admin(Ran)),
+        ("deployers.revoke", json!({ "serviceId": SERVICE, "userId": "machine_missing" }), admin(Ran)),
+        ("deployers.revokeToken", json!({ "userId": "machine_missing" }), admin(Past("deployment-machine-user-invalid"))),
+        ("deployers.rotateToken", json!({ "userId": "machine_missing" }), admin(Past("deployment-machine-user-invalid"))),
+        // ---- events, fleet, migrations, system ----
+        ("events.head", json!({}), signed_in(Ran)),
+        ("events.watch", json!({ "after": 0, "areas": ["service"], "waitMs": 0 }), signed_in(Ran)),
+        ("fleet.listNodes", json!({}), admin(Ran)),
+        ("fleet.rebalance", json!({}), admin(Ran)),
+        ("migrations.getStatus", json!({}), anyone(Ran)),
+        ("system.getStatus", json!({}), anyone(Ran)),
+        ("system.getVersion", json!({}), anyone(Ran)),
+        // ---- organizations ----
+        ("organizations.create", json!({ "name": "fixture" }), admin(Past("exists"))),
+        ("organizations.delete", json!({ "id": ORG, "expectedRevision": STALE }), admin(Past("conflict"))),
+        ("organizations.get", json!({ "id": ORG }), [Ran, Ran, Ran, Denied, Denied, Denied, Anon]),
+        ("organizations.list", json!({}), signed_in(Ran)),
+        ("organizations.listMembers", json!({ "organizationId": ORG }), [Ran, Ran, Ran, Denied, Denied, Denied, Anon]),
+        // the role the member already holds
+        (
+            "organizations.setMember",
+            json!({ "organizationId": ORG, "userId": MEMBER, "role": "member" }),
+            [Ran, Ran, Denied, Denied, Denied, Denied, Anon],
+        ),
+        (
+            "organizations.update",
+            json!({ "id": ORG, "expectedRevision": STALE, "name": "renamed" }),
+            [Past("conflict"), Past("conflict"), Denied, Denied, Denied, Denied, Anon],
+        ),
+        // ---- plugins ----
+        ("plugins.addTrustedPublisher", json!({ "publicKey": "not-a-key", "name": "matrix" }), admin(Past("publisher-key-invalid"))),
+        ("plugins.disable", json!({ "id": "missing" }), admin(Past("not-found"))),
+        ("plugins.discardUpload", json!({ "upload": "missing" }), admin(Past("invalid-request"))),
+        ("plugins.enable", json!({ "id": "missing" }), admin(Past("not-found"))),
+        ("plugins.get", json!({ "id": "appstore" }), admin(Ran)),
+        ("plugins.inspectUpload", json!({ "upload": "missing" }), admin(Past("invalid-request"))),
+        ("plugins.install", json!({ "upload": "missing", "approve": [] }), admin(Past("invalid-request"))),
+        ("plugins.list", json!({}), admin(Ran)),
+        ("plugins.listTrustedPublishers", json!({}), admin(Ran)),
+        ("plugins.removeTrustedPublisher", json!({ "publicKey": "not-a-key" }), admin(Past("publisher-key-invalid"))),
+        ("plugins.rollback", json!({ "id": "missing" }), admin(Past("not-found"))),
+        ("plugins.uninstall", json!({ "id": "missing" }), admin(Past("not-found"))),
+        ("plugins.upgrade", json!({ "upload": "missing", "approve": [] }), admin(Past("invalid-request"))),
+        // ---- secrets ----
+        (
+            "secrets.attachSecretSet",
+            json!({ "serviceId": SERVICE, "secretSetId": "set_missing", "expectedSecretsRevision": STALE }),
+            admin(Past("conflict")),
+        ),
+        (
+            "secrets.create",
+            json!({ "owner": { "kind": "service", "serviceId": "svc_missing" }, "key": "MATRIX",
+                    "value": { "generate": { "length": 32, "alphabet": "hex" } } }),
+            admin(Past("service-not-found")),
+        ),
+        ("secrets.createSecretSet", json!({ "organizationId": "org_missing", "name": "matrix" }), admin(Past("organization-not-found"))),
+        (
+            "secrets.detachSecretSet",
+            json!({ "serviceId": SERVICE, "secretSetId": "set_missing", "expectedSecretsRevision": STALE }),
+            admin(Past("conflict")),
+        ),
+        ("secrets.get", json!({ "id": "secret_missing" }), admin(Past("secret-not-found"))),
+        ("secrets.getIngressRecipient", json!({}), signed_in(Ran)),
+        ("secrets.getManifest", json!({ "serviceId": SERVICE }), admin(Ran)),
+        ("secrets.getSecretSet", json!({ "id": "set_missing" }), admin(Past("secret-set-not-found"))),
+        ("secrets.getServiceConfiguration", json!({ "serviceId": SERVICE }), admin(Ran)),
+        ("secrets.list", json!({}), admin(Ran)),
+        ("secrets.listSecretSets", json!({}), admin(Ran)),
+        ("secrets.previewResolution", json!({ "serviceId": SERVICE }), admin(Ran)),
+        ("secrets.retireSecretSet", json!({ "id": "set_missing", "expectedRevision": STALE }), admin(Past("secret-set-not-found"))),
+        ("secrets.revoke", json!({ "id": "secret_missing" }), admin(Past("secret-not-found"))),
+        ("secrets.rewrap", json!({ "limit": 1 }), admin(Ran)),
+        (
+            "secrets.rotate",
+            json!({ "id": "secret_missing", "expectedVersionId": "version_missing",
+                    "value": { "generate": { "length": 32, "alphabet": "hex" } } }),
+            admin(Past("secret-not-found")),
+        ),
+        ("secrets.updateSecretSet", json!({ "id": "set_missing", "expectedRevision": STALE }), admin(Past("secret-set-not-found"))),
+        // ---- services ----
+        (
+            "services.create",
+            json!({ "name": "web", "organizationId": ORG, "image": "nginx:1.27" }),
+            [Past("exists"), Past("exists"), Denied, Denied, Denied, Denied, Anon],
+        ),
+        (
+            "services.delete",
+            json!({ "id": SERVICE, "expectedRevision": STALE }),
+            [Past("conflict"), Past("conflict"), Denied, hidden_service, hidden_service, Denied, Anon],
+        ),
+        ("services.get", json!({ "id": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        ("services.list", json!({ "organizationId": ORG }), [Ran, Ran, Ran, Denied, Denied, Denied, Anon]),
+        (
+            "services.update",
+            json!({ "id": SERVICE, "expectedRevision": STALE, "scale": 1 }),
+            [Past("conflict"), Past("conflict"), Denied, hidden_service, hidden_service, Denied, Anon],
+        ),
+        // ---- settings ----
+        ("settings.get", json!({}), signed_in(Ran)),
+        ("settings.update", json!({ "expectedRevision": STALE }), admin(Past("conflict"))),
+        // ---- tasks ----
+        ("tasks.cancel", json!({ "executionId": "missing" }), admin(Past("execution-not-found"))),
+        ("tasks.get", json!({ "id": "host.cleanup" }), admin(Ran)),
+        ("tasks.getExecution", json!({ "id": "missing" }), admin(Past("execution-not-found"))),
+        ("tasks.list", json!({}), admin(Ran)),
+        ("tasks.listExecutions", json!({ "taskId": "host.cleanup" }), admin(Ran)),
+        // the state the task is already in
+        ("tasks.setEnabled", json!({ "id": "host.cleanup", "enabled": true }), admin(Ran)),
+        ("tasks.trigger", json!({ "id": "missing.task" }), admin(Past("task-not-found"))),
+        // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
+        ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),
+        ("appstore.getCatalogStatus", json!({}), signed_in(Ran)),
+        (
+            "appstore.getUpgradePreview",
+            json!({ "organizationId": ORG, "serviceId": SERVICE }),
+            [
+                Past("appstore-catalog-unavailable"),
+                Past("appstore-catalog-unavailable"),
+                Past("appstore-catalog-unavailable"),
+                Denied,
+                Denied,
+                Denied,
+                Anon,
+            ],
+        ),
+        ("appstore.importCatalog", json!({ "envelope": "not an envelope" }), admin(Past("catalog-malformed"))),
+        (
+            "appstore.install",
+            json!({ "organizationId": ORG, "appId": "missing", "name": "matrix" }),
+            [Past("appstore-catalog-unavailable"), Past("appstore-catalog-unavailable"), Denied, Denied, Denied, Denied, Anon],
+        ),
+        ("appstore.listApps", json!({}), signed_in(Ran)),
+        (
+            "appstore.listUpgradeable",
+            json!({ "organizationId": ORG }),
+            [
+                Past("appstore-catalog-unavailable"),
+                Past("appstore-catalog-unavailable"),
+                Past("appstore-catalog-unavailable"),
+                Denied,
+                Denied,
+                Denied,
+                Anon,
+            ],
+        ),
+        ("appstore.refreshCatalog", json!({}), admin(Ran)),
+        // without the expectedRevision an upgrade must state
+        (
+            "appstore.upgrade",
+            json!({ "organizationId": ORG, "serviceId": SERVICE }),
+            [Past("invalid-request"), Past("invalid-request"), Denied, Denied, Denied, Denied, Anon],
+        ),
+    ]
+}
+
+/// `body` with its placeholders replaced: the fixture's ids, or with `missing` ids of the same
+/// shape that name nothing.
+fn fill(body: &Value, fixture: &Identities, missing: bool) -> Value {
+    match body {
+        Value::String(s) => {
+            let real = match s.as_str() {
+                ORG => &fixture.organization_id,
+                SERVICE => &fixture.service_id,
+                CLUSTER => &fixture.cluster_id,
+                MEMBER => &fixture.member_id,
+                MEMBER_PASSWORD => &fixture.member_password,
+                DEPLOYER => &fixture.deployer_id,
+                DEPLOYER_TOKEN => &fixture.deployer_token,
+                _ => return body.clone(),
+            };
+            match real.split_once('_') {
+                Some((prefix, _)) if missing => json!(format!("{prefix}_00000000000000000000000000000000")),
+                _ => json!(real),
+            }
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|v| fill(v, fixture, missing)).collect()),
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), fill(v, fixture, missing))).collect()),
+        other => other.clone(),
+    }
+}
+
+/// What is wrong with `reply` as the answer `cell` declares, if anything.
+fn mismatch(cell: Cell, reply: &Reply) -> Option<String> {
+    let got = if reply.status == 200 {
+        "200".to_string()
+    } else {
+        match envelope_error(&reply.json()) {
+            Ok(error) => format!("{} {}", reply.status, error["code"].as_str().unwrap_or_default()),
+            Err(problem) => return Some(format!("HTTP {}: {problem}", reply.status)),
+        }
+    };
+    let expected = match cell {
+        Ran => "200".to_string(),
+        Denied => "403 forbidden".to_string(),
+        Anon => "401 unauthenticated".to_string(),
+        Hidden(code) => format!("404 {code}"),
+        // a method's own refusal: any client error, or unavailable (503) if it says so
+        Past(code) => match got.split_once(' ') {
+            Some((status, got_code)) if got_code == code && (status.starts_with('4') || status == "503") => got.clone(),
+            _ => format!("4xx {code}"),
+        },
+    };
+    (got != expected).then(|| format!("expected {expected}, got {got}: {}", reply.body))
+}
+
+#[test]
+fn every_method_answers_every_kind_of_caller_as_declared() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let listed = server.listed_methods();
+    let fixture = Identities::create(&server);
+    let rows = rows();
+
+    // the matrix covers exactly what is listed
+    let names: BTreeSet<&str> = listed.iter().map(|m| m["name"].as_str().expect("a method name")).collect();
+    let declared: BTreeSet<&str> = rows.iter().map(|(name, _, _)| *name).collect();
+    assert_eq!(declared.len(), rows.len(), "a method has two rows");
+    let unlisted: Vec<_> = declared.difference(&names).collect();
+    let undeclared: Vec<_> = names.difference(&declared).collect();
+    assert!(
+        unlisted.is_empty() && undeclared.is_empty(),
+        "the authorization matrix and GET /api/v1/methods disagree:\n  listed without a row (declare who may call them): \
+         {undeclared:?}\n  rows for methods no longer listed (remove them): {unlisted:?}"
+    );
+
+    // the access each method is listed with agrees with its row
+    for method in &listed {
+        let name = method["name"].as_str().unwrap();
+        let access = method["access"].as_str().unwrap_or_default();
+        let cells = rows.iter().find(|(n, _, _)| *n == name).unwrap().2;
+        let anonymous_refused = cells[6] == Anon;
+        assert_eq!(anonymous_refused, access != "public", "{name} is listed {access}, but its row says anonymous gets {:?}", cells[6]);
+        if access == "admin" {
+            assert_eq!(cells[1..], admin(Ran)[1..], "{name} is listed admin, but its row lets someone else past");
+        }
+    }
+
+    let mut wrong = Vec::new();
+    for (name, body, cells) in &rows {
+        for (kind, cell) in Kind::ALL.into_iter().zip(cells) {
+            let reply = fixture.call(&server, kind, name, fill(body, &fixture, false).to_string().as_bytes());
+            if let Some(problem) = mismatch(*cell, &reply) {
+                wrong.push(format!("{name} as {}: {problem}", kind.name()));
+            }
+        }
+        // a caller who holds nothing in the fixture's organization gets the same refusal for
+        // an entity that does not exist: a refusal tells nothing about what exists
+        let outsiders = [Kind::Stranger, Kind::ClusterMachine, Kind::Anonymous];
+        for (kind, cell) in Kind::ALL.into_iter().zip(cells).filter(|(k, _)| outsiders.contains(k)) {
+            if matches!(cell, Ran | Past(_)) {
+                continue;
+            }
+            let reply = fixture.call(&server, kind, name, fill(body, &fixture, true).to_string().as_bytes());
+            if let Some(problem) = mismatch(*cell, &reply) {
+                wrong.push(format!("{name} as {} naming what does not exist: {problem}", kind.name()));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{} cells of the authorization matrix answer otherwise:\n{}", wrong.len(), wrong.join("\n"));
+    let log = server.stop().stderr;
+    assert!(!log.contains("panicked"), "the server panicked:\n{log}");
+}
