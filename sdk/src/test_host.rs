@@ -30,7 +30,8 @@ impl TestHost {
         let keyring = Arc::new(capstan_keyring::Keyring::generate(None, None)?);
         // the platform model a plugin reads and holds services in, as on a real host
         capstan_inventory::declare(&store).await?;
-        let platform = capstan_links::InventoryPlatform::new(store.clone(), Arc::new(capstan_links::HostDependents));
+        capstan_links::declare_secrets(&store).await?;
+        let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
         let services = Services::new(store, blobs, keyring, "test-node".into(), platform);
         let key = generate_key();
         let publishers = vec![PublisherKey::from_verifying_key(key.verifying_key())];

@@ -3,17 +3,18 @@
 //!
 //! - [`HostDependents`]: what the secrets and plugin areas keep on the inventory's entities
 //!   (the inventory's [`Dependents`]).
-//! - [`InventoryPlatform`]: the inventory, settings and organization roles as plugins reach them
-//!   (the plugin host's [`Platform`]).
+//! - [`InventoryPlatform`]: the inventory, settings, organization roles and the secrets of the
+//!   scopes granted as plugins reach them (the plugin host's [`Platform`]).
 
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::Dependents;
 use capstan_inventory::access::{self, Authority, OrgRole};
-use capstan_plugin_host::platform::Platform;
+use capstan_plugin_host::platform::{Platform, SecretMeta, SecretOwner};
 use capstan_rpc::{Identity, OrganizationAuthority};
 use capstan_store::{Document, Store, Tx};
 use serde_json::Value;
 use std::sync::Arc;
+use zeroize::Zeroizing;
 
 /// The host's answer to [`Dependents`]: the secrets and plugin areas, consulted by the
 /// inventory inside its own transactions.
@@ -41,16 +42,47 @@ impl Dependents for HostDependents {
     }
 }
 
-/// The inventory as the plugin host reaches it.
+/// The inventory and the secrets as the plugin host reaches them.
 pub struct InventoryPlatform {
     store: Store,
+    secrets: capstan_secrets::methods::Context,
     dependents: Arc<dyn Dependents>,
 }
 
 impl InventoryPlatform {
-    /// Over `store`, releasing holds with `dependents` consulted.
-    pub fn new(store: Store, dependents: Arc<dyn Dependents>) -> Arc<Self> {
-        Arc::new(InventoryPlatform { store, dependents })
+    /// Over `store` (secrets sealed with `keyring`), releasing holds with `dependents` consulted.
+    pub fn new(store: Store, keyring: Arc<capstan_keyring::Keyring>, dependents: Arc<dyn Dependents>) -> Arc<Self> {
+        let secrets = capstan_secrets::methods::Context { store: store.clone(), keyring };
+        Arc::new(InventoryPlatform { store, secrets, dependents })
+    }
+}
+
+/// Declare the collections the secrets a plugin reaches live in (for a host, like the SDK's
+/// test host, that declares only what its plugins reach).
+pub async fn declare_secrets(store: &Store) -> Result<()> {
+    capstan_secrets::methods::declare(store).await
+}
+
+/// A secret's metadata as a plugin sees it.
+fn secret_meta(view: capstan_secrets::methods::SecretView) -> SecretMeta {
+    use capstan_secrets::methods::{Owner, State};
+    let secret = view.secret;
+    SecretMeta {
+        id: view.id,
+        owner: match secret.owner {
+            Owner::Service { service_id } => SecretOwner::Service(service_id),
+            Owner::Organization { .. } => SecretOwner::Organization,
+            Owner::System { system_id } => SecretOwner::System(system_id),
+        },
+        key: secret.key,
+        management_scope: secret.management_scope.unwrap_or_default(),
+        active_version: secret.current_version_id,
+        state: match secret.state {
+            State::Active => "active".into(),
+            State::Revoked => "revoked".into(),
+        },
+        created_at_ms: secret.created_at * 1000,
+        rotated_at_ms: (secret.versions > 1).then_some(secret.updated_at * 1000),
     }
 }
 
@@ -93,5 +125,45 @@ impl Platform for InventoryPlatform {
 
     async fn release_service(&self, service_id: &str, holder: &str) -> Result<()> {
         capstan_inventory::services::release(&self.store, &*self.dependents, service_id, holder).await
+    }
+
+    async fn ensure_secret(
+        &self,
+        actor: &Identity,
+        scope: &str,
+        owner: SecretOwner,
+        key: &str,
+        length: u32,
+        alphabet: &str,
+    ) -> Result<SecretMeta> {
+        use capstan_secrets::managed::{self, ManagedOwner};
+        let owner = match owner {
+            SecretOwner::Service(id) => ManagedOwner::Service(id),
+            SecretOwner::System(id) => ManagedOwner::System(id),
+            SecretOwner::Organization => {
+                return Err(Refusal::new(
+                    "secret-owner-unsupported",
+                    "an organization's secrets belong to its SecretSets, which an administrator creates; a plugin manages service and system secrets",
+                ));
+            }
+        };
+        let generate = capstan_secrets::methods::Generate { length: length as usize, alphabet: alphabet.into() };
+        managed::ensure(&self.secrets, actor, scope, owner, key, generate).await.map(secret_meta)
+    }
+
+    async fn rotate_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta> {
+        capstan_secrets::managed::rotate(&self.secrets, actor, scope, id).await.map(secret_meta)
+    }
+
+    async fn revoke_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta> {
+        capstan_secrets::managed::revoke(&self.secrets, actor, scope, id).await.map(secret_meta)
+    }
+
+    async fn list_secrets(&self, scope: &str) -> Result<Vec<SecretMeta>> {
+        Ok(capstan_secrets::managed::list(&self.store, scope).await?.into_iter().map(secret_meta).collect())
+    }
+
+    async fn reveal_secret(&self, actor: &Identity, plugin: &str, scope: &str, id: &str) -> Result<Zeroizing<Vec<u8>>> {
+        capstan_secrets::managed::reveal(&self.secrets, actor, plugin, scope, id).await
     }
 }

@@ -1,11 +1,45 @@
 //! What plugins reach of the platform model beyond their own collections and blobs: the
-//! inventory's services and settings, and organization roles. The server implements
-//! [`Platform`] over the inventory, so this crate depends on no domain crate for it.
+//! inventory's services and settings, organization roles, and the secrets of the scopes a
+//! plugin was granted. The server implements [`Platform`] over the inventory and the secrets,
+//! so this crate depends on no domain crate for it.
 
 use crate::refusal::Result;
 use crate::store::Document;
 use capstan_rpc::{Identity, OrganizationAuthority};
 use serde_json::Value;
+use zeroize::Zeroizing;
+
+/// Who a secret belongs to, as a plugin names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretOwner {
+    /// A service, by id.
+    Service(String),
+    /// An organization (its secrets live in SecretSets; a plugin does not create them).
+    Organization,
+    /// One of the host's integrations, by system id.
+    System(String),
+}
+
+/// A secret as a plugin sees it: metadata, never a value.
+#[derive(Debug, Clone)]
+pub struct SecretMeta {
+    /// The secret's id.
+    pub id: String,
+    /// Who it belongs to.
+    pub owner: SecretOwner,
+    /// Its key.
+    pub key: String,
+    /// Its management scope.
+    pub management_scope: String,
+    /// The id of its active version.
+    pub active_version: String,
+    /// `active` or `revoked`.
+    pub state: String,
+    /// When it was created (ms since the epoch).
+    pub created_at_ms: u64,
+    /// When it last took a new version (ms since the epoch), if it has more than one.
+    pub rotated_at_ms: Option<u64>,
+}
 
 /// The platform as the WIT imports and method dispatch reach it.
 #[async_trait::async_trait]
@@ -32,4 +66,28 @@ pub trait Platform: OrganizationAuthority {
 
     /// Release `holder`'s hold; a service marked for deletion goes once nobody holds it.
     async fn release_service(&self, service_id: &str, holder: &str) -> Result<()>;
+
+    /// The secret of `owner` and `key` in `scope`, created with a value generated as `length`
+    /// characters of `alphabet` when there is none, as `actor`.
+    async fn ensure_secret(
+        &self,
+        actor: &Identity,
+        scope: &str,
+        owner: SecretOwner,
+        key: &str,
+        length: u32,
+        alphabet: &str,
+    ) -> Result<SecretMeta>;
+
+    /// A new, generated version of `scope`'s secret `id`, as `actor`.
+    async fn rotate_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta>;
+
+    /// Revoke `scope`'s secret `id`, as `actor`.
+    async fn revoke_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta>;
+
+    /// The secrets of `scope`.
+    async fn list_secrets(&self, scope: &str) -> Result<Vec<SecretMeta>>;
+
+    /// The active value of `scope`'s secret `id`, read by `plugin` acting as `actor` (recorded).
+    async fn reveal_secret(&self, actor: &Identity, plugin: &str, scope: &str, id: &str) -> Result<Zeroizing<Vec<u8>>>;
 }

@@ -4,6 +4,7 @@
 
 pub mod envelope;
 pub mod ingress;
+pub mod managed;
 pub mod manifests;
 pub mod methods;
 pub mod sets;

@@ -29,9 +29,15 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 /// Declare the secret, version, SecretSet and manifest collections in the store.
 pub async fn declare(store: &Store) -> Result<()> {
     store
-        .declare(CollectionSpec::new(SECRETS).unique("by_owner_key", &["ownerRef", "key", "environment"]).index("by_owner", &["ownerRef"]))
+        .declare(
+            CollectionSpec::new(SECRETS)
+                .unique("by_owner_key", &["ownerRef", "key", "environment"])
+                .index("by_owner", &["ownerRef"])
+                .index("by_scope", &["managementScope"]),
+        )
         .await?;
     store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await?;
+    super::managed::declare(store).await?;
     super::sets::declare(store).await?;
     super::manifests::declare(store).await
 }
@@ -82,6 +88,13 @@ pub struct Generate {
     pub length: usize,
     /// `alphanumeric`, `hex`, `base64url` or `printable`.
     pub alphabet: String,
+}
+
+impl Generate {
+    /// What a secret without a recorded spec is generated as: 32 alphanumeric characters.
+    pub fn default_spec() -> Generate {
+        Generate { length: 32, alphabet: "alphanumeric".into() }
+    }
 }
 
 /// Where a new version's value comes from: generated here, or sealed by the client to the
@@ -202,6 +215,10 @@ pub struct Secret {
     /// When it was revoked (seconds since the epoch); absent while active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<u64>,
+    /// How its first value was generated (absent for a sealed one): a manager's rotation
+    /// generates the next value the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated: Option<Generate>,
 }
 
 /// A version as stored: its envelope stays in the store, never in an answer.
@@ -262,6 +279,8 @@ pub struct SecretDetail {
     pub secret: SecretView,
     /// Its versions' metadata, newest first.
     pub version_history: Vec<VersionView>,
+    /// The newest values plugins read back (at most 100), newest first.
+    pub reveals: Vec<super::managed::Reveal>,
 }
 
 /// The answer of `secrets.getIngressRecipient`: what values are sealed to before they are sent.
@@ -370,7 +389,7 @@ pub fn material_context(secret_id: &str, version_id: &str, secret: &Secret) -> M
     }
 }
 
-fn check_scope(secret: &Secret, scope: &Option<String>) -> Result<()> {
+pub(crate) fn check_scope(secret: &Secret, scope: &Option<String>) -> Result<()> {
     if secret.management_scope != *scope {
         return Err(Refusal::new("management-scope-mismatch", "this secret is managed from another scope; only its manager may change it")
             .with_data(json!({ "managementScope": secret.management_scope })));
@@ -431,7 +450,7 @@ fn event_data(id: &str, secret: &Secret) -> serde_json::Value {
     json!({ "id": id, "owner": secret.owner_ref, "key": secret.key, "environment": secret.environment, "versionId": secret.current_version_id, "state": secret.state })
 }
 
-async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretView> {
+pub(crate) async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretView> {
     let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let identity = call.identity()?.clone();
     check_key(&input.key)?;
@@ -468,6 +487,10 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
                     created_at: at,
                     updated_at: at,
                     revoked_at: None,
+                    generated: match &input.value {
+                        Value::Generate(spec) => Some(spec.clone()),
+                        Value::Sealed(_) => None,
+                    },
                 };
                 let taken = tx
                     .find(SECRETS, "by_owner_key", &[json!(secret.owner_ref), json!(secret.key), json!(secret.environment)], None, 1)
@@ -502,7 +525,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<SecretVie
     Ok(answer)
 }
 
-async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretView> {
+pub(crate) async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretView> {
     let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let identity = call.identity()?.clone();
     // the target needs the owner and key, read before the value is opened
@@ -560,7 +583,7 @@ async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretVie
     Ok(answer)
 }
 
-async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Result<SecretView> {
+pub(crate) async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Result<SecretView> {
     let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let actor = call.identity()?.user_id.clone();
     let (input, actor) = (&input, actor.as_str());
@@ -626,7 +649,8 @@ async fn get(cx: Context, _: Call, input: capstan_inventory::ById) -> Result<Sec
                 });
             }
             history.sort_by_key(|v| std::cmp::Reverse(v.number));
-            Ok(SecretDetail { secret: view(id, doc.revision, secret), version_history: history })
+            let reveals = super::managed::reveals(&tx, id, 100).await?;
+            Ok(SecretDetail { secret: view(id, doc.revision, secret), version_history: history, reveals })
         })
         .await
 }

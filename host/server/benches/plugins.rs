@@ -93,7 +93,8 @@ fn main() {
             .await
             .expect("blobs");
         let keyring = std::sync::Arc::new(capstan_server::keyring::Keyring::generate(None, None).expect("keyring"));
-        let platform = capstan_links::InventoryPlatform::new(store.clone(), std::sync::Arc::new(capstan_links::HostDependents));
+        let platform =
+            capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), std::sync::Arc::new(capstan_links::HostDependents));
         let services = Services::new(store, blobs, keyring, "bench".into(), platform);
 
         // cold load: compile without a cache, then load from the cache

@@ -156,7 +156,7 @@ impl Grant {
             blobs: has(&Capability::Blobs).then(|| blobs::Prefix::new(services, plugin)),
             inventory: has(&Capability::InventoryRead).then(|| inventory::Reader::new(services)),
             services: has(&Capability::InventoryWriteServices).then(|| inventory::ServiceWriter::new(services, plugin)),
-            secrets: secrets::Scopes::new(grants),
+            secrets: secrets::Scopes::new(services, grants),
             http: http::Outbound::new(services, grants),
             events: has(&Capability::EventsPublish).then(|| events::Publisher::new(services, plugin)),
             sign: has(&Capability::Sign).then(|| sign::Signer::new(services, plugin)),

@@ -157,7 +157,7 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
-    let platform = capstan_links::InventoryPlatform::new(store.clone(), Arc::new(capstan_links::HostDependents));
+    let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
     // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
     let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();
     let services =

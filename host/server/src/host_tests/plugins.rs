@@ -485,3 +485,76 @@ async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() 
     let created = f.call("adversary", "squat", service("invited")).await.unwrap();
     assert!(created["id"].as_str().is_some_and(|id| !id.is_empty()), "{created}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_keeps_service_secrets_within_its_scopes_and_every_reveal_is_recorded() {
+    let Some(f) = Fixture::new().await else { return };
+    let bundle = f.adversary_requesting(None, &["secrets:mail", "secrets-reveal:mail", "secrets:audit"]);
+    f.host.install(&bundle, &all(), "admin").await.unwrap();
+    let admin_call = |method: &str, body: Value| {
+        let method = f.state.methods.get(method).unwrap_or_else(|| panic!("{method} is registered"));
+        let call = crate::api::Call::by(&f.admin);
+        async move { method.call(call, body).await }
+    };
+    let org = admin_call("organizations.create", json!({ "name": "acme" })).await.unwrap();
+    let service = admin_call("services.create", json!({ "organizationId": org["id"], "name": "web", "image": "nginx:1" })).await.unwrap();
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let scope = format!("mail:{service_id}");
+    let op = |op: &str, scope: &str, id: Option<&str>| json!({ "op": op, "scope": scope, "serviceId": service_id, "key": "SMTP_PASSWORD", "id": id });
+
+    // ensure creates once, then answers the same secret
+    let made = f.call("adversary", "secret", op("ensure", &scope, None)).await.unwrap();
+    assert_eq!((made["scope"].as_str(), made["state"].as_str()), (Some(scope.as_str()), Some("active")), "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    assert_eq!(f.call("adversary", "secret", op("ensure", &scope, None)).await.unwrap()["id"], id.as_str());
+    // it resolves for the service exactly as an API-written secret does
+    let manifest = admin_call("secrets.getManifest", json!({ "serviceId": service_id })).await.unwrap();
+    assert_eq!(manifest["entries"]["production"]["SMTP_PASSWORD"]["secretId"], id.as_str(), "{manifest}");
+
+    // reveal within the reveal grant; a rotation changes the value
+    let first = f.call("adversary", "secret", op("reveal", &scope, Some(&id))).await.unwrap()["value"].as_str().unwrap().to_string();
+    assert!(first.len() == 32 && first.chars().all(|c| c.is_ascii_hexdigit()), "generated as asked: 32 hex digits");
+    let rotated = f.call("adversary", "secret", op("rotate", &scope, Some(&id))).await.unwrap();
+    assert_ne!(rotated["version"], made["version"]);
+    let second = f.call("adversary", "secret", op("reveal", &scope, Some(&id))).await.unwrap()["value"].as_str().unwrap().to_string();
+    assert!(second != first && second.len() == 32, "a rotation generates a new value the same way");
+    let listed = f.call("adversary", "secret", op("list", &scope, None)).await.unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+
+    // every reveal is on record for administrators: which secret, version, plugin, for whom
+    let detail = admin_call("secrets.get", json!({ "id": id })).await.unwrap();
+    let reveals = detail["reveals"].as_array().unwrap();
+    assert_eq!(reveals.len(), 2, "{detail}");
+    assert_eq!(reveals[0]["versionId"], rotated["version"], "newest first: {detail}");
+    assert_eq!((reveals[0]["plugin"].as_str(), reveals[0]["actingFor"].as_str()), (Some("adversary"), Some("u-admin")), "{detail}");
+    assert!(!detail.to_string().contains(&second), "no answer carries a value");
+
+    // outside the grant: another scope, a reveal without its grant, a caller without access
+    let denied = f.call("adversary", "secret", op("ensure", "backups", None)).await.unwrap_err();
+    assert_eq!(
+        (denied.code.as_ref(), denied.data.as_ref().unwrap()["capability"].as_str()),
+        ("capability-denied", Some("secrets:backups"))
+    );
+    let audit = f.call("adversary", "secret", op("ensure", "audit", None)).await.unwrap_err();
+    assert_eq!(audit.code, "management-scope-mismatch", "one secret per owner and key, managed from one scope: {audit}");
+    let blind = f.call("adversary", "secret", op("reveal", "audit", Some(&id))).await.unwrap_err();
+    assert_eq!(
+        (blind.code.as_ref(), blind.data.as_ref().unwrap()["capability"].as_str()),
+        ("capability-denied", Some("secrets-reveal:audit"))
+    );
+    let mismatch = f.call("adversary", "secret", op("rotate", "mail", Some(&id))).await.unwrap_err();
+    assert_eq!(mismatch.code, "management-scope-mismatch", "{mismatch}");
+    let stranger = Identity { user_id: "u-stranger".into(), username: "stranger".into(), admin: false, ..f.admin.clone() };
+    let refused = f.host.dispatch("adversary", "secret", Some(&stranger), "req-s", op("reveal", &scope, Some(&id))).await.unwrap_err();
+    assert_eq!(refused.code, "forbidden", "the caller's own access to the service counts: {refused}");
+    let anonymous = f.host.dispatch("adversary", "secret", None, "req-a", op("list", &scope, None)).await.unwrap_err();
+    assert_eq!(anonymous.code, "unauthenticated", "{anonymous}");
+
+    // revoked: no value and no new secret under that key
+    assert_eq!(f.call("adversary", "secret", op("revoke", &scope, Some(&id))).await.unwrap()["state"], "revoked");
+    for op_name in ["reveal", "ensure"] {
+        let refused = f.call("adversary", "secret", op(op_name, &scope, Some(&id))).await.unwrap_err();
+        assert_eq!(refused.code, "secret-revoked", "{op_name}: {refused}");
+        assert!(!refused.to_string().contains(&second), "no refusal carries a value");
+    }
+}

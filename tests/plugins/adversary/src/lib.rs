@@ -15,6 +15,8 @@
 //! - `hoard`: fills blob writers it never finishes (the host-bytes budget must stop it; needs
 //!   the `blobs` grant);
 //! - `bloat`: answers `bytes` bytes (the host passes at most 16 MiB on);
+//! - `secret`: drives the `secrets` import (`op` ensure, rotate, revoke, list or reveal), for
+//!   tests of what its grants reach (needs `secrets:<scope>` grants);
 //! - `squat`: a public method that tries to create a service (given the grant), which an
 //!   anonymous caller must not be able to do with the plugin's own authority.
 
@@ -44,6 +46,7 @@ impl Manager for Adversary {
             .method("chatter", "Call the store many times.", Role::Authenticated, chatter)
             .method("hoard", "Fill blob writers without finishing them.", Role::Authenticated, hoard)
             .method("bloat", "Answer a huge body.", Role::Authenticated, bloat)
+            .method("secret", "Drive the secrets import.", Role::Authenticated, secret)
             .method("squat", "Create the service sent, for anyone.", Role::Public, squat)
     }
 }
@@ -159,6 +162,36 @@ fn bloat(_ctx: &Context, input: Size) -> Result<Bloated> {
     // Reached only natively: `Raw::handle` answers `bloat` itself, with one allocation, so the
     // answer's size and not the plugin's memory is what the host meets.
     Ok(Bloated { filler: "x".repeat(input.bytes as usize) })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SecretOp {
+    op: String,
+    scope: String,
+    #[serde(default)]
+    service_id: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+fn secret(_ctx: &Context, input: SecretOp) -> Result<Value> {
+    use capstan_sdk::secrets::{self, Generate, Owner, SecretInfo};
+    let shown = |info: SecretInfo| json!({ "id": info.id, "key": info.key, "scope": info.management_scope, "version": info.active_version, "state": info.state });
+    let id = input.id.as_deref().unwrap_or_default();
+    Ok(match input.op.as_str() {
+        "ensure" => {
+            let owner = Owner::Service(input.service_id.unwrap_or_default());
+            shown(secrets::ensure(&input.scope, &owner, input.key.as_deref().unwrap_or("TOKEN"), &Generate::hex(32))?)
+        }
+        "rotate" => shown(secrets::rotate(&input.scope, id)?),
+        "revoke" => shown(secrets::revoke(&input.scope, id)?),
+        "list" => Value::Array(secrets::list(&input.scope)?.into_iter().map(shown).collect()),
+        "reveal" => json!({ "value": String::from_utf8_lossy(&secrets::reveal(&input.scope, id)?) }),
+        other => return Err(capstan_sdk::Refusal::new("invalid-request", format!("no op {other}"))),
+    })
 }
 
 fn trap(_ctx: &Context, _: Empty) -> Result<Empty> {
