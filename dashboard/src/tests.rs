@@ -768,6 +768,7 @@ async fn the_plugins_view_lists_versions_publishers_status_and_grants() {
             enabled: true,
             current: installed("0.2.0", &key.to_string(), &["events:publish", "log", "store"]),
             previous: Some(installed("0.1.0", &key.to_string(), &["log", "store"])),
+            rebound_publisher: None,
         },
     )
     .await;
@@ -779,6 +780,7 @@ async fn the_plugins_view_lists_versions_publishers_status_and_grants() {
             enabled: false,
             current: installed("1.0.0", "first-party", &[]),
             previous: None,
+            rebound_publisher: None,
         },
     )
     .await;
@@ -953,6 +955,7 @@ async fn plugin_posts_from_another_origin_are_refused() {
             enabled: true,
             current: installed("1.0.0", "first-party", &[]),
             previous: None,
+            rebound_publisher: None,
         },
     )
     .await;

@@ -134,6 +134,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("plugins.install", json!({ "upload": "missing", "approve": [] }), admin(Past("invalid-request"))),
         ("plugins.list", json!({}), admin(Ran)),
         ("plugins.listTrustedPublishers", json!({}), admin(Ran)),
+        ("plugins.rebindPublisher", json!({ "id": "missing", "publicKey": "not-a-key" }), admin(Past("publisher-key-invalid"))),
         ("plugins.removeTrustedPublisher", json!({ "publicKey": "not-a-key" }), admin(Past("publisher-key-invalid"))),
         ("plugins.rollback", json!({ "id": "missing" }), admin(Past("not-found"))),
         ("plugins.uninstall", json!({ "id": "missing" }), admin(Past("not-found"))),

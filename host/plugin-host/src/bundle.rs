@@ -583,7 +583,8 @@ requested = ["store", "log"]
                 // a change the parser already refuses (a TOML syntax break, the wasm header) is
                 // refused by name too
                 Err(err) => assert!(
-                    ["bundle-malformed", "manifest-invalid", "plugin-id-invalid", "capability-unknown"].contains(&err.code.as_ref()),
+                    ["bundle-malformed", "manifest-invalid", "plugin-id-invalid", "plugin-id-reserved", "capability-unknown"]
+                        .contains(&err.code.as_ref()),
                     "byte {offset}: {err}"
                 ),
             }
@@ -687,7 +688,7 @@ requested = ["store", "log"]
         let r = tar::EntryType::Regular;
         for (manifest, want) in [
             (MANIFEST.replace("name = \"Example\"", "name = \"Example\"\nextra = 1"), "manifest-invalid"),
-            (MANIFEST.replace("\"example\"", "\"api\""), "plugin-id-invalid"),
+            (MANIFEST.replace("\"example\"", "\"api\""), "plugin-id-reserved"),
             (MANIFEST.replace("\"log\"", "\"logs\""), "capability-unknown"),
         ] {
             assert_eq!(code(&tar_of(&[(MANIFEST_FILE, manifest.as_bytes(), r), (COMPONENT_FILE, &c, r)])), want);
@@ -787,7 +788,8 @@ mod proptests {
     use proptest::sample::Index;
 
     /// Every refusal `Bundle::parse` documents (its own and the manifest's it passes through).
-    const CODES: &[&str] = &["bundle-too-large", "bundle-malformed", "manifest-invalid", "plugin-id-invalid", "capability-unknown"];
+    const CODES: &[&str] =
+        &["bundle-too-large", "bundle-malformed", "manifest-invalid", "plugin-id-invalid", "plugin-id-reserved", "capability-unknown"];
 
     fn kebab(code: &str) -> bool {
         !code.is_empty()

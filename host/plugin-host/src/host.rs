@@ -166,6 +166,10 @@ pub struct Record {
     pub current: InstalledVersion,
     /// The version before the last upgrade, which a rollback returns to; none after a rollback.
     pub previous: Option<InstalledVersion>,
+    /// Another publisher key an administrator allowed to sign the next upgrade
+    /// (`plugins.rebindPublisher`); an upgrade is otherwise signed by the current publisher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebound_publisher: Option<String>,
 }
 
 /// How many of the plugins this node should serve are loaded, failed to load, or still loading
@@ -535,6 +539,12 @@ impl PluginHost {
         let id = bundle.manifest.id.clone();
         // the signature first: a changed byte always reads as such
         let publisher = self.trust(&bundle).await?;
+        // a first-party id is this binary's to fill: another publisher's plugin under it could
+        // pass for the embedded one
+        if publisher != crate::first_party::PUBLISHER && self.first_party.iter().any(|b| b.manifest.id == id) {
+            return Err(Refusal::new("plugin-id-reserved", format!("plugin id {id:?} belongs to a first-party plugin of this host"))
+                .with_data(json!({ "id": id })));
+        }
         if self.record(&id).await?.is_some() {
             return Err(
                 Refusal::new("plugin-exists", format!("plugin {id} is installed; use plugins.upgrade")).with_data(json!({"id": id}))
@@ -544,7 +554,14 @@ impl PluginHost {
         self.services.declare_collections(&id, &active.described.collections).await?;
         active.sandbox.migrate(None, &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
-        let record = Record { id: id.clone(), name: bundle.manifest.name.clone(), enabled: true, current: version, previous: None };
+        let record = Record {
+            id: id.clone(),
+            name: bundle.manifest.name.clone(),
+            enabled: true,
+            current: version,
+            previous: None,
+            rebound_publisher: None,
+        };
         let value = serde_json::to_value(&record).map_err(Refusal::internal)?;
         let doc = self
             .store()
@@ -591,6 +608,19 @@ impl PluginHost {
         let id = bundle.manifest.id.clone();
         let publisher = self.trust(&bundle).await?;
         let (record, revision) = self.record(&id).await?.ok_or_else(|| not_installed(&id))?;
+        // an upgrade comes from whoever the plugin was installed from, or from the key an
+        // administrator re-bound it to: trusting a second publisher lets it sign its own
+        // plugins, not take over another's
+        if publisher != record.current.publisher && record.rebound_publisher.as_deref() != Some(publisher.as_str()) {
+            return Err(Refusal::new(
+                "publisher-mismatch",
+                format!(
+                    "{id} was installed from publisher {}; an upgrade must be signed by the same key (an administrator may re-bind it with plugins.rebindPublisher)",
+                    record.current.publisher
+                ),
+            )
+            .with_data(json!({ "installed": record.current.publisher, "offered": publisher })));
+        }
         let current: semver::Version = record.current.version.parse().map_err(Refusal::internal)?;
         if bundle.manifest.version <= current {
             return Err(Refusal::new(
@@ -603,7 +633,13 @@ impl PluginHost {
         self.services.declare_collections(&id, &active.described.collections).await?;
         active.sandbox.migrate(Some(&record.current.version), &active.sandbox.version).await?;
         let version = self.store_bundle(&bundle, &active, by).await?;
-        let next = Record { previous: Some(record.current.clone()), current: version, name: bundle.manifest.name.clone(), ..record };
+        let next = Record {
+            previous: Some(record.current.clone()),
+            current: version,
+            name: bundle.manifest.name.clone(),
+            rebound_publisher: None,
+            ..record
+        };
         // Crash point `plugin-upgrade:before-record`: the new version's data migration ran and
         // its bundle is stored, the registry still names the old version, which a restart
         // loads; the upgrade asked again migrates (idempotently) and swaps.
@@ -632,6 +668,23 @@ impl PluginHost {
             })
             .await?;
         Ok(doc.revision)
+    }
+
+    /// Let the next upgrade of `id` be signed by `publisher` (a trusted key's text), where it
+    /// must otherwise be signed by the key the current version came from. Refused
+    /// `publisher-untrusted` for a key not trusted now.
+    pub async fn rebind_publisher(&self, id: &str, publisher: &str, by: &str) -> Result<Record> {
+        let _guard = self.lifecycle.lock().await;
+        let key: PublisherKey = publisher.parse().map_err(super::bundle::key_refusal)?;
+        if !self.trusted_keys().await?.contains(&key) {
+            return Err(Refusal::new("publisher-untrusted", "only a trusted publisher key can sign a plugin's upgrades")
+                .with_data(json!({ "fingerprint": key.fingerprint() })));
+        }
+        let (record, revision) = self.record(id).await?.ok_or_else(|| not_installed(id))?;
+        let next = Record { rebound_publisher: Some(key.to_string()), ..record };
+        self.replace_record(&next, revision, "plugin.publisherRebound").await?;
+        tracing::warn!(plugin = %id, publisher = %key.fingerprint(), by, "plugin re-bound to another publisher for its next upgrade");
+        Ok(next)
     }
 
     /// Go back to the version before the last upgrade (its code; data migrations are not undone).
@@ -826,11 +879,27 @@ fn input_validator(schema: &Value) -> std::result::Result<jsonschema::Validator,
     jsonschema::options().with_pattern_options(patterns).build(schema).map_err(|e| e.to_string())
 }
 
-/// The first way `body` breaks the method's schema: the message (values masked) and the field.
+/// The first way `body` breaks the method's schema: the message (values masked) and the field,
+/// each bounded (a member name the client chose may be of any length, and both name it).
 fn first_violation(entry: &MethodEntry, body: &Value) -> Option<(String, String)> {
     let error = entry.validator.iter_errors(body).next()?;
     let path = error.instance_path().to_string();
-    Some((error.masked().to_string(), path.trim_start_matches('/').replace('/', ".")))
+    let field = path.trim_start_matches('/').replace('/', ".");
+    Some((truncate(&error.masked().to_string(), 300), truncate(&field, 100)))
+}
+
+#[cfg(test)]
+#[test]
+fn a_violation_names_a_long_member_only_so_far() {
+    let schema = json!({ "type": "object", "properties": { "labels": { "type": "object", "additionalProperties": { "type": "string" } } },
+                         "additionalProperties": false });
+    let validator = input_validator(&schema).unwrap();
+    let entry = MethodEntry { summary: String::new(), role: Access::Public, input_schema: schema, output_schema: json!({}), validator };
+    let long = "k".repeat(100_000);
+    let (message, _) = first_violation(&entry, &json!({ long.clone(): 1 })).unwrap();
+    assert!(message.len() <= 303 && message.starts_with("Additional properties"), "{message}");
+    let (message, field) = first_violation(&entry, &json!({ "labels": { long.clone(): 1 } })).unwrap();
+    assert!(field.len() <= 103 && field.starts_with("labels.kkk") && message.len() <= 303, "{field}: {message}");
 }
 
 /// Whether `value` is larger than about `limit` bytes of JSON text; stops counting past it.

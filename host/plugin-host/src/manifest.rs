@@ -36,24 +36,46 @@ pub const SUPPORTED_WIT: &str = "capstan:plugin@0.1.0";
 /// The file name of the manifest, in a plugin crate and inside a bundle.
 pub const MANIFEST_FILE: &str = "capstan-plugin.toml";
 
-/// Ids a plugin may not take: they name the host's own API namespaces and pages.
+/// Ids a plugin may not take: the host's own API namespaces and pages, and the areas of the
+/// host's events. A plugin's methods are `<id>.<verb>` and its events `<id>.<name>`, so a
+/// plugin under one of these could pass its methods or events off as the host's.
 pub const RESERVED_IDS: &[&str] = &[
     "capstan",
     "system",
+    "host",
     "auth",
     "admin",
     "api",
+    "dashboard",
+    "plugin",
     "plugins",
     "fleet",
+    "node",
+    "nodes",
+    "secret",
     "secrets",
+    "secretset",
+    "organization",
     "organizations",
+    "cluster",
     "clusters",
+    "service",
     "services",
     "settings",
+    "task",
     "tasks",
+    "event",
     "events",
     "inventory",
-    "dashboard",
+    "deployer",
+    "deployers",
+    "migration",
+    "migrations",
+    "user",
+    "users",
+    "registry",
+    "agent",
+    "agents",
 ];
 
 /// The word an operator may approve instead of listing every requested capability.
@@ -237,7 +259,8 @@ impl Manifest {
     }
 }
 
-/// Refuse `plugin-id-invalid` unless `id` matches `^[a-z][a-z0-9-]{1,38}[a-z0-9]$` and is not reserved.
+/// Refuse `plugin-id-invalid` unless `id` matches `^[a-z][a-z0-9-]{1,38}[a-z0-9]$`, and
+/// `plugin-id-reserved` when it is one of [`RESERVED_IDS`].
 pub fn check_plugin_id(id: &str) -> Result<()> {
     let refuse = |why: &str| {
         Refusal::new("plugin-id-invalid", format!("plugin id {id:?} {why}"))
@@ -257,7 +280,8 @@ pub fn check_plugin_id(id: &str) -> Result<()> {
         return Err(refuse("must not end with '-'"));
     }
     if RESERVED_IDS.contains(&id) {
-        return Err(refuse("is reserved for the host"));
+        return Err(Refusal::new("plugin-id-reserved", format!("plugin id {id:?} is reserved for the host's own methods and events"))
+            .with_data(json!({ "id": id })));
     }
     Ok(())
 }
@@ -787,16 +811,14 @@ concurrency = 4
         for good in ["abc", "mail", "app-store", "a1b", &format!("a{}", "b".repeat(39))] {
             check_plugin_id(good).unwrap();
         }
-        for bad in
-            ["", "ab", "1abc", "-abc", "abc-", "Abc", "ab_c", "ab.c", "abç", &format!("a{}", "b".repeat(40)), "capstan", "api", "dashboard"]
-        {
+        for bad in ["", "ab", "1abc", "-abc", "abc-", "Abc", "ab_c", "ab.c", "abç", &format!("a{}", "b".repeat(40))] {
             assert_eq!(check_plugin_id(bad).unwrap_err().code, "plugin-id-invalid", "{bad}");
         }
-        for reserved in RESERVED_IDS {
-            assert_eq!(check_plugin_id(reserved).unwrap_err().code, "plugin-id-invalid");
+        for reserved in RESERVED_IDS.iter().chain(&["capstan", "api", "dashboard", "service", "cluster", "node", "settings"]) {
+            assert_eq!(check_plugin_id(reserved).unwrap_err().code, "plugin-id-reserved", "{reserved}");
         }
         let text = with_plugin("").replace("id = \"example\"", "id = \"admin\"");
-        assert_eq!(code(&text), "plugin-id-invalid");
+        assert_eq!(code(&text), "plugin-id-reserved");
     }
 
     #[test]
@@ -966,7 +988,7 @@ mod proptests {
     use proptest::sample::{Index, select};
 
     /// Every refusal `Manifest::parse` documents.
-    const CODES: &[&str] = &["manifest-invalid", "plugin-id-invalid", "capability-unknown"];
+    const CODES: &[&str] = &["manifest-invalid", "plugin-id-invalid", "plugin-id-reserved", "capability-unknown"];
 
     fn kebab(code: &str) -> bool {
         !code.is_empty()

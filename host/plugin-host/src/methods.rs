@@ -76,6 +76,16 @@ pub struct RemovePublisherInput {
     pub public_key: String,
 }
 
+/// Input of `plugins.rebindPublisher`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RebindInput {
+    /// The plugin's id.
+    pub id: String,
+    /// The trusted publisher key (`capstan-ed25519:…`) that may sign its next upgrade.
+    pub public_key: String,
+}
+
 /// A plugin as the API shows it.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -92,6 +102,9 @@ pub struct PluginView {
     pub previous_version: Option<String>,
     /// The key that signed the installed bundle, or `first-party`.
     pub publisher: String,
+    /// Another publisher key allowed to sign the next upgrade (`plugins.rebindPublisher`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebound_publisher: Option<String>,
     /// The capabilities the operator approved.
     pub grants: Vec<String>,
     /// The installed bundle's canonical digest, hex.
@@ -123,6 +136,7 @@ pub fn view(host: &PluginHost, record: &Record) -> PluginView {
         version: record.current.version.clone(),
         previous_version: record.previous.as_ref().map(|p| p.version.clone()),
         publisher: record.current.publisher.clone(),
+        rebound_publisher: record.rebound_publisher.clone(),
         grants: record.current.grants.clone(),
         digest: record.current.digest.clone(),
         installed_at: record.current.installed_at,
@@ -267,6 +281,17 @@ pub fn register(registry: &mut Registry, cx: Context) {
         |cx: Context, call: Call, input: ById| async move {
             let host = cx.host;
             let record = host.set_enabled(&input.id, false, &by(&call)?).await?;
+            Ok(view(&host, &record))
+        },
+    );
+    registry.add(
+        "plugins.rebindPublisher",
+        "Let another trusted publisher key sign a plugin's next upgrade (needs a fresh administrator login)",
+        Access::Admin,
+        |cx: Context, call: Call, input: RebindInput| async move {
+            let host = cx.host;
+            call.identity()?.require_fresh()?;
+            let record = host.rebind_publisher(&input.id, &input.public_key, &by(&call)?).await?;
             Ok(view(&host, &record))
         },
     );

@@ -299,9 +299,10 @@ mod tests {
         assert_eq!(scaffold(parent.path(), "taken", &sdk()).unwrap_err().code, "output-exists");
         assert_eq!(fs::read(parent.path().join("taken/keep")).unwrap(), b"mine", "nothing touched");
 
-        for bad in ["Hello", "x", "9lives", "bad_name", "auth"] {
+        for bad in ["Hello", "x", "9lives", "bad_name"] {
             assert_eq!(scaffold(parent.path(), bad, &sdk()).unwrap_err().code, "plugin-id-invalid", "{bad}");
         }
+        assert_eq!(scaffold(parent.path(), "auth", &sdk()).unwrap_err().code, "plugin-id-reserved");
         assert_eq!(scaffold(&parent.path().join("missing"), "hello", &sdk()).unwrap_err().code, "output-directory-missing");
 
         let refused = find_sdk(Some(parent.path())).unwrap_err();

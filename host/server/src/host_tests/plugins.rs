@@ -558,3 +558,45 @@ async fn a_plugin_keeps_service_secrets_within_its_scopes_and_every_reveal_is_re
         assert!(!refused.to_string().contains(&second), "no refusal carries a value");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_is_upgraded_only_by_its_publisher_and_first_party_ids_stay_the_host_s() {
+    let Some(f) = Fixture::new().await else { return };
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let signed = |key: &ed25519_dalek::SigningKey, id: &str, version: &str| {
+        let text = manifest("plugins/example", Some(version)).replacen("id = \"example\"", &format!("id = \"{id}\""), 1);
+        let mut bundle = Bundle::new(text, component.clone()).unwrap();
+        bundle.sign(key);
+        bundle.to_bytes()
+    };
+    let other = generate_key();
+    let other_text = PublisherKey::from_verifying_key(other.verifying_key()).to_string();
+    f.host.add_trusted_publisher(&other_text, "Other", "admin").await.unwrap();
+
+    // a first-party id (the embedded App Store's) is not another publisher's to take
+    let squatted = f.host.install(&signed(&f.key, "appstore", "9.0.0"), &all(), "admin").await.unwrap_err();
+    assert_eq!(squatted.code, "plugin-id-reserved", "{squatted}");
+
+    // installed from one key, upgraded only by it — though the other key is trusted too
+    f.host.install(&signed(&f.key, "example", "0.1.0"), &all(), "admin").await.unwrap();
+    let taken = f.host.upgrade(&signed(&other, "example", "0.2.0"), &all(), "admin").await.unwrap_err();
+    assert_eq!(taken.code, "publisher-mismatch", "{taken}");
+    assert_eq!(f.host.record("example").await.unwrap().unwrap().0.current.version, "0.1.0", "nothing changed");
+
+    // an administrator with a fresh login re-binds it, for the next upgrade
+    let rebind = f.state.methods.get("plugins.rebindPublisher").unwrap();
+    let stale = Identity { authenticated_at: 0, ..f.admin.clone() };
+    let body = json!({ "id": "example", "publicKey": other_text });
+    let refused = rebind.call(crate::api::Call::by(&stale), body.clone()).await.unwrap_err();
+    assert_eq!(refused.code, "admin-not-fresh", "{refused}");
+    let untrusted = PublisherKey::from_verifying_key(generate_key().verifying_key()).to_string();
+    let refused = f.host.rebind_publisher("example", &untrusted, "admin").await.unwrap_err();
+    assert_eq!(refused.code, "publisher-untrusted", "{refused}");
+    let view = rebind.call(crate::api::Call::by(&f.admin), body).await.unwrap();
+    assert_eq!(view["reboundPublisher"], other_text.as_str(), "{view}");
+    let upgraded = f.host.upgrade(&signed(&other, "example", "0.2.0"), &all(), "admin").await.unwrap();
+    assert_eq!((upgraded.current.publisher.as_str(), upgraded.rebound_publisher.as_deref()), (other_text.as_str(), None));
+    // and now the first key is the stranger
+    let back = f.host.upgrade(&signed(&f.key, "example", "0.3.0"), &all(), "admin").await.unwrap_err();
+    assert_eq!(back.code, "publisher-mismatch", "{back}");
+}
