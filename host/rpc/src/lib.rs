@@ -15,6 +15,7 @@ pub use identity::{ADMIN_FRESHNESS, Identity, denied};
 pub use organizations::{OrgRole, OrganizationAuthority};
 
 use capstan_core::refusal::{Refusal, Result};
+use capstan_core::text::truncate;
 use futures::future::BoxFuture;
 use schemars::{JsonSchema, schema_for};
 use serde::Serialize;
@@ -298,16 +299,21 @@ fn value_free(inner: &str) -> String {
     }
 }
 
+/// The longest field name a refusal shows: a client's unknown member may be of any length, and
+/// the refusal (and the log line that records it) names it only this far.
+const MAX_FIELD_SHOWN: usize = 100;
+
 /// Decode a body strictly. A mistake names the field: unknown fields by their path, type
-/// errors by the path where they occurred; the offending value is never quoted.
+/// errors by the path where they occurred, each at most [`MAX_FIELD_SHOWN`] bytes; the
+/// offending value is never quoted.
 pub fn decode<T: DeserializeOwned>(body: Value) -> Result<T> {
     serde_path_to_error::deserialize(body).map_err(|err| {
-        let path = err.path().to_string();
+        let path = truncate(&err.path().to_string(), MAX_FIELD_SHOWN);
         let inner = err.inner().to_string();
         let (field, message) = match inner.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`')) {
             Some((name, _)) => {
                 // the path already ends at the unknown field
-                let field = if path == "." || path.is_empty() { name.to_string() } else { path.clone() };
+                let field = if path == "." || path.is_empty() { truncate(name, MAX_FIELD_SHOWN) } else { path.clone() };
                 (field.clone(), format!("unknown field {field:?}"))
             }
             None if path == "." || path.is_empty() => (String::new(), format!("invalid request body: {}", value_free(&inner))),
@@ -345,6 +351,19 @@ mod tests {
         assert_eq!(err.data.unwrap()["field"], "extra");
         let err = decode::<Input>(json!({"name": "x", "nested": {"count": 1, "deep": 2}})).unwrap_err();
         assert_eq!(err.data.unwrap()["field"], "nested.deep");
+    }
+
+    #[test]
+    fn a_field_is_named_at_most_so_far_whatever_its_length() {
+        let long = "k".repeat(100_000);
+        for body in [json!({ "name": "x", long.clone(): 1 }), json!({ "name": "x", "nested": { "count": 1, long.clone(): 1 } })] {
+            let err = decode::<Input>(body).unwrap_err();
+            let field = err.data.unwrap()["field"].as_str().unwrap().to_string();
+            assert!(field.len() <= MAX_FIELD_SHOWN + '…'.len_utf8() && field.ends_with('…'), "{field}");
+            assert!(err.message.len() < 2 * MAX_FIELD_SHOWN, "{}", err.message);
+        }
+        let err = decode::<Input>(json!({ "name": "x", "extra": 1 })).unwrap_err();
+        assert_eq!(err.data.unwrap()["field"], "extra", "a short name is named whole");
     }
 
     #[test]
