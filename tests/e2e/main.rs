@@ -12,6 +12,7 @@ mod config;
 mod crash;
 mod events;
 mod fleet;
+mod hostile;
 mod identity;
 mod inventory;
 mod logging;
