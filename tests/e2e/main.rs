@@ -8,6 +8,7 @@ mod appstore_catalog;
 mod appstore_cli;
 mod authorization;
 mod browser;
+mod call;
 mod config;
 mod crash;
 mod events;

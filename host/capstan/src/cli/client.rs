@@ -330,6 +330,11 @@ impl Client {
         })
     }
 
+    /// `GET <path>` on the server (such as `/api/v1/methods`): the JSON answer.
+    pub fn get(&self, path: &str) -> Result<Value> {
+        self.send(self.http.get(format!("{}{path}", self.url)))
+    }
+
     /// [`Client::call`] with an already encoded JSON body.
     pub fn call_raw(&self, method: &str, body: Vec<u8>) -> Result<Value> {
         let request = self.http.post(format!("{}/api/v1/{method}", self.url)).header(CONTENT_TYPE, "application/json");

@@ -1,6 +1,7 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
 mod appstore;
+mod call;
 mod client;
 mod fleet;
 mod inventory;
@@ -83,6 +84,18 @@ enum Command {
     /// revoke, and re-wrap every version under the active KEK. No value is ever printed.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// Call any method of a running host, its plugins' included, as `GET /api/v1/methods` lists
+    /// them.
+    #[command(verbatim_doc_comment)]
+    ///
+    /// capstan call --list                            every method, who may call it, what it does
+    /// capstan call METHOD --help                     its summary, access and input fields
+    /// capstan call METHOD ['{"json":1}' | -f FILE | --set key=value ...] [--json]
+    ///
+    /// Dotted --set keys nest (spec.replicas=2); a value that parses as JSON is that JSON, else a
+    /// string. A list answer prints as a table, anything else as indented JSON; --json prints
+    /// the exact answer.
+    Call(call::CallArgs),
 }
 
 #[derive(clap::Args)]
@@ -134,6 +147,15 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if !matches!(cli.command, Command::Serve(_)) {
+        // a client command whose reader went away (`capstan call --list | head`) ends quietly,
+        // as other Unix tools do, instead of panicking on the write; `serve` keeps SIGPIPE
+        // ignored, so a peer closing a socket never ends the host
+        // SAFETY: restoring a signal's default disposition at start, before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Command::Keyring(command) => keyring::run(command),
         Command::Fleet(command) => fleet::run(command),
@@ -149,6 +171,7 @@ pub fn main() -> ExitCode {
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => inventory::users(command),
         Command::Secrets(command) => secrets::run(command),
+        Command::Call(args) => call::run(args),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,
