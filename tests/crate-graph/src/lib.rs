@@ -48,7 +48,11 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
-    ("capstan-links", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-plugin-host"]),
+    // (the keyring: the secrets a plugin reaches are sealed and opened with it)
+    (
+        "capstan-links",
+        &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-plugin-host"],
+    ),
     // the server: the HTTP API, the host state, configuration, the assembly of `serve`, and the
     // first-party plugins it embeds; it knows nothing of the dashboard (which plugs in its pages)
     (
