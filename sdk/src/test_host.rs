@@ -5,7 +5,7 @@
 use capstan_core::refusal::{Refusal, Result};
 use capstan_plugin_host::bundle::{Bundle, PublisherKey, generate_key};
 use capstan_plugin_host::host::PluginHost;
-use capstan_plugin_host::imports::{Services, collection_name};
+use capstan_plugin_host::imports::{PluginHttp, Services, collection_name};
 use capstan_plugin_host::runtime::Runtime;
 use capstan_rpc::Identity;
 use serde_json::Value;
@@ -32,7 +32,10 @@ impl TestHost {
         capstan_inventory::declare(&store).await?;
         capstan_links::declare_secrets(&store).await?;
         let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
-        let services = Services::new(store, blobs, keyring, "test-node".into(), platform);
+        // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
+        let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
+        let http = PluginHttp::new(&[], &loopback).map_err(Refusal::internal)?;
+        let services = Services::with_http(store, blobs, keyring, "test-node".into(), platform, http);
         let key = generate_key();
         let publishers = vec![PublisherKey::from_verifying_key(key.verifying_key())];
         let host = PluginHost::new(Runtime::new(None)?, services, publishers, vec![]).await?;
