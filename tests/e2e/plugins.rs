@@ -313,6 +313,17 @@ fn an_author_builds_a_plugin_and_an_operator_installs_upgrades_under_load_and_ro
     assert_eq!(refused.status.code(), Some(1), "installing a tampered bundle again is refused:\n{}", refused.stderr);
     assert_eq!(hello(&agent, &url, &token, "e2e").as_deref(), Ok(v1), "the host keeps serving hello.hello");
 
+    // ---- 7. an upgrade comes from the plugin's publisher: re-binding needs a trusted key ----
+    let other_key = root.join("other.pem");
+    let other = cli(&["plugin", "keygen", "--output", &path(&other_key)], b"", COMMAND_TIMEOUT, &mut outputs);
+    assert_ok("capstan plugin keygen (a second key)", &other);
+    let rebind = ["plugin", "rebind", "hello", "--publisher", other.stdout.trim(), "--url", &url];
+    assert_refused_with("re-binding to an untrusted key", &cli(&rebind, b"", COMMAND_TIMEOUT, &mut outputs), &["publisher-untrusted"]);
+    let rebind = ["plugin", "rebind", "hello", "--publisher", &public_key, "--url", &url];
+    let rebound = cli(&rebind, b"", COMMAND_TIMEOUT, &mut outputs);
+    assert_ok("capstan plugin rebind", &rebound);
+    assert!(rebound.stdout.contains("the next upgrade of hello may be signed by capstan-ed25519:"), "{}", rebound.stdout);
+
     // ---- logout: the session ends and its token is forgotten ----
     let logout = cli(&["logout", "--url", &url], b"", COMMAND_TIMEOUT, &mut outputs);
     assert_ok("capstan logout", &logout);

@@ -43,6 +43,26 @@ pub enum OnlineCommand {
     /// Needs a login from the last 5 minutes (else `admin-not-fresh`: run `capstan login`
     /// again). The key is the line `capstan plugin keygen` printed (`capstan-ed25519:…`).
     Trust(TrustArgs),
+    /// Let another trusted publisher key sign a plugin's next upgrade (`plugins.rebindPublisher`).
+    ///
+    /// An upgrade must otherwise be signed by the key the installed version came from
+    /// (`publisher-mismatch`). Needs a login from the last 5 minutes (`admin-not-fresh`); the
+    /// key must be trusted now (`publisher-untrusted`).
+    Rebind(RebindArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RebindArgs {
+    /// The plugin id
+    id: String,
+    /// The trusted publisher key (`capstan-ed25519:…`) that may sign its next upgrade
+    #[arg(long = "publisher", value_name = "KEY")]
+    public_key: String,
+    #[command(flatten)]
+    connection: Connection,
+    /// Print the API's answer as JSON
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -120,6 +140,7 @@ pub fn run(command: OnlineCommand) -> (Result<()>, bool) {
         OnlineCommand::Enable(args) => (lifecycle(&args, "plugins.enable"), args.json),
         OnlineCommand::Uninstall(args) => (uninstall(&args), args.json),
         OnlineCommand::Trust(args) => (trust(&args), args.json),
+        OnlineCommand::Rebind(args) => (rebind(&args), args.json),
     }
 }
 
@@ -292,22 +313,38 @@ fn uninstall(args: &UninstallArgs) -> Result<()> {
     Ok(())
 }
 
+/// A refusal for a change that needs a fresh login, saying how to get one.
+fn with_login_hint(client: &Client) -> impl Fn(crate::refusal::Refusal) -> crate::refusal::Refusal + '_ {
+    move |mut refusal| {
+        if refusal.is("admin-not-fresh") {
+            refusal.message = format!("{} (run `capstan login --url {}` and try again)", refusal.message, client.url());
+        }
+        refusal
+    }
+}
+
 fn trust(args: &TrustArgs) -> Result<()> {
     let client = Client::new(&args.connection)?;
-    let answer = client.call("plugins.addTrustedPublisher", &json!({ "publicKey": args.public_key.trim(), "name": args.name })).map_err(
-        |mut refusal| {
-            if refusal.is("admin-not-fresh") {
-                refusal.message = format!("{} (run `capstan login --url {}` and try again)", refusal.message, client.url());
-            }
-            refusal
-        },
-    )?;
+    let body = json!({ "publicKey": args.public_key.trim(), "name": args.name });
+    let answer = client.call("plugins.addTrustedPublisher", &body).map_err(with_login_hint(&client))?;
     if args.json {
         print_json(&answer);
         return Ok(());
     }
     let fingerprint = answer["fingerprint"].as_str().unwrap_or("");
     println!("trusting {} as {:?} ({fingerprint})", text(&answer, "publicKey"), args.name);
+    Ok(())
+}
+
+fn rebind(args: &RebindArgs) -> Result<()> {
+    let client = Client::new(&args.connection)?;
+    let body = json!({ "id": args.id, "publicKey": args.public_key.trim() });
+    let answer = client.call("plugins.rebindPublisher", &body).map_err(with_login_hint(&client))?;
+    if args.json {
+        print_json(&answer);
+        return Ok(());
+    }
+    println!("the next upgrade of {} may be signed by {}", args.id, text(&answer, "reboundPublisher"));
     Ok(())
 }
 
