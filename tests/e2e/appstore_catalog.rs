@@ -5,6 +5,7 @@
 //! a private CA issued: fetched and activated only by a host started with that CA
 //! (`--plugin-http-ca-file`), refused `http-tls-failed` by one without it.
 
+use crate::appstore::wait_for_appstore;
 use crate::support::{Capstan, Exited, capstan, dev_command, run_to_exit};
 use serde_json::{Value, json};
 use std::fs;
@@ -271,20 +272,6 @@ fn https_source() -> (String, Arc<Mutex<String>>, String) {
         }
     });
     (url, body, ca.pem())
-}
-
-/// The App Store plugin once it is installed and loaded (a first start compiles it in the
-/// background; a restart loads it from the registry).
-fn wait_for_appstore(server: &Capstan, admin: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let reply = server.call_as(admin, "plugins.get", &json!({ "id": "appstore" }));
-        if reply.status == 200 && reply.json()["status"] == "running" {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "the App Store was not loaded within 120 s: {}", reply.body);
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
 }
 
 #[test]

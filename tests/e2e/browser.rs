@@ -417,11 +417,17 @@ impl<'a> ApiClient<'a> {
     }
 
     fn call(&self, method: &str, body: serde_json::Value) -> serde_json::Value {
+        let (status, answer) = self.status_of(method, body);
+        assert_eq!(status, 200, "{method}: {answer}");
+        answer
+    }
+
+    /// The HTTP status and JSON answer of `method`, whatever they are.
+    fn status_of(&self, method: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
         let bearer = format!("Bearer {}", self.token);
         let headers = [("content-type", "application/json"), ("authorization", bearer.as_str())];
         let reply = self.server.request("POST", &format!("/api/v1/{method}"), &headers, Some(body.to_string().as_bytes()));
-        assert_eq!(reply.status, 200, "{method}: {}", reply.body);
-        reply.json()
+        (reply.status, reply.json())
     }
 }
 
@@ -836,8 +842,10 @@ fn wiki_catalog(versions: &[&str], revision: u64, key: &capstan_catalog::Signing
 /// a signed catalog pasted into the import form, its app installed into an organization
 /// through the app's page, and, once a newer revision offers one, upgraded after a preview.
 async fn appstore_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while api.call("plugins.get", json!({ "id": "appstore" }))["status"] != "running" {
+    // the install runs in the background and compiles the plugin: until it is recorded,
+    // plugins.get answers not-found
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while api.status_of("plugins.get", json!({ "id": "appstore" })).1["status"] != "running" {
         assert!(Instant::now() < deadline, "the App Store plugin should be running");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
