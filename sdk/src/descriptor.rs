@@ -1,5 +1,6 @@
 //! What a manager declares about itself — methods with their schemas and handlers, collections,
-//! subscriptions, schedules, reconcile period, placement — and the typed method router.
+//! subscriptions, schedules, reconcile period, placement, settings, dashboard pages — and the
+//! typed method router.
 
 use crate::bindings::exports::capstan::plugin::guest as wit;
 use crate::{Context, Refusal, Result};
@@ -122,7 +123,9 @@ impl From<&str> for CollectionSpec {
 ///     .subscribe("service.deleting")
 ///     .schedule("tidy", "0 * * * *", "Drop stale notes.")
 ///     .reconcile_every(Duration::from_secs(60))
-///     .placement(1, [("zone", "a")]);
+///     .placement(1, [("zone", "a")])
+///     .setting("keepDays", "Days notes are kept", Some(30u32))
+///     .page(Page::new("", "Greeting", "greet").form("greet"));
 /// assert_eq!(descriptor.method_names().collect::<Vec<_>>(), ["greet"]);
 /// ```
 pub struct Descriptor {
@@ -133,6 +136,50 @@ pub struct Descriptor {
     reconcile_period: Option<Duration>,
     replicas: u32,
     selector: Vec<(String, String)>,
+    settings: Vec<wit::SettingSpec>,
+    pages: Vec<Page>,
+}
+
+/// A dashboard page at `/p/<pluginId>/<path>`, showing what the method `source` answers.
+///
+/// Without a template the host generates it from the method's output schema (a table for a
+/// list, a definition list for an object) with a form per [`Page::form`]; with one, the
+/// bundle's `pages/<name>.html` (MiniJinja, no scripts) renders `output`, `query`, `forms` and
+/// `page`. The method's body is built from the page's query parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    path: String,
+    title: String,
+    source: String,
+    template: Option<String>,
+    forms: Vec<String>,
+    navigation: bool,
+}
+
+impl Page {
+    /// A page at `path` (lowercase words joined by `-` and `/`; `""` for the plugin's first
+    /// page) titled `title`, fed by the method `source`; listed in the navigation.
+    pub fn new(path: &str, title: &str, source: &str) -> Self {
+        Page { path: path.into(), title: title.into(), source: source.into(), template: None, forms: Vec::new(), navigation: true }
+    }
+
+    /// Render with the bundle's template `pages/<name>.html` instead of a generated page.
+    pub fn template(mut self, name: &str) -> Self {
+        self.template = Some(format!("pages/{name}.html"));
+        self
+    }
+
+    /// Offer the method `method` as a form on the page.
+    pub fn form(mut self, method: &str) -> Self {
+        self.forms.push(method.into());
+        self
+    }
+
+    /// Keep the page out of the navigation (a detail page reached by links).
+    pub fn hidden(mut self) -> Self {
+        self.navigation = false;
+        self
+    }
 }
 
 impl Default for Descriptor {
@@ -145,6 +192,8 @@ impl Default for Descriptor {
             reconcile_period: None,
             replicas: 1,
             selector: Vec::new(),
+            settings: Vec::new(),
+            pages: Vec::new(),
         }
     }
 }
@@ -218,6 +267,25 @@ impl Descriptor {
         self
     }
 
+    /// A setting operators change with `settings.update` as `<pluginId>.<key>` (`key` is
+    /// camelCase), read with [`crate::settings::get`]. Its values must match the JSON Schema of
+    /// `T`; `default` is its value while none is set. Never a credential: use
+    /// [`crate::secrets`].
+    pub fn setting<T: Serialize + JsonSchema>(mut self, key: &str, summary: &str, default: Option<T>) -> Self {
+        assert!(valid_method_name(key), "setting key {key:?} must be camelCase ([a-z][A-Za-z0-9]*, at most 64)");
+        assert!(self.settings.iter().all(|s| s.key != key), "setting {key:?} declared twice");
+        let default = default.map(|d| serde_json::to_string(&d).expect("a setting's default encodes as JSON"));
+        self.settings.push(wit::SettingSpec { key: key.into(), summary: summary.into(), schema: schema_of::<T>().to_string(), default });
+        self
+    }
+
+    /// A dashboard page (see [`Page`]); its `source` and forms must be methods declared here.
+    pub fn page(mut self, page: Page) -> Self {
+        assert!(self.pages.iter().all(|p| p.path != page.path), "page {:?} declared twice", page.path);
+        self.pages.push(page);
+        self
+    }
+
     /// The declared method names, in declaration order.
     pub fn method_names(&self) -> impl Iterator<Item = &str> {
         self.methods.iter().map(|m| m.name.as_str())
@@ -269,6 +337,19 @@ impl Descriptor {
                 .collect(),
             reconcile_period_ms: self.reconcile_period.map(|p| u64::try_from(p.as_millis()).unwrap_or(u64::MAX)),
             placement: wit::Placement { replicas: self.replicas, selector: self.selector.clone() },
+            settings: self.settings.clone(),
+            pages: self
+                .pages
+                .iter()
+                .map(|p| wit::PageSpec {
+                    path: p.path.clone(),
+                    title: p.title.clone(),
+                    source: p.source.clone(),
+                    template: p.template.clone(),
+                    forms: p.forms.clone(),
+                    navigation: p.navigation,
+                })
+                .collect(),
         }
     }
 }
@@ -283,6 +364,8 @@ impl fmt::Debug for Descriptor {
             .field("reconcile_period", &self.reconcile_period)
             .field("replicas", &self.replicas)
             .field("selector", &self.selector)
+            .field("settings", &self.settings.iter().map(|s| &s.key).collect::<Vec<_>>())
+            .field("pages", &self.pages)
             .finish()
     }
 }

@@ -88,7 +88,7 @@
 //! id = "hello"
 //! name = "Hello"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.1.0"
+//! wit = "capstan:plugin@0.2.0"
 //!
 //! [capabilities]
 //! requested = ["store", "log"]
@@ -112,6 +112,7 @@ pub mod http;
 pub mod inventory;
 pub mod log;
 pub mod secrets;
+pub mod settings;
 pub mod sign;
 pub mod store;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
@@ -124,7 +125,7 @@ pub mod testing;
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "../wit/0.2.0",
         world: "manager",
         pub_export_macro: true,
         default_bindings_module: "capstan_sdk::bindings",
@@ -132,7 +133,7 @@ pub mod bindings {
 }
 
 pub use context::{Caller, CallerKind, Context};
-pub use descriptor::{CollectionSpec, Descriptor, Empty, Role};
+pub use descriptor::{CollectionSpec, Descriptor, Empty, Page, Role};
 pub use manager::{Adapter, Event, Manager, ReconcileOutcome, ReconcileTrigger};
 pub use refusal::Refusal;
 /// The `schemars` (1.x) the SDK generates schemas with; the `JsonSchema` derive needs it as a
@@ -150,7 +151,7 @@ pub type Result<T> = std::result::Result<T, Refusal>;
 /// Invoke it once, at the plugin crate's root.
 ///
 /// The exports exist only when building for `wasm32`: their symbol names
-/// (`capstan:plugin/guest@0.1.0#handle`) mean something only to a component, and a native
+/// (`capstan:plugin/guest@0.2.0#handle`) mean something only to a component, and a native
 /// `cdylib` cannot even link them. Native builds (unit tests, clippy) get everything else.
 #[macro_export]
 macro_rules! manager {

@@ -71,7 +71,7 @@ fn secret_meta(view: capstan_secrets::methods::SecretView) -> SecretMeta {
         id: view.id,
         owner: match secret.owner {
             Owner::Service { service_id } => SecretOwner::Service(service_id),
-            Owner::Organization { .. } => SecretOwner::Organization,
+            Owner::Organization { organization_id, .. } => SecretOwner::Organization(organization_id),
             Owner::System { system_id } => SecretOwner::System(system_id),
         },
         key: secret.key,
@@ -140,7 +140,7 @@ impl Platform for InventoryPlatform {
         let owner = match owner {
             SecretOwner::Service(id) => ManagedOwner::Service(id),
             SecretOwner::System(id) => ManagedOwner::System(id),
-            SecretOwner::Organization => {
+            SecretOwner::Organization(_) => {
                 return Err(Refusal::new(
                     "secret-owner-unsupported",
                     "an organization's secrets belong to its SecretSets, which an administrator creates; a plugin manages service and system secrets",

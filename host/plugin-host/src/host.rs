@@ -54,6 +54,10 @@ pub struct Described {
     pub reconcile_period: Option<std::time::Duration>,
     /// Its background work as a fleet workload `plugin.<id>`: replicas (1 to 64) and node selector.
     pub placement: crate::fleet::placement::Workload,
+    /// The settings it declares.
+    pub settings: Vec<crate::faces::SettingDecl>,
+    /// The dashboard pages it contributes.
+    pub pages: Vec<crate::faces::PageDecl>,
 }
 
 impl Described {
@@ -100,7 +104,18 @@ impl Described {
             replicas: d.placement.replicas.clamp(1, 64) as usize,
             selector: d.placement.selector.into_iter().collect(),
         };
-        Ok(Described { methods, collections, subscriptions: d.subscriptions, schedules: d.schedules, reconcile_period: period, placement })
+        let verbs: Vec<&str> = methods.keys().map(String::as_str).collect();
+        let (settings, pages) = crate::faces::from_wit(plugin, d.settings, d.pages, &verbs)?;
+        Ok(Described {
+            methods,
+            collections,
+            subscriptions: d.subscriptions,
+            schedules: d.schedules,
+            reconcile_period: period,
+            placement,
+            settings,
+            pages,
+        })
     }
 }
 
@@ -138,6 +153,20 @@ pub struct InstalledVersion {
     pub installed_at: u64,
     /// Who installed it: a username, or `capstan` for a first-party plugin.
     pub installed_by: String,
+    /// The contract it targets, from its manifest (`capstan:plugin@0.2.0`).
+    #[serde(default = "wit_0_1")]
+    pub wit: String,
+    /// The settings it declares (what `settings.update` accepts as `<id>.<key>`).
+    #[serde(default)]
+    pub settings: Vec<crate::faces::SettingDecl>,
+    /// The dashboard pages it contributes.
+    #[serde(default)]
+    pub pages: Vec<crate::faces::PageDecl>,
+}
+
+/// What a version recorded before contracts were recorded targets.
+fn wit_0_1() -> String {
+    crate::manifest::WIT_0_1.to_string()
 }
 
 /// Why an installed plugin is not loaded on this node: the refusal that stopped it, and when.
@@ -434,11 +463,12 @@ impl PluginHost {
         }
         let grants = check_approval(&manifest.capability_set(), approved)?;
         let runtime = self.runtime.clone();
-        let component = bundle.component.clone();
+        let (component, wit) = (bundle.component.clone(), manifest.wit.clone());
         // Compiling is CPU-heavy; keep it off the async workers.
-        let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&component)).await.map_err(Refusal::internal)??;
+        let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&component, &wit)).await.map_err(Refusal::internal)??;
         let sandbox = Arc::new(Sandbox::new(&manifest, grants, prepared, self.services.clone()));
         let described = Described::from_wit(&manifest.id, sandbox.describe().await?)?;
+        sandbox.declare_settings(&described.settings);
         let methods = described
             .methods
             .iter()
@@ -597,6 +627,9 @@ impl PluginHost {
             grants: active.sandbox.grants.iter().map(Capability::to_string).collect(),
             installed_at: capstan_core::clock::now_ms(),
             installed_by: by.to_string(),
+            wit: bundle.manifest.wit.clone(),
+            settings: active.described.settings.clone(),
+            pages: active.described.pages.clone(),
         })
     }
 

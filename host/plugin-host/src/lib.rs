@@ -1,5 +1,6 @@
 //! The plugin host: managers as sandboxed WebAssembly components behind the `capstan:plugin`
-//! WIT world (`wit/manager.wit`), loaded from signed bundles and swapped live.
+//! WIT world (`wit/<version>/manager.wit`; earlier versions through adapters such as
+//! `contract_0_1`), loaded from signed bundles and swapped live.
 //!
 //! - [`bundle`], [`manifest`]: what a plugin is and what it asks for.
 //! - [`runtime`]: the wasmtime engine and one instance per call.
@@ -18,6 +19,8 @@ use capstan_scheduler as scheduler;
 use capstan_store as store;
 
 pub mod bundle;
+mod contract_0_1;
+pub mod faces;
 pub mod first_party;
 pub mod host;
 pub mod imports;

@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.1.0"
+//! wit = "capstan:plugin@0.2.0"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -30,8 +30,12 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The WIT world this host serves.
-pub const SUPPORTED_WIT: &str = "capstan:plugin@0.1.0";
+/// The contract `capstan plugin new` and the SDK target (`wit/0.2.0`).
+pub const CURRENT_WIT: &str = "capstan:plugin@0.2.0";
+/// The first contract (`wit/0.1.0`), still served through its adapter.
+pub const WIT_0_1: &str = "capstan:plugin@0.1.0";
+/// Every contract this host serves, newest first.
+pub const SUPPORTED_WITS: &[&str] = &[CURRENT_WIT, WIT_0_1];
 
 /// The file name of the manifest, in a plugin crate and inside a bundle.
 pub const MANIFEST_FILE: &str = "capstan-plugin.toml";
@@ -245,7 +249,7 @@ impl Manifest {
 
     /// Refuse `wit-version-unsupported` unless this host serves the world the plugin targets.
     pub fn check_wit_supported(&self) -> Result<()> {
-        check_wit_supported(&self.wit)
+        served_wit(&self.wit).map(|_| ())
     }
 
     /// The requested capabilities in canonical text form, sorted.
@@ -288,7 +292,7 @@ pub fn check_plugin_id(id: &str) -> Result<()> {
 
 /// Split `namespace:package@version`, checking the syntax only (`manifest-invalid`).
 fn parse_wit(wit: &str) -> Result<(&str, semver::Version)> {
-    let bad = || invalid_key("plugin.wit", format!("plugin.wit {wit:?} must look like {SUPPORTED_WIT:?}"));
+    let bad = || invalid_key("plugin.wit", format!("plugin.wit {wit:?} must look like {CURRENT_WIT:?}"));
     let (package, version) = wit.split_once('@').ok_or_else(bad)?;
     let (namespace, name) = package.split_once(':').ok_or_else(bad)?;
     let word = |s: &str| {
@@ -302,35 +306,43 @@ fn parse_wit(wit: &str) -> Result<(&str, semver::Version)> {
     Ok((package, version))
 }
 
-/// Refuse `wit-version-unsupported` unless `wit` names [`SUPPORTED_WIT`]'s package at a version
-/// this host serves: the same major (and, before 1.0, the same minor) and a patch no newer than
-/// the host's. Pre-release worlds must match exactly.
+/// Refuse `wit-version-unsupported` unless this host serves `wit`.
 pub fn check_wit_supported(wit: &str) -> Result<()> {
-    let (host_package, host) = parse_wit(SUPPORTED_WIT).map_err(|e| Refusal::internal(format!("SUPPORTED_WIT is malformed: {e}")))?;
+    served_wit(wit).map(|_| ())
+}
+
+/// The contract of [`SUPPORTED_WITS`] that serves a plugin targeting `wit`: one of the same
+/// package, the same major (and, before 1.0, the same minor) and a patch no older than the
+/// plugin's. Pre-release worlds must match exactly. Else `wit-version-unsupported`.
+pub fn served_wit(wit: &str) -> Result<&'static str> {
     let refuse = |why: &str| {
-        Refusal::new("wit-version-unsupported", format!("the plugin targets {wit}, {why}; this host serves {SUPPORTED_WIT}"))
-            .with_data(json!({ "wit": wit, "supported": SUPPORTED_WIT }))
+        Refusal::new("wit-version-unsupported", format!("the plugin targets {wit}, {why}; this host serves {}", SUPPORTED_WITS.join(", ")))
+            .with_data(json!({ "wit": wit, "supported": SUPPORTED_WITS }))
     };
+    if let Some(exact) = SUPPORTED_WITS.iter().find(|served| **served == wit) {
+        return Ok(exact);
+    }
     let (package, version) = parse_wit(wit).map_err(|_| refuse("which is not a WIT world name"))?;
-    if package != host_package {
-        return Err(refuse("a different WIT package"));
-    }
-    if wit == SUPPORTED_WIT {
-        return Ok(());
-    }
     if !version.pre.is_empty() || !version.build.is_empty() {
         return Err(refuse("a pre-release world this host does not serve"));
     }
-    let compatible = version.major == host.major
-        && if host.major == 0 {
-            version.minor == host.minor && version.patch <= host.patch
-        } else {
-            version.minor < host.minor || (version.minor == host.minor && version.patch <= host.patch)
-        };
-    if !compatible {
-        return Err(refuse("a version this host does not serve"));
+    let serves = |served: &&&str| {
+        let Ok((host_package, host)) = parse_wit(served) else { return false };
+        host_package == package
+            && version.major == host.major
+            && if host.major == 0 {
+                version.minor == host.minor && version.patch <= host.patch
+            } else {
+                version.minor <= host.minor && (version.minor < host.minor || version.patch <= host.patch)
+            }
+    };
+    match SUPPORTED_WITS.iter().find(serves) {
+        Some(served) => Ok(served),
+        None if SUPPORTED_WITS.iter().all(|served| parse_wit(served).is_ok_and(|(p, _)| p != package)) => {
+            Err(refuse("a different WIT package"))
+        }
+        None => Err(refuse("a version this host does not serve")),
     }
-    Ok(())
 }
 
 fn check_text(key: &str, value: &str, max_chars: usize, allow_newlines: bool) -> Result<()> {
@@ -823,10 +835,13 @@ concurrency = 4
 
     #[test]
     fn wit_versions() {
-        check_wit_supported(SUPPORTED_WIT).unwrap();
+        for served in SUPPORTED_WITS {
+            assert_eq!(served_wit(served).unwrap(), *served);
+        }
         for bad in [
             "capstan:plugin@0.1.1",
-            "capstan:plugin@0.2.0",
+            "capstan:plugin@0.2.1",
+            "capstan:plugin@0.3.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
             "capstan:plugin@0.1.0-rc.1",
@@ -836,8 +851,8 @@ concurrency = 4
         ] {
             assert_eq!(check_wit_supported(bad).unwrap_err().code, "wit-version-unsupported", "{bad}");
         }
-        let m = Manifest::parse(&with_plugin("").replace("@0.1.0", "@0.2.0")).unwrap();
-        assert_eq!(m.wit_version(), semver::Version::new(0, 2, 0));
+        let m = Manifest::parse(&with_plugin("").replace("@0.1.0", "@0.3.0")).unwrap();
+        assert_eq!(m.wit_version(), semver::Version::new(0, 3, 0));
         assert_eq!(m.check_wit_supported().unwrap_err().code, "wit-version-unsupported");
     }
 
@@ -1192,7 +1207,7 @@ mod proptests {
             plugin.insert("id".into(), id.clone().into());
             plugin.insert("name".into(), name.clone().into());
             plugin.insert("version".into(), format!("{}.{}.{}", version.0, version.1, version.2).into());
-            plugin.insert("wit".into(), SUPPORTED_WIT.into());
+            plugin.insert("wit".into(), CURRENT_WIT.into());
             plugin.insert("description".into(), description.clone().into());
             if let Some(p) = &publisher {
                 plugin.insert("publisher".into(), p.clone().into());
@@ -1218,7 +1233,7 @@ mod proptests {
             prop_assert_eq!(&m.id, &id);
             prop_assert_eq!(&m.name, &name);
             prop_assert_eq!(&m.version, &semver::Version::new(version.0, version.1, version.2));
-            prop_assert_eq!(&m.wit, SUPPORTED_WIT);
+            prop_assert_eq!(&m.wit, CURRENT_WIT);
             prop_assert_eq!(&m.description, &description);
             prop_assert_eq!(&m.publisher, &publisher);
             prop_assert_eq!(m.capabilities.iter().map(Capability::to_string).collect::<Vec<_>>(), sorted);

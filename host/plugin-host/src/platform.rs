@@ -14,8 +14,8 @@ use zeroize::Zeroizing;
 pub enum SecretOwner {
     /// A service, by id.
     Service(String),
-    /// An organization (its secrets live in SecretSets; a plugin does not create them).
-    Organization,
+    /// An organization, by id (its secrets live in SecretSets; a plugin does not create them).
+    Organization(String),
     /// One of the host's integrations, by system id.
     System(String),
 }

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-/// The host side of the `capstan:plugin` world, generated from `wit/manager.wit`.
+/// The host side of the current `capstan:plugin` world, generated from `wit/0.2.0`. Earlier
+/// versions run through their adapters (`contract_0_1`).
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "manager",
-        path: "../../wit",
+        path: "../../wit/0.2.0",
         imports: { default: async },
         exports: { default: async },
         with: {
@@ -82,6 +83,8 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Refusal::internal(format!("linking WASI: {e}")))?;
         Manager::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |data: &mut CallData| data)
             .map_err(|e| Refusal::internal(format!("linking the capstan imports: {e}")))?;
+        crate::contract_0_1::Manager::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |data: &mut CallData| data)
+            .map_err(|e| Refusal::internal(format!("linking the capstan:plugin@0.1.0 imports: {e}")))?;
         let weak = engine.weak();
         std::thread::Builder::new()
             .name("capstan-plugin-epoch".into())
@@ -96,17 +99,24 @@ impl Runtime {
         Ok(Arc::new(Runtime { engine, cache_dir, engine_key, linker }))
     }
 
-    /// Compile (or load from the cache) and pre-instantiate a component.
-    pub fn prepare(&self, component_bytes: &[u8]) -> Result<Prepared> {
+    /// Compile (or load from the cache) and pre-instantiate a component that targets the
+    /// contract `wit` (`capstan:plugin@<version>`, a version this host serves, as its manifest
+    /// states); a component that does not export that world is `wit-version-mismatch`.
+    pub fn prepare(&self, component_bytes: &[u8], wit: &str) -> Result<Prepared> {
         let digest = hex::encode(Sha256::digest(component_bytes));
         let started = Instant::now();
         let (component, cached) = self.compile(component_bytes, &digest)?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             Refusal::new("plugin-imports-unsupported", format!("the component imports something this host does not provide: {e}"))
         })?;
-        let pre = ManagerPre::new(pre).map_err(|e| {
-            Refusal::new("wit-version-unsupported", format!("the component does not export the capstan:plugin@0.1.0 manager world: {e}"))
-        })?;
+        let mismatch = |e: wasmtime::Error| {
+            Refusal::new("wit-version-mismatch", format!("the manifest names {wit}, but the component does not export that world: {e}"))
+                .with_data(json!({ "wit": wit }))
+        };
+        let pre = match crate::manifest::served_wit(wit)? {
+            crate::manifest::WIT_0_1 => Pre::V0_1(crate::contract_0_1::ManagerPre::new(pre).map_err(mismatch)?),
+            _ => Pre::Current(ManagerPre::new(pre).map_err(mismatch)?),
+        };
         tracing::debug!(digest = %digest, cached, ms = started.elapsed().as_millis() as u64, "plugin component ready");
         Ok(Prepared { pre, digest, cached })
     }
@@ -201,11 +211,79 @@ fn trusted_artifact(path: &Path) -> bool {
 /// A compiled, pre-instantiated component.
 #[derive(Clone)]
 pub struct Prepared {
-    pre: ManagerPre<CallData>,
+    pre: Pre,
     /// SHA-256 of the component bytes as lowercase hex; names the cached artifact.
     pub digest: String,
     /// Whether the compiled artifact came from the cache.
     pub cached: bool,
+}
+
+/// A component pre-instantiated with the bindings of the contract version it targets.
+#[derive(Clone)]
+enum Pre {
+    Current(ManagerPre<CallData>),
+    V0_1(crate::contract_0_1::ManagerPre<CallData>),
+}
+
+/// A fresh instance's exports, answering in the current contract's shapes whatever version the
+/// plugin targets.
+pub(crate) enum Exports<'a> {
+    /// A plugin of the current contract.
+    Current(&'a wit_guest::Guest),
+    /// A `capstan:plugin@0.1.0` plugin, through its adapter.
+    V0_1(crate::contract_0_1::Exports<'a>),
+}
+
+type Answer<T> = wasmtime::Result<std::result::Result<T, WitRefusal>>;
+
+impl Exports<'_> {
+    async fn call_describe(&self, store: &mut Store<CallData>) -> wasmtime::Result<wit_guest::Descriptor> {
+        match self {
+            Exports::Current(guest) => guest.call_describe(store).await,
+            Exports::V0_1(guest) => guest.describe(store).await,
+        }
+    }
+
+    #[allow(clippy::ptr_arg)] // the bindings take `&String`
+    async fn call_handle(&self, store: &mut Store<CallData>, ctx: &CallContext, method: &String, body: &String) -> Answer<String> {
+        match self {
+            Exports::Current(guest) => guest.call_handle(store, ctx, method, body).await,
+            Exports::V0_1(guest) => guest.handle(store, ctx, method, body).await,
+        }
+    }
+
+    async fn call_on_event(&self, store: &mut Store<CallData>, ctx: &CallContext, event: &wit_guest::Event) -> Answer<()> {
+        match self {
+            Exports::Current(guest) => guest.call_on_event(store, ctx, event).await,
+            Exports::V0_1(guest) => guest.on_event(store, ctx, event).await,
+        }
+    }
+
+    async fn call_reconcile(
+        &self,
+        store: &mut Store<CallData>,
+        ctx: &CallContext,
+        trigger: &wit_guest::ReconcileTrigger,
+    ) -> Answer<wit_guest::ReconcileOutcome> {
+        match self {
+            Exports::Current(guest) => guest.call_reconcile(store, ctx, trigger).await,
+            Exports::V0_1(guest) => guest.reconcile(store, ctx, trigger).await,
+        }
+    }
+
+    async fn call_run_task(&self, store: &mut Store<CallData>, ctx: &CallContext, name: &str) -> Answer<String> {
+        match self {
+            Exports::Current(guest) => guest.call_run_task(store, ctx, name).await,
+            Exports::V0_1(guest) => guest.run_task(store, ctx, name).await,
+        }
+    }
+
+    async fn call_migrate(&self, store: &mut Store<CallData>, ctx: &CallContext, from: Option<&str>, to: &str) -> Answer<()> {
+        match self {
+            Exports::Current(guest) => guest.call_migrate(store, ctx, from, to).await,
+            Exports::V0_1(guest) => guest.migrate(store, ctx, from, to).await,
+        }
+    }
 }
 
 /// One plugin version ready to run: its component, its grants and its limits.
@@ -268,6 +346,12 @@ impl Sandbox {
             slots: Arc::new(tokio::sync::Semaphore::new(manifest.limits.concurrency.max(1) as usize)),
             services,
         }
+    }
+
+    /// Tell the `settings` import what `describe` declared.
+    pub fn declare_settings(&self, settings: &[crate::faces::SettingDecl]) {
+        let declared = settings.iter().map(|s| crate::imports::DeclaredSetting { key: s.key.clone(), default: s.default.clone() });
+        self.grant.declare_settings(declared.collect());
     }
 
     /// SHA-256 of the plugin's component bytes as lowercase hex.
@@ -371,20 +455,14 @@ impl Sandbox {
     /// classify whatever happened, log what the plugin printed.
     async fn run<R, F>(&self, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
     where
-        F: for<'a> FnOnce(
-            &'a wit_guest::Guest,
-            &'a mut Store<CallData>,
-        ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
+        F: for<'a> FnOnce(&'a Exports<'a>, &'a mut Store<CallData>) -> futures::future::BoxFuture<'a, Answer<R>>,
     {
         self.run_as(Acting::Plugin, kind, ctx, call).await
     }
 
     async fn run_as<R, F>(&self, acting: Acting, kind: CallKind, ctx: &CallContext, call: F) -> Result<R>
     where
-        F: for<'a> FnOnce(
-            &'a wit_guest::Guest,
-            &'a mut Store<CallData>,
-        ) -> futures::future::BoxFuture<'a, wasmtime::Result<std::result::Result<R, WitRefusal>>>,
+        F: for<'a> FnOnce(&'a Exports<'a>, &'a mut Store<CallData>) -> futures::future::BoxFuture<'a, Answer<R>>,
     {
         let deadline = kind.deadline();
         let _slot = match tokio::time::timeout(deadline, self.slots.clone().acquire_owned()).await {
@@ -400,7 +478,11 @@ impl Sandbox {
         let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
         let mut data = CallData::new(grant, ctx.request_id.clone(), self.services.clock_ahead(), self.memory_limit, STDIO_CAPTURE);
         data.acting = acting;
-        let mut store = Store::new(self.prepared.pre.engine(), data);
+        let engine = match &self.prepared.pre {
+            Pre::Current(pre) => pre.engine(),
+            Pre::V0_1(pre) => pre.engine(),
+        };
+        let mut store = Store::new(engine, data);
         store.limiter(|data| &mut data.limiter);
         let stop_at = started + deadline;
         store.set_epoch_deadline(1);
@@ -413,8 +495,16 @@ impl Sandbox {
             }
         });
         let outcome = tokio::time::timeout(deadline + Duration::from_millis(250), async {
-            let bindings = self.prepared.pre.instantiate_async(&mut store).await?;
-            call(bindings.capstan_plugin_guest(), &mut store).await
+            match &self.prepared.pre {
+                Pre::Current(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    call(&Exports::Current(instance.capstan_plugin_guest()), &mut store).await
+                }
+                Pre::V0_1(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    call(&Exports::V0_1(crate::contract_0_1::Exports(instance.capstan_plugin_guest())), &mut store).await
+                }
+            }
         })
         .await;
         let data = store.data_mut();

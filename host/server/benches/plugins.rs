@@ -101,12 +101,12 @@ fn main() {
         let cold_dir = tempfile::tempdir().expect("temp dir");
         let runtime = Runtime::new(Some(cold_dir.path().to_path_buf())).expect("runtime");
         let started = Instant::now();
-        let first = runtime.prepare(&component).expect("compiles");
+        let first = runtime.prepare(&component, capstan_server::plugins::manifest::CURRENT_WIT).expect("compiles");
         let compile = started.elapsed();
         assert!(!first.cached);
         let fresh = Runtime::new(Some(cold_dir.path().to_path_buf())).expect("runtime");
         let started = Instant::now();
-        assert!(fresh.prepare(&component).expect("loads").cached);
+        assert!(fresh.prepare(&component, capstan_server::plugins::manifest::CURRENT_WIT).expect("loads").cached);
         let cached = started.elapsed();
 
         let host = PluginHost::new(runtime, services, vec![], vec![]).await.expect("plugin host");

@@ -1,7 +1,7 @@
 //! `capstan plugin new <name>`: scaffold a plugin crate that builds, signs and installs out of
 //! the box (`capstan plugin build <dir> --key <file>`).
 
-use crate::plugins::manifest::{self, MANIFEST_FILE, Manifest, SUPPORTED_WIT};
+use crate::plugins::manifest::{self, CURRENT_WIT, MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
 use serde_json::json;
 use std::fs::{self, OpenOptions};
@@ -178,7 +178,7 @@ id = "{id}"
 name = "{name}"
 # Raise it for every upgrade: the host installs only a higher version over an installed one.
 version = "0.1.0"
-wit = "{SUPPORTED_WIT}"
+wit = "{CURRENT_WIT}"
 description = "The {name} manager."
 
 [capabilities]
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(manifest.id, "hello-world");
         assert_eq!(manifest.name, "Hello World");
         assert_eq!(manifest.version.to_string(), "0.1.0");
-        assert_eq!(manifest.wit, SUPPORTED_WIT);
+        assert_eq!(manifest.wit, CURRENT_WIT);
         manifest.check_wit_supported().unwrap();
         assert_eq!(manifest.requested_set().into_iter().collect::<Vec<_>>(), vec!["log", "store"]);
 

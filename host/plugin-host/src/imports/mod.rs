@@ -12,6 +12,7 @@ mod http;
 mod inventory;
 mod log;
 mod secrets;
+mod settings;
 mod sign;
 mod store;
 
@@ -19,6 +20,7 @@ pub use blobs::{BlobReaderState, BlobWriterState, MAX_PLUGIN_BLOB_BYTES, blob_pr
 use budget::CallBudget;
 pub use budget::{MAX_HOST_CALLS, MAX_METHOD_OUTPUT};
 pub use http::{PluginHttp, origin_of, refused_range};
+pub use settings::{DeclaredSetting, effective as effective_settings};
 pub use sign::PLUGIN_KEYS;
 pub use store::{collection_name, validate_plugin_collection};
 
@@ -138,6 +140,7 @@ pub struct Grant {
     inventory: Option<inventory::Reader>,
     services: Option<inventory::ServiceWriter>,
     secrets: secrets::Scopes,
+    settings: settings::OwnSettings,
     http: Option<http::Outbound>,
     events: Option<events::Publisher>,
     sign: Option<sign::Signer>,
@@ -157,12 +160,19 @@ impl Grant {
             inventory: has(&Capability::InventoryRead).then(|| inventory::Reader::new(services)),
             services: has(&Capability::InventoryWriteServices).then(|| inventory::ServiceWriter::new(services, plugin)),
             secrets: secrets::Scopes::new(services, grants),
+            settings: settings::OwnSettings { store: services.store.clone(), declared: Default::default() },
             http: http::Outbound::new(services, grants),
             events: has(&Capability::EventsPublish).then(|| events::Publisher::new(services, plugin)),
             sign: has(&Capability::Sign).then(|| sign::Signer::new(services, plugin)),
             log: has(&Capability::Log).then_some(log::Logger),
             agents: has(&Capability::Agents).then_some(agents::Agents),
         }
+    }
+
+    /// Record what the plugin's `describe` declared of its settings (once; later calls keep the
+    /// first).
+    pub fn declare_settings(&self, declared: Vec<DeclaredSetting>) {
+        let _ = self.settings.declared.set(declared);
     }
 
     /// No imports at all: what `describe` runs with.

@@ -74,7 +74,7 @@ impl CallData {
 fn owner_of(owner: secrets::Owner) -> SecretOwner {
     match owner {
         secrets::Owner::Service(id) => SecretOwner::Service(id),
-        secrets::Owner::Organization => SecretOwner::Organization,
+        secrets::Owner::Organization(id) => SecretOwner::Organization(id),
         secrets::Owner::System(id) => SecretOwner::System(id),
     }
 }
@@ -84,7 +84,7 @@ fn info(meta: SecretMeta) -> secrets::SecretInfo {
         id: meta.id,
         owner: match meta.owner {
             SecretOwner::Service(id) => secrets::Owner::Service(id),
-            SecretOwner::Organization => secrets::Owner::Organization,
+            SecretOwner::Organization(id) => secrets::Owner::Organization(id),
             SecretOwner::System(id) => secrets::Owner::System(id),
         },
         key: meta.key,

@@ -89,6 +89,21 @@ impl Fixture {
         self.bundle("capstan_plugin_example", "plugins/example", version)
     }
 
+    /// The example plugin as built against `capstan:plugin@0.1.0` (`tests/plugins/example-0.1.0`,
+    /// a pinned component), at `version`, and with its manifest's `wit` replaced by `wit`.
+    fn example_0_1(&self, version: Option<&str>, wit: Option<&str>) -> Vec<u8> {
+        let dir = "tests/plugins/example-0.1.0";
+        let component = std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir).join("plugin.wasm")).unwrap();
+        let text = manifest(dir, version);
+        let text = match wit {
+            Some(wit) => text.replace("capstan:plugin@0.1.0", wit),
+            None => text,
+        };
+        let mut bundle = Bundle::new(text, component).unwrap();
+        bundle.sign(&self.key);
+        bundle.to_bytes()
+    }
+
     fn adversary(&self) -> Vec<u8> {
         self.bundle("capstan_plugin_adversary", "tests/plugins/adversary", None)
     }
@@ -173,6 +188,35 @@ async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrad
     assert!(removed["removed"]["documents"].as_u64().unwrap() >= 1);
     assert!(f.host.record("example").await.unwrap().is_none());
     let _ = &f.state;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_for_the_0_1_contract_installs_serves_and_upgrades_to_the_current_one() {
+    let Some(f) = Fixture::new().await else { return };
+    let record = f.host.install(&f.example_0_1(None, None), &all(), "admin").await.unwrap();
+    assert_eq!(record.current.wit, "capstan:plugin@0.1.0");
+    assert!(record.current.settings.is_empty() && record.current.pages.is_empty(), "0.1.0 declares neither");
+
+    // calls, refusals, the store and the caller all cross the adapter
+    let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
+    assert_eq!((greeting["greeting"].as_str(), greeting["caller"].as_str()), (Some("Hello, Ada!"), Some("u-admin")));
+    assert_eq!(f.call("example", "putNote", json!({ "id": "n1", "text": "first" })).await.unwrap()["revision"], 1);
+    let stale = f.call("example", "putNote", json!({ "id": "n1", "text": "again", "expectedRevision": 7 })).await.unwrap_err();
+    assert_eq!(stale.code, "conflict");
+    let listed = f.call("example", "listNotes", json!({})).await.unwrap();
+    assert_eq!(listed["notes"][0]["text"], "first", "{listed}");
+
+    // a manifest naming the current contract over a 0.1.0 component is caught at load
+    let lying = f.host.upgrade(&f.example_0_1(Some("0.1.5"), Some(crate::plugins::manifest::CURRENT_WIT)), &all(), "admin").await;
+    assert_eq!(lying.unwrap_err().code, "wit-version-mismatch");
+
+    // the same plugin built against the current contract upgrades it, data kept; and back
+    let upgraded = f.host.upgrade(&f.example(Some("0.2.0")), &all(), "admin").await.unwrap();
+    assert_eq!(upgraded.current.wit, crate::plugins::manifest::CURRENT_WIT);
+    assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
+    let back = f.host.rollback("example", "admin").await.unwrap();
+    assert_eq!(back.current.wit, "capstan:plugin@0.1.0");
+    assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,8 +336,8 @@ async fn a_compiled_component_is_cached_by_digest() {
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let runtime = crate::plugins::runtime::Runtime::new(Some(dir.path().to_path_buf())).unwrap();
-    assert!(!runtime.prepare(&component).unwrap().cached);
-    assert!(runtime.prepare(&component).unwrap().cached);
+    assert!(!runtime.prepare(&component, crate::plugins::manifest::CURRENT_WIT).unwrap().cached);
+    assert!(runtime.prepare(&component, crate::plugins::manifest::CURRENT_WIT).unwrap().cached);
     let _ = f;
 }
 
