@@ -361,7 +361,7 @@ fn done_flash(query: &IndexQuery) -> Option<Flash> {
         )),
         ("refreshed", Some("no-sources")) => Some(Flash::done(
             "No catalog sources to ask",
-            "List https URLs in the setting appStoreCatalogSources, or import a signed catalog below.",
+            "List https URLs in the setting appstore.catalogSources, or import a signed catalog below.",
         )),
         ("refreshed", Some("failed")) => {
             let code = shown_code(query.code.as_deref()).unwrap_or_else(|| "catalog-source-failed".into());

@@ -1,6 +1,8 @@
 //! The Settings view at `/settings`: the public settings document, every key Capstan accepts
-//! with what it is for (as `settings.get` answers them) and its value, edited in one form
-//! with the revision the page read (`settings.update`, administrators). Values are typed as
+//! with what it is for (as `settings.get` answers them) and its value, grouped as the host's
+//! own and each plugin's (a plugin's keys are `<pluginId>.<key>`, with the default it declares
+//! shown where none is set), edited in one form with the revision the page read
+//! (`settings.update`, administrators). Values are typed as
 //! JSON (`443`, `["https://…"]`, `{"bucket": "b"}`); a bare word is taken as text. Only the
 //! keys whose value was changed are sent; an emptied field removes its key. Another key may
 //! be named at the bottom of the form: the method refuses anything that is not a setting
@@ -36,6 +38,17 @@ struct RowView {
     /// What the input holds: the stored value, or what the operator typed.
     value: String,
     known: bool,
+    /// The declared default as the form shows it, when the key is a plugin's and has one.
+    default: String,
+}
+
+/// The rows of the host's settings, of one plugin's, or of keys nothing accepts any more.
+#[derive(Serialize)]
+struct GroupView {
+    /// `capstan`, a plugin id, or `unknown`.
+    id: String,
+    title: String,
+    rows: Vec<RowView>,
 }
 
 /// A value as the form shows it: text as it is, anything else as compact JSON.
@@ -59,39 +72,62 @@ struct Typed {
     other_value: String,
 }
 
-fn rows(document: &Value, typed: &Typed) -> Vec<RowView> {
+/// The rows grouped: the host's first, then each plugin's in id order, then unknown keys.
+fn groups(rows: Vec<(Option<String>, RowView)>) -> Vec<GroupView> {
+    let mut groups: Vec<GroupView> = Vec::new();
+    let mut ordered = rows;
+    ordered.sort_by_key(|(plugin, row)| (!row.known, plugin.is_some(), plugin.clone()));
+    for (plugin, row) in ordered {
+        let (id, title) = match (&plugin, row.known) {
+            (_, false) => ("unknown".to_string(), "Not accepted any more".to_string()),
+            (None, true) => ("capstan".to_string(), "Capstan".to_string()),
+            (Some(plugin), true) => (plugin.clone(), format!("Plugin {plugin}")),
+        };
+        match groups.last_mut() {
+            Some(group) if group.id == id => group.rows.push(row),
+            _ => groups.push(GroupView { id, title, rows: vec![row] }),
+        }
+    }
+    groups
+}
+
+fn rows(document: &Value, typed: &Typed) -> Vec<(Option<String>, RowView)> {
     let settings = document["settings"].as_object().cloned().unwrap_or_default();
-    let mut rows: Vec<RowView> = document["known"]
+    let mut rows: Vec<(Option<String>, RowView)> = document["known"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|k| {
             let key = k["key"].as_str().unwrap_or_default().to_string();
             let stored = settings.get(&key);
-            RowView {
+            let row = RowView {
                 summary: k["summary"].as_str().unwrap_or_default().into(),
                 set: stored.is_some(),
                 read: stored.map(shown).unwrap_or_default(),
                 value: String::new(),
                 known: true,
+                default: k.get("default").map(shown).unwrap_or_default(),
                 key,
-            }
+            };
+            (k["plugin"].as_str().map(str::to_string), row)
         })
         .collect();
     // a stored key the allowlist no longer names is still shown (and may be removed)
     for (key, value) in &settings {
-        if !rows.iter().any(|r| r.key == *key) {
-            rows.push(RowView {
+        if !rows.iter().any(|(_, r)| r.key == *key) {
+            let row = RowView {
                 key: key.clone(),
-                summary: "Not a setting this version accepts".into(),
+                summary: "Not a setting Capstan or an installed plugin accepts; it may be removed".into(),
                 set: true,
                 read: shown(value),
                 value: String::new(),
                 known: false,
-            });
+                default: String::new(),
+            };
+            rows.push((None, row));
         }
     }
-    for row in &mut rows {
+    for (_, row) in &mut rows {
         row.value = match typed.values.get(&row.key) {
             Some((read, typed)) => {
                 // the form keeps what it was read at, so only the operator's changes are sent
@@ -108,7 +144,7 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
     let head = live::head(state, identity).await;
     let document = call(state, identity, "settings.get", json!({})).await;
     let (rows, revision, error) = match &document {
-        Ok(document) => (rows(document, &typed), u64_of(document, "revision"), None),
+        Ok(document) => (groups(rows(document, &typed)), u64_of(document, "revision"), None),
         Err(refusal) => (Vec::new(), 0, Some(ErrorView::from(refusal))),
     };
     let expected = typed.revision.clone().unwrap_or_else(|| revision.to_string());
@@ -118,7 +154,7 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),
-        rows => Serde(rows),
+        groups => Serde(rows),
         expected_revision => expected,
         other_key => typed.other_key,
         other_value => typed.other_value,

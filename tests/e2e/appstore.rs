@@ -61,7 +61,7 @@ fn the_embedded_app_store_imports_installs_upgrades_adopts_and_restores_its_cata
         (plugin["publisher"].as_str(), plugin["status"].as_str(), plugin["installedBy"].as_str()),
         (Some("first-party"), Some("running"), Some("capstan"))
     );
-    assert!(plugin["grants"].as_array().unwrap().contains(&json!("http-setting:appStoreCatalogSources")), "{plugin}");
+    assert!(plugin["grants"].as_array().unwrap().contains(&json!("http-setting:appstore.catalogSources")), "{plugin}");
     server.call_as(&admin, "plugins.uninstall", &json!({ "id": "appstore" })).expect_error(400, "plugin-first-party");
 
     // no catalog yet: the status says why, the catalog-bound methods are refused (retryable)
@@ -77,7 +77,7 @@ fn the_embedded_app_store_imports_installs_upgrades_adopts_and_restores_its_cata
     ok(
         &server,
         "settings.update",
-        json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } }),
+        json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } }),
     );
     let imported = ok(&server, "appstore.importCatalog", json!({ "envelope": envelope(&["1.0.0"], 1, &publisher) }));
     assert_eq!(imported["outcome"], "activated");
@@ -148,7 +148,7 @@ fn two_hosts_on_one_store_converge_on_the_greater_catalog_revision() {
 
     let publisher = SigningKey::from_bytes(&[42; 32]);
     let settings = a.call_as(&token_a, "settings.get", &json!({})).expect_json(200);
-    let trust = json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } });
+    let trust = json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } });
     a.call_as(&token_a, "settings.update", &trust).expect_json(200);
     let import =
         |server: &Capstan, token: &str, envelope: String| server.call_as(token, "appstore.importCatalog", &json!({ "envelope": envelope }));

@@ -592,14 +592,14 @@ async fn clusters_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
 /// The Settings view: every key listed; a credential refused by name.
 async fn settings_view(client: &Client) {
     click(client, r#"a.nav-item[href="/settings"]"#).await;
-    wait_for(client, r#"tr[data-setting="dcrouterTargetPort"]"#).await;
+    wait_for(client, r#"tr[data-setting="deploymentArchiveRetentionDays"]"#).await;
     fill(client, "#other-key", "dcrouterGatewayToken").await;
     fill(client, "#other-value", "not-a-real-token").await;
     click(client, "#settings-submit").await;
     expect_refusal(client, "setting-is-secret").await;
     fill(client, "#other-key", "").await;
     fill(client, "#other-value", "").await;
-    fill(client, "#setting-dcrouterTargetPort", "443").await;
+    fill(client, "#setting-deploymentArchiveRetentionDays", "30").await;
     click(client, "#settings-submit").await;
     expect_flash(client, "Settings saved").await;
     assert_eq!(text_of(client, "#settings-revision").await, "1");
@@ -852,7 +852,7 @@ async fn appstore_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     let publisher = capstan_catalog::SigningKey::from_bytes(&[42; 32]);
     let settings = api.call("settings.get", json!({}));
     let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
-    api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appStoreTrustedCatalogKeys": [trusted] } }));
+    api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }));
     let org = api.call("organizations.create", json!({ "name": "apps-demo" }))["id"].as_str().unwrap().to_string();
 
     click(client, r#"a.nav-item[href="/appstore"]"#).await;

@@ -362,7 +362,7 @@ fn a_catalog_activation_killed_before_or_after_its_pointer_moves_is_before_or_af
     let (server, token) = dev(&data, Some("plugin-commit:p_appstore__catalog#2"));
     wait_for_appstore(&server, &token);
     let settings = ok(&server, &token, "settings.get", json!({}));
-    let trust = json!({ "appStoreTrustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] });
+    let trust = json!({ "appstore.trustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] });
     ok(&server, &token, "settings.update", json!({ "expectedRevision": settings["revision"], "set": trust }));
     let first = ok(&server, &token, "appstore.importCatalog", json!({ "envelope": envelope(&["1.0.0"], 1, &publisher) }));
     assert_eq!(first["outcome"], "activated");

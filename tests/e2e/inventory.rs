@@ -202,7 +202,7 @@ fn every_write_path_refuses_bad_input_by_name_over_http() {
     let cluster_id = id(&w.ok(admin, "clusters.create", json!({ "name": "eu-1" }))["cluster"]);
     let service_id = id(&w.ok(&owner, "services.create", json!({ "name": "web", "organizationId": org_id, "image": "nginx:1.27" })));
     let settings_revision =
-        w.ok(admin, "settings.update", json!({ "expectedRevision": 0, "set": { "dcrouterTargetPort": 443 } }))["revision"]
+        w.ok(admin, "settings.update", json!({ "expectedRevision": 0, "set": { "deploymentArchiveRetentionDays": 30 } }))["revision"]
             .as_u64()
             .unwrap();
     assert_eq!(settings_revision, 1);
@@ -329,19 +329,13 @@ fn every_write_path_refuses_bad_input_by_name_over_http() {
 
     // ---- settings.update ----
     let m = "settings.update";
-    w.refused(admin, m, json!({ "expectedRevision": 0, "set": { "dcrouterTargetPort": 8443 } }), 409, "conflict");
+    w.refused(admin, m, json!({ "expectedRevision": 0, "set": { "deploymentArchiveRetentionDays": 31 } }), 409, "conflict");
     w.refused(admin, m, json!({ "expectedRevision": 1, "set": {}, "merge": true }), 400, "invalid-request");
     w.refused(admin, m, json!({ "expectedRevision": 1, "set": { "colour": "blue" } }), 400, "setting-unknown");
     w.refused(admin, m, json!({ "expectedRevision": 1, "set": { "dcrouterGatewayToken": PLANTED } }), 400, "setting-is-secret");
-    w.refused(
-        admin,
-        m,
-        json!({ "expectedRevision": 1, "set": { "backupExternalTarget": { "bucket": "b", "secretKey": PLANTED } } }),
-        400,
-        "setting-is-secret",
-    );
-    w.refused(admin, m, json!({ "expectedRevision": 1, "set": { "dcrouterTargetPort": "https" } }), 400, "setting-invalid");
-    w.refused(&owner, m, json!({ "expectedRevision": 1, "set": { "dcrouterTargetPort": 8443 } }), 403, "forbidden");
+    w.refused(admin, m, json!({ "expectedRevision": 1, "set": { "backups.externalTargetSecretKey": PLANTED } }), 400, "setting-is-secret");
+    w.refused(admin, m, json!({ "expectedRevision": 1, "set": { "deploymentArchiveRetentionDays": "https" } }), 400, "setting-invalid");
+    w.refused(&owner, m, json!({ "expectedRevision": 1, "set": { "deploymentArchiveRetentionDays": 31 } }), 403, "forbidden");
 
     // ---- admin.createUser ----
     let m = "admin.createUser";
@@ -362,7 +356,7 @@ fn every_write_path_refuses_bad_input_by_name_over_http() {
         (Some(1), json!({}), Some("active"))
     );
     let settings = w.ok(&member, "settings.get", json!({}));
-    assert_eq!((settings["revision"].as_u64(), settings["settings"].clone()), (Some(1), json!({ "dcrouterTargetPort": 443 })));
+    assert_eq!((settings["revision"].as_u64(), settings["settings"].clone()), (Some(1), json!({ "deploymentArchiveRetentionDays": 30 })));
     assert_eq!(names(&w.ok(admin, "organizations.list", json!({}))).len(), 2);
 
     // the right caller with the right revision succeeds where the others were refused
@@ -606,13 +600,13 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     assert!(owner.text(&["services", "delete", &id(&again)]).contains("deleted service"));
 
     // ---- settings ----
-    let set = admin.json(&["settings", "set", "dcrouterTargetPort=443", "dcrouterTargetHost=gw.example.com"]);
-    assert_eq!(set["settings"], json!({ "dcrouterTargetPort": 443, "dcrouterTargetHost": "gw.example.com" }));
-    admin.refused(&["settings", "set", "dcrouterTargetPort=8443", "--expected-revision", "0"], "conflict");
+    let set = admin.json(&["settings", "set", "deploymentArchiveRetentionDays=30", "corebuildWorkerUrl=https://w.example.com/"]);
+    assert_eq!(set["settings"], json!({ "deploymentArchiveRetentionDays": 30, "corebuildWorkerUrl": "https://w.example.com/" }));
+    admin.refused(&["settings", "set", "deploymentArchiveRetentionDays=31", "--expected-revision", "0"], "conflict");
     admin.refused(&["settings", "set", &format!("dcrouterGatewayToken={PLANTED}")], "setting-is-secret");
-    owner.refused(&["settings", "set", "dcrouterTargetPort=8443"], "forbidden");
-    let unset = admin.json(&["settings", "unset", "dcrouterTargetPort"]);
-    assert_eq!(unset["settings"], json!({ "dcrouterTargetHost": "gw.example.com" }));
+    owner.refused(&["settings", "set", "deploymentArchiveRetentionDays=31"], "forbidden");
+    let unset = admin.json(&["settings", "unset", "deploymentArchiveRetentionDays"]);
+    assert_eq!(unset["settings"], json!({ "corebuildWorkerUrl": "https://w.example.com/" }));
     assert_eq!(member.json(&["settings", "get"])["settings"], unset["settings"]);
 
     // ---- deletions ----

@@ -1,5 +1,5 @@
 //! Lists of IP networks an operator configures (trusted proxies, what plugins' outbound HTTP
-//! may reach despite its guard).
+//! may reach despite its guard), and the URLs a setting names.
 
 pub use ipnet::IpNet;
 
@@ -19,9 +19,27 @@ pub fn parse_networks(text: &str) -> Result<Vec<IpNet>, String> {
     Ok(nets)
 }
 
+/// The URLs a setting value names: the text of a string, or of each string in a list (other
+/// members are ignored).
+pub fn urls_in(value: &serde_json::Value) -> Vec<String> {
+    match value {
+        serde_json::Value::String(url) => vec![url.clone()],
+        serde_json::Value::Array(items) => items.iter().filter_map(serde_json::Value::as_str).map(str::to_string).collect(),
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_setting_names_urls_as_text_or_a_list() {
+        assert_eq!(urls_in(&serde_json::json!("https://a.example/")), ["https://a.example/"]);
+        let list = serde_json::json!(["https://a.example/", 5, "https://b.example/"]);
+        assert_eq!(urls_in(&list), ["https://a.example/", "https://b.example/"]);
+        assert!(urls_in(&serde_json::json!({"url": "https://a.example/"})).is_empty());
+    }
 
     #[test]
     fn addresses_and_networks_parse_and_the_bad_entry_is_named() {

@@ -104,6 +104,34 @@ pub trait Dependents: Send + Sync {
     /// Whether `holder` (`plugin:<id>`, `host:<name>`) can still act on its hold of a service:
     /// a plugin only while it is installed, so an uninstalled one never blocks a deletion.
     async fn holder_present(&self, tx: &Tx, holder: &str) -> Result<bool>;
+    /// The settings the installed plugins declare (their current versions), read in `tx`.
+    async fn plugin_settings(&self, tx: &Tx) -> Result<Vec<PluginSetting>>;
+    /// Refuse `value` for the plugin setting `setting` by name (`setting-invalid`,
+    /// `setting-is-secret`) unless it matches what the plugin declared.
+    fn check_plugin_setting(&self, setting: &PluginSetting, value: &Value) -> Result<()>;
+}
+
+/// A setting an installed plugin declares, stored in the settings document as
+/// `<plugin>.<key>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSetting {
+    /// The plugin's id.
+    pub plugin: String,
+    /// The key within the plugin.
+    pub key: String,
+    /// What it is for.
+    pub summary: String,
+    /// The JSON Schema its value must match.
+    pub schema: Value,
+    /// Its value while none is set.
+    pub default: Option<Value>,
+}
+
+impl PluginSetting {
+    /// Its key in the settings document and the API: `<plugin>.<key>`.
+    pub fn full_key(&self) -> String {
+        format!("{}.{}", self.plugin, self.key)
+    }
 }
 
 /// Register every inventory method (`organizations.*`, `clusters.*`, `services.*`,

@@ -1,66 +1,35 @@
-//! The public settings document (`settings.*`): one allowlisted JSON object with a revision.
-//! Credentials never live here: a credential-bearing key is refused `setting-is-secret` and
-//! belongs in system secrets.
+//! The public settings document (`settings.*`): one JSON object with a revision, holding the
+//! host's own settings (an allowlist) and the settings installed plugins declare, each under
+//! `<pluginId>.<key>` and judged by the JSON Schema the plugin declared. Credentials never live
+//! here: a credential-bearing key or member is refused `setting-is-secret` and belongs in
+//! secrets.
 
 use super::Context;
-use super::{SETTINGS, check_revision, emit, to_value, validate};
+use super::{PluginSetting, SETTINGS, check_revision, emit, to_value, validate};
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use std::net::IpAddr;
 
 /// The one settings document's id.
 pub const PUBLIC: &str = "public";
 
-/// How a setting's value is judged.
+/// How a host setting's value is judged.
 #[derive(Clone, Copy)]
 enum Kind {
     /// An http(s) URL without user info.
     Url,
-    /// A list of https URLs (loopback http allowed, for tests and local mirrors).
-    HttpsUrls,
     /// A list of http(s) URLs.
     Urls,
-    /// A host name or IP address.
-    Host,
-    /// A map from a node name to a host name or IP address.
-    HostsByNode,
-    Port,
     /// Whole days, 0–3650.
     Days,
-    /// 1–128 of A-Z a-z 0-9 . _ -
-    Identifier,
-    /// Canonical IP prefixes such as 192.0.2.10/32.
-    Prefixes,
-    /// One of starttls, tls, none.
-    TlsMode,
-    /// A value-free descriptor object.
-    Descriptor,
-    /// A list of Ed25519 public keys in `capstan-ed25519:` form.
-    PublicKeys,
 }
 
-/// Every setting Capstan accepts, with what it is for.
+/// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
 const ALLOWED: &[(&str, Kind, &str)] = &[
-    ("appStoreCatalogSources", Kind::HttpsUrls, "Where the App Store asks for signed catalogs, in order"),
-    ("appStoreTrustedCatalogKeys", Kind::PublicKeys, "Catalog signing keys the App Store trusts besides the ones it ships with"),
-    ("backupExternalTarget", Kind::Descriptor, "Value-free backup target descriptor (credentials are system secrets)"),
-    ("backupNodeCacheKeepDays", Kind::Days, "Days a node keeps its backup cache"),
     ("corebuildWorkerUrl", Kind::Url, "A build worker URL"),
     ("corebuildWorkerUrls", Kind::Urls, "Build worker URLs"),
-    ("dcrouterGatewayUrl", Kind::Url, "External gateway URL (its credential is a system secret)"),
-    ("dcrouterGatewayClientId", Kind::Identifier, "Stable gateway client id for route, DNS, certificate and mail calls"),
-    ("dcrouterTargetHost", Kind::Host, "Where the gateway forwards workload traffic"),
-    ("dcrouterTargetPort", Kind::Port, "The port the gateway forwards workload traffic to"),
-    ("dcrouterTargetHostsByNode", Kind::HostsByNode, "Pinned route targets by node name"),
-    ("dcrouterForwardSourceAddresses", Kind::Prefixes, "Source prefixes the gateway's forwarded connections arrive from"),
-    ("dcrouterMailSubmissionHost", Kind::Host, "SMTP submission host for service mail"),
-    ("dcrouterMailSubmissionPort", Kind::Port, "SMTP submission port for service mail"),
-    ("dcrouterMailSubmissionTlsMode", Kind::TlsMode, "starttls, tls or none"),
-    ("dcrouterMailForwardTargetHost", Kind::Host, "Gateway-reachable SMTP forward target for inbound mail"),
-    ("dcrouterMailForwardTargetHostsByNode", Kind::HostsByNode, "SMTP forward targets by node name"),
     ("deploymentArchiveRetentionDays", Kind::Days, "Accepted for compatibility; Capstan keeps no archived deployments"),
 ];
 
@@ -72,99 +41,56 @@ fn is_secret_key(key: &str) -> bool {
     SECRET_WORDS.iter().any(|w| folded.contains(w))
 }
 
-/// Whether `key` is a setting that lists URLs (what an `http-setting:<key>` grant may name).
+/// Whether `key` is a host setting that lists URLs (what an `http-setting:<key>` grant may name
+/// besides the plugin's own settings).
 pub fn lists_urls(key: &str) -> bool {
-    ALLOWED.iter().any(|(name, kind, _)| *name == key && matches!(kind, Kind::HttpsUrls | Kind::Urls))
+    ALLOWED.iter().any(|(name, kind, _)| *name == key && matches!(kind, Kind::Urls))
 }
 
-/// The URLs the public setting `key` lists now (none when it is unset).
-pub async fn urls(store: &capstan_store::Store, key: &str) -> Result<Vec<String>> {
-    let doc = store.transact(|tx| async move { tx.get(SETTINGS, PUBLIC).await }).await?;
-    let listed = doc.as_ref().and_then(|d| d.data.get(key)).and_then(Value::as_array).cloned().unwrap_or_default();
-    Ok(listed.iter().filter_map(Value::as_str).map(str::to_string).collect())
+/// The URLs the setting `key` holds now (a URL or a list of them); `None` when it is unset.
+pub async fn urls(store: &capstan_store::Store, key: &str) -> Result<Option<Vec<String>>> {
+    let doc = store.transact(|tx| async move { if tx.is_declared(SETTINGS) { tx.get(SETTINGS, PUBLIC).await } else { Ok(None) } }).await?;
+    Ok(doc.as_ref().and_then(|d| d.data.get(key)).map(capstan_core::net::urls_in))
 }
 
-/// Judge one key and value; refusals name the key, never the value.
-fn check(key: &str, value: &Value) -> Result<()> {
-    let shown: String = key.chars().take(64).collect();
+/// `setting-is-secret` for `shown`, naming the key or member (never the value).
+fn secret(shown: &str) -> Refusal {
+    Refusal::new(
+        "setting-is-secret",
+        format!("{shown} is a credential: store it as a secret (capstan secrets set-system), never in settings"),
+    )
+    .with_data(json!({ "key": shown }))
+}
+
+/// Judge one key and value against the host's allowlist and `plugins`' declarations;
+/// refusals name the key, never the value.
+fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn super::Dependents) -> Result<()> {
+    let shown: String = key.chars().take(96).collect();
     if is_secret_key(key) {
-        return Err(Refusal::new(
-            "setting-is-secret",
-            format!("{shown} is a credential: store it as a system secret (capstan secrets set-system), never in settings"),
-        )
-        .with_data(json!({ "key": shown })));
+        return Err(secret(&shown));
+    }
+    if let Some(setting) = plugins.iter().find(|s| s.full_key() == key) {
+        return dependents.check_plugin_setting(setting, value);
     }
     let Some((_, kind, _)) = ALLOWED.iter().find(|(name, _, _)| *name == key) else {
+        let known: Vec<String> = ALLOWED.iter().map(|(k, _, _)| k.to_string()).chain(plugins.iter().map(PluginSetting::full_key)).collect();
         return Err(Refusal::new("setting-unknown", format!("{shown:?} is not a setting; settings.get lists them"))
-            .with_data(json!({ "key": shown, "known": ALLOWED.iter().map(|(k, _, _)| k).collect::<Vec<_>>() })));
+            .with_data(json!({ "key": shown, "known": known })));
     };
     let bad =
         |what: &str| Refusal::new("setting-invalid", format!("{shown} must be {what}")).with_data(json!({ "key": shown, "field": shown }));
-    let host_ok = |v: &Value| v.as_str().is_some_and(|h| h.parse::<IpAddr>().is_ok() || validate::is_hostname(h) || h == "localhost");
     match kind {
         Kind::Url => value.as_str().ok_or_else(|| bad("a URL")).and_then(|u| validate::url(key, u, false))?,
-        Kind::Urls | Kind::HttpsUrls => {
-            let https = matches!(kind, Kind::HttpsUrls);
+        Kind::Urls => {
             let list = value.as_array().filter(|l| l.len() <= 16).ok_or_else(|| bad("a list of at most 16 URLs"))?;
             for item in list {
-                item.as_str().ok_or_else(|| bad("a list of URLs")).and_then(|u| validate::url(key, u, https))?;
+                item.as_str().ok_or_else(|| bad("a list of URLs")).and_then(|u| validate::url(key, u, false))?;
             }
         }
-        Kind::Host if !host_ok(value) => return Err(bad("a host name or IP address")),
-        Kind::HostsByNode => {
-            let map = value.as_object().filter(|m| m.len() <= 256).ok_or_else(|| bad("an object of node name to host"))?;
-            if !map.iter().all(|(node, host)| !node.is_empty() && node.len() <= 63 && host_ok(host)) {
-                return Err(bad("an object of node name to host"));
-            }
-        }
-        Kind::Port if !value.as_u64().is_some_and(|p| (1..=65535).contains(&p)) => return Err(bad("a port 1–65535")),
         Kind::Days if value.as_u64().is_none_or(|d| d > 3650) => return Err(bad("whole days, 0–3650")),
-        Kind::Identifier => {
-            let ok = value
-                .as_str()
-                .is_some_and(|s| !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)));
-            if !ok {
-                return Err(bad("1–128 of A-Z a-z 0-9 . _ -"));
-            }
-        }
-        Kind::Prefixes => {
-            let list = value.as_array().filter(|l| l.len() <= 64).ok_or_else(|| bad("a list of at most 64 IP prefixes"))?;
-            if !list.iter().all(|p| p.as_str().is_some_and(canonical_prefix)) {
-                return Err(bad("canonical IP prefixes such as 192.0.2.10/32"));
-            }
-        }
-        Kind::TlsMode if !matches!(value.as_str(), Some("starttls" | "tls" | "none")) => return Err(bad("one of starttls, tls, none")),
-        Kind::PublicKeys => {
-            let list = value.as_array().filter(|l| l.len() <= 16).ok_or_else(|| bad("a list of at most 16 public keys"))?;
-            let parses = |k: &Value| k.as_str().is_some_and(|k| k.parse::<capstan_catalog::PublisherKey>().is_ok());
-            if !list.iter().all(parses) {
-                return Err(bad("public keys of the form capstan-ed25519:<43 base64url characters>"));
-            }
-        }
-        Kind::Descriptor => {
-            let map = value.as_object().ok_or_else(|| bad("an object"))?;
-            if value.to_string().len() > 4096 {
-                return Err(bad("an object of at most 4096 bytes"));
-            }
-            if let Some(inner) = map.keys().find(|k| is_secret_key(k)) {
-                let inner: String = inner.chars().take(64).collect();
-                return Err(Refusal::new("setting-is-secret", format!("{shown}.{inner} is a credential: store it as a system secret"))
-                    .with_data(json!({ "key": format!("{shown}.{inner}") })));
-            }
-        }
-        _ => {}
+        Kind::Days => {}
     }
     Ok(())
-}
-
-/// `address/length` with no bits set past the length.
-fn canonical_prefix(text: &str) -> bool {
-    let Some((address, length)) = text.split_once('/') else { return false };
-    let (Ok(address), Ok(length)) = (address.parse::<IpAddr>(), length.parse::<u32>()) else { return false };
-    match address {
-        IpAddr::V4(v4) => length <= 32 && u32::from(v4).checked_shl(length).unwrap_or(0) == 0,
-        IpAddr::V6(v6) => length <= 128 && u128::from(v6).checked_shl(length).unwrap_or(0) == 0,
-    }
 }
 
 /// The public settings document as `settings.get` and `settings.update` answer it.
@@ -175,17 +101,27 @@ pub struct SettingsView {
     pub revision: u64,
     /// The settings that are set, by key.
     pub settings: Map<String, Value>,
-    /// Every key Capstan accepts, with what it is for.
+    /// Every key Capstan accepts now: the host's, then each installed plugin's.
     pub known: Vec<KnownSetting>,
 }
 
 /// One setting Capstan accepts.
 #[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct KnownSetting {
-    /// The setting's key.
-    pub key: &'static str,
+    /// The setting's key (`<pluginId>.<key>` for a plugin's).
+    pub key: String,
     /// What the setting is for.
-    pub summary: &'static str,
+    pub summary: String,
+    /// The plugin that declares it; none for the host's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// The JSON Schema its value must match (a plugin's setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// Its value while none is set (a plugin's setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
 }
 
 /// Input of `settings.update`.
@@ -202,38 +138,60 @@ pub struct UpdateInput {
     pub unset: Vec<String>,
 }
 
-fn view(revision: u64, settings: Map<String, Value>) -> SettingsView {
-    SettingsView { revision, settings, known: ALLOWED.iter().map(|(key, _, summary)| KnownSetting { key, summary }).collect() }
+fn view(revision: u64, settings: Map<String, Value>, plugins: Vec<PluginSetting>) -> SettingsView {
+    let host = ALLOWED.iter().map(|(key, _, summary)| KnownSetting {
+        key: key.to_string(),
+        summary: summary.to_string(),
+        plugin: None,
+        schema: None,
+        default: None,
+    });
+    let declared = plugins.into_iter().map(|s| KnownSetting {
+        key: s.full_key(),
+        summary: s.summary,
+        plugin: Some(s.plugin),
+        schema: Some(s.schema),
+        default: s.default,
+    });
+    SettingsView { revision, settings, known: host.chain(declared).collect() }
 }
 
 async fn get(cx: Context, _: Call, _: super::Empty) -> Result<SettingsView> {
-    let doc = cx.store.transact(|tx| async move { tx.get(SETTINGS, PUBLIC).await }).await?;
+    let dependents = cx.dependents.clone();
+    let (doc, plugins) = cx
+        .store
+        .transact(|tx| {
+            let dependents = dependents.clone();
+            async move { Ok((tx.get(SETTINGS, PUBLIC).await?, dependents.plugin_settings(&tx).await?)) }
+        })
+        .await?;
     Ok(match doc {
-        Some(doc) => view(doc.revision, doc.data.as_object().cloned().unwrap_or_default()),
-        None => view(0, Map::new()),
+        Some(doc) => view(doc.revision, doc.data.as_object().cloned().unwrap_or_default(), plugins),
+        None => view(0, Map::new(), plugins),
     })
 }
 
 async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<SettingsView> {
+    let dependents = cx.dependents.clone();
+    let plugins = cx.store.transact(|tx| {
+        let dependents = dependents.clone();
+        async move { dependents.plugin_settings(&tx).await }
+    });
+    let plugins = plugins.await?;
     for (key, value) in &input.set {
         if value.is_null() {
-            let shown: String = key.chars().take(64).collect();
+            let shown: String = key.chars().take(96).collect();
             return Err(Refusal::invalid_request(format!("{shown} is null: remove a setting with unset"))
                 .with_data(json!({ "field": format!("set.{shown}") })));
         }
-        check(key, value)?;
+        check(key, value, &plugins, &*cx.dependents)?;
     }
     for key in &input.unset {
         if input.set.contains_key(key) {
             return Err(Refusal::invalid_request("a key is both set and unset").with_data(json!({ "field": "unset" })));
         }
-        // unset of a key nothing could ever hold is a mistake worth naming (a credential's
-        // included: it was never here)
-        if !ALLOWED.iter().any(|(k, _, _)| k == key) {
-            check(key, &Value::Null)?;
-        }
     }
-    let input = &input;
+    let (input, plugins, dependents) = (&input, &plugins, &*cx.dependents);
     let (revision, settings, changed) = cx
         .store
         .transact(|tx| async move {
@@ -241,6 +199,14 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<SettingsView
             let revision = current.as_ref().map_or(0, |d| d.revision);
             check_revision("settings", PUBLIC, input.expected_revision, revision)?;
             let mut settings = current.as_ref().and_then(|d| d.data.as_object().cloned()).unwrap_or_default();
+            // an unset of a key nothing holds and nothing declares is a mistake worth naming (a
+            // plugin's setting that outlived its plugin may still be removed)
+            for key in &input.unset {
+                if !settings.contains_key(key) && !ALLOWED.iter().any(|(k, _, _)| k == key) && !plugins.iter().any(|s| s.full_key() == *key)
+                {
+                    check(key, &Value::Null, plugins, dependents)?;
+                }
+            }
             let mut changed = Vec::new();
             for (key, value) in &input.set {
                 if settings.get(key) != Some(value) {
@@ -264,7 +230,7 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<SettingsView
     if !changed.is_empty() {
         tracing::info!(changed = ?changed, "settings updated");
     }
-    Ok(view(revision, settings))
+    Ok(view(revision, settings, plugins.clone()))
 }
 
 /// Register the `settings.*` methods.
@@ -282,43 +248,65 @@ pub fn register(registry: &mut Registry, cx: Context) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capstan_store::Tx;
 
-    #[test]
-    fn secrets_are_named_before_unknown_keys() {
-        for key in [
-            "dcrouterGatewayToken",
-            "DCROUTER_GATEWAY_API_TOKEN",
-            "HETZNER_TOKEN",
-            "s3SecretKey",
-            "smtpPassword",
-            "BACKUP_EXTERNAL_TARGET_CREDENTIALS",
-        ] {
-            assert_eq!(check(key, &json!("x")).unwrap_err().code, "setting-is-secret", "{key}");
+    /// Plugin settings judged as the plugin host would: here, only strings fit.
+    struct Strings;
+
+    #[async_trait::async_trait]
+    impl super::super::Dependents for Strings {
+        async fn organization_blocker(&self, _: &Tx, _: &str, _: &str) -> Result<Option<Refusal>> {
+            Ok(None)
         }
-        let err = check("colour", &json!("blue")).unwrap_err();
-        assert_eq!(err.code, "setting-unknown");
-        let err = check("backupExternalTarget", &json!({"bucket": "b", "secretKey": "hunter2"})).unwrap_err();
-        assert_eq!(err.code, "setting-is-secret");
-        assert!(!err.message.contains("hunter2"));
+        async fn service_removed(&self, _: &Tx, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn holder_present(&self, _: &Tx, _: &str) -> Result<bool> {
+            Ok(true)
+        }
+        async fn plugin_settings(&self, _: &Tx) -> Result<Vec<PluginSetting>> {
+            Ok(vec![])
+        }
+        fn check_plugin_setting(&self, setting: &PluginSetting, value: &Value) -> Result<()> {
+            match value.is_string() {
+                true => Ok(()),
+                false => Err(Refusal::new("setting-invalid", format!("{} must be text", setting.full_key()))),
+            }
+        }
+    }
+
+    fn declared() -> Vec<PluginSetting> {
+        vec![PluginSetting {
+            plugin: "mail".into(),
+            key: "submissionHost".into(),
+            summary: "s".into(),
+            schema: json!({"type": "string"}),
+            default: None,
+        }]
+    }
+
+    fn code(key: &str, value: Value) -> String {
+        check(key, &value, &declared(), &Strings).map_or_else(|e| e.code.to_string(), |()| "ok".into())
     }
 
     #[test]
-    fn values_are_judged_by_kind() {
-        assert!(check("appStoreCatalogSources", &json!(["https://catalog.example.com/c.json", "http://127.0.0.1:9/c"])).is_ok());
-        let key = "capstan-ed25519:11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
-        assert!(check("appStoreTrustedCatalogKeys", &json!([key])).is_ok());
-        for bad in [json!(key), json!(["capstan-ed25519:short"]), json!([key.to_uppercase()])] {
-            assert_eq!(check("appStoreTrustedCatalogKeys", &bad).unwrap_err().code, "setting-invalid", "{bad}");
+    fn secrets_are_named_before_unknown_keys() {
+        for key in ["dcrouterGatewayToken", "DCROUTER_GATEWAY_API_TOKEN", "HETZNER_TOKEN", "s3SecretKey", "mail.smtpPassword"] {
+            assert_eq!(code(key, json!("x")), "setting-is-secret", "{key}");
         }
-        assert_eq!(check("appStoreCatalogSources", &json!(["http://catalog.example.com/"])).unwrap_err().code, "setting-invalid");
-        assert!(check("dcrouterTargetPort", &json!(443)).is_ok());
-        assert!(check("dcrouterTargetPort", &json!(0)).is_err() && check("dcrouterTargetPort", &json!("443")).is_err());
-        assert!(check("dcrouterForwardSourceAddresses", &json!(["192.0.2.10/32", "2001:db8::/32"])).is_ok());
-        assert!(check("dcrouterForwardSourceAddresses", &json!(["192.0.2.10/24"])).is_err());
-        assert!(check("dcrouterMailSubmissionTlsMode", &json!("starttls")).is_ok());
-        assert!(check("dcrouterMailSubmissionTlsMode", &json!("ssl")).is_err());
-        assert!(check("dcrouterTargetHostsByNode", &json!({"node-a": "10.0.0.1", "node-b": "gw.example.com"})).is_ok());
-        assert!(check("dcrouterTargetHostsByNode", &json!({"node-a": 5})).is_err());
-        assert!(check("backupNodeCacheKeepDays", &json!(7)).is_ok() && check("backupNodeCacheKeepDays", &json!(-1)).is_err());
+        assert_eq!(code("colour", json!("blue")), "setting-unknown");
+        assert_eq!(code("appStoreCatalogSources", json!([])), "setting-unknown", "a manager's settings are its plugin's");
+        assert_eq!(code("mail.other", json!("x")), "setting-unknown", "only what the plugin declares");
+    }
+
+    #[test]
+    fn host_values_are_judged_by_kind_and_plugin_values_by_their_plugin() {
+        assert_eq!(code("corebuildWorkerUrls", json!(["https://w.example.com/", "http://127.0.0.1:9/"])), "ok");
+        assert_eq!(code("corebuildWorkerUrls", json!("https://w.example.com/")), "setting-invalid");
+        assert_eq!(code("corebuildWorkerUrl", json!("ftp://w.example.com/")), "setting-invalid");
+        assert_eq!(code("deploymentArchiveRetentionDays", json!(7)), "ok");
+        assert_eq!(code("deploymentArchiveRetentionDays", json!(-1)), "setting-invalid");
+        assert_eq!(code("mail.submissionHost", json!("smtp.example.com")), "ok");
+        assert_eq!(code("mail.submissionHost", json!(25)), "setting-invalid");
     }
 }

@@ -7,8 +7,8 @@
 //!   scopes granted as plugins reach them (the plugin host's [`Platform`]).
 
 use capstan_core::refusal::{Refusal, Result};
-use capstan_inventory::Dependents;
 use capstan_inventory::access::{self, Authority, OrgRole};
+use capstan_inventory::{Dependents, PluginSetting};
 use capstan_plugin_host::platform::{Platform, SecretMeta, SecretOwner};
 use capstan_rpc::{Identity, OrganizationAuthority};
 use capstan_store::{Document, Store, Tx};
@@ -39,6 +39,42 @@ impl Dependents for HostDependents {
             Some(plugin) => Ok(tx.is_declared(PLUGINS) && tx.get(PLUGINS, plugin).await?.is_some()),
             None => Ok(true),
         }
+    }
+
+    async fn plugin_settings(&self, tx: &Tx) -> Result<Vec<PluginSetting>> {
+        use capstan_plugin_host::host::{PLUGINS, Record};
+        if !tx.is_declared(PLUGINS) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = tx.scan(PLUGINS, cursor.as_deref(), 100).await?;
+            for doc in page.documents {
+                let record: Record = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
+                out.extend(record.current.settings.into_iter().map(|s| PluginSetting {
+                    plugin: record.id.clone(),
+                    key: s.key,
+                    summary: s.summary,
+                    schema: s.schema,
+                    default: s.default,
+                }));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    fn check_plugin_setting(&self, setting: &PluginSetting, value: &Value) -> Result<()> {
+        let declared = capstan_plugin_host::faces::SettingDecl {
+            key: setting.key.clone(),
+            summary: setting.summary.clone(),
+            schema: setting.schema.clone(),
+            default: setting.default.clone(),
+        };
+        capstan_plugin_host::faces::check_value(&setting.full_key(), &declared, value)
     }
 }
 
@@ -103,7 +139,7 @@ impl Platform for InventoryPlatform {
         capstan_inventory::settings::lists_urls(key)
     }
 
-    async fn setting_urls(&self, key: &str) -> Result<Vec<String>> {
+    async fn setting_urls(&self, key: &str) -> Result<Option<Vec<String>>> {
         capstan_inventory::settings::urls(&self.store, key).await
     }
 

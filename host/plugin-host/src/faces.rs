@@ -31,6 +31,16 @@ pub struct SettingDecl {
     pub default: Option<Value>,
 }
 
+impl SettingDecl {
+    /// Whether its values name URLs (a string, or a list of strings): only such a setting of
+    /// the plugin's own may be named in an `http-setting:<pluginId>.<key>` grant.
+    pub fn lists_urls(&self) -> bool {
+        let string = |schema: &Value| schema.get("type").and_then(Value::as_str) == Some("string");
+        string(&self.schema)
+            || (self.schema.get("type").and_then(Value::as_str) == Some("array") && self.schema.get("items").is_some_and(string))
+    }
+}
+
 /// A dashboard page a plugin contributes, at `/p/<pluginId>/<path>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -119,6 +119,14 @@ impl Described {
     }
 }
 
+/// The setting key an `http-setting:<key>` capability names.
+fn http_setting(capability: &Capability) -> Option<&String> {
+    match capability {
+        Capability::HttpSetting(key) => Some(key),
+        _ => None,
+    }
+}
+
 /// A plugin version loaded on this node.
 pub struct Active {
     /// The manifest of the bundle it was loaded from.
@@ -454,10 +462,9 @@ impl PluginHost {
     async fn prepare_verified(&self, bundle: &Bundle, approved: &[String], publisher: String, revision: u64) -> Result<Active> {
         let manifest = bundle.manifest.clone();
         manifest.check_wit_supported()?;
-        for capability in &manifest.capabilities {
-            if let Capability::HttpSetting(key) = capability
-                && !self.services.platform.setting_lists_urls(key)
-            {
+        let host_settings = |key: &&String| !key.contains('.');
+        for key in manifest.capabilities.iter().filter_map(http_setting).filter(host_settings) {
+            if !self.services.platform.setting_lists_urls(key) {
                 return Err(super::manifest::not_a_url_setting(key));
             }
         }
@@ -469,6 +476,13 @@ impl PluginHost {
         let sandbox = Arc::new(Sandbox::new(&manifest, grants, prepared, self.services.clone()));
         let described = Described::from_wit(&manifest.id, sandbox.describe().await?)?;
         sandbox.declare_settings(&described.settings);
+        // `http-setting:<id>.<key>`: one of its own settings, declared as URLs
+        for key in manifest.capabilities.iter().filter_map(http_setting).filter(|key| !host_settings(key)) {
+            let own = key.strip_prefix(&format!("{}.", manifest.id));
+            if !own.is_some_and(|own| described.settings.iter().any(|s| s.key == own && s.lists_urls())) {
+                return Err(super::manifest::not_a_url_setting(key));
+            }
+        }
         let methods = described
             .methods
             .iter()

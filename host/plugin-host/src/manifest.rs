@@ -490,6 +490,15 @@ impl fmt::Display for Capability {
     }
 }
 
+/// A setting key a grant may name: a host key (`[A-Za-z][A-Za-z0-9]*`) or `<pluginId>.<key>`.
+fn valid_setting_ref(text: &str) -> bool {
+    let word = |w: &str| w.starts_with(|c: char| c.is_ascii_alphabetic()) && w.chars().all(|c| c.is_ascii_alphanumeric());
+    match text.split_once('.') {
+        None => word(text),
+        Some((plugin, key)) => check_plugin_id(plugin).is_ok() && word(key),
+    }
+}
+
 /// `capability-unknown`: `http-setting:<key>` names a key that is not a setting listing URLs.
 pub fn not_a_url_setting(key: &str) -> Refusal {
     let shown: String = format!("http-setting:{key}").chars().take(MAX_CAPABILITY_CHARS).collect();
@@ -537,10 +546,9 @@ impl FromStr for Capability {
                 Ok(()) => Ok(Capability::Http(arg.to_string())),
                 Err(why) => Err(refuse(format!("capability {s:?}: the origin {why}"))),
             },
-            // which settings list URLs is the platform's to say, when the plugin is prepared
-            "http-setting" if arg.starts_with(|c: char| c.is_ascii_alphabetic()) && arg.chars().all(|c| c.is_ascii_alphanumeric()) => {
-                Ok(Capability::HttpSetting(arg.to_string()))
-            }
+            // a host setting or `<pluginId>.<key>`; which list URLs is known once the plugin is
+            // prepared (the platform's, or what the plugin's `describe` declares)
+            "http-setting" if valid_setting_ref(arg) => Ok(Capability::HttpSetting(arg.to_string())),
             "http-setting" => Err(not_a_url_setting(arg)),
             _ => Err(refuse(format!("unknown capability {s:?}"))),
         }

@@ -118,6 +118,12 @@ pub struct PluginView {
     pub last_error: Option<LastError>,
     /// The methods the plugin serves (`<id>.<method>`); empty unless it is loaded here.
     pub methods: Vec<String>,
+    /// The contract the installed version targets (`capstan:plugin@0.2.0`).
+    pub wit: String,
+    /// The settings the installed version declares (`settings.update` sets `<id>.<key>`).
+    pub settings: Vec<crate::faces::SettingDecl>,
+    /// The dashboard pages the installed version contributes, under `/p/<id>/`.
+    pub pages: Vec<crate::faces::PageDecl>,
 }
 
 /// How the API shows `record`, with its status and methods on this node.
@@ -143,6 +149,9 @@ pub fn view(host: &PluginHost, record: &Record) -> PluginView {
         installed_by: record.current.installed_by.clone(),
         last_error,
         methods: active.map(|a| a.described.methods.keys().map(|m| format!("{}.{m}", record.id)).collect()).unwrap_or_default(),
+        wit: record.current.wit.clone(),
+        settings: record.current.settings.clone(),
+        pages: record.current.pages.clone(),
     }
 }
 

@@ -44,12 +44,13 @@ pub struct SecretMeta {
 /// The platform as the WIT imports and method dispatch reach it.
 #[async_trait::async_trait]
 pub trait Platform: OrganizationAuthority {
-    /// Whether the public setting `key` lists URLs: only such a setting may be named in an
-    /// `http-setting:<key>` grant.
+    /// Whether the host setting `key` lists URLs: such a setting, or one of the plugin's own
+    /// that does, may be named in an `http-setting:<key>` grant.
     fn setting_lists_urls(&self, key: &str) -> bool;
 
-    /// The URLs the public setting `key` lists now (none when it is unset).
-    async fn setting_urls(&self, key: &str) -> Result<Vec<String>>;
+    /// The URLs the setting `key` (a host setting, or `<pluginId>.<key>`) names now; `None`
+    /// when it is unset.
+    async fn setting_urls(&self, key: &str) -> Result<Option<Vec<String>>>;
 
     /// The identity a plugin acts with outside any caller's request (events, reconcile, tasks):
     /// the authority the operator approved for it at install.

@@ -10,7 +10,7 @@
 
 use capstan_catalog::{CatalogError, PublisherKey, Verified};
 use capstan_sdk::store::{self, Batch};
-use capstan_sdk::{Refusal, Result, Value, inventory, json};
+use capstan_sdk::{Refusal, Result, Value, json};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -27,8 +27,6 @@ pub const CHUNK_GRACE_MS: u64 = 60 * 60 * 1000;
 const CHUNK_RESTAMP_MS: u64 = CHUNK_GRACE_MS / 2;
 /// Chunks read per page by the cleanup (each up to 256 KiB of text).
 const CLEANUP_PAGE: u32 = 8;
-/// The setting listing catalog keys the operator trusts.
-pub const TRUSTED_KEYS_SETTING: &str = "appStoreTrustedCatalogKeys";
 
 /// `catalog/pointer`: which stored envelope is active.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,16 +62,15 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// The catalog keys trusted now: those the operator lists in `appStoreTrustedCatalogKeys`.
-/// (The host validates the setting; an entry that does not parse is skipped and logged.)
+/// The catalog keys trusted now: those the operator lists in `appstore.trustedCatalogKeys`.
+/// (The host checks the setting's form; an entry that still does not parse is skipped and logged.)
 pub fn trusted_keys() -> Result<Vec<PublisherKey>> {
-    let settings = inventory::settings::<Value>()?;
-    let listed = settings.data.get(TRUSTED_KEYS_SETTING).and_then(Value::as_array).cloned().unwrap_or_default();
+    let listed = crate::settings::get()?.trusted_catalog_keys.0;
     let mut keys = Vec::new();
-    for text in listed.iter().filter_map(Value::as_str) {
+    for text in &listed {
         match text.parse::<PublisherKey>() {
             Ok(key) => keys.push(key),
-            Err(e) => capstan_sdk::warn!("{TRUSTED_KEYS_SETTING} holds a key that does not parse: {}", e.reason()),
+            Err(e) => capstan_sdk::warn!("appstore.trustedCatalogKeys holds a key that does not parse: {}", e.reason()),
         }
     }
     Ok(keys)
@@ -98,7 +95,7 @@ impl Unavailable {
 fn never_loaded() -> Unavailable {
     Unavailable {
         code: "catalog-not-loaded".into(),
-        message: "no catalog was ever activated here: import one, or list sources in appStoreCatalogSources".into(),
+        message: "no catalog was ever activated here: import one, or list sources in appstore.catalogSources".into(),
     }
 }
 

@@ -2,10 +2,10 @@
 //! upgraded as services through the inventory.
 //!
 //! - **Never a startup blocker.** Loading only schedules work: the reconcile loop asks the
-//!   sources (setting `appStoreCatalogSources`) when a pass is due — every 15 minutes, and after
+//!   sources (setting `appstore.catalogSources`) when a pass is due — every 15 minutes, and after
 //!   a failure with a backoff from 1 to 30 minutes. The catalog takes no part in readiness.
 //! - **Verified before use, last-known-good in the store** (`active`): a candidate activates
-//!   only with a trusted signature (setting `appStoreTrustedCatalogKeys`), its digest, the
+//!   only with a trusted signature (setting `appstore.trustedCatalogKeys`), its digest, the
 //!   supported contract and a greater revision, every published version kept as it was.
 //! - **Superseded catalogs do not pile up**: with each loader pass, stored chunks no pointer
 //!   names are deleted once they are an hour old (`active::collect_garbage`).
@@ -16,6 +16,7 @@
 mod active;
 mod apps;
 mod loader;
+mod settings;
 
 use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, ReconcileOutcome, ReconcileTrigger, Result, Role};
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,16 @@ impl Manager for AppStore {
                 "Upgrade a service to a newer version of its app, stating the service revision read.",
                 Role::Owner,
                 apps::upgrade,
+            )
+            .setting::<settings::CatalogSources>(
+                settings::SOURCES,
+                "Where the App Store asks for signed catalogs, in order (https, or http to a loopback address)",
+                Some(settings::CatalogSources::default()),
+            )
+            .setting::<settings::TrustedCatalogKeys>(
+                settings::TRUSTED_KEYS,
+                "Catalog signing keys the App Store trusts besides the ones it ships with",
+                Some(settings::TrustedCatalogKeys::default()),
             )
             .collection(active::CATALOG)
             .collection(active::CHUNKS)
@@ -126,7 +137,7 @@ pub struct Status {
     /// Why no catalog is active (`code`, `message`), when none is.
     #[schemars(with = "Option<capstan_sdk::Value>")]
     pub unavailable: Option<active::Unavailable>,
-    /// The catalog source URLs (setting `appStoreCatalogSources`), in the order they are asked.
+    /// The catalog source URLs (setting `appstore.catalogSources`), in the order they are asked.
     pub sources: Vec<String>,
     /// The loader's last attempt, outcome, errors and next due time (`loader/state`).
     #[schemars(with = "capstan_sdk::Value")]
@@ -167,7 +178,7 @@ fn refresh(_ctx: &Context, _: Empty) -> Result<Status> {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Import {
-    /// The signed catalog envelope, as text (what `capstan appstore sign-catalog` writes).
+    /// The signed catalog envelope, as text (what `capstan-catalog sign` writes).
     envelope: String,
 }
 

@@ -1,5 +1,5 @@
 //! Asking the configured sources for a newer catalog, in the background: the setting
-//! `appStoreCatalogSources` lists URLs, asked in order until one answers a catalog that is the
+//! `appstore.catalogSources` lists URLs, asked in order until one answers a catalog that is the
 //! active one or may succeed it. After a success the next pass is due in 15 minutes; after a
 //! failure in 1, 2, 4, … up to 30 minutes. The schedule and the last outcome live in
 //! `loader/state`, so every node (and the status method) sees them.
@@ -7,13 +7,12 @@
 use crate::active::{self, Outcome, now_ms};
 use capstan_sdk::http::Request;
 use capstan_sdk::store;
-use capstan_sdk::{Refusal, Result, Value, inventory, json};
+use capstan_sdk::{Refusal, Result, Value, json};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 pub const LOADER: &str = "loader";
 const STATE: &str = "state";
-pub const SOURCES_SETTING: &str = "appStoreCatalogSources";
 const AFTER_SUCCESS_MS: u64 = 15 * 60 * 1000;
 const BACKOFF_FIRST_MS: u64 = 60 * 1000;
 const BACKOFF_MAX_MS: u64 = 30 * 60 * 1000;
@@ -52,16 +51,7 @@ pub fn state() -> Result<State> {
 }
 
 pub fn sources() -> Result<Vec<String>> {
-    let settings = inventory::settings::<Value>()?;
-    Ok(settings
-        .data
-        .get(SOURCES_SETTING)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(String::from)
-        .collect())
+    Ok(crate::settings::get()?.catalog_sources.0)
 }
 
 /// Whether a background pass is due now.

@@ -101,7 +101,7 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
     let first = catalog(vec![version("1.0.0", "registry.example.com/wiki:1.0.0", "info")]);
     let one = envelope(&first, 1, &publisher);
     assert_eq!(code(&host, "importCatalog", json!({ "envelope": one })), "catalog-key-untrusted");
-    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
     let imported = host.call("importCatalog", json!({ "envelope": one })).unwrap();
     assert_eq!((imported["outcome"].as_str(), imported["revision"].as_u64()), (Some("activated"), Some(1)));
     assert_eq!(host.call("importCatalog", json!({ "envelope": one })).unwrap()["outcome"], "unchanged");
@@ -148,7 +148,7 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
         version("1.0.0", "registry.example.com/wiki:1.0.0", "info"),
         version("1.1.0", "registry.example.com/wiki:1.1.0", "debug"),
     ]);
-    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)], "appStoreCatalogSources": [url] }));
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)], "appstore.catalogSources": [url] }));
     let failed = host.call("refreshCatalog", json!({})).unwrap();
     assert_eq!((failed["loader"]["lastOutcome"].as_str(), failed["loader"]["consecutiveFailures"].as_u64()), (Some("failed"), Some(1)));
     assert_eq!(failed["loader"]["errors"][0]["code"], "catalog-source-failed");
@@ -194,12 +194,12 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
 
     // ---- the stored catalog is verified again on every use: an untrusted key disables it ----
     let successor = key(11);
-    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&successor)] }));
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&successor)] }));
     let status = host.call("getCatalogStatus", json!({})).unwrap();
     assert_eq!((status["available"].as_bool(), status["unavailable"]["code"].as_str()), (Some(false), Some("catalog-key-untrusted")));
     // even then the pointer never moves back to a lower revision
     assert_eq!(code(&host, "importCatalog", json!({ "envelope": envelope(&first, 1, &successor) })), "catalog-revision-not-newer");
-    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
     assert_eq!(host.call("getCatalogStatus", json!({})).unwrap()["active"]["revision"], 2, "restored from the store, no source needed");
 }
 
@@ -251,7 +251,7 @@ fn chunks_no_pointer_names_are_deleted_once_past_the_grace_period_and_fresh_ones
     }
     let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
     let publisher = key(7);
-    host.set_settings(json!({ "appStoreTrustedCatalogKeys": [public(&publisher)] }));
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
 
     // ---- three imports: each leaves the chunks only its own envelope had behind ----
     let mut named = Vec::new();

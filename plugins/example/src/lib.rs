@@ -3,11 +3,14 @@
 //! note written, records the events it receives (in order), counts notes in a reconcile loop and
 //! a scheduled task, and records its migrations. It also shows how a manager takes part in a
 //! service's deletion: it holds every service it hears of and releases it on `service.deleting`,
-//! once it would have cleaned up what it owned.
+//! once it would have cleaned up what it owned. Its faces: a setting (`example.welcome`) that
+//! `overview` reads, and dashboard pages for the overview and the notes.
 
 use capstan_sdk::store::{self, Batch, Doc};
-use capstan_sdk::{Context, Descriptor, Empty, Event, JsonSchema, Manager, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role};
-use capstan_sdk::{events, inventory, json};
+use capstan_sdk::{
+    Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role,
+};
+use capstan_sdk::{events, inventory, json, settings};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -29,6 +32,10 @@ impl Manager for Example {
             .method("listNotes", "Notes in id order, a page at a time.", Role::Authenticated, list_notes)
             .method("countEvents", "How many events the plugin has received.", Role::Authenticated, count_events)
             .method("eventLog", "The events received, in the order they arrived.", Role::Authenticated, event_log)
+            .method("overview", "The welcome text (setting example.welcome) and how many notes there are.", Role::Authenticated, overview)
+            .setting("welcome", "The text the overview opens with", Some(Welcome("Notes kept by the example plugin.".into())))
+            .page(Page::new("", "Example", "overview").form("putNote"))
+            .page(Page::new("notes", "Notes", "listNotes").form("putNote"))
             .collection(NOTES)
             .collection(COUNTERS)
             .collection(EVENTS)
@@ -129,6 +136,28 @@ fn greet(ctx: &Context, input: Greet) -> Result<Greeting> {
         version: ctx.plugin_version().to_string(),
         caller: ctx.caller().id().to_string(),
     })
+}
+
+// ---- overview: a setting read back ----
+
+/// The `welcome` setting: one line of text.
+#[derive(Serialize, Deserialize, JsonSchema)]
+struct Welcome(#[schemars(length(min = 1, max = 200))] String);
+
+#[derive(Deserialize)]
+struct ExampleSettings {
+    welcome: Welcome,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Overview {
+    welcome: String,
+    notes: u64,
+}
+
+fn overview(_ctx: &Context, _: Empty) -> Result<Overview> {
+    let ExampleSettings { welcome: Welcome(welcome) } = settings::get()?;
+    Ok(Overview { welcome, notes: count_notes()? })
 }
 
 // ---- notes ----

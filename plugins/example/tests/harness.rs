@@ -32,6 +32,12 @@ fn the_example_serves_its_methods_and_takes_events_in_order() {
     assert_eq!(kinds, vec!["example.noteChanged", "example.noteChanged", "service.deleting"]);
     assert_eq!(host.deliver_events().unwrap(), 0, "nothing is delivered twice once handled");
 
+    // a setting: its declared default until an operator sets one
+    let overview = host.call("overview", json!({})).unwrap();
+    assert_eq!((overview["welcome"].as_str(), overview["notes"].as_u64()), (Some("Notes kept by the example plugin."), Some(2)));
+    host.set_settings(json!({ "example.welcome": "Hello from the settings" }));
+    assert_eq!(host.call("overview", json!({})).unwrap()["welcome"], "Hello from the settings");
+
     assert_eq!(host.reconcile(&[]).unwrap(), "2 notes");
     assert!(host.run_task("tidy").unwrap().contains("2 notes"));
     assert!(host.run_task("nothing").is_err());

@@ -936,7 +936,7 @@ pub enum SettingsCommand {
     /// Set public settings (`settings.update`; administrators).
     ///
     /// Each VALUE is JSON (443, true, ["https://a.example/c.json"], {"bucket":"b"}); a VALUE
-    /// that is not JSON is taken as a string, so dcrouterTargetHost=gw.example.com works
+    /// that is not JSON is taken as a string, so mail.submissionHost=smtp.example.com works
     /// unquoted. Only known keys are accepted (`setting-unknown`; `capstan settings get` lists
     /// them) and a credential is refused `setting-is-secret`: those are system secrets.
     Set {
@@ -1171,9 +1171,12 @@ mod tests {
         assert!(parse_pair("=x").is_err() && parse_pair("novalue").is_err());
         assert_eq!(parse_volume("data:/var/lib/app").unwrap(), json!({"name": "data", "mountPath": "/var/lib/app"}));
         assert!(parse_volume("data").is_err() && parse_volume(":/x").is_err());
-        assert_eq!(parse_setting("dcrouterTargetPort=443").unwrap(), ("dcrouterTargetPort".into(), json!(443)));
-        assert_eq!(parse_setting("dcrouterTargetHost=gw.example.com").unwrap().1, json!("gw.example.com"));
-        assert_eq!(parse_setting(r#"appStoreCatalogSources=["https://c.example/a.json"]"#).unwrap().1, json!(["https://c.example/a.json"]));
+        assert_eq!(parse_setting("deploymentArchiveRetentionDays=30").unwrap(), ("deploymentArchiveRetentionDays".into(), json!(30)));
+        assert_eq!(parse_setting("mail.submissionHost=smtp.example.com").unwrap().1, json!("smtp.example.com"));
+        assert_eq!(
+            parse_setting(r#"appstore.catalogSources=["https://c.example/a.json"]"#).unwrap().1,
+            json!(["https://c.example/a.json"])
+        );
         let twice = pairs_object("--env", &[("A".into(), "1".into()), ("A".into(), "2".into())]).unwrap_err();
         assert_eq!(twice.code, "argument-invalid");
     }

@@ -156,13 +156,18 @@ impl Outbound {
         })
     }
 
-    /// Whether `origin` is granted by name, or listed now by a granted setting.
-    async fn allows(&self, origin: &str) -> WitResult<bool> {
+    /// Whether `origin` is granted by name, or listed now by a granted setting (for one of the
+    /// plugin's own settings left unset, by its declared default).
+    async fn allows(&self, origin: &str, plugin: &str, declared: &[super::DeclaredSetting]) -> WitResult<bool> {
         if self.origins.contains(origin) {
             return Ok(true);
         }
         for key in self.settings.iter() {
-            let listed = self.platform.setting_urls(key).await.map_err(to_wit)?;
+            let default = || {
+                let own = key.strip_prefix(plugin).and_then(|k| k.strip_prefix('.'))?;
+                declared.iter().find(|d| d.key == own)?.default.as_ref().map(capstan_core::net::urls_in)
+            };
+            let listed = self.platform.setting_urls(key).await.map_err(to_wit)?.or_else(default).unwrap_or_default();
             if listed.iter().filter_map(|u| reqwest::Url::parse(u).ok()).any(|u| origin_of(&u).as_deref() == Some(origin)) {
                 return Ok(true);
             }
@@ -182,7 +187,8 @@ impl http::Host for CallData {
         // granted by name, or listed now by a granted setting; else denied as `http:<origin>`
         let capability = Capability::Http(origin.clone());
         let outbound = self.granted(&self.grant.http, capability.clone())?;
-        if !outbound.allows(&origin).await? {
+        let declared = self.grant.settings.declared.get().map(Vec::as_slice).unwrap_or_default();
+        if !outbound.allows(&origin, self.plugin(), declared).await? {
             return Err(self.denied(&capability));
         }
         let method = reqwest::Method::from_bytes(request.method.as_bytes())

@@ -506,7 +506,8 @@ async fn settings_are_an_allowlist_without_credentials() {
     let person = w.person("olga").await;
     let empty = w.ok(&person, "settings.get", json!({})).await;
     assert_eq!((empty["revision"].as_u64(), empty["settings"].clone()), (Some(0), json!({})));
-    w.refused(&person, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 443}}), "forbidden").await;
+    w.refused(&person, "settings.update", json!({"expectedRevision": 0, "set": {"deploymentArchiveRetentionDays": 443}}), "forbidden")
+        .await;
     w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"colour": "blue"}}), "setting-unknown").await;
     let err = w
         .refused(
@@ -517,20 +518,28 @@ async fn settings_are_an_allowlist_without_credentials() {
         )
         .await;
     assert!(!err.message.contains("hunter2"));
-    w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": "https"}}), "setting-invalid").await;
+    w.refused(
+        &w.admin,
+        "settings.update",
+        json!({"expectedRevision": 0, "set": {"deploymentArchiveRetentionDays": "https"}}),
+        "setting-invalid",
+    )
+    .await;
     let set = w
         .ok(
             &w.admin,
             "settings.update",
-            json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 443, "appStoreCatalogSources": ["https://c.example.com/a.json"]}}),
+            json!({"expectedRevision": 0, "set": {"deploymentArchiveRetentionDays": 30, "corebuildWorkerUrls": ["https://c.example.com/a.json"]}}),
         )
         .await;
     let revision = set["revision"].as_u64().unwrap();
-    w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"dcrouterTargetPort": 8443}}), "conflict").await;
-    let unset = w.ok(&w.admin, "settings.update", json!({"expectedRevision": revision, "unset": ["dcrouterTargetPort"]})).await;
-    assert_eq!(unset["settings"], json!({"appStoreCatalogSources": ["https://c.example.com/a.json"]}));
+    w.refused(&w.admin, "settings.update", json!({"expectedRevision": 0, "set": {"deploymentArchiveRetentionDays": 31}}), "conflict").await;
+    let unset = w.ok(&w.admin, "settings.update", json!({"expectedRevision": revision, "unset": ["deploymentArchiveRetentionDays"]})).await;
+    assert_eq!(unset["settings"], json!({"corebuildWorkerUrls": ["https://c.example.com/a.json"]}));
     // a write that changes nothing is no change
-    let same = w.ok(&w.admin, "settings.update", json!({"expectedRevision": unset["revision"], "unset": ["dcrouterTargetPort"]})).await;
+    let same = w
+        .ok(&w.admin, "settings.update", json!({"expectedRevision": unset["revision"], "unset": ["deploymentArchiveRetentionDays"]}))
+        .await;
     assert_eq!(same["revision"], unset["revision"]);
     let kinds: Vec<String> = w.events().await.into_iter().map(|(k, _)| k).collect();
     assert_eq!(kinds, ["settings.updated", "settings.updated"]);

@@ -429,24 +429,66 @@ async fn answering_server() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_setting_grant_reaches_exactly_the_origins_the_operator_lists_now() {
     let Some(f) = Fixture::new().await else { return };
-    let bundle = f.adversary_requesting(None, &["http-setting:appStoreCatalogSources"]);
+    // its own URL setting, and a host setting that lists URLs
+    let bundle = f.adversary_requesting(None, &["http-setting:adversary.sources", "http-setting:corebuildWorkerUrls"]);
     let record = f.host.install(&bundle, &all(), "admin").await.unwrap();
-    assert!(record.current.grants.contains(&"http-setting:appStoreCatalogSources".to_string()), "{:?}", record.current.grants);
+    assert!(record.current.grants.contains(&"http-setting:adversary.sources".to_string()), "{:?}", record.current.grants);
 
-    let (listed, unlisted) = (answering_server().await, answering_server().await);
+    let (listed, unlisted, worker) = (answering_server().await, answering_server().await, answering_server().await);
     let fetch = |origin: &str| f.call("adversary", "fetch", json!({ "url": format!("{origin}/catalog.json") }));
     assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "nothing is listed yet");
     let settings = f.state.methods.get("settings.update").unwrap();
     let call = || crate::api::Call::by(&f.admin);
-    let body = json!({ "expectedRevision": 0, "set": { "appStoreCatalogSources": [format!("{listed}/catalog.json")] } });
+    let body = json!({ "expectedRevision": 0, "set": {
+        "adversary.sources": [format!("{listed}/catalog.json")],
+        "corebuildWorkerUrls": [format!("{worker}/")],
+    } });
     settings.call(call(), body).await.unwrap();
     assert_eq!(fetch(&listed).await.unwrap()["status"], 200);
+    assert_eq!(fetch(&worker).await.unwrap()["status"], 200);
     assert_eq!(fetch(&unlisted).await.unwrap_err().code, "capability-denied", "another origin stays closed");
-    settings.call(call(), json!({ "expectedRevision": 1, "unset": ["appStoreCatalogSources"] })).await.unwrap();
+    settings.call(call(), json!({ "expectedRevision": 1, "unset": ["adversary.sources"] })).await.unwrap();
     assert_eq!(fetch(&listed).await.unwrap_err().code, "capability-denied", "the grant follows the setting as it stands");
-    let bundle = f.adversary_requesting(Some("0.2.0"), &["http-setting:dcrouterTargetHost"]);
-    let refused = f.host.upgrade(&bundle, &all(), "admin").await.unwrap_err();
-    assert_eq!(refused.code, "capability-unknown", "only a setting that lists URLs can be named: {refused}");
+
+    // only a setting that lists URLs, of the host or the plugin's own, can be named
+    for capability in ["http-setting:deploymentArchiveRetentionDays", "http-setting:adversary.nothing", "http-setting:example.welcome"] {
+        let refused = f.host.upgrade(&f.adversary_requesting(Some("0.2.0"), &[capability]), &all(), "admin").await.unwrap_err();
+        assert_eq!(refused.code, "capability-unknown", "{capability}: {refused}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_declares_its_settings_and_operators_set_them_within_their_schema() {
+    let Some(f) = Fixture::new().await else { return };
+    let method = |name: &str| f.state.methods.get(name).unwrap_or_else(|| panic!("{name} is registered"));
+    let call = || crate::api::Call::by(&f.admin);
+    let settings_update = method("settings.update");
+    let update = |body: Value| settings_update.call(call(), body);
+    assert_eq!(update(json!({ "expectedRevision": 0, "set": { "example.welcome": "Hi" } })).await.unwrap_err().code, "setting-unknown");
+
+    f.host.install(&f.example(None), &all(), "admin").await.unwrap();
+    let listed = method("settings.get").call(call(), json!({})).await.unwrap();
+    let known = listed["known"].as_array().unwrap().iter().find(|k| k["key"] == "example.welcome").cloned().unwrap();
+    assert_eq!((known["plugin"].as_str(), known["default"].as_str()), (Some("example"), Some("Notes kept by the example plugin.")));
+    assert_eq!(known["schema"]["type"], "string");
+    assert_eq!(f.call("example", "overview", json!({})).await.unwrap()["welcome"], "Notes kept by the example plugin.");
+
+    for (value, code) in [(json!(""), "setting-invalid"), (json!(5), "setting-invalid"), (json!({ "apiKey": "x" }), "setting-is-secret")] {
+        let refused = update(json!({ "expectedRevision": 0, "set": { "example.welcome": value } })).await.unwrap_err();
+        assert_eq!(refused.code, code, "{value}: {refused}");
+        assert_eq!(refused.data.as_ref().unwrap()["key"], "example.welcome");
+    }
+    for (key, code) in [("example.nothing", "setting-unknown"), ("example.apiToken", "setting-is-secret")] {
+        assert_eq!(update(json!({ "expectedRevision": 0, "set": { key: "x" } })).await.unwrap_err().code, code, "{key}");
+    }
+    update(json!({ "expectedRevision": 0, "set": { "example.welcome": "Welcome, operators" } })).await.unwrap();
+    assert_eq!(f.call("example", "overview", json!({})).await.unwrap()["welcome"], "Welcome, operators", "the plugin reads it");
+
+    // a setting that outlived its plugin can still be removed
+    f.host.uninstall("example", true, "admin").await.unwrap();
+    assert_eq!(update(json!({ "expectedRevision": 1, "set": { "example.welcome": "x" } })).await.unwrap_err().code, "setting-unknown");
+    let cleared = update(json!({ "expectedRevision": 1, "unset": ["example.welcome"] })).await.unwrap();
+    assert_eq!(cleared["settings"], json!({}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,7 @@ struct Adversary;
 impl Manager for Adversary {
     fn describe() -> Descriptor {
         Descriptor::new()
+            .setting::<Vec<String>>("sources", "URLs an http-setting grant may open", None)
             .method("spin", "Loop forever.", Role::Authenticated, spin)
             .method("bomb", "Allocate memory without bound.", Role::Authenticated, bomb)
             .method("forbidden", "Fetch a URL without the http capability.", Role::Authenticated, forbidden)
