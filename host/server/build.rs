@@ -22,7 +22,9 @@ fn main() {
     let names = first_party_names(&manifest_dir.join("Cargo.toml"));
     let mut entries = Vec::new();
     if !names.is_empty() {
-        for watched in ["sdk", "wit", "Cargo.lock", "Cargo.toml"] {
+        // what the plugins build on outside their own folders: the SDK, the WIT, the host's
+        // publisher keys (the App Store's catalog stands on them), the workspace's manifests
+        for watched in ["sdk", "wit", "host/publisher-key", "Cargo.lock", "Cargo.toml"] {
             println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
         }
         let target_dir = std::env::var_os("CARGO_TARGET_DIR")

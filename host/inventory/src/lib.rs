@@ -12,7 +12,10 @@ pub mod grants;
 pub mod organizations;
 pub mod services;
 pub mod settings;
-pub mod validate;
+
+/// The field rules every write here applies (`capstan-field-rules`, shared with the catalog
+/// publisher's tool).
+pub use capstan_field_rules::validate;
 
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::Registry;

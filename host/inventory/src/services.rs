@@ -15,21 +15,13 @@ use super::{Entity, Listing, SERVICE_GRANTS, SERVICE_HOLDS, SERVICES, check_revi
 use capstan_auth::Identity;
 use capstan_core::clock::now_secs;
 use capstan_core::refusal::{Refusal, Result};
+use capstan_field_rules::service::{self as rules, PortRule};
 use capstan_rpc::{Access, Call, Registry};
 use capstan_store::{Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-
-const MAX_PORTS: usize = 32;
-const MAX_DOMAINS: usize = 32;
-const MAX_ENVIRONMENT: usize = 256;
-const MAX_VOLUMES: usize = 32;
-const MAX_MAIL: usize = 32;
-const MAX_SCALE: u32 = 64;
-/// A template snapshot is a description, not a payload.
-const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
 
 /// The protocol a service's port speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -232,8 +224,11 @@ fn invalid(code: &'static str, field: &str, message: String) -> Refusal {
     Refusal::new(code, message).with_data(json!({ "field": field }))
 }
 
-fn too_many(field: &str, max: usize) -> Refusal {
-    invalid("too-many-items", field, format!("{field} holds at most {max} items"))
+impl Port {
+    /// The port as the field rules see it.
+    fn rule(&self) -> PortRule {
+        PortRule { port: self.port, udp: self.protocol == Protocol::Udp, public_port: self.public_port }
+    }
 }
 
 /// Check every field a write sets (a create is checked as the update that sets everything);
@@ -246,93 +241,27 @@ fn check_fields(fields: &UpdateInput) -> Result<()> {
         validate::image(image)?;
     }
     if let Some(ports) = &fields.ports {
-        if ports.len() > MAX_PORTS {
-            return Err(too_many("ports", MAX_PORTS));
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        let mut published = std::collections::BTreeSet::new();
-        for (i, port) in ports.iter().enumerate() {
-            let field = format!("ports[{i}]");
-            if port.port == 0 || port.public_port == Some(0) {
-                return Err(invalid("port-invalid", &field, format!("{field}: ports are 1–65535")));
-            }
-            let udp = port.protocol == Protocol::Udp;
-            if !seen.insert((port.port, udp)) {
-                return Err(invalid("port-duplicate", &field, format!("{field}: port {} is listed twice", port.port)));
-            }
-            if let Some(public) = port.public_port
-                && !published.insert((public, udp))
-            {
-                return Err(invalid("port-duplicate", &field, format!("{field}: public port {public} is published twice")));
-            }
-        }
+        rules::ports(&ports.iter().map(Port::rule).collect::<Vec<_>>())?;
     }
     if let Some(domains) = &fields.domains {
-        if domains.len() > MAX_DOMAINS {
-            return Err(too_many("domains", MAX_DOMAINS));
-        }
-        for (i, domain) in domains.iter().enumerate() {
-            validate::domain(&format!("domains[{i}]"), domain)?;
-        }
-        if has_duplicates(domains) {
-            return Err(invalid("domain-duplicate", "domains", "a domain is listed twice".into()));
-        }
+        rules::domains(domains)?;
     }
     if let Some(environment) = &fields.environment {
-        if environment.len() > MAX_ENVIRONMENT {
-            return Err(too_many("environment", MAX_ENVIRONMENT));
-        }
-        for (key, value) in environment {
-            validate::env_key("environment", key)?;
-            validate::env_value(key, value)?;
-        }
+        rules::environment(environment)?;
     }
-    if let Some(scale) = fields.scale
-        && scale > MAX_SCALE
-    {
-        return Err(invalid("scale-invalid", "scale", format!("scale is 0–{MAX_SCALE}")));
+    if let Some(scale) = fields.scale {
+        rules::scale(scale)?;
     }
     if let Some(volumes) = &fields.volumes {
-        if volumes.len() > MAX_VOLUMES {
-            return Err(too_many("volumes", MAX_VOLUMES));
-        }
-        for (i, volume) in volumes.iter().enumerate() {
-            validate::name(&format!("volumes[{i}].name"), &volume.name).map_err(|e| Refusal { code: "volume-invalid".into(), ..e })?;
-            validate::mount_path(&format!("volumes[{i}].mountPath"), &volume.mount_path)?;
-        }
-        let names: Vec<_> = volumes.iter().map(|v| &v.name).collect();
-        let paths: Vec<_> = volumes.iter().map(|v| &v.mount_path).collect();
-        if has_duplicates(&names) || has_duplicates(&paths) {
-            return Err(invalid("volume-invalid", "volumes", "a volume name or mount path is listed twice".into()));
-        }
+        rules::volumes(&volumes.iter().map(|v| (v.name.as_str(), v.mount_path.as_str())).collect::<Vec<_>>())?;
     }
     if let Some(addresses) = &fields.mail_addresses {
-        if addresses.len() > MAX_MAIL {
-            return Err(too_many("mailAddresses", MAX_MAIL));
-        }
-        for (i, address) in addresses.iter().enumerate() {
-            validate::mail_address(&format!("mailAddresses[{i}]"), address)?;
-        }
-        if has_duplicates(addresses) {
-            return Err(invalid("mail-address-invalid", "mailAddresses", "an address is listed twice".into()));
-        }
+        rules::mail_addresses(addresses)?;
     }
     if let Some(template) = &fields.template {
-        let size = template.to_string().len();
-        if !template.is_object() || size > MAX_TEMPLATE_BYTES {
-            return Err(invalid(
-                "template-invalid",
-                "template",
-                format!("template is a JSON object of at most {MAX_TEMPLATE_BYTES} bytes"),
-            ));
-        }
+        rules::template(template)?;
     }
     Ok(())
-}
-
-fn has_duplicates<T: Ord>(items: &[T]) -> bool {
-    let mut seen = std::collections::BTreeSet::new();
-    !items.iter().all(|item| seen.insert(item))
 }
 
 /// Read a service or refuse `service-not-found`.
@@ -389,13 +318,6 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
         mail_addresses: input.mail_addresses.clone(),
         template: input.template.clone(),
     }
-}
-
-/// Check a create's fields exactly as [`create`] does, without a store (so neither the
-/// organization nor the name's uniqueness): `capstan appstore sign-catalog` runs it on every
-/// template, so a publisher learns before signing what an install would be refused.
-pub fn check_create_fields(input: &CreateInput) -> Result<()> {
-    check_fields(&create_fields(input))
 }
 
 /// Create a service as `identity` (an owner of its organization or an administrator).

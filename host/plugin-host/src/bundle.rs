@@ -13,15 +13,12 @@ use super::manifest::{Capability, Limits, MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use capstan_core::private_file;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
 use ed25519_dalek::{Signature, Signer, SigningKey};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
-use zeroize::Zeroizing;
 
 /// The largest bundle accepted, in bytes.
 pub const MAX_BUNDLE_BYTES: usize = 64 * 1024 * 1024;
@@ -37,26 +34,26 @@ pub const SIGNATURE_FILE: &str = "signature.json";
 /// The file extension `capstan plugin build` writes.
 pub const BUNDLE_EXTENSION: &str = "capstan-plugin";
 
-pub use capstan_catalog::PUBLIC_KEY_PREFIX;
+pub use capstan_publisher_key::PUBLIC_KEY_PREFIX;
 
 const DIGEST_DOMAIN: &str = "capstan-plugin-bundle-v1";
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
 const COMPONENT_VERSION: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
 const CORE_MODULE_VERSION: [u8; 4] = [0x01, 0x00, 0x00, 0x00];
-const PEM_BEGIN: &str = "-----BEGIN PRIVATE KEY-----";
-const PEM_END: &str = "-----END PRIVATE KEY-----";
 
 fn malformed(message: impl Into<String>) -> Refusal {
     Refusal::new("bundle-malformed", message)
 }
 
 /// A publisher's Ed25519 public key, `capstan-ed25519:<43 base64url characters>`: one type for
-/// plugin publishers and catalog keys alike.
-pub use capstan_catalog::PublisherKey;
+/// plugin publishers and catalog keys alike (`capstan-publisher-key`).
+pub use capstan_publisher_key::PublisherKey;
+/// Publisher private key files: generated, written and read under the private-file rules.
+pub use capstan_publisher_key::files::{generate_key, read_key_file, write_key_file};
 
-/// A publisher key that does not parse, refused under the catalog crate's code for it.
-pub fn key_refusal(e: capstan_catalog::KeyError) -> Refusal {
-    Refusal::new(e.code(), e.to_string())
+/// A publisher key that does not parse, refused under its own code (`publisher-key-invalid`).
+pub fn key_refusal(e: capstan_publisher_key::KeyError) -> Refusal {
+    Refusal::from(e)
 }
 
 /// Who signed a bundle, and the signature.
@@ -364,7 +361,7 @@ fn parse_signature_file(raw: &[u8]) -> Result<BundleSignature> {
     let file: SignatureFile =
         serde_json::from_slice(raw).map_err(|e| malformed(format!("{SIGNATURE_FILE} is not {{\"publisher\", \"signature\"}}: {e}")))?;
     let publisher: PublisherKey =
-        file.publisher.parse().map_err(|e: capstan_catalog::KeyError| malformed(format!("{SIGNATURE_FILE}: {e}")))?;
+        file.publisher.parse().map_err(|e: capstan_publisher_key::KeyError| malformed(format!("{SIGNATURE_FILE}: {e}")))?;
     let bytes = B64.decode(&file.signature).map_err(|_| malformed(format!("{SIGNATURE_FILE}: the signature is not base64")))?;
     let signature: [u8; 64] = bytes.try_into().map_err(|_| malformed(format!("{SIGNATURE_FILE}: the signature is not 64 bytes")))?;
     Ok(BundleSignature { publisher, signature })
@@ -393,53 +390,9 @@ pub fn read_bundle_file(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// A fresh random signing key.
-pub fn generate_key() -> SigningKey {
-    SigningKey::from_bytes(&rand::random())
-}
-
-/// Write `key` as a PKCS#8 PEM file, mode 0600, never replacing an existing file (the keyring's
-/// private writer: `output-exists`, `output-directory-not-private`, …). Returns the public key.
-pub fn write_key_file(path: &Path, key: &SigningKey) -> Result<PublisherKey> {
-    // PKCS#8 v1 (no embedded public key), the form `openssl genpkey -algorithm ed25519` writes
-    // and every OpenSSL 3 reads
-    let keypair = ed25519_dalek::pkcs8::KeypairBytes { secret_key: key.to_bytes(), public_key: None };
-    let der = keypair.to_pkcs8_der().map_err(|e| Refusal::internal(format!("encoding the signing key: {e}")))?;
-    let body = Zeroizing::new(B64.encode(der.as_bytes()));
-    let mut pem = Zeroizing::new(String::with_capacity(body.len() + 80));
-    pem.push_str(PEM_BEGIN);
-    pem.push('\n');
-    for line in body.as_bytes().chunks(64) {
-        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
-        pem.push('\n');
-    }
-    pem.push_str(PEM_END);
-    pem.push('\n');
-    private_file::write_new(path, pem.as_bytes())?;
-    Ok(PublisherKey::from(key))
-}
-
-/// Read a key file written by [`write_key_file`] under the keyring's strict rules (a regular file
-/// you own, mode 0600 or stricter, one link, ≤ 64 KiB: `input-permissions` and friends); refuses
-/// `key-file-invalid` when it is not an Ed25519 PKCS#8 PEM private key.
-pub fn read_key_file(path: &Path) -> Result<SigningKey> {
-    let raw = Zeroizing::new(private_file::read_strict(path)?);
-    let invalid = || {
-        Refusal::new("key-file-invalid", format!("{} is not an Ed25519 private key in PKCS#8 PEM form", path.display()))
-            .with_data(json!({ "path": path.display().to_string() }))
-    };
-    let text = std::str::from_utf8(&raw).map_err(|_| invalid())?;
-    let inner = text.trim().strip_prefix(PEM_BEGIN).and_then(|t| t.strip_suffix(PEM_END)).ok_or_else(invalid)?;
-    let body: Zeroizing<String> = Zeroizing::new(inner.chars().filter(|c| !c.is_ascii_whitespace()).collect());
-    let der = Zeroizing::new(B64.decode(body.as_bytes()).map_err(|_| invalid())?);
-    SigningKey::from_pkcs8_der(&der).map_err(|_| invalid())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     pub(super) const MANIFEST: &str = r#"[plugin]
 id = "example"
@@ -692,67 +645,6 @@ requested = ["store", "log"]
             (MANIFEST.replace("\"log\"", "\"logs\""), "capability-unknown"),
         ] {
             assert_eq!(code(&tar_of(&[(MANIFEST_FILE, manifest.as_bytes(), r), (COMPONENT_FILE, &c, r)])), want);
-        }
-    }
-
-    fn private_dir() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
-        dir
-    }
-
-    #[test]
-    fn key_file_round_trip() {
-        let dir = private_dir();
-        let path = dir.path().join("publisher.pem");
-        let k = generate_key();
-        let public = write_key_file(&path, &k).unwrap();
-        assert_eq!(public, PublisherKey::from(&k));
-        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
-        let text = fs::read_to_string(&path).unwrap();
-        assert!(text.starts_with("-----BEGIN PRIVATE KEY-----\n") && text.ends_with("-----END PRIVATE KEY-----\n"), "{text}");
-        assert_eq!(read_key_file(&path).unwrap().to_bytes(), k.to_bytes());
-        assert_eq!(write_key_file(&path, &generate_key()).unwrap_err().code, "output-exists");
-        assert_eq!(read_key_file(&path).unwrap().to_bytes(), k.to_bytes(), "never replaced");
-        assert_ne!(generate_key().to_bytes(), k.to_bytes());
-    }
-
-    #[test]
-    fn reads_an_openssl_generated_key() {
-        // `openssl genpkey -algorithm ed25519` (a throwaway test key)
-        let pem =
-            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIEf1WSbAJAHqRMzb1XGD49pAz09KU7mA9xb86hWi/RpD\n-----END PRIVATE KEY-----\n";
-        let dir = private_dir();
-        let path = dir.path().join("openssl.pem");
-        private_file::write_new(&path, pem.as_bytes()).unwrap();
-        let key = read_key_file(&path).unwrap();
-        assert_eq!(PublisherKey::from(&key).to_string(), "capstan-ed25519:R7dLXdjdTfvY2wllj0OKXNP6Px9tMOnryaYsVq7QdTE");
-        // and what we write is that same v1 form
-        let ours = dir.path().join("ours.pem");
-        write_key_file(&ours, &key).unwrap();
-        assert_eq!(fs::read_to_string(&ours).unwrap(), pem);
-    }
-
-    #[test]
-    fn key_file_must_be_private_and_valid() {
-        let dir = private_dir();
-        let path = dir.path().join("publisher.pem");
-        write_key_file(&path, &generate_key()).unwrap();
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
-        assert_eq!(read_key_file(&path).unwrap_err().code, "input-permissions");
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o604)).unwrap();
-        assert_eq!(read_key_file(&path).unwrap_err().code, "input-permissions");
-        assert_eq!(read_key_file(&dir.path().join("absent")).unwrap_err().code, "input-missing");
-
-        for (name, content) in [
-            ("garbage", &b"not a key"[..]),
-            ("empty-pem", b"-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"),
-            ("bad-base64", b"-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n"),
-            ("not-pkcs8", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"),
-        ] {
-            let p = dir.path().join(name);
-            private_file::write_new(&p, content).unwrap();
-            assert_eq!(read_key_file(&p).unwrap_err().code, "key-file-invalid", "{name}");
         }
     }
 

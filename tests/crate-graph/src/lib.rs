@@ -1,19 +1,29 @@
 //! The workspace's crate graph, written down: which workspace crate may depend on which.
 //!
 //! `ARCHITECTURE.md` draws it; `tests/graph.rs` reads `cargo metadata` and fails on any
-//! dependency between workspace crates (normal, build or dev) that [`ALLOWED`] does not name,
-//! on a workspace crate the table does not place, and on a cycle. Adding an edge is a design
-//! decision: change the table and the drawing together.
+//! dependency between workspace crates (normal, build or dev) that [`ALLOWED`] does not name —
+//! or, for a dev-dependency only, [`TEST_ONLY`] — on a workspace crate the table does not
+//! place, and on a cycle. Adding an edge is a design decision: change the table and the drawing
+//! together.
 
 /// Every workspace crate and the workspace crates it may depend on, lowest first.
 pub const ALLOWED: &[(&str, &[&str])] = &[
     // foundation: nothing of the domain, the plugins, the server or the presentation
     ("capstan-core", &[]),
+    // publisher keys (plugin bundles, catalogs): pure, so the App Store plugin (wasm) shares them
+    // through capstan-catalog; its `files` feature (native only) reads and writes key files
+    // under capstan-core's private-file rules
+    ("capstan-publisher-key", &["capstan-core"]),
+    // the inventory's field rules, pure: the inventory enforces them, the catalog publisher's
+    // tool checks templates with them
+    ("capstan-field-rules", &["capstan-core"]),
     ("capstan-store", &["capstan-core"]),
     ("capstan-blobs", &["capstan-core"]),
     ("capstan-keyring", &["capstan-core"]),
-    // the signed App Store catalog format and publisher keys, shared with the App Store plugin
-    ("capstan-catalog", &[]),
+    // the signed App Store catalog format, shared with the App Store plugin, over the host's
+    // publisher keys; its `cli` feature (the `capstan-catalog` binary, never in the plugin) reads
+    // key files and checks templates with the inventory's field rules — no other host crate
+    ("capstan-catalog", &["capstan-core", "capstan-publisher-key", "capstan-field-rules"]),
     // the method registry: no HTTP, no domain
     ("capstan-rpc", &["capstan-core", "capstan-store"]),
     // domain: the fleet coordinates through the bucket; the outbox lives in the store
@@ -23,7 +33,16 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // the inventory reaches the areas above it (secrets, plugins) only through its Dependents trait
     (
         "capstan-inventory",
-        &["capstan-core", "capstan-store", "capstan-blobs", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-catalog"],
+        &[
+            "capstan-core",
+            "capstan-field-rules",
+            "capstan-store",
+            "capstan-blobs",
+            "capstan-rpc",
+            "capstan-events",
+            "capstan-auth",
+            "capstan-catalog",
+        ],
     ),
     (
         "capstan-secrets",
@@ -37,10 +56,10 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "capstan-plugin-host",
         &[
             "capstan-core",
+            "capstan-publisher-key",
             "capstan-store",
             "capstan-blobs",
             "capstan-keyring",
-            "capstan-catalog",
             "capstan-rpc",
             "capstan-fleet",
             "capstan-events",
@@ -76,8 +95,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // presentation: the dashboard acts through the server's registered methods (its tests
     // release a hold through capstan-links, as a manager would)
     ("capstan-dashboard", &["capstan-core", "capstan-rpc", "capstan-server", "capstan-catalog", "capstan-links"]),
-    // the `capstan` binary: the CLI, `serve` with the dashboard's pages
-    ("capstan", &["capstan-core", "capstan-server", "capstan-dashboard", "capstan-catalog"]),
+    // the `capstan` binary: the CLI, `serve` with the dashboard's pages; no plugin's crate
+    ("capstan", &["capstan-core", "capstan-server", "capstan-dashboard"]),
     // plugin authors' side: the SDK; its `testing` harness runs a plugin on the plugin host with
     // an embedded store (no server, no MongoDB, no S3)
     (
@@ -100,9 +119,22 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-crate-graph", &[]),
 ];
 
+/// Dependencies allowed only as dev-dependencies (for a crate's tests), beyond [`ALLOWED`].
+pub const TEST_ONLY: &[(&str, &[&str])] = &[
+    // the end-to-end tests play the catalog publisher, signing catalogs in-process; the binary
+    // itself depends on no plugin's crate
+    ("capstan", &["capstan-catalog"]),
+];
+
 /// The crates `name` may depend on; `None` for a crate the table does not place.
 pub fn allowed(name: &str) -> Option<&'static [&'static str]> {
     ALLOWED.iter().find(|(crate_name, _)| *crate_name == name).map(|(_, deps)| *deps)
+}
+
+/// Whether `from` may depend on `to` as a dependency of `kind` (`normal`, `build` or `dev`).
+pub fn edge_allowed(from: &str, to: &str, kind: &str) -> bool {
+    let listed = |table: &[(&str, &[&str])]| table.iter().any(|(name, deps)| *name == from && deps.contains(&to));
+    listed(ALLOWED) || (kind == "dev" && listed(TEST_ONLY))
 }
 
 /// A cycle among `edges` (as the crates along it, first repeated last), if there is one.
@@ -139,6 +171,15 @@ mod tests {
     }
 
     #[test]
+    fn test_only_edges_are_allowed_to_tests_alone() {
+        assert!(edge_allowed("capstan", "capstan-catalog", "dev"));
+        assert!(!edge_allowed("capstan", "capstan-catalog", "normal"));
+        assert!(!edge_allowed("capstan", "capstan-catalog", "build"));
+        assert!(edge_allowed("capstan", "capstan-server", "normal") && edge_allowed("capstan", "capstan-server", "dev"));
+        assert!(!edge_allowed("capstan-core", "capstan-store", "dev"));
+    }
+
+    #[test]
     fn cycles_are_found_and_a_chain_is_not_one() {
         assert_eq!(find_cycle(&edges(&[("a", "b"), ("b", "c")])), None);
         let cycle = find_cycle(&edges(&[("a", "b"), ("b", "c"), ("c", "a")])).unwrap();
@@ -149,12 +190,21 @@ mod tests {
 
     #[test]
     fn the_allowed_graph_itself_has_no_cycle() {
-        let all: Vec<(String, String)> =
-            ALLOWED.iter().flat_map(|(from, deps)| deps.iter().map(move |to| (from.to_string(), to.to_string()))).collect();
+        let all: Vec<(String, String)> = ALLOWED
+            .iter()
+            .chain(TEST_ONLY)
+            .flat_map(|(from, deps)| deps.iter().map(move |to| (from.to_string(), to.to_string())))
+            .collect();
         assert_eq!(find_cycle(&all), None);
-        for (_, deps) in ALLOWED {
+        for (from, deps) in ALLOWED.iter().chain(TEST_ONLY) {
+            assert!(allowed(from).is_some(), "{from} has test-only dependencies but is not placed in the table");
             for dep in *deps {
                 assert!(allowed(dep).is_some(), "{dep} is allowed as a dependency but not placed in the table");
+            }
+        }
+        for (from, deps) in TEST_ONLY {
+            for dep in *deps {
+                assert!(!allowed(from).unwrap_or_default().contains(dep), "{from} -> {dep} is in both tables");
             }
         }
     }

@@ -3,7 +3,10 @@
 //!
 //! The body is JSON given as an argument, read from a file (`-f FILE`, `-` for standard input),
 //! or built from `--set key=value` pairs (dotted keys nest; a value that parses as JSON is that
-//! JSON, else it is a string), which also apply on top of a given body.
+//! JSON, else it is a string), which also apply on top of a given body. `--set-file key=FILE`
+//! sets a field to a file's UTF-8 text, as a JSON string (`-` for standard input), after the
+//! `--set`s: for a method that takes a document as text, such as the App Store's
+//! `appstore.importCatalog --set-file envelope=catalog-8.json`.
 
 use super::client::{Client, Connection, finish, print_json, print_table};
 use crate::refusal::{Refusal, Result};
@@ -31,8 +34,12 @@ pub struct CallArgs {
     /// Set one field: key=value; dotted keys nest (spec.replicas=2); JSON values are kept as JSON
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Set one field to the text of FILE (UTF-8, as a JSON string; `-` for standard input), after
+    /// the --set ones; dotted keys nest
+    #[arg(long = "set-file", value_name = "KEY=FILE")]
+    pub set_file: Vec<String>,
     /// List every method the host serves: name, who may call it, what it does
-    #[arg(long, conflicts_with_all = ["method", "body", "file", "set"])]
+    #[arg(long, conflicts_with_all = ["method", "body", "file", "set", "set_file"])]
     pub list: bool,
     /// Print exact JSON instead of text
     #[arg(long)]
@@ -59,7 +66,7 @@ fn call(args: CallArgs) -> Result<()> {
             if args.help { Ok(()) } else { Err(Refusal::invalid_request("name a method (capstan call --list shows them)")) }
         }
         (Some(method), _, false) => {
-            let body = body(args.body.as_deref(), args.file.as_deref(), &args.set)?;
+            let body = body(args.body.as_deref(), args.file.as_deref(), &args.set, &args.set_file)?;
             let answer = match client.call(method, &body) {
                 // name the methods of that area, as `--help` would
                 Err(e) if e.is("method-unknown") => return Err(find(&methods(&client)?, method).err().unwrap_or(e)),
@@ -198,8 +205,12 @@ fn fields(root: &Value, schema: &Value) -> Vec<(String, String, String, String)>
         .collect()
 }
 
-/// The request body: the JSON given or read, then each `--set` on top.
-fn body(given: Option<&str>, file: Option<&str>, sets: &[String]) -> Result<Value> {
+/// The request body: the JSON given or read, then each `--set` on top, then each `--set-file`.
+fn body(given: Option<&str>, file: Option<&str>, sets: &[String], set_files: &[String]) -> Result<Value> {
+    let set_file_paths = set_files.iter().filter_map(|p| p.split_once('=').map(|(_, path)| path));
+    if file.into_iter().chain(set_file_paths).filter(|p| *p == "-").count() > 1 {
+        return Err(Refusal::new("set-invalid", "standard input (-) is read once: name it for one of -f and --set-file"));
+    }
     let text = match (given, file) {
         (Some(text), _) => Some(text.to_string()),
         (None, Some(path)) => Some(read_body(path)?),
@@ -212,11 +223,18 @@ fn body(given: Option<&str>, file: Option<&str>, sets: &[String]) -> Result<Valu
         None => Value::Object(Map::new()),
     };
     for pair in sets {
-        set(&mut body, pair)?;
+        let (key, value) = split("--set", pair)?;
+        set(&mut body, "--set", pair, key, serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string())))?;
+    }
+    for pair in set_files {
+        let (key, path) = split("--set-file", pair)?;
+        set(&mut body, "--set-file", pair, key, Value::String(read_body(path)?))?;
     }
     Ok(body)
 }
 
+/// The text of `path` (`-`: standard input), UTF-8, at most [`MAX_BODY_BYTES`]: a body, or a
+/// `--set-file` value.
 fn read_body(path: &str) -> Result<String> {
     let mut text = String::new();
     let read = if path == "-" {
@@ -224,23 +242,31 @@ fn read_body(path: &str) -> Result<String> {
     } else {
         std::fs::File::open(path).and_then(|f| f.take(MAX_BODY_BYTES + 1).read_to_string(&mut text))
     };
-    read.map_err(|e| {
-        Refusal::new("body-unreadable", format!("cannot read the body from {path}: {}", e.kind())).with_data(json!({ "path": path }))
-    })?;
+    read.map_err(|e| Refusal::new("body-unreadable", format!("cannot read {path}: {}", e.kind())).with_data(json!({ "path": path })))?;
     if text.len() as u64 > MAX_BODY_BYTES {
-        return Err(Refusal::new("body-too-large", format!("a body is at most {MAX_BODY_BYTES} bytes")));
+        return Err(Refusal::new("body-too-large", format!("{path} holds more than {MAX_BODY_BYTES} bytes, the most read"))
+            .with_data(json!({ "path": path })));
     }
     Ok(text)
 }
 
-/// Apply `key=value` to `body`: dotted keys nest through objects (created when missing).
-fn set(body: &mut Value, pair: &str) -> Result<()> {
-    let refuse = |why: &str| Refusal::new("set-invalid", format!("--set {pair:?}: {why}")).with_data(json!({ "set": pair }));
-    let (key, value) = pair.split_once('=').ok_or_else(|| refuse("expected key=value"))?;
+fn set_invalid(flag: &str, pair: &str, why: &str) -> Refusal {
+    Refusal::new("set-invalid", format!("{flag} {pair:?}: {why}")).with_data(json!({ "set": pair }))
+}
+
+/// The key and the value of `flag`'s `key=value`, the key made of non-empty dotted parts.
+fn split<'a>(flag: &str, pair: &'a str) -> Result<(&'a str, &'a str)> {
+    let (key, value) = pair.split_once('=').ok_or_else(|| set_invalid(flag, pair, "expected key=value"))?;
     if key.is_empty() || key.split('.').any(str::is_empty) {
-        return Err(refuse("the key is empty or has an empty part"));
+        return Err(set_invalid(flag, pair, "the key is empty or has an empty part"));
     }
-    let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()));
+    Ok((key, value))
+}
+
+/// Set `key` of `body` to `value` (given as `flag`'s `pair`): dotted keys nest through objects
+/// (created when missing).
+fn set(body: &mut Value, flag: &str, pair: &str, key: &str, value: Value) -> Result<()> {
+    let refuse = |why: &str| set_invalid(flag, pair, why);
     let mut at = body;
     let parts: Vec<&str> = key.split('.').collect();
     for (i, part) in parts.iter().enumerate() {
@@ -309,20 +335,41 @@ mod tests {
 
     #[test]
     fn bodies_come_from_json_and_sets_nest_on_top() {
-        assert_eq!(body(None, None, &[]).unwrap(), json!({}));
+        assert_eq!(body(None, None, &[], &[]).unwrap(), json!({}));
         let sets = ["name=web".to_string(), "spec.replicas=2".to_string(), "spec.public=true".to_string(), "tags=[\"a\"]".to_string()];
-        let made = body(Some(r#"{"organizationId":"org_1","spec":{"image":"nginx"}}"#), None, &sets).unwrap();
+        let made = body(Some(r#"{"organizationId":"org_1","spec":{"image":"nginx"}}"#), None, &sets, &[]).unwrap();
         assert_eq!(
             made,
             json!({ "organizationId": "org_1", "name": "web", "spec": { "image": "nginx", "replicas": 2, "public": true }, "tags": ["a"] })
         );
-        assert_eq!(body(None, None, &["note=two words".to_string()]).unwrap(), json!({ "note": "two words" }));
-        assert_eq!(body(None, None, &["id=\"007\"".to_string()]).unwrap(), json!({ "id": "007" }), "quoted JSON stays a string");
-        assert_eq!(body(Some("{nope"), None, &[]).unwrap_err().code, "body-invalid");
-        assert_eq!(body(None, None, &["novalue".to_string()]).unwrap_err().code, "set-invalid");
-        assert_eq!(body(None, None, &["a..b=1".to_string()]).unwrap_err().code, "set-invalid");
-        assert_eq!(body(Some("[1]"), None, &["a=1".to_string()]).unwrap_err().code, "set-invalid", "a body that is no object");
-        assert_eq!(body(None, Some("/nonexistent/body.json"), &[]).unwrap_err().code, "body-unreadable");
+        assert_eq!(body(None, None, &["note=two words".to_string()], &[]).unwrap(), json!({ "note": "two words" }));
+        assert_eq!(body(None, None, &["id=\"007\"".to_string()], &[]).unwrap(), json!({ "id": "007" }), "quoted JSON stays a string");
+        assert_eq!(body(Some("{nope"), None, &[], &[]).unwrap_err().code, "body-invalid");
+        assert_eq!(body(None, None, &["novalue".to_string()], &[]).unwrap_err().code, "set-invalid");
+        assert_eq!(body(None, None, &["a..b=1".to_string()], &[]).unwrap_err().code, "set-invalid");
+        assert_eq!(body(Some("[1]"), None, &["a=1".to_string()], &[]).unwrap_err().code, "set-invalid", "a body that is no object");
+        assert_eq!(body(None, Some("/nonexistent/body.json"), &[], &[]).unwrap_err().code, "body-unreadable");
+    }
+
+    #[test]
+    fn set_file_sets_a_field_to_a_file_s_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let envelope = dir.path().join("catalog-8.json");
+        // the text as it is, a JSON string even when it is JSON itself
+        std::fs::write(&envelope, "{\"format\":\"capstan-catalog\"}\n").unwrap();
+        let path = envelope.to_str().unwrap();
+        let made = body(None, None, &["envelope=1".to_string()], &[format!("envelope={path}"), format!("spec.notes={path}")]).unwrap();
+        let text = "{\"format\":\"capstan-catalog\"}\n";
+        assert_eq!(made, json!({ "envelope": text, "spec": { "notes": text } }), "after the --set ones, nested");
+        let missing = body(None, None, &[], &["envelope=/nonexistent/catalog.json".to_string()]).unwrap_err();
+        assert_eq!((missing.code.as_ref(), missing.data.unwrap()["path"].as_str()), ("body-unreadable", Some("/nonexistent/catalog.json")));
+        std::fs::write(&envelope, [0xff, 0xfe]).unwrap();
+        assert_eq!(body(None, None, &[], &[format!("envelope={path}")]).unwrap_err().code, "body-unreadable", "not UTF-8");
+        assert_eq!(body(None, None, &[], &[path.to_string()]).unwrap_err().code, "set-invalid", "no key");
+        assert_eq!(body(None, None, &[], &[format!(".x={path}")]).unwrap_err().code, "set-invalid");
+        let twice = body(None, Some("-"), &[], &["envelope=-".to_string()]).unwrap_err();
+        assert_eq!(twice.code, "set-invalid", "standard input is read once");
+        assert_eq!(body(None, None, &[], &["a=-".to_string(), "b=-".to_string()]).unwrap_err().code, "set-invalid");
     }
 
     #[test]

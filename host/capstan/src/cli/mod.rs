@@ -1,6 +1,5 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
-mod appstore;
 mod call;
 mod client;
 mod fleet;
@@ -46,11 +45,6 @@ enum Command {
     /// host (install, upgrade, rollback, list, get, disable, enable, uninstall, trust).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
-    /// App Store catalogs: sign one from a directory of app definitions, verify one against
-    /// trusted keys (and against the catalog it should succeed); and the App Store on a running
-    /// host: status, refresh, import, apps, app, install, upgradeable, upgrade.
-    #[command(subcommand)]
-    Appstore(appstore::AppstoreCommand),
     /// Tasks on a running host: list, inspect, run now, cancel, enable or disable them, and
     /// read their executions with the log each one kept.
     #[command(subcommand)]
@@ -91,10 +85,13 @@ enum Command {
     /// capstan call --list                            every method, who may call it, what it does
     /// capstan call METHOD --help                     its summary, access and input fields
     /// capstan call METHOD ['{"json":1}' | -f FILE | --set key=value ...] [--json]
+    /// capstan call METHOD --set-file key=FILE ...    a field set to a file's text
     ///
     /// Dotted --set keys nest (spec.replicas=2); a value that parses as JSON is that JSON, else a
-    /// string. A list answer prints as a table, anything else as indented JSON; --json prints
-    /// the exact answer.
+    /// string. --set-file sets a field to a file's text, as a string (`-`: standard input), e.g.
+    /// capstan call appstore.importCatalog --set-file envelope=catalog-8.json
+    /// A list answer prints as a table, anything else as indented JSON; --json prints the exact
+    /// answer.
     Call(call::CallArgs),
 }
 
@@ -161,7 +158,6 @@ pub fn main() -> ExitCode {
         Command::Fleet(command) => fleet::run(command),
         Command::Wg(command) => fleet::run_wg(command),
         Command::Plugin(command) => plugin::run(command),
-        Command::Appstore(command) => appstore::run(command),
         Command::Tasks(command) => tasks::run(command),
         Command::Login(args) => client::login(args),
         Command::Logout(args) => client::logout(args),

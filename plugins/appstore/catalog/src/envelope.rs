@@ -3,10 +3,10 @@
 //! See the crate's README for the format; [`verify`] is the only way to a [`Verified`] catalog.
 
 use crate::error::CatalogError;
-use crate::key::PublisherKey;
 use crate::model::{App, AppVersion, Catalog, Snapshot, Template};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
+use capstan_publisher_key::PublisherKey;
 use ed25519_dalek::{Signature, Signer, SigningKey};
 use semver::Version;
 use serde::{Deserialize, Serialize};

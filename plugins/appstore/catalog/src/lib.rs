@@ -2,9 +2,9 @@
 //! service templates), the envelope (payload bytes, SHA-256 digest, Ed25519 signature over a
 //! domain-separated statement), verification against trusted keys, and the succession rules a
 //! new catalog must keep. Pure: no filesystem, clock or randomness in the core API, so the App
-//! Store plugin (wasm32-wasip2) and the host's `capstan appstore` commands share one
+//! Store plugin (wasm32-wasip2) and the publisher's `capstan-catalog sign | verify` share one
 //! implementation. The feature `fs` adds [`definitions`], reading a directory of app
-//! definition files.
+//! definition files; the feature `cli` builds the `capstan-catalog` binary (`src/main.rs`).
 //!
 //! The format is specified in this crate's README.md.
 //!
@@ -21,13 +21,14 @@
 pub mod definitions;
 mod envelope;
 mod error;
-mod key;
 mod model;
 mod succession;
 
+/// Publisher keys: the host's (`capstan-publisher-key`), the one text form catalogs and plugin
+/// bundles are signed under.
+pub use capstan_publisher_key::{KeyError, PUBLIC_KEY_PREFIX, PublisherKey};
 pub use envelope::{CONTRACT, Envelope, FORMAT, MAX_ENVELOPE_BYTES, MAX_REVISION, STATEMENT_DOMAIN, Verified, sign, statement, verify};
 pub use error::CatalogError;
-pub use key::{KeyError, PUBLIC_KEY_PREFIX, PublisherKey};
 pub use model::{
     App, AppVersion, Catalog, Invalid, MAX_APPS, MAX_CAPABILITIES, MAX_CATEGORIES, MAX_ENVIRONMENT, MAX_NAME_CHARS, MAX_PORTS,
     MAX_TEMPLATE_BYTES, MAX_TEXT_BYTES, MAX_VERSIONS, MAX_VOLUMES, Port, Protocol, Snapshot, Template, Volume, Withdrawal,

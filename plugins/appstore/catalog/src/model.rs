@@ -8,8 +8,8 @@
 //! addresses). The model checks what makes a catalog well-formed as data — counts, sizes,
 //! identifiers, uniqueness, no control characters. The inventory's own field rules (OCI
 //! reference syntax, environment names, credential-looking values, port collisions, mount paths)
-//! stay the inventory's: they run when the service is created, and `capstan appstore
-//! sign-catalog` runs them at signing so a publisher learns early.
+//! stay the inventory's (`capstan-field-rules`): they run when the service is created, and
+//! `capstan-catalog sign` runs them at signing so a publisher learns early.
 
 use semver::Version;
 use serde::{Deserialize, Serialize};

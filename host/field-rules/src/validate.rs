@@ -1,10 +1,11 @@
-//! Field rules shared by the inventory's write paths. Each refusal names the field (in
-//! `data.field`) and never echoes a value that might be secret.
+//! The rules single values meet: names, images, environment names and values, mail addresses,
+//! domains, mount paths, URLs. Each refusal names the field (in `data.field`) and never echoes a
+//! value that might be secret.
 
 use capstan_core::refusal::{Refusal, Result};
 use serde_json::json;
 
-fn invalid(code: &'static str, field: &str, message: impl Into<String>) -> Refusal {
+pub(crate) fn invalid(code: &'static str, field: &str, message: impl Into<String>) -> Refusal {
     Refusal::new(code, message).with_data(json!({ "field": field }))
 }
 

@@ -1,6 +1,14 @@
-//! Publisher keys in Capstan's text form, `capstan-ed25519:<base64url, no padding, of the 32
-//! bytes>`: the form `capstan plugin keygen` prints, plugin bundles are signed under and catalog
-//! keys are trusted by. Only the canonical spelling parses.
+//! `capstan-publisher-key`: publisher keys in Capstan's text form, `capstan-ed25519:<base64url,
+//! no padding, of the 32 bytes>` — the form `capstan plugin keygen` prints, plugin bundles are
+//! signed under and catalog keys are trusted by. Only the canonical spelling parses.
+//!
+//! Pure (no filesystem, clock or randomness), so the host and the App Store plugin
+//! (`wasm32-wasip2`, through `capstan-catalog`) share it. The feature `files` adds [`files`]: the
+//! PKCS#8 PEM private key files `capstan plugin keygen` writes and the signing tools read, under
+//! `capstan-core`'s private-file rules (native only).
+
+#[cfg(feature = "files")]
+pub mod files;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
