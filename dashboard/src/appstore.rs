@@ -422,7 +422,7 @@ async fn index_page(asker: &Asker, status: StatusCode, org: Option<&str>, extras
     };
     let ctx = context! {
         page => "App Store",
-        nav => Serde(nav("apps")),
+        nav => Serde(nav(&asker.state, "apps")),
         user => Serde(user_view(&asker.identity)),
         flash => Serde(extras.flash),
         unavailable => Serde(unavailable),
@@ -661,7 +661,7 @@ async fn app_page(
     };
     let ctx = context! {
         page => format!("App {name}"),
-        nav => Serde(nav("apps")),
+        nav => Serde(nav(&asker.state, "apps")),
         user => Serde(user_view(&asker.identity)),
         flash => Serde(extras.flash),
         installed_href => extras.installed_href,
@@ -869,7 +869,7 @@ async fn upgrade_page(asker: &Asker, service_id: &str, version: Option<&str>, st
     };
     let ctx = context! {
         page,
-        nav => Serde(nav("apps")),
+        nav => Serde(nav(&asker.state, "apps")),
         user => Serde(user_view(&asker.identity)),
         flash => Serde(flash),
         error => Serde(error),

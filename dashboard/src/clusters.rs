@@ -261,7 +261,7 @@ async fn list_page(
     let head = live::head(state, identity).await;
     let ctx = context! {
         page => "Clusters",
-        nav => Serde(nav("clusters")),
+        nav => Serde(nav(state, "clusters")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         form => Serde(form),
@@ -305,7 +305,7 @@ pub(super) async fn create(State(state): State<AppState>, request: Request) -> R
             let machine = &created["machineUser"];
             let ctx = context! {
                 page => format!("Cluster {} created", cluster.name),
-                nav => Serde(nav("clusters")),
+                nav => Serde(nav(&state, "clusters")),
                 user => Serde(user_view(&identity)),
                 cluster => Serde(cluster),
                 runtime => Serde(runtime),
@@ -357,7 +357,7 @@ async fn detail_page(
     };
     let ctx = context! {
         page => if name.is_empty() { "Cluster".to_string() } else { format!("Cluster {name}") },
-        nav => Serde(nav("clusters")),
+        nav => Serde(nav(state, "clusters")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         form => Serde(form),
@@ -491,7 +491,7 @@ async fn confirm_page(
     });
     let ctx = context! {
         page => cluster.as_ref().map(|c| format!("Delete cluster {}", c.name)).unwrap_or_else(|| "Delete cluster".into()),
-        nav => Serde(nav("clusters")),
+        nav => Serde(nav(state, "clusters")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),

@@ -235,7 +235,7 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
     }
     let ctx = context! {
         page => "Fleet",
-        nav => Serde(nav("fleet")),
+        nav => Serde(nav(&state, "fleet")),
         user => Serde(user_view(&identity)),
         ..panel_context(&state, &identity).await
     };

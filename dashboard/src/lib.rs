@@ -5,7 +5,8 @@
 //! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
 //! browser), `/appstore` (the App Store: catalog status, apps, installs and upgrades through
-//! the App Store plugin's methods), `/login` and
+//! the App Store plugin's methods), `/p/<pluginId>/…` (the pages plugins contribute,
+//! [`plugin_pages`]), `/login` and
 //! `/logout`, from the templates in this crate's `templates/` (minijinja, autoescaped,
 //! embedded in the binary at compile time), with the static assets of [`assets`] (`static/`)
 //! and the vendored htmx for partial updates. No Node build step. It acts only through the
@@ -24,6 +25,7 @@ mod clusters;
 mod fleet;
 mod forms;
 mod live;
+mod plugin_pages;
 mod plugins;
 mod secrets;
 mod services;
@@ -115,6 +117,9 @@ pub fn router() -> Router<AppState> {
         .route("/appstore/apps/{id}", get(appstore::app))
         .route("/appstore/apps/{id}/install", post(appstore::install))
         .route("/appstore/upgrade", get(appstore::upgrade_preview).post(appstore::upgrade))
+        .route("/p/{plugin}", get(plugin_pages::index))
+        .route("/p/{plugin}/-/call/{method}", post(plugin_pages::call))
+        .route("/p/{plugin}/{*path}", get(plugin_pages::page))
         .route("/settings", get(settings::page))
         .route("/settings/panel", get(settings::panel))
         .route("/settings/update", post(settings::update))
@@ -192,6 +197,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("appstore.html", include_str!("../templates/appstore.html")),
     ("appstore_app.html", include_str!("../templates/appstore_app.html")),
     ("appstore_upgrade.html", include_str!("../templates/appstore_upgrade.html")),
+    ("plugin_page.html", include_str!("../templates/plugin_page.html")),
+    ("plugin_form.html", include_str!("../templates/plugin_form.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -405,10 +412,10 @@ fn time_left(until: u64) -> String {
 /// One entry of the navigation rail.
 #[derive(Serialize)]
 struct NavItem {
-    label: &'static str,
+    label: String,
     icon: &'static str,
     /// `None`: not built yet, shown disabled.
-    href: Option<&'static str>,
+    href: Option<String>,
     active: bool,
 }
 
@@ -428,8 +435,30 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Settings", "settings", Some("/settings")),
 ];
 
-fn nav(active: &str) -> Vec<NavItem> {
-    SECTIONS.iter().map(|&(label, icon, href)| NavItem { label, icon, href, active: icon == active }).collect()
+/// The rail with `active` marked: the host's sections, and after the App Store the pages the
+/// plugins loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).
+fn nav(state: &AppState, active: &str) -> Vec<NavItem> {
+    let mut items: Vec<NavItem> = SECTIONS
+        .iter()
+        .map(|&(label, icon, href)| NavItem { label: label.into(), icon, href: href.map(str::to_string), active: icon == active })
+        .collect();
+    let at = items.iter().position(|i| i.icon == "apps").map_or(items.len(), |i| i + 1);
+    let pages: Vec<NavItem> = state
+        .plugins
+        .loaded()
+        .iter()
+        .flat_map(|plugin| {
+            let id = plugin.manifest.id.clone();
+            plugin.described.pages.iter().filter(|p| p.navigation).map(move |p| NavItem {
+                label: p.title.clone(),
+                icon: "plugins",
+                href: Some(if p.path.is_empty() { format!("/p/{id}") } else { format!("/p/{id}/{}", p.path) }),
+                active: active == format!("p:{id}/{}", p.path),
+            })
+        })
+        .collect();
+    items.splice(at..at, pages);
+    items
 }
 
 #[derive(Serialize)]
@@ -499,7 +528,7 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
     let report = status_report(&state.system(), identity.is_human_admin()).await;
     let ctx = context! {
         page => "Overview",
-        nav => Serde(nav("overview")),
+        nav => Serde(nav(&state, "overview")),
         user => Serde(user_view(&identity)),
         data_target => state.chain.target().to_string(),
         ..status_context(&report)

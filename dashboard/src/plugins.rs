@@ -309,7 +309,7 @@ async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, ba
     };
     let ctx = context! {
         page => "Plugins",
-        nav => Serde(nav("plugins")),
+        nav => Serde(nav(state, "plugins")),
         user => Serde(user_view(identity)),
         plugins => Serde(plugins),
         error => Serde(error),
@@ -357,7 +357,7 @@ async fn approval_page(
     let title = if upgrade { "Approve the upgrade" } else { "Approve the install" };
     let ctx = context! {
         page => title,
-        nav => Serde(nav("plugins")),
+        nav => Serde(nav(state, "plugins")),
         user => Serde(user_view(identity)),
         approval => Serde(approval),
         flash => Serde(flash),

@@ -337,7 +337,7 @@ async fn index_page(
     }
     let ctx = context! {
         page => "Secrets",
-        nav => Serde(nav("secrets")),
+        nav => Serde(nav(state, "secrets")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         organizations => Serde(options),
@@ -567,7 +567,7 @@ async fn service_page(
     };
     let ctx = context! {
         page => service.as_ref().map(|s| format!("Secrets of {}", s.name)).unwrap_or_else(|| "Secrets".into()),
-        nav => Serde(nav("secrets")),
+        nav => Serde(nav(state, "secrets")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         service => Serde(service),
@@ -736,7 +736,7 @@ async fn set_page(
     });
     let ctx = context! {
         page => set.as_ref().map(|s| format!("SecretSet {}", s.name)).unwrap_or_else(|| "SecretSet".into()),
-        nav => Serde(nav("secrets")),
+        nav => Serde(nav(state, "secrets")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),
@@ -862,7 +862,7 @@ async fn retire_page(state: &AppState, identity: &Identity, id: &str, status: St
     };
     let ctx = context! {
         page => set.as_ref().map(|s| format!("Retire SecretSet {}", s.name)).unwrap_or_else(|| "Retire a SecretSet".into()),
-        nav => Serde(nav("secrets")),
+        nav => Serde(nav(state, "secrets")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),
@@ -1027,7 +1027,7 @@ async fn secret_page(
     let verb = if template == "secrets_rotate.html" { "Rotate" } else { "Revoke" };
     let ctx = context! {
         page => secret.as_ref().map(|s| format!("{verb} {}", s.row.key)).unwrap_or_else(|| format!("{verb} a secret")),
-        nav => Serde(nav("secrets")),
+        nav => Serde(nav(state, "secrets")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),

@@ -304,7 +304,7 @@ async fn list_page(
     };
     let ctx = context! {
         page => "Services",
-        nav => Serde(nav("services")),
+        nav => Serde(nav(state, "services")),
         user => Serde(user_view(identity)),
         flash => Serde(extras.flash),
         organizations => Serde(options),
@@ -426,7 +426,7 @@ async fn detail_page(
     };
     let ctx = context! {
         page => if name.is_empty() { "Service".to_string() } else { format!("Service {name}") },
-        nav => Serde(nav("services")),
+        nav => Serde(nav(state, "services")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         form => Serde(form),
@@ -538,7 +538,7 @@ async fn confirm_page(
     let back = service.as_ref().map(|s| format!("/services?org={}", encode(&s.organization_id))).unwrap_or_else(|| "/services".into());
     let ctx = context! {
         page => service.as_ref().map(|s| format!("Delete service {}", s.name)).unwrap_or_else(|| "Delete service".into()),
-        nav => Serde(nav("services")),
+        nav => Serde(nav(state, "services")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),

@@ -150,7 +150,7 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
     let expected = typed.revision.clone().unwrap_or_else(|| revision.to_string());
     let ctx = context! {
         page => "Settings",
-        nav => Serde(nav("settings")),
+        nav => Serde(nav(state, "settings")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),

@@ -302,7 +302,7 @@ fn done_flash(done: Option<&str>, task: Option<&str>) -> Option<Flash> {
 async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>) -> Response {
     let ctx = context! {
         page => "Tasks",
-        nav => Serde(nav("tasks")),
+        nav => Serde(nav(state, "tasks")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         ..list_context(state, identity).await
@@ -348,7 +348,7 @@ async fn detail_page(
     let task = task.ok();
     let ctx = context! {
         page => task.as_ref().map(|t| format!("Task {}", t.id)).unwrap_or_else(|| "Task".into()),
-        nav => Serde(nav("tasks")),
+        nav => Serde(nav(state, "tasks")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         ..panel
@@ -442,7 +442,7 @@ async fn confirm_page(state: &AppState, identity: &Identity, id: &str, from: &st
     });
     let ctx = context! {
         page => task.as_ref().map(|t| format!("Disable task {}", t.id)).unwrap_or_else(|| "Disable task".into()),
-        nav => Serde(nav("tasks")),
+        nav => Serde(nav(state, "tasks")),
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),

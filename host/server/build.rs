@@ -46,20 +46,35 @@ fn main() {
             // a copy of our own, so a later build of the shared directory cannot change what is embedded
             let embedded = out_dir.join(format!("{package}.wasm"));
             std::fs::copy(&built, &embedded).unwrap_or_else(|e| panic!("cannot copy {}: {e}", built.display()));
-            entries.push((dir.join("capstan-plugin.toml"), embedded));
+            entries.push((dir.join("capstan-plugin.toml"), embedded, page_templates(dir)));
         }
     }
-    let mut code = String::from("/// Every first-party plugin: its `capstan-plugin.toml` text and its component.\n");
-    code.push_str("pub static EMBEDDED: &[(&str, &[u8])] = &[\n");
-    for (manifest, component) in &entries {
+    let mut code = String::from("/// A page template: its entry name (`pages/<name>.html`) and text.\n");
+    code.push_str("pub type PageTemplate = (&'static str, &'static str);\n");
+    code.push_str("/// Every first-party plugin: its `capstan-plugin.toml` text, its component and its page templates.\n");
+    code.push_str("pub static EMBEDDED: &[(&str, &[u8], &[PageTemplate])] = &[\n");
+    for (manifest, component, pages) in &entries {
+        let pages: String =
+            pages.iter().map(|(name, path)| format!("({name:?}, include_str!({:?})), ", path.display().to_string())).collect();
         code.push_str(&format!(
-            "    (include_str!({:?}), include_bytes!({:?})),\n",
+            "    (include_str!({:?}), include_bytes!({:?}), &[{pages}]),\n",
             manifest.display().to_string(),
             component.display().to_string()
         ));
     }
     code.push_str("];\n");
     std::fs::write(out_dir.join("first_party.rs"), code).expect("OUT_DIR is writable");
+}
+
+/// The files of a plugin's `pages/` directory, as `(pages/<file name>, path)` in name order
+/// (the bundle checks each when the host starts).
+fn page_templates(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut pages: Vec<(String, PathBuf)> = match std::fs::read_dir(dir.join("pages")) {
+        Ok(entries) => entries.filter_map(|e| e.ok()).map(|e| (format!("pages/{}", e.file_name().to_string_lossy()), e.path())).collect(),
+        Err(_) => Vec::new(),
+    };
+    pages.sort();
+    pages
 }
 
 /// `[package.metadata.capstan] first-party-plugins` of the host crate.

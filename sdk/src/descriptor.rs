@@ -103,7 +103,7 @@ impl From<&str> for CollectionSpec {
 /// Everything `describe` answers, plus the handlers of the methods.
 ///
 /// ```
-/// use capstan_sdk::{CollectionSpec, Context, Descriptor, JsonSchema, Result, Role};
+/// use capstan_sdk::{CollectionSpec, Context, Descriptor, JsonSchema, Page, Result, Role};
 /// use serde::{Deserialize, Serialize};
 /// use std::time::Duration;
 ///

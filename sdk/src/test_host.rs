@@ -21,8 +21,9 @@ pub struct TestHost {
 }
 
 impl TestHost {
-    /// Install `component` with `manifest_text` (its `capstan-plugin.toml`) on a fresh host.
-    pub async fn load(manifest_text: &str, component: Vec<u8>) -> Result<TestHost> {
+    /// Install `component` with `manifest_text` (its `capstan-plugin.toml`) and its page
+    /// templates on a fresh host.
+    pub async fn load(manifest_text: &str, component: Vec<u8>, pages: std::collections::BTreeMap<String, String>) -> Result<TestHost> {
         let dir = std::env::temp_dir().join(format!("capstan-test-host-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).map_err(Refusal::internal)?;
         let store = capstan_store::Store::open(&format!("sqlite:{}", dir.join("store.sqlite").display()), &Default::default()).await?;
@@ -39,7 +40,7 @@ impl TestHost {
         let key = generate_key();
         let publishers = vec![PublisherKey::from_verifying_key(key.verifying_key())];
         let host = PluginHost::new(Runtime::new(None)?, services, publishers, vec![]).await?;
-        let mut bundle = Bundle::new(manifest_text.to_string(), component)?;
+        let mut bundle = Bundle::new(manifest_text.to_string(), component)?.with_pages(pages)?;
         bundle.sign(&key);
         let record = host.install(&bundle.to_bytes(), &["all-requested".into()], "test").await?;
         let now = capstan_core::clock::now_ms();

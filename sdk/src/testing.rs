@@ -66,14 +66,21 @@ impl TestHost {
         let dir = crate_dir.as_ref();
         let component = std::fs::read(build_component(dir)).expect("the built component");
         let manifest = std::fs::read_to_string(dir.join("capstan-plugin.toml")).expect("capstan-plugin.toml beside Cargo.toml");
-        Self::load(&manifest, component)
+        let pages = capstan_plugin_host::bundle::read_page_templates(dir).unwrap_or_else(|r| panic!("the page templates: {r}"));
+        Self::load_with_pages(&manifest, component, pages)
     }
 
     /// Load an already built component with its manifest text.
     pub fn load(manifest: &str, component: Vec<u8>) -> TestHost {
+        Self::load_with_pages(manifest, component, Default::default())
+    }
+
+    /// Load an already built component with its manifest text and page templates
+    /// (`pages/<name>.html` → text).
+    pub fn load_with_pages(manifest: &str, component: Vec<u8>, pages: std::collections::BTreeMap<String, String>) -> TestHost {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime");
         let inner = runtime
-            .block_on(crate::test_host::TestHost::load(manifest, component))
+            .block_on(crate::test_host::TestHost::load(manifest, component, pages))
             .unwrap_or_else(|r| panic!("the plugin did not install: {r}"));
         TestHost { runtime, inner }
     }

@@ -430,7 +430,8 @@ fn example_bundle(component: &[u8], version: &str, key: &capstan_catalog::Signin
     let manifest = std::fs::read_to_string(crate::plugins::workspace().join("plugins/example/capstan-plugin.toml")).unwrap();
     assert!(manifest.contains("version = \"0.1.0\""), "{manifest}");
     let manifest = manifest.replacen("version = \"0.1.0\"", &format!("version = \"{version}\""), 1);
-    let mut bundle = capstan::plugins::bundle::Bundle::new(manifest, component.to_vec()).unwrap();
+    let pages = capstan::plugins::bundle::read_page_templates(&crate::plugins::workspace().join("plugins/example")).unwrap();
+    let mut bundle = capstan::plugins::bundle::Bundle::new(manifest, component.to_vec()).unwrap().with_pages(pages).unwrap();
     bundle.sign(key);
     bundle.to_bytes()
 }

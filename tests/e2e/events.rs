@@ -135,6 +135,64 @@ fn inventory_events_reach_a_plugin_in_commit_order_once_each_across_a_restart() 
     assert_eq!(&after_restart[..before_restart.len()], before_restart.as_slice(), "the log before the restart stays as it was");
     let sequences: Vec<u64> = after_restart.iter().map(|(s, _, _)| *s).collect();
     assert!(sequences.windows(2).all(|w| w[0] < w[1]), "each event once, in commit order: {sequences:?}");
+
+    // ---- the plugin's faces, with no host change: its setting, its pages, capstan call ----
+    plugin_faces(&server, &token, &password, &cli);
     let exited = server.stop();
     assert!(exited.status.success(), "stderr:\n{}", exited.stderr);
+}
+
+/// Run `capstan` with arguments, standard input and a timeout.
+type Cli<'a> = dyn Fn(&[&str], &[u8], Duration) -> Exited + 'a;
+
+/// The example plugin's setting, its templated and generated pages and a form, as an operator
+/// meets them in the dashboard and the CLI.
+fn plugin_faces(server: &Capstan, token: &str, password: &str, cli: &Cli<'_>) {
+    let cookie = format!("capstan_session={token}");
+    let page = |path: &str| server.request("GET", path, &[("cookie", &cookie), ("accept", "text/html")], None);
+    let first = page("/p/example");
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(first.body.contains(r#"data-templated="true""#), "the bundle's template renders it: {}", first.body);
+    assert!(first.body.contains(r#"<h2 id="example-welcome">Notes kept by the example plugin.</h2>"#), "{}", first.body);
+    assert!(first.body.contains(r#"id="form-putNote""#), "its form: {}", first.body);
+    assert!(first.body.contains(r#"href="&#x2f;p&#x2f;example&#x2f;notes""#), "the navigation lists its pages: {}", first.body);
+
+    // a form posts to the plugin's method; a refusal comes back by name with what was typed
+    let post = |fields: &str| {
+        let headers =
+            [("cookie", cookie.as_str()), ("sec-fetch-site", "same-origin"), ("content-type", "application/x-www-form-urlencoded")];
+        server.request("POST", "/p/example/-/call/putNote", &headers, Some(fields.as_bytes()))
+    };
+    let refused = post("_page=&id=n-1&text=again&expectedRevision=7");
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(refused.body.contains(r#"id="flash" data-code="conflict""#) && refused.body.contains(r#"value="again""#), "{}", refused.body);
+    let written = post("_page=notes&id=n-1&text=from+the+dashboard");
+    assert!([200, 303].contains(&written.status), "{}", written.body);
+    let notes = page("/p/example/notes");
+    assert!(
+        notes.body.contains(r#"data-templated="false""#) && notes.body.contains("<table class=\"table plugin-table\">"),
+        "{}",
+        notes.body
+    );
+    assert!(notes.body.contains("from the dashboard"), "the generated table shows the note: {}", notes.body);
+    assert_eq!(page("/p/example/nothing").status, 404);
+    assert_eq!(page("/p/nobody").status, 404);
+
+    // its setting: refused by name off its schema, read back by the plugin when set
+    let url = server.url("");
+    let login =
+        cli(&["login", "--url", &url, "--username", "admin", "--password-stdin"], format!("{password}\n").as_bytes(), COMMAND_TIMEOUT);
+    assert_ok("capstan login", &login);
+    let bad = cli(&["settings", "set", "example.welcome=", "--url", &url], b"", COMMAND_TIMEOUT);
+    assert!(!bad.status.success() && bad.stderr.contains("setting-invalid"), "{}", bad.stderr);
+    let set = cli(&["settings", "set", "example.welcome=Welcome, operators", "--url", &url], b"", COMMAND_TIMEOUT);
+    assert_ok("capstan settings set example.welcome", &set);
+    assert!(page("/p/example").body.contains(">Welcome, operators</h2>"));
+    let called = cli(&["call", "example.overview", "--json", "--url", &url], b"", COMMAND_TIMEOUT);
+    assert_ok("capstan call example.overview", &called);
+    let overview: Value = serde_json::from_str(&called.stdout).unwrap();
+    assert_eq!((overview["welcome"].as_str(), overview["notes"].as_u64()), (Some("Welcome, operators"), Some(1)));
+    let help = cli(&["call", "example.putNote", "--help", "--url", &url], b"", COMMAND_TIMEOUT);
+    assert_ok("capstan call example.putNote --help", &help);
+    assert!(help.stdout.contains("expectedRevision"), "{}", help.stdout);
 }

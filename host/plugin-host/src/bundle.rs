@@ -2,12 +2,15 @@
 //! an Ed25519 signature over the bundle's canonical digest.
 //!
 //! The archive has exactly these regular-file entries, in this order:
-//! `capstan-plugin.toml`, `plugin.wasm`, and optionally `signature.json`
+//! `capstan-plugin.toml`, `plugin.wasm`, the page templates `pages/<name>.html` (none or more,
+//! in name order), and optionally `signature.json`
 //! (`{"publisher": "capstan-ed25519:…", "signature": "<base64 of 64 bytes>"}`).
 //!
 //! The canonical digest is SHA-256 over the UTF-8 text
-//! `capstan-plugin-bundle-v1\n{id}\n{version}\n{hex sha256(manifest)}\n{hex sha256(component)}\n`,
-//! so a changed byte in the manifest or the component changes what the signature covers.
+//! `capstan-plugin-bundle-v1\n{id}\n{version}\n{hex sha256(manifest)}\n{hex sha256(component)}\n`;
+//! a bundle with page templates uses the domain `capstan-plugin-bundle-v2` and adds a line
+//! `{name} {hex sha256(template)}\n` per template. A changed byte anywhere changes what the
+//! signature covers, and a template cannot be added or removed without it.
 
 use super::manifest::{Capability, Limits, MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
@@ -17,6 +20,7 @@ use ed25519_dalek::{Signature, Signer, SigningKey};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
@@ -37,6 +41,12 @@ pub const BUNDLE_EXTENSION: &str = "capstan-plugin";
 pub use capstan_publisher_key::PUBLIC_KEY_PREFIX;
 
 const DIGEST_DOMAIN: &str = "capstan-plugin-bundle-v1";
+/// The digest's domain for a bundle with page templates.
+const DIGEST_DOMAIN_PAGES: &str = "capstan-plugin-bundle-v2";
+/// The most page templates a bundle carries.
+pub const MAX_PAGE_TEMPLATES: usize = 32;
+/// The largest page template, in bytes.
+pub const MAX_PAGE_TEMPLATE_BYTES: usize = 64 * 1024;
 const WASM_MAGIC: &[u8; 4] = b"\0asm";
 const COMPONENT_VERSION: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
 const CORE_MODULE_VERSION: [u8; 4] = [0x01, 0x00, 0x00, 0x00];
@@ -82,6 +92,8 @@ pub struct Bundle {
     pub manifest_text: String,
     /// The WebAssembly component's bytes.
     pub component: Vec<u8>,
+    /// The dashboard page templates, by entry name (`pages/<name>.html`).
+    pub pages: BTreeMap<String, String>,
     /// The signature, or `None` for an unsigned bundle.
     pub signature: Option<BundleSignature>,
 }
@@ -128,11 +140,28 @@ impl Bundle {
         }
         let manifest = Manifest::parse(&manifest_text)?;
         check_component(&component)?;
-        let bundle = Bundle { manifest, manifest_text, component, signature: None };
+        let bundle = Bundle { manifest, manifest_text, component, pages: BTreeMap::new(), signature: None };
         if bundle.encoded_len() > MAX_BUNDLE_BYTES {
             return Err(too_large(bundle.encoded_len()));
         }
         Ok(bundle)
+    }
+
+    /// This bundle carrying the page templates `pages` (entry name → text), each checked as
+    /// `parse` checks them.
+    pub fn with_pages(mut self, pages: BTreeMap<String, String>) -> Result<Bundle> {
+        if pages.len() > MAX_PAGE_TEMPLATES {
+            return Err(malformed(format!("a bundle carries at most {MAX_PAGE_TEMPLATES} page templates")));
+        }
+        for (name, text) in &pages {
+            check_page_template(name, text)?;
+        }
+        self.pages = pages;
+        self.signature = None;
+        if self.encoded_len() > MAX_BUNDLE_BYTES {
+            return Err(too_large(self.encoded_len()));
+        }
+        Ok(self)
     }
 
     /// Parse a bundle file's bytes.
@@ -148,36 +177,49 @@ impl Bundle {
         }
         let mut archive = tar::Archive::new(bytes);
         let entries = archive.entries().map_err(|e| malformed(format!("the bundle is not a tar archive: {e}")))?.raw(true);
-        let expected = [MANIFEST_FILE, COMPONENT_FILE, SIGNATURE_FILE];
-        let mut contents: Vec<Vec<u8>> = Vec::new();
+        let (mut manifest_bytes, mut component, mut signature_raw) = (None, None, None);
+        let mut pages: BTreeMap<String, String> = BTreeMap::new();
         let mut end = 0u64;
         for entry in entries {
             let mut entry = entry.map_err(|e| malformed(format!("the bundle is not a valid tar archive: {e}")))?;
-            let index = contents.len();
             let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-            let Some(want) = expected.get(index) else {
-                return Err(malformed(format!(
-                    "unexpected entry {path:?} after {SIGNATURE_FILE}; a bundle holds only {}",
-                    expected.join(", ")
-                )));
+            let is_page = path.starts_with("pages/");
+            // the order: manifest, component, templates in name order, signature; nothing after
+            let (limit, expected) = match (&manifest_bytes, &component, &signature_raw) {
+                (None, _, _) => (MAX_MANIFEST_BYTES, path == MANIFEST_FILE),
+                (Some(_), None, _) => (MAX_BUNDLE_BYTES, path == COMPONENT_FILE),
+                (Some(_), Some(_), None) if is_page => {
+                    (MAX_PAGE_TEMPLATE_BYTES, pages.keys().next_back().is_none_or(|last| last.as_str() < path.as_str()))
+                }
+                (Some(_), Some(_), None) => (MAX_SIGNATURE_BYTES, path == SIGNATURE_FILE),
+                (Some(_), Some(_), Some(_)) => (0, false),
             };
-            if path != *want {
-                return Err(if let Some(seen) = expected[..index].iter().find(|e| **e == path) {
-                    malformed(format!("the entry {seen:?} appears twice"))
-                } else if index == 2 {
-                    malformed(format!("unexpected entry {path:?}; after {COMPONENT_FILE} only {SIGNATURE_FILE} may follow"))
+            if !expected {
+                let seen = path == MANIFEST_FILE && manifest_bytes.is_some()
+                    || path == COMPONENT_FILE && component.is_some()
+                    || path == SIGNATURE_FILE && signature_raw.is_some()
+                    || pages.contains_key(&path);
+                return Err(if seen {
+                    malformed(format!("the entry {path:?} appears twice"))
+                } else if signature_raw.is_some() {
+                    malformed(format!(
+                        "unexpected entry {path:?} after {SIGNATURE_FILE}; a bundle holds only {MANIFEST_FILE}, {COMPONENT_FILE}, pages/<name>.html and {SIGNATURE_FILE}"
+                    ))
+                } else if is_page && component.is_some() {
+                    malformed(format!("the page template {path:?} is out of name order"))
+                } else if component.is_some() {
+                    malformed(format!(
+                        "unexpected entry {path:?}; after {COMPONENT_FILE} only pages/<name>.html and {SIGNATURE_FILE} may follow"
+                    ))
                 } else {
-                    malformed(format!("expected the entry {want:?} at position {}, found {path:?}", index + 1))
+                    let want = if manifest_bytes.is_none() { MANIFEST_FILE } else { COMPONENT_FILE };
+                    let position = if manifest_bytes.is_none() { 1 } else { 2 };
+                    malformed(format!("expected the entry {want:?} at position {position}, found {path:?}"))
                 });
             }
             if entry.header().entry_type() != tar::EntryType::Regular {
                 return Err(malformed(format!("the entry {path:?} is not a regular file")));
             }
-            let limit = match index {
-                0 => MAX_MANIFEST_BYTES,
-                1 => MAX_BUNDLE_BYTES,
-                _ => MAX_SIGNATURE_BYTES,
-            };
             let size = entry.size();
             if size > limit as u64 {
                 return Err(malformed(format!("the entry {path:?} is larger than its limit of {limit} bytes")));
@@ -191,24 +233,34 @@ impl Bundle {
                 return Err(malformed(format!("the entry {path:?} is truncated")));
             }
             end = entry.raw_file_position() + size.div_ceil(512) * 512;
-            contents.push(data);
+            if manifest_bytes.is_none() {
+                manifest_bytes = Some(data);
+            } else if component.is_none() {
+                component = Some(data);
+            } else if is_page && signature_raw.is_none() {
+                if pages.len() == MAX_PAGE_TEMPLATES {
+                    return Err(malformed(format!("a bundle carries at most {MAX_PAGE_TEMPLATES} page templates")));
+                }
+                let text = String::from_utf8(data).map_err(|_| malformed(format!("the page template {path:?} is not UTF-8 text")))?;
+                check_page_template(&path, &text)?;
+                pages.insert(path, text);
+            } else {
+                signature_raw = Some(data);
+            }
         }
-        if contents.len() < 2 {
-            let missing = expected[contents.len()];
+        let (Some(manifest_bytes), Some(component)) = (manifest_bytes.clone(), component) else {
+            let missing = if manifest_bytes.is_none() { MANIFEST_FILE } else { COMPONENT_FILE };
             return Err(malformed(format!("the bundle has no {missing} entry")));
-        }
+        };
         match bytes.get(end as usize..) {
             Some(rest) if rest.iter().all(|b| *b == 0) => {}
             _ => return Err(malformed("the bundle has data after the archive's end")),
         }
-        let mut contents = contents.into_iter();
-        let manifest_bytes = contents.next().unwrap_or_default();
-        let component = contents.next().unwrap_or_default();
-        let signature = contents.next().map(|raw| parse_signature_file(&raw)).transpose()?;
+        let signature = signature_raw.map(|raw| parse_signature_file(&raw)).transpose()?;
         let manifest_text = String::from_utf8(manifest_bytes).map_err(|_| malformed(format!("{MANIFEST_FILE} is not UTF-8 text")))?;
         let manifest = Manifest::parse(&manifest_text)?;
         check_component(&component)?;
-        Ok(Bundle { manifest, manifest_text, component, signature })
+        Ok(Bundle { manifest, manifest_text, component, pages, signature })
     }
 
     /// The bundle file's bytes: a deterministic tar (mtime 0, mode 0644, uid/gid 0, no names).
@@ -230,6 +282,9 @@ impl Bundle {
         };
         append(MANIFEST_FILE, self.manifest_text.as_bytes());
         append(COMPONENT_FILE, &self.component);
+        for (name, text) in &self.pages {
+            append(name, text.as_bytes());
+        }
         if let Some(signature) = &self.signature {
             let file = SignatureFile { publisher: signature.publisher.to_string(), signature: B64.encode(signature.signature) };
             let json = serde_json::to_vec(&file).unwrap_or_default();
@@ -241,18 +296,26 @@ impl Bundle {
     /// The size `to_bytes` produces.
     fn encoded_len(&self) -> usize {
         let entry = |n: usize| 512 + n.div_ceil(512) * 512;
-        entry(self.manifest_text.len()) + entry(self.component.len()) + if self.signature.is_some() { entry(200) } else { 0 } + 1024
+        entry(self.manifest_text.len())
+            + entry(self.component.len())
+            + self.pages.values().map(|t| entry(t.len())).sum::<usize>()
+            + if self.signature.is_some() { entry(200) } else { 0 }
+            + 1024
     }
 
     /// The canonical digest the signature covers.
     pub fn digest(&self) -> [u8; 32] {
-        let text = format!(
-            "{DIGEST_DOMAIN}\n{}\n{}\n{}\n{}\n",
+        let domain = if self.pages.is_empty() { DIGEST_DOMAIN } else { DIGEST_DOMAIN_PAGES };
+        let mut text = format!(
+            "{domain}\n{}\n{}\n{}\n{}\n",
             self.manifest.id,
             self.manifest.version,
             self.manifest_sha256_hex(),
             self.component_sha256_hex()
         );
+        for (name, template) in &self.pages {
+            text.push_str(&format!("{name} {}\n", hex::encode(Sha256::digest(template.as_bytes()))));
+        }
         Sha256::digest(text.as_bytes()).into()
     }
 
@@ -343,6 +406,47 @@ impl Bundle {
 fn too_large(len: usize) -> Refusal {
     Refusal::new("bundle-too-large", format!("the bundle is {len} bytes; the limit is {MAX_BUNDLE_BYTES} bytes (64 MiB)"))
         .with_data(json!({ "bytes": len, "limit": MAX_BUNDLE_BYTES }))
+}
+
+/// The page templates of a plugin crate: every file of `<dir>/pages` (none when there is no
+/// such directory), each `<name>.html`, checked as a bundle's are (`bundle-malformed` naming the
+/// file otherwise).
+pub fn read_page_templates(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let pages_dir = dir.join("pages");
+    let mut pages = BTreeMap::new();
+    let entries = match std::fs::read_dir(&pages_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(pages),
+        Err(e) => return Err(malformed(format!("cannot read {}: {}", pages_dir.display(), e.kind()))),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| malformed(format!("cannot read {}: {}", pages_dir.display(), e.kind())))?;
+        let name = format!("pages/{}", entry.file_name().to_string_lossy());
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            return Err(malformed(format!("{name} is not a regular file; pages/ holds only <name>.html templates")));
+        }
+        let text =
+            std::fs::read_to_string(entry.path()).map_err(|e| malformed(format!("cannot read {name} as UTF-8 text: {}", e.kind())))?;
+        check_page_template(&name, &text)?;
+        pages.insert(name, text);
+    }
+    Ok(pages)
+}
+
+/// Refuse `bundle-malformed` unless `name` is `pages/<name>.html` and `text` carries no script:
+/// plugin pages render under the dashboard's policy, and a plugin ships no script to it.
+pub fn check_page_template(name: &str, text: &str) -> Result<()> {
+    if !crate::faces::valid_template_name(name) {
+        return Err(malformed(format!("the entry {name:?} is not a page template name (pages/<name>.html, <name> of a-z 0-9 - _)")));
+    }
+    if text.len() > MAX_PAGE_TEMPLATE_BYTES {
+        return Err(malformed(format!("the page template {name:?} is larger than {MAX_PAGE_TEMPLATE_BYTES} bytes")));
+    }
+    let folded = text.to_ascii_lowercase();
+    if folded.contains("<script") || folded.contains("javascript:") {
+        return Err(malformed(format!("the page template {name:?} carries a script; plugin pages run no plugin script")));
+    }
+    Ok(())
 }
 
 /// Refuse `bundle-malformed` unless `bytes` starts like a WebAssembly component.
@@ -633,6 +737,45 @@ requested = ["store", "log"]
             let Err(err) = Bundle::parse(&bytes) else { panic!("{what}: parsed") };
             assert_eq!(err.code, "bundle-malformed", "{what}: {err}");
         }
+    }
+
+    #[test]
+    fn page_templates_travel_signed_in_name_order_and_carry_no_script() {
+        let pages: BTreeMap<String, String> =
+            [("pages/a.html", "<p>{{ output.welcome }}</p>"), ("pages/b.html", "<ul></ul>")].map(|(k, v)| (k.into(), v.into())).into();
+        let plain = bundle();
+        let mut with_pages = bundle().with_pages(pages.clone()).unwrap();
+        assert_ne!(plain.digest(), with_pages.digest(), "templates are covered by the digest");
+        with_pages.sign(&key(1));
+        let parsed = Bundle::parse(&with_pages.to_bytes()).unwrap();
+        assert_eq!(parsed.pages, pages);
+        parsed.verify(&[PublisherKey::from(&key(1))]).unwrap();
+
+        // a changed template no longer verifies; neither does one taken away
+        let mut changed = parsed.clone();
+        changed.pages.insert("pages/b.html".into(), "<ul><li>x</li></ul>".into());
+        assert_eq!(changed.verify(&[PublisherKey::from(&key(1))]).unwrap_err().code, "bundle-signature-invalid");
+        let mut fewer = parsed.clone();
+        fewer.pages.remove("pages/a.html");
+        assert_eq!(fewer.verify(&[PublisherKey::from(&key(1))]).unwrap_err().code, "bundle-signature-invalid");
+
+        let (m, c, r) = (MANIFEST.as_bytes(), component(), tar::EntryType::Regular);
+        let refused = [
+            ("out of order", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/b.html", b"", r), ("pages/a.html", b"", r)])),
+            ("twice", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", b"", r), ("pages/a.html", b"", r)])),
+            ("a script", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", b"<SCRIPT>x()</SCRIPT>", r)])),
+            ("a bad name", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/../a.html", b"", r)])),
+            ("before the component", tar_of(&[(MANIFEST_FILE, m, r), ("pages/a.html", b"", r), (COMPONENT_FILE, &c, r)])),
+            (
+                "too big",
+                tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", &vec![b' '; MAX_PAGE_TEMPLATE_BYTES + 1], r)]),
+            ),
+        ];
+        for (what, bytes) in refused {
+            assert_eq!(Bundle::parse(&bytes).unwrap_err().code, "bundle-malformed", "{what}");
+        }
+        let script: BTreeMap<String, String> = [("pages/a.html".to_string(), "<a href=\"javascript:x()\">".to_string())].into();
+        assert_eq!(bundle().with_pages(script).unwrap_err().code, "bundle-malformed");
     }
 
     #[test]

@@ -141,6 +141,8 @@ pub struct Active {
     pub publisher: String,
     /// The registry revision this was loaded from.
     pub revision: u64,
+    /// Its bundle's page templates, by entry name (`pages/<name>.html`).
+    pub templates: BTreeMap<String, String>,
 }
 
 /// One installed version as the registry records it.
@@ -488,7 +490,15 @@ impl PluginHost {
             .iter()
             .map(|(verb, entry)| (verb.clone(), registry_entry(&manifest.id, verb, entry, &sandbox, &self.services.platform)))
             .collect();
-        Ok(Active { manifest, sandbox, described, methods, publisher, revision })
+        for page in &described.pages {
+            if let Some(template) = page.template.as_ref().filter(|t| !bundle.pages.contains_key(*t)) {
+                return Err(Refusal::new(
+                    "plugin-descriptor-invalid",
+                    format!("plugin {}: page {:?} names the template {template}, which the bundle does not carry", manifest.id, page.path),
+                ));
+            }
+        }
+        Ok(Active { manifest, sandbox, described, methods, publisher, revision, templates: bundle.pages.clone() })
     }
 
     /// Read and verify a stored bundle again, then prepare it.

@@ -116,7 +116,10 @@ fn main() {
             .expect("trust");
         let manifest = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/example/capstan-plugin.toml"))
             .expect("manifest");
-        let mut bundle = Bundle::new(manifest, component).expect("bundle");
+        let pages =
+            capstan_server::plugins::bundle::read_page_templates(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/example"))
+                .expect("the example's pages");
+        let mut bundle = Bundle::new(manifest, component).expect("bundle").with_pages(pages).expect("pages");
         bundle.sign(&key);
         host.install(&bundle.to_bytes(), &["all-requested".into()], "bench").await.expect("install");
         let now = capstan_core::clock::now_ms();

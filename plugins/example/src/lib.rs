@@ -34,7 +34,7 @@ impl Manager for Example {
             .method("eventLog", "The events received, in the order they arrived.", Role::Authenticated, event_log)
             .method("overview", "The welcome text (setting example.welcome) and how many notes there are.", Role::Authenticated, overview)
             .setting("welcome", "The text the overview opens with", Some(Welcome("Notes kept by the example plugin.".into())))
-            .page(Page::new("", "Example", "overview").form("putNote"))
+            .page(Page::new("", "Example", "overview").template("overview").form("putNote"))
             .page(Page::new("notes", "Notes", "listNotes").form("putNote"))
             .collection(NOTES)
             .collection(COUNTERS)

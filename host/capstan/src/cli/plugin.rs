@@ -269,7 +269,7 @@ fn build(dir: &Path, key_path: Option<&Path>, out_dir: Option<&Path>, json: bool
             format!("the component is {} bytes; a bundle may be at most {MAX_BUNDLE_BYTES} bytes", component.len()),
         ));
     }
-    let mut built = Bundle::new(manifest_text, component)?;
+    let mut built = Bundle::new(manifest_text, component)?.with_pages(bundle::read_page_templates(&dir)?)?;
     if let Some(key) = &key {
         built.sign(key);
     }

@@ -48,6 +48,11 @@ fn manifest(dir: &str, version: Option<&str>) -> String {
     }
 }
 
+/// The example plugin's page templates.
+fn example_pages() -> std::collections::BTreeMap<String, String> {
+    crate::plugins::bundle::read_page_templates(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/example")).unwrap()
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     state: AppState,
@@ -80,7 +85,9 @@ impl Fixture {
 
     fn bundle(&self, crate_name: &str, dir: &str, version: Option<&str>) -> Vec<u8> {
         let component = std::fs::read(built().expect("built").join(format!("{crate_name}.wasm"))).unwrap();
-        let mut bundle = Bundle::new(manifest(dir, version), component).unwrap();
+        let pages =
+            crate::plugins::bundle::read_page_templates(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir)).unwrap();
+        let mut bundle = Bundle::new(manifest(dir, version), component).unwrap().with_pages(pages).unwrap();
         bundle.sign(&self.key);
         bundle.to_bytes()
     }
@@ -239,6 +246,14 @@ async fn install_refuses_by_name_and_records_nothing() {
     assert_eq!(f.host.install(&good, &too_few, "admin").await.unwrap_err().code, "capabilities-not-approved");
 
     assert_eq!(f.host.install(&[0u8; 100], &all(), "admin").await.unwrap_err().code, "bundle-malformed");
+
+    // a page naming a template the bundle does not carry
+    let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
+    let mut bare = Bundle::new(manifest("plugins/example", None), component).unwrap();
+    bare.sign(&f.key);
+    let refused = f.host.install(&bare.to_bytes(), &all(), "admin").await.unwrap_err();
+    assert_eq!(refused.code, "plugin-descriptor-invalid", "{refused}");
+    assert!(refused.message.contains("pages/overview.html"), "{refused}");
     assert!(f.host.records().await.unwrap().is_empty());
 
     f.host
@@ -345,7 +360,9 @@ async fn a_compiled_component_is_cached_by_digest() {
 async fn first_party_plugins_install_at_start_follow_the_binary_and_are_disabled_rather_than_uninstalled() {
     let Some(f) = Fixture::new().await else { return };
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
-    let embedded = |version: Option<&str>| Bundle::new(manifest("plugins/example", version), component.clone()).unwrap();
+    let embedded = |version: Option<&str>| {
+        Bundle::new(manifest("plugins/example", version), component.clone()).unwrap().with_pages(example_pages()).unwrap()
+    };
     let (runtime, services) = (f.host.runtime.clone(), f.host.services.clone());
     let start = |first_party: Vec<Bundle>| PluginHost::new(runtime.clone(), services.clone(), vec![], first_party);
 
@@ -394,7 +411,8 @@ async fn a_plugin_another_publisher_installed_under_a_first_party_id_is_left_alo
     let Some(f) = Fixture::new().await else { return };
     f.host.install(&f.example(None), &all(), "admin").await.unwrap();
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
-    let first_party = vec![Bundle::new(manifest("plugins/example", Some("0.9.0")), component).unwrap()];
+    let first_party =
+        vec![Bundle::new(manifest("plugins/example", Some("0.9.0")), component).unwrap().with_pages(example_pages()).unwrap()];
     let host = PluginHost::new(f.host.runtime.clone(), f.host.services.clone(), vec![], first_party).await.unwrap();
     host.install_first_party().await.unwrap();
     let (record, _) = host.record("example").await.unwrap().unwrap();
@@ -651,7 +669,7 @@ async fn a_plugin_is_upgraded_only_by_its_publisher_and_first_party_ids_stay_the
     let component = std::fs::read(built().expect("built").join("capstan_plugin_example.wasm")).unwrap();
     let signed = |key: &ed25519_dalek::SigningKey, id: &str, version: &str| {
         let text = manifest("plugins/example", Some(version)).replacen("id = \"example\"", &format!("id = \"{id}\""), 1);
-        let mut bundle = Bundle::new(text, component.clone()).unwrap();
+        let mut bundle = Bundle::new(text, component.clone()).unwrap().with_pages(example_pages()).unwrap();
         bundle.sign(key);
         bundle.to_bytes()
     };

@@ -12,7 +12,13 @@ include!(concat!(env!("OUT_DIR"), "/first_party.rs"));
 
 /// The bundles this binary embeds.
 pub fn bundles() -> Result<Vec<Bundle>> {
-    EMBEDDED.iter().map(|(manifest, component)| Bundle::new(manifest.to_string(), component.to_vec())).collect()
+    EMBEDDED
+        .iter()
+        .map(|(manifest, component, pages)| {
+            let pages = pages.iter().map(|(name, text)| (name.to_string(), text.to_string())).collect();
+            Bundle::new(manifest.to_string(), component.to_vec())?.with_pages(pages)
+        })
+        .collect()
 }
 
 #[cfg(test)]
