@@ -41,7 +41,6 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-rpc",
             "capstan-events",
             "capstan-auth",
-            "capstan-catalog",
         ],
     ),
     (
