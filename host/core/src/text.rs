@@ -45,9 +45,29 @@ pub fn escape_control(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect())
 }
 
+/// Words that mark a name as credential-bearing, compared without case or separators.
+const CREDENTIAL_WORDS: &[&str] = &["token", "secret", "password", "passwd", "credential", "apikey", "privatekey", "accesskey"];
+
+/// Whether a key or field name names a credential (`apiToken`, `SMTP_PASSWORD`, `s3SecretKey`):
+/// such a value is a secret, never a setting.
+pub fn names_a_credential(name: &str) -> bool {
+    let folded: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
+    CREDENTIAL_WORDS.iter().any(|w| folded.contains(w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credential_names_are_recognized_whatever_their_spelling() {
+        for name in ["apiToken", "SMTP_PASSWORD", "s3SecretKey", "private-key", "ACCESS_KEY_ID", "dcrouterGatewayToken"] {
+            assert!(names_a_credential(name), "{name}");
+        }
+        for name in ["catalogSources", "welcome", "keepDays", "submissionHost"] {
+            assert!(!names_a_credential(name), "{name}");
+        }
+    }
 
     #[test]
     fn truncation_keeps_characters_whole() {

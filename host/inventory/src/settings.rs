@@ -33,14 +33,6 @@ const ALLOWED: &[(&str, Kind, &str)] = &[
     ("deploymentArchiveRetentionDays", Kind::Days, "Accepted for compatibility; Capstan keeps no archived deployments"),
 ];
 
-/// Words that mark a key as credential-bearing, compared without case or separators.
-const SECRET_WORDS: &[&str] = &["token", "secret", "password", "passwd", "credential", "apikey", "privatekey", "accesskey"];
-
-fn is_secret_key(key: &str) -> bool {
-    let folded: String = key.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
-    SECRET_WORDS.iter().any(|w| folded.contains(w))
-}
-
 /// Whether `key` is a host setting that lists URLs (what an `http-setting:<key>` grant may name
 /// besides the plugin's own settings).
 pub fn lists_urls(key: &str) -> bool {
@@ -66,7 +58,7 @@ fn secret(shown: &str) -> Refusal {
 /// refusals name the key, never the value.
 fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn super::Dependents) -> Result<()> {
     let shown: String = key.chars().take(96).collect();
-    if is_secret_key(key) {
+    if capstan_core::text::names_a_credential(key) {
         return Err(secret(&shown));
     }
     if let Some(setting) = plugins.iter().find(|s| s.full_key() == key) {

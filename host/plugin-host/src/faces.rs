@@ -5,6 +5,7 @@
 
 use crate::refusal::{Refusal, Result};
 use crate::runtime::wit_guest;
+use capstan_core::text::names_a_credential as is_secret_key;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -59,16 +60,6 @@ pub struct PageDecl {
     pub forms: Vec<String>,
     /// Whether the navigation lists it.
     pub navigation: bool,
-}
-
-/// Words that mark a key as credential-bearing, compared without case or separators: a
-/// credential is a secret, never a setting (`setting-is-secret`).
-const SECRET_WORDS: &[&str] = &["token", "secret", "password", "passwd", "credential", "apikey", "privatekey", "accesskey"];
-
-/// Whether `key` names a credential.
-pub fn is_secret_key(key: &str) -> bool {
-    let folded: String = key.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
-    SECRET_WORDS.iter().any(|w| folded.contains(w))
 }
 
 /// The first member name inside `value` (at any depth) that names a credential, as a dotted path.
