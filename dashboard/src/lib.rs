@@ -141,6 +141,7 @@ pub fn router() -> Router<AppState> {
         .route("/plugins/rollback", post(plugins::rollback))
         .route("/plugins/disable", post(plugins::disable))
         .route("/plugins/enable", post(plugins::enable))
+        .route("/plugins/rebind", post(plugins::rebind))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))

@@ -169,19 +169,22 @@ fn input_of(schema: &Value, root: &Value) -> Input {
     }
 }
 
-/// The top-level fields of an input schema, in declaration order, with their inputs.
+/// The top-level fields of an input schema with their inputs: the required ones first.
 fn fields_of(schema: &Value) -> Vec<(String, Input, bool, String)> {
     let root = schema;
     let schema = resolved(schema, root);
     let required: Vec<&str> = schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
     let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return Vec::new() };
-    properties
+    let mut fields: Vec<_> = properties
         .iter()
         .map(|(name, property)| {
             let hint = property.get("description").and_then(Value::as_str).unwrap_or_default().to_string();
             (name.clone(), input_of(property, root), required.contains(&name.as_str()), hint)
         })
-        .collect()
+        .collect();
+    // what must be typed comes first
+    fields.sort_by_key(|(_, _, required, _)| !required);
+    fields
 }
 
 /// A value typed as `input` expects it, as the body carries it. A number that does not parse
@@ -471,7 +474,7 @@ mod tests {
     fn form_texts_become_the_body_the_schema_describes() {
         let schema = json!({
             "type": "object",
-            "required": ["id"],
+            "required": ["tags"],
             "properties": {
                 "id": { "type": "string" },
                 "limit": { "type": ["integer", "null"] },
@@ -481,8 +484,12 @@ mod tests {
             },
             "$defs": { "Meta": { "type": "object" } }
         });
-        let inputs: Vec<Input> = fields_of(&schema).into_iter().map(|(_, input, ..)| input).collect();
-        assert_eq!(inputs, [Input::Text, Input::Number, Input::Checkbox, Input::Lines, Input::Json]);
+        let inputs: Vec<(String, Input)> = fields_of(&schema).into_iter().map(|(name, input, ..)| (name, input)).collect();
+        assert_eq!(inputs[0], ("tags".to_string(), Input::Lines), "the required field first");
+        let by_name: HashMap<String, Input> = inputs.into_iter().collect();
+        let expected =
+            [("id", Input::Text), ("limit", Input::Number), ("meta", Input::Json), ("pinned", Input::Checkbox), ("tags", Input::Lines)];
+        assert_eq!(by_name, expected.map(|(n, i)| (n.to_string(), i)).into());
         let texts = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
         let body =
             body_of(&schema, &texts(&[("id", "n1"), ("limit", "5"), ("tags", "a\n\n b \n"), ("meta", r#"{"k": 1}"#), ("extra", "x")]));

@@ -407,6 +407,7 @@ fn done_flash(query: &DoneQuery, rows: Option<&[RowView]>) -> Option<Flash> {
         "disabled" => ("Plugin disabled", format!("{id} no longer serves calls; its data stays.")),
         "enabled" if failed => ("Plugin enabled", format!("{id} is enabled but did not load on this node: its status says why.")),
         "enabled" => ("Plugin enabled", format!("{id} serves calls again.")),
+        "rebound" => ("Publisher re-bound", format!("{id}'s next upgrade may be signed by the publisher key you named (once).")),
         _ => return None,
     };
     Some(Flash::done(title, message))
@@ -650,6 +651,7 @@ enum Lifecycle {
     Rollback,
     Disable,
     Enable,
+    Rebind,
 }
 
 async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response {
@@ -665,6 +667,7 @@ async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response
         Lifecycle::Rollback => ("rollback", "The plugin was not rolled back", "rolled-back"),
         Lifecycle::Disable => ("disable", "The plugin was not disabled", "disabled"),
         Lifecycle::Enable => ("enable", "The plugin was not enabled", "enabled"),
+        Lifecycle::Rebind => ("rebind", "The publisher was not re-bound", "rebound"),
     };
     let pairs = match read_pairs(&state, &identity, action, Request::from_parts(parts, body)).await {
         Ok(pairs) => pairs,
@@ -674,8 +677,13 @@ async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response
         Lifecycle::Rollback => "plugins.rollback",
         Lifecycle::Disable => "plugins.disable",
         Lifecycle::Enable => "plugins.enable",
+        Lifecycle::Rebind => "plugins.rebindPublisher",
     };
-    match call_as::<PluginView>(&state, &identity, method, serde_json::json!({ "id": field(&pairs, "id") })).await {
+    let body = match op {
+        Lifecycle::Rebind => serde_json::json!({ "id": field(&pairs, "id"), "publicKey": field(&pairs, "publicKey").trim() }),
+        _ => serde_json::json!({ "id": field(&pairs, "id") }),
+    };
+    match call_as::<PluginView>(&state, &identity, method, body).await {
         Ok(view) => done(what, &view.id),
         Err(refusal) => refused_page(&state, &identity, action, title, refusal, "").await,
     }
@@ -689,6 +697,12 @@ pub(super) async fn rollback(State(state): State<AppState>, request: Request) ->
 /// `POST /plugins/disable` (`id`): stop serving a plugin; its data stays.
 pub(super) async fn disable(State(state): State<AppState>, request: Request) -> Response {
     lifecycle(state, request, Lifecycle::Disable).await
+}
+
+/// `POST /plugins/rebind` (`id`, `publicKey`): let another trusted publisher sign the plugin's
+/// next upgrade (`plugins.rebindPublisher`, which asks for a fresh login).
+pub(super) async fn rebind(State(state): State<AppState>, request: Request) -> Response {
+    lifecycle(state, request, Lifecycle::Rebind).await
 }
 
 /// `POST /plugins/enable` (`id`): serve a disabled plugin again.

@@ -606,13 +606,14 @@ use capstan_server::plugins::bundle::{Bundle, PublisherKey, generate_key};
 use capstan_server::plugins::host::{InstalledVersion, PLUGINS, Record};
 
 /// Every form post of the Plugins view, with a body that would be acceptable.
-const PLUGIN_POSTS: [(&str, &str); 6] = [
+const PLUGIN_POSTS: [(&str, &str); 7] = [
     ("/plugins/install", "upload=0123456789abcdef0123456789abcdef&approve=log"),
     ("/plugins/upgrade", "upload=0123456789abcdef0123456789abcdef&approve=log"),
     ("/plugins/discard", "upload=0123456789abcdef0123456789abcdef"),
     ("/plugins/rollback", "id=example"),
     ("/plugins/disable", "id=example"),
     ("/plugins/enable", "id=example"),
+    ("/plugins/rebind", "id=example&publicKey=capstan-ed25519:AAAA"),
 ];
 
 const MULTIPART_BOUNDARY: &str = "capstan-test-boundary-7MA4YWxkTrZu0gW";
@@ -723,6 +724,13 @@ async fn the_plugins_view_needs_an_administrator() {
     }
     let answer = send(&state, post_multipart("/plugins/inspect", &[("bundle", Some("b"), b"junk")], None, Some(ORIGIN))).await;
     assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    // a plugin's pages and forms need a session too (the method's own role decides the rest)
+    for answer in [
+        send(&state, get("/p/example", None)).await,
+        send(&state, post_form("/p/example/-/call/putNote", "_page=&id=n&text=t", None, Some(ORIGIN))).await,
+    ] {
+        assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{}", answer.body);
+    }
 
     add_operator(&state).await;
     let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
@@ -819,6 +827,18 @@ async fn the_plugins_view_lists_versions_publishers_status_and_grants() {
     assert!(page.body.contains(r#"id="plugins-flash" role="status""#) && page.body.contains("Plugin disabled"), "{}", page.body);
     assert!(page.body.contains(r#"<tr data-plugin="example" data-status="disabled">"#), "{}", page.body);
     assert!(!host.record("example").await.unwrap().unwrap().0.enabled);
+
+    // another publisher may be allowed to sign the next upgrade: only a trusted key, not for a
+    // first-party plugin (which offers no such form)
+    assert!(example.contains(r#"data-action="rebind""#) && !quiet.contains(r#"data-action="rebind""#), "{example}");
+    let stranger = PublisherKey::from(&generate_key()).to_string();
+    let answer = send(&state, post_form("/plugins/rebind", &format!("id=example&publicKey={stranger}"), Some(&cookie), Some(ORIGIN))).await;
+    assert!(answer.body.contains(r#"data-code="publisher-untrusted""#), "{}", answer.body);
+    let other = PublisherKey::from(&generate_key());
+    host.add_trusted_publisher(&other.to_string(), "Other", "admin").await.unwrap();
+    let answer = send(&state, post_form("/plugins/rebind", &format!("id=example&publicKey={other}"), Some(&cookie), Some(ORIGIN))).await;
+    assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/plugins?done=rebound&id=example")), "{}", answer.body);
+    assert_eq!(host.record("example").await.unwrap().unwrap().0.rebound_publisher, Some(other.to_string()));
 
     // refusals are shown by code, with the refusal's status
     let answer = send(&state, post_form("/plugins/rollback", "id=quiet", Some(&cookie), Some(ORIGIN))).await;

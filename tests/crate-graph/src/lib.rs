@@ -33,15 +33,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // the inventory reaches the areas above it (secrets, plugins) only through its Dependents trait
     (
         "capstan-inventory",
-        &[
-            "capstan-core",
-            "capstan-field-rules",
-            "capstan-store",
-            "capstan-blobs",
-            "capstan-rpc",
-            "capstan-events",
-            "capstan-auth",
-        ],
+        &["capstan-core", "capstan-field-rules", "capstan-store", "capstan-blobs", "capstan-rpc", "capstan-events", "capstan-auth"],
     ),
     (
         "capstan-secrets",

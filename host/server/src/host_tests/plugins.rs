@@ -590,6 +590,69 @@ async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() 
     assert!(created["id"].as_str().is_some_and(|id| !id.is_empty()), "{created}");
 }
 
+/// Everything logged in this test process from the first call on (debug and above), for tests
+/// that prove a value never reaches the log.
+fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || LogSink(sink.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other test sets a global subscriber");
+        logs
+    })
+    .clone()
+}
+
+/// A writer appending to the captured log.
+struct LogSink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_a_plugin_generates_rotates_and_reveals_never_reaches_the_log() {
+    let logs = captured_logs();
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.adversary_requesting(None, &["secrets:mail", "secrets-reveal:mail"]), &all(), "admin").await.unwrap();
+    let create = |method: &str, body: Value| {
+        let method = f.state.methods.get(method).unwrap_or_else(|| panic!("{method} is registered"));
+        let call = crate::api::Call::by(&f.admin);
+        async move { method.call(call, body).await.unwrap() }
+    };
+    let org = create("organizations.create", json!({ "name": "logged" })).await;
+    let service = create("services.create", json!({ "organizationId": org["id"], "name": "web", "image": "nginx:1" })).await;
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let scope = format!("mail:{service_id}");
+    let op = |op: &str, id: Option<&str>| json!({ "op": op, "scope": scope, "serviceId": service_id, "key": "SMTP_PASSWORD", "id": id });
+    let id = f.call("adversary", "secret", op("ensure", None)).await.unwrap()["id"].as_str().unwrap().to_string();
+    let mut values = Vec::new();
+    for _ in 0..2 {
+        values.push(f.call("adversary", "secret", op("reveal", Some(&id))).await.unwrap()["value"].as_str().unwrap().to_string());
+        f.call("adversary", "secret", op("rotate", Some(&id))).await.unwrap();
+    }
+    f.call("adversary", "secret", op("revoke", Some(&id))).await.unwrap();
+    assert_eq!(f.call("adversary", "secret", op("reveal", Some(&id))).await.unwrap_err().code, "secret-revoked");
+
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(text.contains("plugin call") && text.contains("adversary"), "the plugin's calls were logged, so the log was captured");
+    for value in &values {
+        assert!(!text.contains(value.as_str()), "a revealed value reached the log");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_keeps_service_secrets_within_its_scopes_and_every_reveal_is_recorded() {
     let Some(f) = Fixture::new().await else { return };
