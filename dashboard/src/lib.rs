@@ -58,8 +58,7 @@ pub const SESSION_COOKIE: &str = "capstan_session";
 /// What every failed login shows, whatever was wrong.
 pub const DENIAL: &str = "Login failed: check the username and password.";
 /// The policy on every dashboard response.
-pub const CONTENT_SECURITY_POLICY: &str =
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'";
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'";
 /// The largest form body the dashboard reads (bundle uploads have their own limit).
 const FORM_LIMIT: usize = 16 * 1024;
 

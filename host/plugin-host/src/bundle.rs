@@ -446,6 +446,10 @@ pub fn check_page_template(name: &str, text: &str) -> Result<()> {
     if folded.contains("<script") || folded.contains("javascript:") {
         return Err(malformed(format!("the page template {name:?} carries a script; plugin pages run no plugin script")));
     }
+    // nothing that re-points the page's links or navigates it away by itself
+    if folded.contains("<base") || folded.contains("http-equiv") {
+        return Err(malformed(format!("the page template {name:?} carries <base> or http-equiv; a plugin page keeps the dashboard's")));
+    }
     Ok(())
 }
 
@@ -764,6 +768,8 @@ requested = ["store", "log"]
             ("out of order", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/b.html", b"", r), ("pages/a.html", b"", r)])),
             ("twice", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", b"", r), ("pages/a.html", b"", r)])),
             ("a script", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", b"<SCRIPT>x()</SCRIPT>", r)])),
+            ("a base", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", b"<base href=\"https://x\">", r)])),
+            ("a refresh", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/a.html", b"<meta HTTP-EQUIV=refresh>", r)])),
             ("a bad name", tar_of(&[(MANIFEST_FILE, m, r), (COMPONENT_FILE, &c, r), ("pages/../a.html", b"", r)])),
             ("before the component", tar_of(&[(MANIFEST_FILE, m, r), ("pages/a.html", b"", r), (COMPONENT_FILE, &c, r)])),
             (

@@ -10,7 +10,8 @@ fn metadata() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        // at the root, so the default members are the workspace's (a member's directory narrows them)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .output()
         .expect("cargo runs");
     assert!(output.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr));
@@ -50,4 +51,28 @@ fn every_dependency_between_workspace_crates_is_one_the_graph_allows() {
     assert!(refused.is_empty(), "dependencies the crate graph does not allow:\n  {}", refused.join("\n  "));
     let pairs: Vec<(String, String)> = edges.into_iter().map(|(from, to, _)| (from, to)).collect();
     assert_eq!(find_cycle(&pairs), None, "workspace crates depend on each other in a circle");
+}
+
+/// `cargo run --release -- serve --dev`, the README's first command, needs exactly one binary
+/// among the workspace's default members: `capstan`. Another crate's tool (`capstan-catalog`)
+/// stays a member, tested by `cargo test --workspace`, but not a default member.
+#[test]
+fn the_default_members_build_one_binary_so_cargo_run_starts_capstan() {
+    let metadata = metadata();
+    let defaults: BTreeSet<&str> = metadata["workspace_default_members"]
+        .as_array()
+        .expect("cargo reports the default members")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let binaries: Vec<String> = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter(|p| p["id"].as_str().is_some_and(|id| defaults.contains(id)))
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k.as_str() == Some("bin"))))
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(binaries, ["capstan"], "binaries among the default members");
 }
