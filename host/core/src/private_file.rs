@@ -32,8 +32,21 @@ fn refuse(code: &'static str, message: String, path: &Path) -> Refusal {
     Refusal::new(code, message).with_data(json!({ "path": path.display().to_string() }))
 }
 
-/// Write `content` to the new file `output`, mode 0600, atomically and without clobbering.
+/// Write `content` to the new file `output`, mode 0600, atomically and without clobbering, in a
+/// directory only this user can write.
 pub fn write_new(output: &Path, content: &[u8]) -> Result<()> {
+    write_new_file(output, content, 0o600, true)
+}
+
+/// Write `content` to the new file `output`, mode 0644, atomically and without clobbering: a
+/// file meant to be published (a signed catalog), so its directory need not be private.
+pub fn write_new_public(output: &Path, content: &[u8]) -> Result<()> {
+    write_new_file(output, content, 0o644, false)
+}
+
+/// A same-directory temporary file created with `mode`, synced and hard-linked into place, so
+/// `output` is whole or absent and an existing file is never replaced (`output-exists`).
+fn write_new_file(output: &Path, content: &[u8], mode: u32, private_dir: bool) -> Result<()> {
     let output = absolute(output)?;
     let dir = output.parent().ok_or_else(|| refuse("output-directory-missing", "the output has no directory".into(), &output))?;
     let dir_meta = fs::symlink_metadata(dir)
@@ -41,7 +54,7 @@ pub fn write_new(output: &Path, content: &[u8]) -> Result<()> {
     if dir_meta.file_type().is_symlink() || !dir_meta.is_dir() {
         return Err(refuse("output-directory-missing", format!("{} is not a directory (symbolic links are refused)", dir.display()), dir));
     }
-    if !owned_unshared(&dir_meta) {
+    if private_dir && !owned_unshared(&dir_meta) {
         return Err(refuse(
             "output-directory-not-private",
             format!("the output directory {} must be owned by you and not writable by group or others", dir.display()),
@@ -57,12 +70,12 @@ pub fn write_new(output: &Path, content: &[u8]) -> Result<()> {
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(mode)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&temp)
             .map_err(|e| io_refusal("creating the temporary file", e))?;
-        // the umask cannot widen 0600, but make it explicit
-        file.set_permissions(fs::Permissions::from_mode(0o600)).map_err(|e| io_refusal("setting permissions", e))?;
+        // the umask may narrow the mode: set it as asked
+        file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| io_refusal("setting permissions", e))?;
         file.write_all(content).map_err(|e| io_refusal("writing", e))?;
         file.sync_all().map_err(|e| io_refusal("syncing", e))?;
         fs::hard_link(&temp, &output).map_err(|e| match e.kind() {
@@ -159,6 +172,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_published_file_is_readable_by_others_and_never_clobbered() {
+        let dir = tempfile::tempdir().unwrap();
+        // a directory the group may write: fine to publish into, not to keep a key in
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o775)).unwrap();
+        let out = dir.path().join("catalog-7.json");
+        write_new_public(&out, b"{}").unwrap();
+        assert_eq!(fs::metadata(&out).unwrap().mode() & 0o777, 0o644);
+        assert_eq!(write_new_public(&out, b"again").unwrap_err().code, "output-exists");
+        assert_eq!(fs::read(&out).unwrap(), b"{}");
+        assert_eq!(
+            write_new(&dir.path().join("k.pem"), b"k").unwrap_err().code,
+            "output-directory-not-private",
+            "a private file still needs a private directory"
+        );
     }
 
     #[test]

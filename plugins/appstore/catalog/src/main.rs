@@ -18,9 +18,8 @@ use capstan_field_rules::validate;
 use capstan_publisher_key::files::read_key_file;
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
-use std::fs::{self, OpenOptions};
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -146,7 +145,7 @@ fn sign_catalog(apps: &Path, key_path: &Path, revision: u64, output: Option<&Pat
     let verified = verify(text.as_bytes(), std::slice::from_ref(&signer)).map_err(|e| refusal(&e))?;
     let default_output = PathBuf::from(format!("catalog-{revision}.json"));
     let output = output.unwrap_or(&default_output);
-    write_new_public(output, format!("{text}\n").as_bytes())?;
+    capstan_core::private_file::write_new_public(output, format!("{text}\n").as_bytes())?;
     let (versions, withdrawn) = count_versions(&catalog);
     if json {
         println!(
@@ -221,46 +220,6 @@ fn check_templates(dir: &Path, catalog: &Catalog) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Write `bytes` to the new file `output` (mode 0644): a same-directory temporary file
-/// hard-linked into place, so the output is whole or absent and an existing one is never
-/// replaced.
-fn write_new_public(output: &Path, bytes: &[u8]) -> Result<()> {
-    let output = std::path::absolute(output).map_err(|e| write_failed(output, &e))?;
-    let exists = || {
-        Refusal::new("output-exists", format!("{} already exists; it is never replaced", output.display()))
-            .with_data(json!({ "path": output.display().to_string() }))
-    };
-    if fs::symlink_metadata(&output).is_ok() {
-        return Err(exists());
-    }
-    let dir = output.parent().unwrap_or(Path::new("/"));
-    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)
-            .map_err(|e| write_failed(&output, &e))?;
-        file.write_all(bytes).and_then(|()| file.sync_all()).map_err(|e| write_failed(&output, &e))?;
-        fs::hard_link(&temp, &output)
-            .map_err(|e| if e.kind() == ErrorKind::AlreadyExists { exists() } else { write_failed(&output, &e) })?;
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    let _ = fs::remove_file(&temp);
-    result
-}
-
-fn write_failed(path: &Path, e: &std::io::Error) -> Refusal {
-    Refusal::new("catalog-write-failed", format!("writing {} failed: {}", path.display(), e.kind()))
-        .with_data(json!({ "path": path.display().to_string() }))
 }
 
 /// Read an envelope file, refusing one larger than the envelope limit before reading it.
