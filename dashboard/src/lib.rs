@@ -4,9 +4,8 @@
 //! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
 //! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
-//! browser), `/appstore` (the App Store: catalog status, apps, installs and upgrades through
-//! the App Store plugin's methods), `/p/<pluginId>/…` (the pages plugins contribute,
-//! [`plugin_pages`]), `/login` and
+//! browser), `/p/<pluginId>/…` (the pages plugins contribute, [`plugin_pages`]: the App
+//! Store's among them), `/login` and
 //! `/logout`, from the templates in this crate's `templates/` (minijinja, autoescaped,
 //! embedded in the binary at compile time), with the static assets of [`assets`] (`static/`)
 //! and the vendored htmx for partial updates. No Node build step. It acts only through the
@@ -19,7 +18,6 @@
 //! host is refused. Every response carries a strict Content-Security-Policy: no inline
 //! script or style, nothing loaded from elsewhere, no framing.
 
-mod appstore;
 pub mod assets;
 mod clusters;
 mod fleet;
@@ -42,7 +40,7 @@ use crate::refusal::Refusal;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use minijinja::value::Serde;
@@ -109,15 +107,11 @@ pub fn router() -> Router<AppState> {
         .route("/secrets/sets/{id}/update", post(secrets::update_set))
         .route("/secrets/sets/{id}/retire", get(secrets::confirm_retire).post(secrets::retire))
         .route("/secrets/{id}/revoke", get(secrets::revoke_page).post(secrets::revoke))
-        .route("/appstore", get(appstore::page))
-        .route("/appstore/refresh", post(appstore::refresh))
-        // a signed catalog may be up to 8 MiB: this route alone reads more than a form
-        .route("/appstore/import", post(appstore::import).layer(DefaultBodyLimit::max(appstore::IMPORT_FORM_LIMIT)))
-        .route("/appstore/apps/{id}", get(appstore::app))
-        .route("/appstore/apps/{id}/install", post(appstore::install))
-        .route("/appstore/upgrade", get(appstore::upgrade_preview).post(appstore::upgrade))
+        // the App Store's view is the App Store plugin's pages now
+        .route("/appstore", get(|| async { Redirect::permanent("/p/appstore") }))
         .route("/p/{plugin}", get(plugin_pages::index))
-        .route("/p/{plugin}/-/call/{method}", post(plugin_pages::call))
+        // a form reads what the API would take for its method: the handler holds it to that
+        .route("/p/{plugin}/-/call/{method}", post(plugin_pages::call).layer(DefaultBodyLimit::disable()))
         .route("/p/{plugin}/{*path}", get(plugin_pages::page))
         .route("/settings", get(settings::page))
         .route("/settings/panel", get(settings::panel))
@@ -194,9 +188,6 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("secrets_revoke.html", include_str!("../templates/secrets_revoke.html")),
     ("secrets_set.html", include_str!("../templates/secrets_set.html")),
     ("secrets_set_retire.html", include_str!("../templates/secrets_set_retire.html")),
-    ("appstore.html", include_str!("../templates/appstore.html")),
-    ("appstore_app.html", include_str!("../templates/appstore_app.html")),
-    ("appstore_upgrade.html", include_str!("../templates/appstore_upgrade.html")),
     ("plugin_page.html", include_str!("../templates/plugin_page.html")),
     ("plugin_form.html", include_str!("../templates/plugin_form.html")),
 ];
@@ -426,7 +417,6 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Clusters", "clusters", Some("/clusters")),
     ("Services", "services", Some("/services")),
     ("Secrets", "secrets", Some("/secrets")),
-    ("App Store", "apps", Some("/appstore")),
     ("Backups", "backups", None),
     ("Mail", "mail", None),
     ("Ingress", "ingress", None),
@@ -435,14 +425,14 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Settings", "settings", Some("/settings")),
 ];
 
-/// The rail with `active` marked: the host's sections, and after the App Store the pages the
-/// plugins loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).
+/// The rail with `active` marked: the host's sections, and after Secrets the pages the plugins
+/// loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).
 fn nav(state: &AppState, active: &str) -> Vec<NavItem> {
     let mut items: Vec<NavItem> = SECTIONS
         .iter()
         .map(|&(label, icon, href)| NavItem { label: label.into(), icon, href: href.map(str::to_string), active: icon == active })
         .collect();
-    let at = items.iter().position(|i| i.icon == "apps").map_or(items.len(), |i| i + 1);
+    let at = items.iter().position(|i| i.icon == "secrets").map_or(items.len(), |i| i + 1);
     let pages: Vec<NavItem> = state
         .plugins
         .loaded()

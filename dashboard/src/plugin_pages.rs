@@ -26,8 +26,9 @@ use minijinja::context;
 use minijinja::value::Serde;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 /// Rows of a list shown before the rest is summarized.
 const MAX_ROWS: usize = 500;
@@ -35,6 +36,8 @@ const MAX_ROWS: usize = 500;
 const MAX_RENDERED_BYTES: usize = 1 << 20;
 /// The work a plugin template may do per render (MiniJinja fuel).
 const TEMPLATE_FUEL: u64 = 200_000;
+/// A refused form's field is put back up to this many characters (a pasted document is not).
+const KEPT_TYPED: usize = 64 * 1024;
 
 // ---------------------------------------------------------------------------------------
 // Output, generated
@@ -251,6 +254,8 @@ fn render_plugin_template(active: &Active, name: &str, ctx: minijinja::Value) ->
     env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_recursion_limit(32);
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
+    env.add_filter("when", when_filter);
+    env.add_filter("urlencode", |text: &str| encode(text));
     for (template, source) in &active.templates {
         env.add_template_owned(template.clone(), source.clone()).map_err(|e| format!("{template}: {e}"))?;
     }
@@ -261,6 +266,83 @@ fn render_plugin_template(active: &Active, name: &str, ctx: minijinja::Value) ->
     Ok(html)
 }
 
+/// `{{ at | when }}`: a time in milliseconds since the epoch as `2025-01-31 13:45 UTC`
+/// (`{{ at | when("s") }}` for seconds); anything else as it is.
+fn when_filter(value: minijinja::Value, unit: Option<&str>) -> String {
+    match u64::try_from(value.clone()) {
+        Ok(n) => super::utc(if unit == Some("s") { n } else { n / 1000 }),
+        Err(_) => value.to_string(),
+    }
+}
+
+/// A page's title with `{field}` replaced by that top-level text or number of the answer
+/// (`App {name}`); without an answer, the title's words before the first placeholder.
+fn title_of(title: &str, output: Option<&Value>) -> String {
+    let mut shown = String::new();
+    let mut rest = title;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}').map(|c| open + c) else { break };
+        shown.push_str(&rest[..open]);
+        match output.and_then(|o| o.get(&rest[open + 1..close])).and_then(scalar) {
+            Some(value) => shown.push_str(&value.chars().take(80).collect::<String>()),
+            None if output.is_none() => return shown.trim_end().to_string(),
+            None => {}
+        }
+        rest = &rest[close + 1..];
+    }
+    shown.push_str(rest);
+    shown.trim().to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers of forms, for the page that follows
+
+/// How long a form's answer waits for the page it returns to.
+const ANSWER_KEPT: Duration = Duration::from_secs(600);
+/// The most answers kept at once (the oldest go first).
+const ANSWERS_KEPT: usize = 256;
+
+/// A form's answer, kept for the page the browser is sent back to (post, redirect, get): the
+/// page shows it once it is there. Kept in this process only; a page served by another node
+/// says the method answered without showing what.
+struct Answer {
+    token: String,
+    user_id: String,
+    plugin: String,
+    method: String,
+    at: Instant,
+    value: Value,
+}
+
+static ANSWERS: LazyLock<Mutex<VecDeque<Answer>>> = LazyLock::new(|| Mutex::new(VecDeque::new()));
+
+fn keep_answer(user_id: &str, plugin: &str, method: &str, value: Value) -> String {
+    let token = capstan_core::ids::new_id("answer");
+    let mut answers = ANSWERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    answers.retain(|a| a.at.elapsed() < ANSWER_KEPT);
+    while answers.len() >= ANSWERS_KEPT {
+        answers.pop_front();
+    }
+    answers.push_back(Answer {
+        token: token.clone(),
+        user_id: user_id.into(),
+        plugin: plugin.into(),
+        method: method.into(),
+        at: Instant::now(),
+        value,
+    });
+    token
+}
+
+/// The answer `token` names, for the same person, plugin and method only.
+fn kept_answer(token: &str, user_id: &str, plugin: &str, method: &str) -> Option<Value> {
+    let answers = ANSWERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    answers
+        .iter()
+        .find(|a| a.token == token && a.user_id == user_id && a.plugin == plugin && a.method == method && a.at.elapsed() < ANSWER_KEPT)
+        .map(|a| a.value.clone())
+}
+
 // ---------------------------------------------------------------------------------------
 // Handlers
 
@@ -268,7 +350,19 @@ fn request_id(extension: Option<Extension<RequestId>>) -> String {
     extension.map(|Extension(id)| id.0).unwrap_or_default()
 }
 
-fn not_found(plugin: &str) -> Response {
+/// No such page: a plugin that is not serving here says why (`plugin-not-loaded`, …).
+async fn not_found(state: &AppState, plugin: &str) -> Response {
+    if state.plugins.get(plugin).is_none()
+        && let Err(refusal) = state.methods.resolve(&format!("{plugin}.-")).await
+        && refusal.code != "method-unknown"
+    {
+        let retry = if refusal.is("plugin-not-loaded") { " Reload this page in a few seconds." } else { "" };
+        return message_page(
+            status_of(&refusal),
+            "This plugin is not serving here",
+            &format!("Plugin {plugin} cannot show its pages: {} ({}).{retry}", refusal.message, refusal.code),
+        );
+    }
     message_page(
         StatusCode::NOT_FOUND,
         "Page not found",
@@ -283,12 +377,49 @@ fn find(state: &AppState, plugin: &str, path: &str) -> Option<(Arc<Active>, Page
     Some((active, page))
 }
 
+fn page_href(plugin: &str, path: &str) -> String {
+    if path.is_empty() { format!("/p/{plugin}") } else { format!("/p/{plugin}/{path}") }
+}
+
 /// What a page shows after a form post: the banner and what was typed.
 struct Posted {
     flash: Flash,
     status: StatusCode,
     method: String,
     typed: HashMap<String, String>,
+}
+
+/// An organization as the pages' pickers offer it.
+#[derive(Serialize)]
+struct Organization {
+    id: String,
+    name: String,
+}
+
+/// The organizations the person may see, for pickers (none when they cannot be read).
+async fn organizations(state: &AppState, identity: &Identity) -> Vec<Organization> {
+    match super::forms::call(state, identity, "organizations.list", json!({ "limit": 500 })).await {
+        Ok(listing) => {
+            let mut all: Vec<Organization> = listing["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|o| Organization { id: super::forms::str_of(o, "id").into(), name: super::forms::str_of(o, "name").into() })
+                .collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            all
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The required fields of `schema` a page's query leaves out or empty.
+fn missing_fields(schema: &Value, params: &[(String, String)]) -> Vec<FieldView> {
+    fields_of(schema)
+        .into_iter()
+        .filter(|(name, _, required, _)| *required && !params.iter().any(|(k, v)| k == name && !v.trim().is_empty()))
+        .map(|(name, input, required, hint)| FieldView { label: name.clone(), name, hint, input, required, value: String::new() })
+        .collect()
 }
 
 async fn show(
@@ -303,13 +434,25 @@ async fn show(
     let plugin = active.manifest.id.as_str();
     let (own, params): (Vec<_>, Vec<_>) = query_pairs(uri).into_iter().partition(|(k, _)| k.starts_with('_'));
     let schema_of = |verb: &str| active.described.methods.get(verb).map(|m| m.input_schema.clone()).unwrap_or(json!({}));
-    let body = body_of(&schema_of(&page.source), &params);
-    let answer = call_plugin(state, identity, request_id, plugin, &page.source, body).await;
-    let done = own.iter().find(|(k, _)| k == "_done").map(|(_, method)| method.clone());
+    let source_schema = schema_of(&page.source);
+    // the source gets the parameters it takes; the rest are the template's
+    let taken: Vec<(String, String)> = match resolved(&source_schema, &source_schema).get("properties").and_then(Value::as_object) {
+        Some(properties) => params.iter().filter(|(k, _)| properties.contains_key(k)).cloned().collect(),
+        None => params.clone(),
+    };
+    let missing = missing_fields(&source_schema, &taken);
+    let answer = if missing.is_empty() {
+        Some(call_plugin(state, identity, request_id, plugin, &page.source, body_of(&source_schema, &taken)).await)
+    } else {
+        None
+    };
+    let own_value = |key: &str| own.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let done = own_value("_done").filter(|m| page.forms.iter().any(|f| f == m) || find_form_page(active, m)).map(str::to_string);
+    let done_answer = match (&done, own_value("_answer")) {
+        (Some(method), Some(token)) => kept_answer(token, &identity.user_id, plugin, method),
+        _ => None,
+    };
     let mut status = posted.as_ref().map_or(StatusCode::OK, |p| p.status);
-    let flash = posted.as_ref().map(|p| &p.flash);
-    let done_flash =
-        done.filter(|m| page.forms.contains(m)).map(|m| Flash::done("Done", format!("{plugin}.{m} answered without a refusal.")));
     let forms: Vec<FormView> = page
         .forms
         .iter()
@@ -319,23 +462,33 @@ async fn show(
         })
         .collect();
     let (output, error) = match &answer {
-        Ok(output) => (Some(output.clone()), None),
-        Err(refusal) => {
+        Some(Ok(output)) => (Some(output.clone()), None),
+        Some(Err(refusal)) => {
             if posted.is_none() {
                 status = status_of(refusal);
             }
             (None, Some(super::forms::ErrorView::from(refusal)))
         }
+        None => (None, None),
     };
+    let query: HashMap<String, String> = params.iter().cloned().collect();
+    let organizations = organizations(state, identity).await;
     let mut body_html = None;
-    if let (Some(template), Some(output)) = (&page.template, &output) {
+    if let Some(template) = page.template.as_ref().filter(|_| output.is_some() || !missing.is_empty()) {
         let rendered_forms: HashMap<String, minijinja::Value> =
             forms.iter().map(|f| (f.method.clone(), minijinja::Value::from_safe_string(render_form(f)))).collect();
+        let refused = posted.as_ref().map(|p| json!({ "method": p.method, "typed": p.typed }));
         let ctx = context! {
-            output => Serde(output),
-            query => Serde(params.iter().cloned().collect::<HashMap<_, _>>()),
-            page => Serde(json!({ "title": page.title, "path": page.path, "plugin": plugin })),
+            output => Serde(&output),
+            query => Serde(&query),
+            page => Serde(json!({ "title": page.title, "path": page.path, "plugin": plugin, "query": encode_pairs(&params) })),
             forms => minijinja::Value::from_object(rendered_forms),
+            missing => Serde(missing.iter().map(|f| f.name.clone()).collect::<Vec<_>>()),
+            user => Serde(json!({ "username": identity.username, "admin": identity.admin })),
+            organizations => Serde(&organizations),
+            done => Serde(&done),
+            answer => Serde(&done_answer),
+            refused => Serde(refused),
         };
         match render_plugin_template(active, template, ctx) {
             Ok(html) => body_html = Some(html),
@@ -349,19 +502,39 @@ async fn show(
             }
         }
     }
+    // a templated page shows what a form did itself; a generated one says so and shows it
+    let done_flash =
+        done.as_ref().filter(|_| page.template.is_none()).map(|m| Flash::done("Done", format!("{plugin}.{m} answered without a refusal.")));
+    let flash = posted.as_ref().map(|p| &p.flash).or(done_flash.as_ref());
+    // a detail page (not in the navigation) marks the plugin's first page that is
+    let nav_path = if page.navigation {
+        page.path.clone()
+    } else {
+        active.described.pages.iter().find(|p| p.navigation).map(|p| p.path.clone()).unwrap_or_default()
+    };
     let ctx = context! {
-        page => page.title.clone(),
-        nav => Serde(nav(state, &format!("p:{plugin}/{}", page.path))),
+        page => title_of(&page.title, output.as_ref()),
+        nav => Serde(nav(state, &format!("p:{plugin}/{nav_path}"))),
         user => Serde(user_view(identity)),
-        flash => Serde(flash.or(done_flash.as_ref())),
+        flash => Serde(flash),
         error => Serde(error),
         plugin => plugin,
         source => format!("{plugin}.{}", page.source),
         shown => Serde(output.as_ref().filter(|_| page.template.is_none()).map(|o| shown(o, 2))),
+        answered => Serde(done_answer.as_ref().filter(|_| page.template.is_none()).map(|o| shown(o, 2))),
         templated => body_html.map(minijinja::Value::from_safe_string),
         forms => Serde(if page.template.is_some() { Vec::new() } else { forms }),
+        asks => Serde(if page.template.is_some() { Vec::new() } else { missing }),
+        asks_action => page_href(plugin, &page.path),
+        asks_organizations => Serde(&organizations),
     };
     render(status, "plugin_page.html", ctx)
+}
+
+/// Whether `method` is a form of any page of `active` (a form may send the browser on to
+/// another page of its plugin, which then says it answered).
+fn find_form_page(active: &Active, method: &str) -> bool {
+    active.described.pages.iter().any(|p| p.forms.iter().any(|f| f == method))
 }
 
 /// A generated form as HTML, for a template to place (`{{ forms.<method> }}`).
@@ -373,9 +546,19 @@ fn render_form(form: &FormView) -> String {
     })
 }
 
+/// A query (without the `?`) as name/value pairs, in order; nothing when it does not parse.
+fn pairs_of_query(query: &str) -> Vec<(String, String)> {
+    format!("/?{query}").parse::<Uri>().map(|uri| query_pairs(&uri)).unwrap_or_default()
+}
+
 /// A page's query as name/value pairs, in order.
 fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
     axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri).map(|q| q.0).unwrap_or_default()
+}
+
+/// Name/value pairs as a query (without the `?`).
+fn encode_pairs(pairs: &[(String, String)]) -> String {
+    pairs.iter().map(|(k, v)| format!("{}={}", encode(k), encode(v))).collect::<Vec<_>>().join("&")
 }
 
 /// `GET /p/{plugin}`: the plugin's first page.
@@ -388,7 +571,7 @@ pub(super) async fn index(
 ) -> Response {
     match find(&state, &plugin, "") {
         Some((active, page)) => show(&state, &identity, &request_id(id), &active, &page, &uri, None).await,
-        None => not_found(&plugin),
+        None => not_found(&state, &plugin).await,
     }
 }
 
@@ -402,38 +585,66 @@ pub(super) async fn page(
 ) -> Response {
     match find(&state, &plugin, path.trim_end_matches('/')) {
         Some((active, page)) => show(&state, &identity, &request_id(id), &active, &page, &uri, None).await,
-        None => not_found(&plugin),
+        None => not_found(&state, &plugin).await,
     }
 }
 
-/// `POST /p/{plugin}/-/call/{method}` (`_page` and the method's fields): call a method a page
-/// offers as a form; back to the page, or the page again with the refusal and what was typed.
+/// `POST /p/{plugin}/-/call/{method}`: call a method a page offers as a form, with the form's
+/// fields as its body. The dashboard's own fields: `_page` (the page the form is on),
+/// `_return` (that page's query, to come back with), `_next` (another page of the plugin to go
+/// to instead). Answered: to that page with `_done=<method>` (and the answer, kept for it);
+/// refused: the form's page again with the refusal and what was typed.
+///
+/// It reads as much as the API would take for the method (`CAPSTAN_MAX_BODY_BYTES`),
+/// form-encoded (up to three bytes per character).
 pub(super) async fn call(State(state): State<AppState>, Path((plugin, method)): Path<(String, String)>, request: Request) -> Response {
     let id = request.extensions().get::<RequestId>().map(|id| id.0.clone()).unwrap_or_default();
+    let limit = state.max_body_bytes.saturating_mul(3).max(super::FORM_LIMIT);
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return message_page(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "The form could not be read",
+                &format!("It is larger than the {} bytes a form may carry here (request-too-large); nothing was changed.", limit),
+            );
+        }
+    };
+    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
     };
     let page_path = form.text("_page").to_string();
-    let Some((active, page)) = find(&state, &plugin, &page_path) else { return not_found(&plugin) };
+    let Some((active, page)) = find(&state, &plugin, &page_path) else { return not_found(&state, &plugin).await };
     if !page.forms.contains(&method) {
-        return not_found(&plugin);
+        return not_found(&state, &plugin).await;
     }
     let schema = active.described.methods.get(&method).map(|m| m.input_schema.clone()).unwrap_or(json!({}));
+    // the query to come back with, re-encoded: only name/value pairs, none of the dashboard's own
+    let back_query: Vec<(String, String)> = pairs_of_query(form.text("_return")).into_iter().filter(|(k, _)| !k.starts_with('_')).collect();
+    let next = form.text("_next").to_string();
+    let next = if next.is_empty() || !active.described.pages.iter().any(|p| p.path == next) { page.path.clone() } else { next };
     let FormData(pairs) = form;
     let texts: Vec<(String, String)> = pairs.into_iter().filter(|(k, _)| !k.starts_with('_')).collect();
     let body = body_of(&schema, &texts);
-    let back = if page.path.is_empty() { format!("/p/{plugin}") } else { format!("/p/{plugin}/{}", page.path) };
     match call_plugin(&state, &identity, &id, &plugin, &method, body).await {
-        Ok(_) => redirect(&format!("{back}?_done={}", encode(&method))),
+        Ok(answer) => {
+            let token = keep_answer(&identity.user_id, &plugin, &method, answer);
+            let mut query = back_query;
+            query.push(("_done".into(), method.clone()));
+            query.push(("_answer".into(), token));
+            redirect(&format!("{}?{}", page_href(&plugin, &next), encode_pairs(&query)))
+        }
         Err(refusal) => {
             let posted = Posted {
                 flash: Flash::refused(&format!("{plugin}.{method} refused"), &refusal, "Nothing was changed; your entries are kept below."),
                 status: status_of(&refusal),
                 method: method.clone(),
-                typed: texts.into_iter().map(|(k, v)| (k, v.chars().take(4000).collect())).collect(),
+                typed: texts.into_iter().map(|(k, v)| (k, v.chars().take(KEPT_TYPED).collect())).collect(),
             };
-            let uri: Uri = back.parse().unwrap_or_default();
+            let uri: Uri = format!("{}?{}", page_href(&plugin, &page.path), encode_pairs(&back_query)).parse().unwrap_or_default();
             show(&state, &identity, &id, &active, &page, &uri, Some(posted)).await
         }
     }
@@ -496,5 +707,36 @@ mod tests {
         assert_eq!(body, json!({ "id": "n1", "limit": 5, "pinned": false, "tags": ["a", "b"], "meta": {"k": 1}, "extra": "x" }));
         let body = body_of(&schema, &texts(&[("limit", "five"), ("pinned", "on"), ("id", "")]));
         assert_eq!(body, json!({ "limit": "five", "pinned": true }), "left for the method to refuse by field");
+    }
+
+    #[test]
+    fn titles_name_what_the_page_shows() {
+        let output = json!({ "name": "Wiki", "count": 3, "list": [1] });
+        assert_eq!(title_of("App {name}", Some(&output)), "App Wiki");
+        assert_eq!(title_of("{count} notes", Some(&output)), "3 notes");
+        assert_eq!(title_of("App {list}", Some(&output)), "App", "only text and numbers are placed");
+        assert_eq!(title_of("App {name}", None), "App", "without an answer, the words before the placeholder");
+        assert_eq!(title_of("Odd {name", Some(&output)), "Odd {name");
+    }
+
+    #[test]
+    fn a_kept_answer_is_shown_only_to_its_person_for_its_form() {
+        let token = keep_answer("usr_a", "appstore", "install", json!({ "id": "svc_1" }));
+        assert_eq!(kept_answer(&token, "usr_a", "appstore", "install"), Some(json!({ "id": "svc_1" })));
+        assert_eq!(kept_answer(&token, "usr_b", "appstore", "install"), None);
+        assert_eq!(kept_answer(&token, "usr_a", "example", "install"), None);
+        assert_eq!(kept_answer(&token, "usr_a", "appstore", "upgrade"), None);
+        assert_eq!(kept_answer("answer_nope", "usr_a", "appstore", "install"), None);
+    }
+
+    #[test]
+    fn a_page_asks_for_the_required_fields_its_query_leaves_out() {
+        let schema = json!({ "required": ["organizationId"], "properties": { "organizationId": { "type": "string" }, "limit": { "type": "integer" } } });
+        let asks: Vec<String> = missing_fields(&schema, &[]).into_iter().map(|f| f.name).collect();
+        assert_eq!(asks, ["organizationId"]);
+        assert!(missing_fields(&schema, &[("organizationId".into(), " ".into())]).len() == 1, "blank is missing");
+        assert!(missing_fields(&schema, &[("organizationId".into(), "org_1".into())]).is_empty());
+        assert_eq!(pairs_of_query("a=1&b=x%20y"), [("a".to_string(), "1".to_string()), ("b".to_string(), "x y".to_string())]);
+        assert_eq!(encode_pairs(&pairs_of_query("a=1&b=x%20y")), "a=1&b=x%20y");
     }
 }

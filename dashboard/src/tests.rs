@@ -200,7 +200,7 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     for section in ["Backups", "Mail", "Ingress"] {
         assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
     }
-    for path in ["clusters", "services", "secrets", "appstore", "tasks", "settings"] {
+    for path in ["clusters", "services", "secrets", "tasks", "settings"] {
         assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
     }
     assert!(body.contains(r#"href="&#x2f;" aria-current="page""#), "{body}");
@@ -2111,69 +2111,86 @@ fn wiki_envelope(versions: &[(&str, Option<&str>)], revision: u64, key: &capstan
     capstan_catalog::sign(&catalog, revision, key).unwrap().to_json()
 }
 
+/// The `_done`/`_answer` redirect of a plugin form, without its answer token.
+fn done_location(answer: &Answer) -> String {
+    let location = answer.location().unwrap_or_else(|| panic!("a form that answered redirects: {}", answer.body));
+    match location.find("&_answer=answer_") {
+        Some(at) => location[..at].to_string(),
+        None => panic!("the redirect carries the kept answer: {location}"),
+    }
+}
+
 #[tokio::test]
-async fn the_app_store_view_needs_a_session_and_says_when_the_plugin_is_not_loaded() {
+async fn the_app_store_pages_need_a_session_and_say_when_the_plugin_is_not_loaded() {
     let (_dir, state) = setup().await;
-    for path in ["/appstore", "/appstore/apps/wiki", "/appstore/upgrade?service=x"] {
+    for path in ["/p/appstore", "/p/appstore/app?appId=wiki", "/p/appstore/upgrade?serviceId=x"] {
         let anonymous = send(&state, get(path, None)).await;
         assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
         anonymous.assert_security_headers(path);
     }
-    for path in ["/appstore/refresh", "/appstore/import", "/appstore/apps/wiki/install", "/appstore/upgrade"] {
-        let answer = send(&state, post_form(path, "envelope=x", None, Some(ORIGIN))).await;
+    for path in ["/p/appstore/-/call/refreshCatalog", "/p/appstore/-/call/importCatalog", "/p/appstore/-/call/install"] {
+        let answer = send(&state, post_form(path, "_page=&envelope=x", None, Some(ORIGIN))).await;
         assert_eq!((answer.status, answer.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
-        let foreign = send(&state, post_form(path, "envelope=x", None, Some("https://evil.example"))).await;
+        let foreign = send(&state, post_form(path, "_page=&envelope=x", None, Some("https://evil.example"))).await;
         assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{path}");
     }
-
-    // the embedded App Store is installed in the background at start: until it is, the page says so
+    // the old address leads to the plugin's pages
     let cookie = login_cookie(&state).await;
-    let page = send(&state, get("/appstore", Some(&cookie))).await;
-    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
-    page.assert_security_headers("/appstore");
-    assert!(page.body.contains("<title>App Store · Capstan</title>"), "{}", page.body);
-    assert!(page.body.contains(r#"href="&#x2f;appstore" aria-current="page""#), "the rail links the view: {}", page.body);
-    assert!(page.body.contains(r#"id="appstore-unavailable" data-code="plugin-not-loaded""#), "{}", page.body);
-    assert!(!page.body.contains(r#"id="catalog-import-form""#), "{}", page.body);
-    assert!(!page.body.contains("<script>") && !page.body.contains("<style") && !page.body.contains("style="), "{}", page.body);
-    let answer = submit(&state, "/appstore/import", &[("envelope", "{}")], &cookie).await;
-    assert_eq!(flash_code(&answer.body).as_deref(), Some("plugin-not-loaded"), "{}", answer.body);
-    let app = send(&state, get("/appstore/apps/wiki", Some(&cookie))).await;
-    assert!(app.body.contains(r#"id="app-error" data-code="plugin-not-loaded""#), "{}", app.body);
-    // retryable: the service's state (503), never an internal error
-    assert_eq!(app.status, StatusCode::SERVICE_UNAVAILABLE, "{}", app.body);
+    let old = send(&state, get("/appstore", Some(&cookie))).await;
+    assert_eq!((old.status, old.location()), (StatusCode::PERMANENT_REDIRECT, Some("/p/appstore")));
+
+    // the embedded App Store is installed in the background at start: until it is, its pages say so
+    let page = send(&state, get("/p/appstore", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE, "retryable, never an internal error: {}", page.body);
+    page.assert_security_headers("/p/appstore");
+    assert!(page.body.contains("plugin-not-loaded") && page.body.contains("Reload this page"), "{}", page.body);
+    let answer = submit(&state, "/p/appstore/-/call/importCatalog", &[("_page", ""), ("envelope", "{}")], &cookie).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{}", answer.body);
+    assert!(answer.body.contains("plugin-not-loaded"), "{}", answer.body);
+    let home = send(&state, get("/", Some(&cookie))).await;
+    assert!(!home.body.contains("/p/appstore"), "the rail lists only pages of loaded plugins: {}", home.body);
 }
 
 #[tokio::test]
-async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugin() {
+async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_its_plugin_pages() {
     let (_dir, state) = setup().await;
     let plugins = state.plugins.clone();
     plugins.install_first_party().await.unwrap();
     assert!(plugins.get("appstore").is_some(), "the embedded App Store is loaded: {:?}", plugins.load_error("appstore"));
     let cookie = login_cookie(&state).await;
+    let import = "/p/appstore/-/call/importCatalog";
 
     // no catalog yet: the status says why, nothing is offered
-    let page = send(&state, get("/appstore", Some(&cookie))).await;
+    let page = send(&state, get("/p/appstore", Some(&cookie))).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let body = &page.body;
+    assert!(body.contains("<title>App Store · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"href="&#x2f;p&#x2f;appstore" aria-current="page""#), "the rail links the page: {body}");
+    assert!(body.contains(r#"href="&#x2f;p&#x2f;appstore&#x2f;upgrades""#), "and the upgrades page: {body}");
+    assert!(!body.contains(r#"href="&#x2f;p&#x2f;appstore&#x2f;app""#), "never a detail page: {body}");
+    assert!(body.contains(r#"id="plugin-page" data-plugin="appstore" data-templated="true""#), "{body}");
     assert!(body.contains(r#"id="catalog-status" data-available="false""#), "{body}");
     assert!(body.contains(r#"id="catalog-unavailable" data-code="catalog-not-loaded""#), "{body}");
     assert!(body.contains(r#"id="apps-empty""#) && body.contains(r#"id="catalog-import-form""#), "{body}");
     assert!(body.contains(r#"id="catalog-refresh""#), "{body}");
-    let missing = send(&state, get("/appstore/apps/wiki", Some(&cookie))).await;
-    assert!(missing.body.contains(r#"id="app-error" data-code="appstore-catalog-unavailable""#), "{}", missing.body);
+    assert!(!body.contains("<script>") && !body.contains("style="), "{body}");
+    let missing = send(&state, get("/p/appstore/app?appId=wiki", Some(&cookie))).await;
+    assert_eq!(missing.status, StatusCode::SERVICE_UNAVAILABLE, "{}", missing.body);
+    assert!(missing.body.contains(r#"id="page-error" data-code="appstore-catalog-unavailable""#), "{}", missing.body);
 
-    // bad imports are refused by the catalog's own code, nothing activates
+    // bad imports are refused by the catalog's own code, nothing activates, the text is kept
     let publisher = catalog_key();
     let first = wiki_envelope(&[("0.9.0", Some("data loss on upgrade")), ("1.0.0", None)], 1, &publisher);
     for (envelope, code) in
         [(first.as_str(), "catalog-key-untrusted"), ("{\"not\": \"an envelope\"}", "catalog-malformed"), ("", "invalid-request")]
     {
-        let answer = submit(&state, "/appstore/import", &[("envelope", envelope)], &cookie).await;
+        let answer = submit(&state, import, &[("_page", ""), ("envelope", envelope)], &cookie).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{code}: {}", answer.body);
         assert_eq!(flash_code(&answer.body).as_deref(), Some(code), "{}", answer.body);
         assert!(answer.body.contains(r#"data-available="false""#), "{}", answer.body);
     }
+    let answer = submit(&state, import, &[("_page", ""), ("envelope", "{\"not\": 1}")], &cookie).await;
+    assert!(answer.body.contains("{&quot;not&quot;: 1}</textarea>"), "what was pasted is kept: {}", answer.body);
     let settings = method(&state, &cookie, "settings.get", serde_json::json!({})).await;
     let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
     method(
@@ -2190,8 +2207,8 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugi
     assert!(page.body.contains(r#"placeholder="default: []""#), "an unset plugin setting shows its default: {}", page.body);
 
     // a trusted catalog activates; its apps are listed
-    let answer = submit(&state, "/appstore/import", &[("envelope", &first)], &cookie).await;
-    assert_eq!(answer.location(), Some("/appstore?done=imported&outcome=activated&revision=1"), "{}", answer.body);
+    let answer = submit(&state, import, &[("_page", ""), ("envelope", &first)], &cookie).await;
+    assert_eq!(done_location(&answer), "/p/appstore?_done=importCatalog", "{}", answer.body);
     let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
     let body = &page.body;
     assert!(body.contains("Catalog revision 1 activated"), "{body}");
@@ -2199,27 +2216,37 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugi
     assert!(body.contains(&format!(r#"id="catalog-signer">{}<"#, escaped(&trusted))), "{body}");
     assert!(body.contains(r#"<tr data-app="wiki">"#) && body.contains(r#"data-latest="1.0.0""#), "{body}");
     assert!(body.contains("A small wiki.") && body.contains("1 offered, 1 withdrawn"), "{body}");
-    let again = submit(&state, "/appstore/import", &[("envelope", &first)], &cookie).await;
-    assert_eq!(again.location(), Some("/appstore?done=imported&outcome=unchanged&revision=1"), "{}", again.body);
+    let again = submit(&state, import, &[("_page", ""), ("envelope", &first)], &cookie).await;
+    let page = send(&state, get(again.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Catalog revision 1 is already active"), "{}", page.body);
+    // an answer is shown only to the person whose form it was
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let peeked = send(&state, get(again.location().unwrap(), Some(&operator))).await;
+    assert!(!peeked.body.contains("is already active"), "{}", peeked.body);
     // no sources to ask: the refresh says so, the catalog stays
-    let refreshed = submit(&state, "/appstore/refresh", &[], &cookie).await;
-    assert_eq!(refreshed.location(), Some("/appstore?done=refreshed&outcome=no-sources&revision=1"), "{}", refreshed.body);
+    let refreshed = submit(&state, "/p/appstore/-/call/refreshCatalog", &[("_page", "")], &cookie).await;
+    assert_eq!(done_location(&refreshed), "/p/appstore?_done=refreshCatalog", "{}", refreshed.body);
     let page = send(&state, get(refreshed.location().unwrap(), Some(&cookie))).await;
     assert!(
         page.body.contains("No catalog sources to ask") && page.body.contains(r#"id="catalog-last-outcome">no-sources<"#),
         "{}",
         page.body
     );
-    let older = submit(&state, "/appstore/import", &[("envelope", &wiki_envelope(&[("1.0.0", None)], 1, &publisher))], &cookie).await;
+    let older = wiki_envelope(&[("1.0.0", None)], 1, &publisher);
+    let older = submit(&state, import, &[("_page", ""), ("envelope", &older)], &cookie).await;
     assert_eq!(flash_code(&older.body).as_deref(), Some("catalog-revision-not-newer"), "{}", older.body);
 
     // the app's page: its versions, the withdrawn one marked, and the install form
     let org =
         method(&state, &cookie, "organizations.create", serde_json::json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
-    let app = send(&state, get(&format!("/appstore/apps/wiki?org={org}"), Some(&cookie))).await;
+    let app_page = format!("/p/appstore/app?appId=wiki&organizationId={org}");
+    let app = send(&state, get(&app_page, Some(&cookie))).await;
     assert_eq!(app.status, StatusCode::OK, "{}", app.body);
     let body = &app.body;
-    assert!(body.contains("<title>App Wiki · Capstan</title>"), "{body}");
+    assert!(body.contains("<title>App Wiki · Capstan</title>"), "the title names the app: {body}");
+    assert!(body.contains(r#"href="&#x2f;p&#x2f;appstore" aria-current="page""#), "a detail page marks its plugin's first: {body}");
     assert!(body.contains(r#"<li data-version="1.0.0" data-withdrawn="false">"#), "{body}");
     assert!(body.contains(r#"<li data-version="0.9.0" data-withdrawn="true">"#) && body.contains("data loss on upgrade"), "{body}");
     assert!(body.contains(r#"id="app-version" data-version="1.0.0""#) && body.contains("registry.example.com&#x2f;wiki:1.0.0"), "{body}");
@@ -2228,50 +2255,69 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugi
         body.contains(r#"<option value="1.0.0" selected>1.0.0 (latest)</option>"#) && !body.contains(r#"<option value="0.9.0""#),
         "{body}"
     );
-    let withdrawn = send(&state, get("/appstore/apps/wiki?version=0.9.0", Some(&cookie))).await;
+    let withdrawn = send(&state, get("/p/appstore/app?appId=wiki&version=0.9.0", Some(&cookie))).await;
     assert!(withdrawn.body.contains(r#"id="version-withdrawn""#), "{}", withdrawn.body);
 
     // refusals keep what was typed and show the plugin's code
-    let install = "/appstore/apps/wiki/install";
-    let answer = submit(&state, install, &[("organizationId", &org), ("name", "Team Wiki"), ("version", "1.0.0")], &cookie).await;
+    let install = "/p/appstore/-/call/install";
+    let back = format!("appId=wiki&organizationId={org}");
+    let fields = |org: &str, name: &str, version: &str| {
+        vec![
+            ("_page", "app".to_string()),
+            ("_return", back.clone()),
+            ("appId", "wiki".to_string()),
+            ("organizationId", org.to_string()),
+            ("name", name.to_string()),
+            ("version", version.to_string()),
+        ]
+    };
+    let answer = submit(&state, install, &as_refs(&fields(&org, "Team Wiki", "1.0.0")), &cookie).await;
     assert_eq!(flash_code(&answer.body).as_deref(), Some("name-invalid"), "{}", answer.body);
     assert_eq!(value_of(&answer.body, "install-name"), "Team Wiki");
-    let answer = submit(&state, install, &[("organizationId", &org), ("name", "old-wiki"), ("version", "0.9.0")], &cookie).await;
+    let answer = submit(&state, install, &as_refs(&fields(&org, "old-wiki", "0.9.0")), &cookie).await;
     assert_eq!(flash_code(&answer.body).as_deref(), Some("appstore-version-withdrawn"), "{}", answer.body);
-    let answer = submit(&state, install, &[("organizationId", "org_nope"), ("name", "wiki"), ("version", "1.0.0")], &cookie).await;
+    let answer = submit(&state, install, &as_refs(&fields("org_nope", "wiki", "1.0.0")), &cookie).await;
     assert!(flash_code(&answer.body).is_some_and(|c| c.ends_with("not-found")), "{}", answer.body);
 
     // installed: a service in the organization with the version's snapshot
-    let answer =
-        submit(&state, install, &[("organizationId", &org), ("name", "team-wiki"), ("version", "1.0.0"), ("scale", "2")], &cookie).await;
+    let mut scaled = fields(&org, "team-wiki", "1.0.0");
+    scaled.push(("scale", "2".into()));
+    let answer = submit(&state, install, &as_refs(&scaled), &cookie).await;
     assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
-    let location = answer.location().unwrap().to_string();
-    assert!(location.starts_with(&format!("/appstore/apps/wiki?org={org}&done=installed&name=team-wiki&service=")), "{location}");
-    let service_id = location.rsplit("service=").next().unwrap().to_string();
-    let page = send(&state, get(&location, Some(&cookie))).await;
+    assert_eq!(done_location(&answer), format!("/p/appstore/app?{back}&_done=install"));
+    let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
     assert!(page.body.contains("App wiki installed as team-wiki"), "{}", page.body);
-    assert!(page.body.contains(&format!(r#"href="&#x2f;services&#x2f;{service_id}" id="installed-service""#)), "{}", page.body);
     let listed = method(&state, &cookie, "services.list", serde_json::json!({ "organizationId": org })).await;
     let service = &listed["items"][0];
+    let service_id = service["id"].as_str().unwrap().to_string();
+    assert!(page.body.contains(&format!(r#"href="/services/{service_id}" id="installed-service""#)), "{}", page.body);
     assert_eq!(
-        (service["id"].as_str(), service["name"].as_str(), service["image"].as_str(), service["scale"].as_u64()),
-        (Some(service_id.as_str()), Some("team-wiki"), Some("registry.example.com/wiki:1.0.0"), Some(2))
+        (service["name"].as_str(), service["image"].as_str(), service["scale"].as_u64()),
+        (Some("team-wiki"), Some("registry.example.com/wiki:1.0.0"), Some(2))
     );
     assert_eq!(service["template"]["version"], "1.0.0");
-    let page = send(&state, get(&format!("/appstore?org={org}"), Some(&cookie))).await;
+
+    // the upgrades page asks for an organization, then lists what has a newer version
+    let page = send(&state, get("/p/appstore/upgrades", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="organization-picker""#) && page.body.contains("Choose an organization"), "{}", page.body);
+    let upgrades = format!("/p/appstore/upgrades?organizationId={org}");
+    let page = send(&state, get(&upgrades, Some(&cookie))).await;
     assert!(page.body.contains(r#"id="upgradeable-empty""#) && page.body.contains("up to date"), "{}", page.body);
 
     // a newer revision offers an upgrade: previewed, then written against the revision read
     let second = wiki_envelope(&[("0.9.0", Some("data loss on upgrade")), ("1.0.0", None), ("1.1.0", None)], 2, &publisher);
-    let answer = submit(&state, "/appstore/import", &[("envelope", &second), ("org", &org)], &cookie).await;
-    assert_eq!(answer.location(), Some(format!("/appstore?org={org}&done=imported&outcome=activated&revision=2").as_str()));
+    let answer = submit(&state, import, &[("_page", ""), ("envelope", &second)], &cookie).await;
     let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Catalog revision 2 activated"), "{}", page.body);
+    let page = send(&state, get(&upgrades, Some(&cookie))).await;
     assert!(page.body.contains(r#"<tr data-service="team-wiki" data-current="1.0.0">"#), "{}", page.body);
-    let preview_href = format!("/appstore/upgrade?service={service_id}&version=1.1.0");
-    assert!(page.body.contains(&escaped(&preview_href)), "{}", page.body);
+    let preview_href = format!("/p/appstore/upgrade?organizationId={org}&serviceId={service_id}&version=1.1.0");
+    assert!(page.body.contains(&preview_href.replace('&', "&amp;")), "{}", page.body);
     let preview = send(&state, get(&preview_href, Some(&cookie))).await;
     assert_eq!(preview.status, StatusCode::OK, "{}", preview.body);
     let body = &preview.body;
+    assert!(body.contains("<title>Upgrade team-wiki · Capstan</title>"), "{body}");
     assert!(body.contains(r#"id="upgrade-preview" data-from="1.0.0" data-to="1.1.0""#), "{body}");
     assert!(body.contains("registry.example.com&#x2f;wiki:1.0.0") && body.contains("registry.example.com&#x2f;wiki:1.1.0"), "{body}");
     assert!(body.contains(r#"id="preview-env-changed"><span class="chips"><span class="chip mono">WIKI_VERSION</span>"#), "{body}");
@@ -2280,45 +2326,46 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_the_plugi
     assert_eq!(revision, service["revision"].as_u64().unwrap().to_string());
     let upgrade = |revision: String| {
         vec![
+            ("_page", "upgrade".to_string()),
+            ("_return", format!("organizationId={org}&serviceId={service_id}&version=1.1.0")),
+            ("_next", "upgrades".to_string()),
             ("organizationId", org.clone()),
             ("serviceId", service_id.clone()),
             ("version", "1.1.0".to_string()),
             ("expectedRevision", revision),
         ]
     };
-    let stale = submit(&state, "/appstore/upgrade", &as_refs(&upgrade("99".into())), &cookie).await;
+    let stale = submit(&state, "/p/appstore/-/call/upgrade", &as_refs(&upgrade("99".into())), &cookie).await;
     assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
     assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
     assert!(stale.body.contains(r#"id="upgrade-form""#), "the preview is shown again: {}", stale.body);
-    let answer = submit(&state, "/appstore/upgrade", &as_refs(&upgrade(revision)), &cookie).await;
+    let answer = submit(&state, "/p/appstore/-/call/upgrade", &as_refs(&upgrade(revision)), &cookie).await;
     assert_eq!(
-        answer.location(),
-        Some(format!("/appstore?org={org}&done=upgraded&name=team-wiki&version=1.1.0").as_str()),
+        done_location(&answer),
+        format!("/p/appstore/upgrades?organizationId={org}&serviceId={service_id}&version=1.1.0&_done=upgrade"),
         "{}",
         answer.body
     );
     let page = send(&state, get(answer.location().unwrap(), Some(&cookie))).await;
     assert!(page.body.contains("Service team-wiki upgraded to 1.1.0"), "{}", page.body);
+    assert!(page.body.contains(r#"id="upgradeable-empty""#), "{}", page.body);
     let upgraded = method(&state, &cookie, "services.get", serde_json::json!({ "id": service_id })).await;
     assert_eq!(
         (upgraded["image"].as_str(), upgraded["template"]["version"].as_str(), upgraded["environment"]["WIKI_VERSION"].as_str()),
         (Some("registry.example.com/wiki:1.1.0"), Some("1.1.0"), Some("1.1.0"))
     );
-    let done = send(&state, get(&format!("/appstore/upgrade?service={service_id}"), Some(&cookie))).await;
-    assert!(done.body.contains(r#"id="upgrade-error" data-code="appstore-up-to-date""#), "{}", done.body);
-    let unknown = send(&state, get("/appstore/apps/nope", Some(&cookie))).await;
+    let done = send(&state, get(&format!("/p/appstore/upgrade?organizationId={org}&serviceId={service_id}"), Some(&cookie))).await;
+    assert!(done.body.contains(r#"id="page-error" data-code="appstore-up-to-date""#), "{}", done.body);
+    let unknown = send(&state, get("/p/appstore/app?appId=nope", Some(&cookie))).await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
-    assert!(unknown.body.contains(r#"id="app-error" data-code="appstore-app-not-found""#), "{}", unknown.body);
+    assert!(unknown.body.contains(r#"id="page-error" data-code="appstore-app-not-found""#), "{}", unknown.body);
 
     // an operator sees the catalog and the apps, and the plugin's own refusal where it refuses
-    add_operator(&state).await;
-    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
-    let operator = answer.set_cookie().unwrap().0;
-    let page = send(&state, get("/appstore", Some(&operator))).await;
+    let page = send(&state, get("/p/appstore", Some(&operator))).await;
     assert!(page.body.contains(r#"<tr data-app="wiki">"#) && !page.body.contains(r#"id="catalog-import-form""#), "{}", page.body);
-    let answer = submit(&state, "/appstore/import", &[("envelope", &second)], &operator).await;
+    let answer = submit(&state, import, &[("_page", ""), ("envelope", &second)], &operator).await;
     assert_eq!((answer.status, flash_code(&answer.body).as_deref()), (StatusCode::FORBIDDEN, Some("forbidden")), "{}", answer.body);
-    let answer = submit(&state, install, &[("organizationId", &org), ("name", "sneaky"), ("version", "1.1.0")], &operator).await;
+    let answer = submit(&state, install, &as_refs(&fields(&org, "sneaky", "1.1.0")), &operator).await;
     assert_eq!(flash_code(&answer.body).as_deref(), Some("forbidden"), "{}", answer.body);
 }
 

@@ -79,6 +79,18 @@ pub struct WithdrawnView {
     reason: String,
 }
 
+fn app_view(app: &App) -> AppView {
+    AppView {
+        id: app.id.clone(),
+        name: app.name.clone(),
+        description: app.description.clone(),
+        categories: app.categories.clone(),
+        newest_version: app.newest().map(|v| v.version.to_string()),
+        versions: app.offered().iter().map(|v| v.version.to_string()).collect(),
+        withdrawn: withdrawn_versions(app),
+    }
+}
+
 /// An app's withdrawn versions, newest first.
 fn withdrawn_versions(app: &App) -> Vec<WithdrawnView> {
     let mut withdrawn: Vec<&AppVersion> = app.versions.iter().filter(|v| v.withdrawn.is_some()).collect();
@@ -101,19 +113,7 @@ pub struct AppList {
 
 pub fn list_apps(_ctx: &Context, _: capstan_sdk::Empty) -> Result<AppList> {
     let apps = match active::current()? {
-        Ok((catalog, _)) => catalog
-            .apps()
-            .iter()
-            .map(|app| AppView {
-                id: app.id.clone(),
-                name: app.name.clone(),
-                description: app.description.clone(),
-                categories: app.categories.clone(),
-                newest_version: app.newest().map(|v| v.version.to_string()),
-                versions: app.offered().iter().map(|v| v.version.to_string()).collect(),
-                withdrawn: withdrawn_versions(app),
-            })
-            .collect(),
+        Ok((catalog, _)) => catalog.apps().iter().map(app_view).collect(),
         Err(_) => Vec::new(),
     };
     Ok(AppList { apps, status: crate::current_status()? })
@@ -141,6 +141,8 @@ pub struct AppConfig {
     template: Template,
     template_digest: String,
     catalog_revision: u64,
+    /// The app with every version, offered and withdrawn (its page lists them).
+    app: AppView,
 }
 
 pub fn get_app_config(_ctx: &Context, input: AppVersionRef) -> Result<AppConfig> {
@@ -159,6 +161,7 @@ pub fn get_app_config(_ctx: &Context, input: AppVersionRef) -> Result<AppConfig>
         template: version.template.clone(),
         template_digest: version.template.digest_hex(),
         catalog_revision: catalog.revision(),
+        app: app_view(app),
     })
 }
 
@@ -203,7 +206,13 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     // as the caller: the inventory judges the caller's right to create in the organization
     let service = inventory::create_service::<Value>(&body)?;
     capstan_sdk::info!("installed {} {} as service {}", app.id, version.version, service.id);
-    Ok(json!({ "id": service.id, "revision": service.revision, "appId": app.id, "version": version.version.to_string() }))
+    Ok(json!({
+        "id": service.id,
+        "name": input.name,
+        "revision": service.revision,
+        "appId": app.id,
+        "version": version.version.to_string()
+    }))
 }
 
 // ---- services from the catalog ----
@@ -283,6 +292,10 @@ pub struct UpgradeRequest {
 #[serde(rename_all = "camelCase")]
 pub struct Preview {
     service_id: String,
+    /// The service's name, organization and revision as read (an upgrade states the revision).
+    service_name: String,
+    organization_id: String,
+    service_revision: u64,
     app_id: String,
     from: String,
     to: String,
@@ -296,6 +309,8 @@ pub struct Preview {
     volumes_changed: bool,
     /// Release notes of every version passed, oldest first.
     notes: Vec<String>,
+    /// Every offered version newer than the current one, oldest first (other targets).
+    available: Vec<String>,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -352,6 +367,9 @@ fn plan(input: &UpgradeRequest) -> Result<Plan> {
     let (old, new) = (keys(&from.template.environment), keys(&to.template.environment));
     let preview = Preview {
         service_id: service.id.clone(),
+        service_name: service.data["name"].as_str().unwrap_or_default().into(),
+        organization_id: input.organization_id.clone(),
+        service_revision: service.revision,
         app_id: from.app_id.clone(),
         from: from.version.to_string(),
         to: to.version.to_string(),
@@ -370,6 +388,7 @@ fn plan(input: &UpgradeRequest) -> Result<Plan> {
             .filter(|v| v.version <= to.version && !v.notes.is_empty())
             .map(|v| format!("{}: {}", v.version, v.notes))
             .collect(),
+        available: newer.iter().map(|v| v.version.to_string()).collect(),
     };
     Ok(Plan { service, from, to, environment, preview })
 }
@@ -395,7 +414,13 @@ pub fn upgrade(_ctx: &Context, input: UpgradeRequest) -> Result<Value> {
     });
     let service = inventory::update_service::<Value>(&body)?;
     capstan_sdk::info!("upgraded service {} from {} {} to {}", service.id, plan.from.app_id, plan.from.version, plan.to.version);
-    Ok(json!({ "id": service.id, "revision": service.revision, "from": plan.preview.from, "to": plan.preview.to }))
+    Ok(json!({
+        "id": service.id,
+        "name": plan.preview.service_name,
+        "revision": service.revision,
+        "from": plan.preview.from,
+        "to": plan.preview.to
+    }))
 }
 
 // ---- adoption ----

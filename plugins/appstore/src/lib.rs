@@ -18,7 +18,7 @@ mod apps;
 mod loader;
 mod settings;
 
-use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, ReconcileOutcome, ReconcileTrigger, Result, Role};
+use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Result, Role};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -71,6 +71,11 @@ impl Manager for AppStore {
                 "Catalog signing keys the App Store trusts besides the ones it ships with",
                 Some(settings::TrustedCatalogKeys::default()),
             )
+            // the dashboard's App Store: the bundle's pages/*.html render what these answer
+            .page(Page::new("", "App Store", "listApps").template("store").form("refreshCatalog").form("importCatalog"))
+            .page(Page::new("upgrades", "App upgrades", "listUpgradeable").template("upgrades"))
+            .page(Page::new("app", "App {name}", "getAppConfig").template("app").form("install").hidden())
+            .page(Page::new("upgrade", "Upgrade {serviceName}", "getUpgradePreview").template("upgrade").form("upgrade").hidden())
             .collection(active::CATALOG)
             .collection(active::CHUNKS)
             .collection(loader::LOADER)

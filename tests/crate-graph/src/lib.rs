@@ -85,7 +85,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // presentation: the dashboard acts through the server's registered methods (its tests
     // release a hold through capstan-links, as a manager would)
-    ("capstan-dashboard", &["capstan-core", "capstan-rpc", "capstan-server", "capstan-catalog", "capstan-links"]),
+    // no plugin's crate: the App Store's view is its plugin's pages
+    ("capstan-dashboard", &["capstan-core", "capstan-rpc", "capstan-server", "capstan-links"]),
     // the `capstan` binary: the CLI, `serve` with the dashboard's pages; no plugin's crate
     ("capstan", &["capstan-core", "capstan-server", "capstan-dashboard"]),
     // plugin authors' side: the SDK; its `testing` harness runs a plugin on the plugin host with
@@ -115,6 +116,8 @@ pub const TEST_ONLY: &[(&str, &[&str])] = &[
     // the end-to-end tests play the catalog publisher, signing catalogs in-process; the binary
     // itself depends on no plugin's crate
     ("capstan", &["capstan-catalog"]),
+    // the dashboard's tests import signed catalogs through the App Store's pages
+    ("capstan-dashboard", &["capstan-catalog"]),
 ];
 
 /// The crates `name` may depend on; `None` for a crate the table does not place.
@@ -166,6 +169,8 @@ mod tests {
         assert!(edge_allowed("capstan", "capstan-catalog", "dev"));
         assert!(!edge_allowed("capstan", "capstan-catalog", "normal"));
         assert!(!edge_allowed("capstan", "capstan-catalog", "build"));
+        assert!(edge_allowed("capstan-dashboard", "capstan-catalog", "dev"));
+        assert!(!edge_allowed("capstan-dashboard", "capstan-catalog", "normal"));
         assert!(edge_allowed("capstan", "capstan-server", "normal") && edge_allowed("capstan", "capstan-server", "dev"));
         assert!(!edge_allowed("capstan-core", "capstan-store", "dev"));
     }
