@@ -352,10 +352,10 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
     // sections not built yet are not links; the overview, fleet, clusters, services, secrets,
-    // App Store, plugins, tasks and settings are
+    // plugins, tasks and settings are (and the pages of the plugins loaded by now)
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
     assert_eq!(disabled.len(), 3);
-    assert_eq!(client.find_all(Locator::Css("a.nav-item")).await.unwrap().len(), 9);
+    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 8);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -385,7 +385,7 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     settings_view(client).await;
     tasks_view(client, dir).await;
     secrets_view(client, server, &api, dir).await;
-    appstore_view(client, server, &api, dir).await;
+    appstore_view(client, &api, dir).await;
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();
@@ -838,10 +838,10 @@ fn wiki_catalog(versions: &[&str], revision: u64, key: &capstan_catalog::Signing
     capstan_catalog::sign(&catalog, revision, key).unwrap().to_json()
 }
 
-/// The App Store view: the embedded plugin (installed in the background at start) serves it;
+/// The App Store's pages (the embedded plugin's, installed in the background at start):
 /// a signed catalog pasted into the import form, its app installed into an organization
 /// through the app's page, and, once a newer revision offers one, upgraded after a preview.
-async fn appstore_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, dir: &Path) {
+async fn appstore_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     // the install runs in the background and compiles the plugin: until it is recorded,
     // plugins.get answers not-found
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -855,7 +855,9 @@ async fn appstore_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }));
     let org = api.call("organizations.create", json!({ "name": "apps-demo" }))["id"].as_str().unwrap().to_string();
 
-    click(client, r#"a.nav-item[href="/appstore"]"#).await;
+    // the rail lists the plugin's pages once it is loaded
+    client.refresh().await.expect("the page is read again");
+    click(client, r#"a.nav-item[href="/p/appstore"]"#).await;
     wait_for(client, r#"#catalog-status[data-available="false"]"#).await;
     assert_eq!(client.title().await.unwrap(), "App Store · Capstan");
     assert_eq!(text_of(client, "a.nav-item.active").await, "App Store");
@@ -874,24 +876,35 @@ async fn appstore_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     wait_for(client, r#"tr[data-app="wiki"]"#).await;
 
     // install it into the organization from the app's page
-    client.goto(&server.url(&format!("/appstore?org={org}"))).await.unwrap();
     click(client, r#"tr[data-app="wiki"] a.row-link"#).await;
     wait_for(client, "#install-form").await;
+    assert_eq!(client.title().await.unwrap(), "App Wiki · Capstan");
     assert_eq!(text_of(client, "#version-image").await, "registry.example.com/wiki:1.0.0");
+    client
+        .execute("document.querySelector('#install-org').value = arguments[0]", vec![json!(org)])
+        .await
+        .expect("the organization is picked");
     fill(client, "#install-name", "team-wiki").await;
     let shot = client.screenshot().await.expect("a screenshot of an app's page");
     save_screenshot(&shot, dir, "appstore-app.png", APPSTORE_APP_SCREENSHOT_COPY);
     click(client, "#install-submit").await;
     expect_flash(client, "App wiki installed as team-wiki").await;
+    wait_for(client, "#installed-service").await;
     let listed = api.call("services.list", json!({ "organizationId": org }));
     assert_eq!(listed["items"][0]["name"], "team-wiki");
     assert_eq!(listed["items"][0]["image"], "registry.example.com/wiki:1.0.0");
 
     // a newer revision (imported by a script) offers an upgrade: preview, confirm
     api.call("appstore.importCatalog", json!({ "envelope": wiki_catalog(&["1.0.0", "1.1.0"], 2, &publisher) }));
-    client.goto(&server.url(&format!("/appstore?org={org}"))).await.unwrap();
+    click(client, r#"a.nav-item[href="/p/appstore/upgrades"]"#).await;
+    wait_for(client, "#organization-picker").await;
+    client
+        .execute("document.querySelector('#org-select').value = arguments[0]", vec![json!(org)])
+        .await
+        .expect("the organization is picked");
+    click(client, "#organization-open").await;
     wait_for(client, r#"tr[data-service="team-wiki"]"#).await;
-    let shot = client.screenshot().await.expect("a screenshot of the App Store");
+    let shot = client.screenshot().await.expect("a screenshot of the App Store's upgrades");
     save_screenshot(&shot, dir, "appstore.png", APPSTORE_SCREENSHOT_COPY);
     click(client, r#"a[data-upgrade="team-wiki"]"#).await;
     wait_for(client, "#upgrade-preview").await;
