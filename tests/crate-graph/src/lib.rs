@@ -108,6 +108,9 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-plugin-appstore", &["capstan-sdk", "capstan-catalog"]),
     ("capstan-plugin-example", &["capstan-sdk"]),
     ("capstan-plugin-adversary", &["capstan-sdk"]),
+    // the node agent, a program of its own on every node: the foundation only (refusals, private
+    // files); it speaks to the host over HTTP (docs/nodes.md), never through a host crate
+    ("capstan-agent", &["capstan-core"]),
     ("capstan-crate-graph", &[]),
 ];
 

@@ -1,0 +1,197 @@
+//! `capstan-agent`: the reference node agent of Capstan.
+//!
+//! A machine joins a cluster with a single-use jump code (`enroll`), then reports to Capstan
+//! with its node credential (`run`): heartbeats carrying the host's facts, and the hostname
+//! Capstan intends for it, applied. The wire is `/agent/v1/…` (docs/nodes.md). The credential
+//! lives in one private file of the state directory; the token never appears in a log line,
+//! an error or any output.
+
+mod applier;
+mod backoff;
+mod enroll;
+#[cfg(test)]
+mod mock;
+mod origin;
+mod report;
+mod rotate;
+mod run;
+mod state;
+mod status;
+mod token;
+mod wire;
+
+use capstan_core::Refusal;
+use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const AFTER_HELP: &str = "\
+Joining a machine (the Capstan dashboard shows the command with its code):
+  curl -fsSL 'https://capstan.example.com/jump/CODE' | sudo bash
+which installs this binary, then runs:
+  printf '%s\\n' 'CODE' | capstan-agent enroll 'https://capstan.example.com'
+and starts the capstan-agent.service unit (capstan-agent run).
+
+Errors are printed as `error: <code>: <message>`; the code is stable.
+Exit status: 0 success, 1 refused or failed (the code says why), 2 usage.";
+
+/// The Capstan node agent: enrolls this machine with a jump code, then reports its host facts
+/// to Capstan and applies the hostname Capstan intends for it.
+#[derive(Parser, Debug)]
+#[command(name = "capstan-agent", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// Where the node credential (credential.json) and the last beat's status are kept: mode
+    /// 0700, owned by the agent's user; looser permissions are refused.
+    #[arg(long, global = true, env = "CAPSTAN_AGENT_STATE_DIR", default_value = state::DEFAULT_STATE_DIR, value_name = "DIR")]
+    state_dir: PathBuf,
+
+    /// Log filter (tracing's syntax: info, debug, capstan_agent=debug, …).
+    #[arg(long, global = true, env = "CAPSTAN_AGENT_LOG", default_value = "capstan_agent=info,warn", value_name = "FILTER")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Enroll this machine: reads the jump code from standard input (one line), draws the node
+    /// token, sends Capstan only its SHA-256 and keeps the credential in the state directory.
+    #[command(after_help = "Example:\n  printf '%s\\n' 'CODE' | capstan-agent enroll 'https://capstan.example.com'\n\n\
+The code is read from standard input only, never from an argument or the environment.\n\
+ORIGIN must be https (http is accepted only to a loopback address, as `capstan serve --dev`).\n\
+This machine's short hostname, lowercased, is offered as the node's hostname; it must be one\n\
+DNS label.")]
+    Enroll {
+        /// Capstan's origin, e.g. https://capstan.example.com
+        origin: String,
+    },
+    /// Run: heartbeat with this host's facts (every 30 s, jittered; backing off up to 5 min while
+    /// Capstan cannot be reached) and apply the hostname intent. Stops on SIGTERM or ctrl-c.
+    Run {
+        /// Time between beats (e.g. 30s, 2s).
+        #[arg(long, default_value = "30s", value_parser = parse_interval, value_name = "DURATION")]
+        interval: Duration,
+        /// Apply the hostname intent by writing it to this file instead of `hostnamectl
+        /// set-hostname` (which needs root).
+        #[arg(long, env = "CAPSTAN_AGENT_HOSTNAME_FILE", value_name = "PATH")]
+        hostname_file: Option<PathBuf>,
+    },
+    /// Show what this machine is enrolled as and how its last beat went (no request is made).
+    Status {
+        /// Print exact JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace the node token with fresh material. The new material is kept as pending before
+    /// Capstan is asked; if the answer is lost, running rotate again finishes the same rotation.
+    Rotate,
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if interval < Duration::from_millis(10) || interval > Duration::from_secs(3600) {
+        return Err("the interval must be between 10ms and 1h".into());
+    }
+    Ok(interval)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).init();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(Refusal::internal(format!("starting the async runtime: {e}"))),
+    };
+    match runtime.block_on(command(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(refusal) => fail(refusal),
+    }
+}
+
+fn fail(refusal: Refusal) -> ExitCode {
+    let mut text = format!("error: {}: {}", refusal.code, refusal.message);
+    if let Some(detail) = &refusal.detail {
+        text.push_str(&format!(" ({detail})"));
+    }
+    eprintln!("{text}");
+    ExitCode::FAILURE
+}
+
+async fn command(cli: Cli) -> Result<(), Refusal> {
+    let state = state::StateDir::new(cli.state_dir);
+    match cli.command {
+        Command::Enroll { origin } => {
+            let stdin = std::io::stdin();
+            let interactive = stdin.is_terminal();
+            let node_name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+            let inputs = enroll::Inputs { stdin: stdin.lock(), interactive, node_name, retry: wire::Retry::default() };
+            let credential = enroll::enroll(&origin, &state, inputs).await?;
+            println!(
+                "enrolled: node {} in cluster {} ({}); credential kept in {}",
+                credential.node_id,
+                credential.cluster_id,
+                credential.origin,
+                state.credential_path().display()
+            );
+            Ok(())
+        }
+        Command::Run { interval, hostname_file } => {
+            let is_root = rustix::process::geteuid().is_root();
+            let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root) };
+            run::run(options, shutdown_signal()).await
+        }
+        Command::Status { json } => {
+            if json {
+                let value = status::status_json(&state)?;
+                println!("{}", serde_json::to_string_pretty(&value).map_err(Refusal::internal)?);
+            } else {
+                print!("{}", status::status_text(&state)?);
+            }
+            Ok(())
+        }
+        Command::Rotate => {
+            let credential = rotate::rotate(&state, wire::Retry::default()).await?;
+            println!("rotated: node {} now holds credential generation {}", credential.node_id, credential.credential_generation);
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGTERM or ctrl-c, naming which.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "interrupt",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "interrupt"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn intervals_are_bounded() {
+        assert_eq!(parse_interval("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("2h").is_err());
+        assert!(parse_interval("soon").is_err());
+    }
+}

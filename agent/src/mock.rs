@@ -1,0 +1,104 @@
+//! A tiny HTTP/1.1 server for the unit tests: each connection carries one request, which a
+//! handler answers (status and JSON) or drops unanswered (`None`: a lost answer).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A request as received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The path.
+    pub path: String,
+    /// Headers, names lowercased.
+    pub headers: HashMap<String, String>,
+    /// The body.
+    pub body: serde_json::Value,
+}
+
+type Handler = Box<dyn Fn(&Received, usize) -> Option<(u16, serde_json::Value)> + Send + Sync>;
+
+/// The server: its origin and what it received.
+pub struct Mock {
+    /// `http://127.0.0.1:<port>`.
+    pub origin: String,
+    /// Every request, in order.
+    pub received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Mock {
+    /// Start serving with `handler(request, index)`.
+    pub async fn start(handler: impl Fn(&Received, usize) -> Option<(u16, serde_json::Value)> + Send + Sync + 'static) -> Mock {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let handler: Arc<Handler> = Arc::new(Box::new(handler));
+        let log = received.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else { return };
+                let handler = handler.clone();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let (head_end, content_length) = loop {
+                        let n = stream.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buffer[..at]).to_string();
+                            let length = head
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap())
+                                })
+                                .unwrap_or(0);
+                            break (at + 4, length);
+                        }
+                    };
+                    while buffer.len() < head_end + content_length {
+                        let n = stream.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                    }
+                    let head = String::from_utf8_lossy(&buffer[..head_end]).to_string();
+                    let mut lines = head.lines();
+                    let path = lines.next().unwrap().split(' ').nth(1).unwrap().to_string();
+                    let headers = lines
+                        .filter_map(|l| l.split_once(':'))
+                        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+                        .collect();
+                    let body = serde_json::from_slice(&buffer[head_end..head_end + content_length]).unwrap_or(serde_json::Value::Null);
+                    let request = Received { path, headers, body };
+                    let index = {
+                        let mut log = log.lock().unwrap();
+                        log.push(request.clone());
+                        log.len() - 1
+                    };
+                    let Some((status, answer)) = handler(&request, index) else {
+                        return; // dropped: the answer is lost
+                    };
+                    let body = answer.to_string();
+                    let reply = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Mock { origin, received }
+    }
+
+    /// What was received so far.
+    pub fn requests(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
