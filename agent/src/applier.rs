@@ -113,13 +113,23 @@ pub fn apply(applier: &dyn Applier, hostname: &str, generation: u64) -> HostAppl
     };
     match result {
         Ok(()) => HostApply { generation, hostname: hostname.to_string(), outcome: "applied".into(), reason: None },
+        // the host takes 1–256 bytes of text without control characters
         Err(reason) => HostApply {
             generation,
-            hostname: capstan_core::text::truncate(hostname, 63),
+            hostname: one_line(hostname, 63),
             outcome: "failed".into(),
-            reason: Some(capstan_core::text::truncate(&reason, 500)),
+            reason: Some(one_line(&reason, MAX_REASON)),
         },
     }
+}
+
+/// The longest `reason` reported (bytes, before the ellipsis a cut adds).
+const MAX_REASON: usize = 240;
+
+/// `text` on one line (control characters escaped), at most about `max` bytes, never empty.
+fn one_line(text: &str, max: usize) -> String {
+    let cut = capstan_core::text::truncate(&capstan_core::text::escape_control(text), max);
+    if cut.is_empty() { "(empty)".into() } else { cut }
 }
 
 #[cfg(test)]
@@ -153,9 +163,26 @@ mod tests {
         assert_eq!(outcome.outcome, "failed");
         let dir = tempfile::tempdir().unwrap();
         let file = HostnameFile(dir.path().join("hostname"));
+        let long = apply(&FailsWith("line one\nline two ".repeat(40)), "db-7", 2);
+        let reason = long.reason.unwrap();
+        assert!(reason.len() <= 256 && !reason.chars().any(char::is_control), "{reason}");
         let refused = apply(&file, "Not A Label", 4);
         assert_eq!(refused.outcome, "failed");
         assert!(!dir.path().join("hostname").exists(), "an invalid name is never applied");
+    }
+
+    struct FailsWith(String);
+
+    impl Applier for FailsWith {
+        fn apply(&self, _name: &str) -> Result<(), String> {
+            Err(self.0.clone())
+        }
+        fn current(&self) -> Option<String> {
+            None
+        }
+        fn describe(&self) -> String {
+            "failing".into()
+        }
     }
 
     #[test]

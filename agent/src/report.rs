@@ -108,9 +108,13 @@ pub struct Facts {
 /// bounded; text members bounded.
 pub fn build(facts: Facts, host_apply: Option<HostApply>) -> Report {
     let addresses: BTreeSet<IpAddr> = facts.addresses.into_iter().filter(|ip| !ip.is_loopback() && !ip.is_unspecified()).collect();
-    let bounded = |s: String| capstan_core::text::truncate(s.trim(), 200);
+    // the host takes 1–256 bytes of text without control characters
+    let bounded = |s: String| {
+        let text = capstan_core::text::truncate(&capstan_core::text::escape_control(s.trim()), 200);
+        if text.is_empty() { "unknown".to_string() } else { text }
+    };
     Report {
-        hostname: facts.hostname,
+        hostname: bounded(facts.hostname),
         os: bounded(facts.os),
         kernel: bounded(facts.kernel),
         arch: bounded(facts.arch),
@@ -194,6 +198,21 @@ pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
+    fn sample_facts() -> Facts {
+        Facts {
+            hostname: "web-1".into(),
+            os: "Debian".into(),
+            kernel: "6.12.0".into(),
+            arch: "x86_64".into(),
+            cpus: 4,
+            memory_bytes: 1,
+            disk_bytes: 2,
+            disk_free_bytes: 1,
+            uptime_seconds: 3,
+            addresses: vec![],
+        }
+    }
+
     pub(crate) fn sample() -> Report {
         build(
             Facts {
@@ -267,6 +286,9 @@ pub(crate) mod tests {
         assert_eq!(report.addresses.len(), MAX_ADDRESSES);
         assert_eq!(report.cpus, 1);
         assert_eq!(report.disk_free_bytes, 10, "never more free than there is");
+        assert_eq!(report.os, "unknown", "never empty");
+        let long = build(Facts { kernel: "x\n".repeat(300), ..sample_facts() }, None);
+        assert!(long.kernel.len() <= 256 && !long.kernel.chars().any(char::is_control), "{}", long.kernel);
     }
 
     #[test]

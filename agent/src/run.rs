@@ -277,7 +277,8 @@ fn record_beat(status: &mut Status, beat: &Result<HeartbeatAnswer, WireError>) {
 /// The machine's short hostname, lowercased, as the operating system has it now.
 pub fn os_hostname() -> String {
     let node = rustix::system::uname().nodename().to_string_lossy().into_owned();
-    node.split('.').next().unwrap_or_default().to_ascii_lowercase()
+    let short = node.split('.').next().unwrap_or_default().to_ascii_lowercase();
+    if short.is_empty() { "localhost".into() } else { capstan_core::text::escape_control(&short).into_owned() }
 }
 
 #[cfg(test)]
