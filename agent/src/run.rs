@@ -177,16 +177,20 @@ impl Agent {
         let report = report::gather(hostname, status.host_apply.clone());
         let request = HeartbeatRequest { protocol: PROTOCOL, node_id: &credential.node_id, report: &report };
         let answer = client.post("/agent/v1/heartbeat", &request, Some(&credential.token)).await;
-        match (&answer, &credential.pending_token) {
-            (Err(e), Some(pending)) if e.code() == Some("node-unauthorized") => {
-                let retried = client.post::<_, HeartbeatAnswer>("/agent/v1/heartbeat", &request, Some(pending)).await;
-                if let Ok(accepted) = &retried {
-                    self.finish_rotation(pending, accepted.credential_generation);
-                }
-                retried
-            }
-            _ => answer,
+        if !matches!(&answer, Err(e) if e.code() == Some("node-unauthorized")) {
+            return answer;
         }
+        // `rotate` may have changed the file since it was read: ask with what it holds now
+        let now = self.options.state.read_credential().unwrap_or_else(|_| credential.clone());
+        if now.token != credential.token && now.node_id == credential.node_id {
+            return client.post("/agent/v1/heartbeat", &request, Some(&now.token)).await;
+        }
+        let Some(pending) = &now.pending_token else { return answer };
+        let retried = client.post::<_, HeartbeatAnswer>("/agent/v1/heartbeat", &request, Some(pending)).await;
+        if let Ok(accepted) = &retried {
+            self.finish_rotation(pending, accepted.credential_generation);
+        }
+        retried
     }
 
     fn finish_rotation(&self, pending: &crate::token::Token, generation: u64) {
@@ -427,6 +431,57 @@ mod tests {
         let now = dir.read_credential().unwrap();
         assert_eq!(now.token, pending);
         assert_eq!((now.credential_generation, now.pending_token.is_none()), (2, true));
+        assert_eq!(dir.read_status().last_beat.unwrap().outcome, "accepted");
+    }
+
+    #[tokio::test]
+    async fn a_beat_refused_because_rotate_just_finished_is_sent_again_with_the_new_token() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::new(root.path().join("state"));
+        dir.create().unwrap();
+        let new_token = Token::draw().unwrap();
+        let (file_dir, swapped) = (dir.clone(), new_token.clone());
+        let mock = Mock::start(move |request, index| {
+            if index == 0 {
+                // `rotate` completes between the agent's read of the file and its beat
+                let lock = file_dir.lock().unwrap();
+                let mut now = file_dir.read_credential().unwrap();
+                now.token = swapped.clone();
+                now.credential_generation = 2;
+                file_dir.replace_credential(&now, &lock).unwrap();
+                return Some((401, json!({"error": {"code": "node-unauthorized", "message": "refused"}})));
+            }
+            assert_eq!(request.headers["authorization"], swapped.bearer().as_str());
+            Some((
+                200,
+                if request.path == "/agent/v1/host" {
+                    json!({"protocol": PROTOCOL, "hostname": null, "generation": 0})
+                } else {
+                    receipt(2)
+                },
+            ))
+        })
+        .await;
+        let credential = Credential {
+            origin: mock.origin.clone(),
+            node_id: "node_1".into(),
+            cluster_id: "cls_1".into(),
+            token: Token::draw().unwrap(),
+            credential_generation: 1,
+            pending_token: None,
+            pending_mutation_id: None,
+        };
+        dir.write_new_credential(&credential).unwrap();
+        let options = Options { state: dir.clone(), interval: Duration::from_secs(5), applier: Box::new(crate::applier::Unavailable) };
+        let stop = tokio::time::sleep(Duration::from_millis(300));
+        run(options, async move {
+            stop.await;
+            "test"
+        })
+        .await
+        .unwrap();
+        let paths: Vec<String> = mock.requests().into_iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["/agent/v1/heartbeat", "/agent/v1/heartbeat", "/agent/v1/host"]);
         assert_eq!(dir.read_status().last_beat.unwrap().outcome, "accepted");
     }
 
