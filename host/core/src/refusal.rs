@@ -81,6 +81,12 @@ impl Refusal {
     pub fn http_status(&self) -> u16 {
         match self.code.as_ref() {
             "not-found" | "method-unknown" => 404,
+            // the nodes area: one uniform answer for a code that cannot be used, a node that is
+            // not there, an agent binary not shipped here
+            "jump-code-invalid" | "node-missing" | "agent-binary-unavailable" => 404,
+            "node-unauthorized" => 401,
+            "protocol-unsupported" => 422,
+            "hostname-in-use" | "credential-revoked" | "node-retired" | "node-not-retired" | "public-origin-not-https" => 409,
             code if code.ends_with("-not-found") => 404,
             "method-not-allowed" => 405,
             "exists" | "conflict" | "mutation-reused" => 409,

@@ -24,6 +24,8 @@ enum Kind {
     Urls,
     /// Whole days, 0–3650.
     Days,
+    /// Milliseconds, 1000–86400000 (a second to a day).
+    Millis,
 }
 
 /// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
@@ -31,6 +33,11 @@ const ALLOWED: &[(&str, Kind, &str)] = &[
     ("corebuildWorkerUrl", Kind::Url, "A build worker URL"),
     ("corebuildWorkerUrls", Kind::Urls, "Build worker URLs"),
     ("deploymentArchiveRetentionDays", Kind::Days, "Accepted for compatibility; Capstan keeps no archived deployments"),
+    (
+        "nodeObservationFreshnessMs",
+        Kind::Millis,
+        "How long a node's accepted report stands (milliseconds, default 180000); past it the node reads offline",
+    ),
 ];
 
 /// Whether `key` is a host setting that lists URLs (what an `http-setting:<key>` grant may name
@@ -81,6 +88,10 @@ fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn s
         }
         Kind::Days if value.as_u64().is_none_or(|d| d > 3650) => return Err(bad("whole days, 0–3650")),
         Kind::Days => {}
+        Kind::Millis if value.as_u64().is_none_or(|ms| !(1000..=86_400_000).contains(&ms)) => {
+            return Err(bad("milliseconds, 1000–86400000"));
+        }
+        Kind::Millis => {}
     }
     Ok(())
 }

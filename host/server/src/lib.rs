@@ -10,6 +10,7 @@ pub use capstan_events as events;
 pub use capstan_fleet as fleet;
 pub use capstan_inventory as inventory;
 pub use capstan_keyring as keyring;
+pub use capstan_nodes as nodes;
 pub use capstan_scheduler as scheduler;
 pub use capstan_secrets as secrets;
 pub use capstan_store as store;

@@ -92,6 +92,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     crate::inventory::declare(&store).await?;
     crate::secrets::methods::declare(&store).await?;
+    crate::nodes::declare(&store).await?;
     bootstrap_admin(&config, &store, &blobs).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
@@ -105,6 +106,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         chain,
         max_body_bytes: config.max_body_bytes,
         public_origin: config.public_origin.clone(),
+        dev: config.dev,
         plugins: plugins.clone(),
         scheduler: scheduler.clone(),
         fleet: fleet.clone(),

@@ -39,6 +39,9 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "capstan-secrets",
         &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-inventory"],
     ),
+    // nodes: jump codes, enrollment, the node credential authority, heartbeats, hostname
+    // intents; its records live beside the inventory's clusters
+    ("capstan-nodes", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-inventory"]),
     // runs plugin tasks through its PluginTasks trait, knowing nothing else of plugins
     ("capstan-scheduler", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-fleet"]),
     // the plugin host: reaches the inventory, settings and organization roles only through its
@@ -78,6 +81,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-auth",
             "capstan-inventory",
             "capstan-secrets",
+            "capstan-nodes",
             "capstan-scheduler",
             "capstan-plugin-host",
             "capstan-links",

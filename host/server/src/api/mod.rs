@@ -4,6 +4,7 @@
 //! Every answer carries an `x-request-id` header; the same id is on every log line of the
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
+pub mod nodes;
 pub mod system;
 pub mod uploads;
 
@@ -57,6 +58,9 @@ pub struct AppState {
     pub scheduler: Arc<crate::scheduler::Scheduler>,
     /// This node's place in the fleet (a test host's is registered in its own bucket).
     pub fleet: Arc<crate::fleet::runtime::Fleet>,
+    /// The nodes area: what the `/jump` and `/agent/v1` routes reach (its clock is the one the
+    /// `nodes.*` methods read).
+    pub nodes: crate::nodes::Context,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -79,6 +83,8 @@ pub struct Parts {
     pub max_body_bytes: usize,
     /// The externally reachable origin of this Capstan.
     pub public_origin: String,
+    /// Dev mode (`serve --dev`): a jump script may be rendered for an `http` origin.
+    pub dev: bool,
     /// The started plugin host; its methods join the registry.
     pub plugins: Arc<crate::plugins::host::PluginHost>,
     /// The started scheduler, with the host's tasks registered.
@@ -90,7 +96,7 @@ pub struct Parts {
 impl AppState {
     /// The host state, with every area's methods registered with the context it needs.
     pub fn build(parts: Parts) -> Self {
-        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet } = parts;
+        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, dev, plugins, scheduler, fleet } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
         system::register(
@@ -114,6 +120,8 @@ impl AppState {
             &mut registry,
             crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() },
         );
+        let nodes = crate::nodes::Context::new(store.clone(), public_origin.clone(), dev);
+        crate::nodes::register(&mut registry, nodes.clone());
         AppState {
             store,
             blobs,
@@ -126,6 +134,7 @@ impl AppState {
             plugins,
             scheduler,
             fleet,
+            nodes,
         }
     }
 }
@@ -141,9 +150,10 @@ impl AppState {
 impl AppState {
     /// The same host with another keyring (as `capstan keyring rotate` and a restart give).
     pub fn with_keyring(self, keyring: Arc<Keyring>) -> AppState {
-        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, .. } = self;
+        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, nodes, .. } = self;
         let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
-        AppState::build(Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet })
+        let dev = nodes.dev;
+        AppState::build(Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, dev, plugins, scheduler, fleet })
     }
 }
 
@@ -151,12 +161,19 @@ impl AppState {
 /// `testing` feature, the dashboard's).
 #[cfg(any(test, feature = "testing"))]
 pub async fn test_state(dir: &std::path::Path) -> AppState {
+    test_state_at(dir, "http://capstan.test", false).await
+}
+
+/// [`test_state`] with another public origin, in dev mode or not.
+#[cfg(any(test, feature = "testing"))]
+pub async fn test_state_at(dir: &std::path::Path, public_origin: &str, dev: bool) -> AppState {
     let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.join("capstan.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
     let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
     let keyring = Arc::new(Keyring::generate(None, None).unwrap());
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
+    crate::nodes::declare(&store).await.unwrap();
     let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
     // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
     let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();
@@ -177,7 +194,8 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
         auth,
         chain: crate::migrate::host_chain(),
         max_body_bytes: 1 << 20,
-        public_origin: "http://capstan.test".into(),
+        public_origin: public_origin.into(),
+        dev,
         plugins,
         scheduler,
         fleet,
@@ -210,6 +228,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/api/v1/methods", get(list_methods))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
+        .merge(nodes::routes())
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })
