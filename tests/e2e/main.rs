@@ -19,6 +19,7 @@ mod inventory;
 mod logging;
 mod migrations;
 mod mongo;
+mod nodes;
 mod plugins;
 mod s3;
 mod secrets;
