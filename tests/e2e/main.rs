@@ -20,6 +20,7 @@ mod logging;
 mod migrations;
 mod mongo;
 mod nodes;
+mod nodes_cli;
 mod plugins;
 mod s3;
 mod secrets;

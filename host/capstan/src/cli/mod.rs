@@ -5,6 +5,7 @@ mod client;
 mod fleet;
 mod inventory;
 mod keyring;
+mod nodes;
 mod plugin;
 mod plugin_new;
 mod plugin_online;
@@ -68,6 +69,11 @@ enum Command {
     /// An organization's services: list, get, create, update, delete (in two phases).
     #[command(subcommand)]
     Services(inventory::ServicesCommand),
+    /// Nodes of clusters: list them with their liveness, get one, create a jump command for a
+    /// new machine, read or rotate or revoke a node credential, set or reset a hostname
+    /// intent, retire, read the deletion impact, delete (administrators; docs/nodes.md).
+    #[command(subcommand)]
+    Nodes(nodes::NodesCommand),
     /// The public settings document: get, set, unset (an allowlist; credentials are refused).
     #[command(subcommand)]
     Settings(inventory::SettingsCommand),
@@ -164,6 +170,7 @@ pub fn main() -> ExitCode {
         Command::Organizations(command) => inventory::organizations(command),
         Command::Clusters(command) => inventory::clusters(command),
         Command::Services(command) => inventory::services(command),
+        Command::Nodes(command) => nodes::run(command),
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => inventory::users(command),
         Command::Secrets(command) => secrets::run(command),
