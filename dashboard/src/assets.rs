@@ -22,6 +22,7 @@ pub struct Asset {
 pub static ASSETS: &[Asset] = &[
     Asset { path: "app.css", content_type: "text/css; charset=utf-8", bytes: include_bytes!("../static/app.css") },
     Asset { path: "logo.svg", content_type: "image/svg+xml", bytes: include_bytes!("../static/logo.svg") },
+    Asset { path: "copy.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/copy.js") },
     Asset { path: "seal.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/seal.js") },
     Asset {
         path: "vendor/htmx.min.js",

@@ -99,7 +99,7 @@ fn plural(count: usize, one: &str, many: &str) -> String {
 }
 
 /// `3 s ago`, `4 min ago`, `5 h ago`, `2 d ago`.
-fn ago(ms: u64) -> String {
+pub(super) fn ago(ms: u64) -> String {
     match ms / 1000 {
         0 => "just now".into(),
         s if s < 120 => format!("{s} s ago"),

@@ -23,6 +23,7 @@ mod clusters;
 mod fleet;
 mod forms;
 mod live;
+mod nodes;
 mod plugin_pages;
 mod plugins;
 mod secrets;
@@ -88,6 +89,14 @@ pub fn router() -> Router<AppState> {
         .route("/services/{id}/panel", get(services::detail_panel))
         .route("/services/{id}/update", post(services::update))
         .route("/services/{id}/delete", get(services::confirm).post(services::delete))
+        .route("/clusters/{id}/nodes", get(nodes::page))
+        .route("/clusters/{id}/nodes/panel", get(nodes::panel))
+        .route("/clusters/{id}/nodes/jump", post(nodes::jump))
+        .route("/nodes/{id}", get(nodes::detail))
+        .route("/nodes/{id}/hostname", post(nodes::set_hostname))
+        .route("/nodes/{id}/hostname/reset", post(nodes::reset_hostname))
+        .route("/nodes/{id}/rotate", post(nodes::rotate))
+        .route("/nodes/{id}/{action}", get(nodes::confirm).post(nodes::confirmed))
         .route("/organizations/create", post(services::create_organization))
         .route("/secrets", get(secrets::page))
         .route("/secrets/services/{id}", get(secrets::service))
@@ -189,6 +198,11 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("secrets_set.html", include_str!("../templates/secrets_set.html")),
     ("secrets_set_retire.html", include_str!("../templates/secrets_set_retire.html")),
     ("plugin_page.html", include_str!("../templates/plugin_page.html")),
+    ("nodes.html", include_str!("../templates/nodes.html")),
+    ("nodes_panel.html", include_str!("../templates/nodes_panel.html")),
+    ("node.html", include_str!("../templates/node.html")),
+    ("node_jump.html", include_str!("../templates/node_jump.html")),
+    ("node_confirm.html", include_str!("../templates/node_confirm.html")),
     ("plugin_form.html", include_str!("../templates/plugin_form.html")),
 ];
 

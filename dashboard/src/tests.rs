@@ -2388,3 +2388,133 @@ fn the_create_secret_form_renders_and_says_when_values_cannot_be_sealed() {
     assert!(page.contains(r#"id="seal-unavailable" data-code="keyring-unavailable""#), "{page}");
     assert!(!page.contains(r#"id="secret-create-form""#), "{page}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Nodes
+
+/// An agent's request to `path` (`/agent/v1/…`), with its bearer when it has one.
+fn agent_request(path: &str, body: serde_json::Value, token: Option<&str>) -> Request {
+    let mut builder = Request::builder().method("POST").uri(path).header("host", "capstan.test").header("content-type", "application/json");
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    builder.body(Body::from(body.to_string())).unwrap()
+}
+
+#[tokio::test]
+async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted_from_the_dashboard() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    // dev mode renders a jump script for its http origin
+    let state = crate::api::test_state_at(dir.path(), ORIGIN, true).await;
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+    capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
+    let cookie = login_cookie(&state).await;
+    let cluster = method(&state, &cookie, "clusters.create", serde_json::json!({ "name": "edge" })).await;
+    let cluster_id = cluster["cluster"]["id"].as_str().or(cluster["id"].as_str()).unwrap().to_string();
+    let nodes = format!("/clusters/{cluster_id}/nodes");
+    for path in [nodes.as_str(), "/nodes/x", "/nodes/x/retire"] {
+        let anonymous = send(&state, get(path, None)).await;
+        assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")), "{path}");
+    }
+    let detail = send(&state, get(&format!("/clusters/{cluster_id}"), Some(&cookie))).await;
+    assert!(detail.body.contains(&format!(r#"href="&#x2f;clusters&#x2f;{cluster_id}/nodes" id="cluster-nodes""#)), "{}", detail.body);
+
+    // no node yet; a jump command is shown once, with its copy button
+    let page = send(&state, get(&nodes, Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="nodes-empty""#) && page.body.contains(r#"id="jump-form""#), "{}", page.body);
+    let refused = submit(&state, &format!("{nodes}/jump"), &[("nodeName", "Edge 1")], &cookie).await;
+    assert_eq!(flash_code(&refused.body).as_deref(), Some("name-invalid"), "{}", refused.body);
+    assert_eq!(value_of(&refused.body, "jump-name"), "Edge 1");
+    let jumped = submit(&state, &format!("{nodes}/jump"), &[("nodeName", "edge-1"), ("ttlMinutes", "15")], &cookie).await;
+    assert_eq!(jumped.status, StatusCode::OK, "{}", jumped.body);
+    let command = value_of(&jumped.body, "jump-command");
+    assert!(command.starts_with("curl -fsSL 'http://capstan.test/jump/") && command.ends_with("' | sudo bash"), "{command}");
+    assert!(jumped.body.contains(r#"data-copy="jump-command""#) && jumped.body.contains("copy.js"), "{}", jumped.body);
+    let code = command.trim_start_matches("curl -fsSL 'http://capstan.test/jump/").split('\'').next().unwrap().to_string();
+
+    // a machine enrolls and beats: the table shows it live, renamed as the code asked
+    let token = "ab".repeat(32);
+    let token_sha = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    let enroll = serde_json::json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "tokenSha256": token_sha, "agentVersion": "0.1.0" });
+    let enrolled = send(&state, agent_request("/agent/v1/enroll", enroll, None)).await;
+    assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.body);
+    let node_id = serde_json::from_str::<serde_json::Value>(&enrolled.body).unwrap()["nodeId"].as_str().unwrap().to_string();
+    let report = serde_json::json!({
+        "hostname": "worker-edge-1", "os": "Debian GNU/Linux 13", "kernel": "6.12.0", "arch": "x86_64", "cpus": 4,
+        "memoryBytes": 8_589_934_592u64, "diskBytes": 107_374_182_400u64, "diskFreeBytes": 53_687_091_200u64,
+        "agentVersion": "0.1.0", "uptimeSeconds": 7200, "addresses": ["192.0.2.10"]
+    });
+    let beat = serde_json::json!({ "protocol": "capstan-agent/1", "nodeId": node_id, "report": report });
+    let accepted = send(&state, agent_request("/agent/v1/heartbeat", beat.clone(), Some(&token))).await;
+    assert_eq!(accepted.status, StatusCode::OK, "{}", accepted.body);
+    let panel = send(&state, get(&format!("{nodes}/panel"), Some(&cookie))).await;
+    assert!(panel.body.contains(&format!(r#"<tr data-node="{node_id}" data-liveness="live">"#)), "{}", panel.body);
+    assert!(panel.body.contains(">worker-edge-1</a>") && panel.body.contains("1 of 1 live"), "{}", panel.body);
+    assert!(panel.body.contains(r#"hx-trigger="every 10s""#), "{}", panel.body);
+
+    // its page: the report, the credential; a new hostname intent is pending until reported
+    let node = format!("/nodes/{node_id}");
+    let page = send(&state, get(&node, Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("<title>Node worker-edge-1 · Capstan</title>"), "{}", page.body);
+    assert!(page.body.contains("Debian GNU&#x2f;Linux 13") && page.body.contains("8.0 GiB"), "{}", page.body);
+    assert!(page.body.contains(r#"id="credential-generation">1<"#), "{}", page.body);
+    let renamed = submit(&state, &format!("{node}/hostname"), &[("expectedGeneration", "0"), ("hostname", "edge-one")], &cookie).await;
+    assert_eq!(renamed.location(), Some(format!("{node}?done=hostname").as_str()), "{}", renamed.body);
+    let page = send(&state, get(renamed.location().unwrap(), Some(&cookie))).await;
+    assert!(
+        page.body.contains("Hostname intent stored") && page.body.contains(r#"pill-warn">pending</span> <span class="mono">edge-one"#),
+        "{}",
+        page.body
+    );
+    let stale = submit(&state, &format!("{node}/hostname"), &[("expectedGeneration", "0"), ("hostname", "edge-two")], &cookie).await;
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    let bad = submit(&state, &format!("{node}/rotate"), &[("expectedGeneration", "1"), ("tokenSha256", "nope")], &cookie).await;
+    assert_eq!(flash_code(&bad.body).as_deref(), Some("invalid-request"), "{}", bad.body);
+
+    // revoke, confirmed: beats are refused by name
+    let confirm = send(&state, get(&format!("{node}/revoke"), Some(&cookie))).await;
+    assert!(
+        confirm.body.contains(r#"id="confirm-form""#) && confirm.body.contains(r#"name="expectedGeneration" value="1""#),
+        "{}",
+        confirm.body
+    );
+    let revoked = submit(&state, &format!("{node}/revoke"), &[("expectedGeneration", "1"), ("expectedRevision", "0")], &cookie).await;
+    assert_eq!(revoked.location(), Some(format!("{node}?done=revoked").as_str()), "{}", revoked.body);
+    let refused = send(&state, agent_request("/agent/v1/heartbeat", beat, Some(&token))).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{}", refused.body);
+    assert!(refused.body.contains("node-unauthorized") && !refused.body.contains(&token), "{}", refused.body);
+
+    // retire, then delete, each confirmed against the revision read
+    let confirm = send(&state, get(&format!("{node}/retire"), Some(&cookie))).await;
+    assert!(confirm.body.contains("Retire worker-edge-1?"), "{}", confirm.body);
+    let read = method(&state, &cookie, "nodes.get", serde_json::json!({ "id": node_id })).await;
+    let stale = submit(&state, &format!("{node}/retire"), &[("expectedRevision", "999")], &cookie).await;
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    let retired = submit(&state, &format!("{node}/retire"), &[("expectedRevision", &read["revision"].to_string())], &cookie).await;
+    assert_eq!(retired.location(), Some(format!("{node}?done=retired").as_str()), "{}", retired.body);
+    let page = send(&state, get(&node, Some(&cookie))).await;
+    assert!(page.body.contains(r#"id="node-state">retired<"#) && page.body.contains(r#"id="node-delete""#), "{}", page.body);
+    let read = method(&state, &cookie, "nodes.get", serde_json::json!({ "id": node_id })).await;
+    let deleted = submit(&state, &format!("{node}/delete"), &[("expectedRevision", &read["revision"].to_string())], &cookie).await;
+    assert_eq!(deleted.location(), Some(format!("{nodes}?done=deleted").as_str()), "{}", deleted.body);
+    let page = send(&state, get(deleted.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Node deleted") && page.body.contains(r#"id="nodes-empty""#), "{}", page.body);
+    let gone = send(&state, get(&node, Some(&cookie))).await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.body);
+    assert!(gone.body.contains(r#"id="node-error" data-code="node-missing""#), "{}", gone.body);
+    assert_eq!(send(&state, get(&format!("{node}/nonsense"), Some(&cookie))).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_jump_command_needs_an_https_origin_outside_dev_mode() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let cluster = method(&state, &cookie, "clusters.create", serde_json::json!({ "name": "edge" })).await;
+    let cluster_id = cluster["cluster"]["id"].as_str().or(cluster["id"].as_str()).unwrap().to_string();
+    let refused = submit(&state, &format!("/clusters/{cluster_id}/nodes/jump"), &[], &cookie).await;
+    assert_eq!(flash_code(&refused.body).as_deref(), Some("public-origin-not-https"), "{}", refused.body);
+    assert!(refused.body.contains(r#"id="nodes-empty""#), "the page is shown again: {}", refused.body);
+}
