@@ -1,6 +1,8 @@
-//! Reads of the platform model the operator edits — organizations, clusters, services, nodes,
-//! settings (capability `inventory:read`) — and service writes on behalf of the caller
-//! (`inventory:write-services`).
+//! Reads of the platform model the operator edits — organizations, clusters, services, the
+//! nodes of clusters with their liveness ([`EntityKind::Node`], as `nodes.get` answers them,
+//! never a credential), settings, the fleet's Capstan processes ([`EntityKind::FleetNode`])
+//! (capability `inventory:read`) — and service writes on behalf of the caller
+//! (`inventory:write-services`). Nodes are read-only to plugins.
 
 use crate::bindings::capstan::plugin::inventory as wit;
 use crate::{Result, Value, encode, parse};

@@ -130,6 +130,10 @@ pub mod bindings {
         pub_export_macro: true,
         default_bindings_module: "capstan_sdk::bindings",
     });
+
+    // `generate!` reads the WIT without telling cargo: this makes a change of the contract
+    // rebuild the SDK, and so every plugin built against it.
+    const _: &str = include_str!("../../wit/0.2.0/manager.wit");
 }
 
 pub use context::{Caller, CallerKind, Context};

@@ -3,15 +3,16 @@
 //!
 //! - [`HostDependents`]: what the secrets and plugin areas keep on the inventory's entities
 //!   (the inventory's [`Dependents`]).
-//! - [`InventoryPlatform`]: the inventory, settings, organization roles and the secrets of the
-//!   scopes granted as plugins reach them (the plugin host's [`Platform`]).
+//! - [`InventoryPlatform`]: the inventory, the nodes of clusters, settings, organization roles
+//!   and the secrets of the scopes granted as plugins reach them (the plugin host's
+//!   [`Platform`]).
 
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::access::{self, Authority, OrgRole};
 use capstan_inventory::{Dependents, PluginSetting};
 use capstan_plugin_host::platform::{Platform, SecretMeta, SecretOwner};
 use capstan_rpc::{Identity, OrganizationAuthority};
-use capstan_store::{Document, Store, Tx};
+use capstan_store::{Document, Page, Store, Tx};
 use serde_json::Value;
 use std::sync::Arc;
 use zeroize::Zeroizing;
@@ -83,13 +84,15 @@ pub struct InventoryPlatform {
     store: Store,
     secrets: capstan_secrets::methods::Context,
     dependents: Arc<dyn Dependents>,
+    /// The clock a node's liveness is judged at.
+    clock: capstan_core::clock::Clock,
 }
 
 impl InventoryPlatform {
     /// Over `store` (secrets sealed with `keyring`), releasing holds with `dependents` consulted.
     pub fn new(store: Store, keyring: Arc<capstan_keyring::Keyring>, dependents: Arc<dyn Dependents>) -> Arc<Self> {
         let secrets = capstan_secrets::methods::Context { store: store.clone(), keyring };
-        Arc::new(InventoryPlatform { store, secrets, dependents })
+        Arc::new(InventoryPlatform { store, secrets, dependents, clock: capstan_core::clock::Clock::system() })
     }
 }
 
@@ -122,6 +125,12 @@ fn secret_meta(view: capstan_secrets::methods::SecretView) -> SecretMeta {
     }
 }
 
+/// A node as `nodes.get` answers it, as the document a plugin reads.
+fn node_document(view: capstan_nodes::NodeView) -> Result<Document> {
+    let (id, revision) = (view.node.id.clone(), view.node.revision);
+    Ok(Document { id, revision, data: capstan_inventory::to_value(&view)? })
+}
+
 fn document(entity: capstan_inventory::Entity<capstan_inventory::services::Service>) -> Result<Document> {
     Ok(Document { id: entity.id, revision: entity.revision, data: capstan_inventory::to_value(&entity.data)? })
 }
@@ -145,6 +154,15 @@ impl Platform for InventoryPlatform {
 
     fn plugin_identity(&self, plugin: &str) -> Identity {
         access::plugin_identity(plugin)
+    }
+
+    async fn node(&self, id: &str) -> Result<Option<Document>> {
+        capstan_nodes::records::read(&self.store, &self.clock, id).await?.map(node_document).transpose()
+    }
+
+    async fn nodes(&self, cursor: Option<&str>, limit: usize) -> Result<Page> {
+        let page = capstan_nodes::records::read_page(&self.store, &self.clock, None, cursor, Some(limit)).await?;
+        Ok(Page { documents: page.items.into_iter().map(node_document).collect::<Result<_>>()?, next_cursor: page.next_cursor })
     }
 
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {

@@ -5,10 +5,11 @@
 use super::{CLUSTER_NODE_SNAPSHOTS, CLUSTER_NODES, Context, NODE_CREDENTIALS, emit, freshness_ms, is_node_id, node_missing};
 use crate::credentials::{self, Credential};
 use crate::heartbeat::Report;
+use capstan_core::clock::Clock;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::{Entity, Listing, check_revision, page_limit, parse, to_value};
 use capstan_rpc::{Access, Call, Registry};
-use capstan_store::Tx;
+use capstan_store::{Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, json};
@@ -213,16 +214,26 @@ pub struct Deleted {
     pub deleted: bool,
 }
 
-async fn list(cx: Context, _: Call, input: ListInput) -> Result<Listing<NodeView>> {
-    let limit = page_limit(input.limit);
-    let input = &input;
-    let now = cx.clock.now_ms();
-    cx.store
+/// A page of nodes as `nodes.list` answers it (of one cluster with `cluster_id`), each with its
+/// liveness judged at `clock`'s now; nothing when the store does not hold nodes.
+pub async fn read_page(
+    store: &Store,
+    clock: &Clock,
+    cluster_id: Option<&str>,
+    cursor: Option<&str>,
+    limit: Option<usize>,
+) -> Result<Listing<NodeView>> {
+    let limit = page_limit(limit);
+    let now = clock.now_ms();
+    store
         .transact(|tx| async move {
-            let freshness = freshness_ms(&tx).await?;
-            let page = match &input.cluster_id {
-                Some(cluster) => tx.find(CLUSTER_NODES, "by_cluster", &[json!(cluster)], input.cursor.as_deref(), limit).await?,
-                None => tx.scan(CLUSTER_NODES, input.cursor.as_deref(), limit).await?,
+            if !tx.is_declared(CLUSTER_NODES) {
+                return Ok(Listing { items: vec![], next_cursor: None });
+            }
+            let freshness = freshness_in(&tx).await?;
+            let page = match cluster_id {
+                Some(cluster) => tx.find(CLUSTER_NODES, "by_cluster", &[json!(cluster)], cursor, limit).await?,
+                None => tx.scan(CLUSTER_NODES, cursor, limit).await?,
             };
             let items = page.documents.iter().map(|d| parse(d).map(|n| view(n, now, freshness))).collect::<Result<_>>()?;
             Ok(Listing { items, next_cursor: page.next_cursor })
@@ -230,10 +241,35 @@ async fn list(cx: Context, _: Call, input: ListInput) -> Result<Listing<NodeView
         .await
 }
 
+/// One node as `nodes.get` answers it, its liveness judged at `clock`'s now; `None` when there
+/// is none (an id that cannot name a node names none).
+pub async fn read(store: &Store, clock: &Clock, id: &str) -> Result<Option<NodeView>> {
+    if !is_node_id(id) {
+        return Ok(None);
+    }
+    let now = clock.now_ms();
+    store
+        .transact(|tx| async move {
+            if !tx.is_declared(CLUSTER_NODES) {
+                return Ok(None);
+            }
+            let Some(doc) = tx.get(CLUSTER_NODES, id).await? else { return Ok(None) };
+            Ok(Some(view(parse(&doc)?, now, freshness_in(&tx).await?)))
+        })
+        .await
+}
+
+/// The freshness setting, or the default where the store keeps no settings.
+async fn freshness_in(tx: &Tx) -> Result<u64> {
+    if tx.is_declared(capstan_inventory::SETTINGS) { freshness_ms(tx).await } else { Ok(super::DEFAULT_FRESHNESS_MS) }
+}
+
+async fn list(cx: Context, _: Call, input: ListInput) -> Result<Listing<NodeView>> {
+    read_page(&cx.store, &cx.clock, input.cluster_id.as_deref(), input.cursor.as_deref(), input.limit).await
+}
+
 async fn get(cx: Context, _: Call, input: ById) -> Result<NodeView> {
-    let id = input.id.as_str();
-    let now = cx.clock.now_ms();
-    cx.store.transact(|tx| async move { Ok(view(require_node(&tx, id).await?, now, freshness_ms(&tx).await?)) }).await
+    read(&cx.store, &cx.clock, &input.id).await?.ok_or_else(|| node_missing(&input.id))
 }
 
 fn not_retired(id: &str) -> Refusal {

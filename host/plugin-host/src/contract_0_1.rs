@@ -126,8 +126,33 @@ use log::Level;
 use types::CallerKind;
 enums! {
     CallerKind = CurrentCallerKind { Human, Machine, Host };
-    EntityKind = CurrentEntityKind { Organization, Cluster, Service, Node };
     Level = CurrentLevel { Trace, Debug, Info, Warn, Error };
+}
+
+// 0.1.0's `node` is a Capstan process of the fleet, which 0.2.0 calls `fleet-node`; 0.1.0 has
+// no word for a node of a cluster, so nothing of 0.1.0 asks for one.
+impl Adapt<CurrentEntityKind> for EntityKind {
+    fn adapt(self) -> CurrentEntityKind {
+        match self {
+            EntityKind::Organization => CurrentEntityKind::Organization,
+            EntityKind::Cluster => CurrentEntityKind::Cluster,
+            EntityKind::Service => CurrentEntityKind::Service,
+            EntityKind::Node => CurrentEntityKind::FleetNode,
+        }
+    }
+}
+
+impl Adapt<EntityKind> for CurrentEntityKind {
+    fn adapt(self) -> EntityKind {
+        match self {
+            CurrentEntityKind::Organization => EntityKind::Organization,
+            CurrentEntityKind::Cluster => EntityKind::Cluster,
+            CurrentEntityKind::Service => EntityKind::Service,
+            CurrentEntityKind::FleetNode => EntityKind::Node,
+            // never answered to 0.1.0: every kind it names adapts to another
+            CurrentEntityKind::Node => EntityKind::Node,
+        }
+    }
 }
 
 impl Adapt<c_store::WriteOp> for store::WriteOp {
@@ -415,5 +440,21 @@ impl Exports<'_> {
         to: &str,
     ) -> Answer<()> {
         Ok(self.0.call_migrate(store, &ctx.clone().adapt(), from, to).await?.map_err(Adapt::adapt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_0_1_node_reads_the_fleet_and_no_0_1_kind_reads_the_nodes_of_clusters() {
+        assert_eq!(EntityKind::Node.adapt(), CurrentEntityKind::FleetNode);
+        for kind in [EntityKind::Organization, EntityKind::Cluster, EntityKind::Service, EntityKind::Node] {
+            let current: CurrentEntityKind = kind.adapt();
+            assert_ne!(current, CurrentEntityKind::Node, "{kind:?} must not read the nodes of clusters");
+            let back: EntityKind = current.adapt();
+            assert_eq!(back, kind, "{kind:?} answers as itself");
+        }
     }
 }

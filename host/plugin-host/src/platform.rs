@@ -4,7 +4,7 @@
 //! so this crate depends on no domain crate for it.
 
 use crate::refusal::Result;
-use crate::store::Document;
+use crate::store::{Document, Page};
 use capstan_rpc::{Identity, OrganizationAuthority};
 use serde_json::Value;
 use zeroize::Zeroizing;
@@ -55,6 +55,14 @@ pub trait Platform: OrganizationAuthority {
     /// The identity a plugin acts with outside any caller's request (events, reconcile, tasks):
     /// the authority the operator approved for it at install.
     fn plugin_identity(&self, plugin: &str) -> Identity;
+
+    /// A node of a cluster as `nodes.get` answers it — the record with `live` and `liveness`,
+    /// never its credential — if there is one.
+    async fn node(&self, id: &str) -> Result<Option<Document>>;
+
+    /// Nodes of every cluster in id order, as `nodes.list` answers them: at most `limit`
+    /// after `cursor`.
+    async fn nodes(&self, cursor: Option<&str>, limit: usize) -> Result<Page>;
 
     /// Create a service from `body` (the `services.create` input) as `actor`.
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document>;

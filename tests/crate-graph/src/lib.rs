@@ -61,10 +61,20 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
-    // (the keyring: the secrets a plugin reaches are sealed and opened with it)
+    // (the keyring: the secrets a plugin reaches are sealed and opened with it; the nodes: the
+    // nodes of clusters a plugin reads, with their liveness)
     (
         "capstan-links",
-        &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-plugin-host"],
+        &[
+            "capstan-core",
+            "capstan-store",
+            "capstan-keyring",
+            "capstan-rpc",
+            "capstan-inventory",
+            "capstan-secrets",
+            "capstan-nodes",
+            "capstan-plugin-host",
+        ],
     ),
     // the server: the HTTP API, the host state, configuration, the assembly of `serve`, and the
     // first-party plugins it embeds; it knows nothing of the dashboard (which plugs in its pages)

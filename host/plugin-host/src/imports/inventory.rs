@@ -1,6 +1,8 @@
 //! `inventory`: the platform model read (`inventory:read`) and services written
 //! (`inventory:write-services`) — the writes through the server's [`Platform`], acting as the
-//! caller of the current method or else as the plugin itself.
+//! caller of the current method or else as the plugin itself. The nodes of clusters are read
+//! through the [`Platform`] too (as `nodes.get` answers them, with their liveness); the fleet's
+//! Capstan processes from the bucket. No function writes a node.
 
 use super::{CallData, Services, WitResult, parse_object, to_wit};
 use crate::blobs::Blobs;
@@ -15,11 +17,12 @@ use std::sync::Arc;
 pub(super) struct Reader {
     store: Store,
     blobs: Blobs,
+    platform: Arc<dyn Platform>,
 }
 
 impl Reader {
     pub(super) fn new(services: &Arc<Services>) -> Self {
-        Reader { store: services.store.clone(), blobs: services.blobs.clone() }
+        Reader { store: services.store.clone(), blobs: services.blobs.clone(), platform: services.platform.clone() }
     }
 }
 
@@ -69,11 +72,19 @@ impl CallData {
 impl inventory::Host for CallData {
     async fn get(&mut self, kind: inventory::EntityKind, id: String) -> WitResult<Option<inventory::Entity>> {
         let reader = self.reader()?;
-        if kind == inventory::EntityKind::Node {
-            let nodes = crate::fleet::read_nodes(&reader.blobs).await.map_err(to_wit)?;
-            return Ok(nodes.into_iter().find(|n| n.node_id == id).map(node_entity));
-        }
-        let collection = collection(kind);
+        let collection = match kind {
+            inventory::EntityKind::Node => {
+                let node = reader.platform.node(&id).await.map_err(to_wit)?;
+                return Ok(node.map(|d| entity(kind, d)));
+            }
+            inventory::EntityKind::FleetNode => {
+                let nodes = crate::fleet::read_nodes(&reader.blobs).await.map_err(to_wit)?;
+                return Ok(nodes.into_iter().find(|n| n.node_id == id).map(fleet_node_entity));
+            }
+            inventory::EntityKind::Organization => "organizations",
+            inventory::EntityKind::Cluster => "clusters",
+            inventory::EntityKind::Service => "services",
+        };
         let doc = reader.store.transact(|tx| {
             let id = id.clone();
             async move { if tx.is_declared(collection) { tx.get(collection, &id).await } else { Ok(None) } }
@@ -83,14 +94,23 @@ impl inventory::Host for CallData {
 
     async fn list(&mut self, kind: inventory::EntityKind, cursor: Option<String>, limit: u32) -> WitResult<inventory::EntityPage> {
         let reader = self.reader()?;
-        if kind == inventory::EntityKind::Node {
-            let nodes = crate::fleet::read_nodes(&reader.blobs).await.map_err(to_wit)?;
-            let after: Vec<_> = nodes.into_iter().filter(|n| cursor.as_deref().is_none_or(|c| n.node_id.as_str() > c)).collect();
-            let limit = (limit as usize).clamp(1, 500);
-            let next_cursor = (after.len() > limit).then(|| after[limit - 1].node_id.clone());
-            return Ok(inventory::EntityPage { entities: after.into_iter().take(limit).map(node_entity).collect(), next_cursor });
-        }
-        let collection = collection(kind);
+        let collection = match kind {
+            inventory::EntityKind::Node => {
+                let page = reader.platform.nodes(cursor.as_deref(), limit as usize).await.map_err(to_wit)?;
+                return Ok(page_of(kind, page));
+            }
+            inventory::EntityKind::FleetNode => {
+                let nodes = crate::fleet::read_nodes(&reader.blobs).await.map_err(to_wit)?;
+                let after: Vec<_> = nodes.into_iter().filter(|n| cursor.as_deref().is_none_or(|c| n.node_id.as_str() > c)).collect();
+                let limit = (limit as usize).clamp(1, 500);
+                let next_cursor = (after.len() > limit).then(|| after[limit - 1].node_id.clone());
+                let entities = after.into_iter().take(limit).map(fleet_node_entity).collect();
+                return Ok(inventory::EntityPage { entities, next_cursor });
+            }
+            inventory::EntityKind::Organization => "organizations",
+            inventory::EntityKind::Cluster => "clusters",
+            inventory::EntityKind::Service => "services",
+        };
         let page = reader.store.transact(|tx| {
             let cursor = cursor.clone();
             async move {
@@ -101,8 +121,7 @@ impl inventory::Host for CallData {
                 }
             }
         });
-        let page = page.await.map_err(to_wit)?;
-        Ok(inventory::EntityPage { entities: page.documents.into_iter().map(|d| entity(kind, d)).collect(), next_cursor: page.next_cursor })
+        Ok(page_of(kind, page.await.map_err(to_wit)?))
     }
 
     async fn settings(&mut self) -> WitResult<inventory::Entity> {
@@ -144,21 +163,15 @@ impl inventory::Host for CallData {
     }
 }
 
-/// The store collection an entity kind lives in (the names are the inventory's).
-fn collection(kind: inventory::EntityKind) -> &'static str {
-    match kind {
-        inventory::EntityKind::Organization => "organizations",
-        inventory::EntityKind::Cluster => "clusters",
-        inventory::EntityKind::Service => "services",
-        inventory::EntityKind::Node => "nodes",
-    }
-}
-
 fn entity(kind: inventory::EntityKind, d: crate::store::Document) -> inventory::Entity {
     inventory::Entity { kind, id: d.id, revision: d.revision, data: d.data.to_string() }
 }
 
-fn node_entity(n: crate::fleet::NodeRecord) -> inventory::Entity {
+fn page_of(kind: inventory::EntityKind, page: crate::store::Page) -> inventory::EntityPage {
+    inventory::EntityPage { entities: page.documents.into_iter().map(|d| entity(kind, d)).collect(), next_cursor: page.next_cursor }
+}
+
+fn fleet_node_entity(n: crate::fleet::NodeRecord) -> inventory::Entity {
     let data = serde_json::to_string(&n).unwrap_or_else(|_| "{}".into());
-    inventory::Entity { kind: inventory::EntityKind::Node, id: n.node_id, revision: 0, data }
+    inventory::Entity { kind: inventory::EntityKind::FleetNode, id: n.node_id, revision: 0, data }
 }

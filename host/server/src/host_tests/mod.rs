@@ -3,6 +3,7 @@
 
 mod inventory;
 mod nodes;
+mod plugin_nodes;
 mod plugins;
 mod rewrap;
 mod secrets;
