@@ -16,7 +16,8 @@ RUN rustup show active-toolchain
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p capstan \
+    cargo build --release --locked -p capstan -p capstan-agent \
+    && install -m 0755 target/release/capstan-agent /usr/local/bin/capstan-agent \
     && install -d /usr/local/lib/debug \
     && objcopy --only-keep-debug target/release/capstan /usr/local/lib/debug/capstan.debug \
     && objcopy --strip-debug --add-gnu-debuglink=/usr/local/lib/debug/capstan.debug target/release/capstan \
@@ -32,6 +33,9 @@ RUN apt-get update \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/capstan --shell /usr/sbin/nologin capstan \
     && install -d -o capstan -g capstan -m 0700 /var/lib/capstan /var/lib/capstan/keyring /var/lib/capstan/state
 COPY --from=build /usr/local/bin/capstan /usr/local/bin/capstan
+# the node agent the jump script installs on a new machine (GET /agent/v1/binary/<platform>
+# serves the capstan-agent found next to capstan)
+COPY --from=build /usr/local/bin/capstan-agent /usr/local/bin/capstan-agent
 
 USER capstan
 WORKDIR /var/lib/capstan

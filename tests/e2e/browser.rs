@@ -44,6 +44,10 @@ const SECRET_REVOKE_SCREENSHOT_COPY: &str = "/tmp/capstan-secret-revoke.png";
 const APPSTORE_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore.png";
 const APPSTORE_APP_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore-app.png";
 const APPSTORE_UPGRADE_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore-upgrade.png";
+const NODE_JUMP_SCREENSHOT_COPY: &str = "/tmp/capstan-node-jump.png";
+const NODE_SCREENSHOT_COPY: &str = "/tmp/capstan-node.png";
+const PLUGIN_PAGE_SCREENSHOT_COPY: &str = "/tmp/capstan-plugin-page.png";
+const PLUGIN_GENERATED_SCREENSHOT_COPY: &str = "/tmp/capstan-plugin-generated.png";
 /// The values the browser seals in the Secrets view: none may appear in any page or log.
 const TYPED_VALUE: &str = "typed-in-the-browser-4b1e Ünïcode ✓";
 const ROTATED_VALUE: &str = "rotated-in-the-browser-9c2d";
@@ -163,7 +167,12 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = Capstan::dev(&dir.path().join("data"));
+    // the example plugin, signed by a publisher this server trusts: its pages with no host change
+    let key = capstan::plugins::bundle::generate_key();
+    let example = crate::crash::example_component().map(|component| crate::crash::example_bundle(&component, "0.1.0", &key));
+    let mut serve = crate::support::dev_command(&dir.path().join("data"));
+    serve.env("CAPSTAN_TRUSTED_PUBLISHERS", capstan::plugins::bundle::PublisherKey::from(&key).to_string());
+    let server = Capstan::start(serve);
     let password = server.printed_admin_password().expect("a first dev start prints the admin password");
     let profile = dir.path().join("chromium-profile");
     std::fs::create_dir_all(&profile).unwrap();
@@ -177,7 +186,7 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
             .connect(&driver.url)
             .await
             .unwrap_or_else(|e| panic!("a WebDriver session should start: {e}\nchromedriver log:\n{}", driver.log_text()));
-        let scenario = tokio::time::timeout(SCENARIO_TIMEOUT, scenario(&client, &server, &password, dir.path()));
+        let scenario = tokio::time::timeout(SCENARIO_TIMEOUT, scenario(&client, &server, &password, dir.path(), example.as_deref()));
         // close the browser whatever happened, then report
         let outcome = AssertUnwindSafe(scenario).catch_unwind().await;
         let _ = client.close().await;
@@ -309,7 +318,7 @@ async fn fleet_view(client: &Client, server: &Capstan, dir: &Path) {
     }
 }
 
-async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path) {
+async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path, example: Option<&[u8]>) {
     // an anonymous visit to the overview lands on the login page
     client.goto(&server.url("/")).await.unwrap();
     assert_eq!(path_of(client).await, "/login");
@@ -386,6 +395,11 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path)
     tasks_view(client, dir).await;
     secrets_view(client, server, &api, dir).await;
     appstore_view(client, &api, dir).await;
+    nodes_view(client, &api, dir).await;
+    match example {
+        Some(bundle) => plugin_pages(client, &api, bundle, dir).await,
+        None => eprintln!("skipping the example plugin's pages: no wasm32-wasip2 target to build it"),
+    }
 
     // log out: back on the login page, and the overview is closed again
     let token = cookie.value().to_string();
@@ -836,6 +850,112 @@ fn wiki_catalog(versions: &[&str], revision: u64, key: &capstan_catalog::Signing
         serde_json::from_value(json!({ "apps": [{ "id": "wiki", "name": "Wiki", "description": "A small wiki.", "versions": versions }] }))
             .unwrap();
     capstan_catalog::sign(&catalog, revision, key).unwrap().to_json()
+}
+
+/// A cluster's nodes: a jump command created and copied, a machine enrolling and beating over
+/// the agent's wire (as `capstan-agent` does), live in the table, its page, a rename pending.
+async fn nodes_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
+    use sha2::Digest;
+    let cluster = api.call("clusters.create", json!({ "name": "edge" }));
+    let cluster_id = cluster["cluster"]["id"].as_str().or(cluster["id"].as_str()).expect("the cluster's id").to_string();
+    click(client, r#"a.nav-item[href="/clusters"]"#).await;
+    click(client, &format!(r#"a.row-link[href="/clusters/{cluster_id}"]"#)).await;
+    click(client, "#cluster-nodes").await;
+    wait_for(client, "#nodes-empty").await;
+    assert_eq!(client.title().await.unwrap(), "Nodes of edge · Capstan");
+    fill(client, "#jump-name", "edge-1").await;
+    click(client, "#jump-submit").await;
+    let command = wait_for(client, "#jump-command").await.prop("value").await.unwrap().unwrap_or_default();
+    assert!(command.starts_with("curl -fsSL 'http://") && command.ends_with("' | sudo bash"), "{command}");
+    click(client, "#jump-copy").await;
+    let copied = text_of(client, "#jump-copy").await;
+    assert!(["Copied", "Selected: copy it"].contains(&copied.as_str()), "the copy button says what it did: {copied}");
+    let shot = client.screenshot().await.expect("a screenshot of a jump command");
+    save_screenshot(&shot, dir, "node-jump.png", NODE_JUMP_SCREENSHOT_COPY);
+
+    // a machine enrolls with the code and beats, as capstan-agent does
+    let code = command.rsplit("/jump/").next().unwrap().split('\'').next().unwrap().to_string();
+    let token = "cd".repeat(32);
+    let agent = |path: &str, body: serde_json::Value, bearer: Option<&str>| {
+        let auth = bearer.map(|t| format!("Bearer {t}")).unwrap_or_default();
+        let mut headers = vec![("content-type", "application/json")];
+        if bearer.is_some() {
+            headers.push(("authorization", auth.as_str()));
+        }
+        let reply = api.server.request("POST", path, &headers, Some(body.to_string().as_bytes()));
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+        reply.json()
+    };
+    let enrolled = agent(
+        "/agent/v1/enroll",
+        json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "agentVersion": "0.1.0",
+            "tokenSha256": hex::encode(sha2::Sha256::digest(token.as_bytes())) }),
+        None,
+    );
+    let node_id = enrolled["nodeId"].as_str().unwrap().to_string();
+    let report = json!({
+        "hostname": "worker-edge-1", "os": "Debian GNU/Linux 13", "kernel": "6.12.0", "arch": "x86_64", "cpus": 4,
+        "memoryBytes": 8_589_934_592u64, "diskBytes": 107_374_182_400u64, "diskFreeBytes": 53_687_091_200u64,
+        "agentVersion": "0.1.0", "uptimeSeconds": 7200, "addresses": ["192.0.2.10"]
+    });
+    agent("/agent/v1/heartbeat", json!({ "protocol": "capstan-agent/1", "nodeId": node_id, "report": report }), Some(&token));
+    click(client, "#jump-done").await;
+    wait_for(client, &format!(r#"tr[data-node="{node_id}"][data-liveness="live"]"#)).await;
+    click(client, &format!(r#"tr[data-node="{node_id}"] a.row-link"#)).await;
+    assert_eq!(text_of(client, "#node-state").await, "live");
+    fill(client, "#hostname-new", "edge-one").await;
+    click(client, "#hostname-submit").await;
+    expect_flash(client, "Hostname intent stored").await;
+    assert!(text_of(client, "#node-intent").await.contains("pending edge-one"));
+    let shot = client.screenshot().await.expect("a screenshot of a node's page");
+    save_screenshot(&shot, dir, "node.png", NODE_SCREENSHOT_COPY);
+}
+
+/// The example plugin's pages, installed at run time: in the rail, its template rendering what
+/// its method answers, its form writing a note, its generated page listing it, a refusal by
+/// name, and its setting read back.
+async fn plugin_pages(client: &Client, api: &ApiClient<'_>, bundle: &[u8], dir: &Path) {
+    let bearer = format!("Bearer {}", api.token);
+    let uploaded = api.server.request("POST", "/api/v1/uploads/plugin-bundle", &[("authorization", &bearer)], Some(bundle));
+    assert_eq!(uploaded.status, 200, "{}", uploaded.body);
+    api.call("plugins.install", json!({ "upload": uploaded.json()["upload"], "approve": ["all-requested"] }));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while api.status_of("plugins.get", json!({ "id": "example" })).1["status"] != "running" {
+        assert!(Instant::now() < deadline, "the example plugin should be running");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    client.refresh().await.expect("the page is read again");
+    click(client, r#"a.nav-item[href="/p/example"]"#).await;
+    assert_eq!(text_of(client, "#example-welcome").await, "Notes kept by the example plugin.");
+    assert_eq!(client.title().await.unwrap(), "Example · Capstan");
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Example");
+    fill(client, "#putNote-id", "n-1").await;
+    fill(client, "#putNote-text", "written in a browser").await;
+    click(client, "#submit-putNote").await;
+    wait_for(client, "#example-count").await;
+    assert_eq!(text_of(client, "#example-count").await, "1 note is kept. See them all.");
+    let shot = client.screenshot().await.expect("a screenshot of a plugin's templated page");
+    save_screenshot(&shot, dir, "plugin-page.png", PLUGIN_PAGE_SCREENSHOT_COPY);
+
+    // the generated page lists the note; the same form, refused, says why by name
+    click(client, r#"a.nav-item[href="/p/example/notes"]"#).await;
+    wait_for(client, "table.plugin-table").await;
+    assert!(text_of(client, "table.plugin-table").await.contains("written in a browser"));
+    fill(client, "#putNote-id", "n-1").await;
+    fill(client, "#putNote-text", "a stale edit").await;
+    fill(client, "#putNote-expectedRevision", "7").await;
+    click(client, "#submit-putNote").await;
+    expect_refusal(client, "conflict").await;
+    let shot = client.screenshot().await.expect("a screenshot of a plugin's generated page");
+    save_screenshot(&shot, dir, "plugin-generated.png", PLUGIN_GENERATED_SCREENSHOT_COPY);
+
+    // its setting, changed by an operator, is what its page shows
+    let settings = api.call("settings.get", json!({}));
+    api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "example.welcome": "Welcome, operators" } }));
+    click(client, r#"a.nav-item[href="/p/example"]"#).await;
+    wait_for(client, "#example-welcome").await;
+    assert_eq!(text_of(client, "#example-welcome").await, "Welcome, operators");
 }
 
 /// The App Store's pages (the embedded plugin's, installed in the background at start):

@@ -176,6 +176,8 @@ fn a_node_killed_as_it_takes_the_lease_over_leaves_one_holder_per_fence() {
             seen
         });
 
+        // a failing assertion below must end the watcher too, or the scope would wait for it forever
+        let _stop_watching = crate::support::StopOnDrop(&stop);
         let b = Capstan::start(armed(fleet.serve_on_loopback("b"), "lease:taken"));
         let b_id = b.node_id();
         stop_when_serving(a); // draining gives the lease up: b takes it, and dies
@@ -405,7 +407,7 @@ fn a_catalog_activation_killed_before_or_after_its_pointer_moves_is_before_or_af
 /// The example plugin's component, built for wasm32-wasip2 into the directory the host's plugin
 /// tests use (so a built one is reused); `None` when the target is missing (the reason printed,
 /// unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1` makes that a failure).
-fn example_component() -> Option<Vec<u8>> {
+pub(crate) fn example_component() -> Option<Vec<u8>> {
     use crate::plugins::{wasm_target_available, workspace};
     if !wasm_target_available() {
         return None;
@@ -426,7 +428,7 @@ fn example_component() -> Option<Vec<u8>> {
 }
 
 /// The example plugin at `version`, signed by `key`.
-fn example_bundle(component: &[u8], version: &str, key: &capstan_catalog::SigningKey) -> Vec<u8> {
+pub(crate) fn example_bundle(component: &[u8], version: &str, key: &capstan_catalog::SigningKey) -> Vec<u8> {
     let manifest = std::fs::read_to_string(crate::plugins::workspace().join("plugins/example/capstan-plugin.toml")).unwrap();
     assert!(manifest.contains("version = \"0.1.0\""), "{manifest}");
     let manifest = manifest.replacen("version = \"0.1.0\"", &format!("version = \"{version}\""), 1);

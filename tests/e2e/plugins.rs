@@ -256,6 +256,7 @@ fn an_author_builds_a_plugin_and_an_operator_installs_upgrades_under_load_and_ro
                 })
             })
             .collect();
+        let _stop_workers = crate::support::StopOnDrop(&stop);
         std::thread::sleep(Duration::from_millis(500));
         let upgraded =
             cli(&["plugin", "upgrade", &path(&bundle_v2), "--approve", "all-requested", "--url", &url], b"", COMMAND_TIMEOUT, &mut outputs);

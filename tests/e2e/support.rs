@@ -770,3 +770,14 @@ impl Identities {
         server.call_bytes(self.token(kind), method, body)
     }
 }
+
+/// Sets its flag when dropped, also while a panic unwinds: the threads of a `thread::scope`
+/// that loop until the flag is set then end, so a failing assertion fails the test instead of
+/// leaving the scope waiting for them forever.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -182,7 +182,11 @@ download="$(mktemp)"
 trap 'rm -f "$download"' EXIT
 "#,
     );
-    out.push_str(&format!("curl -fsSL '{origin}/agent/v1/binary/'\"$platform\" -o \"$download\"\n"));
+    out.push_str(&format!("if ! curl -fsSL '{origin}/agent/v1/binary/'\"$platform\" -o \"$download\"; then\n"));
+    out.push_str(&format!(
+        "  echo \"capstan: {origin} hands out no capstan-agent for $platform: build it beside capstan on the Capstan host \
+         (cargo build --release -p capstan-agent) or set CAPSTAN_AGENT_BINARY there\" >&2\n  exit 1\nfi\n"
+    ));
     out.push_str("install -m 0755 \"$download\" /usr/local/bin/capstan-agent\n\n");
     if let Some(name) = &usable.node_name {
         out.push_str(&format!("hostnamectl set-hostname '{}'\n\n", worker_hostname(name)));

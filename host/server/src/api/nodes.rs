@@ -77,8 +77,14 @@ async fn jump_script(State(state): State<AppState>, Path(code): Path<String>) ->
 
 fn binary_unavailable(platform: &str) -> Refusal {
     let shown: String = platform.chars().take(32).collect();
-    Refusal::new("agent-binary-unavailable", format!("this Capstan serves no capstan-agent for {shown:?}"))
-        .with_data(serde_json::json!({ "platform": shown, "platforms": PLATFORMS }))
+    Refusal::new(
+        "agent-binary-unavailable",
+        format!(
+            "this Capstan serves no capstan-agent for {shown:?}: build it beside capstan (cargo build --release -p capstan-agent) \
+             or set CAPSTAN_AGENT_BINARY"
+        ),
+    )
+    .with_data(serde_json::json!({ "platform": shown, "platforms": PLATFORMS }))
 }
 
 /// The platform this host's own build runs on (the `capstan-agent` beside it is built for it).
