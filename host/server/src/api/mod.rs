@@ -277,7 +277,7 @@ async fn request_id(mut request: Request, next: Next) -> Response {
         .map(str::to_string)
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     request.extensions_mut().insert(RequestId(id.clone()));
-    let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path());
+    let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %logged_path(request.uri().path()));
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
     span.in_scope(|| {
@@ -287,6 +287,19 @@ async fn request_id(mut request: Request, next: Next) -> Response {
         response.headers_mut().insert(REQUEST_ID, value);
     }
     response
+}
+
+/// A request path as the log shows it: a jump code in `/jump/<code>` is a bearer secret, so
+/// only its first two characters are kept (enough to tell two requests apart).
+fn logged_path(path: &str) -> std::borrow::Cow<'_, str> {
+    match path.strip_prefix("/jump/") {
+        Some(rest) => {
+            let (code, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let kept: String = code.chars().take(2).collect();
+            format!("/jump/{kept}…{tail}").into()
+        }
+        None => path.into(),
+    }
 }
 
 async fn healthz() -> Json<Value> {

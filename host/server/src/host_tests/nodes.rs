@@ -197,6 +197,7 @@ async fn jump_commands_show_the_code_once_and_keep_only_its_hash() {
 
 #[tokio::test]
 async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
+    let logs = super::plugins::captured_logs();
     let w = World::new().await;
     let created = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras"})).await;
     let code = created["code"].as_str().unwrap();
@@ -213,6 +214,10 @@ async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
     assert!(text.contains("hostnamectl set-hostname 'worker-gras'"));
     assert!(text.contains("https://capstan.example/agent/v1/binary/"));
     assert_eq!(w.get(&format!("/jump/{code}/setup.sh"), Some("text/html")).await.text(), text, "setup.sh is always the script");
+    // the request log names the route, never the code (a bearer secret until it is used)
+    let logged = String::from_utf8_lossy(&logs.lock().unwrap()).to_string();
+    assert!(logged.contains(&format!("/jump/{}…/setup.sh", &code[..2])), "the jump requests are logged");
+    assert!(!logged.contains(code), "a jump code never reaches the log");
 
     let page = w.get(&format!("/jump/{code}"), Some("text/html,application/xhtml+xml")).await;
     assert_eq!(page.status, StatusCode::OK);

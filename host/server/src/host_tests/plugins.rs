@@ -592,7 +592,7 @@ async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() 
 
 /// Everything logged in this test process from the first call on (debug and above), for tests
 /// that prove a value never reaches the log.
-fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {
+pub(super) fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {
     static LOGS: OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = OnceLock::new();
     LOGS.get_or_init(|| {
         let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
