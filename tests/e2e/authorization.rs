@@ -107,6 +107,30 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("migrations.getStatus", json!({}), anyone(Ran)),
         ("system.getStatus", json!({}), anyone(Ran)),
         ("system.getVersion", json!({}), anyone(Ran)),
+        // ---- nodes (a node nobody enrolled: nothing changes) ----
+        ("nodes.createJumpCommand", json!({ "clusterId": "cls_missing" }), admin(Past("cluster-not-found"))),
+        ("nodes.delete", json!({ "id": "node_missing", "expectedRevision": STALE }), admin(Past("node-missing"))),
+        ("nodes.get", json!({ "id": "node_missing" }), admin(Past("node-missing"))),
+        ("nodes.getCredential", json!({ "nodeId": "node_missing" }), admin(Past("node-missing"))),
+        ("nodes.getDeletionImpact", json!({ "id": "node_missing" }), admin(Past("node-missing"))),
+        ("nodes.list", json!({ "clusterId": CLUSTER }), admin(Ran)),
+        ("nodes.resetHostname", json!({ "nodeId": "node_missing", "expectedGeneration": STALE }), admin(Past("node-missing"))),
+        ("nodes.retire", json!({ "id": "node_missing", "expectedRevision": STALE }), admin(Past("node-missing"))),
+        (
+            "nodes.revokeCredential",
+            json!({ "nodeId": "node_missing", "expectedGeneration": STALE, "mutationId": "mut_matrix" }),
+            admin(Past("node-missing")),
+        ),
+        (
+            "nodes.rotateCredential",
+            json!({ "nodeId": "node_missing", "tokenSha256": "0".repeat(64), "expectedGeneration": STALE, "mutationId": "mut_matrix" }),
+            admin(Past("node-missing")),
+        ),
+        (
+            "nodes.setHostname",
+            json!({ "nodeId": "node_missing", "expectedGeneration": STALE, "hostname": "matrix" }),
+            admin(Past("node-missing")),
+        ),
         // ---- organizations ----
         ("organizations.create", json!({ "name": "fixture" }), admin(Past("exists"))),
         ("organizations.delete", json!({ "id": ORG, "expectedRevision": STALE }), admin(Past("conflict"))),
