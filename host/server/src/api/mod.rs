@@ -168,6 +168,12 @@ pub async fn test_state(dir: &std::path::Path) -> AppState {
 #[cfg(any(test, feature = "testing"))]
 pub async fn test_state_at(dir: &std::path::Path, public_origin: &str, dev: bool) -> AppState {
     let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.join("capstan.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
+    test_state_on(dir, store, public_origin, dev).await
+}
+
+/// [`test_state_at`] on the given store (a MongoDB one, say); the rest is kept in `dir`.
+#[cfg(any(test, feature = "testing"))]
+pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &str, dev: bool) -> AppState {
     let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
     let keyring = Arc::new(Keyring::generate(None, None).unwrap());
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();

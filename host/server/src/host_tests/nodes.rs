@@ -1,7 +1,7 @@
 //! The nodes area through the assembled host: `nodes.*` through the registry, and the jump
 //! pages and the agent's wire through the router, in process.
 
-use crate::api::{AppState, Call, Pages, router, test_state_at};
+use crate::api::{AppState, Call, Pages, router, test_state_at, test_state_on};
 use crate::auth::Identity;
 use crate::nodes::{self, sha256_hex};
 use crate::refusal::Refusal;
@@ -48,6 +48,20 @@ impl World {
     async fn at(origin: &str, dev: bool) -> World {
         let dir = tempfile::tempdir().unwrap();
         let state = test_state_at(dir.path(), origin, dev).await;
+        World::with(dir, state).await
+    }
+
+    /// A world whose store is a fresh database at the MongoDB `url`.
+    async fn on_mongodb(url: &str) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let database = format!("capstan_nodes_{:016x}", rand::random::<u64>());
+        let mongo = crate::store::mongo::MongoStore::open(url, Some(&database)).await.unwrap();
+        let store = crate::store::Store::new(mongo, crate::store::DEFAULT_BUDGET);
+        let state = test_state_on(dir.path(), store, "https://capstan.example", false).await;
+        World::with(dir, state).await
+    }
+
+    async fn with(dir: tempfile::TempDir, state: AppState) -> World {
         crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
         let answer = state.auth.login("admin", PASSWORD, None).await.unwrap();
         let admin = state.auth.authenticate(&answer.token).await.unwrap();
@@ -592,4 +606,51 @@ async fn retirement_revokes_and_only_retired_nodes_are_deleted() {
     let retired = w.ok("nodes.retire", json!({"id": last["id"], "expectedRevision": last["revision"]})).await;
     w.ok("nodes.delete", json!({"id": last["id"], "expectedRevision": retired["revision"]})).await;
     w.ok("clusters.delete", json!({"id": w.cluster, "expectedRevision": cluster_revision})).await;
+}
+
+/// The nodes area's transactions on MongoDB (the wire server named by
+/// `CAPSTAN_TEST_MONGODB_URL`, one call at a time: the stand-in isolates no concurrent
+/// transactions, docs/compatibility.md): enrollment and its replay, beats under the credential
+/// generation, rotation, revocation, hostname intents, retirement and deletion commit there as
+/// they do on SQLite.
+#[tokio::test]
+async fn on_mongodb_enrollment_beats_rotation_revocation_and_retirement_commit() {
+    let Ok(url) = std::env::var("CAPSTAN_TEST_MONGODB_URL") else {
+        eprintln!("skipped: CAPSTAN_TEST_MONGODB_URL is not set (a MongoDB wire server such as nx-27017; .ci/peers.sh starts one)");
+        return;
+    };
+    let w = World::on_mongodb(url.trim()).await;
+    let code = w.code().await;
+    let token = new_token();
+    let body = enroll_body(&code, "node-m", &token);
+    let first = w.agent("enroll", body.clone(), None).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    let replay = w.agent("enroll", body, None).await;
+    assert_eq!(replay.json(), first.json(), "an exact replay answers the recorded answer");
+    assert_eq!(w.ok("nodes.list", json!({"clusterId": w.cluster})).await["items"].as_array().unwrap().len(), 1);
+    let id = first.json()["nodeId"].as_str().unwrap().to_string();
+
+    assert_eq!(w.beat(&id, &token).await.status, StatusCode::OK);
+    assert_eq!(w.node(&id).await["liveness"], "live");
+    let set = w.ok("nodes.setHostname", json!({"nodeId": id, "expectedGeneration": 0, "hostname": "renamed"})).await;
+    assert_eq!(set["hostnameIntent"]["generation"], 1, "{set}");
+
+    let rotated_token = new_token();
+    let rotate =
+        json!({"nodeId": id, "tokenSha256": sha256_hex(rotated_token.as_bytes()), "expectedGeneration": 1, "mutationId": "mut_m1"});
+    let rotated = w.ok("nodes.rotateCredential", rotate.clone()).await;
+    assert_eq!(rotated["generation"], 2);
+    assert_eq!(w.ok("nodes.rotateCredential", rotate).await, rotated, "the mutation replays");
+    assert_eq!(w.beat(&id, &token).await.status, StatusCode::UNAUTHORIZED, "the replaced token is refused");
+    assert_eq!(w.beat(&id, &rotated_token).await.status, StatusCode::OK);
+
+    let revoked = w.ok("nodes.revokeCredential", json!({"nodeId": id, "expectedGeneration": 2, "mutationId": "mut_m2"})).await;
+    assert_eq!(revoked["state"], "revoked");
+    assert_eq!(w.beat(&id, &rotated_token).await.status, StatusCode::UNAUTHORIZED);
+
+    let node = w.node(&id).await;
+    let retired = w.ok("nodes.retire", json!({"id": id, "expectedRevision": node["revision"]})).await;
+    assert_eq!(retired["state"], "retired");
+    w.ok("nodes.delete", json!({"id": id, "expectedRevision": retired["revision"]})).await;
+    w.refused("nodes.get", json!({"id": id}), "node-missing").await;
 }
