@@ -199,6 +199,11 @@ trap 'rm -f "$download"' EXIT
     out.push('\n');
     out.push_str(
         r#"
+if [ ! -d /run/systemd/system ]; then
+  echo "capstan: this machine is enrolled, but systemd does not run here: keep 'capstan-agent run' running as root yourself" >&2
+  exit 1
+fi
+
 cat > /etc/systemd/system/capstan-agent.service <<'UNIT'
 [Unit]
 Description=Capstan node agent

@@ -227,6 +227,7 @@ async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
     assert_eq!(text.matches(code).count(), 1, "the code is only ever piped to stdin");
     assert!(text.contains("hostnamectl set-hostname 'worker-gras'"));
     assert!(text.contains("https://capstan.example/agent/v1/binary/"));
+    assert!(text.contains("if [ ! -d /run/systemd/system ]; then"), "without systemd the script says how to run the agent");
     assert_eq!(w.get(&format!("/jump/{code}/setup.sh"), Some("text/html")).await.text(), text, "setup.sh is always the script");
     // the request log names the route, never the code (a bearer secret until it is used)
     let logged = String::from_utf8_lossy(&logs.lock().unwrap()).to_string();
