@@ -5,6 +5,7 @@
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
 pub mod nodes;
+pub mod socket;
 pub mod system;
 pub mod uploads;
 
@@ -61,6 +62,8 @@ pub struct AppState {
     /// The nodes area: what the `/jump` and `/agent/v1` routes reach (its clock is the one the
     /// `nodes.*` methods read).
     pub nodes: crate::nodes::Context,
+    /// The open `/api/v1/socket` sessions, and how host code pushes to them.
+    pub sockets: Arc<socket::Hub>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -135,6 +138,7 @@ impl AppState {
             scheduler,
             fleet,
             nodes,
+            sockets: Arc::new(socket::Hub::new(socket::Limits::for_bodies(max_body_bytes))),
         }
     }
 }
@@ -232,6 +236,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/healthz", get(healthz))
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
+        .route("/api/v1/socket", get(socket::upgrade))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
         .merge(nodes::routes())
@@ -256,17 +261,22 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let refusal = self.0;
         let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
-            tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "request failed: {}", refusal.message);
-        } else {
-            tracing::info!(code = %refusal.code, "request refused: {}", refusal.message);
-        }
+        log_refusal(&refusal);
         let mut response = (status, Json(json!({ "error": refusal }))).into_response();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             // the rest of the body is not read: tell the client this connection ends here
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
+    }
+}
+
+/// Log a refusal as the API answers it: a server error with its detail, anything else briefly.
+pub(crate) fn log_refusal(refusal: &Refusal) {
+    if StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR).is_server_error() {
+        tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "request failed: {}", refusal.message);
+    } else {
+        tracing::info!(code = %refusal.code, "request refused: {}", refusal.message);
     }
 }
 
@@ -332,33 +342,91 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     // Read the body before judging anything else: a refusal that leaves a body unread makes
     // the server drop the connection, which a client reusing connections would trip over.
     let bytes = read_body(headers, body, state.max_body_bytes).await?;
-    // host and plugin methods alike: a plugin's are registry entries while it is loaded here
-    let method = state.methods.resolve(&name).await?;
-    let identity = match method.access {
-        // a public method serves anyone; a valid token only tells it who is asking
-        Access::Public => optional_identity(&state, headers).await,
-        Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {
-            let bearer = bearer_token(headers).ok_or_else(crate::auth::denied)?;
-            Some(state.auth.authenticate(bearer).await?)
-        }
-    };
-    let input = json_body(headers, &bytes)?;
     let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
-    let fleet = state.fleet.clone();
-    if !method.coordinator_only {
-        let call = Call { identity, source, request_id };
-        return Ok(Json(method.call(call, input).await?).into_response());
-    }
-    let answered_by = |mut response: Response, node: &str| {
-        if let Ok(value) = HeaderValue::from_str(node) {
-            response.headers_mut().insert(forward::ANSWERED_BY, value);
+    let incoming = Incoming {
+        name: &name,
+        bearer: bearer_token(headers),
+        source,
+        request_id: &request_id,
+        forwarded: headers.contains_key(forward::FORWARDED_BY),
+        raw: &bytes,
+    };
+    let answered_by = |mut response: Response, node: Option<HeaderValue>| {
+        if let Some(node) = node {
+            response.headers_mut().insert(forward::ANSWERED_BY, node);
         }
         response
     };
-    match forward::route(&fleet, headers.contains_key(forward::FORWARDED_BY)).await? {
+    match dispatch(&state, incoming, |bytes| json_body(headers, bytes)).await? {
+        Answered::Here { value, answered_by: node } => {
+            Ok(answered_by(Json(value).into_response(), node.and_then(|n| HeaderValue::from_str(&n).ok())))
+        }
+        Answered::There { status, answered_by: node, body } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let response = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
+            Ok(answered_by(response, node))
+        }
+    }
+}
+
+/// One method call as it reaches the host, over HTTP (`POST /api/v1/<method>`) or the socket
+/// (`/api/v1/socket`): both answer it through [`dispatch`], so access, body validation,
+/// receipts and coordinator forwarding are one code path.
+pub(crate) struct Incoming<'a> {
+    /// The method's name.
+    pub name: &'a str,
+    /// The bearer token the caller presented, if any.
+    pub bearer: Option<&'a str>,
+    /// The client's address.
+    pub source: Option<std::net::IpAddr>,
+    /// The request's id (logged, and passed on when forwarded).
+    pub request_id: &'a str,
+    /// The request came from another fleet node forwarding it here.
+    pub forwarded: bool,
+    /// The body as the client sent it (forwarded as is to the coordinator).
+    pub raw: &'a [u8],
+}
+
+/// How a dispatched call was answered.
+pub(crate) enum Answered {
+    /// By this node; `answered_by` names it for a coordinator-only method.
+    Here { value: Value, answered_by: Option<String> },
+    /// By the coordinator, whose HTTP answer is passed on as it came.
+    There { status: u16, answered_by: Option<HeaderValue>, body: Bytes },
+}
+
+/// Resolve the method, establish the caller as its access needs, decode the body (`input`,
+/// after the caller is known, as HTTP always has) and run it here or on the coordinator.
+pub(crate) async fn dispatch(
+    state: &AppState,
+    incoming: Incoming<'_>,
+    input: impl FnOnce(&[u8]) -> Result<Value, Refusal>,
+) -> Result<Answered, Refusal> {
+    let Incoming { name, bearer, source, request_id, forwarded, raw } = incoming;
+    // host and plugin methods alike: a plugin's are registry entries while it is loaded here
+    let method = state.methods.resolve(name).await?;
+    let identity = match method.access {
+        // a public method serves anyone; a valid token only tells it who is asking
+        Access::Public => match bearer {
+            Some(bearer) => state.auth.authenticate(bearer).await.ok(),
+            None => None,
+        },
+        Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {
+            let bearer = bearer.ok_or_else(crate::auth::denied)?;
+            Some(state.auth.authenticate(bearer).await?)
+        }
+    };
+    let input = input(raw)?;
+    let request_id = request_id.to_string();
+    let fleet = state.fleet.clone();
+    if !method.coordinator_only {
+        let call = Call { identity, source, request_id };
+        return Ok(Answered::Here { value: method.call(call, input).await?, answered_by: None });
+    }
+    match forward::route(&fleet, forwarded).await? {
         forward::Route::Here => {
             let call = Call { identity, source, request_id };
-            Ok(answered_by(Json(method.call(call, input).await?).into_response(), &fleet.node.identity.id))
+            Ok(Answered::Here { value: method.call(call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
         }
         forward::Route::Holder { node_id, base_url } => {
             let mut outgoing = fleet
@@ -367,20 +435,16 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
                 .header(header::CONTENT_TYPE, "application/json")
                 .header(REQUEST_ID, &request_id)
                 .header(forward::FORWARDED_BY, &fleet.node.identity.id)
-                .body(bytes.clone());
-            if let Some(authorization) = headers.get(header::AUTHORIZATION) {
-                outgoing = outgoing.header(header::AUTHORIZATION, authorization);
+                .body(raw.to_vec());
+            if let Some(bearer) = bearer {
+                outgoing = outgoing.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
             }
             tracing::info!(method = %name, holder = %node_id, "forwarding a coordinator-only request");
             let reply = outgoing.send().await.map_err(|e| forward::unreachable(&node_id, e))?;
-            let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-            let answered = reply.headers().get(forward::ANSWERED_BY).cloned();
+            let status = reply.status().as_u16();
+            let answered_by = reply.headers().get(forward::ANSWERED_BY).cloned();
             let body = reply.bytes().await.map_err(|e| forward::unreachable(&node_id, e))?;
-            let mut response = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
-            if let Some(answered) = answered {
-                response.headers_mut().insert(forward::ANSWERED_BY, answered);
-            }
-            Ok(response)
+            Ok(Answered::There { status, answered_by, body })
         }
     }
 }

@@ -7,3 +7,4 @@ mod plugin_nodes;
 mod plugins;
 mod rewrap;
 mod secrets;
+mod socket;
