@@ -86,11 +86,25 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // ---- clusters ----
         ("clusters.create", json!({ "name": "fixture" }), admin(Past("exists"))),
         ("clusters.delete", json!({ "id": CLUSTER, "expectedRevision": STALE }), admin(Past("conflict"))),
+        ("clusters.disableRelay", json!({ "id": CLUSTER, "expectedRevision": STALE }), admin(Past("conflict"))),
+        ("clusters.enableRelay", json!({ "id": CLUSTER, "expectedRevision": STALE }), admin(Past("conflict"))),
         ("clusters.get", json!({ "id": CLUSTER }), admin(Ran)),
         ("clusters.getRuntime", json!({ "id": CLUSTER }), admin(Ran)),
         ("clusters.list", json!({}), admin(Ran)),
         ("clusters.setRuntimePhase", json!({ "id": CLUSTER, "phase": "pallet", "expectedGeneration": STALE }), admin(Past("conflict"))),
         ("clusters.update", json!({ "id": CLUSTER, "expectedRevision": STALE, "name": "renamed" }), admin(Past("conflict"))),
+        // ---- cluster relays ----
+        (
+            "relays.exportAuthorization",
+            json!({ "clusterId": "cluster_missing", "expectedGeneration": 1 }),
+            admin(Past("cluster-not-found")),
+        ),
+        ("relays.getCredential", json!({ "clusterId": "cluster_missing" }), admin(Past("cluster-not-found"))),
+        (
+            "relays.mutateCredential",
+            json!({ "clusterId": "cluster_missing", "action": "ensure", "mutationId": "matrix-relay-ensure" }),
+            admin(Past("cluster-not-found")),
+        ),
         // ---- deployers ----
         ("deployers.create", json!({ "username": "deployer" }), admin(Past("exists"))),
         // the grant the fixture already holds: granting it again changes nothing

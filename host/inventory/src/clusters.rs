@@ -40,6 +40,38 @@ pub struct Cluster {
     pub created_at: u64,
     /// When its name, description or labels last changed (seconds since the epoch).
     pub updated_at: u64,
+    /// Its relay: off until an administrator enables it (`clusters.enableRelay`); Capstan
+    /// mints the origin, and no update writes it.
+    #[serde(default)]
+    pub relay: Relay,
+}
+
+/// A cluster's relay as Capstan minted it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Relay {
+    /// Whether an administrator enabled the relay.
+    pub enabled: bool,
+    /// `https://relay.<cluster id as a DNS label>.<clusterRelayZone>:8443` while enabled.
+    pub origin: Option<String>,
+}
+
+/// The origin a cluster's relay is reached under: `https://relay.<label>.<zone>:8443`, the
+/// label being the cluster id with its `_` written `-` (a host name holds no `_`). The port is
+/// named because the relay binds its own TLS listener there.
+pub fn relay_origin(cluster_id: &str, zone: &str) -> Result<String> {
+    let label = cluster_id.replace('_', "-").to_ascii_lowercase();
+    let host = format!("relay.{label}.{zone}");
+    if !super::settings::is_zone(&host) {
+        return Err(Refusal::new("relay-origin-invalid", format!("no relay origin can be minted for the cluster {cluster_id}"))
+            .with_data(json!({ "clusterId": cluster_id })));
+    }
+    Ok(format!("https://{host}:8443"))
+}
+
+/// Accepts a key whatever it holds, `null` included, so its presence alone is judged.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// Which runtime owns a cluster's workloads.
@@ -102,6 +134,20 @@ pub struct UpdateInput {
     /// Never accepted here: use `clusters.setRuntimePhase`.
     #[schemars(skip)]
     pub phase: Option<Value>,
+    /// Never accepted here, not even as an echo: use `clusters.enableRelay` / `clusters.disableRelay`.
+    #[schemars(skip)]
+    #[serde(default, deserialize_with = "present")]
+    pub relay: Option<Value>,
+}
+
+/// Input of `clusters.enableRelay` and `clusters.disableRelay`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RelayInput {
+    /// The cluster's id.
+    pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
+    pub expected_revision: u64,
 }
 
 /// Input of `clusters.delete`.
@@ -243,6 +289,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
                 labels: labels.clone(),
                 created_at: at,
                 updated_at: at,
+                relay: Relay::default(),
             };
             tx.insert(CLUSTER_IDENTITIES, id_ref, json!({ "userId": user_id })).await?;
             tx.insert(CLUSTER_RUNTIMES, id_ref, to_value(runtime_ref)?).await?;
@@ -277,6 +324,13 @@ async fn get(cx: Context, _: Call, input: super::ById) -> Result<Entity<Cluster>
 }
 
 async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<Entity<Cluster>> {
+    if input.relay.is_some() {
+        return Err(Refusal::new(
+            "cluster-relay-not-writable",
+            "a cluster update never carries its relay: use clusters.enableRelay or clusters.disableRelay",
+        )
+        .with_data(json!({ "field": "relay" })));
+    }
     if input.phase.is_some() {
         return Err(Refusal::new("cluster-phase-not-writable", "a cluster update never moves its phase: use clusters.setRuntimePhase")
             .with_data(json!({ "field": "phase" })));
@@ -437,6 +491,52 @@ async fn set_phase(cx: Context, call: Call, input: SetPhaseInput) -> Result<Runt
     Ok(view)
 }
 
+/// Enable or disable a cluster's relay at the revision the caller read.
+async fn set_relay(cx: &Context, input: &RelayInput, enable: bool) -> Result<Entity<Cluster>> {
+    let entity = cx
+        .store
+        .transact(|tx| async move {
+            let current = require_cluster(&tx, &input.id).await?;
+            check_revision("cluster", &input.id, input.expected_revision, current.revision)?;
+            let relay = if enable {
+                let Some(zone) = super::settings::relay_zone(&tx).await? else {
+                    return Err(Refusal::new(
+                        "relay-zone-unset",
+                        format!("no relay origin can be minted: set the {} setting first", super::settings::CLUSTER_RELAY_ZONE),
+                    )
+                    .with_data(json!({ "setting": super::settings::CLUSTER_RELAY_ZONE })));
+                };
+                Relay { enabled: true, origin: Some(relay_origin(&input.id, &zone)?) }
+            } else {
+                Relay::default()
+            };
+            if relay == current.data.relay {
+                return Ok(current);
+            }
+            let mut next = current.data.clone();
+            next.relay = relay;
+            next.updated_at = now_secs();
+            let doc = tx.replace(CLUSTERS, &input.id, current.revision, to_value(&next)?).await?;
+            let (kind, data) = match &next.relay.origin {
+                Some(origin) => ("cluster.relayEnabled", json!({ "id": input.id, "origin": origin })),
+                None => ("cluster.relayDisabled", json!({ "id": input.id })),
+            };
+            emit(&tx, kind, &input.id, data).await?;
+            parse(&doc)
+        })
+        .await?;
+    tracing::info!(cluster = %entity.id, enabled = entity.data.relay.enabled, "cluster relay set");
+    Ok(entity)
+}
+
+async fn enable_relay(cx: Context, _: Call, input: RelayInput) -> Result<Entity<Cluster>> {
+    set_relay(&cx, &input, true).await
+}
+
+async fn disable_relay(cx: Context, _: Call, input: RelayInput) -> Result<Entity<Cluster>> {
+    set_relay(&cx, &input, false).await
+}
+
 /// A cluster id that must exist, for other inventory writes that reference one.
 pub async fn require_exists(tx: &Tx, id: &str) -> Result<()> {
     if tx.get(CLUSTERS, id).await?.is_none() {
@@ -468,6 +568,13 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Admin,
         delete,
     );
+    registry.add(
+        "clusters.enableRelay",
+        "Enable a cluster's relay with its expected revision; the origin is minted from the clusterRelayZone setting",
+        Access::Admin,
+        enable_relay,
+    );
+    registry.add("clusters.disableRelay", "Disable a cluster's relay with its expected revision", Access::Admin, disable_relay);
     registry.add("clusters.getRuntime", "A cluster's runtime phase and generation", Access::Admin, get_runtime);
     registry.add(
         "clusters.setRuntimePhase",

@@ -26,6 +26,36 @@ enum Kind {
     Days,
     /// Milliseconds, 1000–86400000 (a second to a day).
     Millis,
+    /// A DNS zone: 2–127 labels of 1–63 of a-z 0-9 - (no leading or trailing -), at most 200
+    /// bytes, lower case, no trailing dot.
+    Zone,
+}
+
+/// The host setting naming the DNS zone cluster relays are reached under
+/// (`https://relay.<clusterId>.<zone>:8443`).
+pub const CLUSTER_RELAY_ZONE: &str = "clusterRelayZone";
+
+/// Whether `zone` is a DNS zone a relay origin may be minted under.
+pub fn is_zone(zone: &str) -> bool {
+    let labels: Vec<&str> = zone.split('.').collect();
+    zone.len() <= 200
+        && labels.len() >= 2
+        && labels.iter().all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// The relay zone set now, read in `tx`; `None` while unset.
+pub async fn relay_zone(tx: &capstan_store::Tx) -> Result<Option<String>> {
+    if !tx.is_declared(SETTINGS) {
+        return Ok(None);
+    }
+    let doc = tx.get(SETTINGS, PUBLIC).await?;
+    Ok(doc.and_then(|d| d.data.get(CLUSTER_RELAY_ZONE).and_then(Value::as_str).map(str::to_string)).filter(|z| is_zone(z)))
 }
 
 /// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
@@ -37,6 +67,11 @@ const ALLOWED: &[(&str, Kind, &str)] = &[
         "nodeObservationFreshnessMs",
         Kind::Millis,
         "How long a node's accepted report stands (milliseconds, default 180000); past it the node reads offline",
+    ),
+    (
+        CLUSTER_RELAY_ZONE,
+        Kind::Zone,
+        "The DNS zone cluster relays are reached under: a relay's origin is https://relay.<clusterId>.<zone>:8443",
     ),
 ];
 
@@ -92,6 +127,10 @@ fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn s
             return Err(bad("milliseconds, 1000–86400000"));
         }
         Kind::Millis => {}
+        Kind::Zone if value.as_str().is_none_or(|z| !is_zone(z)) => {
+            return Err(bad("a DNS zone: lower-case labels of a-z 0-9 - joined by dots, at least two, no trailing dot"));
+        }
+        Kind::Zone => {}
     }
     Ok(())
 }

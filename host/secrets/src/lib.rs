@@ -7,4 +7,5 @@ pub mod ingress;
 pub mod managed;
 pub mod manifests;
 pub mod methods;
+pub mod relays;
 pub mod sets;

@@ -38,6 +38,7 @@ pub async fn declare(store: &Store) -> Result<()> {
         .await?;
     store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await?;
     super::managed::declare(store).await?;
+    super::relays::declare(store).await?;
     super::sets::declare(store).await?;
     super::manifests::declare(store).await
 }
@@ -780,6 +781,7 @@ pub struct Context {
 /// Register every `secrets.*` method, the SecretSet ones included.
 pub fn register(registry: &mut Registry, cx: Context) {
     super::sets::register(registry, cx.clone());
+    super::relays::register(registry, cx.clone());
     let mut registry = registry.with(cx);
     registry.add(
         "secrets.getIngressRecipient",

@@ -5,6 +5,7 @@ mod inventory;
 mod nodes;
 mod plugin_nodes;
 mod plugins;
+mod relays;
 mod rewrap;
 mod secrets;
 mod socket;
