@@ -122,10 +122,13 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let leaving = fleet.clone();
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
     let proxies = config.trusted_proxies.clone();
+    let sockets = state.sockets.clone();
     let server = crate::listener::serve(listener, api::router(state, pages), config.max_connections, proxies, async move {
         signalled.await;
         // first tell the fleet this node is leaving, then finish what is in flight
         leaving.drain().await;
+        // socket sessions are not requests the listener drains: tell them to reconnect
+        sockets.close_all();
         let _ = draining_tx.send(true);
     });
     // Requests in flight get a bounded time to finish: a client that never completes its

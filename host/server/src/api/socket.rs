@@ -66,6 +66,8 @@ pub const MAX_CALL_ID_CHARS: usize = 128;
 pub mod close {
     /// The peer closed, or went away.
     pub const NORMAL: u16 = 1000;
+    /// `going-away`: this host is stopping (reconnect, to it or another fleet node).
+    pub const GOING_AWAY: u16 = 1001;
     /// A frame that is not UTF-8 text where text was due.
     pub const INVALID: u16 = 1007;
     /// `frame-too-large`: a frame or message over the limit.
@@ -258,6 +260,15 @@ impl Hub {
             }
         }
         delivery
+    }
+
+    /// End every open session with `going-away` (the host is stopping): each is sent its close
+    /// frame; calls still running finish unanswered.
+    pub fn close_all(&self) {
+        let open: Vec<Arc<Handle>> = self.sessions.lock().expect("the session table is never poisoned").values().cloned().collect();
+        for handle in open {
+            handle.end(close::GOING_AWAY, "going-away");
+        }
     }
 
     /// Whether the session `id` is open.

@@ -366,3 +366,12 @@ async fn a_silent_peer_is_closed_and_a_live_one_is_kept() {
     let answer = tokio::time::timeout(PATIENCE, frames.recv()).await.unwrap().unwrap();
     assert_eq!((answer["id"].clone(), answer["error"]["code"].as_str()), (json!(1), Some("unauthenticated")));
 }
+
+#[tokio::test]
+async fn a_stopping_host_closes_its_sessions_going_away() {
+    let s = serve(|_| {}).await;
+    let (mut ws, _) = open(s.addr, "cli", Some(&s.token)).await;
+    s.state.sockets.close_all();
+    assert_eq!(closed_with(&mut ws).await, Some((1001, "going-away".into())));
+    wait_until("the session is gone", || s.state.sockets.is_empty()).await;
+}
