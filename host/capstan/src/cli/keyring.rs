@@ -1,6 +1,16 @@
 //! `capstan keyring generate | check | rotate`: offline commands on the keyring file. They never start
 //! the host and never print key material.
+//!
+//! `capstan keyring export-relay-authorization` is the one subcommand that is a client of a
+//! running host instead. A relay's bearer is not key material of the keyring file: it is a
+//! secret version in the store, sealed under the keyring, and only a process holding both the
+//! database and the keyring can open it — the host. The CLI reaches everything the store keeps
+//! through the API (as `capstan secrets` and `capstan nodes` do), so the export calls the
+//! administrators' `relays.exportAuthorization` (which proves the version against the hash the
+//! generation issued and writes a receipt first) and writes the answer to a private file. The
+//! value is never logged and never printed unless `--stdout` asks for it.
 
+use super::client::{Client, Connection, finish, print_json};
 use super::refuse;
 use crate::keyring::Keyring;
 use crate::refusal::Refusal;
@@ -62,6 +72,133 @@ pub enum KeyringCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write a cluster relay's bearer to a new private file, for the operator who deploys it.
+    ///
+    /// Asks the running host (`relays.exportAuthorization`, administrators) for the bearer of
+    /// the credential's current generation, or of --expected-generation. The file is created
+    /// mode 0600 whatever the umask, atomically, in a directory owned by you that nobody else
+    /// can write (`output-directory-not-private`); an existing output is refused `output-exists`
+    /// and left untouched unless --force replaces a regular file (never a symbolic link,
+    /// `output-not-regular-file`). The bearer is never printed unless --stdout asks; standard
+    /// output carries the generation, the byte length and the SHA-256 of what was written.
+    ExportRelayAuthorization {
+        #[command(flatten)]
+        connection: Connection,
+        /// The cluster whose relay bearer is exported (`cluster_…`)
+        #[arg(long, value_name = "ID")]
+        cluster: String,
+        /// The file to write (must not exist unless --force)
+        #[arg(long, value_name = "FILE", required_unless_present = "stdout")]
+        output: Option<PathBuf>,
+        /// Export exactly this generation (default: the current one)
+        #[arg(long, value_name = "N")]
+        expected_generation: Option<u64>,
+        /// Replace an existing regular file at --output
+        #[arg(long)]
+        force: bool,
+        /// Print the bearer itself on standard output (nothing else is printed then)
+        #[arg(long)]
+        stdout: bool,
+        /// Print exact JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Write `bytes` to `output` as a private file: a new file by the private-file rules, or with
+/// `force` the atomic replacement (mode 0600) of an existing regular file in a private directory.
+pub(crate) fn write_private(output: &std::path::Path, bytes: &[u8], force: bool) -> crate::refusal::Result<()> {
+    use capstan_core::private_file;
+    let path = || serde_json::json!({ "path": output.display().to_string() });
+    let existing = match std::fs::symlink_metadata(output) {
+        Ok(meta) if force => meta,
+        _ => return private_file::write_new(output, bytes),
+    };
+    if !existing.file_type().is_file() {
+        return Err(Refusal::new(
+            "output-not-regular-file",
+            format!("{} is not a regular file; --force replaces only one", output.display()),
+        )
+        .with_data(path()));
+    }
+    let dir = output.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let private = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && private_file::owned_unshared(&m));
+    if !private {
+        return Err(Refusal::new(
+            "output-directory-not-private",
+            format!("the output directory {} must be owned by you and not writable by group or others", dir.display()),
+        )
+        .with_data(path()));
+    }
+    private_file::replace_atomically(output, bytes, 0o600)
+        .map_err(|e| Refusal::new("output-write-failed", format!("replacing {} failed: {}", output.display(), e.kind())).with_data(path()))
+}
+
+struct Export {
+    cluster: String,
+    output: Option<PathBuf>,
+    expected_generation: Option<u64>,
+    force: bool,
+    stdout: bool,
+    json: bool,
+}
+
+fn export_relay_authorization(connection: &Connection, export: &Export) -> crate::refusal::Result<()> {
+    use sha2::Digest;
+    let client = Client::new(connection)?;
+    let generation = match export.expected_generation {
+        Some(generation) => generation,
+        None => {
+            let state = client.call("relays.getCredential", &serde_json::json!({ "clusterId": export.cluster }))?;
+            state["credential"]["generation"].as_u64().ok_or_else(|| {
+                Refusal::new("relay-credential-absent", format!("the cluster {} has no relay credential: ensure one first", export.cluster))
+            })?
+        }
+    };
+    let answer =
+        client.call("relays.exportAuthorization", &serde_json::json!({ "clusterId": export.cluster, "expectedGeneration": generation }))?;
+    // the answer must be the one asked for
+    let bearer = answer["authorization"].as_str().map(|b| zeroize::Zeroizing::new(b.as_bytes().to_vec()));
+    let exported_generation = answer["credential"]["generation"].as_u64();
+    let (Some(bearer), Some(exported_generation)) = (bearer, exported_generation) else {
+        return Err(Refusal::new("relay-authorization-missing", "the host's answer carries no relay authorization"));
+    };
+    if answer["clusterId"].as_str() != Some(export.cluster.as_str()) || exported_generation != generation {
+        return Err(Refusal::new("relay-credential-generation-mismatch", "the host answered another cluster or generation than asked"));
+    }
+    if let Some(output) = &export.output {
+        write_private(output, &bearer, export.force)?;
+    }
+    if export.stdout {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&bearer)
+            .and_then(|()| out.flush())
+            .map_err(|e| Refusal::new("output-write-failed", format!("writing standard output failed: {}", e.kind())))?;
+        return Ok(());
+    }
+    let sha256 = hex::encode(sha2::Sha256::digest(&*bearer));
+    let output = export.output.as_ref().map(|p| p.display().to_string());
+    if export.json {
+        print_json(&serde_json::json!({
+            "ok": true,
+            "command": "keyring export-relay-authorization",
+            "clusterId": export.cluster,
+            "generation": generation,
+            "outputPath": output,
+            "byteLength": bearer.len(),
+            "sha256": sha256,
+            "receiptId": answer["receiptId"],
+        }));
+    } else {
+        println!(
+            "wrote the relay authorization of {} (generation {generation}) to {} (mode 0600)",
+            export.cluster,
+            output.unwrap_or_default()
+        );
+        println!("  {} bytes, sha256 {sha256}; check every copy with sha256sum, and shred it after the handover", bearer.len());
+    }
+    Ok(())
 }
 
 /// Load the keyring strictly, add a new active KEK, and replace the file atomically (0600).
@@ -76,6 +213,10 @@ fn rotate(path: &std::path::Path, kek_id: Option<&str>) -> crate::refusal::Resul
 
 pub fn run(command: KeyringCommand) -> ExitCode {
     let (result, json) = match command {
+        KeyringCommand::ExportRelayAuthorization { connection, cluster, output, expected_generation, force, stdout, json } => {
+            let export = Export { cluster, output, expected_generation, force, stdout, json };
+            return finish(export_relay_authorization(&connection, &export), json && !stdout);
+        }
         KeyringCommand::Generate { output, kek_id, recipient_key_id, json } => {
             let result = Keyring::generate(kek_id.as_deref(), recipient_key_id.as_deref())
                 .and_then(|ring| ring.write_new(&output).map(|()| (ring, Some(output))));
@@ -146,5 +287,25 @@ mod tests {
         assert_eq!(rotate(&path, Some("kek-two")).unwrap_err().code, "exists");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(rotate(&path, None).unwrap_err().code, "input-permissions");
+    }
+
+    #[test]
+    fn a_private_output_is_new_unless_forced_and_force_replaces_only_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let path = dir.path().join("relay-authorization");
+        write_private(&path, b"first", false).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(write_private(&path, b"second", false).unwrap_err().code, "output-exists");
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_private(&path, b"second", true).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert_eq!(write_private(&link, b"third", true).unwrap_err().code, "output-not-regular-file");
+        assert_eq!(write_private(&link, b"third", false).unwrap_err().code, "output-exists");
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
     }
 }

@@ -1,0 +1,92 @@
+//! `capstan keyring export-relay-authorization` end to end: the real `capstan` binary as a client
+//! of `capstan serve --dev`. A credential minted over the API is exported to a new mode 0600 file
+//! whose bytes are the bearer the host holds; an existing output is refused `output-exists` and
+//! left untouched unless --force; a stale --expected-generation is refused by name; the bearer
+//! shows on standard output only with --stdout, and never in the server's log.
+
+use crate::support::{Capstan, Exited, TEST_ADMIN, capstan, dev_command, run_to_exit, with_test_admin};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+fn export(server: &Capstan, token: &str, config: &Path, args: &[&str]) -> Exited {
+    let mut cmd = capstan();
+    cmd.args(["keyring", "export-relay-authorization"])
+        .args(args)
+        .env("CAPSTAN_URL", server.url(""))
+        .env("CAPSTAN_TOKEN", token)
+        .env("XDG_CONFIG_HOME", config);
+    run_to_exit(cmd)
+}
+
+fn succeeded(exited: &Exited) -> &str {
+    assert!(exited.status.success(), "expected success\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
+    &exited.stdout
+}
+
+#[test]
+fn the_relay_authorization_export_writes_a_private_file_never_clobbers_and_prints_the_bearer_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let config = dir.path().join("config");
+    let out_dir = dir.path().join("export");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let created = server.call_as(&admin, "clusters.create", &json!({"name": "edge"})).expect_json(200);
+    let cluster = created["cluster"]["id"].as_str().unwrap().to_string();
+    let output = out_dir.join("relay-authorization");
+    let output_arg = output.to_str().unwrap();
+
+    // nothing to export before a credential exists
+    export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg]).assert_refused(1, "relay-credential-absent");
+    assert!(!output.exists());
+
+    let minted = server
+        .call_as(&admin, "relays.mutateCredential", &json!({"clusterId": cluster, "action": "ensure", "mutationId": "e2e-mint"}))
+        .expect_json(200);
+    assert_eq!(minted["generation"], 1);
+
+    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg, "--json"]);
+    let report: Value = serde_json::from_str(succeeded(&exited).trim()).unwrap();
+    let bearer = std::fs::read_to_string(&output).unwrap();
+    assert_eq!(bearer.len(), 43, "the bearer byte for byte, no newline");
+    assert_eq!(std::fs::metadata(&output).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!((report["ok"].clone(), report["generation"].clone(), report["byteLength"].clone()), (json!(true), json!(1), json!(43)));
+    assert!(!exited.stdout.contains(&bearer) && !exited.stderr.contains(&bearer), "never printed without --stdout");
+
+    // the file holds what the host's export answers for that generation
+    let answered =
+        server.call_as(&admin, "relays.exportAuthorization", &json!({"clusterId": cluster, "expectedGeneration": 1})).expect_json(200);
+    assert_eq!(answered["authorization"].as_str().unwrap(), bearer);
+
+    // no clobber: refused by name and left untouched
+    std::fs::write(&output, b"kept").unwrap();
+    export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg]).assert_refused(1, "output-exists");
+    assert_eq!(std::fs::read(&output).unwrap(), b"kept");
+
+    // a rotation, then the old generation is refused and --force replaces the file with the new bearer
+    server
+        .call_as(
+            &admin,
+            "relays.mutateCredential",
+            &json!({"clusterId": cluster, "action": "rotate", "expectedGeneration": 1, "mutationId": "e2e-rotate"}),
+        )
+        .expect_json(200);
+    export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg, "--expected-generation", "1", "--force"])
+        .assert_refused(1, "relay-credential-generation-mismatch");
+    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg, "--force"]);
+    succeeded(&exited);
+    let rotated = std::fs::read_to_string(&output).unwrap();
+    assert_ne!(rotated, bearer);
+    assert_eq!(rotated.len(), 43);
+    assert_eq!(std::fs::metadata(&output).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(!exited.stdout.contains(&rotated) && !exited.stderr.contains(&rotated));
+
+    // --stdout prints the bearer alone
+    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--stdout"]);
+    assert_eq!(succeeded(&exited), rotated);
+
+    let log = format!("{}{}", server.stdout(), server.stderr());
+    assert!(!log.contains(&bearer) && !log.contains(&rotated), "no bearer in the server's log");
+}
