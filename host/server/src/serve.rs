@@ -128,7 +128,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         // first tell the fleet this node is leaving, then finish what is in flight
         leaving.drain().await;
         // socket sessions are not requests the listener drains: tell them to reconnect
-        sockets.close_all();
+        sockets.close_all().await;
         let _ = draining_tx.send(true);
     });
     // Requests in flight get a bounded time to finish: a client that never completes its

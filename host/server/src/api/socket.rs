@@ -218,12 +218,14 @@ pub struct Delivery {
 pub struct Hub {
     limits: Limits,
     sessions: Mutex<HashMap<String, Arc<Handle>>>,
+    /// Woken whenever a session leaves (what [`Hub::close_all`] waits on).
+    emptied: tokio::sync::Notify,
 }
 
 impl Hub {
     /// A hub with no session yet.
     pub fn new(limits: Limits) -> Hub {
-        Hub { limits, sessions: Mutex::default() }
+        Hub { limits, sessions: Mutex::default(), emptied: tokio::sync::Notify::new() }
     }
 
     /// The limits every session of this hub runs under.
@@ -262,16 +264,27 @@ impl Hub {
         delivery
     }
 
-    /// End every open session with `going-away` (the host is stopping): each is sent its close
-    /// frame; calls still running finish unanswered.
-    pub fn close_all(&self) {
+    /// End every open session with `going-away` (the host is stopping) and wait, at most
+    /// [`CLOSE_GRACE`], until each has sent its close frame; calls still running finish
+    /// unanswered.
+    pub async fn close_all(&self) {
         let open: Vec<Arc<Handle>> = self.sessions.lock().expect("the session table is never poisoned").values().cloned().collect();
         for handle in open {
             handle.end(close::GOING_AWAY, "going-away");
         }
+        let _ = tokio::time::timeout(CLOSE_GRACE, async {
+            loop {
+                let emptied = self.emptied.notified();
+                if self.is_empty() {
+                    break;
+                }
+                emptied.await;
+            }
+        })
+        .await;
     }
 
-    /// Whether the session `id` is open.
+    /// Whether the session `id` is open (or still sending its close frame).
     pub fn is_open(&self, id: &str) -> bool {
         self.sessions.lock().expect("the session table is never poisoned").contains_key(id)
     }
@@ -292,6 +305,7 @@ impl Hub {
 
     fn remove(&self, id: &str) {
         self.sessions.lock().expect("the session table is never poisoned").remove(id);
+        self.emptied.notify_waiters();
     }
 }
 
@@ -468,9 +482,10 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
         session_id: session_id.clone(),
     };
     read(&session, &mut stream, watching, &limits, expiry).await;
-    hub.remove(&session_id);
     handle.end(close::NORMAL, "closed");
     let _ = writer.await;
+    // gone from the hub once its close frame is sent (or could not be)
+    hub.remove(&session_id);
     let ended = *handle.ended.borrow();
     if ended.is_some_and(|e| e.code != close::NORMAL) {
         // the host closed: wait (briefly) for the peer's close frame, as the closing handshake
