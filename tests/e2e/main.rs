@@ -26,5 +26,6 @@ mod relays_cli;
 mod s3;
 mod secrets;
 mod serve;
+mod socket;
 mod support;
 mod tasks;
