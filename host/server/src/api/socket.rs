@@ -59,6 +59,10 @@ pub const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the host tries to deliver its closing frame to a peer it closes (a peer that reads
 /// nothing never takes it).
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Sessions open at once on this host. An upgraded connection no longer holds one of the
+/// listener's connection slots (`CAPSTAN_MAX_CONNECTIONS`, 1024 by default), so the sessions
+/// have their own bound, of the same size; one over it is refused `too-many-sessions`.
+pub const MAX_SESSIONS: usize = 1024;
 /// The longest call id accepted, in characters (a client's counter or a UUID fits easily).
 pub const MAX_CALL_ID_CHARS: usize = 128;
 
@@ -133,6 +137,8 @@ pub struct Limits {
     pub silence_timeout: Duration,
     /// See [`OFFER_TIMEOUT`].
     pub offer_timeout: Duration,
+    /// See [`MAX_SESSIONS`].
+    pub max_sessions: usize,
 }
 
 impl Limits {
@@ -145,6 +151,7 @@ impl Limits {
             ping_interval: PING_INTERVAL,
             silence_timeout: SILENCE_TIMEOUT,
             offer_timeout: OFFER_TIMEOUT,
+            max_sessions: MAX_SESSIONS,
         }
     }
 }
@@ -220,12 +227,15 @@ pub struct Hub {
     sessions: Mutex<HashMap<String, Arc<Handle>>>,
     /// Woken whenever a session leaves (what [`Hub::close_all`] waits on).
     emptied: tokio::sync::Notify,
+    /// One permit per session, upgraded or being upgraded.
+    slots: Arc<Semaphore>,
 }
 
 impl Hub {
     /// A hub with no session yet.
     pub fn new(limits: Limits) -> Hub {
-        Hub { limits, sessions: Mutex::default(), emptied: tokio::sync::Notify::new() }
+        let slots = Arc::new(Semaphore::new(limits.max_sessions));
+        Hub { limits, sessions: Mutex::default(), emptied: tokio::sync::Notify::new(), slots }
     }
 
     /// The limits every session of this hub runs under.
@@ -324,10 +334,21 @@ pub async fn upgrade(
         ))
         .into_response();
     };
+    let Ok(slot) = state.sockets.slots.clone().try_acquire_owned() else {
+        let max = state.sockets.limits.max_sessions;
+        tracing::warn!(max, "a socket session was refused: every session slot is in use");
+        let refusal = Refusal::new("too-many-sessions", format!("this host holds at most {max} socket sessions; try again later"))
+            .with_data(json!({ "limit": max }))
+            .retryable();
+        return ApiError(refusal).into_response();
+    };
     let source = extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let bearer = bearer_token(&headers).map(str::to_string);
     let max = state.sockets.limits.max_frame_bytes;
-    ws.max_frame_size(max).max_message_size(max).on_upgrade(move |socket| run(state, socket, bearer, source))
+    ws.max_frame_size(max).max_message_size(max).on_upgrade(move |socket| async move {
+        run(state, socket, bearer, source).await;
+        drop(slot);
+    })
 }
 
 type Sink = SplitSink<WebSocket, Message>;

@@ -368,6 +368,33 @@ async fn a_silent_peer_is_closed_and_a_live_one_is_kept() {
 }
 
 #[tokio::test]
+async fn sessions_are_bounded_per_host() {
+    let s = serve(limits(|l| l.max_sessions = 1)).await;
+    let (first, _) = open(s.addr, "cli", Some(&s.token)).await;
+    // the one slot is taken: an upgrade is refused with the error envelope, by name
+    let refused = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr)).await.unwrap_err();
+    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else { panic!("an HTTP refusal, got {refused:?}") };
+    assert_eq!(response.status().as_u16(), 503);
+    let body: Value = serde_json::from_slice(response.body().as_deref().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "too-many-sessions");
+    // a session that ends gives its slot back
+    drop(first);
+    wait_until("the first session ends", || s.state.sockets.is_empty()).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut request = format!("ws://{}/api/v1/socket", s.addr).into_client_request().unwrap();
+        request.headers_mut().insert("authorization", format!("Bearer {}", s.token).parse().unwrap());
+        if let Ok((mut ws, _)) = tokio_tungstenite::connect_async(request).await {
+            send(&mut ws, json!({ "type": "offer", "kind": "cli", "protocols": ["capstan-socket/1"] })).await;
+            assert_eq!(next(&mut ws).await["type"], "welcome");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the slot came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_stopping_host_closes_its_sessions_going_away() {
     let s = serve(|_| {}).await;
     let (mut ws, _) = open(s.addr, "cli", Some(&s.token)).await;
