@@ -43,6 +43,16 @@ pub struct Connection {
     pub url: String,
 }
 
+/// What every client command takes: the server, and whether to print the API's answer exactly.
+#[derive(clap::Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// Print the API's answer exactly, as one line of JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(clap::Args)]
 pub struct LoginArgs {
     #[command(flatten)]

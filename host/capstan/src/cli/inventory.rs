@@ -11,7 +11,7 @@
 //! A secret shown once (a cluster's machine token, a new person's password) goes to standard
 //! output only, with a note that it is not shown again; nothing here logs it.
 
-use super::client::{Client, Connection, finish, items, print_json, print_table, text, utc};
+use super::client::{Client, finish, items, print_json, print_table, text, utc};
 use crate::refusal::{Refusal, Result};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Map, Value, json};
@@ -20,14 +20,7 @@ use std::process::ExitCode;
 
 // ---- arguments shared by every command ----
 
-#[derive(clap::Args)]
-pub struct Common {
-    #[command(flatten)]
-    connection: Connection,
-    /// Print the API's answer exactly, as one line of JSON
-    #[arg(long)]
-    json: bool,
-}
+pub use super::client::Common;
 
 #[derive(clap::Args)]
 pub struct Page {

@@ -14,21 +14,14 @@
 //! not a terminal they are refused `confirmation-required` unless `--yes` says so, before
 //! anything is sent.
 
-use super::client::{Client, Connection, finish, items, print_json, print_table, text, utc};
+use super::client::{Client, finish, items, print_json, print_table, text, utc};
 use crate::refusal::{Refusal, Result};
 use clap::Subcommand;
 use serde_json::{Map, Value, json};
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Common {
-    #[command(flatten)]
-    connection: Connection,
-    /// Print the API's answer exactly, as one line of JSON
-    #[arg(long)]
-    json: bool,
-}
+pub use super::client::Common;
 
 #[derive(clap::Args)]
 pub struct Confirm {

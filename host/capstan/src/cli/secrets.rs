@@ -9,7 +9,7 @@
 //! travels in the clear, not even inside TLS. Nothing here prints or logs a value: every answer
 //! is metadata.
 
-use super::client::{Client, Connection, finish, items, print_json, print_table, text, utc};
+use super::client::{Client, finish, items, print_json, print_table, text, utc};
 use crate::refusal::{Refusal, Result};
 use crate::secrets::ingress;
 use crate::secrets::methods::MAX_VALUE_BYTES;
@@ -20,14 +20,7 @@ use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
 use zeroize::Zeroizing;
 
-#[derive(clap::Args)]
-pub struct Common {
-    #[command(flatten)]
-    pub(super) connection: Connection,
-    /// Print the API's answer exactly, as one line of JSON
-    #[arg(long)]
-    pub(super) json: bool,
-}
+pub use super::client::Common;
 
 /// Whose secret: a service's, or a SecretSet's shared by the services it is attached to
 /// (exactly one).
