@@ -102,3 +102,21 @@ impl Mock {
         self.received.lock().unwrap().clone()
     }
 }
+
+/// A state directory holding the credential of `node_1` of `cls_1`, enrolled at `origin`.
+pub fn enrolled(origin: &str) -> (tempfile::TempDir, crate::state::StateDir, crate::state::Credential) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = crate::state::StateDir::new(root.path().join("state"));
+    dir.create().unwrap();
+    let credential = crate::state::Credential {
+        origin: origin.into(),
+        node_id: "node_1".into(),
+        cluster_id: "cls_1".into(),
+        token: crate::token::Token::draw().unwrap(),
+        credential_generation: 1,
+        pending_token: None,
+        pending_mutation_id: None,
+    };
+    dir.write_new_credential(&credential).unwrap();
+    (root, dir, credential)
+}

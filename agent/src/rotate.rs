@@ -85,29 +85,12 @@ pub async fn rotate(state: &StateDir, retry: Retry) -> Result<Credential, Refusa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock::Mock;
+    use crate::mock::{Mock, enrolled};
     use serde_json::json;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     const RETRY: Retry = Retry { attempts: 3, first_pause: Duration::from_millis(10) };
-
-    fn enrolled(origin: &str) -> (tempfile::TempDir, StateDir, Credential) {
-        let root = tempfile::tempdir().unwrap();
-        let dir = StateDir::new(root.path().join("state"));
-        dir.create().unwrap();
-        let credential = Credential {
-            origin: origin.into(),
-            node_id: "node_1".into(),
-            cluster_id: "cls_1".into(),
-            token: Token::draw().unwrap(),
-            credential_generation: 1,
-            pending_token: None,
-            pending_mutation_id: None,
-        };
-        dir.write_new_credential(&credential).unwrap();
-        (root, dir, credential)
-    }
 
     fn metadata(generation: u64) -> serde_json::Value {
         json!({"protocol": PROTOCOL, "nodeId": "node_1", "generation": generation, "sessionEpoch": 1, "state": "active", "rotatedAt": 1})

@@ -289,27 +289,10 @@ pub fn os_hostname() -> String {
 mod tests {
     use super::*;
     use crate::applier::HostnameFile;
-    use crate::mock::Mock;
+    use crate::mock::{Mock, enrolled};
     use crate::token::Token;
     use serde_json::json;
     use std::sync::{Arc, Mutex};
-
-    fn enrolled(origin: &str) -> (tempfile::TempDir, StateDir, Credential) {
-        let root = tempfile::tempdir().unwrap();
-        let dir = StateDir::new(root.path().join("state"));
-        dir.create().unwrap();
-        let credential = Credential {
-            origin: origin.into(),
-            node_id: "node_1".into(),
-            cluster_id: "cls_1".into(),
-            token: Token::draw().unwrap(),
-            credential_generation: 1,
-            pending_token: None,
-            pending_mutation_id: None,
-        };
-        dir.write_new_credential(&credential).unwrap();
-        (root, dir, credential)
-    }
 
     fn receipt(generation: u64) -> serde_json::Value {
         json!({"protocol": PROTOCOL, "accepted": true, "nodeId": "node_1", "credentialGeneration": generation,
