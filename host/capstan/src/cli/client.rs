@@ -365,12 +365,14 @@ impl Client {
             request = request.header(AUTHORIZATION, value);
         }
         let url = self.url.clone();
-        let answer = self.runtime.block_on(async move {
-            let response = request.send().await.map_err(|e| transport_refusal(&url, &e))?;
-            let status = response.status().as_u16();
-            let request_id = response.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
-            let body = read_limited(response).await.map_err(|e| transport_refusal(&url, &e))?;
-            Ok::<_, Refusal>((status, request_id, body))
+        let answer = super::without_sigpipe(|| {
+            self.runtime.block_on(async move {
+                let response = request.send().await.map_err(|e| transport_refusal(&url, &e))?;
+                let status = response.status().as_u16();
+                let request_id = response.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+                let body = read_limited(response).await.map_err(|e| transport_refusal(&url, &e))?;
+                Ok::<_, Refusal>((status, request_id, body))
+            })
         });
         let (status, request_id, body) = answer?;
         match decode_answer(status, &body) {

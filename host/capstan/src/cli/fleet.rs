@@ -116,43 +116,43 @@ pub fn run(command: FleetCommand) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return refuse(&Refusal::internal(e), 1),
     };
-    let result: Result<()> = runtime.block_on(async {
-        match command {
-            FleetCommand::Nodes { bucket, json } => {
-                let (blobs, timing) = open_bucket(&bucket).await?;
-                let nodes = fleet::read_nodes(&blobs).await?;
-                let freeze = fleet::read_freeze(&blobs).await?;
-                let lease = lease::read_lease(&blobs).await?;
-                let listing = listing::build(capstan_core::clock::now_ms(), &timing, &nodes, freeze, lease);
-                if json {
-                    println!("{}", serde_json::to_string(&listing).map_err(Refusal::internal)?);
-                } else {
-                    print!("{}", listing::render(&listing));
+    // what the bucket answers is printed after the network work, outside `without_sigpipe`
+    let result: Result<String> = super::without_sigpipe(|| {
+        runtime.block_on(async {
+            match command {
+                FleetCommand::Nodes { bucket, json } => {
+                    let (blobs, timing) = open_bucket(&bucket).await?;
+                    let nodes = fleet::read_nodes(&blobs).await?;
+                    let freeze = fleet::read_freeze(&blobs).await?;
+                    let lease = lease::read_lease(&blobs).await?;
+                    let listing = listing::build(capstan_core::clock::now_ms(), &timing, &nodes, freeze, lease);
+                    if json {
+                        Ok(format!("{}\n", serde_json::to_string(&listing).map_err(Refusal::internal)?))
+                    } else {
+                        Ok(listing::render(&listing))
+                    }
                 }
-                Ok(())
-            }
-            FleetCommand::Freeze { bucket, reason, by } => {
-                let (blobs, _) = open_bucket(&bucket).await?;
-                let by = by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into());
-                let freeze = fleet::freeze(&blobs, &by, &reason).await?;
-                println!("deploys frozen by {} : {}", freeze.by, freeze.reason);
-                Ok(())
-            }
-            // answered above, through the API
-            FleetCommand::Rebalance { .. } => Ok(()),
-            FleetCommand::Unfreeze { bucket } => {
-                let (blobs, _) = open_bucket(&bucket).await?;
-                if fleet::unfreeze(&blobs).await? {
-                    println!("deploy freeze lifted");
-                } else {
-                    println!("no deploy freeze was standing");
+                FleetCommand::Freeze { bucket, reason, by } => {
+                    let (blobs, _) = open_bucket(&bucket).await?;
+                    let by = by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into());
+                    let freeze = fleet::freeze(&blobs, &by, &reason).await?;
+                    Ok(format!("deploys frozen by {} : {}\n", freeze.by, freeze.reason))
                 }
-                Ok(())
+                // answered above, through the API
+                FleetCommand::Rebalance { .. } => Ok(String::new()),
+                FleetCommand::Unfreeze { bucket } => {
+                    let (blobs, _) = open_bucket(&bucket).await?;
+                    Ok(if fleet::unfreeze(&blobs).await? { "deploy freeze lifted\n" } else { "no deploy freeze was standing\n" }
+                        .to_string())
+                }
             }
-        }
+        })
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(printed) => {
+            print!("{printed}");
+            ExitCode::SUCCESS
+        }
         Err(e) => refuse(&e, 1),
     }
 }

@@ -143,6 +143,34 @@ const EXIT_CONFIG: u8 = 2;
 /// Exit status for a refusal after configuration (store, blobs, migrations, bind).
 const EXIT_REFUSED: u8 = 1;
 
+/// Run `network` with SIGPIPE blocked on this thread. A client command restores SIGPIPE's default
+/// for stdout's sake, but a peer that closes a socket mid-write (a host refusing an oversized
+/// upload) must surface as that write's EPIPE error — a refusal by name — not as the signal that
+/// would end the command without a word. The pending signal is taken before unblocking.
+fn without_sigpipe<T>(network: impl FnOnce() -> T) -> T {
+    struct Restore(libc::sigset_t, libc::sigset_t);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: sigtimedwait and pthread_sigmask on sets built by sigemptyset/sigaddset.
+            unsafe {
+                while libc::sigtimedwait(&self.0, std::ptr::null_mut(), &zero) == libc::SIGPIPE {}
+                libc::pthread_sigmask(libc::SIG_SETMASK, &self.1, std::ptr::null_mut());
+            }
+        }
+    }
+    // SAFETY: the sets are initialized by sigemptyset before use; the mask is this thread's own.
+    let _restore = unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut previous);
+        Restore(pipe, previous)
+    };
+    network()
+}
+
 /// Run the command line: parse, dispatch, and answer an exit status.
 pub fn main() -> ExitCode {
     let command = Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(config::vars_help()));

@@ -476,12 +476,26 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
 }
 
+/// How much of an oversized body is read and dropped before it is refused. A client still writing
+/// it when the refusal comes would meet a connection reset (or SIGPIPE) instead of the named
+/// refusal; beyond this bound the connection is simply closed.
+const DRAINED_BODY_MAX: u64 = 16 * 1024 * 1024;
+
+/// Read and drop a body frame by frame (the listener's body timeout still bounds the time).
+async fn drain(mut body: Body) {
+    use http_body_util::BodyExt;
+    while let Some(Ok(_)) = body.frame().await {}
+}
+
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
     let too_large = || {
         Refusal::new("request-too-large", format!("request bodies are limited to {limit} bytes")).with_data(json!({ "limitBytes": limit }))
     };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+    if let Some(declared) = declared.filter(|n| *n > limit as u64) {
+        if declared <= DRAINED_BODY_MAX {
+            drain(body).await;
+        }
         return Err(too_large());
     }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
