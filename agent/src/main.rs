@@ -9,9 +9,11 @@
 mod applier;
 mod backoff;
 mod enroll;
+mod handler;
 #[cfg(test)]
 mod mock;
 mod origin;
+mod relay;
 mod report;
 mod rotate;
 mod run;
@@ -23,6 +25,7 @@ mod wire;
 use capstan_core::Refusal;
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,12 +40,48 @@ and starts the capstan-agent.service unit (capstan-agent run).
 Errors are printed as `error: <code>: <message>`; the code is stable.
 Exit status: 0 success, 1 refused or failed (the code says why), 2 usage.";
 
+const RELAY_HELP: &str = "\
+Example:
+  capstan-agent relay --authorization-file /etc/capstan-agent/relay-authorization \\
+    --listen 10.0.0.5:8443
+
+The relay uses this machine's enrollment (the node id and Capstan's origin in the state
+directory) and opens ws(s)://<origin>/api/v1/socket (https -> wss, http -> ws). It offers the
+bearer from --authorization-file (kind relay), and once welcomed registers this node with
+relays.register (sequence 1 on each new socket; its version; --listen when given).
+
+What it keeps and answers:
+  - relay.config pushes are kept in relay-config.json in the state directory ({digest, config,
+    receivedAt}; mode 0600, replaced atomically); a push whose digest is the one kept is skipped.
+    `capstan-agent status` shows the digest and when it was received.
+  - requests are answered concurrently: agent.ping ({pong, nodeId, at}), agent.describe
+    ({nodeId, clusterId, version, methods, configDigest}); any other method is refused
+    agent-method-unknown (data.methods lists what is answered). A request still running at its
+    deadlineMs is abandoned.
+  - it answers the host's pings and pings the host when it falls silent.
+
+Reconnecting (never exits but on SIGTERM or ctrl-c):
+  - going-away (close 1001: the host is stopping): reconnects at once;
+  - relay-credential-generation-stale (close 4011) or unauthenticated (4003): the bearer is not
+    the current one; logged, and retried with backoff (at most a minute apart, at once when the
+    file changes). The file is read again on every attempt, so a rotated bearer delivered to it
+    is taken without a restart;
+  - a refused registration (relay-node-foreign, relay-node-unknown, relay-cluster-not-enabled,
+    ...) is logged by its code and sent again on the same socket after a backoff;
+  - anything else (unreachable, dropped, closed): backoff from 1 s doubling to 5 min.
+
+The bearer is never logged or printed. A file that is missing, a symbolic link, not a regular
+file, not yours, or open to group or others is refused by name (authorization-file-missing,
+-symlink, -not-regular, -not-owned, -permissions, ...): at the start the relay exits with it;
+later, it is logged and retried.";
+
 /// The Capstan node agent: enrolls this machine with a jump code, then reports its host facts
 /// to Capstan and applies the hostname Capstan intends for it.
 #[derive(Parser, Debug)]
 #[command(name = "capstan-agent", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// Where the node credential (credential.json) and the last beat's status are kept: mode
+    /// Where the node credential (credential.json), the last beat's status and the relay's
+    /// configuration (relay-config.json) are kept: mode
     /// 0700, owned by the agent's user; looser permissions are refused.
     #[arg(long, global = true, env = "CAPSTAN_AGENT_STATE_DIR", default_value = state::DEFAULT_STATE_DIR, value_name = "DIR")]
     state_dir: PathBuf,
@@ -85,6 +124,21 @@ DNS label.")]
         #[arg(long)]
         json: bool,
     },
+    /// Run the cluster's relay on this enrolled node: keep a session on Capstan's socket, register
+    /// the node as the relay, keep the configuration Capstan pushes and answer its requests.
+    /// Stops on SIGTERM or ctrl-c.
+    #[command(after_help = RELAY_HELP)]
+    Relay {
+        /// The file holding the relay bearer (capstan keyring export-relay-authorization): a
+        /// regular file owned by this user, not readable or writable by group or others. Read
+        /// again before every connection attempt.
+        #[arg(long, env = "CAPSTAN_RELAY_AUTHORIZATION_FILE", value_name = "FILE")]
+        authorization_file: PathBuf,
+        /// Where the relay's own listener is bound (reported to Capstan as listenAddress and
+        /// listenPort), e.g. 10.0.0.5:8443.
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<SocketAddr>,
+    },
     /// Replace the node token with fresh material. The new material is kept as pending before
     /// Capstan is asked; if the answer is lost, running rotate again finishes the same rotation.
     Rotate,
@@ -100,7 +154,14 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let mut filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // the WebSocket library traces whole frames, the relay's offer (its bearer) included: never
+    // below warn, whatever the filter asks
+    for quiet in ["tungstenite=warn", "tokio_tungstenite=warn"] {
+        if let Ok(directive) = quiet.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).init();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -152,6 +213,16 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
                 print!("{}", status::status_text(&state)?);
             }
             Ok(())
+        }
+        Command::Relay { authorization_file, listen } => {
+            let options = relay::Options {
+                state,
+                authorization_file,
+                listen,
+                registry: handler::Registry::with_builtins(),
+                retry_base: Duration::from_secs(1),
+            };
+            relay::relay(options, shutdown_signal()).await
         }
         Command::Rotate => {
             let credential = rotate::rotate(&state, wire::Retry::default()).await?;

@@ -1,5 +1,6 @@
-//! A tiny HTTP/1.1 server for the unit tests: each connection carries one request, which a
-//! handler answers (status and JSON) or drops unanswered (`None`: a lost answer).
+//! Test peers: a tiny HTTP/1.1 server for the unit tests (each connection carries one request,
+//! which a handler answers with status and JSON or drops unanswered: `None`, a lost answer),
+//! and a WebSocket host speaking `/api/v1/socket` as a script says ([`SocketMock`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -119,4 +120,101 @@ pub fn enrolled(origin: &str) -> (tempfile::TempDir, crate::state::StateDir, cra
     };
     dir.write_new_credential(&credential).unwrap();
     (root, dir, credential)
+}
+
+/// One accepted socket of [`SocketMock`], as the host's side sees it.
+pub struct Peer {
+    /// The path the upgrade asked for.
+    pub path: String,
+    ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+}
+
+impl Peer {
+    /// The next text frame, as JSON (pings and pongs skipped); `None` when the relay closed
+    /// or dropped the socket. Panics after 10 s of nothing.
+    pub async fn recv(&mut self) -> Option<serde_json::Value> {
+        use futures::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            let next =
+                tokio::time::timeout(std::time::Duration::from_secs(10), self.ws.next()).await.expect("the relay sent nothing for 10 s");
+            match next {
+                Some(Ok(Message::Text(text))) => return Some(serde_json::from_str(text.as_str()).unwrap()),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// Send `frame` as a text frame.
+    pub async fn send(&mut self, frame: serde_json::Value) {
+        use futures::SinkExt;
+        let _ = self.ws.send(tokio_tungstenite::tungstenite::Message::text(frame.to_string())).await;
+    }
+
+    /// Close with `code` and its name as the reason.
+    pub async fn close(mut self, code: u16, reason: &str) {
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        let frame = CloseFrame { code: code.into(), reason: reason.to_string().into() };
+        let _ = self.ws.close(Some(frame)).await;
+    }
+
+    /// Welcome a relay session of `cluster_id`.
+    pub async fn welcome(&mut self, cluster_id: &str) {
+        self.send(serde_json::json!({
+            "type": "welcome", "protocol": "capstan-socket/1", "sessionId": "socket_1", "kind": "relay",
+            "identity": {"userId": "user_m", "username": "cluster-edge", "kind": "machine", "admin": false},
+            "relay": {"clusterId": cluster_id, "credential": {"id": "relaycred_1", "generation": 2, "digest": "c0"}},
+            "limits": {"maxFrameBytes": 1064960, "maxInFlight": 16, "outboundQueue": 64, "pingIntervalMs": 20000, "silenceTimeoutMs": 60000}
+        }))
+        .await;
+    }
+
+    /// Answer the call `call` with `result`.
+    pub async fn result(&mut self, call: &serde_json::Value, result: serde_json::Value) {
+        self.send(serde_json::json!({"type": "result", "id": call["id"], "requestId": "req_1", "result": result})).await;
+    }
+
+    /// Keep the socket open until the relay goes.
+    pub async fn hold(mut self) {
+        use futures::StreamExt;
+        while let Some(Ok(_)) = self.ws.next().await {}
+    }
+}
+
+/// A WebSocket host: each accepted socket is handed to the script with its index (0 first).
+pub struct SocketMock {
+    /// `http://127.0.0.1:<port>`.
+    pub origin: String,
+}
+
+impl SocketMock {
+    /// Start accepting; `session(peer, index)` plays the host's side of each socket.
+    #[allow(clippy::result_large_err)] // tungstenite's handshake callback answers its own error type
+    pub async fn start<F, Fut>(session: F) -> SocketMock
+    where
+        F: Fn(Peer, usize) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut index = 0;
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let path = Arc::new(Mutex::new(String::new()));
+                let seen = path.clone();
+                let callback = move |request: &Request, response: Response| {
+                    *seen.lock().unwrap() = request.uri().path().to_string();
+                    Ok(response)
+                };
+                let Ok(ws) = tokio_tungstenite::accept_hdr_async(stream, callback).await else { continue };
+                let path = path.lock().unwrap().clone();
+                tokio::spawn(session(Peer { path, ws }, index));
+                index += 1;
+            }
+        });
+        SocketMock { origin }
+    }
 }

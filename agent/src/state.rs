@@ -1,5 +1,6 @@
-//! The agent's state directory: `credential.json` (the node credential, private) and
-//! `status.json` (the last beat's outcome and the last hostname apply, for `status`).
+//! The agent's state directory: `credential.json` (the node credential, private),
+//! `status.json` (the last beat's outcome and the last hostname apply, for `status`) and, on a
+//! node that runs the cluster's relay, `relay-config.json` (the last `relay.config` pushed).
 //!
 //! The directory is mode 0700 and owned by the agent's user; the credential file is mode 0600
 //! with one link. Looser permissions are refused by name before anything is read. The credential
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/capstan-agent";
 const CREDENTIAL_FILE: &str = "credential.json";
 const STATUS_FILE: &str = "status.json";
+const RELAY_CONFIG_FILE: &str = "relay-config.json";
 const LOCK_FILE: &str = ".lock";
 
 /// The node credential as kept in `credential.json`.
@@ -99,6 +101,18 @@ pub struct Status {
     /// The last hostname apply (reported on every beat after it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_apply: Option<HostApply>,
+}
+
+/// What `relay-config.json` holds: the last `relay.config` push the relay applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayConfig {
+    /// The digest the host sent with it (a push with the same digest is skipped).
+    pub digest: String,
+    /// The whole configuration, as pushed.
+    pub config: serde_json::Value,
+    /// When it was received (milliseconds since the epoch).
+    pub received_at: u64,
 }
 
 /// The state directory.
@@ -279,10 +293,57 @@ impl StateDir {
 
     /// Keep `status` (atomically, mode 0600).
     pub fn write_status(&self, status: &Status) -> Result<(), Refusal> {
+        self.write_private(&self.status_path(), status)
+    }
+
+    /// The relay configuration file's path.
+    pub fn relay_config_path(&self) -> PathBuf {
+        self.path.join(RELAY_CONFIG_FILE)
+    }
+
+    /// The relay configuration last kept; `None` when no push was ever applied. A file that is
+    /// not private or not a configuration is refused by name.
+    pub fn read_relay_config(&self) -> Result<Option<RelayConfig>, Refusal> {
         self.check()?;
-        let bytes = serde_json::to_vec_pretty(status).map_err(Refusal::internal)?;
-        let path = self.status_path();
-        private_file::replace_atomically(&path, &bytes, 0o600).map_err(|e| io_refusal("state-write-failed", "replacing", &path, e))
+        let path = self.relay_config_path();
+        let bytes = match private_file::read_strict(&path) {
+            Ok(bytes) => bytes,
+            Err(r) if r.is("input-missing") => return Ok(None),
+            Err(r) if r.is("input-permissions") => {
+                return Err(refuse(
+                    "state-file-permissions",
+                    format!("{} must not be readable or writable by group or others (chmod 600)", path.display()),
+                    &path,
+                ));
+            }
+            Err(r) => return Err(r),
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            refuse(
+                "state-file-invalid",
+                format!(
+                    "{} is not a relay configuration file ({:?} error at line {}, column {})",
+                    path.display(),
+                    e.classify(),
+                    e.line(),
+                    e.column()
+                ),
+                &path,
+            )
+        })
+    }
+
+    /// Keep the relay configuration (atomically, mode 0600).
+    pub fn write_relay_config(&self, config: &RelayConfig) -> Result<(), Refusal> {
+        self.write_private(&self.relay_config_path(), config)
+    }
+
+    /// The one writer of the directory's private JSON files other than the credential: checks
+    /// the directory, then replaces `path` atomically with a mode 0600 file.
+    fn write_private(&self, path: &Path, value: &impl Serialize) -> Result<(), Refusal> {
+        self.check()?;
+        let bytes = serde_json::to_vec_pretty(value).map_err(Refusal::internal)?;
+        private_file::replace_atomically(path, &bytes, 0o600).map_err(|e| io_refusal("state-write-failed", "replacing", path, e))
     }
 }
 
@@ -440,6 +501,18 @@ mod tests {
         for secret in secrets {
             assert!(!debug.contains(&secret), "{debug}");
         }
+    }
+
+    #[test]
+    fn the_relay_config_is_kept_private_and_read_back() {
+        let (_root, dir) = state_dir();
+        assert_eq!(dir.read_relay_config().unwrap(), None);
+        let config = RelayConfig { digest: "d1".into(), config: json!({"cluster": {"id": "cls_1"}}), received_at: 7 };
+        dir.write_relay_config(&config).unwrap();
+        assert_eq!(dir.read_relay_config().unwrap(), Some(config));
+        assert_eq!(fs::metadata(dir.relay_config_path()).unwrap().mode() & 0o777, 0o600);
+        fs::set_permissions(dir.relay_config_path(), fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(dir.read_relay_config().unwrap_err().code, "state-file-permissions");
     }
 
     #[test]

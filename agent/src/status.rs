@@ -1,7 +1,8 @@
-//! `capstan-agent status`: what this machine is enrolled as and how its last beat went, read
-//! from the state directory (no request is made). Never the token.
+//! `capstan-agent status`: what this machine is enrolled as, how its last beat went and, on a
+//! relay's node, which relay configuration it keeps — read from the state directory (no request
+//! is made). Never the token.
 
-use crate::state::{BeatRecord, StateDir};
+use crate::state::{BeatRecord, RelayConfig, StateDir};
 use capstan_core::Refusal;
 use serde_json::{Value, json};
 
@@ -22,6 +23,11 @@ pub fn status_json(state: &StateDir) -> Result<Value, Refusal> {
             v
         }),
         "hostApply": status.host_apply,
+        "relayConfig": relay_config(state).map(|c| json!({
+            "digest": c.digest,
+            "receivedAt": rfc3339(c.received_at),
+            "receivedAtMs": c.received_at,
+        })),
     }))
 }
 
@@ -52,7 +58,16 @@ pub fn status_text(state: &StateDir) -> Result<String, Refusal> {
             },
         );
     }
+    if let Some(config) = relay_config(state) {
+        line("relay", format!("configuration {} received {}", config.digest, rfc3339(config.received_at)));
+    }
     Ok(out)
+}
+
+/// The relay configuration kept, if any (a file that cannot be read shows as none: `relay`
+/// says why when it starts).
+fn relay_config(state: &StateDir) -> Option<RelayConfig> {
+    state.read_relay_config().ok().flatten()
 }
 
 fn describe_beat(beat: &BeatRecord) -> String {
@@ -121,5 +136,16 @@ mod tests {
         assert_eq!(json["lastBeat"]["at"], "2023-11-14T22:13:20Z");
         assert_eq!(json["credentialGeneration"], 3);
         assert!(!text.contains(&secret) && !json.to_string().contains(&secret));
+        assert_eq!(json["relayConfig"], Value::Null);
+        assert!(!text.contains("relay"), "{text}");
+
+        dir.write_relay_config(&RelayConfig { digest: "d1".into(), config: json!({}), received_at: 1_700_000_000_000 }).unwrap();
+        let text = status_text(&dir).unwrap();
+        assert!(text.contains("relay       configuration d1 received 2023-11-14T22:13:20Z"), "{text}");
+        let json = status_json(&dir).unwrap();
+        assert_eq!(
+            json["relayConfig"],
+            json!({"digest": "d1", "receivedAt": "2023-11-14T22:13:20Z", "receivedAtMs": 1_700_000_000_000u64})
+        );
     }
 }
