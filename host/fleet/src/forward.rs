@@ -64,38 +64,66 @@ pub async fn route(fleet: &Fleet, forwarded: bool) -> Result<Route> {
         // a record this node no longer stands behind (a previous process, a lost renewal)
         return Err(unavailable("the coordinator lease is changing hands; retry shortly"));
     }
-    let key = node_key(&lease.holder);
-    let not_answering = || {
-        unavailable(format!("the coordinator {} is not answering; retry once the lease has moved", lease.holder))
-            .with_data(json!({ "holder": lease.holder }))
-    };
-    let Some((_, bytes)) = blobs.get_bytes(&key).await? else { return Err(not_answering()) };
-    // the caller's token goes where this record says: only a record its node signed counts
-    let untrusted = |why: Refusal| {
-        tracing::warn!(holder = %lease.holder, code = %why.code, "not forwarding to the coordinator: {}", why.message);
-        unavailable(format!("the coordinator {}'s record cannot be trusted ({}); retry once the lease has moved", lease.holder, why.code))
-            .with_data(json!({ "holder": lease.holder, "cause": why.code }))
-    };
-    let record = signed::verify(&key, &bytes).map_err(untrusted)?;
-    if claimed_key(blobs, &record.node_id).await?.as_deref() != Some(record.public_key.as_str()) || record.node_id != lease.holder {
-        let why = Refusal::new("fleet-record-signature-invalid", "the record's key is not the one its id was claimed with");
-        return Err(untrusted(why));
-    }
-    if !record.answering(now_ms(), &fleet.node.timing) {
-        return Err(not_answering());
-    }
-    if fleet.node.network.as_deref() == Some("public") || record.network.as_deref() == Some("public") {
-        let address = base_url(&record.addresses.internal, record.addresses.api_port);
-        return Err(Refusal::new(
+    let holder = lease.holder.as_str();
+    match peer(fleet, holder).await? {
+        Ok(base_url) => Ok(Route::Holder { node_id: lease.holder.clone(), base_url }),
+        Err(Unfollowable::NotAnswering) => Err(unavailable(format!(
+            "the coordinator {holder} is not answering; retry once the lease has moved"
+        ))
+        .with_data(json!({ "holder": holder }))),
+        Err(Unfollowable::Untrusted(why)) => {
+            tracing::warn!(holder = %holder, code = %why.code, "not forwarding to the coordinator: {}", why.message);
+            Err(unavailable(format!("the coordinator {holder}'s record cannot be trusted ({}); retry once the lease has moved", why.code))
+                .with_data(json!({ "holder": holder, "cause": why.code })))
+        }
+        Err(Unfollowable::Public { address }) => Err(Refusal::new(
             "coordinator-elsewhere",
             format!(
-                "this request is answered by the coordinator {} ({address}); nodes on a public network do not forward a caller's credentials over plain HTTP: call it there",
-                record.node_id
+                "this request is answered by the coordinator {holder} ({address}); nodes on a public network do not forward a caller's credentials over plain HTTP: call it there"
             ),
         )
-        .with_data(json!({ "holder": record.node_id, "address": address })));
+        .with_data(json!({ "holder": holder, "address": address }))),
     }
-    Ok(Route::Holder { node_id: record.node_id, base_url: base_url(&record.addresses.internal, record.addresses.api_port) })
+}
+
+/// Why another fleet node cannot be reached with a request.
+#[derive(Debug)]
+pub enum Unfollowable {
+    /// It has no record, or its record says it is not answering.
+    NotAnswering,
+    /// Its record is not signed by the key its id was claimed with.
+    Untrusted(Refusal),
+    /// It or this node is on a public network: nothing is forwarded over plain HTTP there.
+    Public {
+        /// Where the node says it answers.
+        address: String,
+    },
+}
+
+/// The API base URL of the fleet node `node_id`, when a request may be carried there: its
+/// record must be signed by the key its id was claimed with (a record someone rewrote to point
+/// elsewhere is not followed), it must be answering, and both nodes must be on a private
+/// network (`lan`, `wireguard`).
+pub async fn peer(fleet: &Fleet, node_id: &str) -> Result<std::result::Result<String, Unfollowable>> {
+    let blobs = &fleet.node.blobs;
+    let key = node_key(node_id);
+    let Some((_, bytes)) = blobs.get_bytes(&key).await? else { return Ok(Err(Unfollowable::NotAnswering)) };
+    let record = match signed::verify(&key, &bytes) {
+        Ok(record) => record,
+        Err(why) => return Ok(Err(Unfollowable::Untrusted(why))),
+    };
+    if claimed_key(blobs, &record.node_id).await?.as_deref() != Some(record.public_key.as_str()) || record.node_id != node_id {
+        let why = Refusal::new("fleet-record-signature-invalid", "the record's key is not the one its id was claimed with");
+        return Ok(Err(Unfollowable::Untrusted(why)));
+    }
+    if !record.answering(now_ms(), &fleet.node.timing) {
+        return Ok(Err(Unfollowable::NotAnswering));
+    }
+    let address = base_url(&record.addresses.internal, record.addresses.api_port);
+    if fleet.node.network.as_deref() == Some("public") || record.network.as_deref() == Some("public") {
+        return Ok(Err(Unfollowable::Public { address }));
+    }
+    Ok(Ok(address))
 }
 
 fn base_url(host: &str, port: u16) -> String {

@@ -81,12 +81,20 @@ pub fn verify(key: &str, bytes: &[u8]) -> Result<NodeRecord> {
     let Some(signature) = &record.signature else {
         return Err(refused("fleet-record-unsigned", key, "is not signed (written by a build before signed records)"));
     };
-    let invalid = || refused("fleet-record-signature-invalid", key, "does not carry a valid signature of its node's key");
-    let public: [u8; 32] = B64.decode(&record.public_key).ok().and_then(|k| k.try_into().ok()).ok_or_else(invalid)?;
-    let public = ed25519_dalek::VerifyingKey::from_bytes(&public).map_err(|_| invalid())?;
-    let signature: [u8; 64] = B64.decode(signature).ok().and_then(|s| s.try_into().ok()).ok_or_else(invalid)?;
-    public.verify_strict(&signed_message(value), &ed25519_dalek::Signature::from_bytes(&signature)).map_err(|_| invalid())?;
+    if !signature_valid(&record.public_key, &signed_message(value), signature) {
+        return Err(refused("fleet-record-signature-invalid", key, "does not carry a valid signature of its node's key"));
+    }
     Ok(record)
+}
+
+/// Whether `signature` (base64) is a valid Ed25519 signature of `message` by `public_key`
+/// (base64), as [`NodeIdentity::sign`] makes one.
+pub fn signature_valid(public_key: &str, message: &[u8], signature: &str) -> bool {
+    let public: Option<[u8; 32]> = B64.decode(public_key).ok().and_then(|k| k.try_into().ok());
+    let signature: Option<[u8; 64]> = B64.decode(signature).ok().and_then(|s| s.try_into().ok());
+    let (Some(public), Some(signature)) = (public, signature) else { return false };
+    ed25519_dalek::VerifyingKey::from_bytes(&public)
+        .is_ok_and(|public| public.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature)).is_ok())
 }
 
 #[cfg(test)]

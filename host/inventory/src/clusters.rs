@@ -385,12 +385,15 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<Entity<Clust
 }
 
 async fn delete(cx: Context, _: Call, input: DeleteInput) -> Result<Deleted> {
-    let input = &input;
+    let (input, dependents) = (&input, &*cx.dependents);
     let deleted = cx
         .store
         .transact(|tx| async move {
             let cluster = require_cluster(&tx, &input.id).await?;
             check_revision("cluster", &input.id, input.expected_revision, cluster.revision)?;
+            if let Some(refusal) = dependents.cluster_blocker(&tx, &input.id, &cluster.data.name).await? {
+                return Err(refusal);
+            }
             let nodes = tx.find(CLUSTER_NODES, "by_cluster", &[json!(input.id)], None, 1).await?;
             if !nodes.documents.is_empty() {
                 return Err(Refusal::new(
@@ -422,6 +425,7 @@ async fn delete(cx: Context, _: Call, input: DeleteInput) -> Result<Deleted> {
             }
             delete_if_present(&tx, CLUSTER_IDENTITIES, &input.id).await?;
             delete_if_present(&tx, CLUSTER_RUNTIMES, &input.id).await?;
+            dependents.cluster_removed(&tx, &input.id).await?;
             tx.delete(CLUSTERS, &input.id, cluster.revision).await?;
             emit(&tx, "cluster.deleted", &input.id, json!({ "id": input.id, "name": cluster.data.name })).await?;
             Ok(Deleted { id: input.id.clone(), deleted: true, machine_user_id: pointer.clone() })

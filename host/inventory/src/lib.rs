@@ -107,6 +107,15 @@ pub trait Dependents: Send + Sync {
     /// Whether `holder` (`plugin:<id>`, `host:<name>`) can still act on its hold of a service:
     /// a plugin only while it is installed, so an uninstalled one never blocks a deletion.
     async fn holder_present(&self, tx: &Tx, holder: &str) -> Result<bool>;
+    /// Why the cluster `cluster_id` (named `name`) cannot be deleted yet (a live relay).
+    async fn cluster_blocker(&self, _tx: &Tx, _cluster_id: &str, _name: &str) -> Result<Option<Refusal>> {
+        Ok(None)
+    }
+    /// The cluster `cluster_id` is deleted: drop what hangs on it (its relay's credential,
+    /// registration and secret) in the same transaction.
+    async fn cluster_removed(&self, _tx: &Tx, _cluster_id: &str) -> Result<()> {
+        Ok(())
+    }
     /// The settings the installed plugins declare (their current versions), read in `tx`.
     async fn plugin_settings(&self, tx: &Tx) -> Result<Vec<PluginSetting>>;
     /// Refuse `value` for the plugin setting `setting` by name (`setting-invalid`,

@@ -34,6 +34,20 @@ impl Dependents for HostDependents {
         capstan_secrets::methods::forget_service(tx, service_id).await
     }
 
+    async fn cluster_blocker(&self, tx: &Tx, cluster_id: &str, name: &str) -> Result<Option<Refusal>> {
+        match tx.is_declared(capstan_secrets::relay_registrations::SESSIONS) {
+            true => capstan_secrets::relay_registrations::cluster_blocker(tx, cluster_id, name).await,
+            false => Ok(None),
+        }
+    }
+
+    async fn cluster_removed(&self, tx: &Tx, cluster_id: &str) -> Result<()> {
+        match tx.is_declared(capstan_secrets::relay_registrations::SESSIONS) {
+            true => capstan_secrets::relay_registrations::cluster_removed(tx, cluster_id).await,
+            false => Ok(()),
+        }
+    }
+
     async fn holder_present(&self, tx: &Tx, holder: &str) -> Result<bool> {
         use capstan_plugin_host::host::PLUGINS;
         match holder.strip_prefix("plugin:") {

@@ -7,5 +7,6 @@ pub mod ingress;
 pub mod managed;
 pub mod manifests;
 pub mod methods;
+pub mod relay_registrations;
 pub mod relays;
 pub mod sets;

@@ -433,8 +433,14 @@ async fn publish_manifest(tx: &Tx, secret: &Secret) -> Result<()> {
 /// A service is gone: its own secrets are revoked (their versions stay as history) and its
 /// attachments and secrets revision removed, in the caller's transaction.
 pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
-    let owner = Owner::Service { service_id: service_id.into() }.reference();
-    for doc in tx.find_all(SECRETS, "by_owner", &[json!(owner)]).await? {
+    revoke_owned(tx, &Owner::Service { service_id: service_id.into() }).await?;
+    super::sets::forget_service(tx, service_id).await
+}
+
+/// Revoke every active secret `owner` holds (their versions stay as history), in the caller's
+/// transaction.
+pub(crate) async fn revoke_owned(tx: &Tx, owner: &Owner) -> Result<()> {
+    for doc in tx.find_all(SECRETS, "by_owner", &[json!(owner.reference())]).await? {
         let mut secret = parse_secret(&doc)?;
         if secret.state == State::Active {
             let at = now_secs();
@@ -443,7 +449,7 @@ pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
             emit(tx, "secret.revoked", &doc.id, event_data(&doc.id, &secret)).await?;
         }
     }
-    super::sets::forget_service(tx, service_id).await
+    Ok(())
 }
 
 /// Every change's event: ids, owner and key — never a value.

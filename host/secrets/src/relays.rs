@@ -38,7 +38,8 @@ const BEARER_BYTES: usize = 32;
 /// Declare the credential and export-receipt collections.
 pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(CREDENTIALS)).await?;
-    store.declare(CollectionSpec::new(EXPORTS).index("by_cluster", &["clusterId"])).await
+    store.declare(CollectionSpec::new(EXPORTS).index("by_cluster", &["clusterId"])).await?;
+    super::relay_registrations::declare(store).await
 }
 
 /// The system id owning a cluster's relay bearer, which is also its management scope's tail.
@@ -385,6 +386,7 @@ pub async fn mutate(cx: Context, call: Call, input: MutateInput) -> Result<Crede
                         previous: Vec::new(),
                     };
                     tx.insert(CREDENTIALS, &input.cluster_id, serde_json::to_value(&record).map_err(Refusal::internal)?).await?;
+                    super::relay_registrations::record_bearer(&tx, &input.cluster_id, 1, bearer).await?;
                     emit(
                         &tx,
                         "relay.credentialIssued",
@@ -407,6 +409,7 @@ pub async fn mutate(cx: Context, call: Call, input: MutateInput) -> Result<Crede
                     (next.secret_id, next.version_id) = (secret_id, version_id);
                     (next.updated_at, next.updated_by) = (at, actor.into());
                     tx.replace(CREDENTIALS, &input.cluster_id, revision, serde_json::to_value(&next).map_err(Refusal::internal)?).await?;
+                    super::relay_registrations::record_bearer(&tx, &input.cluster_id, next.generation, bearer).await?;
                     emit(
                         &tx,
                         "relay.credentialRotated",
@@ -475,6 +478,15 @@ pub async fn verify_in(tx: &Tx, cluster_id: &str, presented: &[u8]) -> Result<Ve
 /// [`verify_in`] in a transaction of its own.
 pub async fn verify(store: &Store, cluster_id: &str, presented: &[u8]) -> Result<Verified> {
     store.transact(|tx| async move { verify_in(&tx, cluster_id, presented).await }).await
+}
+
+/// The deleted cluster's credential record goes, and the secret holding its bearer is revoked
+/// (in the deleting transaction; docs/relays.md).
+pub(crate) async fn credential_removed(tx: &Tx, cluster_id: &str) -> Result<()> {
+    if let Some((revision, _)) = read_record(tx, cluster_id).await? {
+        tx.delete(CREDENTIALS, cluster_id, revision).await?;
+    }
+    super::methods::revoke_owned(tx, &Owner::System { system_id: system_id(cluster_id) }).await
 }
 
 /// `relays.exportAuthorization`: the bearer of the exact expected generation, read from the

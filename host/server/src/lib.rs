@@ -22,4 +22,5 @@ mod host_tests;
 pub mod listener;
 pub mod migrate;
 pub mod plugins;
+pub mod relays;
 pub mod serve;

@@ -114,6 +114,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());
     loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped.clone()));
+    loops.extend(state.relays.spawn(stopped.clone()).await?);
     loops.push(scheduler.spawn(stopped));
     let signalled = shutdown_signal()?;
     println!("Capstan serving on http://{bound} (public origin {}) as node {}", config.public_origin, fleet.node.identity.id);

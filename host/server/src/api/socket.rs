@@ -92,6 +92,8 @@ pub mod close {
     pub const PING_TIMEOUT: u16 = 4009;
     /// `session-expired`: the token the session opened with expired.
     pub const SESSION_EXPIRED: u16 = 4010;
+    /// `relay-credential-generation-stale`: a relay's bearer was rotated away.
+    pub const RELAY_CREDENTIAL_STALE: u16 = 4011;
 }
 
 /// What a session says it is (the offer's `kind`).
@@ -294,6 +296,20 @@ impl Hub {
         .await;
     }
 
+    /// Queue `frame` for the session `id`; false when it is not open (or was just dropped as a
+    /// slow reader).
+    pub fn send(&self, id: &str, frame: String) -> bool {
+        let handle = self.sessions.lock().expect("the session table is never poisoned").get(id).cloned();
+        handle.is_some_and(|h| h.ended.borrow().is_none() && h.send(frame))
+    }
+
+    /// End the session `id` with `code` (its close frame's reason is `reason`).
+    pub fn end(&self, id: &str, code: u16, reason: &'static str) {
+        if let Some(handle) = self.sessions.lock().expect("the session table is never poisoned").get(id) {
+            handle.end(code, reason);
+        }
+    }
+
     /// Whether the session `id` is open (or still sending its close frame).
     pub fn is_open(&self, id: &str) -> bool {
         self.sessions.lock().expect("the session table is never poisoned").contains_key(id)
@@ -376,6 +392,8 @@ struct Accepted {
     kind: Kind,
     token: Option<String>,
     identity: Option<Identity>,
+    /// A relay session: the cluster and credential its bearer verified as.
+    relay: Option<capstan_secrets::relays::Verified>,
 }
 
 /// Judge the first frame: a readable offer first, then its protocols (before anything about the
@@ -420,6 +438,22 @@ async fn judge_offer(state: &AppState, first: Message, header_bearer: Option<Str
         Some(Value::String(token)) if !token.is_empty() => Some(token.clone()),
         Some(_) => return Err(invalid("the offer's token is a string: the bearer JWT".into())),
     };
+    if kind == Kind::Relay {
+        // a relay's token is its cluster's relay bearer, not a JWT (docs/relays.md)
+        let Some(bearer) = token else {
+            return Err((
+                close::UNAUTHENTICATED,
+                Refusal::new("unauthenticated", "a relay session needs its relay bearer as the offer's token"),
+            ));
+        };
+        return match crate::relays::identify(state, bearer.as_bytes()).await {
+            Ok((verified, identity)) => {
+                Ok(Accepted { protocol, kind, token: Some(bearer), identity: Some(identity), relay: Some(verified) })
+            }
+            Err(refusal) if refusal.is("relay-credential-generation-stale") => Err((close::RELAY_CREDENTIAL_STALE, refusal)),
+            Err(refusal) => Err((close::UNAUTHENTICATED, refusal)),
+        };
+    }
     let identity = match &token {
         Some(token) => match state.auth.authenticate(token).await {
             Ok(identity) => Some(identity),
@@ -433,7 +467,7 @@ async fn judge_offer(state: &AppState, first: Message, header_bearer: Option<Str
         }
         None => None,
     };
-    Ok(Accepted { protocol, kind, token, identity })
+    Ok(Accepted { protocol, kind, token, identity, relay: None })
 }
 
 async fn run(state: AppState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>) {
@@ -464,8 +498,8 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
         Ok(accepted) => accepted,
         Err((code, refusal)) => return refuse(&mut sink, code, refusal).await,
     };
-    let Accepted { protocol, kind, token, identity } = accepted;
-    let welcome = json!({
+    let Accepted { protocol, kind, token, identity, relay } = accepted;
+    let mut welcome = json!({
         "type": "welcome",
         "protocol": protocol,
         "sessionId": session_id,
@@ -479,6 +513,9 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
             "silenceTimeoutMs": limits.silence_timeout.as_millis() as u64,
         },
     });
+    if let Some(relay) = &relay {
+        welcome["relay"] = json!({ "clusterId": relay.cluster_id, "credential": relay.credential });
+    }
     if sink.send(Message::text(welcome.to_string())).await.is_err() {
         return;
     }
@@ -487,16 +524,22 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
     let (ended, watching) = watch::channel(None);
     let handle = Arc::new(Handle { kind, user_id: identity.as_ref().map(|i| i.user_id.clone()), outbound, ended });
     hub.insert(&session_id, handle.clone());
+    if let (Some(relay), Some(bearer)) = (&relay, &token) {
+        state.relays.opened(&session_id, &relay.cluster_id, bearer.as_bytes());
+    }
     let writer = tokio::spawn(write(sink, queue, watching.clone(), limits.ping_interval, handle.clone()).in_current_span());
-    // the session ends with the token it opened with
-    let expiry = identity.as_ref().map(|i| {
+    // the session ends with the token it opened with (a relay's bearer has no lifetime: it
+    // holds until rotated, which every frame checks)
+    let expiry = identity.as_ref().filter(|_| relay.is_none()).map(|i| {
         let left = i.expires_at.saturating_sub(capstan_core::clock::now_secs());
         Instant::now() + Duration::from_secs(left)
     });
     let session = Session {
         state: state.clone(),
         handle: handle.clone(),
-        token: token.map(Arc::from),
+        // a relay's calls run as the identity its bearer verified (the bearer is no JWT)
+        verified: relay.is_some().then(|| identity.clone()).flatten(),
+        token: token.filter(|_| relay.is_none()).map(Arc::from),
         source,
         in_flight: Arc::new(Semaphore::new(limits.max_in_flight)),
         ids: Arc::default(),
@@ -507,6 +550,7 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
     let _ = writer.await;
     // gone from the hub once its close frame is sent (or could not be)
     hub.remove(&session_id);
+    state.relays.closed(&session_id).await;
     let ended = *handle.ended.borrow();
     if ended.is_some_and(|e| e.code != close::NORMAL) {
         // the host closed: wait (briefly) for the peer's close frame, as the closing handshake
@@ -594,6 +638,7 @@ async fn write(
 struct Session {
     state: AppState,
     handle: Arc<Handle>,
+    verified: Option<Identity>,
     token: Option<Arc<str>>,
     source: Option<IpAddr>,
     in_flight: Arc<Semaphore>,
@@ -666,6 +711,19 @@ fn frame_in(session: &Session, text: &str) {
     let id = call_id(&frame);
     match frame.get("type").and_then(Value::as_str) {
         Some("call") => {}
+        Some("reply") if session.state.relays.is_relay(&session.session_id) => {
+            // every frame a relay sends is judged under its credential as it is now
+            let (relays, session_id) = (session.state.relays.clone(), session.session_id.clone());
+            tokio::spawn(
+                async move {
+                    if relays.check(&session_id).await.is_ok() {
+                        relays.reply(&session_id, frame);
+                    }
+                }
+                .in_current_span(),
+            );
+            return;
+        }
         Some("offer") => {
             return refuse_frame(session, id, Refusal::new("frame-unexpected", "the session already began: an offer comes once, first"));
         }
@@ -705,6 +763,7 @@ fn frame_in(session: &Session, text: &str) {
     };
     let (state, handle, token, source, ids) =
         (session.state.clone(), session.handle.clone(), session.token.clone(), session.source, session.ids.clone());
+    let (verified, session_id) = (session.verified.clone(), session.session_id.clone());
     let request_id = uuid::Uuid::new_v4().simple().to_string();
     let span =
         tracing::info_span!("call", session = %session.session_id, id = %request_id, method = %capstan_core::text::truncate(&method, 100));
@@ -712,9 +771,27 @@ fn frame_in(session: &Session, text: &str) {
         async move {
             let started = std::time::Instant::now();
             let raw = serde_json::to_vec(&body).unwrap_or_default();
-            let incoming =
-                Incoming { name: &method, bearer: token.as_deref(), source, request_id: &request_id, forwarded: false, raw: &raw };
-            let answer = match dispatch(&state, incoming, |_| Ok(body)).await {
+            let incoming = Incoming {
+                name: &method,
+                bearer: token.as_deref(),
+                verified: verified.as_ref(),
+                source,
+                request_id: &request_id,
+                forwarded: false,
+                raw: &raw,
+            };
+            let relays = &state.relays;
+            let dispatched = async {
+                if verified.is_some() {
+                    relays.check(&session_id).await?;
+                }
+                // a registration belongs to this socket: answered here, never dispatched
+                if method == "relays.register" {
+                    return Ok(Answered::Here { value: relays.register(&session_id, body).await?, answered_by: None });
+                }
+                dispatch(&state, incoming, |_| Ok(body)).await
+            };
+            let answer = match dispatched.await {
                 Ok(Answered::Here { value, answered_by }) => {
                     let mut frame = json!({ "type": "result", "id": id, "requestId": request_id, "result": value });
                     if let Some(node) = answered_by {
