@@ -64,6 +64,8 @@ pub struct AppState {
     pub nodes: crate::nodes::Context,
     /// The open `/api/v1/socket` sessions, and how host code pushes to them.
     pub sockets: Arc<socket::Hub>,
+    /// The cluster relays this node holds, and the election that reaches any relay of the fleet.
+    pub relays: Arc<crate::relays::Relays>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -125,6 +127,10 @@ impl AppState {
         );
         let nodes = crate::nodes::Context::new(store.clone(), public_origin.clone(), dev);
         crate::nodes::register(&mut registry, nodes.clone());
+        let sockets = Arc::new(socket::Hub::new(socket::Limits::for_bodies(max_body_bytes)));
+        let peers = crate::relays::forward::Peers::new(fleet.clone());
+        let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
+        crate::relays::methods::register(&mut registry, relays.clone());
         AppState {
             store,
             blobs,
@@ -138,7 +144,8 @@ impl AppState {
             scheduler,
             fleet,
             nodes,
-            sockets: Arc::new(socket::Hub::new(socket::Limits::for_bodies(max_body_bytes))),
+            sockets,
+            relays,
         }
     }
 }
@@ -346,6 +353,7 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     let incoming = Incoming {
         name: &name,
         bearer: bearer_token(headers),
+        verified: None,
         source,
         request_id: &request_id,
         forwarded: headers.contains_key(forward::FORWARDED_BY),
@@ -377,6 +385,9 @@ pub(crate) struct Incoming<'a> {
     pub name: &'a str,
     /// The bearer token the caller presented, if any.
     pub bearer: Option<&'a str>,
+    /// A caller verified otherwise (a relay session, by its relay bearer): it stands for
+    /// itself, and `bearer` is `None`.
+    pub verified: Option<&'a crate::auth::Identity>,
     /// The client's address.
     pub source: Option<std::net::IpAddr>,
     /// The request's id (logged, and passed on when forwarded).
@@ -402,10 +413,11 @@ pub(crate) async fn dispatch(
     incoming: Incoming<'_>,
     input: impl FnOnce(&[u8]) -> Result<Value, Refusal>,
 ) -> Result<Answered, Refusal> {
-    let Incoming { name, bearer, source, request_id, forwarded, raw } = incoming;
+    let Incoming { name, bearer, verified, source, request_id, forwarded, raw } = incoming;
     // host and plugin methods alike: a plugin's are registry entries while it is loaded here
     let method = state.methods.resolve(name).await?;
     let identity = match method.access {
+        _ if verified.is_some() => verified.cloned(),
         // a public method serves anyone; a valid token only tells it who is asking
         Access::Public => match bearer {
             Some(bearer) => state.auth.authenticate(bearer).await.ok(),
