@@ -84,7 +84,7 @@ impl Refusal {
             // the nodes area: one uniform answer for a code that cannot be used, a node that is
             // not there, an agent binary not shipped here
             "jump-code-invalid" | "node-missing" | "agent-binary-unavailable" => 404,
-            "node-unauthorized" => 401,
+            "node-unauthorized" | "fleet-request-unverified" => 401,
             "protocol-unsupported" => 422,
             "hostname-in-use" | "credential-revoked" | "node-retired" | "node-not-retired" | "public-origin-not-https" => 409,
             code if code.ends_with("-not-found") => 404,
@@ -93,6 +93,7 @@ impl Refusal {
             // the target's current state stands in the way
             "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
             "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
+            "cluster-relay-live" => 409,
             "request-too-large" | "bundle-too-large" => 413,
             "rate-limited" => 429,
             // another node answers this; the client calls it there (`data.address`)

@@ -5,6 +5,7 @@ mod inventory;
 mod nodes;
 mod plugin_nodes;
 mod plugins;
+mod relay_sessions;
 mod relays;
 mod rewrap;
 mod secrets;

@@ -13,21 +13,21 @@ use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+pub(super) type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-const PASSWORD: &str = "a-long-enough-admin-password";
+pub(super) const PASSWORD: &str = "a-long-enough-admin-password";
 /// How long a test waits for something that should happen at once (liveness, not speed).
 const PATIENCE: Duration = Duration::from_secs(20);
 
-struct Server {
-    _dir: tempfile::TempDir,
-    state: AppState,
-    addr: SocketAddr,
-    token: String,
+pub(super) struct Server {
+    pub(super) _dir: tempfile::TempDir,
+    pub(super) state: AppState,
+    pub(super) addr: SocketAddr,
+    pub(super) token: String,
 }
 
 /// A host with an administrator, serving on 127.0.0.1; `adjust` may change its limits or methods.
-async fn serve(adjust: impl FnOnce(&mut AppState)) -> Server {
+pub(super) async fn serve(adjust: impl FnOnce(&mut AppState)) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let mut state = test_state(dir.path()).await;
     crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
@@ -48,7 +48,7 @@ fn limits(adjust: impl FnOnce(&mut Limits)) -> impl FnOnce(&mut AppState) {
     }
 }
 
-async fn connect(addr: SocketAddr, bearer: Option<&str>) -> Ws {
+pub(super) async fn connect(addr: SocketAddr, bearer: Option<&str>) -> Ws {
     let mut request = format!("ws://{addr}/api/v1/socket").into_client_request().unwrap();
     if let Some(bearer) = bearer {
         request.headers_mut().insert("authorization", format!("Bearer {bearer}").parse().unwrap());
@@ -56,12 +56,12 @@ async fn connect(addr: SocketAddr, bearer: Option<&str>) -> Ws {
     tokio_tungstenite::connect_async(request).await.unwrap().0
 }
 
-async fn send(ws: &mut Ws, frame: Value) {
+pub(super) async fn send(ws: &mut Ws, frame: Value) {
     ws.send(Message::text(frame.to_string())).await.unwrap();
 }
 
 /// The next text frame, as JSON (pings and pongs skipped).
-async fn next(ws: &mut Ws) -> Value {
+pub(super) async fn next(ws: &mut Ws) -> Value {
     loop {
         let message = tokio::time::timeout(PATIENCE, ws.next()).await.expect("a frame in time").expect("the session is open").unwrap();
         match message {
@@ -74,7 +74,7 @@ async fn next(ws: &mut Ws) -> Value {
 
 /// The close code the session ends with (reading past any frames still on the way); `None`
 /// when the connection ended without a close frame.
-async fn closed_with(ws: &mut Ws) -> Option<(u16, String)> {
+pub(super) async fn closed_with(ws: &mut Ws) -> Option<(u16, String)> {
     loop {
         match tokio::time::timeout(PATIENCE, ws.next()).await.expect("the session ends in time") {
             Some(Ok(Message::Close(frame))) => return frame.map(|f| (u16::from(f.code), f.reason.as_str().to_string())),
@@ -85,7 +85,7 @@ async fn closed_with(ws: &mut Ws) -> Option<(u16, String)> {
 }
 
 /// Open a session of `kind` (with `token` in the offer); its welcome.
-async fn open(addr: SocketAddr, kind: &str, token: Option<&str>) -> (Ws, Value) {
+pub(super) async fn open(addr: SocketAddr, kind: &str, token: Option<&str>) -> (Ws, Value) {
     let mut ws = connect(addr, None).await;
     let mut offer = json!({ "type": "offer", "kind": kind, "protocols": ["capstan-socket/1"] });
     if let Some(token) = token {
@@ -97,7 +97,7 @@ async fn open(addr: SocketAddr, kind: &str, token: Option<&str>) -> (Ws, Value) 
     (ws, welcome)
 }
 
-async fn call(ws: &mut Ws, id: u64, method: &str, body: Value) -> Value {
+pub(super) async fn call(ws: &mut Ws, id: u64, method: &str, body: Value) -> Value {
     send(ws, json!({ "type": "call", "id": id, "method": method, "body": body })).await;
     let answer = next(ws).await;
     assert_eq!(answer["id"], id, "{answer}");
@@ -118,7 +118,7 @@ async fn http(addr: SocketAddr, method: &str, token: Option<&str>, body: Value) 
     (status, serde_json::from_slice(&reply.bytes().await.unwrap()).unwrap())
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while !done() {
         assert!(tokio::time::Instant::now() < deadline, "{what} did not happen in time");

@@ -162,6 +162,7 @@ impl Relays {
     pub async fn register(&self, session_id: &str, body: Value) -> Result<Value> {
         let cluster_id = self.check(session_id).await?;
         let input: RegisterInput = serde_json::from_value(body).map_err(|e| Refusal::invalid_request(format!("relays.register: {e}")))?;
+        input.check()?;
         let registering = lock(&self.held).get(session_id).ok_or_else(unverified)?.registering.clone();
         let _one_at_a_time = registering.lock().await;
         let (last, bearer) = {
