@@ -246,6 +246,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/api/v1/socket", get(socket::upgrade))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
+        .route(crate::relays::forward::PATH, post(crate::relays::forward::answer).fallback(method_not_allowed))
         .merge(nodes::routes())
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
