@@ -245,7 +245,9 @@ pub async fn relay(options: Options, shutdown: impl Future<Output = &'static str
         let changed = file_changed(&options.authorization_file, delay);
         tokio::select! {
             why = &mut shutdown => return stopped(why),
-            _ = changed => tracing::info!("the authorization file changed; reconnecting"),
+            changed = changed => if changed {
+                tracing::info!("the authorization file changed; reconnecting");
+            },
         }
     }
 }
@@ -255,19 +257,20 @@ fn stopped(why: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Completes after `delay`, or sooner when the file at `path` changes (a new bearer handed over).
-async fn file_changed(path: &Path, delay: Duration) {
+/// Completes after `delay` (false), or sooner when the file at `path` changes (true: a new
+/// bearer handed over).
+async fn file_changed(path: &Path, delay: Duration) -> bool {
     let look = || std::fs::symlink_metadata(path).ok().map(|m| (m.modified().ok(), m.len(), std::os::unix::fs::MetadataExt::ino(&m)));
     let before = look();
     let until = tokio::time::Instant::now() + delay;
     loop {
         let step = until.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_millis(500));
         if step.is_zero() {
-            return;
+            return false;
         }
         tokio::time::sleep(step).await;
         if look() != before {
-            return;
+            return true;
         }
     }
 }
