@@ -20,6 +20,13 @@
 use crate::Refusal;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a test implements to stand in for a cluster's relay ([`TestHost::set_agent_dispatch`]).
+pub use capstan_plugin_host::{AgentDispatch, AgentReply, AgentRequest};
+
+/// A refusal as the host passes it (what an [`AgentDispatch`] refuses with).
+pub use capstan_core::refusal::Refusal as HostRefusal;
 
 /// A built plugin installed on an in-process host, with the runtime that drives it.
 pub struct TestHost {
@@ -64,10 +71,17 @@ impl TestHost {
     /// Build the plugin crate in `crate_dir` and load it on a fresh in-process host.
     pub fn build(crate_dir: impl AsRef<Path>) -> TestHost {
         let dir = crate_dir.as_ref();
-        let component = std::fs::read(build_component(dir)).expect("the built component");
         let manifest = std::fs::read_to_string(dir.join("capstan-plugin.toml")).expect("capstan-plugin.toml beside Cargo.toml");
+        Self::build_with_manifest(dir, &manifest)
+    }
+
+    /// Build the plugin crate in `crate_dir` and load it with `manifest` in place of its
+    /// `capstan-plugin.toml` (say, one requesting another capability), with its page templates.
+    pub fn build_with_manifest(crate_dir: impl AsRef<Path>, manifest: &str) -> TestHost {
+        let dir = crate_dir.as_ref();
+        let component = std::fs::read(build_component(dir)).expect("the built component");
         let pages = capstan_plugin_host::bundle::read_page_templates(dir).unwrap_or_else(|r| panic!("the page templates: {r}"));
-        Self::load_with_pages(&manifest, component, pages)
+        Self::load_with_pages(manifest, component, pages)
     }
 
     /// Load an already built component with its manifest text.
@@ -140,6 +154,12 @@ impl TestHost {
     /// would (over whatever is there).
     pub fn put_document(&self, collection: &str, id: &str, data: Value) {
         self.runtime.block_on(self.inner.put_document(collection, id, data)).expect("the document is written")
+    }
+
+    /// Stand in for the clusters' relays: the plugin's `agents.call` reaches `dispatch` (after
+    /// the host's checks). Without one every call is refused `agent-not-connected`.
+    pub fn set_agent_dispatch(&self, dispatch: Arc<dyn AgentDispatch>) {
+        self.inner.host.set_agent_dispatch(dispatch)
     }
 
     /// Run a scheduled task now; its summary.

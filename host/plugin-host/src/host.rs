@@ -261,6 +261,13 @@ fn bundle_key(id: &str, version: &str, digest: &str) -> String {
 }
 
 impl PluginHost {
+    /// Install how plugins' `agents.call` reaches a cluster's relay (the server does, at start;
+    /// until then every call is refused `agent-not-connected`, retryable). The same as
+    /// [`Services::set_agent_dispatch`] on [`PluginHost::services`].
+    pub fn set_agent_dispatch(&self, dispatch: Arc<dyn crate::imports::AgentDispatch>) {
+        self.services.set_agent_dispatch(dispatch);
+    }
+
     /// A host whose first-party plugins are `first_party` (the bundles the binary embeds, or a
     /// test's).
     pub async fn new(

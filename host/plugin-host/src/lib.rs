@@ -8,6 +8,8 @@
 //! - [`host`]: the registry of installed plugins, lifecycle, dispatch.
 //! - [`work`], [`tasks`]: events, reconciles and scheduled tasks.
 //! - [`platform`]: what plugins reach of the inventory, through a trait the server implements.
+//! - [`AgentDispatch`]: how the `agents` import reaches a cluster's relay, which the server
+//!   installs ([`host::PluginHost::set_agent_dispatch`]).
 
 // The subsystems this crate reaches, under short names.
 use capstan_blobs as blobs;
@@ -31,3 +33,5 @@ pub mod runtime;
 pub mod tasks;
 pub mod uploads;
 pub mod work;
+
+pub use imports::{AgentDispatch, AgentReply, AgentRequest, NotConnected};

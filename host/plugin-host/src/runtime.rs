@@ -478,6 +478,7 @@ impl Sandbox {
         let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
         let mut data = CallData::new(grant, ctx.request_id.clone(), self.services.clock_ahead(), self.memory_limit, STDIO_CAPTURE);
         data.acting = acting;
+        data.deadline = Some(started + deadline);
         let engine = match &self.prepared.pre {
             Pre::Current(pre) => pre.engine(),
             Pre::V0_1(pre) => pre.engine(),

@@ -4,13 +4,16 @@
 //! a scheduled task, and records its migrations. It also shows how a manager takes part in a
 //! service's deletion: it holds every service it hears of and releases it on `service.deleting`,
 //! once it would have cleaned up what it owned. Its faces: a setting (`example.welcome`) that
-//! `overview` reads, and dashboard pages for the overview and the notes.
+//! `overview` reads, and dashboard pages for the overview and the notes. And it shows the
+//! `agents` import: `pingAgent` asks a cluster's relay `agent.ping` (administrators only; it
+//! needs the `agents` capability, which this manifest does not request yet, so until it does
+//! the call is refused `capability-denied`).
 
 use capstan_sdk::store::{self, Batch, Doc};
 use capstan_sdk::{
     Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role,
 };
-use capstan_sdk::{events, inventory, json, settings};
+use capstan_sdk::{Value, agents, events, inventory, json, settings};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -33,6 +36,7 @@ impl Manager for Example {
             .method("countEvents", "How many events the plugin has received.", Role::Authenticated, count_events)
             .method("eventLog", "The events received, in the order they arrived.", Role::Authenticated, event_log)
             .method("overview", "The welcome text (setting example.welcome) and how many notes there are.", Role::Authenticated, overview)
+            .method("pingAgent", "Ask the relay of a cluster agent.ping and show its answer.", Role::Admin, ping_agent)
             .setting("welcome", "The text the overview opens with", Some(Welcome("Notes kept by the example plugin.".into())))
             .page(Page::new("", "Example", "overview").template("overview").form("putNote"))
             .page(Page::new("notes", "Notes", "listNotes").form("putNote"))
@@ -158,6 +162,30 @@ struct Overview {
 fn overview(_ctx: &Context, _: Empty) -> Result<Overview> {
     let ExampleSettings { welcome: Welcome(welcome) } = settings::get()?;
     Ok(Overview { welcome, notes: count_notes()? })
+}
+
+// ---- pingAgent: a request to a cluster's relay ----
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PingAgent {
+    #[schemars(length(min = 1, max = 128))]
+    cluster_id: String,
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct AgentPing {
+    cluster_id: String,
+    /// The relay's answer as it gave it (`{pong, nodeId, at}`).
+    reply: Value,
+}
+
+/// `agent.ping` on the cluster's relay. The host's refusals (`relay-not-connected`,
+/// `relay-timeout`, `capability-denied`, …) reach the caller as they are.
+fn ping_agent(_ctx: &Context, input: PingAgent) -> Result<AgentPing> {
+    let reply: Value = agents::call(&input.cluster_id, "agent.ping", &json!({}))?;
+    Ok(AgentPing { cluster_id: input.cluster_id, reply })
 }
 
 // ---- notes ----

@@ -16,6 +16,10 @@ mod settings;
 mod sign;
 mod store;
 
+pub use agents::{
+    AGENT_DEADLINE_MARGIN, AgentDispatch, AgentReply, AgentRequest, MAX_AGENT_REPLY_BYTES, MAX_AGENT_REQUEST_BYTES, MAX_AGENT_TIMEOUT,
+    NotConnected,
+};
 pub use blobs::{BlobReaderState, BlobWriterState, MAX_PLUGIN_BLOB_BYTES, blob_prefix};
 use budget::CallBudget;
 pub use budget::{MAX_HOST_CALLS, MAX_METHOD_OUTPUT};
@@ -36,7 +40,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -65,6 +69,9 @@ pub struct Services {
     /// How far ahead of the system clock plugins see the wall clock, in milliseconds: always 0
     /// on a serving host; the in-process test host moves it to show a plugin time passing.
     clock_ahead_ms: AtomicU64,
+    /// How `agents.call` reaches a cluster's relay: [`NotConnected`] until the server installs
+    /// its own ([`Services::set_agent_dispatch`]).
+    agent_dispatch: RwLock<Arc<dyn AgentDispatch>>,
 }
 
 impl Services {
@@ -93,7 +100,19 @@ impl Services {
             platform,
             collections: Default::default(),
             clock_ahead_ms: AtomicU64::new(0),
+            agent_dispatch: RwLock::new(Arc::new(NotConnected)),
         })
+    }
+
+    /// Install how plugins' `agents.call` reaches a cluster's relay (the server does, at start).
+    /// It replaces the one before; calls already waiting on that one finish with it.
+    pub fn set_agent_dispatch(&self, dispatch: Arc<dyn AgentDispatch>) {
+        *self.agent_dispatch.write().expect("agent dispatch lock") = dispatch;
+    }
+
+    /// The dispatcher `agents.call` uses now.
+    pub(crate) fn agent_dispatch(&self) -> Arc<dyn AgentDispatch> {
+        self.agent_dispatch.read().expect("agent dispatch lock").clone()
     }
 
     /// Move the wall clock plugins see `by` ahead (the host's own clock is untouched). For the
@@ -165,7 +184,7 @@ impl Grant {
             events: has(&Capability::EventsPublish).then(|| events::Publisher::new(services, plugin)),
             sign: has(&Capability::Sign).then(|| sign::Signer::new(services, plugin)),
             log: has(&Capability::Log).then_some(log::Logger),
-            agents: has(&Capability::Agents).then_some(agents::Agents),
+            agents: has(&Capability::Agents).then(|| agents::Agents::new(services, plugin)),
         }
     }
 
@@ -229,6 +248,9 @@ pub struct CallData {
     budget: CallBudget,
     /// Whose authority the call's inventory writes carry.
     pub acting: Acting,
+    /// When the runtime stops the call (`None`: not known), which bounds the time an import
+    /// may wait on the plugin's behalf (`agents.call`).
+    pub deadline: Option<Instant>,
 }
 
 /// Whose authority a plugin call's inventory writes carry.
@@ -266,6 +288,7 @@ impl CallData {
             limiter: MemoryLimiter::new(memory_limit),
             budget: CallBudget::new(memory_limit),
             acting: Acting::Plugin,
+            deadline: None,
         }
     }
 
