@@ -24,6 +24,7 @@ pub static ASSETS: &[Asset] = &[
     Asset { path: "logo.svg", content_type: "image/svg+xml", bytes: include_bytes!("../static/logo.svg") },
     Asset { path: "copy.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/copy.js") },
     Asset { path: "seal.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/seal.js") },
+    Asset { path: "live.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/live.js") },
     Asset {
         path: "vendor/htmx.min.js",
         content_type: "text/javascript; charset=utf-8",

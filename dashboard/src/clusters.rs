@@ -9,12 +9,20 @@
 //! stale one shows the method's `conflict`. A deletion is confirmed by typing the cluster's
 //! name on a page of its own.
 //!
-//! The list and the detail facts re-fetch themselves when a `cluster.*` event commits (see
-//! [`super::live`]).
+//! The detail page's Relays panel shows the cluster's relay: `off` until an administrator
+//! enables it (`clusters.enableRelay` / `clusters.disableRelay`, forms stating the revision the
+//! page read), `enabled, awaiting relay registration` until a relay registers, and then the
+//! registration `relays.list` answers (node, address, version, since when) with whether a
+//! socket carries it now (`live`) or not (`socket gone`); beside it the credential's generation
+//! (`relays.getCredential`) and the CLI command that exports the bearer. A host that does not
+//! serve `relays.list` yet (`method-unknown`) shows no registration.
+//!
+//! The list and the detail panels re-fetch themselves when a `cluster.*` or `relay.*` event
+//! commits or a `relay.*` push arrives (see [`super::live`]).
 
 use super::forms::{
-    ErrorView, Flash, FormData, PAGE, Pair, Signed, call, encode, format_pairs, number, pairs_of, parse_pairs, post, query_of, redirect,
-    shown_name, status_of, str_of, u64_of, when,
+    ErrorView, Flash, FormData, PAGE, Pair, Signed, call, call_if_served, encode, format_pairs, number, pairs_of, parse_pairs, post,
+    query_of, redirect, shown_name, status_of, str_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
 use crate::api::AppState;
@@ -28,7 +36,7 @@ use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-const AREAS: &[&str] = &["cluster"];
+const AREAS: &[&str] = &["cluster", "relay"];
 /// Every runtime phase, in the order a cluster moves through them.
 const PHASES: &[(&str, &str)] = &[
     ("swarm", "the Swarm-era runtime owns the cluster"),
@@ -73,6 +81,9 @@ struct ClusterView {
     labels: Vec<Pair>,
     machine_user_id: String,
     revision: u64,
+    /// Whether an administrator enabled its relay, and the origin Capstan minted for it.
+    relay_enabled: bool,
+    relay_origin: Option<String>,
     created_at: String,
     created_iso: String,
     updated_at: String,
@@ -91,6 +102,8 @@ fn cluster_view(value: &Value) -> ClusterView {
         labels: pairs_of(value.get("labels")),
         machine_user_id: str_of(value, "machineUserId").into(),
         revision: u64_of(value, "revision"),
+        relay_enabled: value.pointer("/relay/enabled").and_then(Value::as_bool).unwrap_or(false),
+        relay_origin: value.pointer("/relay/origin").and_then(Value::as_str).map(str::to_string),
         created_at,
         created_iso,
         updated_at,
@@ -119,6 +132,111 @@ fn runtime_view(value: &Value) -> RuntimeView {
         updated_iso,
         updated_by: str_of(value, "updatedBy").into(),
     }
+}
+
+/// The relay as the Relays panel shows it.
+#[derive(Serialize)]
+struct RelayView {
+    /// `off`, `awaiting` (enabled, nothing registered) or `registered`.
+    state: &'static str,
+    /// The line the panel shows: `off`, `enabled, awaiting relay registration`, or
+    /// `registered · <address>:<port> · <version> · since <accepted>`.
+    summary: String,
+    enabled: bool,
+    origin: Option<String>,
+    /// Whether a socket carries the registration now (registered only).
+    live: Option<bool>,
+    /// How many sockets carry it (registered only).
+    live_sessions: Option<u64>,
+    node_id: Option<String>,
+    node_href: Option<String>,
+    accepted_iso: Option<String>,
+    /// The registration's generation (registered only).
+    registration_generation: Option<u64>,
+    /// Why the registration could not be read (`forbidden`, …), shown in place of it.
+    registration_error: Option<ErrorView>,
+    /// The relay credential's current generation; `None` while none was minted.
+    credential_generation: Option<u64>,
+    credential_error: Option<ErrorView>,
+    /// The command that hands the bearer to the relay's operator.
+    export_command: String,
+    /// The cluster revision the enable and disable forms state.
+    expected_revision: u64,
+    /// Where the panel re-fetches itself, and where its forms post.
+    panel_href: String,
+    action: String,
+}
+
+/// `10.0.0.5:8443`, `[fd00::1]:8443`, the address alone without a port, `None` without one.
+fn listen_address(item: &Value) -> Option<String> {
+    let address = item.get("listenAddress").and_then(Value::as_str).filter(|a| !a.is_empty())?;
+    let address: String = address.chars().take(64).collect();
+    Some(match item.get("listenPort").and_then(Value::as_u64) {
+        Some(port) if address.contains(':') => format!("[{address}]:{port}"),
+        Some(port) => format!("{address}:{port}"),
+        None => address,
+    })
+}
+
+/// The panel's view of `cluster`'s relay from its `relays.list` item (`Ok(None)`: none
+/// registered, or a host without `relays.list`) and its credential.
+fn relay_view(cluster: &ClusterView, registration: &Result<Option<Value>>, credential: &Result<Option<Value>>) -> RelayView {
+    let href = format!("/clusters/{}", encode(&cluster.id));
+    let mut view = RelayView {
+        state: "off",
+        summary: "off".into(),
+        enabled: cluster.relay_enabled,
+        origin: cluster.relay_origin.clone(),
+        live: None,
+        live_sessions: None,
+        node_id: None,
+        node_href: None,
+        accepted_iso: None,
+        registration_generation: None,
+        registration_error: None,
+        credential_generation: None,
+        credential_error: None,
+        export_command: format!("capstan keyring export-relay-authorization --cluster {} --output FILE", cluster.id),
+        expected_revision: cluster.revision,
+        panel_href: format!("{href}/relay/panel"),
+        action: format!("{href}/relay"),
+    };
+    match credential {
+        Ok(answer) => {
+            view.credential_generation = answer.as_ref().and_then(|a| a.pointer("/credential/generation")).and_then(Value::as_u64)
+        }
+        Err(refusal) => view.credential_error = Some(ErrorView::from(refusal)),
+    }
+    if !cluster.relay_enabled {
+        return view;
+    }
+    view.state = "awaiting";
+    view.summary = "enabled, awaiting relay registration".into();
+    let item = match registration {
+        Ok(Some(item)) => item,
+        Ok(None) => return view,
+        Err(refusal) => {
+            view.registration_error = Some(ErrorView::from(refusal));
+            return view;
+        }
+    };
+    let accepted = u64_of(item, "acceptedAt") / 1000;
+    let (accepted_at, accepted_iso) = when(accepted);
+    let version: String = str_of(item, "version").chars().take(64).collect();
+    let mut parts = vec!["registered".to_string()];
+    parts.extend(listen_address(item));
+    parts.push(version);
+    parts.push(format!("since {accepted_at}"));
+    let node_id = str_of(item, "nodeId").to_string();
+    view.state = "registered";
+    view.summary = parts.join(" · ");
+    view.live = Some(item.get("live").and_then(Value::as_bool).unwrap_or(false));
+    view.live_sessions = item.get("liveSessions").and_then(Value::as_u64);
+    view.node_href = (!node_id.is_empty()).then(|| format!("/nodes/{}", encode(&node_id)));
+    view.node_id = (!node_id.is_empty()).then_some(node_id);
+    view.accepted_iso = Some(accepted_iso);
+    view.registration_generation = item.pointer("/acceptedRegistration/generation").and_then(Value::as_u64);
+    view
 }
 
 /// What the create and edit forms show: what was read, or what the operator typed.
@@ -212,6 +330,19 @@ async fn read_cluster(
         Err(refusal) => Err(ErrorView::from(&refusal)),
     };
     Ok((cluster, runtime))
+}
+
+/// The Relays panel's context for `cluster` (`None`: the cluster cannot be shown, and
+/// neither is the panel): its registration from `relays.list` and its credential.
+async fn relay_context(state: &AppState, identity: &Identity, cluster: Option<&ClusterView>) -> minijinja::Value {
+    let Some(cluster) = cluster else { return context! { relay => Serde(None::<RelayView>) } };
+    let registration = call_if_served(state, identity, "relays.list", json!({ "clusterIds": [cluster.id] })).await.map(|answer| {
+        answer.and_then(|answer| {
+            answer["items"].as_array().and_then(|items| items.iter().find(|item| str_of(item, "clusterId") == cluster.id).cloned())
+        })
+    });
+    let credential = call_if_served(state, identity, "relays.getCredential", json!({ "clusterId": cluster.id })).await;
+    context! { relay => Serde(Some(relay_view(cluster, &registration, &credential))) }
 }
 
 /// The facts panel's context (the cluster, or why it cannot be shown).
@@ -355,6 +486,7 @@ async fn detail_page(
         (Err(refusal), StatusCode::OK) => status_of(refusal),
         _ => status,
     };
+    let relay = relay_context(state, identity, read.as_ref().ok().map(|(cluster, _)| cluster)).await;
     let ctx = context! {
         page => if name.is_empty() { "Cluster".to_string() } else { format!("Cluster {name}") },
         nav => Serde(nav(state, "clusters")),
@@ -364,7 +496,7 @@ async fn detail_page(
         phase_form,
         delete_href => format!("/clusters/{}/delete", encode(id)),
         action => format!("/clusters/{}", encode(id)),
-        ..context! { ..live::element(head, AREAS), ..facts_context(id, &read) }
+        ..context! { ..live::element(head, AREAS), ..context! { ..relay, ..facts_context(id, &read) } }
     };
     render(status, "cluster.html", ctx)
 }
@@ -374,6 +506,11 @@ pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Sign
     let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("updated") => Some(Flash::done("Cluster updated", "The new name, description and labels are stored.")),
         Some("phase") => Some(Flash::done("Runtime phase set", "The cluster's runtime phase moved; its generation advanced.")),
+        Some("relay-enabled") => Some(Flash::done(
+            "Relay enabled",
+            "Capstan minted the relay's origin. Export its authorization with the command in the Relays panel and start the relay.",
+        )),
+        Some("relay-disabled") => Some(Flash::done("Relay disabled", "The cluster's relay origin was removed.")),
         _ => None,
     };
     detail_page(&state, &identity, &id, StatusCode::OK, flash, None, None).await
@@ -448,6 +585,59 @@ pub(super) async fn set_phase(State(state): State<AppState>, Path(id): Path<Stri
             };
             let typed_phase = (form.text("phase").chars().take(40).collect(), generation);
             detail_page(&state, &identity, &id, status_of(&refusal), Some(flash), None, Some(typed_phase)).await
+        }
+    }
+}
+
+/// `GET /clusters/{id}/relay/panel`: the Relays panel alone, for htmx.
+pub(super) async fn relay_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+    let cluster = call(&state, &identity, "clusters.get", json!({ "id": id })).await.map(|value| cluster_view(&value));
+    let ctx = match &cluster {
+        Ok(cluster) => relay_context(&state, &identity, Some(cluster)).await,
+        Err(refusal) => context! {
+            relay => Serde(None::<RelayView>),
+            relay_error => Serde(Some(ErrorView::from(refusal))),
+            relay_panel_href => format!("/clusters/{}/relay/panel", encode(&id)),
+        },
+    };
+    render(StatusCode::OK, "cluster_relay.html", ctx)
+}
+
+/// `POST /clusters/{id}/relay/enable` (`expectedRevision`).
+pub(super) async fn enable_relay(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+    switch_relay(state, id, request, true).await
+}
+
+/// `POST /clusters/{id}/relay/disable` (`expectedRevision`).
+pub(super) async fn disable_relay(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+    switch_relay(state, id, request, false).await
+}
+
+/// `clusters.enableRelay` or `clusters.disableRelay` with the revision the page read; a
+/// refusal is the detail page again with the refusal's code in its banner.
+async fn switch_relay(state: AppState, id: String, request: Request, enable: bool) -> Response {
+    let (identity, form) = match post(&state, request).await {
+        Ok(posted) => posted,
+        Err(response) => return response,
+    };
+    let (method, done, title) = if enable {
+        ("clusters.enableRelay", "relay-enabled", "The relay was not enabled")
+    } else {
+        ("clusters.disableRelay", "relay-disabled", "The relay was not disabled")
+    };
+    let body = json!({ "id": id, "expectedRevision": number(form.text("expectedRevision")) });
+    match call(&state, &identity, method, body).await {
+        Ok(_) => redirect(&format!("/clusters/{}?done={done}", encode(&id))),
+        Err(refusal) => {
+            let after = if refusal.is("conflict") {
+                "The cluster changed since this page read it: check the relay shown now and try again."
+            } else if refusal.is("relay-zone-unset") {
+                "Set clusterRelayZone on the Settings page first, then enable the relay."
+            } else {
+                "Nothing was changed."
+            };
+            let flash = Flash::refused(title, &refusal, after);
+            detail_page(&state, &identity, &id, status_of(&refusal), Some(flash), None, None).await
         }
     }
 }

@@ -84,6 +84,31 @@ pub(super) async fn call(state: &AppState, identity: &Identity, name: &str, body
     result
 }
 
+/// Call `name` as [`call`] does when this host serves it, and `Ok(None)` when it does not
+/// (`method-unknown`): for a method that a host may not have yet (a newer one, or one still
+/// being built), which a view shows as "nothing yet" rather than as a failure.
+pub(super) async fn call_if_served(state: &AppState, identity: &Identity, name: &str, body: Value) -> Result<Option<Value>> {
+    let method = match state.methods.resolve(name).await {
+        Ok(method) => method,
+        Err(refusal) if refusal.is("method-unknown") => {
+            tracing::debug!(method = name, "the dashboard reads a method this host does not serve yet");
+            return Ok(None);
+        }
+        Err(refusal) => {
+            log_refusal(name, &refusal);
+            return Err(refusal);
+        }
+    };
+    let result = method.call(Call::by(identity), body).await;
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(refusal) => {
+            log_refusal(name, &refusal);
+            Err(refusal)
+        }
+    }
+}
+
 /// Call the plugin method `<plugin>.<method>` as `identity` through the same registry entry
 /// `POST /api/v1/<plugin>.<method>` reaches. A plugin that is not serving here is refused by
 /// name: `plugin-unavailable` (installed but failed to load, with its cause),

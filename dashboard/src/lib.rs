@@ -64,7 +64,23 @@ const FORM_LIMIT: usize = 16 * 1024;
 /// The dashboard's routes, to be merged into the API router (which owns the fallback).
 /// The dashboard as the server serves it: its routes, and its "not found" page for a browser.
 pub fn pages() -> api::Pages {
-    api::Pages { routes: router(), not_found: |headers, path| wants_html(headers, path).then(not_found_page) }
+    api::Pages { routes: router(), not_found: |headers, path| wants_html(headers, path).then(not_found_page), socket_bearer }
+}
+
+/// The session JWT a page's WebSocket upgrade of `/api/v1/socket` carries in its cookie, so
+/// the page's live updates ([`live`]) open an authenticated socket session while the JWT stays
+/// HttpOnly (never in a page or a script). Only from this host's own pages, judged as a form
+/// post is ([`same_origin`]: a browser's `Sec-Fetch-Site`, else `Origin`): another site's
+/// page cannot open a session with a visitor's cookie. Anything else finds none, and the
+/// socket judges the offer as it would without one.
+fn socket_bearer(state: &AppState, headers: &HeaderMap) -> Option<String> {
+    page_session_bearer(&state.public_origin, headers)
+}
+
+/// [`socket_bearer`] for a host served at `public_origin`.
+fn page_session_bearer(public_origin: &str, headers: &HeaderMap) -> Option<String> {
+    let token = session_token(headers)?;
+    same_origin(public_origin, headers).then(|| token.to_string())
 }
 
 /// Every dashboard route: the pages, their forms and live updates, and the static assets.
@@ -81,6 +97,9 @@ pub fn router() -> Router<AppState> {
         .route("/clusters/{id}/panel", get(clusters::detail_panel))
         .route("/clusters/{id}/update", post(clusters::update))
         .route("/clusters/{id}/phase", post(clusters::set_phase))
+        .route("/clusters/{id}/relay/panel", get(clusters::relay_panel))
+        .route("/clusters/{id}/relay/enable", post(clusters::enable_relay))
+        .route("/clusters/{id}/relay/disable", post(clusters::disable_relay))
         .route("/clusters/{id}/delete", get(clusters::confirm).post(clusters::delete))
         .route("/services", get(services::page))
         .route("/services/panel", get(services::panel))
@@ -175,6 +194,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("clusters_panel.html", include_str!("../templates/clusters_panel.html")),
     ("cluster.html", include_str!("../templates/cluster.html")),
     ("cluster_panel.html", include_str!("../templates/cluster_panel.html")),
+    ("cluster_relay.html", include_str!("../templates/cluster_relay.html")),
     ("cluster_created.html", include_str!("../templates/cluster_created.html")),
     ("service_fields.html", include_str!("../templates/service_fields.html")),
     ("services.html", include_str!("../templates/services.html")),

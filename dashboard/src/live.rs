@@ -1,12 +1,19 @@
-//! Live updates from the event outbox: `GET /live/wait?after=<sequence>&areas=<a,b>`.
+//! Live updates from the event outbox.
 //!
-//! A page that shows inventory carries one small element (`live.html`) that htmx loads as
-//! soon as it is on the page: a long poll through the `events.watch` method, which answers once
-//! an event in one of the page's areas (`cluster`, `service`, `organization`, `settings`,
-//! `secret`, `secretSet`) committed after `after`, or after 25 s with nothing. The answer is the element again, holding the new head, so htmx swaps it in
-//! and the next poll starts from there; when something changed it also carries
-//! `HX-Trigger: capstan-changed`, on which the page's panels re-fetch themselves. A refresh
-//! therefore follows a change, never a timer.
+//! A page that shows inventory carries one small element (`live.html`) with the outbox's head
+//! and the page's areas (`cluster`, `relay`, `service`, `organization`, `settings`, `secret`,
+//! `secretSet`). Its script (`static/live.js`) opens a session on `/api/v1/socket` (kind
+//! `dashboard`; the upgrade's session cookie is its bearer, see [`crate::pages`]) and waits
+//! with `events.watch` calls over it — one at a time, each answered once an event of the
+//! page's areas committed after the head it names, or after 25 s with nothing — and on any
+//! push whose topic starts with one of the areas. Either fires `capstan-changed`, on which
+//! the page's panels re-fetch themselves. A refresh therefore follows a change, never a timer.
+//!
+//! The long poll `GET /live/wait?after=<sequence>&areas=<a,b>` is the fallback, started by
+//! the script only when the socket cannot serve the page (a proxy without WebSocket upgrades,
+//! a refused or anonymous session): the same `events.watch` over HTTP. Its answer is the
+//! element again, holding the new head and polling from then on, and when something changed it
+//! also carries `HX-Trigger: capstan-changed`.
 //!
 //! Bounded: one poll per page; at most [`MAX_WAITERS`] polls wait at once in this process (more
 //! are answered `503` and the element tries again after a few seconds, as after any error).
@@ -28,7 +35,7 @@ use tokio::sync::Semaphore;
 /// The most polls waiting at once in this process.
 const MAX_WAITERS: usize = 256;
 /// The areas a page may watch: the first word of an event's kind.
-pub(super) const AREAS: &[&str] = &["cluster", "service", "organization", "settings", "secret", "secretSet"];
+pub(super) const AREAS: &[&str] = &["cluster", "relay", "service", "organization", "settings", "secret", "secretSet"];
 /// The event the panels listen for.
 pub(super) const CHANGED: &str = "capstan-changed";
 
@@ -54,7 +61,7 @@ async fn watch(state: &AppState, identity: &Identity, after: u64, areas: &[&str]
 
 /// The live element for a page watching `areas`, waiting from `head`.
 pub(super) fn element(head: u64, areas: &[&str]) -> minijinja::Value {
-    context! { live => context! { head, areas => areas.join(","), changed => false } }
+    context! { live => context! { head, areas => areas.join(","), changed => false, polling => false } }
 }
 
 /// The outbox's head now, for a page about to read what it shows (read first, so a change
@@ -90,7 +97,8 @@ pub(super) async fn wait(State(state): State<AppState>, headers: HeaderMap, uri:
     };
     match watch(&state, &identity, after, &areas).await {
         Ok(Watched { head, changed }) => {
-            let ctx = context! { live => context! { head, areas => areas.join(","), changed } };
+            // the poll's element keeps polling: the page fell back to it
+            let ctx = context! { live => context! { head, areas => areas.join(","), changed, polling => true } };
             let mut response = render(StatusCode::OK, "live.html", ctx);
             if changed {
                 response.headers_mut().insert("hx-trigger", HeaderValue::from_static(CHANGED));

@@ -2518,3 +2518,254 @@ async fn a_jump_command_needs_an_https_origin_outside_dev_mode() {
     assert_eq!(flash_code(&refused.body).as_deref(), Some("public-origin-not-https"), "{}", refused.body);
     assert!(refused.body.contains(r#"id="nodes-empty""#), "the page is shown again: {}", refused.body);
 }
+
+// ---------------------------------------------------------------------------------------
+// A cluster's Relays panel, and live updates over the socket
+
+/// What a stand-in `relays.list` answers (`items`) and every body it was asked.
+struct FakeRelays {
+    items: std::sync::Arc<std::sync::Mutex<serde_json::Value>>,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+/// `state` with a stand-in `relays.list` in place of the host's (or of none, on a host that
+/// does not serve it yet): it answers the items the test sets.
+fn fake_relays_list(state: &mut AppState) -> FakeRelays {
+    let fake = FakeRelays { items: Default::default(), asked: Default::default() };
+    *fake.items.lock().unwrap() = serde_json::json!([]);
+    let registry = std::sync::Arc::get_mut(&mut state.methods).expect("the test's registry is not shared yet");
+    let (items, asked) = (fake.items.clone(), fake.asked.clone());
+    let handler = move |_: capstan_rpc::Call, body: serde_json::Value| {
+        asked.lock().unwrap().push(body);
+        let items = items.lock().unwrap().clone();
+        async move { Ok(serde_json::json!({ "items": items })) }
+    };
+    if registry.get("relays.list").is_some() {
+        // the host serves it already: the stand-in answers first, the host's registry after it
+        let mut fresh = capstan_server::api::Registry::default();
+        fresh.add("relays.list", "the test's stand-in", capstan_server::api::Access::Admin, handler);
+        fresh.add_source(std::sync::Arc::new(Existing(std::mem::take(registry))));
+        *registry = fresh;
+    } else {
+        registry.add("relays.list", "the test's stand-in", capstan_server::api::Access::Admin, handler);
+    }
+    fake
+}
+
+/// The host's own registry, served after a test's stand-ins.
+struct Existing(capstan_server::api::Registry);
+
+// (the trait is `#[async_trait]`: `absent` written as the macro writes it, without the crate)
+impl capstan_rpc::MethodSource for Existing {
+    fn get(&self, name: &str) -> Option<std::sync::Arc<capstan_rpc::Method>> {
+        self.0.get(name)
+    }
+
+    fn list(&self) -> Vec<std::sync::Arc<capstan_rpc::Method>> {
+        self.0.list()
+    }
+
+    fn absent<'a, 'b, 'f>(
+        &'a self,
+        name: &'b str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<crate::refusal::Refusal>> + Send + 'f>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        Box::pin(async move { self.0.resolve(name).await.err().filter(|refusal| !refusal.is("method-unknown")) })
+    }
+}
+
+async fn set_relay_zone(state: &AppState, cookie: &str) {
+    let settings = method(state, cookie, "settings.get", serde_json::json!({})).await;
+    let body = serde_json::json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.example.com" } });
+    method(state, cookie, "settings.update", body).await;
+}
+
+/// A `relays.list` item for `cluster`.
+fn relay_item(cluster: &str, live: bool, address: Option<(&str, u16)>) -> serde_json::Value {
+    let mut item = serde_json::json!({
+        "clusterId": cluster, "nodeId": "node_relay1", "version": "0.1.0", "sequence": 3,
+        "acceptedAt": 1_764_650_000_000u64,
+        "acceptedRegistration": { "id": "relayreg_1", "generation": 7, "digest": "ab" },
+        "credential": { "id": "relaycred_1", "generation": 1, "digest": "cd" },
+        "live": live, "liveSessions": if live { 1 } else { 0 },
+    });
+    if let Some((ip, port)) = address {
+        item["listenAddress"] = serde_json::json!(ip);
+        item["listenPort"] = serde_json::json!(port);
+    }
+    item
+}
+
+/// The text of the element with `id` (up to its first tag).
+fn text_of(body: &str, id: &str) -> String {
+    let at = body.find(&format!(r#"id="{id}""#)).unwrap_or_else(|| panic!("no element #{id}: {body}"));
+    let start = at + body[at..].find('>').unwrap() + 1;
+    body[start..start + body[start..].find('<').unwrap()].to_string()
+}
+
+#[tokio::test]
+async fn the_relays_panel_shows_off_awaiting_registered_live_and_socket_gone() {
+    let (_dir, mut state) = setup().await;
+    let fake = fake_relays_list(&mut state);
+    let cookie = login_cookie(&state).await;
+    let created = method(&state, &cookie, "clusters.create", serde_json::json!({"name": "eu-1"})).await;
+    let id = created["cluster"]["id"].as_str().unwrap().to_string();
+    let detail = |path: String| {
+        let (state, cookie) = (state.clone(), cookie.clone());
+        async move { send(&state, get(&path, Some(&cookie))).await }
+    };
+
+    // off until enabled: the enable form states the revision read; no credential yet
+    let page = detail(format!("/clusters/{id}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="relay-state" data-state="off""#), "{}", page.body);
+    assert_eq!(text_of(&page.body, "relay-summary"), "off");
+    assert_eq!(value_of(&page.body, "relay-enable-revision"), "1");
+    assert!(
+        page.body.contains(&format!(r#"action="{}/enable""#, escaped(&format!("/clusters/{id}/relay"))))
+            && !page.body.contains("relay-disable-form"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(r#"id="relay-credential-none""#) && !page.body.contains(r#"id="relay-live""#), "{}", page.body);
+    assert_eq!(text_of(&page.body, "relay-export"), format!("capstan keyring export-relay-authorization --cluster {id} --output FILE"));
+
+    // refusals are shown by name: no relay zone yet, then a stale revision
+    let enable = |revision: &'static str| {
+        let (state, cookie, path) = (state.clone(), cookie.clone(), format!("/clusters/{id}/relay/enable"));
+        async move { submit(&state, &path, &[("expectedRevision", revision)], &cookie).await }
+    };
+    let unset = enable("1").await;
+    assert_eq!(flash_code(&unset.body).as_deref(), Some("relay-zone-unset"), "{}", unset.body);
+    assert!(unset.body.contains("(relay-zone-unset)") && unset.body.contains(r#"data-state="off""#), "{}", unset.body);
+    set_relay_zone(&state, &cookie).await;
+    let stale = enable("0").await;
+    assert_eq!((stale.status, flash_code(&stale.body).as_deref()), (StatusCode::CONFLICT, Some("conflict")), "{}", stale.body);
+
+    // enabled: the method got the body the form posted, and nothing registered yet
+    let done = enable("1").await;
+    assert_eq!(done.location(), Some(format!("/clusters/{id}?done=relay-enabled").as_str()), "{}", done.body);
+    let got = method(&state, &cookie, "clusters.get", serde_json::json!({"id": id})).await;
+    assert_eq!((got["relay"]["enabled"].as_bool(), got["revision"].as_u64()), (Some(true), Some(2)), "{got}");
+    let page = detail(format!("/clusters/{id}?done=relay-enabled")).await;
+    assert!(page.body.contains("Relay enabled"), "{}", page.body);
+    assert!(page.body.contains(r#"id="relay-state" data-state="awaiting""#), "{}", page.body);
+    assert_eq!(text_of(&page.body, "relay-summary"), "enabled, awaiting relay registration");
+    assert_eq!(text_of(&page.body, "relay-origin"), escaped(got["relay"]["origin"].as_str().unwrap()));
+    assert_eq!(value_of(&page.body, "relay-disable-revision"), "2");
+    assert!(!page.body.contains("relay-enable-form"), "{}", page.body);
+    assert_eq!(fake.asked.lock().unwrap().last(), Some(&serde_json::json!({ "clusterIds": [id] })));
+
+    // registered, carried by a socket now; another cluster's item is not this one's
+    method(&state, &cookie, "relays.mutateCredential", serde_json::json!({"clusterId": id, "action": "ensure", "mutationId": "mint-1"}))
+        .await;
+    *fake.items.lock().unwrap() =
+        serde_json::json!([relay_item("cluster_other", false, None), relay_item(&id, true, Some(("10.0.0.5", 8443)))]);
+    let page = detail(format!("/clusters/{id}")).await;
+    let since = utc(1_764_650_000);
+    assert!(page.body.contains(r#"id="relay-state" data-state="registered""#), "{}", page.body);
+    assert_eq!(text_of(&page.body, "relay-summary"), format!("registered · 10.0.0.5:8443 · 0.1.0 · since {since}"));
+    assert!(page.body.contains(r#"id="relay-live" data-live="true">live<"#), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"href="{}" id="relay-node">node_relay1<"#, escaped("/nodes/node_relay1"))), "{}", page.body);
+    assert_eq!(text_of(&page.body, "relay-credential-generation"), "1");
+
+    // registered, no socket carries it now; no address: that part is left out
+    *fake.items.lock().unwrap() = serde_json::json!([relay_item(&id, false, None)]);
+    let panel = detail(format!("/clusters/{id}/relay/panel")).await;
+    assert_eq!(panel.status, StatusCode::OK, "{}", panel.body);
+    assert!(
+        panel.body.contains(&format!(r#"hx-get="{}""#, escaped(&format!("/clusters/{id}/relay/panel")))),
+        "the panel refreshes itself: {}",
+        panel.body
+    );
+    assert_eq!(text_of(&panel.body, "relay-summary"), format!("registered · 0.1.0 · since {since}"));
+    assert!(panel.body.contains(r#"id="relay-live" data-live="false">socket gone<"#), "{}", panel.body);
+
+    // disabled: a stale revision refused by name, then off again (a registration is not shown)
+    let disable = |revision: &'static str| {
+        let (state, cookie, path) = (state.clone(), cookie.clone(), format!("/clusters/{id}/relay/disable"));
+        async move { submit(&state, &path, &[("expectedRevision", revision)], &cookie).await }
+    };
+    let stale = disable("1").await;
+    assert_eq!(flash_code(&stale.body).as_deref(), Some("conflict"), "{}", stale.body);
+    let done = disable("2").await;
+    assert_eq!(done.location(), Some(format!("/clusters/{id}?done=relay-disabled").as_str()), "{}", done.body);
+    let page = detail(format!("/clusters/{id}?done=relay-disabled")).await;
+    assert!(page.body.contains("Relay disabled") && page.body.contains(r#"id="relay-state" data-state="off""#), "{}", page.body);
+    assert_eq!(value_of(&page.body, "relay-enable-revision"), "3");
+
+    // the panel of a cluster that is not there says why
+    let missing = detail("/clusters/cluster_nope/relay/panel".into()).await;
+    assert!(missing.body.contains(r#"id="relay-error" data-code="cluster-not-found""#), "{}", missing.body);
+    // relay posts come from this host's pages only
+    let foreign = send(
+        &state,
+        post_form(&format!("/clusters/{id}/relay/enable"), "expectedRevision=3", Some(&cookie), Some("https://elsewhere.example")),
+    )
+    .await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{}", foreign.body);
+}
+
+#[tokio::test]
+async fn an_enabled_relay_without_a_registration_awaits_it_and_an_unserved_method_is_none() {
+    // the host's own relays.list: an empty list (or, on a host that does not serve it yet,
+    // method-unknown) — either way an enabled relay awaits its registration, without an error
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let created = method(&state, &cookie, "clusters.create", serde_json::json!({"name": "eu-1"})).await;
+    let id = created["cluster"]["id"].as_str().unwrap().to_string();
+    set_relay_zone(&state, &cookie).await;
+    method(&state, &cookie, "clusters.enableRelay", serde_json::json!({"id": id, "expectedRevision": 1})).await;
+    let page = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(text_of(&page.body, "relay-summary"), "enabled, awaiting relay registration");
+    assert!(!page.body.contains("relay-registration-error") && !page.body.contains("relay-live"), "{}", page.body);
+    // a method this host does not serve reads as nothing, not as a failure
+    let identity = state.auth.authenticate(cookie.trim_start_matches("capstan_session=")).await.unwrap();
+    let unserved = forms::call_if_served(&state, &identity, "relays.notYetServed", serde_json::json!({})).await;
+    assert!(matches!(unserved, Ok(None)), "{unserved:?}");
+    let served = forms::call_if_served(&state, &identity, "events.head", serde_json::json!({})).await.unwrap();
+    assert!(served.is_some_and(|answer| answer["head"].is_u64()));
+}
+
+#[tokio::test]
+async fn pages_wait_for_changes_over_the_socket_and_poll_only_as_the_fallback() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let created = method(&state, &cookie, "clusters.create", serde_json::json!({"name": "eu-1"})).await;
+    let id = created["cluster"]["id"].as_str().unwrap().to_string();
+    let page = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
+    // the socket client is on every page; the page's element waits for it, not polling yet
+    assert!(page.body.contains(&assets::url("live.js").unwrap()), "{}", page.body);
+    assert!(page.body.contains(r#"data-areas="cluster,relay" data-socket="connecting""#), "{}", page.body);
+    assert!(page.body.contains(r#"hx-trigger="capstan-poll, htmx:responseError"#), "no poll starts on load: {}", page.body);
+    // the fallback's answer keeps polling
+    let head = capstan_server::events::head(&state.store).await.unwrap();
+    // from before the cluster's creation: answered at once
+    let poll = send(&state, get(&format!("/live/wait?after={}&areas=cluster,relay", head - 1), Some(&cookie))).await;
+    assert_eq!(poll.status, StatusCode::OK, "{}", poll.body);
+    assert!(poll.body.contains(r#"data-socket="polling""#) && poll.body.contains(r#"hx-trigger="load, capstan-poll"#), "{}", poll.body);
+}
+
+#[test]
+fn the_socket_takes_the_session_cookie_from_this_hosts_pages_only() {
+    let headers = |pairs: &[(&'static str, &str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    };
+    let judge = |map: &HeaderMap| page_session_bearer(ORIGIN, map);
+    let cookie = "theme=x; capstan_session=eyJ.abc.def";
+    assert_eq!(judge(&headers(&[("cookie", cookie), ("sec-fetch-site", "same-origin")])).as_deref(), Some("eyJ.abc.def"));
+    assert_eq!(judge(&headers(&[("cookie", cookie), ("origin", ORIGIN)])).as_deref(), Some("eyJ.abc.def"));
+    assert_eq!(judge(&headers(&[("cookie", cookie), ("sec-fetch-site", "cross-site"), ("origin", ORIGIN)])), None);
+    assert_eq!(judge(&headers(&[("cookie", cookie), ("origin", "https://elsewhere.example")])), None);
+    assert_eq!(judge(&headers(&[("cookie", cookie)])), None, "no origin at all: not from a page");
+    assert_eq!(judge(&headers(&[("origin", ORIGIN)])), None, "no session");
+}

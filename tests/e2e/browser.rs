@@ -586,6 +586,11 @@ async fn clusters_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     assert!(token.len() > 20, "the token is shown: {token:?}");
     click(client, "#token-done").await;
     wait_for(client, "#cluster-panel").await;
+    // the page's live updates run over a socket session (/api/v1/socket, authenticated by the
+    // session cookie at the upgrade), not the long-poll; its relay is off until enabled
+    wait_for(client, r#"#live[data-socket="connected"]"#).await;
+    assert_eq!(text_of(client, "#relay-summary").await, "off");
+    wait_for(client, "#relay-enable-form").await;
     assert_eq!(text_of(client, "#cluster-phase").await, "pallet");
     assert_eq!(text_of(client, "#cluster-generation").await, "1");
     assert!(text_of(client, "#cluster-machine-user").await.starts_with("machine_"));
@@ -594,6 +599,8 @@ async fn clusters_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     client.find(Locator::Css(r#"a[href="/clusters"]"#)).await.unwrap().click().await.unwrap();
     wait_for(client, r#"tr[data-cluster="eu-central-1"][data-phase="pallet"]"#).await;
     assert!(!client.source().await.unwrap().contains(&token), "nor does the list");
+    // the change below reaches the list over the socket: an events.watch call on the session
+    wait_for(client, r#"#live[data-socket="connected"]"#).await;
     mark_page(client).await;
     let created = api.call("clusters.create", json!({ "name": "us-east-1", "labels": { "region": "us" } }));
     assert!(created["machineUser"]["token"].is_string());

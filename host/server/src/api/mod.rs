@@ -131,6 +131,7 @@ impl AppState {
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
         crate::relays::methods::register(&mut registry, relays.clone());
+        plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
         AppState {
             store,
             blobs,
@@ -227,23 +228,49 @@ pub struct Pages {
     pub routes: Router<AppState>,
     /// The page for an unknown path, when the request wants one (a browser outside `/api`).
     pub not_found: fn(&HeaderMap, &str) -> Option<Response>,
+    /// The bearer JWT a browser's page session carries in the upgrade of `/api/v1/socket`
+    /// (the dashboard's HttpOnly session cookie, from its own pages only), `None` when there is
+    /// none. A browser's WebSocket cannot set `Authorization`, and page scripts cannot read an
+    /// HttpOnly cookie; this lets the dashboard's pages open an authenticated session without
+    /// handing the JWT to script. See [`page_bearer`].
+    pub socket_bearer: SocketBearer,
 }
+
+/// Finds the bearer a page session carries in a request's headers ([`Pages::socket_bearer`]).
+pub type SocketBearer = fn(&AppState, &HeaderMap) -> Option<String>;
 
 impl Pages {
     /// No pages: the API alone.
     pub fn none() -> Pages {
-        Pages { routes: Router::new(), not_found: |_, _| None }
+        Pages { routes: Router::new(), not_found: |_, _| None, socket_bearer: |_, _| None }
     }
+}
+
+/// Before the `/api/v1/socket` upgrade: when the request carries no `Authorization` header
+/// and the pages find a session bearer in it ([`Pages::socket_bearer`]), hand that bearer to
+/// the upgrade as `Authorization: Bearer`. The socket then judges it exactly as any header
+/// bearer (checked at the offer and on every call; an offer's `token` still wins), so the
+/// socket itself knows nothing of cookies. A request that states its own `Authorization` is
+/// left as it is.
+async fn page_bearer(State((state, find)): State<(AppState, SocketBearer)>, mut request: Request, next: Next) -> Response {
+    if !request.headers().contains_key(header::AUTHORIZATION)
+        && let Some(bearer) = find(&state, request.headers())
+        && let Ok(value) = HeaderValue::from_str(&format!("Bearer {bearer}"))
+    {
+        request.headers_mut().insert(header::AUTHORIZATION, value);
+    }
+    next.run(request).await
 }
 
 /// The whole HTTP surface: the probes, the API, and `pages`.
 pub fn router(state: AppState, pages: Pages) -> Router {
     let page_not_found = pages.not_found;
+    let bearer = middleware::from_fn_with_state((state.clone(), pages.socket_bearer), page_bearer);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
-        .route("/api/v1/socket", get(socket::upgrade))
+        .route("/api/v1/socket", get(socket::upgrade).route_layer(bearer))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
         .route(crate::relays::forward::PATH, post(crate::relays::forward::answer).fallback(method_not_allowed))

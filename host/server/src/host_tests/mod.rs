@@ -10,3 +10,4 @@ mod relays;
 mod rewrap;
 mod secrets;
 mod socket;
+mod socket_pages;
