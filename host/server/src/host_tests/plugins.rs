@@ -53,6 +53,20 @@ fn example_pages() -> std::collections::BTreeMap<String, String> {
     crate::plugins::bundle::read_page_templates(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/example")).unwrap()
 }
 
+/// Install the example plugin on `state`'s host, signed by a publisher trusted for it, with
+/// everything it requests granted; false when the test plugins cannot be built here.
+pub(super) async fn install_example(state: &AppState) -> bool {
+    let Some(built) = built() else { return false };
+    let key = generate_key();
+    let host = &state.plugins;
+    host.add_trusted_publisher(&PublisherKey::from_verifying_key(key.verifying_key()).to_string(), "Tests", "admin").await.unwrap();
+    let component = std::fs::read(built.join("capstan_plugin_example.wasm")).unwrap();
+    let mut bundle = Bundle::new(manifest("plugins/example", None), component).unwrap().with_pages(example_pages()).unwrap();
+    bundle.sign(&key);
+    host.install(&bundle.to_bytes(), &["all-requested".into()], "admin").await.unwrap();
+    true
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     state: AppState,
@@ -144,7 +158,7 @@ async fn an_installed_plugin_serves_its_methods_and_keeps_its_data_across_upgrad
     let Some(f) = Fixture::new().await else { return };
     let record = f.host.install(&f.example(None), &all(), "admin").await.unwrap();
     assert_eq!(record.current.version, "0.1.0");
-    assert_eq!(record.current.grants, vec!["events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
+    assert_eq!(record.current.grants, vec!["agents", "events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
 
     let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
     assert_eq!(greeting["greeting"], "Hello, Ada!");
@@ -259,7 +273,7 @@ async fn install_refuses_by_name_and_records_nothing() {
     f.host
         .install(
             &good,
-            &["events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()],
+            &["agents".into(), "events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()],
             "admin",
         )
         .await
@@ -374,7 +388,7 @@ async fn first_party_plugins_install_at_start_follow_the_binary_and_are_disabled
         (record.current.publisher.as_str(), record.current.installed_by.as_str(), record.current.version.as_str()),
         ("first-party", "capstan", "0.1.0")
     );
-    assert_eq!(record.current.grants, vec!["events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
+    assert_eq!(record.current.grants, vec!["agents", "events:publish", "inventory:read", "inventory:write-services", "log", "store"]);
     assert_eq!(host.dispatch("example", "greet", Some(&f.admin), "r", json!({ "name": "Ada" })).await.unwrap()["version"], "0.1.0");
     host.install_first_party().await.unwrap();
     assert_eq!(host.record("example").await.unwrap().unwrap().1, revision, "a second start changes nothing");

@@ -361,3 +361,33 @@ async fn a_relay_on_one_fleet_node_is_reached_from_a_call_landing_on_another() {
     let refused: Value = serde_json::from_slice(&unsigned.bytes().await.unwrap()).unwrap();
     assert_eq!(refused["error"]["code"], "fleet-request-unverified", "{refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_agents_call_reaches_the_relay_and_its_refusals_come_back_by_name() {
+    let w = World::new().await;
+    if !super::plugins::install_example(&w.server.state).await {
+        return;
+    }
+    let (addr, token, body) = (w.server.addr, w.server.token.clone(), json!({ "clusterId": w.cluster }));
+    let ping = move || {
+        let (token, body) = (token.clone(), body.clone());
+        async move { http(addr, "example.pingAgent", Some(&token), body).await }
+    };
+    let (status, none) = ping().await;
+    assert_eq!((status, none["error"]["code"].as_str()), (503, Some("relay-not-connected")), "{none}");
+    assert_eq!(none["error"]["data"]["retryAfterMs"], 5000, "{none}");
+
+    let (mut ws, _, _) = w.relay(&w.bearer).await;
+    let pending = tokio::spawn(ping());
+    let request = answer_request(&mut ws, json!({ "result": { "pong": true, "nodeId": w.node } })).await;
+    assert_eq!(request["method"], "agent.ping", "{request}");
+    assert!(request["deadlineMs"].as_u64().unwrap() <= 30_000, "inside the plugin call's deadline: {request}");
+    let (status, answer) = pending.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, json!({ "clusterId": w.cluster, "reply": { "pong": true, "nodeId": w.node } }));
+
+    let pending = tokio::spawn(ping());
+    answer_request(&mut ws, json!({ "error": { "code": "agent-busy", "message": "later", "retryable": true } })).await;
+    let (_, refused) = pending.await.unwrap();
+    assert_eq!((refused["error"]["code"].as_str(), refused["error"]["retryable"].as_bool()), (Some("agent-busy"), Some(true)), "{refused}");
+}

@@ -344,7 +344,7 @@ async fn a_silent_peer_is_closed_and_a_live_one_is_kept() {
         l.silence_timeout = Duration::from_millis(600);
     }))
     .await;
-    let (mut silent, welcome) = open(s.addr, "relay", Some(&s.token)).await;
+    let (mut silent, welcome) = open(s.addr, "agent", Some(&s.token)).await;
     let silent_id = welcome["sessionId"].as_str().unwrap().to_string();
     let (live, welcome) = open(s.addr, "dashboard", None).await;
     let live_id = welcome["sessionId"].as_str().unwrap().to_string();
