@@ -171,6 +171,8 @@ pub struct Ended {
 struct Handle {
     kind: Kind,
     user_id: Option<String>,
+    /// Opened by a person who is an administrator.
+    admin: bool,
     outbound: mpsc::Sender<String>,
     ended: watch::Sender<Option<Ended>>,
 }
@@ -208,6 +210,8 @@ pub enum Target<'a> {
     Everyone,
     /// Every session of this kind.
     Kind(Kind),
+    /// Every session of a person who is an administrator (what only they may read).
+    Admins,
     /// Every session that authenticated as this user (or machine user) id.
     User(&'a str),
     /// The session with this id.
@@ -256,6 +260,7 @@ impl Hub {
                 .filter(|(id, h)| match target {
                     Target::Everyone => true,
                     Target::Kind(kind) => h.kind == kind,
+                    Target::Admins => h.admin,
                     Target::User(user) => h.user_id.as_deref() == Some(user),
                     Target::Session(session) => id.as_str() == session,
                 })
@@ -522,7 +527,8 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
     tracing::info!(kind = ?kind, user = identity.as_ref().map(|i| i.username.as_str()).unwrap_or("-"), "socket session opened");
     let (outbound, queue) = mpsc::channel(limits.outbound_queue);
     let (ended, watching) = watch::channel(None);
-    let handle = Arc::new(Handle { kind, user_id: identity.as_ref().map(|i| i.user_id.clone()), outbound, ended });
+    let (user_id, admin) = (identity.as_ref().map(|i| i.user_id.clone()), identity.as_ref().is_some_and(|i| i.is_human_admin()));
+    let handle = Arc::new(Handle { kind, user_id, admin, outbound, ended });
     hub.insert(&session_id, handle.clone());
     if let (Some(relay), Some(bearer)) = (&relay, &token) {
         state.relays.opened(&session_id, &relay.cluster_id, bearer.as_bytes());

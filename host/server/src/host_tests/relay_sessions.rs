@@ -132,6 +132,8 @@ async fn eventually_live(world: &World, live: bool) -> Value {
 #[tokio::test]
 async fn a_relay_registers_gets_its_config_first_and_is_listed_live() {
     let w = World::new().await;
+    // an administrator's dashboard hears when a relay comes and goes
+    let (mut watcher, _) = open(w.server.addr, "dashboard", Some(&w.server.token)).await;
     let (mut ws, welcome) = open(w.server.addr, "relay", Some(&w.bearer)).await;
     assert_eq!(welcome["identity"]["kind"], "machine", "the cluster's machine user: {welcome}");
     assert_eq!(welcome["relay"]["credential"]["generation"], 1, "{welcome}");
@@ -146,6 +148,8 @@ async fn a_relay_registers_gets_its_config_first_and_is_listed_live() {
     assert!(result["origin"].as_str().unwrap().starts_with("https://relay.cluster-"), "{answer}");
     assert_eq!((result["credential"]["generation"].as_u64(), result["acceptedRegistration"]["generation"].as_u64()), (Some(1), Some(1)));
 
+    let heard = next(&mut watcher).await;
+    assert_eq!((heard["topic"].as_str(), heard["body"]["clusterId"].as_str()), (Some("relay.sessionChanged"), Some(w.cluster.as_str())));
     let item = w.list().await;
     assert_eq!((item["live"].as_bool(), item["liveSessions"].as_u64()), (Some(true), Some(1)), "{item}");
     assert_eq!((item["nodeId"].as_str(), item["listenPort"].as_u64()), (Some(w.node.as_str()), Some(8443)), "{item}");
@@ -173,6 +177,13 @@ async fn a_relay_registers_gets_its_config_first_and_is_listed_live() {
     // a closed socket is no longer live; its registration stays
     drop(ws);
     let item = eventually_live(&w, false).await;
+    let heard = loop {
+        let frame = next(&mut watcher).await;
+        if frame["type"] == "push" {
+            break frame;
+        }
+    };
+    assert_eq!(heard["topic"], "relay.sessionChanged", "{heard}");
     assert_eq!(item["acceptedRegistration"]["generation"], 2, "{item}");
 }
 

@@ -11,7 +11,7 @@
 pub mod forward;
 pub mod methods;
 
-use crate::api::socket::{Hub, close};
+use crate::api::socket::{Hub, Target, close};
 use capstan_core::refusal::{Refusal, Result};
 use capstan_secrets::relay_registrations::{self as registrations, RegisterInput, Socket};
 use capstan_store::Store;
@@ -128,11 +128,18 @@ impl Relays {
     pub async fn closed(&self, session_id: &str) {
         let Some(held) = lock(&self.held).remove(session_id) else { return };
         lock(&self.waiting).retain(|_, w| w.session_id != session_id);
-        if held.last_sequence > 0
-            && let Err(e) = registrations::forget(&self.store, session_id).await
-        {
-            tracing::warn!(code = %e.code, cluster = %held.cluster_id, "a closed relay socket's row stays until it ages out: {}", e.message);
+        if held.last_sequence > 0 {
+            if let Err(e) = registrations::forget(&self.store, session_id).await {
+                tracing::warn!(code = %e.code, cluster = %held.cluster_id, "a closed relay socket's row stays until it ages out: {}", e.message);
+            }
+            self.announce(&held.cluster_id);
         }
+    }
+
+    /// Tell the administrators' sessions on this node that a relay of `cluster_id` came or went
+    /// (`relay.sessionChanged`; the dashboard reads `relays.list` again).
+    fn announce(&self, cluster_id: &str) {
+        self.hub.push(Target::Admins, "relay.sessionChanged", &json!({ "clusterId": cluster_id }));
     }
 
     /// Whether `session_id` is a relay session of this node.
@@ -192,6 +199,7 @@ impl Relays {
             return Err(unverified());
         }
         tracing::info!(cluster = %cluster_id, node = %input.node_id, sequence = input.sequence, "relay registered");
+        self.announce(&cluster_id);
         // the current configuration first, then the answer
         self.push_to(session_id, &cluster_id, true).await?;
         serde_json::to_value(accepted).map_err(Refusal::internal)
