@@ -149,14 +149,8 @@ pub struct Registration {
 impl Registration {
     /// Its reference.
     pub fn reference(&self) -> RegistrationRef {
-        let mut h = Sha256::new();
-        h.update(b"capstan-cluster-relay-registration-v1\0");
-        h.update(self.cluster_id.as_bytes());
-        h.update(b"\0");
-        h.update(self.id.as_bytes());
-        h.update(b"\0");
-        h.update(self.generation.to_string().as_bytes());
-        RegistrationRef { id: self.id.clone(), generation: self.generation, digest: hex::encode(h.finalize()) }
+        let digest = relays::reference_digest(b"capstan-cluster-relay-registration-v1", &self.cluster_id, &self.id, self.generation);
+        RegistrationRef { id: self.id.clone(), generation: self.generation, digest }
     }
 }
 
@@ -341,28 +335,16 @@ pub async fn forget_fleet_node(store: &Store, fleet_node_id: &str) -> Result<usi
         .await
 }
 
-/// One item of `relays.list`.
+/// One item of `relays.list`: the registration record, its reference and whether a socket
+/// carries it now.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Listed {
-    /// The cluster.
-    pub cluster_id: String,
-    /// The node the relay runs on.
-    pub node_id: String,
-    /// The relay's version.
-    pub version: String,
-    /// Where its own listener is bound, when it said.
-    pub listen_address: Option<String>,
-    /// Its listener's port, when it said.
-    pub listen_port: Option<u16>,
-    /// The sequence its socket counted.
-    pub sequence: u64,
-    /// When Capstan accepted it (ms since the epoch).
-    pub accepted_at: u64,
-    /// The durable record.
+    /// The record as accepted.
+    #[serde(flatten)]
+    pub record: Registration,
+    /// The record's reference.
     pub accepted_registration: RegistrationRef,
-    /// The credential it was accepted under.
-    pub credential: CredentialRef,
     /// Whether a socket carries the cluster's relay right now (grants nothing).
     pub live: bool,
     /// How many sockets do (more than one makes the election refuse `relay-ambiguous`).
@@ -404,19 +386,7 @@ pub async fn list(store: &Store, cluster_ids: Option<&[String]>) -> Result<Vec<L
             for doc in docs {
                 let record: Registration = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
                 let sockets = live_in(&tx, &record.cluster_id, now).await?.len();
-                items.push(Listed {
-                    accepted_registration: record.reference(),
-                    cluster_id: record.cluster_id,
-                    node_id: record.node_id,
-                    version: record.version,
-                    listen_address: record.listen_address,
-                    listen_port: record.listen_port,
-                    sequence: record.sequence,
-                    accepted_at: record.accepted_at,
-                    credential: record.credential,
-                    live: sockets > 0,
-                    live_sessions: sockets,
-                });
+                items.push(Listed { accepted_registration: record.reference(), record, live: sockets > 0, live_sessions: sockets });
             }
             Ok(items)
         })

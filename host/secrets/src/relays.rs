@@ -95,15 +95,21 @@ pub struct CredentialRef {
 
 impl Record {
     fn reference(&self) -> CredentialRef {
-        let mut h = Sha256::new();
-        h.update(b"capstan-cluster-relay-credential-v1\0");
-        h.update(self.cluster_id.as_bytes());
-        h.update(b"\0");
-        h.update(self.id.as_bytes());
-        h.update(b"\0");
-        h.update(self.generation.to_string().as_bytes());
-        CredentialRef { id: self.id.clone(), generation: self.generation, digest: hex::encode(h.finalize()) }
+        let digest = reference_digest(b"capstan-cluster-relay-credential-v1", &self.cluster_id, &self.id, self.generation);
+        CredentialRef { id: self.id.clone(), generation: self.generation, digest }
     }
+}
+
+/// SHA-256 (hex) over a purpose, a cluster, a record id and a generation: the digest a
+/// reference to one generation of a relay record carries (never derived from a secret).
+pub(crate) fn reference_digest(purpose: &[u8], cluster_id: &str, id: &str, generation: u64) -> String {
+    let mut h = Sha256::new();
+    for part in [purpose, cluster_id.as_bytes(), id.as_bytes()] {
+        h.update(part);
+        h.update(b"\0");
+    }
+    h.update(generation.to_string().as_bytes());
+    hex::encode(h.finalize())
 }
 
 /// What `relays.mutateCredential` does.
