@@ -34,11 +34,40 @@ pub const RENEW_EVERY_MS: u64 = 10_000;
 /// A row not renewed for this long belongs to a socket whose node is gone.
 pub const LIVE_TTL_MS: u64 = 3 * RENEW_EVERY_MS;
 
-/// Declare the collections.
+/// Declare the collections, and index the bearers of credentials issued before the index
+/// existed (idempotent: an indexed bearer is left as it is).
 pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(BEARERS).index("by_cluster", &["clusterId"])).await?;
     store.declare(CollectionSpec::new(REGISTRATIONS)).await?;
-    store.declare(CollectionSpec::new(SESSIONS).index("by_cluster", &["clusterId"]).index("by_fleet_node", &["fleetNodeId"])).await
+    store.declare(CollectionSpec::new(SESSIONS).index("by_cluster", &["clusterId"]).index("by_fleet_node", &["fleetNodeId"])).await?;
+    let mut cursor = None;
+    loop {
+        let page = store.transact(|tx| {
+            let cursor = cursor.clone();
+            async move { tx.scan(relays::CREDENTIALS, cursor.as_deref(), capstan_store::MAX_PAGE).await }
+        });
+        let page = page.await?;
+        for doc in &page.documents {
+            for (generation, sha256) in relays::issued_hashes(&doc.data) {
+                let cluster_id = doc.id.as_str();
+                store
+                    .transact(|tx| {
+                        let sha256 = sha256.clone();
+                        async move {
+                            if tx.get(BEARERS, &sha256).await?.is_none() {
+                                tx.insert(BEARERS, &sha256, json!({ "clusterId": cluster_id, "generation": generation })).await?;
+                            }
+                            Ok(())
+                        }
+                    })
+                    .await?;
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(()),
+        }
+    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

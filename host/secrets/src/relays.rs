@@ -100,6 +100,15 @@ impl Record {
     }
 }
 
+/// Every bearer hash a stored credential record issued, with its generation (unreadable records
+/// yield none).
+pub(crate) fn issued_hashes(record: &serde_json::Value) -> Vec<(u64, String)> {
+    let Ok(record) = serde_json::from_value::<Record>(record.clone()) else { return Vec::new() };
+    let mut issued: Vec<(u64, String)> = record.previous.into_iter().map(|i| (i.generation, i.sha256)).collect();
+    issued.push((record.generation, record.sha256));
+    issued
+}
+
 /// SHA-256 (hex) over a purpose, a cluster, a record id and a generation: the digest a
 /// reference to one generation of a relay record carries (never derived from a secret).
 pub(crate) fn reference_digest(purpose: &[u8], cluster_id: &str, id: &str, generation: u64) -> String {

@@ -402,3 +402,21 @@ async fn a_plugins_agents_call_reaches_the_relay_and_its_refusals_come_back_by_n
     let (_, refused) = pending.await.unwrap();
     assert_eq!((refused["error"]["code"].as_str(), refused["error"]["retryable"].as_bool()), (Some("agent-busy"), Some(true)), "{refused}");
 }
+
+#[tokio::test]
+async fn bearers_issued_before_their_index_are_indexed_at_start() {
+    let w = World::new().await;
+    let store = &w.server.state.store;
+    store
+        .transact(|tx| async move {
+            for doc in tx.scan(relay_registrations::BEARERS, None, 100).await?.documents {
+                tx.delete(relay_registrations::BEARERS, &doc.id, doc.revision).await?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(relay_registrations::identify(store, w.bearer.as_bytes()).await.is_err(), "no index, no cluster");
+    crate::secrets::relays::declare(store).await.unwrap();
+    assert_eq!(relay_registrations::identify(store, w.bearer.as_bytes()).await.unwrap().cluster_id, w.cluster);
+}
