@@ -174,11 +174,48 @@ fn config(pooling: bool) -> Config {
         pool.max_core_instances_per_component(32);
         pool.max_memories_per_component(8);
         pool.max_tables_per_component(32);
+        keep_dirtied_pages_resident(&mut pool, PoolingAllocationConfig::is_pagemap_scan_available());
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         // Reserve only what a plugin may use, so 2000 memories fit a modest address space.
         config.memory_reservation(MAX_MEMORY_BYTES as u64);
     }
     config
+}
+
+/// Bytes of a released linear memory slot reset in place and kept resident (when the kernel
+/// has `PAGEMAP_SCAN`); beyond them a slot's dirtied pages are given back with `madvise`.
+const MEMORY_KEEP_RESIDENT: usize = 2 << 20;
+/// Bytes of a released table slot reset in place and kept resident.
+const TABLE_KEEP_RESIDENT: usize = 64 << 10;
+/// Idle slots the pool keeps warm (affine to the module that last used them); wasmtime's
+/// default is 100.
+const WARM_SLOTS: u32 = 32;
+
+/// Keep the pages a call dirtied resident when its slot is released, so the next call on the
+/// slot takes no page faults to map them back (a fresh instance per call otherwise faults in
+/// every page it touches: stack, data, heap).
+///
+/// With `PAGEMAP_SCAN` (Linux 6.7 and later) wasmtime asks the kernel which pages of the slot
+/// were written and copies back only those from the image (or zeroes them), up to
+/// `MEMORY_KEEP_RESIDENT`; the RSS this keeps is the pages calls actually touch in the pool's
+/// warm slots. Without it (older kernels, other systems), wasmtime would `memset` the lowest
+/// `MEMORY_KEEP_RESIDENT` bytes of every memory on every release, touched or not, which costs
+/// more than the faults it saves: there, linear memories are reset with `madvise` as before and
+/// only tables (small, and reset in a few µs) are kept resident.
+///
+/// Bound: a released slot stays warm for its module; at most `WARM_SLOTS` idle slots are kept
+/// beyond those in use, so the pages kept are at most (`WARM_SLOTS` + calls in flight) ×
+/// (`MEMORY_KEEP_RESIDENT` + `TABLE_KEEP_RESIDENT`), and in practice the few pages a call
+/// touches (the example plugin's `greet` took 7.9 page faults per call before this).
+fn keep_dirtied_pages_resident(pool: &mut PoolingAllocationConfig, pagemap_scan: bool) {
+    pool.max_unused_warm_slots(WARM_SLOTS);
+    pool.table_keep_resident(TABLE_KEEP_RESIDENT);
+    if pagemap_scan {
+        pool.pagemap_scan(wasmtime::Enabled::Yes);
+        pool.linear_memory_keep_resident(MEMORY_KEEP_RESIDENT);
+    } else {
+        pool.pagemap_scan(wasmtime::Enabled::No);
+    }
 }
 
 /// Create the compiled-plugin cache (mode 0700), or check an existing one: compiled code is
