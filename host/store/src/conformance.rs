@@ -26,6 +26,7 @@ pub async fn run_all(store: &Store) {
     validation(store).await;
     concurrent_compare_and_swap(store).await;
     populated_collections(store).await;
+    read_many_and_watched_writes(store).await;
 }
 
 /// Insert, get, require, replace, put and delete refuse `exists`, `not-found` and `conflict` where
@@ -312,4 +313,59 @@ pub async fn two_stores_share_state(a: &Store, b: &Store) {
     b.transact(|tx| async move { tx.replace(c, "k", 1, json!({"by": "b"})).await }).await.unwrap();
     assert_eq!(code(a.transact(|tx| async move { tx.replace(c, "k", 1, json!({"by": "a"})).await }).await), "conflict");
     assert_eq!(code(a.transact(|tx| async move { tx.insert(c, "k", json!({})).await }).await), "exists");
+}
+
+/// `read_many` answers each named document (or `None`) from one snapshot and refuses an
+/// undeclared collection; a watcher hears every write to its collections once the transaction
+/// has ended, whether it committed or rolled back, and nothing of other collections.
+pub async fn read_many_and_watched_writes(store: &Store) {
+    let (c, other) = (unique_name("conf_many"), unique_name("conf_unwatched"));
+    store.declare(CollectionSpec::new(&c)).await.unwrap();
+    store.declare(CollectionSpec::new(&other)).await.unwrap();
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let sink = heard.clone();
+    store.watch_writes(
+        &[c.as_str()],
+        std::sync::Arc::new(move |collection: &str, id: &str| {
+            sink.lock().unwrap().push((collection.to_string(), id.to_string()));
+        }),
+    );
+    let (c, other) = (c.as_str(), other.as_str());
+    let heard_now = || std::mem::take(&mut *heard.lock().unwrap());
+
+    store
+        .transact(|tx| async move {
+            tx.insert(c, "a", json!({"v": 1})).await?;
+            tx.insert(c, "b", json!({"v": 2})).await?;
+            tx.insert(other, "x", json!({})).await
+        })
+        .await
+        .unwrap();
+    assert_eq!(heard_now(), vec![(c.to_string(), "a".to_string()), (c.to_string(), "b".to_string())], "only the watched writes");
+
+    let found = store.read_many(&[(c, "b"), (c, "missing"), (other, "x"), (c, "a")]).await.unwrap();
+    let revisions: Vec<Option<(String, u64)>> = found.iter().map(|d| d.as_ref().map(|d| (d.id.clone(), d.revision))).collect();
+    assert_eq!(revisions, vec![Some(("b".into(), 1)), None, Some(("x".into(), 1)), Some(("a".into(), 1))]);
+    assert_eq!(found[0].as_ref().unwrap().data, json!({"v": 2}));
+    assert_eq!(code(store.read_many(&[(c, "a"), ("conf_never_declared", "a")]).await), "internal");
+    assert_eq!(code(store.read_many(&[(c, "")]).await), "invalid-id");
+
+    // a rolled-back write is heard too (after the rollback): a cache drops what it may have held
+    let refused = store
+        .transact(|tx| async move {
+            tx.replace(c, "a", 1, json!({"v": 3})).await?;
+            Err::<(), _>(Refusal::new("conflict", "changed my mind"))
+        })
+        .await;
+    assert_eq!(code(refused), "conflict");
+    assert_eq!(heard_now(), vec![(c.to_string(), "a".to_string())]);
+    store
+        .transact(|tx| async move {
+            let doc = tx.require(c, "a").await?;
+            tx.delete(c, "a", doc.revision).await
+        })
+        .await
+        .unwrap();
+    assert_eq!(heard_now(), vec![(c.to_string(), "a".to_string())]);
+    assert!(store.read_many(&[(c, "a")]).await.unwrap()[0].is_none(), "read_many sees the committed deletion");
 }

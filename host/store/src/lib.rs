@@ -185,13 +185,33 @@ pub trait StoreBackend: Send + Sync {
     async fn populated_collections(&self) -> Result<Vec<String>>;
     /// Prove the backend answers.
     async fn ping(&self) -> Result<()>;
+
+    /// The documents `reads` name (collection, id), each `None` when absent, read in one
+    /// read-only transaction (so from one snapshot). A backend may do it in one round trip;
+    /// by default it is `begin`, one `get` per document and `commit`.
+    async fn get_many(&self, reads: &[(&str, &str)]) -> Result<Vec<Option<Document>>> {
+        let mut txn = self.begin().await?;
+        let mut found = Vec::with_capacity(reads.len());
+        for (collection, id) in reads {
+            found.push(txn.get(collection, id).await?);
+        }
+        txn.commit().await?;
+        Ok(found)
+    }
 }
+
+/// What [`Store::watch_writes`] calls with the collection and id of a document a transaction
+/// of this process wrote.
+pub type WriteWatcher = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+type Watchers = Arc<std::sync::RwLock<Vec<(Vec<String>, WriteWatcher)>>>;
 
 /// The store handle the host passes around.
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn StoreBackend>,
     specs: Arc<std::sync::RwLock<std::collections::HashMap<String, CollectionSpec>>>,
+    watchers: Watchers,
     budget: Duration,
 }
 
@@ -216,7 +236,7 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
 impl Store {
     /// A store over `backend` whose transactions retry transient contention for up to `budget`.
     pub fn new(backend: impl StoreBackend + 'static, budget: Duration) -> Self {
-        Store { backend: Arc::new(backend), specs: Default::default(), budget }
+        Store { backend: Arc::new(backend), specs: Default::default(), watchers: Default::default(), budget }
     }
 
     /// Open the backend a `CAPSTAN_DATABASE_URL` names.
@@ -267,6 +287,43 @@ impl Store {
         Ok(())
     }
 
+    /// Call `watcher` with (collection, id) for every document of `collections` that a
+    /// transaction of this store (or of any clone of it) inserted, replaced or deleted, once
+    /// that transaction has ended: after its commit, or after it rolled back (a harmless extra
+    /// call), never before. Writes by other processes sharing the database are not seen.
+    /// For caches of durable state, which drop what a write may have changed.
+    pub fn watch_writes(&self, collections: &[&str], watcher: WriteWatcher) {
+        let collections = collections.iter().map(|c| c.to_string()).collect();
+        self.watchers.write().expect("store watchers lock").push((collections, watcher));
+    }
+
+    /// The documents `reads` name (collection, id), each `None` when absent, read from one
+    /// snapshot in a short read-only transaction that the backend may run in one call (SQLite:
+    /// one blocking call on one connection rather than one per statement). Transient
+    /// contention is retried inside the budget like [`Store::transact`].
+    pub async fn read_many(&self, reads: &[(&str, &str)]) -> Result<Vec<Option<Document>>> {
+        {
+            let specs = self.specs.read().expect("store specs lock");
+            for (collection, id) in reads {
+                if !specs.contains_key(*collection) {
+                    return Err(Refusal::internal(format!("collection {collection} was never declared")));
+                }
+                validate_id(id)?;
+            }
+        }
+        let started = Instant::now();
+        let mut attempt: u32 = 0;
+        loop {
+            match self.backend.get_many(reads).await {
+                Err(e) if e.is("store-busy") && started.elapsed() < self.budget => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Run `work` in a transaction and commit it. Transient contention (`store-busy`) restarts
     /// the whole closure with backoff until the budget is spent; any other refusal rolls back
     /// and is returned as is. The closure may therefore run more than once: keep side effects
@@ -280,9 +337,15 @@ impl Store {
         let started = Instant::now();
         let mut attempt: u32 = 0;
         loop {
+            let written: Written = Default::default();
             let result: Result<T> = async {
                 let inner = self.backend.begin().await?;
-                let tx = Tx { inner: Arc::new(tokio::sync::Mutex::new(Some(inner))), specs: self.specs.clone() };
+                let tx = Tx {
+                    inner: Arc::new(tokio::sync::Mutex::new(Some(inner))),
+                    specs: self.specs.clone(),
+                    watchers: self.watchers.clone(),
+                    written: written.clone(),
+                };
                 let value = work(tx.clone()).await?;
                 let mut guard = tx.inner.lock().await;
                 let mut open = guard.take().ok_or_else(closed)?;
@@ -290,18 +353,41 @@ impl Store {
                 Ok(value)
             }
             .await;
+            // the transaction has ended (committed, or rolled back when its handle dropped)
+            self.tell_watchers(&written);
             match result {
                 Err(e) if e.is("store-busy") && started.elapsed() < self.budget => {
                     attempt += 1;
-                    let backoff = Duration::from_millis((5u64 << attempt.min(6)).min(250));
-                    let jitter = Duration::from_millis(rand::random::<u64>() % 5);
-                    tokio::time::sleep(backoff + jitter).await;
+                    tokio::time::sleep(backoff(attempt)).await;
                 }
                 other => return other,
             }
         }
     }
+
+    fn tell_watchers(&self, written: &Written) {
+        let written = std::mem::take(&mut *written.lock().expect("store written lock"));
+        if written.is_empty() {
+            return;
+        }
+        let watchers = self.watchers.read().expect("store watchers lock");
+        for (collection, id) in &written {
+            for (_, watcher) in watchers.iter().filter(|(collections, _)| collections.contains(collection)) {
+                watcher(collection, id);
+            }
+        }
+    }
 }
+
+/// The wait before retrying transient contention the `attempt`th time.
+fn backoff(attempt: u32) -> Duration {
+    let backoff = Duration::from_millis((5u64 << attempt.min(6)).min(250));
+    let jitter = Duration::from_millis(rand::random::<u64>() % 5);
+    backoff + jitter
+}
+
+/// The watched documents a transaction wrote: (collection, id).
+type Written = Arc<std::sync::Mutex<Vec<(String, String)>>>;
 
 fn closed() -> Refusal {
     Refusal::internal("transaction used after it ended")
@@ -312,6 +398,8 @@ fn closed() -> Refusal {
 pub struct Tx {
     inner: Arc<tokio::sync::Mutex<Option<Box<dyn TxnBackend>>>>,
     specs: Arc<std::sync::RwLock<std::collections::HashMap<String, CollectionSpec>>>,
+    watchers: Watchers,
+    written: Written,
 }
 
 impl Tx {
@@ -327,6 +415,14 @@ impl Tx {
     /// Whether `collection` was declared on this store (a subsystem not yet started has none).
     pub fn is_declared(&self, collection: &str) -> bool {
         self.specs.read().expect("store specs lock").contains_key(collection)
+    }
+
+    /// Remember a write of a watched collection, for [`Store::watch_writes`].
+    fn note_write(&self, collection: &str, id: &str) {
+        let watched = self.watchers.read().expect("store watchers lock").iter().any(|(c, _)| c.iter().any(|c| c == collection));
+        if watched {
+            self.written.lock().expect("store written lock").push((collection.to_string(), id.to_string()));
+        }
     }
 
     /// The open transaction, after checking the collection was declared.
@@ -355,6 +451,7 @@ impl Tx {
     pub async fn insert(&self, collection: &str, id: &str, data: Value) -> Result<Document> {
         validate_id(id)?;
         validate_data(&data)?;
+        self.note_write(collection, id);
         self.open(collection).await?.get().insert(collection, id, data).await
     }
 
@@ -363,6 +460,7 @@ impl Tx {
     pub async fn replace(&self, collection: &str, id: &str, expected_revision: u64, data: Value) -> Result<Document> {
         validate_id(id)?;
         validate_data(&data)?;
+        self.note_write(collection, id);
         self.open(collection).await?.get().replace(collection, id, expected_revision, data).await
     }
 
@@ -378,6 +476,7 @@ impl Tx {
     /// when the revision moved on.
     pub async fn delete(&self, collection: &str, id: &str, expected_revision: u64) -> Result<()> {
         validate_id(id)?;
+        self.note_write(collection, id);
         self.open(collection).await?.get().delete(collection, id, expected_revision).await
     }
 

@@ -249,6 +249,32 @@ impl StoreBackend for SqliteStore {
         let conn = self.connection().await?;
         blocking(|| conn.query_row("SELECT 1", [], |_| Ok(()))).map_err(|e| map_err(e, "pinging SQLite"))
     }
+
+    /// One connection, one blocking call: `BEGIN`, the reads, `COMMIT` (a read-only
+    /// transaction, so one snapshot; the pooled connection rolls back if a read fails).
+    async fn get_many(&self, reads: &[(&str, &str)]) -> Result<Vec<Option<Document>>> {
+        let conn = self.connection().await?;
+        blocking(|| {
+            conn.execute_batch("BEGIN DEFERRED").map_err(|e| map_err(e, "starting a transaction"))?;
+            let mut found = Vec::with_capacity(reads.len());
+            for (collection, id) in reads {
+                found.push(read_document(&conn, collection, id)?);
+            }
+            conn.execute_batch("COMMIT").map_err(|e| map_err(e, "committing"))?;
+            Ok(found)
+        })
+    }
+}
+
+fn read_document(conn: &Connection, collection: &str, id: &str) -> Result<Option<Document>> {
+    let mut stmt = conn
+        .prepare_cached(&format!("SELECT revision, data FROM {} WHERE id = ?1", table(collection)))
+        .map_err(|e| map_err(e, "reading a document"))?;
+    stmt.query_row([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .optional()
+        .map_err(|e| map_err(e, "reading a document"))?
+        .map(|(rev, data)| row_to_document(id.to_string(), rev, data))
+        .transpose()
 }
 
 struct SqliteTxn {
@@ -300,16 +326,7 @@ fn serialize(data: &Value) -> Result<String> {
 #[async_trait]
 impl TxnBackend for SqliteTxn {
     async fn get(&mut self, collection: &str, id: &str) -> Result<Option<Document>> {
-        blocking(|| {
-            self.conn
-                .query_row(&format!("SELECT revision, data FROM {} WHERE id = ?1", table(collection)), [id], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-                })
-                .optional()
-                .map_err(|e| map_err(e, "reading a document"))?
-                .map(|(rev, data)| row_to_document(id.to_string(), rev, data))
-                .transpose()
-        })
+        blocking(|| read_document(&self.conn, collection, id))
     }
 
     async fn insert(&mut self, collection: &str, id: &str, data: Value) -> Result<Document> {
