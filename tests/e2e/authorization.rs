@@ -83,6 +83,11 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ),
         ("admin.revokeMachineTokens", json!({ "userId": "machine_missing" }), admin(Past("not-found"))),
         ("admin.rotateMachineToken", json!({ "userId": "machine_missing" }), admin(Past("not-found"))),
+        // ---- people ----
+        ("users.list", json!({}), admin(Ran)),
+        ("users.resetPassword", json!({ "userId": MEMBER, "expectedGeneration": STALE }), admin(Past("conflict"))),
+        ("users.revokeSessions", json!({ "userId": MEMBER, "expectedGeneration": STALE }), admin(Past("conflict"))),
+        ("users.setDisabled", json!({ "userId": MEMBER, "disabled": true, "expectedGeneration": STALE }), admin(Past("conflict"))),
         // ---- clusters ----
         ("clusters.create", json!({ "name": "fixture" }), admin(Past("exists"))),
         ("clusters.delete", json!({ "id": CLUSTER, "expectedRevision": STALE }), admin(Past("conflict"))),

@@ -10,6 +10,7 @@ pub mod attempts;
 pub mod jwt;
 pub mod methods;
 pub mod password;
+pub mod users;
 
 use capstan_blobs::Blobs;
 use capstan_core::clock::now_secs;
@@ -50,6 +51,9 @@ pub struct User {
     pub admin: bool,
     /// When the user was created (seconds since the epoch).
     pub created_at: u64,
+    /// A disabled person cannot log in and holds no session (see [`users`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
 }
 
 /// The credential authority's record for one user (same id as the user).
@@ -189,7 +193,7 @@ async fn find_user_by_name(tx: &Tx, username: &str) -> Result<Option<(String, Us
 /// The user and credential records of a new human with a password verifier.
 pub fn human_records(username: &str, admin: bool, verifier: String) -> (User, Credential) {
     let at = now_secs();
-    let user = User { username: username.into(), kind: "human".into(), admin, created_at: at };
+    let user = User { username: username.into(), kind: "human".into(), admin, created_at: at, disabled: false };
     let credential = Credential {
         kind: "human".into(),
         generation: 1,
@@ -338,7 +342,7 @@ impl Auth {
             None
         };
         let candidate = found.and_then(|(id, user, credential)| match credential {
-            Some(c) if user.kind == "human" && c.verifier.is_some() => Some((id, user, c)),
+            Some(c) if user.kind == "human" && !user.disabled && c.verifier.is_some() => Some((id, user, c)),
             _ => None,
         });
         let pw = password.to_string();
@@ -467,6 +471,7 @@ impl Auth {
         let live = session.user_id == claims.sub
             && session.kind == claims.kind
             && user.kind == claims.kind
+            && !user.disabled
             && session.expires_at > now_secs()
             && match claims.kind.as_str() {
                 "human" => claims.generation == Some(credential.generation) && session.generation == claims.generation,

@@ -313,7 +313,7 @@ where
                 return Err(Refusal::new("exists", format!("a user named {username} exists")));
             }
             let at = now_secs();
-            let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at };
+            let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at, disabled: false };
             let credential = Credential {
                 kind: "machine".into(),
                 generation: 1,
@@ -394,6 +394,7 @@ async fn list_machine_users(cx: Context, _: Call, input: ListInput) -> Result<Ma
 
 /// Register the `auth.*` and `admin.*` methods with `cx` as their context.
 pub fn register(registry: &mut Registry, cx: Context) {
+    crate::users::register(registry, cx.clone());
     let mut registry = registry.with(cx);
     registry.add(
         "auth.login",

@@ -19,6 +19,7 @@ async fn setup() -> (tempfile::TempDir, AppState) {
     let blobs = Blobs::new(capstan_blobs::local::LocalBlobs::open(dir.path().join("blobs").to_str().unwrap()).await.unwrap());
     let keyring = Keyring::generate(None, None).unwrap();
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
+    capstan_events::declare(&store).await.unwrap();
     let mut methods = Registry::default();
     register(&mut methods, Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() });
     let state = AppState { store, blobs, auth, methods };
@@ -327,4 +328,103 @@ async fn a_rotation_receipt_is_keyed_by_the_keyring_and_holds_nothing_to_test_gu
         })
         .await;
     assert_eq!(replayed.unwrap_err().code, "mutation-reused");
+}
+
+async fn run(state: &AppState, actor: &Identity, method: &str, body: Value) -> Result<Value> {
+    state.methods.get(method).unwrap().call(call(state, Some(actor.clone())), body).await
+}
+
+async fn events_of(state: &AppState) -> Vec<String> {
+    capstan_events::read_after(&state.store, 0, 100).await.unwrap().into_iter().map(|e| e.kind).collect()
+}
+
+#[tokio::test]
+async fn people_are_listed_disabled_enabled_and_given_a_password_once() {
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let created = run(&state, &actor, "admin.createUser", json!({ "username": "pat" })).await.unwrap();
+    let pat = created["userId"].as_str().unwrap().to_string();
+    let first_password = created["password"].as_str().unwrap().to_string();
+    run(&state, &actor, "admin.createMachineUser", json!({ "username": "robot" })).await.unwrap();
+
+    let listed = run(&state, &actor, "users.list", json!({})).await.unwrap();
+    let names: Vec<&str> = listed["users"].as_array().unwrap().iter().map(|u| u["username"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 2, "people only, never a machine user: {listed}");
+    assert!(names.contains(&"admin") && names.contains(&"pat"));
+    assert!(!listed.to_string().contains("scrypt"));
+    assert_eq!(run(&state, &actor, "users.list", json!({ "extra": 1 })).await.unwrap_err().code, "invalid-request");
+
+    // disable: login refused like any wrong password, the open session ends
+    let session = state.auth.login("pat", &first_password, None).await.unwrap();
+    let stale = run(&state, &actor, "users.setDisabled", json!({ "userId": pat, "disabled": true, "expectedGeneration": 7 })).await;
+    assert_eq!(stale.unwrap_err().code, "conflict");
+    let off = run(&state, &actor, "users.setDisabled", json!({ "userId": pat, "disabled": true, "expectedGeneration": 1 })).await.unwrap();
+    assert_eq!((off["disabled"].as_bool(), off["generation"].as_u64(), off["sessionsRevoked"].as_u64()), (Some(true), Some(2), Some(1)));
+    assert_eq!(state.auth.authenticate(&session.token).await.unwrap_err().code, "unauthenticated");
+    assert_eq!(state.auth.login("pat", &first_password, None).await.unwrap_err().code, "unauthenticated");
+    let on = run(&state, &actor, "users.setDisabled", json!({ "userId": pat, "disabled": false, "expectedGeneration": 2 })).await.unwrap();
+    assert_eq!(on["disabled"], false);
+    state.auth.login("pat", &first_password, None).await.expect("enabled again, the password still works");
+
+    // reset: a new password once, the old one and every session end
+    let before = state.auth.login("pat", &first_password, None).await.unwrap();
+    let reset = run(&state, &actor, "users.resetPassword", json!({ "userId": pat, "expectedGeneration": 3 })).await.unwrap();
+    let new_password = reset["password"].as_str().unwrap();
+    assert!(new_password.len() >= 20 && reset["sessionsRevoked"].as_u64() >= Some(1));
+    assert_eq!(state.auth.authenticate(&before.token).await.unwrap_err().code, "unauthenticated");
+    assert_eq!(state.auth.login("pat", &first_password, None).await.unwrap_err().code, "unauthenticated");
+    state.auth.login("pat", new_password, None).await.expect("the generated password works");
+
+    let revoked = run(&state, &actor, "users.revokeSessions", json!({ "userId": pat, "expectedGeneration": 4 })).await.unwrap();
+    assert_eq!(revoked["generation"], 5);
+    assert_eq!(events_of(&state).await, ["user.disabled", "user.enabled", "user.passwordReset", "user.sessionsRevoked"]);
+}
+
+#[tokio::test]
+async fn people_changes_are_refused_by_name() {
+    let (_dir, state) = setup().await;
+    let actor = admin(&state).await;
+    let body = |id: &str| json!({ "userId": id, "disabled": true, "expectedGeneration": 1 });
+    assert_eq!(run(&state, &actor, "users.setDisabled", body(&actor.user_id)).await.unwrap_err().code, "user-is-self");
+    assert_eq!(run(&state, &actor, "users.setDisabled", body("user_missing")).await.unwrap_err().code, "user-not-found");
+    let robot = run(&state, &actor, "admin.createMachineUser", json!({ "username": "robot" })).await.unwrap();
+    let robot = robot["userId"].as_str().unwrap();
+    let reset = run(&state, &actor, "users.resetPassword", json!({ "userId": robot, "expectedGeneration": 1 })).await;
+    assert_eq!(reset.unwrap_err().code, "user-not-found", "machine users are not people");
+
+    // a second administrator may not disable the last enabled one
+    let other = run(&state, &actor, "admin.createUser", json!({ "username": "root2", "admin": true })).await.unwrap();
+    let other_id = other["userId"].as_str().unwrap().to_string();
+    let other_login = state.auth.login("root2", other["password"].as_str().unwrap(), None).await.unwrap();
+    let other_actor = state.auth.authenticate(&other_login.token).await.unwrap();
+    run(&state, &other_actor, "users.setDisabled", body(&actor.user_id)).await.expect("two administrators: one may go");
+    let enable = json!({ "userId": actor.user_id, "disabled": false, "expectedGeneration": 2 });
+    run(&state, &other_actor, "users.setDisabled", enable).await.unwrap();
+    let fresh = admin(&state).await;
+    run(&state, &fresh, "users.setDisabled", body(&other_id)).await.unwrap();
+    assert_eq!(state.auth.authenticate(&other_login.token).await.unwrap_err().code, "unauthenticated");
+    // the guard behind that: whoever acts, the last enabled administrator stays
+    let last = json!({ "userId": fresh.user_id, "disabled": true, "expectedGeneration": 3 });
+    assert_eq!(run(&state, &other_actor, "users.setDisabled", last).await.unwrap_err().code, "last-administrator");
+
+    let mut stale = admin(&state).await;
+    stale.authenticated_at -= ADMIN_FRESHNESS.as_secs() + 1;
+    let err = run(&state, &stale, "users.resetPassword", json!({ "userId": other_id, "expectedGeneration": 2 })).await.unwrap_err();
+    assert_eq!(err.code, "admin-not-fresh");
+}
+
+#[tokio::test]
+async fn the_offline_reset_gives_a_new_password_ends_sessions_and_enables() {
+    let (_dir, state) = setup().await;
+    let session = state.auth.login("admin", PASSWORD, None).await.unwrap();
+    let reset = users::reset_password_offline(&state.store, "admin").await.unwrap();
+    assert_eq!((reset.user.username.as_str(), reset.sessions_revoked, reset.user.disabled), ("admin", 1, false));
+    assert!(!format!("{reset:?}").contains(&reset.password), "Debug never shows the password");
+    assert_eq!(state.auth.authenticate(&session.token).await.unwrap_err().code, "unauthenticated");
+    assert_eq!(state.auth.login("admin", PASSWORD, None).await.unwrap_err().code, "unauthenticated");
+    state.auth.login("admin", &reset.password, None).await.unwrap();
+    for name in ["nobody", "bad name!"] {
+        assert_eq!(users::reset_password_offline(&state.store, name).await.unwrap_err().code, "user-not-found");
+    }
+    assert_eq!(events_of(&state).await, ["user.passwordReset"]);
 }

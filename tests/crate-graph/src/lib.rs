@@ -29,7 +29,10 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // domain: the fleet coordinates through the bucket; the outbox lives in the store
     ("capstan-fleet", &["capstan-core", "capstan-blobs", "capstan-rpc"]),
     ("capstan-events", &["capstan-core", "capstan-store", "capstan-rpc"]),
-    ("capstan-auth", &["capstan-core", "capstan-store", "capstan-blobs", "capstan-keyring", "capstan-rpc", "capstan-fleet"]),
+    (
+        "capstan-auth",
+        &["capstan-core", "capstan-store", "capstan-blobs", "capstan-keyring", "capstan-rpc", "capstan-fleet", "capstan-events"],
+    ),
     // the inventory reaches the areas above it (secrets, plugins) only through its Dependents trait
     (
         "capstan-inventory",
