@@ -22,6 +22,7 @@ mod mongo;
 mod nodes;
 mod nodes_cli;
 mod plugins;
+mod relays;
 mod relays_cli;
 mod s3;
 mod secrets;

@@ -1,0 +1,455 @@
+//! Cluster relays end to end, with real processes only: `capstan serve --dev`, the real
+//! `capstan-agent` (enrolled with a jump code, then run as `capstan-agent relay`), the CLI's
+//! `keyring export-relay-authorization` and the HTTP API, with the example plugin (installed
+//! through the API) reaching the relay by `agents.call`.
+//!
+//! One scenario, in order: nothing connected is refused `relay-not-connected`; the relay
+//! registers (live in `relays.list`, its configuration kept private in the state directory and
+//! shown by `capstan-agent status`) and answers `example.pingAgent`; a cluster change is pushed;
+//! a Capstan restart is followed by the relay on its own; a rotation closes it and the re-exported
+//! bearer (the same file, `--force`) brings it back without a restart; a second relay of the
+//! same cluster makes the election refuse `relay-ambiguous` until it stops; and the cluster
+//! cannot be deleted while its relay is connected.
+//!
+//! Building the example plugin needs the wasm32-wasip2 target: without it the test prints why
+//! and passes (unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1`), as plugins.rs does.
+
+use crate::support::{Capstan, EXIT_TIMEOUT, Reply, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
+use serde_json::{Value, json};
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long anything the relay does may take to show: its backoff after a lost session grows
+/// (1 s doubling), and a loaded CI machine is slow.
+const SEEN: Duration = Duration::from_secs(90);
+/// The zone the test sets.
+const ZONE: &str = "relays.e2e.example";
+
+/// The `capstan-agent` binary (not a default member of the workspace, and another package's
+/// binary is out of CARGO_BIN_EXE's reach): built once for the run, as nodes.rs does.
+fn agent_binary() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(&workspace)
+            .args(["build", "-p", "capstan-agent", "--bin", "capstan-agent", "--target-dir"])
+            .arg(&target)
+            .status()
+            .expect("running cargo");
+        assert!(status.success(), "building capstan-agent: {status:?}");
+        let binary = target.join("debug/capstan-agent");
+        assert!(binary.is_file(), "{} was built", binary.display());
+        binary
+    })
+}
+
+/// `capstan-agent --state-dir DIR` with no inherited agent settings.
+fn agent(state_dir: &Path) -> Command {
+    let mut cmd = Command::new(agent_binary());
+    for key in ["CAPSTAN_AGENT_STATE_DIR", "CAPSTAN_AGENT_HOSTNAME_FILE", "CAPSTAN_AGENT_LOG", "CAPSTAN_RELAY_AUTHORIZATION_FILE"] {
+        cmd.env_remove(key);
+    }
+    cmd.arg("--state-dir").arg(state_dir);
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Whether this machine's short hostname is one DNS label (the agent offers it at enrollment).
+fn machine_hostname_is_a_label() -> bool {
+    let output = Command::new("hostname").arg("-s").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_ascii_lowercase());
+    output.is_ok_and(|h| {
+        !h.is_empty()
+            && h.len() <= 63
+            && h.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !h.starts_with('-')
+            && !h.ends_with('-')
+    })
+}
+
+/// A running `capstan-agent relay`, its log kept; killed when dropped, so a failing test leaves
+/// nothing running.
+struct RelayProcess {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl RelayProcess {
+    fn start(state_dir: &Path, authorization: &Path, listen: &str) -> RelayProcess {
+        let mut cmd = agent(state_dir);
+        cmd.arg("relay").arg("--authorization-file").arg(authorization).args(["--listen", listen]);
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawning capstan-agent relay");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        RelayProcess { child, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Still running (not exited with a refusal at its start).
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("capstan-agent relay exited ({status:?}); log:\n{}", self.log());
+        }
+    }
+
+    /// SIGTERM, then the exit status and the whole log.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "capstan-agent relay did not stop on SIGTERM; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let log = eventually("the relay's log drained", Duration::from_secs(5), || {
+            let log = self.log();
+            if log.contains("stopping (SIGTERM)") { Ok(log) } else { Err(log) }
+        });
+        (status, log)
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// The error object of a refusal with `code` (any HTTP status but 2xx), for refusals whose
+/// status this test does not pin.
+fn refused(reply: &Reply, code: &str) -> Value {
+    let body = reply.json();
+    assert!(reply.status >= 400, "{}: expected the refusal {code}, got HTTP {} {}", reply.what, reply.status, reply.body);
+    assert_eq!(body["error"]["code"], code, "{}: HTTP {} {}", reply.what, reply.status, reply.body);
+    crate::support::check_envelope(&reply.what, &body)
+}
+
+/// `capstan keyring export-relay-authorization --cluster ID --output FILE --json [extra]`: the
+/// CLI's report.
+fn export(server: &Capstan, token: &str, config_home: &Path, cluster_id: &str, output: &Path, extra: &[&str]) -> Value {
+    let mut cmd = capstan();
+    cmd.args(["keyring", "export-relay-authorization", "--cluster", cluster_id, "--output"])
+        .arg(output)
+        .arg("--json")
+        .args(extra)
+        .env("CAPSTAN_URL", server.url(""))
+        .env("CAPSTAN_TOKEN", token)
+        .env("XDG_CONFIG_HOME", config_home);
+    let exited = run_to_exit(cmd);
+    assert!(exited.status.success(), "the export should succeed\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
+    serde_json::from_str(exited.stdout.trim()).unwrap_or_else(|e| panic!("export --json prints JSON ({e}): {}", exited.stdout))
+}
+
+/// `capstan-agent status --json`.
+fn agent_status(state_dir: &Path) -> Value {
+    let exited = run_to_exit({
+        let mut cmd = agent(state_dir);
+        cmd.args(["status", "--json"]);
+        cmd
+    });
+    assert!(exited.status.success(), "capstan-agent status --json: {exited:?}");
+    serde_json::from_str(&exited.stdout).unwrap_or_else(|e| panic!("status --json prints JSON ({e}): {}", exited.stdout))
+}
+
+/// The relay configuration kept in the state directory, once there is one.
+fn kept_config(state_dir: &Path) -> Result<Value, String> {
+    let path = state_dir.join("relay-config.json");
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{} holds no JSON: {e}", path.display()))
+}
+
+/// `relays.list {clusterIds: [cluster]}`'s one item, if any.
+fn listed(server: &Capstan, token: &str, cluster_id: &str) -> Option<Value> {
+    let listing = ok(server, token, "relays.list", json!({ "clusterIds": [cluster_id] }));
+    let items = listing["items"].as_array().unwrap_or_else(|| panic!("relays.list answers items: {listing}"));
+    assert!(items.len() <= 1, "one item per cluster: {listing}");
+    items.first().cloned()
+}
+
+/// Wait until `relays.list` shows the cluster's relay with `live` and `sessions` live sockets.
+fn wait_listed(server: &Capstan, token: &str, cluster_id: &str, live: bool, sessions: u64, relay: &[&RelayProcess]) -> Value {
+    let what = format!("relays.list showing live: {live} with {sessions} live session(s)");
+    eventually(&what, SEEN, || match listed(server, token, cluster_id) {
+        Some(item) if item["live"] == live && item["liveSessions"] == sessions => Ok(item),
+        other => Err(format!("{other:?}\nrelay log:\n{}", relay.iter().map(|r| r.log()).collect::<Vec<_>>().join("\n---\n"))),
+    })
+}
+
+/// `example.pingAgent {clusterId}`.
+fn ping(server: &Capstan, token: &str, cluster_id: &str) -> Reply {
+    server.call_as(token, "example.pingAgent", &json!({ "clusterId": cluster_id }))
+}
+
+/// Assert a pong from the relay running as `node_id`.
+fn assert_pong(reply: &Reply, cluster_id: &str, node_id: &str) {
+    let answer = reply.expect_json(200);
+    assert_eq!(answer["clusterId"], cluster_id, "{answer}");
+    let pong = &answer["reply"];
+    assert_eq!((&pong["pong"], &pong["nodeId"]), (&json!(true), &json!(node_id)), "{answer}");
+    assert!(pong["at"].as_u64().is_some_and(|at| at > 1_700_000_000_000), "the relay's clock in ms: {answer}");
+    assert_eq!(pong.as_object().map(|o| o.len()), Some(3), "{{pong, nodeId, at}}: {answer}");
+}
+
+/// Assert `relay-not-connected`: 503, retryable, with `retryAfterMs`.
+fn assert_not_connected(reply: &Reply, cluster_id: &str) {
+    let error = reply.expect_error(503, "relay-not-connected");
+    assert_eq!(error["retryable"], true, "{error}");
+    assert_eq!(error["data"]["retryAfterMs"], 5000, "{error}");
+    assert_eq!(error["data"]["clusterId"], cluster_id, "{error}");
+}
+
+/// Upload a bundle and install it with every requested capability granted: the plugin record.
+fn install(server: &Capstan, token: &str, bundle: &[u8]) -> Value {
+    let bearer = format!("Bearer {token}");
+    let uploaded = server.request("POST", "/api/v1/uploads/plugin-bundle", &[("authorization", &bearer)], Some(bundle)).expect_json(200);
+    let installed = ok(server, token, "plugins.install", json!({ "upload": uploaded["upload"], "approve": ["all-requested"] }));
+    assert_eq!(installed["id"], "example", "{installed}");
+    eventually("the example plugin running", Duration::from_secs(180), || {
+        let plugin = ok(server, token, "plugins.get", json!({ "id": "example" }));
+        if plugin["status"] == "running" { Ok(plugin) } else { Err(plugin.to_string()) }
+    })
+}
+
+#[test]
+fn a_real_relay_registers_keeps_its_config_answers_plugins_follows_restarts_and_rotations_and_is_never_one_of_two() {
+    if !machine_hostname_is_a_label() {
+        eprintln!("skipped: this machine's short hostname is not one DNS label, which capstan-agent refuses to offer at enrollment");
+        return;
+    }
+    let Some(component) = crate::crash::example_component() else { return };
+    let key = capstan::plugins::bundle::generate_key();
+    let publisher = capstan::plugins::bundle::PublisherKey::from(&key).to_string();
+    let bundle = crate::crash::example_bundle(&component, "0.1.0", &key);
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let agent_bin = agent_binary().to_path_buf();
+    // a fixed port, so Capstan restarts where the relay's enrollment names it
+    let port = free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    let serve = || {
+        let mut cmd = with_test_admin(capstan());
+        cmd.args(["serve", "--dev", "--data-dir"]).arg(root.join("data")).args(["--listen", &format!("127.0.0.1:{port}")]);
+        cmd.env("CAPSTAN_TRUSTED_PUBLISHERS", &publisher).env("CAPSTAN_AGENT_BINARY", &agent_bin);
+        cmd
+    };
+    let server = Capstan::start(serve());
+    server.ready_status();
+    let mut admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+
+    // ---- 1. setup: the example plugin, the zone, a cluster with its relay enabled ----
+    let plugin = install(&server, &admin, &bundle);
+    let grants: Vec<&str> = plugin["grants"].as_array().map(|g| g.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    assert!(grants.contains(&"agents"), "the example plugin requests agents and was granted it: {plugin}");
+
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": ZONE } }));
+    let created = ok(&server, &admin, "clusters.create", json!({ "name": "edge" }));
+    let cluster_id = created["cluster"]["id"].as_str().unwrap().to_string();
+    let quiet = ok(&server, &admin, "clusters.create", json!({ "name": "quiet" }));
+    let quiet_id = quiet["cluster"]["id"].as_str().unwrap().to_string();
+    let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
+    let enabled = ok(&server, &admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
+    let relay_origin = format!("https://relay.{}.{ZONE}:8443", cluster_id.replace('_', "-"));
+    assert_eq!(enabled["relay"], json!({ "enabled": true, "origin": relay_origin }), "{enabled}");
+
+    let minted =
+        ok(&server, &admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-mint" }));
+    assert_eq!(minted["generation"], 1, "{minted}");
+    let config_home = root.join("config");
+    let export_dir = root.join("relay-export");
+    std::fs::create_dir(&export_dir).unwrap();
+    std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let authorization = export_dir.join("relay-authorization");
+    let report = export(&server, &admin, &config_home, &cluster_id, &authorization, &[]);
+    assert_eq!((&report["clusterId"], &report["generation"]), (&json!(cluster_id), &json!(1)), "{report}");
+    let first_bearer = std::fs::read_to_string(&authorization).unwrap();
+    assert_eq!(first_bearer.len(), 43);
+    assert_eq!(std::fs::metadata(&authorization).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // the node the relay runs on, enrolled with a jump code by the real agent
+    let jump = ok(&server, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
+    let code = jump["code"].as_str().unwrap().to_string();
+    let state_dir = root.join("agent-state");
+    let enrolled = crate::plugins::run(
+        {
+            let mut cmd = agent(&state_dir);
+            cmd.args(["enroll", &origin]);
+            cmd
+        },
+        format!("{code}\n").as_bytes(),
+        EXIT_TIMEOUT,
+    );
+    assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+    let credential: Value = serde_json::from_slice(&std::fs::read(state_dir.join("credential.json")).unwrap()).unwrap();
+    let node_id = credential["nodeId"].as_str().unwrap().to_string();
+    assert_eq!(credential["clusterId"], cluster_id.as_str());
+
+    // ---- 3 (before the relay): nothing connected ----
+    assert_not_connected(&ping(&server, &admin, &cluster_id), &cluster_id);
+    assert!(listed(&server, &admin, &cluster_id).is_none(), "no relay ever registered");
+
+    // ---- 2. the relay: registered, live, its configuration kept privately ----
+    let mut relay = RelayProcess::start(&state_dir, &authorization, "10.0.0.5:8443");
+    let item = wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
+    relay.assert_running();
+    assert_eq!(
+        (&item["nodeId"], &item["listenAddress"], &item["listenPort"], &item["version"]),
+        (&json!(node_id), &json!("10.0.0.5"), &json!(8443), &json!(env!("CARGO_PKG_VERSION"))),
+        "{item}"
+    );
+    assert_eq!(item["credential"]["generation"], 1, "{item}");
+    assert_eq!(item["sequence"], 1, "a relay counts from 1 on a new socket: {item}");
+    let kept = eventually("the relay keeping the pushed configuration", SEEN, || kept_config(&state_dir));
+    let config_path = state_dir.join("relay-config.json");
+    assert_eq!(std::fs::metadata(&config_path).unwrap().permissions().mode() & 0o777, 0o600, "the kept configuration is private");
+    let config = &kept["config"];
+    assert_eq!(config["cluster"]["id"], cluster_id.as_str(), "{kept}");
+    assert_eq!(config["cluster"]["relay"], json!({ "enabled": true, "origin": relay_origin }), "{kept}");
+    assert_eq!(config["settings"]["clusterRelayZone"], ZONE, "{kept}");
+    assert!(config["nodes"].as_array().is_some_and(|nodes| nodes.iter().any(|n| n["id"] == node_id.as_str())), "{kept}");
+    let first_digest = kept["digest"].as_str().unwrap().to_string();
+    assert_eq!(first_digest.len(), 64, "{kept}");
+    let status = agent_status(&state_dir);
+    assert_eq!(status["relayConfig"]["digest"], first_digest.as_str(), "{status}");
+    assert_eq!(status["relayConfig"]["receivedAtMs"], kept["receivedAt"], "{status}");
+
+    // ---- 3. the example plugin reaches it; a cluster without a relay is still refused ----
+    assert_pong(&ping(&server, &admin, &cluster_id), &cluster_id, &node_id);
+    assert_not_connected(&ping(&server, &admin, &quiet_id), &quiet_id);
+
+    // ---- 4. a change of the cluster is pushed ----
+    let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
+    let updated = ok(
+        &server,
+        &admin,
+        "clusters.update",
+        json!({ "id": cluster_id, "expectedRevision": cluster["revision"], "description": "pushed to the relay" }),
+    );
+    let pushed = eventually("the changed configuration kept by the relay", SEEN, || {
+        let kept = kept_config(&state_dir)?;
+        if kept["digest"] != first_digest.as_str() && kept["config"]["cluster"]["revision"] == updated["revision"] {
+            Ok(kept)
+        } else {
+            Err(format!("{kept}\nrelay log:\n{}", relay.log()))
+        }
+    });
+    let second_digest = pushed["digest"].as_str().unwrap().to_string();
+    assert_eq!(agent_status(&state_dir)["relayConfig"]["digest"], second_digest.as_str());
+
+    // ---- 5. Capstan restarts: the relay comes back by itself ----
+    let stopped = server.stop();
+    assert!(stopped.status.success(), "SIGTERM stops Capstan cleanly: {:?}\n{}", stopped.status, stopped.stderr);
+    eventually("the relay told the host is going away (1001)", SEEN, || {
+        let log = relay.log();
+        if log.contains("the host is going away (1001)") { Ok(()) } else { Err(log) }
+    });
+    let server = Capstan::start(serve());
+    server.ready_status();
+    admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let item = wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
+    relay.assert_running();
+    assert_eq!((&item["nodeId"], &item["sequence"]), (&json!(node_id), &json!(1)), "registered again from 1 on a new socket: {item}");
+    // the plugins load in the background after a start
+    let pong = eventually("example.pingAgent answering after the restart", SEEN, || {
+        let reply = ping(&server, &admin, &cluster_id);
+        if reply.status == 200 { Ok(reply) } else { Err(format!("HTTP {}: {}", reply.status, reply.body)) }
+    });
+    assert_pong(&pong, &cluster_id, &node_id);
+
+    // ---- 6. rotation: the session is closed, the same process takes the re-exported bearer ----
+    let rotated = ok(
+        &server,
+        &admin,
+        "relays.mutateCredential",
+        json!({ "clusterId": cluster_id, "action": "rotate", "expectedGeneration": 1, "mutationId": "e2e-rotate" }),
+    );
+    assert_eq!(rotated["generation"], 2, "{rotated}");
+    wait_listed(&server, &admin, &cluster_id, false, 0, &[&relay]);
+    assert_not_connected(&ping(&server, &admin, &cluster_id), &cluster_id);
+    eventually("the relay saying its bearer was refused", SEEN, || {
+        let log = relay.log();
+        if log.contains("relay-credential-generation-stale") { Ok(()) } else { Err(log) }
+    });
+    relay.assert_running();
+    let report = export(&server, &admin, &config_home, &cluster_id, &authorization, &["--force"]);
+    assert_eq!(report["generation"], 2, "{report}");
+    let second_bearer = std::fs::read_to_string(&authorization).unwrap();
+    assert_ne!(second_bearer, first_bearer);
+    let item = wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
+    relay.assert_running();
+    assert_eq!(item["credential"]["generation"], 2, "registered under the new generation: {item}");
+    assert_pong(&ping(&server, &admin, &cluster_id), &cluster_id, &node_id);
+
+    // ---- 7. two relays of one cluster: never a silent choice ----
+    // a copy of the enrolled node's state (the same node), its own configuration file
+    let second_state = root.join("agent-state-2");
+    let copied = Command::new("cp").arg("-a").arg(&state_dir).arg(&second_state).status().unwrap();
+    assert!(copied.success(), "cp -a the state directory: {copied:?}");
+    std::fs::remove_file(second_state.join("relay-config.json")).unwrap();
+    let second = RelayProcess::start(&second_state, &authorization, "10.0.0.6:8443");
+    let item = wait_listed(&server, &admin, &cluster_id, true, 2, &[&relay, &second]);
+    assert_eq!(item["listenAddress"], "10.0.0.6", "the latest registration is the record: {item}");
+    let ambiguous = refused(&ping(&server, &admin, &cluster_id), "relay-ambiguous");
+    assert_eq!(ambiguous["data"]["sessions"], 2, "{ambiguous}");
+    eventually("the second relay keeping its configuration", SEEN, || kept_config(&second_state));
+    let (exit, second_log) = second.stop();
+    assert!(exit.success(), "SIGTERM stops the second relay cleanly: {exit:?}\n{second_log}");
+    wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
+    assert_pong(&ping(&server, &admin, &cluster_id), &cluster_id, &node_id);
+
+    // ---- 8. a cluster whose relay is connected is not deleted ----
+    let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
+    server
+        .call_as(&admin, "clusters.delete", &json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }))
+        .expect_error(409, "cluster-relay-live");
+    assert_eq!(ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }))["id"], cluster_id.as_str(), "still there");
+    assert_pong(&ping(&server, &admin, &cluster_id), &cluster_id, &node_id);
+
+    // ---- the end: the relay stops on SIGTERM; no bearer in any log ----
+    let (exit, log) = relay.stop();
+    assert!(exit.success(), "SIGTERM stops the relay cleanly: {exit:?}\n{log}");
+    wait_listed(&server, &admin, &cluster_id, false, 0, &[]);
+    assert_not_connected(&ping(&server, &admin, &cluster_id), &cluster_id);
+    let logs = [
+        ("the relay's log", log),
+        ("the second relay's log", second_log),
+        ("the first Capstan's log", stopped.stderr),
+        ("the second Capstan's log", server.stderr()),
+    ];
+    for (what, text) in logs {
+        for bearer in [&first_bearer, &second_bearer] {
+            assert!(!text.contains(bearer.as_str()), "{what} shows a relay bearer");
+        }
+    }
+}
