@@ -2,14 +2,18 @@
 //! apart from user records), sessions carried by Ed25519-signed JWTs, machine users with
 //! tokens stored only as SHA-256, and the uniform denial.
 //!
-//! Every authenticated request re-reads the session and the credential: a JWT is only as
-//! good as the durable state it names, so revoking a session, advancing a credential's
-//! generation or rotating a machine token ends the sessions it covers at once.
+//! An authenticated request checks the session and the credential as they are in the store:
+//! a JWT is only as good as the durable state it names, so revoking a session, advancing a
+//! credential's generation or rotating a machine token ends the sessions it covers at once on
+//! this node (verified sessions are kept briefly in memory and dropped on every such write, see
+//! [`session_cache`]), and on the other nodes of the fleet within
+//! [`session_cache::SESSION_CACHE_TTL`].
 
 pub mod attempts;
 pub mod jwt;
 pub mod methods;
 pub mod password;
+pub mod session_cache;
 pub mod users;
 
 use capstan_blobs::Blobs;
@@ -120,6 +124,8 @@ pub struct Auth {
     hashing: password::Gate,
     /// What credential-change receipts are digested with.
     receipts: ReceiptKeys,
+    /// Sessions verified in the last few seconds, dropped on writes to what they stand on.
+    sessions: Arc<session_cache::SessionCache>,
 }
 
 pub use capstan_rpc::denied;
@@ -294,7 +300,8 @@ impl Auth {
             store.declare(spec).await?;
         }
         let keys = JwtKeys::load_or_create(&store, keyring, issuer).await?;
-        Ok(Arc::new(Auth { store, keys, hashing: password::Gate::for_this_machine(), receipts: receipt_keys(keyring) }))
+        let sessions = session_cache::SessionCache::watching(&store);
+        Ok(Arc::new(Auth { store, keys, hashing: password::Gate::for_this_machine(), receipts: receipt_keys(keyring), sessions }))
     }
 
     /// The keys this host's mutation receipts are digested with.
@@ -454,20 +461,22 @@ impl Auth {
     }
 
     /// A bearer JWT to the identity it stands for, checked against the session and the
-    /// credential as they are now. Every failure is the uniform denial.
+    /// credential as they are now (on this node; see [`session_cache`] for the fleet's bound).
+    /// Every failure is the uniform denial.
     pub async fn authenticate(&self, bearer: &str) -> Result<Identity> {
+        let key = session_cache::SessionCache::key(bearer);
+        if let Some(identity) = self.sessions.get(&key) {
+            return Ok(identity);
+        }
+        let epoch = self.sessions.epoch();
         let claims = self.keys.verify(bearer).ok_or_else(denied)?;
-        let c = &claims;
-        let found = self
-            .store
-            .transact(|tx| async move {
-                let session = tx.get(SESSIONS, &c.sid).await?.map(|d| parse::<Session>(&d)).transpose()?;
-                let user = tx.get(USERS, &c.sub).await?.map(|d| parse::<User>(&d)).transpose()?;
-                let credential = tx.get(CREDENTIALS, &c.sub).await?.map(|d| parse::<Credential>(&d)).transpose()?;
-                Ok((session, user, credential))
-            })
-            .await?;
-        let (Some(session), Some(user), Some(credential)) = found else { return Err(denied()) };
+        // one short read-only transaction: session, user and credential from one snapshot
+        let found = self.store.read_many(&[(SESSIONS, &claims.sid), (USERS, &claims.sub), (CREDENTIALS, &claims.sub)]).await?;
+        let [session, user, credential] = <[Option<Document>; 3]>::try_from(found).map_err(|_| Refusal::internal("read_many"))?;
+        let session = session.map(|d| parse::<Session>(&d)).transpose()?;
+        let user = user.map(|d| parse::<User>(&d)).transpose()?;
+        let credential = credential.map(|d| parse::<Credential>(&d)).transpose()?;
+        let (Some(session), Some(user), Some(credential)) = (session, user, credential) else { return Err(denied()) };
         let live = session.user_id == claims.sub
             && session.kind == claims.kind
             && user.kind == claims.kind
@@ -486,7 +495,7 @@ impl Auth {
         if !live {
             return Err(denied());
         }
-        Ok(Identity {
+        let identity = Identity {
             user_id: claims.sub,
             username: user.username,
             kind: user.kind,
@@ -494,7 +503,13 @@ impl Auth {
             session_id: claims.sid,
             authenticated_at: claims.auth_time,
             expires_at: session.expires_at,
-        })
+        };
+        let valid_until = match (claims.kind.as_str(), credential.token_expires_at) {
+            ("machine", Some(token_expires_at)) => session.expires_at.min(token_expires_at),
+            _ => session.expires_at,
+        };
+        self.sessions.insert(key, epoch, identity.clone(), valid_until);
+        Ok(identity)
     }
 
     /// End the caller's session.
