@@ -20,7 +20,7 @@ const FRESHNESS_MS: u64 = 3000;
 
 /// The `capstan-agent` binary, built once for the whole run (another package's binary is out
 /// of CARGO_BIN_EXE's reach).
-fn agent_binary() -> &'static Path {
+pub(crate) fn agent_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -141,7 +141,7 @@ fn sha256_hex(text: &str) -> String {
 }
 
 /// Whether this machine's short hostname is one DNS label (the agent offers it at enrollment).
-fn machine_hostname_is_a_label() -> bool {
+pub(crate) fn machine_hostname_is_a_label() -> bool {
     let output = Command::new("hostname").arg("-s").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_ascii_lowercase());
     output.is_ok_and(|h| {
         !h.is_empty()

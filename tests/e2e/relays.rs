@@ -14,13 +14,14 @@
 //! Building the example plugin needs the wasm32-wasip2 target: without it the test prints why
 //! and passes (unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1`), as plugins.rs does.
 
+use crate::nodes::{agent_binary, machine_hostname_is_a_label};
 use crate::support::{Capstan, EXIT_TIMEOUT, Reply, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
 use serde_json::{Value, json};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long anything the relay does may take to show: its backoff after a lost session grows
@@ -28,27 +29,6 @@ use std::time::{Duration, Instant};
 const SEEN: Duration = Duration::from_secs(90);
 /// The zone the test sets.
 const ZONE: &str = "relays.e2e.example";
-
-/// The `capstan-agent` binary (not a default member of the workspace, and another package's
-/// binary is out of CARGO_BIN_EXE's reach): built once for the run, as nodes.rs does.
-fn agent_binary() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace.join("target"));
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(&workspace)
-            .args(["build", "-p", "capstan-agent", "--bin", "capstan-agent", "--target-dir"])
-            .arg(&target)
-            .status()
-            .expect("running cargo");
-        assert!(status.success(), "building capstan-agent: {status:?}");
-        let binary = target.join("debug/capstan-agent");
-        assert!(binary.is_file(), "{} was built", binary.display());
-        binary
-    })
-}
 
 /// `capstan-agent --state-dir DIR` with no inherited agent settings.
 fn agent(state_dir: &Path) -> Command {
@@ -59,18 +39,6 @@ fn agent(state_dir: &Path) -> Command {
     cmd.arg("--state-dir").arg(state_dir);
     cmd.stdin(Stdio::null());
     cmd
-}
-
-/// Whether this machine's short hostname is one DNS label (the agent offers it at enrollment).
-fn machine_hostname_is_a_label() -> bool {
-    let output = Command::new("hostname").arg("-s").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_ascii_lowercase());
-    output.is_ok_and(|h| {
-        !h.is_empty()
-            && h.len() <= 63
-            && h.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !h.starts_with('-')
-            && !h.ends_with('-')
-    })
 }
 
 /// A running `capstan-agent relay`, its log kept; killed when dropped, so a failing test leaves

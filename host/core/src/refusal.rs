@@ -93,7 +93,7 @@ impl Refusal {
             // the target's current state stands in the way
             "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
             "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
-            "cluster-relay-live" => 409,
+            "cluster-relay-live" | "relay-ambiguous" => 409,
             "request-too-large" | "bundle-too-large" => 413,
             "rate-limited" => 429,
             // another node answers this; the client calls it there (`data.address`)
