@@ -30,3 +30,4 @@ mod serve;
 mod socket;
 mod support;
 mod tasks;
+mod users_cli;

@@ -1,5 +1,6 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
+mod admin;
 mod call;
 mod client;
 mod fleet;
@@ -9,9 +10,11 @@ mod nodes;
 mod plugin;
 mod plugin_new;
 mod plugin_online;
+mod publishers;
 mod secret_sets;
 mod secrets;
 mod tasks;
+mod users;
 
 use crate::config::{self, Flags};
 use crate::refusal::Refusal;
@@ -77,9 +80,17 @@ enum Command {
     /// The public settings document: get, set, unset (an allowlist; credentials are refused).
     #[command(subcommand)]
     Settings(inventory::SettingsCommand),
-    /// People's accounts: create one with a generated password, shown once.
+    /// People's accounts: list, create (a generated password, shown once), disable, enable,
+    /// reset-password, revoke-sessions.
     #[command(subcommand)]
-    Users(inventory::UsersCommand),
+    Users(users::UsersCommand),
+    /// Publisher keys plugin bundles may be signed by: list (with their names), add, remove.
+    #[command(subcommand)]
+    Publishers(publishers::PublishersCommand),
+    /// Offline recovery on a host you operate (needs its store and keyring):
+    /// reset-password for a lost administrator password.
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
     /// Secrets: set one from standard input (sealed to the server), generate, list, get,
     /// revoke, and re-wrap every version under the active KEK. No value is ever printed.
     #[command(subcommand)]
@@ -200,7 +211,9 @@ pub fn main() -> ExitCode {
         Command::Services(command) => inventory::services(command),
         Command::Nodes(command) => nodes::run(command),
         Command::Settings(command) => inventory::settings(command),
-        Command::Users(command) => inventory::users(command),
+        Command::Users(command) => users::run(command),
+        Command::Publishers(command) => publishers::run(command),
+        Command::Admin(command) => admin::run(command),
         Command::Secrets(command) => secrets::run(command),
         Command::Call(args) => call::run(args),
         Command::Serve(args) => {
