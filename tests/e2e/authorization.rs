@@ -106,6 +106,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ),
         ("relays.getCredential", json!({ "clusterId": "cluster_missing" }), admin(Past("cluster-not-found"))),
         ("relays.list", json!({ "clusterIds": ["cluster_missing"] }), admin(Ran)),
+        ("relays.ping", json!({ "clusterId": "cluster_missing" }), admin(Past("relay-not-connected"))),
         // a registration belongs to a relay's socket: over HTTP every caller with a token is told so
         ("relays.register", json!({ "nodeId": "node_missing", "sequence": 1, "version": "1" }), signed_in(Past("socket-required"))),
         (

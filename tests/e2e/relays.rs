@@ -421,3 +421,65 @@ fn a_real_relay_registers_keeps_its_config_answers_plugins_follows_restarts_and_
         }
     }
 }
+
+/// Two fleet nodes sharing one store, bucket and keyring: the relay holds its socket on node A,
+/// and `relays.ping` landing on node B is carried to A (signed by B's key) and answered by the
+/// relay; once the relay stops, both nodes refuse `relay-not-connected`.
+#[test]
+fn a_relay_connected_to_fleet_node_a_answers_a_call_landing_on_node_b() {
+    if !machine_hostname_is_a_label() {
+        eprintln!("skipped: this machine's short hostname is not one DNS label, which capstan-agent refuses to offer at enrollment");
+        return;
+    }
+    let fleet = crate::fleet::Fleet::fast();
+    let a = Capstan::start(with_test_admin(fleet.serve_on_loopback("a")));
+    let b = Capstan::start(with_test_admin(fleet.serve_on_loopback("b")));
+    a.ready_status();
+    b.ready_status();
+    let admin = a.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let root = tempfile::tempdir().unwrap();
+
+    let settings = ok(&a, &admin, "settings.get", json!({}));
+    ok(&a, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": ZONE } }));
+    let created = ok(&a, &admin, "clusters.create", json!({ "name": "edge" }));
+    let cluster_id = created["cluster"]["id"].as_str().unwrap().to_string();
+    ok(&a, &admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": created["cluster"]["revision"] }));
+    ok(&a, &admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "fleet-mint" }));
+    let export_dir = root.path().join("relay-export");
+    std::fs::create_dir(&export_dir).unwrap();
+    std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let authorization = export_dir.join("relay-authorization");
+    export(&a, &admin, &root.path().join("config"), &cluster_id, &authorization, &[]);
+
+    // the relay's node enrolls with node A, whose socket it then holds
+    let jump = ok(&a, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
+    let state_dir = root.path().join("agent-state");
+    let enrolled = crate::plugins::run(
+        {
+            let mut cmd = agent(&state_dir);
+            cmd.args(["enroll", &a.url("")]);
+            cmd
+        },
+        format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(),
+        EXIT_TIMEOUT,
+    );
+    assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+    let relay = RelayProcess::start(&state_dir, &authorization, "10.0.0.7:8443");
+    wait_listed(&b, &admin, &cluster_id, true, 1, &[&relay]);
+
+    for (landing, name) in [(&b, "B"), (&a, "A")] {
+        let pinged = ok(landing, &admin, "relays.ping", json!({ "clusterId": cluster_id }));
+        assert_eq!(pinged["fleetNode"], a.node_id().as_str(), "the relay's socket is on node A (asked on {name}): {pinged}");
+        assert_eq!(pinged["reply"]["pong"], true, "the relay answered through node A (asked on {name}): {pinged}");
+    }
+
+    let (status, _) = relay.stop();
+    assert!(status.success(), "the relay stops cleanly on SIGTERM: {status:?}");
+    for landing in [&a, &b] {
+        let reply = eventually("relay-not-connected once the relay stopped", SEEN, || {
+            let reply = landing.call_as(&admin, "relays.ping", &json!({ "clusterId": cluster_id }));
+            if reply.status == 503 { Ok(reply) } else { Err(reply.body.clone()) }
+        });
+        refused(&reply, "relay-not-connected");
+    }
+}

@@ -31,6 +31,39 @@ async fn list(relays: Arc<Relays>, _: Call, input: ListInput) -> Result<Listing>
     Ok(Listing { items: registrations::list(&relays.store, input.cluster_ids.as_deref()).await? })
 }
 
+/// Input of `relays.ping`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PingInput {
+    /// The cluster whose relay is asked.
+    pub cluster_id: String,
+}
+
+/// Answer of `relays.ping`.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pinged {
+    /// The cluster.
+    pub cluster_id: String,
+    /// The fleet node whose socket carries the relay.
+    pub fleet_node: String,
+    /// What the relay answered to `agent.ping`.
+    pub reply: serde_json::Value,
+    /// How long the round trip took, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// How long `relays.ping` waits for the relay.
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn ping(relays: Arc<Relays>, _: Call, input: PingInput) -> Result<Pinged> {
+    let started = std::time::Instant::now();
+    let elected = relays.elect(&input.cluster_id).await?;
+    let reply = relays.call(&input.cluster_id, "agent.ping", serde_json::json!({}), PING_TIMEOUT).await?;
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(Pinged { cluster_id: input.cluster_id, fleet_node: elected.fleet_node_id, reply, elapsed_ms })
+}
+
 /// Over HTTP: a registration belongs to a socket, so there is none to make.
 async fn register_over_http(_: Arc<Relays>, _: Call, _: RegisterInput) -> Result<Accepted> {
     Err(Refusal::new("socket-required", "relays.register is called over a relay's /api/v1/socket session (docs/relays.md)"))
@@ -44,6 +77,12 @@ pub fn register(registry: &mut Registry, relays: Arc<Relays>) {
         "A relay session registers as its cluster's relay (over /api/v1/socket only; the cluster is the one its bearer names)",
         Access::Authenticated,
         register_over_http,
+    );
+    registry.add(
+        "relays.ping",
+        "Ask a cluster's relay agent.ping through the election, wherever in the fleet it is connected (a check for operators)",
+        Access::Admin,
+        ping,
     );
     registry.add("relays.list", "Cluster relay registrations with whether a socket carries each right now (live)", Access::Admin, list);
 }
