@@ -152,4 +152,9 @@ fn a_lost_administrator_password_is_reset_offline_with_the_store_and_the_keyring
     let wrong = offline_reset(&other, &["--username", TEST_ADMIN.0]);
     assert_eq!(wrong.status.code(), Some(1), "{}\n{}", wrong.stdout, wrong.stderr);
     assert!(!wrong.stdout.contains("password:"), "{}", wrong.stdout);
+    assert!(
+        ["kek-unavailable", "material-not-readable"].iter().any(|code| wrong.stderr.contains(&format!("refused ({code})"))),
+        "another host's keyring is refused by name: {}",
+        wrong.stderr
+    );
 }
