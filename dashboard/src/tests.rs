@@ -434,7 +434,8 @@ async fn add_operator(state: &AppState) {
             let verifier = verifier.clone();
             async move {
                 let at = capstan_core::clock::now_secs();
-                let user = crate::auth::User { username: "oscar".into(), kind: "human".into(), admin: false, created_at: at, disabled: false };
+                let user =
+                    crate::auth::User { username: "oscar".into(), kind: "human".into(), admin: false, created_at: at, disabled: false };
                 let credential = crate::auth::Credential {
                     kind: "human".into(),
                     generation: 1,

@@ -273,7 +273,14 @@ async fn install_refuses_by_name_and_records_nothing() {
     f.host
         .install(
             &good,
-            &["agents".into(), "events:publish".into(), "inventory:read".into(), "inventory:write-services".into(), "log".into(), "store".into()],
+            &[
+                "agents".into(),
+                "events:publish".into(),
+                "inventory:read".into(),
+                "inventory:write-services".into(),
+                "log".into(),
+                "store".into(),
+            ],
             "admin",
         )
         .await
