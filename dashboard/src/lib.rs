@@ -24,6 +24,7 @@ mod fleet;
 mod forms;
 mod live;
 mod nodes;
+mod people;
 mod plugin_pages;
 mod plugins;
 mod secrets;
@@ -166,6 +167,7 @@ pub fn router() -> Router<AppState> {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))
+        .merge(people::routes())
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(middleware::from_fn(security_headers))
 }
@@ -224,6 +226,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("node_jump.html", include_str!("../templates/node_jump.html")),
     ("node_confirm.html", include_str!("../templates/node_confirm.html")),
     ("plugin_form.html", include_str!("../templates/plugin_form.html")),
+    ("users.html", include_str!("../templates/users.html")),
+    ("organizations.html", include_str!("../templates/organizations.html")),
+    ("organization.html", include_str!("../templates/organization.html")),
+    ("publishers.html", include_str!("../templates/publishers.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -442,6 +448,8 @@ struct NavItem {
     /// `None`: not built yet, shown disabled.
     href: Option<String>,
     active: bool,
+    /// Shown to administrators only: anyone else would be answered 403 there.
+    admin_only: bool,
 }
 
 /// The rail's sections; the ones without a page yet are shown as coming soon.
@@ -450,21 +458,33 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Fleet", "fleet", Some("/fleet")),
     ("Clusters", "clusters", Some("/clusters")),
     ("Services", "services", Some("/services")),
+    ("Organizations", "organizations", Some("/organizations")),
     ("Secrets", "secrets", Some("/secrets")),
     ("Backups", "backups", None),
     ("Mail", "mail", None),
     ("Ingress", "ingress", None),
     ("Plugins", "plugins", Some("/plugins")),
     ("Tasks", "tasks", Some("/tasks")),
+    ("Users", "users", Some("/users")),
+    ("Publishers", "publishers", Some("/publishers")),
     ("Settings", "settings", Some("/settings")),
 ];
+
+/// The sections only administrators may open.
+const ADMIN_ONLY: &[&str] = &["fleet", "clusters", "secrets", "plugins", "tasks", "users", "publishers", "settings"];
 
 /// The rail with `active` marked: the host's sections, and after Secrets the pages the plugins
 /// loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).
 fn nav(state: &AppState, active: &str) -> Vec<NavItem> {
     let mut items: Vec<NavItem> = SECTIONS
         .iter()
-        .map(|&(label, icon, href)| NavItem { label: label.into(), icon, href: href.map(str::to_string), active: icon == active })
+        .map(|&(label, icon, href)| NavItem {
+            label: label.into(),
+            icon,
+            href: href.map(str::to_string),
+            active: icon == active,
+            admin_only: ADMIN_ONLY.contains(&icon),
+        })
         .collect();
     let at = items.iter().position(|i| i.icon == "secrets").map_or(items.len(), |i| i + 1);
     let pages: Vec<NavItem> = state
@@ -478,6 +498,7 @@ fn nav(state: &AppState, active: &str) -> Vec<NavItem> {
                 icon: "plugins",
                 href: Some(if p.path.is_empty() { format!("/p/{id}") } else { format!("/p/{id}/{}", p.path) }),
                 active: active == format!("p:{id}/{}", p.path),
+                admin_only: false,
             })
         })
         .collect();

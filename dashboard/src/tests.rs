@@ -760,9 +760,9 @@ async fn the_plugins_view_needs_an_administrator() {
     assert!(body.contains(r#"id="plugins-empty""#) && body.contains("No plugins installed"), "{body}");
     assert!(body.contains(r#"action="/plugins/inspect" enctype="multipart/form-data""#), "{body}");
     assert!(!body.contains("<script>") && !body.contains("<style") && !body.contains("style="), "{body}");
-    // the rail links the view for operators too (the page then says it is for administrators)
+    // the rail shows an operator no link that would answer 403
     let overview = send(&state, get("/", Some(&operator))).await;
-    assert!(overview.body.contains(r#"href="&#x2f;plugins""#), "{}", overview.body);
+    assert!(!overview.body.contains(r#"href="&#x2f;plugins""#), "{}", overview.body);
 }
 
 #[tokio::test]
@@ -2769,4 +2769,158 @@ fn the_socket_takes_the_session_cookie_from_this_hosts_pages_only() {
     assert_eq!(judge(&headers(&[("cookie", cookie), ("origin", "https://elsewhere.example")])), None);
     assert_eq!(judge(&headers(&[("cookie", cookie)])), None, "no origin at all: not from a page");
     assert_eq!(judge(&headers(&[("origin", ORIGIN)])), None, "no session");
+}
+
+// ---------------------------------------------------------------------------------------
+// People, organizations, publishers
+
+/// The `value` of the hidden `expectedGeneration` in the form posting to `action`.
+fn generation_in(body: &str, action: &str) -> String {
+    let at = body.find(&format!(r#"action="{action}""#)).unwrap_or_else(|| panic!("a form posting to {action} in:\n{body}"));
+    let rest = &body[at..];
+    let value = rest.split(r#"name="expectedGeneration" value=""#).nth(1).unwrap();
+    value.split('"').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn people_are_created_disabled_enabled_and_given_a_password_shown_once() {
+    let (_dir, state) = setup().await;
+    let admin = login_cookie(&state).await;
+    let page = send(&state, get("/users", Some(&admin))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"data-user="admin""#) && page.body.contains("(you)"), "{}", page.body);
+    assert!(!page.body.contains(r#"id="disable-admin""#), "no disabling yourself: {}", page.body);
+
+    let created = send(&state, post_form("/users", "username=pat", Some(&admin), Some(ORIGIN))).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.body);
+    let password = created.body.split(r#"id="generated-value">"#).nth(1).unwrap().split('<').next().unwrap().to_string();
+    assert!(password.len() >= 20, "{password}");
+    let again = send(&state, get("/users", Some(&admin))).await;
+    assert!(!again.body.contains(&password), "the password is shown on the creation's answer only");
+    let id = again.body.split(r#"data-user="pat" data-user-id=""#).nth(1).unwrap().split('"').next().unwrap().to_string();
+    assert_eq!(send(&state, post_form("/login", &form("pat", &password), None, Some(ORIGIN))).await.status, StatusCode::SEE_OTHER);
+
+    // disabled: the login shows the one denial
+    let action = format!("/users/{id}/disable");
+    let body = format!("expectedGeneration={}", generation_in(&again.body, &action));
+    let disabled = send(&state, post_form(&action, &body, Some(&admin), Some(ORIGIN))).await;
+    assert!(disabled.status == StatusCode::OK && disabled.body.contains("Disabled pat"), "{}", disabled.body);
+    assert!(disabled.body.contains(r#"id="enable-pat""#) && disabled.body.contains("disabled</span>"), "{}", disabled.body);
+    assert_eq!(send(&state, post_form("/login", &form("pat", &password), None, Some(ORIGIN))).await.status, StatusCode::UNAUTHORIZED);
+    // the same form again: the generation moved on, refused by name
+    let stale = send(&state, post_form(&action, &body, Some(&admin), Some(ORIGIN))).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    assert!(stale.body.contains(r#"data-code="conflict""#), "{}", stale.body);
+
+    let action = format!("/users/{id}/enable");
+    let body = format!("expectedGeneration={}", generation_in(&disabled.body, &action));
+    let enabled = send(&state, post_form(&action, &body, Some(&admin), Some(ORIGIN))).await;
+    assert!(enabled.body.contains("Enabled pat"), "{}", enabled.body);
+
+    let action = format!("/users/{id}/reset-password");
+    let body = format!("expectedGeneration={}", generation_in(&enabled.body, &action));
+    let reset = send(&state, post_form(&action, &body, Some(&admin), Some(ORIGIN))).await;
+    assert!(reset.body.contains("New password for pat"), "{}", reset.body);
+    let new_password = reset.body.split(r#"id="generated-value">"#).nth(1).unwrap().split('<').next().unwrap().to_string();
+    assert_ne!(new_password, password);
+    assert_eq!(send(&state, post_form("/login", &form("pat", &password), None, Some(ORIGIN))).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(send(&state, post_form("/login", &form("pat", &new_password), None, Some(ORIGIN))).await.status, StatusCode::SEE_OTHER);
+
+    // refusals by name; a form from elsewhere is refused before anything runs
+    let taken = send(&state, post_form("/users", "username=pat", Some(&admin), Some(ORIGIN))).await;
+    assert!(taken.body.contains(r#"data-code="exists""#), "{}", taken.body);
+    let foreign = send(&state, post_form("/users", "username=eve", Some(&admin), Some("https://evil.example"))).await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN);
+    assert!(!send(&state, get("/users", Some(&admin))).await.body.contains(r#"data-user="eve""#));
+}
+
+#[tokio::test]
+async fn an_operator_sees_only_what_their_role_can_use() {
+    let (_dir, state) = setup().await;
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let overview = send(&state, get("/", Some(&operator))).await;
+    for hidden in ["/fleet", "/clusters", "/secrets", "/plugins", "/tasks", "/users", "/publishers", "/settings"] {
+        assert!(
+            !overview.body.contains(&format!(r#"href="{}""#, escaped(hidden))),
+            "an operator's rail links {hidden}:\n{}",
+            overview.body
+        );
+    }
+    for shown in ["/services", "/organizations"] {
+        assert!(overview.body.contains(&format!(r#"href="{}""#, escaped(shown))), "{shown}");
+    }
+    for path in ["/users", "/publishers"] {
+        let refused = send(&state, get(path, Some(&operator))).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{path}");
+        assert!(refused.body.contains("Administrators only"), "{}", refused.body);
+    }
+    assert_eq!(send(&state, get("/organizations", Some(&operator))).await.status, StatusCode::OK);
+    let refused = send(&state, post_form("/users", "username=mallory", Some(&operator), Some(ORIGIN))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(refused.body.contains(r#"data-code="forbidden""#), "{}", refused.body);
+
+    let admin = login_cookie(&state).await;
+    let overview = send(&state, get("/", Some(&admin))).await;
+    for shown in ["/fleet", "/clusters", "/plugins", "/users", "/publishers", "/settings", "/organizations"] {
+        assert!(overview.body.contains(&format!(r#"href="{}""#, escaped(shown))), "an administrator's rail links {shown}");
+    }
+}
+
+#[tokio::test]
+async fn organizations_are_created_renamed_and_given_members_with_roles() {
+    let (_dir, state) = setup().await;
+    add_operator(&state).await;
+    let admin = login_cookie(&state).await;
+    let created = send(&state, post_form("/organizations", "name=acme", Some(&admin), Some(ORIGIN))).await;
+    assert_eq!(created.status, StatusCode::SEE_OTHER, "{}", created.body);
+    let location = created.location().unwrap().to_string();
+    let path = location.split('?').next().unwrap().to_string();
+    let page = send(&state, get(&location, Some(&admin))).await;
+    assert!(page.body.contains("Organization created") && page.body.contains(r#"id="members-empty""#), "{}", page.body);
+
+    let added = send(&state, post_form(&format!("{path}/members"), "user=oscar&role=member", Some(&admin), Some(ORIGIN))).await;
+    assert!(added.body.contains(r#"data-member="oscar" data-role="member""#), "{}", added.body);
+    let unknown = send(&state, post_form(&format!("{path}/members"), "user=nobody&role=member", Some(&admin), Some(ORIGIN))).await;
+    assert!(unknown.body.contains(r#"data-code="user-not-found""#), "{}", unknown.body);
+
+    // the member sees the organization, without the owner's forms
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let listed = send(&state, get("/organizations", Some(&operator))).await;
+    assert!(listed.body.contains(r#"data-organization="acme""#) && !listed.body.contains("organization-create-form"), "{}", listed.body);
+    let seen = send(&state, get(&path, Some(&operator))).await;
+    assert!(seen.body.contains(r#"data-member="oscar""#) && !seen.body.contains("member-add-form"), "{}", seen.body);
+
+    let revision = page.body.split(r#"name="expectedRevision" value=""#).nth(1).unwrap().split('"').next().unwrap().to_string();
+    let renamed = send(
+        &state,
+        post_form(&format!("{path}/rename"), &format!("name=acme-two&expectedRevision={revision}"), Some(&admin), Some(ORIGIN)),
+    )
+    .await;
+    assert!(renamed.body.contains("acme-two"), "{}", renamed.body);
+    let stale =
+        send(&state, post_form(&format!("{path}/rename"), &format!("name=acme-3&expectedRevision={revision}"), Some(&admin), Some(ORIGIN)))
+            .await;
+    assert!(stale.body.contains(r#"data-code="conflict""#), "{}", stale.body);
+}
+
+#[tokio::test]
+async fn publishers_are_listed_with_their_names_added_and_removed() {
+    let (_dir, state) = setup().await;
+    let admin = login_cookie(&state).await;
+    let empty = send(&state, get("/publishers", Some(&admin))).await;
+    assert!(empty.body.contains(r#"id="publishers-empty""#), "{}", empty.body);
+    let key = capstan_server::plugins::bundle::PublisherKey::from(&capstan_server::plugins::bundle::generate_key()).to_string();
+    let encoded: String =
+        key.bytes().map(|b| if b.is_ascii_alphanumeric() || b == b'-' { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let body = format!("name=Acme+Plugins&publicKey={encoded}");
+    let added = send(&state, post_form("/publishers", &body, Some(&admin), Some(ORIGIN))).await;
+    assert!(added.body.contains("Trusting Acme Plugins") && added.body.contains(r#"data-publisher="Acme Plugins""#), "{}", added.body);
+    let bad = send(&state, post_form("/publishers", "name=x&publicKey=not-a-key", Some(&admin), Some(ORIGIN))).await;
+    assert!(bad.body.contains(r#"data-code="publisher-key-invalid""#), "{}", bad.body);
+    let body = format!("publicKey={encoded}");
+    let removed = send(&state, post_form("/publishers/remove", &body, Some(&admin), Some(ORIGIN))).await;
+    assert!(removed.body.contains("Publisher removed") && removed.body.contains(r#"id="publishers-empty""#), "{}", removed.body);
 }

@@ -360,11 +360,12 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path,
     assert_eq!(inline_styles, json!(0), "no inline styles on the page");
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
-    // sections not built yet are not links; the overview, fleet, clusters, services, secrets,
-    // plugins, tasks and settings are (and the pages of the plugins loaded by now)
+    // sections not built yet are not links; the overview, fleet, clusters, services,
+    // organizations, secrets, plugins, tasks, users, publishers and settings are (and the pages
+    // of the plugins loaded by now)
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
     assert_eq!(disabled.len(), 3);
-    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 8);
+    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 11);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -390,6 +391,8 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path,
     fleet_view(client, server, dir).await;
     let api = ApiClient::log_in(server, password);
     services_view(client, server, &api, dir).await;
+    // early, while the login is fresh: changes to people need a login from the last 5 minutes
+    people_views(client).await;
     clusters_view(client, &api, dir).await;
     settings_view(client).await;
     tasks_view(client, dir).await;
@@ -624,6 +627,33 @@ async fn settings_view(client: &Client) {
     click(client, "#settings-submit").await;
     expect_flash(client, "Settings saved").await;
     assert_eq!(text_of(client, "#settings-revision").await, "1");
+}
+
+/// The Users, Organizations and Publishers views: a person added with a password shown once,
+/// an organization created and the person given a role, a bad publisher key refused by name.
+async fn people_views(client: &Client) {
+    click(client, r#"a.nav-item[href="/users"]"#).await;
+    wait_for(client, r#"tr[data-user="admin"]"#).await;
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Users");
+    fill(client, "#user-name", "browser-pat").await;
+    click(client, "#user-create-submit").await;
+    expect_flash(client, "Created browser-pat").await;
+    assert!(text_of(client, "#generated-value").await.len() >= 20, "the generated password is shown once");
+    wait_for(client, r#"tr[data-user="browser-pat"] #disable-browser-pat"#).await;
+
+    click(client, r#"a.nav-item[href="/organizations"]"#).await;
+    fill(client, "#organization-name", "browser-org").await;
+    click(client, "#organization-create-submit").await;
+    expect_flash(client, "Organization created").await;
+    fill(client, "#member-user", "browser-pat").await;
+    click(client, "#member-add-submit").await;
+    wait_for(client, r#"tr[data-member="browser-pat"][data-role="member"]"#).await;
+
+    click(client, r#"a.nav-item[href="/publishers"]"#).await;
+    fill(client, "#publisher-name", "Nobody").await;
+    fill(client, "#publisher-key", "not-a-key").await;
+    click(client, "#publisher-add-submit").await;
+    expect_refusal(client, "publisher-key-invalid").await;
 }
 
 /// The Tasks view: `host.cleanup` run by hand, its execution followed to `succeeded` with a
