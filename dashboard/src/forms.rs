@@ -5,8 +5,8 @@
 //!
 //! Nothing here judges a value: text that does not even have the shape of a line (a label
 //! without `=`) is refused `invalid-request` naming the field and line; everything else goes
-//! to the method as typed (a port that is not a number is sent as text, and the method's
-//! strict decoding refuses it by field).
+//! to the method as typed, and the method judges it by field. Ports are read by the one reader
+//! the CLI uses too (`capstan_field_rules::port`), so both faces take and show `443:8080/http`.
 
 use super::{current_identity, message_page, refuse_cross_origin, rfc3339, to_login, unavailable, utc};
 use crate::api::AppState;
@@ -16,6 +16,7 @@ use axum::Form;
 use axum::extract::{FromRequest, Query, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use capstan_field_rules::port;
 use capstan_rpc::Call;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -312,36 +313,21 @@ pub(super) fn parse_list(text: &str) -> Vec<Value> {
     text.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty()).map(Value::from).collect()
 }
 
-/// Ports, one per line, as Docker writes them: `[PUBLIC:]PORT[/PROTOCOL]` (protocol tcp
-/// when left out): `443:8080/http`, `53/udp`, `9000`.
+/// Ports, one per line, written the one way the CLI writes them too (Docker's
+/// `published:target`, docs/inventory.md "Ports"): `443:8080/http`, `53/udp`, `9000`. A line that is
+/// not a port is refused by the shared reader's code (`port-invalid`, `port-syntax-old` for
+/// the former `8080/http:443` order) naming the field and the line.
 pub(super) fn parse_ports(field: &str, text: &str) -> Result<Vec<Value>> {
     let mut ports = Vec::new();
     for (n, line) in lines(text) {
-        let (spec, protocol) = line.split_once('/').unwrap_or((line, "tcp"));
-        let (public, port) = match spec.split_once(':') {
-            Some((public, port)) => (Some(public), port),
-            None => (None, spec),
-        };
-        if port.trim().is_empty() || public.is_some_and(|p| p.trim().is_empty()) {
-            return Err(shape(field, n, "[PUBLIC:]PORT[/PROTOCOL], e.g. 443:8080/http"));
-        }
-        let mut entry = json!({ "port": number(port), "protocol": protocol.trim().to_ascii_lowercase() });
-        if let Some(public) = public {
-            entry["publicPort"] = number(public);
-        }
-        ports.push(entry);
+        let spec = port::parse(field, line).map_err(|refusal| Refusal { message: format!("line {n}: {}", refusal.message), ..refusal })?;
+        ports.push(spec.to_json());
     }
     Ok(ports)
 }
 
 pub(super) fn format_ports(ports: Option<&Value>) -> Vec<String> {
-    let Some(list) = ports.and_then(Value::as_array) else { return Vec::new() };
-    list.iter()
-        .map(|p| {
-            let public = p.get("publicPort").and_then(Value::as_u64).map(|n| format!("{n}:")).unwrap_or_default();
-            format!("{public}{}/{}", u64_of(p, "port"), str_of(p, "protocol"))
-        })
-        .collect()
+    ports.and_then(Value::as_array).map(|list| list.iter().map(port::format).collect()).unwrap_or_default()
 }
 
 /// Volumes, one per line: `NAME:/mount/path`.
@@ -365,18 +351,21 @@ mod tests {
 
     #[test]
     fn typed_text_becomes_the_methods_json() {
-        let ports = parse_ports("ports", "443:8080/HTTP\n\n 53/udp \n9000\nabc/tcp").unwrap();
+        let ports = parse_ports("ports", "443:8080/HTTP\n\n 53/udp \n9000").unwrap();
         assert_eq!(
             Value::from(ports),
             json!([
                 {"port": 8080, "protocol": "http", "publicPort": 443},
                 {"port": 53, "protocol": "udp"},
                 {"port": 9000, "protocol": "tcp"},
-                {"port": "abc", "protocol": "tcp"},
             ])
         );
         let err = parse_ports("ports", "80\n:80").unwrap_err();
-        assert_eq!((err.code.as_ref(), err.message.contains("line 2")), ("invalid-request", true), "{err}");
+        assert_eq!((err.code.as_ref(), err.message.contains("line 2")), ("port-invalid", true), "{err}");
+        assert_eq!(err.data.unwrap()["field"], "ports");
+        let old = parse_ports("ports", "8080/http:443").unwrap_err();
+        assert_eq!((old.code.as_ref(), old.message.contains("write 443:8080/http")), ("port-syntax-old", true), "{old}");
+        assert!(parse_ports("ports", "abc/tcp").is_err());
         let back = format_ports(Some(&json!([{"port": 8080, "protocol": "http", "publicPort": 443}, {"port": 53, "protocol": "udp"}])));
         assert_eq!(back, ["443:8080/http", "53/udp"]);
         assert_eq!(

@@ -1247,7 +1247,11 @@ async fn services_are_created_edited_and_deleted_through_forms() {
     let mut bad_port = as_refs(&bad_port);
     bad_port[4] = ("ports", "http");
     let answer = submit(&state, "/services/create", &bad_port, &cookie).await;
-    assert!(answer.body.contains(r#"data-code="invalid-request""#) && answer.body.contains("ports[0].port"), "{}", answer.body);
+    assert!(answer.body.contains(r#"data-code="port-invalid""#) && answer.body.contains("Field: <code>ports</code>"), "{}", answer.body);
+    // the CLI's former order is refused as the CLI refuses it, with the one way to write it
+    bad_port[4] = ("ports", "8080/http:443");
+    let answer = submit(&state, "/services/create", &bad_port, &cookie).await;
+    assert!(answer.body.contains(r#"data-code="port-syntax-old""#) && answer.body.contains("write 443:8080&#x2f;http"), "{}", answer.body);
 
     let typed = fields("web", "LOG_LEVEL=info");
     let answer = submit(&state, "/services/create", &as_refs(&typed), &cookie).await;

@@ -389,7 +389,8 @@ impl Cli {
 
     fn command(&self, args: &[&str]) -> std::process::Command {
         let mut cmd = capstan();
-        cmd.args(args).env("XDG_CONFIG_HOME", &self.config).env("CAPSTAN_URL", &self.url);
+        // not a terminal: a deleting command without --yes is refused confirmation-required
+        cmd.args(args).env("XDG_CONFIG_HOME", &self.config).env("CAPSTAN_URL", &self.url).stdin(std::process::Stdio::null());
         cmd
     }
 
@@ -476,9 +477,13 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     let org = admin.json(&["organizations", "create", "acme"]);
     let org_id = id(&org);
     assert_eq!(admin.json(&["organizations", "get", &org_id]), org);
+    // a name answers as its id does, wherever an organization is named
+    assert_eq!(admin.json(&["organizations", "get", "acme"]), org);
+    let unknown = admin.refused_json(&["organizations", "get", "nope"], "organization-not-found");
+    assert!(unknown["message"].as_str().unwrap().contains("\"nope\""), "the refusal names what was looked for: {unknown}");
     admin.refused(&["organizations", "create", "Bad Name"], "name-invalid");
     owner.refused(&["organizations", "create", "mine"], "forbidden");
-    let set = admin.json(&["organizations", "set-member", &org_id, &olga_id, "--role", "owner"]);
+    let set = admin.json(&["organizations", "set-member", "acme", "olga", "--role", "owner"]);
     assert_eq!(set, json!({ "organizationId": org_id, "userId": olga_id, "role": "owner" }));
     owner.json(&["organizations", "set-member", &org_id, &max_id, "--role", "member"]);
     let members = member.json(&["organizations", "members", &org_id]);
@@ -504,6 +509,8 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     assert!(second_token.starts_with("capstan_mt_") && text.contains("shown this once"), "{text}");
     let got = admin.json(&["clusters", "get", &cluster_id]);
     assert_eq!(got, created["cluster"]);
+    assert_eq!(admin.json(&["clusters", "get", "eu-1"]), got, "a cluster by its name");
+    admin.refused(&["clusters", "runtime", "eu-9"], "cluster-not-found");
     let listed = admin.json(&["clusters", "list"]);
     let mut listed_names = names(&listed);
     listed_names.sort();
@@ -538,7 +545,7 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
         "--image",
         "ghcr.io/acme/web:1.0",
         "--port",
-        "8080/http:443",
+        "443:8080/http",
         "--port",
         "53/udp",
         "--domain",
@@ -573,7 +580,47 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     member.refused(&["services", "create", "--organization", &org_id, "--name", "api", "--image", "nginx"], "forbidden");
     let bad_port = owner.run(&["services", "create", "--organization", &org_id, "--name", "api", "--image", "nginx", "--port", "80/sctp"]);
     assert_eq!(bad_port.status.code(), Some(2), "a malformed flag is a usage error: {bad_port:?}");
-    assert!(bad_port.stderr.contains("tcp, udp or http"), "{}", bad_port.stderr);
+    assert!(bad_port.stderr.contains("tcp, udp or http") && bad_port.stderr.contains("(port-invalid)"), "{}", bad_port.stderr);
+    // the former TARGET/PROTOCOL:PUBLISHED order is refused by name, with the one way to write it
+    let old =
+        owner.run(&["services", "create", "--organization", "acme-eu", "--name", "api", "--image", "nginx", "--port", "8080/http:443"]);
+    assert_eq!(old.status.code(), Some(2), "{old:?}");
+    assert!(old.stderr.contains("(port-syntax-old)") && old.stderr.contains("write 443:8080/http"), "{}", old.stderr);
+    // the port reads back as it was written, and as the dashboard shows it
+    let shown = member.text(&["services", "get", &service_id]);
+    assert!(shown.lines().any(|l| l == "ports:        443:8080/http, 53/udp"), "{shown}");
+    assert!(shown.contains("organization: acme-eu ("), "the organization by its name: {shown}");
+
+    // ---- names: a service by its name, within its organization or wherever it is alone ----
+    assert_eq!(id(&member.json(&["services", "get", "web", "--organization", "acme-eu"])), service_id);
+    assert_eq!(id(&member.json(&["services", "get", "web"])), service_id);
+    assert_eq!(id(&admin.json(&["services", "get", "web"])), service_id);
+    member.refused(&["services", "get", "nope"], "service-not-found");
+    let listed = admin.text(&["services", "list"]);
+    let row = listed.lines().find(|l| l.starts_with(&service_id)).expect("the service's row");
+    assert!(row.contains(" acme-eu ") && !row.contains(&org_id), "ORGANIZATION shows the name: {listed}");
+    // a second organization with a service of the same name: the bare name is ambiguous
+    let beta = admin.json(&["organizations", "create", "beta"]);
+    let beta_web = admin.json(&["services", "create", "--organization", "beta", "--name", "web", "--image", "nginx"]);
+    assert_eq!(beta_web["organizationId"], beta["id"], "--organization by name");
+    let ambiguous = admin.refused_json(&["services", "get", "web"], "service-ambiguous");
+    let message = ambiguous["message"].as_str().unwrap();
+    for expected in [format!("web in acme-eu ({service_id})"), format!("web in beta ({})", id(&beta_web))] {
+        assert!(message.contains(&expected), "the refusal lists {expected}: {message}");
+    }
+    assert_eq!(id(&admin.json(&["services", "get", "web", "--organization", "beta"])), id(&beta_web));
+    assert_eq!(id(&member.json(&["services", "get", "web"])), service_id, "max sees only acme-eu's web");
+    // a delete asks: refused without a terminal unless --yes; on a terminal, only y goes on
+    admin.refused(&["services", "delete", "web", "--organization", "beta"], "confirmation-required");
+    admin.refused_json(&["services", "delete", "web", "--organization", "beta"], "confirmation-required");
+    let declined = run_on_terminal(admin.command(&["services", "delete", "web", "--organization", "beta"]), "n\n");
+    assert_eq!(declined.status.code(), Some(1), "{declined:?}");
+    assert!(declined.stderr.contains("Delete service web of beta") && declined.stderr.contains("[y/N]"), "{declined:?}");
+    assert!(declined.stderr.contains("refused (not-confirmed)"), "{declined:?}");
+    assert_eq!(admin.json(&["services", "get", &id(&beta_web)])["state"], "active", "nothing was deleted");
+    let confirmed = run_on_terminal(admin.command(&["services", "delete", "web", "--organization", "beta"]), "y\n");
+    assert!(confirmed.status.success() && confirmed.stdout.contains("deleted service"), "{confirmed:?}");
+    admin.json(&["organizations", "delete", "beta", "--yes"]);
 
     let got = member.json(&["services", "get", &service_id]);
     assert_eq!((got["holds"].clone(), got["state"].as_str()), (json!([]), Some("active")));
@@ -589,15 +636,15 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     assert_eq!(names(&member.json(&["services", "list", "--organization", &org_id])), ["web"]);
     member.refused(&["services", "list"], "invalid-request");
     assert!(member.text(&["services", "get", &service_id]).contains("LOG_LEVEL=info"));
-    admin.refused(&["organizations", "delete", &org_id], "organization-has-services");
+    admin.refused(&["organizations", "delete", &org_id, "--yes"], "organization-has-services");
 
-    let deleted = owner.json(&["services", "delete", &service_id]);
+    let deleted = owner.json(&["services", "delete", &service_id, "--yes"]);
     assert_eq!(deleted, json!({ "id": service_id, "state": "deleted", "waitingFor": [] }));
     owner.refused(&["services", "get", &service_id], "service-not-found");
     owner.refused_json(&["services", "get", &service_id], "service-not-found");
     assert!(names(&owner.json(&["services", "list", "--organization", &org_id])).is_empty());
     let again = owner.json(&["services", "create", "--organization", &org_id, "--name", "web", "--image", "nginx"]);
-    assert!(owner.text(&["services", "delete", &id(&again)]).contains("deleted service"));
+    assert!(owner.text(&["services", "delete", &id(&again), "--yes"]).contains("deleted service"));
 
     // ---- settings ----
     let set = admin.json(&["settings", "set", "deploymentArchiveRetentionDays=30", "corebuildWorkerUrl=https://w.example.com/"]);
@@ -610,10 +657,12 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     assert_eq!(member.json(&["settings", "get"])["settings"], unset["settings"]);
 
     // ---- deletions ----
-    member.refused(&["organizations", "delete", &org_id], "forbidden");
-    assert_eq!(admin.json(&["organizations", "delete", &org_id]), json!({ "id": org_id, "deleted": true }));
+    member.refused(&["organizations", "delete", &org_id, "--yes"], "forbidden");
+    admin.refused(&["organizations", "delete", &org_id], "confirmation-required");
+    assert_eq!(admin.json(&["organizations", "delete", "acme-eu", "--yes"]), json!({ "id": org_id, "deleted": true }));
     admin.refused(&["organizations", "get", &org_id], "organization-not-found");
-    let gone = admin.json(&["clusters", "delete", &cluster_id]);
+    admin.refused(&["clusters", "delete", "eu-central"], "confirmation-required");
+    let gone = admin.json(&["clusters", "delete", "eu-central", "--yes"]);
     assert_eq!((gone["deleted"].as_bool(), gone["machineUserId"].clone()), (Some(true), created["machineUser"]["userId"].clone()));
     admin.refused(&["clusters", "get", &cluster_id], "cluster-not-found");
     assert_eq!(names(&admin.json(&["clusters", "list"])), ["eu-2"]);

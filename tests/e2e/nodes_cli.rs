@@ -169,14 +169,15 @@ fn the_nodes_cli_creates_a_jump_command_reads_changes_and_retires_nodes_and_refu
     beat(&server, &node_id, &token, report("worker-alpha", None)).expect_json(200);
 
     // ---- the list: a table for people, the exact answer with --json ----
-    let listed = out.nodes(&server, &admin, &config, &["list", "--cluster", &cluster_id]);
+    // the cluster by its name; the CLUSTER column shows its name too
+    let listed = out.nodes(&server, &admin, &config, &["list", "--cluster", "cli-nodes"]);
     let table = succeeded(&listed);
     let header = table.lines().next().unwrap();
     for column in ["ID", "CLUSTER", "NAME", "HOSTNAME", "STATE", "LAST REPORT", "HOSTNAME INTENT"] {
         assert!(header.contains(column), "{header}");
     }
     let line = row(table, &node_id);
-    assert!(line.contains(&cluster_id) && line.contains("alpha") && line.contains("worker-alpha"), "{line}");
+    assert!(line.contains(" cli-nodes ") && line.contains("alpha") && line.contains("worker-alpha"), "{line}");
     assert!(line.contains(" live ") && line.contains("s ago"), "live, reported seconds ago: {line}");
 
     let listed_json = json_of(&out.nodes(&server, &admin, &config, &["list", "--cluster", &cluster_id, "--json"]));

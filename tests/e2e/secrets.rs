@@ -235,7 +235,7 @@ fn a_planted_value_goes_in_sealed_and_never_comes_out() {
     let detail = cli.json(&["secrets", "get", &db_id]);
     assert_eq!(detail["versionHistory"].as_array().unwrap().len(), 2);
     assert!(cli.text(&["secrets", "get", &db_id]).contains("VERSION"));
-    let revoked = cli.json(&["secrets", "revoke", &api_id]);
+    let revoked = cli.json(&["secrets", "revoke", &api_id, "--yes"]);
     assert_eq!(revoked["state"], "revoked");
     cli.refused_with(&["secrets", "generate", "--service", &svc_id, "API_TOKEN"], b"", "secret-revoked");
     cli.refused_with(&["secrets", "get", "sec_missing"], b"", "secret-not-found");

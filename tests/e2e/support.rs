@@ -781,3 +781,24 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// Run a command whose standard input is a terminal (a pseudo-terminal this test holds), with
+/// `typed` already typed on it, to the end: what a person at a terminal sees (standard output
+/// and standard error stay pipes, so the prompt is read from standard error).
+pub fn run_on_terminal(mut cmd: Command, typed: &str) -> Exited {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors into the integers it is given; the name,
+    // termios and window size are left to their defaults (null).
+    let opened = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(opened, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened and are owned here alone.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut terminal = std::fs::File::from(master);
+    // canonical mode keeps the line until the command reads it
+    terminal.write_all(typed.as_bytes()).expect("typing on the terminal");
+    cmd.stdin(Stdio::from(slave));
+    let exited = run_to_exit(cmd);
+    drop(terminal);
+    exited
+}

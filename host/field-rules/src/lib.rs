@@ -5,10 +5,13 @@
 //!
 //! - [`validate`]: single values — names, images, environment names and values, mail
 //!   addresses, domains, mount paths, URLs;
+//! - [`port`]: the one way a port is written (`443:8080/http`), read and written back for the
+//!   CLI and the dashboard alike;
 //! - [`service`]: a service's ports, domains, environment, scale, volumes, mail addresses and
 //!   template snapshot as wholes (counts, collisions, sizes).
 //!
 //! Every refusal names its field in `data.field` and never echoes a value that might be secret.
 
+pub mod port;
 pub mod service;
 pub mod validate;

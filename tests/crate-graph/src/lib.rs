@@ -103,9 +103,9 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // presentation: the dashboard acts through the server's registered methods (its tests
     // release a hold through capstan-links, as a manager would)
     // no plugin's crate: the App Store's view is its plugin's pages
-    ("capstan-dashboard", &["capstan-core", "capstan-rpc", "capstan-server", "capstan-links"]),
+    ("capstan-dashboard", &["capstan-core", "capstan-field-rules", "capstan-rpc", "capstan-server", "capstan-links"]),
     // the `capstan` binary: the CLI, `serve` with the dashboard's pages; no plugin's crate
-    ("capstan", &["capstan-core", "capstan-server", "capstan-dashboard"]),
+    ("capstan", &["capstan-core", "capstan-field-rules", "capstan-server", "capstan-dashboard"]),
     // plugin authors' side: the SDK; its `testing` harness runs a plugin on the plugin host with
     // an embedded store (no server, no MongoDB, no S3)
     (

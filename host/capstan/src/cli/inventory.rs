@@ -12,7 +12,10 @@
 //! output only, with a note that it is not shown again; nothing here logs it.
 
 use super::client::{Client, finish, items, print_json, print_table, text, utc};
+use super::confirm::{Confirm, ask, can_confirm};
+use super::resolve::{self, Names};
 use crate::refusal::{Refusal, Result};
+use capstan_field_rules::port;
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
@@ -62,7 +65,7 @@ pub enum OrganizationsCommand {
     },
     /// One organization (`organizations.get`; its members and administrators).
     Get {
-        /// The organization's id (`org_…`)
+        /// The organization's name or id (`org_…`)
         id: String,
         #[command(flatten)]
         common: Common,
@@ -80,7 +83,7 @@ pub enum OrganizationsCommand {
     },
     /// Rename an organization (`organizations.update`; its owners and administrators).
     Rename {
-        /// The organization's id
+        /// The organization's name or id
         id: String,
         /// The new name (1–63 of a-z 0-9 -, starting with a letter)
         name: String,
@@ -92,17 +95,22 @@ pub enum OrganizationsCommand {
     /// Delete an organization with its memberships (`organizations.delete`; administrators).
     ///
     /// Refused `organization-has-services` while any service (even one being deleted) is left.
+    ///
+    /// Asks on a terminal ([y/N]); refused `confirmation-required` without --yes when standard
+    /// input is not a terminal.
     Delete {
-        /// The organization's id
+        /// The organization's name or id
         id: String,
         #[command(flatten)]
         expected: Expected,
+        #[command(flatten)]
+        confirm: Confirm,
         #[command(flatten)]
         common: Common,
     },
     /// An organization's members and their roles (`organizations.listMembers`; its members).
     Members {
-        /// The organization's id
+        /// The organization's name or id
         id: String,
         #[command(flatten)]
         page: Page,
@@ -115,9 +123,9 @@ pub enum OrganizationsCommand {
     /// An owner may not remove or demote the organization's last owner
     /// (`organization-last-owner`). The user id is the one `capstan users create` printed.
     SetMember {
-        /// The organization's id
+        /// The organization's name or id
         organization: String,
-        /// The user's id (`user_…`)
+        /// The user's username or id (`user_…`)
         user_id: String,
         /// The role to hold from now on
         #[arg(long, value_enum)]
@@ -143,7 +151,9 @@ pub fn organizations(command: OrganizationsCommand) -> ExitCode {
         OrganizationsCommand::Get { id, common } => (organization_get(&id, &common), common.json),
         OrganizationsCommand::Create { name, common } => (organization_create(&name, &common), common.json),
         OrganizationsCommand::Rename { id, name, expected, common } => (organization_rename(&id, &name, &expected, &common), common.json),
-        OrganizationsCommand::Delete { id, expected, common } => (organization_delete(&id, &expected, &common), common.json),
+        OrganizationsCommand::Delete { id, expected, confirm, common } => {
+            (organization_delete(&id, &expected, &confirm, &common), common.json)
+        }
         OrganizationsCommand::Members { id, page, common } => (organization_members(&id, &page, &common), common.json),
         OrganizationsCommand::SetMember { organization, user_id, role, common } => {
             (organization_set_member(&organization, &user_id, role, &common), common.json)
@@ -174,6 +184,7 @@ fn organization_list(page: &Page, common: &Common) -> Result<()> {
 
 fn organization_get(id: &str, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = &resolve::organization(&client, id)?;
     let o = client.call("organizations.get", &json!({ "id": id }))?;
     if common.json {
         print_json(&o);
@@ -200,6 +211,7 @@ fn organization_create(name: &str, common: &Common) -> Result<()> {
 
 fn organization_rename(id: &str, name: &str, expected: &Expected, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = &resolve::organization(&client, id)?;
     let revision = client.expected_or_current(expected.expected_revision, "organizations.get", &json!({ "id": id }), "revision")?;
     let o = client.call("organizations.update", &json!({ "id": id, "expectedRevision": revision, "name": name }))?;
     if common.json {
@@ -214,8 +226,14 @@ fn organization_rename(id: &str, name: &str, expected: &Expected, common: &Commo
     Ok(())
 }
 
-fn organization_delete(id: &str, expected: &Expected, common: &Common) -> Result<()> {
+fn organization_delete(id: &str, expected: &Expected, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
+    let id = &resolve::organization(&client, id)?;
+    ask(confirm, || {
+        let o = client.call("organizations.get", &json!({ "id": id }))?;
+        Ok(format!("Delete organization {} ({id}) and its memberships for good?", text(&o, "name")))
+    })?;
     let revision = client.expected_or_current(expected.expected_revision, "organizations.get", &json!({ "id": id }), "revision")?;
     let answer = client.call("organizations.delete", &json!({ "id": id, "expectedRevision": revision }))?;
     if common.json {
@@ -228,6 +246,7 @@ fn organization_delete(id: &str, expected: &Expected, common: &Common) -> Result
 
 fn organization_members(id: &str, page: &Page, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = &resolve::organization(&client, id)?;
     let mut body = page.body();
     body.insert("organizationId".into(), json!(id));
     let answer = client.call("organizations.listMembers", &Value::Object(body))?;
@@ -248,6 +267,8 @@ fn organization_members(id: &str, page: &Page, common: &Common) -> Result<()> {
 
 fn organization_set_member(organization: &str, user_id: &str, role: RoleArg, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let organization = &resolve::organization(&client, organization)?;
+    let user_id = &resolve::user(&client, user_id, Some(organization))?;
     let role = match role {
         RoleArg::Owner => json!("owner"),
         RoleArg::Member => json!("member"),
@@ -278,7 +299,7 @@ pub enum ClustersCommand {
     },
     /// One cluster (`clusters.get`). Its machine user's token is never shown again.
     Get {
-        /// The cluster's id (`cluster_…`)
+        /// The cluster's name or id (`cluster_…`)
         id: String,
         #[command(flatten)]
         common: Common,
@@ -307,7 +328,7 @@ pub enum ClustersCommand {
     /// (--clear-labels removes them all); without either, labels stay. The machine user and the
     /// runtime phase never change here (see `set-phase`).
     Update {
-        /// The cluster's id
+        /// The cluster's name or id
         id: String,
         /// A new name
         #[arg(long)]
@@ -329,17 +350,22 @@ pub enum ClustersCommand {
     /// Delete a cluster with its machine user and runtime phase (`clusters.delete`).
     ///
     /// Refused `cluster-has-nodes` while nodes belong to it. The machine user's sessions end.
+    ///
+    /// Asks on a terminal ([y/N]); refused `confirmation-required` without --yes when standard
+    /// input is not a terminal.
     Delete {
-        /// The cluster's id
+        /// The cluster's name or id
         id: String,
         #[command(flatten)]
         expected: Expected,
+        #[command(flatten)]
+        confirm: Confirm,
         #[command(flatten)]
         common: Common,
     },
     /// A cluster's runtime phase and its generation (`clusters.getRuntime`).
     Runtime {
-        /// The cluster's id
+        /// The cluster's name or id
         id: String,
         #[command(flatten)]
         common: Common,
@@ -349,7 +375,7 @@ pub enum ClustersCommand {
     /// swarm: the Swarm-era runtime owns it; draining: every service stopped, volumes kept;
     /// switching: nodes join the new runtime network; pallet: the node runtime alone owns it.
     SetPhase {
-        /// The cluster's id
+        /// The cluster's name or id
         id: String,
         /// The phase to move to
         #[arg(value_enum)]
@@ -394,7 +420,7 @@ pub fn clusters(command: ClustersCommand) -> ExitCode {
             let labels = if clear_labels { Some(Vec::new()) } else { (!labels.is_empty()).then_some(labels) };
             (cluster_update(&id, name, description, labels, &expected, &common), common.json)
         }
-        ClustersCommand::Delete { id, expected, common } => (cluster_delete(&id, &expected, &common), common.json),
+        ClustersCommand::Delete { id, expected, confirm, common } => (cluster_delete(&id, &expected, &confirm, &common), common.json),
         ClustersCommand::Runtime { id, common } => (cluster_runtime(&id, &common), common.json),
         ClustersCommand::SetPhase { id, phase, expected_generation, common } => {
             (cluster_set_phase(&id, phase, expected_generation, &common), common.json)
@@ -454,6 +480,7 @@ fn print_cluster(c: &Value) {
 
 fn cluster_get(id: &str, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = &resolve::cluster(&client, id)?;
     let c = client.call("clusters.get", &json!({ "id": id }))?;
     if common.json {
         print_json(&c);
@@ -503,6 +530,7 @@ fn cluster_update(
         body.insert("labels".into(), pairs_object("--label", labels)?);
     }
     let client = Client::new(&common.connection)?;
+    let id = &resolve::cluster(&client, id)?;
     let revision = client.expected_or_current(expected.expected_revision, "clusters.get", &json!({ "id": id }), "revision")?;
     body.insert("id".into(), json!(id));
     body.insert("expectedRevision".into(), json!(revision));
@@ -515,8 +543,14 @@ fn cluster_update(
     Ok(())
 }
 
-fn cluster_delete(id: &str, expected: &Expected, common: &Common) -> Result<()> {
+fn cluster_delete(id: &str, expected: &Expected, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
+    let id = &resolve::cluster(&client, id)?;
+    ask(confirm, || {
+        let c = client.call("clusters.get", &json!({ "id": id }))?;
+        Ok(format!("Delete cluster {} ({id}) with its machine user and runtime phase for good?", text(&c, "name")))
+    })?;
     let revision = client.expected_or_current(expected.expected_revision, "clusters.get", &json!({ "id": id }), "revision")?;
     let answer = client.call("clusters.delete", &json!({ "id": id, "expectedRevision": revision }))?;
     if common.json {
@@ -540,6 +574,7 @@ fn print_runtime(r: &Value) {
 
 fn cluster_runtime(id: &str, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = &resolve::cluster(&client, id)?;
     let r = client.call("clusters.getRuntime", &json!({ "id": id }))?;
     if common.json {
         print_json(&r);
@@ -551,6 +586,7 @@ fn cluster_runtime(id: &str, common: &Common) -> Result<()> {
 
 fn cluster_set_phase(id: &str, phase: PhaseArg, expected: Option<u64>, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = &resolve::cluster(&client, id)?;
     let generation = client.expected_or_current(expected, "clusters.getRuntime", &json!({ "id": id }), "generation")?;
     let r = client.call("clusters.setRuntimePhase", &json!({ "id": id, "phase": phase.as_str(), "expectedGeneration": generation }))?;
     if common.json {
@@ -570,9 +606,10 @@ fn cluster_set_phase(id: &str, phase: PhaseArg, expected: Option<u64>, common: &
 /// The fields `services create` and `services update` share.
 #[derive(clap::Args)]
 pub struct ServiceFields {
-    /// A port the container listens on, PORT/PROTOCOL[:PUBLIC] with PROTOCOL tcp, udp or http
-    /// (default tcp) and PUBLIC a port published on the node, e.g. 8080/http:443; repeat for more
-    #[arg(long = "port", value_name = "PORT/PROTOCOL[:PUBLIC]", value_parser = parse_port)]
+    /// A port, [PUBLISHED:]TARGET[/PROTOCOL]: the container's TARGET port speaking PROTOCOL
+    /// (tcp, udp or http; default tcp), published on the node's PUBLISHED port if given, e.g.
+    /// 443:8080/http (docs/inventory.md, "Ports"); repeat for more
+    #[arg(long = "port", value_name = "[PUBLISHED:]TARGET[/PROTOCOL]", value_parser = parse_port)]
     ports: Vec<Value>,
     /// A domain the service answers on (app.example.com or *.example.com); repeat for more
     #[arg(long = "domain", value_name = "DOMAIN")]
@@ -667,7 +704,7 @@ pub enum ServicesCommand {
     /// members); an administrator may leave it out to list every service.
     List {
         /// The organization whose services to list
-        #[arg(long, value_name = "ID")]
+        #[arg(long, value_name = "NAME|ID")]
         organization: Option<String>,
         #[command(flatten)]
         page: Page,
@@ -676,8 +713,13 @@ pub enum ServicesCommand {
     },
     /// One service with what still holds it (`services.get`).
     Get {
-        /// The service's id (`svc_…`)
+        /// The service's name or id (`svc_…`)
         id: String,
+        /// The organization (name or id) to look a service name up in; without it the name is
+        /// looked up among every service you can see, and refused `service-ambiguous` when two
+        /// organizations have one so named
+        #[arg(long, value_name = "NAME|ID")]
+        organization: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -686,10 +728,10 @@ pub enum ServicesCommand {
     /// Every field is checked and a mistake is refused by name (`name-invalid`,
     /// `image-invalid`, `port-invalid`, `domain-invalid`, `environment-value-is-secret`, …).
     /// Example: capstan services create --organization org_… --name web --image
-    /// ghcr.io/acme/web:1.0 --port 8080/http:443 --domain web.acme.example --env LOG_LEVEL=info
+    /// ghcr.io/acme/web:1.0 --port 443:8080/http --domain web.acme.example --env LOG_LEVEL=info
     Create {
         /// The organization the service belongs to
-        #[arg(long, value_name = "ID")]
+        #[arg(long, value_name = "NAME|ID")]
         organization: String,
         /// The service's name (1–63 of a-z 0-9 -, starting with a letter; unique in the organization)
         #[arg(long)]
@@ -709,8 +751,13 @@ pub enum ServicesCommand {
     /// (give every one to keep), and --clear FIELD empties one. A service being deleted is
     /// refused `service-deleting`.
     Update {
-        /// The service's id
+        /// The service's name or id
         id: String,
+        /// The organization (name or id) to look a service name up in; without it the name is
+        /// looked up among every service you can see, and refused `service-ambiguous` when two
+        /// organizations have one so named
+        #[arg(long, value_name = "NAME|ID")]
+        organization: Option<String>,
         /// A new name
         #[arg(long)]
         name: Option<String>,
@@ -732,11 +779,21 @@ pub enum ServicesCommand {
     /// Deletion has two phases: the service is marked `deleting` at once (it takes no new work)
     /// and is removed when no manager holds it any more. The answer says `deleted`, or
     /// `deleting` with the managers it waits for; `capstan services get` shows them until then.
+    ///
+    /// Asks on a terminal ([y/N]); refused `confirmation-required` without --yes when standard
+    /// input is not a terminal.
     Delete {
-        /// The service's id
+        /// The service's name or id
         id: String,
+        /// The organization (name or id) to look a service name up in; without it the name is
+        /// looked up among every service you can see, and refused `service-ambiguous` when two
+        /// organizations have one so named
+        #[arg(long, value_name = "NAME|ID")]
+        organization: Option<String>,
         #[command(flatten)]
         expected: Expected,
+        #[command(flatten)]
+        confirm: Confirm,
         #[command(flatten)]
         common: Common,
     },
@@ -745,16 +802,19 @@ pub enum ServicesCommand {
 pub fn services(command: ServicesCommand) -> ExitCode {
     let (result, json) = match command {
         ServicesCommand::List { organization, page, common } => (service_list(organization, &page, &common), common.json),
-        ServicesCommand::Get { id, common } => (service_get(&id, &common), common.json),
+        ServicesCommand::Get { id, organization, common } => (service_get(&id, organization.as_deref(), &common), common.json),
         ServicesCommand::Create { organization, name, image, fields, common } => {
             let json = common.json;
             (service_create(organization, name, image, fields, &common), json)
         }
-        ServicesCommand::Update { id, name, image, fields, clear, expected, common } => {
+        ServicesCommand::Update { id, organization, name, image, fields, clear, expected, common } => {
             let json = common.json;
-            (service_update(&id, name, image, fields, &clear, &expected, &common), json)
+            let service = (id.as_str(), organization.as_deref());
+            (service_update(service, name, image, fields, &clear, &expected, &common), json)
         }
-        ServicesCommand::Delete { id, expected, common } => (service_delete(&id, &expected, &common), common.json),
+        ServicesCommand::Delete { id, organization, expected, confirm, common } => {
+            (service_delete((&id, organization.as_deref()), &expected, &confirm, &common), common.json)
+        }
     };
     finish(result, json)
 }
@@ -762,19 +822,20 @@ pub fn services(command: ServicesCommand) -> ExitCode {
 fn service_list(organization: Option<String>, page: &Page, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
     let mut body = page.body();
-    insert(&mut body, "organizationId", organization);
+    insert(&mut body, "organizationId", resolve::organization_opt(&client, organization.as_deref())?);
     let answer = client.call("services.list", &Value::Object(body))?;
     if common.json {
         print_json(&answer);
         return Ok(());
     }
+    let organizations = Names::organizations(&client);
     let rows: Vec<Vec<String>> = items(&answer)
         .iter()
         .map(|s| {
             vec![
                 text(s, "id").into(),
                 text(s, "name").into(),
-                text(s, "organizationId").into(),
+                organizations.show(text(s, "organizationId")),
                 text(s, "state").into(),
                 number(s, "scale"),
                 text(s, "image").into(),
@@ -790,26 +851,22 @@ fn service_list(organization: Option<String>, page: &Page, common: &Common) -> R
     Ok(())
 }
 
-fn port_text(port: &Value) -> String {
-    let mut out = format!("{}/{}", number(port, "port"), text(port, "protocol"));
-    if let Some(public) = port["publicPort"].as_u64() {
-        out.push_str(&format!(":{public}"));
-    }
-    out
-}
-
-fn print_service(s: &Value) {
+fn print_service(s: &Value, organizations: &Names) {
     let list = |key: &str, show: &dyn Fn(&Value) -> String| {
         let shown: Vec<String> = s[key].as_array().map(|a| a.iter().map(show).collect()).unwrap_or_default();
         if shown.is_empty() { "-".to_string() } else { shown.join(", ") }
     };
     println!("service:      {} ({})", text(s, "name"), text(s, "id"));
-    println!("organization: {}", text(s, "organizationId"));
+    let organization = text(s, "organizationId");
+    match organizations.show(organization) {
+        name if name != organization => println!("organization: {name} ({organization})"),
+        _ => println!("organization: {organization}"),
+    }
     println!("state:        {}", text(s, "state"));
     println!("revision:     {}", number(s, "revision"));
     println!("image:        {}", text(s, "image"));
     println!("scale:        {}", number(s, "scale"));
-    println!("ports:        {}", list("ports", &port_text));
+    println!("ports:        {}", list("ports", &port::format));
     println!("domains:      {}", list("domains", &|d| d.as_str().unwrap_or("?").to_string()));
     println!("volumes:      {}", list("volumes", &|v| format!("{}:{}", text(v, "name"), text(v, "mountPath"))));
     println!("mail:         {}", list("mailAddresses", &|m| m.as_str().unwrap_or("?").to_string()));
@@ -833,24 +890,26 @@ fn print_service(s: &Value) {
     println!("updated:      {}", utc(s["updatedAt"].as_u64()));
 }
 
-fn service_get(id: &str, common: &Common) -> Result<()> {
+fn service_get(id: &str, organization: Option<&str>, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let id = resolve::service(&client, id, organization)?;
     let s = client.call("services.get", &json!({ "id": id }))?;
     if common.json {
         print_json(&s);
         return Ok(());
     }
-    print_service(&s);
+    print_service(&s, &Names::organizations(&client));
     Ok(())
 }
 
 fn service_create(organization: String, name: String, image: String, fields: ServiceFields, common: &Common) -> Result<()> {
     let mut body = Map::new();
-    body.insert("organizationId".into(), json!(organization));
     body.insert("name".into(), json!(name));
     body.insert("image".into(), json!(image));
     fields.into_body(&mut body, &[])?;
     let client = Client::new(&common.connection)?;
+    let organization_id = resolve::organization(&client, &organization)?;
+    body.insert("organizationId".into(), json!(organization_id));
     let s = client.call("services.create", &Value::Object(body))?;
     if common.json {
         print_json(&s);
@@ -860,14 +919,14 @@ fn service_create(organization: String, name: String, image: String, fields: Ser
         "created service {} ({}) in {}, revision {}",
         text(&s, "name"),
         text(&s, "id"),
-        text(&s, "organizationId"),
+        Names::organizations(&client).show(text(&s, "organizationId")),
         number(&s, "revision")
     );
     Ok(())
 }
 
 fn service_update(
-    id: &str,
+    (id, organization): (&str, Option<&str>),
     name: Option<String>,
     image: Option<String>,
     fields: ServiceFields,
@@ -883,6 +942,7 @@ fn service_update(
         return Err(nothing_to_change("--name, --image, --port, --domain, --env, --scale, --volume, --mail or --clear"));
     }
     let client = Client::new(&common.connection)?;
+    let id = &resolve::service(&client, id, organization)?;
     let revision = client.expected_or_current(expected.expected_revision, "services.get", &json!({ "id": id }), "revision")?;
     body.insert("id".into(), json!(id));
     body.insert("expectedRevision".into(), json!(revision));
@@ -895,8 +955,15 @@ fn service_update(
     Ok(())
 }
 
-fn service_delete(id: &str, expected: &Expected, common: &Common) -> Result<()> {
+fn service_delete((id, organization): (&str, Option<&str>), expected: &Expected, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
+    let id = &resolve::service(&client, id, organization)?;
+    ask(confirm, || {
+        let s = client.call("services.get", &json!({ "id": id }))?;
+        let organization = Names::organizations(&client).show(text(&s, "organizationId"));
+        Ok(format!("Delete service {} of {organization} ({id})? It takes no new work from now on.", text(&s, "name")))
+    })?;
     let revision = client.expected_or_current(expected.expected_revision, "services.get", &json!({ "id": id }), "revision")?;
     let answer = client.call("services.delete", &json!({ "id": id, "expectedRevision": revision }))?;
     if common.json {
@@ -1116,22 +1183,10 @@ fn parse_setting(text: &str) -> std::result::Result<(String, Value), String> {
     Ok((key.to_string(), value))
 }
 
-/// `PORT[/PROTOCOL][:PUBLIC]` as the API's port object.
+/// A `--port` written the one way (`443:8080/http`, docs/inventory.md "Ports") as the API's port
+/// object; the former `8080/http:443` order is refused `port-syntax-old` naming the new form.
 fn parse_port(text: &str) -> std::result::Result<Value, String> {
-    let (rest, public) = match text.rsplit_once(':') {
-        Some((rest, public)) => (rest, Some(public.parse::<u16>().map_err(|_| format!("{public:?} is not a port (1–65535)"))?)),
-        None => (text, None),
-    };
-    let (port, protocol) = rest.split_once('/').unwrap_or((rest, "tcp"));
-    let port = port.parse::<u16>().map_err(|_| format!("{port:?} is not a port (1–65535)"))?;
-    if !["tcp", "udp", "http"].contains(&protocol) {
-        return Err(format!("{protocol:?} is not a protocol: tcp, udp or http"));
-    }
-    let mut value = json!({ "port": port, "protocol": protocol });
-    if let Some(public) = public {
-        value["publicPort"] = json!(public);
-    }
-    Ok(value)
+    port::parse("--port", text).map(|spec| spec.to_json()).map_err(|refusal| format!("{} ({})", refusal.message, refusal.code))
 }
 
 /// `NAME:/MOUNT/PATH` as the API's volume object.
@@ -1148,13 +1203,15 @@ mod tests {
 
     #[test]
     fn ports_read_as_the_api_takes_them() {
-        assert_eq!(parse_port("8080/http:443").unwrap(), json!({"port": 8080, "protocol": "http", "publicPort": 443}));
+        assert_eq!(parse_port("443:8080/http").unwrap(), json!({"port": 8080, "protocol": "http", "publicPort": 443}));
         assert_eq!(parse_port("53/udp").unwrap(), json!({"port": 53, "protocol": "udp"}));
         assert_eq!(parse_port("5432").unwrap(), json!({"port": 5432, "protocol": "tcp"}));
-        assert_eq!(parse_port("25:2525").unwrap(), json!({"port": 25, "protocol": "tcp", "publicPort": 2525}));
-        for bad in ["", "http", "80/sctp", "70000/tcp", "80/tcp:x", "80/tcp:"] {
-            assert!(parse_port(bad).is_err(), "{bad}");
+        assert_eq!(parse_port("2525:25").unwrap(), json!({"port": 25, "protocol": "tcp", "publicPort": 2525}));
+        for bad in ["", "http", "80/sctp", "70000/tcp"] {
+            assert!(parse_port(bad).unwrap_err().contains("(port-invalid)"), "{bad}");
         }
+        let old = parse_port("8080/http:443").unwrap_err();
+        assert!(old.contains("(port-syntax-old)") && old.contains("write 443:8080/http"), "{old}");
     }
 
     #[test]

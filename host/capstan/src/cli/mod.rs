@@ -3,6 +3,7 @@
 mod admin;
 mod call;
 mod client;
+mod confirm;
 mod fleet;
 mod inventory;
 mod keyring;
@@ -11,6 +12,7 @@ mod plugin;
 mod plugin_new;
 mod plugin_online;
 mod publishers;
+mod resolve;
 mod secret_sets;
 mod secrets;
 mod tasks;

@@ -15,21 +15,14 @@
 //! anything is sent.
 
 use super::client::{Client, finish, items, print_json, print_table, text, utc};
-use crate::refusal::{Refusal, Result};
+use super::confirm::{Confirm, ask, can_confirm};
+use super::resolve::{self, Names};
+use crate::refusal::Result;
 use clap::Subcommand;
 use serde_json::{Map, Value, json};
-use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
 pub use super::client::Common;
-
-#[derive(clap::Args)]
-pub struct Confirm {
-    /// Do it without asking. Needed when standard input is not a terminal (a script, a
-    /// pipe): without it the command is refused `confirmation-required` and sends nothing
-    #[arg(long)]
-    yes: bool,
-}
 
 #[derive(clap::Args)]
 pub struct ExpectedRevision {
@@ -47,8 +40,8 @@ pub enum NodesCommand {
     /// A node is live while its last accepted report is younger than the setting
     /// nodeObservationFreshnessMs (default 3 minutes), else offline (or never-reported).
     List {
-        /// Only this cluster's nodes (`cluster_…`)
-        #[arg(long, value_name = "ID")]
+        /// Only this cluster's nodes (its name or id)
+        #[arg(long, value_name = "NAME|ID")]
         cluster: Option<String>,
         /// Continue a listing after this cursor (a page that has more prints its next cursor)
         #[arg(long, value_name = "CURSOR")]
@@ -76,8 +69,8 @@ pub enum NodesCommand {
     /// or is meant to carry worker-<name>), `invalid-request` for a ttl outside 1–1440, and
     /// `public-origin-not-https` when Capstan's public origin is not https (outside dev mode).
     Jump {
-        /// The cluster the machine joins (`cluster_…`)
-        #[arg(long, value_name = "ID")]
+        /// The cluster the machine joins (its name or id)
+        #[arg(long, value_name = "NAME|ID")]
         cluster: String,
         /// The node's name: the machine is renamed worker-<name> (1–48 of a-z 0-9 -).
         /// Without it the node keeps the machine's own hostname
@@ -296,9 +289,10 @@ fn liveness(node: &Value) -> &str {
 }
 
 fn list(cluster: Option<String>, cursor: Option<String>, limit: Option<usize>, common: &Common) -> Result<()> {
+    let client = Client::new(&common.connection)?;
     let mut body = Map::new();
     if let Some(cluster) = &cluster {
-        body.insert("clusterId".into(), json!(cluster));
+        body.insert("clusterId".into(), json!(resolve::cluster(&client, cluster)?));
     }
     if let Some(cursor) = cursor {
         body.insert("cursor".into(), json!(cursor));
@@ -306,19 +300,19 @@ fn list(cluster: Option<String>, cursor: Option<String>, limit: Option<usize>, c
     if let Some(limit) = limit {
         body.insert("limit".into(), json!(limit));
     }
-    let client = Client::new(&common.connection)?;
     let answer = client.call("nodes.list", &Value::Object(body))?;
     if common.json {
         print_json(&answer);
         return Ok(());
     }
+    let clusters = Names::clusters(&client);
     let now = now_ms();
     let rows: Vec<Vec<String>> = items(&answer)
         .iter()
         .map(|n| {
             vec![
                 text(n, "id").into(),
-                text(n, "clusterId").into(),
+                clusters.show(text(n, "clusterId")),
                 text(n, "name").into(),
                 text(n, "hostname").into(),
                 liveness(n).into(),
@@ -330,7 +324,7 @@ fn list(cluster: Option<String>, cursor: Option<String>, limit: Option<usize>, c
     if rows.is_empty() {
         match &cluster {
             Some(cluster) => println!("no nodes in {cluster}; add one with: capstan nodes jump --cluster {cluster}"),
-            None => println!("no nodes; add one with: capstan nodes jump --cluster CLUSTER_ID"),
+            None => println!("no nodes; add one with: capstan nodes jump --cluster CLUSTER"),
         }
     } else {
         print_table(&["ID", "CLUSTER", "NAME", "HOSTNAME", "STATE", "LAST REPORT", "HOSTNAME INTENT"], &rows);
@@ -347,10 +341,14 @@ fn bytes(value: &Value) -> String {
     if n >= GIB { format!("{:.1} GiB", n as f64 / GIB as f64) } else { format!("{} MiB", n >> 20) }
 }
 
-fn print_node(n: &Value) {
+fn print_node(n: &Value, clusters: &Names) {
     let now = now_ms();
     println!("node:        {} ({})", text(n, "name"), text(n, "id"));
-    println!("cluster:     {}", text(n, "clusterId"));
+    let cluster = text(n, "clusterId");
+    match clusters.show(cluster) {
+        name if name != cluster => println!("cluster:     {name} ({cluster})"),
+        _ => println!("cluster:     {cluster}"),
+    }
     println!("hostname:    {}", text(n, "hostname"));
     println!("state:       {} ({})", text(n, "state"), liveness(n));
     match n["lastReportAt"].as_u64() {
@@ -404,11 +402,12 @@ fn print_node(n: &Value) {
 }
 
 fn get(id: &str, common: &Common) -> Result<()> {
-    let n = Client::new(&common.connection)?.call("nodes.get", &json!({ "id": id }))?;
+    let client = Client::new(&common.connection)?;
+    let n = client.call("nodes.get", &json!({ "id": id }))?;
     if common.json {
         print_json(&n);
     } else {
-        print_node(&n);
+        print_node(&n, &Names::clusters(&client));
     }
     Ok(())
 }
@@ -416,15 +415,16 @@ fn get(id: &str, common: &Common) -> Result<()> {
 // ---- jump codes ----
 
 fn jump(cluster: &str, name: Option<String>, ttl_minutes: Option<u64>, common: &Common) -> Result<()> {
+    let client = Client::new(&common.connection)?;
     let mut body = Map::new();
-    body.insert("clusterId".into(), json!(cluster));
+    body.insert("clusterId".into(), json!(resolve::cluster(&client, cluster)?));
     if let Some(name) = name {
         body.insert("nodeName".into(), json!(name));
     }
     if let Some(ttl) = ttl_minutes {
         body.insert("ttlMinutes".into(), json!(ttl));
     }
-    let answer = Client::new(&common.connection)?.call("nodes.createJumpCommand", &Value::Object(body))?;
+    let answer = client.call("nodes.createJumpCommand", &Value::Object(body))?;
     if common.json {
         print_json(&answer);
         return Ok(());
@@ -502,39 +502,6 @@ fn rotate(id: &str, token_sha256: &str, expected_generation: u64, mutation_id: O
     );
     println!("  mutation id {mutation_id} (the same request with it again replays this answer)");
     Ok(())
-}
-
-/// Whether the operator can be asked at all: with `--yes` or a terminal on standard input;
-/// otherwise `confirmation-required`, before anything is sent.
-fn can_confirm(confirm: &Confirm) -> Result<()> {
-    if confirm.yes || std::io::stdin().is_terminal() {
-        return Ok(());
-    }
-    Err(Refusal::new(
-        "confirmation-required",
-        "standard input is not a terminal, so there is no one to ask: pass --yes to do it without asking",
-    ))
-}
-
-/// Go on only if the operator says so: `--yes`, else `yes` typed on the terminal after
-/// `question`; any other answer is `not-confirmed`.
-fn ask(confirm: &Confirm, question: impl FnOnce() -> Result<String>) -> Result<()> {
-    can_confirm(confirm)?;
-    if confirm.yes {
-        return Ok(());
-    }
-    let question = question()?;
-    eprint!("{question} Type yes to go on: ");
-    let _ = std::io::stderr().flush();
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .map_err(|e| Refusal::new("input-unreadable", format!("reading the answer failed: {}", e.kind())))?;
-    if matches!(line.trim().to_ascii_lowercase().as_str(), "yes" | "y") {
-        return Ok(());
-    }
-    Err(Refusal::new("not-confirmed", "not confirmed; nothing was done"))
 }
 
 /// `name (hostname, id)` of a node, for a question.

@@ -5,6 +5,8 @@
 //! `{"ok":false,"error":{…}}` and exit 1, as the offline commands do.
 
 use super::client::{Client, Connection, print_json, print_table, text, utc};
+use super::confirm::{Confirm, ask, can_confirm};
+use super::resolve;
 use crate::plugins::bundle::{self, Bundle};
 use crate::plugins::manifest::ALL_REQUESTED;
 use crate::refusal::{Refusal, Result};
@@ -36,7 +38,8 @@ pub enum OnlineCommand {
     Disable(IdArgs),
     /// Serve a disabled plugin again (`plugins.enable`).
     Enable(IdArgs),
-    /// Remove a plugin; its data stays unless --purge (`plugins.uninstall`).
+    /// Remove a plugin; its data stays unless --purge (`plugins.uninstall`). Asks on a
+    /// terminal; refused `confirmation-required` without --yes when standard input is not one.
     Uninstall(UninstallArgs),
     /// Trust a publisher key on the host (`plugins.addTrustedPublisher`).
     ///
@@ -53,7 +56,7 @@ pub enum OnlineCommand {
 
 #[derive(clap::Args)]
 pub struct RebindArgs {
-    /// The plugin id
+    /// The plugin: its id or its name
     id: String,
     /// The trusted publisher key (`capstan-ed25519:…`) that may sign its next upgrade
     #[arg(long = "publisher", value_name = "KEY")]
@@ -82,7 +85,7 @@ pub struct InstallArgs {
 
 #[derive(clap::Args)]
 pub struct IdArgs {
-    /// The plugin id
+    /// The plugin: its id or its name
     id: String,
     #[command(flatten)]
     connection: Connection,
@@ -102,11 +105,13 @@ pub struct ListArgs {
 
 #[derive(clap::Args)]
 pub struct UninstallArgs {
-    /// The plugin id
+    /// The plugin: its id or its name
     id: String,
     /// Also delete the plugin's documents, blobs, signing keys and stored bundles
     #[arg(long)]
     purge: bool,
+    #[command(flatten)]
+    confirm: Confirm,
     #[command(flatten)]
     connection: Connection,
     /// Print the API's answer as JSON
@@ -221,7 +226,7 @@ fn install(args: &InstallArgs, method: &str) -> Result<()> {
 
 fn lifecycle(args: &IdArgs, method: &str) -> Result<()> {
     let client = Client::new(&args.connection)?;
-    let answer = client.call(method, &json!({ "id": args.id }))?;
+    let answer = client.call(method, &json!({ "id": resolve::plugin(&client, &args.id)? }))?;
     if args.json {
         print_json(&answer);
         return Ok(());
@@ -280,7 +285,7 @@ fn list(args: &ListArgs) -> Result<()> {
 
 fn get(args: &IdArgs) -> Result<()> {
     let client = Client::new(&args.connection)?;
-    let p = client.call("plugins.get", &json!({ "id": args.id }))?;
+    let p = client.call("plugins.get", &json!({ "id": resolve::plugin(&client, &args.id)? }))?;
     if args.json {
         print_json(&p);
         return Ok(());
@@ -299,16 +304,22 @@ fn get(args: &IdArgs) -> Result<()> {
 }
 
 fn uninstall(args: &UninstallArgs) -> Result<()> {
+    can_confirm(&args.confirm)?;
     let client = Client::new(&args.connection)?;
-    let answer = client.call("plugins.uninstall", &json!({ "id": args.id, "purge": args.purge }))?;
+    let id = resolve::plugin(&client, &args.id)?;
+    ask(&args.confirm, || {
+        let data = if args.purge { "and delete its documents, blobs, signing keys and stored bundles" } else { "(its data stays)" };
+        Ok(format!("Uninstall plugin {id} {data}?"))
+    })?;
+    let answer = client.call("plugins.uninstall", &json!({ "id": id, "purge": args.purge }))?;
     if args.json {
         print_json(&answer);
         return Ok(());
     }
     if args.purge {
-        println!("uninstalled {} and purged its data", args.id);
+        println!("uninstalled {id} and purged its data");
     } else {
-        println!("uninstalled {}; its data stays (uninstall --purge deletes it)", args.id);
+        println!("uninstalled {id}; its data stays (uninstall --purge deletes it)");
     }
     Ok(())
 }
@@ -338,7 +349,7 @@ fn trust(args: &TrustArgs) -> Result<()> {
 
 fn rebind(args: &RebindArgs) -> Result<()> {
     let client = Client::new(&args.connection)?;
-    let body = json!({ "id": args.id, "publicKey": args.public_key.trim() });
+    let body = json!({ "id": resolve::plugin(&client, &args.id)?, "publicKey": args.public_key.trim() });
     let answer = client.call("plugins.rebindPublisher", &body).map_err(with_login_hint(&client))?;
     if args.json {
         print_json(&answer);

@@ -4,6 +4,8 @@
 //! --secret-set <id> <KEY>`. Every answer is metadata.
 
 use super::client::{Client, finish, items, print_json, print_table, text, utc};
+use super::confirm::{Confirm, ask, can_confirm};
+use super::resolve::{self, Names};
 use super::secrets::Common;
 use crate::refusal::Result;
 use clap::Subcommand;
@@ -14,16 +16,16 @@ use std::process::ExitCode;
 pub enum SetsCommand {
     /// SecretSets, all or one organization's (`secrets.listSecretSets`).
     List {
-        /// Only this organization's sets (`org_…`)
-        #[arg(long, value_name = "ID")]
+        /// Only this organization's sets (its name or id)
+        #[arg(long, value_name = "NAME|ID")]
         organization: Option<String>,
         #[command(flatten)]
         common: Common,
     },
     /// Create a SecretSet in an organization (`secrets.createSecretSet`).
     Create {
-        /// The organization (`org_…`)
-        #[arg(long, value_name = "ID")]
+        /// The organization (its name or id)
+        #[arg(long, value_name = "NAME|ID")]
         organization: String,
         /// 1–63 of a-z 0-9 -, starting with a letter; unique within the organization
         name: String,
@@ -53,6 +55,9 @@ pub enum SetsCommand {
     },
     /// Retire a SecretSet: it is detached from every service (each service's manifest is
     /// published) in one transaction and takes no new secret (`secrets.retireSecretSet`).
+    ///
+    /// Asks on a terminal ([y/N]); refused `confirmation-required` without --yes when standard
+    /// input is not a terminal.
     Retire {
         /// The SecretSet (`sset_…`)
         id: String,
@@ -60,14 +65,16 @@ pub enum SetsCommand {
         #[arg(long, value_name = "N")]
         expected_revision: Option<u64>,
         #[command(flatten)]
+        confirm: Confirm,
+        #[command(flatten)]
         common: Common,
     },
 }
 
 #[derive(clap::Args)]
 pub struct AttachmentArgs {
-    /// The service (`svc_…`)
-    #[arg(long, value_name = "ID")]
+    /// The service (its name or id)
+    #[arg(long, value_name = "NAME|ID")]
     service: String,
     /// The SecretSet (`sset_…`)
     #[arg(long, value_name = "ID")]
@@ -82,12 +89,11 @@ pub fn run(command: SetsCommand) -> ExitCode {
         SetsCommand::List { organization, common } => (list(organization, &common), common.json),
         SetsCommand::Create { organization, name, description, common } => {
             let mut body = Map::new();
-            body.insert("organizationId".into(), json!(organization));
             body.insert("name".into(), json!(name));
             if let Some(description) = description {
                 body.insert("description".into(), json!(description));
             }
-            (write(&common, "secrets.createSecretSet", Value::Object(body), "created"), common.json)
+            (create(&organization, body, &common), common.json)
         }
         SetsCommand::Show { id, common } => (show(&id, &common), common.json),
         SetsCommand::Rename { id, name, expected_revision, common } => (
@@ -102,14 +108,15 @@ pub fn run(command: SetsCommand) -> ExitCode {
             }),
             common.json,
         ),
-        SetsCommand::Retire { id, expected_revision, common } => (retire(&id, expected_revision, &common), common.json),
+        SetsCommand::Retire { id, expected_revision, confirm, common } => (retire(&id, expected_revision, &confirm, &common), common.json),
     };
     finish(result, json)
 }
 
-fn write(common: &Common, method: &str, body: Value, done: &str) -> Result<()> {
+fn create(organization: &str, mut body: Map<String, Value>, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
-    report_set(&client.call(method, &body)?, done, common);
+    body.insert("organizationId".into(), json!(resolve::organization(&client, organization)?));
+    report_set(&client.call("secrets.createSecretSet", &Value::Object(body))?, "created", common);
     Ok(())
 }
 
@@ -123,6 +130,8 @@ fn report_set(set: &Value, done: &str, common: &Common) {
 
 fn list(organization: Option<String>, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let organization = resolve::organization_opt(&client, organization.as_deref())?;
+    let organizations = Names::organizations(&client);
     let mut cursor = Value::Null;
     let mut rows = Vec::new();
     let mut all = Vec::new();
@@ -131,7 +140,7 @@ fn list(organization: Option<String>, common: &Common) -> Result<()> {
         for set in items(&page) {
             rows.push(vec![
                 text(set, "id").into(),
-                text(set, "organizationId").into(),
+                organizations.show(text(set, "organizationId")),
                 text(set, "name").into(),
                 text(set, "state").into(),
                 utc(set["updatedAt"].as_u64()),
@@ -193,8 +202,13 @@ fn show(id: &str, common: &Common) -> Result<()> {
     Ok(())
 }
 
-fn retire(id: &str, expected: Option<u64>, common: &Common) -> Result<()> {
+fn retire(id: &str, expected: Option<u64>, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
+    ask(confirm, || {
+        let set = client.call("secrets.getSecretSet", &json!({ "id": id }))?;
+        Ok(format!("Retire SecretSet {} ({id})? It is detached from every service it is attached to.", text(&set, "name")))
+    })?;
     let revision = client.expected_or_current(expected, "secrets.getSecretSet", &json!({ "id": id }), "revision")?;
     let answer = client.call("secrets.retireSecretSet", &json!({ "id": id, "expectedRevision": revision }))?;
     if common.json {
@@ -209,14 +223,15 @@ fn retire(id: &str, expected: Option<u64>, common: &Common) -> Result<()> {
 /// Attach (`attach`) or detach a set, stating the service's secrets revision.
 pub fn attach(args: &AttachmentArgs, attach: bool, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let service = &resolve::service(&client, &args.service, None)?;
     let revision = client.expected_or_current(
         args.expected_secrets_revision,
         "secrets.getServiceConfiguration",
-        &json!({ "serviceId": args.service }),
+        &json!({ "serviceId": service }),
         "secretsRevision",
     )?;
     let method = if attach { "secrets.attachSecretSet" } else { "secrets.detachSecretSet" };
-    let body = json!({ "serviceId": args.service, "secretSetId": args.secret_set, "expectedSecretsRevision": revision });
+    let body = json!({ "serviceId": service, "secretSetId": args.secret_set, "expectedSecretsRevision": revision });
     let answer = client.call(method, &body)?;
     if common.json {
         print_json(&answer);
@@ -227,7 +242,7 @@ pub fn attach(args: &AttachmentArgs, attach: bool, common: &Common) -> Result<()
         "{done} SecretSet {} {} service {}; secrets revision {}",
         args.secret_set,
         if attach { "to" } else { "from" },
-        args.service,
+        service,
         answer["secretsRevision"]
     );
     let order: Vec<&str> = items_of(&answer["attachments"]).iter().map(|a| text(a, "secretSetId")).collect();
@@ -250,6 +265,7 @@ fn source(from: &Value) -> String {
 
 pub fn preview(service: &str, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let service = &resolve::service(&client, service, None)?;
     let answer = client.call("secrets.previewResolution", &json!({ "serviceId": service }))?;
     if common.json {
         print_json(&answer);

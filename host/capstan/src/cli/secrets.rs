@@ -10,6 +10,8 @@
 //! is metadata.
 
 use super::client::{Client, finish, items, print_json, print_table, text, utc};
+use super::confirm::{Confirm, ask, can_confirm};
+use super::resolve;
 use crate::refusal::{Refusal, Result};
 use crate::secrets::ingress;
 use crate::secrets::methods::MAX_VALUE_BYTES;
@@ -27,8 +29,9 @@ pub use super::client::Common;
 #[derive(clap::Args)]
 #[group(required = true, multiple = false)]
 pub struct OwnerArgs {
-    /// The service that owns the secret (`svc_…`)
-    #[arg(long, value_name = "ID")]
+    /// The service that owns the secret: its name (when no other organization you see has
+    /// one so named) or its id (`svc_…`)
+    #[arg(long, value_name = "NAME|ID")]
     service: Option<String>,
     /// The organization's SecretSet that holds the secret (`sset_…`)
     #[arg(long, value_name = "ID")]
@@ -38,7 +41,7 @@ pub struct OwnerArgs {
 impl OwnerArgs {
     fn owner(&self, client: &Client) -> Result<Value> {
         match (&self.service, &self.secret_set) {
-            (Some(id), _) => Ok(json!({ "kind": "service", "serviceId": id })),
+            (Some(service), _) => Ok(json!({ "kind": "service", "serviceId": resolve::service(client, service, None)? })),
             (None, Some(id)) => set_owner(client, id),
             (None, None) => unreachable!("clap requires one owner"),
         }
@@ -126,8 +129,8 @@ pub enum SecretsCommand {
     },
     /// Secrets' metadata: every one, or one owner's (`secrets.list`).
     List {
-        /// Only this service's secrets
-        #[arg(long, value_name = "ID", conflicts_with_all = ["secret_set", "system"])]
+        /// Only this service's secrets (its name or id)
+        #[arg(long, value_name = "NAME|ID", conflicts_with_all = ["secret_set", "system"])]
         service: Option<String>,
         /// Only this SecretSet's secrets
         #[arg(long, value_name = "ID", conflicts_with = "system")]
@@ -152,12 +155,17 @@ pub enum SecretsCommand {
         common: Common,
     },
     /// Revoke a secret (`secrets.revoke`); its versions stay as history.
+    ///
+    /// Asks on a terminal ([y/N]); refused `confirmation-required` without --yes when standard
+    /// input is not a terminal.
     Revoke {
         /// The secret's id (`sec_…`)
         id: String,
         /// The management scope the secret is managed from, if any
         #[arg(long = "scope", value_name = "SCOPE")]
         scope: Option<String>,
+        #[command(flatten)]
+        confirm: Confirm,
         #[command(flatten)]
         common: Common,
     },
@@ -198,8 +206,8 @@ pub enum SecretsCommand {
     /// Which key of a service resolves from where, and every conflict
     /// (`secrets.previewResolution`; value-free).
     Preview {
-        /// The service (`svc_…`)
-        #[arg(long, value_name = "ID")]
+        /// The service (its name or id)
+        #[arg(long, value_name = "NAME|ID")]
         service: String,
         #[command(flatten)]
         common: Common,
@@ -226,7 +234,7 @@ pub fn run(command: SecretsCommand) -> ExitCode {
         SecretsCommand::Detach { attachment, common } => (super::secret_sets::attach(&attachment, false, &common), common.json),
         SecretsCommand::Preview { service, common } => (super::secret_sets::preview(&service, &common), common.json),
         SecretsCommand::Get { id, common } => (get(&id, &common), common.json),
-        SecretsCommand::Revoke { id, scope, common } => (revoke(&id, scope, &common), common.json),
+        SecretsCommand::Revoke { id, scope, confirm, common } => (revoke(&id, scope, &confirm, &common), common.json),
         SecretsCommand::Rewrap { limit, cursor, common } => (rewrap(limit, cursor, &common), common.json),
     };
     finish(result, json)
@@ -434,7 +442,7 @@ fn list(
 ) -> Result<()> {
     let client = Client::new(&common.connection)?;
     let owner = match (service, secret_set, system) {
-        (Some(id), _, _) => Some(json!({ "kind": "service", "serviceId": id })),
+        (Some(service), _, _) => Some(json!({ "kind": "service", "serviceId": resolve::service(&client, &service, None)? })),
         (_, Some(id), _) => Some(set_owner(&client, &id)?),
         (_, _, Some(id)) => Some(json!({ "kind": "system", "systemId": id })),
         _ => None,
@@ -514,8 +522,13 @@ fn get(id: &str, common: &Common) -> Result<()> {
     Ok(())
 }
 
-fn revoke(id: &str, scope: Option<String>, common: &Common) -> Result<()> {
+fn revoke(id: &str, scope: Option<String>, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
+    ask(confirm, || {
+        let s = client.call("secrets.get", &json!({ "id": id }))?;
+        Ok(format!("Revoke secret {} of {} ({id})? Its versions stay as history.", text(&s, "key"), text(&s, "ownerRef")))
+    })?;
     let mut body = Map::new();
     body.insert("id".into(), json!(id));
     if let Some(scope) = scope {

@@ -5,6 +5,7 @@
 //! `{"ok":false,"error":{…}}` and exit 1.
 
 use super::client::{Client, Connection, finish, print_json, print_table, text, utc};
+use super::resolve;
 use crate::refusal::Result;
 use clap::Subcommand;
 use serde_json::{Value, json};
@@ -51,7 +52,7 @@ pub struct ListArgs {
 
 #[derive(clap::Args)]
 pub struct IdArgs {
-    /// The task id, e.g. host.cleanup
+    /// The task: its id (host.cleanup), the last part of it (cleanup) or its title
     id: String,
     #[command(flatten)]
     connection: Connection,
@@ -62,7 +63,7 @@ pub struct IdArgs {
 
 #[derive(clap::Args)]
 pub struct TriggerArgs {
-    /// The task id, e.g. host.cleanup
+    /// The task: its id (host.cleanup), the last part of it (cleanup) or its title
     id: String,
     /// Wait until the run ends and show how; exit 1 unless it succeeded
     #[arg(long)]
@@ -87,7 +88,7 @@ pub struct ExecutionArgs {
 
 #[derive(clap::Args)]
 pub struct ExecutionsArgs {
-    /// The task id, e.g. host.cleanup
+    /// The task: its id (host.cleanup), the last part of it (cleanup) or its title
     id: String,
     /// How many executions (1 to 50)
     #[arg(long, default_value_t = 20)]
@@ -200,7 +201,8 @@ fn execution_rows(executions: &[Value]) -> Vec<Vec<String>> {
 const EXECUTION_HEADER: [&str; 7] = ["EXECUTION", "STATUS", "TRIGGER", "STARTED", "DURATION", "NODE", "ERROR"];
 
 fn get(args: &IdArgs) -> Result<bool> {
-    let t = Client::new(&args.connection)?.call("tasks.get", &json!({ "id": args.id }))?;
+    let client = Client::new(&args.connection)?;
+    let t = client.call("tasks.get", &json!({ "id": resolve::task(&client, &args.id)? }))?;
     if args.json {
         print_json(&t);
         return Ok(true);
@@ -259,7 +261,7 @@ fn print_execution(e: &Value) {
 
 fn trigger(args: &TriggerArgs) -> Result<bool> {
     let client = Client::new(&args.connection)?;
-    let mut e = client.call("tasks.trigger", &json!({ "id": args.id }))?;
+    let mut e = client.call("tasks.trigger", &json!({ "id": resolve::task(&client, &args.id)? }))?;
     if !args.wait {
         if args.json {
             print_json(&e);
@@ -296,7 +298,8 @@ fn cancel(args: &ExecutionArgs) -> Result<bool> {
 }
 
 fn set_enabled(args: &IdArgs, enabled: bool) -> Result<bool> {
-    let t = Client::new(&args.connection)?.call("tasks.setEnabled", &json!({ "id": args.id, "enabled": enabled }))?;
+    let client = Client::new(&args.connection)?;
+    let t = client.call("tasks.setEnabled", &json!({ "id": resolve::task(&client, &args.id)?, "enabled": enabled }))?;
     if args.json {
         print_json(&t);
     } else if enabled {
@@ -308,23 +311,25 @@ fn set_enabled(args: &IdArgs, enabled: bool) -> Result<bool> {
 }
 
 fn executions(args: &ExecutionsArgs) -> Result<bool> {
-    let mut body = json!({ "taskId": args.id, "limit": args.limit });
+    let client = Client::new(&args.connection)?;
+    let id = resolve::task(&client, &args.id)?;
+    let mut body = json!({ "taskId": id, "limit": args.limit });
     if let Some(cursor) = &args.cursor {
         body["cursor"] = json!(cursor);
     }
-    let page = Client::new(&args.connection)?.call("tasks.listExecutions", &body)?;
+    let page = client.call("tasks.listExecutions", &body)?;
     if args.json {
         print_json(&page);
         return Ok(true);
     }
     let executions = page["executions"].as_array().cloned().unwrap_or_default();
     if executions.is_empty() {
-        println!("{} has no executions recorded", args.id);
+        println!("{id} has no executions recorded");
         return Ok(true);
     }
     print_table(&EXECUTION_HEADER, &execution_rows(&executions));
     if let Some(next) = page["nextCursor"].as_str() {
-        println!("next page: capstan tasks executions {} --cursor {next}", args.id);
+        println!("next page: capstan tasks executions {id} --cursor {next}");
     }
     Ok(true)
 }
