@@ -21,6 +21,7 @@ mod migrations;
 mod mongo;
 mod nodes;
 mod nodes_cli;
+mod operating;
 mod plugins;
 mod relays;
 mod relays_cli;

@@ -359,6 +359,18 @@ pub enum CallKind {
 }
 
 impl CallKind {
+    /// The kind as a `/metrics` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            CallKind::Describe => "describe",
+            CallKind::Method => "method",
+            CallKind::Event => "event",
+            CallKind::Reconcile => "reconcile",
+            CallKind::Task => "task",
+            CallKind::Migrate => "migrate",
+        }
+    }
+
     fn deadline(self) -> Duration {
         match self {
             CallKind::Describe | CallKind::Method | CallKind::Event => METHOD_DEADLINE,
@@ -505,6 +517,7 @@ impl Sandbox {
         let _slot = match tokio::time::timeout(deadline, self.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => permit,
             _ => {
+                self.count_call(kind, "busy", None);
                 return Err(Refusal::new("plugin-busy", format!("plugin {} has no free instance; try again", self.id))
                     .retryable()
                     .with_data(json!({ "plugin": self.id })));
@@ -549,15 +562,35 @@ impl Sandbox {
         data.flush_stdio();
         let exhausted = data.limiter.exhausted;
         let elapsed = started.elapsed();
-        let result = match outcome {
-            Err(_) => Err(self.deadline_exceeded(kind, deadline)),
-            Ok(Err(trap)) => Err(self.classify_trap(kind, trap, exhausted, deadline)),
-            Ok(Ok(Err(refusal))) => Err(self.plugin_refusal(refusal)),
-            Ok(Ok(Ok(value))) => Ok(value),
+        let (result, counted) = match outcome {
+            Err(_) => (Err(self.deadline_exceeded(kind, deadline)), "deadline"),
+            Ok(Err(trap)) => {
+                let refusal = self.classify_trap(kind, trap, exhausted, deadline);
+                let counted = match refusal.code.as_ref() {
+                    "plugin-deadline-exceeded" => "deadline",
+                    "resource-exhausted" => "exhausted",
+                    _ => "trap",
+                };
+                (Err(refusal), counted)
+            }
+            Ok(Ok(Err(refusal))) => (Err(self.plugin_refusal(refusal)), "refused"),
+            Ok(Ok(Ok(value))) => (Ok(value), "ok"),
         };
+        self.count_call(kind, counted, Some(elapsed));
         tracing::debug!(plugin = %self.id, kind = ?kind, request_id = %ctx.request_id, ms = elapsed.as_millis() as u64,
             ok = result.is_ok(), "plugin call");
         result
+    }
+
+    /// Count one call for `/metrics` by plugin (an installed plugin's id: a bounded set), kind
+    /// and outcome (`ok`, `refused`, `deadline`, `exhausted`, `trap`, `busy`), with its time.
+    fn count_call(&self, kind: CallKind, outcome: &'static str, elapsed: Option<Duration>) {
+        let kind = kind.label();
+        metrics::counter!("capstan_plugin_calls_total", "plugin" => self.id.clone(), "kind" => kind, "outcome" => outcome).increment(1);
+        if let Some(elapsed) = elapsed {
+            metrics::histogram!("capstan_plugin_call_duration_seconds", "plugin" => self.id.clone(), "kind" => kind)
+                .record(elapsed.as_secs_f64());
+        }
     }
 
     fn deadline_exceeded(&self, kind: CallKind, deadline: Duration) -> Refusal {

@@ -20,6 +20,7 @@ pub mod config;
 #[cfg(test)]
 mod host_tests;
 pub mod listener;
+pub mod metrics;
 pub mod migrate;
 pub mod plugins;
 pub mod relays;

@@ -110,6 +110,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         plugins: plugins.clone(),
         scheduler: scheduler.clone(),
         fleet: fleet.clone(),
+        metrics_token: config.metrics_token.clone(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());

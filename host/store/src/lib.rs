@@ -357,10 +357,14 @@ impl Store {
             self.tell_watchers(&written);
             match result {
                 Err(e) if e.is("store-busy") && started.elapsed() < self.budget => {
+                    metrics::counter!("capstan_store_transaction_retries_total").increment(1);
                     attempt += 1;
                     tokio::time::sleep(backoff(attempt)).await;
                 }
-                other => return other,
+                other => {
+                    record_transaction(&other, started);
+                    return other;
+                }
             }
         }
     }
@@ -377,6 +381,19 @@ impl Store {
             }
         }
     }
+}
+
+/// Count a finished transaction by outcome (`committed`, `conflict`, `busy` once the budget is
+/// spent, `refused` for any other refusal) with its time, retries included (`/metrics`).
+fn record_transaction<T>(result: &Result<T>, started: Instant) {
+    let outcome = match result {
+        Ok(_) => "committed",
+        Err(e) if e.is("conflict") => "conflict",
+        Err(e) if e.is("store-busy") => "busy",
+        Err(_) => "refused",
+    };
+    metrics::counter!("capstan_store_transactions_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("capstan_store_transaction_duration_seconds").record(started.elapsed().as_secs_f64());
 }
 
 /// The wait before retrying transient contention the `attempt`th time.

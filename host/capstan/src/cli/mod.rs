@@ -3,6 +3,7 @@
 mod admin;
 mod call;
 mod client;
+mod completions;
 mod confirm;
 mod fleet;
 mod inventory;
@@ -112,6 +113,11 @@ enum Command {
     /// A list answer prints as a table, anything else as indented JSON; --json prints the exact
     /// answer.
     Call(call::CallArgs),
+    /// Print the shell completion script for bash, zsh or fish on standard output.
+    ///
+    /// bash: source <(capstan completions bash); zsh: capstan completions zsh > "${fpath[1]}/_capstan";
+    /// fish: capstan completions fish > ~/.config/fish/completions/capstan.fish
+    Completions(completions::CompletionsArgs),
 }
 
 #[derive(clap::Args)]
@@ -218,6 +224,7 @@ pub fn main() -> ExitCode {
         Command::Admin(command) => admin::run(command),
         Command::Secrets(command) => secrets::run(command),
         Command::Call(args) => call::run(args),
+        Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Serve(args) => {
             let flags = Flags {
                 dev: args.dev,

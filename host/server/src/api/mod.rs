@@ -5,6 +5,7 @@
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 
 pub mod nodes;
+pub mod openapi;
 pub mod socket;
 pub mod system;
 pub mod uploads;
@@ -66,6 +67,8 @@ pub struct AppState {
     pub sockets: Arc<socket::Hub>,
     /// The cluster relays this node holds, and the election that reaches any relay of the fleet.
     pub relays: Arc<crate::relays::Relays>,
+    /// What `GET /metrics` serves, and to whom.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -96,12 +99,15 @@ pub struct Parts {
     pub scheduler: Arc<crate::scheduler::Scheduler>,
     /// This node's place in the fleet.
     pub fleet: Arc<crate::fleet::runtime::Fleet>,
+    /// The token `GET /metrics` answers to (`CAPSTAN_METRICS_TOKEN`); `None`: it is off.
+    pub metrics_token: Option<capstan_core::text::SecretString>,
 }
 
 impl AppState {
     /// The host state, with every area's methods registered with the context it needs.
     pub fn build(parts: Parts) -> Self {
-        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, dev, plugins, scheduler, fleet } = parts;
+        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, dev, plugins, scheduler, fleet, metrics_token } =
+            parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
         system::register(
@@ -147,6 +153,7 @@ impl AppState {
             nodes,
             sockets,
             relays,
+            metrics: crate::metrics::Metrics::new(metrics_token.as_ref()),
         }
     }
 }
@@ -165,7 +172,21 @@ impl AppState {
         let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, nodes, .. } = self;
         let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
         let dev = nodes.dev;
-        AppState::build(Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, dev, plugins, scheduler, fleet })
+        let metrics_token = None;
+        AppState::build(Parts {
+            store,
+            blobs,
+            keyring,
+            auth,
+            chain,
+            max_body_bytes,
+            public_origin,
+            dev,
+            plugins,
+            scheduler,
+            fleet,
+            metrics_token,
+        })
     }
 }
 
@@ -217,6 +238,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
         plugins,
         scheduler,
         fleet,
+        metrics_token: None,
     })
 }
 
@@ -270,6 +292,8 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/healthz", get(healthz))
         .route("/status", get(status))
         .route("/api/v1/methods", get(list_methods))
+        .route("/api/v1/openapi.json", get(openapi_document))
+        .route("/metrics", get(crate::metrics::scrape))
         .route("/api/v1/socket", get(socket::upgrade).route_layer(bearer))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
@@ -279,6 +303,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })
         .layer(middleware::from_fn(crate::listener::body_deadline))
+        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::track))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
 }
@@ -368,6 +393,12 @@ async fn status(State(state): State<AppState>, headers: HeaderMap) -> Response {
 
 async fn list_methods(State(state): State<AppState>) -> Json<Value> {
     Json(state.methods.describe())
+}
+
+/// `GET /api/v1/openapi.json`: the methods of [`list_methods`] as an OpenAPI 3.1 document,
+/// built per request so loaded plugins show as they come and go.
+async fn openapi_document(State(state): State<AppState>) -> Json<Value> {
+    Json(openapi::document(&state.methods.list(), &state.public_origin))
 }
 
 async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Response, ApiError> {

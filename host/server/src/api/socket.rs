@@ -320,6 +320,12 @@ impl Hub {
         self.sessions.lock().expect("the session table is never poisoned").contains_key(id)
     }
 
+    /// How many sessions are open of each kind (`/metrics`).
+    pub fn open_by_kind(&self) -> Vec<(&'static str, usize)> {
+        let sessions = self.sessions.lock().expect("the session table is never poisoned");
+        Kind::ALL.iter().map(|(name, kind)| (*name, sessions.values().filter(|h| h.kind == *kind).count())).collect()
+    }
+
     /// How many sessions are open.
     pub fn len(&self) -> usize {
         self.sessions.lock().expect("the session table is never poisoned").len()

@@ -45,6 +45,8 @@ pub const BLOB_URL: &str = "CAPSTAN_BLOB_URL";
 pub const DATABASE_NAME: &str = "CAPSTAN_DATABASE_NAME";
 /// First-start administrator as `username:password`; never changes an existing user.
 pub const ADMIN_ACCOUNT: &str = "CAPSTAN_ADMIN_ACCOUNT";
+/// The bearer token `GET /metrics` answers to; without it `/metrics` is off.
+pub const METRICS_TOKEN: &str = "CAPSTAN_METRICS_TOKEN";
 /// This node's state directory (`--state-dir`); required without `--dev`.
 pub const STATE_DIR: &str = "CAPSTAN_STATE_DIR";
 /// Pins this node's id (`--node-id`); generated on first boot otherwise.
@@ -145,6 +147,12 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none; --dev generates a password on first start",
         help: "First-start administrator as username:password (password at least 20 characters); never changes an existing user",
+    },
+    Var {
+        env: METRICS_TOKEN,
+        required: false,
+        default: "none: GET /metrics is off",
+        help: "Bearer token (at least 24 characters) a Prometheus scraper sends to GET /metrics; never logged or shown",
     },
     Var {
         env: NODE_ID,
@@ -340,6 +348,8 @@ pub struct ServeConfig {
     pub s3: S3Settings,
     /// First administrator as `username:password` (`CAPSTAN_ADMIN_ACCOUNT`), never shown.
     pub admin_account: Option<SecretString>,
+    /// The bearer token `GET /metrics` answers to (`CAPSTAN_METRICS_TOKEN`); `None`: it is off.
+    pub metrics_token: Option<SecretString>,
     /// Fleet membership settings.
     pub node: NodeSettings,
     /// Log filter (`CAPSTAN_LOG`, default `info`).
@@ -611,6 +621,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         database_name: lookup(DATABASE_NAME),
         s3: S3Settings { force_path_style, ..s3 },
         admin_account: lookup(ADMIN_ACCOUNT).map(SecretString::new),
+        metrics_token: metrics_token(lookup(METRICS_TOKEN))?,
         node,
         log_filter: lookup(LOG).unwrap_or_else(|| "info".into()),
         log_format,
@@ -628,6 +639,20 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         plugin_http_allow,
         dev_defaults,
     })
+}
+
+/// `CAPSTAN_METRICS_TOKEN`: a bearer secret, so a short or blank one is refused `config-invalid`
+/// (without echoing it).
+fn metrics_token(value: Option<String>) -> Result<Option<SecretString>> {
+    let Some(value) = value else { return Ok(None) };
+    let min = crate::metrics::MIN_TOKEN_CHARS;
+    if value.trim() != value || value.chars().count() < min || value.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(Refusal::new(
+            "config-invalid",
+            format!("{METRICS_TOKEN} must be at least {min} characters without spaces (a scrape bearer token)"),
+        ));
+    }
+    Ok(Some(SecretString::new(value)))
 }
 
 /// What `capstan fleet …` needs, reading the bucket directly: the bucket, and the liveness

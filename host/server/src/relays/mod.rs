@@ -142,6 +142,11 @@ impl Relays {
         self.hub.push(Target::Admins, "relay.sessionChanged", &json!({ "clusterId": cluster_id }));
     }
 
+    /// How many relay sessions this node holds (`/metrics`).
+    pub fn held_count(&self) -> usize {
+        lock(&self.held).len()
+    }
+
     /// Whether `session_id` is a relay session of this node.
     pub fn is_relay(&self, session_id: &str) -> bool {
         lock(&self.held).contains_key(session_id)

@@ -1,0 +1,309 @@
+//! What an operator runs Capstan with, through the real binary: `GET /metrics` behind its token,
+//! moving as a scenario's calls do; the OpenAPI 3.1 document of every listed method, valid per
+//! the OpenAPI Initiative's schema; and the shell completion scripts.
+
+use crate::support::*;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// A scrape token, as `CAPSTAN_METRICS_TOKEN` (at least 24 characters).
+const SCRAPE_TOKEN: &str = "e2e-scrape-token-0123456789abcdef";
+
+/// The official JSON Schema of OpenAPI 3.1 documents (`https://spec.openapis.org/oas/3.1/schema/2022-10-07`,
+/// Apache-2.0, the OpenAPI Initiative), as the `openapi-spec-validator` 0.9.0 package ships it.
+const OAS_31_SCHEMA: &str = include_str!("data/openapi-3.1-schema.json");
+
+/// One sample line of the Prometheus text format: the metric's name, its labels, its value.
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// The samples of a scrape (comment lines skipped).
+fn samples(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample line is `series value`: {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("a sample's value is a number: {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((name, rest)) => (name, parse_labels(rest.strip_suffix('}').unwrap_or_else(|| panic!("labels end with }}: {line:?}")))),
+            None => (series, BTreeMap::new()),
+        };
+        out.push(Sample { name: name.to_string(), labels, value });
+    }
+    out
+}
+
+/// `k="v",k2="v2"` (values with `\"`, `\\` and `\n` escapes).
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() {
+            return labels;
+        }
+        assert_eq!(chars.next(), Some('"'), "a label value is quoted in {text:?}");
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => value.push(match chars.next() {
+                    Some('n') => '\n',
+                    Some(other) => other,
+                    None => break,
+                }),
+                '"' => break,
+                other => value.push(other),
+            }
+        }
+        labels.insert(key.trim_start_matches(',').to_string(), value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+}
+
+/// The sum of `name`'s samples whose labels include `labels` (0 when there is none).
+fn total(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+        .map(|s| s.value)
+        .sum()
+}
+
+fn scrape(server: &Capstan) -> (String, Vec<Sample>) {
+    let bearer = format!("Bearer {SCRAPE_TOKEN}");
+    let reply = server.request("GET", "/metrics", &[("authorization", &bearer)], None);
+    assert_eq!(reply.status, 200, "{}: {}", reply.what, reply.body);
+    assert!(reply.content_type.as_deref().unwrap_or_default().starts_with("text/plain"), "{:?}", reply.content_type);
+    let parsed = samples(&reply.body);
+    (reply.body, parsed)
+}
+
+#[test]
+fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = with_test_admin(dev_command(&dir.path().join("data")));
+    cmd.env("CAPSTAN_METRICS_TOKEN", SCRAPE_TOKEN);
+    let server = Capstan::start(cmd);
+
+    // refused without the token, or with another one: the uniform denial
+    server.get("/metrics").expect_error(401, "unauthenticated");
+    server
+        .request("GET", "/metrics", &[("authorization", "Bearer e2e-scrape-token-0123456789abcdeX")], None)
+        .expect_error(401, "unauthenticated");
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    server.request("GET", "/metrics", &[("authorization", &format!("Bearer {admin}"))], None).expect_error(401, "unauthenticated");
+    crate::appstore::wait_for_appstore(&server, &admin);
+
+    let whoami = [("route", "/api/v1/{method}"), ("method", "auth.whoami"), ("status", "200")];
+    let unknown = [("route", "/api/v1/{method}"), ("method", "unknown"), ("status", "404")];
+    let login = [("method", "auth.login"), ("status", "200")];
+    let appstore = [("plugin", "appstore"), ("kind", "method"), ("outcome", "ok")];
+    let (_, before) = scrape(&server);
+
+    for _ in 0..3 {
+        server.call_as(&admin, "auth.whoami", &json!({})).expect_json(200);
+    }
+    server.call_as(&admin, "nothing.here", &json!({})).expect_error(404, "method-unknown");
+    server.call_as(&admin, "secretish.value12345", &json!({})).expect_error(404, "method-unknown");
+    let again = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    server.call_as(&again, "appstore.listApps", &json!({})).expect_json(200);
+    let (text, after) = scrape(&server);
+
+    let moved = |name: &str, labels: &[(&str, &str)]| total(&after, name, labels) - total(&before, name, labels);
+    assert_eq!(moved("capstan_http_requests_total", &whoami), 3.0, "{text}");
+    assert_eq!(moved("capstan_http_request_duration_seconds_count", &whoami[..2]), 3.0, "{text}");
+    assert_eq!(moved("capstan_http_requests_total", &unknown), 2.0, "unknown methods collapse to one label: {text}");
+    assert_eq!(moved("capstan_http_requests_total", &login), 1.0, "{text}");
+    assert!(moved("capstan_plugin_calls_total", &appstore) >= 1.0, "{text}");
+    assert!(moved("capstan_plugin_call_duration_seconds_count", &[("plugin", "appstore"), ("kind", "method")]) >= 1.0, "{text}");
+    assert!(moved("capstan_store_transactions_total", &[("outcome", "committed")]) >= 1.0, "a login writes a session: {text}");
+    assert!(total(&after, "capstan_store_transaction_duration_seconds_count", &[]) > 0.0, "{text}");
+    // the scrape before counts as a request too, under its route
+    assert!(moved("capstan_http_requests_total", &[("route", "/metrics"), ("status", "200")]) >= 1.0, "{text}");
+
+    // the gauges read at scrape time
+    for kind in ["dashboard", "cli", "relay", "agent"] {
+        assert!(
+            after.iter().any(|s| s.name == "capstan_socket_sessions" && s.labels.get("kind").map(String::as_str) == Some(kind)),
+            "{text}"
+        );
+    }
+    for gauge in ["capstan_relay_sessions", "capstan_fleet_live_nodes", "capstan_fleet_lease_holder", "capstan_outbox_head_sequence"] {
+        assert!(after.iter().any(|s| s.name == gauge), "{gauge} missing: {text}");
+    }
+    assert_eq!(total(&after, "capstan_plugins_loaded", &[]), 1.0, "{text}");
+    let holder = total(&after, "capstan_fleet_lease_holder", &[]);
+    assert!(holder == 0.0 || holder == 1.0, "{text}");
+    assert!(total(&after, "capstan_outbox_head_sequence", &[]) >= 1.0, "installing the App Store wrote events: {text}");
+    assert!(after.iter().any(|s| s.name == "capstan_outbox_consumer_lag" && s.labels["consumer"] == "plugin:appstore"), "{text}");
+
+    // never a secret or a value a client chose
+    for secret in [SCRAPE_TOKEN, TEST_ADMIN.1, admin.as_str(), again.as_str(), "secretish", "nothing.here"] {
+        assert!(!text.contains(secret), "the exposition shows {secret:?}");
+    }
+    let methods: Vec<String> = server.listed_methods().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect();
+    for sample in after.iter().filter(|s| s.name.starts_with("capstan_http_request")) {
+        let method = &sample.labels["method"];
+        assert!(method.is_empty() || method == "unknown" || methods.contains(method), "{method} is no listed method");
+    }
+    drop(server);
+
+    // without the setting, /metrics is off
+    let off = Capstan::start(dev_command(&dir.path().join("data-off")));
+    off.get("/metrics").expect_error(404, "metrics-disabled");
+    off.request("GET", "/metrics", &[("authorization", &format!("Bearer {SCRAPE_TOKEN}"))], None).expect_error(404, "metrics-disabled");
+}
+
+#[test]
+fn a_short_scrape_token_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = dev_command(&dir.path().join("data"));
+    cmd.env("CAPSTAN_METRICS_TOKEN", "short-token");
+    let exited = run_to_exit(cmd);
+    let said = exited.assert_refused(2, "config-invalid");
+    assert!(said.contains("CAPSTAN_METRICS_TOKEN") && !said.contains("short-token"), "{said}");
+}
+
+/// Every `$ref` of `doc` that points into it resolves.
+fn dangling_references(doc: &Value) -> Vec<String> {
+    fn walk(value: &Value, doc: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::Object(fields) => {
+                for (key, child) in fields {
+                    match child {
+                        Value::String(target) if key == "$ref" => {
+                            let pointer = target.strip_prefix('#').unwrap_or("<not local>");
+                            if doc.pointer(pointer).is_none() {
+                                out.push(target.clone());
+                            }
+                        }
+                        _ => walk(child, doc, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| walk(item, doc, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(doc, doc, &mut out);
+    out
+}
+
+#[test]
+fn the_openapi_document_is_valid_and_lists_every_method() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    crate::appstore::wait_for_appstore(&server, &admin);
+
+    let listed = server.listed_methods();
+    let doc = server.get("/api/v1/openapi.json").expect_json(200);
+
+    // valid per the OpenAPI Initiative's schema of 3.1 documents
+    let schema: Value = serde_json::from_str(OAS_31_SCHEMA).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("the OpenAPI 3.1 schema compiles");
+    let errors: Vec<String> = validator.iter_errors(&doc).take(20).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+    assert!(errors.is_empty(), "the document breaks the OpenAPI 3.1 schema: {errors:#?}");
+    // (the schema does judge: a document without its info, or with an answer that is no
+    // response object, is refused)
+    let mut broken = doc.clone();
+    broken.as_object_mut().unwrap().remove("info");
+    assert!(!validator.is_valid(&broken));
+    let mut broken = doc.clone();
+    broken["paths"]["/api/v1/auth.whoami"]["post"]["responses"]["200"] = json!("fine");
+    assert!(!validator.is_valid(&broken));
+    // and read by an OpenAPI 3.1 library
+    let parsed = oas3::from_json(doc.to_string()).expect("oas3 reads the document");
+    assert_eq!(parsed.openapi, "3.1.0");
+    assert_eq!(dangling_references(&doc), Vec::<String>::new(), "every reference resolves in the document");
+
+    // every method of /api/v1/methods is one operation, with its own schemas
+    let paths = doc["paths"].as_object().unwrap();
+    assert_eq!(paths.len(), listed.len(), "one path per listed method");
+    assert!(listed.iter().any(|m| m["plugin"] == "appstore"), "plugin methods are listed");
+    for method in &listed {
+        let name = method["name"].as_str().unwrap();
+        let operation = &doc["paths"][format!("/api/v1/{name}")]["post"];
+        assert_eq!(operation["operationId"], name, "{name}");
+        assert_eq!(operation["summary"], method["summary"], "{name}");
+        assert_eq!(operation["x-capstan-access"], method["access"], "{name}");
+        let input = &doc["components"]["schemas"][format!("{name}.input")];
+        let output = &doc["components"]["schemas"][format!("{name}.output")];
+        assert_eq!(input["properties"], rebased_like(&method["input"]["properties"], &format!("{name}.input")), "{name}");
+        assert_eq!(input.get("required"), method["input"].get("required"), "{name}");
+        assert_eq!(output.get("type"), method["output"].get("type"), "{name}");
+        assert_eq!(operation["requestBody"]["content"]["application/json"]["schema"]["$ref"], format!("#/components/schemas/{name}.input"));
+        assert_eq!(
+            operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            format!("#/components/schemas/{name}.output")
+        );
+        assert_eq!(
+            operation["responses"]["default"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ErrorEnvelope"
+        );
+        let security = operation["security"].as_array().unwrap();
+        if method["access"] == "public" {
+            assert!(security.contains(&json!({})), "{name}: a public method needs no token");
+        } else {
+            assert_eq!(security, &vec![json!({ "bearer": [] })], "{name}");
+            assert!(operation["responses"]["401"].is_object(), "{name}");
+        }
+        if let Some(plugin) = method.get("plugin") {
+            assert_eq!(&operation["x-capstan-plugin"], plugin, "{name}");
+        }
+        // each schema is itself a JSON Schema (2020-12) that compiles in the document
+        for part in ["input", "output"] {
+            let mut standalone = doc.clone();
+            standalone["$ref"] = json!(format!("#/components/schemas/{name}.{part}"));
+            jsonschema::validator_for(&standalone).unwrap_or_else(|e| panic!("{name}.{part}: {e}"));
+        }
+    }
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+
+    // a request the document describes is answered as it says: a refusal is the envelope
+    let error = server.call("auth.whoami", "{}").expect_error(401, "unauthenticated");
+    let envelope = doc["components"]["schemas"]["ErrorEnvelope"].clone();
+    let envelope = jsonschema::validator_for(&envelope).unwrap();
+    assert!(envelope.is_valid(&json!({ "error": error })));
+}
+
+/// What the document makes of a method's schema part: local references moved into its component.
+fn rebased_like(value: &Value, component: &str) -> Value {
+    match value {
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(k, v)| match v {
+                    Value::String(t) if k == "$ref" && t.starts_with('#') => {
+                        (k.clone(), json!(format!("#/components/schemas/{component}{}", &t[1..])))
+                    }
+                    _ => (k.clone(), rebased_like(v, component)),
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(|v| rebased_like(v, component)).collect()),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let mut cmd = capstan();
+        cmd.args(["completions", shell]);
+        let exited = run_to_exit(cmd);
+        assert!(exited.status.success(), "capstan completions {shell}: {exited:?}");
+        assert!(exited.stdout.len() > 200 && exited.stdout.contains("capstan"), "{shell}: {}", exited.stdout);
+        // the commands and their flags are in it
+        assert!(exited.stdout.contains("serve") && exited.stdout.contains("completions"), "{shell}");
+    }
+    let mut cmd = capstan();
+    cmd.args(["completions", "tcsh"]);
+    let exited = run_to_exit(cmd);
+    assert_eq!(exited.status.code(), Some(2), "an unknown shell is a usage error: {exited:?}");
+}
