@@ -231,17 +231,28 @@ pub fn user(client: &Client, text: &str, organization: Option<&str>) -> Result<S
         }
         (listed, _) => listed,
     };
-    let users = users.map_err(|refusal| {
-        if refusal.is("method-unknown") || refusal.is("method-not-found") {
-            Refusal::new(
-                "user-not-found",
-                format!("this host cannot list people, so {:?} cannot be looked up by name: give the user's id (user_…)", shorten(text)),
-            )
-        } else {
-            refusal
-        }
-    })?;
-    pick(Kind::User, text, "", &named(users, "userId", "username", Kind::User))
+    user_among(
+        &users.map_err(|refusal| {
+            if refusal.is("method-unknown") || refusal.is("method-not-found") {
+                Refusal::new(
+                    "user-not-found",
+                    format!(
+                        "this host cannot list people, so {:?} cannot be looked up by name: give the user's id (user_…)",
+                        shorten(text)
+                    ),
+                )
+            } else {
+                refusal
+            }
+        })?,
+        text,
+    )
+}
+
+/// The id of the person `text` names (a username or an id) among `people` as `users.list`
+/// answers them.
+pub fn user_among(people: &[Value], text: &str) -> Result<String> {
+    pick(Kind::User, text, "", &named(people.to_vec(), "userId", "username", Kind::User))
 }
 
 /// A plugin's id from its id or name (`plugins.list`).

@@ -8,6 +8,7 @@
 
 use super::client::{Client, Common, finish, print_json, print_table, text, utc};
 use super::inventory;
+use super::resolve;
 use crate::refusal::{Refusal, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
@@ -98,15 +99,12 @@ fn all(client: &Client) -> Result<Vec<Value>> {
     Err(Refusal::new("too-many-users", "more people than one lookup reads: name the person by id"))
 }
 
-/// The person `name` names (a username, else an id), as `users.list` shows them.
+/// The person `name` names (a username or an id, as the shared resolver reads them), as
+/// `users.list` shows them.
 pub fn find(client: &Client, name: &str) -> Result<Value> {
     let people = all(client)?;
-    people
-        .iter()
-        .find(|p| p["username"].as_str() == Some(name))
-        .or_else(|| people.iter().find(|p| p["userId"].as_str() == Some(name)))
-        .cloned()
-        .ok_or_else(|| Refusal::new("user-not-found", format!("no person is named {name}")).with_data(json!({ "field": "user" })))
+    let id = resolve::user_among(&people, name)?;
+    people.iter().find(|p| p["userId"].as_str() == Some(id.as_str())).cloned().ok_or_else(|| Refusal::internal("a listed person vanished"))
 }
 
 fn with_login_hint(client: &Client) -> impl Fn(Refusal) -> Refusal + '_ {
