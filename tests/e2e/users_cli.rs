@@ -73,7 +73,7 @@ fn people_are_managed_from_the_cli_and_refused_by_name() {
     assert_eq!(whoami(&server, &session), 401);
     assert_eq!(login_status(&server, "pat", &first), 401);
     let session = server.login("pat", &second);
-    let revoked = json_of(&run(&["users", "revoke-sessions", "pat", "--json"]));
+    let revoked = json_of(&run(&["users", "revoke-sessions", "pat", "--yes", "--json"]));
     assert_eq!((revoked["username"].as_str(), revoked["sessionsRevoked"].as_u64()), (Some("pat"), Some(1)));
     assert_eq!(whoami(&server, &session), 401);
     assert_eq!(login_status(&server, "pat", &second), 200, "revoking sessions keeps the password");
@@ -98,8 +98,8 @@ fn people_are_managed_from_the_cli_and_refused_by_name() {
     let listed = run(&["publishers", "list"]);
     let row = succeeded(&listed).lines().find(|l| l.starts_with("Acme Plugins")).unwrap_or_else(|| panic!("{}", listed.stdout));
     assert!(row.contains(&public_key) && row.contains("admin at "), "{row}");
-    assert!(succeeded(&run(&["publishers", "remove", "Acme Plugins"])).contains("no longer trusting"));
-    run(&["publishers", "remove", "Acme Plugins"]).assert_refused(1, "publisher-not-found");
+    assert!(succeeded(&run(&["publishers", "remove", "Acme Plugins", "--yes"])).contains("no longer trusting"));
+    run(&["publishers", "remove", "Acme Plugins", "--yes"]).assert_refused(1, "publisher-not-found");
     run(&["publishers", "add", "not-a-key", "--name", "x"]).assert_refused(1, "publisher-key-invalid");
 
     let output = format!("{}{}", server.stdout(), server.stderr());

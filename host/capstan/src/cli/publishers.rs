@@ -5,6 +5,7 @@
 //! be removed here.
 
 use super::client::{Client, Common, finish, print_json, print_table, text, utc};
+use super::confirm::{Confirm, ask, can_confirm};
 use crate::refusal::{Refusal, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
@@ -28,10 +29,13 @@ pub enum PublishersCommand {
         common: Common,
     },
     /// Stop trusting a publisher: installed plugins it signed keep running; their next
-    /// upgrade must be signed by a trusted key.
+    /// upgrade must be signed by a trusted key. Asks on a terminal ([y/N]); refused
+    /// `confirmation-required` without --yes when standard input is not a terminal.
     Remove {
         /// The publisher's name, fingerprint or public key
         publisher: String,
+        #[command(flatten)]
+        confirm: Confirm,
         #[command(flatten)]
         common: Common,
     },
@@ -41,7 +45,7 @@ pub fn run(command: PublishersCommand) -> ExitCode {
     let (result, json) = match command {
         PublishersCommand::List { common } => (list(&common), common.json),
         PublishersCommand::Add { public_key, name, common } => (add(&public_key, &name, &common), common.json),
-        PublishersCommand::Remove { publisher, common } => (remove(&publisher, &common), common.json),
+        PublishersCommand::Remove { publisher, confirm, common } => (remove(&publisher, &confirm, &common), common.json),
     };
     finish(result, json)
 }
@@ -101,7 +105,8 @@ fn add(public_key: &str, name: &str, common: &Common) -> Result<()> {
     Ok(())
 }
 
-fn remove(publisher: &str, common: &Common) -> Result<()> {
+fn remove(publisher: &str, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
     let listed = client.call("plugins.listTrustedPublishers", &json!({}))?;
     let wanted = publisher.trim();
@@ -124,6 +129,7 @@ fn remove(publisher: &str, common: &Common) -> Result<()> {
             .with_data(json!({ "fingerprints": matching.iter().map(|p| text(p, "fingerprint")).collect::<Vec<_>>() })));
         }
     };
+    ask(confirm, || Ok(format!("Stop trusting publisher {wanted} ({key})? Bundles it signs are refused from now on.")))?;
     let answer = client.call("plugins.removeTrustedPublisher", &json!({ "publicKey": key })).map_err(with_login_hint(&client))?;
     if common.json {
         print_json(&answer);

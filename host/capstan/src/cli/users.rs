@@ -7,6 +7,7 @@
 //! `conflict`. A generated password goes to standard output once, never to a log.
 
 use super::client::{Client, Common, finish, print_json, print_table, text, utc};
+use super::confirm::{Confirm, ask, can_confirm};
 use super::inventory;
 use super::resolve;
 use crate::refusal::{Refusal, Result};
@@ -62,10 +63,14 @@ pub enum UsersCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// End every session of a person; their password stays (`users.revokeSessions`).
+    /// End every session of a person; their password stays (`users.revokeSessions`). Asks on a
+    /// terminal ([y/N]); refused `confirmation-required` without --yes when standard input is
+    /// not a terminal.
     RevokeSessions {
         /// The person's username or id
         user: String,
+        #[command(flatten)]
+        confirm: Confirm,
         #[command(flatten)]
         common: Common,
     },
@@ -80,7 +85,7 @@ pub fn run(command: UsersCommand) -> ExitCode {
         UsersCommand::Disable { user, common } => (set_disabled(&user, true, &common), common.json),
         UsersCommand::Enable { user, common } => (set_disabled(&user, false, &common), common.json),
         UsersCommand::ResetPassword { user, common } => (reset_password(&user, &common), common.json),
-        UsersCommand::RevokeSessions { user, common } => (revoke_sessions(&user, &common), common.json),
+        UsersCommand::RevokeSessions { user, confirm, common } => (revoke_sessions(&user, &confirm, &common), common.json),
     };
     finish(result, json)
 }
@@ -182,8 +187,10 @@ fn reset_password(user: &str, common: &Common) -> Result<()> {
     Ok(())
 }
 
-fn revoke_sessions(user: &str, common: &Common) -> Result<()> {
+fn revoke_sessions(user: &str, confirm: &Confirm, common: &Common) -> Result<()> {
+    can_confirm(confirm)?;
     let client = Client::new(&common.connection)?;
+    ask(confirm, || Ok(format!("End every session of {user}? They log in again with their password.")))?;
     let answer = change(&client, user, "users.revokeSessions", json!({}))?;
     if common.json {
         print_json(&answer);
