@@ -18,6 +18,7 @@
 //! host is refused. Every response carries a strict Content-Security-Policy: no inline
 //! script or style, nothing loaded from elsewhere, no framing.
 
+mod api_docs;
 pub mod assets;
 mod clusters;
 mod fleet;
@@ -168,6 +169,7 @@ pub fn router() -> Router<AppState> {
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))
         .merge(people::routes())
+        .merge(api_docs::routes())
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(middleware::from_fn(security_headers))
 }
@@ -230,6 +232,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("organizations.html", include_str!("../templates/organizations.html")),
     ("organization.html", include_str!("../templates/organization.html")),
     ("publishers.html", include_str!("../templates/publishers.html")),
+    ("api_docs.html", include_str!("../templates/api_docs.html")),
 ];
 
 static TEMPLATE_ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
@@ -468,6 +471,7 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Users", "users", Some("/users")),
     ("Publishers", "publishers", Some("/publishers")),
     ("Settings", "settings", Some("/settings")),
+    ("API", "api", Some("/docs/api")),
 ];
 
 /// The sections only administrators may open.

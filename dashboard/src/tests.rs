@@ -2928,3 +2928,21 @@ async fn publishers_are_listed_with_their_names_added_and_removed() {
     let removed = send(&state, post_form("/publishers/remove", &body, Some(&admin), Some(ORIGIN))).await;
     assert!(removed.body.contains("Publisher removed") && removed.body.contains(r#"id="publishers-empty""#), "{}", removed.body);
 }
+
+#[tokio::test]
+async fn the_api_reference_lists_every_method_with_its_schemas() {
+    let (_dir, state) = setup().await;
+    assert_eq!(send(&state, get("/docs/api", None)).await.status, StatusCode::SEE_OTHER, "a session is needed");
+    let cookie = login_cookie(&state).await;
+    let answer = send(&state, get("/docs/api", Some(&cookie))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.assert_security_headers("/docs/api");
+    let methods = state.methods.list();
+    assert!(answer.body.contains(&format!("{} operations", methods.len())), "{}", answer.body);
+    for method in &methods {
+        assert!(answer.body.contains(&format!("data-operation=\"{}\"", method.name)), "{} missing", method.name);
+    }
+    // the schemas are in the page (escaped), the document is linked, and no script renders it
+    assert!(answer.body.contains(&escaped("\"username\"")) && answer.body.contains("href=\"/api/v1/openapi.json\""));
+    assert!(answer.body.contains(&format!("href=\"{}\" aria-current=\"page\"", escaped("/docs/api"))), "the rail marks the page");
+}

@@ -361,11 +361,11 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path,
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
     // sections not built yet are not links; the overview, fleet, clusters, services,
-    // organizations, secrets, plugins, tasks, users, publishers and settings are (and the pages
-    // of the plugins loaded by now)
+    // organizations, secrets, plugins, tasks, users, publishers, settings and the API reference
+    // are (and the pages of the plugins loaded by now)
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
     assert_eq!(disabled.len(), 3);
-    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 11);
+    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 12);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -395,6 +395,7 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path,
     people_views(client).await;
     clusters_view(client, &api, dir).await;
     settings_view(client).await;
+    api_reference_view(client).await;
     tasks_view(client, dir).await;
     secrets_view(client, server, &api, dir).await;
     appstore_view(client, &api, dir).await;
@@ -446,6 +447,19 @@ impl<'a> ApiClient<'a> {
         let reply = self.server.request("POST", &format!("/api/v1/{method}"), &headers, Some(body.to_string().as_bytes()));
         (reply.status, reply.json())
     }
+}
+
+/// The API reference (`/docs/api`): reached from the rail, every operation listed, an
+/// operation's schemas unfolded on a click.
+async fn api_reference_view(client: &Client) {
+    click(client, r#"a.nav-item[href="/docs/api"]"#).await;
+    wait_for(client, "#api-count").await;
+    assert_eq!(text_of(client, "a.nav-item.active").await, "API");
+    assert!(text_of(client, "#api-count").await.ends_with("operations"));
+    assert!(client.find_all(Locator::Css("tr[data-operation]")).await.unwrap().len() > 50);
+    click(client, r#"tr[data-operation="auth.login"] summary"#).await;
+    let schema = text_of(client, r#"tr[data-operation="auth.login"] pre"#).await;
+    assert!(schema.contains("\"username\""), "{schema}");
 }
 
 async fn wait_for(client: &Client, css: &str) -> fantoccini::elements::Element {
