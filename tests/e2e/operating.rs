@@ -111,6 +111,12 @@ fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
     server.call_as(&admin, "secretish.value12345", &json!({})).expect_error(404, "method-unknown");
     let again = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
     server.call_as(&again, "appstore.listApps", &json!({})).expect_json(200);
+    let run = server.call_as(&admin, "tasks.trigger", &json!({ "id": "host.reap-expired-sessions" })).expect_json(200);
+    let run = run["id"].as_str().unwrap().to_string();
+    eventually("the task run ends", std::time::Duration::from_secs(30), || {
+        let execution = server.call_as(&admin, "tasks.getExecution", &json!({ "id": run })).expect_json(200);
+        if execution["status"] == "running" { Err(execution.to_string()) } else { Ok(()) }
+    });
     let (text, after) = scrape(&server);
 
     let moved = |name: &str, labels: &[(&str, &str)]| total(&after, name, labels) - total(&before, name, labels);
@@ -122,6 +128,8 @@ fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
     assert!(moved("capstan_plugin_call_duration_seconds_count", &[("plugin", "appstore"), ("kind", "method")]) >= 1.0, "{text}");
     assert!(moved("capstan_store_transactions_total", &[("outcome", "committed")]) >= 1.0, "a login writes a session: {text}");
     assert!(total(&after, "capstan_store_transaction_duration_seconds_count", &[]) > 0.0, "{text}");
+    let reaped = [("task", "host.reap-expired-sessions"), ("status", "succeeded")];
+    assert_eq!(moved("capstan_scheduler_runs_total", &reaped), 1.0, "{text}");
     // the scrape before counts as a request too, under its route
     assert!(moved("capstan_http_requests_total", &[("route", "/metrics"), ("status", "200")]) >= 1.0, "{text}");
 

@@ -404,6 +404,7 @@ impl Scheduler {
         let future = std::panic::AssertUnwindSafe(definition.future(log.clone())).catch_unwind();
         let (me, id, task) = (self.clone(), execution.id.clone(), definition.id.clone());
         tokio::spawn(async move {
+            let began = std::time::Instant::now();
             let outcome = tokio::time::timeout(max, Abortable::new(future, registration)).await;
             let error = |code: &str, message: String| Some(ExecutionError { code: code.into(), message });
             let (status, error) = match outcome {
@@ -418,6 +419,9 @@ impl Scheduler {
                 Ok(Err(_aborted)) => (Status::Cancelled, None),
                 Err(_elapsed) => (Status::Failed, error("task-timed-out", format!("the task did not finish within {} s", max.as_secs()))),
             };
+            // `/metrics`: runs on this node by task (a registered task's id: a bounded set) and status
+            metrics::counter!("capstan_scheduler_runs_total", "task" => task.clone(), "status" => status.as_str()).increment(1);
+            metrics::histogram!("capstan_scheduler_run_duration_seconds", "task" => task.clone()).record(began.elapsed().as_secs_f64());
             if status == Status::Failed && error.as_ref().is_some_and(|e| e.code == "task-panicked") {
                 tracing::error!(task = %task, execution = %id, "task panicked");
             }

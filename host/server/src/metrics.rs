@@ -85,6 +85,8 @@ fn describe() {
     describe_counter!("capstan_store_transactions_total", "Store transactions finished, by outcome (committed, conflict, busy, refused)");
     describe_counter!("capstan_store_transaction_retries_total", "Store transactions restarted after transient contention");
     describe_histogram!("capstan_store_transaction_duration_seconds", Unit::Seconds, "Store transaction time, retries included");
+    describe_counter!("capstan_scheduler_runs_total", "Task executions run on this node, by task and how they ended");
+    describe_histogram!("capstan_scheduler_run_duration_seconds", Unit::Seconds, "Task execution time, by task");
     describe_gauge!("capstan_socket_sessions", "Open /api/v1/socket sessions on this node, by kind");
     describe_gauge!("capstan_relay_sessions", "Cluster relay sessions this node holds");
     describe_gauge!(
