@@ -143,7 +143,7 @@ fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
     for gauge in ["capstan_relay_sessions", "capstan_fleet_live_nodes", "capstan_fleet_lease_holder", "capstan_outbox_head_sequence"] {
         assert!(after.iter().any(|s| s.name == gauge), "{gauge} missing: {text}");
     }
-    assert_eq!(total(&after, "capstan_plugins_loaded", &[]), 1.0, "{text}");
+    assert!(total(&after, "capstan_plugins_loaded", &[]) >= 1.0, "the App Store at least: {text}");
     let holder = total(&after, "capstan_fleet_lease_holder", &[]);
     assert!(holder == 0.0 || holder == 1.0, "{text}");
     assert!(total(&after, "capstan_outbox_head_sequence", &[]) >= 1.0, "installing the App Store wrote events: {text}");
