@@ -6,7 +6,6 @@
 
 use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
 use serde_json::{Value, json};
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -77,18 +76,7 @@ impl RunningAgent {
         let mut cmd = agent(state_dir);
         cmd.args(["run", "--interval", "1s", "--hostname-file"]).arg(hostname_file).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning capstan-agent run");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let stderr = crate::support::keep_stderr(&mut child);
         RunningAgent { child, stderr }
     }
 

@@ -17,7 +17,6 @@
 use crate::nodes::{agent_binary, machine_hostname_is_a_label};
 use crate::support::{Capstan, EXIT_TIMEOUT, Reply, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
 use serde_json::{Value, json};
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -54,18 +53,7 @@ impl RelayProcess {
         cmd.arg("relay").arg("--authorization-file").arg(authorization).args(["--listen", listen]);
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning capstan-agent relay");
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let log = crate::support::keep_stderr(&mut child);
         RelayProcess { child, log }
     }
 

@@ -802,3 +802,21 @@ pub fn run_on_terminal(mut cmd: Command, typed: &str) -> Exited {
     drop(terminal);
     exited
 }
+
+/// Keep what `child` writes to its piped stderr, read on a thread of its own, so a long-running
+/// child never blocks on a full pipe and a test can show its log.
+pub fn keep_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let kept = Arc::new(Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("the child's stderr is piped");
+    let sink = kept.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    kept
+}
