@@ -58,6 +58,8 @@ pub struct Relays {
     fleet_node_id: String,
     held: Mutex<HashMap<String, Held>>,
     waiting: Mutex<HashMap<String, Waiting>>,
+    /// The outbox position the configuration pushes follow from; unknown while no relay is held.
+    after: tokio::sync::Mutex<Option<u64>>,
     peers: forward::Peers,
 }
 
@@ -103,7 +105,15 @@ pub async fn identify(state: &crate::api::AppState, bearer: &[u8]) -> Result<(ca
 impl Relays {
     /// The relays of the fleet node `fleet_node_id`, whose sessions live in `hub`.
     pub fn new(store: Store, hub: Arc<Hub>, fleet_node_id: String, peers: forward::Peers) -> Arc<Relays> {
-        Arc::new(Relays { store, hub, fleet_node_id, held: Mutex::default(), waiting: Mutex::default(), peers })
+        Arc::new(Relays {
+            store,
+            hub,
+            fleet_node_id,
+            held: Mutex::default(),
+            waiting: Mutex::default(),
+            after: tokio::sync::Mutex::new(None),
+            peers,
+        })
     }
 
     /// The fleet node these relays are held by.
@@ -188,6 +198,13 @@ impl Relays {
                 format!("this socket's last accepted registration was sequence {last}: count on from there"),
             )
             .with_data(json!({ "lastSequence": last })));
+        }
+        // the changes from here on are followed (the outbox is read only while relays are held)
+        {
+            let mut after = self.after.lock().await;
+            if after.is_none() {
+                *after = Some(capstan_events::head(&self.store).await?);
+            }
         }
         let socket = Socket { session_id, fleet_node_id: &self.fleet_node_id };
         let accepted = registrations::register(&self.store, &cluster_id, &bearer, &input, socket).await?;
@@ -363,12 +380,11 @@ impl Relays {
                 }
             }
         });
-        let after = Arc::new(tokio::sync::Mutex::new(capstan_events::head(&self.store).await?));
         let watching = self.clone();
         let watch = crate::fleet::runtime::every(WATCH_EVERY, stop, move || {
-            let (relays, after) = (watching.clone(), after.clone());
+            let relays = watching.clone();
             async move {
-                let mut after = after.lock().await;
+                let mut after = relays.after.lock().await;
                 if let Err(e) = relays.follow(&mut after).await {
                     tracing::warn!(code = %e.code, "relay configuration changes were not read: {}", e.message);
                 }
@@ -379,7 +395,19 @@ impl Relays {
 
     /// Read the outbox after `after` and push the configuration of every held cluster a change
     /// concerns.
-    async fn follow(&self, after: &mut u64) -> Result<()> {
+    /// `after` is unknown (`None`) until this node's first relay registers (it is set to the
+    /// outbox head before that registration commits): a node that holds no relay reads nothing.
+    async fn follow(&self, after: &mut Option<u64>) -> Result<()> {
+        if self.clusters_held().is_empty() {
+            return Ok(());
+        }
+        let Some(mut after_seq) = *after else { return Ok(()) };
+        let result = self.follow_from(&mut after_seq).await;
+        *after = Some(after_seq);
+        result
+    }
+
+    async fn follow_from(&self, after: &mut u64) -> Result<()> {
         loop {
             let events = capstan_events::read_after(&self.store, *after, 200).await?;
             let Some(last) = events.last() else { return Ok(()) };
