@@ -80,18 +80,17 @@ fn ping_agent_asks_the_clusters_relay_and_passes_its_refusals_on() {
     let dir = env!("CARGO_MANIFEST_DIR");
     let manifest = std::fs::read_to_string(format!("{dir}/capstan-plugin.toml")).unwrap();
 
-    // as shipped, the example does not request `agents`: the host's grant refusal
-    let host = TestHost::build(dir);
+    // the example requests `agents` as shipped; without it the host refuses by name
+    let without = manifest.replacen(", \"agents\"]", "]", 1);
+    assert_ne!(without, manifest, "the manifest's capabilities line moved");
+    let host = TestHost::build_with_manifest(dir, &without);
     let relay = Relay::answering(Ok(json!({ "pong": true })));
     host.set_agent_dispatch(relay.clone());
     let refused = host.call("pingAgent", json!({ "clusterId": "cluster_a" })).unwrap_err();
     assert_eq!(refused.code(), "capability-denied", "{refused:?}");
     assert!(relay.asked.lock().unwrap().is_empty());
 
-    // granted `agents`
-    let granted = manifest.replacen("requested = [\"store\",", "requested = [\"agents\", \"store\",", 1);
-    assert_ne!(granted, manifest, "the manifest's capabilities line moved");
-    let host = TestHost::build_with_manifest(dir, &granted);
+    let host = TestHost::build(dir);
 
     // no dispatcher installed: not connected, retryable
     let refused = host.call("pingAgent", json!({ "clusterId": "cluster_a" })).unwrap_err();
