@@ -284,7 +284,7 @@ pub struct UpgradeRequest {
     /// Default: the newest offered version greater than the current one.
     #[schemars(with = "Option<String>")]
     version: Option<Version>,
-    /// For `upgrade`: the service revision read (a newer one is `conflict`).
+    /// For `upgrade` and `startServiceUpgrade`: the service revision read (a newer one is `conflict`).
     expected_revision: Option<u64>,
 }
 
@@ -330,9 +330,7 @@ struct Plan {
 /// What upgrading `service_id` to `version` would write, checked against the catalog.
 fn plan(input: &UpgradeRequest) -> Result<Plan> {
     let (catalog, _) = active::require()?;
-    let service = inventory::get::<Value>(EntityKind::Service, &input.service_id)?
-        .filter(|s| s.data["organizationId"] == input.organization_id.as_str())
-        .ok_or_else(|| Refusal::new("service-not-found", format!("there is no service {:?} in the organization", input.service_id)))?;
+    let service = service_in(&input.organization_id, &input.service_id)?;
     let from = snapshot_of(&service.data).ok_or_else(|| {
         Refusal::new(
             "appstore-service-not-from-catalog",
@@ -398,11 +396,17 @@ pub fn upgrade_preview(_ctx: &Context, input: UpgradeRequest) -> Result<Preview>
 }
 
 pub fn upgrade(_ctx: &Context, input: UpgradeRequest) -> Result<Value> {
+    Ok(write_upgrade(&input)?.0)
+}
+
+/// Write the planned upgrade against the revision the caller read; answers what `upgrade`
+/// answers, and the service as written.
+fn write_upgrade(input: &UpgradeRequest) -> Result<(Value, inventory::Entity<Value>)> {
     let expected = input.expected_revision.ok_or_else(|| {
         Refusal::invalid_request("an upgrade states the service revision it read (expectedRevision)")
             .with_data(json!({ "field": "expectedRevision" }))
     })?;
-    let plan = plan(&input)?;
+    let plan = plan(input)?;
     let body = json!({
         "id": plan.service.id,
         "expectedRevision": expected,
@@ -414,13 +418,158 @@ pub fn upgrade(_ctx: &Context, input: UpgradeRequest) -> Result<Value> {
     });
     let service = inventory::update_service::<Value>(&body)?;
     capstan_sdk::info!("upgraded service {} from {} {} to {}", service.id, plan.from.app_id, plan.from.version, plan.to.version);
-    Ok(json!({
+    let answer = json!({
         "id": service.id,
         "name": plan.preview.service_name,
         "revision": service.revision,
         "from": plan.preview.from,
         "to": plan.preview.to
-    }))
+    });
+    Ok((answer, service))
+}
+
+// ---- a hosted app's upgrade status ----
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceRef {
+    organization_id: String,
+    service_id: String,
+}
+
+/// Why an upgrade cannot be offered or judged: a refusal's code, message and cause.
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocker {
+    code: String,
+    message: String,
+    /// The refusal's `data.cause`, when it names one (why no catalog is active).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<String>,
+}
+
+impl From<&Refusal> for Blocker {
+    fn from(e: &Refusal) -> Blocker {
+        let cause = e.data().and_then(|d| d.get("cause")).and_then(Value::as_str).map(String::from);
+        Blocker { code: e.code().into(), message: e.message().into(), cause }
+    }
+}
+
+/// A hosted app's upgrade status, derived on every read from the service and the active catalog.
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    service_id: String,
+    service_name: String,
+    /// The service revision read (what `startServiceUpgrade` states).
+    service_revision: u64,
+    /// `up-to-date`, `available` (an upgrade can start), `blocked` (newer versions exist but
+    /// none can be installed here: see `blockers`), `unknown` (no verified catalog is active:
+    /// the cause is the blocker) or `not-from-catalog`.
+    status: String,
+    app_id: Option<String>,
+    current_version: Option<String>,
+    /// What an upgrade started now moves to.
+    target_version: Option<String>,
+    /// Offered versions newer than the current one, oldest first.
+    available: Vec<String>,
+    blockers: Vec<Blocker>,
+    /// The active catalog's revision the status was judged against.
+    catalog_revision: Option<u64>,
+}
+
+fn service_in(organization_id: &str, service_id: &str) -> Result<inventory::Entity<Value>> {
+    inventory::get::<Value>(EntityKind::Service, service_id)?
+        .filter(|s| s.data["organizationId"] == organization_id)
+        .ok_or_else(|| Refusal::new("service-not-found", format!("there is no service {service_id:?} in the organization")))
+}
+
+/// The upgrade status of one service: never refused for want of a catalog (it is `unknown`).
+fn upgrade_status(organization_id: &str, service_id: &str) -> Result<UpgradeStatus> {
+    let service = service_in(organization_id, service_id)?;
+    let snapshot = snapshot_of(&service.data);
+    let mut status = UpgradeStatus {
+        service_id: service.id.clone(),
+        service_name: service.data["name"].as_str().unwrap_or_default().into(),
+        service_revision: service.revision,
+        status: "not-from-catalog".into(),
+        app_id: snapshot.as_ref().map(|s| s.app_id.clone()),
+        current_version: snapshot.as_ref().map(|s| s.version.to_string()),
+        target_version: None,
+        available: Vec::new(),
+        blockers: Vec::new(),
+        catalog_revision: None,
+    };
+    let Some(snapshot) = snapshot else { return Ok(status) };
+    let catalog = match active::current()? {
+        Ok((catalog, _)) => catalog,
+        Err(why) => {
+            status.status = "unknown".into();
+            status.blockers.push(Blocker::from(&why.refusal()));
+            return Ok(status);
+        }
+    };
+    status.catalog_revision = Some(catalog.revision());
+    let Some(app) = catalog.app(&snapshot.app_id) else {
+        status.status = "blocked".into();
+        status.blockers.push(Blocker::from(&app_not_found(&snapshot.app_id)));
+        return Ok(status);
+    };
+    let newer = catalog.versions_newer_than(&snapshot.app_id, &snapshot.version);
+    status.available = newer.iter().map(|v| v.version.to_string()).collect();
+    // the newest version that can be installed here; each one that cannot says why
+    for version in newer.iter().rev() {
+        match check_capabilities(app, version) {
+            Ok(()) => {
+                status.target_version = Some(version.version.to_string());
+                break;
+            }
+            Err(e) => status.blockers.push(Blocker::from(&e)),
+        }
+    }
+    status.status = match (&status.target_version, newer.is_empty()) {
+        (Some(_), _) => "available",
+        (None, true) => "up-to-date",
+        (None, false) => "blocked",
+    }
+    .into();
+    if status.target_version.is_some() {
+        status.blockers.clear();
+    }
+    Ok(status)
+}
+
+pub fn service_upgrade_status(_ctx: &Context, input: ServiceRef) -> Result<UpgradeStatus> {
+    upgrade_status(&input.organization_id, &input.service_id)
+}
+
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Started {
+    /// `started`: the service now states the new version; its cluster rolls it out from there.
+    state: String,
+    service_id: String,
+    from: String,
+    to: String,
+    /// The service revision written.
+    revision: u64,
+    /// The upgrade status after the write.
+    upgrade_status: UpgradeStatus,
+}
+
+/// Start a hosted app's upgrade: the same checks and write as `upgrade`, to the newest
+/// offered version unless one is named; refused like it while no catalog is active.
+pub fn start_service_upgrade(_ctx: &Context, input: UpgradeRequest) -> Result<Started> {
+    let (answer, service) = write_upgrade(&input)?;
+    let text = |key: &str| answer[key].as_str().unwrap_or_default().to_string();
+    Ok(Started {
+        state: "started".into(),
+        service_id: service.id.clone(),
+        from: text("from"),
+        to: text("to"),
+        revision: service.revision,
+        upgrade_status: upgrade_status(&input.organization_id, &service.id)?,
+    })
 }
 
 // ---- adoption ----

@@ -2,7 +2,8 @@
 //! upgraded as services through the inventory.
 //!
 //! - **Never a startup blocker.** Loading only schedules work: the reconcile loop asks the
-//!   sources (setting `appstore.catalogSources`) when a pass is due — every 15 minutes, and after
+//!   sources (settings `appstore.catalogSources`, then the npm registries of
+//!   `appstore.catalogRegistries` holding the package `appstore.catalogPackage`) when a pass is due — every 15 minutes, and after
 //!   a failure with a backoff from 1 to 30 minutes. The catalog takes no part in readiness.
 //! - **Verified before use, last-known-good in the store** (`active`): a candidate activates
 //!   only with a trusted signature (setting `appstore.trustedCatalogKeys`), its digest, the
@@ -10,12 +11,14 @@
 //! - **Superseded catalogs do not pile up**: with each loader pass, stored chunks no pointer
 //!   names are deleted once they are an hour old (`active::collect_garbage`).
 //! - While no verified catalog is active, exactly `getAppConfig`, `listUpgradeable`,
-//!   `install`, `getUpgradePreview` and `upgrade` are refused `appstore-catalog-unavailable` (retryable)
-//!   with the cause; `listApps` answers an empty list with the status.
+//!   `install`, `getUpgradePreview`, `upgrade` and `startServiceUpgrade` are refused
+//!   `appstore-catalog-unavailable` (retryable) with the cause; `listApps` answers an empty list
+//!   with the status, and a service's upgrade status is `unknown` with that cause as its blocker.
 
 mod active;
 mod apps;
 mod loader;
+mod npm;
 mod settings;
 
 use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Result, Role};
@@ -61,10 +64,32 @@ impl Manager for AppStore {
                 Role::Owner,
                 apps::upgrade,
             )
+            .method(
+                "startServiceUpgrade",
+                "Start a hosted app's upgrade (the newest offered version unless one is named), stating the service revision read; answers its upgrade status.",
+                Role::Owner,
+                apps::start_service_upgrade,
+            )
+            .method(
+                "getServiceUpgradeStatus",
+                "A hosted app's upgrade status: up-to-date, available, blocked (with the blockers) or unknown while no catalog is active.",
+                Role::Member,
+                apps::service_upgrade_status,
+            )
             .setting::<settings::CatalogSources>(
                 settings::SOURCES,
                 "Where the App Store asks for signed catalogs, in order (https, or http to a loopback address)",
                 Some(settings::CatalogSources::default()),
+            )
+            .setting::<settings::CatalogRegistries>(
+                settings::REGISTRIES,
+                "npm registries asked for the catalog package after the sources, in order (https, or http to a loopback address)",
+                Some(settings::CatalogRegistries::default()),
+            )
+            .setting::<settings::CatalogPackage>(
+                settings::PACKAGE,
+                "The npm package holding the signed catalog (catalog.json at its top): name, or name@version / name@tag to pin it",
+                Some(settings::CatalogPackage::default()),
             )
             .setting::<settings::TrustedCatalogKeys>(
                 settings::TRUSTED_KEYS,
@@ -126,7 +151,7 @@ pub struct ActiveView {
     pub apps: usize,
     /// When it was activated, in milliseconds since the Unix epoch.
     pub activated_at: u64,
-    /// A source URL, or `import`.
+    /// A source URL, `<registry> <package>@<version>` for an npm registry, or `import`.
     pub source: String,
 }
 
@@ -144,6 +169,10 @@ pub struct Status {
     pub unavailable: Option<active::Unavailable>,
     /// The catalog source URLs (setting `appstore.catalogSources`), in the order they are asked.
     pub sources: Vec<String>,
+    /// The npm registries asked after the sources (setting `appstore.catalogRegistries`).
+    pub registries: Vec<String>,
+    /// The npm package asked for there (setting `appstore.catalogPackage`).
+    pub package: String,
     /// The loader's last attempt, outcome, errors and next due time (`loader/state`).
     #[schemars(with = "capstan_sdk::Value")]
     pub loader: loader::State,
@@ -165,7 +194,16 @@ pub fn current_status() -> Result<Status> {
         ),
         Err(why) => (None, Some(why)),
     };
-    Ok(Status { available: active.is_some(), active, unavailable, sources: loader::sources()?, loader: loader::state()? })
+    let settings = settings::get()?;
+    Ok(Status {
+        available: active.is_some(),
+        active,
+        unavailable,
+        sources: settings.catalog_sources.0,
+        registries: settings.catalog_registries.0,
+        package: settings.catalog_package.0,
+        loader: loader::state()?,
+    })
 }
 
 fn status(_ctx: &Context, _: Empty) -> Result<Status> {

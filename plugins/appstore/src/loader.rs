@@ -1,5 +1,6 @@
 //! Asking the configured sources for a newer catalog, in the background: the setting
-//! `appstore.catalogSources` lists URLs, asked in order until one answers a catalog that is the
+//! `appstore.catalogSources` lists URLs and `appstore.catalogRegistries` npm registries holding
+//! the catalog package (`npm`), asked in that order until one answers a catalog that is the
 //! active one or may succeed it. After a success the next pass is due in 15 minutes; after a
 //! failure in 1, 2, 4, … up to 30 minutes. The schedule and the last outcome live in
 //! `loader/state`, so every node (and the status method) sees them.
@@ -50,8 +51,27 @@ pub fn state() -> Result<State> {
     Ok(store::get::<State>(LOADER, STATE)?.map(|d| d.data).unwrap_or_default())
 }
 
-pub fn sources() -> Result<Vec<String>> {
-    Ok(crate::settings::get()?.catalog_sources.0)
+/// One place a pass asks: an HTTPS source, or an npm registry for the catalog package.
+enum Origin {
+    Source(String),
+    Registry(String, String),
+}
+
+impl Origin {
+    fn name(&self) -> &str {
+        match self {
+            Origin::Source(url) | Origin::Registry(url, _) => url,
+        }
+    }
+}
+
+/// The sources, then the registries, in the order the settings list them.
+fn origins() -> Result<Vec<Origin>> {
+    let settings = crate::settings::get()?;
+    let mut all: Vec<Origin> = settings.catalog_sources.0.into_iter().map(Origin::Source).collect();
+    let package = settings.catalog_package.0;
+    all.extend(settings.catalog_registries.0.into_iter().map(|registry| Origin::Registry(registry, package.clone())));
+    Ok(all)
 }
 
 /// Whether a background pass is due now.
@@ -65,12 +85,17 @@ fn backoff(failures: u32) -> u64 {
 
 /// Ask the sources in order; record the outcome and the next due time.
 pub fn pass() -> Result<State> {
-    let sources = sources()?;
+    let sources = origins()?;
     let started = now_ms();
     let mut errors = Vec::new();
     let mut outcome: Option<Outcome> = None;
-    for source in &sources {
-        match fetch_and_activate(source) {
+    for origin in &sources {
+        let source = origin.name();
+        let fetched = match origin {
+            Origin::Source(url) => fetch_and_activate(url),
+            Origin::Registry(registry, package) => fetch_package_and_activate(registry, package),
+        };
+        match fetched {
             Ok(done) => {
                 outcome = Some(done);
                 break;
@@ -78,7 +103,7 @@ pub fn pass() -> Result<State> {
             Err(e) => {
                 capstan_sdk::warn!("catalog source {source}: {} ({})", e.message(), e.code());
                 let cause = e.data().and_then(|d| d.get("cause")).and_then(Value::as_str).map(String::from);
-                errors.push(SourceError { source: source.clone(), code: e.code().into(), message: e.message().into(), cause });
+                errors.push(SourceError { source: source.to_string(), code: e.code().into(), message: e.message().into(), cause });
             }
         }
     }
@@ -116,4 +141,10 @@ fn fetch_and_activate(source: &str) -> Result<Outcome> {
             .with_data(json!({ "status": response.status })));
     }
     active::activate(&response.body, source).map(|(outcome, _)| outcome)
+}
+
+fn fetch_package_and_activate(registry: &str, package: &str) -> Result<Outcome> {
+    let spec = crate::npm::PackageSpec::parse(package)?;
+    let fetched = crate::npm::fetch(registry, &spec)?;
+    active::activate(&fetched.envelope, &fetched.source).map(|(outcome, _)| outcome)
 }
