@@ -17,6 +17,7 @@ mod hostile;
 mod identity;
 mod inventory;
 mod logging;
+mod mcp;
 mod migrations;
 mod mongo;
 mod nodes;

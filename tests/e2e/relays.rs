@@ -112,7 +112,7 @@ fn refused(reply: &Reply, code: &str) -> Value {
 
 /// `capstan keyring export-relay-authorization --cluster ID --output FILE --json [extra]`: the
 /// CLI's report.
-fn export(server: &Capstan, token: &str, config_home: &Path, cluster_id: &str, output: &Path, extra: &[&str]) -> Value {
+pub(crate) fn export(server: &Capstan, token: &str, config_home: &Path, cluster_id: &str, output: &Path, extra: &[&str]) -> Value {
     let mut cmd = capstan();
     cmd.args(["keyring", "export-relay-authorization", "--cluster", cluster_id, "--output"])
         .arg(output)

@@ -123,7 +123,7 @@ impl Http<'_> {
 }
 
 /// A value sealed to the server's ingress recipient for `method` on `owner`/`key`, as a client does.
-fn seal(recipient: &Value, method: &str, owner_ref: &str, key: &str, value: &[u8]) -> Value {
+pub(crate) fn seal(recipient: &Value, method: &str, owner_ref: &str, key: &str, value: &[u8]) -> Value {
     use base64::Engine;
     let public: [u8; 32] = base64::engine::general_purpose::STANDARD
         .decode(recipient["publicKey"].as_str().unwrap())
