@@ -80,10 +80,12 @@ impl Fleet {
         ["a", "b", "c"].iter().map(|n| self.start(n)).collect()
     }
 
-    /// `capstan <args>` reading the shared bucket, judging liveness by the fleet's window.
+    /// `capstan <args> --from-storage` reading the shared bucket, judging liveness by the
+    /// fleet's window.
     fn cli(&self, args: &[&str]) -> Exited {
         let mut cmd = capstan();
         cmd.args(args)
+            .arg("--from-storage")
             .current_dir(self.dir.path())
             .env(BLOB_URL, format!("file:{}", self.prod.blobs.display()))
             .env(LIVENESS_WINDOW_MS, self.window_ms.to_string());
@@ -478,13 +480,18 @@ fn reaching_beyond_loopback_needs_a_stated_network_and_wireguard_needs_its_key()
     let mut wg = fleet.serve_on_loopback("wg");
     wg.args(["--network", "wireguard"]);
     run_to_exit(wg).assert_refused(1, "wireguard-key-missing");
-    let init = fleet.cli(&["wg", "init", "--state-dir", fleet.state_dir("wg").to_str().unwrap()]);
+    let wg_init = || {
+        let mut cmd = capstan();
+        cmd.args(["wg", "init", "--state-dir"]).arg(fleet.state_dir("wg"));
+        run_to_exit(cmd)
+    };
+    let init = wg_init();
     assert!(init.status.success(), "capstan wg init should succeed: {init:?}");
     assert!(init.stdout.contains("public key: "), "{init:?}");
     let key_file = fleet.state_dir("wg").join("wireguard.json");
     assert_eq!(std::fs::metadata(&key_file).unwrap().mode() & 0o777, 0o600, "the WireGuard key is private");
     let key = std::fs::read(&key_file).unwrap();
-    fleet.cli(&["wg", "init", "--state-dir", fleet.state_dir("wg").to_str().unwrap()]).assert_refused(1, "output-exists");
+    wg_init().assert_refused(1, "output-exists");
     assert_eq!(std::fs::read(&key_file).unwrap(), key, "a second wg init never replaces the key");
 
     let mut wg = fleet.serve_on_loopback("wg");
@@ -543,26 +550,68 @@ fn a_deploy_freeze_is_listed_refuses_a_second_freeze_and_lifts() {
 
     let mut by_user = capstan();
     by_user
-        .args(["fleet", "freeze", "--reason", "audit"])
+        .args(["fleet", "freeze", "--reason", "audit", "--from-storage"])
         .env(BLOB_URL, format!("file:{}", fleet.prod.blobs.display()))
         .env("USER", "carol");
     assert!(run_to_exit(by_user).status.success());
     assert_eq!(fleet.listing()["freeze"]["by"], "carol", "--by defaults to $USER");
 }
 
+/// `capstan fleet nodes | freeze | unfreeze` ask a node's API by default (the freeze recorded as
+/// the logged-in user); `--from-storage` reads the same facts from the bucket, and refuses a
+/// path that holds no fleet instead of creating it or answering "0 nodes".
 #[test]
-fn fleet_nodes_reads_a_dev_bucket() {
+fn fleet_commands_go_through_the_api_and_read_storage_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Capstan::dev(&data);
-    let mut cmd = capstan();
-    cmd.args(["fleet", "nodes", "--json", "--dev", "--data-dir"]).arg(&data);
-    let out = run_to_exit(cmd);
-    assert!(out.status.success(), "{out:?}");
-    let listing: Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    assert_eq!(listing["total"], 1, "{listing}");
-    assert_eq!(listing["nodes"][0]["nodeId"], server.node_id().as_str(), "{listing}");
+    let server = Capstan::start(with_test_admin(dev_command(&data)));
+    let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let cli = |args: &[&str]| {
+        let mut cmd = capstan();
+        cmd.arg("fleet").args(args).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", &token).env("XDG_CONFIG_HOME", dir.path());
+        run_to_exit(cmd)
+    };
+    let json = |exited: Exited| -> Value {
+        assert!(exited.status.success(), "{exited:?}");
+        serde_json::from_str(exited.stdout.trim()).unwrap_or_else(|e| panic!("one line of JSON ({e}): {exited:?}"))
+    };
+
+    let listing = json(cli(&["nodes", "--json"]));
+    assert_eq!((listing["total"].clone(), listing["nodes"][0]["nodeId"].clone()), (json!(1), json!(server.node_id())), "{listing}");
     assert_eq!(listing["nodes"][0]["state"], "live", "{listing}");
+
+    let frozen = cli(&["freeze", "--reason", "release week"]);
+    assert!(frozen.status.success() && frozen.stdout.contains("deploys frozen by admin : release week"), "{frozen:?}");
+    cli(&["freeze", "--reason", "again"]).assert_refused(1, "deploy-frozen");
+    assert_eq!(cli(&["freeze", "--reason", "x", "--by", "mallory"]).status.code(), Some(2), "--by names someone only offline");
+    let text = cli(&["nodes"]);
+    assert!(text.status.success() && text.stdout.contains(" by admin: release week"), "{text:?}");
+
+    // the same facts from the bucket, with no node asked
+    let mut stored = capstan();
+    stored.args(["fleet", "nodes", "--json", "--from-storage", "--dev", "--data-dir"]).arg(&data);
+    let stored = json(run_to_exit(stored));
+    assert_eq!((stored["total"].clone(), stored["freeze"]["by"].clone()), (json!(1), json!("admin")), "{stored}");
+
+    let lifted = cli(&["unfreeze"]);
+    assert!(lifted.status.success() && lifted.stdout.contains("deploy freeze lifted"), "{lifted:?}");
+    assert_eq!(json(cli(&["nodes", "--json"]))["freeze"], Value::Null);
+
+    // a path that holds no fleet: refused by name, nothing created
+    let nowhere = dir.path().join("no-such-data");
+    let mut cmd = capstan();
+    cmd.args(["fleet", "nodes", "--from-storage", "--dev", "--data-dir"]).arg(&nowhere);
+    run_to_exit(cmd).assert_refused(1, "fleet-not-found");
+    assert!(!nowhere.exists(), "reading a fleet must not create {}", nowhere.display());
+    let empty = dir.path().join("empty-bucket");
+    std::fs::create_dir(&empty).unwrap();
+    let mut cmd = capstan();
+    cmd.args(["fleet", "unfreeze", "--from-storage"]).env(BLOB_URL, format!("file:{}", empty.display()));
+    run_to_exit(cmd).assert_refused(1, "fleet-not-found");
+    // a --from-storage option without the flag is a usage mistake
+    let mut cmd = capstan();
+    cmd.args(["fleet", "nodes", "--dev"]);
+    assert_eq!(run_to_exit(cmd).status.code(), Some(2));
 }
 
 /// Draining gives the lease up (its expiry set to now) so that another node need not wait out
@@ -619,7 +668,7 @@ fn fleet_nodes_judges_by_the_window_in_the_config_file() {
     std::fs::write(&file, text).unwrap();
     std::thread::sleep(Duration::from_millis(fleet.window_ms + 500));
     let mut cmd = capstan();
-    cmd.args(["fleet", "nodes", "--json", "--config"]).arg(&file);
+    cmd.args(["fleet", "nodes", "--json", "--from-storage", "--config"]).arg(&file);
     let out = run_to_exit(cmd);
     assert!(out.status.success(), "{out:?}");
     let listing: Value = serde_json::from_str(out.stdout.trim()).unwrap();

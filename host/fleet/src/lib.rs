@@ -320,7 +320,7 @@ pub async fn read_freeze(blobs: &Blobs) -> Result<Option<Freeze>> {
 /// and `deploy-frozen` while a freeze already stands.
 pub async fn freeze(blobs: &Blobs, by: &str, reason: &str) -> Result<Freeze> {
     if reason.trim().is_empty() || reason.len() > 500 {
-        return Err(Refusal::invalid_request("a freeze needs a reason of 1 to 500 bytes"));
+        return Err(Refusal::invalid_request("a freeze needs a reason of 1 to 500 bytes").with_data(json!({ "field": "reason" })));
     }
     let freeze = Freeze { since: now_ms(), by: by.into(), reason: reason.trim().into() };
     match blobs.put_bytes(FREEZE_KEY, encode(&freeze)?, PutMode::CreateOnly).await {

@@ -1,7 +1,7 @@
 //! `fleet.*` API methods.
 
 use super::runtime::{Assignments, Fleet};
-use super::{lease, listing, read_freeze, read_nodes};
+use super::{Freeze, freeze, lease, listing, read_freeze, read_nodes, unfreeze};
 use capstan_core::refusal::Refusal;
 use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
@@ -35,6 +35,27 @@ pub struct Rebalanced {
     pub placements: std::collections::BTreeMap<String, Vec<String>>,
 }
 
+/// What `fleet.freeze` takes: why deploys stop (the caller is recorded as who).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FreezeParams {
+    /// Why, 1 to 500 bytes; shown to everyone who lists the fleet or is refused `deploy-frozen`.
+    pub reason: String,
+}
+
+/// The freeze `fleet.freeze` put in place.
+#[derive(serde::Serialize, JsonSchema)]
+#[serde(transparent)]
+pub struct FreezeJson(#[schemars(with = "serde_json::Value")] Freeze);
+
+/// What `fleet.unfreeze` did.
+#[derive(serde::Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Unfrozen {
+    /// `false` when no freeze was standing.
+    pub lifted: bool,
+}
+
 /// Register the `fleet.*` methods, answered from this node's place in the fleet.
 pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
     let mut registry = registry.with(fleet);
@@ -51,6 +72,19 @@ pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
         .coordinator_only();
 
     registry.add(
+        "fleet.freeze",
+        "Freeze deploys: plugin installs and upgrades are refused deploy-frozen until it is lifted",
+        Access::Admin,
+        |fleet: Arc<Fleet>, call: Call, params: FreezeParams| async move {
+            let by = call.identity()?.username.clone();
+            Ok(FreezeJson(freeze(&fleet.node.blobs, &by, &params.reason).await?))
+        },
+    );
+    registry.add("fleet.unfreeze", "Lift the deploy freeze", Access::Admin, |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
+        Ok(Unfrozen { lifted: unfreeze(&fleet.node.blobs).await? })
+    });
+
+    registry.add(
         "fleet.listNodes",
         "The fleet's nodes, versions, coordinator and freeze, judged on one clock",
         Access::Admin,
@@ -62,5 +96,5 @@ pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
                 .map_err(|_| Refusal::new("blobs-unavailable", "the blob storage did not answer in time").retryable())??;
             Ok(ListingJson(listing::build(capstan_core::clock::now_ms(), &fleet.node.timing, &nodes, freeze, lease)))
         },
-    );
+    ).read_only();
 }

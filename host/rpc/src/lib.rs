@@ -310,14 +310,22 @@ pub fn decode<T: DeserializeOwned>(body: Value) -> Result<T> {
     serde_path_to_error::deserialize(body).map_err(|err| {
         let path = truncate(&err.path().to_string(), MAX_FIELD_SHOWN);
         let inner = err.inner().to_string();
-        let (field, message) = match inner.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`')) {
-            Some((name, _)) => {
+        let at_top = path == "." || path.is_empty();
+        let unknown = inner.strip_prefix("unknown field `").and_then(|rest| rest.split_once('`'));
+        let missing = inner.strip_prefix("missing field `").and_then(|rest| rest.split_once('`'));
+        let (field, message) = match (unknown, missing) {
+            (Some((name, _)), _) => {
                 // the path already ends at the unknown field
-                let field = if path == "." || path.is_empty() { truncate(name, MAX_FIELD_SHOWN) } else { path.clone() };
+                let field = if at_top { truncate(name, MAX_FIELD_SHOWN) } else { path.clone() };
                 (field.clone(), format!("unknown field {field:?}"))
             }
-            None if path == "." || path.is_empty() => (String::new(), format!("invalid request body: {}", value_free(&inner))),
-            None => (path.clone(), format!("invalid field {path:?}: {}", value_free(&inner))),
+            // the path ends at the object that lacks it
+            (None, Some((name, _))) => {
+                let field = truncate(&if at_top { name.to_string() } else { format!("{path}.{name}") }, MAX_FIELD_SHOWN);
+                (field.clone(), format!("missing field {field:?}"))
+            }
+            _ if at_top => (String::new(), format!("invalid request body: {}", value_free(&inner))),
+            _ => (path.clone(), format!("invalid field {path:?}: {}", value_free(&inner))),
         };
         let refusal = Refusal::invalid_request(message);
         if field.is_empty() { refusal } else { refusal.with_data(json!({ "field": field })) }
@@ -367,6 +375,15 @@ mod tests {
     }
 
     #[test]
+    fn missing_fields_are_named() {
+        let err = decode::<Input>(json!({})).unwrap_err();
+        assert_eq!((err.code.as_ref(), err.data.unwrap()["field"].clone()), ("invalid-request", json!("name")));
+        let err = decode::<Input>(json!({"name": "x", "nested": {}})).unwrap_err();
+        assert_eq!(err.data.unwrap()["field"], "nested.count");
+        assert_eq!(err.message, "missing field \"nested.count\"");
+    }
+
+    #[test]
     fn type_errors_and_missing_fields_are_refused() {
         let err = decode::<Input>(json!({"name": 5})).unwrap_err();
         assert_eq!(err.data.unwrap()["field"], "name");
@@ -384,7 +401,7 @@ mod tests {
         assert!(!err.message.contains("hunter2"), "{}", err.message);
         let err = decode::<Input>(json!({"name": "x", "nested": {"count": "hunter2-planted"}})).unwrap_err();
         assert!(!err.message.contains("hunter2") && err.message.contains("expected"), "{}", err.message);
-        assert!(decode::<Input>(json!({})).unwrap_err().message.contains("missing field `name`"));
+        assert_eq!(decode::<Input>(json!({})).unwrap_err().message, "missing field \"name\"");
     }
 
     #[test]
