@@ -408,26 +408,27 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Public,
         |cx: Context, call: Call, input: ExchangeInput| async move { cx.auth.exchange_token(&input.token, call.source).await },
     );
-    registry.add(
-        "auth.whoami",
-        "The caller's identity and session",
-        Access::Authenticated,
-        |_: Context, call: Call, _: Empty| async move { call.identity().cloned() },
-    );
+    registry
+        .add("auth.whoami", "The caller's identity and session", Access::Authenticated, |_: Context, call: Call, _: Empty| async move {
+            call.identity().cloned()
+        })
+        .read_only();
     registry.add("auth.logout", "End the caller's session", Access::Authenticated, |cx: Context, call: Call, _: Empty| async move {
         cx.auth.logout(call.identity()?).await?;
         Ok(LoggedOut { logged_out: true })
     });
-    registry.add(
-        "admin.getHumanCredential",
-        "A human user's credential metadata (needs a login from the last 5 minutes)",
-        Access::Admin,
-        |cx: Context, call: Call, input: UserRef| async move {
-            call.identity()?.require_fresh()?;
-            let id = input.user_id.as_str();
-            cx.store.transact(|tx| async move { Ok(view(id, &load_credential(&tx, id, "human").await?.1)) }).await
-        },
-    );
+    registry
+        .add(
+            "admin.getHumanCredential",
+            "A human user's credential metadata (needs a login from the last 5 minutes)",
+            Access::Admin,
+            |cx: Context, call: Call, input: UserRef| async move {
+                call.identity()?.require_fresh()?;
+                let id = input.user_id.as_str();
+                cx.store.transact(|tx| async move { Ok(view(id, &load_credential(&tx, id, "human").await?.1)) }).await
+            },
+        )
+        .read_only();
     registry.add(
         "admin.mutateHumanCredential",
         "rotatePassword, revokePassword or revokeSessions with an expected generation and a mutationId (fresh login required)",
@@ -460,5 +461,5 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Ok(view(&input.user_id, &credential))
         },
     );
-    registry.add("admin.listMachineUsers", "Machine users, paged", Access::Admin, list_machine_users);
+    registry.add("admin.listMachineUsers", "Machine users, paged", Access::Admin, list_machine_users).read_only();
 }

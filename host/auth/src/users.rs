@@ -285,7 +285,9 @@ pub async fn reset_password_offline(store: &Store, username: &str) -> Result<Pas
 /// Register the `users.*` methods with `cx` as their context.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add("users.list", "People (human users), paged: administrator, disabled, credential generation", Access::Admin, list);
+    registry
+        .add("users.list", "People (human users), paged: administrator, disabled, credential generation", Access::Admin, list)
+        .read_only();
     registry.add(
         "users.setDisabled",
         "Disable a person (login refused, sessions ended) or enable them again, with the generation read (administrator, fresh login)",

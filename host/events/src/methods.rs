@@ -82,24 +82,28 @@ pub async fn watch(store: &Store, after: u64, areas: &[&str], wait: Duration) ->
 /// Add `events.head` and `events.watch` (any signed-in caller: they show no event's content).
 pub fn register(registry: &mut Registry, store: Store) {
     let mut registry = registry.with(store);
-    registry.add("events.head", "The outbox's newest sequence", Access::Authenticated, |store: Store, _: Call, _: Empty| async move {
-        Ok(serde_json::json!({ "head": head(&store).await? }))
-    });
-    registry.add(
-        "events.watch",
-        "Wait (up to 25 s) until an event of the named areas follows a sequence; answers the new head and whether one did",
-        Access::Authenticated,
-        |store: Store, _: Call, input: WatchInput| async move {
-            let valid = |a: &String| (1..=32).contains(&a.len()) && a.chars().all(|c| c.is_ascii_alphanumeric());
-            if input.areas.is_empty() || input.areas.len() > MAX_AREAS || !input.areas.iter().all(valid) {
-                return Err(Refusal::invalid_request(format!("name 1 to {MAX_AREAS} areas, each letters and digits (e.g. service)"))
-                    .with_data(serde_json::json!({ "field": "areas" })));
-            }
-            let wait = Duration::from_millis(input.wait_ms.unwrap_or(u64::MAX)).min(WAIT_AT_MOST);
-            let areas: Vec<&str> = input.areas.iter().map(String::as_str).collect();
-            watch(&store, input.after, &areas, wait).await
-        },
-    );
+    registry
+        .add("events.head", "The outbox's newest sequence", Access::Authenticated, |store: Store, _: Call, _: Empty| async move {
+            Ok(serde_json::json!({ "head": head(&store).await? }))
+        })
+        .read_only();
+    registry
+        .add(
+            "events.watch",
+            "Wait (up to 25 s) until an event of the named areas follows a sequence; answers the new head and whether one did",
+            Access::Authenticated,
+            |store: Store, _: Call, input: WatchInput| async move {
+                let valid = |a: &String| (1..=32).contains(&a.len()) && a.chars().all(|c| c.is_ascii_alphanumeric());
+                if input.areas.is_empty() || input.areas.len() > MAX_AREAS || !input.areas.iter().all(valid) {
+                    return Err(Refusal::invalid_request(format!("name 1 to {MAX_AREAS} areas, each letters and digits (e.g. service)"))
+                        .with_data(serde_json::json!({ "field": "areas" })));
+                }
+                let wait = Duration::from_millis(input.wait_ms.unwrap_or(u64::MAX)).min(WAIT_AT_MOST);
+                let areas: Vec<&str> = input.areas.iter().map(String::as_str).collect();
+                watch(&store, input.after, &areas, wait).await
+            },
+        )
+        .read_only();
 }
 
 #[cfg(test)]

@@ -558,8 +558,8 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Admin,
         create,
     );
-    registry.add("clusters.list", "Clusters, paged", Access::Admin, list);
-    registry.add("clusters.get", "One cluster (never its machine user's token)", Access::Admin, get);
+    registry.add("clusters.list", "Clusters, paged", Access::Admin, list).read_only();
+    registry.add("clusters.get", "One cluster (never its machine user's token)", Access::Admin, get).read_only();
     registry.add(
         "clusters.update",
         "Change a cluster's name, description or labels with its expected revision; the machine user and phase never move here",
@@ -579,7 +579,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         enable_relay,
     );
     registry.add("clusters.disableRelay", "Disable a cluster's relay with its expected revision", Access::Admin, disable_relay);
-    registry.add("clusters.getRuntime", "A cluster's runtime phase and generation", Access::Admin, get_runtime);
+    registry.add("clusters.getRuntime", "A cluster's runtime phase and generation", Access::Admin, get_runtime).read_only();
     registry.add(
         "clusters.setRuntimePhase",
         "Move a cluster's runtime phase (swarm, draining, switching, pallet) with the generation the caller read",

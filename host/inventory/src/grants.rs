@@ -332,5 +332,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         revoke_token,
     );
     registry.add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke);
-    registry.add("deployers.list", "Deployment machine users with their grants, never a token (administrator)", Access::Admin, list);
+    registry
+        .add("deployers.list", "Deployment machine users with their grants, never a token (administrator)", Access::Admin, list)
+        .read_only();
 }

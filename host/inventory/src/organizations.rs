@@ -358,13 +358,10 @@ async fn members(cx: Context, call: Call, input: MembersInput) -> Result<Listing
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add("organizations.create", "Create an organization (administrator)", Access::Admin, create);
-    registry.add(
-        "organizations.list",
-        "Organizations: all for an administrator, the caller's own for anyone else",
-        Access::Authenticated,
-        list,
-    );
-    registry.add("organizations.get", "One organization (member)", Access::Member, get);
+    registry
+        .add("organizations.list", "Organizations: all for an administrator, the caller's own for anyone else", Access::Authenticated, list)
+        .read_only();
+    registry.add("organizations.get", "One organization (member)", Access::Member, get).read_only();
     registry.add("organizations.update", "Rename an organization with its expected revision (owner)", Access::Owner, update);
     registry.add(
         "organizations.delete",
@@ -378,5 +375,5 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Owner,
         set_member,
     );
-    registry.add("organizations.listMembers", "An organization's members and their roles (member)", Access::Member, members);
+    registry.add("organizations.listMembers", "An organization's members and their roles (member)", Access::Member, members).read_only();
 }

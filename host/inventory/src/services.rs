@@ -615,12 +615,11 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Owner,
         |cx: Context, call: Call, input: UpdateInput| async move { update(&cx.store, call.identity()?, input).await },
     );
-    registry.add(
-        "services.get",
-        "One service and what still holds it (member, or a deployer granted deployment:status)",
-        Access::Member,
-        get,
-    );
-    registry.add("services.list", "An organization's services, paged (member; an administrator may list all)", Access::Member, list);
+    registry
+        .add("services.get", "One service and what still holds it (member, or a deployer granted deployment:status)", Access::Member, get)
+        .read_only();
+    registry
+        .add("services.list", "An organization's services, paged (member; an administrator may list all)", Access::Member, list)
+        .read_only();
     registry.add("services.delete", "Mark a service for deletion (owner); it is removed once no manager holds it", Access::Owner, delete);
 }

@@ -24,6 +24,8 @@ enum Kind {
     Urls,
     /// Whole days, 0–3650.
     Days,
+    /// Whole days, 1–3650.
+    RetentionDays,
     /// Milliseconds, 1000–86400000 (a second to a day).
     Millis,
     /// A DNS zone: 2–127 labels of 1–63 of a-z 0-9 - (no leading or trailing -), at most 200
@@ -58,11 +60,23 @@ pub async fn relay_zone(tx: &capstan_store::Tx) -> Result<Option<String>> {
     Ok(doc.and_then(|d| d.data.get(CLUSTER_RELAY_ZONE).and_then(Value::as_str).map(str::to_string)).filter(|z| is_zone(z)))
 }
 
+/// The host setting saying how many days audit records are kept.
+pub const AUDIT_RETENTION_DAYS: &str = "auditRetentionDays";
+
+/// How many days audit records are kept: the setting `auditRetentionDays`, else
+/// [`capstan_rpc::audit::DEFAULT_RETENTION_DAYS`].
+pub async fn audit_retention_days(store: &capstan_store::Store) -> Result<u64> {
+    let doc = store.transact(|tx| async move { if tx.is_declared(SETTINGS) { tx.get(SETTINGS, PUBLIC).await } else { Ok(None) } }).await?;
+    let set = doc.and_then(|d| d.data.get(AUDIT_RETENTION_DAYS).and_then(Value::as_u64)).filter(|days| *days >= 1);
+    Ok(set.unwrap_or(capstan_rpc::audit::DEFAULT_RETENTION_DAYS))
+}
+
 /// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
 const ALLOWED: &[(&str, Kind, &str)] = &[
     ("corebuildWorkerUrl", Kind::Url, "A build worker URL"),
     ("corebuildWorkerUrls", Kind::Urls, "Build worker URLs"),
     ("deploymentArchiveRetentionDays", Kind::Days, "Accepted for compatibility; Capstan keeps no archived deployments"),
+    (AUDIT_RETENTION_DAYS, Kind::RetentionDays, "How many days audit records are kept (1–3650, default 90); older ones are deleted daily"),
     (
         "nodeObservationFreshnessMs",
         Kind::Millis,
@@ -123,6 +137,8 @@ fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn s
         }
         Kind::Days if value.as_u64().is_none_or(|d| d > 3650) => return Err(bad("whole days, 0–3650")),
         Kind::Days => {}
+        Kind::RetentionDays if value.as_u64().is_none_or(|d| !(1..=3650).contains(&d)) => return Err(bad("whole days, 1–3650")),
+        Kind::RetentionDays => {}
         Kind::Millis if value.as_u64().is_none_or(|ms| !(1000..=86_400_000).contains(&ms)) => {
             return Err(bad("milliseconds, 1000–86400000"));
         }
@@ -278,7 +294,9 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<SettingsView
 /// Register the `settings.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add("settings.get", "The public settings document, its revision and every key Capstan accepts", Access::Authenticated, get);
+    registry
+        .add("settings.get", "The public settings document, its revision and every key Capstan accepts", Access::Authenticated, get)
+        .read_only();
     registry.add(
         "settings.update",
         "Set and unset public settings with the expected revision (administrator); unknown keys and credentials are refused",
@@ -348,6 +366,10 @@ mod tests {
         assert_eq!(code("corebuildWorkerUrl", json!("ftp://w.example.com/")), "setting-invalid");
         assert_eq!(code("deploymentArchiveRetentionDays", json!(7)), "ok");
         assert_eq!(code("deploymentArchiveRetentionDays", json!(-1)), "setting-invalid");
+        assert_eq!(code("auditRetentionDays", json!(30)), "ok");
+        for days in [json!(0), json!(3651), json!("30")] {
+            assert_eq!(code("auditRetentionDays", days), "setting-invalid");
+        }
         assert_eq!(code("mail.submissionHost", json!("smtp.example.com")), "ok");
         assert_eq!(code("mail.submissionHost", json!(25)), "setting-invalid");
     }

@@ -413,12 +413,14 @@ async fn rotate_method(cx: Context, call: Call, input: RotateInput) -> Result<Cr
 /// Register `nodes.getCredential`, `nodes.rotateCredential`, `nodes.revokeCredential`.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "nodes.getCredential",
-        "A node credential's metadata: generation, session epoch, state (never its hash)",
-        Access::Admin,
-        get_credential,
-    );
+    registry
+        .add(
+            "nodes.getCredential",
+            "A node credential's metadata: generation, session epoch, state (never its hash)",
+            Access::Admin,
+            get_credential,
+        )
+        .read_only();
     registry.add(
         "nodes.rotateCredential",
         "Activate new node-drawn token material by its SHA-256, with the exact generation read and a mutationId that replays",

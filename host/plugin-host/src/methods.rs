@@ -223,35 +223,41 @@ pub struct ByUpload {
 /// Add the `plugins.*` methods to `registry`, all for administrators only.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "plugins.list",
-        "Installed plugins with status, version, publisher and grants",
-        Access::Admin,
-        |cx: Context, _: Call, _: Empty| async move {
-            let host = cx.host;
-            let records = host.records().await?;
-            Ok(PluginList { plugins: records.iter().map(|(r, _)| view(&host, r)).collect() })
-        },
-    );
-    registry.add(
-        "plugins.get",
-        "One plugin: status, version, grants, last error",
-        Access::Admin,
-        |cx: Context, _: Call, input: ById| async move {
-            let host = cx.host;
-            let (record, _) = host.record(&input.id).await?.ok_or_else(|| Refusal::not_found(format!("plugin {:?}", input.id)))?;
-            Ok(view(&host, &record))
-        },
-    );
-    registry.add(
-        "plugins.inspectUpload",
-        "What a kept upload is and requests, for the approval step",
-        Access::Admin,
-        |cx: Context, _: Call, input: ByUpload| async move {
-            let bytes = uploads::take(&cx.blobs, &input.upload).await?;
-            Ok(UploadView { bundle: Bundle::parse(&bytes)?.inspect(), upload: input.upload })
-        },
-    );
+    registry
+        .add(
+            "plugins.list",
+            "Installed plugins with status, version, publisher and grants",
+            Access::Admin,
+            |cx: Context, _: Call, _: Empty| async move {
+                let host = cx.host;
+                let records = host.records().await?;
+                Ok(PluginList { plugins: records.iter().map(|(r, _)| view(&host, r)).collect() })
+            },
+        )
+        .read_only();
+    registry
+        .add(
+            "plugins.get",
+            "One plugin: status, version, grants, last error",
+            Access::Admin,
+            |cx: Context, _: Call, input: ById| async move {
+                let host = cx.host;
+                let (record, _) = host.record(&input.id).await?.ok_or_else(|| Refusal::not_found(format!("plugin {:?}", input.id)))?;
+                Ok(view(&host, &record))
+            },
+        )
+        .read_only();
+    registry
+        .add(
+            "plugins.inspectUpload",
+            "What a kept upload is and requests, for the approval step",
+            Access::Admin,
+            |cx: Context, _: Call, input: ByUpload| async move {
+                let bytes = uploads::take(&cx.blobs, &input.upload).await?;
+                Ok(UploadView { bundle: Bundle::parse(&bytes)?.inspect(), upload: input.upload })
+            },
+        )
+        .read_only();
     registry.add(
         "plugins.discardUpload",
         "Drop a kept upload that will not be installed",
@@ -318,18 +324,20 @@ pub fn register(registry: &mut Registry, cx: Context) {
             host.uninstall(&input.id, input.purge, &by(&call)?).await
         },
     );
-    registry.add(
-        "plugins.listTrustedPublishers",
-        "Publisher keys bundles may be signed by",
-        Access::Admin,
-        |cx: Context, _: Call, _: Empty| async move {
-            let host = cx.host;
-            Ok(PublisherList {
-                configured: host.configured_publishers().iter().map(ToString::to_string).collect(),
-                added: host.trusted_publishers().await?,
-            })
-        },
-    );
+    registry
+        .add(
+            "plugins.listTrustedPublishers",
+            "Publisher keys bundles may be signed by",
+            Access::Admin,
+            |cx: Context, _: Call, _: Empty| async move {
+                let host = cx.host;
+                Ok(PublisherList {
+                    configured: host.configured_publishers().iter().map(ToString::to_string).collect(),
+                    added: host.trusted_publishers().await?,
+                })
+            },
+        )
+        .read_only();
     registry.add(
         "plugins.addTrustedPublisher",
         "Trust a publisher key (needs a fresh administrator login)",

@@ -6,6 +6,7 @@
 //! and the context its area registered it with ([`Registry::with`]): a subsystem reaches the
 //! services it was given, never the whole host.
 
+pub mod audit;
 pub mod identity;
 pub mod organizations;
 pub mod receipts;
@@ -115,6 +116,9 @@ pub struct Method {
     pub coordinator_only: bool,
     /// The plugin that serves it; `None` for the host's own methods.
     pub plugin: Option<String>,
+    /// It changes nothing: its calls are not audited. Declared by the method ([`Method::read_only`]);
+    /// every other method, every plugin method among them, is recorded in the audit log.
+    pub read_only: bool,
     handler: RawHandler,
 }
 
@@ -143,6 +147,8 @@ pub trait MethodSource: Send + Sync {
 pub struct Registry {
     methods: BTreeMap<String, Arc<Method>>,
     sources: Vec<Arc<dyn MethodSource>>,
+    /// Where [`Registry::call`] records state-changing calls (see [`audit`]).
+    audit: Option<audit::AuditLog>,
 }
 
 /// Registration of one area's methods, each handed a clone of the area's context per call.
@@ -190,6 +196,7 @@ impl Registry {
             output_schema: serde_json::to_value(schema_for!(Out)).expect("schema serializes"),
             coordinator_only: false,
             plugin: None,
+            read_only: false,
             handler: Arc::new(move |call, body| {
                 let handler = handler.clone();
                 Box::pin(async move {
@@ -245,7 +252,7 @@ impl Registry {
             .iter()
             .map(|m| {
                 let mut entry = json!({"name": m.name, "summary": m.summary, "access": m.access, "coordinatorOnly": m.coordinator_only,
-                    "input": m.input_schema, "output": m.output_schema});
+                    "readOnly": m.read_only, "input": m.input_schema, "output": m.output_schema});
                 if let Some(plugin) = &m.plugin {
                     entry["plugin"] = json!(plugin);
                 }
@@ -260,7 +267,14 @@ impl Method {
     /// A method of `plugin` whose handler judges the body itself (against `input_schema`).
     pub fn served_by(plugin: &str, name: String, summary: String, access: Access, schemas: (Value, Value), handler: RawHandler) -> Method {
         let (input_schema, output_schema) = schemas;
-        Method { name, summary, access, input_schema, output_schema, coordinator_only: false, plugin: Some(plugin.into()), handler }
+        let plugin = Some(plugin.into());
+        Method { name, summary, access, input_schema, output_schema, coordinator_only: false, plugin, read_only: false, handler }
+    }
+
+    /// Declare that the method changes nothing (a read): its calls are not audited.
+    pub fn read_only(&mut self) -> &mut Self {
+        self.read_only = true;
+        self
     }
 
     /// Mark the method as answered by the coordinator only (`fleet::forward` takes it there).
@@ -362,6 +376,15 @@ mod tests {
     }
 
     #[test]
+    fn missing_fields_are_named() {
+        let err = decode::<Input>(json!({})).unwrap_err();
+        assert_eq!((err.code.as_ref(), err.data.unwrap()["field"].clone()), ("invalid-request", json!("name")));
+        let err = decode::<Input>(json!({"name": "x", "nested": {}})).unwrap_err();
+        assert_eq!(err.data.unwrap()["field"], "nested.count");
+        assert_eq!(err.message, "missing field \"nested.count\"");
+    }
+
+    #[test]
     fn a_field_is_named_at_most_so_far_whatever_its_length() {
         let long = "k".repeat(100_000);
         for body in [json!({ "name": "x", long.clone(): 1 }), json!({ "name": "x", "nested": { "count": 1, long.clone(): 1 } })] {
@@ -372,15 +395,6 @@ mod tests {
         }
         let err = decode::<Input>(json!({ "name": "x", "extra": 1 })).unwrap_err();
         assert_eq!(err.data.unwrap()["field"], "extra", "a short name is named whole");
-    }
-
-    #[test]
-    fn missing_fields_are_named() {
-        let err = decode::<Input>(json!({})).unwrap_err();
-        assert_eq!((err.code.as_ref(), err.data.unwrap()["field"].clone()), ("invalid-request", json!("name")));
-        let err = decode::<Input>(json!({"name": "x", "nested": {}})).unwrap_err();
-        assert_eq!(err.data.unwrap()["field"], "nested.count");
-        assert_eq!(err.message, "missing field \"nested.count\"");
     }
 
     #[test]

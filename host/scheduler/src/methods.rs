@@ -201,10 +201,10 @@ async fn set_enabled(scheduler: Arc<Scheduler>, call: Call, input: SetEnabledInp
 /// Register the `tasks.*` methods, for administrators only.
 pub fn register(registry: &mut Registry, scheduler: Arc<Scheduler>) {
     let mut registry = registry.with(scheduler);
-    registry.add("tasks.list", "Every task: schedule, enabled, next run, last execution", Access::Admin, list);
-    registry.add("tasks.get", "One task with its newest executions", Access::Admin, get);
-    registry.add("tasks.listExecutions", "A task's executions, newest first, paged by cursor", Access::Admin, list_executions);
-    registry.add("tasks.getExecution", "One execution: status, times, node, error and log tail", Access::Admin, get_execution);
+    registry.add("tasks.list", "Every task: schedule, enabled, next run, last execution", Access::Admin, list).read_only();
+    registry.add("tasks.get", "One task with its newest executions", Access::Admin, get).read_only();
+    registry.add("tasks.listExecutions", "A task's executions, newest first, paged by cursor", Access::Admin, list_executions).read_only();
+    registry.add("tasks.getExecution", "One execution: status, times, node, error and log tail", Access::Admin, get_execution).read_only();
     registry.add(
         "tasks.trigger",
         "Run an enabled task now on this node; answers the running execution (refuses task-running, task-disabled)",

@@ -789,12 +789,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
     super::sets::register(registry, cx.clone());
     super::relays::register(registry, cx.clone());
     let mut registry = registry.with(cx);
-    registry.add(
-        "secrets.getIngressRecipient",
-        "The X25519 public key and id values are sealed to before they are sent",
-        Access::Authenticated,
-        recipient,
-    );
+    registry
+        .add(
+            "secrets.getIngressRecipient",
+            "The X25519 public key and id values are sealed to before they are sent",
+            Access::Authenticated,
+            recipient,
+        )
+        .read_only();
     registry.add(
         "secrets.create",
         "Create a secret with its first version, generated here or sealed to the ingress recipient; answers metadata only",
@@ -808,14 +810,16 @@ pub fn register(registry: &mut Registry, cx: Context) {
         rotate,
     );
     registry.add("secrets.revoke", "Revoke a secret; its versions stay as history", Access::Admin, revoke);
-    registry.add(
-        "secrets.getManifest",
-        "A service's newest resolved manifest: which secret version each key resolves to (value-free)",
-        Access::Admin,
-        |cx: Context, _: Call, input: ServiceRef| async move { super::manifests::current(&cx.store, &input.service_id).await },
-    );
-    registry.add("secrets.list", "Secrets' metadata, all or one owner's, paged", Access::Admin, list);
-    registry.add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get);
+    registry
+        .add(
+            "secrets.getManifest",
+            "A service's newest resolved manifest: which secret version each key resolves to (value-free)",
+            Access::Admin,
+            |cx: Context, _: Call, input: ServiceRef| async move { super::manifests::current(&cx.store, &input.service_id).await },
+        )
+        .read_only();
+    registry.add("secrets.list", "Secrets' metadata, all or one owner's, paged", Access::Admin, list).read_only();
+    registry.add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get).read_only();
     registry.add(
         "secrets.rewrap",
         "Re-wrap up to `limit` versions' data keys under the active KEK (never decrypting the material); resumable by cursor",

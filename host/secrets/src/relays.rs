@@ -580,12 +580,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Admin,
         mutate,
     );
-    registry.add(
-        "relays.getCredential",
-        "A cluster relay credential's metadata (never the bearer); null while none was minted",
-        Access::Admin,
-        get,
-    );
+    registry
+        .add(
+            "relays.getCredential",
+            "A cluster relay credential's metadata (never the bearer); null while none was minted",
+            Access::Admin,
+            get,
+        )
+        .read_only();
     registry.add(
         "relays.exportAuthorization",
         "The relay bearer of the exact expected generation, for `capstan keyring export-relay-authorization` to write to a private file; every export leaves a receipt",

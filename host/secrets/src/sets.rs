@@ -564,27 +564,26 @@ pub fn register(registry: &mut Registry, cx: Context) {
         Access::Admin,
         retire,
     );
-    registry.add("secrets.listSecretSets", "SecretSets, all or one organization's, paged", Access::Admin, list);
-    registry.add(
-        "secrets.getSecretSet",
-        "A SecretSet with its member secrets' metadata and the services it is attached to",
-        Access::Admin,
-        get,
-    );
-    registry.add(
-        "secrets.getServiceConfiguration",
-        "A service's secrets revision and attached SecretSets in resolution order",
-        Access::Admin,
-        |cx: Context, _: Call, input: ServiceRef| async move {
-            let service_id = input.service_id.as_str();
-            cx.store
-                .transact(|tx| async move {
-                    capstan_inventory::services::require_service(&tx, service_id).await?;
-                    configuration(&tx, service_id).await
-                })
-                .await
-        },
-    );
+    registry.add("secrets.listSecretSets", "SecretSets, all or one organization's, paged", Access::Admin, list).read_only();
+    registry
+        .add("secrets.getSecretSet", "A SecretSet with its member secrets' metadata and the services it is attached to", Access::Admin, get)
+        .read_only();
+    registry
+        .add(
+            "secrets.getServiceConfiguration",
+            "A service's secrets revision and attached SecretSets in resolution order",
+            Access::Admin,
+            |cx: Context, _: Call, input: ServiceRef| async move {
+                let service_id = input.service_id.as_str();
+                cx.store
+                    .transact(|tx| async move {
+                        capstan_inventory::services::require_service(&tx, service_id).await?;
+                        configuration(&tx, service_id).await
+                    })
+                    .await
+            },
+        )
+        .read_only();
     registry.add(
         "secrets.attachSecretSet",
         "Attach a SecretSet to a service, stating the service's secrets revision",
@@ -602,5 +601,5 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "Which key of a service resolves from where (its own secrets, then attached SecretSets in order) and every conflict; value-free",
         Access::Admin,
         preview,
-    );
+    ).read_only();
 }

@@ -93,6 +93,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     crate::inventory::declare(&store).await?;
     crate::secrets::methods::declare(&store).await?;
     crate::nodes::declare(&store).await?;
+    capstan_rpc::audit::declare(&store).await?;
     bootstrap_admin(&config, &store, &blobs).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
@@ -224,6 +225,19 @@ async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<Plugin
             }
         })
         .description("Deletes every service marked for deletion that no manager holds any more, so an interrupted deletion is finished, never stranded."),
+    )?;
+    let audit_store = store.clone();
+    scheduler.register(
+        HostTask::new("host.prune-audit-records", "Prune the audit log", "23 3 * * *", move |log| {
+            let store = audit_store.clone();
+            async move {
+                let days = crate::inventory::settings::audit_retention_days(&store).await?;
+                let pruned = capstan_rpc::audit::AuditLog::new(store).prune(capstan_core::clock::now_ms(), days).await?;
+                log.line(format!("deleted {pruned} audit records older than {days} days"));
+                Ok(())
+            }
+        })
+        .description("Deletes audit records older than the setting auditRetentionDays (90 days unless set)."),
     )?;
     let source = scheduler.clone();
     fleet.add_workload_source(Arc::new(move || source.workloads()));

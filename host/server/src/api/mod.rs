@@ -138,6 +138,8 @@ impl AppState {
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
         crate::relays::methods::register(&mut registry, relays.clone());
+        capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
+        registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
         AppState {
             store,
@@ -214,6 +216,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
     crate::nodes::declare(&store).await.unwrap();
+    capstan_rpc::audit::declare(&store).await.unwrap();
     let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
     // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
     let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();
@@ -489,17 +492,27 @@ pub(crate) async fn dispatch(
             Some(state.auth.authenticate(bearer).await?)
         }
     };
-    let input = input(raw)?;
     let request_id = request_id.to_string();
+    let input = match input(raw) {
+        Ok(input) => input,
+        Err(refusal) => {
+            // the caller is known: a body that could not be read is a refused call
+            let call = Call { identity, source, request_id };
+            state.methods.refused(&method, &call, &refusal).await;
+            return Err(refusal);
+        }
+    };
     let fleet = state.fleet.clone();
+    // through the registry, which records a state-changing call in the audit log
+    let registry = &state.methods;
     if !method.coordinator_only {
         let call = Call { identity, source, request_id };
-        return Ok(Answered::Here { value: method.call(call, input).await?, answered_by: None });
+        return Ok(Answered::Here { value: registry.call(&method, call, input).await?, answered_by: None });
     }
     match forward::route(&fleet, forwarded).await? {
         forward::Route::Here => {
             let call = Call { identity, source, request_id };
-            Ok(Answered::Here { value: method.call(call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
+            Ok(Answered::Here { value: registry.call(&method, call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
         }
         forward::Route::Holder { node_id, base_url } => {
             let mut outgoing = fleet

@@ -95,6 +95,9 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
     if method.coordinator_only {
         operation["x-capstan-coordinator-only"] = json!(true);
     }
+    if method.read_only {
+        operation["x-capstan-read-only"] = json!(true);
+    }
     if let Some(plugin) = &method.plugin {
         operation["x-capstan-plugin"] = json!(plugin);
     }

@@ -185,29 +185,35 @@ pub struct VersionReport {
 /// Register the public methods `system.getStatus`, `system.getVersion` and `migrations.getStatus`.
 pub fn register(registry: &mut Registry, system: System) {
     let mut registry = registry.with(system);
-    registry.add(
-        "system.getStatus",
-        "Readiness of the store, the blobs, the migrations and the plugins (same as GET /status; backends for administrators)",
-        Access::Public,
-        |system: System, call: Call, _: Empty| async move { Ok(status_report(&system, sees_details(call.identity.as_ref())).await) },
-    );
-    registry.add(
-        "system.getVersion",
-        "The Capstan version and the data version it migrates to",
-        Access::Public,
-        |system: System, _: Call, _: Empty| async move {
-            Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: system.chain.target().to_string() })
-        },
-    );
-    registry.add(
-        "migrations.getStatus",
-        "A migration chain's ledger: data version, target, floor, history (public, like GET /status)",
-        Access::Public,
-        |system: System, _: Call, q: MigrationsQuery| async move {
-            match q.chain.as_deref() {
-                None | Some("capstan") => Ok(migration_state(&system).await),
-                Some(other) => Err(Refusal::not_found(format!("migration chain {:?}", other.chars().take(100).collect::<String>()))),
-            }
-        },
-    );
+    registry
+        .add(
+            "system.getStatus",
+            "Readiness of the store, the blobs, the migrations and the plugins (same as GET /status; backends for administrators)",
+            Access::Public,
+            |system: System, call: Call, _: Empty| async move { Ok(status_report(&system, sees_details(call.identity.as_ref())).await) },
+        )
+        .read_only();
+    registry
+        .add(
+            "system.getVersion",
+            "The Capstan version and the data version it migrates to",
+            Access::Public,
+            |system: System, _: Call, _: Empty| async move {
+                Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: system.chain.target().to_string() })
+            },
+        )
+        .read_only();
+    registry
+        .add(
+            "migrations.getStatus",
+            "A migration chain's ledger: data version, target, floor, history (public, like GET /status)",
+            Access::Public,
+            |system: System, _: Call, q: MigrationsQuery| async move {
+                match q.chain.as_deref() {
+                    None | Some("capstan") => Ok(migration_state(&system).await),
+                    Some(other) => Err(Refusal::not_found(format!("migration chain {:?}", other.chars().take(100).collect::<String>()))),
+                }
+            },
+        )
+        .read_only();
 }

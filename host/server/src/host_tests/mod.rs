@@ -1,6 +1,7 @@
 //! Tests that drive the areas' methods through the assembled host (the registry `AppState`
 //! builds, with every area's context), as the API dispatcher and the dashboard call them.
 
+mod audit;
 mod inventory;
 mod nodes;
 mod plugin_nodes;

@@ -78,11 +78,15 @@ pub fn register(registry: &mut Registry, relays: Arc<Relays>) {
         Access::Authenticated,
         register_over_http,
     );
-    registry.add(
-        "relays.ping",
-        "Ask a cluster's relay agent.ping through the election, wherever in the fleet it is connected (a check for operators)",
-        Access::Admin,
-        ping,
-    );
-    registry.add("relays.list", "Cluster relay registrations with whether a socket carries each right now (live)", Access::Admin, list);
+    registry
+        .add(
+            "relays.ping",
+            "Ask a cluster's relay agent.ping through the election, wherever in the fleet it is connected (a check for operators)",
+            Access::Admin,
+            ping,
+        )
+        .read_only();
+    registry
+        .add("relays.list", "Cluster relay registrations with whether a socket carries each right now (live)", Access::Admin, list)
+        .read_only();
 }
