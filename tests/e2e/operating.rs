@@ -315,3 +315,30 @@ fn completions_are_generated_for_each_shell() {
     let exited = run_to_exit(cmd);
     assert_eq!(exited.status.code(), Some(2), "an unknown shell is a usage error: {exited:?}");
 }
+
+/// The documented exit statuses: 0 done, 1 refused, 2 usage or configuration, 3 host unreachable
+/// (a script may retry only that one), for people and with --json alike.
+#[test]
+fn exit_statuses_tell_refused_usage_and_unreachable_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    // a port nothing listens on: bound, then released
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let run = |url: &str, args: &[&str]| {
+        let mut cmd = capstan();
+        cmd.args(args).env("CAPSTAN_URL", url).env("CAPSTAN_TOKEN", &token).env("XDG_CONFIG_HOME", dir.path());
+        run_to_exit(cmd)
+    };
+    let here = server.url("");
+    let nowhere = format!("http://{closed}");
+    assert!(run(&here, &["organizations", "list"]).status.success());
+    run(&here, &["organizations", "get", "no-such-organization"]).assert_refused(1, "organization-not-found");
+    assert_eq!(run(&here, &["organizations", "frobnicate"]).status.code(), Some(2), "an unknown command is a usage mistake");
+    run("ftp://example", &["organizations", "list"]).assert_refused(2, "url-invalid");
+    run(&nowhere, &["organizations", "list"]).assert_refused(3, "host-unreachable");
+    let json = run(&nowhere, &["organizations", "list", "--json"]);
+    assert_eq!(json.status.code(), Some(3), "{json:?}");
+    let answer: Value = serde_json::from_str(json.stdout.trim()).unwrap();
+    assert_eq!(answer["error"]["code"], "host-unreachable", "{answer}");
+}

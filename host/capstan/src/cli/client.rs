@@ -83,7 +83,7 @@ pub fn finish(result: Result<()>, json: bool) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) if json => {
             println!("{}", json!({ "ok": false, "error": refusal }));
-            ExitCode::from(EXIT_REFUSED)
+            ExitCode::from(super::exit_status(&refusal, EXIT_REFUSED))
         }
         Err(refusal) => refuse(&refusal, EXIT_REFUSED),
     }

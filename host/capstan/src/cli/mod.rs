@@ -263,8 +263,24 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Exit status when the host could not be reached (or did not answer in time): a script can
+/// retry this one, unlike a refusal (1) or a usage or configuration mistake (2).
+pub(crate) const EXIT_UNREACHABLE: u8 = 3;
+
+/// The exit status a refusal ends a command with: [`EXIT_UNREACHABLE`] for a host that could not
+/// be reached, [`EXIT_CONFIG`] for a server URL that is not one, else `status`
+/// (docs/operating.md lists them).
+pub(crate) fn exit_status(refusal: &Refusal, status: u8) -> u8 {
+    match refusal.code.as_ref() {
+        "host-unreachable" | "host-timeout" => EXIT_UNREACHABLE,
+        "url-invalid" => EXIT_CONFIG,
+        _ => status,
+    }
+}
+
 /// Print a refusal for the operator: the code first, so scripts can match it.
 pub(crate) fn refuse(refusal: &Refusal, status: u8) -> ExitCode {
+    let status = exit_status(refusal, status);
     eprintln!("capstan: refused ({}): {}", refusal.code, refusal.message);
     if let Some(detail) = &refusal.detail {
         eprintln!("  detail: {detail}");
