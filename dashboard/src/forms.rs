@@ -78,7 +78,8 @@ pub(super) async fn call(state: &AppState, identity: &Identity, name: &str, body
     let Some(method) = state.methods.get(name) else {
         return Err(Refusal::internal(format!("the dashboard calls {name}, which is not registered")));
     };
-    let result = method.call(Call::by(identity), body).await;
+    // through the registry, which records a state-changing call in the audit log
+    let result = state.methods.call(&method, Call::by(identity), body).await;
     if let Err(refusal) = &result {
         log_refusal(name, refusal);
     }
@@ -100,7 +101,7 @@ pub(super) async fn call_if_served(state: &AppState, identity: &Identity, name: 
             return Err(refusal);
         }
     };
-    let result = method.call(Call::by(identity), body).await;
+    let result = state.methods.call(&method, Call::by(identity), body).await;
     match result {
         Ok(value) => Ok(Some(value)),
         Err(refusal) => {
@@ -126,7 +127,7 @@ pub(super) async fn call_plugin(
     let name = format!("{plugin}.{method}");
     let call = Call { identity: Some(identity.clone()), source: None, request_id: request_id.into() };
     let result = match state.methods.resolve(&name).await {
-        Ok(entry) => entry.call(call, body).await,
+        Ok(entry) => state.methods.call(&entry, call, body).await,
         Err(refusal) => Err(refusal),
     };
     if let Err(refusal) = &result {

@@ -20,6 +20,7 @@
 
 mod api_docs;
 pub mod assets;
+mod audit;
 mod clusters;
 mod fleet;
 mod forms;
@@ -169,6 +170,7 @@ pub fn router() -> Router<AppState> {
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))
         .merge(people::routes())
+        .merge(audit::routes())
         .merge(api_docs::routes())
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(middleware::from_fn(security_headers))
@@ -232,6 +234,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("organizations.html", include_str!("../templates/organizations.html")),
     ("organization.html", include_str!("../templates/organization.html")),
     ("publishers.html", include_str!("../templates/publishers.html")),
+    ("audit.html", include_str!("../templates/audit.html")),
     ("api_docs.html", include_str!("../templates/api_docs.html")),
 ];
 
@@ -470,12 +473,13 @@ const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Tasks", "tasks", Some("/tasks")),
     ("Users", "users", Some("/users")),
     ("Publishers", "publishers", Some("/publishers")),
+    ("Audit", "audit", Some("/audit")),
     ("Settings", "settings", Some("/settings")),
     ("API", "api", Some("/docs/api")),
 ];
 
 /// The sections only administrators may open.
-const ADMIN_ONLY: &[&str] = &["fleet", "clusters", "secrets", "plugins", "tasks", "users", "publishers", "settings"];
+const ADMIN_ONLY: &[&str] = &["fleet", "clusters", "secrets", "plugins", "tasks", "users", "publishers", "audit", "settings"];
 
 /// The rail with `active` marked: the host's sections, and after Secrets the pages the plugins
 /// loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).

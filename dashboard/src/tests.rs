@@ -2946,3 +2946,25 @@ async fn the_api_reference_lists_every_method_with_its_schemas() {
     assert!(answer.body.contains(&escaped("\"username\"")) && answer.body.contains("href=\"/api/v1/openapi.json\""));
     assert!(answer.body.contains(&format!("href=\"{}\" aria-current=\"page\"", escaped("/docs/api"))), "the rail marks the page");
 }
+
+#[tokio::test]
+async fn the_audit_view_shows_administrators_the_calls_the_dashboard_made() {
+    let (_dir, state) = setup().await;
+    add_operator(&state).await;
+    let admin = login_cookie(&state).await;
+    let created = send(&state, post_form("/organizations", "name=audited-org", Some(&admin), Some(ORIGIN))).await;
+    assert!(created.status.is_redirection() || created.status == StatusCode::OK, "{}", created.body);
+    let page = send(&state, get("/audit", Some(&admin))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"data-method="organizations.create" data-outcome="ok""#), "{}", page.body);
+    assert!(!page.body.contains("audited-org"), "no body value: {}", page.body);
+    assert!(page.body.contains(r#"href="/audit""#), "the rail links the view for an administrator");
+    let filtered = send(&state, get("/audit?method=users.setDisabled&outcome=ok", Some(&admin))).await;
+    assert!(filtered.body.contains(r#"id="audit-empty""#), "{}", filtered.body);
+
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let refused = send(&state, get("/audit", Some(&operator))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(!send(&state, get("/", Some(&operator))).await.body.contains(r#"href="/audit""#), "an operator's rail has no Audit");
+}
