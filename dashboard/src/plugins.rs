@@ -131,6 +131,9 @@ struct ApprovalView {
     capabilities: Vec<CapabilityRow>,
     /// Memory per instance, instances, and the ceiling the operator approves.
     limits: String,
+    /// Signed by a trusted publisher (or first-party): only then is approving offered, since
+    /// the host refuses any other bundle.
+    trusted: bool,
 }
 
 /// `5.5 MiB`, `12.0 KiB`, `812 bytes`.
@@ -232,10 +235,12 @@ fn approval_view(
             CapabilityRow { checked: checked.contains(&name), new: upgrade && !granted.contains(&name), name }
         })
         .collect();
+    let signer = inspection.signed_by.as_deref().map(|key| publisher_view(key, names));
     ApprovalView {
         upload,
         upgrade,
-        signer: inspection.signed_by.as_deref().map(|key| publisher_view(key, names)),
+        trusted: signer.as_ref().is_some_and(|s| s.first_party || s.name.is_some()),
+        signer,
         size: size(inspection.component_bytes),
         installed_version: installed.map(|(version, _)| version),
         id: inspection.id,

@@ -967,6 +967,31 @@ async fn a_bundle_is_installed_only_with_every_requested_capability_approved() {
     assert!(answer.body.contains(r#"data-code="invalid-request""#), "{}", answer.body);
 }
 
+/// A bundle whose signer is not trusted is shown for what it is, but no install is offered:
+/// the host would refuse it. Memory × instances sits with the capabilities approved.
+#[tokio::test]
+async fn an_untrusted_bundle_is_reviewed_but_not_offered_for_install() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let trusted = parsing_bundle(&state).await;
+    let answer = send(&state, upload(&trusted, &cookie)).await;
+    assert!(answer.body.contains(r#"id="approve-submit""#) && !answer.body.contains(r#"id="approve-untrusted""#), "{}", answer.body);
+    assert!(
+        answer.body.contains(r#"<p id="approve-limits"><strong>Resources:</strong> 64 MiB memory per instance × 16"#),
+        "{}",
+        answer.body
+    );
+
+    let manifest = "[plugin]\nid = \"example\"\nname = \"Example\"\nversion = \"0.3.0\"\nwit = \"capstan:plugin@0.1.0\"\n";
+    let mut bundle = Bundle::new(manifest.to_string(), b"\0asm\x0d\x00\x01\x00".to_vec()).unwrap();
+    bundle.sign(&generate_key());
+    let answer = send(&state, upload(&bundle.to_bytes(), &cookie)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert!(answer.body.contains("not a trusted publisher") && answer.body.contains(r#"id="approve-untrusted""#), "{}", answer.body);
+    assert!(answer.body.contains("Signed by a key this host does not trust"), "{}", answer.body);
+    assert!(!answer.body.contains(r#"id="approve-submit""#), "no install is offered: {}", answer.body);
+}
+
 #[tokio::test]
 async fn plugin_posts_from_another_origin_are_refused() {
     let (_dir, state) = setup().await;
