@@ -122,6 +122,8 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("deployers.revoke", json!({ "serviceId": SERVICE, "userId": "machine_missing" }), admin(Ran)),
         ("deployers.revokeToken", json!({ "userId": "machine_missing" }), admin(Past("deployment-machine-user-invalid"))),
         ("deployers.rotateToken", json!({ "userId": "machine_missing" }), admin(Past("deployment-machine-user-invalid"))),
+        // ---- the audit log ----
+        ("audit.list", json!({}), admin(Ran)),
         // ---- events, fleet, migrations, system ----
         ("events.head", json!({}), signed_in(Ran)),
         ("events.watch", json!({ "after": 0, "areas": ["service"], "waitMs": 0 }), signed_in(Ran)),

@@ -361,11 +361,11 @@ async fn scenario(client: &Client, server: &Capstan, password: &str, dir: &Path,
     let rail = client.find(Locator::Css(".rail")).await.unwrap();
     assert_eq!(rail.css_value("position").await.unwrap(), "sticky", "the stylesheet should be applied");
     // sections not built yet are not links; the overview, fleet, clusters, services,
-    // organizations, secrets, plugins, tasks, users, publishers, settings and the API reference
-    // are (and the pages of the plugins loaded by now)
+    // organizations, secrets, plugins, tasks, users, publishers, audit, settings and the API
+    // reference are (and the pages of the plugins loaded by now)
     let disabled = client.find_all(Locator::Css(".nav-item.disabled")).await.unwrap();
     assert_eq!(disabled.len(), 3);
-    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 12);
+    assert_eq!(client.find_all(Locator::Css(r#"a.nav-item:not([href^="/p/"])"#)).await.unwrap().len(), 13);
 
     let shot = client.screenshot().await.expect("a screenshot of the overview");
     assert!(is_png(&shot), "the screenshot should be a PNG ({} bytes)", shot.len());
@@ -643,8 +643,9 @@ async fn settings_view(client: &Client) {
     assert_eq!(text_of(client, "#settings-revision").await, "1");
 }
 
-/// The Users, Organizations and Publishers views: a person added with a password shown once,
-/// an organization created and the person given a role, a bad publisher key refused by name.
+/// The Users, Organizations, Publishers and Audit views: a person added with a password shown
+/// once, an organization created and the person given a role, a bad publisher key refused by
+/// name, and those calls in the audit log.
 async fn people_views(client: &Client) {
     click(client, r#"a.nav-item[href="/users"]"#).await;
     wait_for(client, r#"tr[data-user="admin"]"#).await;
@@ -668,6 +669,16 @@ async fn people_views(client: &Client) {
     fill(client, "#publisher-key", "not-a-key").await;
     click(client, "#publisher-add-submit").await;
     expect_refusal(client, "publisher-key-invalid").await;
+
+    // the audit log holds what this session changed, never what it typed; filtered by method
+    click(client, r#"a.nav-item[href="/audit"]"#).await;
+    wait_for(client, r#"#audit-table tr[data-method="organizations.create"][data-outcome="ok"]"#).await;
+    assert_eq!(text_of(client, "a.nav-item.active").await, "Audit");
+    assert!(!page_holds(client, "browser-org").await, "no body value on the audit page");
+    fill(client, "#audit-method", "admin.createUser").await;
+    click(client, "#audit-filter-submit").await;
+    wait_for(client, r#"#audit-table tr[data-method="admin.createUser"][data-outcome="ok"]"#).await;
+    assert!(client.find_all(Locator::Css(r#"#audit-table tr[data-method="organizations.create"]"#)).await.unwrap().is_empty());
 }
 
 /// The Tasks view: `host.cleanup` run by hand, its execution followed to `succeeded` with a

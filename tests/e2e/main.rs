@@ -6,6 +6,7 @@ mod api;
 mod appstore;
 mod appstore_catalog;
 mod appstore_cli;
+mod audit;
 mod authorization;
 mod browser;
 mod call;

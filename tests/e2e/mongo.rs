@@ -12,7 +12,7 @@ use std::process::Command;
 /// Distinctive, so finding it in any output is unambiguous.
 const PASSWORD: &str = "e2e-mongo-pw-7c1f9a3b5d";
 
-fn mongo_url() -> Option<String> {
+pub(crate) fn mongo_url() -> Option<String> {
     match std::env::var("CAPSTAN_TEST_MONGODB_URL") {
         Ok(url) if !url.trim().is_empty() => Some(url.trim().to_string()),
         _ => {
@@ -22,12 +22,12 @@ fn mongo_url() -> Option<String> {
     }
 }
 
-fn fresh_database() -> String {
+pub(crate) fn fresh_database() -> String {
     format!("capstan_e2e_{:016x}", rand::random::<u64>())
 }
 
 /// `capstan serve --listen 127.0.0.1:0` with the store in `database` at `url`, blobs and keyring under `dir`.
-fn mongo_command(prod: &ProdConfig, dir: &Path, url: &str, database: &str) -> Command {
+pub(crate) fn mongo_command(prod: &ProdConfig, dir: &Path, url: &str, database: &str) -> Command {
     let mut cmd = prod.command();
     cmd.env("CAPSTAN_DATABASE_URL", url)
         .env("CAPSTAN_DATABASE_NAME", database)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Message, WebSocket};
 
-type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
+pub(crate) type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
 fn connect(server: &Capstan) -> Ws {
     let (ws, _) = tungstenite::connect(format!("ws://{}/api/v1/socket", server.addr)).expect("the socket upgrades");
@@ -44,7 +44,7 @@ fn close_code(ws: &mut Ws) -> Option<(u16, String)> {
     }
 }
 
-fn open(server: &Capstan, kind: &str, token: Option<&str>) -> (Ws, Value) {
+pub(crate) fn open(server: &Capstan, kind: &str, token: Option<&str>) -> (Ws, Value) {
     let mut ws = connect(server);
     let mut offer = json!({ "type": "offer", "kind": kind, "protocols": ["capstan-socket/1"] });
     if let Some(token) = token {
@@ -56,7 +56,7 @@ fn open(server: &Capstan, kind: &str, token: Option<&str>) -> (Ws, Value) {
     (ws, welcome)
 }
 
-fn call(ws: &mut Ws, id: u64, method: &str, body: Value) -> Value {
+pub(crate) fn call(ws: &mut Ws, id: u64, method: &str, body: Value) -> Value {
     send(ws, json!({ "type": "call", "id": id, "method": method, "body": body }));
     let answer = next(ws);
     assert_eq!(answer["id"], id, "{answer}");

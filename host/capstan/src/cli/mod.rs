@@ -1,6 +1,7 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
 mod admin;
+mod audit;
 mod call;
 mod client;
 mod completions;
@@ -90,6 +91,10 @@ enum Command {
     /// Publisher keys plugin bundles may be signed by: list (with their names), add, remove.
     #[command(subcommand)]
     Publishers(publishers::PublishersCommand),
+    /// The audit log of state-changing calls: list, filtered by method, actor, outcome, target
+    /// and time (administrators).
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
     /// Offline recovery on a host you operate (needs its store and keyring):
     /// reset-password for a lost administrator password.
     #[command(subcommand)]
@@ -221,6 +226,7 @@ pub fn main() -> ExitCode {
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => users::run(command),
         Command::Publishers(command) => publishers::run(command),
+        Command::Audit(command) => audit::run(command),
         Command::Admin(command) => admin::run(command),
         Command::Secrets(command) => secrets::run(command),
         Command::Call(args) => call::run(args),
