@@ -342,3 +342,31 @@ fn exit_statuses_tell_refused_usage_and_unreachable_apart() {
     let answer: Value = serde_json::from_str(json.stdout.trim()).unwrap();
     assert_eq!(answer["error"]["code"], "host-unreachable", "{answer}");
 }
+
+/// Progress is drawn on a terminal only: `secrets rewrap` under a pseudo-terminal (`script`)
+/// shows its spinner and clears it; in a pipe neither stream carries a trace of it.
+#[test]
+fn progress_is_drawn_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let rewrap = |cmd: &mut std::process::Command| {
+        cmd.env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", &token).env("XDG_CONFIG_HOME", dir.path());
+    };
+    let mut piped = capstan();
+    piped.args(["secrets", "rewrap"]);
+    rewrap(&mut piped);
+    let piped = run_to_exit(piped);
+    assert!(piped.status.success(), "{piped:?}");
+    assert!(piped.stdout.contains("done: ") && !piped.stdout.contains("re-wrapping"), "{piped:?}");
+    assert!(!piped.stderr.contains('\r') && !piped.stderr.contains('\u{1b}') && !piped.stderr.contains("re-wrapping"), "{piped:?}");
+
+    let line = format!("'{}' secrets rewrap", env!("CARGO_BIN_EXE_capstan"));
+    let mut tty = std::process::Command::new("script");
+    tty.args(["-qec", &line, "/dev/null"]);
+    rewrap(&mut tty);
+    let tty = run_to_exit(tty);
+    assert!(tty.status.success(), "{tty:?}");
+    assert!(tty.stdout.contains("re-wrapping the first chunk") && tty.stdout.contains("\r\u{1b}[2K"), "drawn, then cleared: {tty:?}");
+    assert!(tty.stdout.contains("done: "), "{tty:?}");
+}

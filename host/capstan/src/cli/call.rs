@@ -67,7 +67,10 @@ fn call(args: CallArgs) -> Result<()> {
         }
         (Some(method), _, false) => {
             let body = body(args.body.as_deref(), args.file.as_deref(), &args.set, &args.set_file)?;
-            let answer = match client.call(method, &body) {
+            let waiting = super::progress::Progress::spinner(format!("{method}: waiting for the host"));
+            let answer = client.call(method, &body);
+            drop(waiting);
+            let answer = match answer {
                 // name the methods of that area, as `--help` would
                 Err(e) if e.is("method-unknown") => return Err(find(&methods(&client)?, method).err().unwrap_or(e)),
                 other => other?,

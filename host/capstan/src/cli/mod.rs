@@ -13,6 +13,7 @@ mod nodes;
 mod plugin;
 mod plugin_new;
 mod plugin_online;
+mod progress;
 mod publishers;
 mod resolve;
 mod secret_sets;

@@ -6,6 +6,7 @@
 
 use super::client::{Client, Connection, print_json, print_table, text, utc};
 use super::confirm::{Confirm, ask, can_confirm};
+use super::progress::Progress;
 use super::resolve;
 use crate::plugins::bundle::{self, Bundle};
 use crate::plugins::manifest::ALL_REQUESTED;
@@ -195,6 +196,7 @@ fn install(args: &InstallArgs, method: &str) -> Result<()> {
     let approve = approval(approve);
     let bytes = bundle::read_bundle_file(&args.bundle)?;
     let client = Client::new(&args.connection)?;
+    let progress = Progress::spinner(format!("uploading {} ({} bytes)", args.bundle.display(), bytes.len()));
     let uploaded = client.upload_bundle(bytes)?;
     let upload =
         uploaded["upload"].as_str().ok_or_else(|| Refusal::new("response-invalid", "the upload answer names no upload id"))?.to_string();
@@ -202,14 +204,17 @@ fn install(args: &InstallArgs, method: &str) -> Result<()> {
     let requested = strings(&b["capabilities"]);
     // shown before the call, so the operator sees what is being approved (stderr keeps
     // --json's standard output exact)
-    eprintln!("bundle:     {} {} ({})", text(b, "id"), text(b, "version"), text(b, "name"));
+    progress.println(format!("bundle:     {} {} ({})", text(b, "id"), text(b, "version"), text(b, "name")));
     match (b["signedBy"].as_str(), b["fingerprint"].as_str()) {
-        (Some(key), Some(fingerprint)) => eprintln!("signed by:  {key} ({fingerprint})"),
-        _ => eprintln!("signed by:  nobody (unsigned: the host will refuse it)"),
+        (Some(key), Some(fingerprint)) => progress.println(format!("signed by:  {key} ({fingerprint})")),
+        _ => progress.println("signed by:  nobody (unsigned: the host will refuse it)"),
     }
-    eprintln!("requests:   {}", list_text(&requested));
-    eprintln!("approving:  {}", list_text(&approve));
-    let answer = client.call(method, &json!({ "upload": upload, "approve": approve }))?;
+    progress.println(format!("requests:   {}", list_text(&requested)));
+    progress.println(format!("approving:  {}", list_text(&approve)));
+    progress.set_message(format!("{command}ing {} {}: the host verifies and compiles it", text(b, "id"), text(b, "version")));
+    let answer = client.call(method, &json!({ "upload": upload, "approve": approve }));
+    drop(progress);
+    let answer = answer?;
     if args.json {
         print_json(&answer);
         return Ok(());

@@ -548,6 +548,7 @@ fn rewrap(limit: usize, cursor: Option<String>, common: &Common) -> Result<()> {
     let (mut rewrapped, mut current, mut chunks) = (0u64, 0u64, 0u64);
     let mut cursor = cursor.map(Value::String).unwrap_or(Value::Null);
     let mut kek: String;
+    let progress = super::progress::Progress::spinner("re-wrapping the first chunk");
     loop {
         let page = client.call("secrets.rewrap", &json!({ "cursor": cursor, "limit": limit }))?;
         let (moved, already) = (page["rewrapped"].as_u64().unwrap_or(0), page["alreadyCurrent"].as_u64().unwrap_or(0));
@@ -558,12 +559,14 @@ fn rewrap(limit: usize, cursor: Option<String>, common: &Common) -> Result<()> {
         cursor = page["nextCursor"].clone();
         if !common.json {
             let next = cursor.as_str().map(|c| format!(" (next: --cursor {c})")).unwrap_or_default();
-            println!("chunk {chunks}: re-wrapped {moved}, {already} already under {kek}{next}");
+            progress.suspend(|| println!("chunk {chunks}: re-wrapped {moved}, {already} already under {kek}{next}"));
         }
         if cursor.is_null() {
             break;
         }
+        progress.set_message(format!("re-wrapping: {rewrapped} moved, {current} already under {kek}, chunk {}", chunks + 1));
     }
+    drop(progress);
     if common.json {
         print_json(&json!({ "ok": true, "rewrapped": rewrapped, "alreadyCurrent": current, "activeKekId": kek, "chunks": chunks }));
     } else {
