@@ -4,6 +4,8 @@
 #   CAPSTAN_TEST_MONGODB_URL  a MongoDB wire-protocol server (nx-27017, SQLite-backed; no real
 #                             mongod can be installed on these machines — docs/compatibility.md)
 #   CAPSTAN_TEST_S3_ENDPOINT  an S3 server (moto), path-style, any credentials
+#   CAPSTAN_TEST_NPM_REGISTRY an npm registry (verdaccio) taking anonymous publishes, no uplink:
+#                             the App Store's catalog package is published to it
 
 PEERS_DIR="$(mktemp -d /tmp/capstan-peers.XXXXXX)"
 PEER_PIDS=()
@@ -49,3 +51,28 @@ moto_server -H 127.0.0.1 -p "$S3_PORT" >"$PEERS_DIR/moto.log" 2>&1 &
 PEER_PIDS+=($!)
 wait_for_port "S3 server (moto)" "$S3_PORT" "$PEERS_DIR/moto.log"
 export CAPSTAN_TEST_S3_ENDPOINT="http://127.0.0.1:$S3_PORT"
+
+# verdaccio from the npm registry, into the peers directory: anonymous publish and no uplinks,
+# so nothing it serves comes from the internet
+npm install --silent --no-audit --no-fund --prefix "$PEERS_DIR/npm" verdaccio@6
+mkdir -p "$PEERS_DIR/npm/storage"
+cat >"$PEERS_DIR/npm/config.yaml" <<YAML
+storage: $PEERS_DIR/npm/storage
+auth:
+  htpasswd:
+    file: $PEERS_DIR/npm/htpasswd
+    max_users: -1
+uplinks: {}
+packages:
+  '**':
+    access: \$all
+    publish: \$all
+    unpublish: \$all
+log: { type: stdout, format: pretty, level: warn }
+YAML
+NPM_PORT="$(free_port)"
+"$PEERS_DIR/npm/node_modules/.bin/verdaccio" --config "$PEERS_DIR/npm/config.yaml" --listen "127.0.0.1:$NPM_PORT" \
+    >"$PEERS_DIR/verdaccio.log" 2>&1 &
+PEER_PIDS+=($!)
+wait_for_port "npm registry (verdaccio)" "$NPM_PORT" "$PEERS_DIR/verdaccio.log"
+export CAPSTAN_TEST_NPM_REGISTRY="http://127.0.0.1:$NPM_PORT/"

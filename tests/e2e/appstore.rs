@@ -120,6 +120,50 @@ fn the_embedded_app_store_imports_installs_upgrades_adopts_and_restores_its_cata
         (Some("registry.example.com/wiki:1.1.0"), Some("1.1.0"))
     );
     server.call_as(&admin, "appstore.upgrade", &upgrade).expect_error(400, "appstore-up-to-date");
+
+    // a hosted app's upgrade status, derived on read; startServiceUpgrade starts the upgrade
+    let status_of = |id: &Value| ok(&server, "appstore.getServiceUpgradeStatus", json!({ "organizationId": org["id"], "serviceId": id }));
+    let status = status_of(&installed["id"]);
+    assert_eq!((status["status"].as_str(), status["currentVersion"].as_str()), (Some("up-to-date"), Some("1.1.0")), "{status}");
+    let status = status_of(&named["id"]);
+    assert_eq!(
+        (status["status"].as_str(), status["targetVersion"].as_str(), status["available"].clone()),
+        (Some("available"), Some("1.1.0"), json!(["1.1.0"])),
+        "{status}"
+    );
+    let start = json!({ "organizationId": org["id"], "serviceId": named["id"], "expectedRevision": status["serviceRevision"] });
+    let started = ok(&server, "appstore.startServiceUpgrade", start.clone());
+    assert_eq!(
+        (started["state"].as_str(), started["from"].as_str(), started["to"].as_str(), started["upgradeStatus"]["status"].as_str()),
+        (Some("started"), Some("1.0.0"), Some("1.1.0"), Some("up-to-date")),
+        "{started}"
+    );
+    assert_eq!(ok(&server, "services.get", json!({ "id": named["id"] }))["image"], "registry.example.com/wiki:1.1.0");
+    // started again: nothing newer is offered
+    server.call_as(&admin, "appstore.startServiceUpgrade", &start).expect_error(400, "appstore-up-to-date");
+    let plain =
+        ok(&server, "services.create", json!({ "name": "plain", "organizationId": org["id"], "image": "registry.example.com/plain:1" }));
+    assert_eq!(status_of(&plain["id"])["status"], "not-from-catalog");
+
+    // no catalog usable (its key is no longer trusted): the status is unknown with that reason
+    // as its blocker, and starting an upgrade is refused until a catalog is active again
+    let settings = ok(&server, "settings.get", json!({}));
+    ok(&server, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [] } }));
+    let status = status_of(&installed["id"]);
+    assert_eq!(
+        (status["status"].as_str(), status["blockers"][0]["code"].as_str(), status["blockers"][0]["cause"].as_str()),
+        (Some("unknown"), Some("appstore-catalog-unavailable"), Some("catalog-key-untrusted")),
+        "{status}"
+    );
+    let start = json!({ "organizationId": org["id"], "serviceId": installed["id"], "expectedRevision": status["serviceRevision"] });
+    let refused = server.call_as(&admin, "appstore.startServiceUpgrade", &start).expect_error(503, "appstore-catalog-unavailable");
+    assert_eq!(refused["data"]["cause"], "catalog-key-untrusted");
+    let settings = ok(&server, "settings.get", json!({}));
+    ok(
+        &server,
+        "settings.update",
+        json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] } }),
+    );
     drop(server);
 
     // a restart restores the last-known-good catalog from the store, no source needed

@@ -257,6 +257,12 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
         ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),
         ("appstore.getCatalogStatus", json!({}), signed_in(Ran)),
+        // the fixture's service is not from the catalog: its status says so
+        (
+            "appstore.getServiceUpgradeStatus",
+            json!({ "organizationId": ORG, "serviceId": SERVICE }),
+            [Ran, Ran, Ran, Denied, Denied, Denied, Anon],
+        ),
         (
             "appstore.getUpgradePreview",
             json!({ "organizationId": ORG, "serviceId": SERVICE }),
@@ -271,6 +277,8 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             ],
         ),
         ("appstore.importCatalog", json!({ "envelope": "not an envelope" }), admin(Past("catalog-malformed"))),
+        // a body its schema refuses: the demo is not installed on the matrix's host
+        ("appstore.installDemo", json!({ "organizationId": 5 }), admin(Past("invalid-request"))),
         (
             "appstore.install",
             json!({ "organizationId": ORG, "appId": "missing", "name": "matrix" }),
@@ -291,6 +299,12 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             ],
         ),
         ("appstore.refreshCatalog", json!({}), admin(Ran)),
+        // without the expectedRevision an upgrade must state
+        (
+            "appstore.startServiceUpgrade",
+            json!({ "organizationId": ORG, "serviceId": SERVICE }),
+            [Past("invalid-request"), Past("invalid-request"), Denied, Denied, Denied, Denied, Anon],
+        ),
         // without the expectedRevision an upgrade must state
         (
             "appstore.upgrade",

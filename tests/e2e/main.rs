@@ -6,6 +6,8 @@ mod api;
 mod appstore;
 mod appstore_catalog;
 mod appstore_cli;
+mod appstore_demo;
+mod appstore_npm;
 mod audit;
 mod authorization;
 mod browser;

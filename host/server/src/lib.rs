@@ -17,6 +17,7 @@ pub use capstan_store as store;
 
 pub mod api;
 pub mod config;
+pub mod demo;
 #[cfg(test)]
 mod host_tests;
 pub mod listener;

@@ -113,6 +113,9 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         fleet: fleet.clone(),
         metrics_token: config.metrics_token.clone(),
     });
+    if config.demo {
+        tokio::spawn(crate::demo::install(state.clone()));
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());
     loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped.clone()));

@@ -62,7 +62,8 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// The catalog keys trusted now: those the operator lists in `appstore.trustedCatalogKeys`.
+/// The catalog keys trusted now: those the operator lists in `appstore.trustedCatalogKeys`, and
+/// this host's demo signer where the demo was installed.
 /// (The host checks the setting's form; an entry that still does not parse is skipped and logged.)
 pub fn trusted_keys() -> Result<Vec<PublisherKey>> {
     let listed = crate::settings::get()?.trusted_catalog_keys.0;
@@ -73,6 +74,8 @@ pub fn trusted_keys() -> Result<Vec<PublisherKey>> {
             Err(e) => capstan_sdk::warn!("appstore.trustedCatalogKeys holds a key that does not parse: {}", e.reason()),
         }
     }
+    // the demo catalog's signer, on the host the demo was installed on (`serve --dev --demo`)
+    keys.extend(crate::demo::trusted_key()?);
     Ok(keys)
 }
 

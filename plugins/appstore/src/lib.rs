@@ -17,6 +17,7 @@
 
 mod active;
 mod apps;
+mod demo;
 mod loader;
 mod npm;
 mod settings;
@@ -76,6 +77,12 @@ impl Manager for AppStore {
                 Role::Member,
                 apps::service_upgrade_status,
             )
+            .method(
+                "installDemo",
+                "Install the demo catalog (real self-hosted apps) signed by this host's own demo key, trusted here only; serve --dev --demo calls it.",
+                Role::Admin,
+                demo::install,
+            )
             .setting::<settings::CatalogSources>(
                 settings::SOURCES,
                 "Where the App Store asks for signed catalogs, in order (https, or http to a loopback address)",
@@ -104,6 +111,7 @@ impl Manager for AppStore {
             .collection(active::CATALOG)
             .collection(active::CHUNKS)
             .collection(loader::LOADER)
+            .collection(demo::DEMO)
             .reconcile_every(Duration::from_secs(60))
     }
 

@@ -161,6 +161,10 @@ struct ServeArgs {
     /// (a private CA) [env: CAPSTAN_PLUGIN_HTTP_CA_FILE]
     #[arg(long, value_name = "FILE")]
     plugin_http_ca_file: Option<PathBuf>,
+    /// With --dev: install demo data — an organization, a cluster, a service and each plugin's
+    /// demo (the App Store's: a catalog of self-hosted apps signed by a key trusted here only)
+    #[arg(long)]
+    demo: bool,
 }
 
 /// Exit status for a refused configuration (nothing was opened).
@@ -244,6 +248,7 @@ pub fn main() -> ExitCode {
                 node_labels: args.node_labels,
                 network: args.network,
                 plugin_http_ca_file: args.plugin_http_ca_file,
+                demo: args.demo,
             };
             let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
             let config = match config::resolve(&flags, &env) {

@@ -284,6 +284,8 @@ pub struct Flags {
     pub network: Option<String>,
     /// `--plugin-http-ca-file FILE`
     pub plugin_http_ca_file: Option<PathBuf>,
+    /// `--demo`: install demo data (with `--dev` only).
+    pub demo: bool,
 }
 
 /// Which network a node beyond loopback is on.
@@ -330,6 +332,8 @@ pub struct NodeSettings {
 pub struct ServeConfig {
     /// Dev mode: a missing keyring and first administrator are generated at start.
     pub dev: bool,
+    /// `--dev --demo`: demo data installed once the host serves (see `crate::demo`).
+    pub demo: bool,
     /// The dev-mode data directory (`CAPSTAN_DATA_DIR`); `None` without `--dev`.
     pub data_dir: Option<PathBuf>,
     /// Address the HTTP API binds to (`CAPSTAN_LISTEN`, default `127.0.0.1:8080`).
@@ -483,6 +487,12 @@ pub fn read_file(path: &Path) -> Result<BTreeMap<&'static str, String>> {
 /// except the config file and the CA file it names (`CAPSTAN_PLUGIN_HTTP_CA_FILE`), writes
 /// nothing.
 pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeConfig> {
+    if flags.demo && !flags.dev {
+        return Err(Refusal::new(
+            "demo-requires-dev",
+            "--demo installs demo data and a catalog key trusted on this host only: it runs only with --dev",
+        ));
+    }
     let file_path = flags.config_file.clone().or_else(|| env.get("CAPSTAN_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
     let file = match &file_path {
         Some(path) => read_file(path)?,
@@ -612,6 +622,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     };
     Ok(ServeConfig {
         dev: flags.dev,
+        demo: flags.demo,
         data_dir,
         listen,
         public_origin: public_origin.trim_end_matches('/').to_string(),

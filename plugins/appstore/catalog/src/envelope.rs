@@ -98,25 +98,37 @@ impl Envelope {
 /// revision is 0 or above [`MAX_REVISION`], or the envelope would exceed [`MAX_ENVELOPE_BYTES`]
 /// — a producer never signs what a reader refuses.
 pub fn sign(payload: &Catalog, revision: u64, key: &SigningKey) -> Result<Envelope, CatalogError> {
+    sign_with(payload, revision, &PublisherKey::from(key), |statement| Ok::<_, CatalogError>(key.sign(statement).to_bytes()))
+}
+
+/// [`sign`] by a key held elsewhere: `signer` is its public key and `sign` answers the Ed25519
+/// signature of the statement it is given (a plugin's host-kept key, for one).
+pub fn sign_with<E: From<CatalogError>>(
+    payload: &Catalog,
+    revision: u64,
+    signer: &PublisherKey,
+    sign: impl FnOnce(&[u8]) -> Result<[u8; 64], E>,
+) -> Result<Envelope, E> {
     check_revision(revision)?;
     payload.validate().map_err(|e| CatalogError::malformed(format!("payload: {e}")))?;
     let bytes = serde_json::to_vec(payload).map_err(|e| CatalogError::malformed(format!("payload: {e}")))?;
     let digest = hex::encode(Sha256::digest(&bytes));
-    let signature = key.sign(&statement(FORMAT, CONTRACT, revision, &digest));
+    let signature = sign(&statement(FORMAT, CONTRACT, revision, &digest))?;
     let envelope = Envelope {
         format: FORMAT.into(),
         contract: CONTRACT,
         revision,
         digest,
-        public_key: PublisherKey::from(key).to_string(),
-        signature: B64.encode(signature.to_bytes()),
+        public_key: signer.to_string(),
+        signature: B64.encode(signature),
         payload: B64.encode(&bytes),
     };
     let size = envelope.to_json().len();
     if size > MAX_ENVELOPE_BYTES {
         return Err(CatalogError::malformed(format!(
             "the signed envelope would be {size} bytes; the limit is {MAX_ENVELOPE_BYTES} bytes (8 MiB)"
-        )));
+        ))
+        .into());
     }
     Ok(envelope)
 }

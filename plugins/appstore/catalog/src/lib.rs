@@ -27,7 +27,9 @@ mod succession;
 /// Publisher keys: the host's (`capstan-publisher-key`), the one text form catalogs and plugin
 /// bundles are signed under.
 pub use capstan_publisher_key::{KeyError, PUBLIC_KEY_PREFIX, PublisherKey};
-pub use envelope::{CONTRACT, Envelope, FORMAT, MAX_ENVELOPE_BYTES, MAX_REVISION, STATEMENT_DOMAIN, Verified, sign, statement, verify};
+pub use envelope::{
+    CONTRACT, Envelope, FORMAT, MAX_ENVELOPE_BYTES, MAX_REVISION, STATEMENT_DOMAIN, Verified, sign, sign_with, statement, verify,
+};
 pub use error::CatalogError;
 pub use model::{
     App, AppVersion, Catalog, Invalid, MAX_APPS, MAX_CAPABILITIES, MAX_CATEGORIES, MAX_ENVIRONMENT, MAX_NAME_CHARS, MAX_PORTS,

@@ -1,0 +1,107 @@
+//! `capstan serve --dev --demo`: demo data for a newcomer — an organization, a cluster and a
+//! service, then each plugin's own demo (`<pluginId>.installDemo`, `{organizationId}`) once the
+//! first-party plugins are loaded: the App Store's is a catalog of real self-hosted apps signed
+//! by a key of this host and trusted only here, with a few apps installed from it.
+//!
+//! Everything goes through the registered methods, as an administrator named `demo-installer`,
+//! and is idempotent: what a name already holds (`exists`) is left as it is, so a second start
+//! adds nothing. Never run without the flag; `--demo` without `--dev` is refused at start.
+
+use crate::api::AppState;
+use capstan_core::Refusal;
+use capstan_rpc::{Call, Identity};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The demo's organization, cluster and plain service.
+pub const ORGANIZATION: &str = "demo";
+const CLUSTER: &str = "demo-cluster";
+const SERVICE: (&str, &str) = ("website", "docker.io/library/nginx:1.27");
+/// How long the demo waits for the first-party plugins (compiling them on a busy machine).
+const PLUGINS_WAIT: Duration = Duration::from_secs(600);
+
+fn installer() -> Identity {
+    let now = capstan_core::clock::now_secs();
+    Identity {
+        user_id: "host:demo-installer".into(),
+        username: "demo-installer".into(),
+        kind: "human".into(),
+        admin: true,
+        session_id: String::new(),
+        authenticated_at: now,
+        expires_at: now + PLUGINS_WAIT.as_secs() + 600,
+    }
+}
+
+async fn call(state: &AppState, method: &str, body: Value) -> Result<Value, Refusal> {
+    let entry = state.methods.resolve(method).await?;
+    entry.call(Call::by(&installer()), body).await
+}
+
+/// `method` once: created now (`Some`), or there already (`None`, refused `exists`).
+async fn ensure(state: &AppState, method: &str, body: Value) -> Result<Option<Value>, Refusal> {
+    match call(state, method, body).await {
+        Ok(answer) => Ok(Some(answer)),
+        Err(e) if e.code == "exists" => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The demo organization's id, created if it is not there.
+async fn organization(state: &AppState) -> Result<String, Refusal> {
+    if let Some(created) = ensure(state, "organizations.create", json!({ "name": ORGANIZATION })).await? {
+        return Ok(created["id"].as_str().unwrap_or_default().to_string());
+    }
+    let listed = call(state, "organizations.list", json!({ "limit": 100 })).await?;
+    listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|o| o["name"] == ORGANIZATION)
+        .and_then(|o| o["id"].as_str())
+        .map(String::from)
+        .ok_or_else(|| Refusal::new("demo-failed", "the demo organization exists but is not listed"))
+}
+
+/// Install the demo data; each step logged, a failure logged and left for the next start.
+pub async fn install(state: AppState) {
+    if let Err(e) = run(&state).await {
+        tracing::warn!(refusal = %e, "the demo data was not installed in full; the next start with --demo tries again");
+    }
+}
+
+async fn run(state: &AppState) -> Result<(), Refusal> {
+    let organization_id = organization(state).await?;
+    // the cluster's machine token is shown once to its creator: the demo has no use for it
+    ensure(state, "clusters.create", json!({ "name": CLUSTER, "description": "The demo's cluster (no node has joined it)." })).await?;
+    ensure(
+        state,
+        "services.create",
+        json!({ "name": SERVICE.0, "organizationId": organization_id, "image": SERVICE.1, "ports": [{ "port": 80, "protocol": "http" }] }),
+    )
+    .await?;
+    tracing::info!(organization = %organization_id, "demo organization, cluster and service in place");
+    // each plugin's own demo, once the first-party plugins (installed in the background) serve
+    let expected: Vec<(String, String)> =
+        crate::plugins::first_party::bundles()?.into_iter().map(|b| (b.manifest.id.clone(), b.manifest.version.to_string())).collect();
+    let deadline = tokio::time::Instant::now() + PLUGINS_WAIT;
+    loop {
+        let loaded = state.plugins.loaded();
+        let ready =
+            expected.iter().all(|(id, version)| loaded.iter().any(|a| a.manifest.id == *id && a.manifest.version.to_string() == *version));
+        if ready {
+            for active in loaded.iter().filter(|a| a.methods.contains_key("installDemo")) {
+                let method = format!("{}.installDemo", active.manifest.id);
+                match call(state, &method, json!({ "organizationId": organization_id })).await {
+                    Ok(answer) => tracing::info!(%method, answer = %answer, "demo installed"),
+                    Err(e) => tracing::warn!(%method, refusal = %e, "a plugin's demo was not installed"),
+                }
+            }
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Refusal::new("demo-failed", "the first-party plugins did not load in time for their demo"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
