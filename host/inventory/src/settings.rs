@@ -72,10 +72,13 @@ pub async fn audit_retention_days(store: &capstan_store::Store) -> Result<u64> {
 }
 
 /// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
+/// What the settings page says of keys kept only so that settings carried over stay valid.
+const CARRIED_OVER: &str = "Kept so settings carried over from the earlier platform stay valid; Capstan reads nothing here";
+
 const ALLOWED: &[(&str, Kind, &str)] = &[
-    ("corebuildWorkerUrl", Kind::Url, "A build worker URL"),
-    ("corebuildWorkerUrls", Kind::Urls, "Build worker URLs"),
-    ("deploymentArchiveRetentionDays", Kind::Days, "Accepted for compatibility; Capstan keeps no archived deployments"),
+    ("corebuildWorkerUrl", Kind::Url, CARRIED_OVER),
+    ("corebuildWorkerUrls", Kind::Urls, CARRIED_OVER),
+    ("deploymentArchiveRetentionDays", Kind::Days, CARRIED_OVER),
     (AUDIT_RETENTION_DAYS, Kind::RetentionDays, "How many days audit records are kept (1–3650, default 90); older ones are deleted daily"),
     (
         "nodeObservationFreshnessMs",
