@@ -97,6 +97,9 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
             .unwrap();
     });
 
+    // the first-party App Store is installed in the background at the first start
+    crate::appstore::wait_for_appstore(&server, &admin);
+
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut answers = String::new();
     runtime.block_on(async {
@@ -166,9 +169,13 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
         }
     });
 
+    let log = server.stderr();
     for value in &planted {
         assert!(!answers.contains(value.as_str()), "a planted value ({} bytes) reached an MCP answer", value.len());
+        assert!(!log.contains(value.as_str()), "a planted value ({} bytes) reached the server's log", value.len());
     }
+    // the SDK's per-request lines stay out of the log at the default filter
+    assert!(!log.contains("Service initialized"), "{log}");
 
     // the refusals, as plain HTTP sees them: the API's error envelope
     let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",

@@ -330,6 +330,12 @@ fn init_logging(config: &ServeConfig) {
         eprintln!("capstan: CAPSTAN_LOG {:?} is not a valid filter; using info", config.log_filter);
         tracing_subscriber::EnvFilter::new("info")
     });
+    // the MCP SDK logs every stateless /mcp request's start and end at info: only its warnings,
+    // unless the filter names it
+    let filter = match "rmcp=warn".parse() {
+        Ok(quiet) if !config.log_filter.contains("rmcp") => filter.add_directive(quiet),
+        _ => filter,
+    };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match config.log_format {
