@@ -196,7 +196,7 @@ fn relay_view(cluster: &ClusterView, registration: &Result<Option<Value>>, crede
         registration_error: None,
         credential_generation: None,
         credential_error: None,
-        export_command: format!("capstan keyring export-relay-authorization --cluster {} --output FILE", cluster.id),
+        export_command: format!("capstan keyring export-relay-authorization --cluster {} --out FILE", cluster.id),
         expected_revision: cluster.revision,
         panel_href: format!("{href}/relay/panel"),
         action: format!("{href}/relay"),

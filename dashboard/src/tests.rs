@@ -2662,7 +2662,7 @@ async fn the_relays_panel_shows_off_awaiting_registered_live_and_socket_gone() {
         page.body
     );
     assert!(page.body.contains(r#"id="relay-credential-none""#) && !page.body.contains(r#"id="relay-live""#), "{}", page.body);
-    assert_eq!(text_of(&page.body, "relay-export"), format!("capstan keyring export-relay-authorization --cluster {id} --output FILE"));
+    assert_eq!(text_of(&page.body, "relay-export"), format!("capstan keyring export-relay-authorization --cluster {id} --out FILE"));
 
     // refusals are shown by name: no relay zone yet, then a stale revision
     let enable = |revision: &'static str| {

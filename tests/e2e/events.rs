@@ -64,7 +64,7 @@ fn inventory_events_reach_a_plugin_in_commit_order_once_each_across_a_restart() 
         run(cmd, input, timeout)
     };
     let key = root.join("key.pem");
-    let keygen = cli(&["plugin", "keygen", "--output", key.to_str().unwrap()], b"", COMMAND_TIMEOUT);
+    let keygen = cli(&["plugin", "keygen", "--out", key.to_str().unwrap()], b"", COMMAND_TIMEOUT);
     assert_ok("capstan plugin keygen", &keygen);
     let example = workspace().join("plugins/example");
     let args = ["plugin", "build", example.to_str().unwrap(), "--key", key.to_str().unwrap(), "--out-dir", root.to_str().unwrap()];

@@ -23,7 +23,7 @@ fn keyring(args: &[&str], path: &Path) -> Exited {
 fn keyring_generate_writes_a_private_file_once_and_check_shows_no_key() {
     let dir = private_dir();
     let path = dir.path().join("keyring.json");
-    let made = keyring(&["generate", "--json", "--output"], &path);
+    let made = keyring(&["generate", "--json", "--out"], &path);
     assert!(made.status.success(), "{made:?}");
     assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     let file: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
@@ -33,7 +33,7 @@ fn keyring_generate_writes_a_private_file_once_and_check_shows_no_key() {
     let report: Value = serde_json::from_str(made.stdout.trim()).unwrap();
     assert_eq!(report["keyring"]["activeKekId"], kek_id);
 
-    let again = keyring(&["generate", "--output"], &path);
+    let again = keyring(&["generate", "--out"], &path);
     again.assert_refused(1, "output-exists");
     assert_eq!(serde_json::from_slice::<Value>(&fs::read(&path).unwrap()).unwrap(), file, "never clobbered");
 
@@ -52,12 +52,12 @@ fn keyring_generate_writes_a_private_file_once_and_check_shows_no_key() {
 fn keyring_commands_refuse_unsafe_files_by_name() {
     let dir = private_dir();
     let path = dir.path().join("keyring.json");
-    assert!(keyring(&["generate", "--output"], &path).status.success());
+    assert!(keyring(&["generate", "--out"], &path).status.success());
 
     let link = dir.path().join("link.json");
     symlink(&path, &link).unwrap();
     keyring(&["check", "--path"], &link).assert_refused(1, "input-symlink");
-    keyring(&["generate", "--output"], &link).assert_refused(1, "output-exists");
+    keyring(&["generate", "--out"], &link).assert_refused(1, "output-exists");
 
     fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
     keyring(&["check", "--path"], &path).assert_refused(1, "input-permissions");
@@ -68,7 +68,7 @@ fn keyring_commands_refuse_unsafe_files_by_name() {
 
     let shared = tempfile::tempdir().unwrap();
     fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    keyring(&["generate", "--output"], &shared.path().join("k.json")).assert_refused(1, "output-directory-not-private");
+    keyring(&["generate", "--out"], &shared.path().join("k.json")).assert_refused(1, "output-directory-not-private");
 
     let broken = dir.path().join("broken.json");
     fs::write(&broken, b"{\"version\":1}").unwrap();

@@ -370,3 +370,41 @@ fn progress_is_drawn_on_a_terminal_only() {
     assert!(tty.stdout.contains("re-wrapping the first chunk") && tty.stdout.contains("\r\u{1b}[2K"), "drawn, then cleared: {tty:?}");
     assert!(tty.stdout.contains("done: "), "{tty:?}");
 }
+
+/// `--output json|yaml|table` (`-o`) on every command that prints an answer: json is exactly
+/// what `--json` prints, yaml the same answer as a YAML document; a command with no answer to
+/// format, or table with --json, is a usage mistake.
+#[test]
+fn output_formats_print_the_same_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    server.call_as(&token, "organizations.create", &json!({ "name": "acme" })).expect_json(200);
+    let run = |args: &[&str]| {
+        let mut cmd = capstan();
+        cmd.args(args).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", &token).env("XDG_CONFIG_HOME", dir.path());
+        let exited = run_to_exit(cmd);
+        assert!(exited.status.success(), "{args:?}: {exited:?}");
+        exited.stdout
+    };
+    let json: Value = serde_json::from_str(run(&["organizations", "list", "--json"]).trim()).unwrap();
+    assert_eq!(json["items"][0]["name"], "acme", "{json}");
+    assert_eq!(serde_json::from_str::<Value>(run(&["organizations", "list", "--output", "json"]).trim()).unwrap(), json);
+    let yaml = run(&["-o", "yaml", "organizations", "list"]);
+    assert!(yaml.contains("name: acme") && !yaml.trim_start().starts_with('{'), "{yaml}");
+    assert_eq!(serde_yaml_ng::from_str::<Value>(&yaml).unwrap(), json, "{yaml}");
+    let table = run(&["organizations", "list", "-o", "table"]);
+    assert!(table.contains("acme") && !table.contains('{'), "{table}");
+    // a refusal with yaml is the same envelope as with --json
+    let mut missing = capstan();
+    missing.args(["organizations", "get", "nope", "-o", "yaml"]).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", &token);
+    let missing = run_to_exit(missing);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    let refusal: Value = serde_yaml_ng::from_str(&missing.stdout).unwrap();
+    assert_eq!((refusal["ok"].clone(), refusal["error"]["code"].clone()), (json!(false), json!("organization-not-found")));
+    for args in [&["completions", "bash", "-o", "json"][..], &["organizations", "list", "-o", "table", "--json"]] {
+        let mut cmd = capstan();
+        cmd.args(args);
+        assert_eq!(run_to_exit(cmd).status.code(), Some(2), "{args:?} is a usage mistake");
+    }
+}

@@ -172,7 +172,7 @@ fn an_author_builds_a_plugin_and_an_operator_installs_upgrades_under_load_and_ro
     assert!(crate_dir.join("capstan-plugin.toml").is_file() && crate_dir.join("src/lib.rs").is_file(), "{}", created.stdout);
     assert!(created.stdout.contains("capstan plugin build"), "new prints the next steps:\n{}", created.stdout);
 
-    let keygen = cli(&["plugin", "keygen", "--output", &path(&key)], b"", COMMAND_TIMEOUT, &mut outputs);
+    let keygen = cli(&["plugin", "keygen", "--out", &path(&key)], b"", COMMAND_TIMEOUT, &mut outputs);
     assert_ok("capstan plugin keygen", &keygen);
     let public_key = keygen.stdout.trim().to_string();
     assert!(public_key.starts_with("capstan-ed25519:"), "keygen prints the public key: {public_key:?}");
@@ -316,7 +316,7 @@ fn an_author_builds_a_plugin_and_an_operator_installs_upgrades_under_load_and_ro
 
     // ---- 7. an upgrade comes from the plugin's publisher: re-binding needs a trusted key ----
     let other_key = root.join("other.pem");
-    let other = cli(&["plugin", "keygen", "--output", &path(&other_key)], b"", COMMAND_TIMEOUT, &mut outputs);
+    let other = cli(&["plugin", "keygen", "--out", &path(&other_key)], b"", COMMAND_TIMEOUT, &mut outputs);
     assert_ok("capstan plugin keygen (a second key)", &other);
     let rebind = ["plugin", "rebind", "hello", "--publisher", other.stdout.trim(), "--url", &url];
     assert_refused_with("re-binding to an untrusted key", &cli(&rebind, b"", COMMAND_TIMEOUT, &mut outputs), &["publisher-untrusted"]);

@@ -110,11 +110,11 @@ fn refused(reply: &Reply, code: &str) -> Value {
     crate::support::check_envelope(&reply.what, &body)
 }
 
-/// `capstan keyring export-relay-authorization --cluster ID --output FILE --json [extra]`: the
+/// `capstan keyring export-relay-authorization --cluster ID --out FILE --json [extra]`: the
 /// CLI's report.
 pub(crate) fn export(server: &Capstan, token: &str, config_home: &Path, cluster_id: &str, output: &Path, extra: &[&str]) -> Value {
     let mut cmd = capstan();
-    cmd.args(["keyring", "export-relay-authorization", "--cluster", cluster_id, "--output"])
+    cmd.args(["keyring", "export-relay-authorization", "--cluster", cluster_id, "--out"])
         .arg(output)
         .arg("--json")
         .args(extra)

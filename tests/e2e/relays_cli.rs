@@ -39,7 +39,7 @@ fn the_relay_authorization_export_writes_a_private_file_never_clobbers_and_print
     let output_arg = output.to_str().unwrap();
 
     // nothing to export before a credential exists
-    export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg]).assert_refused(1, "relay-credential-absent");
+    export(&server, &admin, &config, &["--cluster", &cluster, "--out", output_arg]).assert_refused(1, "relay-credential-absent");
     assert!(!output.exists());
 
     let minted = server
@@ -47,7 +47,7 @@ fn the_relay_authorization_export_writes_a_private_file_never_clobbers_and_print
         .expect_json(200);
     assert_eq!(minted["generation"], 1);
 
-    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg, "--json"]);
+    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--out", output_arg, "--json"]);
     let report: Value = serde_json::from_str(succeeded(&exited).trim()).unwrap();
     let bearer = std::fs::read_to_string(&output).unwrap();
     assert_eq!(bearer.len(), 43, "the bearer byte for byte, no newline");
@@ -62,7 +62,7 @@ fn the_relay_authorization_export_writes_a_private_file_never_clobbers_and_print
 
     // no clobber: refused by name and left untouched
     std::fs::write(&output, b"kept").unwrap();
-    export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg]).assert_refused(1, "output-exists");
+    export(&server, &admin, &config, &["--cluster", &cluster, "--out", output_arg]).assert_refused(1, "output-exists");
     assert_eq!(std::fs::read(&output).unwrap(), b"kept");
 
     // a rotation, then the old generation is refused and --force replaces the file with the new bearer
@@ -73,9 +73,9 @@ fn the_relay_authorization_export_writes_a_private_file_never_clobbers_and_print
             &json!({"clusterId": cluster, "action": "rotate", "expectedGeneration": 1, "mutationId": "e2e-rotate"}),
         )
         .expect_json(200);
-    export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg, "--expected-generation", "1", "--force"])
+    export(&server, &admin, &config, &["--cluster", &cluster, "--out", output_arg, "--expected-generation", "1", "--force"])
         .assert_refused(1, "relay-credential-generation-mismatch");
-    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--output", output_arg, "--force"]);
+    let exited = export(&server, &admin, &config, &["--cluster", &cluster, "--out", output_arg, "--force"]);
     succeeded(&exited);
     let rotated = std::fs::read_to_string(&output).unwrap();
     assert_ne!(rotated, bearer);

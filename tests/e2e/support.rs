@@ -72,7 +72,7 @@ impl ProdConfig {
             state_dir: dir.join("state"),
         };
         let mut cmd = capstan();
-        cmd.args(["keyring", "generate", "--output"]).arg(&prod.keyring_path);
+        cmd.args(["keyring", "generate", "--out"]).arg(&prod.keyring_path);
         let generated = run_to_exit(cmd);
         assert!(generated.status.success(), "capstan keyring generate should succeed: {generated:?}");
         prod

@@ -90,7 +90,7 @@ fn people_are_managed_from_the_cli_and_refused_by_name() {
     let key = dir.path().join("publisher.key");
     let keygen = run_to_exit({
         let mut cmd = capstan();
-        cmd.args(["plugin", "keygen", "--output"]).arg(&key);
+        cmd.args(["plugin", "keygen", "--out"]).arg(&key);
         cmd
     });
     let public_key = succeeded(&keygen).trim().to_string();

@@ -56,7 +56,7 @@ pub fn run(command: AdminCommand) -> ExitCode {
         .and_then(|runtime| super::without_sigpipe(|| runtime.block_on(reset(&flags, &username))));
     let result = result.map(|reset| {
         if json {
-            println!("{}", json!({ "ok": true, "reset": reset }));
+            super::client::print_json(&json!({ "ok": true, "reset": reset }));
         } else {
             println!("reset the password of {} ({}); {} session(s) ended", reset.user.username, reset.user.user_id, reset.sessions_revoked);
             println!("password: {}", reset.password);

@@ -82,16 +82,16 @@ pub fn finish(result: Result<()>, json: bool) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) if json => {
-            println!("{}", json!({ "ok": false, "error": refusal }));
+            print_json(&json!({ "ok": false, "error": refusal }));
             ExitCode::from(super::exit_status(&refusal, EXIT_REFUSED))
         }
         Err(refusal) => refuse(&refusal, EXIT_REFUSED),
     }
 }
 
-/// Print `value` as JSON on one line.
+/// Print a machine answer: `value` as JSON on one line, or as `--output` chose.
 pub fn print_json(value: &Value) {
-    println!("{value}");
+    super::output::print(value);
 }
 
 /// A string field of an answer for people; `-` when it is absent.

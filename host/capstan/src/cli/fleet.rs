@@ -184,7 +184,7 @@ fn from_storage(command: FleetCommand) -> ExitCode {
                     let lease = lease::read_lease(&blobs).await?;
                     let listing = listing::build(capstan_core::clock::now_ms(), &timing, &nodes, freeze, lease);
                     if json {
-                        Ok(format!("{}\n", serde_json::to_string(&listing).map_err(Refusal::internal)?))
+                        Ok(super::output::render(&serde_json::to_value(&listing).map_err(Refusal::internal)?))
                     } else {
                         Ok(listing::render(&listing))
                     }

@@ -11,7 +11,6 @@
 //! value is never logged and never printed unless `--stdout` asks for it.
 
 use super::client::{Client, Connection, finish, print_json};
-use super::refuse;
 use crate::keyring::Keyring;
 use crate::refusal::Refusal;
 use clap::Subcommand;
@@ -28,7 +27,7 @@ pub enum KeyringCommand {
     /// `output-directory-not-private`.
     Generate {
         /// Where to write the keyring (must not exist)
-        #[arg(long, value_name = "PATH")]
+        #[arg(id = "out", long = "out", value_name = "PATH")]
         output: PathBuf,
         /// Id of the KEK (letters, digits, - _ .; random when absent)
         #[arg(long, value_name = "ID")]
@@ -88,12 +87,12 @@ pub enum KeyringCommand {
         #[arg(long, value_name = "ID")]
         cluster: String,
         /// The file to write (must not exist unless --force)
-        #[arg(long, value_name = "FILE", required_unless_present = "stdout")]
+        #[arg(id = "out", long = "out", value_name = "FILE", required_unless_present = "stdout")]
         output: Option<PathBuf>,
         /// Export exactly this generation (default: the current one)
         #[arg(long, value_name = "N")]
         expected_generation: Option<u64>,
-        /// Replace an existing regular file at --output
+        /// Replace an existing regular file at --out
         #[arg(long)]
         force: bool,
         /// Print the bearer itself on standard output (nothing else is printed then)
@@ -241,7 +240,7 @@ pub fn run(command: KeyringCommand) -> ExitCode {
                 if let Some(path) = written {
                     value["output"] = serde_json::json!(path.display().to_string());
                 }
-                println!("{value}");
+                print_json(&value);
             } else {
                 if let Some(path) = written {
                     println!("wrote a new keyring to {} (mode 0600)", path.display());
@@ -254,14 +253,8 @@ pub fn run(command: KeyringCommand) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(refusal) if json => print_json_refusal(&refusal),
-        Err(refusal) => refuse(&refusal, 1),
+        Err(refusal) => finish(Err(refusal), json),
     }
-}
-
-fn print_json_refusal(refusal: &Refusal) -> ExitCode {
-    println!("{}", serde_json::json!({ "ok": false, "error": refusal }));
-    ExitCode::from(1)
 }
 
 #[cfg(test)]

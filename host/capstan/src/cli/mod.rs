@@ -10,6 +10,7 @@ mod fleet;
 mod inventory;
 mod keyring;
 mod nodes;
+mod output;
 mod plugin;
 mod plugin_new;
 mod plugin_online;
@@ -30,6 +31,10 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "capstan", version, about = "Capstan: a self-hosted infrastructure control plane")]
 struct Cli {
+    /// How client commands print their answer: table (for people), json (the API's answer
+    /// exactly, one line; --json is the same) or yaml
+    #[arg(long, short = 'o', global = true, value_enum, value_name = "FORMAT")]
+    output: Option<output::Format>,
     #[command(subcommand)]
     command: Command,
 }
@@ -203,7 +208,9 @@ fn without_sigpipe<T>(network: impl FnOnce() -> T) -> T {
 /// Run the command line: parse, dispatch, and answer an exit status.
 pub fn main() -> ExitCode {
     let command = Cli::command().mut_subcommand("serve", |serve| serve.after_long_help(config::vars_help()));
-    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = command.clone().try_get_matches_from(args.clone()).and_then(|matches| output::settle(&command, matches, args));
+    let cli = match matches.and_then(|matches| Cli::from_arg_matches(&matches)) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };

@@ -2,6 +2,7 @@
 //! commands. They never start the host or talk to it. `new` scaffolds a plugin crate
 //! (`plugin_new`); the operator's commands are clients of a running host (`plugin_online`).
 
+use super::client::print_json;
 use super::{plugin_new, plugin_online};
 use crate::plugins::bundle::{self, Bundle, MAX_BUNDLE_BYTES, PublisherKey};
 use crate::plugins::manifest::{MANIFEST_FILE, Manifest};
@@ -33,7 +34,7 @@ pub enum PluginCommand {
     /// writable by group or others `output-directory-not-private`.
     Keygen {
         /// Where to write the private key (must not exist)
-        #[arg(long, value_name = "FILE")]
+        #[arg(id = "out", long = "out", value_name = "FILE")]
         output: PathBuf,
         /// Print exact JSON instead of text
         #[arg(long)]
@@ -131,10 +132,7 @@ fn keygen(output: &Path, json: bool) -> Result<()> {
     let key = bundle::generate_key();
     let public = bundle::write_key_file(output, &key)?;
     if json {
-        println!(
-            "{}",
-            json!({ "ok": true, "publicKey": public.to_string(), "fingerprint": public.fingerprint(), "output": display(output) })
-        );
+        print_json(&json!({ "ok": true, "publicKey": public.to_string(), "fingerprint": public.fingerprint(), "output": display(output) }));
     } else {
         eprintln!("wrote a new publisher key to {} (mode 0600); fingerprint {}", display(output), public.fingerprint());
         println!("{public}");
@@ -152,17 +150,14 @@ fn sign(path: &Path, key_path: &Path, json: bool) -> Result<()> {
     write_atomically(path, &parsed.to_bytes(), mode)?;
     let signer = PublisherKey::from(&key);
     if json {
-        println!(
-            "{}",
-            json!({
-                "ok": true,
-                "bundle": display(path),
-                "digest": parsed.digest_hex(),
-                "publicKey": signer.to_string(),
-                "fingerprint": signer.fingerprint(),
-                "replaced": previous.map(|p| p.to_string()),
-            })
-        );
+        print_json(&json!({
+            "ok": true,
+            "bundle": display(path),
+            "digest": parsed.digest_hex(),
+            "publicKey": signer.to_string(),
+            "fingerprint": signer.fingerprint(),
+            "replaced": previous.map(|p| p.to_string()),
+        }));
     } else {
         println!("signed {} ({} {})", display(path), parsed.manifest.id, parsed.manifest.version);
         println!("  digest: {}", parsed.digest_hex());
@@ -181,18 +176,15 @@ fn verify(path: &Path, trust: &[String], json: bool) -> Result<()> {
     let signer = if trusted.is_empty() { parsed.verify_signature()?.publisher.clone() } else { parsed.verify(&trusted)? };
     let m = &parsed.manifest;
     if json {
-        println!(
-            "{}",
-            json!({
-                "ok": true,
-                "id": m.id,
-                "version": m.version.to_string(),
-                "digest": parsed.digest_hex(),
-                "publicKey": signer.to_string(),
-                "fingerprint": signer.fingerprint(),
-                "trustChecked": !trusted.is_empty(),
-            })
-        );
+        print_json(&json!({
+            "ok": true,
+            "id": m.id,
+            "version": m.version.to_string(),
+            "digest": parsed.digest_hex(),
+            "publicKey": signer.to_string(),
+            "fingerprint": signer.fingerprint(),
+            "trustChecked": !trusted.is_empty(),
+        }));
     } else {
         println!("verified: {} {} signed by {signer} ({})", m.id, m.version, signer.fingerprint());
         if trusted.is_empty() {
@@ -207,7 +199,7 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
     let inspection = parsed.inspect();
     let signature_valid = parsed.signature.as_ref().map(|_| parsed.verify_signature().is_ok());
     if json {
-        println!("{}", json!({ "ok": true, "bundle": inspection, "signatureValid": signature_valid }));
+        print_json(&json!({ "ok": true, "bundle": inspection, "signatureValid": signature_valid }));
         return Ok(());
     }
     let i = &inspection;
@@ -276,7 +268,7 @@ fn build(dir: &Path, key_path: Option<&Path>, out_dir: Option<&Path>, json: bool
     let output = out_dir.map_or_else(|| Ok(dir.clone()), std::path::absolute).map_err(Refusal::internal)?.join(built.file_name());
     write_atomically(&output, &built.to_bytes(), 0o644)?;
     if json {
-        println!("{}", json!({ "ok": true, "output": output.display().to_string(), "bundle": built.inspect() }));
+        print_json(&json!({ "ok": true, "output": output.display().to_string(), "bundle": built.inspect() }));
     } else {
         match &built.signature {
             Some(s) => eprintln!("built {} {}, signed by {} ({})", manifest.id, manifest.version, s.publisher, s.publisher.fingerprint()),

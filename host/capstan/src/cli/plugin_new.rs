@@ -52,7 +52,7 @@ fn new(args: &NewArgs) -> Result<()> {
     println!();
     println!("next steps:");
     println!("  a signing key, once (it prints the public key hosts trust):");
-    println!("    capstan plugin keygen --output ~/capstan-publisher.pem");
+    println!("    capstan plugin keygen --out ~/capstan-publisher.pem");
     println!("  build and sign (writes {dir}/{id}-0.1.0.capstan-plugin):");
     println!("    capstan plugin build {dir} --key ~/capstan-publisher.pem");
     println!("  on a host, after `capstan login`: trust the key once, then install:");
@@ -229,7 +229,7 @@ fn hello(_ctx: &Context, input: Hello) -> Result<Greeting> {{
 
 A Capstan plugin: `src/lib.rs` is the manager, `{MANIFEST_FILE}` its manifest (id, version, capabilities).
 
-    capstan plugin keygen --output ~/capstan-publisher.pem   # once: prints the public key hosts trust
+    capstan plugin keygen --out ~/capstan-publisher.pem   # once: prints the public key hosts trust
     capstan plugin build . --key ~/capstan-publisher.pem     # writes {id}-<version>.capstan-plugin here
     capstan plugin sign {id}-0.1.0.capstan-plugin --key ~/capstan-publisher.pem   # (re)sign a built bundle
     capstan plugin trust <public key> --name <you>           # on the host, once (after capstan login)

@@ -39,7 +39,7 @@ const EXIT_REFUSED: u8 = 1;
         appstore.trustedCatalogKeys setting, fetches the catalog from appstore.catalogSources or is \
         handed it with `capstan call appstore.importCatalog --set-file envelope=FILE`.",
     after_long_help = "Examples:\n  \
-        capstan plugin keygen --output catalog-key.pem     # once; prints the public key hosts trust\n  \
+        capstan plugin keygen --out catalog-key.pem     # once; prints the public key hosts trust\n  \
         capstan-catalog sign --apps ./apps --key catalog-key.pem --revision 8\n  \
         capstan-catalog verify catalog-8.json --trust capstan-ed25519:… --previous catalog-7.json"
 )]

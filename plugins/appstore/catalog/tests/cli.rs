@@ -81,7 +81,7 @@ fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// A key file as `capstan plugin keygen --output PATH` writes it; answers the public key.
+/// A key file as `capstan plugin keygen --out PATH` writes it; answers the public key.
 fn keygen(path: &Path) -> String {
     write_key_file(path, &generate_key()).unwrap().to_string()
 }
