@@ -319,6 +319,11 @@ impl Client {
         self.token.is_some()
     }
 
+    /// Whether the token comes from CAPSTAN_TOKEN (which a new `capstan login` would not replace).
+    pub fn token_from_env(&self) -> bool {
+        self.source == TokenSource::Env
+    }
+
     /// `POST /api/v1/<method>` with `body`; the answer, or the server's refusal as a Refusal.
     pub fn call(&self, method: &str, body: &Value) -> Result<Value> {
         let body = serde_json::to_vec(body).map_err(Refusal::internal)?;
@@ -500,47 +505,9 @@ fn run_login(args: LoginArgs) -> Result<()> {
         })?;
         (username, read_password_stdin(&mut stdin.lock())?)
     } else {
-        if !stdin.is_terminal() {
-            return Err(Refusal::new(
-                "input-not-terminal",
-                "standard input is not a terminal, so the password cannot be asked for without echo; pipe it with --password-stdin (and --username)",
-            ));
-        }
-        let username = match args.username.clone() {
-            Some(name) => name,
-            None => {
-                eprint!("username: ");
-                let _ = std::io::stderr().flush();
-                let mut line = String::new();
-                stdin
-                    .lock()
-                    .read_line(&mut line)
-                    .map_err(|e| Refusal::new("input-unreadable", format!("reading the username failed: {}", e.kind())))?;
-                line.trim().to_string()
-            }
-        };
-        let password = rpassword::prompt_password(format!("password for {username} at {}: ", client.url()))
-            .map_err(|e| Refusal::new("input-unreadable", format!("reading the password from the terminal failed: {}", e.kind())))?;
-        (username, Zeroizing::new(password))
+        ask_on_terminal(&client, args.username.clone())?
     };
-    if username.is_empty() {
-        return Err(Refusal::new("username-required", "the username is empty"));
-    }
-    if password.is_empty() {
-        return Err(Refusal::new("password-required", "the password is empty"));
-    }
-    #[derive(serde::Serialize)]
-    struct LoginBody<'a> {
-        username: &'a str,
-        password: &'a str,
-    }
-    let body = serde_json::to_vec(&LoginBody { username: &username, password: &password }).map_err(Refusal::internal)?;
-    let answer = client.call_raw("auth.login", body)?;
-    let token = Zeroizing::new(
-        answer["token"].as_str().ok_or_else(|| Refusal::new("response-invalid", "the login answer holds no token"))?.to_string(),
-    );
-    credentials.set(client.url(), &token);
-    credentials.save()?;
+    let answer = log_in(&client, &mut credentials, &username, &password)?;
     let who = answer["username"].as_str().unwrap_or(&username).to_string();
     let admin = answer["admin"].as_bool().unwrap_or(false);
     let expires_at = answer["expiresAt"].as_u64();
@@ -563,6 +530,58 @@ fn run_login(args: LoginArgs) -> Result<()> {
         println!("  token stored in {} (mode 0600)", path.display());
     }
     Ok(())
+}
+
+/// Ask on the terminal for the username (unless given) and, without echo, the password;
+/// refused `input-not-terminal` when standard input is not a terminal.
+pub fn ask_on_terminal(client: &Client, username: Option<String>) -> Result<(String, Zeroizing<String>)> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Refusal::new(
+            "input-not-terminal",
+            "standard input is not a terminal, so the password cannot be asked for without echo; pipe it with --password-stdin (and --username)",
+        ));
+    }
+    let username = match username {
+        Some(name) => name,
+        None => {
+            eprint!("username: ");
+            let _ = std::io::stderr().flush();
+            let mut line = String::new();
+            stdin
+                .lock()
+                .read_line(&mut line)
+                .map_err(|e| Refusal::new("input-unreadable", format!("reading the username failed: {}", e.kind())))?;
+            line.trim().to_string()
+        }
+    };
+    let password = rpassword::prompt_password(format!("password for {username} at {}: ", client.url()))
+        .map_err(|e| Refusal::new("input-unreadable", format!("reading the password from the terminal failed: {}", e.kind())))?;
+    Ok((username, Zeroizing::new(password)))
+}
+
+/// `auth.login` at `client`'s server, keeping the session token in `credentials` (saved): the
+/// login's answer, token included (never printed).
+pub fn log_in(client: &Client, credentials: &mut Credentials, username: &str, password: &str) -> Result<Value> {
+    if username.is_empty() {
+        return Err(Refusal::new("username-required", "the username is empty"));
+    }
+    if password.is_empty() {
+        return Err(Refusal::new("password-required", "the password is empty"));
+    }
+    #[derive(serde::Serialize)]
+    struct LoginBody<'a> {
+        username: &'a str,
+        password: &'a str,
+    }
+    let body = serde_json::to_vec(&LoginBody { username, password }).map_err(Refusal::internal)?;
+    let answer = client.call_raw("auth.login", body)?;
+    let token = Zeroizing::new(
+        answer["token"].as_str().ok_or_else(|| Refusal::new("response-invalid", "the login answer holds no token"))?.to_string(),
+    );
+    credentials.set(client.url(), &token);
+    credentials.save()?;
+    Ok(answer)
 }
 
 /// The password from standard input: everything up to the first line end (at most 4 KiB).

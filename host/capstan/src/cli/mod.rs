@@ -12,6 +12,7 @@ mod keyring;
 mod nodes;
 mod output;
 mod plugin;
+mod plugin_dev;
 mod plugin_new;
 mod plugin_online;
 mod progress;
@@ -55,7 +56,7 @@ enum Command {
     /// WireGuard transport: create this node's key pair in its state directory.
     #[command(subcommand)]
     Wg(fleet::WgCommand),
-    /// Plugins: author (new, keygen, build, sign, verify, inspect) and operate on a running
+    /// Plugins: author (new, dev, keygen, build, sign, verify, inspect) and operate on a running
     /// host (install, upgrade, rollback, list, get, disable, enable, uninstall, trust).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),

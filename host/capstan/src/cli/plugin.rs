@@ -1,9 +1,10 @@
 //! `capstan plugin keygen | sign | verify | inspect | build`: the plugin author's offline
 //! commands. They never start the host or talk to it. `new` scaffolds a plugin crate
-//! (`plugin_new`); the operator's commands are clients of a running host (`plugin_online`).
+//! (`plugin_new`), `dev` runs the author's loop against a dev host (`plugin_dev`); the
+//! operator's commands are clients of a running host (`plugin_online`).
 
 use super::client::print_json;
-use super::{plugin_new, plugin_online};
+use super::{plugin_dev, plugin_new, plugin_online};
 use crate::plugins::bundle::{self, Bundle, MAX_BUNDLE_BYTES, PublisherKey};
 use crate::plugins::manifest::{MANIFEST_FILE, Manifest};
 use crate::refusal::{Refusal, Result};
@@ -17,14 +18,29 @@ use std::process::{Command, ExitCode, Stdio};
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
-    /// Scaffold a plugin crate in `<dir>/<name>/` that builds and signs out of the box.
+    /// Scaffold a plugin crate in `<dir>/<name>/` that builds, tests and signs out of the box.
     ///
-    /// Writes Cargo.toml (its own workspace; a cdylib depending on capstan-sdk by path),
-    /// capstan-plugin.toml (id = NAME, version 0.1.0, capabilities store and log), src/lib.rs
-    /// (one method, `hello`), .gitignore and README.md. Refuses `plugin-id-invalid`,
-    /// `output-exists` and, when this capstan was built away from its source tree and no --sdk
-    /// is given, `sdk-not-found`.
+    /// Writes Cargo.toml (its own workspace; a cdylib depending on capstan-sdk by version, with
+    /// a `[patch.crates-io]` pointing it at the SDK's source tree when one is at hand: --sdk, or
+    /// the tree this capstan was built from), that tree's Cargo.lock, capstan-plugin.toml (id =
+    /// NAME, version 0.1.0, capabilities store and log), src/lib.rs (one method, `hello`),
+    /// tests/harness.rs (the SDK's test host), .gitignore and README.md. Refuses
+    /// `plugin-id-invalid`, `output-exists` and, for an --sdk that is not the SDK, `sdk-not-found`.
     New(plugin_new::NewArgs),
+    /// Build, sign with your dev key, trust it and install or upgrade, on a dev host: the
+    /// author's loop (`--watch`: again on every change).
+    ///
+    /// Run in the crate `plugin new` made (or name it). The host (--url, else CAPSTAN_URL, else
+    /// http://127.0.0.1:8080) must run `serve --dev`, else it is refused `dev-host-required`
+    /// before anything is created, trusted or built; the session is CAPSTAN_TOKEN's or the one
+    /// `capstan login` stored for that URL, an administrator's (on a terminal, asked for when
+    /// missing or ended). The dev key, $XDG_CONFIG_HOME/capstan/dev-publisher.pem (else
+    /// ~/.config/capstan/dev-publisher.pem), is created on first use (mode 0600; a key others
+    /// can read is refused) and trusted on that host once. Each build is numbered above the
+    /// manifest's version (0.1.0 → 0.1.1-dev.1, -dev.2, …), installed or upgraded with every
+    /// capability it requests approved, and the plugin's API URL and a sample `capstan call`
+    /// are printed. The bundle is kept in DIR/target/capstan-dev/.
+    Dev(plugin_dev::DevArgs),
     /// Create a publisher signing key (Ed25519) and print its public key.
     ///
     /// The private key is written as PKCS#8 PEM to a new file, mode 0600, through a same-directory
@@ -119,6 +135,7 @@ pub fn run(command: PluginCommand) -> ExitCode {
         PluginCommand::Inspect { bundle, json } => (inspect(&bundle, json), json),
         PluginCommand::Build { dir, key, out_dir, json } => (build(&dir, key.as_deref(), out_dir.as_deref(), json), json),
         PluginCommand::New(args) => plugin_new::run(&args),
+        PluginCommand::Dev(args) => plugin_dev::run(&args),
         PluginCommand::Online(command) => plugin_online::run(command),
     };
     super::client::finish(result, json)
@@ -235,6 +252,30 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
 
 fn build(dir: &Path, key_path: Option<&Path>, out_dir: Option<&Path>, json: bool) -> Result<()> {
     let dir = std::path::absolute(dir).map_err(|e| Refusal::new("build-failed", format!("cannot resolve {}: {e}", dir.display())))?;
+    let (manifest_text, manifest) = read_manifest(&dir)?;
+    // read the key before a long build, so a bad key fails fast
+    let key = key_path.map(bundle::read_key_file).transpose()?;
+    let mut built = compile(&dir, manifest_text)?;
+    if let Some(key) = &key {
+        built.sign(key);
+    }
+    let output = out_dir.map_or_else(|| Ok(dir.clone()), std::path::absolute).map_err(Refusal::internal)?.join(built.file_name());
+    write_atomically(&output, &built.to_bytes(), 0o644)?;
+    if json {
+        print_json(&json!({ "ok": true, "output": output.display().to_string(), "bundle": built.inspect() }));
+    } else {
+        match &built.signature {
+            Some(s) => eprintln!("built {} {}, signed by {} ({})", manifest.id, manifest.version, s.publisher, s.publisher.fingerprint()),
+            None => eprintln!("built {} {} (unsigned; sign it with `capstan plugin sign`)", manifest.id, manifest.version),
+        }
+        println!("{}", output.display());
+    }
+    Ok(())
+}
+
+/// `DIR/capstan-plugin.toml`: its text and the manifest it parses to, checked before anything is
+/// built (`manifest-missing`, `manifest-invalid`, `wit-version-unsupported`, …).
+pub(super) fn read_manifest(dir: &Path) -> Result<(String, Manifest)> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let manifest_text = fs::read_to_string(&manifest_path).map_err(|e| {
         Refusal::new("manifest-missing", format!("cannot read {}: {}", manifest_path.display(), e.kind()))
@@ -242,9 +283,12 @@ fn build(dir: &Path, key_path: Option<&Path>, out_dir: Option<&Path>, json: bool
     })?;
     let manifest = Manifest::parse(&manifest_text)?;
     manifest.check_wit_supported()?;
-    // read the key before a long build, so a bad key fails fast
-    let key = key_path.map(bundle::read_key_file).transpose()?;
+    Ok((manifest_text, manifest))
+}
 
+/// Build the crate in `dir` (absolute) for wasm32-wasip2 and pack its component with
+/// `manifest_text` and the crate's page templates: an unsigned bundle.
+pub(super) fn compile(dir: &Path, manifest_text: String) -> Result<Bundle> {
     let cargo_toml = dir.join("Cargo.toml");
     if !cargo_toml.is_file() {
         return Err(Refusal::new("build-failed", format!("{} has no Cargo.toml: a plugin is a Rust crate", dir.display()))
@@ -261,22 +305,7 @@ fn build(dir: &Path, key_path: Option<&Path>, out_dir: Option<&Path>, json: bool
             format!("the component is {} bytes; a bundle may be at most {MAX_BUNDLE_BYTES} bytes", component.len()),
         ));
     }
-    let mut built = Bundle::new(manifest_text, component)?.with_pages(bundle::read_page_templates(&dir)?)?;
-    if let Some(key) = &key {
-        built.sign(key);
-    }
-    let output = out_dir.map_or_else(|| Ok(dir.clone()), std::path::absolute).map_err(Refusal::internal)?.join(built.file_name());
-    write_atomically(&output, &built.to_bytes(), 0o644)?;
-    if json {
-        print_json(&json!({ "ok": true, "output": output.display().to_string(), "bundle": built.inspect() }));
-    } else {
-        match &built.signature {
-            Some(s) => eprintln!("built {} {}, signed by {} ({})", manifest.id, manifest.version, s.publisher, s.publisher.fingerprint()),
-            None => eprintln!("built {} {} (unsigned; sign it with `capstan plugin sign`)", manifest.id, manifest.version),
-        }
-        println!("{}", output.display());
-    }
-    Ok(())
+    Bundle::new(manifest_text, component)?.with_pages(bundle::read_page_templates(dir)?)
 }
 
 /// Run cargo for wasm32-wasip2 and return the crate's cdylib `.wasm`.
@@ -350,7 +379,7 @@ fn pick_artifact(cargo_toml: &Path, artifacts: Vec<(PathBuf, PathBuf)>) -> Resul
 }
 
 /// Replace `path` with `bytes` atomically.
-fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+pub(super) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let path = std::path::absolute(path).map_err(|e| write_failed(path, &e))?;
     capstan_core::private_file::replace_atomically(&path, bytes, mode).map_err(|e| write_failed(&path, &e))
 }

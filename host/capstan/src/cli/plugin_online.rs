@@ -302,6 +302,17 @@ fn get(args: &IdArgs) -> Result<()> {
     println!("publisher:   {}", text(&p, "publisher"));
     println!("grants:      {}", list_text(&strings(&p["grants"])));
     println!("methods:     {}", list_text(&strings(&p["methods"])));
+    let pages: Vec<String> = p["pages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|page| {
+            let path = page["path"].as_str().filter(|s| !s.is_empty()).map(|s| format!("/{s}")).unwrap_or_default();
+            format!("/p/{}{path} ({})", text(&p, "id"), text(page, "title"))
+        })
+        .collect();
+    println!("pages:       {}", list_text(&pages));
     println!("digest:      {}", text(&p, "digest"));
     println!("installed:   by {} at {}", text(&p, "installedBy"), utc(p["installedAt"].as_u64()));
     print_last_error(&p);

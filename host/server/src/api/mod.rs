@@ -113,7 +113,7 @@ impl AppState {
         let mut registry = Registry::default();
         system::register(
             &mut registry,
-            system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone(), plugins: plugins.clone() },
+            system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone(), plugins: plugins.clone(), dev },
         );
         crate::auth::methods::register(
             &mut registry,
@@ -164,7 +164,13 @@ impl AppState {
 impl AppState {
     /// What readiness is judged on.
     pub fn system(&self) -> system::System {
-        system::System { store: self.store.clone(), blobs: self.blobs.clone(), chain: self.chain.clone(), plugins: self.plugins.clone() }
+        system::System {
+            store: self.store.clone(),
+            blobs: self.blobs.clone(),
+            chain: self.chain.clone(),
+            plugins: self.plugins.clone(),
+            dev: self.nodes.dev,
+        }
     }
 }
 

@@ -109,6 +109,8 @@ pub struct System {
     pub chain: Arc<Chain>,
     /// The plugin host, asked how far its plugins are loaded.
     pub plugins: Arc<PluginHost>,
+    /// Whether this host runs in development mode (`serve --dev`).
+    pub dev: bool,
 }
 
 /// Whether a caller is told where the store and the blobs are: administrators only.
@@ -180,6 +182,11 @@ pub struct VersionReport {
     pub version: String,
     /// The data version this build migrates to.
     pub data_version_target: String,
+    /// Whether this host runs in development mode (`serve --dev`): what `capstan plugin dev`
+    /// asks before it trusts a key or installs anything. Told to administrators only; absent for
+    /// anyone else.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dev: Option<bool>,
 }
 
 /// Register the public methods `system.getStatus`, `system.getVersion` and `migrations.getStatus`.
@@ -196,10 +203,14 @@ pub fn register(registry: &mut Registry, system: System) {
     registry
         .add(
             "system.getVersion",
-            "The Capstan version and the data version it migrates to",
+            "The Capstan version and the data version it migrates to (and, for administrators, whether the host runs with serve --dev)",
             Access::Public,
-            |system: System, _: Call, _: Empty| async move {
-                Ok(VersionReport { version: env!("CARGO_PKG_VERSION").into(), data_version_target: system.chain.target().to_string() })
+            |system: System, call: Call, _: Empty| async move {
+                Ok(VersionReport {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    data_version_target: system.chain.target().to_string(),
+                    dev: sees_details(call.identity.as_ref()).then_some(system.dev),
+                })
             },
         )
         .read_only();
