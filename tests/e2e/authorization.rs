@@ -127,8 +127,10 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // ---- events, fleet, migrations, system ----
         ("events.head", json!({}), signed_in(Ran)),
         ("events.watch", json!({ "after": 0, "areas": ["service"], "waitMs": 0 }), signed_in(Ran)),
+        ("fleet.freeze", json!({"reason": ""}), admin(Past("invalid-request"))),
         ("fleet.listNodes", json!({}), admin(Ran)),
         ("fleet.rebalance", json!({}), admin(Ran)),
+        ("fleet.unfreeze", json!({}), admin(Ran)),
         ("migrations.getStatus", json!({}), anyone(Ran)),
         ("system.getStatus", json!({}), anyone(Ran)),
         ("system.getVersion", json!({}), anyone(Ran)),
