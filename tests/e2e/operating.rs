@@ -144,6 +144,25 @@ fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
         assert!(after.iter().any(|s| s.name == gauge), "{gauge} missing: {text}");
     }
     assert!(total(&after, "capstan_plugins_loaded", &[]) >= 1.0, "the App Store at least: {text}");
+    let app = [("plugin", "appstore")];
+    assert_eq!(total(&after, "capstan_plugin_instances_busy", &app), 0.0, "no call runs while scraping: {text}");
+    assert!(total(&after, "capstan_plugin_instances_max", &app) >= 1.0, "{text}");
+    assert!(total(&after, "capstan_plugin_instance_memory_limit_bytes", &app) >= 1048576.0, "{text}");
+    // each call's instance grew its memory to some size, counted in byte buckets
+    assert!(moved("capstan_plugin_instance_memory_bytes_count", &app) >= 1.0, "{text}");
+    assert!(total(&after, "capstan_plugin_instance_memory_bytes_sum", &app) > 0.0, "{text}");
+    assert!(after.iter().any(|s| s.name == "capstan_plugin_instance_memory_bytes_bucket" && s.labels["le"] == "1048576"), "{text}");
+    // blob operations: the App Store's catalog and the fleet's records are read and written
+    assert!(total(&after, "capstan_blob_operations_total", &[]) >= 1.0, "{text}");
+    assert!(
+        after
+            .iter()
+            .filter(|s| s.name == "capstan_blob_operations_total")
+            .all(|s| ["put", "get", "head", "list", "delete", "probe"].contains(&s.labels["op"].as_str())
+                && ["ok", "absent", "exists", "conflict", "failed"].contains(&s.labels["outcome"].as_str())),
+        "{text}"
+    );
+    assert!(total(&after, "capstan_blob_operation_duration_seconds_count", &[("op", "get")]) >= 1.0, "{text}");
     let holder = total(&after, "capstan_fleet_lease_holder", &[]);
     assert!(holder == 0.0 || holder == 1.0, "{text}");
     assert!(total(&after, "capstan_outbox_head_sequence", &[]) >= 1.0, "installing the App Store wrote events: {text}");

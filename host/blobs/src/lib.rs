@@ -6,6 +6,7 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod local;
+mod measured;
 mod probe;
 #[cfg(feature = "s3")]
 pub mod s3;
@@ -82,9 +83,9 @@ pub trait BlobBackend: Send + Sync {
 pub struct Blobs(Arc<dyn BlobBackend>);
 
 impl Blobs {
-    /// A handle on `backend`.
+    /// A handle on `backend`, its operations measured (see [`measured`]).
     pub fn new(backend: impl BlobBackend + 'static) -> Self {
-        Blobs(Arc::new(backend))
+        Blobs(Arc::new(measured::Measured(backend)))
     }
 
     /// Open the backend a `CAPSTAN_BLOB_URL` names (`s3` is used for `s3://` URLs).

@@ -337,6 +337,8 @@ pub struct Sandbox {
     describe_grant: Arc<Grant>,
     prepared: Prepared,
     memory_limit: usize,
+    /// How many instances may run at once (the manifest's concurrency).
+    concurrency: usize,
     slots: Arc<tokio::sync::Semaphore>,
     services: Arc<super::imports::Services>,
 }
@@ -392,6 +394,7 @@ impl Sandbox {
             grants: Arc::new(grants),
             prepared,
             memory_limit,
+            concurrency: manifest.limits.concurrency.max(1) as usize,
             slots: Arc::new(tokio::sync::Semaphore::new(manifest.limits.concurrency.max(1) as usize)),
             services,
         }
@@ -561,6 +564,7 @@ impl Sandbox {
         let data = store.data_mut();
         data.flush_stdio();
         let exhausted = data.limiter.exhausted;
+        metrics::histogram!("capstan_plugin_instance_memory_bytes", "plugin" => self.id.clone()).record(data.limiter.grown() as f64);
         let elapsed = started.elapsed();
         let (result, counted) = match outcome {
             Err(_) => (Err(self.deadline_exceeded(kind, deadline)), "deadline"),
@@ -580,6 +584,16 @@ impl Sandbox {
         tracing::debug!(plugin = %self.id, kind = ?kind, request_id = %ctx.request_id, ms = elapsed.as_millis() as u64,
             ok = result.is_ok(), "plugin call");
         result
+    }
+
+    /// Instances running a call now, out of the manifest's concurrency (for `/metrics`).
+    pub fn instances_in_use(&self) -> (usize, usize) {
+        (self.concurrency.saturating_sub(self.slots.available_permits()), self.concurrency)
+    }
+
+    /// The memory one instance may grow to, in bytes.
+    pub fn memory_limit(&self) -> usize {
+        self.memory_limit
     }
 
     /// Count one call for `/metrics` by plugin (an installed plugin's id: a bounded set), kind

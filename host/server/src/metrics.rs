@@ -34,6 +34,10 @@ pub const MIN_TOKEN_CHARS: usize = 24;
 /// Latency buckets, in seconds, for every duration histogram (1 ms … 30 s).
 const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
+/// Buckets, in bytes, for the memory a plugin call's instance grew to (1 MiB … 1 GiB).
+const MEMORY_BUCKETS: &[f64] =
+    &[1048576.0, 4194304.0, 16777216.0, 33554432.0, 67108864.0, 134217728.0, 268435456.0, 536870912.0, 1073741824.0];
+
 /// The label a call of a method that is not registered is counted under.
 pub const UNKNOWN_METHOD: &str = "unknown";
 
@@ -64,7 +68,12 @@ fn recorder() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().set_buckets(BUCKETS).expect("the buckets are not empty").build_recorder();
+            let memory = metrics_exporter_prometheus::Matcher::Full("capstan_plugin_instance_memory_bytes".into());
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .and_then(|builder| builder.set_buckets_for_metric(memory, MEMORY_BUCKETS))
+                .expect("the buckets are not empty")
+                .build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("another metrics recorder is installed; /metrics shows only what this one records");
@@ -98,6 +107,19 @@ fn describe() {
     describe_gauge!("capstan_outbox_head_sequence", "The newest event sequence in the outbox");
     describe_gauge!("capstan_outbox_consumer_lag", "Events in the outbox after what each loaded plugin's consumer handled");
     describe_gauge!("capstan_plugins_loaded", "Plugins loaded on this node");
+    describe_gauge!("capstan_plugin_instances_busy", "Instances of each loaded plugin running a call now");
+    describe_gauge!("capstan_plugin_instances_max", "Instances each loaded plugin may run at once (its approved concurrency)");
+    describe_gauge!("capstan_plugin_instance_memory_limit_bytes", Unit::Bytes, "The memory one instance of each plugin may grow to");
+    describe_histogram!("capstan_plugin_instance_memory_bytes", Unit::Bytes, "The linear memory each plugin call's instance grew to");
+    describe_counter!(
+        "capstan_blob_operations_total",
+        "Blob storage operations, by operation and outcome (ok, absent, exists, conflict, failed)"
+    );
+    describe_histogram!(
+        "capstan_blob_operation_duration_seconds",
+        Unit::Seconds,
+        "Blob storage operation latency (a get: to its first byte)"
+    );
 }
 
 /// Count one HTTP request: its route template (the API's `/api/v1/{method}` by the method's
@@ -157,6 +179,13 @@ async fn refresh(state: &AppState) {
     metrics::gauge!("capstan_fleet_fence").set(fence.unwrap_or(0) as f64);
     let loaded = state.plugins.loaded();
     metrics::gauge!("capstan_plugins_loaded").set(loaded.len() as f64);
+    for active in &loaded {
+        let (busy, concurrency) = active.sandbox.instances_in_use();
+        let plugin = active.manifest.id.clone();
+        metrics::gauge!("capstan_plugin_instances_busy", "plugin" => plugin.clone()).set(busy as f64);
+        metrics::gauge!("capstan_plugin_instances_max", "plugin" => plugin.clone()).set(concurrency as f64);
+        metrics::gauge!("capstan_plugin_instance_memory_limit_bytes", "plugin" => plugin).set(active.sandbox.memory_limit() as f64);
+    }
     // the outbox: one short read each, skipped (the gauge keeps its last value) when the store
     // does not answer, so a scrape never fails on it
     let Ok(head) = crate::events::head(&state.store).await else { return };

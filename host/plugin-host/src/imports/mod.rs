@@ -216,6 +216,12 @@ impl MemoryLimiter {
     pub fn new(limit: usize) -> Self {
         MemoryLimiter { limit, total: 0, exhausted: false }
     }
+
+    /// The bytes the instance's memories were allowed to grow to, together (its peak: linear
+    /// memory never shrinks).
+    pub fn grown(&self) -> usize {
+        self.total
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
