@@ -84,17 +84,19 @@ pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
         Ok(Unfrozen { lifted: unfreeze(&fleet.node.blobs).await? })
     });
 
-    registry.add(
-        "fleet.listNodes",
-        "The fleet's nodes, versions, coordinator and freeze, judged on one clock",
-        Access::Admin,
-        |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
-            let blobs = &fleet.node.blobs;
-            let read = async { tokio::try_join!(read_nodes(blobs), read_freeze(blobs), lease::read_lease(blobs)) };
-            let (nodes, freeze, lease) = tokio::time::timeout(LIST_TIMEOUT, read)
-                .await
-                .map_err(|_| Refusal::new("blobs-unavailable", "the blob storage did not answer in time").retryable())??;
-            Ok(ListingJson(listing::build(capstan_core::clock::now_ms(), &fleet.node.timing, &nodes, freeze, lease)))
-        },
-    ).read_only();
+    registry
+        .add(
+            "fleet.listNodes",
+            "The fleet's nodes, versions, coordinator and freeze, judged on one clock",
+            Access::Admin,
+            |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
+                let blobs = &fleet.node.blobs;
+                let read = async { tokio::try_join!(read_nodes(blobs), read_freeze(blobs), lease::read_lease(blobs)) };
+                let (nodes, freeze, lease) = tokio::time::timeout(LIST_TIMEOUT, read)
+                    .await
+                    .map_err(|_| Refusal::new("blobs-unavailable", "the blob storage did not answer in time").retryable())??;
+                Ok(ListingJson(listing::build(capstan_core::clock::now_ms(), &fleet.node.timing, &nodes, freeze, lease)))
+            },
+        )
+        .read_only();
 }
