@@ -4,8 +4,8 @@
 //! - a ```` ```console ```` block is commands (`$ ` lines) each followed by lines its output must
 //!   show. Each command runs with `bash -c` in the walkthrough's current directory (`cd DIR`
 //!   moves it), with this build's `capstan` first on the PATH, `CAPSTAN_URL` naming the host this
-//!   test started, a private `XDG_CONFIG_HOME`, and the plugin build cache the other plugin tests
-//!   share (`CARGO_TARGET_DIR`). It must exit 0, or 1 when a shown line is a refusal
+//!   test started, a private `XDG_CONFIG_HOME`, and a plugin build cache of its own
+//!   (`CARGO_TARGET_DIR`, see `plugin_target`). It must exit 0, or 1 when a shown line is a refusal
 //!   (`capstan: refused (…)`).
 //! - an expected line must appear within a line of the command's output (standard output, then
 //!   standard error), both trimmed; `…` stands for any text, and `http://127.0.0.1:8080` for the
@@ -23,8 +23,7 @@
 //! The walkthrough builds a plugin for wasm32-wasip2; without the target the test says why and
 //! passes, unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1` (set by `.ci/run`).
 
-use super::plugin_dev::plugin_target;
-use super::plugins::{BUILD_TIMEOUT, run, wasm_target_available, workspace};
+use super::plugins::{BUILD_TIMEOUT, plugin_target, run, wasm_target_available, workspace};
 use super::support::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -202,7 +201,7 @@ fn the_plugin_walkthrough_runs_as_documented() {
             cmd.env("PATH", &path)
                 .env("CAPSTAN_URL", &url)
                 .env("XDG_CONFIG_HOME", root.join("config"))
-                .env("CARGO_TARGET_DIR", plugin_target());
+                .env("CARGO_TARGET_DIR", plugin_target("docs-walkthrough"));
             let exited = run(cmd, input.as_bytes(), BUILD_TIMEOUT);
             let output = format!("{}{}", exited.stdout, exited.stderr);
             let status_ok = if refusal { exited.status.code() == Some(1) } else { exited.status.success() };

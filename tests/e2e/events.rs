@@ -56,8 +56,7 @@ fn inventory_events_reach_a_plugin_in_commit_order_once_each_across_a_restart() 
     let root = tmp.path();
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
     let config_home = root.join("config");
-    let plugin_target =
-        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target")).join("e2e-plugins");
+    let plugin_target = crate::plugins::plugin_target("events");
     let cli = |args: &[&str], input: &[u8], timeout: Duration| {
         let mut cmd = capstan();
         cmd.args(args).env("XDG_CONFIG_HOME", &config_home).env("CARGO_TARGET_DIR", &plugin_target).current_dir(workspace());

@@ -5,9 +5,9 @@
 //!
 //! Building the plugin needs the wasm32-wasip2 target (rustup); without it the loop test prints
 //! why and passes, unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1` (set by `.ci/run`). Builds go to
-//! `$CARGO_TARGET_DIR/e2e-plugins`, the cache the other plugin tests share.
+//! `$CARGO_TARGET_DIR/e2e-plugins/plugin-dev`, a build cache of its own (see `plugin_target`).
 
-use super::plugins::{BUILD_TIMEOUT, COMMAND_TIMEOUT, assert_ok, run, wasm_target_available, workspace};
+use super::plugins::{BUILD_TIMEOUT, COMMAND_TIMEOUT, assert_ok, plugin_target, run, wasm_target_available};
 use super::support::*;
 use serde_json::{Value, json};
 use std::io::Read;
@@ -36,7 +36,7 @@ impl Author {
     /// `capstan ARGS` in `dir`, as this author (their config home, the shared plugin build cache).
     fn command(&self, dir: &Path, args: &[&str]) -> Command {
         let mut cmd = capstan();
-        cmd.args(args).current_dir(dir).env("XDG_CONFIG_HOME", &self.config_home).env("CARGO_TARGET_DIR", plugin_target());
+        cmd.args(args).current_dir(dir).env("XDG_CONFIG_HOME", &self.config_home).env("CARGO_TARGET_DIR", plugin_target("plugin-dev"));
         cmd
     }
 
@@ -52,10 +52,6 @@ impl Author {
     fn dev_key(&self) -> PathBuf {
         self.config_home.join("capstan").join("dev-publisher.pem")
     }
-}
-
-pub fn plugin_target() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target")).join("e2e-plugins")
 }
 
 /// `hello.hello {name}` through `capstan call --json`: the message.

@@ -29,6 +29,14 @@ pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Where the test `name` builds plugins with `capstan plugin build`: a directory of its own
+/// under `$CARGO_TARGET_DIR/e2e-plugins`, kept between runs so later builds are fast. Tests
+/// running at once must not share one: cargo puts a crate's artifact at one path per target
+/// dir, so two scaffolds named alike would take each other's component.
+pub fn plugin_target(name: &str) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target")).join("e2e-plugins").join(name)
+}
+
 /// Whether wasm32-wasip2 is installed for the workspace's toolchain; `false` (after saying why)
 /// when the test should be skipped.
 pub fn wasm_target_available() -> bool {
@@ -149,8 +157,7 @@ fn an_author_builds_a_plugin_and_an_operator_installs_upgrades_under_load_and_ro
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
     let config_home = root.join("config");
     let key = root.join("key.pem");
-    let plugin_target =
-        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target")).join("e2e-plugins");
+    let plugin_target = plugin_target("author-and-operator");
     // every command's output, to check no secret ever shows
     let mut outputs = String::new();
     let cli = |args: &[&str], input: &[u8], timeout: Duration, outputs: &mut String| {

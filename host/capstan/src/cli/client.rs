@@ -30,6 +30,8 @@ const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 /// The largest password read from standard input.
 const MAX_PASSWORD_BYTES: u64 = 4096;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an idle connection is kept for the next call: under the host's head timeout.
+const POOL_IDLE: Duration = Duration::from_secs(20);
 /// A whole call, upload included (an install compiles the component on the server).
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Exit status for a refusal.
@@ -303,6 +305,10 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(CALL_TIMEOUT)
+            // the host closes a connection idle for its 30 s head timeout; one idle past this is
+            // not reused, so a call after a long pause (a plugin build) never writes into a
+            // closed socket (an upload's body cannot be sent again)
+            .pool_idle_timeout(POOL_IDLE)
             .user_agent(concat!("capstan-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Refusal::internal(format!("building the HTTP client: {e}")))?;
