@@ -47,6 +47,7 @@ const APPSTORE_UPGRADE_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore-upgrade.pn
 const NODE_JUMP_SCREENSHOT_COPY: &str = "/tmp/capstan-node-jump.png";
 const NODE_SCREENSHOT_COPY: &str = "/tmp/capstan-node.png";
 const PLUGIN_PAGE_SCREENSHOT_COPY: &str = "/tmp/capstan-plugin-page.png";
+const PLUGINS_SCREENSHOT_COPY: &str = "/tmp/capstan-plugins.png";
 const PLUGIN_GENERATED_SCREENSHOT_COPY: &str = "/tmp/capstan-plugin-generated.png";
 /// The values the browser seals in the Secrets view: none may appear in any page or log.
 const TYPED_VALUE: &str = "typed-in-the-browser-4b1e Ünïcode ✓";
@@ -1018,6 +1019,20 @@ async fn plugin_pages(client: &Client, api: &ApiClient<'_>, bundle: &[u8], dir: 
     click(client, r#"a.nav-item[href="/p/example"]"#).await;
     wait_for(client, "#example-welcome").await;
     assert_eq!(text_of(client, "#example-welcome").await, "Welcome, operators");
+
+    // the Plugins page at this window's 1366 px: every column fits, Actions included, and a
+    // row's upgrade opens a styled file picker in place
+    click(client, r#"a.nav-item[href="/plugins"]"#).await;
+    wait_for(client, r#"tr[data-plugin="example"]"#).await;
+    let fits = "const wrap = document.querySelector('#plugins-table').closest('.table-wrap'); return wrap.scrollWidth <= wrap.clientWidth";
+    assert_eq!(client.execute(fits, vec![]).await.unwrap(), json!(true), "the plugins table should not scroll sideways at 1366 px");
+    let picker = r#"tr[data-plugin="example"] .upgrade-form input.file-input"#;
+    assert!(!client.find(Locator::Css(picker)).await.unwrap().is_displayed().await.unwrap(), "closed until asked for");
+    client.find(Locator::Css(r#"tr[data-plugin="example"] summary[data-action="upgrade"]"#)).await.unwrap().click().await.unwrap();
+    assert!(client.find(Locator::Css(picker)).await.unwrap().is_displayed().await.unwrap(), "the file picker opens in the row");
+    assert_eq!(client.execute(fits, vec![]).await.unwrap(), json!(true), "still no sideways scroll with the picker open");
+    let shot = client.screenshot().await.expect("a screenshot of the plugins page");
+    save_screenshot(&shot, dir, "plugins.png", PLUGINS_SCREENSHOT_COPY);
 }
 
 /// The App Store's pages (the embedded plugin's, installed in the background at start):

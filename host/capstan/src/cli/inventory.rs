@@ -267,6 +267,7 @@ fn organization_members(id: &str, page: &Page, common: &Common) -> Result<()> {
 
 fn organization_set_member(organization: &str, user_id: &str, role: RoleArg, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
+    let (organization_given, user_given) = (organization, user_id);
     let organization = &resolve::organization(&client, organization)?;
     let user_id = &resolve::user(&client, user_id, Some(organization))?;
     let role = match role {
@@ -279,9 +280,12 @@ fn organization_set_member(organization: &str, user_id: &str, role: RoleArg, com
         print_json(&answer);
         return Ok(());
     }
+    // named as the operator named them, the ids beside names
+    let user = resolve::shown(user_given, user_id);
+    let organization = resolve::shown(organization_given, organization);
     match answer["role"].as_str() {
-        Some(role) => println!("{user_id} is {} {role} of {organization}", if role == "owner" { "an" } else { "a" }),
-        None => println!("{user_id} holds no role in {organization}"),
+        Some(role) => println!("{user} is {} {role} of {organization}", if role == "owner" { "an" } else { "a" }),
+        None => println!("{user} holds no role in {organization}"),
     }
     Ok(())
 }

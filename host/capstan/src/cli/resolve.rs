@@ -194,6 +194,12 @@ fn services_in(client: &Client, organization: Option<&str>) -> Result<Vec<Value>
     }
 }
 
+/// What a confirmation line calls an entity: the name the operator gave with its id beside it,
+/// or the id alone when that is what they gave.
+pub fn shown(given: &str, id: &str) -> String {
+    if given == id { id.to_string() } else { format!("{given} ({id})") }
+}
+
 /// A service's id from its name or id; a name is looked up within `organization` (a name or
 /// an id) when given, else among every service the caller may see.
 pub fn service(client: &Client, text: &str, organization: Option<&str>) -> Result<String> {
@@ -325,6 +331,12 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_shown_with_its_id() {
+        assert_eq!(shown("website", "svc_0123"), "website (svc_0123)");
+        assert_eq!(shown("svc_0123", "svc_0123"), "svc_0123");
+    }
 
     fn candidate(id: &str, name: &str, shown: &str) -> Candidate {
         Candidate { id: id.into(), names: vec![name.into()], shown: shown.into() }

@@ -242,7 +242,7 @@ pub fn attach(args: &AttachmentArgs, attach: bool, common: &Common) -> Result<()
         "{done} SecretSet {} {} service {}; secrets revision {}",
         args.secret_set,
         if attach { "to" } else { "from" },
-        service,
+        resolve::shown(&args.service, service),
         answer["secretsRevision"]
     );
     let order: Vec<&str> = items_of(&answer["attachments"]).iter().map(|a| text(a, "secretSetId")).collect();
@@ -263,15 +263,16 @@ fn source(from: &Value) -> String {
     }
 }
 
-pub fn preview(service: &str, common: &Common) -> Result<()> {
+pub fn preview(given: &str, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
-    let service = &resolve::service(&client, service, None)?;
+    let service = &resolve::service(&client, given, None)?;
     let answer = client.call("secrets.previewResolution", &json!({ "serviceId": service }))?;
     if common.json {
         print_json(&answer);
         return Ok(());
     }
-    println!("service {service}: secrets revision {}, newest manifest {}", answer["secretsRevision"], answer["manifestNumber"]);
+    let shown = resolve::shown(given, service);
+    println!("service {shown}: secrets revision {}, newest manifest {}", answer["secretsRevision"], answer["manifestNumber"]);
     let rows: Vec<Vec<String>> = items_of(&answer["entries"])
         .iter()
         .map(|e| {
