@@ -486,6 +486,9 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     let set = admin.json(&["organizations", "set-member", "acme", "olga", "--role", "owner"]);
     assert_eq!(set, json!({ "organizationId": org_id, "userId": olga_id, "role": "owner" }));
     owner.json(&["organizations", "set-member", &org_id, &max_id, "--role", "member"]);
+    // for people, the confirmation names what the operator named, the id beside a name
+    let said = admin.text(&["organizations", "set-member", "acme", "olga", "--role", "owner"]);
+    assert_eq!(said.trim(), format!("olga ({olga_id}) is an owner of acme ({org_id})"));
     let members = member.json(&["organizations", "members", &org_id]);
     assert_eq!(members["items"].as_array().unwrap().len(), 2, "{members}");
     // without --expected-revision the CLI reads the revision first

@@ -196,6 +196,9 @@ fn a_planted_value_goes_in_sealed_and_never_comes_out() {
     let entry = preview["entries"].as_array().unwrap().iter().find(|e| e["key"] == "SHARED_KEY").cloned().unwrap();
     assert_eq!((entry["environment"].as_str(), entry["from"]["secretSetId"].as_str()), (Some("staging"), Some(set_id.as_str())));
     assert!(cli.text(&["secrets", "preview", "--service", &svc_id]).contains(&format!("SecretSet {set_id}")));
+    // named by its name, the service is shown by it, its id beside it
+    let by_name = cli.text(&["secrets", "preview", "--service", "web"]);
+    assert!(by_name.starts_with(&format!("service web ({svc_id}): secrets revision 1")), "{by_name}");
     cli.refused_with(&["secrets", "attach", "--service", &svc_id, "--secret-set", &set_id], b"", "secret-set-already-attached");
     let shown = cli.text(&["secrets", "sets", "show", &set_id]);
     assert!(shown.contains("SHARED_KEY") && shown.contains(&svc_id), "{shown}");
