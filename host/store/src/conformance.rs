@@ -2,7 +2,7 @@
 //! (SQLite, MongoDB) runs the same checks. Collection names carry a random suffix so the suite
 //! can share a database with other runs. A failed check panics with what was expected.
 
-use super::{CollectionSpec, Store};
+use super::{CollectionSpec, Document, Store};
 use capstan_core::refusal::{Refusal, Result};
 use serde_json::json;
 
@@ -27,6 +27,43 @@ pub async fn run_all(store: &Store) {
     concurrent_compare_and_swap(store).await;
     populated_collections(store).await;
     read_many_and_watched_writes(store).await;
+    copy_and_restore_keep_revisions(store).await;
+}
+
+/// What a snapshot of Capstan stands on: `read_everything` reads every populated collection
+/// without declaring it, and `restore_documents` writes documents at their own revisions into a
+/// collection this process never declared (created bare), then refuses the same id again.
+pub async fn copy_and_restore_keep_revisions(store: &Store) {
+    let source = unique_name("conf_copy");
+    store.declare(CollectionSpec::new(&source)).await.unwrap();
+    let s = source.as_str();
+    store
+        .transact(|tx| async move {
+            tx.insert(s, "a", json!({"v": 1})).await?;
+            tx.replace(s, "a", 1, json!({"v": 2})).await?;
+            tx.insert(s, "b", json!({"v": 3})).await
+        })
+        .await
+        .unwrap();
+    let mut copy = store.read_everything().await.unwrap();
+    assert!(copy.collections().contains(&source), "{:?}", copy.collections());
+    let page = copy.scan(s, None, 1).await.unwrap();
+    assert_eq!(page.documents.len(), 1);
+    let rest = copy.scan(s, page.next_cursor.as_deref(), 10).await.unwrap();
+    assert_eq!(rest.next_cursor, None);
+    copy.finish().await.unwrap();
+    let documents: Vec<Document> = page.documents.into_iter().chain(rest.documents).collect();
+    assert_eq!(documents.iter().map(|d| (d.id.as_str(), d.revision)).collect::<Vec<_>>(), vec![("a", 2), ("b", 1)]);
+
+    let target = unique_name("conf_restored");
+    store.restore_documents(&target, &documents).await.unwrap();
+    assert_eq!(code(store.restore_documents(&target, &documents[..1]).await), "exists");
+    store.declare(CollectionSpec::new(&target)).await.unwrap();
+    let t = target.as_str();
+    let a = store.transact(|tx| async move { tx.require(t, "a").await }).await.unwrap();
+    assert_eq!((a.revision, &a.data), (2, &json!({"v": 2})), "the revision it had, not 1");
+    let next = store.transact(|tx| async move { tx.replace(t, "a", 2, json!({"v": 4})).await }).await.unwrap();
+    assert_eq!(next.revision, 3, "writes go on from the restored revision");
 }
 
 /// Insert, get, require, replace, put and delete refuse `exists`, `not-found` and `conflict` where

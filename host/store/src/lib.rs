@@ -168,6 +168,9 @@ pub trait TxnBackend: Send {
     async fn find(&mut self, spec: &CollectionSpec, index: &IndexSpec, key: &[Value], cursor: Option<&str>, limit: usize) -> Result<Page>;
     /// Every document of a collection, in id order, after `cursor`.
     async fn scan(&mut self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page>;
+    /// Insert a document at the revision it had elsewhere (restoring a snapshot); refuses
+    /// `exists` like `insert`.
+    async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document>;
     /// Make the transaction's writes durable; may refuse `store-busy` on contention.
     async fn commit(&mut self) -> Result<()>;
 }
@@ -369,6 +372,52 @@ impl Store {
         }
     }
 
+    /// One read-only transaction over every collection, for a consistent copy of the whole
+    /// store (a snapshot of Capstan): collections need not be declared in this process.
+    pub async fn read_everything(&self) -> Result<ReadEverything> {
+        let collections = self.backend.populated_collections().await?;
+        let txn = self.backend.begin().await?;
+        Ok(ReadEverything { collections, txn })
+    }
+
+    /// Write `documents` into `collection` at their own revisions, in one transaction (retried
+    /// on transient contention inside the budget), creating the collection without indexes
+    /// when missing: the host declares its indexes when it starts. For restoring a snapshot
+    /// into an empty store only; refuses `exists` for a document already there.
+    pub async fn restore_documents(&self, collection: &str, documents: &[Document]) -> Result<()> {
+        validate_collection(collection)?;
+        for document in documents {
+            validate_id(&document.id)?;
+            validate_data(&document.data)?;
+            if document.revision == 0 {
+                return Err(Refusal::invalid_request(format!("{collection}/{} has revision 0", document.id)));
+            }
+        }
+        let known = self.specs.read().expect("store specs lock").contains_key(collection);
+        if !known {
+            self.backend.ensure_collection(&CollectionSpec::new(collection)).await?;
+        }
+        let started = Instant::now();
+        let mut attempt: u32 = 0;
+        loop {
+            let result: Result<()> = async {
+                let mut txn = self.backend.begin().await?;
+                for document in documents {
+                    txn.insert_at(collection, &document.id, document.revision, document.data.clone()).await?;
+                }
+                txn.commit().await
+            }
+            .await;
+            match result {
+                Err(e) if e.is("store-busy") && started.elapsed() < self.budget => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     fn tell_watchers(&self, written: &Written) {
         let written = std::mem::take(&mut *written.lock().expect("store written lock"));
         if written.is_empty() {
@@ -536,6 +585,32 @@ impl Tx {
     pub async fn scan(&self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
         let limit = validate_limit(limit)?;
         self.open(collection).await?.get().scan(collection, cursor, limit).await
+    }
+}
+
+/// A read-only transaction over the whole store ([`Store::read_everything`]): every page it
+/// reads comes from one snapshot of the database.
+pub struct ReadEverything {
+    collections: Vec<String>,
+    txn: Box<dyn TxnBackend>,
+}
+
+impl ReadEverything {
+    /// The collections holding documents when the copy began, in name order.
+    pub fn collections(&self) -> &[String] {
+        &self.collections
+    }
+
+    /// One page of `collection` in id order after `cursor`; `limit` is capped at [`MAX_PAGE`].
+    pub async fn scan(&mut self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
+        validate_collection(collection)?;
+        let limit = validate_limit(limit)?;
+        self.txn.scan(collection, cursor, limit).await
+    }
+
+    /// End the transaction (it wrote nothing).
+    pub async fn finish(mut self) -> Result<()> {
+        self.txn.commit().await
     }
 }
 

@@ -623,6 +623,21 @@ impl TxnBackend for MongoTxn {
         Ok(Document { id: id.to_string(), revision: 1, data })
     }
 
+    async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document> {
+        let document = stored(id, revision, &data)?;
+        if let Some(actual) = self.current_revision(collection, id).await? {
+            self.remember(collection, id, Some(actual));
+            return Err(exists(collection, id, None));
+        }
+        self.check_unique(collection, id, &data).await?;
+        let result = self.coll(collection).insert_one(document).session(&mut self.session).await;
+        if let Err(e) = result {
+            return Err(self.write_err(&e, collection, id, &data));
+        }
+        self.remember(collection, id, Some(revision));
+        Ok(Document { id: id.to_string(), revision, data })
+    }
+
     async fn replace(&mut self, collection: &str, id: &str, expected_revision: u64, data: Value) -> Result<Document> {
         let revision = expected_revision.saturating_add(1);
         let mut replacement = stored(id, revision, &data)?;
@@ -1102,6 +1117,9 @@ mod tests {
         }
         async fn scan(&mut self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
             self.txn().scan(collection, cursor, limit).await
+        }
+        async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document> {
+            self.txn().insert_at(collection, id, revision, data).await
         }
         async fn commit(&mut self) -> Result<()> {
             self.txn().commit().await

@@ -398,6 +398,20 @@ impl TxnBackend for SqliteTxn {
         blocking(|| self.query_page(&sql, &params, limit))
     }
 
+    async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document> {
+        let text = serialize(&data)?;
+        let stored = i64::try_from(revision).map_err(|_| Refusal::invalid_request(format!("revision {revision} is out of range")))?;
+        blocking(|| {
+            if self.current_revision(collection, id)?.is_some() {
+                return Err(exists(collection, id, None));
+            }
+            self.conn
+                .execute(&format!("INSERT INTO {} (id, revision, data) VALUES (?1, ?2, ?3)", table(collection)), params![id, stored, text])
+                .map_err(|e| self.write_err(e, collection, id))?;
+            Ok(Document { id: id.to_string(), revision, data })
+        })
+    }
+
     async fn commit(&mut self) -> Result<()> {
         blocking(|| self.conn.execute_batch("COMMIT")).map_err(|e| map_err(e, "committing"))
     }
