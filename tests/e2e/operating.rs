@@ -297,6 +297,57 @@ fn the_openapi_document_is_valid_and_lists_every_method() {
     let envelope = doc["components"]["schemas"]["ErrorEnvelope"].clone();
     let envelope = jsonschema::validator_for(&envelope).unwrap();
     assert!(envelope.is_valid(&json!({ "error": error })));
+
+    // each method's refusal codes, under the status each answers and in x-capstan-refusals:
+    // a host method's own (declared where it is registered), a plugin's as the host answers them
+    for method in &listed {
+        let name = method["name"].as_str().unwrap();
+        let operation = &doc["paths"][format!("/api/v1/{name}")]["post"];
+        let codes: Vec<&str> = operation["x-capstan-refusals"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        let under: Vec<String> = operation["responses"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(status, _)| *status != "200" && *status != "default")
+            .flat_map(|(_, response)| refusals_named(response))
+            .collect();
+        let mut sorted = under.clone();
+        sorted.sort();
+        assert_eq!(sorted, codes, "{name}: every listed code under exactly one status");
+        assert!(codes.contains(&"invalid-request"), "{name}");
+    }
+    let listed_under = |method: &str, status: &str| refusals_named(&doc["paths"][format!("/api/v1/{method}")]["post"]["responses"][status]);
+    for (method, status, code) in [
+        ("organizations.create", "409", "exists"),
+        ("services.create", "409", "exists"),
+        ("services.create", "404", "organization-not-found"),
+        ("services.create", "400", "environment-value-is-secret"),
+        ("services.update", "409", "conflict"),
+        ("organizations.get", "404", "organization-not-found"),
+        ("nodes.get", "404", "node-missing"),
+        ("tasks.trigger", "409", "task-running"),
+        ("admin.mutateHumanCredential", "409", "mutation-reused"),
+        ("auth.login", "429", "rate-limited"),
+        ("relays.ping", "503", "relay-not-connected"),
+        ("appstore.getCatalogStatus", "409", "plugin-disabled"),
+    ] {
+        assert!(listed_under(method, status).iter().any(|c| c == code), "{method} lists {code} under {status}");
+    }
+    assert!(listed_under("organizations.get", "409").is_empty(), "a method lists no code it cannot answer");
+    assert!(listed_under("auth.login", "401").iter().any(|c| c == "unauthenticated"), "a public method that refuses a login says so");
+    let appstore = &doc["paths"]["/api/v1/appstore.getCatalogStatus"]["post"];
+    assert!(appstore["responses"]["default"]["description"].as_str().unwrap().contains("manifest does not declare"), "{appstore}");
+    // and the API answers a refusal with the status the document lists its code under
+    let org = server.call_as(&admin, "organizations.create", &json!({ "name": "openapi-docs" })).expect_json(200);
+    let again = server.call_as(&admin, "organizations.create", &json!({ "name": "openapi-docs" })).expect_error(409, "exists");
+    assert_eq!(again["code"], "exists");
+    server.call_as(&admin, "organizations.get", &json!({ "id": "org_missing" })).expect_error(404, "organization-not-found");
+    assert!(org["id"].is_string());
+}
+
+/// The refusal codes a response's description names (`` `code` ``, …).
+fn refusals_named(response: &Value) -> Vec<String> {
+    response["description"].as_str().unwrap_or_default().split('`').skip(1).step_by(2).map(str::to_string).collect()
 }
 
 /// What the document makes of a method's schema part: local references moved into its component.

@@ -396,18 +396,22 @@ async fn list_machine_users(cx: Context, _: Call, input: ListInput) -> Result<Ma
 pub fn register(registry: &mut Registry, cx: Context) {
     crate::users::register(registry, cx.clone());
     let mut registry = registry.with(cx);
-    registry.add(
-        "auth.login",
-        "Username and password to a session JWT (one uniform denial on any mistake)",
-        Access::Public,
-        |cx: Context, call: Call, input: LoginInput| async move { cx.auth.login(&input.username, &input.password, call.source).await },
-    );
-    registry.add(
-        "auth.exchangeToken",
-        "A machine user's token to a session JWT bound to that token",
-        Access::Public,
-        |cx: Context, call: Call, input: ExchangeInput| async move { cx.auth.exchange_token(&input.token, call.source).await },
-    );
+    registry
+        .add(
+            "auth.login",
+            "Username and password to a session JWT (one uniform denial on any mistake)",
+            Access::Public,
+            |cx: Context, call: Call, input: LoginInput| async move { cx.auth.login(&input.username, &input.password, call.source).await },
+        )
+        .refuses(&["unauthenticated", "rate-limited"]);
+    registry
+        .add(
+            "auth.exchangeToken",
+            "A machine user's token to a session JWT bound to that token",
+            Access::Public,
+            |cx: Context, call: Call, input: ExchangeInput| async move { cx.auth.exchange_token(&input.token, call.source).await },
+        )
+        .refuses(&["unauthenticated", "rate-limited"]);
     registry
         .add("auth.whoami", "The caller's identity and session", Access::Authenticated, |_: Context, call: Call, _: Empty| async move {
             call.identity().cloned()
@@ -428,38 +432,57 @@ pub fn register(registry: &mut Registry, cx: Context) {
                 cx.store.transact(|tx| async move { Ok(view(id, &load_credential(&tx, id, "human").await?.1)) }).await
             },
         )
+        .refuses(&["admin-not-fresh", "wrong-user-kind", "not-found"])
         .read_only();
-    registry.add(
-        "admin.mutateHumanCredential",
-        "rotatePassword, revokePassword or revokeSessions with an expected generation and a mutationId (fresh login required)",
-        Access::Admin,
-        mutate_credential,
-    );
-    registry.add(
-        "admin.createUser",
-        "Create a person's account with a generated password shown this once (administrator, fresh login)",
-        Access::Admin,
-        create_user,
-    );
-    registry.add("admin.createMachineUser", "Create a machine user; its token is returned this once", Access::Admin, create_machine_user);
-    registry.add(
-        "admin.rotateMachineToken",
-        "Give a machine user a new token (returned once); sessions of the old one end",
-        Access::Admin,
-        |cx: Context, call: Call, input: UserRef| async move {
-            let token = new_machine_token();
-            let (user, credential) = set_machine_token(&cx.store, &call, &input.user_id, Some(&token), Expiry::Keep).await?;
-            Ok(MachineToken { user_id: input.user_id, username: user.username, token, generation: credential.generation })
-        },
-    );
-    registry.add(
-        "admin.revokeMachineTokens",
-        "Remove a machine user's token; every session opened with it ends",
-        Access::Admin,
-        |cx: Context, call: Call, input: UserRef| async move {
-            let (_, credential) = set_machine_token(&cx.store, &call, &input.user_id, None, Expiry::Keep).await?;
-            Ok(view(&input.user_id, &credential))
-        },
-    );
+    registry
+        .add(
+            "admin.mutateHumanCredential",
+            "rotatePassword, revokePassword or revokeSessions with an expected generation and a mutationId (fresh login required)",
+            Access::Admin,
+            mutate_credential,
+        )
+        .refuses(&[
+            "admin-not-fresh",
+            "password-too-short",
+            "password-too-long",
+            "mutation-reused",
+            "wrong-user-kind",
+            "not-found",
+            "conflict",
+        ]);
+    registry
+        .add(
+            "admin.createUser",
+            "Create a person's account with a generated password shown this once (administrator, fresh login)",
+            Access::Admin,
+            create_user,
+        )
+        .refuses(&["admin-not-fresh", "username-reserved", "exists", "blobs-unavailable", "identity-claimed"]);
+    registry
+        .add("admin.createMachineUser", "Create a machine user; its token is returned this once", Access::Admin, create_machine_user)
+        .refuses(&["admin-not-fresh", "username-reserved", "exists", "blobs-unavailable", "identity-claimed"]);
+    registry
+        .add(
+            "admin.rotateMachineToken",
+            "Give a machine user a new token (returned once); sessions of the old one end",
+            Access::Admin,
+            |cx: Context, call: Call, input: UserRef| async move {
+                let token = new_machine_token();
+                let (user, credential) = set_machine_token(&cx.store, &call, &input.user_id, Some(&token), Expiry::Keep).await?;
+                Ok(MachineToken { user_id: input.user_id, username: user.username, token, generation: credential.generation })
+            },
+        )
+        .refuses(&["admin-not-fresh", "wrong-user-kind", "not-found"]);
+    registry
+        .add(
+            "admin.revokeMachineTokens",
+            "Remove a machine user's token; every session opened with it ends",
+            Access::Admin,
+            |cx: Context, call: Call, input: UserRef| async move {
+                let (_, credential) = set_machine_token(&cx.store, &call, &input.user_id, None, Expiry::Keep).await?;
+                Ok(view(&input.user_id, &credential))
+            },
+        )
+        .refuses(&["admin-not-fresh", "wrong-user-kind", "not-found"]);
     registry.add("admin.listMachineUsers", "Machine users, paged", Access::Admin, list_machine_users).read_only();
 }

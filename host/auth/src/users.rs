@@ -288,22 +288,26 @@ pub fn register(registry: &mut Registry, cx: Context) {
     registry
         .add("users.list", "People (human users), paged: administrator, disabled, credential generation", Access::Admin, list)
         .read_only();
-    registry.add(
-        "users.setDisabled",
-        "Disable a person (login refused, sessions ended) or enable them again, with the generation read (administrator, fresh login)",
-        Access::Admin,
-        set_disabled,
-    );
+    registry
+        .add(
+            "users.setDisabled",
+            "Disable a person (login refused, sessions ended) or enable them again, with the generation read (administrator, fresh login)",
+            Access::Admin,
+            set_disabled,
+        )
+        .refuses(&["admin-not-fresh", "user-is-self", "user-not-found", "conflict", "last-administrator"]);
     registry.add(
         "users.resetPassword",
         "Give a person a generated password shown this once and end their sessions, with the generation read (administrator, fresh login)",
         Access::Admin,
         reset_password,
-    );
-    registry.add(
-        "users.revokeSessions",
-        "End every session of a person, with the generation read (administrator, fresh login)",
-        Access::Admin,
-        revoke,
-    );
+    ).refuses(&["admin-not-fresh", "user-not-found", "conflict"]);
+    registry
+        .add(
+            "users.revokeSessions",
+            "End every session of a person, with the generation read (administrator, fresh login)",
+            Access::Admin,
+            revoke,
+        )
+        .refuses(&["admin-not-fresh", "user-not-found", "conflict"]);
 }

@@ -76,40 +76,48 @@ impl Refusal {
         self.code == code
     }
 
-    /// The HTTP status that fits this refusal. Codes not listed are client mistakes (400)
-    /// unless the refusal is retryable (503); every `…-not-found` is 404.
+    /// The HTTP status that fits this refusal: its code's ([`code_status`]), or for a code the
+    /// table does not name, 400 (a client mistake) unless the refusal is retryable (503).
     pub fn http_status(&self) -> u16 {
-        match self.code.as_ref() {
-            "not-found" | "method-unknown" => 404,
-            // the nodes area: one uniform answer for a code that cannot be used, a node that is
-            // not there, an agent binary not shipped here
-            "jump-code-invalid" | "node-missing" | "agent-binary-unavailable" => 404,
-            "node-unauthorized" | "fleet-request-unverified" => 401,
-            "protocol-unsupported" => 422,
-            "hostname-in-use" | "credential-revoked" | "node-retired" | "node-not-retired" | "public-origin-not-https" => 409,
-            code if code.ends_with("-not-found") => 404,
-            "method-not-allowed" => 405,
-            "exists" | "conflict" | "mutation-reused" => 409,
-            // the target's current state stands in the way
-            "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
-            "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
-            "cluster-relay-live" | "relay-ambiguous" => 409,
-            "request-too-large" | "bundle-too-large" => 413,
-            "rate-limited" => 429,
-            // another node answers this; the client calls it there (`data.address`)
-            "coordinator-elsewhere" => 421,
-            "request-timeout" => 408,
-            "unsupported-media-type" => 415,
-            "unauthenticated" => 401,
-            "forbidden" => 403,
-            "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" | "coordinator-unavailable" => 503,
-            "internal" => 500,
-            // a refusal that says retrying may help is not the client's mistake: the service
-            // (a plugin's catalog, a lock, a peer) is unavailable for now
-            _ if self.retryable => 503,
-            _ => 400,
-        }
+        // a refusal that says retrying may help is not the client's mistake: the service
+        // (a plugin's catalog, a lock, a peer) is unavailable for now
+        code_status(&self.code).unwrap_or(if self.retryable { 503 } else { 400 })
     }
+}
+
+/// The HTTP status every refusal coded `code` answers, or `None` for a code this table does not
+/// name (answered 400, or 503 when retryable; see [`Refusal::http_status`]). The one table: the
+/// API's answers and the OpenAPI document's responses both read it. Every `…-not-found` is 404.
+pub fn code_status(code: &str) -> Option<u16> {
+    Some(match code {
+        "not-found" | "method-unknown" => 404,
+        // the nodes area: one uniform answer for a code that cannot be used, a node that is
+        // not there, an agent binary not shipped here
+        "jump-code-invalid" | "node-missing" | "agent-binary-unavailable" => 404,
+        "node-unauthorized" | "fleet-request-unverified" => 401,
+        "protocol-unsupported" => 422,
+        "hostname-in-use" | "credential-revoked" | "node-retired" | "node-not-retired" | "public-origin-not-https" => 409,
+        code if code.ends_with("-not-found") => 404,
+        "method-not-allowed" => 405,
+        "exists" | "conflict" | "mutation-reused" => 409,
+        // the target's current state stands in the way
+        "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
+        "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
+        "cluster-relay-live" | "relay-ambiguous" => 409,
+        "request-too-large" | "bundle-too-large" => 413,
+        "rate-limited" => 429,
+        // another node answers this; the client calls it there (`data.address`)
+        "coordinator-elsewhere" => 421,
+        "request-timeout" => 408,
+        "unsupported-media-type" => 415,
+        "unauthenticated" => 401,
+        "forbidden" => 403,
+        "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" | "coordinator-unavailable" => 503,
+        // always retryable: named here so the OpenAPI document shows the status they answer
+        "plugin-busy" | "relay-not-connected" | "relay-timeout" => 503,
+        "internal" => 500,
+        _ => return None,
+    })
 }
 
 impl fmt::Display for Refusal {

@@ -69,20 +69,25 @@ pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
                 Ok(Rebalanced { decided_by: fleet.node.identity.id.clone(), fence, decided_at, placements })
             },
         )
+        .refuses(&["fence-stale", "blobs-unavailable", "fleet-record-invalid"])
         .coordinator_only();
 
-    registry.add(
-        "fleet.freeze",
-        "Freeze deploys: plugin installs and upgrades are refused deploy-frozen until it is lifted",
-        Access::Admin,
-        |fleet: Arc<Fleet>, call: Call, params: FreezeParams| async move {
-            let by = call.identity()?.username.clone();
-            Ok(FreezeJson(freeze(&fleet.node.blobs, &by, &params.reason).await?))
-        },
-    );
-    registry.add("fleet.unfreeze", "Lift the deploy freeze", Access::Admin, |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
-        Ok(Unfrozen { lifted: unfreeze(&fleet.node.blobs).await? })
-    });
+    registry
+        .add(
+            "fleet.freeze",
+            "Freeze deploys: plugin installs and upgrades are refused deploy-frozen until it is lifted",
+            Access::Admin,
+            |fleet: Arc<Fleet>, call: Call, params: FreezeParams| async move {
+                let by = call.identity()?.username.clone();
+                Ok(FreezeJson(freeze(&fleet.node.blobs, &by, &params.reason).await?))
+            },
+        )
+        .refuses(&["deploy-frozen", "blobs-unavailable"]);
+    registry
+        .add("fleet.unfreeze", "Lift the deploy freeze", Access::Admin, |fleet: Arc<Fleet>, _: Call, _: Empty| async move {
+            Ok(Unfrozen { lifted: unfreeze(&fleet.node.blobs).await? })
+        })
+        .refuses(&["blobs-unavailable"]);
 
     registry
         .add(
@@ -98,5 +103,6 @@ pub fn register(registry: &mut Registry, fleet: Arc<Fleet>) {
                 Ok(ListingJson(listing::build(capstan_core::clock::now_ms(), &fleet.node.timing, &nodes, freeze, lease)))
             },
         )
+        .refuses(&["blobs-unavailable", "fleet-record-invalid"])
         .read_only();
 }

@@ -552,38 +552,60 @@ pub async fn require_exists(tx: &Tx, id: &str) -> Result<()> {
 /// Register the `clusters.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "clusters.create",
-        "Create a cluster with its machine user (token shown once) and runtime phase pallet, in one transaction",
-        Access::Admin,
-        create,
-    );
+    registry
+        .add(
+            "clusters.create",
+            "Create a cluster with its machine user (token shown once) and runtime phase pallet, in one transaction",
+            Access::Admin,
+            create,
+        )
+        .refuses(&["name-invalid", "labels-invalid", "exists", "blobs-unavailable", "identity-claimed"]);
     registry.add("clusters.list", "Clusters, paged", Access::Admin, list).read_only();
-    registry.add("clusters.get", "One cluster (never its machine user's token)", Access::Admin, get).read_only();
-    registry.add(
-        "clusters.update",
-        "Change a cluster's name, description or labels with its expected revision; the machine user and phase never move here",
-        Access::Admin,
-        update,
-    );
-    registry.add(
-        "clusters.delete",
-        "Delete a cluster with its machine user and phase; refused while nodes belong to it",
-        Access::Admin,
-        delete,
-    );
-    registry.add(
-        "clusters.enableRelay",
-        "Enable a cluster's relay with its expected revision; the origin is minted from the clusterRelayZone setting",
-        Access::Admin,
-        enable_relay,
-    );
-    registry.add("clusters.disableRelay", "Disable a cluster's relay with its expected revision", Access::Admin, disable_relay);
-    registry.add("clusters.getRuntime", "A cluster's runtime phase and generation", Access::Admin, get_runtime).read_only();
-    registry.add(
-        "clusters.setRuntimePhase",
-        "Move a cluster's runtime phase (swarm, draining, switching, pallet) with the generation the caller read",
-        Access::Admin,
-        set_phase,
-    );
+    registry
+        .add("clusters.get", "One cluster (never its machine user's token)", Access::Admin, get)
+        .refuses(&["cluster-not-found"])
+        .read_only();
+    registry
+        .add(
+            "clusters.update",
+            "Change a cluster's name, description or labels with its expected revision; the machine user and phase never move here",
+            Access::Admin,
+            update,
+        )
+        .refuses(&[
+            "cluster-relay-not-writable",
+            "cluster-phase-not-writable",
+            "name-invalid",
+            "labels-invalid",
+            "cluster-not-found",
+            "conflict",
+            "cluster-user-immutable",
+            "exists",
+        ]);
+    registry
+        .add("clusters.delete", "Delete a cluster with its machine user and phase; refused while nodes belong to it", Access::Admin, delete)
+        .refuses(&["cluster-not-found", "conflict", "cluster-relay-live", "cluster-has-nodes", "cluster-user-not-machine"]);
+    registry
+        .add(
+            "clusters.enableRelay",
+            "Enable a cluster's relay with its expected revision; the origin is minted from the clusterRelayZone setting",
+            Access::Admin,
+            enable_relay,
+        )
+        .refuses(&["cluster-not-found", "conflict", "relay-zone-unset", "relay-origin-invalid"]);
+    registry
+        .add("clusters.disableRelay", "Disable a cluster's relay with its expected revision", Access::Admin, disable_relay)
+        .refuses(&["cluster-not-found", "conflict"]);
+    registry
+        .add("clusters.getRuntime", "A cluster's runtime phase and generation", Access::Admin, get_runtime)
+        .refuses(&["cluster-not-found", "cluster-runtime-missing"])
+        .read_only();
+    registry
+        .add(
+            "clusters.setRuntimePhase",
+            "Move a cluster's runtime phase (swarm, draining, switching, pallet) with the generation the caller read",
+            Access::Admin,
+            set_phase,
+        )
+        .refuses(&["cluster-not-found", "cluster-runtime-missing", "conflict"]);
 }

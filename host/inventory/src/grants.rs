@@ -307,31 +307,46 @@ async fn list(cx: Context, _: Call, input: PageInput) -> Result<Listing<Deployer
 /// Register the `deployers.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "deployers.create",
-        "Create a deployment machine user; its token is shown this once (administrator, fresh login)",
-        Access::Admin,
-        create,
-    );
-    registry.add(
-        "deployers.grant",
-        "Give a deployment machine user capabilities on one service, replacing what it held there (administrator)",
-        Access::Admin,
-        grant,
-    );
+    registry
+        .add(
+            "deployers.create",
+            "Create a deployment machine user; its token is shown this once (administrator, fresh login)",
+            Access::Admin,
+            create,
+        )
+        .refuses(&[
+            "admin-not-fresh",
+            "deployment-machine-user-invalid",
+            "expiry-invalid",
+            "exists",
+            "blobs-unavailable",
+            "identity-claimed",
+        ]);
+    registry
+        .add(
+            "deployers.grant",
+            "Give a deployment machine user capabilities on one service, replacing what it held there (administrator)",
+            Access::Admin,
+            grant,
+        )
+        .refuses(&["deployment-capability-unknown", "service-not-found", "service-deleting", "deployment-machine-user-invalid"]);
     registry.add(
         "deployers.rotateToken",
         "Replace every token of a deployer with one new token (shown this once); sessions of the old one end (administrator, fresh login)",
         Access::Admin,
         rotate_token,
-    );
-    registry.add(
-        "deployers.revokeToken",
-        "Remove a deployer's token; its grants stay and every session it opened ends (administrator, fresh login)",
-        Access::Admin,
-        revoke_token,
-    );
-    registry.add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke);
+    ).refuses(&["expiry-invalid", "deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found"]);
+    registry
+        .add(
+            "deployers.revokeToken",
+            "Remove a deployer's token; its grants stay and every session it opened ends (administrator, fresh login)",
+            Access::Admin,
+            revoke_token,
+        )
+        .refuses(&["deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found"]);
+    registry
+        .add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke)
+        .refuses(&["service-not-found"]);
     registry
         .add("deployers.list", "Deployment machine users with their grants, never a token (administrator)", Access::Admin, list)
         .read_only();

@@ -357,23 +357,37 @@ async fn members(cx: Context, call: Call, input: MembersInput) -> Result<Listing
 /// Register the `organizations.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add("organizations.create", "Create an organization (administrator)", Access::Admin, create);
+    registry
+        .add("organizations.create", "Create an organization (administrator)", Access::Admin, create)
+        .refuses(&["name-invalid", "exists"]);
     registry
         .add("organizations.list", "Organizations: all for an administrator, the caller's own for anyone else", Access::Authenticated, list)
         .read_only();
-    registry.add("organizations.get", "One organization (member)", Access::Member, get).read_only();
-    registry.add("organizations.update", "Rename an organization with its expected revision (owner)", Access::Owner, update);
-    registry.add(
-        "organizations.delete",
-        "Delete an organization that has no services, with its memberships (administrator)",
-        Access::Admin,
-        delete,
-    );
-    registry.add(
-        "organizations.setMember",
-        "Give a user the owner or member role in an organization, or remove it with role null (owner)",
-        Access::Owner,
-        set_member,
-    );
-    registry.add("organizations.listMembers", "An organization's members and their roles (member)", Access::Member, members).read_only();
+    registry.add("organizations.get", "One organization (member)", Access::Member, get).refuses(&["organization-not-found"]).read_only();
+    registry.add("organizations.update", "Rename an organization with its expected revision (owner)", Access::Owner, update).refuses(&[
+        "name-invalid",
+        "organization-not-found",
+        "conflict",
+        "exists",
+    ]);
+    registry
+        .add(
+            "organizations.delete",
+            "Delete an organization that has no services, with its memberships (administrator)",
+            Access::Admin,
+            delete,
+        )
+        .refuses(&["organization-not-found", "conflict", "organization-has-services", "organization-has-secret-sets"]);
+    registry
+        .add(
+            "organizations.setMember",
+            "Give a user the owner or member role in an organization, or remove it with role null (owner)",
+            Access::Owner,
+            set_member,
+        )
+        .refuses(&["organization-not-found", "user-not-found", "member-user-invalid", "organization-last-owner"]);
+    registry
+        .add("organizations.listMembers", "An organization's members and their roles (member)", Access::Member, members)
+        .refuses(&["organization-not-found"])
+        .read_only();
 }

@@ -600,26 +600,54 @@ pub async fn require_active(tx: &Tx, id: &str) -> Result<Entity<Service>> {
     Ok(service)
 }
 
+/// What checking a service's fields may refuse ([`check_fields`]), each naming its field.
+const FIELD_REFUSALS: &[&str] = &[
+    "name-invalid",
+    "image-invalid",
+    "port-invalid",
+    "port-duplicate",
+    "domain-invalid",
+    "domain-duplicate",
+    "environment-key-invalid",
+    "environment-value-invalid",
+    "environment-value-is-secret",
+    "scale-invalid",
+    "volume-invalid",
+    "mail-address-invalid",
+    "template-invalid",
+    "too-many-items",
+];
+
 /// Register the `services.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "services.create",
-        "Create a service in an organization (owner); every field validated, credential-like environment refused",
-        Access::Owner,
-        |cx: Context, call: Call, input: CreateInput| async move { create(&cx.store, call.identity()?, input).await },
-    );
-    registry.add(
-        "services.update",
-        "Change a service's fields with its expected revision (owner); absent fields stay",
-        Access::Owner,
-        |cx: Context, call: Call, input: UpdateInput| async move { update(&cx.store, call.identity()?, input).await },
-    );
+    registry
+        .add(
+            "services.create",
+            "Create a service in an organization (owner); every field validated, credential-like environment refused",
+            Access::Owner,
+            |cx: Context, call: Call, input: CreateInput| async move { create(&cx.store, call.identity()?, input).await },
+        )
+        .refuses(FIELD_REFUSALS)
+        .refuses(&["organization-not-found", "exists"]);
+    registry
+        .add(
+            "services.update",
+            "Change a service's fields with its expected revision (owner); absent fields stay",
+            Access::Owner,
+            |cx: Context, call: Call, input: UpdateInput| async move { update(&cx.store, call.identity()?, input).await },
+        )
+        .refuses(FIELD_REFUSALS)
+        .refuses(&["service-not-found", "conflict", "service-deleting", "service-organization-immutable", "exists"]);
     registry
         .add("services.get", "One service and what still holds it (member, or a deployer granted deployment:status)", Access::Member, get)
+        .refuses(&["service-not-found"])
         .read_only();
     registry
         .add("services.list", "An organization's services, paged (member; an administrator may list all)", Access::Member, list)
+        .refuses(&["organization-not-found"])
         .read_only();
-    registry.add("services.delete", "Mark a service for deletion (owner); it is removed once no manager holds it", Access::Owner, delete);
+    registry
+        .add("services.delete", "Mark a service for deletion (owner); it is removed once no manager holds it", Access::Owner, delete)
+        .refuses(&["service-not-found", "conflict"]);
 }

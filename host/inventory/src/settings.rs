@@ -300,12 +300,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
     registry
         .add("settings.get", "The public settings document, its revision and every key Capstan accepts", Access::Authenticated, get)
         .read_only();
-    registry.add(
-        "settings.update",
-        "Set and unset public settings with the expected revision (administrator); unknown keys and credentials are refused",
-        Access::Admin,
-        update,
-    );
+    registry
+        .add(
+            "settings.update",
+            "Set and unset public settings with the expected revision (administrator); unknown keys and credentials are refused",
+            Access::Admin,
+            update,
+        )
+        .refuses(&["setting-is-secret", "setting-unknown", "setting-invalid", "conflict"]);
 }
 
 #[cfg(test)]

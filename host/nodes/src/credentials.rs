@@ -420,17 +420,22 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Access::Admin,
             get_credential,
         )
+        .refuses(&["node-missing"])
         .read_only();
-    registry.add(
-        "nodes.rotateCredential",
-        "Activate new node-drawn token material by its SHA-256, with the exact generation read and a mutationId that replays",
-        Access::Admin,
-        rotate_method,
-    );
-    registry.add(
-        "nodes.revokeCredential",
-        "Revoke a node's credential for good, with the exact generation read and a mutationId that replays",
-        Access::Admin,
-        revoke,
-    );
+    registry
+        .add(
+            "nodes.rotateCredential",
+            "Activate new node-drawn token material by its SHA-256, with the exact generation read and a mutationId that replays",
+            Access::Admin,
+            rotate_method,
+        )
+        .refuses(&["node-missing", "mutation-reused", "node-retired", "credential-revoked", "conflict"]);
+    registry
+        .add(
+            "nodes.revokeCredential",
+            "Revoke a node's credential for good, with the exact generation read and a mutationId that replays",
+            Access::Admin,
+            revoke,
+        )
+        .refuses(&["node-missing", "mutation-reused", "credential-revoked", "conflict"]);
 }

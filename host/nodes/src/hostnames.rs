@@ -176,16 +176,20 @@ async fn reset(cx: Context, call: Call, input: ResetInput) -> Result<NodeView> {
 /// Register `nodes.setHostname` and `nodes.resetHostname`.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "nodes.setHostname",
-        "Set the hostname a node should carry, with the intent generation read; its agent applies it",
-        Access::Admin,
-        set,
-    );
-    registry.add(
-        "nodes.resetHostname",
-        "Set a node's hostname intent back to worker-<name> (the stated name, else the node's), with the generation read",
-        Access::Admin,
-        reset,
-    );
+    registry
+        .add(
+            "nodes.setHostname",
+            "Set the hostname a node should carry, with the intent generation read; its agent applies it",
+            Access::Admin,
+            set,
+        )
+        .refuses(&["hostname-invalid", "node-missing", "node-retired", "conflict", "hostname-unchanged", "hostname-in-use"]);
+    registry
+        .add(
+            "nodes.resetHostname",
+            "Set a node's hostname intent back to worker-<name> (the stated name, else the node's), with the generation read",
+            Access::Admin,
+            reset,
+        )
+        .refuses(&["name-invalid", "node-missing", "node-retired", "conflict", "hostname-unchanged", "hostname-in-use"]);
 }

@@ -309,12 +309,15 @@ pub fn in_use(hostname: &str, field: &str) -> Refusal {
 
 /// Register `nodes.createJumpCommand`.
 pub fn register(registry: &mut Registry, cx: Context) {
-    registry.with(cx).add(
-        "nodes.createJumpCommand",
-        "A single-use jump code (shown once) and the command that makes a machine a node of the cluster",
-        Access::Admin,
-        create,
-    );
+    registry
+        .with(cx)
+        .add(
+            "nodes.createJumpCommand",
+            "A single-use jump code (shown once) and the command that makes a machine a node of the cluster",
+            Access::Admin,
+            create,
+        )
+        .refuses(&["public-origin-not-https", "name-invalid", "cluster-not-found", "hostname-in-use"]);
 }
 
 #[cfg(test)]

@@ -354,17 +354,27 @@ async fn delete(cx: Context, _: Call, input: RevisionInput) -> Result<Deleted> {
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry.add("nodes.list", "Nodes, paged (of one cluster with clusterId), each with its liveness", Access::Admin, list).read_only();
-    registry.add("nodes.get", "One node with its liveness, last report and hostname intent", Access::Admin, get).read_only();
-    registry.add(
-        "nodes.retire",
-        "Retire a node with the revision read: its credential is revoked, it is kept as a record",
-        Access::Admin,
-        retire,
-    );
+    registry
+        .add("nodes.get", "One node with its liveness, last report and hostname intent", Access::Admin, get)
+        .refuses(&["node-missing"])
+        .read_only();
+    registry
+        .add(
+            "nodes.retire",
+            "Retire a node with the revision read: its credential is revoked, it is kept as a record",
+            Access::Admin,
+            retire,
+        )
+        .refuses(&["node-missing", "conflict", "node-retired"]);
     registry
         .add("nodes.getDeletionImpact", "Whether a node can be deleted, and what stands in the way", Access::Admin, deletion_impact)
+        .refuses(&["node-missing"])
         .read_only();
-    registry.add("nodes.delete", "Delete a retired node with the revision read, and its credential", Access::Admin, delete);
+    registry.add("nodes.delete", "Delete a retired node with the revision read, and its credential", Access::Admin, delete).refuses(&[
+        "node-missing",
+        "conflict",
+        "node-not-retired",
+    ]);
 }
 
 #[cfg(test)]

@@ -220,6 +220,33 @@ pub struct ByUpload {
     pub upload: String,
 }
 
+/// What reading a bundle may refuse ([`Bundle::parse`], its manifest).
+const BUNDLE_REFUSALS: &[&str] = &[
+    "bundle-malformed",
+    "bundle-too-large",
+    "manifest-invalid",
+    "plugin-id-invalid",
+    "plugin-id-reserved",
+    "capability-unknown",
+    "wit-version-unsupported",
+];
+
+/// What verifying and preparing a bundle to run may refuse: its signature and trust, the
+/// approval, compiling it, and its describe call.
+const PREPARE_REFUSALS: &[&str] = &[
+    "bundle-signature-invalid",
+    "publisher-untrusted",
+    "capabilities-not-approved",
+    "wit-version-mismatch",
+    "plugin-imports-unsupported",
+    "plugin-descriptor-invalid",
+    "plugin-failed",
+    "plugin-deadline-exceeded",
+    "plugin-resource-exhausted",
+    "plugin-output-invalid",
+    "plugin-busy",
+];
+
 /// Add the `plugins.*` methods to `registry`, all for administrators only.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
@@ -246,6 +273,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
                 Ok(view(&host, &record))
             },
         )
+        .refuses(&["not-found"])
         .read_only();
     registry
         .add(
@@ -257,73 +285,118 @@ pub fn register(registry: &mut Registry, cx: Context) {
                 Ok(UploadView { bundle: Bundle::parse(&bytes)?.inspect(), upload: input.upload })
             },
         )
+        .refuses(BUNDLE_REFUSALS)
+        .refuses(&["upload-not-found", "blobs-unavailable"])
         .read_only();
-    registry.add(
-        "plugins.discardUpload",
-        "Drop a kept upload that will not be installed",
-        Access::Admin,
-        |cx: Context, _: Call, input: ByUpload| async move {
-            let discarded = uploads::forget(&cx.blobs, &input.upload).await?;
-            Ok(json!({ "discarded": discarded }))
-        },
-    );
-    registry.add(
-        "plugins.install",
-        "Install an uploaded bundle, approving exactly the capabilities it requests",
-        Access::Admin,
-        |cx: Context, call: Call, input: InstallInput| async move { apply_upload(&cx, &call, &input, Operation::Install).await },
-    );
-    registry.add(
-        "plugins.upgrade",
-        "Upgrade to a higher version from an uploaded bundle: migrate, then swap without failing a call",
-        Access::Admin,
-        |cx: Context, call: Call, input: InstallInput| async move { apply_upload(&cx, &call, &input, Operation::Upgrade).await },
-    );
-    registry.add(
-        "plugins.rollback",
-        "Go back to the version before the last upgrade",
-        Access::Admin,
-        |cx: Context, call: Call, input: ById| async move {
+    registry
+        .add(
+            "plugins.discardUpload",
+            "Drop a kept upload that will not be installed",
+            Access::Admin,
+            |cx: Context, _: Call, input: ByUpload| async move {
+                let discarded = uploads::forget(&cx.blobs, &input.upload).await?;
+                Ok(json!({ "discarded": discarded }))
+            },
+        )
+        .refuses(&["blobs-unavailable"]);
+    registry
+        .add(
+            "plugins.install",
+            "Install an uploaded bundle, approving exactly the capabilities it requests",
+            Access::Admin,
+            |cx: Context, call: Call, input: InstallInput| async move { apply_upload(&cx, &call, &input, Operation::Install).await },
+        )
+        .refuses(BUNDLE_REFUSALS)
+        .refuses(PREPARE_REFUSALS)
+        .refuses(&["upload-not-found", "deploy-frozen", "plugin-exists", "invalid-collection", "blobs-unavailable"])
+        .passes_on("the plugin it runs (its migration, its describe call)");
+    registry
+        .add(
+            "plugins.upgrade",
+            "Upgrade to a higher version from an uploaded bundle: migrate, then swap without failing a call",
+            Access::Admin,
+            |cx: Context, call: Call, input: InstallInput| async move { apply_upload(&cx, &call, &input, Operation::Upgrade).await },
+        )
+        .refuses(BUNDLE_REFUSALS)
+        .refuses(PREPARE_REFUSALS)
+        .refuses(&[
+            "upload-not-found",
+            "deploy-frozen",
+            "not-found",
+            "publisher-mismatch",
+            "version-not-newer",
+            "invalid-collection",
+            "conflict",
+            "blobs-unavailable",
+        ])
+        .passes_on("the plugin it runs (its migration, its describe call)");
+    registry
+        .add(
+            "plugins.rollback",
+            "Go back to the version before the last upgrade",
+            Access::Admin,
+            |cx: Context, call: Call, input: ById| async move {
+                let host = cx.host;
+                let record = host.rollback(&input.id, &by(&call)?).await?;
+                Ok(view(&host, &record))
+            },
+        )
+        .refuses(BUNDLE_REFUSALS)
+        .refuses(PREPARE_REFUSALS)
+        .refuses(&[
+            "deploy-frozen",
+            "not-found",
+            "rollback-unavailable",
+            "bundle-missing",
+            "bundle-mismatch",
+            "invalid-collection",
+            "conflict",
+            "blobs-unavailable",
+        ])
+        .passes_on("the plugin it runs (its migration, its describe call)");
+    registry
+        .add(
+            "plugins.disable",
+            "Stop serving a plugin (its data stays)",
+            Access::Admin,
+            |cx: Context, call: Call, input: ById| async move {
+                let host = cx.host;
+                let record = host.set_enabled(&input.id, false, &by(&call)?).await?;
+                Ok(view(&host, &record))
+            },
+        )
+        .refuses(&["not-found", "conflict"]);
+    registry
+        .add(
+            "plugins.rebindPublisher",
+            "Let another trusted publisher key sign a plugin's next upgrade (needs a fresh administrator login)",
+            Access::Admin,
+            |cx: Context, call: Call, input: RebindInput| async move {
+                let host = cx.host;
+                call.identity()?.require_fresh()?;
+                let record = host.rebind_publisher(&input.id, &input.public_key, &by(&call)?).await?;
+                Ok(view(&host, &record))
+            },
+        )
+        .refuses(&["admin-not-fresh", "publisher-key-invalid", "publisher-untrusted", "not-found", "conflict"]);
+    registry
+        .add("plugins.enable", "Serve a disabled plugin again", Access::Admin, |cx: Context, call: Call, input: ById| async move {
             let host = cx.host;
-            let record = host.rollback(&input.id, &by(&call)?).await?;
+            let record = host.set_enabled(&input.id, true, &by(&call)?).await?;
             Ok(view(&host, &record))
-        },
-    );
-    registry.add(
-        "plugins.disable",
-        "Stop serving a plugin (its data stays)",
-        Access::Admin,
-        |cx: Context, call: Call, input: ById| async move {
-            let host = cx.host;
-            let record = host.set_enabled(&input.id, false, &by(&call)?).await?;
-            Ok(view(&host, &record))
-        },
-    );
-    registry.add(
-        "plugins.rebindPublisher",
-        "Let another trusted publisher key sign a plugin's next upgrade (needs a fresh administrator login)",
-        Access::Admin,
-        |cx: Context, call: Call, input: RebindInput| async move {
-            let host = cx.host;
-            call.identity()?.require_fresh()?;
-            let record = host.rebind_publisher(&input.id, &input.public_key, &by(&call)?).await?;
-            Ok(view(&host, &record))
-        },
-    );
-    registry.add("plugins.enable", "Serve a disabled plugin again", Access::Admin, |cx: Context, call: Call, input: ById| async move {
-        let host = cx.host;
-        let record = host.set_enabled(&input.id, true, &by(&call)?).await?;
-        Ok(view(&host, &record))
-    });
-    registry.add(
-        "plugins.uninstall",
-        "Remove a plugin; its data stays unless purge is true",
-        Access::Admin,
-        |cx: Context, call: Call, input: UninstallInput| async move {
-            let host = cx.host;
-            host.uninstall(&input.id, input.purge, &by(&call)?).await
-        },
-    );
+        })
+        .refuses(&["not-found", "conflict", "invalid-collection"]);
+    registry
+        .add(
+            "plugins.uninstall",
+            "Remove a plugin; its data stays unless purge is true",
+            Access::Admin,
+            |cx: Context, call: Call, input: UninstallInput| async move {
+                let host = cx.host;
+                host.uninstall(&input.id, input.purge, &by(&call)?).await
+            },
+        )
+        .refuses(&["not-found", "plugin-first-party"]);
     registry
         .add(
             "plugins.listTrustedPublishers",
@@ -338,27 +411,31 @@ pub fn register(registry: &mut Registry, cx: Context) {
             },
         )
         .read_only();
-    registry.add(
-        "plugins.addTrustedPublisher",
-        "Trust a publisher key (needs a fresh administrator login)",
-        Access::Admin,
-        |cx: Context, call: Call, input: AddPublisherInput| async move {
-            let host = cx.host;
-            let identity = call.identity()?;
-            identity.require_fresh()?;
-            let added = host.add_trusted_publisher(&input.public_key, &input.name, &identity.username).await?;
-            serde_json::to_value(added).map_err(Refusal::internal)
-        },
-    );
-    registry.add(
-        "plugins.removeTrustedPublisher",
-        "Stop trusting a publisher key (needs a fresh administrator login)",
-        Access::Admin,
-        |cx: Context, call: Call, input: RemovePublisherInput| async move {
-            let host = cx.host;
-            call.identity()?.require_fresh()?;
-            let removed = host.remove_trusted_publisher(&input.public_key).await?;
-            Ok(json!({ "removed": removed }))
-        },
-    );
+    registry
+        .add(
+            "plugins.addTrustedPublisher",
+            "Trust a publisher key (needs a fresh administrator login)",
+            Access::Admin,
+            |cx: Context, call: Call, input: AddPublisherInput| async move {
+                let host = cx.host;
+                let identity = call.identity()?;
+                identity.require_fresh()?;
+                let added = host.add_trusted_publisher(&input.public_key, &input.name, &identity.username).await?;
+                serde_json::to_value(added).map_err(Refusal::internal)
+            },
+        )
+        .refuses(&["admin-not-fresh", "publisher-key-invalid", "publisher-exists"]);
+    registry
+        .add(
+            "plugins.removeTrustedPublisher",
+            "Stop trusting a publisher key (needs a fresh administrator login)",
+            Access::Admin,
+            |cx: Context, call: Call, input: RemovePublisherInput| async move {
+                let host = cx.host;
+                call.identity()?.require_fresh()?;
+                let removed = host.remove_trusted_publisher(&input.public_key).await?;
+                Ok(json!({ "removed": removed }))
+            },
+        )
+        .refuses(&["admin-not-fresh", "publisher-key-invalid", "publisher-configured"]);
 }

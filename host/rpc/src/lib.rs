@@ -119,8 +119,39 @@ pub struct Method {
     /// It changes nothing: its calls are not audited. Declared by the method ([`Method::read_only`]);
     /// every other method, every plugin method among them, is recorded in the audit log.
     pub read_only: bool,
+    /// The refusal codes a host method answers of its own, beyond [`GENERIC_REFUSALS`]
+    /// ([`Method::refuses`]); shown by status in the OpenAPI document. Empty for a plugin's
+    /// method, whose manifest declares none.
+    pub refuses: Vec<&'static str>,
+    /// Whose refusals the method passes on as they come, beyond those it declares (a plugin it
+    /// runs, a relay's agent), when it does ([`Method::passes_on`]): their codes are not known here.
+    pub passes_on: Option<&'static str>,
     handler: RawHandler,
 }
+
+/// The refusals any host method may answer whatever it does, so no method declares them: the
+/// body reader's and decoder's, the caller's access, the store's (busy, unreachable, an id or a
+/// document it cannot hold), the coordinator's forwarding, and `internal`.
+pub const GENERIC_REFUSALS: &[&str] = &[
+    "invalid-request",
+    "request-too-large",
+    "unsupported-media-type",
+    "request-timeout",
+    "unauthenticated",
+    "forbidden",
+    "store-busy",
+    "store-unavailable",
+    "invalid-id",
+    "invalid-document",
+    "document-too-large",
+    "coordinator-unavailable",
+    "internal",
+];
+
+/// The fixed message a debug build logs (at warn) when a host method answers a refusal code
+/// it did not declare with [`Method::refuses`], or one that answers another HTTP status than
+/// the OpenAPI document shows for it. The e2e suite fails any test whose server logged it.
+pub const UNDECLARED_REFUSAL: &str = "a host method answered a refusal code it does not declare";
 
 /// The handler of a method whose body another layer judges (a plugin's, validated against the
 /// JSON Schema its plugin declares).
@@ -197,6 +228,8 @@ impl Registry {
             coordinator_only: false,
             plugin: None,
             read_only: false,
+            refuses: Vec::new(),
+            passes_on: None,
             handler: Arc::new(move |call, body| {
                 let handler = handler.clone();
                 Box::pin(async move {
@@ -268,7 +301,19 @@ impl Method {
     pub fn served_by(plugin: &str, name: String, summary: String, access: Access, schemas: (Value, Value), handler: RawHandler) -> Method {
         let (input_schema, output_schema) = schemas;
         let plugin = Some(plugin.into());
-        Method { name, summary, access, input_schema, output_schema, coordinator_only: false, plugin, read_only: false, handler }
+        Method {
+            name,
+            summary,
+            access,
+            input_schema,
+            output_schema,
+            coordinator_only: false,
+            plugin,
+            read_only: false,
+            refuses: Vec::new(),
+            passes_on: None,
+            handler,
+        }
     }
 
     /// Declare that the method changes nothing (a read): its calls are not audited.
@@ -283,6 +328,56 @@ impl Method {
         self
     }
 
+    /// Declare refusal codes the method answers of its own (beyond [`GENERIC_REFUSALS`]): the
+    /// OpenAPI document lists them under the status each answers. Only codes it really can
+    /// answer; a debug build logs [`UNDECLARED_REFUSAL`] for one it answers undeclared.
+    pub fn refuses(&mut self, codes: &[&'static str]) -> &mut Self {
+        for &code in codes {
+            if !self.refuses.contains(&code) {
+                self.refuses.push(code);
+            }
+        }
+        self
+    }
+
+    /// Declare that the method also passes on the refusals of `whom` (say, "the plugin it
+    /// installs (its migration)"), whose codes are not known here: the OpenAPI document says so
+    /// under `default`, and such a code is not taken for an undeclared one.
+    pub fn passes_on(&mut self, whom: &'static str) -> &mut Self {
+        self.passes_on = Some(whom);
+        self
+    }
+
+    /// Every refusal code the method may answer, sorted: those of [`GENERIC_REFUSALS`] that fit
+    /// it (`unauthenticated` and `forbidden` only where a caller is required, `coordinator-unavailable`
+    /// only for a coordinator-only method) and those it declares.
+    pub fn refusal_codes(&self) -> Vec<&'static str> {
+        let generic = GENERIC_REFUSALS.iter().copied().filter(|code| match *code {
+            "unauthenticated" | "forbidden" => self.access != Access::Public,
+            "coordinator-unavailable" => self.coordinator_only,
+            _ => true,
+        });
+        let mut codes: Vec<&'static str> = generic.chain(self.refuses.iter().copied()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        codes
+    }
+
+    /// Whether `refusal` is one this method may answer ([`Method::refusal_codes`]), answered with
+    /// the status the OpenAPI document shows for its code. A plugin's method declares none, so
+    /// every refusal of one is accepted; so is any code a method that passes on another's
+    /// refusals ([`Method::passes_on`]) does not declare.
+    pub fn declares(&self, refusal: &Refusal) -> bool {
+        let code = refusal.code.as_ref();
+        if self.plugin.is_some() {
+            return true;
+        }
+        if self.refusal_codes().contains(&code) {
+            return refusal.http_status() == documented_status(code);
+        }
+        self.passes_on.is_some()
+    }
+
     /// Run the method for `call`. An administrator-only method refuses anyone else here, before
     /// the body is decoded; organization roles are checked by the handler once it knows the
     /// organization, through the one [`OrganizationAuthority`].
@@ -290,8 +385,24 @@ impl Method {
         if self.access == Access::Admin && !call.identity.as_ref().is_some_and(|i| i.is_human_admin()) {
             return Err(Refusal::new("forbidden", format!("{} needs an administrator", self.name)));
         }
-        (self.handler)(call, body).await
+        let answer = (self.handler)(call, body).await;
+        // Keeps the declarations true as the code changes: a debug build (every test's) says
+        // when a method answers a code it does not declare, and the e2e suite fails on it.
+        #[cfg(debug_assertions)]
+        if let Err(refusal) = &answer
+            && !self.declares(refusal)
+        {
+            tracing::warn!(method = %self.name, code = %refusal.code, status = refusal.http_status(), "{UNDECLARED_REFUSAL}");
+        }
+        answer
     }
+}
+
+/// The HTTP status the OpenAPI document shows for a refusal coded `code`: its status in the one
+/// table ([`capstan_core::refusal::code_status`]), else 400. A retryable refusal whose code the
+/// table does not name answers 503: such a code belongs in the table before a method declares it.
+pub fn documented_status(code: &str) -> u16 {
+    capstan_core::refusal::code_status(code).unwrap_or(400)
 }
 
 /// `<area>.<verb>`: lowercase-initial camelCase words joined by one dot.
@@ -509,6 +620,30 @@ mod tests {
         let names: Vec<&str> = listing["methods"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["area.echo", "loaded.run"]);
         assert_eq!(listing["methods"][1]["plugin"], "p");
+    }
+
+    #[test]
+    fn a_method_declares_its_own_refusals_and_the_generic_ones_at_their_documented_status() {
+        let mut registry = Registry::default();
+        registry
+            .add("area.make", "makes", Access::Member, |_, _: Value| async move { Ok(json!({})) })
+            .refuses(&["exists", "quota-exceeded"]);
+        registry.add("area.ping", "pings", Access::Public, |_, _: Value| async move { Ok(json!({})) });
+        registry.add("area.relay", "relays", Access::Admin, |_, _: Value| async move { Ok(json!({})) }).passes_on("the relay's agent");
+        let (make, ping, relay) =
+            (registry.get("area.make").unwrap(), registry.get("area.ping").unwrap(), registry.get("area.relay").unwrap());
+        let refusal = |code: &'static str| Refusal::new(code, "x");
+        assert!(make.declares(&refusal("exists")) && make.declares(&refusal("quota-exceeded")));
+        assert!(make.declares(&refusal("store-busy").retryable()) && make.declares(&refusal("forbidden")), "generic");
+        assert!(!make.declares(&refusal("conflict")), "not declared");
+        assert!(!make.declares(&refusal("quota-exceeded").retryable()), "answered 503 where the document shows 400");
+        assert!(!ping.declares(&refusal("forbidden")), "a public method declares a forbidden of its own");
+        assert!(!ping.declares(&refusal("coordinator-unavailable")), "only a coordinator-only method");
+        assert!(relay.declares(&refusal("agent-busy")), "passed on");
+        assert_eq!(make.refusal_codes().iter().filter(|c| **c == "exists").count(), 1);
+        let plugin =
+            Method::served_by("p", "p.run".into(), "s".into(), Access::Authenticated, (json!({}), json!({})), make.handler.clone());
+        assert!(plugin.declares(&refusal("anything-at-all")), "a plugin's refusals are its own");
     }
 
     #[test]

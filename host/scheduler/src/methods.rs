@@ -202,25 +202,37 @@ async fn set_enabled(scheduler: Arc<Scheduler>, call: Call, input: SetEnabledInp
 pub fn register(registry: &mut Registry, scheduler: Arc<Scheduler>) {
     let mut registry = registry.with(scheduler);
     registry.add("tasks.list", "Every task: schedule, enabled, next run, last execution", Access::Admin, list).read_only();
-    registry.add("tasks.get", "One task with its newest executions", Access::Admin, get).read_only();
-    registry.add("tasks.listExecutions", "A task's executions, newest first, paged by cursor", Access::Admin, list_executions).read_only();
-    registry.add("tasks.getExecution", "One execution: status, times, node, error and log tail", Access::Admin, get_execution).read_only();
-    registry.add(
-        "tasks.trigger",
-        "Run an enabled task now on this node; answers the running execution (refuses task-running, task-disabled)",
-        Access::Admin,
-        trigger,
-    );
-    registry.add(
-        "tasks.cancel",
-        "Ask a running execution to stop; it ends cancelled within about a second (refuses execution-not-running)",
-        Access::Admin,
-        cancel,
-    );
-    registry.add(
-        "tasks.setEnabled",
-        "Enable or disable a task; a disabled task runs neither on schedule nor by hand",
-        Access::Admin,
-        set_enabled,
-    );
+    registry.add("tasks.get", "One task with its newest executions", Access::Admin, get).refuses(&["task-not-found"]).read_only();
+    registry
+        .add("tasks.listExecutions", "A task's executions, newest first, paged by cursor", Access::Admin, list_executions)
+        .refuses(&["task-not-found"])
+        .read_only();
+    registry
+        .add("tasks.getExecution", "One execution: status, times, node, error and log tail", Access::Admin, get_execution)
+        .refuses(&["execution-not-found"])
+        .read_only();
+    registry
+        .add(
+            "tasks.trigger",
+            "Run an enabled task now on this node; answers the running execution (refuses task-running, task-disabled)",
+            Access::Admin,
+            trigger,
+        )
+        .refuses(&["task-not-found", "task-disabled", "task-running"]);
+    registry
+        .add(
+            "tasks.cancel",
+            "Ask a running execution to stop; it ends cancelled within about a second (refuses execution-not-running)",
+            Access::Admin,
+            cancel,
+        )
+        .refuses(&["execution-not-found", "execution-not-running"]);
+    registry
+        .add(
+            "tasks.setEnabled",
+            "Enable or disable a task; a disabled task runs neither on schedule nor by hand",
+            Access::Admin,
+            set_enabled,
+        )
+        .refuses(&["task-not-found"]);
 }

@@ -784,6 +784,14 @@ pub struct Context {
     pub keyring: Arc<Keyring>,
 }
 
+/// What taking a new version's value may refuse (a sealed value that does not open, an empty
+/// or oversized one).
+const VALUE_REFUSALS: &[&str] = &["sealed-input-recipient-unknown", "sealed-input-invalid", "input-empty", "input-oversized"];
+
+/// What checking a secret's owner may refuse ([`owner_organization`]).
+const OWNER_REFUSALS: &[&str] =
+    &["service-not-found", "service-deleting", "secret-set-not-found", "secret-set-organization-mismatch", "secret-set-retired"];
+
 /// Register every `secrets.*` method, the SecretSet ones included.
 pub fn register(registry: &mut Registry, cx: Context) {
     super::sets::register(registry, cx.clone());
@@ -797,19 +805,31 @@ pub fn register(registry: &mut Registry, cx: Context) {
             recipient,
         )
         .read_only();
-    registry.add(
-        "secrets.create",
-        "Create a secret with its first version, generated here or sealed to the ingress recipient; answers metadata only",
-        Access::Admin,
-        create,
-    );
-    registry.add(
-        "secrets.rotate",
-        "Add a new immutable version (generated or sealed) to a secret, stating the version read",
-        Access::Admin,
-        rotate,
-    );
-    registry.add("secrets.revoke", "Revoke a secret; its versions stay as history", Access::Admin, revoke);
+    registry
+        .add(
+            "secrets.create",
+            "Create a secret with its first version, generated here or sealed to the ingress recipient; answers metadata only",
+            Access::Admin,
+            create,
+        )
+        .refuses(VALUE_REFUSALS)
+        .refuses(OWNER_REFUSALS)
+        .refuses(&["environment-key-invalid", "name-invalid", "mutation-reused", "exists"]);
+    registry
+        .add(
+            "secrets.rotate",
+            "Add a new immutable version (generated or sealed) to a secret, stating the version read",
+            Access::Admin,
+            rotate,
+        )
+        .refuses(VALUE_REFUSALS)
+        .refuses(OWNER_REFUSALS)
+        .refuses(&["secret-not-found", "mutation-reused", "management-scope-mismatch", "secret-revoked", "conflict"]);
+    registry.add("secrets.revoke", "Revoke a secret; its versions stay as history", Access::Admin, revoke).refuses(&[
+        "secret-not-found",
+        "mutation-reused",
+        "management-scope-mismatch",
+    ]);
     registry
         .add(
             "secrets.getManifest",
@@ -819,11 +839,16 @@ pub fn register(registry: &mut Registry, cx: Context) {
         )
         .read_only();
     registry.add("secrets.list", "Secrets' metadata, all or one owner's, paged", Access::Admin, list).read_only();
-    registry.add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get).read_only();
-    registry.add(
-        "secrets.rewrap",
-        "Re-wrap up to `limit` versions' data keys under the active KEK (never decrypting the material); resumable by cursor",
-        Access::Admin,
-        rewrap,
-    );
+    registry
+        .add("secrets.get", "One secret's metadata and version history (never a value)", Access::Admin, get)
+        .refuses(&["secret-not-found"])
+        .read_only();
+    registry
+        .add(
+            "secrets.rewrap",
+            "Re-wrap up to `limit` versions' data keys under the active KEK (never decrypting the material); resumable by cursor",
+            Access::Admin,
+            rewrap,
+        )
+        .refuses(&["material-not-readable", "kek-unavailable"]);
 }

@@ -579,7 +579,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "Ensure (mint generation 1) or rotate (exact expectedGeneration, no overlap) a cluster relay's credential; answers {id, generation, digest}, never the bearer",
         Access::Admin,
         mutate,
-    );
+    ).refuses(&["mutation-reused", "cluster-not-found", "relay-credential-generation-mismatch", "relay-credential-absent", "relay-authorization-ambiguous", "relay-authorization-missing"]);
     registry
         .add(
             "relays.getCredential",
@@ -587,13 +587,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Access::Admin,
             get,
         )
+        .refuses(&["cluster-not-found"])
         .read_only();
     registry.add(
         "relays.exportAuthorization",
         "The relay bearer of the exact expected generation, for `capstan keyring export-relay-authorization` to write to a private file; every export leaves a receipt",
         Access::Admin,
         export,
-    );
+    ).refuses(&["cluster-not-found", "relay-credential-absent", "relay-credential-generation-mismatch", "relay-authorization-missing", "relay-authorization-ambiguous", "material-not-readable", "kek-unavailable"]);
 }
 
 #[cfg(test)]

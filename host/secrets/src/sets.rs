@@ -551,22 +551,28 @@ async fn preview(cx: Context, _: Call, input: ServiceRef) -> Result<Preview> {
 /// configuration, attach, detach and the resolution preview.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
-    registry.add(
-        "secrets.createSecretSet",
-        "Create an organization's SecretSet (shared secrets its services attach)",
-        Access::Admin,
-        create,
-    );
-    registry.add("secrets.updateSecretSet", "Rename or describe a SecretSet, stating its revision", Access::Admin, update);
-    registry.add(
-        "secrets.retireSecretSet",
-        "Retire a SecretSet: detached from every service, each service's manifest published, in one transaction",
-        Access::Admin,
-        retire,
-    );
+    registry
+        .add("secrets.createSecretSet", "Create an organization's SecretSet (shared secrets its services attach)", Access::Admin, create)
+        .refuses(&["name-invalid", "organization-not-found", "exists"]);
+    registry.add("secrets.updateSecretSet", "Rename or describe a SecretSet, stating its revision", Access::Admin, update).refuses(&[
+        "name-invalid",
+        "secret-set-not-found",
+        "conflict",
+        "secret-set-retired",
+        "exists",
+    ]);
+    registry
+        .add(
+            "secrets.retireSecretSet",
+            "Retire a SecretSet: detached from every service, each service's manifest published, in one transaction",
+            Access::Admin,
+            retire,
+        )
+        .refuses(&["mutation-reused", "secret-set-not-found", "conflict", "secret-set-retired"]);
     registry.add("secrets.listSecretSets", "SecretSets, all or one organization's, paged", Access::Admin, list).read_only();
     registry
         .add("secrets.getSecretSet", "A SecretSet with its member secrets' metadata and the services it is attached to", Access::Admin, get)
+        .refuses(&["secret-set-not-found"])
         .read_only();
     registry
         .add(
@@ -583,23 +589,37 @@ pub fn register(registry: &mut Registry, cx: Context) {
                     .await
             },
         )
+        .refuses(&["service-not-found"])
         .read_only();
-    registry.add(
-        "secrets.attachSecretSet",
-        "Attach a SecretSet to a service, stating the service's secrets revision",
-        Access::Admin,
-        |cx: Context, call: Call, input: AttachInput| change_attachment(cx, call, input, true),
-    );
-    registry.add(
-        "secrets.detachSecretSet",
-        "Detach a SecretSet from a service, stating the service's secrets revision",
-        Access::Admin,
-        |cx: Context, call: Call, input: AttachInput| change_attachment(cx, call, input, false),
-    );
+    registry
+        .add(
+            "secrets.attachSecretSet",
+            "Attach a SecretSet to a service, stating the service's secrets revision",
+            Access::Admin,
+            |cx: Context, call: Call, input: AttachInput| change_attachment(cx, call, input, true),
+        )
+        .refuses(&[
+            "mutation-reused",
+            "service-not-found",
+            "service-deleting",
+            "conflict",
+            "secret-set-already-attached",
+            "secret-set-not-found",
+            "secret-set-organization-mismatch",
+            "secret-set-retired",
+        ]);
+    registry
+        .add(
+            "secrets.detachSecretSet",
+            "Detach a SecretSet from a service, stating the service's secrets revision",
+            Access::Admin,
+            |cx: Context, call: Call, input: AttachInput| change_attachment(cx, call, input, false),
+        )
+        .refuses(&["mutation-reused", "service-not-found", "service-deleting", "conflict", "secret-set-not-attached"]);
     registry.add(
         "secrets.previewResolution",
         "Which key of a service resolves from where (its own secrets, then attached SecretSets in order) and every conflict; value-free",
         Access::Admin,
         preview,
-    ).read_only();
+    ).refuses(&["service-not-found"]).read_only();
 }

@@ -3,7 +3,13 @@
 //! generated on each request, so a plugin installed, upgraded, disabled or removed shows at once.
 //!
 //! Each method is one operation, `POST /api/v1/<method>`: its input schema is the request body,
-//! its output schema the 200 answer, and every refusal the error envelope. A method's schemas
+//! its output schema the 200 answer, and every refusal the error envelope. The refusal codes it
+//! may answer are listed under the HTTP status each answers (`capstan_core::refusal::code_status`,
+//! the table the API's answers use) and in `x-capstan-refusals`: those any call may answer and,
+//! for a host method, those it declares where it is registered (`Method::refuses`). A debug
+//! build logs `capstan_rpc::UNDECLARED_REFUSAL` when a host method answers a code it does not
+//! declare, and the e2e suite fails the test whose server logged it. A plugin's manifest
+//! declares no codes: its own refusals are the `default` answer. A method's schemas
 //! become two components (`<method>.input`, `<method>.output`) kept whole, `$defs` included: a
 //! reference inside one (`#/$defs/X`, or `#` itself) is rewritten to point into its component,
 //! so it resolves in the document exactly as it did in the schema alone.
@@ -60,26 +66,39 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
         "200".into(),
         json!({ "description": "The method's answer", "content": { "application/json": { "schema": schema_ref(output) } } }),
     );
-    for (status, codes) in refusals(method) {
+    let refusals = refusals(method);
+    for (status, codes) in by_status(&refusals) {
         let listed = codes.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ");
         responses.insert(
-            status.into(),
+            status.to_string(),
             json!({
                 "description": format!("Refused: {listed}"),
                 "content": { "application/json": { "schema": schema_ref(ERROR_ENVELOPE) } }
             }),
         );
     }
+    let default = match (&method.plugin, method.passes_on) {
+        (Some(_), _) => "Any other refusal, by its code: the plugin's own refusals, which its manifest does not declare".to_string(),
+        (None, Some(whom)) => format!("Any other refusal, by its code: those of {whom}, passed on as they come"),
+        (None, None) => {
+            "Any other refusal, by its code (none is expected: every refusal this method answers is listed by its status)".into()
+        }
+    };
     responses.insert(
         "default".into(),
-        json!({
-            "description": "Any other refusal, by its code (the method's own refusals, a conflict, store-busy, …)",
-            "content": { "application/json": { "schema": schema_ref(ERROR_ENVELOPE) } }
-        }),
+        json!({ "description": default, "content": { "application/json": { "schema": schema_ref(ERROR_ENVELOPE) } } }),
     );
+    let mut description = String::from("Refusal codes by HTTP status below; all of them in `x-capstan-refusals`.");
+    if method.plugin.is_some() {
+        description.push_str(
+            " A plugin's manifest declares no refusal codes: those listed are the ones the host answers for any plugin method; \
+             the plugin's own come under `default`.",
+        );
+    }
     let mut operation = json!({
         "operationId": method.name,
         "summary": method.summary,
+        "description": description,
         "tags": [tag(method)],
         "requestBody": {
             "description": "The method's input; an empty body is {}",
@@ -88,7 +107,7 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
         },
         "responses": responses,
         "x-capstan-access": method.access.as_str(),
-        "x-capstan-refusals": refusals(method).into_iter().flat_map(|(_, codes)| codes).collect::<Vec<_>>(),
+        "x-capstan-refusals": refusals,
     });
     // a public method needs no token (a token only says who asks); any other needs the bearer
     operation["security"] = if method.access == Access::Public { json!([{}, { "bearer": [] }]) } else { json!([{ "bearer": [] }]) };
@@ -104,25 +123,38 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
     operation
 }
 
-/// The refusals every call of `method` may answer before (or around) its own work, by status:
-/// what the dispatcher, the body reader and the method's access judge. Its own refusals are
-/// the `default` answer.
-fn refusals(method: &Method) -> Vec<(&'static str, Vec<&'static str>)> {
-    let mut by_status = vec![("400", vec!["invalid-request"]), ("413", vec!["request-too-large"]), ("415", vec!["unsupported-media-type"])];
-    if method.access != Access::Public {
-        by_status.push(("401", vec!["unauthenticated"]));
-        by_status.push(("403", vec!["forbidden"]));
-    }
-    let mut unavailable = vec!["store-busy"];
+/// The refusals the host answers for any plugin method, besides the plugin's own: it is
+/// disabled, not loaded, busy, or its call failed, ran out of time or memory, or answered
+/// something its schema refuses.
+const PLUGIN_REFUSALS: &[&str] = &[
+    "plugin-disabled",
+    "plugin-unavailable",
+    "plugin-busy",
+    "plugin-failed",
+    "plugin-deadline-exceeded",
+    "plugin-resource-exhausted",
+    "plugin-output-invalid",
+];
+
+/// Every refusal code `method` may answer ([`Method::refusal_codes`]), and for a plugin's
+/// method those the plugin host answers for it.
+fn refusals(method: &Method) -> Vec<&'static str> {
+    let mut codes = method.refusal_codes();
     if method.plugin.is_some() {
-        by_status.push(("409", vec!["plugin-disabled"]));
-        unavailable.extend(["plugin-unavailable", "plugin-busy"]);
+        codes.extend(PLUGIN_REFUSALS);
+        codes.sort_unstable();
+        codes.dedup();
     }
-    if method.coordinator_only {
-        unavailable.push("coordinator-unavailable");
+    codes
+}
+
+/// `codes` grouped by the HTTP status each answers (the one table's), statuses ascending.
+fn by_status(codes: &[&'static str]) -> std::collections::BTreeMap<u16, Vec<&'static str>> {
+    let mut grouped = std::collections::BTreeMap::<u16, Vec<&'static str>>::new();
+    for &code in codes {
+        grouped.entry(capstan_rpc::documented_status(code)).or_default().push(code);
     }
-    by_status.push(("503", unavailable));
-    by_status
+    grouped
 }
 
 /// The tag an operation is grouped under: its plugin, or the host area (`auth`, `services`, …).
@@ -185,6 +217,135 @@ fn error_envelope() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capstan_rpc::{Call, Registry, documented_status};
+    use std::sync::Arc;
+
+    /// The codes the response for `status` names in its description.
+    fn listed(operation: &Value, status: u16) -> Vec<String> {
+        let description = operation["responses"][status.to_string()]["description"].as_str().unwrap_or_default();
+        description.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    }
+
+    fn operation<'d>(document: &'d Value, method: &str) -> &'d Value {
+        &document["paths"][format!("/api/v1/{method}")]["post"]
+    }
+
+    #[test]
+    fn a_host_methods_own_refusals_are_listed_under_the_status_each_answers() {
+        let mut registry = Registry::default();
+        registry.add("widgets.create", "Create a widget", Access::Owner, |_: Call, _: Value| async move { Ok(json!({})) }).refuses(&[
+            "exists",
+            "conflict",
+            "widget-not-found",
+            "quota-exceeded",
+            "relay-not-connected",
+        ]);
+        registry.add("widgets.ping", "Anyone may ask", Access::Public, |_: Call, _: Value| async move { Ok(json!({})) });
+        let document = document(&registry.list(), "https://capstan.example");
+        let create = operation(&document, "widgets.create");
+        assert_eq!(listed(create, 409), ["conflict", "exists"]);
+        assert_eq!(listed(create, 404), ["widget-not-found"]);
+        assert_eq!(listed(create, 503), ["relay-not-connected", "store-busy", "store-unavailable"]);
+        assert!(listed(create, 400).contains(&"quota-exceeded".to_string()), "a code the table does not name is a 400");
+        assert!(listed(create, 400).contains(&"invalid-request".to_string()));
+        assert_eq!(listed(create, 401), ["unauthenticated"]);
+        assert_eq!(listed(create, 500), ["internal"]);
+        let all: Vec<&str> = create["x-capstan-refusals"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        for code in ["exists", "conflict", "widget-not-found", "quota-exceeded", "forbidden", "store-busy"] {
+            assert!(all.contains(&code), "{code} in {all:?}");
+            assert!(listed(create, documented_status(code)).iter().any(|c| c == code), "{code} under its status");
+        }
+        assert!(!all.contains(&"coordinator-unavailable"), "only a coordinator-only method is refused so");
+        let ping = operation(&document, "widgets.ping");
+        assert!(ping["responses"].get("401").is_none() && ping["responses"].get("403").is_none(), "a public method needs no caller");
+        assert!(ping["responses"].get("409").is_none(), "no refusal it does not declare");
+        assert!(ping["responses"]["default"]["description"].as_str().unwrap().contains("none is expected"));
+    }
+
+    #[test]
+    fn every_listed_code_is_listed_once_under_the_status_its_refusal_answers() {
+        let mut registry = Registry::default();
+        registry
+            .add("area.change", "changes", Access::Admin, |_: Call, _: Value| async move { Ok(json!({})) })
+            .refuses(&["conflict", "mutation-reused", "task-running", "rate-limited", "node-missing", "bundle-too-large"])
+            .coordinator_only();
+        let document = document(&registry.list(), "https://capstan.example");
+        let change = operation(&document, "area.change");
+        let mut seen = Vec::new();
+        for (status, response) in change["responses"].as_object().unwrap() {
+            let Some(status) = status.parse::<u16>().ok().filter(|s| *s != 200) else { continue };
+            assert_eq!(response["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorEnvelope", "{status}");
+            for code in listed(change, status) {
+                let answered = capstan_core::refusal::Refusal::new(code.clone(), "x").http_status();
+                assert_eq!(answered, status, "{code} is answered {answered}, listed under {status}");
+                seen.push(code);
+            }
+        }
+        let mut declared: Vec<String> =
+            change["x-capstan-refusals"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
+        seen.sort();
+        declared.sort();
+        assert_eq!(seen, declared, "each code under exactly one status");
+        assert!(declared.contains(&"coordinator-unavailable".to_string()));
+    }
+
+    #[test]
+    fn a_plugins_method_lists_what_the_host_answers_for_it_and_leaves_its_own_to_default() {
+        let handler: capstan_rpc::RawHandler = Arc::new(|_, _| Box::pin(async move { Ok(json!({})) }));
+        let method =
+            Method::served_by("hello", "hello.greet".into(), "Greet".into(), Access::Authenticated, (json!({}), json!({})), handler);
+        let document = document(&[Arc::new(method)], "https://capstan.example");
+        let greet = operation(&document, "hello.greet");
+        assert_eq!(listed(greet, 409), ["plugin-disabled"]);
+        assert!(listed(greet, 503).contains(&"plugin-busy".to_string()));
+        assert!(listed(greet, 400).contains(&"plugin-failed".to_string()));
+        assert!(greet["responses"]["default"]["description"].as_str().unwrap().contains("manifest does not declare"));
+        assert!(greet["description"].as_str().unwrap().contains("the plugin's own come under `default`"));
+    }
+
+    #[test]
+    fn a_method_that_passes_on_anothers_refusals_says_whose() {
+        let mut registry = Registry::default();
+        registry
+            .add("relays.echo", "echo", Access::Admin, |_: Call, _: Value| async move { Ok(json!({})) })
+            .refuses(&["relay-timeout"])
+            .passes_on("the relay's agent");
+        let document = document(&registry.list(), "https://capstan.example");
+        let echo = operation(&document, "relays.echo");
+        assert_eq!(listed(echo, 503), ["relay-timeout", "store-busy", "store-unavailable"]);
+        assert!(echo["responses"]["default"]["description"].as_str().unwrap().contains("the relay's agent"));
+    }
+
+    /// Every host method of a full host: its own codes are kebab-case, none of them generic, and
+    /// each is in the document under the status its refusal answers.
+    #[tokio::test]
+    async fn the_hosts_methods_declare_their_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = crate::api::test_state(dir.path()).await;
+        let methods = state.methods.list();
+        let document = document(&methods, "https://capstan.example");
+        let kebab = |c: &str| {
+            !c.is_empty() && c.split('-').all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()))
+        };
+        let mut declaring = 0;
+        for method in methods.iter().filter(|m| m.plugin.is_none()) {
+            for code in &method.refuses {
+                assert!(kebab(code), "{}: {code:?} is not kebab-case", method.name);
+                assert!(!capstan_rpc::GENERIC_REFUSALS.contains(code), "{}: {code} is answered by any method", method.name);
+                let operation = operation(&document, &method.name);
+                assert!(listed(operation, documented_status(code)).iter().any(|c| c == code), "{}: {code}", method.name);
+            }
+            declaring += usize::from(!method.refuses.is_empty());
+        }
+        // most host methods can refuse something of their own: a registration that forgot to
+        // say so shows here (and in the e2e suite, once a test makes it answer one)
+        let host = methods.iter().filter(|m| m.plugin.is_none()).count();
+        assert!(declaring * 2 >= host, "{declaring} of {host} host methods declare refusal codes");
+        for (name, code) in [("services.create", "exists"), ("nodes.get", "node-missing"), ("tasks.trigger", "task-running")] {
+            let method = methods.iter().find(|m| m.name == name).unwrap();
+            assert!(method.refuses.contains(&code), "{name} declares {code}");
+        }
+    }
 
     #[test]
     fn local_references_point_into_their_component() {

@@ -226,5 +226,6 @@ pub fn register(registry: &mut Registry, system: System) {
                 }
             },
         )
+        .refuses(&["not-found"])
         .read_only();
 }

@@ -72,12 +72,14 @@ async fn register_over_http(_: Arc<Relays>, _: Call, _: RegisterInput) -> Result
 /// Register the relay methods that need this node's sockets.
 pub fn register(registry: &mut Registry, relays: Arc<Relays>) {
     let mut registry = registry.with(relays);
-    registry.add(
-        "relays.register",
-        "A relay session registers as its cluster's relay (over /api/v1/socket only; the cluster is the one its bearer names)",
-        Access::Authenticated,
-        register_over_http,
-    );
+    registry
+        .add(
+            "relays.register",
+            "A relay session registers as its cluster's relay (over /api/v1/socket only; the cluster is the one its bearer names)",
+            Access::Authenticated,
+            register_over_http,
+        )
+        .refuses(&["socket-required"]);
     registry
         .add(
             "relays.ping",
@@ -85,6 +87,15 @@ pub fn register(registry: &mut Registry, relays: Arc<Relays>) {
             Access::Admin,
             ping,
         )
+        .refuses(&[
+            "relay-not-connected",
+            "relay-ambiguous",
+            "relay-timeout",
+            "relay-elsewhere",
+            "agent-request-too-large",
+            "relay-reply-malformed",
+        ])
+        .passes_on("the relay's agent")
         .read_only();
     registry
         .add("relays.list", "Cluster relay registrations with whether a socket carries each right now (live)", Access::Admin, list)
