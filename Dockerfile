@@ -7,6 +7,11 @@
 #     -e CAPSTAN_BLOB_URL=s3://capstan -e CAPSTAN_S3_ENDPOINT=http://minio:9000 … capstan
 #
 # docker-compose.yml runs it with MongoDB (single-node replica set) and MinIO.
+#
+# BINARIES names the stage or image the two binaries are copied from: the `build` stage below by
+# default; CI (.ci/image) passes an image holding the release binaries it built on the host, in
+# the same paths, and the build stage is then skipped.
+ARG BINARIES=build
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -26,16 +31,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # functions); the line tables stay in this stage's /usr/local/lib/debug/capstan.debug, which
 # `docker build --target build` keeps for crash analysis (gdb follows the debuglink).
 
+FROM ${BINARIES} AS binaries
+
 FROM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/capstan --shell /usr/sbin/nologin capstan \
     && install -d -o capstan -g capstan -m 0700 /var/lib/capstan /var/lib/capstan/keyring /var/lib/capstan/state
-COPY --from=build /usr/local/bin/capstan /usr/local/bin/capstan
+COPY --from=binaries /usr/local/bin/capstan /usr/local/bin/capstan
 # the node agent the jump script installs on a new machine (GET /agent/v1/binary/<platform>
 # serves the capstan-agent found next to capstan)
-COPY --from=build /usr/local/bin/capstan-agent /usr/local/bin/capstan-agent
+COPY --from=binaries /usr/local/bin/capstan-agent /usr/local/bin/capstan-agent
 
 USER capstan
 WORKDIR /var/lib/capstan
