@@ -800,6 +800,118 @@ fn idle_fleet_writes() {
     assert_eq!(fence_before, fence_after, "the lease is renewed, never re-taken, while the holder lives");
 }
 
+/// A measurement, not a speed test: run with
+/// `cargo test -p capstan --test e2e fleet::idle_fleet_operations -- --ignored --nocapture`.
+/// Idle nodes on one SQLite database and one blob directory, each serving `/metrics`: every
+/// node is scraped once the start has settled and again after the window, and the store
+/// transactions (read, write) and blob operations (get, put, list, head, delete) between the
+/// two scrapes are printed per node and for the fleet, per minute.
+///
+/// The fleet's loops (heartbeat, refresh, coordinator tick) run at `CAPSTAN_IDLE_FLEET_BEAT_MS`
+/// (default 1000: 30 times the defaults' 30 s; lease TTL and liveness window three beats), so
+/// the blob figures are also printed scaled by beat / 30 s; the store's loops keep their fixed
+/// periods and are not scaled. `CAPSTAN_IDLE_FLEET_NODES` (default 3) and
+/// `CAPSTAN_IDLE_FLEET_WINDOW_S` (default 60) change the fleet's size and the window. The
+/// second scrape's own store reads (the outbox gauges) are measured by a third scrape right
+/// after it and taken off.
+#[test]
+#[ignore = "a measurement of a minute or more; see docs/benchmarks.md"]
+fn idle_fleet_operations() {
+    use crate::operating::{Sample, samples, total};
+    const SCRAPE_TOKEN: &str = "e2e-idle-fleet-scrape-token-0123456789";
+    let setting = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let beat_ms = setting("CAPSTAN_IDLE_FLEET_BEAT_MS", 1000);
+    let count = setting("CAPSTAN_IDLE_FLEET_NODES", 3) as usize;
+    let window = Duration::from_secs(setting("CAPSTAN_IDLE_FLEET_WINDOW_S", 60));
+    let mut fleet = Fleet::new(beat_ms, beat_ms, 3 * beat_ms, 3 * beat_ms);
+    fleet.timing.push(("CAPSTAN_METRICS_TOKEN", SCRAPE_TOKEN.to_string()));
+    let nodes: Vec<Capstan> = (0..count).map(|i| fleet.start(&format!("n{i}"))).collect();
+    let ids = ids(&nodes);
+    eventually("every node live with one coordinator", Duration::from_secs(60) + Duration::from_millis(4 * beat_ms), || {
+        let listing = fleet.listing();
+        if listing["live"] == ids.len() && coordinators(&listing).len() == 1 { Ok(()) } else { Err(listing.to_string()) }
+    });
+    // the start settled: the embedded App Store installed and placed with the host's tasks
+    eventually("placements settled on live nodes", Duration::from_secs(180) + Duration::from_millis(4 * beat_ms), || {
+        let lease = fleet.lease().unwrap();
+        match fleet.object(ASSIGNMENTS_KEY) {
+            Some(a)
+                if a["fence"] == lease["fence"]
+                    && a["placements"].as_object().is_some_and(|p| p.keys().any(|k| k.contains("appstore"))) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    });
+    std::thread::sleep(Duration::from_millis(2 * beat_ms).max(Duration::from_secs(5)));
+
+    let bearer = format!("Bearer {SCRAPE_TOKEN}");
+    let scrape = |node: &Capstan| -> Vec<Sample> {
+        let reply = node.request("GET", "/metrics", &[("authorization", &bearer)], None);
+        assert_eq!(reply.status, 200, "{}: {}", reply.what, reply.body);
+        samples(&reply.body)
+    };
+    let fence_before = fence(&fleet.lease().unwrap());
+    let before: Vec<Vec<Sample>> = nodes.iter().map(scrape).collect();
+    let start = Instant::now();
+    std::thread::sleep(window);
+    let after: Vec<Vec<Sample>> = nodes.iter().map(scrape).collect();
+    let seconds = start.elapsed().as_secs_f64();
+    let again: Vec<Vec<Sample>> = nodes.iter().map(scrape).collect();
+    let fence_after = fence(&fleet.lease().unwrap());
+
+    const TXN: &str = "capstan_store_transactions_total";
+    const BLOB: &str = "capstan_blob_operations_total";
+    let columns: [(&str, &str, &str); 7] = [
+        ("store read", TXN, "read"),
+        ("store write", TXN, "write"),
+        ("blob get", BLOB, "get"),
+        ("blob put", BLOB, "put"),
+        ("blob list", BLOB, "list"),
+        ("blob head", BLOB, "head"),
+        ("blob delete", BLOB, "delete"),
+    ];
+    let count_of = |samples: &[Sample], (_, name, value): (&str, &str, &str)| {
+        let label = if name == TXN { "access" } else { "op" };
+        total(samples, name, &[(label, value)])
+    };
+    let per_minute = |n: f64| n * 60.0 / seconds;
+    let scale = beat_ms as f64 / 30_000.0;
+    println!("idle fleet of {count}, heartbeat and refresh {beat_ms} ms, lease TTL {} ms, measured {seconds:.1} s:", 3 * beat_ms);
+    let mut fleet_totals = [0.0f64; 7];
+    for (i, node) in nodes.iter().enumerate() {
+        let mut line = format!("  node {} ({}):", i, node.node_id());
+        for (c, column) in columns.iter().enumerate() {
+            let moved = count_of(&after[i], *column) - count_of(&before[i], *column);
+            // what the second scrape itself read, as the third one shows
+            let own = count_of(&again[i], *column) - count_of(&after[i], *column);
+            let moved = if column.1 == TXN && column.2 == "read" { moved - own } else { moved };
+            fleet_totals[c] += moved;
+            line.push_str(&format!("  {} {moved} ({:.1}/min)", column.0, per_minute(moved)));
+            if column.1 == TXN && column.2 == "read" {
+                line.push_str(&format!(" [scrape's own reads taken off: {own}]"));
+            }
+        }
+        println!("{line}");
+    }
+    println!("  fleet, per minute at the test timings → at the default timings (blob ops × {scale:.4}; store ops not scaled):");
+    for (c, column) in columns.iter().enumerate() {
+        let raw = per_minute(fleet_totals[c]);
+        let at_defaults = if column.1 == BLOB { raw * scale } else { raw };
+        println!("    {:<12} {:>6} in {seconds:.1} s  {raw:>9.1}/min  → {at_defaults:>8.2}/min", column.0, fleet_totals[c]);
+    }
+    let outcomes: Vec<String> = after
+        .iter()
+        .flat_map(|s| s.iter())
+        .filter(|s| s.name == TXN && s.labels.get("outcome").map(String::as_str) != Some("committed") && s.value > 0.0)
+        .map(|s| format!("{:?} {}", s.labels, s.value))
+        .collect();
+    println!("  transactions not committed since start: {outcomes:?}");
+    println!("  lease fence {fence_before} → {fence_after}");
+    assert_eq!(fence_before, fence_after, "the lease is renewed, never re-taken, while the holder lives");
+}
+
 #[test]
 fn a_coordinator_only_request_to_any_node_is_answered_by_the_holder() {
     const PASSWORD: &str = "a-long-enough-admin-password";

@@ -14,14 +14,14 @@ const SCRAPE_TOKEN: &str = "e2e-scrape-token-0123456789abcdef";
 const OAS_31_SCHEMA: &str = include_str!("data/openapi-3.1-schema.json");
 
 /// One sample line of the Prometheus text format: the metric's name, its labels, its value.
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
+pub(crate) struct Sample {
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) value: f64,
 }
 
 /// The samples of a scrape (comment lines skipped).
-fn samples(text: &str) -> Vec<Sample> {
+pub(crate) fn samples(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
         let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample line is `series value`: {line:?}"));
@@ -65,7 +65,7 @@ fn parse_labels(text: &str) -> BTreeMap<String, String> {
 }
 
 /// The sum of `name`'s samples whose labels include `labels` (0 when there is none).
-fn total(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn total(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     samples
         .iter()
         .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
@@ -126,7 +126,9 @@ fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
     assert_eq!(moved("capstan_http_requests_total", &login), 1.0, "{text}");
     assert!(moved("capstan_plugin_calls_total", &appstore) >= 1.0, "{text}");
     assert!(moved("capstan_plugin_call_duration_seconds_count", &[("plugin", "appstore"), ("kind", "method")]) >= 1.0, "{text}");
-    assert!(moved("capstan_store_transactions_total", &[("outcome", "committed")]) >= 1.0, "a login writes a session: {text}");
+    let committed = |access: &str| moved("capstan_store_transactions_total", &[("outcome", "committed"), ("access", access)]);
+    assert!(committed("write") >= 1.0, "a login writes a session: {text}");
+    assert!(committed("read") >= 1.0, "the calls read: {text}");
     assert!(total(&after, "capstan_store_transaction_duration_seconds_count", &[]) > 0.0, "{text}");
     let reaped = [("task", "host.reap-expired-sessions"), ("status", "succeeded")];
     assert_eq!(moved("capstan_scheduler_runs_total", &reaped), 1.0, "{text}");

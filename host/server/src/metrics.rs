@@ -91,7 +91,10 @@ fn describe() {
     describe_histogram!("capstan_http_request_duration_seconds", Unit::Seconds, "HTTP request latency, by route template and API method");
     describe_counter!("capstan_plugin_calls_total", "Plugin calls, by plugin, kind (method, event, reconcile, task, …) and outcome");
     describe_histogram!("capstan_plugin_call_duration_seconds", Unit::Seconds, "Plugin call latency once an instance is had");
-    describe_counter!("capstan_store_transactions_total", "Store transactions finished, by outcome (committed, conflict, busy, refused)");
+    describe_counter!(
+        "capstan_store_transactions_total",
+        "Store transactions finished, by outcome (committed, conflict, busy, refused) and access (read, write)"
+    );
     describe_counter!("capstan_store_transaction_retries_total", "Store transactions restarted after transient contention");
     describe_histogram!("capstan_store_transaction_duration_seconds", Unit::Seconds, "Store transaction time, retries included");
     describe_counter!("capstan_scheduler_runs_total", "Task executions run on this node, by task and how they ended");

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// A stored document: its id, current revision and JSON data.
@@ -319,10 +320,14 @@ impl Store {
         loop {
             match self.backend.get_many(reads).await {
                 Err(e) if e.is("store-busy") && started.elapsed() < self.budget => {
+                    metrics::counter!("capstan_store_transaction_retries_total").increment(1);
                     attempt += 1;
                     tokio::time::sleep(backoff(attempt)).await;
                 }
-                other => return other,
+                other => {
+                    record_transaction(&other, started, Access::Read);
+                    return other;
+                }
             }
         }
     }
@@ -341,6 +346,7 @@ impl Store {
         let mut attempt: u32 = 0;
         loop {
             let written: Written = Default::default();
+            let wrote = Arc::new(AtomicBool::new(false));
             let result: Result<T> = async {
                 let inner = self.backend.begin().await?;
                 let tx = Tx {
@@ -348,6 +354,7 @@ impl Store {
                     specs: self.specs.clone(),
                     watchers: self.watchers.clone(),
                     written: written.clone(),
+                    wrote: wrote.clone(),
                 };
                 let value = work(tx.clone()).await?;
                 let mut guard = tx.inner.lock().await;
@@ -365,7 +372,8 @@ impl Store {
                     tokio::time::sleep(backoff(attempt)).await;
                 }
                 other => {
-                    record_transaction(&other, started);
+                    let access = if wrote.load(Ordering::Relaxed) { Access::Write } else { Access::Read };
+                    record_transaction(&other, started, access);
                     return other;
                 }
             }
@@ -432,16 +440,34 @@ impl Store {
     }
 }
 
+/// Whether a finished transaction wrote: `write` when its last attempt inserted, replaced or
+/// deleted a document (or tried to), `read` otherwise ([`Store::read_many`] included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+impl Access {
+    fn label(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
+}
+
 /// Count a finished transaction by outcome (`committed`, `conflict`, `busy` once the budget is
-/// spent, `refused` for any other refusal) with its time, retries included (`/metrics`).
-fn record_transaction<T>(result: &Result<T>, started: Instant) {
+/// spent, `refused` for any other refusal) and access (`read`, `write`) with its time, retries
+/// included (`/metrics`).
+fn record_transaction<T>(result: &Result<T>, started: Instant, access: Access) {
     let outcome = match result {
         Ok(_) => "committed",
         Err(e) if e.is("conflict") => "conflict",
         Err(e) if e.is("store-busy") => "busy",
         Err(_) => "refused",
     };
-    metrics::counter!("capstan_store_transactions_total", "outcome" => outcome).increment(1);
+    metrics::counter!("capstan_store_transactions_total", "outcome" => outcome, "access" => access.label()).increment(1);
     metrics::histogram!("capstan_store_transaction_duration_seconds").record(started.elapsed().as_secs_f64());
 }
 
@@ -466,6 +492,8 @@ pub struct Tx {
     specs: Arc<std::sync::RwLock<std::collections::HashMap<String, CollectionSpec>>>,
     watchers: Watchers,
     written: Written,
+    /// Set by every insert, replace and delete: the transaction counts as a write.
+    wrote: Arc<AtomicBool>,
 }
 
 impl Tx {
@@ -485,6 +513,7 @@ impl Tx {
 
     /// Remember a write of a watched collection, for [`Store::watch_writes`].
     fn note_write(&self, collection: &str, id: &str) {
+        self.wrote.store(true, Ordering::Relaxed);
         let watched = self.watchers.read().expect("store watchers lock").iter().any(|(c, _)| c.iter().any(|c| c == collection));
         if watched {
             self.written.lock().expect("store written lock").push((collection.to_string(), id.to_string()));
@@ -698,5 +727,53 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!((err.code.as_ref(), runs.load(Ordering::SeqCst)), ("conflict", 1));
+    }
+
+    /// Counts every counter by its name and labels (`name{k=v,…}`).
+    #[derive(Default)]
+    struct Counters(std::sync::Mutex<std::collections::BTreeMap<String, Arc<std::sync::atomic::AtomicU64>>>);
+
+    impl Counters {
+        fn get(&self, key: &str) -> u64 {
+            self.0.lock().unwrap().get(key).map_or(0, |c| c.load(Ordering::SeqCst))
+        }
+    }
+
+    impl metrics::Recorder for Counters {
+        fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+        fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+        fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+        fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+            let labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            metrics::Counter::from_arc(self.0.lock().unwrap().entry(name).or_default().clone())
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn transactions_are_counted_as_reads_or_writes() {
+        let counters = Counters::default();
+        let _recording = metrics::set_default_local_recorder(&counters);
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), DEFAULT_BUDGET);
+        store.declare(CollectionSpec::new("things")).await.unwrap();
+        store.transact(|tx| async move { tx.insert("things", "a", serde_json::json!({})).await }).await.unwrap();
+        store.transact(|tx| async move { tx.get("things", "a").await }).await.unwrap();
+        store.transact(|tx| async move { tx.scan("things", None, 10).await }).await.unwrap();
+        store.read_many(&[("things", "a"), ("things", "b")]).await.unwrap();
+        // a write refused is still a write, counted under its outcome
+        let err = store.transact(|tx| async move { tx.replace("things", "a", 7, serde_json::json!({})).await }).await.unwrap_err();
+        assert!(err.is("conflict"), "{err}");
+        let count =
+            |outcome: &str, access: &str| counters.get(&format!("capstan_store_transactions_total{{outcome={outcome},access={access}}}"));
+        assert_eq!(count("committed", "write"), 1);
+        assert_eq!(count("committed", "read"), 3, "two transactions that only read, and one read_many");
+        assert_eq!(count("conflict", "write"), 1);
     }
 }
