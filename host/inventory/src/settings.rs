@@ -28,6 +28,8 @@ enum Kind {
     RetentionDays,
     /// Milliseconds, 1000–86400000 (a second to a day).
     Millis,
+    /// A count, 1–1000.
+    Count,
     /// A DNS zone: 2–127 labels of 1–63 of a-z 0-9 - (no leading or trailing -), at most 200
     /// bytes, lower case, no trailing dot.
     Zone,
@@ -71,6 +73,20 @@ pub async fn audit_retention_days(store: &capstan_store::Store) -> Result<u64> {
     Ok(set.unwrap_or(capstan_rpc::audit::DEFAULT_RETENTION_DAYS))
 }
 
+/// The host setting saying how many snapshots of Capstan the scheduled task keeps in the bucket.
+pub const SNAPSHOT_KEEP_LAST: &str = "snapshotKeepLast";
+
+/// Snapshots kept in the bucket while `snapshotKeepLast` is unset.
+pub const DEFAULT_SNAPSHOT_KEEP_LAST: usize = 7;
+
+/// How many snapshots the scheduled task `host.snapshot` keeps: the setting `snapshotKeepLast`,
+/// else [`DEFAULT_SNAPSHOT_KEEP_LAST`].
+pub async fn snapshot_keep_last(store: &capstan_store::Store) -> Result<usize> {
+    let doc = store.transact(|tx| async move { if tx.is_declared(SETTINGS) { tx.get(SETTINGS, PUBLIC).await } else { Ok(None) } }).await?;
+    let set = doc.and_then(|d| d.data.get(SNAPSHOT_KEEP_LAST).and_then(Value::as_u64)).filter(|n| (1..=1000).contains(n));
+    Ok(set.map(|n| n as usize).unwrap_or(DEFAULT_SNAPSHOT_KEEP_LAST))
+}
+
 /// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
 /// What the settings page says of keys kept only so that settings carried over stay valid.
 const CARRIED_OVER: &str = "Kept so settings carried over from the earlier platform stay valid; Capstan reads nothing here";
@@ -80,6 +96,11 @@ const ALLOWED: &[(&str, Kind, &str)] = &[
     ("corebuildWorkerUrls", Kind::Urls, CARRIED_OVER),
     ("deploymentArchiveRetentionDays", Kind::Days, CARRIED_OVER),
     (AUDIT_RETENTION_DAYS, Kind::RetentionDays, "How many days audit records are kept (1–3650, default 90); older ones are deleted daily"),
+    (
+        SNAPSHOT_KEEP_LAST,
+        Kind::Count,
+        "How many snapshots of Capstan the task host.snapshot keeps in the blob store (1–1000, default 7); older ones are deleted, oldest first",
+    ),
     (
         "nodeObservationFreshnessMs",
         Kind::Millis,
@@ -146,6 +167,8 @@ fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn s
             return Err(bad("milliseconds, 1000–86400000"));
         }
         Kind::Millis => {}
+        Kind::Count if value.as_u64().is_none_or(|n| !(1..=1000).contains(&n)) => return Err(bad("a whole number, 1–1000")),
+        Kind::Count => {}
         Kind::Zone if value.as_str().is_none_or(|z| !is_zone(z)) => {
             return Err(bad("a DNS zone: lower-case labels of a-z 0-9 - joined by dots, at least two, no trailing dot"));
         }
@@ -374,6 +397,10 @@ mod tests {
         assert_eq!(code("auditRetentionDays", json!(30)), "ok");
         for days in [json!(0), json!(3651), json!("30")] {
             assert_eq!(code("auditRetentionDays", days), "setting-invalid");
+        }
+        assert_eq!(code("snapshotKeepLast", json!(3)), "ok");
+        for count in [json!(0), json!(1001), json!("3"), json!(2.5)] {
+            assert_eq!(code("snapshotKeepLast", count), "setting-invalid");
         }
         assert_eq!(code("mail.submissionHost", json!("smtp.example.com")), "ok");
         assert_eq!(code("mail.submissionHost", json!(25)), "setting-invalid");

@@ -26,3 +26,4 @@ pub mod migrate;
 pub mod plugins;
 pub mod relays;
 pub mod serve;
+pub mod snapshot;

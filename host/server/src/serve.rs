@@ -98,7 +98,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
     let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
-    let scheduler = start_scheduler(&store, &fleet, &plugins).await?;
+    let scheduler = start_scheduler(&store, &blobs, &fleet, &plugins).await?;
     let state = AppState::build(api::Parts {
         store,
         blobs,
@@ -201,7 +201,7 @@ async fn start_plugins(
 }
 
 /// The scheduler with the host's tasks; the coordinator places them.
-async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<PluginHost>) -> Result<Arc<Scheduler>> {
+async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugins: &Arc<PluginHost>) -> Result<Arc<Scheduler>> {
     let scheduler = Scheduler::new(store.clone(), fleet.node.identity.id.clone(), Some(fleet.clone()), Some(plugins.clone())).await?;
     let reaper_store = store.clone();
     scheduler.register(
@@ -241,6 +241,29 @@ async fn start_scheduler(store: &Store, fleet: &Arc<Fleet>, plugins: &Arc<Plugin
             }
         })
         .description("Deletes audit records older than the setting auditRetentionDays (90 days unless set)."),
+    )?;
+    let (snapshot_store, snapshot_blobs) = (store.clone(), blobs.clone());
+    scheduler.register(
+        HostTask::new("host.snapshot", "Snapshot Capstan", "41 2 * * *", move |log| {
+            let (store, blobs) = (snapshot_store.clone(), snapshot_blobs.clone());
+            async move {
+                let keep = crate::inventory::settings::snapshot_keep_last(&store).await?;
+                let (key, written) = crate::snapshot::write_to_bucket(&store, &blobs).await?;
+                let manifest = &written.manifest;
+                log.line(format!(
+                    "wrote {key}: {} bytes, {} documents, {} blobs (the keyring is not in it)",
+                    written.bytes, manifest.documents, manifest.blobs
+                ));
+                let pruned = crate::snapshot::prune_bucket(&blobs, keep).await?;
+                log.line(format!("kept the newest {keep}; deleted {} older: {}", pruned.len(), pruned.join(", ")));
+                Ok(())
+            }
+        })
+        .description(
+            "Writes a snapshot of Capstan (every collection and the plugins' blobs, never the keyring) under _capstan/snapshots/ in the blob store, then keeps the newest snapshotKeepLast (7 unless set), deleting the oldest first. Off until an administrator enables it.",
+        )
+        .disabled_by_default()
+        .max_duration(std::time::Duration::from_secs(3600)),
     )?;
     let source = scheduler.clone();
     fleet.add_workload_source(Arc::new(move || source.workloads()));

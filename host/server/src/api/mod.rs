@@ -120,6 +120,7 @@ impl AppState {
             crate::auth::methods::Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() },
         );
         crate::fleet::methods::register(&mut registry, fleet.clone());
+        crate::snapshot::register(&mut registry, crate::snapshot::Context { store: store.clone(), blobs: blobs.clone() });
         crate::events::methods::register(&mut registry, store.clone());
         crate::plugins::methods::register(&mut registry, crate::plugins::methods::Context { host: plugins.clone(), blobs: blobs.clone() });
         crate::scheduler::methods::register(&mut registry, scheduler.clone());
