@@ -132,6 +132,8 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("fleet.rebalance", json!({}), admin(Ran)),
         ("fleet.unfreeze", json!({}), admin(Ran)),
         ("migrations.getStatus", json!({}), anyone(Ran)),
+        // a snapshot of the fixture's host into its bucket: nothing another cell reads changes
+        ("system.createSnapshot", json!({}), admin(Ran)),
         ("system.getStatus", json!({}), anyone(Ran)),
         ("system.getVersion", json!({}), anyone(Ran)),
         // ---- nodes (a node nobody enrolled: nothing changes) ----
