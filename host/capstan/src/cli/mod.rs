@@ -20,6 +20,7 @@ mod publishers;
 mod resolve;
 mod secret_sets;
 mod secrets;
+mod snapshot;
 mod tasks;
 mod users;
 
@@ -106,6 +107,10 @@ enum Command {
     /// reset-password for a lost administrator password.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
+    /// Snapshots of Capstan itself: create one (to a file, or by the host into its bucket),
+    /// verify a file, restore one into an empty store (docs/backups.md).
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
     /// Secrets: set one from standard input (sealed to the server), generate, list, get,
     /// revoke, and re-wrap every version under the active KEK. No value is ever printed.
     #[command(subcommand)]
@@ -242,6 +247,7 @@ pub fn main() -> ExitCode {
         Command::Audit(command) => audit::run(command),
         Command::Admin(command) => admin::run(command),
         Command::Secrets(command) => secrets::run(command),
+        Command::Snapshot(command) => snapshot::run(command),
         Command::Call(args) => call::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Serve(args) => {
