@@ -34,6 +34,7 @@ mod relays_cli;
 mod s3;
 mod secrets;
 mod serve;
+mod snapshot;
 mod socket;
 mod support;
 mod tasks;
