@@ -125,7 +125,7 @@ pub(super) async fn call_plugin(
     body: Value,
 ) -> Result<Value> {
     let name = format!("{plugin}.{method}");
-    let call = Call { identity: Some(identity.clone()), source: None, request_id: request_id.into() };
+    let call = Call { identity: Some(identity.clone()), source: None, request_id: request_id.into(), body_text: None };
     let result = match state.methods.resolve(&name).await {
         Ok(entry) => state.methods.call(&entry, call, body).await,
         Err(refusal) => Err(refusal),

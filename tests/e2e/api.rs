@@ -189,7 +189,11 @@ fn is_generated_id(id: &str) -> bool {
 
 #[test]
 fn every_answer_carries_a_request_id_that_reaches_the_log() {
-    let (_dir, server) = dev();
+    let dir = tempfile::tempdir().unwrap();
+    // a request that went well has its access line at debug
+    let mut cmd = dev_command(&dir.path().join("data"));
+    cmd.env("CAPSTAN_LOG", "info,capstan::access=debug");
+    let server = Capstan::start(cmd);
     let replies = [
         server.get("/healthz"),
         server.get("/status"),

@@ -18,6 +18,8 @@ fn json_logs_are_one_object_per_line_with_request_ids() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = dev_command(&dir.path().join("data"));
     cmd.args(["--log-format", "json"]);
+    // every request's access line, the successful ones' (debug) too
+    cmd.env("CAPSTAN_LOG", "info,capstan::access=debug");
     let server = Capstan::start(cmd);
 
     let ok = server.request(
@@ -59,4 +61,29 @@ fn json_logs_are_one_object_per_line_with_request_ids() {
     let refused_line = lines.iter().find(|l| l.to_string().contains("request refused")).expect("a request refused line");
     assert!(holds(refused_line, "json-err-2"), "the refusal line should carry its request id: {refused_line}");
     assert!(holds(refused_line, "method-unknown"), "the refusal line should carry the code: {refused_line}");
+}
+
+#[test]
+fn by_default_only_refused_failed_or_slow_requests_have_an_access_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(dev_command(&dir.path().join("data")));
+    let ok = server.request(
+        "POST",
+        "/api/v1/system.getStatus",
+        &[("content-type", "application/json"), ("x-request-id", "quiet-ok-1")],
+        Some(b"{}"),
+    );
+    ok.expect_json(200);
+    let refused =
+        server.request("POST", "/api/v1/system.nope", &[("content-type", "application/json"), ("x-request-id", "loud-err-2")], Some(b"{}"));
+    refused.expect_error(404, "method-unknown");
+    // the refused request's lines come after the successful one's would have
+    let log = server.wait_for_stderr("loud-err-2");
+    let exited = server.stop();
+    let log = format!("{log}{}", exited.stderr);
+    assert!(
+        log.lines().any(|l| l.contains("loud-err-2") && l.contains("request done")),
+        "a refused request keeps its access line at info; stderr:\n{log}"
+    );
+    assert!(!log.contains("quiet-ok-1"), "a request that went well logs nothing at info; stderr:\n{log}");
 }

@@ -110,7 +110,7 @@ fn metrics_answer_only_to_the_scrape_token_and_move_as_the_calls_do() {
     server.call_as(&admin, "nothing.here", &json!({})).expect_error(404, "method-unknown");
     server.call_as(&admin, "secretish.value12345", &json!({})).expect_error(404, "method-unknown");
     let again = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    server.call_as(&again, "appstore.listApps", &json!({})).expect_json(200);
+    server.call_as(&again, "appstore.getCatalogStatus", &json!({})).expect_json(200);
     let run = server.call_as(&admin, "tasks.trigger", &json!({ "id": "host.reap-expired-sessions" })).expect_json(200);
     let run = run["id"].as_str().unwrap().to_string();
     eventually("the task run ends", std::time::Duration::from_secs(30), || {

@@ -917,7 +917,7 @@ impl PluginHost {
         let Some(entry) = MethodSource::get(self, &name) else {
             return Err(self.absent(&name).await.unwrap_or_else(|| self.unavailable(plugin)));
         };
-        entry.call(Call { identity: caller.cloned(), source: None, request_id: request_id.into() }, body).await
+        entry.call(Call { identity: caller.cloned(), source: None, request_id: request_id.into(), body_text: None }, body).await
     }
 
     fn unavailable(&self, plugin: &str) -> Refusal {
@@ -1038,7 +1038,9 @@ fn registry_entry(plugin: &str, verb: &str, entry: &Arc<MethodEntry>, sandbox: &
             if let Some((message, field)) = invalid {
                 return Err(Refusal::invalid_request(format!("{plugin}.{verb}: {message}")).with_data(json!({ "field": field })));
             }
-            sandbox.handle(&call.request_id, caller, call.identity, &verb, &body).await
+            // the client's own JSON text when there is one: it parsed to exactly `body`
+            let text = call.body_text.unwrap_or_else(|| body.to_string());
+            sandbox.handle(&call.request_id, caller, call.identity, &verb, text).await
         })
     });
     let schemas = (entry.input_schema.clone(), entry.output_schema.clone());

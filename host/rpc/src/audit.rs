@@ -489,7 +489,12 @@ mod tests {
         let ann = admin();
         let mut bob = admin();
         (bob.user_id, bob.username, bob.admin) = ("usr_2".into(), "bob".into(), false);
-        let call = |who: &Identity| Call { identity: Some(who.clone()), source: Some([10, 0, 0, 1].into()), request_id: "req-1".into() };
+        let call = |who: &Identity| Call {
+            identity: Some(who.clone()),
+            source: Some([10, 0, 0, 1].into()),
+            request_id: "req-1".into(),
+            body_text: None,
+        };
         run(&registry, "area.change", call(&ann), json!({ "serviceId": "svc_1", "password": "hunter2-planted" })).await.unwrap();
         run(&registry, "area.read", call(&ann), json!({})).await.unwrap();
         assert_eq!(

@@ -86,6 +86,9 @@ pub struct Call {
     pub source: Option<IpAddr>,
     /// The id every log line of the request carries (empty outside a request).
     pub request_id: String,
+    /// The body's JSON text as the client sent it, when the call came over the API: a plugin's
+    /// method hands it to the guest as is rather than serializing the parsed body again.
+    pub body_text: Option<String>,
 }
 
 impl Call {

@@ -354,6 +354,12 @@ pub(crate) fn log_refusal(refusal: &Refusal) {
 
 const REQUEST_ID: &str = "x-request-id";
 
+/// The target of the per-request access line: `CAPSTAN_LOG=info,capstan::access=debug` logs
+/// every request, where the default logs only those refused, failed or slow.
+pub const ACCESS_LOG: &str = "capstan::access";
+/// A request at least this long is logged at info however it ended.
+const SLOW_REQUEST: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Give each request an id (a well-formed incoming one is kept, so a load balancer's id
 /// threads through), run it inside a span carrying the id, and stamp the id on the answer.
 async fn request_id(mut request: Request, next: Next) -> Response {
@@ -368,8 +374,17 @@ async fn request_id(mut request: Request, next: Next) -> Response {
     let span = tracing::info_span!("request", id = %id, method = %request.method(), path = %logged_path(request.uri().path()));
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
+    let (status, elapsed) = (response.status(), started.elapsed());
     span.in_scope(|| {
-        tracing::info!(status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request done")
+        // the access line: a request that went well is a debug line (as Nomad and Consul log
+        // theirs), since formatting and writing a line per call was a visible share of a fast
+        // call's cost; a refused, failed or slow one stays at info. `/metrics` counts them all.
+        let elapsed_ms = elapsed.as_millis() as u64;
+        if status.as_u16() < 400 && elapsed < SLOW_REQUEST {
+            tracing::debug!(target: ACCESS_LOG, status = status.as_u16(), elapsed_ms, "request done")
+        } else {
+            tracing::info!(target: ACCESS_LOG, status = status.as_u16(), elapsed_ms, "request done")
+        }
     });
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
@@ -504,7 +519,7 @@ pub(crate) async fn dispatch(
         Ok(input) => input,
         Err(refusal) => {
             // the caller is known: a body that could not be read is a refused call
-            let call = Call { identity, source, request_id };
+            let call = Call { identity, source, request_id, body_text: None };
             state.methods.refused(&method, &call, &refusal).await;
             return Err(refusal);
         }
@@ -512,13 +527,17 @@ pub(crate) async fn dispatch(
     let fleet = state.fleet.clone();
     // through the registry, which records a state-changing call in the audit log
     let registry = &state.methods;
+    // the JSON text the input was parsed from, for a plugin to hand over unchanged
+    let body_text = (method.plugin.is_some() && !raw.iter().all(u8::is_ascii_whitespace))
+        .then(|| std::str::from_utf8(raw).ok().map(str::to_string))
+        .flatten();
     if !method.coordinator_only {
-        let call = Call { identity, source, request_id };
+        let call = Call { identity, source, request_id, body_text };
         return Ok(Answered::Here { value: registry.call(&method, call, input).await?, answered_by: None });
     }
     match forward::route(&fleet, forwarded).await? {
         forward::Route::Here => {
-            let call = Call { identity, source, request_id };
+            let call = Call { identity, source, request_id, body_text };
             Ok(Answered::Here { value: registry.call(&method, call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
         }
         forward::Route::Holder { node_id, base_url } => {
