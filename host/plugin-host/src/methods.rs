@@ -247,6 +247,9 @@ const PREPARE_REFUSALS: &[&str] = &[
     "plugin-busy",
 ];
 
+/// What swapping an installed plugin's version (an upgrade, a rollback) may answer of its own.
+const VERSION_SWAP_REFUSALS: &[&str] = &["deploy-frozen", "not-found", "invalid-collection", "conflict", "blobs-unavailable"];
+
 /// Add the `plugins.*` methods to `registry`, all for administrators only.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
@@ -319,16 +322,8 @@ pub fn register(registry: &mut Registry, cx: Context) {
         )
         .refuses(BUNDLE_REFUSALS)
         .refuses(PREPARE_REFUSALS)
-        .refuses(&[
-            "upload-not-found",
-            "deploy-frozen",
-            "not-found",
-            "publisher-mismatch",
-            "version-not-newer",
-            "invalid-collection",
-            "conflict",
-            "blobs-unavailable",
-        ])
+        .refuses(VERSION_SWAP_REFUSALS)
+        .refuses(&["upload-not-found", "publisher-mismatch", "version-not-newer"])
         .passes_on("the plugin it runs (its migration, its describe call)");
     registry
         .add(
@@ -343,16 +338,8 @@ pub fn register(registry: &mut Registry, cx: Context) {
         )
         .refuses(BUNDLE_REFUSALS)
         .refuses(PREPARE_REFUSALS)
-        .refuses(&[
-            "deploy-frozen",
-            "not-found",
-            "rollback-unavailable",
-            "bundle-missing",
-            "bundle-mismatch",
-            "invalid-collection",
-            "conflict",
-            "blobs-unavailable",
-        ])
+        .refuses(VERSION_SWAP_REFUSALS)
+        .refuses(&["rollback-unavailable", "bundle-missing", "bundle-mismatch"])
         .passes_on("the plugin it runs (its migration, its describe call)");
     registry
         .add(

@@ -609,18 +609,7 @@ impl TxnBackend for MongoTxn {
     }
 
     async fn insert(&mut self, collection: &str, id: &str, data: Value) -> Result<Document> {
-        let document = stored(id, 1, &data)?;
-        if let Some(actual) = self.current_revision(collection, id).await? {
-            self.remember(collection, id, Some(actual));
-            return Err(exists(collection, id, None));
-        }
-        self.check_unique(collection, id, &data).await?;
-        let result = self.coll(collection).insert_one(document).session(&mut self.session).await;
-        if let Err(e) = result {
-            return Err(self.write_err(&e, collection, id, &data));
-        }
-        self.remember(collection, id, Some(1));
-        Ok(Document { id: id.to_string(), revision: 1, data })
+        self.insert_at(collection, id, 1, data).await
     }
 
     async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document> {

@@ -330,16 +330,7 @@ impl TxnBackend for SqliteTxn {
     }
 
     async fn insert(&mut self, collection: &str, id: &str, data: Value) -> Result<Document> {
-        let text = serialize(&data)?;
-        blocking(|| {
-            if self.current_revision(collection, id)?.is_some() {
-                return Err(exists(collection, id, None));
-            }
-            self.conn
-                .execute(&format!("INSERT INTO {} (id, revision, data) VALUES (?1, 1, ?2)", table(collection)), params![id, text])
-                .map_err(|e| self.write_err(e, collection, id))?;
-            Ok(Document { id: id.to_string(), revision: 1, data })
-        })
+        self.insert_at(collection, id, 1, data).await
     }
 
     async fn replace(&mut self, collection: &str, id: &str, expected_revision: u64, data: Value) -> Result<Document> {

@@ -16,7 +16,6 @@ use crate::store::{Store, StoreOptions};
 use clap::Subcommand;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -31,15 +30,8 @@ pub enum AdminCommand {
         /// The person's username
         #[arg(long, value_name = "NAME")]
         username: String,
-        /// The host is a dev host (`capstan serve --dev`): its store and keyring are under --data-dir
-        #[arg(long)]
-        dev: bool,
-        /// --dev only: where the embedded data lives [env: CAPSTAN_DATA_DIR] [default: ./capstan-data]
-        #[arg(long, value_name = "DIR", requires = "dev")]
-        data_dir: Option<PathBuf>,
-        /// A TOML file with the host's variables (keys lower-case, without CAPSTAN_) [env: CAPSTAN_CONFIG]
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        local: super::snapshot::Local,
         /// Print the answer as one line of JSON (the password included)
         #[arg(long)]
         json: bool,
@@ -47,8 +39,8 @@ pub enum AdminCommand {
 }
 
 pub fn run(command: AdminCommand) -> ExitCode {
-    let AdminCommand::ResetPassword { username, dev, data_dir, config, json } = command;
-    let flags = Flags { dev, data_dir, config_file: config, ..Flags::default() };
+    let AdminCommand::ResetPassword { username, local, json } = command;
+    let flags = local.flags();
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -45,10 +45,11 @@ pub enum SnapshotCommand {
     },
 }
 
-/// Where the offline commands find the store and blobs: as `serve` would.
+/// Where the offline commands (`snapshot`, `admin reset-password`) find the store, blobs and
+/// keyring: as `serve` would.
 #[derive(Args)]
 pub struct Local {
-    /// The host is a dev host (`capstan serve --dev`): its store and blobs are under --data-dir
+    /// The host is a dev host (`capstan serve --dev`): its store, blobs and keyring are under --data-dir
     #[arg(long)]
     dev: bool,
     /// --dev only: where the embedded data lives [env: CAPSTAN_DATA_DIR] [default: ./capstan-data]
@@ -158,10 +159,17 @@ enum Purpose {
     Restore,
 }
 
+impl Local {
+    /// The flags `serve` would be started with.
+    pub fn flags(&self) -> Flags {
+        Flags { dev: self.dev, data_dir: self.data_dir.clone(), config_file: self.config.clone(), ..Flags::default() }
+    }
+}
+
 /// The store and blobs `serve` would open with the same flags and environment, and the keyring
 /// path it would read (checked to exist for a restore, never created).
 async fn open(local: &Local, purpose: Purpose) -> Result<(Store, Blobs)> {
-    let flags = Flags { dev: local.dev, data_dir: local.data_dir.clone(), config_file: local.config.clone(), ..Flags::default() };
+    let flags = local.flags();
     let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
     let config = config::resolve(&flags, &env)?;
     if purpose == Purpose::Create {
