@@ -193,32 +193,30 @@ async fn open(local: &Local, purpose: Purpose) -> Result<(Store, Blobs)> {
     Ok((store, blobs))
 }
 
-fn restore(args: RestoreArgs) -> impl std::future::Future<Output = Result<()>> {
-    async move {
-        let (store, blobs) = open(&args.local, Purpose::Restore).await?;
-        let progress = Progress::spinner("checking every part of the snapshot");
-        let told = |part: &Part| progress.set_message(format!("restored {}", part.label()));
-        let restored = snapshot::restore(&args.file, &store, &blobs, &crate::migrate::host_chain(), &told).await?;
-        drop(progress);
-        if args.json {
-            print_json(&json!({ "ok": true, "restored": restored, "store": store.describe(), "blobs": blobs.describe() }));
-            return Ok(());
-        }
-        println!(
-            "restored {} collections, {} documents and {} blobs into {} and {}",
-            restored.collections,
-            restored.documents,
-            restored.blobs,
-            store.describe(),
-            blobs.describe()
-        );
-        println!(
-            "data version {}; start `capstan serve` on them with the keyring this snapshot was taken under.",
-            data_version(&restored.manifest)
-        );
-        println!("{}", restored.manifest.keyring_notice);
-        Ok(())
+async fn restore(args: RestoreArgs) -> Result<()> {
+    let (store, blobs) = open(&args.local, Purpose::Restore).await?;
+    let progress = Progress::spinner("checking every part of the snapshot");
+    let told = |part: &Part| progress.set_message(format!("restored {}", part.label()));
+    let restored = snapshot::restore(&args.file, &store, &blobs, &crate::migrate::host_chain(), &told).await?;
+    drop(progress);
+    if args.json {
+        print_json(&json!({ "ok": true, "restored": restored, "store": store.describe(), "blobs": blobs.describe() }));
+        return Ok(());
     }
+    println!(
+        "restored {} collections, {} documents and {} blobs into {} and {}",
+        restored.collections,
+        restored.documents,
+        restored.blobs,
+        store.describe(),
+        blobs.describe()
+    );
+    println!(
+        "data version {}; start `capstan serve` on them with the keyring this snapshot was taken under.",
+        data_version(&restored.manifest)
+    );
+    println!("{}", restored.manifest.keyring_notice);
+    Ok(())
 }
 
 fn data_version(manifest: &Manifest) -> &str {

@@ -124,13 +124,16 @@ fn flip(file: &Path, needle: &[u8], offset: usize) {
     std::fs::write(file, bytes).unwrap();
 }
 
+/// One way of damaging a snapshot file.
+type Damage = Box<dyn Fn(&Path)>;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_snapshot_is_refused_naming_the_part_and_nothing_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let source = populated(dir.path()).await;
     let original = dir.path().join("good.capstan-snapshot");
     write_file(&source.store, &source.blobs, &original, &|_: &Part| {}).await.unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+    let cases: Vec<(&str, Damage, &str)> = vec![
         ("a document's value", Box::new(|f: &Path| flip(f, b"grace", 1)), "collection:users"),
         ("a document's JSON", Box::new(|f: &Path| flip(f, b"\"name\":\"grace\"", 0)), "collection:users"),
         ("a blob's bytes", Box::new(|f: &Path| flip(f, b"bundle", 2)), "blob:_capstan/plugins/appstore/1.0.0-abc.capstan-plugin"),
