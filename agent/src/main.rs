@@ -8,6 +8,7 @@
 
 mod applier;
 mod backoff;
+mod backups;
 mod enroll;
 mod handler;
 #[cfg(test)]
@@ -43,7 +44,7 @@ Exit status: 0 success, 1 refused or failed (the code says why), 2 usage.";
 const RELAY_HELP: &str = "\
 Example:
   capstan-agent relay --authorization-file /etc/capstan-agent/relay-authorization \\
-    --listen 10.0.0.5:8443
+    --listen 10.0.0.5:8443 [--volumes-dir /srv/capstan/volumes]
 
 The relay uses this machine's enrollment (the node id and Capstan's origin in the state
 directory) and opens ws(s)://<origin>/api/v1/socket (https -> wss, http -> ws). It offers the
@@ -58,6 +59,12 @@ What it keeps and answers:
     ({nodeId, clusterId, version, methods, configDigest}); any other method is refused
     agent-method-unknown (data.methods lists what is answered). A request still running at its
     deadlineMs is abandoned.
+  - backups.archive and backups.restore: a service's volumes as a tar.gz, uploaded to Capstan
+    with the single-use transfer ticket the request carries, or downloaded, verified (size,
+    SHA-256) and swapped in whole. Volume NAME of service ID is DIR/ID/NAME under --volumes-dir
+    (default: <state dir>/volumes); archives in flight are private files in DIR/.capstan-tmp.
+    A ticket whose URL is not at the origin this node enrolled with is refused
+    transfer-origin-foreign: a service's data goes nowhere else.
   - it answers the host's pings and pings the host when it falls silent.
 
 Reconnecting (never exits but on SIGTERM or ctrl-c):
@@ -138,6 +145,10 @@ DNS label.")]
         /// listenPort), e.g. 10.0.0.5:8443.
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<SocketAddr>,
+        /// Where services' volumes live (backups.archive, backups.restore): volume NAME of service
+        /// ID is DIR/ID/NAME. Default: the state directory's volumes/.
+        #[arg(long, value_name = "DIR")]
+        volumes_dir: Option<PathBuf>,
     },
     /// Replace the node token with fresh material. The new material is kept as pending before
     /// Capstan is asked; if the answer is lost, running rotate again finishes the same rotation.
@@ -214,14 +225,11 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             }
             Ok(())
         }
-        Command::Relay { authorization_file, listen } => {
-            let options = relay::Options {
-                state,
-                authorization_file,
-                listen,
-                registry: handler::Registry::with_builtins(),
-                retry_base: Duration::from_secs(1),
-            };
+        Command::Relay { authorization_file, listen, volumes_dir } => {
+            let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
+            let mut registry = handler::Registry::with_builtins();
+            backups::register(&mut registry, state.clone(), volumes_dir)?;
+            let options = relay::Options { state, authorization_file, listen, registry, retry_base: Duration::from_secs(1) };
             relay::relay(options, shutdown_signal()).await
         }
         Command::Rotate => {

@@ -1,5 +1,6 @@
 //! Test peers: a tiny HTTP/1.1 server for the unit tests (each connection carries one request,
-//! which a handler answers with status and JSON or drops unanswered: `None`, a lost answer),
+//! which a handler answers with status and JSON — or raw bytes, [`Mock::start_raw`] — or drops
+//! unanswered: `None`, a lost answer),
 //! and a WebSocket host speaking `/api/v1/socket` as a script says ([`SocketMock`]).
 
 use std::collections::HashMap;
@@ -10,15 +11,22 @@ use tokio::net::TcpListener;
 /// A request as received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The method (`GET`, `PUT`, …).
+    pub method: String,
     /// The path.
     pub path: String,
     /// Headers, names lowercased.
     pub headers: HashMap<String, String>,
-    /// The body.
+    /// The body, as JSON (`null` when it is not).
     pub body: serde_json::Value,
+    /// The body's bytes.
+    pub raw: Vec<u8>,
 }
 
-type Handler = Box<dyn Fn(&Received, usize) -> Option<(u16, serde_json::Value)> + Send + Sync>;
+/// An answer: status, content type, body.
+pub type RawAnswer = (u16, &'static str, Vec<u8>);
+
+type Handler = Box<dyn Fn(&Received, usize) -> Option<RawAnswer> + Send + Sync>;
 
 /// The server: its origin and what it received.
 pub struct Mock {
@@ -31,6 +39,14 @@ pub struct Mock {
 impl Mock {
     /// Start serving with `handler(request, index)`.
     pub async fn start(handler: impl Fn(&Received, usize) -> Option<(u16, serde_json::Value)> + Send + Sync + 'static) -> Mock {
+        Mock::start_raw(move |request, index| {
+            handler(request, index).map(|(status, answer)| (status, "application/json", answer.to_string().into_bytes()))
+        })
+        .await
+    }
+
+    /// Start serving with `handler(request, index)` answering raw bytes.
+    pub async fn start_raw(handler: impl Fn(&Received, usize) -> Option<RawAnswer> + Send + Sync + 'static) -> Mock {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let origin = format!("http://{}", listener.local_addr().unwrap());
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -70,27 +86,30 @@ impl Mock {
                     }
                     let head = String::from_utf8_lossy(&buffer[..head_end]).to_string();
                     let mut lines = head.lines();
-                    let path = lines.next().unwrap().split(' ').nth(1).unwrap().to_string();
+                    let mut request_line = lines.next().unwrap().split(' ');
+                    let method = request_line.next().unwrap().to_string();
+                    let path = request_line.next().unwrap().to_string();
                     let headers = lines
                         .filter_map(|l| l.split_once(':'))
                         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
                         .collect();
-                    let body = serde_json::from_slice(&buffer[head_end..head_end + content_length]).unwrap_or(serde_json::Value::Null);
-                    let request = Received { path, headers, body };
+                    let raw = buffer[head_end..head_end + content_length].to_vec();
+                    let body = serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null);
+                    let request = Received { method, path, headers, body, raw };
                     let index = {
                         let mut log = log.lock().unwrap();
                         log.push(request.clone());
                         log.len() - 1
                     };
-                    let Some((status, answer)) = handler(&request, index) else {
+                    let Some((status, content_type, body)) = handler(&request, index) else {
                         return; // dropped: the answer is lost
                     };
-                    let body = answer.to_string();
-                    let reply = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                         body.len()
                     );
-                    let _ = stream.write_all(reply.as_bytes()).await;
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.write_all(&body).await;
                     let _ = stream.shutdown().await;
                 });
             }

@@ -305,7 +305,7 @@ fn clean(text: &str) -> String {
 
 /// What went wrong with a request, without its URL's secrets (there are none: the token is a
 /// header) and with the cause chain, on one line.
-fn describe(e: &reqwest::Error) -> String {
+pub(crate) fn describe(e: &reqwest::Error) -> String {
     let mut text = if e.is_timeout() {
         "timed out".to_string()
     } else if e.is_connect() {
