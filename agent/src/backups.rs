@@ -69,8 +69,11 @@ impl Handler for ArchiveMethod {
         "backups.archive"
     }
 
-    fn handle<'a>(&'a self, _ctx: &'a RelayContext, body: Value) -> Answer<'a> {
-        Box::pin(self.0.archive(body))
+    fn handle<'a>(&'a self, ctx: &'a RelayContext, body: Value) -> Answer<'a> {
+        Box::pin(async move {
+            this_node(ctx, &body)?;
+            self.0.archive(body).await
+        })
     }
 }
 
@@ -79,8 +82,24 @@ impl Handler for RestoreMethod {
         "backups.restore"
     }
 
-    fn handle<'a>(&'a self, _ctx: &'a RelayContext, body: Value) -> Answer<'a> {
-        Box::pin(self.0.restore(body))
+    fn handle<'a>(&'a self, ctx: &'a RelayContext, body: Value) -> Answer<'a> {
+        Box::pin(async move {
+            this_node(ctx, &body)?;
+            self.0.restore(body).await
+        })
+    }
+}
+
+/// Volumes are node-local: a request naming another node (`nodeId`) is refused
+/// `backup-node-foreign` rather than answered with this node's data.
+fn this_node(ctx: &RelayContext, body: &Value) -> Result<(), Refusal> {
+    match body.get("nodeId").and_then(Value::as_str) {
+        Some(node) if node != ctx.node_id => Err(Refusal::new(
+            "backup-node-foreign",
+            format!("the request names node {node}; this relay runs on {} and holds only its own volumes", ctx.node_id),
+        )
+        .with_data(json!({ "nodeId": node, "relayNodeId": ctx.node_id }))),
+        _ => Ok(()),
     }
 }
 
@@ -813,6 +832,18 @@ fn swap(service_dir: &Path, staging: &mut Staging, volumes: &[String]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_for_another_nodes_volumes_is_refused() {
+        let ctx = RelayContext::new("node_a".into(), "cls_1".into(), Vec::new(), None);
+        assert!(this_node(&ctx, &json!({ "nodeId": "node_a" })).is_ok());
+        assert!(this_node(&ctx, &json!({})).is_ok(), "a request naming no node is for this one");
+        let refused = this_node(&ctx, &json!({ "nodeId": "node_b" })).unwrap_err();
+        assert_eq!(
+            (refused.code.as_ref(), refused.data.as_ref().map(|d| d["nodeId"].clone())),
+            ("backup-node-foreign", Some(json!("node_b")))
+        );
+    }
     use crate::mock::{Mock, Received, enrolled};
     use std::collections::BTreeMap;
 
