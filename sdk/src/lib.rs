@@ -5,7 +5,7 @@
 //! with typed methods (serde bodies, JSON Schemas generated from the types), typed
 //! [`Refusal`]s, and idiomatic wrappers of every host import: [`store`] (with
 //! compare-and-swap and [`store::update_with_retry`]), [`inventory`], [`secrets`], [`blobs`]
-//! (`std::io` streams), [`http`], [`agents`], [`events`], [`sign`] and [`log`].
+//! (`std::io` streams), [`transfers`], [`http`], [`agents`], [`events`], [`sign`] and [`log`].
 //!
 //! The host runs a fresh instance for every call, so nothing a plugin keeps in memory survives
 //! it; the manager's functions take no `self`. Every import is gated by a capability the
@@ -88,7 +88,7 @@
 //! id = "hello"
 //! name = "Hello"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.2.0"
+//! wit = "capstan:plugin@0.2.1"
 //!
 //! [capabilities]
 //! requested = ["store", "log"]
@@ -115,6 +115,7 @@ pub mod secrets;
 pub mod settings;
 pub mod sign;
 pub mod store;
+pub mod transfers;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
 mod test_host;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
@@ -125,7 +126,7 @@ pub mod testing;
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/0.2.0",
+        path: "../wit/0.2.1",
         world: "manager",
         pub_export_macro: true,
         default_bindings_module: "capstan_sdk::bindings",
@@ -133,7 +134,7 @@ pub mod bindings {
 
     // `generate!` reads the WIT without telling cargo: this makes a change of the contract
     // rebuild the SDK, and so every plugin built against it.
-    const _: &str = include_str!("../../wit/0.2.0/manager.wit");
+    const _: &str = include_str!("../../wit/0.2.1/manager.wit");
 }
 
 pub use context::{Caller, CallerKind, Context};
@@ -155,7 +156,7 @@ pub type Result<T> = std::result::Result<T, Refusal>;
 /// Invoke it once, at the plugin crate's root.
 ///
 /// The exports exist only when building for `wasm32`: their symbol names
-/// (`capstan:plugin/guest@0.2.0#handle`) mean something only to a component, and a native
+/// (`capstan:plugin/guest@0.2.1#handle`) mean something only to a component, and a native
 /// `cdylib` cannot even link them. Native builds (unit tests, clippy) get everything else.
 #[macro_export]
 macro_rules! manager {

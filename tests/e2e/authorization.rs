@@ -36,6 +36,17 @@ const fn admin(answer: Cell) -> Cells {
     [answer, Denied, Denied, Denied, Denied, Denied, Anon]
 }
 
+/// An owner of the fixture's organization (or an administrator): its members and everyone else
+/// are denied.
+const fn owner(answer: Cell) -> Cells {
+    [answer, answer, Denied, Denied, Denied, Denied, Anon]
+}
+
+/// A member of the fixture's organization (or an administrator).
+const fn member(answer: Cell) -> Cells {
+    [answer, answer, answer, Denied, Denied, Denied, Anon]
+}
+
 /// Any caller with a token.
 const fn signed_in(answer: Cell) -> Cells {
     [answer, answer, answer, answer, answer, answer, Anon]
@@ -258,6 +269,14 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // the state the task is already in
         ("tasks.setEnabled", json!({ "id": "host.cleanup", "enabled": true }), admin(Ran)),
         ("tasks.trigger", json!({ "id": "missing.task" }), admin(Past("task-not-found"))),
+        // ---- the backups plugin (the fixture's service has no volumes, its cluster no node) ----
+        ("backups.create", json!({ "organizationId": ORG, "serviceId": "svc_missing" }), owner(Past("service-not-found"))),
+        ("backups.get", json!({ "organizationId": ORG, "backupId": "bkp_missing" }), member(Past("backup-not-found"))),
+        ("backups.getRestore", json!({ "organizationId": ORG, "restoreId": "rst_missing" }), member(Past("restore-not-found"))),
+        ("backups.list", json!({ "organizationId": ORG }), member(Ran)),
+        ("backups.overview", json!({}), admin(Ran)),
+        ("backups.restore", json!({ "organizationId": ORG, "backupId": "bkp_missing" }), owner(Past("backup-not-found"))),
+        ("backups.runAll", json!({}), admin(Ran)),
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
         ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),
         ("appstore.getCatalogStatus", json!({}), signed_in(Ran)),

@@ -10,6 +10,7 @@ mod appstore_demo;
 mod appstore_npm;
 mod audit;
 mod authorization;
+mod backups;
 mod browser;
 mod call;
 mod config;

@@ -30,7 +30,7 @@ const SEEN: Duration = Duration::from_secs(90);
 const ZONE: &str = "relays.e2e.example";
 
 /// `capstan-agent --state-dir DIR` with no inherited agent settings.
-fn agent(state_dir: &Path) -> Command {
+pub(crate) fn agent(state_dir: &Path) -> Command {
     let mut cmd = Command::new(agent_binary());
     for key in ["CAPSTAN_AGENT_STATE_DIR", "CAPSTAN_AGENT_HOSTNAME_FILE", "CAPSTAN_AGENT_LOG", "CAPSTAN_RELAY_AUTHORIZATION_FILE"] {
         cmd.env_remove(key);
@@ -42,22 +42,27 @@ fn agent(state_dir: &Path) -> Command {
 
 /// A running `capstan-agent relay`, its log kept; killed when dropped, so a failing test leaves
 /// nothing running.
-struct RelayProcess {
+pub(crate) struct RelayProcess {
     child: Child,
     log: Arc<Mutex<String>>,
 }
 
 impl RelayProcess {
-    fn start(state_dir: &Path, authorization: &Path, listen: &str) -> RelayProcess {
+    pub(crate) fn start(state_dir: &Path, authorization: &Path, listen: &str) -> RelayProcess {
+        Self::start_with(state_dir, authorization, listen, &[])
+    }
+
+    /// [`RelayProcess::start`] with `extra` arguments after `relay`'s own.
+    pub(crate) fn start_with(state_dir: &Path, authorization: &Path, listen: &str, extra: &[&std::ffi::OsStr]) -> RelayProcess {
         let mut cmd = agent(state_dir);
-        cmd.arg("relay").arg("--authorization-file").arg(authorization).args(["--listen", listen]);
+        cmd.arg("relay").arg("--authorization-file").arg(authorization).args(["--listen", listen]).args(extra);
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning capstan-agent relay");
         let log = crate::support::keep_stderr(&mut child);
         RelayProcess { child, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
@@ -153,7 +158,7 @@ fn listed(server: &Capstan, token: &str, cluster_id: &str) -> Option<Value> {
 }
 
 /// Wait until `relays.list` shows the cluster's relay with `live` and `sessions` live sockets.
-fn wait_listed(server: &Capstan, token: &str, cluster_id: &str, live: bool, sessions: u64, relay: &[&RelayProcess]) -> Value {
+pub(crate) fn wait_listed(server: &Capstan, token: &str, cluster_id: &str, live: bool, sessions: u64, relay: &[&RelayProcess]) -> Value {
     let what = format!("relays.list showing live: {live} with {sessions} live session(s)");
     eventually(&what, SEEN, || match listed(server, token, cluster_id) {
         Some(item) if item["live"] == live && item["liveSessions"] == sessions => Ok(item),

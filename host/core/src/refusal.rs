@@ -104,7 +104,11 @@ pub fn code_status(code: &str) -> Option<u16> {
         "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
         "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
         "cluster-relay-live" | "relay-ambiguous" => 409,
-        "request-too-large" | "bundle-too-large" => 413,
+        "request-too-large" | "bundle-too-large" | "transfer-too-large" => 413,
+        // one answer whatever is wrong with a ticket, so nobody learns of one without its token
+        "transfer-ticket-invalid" | "transfer-ticket-expired" | "transfer-ticket-used" => 403,
+        "transfer-object-missing" => 404,
+        "transfers-unavailable" => 503,
         "rate-limited" => 429,
         // another node answers this; the client calls it there (`data.address`)
         "coordinator-elsewhere" => 421,

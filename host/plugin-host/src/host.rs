@@ -163,7 +163,7 @@ pub struct InstalledVersion {
     pub installed_at: u64,
     /// Who installed it: a username, or `capstan` for a first-party plugin.
     pub installed_by: String,
-    /// The contract it targets, from its manifest (`capstan:plugin@0.2.0`).
+    /// The contract it targets, from its manifest (`capstan:plugin@0.2.1`).
     #[serde(default = "wit_0_1")]
     pub wit: String,
     /// The settings it declares (what `settings.update` accepts as `<id>.<key>`).
@@ -268,6 +268,11 @@ impl PluginHost {
         self.services.set_agent_dispatch(dispatch);
     }
 
+    /// Set the origin transfer tickets' URLs start with (`CAPSTAN_PUBLIC_ORIGIN`).
+    pub fn set_public_origin(&self, origin: &str) {
+        self.services.set_public_origin(origin);
+    }
+
     /// A host whose first-party plugins are `first_party` (the bundles the binary embeds, or a
     /// test's).
     pub async fn new(
@@ -279,6 +284,7 @@ impl PluginHost {
         services.store.declare(CollectionSpec::new(PLUGINS)).await?;
         services.store.declare(CollectionSpec::new(TRUSTED_PUBLISHERS)).await?;
         services.store.declare(CollectionSpec::new(super::imports::PLUGIN_KEYS)).await?;
+        crate::transfers::declare(&services.store).await?;
         crate::events::declare(&services.store).await?;
         Ok(Arc::new(PluginHost {
             runtime,

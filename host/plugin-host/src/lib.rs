@@ -7,6 +7,7 @@
 //! - [`imports`]: the WIT imports, one provider per interface, built from the approved grant.
 //! - [`host`]: the registry of installed plugins, lifecycle, dispatch.
 //! - [`work`], [`tasks`]: events, reconciles and scheduled tasks.
+//! - [`transfers`], [`uploads`]: bytes that reach the blob store over HTTP, not through a plugin.
 //! - [`platform`]: what plugins reach of the inventory, through a trait the server implements.
 //! - [`AgentDispatch`]: how the `agents` import reaches a cluster's relay, which the server
 //!   installs ([`host::PluginHost::set_agent_dispatch`]).
@@ -31,6 +32,7 @@ pub mod methods;
 pub mod platform;
 pub mod runtime;
 pub mod tasks;
+pub mod transfers;
 pub mod uploads;
 pub mod work;
 

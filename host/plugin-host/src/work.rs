@@ -21,7 +21,8 @@ const SYNC_EVERY: Duration = Duration::from_secs(5);
 const ROUND_EVERY: Duration = Duration::from_millis(250);
 /// A hinted reconcile waits this long after the last hint.
 const QUIET: Duration = Duration::from_secs(1);
-/// How often abandoned bundle uploads are swept (they are also swept at every upload).
+/// How often abandoned bundle uploads (they are also swept at every upload) and expired
+/// transfer tickets are swept.
 const SWEEP_UPLOADS_EVERY: Duration = Duration::from_secs(10 * 60);
 /// Events handed to a plugin per round.
 const EVENT_BATCH: usize = 100;
@@ -68,8 +69,11 @@ pub fn spawn(host: Arc<PluginHost>, fleet: Option<Arc<Fleet>>, mut stop: watch::
             }
             if last_sweep.elapsed() >= SWEEP_UPLOADS_EVERY {
                 last_sweep = Instant::now();
-                let blobs = host.services.blobs.clone();
-                tokio::spawn(async move { super::uploads::sweep(&blobs, std::time::SystemTime::now()).await });
+                let (blobs, store) = (host.services.blobs.clone(), host.services.store.clone());
+                tokio::spawn(async move {
+                    super::uploads::sweep(&blobs, std::time::SystemTime::now()).await;
+                    super::transfers::sweep(&store, super::transfers::now_ms()).await;
+                });
             }
             let loaded = host.loaded();
             states.retain(|id, _| loaded.iter().any(|a| &a.manifest.id == id));

@@ -23,17 +23,19 @@ pub fn blob_prefix(plugin: &str) -> String {
 /// The `blobs` provider: the blob store under the plugin's prefix.
 #[derive(Clone)]
 pub(super) struct Prefix {
-    blobs: Blobs,
+    pub(super) blobs: Blobs,
     prefix: String,
+    /// What `transfers` reaches besides the blobs: the store its tickets live in, the origin.
+    pub(super) services: Arc<Services>,
 }
 
 impl Prefix {
     pub(super) fn new(services: &Arc<Services>, plugin: &str) -> Self {
-        Prefix { blobs: services.blobs.clone(), prefix: blob_prefix(plugin) }
+        Prefix { blobs: services.blobs.clone(), prefix: blob_prefix(plugin), services: services.clone() }
     }
 
     /// The full key of the plugin's `key`, validated.
-    fn key(&self, key: &str) -> WitResult<String> {
+    pub(super) fn key(&self, key: &str) -> WitResult<String> {
         let full = format!("{}{key}", self.prefix);
         crate::blobs::validate_key(&full).map_err(to_wit)?;
         Ok(full)

@@ -15,6 +15,7 @@ mod secrets;
 mod settings;
 mod sign;
 mod store;
+mod transfers;
 
 pub use agents::{
     AGENT_DEADLINE_MARGIN, AgentDispatch, AgentReply, AgentRequest, MAX_AGENT_REPLY_BYTES, MAX_AGENT_REQUEST_BYTES, MAX_AGENT_TIMEOUT,
@@ -72,6 +73,9 @@ pub struct Services {
     /// How `agents.call` reaches a cluster's relay: [`NotConnected`] until the server installs
     /// its own ([`Services::set_agent_dispatch`]).
     agent_dispatch: RwLock<Arc<dyn AgentDispatch>>,
+    /// The origin transfer tickets' URLs start with: none until the server sets it
+    /// ([`Services::set_public_origin`]); `transfers` refuses `transfers-unavailable` before.
+    public_origin: RwLock<Option<String>>,
 }
 
 impl Services {
@@ -101,7 +105,19 @@ impl Services {
             collections: Default::default(),
             clock_ahead_ms: AtomicU64::new(0),
             agent_dispatch: RwLock::new(Arc::new(NotConnected)),
+            public_origin: RwLock::new(None),
         })
+    }
+
+    /// Set the origin agents reach this host at (`CAPSTAN_PUBLIC_ORIGIN`), which transfer
+    /// tickets' URLs start with.
+    pub fn set_public_origin(&self, origin: &str) {
+        *self.public_origin.write().expect("public origin lock") = Some(origin.trim_end_matches('/').to_string());
+    }
+
+    /// The origin transfer tickets' URLs start with, once set.
+    pub(crate) fn public_origin(&self) -> Option<String> {
+        self.public_origin.read().expect("public origin lock").clone()
     }
 
     /// Install how plugins' `agents.call` reaches a cluster's relay (the server does, at start).

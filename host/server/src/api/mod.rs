@@ -9,6 +9,7 @@ pub mod nodes;
 pub mod openapi;
 pub mod socket;
 pub mod system;
+pub mod transfers;
 pub mod uploads;
 
 use crate::auth::Auth;
@@ -23,7 +24,7 @@ use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -142,6 +143,7 @@ impl AppState {
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
+        plugins.set_public_origin(&public_origin);
         AppState {
             store,
             blobs,
@@ -308,6 +310,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/api/v1/socket", get(socket::upgrade).route_layer(bearer))
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
+        .route(crate::plugins::transfers::PATH, put(transfers::upload).get(transfers::download).fallback(method_not_allowed))
         .route(crate::relays::forward::PATH, post(crate::relays::forward::answer).fallback(method_not_allowed))
         .merge(mcp::routes(&state))
         .merge(nodes::routes())

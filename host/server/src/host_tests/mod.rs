@@ -12,3 +12,4 @@ mod rewrap;
 mod secrets;
 mod socket;
 mod socket_pages;
+mod transfers;

@@ -125,6 +125,17 @@ impl Fixture {
         bundle.to_bytes()
     }
 
+    /// The example plugin as built against `capstan:plugin@0.2.0` (`tests/plugins/example-0.2.0`,
+    /// a pinned component with its page template).
+    fn example_0_2_0(&self) -> Vec<u8> {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/plugins/example-0.2.0");
+        let component = std::fs::read(dir.join("plugin.wasm")).unwrap();
+        let pages = crate::plugins::bundle::read_page_templates(&dir).unwrap();
+        let mut bundle = Bundle::new(manifest("tests/plugins/example-0.2.0", None), component).unwrap().with_pages(pages).unwrap();
+        bundle.sign(&self.key);
+        bundle.to_bytes()
+    }
+
     fn adversary(&self) -> Vec<u8> {
         self.bundle("capstan_plugin_adversary", "tests/plugins/adversary", None)
     }
@@ -237,6 +248,24 @@ async fn a_plugin_built_for_the_0_1_contract_installs_serves_and_upgrades_to_the
     assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
     let back = f.host.rollback("example", "admin").await.unwrap();
     assert_eq!(back.current.wit, "capstan:plugin@0.1.0");
+    assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_for_the_0_2_0_contract_runs_on_the_0_2_1_host_and_upgrades_to_it() {
+    let Some(f) = Fixture::new().await else { return };
+    assert_ne!(crate::plugins::manifest::CURRENT_WIT, "capstan:plugin@0.2.0", "this test pins the contract before the current one");
+    let record = f.host.install(&f.example_0_2_0(), &all(), "admin").await.unwrap();
+    assert_eq!(record.current.wit, "capstan:plugin@0.2.0");
+    assert_eq!(record.current.pages.len(), 2, "0.2.0 declares pages");
+
+    // its 0.2.0 imports and exports resolve to the 0.2.1 ones
+    let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
+    assert_eq!(greeting["greeting"], "Hello, Ada!");
+    assert_eq!(f.call("example", "putNote", json!({ "id": "n1", "text": "first" })).await.unwrap()["revision"], 1);
+
+    let upgraded = f.host.upgrade(&f.example(Some("0.2.0")), &all(), "admin").await.unwrap();
+    assert_eq!(upgraded.current.wit, crate::plugins::manifest::CURRENT_WIT);
     assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
 }
 

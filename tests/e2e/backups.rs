@@ -1,0 +1,213 @@
+//! The backups manager end to end, with real processes only: `capstan serve --dev` (the backups
+//! plugin embedded and installed first-party), the real `capstan-agent` enrolled with a jump code
+//! and run as `capstan-agent relay --volumes-dir DIR`, and the HTTP API.
+//!
+//! One scenario, in order: a service's volume of real files (nested, binary, a symlink) is backed
+//! up through the cluster's agent, the archive reaching the blob store over a transfer ticket
+//! (exact length and SHA-256 recorded, and what the blob store holds is that); the files change
+//! and the restore brings them back byte for byte; one byte flipped in the stored archive makes
+//! the next restore refuse by name (`backup-corrupt`), change nothing and mark the backup
+//! corrupt; keep-last prunes to exactly the newest backups, records first, objects after.
+
+use crate::nodes::{agent_binary, machine_hostname_is_a_label};
+use crate::relays::{RelayProcess, agent, export, wait_listed};
+use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long a backup or restore may take to finish: the reconcile loop wakes within about a
+/// second of the request, and a loaded CI machine is slow.
+const DONE: Duration = Duration::from_secs(120);
+const ZONE: &str = "backups.e2e.example";
+
+fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// A refusal with `code`: a client error, in the error envelope.
+fn refused(reply: &crate::support::Reply, code: &str) {
+    assert!((400..500).contains(&reply.status), "{}: expected the refusal {code}, got HTTP {} {}", reply.what, reply.status, reply.body);
+    let body = reply.json();
+    assert_eq!(crate::support::check_envelope(&reply.what, &body)["code"], code, "{}: {}", reply.what, reply.body);
+}
+
+/// Every entry under `dir`: a file's bytes, a symlink's target (`-> target`), a directory (`/`).
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for path in entries {
+            let name = path.strip_prefix(root).unwrap().display().to_string();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.file_type().is_symlink() {
+                out.insert(name, format!("-> {}", std::fs::read_link(&path).unwrap().display()).into_bytes());
+            } else if meta.is_dir() {
+                out.insert(format!("{name}/"), Vec::new());
+                walk(root, &path, out);
+            } else {
+                out.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// The state of a backup or restore once it is no longer pending or running.
+fn settled(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    eventually(&format!("{method} {body} settling"), DONE, || {
+        let record = ok(server, token, method, body.clone());
+        match record["state"].as_str() {
+            Some("pending" | "running") => Err(record.to_string()),
+            _ => Ok(record),
+        }
+    })
+}
+
+/// The stored object of a backup, as the local blob backend keeps it.
+fn object_file(data: &Path, key: &str) -> PathBuf {
+    data.join("blobs/objects/plugins/backups").join(format!("{key}~"))
+}
+
+#[test]
+fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_when_corrupt_and_pruned_to_keep_last() {
+    if !machine_hostname_is_a_label() {
+        eprintln!("skipped: this machine's short hostname is not one DNS label, which capstan-agent refuses to offer at enrollment");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let port = free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    let data = root.join("data");
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(&data).args(["--listen", &format!("127.0.0.1:{port}")]);
+    cmd.env("CAPSTAN_AGENT_BINARY", agent_binary());
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    eventually("the backups plugin running", Duration::from_secs(180), || {
+        // installed in the background once the host serves: not there at first
+        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "backups" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+
+    // ---- a cluster with its relay on an enrolled node, and a service with a volume ----
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": ZONE } }));
+    let cluster_id = ok(&server, &admin, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
+    ok(&server, &admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
+    ok(&server, &admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-backups" }));
+    let export_dir = root.join("relay-export");
+    std::fs::create_dir(&export_dir).unwrap();
+    std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let authorization = export_dir.join("relay-authorization");
+    export(&server, &admin, &root.join("config"), &cluster_id, &authorization, &[]);
+    let jump = ok(&server, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
+    let state_dir = root.join("agent-state");
+    let mut enroll = agent(&state_dir);
+    enroll.args(["enroll", &origin]);
+    let enrolled = crate::plugins::run(enroll, format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(), EXIT_TIMEOUT);
+    assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+    let volumes_dir = root.join("volumes");
+    let relay = RelayProcess::start_with(&state_dir, &authorization, "10.0.0.5:8443", &["--volumes-dir".as_ref(), volumes_dir.as_os_str()]);
+    wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
+
+    let org = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }));
+    let org_id = org["id"].as_str().unwrap().to_string();
+    let service = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "db", "image": "registry.example.com/db:1", "volumes": [{ "name": "data", "mountPath": "/var/lib/db" }] }),
+    );
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let volume = volumes_dir.join(&service_id).join("data");
+    std::fs::create_dir_all(volume.join("nested/deeper")).unwrap();
+    std::fs::write(volume.join("a.txt"), "the first text\n").unwrap();
+    let binary: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(volume.join("nested/deeper/b.bin"), &binary).unwrap();
+    std::os::unix::fs::symlink("a.txt", volume.join("link")).unwrap();
+    let original = tree(&volume);
+
+    // ---- a service with no volumes has nothing to back up; a node that is not there is named ----
+    let plain = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "plain", "image": "registry.example.com/plain:1" }),
+    );
+    refused(
+        &server.call_as(&admin, "backups.create", &json!({ "organizationId": org_id, "serviceId": plain["id"] })),
+        "service-has-no-volumes",
+    );
+    let unresolved =
+        server.call_as(&admin, "backups.create", &json!({ "organizationId": org_id, "serviceId": service_id, "nodeId": "node_missing" }));
+    refused(&unresolved, "node-unresolved");
+
+    // ---- the backup: through the agent into the blob store, verified ----
+    let created = ok(&server, &admin, "backups.create", json!({ "organizationId": org_id, "serviceId": service_id }));
+    assert_eq!(created["state"], "pending", "{created}");
+    let backup_id = created["id"].as_str().unwrap().to_string();
+    let backup = settled(&server, &admin, "backups.get", json!({ "organizationId": org_id, "backupId": backup_id }));
+    assert_eq!(backup["state"], "complete", "{backup}\nrelay log:\n{}", relay.log());
+    let object = &backup["objects"][0];
+    let stored = std::fs::read(object_file(&data, object["key"].as_str().unwrap())).unwrap();
+    assert_eq!(object["size"], stored.len() as u64, "the exact length of what the blob store holds: {backup}");
+    assert_eq!(object["sha256"], hex::encode(Sha256::digest(&stored)), "{backup}");
+    assert_eq!(backup["size"], object["size"]);
+
+    // ---- change the files, restore, and everything is as it was ----
+    std::fs::write(volume.join("a.txt"), "changed\n").unwrap();
+    std::fs::remove_file(volume.join("nested/deeper/b.bin")).unwrap();
+    std::fs::write(volume.join("new.txt"), "added after the backup").unwrap();
+    assert_ne!(tree(&volume), original);
+    let restore = ok(&server, &admin, "backups.restore", json!({ "organizationId": org_id, "backupId": backup_id }));
+    let restore = settled(&server, &admin, "backups.getRestore", json!({ "organizationId": org_id, "restoreId": restore["id"] }));
+    assert_eq!(restore["state"], "complete", "{restore}\nrelay log:\n{}", relay.log());
+    assert_eq!(tree(&volume), original, "the volume is byte for byte what was backed up");
+
+    // ---- one byte flipped in the stored archive: the restore refuses and changes nothing ----
+    let object_path = object_file(&data, object["key"].as_str().unwrap());
+    let mut flipped = stored.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x01;
+    std::fs::write(&object_path, &flipped).unwrap();
+    std::fs::write(volume.join("a.txt"), "after the corruption\n").unwrap();
+    let before = tree(&volume);
+    let doubted = ok(&server, &admin, "backups.restore", json!({ "organizationId": org_id, "backupId": backup_id }));
+    let doubted = settled(&server, &admin, "backups.getRestore", json!({ "organizationId": org_id, "restoreId": doubted["id"] }));
+    assert_eq!((doubted["state"].as_str(), doubted["reason"]["code"].as_str()), (Some("failed"), Some("backup-corrupt")), "{doubted}");
+    assert_eq!(tree(&volume), before, "a restore in doubt keeps what is there");
+    let corrupt = ok(&server, &admin, "backups.get", json!({ "organizationId": org_id, "backupId": backup_id }));
+    assert_eq!(corrupt["state"], "corrupt", "{corrupt}");
+    refused(&server.call_as(&admin, "backups.restore", &json!({ "organizationId": org_id, "backupId": backup_id })), "backup-not-complete");
+
+    // ---- keep-last: the newest two complete backups stay, everything older goes ----
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "backups.backupKeepLast": 2 } }));
+    let mut newest = Vec::new();
+    for _ in 0..3 {
+        let created = ok(&server, &admin, "backups.create", json!({ "organizationId": org_id, "serviceId": service_id }));
+        let done = settled(&server, &admin, "backups.get", json!({ "organizationId": org_id, "backupId": created["id"] }));
+        assert_eq!(done["state"], "complete", "{done}");
+        newest.push(created["id"].as_str().unwrap().to_string());
+    }
+    let listed = ok(&server, &admin, "backups.list", json!({ "organizationId": org_id, "serviceId": service_id }));
+    let ids: Vec<&str> = listed["backups"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec![newest[2].as_str(), newest[1].as_str()], "the newest two, newest first: {listed}");
+    let kept: Vec<String> = tree(&data.join("blobs/objects/plugins/backups"))
+        .into_keys()
+        .filter_map(|name| name.strip_suffix('~').map(str::to_string))
+        .collect();
+    let mut expected: Vec<String> = newest[1..].iter().map(|id| format!("backups/{id}/volumes.tar.gz")).collect();
+    expected.sort();
+    assert_eq!(kept, expected, "only the kept backups' objects remain");
+    drop(relay);
+}
