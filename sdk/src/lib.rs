@@ -115,11 +115,11 @@ pub mod secrets;
 pub mod settings;
 pub mod sign;
 pub mod store;
-pub mod transfers;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
 mod test_host;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
 pub mod testing;
+pub mod transfers;
 
 /// The bindings `wit-bindgen` generates for the `manager` world: the raw imports under
 /// `bindings::capstan::plugin`, the export trait under `bindings::exports`, and `export!`.
