@@ -458,7 +458,8 @@ struct NavItem {
     admin_only: bool,
 }
 
-/// The rail's sections; the ones without a page yet are shown as coming soon.
+/// The rail's sections; the ones without a page yet are shown as coming soon. A section without
+/// an href is filled by the first page of the plugin whose id is its icon's name, once loaded.
 const SECTIONS: &[(&str, &str, Option<&str>)] = &[
     ("Overview", "overview", Some("/")),
     ("Fleet", "fleet", Some("/fleet")),
@@ -508,6 +509,22 @@ fn nav(state: &AppState, active: &str) -> Vec<NavItem> {
                 active: active == format!("p:{id}/{}", p.path),
                 admin_only: false,
             })
+        })
+        .collect();
+    // a manager's first page fills the section named after it (Backups: the backups plugin),
+    // which is shown as coming soon until one is loaded
+    let pages: Vec<NavItem> = pages
+        .into_iter()
+        .filter(|page| {
+            let section = items.iter_mut().find(|i| i.href.is_none() && page.href.as_deref() == Some(&format!("/p/{}", i.icon)));
+            match section {
+                Some(section) => {
+                    section.href = page.href.clone();
+                    section.active = page.active;
+                    false
+                }
+                None => true,
+            }
         })
         .collect();
     items.splice(at..at, pages);

@@ -2993,3 +2993,23 @@ async fn the_audit_view_shows_administrators_the_calls_the_dashboard_made() {
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(!send(&state, get("/", Some(&operator))).await.body.contains(r#"href="/audit""#), "an operator's rail has no Audit");
 }
+
+#[tokio::test]
+async fn the_backups_section_is_the_backups_plugins_page_once_it_is_loaded() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let before = send(&state, get("/", Some(&cookie))).await;
+    assert!(before.body.contains(r#"title="Backups: coming soon""#), "{}", before.body);
+
+    state.plugins.install_first_party().await.unwrap();
+    assert!(state.plugins.get("backups").is_some(), "the embedded backups manager is loaded: {:?}", state.plugins.load_error("backups"));
+    let page = send(&state, get("/p/backups", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains("<title>Backups · Capstan</title>"), "{body}");
+    assert!(!body.contains(r#"title="Backups: coming soon""#), "the section is no longer to come: {body}");
+    assert_eq!(body.matches(">Backups<").count(), 2, "one rail entry (and the heading): {body}");
+    assert!(body.contains(r#"href="&#x2f;p&#x2f;backups" aria-current="page""#), "the rail's Backups links the page: {body}");
+    assert!(body.find(">Secrets<").unwrap() < body.find(">Backups<").unwrap(), "in the section's place: {body}");
+    assert!(body.contains("backupKeepLast") || body.contains("Backup keep last"), "the overview shows retention: {body}");
+}
