@@ -5,6 +5,7 @@
 
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
+pub mod digest;
 pub mod local;
 mod measured;
 mod probe;

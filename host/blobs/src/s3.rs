@@ -19,7 +19,8 @@
 //! profile lookups. Nothing here prints the secret key; [`S3Blobs`]'s `Debug` leaves the client
 //! (which holds the credentials) out.
 
-use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, MAX_KEY_BYTES, MAX_LIST_LIMIT, PutMode, validate_key};
+use super::{BlobBackend, BlobMeta, BlobPage, BlobReader, Blobs, MAX_KEY_BYTES, MAX_LIST_LIMIT, PutMode, validate_key};
+pub use crate::digest::ObjectDigest;
 use crate::settings::{S3_ACCESS_KEY, S3_ENDPOINT, S3_REGION, S3_SECRET_KEY, S3Settings};
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
@@ -30,9 +31,13 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::RequestId;
 use aws_sdk_s3::primitives::{ByteStream, SdkBody};
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDns, ResolveDnsError};
 use capstan_core::refusal::{Refusal, Result};
+use capstan_core::text::SecretString;
 use serde_json::json;
 use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::future::Future;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -65,6 +70,63 @@ const PUT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(120);
 const TRANSFER_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(600);
 const TRANSFER_OPERATION_TIMEOUT: Duration = Duration::from_secs(1800);
 
+/// A bucket outside Capstan that objects are copied to (the backups manager's external target),
+/// as a plugin names it: always path-style at `endpoint`.
+pub struct S3Target {
+    /// `http(s)://host[:port]`.
+    pub endpoint: String,
+    /// The bucket's region (`us-east-1` for most S3-compatible servers).
+    pub region: String,
+    /// The bucket's name.
+    pub bucket: String,
+    /// Objects go under `<prefix>/`; empty for none.
+    pub prefix: String,
+    /// The access key id (of a key allowed to put, get and delete objects in the bucket).
+    pub access_key_id: String,
+    /// Its secret (never logged or shown).
+    pub secret_access_key: SecretString,
+}
+
+/// Whether a target may be reached at an address: `Err` says why not (e.g. `loopback`).
+pub type AddressCheck = Arc<dyn Fn(IpAddr) -> std::result::Result<(), String> + Send + Sync>;
+
+/// The resolver of a target's client: the system's lookup, then every address checked, so the
+/// connection goes only to addresses that were checked (no second lookup to rebind).
+#[derive(Clone)]
+struct GuardedResolver(AddressCheck);
+
+impl fmt::Debug for GuardedResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("GuardedResolver")
+    }
+}
+
+impl ResolveDns for GuardedResolver {
+    fn resolve_dns<'a>(&'a self, name: &'a str) -> DnsFuture<'a> {
+        let check = self.0.clone();
+        let name = name.to_string();
+        DnsFuture::new(async move {
+            let addrs: Vec<IpAddr> = tokio::net::lookup_host((name.as_str(), 0)).await.map_err(ResolveDnsError::new)?.map(|a| a.ip()).collect();
+            for ip in &addrs {
+                check(*ip).map_err(|why| ResolveDnsError::new(AddressRefused(format!("{name} resolves to {ip}, a {why} address"))))?;
+            }
+            Ok(addrs)
+        })
+    }
+}
+
+/// Why a target's address was refused (the cause of the client's dispatch failure).
+#[derive(Debug)]
+pub struct AddressRefused(pub String);
+
+impl fmt::Display for AddressRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AddressRefused {}
+
 /// The S3 backend: one bucket (optionally under a key prefix) on AWS or an S3-compatible server.
 pub struct S3Blobs {
     client: Client,
@@ -74,6 +136,9 @@ pub struct S3Blobs {
     /// `None` for AWS itself.
     endpoint: Option<String>,
     region: String,
+    /// A plugin's external target rather than Capstan's own store: refusals are named for it
+    /// (`s3-target-*`) instead of for `CAPSTAN_BLOB_URL` and the `CAPSTAN_S3_*` settings.
+    external: bool,
 }
 
 /// The client holds the credentials, so it stays out.
@@ -84,6 +149,7 @@ impl fmt::Debug for S3Blobs {
             .field("prefix", &self.prefix)
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
+            .field("external", &self.external)
             .finish_non_exhaustive()
     }
 }
@@ -107,13 +173,57 @@ impl S3Blobs {
             return Err(Refusal::new("config-invalid", format!("{S3_REGION} must be a region name such as us-east-1, not {region:?}")));
         }
         let endpoint = settings.endpoint.as_deref().map(str::trim).filter(|e| !e.is_empty()).map(check_endpoint).transpose()?;
-
         let credentials = Credentials::new(access_key, secret_key.expose(), None, None, "capstan-config");
+        let config = Self::config(region, credentials, settings.force_path_style, endpoint.as_deref());
+        Ok(S3Blobs { client: Client::from_conf(config.build()), bucket, prefix, endpoint, region: region.to_string(), external: false })
+    }
+
+    /// A bucket outside Capstan that a plugin copies objects to ([`S3Target`]): path-style, at
+    /// `target.endpoint`, reached only at addresses `check` lets through (every address the
+    /// endpoint's name resolves to is checked, and the connection goes to exactly those).
+    /// Refused `s3-target-invalid` naming the field in the wrong shape.
+    pub fn open_target(target: &S3Target, check: AddressCheck) -> Result<S3Blobs> {
+        let invalid = |field: &str, why: String| {
+            Refusal::new("s3-target-invalid", format!("the S3 target's {field} {why}")).with_data(json!({ "field": field }))
+        };
+        let endpoint = target.endpoint.trim();
+        if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+            return Err(invalid("endpoint", "must be an http:// or https:// URL".into()));
+        }
+        let endpoint = check_endpoint(endpoint).map_err(|_| invalid("endpoint", "must be an http(s)://host[:port] URL without credentials".into()))?;
+        check_bucket_name(&target.bucket).map_err(|why| invalid("bucket", format!("is not a valid S3 bucket name: it {why}")))?;
+        let region = target.region.trim();
+        if region.is_empty() || !region.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(invalid("region", "must be a region name such as us-east-1".into()));
+        }
+        let prefix = target.prefix.trim_matches('/');
+        if !prefix.is_empty() {
+            validate_key(prefix).map_err(|e| invalid("prefix", format!("is not a valid key prefix: {}", e.message)))?;
+        }
+        if target.access_key_id.is_empty() || target.secret_access_key.expose().is_empty() {
+            return Err(invalid("credentials", "are empty".into()));
+        }
+        let credentials = Credentials::new(&target.access_key_id, target.secret_access_key.expose(), None, None, "capstan-plugin");
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(aws_smithy_http_client::tls::rustls_provider::CryptoMode::AwsLc))
+            .build_with_resolver(GuardedResolver(check));
+        let config = Self::config(region, credentials, true, Some(&endpoint)).http_client(http);
+        Ok(S3Blobs {
+            client: Client::from_conf(config.build()),
+            bucket: target.bucket.clone(),
+            prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+            endpoint: Some(endpoint),
+            region: region.to_string(),
+            external: true,
+        })
+    }
+
+    fn config(region: &str, credentials: Credentials, path_style: bool, endpoint: Option<&str>) -> aws_sdk_s3::config::Builder {
         let mut config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(region.to_string()))
             .credentials_provider(credentials)
-            .force_path_style(settings.force_path_style)
+            .force_path_style(path_style)
             .retry_config(RetryConfig::standard())
             .timeout_config(
                 TimeoutConfig::builder()
@@ -122,10 +232,10 @@ impl S3Blobs {
                     .operation_timeout(OPERATION_TIMEOUT)
                     .build(),
             );
-        if let Some(endpoint) = &endpoint {
+        if let Some(endpoint) = endpoint {
             config = config.endpoint_url(endpoint);
         }
-        Ok(S3Blobs { client: Client::from_conf(config.build()), bucket, prefix, endpoint, region: region.to_string() })
+        config
     }
 
     /// The object key for an API key (validated), refusing what S3 could not store.
@@ -148,6 +258,48 @@ impl S3Blobs {
         }
     }
 
+    /// A refusal as an external target names it: `blobs-unavailable` (which means Capstan's
+    /// own store) is `s3-target-unavailable`, without the `CAPSTAN_S3_*` names in its message.
+    fn named(&self, refusal: Refusal) -> Refusal {
+        if !self.external || refusal.code != "blobs-unavailable" {
+            return refusal;
+        }
+        let message = refusal.message.replace(&format!(" ({S3_REGION})"), "");
+        Refusal { code: "s3-target-unavailable".into(), message, ..refusal }
+    }
+
+    /// Copy `source_key` of `source` (Capstan's store) to `key` in this external bucket,
+    /// streamed, then read the copy back in full. Answers its length and SHA-256 as the far side
+    /// holds it, `None` when the source is absent. A copy that does not read back as sent is
+    /// deleted there and refused `s3-target-mismatch`; a put that fails leaves nothing (a
+    /// multipart upload is aborted). Refusals name the target (`s3-target-*`).
+    pub async fn replicate(&self, source: &Blobs, source_key: &str, key: &str) -> Result<Option<ObjectDigest>> {
+        let Some((meta, reader)) = source.get(source_key).await? else {
+            return Ok(None);
+        };
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(crate::digest::Digesting::default()));
+        let body = crate::digest::DigestReader::new(reader, sent.clone());
+        self.put(key, Box::pin(body), PutMode::Overwrite).await.map_err(|r| self.named(r))?;
+        let sent = sent.lock().map(|d| d.clone()).unwrap_or_default().finish();
+        if sent.size != meta.size {
+            let _ = self.delete(key).await;
+            return Err(Refusal::new("blobs-unavailable", "the object changed while it was copied").retryable());
+        }
+        let held = match self.get(key).await.map_err(|r| self.named(r))? {
+            Some((_, reader)) => crate::digest::read_digest(reader).await.map_err(|r| self.named(r))?,
+            None => crate::digest::ObjectDigest { size: 0, sha256: String::new() },
+        };
+        if held != sent {
+            let _ = self.delete(key).await;
+            return Err(Refusal::new(
+                "s3-target-mismatch",
+                format!("the S3 target holds {} bytes ({}) where {} bytes ({}) were sent; the copy was deleted", held.size, held.sha256, sent.size, sent.sha256),
+            )
+            .retryable());
+        }
+        Ok(Some(held))
+    }
+
     /// Where the bucket lives, for messages: the endpoint, or the AWS region.
     fn location(&self) -> String {
         match &self.endpoint {
@@ -157,6 +309,13 @@ impl S3Blobs {
     }
 
     fn bucket_missing(&self) -> Refusal {
+        if self.external {
+            return Refusal::new(
+                "s3-target-bucket-missing",
+                format!("the S3 target's bucket {} does not exist ({})", self.bucket, self.location()),
+            )
+            .with_data(json!({ "bucket": self.bucket }));
+        }
         Refusal::new(
             "blob-bucket-missing",
             format!("the S3 bucket {} does not exist ({}); create it or correct CAPSTAN_BLOB_URL", self.bucket, self.location()),
@@ -637,6 +796,8 @@ struct S3Error {
     code: Option<String>,
     /// The region S3 says the bucket is in, on a wrong-region answer.
     bucket_region: Option<String>,
+    /// Why the address the endpoint resolved to may not be reached (an external target).
+    address_refused: Option<String>,
     detail: String,
 }
 
@@ -654,12 +815,16 @@ impl S3Error {
         // The causes' messages, the status and the request id; not the raw answer (an S3
         // signature error's body echoes the access key id and the string that was signed).
         let mut detail = String::new();
+        let mut address_refused = None;
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
         while let Some(e) = cause {
             if !detail.is_empty() {
                 detail.push_str(": ");
             }
             detail.push_str(&e.to_string());
+            if let Some(refused) = e.downcast_ref::<AddressRefused>() {
+                address_refused = Some(refused.0.clone());
+            }
             cause = e.source();
         }
         if let Some(status) = status {
@@ -669,11 +834,19 @@ impl S3Error {
             }
             detail.push(')');
         }
-        S3Error { answered, unreachable, status, code, bucket_region, detail }
+        S3Error { answered, unreachable, status, code, bucket_region, address_refused, detail }
     }
 
     fn local(detail: &str) -> S3Error {
-        S3Error { answered: false, unreachable: false, status: None, code: None, bucket_region: None, detail: detail.to_string() }
+        S3Error {
+            answered: false,
+            unreachable: false,
+            status: None,
+            code: None,
+            bucket_region: None,
+            address_refused: None,
+            detail: detail.to_string(),
+        }
     }
 
     fn is_transient(&self) -> bool {
@@ -687,6 +860,8 @@ impl S3Error {
         let code = self.code.as_deref().unwrap_or("");
         let refusal = if code == "NoSuchBucket" {
             blobs.bucket_missing()
+        } else if let Some(why) = &self.address_refused {
+            Refusal::new("http-address-refused", format!("{what} failed: {why}, which plugins may not reach (CAPSTAN_PLUGIN_HTTP_ALLOW)"))
         } else if self.is_transient() {
             Refusal::new("blobs-unavailable", format!("{what} failed: S3 ({}) did not answer in time or is unavailable", blobs.location()))
                 .retryable()
@@ -705,6 +880,13 @@ impl S3Error {
             || matches!(code, "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "ExpiredToken" | "InvalidToken")
         {
             let code = if code.is_empty() { String::new() } else { format!(" ({code})") };
+            if blobs.external {
+                return Refusal::new(
+                    "s3-target-credentials-rejected",
+                    format!("{what} failed: the S3 target refused the credentials{code} (or their permissions on the bucket {})", blobs.bucket),
+                )
+                .detail(&self.detail);
+            }
             Refusal::new(
                 "blobs-unavailable",
                 format!(
@@ -934,8 +1116,7 @@ fn check_endpoint(endpoint: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Blobs, conformance};
-    use capstan_core::text::SecretString;
+    use crate::conformance;
     use sha2::{Digest, Sha256};
     use std::pin::Pin;
     use std::task::{Context, Poll};
@@ -1567,6 +1748,7 @@ mod tests {
             status: Some(status),
             code: Some(code.to_string()),
             bucket_region: None,
+            address_refused: None,
             detail: String::new(),
         };
         let if_match = PutMode::IfMatch("e".into());
@@ -1620,4 +1802,100 @@ mod tests {
         assert!(total > 800 * 1024 * MIB as u64, "{total}");
         const { assert!(PART_SIZE >= 5 * MIB, "S3's minimum part size") };
     }
+
+    /// The S3 server that checks credentials (moto with IAM authentication on), its bucket and
+    /// a key pair it knows; `None` (and a note) when not configured.
+    fn auth_target() -> Option<(String, String, String, String)> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        match (
+            var("CAPSTAN_TEST_S3_AUTH_ENDPOINT"),
+            var("CAPSTAN_TEST_S3_AUTH_BUCKET"),
+            var("CAPSTAN_TEST_S3_AUTH_ACCESS_KEY"),
+            var("CAPSTAN_TEST_S3_AUTH_SECRET_KEY"),
+        ) {
+            (Some(e), Some(b), Some(a), Some(s)) => Some((e, b, a, s)),
+            _ => {
+                eprintln!(
+                    "skipped: CAPSTAN_TEST_S3_AUTH_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY are not set (an S3 server that checks \
+                     credentials: .ci/peers.sh starts moto with IAM authentication and creates them)"
+                );
+                None
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_external_target_holds_an_exact_copy_and_refuses_by_name() {
+        let Some((endpoint, bucket, access, secret)) = auth_target() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let source = Blobs::new(crate::local::LocalBlobs::open(dir.path().to_str().unwrap()).await.unwrap());
+        // past one part, so the copy goes up as a multipart upload
+        let content: Vec<u8> = (0..PART_SIZE + 4321).map(|i| (i % 251) as u8).collect();
+        source.put_bytes("plugins/backups/b1/volumes.tar.gz", content.clone(), PutMode::Overwrite).await.unwrap();
+        let prefix = format!("capstan-test-{:08x}", rand::random::<u32>());
+        let target = |access: &str, secret: &str, bucket: &str| S3Target {
+            endpoint: endpoint.clone(),
+            region: "us-east-1".into(),
+            bucket: bucket.to_string(),
+            prefix: format!("/{prefix}/"),
+            access_key_id: access.to_string(),
+            secret_access_key: SecretString::new(secret.into()),
+        };
+        let anywhere: AddressCheck = Arc::new(|_| Ok(()));
+
+        let good = S3Blobs::open_target(&target(&access, &secret, &bucket), anywhere.clone()).unwrap();
+        let copy = good.replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b1/volumes.tar.gz").await.unwrap().unwrap();
+        assert_eq!(copy, ObjectDigest { size: content.len() as u64, sha256: hex::encode(Sha256::digest(&content)) });
+        let (meta, mut reader) = good.get("b1/volumes.tar.gz").await.unwrap().expect("the copy is under the prefix");
+        let mut held = Vec::new();
+        reader.read_to_end(&mut held).await.unwrap();
+        assert!(meta.size == content.len() as u64 && held == content);
+        assert_eq!(good.replicate(&source, "plugins/backups/absent", "absent").await.unwrap(), None);
+
+        let refused = |r: Result<Option<ObjectDigest>>| r.expect_err("refused");
+        for (access, secret) in [(access.as_str(), "not-the-secret"), ("AKIANOSUCHKEY0000000", secret.as_str())] {
+            let wrong = S3Blobs::open_target(&target(access, secret, &bucket), anywhere.clone()).unwrap();
+            let r = refused(wrong.replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b2/volumes.tar.gz").await);
+            assert!(r.is("s3-target-credentials-rejected") && !r.retryable, "{r}");
+            assert!(!r.message.contains(secret) && !format!("{r:?}").contains("not-the-secret"), "{r:?}");
+        }
+        assert!(good.get("b2/volumes.tar.gz").await.unwrap().is_none(), "nothing is written with refused credentials");
+
+        let missing = S3Blobs::open_target(&target(&access, &secret, "capstan-no-such-bucket"), anywhere).unwrap();
+        let r = refused(missing.replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b1/volumes.tar.gz").await);
+        assert!(r.is("s3-target-bucket-missing"), "{r}");
+
+        let guarded: AddressCheck = Arc::new(|ip| if ip.is_loopback() { Err("loopback".into()) } else { Ok(()) });
+        let named = target(&access, &secret, &bucket);
+        let named = S3Target { endpoint: named.endpoint.replace("127.0.0.1", "localhost"), ..named };
+        let r = refused(S3Blobs::open_target(&named, guarded).unwrap().replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b3").await);
+        assert!(r.is("http-address-refused") && r.message.contains("loopback"), "{r}");
+    }
+
+    #[test]
+    fn a_target_in_the_wrong_shape_is_refused_naming_the_field() {
+        let ok = || S3Target {
+            endpoint: "https://s3.example.com".into(),
+            region: "us-east-1".into(),
+            bucket: "offsite".into(),
+            prefix: "capstan".into(),
+            access_key_id: "AKIA".into(),
+            secret_access_key: SecretString::new("s".into()),
+        };
+        let anywhere: AddressCheck = Arc::new(|_| Ok(()));
+        assert!(S3Blobs::open_target(&ok(), anywhere.clone()).is_ok());
+        for (target, field) in [
+            (S3Target { endpoint: "ftp://x".into(), ..ok() }, "endpoint"),
+            (S3Target { endpoint: "https://user:pw@x".into(), ..ok() }, "endpoint"),
+            (S3Target { bucket: "No_Such".into(), ..ok() }, "bucket"),
+            (S3Target { region: "".into(), ..ok() }, "region"),
+            (S3Target { prefix: "a/../b".into(), ..ok() }, "prefix"),
+            (S3Target { secret_access_key: SecretString::new(String::new()), ..ok() }, "credentials"),
+        ] {
+            let r = S3Blobs::open_target(&target, anywhere.clone()).unwrap_err();
+            assert!(r.is("s3-target-invalid") && r.data.as_ref().unwrap()["field"] == field, "{field}: {r}");
+            assert!(!r.message.contains("pw"), "{r}");
+        }
+    }
+
 }
