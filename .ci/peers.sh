@@ -4,6 +4,8 @@
 #   CAPSTAN_TEST_MONGODB_URL  a MongoDB wire-protocol server (nx-27017, SQLite-backed; no real
 #                             mongod can be installed on these machines — docs/compatibility.md)
 #   CAPSTAN_TEST_S3_ENDPOINT  an S3 server (moto), path-style, any credentials
+#   CAPSTAN_TEST_S3_AUTH_*    an S3 server checking credentials (moto with IAM authentication):
+#                             _ENDPOINT, _BUCKET, and a key pair it knows (_ACCESS_KEY, _SECRET_KEY)
 #   CAPSTAN_TEST_NPM_REGISTRY an npm registry (verdaccio) taking anonymous publishes, no uplink:
 #                             the App Store's catalog package is published to it
 
@@ -51,6 +53,24 @@ moto_server -H 127.0.0.1 -p "$S3_PORT" >"$PEERS_DIR/moto.log" 2>&1 &
 PEER_PIDS+=($!)
 wait_for_port "S3 server (moto)" "$S3_PORT" "$PEERS_DIR/moto.log"
 export CAPSTAN_TEST_S3_ENDPOINT="http://127.0.0.1:$S3_PORT"
+
+# A second S3 server that checks credentials, as a backups target outside Capstan is tested
+# against it: moto with IAM authentication from its fifth request on (the first four, made by
+# .ci/s3-auth-setup.py, create a user, its key, its policy and the bucket).
+S3_AUTH_PORT="$(free_port)"
+INITIAL_NO_AUTH_ACTION_COUNT=4 moto_server -H 127.0.0.1 -p "$S3_AUTH_PORT" >"$PEERS_DIR/moto-auth.log" 2>&1 &
+PEER_PIDS+=($!)
+wait_for_port "S3 server checking credentials (moto)" "$S3_AUTH_PORT" "$PEERS_DIR/moto-auth.log"
+export CAPSTAN_TEST_S3_AUTH_ENDPOINT="http://127.0.0.1:$S3_AUTH_PORT"
+export CAPSTAN_TEST_S3_AUTH_BUCKET="capstan-offsite"
+read -r CAPSTAN_TEST_S3_AUTH_ACCESS_KEY CAPSTAN_TEST_S3_AUTH_SECRET_KEY \
+    < <(python3 .ci/s3-auth-setup.py "$CAPSTAN_TEST_S3_AUTH_ENDPOINT" "$CAPSTAN_TEST_S3_AUTH_BUCKET")
+if [ -z "${CAPSTAN_TEST_S3_AUTH_SECRET_KEY:-}" ]; then
+    echo "setting up the S3 server checking credentials failed; its log:" >&2
+    cat "$PEERS_DIR/moto-auth.log" >&2
+    exit 1
+fi
+export CAPSTAN_TEST_S3_AUTH_ACCESS_KEY CAPSTAN_TEST_S3_AUTH_SECRET_KEY
 
 # verdaccio from the npm registry, into the peers directory: anonymous publish and no uplinks,
 # so nothing it serves comes from the internet

@@ -2,6 +2,7 @@
 //! a cluster's agent, given one in an [`crate::agents::call`] body — through the host to the
 //! blob store, so large data never passes through the plugin (capability `blobs`; contract
 //! 0.2.1). A ticket is good for one request before it expires; treat its token as a credential.
+//! [`replicate`] (contract 0.2.2) has the host copy an object to an S3 bucket outside Capstan.
 //!
 //! ```no_run
 //! use capstan_sdk::{agents, json, transfers};
@@ -68,4 +69,54 @@ pub fn download(key: &str, ttl_ms: u32) -> Result<Ticket> {
 /// The exact length and SHA-256 of `key`, read in full by the host now; `None` when absent.
 pub fn digest(key: &str) -> Result<Option<Digest>> {
     Ok(wit::digest(key)?.map(|d| Digest { key: d.key, size: d.size, sha256: d.sha256 }))
+}
+
+/// An S3 bucket outside Capstan, addressed path-style. `Debug` leaves the secret out.
+#[derive(Clone)]
+pub struct S3Target {
+    /// `http(s)://host[:port]`: an origin the plugin's `http` grant allows (`http:<origin>`, or
+    /// listed by the setting an `http-setting:<key>` grant names).
+    pub endpoint: String,
+    /// The bucket's region, e.g. `us-east-1`.
+    pub region: String,
+    /// The bucket.
+    pub bucket: String,
+    /// Objects go under `<prefix>/`; empty for none.
+    pub prefix: String,
+    /// A key allowed to put, get and delete objects in the bucket, read from a secret
+    /// ([`crate::secrets::reveal`]); never store or log it.
+    pub access_key_id: String,
+    /// Its secret.
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for S3Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Target")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Have the host copy `key` to `<prefix>/<key>` at `target` and read the copy back there: its
+/// length and SHA-256 as the far side holds it (compare them with what you expect). The bytes
+/// never pass through the plugin. A copy that does not read back as sent is deleted there
+/// (`s3-target-mismatch`); refused `s3-target-invalid`, `s3-target-credentials-rejected`,
+/// `s3-target-bucket-missing`, `s3-target-unavailable` (retryable), `http-address-refused`,
+/// `not-found` (no such object here), `capability-denied` (the endpoint's origin is not granted).
+pub fn replicate(key: &str, target: &S3Target) -> Result<Digest> {
+    let target = wit::S3Target {
+        endpoint: target.endpoint.clone(),
+        region: target.region.clone(),
+        bucket: target.bucket.clone(),
+        prefix: target.prefix.clone(),
+        access_key_id: target.access_key_id.clone(),
+        secret_access_key: target.secret_access_key.clone(),
+    };
+    let d = wit::replicate(key, &target)?;
+    Ok(Digest { key: d.key, size: d.size, sha256: d.sha256 })
 }

@@ -43,10 +43,8 @@ pub async fn read_digest(mut reader: BlobReader) -> Result<ObjectDigest> {
     let mut digest = Digesting::default();
     let mut buf = vec![0u8; 256 << 10];
     loop {
-        let n = reader
-            .read(&mut buf)
-            .await
-            .map_err(|e| Refusal::new("blobs-unavailable", "reading a blob failed").retryable().detail(e))?;
+        let n =
+            reader.read(&mut buf).await.map_err(|e| Refusal::new("blobs-unavailable", "reading a blob failed").retryable().detail(e))?;
         if n == 0 {
             return Ok(digest.finish());
         }

@@ -36,9 +36,9 @@ use capstan_core::refusal::{Refusal, Result};
 use capstan_core::text::SecretString;
 use serde_json::json;
 use std::fmt;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::future::Future;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
@@ -106,7 +106,8 @@ impl ResolveDns for GuardedResolver {
         let check = self.0.clone();
         let name = name.to_string();
         DnsFuture::new(async move {
-            let addrs: Vec<IpAddr> = tokio::net::lookup_host((name.as_str(), 0)).await.map_err(ResolveDnsError::new)?.map(|a| a.ip()).collect();
+            let addrs: Vec<IpAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await.map_err(ResolveDnsError::new)?.map(|a| a.ip()).collect();
             for ip in &addrs {
                 check(*ip).map_err(|why| ResolveDnsError::new(AddressRefused(format!("{name} resolves to {ip}, a {why} address"))))?;
             }
@@ -190,7 +191,8 @@ impl S3Blobs {
         if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
             return Err(invalid("endpoint", "must be an http:// or https:// URL".into()));
         }
-        let endpoint = check_endpoint(endpoint).map_err(|_| invalid("endpoint", "must be an http(s)://host[:port] URL without credentials".into()))?;
+        let endpoint =
+            check_endpoint(endpoint).map_err(|_| invalid("endpoint", "must be an http(s)://host[:port] URL without credentials".into()))?;
         check_bucket_name(&target.bucket).map_err(|why| invalid("bucket", format!("is not a valid S3 bucket name: it {why}")))?;
         let region = target.region.trim();
         if region.is_empty() || !region.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
@@ -293,7 +295,10 @@ impl S3Blobs {
             let _ = self.delete(key).await;
             return Err(Refusal::new(
                 "s3-target-mismatch",
-                format!("the S3 target holds {} bytes ({}) where {} bytes ({}) were sent; the copy was deleted", held.size, held.sha256, sent.size, sent.sha256),
+                format!(
+                    "the S3 target holds {} bytes ({}) where {} bytes ({}) were sent; the copy was deleted",
+                    held.size, held.sha256, sent.size, sent.sha256
+                ),
             )
             .retryable());
         }
@@ -883,7 +888,10 @@ impl S3Error {
             if blobs.external {
                 return Refusal::new(
                     "s3-target-credentials-rejected",
-                    format!("{what} failed: the S3 target refused the credentials{code} (or their permissions on the bucket {})", blobs.bucket),
+                    format!(
+                        "{what} failed: the S3 target refused the credentials{code} (or their permissions on the bucket {})",
+                        blobs.bucket
+                    ),
                 )
                 .detail(&self.detail);
             }
@@ -1897,5 +1905,4 @@ mod tests {
             assert!(!r.message.contains("pw"), "{r}");
         }
     }
-
 }

@@ -33,11 +33,17 @@ pub struct SettingDecl {
 }
 
 impl SettingDecl {
-    /// Whether its values name URLs (a string, or a list of strings): only such a setting of
-    /// the plugin's own may be named in an `http-setting:<pluginId>.<key>` grant.
+    /// Whether its values name URLs (a string, possibly null, or a list of strings): only such
+    /// a setting of the plugin's own may be named in an `http-setting:<pluginId>.<key>` grant.
     pub fn lists_urls(&self) -> bool {
         let string = |schema: &Value| schema.get("type").and_then(Value::as_str) == Some("string");
+        let nullable_string = |schema: &Value| {
+            let types: Option<Vec<&str>> =
+                schema.get("type").and_then(Value::as_array).map(|t| t.iter().filter_map(Value::as_str).collect());
+            types.is_some_and(|t| t.contains(&"string") && t.iter().all(|t| matches!(*t, "string" | "null")))
+        };
         string(&self.schema)
+            || nullable_string(&self.schema)
             || (self.schema.get("type").and_then(Value::as_str) == Some("array") && self.schema.get("items").is_some_and(string))
     }
 }
@@ -214,6 +220,19 @@ mod tests {
 
     fn code(settings: Vec<wit_guest::SettingSpec>, pages: Vec<wit_guest::PageSpec>) -> String {
         from_wit("p", settings, pages, &["listApps", "install"]).unwrap_err().code.to_string()
+    }
+
+    #[test]
+    fn settings_that_list_urls_are_strings_nullable_strings_or_lists_of_strings() {
+        let decl = |schema: Value| SettingDecl { key: "k".into(), summary: "s".into(), schema, default: None };
+        // what the SDK declares for String, Option<String> and Vec<String>
+        for schema in [schemars::schema_for!(String), schemars::schema_for!(Option<String>), schemars::schema_for!(Vec<String>)] {
+            let schema = serde_json::to_value(schema).unwrap();
+            assert!(decl(schema.clone()).lists_urls(), "{schema}");
+        }
+        for schema in [json!({"type": "integer"}), json!({"type": ["string", "integer"]}), json!({"type": "object"}), json!({})] {
+            assert!(!decl(schema.clone()).lists_urls(), "{schema}");
+        }
     }
 
     #[test]

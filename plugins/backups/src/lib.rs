@@ -18,6 +18,15 @@
 //! it falls due, every service with volumes gets a backup (the `backup-all-services` run), and
 //! every complete backup prunes its service to `backupKeepLast` (24 unless set), oldest first,
 //! never the only complete one.
+//!
+//! External target: with `backupTargetEndpoint` and `backupTargetBucket` set, every complete
+//! backup is replicated to that S3 bucket by the host (`transfers.replicate`: the bytes never
+//! pass through the plugin), each object read back there and checked against the manifest,
+//! and the manifest itself (`manifest.json`) written last, so a manifest on the far side means
+//! a whole copy. The credentials are the system secret `BACKUP_TARGET_CREDENTIALS`
+//! (`<access key id>:<secret access key>`, management scope `backups:target`), read when needed
+//! and never stored. A failed copy is retried with a growing delay; `backups.replicate` asks
+//! again at once.
 
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::store::{self, Doc};
@@ -25,7 +34,7 @@ use capstan_sdk::{
     CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
     Role, Value,
 };
-use capstan_sdk::{agents, blobs, events, json, settings, transfers};
+use capstan_sdk::{agents, blobs, events, json, secrets, settings, transfers};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -45,6 +54,12 @@ const TICKET_TTL_MS: u32 = 60_000;
 const JOB_BUDGET: Duration = Duration::from_secs(12);
 /// Garbage is collected in passes whose minute is a multiple of this (no state kept for it).
 const GC_EVERY_MINUTES: u64 = 10;
+/// The management scope of the external target's credentials, and the secret's key.
+const TARGET_SCOPE: &str = "backups:target";
+const TARGET_SECRET: &str = "BACKUP_TARGET_CREDENTIALS";
+/// A failed replication is tried again after this, doubling per attempt up to [`RETRY_MAX_MS`].
+const RETRY_FIRST_MS: u64 = 5 * 60 * 1000;
+const RETRY_MAX_MS: u64 = 6 * 60 * 60 * 1000;
 
 struct Backups;
 
@@ -58,6 +73,7 @@ impl Manager for Backups {
             .method("getRestore", "One restore: state and reason.", Role::Member, get_restore)
             .method("overview", "Every backup and restore, newest first, with the schedule and retention.", Role::Admin, overview)
             .method("runAll", "Back up every service with volumes now (what backupCron runs).", Role::Admin, run_all)
+            .method("replicate", "Copy a complete backup to the external S3 target now (again, if it failed).", Role::Owner, replicate)
             .setting::<Option<String>>(
                 "backupCron",
                 "When every service with volumes is backed up: a 5-field cron expression (UTC), or null for never",
@@ -65,12 +81,21 @@ impl Manager for Backups {
             )
             .setting("backupKeepLast", "Complete backups kept per service, at least 1 (the oldest are pruned first)", Some(24u32))
             .setting("backupMaxBytes", "The largest archive one backup may store, in bytes (at most 16 GiB)", Some(4u64 << 30))
+            .setting::<Option<String>>(
+                "backupTargetEndpoint",
+                "The external S3 target's endpoint, http(s)://host[:port] (path-style), or null for no external copies",
+                None,
+            )
+            .setting::<Option<String>>("backupTargetBucket", "The external S3 target's bucket", None)
+            .setting("backupTargetPrefix", "Where in the bucket copies go: <prefix>/backups/<backupId>/…", Some("capstan".to_string()))
+            .setting("backupTargetRegion", "The external S3 target's region", Some("us-east-1".to_string()))
             .page(Page::new("", "Backups", "overview").form("runAll").form("create").form("restore"))
             .collection(
                 CollectionSpec::new(BACKUPS)
                     .index("by_org", &["organizationId"])
                     .index("by_service", &["serviceId"])
-                    .index("by_state", &["state"]),
+                    .index("by_state", &["state"])
+                    .index("by_replica", &["replicaState"]),
             )
             .collection(CollectionSpec::new(RESTORES).index("by_org", &["organizationId"]).index("by_state", &["state"]))
             .collection(SCHEDULE)
@@ -104,6 +129,10 @@ impl Manager for Backups {
         }
         if done > 0 {
             summary.push(format!("{done} jobs"));
+        }
+        let (copied, failed) = replicate_due(ctx, now)?;
+        if copied + failed > 0 {
+            summary.push(format!("{copied} replicated, {failed} replications failed"));
         }
         if (now / 60_000).is_multiple_of(GC_EVERY_MINUTES) {
             let collected = collect_garbage()?;
@@ -200,6 +229,40 @@ struct Backup {
     /// The objects' total size, in bytes.
     #[serde(default)]
     size: u64,
+    /// `pending`, `complete` or `failed`: where the copy on the external target is (indexed;
+    /// absent when no target was set when the backup completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replica_state: Option<ReplicaState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replica: Option<Replica>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+enum ReplicaState {
+    /// To be copied by the next pass (or when a target is set).
+    Pending,
+    /// Every object and the manifest are on the target, each read back and verified there.
+    Complete,
+    /// The last attempt failed (`reason`); tried again after `nextAttemptAtMs`.
+    Failed,
+}
+
+/// The copy of a backup on the external target.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Replica {
+    /// `<endpoint>/<bucket>/<prefix>` of the last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<Reason>,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next_attempt_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    completed_at_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -248,6 +311,9 @@ struct ScheduleState {
     next_due_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_run: Option<RunSummary>,
+    /// The external target complete backups were last queued for (a new one queues them all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    replica_target: Option<String>,
 }
 
 /// One `backup-all-services` run.
@@ -278,6 +344,45 @@ struct Settings {
     backup_cron: Option<String>,
     backup_keep_last: u32,
     backup_max_bytes: u64,
+    #[serde(default)]
+    backup_target_endpoint: Option<String>,
+    #[serde(default)]
+    backup_target_bucket: Option<String>,
+    backup_target_prefix: String,
+    backup_target_region: String,
+}
+
+impl Settings {
+    /// The external target, when one is set (endpoint and bucket); credentials are not here.
+    fn target(&self) -> Option<Target> {
+        let endpoint = self.backup_target_endpoint.as_deref().map(str::trim).filter(|e| !e.is_empty())?;
+        let bucket = self.backup_target_bucket.as_deref().map(str::trim).filter(|b| !b.is_empty())?;
+        Some(Target {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            bucket: bucket.to_string(),
+            prefix: self.backup_target_prefix.trim_matches('/').to_string(),
+            region: self.backup_target_region.trim().to_string(),
+        })
+    }
+}
+
+/// The external target the settings name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    endpoint: String,
+    bucket: String,
+    prefix: String,
+    region: String,
+}
+
+impl Target {
+    /// How a backup's replica names where it went.
+    fn name(&self) -> String {
+        match self.prefix.as_str() {
+            "" => format!("{}/{}", self.endpoint, self.bucket),
+            prefix => format!("{}/{}/{prefix}", self.endpoint, self.bucket),
+        }
+    }
 }
 
 // ---- methods ----
@@ -336,6 +441,8 @@ fn queue_backup(
         finished_at_ms: None,
         objects: Vec::new(),
         size: 0,
+        replica_state: None,
+        replica: None,
     };
     let written = store::Batch::new().insert(BACKUPS, &id, &backup).commit()?;
     events::publish("backups.requested", &id, &json!({ "kind": "backup" }))?;
@@ -496,6 +603,31 @@ fn run_all(ctx: &Context, _input: Empty) -> Result<RunSummary> {
     backup_all(ctx.caller().id())
 }
 
+fn replicate(_ctx: &Context, input: GetInput) -> Result<Shown<Backup>> {
+    let mut backup = backup_of(&input.organization_id, &input.backup_id)?;
+    if backup.data.state != State::Complete {
+        return Err(Refusal::new(
+            "backup-not-complete",
+            format!("backup {} is {}: only a complete backup is replicated", backup.id, backup.data.state.as_str()),
+        )
+        .with_data(json!({ "state": backup.data.state })));
+    }
+    if settings()?.target().is_none() {
+        return Err(Refusal::new(
+            "backup-target-unconfigured",
+            "no external target is set: set backups.backupTargetEndpoint and backups.backupTargetBucket",
+        ));
+    }
+    backup.data.replica_state = Some(ReplicaState::Pending);
+    if let Some(replica) = &mut backup.data.replica {
+        replica.next_attempt_at_ms = None;
+    }
+    let written = store::Batch::new().replace(BACKUPS, &backup.id, backup.revision, &backup.data).commit()?;
+    backup.revision = written.first().map_or(backup.revision + 1, |d| d.revision);
+    events::publish("backups.requested", &backup.id, &json!({ "kind": "replicate" }))?;
+    Ok(shown(backup))
+}
+
 // ---- placement ----
 
 #[derive(Debug, Deserialize)]
@@ -635,6 +767,9 @@ fn run_backup(doc: Doc<Backup>) -> Result<()> {
             backup.state = State::Complete;
             backup.size = object.size;
             backup.objects = vec![object];
+            if settings()?.target().is_some() {
+                backup.replica_state = Some(ReplicaState::Pending);
+            }
         }
         Err(Verdict::Corrupt(reason, object)) => {
             backup.state = State::Corrupt;
@@ -889,6 +1024,172 @@ fn collect_garbage() -> Result<u32> {
     Ok(collected)
 }
 
+// ---- the external target ----
+
+/// Copy the backups due for the external target while the pass has time; answers how many
+/// were copied and how many failed.
+fn replicate_due(ctx: &Context, now: u64) -> Result<(u32, u32)> {
+    let Some(target) = settings()?.target() else {
+        return Ok((0, 0));
+    };
+    queue_for_target(&target)?;
+    let mut due = Vec::new();
+    for state in [ReplicaState::Pending, ReplicaState::Failed] {
+        let page = store::find::<Backup>(BACKUPS, "by_replica", &[json!(state)], None, 200)?;
+        due.extend(page.documents.into_iter().filter(|d| {
+            d.data.state == State::Complete && d.data.replica.as_ref().and_then(|r| r.next_attempt_at_ms).is_none_or(|at| at <= now)
+        }));
+    }
+    due.sort_by_key(|d| d.data.created_at_ms);
+    let mut credentials = None;
+    let (mut copied, mut failed) = (0, 0);
+    for mut doc in due {
+        if ctx.remaining() <= JOB_BUDGET {
+            break;
+        }
+        // read once per pass, and only when there is something to copy
+        let credentials = credentials.get_or_insert_with(target_credentials).clone();
+        let outcome = credentials.and_then(|(id, secret)| copy_backup(&doc, &target, id, secret));
+        let replica = doc.data.replica.get_or_insert(Replica {
+            target: None,
+            reason: None,
+            attempts: 0,
+            next_attempt_at_ms: None,
+            completed_at_ms: None,
+        });
+        replica.target = Some(target.name());
+        replica.attempts += 1;
+        match outcome {
+            Ok(()) => {
+                doc.data.replica_state = Some(ReplicaState::Complete);
+                replica.reason = None;
+                replica.next_attempt_at_ms = None;
+                replica.completed_at_ms = Some(now_ms());
+                copied += 1;
+            }
+            Err(reason) => {
+                let delay = RETRY_FIRST_MS.saturating_mul(1 << replica.attempts.saturating_sub(1).min(16)).min(RETRY_MAX_MS);
+                capstan_sdk::warn!(
+                    "replicating backup {} failed: {} ({}); trying again in {} s",
+                    doc.id,
+                    reason.code,
+                    reason.message,
+                    delay / 1000
+                );
+                doc.data.replica_state = Some(ReplicaState::Failed);
+                replica.reason = Some(reason);
+                replica.next_attempt_at_ms = Some(now_ms() + delay);
+                failed += 1;
+            }
+        }
+        // pruned or asked again meanwhile: that write wins
+        match store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit() {
+            Ok(_) => {}
+            Err(r) if r.is("conflict") || r.is("not-found") => {}
+            Err(r) => return Err(r),
+        }
+    }
+    Ok((copied, failed))
+}
+
+/// A target not seen before: every complete backup not yet copied there is queued for it.
+fn queue_for_target(target: &Target) -> Result<()> {
+    let name = target.name();
+    let current = store::get::<ScheduleState>(SCHEDULE, SCHEDULE_STATE)?;
+    let (revision, mut state) = current.map_or((None, ScheduleState::default()), |d| (Some(d.revision), d.data));
+    if state.replica_target.as_deref() == Some(name.as_str()) {
+        return Ok(());
+    }
+    let complete = json!(State::Complete.as_str());
+    let mut cursor: Option<String> = None;
+    let mut queued = 0;
+    loop {
+        let page = store::find::<Backup>(BACKUPS, "by_state", std::slice::from_ref(&complete), cursor.as_deref(), 500)?;
+        for mut doc in page.documents {
+            let there = doc.data.replica_state == Some(ReplicaState::Complete)
+                && doc.data.replica.as_ref().and_then(|r| r.target.as_deref()) == Some(name.as_str());
+            if there || doc.data.replica_state == Some(ReplicaState::Pending) {
+                continue;
+            }
+            doc.data.replica_state = Some(ReplicaState::Pending);
+            doc.data.replica = None;
+            if store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit().is_ok() {
+                queued += 1;
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    capstan_sdk::info!("external target {name}: {queued} complete backups queued for it");
+    state.replica_target = Some(name);
+    store::Batch::new().put(SCHEDULE, SCHEDULE_STATE, revision, &state).commit()?;
+    Ok(())
+}
+
+/// The target's key pair from the system secret `BACKUP_TARGET_CREDENTIALS`
+/// (`<access key id>:<secret access key>`), or why there is none.
+fn target_credentials() -> std::result::Result<(String, String), Reason> {
+    let missing = |message: String| Reason { code: "backup-target-credentials-missing".into(), message };
+    let listed = secrets::list(TARGET_SCOPE).map_err(|r| Reason::from(&r))?;
+    let Some(secret) = listed.iter().find(|s| s.key == TARGET_SECRET && s.state == "active") else {
+        return Err(missing(format!(
+            "no active secret {TARGET_SECRET} in the management scope {TARGET_SCOPE}: \
+             capstan secrets set-system {TARGET_SECRET} --system-id backups --scope {TARGET_SCOPE} < <access key id>:<secret access key>"
+        )));
+    };
+    let value = secrets::reveal(TARGET_SCOPE, &secret.id).map_err(|r| Reason::from(&r))?;
+    let text = String::from_utf8(value).map_err(|_| missing(format!("{TARGET_SECRET} is not text")))?;
+    match text.trim().split_once(':') {
+        Some((id, secret)) if !id.is_empty() && !secret.is_empty() => Ok((id.to_string(), secret.to_string())),
+        _ => Err(missing(format!("{TARGET_SECRET} must be <access key id>:<secret access key>"))),
+    }
+}
+
+/// Copy every object of a complete backup to the target, each read back there and checked
+/// against the manifest, then the manifest itself (`manifest.json`), last.
+fn copy_backup(doc: &Doc<Backup>, target: &Target, access_key_id: String, secret_access_key: String) -> std::result::Result<(), Reason> {
+    let s3 = transfers::S3Target {
+        endpoint: target.endpoint.clone(),
+        region: target.region.clone(),
+        bucket: target.bucket.clone(),
+        prefix: target.prefix.clone(),
+        access_key_id,
+        secret_access_key,
+    };
+    let named = |r: Refusal| match r.code() {
+        "s3-target-credentials-rejected" => Reason { code: "backup-target-credentials-rejected".into(), message: r.message().to_string() },
+        _ => Reason::from(&r),
+    };
+    for object in &doc.data.objects {
+        let far = transfers::replicate(&object.key, &s3).map_err(named)?;
+        if far.size != object.size || far.sha256 != object.sha256 {
+            return Err(Reason {
+                code: "backup-target-mismatch".into(),
+                message: format!(
+                    "{} reads back from the target as {} bytes ({}), the manifest says {} bytes ({})",
+                    object.key, far.size, far.sha256, object.size, object.sha256
+                ),
+            });
+        }
+    }
+    let mut manifest = doc.data.clone();
+    manifest.replica_state = None;
+    manifest.replica = None;
+    let bytes = serde_json::to_vec_pretty(&json!({ "id": doc.id, "backup": manifest }))
+        .map_err(|e| Reason { code: "internal".into(), message: format!("the manifest does not encode: {e}") })?;
+    let key = format!("{OBJECTS}{}/manifest.json", doc.id);
+    blobs::put(&key, &bytes, blobs::PutMode::Overwrite).map_err(|r| Reason::from(&r))?;
+    let far = transfers::replicate(&key, &s3).map_err(named);
+    // only the far side keeps it: here the record is the manifest
+    let _ = blobs::delete(&key);
+    if far?.size != bytes.len() as u64 {
+        return Err(Reason { code: "backup-target-mismatch".into(), message: "the manifest reads back from the target changed".into() });
+    }
+    Ok(())
+}
+
 // ---- schedule ----
 
 /// When `backupCron` fell due since the last look, run `backup-all-services`; answers how many
@@ -990,6 +1291,29 @@ mod tests {
         assert_eq!(next_occurrence("0 15 * * *", at), Ok(Some(at + 24 * 3600 * 1000)), "strictly after");
         assert!(next_occurrence("not a cron", at).is_err());
         assert!(next_occurrence("61 * * * *", at).is_err());
+    }
+
+    #[test]
+    fn a_target_needs_an_endpoint_and_a_bucket_and_is_named_by_where_copies_go() {
+        let settings = |endpoint: Option<&str>, bucket: Option<&str>, prefix: &str| Settings {
+            backup_cron: None,
+            backup_keep_last: 24,
+            backup_max_bytes: 1,
+            backup_target_endpoint: endpoint.map(str::to_string),
+            backup_target_bucket: bucket.map(str::to_string),
+            backup_target_prefix: prefix.to_string(),
+            backup_target_region: " us-east-1 ".to_string(),
+        };
+        assert_eq!(settings(None, Some("b"), "p").target(), None);
+        assert_eq!(settings(Some("https://s3.example.com"), None, "p").target(), None);
+        assert_eq!(settings(Some("  "), Some("b"), "p").target(), None);
+        let target = settings(Some("https://s3.example.com/"), Some("offsite"), "/capstan/").target().unwrap();
+        assert_eq!(
+            (target.endpoint.as_str(), target.prefix.as_str(), target.region.as_str()),
+            ("https://s3.example.com", "capstan", "us-east-1")
+        );
+        assert_eq!(target.name(), "https://s3.example.com/offsite/capstan");
+        assert_eq!(settings(Some("http://h:9000"), Some("b"), "").target().unwrap().name(), "http://h:9000/b");
     }
 
     #[test]

@@ -176,6 +176,34 @@ impl Outbound {
     }
 }
 
+impl CallData {
+    /// The outbound provider for `url` and its origin, when the grant allows that origin (by
+    /// name, or listed now by a granted setting; else denied as `http:<origin>`) and an
+    /// address written in the URL is one plugins may reach (a name is checked as it resolves).
+    pub(super) async fn outbound_to(&mut self, url: &reqwest::Url) -> WitResult<(Outbound, String)> {
+        let origin = origin_of(url).ok_or_else(|| refusal("invalid-request", "the URL has no host".into(), json!({})))?;
+        let capability = Capability::Http(origin.clone());
+        let outbound = self.granted(&self.grant.http, capability.clone())?;
+        let declared = self.grant.settings.declared.get().map(Vec::as_slice).unwrap_or_default();
+        if !outbound.allows(&origin, self.plugin(), declared).await? {
+            return Err(self.denied(&capability));
+        }
+        let literal = url.host_str().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
+        if let Some(ip) = literal {
+            check_address(ip, &outbound.http.allowed).map_err(|refused| address_refusal(&refused, &origin))?;
+        }
+        Ok((outbound, origin))
+    }
+}
+
+impl Outbound {
+    /// The address check of this provider, for a client that resolves names itself.
+    pub(super) fn address_check(&self) -> crate::blobs::s3::AddressCheck {
+        let allowed = self.http.allowed.clone();
+        Arc::new(move |ip| check_address(ip, &allowed).map_err(|refused| refused.range.to_string()))
+    }
+}
+
 impl http::Host for CallData {
     async fn fetch(&mut self, request: http::Request) -> WitResult<http::Response> {
         let url =
@@ -183,23 +211,11 @@ impl http::Host for CallData {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(refusal("invalid-request", "only http and https URLs can be fetched".into(), json!({})));
         }
-        let origin = origin_of(&url).ok_or_else(|| refusal("invalid-request", "the URL has no host".into(), json!({})))?;
-        // granted by name, or listed now by a granted setting; else denied as `http:<origin>`
-        let capability = Capability::Http(origin.clone());
-        let outbound = self.granted(&self.grant.http, capability.clone())?;
-        let declared = self.grant.settings.declared.get().map(Vec::as_slice).unwrap_or_default();
-        if !outbound.allows(&origin, self.plugin(), declared).await? {
-            return Err(self.denied(&capability));
-        }
+        let (outbound, origin) = self.outbound_to(&url).await?;
         let method = reqwest::Method::from_bytes(request.method.as_bytes())
             .ok()
             .filter(|m| ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&m.as_str()))
             .ok_or_else(|| refusal("invalid-request", format!("HTTP method {:?} is not allowed", request.method), json!({})))?;
-        // an address in the URL is never resolved, so it is checked here
-        let literal = url.host_str().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
-        if let Some(ip) = literal {
-            check_address(ip, &outbound.http.allowed).map_err(|refused| address_refusal(&refused, &origin))?;
-        }
         let timeout = std::time::Duration::from_millis(request.timeout_ms.unwrap_or(5_000).min(30_000) as u64);
         let mut builder = outbound.http.client.request(method, url).timeout(timeout);
         for (name, value) in request.headers.iter().filter(|(name, _)| !name.eq_ignore_ascii_case("host")) {

@@ -1,15 +1,17 @@
 //! `transfers` (0.2.1): tickets for moving a blob of the plugin's own prefix over HTTP through
 //! the host ([`crate::transfers`]), and the digest a plugin checks an object against. Gated by
 //! the `blobs` capability: a ticket reaches nothing the plugin could not read or write itself.
+//! `replicate` (0.2.2) also needs the `http` grant of the target's origin: it reaches out.
 
 use super::{CallData, RetryableWit, WitResult, refusal, to_wit};
+use crate::blobs::digest::read_digest;
+use crate::blobs::s3::{S3Blobs, S3Target};
 use crate::manifest::Capability;
 use crate::runtime::capstan::plugin::transfers;
 use crate::transfers::{Direction, PATH};
+use capstan_core::text::SecretString;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 
 impl CallData {
     /// The plugin's blob prefix and the full key of `key` in it.
@@ -49,23 +51,45 @@ impl transfers::Host for CallData {
 
     async fn digest(&mut self, key: String) -> WitResult<Option<transfers::ObjectDigest>> {
         let (prefix, full) = self.transfer_key(&key)?;
-        let Some((meta, mut reader)) = prefix.blobs.get(&full).await.map_err(to_wit)? else {
+        let Some((meta, reader)) = prefix.blobs.get(&full).await.map_err(to_wit)? else {
             return Ok(None);
         };
-        let unavailable = |e: std::io::Error| refusal("blobs-unavailable", format!("reading the blob failed: {e}"), json!({}));
-        let (mut hasher, mut size, mut buf) = (Sha256::new(), 0u64, vec![0u8; 256 << 10]);
-        loop {
-            let n = reader.read(&mut buf).await.map_err(unavailable)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            size += n as u64;
-        }
-        if size != meta.size {
+        let read = read_digest(reader).await.map_err(to_wit)?;
+        if read.size != meta.size {
             // replaced while it was read: the caller asks again
             return Err(refusal("blobs-unavailable", "the object changed while it was read".into(), json!({})).retryable_wit());
         }
-        Ok(Some(transfers::ObjectDigest { key, size, sha256: hex::encode(hasher.finalize()) }))
+        Ok(Some(transfers::ObjectDigest { key, size: read.size, sha256: read.sha256 }))
+    }
+
+    async fn replicate(&mut self, key: String, target: transfers::S3Target) -> WitResult<transfers::ObjectDigest> {
+        let (prefix, full) = self.transfer_key(&key)?;
+        let endpoint = target.endpoint.trim();
+        let url = reqwest::Url::parse(endpoint).map_err(|_| {
+            refusal(
+                "s3-target-invalid",
+                "the S3 target's endpoint must be an http(s)://host[:port] URL".into(),
+                json!({ "field": "endpoint" }),
+            )
+        })?;
+        let (outbound, origin) = self.outbound_to(&url).await?;
+        let opened = S3Blobs::open_target(
+            &S3Target {
+                endpoint: endpoint.to_string(),
+                region: target.region,
+                bucket: target.bucket.clone(),
+                prefix: target.prefix,
+                access_key_id: target.access_key_id,
+                secret_access_key: SecretString::new(target.secret_access_key),
+            },
+            outbound.address_check(),
+        )
+        .map_err(to_wit)?;
+        let copied = opened.replicate(&prefix.blobs, &full, &key).await.map_err(to_wit)?;
+        let Some(copy) = copied else {
+            return Err(refusal("not-found", format!("there is no object {key} to replicate"), json!({ "key": key })));
+        };
+        tracing::info!(plugin = %self.plugin(), request_id = %self.request_id, %origin, bucket = %target.bucket, size = copy.size, "object replicated to an S3 target");
+        Ok(transfers::ObjectDigest { key, size: copy.size, sha256: copy.sha256 })
     }
 }
