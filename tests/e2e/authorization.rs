@@ -275,6 +275,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("backups.getRestore", json!({ "organizationId": ORG, "restoreId": "rst_missing" }), member(Past("restore-not-found"))),
         ("backups.list", json!({ "organizationId": ORG }), member(Ran)),
         ("backups.overview", json!({}), admin(Ran)),
+        ("backups.replicate", json!({ "organizationId": ORG, "backupId": "bkp_missing" }), owner(Past("backup-not-found"))),
         ("backups.restore", json!({ "organizationId": ORG, "backupId": "bkp_missing" }), owner(Past("backup-not-found"))),
         ("backups.runAll", json!({}), admin(Ran)),
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----

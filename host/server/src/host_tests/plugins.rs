@@ -259,7 +259,7 @@ async fn a_plugin_built_for_the_0_2_0_contract_runs_on_the_current_host_and_upgr
     assert_eq!(record.current.wit, "capstan:plugin@0.2.0");
     assert_eq!(record.current.pages.len(), 2, "0.2.0 declares pages");
 
-    // its 0.2.0 imports and exports resolve to the 0.2.1 ones
+    // its 0.2.0 imports and exports resolve to the current ones
     let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
     assert_eq!(greeting["greeting"], "Hello, Ada!");
     assert_eq!(f.call("example", "putNote", json!({ "id": "n1", "text": "first" })).await.unwrap()["revision"], 1);
