@@ -849,9 +849,10 @@ concurrency = 4
         }
         // a plugin of an earlier patch is served by the later one
         assert_eq!(served_wit("capstan:plugin@0.2.0").unwrap(), CURRENT_WIT);
+        assert_eq!(served_wit("capstan:plugin@0.2.1").unwrap(), CURRENT_WIT);
         for bad in [
             "capstan:plugin@0.1.1",
-            "capstan:plugin@0.2.2",
+            "capstan:plugin@0.2.3",
             "capstan:plugin@0.3.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
