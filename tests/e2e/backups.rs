@@ -11,7 +11,8 @@
 //! Then, against an S3 server that checks credentials (moto with IAM authentication, set up by
 //! .ci/peers.sh), the external target: replication fails closed by name without the credentials'
 //! secret and with a wrong one, writing nothing there; with the right one every object lands
-//! exact (read back with the S3 API and hashed here) and the manifest last.
+//! exact (read back with the S3 API and hashed here) and the manifest last, while a backup whose
+//! archive changed in the blob store is refused `backup-corrupt`, marked corrupt, and not copied.
 
 use crate::nodes::{agent_binary, machine_hostname_is_a_label};
 use crate::relays::{RelayProcess, agent, export, wait_listed};
@@ -217,7 +218,7 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     assert_eq!(kept, expected, "only the kept backups' objects remain");
 
     match AuthS3::from_env() {
-        Some(s3) => external_target(&server, &admin, &root.join("cli-config"), &org_id, &newest[2], &s3),
+        Some(s3) => external_target(&server, &admin, &root.join("cli-config"), &data, &org_id, [&newest[1], &newest[2]], &s3),
         None => eprintln!(
             "external target part skipped: CAPSTAN_TEST_S3_AUTH_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY are not set \
              (an S3 server that checks credentials; .ci/peers.sh starts moto with IAM authentication)"
@@ -274,7 +275,7 @@ impl AuthS3 {
 
 /// Replication to the external target: fails closed without credentials and with wrong ones,
 /// then lands every object exact, and the manifest.
-fn external_target(server: &Capstan, admin: &str, config: &Path, org_id: &str, backup_id: &str, s3: &AuthS3) {
+fn external_target(server: &Capstan, admin: &str, config: &Path, data: &Path, org_id: &str, [older, backup_id]: [&str; 2], s3: &AuthS3) {
     let prefix = format!("e2e-{:08x}", rand::random::<u32>());
     let settings = ok(server, admin, "settings.get", json!({}));
     let set = json!({
@@ -315,10 +316,15 @@ fn external_target(server: &Capstan, admin: &str, config: &Path, org_id: &str, b
     assert!(s3.objects(&keys).is_empty(), "nothing is written with refused credentials");
 
     set_secret(&format!("{}:{}", s3.access_key, s3.secret_key));
-    let listed = ok(server, admin, "backups.list", json!({ "organizationId": org_id }));
-    let ids: Vec<&str> = listed["backups"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap()).collect();
-    for id in &ids {
-        // every complete backup was queued for the new target; ask again now rather than after the delay
+    // the older backup's archive changes in the blob store: it must not go out
+    let older_get = json!({ "organizationId": org_id, "backupId": older });
+    let older_record = ok(server, admin, "backups.get", older_get.clone());
+    let older_path = object_file(data, older_record["objects"][0]["key"].as_str().unwrap());
+    let mut bytes = std::fs::read(&older_path).unwrap();
+    bytes[0] ^= 0x01;
+    std::fs::write(&older_path, &bytes).unwrap();
+    for id in [older, backup_id] {
+        // both were queued for the new target; ask again now rather than after the delay
         ok(server, admin, "backups.replicate", json!({ "organizationId": org_id, "backupId": id }));
     }
     let done = replica("complete");
@@ -334,11 +340,16 @@ fn external_target(server: &Capstan, admin: &str, config: &Path, org_id: &str, b
     let manifest: Value = serde_json::from_slice(&there[&manifest_key]).unwrap();
     assert_eq!((manifest["id"].as_str(), &manifest["backup"]["objects"]), (Some(backup_id), &done["objects"]), "{manifest}");
     // the manifest lives only on the far side: here the record is the manifest
-    for id in ids {
-        let copied = eventually(&format!("backup {id} copied"), DONE, || {
-            let backup = ok(server, admin, "backups.get", json!({ "organizationId": org_id, "backupId": id }));
-            if backup["replicaState"] == "complete" { Ok(backup) } else { Err(backup.to_string()) }
-        });
-        assert_eq!(copied["replica"]["target"], format!("{}/{}/{prefix}", s3.endpoint, s3.bucket), "{copied}");
-    }
+    assert_eq!(done["replica"]["target"], format!("{}/{}/{prefix}", s3.endpoint, s3.bucket), "{done}");
+    let refused_copy = eventually("the changed backup refused", DONE, || {
+        let backup = ok(server, admin, "backups.get", older_get.clone());
+        if backup["replicaState"] == "failed" && backup["replica"]["reason"]["code"] == "backup-corrupt" {
+            Ok(backup)
+        } else {
+            Err(backup.to_string())
+        }
+    });
+    assert_eq!(refused_copy["state"], "corrupt", "a changed archive marks the backup corrupt: {refused_copy}");
+    let older_keys = [format!("{prefix}/backups/{older}/volumes.tar.gz"), format!("{prefix}/backups/{older}/manifest.json")];
+    assert!(s3.objects(&older_keys).is_empty(), "nothing of a corrupt backup goes out");
 }

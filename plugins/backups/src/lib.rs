@@ -1077,6 +1077,11 @@ fn replicate_due(ctx: &Context, now: u64) -> Result<(u32, u32)> {
                     delay / 1000
                 );
                 doc.data.replica_state = Some(ReplicaState::Failed);
+                if reason.code == "backup-corrupt" {
+                    // as a restore finds it: never restored, never copied again
+                    doc.data.state = State::Corrupt;
+                    doc.data.reason = Some(Reason { code: "backup-object-mismatch".into(), message: reason.message.clone() });
+                }
                 replica.reason = Some(reason);
                 replica.next_attempt_at_ms = Some(now_ms() + delay);
                 failed += 1;
@@ -1163,6 +1168,14 @@ fn copy_backup(doc: &Doc<Backup>, target: &Target, access_key_id: String, secret
         _ => Reason::from(&r),
     };
     for object in &doc.data.objects {
+        // only what the manifest says goes out: an object changed here is corrupt, and is not sent
+        let here = transfers::digest(&object.key).map_err(named)?;
+        if here.as_ref().is_none_or(|h| h.size != object.size || h.sha256 != object.sha256) {
+            return Err(Reason {
+                code: "backup-corrupt".into(),
+                message: format!("{} no longer matches the manifest in the blob store; nothing of it was copied", object.key),
+            });
+        }
         let far = transfers::replicate(&object.key, &s3).map_err(named)?;
         if far.size != object.size || far.sha256 != object.sha256 {
             return Err(Reason {
