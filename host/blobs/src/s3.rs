@@ -90,6 +90,16 @@ pub struct S3Target {
 /// Whether a target may be reached at an address: `Err` says why not (e.g. `loopback`).
 pub type AddressCheck = Arc<dyn Fn(IpAddr) -> std::result::Result<(), String> + Send + Sync>;
 
+/// How a target is reached: the addresses allowed, and roots trusted besides the platform's.
+#[derive(Clone)]
+pub struct Reach {
+    /// Every address the endpoint's name resolves to is checked with this.
+    pub check: AddressCheck,
+    /// PEM certificates (a private CA) trusted besides the platform's roots; already checked
+    /// to parse (the TLS library panics on a block that does not).
+    pub extra_roots_pem: Option<Arc<Vec<u8>>>,
+}
+
 /// The resolver of a target's client: the system's lookup, then every address checked, so the
 /// connection goes only to addresses that were checked (no second lookup to rebind).
 #[derive(Clone)]
@@ -180,10 +190,11 @@ impl S3Blobs {
     }
 
     /// A bucket outside Capstan that a plugin copies objects to ([`S3Target`]): path-style, at
-    /// `target.endpoint`, reached only at addresses `check` lets through (every address the
-    /// endpoint's name resolves to is checked, and the connection goes to exactly those).
-    /// Refused `s3-target-invalid` naming the field in the wrong shape.
-    pub fn open_target(target: &S3Target, check: AddressCheck) -> Result<S3Blobs> {
+    /// `target.endpoint`, reached only at addresses `reach.check` lets through (every address the
+    /// endpoint's name resolves to is checked, and the connection goes to exactly those), over
+    /// TLS trusting the platform's roots and `reach.extra_roots_pem`. Refused
+    /// `s3-target-invalid` naming the field in the wrong shape.
+    pub fn open_target(target: &S3Target, reach: Reach) -> Result<S3Blobs> {
         let invalid = |field: &str, why: String| {
             Refusal::new("s3-target-invalid", format!("the S3 target's {field} {why}")).with_data(json!({ "field": field }))
         };
@@ -206,9 +217,19 @@ impl S3Blobs {
             return Err(invalid("credentials", "are empty".into()));
         }
         let credentials = Credentials::new(&target.access_key_id, target.secret_access_key.expose(), None, None, "capstan-plugin");
+        use aws_smithy_http_client::tls;
+        let mut roots = tls::TrustStore::default().with_native_roots(true);
+        if let Some(pem) = &reach.extra_roots_pem {
+            roots = roots.with_pem_certificate(pem.as_slice());
+        }
+        let context = tls::TlsContext::builder()
+            .with_trust_store(roots)
+            .build()
+            .map_err(|e| Refusal::new("s3-target-unavailable", "the TLS settings of the S3 target's client are unusable").detail(e))?;
         let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(aws_smithy_http_client::tls::rustls_provider::CryptoMode::AwsLc))
-            .build_with_resolver(GuardedResolver(check));
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+            .tls_context(context)
+            .build_with_resolver(GuardedResolver(reach.check));
         let config = Self::config(region, credentials, true, Some(&endpoint)).http_client(http);
         Ok(S3Blobs {
             client: Client::from_conf(config.build()),
@@ -1849,7 +1870,7 @@ mod tests {
             access_key_id: access.to_string(),
             secret_access_key: SecretString::new(secret.into()),
         };
-        let anywhere: AddressCheck = Arc::new(|_| Ok(()));
+        let anywhere = Reach { check: Arc::new(|_| Ok(())), extra_roots_pem: None };
 
         let good = S3Blobs::open_target(&target(&access, &secret, &bucket), anywhere.clone()).unwrap();
         let copy = good.replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b1/volumes.tar.gz").await.unwrap().unwrap();
@@ -1873,11 +1894,96 @@ mod tests {
         let r = refused(missing.replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b1/volumes.tar.gz").await);
         assert!(r.is("s3-target-bucket-missing"), "{r}");
 
-        let guarded: AddressCheck = Arc::new(|ip| if ip.is_loopback() { Err("loopback".into()) } else { Ok(()) });
+        let guarded = Reach { check: Arc::new(|ip| if ip.is_loopback() { Err("loopback".into()) } else { Ok(()) }), extra_roots_pem: None };
         let named = target(&access, &secret, &bucket);
         let named = S3Target { endpoint: named.endpoint.replace("127.0.0.1", "localhost"), ..named };
         let r = refused(S3Blobs::open_target(&named, guarded).unwrap().replicate(&source, "plugins/backups/b1/volumes.tar.gz", "b3").await);
         assert!(r.is("http-address-refused") && r.message.contains("loopback"), "{r}");
+    }
+
+    /// A loopback HTTPS server whose certificate a private CA made here issued, answering every
+    /// request S3's `NoSuchBucket`: its endpoint and the CA certificate as PEM.
+    fn https_no_such_bucket() -> (String, String) {
+        use std::io::{Read, Write};
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "Capstan test private CA");
+        ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap()).unwrap();
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&leaf_key, &*ca).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der().clone()], rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()))
+            .unwrap();
+        let config = Arc::new(config);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("https://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let Ok(connection) = rustls::ServerConnection::new(config.clone()) else { continue };
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                let head_end = loop {
+                    if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break Some(at + 4);
+                    }
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => break None,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                };
+                // a client refusing the certificate ends the handshake before a request
+                let Some(head_end) = head_end else { continue };
+                let head = String::from_utf8_lossy(&request[..head_end]).to_ascii_lowercase();
+                let length: usize =
+                    head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+                while request.len() < head_end + length {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>NoSuchBucket</Code><Message>no</Message></Error>";
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 404 Not Found\r\ncontent-type: application/xml\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            }
+        });
+        (endpoint, ca.pem())
+    }
+
+    #[tokio::test]
+    async fn a_target_behind_a_private_ca_is_reached_only_with_its_roots() {
+        let (endpoint, ca_pem) = https_no_such_bucket();
+        let dir = tempfile::tempdir().unwrap();
+        let source = Blobs::new(crate::local::LocalBlobs::open(dir.path().to_str().unwrap()).await.unwrap());
+        source.put_bytes("k", b"content".to_vec(), PutMode::Overwrite).await.unwrap();
+        let target = S3Target {
+            endpoint,
+            region: "us-east-1".into(),
+            bucket: "offsite".into(),
+            prefix: String::new(),
+            access_key_id: "AKIATEST".into(),
+            secret_access_key: SecretString::new("s".into()),
+        };
+        let reach = |pem: Option<String>| Reach { check: Arc::new(|_| Ok(())), extra_roots_pem: pem.map(|p| Arc::new(p.into_bytes())) };
+        // the platform's roots alone do not know the CA: the handshake fails, nothing is asked
+        let r = S3Blobs::open_target(&target, reach(None)).unwrap().replicate(&source, "k", "k").await.unwrap_err();
+        assert!(r.is("s3-target-unavailable"), "{r}");
+        // with its certificate the server is reached, and answers
+        let r = S3Blobs::open_target(&target, reach(Some(ca_pem))).unwrap().replicate(&source, "k", "k").await.unwrap_err();
+        assert!(r.is("s3-target-bucket-missing"), "{r}");
     }
 
     #[test]
@@ -1890,7 +1996,7 @@ mod tests {
             access_key_id: "AKIA".into(),
             secret_access_key: SecretString::new("s".into()),
         };
-        let anywhere: AddressCheck = Arc::new(|_| Ok(()));
+        let anywhere = Reach { check: Arc::new(|_| Ok(())), extra_roots_pem: None };
         assert!(S3Blobs::open_target(&ok(), anywhere.clone()).is_ok());
         for (target, field) in [
             (S3Target { endpoint: "ftp://x".into(), ..ok() }, "endpoint"),

@@ -174,9 +174,11 @@ async fn start_plugins(
         .map_err(|e| Refusal::new("config-invalid", format!("{}: {e}", crate::config::TRUSTED_PUBLISHERS)))?;
     let runtime = Runtime::new(Some(config.node.state_dir.join("plugin-cache")))?;
     let roots = config.plugin_http_ca.as_ref().map(|ca| ca.certificates.as_slice()).unwrap_or_default();
-    let http = PluginHttp::new(roots, &config.plugin_http_allow).map_err(|e| {
-        Refusal::new("config-invalid", format!("{}: the plugin HTTP client cannot be built: {e}", crate::config::PLUGIN_HTTP_CA_FILE))
-    })?;
+    let http = PluginHttp::new(roots, &config.plugin_http_allow)
+        .map_err(|e| {
+            Refusal::new("config-invalid", format!("{}: the plugin HTTP client cannot be built: {e}", crate::config::PLUGIN_HTTP_CA_FILE))
+        })?
+        .with_extra_roots_pem(config.plugin_http_ca.as_ref().map(|ca| ca.pem.clone()));
     if let Some(ca) = &config.plugin_http_ca {
         let (file, certificates) = (ca.path.display(), ca.certificates.len());
         tracing::info!(%file, certificates, "plugin outbound HTTPS also trusts the roots in {}", crate::config::PLUGIN_HTTP_CA_FILE);

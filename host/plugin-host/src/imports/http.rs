@@ -29,6 +29,8 @@ const MAX_HTTP_BODY: usize = 16 << 20;
 pub struct PluginHttp {
     client: reqwest::Client,
     allowed: Arc<Vec<IpNet>>,
+    /// The extra roots as PEM, for the S3 client of `transfers.replicate`.
+    extra_roots_pem: Option<Arc<Vec<u8>>>,
 }
 
 impl PluginHttp {
@@ -44,7 +46,14 @@ impl PluginHttp {
             .user_agent(concat!("capstan/", env!("CARGO_PKG_VERSION")))
             .tls_certs_merge(extra_roots.iter().cloned())
             .build()?;
-        Ok(PluginHttp { client, allowed })
+        Ok(PluginHttp { client, allowed, extra_roots_pem: None })
+    }
+
+    /// The same extra roots as PEM (the file `CAPSTAN_PLUGIN_HTTP_CA_FILE` names, already
+    /// checked), so the S3 client of `transfers.replicate` trusts them too.
+    pub fn with_extra_roots_pem(mut self, pem: Option<Vec<u8>>) -> Self {
+        self.extra_roots_pem = pem.map(Arc::new);
+        self
     }
 }
 
@@ -197,10 +206,14 @@ impl CallData {
 }
 
 impl Outbound {
-    /// The address check of this provider, for a client that resolves names itself.
-    pub(super) fn address_check(&self) -> crate::blobs::s3::AddressCheck {
+    /// How another client reaches out as this one does: the address check (for a client that
+    /// resolves names itself) and the extra roots as PEM.
+    pub(super) fn reach(&self) -> crate::blobs::s3::Reach {
         let allowed = self.http.allowed.clone();
-        Arc::new(move |ip| check_address(ip, &allowed).map_err(|refused| refused.range.to_string()))
+        crate::blobs::s3::Reach {
+            check: Arc::new(move |ip| check_address(ip, &allowed).map_err(|refused| refused.range.to_string())),
+            extra_roots_pem: self.http.extra_roots_pem.clone(),
+        }
     }
 }
 

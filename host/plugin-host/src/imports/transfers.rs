@@ -82,7 +82,7 @@ impl transfers::Host for CallData {
                 access_key_id: target.access_key_id,
                 secret_access_key: SecretString::new(target.secret_access_key),
             },
-            outbound.address_check(),
+            outbound.reach(),
         )
         .map_err(to_wit)?;
         let copied = opened.replicate(&prefix.blobs, &full, &key).await.map_err(to_wit)?;

@@ -390,6 +390,8 @@ pub struct PluginHttpCa {
     pub path: PathBuf,
     /// At least one.
     pub certificates: Vec<reqwest::Certificate>,
+    /// The file as read (checked above): what clients other than reqwest's are given.
+    pub pem: Vec<u8>,
 }
 
 /// Largest CA file read (a full public bundle is about 200 KiB).
@@ -420,7 +422,7 @@ pub fn read_plugin_http_ca(path: &Path) -> Result<PluginHttpCa> {
         .tls_certs_only(certificates.iter().cloned())
         .build()
         .map_err(|_| refuse("ca-file-invalid", "holds a certificate that cannot be used as a root (not X.509 DER)".into()))?;
-    Ok(PluginHttpCa { path: path.to_path_buf(), certificates })
+    Ok(PluginHttpCa { path: path.to_path_buf(), certificates, pem: bytes })
 }
 
 pub use capstan_blobs::{S3_ACCESS_KEY, S3_ENDPOINT, S3_FORCE_PATH_STYLE, S3_REGION, S3_SECRET_KEY, S3Settings};
