@@ -1068,7 +1068,7 @@ fn replicate_due(ctx: &Context, now: u64) -> Result<(u32, u32)> {
                 copied += 1;
             }
             Err(reason) => {
-                let delay = RETRY_FIRST_MS.saturating_mul(1 << replica.attempts.saturating_sub(1).min(16)).min(RETRY_MAX_MS);
+                let delay = retry_delay_ms(replica.attempts);
                 capstan_sdk::warn!(
                     "replicating backup {} failed: {} ({}); trying again in {} s",
                     doc.id,
@@ -1095,6 +1095,12 @@ fn replicate_due(ctx: &Context, now: u64) -> Result<(u32, u32)> {
         }
     }
     Ok((copied, failed))
+}
+
+/// How long after its `attempts`-th failed attempt a replication is tried again: 5 minutes,
+/// doubling, at most 6 hours.
+fn retry_delay_ms(attempts: u32) -> u64 {
+    RETRY_FIRST_MS.saturating_mul(1 << attempts.saturating_sub(1).min(16)).min(RETRY_MAX_MS)
 }
 
 /// A target not seen before: every complete backup not yet copied there is queued for it.
@@ -1327,6 +1333,14 @@ mod tests {
         );
         assert_eq!(target.name(), "https://s3.example.com/offsite/capstan");
         assert_eq!(settings(Some("http://h:9000"), Some("b"), "").target().unwrap().name(), "http://h:9000/b");
+    }
+
+    #[test]
+    fn a_failed_replication_waits_longer_each_time_up_to_six_hours() {
+        let minutes = |attempts| retry_delay_ms(attempts) / 60_000;
+        assert_eq!([minutes(0), minutes(1), minutes(2), minutes(3), minutes(7)], [5, 5, 10, 20, 320]);
+        assert_eq!(minutes(8), 360);
+        assert_eq!(minutes(u32::MAX), 360);
     }
 
     #[test]
