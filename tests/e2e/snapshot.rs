@@ -142,12 +142,7 @@ fn production(dir: &Path, database: &str, extra: &[(&str, String)]) -> Vec<(Stri
 
 /// Restore the source's file with `vars`, refuse a second restore, start `capstan serve` there
 /// and find the administrator, the person, the secret's metadata and the App Store's catalog.
-/// Restore the source snapshot with `vars` and serve on it. `stand_in`: the store is the
-/// MongoDB stand-in, which isolates no transaction from another (docs/compatibility.md) and
-/// may break a transaction of the serving host's (`store-unavailable`, "committing failed"):
-/// the restore itself is checked in full, and the serving part stops with a printed note when
-/// the stand-in fails that way, rather than fail on a gap real MongoDB does not have.
-fn restore_and_serve(vars: &[(String, String)], stand_in: bool) {
+fn restore_and_serve(vars: &[(String, String)]) {
     let source = source();
     let restore = |output: &[&str]| {
         let mut cmd = capstan();
@@ -163,55 +158,16 @@ fn restore_and_serve(vars: &[(String, String)], stand_in: bool) {
     let mut cmd = capstan();
     cmd.args(["serve", "--listen", "127.0.0.1:0"]).envs(vars.iter().map(|(k, v)| (k, v)));
     let server = Capstan::start(cmd);
-    if stand_in {
-        let reply = server.request("GET", "/status", &[], None);
-        if reply.status == 503 && reply.body.contains("store-unavailable") {
-            eprintln!("note: the MongoDB stand-in broke a transaction of the starting host ({}); not checked further", reply.body);
-            return;
-        }
-    }
     let status = server.admin_status();
     assert_eq!(status["migrations"]["done"], true, "{status}");
-    // the MongoDB stand-in isolates no transaction from another (docs/compatibility.md): a
-    // login racing the start's background work may be answered store-unavailable, retryable
-    let admin = eventually("the administrator logged in", Duration::from_secs(60), || {
-        let body = json!({ "username": TEST_ADMIN.0, "password": TEST_ADMIN.1 }).to_string();
-        let reply = server.call("auth.login", &body);
-        match reply.status {
-            200 => Ok(reply.json()["token"].as_str().expect("a login answers a token").to_string()),
-            503 => Err(reply.body.clone()),
-            status => panic!("auth.login answered {status}: {}", reply.body),
-        }
-    });
-    let ok = |method: &str, body: Value| {
-        let reply = server.call_as(&admin, method, &body);
-        if stand_in && reply.status == 503 && reply.json()["error"]["code"] == "store-unavailable" {
-            eprintln!("note: the MongoDB stand-in broke a transaction of the serving host ({}); not checked further", reply.body);
-            return None;
-        }
-        Some(reply.expect_json(200))
-    };
-    let Some(users) = ok("users.list", json!({})) else { return };
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let ok = |method: &str, body: Value| server.call_as(&admin, method, &body).expect_json(200);
+    let users = ok("users.list", json!({}));
     assert!(users.to_string().contains(&source.person), "{users}");
-    let Some(secret) = ok("secrets.get", json!({ "id": source.secret_id })) else { return };
+    let secret = ok("secrets.get", json!({ "id": source.secret_id }));
     assert_eq!(secret["key"], "SNAPSHOT_KEY", "{secret}");
-    if stand_in {
-        let running = eventually("the App Store running", Duration::from_secs(180), || {
-            let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "appstore" }));
-            match reply.status {
-                200 if reply.json()["status"] == "running" => Ok(true),
-                503 if reply.json()["error"]["code"] == "store-unavailable" => Ok(false),
-                _ => Err(reply.body.clone()),
-            }
-        });
-        if !running {
-            eprintln!("note: the MongoDB stand-in broke a transaction of the serving host; not checked further");
-            return;
-        }
-    } else {
-        wait_for_appstore(&server, &admin);
-    }
-    let Some(catalog) = ok("appstore.listApps", json!({})) else { return };
+    wait_for_appstore(&server, &admin);
+    let catalog = ok("appstore.listApps", json!({}));
     let mut listed: Vec<String> = catalog["apps"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap().to_string()).collect();
     listed.sort();
     assert_eq!(listed, source.apps);
@@ -223,14 +179,14 @@ fn restore_and_serve(vars: &[(String, String)], stand_in: bool) {
 fn a_dev_hosts_snapshot_restores_into_an_empty_sqlite_store_and_serves_there() {
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite:{}", dir.path().join("store").join("capstan.sqlite").display());
-    restore_and_serve(&production(dir.path(), &database, &[]), false);
+    restore_and_serve(&production(dir.path(), &database, &[]));
 }
 
 #[test]
 fn a_dev_hosts_snapshot_restores_into_mongodb_and_serves_there() {
     let Some(url) = mongo_url() else { return };
     let dir = tempfile::tempdir().unwrap();
-    restore_and_serve(&production(dir.path(), &url, &[("CAPSTAN_DATABASE_NAME", fresh_database())]), true);
+    restore_and_serve(&production(dir.path(), &url, &[("CAPSTAN_DATABASE_NAME", fresh_database())]));
 }
 
 #[test]

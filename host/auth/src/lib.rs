@@ -411,7 +411,15 @@ impl Auth {
                 let user = tx.get(USERS, &doc.id).await?.map(|d| parse::<User>(&d)).transpose()?;
                 Ok(user.map(|u| (doc.id.clone(), u)))
             })
-            .await?;
+            .await;
+        let found = match found {
+            Ok(found) => found,
+            // never checked: it does not count as a failure
+            Err(refusal) => {
+                attempts::take_back(&self.store, &keys).await?;
+                return Err(refusal);
+            }
+        };
         let Some((user_id, user)) = found.filter(|(_, u)| u.kind == "machine") else {
             tracing::info!("token exchange denied");
             return Err(denied());

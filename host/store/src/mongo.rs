@@ -77,6 +77,19 @@ pub struct MongoStore {
     /// Specs seen by `ensure_collection`, so writes can check unique values before writing.
     specs: Specs,
     secrets: Arc<Secrets>,
+    /// The server does not isolate concurrent transactions (found at open): every call to it
+    /// takes the process's one turn ([`turn_lock`]).
+    takes_turns: bool,
+}
+
+/// How long a call waits for its turn on a server without transaction isolation before it is
+/// answered `store-busy` (which `Store::transact` retries within its budget).
+const TURN_WAIT: Duration = Duration::from_secs(30);
+
+/// The one turn of this process for calls to a server that does not isolate transactions.
+pub(crate) fn turn_lock() -> Arc<tokio::sync::Mutex<()>> {
+    static TURN: std::sync::OnceLock<Arc<tokio::sync::Mutex<()>>> = std::sync::OnceLock::new();
+    TURN.get_or_init(Default::default).clone()
 }
 
 impl MongoStore {
@@ -110,10 +123,58 @@ impl MongoStore {
                 .scrub_refusal(Refusal::new("config-invalid", "CAPSTAN_DATABASE_URL cannot be used to build a MongoDB client").detail(&e))
         })?;
         let db = client.database(&name);
-        let store = MongoStore { client, db, description: describe_url(url, &name), specs: Default::default(), secrets };
+        let mut store =
+            MongoStore { client, db, description: describe_url(url, &name), specs: Default::default(), secrets, takes_turns: false };
         store.ping().await?;
         store.probe_transactions().await?;
+        if !store.isolates_transactions().await? {
+            tracing::warn!(
+                store = %store.description,
+                "this MongoDB server does not isolate concurrent transactions: this node runs one transaction at a time \
+                 on it, and no second node may share its database (docs/compatibility.md)"
+            );
+            store.takes_turns = true;
+        }
         Ok(store)
+    }
+
+    /// Whether one transaction is kept from seeing another's uncommitted insert. Real MongoDB
+    /// does; nx-27017 runs all sessions of a database on one SQLite connection and does not.
+    /// Run at open, before anything else uses the store.
+    pub async fn isolates_transactions(&self) -> Result<bool> {
+        let coll = self.db.collection::<BsonDocument>(PROBE_COLLECTION);
+        let marker = format!("isolation-{:016x}", rand::random::<u64>());
+        let mut writer = self.begin_txn().await?;
+        let inserted = coll.insert_one(doc! {"_id": &marker}).session(&mut writer.session).await;
+        let seen = match inserted {
+            Ok(_) => match self.begin_txn().await {
+                Ok(mut reader) => {
+                    let seen = coll.find_one(doc! {"_id": &marker}).session(&mut reader.session).await;
+                    // inner first: on a server that nests the second transaction in the first, this order unwinds
+                    let _ = reader.session.abort_transaction().await;
+                    seen
+                }
+                Err(e) => {
+                    let _ = writer.session.abort_transaction().await;
+                    return Err(e);
+                }
+            },
+            Err(e) => Err(e),
+        };
+        let _ = writer.session.abort_transaction().await;
+        let _ = coll.delete_one(doc! {"_id": &marker}).await;
+        Ok(seen.map_err(|e| self.map(&e, "probing transaction isolation"))?.is_none())
+    }
+
+    /// This call's turn, on a server that needs them.
+    async fn turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>> {
+        if !self.takes_turns {
+            return Ok(None);
+        }
+        match tokio::time::timeout(TURN_WAIT, turn_lock().lock_owned()).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(_) => Err(busy(format!("waited {TURN_WAIT:?} for a turn on a MongoDB server without transaction isolation"))),
+        }
     }
 
     fn map(&self, e: &MongoError, what: &str) -> Refusal {
@@ -310,6 +371,7 @@ impl StoreBackend for MongoStore {
     }
 
     async fn ensure_collection(&self, spec: &CollectionSpec) -> Result<()> {
+        let _turn = self.turn().await?;
         self.create_collection(&spec.name).await?;
         let coll = self.db.collection::<BsonDocument>(&spec.name);
         let existing: Vec<String> = self.list_indexes(&coll).await?.into_iter().map(|i| i.name).collect();
@@ -327,10 +389,14 @@ impl StoreBackend for MongoStore {
     }
 
     async fn begin(&self) -> Result<Box<dyn TxnBackend>> {
-        Ok(Box::new(self.begin_txn().await?))
+        match self.turn().await? {
+            None => Ok(Box::new(self.begin_txn().await?)),
+            Some(turn) => Ok(Box::new(TurnTxn { txn: Some(self.begin_txn().await?), turn: Some(turn) })),
+        }
     }
 
     async fn populated_collections(&self) -> Result<Vec<String>> {
+        let _turn = self.turn().await?;
         let names = self.db.list_collection_names().await.map_err(|e| self.map(&e, "listing collections"))?;
         let mut populated = Vec::new();
         for name in names {
@@ -354,6 +420,7 @@ impl StoreBackend for MongoStore {
     }
 
     async fn ping(&self) -> Result<()> {
+        let _turn = self.turn().await?;
         self.db.run_command(doc! {"ping": 1}).await.map(|_| ()).map_err(|e| self.map(&e, "pinging MongoDB"))
     }
 }
@@ -701,6 +768,63 @@ impl TxnBackend for MongoTxn {
     }
 }
 
+/// A transaction holding the process's turn on a server without transaction isolation; the
+/// turn passes on only once the transaction has ended at the server.
+struct TurnTxn {
+    txn: Option<MongoTxn>,
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl TurnTxn {
+    fn txn(&mut self) -> &mut MongoTxn {
+        self.txn.as_mut().expect("transaction present until drop")
+    }
+}
+
+impl Drop for TurnTxn {
+    fn drop(&mut self) {
+        // hand the turn on only after the abort reached the server
+        if let (Some(mut txn), Some(turn), Ok(runtime)) = (self.txn.take(), self.turn.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                // after a commit this is refused locally, without a round trip
+                let _ = txn.session.abort_transaction().await;
+                drop(turn);
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl TxnBackend for TurnTxn {
+    async fn get(&mut self, collection: &str, id: &str) -> Result<Option<Document>> {
+        self.txn().get(collection, id).await
+    }
+    async fn insert(&mut self, collection: &str, id: &str, data: Value) -> Result<Document> {
+        self.txn().insert(collection, id, data).await
+    }
+    async fn replace(&mut self, collection: &str, id: &str, expected_revision: u64, data: Value) -> Result<Document> {
+        self.txn().replace(collection, id, expected_revision, data).await
+    }
+    async fn delete(&mut self, collection: &str, id: &str, expected_revision: u64) -> Result<()> {
+        self.txn().delete(collection, id, expected_revision).await
+    }
+    async fn find(&mut self, spec: &CollectionSpec, index: &IndexSpec, key: &[Value], cursor: Option<&str>, limit: usize) -> Result<Page> {
+        self.txn().find(spec, index, key, cursor, limit).await
+    }
+    async fn scan(&mut self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
+        self.txn().scan(collection, cursor, limit).await
+    }
+    async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document> {
+        self.txn().insert_at(collection, id, revision, data).await
+    }
+    async fn commit(&mut self) -> Result<()> {
+        self.txn().commit().await?;
+        // ended at the server: the next one may begin
+        self.turn.take();
+        Ok(())
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
@@ -902,7 +1026,6 @@ mod tests {
     use mongodb::error::CommandError;
     use serde_json::json;
     use std::future::Future;
-    use std::sync::OnceLock;
 
     /// The wire server to test against, or `None` (after saying why) when none is configured.
     fn test_url() -> Option<String> {
@@ -924,34 +1047,12 @@ mod tests {
         format!("{base}_{:08x}", rand::random::<u32>())
     }
 
-    /// One turn for every server call of this test process, taken only when the server does not
-    /// isolate concurrent transactions (see [`Harness::store`]).
-    fn turn() -> Arc<tokio::sync::Mutex<()>> {
-        static TURN: OnceLock<Arc<tokio::sync::Mutex<()>>> = OnceLock::new();
-        TURN.get_or_init(Default::default).clone()
-    }
-
-    /// Run a call to the server on its own, whatever else the tests are doing.
+    /// Run raw calls to the server on their own, whatever else the tests are doing: on a server
+    /// without transaction isolation they take the same turn the stores take. Never around a
+    /// store's own calls (they take it themselves).
     async fn alone<T>(work: impl Future<Output = T>) -> T {
-        let _turn = turn().lock_owned().await;
+        let _turn = turn_lock().lock_owned().await;
         work.await
-    }
-
-    /// Whether the server isolates concurrent transactions: one must not see another's
-    /// uncommitted insert. Real MongoDB does; nx-27017 runs all sessions of a database on one
-    /// SQLite connection and does not.
-    async fn server_isolates_transactions(store: &MongoStore) -> bool {
-        let c = unique_name("isolation_probe");
-        store.create_collection(&c).await.unwrap();
-        let mut writer = store.begin_txn().await.unwrap();
-        writer.insert(&c, "x", json!({})).await.unwrap();
-        let mut reader = store.begin_txn().await.unwrap();
-        let seen = reader.get(&c, "x").await;
-        // inner first: on a server that nests the second transaction in the first, this order unwinds
-        let _ = reader.session.abort_transaction().await;
-        let _ = writer.session.abort_transaction().await;
-        let _ = store.db.collection::<BsonDocument>(&c).drop().await;
-        matches!(seen, Ok(None))
     }
 
     /// A fresh database on the test server, dropped by `finish`.
@@ -981,7 +1082,7 @@ mod tests {
                 let one = Harness { url: url.clone(), database: format!("{database}_a"), server: unknown }.backend().await;
                 let other = Harness { url: url.clone(), database: format!("{database}_b"), server: unknown }.backend().await;
                 alone(async {
-                    let isolated = server_isolates_transactions(&one).await;
+                    let isolated = one.isolates_transactions().await.unwrap();
                     let marker = unique_name("namespace_probe");
                     one.create_collection(&marker).await.unwrap();
                     let shares_databases = other.db.list_collection_names().await.unwrap().contains(&marker);
@@ -1016,13 +1117,12 @@ mod tests {
                 .unwrap_or_else(|e| panic!("opening {}: {e}", describe_url(&self.url, &self.database)))
         }
 
-        /// A store on the database. On a server that does not isolate concurrent transactions,
-        /// its transactions take turns with every other server call of the tests (documented
-        /// accommodation: the suite's racing writers would otherwise corrupt each other's
-        /// transactions on such a server); on real MongoDB it is the plain backend.
+        /// A store on the database (on a server without transaction isolation its calls take
+        /// turns, as the product's do).
         async fn store(&self) -> Store {
             let backend = self.backend().await;
-            if self.server.isolated { Store::new(backend, DEFAULT_BUDGET) } else { Store::new(TakingTurns(backend), DEFAULT_BUDGET) }
+            assert_eq!(backend.takes_turns, !self.server.isolated, "the store found what the probe found");
+            Store::new(backend, DEFAULT_BUDGET)
         }
 
         async fn finish(self) {
@@ -1030,88 +1130,6 @@ mod tests {
                 let backend = self.backend().await;
                 alone(backend.drop_database()).await;
             }
-        }
-    }
-
-    struct TakingTurns(MongoStore);
-
-    #[async_trait]
-    impl StoreBackend for TakingTurns {
-        fn describe(&self) -> String {
-            self.0.describe()
-        }
-        async fn ensure_collection(&self, spec: &CollectionSpec) -> Result<()> {
-            alone(self.0.ensure_collection(spec)).await
-        }
-        async fn begin(&self) -> Result<Box<dyn TxnBackend>> {
-            let guard = turn().lock_owned().await;
-            let txn = self.0.begin_txn().await?;
-            Ok(Box::new(TurnTxn { txn: Some(txn), guard: Some(guard) }))
-        }
-        async fn populated_collections(&self) -> Result<Vec<String>> {
-            alone(self.0.populated_collections()).await
-        }
-        async fn ping(&self) -> Result<()> {
-            alone(self.0.ping()).await
-        }
-    }
-
-    struct TurnTxn {
-        txn: Option<MongoTxn>,
-        guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-    }
-
-    impl TurnTxn {
-        fn txn(&mut self) -> &mut MongoTxn {
-            self.txn.as_mut().expect("transaction present until drop")
-        }
-    }
-
-    impl Drop for TurnTxn {
-        fn drop(&mut self) {
-            // hand the turn on only after the abort reached the server
-            if let (Some(mut txn), Some(guard)) = (self.txn.take(), self.guard.take()) {
-                tokio::spawn(async move {
-                    // after a commit this is refused locally, without a round trip
-                    let _ = txn.session.abort_transaction().await;
-                    drop(guard);
-                });
-            }
-        }
-    }
-
-    #[async_trait]
-    impl TxnBackend for TurnTxn {
-        async fn get(&mut self, collection: &str, id: &str) -> Result<Option<Document>> {
-            self.txn().get(collection, id).await
-        }
-        async fn insert(&mut self, collection: &str, id: &str, data: Value) -> Result<Document> {
-            self.txn().insert(collection, id, data).await
-        }
-        async fn replace(&mut self, collection: &str, id: &str, expected_revision: u64, data: Value) -> Result<Document> {
-            self.txn().replace(collection, id, expected_revision, data).await
-        }
-        async fn delete(&mut self, collection: &str, id: &str, expected_revision: u64) -> Result<()> {
-            self.txn().delete(collection, id, expected_revision).await
-        }
-        async fn find(
-            &mut self,
-            spec: &CollectionSpec,
-            index: &IndexSpec,
-            key: &[Value],
-            cursor: Option<&str>,
-            limit: usize,
-        ) -> Result<Page> {
-            self.txn().find(spec, index, key, cursor, limit).await
-        }
-        async fn scan(&mut self, collection: &str, cursor: Option<&str>, limit: usize) -> Result<Page> {
-            self.txn().scan(collection, cursor, limit).await
-        }
-        async fn insert_at(&mut self, collection: &str, id: &str, revision: u64, data: Value) -> Result<Document> {
-            self.txn().insert_at(collection, id, revision, data).await
-        }
-        async fn commit(&mut self) -> Result<()> {
-            self.txn().commit().await
         }
     }
 
@@ -1144,10 +1162,10 @@ mod tests {
             store.probe_transactions().await.expect("a second probe passes too");
             let left = store.db.collection::<BsonDocument>(PROBE_COLLECTION).count_documents(doc! {}).await.unwrap();
             assert_eq!(left, 0, "the probe's insert was aborted");
-            let populated = store.populated_collections().await.unwrap();
-            assert!(!populated.iter().any(|c| c == PROBE_COLLECTION), "the probe is not a Capstan collection");
         })
         .await;
+        let populated = store.populated_collections().await.unwrap();
+        assert!(!populated.iter().any(|c| c == PROBE_COLLECTION), "the probe is not a Capstan collection");
         assert_eq!(store.describe(), describe_url(&h.url, &h.database));
         h.finish().await;
     }
