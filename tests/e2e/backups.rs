@@ -79,63 +79,96 @@ fn object_file(data: &Path, key: &str) -> PathBuf {
     data.join("blobs/objects/plugins/backups").join(format!("{key}~"))
 }
 
+/// A dev host with the backups plugin running, a cluster whose relay runs on an enrolled node
+/// (`capstan-agent relay --volumes-dir`), and the service `db` of the organization `acme` with
+/// the volume `data` (its directory created, empty).
+struct World {
+    dir: tempfile::TempDir,
+    port: u16,
+    server: Capstan,
+    admin: String,
+    relay: RelayProcess,
+    data: PathBuf,
+    org_id: String,
+    service_id: String,
+    volume: PathBuf,
+}
+
+/// `capstan serve --dev` on `data` at `port` (armed to crash at `crash_at`).
+fn serve(data: &Path, port: u16, crash_at: Option<&str>) -> Capstan {
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(data).args(["--listen", &format!("127.0.0.1:{port}")]);
+    cmd.env("CAPSTAN_AGENT_BINARY", agent_binary());
+    // the external target is an S3 server on loopback
+    cmd.env("CAPSTAN_PLUGIN_HTTP_ALLOW", "127.0.0.0/8");
+    if let Some(point) = crash_at {
+        cmd.env(capstan_core::crash::CRASH_AT, point);
+    }
+    Capstan::start(cmd)
+}
+
+impl World {
+    fn new(crash_at: Option<&str>) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let port = free_port();
+        let origin = format!("http://127.0.0.1:{port}");
+        let data = root.join("data");
+        let server = serve(&data, port, crash_at);
+        server.ready_status();
+        let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+        eventually("the backups plugin running", Duration::from_secs(180), || {
+            // installed in the background once the host serves: not there at first
+            let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "backups" }));
+            if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+        });
+
+        // ---- a cluster with its relay on an enrolled node, and a service with a volume ----
+        let settings = ok(&server, &admin, "settings.get", json!({}));
+        ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": ZONE } }));
+        let cluster_id = ok(&server, &admin, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+        let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
+        ok(&server, &admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
+        ok(&server, &admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-backups" }));
+        let export_dir = root.join("relay-export");
+        std::fs::create_dir(&export_dir).unwrap();
+        std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let authorization = export_dir.join("relay-authorization");
+        export(&server, &admin, &root.join("config"), &cluster_id, &authorization, &[]);
+        let jump = ok(&server, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
+        let state_dir = root.join("agent-state");
+        let mut enroll = agent(&state_dir);
+        enroll.args(["enroll", &origin]);
+        let enrolled = crate::plugins::run(enroll, format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(), EXIT_TIMEOUT);
+        assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+        let volumes_dir = root.join("volumes");
+        let relay =
+            RelayProcess::start_with(&state_dir, &authorization, "10.0.0.5:8443", &["--volumes-dir".as_ref(), volumes_dir.as_os_str()]);
+        wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
+
+        let org = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }));
+        let org_id = org["id"].as_str().unwrap().to_string();
+        let service = ok(
+            &server,
+            &admin,
+            "services.create",
+            json!({ "organizationId": org_id, "name": "db", "image": "registry.example.com/db:1", "volumes": [{ "name": "data", "mountPath": "/var/lib/db" }] }),
+        );
+        let service_id = service["id"].as_str().unwrap().to_string();
+        let volume = volumes_dir.join(&service_id).join("data");
+        std::fs::create_dir_all(&volume).unwrap();
+        World { dir, port, server, admin, relay, data, org_id, service_id, volume }
+    }
+}
+
 #[test]
 fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_when_corrupt_and_pruned_to_keep_last() {
     if !machine_hostname_is_a_label() {
         eprintln!("skipped: this machine's short hostname is not one DNS label, which capstan-agent refuses to offer at enrollment");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let World { dir, server, admin, relay, data, org_id, service_id, volume, .. } = World::new(None);
     let root = dir.path();
-    let port = free_port();
-    let origin = format!("http://127.0.0.1:{port}");
-    let data = root.join("data");
-    let mut cmd = with_test_admin(capstan());
-    cmd.args(["serve", "--dev", "--data-dir"]).arg(&data).args(["--listen", &format!("127.0.0.1:{port}")]);
-    cmd.env("CAPSTAN_AGENT_BINARY", agent_binary());
-    // the external target below is an S3 server on loopback
-    cmd.env("CAPSTAN_PLUGIN_HTTP_ALLOW", "127.0.0.0/8");
-    let server = Capstan::start(cmd);
-    server.ready_status();
-    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    eventually("the backups plugin running", Duration::from_secs(180), || {
-        // installed in the background once the host serves: not there at first
-        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "backups" }));
-        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
-    });
-
-    // ---- a cluster with its relay on an enrolled node, and a service with a volume ----
-    let settings = ok(&server, &admin, "settings.get", json!({}));
-    ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": ZONE } }));
-    let cluster_id = ok(&server, &admin, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
-    let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
-    ok(&server, &admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
-    ok(&server, &admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-backups" }));
-    let export_dir = root.join("relay-export");
-    std::fs::create_dir(&export_dir).unwrap();
-    std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let authorization = export_dir.join("relay-authorization");
-    export(&server, &admin, &root.join("config"), &cluster_id, &authorization, &[]);
-    let jump = ok(&server, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
-    let state_dir = root.join("agent-state");
-    let mut enroll = agent(&state_dir);
-    enroll.args(["enroll", &origin]);
-    let enrolled = crate::plugins::run(enroll, format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(), EXIT_TIMEOUT);
-    assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
-    let volumes_dir = root.join("volumes");
-    let relay = RelayProcess::start_with(&state_dir, &authorization, "10.0.0.5:8443", &["--volumes-dir".as_ref(), volumes_dir.as_os_str()]);
-    wait_listed(&server, &admin, &cluster_id, true, 1, &[&relay]);
-
-    let org = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }));
-    let org_id = org["id"].as_str().unwrap().to_string();
-    let service = ok(
-        &server,
-        &admin,
-        "services.create",
-        json!({ "organizationId": org_id, "name": "db", "image": "registry.example.com/db:1", "volumes": [{ "name": "data", "mountPath": "/var/lib/db" }] }),
-    );
-    let service_id = service["id"].as_str().unwrap().to_string();
-    let volume = volumes_dir.join(&service_id).join("data");
     std::fs::create_dir_all(volume.join("nested/deeper")).unwrap();
     std::fs::write(volume.join("a.txt"), "the first text\n").unwrap();
     let binary: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
@@ -175,8 +208,9 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     std::fs::remove_file(volume.join("nested/deeper/b.bin")).unwrap();
     std::fs::write(volume.join("new.txt"), "added after the backup").unwrap();
     assert_ne!(tree(&volume), original);
-    let restore = ok(&server, &admin, "backups.restore", json!({ "organizationId": org_id, "backupId": backup_id }));
-    let restore = settled(&server, &admin, "backups.getRestore", json!({ "organizationId": org_id, "restoreId": restore["id"] }));
+    // the restore, as an operator asks for it in the dashboard: confirmed on its own page
+    let restore_id = restore_from_the_dashboard(&server, &admin, &org_id, &backup_id, &backup);
+    let restore = settled(&server, &admin, "backups.getRestore", json!({ "organizationId": org_id, "restoreId": restore_id }));
     assert_eq!(restore["state"], "complete", "{restore}\nrelay log:\n{}", relay.log());
     assert_eq!(tree(&volume), original, "the volume is byte for byte what was backed up");
 
@@ -225,6 +259,119 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
         ),
     }
     drop(relay);
+}
+
+/// A kill -9 of Capstan while the agent's archive is on its way into the blob store (the crash
+/// point `transfer-upload:midway`, 64 KiB into the upload) leaves no `complete` record: after the
+/// restart the backup is still `running`; once it is stale (3 minutes after it started) a pass
+/// fails it `interrupted` and deletes whatever was stored of it. Then `backupCron` set to every minute takes a complete
+/// backup (`trigger: schedule`), and keep-last prunes the failed one, older than it.
+#[test]
+fn a_backup_cut_by_a_kill_9_of_capstan_is_never_complete_and_is_cleaned_up() {
+    if !machine_hostname_is_a_label() {
+        eprintln!("skipped: this machine's short hostname is not one DNS label, which capstan-agent refuses to offer at enrollment");
+        return;
+    }
+    let point = "transfer-upload:midway";
+    let World { dir: _dir, port, server, admin, relay, data, org_id, service_id, volume } = World::new(Some(point));
+    // 4 MiB that gzip cannot shrink: the archive is still arriving at the crash point
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let noise: Vec<u8> = (0..4usize << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(volume.join("noise.bin"), &noise).unwrap();
+    let created = ok(&server, &admin, "backups.create", json!({ "organizationId": org_id, "serviceId": service_id }));
+    let backup_id = created["id"].as_str().unwrap().to_string();
+    let crash_line = format!("{}{point}", capstan_core::crash::CRASH_LINE);
+    eventually("Capstan killed in the middle of the upload", DONE, || {
+        if server.stderr().contains(&crash_line) { Ok(()) } else { Err(format!("relay log:\n{}", relay.log())) }
+    });
+    let exited = server.kill_hard();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&exited.status), Some(9), "{:?}", exited.status);
+
+    let server = serve(&data, port, None);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let get = json!({ "organizationId": org_id, "backupId": backup_id });
+    let cut = eventually("the backups plugin answering again", Duration::from_secs(180), || {
+        let reply = server.call_as(&admin, "backups.get", &get);
+        if reply.status == 200 { Ok(reply.json()) } else { Err(reply.body.clone()) }
+    });
+    assert_eq!(cut["state"], "running", "the cut backup is not complete: {cut}");
+    // what arrived of the archive is at most a temporary file of the blob store (removed by an
+    // open once an hour old), never an object
+    assert!(!object_file(&data, &format!("backups/{backup_id}/volumes.tar.gz")).exists(), "the cut upload is no object");
+    let failed = eventually("the cut backup failed as interrupted", Duration::from_secs(300), || {
+        let backup = ok(&server, &admin, "backups.get", get.clone());
+        if backup["state"] == "running" { Err(backup.to_string()) } else { Ok(backup) }
+    });
+    assert_eq!((failed["state"].as_str(), failed["reason"]["code"].as_str()), (Some("failed"), Some("interrupted")), "{failed}");
+    assert!(!object_file(&data, &format!("backups/{backup_id}/volumes.tar.gz")).exists(), "nothing of it is kept");
+    assert_eq!(failed["objects"], json!([]), "{failed}");
+
+    // ---- the schedule: every minute, a complete backup of the service, and the failed one older
+    // than the oldest complete kept is pruned with it ----
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(
+        &server,
+        &admin,
+        "settings.update",
+        json!({ "expectedRevision": settings["revision"], "set": { "backups.backupCron": "* * * * *" } }),
+    );
+    let scheduled = eventually("a scheduled backup complete", Duration::from_secs(200), || {
+        let listed = ok(&server, &admin, "backups.list", json!({ "organizationId": org_id, "serviceId": service_id }));
+        let done = listed["backups"].as_array().unwrap().iter().find(|b| b["trigger"] == "schedule" && b["state"] == "complete").cloned();
+        done.ok_or_else(|| listed.to_string())
+    });
+    assert_eq!(scheduled["requestedBy"], "schedule", "{scheduled}");
+    let overview = ok(&server, &admin, "backups.overview", json!({}));
+    assert_eq!(overview["lastRun"]["by"], "schedule", "{overview}");
+    assert!(overview["nextDueMs"].as_u64().unwrap() > overview["lastRun"]["atMs"].as_u64().unwrap(), "{overview}");
+    let pruned = server.call_as(&admin, "backups.get", &get);
+    refused(&pruned, "backup-not-found");
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "unset": ["backups.backupCron"] }));
+    drop(relay);
+}
+
+/// The backups page shows the service's complete backup (state, size, age, a restore link); the
+/// restore page says what is replaced and asks for confirmation; its form asks for the restore.
+/// The restore's id.
+fn restore_from_the_dashboard(server: &Capstan, admin: &str, org_id: &str, backup_id: &str, backup: &Value) -> String {
+    let cookie = format!("capstan_session={admin}");
+    let page = |path: &str| server.request("GET", path, &[("cookie", &cookie), ("accept", "text/html")], None);
+    let overview = page("/p/backups");
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    let html = &overview.body;
+    assert!(html.contains(r#"data-templated="true""#) && html.contains(r#"data-service="db""#), "{html}");
+    let row = format!(r#"data-backup="{backup_id}" data-state="complete" data-size="{}""#, backup["size"]);
+    assert!(html.contains(&row), "the backup's row with its state and size: {html}");
+    assert!(html.contains(r#"<td data-age>"#) && html.contains(&format!(r#"data-restore="{backup_id}""#)), "{html}");
+    assert!(html.contains(r#"id="schedule-cron""#) && html.contains("off: set backups.backupCron"), "the schedule, off: {html}");
+
+    let path = format!("/p/backups/restore?organizationId={org_id}&backupId={backup_id}");
+    let confirm = page(&path);
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(confirm.body.contains(r#"id="restore-consequence""#) && confirm.body.contains(r#"id="restore-form""#), "{}", confirm.body);
+    assert!(confirm.body.contains("are replaced by the backup"), "it says what a restore replaces: {}", confirm.body);
+    let missing = page("/p/backups/restore");
+    assert!(missing.status == 200 && missing.body.contains(r#"id="restore-missing""#), "{}", missing.body);
+
+    let headers = [("cookie", cookie.as_str()), ("sec-fetch-site", "same-origin"), ("content-type", "application/x-www-form-urlencoded")];
+    let fields = format!(
+        "_page=restore&_return=organizationId%3D{org_id}%26backupId%3D{backup_id}&organizationId={org_id}&backupId={backup_id}&_confirm=yes"
+    );
+    let posted = server.request("POST", "/p/backups/-/call/restore", &headers, Some(fields.as_bytes()));
+    assert!([200, 303].contains(&posted.status), "{}", posted.body);
+    let restores = ok(server, admin, "backups.overview", json!({}))["restores"].clone();
+    let newest = &restores[0];
+    assert_eq!(newest["backupId"], backup_id, "the form asked for a restore of this backup: {restores}");
+    newest["id"].as_str().unwrap().to_string()
 }
 
 /// An S3 server that checks credentials, with a bucket and a key pair it knows.

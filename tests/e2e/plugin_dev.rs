@@ -132,8 +132,7 @@ fn plugin_new_then_plugin_dev_installs_upgrades_and_watches_on_a_dev_host() {
     let mut cmd = author.command(&crate_dir, &["plugin", "dev", "--watch", "--url", &url]);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut watcher = Watcher::spawn(cmd);
-    watcher.wait_for("upgraded hello from 0.1.1-dev.2 to 0.1.1-dev.3", BUILD_TIMEOUT);
-    watcher.wait_for("watching", COMMAND_TIMEOUT);
+    watcher.wait_for_all(&["upgraded hello from 0.1.1-dev.2 to 0.1.1-dev.3", "watching"], BUILD_TIMEOUT);
     replace_in(&crate_dir.join("src/lib.rs"), "\"Howdy, {}!\"", "\"Hi there, {}!\"");
     watcher.wait_for("upgraded hello from 0.1.1-dev.3 to 0.1.1-dev.4", BUILD_TIMEOUT);
     assert_eq!(hello(&author, &url, "Ada"), "Hi there, Ada!");
@@ -174,16 +173,24 @@ impl Watcher {
     /// Wait until the output shows `needle` (after what was waited for before), then consume
     /// the output up to it.
     fn wait_for(&mut self, needle: &str, timeout: Duration) {
+        self.wait_for_all(&[needle], timeout);
+    }
+
+    /// Wait until the output shows every one of `needles`, in any order (stdout and stderr
+    /// arrive on two pipes, so lines of the two may be kept in either order), then consume the
+    /// output up to the last of them.
+    fn wait_for_all(&mut self, needles: &[&str], timeout: Duration) {
         let child = &mut self.child;
         let output = self.output.clone();
-        eventually(&format!("plugin dev --watch printing {needle:?}"), timeout, || {
+        eventually(&format!("plugin dev --watch printing {needles:?}"), timeout, || {
             let mut text = output.lock().unwrap();
-            if let Some(at) = text.find(needle) {
-                text.drain(..at + needle.len());
+            let found: Option<Vec<usize>> = needles.iter().map(|n| text.find(n).map(|at| at + n.len())).collect();
+            if let Some(end) = found.and_then(|ends| ends.into_iter().max()) {
+                text.drain(..end);
                 return Ok(());
             }
             if let Ok(Some(status)) = child.try_wait() {
-                panic!("plugin dev --watch ended ({status}) before {needle:?}:\n{text}");
+                panic!("plugin dev --watch ended ({status}) before {needles:?}:\n{text}");
             }
             Err(text.clone())
         });

@@ -89,7 +89,12 @@ impl Manager for Backups {
             .setting::<Option<String>>("backupTargetBucket", "The external S3 target's bucket", None)
             .setting("backupTargetPrefix", "Where in the bucket copies go: <prefix>/backups/<backupId>/…", Some("capstan".to_string()))
             .setting("backupTargetRegion", "The external S3 target's region", Some("us-east-1".to_string()))
-            .page(Page::new("", "Backups", "overview").form("runAll").form("create").form("restore"))
+            // /p/backups: every service's backups (state, size, age), the schedule, restores
+            .page(Page::new("", "Backups", "overview").template("overview").form("runAll").form("create").form("replicate"))
+            // /p/backups/restore?organizationId=…&backupId=…: what a restore replaces, confirmed there
+            .page(Page::new("restore", "Restore a backup", "get").template("restore").form("restore").hidden())
+            // /p/backups/organization?organizationId=…: an organization's backups, for its members
+            .page(Page::new("organization", "Backups of an organization", "list"))
             .collection(
                 CollectionSpec::new(BACKUPS)
                     .index("by_org", &["organizationId"])
@@ -367,7 +372,8 @@ impl Settings {
 }
 
 /// The external target the settings name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 struct Target {
     endpoint: String,
     bucket: String,
@@ -558,10 +564,57 @@ struct Overview {
     /// When the schedule falls due next (milliseconds since the epoch).
     next_due_ms: Option<u64>,
     last_run: Option<RunSummary>,
-    /// The newest backups (at most 200).
-    backups: Vec<Shown<Backup>>,
+    /// Where complete backups are copied, if a target is set (never its credentials).
+    target: Option<Target>,
+    /// When this answer was made (milliseconds since the epoch): what ages are counted from.
+    now_ms: u64,
+    /// The newest backups (at most 200), by service: services by name, each newest first.
+    services: Vec<ServiceBackups>,
     /// The newest restores (at most 200).
     restores: Vec<Shown<Restore>>,
+}
+
+/// One service's backups, newest first.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ServiceBackups {
+    service_id: String,
+    service_name: String,
+    organization_id: String,
+    /// The newest complete backup's size in bytes, if one is complete.
+    last_complete_size: Option<u64>,
+    /// When the newest complete backup was taken.
+    last_complete_at_ms: Option<u64>,
+    backups: Vec<Shown<Backup>>,
+}
+
+/// `backups` (newest first) by service, services by name then id, each keeping that order.
+fn by_service(backups: Vec<Shown<Backup>>) -> Vec<ServiceBackups> {
+    let mut services: Vec<ServiceBackups> = Vec::new();
+    for backup in backups {
+        let at = match services.iter().position(|s| s.service_id == backup.record.service_id) {
+            Some(at) => at,
+            None => {
+                services.push(ServiceBackups {
+                    service_id: backup.record.service_id.clone(),
+                    service_name: backup.record.service_name.clone(),
+                    organization_id: backup.record.organization_id.clone(),
+                    last_complete_size: None,
+                    last_complete_at_ms: None,
+                    backups: Vec::new(),
+                });
+                services.len() - 1
+            }
+        };
+        let service = &mut services[at];
+        if backup.record.state == State::Complete && service.last_complete_at_ms.is_none() {
+            service.last_complete_size = Some(backup.record.size);
+            service.last_complete_at_ms = Some(backup.record.created_at_ms);
+        }
+        service.backups.push(backup);
+    }
+    services.sort_by(|a, b| (&a.service_name, &a.service_id).cmp(&(&b.service_name, &b.service_id)));
+    services
 }
 
 fn overview(_ctx: &Context, _input: Empty) -> Result<Overview> {
@@ -572,13 +625,16 @@ fn overview(_ctx: &Context, _input: Empty) -> Result<Overview> {
     let mut restores: Vec<_> = newest::<Restore>(RESTORES, |r| r.created_at_ms)?;
     restores.truncate(200);
     let next_due_ms = if schedule.cron == settings.backup_cron { schedule.next_due_ms } else { None };
+    let target = settings.target();
     Ok(Overview {
         backup_cron: settings.backup_cron,
         backup_keep_last: settings.backup_keep_last,
         backup_max_bytes: settings.backup_max_bytes,
         next_due_ms,
         last_run: schedule.last_run,
-        backups,
+        target,
+        now_ms: now_ms(),
+        services: by_service(backups),
         restores,
     })
 }
@@ -1341,6 +1397,49 @@ mod tests {
         assert_eq!([minutes(0), minutes(1), minutes(2), minutes(3), minutes(7)], [5, 5, 10, 20, 320]);
         assert_eq!(minutes(8), 360);
         assert_eq!(minutes(u32::MAX), 360);
+    }
+
+    #[test]
+    fn backups_are_grouped_by_service_name_keeping_newest_first() {
+        let backup = |id: &str, service: &str, name: &str, state: State, at: u64, size: u64| Shown {
+            id: id.to_string(),
+            revision: 1,
+            record: Backup {
+                organization_id: "org".into(),
+                service_id: service.into(),
+                service_name: name.into(),
+                cluster_id: "c".into(),
+                node_id: "n".into(),
+                volumes: vec!["data".into()],
+                state,
+                reason: None,
+                trigger: "manual".into(),
+                requested_by: "u".into(),
+                created_at_ms: at,
+                started_at_ms: None,
+                finished_at_ms: None,
+                objects: Vec::new(),
+                size,
+                replica_state: None,
+                replica: None,
+            },
+        };
+        // newest first, as `newest` answers them
+        let grouped = by_service(vec![
+            backup("b4", "svc_web", "web", State::Failed, 40, 0),
+            backup("b3", "svc_db", "db", State::Complete, 30, 300),
+            backup("b2", "svc_web", "web", State::Complete, 20, 200),
+            backup("b1", "svc_db", "db", State::Complete, 10, 100),
+        ]);
+        let shape: Vec<String> = grouped
+            .iter()
+            .map(|s| {
+                let ids: Vec<&str> = s.backups.iter().map(|b| b.id.as_str()).collect();
+                format!("{} {ids:?} {:?} {:?}", s.service_name, s.last_complete_at_ms, s.last_complete_size)
+            })
+            .collect();
+        assert_eq!(shape, [r#"db ["b3", "b1"] Some(30) Some(300)"#, r#"web ["b4", "b2"] Some(20) Some(200)"#]);
+        assert!(by_service(Vec::new()).is_empty());
     }
 
     #[test]

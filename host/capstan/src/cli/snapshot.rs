@@ -66,8 +66,9 @@ pub struct CreateArgs {
     /// Write a new file (mode 0600; an existing file is refused), offline
     #[arg(long, value_name = "FILE")]
     to: Option<PathBuf>,
-    /// Have the running host write it into its blob store under _capstan/snapshots/
-    #[arg(long)]
+    /// Have the running host at --url write it into its blob store under _capstan/snapshots/
+    /// (the host's own store and blobs: --dev, --data-dir and --config do not apply)
+    #[arg(long, conflicts_with_all = ["dev", "data_dir", "config"])]
     to_bucket: bool,
     #[command(flatten)]
     local: Local,

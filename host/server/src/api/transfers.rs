@@ -112,6 +112,9 @@ impl std::fmt::Display for BodyError {
 
 impl std::error::Error for BodyError {}
 
+/// Where an upload is "in the middle" for the crash point `transfer-upload:midway`.
+const MIDWAY: u64 = 64 * 1024;
+
 /// The body on its way to the blob store: hashed and counted, and failed past the limit (so
 /// the store writes nothing).
 struct Metered<R> {
@@ -128,7 +131,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for Metered<R> {
         match &polled {
             Poll::Ready(Ok(())) => {
                 let read = &buf.filled()[before..];
+                let earlier = progress.bytes;
                 progress.bytes += read.len() as u64;
+                if earlier < MIDWAY && progress.bytes >= MIDWAY {
+                    // part of the body is on its way to the store, the rest not yet sent
+                    capstan_core::crash_point("transfer-upload:midway");
+                }
                 if progress.bytes > self.max_bytes {
                     progress.exceeded = true;
                     return Poll::Ready(Err(std::io::Error::other("the upload is larger than its ticket allows")));
