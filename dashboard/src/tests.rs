@@ -3011,5 +3011,5 @@ async fn the_backups_section_is_the_backups_plugins_page_once_it_is_loaded() {
     assert_eq!(body.matches(">Backups<").count(), 2, "one rail entry (and the heading): {body}");
     assert!(body.contains(r#"href="&#x2f;p&#x2f;backups" aria-current="page""#), "the rail's Backups links the page: {body}");
     assert!(body.find(">Secrets<").unwrap() < body.find(">Backups<").unwrap(), "in the section's place: {body}");
-    assert!(body.contains("backupKeepLast") || body.contains("Backup keep last"), "the overview shows retention: {body}");
+    assert!(body.contains(r#"<dd id="schedule-keep-last">the newest 24 complete backups</dd>"#), "the overview shows retention: {body}");
 }

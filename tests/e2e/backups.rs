@@ -354,6 +354,10 @@ fn restore_from_the_dashboard(server: &Capstan, admin: &str, org_id: &str, backu
     assert!(html.contains(r#"<td data-age>"#) && html.contains(&format!(r#"data-restore="{backup_id}""#)), "{html}");
     assert!(html.contains(r#"id="schedule-cron""#) && html.contains("off: set backups.backupCron"), "the schedule, off: {html}");
 
+    let members = page(&format!("/p/backups/organization?organizationId={org_id}"));
+    assert_eq!(members.status, 200, "{}", members.body);
+    assert!(members.body.contains(r#"id="organization-backups""#), "the organization's page: {}", members.body);
+    assert!(members.body.contains(&format!(r#"data-backup="{backup_id}" data-state="complete""#)), "{}", members.body);
     let path = format!("/p/backups/restore?organizationId={org_id}&backupId={backup_id}");
     let confirm = page(&path);
     assert_eq!(confirm.status, 200, "{}", confirm.body);

@@ -94,7 +94,7 @@ impl Manager for Backups {
             // /p/backups/restore?organizationId=…&backupId=…: what a restore replaces, confirmed there
             .page(Page::new("restore", "Restore a backup", "get").template("restore").form("restore").hidden())
             // /p/backups/organization?organizationId=…: an organization's backups, for its members
-            .page(Page::new("organization", "Backups of an organization", "list"))
+            .page(Page::new("organization", "Backups of an organization", "list").template("organization"))
             .collection(
                 CollectionSpec::new(BACKUPS)
                     .index("by_org", &["organizationId"])
