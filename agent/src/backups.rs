@@ -16,6 +16,7 @@
 //! a staging directory beside the volumes, and only a fully unpacked, verified archive is
 //! swapped in, volume by volume, by renames.
 
+use crate::closure;
 use crate::handler::{Answer, Handler, Registry, RelayContext};
 use crate::state::StateDir;
 use capstan_core::Refusal;
@@ -105,7 +106,7 @@ fn this_node(ctx: &RelayContext, body: &Value) -> Result<(), Refusal> {
 
 /// What an archive held, or a restore wrote.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-struct Counts {
+pub(crate) struct Counts {
     files: u64,
     directories: u64,
     symlinks: u64,
@@ -113,7 +114,7 @@ struct Counts {
 }
 
 /// A single-use transfer ticket: where, and the bearer (secret: never shown).
-struct Ticket {
+pub(crate) struct Ticket {
     url: url::Url,
     token: Zeroizing<String>,
 }
@@ -166,19 +167,36 @@ impl Backups {
         if !upload.is_object() {
             return Err(invalid("upload", "must be an object {url, token, maxBytes}"));
         }
-        let ticket = ticket(upload, "upload", &self.enrolled_origin()?)?;
+        let origin = self.enrolled_origin()?;
+        let ticket = ticket(upload, "upload", &origin)?;
         let max_bytes =
             upload["maxBytes"].as_u64().filter(|n| *n >= 1).ok_or_else(|| invalid("upload.maxBytes", "must be a whole number ≥ 1"))?;
+        let database = closure::Declared::from_body(&body, &volumes)?;
+        let database_ticket = database.as_ref().map(|_| closure::upload_ticket(&body, &origin)).transpose()?;
         let busy = self.claim(&service_id)?;
 
         let (root, service_dir, names) = (self.root.clone(), self.root.join(&service_id), volumes.clone());
-        let built = tokio::task::spawn_blocking(move || build_archive(&root, &service_dir, &names, max_bytes))
-            .await
-            .map_err(|e| Refusal::internal(format!("the archiving task stopped: {e}")))??;
+        let max_closure = database_ticket.as_ref().map_or(0, |(_, max)| *max);
+        // the closure first: the archive leaves the live database out, the closure stands for it
+        let (copy, built) = tokio::task::spawn_blocking(move || {
+            let copy = database.as_ref().map(|d| closure::take(&root, &service_dir, d, max_closure)).transpose()?;
+            let skipped = database.as_ref().map(closure::Declared::archive_exclusions).unwrap_or_default();
+            Ok::<_, Refusal>((copy, build_archive(&root, &service_dir, &names, max_bytes, &skipped)?))
+        })
+        .await
+        .map_err(|e| Refusal::internal(format!("the archiving task stopped: {e}")))??;
         self.upload(&built, &ticket).await?;
+        let database = match (&copy, &database_ticket) {
+            (Some(copy), Some((ticket, _))) => {
+                self.upload(copy, ticket).await?;
+                json!({ "size": copy.size, "sha256": copy.sha256 })
+            }
+            _ => Value::Null,
+        };
         drop(busy);
         let Built { size, sha256, counts, .. } = built;
         Ok(json!({
+            "database": database,
             "size": size,
             "sha256": sha256,
             "files": counts.files,
@@ -239,7 +257,10 @@ impl Backups {
         if !download.is_object() {
             return Err(invalid("download", "must be an object {url, token}"));
         }
-        let ticket = ticket(download, "download", &self.enrolled_origin()?)?;
+        let origin = self.enrolled_origin()?;
+        let ticket = ticket(download, "download", &origin)?;
+        let database = closure::Declared::from_body(&body, &volumes)?;
+        let database_ticket = database.as_ref().map(|_| closure::download_ticket(&body, &origin)).transpose()?;
         let size = body["size"].as_u64().filter(|n| *n >= 1).ok_or_else(|| invalid("size", "must be a whole number ≥ 1"))?;
         let sha256 = body["sha256"]
             .as_str()
@@ -253,13 +274,26 @@ impl Backups {
         self.download(&ticket, size, &sha256, &mut file).await?;
         let mut file = file.into_std().await;
         file.seek(io::SeekFrom::Start(0)).map_err(|e| restore_failed(format!("reading the download back: {e}")))?;
+        let copy = match (database, database_ticket) {
+            (Some(declared), Some((ticket, size, sha256))) => {
+                let (temp, file) =
+                    temp_file(&self.root, "closure").map_err(|e| restore_failed(format!("creating the download file: {e}")))?;
+                self.download(&ticket, size, &sha256, &mut tokio::fs::File::from_std(file)).await?;
+                Some((declared, temp))
+            }
+            _ => None,
+        };
 
         let service_dir = self.root.join(&service_id);
         let names = volumes.clone();
         // the unpacking and the swap run to their end even if the request is abandoned
         let counts = tokio::task::spawn_blocking(move || {
             let (_busy, _temp) = (busy, temp);
-            restore_volumes(file, &service_dir, &names)
+            let copy = copy.as_ref().map(|(declared, temp)| (declared, temp.path()));
+            if let Some((_, path)) = copy {
+                closure::check(path)?;
+            }
+            restore_volumes(file, &service_dir, &names, copy)
         })
         .await
         .map_err(|e| Refusal::internal(format!("the restoring task stopped: {e}")))??;
@@ -327,7 +361,7 @@ impl Drop for Busy {
 
 // ---- requests ----------------------------------------------------------------------------
 
-fn invalid(field: &str, why: &str) -> Refusal {
+pub(crate) fn invalid(field: &str, why: &str) -> Refusal {
     Refusal::new("backup-request-invalid", format!("{field} {why}")).with_data(json!({ "field": field }))
 }
 
@@ -367,7 +401,7 @@ fn volumes_field(body: &Value) -> Result<Vec<String>, Refusal> {
 
 /// The ticket under `field` (`upload`, `download`): an http(s) URL of the enrolled origin and a
 /// bearer.
-fn ticket(value: &Value, field: &str, enrolled_origin: &str) -> Result<Ticket, Refusal> {
+pub(crate) fn ticket(value: &Value, field: &str, enrolled_origin: &str) -> Result<Ticket, Refusal> {
     let url_field = format!("{field}.url");
     let token_field = format!("{field}.token");
     let url = value["url"]
@@ -442,11 +476,11 @@ async fn host_refusal(response: reqwest::Response) -> Refusal {
 
 // ---- local files -------------------------------------------------------------------------
 
-fn archive_failed(message: String) -> Refusal {
+pub(crate) fn archive_failed(message: String) -> Refusal {
     Refusal::new("backup-archive-failed", message)
 }
 
-fn restore_failed(message: String) -> Refusal {
+pub(crate) fn restore_failed(message: String) -> Refusal {
     Refusal::new("restore-failed", message)
 }
 
@@ -455,8 +489,14 @@ fn archive_invalid(message: String) -> Refusal {
 }
 
 /// A private temporary file, removed on drop.
-struct TempFile {
+pub(crate) struct TempFile {
     path: PathBuf,
+}
+
+impl TempFile {
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 impl Drop for TempFile {
@@ -470,7 +510,7 @@ impl Drop for TempFile {
 }
 
 /// A new private file (0600) in `<root>/.capstan-tmp/` (0700, created when missing).
-fn temp_file(root: &Path, kind: &str) -> io::Result<(TempFile, fs::File)> {
+pub(crate) fn temp_file(root: &Path, kind: &str) -> io::Result<(TempFile, fs::File)> {
     fs::create_dir_all(root)?;
     let dir = root.join(TMP_DIR);
     match fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -485,18 +525,18 @@ fn temp_file(root: &Path, kind: &str) -> io::Result<(TempFile, fs::File)> {
     if meta.mode() & 0o777 != 0o700 {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
     }
-    let path = dir.join(format!("{kind}-{:016x}.tar.gz", rand::random::<u64>()));
+    let path = dir.join(format!("{kind}-{:016x}", rand::random::<u64>()));
     let file = fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
     Ok((TempFile { path }, file))
 }
 
 /// An archive written to its temporary file.
-struct Built {
-    _temp: TempFile,
-    file: fs::File,
-    size: u64,
-    sha256: String,
-    counts: Counts,
+pub(crate) struct Built {
+    pub(crate) _temp: TempFile,
+    pub(crate) file: fs::File,
+    pub(crate) size: u64,
+    pub(crate) sha256: String,
+    pub(crate) counts: Counts,
 }
 
 /// Where the archive goes: its file, counted and hashed, refused past `max` bytes.
@@ -525,7 +565,9 @@ impl Write for Sink {
     }
 }
 
-fn build_archive(root: &Path, service_dir: &Path, volumes: &[String], max_bytes: u64) -> Result<Built, Refusal> {
+/// Archive `volumes` of the service's directory, leaving out the paths in `skipped` (relative to
+/// it: a database the closure stands for).
+fn build_archive(root: &Path, service_dir: &Path, volumes: &[String], max_bytes: u64, skipped: &[PathBuf]) -> Result<Built, Refusal> {
     for volume in volumes {
         let dir = service_dir.join(volume);
         let missing = |why: &str| {
@@ -548,7 +590,7 @@ fn build_archive(root: &Path, service_dir: &Path, volumes: &[String], max_bytes:
         over: over.clone(),
     };
     let mut counts = Counts::default();
-    match write_archive(sink, service_dir, volumes, &mut counts) {
+    match write_archive(sink, service_dir, volumes, skipped, &mut counts) {
         Ok(sink) => Ok(Built { _temp: temp, file, size: sink.len, sha256: hex::encode(sink.hasher.finalize()), counts }),
         Err(_) if over.get() => Err(Refusal::new("backup-too-large", format!("the archive is larger than maxBytes ({max_bytes} bytes)"))
             .with_data(json!({ "maxBytes": max_bytes }))),
@@ -556,10 +598,10 @@ fn build_archive(root: &Path, service_dir: &Path, volumes: &[String], max_bytes:
     }
 }
 
-fn write_archive(sink: Sink, service_dir: &Path, volumes: &[String], counts: &mut Counts) -> io::Result<Sink> {
+fn write_archive(sink: Sink, service_dir: &Path, volumes: &[String], skipped: &[PathBuf], counts: &mut Counts) -> io::Result<Sink> {
     let mut builder = tar::Builder::new(GzEncoder::new(sink, Compression::default()));
     for volume in volumes {
-        append_tree(&mut builder, &service_dir.join(volume), Path::new(volume), counts)?;
+        append_tree(&mut builder, &service_dir.join(volume), Path::new(volume), skipped, counts)?;
     }
     let mut sink = builder.into_inner()?.finish()?;
     sink.flush()?;
@@ -579,7 +621,13 @@ fn header_for(meta: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
 }
 
 /// Append the directory `dir` as `name/`, then its contents in sorted order.
-fn append_tree<W: Write>(builder: &mut tar::Builder<W>, dir: &Path, name: &Path, counts: &mut Counts) -> io::Result<()> {
+fn append_tree<W: Write>(
+    builder: &mut tar::Builder<W>,
+    dir: &Path,
+    name: &Path,
+    skipped: &[PathBuf],
+    counts: &mut Counts,
+) -> io::Result<()> {
     let meta = fs::symlink_metadata(dir)?;
     let mut entry_name = name.as_os_str().to_owned();
     entry_name.push("/");
@@ -590,6 +638,9 @@ fn append_tree<W: Write>(builder: &mut tar::Builder<W>, dir: &Path, name: &Path,
     for child in children {
         let path = dir.join(&child);
         let inner = name.join(&child);
+        if skipped.contains(&inner) {
+            continue;
+        }
         let meta = match fs::symlink_metadata(&path) {
             Ok(meta) => meta,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // gone while walking
@@ -597,7 +648,7 @@ fn append_tree<W: Write>(builder: &mut tar::Builder<W>, dir: &Path, name: &Path,
         };
         let kind = meta.file_type();
         if kind.is_dir() {
-            append_tree(builder, &path, &inner, counts)?;
+            append_tree(builder, &path, &inner, skipped, counts)?;
         } else if kind.is_symlink() {
             let target = fs::read_link(&path)?;
             builder.append_link(&mut header_for(&meta, tar::EntryType::Symlink), &inner, &target)?;
@@ -671,7 +722,13 @@ fn open_up(dir: &Path) {
     }
 }
 
-fn restore_volumes(archive: fs::File, service_dir: &Path, volumes: &[String]) -> Result<Counts, Refusal> {
+/// Unpack the archive beside the volumes, put the database closure (if any) in place, swap.
+fn restore_volumes(
+    archive: fs::File,
+    service_dir: &Path,
+    volumes: &[String],
+    closure: Option<(&closure::Declared, &Path)>,
+) -> Result<Counts, Refusal> {
     fs::create_dir_all(service_dir).map_err(|e| restore_failed(format!("creating {}: {e}", service_dir.display())))?;
     let path = service_dir.join(format!(".restore-{:016x}", rand::random::<u64>()));
     fs::DirBuilder::new().mode(0o700).create(&path).map_err(|e| restore_failed(format!("creating {}: {e}", path.display())))?;
@@ -681,6 +738,9 @@ fn restore_volumes(archive: fs::File, service_dir: &Path, volumes: &[String]) ->
         if !fs::symlink_metadata(staging.path.join(volume)).is_ok_and(|m| m.is_dir()) {
             return Err(archive_invalid(format!("the archive holds no volume {volume}")).with_data(json!({ "volume": volume })));
         }
+    }
+    if let Some((declared, path)) = closure {
+        closure::place(&staging.path, declared, path)?;
     }
     swap(service_dir, &mut staging, volumes)?;
     Ok(counts)

@@ -9,6 +9,7 @@
 mod applier;
 mod backoff;
 mod backups;
+mod closure;
 mod enroll;
 mod handler;
 #[cfg(test)]

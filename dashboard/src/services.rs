@@ -55,6 +55,8 @@ struct ServiceView {
     domains: Vec<String>,
     environment: Vec<Pair>,
     volumes: Vec<String>,
+    /// The database it keeps in a volume, `volume/path (engine)`.
+    database: Option<String>,
     mail_addresses: Vec<String>,
     state: String,
     deleting: bool,
@@ -83,6 +85,10 @@ fn service_view(value: &Value) -> ServiceView {
         domains: strings_of(value.get("domains")),
         environment: pairs_of(value.get("environment")),
         volumes: format_volumes(value.get("volumes")),
+        database: value
+            .get("database")
+            .filter(|db| db.is_object())
+            .map(|db| format!("{}/{} ({})", str_of(db, "volume"), str_of(db, "path"), str_of(db, "engine"))),
         mail_addresses: strings_of(value.get("mailAddresses")),
         deleting: state == "deleting",
         deleting_at: value.get("deletingAt").and_then(Value::as_u64).map(|at| when(at).0),

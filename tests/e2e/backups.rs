@@ -174,7 +174,33 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     let binary: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     std::fs::write(volume.join("nested/deeper/b.bin"), &binary).unwrap();
     std::os::unix::fs::symlink("a.txt", volume.join("link")).unwrap();
-    let original = tree(&volume);
+    // the service keeps a SQLite database in its volume, its newest rows still in the write-ahead log
+    let service = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+    let database = json!({ "engine": "sqlite", "volume": "data", "path": "db/app.sqlite" });
+    let update = json!({ "id": service_id, "expectedRevision": service["revision"], "database": database });
+    assert_eq!(ok(&server, &admin, "services.update", update)["database"], database);
+    let cookie = format!("capstan_session={admin}");
+    let page = server.request("GET", &format!("/services/{service_id}"), &[("cookie", &cookie), ("accept", "text/html")], None);
+    assert!(
+        page.body.contains(r#"<dd id="service-database-value"><span class="mono">data/db/app.sqlite (sqlite)</span>"#),
+        "{}",
+        page.body
+    );
+    std::fs::create_dir_all(volume.join("db")).unwrap();
+    let live = rusqlite::Connection::open(volume.join("db/app.sqlite")).unwrap();
+    live.pragma_update(None, "journal_mode", "WAL").unwrap();
+    live.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+    live.execute_batch("CREATE TABLE notes(body TEXT); INSERT INTO notes VALUES ('taken by the backup');").unwrap();
+    assert!(std::fs::metadata(volume.join("db/app.sqlite-wal")).unwrap().len() > 0, "the row sits in the log");
+    // the volume's files beside the database, which comes back as its closure
+    let files =
+        |volume: &Path| -> BTreeMap<String, Vec<u8>> { tree(volume).into_iter().filter(|(name, _)| !name.starts_with("db/")).collect() };
+    let notes = |volume: &Path| -> Vec<String> {
+        let db = rusqlite::Connection::open(volume.join("db/app.sqlite")).unwrap();
+        let mut query = db.prepare("SELECT body FROM notes ORDER BY rowid").unwrap();
+        query.query_map([], |row| row.get(0)).unwrap().map(Result::unwrap).collect()
+    };
+    let original = files(&volume);
 
     // ---- a service with no volumes has nothing to back up; a node that is not there is named ----
     let plain = ok(
@@ -201,7 +227,19 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     let stored = std::fs::read(object_file(&data, object["key"].as_str().unwrap())).unwrap();
     assert_eq!(object["size"], stored.len() as u64, "the exact length of what the blob store holds: {backup}");
     assert_eq!(object["sha256"], hex::encode(Sha256::digest(&stored)), "{backup}");
-    assert_eq!(backup["size"], object["size"]);
+    // the database's closure, an object of its own: a whole database holding the logged row
+    let closure = &backup["objects"][1];
+    assert_eq!((object["kind"].as_str(), closure["kind"].as_str()), (Some("volumes"), Some("database")), "{backup}");
+    let closure_file = object_file(&data, closure["key"].as_str().unwrap());
+    let closure_bytes = std::fs::read(&closure_file).unwrap();
+    assert_eq!(closure["sha256"], hex::encode(Sha256::digest(&closure_bytes)), "{backup}");
+    let copy = rusqlite::Connection::open_with_flags(&closure_file, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let held: String = copy.query_row("SELECT group_concat(body) FROM notes", [], |row| row.get(0)).unwrap();
+    assert_eq!(held, "taken by the backup", "the closure holds the row that was only in the log");
+    drop(copy);
+    assert_eq!(backup["size"], object["size"].as_u64().unwrap() + closure["size"].as_u64().unwrap());
+    live.execute("INSERT INTO notes VALUES ('written after the backup')", []).unwrap();
+    drop(live);
 
     // ---- change the files, restore, and everything is as it was ----
     std::fs::write(volume.join("a.txt"), "changed\n").unwrap();
@@ -212,7 +250,9 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     let restore_id = restore_from_the_dashboard(&server, &admin, &org_id, &backup_id, &backup);
     let restore = settled(&server, &admin, "backups.getRestore", json!({ "organizationId": org_id, "restoreId": restore_id }));
     assert_eq!(restore["state"], "complete", "{restore}\nrelay log:\n{}", relay.log());
-    assert_eq!(tree(&volume), original, "the volume is byte for byte what was backed up");
+    assert_eq!(files(&volume), original, "the volume is byte for byte what was backed up");
+    assert_eq!(notes(&volume), ["taken by the backup"], "the database is its closure, the logged row in it");
+    assert!(!volume.join("db/app.sqlite-wal").exists(), "no log of the replaced database stays beside it");
 
     // ---- one byte flipped in the stored archive: the restore refuses and changes nothing ----
     let object_path = object_file(&data, object["key"].as_str().unwrap());
@@ -247,7 +287,8 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
         .into_keys()
         .filter_map(|name| name.strip_suffix('~').map(str::to_string))
         .collect();
-    let mut expected: Vec<String> = newest[1..].iter().map(|id| format!("backups/{id}/volumes.tar.gz")).collect();
+    let mut expected: Vec<String> =
+        newest[1..].iter().flat_map(|id| [format!("backups/{id}/database.sqlite"), format!("backups/{id}/volumes.tar.gz")]).collect();
     expected.sort();
     assert_eq!(kept, expected, "only the kept backups' objects remain");
 
@@ -363,6 +404,7 @@ fn restore_from_the_dashboard(server: &Capstan, admin: &str, org_id: &str, backu
     assert_eq!(confirm.status, 200, "{}", confirm.body);
     assert!(confirm.body.contains(r#"id="restore-consequence""#) && confirm.body.contains(r#"id="restore-form""#), "{}", confirm.body);
     assert!(confirm.body.contains("are replaced by the backup"), "it says what a restore replaces: {}", confirm.body);
+    assert!(confirm.body.contains(r#"<span class="mono">data/db/app.sqlite</span> (sqlite)"#), "and the database: {}", confirm.body);
     let missing = page("/p/backups/restore");
     assert!(missing.status == 200 && missing.body.contains(r#"id="restore-missing""#), "{}", missing.body);
 

@@ -122,6 +122,31 @@ pub fn volumes(volumes: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// The longest path of a database inside its volume, in bytes.
+pub const MAX_DATABASE_PATH: usize = 256;
+
+/// A database declared in `volume` (one of `volumes`, `database-volume-unknown`) at `path`: names
+/// joined by `/`, none empty, `.` or `..`, no control character, at most
+/// [`MAX_DATABASE_PATH`] bytes (`database-path-invalid`).
+pub fn database(volume: &str, path: &str, volumes: &[&str]) -> Result<()> {
+    if !volumes.contains(&volume) {
+        return Err(invalid(
+            "database-volume-unknown",
+            "database.volume",
+            format!("the service has no volume {volume:?} to hold its database"),
+        ));
+    }
+    let plain = |part: &str| !part.is_empty() && part != "." && part != ".." && !part.chars().any(char::is_control);
+    if path.len() > MAX_DATABASE_PATH || !path.split('/').all(plain) {
+        return Err(invalid(
+            "database-path-invalid",
+            "database.path",
+            format!("the database path is a file inside the volume: names joined by /, no . or .., at most {MAX_DATABASE_PATH} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// At most [`MAX_MAIL`] lowercase addresses, none twice.
 pub fn mail_addresses(addresses: &[String]) -> Result<()> {
     if addresses.len() > MAX_MAIL {
@@ -164,6 +189,16 @@ mod tests {
         let published_twice = ports(&[port(80, false, Some(8080)), port(81, false, Some(8080))]).unwrap_err();
         assert_eq!(field(&published_twice), ("port-duplicate", "ports[1]"));
         assert_eq!(field(&ports(&vec![port(1, false, None); MAX_PORTS + 1]).unwrap_err()), ("too-many-items", "ports"));
+    }
+
+    #[test]
+    fn a_database_lies_in_a_volume_at_a_plain_relative_path() {
+        database("data", "app.db", &["data"]).unwrap();
+        database("data", "db/app.sqlite", &["logs", "data"]).unwrap();
+        assert_eq!(field(&database("other", "app.db", &["data"]).unwrap_err()), ("database-volume-unknown", "database.volume"));
+        for path in ["", "/app.db", "db/", "../app.db", "db/../app.db", "./app.db", "a\nb", &"x".repeat(MAX_DATABASE_PATH + 1)] {
+            assert_eq!(field(&database("data", path, &["data"]).unwrap_err()), ("database-path-invalid", "database.path"), "{path:?}");
+        }
     }
 
     #[test]

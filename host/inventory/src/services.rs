@@ -57,6 +57,28 @@ pub struct Volume {
     pub mount_path: String,
 }
 
+/// The database a service keeps in one of its volumes. A backup takes it as a closure — a
+/// consistent copy taken while the service runs, not the file as it happens to lie on disk —
+/// and a restore puts that copy back (docs/backups.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Database {
+    /// Its engine: `sqlite`.
+    pub engine: DatabaseEngine,
+    /// The volume that holds it: one of the service's volumes.
+    pub volume: String,
+    /// Its file, relative to the volume: names joined by `/`, no `.` or `..`, at most 256 bytes.
+    pub path: String,
+}
+
+/// The engines a database closure is taken of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DatabaseEngine {
+    /// SQLite: the closure is the online backup of the live file (`VACUUM INTO`).
+    Sqlite,
+}
+
 /// Whether a service is in use or being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -91,6 +113,9 @@ pub struct Service {
     /// The volumes mounted into its container.
     #[serde(default)]
     pub volumes: Vec<Volume>,
+    /// The database it keeps in one of its volumes, if any: backed up as a closure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<Database>,
     /// The service's mail addresses.
     #[serde(default)]
     pub mail_addresses: Vec<String>,
@@ -132,6 +157,9 @@ pub struct CreateInput {
     pub scale: Option<u32>,
     /// Volumes to mount: at most 32, no name or mount path twice.
     pub volumes: Option<Vec<Volume>>,
+    /// The database it keeps in one of its volumes (`{engine: "sqlite", volume, path}`), backed
+    /// up as a closure.
+    pub database: Option<Database>,
     /// The service's mail addresses: at most 32 lowercase addresses such as app@example.com, none
     /// twice.
     pub mail_addresses: Option<Vec<String>>,
@@ -168,6 +196,11 @@ pub struct UpdateInput {
     pub scale: Option<u32>,
     /// Volumes to mount: at most 32, no name or mount path twice.
     pub volumes: Option<Vec<Volume>>,
+    /// The database it keeps in one of its volumes (`{engine: "sqlite", volume, path}`); `null`
+    /// removes the declaration.
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<Database>")]
+    pub database: Option<Option<Database>>,
     /// The service's mail addresses: at most 32 lowercase addresses such as app@example.com, none
     /// twice.
     pub mail_addresses: Option<Vec<String>>,
@@ -218,6 +251,18 @@ pub struct DeleteAnswer {
     pub state: String,
     /// The managers that still hold it (`plugin:<id>` or `host:<name>`); empty once it is deleted.
     pub waiting_for: Vec<String>,
+}
+
+/// A field that is present: `null` is `Some(None)`, absence stays `None` (the field's default).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> std::result::Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// The database, if declared, lies in one of the service's volumes at a plain relative path.
+fn check_database(service: &Service) -> Result<()> {
+    let Some(db) = &service.database else { return Ok(()) };
+    let volumes: Vec<&str> = service.volumes.iter().map(|v| v.name.as_str()).collect();
+    rules::database(&db.volume, &db.path, &volumes)
 }
 
 fn invalid(code: &'static str, field: &str, message: String) -> Refusal {
@@ -315,6 +360,7 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
         environment: input.environment.clone(),
         scale: input.scale,
         volumes: input.volumes.clone(),
+        database: None,
         mail_addresses: input.mail_addresses.clone(),
         template: input.template.clone(),
     }
@@ -334,6 +380,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         environment: fields.environment.unwrap_or_default(),
         scale: fields.scale.unwrap_or(1),
         volumes: fields.volumes.unwrap_or_default(),
+        database: input.database,
         mail_addresses: fields.mail_addresses.unwrap_or_default(),
         template: fields.template,
         state: ServiceState::Active,
@@ -341,6 +388,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         created_at: at,
         updated_at: at,
     };
+    check_database(&service)?;
     let id = capstan_core::ids::new_id("svc");
     let (id_ref, service_ref) = (&id, &service);
     let doc = store
@@ -398,6 +446,8 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             next.environment = f.environment.unwrap_or(next.environment);
             next.scale = f.scale.unwrap_or(next.scale);
             next.volumes = f.volumes.unwrap_or(next.volumes);
+            next.database = f.database.unwrap_or(next.database);
+            check_database(&next)?;
             next.mail_addresses = f.mail_addresses.unwrap_or(next.mail_addresses);
             next.template = f.template.or(next.template);
             if to_value(&next)? == to_value(&current.data)? {
@@ -613,6 +663,8 @@ const FIELD_REFUSALS: &[&str] = &[
     "environment-value-is-secret",
     "scale-invalid",
     "volume-invalid",
+    "database-volume-unknown",
+    "database-path-invalid",
     "mail-address-invalid",
     "template-invalid",
     "too-many-items",

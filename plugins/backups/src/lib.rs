@@ -196,12 +196,26 @@ impl From<&Refusal> for Reason {
     }
 }
 
+/// The database a service keeps in one of its volumes (as `services.*` declare it): backed up
+/// as a closure, a consistent copy the agent takes while the service runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Database {
+    /// `sqlite`.
+    engine: String,
+    /// The volume holding it.
+    volume: String,
+    /// Its file inside the volume.
+    path: String,
+}
+
 /// One stored object of a backup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 struct Object {
     /// Under the plugin's blob prefix.
     key: String,
-    /// `volumes`: a gzip-compressed tar of the service's volume directories.
+    /// `volumes`: a gzip-compressed tar of the service's volume directories (without the
+    /// database's files); `database`: the database's closure.
     kind: String,
     size: u64,
     sha256: String,
@@ -217,6 +231,9 @@ struct Backup {
     /// The node whose volumes are backed up (data is node-local).
     node_id: String,
     volumes: Vec<String>,
+    /// The service's database when the backup was asked for: its closure is an object of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    database: Option<Database>,
     state: State,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reason: Option<Reason>,
@@ -438,6 +455,7 @@ fn queue_backup(
         cluster_id,
         node_id,
         volumes: service.volumes.iter().map(|v| v.name.clone()).collect(),
+        database: service.database.clone(),
         state: State::Pending,
         reason: None,
         trigger: trigger.to_string(),
@@ -694,6 +712,8 @@ struct ServiceView {
     #[serde(default)]
     volumes: Vec<VolumeView>,
     #[serde(default)]
+    database: Option<Database>,
+    #[serde(default)]
     state: Option<String>,
 }
 
@@ -799,9 +819,23 @@ fn object_key(backup_id: &str) -> String {
     format!("{OBJECTS}{backup_id}/volumes.tar.gz")
 }
 
-/// What the agent answers `backups.archive`.
+fn closure_key(backup_id: &str) -> String {
+    format!("{OBJECTS}{backup_id}/database.sqlite")
+}
+
+/// What the agent answers `backups.archive`: the archive, and the database closure when one
+/// was asked for.
 #[derive(Debug, Deserialize)]
 struct Archived {
+    size: u64,
+    sha256: String,
+    #[serde(default)]
+    database: Option<Sent>,
+}
+
+/// An object as the agent sent it.
+#[derive(Debug, Deserialize)]
+struct Sent {
     size: u64,
     sha256: String,
 }
@@ -814,29 +848,28 @@ fn run_backup(doc: Doc<Backup>) -> Result<()> {
     else {
         return Ok(());
     };
-    let key = object_key(&doc.id);
-    let outcome = take_backup(&doc, &key);
+    let outcome = take_backup(&doc);
     let backup = &mut doc.data;
     backup.finished_at_ms = Some(now_ms());
     match outcome {
-        Ok(object) => {
+        Ok(objects) => {
             backup.state = State::Complete;
-            backup.size = object.size;
-            backup.objects = vec![object];
+            backup.size = objects.iter().map(|o| o.size).sum();
+            backup.objects = objects;
             if settings()?.target().is_some() {
                 backup.replica_state = Some(ReplicaState::Pending);
             }
         }
-        Err(Verdict::Corrupt(reason, object)) => {
+        Err(Verdict::Corrupt(reason, objects)) => {
             backup.state = State::Corrupt;
             backup.reason = Some(reason);
-            backup.objects = vec![*object];
+            backup.objects = objects;
         }
         Err(Verdict::Failed(reason)) => {
             backup.state = State::Failed;
             backup.reason = Some(reason);
             // nothing of a failed backup is kept
-            let _ = blobs::delete(&key);
+            delete_objects(&doc.id);
         }
     }
     let (service, state) = (backup.service_id.clone(), backup.state);
@@ -850,7 +883,13 @@ fn run_backup(doc: Doc<Backup>) -> Result<()> {
 
 enum Verdict {
     Failed(Reason),
-    Corrupt(Reason, Box<Object>),
+    Corrupt(Reason, Vec<Object>),
+}
+
+/// Every object a backup may have stored (a failed or interrupted one keeps none).
+fn delete_objects(backup_id: &str) {
+    let _ = blobs::delete(&object_key(backup_id));
+    let _ = blobs::delete(&closure_key(backup_id));
 }
 
 impl From<Refusal> for Verdict {
@@ -859,37 +898,63 @@ impl From<Refusal> for Verdict {
     }
 }
 
-/// Have the agent archive the volumes into `key`, then verify what the blob store holds.
-fn take_backup(doc: &Doc<Backup>, key: &str) -> std::result::Result<Object, Verdict> {
+/// Have the agent archive the volumes (and take the database's closure, when the service
+/// declares one), each uploaded with a ticket of its own, then verify what the blob store holds.
+fn take_backup(doc: &Doc<Backup>) -> std::result::Result<Vec<Object>, Verdict> {
     let backup = &doc.data;
     let max_bytes = settings()?.backup_max_bytes.clamp(1, 16 << 30);
-    let upload = transfers::upload(key, max_bytes, TICKET_TTL_MS)?;
-    let body = json!({
+    let (key, closure) = (object_key(&doc.id), closure_key(&doc.id));
+    let upload = transfers::upload(&key, max_bytes, TICKET_TTL_MS)?;
+    let mut body = json!({
         "serviceId": backup.service_id,
         "backupId": doc.id,
         "nodeId": backup.node_id,
         "volumes": backup.volumes,
         "upload": { "url": upload.url, "token": upload.token, "maxBytes": max_bytes },
     });
+    if let Some(db) = &backup.database {
+        let upload = transfers::upload(&closure, max_bytes, TICKET_TTL_MS)?;
+        body["database"] = json!({
+            "engine": db.engine,
+            "volume": db.volume,
+            "path": db.path,
+            "upload": { "url": upload.url, "token": upload.token, "maxBytes": max_bytes },
+        });
+    }
     let sent: Archived = agents::call(&backup.cluster_id, "backups.archive", &body)?;
+    let mut objects = vec![stored_object(&key, "volumes", &Sent { size: sent.size, sha256: sent.sha256 })?];
+    if backup.database.is_some() {
+        let Some(database) = &sent.database else {
+            return Err(Verdict::Failed(Reason {
+                code: "database-closure-unsupported".into(),
+                message: "the agent took no database closure: it is older than this manager; nothing was kept".into(),
+            }));
+        };
+        objects.push(stored_object(&closure, "database", database)?);
+    }
+    if let Some(reason) = objects.iter().find_map(|(_, mismatch)| mismatch.clone()) {
+        return Err(Verdict::Corrupt(reason, objects.into_iter().map(|(o, _)| o).collect()));
+    }
+    Ok(objects.into_iter().map(|(o, _)| o).collect())
+}
+
+/// The object the blob store holds at `key`, and why it is not what the agent sent, if it is not.
+fn stored_object(key: &str, kind: &str, sent: &Sent) -> std::result::Result<(Object, Option<Reason>), Verdict> {
     let Some(stored) = transfers::digest(key)? else {
         return Err(Verdict::Failed(Reason {
             code: "backup-object-missing".into(),
-            message: "the agent reported an upload the blob store does not hold".into(),
+            message: format!("the agent reported an upload of {kind} the blob store does not hold"),
         }));
     };
-    let object = Object { key: key.to_string(), kind: "volumes".into(), size: stored.size, sha256: stored.sha256 };
-    if object.size != sent.size || object.sha256 != sent.sha256 {
-        let reason = Reason {
-            code: "backup-object-mismatch".into(),
-            message: format!(
-                "the agent sent {} bytes ({}), the blob store holds {} bytes ({})",
-                sent.size, sent.sha256, object.size, object.sha256
-            ),
-        };
-        return Err(Verdict::Corrupt(reason, Box::new(object)));
-    }
-    Ok(object)
+    let object = Object { key: key.to_string(), kind: kind.into(), size: stored.size, sha256: stored.sha256 };
+    let mismatch = (object.size != sent.size || object.sha256 != sent.sha256).then(|| Reason {
+        code: "backup-object-mismatch".into(),
+        message: format!(
+            "the agent sent {} bytes of {kind} ({}), the blob store holds {} bytes ({})",
+            sent.size, sent.sha256, object.size, object.sha256
+        ),
+    });
+    Ok((object, mismatch))
 }
 
 fn run_restore(doc: Doc<Restore>) -> Result<()> {
@@ -953,7 +1018,7 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
         return Err(Reason { code: "backup-corrupt".into(), message: "the backup lists no volumes archive".into() });
     };
     let download = transfers::download(&object.key, TICKET_TTL_MS).map_err(reason)?;
-    let body = json!({
+    let mut body = json!({
         "serviceId": restore.service_id,
         "nodeId": restore.node_id,
         "volumes": restore.volumes,
@@ -961,6 +1026,27 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
         "size": object.size,
         "sha256": object.sha256,
     });
+    let closure = backup.data.objects.iter().find(|o| o.kind == "database");
+    match (&backup.data.database, closure) {
+        (Some(db), Some(closure)) => {
+            let download = transfers::download(&closure.key, TICKET_TTL_MS).map_err(reason)?;
+            body["database"] = json!({
+                "engine": db.engine,
+                "volume": db.volume,
+                "path": db.path,
+                "download": { "url": download.url, "token": download.token },
+                "size": closure.size,
+                "sha256": closure.sha256,
+            });
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Reason {
+                code: "backup-corrupt".into(),
+                message: "the backup's database and its closure do not go together".into(),
+            });
+        }
+    }
     agents::call::<Value>(&restore.cluster_id, "backups.restore", &body).map_err(reason)?;
     Ok(())
 }
@@ -996,7 +1082,7 @@ fn fail_interrupted(now: u64) -> Result<u32> {
             doc.data.reason = interrupted();
             doc.data.finished_at_ms = Some(now);
             if store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit().is_ok() {
-                let _ = blobs::delete(&object_key(&doc.id));
+                delete_objects(&doc.id);
                 failed += 1;
             }
         }
@@ -1411,6 +1497,7 @@ mod tests {
                 cluster_id: "c".into(),
                 node_id: "n".into(),
                 volumes: vec!["data".into()],
+                database: None,
                 state,
                 reason: None,
                 trigger: "manual".into(),

@@ -629,6 +629,10 @@ pub struct ServiceFields {
     /// A volume NAME:/MOUNT/PATH; repeat for more
     #[arg(long = "volume", value_name = "NAME:/PATH", value_parser = parse_volume)]
     volumes: Vec<Value>,
+    /// The database the service keeps in one of its volumes, ENGINE:VOLUME/PATH (sqlite only),
+    /// e.g. sqlite:data/db/app.sqlite: its backups carry it as a consistent copy (docs/backups.md)
+    #[arg(long, value_name = "sqlite:VOLUME/PATH", value_parser = parse_database)]
+    database: Option<Value>,
     /// A mail address of the service (app@example.com); repeat for more
     #[arg(long = "mail", value_name = "ADDRESS")]
     mail_addresses: Vec<String>,
@@ -637,12 +641,13 @@ pub struct ServiceFields {
 impl ServiceFields {
     /// The fields given, as the API names them; `clear` empties lists and maps.
     fn into_body(self, body: &mut Map<String, Value>, clear: &[ClearArg]) -> Result<()> {
-        let given: [(ClearArg, &str, bool); 5] = [
+        let given: [(ClearArg, &str, bool); 6] = [
             (ClearArg::Ports, "--port", !self.ports.is_empty()),
             (ClearArg::Domains, "--domain", !self.domains.is_empty()),
             (ClearArg::Env, "--env", !self.environment.is_empty()),
             (ClearArg::Volumes, "--volume", !self.volumes.is_empty()),
             (ClearArg::Mail, "--mail", !self.mail_addresses.is_empty()),
+            (ClearArg::Database, "--database", self.database.is_some()),
         ];
         for (field, flag, present) in given {
             if present && clear.contains(&field) {
@@ -650,7 +655,11 @@ impl ServiceFields {
             }
         }
         for field in clear {
-            let empty = if *field == ClearArg::Env { json!({}) } else { json!([]) };
+            let empty = match field {
+                ClearArg::Env => json!({}),
+                ClearArg::Database => Value::Null,
+                _ => json!([]),
+            };
             body.insert(field.api_name().into(), empty);
         }
         if !self.ports.is_empty() {
@@ -669,6 +678,9 @@ impl ServiceFields {
         if !self.mail_addresses.is_empty() {
             body.insert("mailAddresses".into(), json!(self.mail_addresses));
         }
+        if let Some(database) = self.database {
+            body.insert("database".into(), database);
+        }
         Ok(())
     }
 }
@@ -680,6 +692,7 @@ pub enum ClearArg {
     Env,
     Volumes,
     Mail,
+    Database,
 }
 
 impl ClearArg {
@@ -690,6 +703,7 @@ impl ClearArg {
             ClearArg::Env => "env",
             ClearArg::Volumes => "volumes",
             ClearArg::Mail => "mail",
+            ClearArg::Database => "database",
         }
     }
 
@@ -874,6 +888,10 @@ fn print_service(s: &Value, organizations: &Names) {
     println!("domains:      {}", list("domains", &|d| d.as_str().unwrap_or("?").to_string()));
     println!("volumes:      {}", list("volumes", &|v| format!("{}:{}", text(v, "name"), text(v, "mountPath"))));
     println!("mail:         {}", list("mailAddresses", &|m| m.as_str().unwrap_or("?").to_string()));
+    if s["database"].is_object() {
+        let db = &s["database"];
+        println!("database:     {} {}/{}", text(db, "engine"), text(db, "volume"), text(db, "path"));
+    }
     match s["environment"].as_object() {
         Some(env) if !env.is_empty() => {
             println!("environment:");
@@ -1201,9 +1219,31 @@ fn parse_volume(text: &str) -> std::result::Result<Value, String> {
     }
 }
 
+fn parse_database(text: &str) -> std::result::Result<Value, String> {
+    let expected = || "expected ENGINE:VOLUME/PATH, e.g. sqlite:data/db/app.sqlite".to_string();
+    let (engine, rest) = text.split_once(':').ok_or_else(expected)?;
+    match rest.split_once('/') {
+        Some((volume, path)) if !engine.is_empty() && !volume.is_empty() && !path.is_empty() => {
+            Ok(json!({ "engine": engine, "volume": volume, "path": path }))
+        }
+        _ => Err(expected()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_database_reads_as_the_api_takes_it() {
+        assert_eq!(
+            parse_database("sqlite:data/db/app.sqlite").unwrap(),
+            json!({"engine": "sqlite", "volume": "data", "path": "db/app.sqlite"})
+        );
+        for bad in ["", "sqlite", "sqlite:data", "sqlite:data/", ":data/app.db", "sqlite:/app.db"] {
+            assert!(parse_database(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn ports_read_as_the_api_takes_them() {
@@ -1243,16 +1283,18 @@ mod tests {
             environment: vec![("LOG_LEVEL".into(), "debug".into())],
             scale: Some(2),
             volumes: vec![],
+            database: None,
             mail_addresses: vec![],
         };
         let mut body = Map::new();
-        fields.into_body(&mut body, &[ClearArg::Domains, ClearArg::Mail]).unwrap();
+        fields.into_body(&mut body, &[ClearArg::Domains, ClearArg::Mail, ClearArg::Database]).unwrap();
         assert_eq!(
             Value::Object(body),
             json!({
                 "ports": [{"port": 80, "protocol": "http"}],
                 "domains": [],
                 "mailAddresses": [],
+                "database": null,
                 "environment": {"LOG_LEVEL": "debug"},
                 "scale": 2,
             })
@@ -1263,6 +1305,7 @@ mod tests {
             environment: vec![("A".into(), "1".into())],
             scale: None,
             volumes: vec![],
+            database: None,
             mail_addresses: vec![],
         };
         assert_eq!(fields.into_body(&mut Map::new(), &[ClearArg::Env]).unwrap_err().code, "argument-invalid");

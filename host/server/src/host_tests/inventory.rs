@@ -271,6 +271,15 @@ async fn services_are_validated_strictly_and_written_with_their_revision() {
         (json!({"scale": 1000}), "scale-invalid"),
         (json!({"volumes": [{"name": "data", "mountPath": "relative"}]}), "volume-invalid"),
         (json!({"mailAddresses": ["nobody"]}), "mail-address-invalid"),
+        (json!({"database": {"engine": "sqlite", "volume": "data", "path": "app.db"}}), "database-volume-unknown"),
+        (
+            json!({"volumes": [{"name": "data", "mountPath": "/data"}], "database": {"engine": "sqlite", "volume": "data", "path": "../x.db"}}),
+            "database-path-invalid",
+        ),
+        (
+            json!({"volumes": [{"name": "data", "mountPath": "/data"}], "database": {"engine": "postgres", "volume": "data", "path": "x"}}),
+            "invalid-request",
+        ),
         (json!({"template": "a string"}), "template-invalid"),
         (json!({"organizationId": "org_missing"}), "forbidden"),
         (json!({"unknown": true}), "invalid-request"),
@@ -324,6 +333,17 @@ async fn services_are_validated_strictly_and_written_with_their_revision() {
         .ok(&owner, "services.update", json!({"id": id, "expectedRevision": got["revision"], "scale": 3, "image": "ghcr.io/acme/web:1.1"}))
         .await;
     assert_eq!((updated["scale"].as_u64(), updated["domains"][0].as_str()), (Some(3), Some("web.acme.example")), "absent fields stay");
+
+    // a database is declared in one of the service's volumes, stays while it is, and null removes it
+    let db = json!({"engine": "sqlite", "volume": "data", "path": "db/app.sqlite"});
+    let declared = w.ok(&owner, "services.update", json!({"id": id, "expectedRevision": updated["revision"], "database": db})).await;
+    assert_eq!(declared["database"], db);
+    let kept = w.ok(&owner, "services.update", json!({"id": id, "expectedRevision": declared["revision"], "scale": 2})).await;
+    assert_eq!(kept["database"], db, "absent, the declaration stays");
+    let without_volume = json!({"id": id, "expectedRevision": kept["revision"], "volumes": []});
+    w.refused(&owner, "services.update", without_volume, "database-volume-unknown").await;
+    let removed = w.ok(&owner, "services.update", json!({"id": id, "expectedRevision": kept["revision"], "database": null})).await;
+    assert!(removed.get("database").is_none(), "{removed}");
 
     let listed = w.ok(&member, "services.list", json!({"organizationId": acme})).await;
     assert_eq!(listed["items"].as_array().unwrap().len(), 1);
