@@ -127,8 +127,8 @@ impl Manager for Backups {
         while ctx.remaining() > JOB_BUDGET {
             let Some(job) = next_job()? else { break };
             match job {
-                Job::Backup(doc) => run_backup(doc)?,
-                Job::Restore(doc) => run_restore(doc)?,
+                Job::Backup(doc) => run_backup(*doc)?,
+                Job::Restore(doc) => run_restore(*doc)?,
             }
             done += 1;
         }
@@ -796,8 +796,8 @@ fn resolve_node(cluster: &str, named: Option<&str>) -> Result<String> {
 // ---- the reconcile loop's work ----
 
 enum Job {
-    Backup(Doc<Backup>),
-    Restore(Doc<Restore>),
+    Backup(Box<Doc<Backup>>),
+    Restore(Box<Doc<Restore>>),
 }
 
 /// The oldest pending backup, else the oldest pending restore.
@@ -805,10 +805,10 @@ fn next_job() -> Result<Option<Job>> {
     let pending = json!(State::Pending.as_str());
     let backups = store::find::<Backup>(BACKUPS, "by_state", std::slice::from_ref(&pending), None, 500)?;
     if let Some(b) = backups.documents.into_iter().min_by_key(|d| d.data.created_at_ms) {
-        return Ok(Some(Job::Backup(b)));
+        return Ok(Some(Job::Backup(Box::new(b))));
     }
     let restores = store::find::<Restore>(RESTORES, "by_state", &[pending], None, 500)?;
-    Ok(restores.documents.into_iter().min_by_key(|d| d.data.created_at_ms).map(Job::Restore))
+    Ok(restores.documents.into_iter().min_by_key(|d| d.data.created_at_ms).map(|d| Job::Restore(Box::new(d))))
 }
 
 fn settings() -> Result<Settings> {
