@@ -182,7 +182,7 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     let cookie = format!("capstan_session={admin}");
     let page = server.request("GET", &format!("/services/{service_id}"), &[("cookie", &cookie), ("accept", "text/html")], None);
     assert!(
-        page.body.contains(r#"<dd id="service-database-value"><span class="mono">data/db/app.sqlite (sqlite)</span>"#),
+        page.body.contains(r#"<dd id="service-database-value"><span class="mono">data&#x2f;db&#x2f;app.sqlite (sqlite)</span>"#),
         "{}",
         page.body
     );
@@ -404,7 +404,7 @@ fn restore_from_the_dashboard(server: &Capstan, admin: &str, org_id: &str, backu
     assert_eq!(confirm.status, 200, "{}", confirm.body);
     assert!(confirm.body.contains(r#"id="restore-consequence""#) && confirm.body.contains(r#"id="restore-form""#), "{}", confirm.body);
     assert!(confirm.body.contains("are replaced by the backup"), "it says what a restore replaces: {}", confirm.body);
-    assert!(confirm.body.contains(r#"<span class="mono">data/db/app.sqlite</span> (sqlite)"#), "and the database: {}", confirm.body);
+    assert!(confirm.body.contains(r#"<span class="mono">data/db&#x2f;app.sqlite</span> (sqlite)"#), "and the database: {}", confirm.body);
     let missing = page("/p/backups/restore");
     assert!(missing.status == 200 && missing.body.contains(r#"id="restore-missing""#), "{}", missing.body);
 
