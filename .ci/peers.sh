@@ -8,6 +8,8 @@
 #                             _ENDPOINT, _BUCKET, and a key pair it knows (_ACCESS_KEY, _SECRET_KEY)
 #   CAPSTAN_TEST_NPM_REGISTRY an npm registry (verdaccio) taking anonymous publishes, no uplink:
 #                             the App Store's catalog package is published to it
+#   CAPSTAN_TEST_REQUIRE_GATEWAY  the mail tests start tests/peers/gateway themselves (python3 with
+#                             aiosmtpd); set, they fail instead of skipping when it cannot start
 
 PEERS_DIR="$(mktemp -d /tmp/capstan-peers.XXXXXX)"
 PEER_PIDS=()
@@ -35,7 +37,7 @@ wait_for_port() { # name port log
     return 1
 }
 
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]'
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]' 'aiosmtpd'
 # pyenv installs console scripts behind shims that appear after a rehash
 command -v pyenv >/dev/null && pyenv rehash || true
 
@@ -96,3 +98,6 @@ NPM_PORT="$(free_port)"
 PEER_PIDS+=($!)
 wait_for_port "npm registry (verdaccio)" "$NPM_PORT" "$PEERS_DIR/verdaccio.log"
 export CAPSTAN_TEST_NPM_REGISTRY="http://127.0.0.1:$NPM_PORT/"
+
+# aiosmtpd is installed above; the mail tests start their own gateway from tests/peers/gateway
+export CAPSTAN_TEST_REQUIRE_GATEWAY=1

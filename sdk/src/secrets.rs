@@ -36,6 +36,15 @@ pub fn ensure(scope: &str, owner: &Owner, key: &str, generate: &Generate) -> Res
     Ok(wit::ensure(scope, owner, key, generate)?)
 }
 
+/// Store `value` as the secret `key` of `owner` in `scope` (contract 0.2.3): created when
+/// there is none, a new version when the active value differs, unchanged (nothing written) when
+/// it is the same, so a manager may put on every pass. A secret this scope revoked becomes
+/// active again with the value. For values the plugin receives from outside Capstan (a password
+/// a gateway issued) or derives; let the host generate what it can ([`ensure`]). Never log it.
+pub fn put(scope: &str, owner: &Owner, key: &str, value: &[u8]) -> Result<SecretInfo> {
+    Ok(wit::put(scope, owner, key, value)?)
+}
+
 /// A new version with a newly generated value.
 pub fn rotate(scope: &str, secret_id: &str) -> Result<SecretInfo> {
     Ok(wit::rotate(scope, secret_id)?)

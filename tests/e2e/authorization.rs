@@ -278,6 +278,10 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("backups.replicate", json!({ "organizationId": ORG, "backupId": "bkp_missing" }), owner(Past("backup-not-found"))),
         ("backups.restore", json!({ "organizationId": ORG, "backupId": "bkp_missing" }), owner(Past("backup-not-found"))),
         ("backups.runAll", json!({}), admin(Ran)),
+        // ---- the mail plugin (no gateway configured) ----
+        ("mail.checkServiceMail", json!({ "organizationId": ORG, "serviceId": "svc_missing" }), owner(Past("service-not-found"))),
+        ("mail.getServiceMail", json!({ "organizationId": ORG, "serviceId": SERVICE }), member(Ran)),
+        ("mail.listServiceTargets", json!({}), admin(Ran)),
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
         ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),
         ("appstore.getCatalogStatus", json!({}), signed_in(Ran)),

@@ -22,6 +22,7 @@ mod hostile;
 mod identity;
 mod inventory;
 mod logging;
+mod mail;
 mod mcp;
 mod migrations;
 mod mongo;

@@ -204,19 +204,20 @@ impl Platform for InventoryPlatform {
         length: u32,
         alphabet: &str,
     ) -> Result<SecretMeta> {
-        use capstan_secrets::managed::{self, ManagedOwner};
-        let owner = match owner {
-            SecretOwner::Service(id) => ManagedOwner::Service(id),
-            SecretOwner::System(id) => ManagedOwner::System(id),
-            SecretOwner::Organization(_) => {
-                return Err(Refusal::new(
-                    "secret-owner-unsupported",
-                    "an organization's secrets belong to its SecretSets, which an administrator creates; a plugin manages service and system secrets",
-                ));
-            }
-        };
+        use capstan_secrets::managed;
         let generate = capstan_secrets::methods::Generate { length: length as usize, alphabet: alphabet.into() };
-        managed::ensure(&self.secrets, actor, scope, owner, key, generate).await.map(secret_meta)
+        managed::ensure(&self.secrets, actor, scope, managed_owner(owner)?, key, generate).await.map(secret_meta)
+    }
+
+    async fn put_secret(
+        &self,
+        actor: &Identity,
+        scope: &str,
+        owner: SecretOwner,
+        key: &str,
+        value: Zeroizing<Vec<u8>>,
+    ) -> Result<SecretMeta> {
+        capstan_secrets::managed::put(&self.secrets, actor, scope, managed_owner(owner)?, key, value).await.map(secret_meta)
     }
 
     async fn rotate_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta> {
@@ -233,5 +234,19 @@ impl Platform for InventoryPlatform {
 
     async fn reveal_secret(&self, actor: &Identity, plugin: &str, scope: &str, id: &str) -> Result<Zeroizing<Vec<u8>>> {
         capstan_secrets::managed::reveal(&self.secrets, actor, plugin, scope, id).await
+    }
+}
+
+/// Whom a plugin's secret belongs to: a service or the system; an organization's secrets belong
+/// to its SecretSets, which an administrator creates.
+fn managed_owner(owner: SecretOwner) -> Result<capstan_secrets::managed::ManagedOwner> {
+    use capstan_secrets::managed::ManagedOwner;
+    match owner {
+        SecretOwner::Service(id) => Ok(ManagedOwner::Service(id)),
+        SecretOwner::System(id) => Ok(ManagedOwner::System(id)),
+        SecretOwner::Organization(_) => Err(Refusal::new(
+            "secret-owner-unsupported",
+            "an organization's secrets belong to its SecretSets, which an administrator creates; a plugin manages service and system secrets",
+        )),
     }
 }

@@ -163,7 +163,7 @@ pub struct InstalledVersion {
     pub installed_at: u64,
     /// Who installed it: a username, or `capstan` for a first-party plugin.
     pub installed_by: String,
-    /// The contract it targets, from its manifest (`capstan:plugin@0.2.2`).
+    /// The contract it targets, from its manifest (`capstan:plugin@0.2.3`).
     #[serde(default = "wit_0_1")]
     pub wit: String,
     /// The settings it declares (what `settings.update` accepts as `<id>.<key>`).

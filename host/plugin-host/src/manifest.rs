@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.2.2"
+//! wit = "capstan:plugin@0.2.3"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -30,9 +30,9 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.2.2`); it also serves plugins
-/// built for 0.2.0 and 0.2.1 (a patch adds to the contract, so the older names resolve to it).
-pub const CURRENT_WIT: &str = "capstan:plugin@0.2.2";
+/// The contract `capstan plugin new` and the SDK target (`wit/0.2.3`); it also serves plugins
+/// built for 0.2.0, 0.2.1 and 0.2.2 (a patch adds to the contract, so the older names resolve to it).
+pub const CURRENT_WIT: &str = "capstan:plugin@0.2.3";
 /// The first contract (`wit/0.1.0`), still served through its adapter.
 pub const WIT_0_1: &str = "capstan:plugin@0.1.0";
 /// Every contract this host serves, newest first.
@@ -850,9 +850,10 @@ concurrency = 4
         // a plugin of an earlier patch is served by the later one
         assert_eq!(served_wit("capstan:plugin@0.2.0").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.2.1").unwrap(), CURRENT_WIT);
+        assert_eq!(served_wit("capstan:plugin@0.2.2").unwrap(), CURRENT_WIT);
         for bad in [
             "capstan:plugin@0.1.1",
-            "capstan:plugin@0.2.3",
+            "capstan:plugin@0.2.4",
             "capstan:plugin@0.3.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",

@@ -88,6 +88,17 @@ pub trait Platform: OrganizationAuthority {
         alphabet: &str,
     ) -> Result<SecretMeta>;
 
+    /// The secret of `owner` and `key` in `scope` holding `value` (created, a new version, or
+    /// unchanged when it already holds it), as `actor`.
+    async fn put_secret(
+        &self,
+        actor: &Identity,
+        scope: &str,
+        owner: SecretOwner,
+        key: &str,
+        value: Zeroizing<Vec<u8>>,
+    ) -> Result<SecretMeta>;
+
     /// A new, generated version of `scope`'s secret `id`, as `actor`.
     async fn rotate_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta>;
 

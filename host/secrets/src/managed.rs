@@ -134,6 +134,75 @@ pub async fn ensure(cx: &Context, actor: &Identity, scope: &str, owner: ManagedO
     Err(Refusal::new("conflict", "the secret kept changing under this call; try again").retryable())
 }
 
+/// The secret of `owner` and `key` (environment `production`) in `scope` holding `value`:
+/// created when there is none, a new version when its active value differs, unchanged when it
+/// is the same (nothing written, so a manager may put on every pass). A secret this scope
+/// revoked takes the value as a new version and is active again; another scope's is
+/// `management-scope-mismatch`.
+pub async fn put(
+    cx: &Context,
+    actor: &Identity,
+    scope: &str,
+    owner: ManagedOwner,
+    key: &str,
+    value: Zeroizing<Vec<u8>>,
+) -> Result<SecretView> {
+    let owner = Owner::from(owner);
+    let provided = || Value::Provided(methods::Provided(value.clone()));
+    for _ in 0..3 {
+        let found = cx
+            .store
+            .transact(|tx| {
+                let owner = owner.clone();
+                async move {
+                    check_owner(&tx, actor, &owner).await?;
+                    let found =
+                        tx.find(SECRETS, "by_owner_key", &[json!(owner.reference()), json!(key), json!("production")], None, 1).await?;
+                    let Some(doc) = found.documents.into_iter().next() else { return Ok(None) };
+                    let secret = parse_secret(&doc)?;
+                    check_scope(&secret, &Some(scope.to_string()))?;
+                    let current: Version =
+                        serde_json::from_value(tx.require(VERSIONS, &secret.current_version_id).await?.data).map_err(Refusal::internal)?;
+                    Ok(Some((doc, secret, current)))
+                }
+            })
+            .await?;
+        let Some((doc, secret, current)) = found else {
+            let input = CreateInput {
+                owner: owner.clone(),
+                key: key.to_string(),
+                environment: None,
+                management_scope: Some(scope.to_string()),
+                value: provided(),
+                mutation_id: None,
+            };
+            match methods::create(cx.clone(), Call::by(actor), input).await {
+                Err(e) if e.is("exists") => continue,
+                other => return other,
+            }
+        };
+        if secret.state == State::Active {
+            let context = material_context(&doc.id, &secret.current_version_id, &secret);
+            let held = super::envelope::open(&cx.keyring, &context, &current.envelope)?;
+            if *held == *value {
+                return Ok(view(&doc.id, doc.revision, secret));
+            }
+        }
+        let input = RotateInput {
+            id: doc.id.clone(),
+            expected_version_id: secret.current_version_id.clone(),
+            management_scope: Some(scope.to_string()),
+            value: provided(),
+            mutation_id: None,
+        };
+        match methods::rotate_or_reinstate(cx.clone(), Call::by(actor), input, true).await {
+            Err(e) if e.is("conflict") => continue,
+            other => return other,
+        }
+    }
+    Err(Refusal::new("conflict", "the secret kept changing under this call; try again").retryable())
+}
+
 /// A new version of `scope`'s secret `id`, generated as the secret's first value was.
 pub async fn rotate(cx: &Context, actor: &Identity, scope: &str, id: &str) -> Result<SecretView> {
     let (_, secret) = cx.store.transact(|tx| async move { require_managed(&tx, actor, scope, id).await }).await?;

@@ -98,8 +98,8 @@ impl Generate {
     }
 }
 
-/// Where a new version's value comes from: generated here, or sealed by the client to the
-/// ingress recipient for this very request.
+/// Where a new version's value comes from: generated here, sealed by the client to the
+/// ingress recipient for this very request, or handed over by a plugin (never over the wire).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Value {
@@ -107,6 +107,28 @@ pub enum Value {
     Generate(Generate),
     /// Sealed by the client to the ingress recipient for this request's target.
     Sealed(SealedInput),
+    /// A value a plugin holds (`secrets.put`, [`super::managed::put`]). No request body can
+    /// carry one: it does not deserialize.
+    #[serde(skip_deserializing)]
+    #[schemars(skip)]
+    Provided(Provided),
+}
+
+/// A value a plugin handed over. It shows in no `Debug` output and serializes as a constant,
+/// so nothing that records a request (a receipt's digest, a log line) ever holds it.
+#[derive(Clone)]
+pub struct Provided(pub Zeroizing<Vec<u8>>);
+
+impl std::fmt::Debug for Provided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Provided(..)")
+    }
+}
+
+impl Serialize for Provided {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str("provided")
+    }
 }
 
 /// Parameters of `secrets.create`.
@@ -366,6 +388,7 @@ fn material(keyring: &capstan_keyring::Keyring, value: &Value, target: &str) -> 
     let (plaintext, source) = match value {
         Value::Generate(spec) => (generate(spec)?, "generated"),
         Value::Sealed(sealed) => (ingress::open(keyring, target, sealed)?, "sealed"),
+        Value::Provided(provided) => (provided.0.clone(), "provided"),
     };
     if plaintext.is_empty() {
         return Err(Refusal::new("input-empty", "the value is empty"));
@@ -496,7 +519,7 @@ pub(crate) async fn create(cx: Context, call: Call, input: CreateInput) -> Resul
                     revoked_at: None,
                     generated: match &input.value {
                         Value::Generate(spec) => Some(spec.clone()),
-                        Value::Sealed(_) => None,
+                        Value::Sealed(_) | Value::Provided(_) => None,
                     },
                 };
                 let taken = tx
@@ -533,6 +556,13 @@ pub(crate) async fn create(cx: Context, call: Call, input: CreateInput) -> Resul
 }
 
 pub(crate) async fn rotate(cx: Context, call: Call, input: RotateInput) -> Result<SecretView> {
+    rotate_or_reinstate(cx, call, input, false).await
+}
+
+/// A rotation; with `reinstate`, a revoked secret takes the version too and is active again
+/// (`secret.reinstated`): only a plugin putting a value into its own scope does that
+/// ([`super::managed::put`]).
+pub(crate) async fn rotate_or_reinstate(cx: Context, call: Call, input: RotateInput, reinstate: bool) -> Result<SecretView> {
     let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
     let identity = call.identity()?.clone();
     // the target needs the owner and key, read before the value is opened
@@ -556,7 +586,8 @@ pub(crate) async fn rotate(cx: Context, call: Call, input: RotateInput) -> Resul
                 check_scope(&secret, &input.management_scope)?;
                 // a deleting service's or a retired SecretSet's secret takes no new version
                 owner_organization(&tx, &secret.owner).await?;
-                if secret.state == State::Revoked {
+                let reinstated = secret.state == State::Revoked;
+                if reinstated && !reinstate {
                     return Err(Refusal::new("secret-revoked", "a revoked secret takes no new version; create a new one"));
                 }
                 if secret.current_version_id != input.expected_version_id {
@@ -576,9 +607,13 @@ pub(crate) async fn rotate(cx: Context, call: Call, input: RotateInput) -> Resul
                     created_by: identity.user_id.clone(),
                     envelope: sealed,
                 };
+                if reinstated {
+                    (secret.state, secret.revoked_at) = (State::Active, None);
+                }
                 tx.insert(VERSIONS, version_ref, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
                 let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
-                emit(&tx, "secret.rotated", &input.id, event_data(&input.id, &secret)).await?;
+                let kind = if reinstated { "secret.reinstated" } else { "secret.rotated" };
+                emit(&tx, kind, &input.id, event_data(&input.id, &secret)).await?;
                 publish_manifest(&tx, &secret).await?;
                 let answer = view(&input.id, doc.revision, secret);
                 receipts::record(&tx, receipt_keys, &identity.user_id, mutation, &("secrets.rotate", input), &answer).await?;

@@ -1,6 +1,6 @@
 //! `secrets`: the secrets of the scopes the grant names (`secrets:<scope>`, which covers
 //! `<scope>` and every `<scope>:<more>` — `secrets:mail` covers `mail:<serviceId>`), through
-//! the server's [`Platform`]: ensure, rotate, revoke and list; `reveal` only with
+//! the server's [`Platform`]: ensure, put (0.2.3), rotate, revoke and list; `reveal` only with
 //! `secrets-reveal:<scope>`, recorded by the host. A scope outside the grant is
 //! `capability-denied`. Writes act as the caller of the current method, or outside a method
 //! call as the plugin itself; an anonymous caller lends no authority (`unauthenticated`).
@@ -107,6 +107,12 @@ impl secrets::Host for CallData {
         let (platform, actor) = self.scope(&scope, false)?;
         let meta = platform.ensure_secret(&actor, &scope, owner_of(owner), &key, generate.length, &generate.alphabet).await;
         meta.map(info).map_err(to_wit)
+    }
+
+    async fn put(&mut self, scope: String, owner: secrets::Owner, key: String, value: Vec<u8>) -> WitResult<secrets::SecretInfo> {
+        let value = zeroize::Zeroizing::new(value);
+        let (platform, actor) = self.scope(&scope, false)?;
+        platform.put_secret(&actor, &scope, owner_of(owner), &key, value).await.map(info).map_err(to_wit)
     }
 
     async fn rotate(&mut self, scope: String, secret_id: String) -> WitResult<secrets::SecretInfo> {

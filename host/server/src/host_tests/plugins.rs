@@ -774,6 +774,32 @@ async fn a_plugin_keeps_service_secrets_within_its_scopes_and_every_reveal_is_re
         assert_eq!(refused.code, "secret-revoked", "{op_name}: {refused}");
         assert!(!refused.to_string().contains(&second), "no refusal carries a value");
     }
+
+    // put (0.2.3): the plugin's own value; a revoked secret of its scope is active again with it
+    let put = |scope: &str, value: &str| {
+        let mut body = op("put", scope, None);
+        body["value"] = json!(value);
+        f.call("adversary", "secret", body)
+    };
+    let reinstated = put(&scope, "issued-by-a-gateway").await.unwrap();
+    assert_eq!((reinstated["id"].as_str(), reinstated["state"].as_str()), (Some(id.as_str()), Some("active")), "{reinstated}");
+    let read = f.call("adversary", "secret", op("reveal", &scope, Some(&id))).await.unwrap();
+    assert_eq!(read["value"], "issued-by-a-gateway");
+    let again = put(&scope, "issued-by-a-gateway").await.unwrap();
+    assert_eq!(again["version"], reinstated["version"], "the same value writes nothing");
+    let changed = put(&scope, "rotated-at-the-gateway").await.unwrap();
+    assert_ne!(changed["version"], reinstated["version"], "another value is a new version");
+    let detail = admin_call("secrets.get", json!({ "id": id })).await.unwrap();
+    assert!(!detail.to_string().contains("rotated-at-the-gateway"), "no answer carries a put value: {detail}");
+    assert_eq!(put("audit", "x").await.unwrap_err().code, "management-scope-mismatch");
+    let manifest = admin_call("secrets.getManifest", json!({ "serviceId": service_id })).await.unwrap();
+    assert_eq!(manifest["entries"]["production"]["SMTP_PASSWORD"]["versionId"], changed["version"], "{manifest}");
+    let fresh = {
+        let mut body = op("put", &scope, None);
+        (body["key"], body["value"]) = (json!("SMTP_HOST"), json!("smtp.acme.example"));
+        f.call("adversary", "secret", body).await.unwrap()
+    };
+    assert_eq!((fresh["key"].as_str(), fresh["state"].as_str()), (Some("SMTP_HOST"), Some("active")), "a put creates: {fresh}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@
 //! - `hoard`: fills blob writers it never finishes (the host-bytes budget must stop it; needs
 //!   the `blobs` grant);
 //! - `bloat`: answers `bytes` bytes (the host passes at most 16 MiB on);
-//! - `secret`: drives the `secrets` import (`op` ensure, rotate, revoke, list or reveal), for
+//! - `secret`: drives the `secrets` import (`op` ensure, put, rotate, revoke, list or reveal), for
 //!   tests of what its grants reach (needs `secrets:<scope>` grants);
 //! - `squat`: a public method that tries to create a service (given the grant), which an
 //!   anonymous caller must not be able to do with the plugin's own authority.
@@ -176,6 +176,9 @@ struct SecretOp {
     key: Option<String>,
     #[serde(default)]
     id: Option<String>,
+    /// The value `put` stores.
+    #[serde(default)]
+    value: Option<String>,
 }
 
 fn secret(_ctx: &Context, input: SecretOp) -> Result<Value> {
@@ -186,6 +189,11 @@ fn secret(_ctx: &Context, input: SecretOp) -> Result<Value> {
         "ensure" => {
             let owner = Owner::Service(input.service_id.unwrap_or_default());
             shown(secrets::ensure(&input.scope, &owner, input.key.as_deref().unwrap_or("TOKEN"), &Generate::hex(32))?)
+        }
+        "put" => {
+            let owner = Owner::Service(input.service_id.unwrap_or_default());
+            let value = input.value.unwrap_or_default();
+            shown(secrets::put(&input.scope, &owner, input.key.as_deref().unwrap_or("TOKEN"), value.as_bytes())?)
         }
         "rotate" => shown(secrets::rotate(&input.scope, id)?),
         "revoke" => shown(secrets::revoke(&input.scope, id)?),

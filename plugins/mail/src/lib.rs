@@ -1,0 +1,961 @@
+//! The mail manager: a service's mail addresses bound at the mail gateway (docs/mail.md, the
+//! protocol in docs/gateway-protocol.md).
+//!
+//! Per address of a service's `mailAddresses`, the reconcile loop makes the gateway hold an
+//! SMTP credential allowed to send as that address (outbound) and, when the service publishes
+//! an SMTP port, a forward target relaying the address's inbound mail to it. The password the
+//! gateway issues once becomes the service's secrets `MAIL_<TOKEN>_SMTP_HOST/PORT/USER/PASSWORD/TLS`
+//! (scope `mail:<serviceId>`), and the default sender's (the first bound address) also
+//! `SMTP_*`, so the service's resolved manifest carries them. Only public metadata (username,
+//! credential version, forward target) is kept here; never a password.
+//!
+//! Order and durability: a binding is recorded (`pending`) before the gateway is asked for
+//! anything, and removed only after the gateway forgot it, so a pass that dies anywhere leaves a
+//! record the next pass finishes from and nothing at the gateway that Capstan does not know of.
+//! Removals go first (an address removed, the service deleting): forward target, credential,
+//! then the secrets. The plugin holds a service while it has bindings, so a deleting service
+//! waits until the gateway holds nothing of it. A gateway that does not answer stops the pass
+//! with everything as it was (`gateway-unreachable`) and the pass is retried soon.
+
+use capstan_sdk::http::Request;
+use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::secrets::{self, Owner};
+use capstan_sdk::store::{self, Doc};
+use capstan_sdk::{
+    CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
+    Role, Value, json, settings,
+};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const BINDINGS: &str = "bindings";
+/// Per service: which address its `SMTP_*` group was last written for.
+const SENDERS: &str = "senders";
+/// The one document holding what the last pass found.
+const STATUS: &str = "status";
+const STATUS_ID: &str = "last-pass";
+/// The gateway credential: a system secret in this scope.
+const GATEWAY_SCOPE: &str = "mail:gateway";
+const GATEWAY_SECRET: &str = "MAIL_GATEWAY_TOKEN";
+/// The protocol version of docs/gateway-protocol.md this manager speaks.
+const PROTOCOL: u64 = 1;
+/// How soon a pass the gateway failed is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+/// The container ports a service receives SMTP on; the first one it publishes is the target.
+const SMTP_PORTS: [u16; 2] = [25, 2525];
+
+struct Mail;
+
+impl Manager for Mail {
+    fn describe() -> Descriptor {
+        Descriptor::new()
+            .method(
+                "listServiceTargets",
+                "Every service with mail addresses: each address's state, SMTP username and inbound forward target.",
+                Role::Admin,
+                list_service_targets,
+            )
+            .method("getServiceMail", "One service's mail addresses with their state.", Role::Member, get_service_mail)
+            .method(
+                "checkServiceMail",
+                "Check that the SMTP password the service holds is the one the gateway accepts (by the gateway's verifier).",
+                Role::Owner,
+                check_service_mail,
+            )
+            .setting::<Option<String>>(
+                "gatewayUrl",
+                "The mail gateway's origin, http(s)://host[:port] (docs/gateway-protocol.md); null: mail is off",
+                None,
+            )
+            .setting::<Option<String>>("submissionHost", "The host services submit mail to (the gateway's SMTP submission listener)", None)
+            .setting("submissionPort", "The port of the submission listener", Some(587u16))
+            .setting("submissionTls", "How services connect to it: starttls, tls or none", Some("starttls".to_string()))
+            .setting::<Option<String>>(
+                "forwardTargetHost",
+                "The host the gateway forwards a service's inbound mail to (where its published SMTP port answers); null: no inbound",
+                None,
+            )
+            // /p/mail: every service's addresses, the gateway's state
+            .page(Page::new("", "Mail", "listServiceTargets").template("overview"))
+            .collection(CollectionSpec::new(BINDINGS).index("by_service", &["serviceId"]).index("by_org", &["organizationId"]))
+            .collection(SENDERS)
+            .collection(STATUS)
+            .subscribe("service.created")
+            .subscribe("service.updated")
+            .subscribe("service.deleting")
+            .reconcile_every(Duration::from_secs(60))
+    }
+
+    /// A service changed: the event's delivery already hints the reconcile loop.
+    fn on_event(_ctx: &Context, _event: Event) -> Result<()> {
+        Ok(())
+    }
+
+    fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
+        let outcome = pass();
+        let (summary, error) = match &outcome {
+            Ok(summary) => (summary.clone(), None),
+            Err(r) => (format!("{}: {}", r.code(), r.message()), Some(PassError { code: r.code().into(), message: r.message().into() })),
+        };
+        record_status(&summary, error)?;
+        match outcome {
+            Ok(summary) => Ok(ReconcileOutcome::done(summary)),
+            // the gateway or its configuration: nothing changed, try again soon
+            Err(r) if r.is_retryable() => Ok(ReconcileOutcome::done(summary).requeue_after(RETRY)),
+            Err(_) => Ok(ReconcileOutcome::done(summary)),
+        }
+    }
+}
+
+capstan_sdk::manager!(Mail);
+
+// ---------------------------------------------------------------------------------------------
+// Records
+
+/// Where a binding stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+enum State {
+    /// Recorded; the gateway is being asked (or will be, on the next pass).
+    Pending,
+    /// The gateway holds the credential (and target); the service holds the secrets.
+    Active,
+    /// The address cannot be bound as things are (`reason` says why); retried every pass.
+    Blocked,
+    /// Being withdrawn from the gateway; the record goes once the gateway forgot it.
+    Removing,
+}
+
+/// Where the gateway forwards an address's inbound mail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Inbound {
+    host: String,
+    port: u16,
+}
+
+/// One address of one service at the gateway. Public metadata only.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Binding {
+    service_id: String,
+    organization_id: String,
+    address: String,
+    /// The address as a variable-name part: `web@acme.example` → `WEB_ACME_EXAMPLE`.
+    token: String,
+    /// The gateway's id of its credential and forward target: `capstan.<serviceId>.<token>`.
+    gateway_id: String,
+    state: State,
+    /// The SMTP username, once the gateway issued the credential.
+    #[serde(default)]
+    username: Option<String>,
+    /// The credential version whose password the service's secrets hold.
+    #[serde(default)]
+    credential_version: Option<u64>,
+    /// The forward target the gateway holds, if any.
+    #[serde(default)]
+    inbound: Option<Inbound>,
+    /// Why there is no inbound forwarding, when there is none.
+    #[serde(default)]
+    inbound_note: Option<String>,
+    /// Why it is blocked, or what the last attempt ran into (`gateway-unreachable`, …).
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    updated_at: u64,
+}
+
+/// Which address a service's `SMTP_*` group holds: the version of that address's password
+/// secret it copied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Sender {
+    address: String,
+    password_version: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct PassError {
+    code: String,
+    message: String,
+}
+
+/// What the last reconcile pass found.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct PassStatus {
+    summary: String,
+    /// Why the pass stopped, if it did (`gateway-unconfigured`, `gateway-unreachable`, …).
+    error: Option<PassError>,
+    at: u64,
+}
+
+fn record_status(summary: &str, error: Option<PassError>) -> Result<()> {
+    let current = store::get::<PassStatus>(STATUS, STATUS_ID)?;
+    let status = PassStatus { summary: summary.into(), error, at: now_ms() };
+    store::Batch::new().put(STATUS, STATUS_ID, current.map(|d| d.revision), &status).commit()?;
+    Ok(())
+}
+
+/// The part of a service this manager reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Service {
+    name: String,
+    organization_id: String,
+    #[serde(default)]
+    ports: Vec<Port>,
+    #[serde(default)]
+    mail_addresses: Vec<String>,
+    state: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Port {
+    port: u16,
+    protocol: String,
+    #[serde(default)]
+    public_port: Option<u16>,
+}
+
+/// `web@acme.example` → `WEB_ACME_EXAMPLE`: what is not a letter or digit becomes `_`.
+fn token(address: &str) -> String {
+    address.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+fn binding_id(service_id: &str, token: &str) -> String {
+    format!("{service_id}.{token}")
+}
+
+fn service_scope(service_id: &str) -> String {
+    format!("mail:{service_id}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings and the gateway
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Settings {
+    gateway_url: Option<String>,
+    submission_host: Option<String>,
+    submission_port: u16,
+    submission_tls: String,
+    forward_target_host: Option<String>,
+}
+
+fn unconfigured(message: impl Into<String>) -> Refusal {
+    Refusal::new("gateway-unconfigured", message)
+}
+
+/// A configured gateway, its submission listener, where inbound mail goes.
+struct Gateway {
+    url: String,
+    token: String,
+    submission_host: String,
+    submission_port: u16,
+    submission_tls: String,
+    forward_host: Option<String>,
+}
+
+impl Gateway {
+    /// The gateway the settings and the system secret name, or `gateway-unconfigured` naming
+    /// what is missing.
+    fn configured() -> Result<Gateway> {
+        let s: Settings = settings::get()?;
+        let url = s.gateway_url.ok_or_else(|| unconfigured("the setting mail.gatewayUrl names no gateway"))?;
+        let submission_host = s.submission_host.ok_or_else(|| unconfigured("the setting mail.submissionHost names no submission host"))?;
+        if !["starttls", "tls", "none"].contains(&s.submission_tls.as_str()) {
+            return Err(unconfigured("the setting mail.submissionTls is starttls, tls or none"));
+        }
+        let listed = secrets::list(GATEWAY_SCOPE)?;
+        let Some(secret) = listed.iter().find(|s| s.key == GATEWAY_SECRET && s.state == "active") else {
+            return Err(unconfigured(format!(
+                "no active secret {GATEWAY_SECRET} in the management scope {GATEWAY_SCOPE}: \
+                 capstan secrets set-system {GATEWAY_SECRET} --system-id mail --scope {GATEWAY_SCOPE} < token-file"
+            )));
+        };
+        let token = String::from_utf8(secrets::reveal(GATEWAY_SCOPE, &secret.id)?)
+            .map_err(|_| unconfigured(format!("{GATEWAY_SECRET} is not text")))?
+            .trim()
+            .to_string();
+        if token.is_empty() {
+            return Err(unconfigured(format!("{GATEWAY_SECRET} is empty")));
+        }
+        Ok(Gateway {
+            url: url.trim_end_matches('/').to_string(),
+            token,
+            submission_host,
+            submission_port: s.submission_port,
+            submission_tls: s.submission_tls,
+            forward_host: s.forward_target_host.filter(|h| !h.is_empty()),
+        })
+    }
+
+    /// One request: the status and the JSON answer (`null` for none). No answer, a 5xx or a
+    /// body that is not JSON is `gateway-unreachable` (retryable); a refused token
+    /// `gateway-token-rejected`.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let mut request = Request::new(method, &format!("{}{path}", self.url)).header("authorization", &format!("Bearer {}", self.token));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let unreachable = |why: String| {
+            Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: {why}")).retryable()
+        };
+        let response = match request.timeout(Duration::from_secs(10)).send() {
+            Ok(r) => r,
+            Err(r) if ["http-failed", "http-timeout"].contains(&r.code()) => return Err(unreachable(r.message().to_string())),
+            Err(r) => return Err(r),
+        };
+        if response.status >= 500 {
+            return Err(unreachable(format!("HTTP {}", response.status)));
+        }
+        if response.status == 401 || response.status == 403 {
+            return Err(Refusal::new(
+                "gateway-token-rejected",
+                format!("the mail gateway refused the token {GATEWAY_SECRET} (HTTP {}): set the gateway's current one", response.status),
+            ));
+        }
+        let value = if response.body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&response.body)
+                .map_err(|_| unreachable(format!("HTTP {} with a body that is not JSON", response.status)))?
+        };
+        Ok((response.status, value))
+    }
+
+    /// A 2xx answer, or the gateway's refusal by name (`gateway-refused`).
+    fn expect(&self, method: &str, path: &str, body: Option<&Value>, ok: &[u16]) -> Result<(u16, Value)> {
+        let (status, value) = self.call(method, path, body)?;
+        if ok.contains(&status) {
+            return Ok((status, value));
+        }
+        let code = value["error"]["code"].as_str().unwrap_or("unknown").to_string();
+        let message = value["error"]["message"].as_str().unwrap_or_default().to_string();
+        Err(Refusal::new("gateway-refused", format!("the mail gateway refused {method} {path} (HTTP {status} {code}): {message}"))
+            .with_data(json!({ "status": status, "gatewayCode": code })))
+    }
+
+    fn check_protocol(&self) -> Result<()> {
+        let (_, status) = self.expect("GET", "/v1/status", None, &[200])?;
+        match status["protocol"].as_u64() {
+            Some(PROTOCOL) => Ok(()),
+            other => Err(Refusal::new(
+                "gateway-protocol-unsupported",
+                format!("the mail gateway speaks protocol {other:?}; Capstan speaks {PROTOCOL} (docs/gateway-protocol.md)"),
+            )),
+        }
+    }
+
+    /// The verified domains the gateway serves.
+    fn domains(&self) -> Result<BTreeSet<String>> {
+        let (_, answer) = self.expect("GET", "/v1/domains", None, &[200])?;
+        let listed = answer["domains"].as_array().cloned().unwrap_or_default();
+        Ok(listed.iter().filter(|d| d["verified"] == json!(true)).filter_map(|d| d["name"].as_str().map(str::to_ascii_lowercase)).collect())
+    }
+
+    /// A new credential for `binding`, or a new password for the one the gateway already holds
+    /// under its id (a create whose answer was lost): `(username, version, password)`.
+    fn issue(&self, binding: &Binding) -> Result<(String, u64, String)> {
+        let body = json!({ "id": binding.gateway_id, "username": binding.gateway_id, "allowedFrom": [binding.address] });
+        let (status, answer) = self.expect("POST", "/v1/smtp-credentials", Some(&body), &[201, 409])?;
+        let answer = if status == 409 {
+            self.expect("POST", &format!("/v1/smtp-credentials/{}/rotate", binding.gateway_id), Some(&json!({})), &[200])?.1
+        } else {
+            answer
+        };
+        let username = answer["username"].as_str().map(str::to_string);
+        let version = answer["version"].as_u64();
+        let password = answer["password"].as_str().filter(|p| !p.is_empty()).map(str::to_string);
+        match (username, version, password) {
+            (Some(u), Some(v), Some(p)) => Ok((u, v, p)),
+            _ => {
+                Err(Refusal::new("gateway-answer-invalid", "the mail gateway's credential answer lacks its username, version or password"))
+            }
+        }
+    }
+
+    /// The gateway's record of a credential (`None`: it holds none).
+    fn credential(&self, id: &str) -> Result<Option<Value>> {
+        let (status, answer) = self.expect("GET", &format!("/v1/smtp-credentials/{id}"), None, &[200, 404])?;
+        Ok((status == 200).then_some(answer))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pass
+
+/// Every service, in id order.
+fn services() -> Result<Vec<(String, Service)>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = inventory::list::<Service>(EntityKind::Service, cursor.as_deref(), 500)?;
+        out.extend(page.entities.into_iter().map(|e| (e.id, e.data)));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
+fn all_bindings() -> Result<Vec<Doc<Binding>>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store::scan::<Binding>(BINDINGS, cursor.as_deref(), 500)?;
+        out.extend(page.documents);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// The addresses each active service wants bound: binding id → (service id, service, address).
+/// Two addresses of one service with the same token keep only the first.
+fn desired(services: &[(String, Service)]) -> BTreeMap<String, (String, Service, String)> {
+    let mut out = BTreeMap::new();
+    for (id, service) in services.iter().filter(|(_, s)| s.state == "active") {
+        for address in &service.mail_addresses {
+            out.entry(binding_id(id, &token(address))).or_insert_with(|| (id.clone(), service.clone(), address.clone()));
+        }
+    }
+    out
+}
+
+/// Where `service`'s inbound mail goes, or why nowhere.
+fn inbound_of(gateway: &Gateway, service: &Service) -> std::result::Result<Inbound, String> {
+    let Some(host) = &gateway.forward_host else {
+        return Err("the setting mail.forwardTargetHost names no host: inbound mail is off".into());
+    };
+    let published = SMTP_PORTS
+        .iter()
+        .find_map(|smtp| service.ports.iter().find(|p| p.port == *smtp && p.protocol == "tcp").and_then(|p| p.public_port));
+    match published {
+        Some(port) => Ok(Inbound { host: host.clone(), port }),
+        None => Err("the service publishes no tcp port 25 or 2525: no inbound mail".into()),
+    }
+}
+
+fn pass() -> Result<String> {
+    let gateway = Gateway::configured()?;
+    gateway.check_protocol()?;
+    let services = services()?;
+    let wanted = desired(&services);
+    let existing = all_bindings()?;
+    let mut summary = Vec::new();
+
+    // withdraw first: what no active service wants any more
+    let mut withdrawn = BTreeSet::new();
+    for doc in existing.iter().filter(|d| !wanted.contains_key(&d.id) || d.data.state == State::Removing) {
+        remove(&gateway, doc.clone())?;
+        withdrawn.insert(doc.data.service_id.clone());
+    }
+    if !withdrawn.is_empty() {
+        summary.push(format!("addresses of {} services withdrawn", withdrawn.len()));
+    }
+
+    let domains = gateway.domains()?;
+    let known: BTreeMap<&str, &Doc<Binding>> = existing.iter().map(|d| (d.id.as_str(), d)).collect();
+    let (mut bound, mut blocked) = (0, 0);
+    for (id, (service_id, service, address)) in &wanted {
+        let doc = match known.get(id.as_str()) {
+            Some(doc) if doc.data.state != State::Removing => Some((*doc).clone()),
+            _ => None,
+        };
+        match bind(&gateway, &domains, id, service_id, service, address, doc)? {
+            State::Active => bound += 1,
+            _ => blocked += 1,
+        }
+    }
+    summary.push(format!("{bound} addresses bound"));
+    if blocked > 0 {
+        summary.push(format!("{blocked} blocked"));
+    }
+
+    senders(&gateway, &services)?;
+    release_unbound(&services, &withdrawn)?;
+    Ok(summary.join(", "))
+}
+
+/// Bring one wanted address to `active` (or `blocked`, with the reason): record it, hold the
+/// service, have the gateway issue the credential and put its password into the service's
+/// secrets, keep the secrets and the forward target in line with the settings.
+fn bind(
+    gateway: &Gateway,
+    domains: &BTreeSet<String>,
+    id: &str,
+    service_id: &str,
+    service: &Service,
+    address: &str,
+    doc: Option<Doc<Binding>>,
+) -> Result<State> {
+    let mut doc = match doc {
+        Some(doc) => doc,
+        None => {
+            // the service first: a deleting one is not bound at all
+            if let Err(r) = inventory::hold_service(service_id) {
+                if r.is("service-deleting") {
+                    return Ok(State::Blocked);
+                }
+                return Err(r);
+            }
+            let token = token(address);
+            let binding = Binding {
+                service_id: service_id.into(),
+                organization_id: service.organization_id.clone(),
+                address: address.into(),
+                gateway_id: format!("capstan.{service_id}.{token}"),
+                token,
+                state: State::Pending,
+                username: None,
+                credential_version: None,
+                inbound: None,
+                inbound_note: None,
+                reason: None,
+                message: None,
+                updated_at: now_ms(),
+            };
+            let written = store::Batch::new().insert(BINDINGS, id, &binding).commit()?;
+            Doc { id: id.into(), revision: written[0].revision, data: binding }
+        }
+    };
+    let domain = address.rsplit_once('@').map(|(_, d)| d.to_ascii_lowercase()).unwrap_or_default();
+    if !domains.contains(&domain) {
+        let message = format!("the mail gateway does not list {domain} as a verified domain");
+        return block(doc, "mail-domain-unverified", message);
+    }
+    match settle(gateway, service, &mut doc) {
+        Ok(()) => Ok(State::Active),
+        Err(r) => {
+            // what happened is kept on the record; the state stays as it was
+            note(doc, r.code(), r.message())?;
+            Err(r)
+        }
+    }
+}
+
+/// The gateway's side and the secrets of an address, made to match; `doc` is committed as
+/// `active` at the end.
+fn settle(gateway: &Gateway, service: &Service, doc: &mut Doc<Binding>) -> Result<()> {
+    let scope = service_scope(&doc.data.service_id);
+    let owner = Owner::Service(doc.data.service_id.clone());
+    let token = doc.data.token.clone();
+    let group = |field: &str| format!("MAIL_{token}_SMTP_{field}");
+    // a credential the gateway lost (or never issued) is issued again
+    let held = match doc.data.credential_version {
+        Some(_) => gateway.credential(&doc.data.gateway_id)?.is_some(),
+        None => false,
+    };
+    if !held {
+        let (username, version, password) = gateway.issue(&doc.data)?;
+        secrets::put(&scope, &owner, &group("PASSWORD"), password.as_bytes())?;
+        doc.data.username = Some(username);
+        doc.data.credential_version = Some(version);
+        commit(doc)?;
+    }
+    let username = doc.data.username.clone().unwrap_or_default();
+    for (field, value) in public_values(gateway, &username) {
+        secrets::put(&scope, &owner, &group(field), value.as_bytes())?;
+    }
+    let inbound = inbound_of(gateway, service);
+    let wanted = inbound.as_ref().ok().cloned();
+    if wanted != doc.data.inbound {
+        let path = format!("/v1/smtp-forward-targets/{}", doc.data.gateway_id);
+        match &wanted {
+            Some(target) => {
+                let body = json!({ "address": doc.data.address, "host": target.host, "port": target.port });
+                gateway.expect("PUT", &path, Some(&body), &[200])?;
+            }
+            None => drop(gateway.expect("DELETE", &path, None, &[204, 404])?),
+        }
+    }
+    let changed = doc.data.state != State::Active
+        || doc.data.inbound != wanted
+        || doc.data.reason.is_some()
+        || doc.data.inbound_note != inbound.as_ref().err().cloned();
+    if changed {
+        doc.data.inbound = wanted;
+        doc.data.inbound_note = inbound.err();
+        doc.data.state = State::Active;
+        (doc.data.reason, doc.data.message) = (None, None);
+        commit(doc)?;
+    }
+    Ok(())
+}
+
+/// The group's values that are not the password, from the settings.
+fn public_values(gateway: &Gateway, username: &str) -> [(&'static str, String); 4] {
+    [
+        ("HOST", gateway.submission_host.clone()),
+        ("PORT", gateway.submission_port.to_string()),
+        ("USER", username.to_string()),
+        ("TLS", gateway.submission_tls.clone()),
+    ]
+}
+
+fn commit(doc: &mut Doc<Binding>) -> Result<()> {
+    doc.data.updated_at = now_ms();
+    let written = store::Batch::new().replace(BINDINGS, &doc.id, doc.revision, &doc.data).commit()?;
+    doc.revision = written[0].revision;
+    Ok(())
+}
+
+fn block(mut doc: Doc<Binding>, code: &str, message: String) -> Result<State> {
+    if doc.data.state != State::Blocked || doc.data.reason.as_deref() != Some(code) || doc.data.message.as_deref() != Some(&message) {
+        doc.data.state = State::Blocked;
+        (doc.data.reason, doc.data.message) = (Some(code.into()), Some(message));
+        commit(&mut doc)?;
+    }
+    Ok(State::Blocked)
+}
+
+fn note(mut doc: Doc<Binding>, code: &str, message: &str) -> Result<()> {
+    (doc.data.reason, doc.data.message) = (Some(code.into()), Some(message.into()));
+    // a conflict means another pass moved it on: its record wins
+    match commit(&mut doc) {
+        Err(r) if r.is("conflict") || r.is("not-found") => Ok(()),
+        other => other,
+    }
+}
+
+/// Withdraw an address: marked `removing`, its forward target and credential deleted at the
+/// gateway, its secrets revoked, then the record deleted.
+fn remove(gateway: &Gateway, mut doc: Doc<Binding>) -> Result<()> {
+    if doc.data.state != State::Removing {
+        doc.data.state = State::Removing;
+        commit(&mut doc)?;
+    }
+    let id = &doc.data.gateway_id;
+    gateway.expect("DELETE", &format!("/v1/smtp-forward-targets/{id}"), None, &[204, 404])?;
+    gateway.expect("DELETE", &format!("/v1/smtp-credentials/{id}"), None, &[204, 404])?;
+    let prefix = format!("MAIL_{}_SMTP_", doc.data.token);
+    revoke_keys(&doc.data.service_id, |key| key.starts_with(&prefix))?;
+    store::Batch::new().delete(BINDINGS, &doc.id, doc.revision).commit()?;
+    capstan_sdk::info!("mail address {} of {} withdrawn from the gateway", doc.data.address, doc.data.service_id);
+    Ok(())
+}
+
+/// Revoke the active secrets of the service's mail scope whose key `matches`. A service being
+/// deleted refuses (`service-deleting`): its deletion revokes every secret it owns.
+fn revoke_keys(service_id: &str, matches: impl Fn(&str) -> bool) -> Result<()> {
+    let scope = service_scope(service_id);
+    for secret in secrets::list(&scope)? {
+        if secret.state == "active" && matches(&secret.key) {
+            match secrets::revoke(&scope, &secret.id) {
+                Err(r) if r.is("service-deleting") => return Ok(()),
+                other => drop(other?),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each service's `SMTP_*` group: the values of its default sender, the first of its
+/// addresses that is bound; revoked when none is.
+fn senders(gateway: &Gateway, services: &[(String, Service)]) -> Result<()> {
+    for (service_id, service) in services {
+        let bound = bindings_of(service_id)?;
+        let default = service
+            .mail_addresses
+            .iter()
+            .filter(|_| service.state == "active")
+            .find_map(|a| bound.iter().find(|b| &b.data.address == a && b.data.state == State::Active));
+        let current = store::get::<Sender>(SENDERS, service_id)?;
+        let Some(binding) = default else {
+            if let Some(current) = current {
+                revoke_keys(service_id, |key| key.starts_with("SMTP_"))?;
+                store::Batch::new().delete(SENDERS, service_id, current.revision).commit()?;
+            }
+            continue;
+        };
+        let (scope, owner) = (service_scope(service_id), Owner::Service(service_id.clone()));
+        let username = binding.data.username.clone().unwrap_or_default();
+        for (field, value) in public_values(gateway, &username) {
+            secrets::put(&scope, &owner, &format!("SMTP_{field}"), value.as_bytes())?;
+        }
+        let key = format!("MAIL_{}_SMTP_PASSWORD", binding.data.token);
+        let listed = secrets::list(&scope)?;
+        let Some(secret) = listed.iter().find(|s| s.key == key && s.state == "active") else { continue };
+        let wanted = Sender { address: binding.data.address.clone(), password_version: secret.active_version.clone() };
+        if current.as_ref().map(|c| &c.data) != Some(&wanted) {
+            // the password is copied from the address's own group: the gateway shows it only once
+            let password = secrets::reveal(&scope, &secret.id)?;
+            secrets::put(&scope, &owner, "SMTP_PASSWORD", &password)?;
+            store::Batch::new().put(SENDERS, service_id, current.map(|c| c.revision), &wanted).commit()?;
+        }
+    }
+    Ok(())
+}
+
+fn bindings_of(service_id: &str) -> Result<Vec<Doc<Binding>>> {
+    Ok(store::find::<Binding>(BINDINGS, "by_service", &[json!(service_id)], None, 500)?.documents)
+}
+
+/// Release the hold on the services this manager has nothing of any more: those it withdrew
+/// addresses of in this pass, and every deleting one (a pass that died before its release is
+/// finished here). Idempotent; the last release of a deleting service lets its deletion finish.
+fn release_unbound(services: &[(String, Service)], withdrawn: &BTreeSet<String>) -> Result<()> {
+    for (service_id, service) in services {
+        if service.state == "active" && !withdrawn.contains(service_id) {
+            continue;
+        }
+        if bindings_of(service_id)?.is_empty() && store::get::<Sender>(SENDERS, service_id)?.is_none() {
+            inventory::release_service(service_id)?;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Methods
+
+/// An address as the methods answer it.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct AddressView {
+    address: String,
+    state: State,
+    /// The variables the service receives for it: `MAIL_<token>_SMTP_*`.
+    token: String,
+    username: Option<String>,
+    credential_version: Option<u64>,
+    inbound: Option<Inbound>,
+    inbound_note: Option<String>,
+    reason: Option<String>,
+    message: Option<String>,
+    /// Whether its `SMTP_*` group is this address's (the default sender).
+    default_sender: bool,
+    /// How its mail flows: `direct` (through the gateway).
+    path: &'static str,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ServiceMail {
+    service_id: String,
+    service_name: String,
+    organization_id: String,
+    addresses: Vec<AddressView>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Targets {
+    /// What the last pass found (none before the first).
+    gateway: Option<PassStatus>,
+    services: Vec<ServiceMail>,
+}
+
+/// A service's addresses in the order it lists them; one not recorded yet is `pending`.
+fn service_mail(service_id: &str, service: &Service) -> Result<ServiceMail> {
+    let bound = bindings_of(service_id)?;
+    let sender = store::get::<Sender>(SENDERS, service_id)?.map(|d| d.data.address);
+    let mut addresses: Vec<AddressView> = service
+        .mail_addresses
+        .iter()
+        .map(|address| {
+            let found = bound.iter().find(|b| &b.data.address == address).map(|b| b.data.clone());
+            view(address, found, sender.as_deref())
+        })
+        .collect();
+    // being withdrawn: listed until the gateway forgot them
+    for b in bound.iter().filter(|b| !service.mail_addresses.contains(&b.data.address)) {
+        addresses.push(view(&b.data.address, Some(b.data.clone()), sender.as_deref()));
+    }
+    Ok(ServiceMail {
+        service_id: service_id.into(),
+        service_name: service.name.clone(),
+        organization_id: service.organization_id.clone(),
+        addresses,
+    })
+}
+
+fn view(address: &str, binding: Option<Binding>, sender: Option<&str>) -> AddressView {
+    let default_sender = sender == Some(address);
+    match binding {
+        Some(b) => AddressView {
+            address: address.into(),
+            state: b.state,
+            token: b.token,
+            username: b.username,
+            credential_version: b.credential_version,
+            inbound: b.inbound,
+            inbound_note: b.inbound_note,
+            reason: b.reason,
+            message: b.message,
+            default_sender,
+            path: "direct",
+        },
+        None => AddressView {
+            address: address.into(),
+            state: State::Pending,
+            token: token(address),
+            username: None,
+            credential_version: None,
+            inbound: None,
+            inbound_note: None,
+            reason: None,
+            message: None,
+            default_sender,
+            path: "direct",
+        },
+    }
+}
+
+fn list_service_targets(_ctx: &Context, _input: Empty) -> Result<Targets> {
+    let mut out = Vec::new();
+    let listed = services()?;
+    let with_bindings: BTreeSet<String> = all_bindings()?.into_iter().map(|b| b.data.service_id).collect();
+    for (id, service) in &listed {
+        if !service.mail_addresses.is_empty() || with_bindings.contains(id) {
+            out.push(service_mail(id, service)?);
+        }
+    }
+    Ok(Targets { gateway: store::get::<PassStatus>(STATUS, STATUS_ID)?.map(|d| d.data), services: out })
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ServiceInput {
+    organization_id: String,
+    service_id: String,
+}
+
+/// The service, when it is one of the organization's (`service-not-found` otherwise, so no
+/// other organization's services can be probed).
+fn service_in(input: &ServiceInput) -> Result<Service> {
+    let found = inventory::get::<Service>(EntityKind::Service, &input.service_id)?;
+    match found {
+        Some(e) if e.data.organization_id == input.organization_id => Ok(e.data),
+        _ => Err(Refusal::new("service-not-found", format!("no service {} in this organization", input.service_id))
+            .with_data(json!({ "serviceId": input.service_id }))),
+    }
+}
+
+fn get_service_mail(_ctx: &Context, input: ServiceInput) -> Result<ServiceMail> {
+    let service = service_in(&input)?;
+    service_mail(&input.service_id, &service)
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Check {
+    address: String,
+    /// `match`: the service holds the password the gateway accepts; `mismatch`: it does not
+    /// (the next pass does not repair it: rotate by removing and re-adding the address);
+    /// `missing`: the gateway or the service holds none; `unbound`: not active yet.
+    credential: &'static str,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Checked {
+    service_id: String,
+    addresses: Vec<Check>,
+}
+
+fn check_service_mail(_ctx: &Context, input: ServiceInput) -> Result<Checked> {
+    let service = service_in(&input)?;
+    let gateway = Gateway::configured()?;
+    let scope = service_scope(&input.service_id);
+    let listed = secrets::list(&scope)?;
+    let bound = bindings_of(&input.service_id)?;
+    let mut addresses = Vec::new();
+    for address in &service.mail_addresses {
+        let Some(b) = bound.iter().find(|b| &b.data.address == address && b.data.state == State::Active) else {
+            addresses.push(Check { address: address.clone(), credential: "unbound" });
+            continue;
+        };
+        let key = format!("MAIL_{}_SMTP_PASSWORD", b.data.token);
+        let held = listed.iter().find(|s| s.key == key && s.state == "active");
+        let verifier = gateway.credential(&b.data.gateway_id)?.and_then(|c| c["verifier"].as_str().map(str::to_string));
+        let credential = match (held, verifier) {
+            (Some(secret), Some(verifier)) => {
+                let password = secrets::reveal(&scope, &secret.id)?;
+                if verifier == format!("sha256:{}", hex(&Sha256::digest(&password))) { "match" } else { "mismatch" }
+            }
+            _ => "missing",
+        };
+        addresses.push(Check { address: address.clone(), credential });
+    }
+    Ok(Checked { service_id: input.service_id, addresses })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn now_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: Vec<(u16, &str, Option<u16>)>, addresses: &[&str], state: &str) -> Service {
+        Service {
+            name: "web".into(),
+            organization_id: "org_1".into(),
+            ports: ports.into_iter().map(|(port, protocol, public_port)| Port { port, protocol: protocol.into(), public_port }).collect(),
+            mail_addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            state: state.into(),
+        }
+    }
+
+    fn gateway(forward: Option<&str>) -> Gateway {
+        Gateway {
+            url: "http://gw".into(),
+            token: "t".into(),
+            submission_host: "smtp.example".into(),
+            submission_port: 587,
+            submission_tls: "starttls".into(),
+            forward_host: forward.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn an_address_becomes_a_variable_name_part() {
+        assert_eq!(token("web@acme.example"), "WEB_ACME_EXAMPLE");
+        assert_eq!(token("no-reply+x@mail.acme.example"), "NO_REPLY_X_MAIL_ACME_EXAMPLE");
+    }
+
+    #[test]
+    fn only_active_services_want_their_addresses_and_a_token_is_bound_once() {
+        let services = vec![
+            ("svc_a".to_string(), service(vec![], &["a.b@x.example", "a_b@x.example", "c@x.example"], "active")),
+            ("svc_b".to_string(), service(vec![], &["d@x.example"], "deleting")),
+        ];
+        let wanted = desired(&services);
+        let ids: Vec<&str> = wanted.keys().map(String::as_str).collect();
+        assert_eq!(ids, ["svc_a.A_B_X_EXAMPLE", "svc_a.C_X_EXAMPLE"]);
+        assert_eq!(wanted["svc_a.A_B_X_EXAMPLE"].2, "a.b@x.example", "the first of two addresses with one token");
+    }
+
+    #[test]
+    fn inbound_goes_to_the_published_smtp_port_on_the_forward_host() {
+        let published = service(vec![(8080, "http", Some(80)), (2525, "tcp", Some(30025))], &[], "active");
+        assert_eq!(inbound_of(&gateway(Some("10.0.0.5")), &published), Ok(Inbound { host: "10.0.0.5".into(), port: 30025 }));
+        let port_25_first = service(vec![(2525, "tcp", Some(30025)), (25, "tcp", Some(30024))], &[], "active");
+        assert_eq!(inbound_of(&gateway(Some("h")), &port_25_first).unwrap().port, 30024);
+        assert!(inbound_of(&gateway(None), &published).unwrap_err().contains("forwardTargetHost"));
+        let unpublished = service(vec![(25, "tcp", None), (25, "udp", Some(25))], &[], "active");
+        assert!(inbound_of(&gateway(Some("h")), &unpublished).unwrap_err().contains("publishes no tcp port"));
+    }
+
+    #[test]
+    fn a_group_holds_the_settings_and_the_username() {
+        let values = public_values(&gateway(None), "capstan.svc.WEB");
+        assert_eq!(values.map(|(k, v)| format!("{k}={v}")), ["HOST=smtp.example", "PORT=587", "USER=capstan.svc.WEB", "TLS=starttls"]);
+    }
+}

@@ -1,0 +1,302 @@
+//! The mail manager end to end, with real processes only: `capstan serve --dev` (the mail plugin
+//! embedded and installed first-party), the test mail gateway (`tests/peers/gateway`: the gateway
+//! protocol over HTTP and a real SMTP submission listener with AUTH), Python's `smtplib` as the
+//! service's mail client, and the HTTP API.
+//!
+//! One scenario, in order: without its token the gateway is `gateway-unconfigured`; with the
+//! token but the gateway down, `gateway-unreachable` and nothing bound; the gateway up, a service
+//! with two addresses gets a credential and a forward target per address at the gateway and the
+//! `MAIL_<TOKEN>_SMTP_*` and `SMTP_*` secrets in its resolved manifest; the password Capstan
+//! holds is the one the gateway accepts (by its verifier), a real message submitted with it is
+//! accepted and a wrong password refused; removing an address revokes exactly its credential,
+//! target and secrets; the gateway down again leaves everything as it was while a new address
+//! waits, and comes through once it is back; deleting the service leaves nothing at the gateway.
+
+use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long a pass may take to show: the loop wakes on the service's events or every 5 s after
+/// a gateway failure; a loaded CI machine is slow.
+const SETTLED: Duration = Duration::from_secs(90);
+const TOKEN: &str = "gateway-token-for-capstan-e2e";
+
+fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// Whether the test gateway can run here (python3 with aiosmtpd); when it cannot, the test skips
+/// unless `CAPSTAN_TEST_REQUIRE_GATEWAY` is set (`.ci/run` sets it).
+fn gateway_available() -> bool {
+    let ok = Command::new("python3").args(["-c", "import aiosmtpd"]).output().is_ok_and(|o| o.status.success());
+    if !ok && std::env::var_os("CAPSTAN_TEST_REQUIRE_GATEWAY").is_some() {
+        panic!("CAPSTAN_TEST_REQUIRE_GATEWAY is set but python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd)");
+    }
+    ok
+}
+
+/// The test gateway on fixed ports with its state in `state`.
+struct Gateway {
+    child: Child,
+    http: u16,
+}
+
+impl Gateway {
+    fn start(http: u16, smtp: u16, state: &Path) -> Gateway {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/gateway/gateway.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args(["--http-port", &http.to_string(), "--smtp-port", &smtp.to_string(), "--token", TOKEN])
+            .args(["--domain", "acme.example", "--state"])
+            .arg(state)
+            .stdout(Stdio::piped())
+            // its request log, kept beside its state for a failing run
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(state.with_extension("log")).unwrap())
+            .spawn()
+            .expect("starting tests/peers/gateway/gateway.py");
+        let mut ready = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+        assert!(ready.starts_with("gateway ready"), "the test gateway did not start: {ready:?}");
+        Gateway { child, http }
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut response = agent
+            .get(format!("http://127.0.0.1:{}{path}", self.http))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .call()
+            .expect("the test gateway answers");
+        let status = response.status().as_u16();
+        let body = response.body_mut().read_to_string().unwrap();
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    }
+
+    /// The ids of the credentials and of the forward targets whose id starts with `prefix`.
+    fn held(&self, prefix: &str) -> (Vec<String>, Vec<Value>) {
+        let ids = |v: &Value, field: &str| -> Vec<Value> { v[field].as_array().cloned().unwrap_or_default() };
+        let credentials = ids(&self.get(&format!("/v1/smtp-credentials?prefix={prefix}")).1, "credentials");
+        let targets = ids(&self.get(&format!("/v1/smtp-forward-targets?prefix={prefix}")).1, "targets");
+        let mut names: Vec<String> = credentials.iter().map(|c| c["id"].as_str().unwrap().to_string()).collect();
+        names.sort();
+        (names, targets)
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Submit one message over SMTP with AUTH (Python's smtplib, as a service would): `Ok` when the
+/// listener accepted it, else what it answered.
+fn submit(port: u16, username: &str, password: &str, from: &str, to: &str) -> Result<(), String> {
+    let script = "import smtplib, sys\n\
+        port, user, password, sender, rcpt = sys.argv[1:]\n\
+        s = smtplib.SMTP('127.0.0.1', int(port), timeout=20)\n\
+        try:\n    s.login(user, password)\n    s.sendmail(sender, [rcpt], 'Subject: capstan e2e\\r\\n\\r\\nhello from a service\\r\\n')\n\
+        except smtplib.SMTPException as e:\n    print(e, file=sys.stderr); sys.exit(1)\n\
+        finally:\n    s.close()\n";
+    let out = Command::new("python3").args(["-c", script, &port.to_string(), username, password, from, to]).output().unwrap();
+    if out.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&out.stderr).to_string()) }
+}
+
+/// The keys of the service's newest resolved manifest.
+fn manifest_keys(server: &Capstan, admin: &str, service_id: &str) -> Vec<String> {
+    let manifest = ok(server, admin, "secrets.getManifest", json!({ "serviceId": service_id }));
+    let mut keys: Vec<String> = manifest["entries"]["production"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    keys.sort();
+    keys
+}
+
+fn group(token: &str) -> Vec<String> {
+    ["HOST", "PASSWORD", "PORT", "TLS", "USER"].iter().map(|f| format!("MAIL_{token}_SMTP_{f}")).collect()
+}
+
+const SMTP_ALIASES: [&str; 5] = ["SMTP_HOST", "SMTP_PASSWORD", "SMTP_PORT", "SMTP_TLS", "SMTP_USER"];
+
+#[test]
+fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_exactly_and_survive_the_gateway_down() {
+    if !gateway_available() {
+        eprintln!(
+            "skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (http, smtp) = (free_port(), free_port());
+    let state = dir.path().join("gateway-state.json");
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(dir.path().join("data")).args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    // the gateway is on loopback
+    cmd.env("CAPSTAN_PLUGIN_HTTP_ALLOW", "127.0.0.0/8");
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    eventually("the mail plugin running", Duration::from_secs(180), || {
+        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "mail" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    let stopped_by = |code: &str| {
+        eventually(&format!("the mail pass stopped by {code}"), SETTLED, || {
+            let targets = ok(&server, &admin, "mail.listServiceTargets", json!({}));
+            if targets["gateway"]["error"]["code"] == code { Ok(targets) } else { Err(targets.to_string()) }
+        })
+    };
+
+    // ---- a service with two addresses and a published SMTP port ----
+    let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let service = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({
+            "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1",
+            "ports": [{ "port": 2525, "protocol": "tcp", "publicPort": 30025 }],
+            "mailAddresses": ["web@acme.example", "ops@acme.example"],
+        }),
+    );
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let prefix = format!("capstan.{service_id}.");
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    let set = json!({
+        "mail.gatewayUrl": format!("http://127.0.0.1:{http}"),
+        "mail.submissionHost": "127.0.0.1",
+        "mail.submissionPort": smtp,
+        "mail.submissionTls": "none",
+        "mail.forwardTargetHost": "10.0.0.5",
+    });
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": set }));
+
+    // ---- no token: unconfigured, by name; with it but the gateway down: unreachable ----
+    let unconfigured = stopped_by("gateway-unconfigured");
+    assert!(unconfigured["gateway"]["error"]["message"].as_str().unwrap().contains("MAIL_GATEWAY_TOKEN"), "{unconfigured}");
+    let mut set_token = capstan();
+    set_token
+        .args(["secrets", "set-system", "MAIL_GATEWAY_TOKEN", "--system-id", "mail", "--scope", "mail:gateway"])
+        .env("CAPSTAN_URL", server.url(""))
+        .env("CAPSTAN_TOKEN", &admin)
+        .env("XDG_CONFIG_HOME", dir.path().join("config"));
+    let exited = crate::plugins::run(set_token, TOKEN.as_bytes(), EXIT_TIMEOUT);
+    assert!(exited.status.success(), "capstan secrets set-system: {exited:?}");
+    let down = stopped_by("gateway-unreachable");
+    let addresses = &down["services"][0]["addresses"];
+    assert!(addresses.as_array().unwrap().iter().all(|a| a["state"] == "pending"), "nothing is bound while the gateway is down: {down}");
+    assert!(manifest_keys(&server, &admin, &service_id).is_empty(), "no secret without the gateway");
+
+    // ---- the gateway up: both addresses bound, their secrets in the manifest ----
+    let gateway = Gateway::start(http, smtp, &state);
+    let mail_of = || ok(&server, &admin, "mail.getServiceMail", json!({ "organizationId": org_id, "serviceId": service_id }));
+    let all_active = |count: usize| {
+        eventually("every address active", SETTLED, || {
+            let mail = mail_of();
+            let list = mail["addresses"].as_array().unwrap();
+            if list.len() == count && list.iter().all(|a| a["state"] == "active") { Ok(mail) } else { Err(mail.to_string()) }
+        })
+    };
+    all_active(2);
+    // the first address is the default sender once its SMTP_* group is written
+    let mail = eventually("the default sender", SETTLED, || {
+        let mail = mail_of();
+        if mail["addresses"][0]["defaultSender"] == true { Ok(mail) } else { Err(mail.to_string()) }
+    });
+    let web = mail["addresses"][0].clone();
+    assert_eq!((web["address"].as_str(), &mail["addresses"][1]["defaultSender"]), (Some("web@acme.example"), &json!(false)), "{mail}");
+    assert_eq!(web["inbound"], json!({ "host": "10.0.0.5", "port": 30025 }), "{mail}");
+    let mut expected: Vec<String> = group("WEB_ACME_EXAMPLE").into_iter().chain(group("OPS_ACME_EXAMPLE")).collect();
+    expected.extend(SMTP_ALIASES.iter().map(|k| k.to_string()));
+    expected.sort();
+    eventually("the manifest carrying both groups and the SMTP_* aliases", SETTLED, || {
+        let keys = manifest_keys(&server, &admin, &service_id);
+        if keys == expected { Ok(()) } else { Err(format!("{keys:?}")) }
+    });
+    let (credentials, targets) = gateway.held(&prefix);
+    assert_eq!(credentials, [format!("{prefix}OPS_ACME_EXAMPLE"), format!("{prefix}WEB_ACME_EXAMPLE")]);
+    assert_eq!(targets.len(), 2, "a forward target per address: {targets:?}");
+    assert!(targets.iter().all(|t| t["host"] == "10.0.0.5" && t["port"] == 30025), "{targets:?}");
+
+    // ---- the password Capstan holds is the gateway's; real mail goes through with it ----
+    let checked = ok(&server, &admin, "mail.checkServiceMail", json!({ "organizationId": org_id, "serviceId": service_id }));
+    assert!(checked["addresses"].as_array().unwrap().iter().all(|a| a["credential"] == "match"), "{checked}");
+    let web_id = format!("{prefix}WEB_ACME_EXAMPLE");
+    let password = gateway.get(&format!("/test/passwords/{web_id}")).1["password"].as_str().unwrap().to_string();
+    let username = web["username"].as_str().unwrap();
+    submit(smtp, username, &password, "web@acme.example", "someone@elsewhere.example")
+        .expect("a message submitted with the service's credential");
+    let messages = gateway.get("/test/messages").1;
+    assert_eq!(messages["messages"][0]["username"], username, "{messages}");
+    assert_eq!(messages["messages"][0]["mailFrom"], "web@acme.example", "{messages}");
+    let wrong = submit(smtp, username, "not-the-password", "web@acme.example", "someone@elsewhere.example").unwrap_err();
+    assert!(wrong.contains("535"), "a wrong password is refused: {wrong}");
+    let foreign = submit(smtp, username, &password, "ops@acme.example", "someone@elsewhere.example").unwrap_err();
+    assert!(foreign.contains("553"), "a credential sends only as its own address: {foreign}");
+
+    // ---- removing an address revokes exactly its credential, target and secrets ----
+    let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+    ok(
+        &server,
+        &admin,
+        "services.update",
+        json!({ "id": service_id, "expectedRevision": current["revision"], "mailAddresses": ["web@acme.example"] }),
+    );
+    eventually("the removed address gone from the gateway", SETTLED, || {
+        let (credentials, targets) = gateway.held(&prefix);
+        if credentials == [web_id.clone()] && targets.len() == 1 { Ok(()) } else { Err(format!("{credentials:?} {targets:?}")) }
+    });
+    let mut kept: Vec<String> = group("WEB_ACME_EXAMPLE").into_iter().chain(SMTP_ALIASES.iter().map(|k| k.to_string())).collect();
+    kept.sort();
+    eventually("only the kept address's secrets resolving", SETTLED, || {
+        let keys = manifest_keys(&server, &admin, &service_id);
+        if keys == kept { Ok(()) } else { Err(format!("{keys:?}")) }
+    });
+    submit(smtp, username, &password, "web@acme.example", "someone@elsewhere.example").expect("the kept address still sends");
+
+    // ---- the gateway down: nothing changes, a new address waits, and comes through after ----
+    gateway.stop();
+    let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+    let addresses = json!(["web@acme.example", "sales@acme.example"]);
+    ok(
+        &server,
+        &admin,
+        "services.update",
+        json!({ "id": service_id, "expectedRevision": current["revision"], "mailAddresses": addresses }),
+    );
+    let down = stopped_by("gateway-unreachable");
+    let listed = &down["services"][0]["addresses"];
+    assert_eq!(listed[0]["state"], "active", "what was bound stays bound: {down}");
+    assert_eq!(listed[1]["state"], "pending", "{down}");
+    assert_eq!(manifest_keys(&server, &admin, &service_id), kept, "no secret changes while the gateway is down");
+    let gateway = Gateway::start(http, smtp, &state);
+    all_active(2);
+    let (credentials, _) = gateway.held(&prefix);
+    assert_eq!(credentials, [format!("{prefix}SALES_ACME_EXAMPLE"), web_id.clone()]);
+    assert!(manifest_keys(&server, &admin, &service_id).contains(&"MAIL_SALES_ACME_EXAMPLE_SMTP_PASSWORD".to_string()));
+
+    // ---- the page shows it ----
+    let cookie = format!("capstan_session={admin}");
+    let page = server.request("GET", "/p/mail", &[("cookie", &cookie), ("accept", "text/html")], None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(r#"data-address="sales@acme.example""#) && page.body.contains("10.0.0.5:30025"), "{}", page.body);
+
+    // ---- deleting the service leaves nothing at the gateway ----
+    let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+    let deleting = ok(&server, &admin, "services.delete", json!({ "id": service_id, "expectedRevision": current["revision"] }));
+    assert_eq!(deleting["state"], "deleting", "the mail manager holds it until the gateway forgot it: {deleting}");
+    eventually("the service deleted", SETTLED, || {
+        let reply = server.call_as(&admin, "services.get", &json!({ "id": service_id }));
+        if reply.status == 404 { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    assert_eq!(gateway.held(&prefix), (Vec::new(), Vec::new()), "nothing of the service is left at the gateway");
+    gateway.stop();
+    let exited = server.stop();
+    assert!(!exited.stderr.contains(&password), "no password in the log");
+}

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""The test mail gateway: the HTTP API of docs/gateway-protocol.md and a real SMTP submission
+listener (aiosmtpd) that checks the credentials it issued, for Capstan's own tests.
+
+    python3 gateway.py --http-port P --smtp-port Q --token T [--domain D ...]
+                       [--unverified-domain D ...] [--state FILE]
+
+Both listeners bind 127.0.0.1 only. Prints `gateway ready http=P smtp=Q` once both listen.
+Python 3.11, stdlib + aiosmtpd.
+"""
+
+import argparse
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import string
+import sys
+import tempfile
+import threading
+import warnings
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
+
+ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
+PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{0,128}\Z")
+USERNAME_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}\Z")
+# Deliberately loose: one @, something on both sides, nothing that would break an SMTP command.
+ADDRESS_RE = re.compile(r"[^@\s<>\x00-\x1f\x7f]+@[^@\s<>\x00-\x1f\x7f]+\Z")
+HOST_RE = re.compile(r"[^\s/@\x00-\x1f\x7f]{1,253}\Z")
+PASSWORD_ALPHABET = string.ascii_letters + string.digits
+
+
+class ApiError(Exception):
+    def __init__(self, status, code, message):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def invalid(message):
+    return ApiError(400, "invalid-request", message)
+
+
+def sha256_hex(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def same_address(a, b):
+    # The local part is case-sensitive (RFC 5321 §2.4), the domain is not.
+    la, _, da = a.rpartition("@")
+    lb, _, db = b.rpartition("@")
+    return la == lb and da.lower() == db.lower()
+
+
+def check_id(value):
+    if not isinstance(value, str) or not ID_RE.match(value):
+        raise invalid(f"an id must be 1-128 of A-Z a-z 0-9 . _ -")
+    return value
+
+
+def check_str(body, field, pattern):
+    value = body.get(field)
+    if not isinstance(value, str) or not pattern.match(value):
+        raise invalid(f"{field} is missing or malformed")
+    return value
+
+
+def json_object(body, required=True):
+    if not body and not required:
+        return {}
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise invalid("the body is not JSON") from None
+    if not isinstance(value, dict):
+        raise invalid("the body must be a JSON object")
+    return value
+
+
+class State:
+    """Everything the gateway knows. Every access holds `lock`: the HTTP server answers on one
+    thread per connection and the SMTP listener runs on its own event-loop thread."""
+
+    def __init__(self, path, domains):
+        self.lock = threading.Lock()
+        self.path, self.domains = path, domains
+        self.credentials = {}  # id -> {id, username, allowedFrom, version, sha256}
+        self.targets = {}  # id -> {id, address, host, port}
+        self.passwords = {}  # id -> newest plaintext issued; memory only, never persisted
+        self.messages = []  # what the SMTP listener accepted
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+            self.credentials = {c["id"]: c for c in saved.get("credentials", [])}
+            self.targets = {t["id"]: t for t in saved.get("targets", [])}
+
+    def save(self):
+        """Write the state file atomically (temp file + rename), so a gateway killed mid-write
+        restarts from the previous state, never a torn one. Called with the lock held."""
+        if not self.path:
+            return
+        data = {"credentials": sorted(self.credentials.values(), key=lambda c: c["id"]),
+                "targets": sorted(self.targets.values(), key=lambda t: t["id"])}
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gateway-state.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    # --- SMTP credentials
+
+    @staticmethod
+    def view(cred, **extra):
+        return {k: cred[k] for k in ("id", "username", "allowedFrom", "version")} | extra
+
+    def issue_password(self, cred):
+        password = "".join(secrets.choice(PASSWORD_ALPHABET) for _ in range(32))
+        cred["sha256"] = sha256_hex(password)
+        self.passwords[cred["id"]] = password
+        return self.view(cred, password=password)
+
+    def create_credential(self, body):
+        cid = check_id(body.get("id"))
+        username = check_str(body, "username", USERNAME_RE)
+        allowed = body.get("allowedFrom")
+        if not isinstance(allowed, list) or not all(
+                isinstance(a, str) and len(a) <= 320 and ADDRESS_RE.match(a) for a in allowed):
+            raise invalid("allowedFrom must be a list of mail addresses")
+        with self.lock:
+            if cid in self.credentials:
+                raise ApiError(409, "credential-exists", f"credential {cid} exists")
+            cred = {"id": cid, "username": username, "allowedFrom": allowed, "version": 1}
+            answer = self.issue_password(cred)
+            self.credentials[cid] = cred
+            self.save()
+            return answer
+
+    def credential(self, cid):  # called with the lock held
+        if cid not in self.credentials:
+            raise ApiError(404, "credential-unknown", f"no credential {cid}")
+        return self.credentials[cid]
+
+    def rotate_credential(self, cid):
+        with self.lock:
+            cred = self.credential(cid)
+            cred["version"] += 1
+            answer = self.issue_password(cred)  # replaces the hash: the old password is dead now
+            self.save()
+            return answer
+
+    def get_credential(self, cid):
+        with self.lock:
+            cred = self.credential(cid)
+            return self.view(cred, verifier="sha256:" + cred["sha256"])
+
+    def list_credentials(self, prefix):
+        with self.lock:
+            return [self.view(c, verifier="sha256:" + c["sha256"])
+                    for i, c in sorted(self.credentials.items()) if i.startswith(prefix)]
+
+    def delete_credential(self, cid):
+        with self.lock:
+            self.credential(cid)
+            del self.credentials[cid]
+            self.passwords.pop(cid, None)
+            self.save()
+
+    def check_password(self, username, password):
+        """The credential `username`/`password` authenticates as, or None. Usernames need not be
+        unique, so every credential with this username is tried."""
+        digest = sha256_hex(password)
+        with self.lock:
+            for cred in self.credentials.values():
+                if cred["username"] == username and hmac.compare_digest(cred["sha256"], digest):
+                    return cred["id"], digest
+        return None
+
+    def current_allowed_from(self, cid, digest):
+        """allowedFrom of the credential a session authenticated as, or None when it has been
+        rotated or deleted since: the previous password stops working at once."""
+        with self.lock:
+            cred = self.credentials.get(cid)
+            return list(cred["allowedFrom"]) if cred and cred["sha256"] == digest else None
+
+    # --- forward targets
+
+    def put_target(self, tid, body):
+        address = check_str(body, "address", ADDRESS_RE)
+        host = check_str(body, "host", HOST_RE)
+        port = body.get("port")
+        if type(port) is not int or not 1 <= port <= 65535:  # bool is an int subclass: excluded
+            raise invalid("port must be an integer 1-65535")
+        with self.lock:
+            for other in self.targets.values():
+                if other["id"] != tid and same_address(other["address"], address):
+                    raise ApiError(409, "address-taken", f"target {other['id']} holds {address}")
+            self.targets[tid] = {"id": tid, "address": address, "host": host, "port": port}
+            self.save()
+            return dict(self.targets[tid])
+
+    def list_targets(self, prefix):
+        with self.lock:
+            return [dict(t) for i, t in sorted(self.targets.items()) if i.startswith(prefix)]
+
+    def delete_target(self, tid):
+        with self.lock:
+            if self.targets.pop(tid, None) is None:
+                raise ApiError(404, "target-unknown", f"no target {tid}")
+            self.save()
+
+
+def dispatch(state, token, method, target, headers, body):
+    """Answer one request: (status, JSON-able payload, or None for no body)."""
+    url = urlsplit(target)
+    parts = url.path.split("/")[1:]
+    query = parse_qs(url.query, keep_blank_values=True)
+    if parts[:1] == ["v1"]:
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8"), token.encode("utf-8")):
+            raise ApiError(401, "unauthorized", "missing or wrong gateway token")
+
+    def prefix():
+        p = query.get("prefix", [""])[-1]
+        if not PREFIX_RE.match(p):
+            raise invalid("prefix must be 0-128 of A-Z a-z 0-9 . _ -")
+        return p
+
+    match method, parts:
+        case "GET", ["v1", "status"]:
+            return 200, {"protocol": 1}
+        case "GET", ["v1", "domains"]:
+            return 200, {"domains": state.domains}
+        case "POST", ["v1", "smtp-credentials"]:
+            return 201, state.create_credential(json_object(body))
+        case "GET", ["v1", "smtp-credentials"]:
+            return 200, {"credentials": state.list_credentials(prefix())}
+        case "POST", ["v1", "smtp-credentials", cid, "rotate"]:
+            check_id(cid)
+            json_object(body, required=False)  # `{}`; its content is not used
+            return 200, state.rotate_credential(cid)
+        case "GET", ["v1", "smtp-credentials", cid]:
+            return 200, state.get_credential(check_id(cid))
+        case "DELETE", ["v1", "smtp-credentials", cid]:
+            state.delete_credential(check_id(cid))
+            return 204, None
+        case "GET", ["v1", "smtp-forward-targets"]:
+            return 200, {"targets": state.list_targets(prefix())}
+        case "PUT", ["v1", "smtp-forward-targets", tid]:
+            check_id(tid)
+            return 200, state.put_target(tid, json_object(body))
+        case "DELETE", ["v1", "smtp-forward-targets", tid]:
+            state.delete_target(check_id(tid))
+            return 204, None
+        # Test-only, outside the protocol, without a token.
+        case "GET", ["test", "messages"]:
+            with state.lock:
+                return 200, {"messages": list(state.messages)}
+        case "GET", ["test", "passwords", cid]:
+            check_id(cid)
+            with state.lock:
+                if cid not in state.passwords:
+                    raise ApiError(404, "password-unknown", f"no password issued for {cid} here")
+                return 200, {"password": state.passwords[cid]}
+    match parts:
+        case (["v1", "status" | "domains" | "smtp-credentials" | "smtp-forward-targets"]
+              | ["v1", "smtp-credentials" | "smtp-forward-targets", _]
+              | ["v1", "smtp-credentials", _, "rotate"] | ["test", "messages"] | ["test", "passwords", _]):
+            raise ApiError(405, "method-not-allowed", f"{method} is not allowed on {url.path}")
+    raise ApiError(404, "not-found", f"no such path {url.path}")
+
+
+class HttpHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: Capstan's client pools connections
+    server_version = "capstan-test-gateway/1"
+
+    def answer(self):
+        method = self.command
+        try:
+            # The body is read before anything is checked, so the connection stays in step.
+            if "transfer-encoding" in self.headers:
+                self.close_connection = True
+                raise ApiError(411, "length-required", "send the body with a content-length")
+            try:
+                length = int(self.headers.get("content-length", "0"))
+            except ValueError:
+                length = -1
+            if length < 0:
+                self.close_connection = True
+                raise invalid("bad content-length")
+            body = self.rfile.read(length)
+            status, payload = dispatch(self.server.state, self.server.token, method, self.path,
+                                       self.headers, body)
+        except ApiError as e:
+            status, payload = e.status, {"error": {"code": e.code, "message": e.message}}
+        except Exception:
+            logging.exception("answering %s %s", method, self.path)
+            status, payload = 500, {"error": {"code": "internal", "message": "gateway error"}}
+        self.send_response(status)
+        if payload is None:  # 204: no body and, per RFC 9110 §8.6, no content-length either
+            self.end_headers()
+            return
+        data = json.dumps(payload).encode("utf-8")
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # PATCH is not in the protocol: it is answered 405 in JSON rather than 501 in HTML.
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = answer
+
+
+class SubmissionHandler:
+    """aiosmtpd hooks for the submission listener. aiosmtpd itself refuses MAIL before AUTH
+    (auth_required) and answers 535 when `authenticate` fails."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def authenticate(self, server, session, envelope, mechanism, auth_data):
+        # Only the built-in PLAIN and LOGIN are offered; both hand over a LoginPassword.
+        if not isinstance(auth_data, LoginPassword):
+            return AuthResult(success=False, handled=False)
+        try:
+            username = auth_data.login.decode("utf-8")
+            password = auth_data.password.decode("utf-8")
+        except UnicodeDecodeError:
+            return AuthResult(success=False, handled=False)
+        found = self.state.check_password(username, password)
+        if found is None:
+            return AuthResult(success=False, handled=False)
+        return AuthResult(success=True, auth_data=(*found, username))
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        cid, digest, _ = session.auth_data
+        allowed = self.state.current_allowed_from(cid, digest)
+        if allowed is None:
+            return "535 5.7.8 credential rotated or deleted since AUTH"
+        if not any(same_address(address, a) for a in allowed):
+            return "553 5.7.1 sender not allowed for this credential"
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        message = {"username": session.auth_data[2], "mailFrom": envelope.mail_from,
+                   "rcptTos": list(envelope.rcpt_tos),
+                   "data": envelope.content.decode("utf-8", "replace")}
+        with self.state.lock:
+            self.state.messages.append(message)
+        return "250 2.0.0 message accepted"
+
+
+def port(text):
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError("a port is 1-65535")
+    return value
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Capstan's test mail gateway")
+    parser.add_argument("--http-port", type=port, required=True)
+    parser.add_argument("--smtp-port", type=port, required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--domain", action="append", default=[], help="a verified mail domain")
+    parser.add_argument("--unverified-domain", action="append", default=[])
+    parser.add_argument("--state", help="JSON file keeping credentials and targets across restarts")
+    args = parser.parse_args()
+    if not args.token:
+        parser.error("--token must not be empty")
+
+    logging.basicConfig(level=logging.INFO, format="gateway: %(levelname)s %(message)s")
+    # AUTH over plain TCP is the point here (loopback, tests): silence aiosmtpd's per-connection
+    # warning about it, and its per-command info lines.
+    warnings.filterwarnings("ignore", message="Requiring AUTH while not requiring TLS")
+    logging.getLogger("mail.log").setLevel(logging.ERROR)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    domains = ([{"name": d, "verified": True} for d in args.domain]
+               + [{"name": d, "verified": False} for d in args.unverified_domain])
+    state = State(args.state, domains)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", args.http_port), HttpHandler)
+    httpd.state, httpd.token = state, args.token
+    # A short poll interval: shutdown() waits up to one of them.
+    threading.Thread(target=httpd.serve_forever, args=(0.1,), name="http", daemon=True).start()
+
+    handler = SubmissionHandler(state)
+    smtpd = Controller(handler, hostname="127.0.0.1", port=args.smtp_port,
+                       server_hostname="gateway.test",  # skips a getfqdn() DNS lookup
+                       authenticator=handler.authenticate, auth_required=True,
+                       auth_require_tls=False)
+    smtpd.start()  # returns once the listener answers; raises if it cannot bind
+
+    print(f"gateway ready http={args.http_port} smtp={args.smtp_port}", flush=True)
+    stop.wait()
+    smtpd.stop()
+    httpd.shutdown()
+    httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
