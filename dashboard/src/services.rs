@@ -58,6 +58,8 @@ struct ServiceView {
     /// The database it keeps in a volume, `volume/path (engine)`.
     database: Option<String>,
     mail_addresses: Vec<String>,
+    /// What the mail manager bound of them: `address: sending as <user>, receiving at host:port`.
+    mail_bound: Vec<String>,
     state: String,
     deleting: bool,
     deleting_at: Option<String>,
@@ -90,6 +92,19 @@ fn service_view(value: &Value) -> ServiceView {
             .filter(|db| db.is_object())
             .map(|db| format!("{}/{} ({})", str_of(db, "volume"), str_of(db, "path"), str_of(db, "engine"))),
         mail_addresses: strings_of(value.get("mailAddresses")),
+        mail_bound: value
+            .get("mail")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                let receiving = match b.get("inbound").filter(|t| t.is_object()) {
+                    Some(t) => format!("receiving at {}:{}", str_of(t, "host"), u64_of(t, "port")),
+                    None => "not receiving".into(),
+                };
+                format!("{}: sending as {}, {receiving}", str_of(b, "address"), str_of(b, "smtpUsername"))
+            })
+            .collect(),
         deleting: state == "deleting",
         deleting_at: value.get("deletingAt").and_then(Value::as_u64).map(|at| when(at).0),
         state,

@@ -118,6 +118,19 @@ fn manifest_keys(server: &Capstan, admin: &str, service_id: &str) -> Vec<String>
     keys
 }
 
+/// `services.update` of `fields`, read-modify-write: the mail manager writes the service's `mail`
+/// record too, so a conflict is read again and retried.
+fn update_service(server: &Capstan, admin: &str, service_id: &str, fields: Value) -> Value {
+    eventually(&format!("services.update {fields}"), SETTLED, || {
+        let current = ok(server, admin, "services.get", json!({ "id": service_id }));
+        let mut body = fields.clone();
+        body["id"] = json!(service_id);
+        body["expectedRevision"] = current["revision"].clone();
+        let reply = server.call_as(admin, "services.update", &body);
+        if reply.status == 200 { Ok(reply.json()) } else { Err(reply.body.clone()) }
+    })
+}
+
 fn group(token: &str) -> Vec<String> {
     ["HOST", "PASSWORD", "PORT", "TLS", "USER"].iter().map(|f| format!("MAIL_{token}_SMTP_{f}")).collect()
 }
@@ -224,6 +237,20 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     assert_eq!(targets.len(), 2, "a forward target per address: {targets:?}");
     assert!(targets.iter().all(|t| t["host"] == "10.0.0.5" && t["port"] == 30025), "{targets:?}");
 
+    // ---- the service record carries the public metadata, fenced by its revision ----
+    let record = eventually("the service's mail record", SETTLED, || {
+        let service = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+        if service["mail"].as_array().is_some_and(|m| m.len() == 2) { Ok(service) } else { Err(service.to_string()) }
+    });
+    assert_eq!(
+        record["mail"][0],
+        json!({ "address": "web@acme.example", "smtpUsername": web["username"], "credentialVersion": 1, "inbound": { "host": "10.0.0.5", "port": 30025 } }),
+        "{record}"
+    );
+    let forged =
+        server.call_as(&admin, "services.update", &json!({ "id": service_id, "expectedRevision": record["revision"], "mail": [] }));
+    forged.expect_error(400, "mail-managed"); // only the mail manager writes it
+
     // ---- the password Capstan holds is the gateway's; real mail goes through with it ----
     let checked = ok(&server, &admin, "mail.checkServiceMail", json!({ "organizationId": org_id, "serviceId": service_id }));
     assert!(checked["addresses"].as_array().unwrap().iter().all(|a| a["credential"] == "match"), "{checked}");
@@ -241,17 +268,13 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     assert!(foreign.contains("553"), "a credential sends only as its own address: {foreign}");
 
     // ---- removing an address revokes exactly its credential, target and secrets ----
-    let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
-    ok(
-        &server,
-        &admin,
-        "services.update",
-        json!({ "id": service_id, "expectedRevision": current["revision"], "mailAddresses": ["web@acme.example"] }),
-    );
+    update_service(&server, &admin, &service_id, json!({ "mailAddresses": ["web@acme.example"] }));
     eventually("the removed address gone from the gateway", SETTLED, || {
         let (credentials, targets) = gateway.held(&prefix);
         if credentials == [web_id.clone()] && targets.len() == 1 { Ok(()) } else { Err(format!("{credentials:?} {targets:?}")) }
     });
+    let record = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+    assert_eq!(record["mail"].as_array().map(Vec::len), Some(1), "the removed address's record went with it: {record}");
     let mut kept: Vec<String> = group("WEB_ACME_EXAMPLE").into_iter().chain(SMTP_ALIASES.iter().map(|k| k.to_string())).collect();
     kept.sort();
     eventually("only the kept address's secrets resolving", SETTLED, || {
@@ -262,14 +285,7 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
 
     // ---- the gateway down: nothing changes, a new address waits, and comes through after ----
     gateway.stop();
-    let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
-    let addresses = json!(["web@acme.example", "sales@acme.example"]);
-    ok(
-        &server,
-        &admin,
-        "services.update",
-        json!({ "id": service_id, "expectedRevision": current["revision"], "mailAddresses": addresses }),
-    );
+    update_service(&server, &admin, &service_id, json!({ "mailAddresses": ["web@acme.example", "sales@acme.example"] }));
     let down = stopped_by("gateway-unreachable");
     let listed = &down["services"][0]["addresses"];
     assert_eq!(listed[0]["state"], "active", "what was bound stays bound: {down}");
@@ -288,8 +304,11 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     assert!(page.body.contains(r#"data-address="sales@acme.example""#) && page.body.contains("10.0.0.5:30025"), "{}", page.body);
 
     // ---- deleting the service leaves nothing at the gateway ----
-    let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
-    let deleting = ok(&server, &admin, "services.delete", json!({ "id": service_id, "expectedRevision": current["revision"] }));
+    let deleting = eventually("services.delete", SETTLED, || {
+        let current = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+        let reply = server.call_as(&admin, "services.delete", &json!({ "id": service_id, "expectedRevision": current["revision"] }));
+        if reply.status == 200 { Ok(reply.json()) } else { Err(reply.body.clone()) }
+    });
     assert_eq!(deleting["state"], "deleting", "the mail manager holds it until the gateway forgot it: {deleting}");
     eventually("the service deleted", SETTLED, || {
         let reply = server.call_as(&admin, "services.get", &json!({ "id": service_id }));

@@ -79,6 +79,34 @@ pub enum DatabaseEngine {
     Sqlite,
 }
 
+/// The public record of one of a service's mail addresses at the mail gateway, written by the
+/// mail manager (docs/mail.md) and by nobody else: never a password.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MailBinding {
+    /// One of the service's `mailAddresses`.
+    pub address: String,
+    /// The SMTP username the gateway issued for it.
+    pub smtp_username: String,
+    /// The credential version whose password the service's secrets hold.
+    pub credential_version: u64,
+    /// Where the gateway forwards the address's inbound mail, if anywhere.
+    pub inbound: Option<MailInbound>,
+}
+
+/// Where the gateway forwards an address's inbound mail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MailInbound {
+    /// A host name or address, at most 253 bytes.
+    pub host: String,
+    /// The service's published port it reaches.
+    pub port: u16,
+}
+
+/// Who writes a service's `mail`: the mail manager, acting on its own account.
+const MAIL_WRITER: &str = "plugin:mail";
+
 /// Whether a service is in use or being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -119,6 +147,9 @@ pub struct Service {
     /// The service's mail addresses.
     #[serde(default)]
     pub mail_addresses: Vec<String>,
+    /// What the mail manager bound of them at the gateway (public metadata only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mail: Vec<MailBinding>,
     /// The template snapshot a manager (the App Store) created or upgraded it from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Value>,
@@ -204,6 +235,9 @@ pub struct UpdateInput {
     /// The service's mail addresses: at most 32 lowercase addresses such as app@example.com, none
     /// twice.
     pub mail_addresses: Option<Vec<String>>,
+    /// What the mail manager bound of the addresses at the gateway: written by the mail manager
+    /// only (`mail-managed` for anyone else), one entry per address it names.
+    pub mail: Option<Vec<MailBinding>>,
     /// The template snapshot a manager upgrades it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
 }
@@ -362,6 +396,7 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
         volumes: input.volumes.clone(),
         database: None,
         mail_addresses: input.mail_addresses.clone(),
+        mail: None,
         template: input.template.clone(),
     }
 }
@@ -382,6 +417,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         volumes: fields.volumes.unwrap_or_default(),
         database: input.database,
         mail_addresses: fields.mail_addresses.unwrap_or_default(),
+        mail: Vec::new(),
         template: fields.template,
         state: ServiceState::Active,
         deleting_at: None,
@@ -449,6 +485,20 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             next.database = f.database.unwrap_or(next.database);
             check_database(&next)?;
             next.mail_addresses = f.mail_addresses.unwrap_or(next.mail_addresses);
+            if let Some(mail) = f.mail {
+                if identity.user_id != MAIL_WRITER {
+                    return Err(invalid(
+                        "mail-managed",
+                        "mail",
+                        "mail is the mail manager's record of the addresses it bound; it writes it".into(),
+                    ));
+                }
+                next.mail = mail;
+            }
+            // the record of an address the service no longer has goes with it
+            let listed = next.mail_addresses.clone();
+            next.mail.retain(|b| listed.contains(&b.address));
+            check_mail(&next)?;
             next.template = f.template.or(next.template);
             if to_value(&next)? == to_value(&current.data)? {
                 return Ok(current);
@@ -650,6 +700,23 @@ pub async fn require_active(tx: &Tx, id: &str) -> Result<Entity<Service>> {
     Ok(service)
 }
 
+/// The mail manager's record names each address once, an address the service has, in bounds.
+fn check_mail(service: &Service) -> Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, binding) in service.mail.iter().enumerate() {
+        let field = format!("mail[{i}]");
+        let fits = binding.smtp_username.len() <= 256 && binding.inbound.as_ref().is_none_or(|t| !t.host.is_empty() && t.host.len() <= 253);
+        if !seen.insert(&binding.address) || !fits {
+            return Err(invalid(
+                "mail-binding-invalid",
+                &field,
+                "each address once, a username of at most 256 bytes, a host of 1–253".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What checking a service's fields may refuse ([`check_fields`]), each naming its field.
 const FIELD_REFUSALS: &[&str] = &[
     "name-invalid",
@@ -690,7 +757,15 @@ pub fn register(registry: &mut Registry, cx: Context) {
             |cx: Context, call: Call, input: UpdateInput| async move { update(&cx.store, call.identity()?, input).await },
         )
         .refuses(FIELD_REFUSALS)
-        .refuses(&["service-not-found", "conflict", "service-deleting", "service-organization-immutable", "exists"]);
+        .refuses(&[
+            "service-not-found",
+            "conflict",
+            "service-deleting",
+            "service-organization-immutable",
+            "exists",
+            "mail-managed",
+            "mail-binding-invalid",
+        ]);
     registry
         .add("services.get", "One service and what still holds it (member, or a deployer granted deployment:status)", Access::Member, get)
         .refuses(&["service-not-found"])

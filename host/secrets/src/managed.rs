@@ -82,6 +82,14 @@ async fn check_owner(tx: &Tx, actor: &Identity, owner: &Owner) -> Result<()> {
     }
 }
 
+/// The secret of `owner` and `key` (environment `production`), once `actor` may reach `owner`'s
+/// secrets.
+async fn owned(tx: &Tx, actor: &Identity, owner: &Owner, key: &str) -> Result<Option<capstan_store::Document>> {
+    check_owner(tx, actor, owner).await?;
+    let found = tx.find(SECRETS, "by_owner_key", &[json!(owner.reference()), json!(key), json!("production")], None, 1).await?;
+    Ok(found.documents.into_iter().next())
+}
+
 /// The secret `id` of `scope`, readable by `actor`.
 async fn require_managed(tx: &Tx, actor: &Identity, scope: &str, id: &str) -> Result<(capstan_store::Document, methods::Secret)> {
     let (doc, secret) = require_secret(tx, id).await?;
@@ -100,12 +108,7 @@ pub async fn ensure(cx: &Context, actor: &Identity, scope: &str, owner: ManagedO
             .store
             .transact(|tx| {
                 let owner = owner.clone();
-                async move {
-                    check_owner(&tx, actor, &owner).await?;
-                    let found =
-                        tx.find(SECRETS, "by_owner_key", &[json!(owner.reference()), json!(key), json!("production")], None, 1).await?;
-                    Ok(found.documents.into_iter().next())
-                }
+                async move { owned(&tx, actor, &owner, key).await }
             })
             .await?;
         if let Some(doc) = found {
@@ -155,10 +158,7 @@ pub async fn put(
             .transact(|tx| {
                 let owner = owner.clone();
                 async move {
-                    check_owner(&tx, actor, &owner).await?;
-                    let found =
-                        tx.find(SECRETS, "by_owner_key", &[json!(owner.reference()), json!(key), json!("production")], None, 1).await?;
-                    let Some(doc) = found.documents.into_iter().next() else { return Ok(None) };
+                    let Some(doc) = owned(&tx, actor, &owner, key).await? else { return Ok(None) };
                     let secret = parse_secret(&doc)?;
                     check_scope(&secret, &Some(scope.to_string()))?;
                     let current: Version =

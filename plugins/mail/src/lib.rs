@@ -7,7 +7,8 @@
 //! gateway issues once becomes the service's secrets `MAIL_<TOKEN>_SMTP_HOST/PORT/USER/PASSWORD/TLS`
 //! (scope `mail:<serviceId>`), and the default sender's (the first bound address) also
 //! `SMTP_*`, so the service's resolved manifest carries them. Only public metadata (username,
-//! credential version, forward target) is kept here; never a password.
+//! credential version, forward target) is kept — here, and on the service record as its `mail`,
+//! written with the revision read at the start of the pass — never a password.
 //!
 //! Order and durability: a binding is recorded (`pending`) before the gateway is asked for
 //! anything, and removed only after the gateway forgot it, so a pass that dies anywhere leaves a
@@ -211,7 +212,20 @@ struct Service {
     ports: Vec<Port>,
     #[serde(default)]
     mail_addresses: Vec<String>,
+    /// The public record of what this manager bound, as it last wrote it.
+    #[serde(default)]
+    mail: Vec<MailRecord>,
     state: String,
+}
+
+/// One entry of a service's `mail`: public metadata only, never a password.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MailRecord {
+    address: String,
+    smtp_username: String,
+    credential_version: u64,
+    inbound: Option<Inbound>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -226,6 +240,28 @@ struct Port {
 /// `web@acme.example` → `WEB_ACME_EXAMPLE`: what is not a letter or digit becomes `_`.
 fn token(address: &str) -> String {
     address.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+impl Binding {
+    /// An address of a service as recorded before the gateway is asked for anything.
+    fn pending(service_id: &str, organization_id: &str, address: &str) -> Binding {
+        let token = token(address);
+        Binding {
+            service_id: service_id.into(),
+            organization_id: organization_id.into(),
+            address: address.into(),
+            gateway_id: format!("capstan.{service_id}.{token}"),
+            token,
+            state: State::Pending,
+            username: None,
+            credential_version: None,
+            inbound: None,
+            inbound_note: None,
+            reason: None,
+            message: None,
+            updated_at: now_ms(),
+        }
+    }
 }
 
 fn binding_id(service_id: &str, token: &str) -> String {
@@ -392,18 +428,23 @@ impl Gateway {
 // ---------------------------------------------------------------------------------------------
 // The pass
 
-/// Every service, in id order.
-fn services() -> Result<Vec<(String, Service)>> {
+/// Every service with the revision read, in id order.
+fn services_read() -> Result<Vec<(String, u64, Service)>> {
     let mut out = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let page = inventory::list::<Service>(EntityKind::Service, cursor.as_deref(), 500)?;
-        out.extend(page.entities.into_iter().map(|e| (e.id, e.data)));
+        out.extend(page.entities.into_iter().map(|e| (e.id, e.revision, e.data)));
         match page.next_cursor {
             Some(next) => cursor = Some(next),
             None => return Ok(out),
         }
     }
+}
+
+/// Every service, in id order.
+fn services() -> Result<Vec<(String, Service)>> {
+    Ok(services_read()?.into_iter().map(|(id, _, service)| (id, service)).collect())
 }
 
 fn all_bindings() -> Result<Vec<Doc<Binding>>> {
@@ -448,7 +489,8 @@ fn inbound_of(gateway: &Gateway, service: &Service) -> std::result::Result<Inbou
 fn pass() -> Result<String> {
     let gateway = Gateway::configured()?;
     gateway.check_protocol()?;
-    let services = services()?;
+    let read = services_read()?;
+    let services: Vec<(String, Service)> = read.iter().map(|(id, _, service)| (id.clone(), service.clone())).collect();
     let wanted = desired(&services);
     let existing = all_bindings()?;
     let mut summary = Vec::new();
@@ -483,7 +525,43 @@ fn pass() -> Result<String> {
 
     senders(&gateway, &services)?;
     release_unbound(&services, &withdrawn)?;
+    let recorded = record_on_services(&read)?;
+    if recorded > 0 {
+        summary.push(format!("{recorded} service records updated"));
+    }
     Ok(summary.join(", "))
+}
+
+/// Write each active service's `mail` — the public record of its bound addresses — where it
+/// differs, fenced by the revision read at the start of the pass: a service changed since is
+/// left to the next pass (its change woke one), so a record never describes addresses the
+/// service no longer asks for. How many were written.
+fn record_on_services(read: &[(String, u64, Service)]) -> Result<usize> {
+    let mut written = 0;
+    for (service_id, revision, service) in read.iter().filter(|(_, _, s)| s.state == "active") {
+        let bound = bindings_of(service_id)?;
+        let wanted: Vec<MailRecord> = service
+            .mail_addresses
+            .iter()
+            .filter_map(|address| bound.iter().find(|b| &b.data.address == address && b.data.state == State::Active))
+            .map(|b| MailRecord {
+                address: b.data.address.clone(),
+                smtp_username: b.data.username.clone().unwrap_or_default(),
+                credential_version: b.data.credential_version.unwrap_or_default(),
+                inbound: b.data.inbound.clone(),
+            })
+            .collect();
+        if wanted == service.mail {
+            continue;
+        }
+        let body = json!({ "id": service_id, "expectedRevision": revision, "mail": wanted });
+        match inventory::update_service::<Value>(&body) {
+            Ok(_) => written += 1,
+            Err(r) if r.is("conflict") || r.is("service-deleting") || r.is("service-not-found") => {}
+            Err(r) => return Err(r),
+        }
+    }
+    Ok(written)
 }
 
 /// Bring one wanted address to `active` (or `blocked`, with the reason): record it, hold the
@@ -508,22 +586,7 @@ fn bind(
                 }
                 return Err(r);
             }
-            let token = token(address);
-            let binding = Binding {
-                service_id: service_id.into(),
-                organization_id: service.organization_id.clone(),
-                address: address.into(),
-                gateway_id: format!("capstan.{service_id}.{token}"),
-                token,
-                state: State::Pending,
-                username: None,
-                credential_version: None,
-                inbound: None,
-                inbound_note: None,
-                reason: None,
-                message: None,
-                updated_at: now_ms(),
-            };
+            let binding = Binding::pending(service_id, &service.organization_id, address);
             let written = store::Batch::new().insert(BINDINGS, id, &binding).commit()?;
             Doc { id: id.into(), revision: written[0].revision, data: binding }
         }
@@ -764,12 +827,12 @@ fn service_mail(service_id: &str, service: &Service) -> Result<ServiceMail> {
         .iter()
         .map(|address| {
             let found = bound.iter().find(|b| &b.data.address == address).map(|b| b.data.clone());
-            view(address, found, sender.as_deref())
+            view(found.unwrap_or_else(|| Binding::pending(service_id, &service.organization_id, address)), sender.as_deref())
         })
         .collect();
     // being withdrawn: listed until the gateway forgot them
     for b in bound.iter().filter(|b| !service.mail_addresses.contains(&b.data.address)) {
-        addresses.push(view(&b.data.address, Some(b.data.clone()), sender.as_deref()));
+        addresses.push(view(b.data.clone(), sender.as_deref()));
     }
     Ok(ServiceMail {
         service_id: service_id.into(),
@@ -779,35 +842,19 @@ fn service_mail(service_id: &str, service: &Service) -> Result<ServiceMail> {
     })
 }
 
-fn view(address: &str, binding: Option<Binding>, sender: Option<&str>) -> AddressView {
-    let default_sender = sender == Some(address);
-    match binding {
-        Some(b) => AddressView {
-            address: address.into(),
-            state: b.state,
-            token: b.token,
-            username: b.username,
-            credential_version: b.credential_version,
-            inbound: b.inbound,
-            inbound_note: b.inbound_note,
-            reason: b.reason,
-            message: b.message,
-            default_sender,
-            path: "direct",
-        },
-        None => AddressView {
-            address: address.into(),
-            state: State::Pending,
-            token: token(address),
-            username: None,
-            credential_version: None,
-            inbound: None,
-            inbound_note: None,
-            reason: None,
-            message: None,
-            default_sender,
-            path: "direct",
-        },
+fn view(b: Binding, sender: Option<&str>) -> AddressView {
+    AddressView {
+        default_sender: sender == Some(b.address.as_str()),
+        address: b.address,
+        state: b.state,
+        token: b.token,
+        username: b.username,
+        credential_version: b.credential_version,
+        inbound: b.inbound,
+        inbound_note: b.inbound_note,
+        reason: b.reason,
+        message: b.message,
+        path: "direct",
     }
 }
 
@@ -909,6 +956,7 @@ mod tests {
             organization_id: "org_1".into(),
             ports: ports.into_iter().map(|(port, protocol, public_port)| Port { port, protocol: protocol.into(), public_port }).collect(),
             mail_addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            mail: Vec::new(),
             state: state.into(),
         }
     }

@@ -888,6 +888,16 @@ fn print_service(s: &Value, organizations: &Names) {
     println!("domains:      {}", list("domains", &|d| d.as_str().unwrap_or("?").to_string()));
     println!("volumes:      {}", list("volumes", &|v| format!("{}:{}", text(v, "name"), text(v, "mountPath"))));
     println!("mail:         {}", list("mailAddresses", &|m| m.as_str().unwrap_or("?").to_string()));
+    // what the mail manager bound of them at the gateway (never a password)
+    for bound in s["mail"].as_array().into_iter().flatten() {
+        let receiving = match bound["inbound"].as_object() {
+            Some(t) => {
+                format!("receiving at {}:{}", t.get("host").and_then(Value::as_str).unwrap_or("?"), t.get("port").unwrap_or(&Value::Null))
+            }
+            None => "not receiving".into(),
+        };
+        println!("  bound:      {}: sending as {}, {receiving}", text(bound, "address"), text(bound, "smtpUsername"));
+    }
     if s["database"].is_object() {
         let db = &s["database"];
         println!("database:     {} {}/{}", text(db, "engine"), text(db, "volume"), text(db, "path"));
