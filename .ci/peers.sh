@@ -10,6 +10,7 @@
 #                             the App Store's catalog package is published to it
 #   CAPSTAN_TEST_REQUIRE_GATEWAY  the mail tests start tests/peers/gateway themselves (python3 with
 #                             aiosmtpd); set, they fail instead of skipping when it cannot start
+#   (the CoreMail tests start tests/peers/coremail themselves: python3's standard library only)
 
 PEERS_DIR="$(mktemp -d /tmp/capstan-peers.XXXXXX)"
 PEER_PIDS=()

@@ -107,6 +107,22 @@ impl ReconcileOutcome {
         self.requeue_after = Some(delay);
         self
     }
+
+    /// A pass that answers its summary or the refusal that stopped it, as an outcome: a stopped
+    /// pass is still a finished one (the loop goes on) with `code: message` as its summary, and
+    /// the next comes after `retry` when the refusal is retryable (a peer that did not answer)
+    /// or after `unconfigured` when not (a setting an operator is about to fix) — seconds, not
+    /// the full period, either way.
+    pub fn of_pass(pass: &crate::Result<String>, retry: Duration, unconfigured: Duration) -> Self {
+        match pass {
+            Ok(summary) => ReconcileOutcome::done(summary.clone()),
+            Err(r) => ReconcileOutcome::done(format!("{}: {}", r.code(), r.message())).requeue_after(if r.is_retryable() {
+                retry
+            } else {
+                unconfigured
+            }),
+        }
+    }
 }
 
 /// Implements the generated `Guest` export for any [`Manager`]; [`crate::manager!`] exports

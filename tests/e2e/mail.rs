@@ -181,6 +181,16 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     let service_id = service["id"].as_str().unwrap().to_string();
     let prefix = format!("capstan.{service_id}.");
     let settings = ok(&server, &admin, "settings.get", json!({}));
+    // a setting in the wrong shape is refused when it is set, not found out by a pass
+    for (key, wrong) in [
+        ("mail.gatewayUrl", json!("ftp://gateway.example")),
+        ("mail.gatewayUrl", json!("https://gateway.example/api/")),
+        ("mail.submissionTls", json!("plaintext")),
+        ("mail.submissionPort", json!(0)),
+    ] {
+        let reply = server.call_as(&admin, "settings.update", &json!({ "expectedRevision": settings["revision"], "set": { key: wrong } }));
+        reply.expect_error(400, "setting-invalid");
+    }
     let set = json!({
         "mail.gatewayUrl": format!("http://127.0.0.1:{http}"),
         "mail.submissionHost": "127.0.0.1",

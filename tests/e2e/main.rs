@@ -14,6 +14,7 @@ mod backups;
 mod browser;
 mod call;
 mod config;
+mod coremail;
 mod crash;
 mod docs_plugins;
 mod events;

@@ -49,10 +49,12 @@ pub fn escape_control(s: &str) -> std::borrow::Cow<'_, str> {
 const CREDENTIAL_WORDS: &[&str] = &["token", "secret", "password", "passwd", "credential", "apikey", "privatekey", "accesskey"];
 
 /// Whether a key or field name names a credential (`apiToken`, `SMTP_PASSWORD`, `s3SecretKey`):
-/// such a value is a secret, never a setting.
+/// such a value is a secret, never a setting. A name ending in a credential's identity or version
+/// (`coreMailControlCredentialId`, `…CredentialVersion`) names public metadata of one, not it.
 pub fn names_a_credential(name: &str) -> bool {
     let folded: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_ascii_lowercase();
-    CREDENTIAL_WORDS.iter().any(|w| folded.contains(w))
+    let named = ["credentialid", "credentialversion"].iter().find_map(|tail| folded.strip_suffix(tail)).unwrap_or(&folded);
+    CREDENTIAL_WORDS.iter().any(|w| named.contains(w))
 }
 
 #[cfg(test)]
@@ -64,7 +66,12 @@ mod tests {
         for name in ["apiToken", "SMTP_PASSWORD", "s3SecretKey", "private-key", "ACCESS_KEY_ID", "dcrouterGatewayToken"] {
             assert!(names_a_credential(name), "{name}");
         }
-        for name in ["catalogSources", "welcome", "keepDays", "submissionHost"] {
+        for name in ["secretCredentialId", "tokenCredentialVersion"] {
+            assert!(names_a_credential(name), "{name}");
+        }
+        for name in
+            ["catalogSources", "welcome", "keepDays", "submissionHost", "coreMailControlCredentialId", "coreMailControlCredentialVersion"]
+        {
             assert!(!names_a_credential(name), "{name}");
         }
     }

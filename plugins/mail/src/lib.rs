@@ -21,6 +21,7 @@
 use capstan_sdk::http::Request;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::secrets::{self, Owner};
+use capstan_sdk::settings::{PortNumber, SmtpTls};
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
     CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
@@ -44,6 +45,8 @@ const GATEWAY_SECRET: &str = "MAIL_GATEWAY_TOKEN";
 const PROTOCOL: u64 = 1;
 /// How soon a pass the gateway failed is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// How soon a pass its configuration stopped is tried again.
+const UNCONFIGURED_RETRY: Duration = Duration::from_secs(15);
 /// The container ports a service receives SMTP on; the first one it publishes is the target.
 const SMTP_PORTS: [u16; 2] = [25, 2525];
 
@@ -65,15 +68,15 @@ impl Manager for Mail {
                 Role::Owner,
                 check_service_mail,
             )
-            .setting::<Option<String>>(
+            .setting::<Option<Origin>>(
                 "gatewayUrl",
-                "The mail gateway's origin, http(s)://host[:port] (docs/gateway-protocol.md); null: mail is off",
+                "The mail gateway's origin, http(s)://host[:port] without a path (docs/gateway-protocol.md); null: mail is off",
                 None,
             )
-            .setting::<Option<String>>("submissionHost", "The host services submit mail to (the gateway's SMTP submission listener)", None)
-            .setting("submissionPort", "The port of the submission listener", Some(587u16))
-            .setting("submissionTls", "How services connect to it: starttls, tls or none", Some("starttls".to_string()))
-            .setting::<Option<String>>(
+            .setting::<Option<Host>>("submissionHost", "The host services submit mail to (the gateway's SMTP submission listener)", None)
+            .setting("submissionPort", "The port of the submission listener, 1–65535", Some(PortNumber(587)))
+            .setting("submissionTls", "How services connect to it: starttls, tls or none", Some(SmtpTls::Starttls))
+            .setting::<Option<Host>>(
                 "forwardTargetHost",
                 "The host the gateway forwards a service's inbound mail to (where its published SMTP port answers); null: no inbound",
                 None,
@@ -96,17 +99,8 @@ impl Manager for Mail {
 
     fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
         let outcome = pass();
-        let (summary, error) = match &outcome {
-            Ok(summary) => (summary.clone(), None),
-            Err(r) => (format!("{}: {}", r.code(), r.message()), Some(PassError { code: r.code().into(), message: r.message().into() })),
-        };
-        record_status(&summary, error)?;
-        match outcome {
-            Ok(summary) => Ok(ReconcileOutcome::done(summary)),
-            // the gateway or its configuration: nothing changed, try again soon
-            Err(r) if r.is_retryable() => Ok(ReconcileOutcome::done(summary).requeue_after(RETRY)),
-            Err(_) => Ok(ReconcileOutcome::done(summary)),
-        }
+        record_status(&outcome)?;
+        Ok(ReconcileOutcome::of_pass(&outcome, RETRY, UNCONFIGURED_RETRY))
     }
 }
 
@@ -195,9 +189,13 @@ struct PassStatus {
     at: u64,
 }
 
-fn record_status(summary: &str, error: Option<PassError>) -> Result<()> {
+fn record_status(outcome: &Result<String>) -> Result<()> {
+    let (summary, error) = match outcome {
+        Ok(summary) => (summary.clone(), None),
+        Err(r) => (format!("{}: {}", r.code(), r.message()), Some(PassError { code: r.code().into(), message: r.message().into() })),
+    };
     let current = store::get::<PassStatus>(STATUS, STATUS_ID)?;
-    let status = PassStatus { summary: summary.into(), error, at: now_ms() };
+    let status = PassStatus { summary, error, at: now_ms() };
     store::Batch::new().put(STATUS, STATUS_ID, current.map(|d| d.revision), &status).commit()?;
     Ok(())
 }
@@ -281,9 +279,12 @@ struct Settings {
     gateway_url: Option<String>,
     submission_host: Option<String>,
     submission_port: u16,
-    submission_tls: String,
+    submission_tls: SmtpTls,
     forward_target_host: Option<String>,
 }
+
+capstan_sdk::shaped_text!(Origin, r"^https?://[A-Za-z0-9.\-\[\]:]+$", "An origin: http(s)://host[:port], no path, no trailing slash.");
+capstan_sdk::shaped_text!(Host, r"^[A-Za-z0-9.\-\[\]:]{1,253}$", "A host name or address.");
 
 fn unconfigured(message: impl Into<String>) -> Refusal {
     Refusal::new("gateway-unconfigured", message)
@@ -306,9 +307,6 @@ impl Gateway {
         let s: Settings = settings::get()?;
         let url = s.gateway_url.ok_or_else(|| unconfigured("the setting mail.gatewayUrl names no gateway"))?;
         let submission_host = s.submission_host.ok_or_else(|| unconfigured("the setting mail.submissionHost names no submission host"))?;
-        if !["starttls", "tls", "none"].contains(&s.submission_tls.as_str()) {
-            return Err(unconfigured("the setting mail.submissionTls is starttls, tls or none"));
-        }
         let listed = secrets::list(GATEWAY_SCOPE)?;
         let Some(secret) = listed.iter().find(|s| s.key == GATEWAY_SECRET && s.state == "active") else {
             return Err(unconfigured(format!(
@@ -328,7 +326,7 @@ impl Gateway {
             token,
             submission_host,
             submission_port: s.submission_port,
-            submission_tls: s.submission_tls,
+            submission_tls: s.submission_tls.as_str().to_string(),
             forward_host: s.forward_target_host.filter(|h| !h.is_empty()),
         })
     }

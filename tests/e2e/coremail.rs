@@ -1,0 +1,302 @@
+//! The CoreMail control plane end to end, with real processes only: `capstan serve --dev` (the
+//! coremail plugin embedded and installed first-party), the test CoreMail
+//! (`tests/peers/coremail`: the control protocol of docs/coremail-protocol.md) and the HTTP API.
+//!
+//! One scenario, in order: off, the status is `{enabled: false}` alone; settings in the wrong
+//! shape are refused when they are set and the epoch is no setting at all; on, the CoreMail
+//! service receives its environment (the control bootstrap with verifiers only, the gateway
+//! credential) while CoreMail refuses the control credential it cannot check yet; with the
+//! bootstrap, the desired state is applied at epoch 1 with the quotas clamped; an unchanged
+//! pass writes nothing (no preparation, no record, no secret version); a settings change is a
+//! new epoch; a CoreMail that lost its state gets the same epoch again, one that kept it after a
+//! Capstan restart nothing; a rotated control credential keeps its predecessor retiring for 15
+//! minutes; statistics come from CoreMail; off again, `{enabled: false}`.
+
+use crate::support::{Capstan, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long a pass may take to show: every 10 s, 1 s after an event, 5 s after a failure.
+const SETTLED: Duration = Duration::from_secs(90);
+
+fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// The test CoreMail on a fixed port, reading its bootstrap from `bootstrap`.
+struct CoreMail {
+    child: Child,
+    port: u16,
+}
+
+impl CoreMail {
+    fn start(port: u16, bootstrap: &Path, state: Option<&Path>) -> CoreMail {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/coremail/coremail.py");
+        let mut cmd = Command::new("python3");
+        cmd.arg(script).args(["--port", &port.to_string(), "--bootstrap-file"]).arg(bootstrap);
+        if let Some(state) = state {
+            cmd.arg("--state").arg(state);
+        }
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(bootstrap.with_extension("log")).unwrap();
+        let mut child = cmd.stdout(Stdio::piped()).stderr(log).spawn().expect("starting tests/peers/coremail/coremail.py");
+        let mut ready = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+        assert!(ready.starts_with("coremail ready"), "the test CoreMail did not start: {ready:?}");
+        CoreMail { child, port }
+    }
+
+    fn request(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let url = format!("http://127.0.0.1:{}{path}", self.port);
+        let mut response = match body {
+            Some(body) => agent.post(&url).content_type("application/json").send(body.to_string()),
+            None if method == "GET" => agent.get(&url).call(),
+            None => agent.post(&url).send_empty(),
+        }
+        .expect("the test CoreMail answers");
+        let text = response.body_mut().read_to_string().unwrap();
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    fn counters(&self) -> Value {
+        self.request("GET", "/test/counters", None)
+    }
+}
+
+impl Drop for CoreMail {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_capstan(data: &Path) -> (Capstan, String) {
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(data).args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    // the test CoreMail is on loopback
+    cmd.env("CAPSTAN_PLUGIN_HTTP_ALLOW", "127.0.0.0/8");
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    eventually("the coremail plugin running", Duration::from_secs(180), || {
+        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "coremail" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    (server, admin)
+}
+
+fn set(server: &Capstan, admin: &str, values: Value) -> Value {
+    let settings = ok(server, admin, "settings.get", json!({}));
+    server.call_as(admin, "settings.update", &json!({ "expectedRevision": settings["revision"], "set": values })).expect_json(200)
+}
+
+/// The CoreMail service's secrets: key → active version (revoked ones left out).
+fn environment(server: &Capstan, admin: &str, service_id: &str) -> Vec<(String, String)> {
+    let listed = ok(server, admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": service_id }, "limit": 200 }));
+    let mut out: Vec<(String, String)> = listed["items"]
+        .as_array()
+        .or(listed["secrets"].as_array())
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|s| if s.get("secret").is_some() { s["secret"].clone() } else { s.clone() })
+        .filter(|s| s["state"] == "active")
+        .map(|s| (s["key"].as_str().unwrap_or_default().to_string(), s["activeVersion"].to_string()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_verifiers_only_and_writes_nothing_unchanged() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: python3 is not installed (the test CoreMail is a Python script)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (mut server, mut admin) = start_capstan(&data);
+    let status = |server: &Capstan, admin: &str| ok(server, admin, "coremail.getControlStatus", json!({}));
+
+    // ---- off: enabled false and nothing else ----
+    assert_eq!(status(&server, &admin), json!({ "enabled": false }));
+
+    // ---- wrong shapes refused at edit time; the epoch is no setting ----
+    for (key, wrong) in [
+        ("coremail.coreMailControlEndpointUrl", json!("https://coremail.example")),
+        ("coremail.coreMailControlEndpointUrl", json!("https://coremail.example/socket/")),
+        ("coremail.coreMailControlEndpointUrl", json!("http://coremail.example/socket")),
+        ("coremail.coreMailTransferOrigin", json!("https://transfer.example/")),
+        ("coremail.coreMailGatewayEndpointUrl", json!("wss://gateway.example")),
+        ("coremail.coreMailServiceId", json!("coremail")),
+        ("coremail.coreMailSmtpTlsMode", json!("plaintext")),
+        ("coremail.coreMailDefaultMessagesPerMinute", json!(0)),
+    ] {
+        let settings = ok(&server, &admin, "settings.get", json!({}));
+        let reply = server.call_as(&admin, "settings.update", &json!({ "expectedRevision": settings["revision"], "set": { key: wrong } }));
+        let refusal = reply.expect_error(400, "setting-invalid");
+        assert!(refusal.to_string().contains(key.split('.').nth(1).unwrap()), "the refusal names the setting: {refusal}");
+    }
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    let epoch_write = server.call_as(
+        &admin,
+        "settings.update",
+        &json!({ "expectedRevision": settings["revision"], "set": { "coremail.coreMailConfigEpoch": 99 } }),
+    );
+    epoch_write.expect_error(400, "setting-unknown");
+
+    // ---- on, CoreMail running without its bootstrap yet ----
+    let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "mailops" }))["id"].as_str().unwrap().to_string();
+    let service = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "coremail", "image": "registry.example.com/coremail:1" }),
+    );
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let port = free_port();
+    let bootstrap_file = dir.path().join("bootstrap.json");
+    let state_file = dir.path().join("coremail-state.json");
+    let mut coremail = CoreMail::start(port, &bootstrap_file, Some(&state_file));
+    set(
+        &server,
+        &admin,
+        json!({
+            "coremail.coreMailEnabled": true,
+            "coremail.coreMailServiceId": service_id,
+            "coremail.coreMailControlEndpointUrl": format!("http://127.0.0.1:{port}/socket"),
+            "coremail.coreMailTransferOrigin": "https://transfer.mail.example",
+            "coremail.coreMailGatewayEndpointUrl": "wss://gateway.mail.example/",
+            "coremail.coreMailSmtpHost": "smtp.mail.example",
+            "coremail.coreMailDefaultMessagesPerMinute": 100_000,
+        }),
+    );
+    let refused = eventually("CoreMail refusing a credential it cannot check", SETTLED, || {
+        let s = status(&server, &admin);
+        if s["lastError"]["code"] == "coremail-credential-refused" { Ok(s) } else { Err(s.to_string()) }
+    });
+    assert_eq!(
+        refused["quotas"],
+        json!({ "messagesPerMinute": 600, "messagesPerDay": 2000, "maxPendingInbound": 1000 }),
+        "clamped: {refused}"
+    );
+    assert!(refused["epoch"].is_null(), "nothing is prepared before CoreMail's status is read: {refused}");
+    let keys: Vec<String> = environment(&server, &admin, &service_id).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        [
+            "COREMAIL_CONTROL_BOOTSTRAP",
+            "COREMAIL_GATEWAY_CREDENTIAL_ID",
+            "COREMAIL_GATEWAY_CREDENTIAL_SECRET",
+            "COREMAIL_GATEWAY_CREDENTIAL_VERSION",
+            "COREMAIL_GATEWAY_ENDPOINT_URL",
+            "COREMAIL_TRANSFER_ORIGIN",
+        ],
+        "CoreMail's environment: the control credential only as its verifier, in the bootstrap"
+    );
+    let bootstrap: Value = serde_json::from_str(refused["bootstrap"].as_str().unwrap()).unwrap();
+    assert_eq!(bootstrap["credentialId"], "capstan-control");
+    let verifier = bootstrap["verifiers"][0]["verifier"].as_str().unwrap();
+    assert!(verifier.starts_with("coremail-v1$") && verifier.len() == "coremail-v1$".len() + 32 + 1 + 64, "{verifier}");
+
+    // ---- the bootstrap delivered: epoch 1 applied ----
+    std::fs::write(&bootstrap_file, refused["bootstrap"].as_str().unwrap()).unwrap();
+    let first = applied_at(&server, &admin, 1);
+    assert_eq!(first["coreMail"]["digest"], first["digest"], "{first}");
+
+    // ---- unchanged: passes read and write nothing ----
+    let quiet = |server: &Capstan, admin: &str, coremail: &CoreMail| {
+        let (before, record, env) = (coremail.counters(), status(server, admin), environment(server, admin, &service_id));
+        eventually("two more passes", SETTLED, || {
+            let now = coremail.counters();
+            if now["statusReads"].as_u64() >= before["statusReads"].as_u64().map(|n| n + 2) { Ok(()) } else { Err(now.to_string()) }
+        });
+        let after = status(server, admin);
+        assert_eq!(coremail.counters()["prepares"], before["prepares"], "nothing prepared");
+        assert_eq!(after["preparedRevision"], record["preparedRevision"], "the prepared record unwritten");
+        assert_eq!(after["lastPass"], record["lastPass"], "the status record unwritten");
+        assert_eq!(after["coreMail"], record["coreMail"], "CoreMail's report unchanged, and not rewritten");
+        assert_eq!(environment(server, admin, &service_id), env, "no secret version written");
+    };
+    quiet(&server, &admin, &coremail);
+
+    // ---- a settings change is the next epoch ----
+    set(&server, &admin, json!({ "coremail.coreMailSmtpPort": 2587 }));
+    let second = applied_at(&server, &admin, 2);
+    assert_ne!(second["digest"], first["digest"]);
+
+    // ---- CoreMail lost its state: the same epoch again (it never applied it) ----
+    drop(coremail);
+    std::fs::remove_file(&state_file).unwrap();
+    coremail = CoreMail::start(port, &bootstrap_file, Some(&state_file));
+    eventually("the desired state sent again", SETTLED, || {
+        let counters = coremail.counters();
+        if counters["prepares"].as_u64() >= Some(1) { Ok(()) } else { Err(counters.to_string()) }
+    });
+    let again = applied_at(&server, &admin, 2);
+    assert_eq!(again["preparedRevision"], second["preparedRevision"], "the epoch was not advanced: {again}");
+
+    // ---- Capstan restarted, CoreMail kept its state: nothing to do ----
+    server.stop();
+    (server, admin) = start_capstan(&data);
+    let restarted = status(&server, &admin);
+    assert_eq!((restarted["epoch"].clone(), restarted["digest"].clone()), (json!(2), second["digest"].clone()), "{restarted}");
+    quiet(&server, &admin, &coremail);
+
+    // ---- the control credential rotated: the previous one retiring for 15 minutes ----
+    let before_rotation = now_ms();
+    set(&server, &admin, json!({ "coremail.coreMailControlCredentialVersion": 2 }));
+    let rotated = eventually("the control credential at version 2", SETTLED, || {
+        let s = status(&server, &admin);
+        if s["controlCredential"]["version"] == 2 { Ok(s) } else { Err(s.to_string()) }
+    });
+    let retiring = &rotated["controlCredential"]["retiring"];
+    assert_eq!(retiring[0]["version"], 1, "{rotated}");
+    let until = retiring[0]["acceptUntil"].as_u64().unwrap();
+    assert!(until >= before_rotation + 15 * 60 * 1000 && until <= now_ms() + 15 * 60 * 1000, "{rotated}");
+    let bootstrap: Value = serde_json::from_str(rotated["bootstrap"].as_str().unwrap()).unwrap();
+    assert_eq!(bootstrap["verifiers"].as_array().map(Vec::len), Some(2), "both verifiers, the old with its deadline: {bootstrap}");
+    assert_ne!(bootstrap["verifiers"][0]["verifier"], json!(verifier), "a new secret, a new verifier");
+    // CoreMail restarted with its new environment: the rotated credential is accepted, the
+    // desired state (naming the new version) is epoch 3
+    std::fs::write(&bootstrap_file, rotated["bootstrap"].as_str().unwrap()).unwrap();
+    let third = applied_at(&server, &admin, 3);
+    assert_eq!(third["controlCredential"]["version"], 2);
+
+    // ---- statistics, as CoreMail counts them ----
+    let day = "2026-12-01";
+    coremail.request(
+        "POST",
+        "/test/traffic",
+        Some(json!({ "bindingId": "binding-1", "day": day, "delivered": 3, "acknowledged": 2, "rejected": 1, "received": 4 })),
+    );
+    let stats = ok(&server, &admin, "coremail.getServiceMailStatistics", json!({}));
+    assert_eq!(
+        stats["days"],
+        json!([{ "serviceId": null, "bindingId": "binding-1", "day": day, "delivered": 3, "acknowledged": 2, "rejected": 1, "received": 4 }])
+    );
+
+    // ---- off again ----
+    set(&server, &admin, json!({ "coremail.coreMailEnabled": false }));
+    assert_eq!(status(&server, &admin), json!({ "enabled": false }));
+    server.call_as(&admin, "coremail.getServiceMailStatistics", &json!({})).expect_error(400, "coremail-disabled");
+    drop(coremail);
+}
+
+/// The control status once CoreMail reports `epoch` applied and the last pass stopped on nothing.
+fn applied_at(server: &Capstan, admin: &str, epoch: u64) -> Value {
+    eventually(&format!("CoreMail applying epoch {epoch}"), SETTLED, || {
+        let s = ok(server, admin, "coremail.getControlStatus", json!({}));
+        if s["coreMail"]["appliedEpoch"] == epoch && s["coreMail"]["state"] == "applied" && s["lastError"].is_null() {
+            Ok(s)
+        } else {
+            Err(s.to_string())
+        }
+    })
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
