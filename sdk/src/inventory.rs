@@ -49,6 +49,21 @@ pub fn list<T: DeserializeOwned>(kind: EntityKind, cursor: Option<&str>, limit: 
     Ok(EntityPage { entities: page.entities.into_iter().map(entity).collect::<Result<_>>()?, next_cursor: page.next_cursor })
 }
 
+/// Every entity of `kind`, in id order, read 500 to a page (for a manager's pass over a
+/// fleet's services, say).
+pub fn list_all<T: DeserializeOwned>(kind: EntityKind) -> Result<Vec<Entity<T>>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = list::<T>(kind, cursor.as_deref(), 500)?;
+        out.extend(page.entities);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
 /// The public settings document and its revision.
 pub fn settings<T: DeserializeOwned>() -> Result<Entity<T>> {
     entity(wit::settings()?)

@@ -38,8 +38,10 @@ pub fn ensure(scope: &str, owner: &Owner, key: &str, generate: &Generate) -> Res
 
 /// Store `value` as the secret `key` of `owner` in `scope` (contract 0.2.3): created when
 /// there is none, a new version when the active value differs, unchanged (nothing written) when
-/// it is the same, so a manager may put on every pass. A secret this scope revoked becomes
-/// active again with the value. For values the plugin receives from outside Capstan (a password
+/// it is the same, so a manager may put on every pass. A revoked secret becomes active again
+/// with the value, managed from `scope` from then on whichever scope revoked it (a key one
+/// manager let go passes to the next); another scope's active secret is
+/// `management-scope-mismatch`. For values the plugin receives from outside Capstan (a password
 /// a gateway issued) or derives; let the host generate what it can ([`ensure`]). Never log it.
 pub fn put(scope: &str, owner: &Owner, key: &str, value: &[u8]) -> Result<SecretInfo> {
     Ok(wit::put(scope, owner, key, value)?)
@@ -64,4 +66,10 @@ pub fn list(scope: &str) -> Result<Vec<SecretInfo>> {
 /// store it or answer it. Capability `secrets-reveal:<scope>`.
 pub fn reveal(scope: &str, secret_id: &str) -> Result<Vec<u8>> {
     Ok(wit::reveal(scope, secret_id)?)
+}
+
+/// `text` as a part of a secret's key (`[A-Z0-9_]`): letters and digits in capitals, anything
+/// else `_` — `web@acme.example` → `WEB_ACME_EXAMPLE`, as in `MAIL_WEB_ACME_EXAMPLE_SMTP_USER`.
+pub fn key_part(text: &str) -> String {
+    text.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }

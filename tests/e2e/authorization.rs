@@ -282,6 +282,9 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("mail.checkServiceMail", json!({ "organizationId": ORG, "serviceId": "svc_missing" }), owner(Past("service-not-found"))),
         ("mail.getServiceMail", json!({ "organizationId": ORG, "serviceId": SERVICE }), member(Ran)),
         ("mail.listServiceTargets", json!({}), admin(Ran)),
+        // ---- the CoreMail plugin (off) ----
+        ("coremail.getControlStatus", json!({}), admin(Ran)),
+        ("coremail.getServiceMailStatistics", json!({}), admin(Past("coremail-disabled"))),
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
         ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),
         ("appstore.getCatalogStatus", json!({}), signed_in(Ran)),

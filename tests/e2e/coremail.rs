@@ -156,6 +156,16 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
         json!({ "organizationId": org_id, "name": "coremail", "image": "registry.example.com/coremail:1" }),
     );
     let service_id = service["id"].as_str().unwrap().to_string();
+    let web = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({
+            "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1",
+            "mailAddresses": ["web@acme.example", "ops@acme.example"],
+        }),
+    );
+    let web_id = web["id"].as_str().unwrap().to_string();
     let port = free_port();
     let bootstrap_file = dir.path().join("bootstrap.json");
     let state_file = dir.path().join("coremail-state.json");
@@ -205,6 +215,53 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
     std::fs::write(&bootstrap_file, refused["bootstrap"].as_str().unwrap()).unwrap();
     let first = applied_at(&server, &admin, 1);
     assert_eq!(first["coreMail"]["digest"], first["digest"], "{first}");
+
+    // ---- phase 1, dual-write: the binding, its environment beside the direct path's ----
+    let binding_id = format!("capstan.{web_id}");
+    let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    assert_eq!(record["coreMail"], json!({ "bindingId": binding_id, "want": "dual-write" }), "{record}");
+    let forged =
+        server.call_as(&admin, "services.update", &json!({ "id": web_id, "expectedRevision": record["revision"], "coreMail": null }));
+    forged.expect_error(400, "coremail-managed");
+    let mut expected: Vec<String> = [
+        "MAIL_COREMAIL_BINDING_ID",
+        "MAIL_COREMAIL_CREDENTIAL_ID",
+        "MAIL_COREMAIL_CREDENTIAL_SECRET",
+        "MAIL_COREMAIL_CREDENTIAL_VERSION",
+        "MAIL_COREMAIL_URL",
+        "MAIL_FROM",
+    ]
+    .iter()
+    .map(|k| k.to_string())
+    .collect();
+    for token in ["WEB_ACME_EXAMPLE", "OPS_ACME_EXAMPLE"] {
+        for field in [
+            "FROM",
+            "COREMAIL_URL",
+            "COREMAIL_BINDING_ID",
+            "COREMAIL_CREDENTIAL_ID",
+            "COREMAIL_CREDENTIAL_VERSION",
+            "COREMAIL_CREDENTIAL_SECRET",
+        ] {
+            expected.push(format!("MAIL_{token}_{field}"));
+        }
+    }
+    expected.sort();
+    let web_keys =
+        |server: &Capstan, admin: &str| -> Vec<String> { environment(server, admin, &web_id).into_iter().map(|(k, _)| k).collect() };
+    assert_eq!(web_keys(&server, &admin), expected, "the unscoped group and a complete group per address; SMTP_* stays the direct path's");
+    let applied = coremail.request("GET", "/test/applied", None);
+    let bound = &applied["desired"]["bindings"][0];
+    assert_eq!((bound["bindingId"].as_str(), bound["serviceId"].as_str()), (Some(binding_id.as_str()), Some(web_id.as_str())), "{applied}");
+    assert!(bound["credential"]["verifier"].as_str().unwrap().starts_with("coremail-v1$"), "CoreMail gets the verifier: {applied}");
+    let phase_of =
+        |s: &Value| s["services"].as_array().unwrap().iter().find(|p| p["serviceId"] == web_id.as_str()).cloned().unwrap_or_default();
+    assert_eq!(phase_of(&first)["phase"], "dual-write", "{first}");
+    coremail.request("POST", &format!("/test/bindings/{binding_id}"), Some(json!({ "status": "active" })));
+    eventually("CoreMail reporting the binding active", SETTLED, || {
+        let s = status(&server, &admin);
+        if phase_of(&s)["coreMailStatus"] == "active" { Ok(()) } else { Err(s.to_string()) }
+    });
 
     // ---- unchanged: passes read and write nothing ----
     let quiet = |server: &Capstan, admin: &str, coremail: &CoreMail| {
@@ -265,22 +322,39 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
     let third = applied_at(&server, &admin, 3);
     assert_eq!(third["controlCredential"]["version"], 2);
 
-    // ---- statistics, as CoreMail counts them ----
+    // ---- an address removed: its group goes, the desired state follows (epoch 4) ----
+    let current = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    ok(
+        &server,
+        &admin,
+        "services.update",
+        json!({ "id": web_id, "expectedRevision": current["revision"], "mailAddresses": ["web@acme.example"] }),
+    );
+    applied_at(&server, &admin, 4);
+    let keys = web_keys(&server, &admin);
+    assert!(keys.iter().all(|k| !k.starts_with("MAIL_OPS_")) && keys.contains(&"MAIL_WEB_ACME_EXAMPLE_FROM".to_string()), "{keys:?}");
+
+    // ---- statistics, as CoreMail counts them, per service ----
     let day = "2026-12-01";
     coremail.request(
         "POST",
         "/test/traffic",
-        Some(json!({ "bindingId": "binding-1", "day": day, "delivered": 3, "acknowledged": 2, "rejected": 1, "received": 4 })),
+        Some(json!({ "bindingId": binding_id, "day": day, "delivered": 3, "acknowledged": 2, "rejected": 1, "received": 4 })),
     );
-    let stats = ok(&server, &admin, "coremail.getServiceMailStatistics", json!({}));
+    let stats = ok(&server, &admin, "coremail.getServiceMailStatistics", json!({ "serviceId": web_id }));
     assert_eq!(
         stats["days"],
-        json!([{ "serviceId": null, "bindingId": "binding-1", "day": day, "delivered": 3, "acknowledged": 2, "rejected": 1, "received": 4 }])
+        json!([{ "serviceId": web_id, "bindingId": binding_id, "day": day, "delivered": 3, "acknowledged": 2, "rejected": 1, "received": 4 }])
     );
 
-    // ---- off again ----
+    // ---- off again: every service back on the direct path at once ----
     set(&server, &admin, json!({ "coremail.coreMailEnabled": false }));
     assert_eq!(status(&server, &admin), json!({ "enabled": false }));
+    eventually("the web service back on the direct path", SETTLED, || {
+        let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+        let keys = web_keys(&server, &admin);
+        if record.get("coreMail").is_none() && keys.is_empty() { Ok(()) } else { Err(format!("{record} {keys:?}")) }
+    });
     server.call_as(&admin, "coremail.getServiceMailStatistics", &json!({})).expect_error(400, "coremail-disabled");
     drop(coremail);
 }

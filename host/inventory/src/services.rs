@@ -94,6 +94,29 @@ pub struct MailBinding {
     pub inbound: Option<MailInbound>,
 }
 
+/// CoreMail's binding of a service, written by the CoreMail manager (docs/coremail.md) and by
+/// nobody else: the binding's id and the migration step the manager asks the mail path for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CoreMailBinding {
+    /// CoreMail's id of the binding: 1–128 of A-Z a-z 0-9 . _ -.
+    pub binding_id: String,
+    /// `dual-write`, `inbound-cutover` or `coremail-only`.
+    pub want: CoreMailStep,
+}
+
+/// A step of a service's move onto CoreMail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CoreMailStep {
+    /// CoreMail's binding and environment delivered beside the direct path.
+    DualWrite,
+    /// Inbound mail routed at CoreMail; both environments remain.
+    InboundCutover,
+    /// The direct path's environment and credential retired.
+    CoremailOnly,
+}
+
 /// Where the gateway forwards an address's inbound mail.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -106,6 +129,8 @@ pub struct MailInbound {
 
 /// Who writes a service's `mail`: the mail manager, acting on its own account.
 const MAIL_WRITER: &str = "plugin:mail";
+/// The identity the CoreMail manager's writes carry: the only one that may write `coreMail`.
+const COREMAIL_WRITER: &str = "plugin:coremail";
 
 /// Whether a service is in use or being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -150,6 +175,9 @@ pub struct Service {
     /// What the mail manager bound of them at the gateway (public metadata only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mail: Vec<MailBinding>,
+    /// CoreMail's binding of it, when the CoreMail manager has moved it onto CoreMail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_mail: Option<CoreMailBinding>,
     /// The template snapshot a manager (the App Store) created or upgraded it from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Value>,
@@ -238,6 +266,11 @@ pub struct UpdateInput {
     /// What the mail manager bound of the addresses at the gateway: written by the mail manager
     /// only (`mail-managed` for anyone else), one entry per address it names.
     pub mail: Option<Vec<MailBinding>>,
+    /// CoreMail's binding of it (`null` removes it): written by the CoreMail manager only
+    /// (`coremail-managed` for anyone else).
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<CoreMailBinding>")]
+    pub core_mail: Option<Option<CoreMailBinding>>,
     /// The template snapshot a manager upgrades it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
 }
@@ -397,6 +430,7 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
         database: None,
         mail_addresses: input.mail_addresses.clone(),
         mail: None,
+        core_mail: None,
         template: input.template.clone(),
     }
 }
@@ -418,6 +452,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         database: input.database,
         mail_addresses: fields.mail_addresses.unwrap_or_default(),
         mail: Vec::new(),
+        core_mail: None,
         template: fields.template,
         state: ServiceState::Active,
         deleting_at: None,
@@ -499,6 +534,17 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             let listed = next.mail_addresses.clone();
             next.mail.retain(|b| listed.contains(&b.address));
             check_mail(&next)?;
+            if let Some(core_mail) = f.core_mail {
+                if identity.user_id != COREMAIL_WRITER {
+                    return Err(invalid(
+                        "coremail-managed",
+                        "coreMail",
+                        "coreMail is the CoreMail manager's record of the service's binding; it writes it".into(),
+                    ));
+                }
+                next.core_mail = core_mail;
+            }
+            check_core_mail(&next)?;
             next.template = f.template.or(next.template);
             if to_value(&next)? == to_value(&current.data)? {
                 return Ok(current);
@@ -717,6 +763,16 @@ fn check_mail(service: &Service) -> Result<()> {
     Ok(())
 }
 
+/// CoreMail's binding id is an identifier the CoreMail protocol carries.
+fn check_core_mail(service: &Service) -> Result<()> {
+    let Some(binding) = &service.core_mail else { return Ok(()) };
+    let id = &binding.binding_id;
+    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        return Err(invalid("coremail-binding-invalid", "coreMail.bindingId", "1–128 of A-Z a-z 0-9 . _ -".into()));
+    }
+    Ok(())
+}
+
 /// What checking a service's fields may refuse ([`check_fields`]), each naming its field.
 const FIELD_REFUSALS: &[&str] = &[
     "name-invalid",
@@ -765,6 +821,8 @@ pub fn register(registry: &mut Registry, cx: Context) {
             "exists",
             "mail-managed",
             "mail-binding-invalid",
+            "coremail-managed",
+            "coremail-binding-invalid",
         ]);
     registry
         .add("services.get", "One service and what still holds it (member, or a deployer granted deployment:status)", Access::Member, get)

@@ -139,8 +139,10 @@ pub async fn ensure(cx: &Context, actor: &Identity, scope: &str, owner: ManagedO
 
 /// The secret of `owner` and `key` (environment `production`) in `scope` holding `value`:
 /// created when there is none, a new version when its active value differs, unchanged when it
-/// is the same (nothing written, so a manager may put on every pass). A secret this scope
-/// revoked takes the value as a new version and is active again; another scope's is
+/// is the same (nothing written, so a manager may put on every pass). A revoked secret takes the
+/// value as a new version and is active again, managed from `scope` from then on whichever
+/// scope revoked it (a key passes from one manager to the next: the direct mail path's
+/// `SMTP_*` to CoreMail's, and back); another scope's active secret is
 /// `management-scope-mismatch`.
 pub async fn put(
     cx: &Context,
@@ -160,7 +162,10 @@ pub async fn put(
                 async move {
                     let Some(doc) = owned(&tx, actor, &owner, key).await? else { return Ok(None) };
                     let secret = parse_secret(&doc)?;
-                    check_scope(&secret, &Some(scope.to_string()))?;
+                    // a key another scope revoked passes to this one (its manager let it go)
+                    if secret.state == State::Active {
+                        check_scope(&secret, &Some(scope.to_string()))?;
+                    }
                     let current: Version =
                         serde_json::from_value(tx.require(VERSIONS, &secret.current_version_id).await?.data).map_err(Refusal::internal)?;
                     Ok(Some((doc, secret, current)))
@@ -233,10 +238,17 @@ pub async fn list(store: &Store, scope: &str) -> Result<Vec<SecretView>> {
         .await
 }
 
-/// The active value of `scope`'s secret `id`, read by `plugin` acting as `actor`; recorded
-/// before it is opened.
+/// The record of `plugin`'s reads of version `version` of secret `id` for `actor`.
+fn reveal_id(id: &str, version: &str, plugin: &str, actor: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{id}\n{version}\n{plugin}\n{actor}").as_bytes());
+    format!("rev_{}", hex::encode(&digest[..16]))
+}
+
+/// The active value of `scope`'s secret `id`, read by `plugin` acting as `actor`; the first
+/// read of each version by each plugin for each actor is recorded before it is opened.
 pub async fn reveal(cx: &Context, actor: &Identity, plugin: &str, scope: &str, id: &str) -> Result<Zeroizing<Vec<u8>>> {
-    let (secret, version) = cx
+    let (secret, version, first) = cx
         .store
         .transact(|tx| async move {
             let (_, secret) = require_managed(&tx, actor, scope, id).await?;
@@ -245,19 +257,29 @@ pub async fn reveal(cx: &Context, actor: &Identity, plugin: &str, scope: &str, i
             }
             let doc = tx.require(VERSIONS, &secret.current_version_id).await?;
             let version: Version = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
-            let reveal = Reveal {
-                secret_id: id.to_string(),
-                version_id: secret.current_version_id.clone(),
-                plugin: plugin.to_string(),
-                acting_for: actor.user_id.clone(),
-                at: now_ms(),
-            };
-            let record_id = capstan_core::ids::new_id("rev");
-            tx.insert(REVEALS, &record_id, serde_json::to_value(&reveal).map_err(Refusal::internal)?).await?;
-            Ok((secret, version))
+            // one record per version, plugin and actor: the first read is what the record is
+            // for (who may know which value), and a manager reading its credential on every
+            // pass writes nothing more
+            let record_id = reveal_id(id, &secret.current_version_id, plugin, &actor.user_id);
+            let first = tx.get(REVEALS, &record_id).await?.is_none();
+            if first {
+                let reveal = Reveal {
+                    secret_id: id.to_string(),
+                    version_id: secret.current_version_id.clone(),
+                    plugin: plugin.to_string(),
+                    acting_for: actor.user_id.clone(),
+                    at: now_ms(),
+                };
+                tx.insert(REVEALS, &record_id, serde_json::to_value(&reveal).map_err(Refusal::internal)?).await?;
+            }
+            Ok((secret, version, first))
         })
         .await?;
-    tracing::info!(secret = %id, version = %secret.current_version_id, plugin, acting_for = %actor.user_id, "secret value revealed to a plugin");
+    if first {
+        tracing::info!(secret = %id, version = %secret.current_version_id, plugin, acting_for = %actor.user_id, "secret value revealed to a plugin");
+    } else {
+        tracing::debug!(secret = %id, version = %secret.current_version_id, plugin, acting_for = %actor.user_id, "secret value revealed to a plugin again");
+    }
     super::envelope::open(&cx.keyring, &material_context(id, &secret.current_version_id, &secret), &version.envelope)
 }
 

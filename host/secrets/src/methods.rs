@@ -560,7 +560,7 @@ pub(crate) async fn rotate(cx: Context, call: Call, input: RotateInput) -> Resul
 }
 
 /// A rotation; with `reinstate`, a revoked secret takes the version too and is active again
-/// (`secret.reinstated`): only a plugin putting a value into its own scope does that
+/// (`secret.reinstated`), managed from the stated scope: only a plugin putting a value does that
 /// ([`super::managed::put`]).
 pub(crate) async fn rotate_or_reinstate(cx: Context, call: Call, input: RotateInput, reinstate: bool) -> Result<SecretView> {
     let receipt_keys = &capstan_auth::receipt_keys(&cx.keyring);
@@ -583,10 +583,14 @@ pub(crate) async fn rotate_or_reinstate(cx: Context, call: Call, input: RotateIn
                     return Ok(answer);
                 }
                 let (doc, mut secret) = require_secret(&tx, &input.id).await?;
-                check_scope(&secret, &input.management_scope)?;
+                let reinstated = secret.state == State::Revoked;
+                // a plugin's put takes over a key another scope revoked: its manager let it go
+                let handover = reinstate && reinstated && input.management_scope.is_some();
+                if !handover {
+                    check_scope(&secret, &input.management_scope)?;
+                }
                 // a deleting service's or a retired SecretSet's secret takes no new version
                 owner_organization(&tx, &secret.owner).await?;
-                let reinstated = secret.state == State::Revoked;
                 if reinstated && !reinstate {
                     return Err(Refusal::new("secret-revoked", "a revoked secret takes no new version; create a new one"));
                 }
@@ -609,6 +613,7 @@ pub(crate) async fn rotate_or_reinstate(cx: Context, call: Call, input: RotateIn
                 };
                 if reinstated {
                     (secret.state, secret.revoked_at) = (State::Active, None);
+                    secret.management_scope = input.management_scope.clone();
                 }
                 tx.insert(VERSIONS, version_ref, serde_json::to_value(&version).map_err(Refusal::internal)?).await?;
                 let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;

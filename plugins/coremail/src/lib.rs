@@ -24,8 +24,7 @@ use capstan_sdk::secrets::{self, Generate, Owner, SecretInfo};
 use capstan_sdk::settings::{PortNumber, SmtpTls};
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
-    Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role, Value, json,
-    settings,
+    Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role, Value, json, settings,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -128,10 +127,8 @@ impl Manager for CoreMail {
             .reconcile_every(Duration::from_secs(10))
     }
 
-    /// A service changed: the event's delivery already hints the reconcile loop.
-    fn on_event(_ctx: &Context, _event: Event) -> Result<()> {
-        Ok(())
-    }
+    // on_event: the default (nothing); a service event's delivery already hints the reconcile
+    // loop
 
     fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
         let outcome = pass();
@@ -323,22 +320,36 @@ fn verifier_with(salt: &[u8], secret: &[u8]) -> String {
     format!("coremail-v1${}${}", hex(salt), hex(&hash.finalize()))
 }
 
-/// The system secret `key` (minted when absent) and its record `kind` brought in line: a
-/// rotated secret (or a `wanted_version` above the recorded one, which rotates it) gets a new
-/// version and verifier, the previous one `retiring` for [`OVERLAP_MS`]; a retiring verifier
-/// past its deadline goes. Nothing is written when nothing changed. The record and the secret.
-fn credential(kind: &str, key: &str, credential_id: &str, wanted_version: u64) -> Result<(Credential, Vec<u8>)> {
-    let owner = Owner::System(SYSTEM_ID.into());
-    let mut info = secrets::ensure(SCOPE, &owner, key, &Generate::base64url(43))?;
+/// Where a credential's secret lives: its scope, owner and key.
+struct SecretAt<'a> {
+    scope: &'a str,
+    owner: Owner,
+    key: &'a str,
+}
+
+impl SecretAt<'_> {
+    /// A system secret of the control plane.
+    fn system(key: &str) -> SecretAt<'_> {
+        SecretAt { scope: SCOPE, owner: Owner::System(SYSTEM_ID.into()), key }
+    }
+}
+
+/// The secret at `at` (minted when absent) and its record `kind` brought in line: a rotated
+/// secret (or a `wanted_version` above the recorded one, which rotates it) gets a new version
+/// and verifier, the previous one `retiring` for [`OVERLAP_MS`]; a retiring verifier past its
+/// deadline goes. Nothing is written when nothing changed. The record and the secret.
+fn credential(at: &SecretAt, kind: &str, credential_id: &str, wanted_version: u64) -> Result<(Credential, Vec<u8>)> {
+    let (scope, owner, key) = (at.scope, &at.owner, at.key);
+    let mut info = secrets::ensure(scope, owner, key, &Generate::base64url(43))?;
     let current = store::get::<Credential>(CREDENTIALS, kind)?;
     if let Some(doc) = &current
         && wanted_version > doc.data.version
         && doc.data.secret_version == info.active_version
     {
-        info = secrets::rotate(SCOPE, &info.id)?;
+        info = secrets::rotate(scope, &info.id)?;
         capstan_sdk::info!("coremail: {key} rotated for version {wanted_version}");
     }
-    let secret = secrets::reveal(SCOPE, &info.id)?;
+    let secret = secrets::reveal(scope, &info.id)?;
     let now = now_ms();
     let next = match &current {
         None => Credential {
@@ -432,10 +443,197 @@ fn deliver_environment(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Per-service bindings (phase 1, dual-write: CoreMail's binding and environment beside the
+// direct path, which stays as it is)
+
+/// The part of a service this manager reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Service {
+    #[serde(default)]
+    mail_addresses: Vec<String>,
+    /// CoreMail's binding of it, as this manager last wrote it.
+    #[serde(default)]
+    core_mail: Option<CoreMailRecord>,
+    state: String,
+}
+
+/// A service's `coreMail`: written only by this manager.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct CoreMailRecord {
+    binding_id: String,
+    /// The step asked of the mail path: `dual-write`, `inbound-cutover`, `coremail-only`.
+    want: String,
+}
+
+/// Every service with the revision read, in id order.
+fn services_read() -> Result<Vec<(String, u64, Service)>> {
+    Ok(inventory::list_all::<Service>(EntityKind::Service)?.into_iter().map(|e| (e.id, e.revision, e.data)).collect())
+}
+
+/// The management scope of a service's CoreMail material: distinct from the direct path's
+/// `mail:<serviceId>`, so neither manager can overwrite the other's while both sets coexist.
+fn service_scope(service_id: &str) -> String {
+    format!("coremail:{service_id}")
+}
+
+/// CoreMail's id of a service's binding; its credential goes by the same id.
+fn binding_id(service_id: &str) -> String {
+    format!("capstan.{service_id}")
+}
+
+/// `web@acme.example` → `WEB_ACME_EXAMPLE`: an address as the part of its variables' names.
+fn token(address: &str) -> String {
+    secrets::key_part(address)
+}
+
+/// The record of a service's binding credential in [`CREDENTIALS`].
+fn binding_kind(service_id: &str) -> String {
+    format!("binding:{service_id}")
+}
+
+const BINDING_SECRET: &str = "MAIL_COREMAIL_CREDENTIAL_SECRET";
+
+/// The CoreMail variables of a service, all but the credential's secret: the unscoped group for
+/// the default sender (the first address) and a complete scoped group per address, names as
+/// @serve.zone/platformclient reads them. (`SMTP_*` and `MAIL_<TOKEN>_SMTP_*` stay the direct
+/// path's until the third phase; see docs/coremail.md.)
+fn service_values(config: &Config, binding: &Credential, addresses: &[String]) -> Vec<(String, String)> {
+    let coremail = |prefix: &str| {
+        vec![
+            (format!("{prefix}COREMAIL_URL"), config.transfer_origin.clone()),
+            (format!("{prefix}COREMAIL_BINDING_ID"), binding.credential_id.clone()),
+            (format!("{prefix}COREMAIL_CREDENTIAL_ID"), binding.credential_id.clone()),
+            (format!("{prefix}COREMAIL_CREDENTIAL_VERSION"), binding.version.to_string()),
+        ]
+    };
+    let mut values = coremail("MAIL_");
+    values.push(("MAIL_FROM".into(), addresses[0].clone()));
+    for address in addresses {
+        let prefix = format!("MAIL_{}_", token(address));
+        values.push((format!("{prefix}FROM"), address.clone()));
+        values.extend(coremail(&prefix));
+    }
+    values
+}
+
+/// Each active service with mail addresses (CoreMail's own excepted) bound: its binding
+/// credential (the secret `MAIL_COREMAIL_CREDENTIAL_SECRET`, its verifier kept), its CoreMail
+/// environment in `coremail:<serviceId>`, then its `coreMail` record (compare-and-swap on the
+/// revision read; a service changed since is left to the next pass). Every other service
+/// withdrawn. Each value is written only where it differs. The bindings for the desired state.
+fn bind_services(config: &Config, read: &[(String, u64, Service)]) -> Result<Vec<Value>> {
+    let mut bindings = Vec::new();
+    for (service_id, revision, service) in read {
+        let wanted = service.state == "active" && !service.mail_addresses.is_empty() && *service_id != config.service_id;
+        if !wanted {
+            withdraw(service_id, *revision, service)?;
+            continue;
+        }
+        let scope = service_scope(service_id);
+        let owner = Owner::Service(service_id.clone());
+        let id = binding_id(service_id);
+        let at = SecretAt { scope: &scope, owner: owner.clone(), key: BINDING_SECRET };
+        let (credential, secret) = credential(&at, &binding_kind(service_id), &id, 1)?;
+        let mut values: Vec<(String, Vec<u8>)> =
+            service_values(config, &credential, &service.mail_addresses).into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
+        values.extend(service.mail_addresses.iter().map(|a| (format!("MAIL_{}_COREMAIL_CREDENTIAL_SECRET", token(a)), secret.clone())));
+        for (key, value) in &values {
+            secrets::put(&scope, &owner, key, value)?;
+        }
+        // a removed address's group goes
+        for stale in secrets::list(&scope)? {
+            let kept = stale.key == BINDING_SECRET || values.iter().any(|(k, _)| *k == stale.key);
+            if !kept && stale.state == "active" && matches!(&stale.owner, Owner::Service(id) if id == service_id) {
+                secrets::revoke(&scope, &stale.id)?;
+            }
+        }
+        let record =
+            CoreMailRecord { binding_id: id.clone(), want: service.core_mail.as_ref().map_or("dual-write".into(), |r| r.want.clone()) };
+        if service.core_mail.as_ref() != Some(&record) {
+            write_record(service_id, *revision, Some(&record))?;
+        }
+        bindings.push(json!({
+            "bindingId": id,
+            "serviceId": service_id,
+            "addresses": service.mail_addresses,
+            "credential": {
+                "id": credential.credential_id,
+                "version": credential.version,
+                "verifier": credential.verifier,
+                "retiring": credential.retiring.iter().map(|r| json!({ "version": r.version, "verifier": r.verifier, "acceptUntil": r.accept_until })).collect::<Vec<_>>(),
+            },
+        }));
+    }
+    Ok(bindings)
+}
+
+/// Write (or with `None` remove) a service's `coreMail`, stating the revision read; a service
+/// changed or gone since is left to the next pass.
+fn write_record(service_id: &str, revision: u64, record: Option<&CoreMailRecord>) -> Result<()> {
+    let body = json!({ "id": service_id, "expectedRevision": revision, "coreMail": record });
+    match inventory::update_service::<Value>(&body) {
+        Ok(_) => Ok(()),
+        Err(r) if r.is("conflict") || r.is("service-deleting") || r.is("service-not-found") => Ok(()),
+        Err(r) => Err(r),
+    }
+}
+
+/// A service back on the direct path alone: its CoreMail material revoked, its `coreMail`
+/// removed, its binding credential's record dropped. Nothing is written for a service that has
+/// none of them. Whether there was anything.
+fn withdraw(service_id: &str, revision: u64, service: &Service) -> Result<bool> {
+    let scope = service_scope(service_id);
+    let mut any = false;
+    for secret in secrets::list(&scope)? {
+        if secret.state == "active" {
+            match secrets::revoke(&scope, &secret.id) {
+                // a service being deleted has every secret revoked by its deletion
+                Err(r) if r.is("service-deleting") => {}
+                other => drop(other?),
+            }
+            any = true;
+        }
+    }
+    if service.core_mail.is_some() && service.state == "active" {
+        write_record(service_id, revision, None)?;
+        any = true;
+    }
+    if let Some(doc) = store::get::<Credential>(CREDENTIALS, &binding_kind(service_id))? {
+        store::Batch::new().delete(CREDENTIALS, &doc.id, doc.revision).commit()?;
+        any = true;
+    }
+    Ok(any)
+}
+
+/// CoreMail switched off: every service that has anything of CoreMail withdrawn in this pass.
+/// How many.
+fn withdraw_all() -> Result<usize> {
+    let mut returned = 0;
+    for (service_id, revision, service) in services_read()? {
+        if withdraw(&service_id, revision, &service)? {
+            returned += 1;
+        }
+    }
+    Ok(returned)
+}
+
+/// Where a service stands, derived from durable evidence only: its `coreMail` record and
+/// whether its CoreMail environment is delivered. `direct` or `dual-write`.
+fn phase(service_id: &str, service: &Service) -> Result<&'static str> {
+    if service.core_mail.is_none() {
+        return Ok("direct");
+    }
+    let delivered = secrets::list(&service_scope(service_id))?.iter().any(|s| s.key == "MAIL_COREMAIL_BINDING_ID" && s.state == "active");
+    Ok(if delivered { "dual-write" } else { "direct" })
+}
+
+// ---------------------------------------------------------------------------------------------
 // The desired state and the control socket
 
 /// CoreMail's desired state, without its epoch (the digest is taken over this).
-fn desired_state(config: &Config, control: &Credential, gateway: &Credential, tls_provisioned: bool) -> Value {
+fn desired_state(config: &Config, control: &Credential, gateway: &Credential, tls_provisioned: bool, bindings: &[Value]) -> Value {
     let submission = config
         .smtp
         .as_ref()
@@ -447,8 +645,7 @@ fn desired_state(config: &Config, control: &Credential, gateway: &Credential, tl
         "transferOrigin": config.transfer_origin,
         "submission": submission,
         "quotas": config.quotas,
-        // per-service bindings: not built yet (docs/coremail.md "Not yet")
-        "bindings": [],
+        "bindings": bindings,
     })
 }
 
@@ -511,6 +708,18 @@ struct CoreMailStatus {
     /// `waiting` (nothing applied yet), `applied` or `failed`.
     state: String,
     last_error: Option<Value>,
+    /// What CoreMail's own reconciliation made of each binding it was given.
+    #[serde(default)]
+    bindings: Vec<BindingStatus>,
+}
+
+/// A binding as CoreMail reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct BindingStatus {
+    binding_id: String,
+    /// `pending`, `active` or `failed`.
+    status: String,
 }
 
 /// The control socket, authenticated with the control credential.
@@ -621,7 +830,13 @@ fn at_epoch(epoch: u64) -> String {
 /// One pass: what it did, or why it stopped.
 fn pass() -> Result<String> {
     let Some(config) = Config::read()? else {
-        return Ok("CoreMail is off".into());
+        // off: every service back on the direct path at once
+        let returned = withdraw_all()?;
+        return Ok(if returned == 0 {
+            "CoreMail is off".into()
+        } else {
+            format!("CoreMail is off: {returned} services returned to the direct path")
+        });
     };
     if inventory::get::<Value>(EntityKind::Service, &config.service_id)?.is_none() {
         return Err(Refusal::new(
@@ -629,11 +844,14 @@ fn pass() -> Result<String> {
             format!("coremail.coreMailServiceId names {}, which is no service", config.service_id),
         ));
     }
-    let (control, control_secret) = credential("control", CONTROL_SECRET, &config.credential_id, config.credential_version)?;
-    let gateway = credential("gateway", GATEWAY_SECRET, GATEWAY_CREDENTIAL_ID, 1)?;
+    let (control, control_secret) =
+        credential(&SecretAt::system(CONTROL_SECRET), "control", &config.credential_id, config.credential_version)?;
+    let gateway = credential(&SecretAt::system(GATEWAY_SECRET), "gateway", GATEWAY_CREDENTIAL_ID, 1)?;
     let tls = tls_material()?;
     deliver_environment(&config, &control, &gateway, tls.as_ref())?;
-    let desired = desired_state(&config, &control, &gateway.0, tls.is_some());
+    let read = services_read()?;
+    let bindings = bind_services(&config, &read)?;
+    let desired = desired_state(&config, &control, &gateway.0, tls.is_some(), &bindings);
     let client = Control::new(&config, &control, &control_secret);
     let status = client.status()?;
     let (done, sent) = prepare(&client, &status, &desired)?;
@@ -732,9 +950,47 @@ struct ControlStatus {
     bootstrap: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     quotas: Option<Quotas>,
+    /// Every service with mail addresses: its binding and phase (derived from durable evidence
+    /// on every read) and what CoreMail reports of the binding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    services: Option<Vec<ServicePhase>>,
     /// The store revision of the prepared record: it moves only when something is prepared.
     #[serde(skip_serializing_if = "Option::is_none")]
     prepared_revision: Option<u64>,
+}
+
+/// A service's place on the way to CoreMail.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ServicePhase {
+    service_id: String,
+    addresses: Vec<String>,
+    binding_id: Option<String>,
+    /// `direct` or `dual-write`.
+    phase: &'static str,
+    /// What CoreMail last reported of the binding (`pending`, `active`, `failed`), if anything.
+    core_mail_status: Option<String>,
+}
+
+fn service_phases(reported: Option<&CoreMailStatus>) -> Result<Vec<ServicePhase>> {
+    let mut out = Vec::new();
+    for (service_id, _, service) in services_read()? {
+        if service.mail_addresses.is_empty() && service.core_mail.is_none() {
+            continue;
+        }
+        let binding_id = service.core_mail.as_ref().map(|r| r.binding_id.clone());
+        let core_mail_status = binding_id
+            .as_ref()
+            .and_then(|id| reported.and_then(|r| r.bindings.iter().find(|b| &b.binding_id == id)).map(|b| b.status.clone()));
+        out.push(ServicePhase {
+            phase: phase(&service_id, &service)?,
+            service_id,
+            addresses: service.mail_addresses,
+            binding_id,
+            core_mail_status,
+        });
+    }
+    Ok(out)
 }
 
 fn credential_view(kind: &str) -> Result<Option<CredentialView>> {
@@ -760,10 +1016,12 @@ fn get_control_status(_ctx: &Context, _input: Empty) -> Result<ControlStatus> {
             gateway_credential: None,
             bootstrap: None,
             quotas: None,
+            services: None,
             prepared_revision: None,
         });
     }
     let prepared: Option<Doc<Prepared>> = store::get(CONTROL, DESIRED_ID)?;
+    let core_mail = store::get::<CoreMailStatus>(STATUS, COREMAIL_ID)?.map(|d| d.data);
     let last_pass = store::get::<PassStatus>(STATUS, STATUS_ID)?.map(|d| d.data);
     let quotas = Config::read().ok().flatten().map(|c| c.quotas);
     Ok(ControlStatus {
@@ -771,13 +1029,14 @@ fn get_control_status(_ctx: &Context, _input: Empty) -> Result<ControlStatus> {
         service_id: s.core_mail_service_id,
         epoch: prepared.as_ref().map(|d| d.data.epoch),
         digest: prepared.as_ref().map(|d| d.data.digest.clone()),
-        core_mail: store::get::<CoreMailStatus>(STATUS, COREMAIL_ID)?.map(|d| d.data),
+        core_mail: core_mail.clone(),
         last_error: last_pass.as_ref().and_then(|p| p.error.clone()),
         last_pass,
         control_credential: credential_view("control")?,
         gateway_credential: credential_view("gateway")?,
         bootstrap: store::get::<Credential>(CREDENTIALS, "control")?.map(|d| canonical(&bootstrap(&d.data))),
         quotas,
+        services: Some(service_phases(core_mail.as_ref())?),
         prepared_revision: prepared.map(|d| d.revision),
     })
 }

@@ -24,8 +24,8 @@ use capstan_sdk::secrets::{self, Owner};
 use capstan_sdk::settings::{PortNumber, SmtpTls};
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
-    CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
-    Role, Value, json, settings,
+    CollectionSpec, Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role,
+    Value, json, settings,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -92,10 +92,8 @@ impl Manager for Mail {
             .reconcile_every(Duration::from_secs(60))
     }
 
-    /// A service changed: the event's delivery already hints the reconcile loop.
-    fn on_event(_ctx: &Context, _event: Event) -> Result<()> {
-        Ok(())
-    }
+    // on_event: the default (nothing); a service event's delivery already hints the reconcile
+    // loop
 
     fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
         let outcome = pass();
@@ -213,7 +211,16 @@ struct Service {
     /// The public record of what this manager bound, as it last wrote it.
     #[serde(default)]
     mail: Vec<MailRecord>,
+    /// CoreMail's binding of it (the CoreMail manager writes it): the step its mail is at.
+    #[serde(default)]
+    core_mail: Option<CoreMailRecord>,
     state: String,
+}
+
+/// The part of a service's `coreMail` this manager reads.
+#[derive(Debug, Clone, Deserialize)]
+struct CoreMailRecord {
+    want: String,
 }
 
 /// One entry of a service's `mail`: public metadata only, never a password.
@@ -235,9 +242,9 @@ struct Port {
     public_port: Option<u16>,
 }
 
-/// `web@acme.example` → `WEB_ACME_EXAMPLE`: what is not a letter or digit becomes `_`.
+/// `web@acme.example` → `WEB_ACME_EXAMPLE`: an address as the part of its variables' names.
 fn token(address: &str) -> String {
-    address.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+    secrets::key_part(address)
 }
 
 impl Binding {
@@ -428,16 +435,7 @@ impl Gateway {
 
 /// Every service with the revision read, in id order.
 fn services_read() -> Result<Vec<(String, u64, Service)>> {
-    let mut out = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = inventory::list::<Service>(EntityKind::Service, cursor.as_deref(), 500)?;
-        out.extend(page.entities.into_iter().map(|e| (e.id, e.revision, e.data)));
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => return Ok(out),
-        }
-    }
+    Ok(inventory::list_all::<Service>(EntityKind::Service)?.into_iter().map(|e| (e.id, e.revision, e.data)).collect())
 }
 
 /// Every service, in id order.
@@ -795,8 +793,9 @@ struct AddressView {
     message: Option<String>,
     /// Whether its `SMTP_*` group is this address's (the default sender).
     default_sender: bool,
-    /// How its mail flows: `direct` (through the gateway).
-    path: &'static str,
+    /// How its mail flows: `direct` (through the gateway), or the CoreMail step the service is
+    /// at (`dual-write`: CoreMail's environment beside the direct path's).
+    path: String,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -820,17 +819,18 @@ struct Targets {
 fn service_mail(service_id: &str, service: &Service) -> Result<ServiceMail> {
     let bound = bindings_of(service_id)?;
     let sender = store::get::<Sender>(SENDERS, service_id)?.map(|d| d.data.address);
+    let path = service.core_mail.as_ref().map_or("direct", |c| c.want.as_str()).to_string();
     let mut addresses: Vec<AddressView> = service
         .mail_addresses
         .iter()
         .map(|address| {
             let found = bound.iter().find(|b| &b.data.address == address).map(|b| b.data.clone());
-            view(found.unwrap_or_else(|| Binding::pending(service_id, &service.organization_id, address)), sender.as_deref())
+            view(found.unwrap_or_else(|| Binding::pending(service_id, &service.organization_id, address)), sender.as_deref(), &path)
         })
         .collect();
     // being withdrawn: listed until the gateway forgot them
     for b in bound.iter().filter(|b| !service.mail_addresses.contains(&b.data.address)) {
-        addresses.push(view(b.data.clone(), sender.as_deref()));
+        addresses.push(view(b.data.clone(), sender.as_deref(), &path));
     }
     Ok(ServiceMail {
         service_id: service_id.into(),
@@ -840,7 +840,7 @@ fn service_mail(service_id: &str, service: &Service) -> Result<ServiceMail> {
     })
 }
 
-fn view(b: Binding, sender: Option<&str>) -> AddressView {
+fn view(b: Binding, sender: Option<&str>, path: &str) -> AddressView {
     AddressView {
         default_sender: sender == Some(b.address.as_str()),
         address: b.address,
@@ -852,7 +852,7 @@ fn view(b: Binding, sender: Option<&str>) -> AddressView {
         inbound_note: b.inbound_note,
         reason: b.reason,
         message: b.message,
-        path: "direct",
+        path: path.to_string(),
     }
 }
 
@@ -955,6 +955,7 @@ mod tests {
             ports: ports.into_iter().map(|(port, protocol, public_port)| Port { port, protocol: protocol.into(), public_port }).collect(),
             mail_addresses: addresses.iter().map(|a| a.to_string()).collect(),
             mail: Vec::new(),
+            core_mail: None,
             state: state.into(),
         }
     }

@@ -11,6 +11,7 @@ Prints `coremail ready port=P` once it listens. Python 3.11, stdlib only.
 
 Test-only endpoints (no authentication, loopback only), so a test can play CoreMail's side:
   GET  /test/counters                    {"statusReads", "prepares", "refused"}
+  GET  /test/applied                     {"epoch", "digest", "desired"}: what it applied
   POST /test/bindings/<id> {"status"}   what CoreMail reports for a binding it was given
   POST /test/traffic {"bindingId", "day", "delivered", "acknowledged", "rejected", "received"}
   POST /test/fail {"code", "message"}    report the next applies as failed (null: stop)
@@ -170,6 +171,8 @@ def test_dispatch(state, method, path, body):
     with state.lock:
         if method == "GET" and path == "/test/counters":
             return 200, dict(state.counters)
+        if method == "GET" and path == "/test/applied":
+            return 200, state.applied
         if method == "POST" and path.startswith("/test/bindings/"):
             if body.get("status") not in BINDING_STATUSES:
                 raise ApiError(400, "invalid-request", f"status is one of {BINDING_STATUSES}")

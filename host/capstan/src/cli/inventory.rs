@@ -898,6 +898,9 @@ fn print_service(s: &Value, organizations: &Names) {
         };
         println!("  bound:      {}: sending as {}, {receiving}", text(bound, "address"), text(bound, "smtpUsername"));
     }
+    if s["coreMail"].is_object() {
+        println!("  coremail:   binding {} ({})", text(&s["coreMail"], "bindingId"), text(&s["coreMail"], "want"));
+    }
     if s["database"].is_object() {
         let db = &s["database"];
         println!("database:     {} {}/{}", text(db, "engine"), text(db, "volume"), text(db, "path"));

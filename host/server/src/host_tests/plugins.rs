@@ -738,6 +738,10 @@ async fn a_plugin_keeps_service_secrets_within_its_scopes_and_every_reveal_is_re
     let listed = f.call("adversary", "secret", op("list", &scope, None)).await.unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
 
+    // read again: the same version for the same caller adds no record
+    let third = f.call("adversary", "secret", op("reveal", &scope, Some(&id))).await.unwrap()["value"].as_str().unwrap().to_string();
+    assert_eq!(third, second);
+
     // every reveal is on record for administrators: which secret, version, plugin, for whom
     let detail = admin_call("secrets.get", json!({ "id": id })).await.unwrap();
     let reveals = detail["reveals"].as_array().unwrap();
@@ -792,6 +796,20 @@ async fn a_plugin_keeps_service_secrets_within_its_scopes_and_every_reveal_is_re
     let detail = admin_call("secrets.get", json!({ "id": id })).await.unwrap();
     assert!(!detail.to_string().contains("rotated-at-the-gateway"), "no answer carries a put value: {detail}");
     assert_eq!(put("audit", "x").await.unwrap_err().code, "management-scope-mismatch");
+    // revoked, the key passes to the next scope that puts it, and from there only back once
+    // that one revoked it too
+    assert_eq!(f.call("adversary", "secret", op("revoke", &scope, Some(&id))).await.unwrap()["state"], "revoked");
+    let taken = put("audit", "from-the-next-manager").await.unwrap();
+    assert_eq!(
+        (taken["id"].as_str(), taken["scope"].as_str(), taken["state"].as_str()),
+        (Some(id.as_str()), Some("audit"), Some("active")),
+        "{taken}"
+    );
+    assert_eq!(put(&scope, "x").await.unwrap_err().code, "management-scope-mismatch", "active in audit now");
+    assert_eq!(f.call("adversary", "secret", op("revoke", "audit", Some(&id))).await.unwrap()["state"], "revoked");
+    let back = put(&scope, "rotated-at-the-gateway").await.unwrap();
+    assert_eq!((back["scope"].as_str(), back["state"].as_str()), (Some(scope.as_str()), Some("active")), "{back}");
+    let changed = back;
     let manifest = admin_call("secrets.getManifest", json!({ "serviceId": service_id })).await.unwrap();
     assert_eq!(manifest["entries"]["production"]["SMTP_PASSWORD"]["versionId"], changed["version"], "{manifest}");
     let fresh = {
