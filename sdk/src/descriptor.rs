@@ -52,6 +52,8 @@ struct Method {
     name: String,
     summary: String,
     role: Role,
+    /// Declared a read ([`Descriptor::read_only`]).
+    read_only: bool,
     input_schema: fn() -> Value,
     output_schema: fn() -> Value,
     handler: Handler,
@@ -223,10 +225,22 @@ impl Descriptor {
             name: name.into(),
             summary: summary.into(),
             role,
+            read_only: false,
             input_schema: schema_of::<In>,
             output_schema: schema_of::<Out>,
             handler,
         });
+        self
+    }
+
+    /// Declare the method just added a read: it changes nothing, so the host leaves its calls
+    /// out of the audit log, and refuses (`read-only-method`) every import that would change
+    /// something while it runs — a store commit, a secret or service written, an event
+    /// published, a blob written, an agent called, an HTTP request other than GET or HEAD.
+    /// Declared to the host as `"x-capstan-read-only": true` in the method's input schema.
+    pub fn read_only(mut self) -> Self {
+        let method = self.methods.last_mut().expect("read_only() follows the method(…) it declares");
+        method.read_only = true;
         self
     }
 
@@ -313,7 +327,13 @@ impl Descriptor {
                     name: m.name.clone(),
                     summary: m.summary.clone(),
                     role: m.role.as_str().into(),
-                    input_schema: (m.input_schema)().to_string(),
+                    input_schema: {
+                        let mut schema = (m.input_schema)();
+                        if m.read_only {
+                            schema[READ_ONLY] = Value::Bool(true);
+                        }
+                        schema.to_string()
+                    },
                     output_schema: (m.output_schema)().to_string(),
                 })
                 .collect(),
@@ -369,6 +389,10 @@ impl fmt::Debug for Descriptor {
             .finish()
     }
 }
+
+/// The input-schema annotation that declares a method a read (an annotation: validators
+/// ignore it, and a host that does not know it audits the method as before).
+pub const READ_ONLY: &str = "x-capstan-read-only";
 
 fn schema_of<T: JsonSchema>() -> Value {
     schemars::schema_for!(T).to_value()

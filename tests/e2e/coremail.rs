@@ -374,3 +374,195 @@ fn applied_at(server: &Capstan, admin: &str, epoch: u64) -> Value {
 fn now_ms() -> u64 {
     u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
+
+/// A service's phase and step as `coremail.getControlStatus` shows them.
+fn phase_of(server: &Capstan, admin: &str, service_id: &str) -> (String, String, Value) {
+    let s = ok(server, admin, "coremail.getControlStatus", json!({}));
+    let entry = s["services"].as_array().into_iter().flatten().find(|p| p["serviceId"] == service_id).cloned().unwrap_or_default();
+    (entry["phase"].as_str().unwrap_or("none").to_string(), entry["want"].as_str().unwrap_or("none").to_string(), s)
+}
+
+fn await_phase(server: &Capstan, admin: &str, service_id: &str, phase: &str) -> Value {
+    eventually(&format!("the service at {phase}"), SETTLED, || {
+        let (now, want, s) = phase_of(server, admin, service_id);
+        if now == phase && want == phase { Ok(s) } else { Err(format!("{now} asking {want}: {s}")) }
+    })
+}
+
+/// The service's resolved manifest: key → the scope of the secret it resolves to.
+fn manifest_scopes(server: &Capstan, admin: &str, service_id: &str) -> std::collections::BTreeMap<String, String> {
+    let manifest = ok(server, admin, "secrets.getManifest", json!({ "serviceId": service_id }));
+    let secrets = ok(server, admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": service_id }, "limit": 200 }));
+    let listed = secrets["items"].as_array().or(secrets["secrets"].as_array()).cloned().unwrap_or_default();
+    let scope_of = |key: &str| {
+        listed
+            .iter()
+            .map(|s| if s.get("secret").is_some() { s["secret"].clone() } else { s.clone() })
+            .find(|s| s["key"] == key && s["state"] == "active")
+            .map(|s| s["managementScope"].as_str().or(s["scope"].as_str()).unwrap_or("?").to_string())
+            .unwrap_or_else(|| "revoked".into())
+    };
+    manifest["entries"]["production"].as_object().into_iter().flatten().map(|(k, _)| (k.clone(), scope_of(k))).collect()
+}
+
+#[test]
+fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_restart_walks_back_and_returns_direct_at_once() {
+    if !crate::mail::gateway_available() {
+        eprintln!("skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (mut server, mut admin) = start_capstan(&data);
+    let gateway = crate::mail::Gateway::start(free_port(), free_port(), &dir.path().join("gateway-state.json"));
+
+    // ---- the direct path: a service with two addresses bound at the gateway ----
+    let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "phases" }))["id"].as_str().unwrap().to_string();
+    let coremail_service = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "coremail", "image": "registry.example.com/coremail:1" }),
+    );
+    let coremail_id = coremail_service["id"].as_str().unwrap().to_string();
+    let web = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({
+            "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1",
+            "ports": [{ "port": 2525, "protocol": "tcp", "publicPort": 30025 }],
+            "mailAddresses": ["web@acme.example", "ops@acme.example"],
+        }),
+    );
+    let web_id = web["id"].as_str().unwrap().to_string();
+    let prefix = format!("capstan.{web_id}.");
+    let mut set_token = capstan();
+    set_token
+        .args(["secrets", "set-system", "MAIL_GATEWAY_TOKEN", "--system-id", "mail", "--scope", "mail:gateway"])
+        .env("CAPSTAN_URL", server.url(""))
+        .env("CAPSTAN_TOKEN", &admin)
+        .env("XDG_CONFIG_HOME", dir.path().join("config"));
+    let exited = crate::plugins::run(set_token, crate::mail::TOKEN.as_bytes(), crate::support::EXIT_TIMEOUT);
+    assert!(exited.status.success(), "capstan secrets set-system: {exited:?}");
+    set(
+        &server,
+        &admin,
+        json!({
+            "mail.gatewayUrl": format!("http://127.0.0.1:{}", gateway.http),
+            "mail.submissionHost": "127.0.0.1",
+            "mail.submissionPort": 2587,
+            "mail.submissionTls": "none",
+            "mail.forwardTargetHost": "10.0.0.5",
+        }),
+    );
+    let direct_targets = || {
+        eventually("both addresses forwarded to the service, with a credential each", SETTLED, || {
+            let (credentials, targets) = gateway.held(&prefix);
+            let direct = targets.iter().all(|t| t["targetType"] == "direct" && t["host"] == "10.0.0.5" && t["port"] == 30025);
+            if credentials.len() == 2 && targets.len() == 2 && direct { Ok(()) } else { Err(format!("{credentials:?} {targets:?}")) }
+        })
+    };
+    direct_targets();
+
+    // ---- CoreMail on: phase 1, dual-write ----
+    let port = free_port();
+    let bootstrap_file = dir.path().join("bootstrap.json");
+    let state_file = dir.path().join("coremail-state.json");
+    let coremail = CoreMail::start(port, &bootstrap_file, Some(&state_file));
+    set(
+        &server,
+        &admin,
+        json!({
+            "coremail.coreMailEnabled": true,
+            "coremail.coreMailServiceId": coremail_id,
+            "coremail.coreMailControlEndpointUrl": format!("http://127.0.0.1:{port}/socket"),
+            "coremail.coreMailTransferOrigin": "https://transfer.mail.example",
+            "coremail.coreMailGatewayEndpointUrl": "wss://gateway.mail.example/",
+            "coremail.coreMailSmtpHost": "smtp.coremail.example",
+            "coremail.coreMailSmtpPort": 2465,
+            "coremail.coreMailSmtpTlsMode": "tls",
+        }),
+    );
+    let bootstrap = eventually("the control bootstrap", SETTLED, || {
+        let s = status_of(&server, &admin);
+        s["bootstrap"].as_str().map(str::to_string).ok_or(s.to_string())
+    });
+    std::fs::write(&bootstrap_file, bootstrap).unwrap();
+    let dual = await_phase(&server, &admin, &web_id, "dual-write");
+    // the gateway knows CoreMail as a peer by the verifier of its gateway credential, nothing more
+    let peer = eventually("CoreMail registered at the gateway as a peer", SETTLED, || {
+        let (status, peer) = gateway.get("/v1/peers/coremail-gateway");
+        if status == 200 { Ok(peer) } else { Err(peer.to_string()) }
+    });
+    assert_eq!(peer["verifiers"], json!([{ "version": 1, "verifier": dual["gatewayCredential"]["verifier"] }]), "{peer}");
+    let binding_id = format!("capstan.{web_id}");
+    direct_targets();
+
+    // ---- phase 2, inbound cutover: once CoreMail reports the binding active ----
+    coremail.request("POST", &format!("/test/bindings/{binding_id}"), Some(json!({ "status": "active" })));
+    await_phase(&server, &admin, &web_id, "inbound-cutover");
+    let (credentials, targets) = gateway.held(&prefix);
+    assert_eq!(credentials.len(), 2, "both environments remain: {credentials:?}");
+    assert!(targets.iter().all(|t| t["targetType"] == "coremail" && t["peerId"] == "coremail-gateway"), "inbound at CoreMail: {targets:?}");
+    let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    assert!(record["mail"].as_array().unwrap().iter().all(|m| m["targetType"] == "coremail" && m["retired"] == false), "{record}");
+    let scopes = manifest_scopes(&server, &admin, &web_id);
+    assert_eq!(scopes.get("SMTP_PASSWORD").map(String::as_str), Some(format!("mail:{web_id}").as_str()), "{scopes:?}");
+
+    // ---- Capstan restarted in the middle: the phase is derived, not remembered ----
+    server.stop();
+    (server, admin) = start_capstan(&data);
+    let (phase, want, _) = phase_of(&server, &admin, &web_id);
+    assert_eq!((phase.as_str(), want.as_str()), ("inbound-cutover", "inbound-cutover"), "unchanged over a restart");
+
+    // ---- phase 3, CoreMail only: once CoreMail reported traffic ----
+    coremail.request(
+        "POST",
+        "/test/traffic",
+        Some(json!({ "bindingId": binding_id, "day": "2026-12-03", "delivered": 1, "acknowledged": 0, "rejected": 0, "received": 2 })),
+    );
+    await_phase(&server, &admin, &web_id, "coremail-only");
+    let only = eventually("SMTP_* pointing at CoreMail", SETTLED, || {
+        let scopes = manifest_scopes(&server, &admin, &web_id);
+        let ours = format!("coremail:{web_id}");
+        let keys = ["SMTP_HOST", "SMTP_USER", "SMTP_PASSWORD", "MAIL_WEB_ACME_EXAMPLE_SMTP_USER", "MAIL_OPS_ACME_EXAMPLE_SMTP_PASSWORD"];
+        if keys.iter().all(|k| scopes.get(*k) == Some(&ours)) { Ok(scopes) } else { Err(format!("{scopes:?}")) }
+    });
+    assert!(only.values().all(|scope| *scope == format!("coremail:{web_id}")), "nothing of the direct path resolves: {only:?}");
+    let (credentials, targets) = gateway.held(&prefix);
+    assert!(credentials.is_empty(), "the direct credentials retired at the gateway: {credentials:?}");
+    assert_eq!(targets.len(), 2, "inbound stays with CoreMail: {targets:?}");
+
+    // ---- the binding stops being active: back one phase at a time ----
+    coremail.request("POST", &format!("/test/bindings/{binding_id}"), Some(json!({ "status": "failed" })));
+    eventually("the direct credentials issued again", SETTLED, || {
+        let (credentials, _) = gateway.held(&prefix);
+        if credentials.len() == 2 { Ok(()) } else { Err(format!("{credentials:?}")) }
+    });
+    await_phase(&server, &admin, &web_id, "dual-write");
+    direct_targets();
+    eventually("SMTP_* the direct path's again", SETTLED, || {
+        let scopes = manifest_scopes(&server, &admin, &web_id);
+        if scopes.get("SMTP_PASSWORD") == Some(&format!("mail:{web_id}")) { Ok(()) } else { Err(format!("{scopes:?}")) }
+    });
+
+    // ---- active again, then CoreMail off: the direct path at once ----
+    coremail.request("POST", &format!("/test/bindings/{binding_id}"), Some(json!({ "status": "active" })));
+    await_phase(&server, &admin, &web_id, "inbound-cutover");
+    set(&server, &admin, json!({ "coremail.coreMailEnabled": false }));
+    eventually("the service direct again and CoreMail's peer gone", SETTLED, || {
+        let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+        let (credentials, targets) = gateway.held(&prefix);
+        let direct = targets.iter().all(|t| t["targetType"] == "direct") && targets.len() == 2 && credentials.len() == 2;
+        let peer = gateway.get("/v1/peers/coremail-gateway").0;
+        if record.get("coreMail").is_none() && direct && peer == 404 { Ok(()) } else { Err(format!("{record} {targets:?} peer {peer}")) }
+    });
+    let scopes = manifest_scopes(&server, &admin, &web_id);
+    assert!(scopes.values().all(|scope| *scope == format!("mail:{web_id}")), "only the direct path resolves: {scopes:?}");
+    drop(coremail);
+}
+
+fn status_of(server: &Capstan, admin: &str) -> Value {
+    ok(server, admin, "coremail.getControlStatus", json!({}))
+}

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// How long a pass may take to show: the loop wakes on the service's events or every 5 s after
 /// a gateway failure; a loaded CI machine is slow.
 const SETTLED: Duration = Duration::from_secs(90);
-const TOKEN: &str = "gateway-token-for-capstan-e2e";
+pub(crate) const TOKEN: &str = "gateway-token-for-capstan-e2e";
 
 fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
     server.call_as(token, method, &body).expect_json(200)
@@ -29,7 +29,7 @@ fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
 
 /// Whether the test gateway can run here (python3 with aiosmtpd); when it cannot, the test skips
 /// unless `CAPSTAN_TEST_REQUIRE_GATEWAY` is set (`.ci/run` sets it).
-fn gateway_available() -> bool {
+pub(crate) fn gateway_available() -> bool {
     let ok = Command::new("python3").args(["-c", "import aiosmtpd"]).output().is_ok_and(|o| o.status.success());
     if !ok && std::env::var_os("CAPSTAN_TEST_REQUIRE_GATEWAY").is_some() {
         panic!("CAPSTAN_TEST_REQUIRE_GATEWAY is set but python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd)");
@@ -38,13 +38,13 @@ fn gateway_available() -> bool {
 }
 
 /// The test gateway on fixed ports with its state in `state`.
-struct Gateway {
+pub(crate) struct Gateway {
     child: Child,
-    http: u16,
+    pub(crate) http: u16,
 }
 
 impl Gateway {
-    fn start(http: u16, smtp: u16, state: &Path) -> Gateway {
+    pub(crate) fn start(http: u16, smtp: u16, state: &Path) -> Gateway {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/gateway/gateway.py");
         let mut child = Command::new("python3")
             .arg(script)
@@ -62,7 +62,7 @@ impl Gateway {
         Gateway { child, http }
     }
 
-    fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) fn get(&self, path: &str) -> (u16, Value) {
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
         let mut response = agent
             .get(format!("http://127.0.0.1:{}{path}", self.http))
@@ -75,7 +75,7 @@ impl Gateway {
     }
 
     /// The ids of the credentials and of the forward targets whose id starts with `prefix`.
-    fn held(&self, prefix: &str) -> (Vec<String>, Vec<Value>) {
+    pub(crate) fn held(&self, prefix: &str) -> (Vec<String>, Vec<Value>) {
         let ids = |v: &Value, field: &str| -> Vec<Value> { v[field].as_array().cloned().unwrap_or_default() };
         let credentials = ids(&self.get(&format!("/v1/smtp-credentials?prefix={prefix}")).1, "credentials");
         let targets = ids(&self.get(&format!("/v1/smtp-forward-targets?prefix={prefix}")).1, "targets");
@@ -111,7 +111,7 @@ fn submit(port: u16, username: &str, password: &str, from: &str, to: &str) -> Re
 }
 
 /// The keys of the service's newest resolved manifest.
-fn manifest_keys(server: &Capstan, admin: &str, service_id: &str) -> Vec<String> {
+pub(crate) fn manifest_keys(server: &Capstan, admin: &str, service_id: &str) -> Vec<String> {
     let manifest = ok(server, admin, "secrets.getManifest", json!({ "serviceId": service_id }));
     let mut keys: Vec<String> = manifest["entries"]["production"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
     keys.sort();
@@ -254,7 +254,10 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     });
     assert_eq!(
         record["mail"][0],
-        json!({ "address": "web@acme.example", "smtpUsername": web["username"], "credentialVersion": 1, "inbound": { "host": "10.0.0.5", "port": 30025 } }),
+        json!({
+            "address": "web@acme.example", "smtpUsername": web["username"], "credentialVersion": 1,
+            "inbound": { "host": "10.0.0.5", "port": 30025 }, "targetType": "direct", "retired": false,
+        }),
         "{record}"
     );
     let forged =

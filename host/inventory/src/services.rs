@@ -90,8 +90,27 @@ pub struct MailBinding {
     pub smtp_username: String,
     /// The credential version whose password the service's secrets hold.
     pub credential_version: u64,
-    /// Where the gateway forwards the address's inbound mail, if anywhere.
+    /// Where the gateway forwards the address's inbound mail, if anywhere (a `direct` target).
     pub inbound: Option<MailInbound>,
+    /// Where its inbound mail goes: to the service (`direct`) or to CoreMail (`coremail`, from
+    /// the inbound cutover on).
+    #[serde(default)]
+    pub target_type: MailTargetType,
+    /// The direct path's credential and environment retired (CoreMail only): the gateway holds
+    /// no credential of the address and the service no `MAIL_<TOKEN>_SMTP_*` from it.
+    #[serde(default)]
+    pub retired: bool,
+}
+
+/// Where the gateway forwards an address's inbound mail.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum MailTargetType {
+    /// To the service's published SMTP port.
+    #[default]
+    Direct,
+    /// To CoreMail, the gateway's CoreMail peer.
+    Coremail,
 }
 
 /// CoreMail's binding of a service, written by the CoreMail manager (docs/coremail.md) and by

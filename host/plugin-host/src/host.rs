@@ -27,6 +27,10 @@ pub const TRUSTED_PUBLISHERS: &str = "trusted_publishers";
 /// Who may call a plugin method, as its descriptor declares: the registry's one access type.
 pub use capstan_rpc::Access;
 
+/// The input-schema annotation by which a plugin declares a method a read
+/// (`capstan_sdk::Descriptor::read_only`).
+pub const READ_ONLY: &str = "x-capstan-read-only";
+
 /// One method a plugin serves, with its compiled input schema.
 pub struct MethodEntry {
     /// What the method does, as the descriptor states it.
@@ -37,6 +41,9 @@ pub struct MethodEntry {
     pub input_schema: Value,
     /// JSON Schema of the answer, as the plugin declares it (published, not checked).
     pub output_schema: Value,
+    /// Declared a read (`"x-capstan-read-only": true` in its input schema): not audited, and
+    /// every import that changes something refused while it runs.
+    pub read_only: bool,
     validator: jsonschema::Validator,
 }
 
@@ -77,7 +84,8 @@ impl Described {
                 return Err(invalid(format!("{}: the input schema is larger than {MAX_SCHEMA_BYTES} bytes", m.name)));
             }
             let validator = input_validator(&input_schema).map_err(|e| invalid(format!("{}: input schema: {e}", m.name)))?;
-            let entry = Arc::new(MethodEntry { summary: m.summary, role, input_schema, output_schema, validator });
+            let read_only = input_schema.get(READ_ONLY) == Some(&Value::Bool(true));
+            let entry = Arc::new(MethodEntry { summary: m.summary, role, input_schema, output_schema, read_only, validator });
             if methods.insert(m.name.clone(), entry).is_some() {
                 return Err(invalid(format!("method {:?} is declared twice", m.name)));
             }
@@ -964,7 +972,8 @@ fn a_violation_names_a_long_member_only_so_far() {
     let schema = json!({ "type": "object", "properties": { "labels": { "type": "object", "additionalProperties": { "type": "string" } } },
                          "additionalProperties": false });
     let validator = input_validator(&schema).unwrap();
-    let entry = MethodEntry { summary: String::new(), role: Access::Public, input_schema: schema, output_schema: json!({}), validator };
+    let entry =
+        MethodEntry { summary: String::new(), role: Access::Public, input_schema: schema, output_schema: json!({}), read_only: false, validator };
     let long = "k".repeat(100_000);
     let (message, _) = first_violation(&entry, &json!({ long.clone(): 1 })).unwrap();
     assert!(message.len() <= 303 && message.starts_with("Additional properties"), "{message}");
@@ -1046,11 +1055,15 @@ fn registry_entry(plugin: &str, verb: &str, entry: &Arc<MethodEntry>, sandbox: &
             }
             // the client's own JSON text when there is one: it parsed to exactly `body`
             let text = call.body_text.unwrap_or_else(|| body.to_string());
-            sandbox.handle(&call.request_id, caller, call.identity, &verb, text).await
+            sandbox.handle(&call.request_id, caller, call.identity, &verb, entry.read_only, text).await
         })
     });
     let schemas = (entry.input_schema.clone(), entry.output_schema.clone());
-    Arc::new(Method::served_by(plugin, format!("{plugin}.{verb}"), entry.summary.clone(), entry.role, schemas, handler))
+    let mut method = Method::served_by(plugin, format!("{plugin}.{verb}"), entry.summary.clone(), entry.role, schemas, handler);
+    if entry.read_only {
+        method.read_only();
+    }
+    Arc::new(method)
 }
 
 /// The plugins' methods are registry entries: those of the versions loaded here, swapped with

@@ -392,6 +392,9 @@ pub enum CallKind {
     Describe,
     /// An API method (`handle`), with the method deadline.
     Method,
+    /// An API method declared read-only: as [`CallKind::Method`], with every import that
+    /// changes something refused.
+    Read,
     /// One event delivered to `on-event`, with the method deadline.
     Event,
     /// A reconcile pass, with the pass deadline.
@@ -407,7 +410,7 @@ impl CallKind {
     pub fn label(self) -> &'static str {
         match self {
             CallKind::Describe => "describe",
-            CallKind::Method => "method",
+            CallKind::Method | CallKind::Read => "method",
             CallKind::Event => "event",
             CallKind::Reconcile => "reconcile",
             CallKind::Task => "task",
@@ -417,7 +420,7 @@ impl CallKind {
 
     fn deadline(self) -> Duration {
         match self {
-            CallKind::Describe | CallKind::Method | CallKind::Event => METHOD_DEADLINE,
+            CallKind::Describe | CallKind::Method | CallKind::Read | CallKind::Event => METHOD_DEADLINE,
             CallKind::Reconcile | CallKind::Task | CallKind::Migrate => PASS_DEADLINE,
         }
     }
@@ -462,13 +465,22 @@ impl Sandbox {
     /// Serve one method for `identity` (the authenticated caller, whose authority the plugin's
     /// inventory writes act with; `None` for an anonymous caller of a public method, whose call
     /// writes nothing); the body (JSON text) already passed the method's schema.
-    pub async fn handle(&self, request_id: &str, caller: Caller, identity: Option<Identity>, method: &str, body: String) -> Result<Value> {
-        let ctx = self.context(request_id, caller, CallKind::Method);
+    pub async fn handle(
+        &self,
+        request_id: &str,
+        caller: Caller,
+        identity: Option<Identity>,
+        method: &str,
+        read_only: bool,
+        body: String,
+    ) -> Result<Value> {
+        let kind = if read_only { CallKind::Read } else { CallKind::Method };
+        let ctx = self.context(request_id, caller, kind);
         let method = method.to_string();
         let method_name = method.clone();
         let acting = identity.map_or(Acting::Anonymous, Acting::Caller);
         let out = self
-            .run_as(acting, CallKind::Method, &ctx, |guest, store| {
+            .run_as(acting, kind, &ctx, |guest, store| {
                 let ctx = ctx.clone();
                 Box::pin(async move { guest.call_handle(store, &ctx, &method, &body).await })
             })
@@ -572,6 +584,7 @@ impl Sandbox {
         let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
         let mut data = CallData::new(grant, ctx.request_id.clone(), self.services.clock_ahead(), self.memory_limit, STDIO_CAPTURE);
         data.acting = acting;
+        data.read_only = kind == CallKind::Read;
         data.deadline = Some(started + deadline);
         let engine = match &self.prepared.pre {
             Pre::Current(pre) => pre.engine(),

@@ -16,9 +16,22 @@
 //!    before and the one CoreMail applied: the epoch is recorded before it is sent, so a pass
 //!    that dies never reuses one, and it is never a setting (nothing from the wire sets it).
 //!
+//! Then each service with mail addresses moves onto CoreMail in three reversible phases, at most
+//! one step per pass (see [`next_step`]): dual-write (its binding and CoreMail environment beside
+//! the direct path), inbound cutover (the mail manager points the gateway's forward targets at
+//! CoreMail), CoreMail only (the mail manager retires the direct credential and environment, and
+//! this manager delivers `SMTP_*` pointing at CoreMail's submission listener). The phase is
+//! derived on every read from durable evidence: the service's `coreMail`, whether its CoreMail
+//! environment is delivered, and its `mail` record's `targetType` and `retired`, which the mail
+//! manager writes once it has acted.
+//!
+//! The gateway credential's public half goes to the mail manager (which owns the gateway) as the
+//! event `coremail.gatewayPeer`, published when it changes.
+//!
 //! An unchanged pass reads (the settings, the secrets, CoreMail's status) and writes nothing.
 
 use capstan_sdk::http::Request;
+use capstan_sdk::events;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::secrets::{self, Generate, Owner, SecretInfo};
 use capstan_sdk::settings::{PortNumber, SmtpTls};
@@ -59,6 +72,9 @@ const CONTROL: &str = "control";
 const DESIRED_ID: &str = "desired";
 const STATUS: &str = "status";
 const STATUS_ID: &str = "last-pass";
+/// The gateway peer as last published (in [`CONTROL`]).
+const PEER_ID: &str = "gateway-peer";
+const PEER_EVENT: &str = "coremail.gatewayPeer";
 
 struct CoreMail;
 
@@ -71,12 +87,14 @@ impl Manager for CoreMail {
                 Role::Admin,
                 get_control_status,
             )
+            .read_only()
             .method(
                 "getServiceMailStatistics",
                 "Per service and UTC day, what CoreMail counted (delivered, acknowledged, rejected, received), as CoreMail reports it now.",
                 Role::Admin,
                 get_service_mail_statistics,
             )
+            .read_only()
             .setting("coreMailEnabled", "The cluster switch: false keeps every service on the mail gateway's direct path", Some(false))
             .setting::<Option<ServiceId>>("coreMailServiceId", "The Capstan service running CoreMail (svc_…)", None)
             .setting::<Option<ControlEndpoint>>(
@@ -451,11 +469,27 @@ fn deliver_environment(
 #[serde(rename_all = "camelCase")]
 struct Service {
     #[serde(default)]
+    name: String,
+    #[serde(default)]
     mail_addresses: Vec<String>,
+    /// What the mail manager did at the gateway, per address: the evidence of its steps.
+    #[serde(default)]
+    mail: Vec<MailEntry>,
     /// CoreMail's binding of it, as this manager last wrote it.
     #[serde(default)]
     core_mail: Option<CoreMailRecord>,
     state: String,
+}
+
+/// The part of an entry of a service's `mail` (the mail manager's record) read here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MailEntry {
+    address: String,
+    #[serde(default)]
+    target_type: String,
+    #[serde(default)]
+    retired: bool,
 }
 
 /// A service's `coreMail`: written only by this manager.
@@ -463,8 +497,52 @@ struct Service {
 #[serde(rename_all = "camelCase")]
 struct CoreMailRecord {
     binding_id: String,
-    /// The step asked of the mail path: `dual-write`, `inbound-cutover`, `coremail-only`.
-    want: String,
+    /// The step asked of the mail path.
+    want: Phase,
+}
+
+/// Where a service's mail stands (or the step asked of it), in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+enum Phase {
+    /// The mail gateway's direct path alone.
+    Direct,
+    /// CoreMail's binding and environment beside the direct path.
+    DualWrite,
+    /// Inbound mail routed at CoreMail; both environments remain.
+    InboundCutover,
+    /// The direct path's environment and credential retired.
+    CoremailOnly,
+}
+
+impl Phase {
+    fn lower(self) -> Phase {
+        match self {
+            Phase::Direct | Phase::DualWrite => Phase::Direct,
+            Phase::InboundCutover => Phase::DualWrite,
+            Phase::CoremailOnly => Phase::InboundCutover,
+        }
+    }
+}
+
+/// The step to ask of a service standing at `phase` (derived) while `want` is asked: one step
+/// up when CoreMail reports its binding `active` and the mail path has taken the step asked
+/// (the third also waits for traffic CoreMail reported), one step down from where it stands
+/// while the binding is not active, else `want` as it is. Never below dual-write: the direct
+/// path alone is CoreMail's withdrawal, not a step.
+fn next_step(phase: Phase, want: Phase, active: bool, traffic: bool) -> Phase {
+    let next = if !active {
+        if phase >= Phase::InboundCutover { phase.lower() } else { want.min(phase) }
+    } else if phase == want {
+        match phase {
+            Phase::Direct | Phase::DualWrite => Phase::InboundCutover,
+            Phase::InboundCutover if traffic => Phase::CoremailOnly,
+            other => other,
+        }
+    } else {
+        want
+    };
+    next.max(Phase::DualWrite)
 }
 
 /// Every service with the revision read, in id order.
@@ -518,12 +596,37 @@ fn service_values(config: &Config, binding: &Credential, addresses: &[String]) -
     values
 }
 
+/// The `SMTP_*` values pointing at CoreMail's submission listener, with the binding id as the
+/// user and its credential's secret as the password (CoreMail only).
+fn smtp_values(prefix: &str, smtp: &(String, u16, SmtpTls), user: &str, secret: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let (host, port, tls) = smtp;
+    [
+        ("HOST", host.clone().into_bytes()),
+        ("PORT", port.to_string().into_bytes()),
+        ("USER", user.as_bytes().to_vec()),
+        ("PASSWORD", secret.to_vec()),
+        ("TLS", tls.as_str().as_bytes().to_vec()),
+    ]
+    .into_iter()
+    .map(|(field, value)| (format!("{prefix}SMTP_{field}"), value))
+    .collect()
+}
+
+/// What CoreMail reported on the last pass that reached it (durable: recorded by [`record_coremail`]).
+fn last_report() -> Result<Option<CoreMailStatus>> {
+    Ok(store::get::<CoreMailStatus>(STATUS, COREMAIL_ID)?.map(|d| d.data))
+}
+
 /// Each active service with mail addresses (CoreMail's own excepted) bound: its binding
 /// credential (the secret `MAIL_COREMAIL_CREDENTIAL_SECRET`, its verifier kept), its CoreMail
-/// environment in `coremail:<serviceId>`, then its `coreMail` record (compare-and-swap on the
-/// revision read; a service changed since is left to the next pass). Every other service
-/// withdrawn. Each value is written only where it differs. The bindings for the desired state.
-fn bind_services(config: &Config, read: &[(String, u64, Service)]) -> Result<Vec<Value>> {
+/// environment in `coremail:<serviceId>` (with `SMTP_*` at CoreMail only), then its `coreMail`
+/// record with the step asked next (compare-and-swap on the revision read; a service changed
+/// since is left to the next pass). Every other service withdrawn. Each value is written only
+/// where it differs; what a step down takes away is revoked before the step is asked. The
+/// bindings for the desired state.
+fn bind_services(config: &Config, client: &Control, read: &[(String, u64, Service)]) -> Result<Vec<Value>> {
+    let report = last_report()?;
+    let mut traffic: Option<Vec<Day>> = None;
     let mut bindings = Vec::new();
     for (service_id, revision, service) in read {
         let wanted = service.state == "active" && !service.mail_addresses.is_empty() && *service_id != config.service_id;
@@ -536,22 +639,42 @@ fn bind_services(config: &Config, read: &[(String, u64, Service)]) -> Result<Vec
         let id = binding_id(service_id);
         let at = SecretAt { scope: &scope, owner: owner.clone(), key: BINDING_SECRET };
         let (credential, secret) = credential(&at, &binding_kind(service_id), &id, 1)?;
+
+        let phase = phase(service_id, service)?;
+        let want = service.core_mail.as_ref().map_or(Phase::DualWrite, |r| r.want);
+        let active = report.as_ref().and_then(|r| r.bindings.iter().find(|b| b.binding_id == id)).is_some_and(|b| b.status == "active");
+        let needs_traffic = active && phase == Phase::InboundCutover && want == Phase::InboundCutover;
+        if needs_traffic && traffic.is_none() {
+            traffic = Some(statistics(client)?);
+        }
+        let carried = traffic.iter().flatten().any(|d| d.binding_id == id && d.delivered + d.acknowledged > 0);
+        let next = next_step(phase, want, active, carried);
+
         let mut values: Vec<(String, Vec<u8>)> =
             service_values(config, &credential, &service.mail_addresses).into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
         values.extend(service.mail_addresses.iter().map(|a| (format!("MAIL_{}_COREMAIL_CREDENTIAL_SECRET", token(a)), secret.clone())));
+        // SMTP_* is CoreMail's once the mail manager retired its own (the phase says so)
+        if let Some(smtp) = config.smtp.as_ref().filter(|_| phase == Phase::CoremailOnly && next == Phase::CoremailOnly) {
+            values.extend(smtp_values("", smtp, &id, &secret));
+            for address in &service.mail_addresses {
+                values.extend(smtp_values(&format!("MAIL_{}_", token(address)), smtp, &id, &secret));
+            }
+        }
         for (key, value) in &values {
             secrets::put(&scope, &owner, key, value)?;
         }
-        // a removed address's group goes
+        // a removed address's group goes, and SMTP_* when the step is lowered
         for stale in secrets::list(&scope)? {
             let kept = stale.key == BINDING_SECRET || values.iter().any(|(k, _)| *k == stale.key);
             if !kept && stale.state == "active" && matches!(&stale.owner, Owner::Service(id) if id == service_id) {
                 secrets::revoke(&scope, &stale.id)?;
             }
         }
-        let record =
-            CoreMailRecord { binding_id: id.clone(), want: service.core_mail.as_ref().map_or("dual-write".into(), |r| r.want.clone()) };
+        let record = CoreMailRecord { binding_id: id.clone(), want: next };
         if service.core_mail.as_ref() != Some(&record) {
+            if next != want {
+                capstan_sdk::info!("coremail: {service_id} at {phase:?}, asking {next:?} (was {want:?})");
+            }
             write_record(service_id, *revision, Some(&record))?;
         }
         bindings.push(json!({
@@ -619,14 +742,49 @@ fn withdraw_all() -> Result<usize> {
     Ok(returned)
 }
 
-/// Where a service stands, derived from durable evidence only: its `coreMail` record and
-/// whether its CoreMail environment is delivered. `direct` or `dual-write`.
-fn phase(service_id: &str, service: &Service) -> Result<&'static str> {
+/// Where a service stands, derived from durable evidence only, never from memory: its
+/// `coreMail` record, whether its CoreMail environment is delivered, and what the mail manager
+/// recorded of each address (its forward target's `targetType`, its direct credential
+/// `retired`), which it writes only once it has acted.
+fn phase(service_id: &str, service: &Service) -> Result<Phase> {
     if service.core_mail.is_none() {
-        return Ok("direct");
+        return Ok(Phase::Direct);
     }
     let delivered = secrets::list(&service_scope(service_id))?.iter().any(|s| s.key == "MAIL_COREMAIL_BINDING_ID" && s.state == "active");
-    Ok(if delivered { "dual-write" } else { "direct" })
+    if !delivered {
+        return Ok(Phase::Direct);
+    }
+    let entries: Vec<&MailEntry> =
+        service.mail_addresses.iter().filter_map(|a| service.mail.iter().find(|e| &e.address == a)).collect();
+    if entries.len() < service.mail_addresses.len() || entries.iter().any(|e| e.target_type != "coremail") {
+        return Ok(Phase::DualWrite);
+    }
+    Ok(if entries.iter().all(|e| e.retired) { Phase::CoremailOnly } else { Phase::InboundCutover })
+}
+
+/// The gateway credential's public half published for the mail manager, which registers it at
+/// the gateway as CoreMail's peer (`withdrawn` once CoreMail is off); published only when it
+/// differs from what was published last.
+fn publish_peer(gateway: Option<&Credential>) -> Result<()> {
+    let peer = match gateway {
+        Some(g) => {
+            let mut verifiers = vec![json!({ "version": g.version, "verifier": g.verifier })];
+            verifiers.extend(g.retiring.iter().map(|r| json!({ "version": r.version, "verifier": r.verifier, "acceptUntil": r.accept_until })));
+            json!({ "peerId": GATEWAY_CREDENTIAL_ID, "verifiers": verifiers, "withdrawn": false })
+        }
+        None => json!({ "peerId": GATEWAY_CREDENTIAL_ID, "verifiers": [], "withdrawn": true }),
+    };
+    let published = store::get::<Value>(CONTROL, PEER_ID)?;
+    let unchanged = match &published {
+        Some(doc) => doc.data == peer,
+        // nothing was ever published: nothing to withdraw
+        None => gateway.is_none(),
+    };
+    if !unchanged {
+        events::publish(PEER_EVENT, "gateway-peer", &peer)?;
+        store::Batch::new().put(CONTROL, PEER_ID, published.map(|d| d.revision), &peer).commit()?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -830,8 +988,9 @@ fn at_epoch(epoch: u64) -> String {
 /// One pass: what it did, or why it stopped.
 fn pass() -> Result<String> {
     let Some(config) = Config::read()? else {
-        // off: every service back on the direct path at once
+        // off: every service back on the direct path at once, then the peer withdrawn
         let returned = withdraw_all()?;
+        publish_peer(None)?;
         return Ok(if returned == 0 {
             "CoreMail is off".into()
         } else {
@@ -849,10 +1008,11 @@ fn pass() -> Result<String> {
     let gateway = credential(&SecretAt::system(GATEWAY_SECRET), "gateway", GATEWAY_CREDENTIAL_ID, 1)?;
     let tls = tls_material()?;
     deliver_environment(&config, &control, &gateway, tls.as_ref())?;
-    let read = services_read()?;
-    let bindings = bind_services(&config, &read)?;
-    let desired = desired_state(&config, &control, &gateway.0, tls.is_some(), &bindings);
+    publish_peer(Some(&gateway.0))?;
     let client = Control::new(&config, &control, &control_secret);
+    let read = services_read()?;
+    let bindings = bind_services(&config, &client, &read)?;
+    let desired = desired_state(&config, &control, &gateway.0, tls.is_some(), &bindings);
     let status = client.status()?;
     let (done, sent) = prepare(&client, &status, &desired)?;
     // what CoreMail reports after taking a new desired state, rather than before it
@@ -910,6 +1070,8 @@ fn record_coremail(status: &CoreMailStatus) -> Result<()> {
 struct CredentialView {
     credential_id: String,
     version: u64,
+    /// The salted verifier emitted for it (public: what CoreMail or the gateway checks with).
+    verifier: String,
     /// Previous versions still accepted, with their deadline.
     retiring: Vec<RetiringView>,
 }
@@ -964,10 +1126,13 @@ struct ControlStatus {
 #[serde(rename_all = "camelCase")]
 struct ServicePhase {
     service_id: String,
+    service_name: String,
     addresses: Vec<String>,
     binding_id: Option<String>,
-    /// `direct` or `dual-write`.
-    phase: &'static str,
+    /// Where it stands, derived from durable evidence.
+    phase: Phase,
+    /// The step asked of its mail path (ahead of `phase` while the mail manager takes it).
+    want: Option<Phase>,
     /// What CoreMail last reported of the binding (`pending`, `active`, `failed`), if anything.
     core_mail_status: Option<String>,
 }
@@ -984,6 +1149,8 @@ fn service_phases(reported: Option<&CoreMailStatus>) -> Result<Vec<ServicePhase>
             .and_then(|id| reported.and_then(|r| r.bindings.iter().find(|b| &b.binding_id == id)).map(|b| b.status.clone()));
         out.push(ServicePhase {
             phase: phase(&service_id, &service)?,
+            want: service.core_mail.as_ref().map(|r| r.want),
+            service_name: service.name,
             service_id,
             addresses: service.mail_addresses,
             binding_id,
@@ -997,6 +1164,7 @@ fn credential_view(kind: &str) -> Result<Option<CredentialView>> {
     Ok(store::get::<Credential>(CREDENTIALS, kind)?.map(|d| CredentialView {
         credential_id: d.data.credential_id,
         version: d.data.version,
+        verifier: d.data.verifier,
         retiring: d.data.retiring.iter().map(|r| RetiringView { version: r.version, accept_until: r.accept_until }).collect(),
     }))
 }
@@ -1086,17 +1254,22 @@ fn get_service_mail_statistics(_ctx: &Context, input: StatisticsInput) -> Result
         .find(|s| s.key == CONTROL_SECRET && s.state == "active")
         .ok_or_else(|| Refusal::new("coremail-not-ready", "the control credential's secret is not there").retryable())?;
     let client = Control::new(&config, &control.data, &secrets::reveal(SCOPE, &secret.id)?);
-    let (status, answer) = client.call("GET", "statistics", None)?;
-    if status != 200 {
-        return Err(Refusal::new("coremail-statistics-refused", format!("CoreMail answered HTTP {status} for its statistics")));
-    }
-    let mut days: Vec<Day> = serde_json::from_value(answer["days"].clone())
-        .map_err(|e| Refusal::new("coremail-answer-invalid", format!("CoreMail's statistics answer: {e}")))?;
+    let mut days = statistics(&client)?;
     if let Some(wanted) = &input.service_id {
         days.retain(|d| d.service_id.as_ref() == Some(wanted));
     }
     days.sort_by(|a, b| (&a.service_id, &a.day, &a.binding_id).cmp(&(&b.service_id, &b.day, &b.binding_id)));
     Ok(Statistics { days })
+}
+
+/// CoreMail's per-service, per-UTC-day counters.
+fn statistics(client: &Control) -> Result<Vec<Day>> {
+    let (status, answer) = client.call("GET", "statistics", None)?;
+    if status != 200 {
+        return Err(Refusal::new("coremail-statistics-refused", format!("CoreMail answered HTTP {status} for its statistics")));
+    }
+    serde_json::from_value(answer["days"].clone())
+        .map_err(|e| Refusal::new("coremail-answer-invalid", format!("CoreMail's statistics answer: {e}")))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -1172,6 +1345,26 @@ mod tests {
         for bad in ["wss://gateway.example", "wss://gateway.example/peer", "https://gateway.example/", "ws://gateway.example/"] {
             assert!(!matches(&gateway, bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_service_moves_one_step_at_a_time_and_walks_back_while_its_binding_is_not_active() {
+        use Phase::*;
+        // forward: only once the mail path took the step asked, and the third after traffic
+        assert_eq!(next_step(DualWrite, DualWrite, true, false), InboundCutover);
+        assert_eq!(next_step(DualWrite, InboundCutover, true, false), InboundCutover, "waits for the mail manager");
+        assert_eq!(next_step(InboundCutover, InboundCutover, true, false), InboundCutover, "waits for traffic");
+        assert_eq!(next_step(InboundCutover, InboundCutover, true, true), CoremailOnly);
+        assert_eq!(next_step(CoremailOnly, CoremailOnly, true, true), CoremailOnly);
+        // a first pass asks dual-write, whatever CoreMail says
+        assert_eq!(next_step(Direct, DualWrite, false, false), DualWrite);
+        assert_eq!(next_step(Direct, DualWrite, true, false), DualWrite, "the environment is delivered first");
+        // back: one phase below where it stands, never below dual-write
+        assert_eq!(next_step(CoremailOnly, CoremailOnly, false, true), InboundCutover);
+        assert_eq!(next_step(InboundCutover, InboundCutover, false, true), DualWrite);
+        assert_eq!(next_step(InboundCutover, CoremailOnly, false, true), DualWrite);
+        assert_eq!(next_step(DualWrite, InboundCutover, false, false), DualWrite, "a step not taken yet is taken back");
+        assert_eq!(next_step(DualWrite, DualWrite, false, false), DualWrite);
     }
 
     #[test]

@@ -17,6 +17,15 @@
 //! then the secrets. The plugin holds a service while it has bindings, so a deleting service
 //! waits until the gateway holds nothing of it. A gateway that does not answer stops the pass
 //! with everything as it was (`gateway-unreachable`) and the pass is retried soon.
+//!
+//! CoreMail (docs/coremail.md): the CoreMail manager asks a service's mail path for a step in
+//! the service's `coreMail.want`, and this manager, which owns the gateway, takes it: from
+//! `inbound-cutover` on, each address's forward target names the gateway's CoreMail peer
+//! (`targetType: coremail`) instead of the service's port; at `coremail-only` the address's
+//! gateway credential is deleted and its `MAIL_<TOKEN>_SMTP_*` and `SMTP_*` revoked (the binding
+//! stays, `retired`, so a lower step issues it again). The CoreMail peer itself — its id and the
+//! verifiers of the credential CoreMail connects with — arrives as the event
+//! `coremail.gatewayPeer` and is registered at the gateway before any target names it.
 
 use capstan_sdk::http::Request;
 use capstan_sdk::inventory::{self, EntityKind};
@@ -24,8 +33,8 @@ use capstan_sdk::secrets::{self, Owner};
 use capstan_sdk::settings::{PortNumber, SmtpTls};
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
-    CollectionSpec, Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role,
-    Value, json, settings,
+    CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
+    Role, Value, json, settings,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -35,6 +44,11 @@ use std::time::Duration;
 const BINDINGS: &str = "bindings";
 /// Per service: which address its `SMTP_*` group was last written for.
 const SENDERS: &str = "senders";
+/// The CoreMail peer as the CoreMail manager last published it (one document, [`PEER_ID`]).
+const PEERS: &str = "peers";
+const PEER_ID: &str = "coremail";
+/// The event the CoreMail manager publishes its gateway peer with.
+const PEER_EVENT: &str = "coremail.gatewayPeer";
 /// The one document holding what the last pass found.
 const STATUS: &str = "status";
 const STATUS_ID: &str = "last-pass";
@@ -61,13 +75,16 @@ impl Manager for Mail {
                 Role::Admin,
                 list_service_targets,
             )
+            .read_only()
             .method("getServiceMail", "One service's mail addresses with their state.", Role::Member, get_service_mail)
+            .read_only()
             .method(
                 "checkServiceMail",
                 "Check that the SMTP password the service holds is the one the gateway accepts (by the gateway's verifier).",
                 Role::Owner,
                 check_service_mail,
             )
+            .read_only()
             .setting::<Option<Origin>>(
                 "gatewayUrl",
                 "The mail gateway's origin, http(s)://host[:port] without a path (docs/gateway-protocol.md); null: mail is off",
@@ -85,15 +102,29 @@ impl Manager for Mail {
             .page(Page::new("", "Mail", "listServiceTargets").template("overview"))
             .collection(CollectionSpec::new(BINDINGS).index("by_service", &["serviceId"]).index("by_org", &["organizationId"]))
             .collection(SENDERS)
+            .collection(PEERS)
             .collection(STATUS)
+            .subscribe(PEER_EVENT)
             .subscribe("service.created")
             .subscribe("service.updated")
             .subscribe("service.deleting")
             .reconcile_every(Duration::from_secs(60))
     }
 
-    // on_event: the default (nothing); a service event's delivery already hints the reconcile
-    // loop
+    /// The CoreMail peer kept as published (the newest wins: events of one subject arrive in
+    /// order); a service event needs nothing here, its delivery already hints the reconcile loop.
+    fn on_event(_ctx: &Context, event: Event) -> Result<()> {
+        if event.kind != PEER_EVENT {
+            return Ok(());
+        }
+        let peer: Peer = serde_json::from_value(event.data)
+            .map_err(|e| Refusal::new("peer-event-invalid", format!("the {PEER_EVENT} event is not a peer: {e}")))?;
+        let current = store::get::<Peer>(PEERS, PEER_ID)?;
+        if current.as_ref().map(|d| &d.data) != Some(&peer) {
+            store::Batch::new().put(PEERS, PEER_ID, current.map(|d| d.revision), &peer).commit()?;
+        }
+        Ok(())
+    }
 
     fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
         let outcome = pass();
@@ -119,6 +150,33 @@ enum State {
     Blocked,
     /// Being withdrawn from the gateway; the record goes once the gateway forgot it.
     Removing,
+    /// CoreMail only: the gateway holds no credential of it and the service no direct-path
+    /// secrets; its inbound goes to CoreMail. A lower step issues the credential again.
+    Retired,
+}
+
+/// Where the gateway forwards an address's inbound mail.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+enum TargetType {
+    /// To the service's published SMTP port (`inbound`).
+    #[default]
+    Direct,
+    /// To the gateway's CoreMail peer.
+    Coremail,
+}
+
+/// The gateway peer CoreMail connects as, as the CoreMail manager publishes it: public halves
+/// only. `withdrawn` when CoreMail is off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Peer {
+    #[serde(default)]
+    peer_id: Option<String>,
+    #[serde(default)]
+    verifiers: Vec<Value>,
+    #[serde(default)]
+    withdrawn: bool,
 }
 
 /// Where the gateway forwards an address's inbound mail.
@@ -147,9 +205,12 @@ struct Binding {
     /// The credential version whose password the service's secrets hold.
     #[serde(default)]
     credential_version: Option<u64>,
-    /// The forward target the gateway holds, if any.
+    /// The direct forward target the gateway holds, if any.
     #[serde(default)]
     inbound: Option<Inbound>,
+    /// Whether the gateway's target for it names CoreMail rather than `inbound`.
+    #[serde(default)]
+    target_type: TargetType,
     /// Why there is no inbound forwarding, when there is none.
     #[serde(default)]
     inbound_note: Option<String>,
@@ -220,7 +281,23 @@ struct Service {
 /// The part of a service's `coreMail` this manager reads.
 #[derive(Debug, Clone, Deserialize)]
 struct CoreMailRecord {
-    want: String,
+    want: Step,
+}
+
+/// The step of the move onto CoreMail a service's `coreMail.want` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Step {
+    DualWrite,
+    InboundCutover,
+    CoremailOnly,
+}
+
+impl Service {
+    /// The step asked of this service's mail path; `None`: the direct path alone.
+    fn step(&self) -> Option<Step> {
+        self.core_mail.as_ref().map(|c| c.want)
+    }
 }
 
 /// One entry of a service's `mail`: public metadata only, never a password.
@@ -231,6 +308,8 @@ struct MailRecord {
     smtp_username: String,
     credential_version: u64,
     inbound: Option<Inbound>,
+    target_type: TargetType,
+    retired: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,6 +340,7 @@ impl Binding {
             username: None,
             credential_version: None,
             inbound: None,
+            target_type: TargetType::Direct,
             inbound_note: None,
             reason: None,
             message: None,
@@ -423,6 +503,27 @@ impl Gateway {
         }
     }
 
+    /// The CoreMail peer registered as published, put only where the gateway holds another (or
+    /// none). Its id, when there is a peer to forward to.
+    fn register_peer(&self, peer: &Peer) -> Result<Option<String>> {
+        let Some(id) = peer.peer_id.as_deref().filter(|_| !peer.withdrawn) else { return Ok(None) };
+        let path = format!("/v1/peers/{id}");
+        let (status, held) = self.expect("GET", &path, None, &[200, 404])?;
+        if status != 200 || held["verifiers"] != json!(peer.verifiers) {
+            self.expect("PUT", &path, Some(&json!({ "kind": "coremail", "verifiers": peer.verifiers })), &[200])?;
+            capstan_sdk::info!("mail: the CoreMail peer {id} registered at the gateway");
+        }
+        Ok(Some(id.to_string()))
+    }
+
+    /// A withdrawn peer forgotten by the gateway; `false` while targets still name it (they move
+    /// back to the services first).
+    fn forget_peer(&self, peer: &Peer) -> Result<bool> {
+        let Some(id) = &peer.peer_id else { return Ok(true) };
+        let (status, _) = self.expect("DELETE", &format!("/v1/peers/{id}"), None, &[204, 404, 409])?;
+        Ok(status != 409)
+    }
+
     /// The gateway's record of a credential (`None`: it holds none).
     fn credential(&self, id: &str) -> Result<Option<Value>> {
         let (status, answer) = self.expect("GET", &format!("/v1/smtp-credentials/{id}"), None, &[200, 404])?;
@@ -501,6 +602,12 @@ fn pass() -> Result<String> {
         summary.push(format!("addresses of {} services withdrawn", withdrawn.len()));
     }
 
+    // the CoreMail peer registered before any target names it
+    let peer = store::get::<Peer>(PEERS, PEER_ID)?;
+    let peer_id = match &peer {
+        Some(doc) => gateway.register_peer(&doc.data)?,
+        None => None,
+    };
     let domains = gateway.domains()?;
     let known: BTreeMap<&str, &Doc<Binding>> = existing.iter().map(|d| (d.id.as_str(), d)).collect();
     let (mut bound, mut blocked) = (0, 0);
@@ -509,8 +616,8 @@ fn pass() -> Result<String> {
             Some(doc) if doc.data.state != State::Removing => Some((*doc).clone()),
             _ => None,
         };
-        match bind(&gateway, &domains, id, service_id, service, address, doc)? {
-            State::Active => bound += 1,
+        match bind(&gateway, peer_id.as_deref(), &domains, id, service_id, service, address, doc)? {
+            State::Active | State::Retired => bound += 1,
             _ => blocked += 1,
         }
     }
@@ -521,6 +628,12 @@ fn pass() -> Result<String> {
 
     senders(&gateway, &services)?;
     release_unbound(&services, &withdrawn)?;
+    // a withdrawn peer goes once no target names it any more
+    if let Some(doc) = peer.filter(|d| d.data.withdrawn)
+        && gateway.forget_peer(&doc.data)?
+    {
+        store::Batch::new().delete(PEERS, PEER_ID, doc.revision).commit()?;
+    }
     let recorded = record_on_services(&read)?;
     if recorded > 0 {
         summary.push(format!("{recorded} service records updated"));
@@ -539,12 +652,16 @@ fn record_on_services(read: &[(String, u64, Service)]) -> Result<usize> {
         let wanted: Vec<MailRecord> = service
             .mail_addresses
             .iter()
-            .filter_map(|address| bound.iter().find(|b| &b.data.address == address && b.data.state == State::Active))
+            .filter_map(|address| {
+                bound.iter().find(|b| &b.data.address == address && matches!(b.data.state, State::Active | State::Retired))
+            })
             .map(|b| MailRecord {
                 address: b.data.address.clone(),
                 smtp_username: b.data.username.clone().unwrap_or_default(),
                 credential_version: b.data.credential_version.unwrap_or_default(),
                 inbound: b.data.inbound.clone(),
+                target_type: b.data.target_type,
+                retired: b.data.state == State::Retired,
             })
             .collect();
         if wanted == service.mail {
@@ -563,8 +680,10 @@ fn record_on_services(read: &[(String, u64, Service)]) -> Result<usize> {
 /// Bring one wanted address to `active` (or `blocked`, with the reason): record it, hold the
 /// service, have the gateway issue the credential and put its password into the service's
 /// secrets, keep the secrets and the forward target in line with the settings.
+#[allow(clippy::too_many_arguments)]
 fn bind(
     gateway: &Gateway,
+    peer: Option<&str>,
     domains: &BTreeSet<String>,
     id: &str,
     service_id: &str,
@@ -592,8 +711,8 @@ fn bind(
         let message = format!("the mail gateway does not list {domain} as a verified domain");
         return block(doc, "mail-domain-unverified", message);
     }
-    match settle(gateway, service, &mut doc) {
-        Ok(()) => Ok(State::Active),
+    match settle(gateway, peer, service, &mut doc) {
+        Ok(state) => Ok(state),
         Err(r) => {
             // what happened is kept on the record; the state stays as it was
             note(doc, r.code(), r.message())?;
@@ -602,53 +721,82 @@ fn bind(
     }
 }
 
-/// The gateway's side and the secrets of an address, made to match; `doc` is committed as
-/// `active` at the end.
-fn settle(gateway: &Gateway, service: &Service, doc: &mut Doc<Binding>) -> Result<()> {
+/// The gateway's side and the secrets of an address, made to match the step its service is at;
+/// `doc` is committed at the end as `active`, or `retired` at CoreMail only.
+fn settle(gateway: &Gateway, peer: Option<&str>, service: &Service, doc: &mut Doc<Binding>) -> Result<State> {
     let scope = service_scope(&doc.data.service_id);
     let owner = Owner::Service(doc.data.service_id.clone());
     let token = doc.data.token.clone();
     let group = |field: &str| format!("MAIL_{token}_SMTP_{field}");
-    // a credential the gateway lost (or never issued) is issued again
-    let held = match doc.data.credential_version {
-        Some(_) => gateway.credential(&doc.data.gateway_id)?.is_some(),
-        None => false,
+
+    // inbound: to the service's port, or from the inbound cutover on to the CoreMail peer
+    let cutover = service.step() >= Some(Step::InboundCutover);
+    let direct = inbound_of(gateway, service);
+    let (target_type, wanted, inbound_note) = match peer.filter(|_| cutover) {
+        Some(_) => (TargetType::Coremail, None, None),
+        None if cutover => (
+            TargetType::Direct,
+            direct.ok(),
+            Some(format!("the inbound cutover waits for CoreMail's gateway peer (the event {PEER_EVENT})")),
+        ),
+        None => (TargetType::Direct, direct.as_ref().ok().cloned(), direct.err()),
     };
-    if !held {
-        let (username, version, password) = gateway.issue(&doc.data)?;
-        secrets::put(&scope, &owner, &group("PASSWORD"), password.as_bytes())?;
-        doc.data.username = Some(username);
-        doc.data.credential_version = Some(version);
-        commit(doc)?;
-    }
-    let username = doc.data.username.clone().unwrap_or_default();
-    for (field, value) in public_values(gateway, &username) {
-        secrets::put(&scope, &owner, &group(field), value.as_bytes())?;
-    }
-    let inbound = inbound_of(gateway, service);
-    let wanted = inbound.as_ref().ok().cloned();
-    if wanted != doc.data.inbound {
+    if target_type != doc.data.target_type || wanted != doc.data.inbound {
         let path = format!("/v1/smtp-forward-targets/{}", doc.data.gateway_id);
-        match &wanted {
-            Some(target) => {
+        match (&wanted, peer) {
+            (_, Some(peer)) if target_type == TargetType::Coremail => {
+                let body = json!({ "address": doc.data.address, "targetType": "coremail", "peerId": peer });
+                gateway.expect("PUT", &path, Some(&body), &[200])?;
+            }
+            (Some(target), _) => {
                 let body = json!({ "address": doc.data.address, "host": target.host, "port": target.port });
                 gateway.expect("PUT", &path, Some(&body), &[200])?;
             }
-            None => drop(gateway.expect("DELETE", &path, None, &[204, 404])?),
+            (None, _) => drop(gateway.expect("DELETE", &path, None, &[204, 404])?),
         }
     }
-    let changed = doc.data.state != State::Active
+
+    // outbound: the address's credential and group, retired at CoreMail only (once inbound is
+    // CoreMail's), issued again by a lower step
+    let retire = service.step() == Some(Step::CoremailOnly) && target_type == TargetType::Coremail;
+    if retire {
+        if doc.data.state != State::Retired {
+            gateway.expect("DELETE", &format!("/v1/smtp-credentials/{}", doc.data.gateway_id), None, &[204, 404])?;
+            let prefix = group("");
+            revoke_keys(&doc.data.service_id, |key| key.starts_with(&prefix))?;
+            capstan_sdk::info!("mail: the direct credential of {} retired (CoreMail only)", doc.data.address);
+        }
+    } else {
+        // a credential the gateway lost (or never issued, or retired) is issued again
+        let held = match doc.data.credential_version {
+            Some(_) => gateway.credential(&doc.data.gateway_id)?.is_some(),
+            None => false,
+        };
+        if !held {
+            let (username, version, password) = gateway.issue(&doc.data)?;
+            secrets::put(&scope, &owner, &group("PASSWORD"), password.as_bytes())?;
+            doc.data.username = Some(username);
+            doc.data.credential_version = Some(version);
+            commit(doc)?;
+        }
+        let username = doc.data.username.clone().unwrap_or_default();
+        for (field, value) in public_values(gateway, &username) {
+            secrets::put(&scope, &owner, &group(field), value.as_bytes())?;
+        }
+    }
+    let state = if retire { State::Retired } else { State::Active };
+    let changed = doc.data.state != state
         || doc.data.inbound != wanted
+        || doc.data.target_type != target_type
         || doc.data.reason.is_some()
-        || doc.data.inbound_note != inbound.as_ref().err().cloned();
+        || doc.data.inbound_note != inbound_note;
     if changed {
-        doc.data.inbound = wanted;
-        doc.data.inbound_note = inbound.err();
-        doc.data.state = State::Active;
+        (doc.data.inbound, doc.data.target_type, doc.data.inbound_note) = (wanted, target_type, inbound_note);
+        doc.data.state = state;
         (doc.data.reason, doc.data.message) = (None, None);
         commit(doc)?;
     }
-    Ok(())
+    Ok(state)
 }
 
 /// The group's values that are not the password, from the settings.
@@ -788,13 +936,15 @@ struct AddressView {
     username: Option<String>,
     credential_version: Option<u64>,
     inbound: Option<Inbound>,
+    /// Where the gateway forwards its inbound mail: `direct` (to `inbound`) or `coremail`.
+    target_type: TargetType,
     inbound_note: Option<String>,
     reason: Option<String>,
     message: Option<String>,
     /// Whether its `SMTP_*` group is this address's (the default sender).
     default_sender: bool,
-    /// How its mail flows: `direct` (through the gateway), or the CoreMail step the service is
-    /// at (`dual-write`: CoreMail's environment beside the direct path's).
+    /// How its mail flows: `direct` (through the gateway), or the CoreMail step asked of the
+    /// service (`dual-write`, `inbound-cutover`, `coremail-only`; docs/coremail.md).
     path: String,
 }
 
@@ -819,7 +969,13 @@ struct Targets {
 fn service_mail(service_id: &str, service: &Service) -> Result<ServiceMail> {
     let bound = bindings_of(service_id)?;
     let sender = store::get::<Sender>(SENDERS, service_id)?.map(|d| d.data.address);
-    let path = service.core_mail.as_ref().map_or("direct", |c| c.want.as_str()).to_string();
+    let path = match service.step() {
+        None => "direct",
+        Some(Step::DualWrite) => "dual-write",
+        Some(Step::InboundCutover) => "inbound-cutover",
+        Some(Step::CoremailOnly) => "coremail-only",
+    }
+    .to_string();
     let mut addresses: Vec<AddressView> = service
         .mail_addresses
         .iter()
@@ -849,6 +1005,7 @@ fn view(b: Binding, sender: Option<&str>, path: &str) -> AddressView {
         username: b.username,
         credential_version: b.credential_version,
         inbound: b.inbound,
+        target_type: b.target_type,
         inbound_note: b.inbound_note,
         reason: b.reason,
         message: b.message,

@@ -35,6 +35,8 @@ USERNAME_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}\Z")
 # Deliberately loose: one @, something on both sides, nothing that would break an SMTP command.
 ADDRESS_RE = re.compile(r"[^@\s<>\x00-\x1f\x7f]+@[^@\s<>\x00-\x1f\x7f]+\Z")
 HOST_RE = re.compile(r"[^\s/@\x00-\x1f\x7f]{1,253}\Z")
+# A peer's salted verifier: coremail-v1$<hex salt>$<hex SHA-256 of salt bytes then secret>.
+VERIFIER_RE = re.compile(r"coremail-v1\$([0-9a-f]{32})\$([0-9a-f]{64})\Z")
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -92,7 +94,8 @@ class State:
         self.lock = threading.Lock()
         self.path, self.domains = path, domains
         self.credentials = {}  # id -> {id, username, allowedFrom, version, sha256}
-        self.targets = {}  # id -> {id, address, host, port}
+        self.targets = {}  # id -> {id, address, targetType, host, port} or {…, peerId}
+        self.peers = {}  # id -> {id, kind, verifiers: [{version, verifier, acceptUntil?}]}
         self.passwords = {}  # id -> newest plaintext issued; memory only, never persisted
         self.messages = []  # what the SMTP listener accepted
         if path and os.path.exists(path):
@@ -100,6 +103,7 @@ class State:
                 saved = json.load(f)
             self.credentials = {c["id"]: c for c in saved.get("credentials", [])}
             self.targets = {t["id"]: t for t in saved.get("targets", [])}
+            self.peers = {p["id"]: p for p in saved.get("peers", [])}
 
     def save(self):
         """Write the state file atomically (temp file + rename), so a gateway killed mid-write
@@ -107,7 +111,8 @@ class State:
         if not self.path:
             return
         data = {"credentials": sorted(self.credentials.values(), key=lambda c: c["id"]),
-                "targets": sorted(self.targets.values(), key=lambda t: t["id"])}
+                "targets": sorted(self.targets.values(), key=lambda t: t["id"]),
+                "peers": sorted(self.peers.values(), key=lambda p: p["id"])}
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gateway-state.")
         try:
@@ -199,15 +204,25 @@ class State:
 
     def put_target(self, tid, body):
         address = check_str(body, "address", ADDRESS_RE)
-        host = check_str(body, "host", HOST_RE)
-        port = body.get("port")
-        if type(port) is not int or not 1 <= port <= 65535:  # bool is an int subclass: excluded
-            raise invalid("port must be an integer 1-65535")
+        kind = body.get("targetType", "direct")
+        if kind == "direct":
+            host = check_str(body, "host", HOST_RE)
+            port = body.get("port")
+            if type(port) is not int or not 1 <= port <= 65535:  # bool is an int subclass: excluded
+                raise invalid("port must be an integer 1-65535")
+            target = {"id": tid, "address": address, "targetType": "direct", "host": host, "port": port}
+        elif kind == "coremail":
+            peer = check_id(body.get("peerId"))
+            target = {"id": tid, "address": address, "targetType": "coremail", "peerId": peer}
+        else:
+            raise invalid("targetType must be direct or coremail")
         with self.lock:
+            if kind == "coremail" and target["peerId"] not in self.peers:
+                raise ApiError(404, "peer-unknown", f"no peer {target['peerId']}")
             for other in self.targets.values():
                 if other["id"] != tid and same_address(other["address"], address):
                     raise ApiError(409, "address-taken", f"target {other['id']} holds {address}")
-            self.targets[tid] = {"id": tid, "address": address, "host": host, "port": port}
+            self.targets[tid] = target
             self.save()
             return dict(self.targets[tid])
 
@@ -219,6 +234,43 @@ class State:
         with self.lock:
             if self.targets.pop(tid, None) is None:
                 raise ApiError(404, "target-unknown", f"no target {tid}")
+            self.save()
+
+    # --- peers
+
+    def put_peer(self, pid, body):
+        if body.get("kind") != "coremail":
+            raise invalid("kind must be coremail")
+        verifiers = body.get("verifiers")
+        if not isinstance(verifiers, list) or not 1 <= len(verifiers) <= 8:
+            raise invalid("verifiers must be a list of 1-8")
+        for v in verifiers:
+            if (not isinstance(v, dict) or type(v.get("version")) is not int
+                    or not isinstance(v.get("verifier"), str) or not VERIFIER_RE.match(v["verifier"])
+                    or ("acceptUntil" in v and type(v["acceptUntil"]) is not int)):
+                raise invalid("a verifier is {version, verifier: coremail-v1$<salt>$<sha256>, acceptUntil?}")
+        peer = {"id": pid, "kind": "coremail",
+                "verifiers": [{k: v[k] for k in ("version", "verifier", "acceptUntil") if k in v}
+                              for v in verifiers]}
+        with self.lock:
+            self.peers[pid] = peer
+            self.save()
+            return dict(peer)
+
+    def get_peer(self, pid):
+        with self.lock:
+            if pid not in self.peers:
+                raise ApiError(404, "peer-unknown", f"no peer {pid}")
+            return dict(self.peers[pid])
+
+    def delete_peer(self, pid):
+        with self.lock:
+            if pid not in self.peers:
+                raise ApiError(404, "peer-unknown", f"no peer {pid}")
+            users = [t["id"] for t in self.targets.values() if t.get("peerId") == pid]
+            if users:
+                raise ApiError(409, "peer-in-use", f"targets still forward to {pid}: {', '.join(users)}")
+            del self.peers[pid]
             self.save()
 
 
@@ -265,6 +317,14 @@ def dispatch(state, token, method, target, headers, body):
         case "DELETE", ["v1", "smtp-forward-targets", tid]:
             state.delete_target(check_id(tid))
             return 204, None
+        case "GET", ["v1", "peers", pid]:
+            return 200, state.get_peer(check_id(pid))
+        case "PUT", ["v1", "peers", pid]:
+            check_id(pid)
+            return 200, state.put_peer(pid, json_object(body))
+        case "DELETE", ["v1", "peers", pid]:
+            state.delete_peer(check_id(pid))
+            return 204, None
         # Test-only, outside the protocol, without a token.
         case "GET", ["test", "messages"]:
             with state.lock:
@@ -277,7 +337,7 @@ def dispatch(state, token, method, target, headers, body):
                 return 200, {"password": state.passwords[cid]}
     match parts:
         case (["v1", "status" | "domains" | "smtp-credentials" | "smtp-forward-targets"]
-              | ["v1", "smtp-credentials" | "smtp-forward-targets", _]
+              | ["v1", "smtp-credentials" | "smtp-forward-targets" | "peers", _]
               | ["v1", "smtp-credentials", _, "rotate"] | ["test", "messages"] | ["test", "passwords", _]):
             raise ApiError(405, "method-not-allowed", f"{method} is not allowed on {url.path}")
     raise ApiError(404, "not-found", f"no such path {url.path}")

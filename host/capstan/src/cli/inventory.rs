@@ -891,12 +891,18 @@ fn print_service(s: &Value, organizations: &Names) {
     // what the mail manager bound of them at the gateway (never a password)
     for bound in s["mail"].as_array().into_iter().flatten() {
         let receiving = match bound["inbound"].as_object() {
+            _ if bound["targetType"] == "coremail" => "receiving through CoreMail".into(),
             Some(t) => {
                 format!("receiving at {}:{}", t.get("host").and_then(Value::as_str).unwrap_or("?"), t.get("port").unwrap_or(&Value::Null))
             }
             None => "not receiving".into(),
         };
-        println!("  bound:      {}: sending as {}, {receiving}", text(bound, "address"), text(bound, "smtpUsername"));
+        let sending = if bound["retired"] == true {
+            "direct credential retired".to_string()
+        } else {
+            format!("sending as {}", text(bound, "smtpUsername"))
+        };
+        println!("  bound:      {}: {sending}, {receiving}", text(bound, "address"));
     }
     if s["coreMail"].is_object() {
         println!("  coremail:   binding {} ({})", text(&s["coreMail"], "bindingId"), text(&s["coreMail"], "want"));

@@ -93,6 +93,7 @@ impl Agents {
 
 impl agents::Host for CallData {
     async fn call(&mut self, cluster_id: String, method: String, body: String) -> WitResult<String> {
+        self.changing()?;
         let agents = self.granted(&self.grant.agents, Capability::Agents)?;
         let dispatch = agents.services.agent_dispatch();
         call(dispatch.as_ref(), &agents.plugin, &self.request_id, self.deadline, cluster_id, method, &body).await

@@ -124,6 +124,7 @@ impl blobs::HostBlobWriter for CallData {
     }
 
     async fn finish(&mut self, writer: Resource<BlobWriterState>) -> WitResult<blobs::BlobInfo> {
+        self.changing()?;
         self.budget.call()?;
         let state = self.table.get_mut(&writer).map_err(table_error)?.writable()?;
         state.finished = true;
@@ -170,6 +171,7 @@ impl blobs::Host for CallData {
     }
 
     async fn delete(&mut self, key: String) -> WitResult<bool> {
+        self.changing()?;
         let p = self.blobs()?;
         p.blobs.delete(&p.key(&key)?).await.map_err(to_wit)
     }

@@ -23,6 +23,7 @@ impl Publisher {
 
 impl events::Host for CallData {
     async fn publish(&mut self, kind: String, subject: String, data: String) -> WitResult<()> {
+        self.changing()?;
         let publisher = self.granted(&self.grant.events, Capability::EventsPublish)?;
         let own = format!("{}.", publisher.plugin);
         if !kind.starts_with(&own) || kind.len() > 128 || !kind[own.len()..].chars().all(|c| c.is_ascii_alphanumeric()) {

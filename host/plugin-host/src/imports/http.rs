@@ -229,6 +229,9 @@ impl http::Host for CallData {
             .ok()
             .filter(|m| ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"].contains(&m.as_str()))
             .ok_or_else(|| refusal("invalid-request", format!("HTTP method {:?} is not allowed", request.method), json!({})))?;
+        if !matches!(method.as_str(), "GET" | "HEAD") {
+            self.changing()?;
+        }
         let timeout = std::time::Duration::from_millis(request.timeout_ms.unwrap_or(5_000).min(30_000) as u64);
         let mut builder = outbound.http.client.request(method, url).timeout(timeout);
         for (name, value) in request.headers.iter().filter(|(name, _)| !name.eq_ignore_ascii_case("host")) {

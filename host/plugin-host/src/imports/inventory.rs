@@ -137,6 +137,7 @@ impl inventory::Host for CallData {
     }
 
     async fn create_service(&mut self, body: String) -> WitResult<inventory::Entity> {
+        self.changing()?;
         let writer = self.service_writer()?;
         let body = parse_object(&body, "the service")?;
         let created = writer.platform.create_service(&self.actor(&writer)?, body).await.map_err(to_wit)?;
@@ -144,6 +145,7 @@ impl inventory::Host for CallData {
     }
 
     async fn update_service(&mut self, body: String) -> WitResult<inventory::Entity> {
+        self.changing()?;
         let writer = self.service_writer()?;
         let body = parse_object(&body, "the service")?;
         let updated = writer.platform.update_service(&self.actor(&writer)?, body).await.map_err(to_wit)?;
@@ -151,12 +153,14 @@ impl inventory::Host for CallData {
     }
 
     async fn hold_service(&mut self, service_id: String) -> WitResult<()> {
+        self.changing()?;
         let writer = self.service_writer()?;
         self.actor(&writer)?; // an anonymous call changes nothing, holds included
         writer.platform.hold_service(&service_id, &writer.holder()).await.map_err(to_wit)
     }
 
     async fn release_service(&mut self, service_id: String) -> WitResult<()> {
+        self.changing()?;
         let writer = self.service_writer()?;
         self.actor(&writer)?;
         writer.platform.release_service(&service_id, &writer.holder()).await.map_err(to_wit)

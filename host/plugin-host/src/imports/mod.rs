@@ -273,6 +273,9 @@ pub struct CallData {
     /// When the runtime stops the call (`None`: not known), which bounds the time an import
     /// may wait on the plugin's behalf (`agents.call`).
     pub deadline: Option<Instant>,
+    /// A method declared read-only is running: every import that changes something is
+    /// refused (`read-only-method`), so the declaration that keeps it out of the audit log holds.
+    pub read_only: bool,
 }
 
 /// Whose authority a plugin call's inventory writes carry.
@@ -311,6 +314,7 @@ impl CallData {
             budget: CallBudget::new(memory_limit),
             acting: Acting::Plugin,
             deadline: None,
+            read_only: false,
         }
     }
 
@@ -339,6 +343,20 @@ impl CallData {
             Some(p) if !self.grant.describing => Ok(p.clone()),
             _ => Err(self.denied(&capability)),
         }
+    }
+
+    /// `read-only-method` when the running method is declared a read: called first by every
+    /// import that changes something.
+    fn changing(&self) -> WitResult<()> {
+        if !self.read_only {
+            return Ok(());
+        }
+        tracing::warn!(plugin = %self.plugin(), request_id = %self.request_id, "a read-only method tried to change something");
+        Err(refusal(
+            "read-only-method",
+            format!("plugin {}: a method declared read-only changes nothing (store, secrets, services, events, blobs, agents, HTTP other than GET)", self.plugin()),
+            json!({}),
+        ))
     }
 
     /// `capability-denied` for `capability`, logged.

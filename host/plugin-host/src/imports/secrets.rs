@@ -104,23 +104,27 @@ impl secrets::Host for CallData {
         key: String,
         generate: secrets::Generate,
     ) -> WitResult<secrets::SecretInfo> {
+        self.changing()?;
         let (platform, actor) = self.scope(&scope, false)?;
         let meta = platform.ensure_secret(&actor, &scope, owner_of(owner), &key, generate.length, &generate.alphabet).await;
         meta.map(info).map_err(to_wit)
     }
 
     async fn put(&mut self, scope: String, owner: secrets::Owner, key: String, value: Vec<u8>) -> WitResult<secrets::SecretInfo> {
+        self.changing()?;
         let value = zeroize::Zeroizing::new(value);
         let (platform, actor) = self.scope(&scope, false)?;
         platform.put_secret(&actor, &scope, owner_of(owner), &key, value).await.map(info).map_err(to_wit)
     }
 
     async fn rotate(&mut self, scope: String, secret_id: String) -> WitResult<secrets::SecretInfo> {
+        self.changing()?;
         let (platform, actor) = self.scope(&scope, false)?;
         platform.rotate_secret(&actor, &scope, &secret_id).await.map(info).map_err(to_wit)
     }
 
     async fn revoke(&mut self, scope: String, secret_id: String) -> WitResult<secrets::SecretInfo> {
+        self.changing()?;
         let (platform, actor) = self.scope(&scope, false)?;
         platform.revoke_secret(&actor, &scope, &secret_id).await.map(info).map_err(to_wit)
     }

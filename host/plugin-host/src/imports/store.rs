@@ -108,6 +108,7 @@ impl store::Host for CallData {
     }
 
     async fn commit(&mut self, expectations: Vec<store::Expectation>, writes: Vec<store::Write>) -> WitResult<Vec<store::Document>> {
+        self.changing()?;
         enum Op {
             Insert(Value),
             Replace(u64, Value),

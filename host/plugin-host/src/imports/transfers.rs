@@ -42,6 +42,7 @@ impl CallData {
 
 impl transfers::Host for CallData {
     async fn upload(&mut self, key: String, max_bytes: u64, ttl_ms: u32) -> WitResult<transfers::Ticket> {
+        self.changing()?;
         self.ticket(key, Direction::Upload, max_bytes, ttl_ms).await
     }
 
@@ -63,6 +64,7 @@ impl transfers::Host for CallData {
     }
 
     async fn replicate(&mut self, key: String, target: transfers::S3Target) -> WitResult<transfers::ObjectDigest> {
+        self.changing()?;
         let (prefix, full) = self.transfer_key(&key)?;
         let endpoint = target.endpoint.trim();
         let url = reqwest::Url::parse(endpoint).map_err(|_| {

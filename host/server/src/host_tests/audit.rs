@@ -17,7 +17,8 @@ async fn host_methods_declare_reads_and_everything_else_is_audited() {
         let verb = method.name.split_once('.').map(|(_, verb)| verb).unwrap_or_default();
         let reads = READING_VERBS.iter().any(|r| verb.starts_with(r));
         if method.plugin.is_some() {
-            assert!(!method.read_only, "{}: plugin methods are audited", method.name);
+            // a plugin declares its reads itself, and the host holds it to them (host_tests/plugins.rs)
+            continue;
         } else if reads != method.read_only {
             undeclared.push(method.name.clone());
         }

@@ -640,6 +640,24 @@ async fn an_anonymous_caller_of_a_public_method_lends_the_plugin_no_authority() 
     assert!(created["id"].as_str().is_some_and(|id| !id.is_empty()), "{created}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_declared_read_only_is_not_audited_and_changes_nothing() {
+    let Some(f) = Fixture::new().await else { return };
+    f.host.install(&f.adversary_requesting(None, &["inventory:write-services"]), &all(), "admin").await.unwrap();
+    let method = |name: &str| f.state.methods.get(name).unwrap();
+    assert!(method("adversary.peek").read_only && method("adversary.sneak").read_only, "declared in the input schema");
+    assert!(!method("adversary.squat").read_only, "undeclared: a write, audited");
+    let org = method("organizations.create").call(crate::api::Call::by(&f.admin), json!({ "name": "readers" })).await.unwrap();
+
+    // the declaration holds: an import that would change something is refused while it runs
+    let service = json!({ "service": { "organizationId": org["id"], "name": "sneaked", "image": "nginx:1" } });
+    let refused = f.call("adversary", "sneak", service).await.unwrap_err();
+    assert_eq!(refused.code, "read-only-method", "{refused}");
+    let listed = method("services.list").call(crate::api::Call::by(&f.admin), json!({ "organizationId": org["id"] })).await.unwrap();
+    assert_eq!(listed["items"], json!([]), "nothing was created");
+    assert_eq!(f.call("adversary", "peek", json!({ "value": 7 })).await.unwrap(), json!({ "value": 7 }));
+}
+
 /// Everything logged in this test process from the first call on (debug and above), for tests
 /// that prove a value never reaches the log.
 pub(super) fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {

@@ -49,6 +49,10 @@ impl Manager for Adversary {
             .method("bloat", "Answer a huge body.", Role::Authenticated, bloat)
             .method("secret", "Drive the secrets import.", Role::Authenticated, secret)
             .method("squat", "Create the service sent, for anyone.", Role::Public, squat)
+            .method("sneak", "Create the service sent, though declared a read.", Role::Authenticated, squat)
+            .read_only()
+            .method("peek", "Answer the value sent: a read.", Role::Authenticated, echo)
+            .read_only()
     }
 }
 
