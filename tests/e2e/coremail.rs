@@ -149,23 +149,13 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
 
     // ---- on, CoreMail running without its bootstrap yet ----
     let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "mailops" }))["id"].as_str().unwrap().to_string();
-    let service = ok(
+    let service_id = create(&server, &admin, &org_id, json!({ "name": "coremail", "image": "registry.example.com/coremail:1" }));
+    let web_id = create(
         &server,
         &admin,
-        "services.create",
-        json!({ "organizationId": org_id, "name": "coremail", "image": "registry.example.com/coremail:1" }),
+        &org_id,
+        json!({ "name": "web", "image": "registry.example.com/web:1", "mailAddresses": ["web@acme.example", "ops@acme.example"] }),
     );
-    let service_id = service["id"].as_str().unwrap().to_string();
-    let web = ok(
-        &server,
-        &admin,
-        "services.create",
-        json!({
-            "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1",
-            "mailAddresses": ["web@acme.example", "ops@acme.example"],
-        }),
-    );
-    let web_id = web["id"].as_str().unwrap().to_string();
     let port = free_port();
     let bootstrap_file = dir.path().join("bootstrap.json");
     let state_file = dir.path().join("coremail-state.json");
@@ -408,7 +398,9 @@ fn manifest_scopes(server: &Capstan, admin: &str, service_id: &str) -> std::coll
 #[test]
 fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_restart_walks_back_and_returns_direct_at_once() {
     if !crate::mail::gateway_available() {
-        eprintln!("skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure");
+        eprintln!(
+            "skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -418,33 +410,19 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
 
     // ---- the direct path: a service with two addresses bound at the gateway ----
     let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "phases" }))["id"].as_str().unwrap().to_string();
-    let coremail_service = ok(
+    let coremail_id = create(&server, &admin, &org_id, json!({ "name": "coremail", "image": "registry.example.com/coremail:1" }));
+    let web_id = create(
         &server,
         &admin,
-        "services.create",
-        json!({ "organizationId": org_id, "name": "coremail", "image": "registry.example.com/coremail:1" }),
-    );
-    let coremail_id = coremail_service["id"].as_str().unwrap().to_string();
-    let web = ok(
-        &server,
-        &admin,
-        "services.create",
+        &org_id,
         json!({
-            "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1",
+            "name": "web", "image": "registry.example.com/web:1",
             "ports": [{ "port": 2525, "protocol": "tcp", "publicPort": 30025 }],
             "mailAddresses": ["web@acme.example", "ops@acme.example"],
         }),
     );
-    let web_id = web["id"].as_str().unwrap().to_string();
     let prefix = format!("capstan.{web_id}.");
-    let mut set_token = capstan();
-    set_token
-        .args(["secrets", "set-system", "MAIL_GATEWAY_TOKEN", "--system-id", "mail", "--scope", "mail:gateway"])
-        .env("CAPSTAN_URL", server.url(""))
-        .env("CAPSTAN_TOKEN", &admin)
-        .env("XDG_CONFIG_HOME", dir.path().join("config"));
-    let exited = crate::plugins::run(set_token, crate::mail::TOKEN.as_bytes(), crate::support::EXIT_TIMEOUT);
-    assert!(exited.status.success(), "capstan secrets set-system: {exited:?}");
+    crate::mail::set_gateway_token(&server, &admin, &dir.path().join("config"));
     set(
         &server,
         &admin,
@@ -561,6 +539,12 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
     let scopes = manifest_scopes(&server, &admin, &web_id);
     assert!(scopes.values().all(|scope| *scope == format!("mail:{web_id}")), "only the direct path resolves: {scopes:?}");
     drop(coremail);
+}
+
+/// A service created in `org_id` with `fields`: its id.
+fn create(server: &Capstan, admin: &str, org_id: &str, mut fields: Value) -> String {
+    fields["organizationId"] = json!(org_id);
+    ok(server, admin, "services.create", fields)["id"].as_str().unwrap().to_string()
 }
 
 fn status_of(server: &Capstan, admin: &str) -> Value {

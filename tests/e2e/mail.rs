@@ -131,6 +131,19 @@ fn update_service(server: &Capstan, admin: &str, service_id: &str, fields: Value
     })
 }
 
+/// The gateway's token given to the mail manager as an operator does: `capstan secrets set-system`
+/// reading it from standard input.
+pub(crate) fn set_gateway_token(server: &Capstan, admin: &str, config_home: &Path) {
+    let mut set_token = capstan();
+    set_token
+        .args(["secrets", "set-system", "MAIL_GATEWAY_TOKEN", "--system-id", "mail", "--scope", "mail:gateway"])
+        .env("CAPSTAN_URL", server.url(""))
+        .env("CAPSTAN_TOKEN", admin)
+        .env("XDG_CONFIG_HOME", config_home);
+    let exited = crate::plugins::run(set_token, TOKEN.as_bytes(), EXIT_TIMEOUT);
+    assert!(exited.status.success(), "capstan secrets set-system: {exited:?}");
+}
+
 fn group(token: &str) -> Vec<String> {
     ["HOST", "PASSWORD", "PORT", "TLS", "USER"].iter().map(|f| format!("MAIL_{token}_SMTP_{f}")).collect()
 }
@@ -203,14 +216,7 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     // ---- no token: unconfigured, by name; with it but the gateway down: unreachable ----
     let unconfigured = stopped_by("gateway-unconfigured");
     assert!(unconfigured["gateway"]["error"]["message"].as_str().unwrap().contains("MAIL_GATEWAY_TOKEN"), "{unconfigured}");
-    let mut set_token = capstan();
-    set_token
-        .args(["secrets", "set-system", "MAIL_GATEWAY_TOKEN", "--system-id", "mail", "--scope", "mail:gateway"])
-        .env("CAPSTAN_URL", server.url(""))
-        .env("CAPSTAN_TOKEN", &admin)
-        .env("XDG_CONFIG_HOME", dir.path().join("config"));
-    let exited = crate::plugins::run(set_token, TOKEN.as_bytes(), EXIT_TIMEOUT);
-    assert!(exited.status.success(), "capstan secrets set-system: {exited:?}");
+    set_gateway_token(&server, &admin, &dir.path().join("config"));
     let down = stopped_by("gateway-unreachable");
     let addresses = &down["services"][0]["addresses"];
     assert!(addresses.as_array().unwrap().iter().all(|a| a["state"] == "pending"), "nothing is bound while the gateway is down: {down}");

@@ -972,8 +972,14 @@ fn a_violation_names_a_long_member_only_so_far() {
     let schema = json!({ "type": "object", "properties": { "labels": { "type": "object", "additionalProperties": { "type": "string" } } },
                          "additionalProperties": false });
     let validator = input_validator(&schema).unwrap();
-    let entry =
-        MethodEntry { summary: String::new(), role: Access::Public, input_schema: schema, output_schema: json!({}), read_only: false, validator };
+    let entry = MethodEntry {
+        summary: String::new(),
+        role: Access::Public,
+        input_schema: schema,
+        output_schema: json!({}),
+        read_only: false,
+        validator,
+    };
     let long = "k".repeat(100_000);
     let (message, _) = first_violation(&entry, &json!({ long.clone(): 1 })).unwrap();
     assert!(message.len() <= 303 && message.starts_with("Additional properties"), "{message}");

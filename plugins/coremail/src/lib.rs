@@ -30,8 +30,8 @@
 //!
 //! An unchanged pass reads (the settings, the secrets, CoreMail's status) and writes nothing.
 
-use capstan_sdk::http::Request;
 use capstan_sdk::events;
+use capstan_sdk::http::Request;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::secrets::{self, Generate, Owner, SecretInfo};
 use capstan_sdk::settings::{PortNumber, SmtpTls};
@@ -138,6 +138,8 @@ impl Manager for CoreMail {
             )
             // /p/coremail: the control plane's status and the statistics
             .page(Page::new("", "CoreMail", "getControlStatus").template("overview"))
+            // /p/coremail/statistics: what CoreMail counted, per service and UTC day
+            .page(Page::new("statistics", "Mail statistics", "getServiceMailStatistics"))
             .collection(CREDENTIALS)
             .collection(CONTROL)
             .collection(STATUS)
@@ -754,8 +756,7 @@ fn phase(service_id: &str, service: &Service) -> Result<Phase> {
     if !delivered {
         return Ok(Phase::Direct);
     }
-    let entries: Vec<&MailEntry> =
-        service.mail_addresses.iter().filter_map(|a| service.mail.iter().find(|e| &e.address == a)).collect();
+    let entries: Vec<&MailEntry> = service.mail_addresses.iter().filter_map(|a| service.mail.iter().find(|e| &e.address == a)).collect();
     if entries.len() < service.mail_addresses.len() || entries.iter().any(|e| e.target_type != "coremail") {
         return Ok(Phase::DualWrite);
     }
@@ -769,7 +770,8 @@ fn publish_peer(gateway: Option<&Credential>) -> Result<()> {
     let peer = match gateway {
         Some(g) => {
             let mut verifiers = vec![json!({ "version": g.version, "verifier": g.verifier })];
-            verifiers.extend(g.retiring.iter().map(|r| json!({ "version": r.version, "verifier": r.verifier, "acceptUntil": r.accept_until })));
+            verifiers
+                .extend(g.retiring.iter().map(|r| json!({ "version": r.version, "verifier": r.verifier, "acceptUntil": r.accept_until })));
             json!({ "peerId": GATEWAY_CREDENTIAL_ID, "verifiers": verifiers, "withdrawn": false })
         }
         None => json!({ "peerId": GATEWAY_CREDENTIAL_ID, "verifiers": [], "withdrawn": true }),

@@ -354,7 +354,10 @@ impl CallData {
         tracing::warn!(plugin = %self.plugin(), request_id = %self.request_id, "a read-only method tried to change something");
         Err(refusal(
             "read-only-method",
-            format!("plugin {}: a method declared read-only changes nothing (store, secrets, services, events, blobs, agents, HTTP other than GET)", self.plugin()),
+            format!(
+                "plugin {}: a method declared read-only changes nothing (store, secrets, services, events, blobs, agents, HTTP other than GET)",
+                self.plugin()
+            ),
             json!({}),
         ))
     }
