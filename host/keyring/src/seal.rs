@@ -50,10 +50,42 @@ impl Context {
         self
     }
 
-    /// The bytes GCM authenticates: the profile, the KEK id and the context, as canonical JSON.
+    /// The bytes GCM authenticates: `{"profile":…,"kekId":…,"context":{…}}`, the context's
+    /// entries in key order.
     fn aad(&self, kek_id: &str) -> Vec<u8> {
-        serde_json::to_vec(&json!({ "profile": PROFILE, "kekId": kek_id, "context": self.0 })).expect("context serializes")
+        let mut out = Vec::with_capacity(96 + self.0.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>());
+        out.extend_from_slice(b"{\"profile\":");
+        json_string(&mut out, PROFILE);
+        out.extend_from_slice(b",\"kekId\":");
+        json_string(&mut out, kek_id);
+        out.extend_from_slice(b",\"context\":");
+        json_object(&mut out, self.0.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        out.push(b'}');
+        out
     }
+}
+
+/// `{"k":"v",…}` with the members in the order given, strings escaped as serde_json escapes them.
+///
+/// Authenticated data is written out here rather than left to a `serde_json` map: a map's
+/// member order depends on the cargo feature `preserve_order` (the shipped binary has it through
+/// the MongoDB driver, a crate's own tests do not), and sealed material must not stop opening
+/// because a dependency changed. The order is the one the binary has always written.
+pub fn json_object<'a>(out: &mut Vec<u8>, members: impl IntoIterator<Item = (&'a str, &'a str)>) {
+    out.push(b'{');
+    for (i, (key, value)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_string(out, key);
+        out.push(b':');
+        json_string(out, value);
+    }
+    out.push(b'}');
+}
+
+fn json_string(out: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(&mut *out, text).expect("a string serializes");
 }
 
 fn not_readable(reason: &str) -> Refusal {
@@ -97,6 +129,17 @@ impl Keyring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_authenticated_data_is_the_json_the_binary_has_always_written() {
+        // insertion order outside, key order inside, serde_json's escaping: a golden value, so a
+        // change of encoding (which would leave every sealed value unreadable) fails here
+        let context = super::Context::new("jwt-signing-key").with("kid", "k\"1/é\n");
+        assert_eq!(
+            String::from_utf8(context.aad("kek-2026")).unwrap(),
+            r#"{"profile":"aes-256-gcm","kekId":"kek-2026","context":{"kid":"k\"1/é\n","purpose":"jwt-signing-key"}}"#
+        );
+    }
+
     use super::*;
 
     fn ctx() -> Context {

@@ -51,18 +51,23 @@ impl MaterialContext {
     }
 
     /// The bytes the material's own GCM layer authenticates: the same context, canonical.
+    /// In this member order, always (see [`capstan_keyring::seal::json_object`]).
     fn aad(&self) -> Vec<u8> {
-        serde_json::to_vec(&json!({
-            "profile": PROFILE,
-            "purpose": self.purpose,
-            "secretId": self.secret_id,
-            "versionId": self.version_id,
-            "owner": self.owner,
-            "organization": self.organization,
-            "key": self.key,
-            "environment": self.environment,
-        }))
-        .expect("context serializes")
+        let mut out = Vec::with_capacity(256);
+        capstan_keyring::seal::json_object(
+            &mut out,
+            [
+                ("profile", PROFILE),
+                ("purpose", self.purpose.as_str()),
+                ("secretId", self.secret_id.as_str()),
+                ("versionId", self.version_id.as_str()),
+                ("owner", self.owner.as_str()),
+                ("organization", self.organization.as_str()),
+                ("key", self.key.as_str()),
+                ("environment", self.environment.as_str()),
+            ],
+        );
+        out
     }
 }
 
@@ -145,6 +150,23 @@ pub fn rewrap(keyring: &Keyring, context: &MaterialContext, envelope: &Envelope)
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_material_context_is_authenticated_as_the_binary_has_always_written_it() {
+        let context = super::MaterialContext {
+            purpose: "secret-version".into(),
+            secret_id: "sec_1".into(),
+            version_id: "ver_1".into(),
+            owner: "service:svc_1".into(),
+            organization: "org_1".into(),
+            key: "SMTP_PASSWORD".into(),
+            environment: "production".into(),
+        };
+        assert_eq!(
+            String::from_utf8(context.aad()).unwrap(),
+            r#"{"profile":"capstan-envelope-v1","purpose":"secret-version","secretId":"sec_1","versionId":"ver_1","owner":"service:svc_1","organization":"org_1","key":"SMTP_PASSWORD","environment":"production"}"#
+        );
+    }
+
     use super::*;
 
     fn context() -> MaterialContext {
