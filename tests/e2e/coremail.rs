@@ -510,6 +510,11 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
     assert!(only.values().all(|scope| *scope == format!("coremail:{web_id}")), "nothing of the direct path resolves: {only:?}");
     let (credentials, targets) = gateway.held(&prefix);
     assert!(credentials.is_empty(), "the direct credentials retired at the gateway: {credentials:?}");
+    let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    assert!(
+        record["mail"].as_array().unwrap().iter().all(|m| m["targetType"] == "coremail" && m["retired"] == true),
+        "the mail manager's record says what it retired: {record}"
+    );
     assert_eq!(targets.len(), 2, "inbound stays with CoreMail: {targets:?}");
 
     // ---- the binding stops being active: back one phase at a time ----
