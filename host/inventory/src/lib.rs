@@ -62,6 +62,8 @@ pub fn collections() -> Vec<CollectionSpec> {
         CollectionSpec::new(CLUSTER_NODES).index("by_cluster", &["clusterId"]),
         CollectionSpec::new(SERVICES)
             .unique("by_organization_name", &["organizationId", "name"])
+            // the registry finds a repository's service by name (`workloads/<name>-<id prefix>`)
+            .index("by_name", &["name"])
             .index("by_organization", &["organizationId"])
             .index("by_state", &["state"]),
         CollectionSpec::new(SERVICE_HOLDS).index("by_service", &["serviceId"]),

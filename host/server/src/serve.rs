@@ -93,6 +93,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     crate::inventory::declare(&store).await?;
     crate::secrets::methods::declare(&store).await?;
     crate::nodes::declare(&store).await?;
+    capstan_registry::declare(&store).await?;
     capstan_rpc::audit::declare(&store).await?;
     bootstrap_admin(&config, &store, &blobs).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
@@ -218,6 +219,18 @@ async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugi
             }
         })
         .description("Deletes sessions whose expiry has passed, and counts of failed logins past their window."),
+    )?;
+    let registry_storage = capstan_registry::storage::Storage { store: store.clone(), blobs: blobs.clone() };
+    scheduler.register(
+        HostTask::new("host.expire-registry-uploads", "Expire abandoned registry uploads", "17 * * * *", move |log| {
+            let storage = registry_storage.clone();
+            async move {
+                let expired = storage.expire_uploads(capstan_core::clock::now_secs()).await?;
+                log.line(format!("removed {expired} registry uploads untouched for a day"));
+                Ok(())
+            }
+        })
+        .description("Removes registry blob uploads nobody touched for 24 hours, with the parts they stored."),
     )?;
     let finalizer_store = store.clone();
     scheduler.register(

@@ -71,6 +71,8 @@ pub struct AppState {
     pub relays: Arc<crate::relays::Relays>,
     /// What `GET /metrics` serves, and to whom.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The OCI registry under `/v2`.
+    pub registry: Arc<capstan_registry::Registry>,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -140,6 +142,8 @@ impl AppState {
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
         crate::relays::methods::register(&mut registry, relays.clone());
+        let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin);
+        capstan_registry::methods::register(&mut registry, oci.clone());
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
@@ -160,6 +164,7 @@ impl AppState {
             sockets,
             relays,
             metrics: crate::metrics::Metrics::new(metrics_token.as_ref()),
+            registry: oci,
         }
     }
 }
@@ -225,6 +230,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
     crate::nodes::declare(&store).await.unwrap();
+    capstan_registry::declare(&store).await.unwrap();
     capstan_rpc::audit::declare(&store).await.unwrap();
     let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
     // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
@@ -314,6 +320,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route(crate::relays::forward::PATH, post(crate::relays::forward::answer).fallback(method_not_allowed))
         .merge(mcp::routes(&state))
         .merge(nodes::routes())
+        .merge(capstan_registry::routes(state.registry.clone()))
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })

@@ -1,0 +1,575 @@
+//! The `/v2` routes: one catch-all that reads what a path asks for from its end (repository
+//! names contain `/`), authenticates the bearer, authorizes the action and serves it.
+
+use crate::Registry;
+use crate::access::{Action, Allowed, authorize};
+use crate::errors::OciError;
+use crate::manifests::{self, MAX_MANIFEST};
+use crate::names::{Digest, Reference, check_name, client_digest};
+use crate::storage::{ManifestRecord, Part, Storage, missing_bytes};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use capstan_auth::Identity;
+use capstan_blobs::BlobReader;
+use capstan_core::clock::now_secs;
+use futures::TryStreamExt;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+type Answer = Result<Response, OciError>;
+
+/// The registry's routes, for the server to merge.
+pub fn routes<S: Clone + Send + Sync + 'static>(registry: Arc<Registry>) -> Router<S> {
+    Router::new()
+        .route("/v2", get(base))
+        .route("/v2/", get(base))
+        .route("/v2/token", get(crate::token::token))
+        .route("/v2/{*path}", any(dispatch))
+        .with_state(registry)
+}
+
+/// The `WWW-Authenticate` challenge pointing at the token endpoint.
+pub fn challenge(registry: &Registry, scope: Option<(&str, Action)>) -> String {
+    let mut value = format!("Bearer realm=\"{}/v2/token\",service=\"capstan\"", registry.public_origin);
+    if let Some((repository, action)) = scope {
+        value.push_str(&format!(",scope=\"repository:{repository}:{}\"", action.scope()));
+    }
+    value
+}
+
+async fn identity(registry: &Registry, headers: &HeaderMap, scope: Option<(&str, Action)>) -> Result<Identity, OciError> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|t| !t.is_empty());
+    let Some(bearer) = bearer else { return Err(OciError::unauthorized(challenge(registry, scope))) };
+    match registry.auth.authenticate(bearer).await {
+        Ok(identity) => Ok(identity),
+        Err(e) if e.is("unauthenticated") => Err(OciError::unauthorized(challenge(registry, scope))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn api_version(mut response: Response) -> Response {
+    response.headers_mut().insert("docker-distribution-api-version", HeaderValue::from_static("registry/2.0"));
+    response
+}
+
+/// `GET /v2/`: whether the caller is authenticated.
+async fn base(State(registry): State<Arc<Registry>>, headers: HeaderMap) -> Response {
+    api_version(match identity(&registry, &headers, None).await {
+        Ok(_) => axum::Json(json!({})).into_response(),
+        Err(e) => e.into_response(),
+    })
+}
+
+/// What a `/v2/<path>` asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    Tags(&'a str),
+    Manifest(&'a str, &'a str),
+    Referrers(&'a str, &'a str),
+    UploadStart(&'a str),
+    Upload(&'a str, &'a str),
+    Blob(&'a str, &'a str),
+}
+
+/// Read a path from its end: `<name>/tags/list`, `<name>/manifests/<ref>`,
+/// `<name>/referrers/<digest>`, `<name>/blobs/uploads/[<id>]`, `<name>/blobs/<digest>`.
+fn target(path: &str) -> Option<Target<'_>> {
+    let (head, last) = path.rsplit_once('/')?;
+    let (name, second) = head.rsplit_once('/').unwrap_or(("", head));
+    let name_before = |suffix: &str| path.strip_suffix(suffix).filter(|n| !n.is_empty());
+    if second == "tags" && last == "list" {
+        return Some(Target::Tags(name));
+    }
+    if second == "manifests" {
+        return Some(Target::Manifest(name, last));
+    }
+    if second == "referrers" {
+        return Some(Target::Referrers(name, last));
+    }
+    if let Some(name) = name_before("/blobs/uploads/").or_else(|| name_before("/blobs/uploads")) {
+        return Some(Target::UploadStart(name));
+    }
+    if second == "uploads"
+        && let Some(name) = name.strip_suffix("/blobs")
+    {
+        return Some(Target::Upload(name, last));
+    }
+    if second == "blobs" {
+        return Some(Target::Blob(name, last));
+    }
+    None
+}
+
+async fn dispatch(State(registry): State<Arc<Registry>>, request: Request) -> Response {
+    let path = request.uri().path().strip_prefix("/v2/").unwrap_or("").to_string();
+    let query: HashMap<String, String> = request.uri().query().map(url_decoded_pairs).unwrap_or_default();
+    let answer = serve(&registry, &path, &query, request).await;
+    api_version(answer.unwrap_or_else(IntoResponse::into_response))
+}
+
+async fn serve(registry: &Registry, path: &str, query: &HashMap<String, String>, request: Request) -> Answer {
+    let Some(target) = target(path) else {
+        return Err(OciError::new(StatusCode::NOT_FOUND, "UNSUPPORTED", "registry-route-unknown", "no registry API answers at this path"));
+    };
+    let name = match &target {
+        Target::Tags(n)
+        | Target::Manifest(n, _)
+        | Target::Referrers(n, _)
+        | Target::UploadStart(n)
+        | Target::Upload(n, _)
+        | Target::Blob(n, _) => *n,
+    };
+    check_name(name)?;
+    let method = request.method().clone();
+    let action = match method {
+        Method::GET | Method::HEAD => Action::Pull,
+        Method::DELETE if !matches!(target, Target::Upload(..)) => Action::Delete,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE => Action::Push,
+        _ => {
+            return Err(OciError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "UNSUPPORTED",
+                "method-not-allowed",
+                "this method is not served here",
+            ));
+        }
+    };
+    let caller = identity(registry, request.headers(), Some((name, action))).await?;
+    let allowed = authorize(&registry.storage.store, &caller, name, action).await?;
+    let storage = &registry.storage;
+    let head = method == Method::HEAD;
+    match (target, method) {
+        (Target::Blob(_, digest), Method::GET | Method::HEAD) => {
+            get_blob(storage, name, &client_digest(digest)?, request.headers(), head).await
+        }
+        (Target::Blob(_, digest), Method::DELETE) => {
+            let digest = client_digest(digest)?;
+            if storage.unlink(name, &digest).await? {
+                Ok(StatusCode::ACCEPTED.into_response())
+            } else {
+                Err(OciError::blob_unknown(digest.as_str()))
+            }
+        }
+        (Target::UploadStart(_), Method::POST) => start_upload(registry, name, query, &caller, request).await,
+        (Target::Upload(_, id), Method::GET) => {
+            let (record, _) = storage.upload(name, id).await?.ok_or_else(OciError::upload_unknown)?;
+            Ok(upload_answer(StatusCode::NO_CONTENT, name, id, record.size))
+        }
+        (Target::Upload(_, id), Method::PATCH) => patch_upload(storage, name, id, request).await,
+        (Target::Upload(_, id), Method::PUT) => finish_upload(storage, name, id, query, request).await,
+        (Target::Upload(_, id), Method::DELETE) => {
+            let (record, _) = storage.upload(name, id).await?.ok_or_else(OciError::upload_unknown)?;
+            storage.end_upload(id, &record.parts, None).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        (Target::Manifest(_, reference), Method::GET | Method::HEAD) => {
+            get_manifest(storage, name, &Reference::parse(reference)?, head).await
+        }
+        (Target::Manifest(_, reference), Method::PUT) => {
+            put_manifest(registry, name, &Reference::parse(reference)?, &allowed, request).await
+        }
+        (Target::Manifest(_, reference), Method::DELETE) => {
+            let done = match Reference::parse(reference)? {
+                Reference::Digest(digest) => storage.delete_manifest(name, &digest).await?,
+                Reference::Tag(tag) => storage.delete_tag(name, &tag).await?,
+            };
+            if done { Ok(StatusCode::ACCEPTED.into_response()) } else { Err(OciError::manifest_unknown(reference)) }
+        }
+        (Target::Tags(_), Method::GET | Method::HEAD) => list_tags(storage, name, query).await,
+        (Target::Referrers(_, digest), Method::GET | Method::HEAD) => referrers(storage, name, &client_digest(digest)?, query).await,
+        _ => Err(OciError::new(StatusCode::METHOD_NOT_ALLOWED, "UNSUPPORTED", "method-not-allowed", "this method is not served here")),
+    }
+}
+
+fn url_decoded_pairs(query: &str) -> HashMap<String, String> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .filter_map(|(k, v)| Some((percent_decode(k)?, percent_decode(v)?)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn header_value(value: &str) -> HeaderValue {
+    HeaderValue::from_str(value).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// The request's body as a reader for the blob store.
+fn body_reader(request: Request) -> BlobReader {
+    let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
+    Box::pin(tokio_util::io::StreamReader::new(stream))
+}
+
+/// A blob's bytes, whole or a `Range: bytes=a-b` of them.
+async fn get_blob(storage: &Storage, name: &str, digest: &Digest, headers: &HeaderMap, head: bool) -> Answer {
+    let record = storage.blob_in(name, digest).await?.ok_or_else(|| OciError::blob_unknown(digest.as_str()))?;
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(spec) => Some(parse_range(spec, record.size).ok_or_else(|| range_unsatisfiable(record.size))?),
+        None => None,
+    };
+    let (start, end) = range.unwrap_or((0, record.size.saturating_sub(1)));
+    let length = if record.size == 0 { 0 } else { end - start + 1 };
+    let body = if head {
+        Body::empty()
+    } else {
+        use tokio::io::AsyncReadExt;
+        let reader = storage.open(&record, start).await?.ok_or_else(|| missing_bytes(digest.as_str()))?;
+        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader.take(length), 256 << 10))
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = if range.is_some() { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert("docker-content-digest", header_value(digest.as_str()));
+    h.insert(header::ETAG, header_value(&format!("\"{digest}\"")));
+    if range.is_some() {
+        h.insert(header::CONTENT_RANGE, header_value(&format!("bytes {start}-{end}/{}", record.size)));
+    }
+    Ok(response)
+}
+
+/// `bytes=a-b`, `bytes=a-` or `bytes=-n` within `size`: the inclusive first and last byte.
+fn parse_range(spec: &str, size: u64) -> Option<(u64, u64)> {
+    let spec = spec.trim().strip_prefix("bytes=")?;
+    let (a, b) = spec.split_once('-')?;
+    let (start, end) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().ok()?;
+            (size.checked_sub(n.min(size))?, size.checked_sub(1)?)
+        }
+        (a, "") => (a.parse().ok()?, size.checked_sub(1)?),
+        (a, b) => (a.parse().ok()?, b.parse::<u64>().ok()?.min(size.checked_sub(1)?)),
+    };
+    (start <= end && end < size).then_some((start, end))
+}
+
+fn range_unsatisfiable(size: u64) -> OciError {
+    OciError::new(StatusCode::RANGE_NOT_SATISFIABLE, "BLOB_UNKNOWN", "registry-range-invalid", "the requested range is not within the blob")
+        .with_data(json!({ "size": size }))
+}
+
+fn upload_answer(status: StatusCode, name: &str, id: &str, size: u64) -> Response {
+    let mut response = status.into_response();
+    let h = response.headers_mut();
+    h.insert(header::LOCATION, header_value(&format!("/v2/{name}/blobs/uploads/{id}")));
+    h.insert(header::RANGE, header_value(&format!("0-{}", size.saturating_sub(1))));
+    h.insert("docker-upload-uuid", header_value(id));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+    response
+}
+
+fn blob_created(name: &str, digest: &Digest) -> Response {
+    let mut response = StatusCode::CREATED.into_response();
+    let h = response.headers_mut();
+    h.insert(header::LOCATION, header_value(&format!("/v2/{name}/blobs/{digest}")));
+    h.insert("docker-content-digest", header_value(digest.as_str()));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+    response
+}
+
+/// `POST …/blobs/uploads/`: a mount, a whole blob (`?digest=`), or a new upload session.
+async fn start_upload(registry: &Registry, name: &str, query: &HashMap<String, String>, caller: &Identity, request: Request) -> Answer {
+    let storage = &registry.storage;
+    if let (Some(mount), Some(from)) = (query.get("mount"), query.get("from")) {
+        let digest = client_digest(mount)?;
+        // a source the caller may not read is answered as a plain upload session, as the spec asks
+        let readable = check_name(from).is_ok() && authorize(&storage.store, caller, from, Action::Pull).await.is_ok();
+        if readable && storage.mount(from, name, &digest).await? {
+            return Ok(blob_created(name, &digest));
+        }
+    } else if let Some(expected) = query.get("digest") {
+        let expected = client_digest(expected)?;
+        let key = Storage::part_key(&uuid::Uuid::new_v4().simple().to_string(), 0);
+        let part = storage.write_part(&key, body_reader(request)).await.map_err(body_failed)?;
+        return commit(storage, name, &expected, part, &[]).await;
+    }
+    let id = storage.start_upload(name, &caller.user_id).await?;
+    Ok(upload_answer(StatusCode::ACCEPTED, name, &id, 0))
+}
+
+fn body_failed(refusal: capstan_core::refusal::Refusal) -> OciError {
+    if refusal.is("blobs-unavailable") && refusal.detail.as_deref().is_some_and(|d| d.contains("body")) {
+        OciError::upload_invalid("registry-upload-broken", "the upload's body could not be read to its end; nothing was stored")
+    } else {
+        refusal.into()
+    }
+}
+
+/// Keep `part` as the blob `expected` in `name` when its digest is that; `also` are keys to
+/// remove either way (an upload's other parts).
+async fn commit(storage: &Storage, name: &str, expected: &Digest, part: Part, also: &[String]) -> Answer {
+    if Digest::from_hex(&part.sha256) != *expected {
+        let mut unused = also.to_vec();
+        unused.push(part.key);
+        storage.discard(&unused).await;
+        return Err(
+            OciError::digest_invalid("the uploaded content does not match the digest").with_data(json!({ "digest": expected.as_str() }))
+        );
+    }
+    let mut unused = storage.commit_blob(name, expected, &part).await?;
+    unused.extend(also.iter().filter(|k| **k != part.key).cloned());
+    storage.discard(&unused).await;
+    Ok(blob_created(name, expected))
+}
+
+/// `PATCH` an upload: append the body as its next part.
+async fn patch_upload(storage: &Storage, name: &str, id: &str, request: Request) -> Answer {
+    let (record, revision) = storage.upload(name, id).await?.ok_or_else(OciError::upload_unknown)?;
+    if let Some(range) = request.headers().get(header::CONTENT_RANGE).and_then(|v| v.to_str().ok()) {
+        let start = range.trim().trim_start_matches("bytes ").split('-').next().and_then(|s| s.trim().parse::<u64>().ok());
+        if start != Some(record.size) {
+            return Ok(out_of_order(name, id, record.size));
+        }
+    }
+    let key = Storage::part_key(id, record.parts.len());
+    let part = storage.write_part(&key, body_reader(request)).await.map_err(body_failed)?;
+    if part.size == 0 {
+        storage.discard(&[key]).await;
+        return Ok(upload_answer(StatusCode::ACCEPTED, name, id, record.size));
+    }
+    match storage.add_part(id, record, revision, part).await? {
+        Ok(record) => Ok(upload_answer(StatusCode::ACCEPTED, name, id, record.size)),
+        Err(()) => {
+            // another chunk got there first: this one is not part of the upload
+            storage.discard(&[key]).await;
+            let size = storage.upload(name, id).await?.map_or(0, |(r, _)| r.size);
+            Ok(out_of_order(name, id, size))
+        }
+    }
+}
+
+fn out_of_order(name: &str, id: &str, size: u64) -> Response {
+    let mut response = OciError::upload_invalid("registry-upload-out-of-order", "the chunk does not start where the upload ends")
+        .with_data(json!({ "size": size }))
+        .into_response();
+    *response.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+    let h = response.headers_mut();
+    h.insert(header::LOCATION, header_value(&format!("/v2/{name}/blobs/uploads/{id}")));
+    h.insert(header::RANGE, header_value(&format!("0-{}", size.saturating_sub(1))));
+    h.insert("docker-upload-uuid", header_value(id));
+    response
+}
+
+/// `PUT` an upload `?digest=`: its last part (the body, if any), then the blob.
+async fn finish_upload(storage: &Storage, name: &str, id: &str, query: &HashMap<String, String>, request: Request) -> Answer {
+    let expected = client_digest(query.get("digest").ok_or_else(|| OciError::digest_invalid("finishing an upload needs ?digest="))?)?;
+    let (mut record, revision) = storage.upload(name, id).await?.ok_or_else(OciError::upload_unknown)?;
+    let declared_empty = request.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v == "0");
+    if !declared_empty || record.parts.is_empty() {
+        let key = Storage::part_key(id, record.parts.len());
+        let part = storage.write_part(&key, body_reader(request)).await.map_err(body_failed)?;
+        if part.size > 0 || record.parts.is_empty() {
+            record = match storage.add_part(id, record, revision, part).await? {
+                Ok(record) => record,
+                Err(()) => {
+                    storage.discard(&[key]).await;
+                    return Err(OciError::upload_invalid("registry-upload-out-of-order", "the upload changed while it was being finished"));
+                }
+            };
+        } else {
+            storage.discard(&[key]).await;
+        }
+    }
+    let whole = storage.joined(id, &record.parts).await?;
+    let parts: Vec<String> = record.parts.iter().map(|p| p.key.clone()).collect();
+    let answer = commit(storage, name, &expected, whole.clone(), &parts).await;
+    // the record goes either way: a wrong digest ends the upload (the client starts again)
+    storage.end_upload(id, &[], None).await?;
+    answer
+}
+
+/// A manifest by tag or digest, exactly as pushed.
+async fn get_manifest(storage: &Storage, name: &str, reference: &Reference, head: bool) -> Answer {
+    let shown = match reference {
+        Reference::Tag(t) => t.clone(),
+        Reference::Digest(d) => d.to_string(),
+    };
+    let (record, blob) = storage.manifest(name, reference).await?.ok_or_else(|| OciError::manifest_unknown(&shown))?;
+    let body =
+        if head { Body::empty() } else { Body::from(storage.manifest_bytes(&blob).await?.ok_or_else(|| missing_bytes(&record.digest))?) };
+    let mut response = Response::new(body);
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, header_value(&record.media_type));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(record.size));
+    h.insert("docker-content-digest", header_value(&record.digest));
+    h.insert(header::ETAG, header_value(&format!("\"{}\"", record.digest)));
+    Ok(response)
+}
+
+/// `PUT` a manifest: judged, its references checked, stored, tagged.
+async fn put_manifest(registry: &Registry, name: &str, reference: &Reference, allowed: &Allowed, request: Request) -> Answer {
+    if allowed.blobs_only {
+        return Err(OciError::denied(
+            "deployment-operation-required",
+            "a deployer's manifest is accepted only for a deployment operation holding this exact tag",
+        ));
+    }
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let bytes = axum::body::to_bytes(request.into_body(), MAX_MANIFEST).await.map_err(|_| {
+        let mut e = OciError::manifest_invalid(format!("a manifest is at most {MAX_MANIFEST} bytes"));
+        e.status = StatusCode::PAYLOAD_TOO_LARGE;
+        e.reason = "registry-manifest-too-large".into();
+        e
+    })?;
+    let judged = manifests::judge(&bytes, content_type.as_deref())?;
+    let digest = manifests::digest_of(&bytes);
+    let tag = match reference {
+        Reference::Digest(expected) if *expected != digest => {
+            return Err(OciError::digest_invalid("the manifest does not match the digest it was pushed under")
+                .with_data(json!({ "digest": expected.as_str() })));
+        }
+        Reference::Digest(_) => None,
+        Reference::Tag(tag) => Some(tag.as_str()),
+    };
+    let record = ManifestRecord {
+        repository: name.to_string(),
+        digest: digest.to_string(),
+        media_type: judged.media_type,
+        size: bytes.len() as u64,
+        subject: judged.subject.clone(),
+        artifact_type: judged.artifact_type,
+        annotations: judged.annotations,
+        references: judged.references,
+        created_at: now_secs(),
+    };
+    if let Err(missing) = registry.storage.put_manifest(record, bytes.to_vec(), tag).await? {
+        return Err(OciError::manifest_blob_unknown(&missing));
+    }
+    tracing::info!(repository = name, digest = %digest, tag = tag.unwrap_or(""), "manifest pushed");
+    let mut response = StatusCode::CREATED.into_response();
+    let h = response.headers_mut();
+    h.insert(header::LOCATION, header_value(&format!("/v2/{name}/manifests/{digest}")));
+    h.insert("docker-content-digest", header_value(digest.as_str()));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+    if let Some(subject) = judged.subject {
+        h.insert("oci-subject", header_value(&subject));
+    }
+    Ok(response)
+}
+
+/// Most tags one page lists.
+const MAX_TAGS_PAGE: usize = 1000;
+
+async fn list_tags(storage: &Storage, name: &str, query: &HashMap<String, String>) -> Answer {
+    let n = match query.get("n") {
+        Some(n) => n.parse::<usize>().map_err(|_| {
+            OciError::new(StatusCode::BAD_REQUEST, "PAGINATION_NUMBER_INVALID", "registry-page-size-invalid", "n must be a number")
+        })?,
+        None => MAX_TAGS_PAGE,
+    };
+    let last = query.get("last").map(String::as_str).filter(|l| !l.is_empty());
+    let (tags, more) = if n == 0 {
+        (vec![], false)
+    } else {
+        storage.tags(name, last, n.min(MAX_TAGS_PAGE)).await?.ok_or_else(|| OciError::name_unknown(name))?
+    };
+    let next = tags.last().cloned();
+    let mut response = axum::Json(json!({ "name": name, "tags": tags })).into_response();
+    if more && let Some(next) = next {
+        let link = format!("</v2/{name}/tags/list?last={next}&n={}>; rel=\"next\"", n.min(MAX_TAGS_PAGE));
+        response.headers_mut().insert(header::LINK, header_value(&link));
+    }
+    Ok(response)
+}
+
+async fn referrers(storage: &Storage, name: &str, digest: &Digest, query: &HashMap<String, String>) -> Answer {
+    let wanted = query.get("artifactType").filter(|t| !t.is_empty());
+    let found = storage.referrers(name, digest).await?;
+    let manifests: Vec<_> = found
+        .iter()
+        .filter(|m| wanted.is_none_or(|w| m.artifact_type.as_ref() == Some(w)))
+        .map(|m| {
+            let mut d = json!({ "mediaType": m.media_type, "digest": m.digest, "size": m.size });
+            if let Some(t) = &m.artifact_type {
+                d["artifactType"] = json!(t);
+            }
+            if let Some(a) = &m.annotations {
+                d["annotations"] = a.clone();
+            }
+            d
+        })
+        .collect();
+    let body = json!({ "schemaVersion": 2, "mediaType": manifests::OCI_INDEX, "manifests": manifests });
+    let mut response = (StatusCode::OK, serde_json::to_vec(&body).unwrap_or_default()).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(manifests::OCI_INDEX));
+    if wanted.is_some() {
+        h.insert("oci-filters-applied", HeaderValue::from_static("artifactType"));
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_read_from_their_end() {
+        assert_eq!(target("a/b/tags/list"), Some(Target::Tags("a/b")));
+        assert_eq!(target("a/manifests/latest"), Some(Target::Manifest("a", "latest")));
+        assert_eq!(target("a/b/referrers/sha256:x"), Some(Target::Referrers("a/b", "sha256:x")));
+        assert_eq!(target("a/blobs/uploads/"), Some(Target::UploadStart("a")));
+        assert_eq!(target("a/blobs/uploads"), Some(Target::UploadStart("a")));
+        assert_eq!(target("a/b/blobs/uploads/123"), Some(Target::Upload("a/b", "123")));
+        assert_eq!(target("blobs/blobs/sha256:x"), Some(Target::Blob("blobs", "sha256:x")));
+        assert_eq!(target("a/manifests/b/blobs/sha256:x"), Some(Target::Blob("a/manifests/b", "sha256:x")));
+        assert_eq!(target("a/whatever"), None);
+        assert_eq!(target("nothing"), None);
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9", 100), Some((0, 9)));
+        assert_eq!(parse_range("bytes=90-", 100), Some((90, 99)));
+        assert_eq!(parse_range("bytes=-10", 100), Some((90, 99)));
+        assert_eq!(parse_range("bytes=50-200", 100), Some((50, 99)));
+        assert_eq!(parse_range("bytes=100-", 100), None);
+        assert_eq!(parse_range("bytes=5-4", 100), None);
+        assert_eq!(parse_range("items=0-1", 100), None);
+        assert_eq!(parse_range("bytes=0-0", 0), None);
+    }
+
+    #[test]
+    fn queries_are_decoded() {
+        let q = url_decoded_pairs("mount=sha256%3Aab&from=a%2Fb&n=2");
+        assert_eq!(q["mount"], "sha256:ab");
+        assert_eq!(q["from"], "a/b");
+        assert_eq!(q["n"], "2");
+    }
+}
