@@ -250,6 +250,8 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             json!({ "id": SERVICE, "expectedRevision": STALE }),
             [Past("conflict"), Past("conflict"), Denied, hidden_service, hidden_service, Denied, Anon],
         ),
+        // the service's repository, to whoever may read the service
+        ("registry.getServiceTarget", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
         ("services.get", json!({ "id": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
         ("services.list", json!({ "organizationId": ORG }), [Ran, Ran, Ran, Denied, Denied, Denied, Anon]),
         (

@@ -161,6 +161,36 @@ pub enum ServiceState {
     Deleting,
 }
 
+/// A tag pushed to a service's repository in Capstan's registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistryPush {
+    /// The tag.
+    pub tag: String,
+    /// The manifest (or index) digest it names.
+    pub digest: String,
+    /// When it was pushed (seconds since the epoch).
+    pub pushed_at: u64,
+}
+
+/// Record on the service that `tag` of its repository now names `digest` (the registry's push
+/// hook). A service being deleted, or one that is gone, records nothing.
+pub async fn record_push(store: &Store, id: &str, tag: &str, digest: &str) -> Result<()> {
+    store
+        .transact(|tx| async move {
+            let Some(current) = tx.get(SERVICES, id).await? else { return Ok(()) };
+            let mut next: Service = serde_json::from_value(current.data.clone()).map_err(Refusal::internal)?;
+            if next.state != ServiceState::Active {
+                return Ok(());
+            }
+            next.registry_push = Some(RegistryPush { tag: tag.into(), digest: digest.into(), pushed_at: now_secs() });
+            next.updated_at = now_secs();
+            tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
+            emit(&tx, "service.pushed", id, json!({ "id": id, "tag": tag, "digest": digest })).await
+        })
+        .await
+}
+
 /// A service: a workload definition owned by an organization.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -197,6 +227,9 @@ pub struct Service {
     /// CoreMail's binding of it, when the CoreMail manager has moved it onto CoreMail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub core_mail: Option<CoreMailBinding>,
+    /// The newest tag pushed to its repository in Capstan's registry (the registry writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_push: Option<RegistryPush>,
     /// The template snapshot a manager (the App Store) created or upgraded it from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Value>,
@@ -472,6 +505,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         mail_addresses: fields.mail_addresses.unwrap_or_default(),
         mail: Vec::new(),
         core_mail: None,
+        registry_push: None,
         template: fields.template,
         state: ServiceState::Active,
         deleting_at: None,

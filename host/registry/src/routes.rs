@@ -472,6 +472,12 @@ async fn put_manifest(registry: &Registry, name: &str, reference: &Reference, al
         return Err(OciError::manifest_blob_unknown(&missing));
     }
     tracing::info!(repository = name, digest = %digest, tag = tag.unwrap_or(""), "manifest pushed");
+    if let (Some(service), Some(tag)) = (&allowed.service_id, tag) {
+        // the push is stored either way; a failed record is said, and the next push records again
+        if let Err(e) = capstan_inventory::services::record_push(&registry.storage.store, service, tag, digest.as_str()).await {
+            tracing::warn!(service = %service, code = %e.code, "a push was not recorded on its service: {}", e.message);
+        }
+    }
     let mut response = StatusCode::CREATED.into_response();
     let h = response.headers_mut();
     h.insert(header::LOCATION, header_value(&format!("/v2/{name}/manifests/{digest}")));
