@@ -11,6 +11,9 @@
 #   CAPSTAN_TEST_REQUIRE_GATEWAY  the mail tests start tests/peers/gateway themselves (python3 with
 #                             aiosmtpd); set, they fail instead of skipping when it cannot start
 #   (the CoreMail tests start tests/peers/coremail themselves: python3's standard library only)
+#   CAPSTAN_TEST_REQUIRE_SKOPEO  the registry tests push and pull images with skopeo (Debian's
+#                             package, installed here when missing); set, they fail instead of
+#                             skipping when it is not on PATH
 
 PEERS_DIR="$(mktemp -d /tmp/capstan-peers.XXXXXX)"
 PEER_PIDS=()
@@ -102,3 +105,15 @@ export CAPSTAN_TEST_NPM_REGISTRY="http://127.0.0.1:$NPM_PORT/"
 
 # aiosmtpd is installed above; the mail tests start their own gateway from tests/peers/gateway
 export CAPSTAN_TEST_REQUIRE_GATEWAY=1
+
+# skopeo, the registry tests' OCI client, from Debian when missing (the package lists are
+# refreshed only if the install cannot find the package)
+if ! command -v skopeo >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q skopeo; then
+        apt-get update -q
+        apt-get install -y -q skopeo
+    fi
+fi
+skopeo --version
+export CAPSTAN_TEST_REQUIRE_SKOPEO=1

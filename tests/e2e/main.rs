@@ -32,6 +32,7 @@ mod nodes_cli;
 mod operating;
 mod plugin_dev;
 mod plugins;
+mod registry;
 mod relays;
 mod relays_cli;
 mod s3;

@@ -11,6 +11,7 @@ pub mod errors;
 pub mod manifests;
 pub mod methods;
 pub mod names;
+pub mod retention;
 mod routes;
 pub mod storage;
 mod token;
@@ -57,7 +58,7 @@ pub fn registry_host(public_origin: &str) -> &str {
 
 /// Declare the registry's collections.
 pub async fn declare(store: &Store) -> Result<()> {
-    for spec in storage::collections() {
+    for spec in storage::collections().into_iter().chain(retention::collections()) {
         store.declare(spec).await?;
     }
     Ok(())

@@ -237,6 +237,8 @@ fn body_reader(request: Request) -> BlobReader {
 /// A blob's bytes, whole or a `Range: bytes=a-b` of them.
 async fn get_blob(storage: &Storage, name: &str, digest: &Digest, headers: &HeaderMap, head: bool) -> Answer {
     let record = storage.blob_in(name, digest).await?.ok_or_else(|| OciError::blob_unknown(digest.as_str()))?;
+    // a client that found the blob may push a manifest naming it a while later
+    storage.note_use(crate::storage::BLOBS, digest.as_str(), record.used_at.max(record.created_at)).await;
     let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
         Some(spec) => Some(parse_range(spec, record.size).ok_or_else(|| range_unsatisfiable(record.size))?),
         None => None,
@@ -421,6 +423,8 @@ async fn get_manifest(storage: &Storage, name: &str, reference: &Reference, head
         Reference::Digest(d) => d.to_string(),
     };
     let (record, blob) = storage.manifest(name, reference).await?.ok_or_else(|| OciError::manifest_unknown(&shown))?;
+    let member = crate::storage::member_id(name, &record.digest);
+    storage.note_use(crate::storage::MANIFESTS, &member, record.used_at.max(record.created_at)).await;
     let body =
         if head { Body::empty() } else { Body::from(storage.manifest_bytes(&blob).await?.ok_or_else(|| missing_bytes(&record.digest))?) };
     let mut response = Response::new(body);
@@ -467,6 +471,7 @@ async fn put_manifest(registry: &Registry, name: &str, reference: &Reference, al
         annotations: judged.annotations,
         references: judged.references,
         created_at: now_secs(),
+        used_at: now_secs(),
     };
     if let Err(missing) = registry.storage.put_manifest(record, bytes.to_vec(), tag).await? {
         return Err(OciError::manifest_blob_unknown(&missing));

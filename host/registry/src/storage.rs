@@ -35,7 +35,7 @@ pub const UPLOADS: &str = "registry_uploads";
 pub fn collections() -> Vec<CollectionSpec> {
     vec![
         CollectionSpec::new(BLOBS),
-        CollectionSpec::new(LINKS).index("by_repository", &["repository"]),
+        CollectionSpec::new(LINKS).index("by_repository", &["repository"]).index("by_digest", &["digest"]),
         CollectionSpec::new(MANIFESTS).index("by_repository", &["repository"]).index("by_subject", &["repository", "subject"]),
         CollectionSpec::new(TAGS).index("by_repository", &["repository"]).index("by_digest", &["repository", "digest"]),
         CollectionSpec::new(UPLOADS),
@@ -52,6 +52,10 @@ pub struct BlobRecord {
     pub size: u64,
     /// When it was stored (seconds).
     pub created_at: u64,
+    /// When a request last used it (found it, mounted it, pushed a manifest naming it), at most
+    /// [`USE_RECORDED_EVERY`] stale: retention keeps it for a day after.
+    #[serde(default)]
+    pub used_at: u64,
 }
 
 /// A manifest a repository holds.
@@ -79,6 +83,9 @@ pub struct ManifestRecord {
     pub references: Vec<String>,
     /// When it was first pushed to this repository (seconds).
     pub created_at: u64,
+    /// When a request last used it (pushed or pulled it, pushed an index naming it).
+    #[serde(default)]
+    pub used_at: u64,
 }
 
 /// A tag.
@@ -123,6 +130,24 @@ pub struct UploadRecord {
     pub created_at: u64,
     /// When a part last arrived (seconds).
     pub updated_at: u64,
+}
+
+/// A read records its use only when the last record is older than this (a pull writes at most
+/// once an hour per object); a push always records it.
+pub const USE_RECORDED_EVERY: u64 = 3600;
+
+/// Record that `id` was used `now`: always when `force`, else only when its last record is
+/// older than [`USE_RECORDED_EVERY`]. A write here is what makes retention, deciding about
+/// the same record in its own transaction, see the use or meet a conflict.
+pub async fn touch(tx: &Tx, collection: &str, id: &str, now: u64, force: bool) -> StoreResult<bool> {
+    let Some(doc) = tx.get(collection, id).await? else { return Ok(false) };
+    let used = doc.data["usedAt"].as_u64().unwrap_or(0).max(doc.data["createdAt"].as_u64().unwrap_or(0));
+    if force || used + USE_RECORDED_EVERY <= now {
+        let mut data = doc.data.clone();
+        data["usedAt"] = json!(now);
+        tx.replace(collection, id, doc.revision, data).await?;
+    }
+    Ok(true)
 }
 
 /// How long an upload may sit untouched before it is removed.
@@ -178,6 +203,19 @@ impl Storage {
         }
     }
 
+    /// Record a read's use of `id` when its last recorded use (`used_at`) is an hour old (best
+    /// effort: a failure costs only retention's grace for it).
+    pub async fn note_use(&self, collection: &str, id: &str, used_at: u64) {
+        let now = now_secs();
+        if used_at + USE_RECORDED_EVERY > now {
+            return;
+        }
+        let touched = self.store.transact(|tx| async move { touch(&tx, collection, id, now, false).await }).await;
+        if let Err(e) = touched {
+            tracing::debug!(id, code = %e.code, "a registry read's use was not recorded: {}", e.message);
+        }
+    }
+
     /// The blob `digest` as `repository` holds it (a layer it links or a manifest it holds).
     pub async fn blob_in(&self, repository: &str, digest: &Digest) -> StoreResult<Option<BlobRecord>> {
         let member = member_id(repository, digest.as_str());
@@ -201,7 +239,7 @@ impl Storage {
     /// Record that `repository` holds the blob `digest` stored at `part` (or already stored
     /// elsewhere under that digest). Answers the keys that hold nothing now.
     pub async fn commit_blob(&self, repository: &str, digest: &Digest, part: &Part) -> StoreResult<Vec<String>> {
-        let record = BlobRecord { key: part.key.clone(), size: part.size, created_at: now_secs() };
+        let record = BlobRecord { key: part.key.clone(), size: part.size, created_at: now_secs(), used_at: now_secs() };
         let record = value(&record)?;
         let link = json!({ "repository": repository, "digest": digest.as_str(), "createdAt": now_secs() });
         let unused = self
@@ -210,7 +248,11 @@ impl Storage {
                 let (record, link) = (record.clone(), link.clone());
                 async move {
                     let unused = match tx.get(BLOBS, digest.as_str()).await? {
-                        Some(existing) if parse::<BlobRecord>(&existing)?.key != part.key => vec![part.key.clone()],
+                        Some(existing) if parse::<BlobRecord>(&existing)?.key != part.key => {
+                            // the stored copy serves: marked used, so retention cannot take it now
+                            touch(&tx, BLOBS, digest.as_str(), now_secs(), true).await?;
+                            vec![part.key.clone()]
+                        }
                         Some(_) => vec![],
                         None => {
                             tx.insert(BLOBS, digest.as_str(), record).await?;
@@ -234,7 +276,7 @@ impl Storage {
                 async move {
                     let member = member_id(from, digest.as_str());
                     let held = tx.get(LINKS, &member).await?.is_some() || tx.get(MANIFESTS, &member).await?.is_some();
-                    if !held || tx.get(BLOBS, digest.as_str()).await?.is_none() {
+                    if !held || !touch(&tx, BLOBS, digest.as_str(), now_secs(), true).await? {
                         return Ok(false);
                     }
                     link_in(&tx, to, digest, link).await?;
@@ -265,7 +307,7 @@ impl Storage {
         let key = format!("registry/manifests/{}", record.digest);
         let size = bytes.len() as u64;
         self.blobs.put_bytes(&key, bytes, PutMode::Overwrite).await?;
-        let blob = value(&BlobRecord { key: key.clone(), size, created_at: now_secs() })?;
+        let blob = value(&BlobRecord { key: key.clone(), size, created_at: now_secs(), used_at: now_secs() })?;
         let data = value(&record)?;
         let tag_data = tag.map(|tag| TagRecord {
             repository: record.repository.clone(),
@@ -279,18 +321,22 @@ impl Storage {
             .transact(|tx| {
                 let (blob, data, tag_data) = (blob.clone(), data.clone(), tag_data.clone());
                 async move {
+                    // every record this manifest stands on is marked used in this transaction, so
+                    // retention deciding about one of them now conflicts with it and keeps it
+                    let now = now_secs();
                     for reference in &record.references {
                         let member = member_id(&record.repository, reference);
-                        let held = tx.get(LINKS, &member).await?.is_some() || tx.get(MANIFESTS, &member).await?.is_some();
-                        if !held || tx.get(BLOBS, reference).await?.is_none() {
+                        let link = tx.get(LINKS, &member).await?.is_some();
+                        let held = link || touch(&tx, MANIFESTS, &member, now, true).await?;
+                        if !held || !touch(&tx, BLOBS, reference, now, true).await? {
                             return Ok(Err(reference.clone()));
                         }
                     }
-                    if tx.get(BLOBS, &record.digest).await?.is_none() {
+                    if !touch(&tx, BLOBS, &record.digest, now, true).await? {
                         tx.insert(BLOBS, &record.digest, blob).await?;
                     }
                     let member = member_id(&record.repository, &record.digest);
-                    if tx.get(MANIFESTS, &member).await?.is_none() {
+                    if !touch(&tx, MANIFESTS, &member, now, true).await? {
                         tx.insert(MANIFESTS, &member, data).await?;
                     }
                     if let (Some(tag), Some(tag_data)) = (tag, tag_data) {

@@ -100,6 +100,14 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let keyring = Arc::new(keyring);
     let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
     let scheduler = start_scheduler(&store, &blobs, &fleet, &plugins).await?;
+    let first_retention = scheduler.clone();
+    tokio::spawn(async move {
+        // the registry's first retention pass after a start (then hourly checks: docs/registry.md)
+        tokio::time::sleep(std::time::Duration::from_secs(capstan_registry::retention::FIRST_PASS_AFTER)).await;
+        if let Err(e) = first_retention.trigger(RETENTION_TASK, "capstan").await {
+            tracing::info!(code = %e.code, "the registry's first retention pass did not start here: {}", e.message);
+        }
+    });
     let state = AppState::build(api::Parts {
         store,
         blobs,
@@ -204,6 +212,9 @@ async fn start_plugins(
 }
 
 /// The scheduler with the host's tasks; the coordinator places them.
+/// The registry's retention pass (a host task; docs/registry.md).
+const RETENTION_TASK: &str = "host.registry-retention";
+
 async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugins: &Arc<PluginHost>) -> Result<Arc<Scheduler>> {
     let scheduler = Scheduler::new(store.clone(), fleet.node.identity.id.clone(), Some(fleet.clone()), Some(plugins.clone())).await?;
     let reaper_store = store.clone();
@@ -231,6 +242,29 @@ async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugi
             }
         })
         .description("Removes registry blob uploads nobody touched for 24 hours, with the parts they stored."),
+    )?;
+    let retention_storage = capstan_registry::storage::Storage { store: store.clone(), blobs: blobs.clone() };
+    let started = std::time::Instant::now();
+    let first_pass = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    scheduler.register(
+        HostTask::new(RETENTION_TASK, "Registry retention", "41 * * * *", move |log| {
+            let (storage, first_pass) = (retention_storage.clone(), first_pass.clone());
+            async move {
+                use capstan_registry::retention;
+                let (now, uptime) = (capstan_core::clock::now_secs(), started.elapsed().as_secs());
+                // a pass 3 minutes after start, then daily (hourly while one left work)
+                let first = uptime >= retention::FIRST_PASS_AFTER && first_pass.swap(false, std::sync::atomic::Ordering::SeqCst);
+                if !first && !retention::due(&storage, now).await? {
+                    log.line("no pass due: the last one left nothing to do and ran less than a day ago");
+                    return Ok(());
+                }
+                let summary = retention::pass(&storage, now, uptime, &retention::Limits::default()).await?;
+                tracing::info!("{summary}");
+                log.line(summary.to_string());
+                Ok(())
+            }
+        })
+        .description("Deletes what nothing reaches any more from the registry: untagged manifests a day after their last use, then blobs no manifest names (docs/registry.md, \"Retention\")."),
     )?;
     let finalizer_store = store.clone();
     scheduler.register(

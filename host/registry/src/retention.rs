@@ -1,0 +1,333 @@
+//! Registry retention: what nothing reaches any more leaves the registry's storage.
+//!
+//! One pass judges every repository from a listing of the whole registry, then deletes, each
+//! deletion in its own short transaction that judges its record again:
+//!
+//! - **manifests**: kept when a tag names one, its service's newest push (`registryPush`) names
+//!   it, or it was pushed or used less than [`Limits::grace`] ago — together with everything a
+//!   kept manifest references in its repository and the manifests whose subject it is
+//!   (signatures, attestations). Every manifest of a repository that maps to no service is kept
+//!   (and the repository named in the summary).
+//! - **blobs** (layers, configs, manifests' bytes): deleted when no manifest left references
+//!   one and it was written and last used more than the grace ago — and only when every
+//!   deletable manifest is gone, nothing failed, and this process has served for
+//!   [`Limits::uptime_for_blobs`] (a client may have found a blob before a restart and push the
+//!   manifest naming it after).
+//!
+//! Nothing is locked. Every push marks the records it stands on used in its own transaction
+//! (`storage::touch`), and each deletion re-reads its record and deletes it at the revision it
+//! judged, so a push that lands during a pass either made the record young (kept) or conflicts
+//! with the deletion (retried, then kept). A manifest PUT naming a blob already collected is
+//! refused `MANIFEST_BLOB_UNKNOWN`, and the client pushes the blob again.
+//!
+//! At most [`Limits::max_deletions`] objects go per pass; a pass that stops early, or where a
+//! step failed, leaves `workRemains` set and the next pass (an hour later, not a day) finishes:
+//! nothing depends on what an earlier pass did.
+
+use crate::names::service_repository;
+use crate::storage::{BLOBS, BlobRecord, LINKS, MANIFESTS, ManifestRecord, Storage, TAGS, TagRecord};
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::services::{Service, ServiceState};
+use capstan_store::{CollectionSpec, Document, Tx};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+
+/// Retention's own record (id [`STATE`]): when the last pass ran and whether it left work.
+pub const RETENTION: &str = "registry_retention";
+/// The one document of [`RETENTION`].
+pub const STATE: &str = "state";
+
+/// Retention's collection.
+pub fn collections() -> Vec<CollectionSpec> {
+    vec![CollectionSpec::new(RETENTION)]
+}
+
+/// What a pass may do.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// How long a manifest or blob is kept after it was written or last used (seconds).
+    pub grace: u64,
+    /// How long this process must have served before blobs are collected (seconds).
+    pub uptime_for_blobs: u64,
+    /// Most objects deleted in one pass.
+    pub max_deletions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { grace: 24 * 3600, uptime_for_blobs: 3600, max_deletions: 20_000 }
+    }
+}
+
+/// How often a pass runs: daily, or hourly while the last one left work.
+pub const EVERY: u64 = 24 * 3600;
+/// See [`EVERY`].
+pub const RETRY_EVERY: u64 = 3600;
+/// The first pass after a start waits this long (seconds).
+pub const FIRST_PASS_AFTER: u64 = 180;
+
+/// What one pass did: its summary line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// Repositories judged.
+    pub repositories: usize,
+    /// Manifests deleted, and their bytes.
+    pub manifests_deleted: usize,
+    /// See above.
+    pub manifest_bytes: u64,
+    /// Blobs deleted (layers, configs, manifests' bytes), and their bytes.
+    pub blobs_deleted: usize,
+    /// See above.
+    pub blob_bytes: u64,
+    /// Why blobs were not collected this pass, if they were not.
+    pub blobs_skipped: Option<String>,
+    /// Repositories that map to no service: kept whole.
+    pub unmapped: Vec<String>,
+    /// Deletions that failed (each is tried again by the next pass).
+    pub failures: usize,
+    /// Whether the next pass should come in an hour rather than a day.
+    pub work_remains: bool,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "registry retention: {} repositories judged; {} manifests deleted ({} bytes); {} blobs deleted ({} bytes)",
+            self.repositories, self.manifests_deleted, self.manifest_bytes, self.blobs_deleted, self.blob_bytes
+        )?;
+        if let Some(why) = &self.blobs_skipped {
+            write!(f, "; blobs not collected: {why}")?;
+        }
+        if !self.unmapped.is_empty() {
+            let shown: Vec<&str> = self.unmapped.iter().take(20).map(String::as_str).collect();
+            write!(f, "; {} repositories map to no service and are kept: {}", self.unmapped.len(), shown.join(", "))?;
+            if self.unmapped.len() > shown.len() {
+                write!(f, ", …")?;
+            }
+        }
+        write!(f, "; {} failures; work remains: {}", self.failures, if self.work_remains { "yes" } else { "no" })
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(doc: &Document) -> Result<T> {
+    serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("registry record {} is malformed: {e}", doc.id)))
+}
+
+async fn everything(storage: &Storage, collection: &str) -> Result<Vec<Document>> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = storage
+            .store
+            .transact(|tx| {
+                let cursor = cursor.clone();
+                async move { tx.scan(collection, cursor.as_deref(), 500).await }
+            })
+            .await?;
+        all.extend(page.documents);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(all),
+        }
+    }
+}
+
+fn last_use(created_at: u64, used_at: u64) -> u64 {
+    created_at.max(used_at)
+}
+
+/// The manifests one pass would delete, by repository, and the repositories that map to no
+/// service (judged from one listing).
+#[derive(Debug, Default)]
+pub struct Judgement {
+    /// Repositories seen.
+    pub repositories: usize,
+    /// `(repository, digest)` of every manifest nothing keeps.
+    pub doomed: Vec<(String, String)>,
+    /// Repositories that map to no service.
+    pub unmapped: Vec<String>,
+}
+
+/// Judge every repository as it is now.
+pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judgement> {
+    let mut services: HashMap<String, Option<String>> = HashMap::new();
+    for doc in everything(storage, capstan_inventory::SERVICES).await? {
+        let service: Service = parse(&doc)?;
+        let pushed = service.registry_push.as_ref().filter(|_| service.state == ServiceState::Active).map(|p| p.digest.clone());
+        services.insert(service_repository(&service.name, &doc.id), pushed);
+    }
+    let mut manifests: BTreeMap<String, Vec<ManifestRecord>> = BTreeMap::new();
+    for doc in everything(storage, MANIFESTS).await? {
+        let record: ManifestRecord = parse(&doc)?;
+        manifests.entry(record.repository.clone()).or_default().push(record);
+    }
+    let mut tagged: HashMap<String, HashSet<String>> = HashMap::new();
+    for doc in everything(storage, TAGS).await? {
+        let tag: TagRecord = parse(&doc)?;
+        tagged.entry(tag.repository).or_default().insert(tag.digest);
+    }
+    let mut judgement = Judgement { repositories: manifests.len(), ..Judgement::default() };
+    for (repository, records) in manifests {
+        let Some(pushed) = services.get(&repository) else {
+            judgement.unmapped.push(repository);
+            continue;
+        };
+        let mut kept: HashSet<&str> = records
+            .iter()
+            .filter(|m| last_use(m.created_at, m.used_at) + limits.grace > now)
+            .map(|m| m.digest.as_str())
+            .chain(tagged.get(&repository).into_iter().flatten().map(String::as_str))
+            .chain(pushed.as_deref())
+            .collect();
+        // what a kept manifest references, and what refers to a kept one, until nothing changes
+        loop {
+            let before = kept.len();
+            for m in &records {
+                if kept.contains(m.digest.as_str()) {
+                    kept.extend(m.references.iter().map(String::as_str));
+                } else if m.subject.as_deref().is_some_and(|s| kept.contains(s)) {
+                    kept.insert(m.digest.as_str());
+                }
+            }
+            if kept.len() == before {
+                break;
+            }
+        }
+        judgement
+            .doomed
+            .extend(records.iter().filter(|m| !kept.contains(m.digest.as_str())).map(|m| (repository.clone(), m.digest.clone())));
+    }
+    Ok(judgement)
+}
+
+/// Delete one manifest if, judged again in this transaction, nothing keeps it: its bytes.
+async fn delete_manifest(tx: &Tx, repository: &str, digest: &str, now: u64, grace: u64) -> Result<Option<u64>> {
+    let id = crate::storage::member_id(repository, digest);
+    let Some(doc) = tx.get(MANIFESTS, &id).await? else { return Ok(None) };
+    let record: ManifestRecord = parse(&doc)?;
+    if last_use(record.created_at, record.used_at) + grace > now
+        || !tx.find(TAGS, "by_digest", &[json!(repository), json!(digest)], None, 1).await?.documents.is_empty()
+    {
+        return Ok(None);
+    }
+    tx.delete(MANIFESTS, &id, doc.revision).await?;
+    Ok(Some(record.size))
+}
+
+/// Delete one blob record (and every repository's link to it) if, judged again, it is still
+/// old: its record.
+async fn delete_blob(tx: &Tx, digest: &str, now: u64, grace: u64) -> Result<Option<BlobRecord>> {
+    let Some(doc) = tx.get(BLOBS, digest).await? else { return Ok(None) };
+    let record: BlobRecord = parse(&doc)?;
+    if last_use(record.created_at, record.used_at) + grace > now {
+        return Ok(None);
+    }
+    for link in tx.find_all(LINKS, "by_digest", &[json!(digest)]).await? {
+        tx.delete(LINKS, &link.id, link.revision).await?;
+    }
+    tx.delete(BLOBS, digest, doc.revision).await?;
+    Ok(Some(record))
+}
+
+/// Delete what `judgement` dooms, then (when allowed) every blob nothing left references.
+pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u64, limits: &Limits) -> Result<Summary> {
+    let mut summary = Summary { repositories: judgement.repositories, unmapped: judgement.unmapped, ..Summary::default() };
+    let mut budget = limits.max_deletions;
+    let mut manifests_done = true;
+    for (repository, digest) in &judgement.doomed {
+        if budget == 0 {
+            manifests_done = false;
+            break;
+        }
+        let (repository, digest) = (repository.as_str(), digest.as_str());
+        match storage.store.transact(|tx| async move { delete_manifest(&tx, repository, digest, now, limits.grace).await }).await {
+            Ok(Some(bytes)) => {
+                summary.manifests_deleted += 1;
+                summary.manifest_bytes += bytes;
+                budget -= 1;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(repository, digest, code = %e.code, "registry retention could not delete a manifest: {}", e.message);
+                summary.failures += 1;
+            }
+        }
+    }
+    summary.blobs_skipped = if !manifests_done {
+        Some("the pass reached its deletion limit".into())
+    } else if summary.failures > 0 {
+        Some("a manifest could not be deleted".into())
+    } else if uptime < limits.uptime_for_blobs {
+        Some(format!("this process has served for less than {} seconds", limits.uptime_for_blobs))
+    } else {
+        None
+    };
+    if summary.blobs_skipped.is_none() {
+        let mut referenced: HashSet<String> = HashSet::new();
+        for doc in everything(storage, MANIFESTS).await? {
+            let record: ManifestRecord = parse(&doc)?;
+            referenced.extend(record.references);
+            referenced.insert(record.digest);
+        }
+        let candidates: BTreeSet<String> =
+            everything(storage, BLOBS).await?.into_iter().map(|d| d.id).filter(|d| !referenced.contains(d)).collect();
+        for digest in &candidates {
+            if budget == 0 {
+                summary.blobs_skipped = Some("the pass reached its deletion limit".into());
+                break;
+            }
+            let digest = digest.as_str();
+            match storage.store.transact(|tx| async move { delete_blob(&tx, digest, now, limits.grace).await }).await {
+                Ok(Some(record)) => {
+                    storage.discard(std::slice::from_ref(&record.key)).await;
+                    summary.blobs_deleted += 1;
+                    summary.blob_bytes += record.size;
+                    budget -= 1;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(digest, code = %e.code, "registry retention could not delete a blob: {}", e.message);
+                    summary.failures += 1;
+                }
+            }
+        }
+    }
+    summary.work_remains = summary.failures > 0 || !manifests_done || summary.blobs_skipped.as_deref().is_some_and(|w| w.contains("limit"));
+    Ok(summary)
+}
+
+/// One pass: judge, sweep, and record when it ran and whether work remains.
+pub async fn pass(storage: &Storage, now: u64, uptime: u64, limits: &Limits) -> Result<Summary> {
+    let judgement = judge(storage, now, limits).await?;
+    let summary = sweep(storage, judgement, now, uptime, limits).await?;
+    let state = json!({ "lastPassAt": now, "workRemains": summary.work_remains });
+    storage
+        .store
+        .transact(|tx| {
+            let state = state.clone();
+            async move {
+                let current = tx.get(RETENTION, STATE).await?;
+                tx.put(RETENTION, STATE, current.map(|d| d.revision), state).await.map(|_| ())
+            }
+        })
+        .await?;
+    Ok(summary)
+}
+
+/// Whether a pass is due `now`: a day after the last, or an hour after one that left work.
+pub async fn due(storage: &Storage, now: u64) -> Result<bool> {
+    let state = storage.store.read_many(&[(RETENTION, STATE)]).await?.pop().flatten();
+    Ok(match state {
+        None => true,
+        Some(doc) => {
+            let last = doc.data["lastPassAt"].as_u64().unwrap_or(0);
+            let every = if doc.data["workRemains"].as_bool().unwrap_or(false) { RETRY_EVERY } else { EVERY };
+            last + every <= now
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,269 @@
+//! Retention's keep rules and limits on fixtures in a real SQLite store and blob directory.
+
+use super::*;
+use crate::manifests::{self, OCI_INDEX, OCI_MANIFEST};
+use crate::names::{Digest, Reference};
+use crate::storage::{self, ManifestRecord, Storage};
+use capstan_blobs::Blobs;
+use capstan_blobs::local::LocalBlobs;
+use capstan_core::clock::now_secs;
+use capstan_store::Store;
+use serde_json::{Value, json};
+
+const DAY: u64 = 24 * 3600;
+const SERVED: u64 = 2 * 3600;
+
+struct Fixture {
+    storage: Storage,
+    _dir: tempfile::TempDir,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(capstan_store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), capstan_store::DEFAULT_BUDGET);
+    capstan_inventory::declare(&store).await.unwrap();
+    crate::declare(&store).await.unwrap();
+    let blobs = Blobs::new(LocalBlobs::open(dir.path().join("blobs").to_str().unwrap()).await.unwrap());
+    Fixture { storage: Storage { store, blobs }, _dir: dir }
+}
+
+const SERVICE_ID: &str = "svc_0123456789abcdef0123456789abcdef";
+const REPO: &str = "workloads/web-0123456789ab";
+
+async fn service(storage: &Storage, pushed: Option<&str>) {
+    let mut data =
+        json!({ "name": "web", "organizationId": "org_1", "image": "x", "scale": 1, "state": "active", "createdAt": 1, "updatedAt": 1 });
+    if let Some(digest) = pushed {
+        data["registryPush"] = json!({ "tag": "gone", "digest": digest, "pushedAt": 1 });
+    }
+    storage
+        .store
+        .transact(|tx| {
+            let data = data.clone();
+            async move { tx.insert(capstan_inventory::SERVICES, SERVICE_ID, data).await }
+        })
+        .await
+        .unwrap();
+}
+
+async fn blob(storage: &Storage, repo: &str, bytes: &[u8]) -> String {
+    let key = Storage::part_key(&uuid::Uuid::new_v4().simple().to_string(), 0);
+    let part = storage.write_part(&key, Box::pin(std::io::Cursor::new(bytes.to_vec()))).await.unwrap();
+    let digest = Digest::from_hex(&part.sha256);
+    storage.commit_blob(repo, &digest, &part).await.unwrap();
+    digest.to_string()
+}
+
+fn descriptor(media_type: &str, digest: &str) -> Value {
+    json!({ "mediaType": media_type, "digest": digest, "size": 1 })
+}
+
+async fn manifest(storage: &Storage, repo: &str, body: Value, tag: Option<&str>) -> Result<String, String> {
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let judged = manifests::judge(&bytes, None).unwrap();
+    let digest = manifests::digest_of(&bytes).to_string();
+    let record = ManifestRecord {
+        repository: repo.into(),
+        digest: digest.clone(),
+        media_type: judged.media_type,
+        size: bytes.len() as u64,
+        subject: judged.subject,
+        artifact_type: judged.artifact_type,
+        annotations: judged.annotations,
+        references: judged.references,
+        created_at: now_secs(),
+        used_at: now_secs(),
+    };
+    storage.put_manifest(record, bytes, tag).await.unwrap().map(|()| digest)
+}
+
+async fn image(storage: &Storage, repo: &str, layers: &[&str], tag: Option<&str>, extra: Value) -> String {
+    let config = blob(storage, repo, format!("config {layers:?} {extra}").as_bytes()).await;
+    let layers: Vec<Value> = layers.iter().map(|l| descriptor("application/vnd.oci.image.layer.v1.tar+gzip", l)).collect();
+    let mut body = json!({ "schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": descriptor("application/vnd.oci.image.config.v1+json", &config), "layers": layers });
+    if let Value::Object(extra) = extra {
+        body.as_object_mut().unwrap().extend(extra);
+    }
+    manifest(storage, repo, body, tag).await.unwrap()
+}
+
+/// Make every record look written and used `secs` ago.
+async fn age_everything(storage: &Storage, secs: u64) {
+    let then = now_secs() - secs;
+    for collection in [storage::BLOBS, storage::MANIFESTS] {
+        storage
+            .store
+            .transact(|tx| async move {
+                for doc in tx.scan(collection, None, 1000).await?.documents {
+                    let mut data = doc.data.clone();
+                    data["createdAt"] = json!(then);
+                    data["usedAt"] = json!(then);
+                    tx.replace(collection, &doc.id, doc.revision, data).await?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+}
+
+async fn has_manifest(storage: &Storage, repo: &str, digest: &str) -> bool {
+    storage.manifest(repo, &Reference::Digest(Digest::parse(digest).unwrap())).await.unwrap().is_some()
+}
+
+async fn has_blob(storage: &Storage, repo: &str, digest: &str) -> bool {
+    let Some(record) = storage.blob_in(repo, &Digest::parse(digest).unwrap()).await.unwrap() else { return false };
+    storage.blobs.head(&record.key).await.unwrap().is_some()
+}
+
+#[tokio::test]
+async fn every_keep_rule_holds_and_the_rest_goes() {
+    let f = fixture().await;
+    let s = &f.storage;
+    let shared = blob(s, REPO, b"shared layer").await;
+    let only_old = blob(s, REPO, b"layer only the old manifest has").await;
+    let loose = blob(s, REPO, b"a layer no manifest names").await;
+    let tagged = image(s, REPO, &[&shared], Some("v1"), json!({})).await;
+    let pushed = image(s, REPO, &[&shared], None, json!({ "annotations": { "n": "pushed" } })).await;
+    let young = image(s, REPO, &[&shared], None, json!({ "annotations": { "n": "young" } })).await;
+    let child = image(s, REPO, &[&shared], None, json!({ "annotations": { "n": "child" } })).await;
+    let index = manifest(
+        s,
+        REPO,
+        json!({ "schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [descriptor(OCI_MANIFEST, &child)] }),
+        Some("multi"),
+    )
+    .await
+    .unwrap();
+    let signature = image(
+        s,
+        REPO,
+        &[&shared],
+        None,
+        json!({ "subject": descriptor(OCI_MANIFEST, &tagged), "artifactType": "application/example.sig" }),
+    )
+    .await;
+    let old = image(s, REPO, &[&shared, &only_old], None, json!({ "annotations": { "n": "old" } })).await;
+    let unmapped_layer = blob(s, "tools/ci", b"an administrator's own image").await;
+    let unmapped = image(s, "tools/ci", &[&unmapped_layer], None, json!({})).await;
+    service(s, Some(&pushed)).await;
+    age_everything(s, 2 * DAY).await;
+    s.store
+        .transact(|tx| {
+            let id = storage::member_id(REPO, &young);
+            async move { storage::touch(&tx, storage::MANIFESTS, &id, now_secs(), true).await }
+        })
+        .await
+        .unwrap();
+
+    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    for (what, digest) in
+        [("tagged", &tagged), ("pushed", &pushed), ("young", &young), ("index", &index), ("child", &child), ("signature", &signature)]
+    {
+        assert!(has_manifest(s, REPO, digest).await, "the {what} manifest is kept");
+    }
+    assert!(!has_manifest(s, REPO, &old).await, "the old untagged manifest goes");
+    assert!(has_blob(s, REPO, &shared).await, "a layer kept manifests name stays");
+    assert!(!has_blob(s, REPO, &only_old).await, "a layer only a deleted manifest named goes");
+    assert!(!has_blob(s, REPO, &loose).await, "an old layer no manifest names goes");
+    assert!(
+        has_manifest(s, "tools/ci", &unmapped).await && has_blob(s, "tools/ci", &unmapped_layer).await,
+        "an unmapped repository is kept whole"
+    );
+    assert_eq!(summary.unmapped, vec!["tools/ci".to_string()]);
+    assert_eq!(summary.manifests_deleted, 1);
+    // the old manifest's bytes, its config, its own layer and the loose layer
+    assert_eq!(summary.blobs_deleted, 4, "{summary}");
+    assert!(!summary.work_remains && summary.failures == 0, "{summary}");
+    assert!(!due(s, now_secs()).await.unwrap(), "the next pass is a day away");
+    assert!(due(s, now_secs() + EVERY).await.unwrap());
+    let line = summary.to_string();
+    assert!(line.contains("1 manifests deleted") && line.contains("tools/ci") && line.contains("work remains: no"), "{line}");
+
+    // nothing left to do: a second pass deletes nothing
+    let again = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert_eq!((again.manifests_deleted, again.blobs_deleted), (0, 0));
+}
+
+#[tokio::test]
+async fn young_things_and_a_fresh_process_keep_their_blobs() {
+    let f = fixture().await;
+    let s = &f.storage;
+    service(s, None).await;
+    let layer = blob(s, REPO, b"layer").await;
+    let m = image(s, REPO, &[&layer], None, json!({})).await;
+    // everything is new: nothing goes
+    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert_eq!((summary.manifests_deleted, summary.blobs_deleted), (0, 0));
+    age_everything(s, 2 * DAY).await;
+    // a process that has served less than an hour deletes manifests but no blob
+    let summary = pass(s, now_secs(), 60, &Limits::default()).await.unwrap();
+    assert!(!has_manifest(s, REPO, &m).await);
+    assert_eq!(summary.blobs_deleted, 0);
+    assert!(summary.blobs_skipped.as_deref().unwrap().contains("less than"), "{summary}");
+    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert!(summary.blobs_deleted >= 2 && !has_blob(s, REPO, &layer).await, "{summary}");
+}
+
+#[tokio::test]
+async fn a_pass_stops_at_its_deletion_limit_and_the_next_one_finishes() {
+    let f = fixture().await;
+    let s = &f.storage;
+    service(s, None).await;
+    let layer = blob(s, REPO, b"layer").await;
+    let first = image(s, REPO, &[&layer], None, json!({ "annotations": { "n": "1" } })).await;
+    let second = image(s, REPO, &[&layer], None, json!({ "annotations": { "n": "2" } })).await;
+    age_everything(s, 2 * DAY).await;
+    let limits = Limits { max_deletions: 1, ..Limits::default() };
+    let summary = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    assert_eq!(summary.manifests_deleted, 1);
+    assert!(summary.work_remains && summary.blobs_skipped.is_some(), "{summary}");
+    assert!(
+        !due(s, now_secs()).await.unwrap() && due(s, now_secs() + RETRY_EVERY).await.unwrap(),
+        "work left: the next pass comes in an hour"
+    );
+    assert!(has_manifest(s, REPO, &first).await != has_manifest(s, REPO, &second).await);
+    let mut passes = 0;
+    while has_blob(s, REPO, &layer).await {
+        pass(s, now_secs(), SERVED, &limits).await.unwrap();
+        passes += 1;
+        assert!(passes < 10, "the passes finish");
+    }
+    assert!(!has_manifest(s, REPO, &first).await && !has_manifest(s, REPO, &second).await);
+}
+
+#[tokio::test]
+async fn a_push_during_a_pass_loses_nothing() {
+    let f = fixture().await;
+    let s = &f.storage;
+    service(s, None).await;
+    let layer = blob(s, REPO, b"old layer").await;
+    let old = image(s, REPO, &[&layer], None, json!({})).await;
+    age_everything(s, 2 * DAY).await;
+    let judgement = judge(s, now_secs(), &Limits::default()).await.unwrap();
+    assert_eq!(judgement.doomed.len(), 1, "the old manifest is judged deletable");
+    // meanwhile: a client tags the old manifest, and pushes a new one naming the old layer
+    let bytes = s.manifest(REPO, &Reference::Digest(Digest::parse(&old).unwrap())).await.unwrap().unwrap();
+    let body = s.manifest_bytes(&bytes.1).await.unwrap().unwrap();
+    assert_eq!(manifest(s, REPO, serde_json::from_slice(&body).unwrap(), Some("rescued")).await.unwrap(), old);
+    let fresh = image(s, REPO, &[&layer], Some("fresh"), json!({ "annotations": { "n": "fresh" } })).await;
+    let summary = sweep(s, judgement, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert_eq!(summary.manifests_deleted, 0, "{summary}");
+    assert!(has_manifest(s, REPO, &old).await && has_manifest(s, REPO, &fresh).await);
+    assert!(has_blob(s, REPO, &layer).await, "the layer both name survives");
+}
+
+#[tokio::test]
+async fn a_manifest_naming_a_collected_blob_is_refused_so_the_client_pushes_it_again() {
+    let f = fixture().await;
+    let s = &f.storage;
+    service(s, None).await;
+    let layer = blob(s, REPO, b"soon gone").await;
+    age_everything(s, 2 * DAY).await;
+    pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let config = blob(s, REPO, b"config").await;
+    let body = json!({ "schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": descriptor("application/vnd.oci.image.config.v1+json", &config), "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", &layer)] });
+    assert_eq!(manifest(s, REPO, body.clone(), Some("v1")).await.unwrap_err(), layer);
+    assert_eq!(blob(s, REPO, b"soon gone").await, layer);
+    manifest(s, REPO, body, Some("v1")).await.unwrap();
+}
