@@ -344,8 +344,15 @@ struct Registry {
 
 impl Registry {
     fn start() -> Registry {
+        Registry::start_with(|_| {})
+    }
+
+    /// [`Registry::start`] with `adjust` applied to the command (another blob store, say).
+    fn start_with(adjust: impl FnOnce(&mut std::process::Command)) -> Registry {
         let dir = tempfile::tempdir().unwrap();
-        let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+        let mut command = with_test_admin(dev_command(&dir.path().join("data")));
+        adjust(&mut command);
+        let server = Capstan::start(command);
         let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -576,6 +583,40 @@ fn skopeo_pushes_and_pulls_a_three_layer_image_byte_identical() {
     let pulled = format!("oci:{}:v1", out.display());
     skopeo_ok(&["copy", "--preserve-digests", "--src-tls-verify=false", "--src-creds", &admin, &dest, &pulled]);
     assert_layout_holds(&out, "v1", &image.manifest, &image.blobs());
+}
+
+/// The registry on the production blob store: skopeo's push lands in the S3 bucket (moto in CI),
+/// and comes back out byte for byte.
+#[test]
+fn on_s3_an_image_goes_into_the_bucket_and_comes_back_whole() {
+    if !skopeo_available() {
+        return;
+    }
+    let Some(endpoint) = crate::s3::endpoint() else { return };
+    let bucket = crate::s3::fresh_bucket_name();
+    crate::s3::create_bucket(&endpoint, &bucket);
+    let registry = Registry::start_with(|cmd| {
+        cmd.env("CAPSTAN_BLOB_URL", format!("s3://{bucket}/capstan"))
+            .env("CAPSTAN_S3_ENDPOINT", &endpoint)
+            .env("CAPSTAN_S3_ACCESS_KEY", crate::s3::ACCESS_KEY)
+            .env("CAPSTAN_S3_SECRET_KEY", crate::s3::SECRET_KEY)
+            .env("CAPSTAN_S3_FORCE_PATH_STYLE", "true");
+    });
+    let target = registry.service(&registry.organization("acme"), "web");
+    let image = Image::three_layers("amd64");
+    let layout = registry.dir.path().join("layout");
+    write_layout(&layout, &[("v1", &image.manifest)], &image.blobs());
+    let dest = docker_ref(&target, "v1");
+    let admin = admin_creds();
+    let source = format!("oci:{}:v1", layout.display());
+    skopeo_ok(&["copy", "--preserve-digests", "--dest-tls-verify=false", "--dest-creds", &admin, &source, &dest]);
+    let out = registry.dir.path().join("pulled");
+    let pulled = format!("oci:{}:v1", out.display());
+    skopeo_ok(&["copy", "--preserve-digests", "--src-tls-verify=false", "--src-creds", &admin, &dest, &pulled]);
+    assert_layout_holds(&out, "v1", &image.manifest, &image.blobs());
+    assert!(!registry.dir.path().join("data/blobs/registry").exists(), "nothing of the registry is kept on local disk");
+    let status = registry.server.admin_status();
+    assert_eq!(status["blobs"]["backend"].as_str().map(|b| b.starts_with(&format!("s3://{bucket}"))), Some(true), "{status}");
 }
 
 #[test]

@@ -7,11 +7,11 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use std::path::Path;
 use std::process::Command;
 
-const ACCESS_KEY: &str = "capstan-e2e";
+pub(crate) const ACCESS_KEY: &str = "capstan-e2e";
 /// Distinctive, so finding it in any output is unambiguous.
-const SECRET_KEY: &str = "e2e-secret-9f2c4b7a1d3e5f60";
+pub(crate) const SECRET_KEY: &str = "e2e-secret-9f2c4b7a1d3e5f60";
 
-fn endpoint() -> Option<String> {
+pub(crate) fn endpoint() -> Option<String> {
     match std::env::var("CAPSTAN_TEST_S3_ENDPOINT") {
         Ok(endpoint) if !endpoint.trim().is_empty() => Some(endpoint.trim().to_string()),
         _ => {
@@ -21,12 +21,12 @@ fn endpoint() -> Option<String> {
     }
 }
 
-fn fresh_bucket_name() -> String {
+pub(crate) fn fresh_bucket_name() -> String {
     format!("capstan-e2e-{:016x}", rand::random::<u64>())
 }
 
 /// Create `bucket` on the test server with the SDK (signed, so a real S3 works too).
-fn create_bucket(endpoint: &str, bucket: &str) {
+pub(crate) fn create_bucket(endpoint: &str, bucket: &str) {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
