@@ -349,9 +349,28 @@ pub async fn set_machine_token(
     token: Option<&str>,
     expiry: Expiry,
 ) -> Result<(User, Credential)> {
+    set_machine_token_and(store, call, user_id, token, expiry, |_, _, _| Box::pin(async { Ok(()) }))
+        .await
+        .map(|(user, credential, ())| (user, credential))
+}
+
+/// [`set_machine_token`], and `also` in the same transaction (given the user and its new
+/// credential): what the caller writes with it (a mutation receipt, say) commits with it.
+pub async fn set_machine_token_and<'c, T, F>(
+    store: &Store,
+    call: &Call,
+    user_id: &str,
+    token: Option<&str>,
+    expiry: Expiry,
+    also: F,
+) -> Result<(User, Credential, T)>
+where
+    T: Send,
+    F: Fn(Tx, User, Credential) -> futures::future::BoxFuture<'c, Result<T>> + Send + Sync,
+{
     call.identity()?.require_fresh()?;
     let hash = token.map(token_hash);
-    let hash = hash.as_deref();
+    let (hash, also) = (hash.as_deref(), &also);
     store
         .transact(|tx| async move {
             let (doc, mut credential) = load_credential(&tx, user_id, "machine").await?;
@@ -364,7 +383,8 @@ pub async fn set_machine_token(
             credential.updated_at = now_secs();
             tx.replace(CREDENTIALS, user_id, doc.revision, to_value(&credential)?).await?;
             revoke_sessions(&tx, user_id).await?;
-            Ok((user, credential))
+            let extra = also(tx.clone(), user.clone(), credential.clone()).await?;
+            Ok((user, credential, extra))
         })
         .await
 }

@@ -7,9 +7,10 @@
 use super::Context;
 use super::services::require_active;
 use super::{Listing, PageInput, SERVICE_GRANTS, emit, to_value};
-use capstan_auth::methods::{Expiry, MachineToken, set_machine_token};
+use capstan_auth::methods::{Expiry, set_machine_token_and};
 use capstan_core::clock::now_secs;
 use capstan_core::refusal::{Refusal, Result};
+use capstan_rpc::receipts;
 use capstan_rpc::{Access, Call, Registry};
 use capstan_store::Tx;
 use schemars::JsonSchema;
@@ -33,52 +34,69 @@ const MAX_TOKEN_LIFETIME: u64 = 366 * 24 * 3600;
 const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600;
 
 /// Input of `deployers.create`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateInput {
     /// Lowercase, at most 64 characters, no `:` or `/`; also the registry login name.
     pub username: String,
     /// When the token stops working (Unix seconds), at most a year ahead; a year by default.
     pub expires_at: Option<u64>,
+    /// Sent again with the same request, answers the same user (`token: null`, `replayed`).
+    pub mutation_id: Option<String>,
 }
 
 /// Input of `deployers.rotateToken`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RotateInput {
     /// The deployer's user id.
     pub user_id: String,
     /// When the new token stops working (Unix seconds), at most a year ahead; a year by default.
     pub expires_at: Option<u64>,
+    /// Sent again with the same request, answers the same rotation (`token: null`, `replayed`).
+    pub mutation_id: Option<String>,
 }
 
 /// Input of `deployers.revokeToken`: names one deployer.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UserInput {
     /// The deployer's user id.
     pub user_id: String,
+    /// Sent again with the same request, answers the same revocation (`replayed`).
+    pub mutation_id: Option<String>,
 }
 
 /// A deployer's token, shown this once, with when it expires.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeployerToken {
-    /// The deployer's user id and username, the token and the credential generation.
-    #[serde(flatten)]
-    pub token: MachineToken,
+    /// The deployer's user id.
+    pub user_id: String,
+    /// Its username (also its registry login name).
+    pub username: String,
+    /// The token, in the first answer only (Capstan keeps its SHA-256); `null` in a replay.
+    pub token: Option<String>,
+    /// The credential generation after this token was set.
+    pub generation: u64,
     /// When the token stops working (seconds since the epoch).
     pub expires_at: u64,
+    /// Whether this answers a `mutationId` sent before.
+    #[serde(default)]
+    pub replayed: bool,
 }
 
 /// Answer of `deployers.revokeToken`.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenRevoked {
     /// The deployer's user id.
     pub user_id: String,
     /// The grants stay; only the token is gone.
     pub token_active: bool,
+    /// Whether this answers a `mutationId` sent before.
+    #[serde(default)]
+    pub replayed: bool,
 }
 
 /// The expiry a request asks for, judged: in the future and at most a year ahead.
@@ -171,37 +189,101 @@ fn check_username(username: &str) -> Result<()> {
     capstan_auth::validate_username(username)
 }
 
+/// The answer `actor` recorded for this exact request under its `mutationId`, marked replayed.
+async fn replayed<T: serde::de::DeserializeOwned + Send>(
+    cx: &Context,
+    actor: &str,
+    mutation_id: Option<&str>,
+    request: &(impl Serialize + Sync),
+) -> Result<Option<T>> {
+    let Some(mutation_id) = mutation_id else { return Ok(None) };
+    receipts::check_mutation_id(mutation_id)?;
+    let keys = &cx.receipts;
+    cx.store.transact(|tx| async move { receipts::replay::<T>(&tx, keys, actor, Some(mutation_id), request).await }).await
+}
+
 async fn create(cx: Context, call: Call, input: CreateInput) -> Result<DeployerToken> {
-    call.identity()?.require_fresh()?;
+    let actor = call.identity()?.clone();
+    actor.require_fresh()?;
     check_username(&input.username)?;
+    if let Some(mut answer) = replayed::<DeployerToken>(&cx, &actor.user_id, input.mutation_id.as_deref(), &input).await? {
+        answer.replayed = true;
+        return Ok(answer);
+    }
     let expires_at = expiry(input.expires_at)?;
-    let username = input.username.as_str();
+    let (username, input_ref, keys, actor_id) = (input.username.as_str(), &input, &cx.receipts, actor.user_id.as_str());
     let (token, ()) = capstan_auth::methods::mint_machine_user(&cx.store, &cx.blobs, username, Some(expires_at), |tx, user_id| {
-        Box::pin(async move { tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now_secs() })).await.map(drop) })
+        Box::pin(async move {
+            tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now_secs() })).await?;
+            // the receipt keeps the answer without the token: a replay never shows it again
+            let answer = DeployerToken { user_id, username: username.into(), token: None, generation: 1, expires_at, replayed: false };
+            receipts::record(&tx, keys, actor_id, input_ref.mutation_id.as_deref(), input_ref, &answer).await
+        })
     })
     .await?;
-    Ok(DeployerToken { token, expires_at })
+    Ok(DeployerToken {
+        user_id: token.user_id,
+        username: token.username,
+        token: Some(token.token),
+        generation: token.generation,
+        expires_at,
+        replayed: false,
+    })
 }
 
 async fn rotate_token(cx: Context, call: Call, input: RotateInput) -> Result<DeployerToken> {
+    let actor = call.identity()?.clone();
+    if let Some(mut answer) = replayed::<DeployerToken>(&cx, &actor.user_id, input.mutation_id.as_deref(), &input).await? {
+        answer.replayed = true;
+        return Ok(answer);
+    }
     let expires_at = expiry(input.expires_at)?;
     let user = input.user_id.as_str();
     cx.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
     let token = capstan_auth::new_machine_token();
-    let (found, credential) = set_machine_token(&cx.store, &call, user, Some(&token), Expiry::Set(Some(expires_at))).await?;
+    let (input_ref, keys, actor_id) = (&input, &cx.receipts, actor.user_id.as_str());
+    let (found, credential, ()) =
+        set_machine_token_and(&cx.store, &call, user, Some(&token), Expiry::Set(Some(expires_at)), |tx, found, credential| {
+            Box::pin(async move {
+                let answer = DeployerToken {
+                    user_id: input_ref.user_id.clone(),
+                    username: found.username,
+                    token: None,
+                    generation: credential.generation,
+                    expires_at,
+                    replayed: false,
+                };
+                receipts::record(&tx, keys, actor_id, input_ref.mutation_id.as_deref(), input_ref, &answer).await
+            })
+        })
+        .await?;
     tracing::info!(deployer = %found.username, "deployer token rotated");
     Ok(DeployerToken {
-        token: MachineToken { user_id: input.user_id, username: found.username, token, generation: credential.generation },
+        user_id: input.user_id,
+        username: found.username,
+        token: Some(token),
+        generation: credential.generation,
         expires_at,
+        replayed: false,
     })
 }
 
 async fn revoke_token(cx: Context, call: Call, input: UserInput) -> Result<TokenRevoked> {
+    let actor = call.identity()?.clone();
+    if let Some(mut answer) = replayed::<TokenRevoked>(&cx, &actor.user_id, input.mutation_id.as_deref(), &input).await? {
+        answer.replayed = true;
+        return Ok(answer);
+    }
     let user = input.user_id.as_str();
     cx.store.transact(|tx| async move { require_deployer(&tx, user).await }).await?;
-    let (found, _) = set_machine_token(&cx.store, &call, user, None, Expiry::Set(None)).await?;
+    let answer = TokenRevoked { user_id: input.user_id.clone(), token_active: false, replayed: false };
+    let (input_ref, keys, actor_id, answer_ref) = (&input, &cx.receipts, actor.user_id.as_str(), &answer);
+    let (found, _, ()) = set_machine_token_and(&cx.store, &call, user, None, Expiry::Set(None), |tx, _, _| {
+        Box::pin(async move { receipts::record(&tx, keys, actor_id, input_ref.mutation_id.as_deref(), input_ref, answer_ref).await })
+    })
+    .await?;
     tracing::info!(deployer = %found.username, "deployer token revoked");
-    Ok(TokenRevoked { user_id: input.user_id, token_active: false })
+    Ok(answer)
 }
 
 /// Refuse anyone who is not a deployer created by `deployers.create`.
@@ -321,6 +403,8 @@ pub fn register(registry: &mut Registry, cx: Context) {
             "exists",
             "blobs-unavailable",
             "identity-claimed",
+            "mutation-reused",
+            "invalid-request",
         ]);
     registry
         .add(
@@ -335,7 +419,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "Replace every token of a deployer with one new token (shown this once); sessions of the old one end (administrator, fresh login)",
         Access::Admin,
         rotate_token,
-    ).refuses(&["expiry-invalid", "deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found"]);
+    ).refuses(&["expiry-invalid", "deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found", "mutation-reused", "invalid-request"]);
     registry
         .add(
             "deployers.revokeToken",
@@ -343,7 +427,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Access::Admin,
             revoke_token,
         )
-        .refuses(&["deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found"]);
+        .refuses(&[
+            "deployment-machine-user-invalid",
+            "admin-not-fresh",
+            "wrong-user-kind",
+            "not-found",
+            "mutation-reused",
+            "invalid-request",
+        ]);
     registry
         .add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke)
         .refuses(&["service-not-found"]);

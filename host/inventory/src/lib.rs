@@ -92,6 +92,8 @@ pub struct Context {
     pub blobs: capstan_blobs::Blobs,
     /// What other areas keep on inventory entities, consulted inside inventory transactions.
     pub dependents: Arc<dyn Dependents>,
+    /// The keys mutation receipts (`mutationId` replays) are digested with.
+    pub receipts: capstan_rpc::receipts::ReceiptKeys,
 }
 
 /// What other areas (secrets, the plugin registry) keep on the inventory's entities. The

@@ -130,7 +130,12 @@ impl AppState {
         registry.add_source(plugins.clone());
         crate::inventory::register(
             &mut registry,
-            crate::inventory::Context { store: store.clone(), blobs: blobs.clone(), dependents: Arc::new(capstan_links::HostDependents) },
+            crate::inventory::Context {
+                store: store.clone(),
+                blobs: blobs.clone(),
+                dependents: Arc::new(capstan_links::HostDependents),
+                receipts: auth.receipt_keys().clone(),
+            },
         );
         crate::secrets::methods::register(
             &mut registry,

@@ -564,3 +564,39 @@ async fn settings_are_an_allowlist_without_credentials() {
     let kinds: Vec<String> = w.events().await.into_iter().map(|(k, _)| k).collect();
     assert_eq!(kinds, ["settings.updated", "settings.updated"]);
 }
+
+#[tokio::test]
+async fn deployer_mutations_replay_by_mutation_id_without_the_token() {
+    let w = World::new().await;
+    let create = json!({"username": "ci-replay", "mutationId": "create-1"});
+    let first = w.ok(&w.admin, "deployers.create", create.clone()).await;
+    let token = first["token"].as_str().unwrap().to_string();
+    assert_eq!(first["replayed"], false);
+    let again = w.ok(&w.admin, "deployers.create", create).await;
+    assert_eq!(
+        (again["userId"].clone(), again["generation"].clone(), again["replayed"].clone()),
+        (first["userId"].clone(), json!(1), json!(true))
+    );
+    assert_eq!(again["token"], Value::Null, "a replay never shows the token again");
+    w.refused(&w.admin, "deployers.create", json!({"username": "ci-other", "mutationId": "create-1"}), "mutation-reused").await;
+    let uid = first["userId"].as_str().unwrap().to_string();
+
+    let rotate = json!({"userId": uid, "mutationId": "rotate-1"});
+    let rotated = w.ok(&w.admin, "deployers.rotateToken", rotate.clone()).await;
+    let rotated_again = w.ok(&w.admin, "deployers.rotateToken", rotate).await;
+    assert_eq!(rotated_again["generation"], rotated["generation"], "the replay rotated nothing: {rotated_again}");
+    assert_eq!((rotated_again["token"].clone(), rotated_again["replayed"].clone()), (Value::Null, json!(true)));
+    // the token the first rotation answered is the one that works
+    assert!(w.state.auth.exchange_token(&token, None).await.is_err());
+    w.state.auth.exchange_token(rotated["token"].as_str().unwrap(), None).await.unwrap();
+
+    let revoke = json!({"userId": uid, "mutationId": "revoke-1"});
+    assert_eq!(w.ok(&w.admin, "deployers.revokeToken", revoke.clone()).await["replayed"], false);
+    assert_eq!(w.ok(&w.admin, "deployers.revokeToken", revoke).await["replayed"], true);
+    w.refused(&w.admin, "deployers.revokeToken", json!({"userId": uid, "mutationId": "rotate-1"}), "mutation-reused").await;
+    w.refused(&w.admin, "deployers.revokeToken", json!({"userId": uid, "mutationId": "no spaces"}), "invalid-request").await;
+    // the receipts keep answers without tokens
+    let receipts = w.state.store.transact(|tx| async move { tx.scan(crate::auth::RECEIPTS, None, 100).await }).await.unwrap();
+    let text = serde_json::to_string(&receipts.documents.iter().map(|d| &d.data).collect::<Vec<_>>()).unwrap();
+    assert!(receipts.documents.len() >= 3 && !text.contains(&token) && !text.contains(rotated["token"].as_str().unwrap()), "{text}");
+}
