@@ -126,6 +126,26 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             admin(Past("cluster-not-found")),
         ),
         // ---- deployers ----
+        // only a deployer granted deployment:reserve reserves (the fixture's holds deployment:status)
+        (
+            "deployments.reserve",
+            json!({ "serviceId": SERVICE, "tag": "9.9.9", "mutationId": "matrix" }),
+            [
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Denied,
+                Anon,
+            ],
+        ),
+        ("deployments.getStatus", json!({ "operationId": "dop_missing" }), signed_in(Hidden("deployment-operation-not-found"))),
+        (
+            "deployments.cleanup",
+            json!({ "operationId": "dop_missing", "expectedRevision": 1 }),
+            signed_in(Hidden("deployment-operation-not-found")),
+        ),
         ("deployers.create", json!({ "username": "deployer" }), admin(Past("exists"))),
         // the grant the fixture already holds: granting it again changes nothing
         ("deployers.grant", json!({ "serviceId": SERVICE, "userId": DEPLOYER, "capabilities": ["deployment:status"] }), admin(Ran)),

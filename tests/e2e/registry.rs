@@ -821,6 +821,104 @@ fn a_deployer_with_registry_push_uploads_blobs_but_its_manifest_put_is_refused()
     }
 }
 
+/// A deployer reserves one release tag and pushes a multi-platform index there with skopeo; the
+/// operation records the digest; nobody else may push that tag, and a version is reserved once.
+#[test]
+fn a_reserved_release_tag_takes_only_its_deployers_push_and_records_the_digest() {
+    if !skopeo_available() {
+        return;
+    }
+    let registry = Registry::start();
+    let target = registry.service(&registry.organization("acme"), "web");
+    let repo = target.repository.as_str();
+    let capabilities = ["deployment:reserve", "deployment:status", "registry:push"];
+    let (username, token) = registry.deployer("ci-release", &target.service_id, &capabilities, None);
+    let session = registry.server.call("auth.exchangeToken", &json!({ "token": token }).to_string()).expect_json(200);
+    let machine = session["token"].as_str().unwrap().to_string();
+    let reserve = json!({ "serviceId": target.service_id, "tag": "1.4.0", "mutationId": "release-1.4.0" });
+
+    // only a deployer reserves, and never `latest`
+    registry.server.call_as(&registry.admin, "deployments.reserve", &reserve).expect_error(403, "deployment-identity-required");
+    let latest = json!({ "serviceId": target.service_id, "tag": "latest", "mutationId": "release-latest" });
+    registry.server.call_as(&machine, "deployments.reserve", &latest).expect_error(400, "release-tag-invalid");
+    let operation = registry.server.call_as(&machine, "deployments.reserve", &reserve).expect_json(200);
+    assert_eq!((operation["state"].clone(), operation["replayed"].clone()), (json!("awaiting-image"), json!(false)), "{operation}");
+    assert_eq!(operation["reference"], format!("{}/{repo}:1.4.0", target.host), "{operation}");
+    let again = registry.server.call_as(&machine, "deployments.reserve", &reserve).expect_json(200);
+    assert_eq!(
+        (again["id"].clone(), again["replayed"].clone()),
+        (operation["id"].clone(), json!(true)),
+        "the same request is the same operation"
+    );
+    let reused = json!({ "serviceId": target.service_id, "tag": "1.5.0", "mutationId": "release-1.4.0" });
+    registry.server.call_as(&machine, "deployments.reserve", &reused).expect_error(409, "mutation-reused");
+    let twice = json!({ "serviceId": target.service_id, "tag": "1.4.0", "mutationId": "release-1.4.0-again" });
+    registry.server.call_as(&machine, "deployments.reserve", &twice).expect_error(409, "version-collision");
+
+    // an administrator's push to the reserved tag is refused, naming the operation
+    let image_of_admin = Image::small("amd64", "the administrator's");
+    let admin_bearer = registry.admin_token(repo);
+    for blob in image_of_admin.blobs() {
+        registry.push_blob(&admin_bearer, repo, blob);
+    }
+    let refused = registry.put_manifest(&admin_bearer, repo, "1.4.0", &image_of_admin.manifest);
+    refused.expect_refusal(409, "DENIED", "release-tag-reserved");
+    // a tag the registry holds cannot be reserved
+    registry.put_manifest(&admin_bearer, repo, "1.3.0", &image_of_admin.manifest).expect(201);
+    let occupied = json!({ "serviceId": target.service_id, "tag": "1.3.0", "mutationId": "release-1.3.0" });
+    registry.server.call_as(&machine, "deployments.reserve", &occupied).expect_error(409, "release-tag-occupied");
+
+    // the deployer pushes its multi-platform index to exactly that tag
+    let (amd64, arm64) = (Image::three_layers("amd64"), Image::small("arm64", "arm64 release"));
+    let index = index_of(&[&amd64, &arm64]);
+    let blobs: Vec<&Blob> = amd64.blobs().into_iter().chain(arm64.blobs()).collect();
+    let layout = registry.dir.path().join("release");
+    write_layout(&layout, &[("1.4.0", &index), ("1.5.0", &index)], &blobs);
+    let deployer = creds(&username, &token);
+    let copy = |tag: &str| {
+        let mut args = vec![
+            "copy".to_string(),
+            "--preserve-digests".into(),
+            "--dest-tls-verify=false".into(),
+            "--dest-creds".into(),
+            deployer.clone(),
+        ];
+        args.extend(copy_all_flag().iter().map(|a| a.to_string()));
+        args.push(format!("oci:{}:{tag}", layout.display()));
+        args.push(docker_ref(&target, tag));
+        args
+    };
+    let pushed = copy("1.4.0");
+    skopeo_ok(&pushed.iter().map(String::as_str).collect::<Vec<_>>());
+    let status = registry.server.call_as(&machine, "deployments.getStatus", &json!({ "operationId": operation["id"] })).expect_json(200);
+    assert_eq!((status["state"].clone(), status["digest"].clone()), (json!("image-pushed"), json!(index.digest())), "{status}");
+    assert_eq!(status["mediaType"], OCI_INDEX, "{status}");
+    // a tag no operation of its own holds takes no push of the deployer's
+    let unreserved = copy("1.5.0");
+    skopeo_refused(&unreserved.iter().map(String::as_str).collect::<Vec<_>>(), &["denied"]);
+    // and the reserved tag, once pushed, takes no other push
+    let bearer = registry.token(&username, &token, repo, "pull,push");
+    registry.put_manifest(&bearer, repo, "1.4.0", &amd64.manifest).expect_refusal(409, "DENIED", "release-tag-reserved");
+    registry.get_manifest(&admin_bearer, repo, "1.4.0").expect(200);
+    assert_eq!(registry.get_manifest(&admin_bearer, repo, "1.4.0").must("docker-content-digest"), index.digest());
+
+    // others see the operation only if they may read the service; cleanup is fenced
+    let stranger_org = registry.organization("elsewhere");
+    let stranger_password = registry.person("stranger", Some((&stranger_org, "owner")));
+    let stranger = registry.server.login("stranger", &stranger_password);
+    registry
+        .server
+        .call_as(&stranger, "deployments.getStatus", &json!({ "operationId": operation["id"] }))
+        .expect_error(404, "deployment-operation-not-found");
+    let stale = json!({ "operationId": operation["id"], "expectedRevision": 1 });
+    registry.server.call_as(&machine, "deployments.cleanup", &stale).expect_error(409, "conflict");
+    let fenced = json!({ "operationId": operation["id"], "expectedRevision": status["revision"] });
+    let cleaned = registry.server.call_as(&machine, "deployments.cleanup", &fenced).expect_json(200);
+    assert_eq!(cleaned["state"], "cleaned-up", "{cleaned}");
+    // the claim outlives the operation: the version is never reserved again
+    registry.server.call_as(&machine, "deployments.reserve", &twice).expect_error(409, "version-collision");
+}
+
 // ---------------------------------------------------------------------------------------------
 // the protocol over raw HTTP
 

@@ -104,6 +104,9 @@ pub fn code_status(code: &str) -> Option<u16> {
         "task-running" | "task-disabled" | "execution-not-running" | "plugin-disabled" => 409,
         "secret-set-retired" | "secret-set-already-attached" | "secret-set-not-attached" => 409,
         "cluster-relay-live" | "relay-ambiguous" => 409,
+        // a release tag is pushed once, reserved once
+        "version-collision" | "release-tag-occupied" | "release-tag-reserved" => 409,
+        "deployment-identity-required" => 403,
         "request-too-large" | "bundle-too-large" | "transfer-too-large" => 413,
         // one answer whatever is wrong with a ticket, so nobody learns of one without its token
         "transfer-ticket-invalid" | "transfer-ticket-expired" | "transfer-ticket-used" => 403,

@@ -7,6 +7,7 @@
 //! are now. Administrators may also use repositories that map to no service.
 
 pub mod access;
+pub mod deployments;
 pub mod errors;
 pub mod manifests;
 pub mod methods;
@@ -58,7 +59,7 @@ pub fn registry_host(public_origin: &str) -> &str {
 
 /// Declare the registry's collections.
 pub async fn declare(store: &Store) -> Result<()> {
-    for spec in storage::collections().into_iter().chain(retention::collections()) {
+    for spec in storage::collections().into_iter().chain(retention::collections()).chain(deployments::collections()) {
         store.declare(spec).await?;
     }
     Ok(())

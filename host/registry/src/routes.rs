@@ -6,7 +6,7 @@ use crate::access::{Action, Allowed, authorize};
 use crate::errors::OciError;
 use crate::manifests::{self, MAX_MANIFEST};
 use crate::names::{Digest, Reference, check_name, client_digest};
-use crate::storage::{ManifestRecord, Part, Storage, missing_bytes};
+use crate::storage::{ManifestRecord, Part, PutRefused, Storage, missing_bytes};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -177,7 +177,7 @@ async fn serve(registry: &Registry, path: &str, query: &HashMap<String, String>,
             get_manifest(storage, name, &Reference::parse(reference)?, head).await
         }
         (Target::Manifest(_, reference), Method::PUT) => {
-            put_manifest(registry, name, &Reference::parse(reference)?, &allowed, request).await
+            put_manifest(registry, name, &Reference::parse(reference)?, &allowed, &caller, request).await
         }
         (Target::Manifest(_, reference), Method::DELETE) => {
             let done = match Reference::parse(reference)? {
@@ -437,12 +437,29 @@ async fn get_manifest(storage: &Storage, name: &str, reference: &Reference, head
 }
 
 /// `PUT` a manifest: judged, its references checked, stored, tagged.
-async fn put_manifest(registry: &Registry, name: &str, reference: &Reference, allowed: &Allowed, request: Request) -> Answer {
-    if allowed.blobs_only {
-        return Err(OciError::denied(
-            "deployment-operation-required",
-            "a deployer's manifest is accepted only for a deployment operation holding this exact tag",
-        ));
+fn operation_required() -> OciError {
+    OciError::denied(
+        "deployment-operation-required",
+        "a deployer's manifest is accepted only for its own deployment operation holding this exact tag",
+    )
+}
+
+async fn put_manifest(
+    registry: &Registry,
+    name: &str,
+    reference: &Reference,
+    allowed: &Allowed,
+    caller: &Identity,
+    request: Request,
+) -> Answer {
+    // a deployer pushes the parts of its image (child manifests by digest) only while one of its
+    // operations waits for an image in this repository; the tag itself is judged with the write
+    if allowed.blobs_only
+        && matches!(reference, Reference::Digest(_))
+        && !crate::deployments::awaiting_image(&registry.storage.store, name, allowed.service_id.as_deref().unwrap_or_default(), caller)
+            .await?
+    {
+        return Err(operation_required());
     }
     let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
     let bytes = axum::body::to_bytes(request.into_body(), MAX_MANIFEST).await.map_err(|_| {
@@ -473,8 +490,20 @@ async fn put_manifest(registry: &Registry, name: &str, reference: &Reference, al
         created_at: now_secs(),
         used_at: now_secs(),
     };
-    if let Err(missing) = registry.storage.put_manifest(record, bytes.to_vec(), tag).await? {
-        return Err(OciError::manifest_blob_unknown(&missing));
+    let pusher = crate::storage::Pusher { identity: Some(caller), deployer: allowed.blobs_only };
+    match registry.storage.put_manifest(record, bytes.to_vec(), tag, &pusher).await? {
+        Ok(()) => {}
+        Err(PutRefused::BlobUnknown(missing)) => return Err(OciError::manifest_blob_unknown(&missing)),
+        Err(PutRefused::OperationRequired) => return Err(operation_required()),
+        Err(PutRefused::Reserved(operation)) => {
+            return Err(OciError::new(
+                StatusCode::CONFLICT,
+                "DENIED",
+                "release-tag-reserved",
+                "a deployment operation reserved this tag: only its own push takes it",
+            )
+            .with_data(json!({ "operationId": operation })));
+        }
     }
     tracing::info!(repository = name, digest = %digest, tag = tag.unwrap_or(""), "manifest pushed");
     if let (Some(service), Some(tag)) = (&allowed.service_id, tag) {

@@ -153,6 +153,26 @@ pub async fn touch(tx: &Tx, collection: &str, id: &str, now: u64, force: bool) -
 /// How long an upload may sit untouched before it is removed.
 pub const UPLOAD_IDLE_SECS: u64 = 24 * 3600;
 
+/// Who pushes a manifest, as the reserved tags judge it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pusher<'a> {
+    /// The caller (`None`: the host itself, as in retention's tests).
+    pub identity: Option<&'a capstan_auth::Identity>,
+    /// A deployer: its tags go only to its own deployment operations.
+    pub deployer: bool,
+}
+
+/// Why a manifest PUT was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutRefused {
+    /// A blob or manifest it references is not in the repository.
+    BlobUnknown(String),
+    /// A deployment operation (named) holds the tag.
+    Reserved(String),
+    /// A deployer's tag push with no operation of its own holding the tag.
+    OperationRequired,
+}
+
 /// `<repository>@<digest>`.
 pub fn member_id(repository: &str, digest: &str) -> String {
     format!("{repository}@{digest}")
@@ -302,8 +322,15 @@ impl Storage {
     }
 
     /// Store a manifest's bytes and record it in `repository` (and under `tag`), once every
-    /// blob and manifest it references is there. Answers `Err(digest)` naming one that is not.
-    pub async fn put_manifest(&self, record: ManifestRecord, bytes: Vec<u8>, tag: Option<&str>) -> StoreResult<Result<(), String>> {
+    /// blob and manifest it references is there and the tag is `pusher`'s to push (a deployment
+    /// operation's reserved tag takes only its own deployer's push, which records its digest).
+    pub async fn put_manifest(
+        &self,
+        record: ManifestRecord,
+        bytes: Vec<u8>,
+        tag: Option<&str>,
+        pusher: &Pusher<'_>,
+    ) -> StoreResult<Result<(), PutRefused>> {
         let key = format!("registry/manifests/{}", record.digest);
         let size = bytes.len() as u64;
         self.blobs.put_bytes(&key, bytes, PutMode::Overwrite).await?;
@@ -329,8 +356,19 @@ impl Storage {
                         let link = tx.get(LINKS, &member).await?.is_some();
                         let held = link || touch(&tx, MANIFESTS, &member, now, true).await?;
                         if !held || !touch(&tx, BLOBS, reference, now, true).await? {
-                            return Ok(Err(reference.clone()));
+                            return Ok(Err(PutRefused::BlobUnknown(reference.clone())));
                         }
+                    }
+                    let binding = match pusher.identity {
+                        Some(identity) => crate::deployments::binding(&tx, &record.repository, tag, identity).await?,
+                        None => crate::deployments::Binding::Free,
+                    };
+                    match &binding {
+                        crate::deployments::Binding::Reserved(operation) => return Ok(Err(PutRefused::Reserved(operation.clone()))),
+                        crate::deployments::Binding::Free if pusher.deployer && tag.is_some() => {
+                            return Ok(Err(PutRefused::OperationRequired));
+                        }
+                        _ => {}
                     }
                     if !touch(&tx, BLOBS, &record.digest, now, true).await? {
                         tx.insert(BLOBS, &record.digest, blob).await?;
@@ -346,6 +384,9 @@ impl Storage {
                         if !unchanged {
                             tx.put(TAGS, &id, current.map(|d| d.revision), tag_data).await?;
                         }
+                    }
+                    if let crate::deployments::Binding::Own(operation) = &binding {
+                        crate::deployments::record_image(&tx, operation, &record.digest, &record.media_type).await?;
                     }
                     Ok(Ok(()))
                 }

@@ -74,7 +74,10 @@ async fn manifest(storage: &Storage, repo: &str, body: Value, tag: Option<&str>)
         created_at: now_secs(),
         used_at: now_secs(),
     };
-    storage.put_manifest(record, bytes, tag).await.unwrap().map(|()| digest)
+    storage.put_manifest(record, bytes, tag, &storage::Pusher::default()).await.unwrap().map(|()| digest).map_err(|e| match e {
+        storage::PutRefused::BlobUnknown(d) => d,
+        other => panic!("{other:?}"),
+    })
 }
 
 async fn image(storage: &Storage, repo: &str, layers: &[&str], tag: Option<&str>, extra: Value) -> String {

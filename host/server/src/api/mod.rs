@@ -149,6 +149,7 @@ impl AppState {
         crate::relays::methods::register(&mut registry, relays.clone());
         let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin);
         capstan_registry::methods::register(&mut registry, oci.clone());
+        capstan_registry::deployments::register(&mut registry, oci.clone());
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));

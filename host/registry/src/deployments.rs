@@ -1,0 +1,365 @@
+//! Deployment operations, the registry's part: a deployer reserves one exact release tag of its
+//! service's repository (`deployments.reserve`), pushes its image there — the only push that tag
+//! takes — and the operation records the digest it pushed (`deployments.getStatus`).
+//!
+//! A reservation claims `<repository>:<tag>` for good: the claim outlives the operation, so a
+//! version once reserved is never reserved again (`version-collision`). A tag the registry
+//! already holds cannot be reserved (`release-tag-occupied`): an operation learns its image
+//! only from its own manifest PUT. Promotion, route promotion, retry and the preflight are not
+//! served yet.
+
+use crate::Registry;
+use crate::names::{is_tag, service_repository};
+use crate::storage::{TAGS, tag_id};
+use capstan_auth::Identity;
+use capstan_core::clock::now_secs;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::access::has_grant;
+use capstan_inventory::grants::DEPLOYERS;
+use capstan_rpc::receipts;
+use capstan_rpc::{Access, Call, Registry as Methods};
+use capstan_store::{CollectionSpec, Tx};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::Arc;
+
+/// Deployment operations (id `dop_…`).
+pub const OPERATIONS: &str = "deployment_operations";
+/// Release tags reserved, for good (id `<repository>:<tag>`).
+pub const CLAIMS: &str = "deployment_claims";
+
+/// The collections of deployment operations.
+pub fn collections() -> Vec<CollectionSpec> {
+    vec![CollectionSpec::new(OPERATIONS).index("by_service", &["serviceId"]), CollectionSpec::new(CLAIMS)]
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Reserved: waiting for the deployer's push of the release tag.
+    AwaitingImage,
+    /// The release tag was pushed; its digest is recorded.
+    ImagePushed,
+    /// Cleaned up: it takes no push; its claim on the tag stays.
+    CleanedUp,
+}
+
+/// A deployment operation.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    /// The service it deploys.
+    pub service_id: String,
+    /// The service's repository.
+    pub repository: String,
+    /// The exact release tag it reserved.
+    pub tag: String,
+    /// The deployer that reserved it: the only one whose push it takes.
+    pub actor_user_id: String,
+    /// Where it stands.
+    pub state: State,
+    /// The root digest its push recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The media type of that root (an image manifest or an index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    /// When it was reserved (seconds).
+    pub created_at: u64,
+    /// When it last changed (seconds).
+    pub updated_at: u64,
+}
+
+/// An operation as the methods answer it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationView {
+    /// Its id.
+    pub id: String,
+    /// Its revision: what a fenced change states.
+    pub revision: u64,
+    /// The operation.
+    #[serde(flatten)]
+    pub operation: Operation,
+    /// `<host>/<repository>:<tag>`: where the deployer pushes.
+    pub reference: String,
+    /// Whether this answers a `mutationId` sent before.
+    #[serde(default)]
+    pub replayed: bool,
+}
+
+/// Input of `deployments.reserve`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReserveInput {
+    /// The service to deploy.
+    pub service_id: String,
+    /// The exact release tag to push (not `latest`): a new version.
+    pub tag: String,
+    /// The idempotency key: the same request again answers the same operation.
+    pub mutation_id: String,
+}
+
+/// Input naming one operation.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OperationInput {
+    /// The operation's id.
+    pub operation_id: String,
+}
+
+/// Input of `deployments.cleanup`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CleanupInput {
+    /// The operation's id.
+    pub operation_id: String,
+    /// The revision read: a moved operation is `conflict`.
+    pub expected_revision: u64,
+}
+
+fn not_found(id: &str) -> Refusal {
+    Refusal::new("deployment-operation-not-found", "no such deployment operation")
+        .with_data(json!({ "operationId": capstan_core::text::truncate(id, 80) }))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(doc: &capstan_store::Document) -> Result<T> {
+    serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("{}: {e}", doc.id)))
+}
+
+/// Refuse anyone but a deployment machine user (`deployment-identity-required`).
+async fn require_deployer(tx: &Tx, identity: &Identity) -> Result<()> {
+    let deployer = identity.kind == "machine"
+        && capstan_store::validate_id(&identity.user_id).is_ok()
+        && tx.get(DEPLOYERS, &identity.user_id).await?.is_some();
+    if deployer {
+        Ok(())
+    } else {
+        Err(Refusal::new("deployment-identity-required", "only a deployment machine user reserves a deployment"))
+    }
+}
+
+/// Register the `deployments.*` methods.
+pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
+    let mut methods = methods.with(registry);
+    methods
+        .add(
+            "deployments.reserve",
+            "Reserve one exact release tag of a service's repository for a deployment: only this operation's push takes it (deployers granted deployment:reserve)",
+            Access::Authenticated,
+            reserve,
+        )
+        .refuses(&[
+            "deployment-identity-required",
+            "forbidden",
+            "service-not-found",
+            "service-deleting",
+            "release-tag-invalid",
+            "release-tag-occupied",
+            "version-collision",
+            "mutation-reused",
+            "invalid-request",
+        ]);
+    methods
+        .add(
+            "deployments.getStatus",
+            "A deployment operation: where it stands and the digest its push recorded (its deployer, deployers granted deployment:status, members, administrators)",
+            Access::Authenticated,
+            get_status,
+        )
+        .refuses(&["deployment-operation-not-found"])
+        .read_only();
+    methods
+        .add(
+            "deployments.cleanup",
+            "End a deployment operation that has not been promoted: it takes no push any more; its claim on the tag stays (its deployer, administrators; revision-fenced)",
+            Access::Authenticated,
+            cleanup,
+        )
+        .refuses(&["deployment-operation-not-found", "conflict", "forbidden"]);
+}
+
+fn view(registry: &Registry, id: &str, revision: u64, operation: Operation, replayed: bool) -> OperationView {
+    let reference = format!("{}/{}:{}", registry.host(), operation.repository, operation.tag);
+    OperationView { id: id.into(), revision, operation, reference, replayed }
+}
+
+async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Result<OperationView> {
+    let identity = call.identity()?.clone();
+    receipts::check_mutation_id(&input.mutation_id)?;
+    if !is_tag(&input.tag) || input.tag == "latest" {
+        return Err(Refusal::new(
+            "release-tag-invalid",
+            "a release tag is 1 to 128 of A-Z a-z 0-9 _ . - (not starting with . or -), never latest",
+        )
+        .with_data(json!({ "field": "tag" })));
+    }
+    let (registry_ref, identity_ref, input_ref, keys) = (&*registry, &identity, &input, registry.auth.receipt_keys());
+    let answer = registry
+        .storage
+        .store
+        .transact(|tx| async move {
+            require_deployer(&tx, identity_ref).await?;
+            if let Some(mut answer) =
+                receipts::replay::<OperationView>(&tx, keys, &identity_ref.user_id, Some(&input_ref.mutation_id), input_ref).await?
+            {
+                answer.replayed = true;
+                return Ok(answer);
+            }
+            let service = capstan_inventory::services::require_active(&tx, &input_ref.service_id).await?;
+            if !has_grant(&tx, &service.id, &identity_ref.user_id, "deployment:reserve").await? {
+                return Err(Refusal::new("forbidden", "this needs a deployer granted deployment:reserve on the service"));
+            }
+            let repository = service_repository(&service.data.name, &service.id);
+            let claim = tag_id(&repository, &input_ref.tag);
+            if let Some(held) = tx.get(CLAIMS, &claim).await? {
+                return Err(Refusal::new("version-collision", "this release tag was reserved before: reserve a new version")
+                    .with_data(json!({ "tag": input_ref.tag, "operationId": held.data["operationId"] })));
+            }
+            if let Some(tag) = tx.get(TAGS, &claim).await? {
+                return Err(Refusal::new("release-tag-occupied", "the registry already holds this tag: reserve a new version")
+                    .with_data(json!({ "tag": input_ref.tag, "digest": tag.data["digest"] })));
+            }
+            let at = now_secs();
+            let operation = Operation {
+                service_id: service.id.clone(),
+                repository: repository.clone(),
+                tag: input_ref.tag.clone(),
+                actor_user_id: identity_ref.user_id.clone(),
+                state: State::AwaitingImage,
+                digest: None,
+                media_type: None,
+                created_at: at,
+                updated_at: at,
+            };
+            let id = capstan_core::ids::new_id("dop");
+            let doc = tx.insert(OPERATIONS, &id, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
+            tx.insert(CLAIMS, &claim, json!({ "operationId": id, "serviceId": service.id, "createdAt": at })).await?;
+            let answer = view(registry_ref, &id, doc.revision, operation, false);
+            receipts::record(&tx, keys, &identity_ref.user_id, Some(&input_ref.mutation_id), input_ref, &answer).await?;
+            Ok(answer)
+        })
+        .await?;
+    if !answer.replayed {
+        tracing::info!(operation = %answer.id, service = %answer.operation.service_id, tag = %answer.operation.tag, "deployment reserved");
+    }
+    Ok(answer)
+}
+
+/// The operation, if `identity` may see it (else `deployment-operation-not-found`, as if absent).
+async fn visible(tx: &Tx, identity: &Identity, id: &str) -> Result<(Operation, u64)> {
+    if capstan_store::validate_id(id).is_err() {
+        return Err(not_found(id));
+    }
+    let doc = tx.get(OPERATIONS, id).await?.ok_or_else(|| not_found(id))?;
+    let operation: Operation = parse(&doc)?;
+    if operation.actor_user_id == identity.user_id {
+        return Ok((operation, doc.revision));
+    }
+    let readable = match capstan_inventory::services::visible_service(
+        tx,
+        identity,
+        &operation.service_id,
+        capstan_inventory::access::ServiceNeed::Read,
+    )
+    .await
+    {
+        Ok(_) => true,
+        Err(e) if e.is("service-not-found") || e.is("forbidden") => false,
+        Err(e) => return Err(e),
+    };
+    if readable { Ok((operation, doc.revision)) } else { Err(not_found(id)) }
+}
+
+async fn get_status(registry: Arc<Registry>, call: Call, input: OperationInput) -> Result<OperationView> {
+    let identity = call.identity()?;
+    let id = input.operation_id.as_str();
+    let (operation, revision) = registry.storage.store.transact(|tx| async move { visible(&tx, identity, id).await }).await?;
+    Ok(view(&registry, id, revision, operation, false))
+}
+
+async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Result<OperationView> {
+    let identity = call.identity()?;
+    let (id, expected) = (input.operation_id.as_str(), input.expected_revision);
+    let (operation, revision) = registry
+        .storage
+        .store
+        .transact(|tx| async move {
+            let (mut operation, revision) = visible(&tx, identity, id).await?;
+            if operation.actor_user_id != identity.user_id && !identity.is_human_admin() {
+                return Err(Refusal::new("forbidden", "only the operation's deployer or an administrator cleans it up"));
+            }
+            if revision != expected {
+                return Err(capstan_store::conflict(OPERATIONS, id, expected, revision));
+            }
+            if operation.state == State::CleanedUp {
+                return Ok((operation, revision));
+            }
+            operation.state = State::CleanedUp;
+            operation.updated_at = now_secs();
+            let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
+            Ok((operation, doc.revision))
+        })
+        .await?;
+    tracing::info!(operation = %id, "deployment cleaned up");
+    Ok(view(&registry, id, revision, operation, false))
+}
+
+/// What a manifest PUT meets in `repository`: which operation (if any) holds the tag, and
+/// whether `identity` has an operation waiting for its image in the repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Binding {
+    /// Nothing reserved concerns this push.
+    Free,
+    /// The caller's own operation waits for exactly this tag: the push records its digest.
+    Own(String),
+    /// Another operation holds the tag (`release-tag-reserved`).
+    Reserved(String),
+}
+
+/// Judge a manifest PUT of `tag` (or by digest) in `repository` by `identity`, inside the PUT's
+/// transaction.
+pub async fn binding(tx: &Tx, repository: &str, tag: Option<&str>, identity: &Identity) -> Result<Binding> {
+    let Some(tag) = tag else { return Ok(Binding::Free) };
+    let Some(claim) = tx.get(CLAIMS, &tag_id(repository, tag)).await? else { return Ok(Binding::Free) };
+    let operation_id = claim.data["operationId"].as_str().unwrap_or_default().to_string();
+    let Some(doc) = tx.get(OPERATIONS, &operation_id).await? else { return Ok(Binding::Reserved(operation_id)) };
+    let operation: Operation = parse(&doc)?;
+    if operation.actor_user_id == identity.user_id && operation.state == State::AwaitingImage {
+        Ok(Binding::Own(operation_id))
+    } else {
+        Ok(Binding::Reserved(operation_id))
+    }
+}
+
+/// Whether `identity` has an operation in `repository` waiting for its image (so its pushes of
+/// the image's parts — blobs, child manifests by digest — are taken).
+pub async fn awaiting_image(store: &capstan_store::Store, repository: &str, service_id: &str, identity: &Identity) -> Result<bool> {
+    store
+        .transact(|tx| async move {
+            for doc in tx.find_all(OPERATIONS, "by_service", &[json!(service_id)]).await? {
+                let operation: Operation = parse(&doc)?;
+                if operation.repository == repository
+                    && operation.actor_user_id == identity.user_id
+                    && operation.state == State::AwaitingImage
+                {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+        .await
+}
+
+/// Record the pushed root on the caller's operation (in the PUT's transaction).
+pub async fn record_image(tx: &Tx, operation_id: &str, digest: &str, media_type: &str) -> Result<()> {
+    let doc = tx.require(OPERATIONS, operation_id).await?;
+    let mut operation: Operation = parse(&doc)?;
+    operation.state = State::ImagePushed;
+    operation.digest = Some(digest.into());
+    operation.media_type = Some(media_type.into());
+    operation.updated_at = now_secs();
+    tx.replace(OPERATIONS, operation_id, doc.revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await.map(drop)
+}
