@@ -140,6 +140,20 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
                 Anon,
             ],
         ),
+        (
+            "deployments.promote",
+            json!({ "operationId": "dop_missing", "expectedRevision": 1, "expectedServiceRevision": 1 }),
+            [
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Hidden("deployment-operation-not-found"),
+                Anon,
+            ],
+        ),
+        ("deployments.getPreflight", json!({ "phase": "promote", "operationId": "dop_missing" }), signed_in(Ran)),
         ("deployments.getStatus", json!({ "operationId": "dop_missing" }), signed_in(Hidden("deployment-operation-not-found"))),
         (
             "deployments.cleanup",

@@ -831,7 +831,7 @@ fn a_reserved_release_tag_takes_only_its_deployers_push_and_records_the_digest()
     let registry = Registry::start();
     let target = registry.service(&registry.organization("acme"), "web");
     let repo = target.repository.as_str();
-    let capabilities = ["deployment:reserve", "deployment:status", "registry:push"];
+    let capabilities = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
     let (username, token) = registry.deployer("ci-release", &target.service_id, &capabilities, None);
     let session = registry.server.call("auth.exchangeToken", &json!({ "token": token }).to_string()).expect_json(200);
     let machine = session["token"].as_str().unwrap().to_string();
@@ -902,21 +902,54 @@ fn a_reserved_release_tag_takes_only_its_deployers_push_and_records_the_digest()
     registry.get_manifest(&admin_bearer, repo, "1.4.0").expect(200);
     assert_eq!(registry.get_manifest(&admin_bearer, repo, "1.4.0").must("docker-content-digest"), index.digest());
 
-    // others see the operation only if they may read the service; cleanup is fenced
+    // others see the operation only if they may read the service
     let stranger_org = registry.organization("elsewhere");
     let stranger_password = registry.person("stranger", Some((&stranger_org, "owner")));
     let stranger = registry.server.login("stranger", &stranger_password);
-    registry
-        .server
-        .call_as(&stranger, "deployments.getStatus", &json!({ "operationId": operation["id"] }))
-        .expect_error(404, "deployment-operation-not-found");
-    let stale = json!({ "operationId": operation["id"], "expectedRevision": 1 });
+    let status_of = json!({ "operationId": operation["id"] });
+    registry.server.call_as(&stranger, "deployments.getStatus", &status_of).expect_error(404, "deployment-operation-not-found");
+
+    // promotion: judged first, fenced by the service's revision, then the service runs the digest
+    let preflight = json!({ "phase": "promote", "operationId": operation["id"] });
+    let ready = registry.server.call_as(&machine, "deployments.getPreflight", &preflight).expect_json(200);
+    assert_eq!((ready["ready"].clone(), ready["blockers"].clone()), (json!(true), json!([])), "{ready}");
+    let service = registry.ok("services.get", json!({ "id": target.service_id }));
+    let promote = |service_revision: &Value| json!({ "operationId": operation["id"], "expectedRevision": status["revision"], "expectedServiceRevision": service_revision });
+    registry.server.call_as(&machine, "deployments.promote", &promote(&json!(0))).expect_error(409, "conflict");
+    let promoted = registry.server.call_as(&machine, "deployments.promote", &promote(&service["revision"])).expect_json(200);
+    assert_eq!(promoted["state"], "promoted", "{promoted}");
+    assert_eq!(promoted["previousImage"], "nginx:1.27", "{promoted}");
+    let pinned = registry.ok("services.get", json!({ "id": target.service_id }));
+    assert_eq!(pinned["image"], format!("{}/{repo}@{}", target.host, index.digest()), "{pinned}");
+    assert_eq!(pinned["release"]["digest"], json!(index.digest()), "{pinned}");
+    assert_eq!(promoted["rolloutGeneration"], pinned["revision"], "the promotion's generation is the service revision it wrote");
+    let again =
+        json!({ "operationId": operation["id"], "expectedRevision": promoted["revision"], "expectedServiceRevision": pinned["revision"] });
+    registry.server.call_as(&machine, "deployments.promote", &again).expect_error(409, "deployment-state-invalid");
+    let blocked = registry.server.call_as(&machine, "deployments.getPreflight", &preflight).expect_json(200);
+    assert_eq!(
+        (blocked["ready"].clone(), blocked["blockers"][0]["code"].clone()),
+        (json!(false), json!("deployment-state-invalid")),
+        "{blocked}"
+    );
+    let reserve_taken = json!({ "phase": "reserve", "serviceId": target.service_id, "tag": "1.4.0" });
+    let taken = registry.server.call_as(&machine, "deployments.getPreflight", &reserve_taken).expect_json(200);
+    assert_eq!(taken["blockers"][0]["code"], "version-collision", "{taken}");
+    let as_admin = registry.server.call_as(&registry.admin, "deployments.getPreflight", &reserve_taken).expect_json(200);
+    assert_eq!(as_admin["blockers"][0]["code"], "deployment-identity-required", "{as_admin}");
+    let promoted_cleanup = json!({ "operationId": operation["id"], "expectedRevision": promoted["revision"] });
+    registry.server.call_as(&machine, "deployments.cleanup", &promoted_cleanup).expect_error(409, "deployment-state-invalid");
+
+    // an operation never pushed is cleaned up (fenced); its claim on the tag stays
+    let next = json!({ "serviceId": target.service_id, "tag": "1.6.0", "mutationId": "release-1.6.0" });
+    let waiting = registry.server.call_as(&machine, "deployments.reserve", &next).expect_json(200);
+    let stale = json!({ "operationId": waiting["id"], "expectedRevision": 7 });
     registry.server.call_as(&machine, "deployments.cleanup", &stale).expect_error(409, "conflict");
-    let fenced = json!({ "operationId": operation["id"], "expectedRevision": status["revision"] });
+    let fenced = json!({ "operationId": waiting["id"], "expectedRevision": waiting["revision"] });
     let cleaned = registry.server.call_as(&machine, "deployments.cleanup", &fenced).expect_json(200);
     assert_eq!(cleaned["state"], "cleaned-up", "{cleaned}");
-    // the claim outlives the operation: the version is never reserved again
-    registry.server.call_as(&machine, "deployments.reserve", &twice).expect_error(409, "version-collision");
+    let once_more = json!({ "serviceId": target.service_id, "tag": "1.6.0", "mutationId": "release-1.6.0-again" });
+    registry.server.call_as(&machine, "deployments.reserve", &once_more).expect_error(409, "version-collision");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -173,6 +173,35 @@ pub struct RegistryPush {
     pub pushed_at: u64,
 }
 
+/// A release a deployment operation promoted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRelease {
+    /// The deployment operation that pushed and promoted it.
+    pub operation_id: String,
+    /// Its release tag.
+    pub tag: String,
+    /// The root digest the service runs.
+    pub digest: String,
+    /// When it was promoted (seconds since the epoch).
+    pub promoted_at: u64,
+}
+
+/// Pin the service at `expected_revision` (the rollout fence) to `image` — a digest reference —
+/// as `release` (the registry's `deployments.promote`, in its transaction). A service that moved
+/// on is `conflict`; one being deleted `service-deleting`.
+pub async fn pin_release(tx: &Tx, id: &str, expected_revision: u64, image: &str, release: ServiceRelease) -> Result<Entity<Service>> {
+    let current = require_active(tx, id).await?;
+    check_revision("service", id, expected_revision, current.revision)?;
+    let mut next = current.data.clone();
+    next.image = image.to_string();
+    next.release = Some(release);
+    next.updated_at = now_secs();
+    let doc = tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
+    emit(tx, "service.updated", id, summary(id, &next)).await?;
+    parse(&doc)
+}
+
 /// Record on the service that `tag` of its repository now names `digest` (the registry's push
 /// hook). A service being deleted, or one that is gone, records nothing.
 pub async fn record_push(store: &Store, id: &str, tag: &str, digest: &str) -> Result<()> {
@@ -227,6 +256,10 @@ pub struct Service {
     /// CoreMail's binding of it, when the CoreMail manager has moved it onto CoreMail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub core_mail: Option<CoreMailBinding>,
+    /// The release a deployment operation promoted: `image` pins its digest (the registry's
+    /// `deployments.promote` writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<ServiceRelease>,
     /// The newest tag pushed to its repository in Capstan's registry (the registry writes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_push: Option<RegistryPush>,
@@ -505,6 +538,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         mail_addresses: fields.mail_addresses.unwrap_or_default(),
         mail: Vec::new(),
         core_mail: None,
+        release: None,
         registry_push: None,
         template: fields.template,
         state: ServiceState::Active,

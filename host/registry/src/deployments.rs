@@ -5,8 +5,10 @@
 //! A reservation claims `<repository>:<tag>` for good: the claim outlives the operation, so a
 //! version once reserved is never reserved again (`version-collision`). A tag the registry
 //! already holds cannot be reserved (`release-tag-occupied`): an operation learns its image
-//! only from its own manifest PUT. Promotion, route promotion, retry and the preflight are not
-//! served yet.
+//! only from its own manifest PUT. `deployments.promote` pins the service to the pushed digest
+//! (fenced by the service's revision, the rollout generation); `deployments.getPreflight` says
+//! what stands in the way of a reserve or a promotion. Route promotion and retry are not served
+//! yet.
 
 use crate::Registry;
 use crate::names::{is_tag, service_repository};
@@ -42,6 +44,8 @@ pub enum State {
     AwaitingImage,
     /// The release tag was pushed; its digest is recorded.
     ImagePushed,
+    /// The service was pinned to the pushed digest.
+    Promoted,
     /// Cleaned up: it takes no push; its claim on the tag stays.
     CleanedUp,
 }
@@ -70,6 +74,15 @@ pub struct Operation {
     pub created_at: u64,
     /// When it last changed (seconds).
     pub updated_at: u64,
+    /// When it was promoted (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_at: Option<u64>,
+    /// The service revision its promotion wrote: the rollout generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_generation: Option<u64>,
+    /// The image the service ran before the promotion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_image: Option<String>,
 }
 
 /// An operation as the methods answer it.
@@ -109,6 +122,67 @@ pub struct OperationInput {
     /// The operation's id.
     pub operation_id: String,
 }
+
+/// Input of `deployments.promote`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PromoteInput {
+    /// The operation whose pushed image to promote.
+    pub operation_id: String,
+    /// The operation's revision read.
+    pub expected_revision: u64,
+    /// The service's revision read: the rollout fence (a service that moved on is `conflict`).
+    pub expected_service_revision: u64,
+}
+
+/// Which step a preflight judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// `deployments.reserve` (needs `serviceId` and `tag`).
+    Reserve,
+    /// `deployments.promote` (needs `operationId`).
+    Promote,
+}
+
+/// Input of `deployments.getPreflight`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PreflightInput {
+    /// The step to judge.
+    pub phase: Phase,
+    /// Reserve: the service.
+    pub service_id: Option<String>,
+    /// Reserve: the release tag.
+    pub tag: Option<String>,
+    /// Promote: the operation.
+    pub operation_id: Option<String>,
+}
+
+/// One thing in a step's way.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocker {
+    /// The refusal the step would answer.
+    pub code: String,
+    /// What a person reads.
+    pub message: String,
+}
+
+/// Answer of `deployments.getPreflight`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preflight {
+    /// The step judged.
+    pub phase: Phase,
+    /// Whether nothing stands in its way now.
+    pub ready: bool,
+    /// What does.
+    pub blockers: Vec<Blocker>,
+}
+
+/// How long a preflight may take before it answers `deployment-preflight-unavailable`.
+pub const PREFLIGHT_BUDGET: std::time::Duration = std::time::Duration::from_secs(25);
 
 /// Input of `deployments.cleanup`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -164,6 +238,32 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
         ]);
     methods
         .add(
+            "deployments.promote",
+            "Pin the service to the digest the operation's push recorded, fenced by the service's revision (deployers granted deployment:promote)",
+            Access::Authenticated,
+            promote,
+        )
+        .refuses(&[
+            "deployment-identity-required",
+            "deployment-operation-not-found",
+            "deployment-image-missing",
+            "deployment-state-invalid",
+            "forbidden",
+            "conflict",
+            "service-deleting",
+            "service-not-found",
+        ]);
+    methods
+        .add(
+            "deployments.getPreflight",
+            "What stands in the way of a reserve or a promotion now, without doing it (answered within 25 s)",
+            Access::Authenticated,
+            preflight,
+        )
+        .refuses(&["deployment-preflight-unavailable", "invalid-request"])
+        .read_only();
+    methods
+        .add(
             "deployments.getStatus",
             "A deployment operation: where it stands and the digest its push recorded (its deployer, deployers granted deployment:status, members, administrators)",
             Access::Authenticated,
@@ -178,7 +278,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             cleanup,
         )
-        .refuses(&["deployment-operation-not-found", "conflict", "forbidden"]);
+        .refuses(&["deployment-operation-not-found", "deployment-state-invalid", "conflict", "forbidden"]);
 }
 
 fn view(registry: &Registry, id: &str, revision: u64, operation: Operation, replayed: bool) -> OperationView {
@@ -233,6 +333,9 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
                 media_type: None,
                 created_at: at,
                 updated_at: at,
+                promoted_at: None,
+                rollout_generation: None,
+                previous_image: None,
             };
             let id = capstan_core::ids::new_id("dop");
             let doc = tx.insert(OPERATIONS, &id, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
@@ -294,8 +397,16 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
             if revision != expected {
                 return Err(capstan_store::conflict(OPERATIONS, id, expected, revision));
             }
-            if operation.state == State::CleanedUp {
-                return Ok((operation, revision));
+            match operation.state {
+                State::CleanedUp => return Ok((operation, revision)),
+                State::Promoted => {
+                    return Err(Refusal::new(
+                        "deployment-state-invalid",
+                        "a promoted release is the service's: nothing of it is cleaned up",
+                    )
+                    .with_data(json!({ "state": operation.state })));
+                }
+                State::AwaitingImage | State::ImagePushed => {}
             }
             operation.state = State::CleanedUp;
             operation.updated_at = now_secs();
@@ -305,6 +416,149 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
         .await?;
     tracing::info!(operation = %id, "deployment cleaned up");
     Ok(view(&registry, id, revision, operation, false))
+}
+
+async fn promote(registry: Arc<Registry>, call: Call, input: PromoteInput) -> Result<OperationView> {
+    let identity = call.identity()?;
+    let (input_ref, host) = (&input, registry.host().to_string());
+    let host = host.as_str();
+    let (operation, revision) = registry
+        .storage
+        .store
+        .transact(|tx| async move {
+            require_deployer(&tx, identity).await?;
+            let id = input_ref.operation_id.as_str();
+            let (mut operation, revision) = visible(&tx, identity, id).await?;
+            if !has_grant(&tx, &operation.service_id, &identity.user_id, "deployment:promote").await? {
+                return Err(Refusal::new("forbidden", "this needs a deployer granted deployment:promote on the service"));
+            }
+            if revision != input_ref.expected_revision {
+                return Err(capstan_store::conflict(OPERATIONS, id, input_ref.expected_revision, revision));
+            }
+            let digest = match (operation.state, &operation.digest) {
+                (State::ImagePushed, Some(digest)) => digest.clone(),
+                (State::AwaitingImage, _) => {
+                    return Err(Refusal::new("deployment-image-missing", "the operation's release tag has not been pushed yet"));
+                }
+                (state, _) => {
+                    return Err(Refusal::new("deployment-state-invalid", "only an operation whose image was pushed is promoted")
+                        .with_data(json!({ "state": state })));
+                }
+            };
+            let at = now_secs();
+            let release = capstan_inventory::services::ServiceRelease {
+                operation_id: id.into(),
+                tag: operation.tag.clone(),
+                digest: digest.clone(),
+                promoted_at: at,
+            };
+            let before = capstan_inventory::services::require_service(&tx, &operation.service_id).await?;
+            let image = format!("{host}/{}@{digest}", operation.repository);
+            let pinned =
+                capstan_inventory::services::pin_release(&tx, &operation.service_id, input_ref.expected_service_revision, &image, release)
+                    .await?;
+            operation.state = State::Promoted;
+            operation.promoted_at = Some(at);
+            operation.rollout_generation = Some(pinned.revision);
+            operation.previous_image = Some(before.data.image);
+            operation.updated_at = at;
+            let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
+            Ok((operation, doc.revision))
+        })
+        .await?;
+    tracing::info!(operation = %input.operation_id, service = %operation.service_id, digest = operation.digest.as_deref().unwrap_or(""), "deployment promoted");
+    Ok(view(&registry, &input.operation_id, revision, operation, false))
+}
+
+async fn preflight(registry: Arc<Registry>, call: Call, input: PreflightInput) -> Result<Preflight> {
+    let identity = call.identity()?;
+    let started = std::time::Instant::now();
+    let judged = tokio::time::timeout(PREFLIGHT_BUDGET, judge_preflight(&registry, identity, &input)).await;
+    let elapsed = started.elapsed();
+    if elapsed > std::time::Duration::from_secs(5) {
+        tracing::warn!(phase = ?input.phase, elapsed_ms = elapsed.as_millis() as u64, "a deployment preflight was slow");
+    }
+    let blockers = judged.map_err(|_| {
+        Refusal::new("deployment-preflight-unavailable", "the preflight did not finish within 25 seconds: ask again").retryable()
+    })??;
+    Ok(Preflight { phase: input.phase, ready: blockers.is_empty(), blockers })
+}
+
+async fn judge_preflight(registry: &Registry, identity: &Identity, input: &PreflightInput) -> Result<Vec<Blocker>> {
+    let blocker = |e: Refusal| Blocker { code: e.code.to_string(), message: e.message };
+    let missing = |field: &str| Refusal::invalid_request(format!("this phase needs {field}")).with_data(json!({ "field": field }));
+    registry
+        .storage
+        .store
+        .transact(|tx| async move {
+            let mut blockers = Vec::new();
+            if let Err(e) = require_deployer(&tx, identity).await {
+                blockers.push(blocker(e));
+            }
+            match input.phase {
+                Phase::Reserve => {
+                    let service_id = input.service_id.as_deref().ok_or_else(|| missing("serviceId"))?;
+                    let tag = input.tag.as_deref().ok_or_else(|| missing("tag"))?;
+                    if !is_tag(tag) || tag == "latest" {
+                        blockers.push(Blocker {
+                            code: "release-tag-invalid".into(),
+                            message: "a release tag is a tag other than latest".into(),
+                        });
+                    }
+                    match capstan_inventory::services::require_active(&tx, service_id).await {
+                        Err(e) if e.is("service-not-found") || e.is("service-deleting") => blockers.push(blocker(e)),
+                        Err(e) => return Err(e),
+                        Ok(service) => {
+                            if !has_grant(&tx, &service.id, &identity.user_id, "deployment:reserve").await? {
+                                blockers.push(Blocker {
+                                    code: "forbidden".into(),
+                                    message: "this needs a deployer granted deployment:reserve".into(),
+                                });
+                            }
+                            let claim = tag_id(&service_repository(&service.data.name, &service.id), tag);
+                            // reserved before, or already in the registry: either way, a new version is needed
+                            if is_tag(tag) && (tx.get(CLAIMS, &claim).await?.is_some() || tx.get(TAGS, &claim).await?.is_some()) {
+                                blockers.push(Blocker {
+                                    code: "version-collision".into(),
+                                    message: "this release tag is taken: reserve a new version".into(),
+                                });
+                            }
+                        }
+                    }
+                }
+                Phase::Promote => {
+                    let id = input.operation_id.as_deref().ok_or_else(|| missing("operationId"))?;
+                    match visible(&tx, identity, id).await {
+                        Err(e) if e.is("deployment-operation-not-found") => blockers.push(blocker(e)),
+                        Err(e) => return Err(e),
+                        Ok((operation, _)) => {
+                            if !has_grant(&tx, &operation.service_id, &identity.user_id, "deployment:promote").await? {
+                                blockers.push(Blocker {
+                                    code: "forbidden".into(),
+                                    message: "this needs a deployer granted deployment:promote".into(),
+                                });
+                            }
+                            match operation.state {
+                                State::ImagePushed => {}
+                                State::AwaitingImage => blockers.push(Blocker {
+                                    code: "deployment-image-missing".into(),
+                                    message: "the release tag has not been pushed yet".into(),
+                                }),
+                                _ => blockers.push(Blocker {
+                                    code: "deployment-state-invalid".into(),
+                                    message: "only an operation whose image was pushed is promoted".into(),
+                                }),
+                            }
+                            if let Err(e) = capstan_inventory::services::require_active(&tx, &operation.service_id).await {
+                                blockers.push(blocker(e));
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(blockers)
+        })
+        .await
 }
 
 /// What a manifest PUT meets in `repository`: which operation (if any) holds the tag, and
