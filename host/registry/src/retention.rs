@@ -3,8 +3,16 @@
 //! One pass judges every repository from a listing of the whole registry, then deletes, each
 //! deletion in its own short transaction that judges its record again:
 //!
-//! - **manifests**: kept when a tag names one, its service's newest push (`registryPush`) names
-//!   it, or it was pushed or used less than [`Limits::grace`] ago — together with everything a
+//! - **releases** (deployment operations that recorded a pushed digest): kept when it is the one
+//!   its service runs (`release`), its operation is not finished (awaiting or pushed, not
+//!   promoted), it is among its service's [`Limits::keep_promoted`] newest promoted besides the
+//!   current one, it was reserved or promoted less than [`Limits::release_age`] ago, another kept
+//!   release has the same digest, or its service is being deleted. Every other release is
+//!   pruned, oldest first, at most [`Limits::max_releases`] a pass: its tag (when it still names
+//!   its digest), then its row, in one transaction. Its claim on the tag stays, so the version is
+//!   never reserved again.
+//! - **manifests**: kept when a tag names one, a kept release names it, its service's newest push
+//!   (`registryPush`) names it, or it was pushed or used less than [`Limits::grace`] ago — together with everything a
 //!   kept manifest references in its repository and the manifests whose subject it is
 //!   (signatures, attestations). Every manifest of a repository that maps to no service is kept
 //!   (and the repository named in the summary).
@@ -24,6 +32,7 @@
 //! step failed, leaves `workRemains` set and the next pass (an hour later, not a day) finishes:
 //! nothing depends on what an earlier pass did.
 
+use crate::deployments::{OPERATIONS, Operation, State};
 use crate::names::service_repository;
 use crate::storage::{BLOBS, BlobRecord, LINKS, MANIFESTS, ManifestRecord, Storage, TAGS, TagRecord};
 use capstan_core::refusal::{Refusal, Result};
@@ -52,11 +61,24 @@ pub struct Limits {
     pub uptime_for_blobs: u64,
     /// Most objects deleted in one pass.
     pub max_deletions: usize,
+    /// A release younger than this is kept (seconds).
+    pub release_age: u64,
+    /// How many promoted releases besides the current one a service keeps (its rollback targets).
+    pub keep_promoted: usize,
+    /// Most releases pruned in one pass.
+    pub max_releases: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { grace: 24 * 3600, uptime_for_blobs: 3600, max_deletions: 20_000 }
+        Limits {
+            grace: 24 * 3600,
+            uptime_for_blobs: 3600,
+            max_deletions: 20_000,
+            release_age: 7 * 24 * 3600,
+            keep_promoted: 3,
+            max_releases: 200,
+        }
     }
 }
 
@@ -72,6 +94,11 @@ pub const FIRST_PASS_AFTER: u64 = 180;
 pub struct Summary {
     /// Repositories judged.
     pub repositories: usize,
+    /// Releases pruned (their tags and rows).
+    pub releases_pruned: usize,
+    /// The most releases one service recorded within the release age (no service named: it
+    /// tells whether the age rule needs a count cap).
+    pub most_recent_releases: usize,
     /// Manifests deleted, and their bytes.
     pub manifests_deleted: usize,
     /// See above.
@@ -94,8 +121,14 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "registry retention: {} repositories judged; {} manifests deleted ({} bytes); {} blobs deleted ({} bytes)",
-            self.repositories, self.manifests_deleted, self.manifest_bytes, self.blobs_deleted, self.blob_bytes
+            "registry retention: {} repositories judged; {} releases pruned (at most {} of one service within the release age); {} manifests deleted ({} bytes); {} blobs deleted ({} bytes)",
+            self.repositories,
+            self.releases_pruned,
+            self.most_recent_releases,
+            self.manifests_deleted,
+            self.manifest_bytes,
+            self.blobs_deleted,
+            self.blob_bytes
         )?;
         if let Some(why) = &self.blobs_skipped {
             write!(f, "; blobs not collected: {why}")?;
@@ -146,6 +179,12 @@ pub struct Judgement {
     pub repositories: usize,
     /// `(repository, digest)` of every manifest nothing keeps.
     pub doomed: Vec<(String, String)>,
+    /// Operation ids of the releases to prune, oldest first (at most the limit).
+    pub releases: Vec<String>,
+    /// See [`Summary::most_recent_releases`].
+    pub most_recent_releases: usize,
+    /// Whether more releases were prunable than one pass prunes.
+    pub releases_left: bool,
     /// Repositories that map to no service.
     pub unmapped: Vec<String>,
 }
@@ -153,11 +192,16 @@ pub struct Judgement {
 /// Judge every repository as it is now.
 pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judgement> {
     let mut services: HashMap<String, Option<String>> = HashMap::new();
+    let mut by_id: HashMap<String, Service> = HashMap::new();
     for doc in everything(storage, capstan_inventory::SERVICES).await? {
         let service: Service = parse(&doc)?;
         let pushed = service.registry_push.as_ref().filter(|_| service.state == ServiceState::Active).map(|p| p.digest.clone());
         services.insert(service_repository(&service.name, &doc.id), pushed);
+        by_id.insert(doc.id, service);
     }
+    let (kept_releases, mut doomed_releases, most_recent) = judge_releases(storage, &by_id, now, limits).await?;
+    let releases_left = doomed_releases.len() > limits.max_releases;
+    doomed_releases.truncate(limits.max_releases);
     let mut manifests: BTreeMap<String, Vec<ManifestRecord>> = BTreeMap::new();
     for doc in everything(storage, MANIFESTS).await? {
         let record: ManifestRecord = parse(&doc)?;
@@ -168,7 +212,13 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
         let tag: TagRecord = parse(&doc)?;
         tagged.entry(tag.repository).or_default().insert(tag.digest);
     }
-    let mut judgement = Judgement { repositories: manifests.len(), ..Judgement::default() };
+    let mut judgement = Judgement {
+        repositories: manifests.len(),
+        releases: doomed_releases,
+        most_recent_releases: most_recent,
+        releases_left,
+        ..Judgement::default()
+    };
     for (repository, records) in manifests {
         let Some(pushed) = services.get(&repository) else {
             judgement.unmapped.push(repository);
@@ -180,6 +230,7 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
             .map(|m| m.digest.as_str())
             .chain(tagged.get(&repository).into_iter().flatten().map(String::as_str))
             .chain(pushed.as_deref())
+            .chain(kept_releases.get(&repository).into_iter().flatten().map(String::as_str))
             .collect();
         // what a kept manifest references, and what refers to a kept one, until nothing changes
         loop {
@@ -200,6 +251,83 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
             .extend(records.iter().filter(|m| !kept.contains(m.digest.as_str())).map(|m| (repository.clone(), m.digest.clone())));
     }
     Ok(judgement)
+}
+
+/// The digests kept releases name, by repository; the operation ids of the releases to prune,
+/// oldest first; the most releases one service recorded within the release age.
+async fn judge_releases(
+    storage: &Storage,
+    services: &HashMap<String, Service>,
+    now: u64,
+    limits: &Limits,
+) -> Result<(HashMap<String, HashSet<String>>, Vec<String>, usize)> {
+    let mut by_service: BTreeMap<String, Vec<(String, Operation)>> = BTreeMap::new();
+    for doc in everything(storage, OPERATIONS).await? {
+        let operation: Operation = parse(&doc)?;
+        if operation.digest.is_some() {
+            by_service.entry(operation.service_id.clone()).or_default().push((doc.id, operation));
+        }
+    }
+    let mut kept: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut doomed: Vec<(u64, String, String, String)> = Vec::new();
+    let mut most_recent = 0;
+    for (service_id, mut releases) in by_service {
+        let service = services.get(&service_id);
+        let current = service.and_then(|s| s.release.as_ref()).map(|r| r.operation_id.clone());
+        let deleting = service.is_some_and(|s| s.state != ServiceState::Active);
+        let at = |o: &Operation| o.promoted_at.unwrap_or(0).max(o.created_at);
+        most_recent = most_recent.max(releases.iter().filter(|(_, o)| at(o) + limits.release_age > now).count());
+        // newest promoted first: the rollback targets
+        releases.sort_by_key(|(_, o)| std::cmp::Reverse(o.promoted_at.unwrap_or(0)));
+        let mut promoted_kept = 0;
+        let mut keep_ids = HashSet::new();
+        for (id, o) in &releases {
+            let is_current = current.as_deref() == Some(id.as_str());
+            let unfinished = matches!(o.state, State::AwaitingImage | State::ImagePushed);
+            let rollback = o.state == State::Promoted && !is_current && promoted_kept < limits.keep_promoted;
+            if rollback {
+                promoted_kept += 1;
+            }
+            if is_current || unfinished || rollback || deleting || at(o) + limits.release_age > now {
+                keep_ids.insert(id.clone());
+            }
+        }
+        let kept_digests: HashSet<String> =
+            releases.iter().filter(|(id, _)| keep_ids.contains(id)).filter_map(|(_, o)| o.digest.clone()).collect();
+        for (id, o) in releases {
+            let digest = o.digest.clone().unwrap_or_default();
+            if keep_ids.contains(&id) || kept_digests.contains(&digest) {
+                kept.entry(o.repository.clone()).or_default().insert(digest);
+            } else {
+                doomed.push((at(&o), id, o.repository, digest));
+            }
+        }
+    }
+    doomed.sort();
+    Ok((kept, doomed.into_iter().map(|(_, id, _, _)| id).collect(), most_recent))
+}
+
+/// Prune one release judged again in this transaction: its tag (when it still names the
+/// release's digest), then its row. Its claim on the tag stays.
+async fn prune_release(tx: &Tx, operation_id: &str) -> Result<bool> {
+    let Some(doc) = tx.get(OPERATIONS, operation_id).await? else { return Ok(false) };
+    let operation: Operation = parse(&doc)?;
+    if matches!(operation.state, State::AwaitingImage | State::ImagePushed) {
+        return Ok(false);
+    }
+    if let Some(service) = tx.get(capstan_inventory::SERVICES, &operation.service_id).await?
+        && service.data["release"]["operationId"] == operation_id
+    {
+        return Ok(false);
+    }
+    let tag = crate::storage::tag_id(&operation.repository, &operation.tag);
+    if let Some(tag_doc) = tx.get(TAGS, &tag).await?
+        && tag_doc.data["digest"].as_str() == operation.digest.as_deref()
+    {
+        tx.delete(TAGS, &tag, tag_doc.revision).await?;
+    }
+    tx.delete(OPERATIONS, operation_id, doc.revision).await?;
+    Ok(true)
 }
 
 /// Delete one manifest if, judged again in this transaction, nothing keeps it: its bytes.
@@ -233,7 +361,23 @@ async fn delete_blob(tx: &Tx, digest: &str, now: u64, grace: u64) -> Result<Opti
 
 /// Delete what `judgement` dooms, then (when allowed) every blob nothing left references.
 pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u64, limits: &Limits) -> Result<Summary> {
-    let mut summary = Summary { repositories: judgement.repositories, unmapped: judgement.unmapped, ..Summary::default() };
+    let mut summary = Summary {
+        repositories: judgement.repositories,
+        unmapped: judgement.unmapped,
+        most_recent_releases: judgement.most_recent_releases,
+        ..Summary::default()
+    };
+    for id in &judgement.releases {
+        let id = id.as_str();
+        match storage.store.transact(|tx| async move { prune_release(&tx, id).await }).await {
+            Ok(true) => summary.releases_pruned += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(operation = id, code = %e.code, "registry retention could not prune a release: {}", e.message);
+                summary.failures += 1;
+            }
+        }
+    }
     let mut budget = limits.max_deletions;
     let mut manifests_done = true;
     for (repository, digest) in &judgement.doomed {
@@ -258,7 +402,7 @@ pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u6
     summary.blobs_skipped = if !manifests_done {
         Some("the pass reached its deletion limit".into())
     } else if summary.failures > 0 {
-        Some("a manifest could not be deleted".into())
+        Some("a deletion failed".into())
     } else if uptime < limits.uptime_for_blobs {
         Some(format!("this process has served for less than {} seconds", limits.uptime_for_blobs))
     } else {
@@ -294,7 +438,11 @@ pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u6
             }
         }
     }
-    summary.work_remains = summary.failures > 0 || !manifests_done || summary.blobs_skipped.as_deref().is_some_and(|w| w.contains("limit"));
+    summary.work_remains = summary.failures > 0
+        || !manifests_done
+        || judgement.releases_left
+        || summary.releases_pruned > 0
+        || summary.blobs_skipped.as_deref().is_some_and(|w| w.contains("limit"));
     Ok(summary)
 }
 

@@ -9,6 +9,7 @@ use capstan_blobs::local::LocalBlobs;
 use capstan_core::clock::now_secs;
 use capstan_store::Store;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 
 const DAY: u64 = 24 * 3600;
 const SERVED: u64 = 2 * 3600;
@@ -31,10 +32,18 @@ const SERVICE_ID: &str = "svc_0123456789abcdef0123456789abcdef";
 const REPO: &str = "workloads/web-0123456789ab";
 
 async fn service(storage: &Storage, pushed: Option<&str>) {
+    service_with(storage, pushed, None).await
+}
+
+/// The fixture's service, with its newest push and the release it runs.
+async fn service_with(storage: &Storage, pushed: Option<&str>, release: Option<(&str, &str)>) {
     let mut data =
         json!({ "name": "web", "organizationId": "org_1", "image": "x", "scale": 1, "state": "active", "createdAt": 1, "updatedAt": 1 });
     if let Some(digest) = pushed {
         data["registryPush"] = json!({ "tag": "gone", "digest": digest, "pushedAt": 1 });
+    }
+    if let Some((operation, digest)) = release {
+        data["release"] = json!({ "operationId": operation, "tag": "t", "digest": digest, "promotedAt": 1 });
     }
     storage
         .store
@@ -269,4 +278,83 @@ async fn a_manifest_naming_a_collected_blob_is_refused_so_the_client_pushes_it_a
     assert_eq!(manifest(s, REPO, body.clone(), Some("v1")).await.unwrap_err(), layer);
     assert_eq!(blob(s, REPO, b"soon gone").await, layer);
     manifest(s, REPO, body, Some("v1")).await.unwrap();
+}
+
+/// A deployment operation `id` in `state` that pushed `digest` under `tag`, reserved and
+/// promoted `days_ago`.
+async fn release(storage: &Storage, id: &str, tag: &str, digest: &str, state: crate::deployments::State, days_ago: u64) {
+    let at = now_secs() - days_ago * DAY;
+    let operation = crate::deployments::Operation {
+        service_id: SERVICE_ID.into(),
+        repository: REPO.into(),
+        tag: tag.into(),
+        actor_user_id: "machine_ci".into(),
+        state,
+        digest: Some(digest.into()),
+        media_type: Some(OCI_MANIFEST.into()),
+        created_at: at,
+        updated_at: at,
+        promoted_at: (state == crate::deployments::State::Promoted).then_some(at),
+        rollout_generation: None,
+        previous_image: None,
+    };
+    let data = serde_json::to_value(&operation).unwrap();
+    storage
+        .store
+        .transact(|tx| {
+            let data = data.clone();
+            async move { tx.insert(crate::deployments::OPERATIONS, id, data).await }
+        })
+        .await
+        .unwrap();
+}
+
+async fn has_release(storage: &Storage, id: &str) -> bool {
+    storage.store.read_many(&[(crate::deployments::OPERATIONS, id)]).await.unwrap()[0].is_some()
+}
+
+async fn has_tag(storage: &Storage, tag: &str) -> bool {
+    storage.store.read_many(&[(storage::TAGS, &storage::tag_id(REPO, tag))]).await.unwrap()[0].is_some()
+}
+
+#[tokio::test]
+async fn releases_keep_the_current_the_unfinished_the_rollback_targets_and_the_young() {
+    use crate::deployments::State::{CleanedUp, ImagePushed, Promoted};
+    let f = fixture().await;
+    let s = &f.storage;
+    let layer = blob(s, REPO, b"shared").await;
+    let mut digests = HashMap::new();
+    for tag in ["current", "p1", "p2", "p3", "p4", "p5", "waiting", "young"] {
+        digests.insert(tag, image(s, REPO, &[&layer], Some(tag), json!({ "annotations": { "tag": tag } })).await);
+    }
+    service_with(s, None, Some(("op_current", &digests["current"]))).await;
+    release(s, "op_current", "current", &digests["current"], Promoted, 40).await;
+    for (i, tag) in ["p1", "p2", "p3", "p4", "p5"].iter().enumerate() {
+        release(s, &format!("op_{tag}"), tag, &digests[tag], Promoted, 30 - i as u64).await;
+    }
+    release(s, "op_waiting", "waiting", &digests["waiting"], ImagePushed, 30).await;
+    release(s, "op_young", "young", &digests["young"], CleanedUp, 2).await;
+    age_everything(s, 2 * DAY).await;
+
+    let limits = Limits { max_releases: 1, ..Limits::default() };
+    let first = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    assert_eq!(first.releases_pruned, 1, "{first}");
+    assert!(!has_release(s, "op_p1").await && !has_tag(s, "p1").await, "the oldest goes first, its tag with it");
+    assert!(has_release(s, "op_p2").await && first.work_remains, "one per pass at this limit, and work remains: {first}");
+    assert_eq!(first.most_recent_releases, 1, "only the young one is within the release age: {first}");
+
+    let second = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert_eq!(second.releases_pruned, 1, "{second}");
+    assert!(!has_release(s, "op_p2").await && !has_tag(s, "p2").await);
+    assert!(!has_manifest(s, REPO, &digests["p1"]).await, "the manifest of a pruned release goes once nothing reaches it");
+    for id in ["op_current", "op_p3", "op_p4", "op_p5", "op_waiting", "op_young"] {
+        assert!(has_release(s, id).await, "{id} is kept");
+    }
+    for tag in ["current", "p3", "p4", "p5", "waiting", "young"] {
+        assert!(has_tag(s, tag).await && has_manifest(s, REPO, &digests[tag]).await, "{tag} is kept");
+    }
+    let third = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert_eq!(third.releases_pruned, 0, "{third}");
+    assert!(!has_manifest(s, REPO, &digests["p2"]).await);
+    assert!(has_blob(s, REPO, &layer).await, "the layer kept releases share stays");
 }
