@@ -883,6 +883,14 @@ fn print_service(s: &Value, organizations: &Names) {
     println!("state:        {}", text(s, "state"));
     println!("revision:     {}", number(s, "revision"));
     println!("image:        {}", text(s, "image"));
+    if s["release"].is_object() {
+        let release = &s["release"];
+        println!("  release:    {} {} (operation {})", text(release, "tag"), text(release, "digest"), text(release, "operationId"));
+    }
+    if s["registryPush"].is_object() {
+        let pushed = &s["registryPush"];
+        println!("  pushed:     {} {}", text(pushed, "tag"), text(pushed, "digest"));
+    }
     println!("scale:        {}", number(s, "scale"));
     println!("ports:        {}", list("ports", &port::format));
     println!("domains:      {}", list("domains", &|d| d.as_str().unwrap_or("?").to_string()));
