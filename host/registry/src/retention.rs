@@ -148,25 +148,6 @@ fn parse<T: serde::de::DeserializeOwned>(doc: &Document) -> Result<T> {
     serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("registry record {} is malformed: {e}", doc.id)))
 }
 
-async fn everything(storage: &Storage, collection: &str) -> Result<Vec<Document>> {
-    let mut all = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = storage
-            .store
-            .transact(|tx| {
-                let cursor = cursor.clone();
-                async move { tx.scan(collection, cursor.as_deref(), 500).await }
-            })
-            .await?;
-        all.extend(page.documents);
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => return Ok(all),
-        }
-    }
-}
-
 fn last_use(created_at: u64, used_at: u64) -> u64 {
     created_at.max(used_at)
 }
@@ -193,7 +174,7 @@ pub struct Judgement {
 pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judgement> {
     let mut services: HashMap<String, Option<String>> = HashMap::new();
     let mut by_id: HashMap<String, Service> = HashMap::new();
-    for doc in everything(storage, capstan_inventory::SERVICES).await? {
+    for doc in storage.scan_all(capstan_inventory::SERVICES).await? {
         let service: Service = parse(&doc)?;
         let pushed = service.registry_push.as_ref().filter(|_| service.state == ServiceState::Active).map(|p| p.digest.clone());
         services.insert(service_repository(&service.name, &doc.id), pushed);
@@ -203,12 +184,12 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
     let releases_left = doomed_releases.len() > limits.max_releases;
     doomed_releases.truncate(limits.max_releases);
     let mut manifests: BTreeMap<String, Vec<ManifestRecord>> = BTreeMap::new();
-    for doc in everything(storage, MANIFESTS).await? {
+    for doc in storage.scan_all(MANIFESTS).await? {
         let record: ManifestRecord = parse(&doc)?;
         manifests.entry(record.repository.clone()).or_default().push(record);
     }
     let mut tagged: HashMap<String, HashSet<String>> = HashMap::new();
-    for doc in everything(storage, TAGS).await? {
+    for doc in storage.scan_all(TAGS).await? {
         let tag: TagRecord = parse(&doc)?;
         tagged.entry(tag.repository).or_default().insert(tag.digest);
     }
@@ -262,7 +243,7 @@ async fn judge_releases(
     limits: &Limits,
 ) -> Result<(HashMap<String, HashSet<String>>, Vec<String>, usize)> {
     let mut by_service: BTreeMap<String, Vec<(String, Operation)>> = BTreeMap::new();
-    for doc in everything(storage, OPERATIONS).await? {
+    for doc in storage.scan_all(OPERATIONS).await? {
         let operation: Operation = parse(&doc)?;
         if operation.digest.is_some() {
             by_service.entry(operation.service_id.clone()).or_default().push((doc.id, operation));
@@ -410,13 +391,13 @@ pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u6
     };
     if summary.blobs_skipped.is_none() {
         let mut referenced: HashSet<String> = HashSet::new();
-        for doc in everything(storage, MANIFESTS).await? {
+        for doc in storage.scan_all(MANIFESTS).await? {
             let record: ManifestRecord = parse(&doc)?;
             referenced.extend(record.references);
             referenced.insert(record.digest);
         }
         let candidates: BTreeSet<String> =
-            everything(storage, BLOBS).await?.into_iter().map(|d| d.id).filter(|d| !referenced.contains(d)).collect();
+            storage.scan_all(BLOBS).await?.into_iter().map(|d| d.id).filter(|d| !referenced.contains(d)).collect();
         for digest in &candidates {
             if budget == 0 {
                 summary.blobs_skipped = Some("the pass reached its deletion limit".into());

@@ -308,17 +308,38 @@ impl Storage {
 
     /// Remove `repository`'s link to a layer; `false` when it held none.
     pub async fn unlink(&self, repository: &str, digest: &Digest) -> StoreResult<bool> {
-        let member = member_id(repository, digest.as_str());
+        self.delete_present(LINKS, &member_id(repository, digest.as_str())).await
+    }
+
+    /// Delete the document `id` of `collection` if it is there; whether it was.
+    async fn delete_present(&self, collection: &str, id: &str) -> StoreResult<bool> {
         self.store
-            .transact(|tx| {
-                let member = member.clone();
-                async move {
-                    let Some(doc) = tx.get(LINKS, &member).await? else { return Ok(false) };
-                    tx.delete(LINKS, &member, doc.revision).await?;
-                    Ok(true)
-                }
+            .transact(|tx| async move {
+                let Some(doc) = tx.get(collection, id).await? else { return Ok(false) };
+                tx.delete(collection, id, doc.revision).await?;
+                Ok(true)
             })
             .await
+    }
+
+    /// Every document of `collection`, read page by page (each page its own transaction).
+    pub async fn scan_all(&self, collection: &str) -> StoreResult<Vec<Document>> {
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .transact(|tx| {
+                    let cursor = cursor.clone();
+                    async move { tx.scan(collection, cursor.as_deref(), 500).await }
+                })
+                .await?;
+            all.extend(page.documents);
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(all),
+            }
+        }
     }
 
     /// Store a manifest's bytes and record it in `repository` (and under `tag`), once every
@@ -436,17 +457,7 @@ impl Storage {
 
     /// Delete a tag; `false` when absent.
     pub async fn delete_tag(&self, repository: &str, tag: &str) -> StoreResult<bool> {
-        let id = tag_id(repository, tag);
-        self.store
-            .transact(|tx| {
-                let id = id.clone();
-                async move {
-                    let Some(doc) = tx.get(TAGS, &id).await? else { return Ok(false) };
-                    tx.delete(TAGS, &id, doc.revision).await?;
-                    Ok(true)
-                }
-            })
-            .await
+        self.delete_present(TAGS, &tag_id(repository, tag)).await
     }
 
     /// Up to `limit` tags of `repository` after `last`, in order, and whether more remain;
@@ -579,24 +590,10 @@ impl Storage {
     /// Remove uploads untouched for [`UPLOAD_IDLE_SECS`]: how many.
     pub async fn expire_uploads(&self, now: u64) -> StoreResult<usize> {
         let mut expired = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .transact(|tx| {
-                    let cursor = cursor.clone();
-                    async move { tx.scan(UPLOADS, cursor.as_deref(), 500).await }
-                })
-                .await?;
-            for doc in &page.documents {
-                let record: UploadRecord = parse(doc)?;
-                if record.updated_at + UPLOAD_IDLE_SECS <= now {
-                    expired.push((doc.id.clone(), record));
-                }
-            }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => break,
+        for doc in self.scan_all(UPLOADS).await? {
+            let record: UploadRecord = parse(&doc)?;
+            if record.updated_at + UPLOAD_IDLE_SECS <= now {
+                expired.push((doc.id, record));
             }
         }
         for (id, record) in &expired {

@@ -358,3 +358,18 @@ async fn releases_keep_the_current_the_unfinished_the_rollback_targets_and_the_y
     assert!(!has_manifest(s, REPO, &digests["p2"]).await);
     assert!(has_blob(s, REPO, &layer).await, "the layer kept releases share stays");
 }
+
+#[tokio::test]
+async fn an_upload_untouched_for_a_day_is_removed_with_its_parts() {
+    let f = fixture().await;
+    let s = &f.storage;
+    let id = s.start_upload(REPO, "user_1").await.unwrap();
+    let (record, revision) = s.upload(REPO, &id).await.unwrap().unwrap();
+    let key = Storage::part_key(&id, 0);
+    let part = s.write_part(&key, Box::pin(std::io::Cursor::new(b"half a layer".to_vec()))).await.unwrap();
+    s.add_part(&id, record, revision, part).await.unwrap().unwrap();
+    assert_eq!(s.expire_uploads(now_secs()).await.unwrap(), 0, "a fresh upload stays");
+    assert_eq!(s.expire_uploads(now_secs() + storage::UPLOAD_IDLE_SECS).await.unwrap(), 1);
+    assert!(s.upload(REPO, &id).await.unwrap().is_none());
+    assert!(s.blobs.head(&key).await.unwrap().is_none(), "its part is gone");
+}
