@@ -404,7 +404,6 @@ pub fn register(registry: &mut Registry, cx: Context) {
             "blobs-unavailable",
             "identity-claimed",
             "mutation-reused",
-            "invalid-request",
         ]);
     registry
         .add(
@@ -419,7 +418,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         "Replace every token of a deployer with one new token (shown this once); sessions of the old one end (administrator, fresh login)",
         Access::Admin,
         rotate_token,
-    ).refuses(&["expiry-invalid", "deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found", "mutation-reused", "invalid-request"]);
+    ).refuses(&["expiry-invalid", "deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found", "mutation-reused"]);
     registry
         .add(
             "deployers.revokeToken",
@@ -427,14 +426,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Access::Admin,
             revoke_token,
         )
-        .refuses(&[
-            "deployment-machine-user-invalid",
-            "admin-not-fresh",
-            "wrong-user-kind",
-            "not-found",
-            "mutation-reused",
-            "invalid-request",
-        ]);
+        .refuses(&["deployment-machine-user-invalid", "admin-not-fresh", "wrong-user-kind", "not-found", "mutation-reused"]);
     registry
         .add("deployers.revoke", "Remove a deployment machine user's grant on a service (administrator)", Access::Admin, revoke)
         .refuses(&["service-not-found"]);

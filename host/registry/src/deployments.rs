@@ -225,17 +225,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             reserve,
         )
-        .refuses(&[
-            "deployment-identity-required",
-            "forbidden",
-            "service-not-found",
-            "service-deleting",
-            "release-tag-invalid",
-            "release-tag-occupied",
-            "version-collision",
-            "mutation-reused",
-            "invalid-request",
-        ]);
+        .refuses(&["deployment-identity-required", "service-not-found", "service-deleting", "release-tag-invalid", "release-tag-occupied", "version-collision", "mutation-reused"]);
     methods
         .add(
             "deployments.promote",
@@ -243,16 +233,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             promote,
         )
-        .refuses(&[
-            "deployment-identity-required",
-            "deployment-operation-not-found",
-            "deployment-image-missing",
-            "deployment-state-invalid",
-            "forbidden",
-            "conflict",
-            "service-deleting",
-            "service-not-found",
-        ]);
+        .refuses(&["deployment-identity-required", "deployment-operation-not-found", "deployment-image-missing", "deployment-state-invalid", "conflict", "service-deleting", "service-not-found"]);
     methods
         .add(
             "deployments.getPreflight",
@@ -260,7 +241,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             preflight,
         )
-        .refuses(&["deployment-preflight-unavailable", "invalid-request"])
+        .refuses(&["deployment-preflight-unavailable"])
         .read_only();
     methods
         .add(
@@ -278,7 +259,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             cleanup,
         )
-        .refuses(&["deployment-operation-not-found", "deployment-state-invalid", "conflict", "forbidden"]);
+        .refuses(&["deployment-operation-not-found", "deployment-state-invalid", "conflict"]);
 }
 
 fn view(registry: &Registry, id: &str, revision: u64, operation: Operation, replayed: bool) -> OperationView {
