@@ -5,13 +5,11 @@
 //! are signed in-process with the same library.)
 
 use crate::appstore::{envelope, wait_for_appstore};
-use crate::support::{Capstan, Exited, capstan, dev_command, run_to_exit};
+use crate::support::{Capstan, Exited, HttpsTarget, TargetReply, capstan, dev_command, run_to_exit};
 use capstan_catalog::{PublisherKey, SigningKey};
 use serde_json::{Value, json};
 use std::fs;
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::sync::{Arc, Mutex};
 
 fn cli(args: &[&str]) -> Exited {
     let mut cmd = capstan();
@@ -22,60 +20,9 @@ fn cli(args: &[&str]) -> Exited {
 /// A loopback HTTPS source answering `body` (changeable) to every request, or 404 while it is
 /// empty. Its certificate (for 127.0.0.1) is issued by a private CA made here; answers the
 /// source's URL, the body and the CA certificate as PEM.
-fn https_source() -> (String, Arc<Mutex<String>>, String) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "Capstan e2e private CA");
-    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap()).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&leaf_key, &*ca).unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone(), ca.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
-        )
-        .unwrap();
-    let config = Arc::new(config);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("https://{}/catalog.json", listener.local_addr().unwrap());
-    let body = Arc::new(Mutex::new(String::new()));
-    let served = body.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
-            let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(10)));
-            let Ok(connection) = rustls::ServerConnection::new(config.clone()) else { continue };
-            let mut tls = rustls::StreamOwned::new(connection, stream);
-            // the request head; a client that refuses the certificate ends the handshake here
-            let mut request = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 64 * 1024 {
-                match tls.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
-            if !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                continue;
-            }
-            let body = served.lock().unwrap().clone();
-            let status = if body.is_empty() { "404 Not Found" } else { "200 OK" };
-            let _ = write!(
-                tls,
-                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            tls.conn.send_close_notify();
-            let _ = tls.flush();
-        }
-    });
-    (url, body, ca.pem())
+fn https_source() -> (String, HttpsTarget) {
+    let target = HttpsTarget::start(&["127.0.0.1"], TargetReply::new(404, ""));
+    (format!("https://{}/catalog.json", target.addr), target)
 }
 
 #[test]
@@ -88,8 +35,11 @@ fn a_catalog_source_behind_a_private_ca_is_trusted_only_with_the_plugin_http_ca_
     let key = SigningKey::from_bytes(&[42; 32]);
     let public = PublisherKey::from(&key).to_string();
     let first = envelope(&["1.0.0"], 1, &key);
-    let (url, served, ca_pem) = https_source();
-    *served.lock().unwrap() = envelope(&["1.0.0", "1.1.0"], 2, &key);
+    let (url, source) = https_source();
+    let mut catalog = TargetReply::new(200, &envelope(&["1.0.0", "1.1.0"], 2, &key));
+    catalog.headers.push(("content-type".into(), "application/json".into()));
+    source.answer(catalog);
+    let ca_pem = source.ca_pem.clone();
     let ca_file = root.join("private-ca.pem");
     fs::write(&ca_file, ca_pem).unwrap();
 

@@ -153,6 +153,32 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
                 Anon,
             ],
         ),
+        (
+            "deployments.promoteRoute",
+            json!({ "operationId": "dop_missing", "expectedRevision": 1 }),
+            [
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Hidden("deployment-operation-not-found"),
+                Anon,
+            ],
+        ),
+        (
+            "deployments.retry",
+            json!({ "operationId": "dop_missing", "expectedRevision": 1 }),
+            [
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Past("deployment-identity-required"),
+                Hidden("deployment-operation-not-found"),
+                Anon,
+            ],
+        ),
         ("deployments.getPreflight", json!({ "phase": "promote", "operationId": "dop_missing" }), signed_in(Ran)),
         ("deployments.getStatus", json!({ "operationId": "dop_missing" }), signed_in(Hidden("deployment-operation-not-found"))),
         (

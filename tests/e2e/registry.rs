@@ -9,7 +9,7 @@
 //! always run.
 
 use crate::plugins::{assert_ok, run};
-use crate::support::{Capstan, Exited, TEST_ADMIN, dev_command, is_kebab_case, with_test_admin};
+use crate::support::{Capstan, Exited, HttpsTarget, TEST_ADMIN, TargetReply, dev_command, is_kebab_case, with_test_admin};
 use base64::Engine as _;
 use rand::RngCore as _;
 use serde_json::{Value, json};
@@ -950,6 +950,131 @@ fn a_reserved_release_tag_takes_only_its_deployers_push_and_records_the_digest()
     assert_eq!(cleaned["state"], "cleaned-up", "{cleaned}");
     let once_more = json!({ "serviceId": target.service_id, "tag": "1.6.0", "mutationId": "release-1.6.0-again" });
     registry.server.call_as(&machine, "deployments.reserve", &once_more).expect_error(409, "version-collision");
+}
+
+/// A release's routes move only after their HTTPS check against the target (SNI, a private CA
+/// the host was told to trust, no redirect, the readiness status): a failed check withdraws
+/// what was published and says why, and `deployments.retry` runs it again.
+#[test]
+fn a_release_s_routes_are_promoted_only_after_their_https_check_and_a_failure_restores_them() {
+    let redirect =
+        TargetReply { status: 302, headers: vec![("location".into(), "https://elsewhere.capstan.test/".into())], body: String::new() };
+    let https = HttpsTarget::start(&["app.capstan.test"], redirect);
+    let certs = tempfile::tempdir().unwrap();
+    let ca_file = certs.path().join("route-ca.pem");
+    std::fs::write(&ca_file, &https.ca_pem).unwrap();
+    // both names dial the target; its certificate names only the first
+    let pins = format!("app.capstan.test={0},other.capstan.test={0}", https.addr);
+    let registry = Registry::start_with(|cmd| {
+        cmd.env("CAPSTAN_ROUTE_CHECK_CA_FILE", &ca_file).env("CAPSTAN_ROUTE_CHECK_RESOLVE", &pins);
+    });
+    let organization = registry.organization("acme");
+    let target = registry.service(&organization, "web");
+    let other = registry.service(&organization, "api");
+    let repo = target.repository.as_str();
+    let service = registry.ok("services.get", json!({ "id": target.service_id }));
+    let update = json!({ "id": target.service_id, "expectedRevision": service["revision"], "domains": ["www.capstan.test"] });
+    registry.ok("services.update", update);
+    let capabilities = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
+    let session = |token: &str| {
+        let answer = registry.server.call("auth.exchangeToken", &json!({ "token": token }).to_string()).expect_json(200);
+        answer["token"].as_str().unwrap().to_string()
+    };
+    let (username, token) = registry.deployer("ci-web", &target.service_id, &capabilities, None);
+    let machine = session(&token);
+    let (_, other_token) = registry.deployer("ci-api", &other.service_id, &capabilities, None);
+    let other_machine = session(&other_token);
+    let call = |who: &str, method: &str, body: Value| registry.server.call_as(who, method, &body);
+
+    // routes are hostnames with a readiness path and a 2xx status, reserved against other services
+    let wildcard = json!({ "serviceId": target.service_id, "tag": "2.0.0", "mutationId": "web-2.0.0-wild", "routes": [{ "hostname": "*.capstan.test" }] });
+    call(&machine, "deployments.reserve", wildcard).expect_error(400, "route-invalid");
+    let bad_path = json!({ "serviceId": target.service_id, "tag": "2.0.0", "mutationId": "web-2.0.0-path", "routes": [{ "hostname": "app.capstan.test", "readinessPath": "healthz" }] });
+    call(&machine, "deployments.reserve", bad_path).expect_error(400, "route-invalid");
+    let routes = json!([{ "hostname": "app.capstan.test", "readinessPath": "/healthz" }]);
+    let reserve = json!({ "serviceId": target.service_id, "tag": "2.0.0", "mutationId": "web-2.0.0", "routes": routes });
+    let operation = call(&machine, "deployments.reserve", reserve).expect_json(200);
+    assert_eq!(operation["routes"], json!([{ "hostname": "app.capstan.test", "readinessPath": "/healthz", "expectedStatus": 200 }]));
+    let theirs =
+        json!({ "serviceId": other.service_id, "tag": "1.0.0", "mutationId": "api-1.0.0", "routes": [{ "hostname": "app.capstan.test" }] });
+    let taken = call(&other_machine, "deployments.reserve", theirs).expect_error(409, "route-unavailable").to_string();
+    assert!(taken.contains("app.capstan.test"), "{taken}");
+    let id = operation["id"].clone();
+
+    // no route moves before the release is promoted
+    let early = json!({ "operationId": id, "expectedRevision": operation["revision"] });
+    call(&machine, "deployments.promoteRoute", early).expect_error(409, "deployment-state-invalid");
+    let bearer = registry.token(&username, &token, repo, "pull,push");
+    registry.push_image(&bearer, repo, "2.0.0", &Image::small("amd64", "routed release"));
+    let pushed = call(&machine, "deployments.getStatus", json!({ "operationId": id })).expect_json(200);
+    let service = registry.ok("services.get", json!({ "id": target.service_id }));
+    let promote = json!({ "operationId": id, "expectedRevision": pushed["revision"], "expectedServiceRevision": service["revision"] });
+    let promoted = call(&machine, "deployments.promote", promote).expect_json(200);
+    assert_eq!(promoted["state"], "promoted", "{promoted}");
+    let preflight = call(&machine, "deployments.getPreflight", json!({ "phase": "route", "operationId": id })).expect_json(200);
+    assert_eq!((preflight["ready"].clone(), preflight["blockers"].clone()), (json!(true), json!([])), "{preflight}");
+
+    // a redirect fails the check: the route is withdrawn, the previous routes stand
+    let route_step = |method: &str, revision: &Value| call(&machine, method, json!({ "operationId": id, "expectedRevision": revision }));
+    let failed =
+        route_step("deployments.promoteRoute", &promoted["revision"]).expect_error(409, "deployment-route-check-failed").to_string();
+    assert!(failed.contains("route-redirect-refused"), "{failed}");
+    let domains = || registry.ok("services.get", json!({ "id": target.service_id }))["domains"].clone();
+    assert_eq!(domains(), json!(["www.capstan.test"]), "a failed check restores the previous routes");
+    let status = call(&machine, "deployments.getStatus", json!({ "operationId": id })).expect_json(200);
+    assert_eq!(status["state"], "route-failed", "{status}");
+    let diagnostic = &status["routeDiagnostic"];
+    assert_eq!(
+        (diagnostic["stage"].clone(), diagnostic["code"].clone(), diagnostic["status"].clone(), diagnostic["retryable"].clone()),
+        (json!("http"), json!("route-redirect-refused"), json!(302), json!(true)),
+        "{status}"
+    );
+    let request = https.seen.lock().unwrap().last().cloned().expect("the target was asked");
+    assert_eq!(request.sni.as_deref(), Some("app.capstan.test"), "the check names the route in SNI");
+    assert!(request.head.starts_with("GET /healthz HTTP/1.1\r\n"), "{}", request.head);
+    assert!(request.head.to_ascii_lowercase().contains("\r\nhost: app.capstan.test\r\n"), "{}", request.head);
+    assert_eq!(https.seen.lock().unwrap().len(), 1, "the redirect was not followed");
+    route_step("deployments.promoteRoute", &status["revision"]).expect_error(409, "deployment-state-invalid");
+
+    // another status than the readiness one fails too; once the target is ready, retry promotes
+    https.answer(TargetReply::new(503, "starting"));
+    let failed = route_step("deployments.retry", &status["revision"]).expect_error(409, "deployment-route-check-failed").to_string();
+    assert!(failed.contains("route-status-unexpected"), "{failed}");
+    assert_eq!(domains(), json!(["www.capstan.test"]));
+    https.answer(TargetReply::new(200, "ready"));
+    route_step("deployments.retry", &status["revision"]).expect_error(409, "conflict");
+    let status = call(&machine, "deployments.getStatus", json!({ "operationId": id })).expect_json(200);
+    let routed = route_step("deployments.retry", &status["revision"]).expect_json(200);
+    assert_eq!(routed["state"], "route-promoted", "{routed}");
+    let evidence = &routed["routeEvidence"][0];
+    assert_eq!(
+        (evidence["hostname"].clone(), evidence["status"].clone(), evidence["subjectAltNames"].clone()),
+        (json!("app.capstan.test"), json!(200), json!(["app.capstan.test"])),
+        "{routed}"
+    );
+    assert_eq!(evidence["addresses"], json!([https.addr.to_string()]), "{routed}");
+    assert!(routed.get("routeDiagnostic").is_none(), "{routed}");
+    assert_eq!(domains(), json!(["www.capstan.test", "app.capstan.test"]));
+    route_step("deployments.retry", &routed["revision"]).expect_error(409, "deployment-state-invalid");
+
+    // a certificate that does not name the route fails at the tls stage; the routes stay as they were
+    let next = json!({ "serviceId": target.service_id, "tag": "2.1.0", "mutationId": "web-2.1.0", "routes": [{ "hostname": "other.capstan.test" }] });
+    let second = call(&machine, "deployments.reserve", next).expect_json(200);
+    registry.push_image(&bearer, repo, "2.1.0", &Image::small("amd64", "second release"));
+    let pushed = call(&machine, "deployments.getStatus", json!({ "operationId": second["id"] })).expect_json(200);
+    let service = registry.ok("services.get", json!({ "id": target.service_id }));
+    let promote =
+        json!({ "operationId": second["id"], "expectedRevision": pushed["revision"], "expectedServiceRevision": service["revision"] });
+    let promoted = call(&machine, "deployments.promote", promote).expect_json(200);
+    // the first operation's release is no longer the service's: its routes are not its to move
+    let superseded = call(&machine, "deployments.getPreflight", json!({ "phase": "route", "operationId": id })).expect_json(200);
+    assert_eq!(superseded["ready"], false, "{superseded}");
+    let step = json!({ "operationId": second["id"], "expectedRevision": promoted["revision"] });
+    let failed = call(&machine, "deployments.promoteRoute", step).expect_error(409, "deployment-route-check-failed").to_string();
+    assert!(failed.contains("route-tls-failed") && failed.contains("certificate-name-mismatch"), "{failed}");
+    let status = call(&machine, "deployments.getStatus", json!({ "operationId": second["id"] })).expect_json(200);
+    assert_eq!((status["routeDiagnostic"]["stage"].clone(), status["state"].clone()), (json!("tls"), json!("route-failed")), "{status}");
+    assert_eq!(domains(), json!(["www.capstan.test", "app.capstan.test"]));
 }
 
 // ---------------------------------------------------------------------------------------------

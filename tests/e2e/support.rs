@@ -839,3 +839,100 @@ pub fn keep_stderr(child: &mut Child) -> Arc<Mutex<String>> {
     });
     kept
 }
+
+/// What an [`HttpsTarget`] answers every request: a status, headers and a body.
+#[derive(Debug, Clone)]
+pub struct TargetReply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl TargetReply {
+    pub fn new(status: u16, body: &str) -> TargetReply {
+        TargetReply { status, headers: Vec::new(), body: body.into() }
+    }
+}
+
+/// A request an [`HttpsTarget`] was sent: the SNI name of its TLS connection and its head.
+#[derive(Debug, Clone)]
+pub struct TargetRequest {
+    pub sni: Option<String>,
+    pub head: String,
+}
+
+/// A loopback HTTPS server whose certificate (for `names`) a private CA made here issued,
+/// answering [`TargetReply`] (changeable) to every request and keeping what it was sent.
+pub struct HttpsTarget {
+    pub addr: std::net::SocketAddr,
+    /// The private CA's certificate, PEM.
+    pub ca_pem: String,
+    pub reply: Arc<Mutex<TargetReply>>,
+    pub seen: Arc<Mutex<Vec<TargetRequest>>>,
+}
+
+impl HttpsTarget {
+    pub fn start(names: &[&str], reply: TargetReply) -> HttpsTarget {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "Capstan e2e private CA");
+        ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap()).unwrap();
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let leaf = rcgen::CertificateParams::new(names).unwrap().signed_by(&leaf_key, &*ca).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone(), ca.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+            )
+            .unwrap();
+        let config = Arc::new(config);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reply = Arc::new(Mutex::new(reply));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (answer, record) = (reply.clone(), seen.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+                let Ok(connection) = rustls::ServerConnection::new(config.clone()) else { continue };
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                // the request head; a client that refuses the certificate ends the handshake here
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 64 * 1024 {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    continue;
+                }
+                let sni = tls.conn.server_name().map(str::to_string);
+                record.lock().unwrap().push(TargetRequest { sni, head: String::from_utf8_lossy(&request).into_owned() });
+                let TargetReply { status, headers, body } = answer.lock().unwrap().clone();
+                let mut head = format!("HTTP/1.1 {status} Answer\r\ncontent-length: {}\r\nconnection: close\r\n", body.len());
+                for (name, value) in headers {
+                    head.push_str(&format!("{name}: {value}\r\n"));
+                }
+                let _ = write!(tls, "{head}\r\n{body}");
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            }
+        });
+        HttpsTarget { addr, ca_pem: ca.pem(), reply, seen }
+    }
+
+    /// Answer `reply` from now on.
+    pub fn answer(&self, reply: TargetReply) {
+        *self.reply.lock().unwrap() = reply;
+    }
+}

@@ -8,6 +8,7 @@
 //! - [`private_file`]: the no-clobber writer and strict reader for key material;
 //! - [`text`]: values that must not be printed, and bounded echoes of client input.
 
+pub mod causes;
 pub mod clock;
 pub mod crash;
 pub mod ids;

@@ -1,7 +1,9 @@
 //! Lists of IP networks an operator configures (trusted proxies, what plugins' outbound HTTP
-//! may reach despite its guard), and the URLs a setting names.
+//! may reach despite its guard), the address ranges outbound requests are kept from, and the
+//! URLs a setting names.
 
 pub use ipnet::IpNet;
+use std::net::IpAddr;
 
 /// Parse a comma-separated list of addresses and networks (`10.0.0.0/8, 192.0.2.10, ::1`); an
 /// address stands for itself alone. The entry that is neither is named in the error.
@@ -29,6 +31,54 @@ pub fn urls_in(value: &serde_json::Value) -> Vec<String> {
     }
 }
 
+/// Addresses that are metadata services outside the link-local range.
+const METADATA: [IpAddr; 2] =
+    [IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)), IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254))];
+
+/// Why plugins may not reach `ip` by default: the range it is in, or `None` when it is fine.
+pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
+    // an IPv4 address written as IPv6 is the IPv4 address
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    if METADATA.contains(&ip) {
+        return Some("metadata");
+    }
+    match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some("loopback"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V4(v4) if v4.is_unspecified() || v4.octets()[0] == 0 => Some("unspecified"),
+        IpAddr::V4(v4) if v4.is_multicast() || v4.is_broadcast() => Some("multicast"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("multicast"),
+        _ => None,
+    }
+}
+
+/// Why `ip` is not a public internet address: the range [`refused_range`] names, or `private`
+/// (RFC 1918), `shared` (RFC 6598 carrier-grade NAT), `unique-local` (fc00::/7),
+/// `documentation`; `None` for a public address.
+pub fn non_public_range(ip: IpAddr) -> Option<&'static str> {
+    if let Some(range) = refused_range(ip) {
+        return Some(range);
+    }
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) if v4.is_private() => Some("private"),
+        IpAddr::V4(v4) if v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64 => Some("shared"),
+        IpAddr::V4(v4) if v4.is_documentation() => Some("documentation"),
+        IpAddr::V6(v6) if (v6.segments()[0] & 0xfe00) == 0xfc00 => Some("unique-local"),
+        IpAddr::V6(v6) if v6.segments()[0] == 0x2001 && v6.segments()[1] == 0x0db8 => Some("documentation"),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +100,28 @@ mod tests {
         assert!(parse_networks("").unwrap().is_empty());
         let error = parse_networks("10.0.0.0/8, example.com").unwrap_err();
         assert!(error.contains("\"example.com\""), "{error}");
+    }
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (address, range) in [
+            ("127.0.0.1", Some("loopback")),
+            ("169.254.169.254", Some("link-local")),
+            ("10.1.2.3", Some("private")),
+            ("172.16.0.1", Some("private")),
+            ("192.168.1.1", Some("private")),
+            ("::ffff:192.168.1.1", Some("private")),
+            ("100.64.0.1", Some("shared")),
+            ("100.127.255.254", Some("shared")),
+            ("100.128.0.1", None),
+            ("192.0.2.7", Some("documentation")),
+            ("fd12::1", Some("unique-local")),
+            ("2001:db8::1", Some("documentation")),
+            ("93.184.216.34", None),
+            ("2606:2800:220:1::1", None),
+        ] {
+            assert_eq!(non_public_range(ip(address)), range, "{address}");
+        }
     }
 }

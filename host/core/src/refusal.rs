@@ -106,7 +106,9 @@ pub fn code_status(code: &str) -> Option<u16> {
         "cluster-relay-live" | "relay-ambiguous" => 409,
         // a release tag is pushed once, reserved once
         "version-collision" | "release-tag-occupied" | "release-tag-reserved" => 409,
-        "deployment-state-invalid" | "deployment-image-missing" => 409,
+        "deployment-state-invalid" | "deployment-image-missing" | "deployment-superseded" | "route-unavailable" => 409,
+        // the route's target does not pass its check yet; what was published is withdrawn
+        "deployment-route-check-failed" => 409,
         "deployment-identity-required" => 403,
         "request-too-large" | "bundle-too-large" | "transfer-too-large" => 413,
         // one answer whatever is wrong with a ticket, so nobody learns of one without its token

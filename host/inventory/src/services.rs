@@ -202,6 +202,37 @@ pub async fn pin_release(tx: &Tx, id: &str, expected_revision: u64, image: &str,
     parse(&doc)
 }
 
+/// Add to the service's domains those of `hostnames` it does not list yet (a deployment
+/// publishing its routes), under the domain rules; answers the ones added.
+pub async fn publish_domains(tx: &Tx, id: &str, hostnames: &[String]) -> Result<Vec<String>> {
+    let current = require_active(tx, id).await?;
+    let mut next = current.data.clone();
+    let added: Vec<String> = hostnames.iter().filter(|h| !next.domains.contains(h)).cloned().collect();
+    if added.is_empty() {
+        return Ok(added);
+    }
+    next.domains.extend(added.iter().cloned());
+    rules::domains(&next.domains)?;
+    next.updated_at = now_secs();
+    tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
+    emit(tx, "service.updated", id, summary(id, &next)).await?;
+    Ok(added)
+}
+
+/// Take `hostnames` out of the service's domains again (a route that failed its check); a
+/// service being deleted, or gone, is left as it is.
+pub async fn withdraw_domains(tx: &Tx, id: &str, hostnames: &[String]) -> Result<()> {
+    let Some(current) = tx.get(SERVICES, id).await? else { return Ok(()) };
+    let mut next: Service = serde_json::from_value(current.data.clone()).map_err(Refusal::internal)?;
+    if next.state != ServiceState::Active || !next.domains.iter().any(|d| hostnames.contains(d)) {
+        return Ok(());
+    }
+    next.domains.retain(|d| !hostnames.contains(d));
+    next.updated_at = now_secs();
+    tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
+    emit(tx, "service.updated", id, summary(id, &next)).await
+}
+
 /// Record on the service that `tag` of its repository now names `digest` (the registry's push
 /// hook). A service being deleted, or one that is gone, records nothing.
 pub async fn record_push(store: &Store, id: &str, tag: &str, digest: &str) -> Result<()> {

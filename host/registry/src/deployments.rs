@@ -7,11 +7,16 @@
 //! already holds cannot be reserved (`release-tag-occupied`): an operation learns its image
 //! only from its own manifest PUT. `deployments.promote` pins the service to the pushed digest
 //! (fenced by the service's revision, the rollout generation); `deployments.getPreflight` says
-//! what stands in the way of a reserve or a promotion. Route promotion and retry are not served
-//! yet.
+//! what stands in the way of a reserve, a promotion or a route promotion.
+//!
+//! An operation may reserve routes (hostnames, claimed against other services'). After the
+//! promotion, `deployments.promoteRoute` publishes them on the service, checks each over HTTPS
+//! (`route_check`), and declares them promoted — or withdraws what it published and records
+//! why (`route-failed`); `deployments.retry` runs the check again.
 
 use crate::Registry;
 use crate::names::{is_tag, service_repository};
+use crate::route_check::{Diagnostic, Evidence, Route};
 use crate::storage::{TAGS, tag_id};
 use capstan_auth::Identity;
 use capstan_core::clock::now_secs;
@@ -30,11 +35,24 @@ use std::sync::Arc;
 pub const OPERATIONS: &str = "deployment_operations";
 /// Release tags reserved, for good (id `<repository>:<tag>`).
 pub const CLAIMS: &str = "deployment_claims";
+/// Hostnames reserved for a service's deployments (id: the hostname).
+pub const ROUTE_CLAIMS: &str = "deployment_route_claims";
 
 /// The collections of deployment operations.
 pub fn collections() -> Vec<CollectionSpec> {
-    vec![CollectionSpec::new(OPERATIONS).index("by_service", &["serviceId"]), CollectionSpec::new(CLAIMS)]
+    vec![
+        CollectionSpec::new(OPERATIONS).index("by_service", &["serviceId"]),
+        CollectionSpec::new(CLAIMS),
+        CollectionSpec::new(ROUTE_CLAIMS),
+    ]
 }
+
+/// Most routes one operation reserves.
+pub const MAX_ROUTES: usize = 8;
+
+/// How long a route check may stand unfinished before `deployments.retry` takes it as
+/// interrupted (the host stopped during it).
+pub const ROUTE_PENDING_STALE_SECS: u64 = 120;
 
 /// Where an operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -46,8 +64,26 @@ pub enum State {
     ImagePushed,
     /// The service was pinned to the pushed digest.
     Promoted,
+    /// Its routes are published on the service and being checked.
+    RoutePending,
+    /// Its routes passed their check: the service answers on them.
+    RoutePromoted,
+    /// A route failed its check; what was published was withdrawn (`deployments.retry`).
+    RouteFailed,
     /// Cleaned up: it takes no push; its claim on the tag stays.
     CleanedUp,
+}
+
+impl State {
+    /// Whether the service was pinned to the operation's release (whatever its routes did).
+    pub fn promoted(self) -> bool {
+        matches!(self, State::Promoted | State::RoutePending | State::RoutePromoted | State::RouteFailed)
+    }
+
+    /// Whether the operation still waits for its image or its promotion.
+    pub fn unfinished(self) -> bool {
+        matches!(self, State::AwaitingImage | State::ImagePushed)
+    }
 }
 
 /// A deployment operation.
@@ -83,6 +119,19 @@ pub struct Operation {
     /// The image the service ran before the promotion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_image: Option<String>,
+    /// The routes it reserved, promoted after its image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
+    /// The hostnames its route promotion added to the service's domains (withdrawn again when
+    /// a check fails).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes_published: Vec<String>,
+    /// What each route's passed check saw.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub route_evidence: Vec<Evidence>,
+    /// Why the last route check failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_diagnostic: Option<Diagnostic>,
 }
 
 /// An operation as the methods answer it.
@@ -113,6 +162,10 @@ pub struct ReserveInput {
     pub tag: String,
     /// The idempotency key: the same request again answers the same operation.
     pub mutation_id: String,
+    /// Hostnames the release will answer on, promoted after it (`deployments.promoteRoute`): at
+    /// most 8, none another service reserved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
 }
 
 /// Input naming one operation.
@@ -135,6 +188,16 @@ pub struct PromoteInput {
     pub expected_service_revision: u64,
 }
 
+/// Input of `deployments.promoteRoute` and `deployments.retry`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RouteStepInput {
+    /// The operation whose routes to promote.
+    pub operation_id: String,
+    /// The operation's revision read: a moved operation is `conflict`.
+    pub expected_revision: u64,
+}
+
 /// Which step a preflight judges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -143,6 +206,8 @@ pub enum Phase {
     Reserve,
     /// `deployments.promote` (needs `operationId`).
     Promote,
+    /// `deployments.promoteRoute` (needs `operationId`); the HTTPS check itself is not run.
+    Route,
 }
 
 /// Input of `deployments.getPreflight`.
@@ -155,7 +220,7 @@ pub struct PreflightInput {
     pub service_id: Option<String>,
     /// Reserve: the release tag.
     pub tag: Option<String>,
-    /// Promote: the operation.
+    /// Promote and route: the operation.
     pub operation_id: Option<String>,
 }
 
@@ -225,7 +290,17 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             reserve,
         )
-        .refuses(&["deployment-identity-required", "service-not-found", "service-deleting", "release-tag-invalid", "release-tag-occupied", "version-collision", "mutation-reused"]);
+        .refuses(&[
+            "deployment-identity-required",
+            "service-not-found",
+            "service-deleting",
+            "release-tag-invalid",
+            "release-tag-occupied",
+            "version-collision",
+            "route-invalid",
+            "route-unavailable",
+            "mutation-reused",
+        ]);
     methods
         .add(
             "deployments.promote",
@@ -234,10 +309,37 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             promote,
         )
         .refuses(&["deployment-identity-required", "deployment-operation-not-found", "deployment-image-missing", "deployment-state-invalid", "conflict", "service-deleting", "service-not-found"]);
+    let route_refusals = [
+        "deployment-identity-required",
+        "deployment-operation-not-found",
+        "deployment-state-invalid",
+        "deployment-superseded",
+        "deployment-route-check-failed",
+        "conflict",
+        "service-not-found",
+        "service-deleting",
+        "too-many-items",
+    ];
+    methods
+        .add(
+            "deployments.promoteRoute",
+            "Publish a promoted operation's routes on its service and check each over HTTPS (SNI, certificate validated, no redirect, the readiness status); a failed check withdraws them again (deployers granted deployment:promote)",
+            Access::Authenticated,
+            promote_route,
+        )
+        .refuses(&route_refusals);
+    methods
+        .add(
+            "deployments.retry",
+            "Run a failed (or interrupted) route promotion again, revision-fenced (deployers granted deployment:promote)",
+            Access::Authenticated,
+            retry,
+        )
+        .refuses(&route_refusals);
     methods
         .add(
             "deployments.getPreflight",
-            "What stands in the way of a reserve or a promotion now, without doing it (answered within 25 s)",
+            "What stands in the way of a reserve, a promotion or a route promotion now, without doing it (answered within 25 s)",
             Access::Authenticated,
             preflight,
         )
@@ -277,6 +379,7 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
         )
         .with_data(json!({ "field": "tag" })));
     }
+    check_routes(&input.routes)?;
     let (registry_ref, identity_ref, input_ref, keys) = (&*registry, &identity, &input, registry.auth.receipt_keys());
     let answer = registry
         .storage
@@ -303,6 +406,7 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
                 return Err(Refusal::new("release-tag-occupied", "the registry already holds this tag: reserve a new version")
                     .with_data(json!({ "tag": input_ref.tag, "digest": tag.data["digest"] })));
             }
+            let route_claims = claim_routes(&tx, &service.id, &input_ref.routes).await?;
             let at = now_secs();
             let operation = Operation {
                 service_id: service.id.clone(),
@@ -317,9 +421,17 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
                 promoted_at: None,
                 rollout_generation: None,
                 previous_image: None,
+                routes: input_ref.routes.clone(),
+                routes_published: Vec::new(),
+                route_evidence: Vec::new(),
+                route_diagnostic: None,
             };
             let id = capstan_core::ids::new_id("dop");
             let doc = tx.insert(OPERATIONS, &id, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
+            for (hostname, held) in route_claims {
+                let claim = json!({ "operationId": id, "serviceId": service.id, "createdAt": at });
+                tx.put(ROUTE_CLAIMS, &hostname, held, claim).await?;
+            }
             tx.insert(CLAIMS, &claim, json!({ "operationId": id, "serviceId": service.id, "createdAt": at })).await?;
             let answer = view(registry_ref, &id, doc.revision, operation, false);
             receipts::record(&tx, keys, &identity_ref.user_id, Some(&input_ref.mutation_id), input_ref, &answer).await?;
@@ -378,17 +490,14 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
             if revision != expected {
                 return Err(capstan_store::conflict(OPERATIONS, id, expected, revision));
             }
-            match operation.state {
-                State::CleanedUp => return Ok((operation, revision)),
-                State::Promoted => {
-                    return Err(Refusal::new(
-                        "deployment-state-invalid",
-                        "a promoted release is the service's: nothing of it is cleaned up",
-                    )
-                    .with_data(json!({ "state": operation.state })));
-                }
-                State::AwaitingImage | State::ImagePushed => {}
+            if operation.state == State::CleanedUp {
+                return Ok((operation, revision));
             }
+            if operation.state.promoted() {
+                return Err(Refusal::new("deployment-state-invalid", "a promoted release is the service's: nothing of it is cleaned up")
+                    .with_data(json!({ "state": operation.state })));
+            }
+            release_route_claims(&tx, id, &operation.routes).await?;
             operation.state = State::CleanedUp;
             operation.updated_at = now_secs();
             let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
@@ -397,6 +506,187 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
         .await?;
     tracing::info!(operation = %id, "deployment cleaned up");
     Ok(view(&registry, id, revision, operation, false))
+}
+
+/// Refuse routes that are not hostnames with a readiness path and a 2xx status (`route-invalid`).
+fn check_routes(routes: &[Route]) -> Result<()> {
+    let invalid = |field: String, why: String| Refusal::new("route-invalid", why).with_data(json!({ "field": field }));
+    if routes.len() > MAX_ROUTES {
+        return Err(invalid("routes".into(), format!("an operation reserves at most {MAX_ROUTES} routes")));
+    }
+    for (i, route) in routes.iter().enumerate() {
+        let field = |name: &str| format!("routes[{i}].{name}");
+        capstan_field_rules::validate::domain(&field("hostname"), &route.hostname).map_err(|e| invalid(field("hostname"), e.message))?;
+        if route.hostname.starts_with("*.") {
+            return Err(invalid(field("hostname"), "a route names one hostname, not a wildcard: it is checked over HTTPS".into()));
+        }
+        if routes[..i].iter().any(|r| r.hostname == route.hostname) {
+            return Err(invalid(field("hostname"), "a hostname is listed twice".into()));
+        }
+        let path = &route.readiness_path;
+        if !path.starts_with('/') || path.len() > 256 || path.contains('#') || !path.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(
+                field("readinessPath"),
+                "a readiness path starts with /, is at most 256 visible ASCII characters, no #".into(),
+            ));
+        }
+        if !(200..=299).contains(&route.expected_status) {
+            return Err(invalid(field("expectedStatus"), "the readiness status is 200–299".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Judge `routes` for `service_id`: a hostname another live service reserved is
+/// `route-unavailable`. Answers each hostname with the revision of the claim it replaces.
+async fn claim_routes(tx: &Tx, service_id: &str, routes: &[Route]) -> Result<Vec<(String, Option<u64>)>> {
+    let mut claims = Vec::new();
+    for route in routes {
+        let held = tx.get(ROUTE_CLAIMS, &route.hostname).await?;
+        if let Some(claim) = &held {
+            let holder = claim.data["serviceId"].as_str().unwrap_or_default();
+            // a claim of a deleted service holds nothing
+            let live = match capstan_inventory::services::require_active(tx, holder).await {
+                Ok(_) => true,
+                Err(e) if e.is("service-not-found") || e.is("service-deleting") => false,
+                Err(e) => return Err(e),
+            };
+            if holder != service_id && live {
+                return Err(Refusal::new("route-unavailable", format!("{} is reserved by another service", route.hostname))
+                    .with_data(json!({ "hostname": route.hostname, "serviceId": holder })));
+            }
+        }
+        claims.push((route.hostname.clone(), held.map(|c| c.revision)));
+    }
+    Ok(claims)
+}
+
+/// Let go of the route claims operation `id` holds (it ends unpromoted).
+async fn release_route_claims(tx: &Tx, id: &str, routes: &[Route]) -> Result<()> {
+    for route in routes {
+        if let Some(claim) = tx.get(ROUTE_CLAIMS, &route.hostname).await?
+            && claim.data["operationId"] == id
+        {
+            tx.delete(ROUTE_CLAIMS, &route.hostname, claim.revision).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Why `operation` cannot take a route step now (`retry`: the retry of a failed or interrupted
+/// one), as the refusal it would answer.
+fn route_step_refusal(operation: &Operation, id: &str, current: Option<&str>, retry: bool) -> Option<Refusal> {
+    let stale = operation.state == State::RoutePending && operation.updated_at + ROUTE_PENDING_STALE_SECS <= now_secs();
+    let (allowed, why) = if retry {
+        (operation.state == State::RouteFailed || stale, "only a failed (or interrupted) route promotion is retried")
+    } else {
+        (operation.state == State::Promoted, "routes are promoted once, after the release is: a failed one is retried (deployments.retry)")
+    };
+    if !allowed {
+        return Some(Refusal::new("deployment-state-invalid", why).with_data(json!({ "state": operation.state })));
+    }
+    if operation.routes.is_empty() {
+        return Some(
+            Refusal::new("deployment-state-invalid", "this operation reserved no routes").with_data(json!({ "state": operation.state })),
+        );
+    }
+    if current != Some(id) {
+        return Some(
+            Refusal::new("deployment-superseded", "the service runs another release now: this operation's routes are not promoted")
+                .with_data(json!({ "currentOperationId": current })),
+        );
+    }
+    None
+}
+
+async fn promote_route(registry: Arc<Registry>, call: Call, input: RouteStepInput) -> Result<OperationView> {
+    route_step(&registry, call.identity()?, &input, false).await
+}
+
+async fn retry(registry: Arc<Registry>, call: Call, input: RouteStepInput) -> Result<OperationView> {
+    route_step(&registry, call.identity()?, &input, true).await
+}
+
+/// Publish the operation's routes on its service, check each, then declare them promoted or
+/// withdraw what was published. The checks run between two short transactions.
+async fn route_step(registry: &Registry, identity: &Identity, input: &RouteStepInput, retry: bool) -> Result<OperationView> {
+    let id = input.operation_id.as_str();
+    let store = &registry.storage.store;
+    let (operation, revision) = store
+        .transact(|tx| async move {
+            require_deployer(&tx, identity).await?;
+            let (mut operation, revision) = visible(&tx, identity, id).await?;
+            if !has_grant(&tx, &operation.service_id, &identity.user_id, "deployment:promote").await? {
+                return Err(Refusal::new("forbidden", "this needs a deployer granted deployment:promote on the service"));
+            }
+            if revision != input.expected_revision {
+                return Err(capstan_store::conflict(OPERATIONS, id, input.expected_revision, revision));
+            }
+            let service = capstan_inventory::services::require_active(&tx, &operation.service_id).await?;
+            let current = service.data.release.as_ref().map(|r| r.operation_id.as_str());
+            if let Some(refusal) = route_step_refusal(&operation, id, current, retry) {
+                return Err(refusal);
+            }
+            let hostnames: Vec<String> = operation.routes.iter().map(|r| r.hostname.clone()).collect();
+            for added in capstan_inventory::services::publish_domains(&tx, &operation.service_id, &hostnames).await? {
+                if !operation.routes_published.contains(&added) {
+                    operation.routes_published.push(added);
+                }
+            }
+            operation.state = State::RoutePending;
+            operation.route_diagnostic = None;
+            operation.updated_at = now_secs();
+            let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
+            Ok((operation, doc.revision))
+        })
+        .await?;
+    let mut evidence = Vec::new();
+    let mut failure = None;
+    for route in &operation.routes {
+        match registry.route_check.check(route).await {
+            Ok(seen) => evidence.push(seen),
+            Err(diagnostic) => {
+                failure = Some(diagnostic);
+                break;
+            }
+        }
+    }
+    let (evidence, failure) = (&evidence, &failure);
+    let (operation, revision) = store
+        .transact(|tx| async move {
+            let doc = tx.require(OPERATIONS, id).await?;
+            if doc.revision != revision {
+                return Err(capstan_store::conflict(OPERATIONS, id, revision, doc.revision));
+            }
+            let mut operation: Operation = parse(&doc)?;
+            match failure {
+                None => {
+                    operation.state = State::RoutePromoted;
+                    operation.route_evidence = evidence.clone();
+                }
+                Some(diagnostic) => {
+                    capstan_inventory::services::withdraw_domains(&tx, &operation.service_id, &operation.routes_published).await?;
+                    operation.state = State::RouteFailed;
+                    operation.route_diagnostic = Some(diagnostic.clone());
+                }
+            }
+            operation.routes_published.clear();
+            operation.updated_at = now_secs();
+            let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
+            Ok((operation, doc.revision))
+        })
+        .await?;
+    if let Some(d) = failure {
+        tracing::warn!(operation = %id, hostname = %d.hostname, stage = ?d.stage, code = %d.code, "a deployment's route failed its check; it was withdrawn");
+        return Err(Refusal::new(
+            "deployment-route-check-failed",
+            format!("{} failed its check at the {:?} stage ({}): {}; the previous routes stand", d.hostname, d.stage, d.code, d.message),
+        )
+        .retryable()
+        .with_data(json!({ "operationId": id, "revision": revision, "diagnostic": d })));
+    }
+    tracing::info!(operation = %id, service = %operation.service_id, routes = operation.routes.len(), "deployment routes promoted");
+    Ok(view(registry, id, revision, operation, false))
 }
 
 async fn promote(registry: Arc<Registry>, call: Call, input: PromoteInput) -> Result<OperationView> {
@@ -532,6 +822,32 @@ async fn judge_preflight(registry: &Registry, identity: &Identity, input: &Prefl
                             }
                             if let Err(e) = capstan_inventory::services::require_active(&tx, &operation.service_id).await {
                                 blockers.push(blocker(e));
+                            }
+                        }
+                    }
+                }
+                Phase::Route => {
+                    let id = input.operation_id.as_deref().ok_or_else(|| missing("operationId"))?;
+                    match visible(&tx, identity, id).await {
+                        Err(e) if e.is("deployment-operation-not-found") => blockers.push(blocker(e)),
+                        Err(e) => return Err(e),
+                        Ok((operation, _)) => {
+                            if !has_grant(&tx, &operation.service_id, &identity.user_id, "deployment:promote").await? {
+                                blockers.push(Blocker {
+                                    code: "forbidden".into(),
+                                    message: "this needs a deployer granted deployment:promote".into(),
+                                });
+                            }
+                            match capstan_inventory::services::require_active(&tx, &operation.service_id).await {
+                                Err(e) if e.is("service-not-found") || e.is("service-deleting") => blockers.push(blocker(e)),
+                                Err(e) => return Err(e),
+                                Ok(service) => {
+                                    let current = service.data.release.as_ref().map(|r| r.operation_id.as_str());
+                                    let retry = operation.state == State::RouteFailed;
+                                    if let Some(refusal) = route_step_refusal(&operation, id, current, retry) {
+                                        blockers.push(blocker(refusal));
+                                    }
+                                }
                             }
                         }
                     }

@@ -13,6 +13,7 @@ pub mod manifests;
 pub mod methods;
 pub mod names;
 pub mod retention;
+pub mod route_check;
 mod routes;
 pub mod storage;
 mod token;
@@ -34,15 +35,18 @@ pub struct Registry {
     pub auth: Arc<Auth>,
     /// This Capstan's public origin: the token realm, and the host in image references.
     pub public_origin: String,
+    /// How a deployment's routes are checked before they are declared promoted.
+    pub route_check: route_check::RouteCheck,
 }
 
 impl Registry {
     /// The registry over `store` and `blobs`.
-    pub fn new(store: Store, blobs: Blobs, auth: Arc<Auth>, public_origin: &str) -> Arc<Registry> {
+    pub fn new(store: Store, blobs: Blobs, auth: Arc<Auth>, public_origin: &str, route_check: route_check::RouteCheck) -> Arc<Registry> {
         Arc::new(Registry {
             storage: storage::Storage { store, blobs },
             auth,
             public_origin: public_origin.trim_end_matches('/').to_string(),
+            route_check,
         })
     }
 

@@ -32,7 +32,7 @@
 //! step failed, leaves `workRemains` set and the next pass (an hour later, not a day) finishes:
 //! nothing depends on what an earlier pass did.
 
-use crate::deployments::{OPERATIONS, Operation, State};
+use crate::deployments::{OPERATIONS, Operation};
 use crate::names::service_repository;
 use crate::storage::{BLOBS, BlobRecord, LINKS, MANIFESTS, ManifestRecord, Storage, TAGS, TagRecord};
 use capstan_core::refusal::{Refusal, Result};
@@ -264,8 +264,8 @@ async fn judge_releases(
         let mut keep_ids = HashSet::new();
         for (id, o) in &releases {
             let is_current = current.as_deref() == Some(id.as_str());
-            let unfinished = matches!(o.state, State::AwaitingImage | State::ImagePushed);
-            let rollback = o.state == State::Promoted && !is_current && promoted_kept < limits.keep_promoted;
+            let unfinished = o.state.unfinished();
+            let rollback = o.state.promoted() && !is_current && promoted_kept < limits.keep_promoted;
             if rollback {
                 promoted_kept += 1;
             }
@@ -293,7 +293,7 @@ async fn judge_releases(
 async fn prune_release(tx: &Tx, operation_id: &str) -> Result<bool> {
     let Some(doc) = tx.get(OPERATIONS, operation_id).await? else { return Ok(false) };
     let operation: Operation = parse(&doc)?;
-    if matches!(operation.state, State::AwaitingImage | State::ImagePushed) {
+    if operation.state.unfinished() {
         return Ok(false);
     }
     if let Some(service) = tx.get(capstan_inventory::SERVICES, &operation.service_id).await?

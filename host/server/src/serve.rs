@@ -121,6 +121,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         scheduler: scheduler.clone(),
         fleet: fleet.clone(),
         metrics_token: config.metrics_token.clone(),
+        route_check: config.route_check.clone(),
     });
     if config.demo {
         tokio::spawn(crate::demo::install(state.clone()));

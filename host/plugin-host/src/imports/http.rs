@@ -14,7 +14,8 @@ use super::{CallData, RetryableWit, Services, WitResult, refusal, to_wit};
 use crate::manifest::Capability;
 use crate::platform::Platform;
 use crate::runtime::capstan::plugin::{http, types};
-use capstan_core::net::IpNet;
+use capstan_core::causes::{find_cause, tls_cause};
+use capstan_core::net::{IpNet, refused_range};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -54,33 +55,6 @@ impl PluginHttp {
     pub fn with_extra_roots_pem(mut self, pem: Option<Vec<u8>>) -> Self {
         self.extra_roots_pem = pem.map(Arc::new);
         self
-    }
-}
-
-/// Addresses that are metadata services outside the link-local range.
-const METADATA: [IpAddr; 2] =
-    [IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)), IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254))];
-
-/// Why plugins may not reach `ip` by default: the range it is in, or `None` when it is fine.
-pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
-    // an IPv4 address written as IPv6 is the IPv4 address
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    };
-    if METADATA.contains(&ip) {
-        return Some("metadata");
-    }
-    match ip {
-        IpAddr::V4(v4) if v4.is_loopback() => Some("loopback"),
-        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
-        IpAddr::V4(v4) if v4.is_unspecified() || v4.octets()[0] == 0 => Some("unspecified"),
-        IpAddr::V4(v4) if v4.is_multicast() || v4.is_broadcast() => Some("multicast"),
-        IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
-        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local"),
-        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified"),
-        IpAddr::V6(v6) if v6.is_multicast() => Some("multicast"),
-        _ => None,
     }
 }
 
@@ -295,46 +269,6 @@ fn send_refusal(e: &reqwest::Error, origin: &str) -> types::Refusal {
         return if cause.starts_with("certificate-") { refused } else { refused.retryable_wit() };
     }
     refusal("http-failed", format!("fetching {origin} failed: {}", without_url(e)), json!({ "origin": origin })).retryable_wit()
-}
-
-/// The error of type `T` somewhere in `e`'s chain of causes. (An `io::Error` wrapping one hides
-/// it from `source()`, so it is opened by hand.)
-fn find_cause<'e, T: std::error::Error + 'static>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e T> {
-    let mut next = Some(e);
-    for _ in 0..16 {
-        let current = next?;
-        if let Some(found) = current.downcast_ref::<T>() {
-            return Some(found);
-        }
-        if let Some(inner) = current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
-            if let Some(found) = inner.downcast_ref::<T>() {
-                return Some(found);
-            }
-            next = Some(inner);
-            continue;
-        }
-        next = current.source();
-    }
-    None
-}
-
-/// A stable kebab-case name for a TLS failure.
-fn tls_cause(e: &rustls::Error) -> &'static str {
-    use rustls::CertificateError as C;
-    match e {
-        rustls::Error::InvalidCertificate(c) => match c {
-            C::UnknownIssuer => "certificate-unknown-issuer",
-            C::Expired | C::ExpiredContext { .. } => "certificate-expired",
-            C::NotValidYet | C::NotValidYetContext { .. } => "certificate-not-yet-valid",
-            C::NotValidForName | C::NotValidForNameContext { .. } => "certificate-name-mismatch",
-            C::Revoked => "certificate-revoked",
-            C::BadSignature => "certificate-bad-signature",
-            _ => "certificate-invalid",
-        },
-        rustls::Error::AlertReceived(_) => "alert-received",
-        rustls::Error::NoCertificatesPresented => "certificate-missing",
-        _ => "handshake-failed",
-    }
 }
 
 /// A reqwest error without its URL (a query string may carry a token).

@@ -24,7 +24,8 @@ pub use agents::{
 pub use blobs::{BlobReaderState, BlobWriterState, MAX_PLUGIN_BLOB_BYTES, blob_prefix};
 use budget::CallBudget;
 pub use budget::{MAX_HOST_CALLS, MAX_METHOD_OUTPUT};
-pub use http::{PluginHttp, origin_of, refused_range};
+pub use capstan_core::net::refused_range;
+pub use http::{PluginHttp, origin_of};
 pub use settings::{DeclaredSetting, effective as effective_settings};
 pub use sign::PLUGIN_KEYS;
 pub use store::{collection_name, validate_plugin_collection};

@@ -294,9 +294,13 @@ async fn release(storage: &Storage, id: &str, tag: &str, digest: &str, state: cr
         media_type: Some(OCI_MANIFEST.into()),
         created_at: at,
         updated_at: at,
-        promoted_at: (state == crate::deployments::State::Promoted).then_some(at),
+        promoted_at: state.promoted().then_some(at),
         rollout_generation: None,
         previous_image: None,
+        routes: Vec::new(),
+        routes_published: Vec::new(),
+        route_evidence: Vec::new(),
+        route_diagnostic: None,
     };
     let data = serde_json::to_value(&operation).unwrap();
     storage

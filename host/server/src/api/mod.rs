@@ -105,13 +105,28 @@ pub struct Parts {
     pub fleet: Arc<crate::fleet::runtime::Fleet>,
     /// The token `GET /metrics` answers to (`CAPSTAN_METRICS_TOKEN`); `None`: it is off.
     pub metrics_token: Option<capstan_core::text::SecretString>,
+    /// How deployments' routes are checked (`CAPSTAN_ROUTE_CHECK_*`).
+    pub route_check: capstan_registry::route_check::RouteCheck,
 }
 
 impl AppState {
     /// The host state, with every area's methods registered with the context it needs.
     pub fn build(parts: Parts) -> Self {
-        let Parts { store, blobs, keyring, auth, chain, max_body_bytes, public_origin, dev, plugins, scheduler, fleet, metrics_token } =
-            parts;
+        let Parts {
+            store,
+            blobs,
+            keyring,
+            auth,
+            chain,
+            max_body_bytes,
+            public_origin,
+            dev,
+            plugins,
+            scheduler,
+            fleet,
+            metrics_token,
+            route_check,
+        } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
         system::register(
@@ -147,7 +162,7 @@ impl AppState {
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
         crate::relays::methods::register(&mut registry, relays.clone());
-        let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin);
+        let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);
         capstan_registry::methods::register(&mut registry, oci.clone());
         capstan_registry::deployments::register(&mut registry, oci.clone());
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
@@ -192,7 +207,8 @@ impl AppState {
 impl AppState {
     /// The same host with another keyring (as `capstan keyring rotate` and a restart give).
     pub fn with_keyring(self, keyring: Arc<Keyring>) -> AppState {
-        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, nodes, .. } = self;
+        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, nodes, registry, .. } = self;
+        let route_check = registry.route_check.clone();
         let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
         let dev = nodes.dev;
         let metrics_token = None;
@@ -209,6 +225,7 @@ impl AppState {
             scheduler,
             fleet,
             metrics_token,
+            route_check,
         })
     }
 }
@@ -264,6 +281,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
         scheduler,
         fleet,
         metrics_token: None,
+        route_check: Default::default(),
     })
 }
 

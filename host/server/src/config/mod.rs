@@ -62,6 +62,10 @@ pub const TRUSTED_PROXIES: &str = "CAPSTAN_TRUSTED_PROXIES";
 pub const PLUGIN_HTTP_CA_FILE: &str = "CAPSTAN_PLUGIN_HTTP_CA_FILE";
 /// Networks plugins' outbound HTTP may reach although they are loopback, link-local or metadata.
 pub const PLUGIN_HTTP_ALLOW: &str = "CAPSTAN_PLUGIN_HTTP_ALLOW";
+/// PEM file of extra root certificates a deployment's route check trusts.
+pub const ROUTE_CHECK_CA_FILE: &str = "CAPSTAN_ROUTE_CHECK_CA_FILE";
+/// `host=address:port` pins for deployments' route checks, comma-separated.
+pub const ROUTE_CHECK_RESOLVE: &str = "CAPSTAN_ROUTE_CHECK_RESOLVE";
 /// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
 /// `host:port` other nodes dial this one on; by default the listen address.
@@ -189,6 +193,18 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none (--dev: 127.0.0.0/8, ::1)",
         help: "Loopback, link-local or metadata networks plugins' outbound HTTP may reach anyway, comma-separated (refused by default: a granted name could point there)",
+    },
+    Var {
+        env: ROUTE_CHECK_CA_FILE,
+        required: false,
+        default: "none (the platform's roots only)",
+        help: "PEM file of extra root certificates a deployment's route check trusts (deployments.promoteRoute), e.g. an internal CA",
+    },
+    Var {
+        env: ROUTE_CHECK_RESOLVE,
+        required: false,
+        default: "none (DNS, public addresses only)",
+        help: "host=address:port pins a deployment's route check dials instead of resolving the host, comma-separated (split-horizon DNS, a staging gateway)",
     },
     Var {
         env: NETWORK,
@@ -375,17 +391,20 @@ pub struct ServeConfig {
     /// Proxies whose `X-Forwarded-For` is believed (`CAPSTAN_TRUSTED_PROXIES`).
     pub trusted_proxies: crate::listener::TrustedProxies,
     /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
-    pub plugin_http_ca: Option<PluginHttpCa>,
+    pub plugin_http_ca: Option<CaFile>,
     /// Networks plugins' outbound HTTP may reach despite the address guard
     /// (`CAPSTAN_PLUGIN_HTTP_ALLOW`).
     pub plugin_http_allow: Vec<capstan_core::net::IpNet>,
+    /// How deployments' routes are checked (`CAPSTAN_ROUTE_CHECK_CA_FILE`, `…_RESOLVE`).
+    pub route_check: capstan_registry::route_check::RouteCheck,
     /// `(variable, value)` for every default dev mode chose, to be reported at start.
     pub dev_defaults: Vec<(&'static str, String)>,
 }
 
-/// The extra roots of plugins' outbound HTTPS: `CAPSTAN_PLUGIN_HTTP_CA_FILE`, read at start.
+/// Extra roots of outbound HTTPS (`CAPSTAN_PLUGIN_HTTP_CA_FILE`, `CAPSTAN_ROUTE_CHECK_CA_FILE`),
+/// read at start.
 #[derive(Debug, Clone)]
-pub struct PluginHttpCa {
+pub struct CaFile {
     /// The PEM file the certificates were read from.
     pub path: PathBuf,
     /// At least one.
@@ -397,13 +416,13 @@ pub struct PluginHttpCa {
 /// Largest CA file read (a full public bundle is about 200 KiB).
 const MAX_CA_FILE_BYTES: u64 = 4 << 20;
 
-/// Read a PEM file of root certificates for plugins' outbound HTTPS. Refused `config-invalid`,
-/// naming the variable and the file, when it cannot be read, is too large, is not PEM, holds
-/// no certificate or holds one TLS cannot use as a root (`data.cause` says which).
-pub fn read_plugin_http_ca(path: &Path) -> Result<PluginHttpCa> {
+/// Read a PEM file of root certificates named by `variable`. Refused `config-invalid`, naming
+/// the variable and the file, when it cannot be read, is too large, is not PEM, holds no
+/// certificate or holds one TLS cannot use as a root (`data.cause` says which).
+pub fn read_ca_file(variable: &str, path: &Path) -> Result<CaFile> {
     let refuse = |cause: &str, why: String| {
-        Refusal::new("config-invalid", format!("{PLUGIN_HTTP_CA_FILE}: {} {why}", path.display()))
-            .with_data(json!({ "variable": PLUGIN_HTTP_CA_FILE, "cause": cause }))
+        Refusal::new("config-invalid", format!("{variable}: {} {why}", path.display()))
+            .with_data(json!({ "variable": variable, "cause": cause }))
     };
     let unreadable = |e: std::io::Error| refuse("ca-file-unreadable", format!("cannot be read: {}", e.kind()));
     let file = std::fs::File::open(path).map_err(unreadable)?;
@@ -422,7 +441,7 @@ pub fn read_plugin_http_ca(path: &Path) -> Result<PluginHttpCa> {
         .tls_certs_only(certificates.iter().cloned())
         .build()
         .map_err(|_| refuse("ca-file-invalid", "holds a certificate that cannot be used as a root (not X.509 DER)".into()))?;
-    Ok(PluginHttpCa { path: path.to_path_buf(), certificates, pem: bytes })
+    Ok(CaFile { path: path.to_path_buf(), certificates, pem: bytes })
 }
 
 pub use capstan_blobs::{S3_ACCESS_KEY, S3_ENDPOINT, S3_FORCE_PATH_STYLE, S3_REGION, S3_SECRET_KEY, S3Settings};
@@ -619,8 +638,16 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     let plugin_http_allow = capstan_core::net::parse_networks(&plugin_http_allow)
         .map_err(|e| Refusal::new("config-invalid", format!("{PLUGIN_HTTP_ALLOW}: {e}")))?;
     let plugin_http_ca = match flags.plugin_http_ca_file.clone().or_else(|| lookup(PLUGIN_HTTP_CA_FILE).map(PathBuf::from)) {
-        Some(path) => Some(read_plugin_http_ca(&path)?),
+        Some(path) => Some(read_ca_file(PLUGIN_HTTP_CA_FILE, &path)?),
         None => None,
+    };
+    let route_check = capstan_registry::route_check::RouteCheck {
+        extra_roots: match lookup(ROUTE_CHECK_CA_FILE) {
+            Some(path) => read_ca_file(ROUTE_CHECK_CA_FILE, Path::new(&path))?.certificates,
+            None => Vec::new(),
+        },
+        pinned: capstan_registry::route_check::parse_pins(&lookup(ROUTE_CHECK_RESOLVE).unwrap_or_default())
+            .map_err(|e| Refusal::new("config-invalid", format!("{ROUTE_CHECK_RESOLVE}: {e}")))?,
     };
     Ok(ServeConfig {
         dev: flags.dev,
@@ -650,6 +677,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             .unwrap_or_default(),
         plugin_http_ca,
         plugin_http_allow,
+        route_check,
         dev_defaults,
     })
 }
