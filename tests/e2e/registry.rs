@@ -952,6 +952,54 @@ fn a_reserved_release_tag_takes_only_its_deployers_push_and_records_the_digest()
     registry.server.call_as(&machine, "deployments.reserve", &once_more).expect_error(409, "version-collision");
 }
 
+/// The legacy switch: with `deployOnPush` on, a push of the tag a service's image names pins
+/// the image to the pushed digest; another tag, or the switch off, only records the push. A
+/// service on the switch takes no deployment operation.
+#[test]
+fn deploy_on_push_pins_the_tag_the_service_runs_and_keeps_deployment_operations_out() {
+    let registry = Registry::start();
+    let target = registry.service(&registry.organization("acme"), "legacy");
+    let repo = target.repository.as_str();
+    let base = format!("{}/{repo}", target.host);
+    let service = registry.ok("services.get", json!({ "id": target.service_id }));
+    assert_eq!(service["deployOnPush"], false, "the switch is off by default: {service}");
+    let update = json!({ "id": target.service_id, "expectedRevision": service["revision"], "image": format!("{base}:stable"), "deployOnPush": true });
+    registry.ok("services.update", update);
+    let admin_bearer = registry.admin_token(repo);
+    let image = || registry.ok("services.get", json!({ "id": target.service_id }))["image"].as_str().unwrap().to_string();
+
+    let first = Image::small("amd64", "stable one");
+    registry.push_image(&admin_bearer, repo, "stable", &first);
+    assert_eq!(image(), format!("{base}:stable@{}", first.manifest.digest()), "the push of the tag it runs deploys");
+    let other = Image::small("amd64", "a branch build");
+    registry.push_image(&admin_bearer, repo, "branch", &other);
+    assert_eq!(image(), format!("{base}:stable@{}", first.manifest.digest()), "another tag deploys nothing");
+    let pushed = registry.ok("services.get", json!({ "id": target.service_id }))["registryPush"].clone();
+    assert_eq!((pushed["tag"].clone(), pushed["digest"].clone()), (json!("branch"), json!(other.manifest.digest())), "{pushed}");
+    let second = Image::small("amd64", "stable two");
+    registry.push_image(&admin_bearer, repo, "stable", &second);
+    assert_eq!(image(), format!("{base}:stable@{}", second.manifest.digest()), "the pinned tag moves with its next push");
+
+    // a deployment operation needs the switch off
+    let capabilities = ["deployment:reserve", "deployment:promote", "registry:push"];
+    let (_, token) = registry.deployer("ci-legacy", &target.service_id, &capabilities, None);
+    let session = registry.server.call("auth.exchangeToken", &json!({ "token": token }).to_string()).expect_json(200);
+    let machine = session["token"].as_str().unwrap().to_string();
+    let reserve = json!({ "serviceId": target.service_id, "tag": "3.0.0", "mutationId": "legacy-3.0.0" });
+    registry.server.call_as(&machine, "deployments.reserve", &reserve).expect_error(409, "deploy-on-push-enabled");
+    let preflight = json!({ "phase": "reserve", "serviceId": target.service_id, "tag": "3.0.0" });
+    let blocked = registry.server.call_as(&machine, "deployments.getPreflight", &preflight).expect_json(200);
+    assert_eq!(blocked["blockers"][0]["code"], "deploy-on-push-enabled", "{blocked}");
+
+    // switched off, a push of the tag it runs is recorded and deploys nothing
+    let service = registry.ok("services.get", json!({ "id": target.service_id }));
+    registry.ok("services.update", json!({ "id": target.service_id, "expectedRevision": service["revision"], "deployOnPush": false }));
+    let third = Image::small("amd64", "stable three");
+    registry.push_image(&admin_bearer, repo, "stable", &third);
+    assert_eq!(image(), format!("{base}:stable@{}", second.manifest.digest()));
+    registry.server.call_as(&machine, "deployments.reserve", &reserve).expect_json(200);
+}
+
 /// A release's routes move only after their HTTPS check against the target (SNI, a private CA
 /// the host was told to trust, no redirect, the readiness status): a failed check withdraws
 /// what was published and says why, and `deployments.retry` runs it again.

@@ -233,9 +233,11 @@ pub async fn withdraw_domains(tx: &Tx, id: &str, hostnames: &[String]) -> Result
     emit(tx, "service.updated", id, summary(id, &next)).await
 }
 
-/// Record on the service that `tag` of its repository now names `digest` (the registry's push
-/// hook). A service being deleted, or one that is gone, records nothing.
-pub async fn record_push(store: &Store, id: &str, tag: &str, digest: &str) -> Result<()> {
+/// Record on the service that `tag` of its repository (`<host>/<repository>`, `image_base`) now
+/// names `digest` (the registry's push hook). With `deployOnPush` on, a service whose `image`
+/// runs that tag is pinned to the digest (`<base>:<tag>@<digest>`). A service being deleted,
+/// or one that is gone, records nothing.
+pub async fn record_push(store: &Store, id: &str, image_base: &str, tag: &str, digest: &str) -> Result<()> {
     store
         .transact(|tx| async move {
             let Some(current) = tx.get(SERVICES, id).await? else { return Ok(()) };
@@ -244,9 +246,19 @@ pub async fn record_push(store: &Store, id: &str, tag: &str, digest: &str) -> Re
                 return Ok(());
             }
             next.registry_push = Some(RegistryPush { tag: tag.into(), digest: digest.into(), pushed_at: now_secs() });
+            let tagged = format!("{image_base}:{tag}");
+            let deploys =
+                next.deploy_on_push && (next.image == tagged || next.image.strip_prefix(&tagged).is_some_and(|rest| rest.starts_with('@')));
+            if deploys {
+                next.image = format!("{tagged}@{digest}");
+            }
             next.updated_at = now_secs();
             tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
-            emit(&tx, "service.pushed", id, json!({ "id": id, "tag": tag, "digest": digest })).await
+            emit(&tx, "service.pushed", id, json!({ "id": id, "tag": tag, "digest": digest, "deployed": deploys })).await?;
+            if deploys {
+                emit(&tx, "service.updated", id, summary(id, &next)).await?;
+            }
+            Ok(())
         })
         .await
 }
@@ -294,6 +306,10 @@ pub struct Service {
     /// The newest tag pushed to its repository in Capstan's registry (the registry writes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_push: Option<RegistryPush>,
+    /// The legacy switch: a push of the tag its `image` names in its own repository pins the
+    /// image to the pushed digest at once. Deployment operations need it off.
+    #[serde(default)]
+    pub deploy_on_push: bool,
     /// The template snapshot a manager (the App Store) created or upgraded it from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Value>,
@@ -340,6 +356,9 @@ pub struct CreateInput {
     pub mail_addresses: Option<Vec<String>>,
     /// The template snapshot a manager creates it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
+    /// The legacy deploy-on-push switch (default off): a push of the tag `image` names in the
+    /// service's own repository pins `image` to the pushed digest.
+    pub deploy_on_push: Option<bool>,
 }
 
 /// Input of `services.update`; absent fields stay as stored, a given list or map replaces the
@@ -389,6 +408,9 @@ pub struct UpdateInput {
     pub core_mail: Option<Option<CoreMailBinding>>,
     /// The template snapshot a manager upgrades it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
+    /// The legacy deploy-on-push switch: a push of the tag `image` names in the service's own
+    /// repository pins `image` to the pushed digest.
+    pub deploy_on_push: Option<bool>,
 }
 
 /// Input of `services.delete`.
@@ -548,6 +570,7 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
         mail: None,
         core_mail: None,
         template: input.template.clone(),
+        deploy_on_push: input.deploy_on_push,
     }
 }
 
@@ -571,6 +594,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         core_mail: None,
         release: None,
         registry_push: None,
+        deploy_on_push: fields.deploy_on_push.unwrap_or(false),
         template: fields.template,
         state: ServiceState::Active,
         deleting_at: None,
@@ -634,6 +658,7 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             next.domains = f.domains.unwrap_or(next.domains);
             next.environment = f.environment.unwrap_or(next.environment);
             next.scale = f.scale.unwrap_or(next.scale);
+            next.deploy_on_push = f.deploy_on_push.unwrap_or(next.deploy_on_push);
             next.volumes = f.volumes.unwrap_or(next.volumes);
             next.database = f.database.unwrap_or(next.database);
             check_database(&next)?;

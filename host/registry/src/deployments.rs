@@ -299,6 +299,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             "version-collision",
             "route-invalid",
             "route-unavailable",
+            "deploy-on-push-enabled",
             "mutation-reused",
         ]);
     methods
@@ -308,7 +309,16 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
             Access::Authenticated,
             promote,
         )
-        .refuses(&["deployment-identity-required", "deployment-operation-not-found", "deployment-image-missing", "deployment-state-invalid", "conflict", "service-deleting", "service-not-found"]);
+        .refuses(&[
+            "deployment-identity-required",
+            "deployment-operation-not-found",
+            "deployment-image-missing",
+            "deployment-state-invalid",
+            "deploy-on-push-enabled",
+            "conflict",
+            "service-deleting",
+            "service-not-found",
+        ]);
     let route_refusals = [
         "deployment-identity-required",
         "deployment-operation-not-found",
@@ -396,6 +406,7 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
             if !has_grant(&tx, &service.id, &identity_ref.user_id, "deployment:reserve").await? {
                 return Err(Refusal::new("forbidden", "this needs a deployer granted deployment:reserve on the service"));
             }
+            refuse_deploy_on_push(&service)?;
             let repository = service_repository(&service.data.name, &service.id);
             let claim = tag_id(&repository, &input_ref.tag);
             if let Some(held) = tx.get(CLAIMS, &claim).await? {
@@ -506,6 +517,19 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
         .await?;
     tracing::info!(operation = %id, "deployment cleaned up");
     Ok(view(&registry, id, revision, operation, false))
+}
+
+/// Refuse a service on the legacy deploy-on-push switch: an immutable deployment needs it off
+/// (`deploy-on-push-enabled`), or a push of the tag it runs would replace the release.
+fn refuse_deploy_on_push(service: &capstan_inventory::Entity<capstan_inventory::services::Service>) -> Result<()> {
+    if service.data.deploy_on_push {
+        return Err(Refusal::new(
+            "deploy-on-push-enabled",
+            "the service deploys on push (the legacy switch): set deployOnPush to false before deploying it by operation",
+        )
+        .with_data(json!({ "serviceId": service.id })));
+    }
+    Ok(())
 }
 
 /// Refuse routes that are not hostnames with a readiness path and a 2xx status (`route-invalid`).
@@ -724,6 +748,7 @@ async fn promote(registry: Arc<Registry>, call: Call, input: PromoteInput) -> Re
                 promoted_at: at,
             };
             let before = capstan_inventory::services::require_service(&tx, &operation.service_id).await?;
+            refuse_deploy_on_push(&before)?;
             let image = format!("{host}/{}@{digest}", operation.repository);
             let pinned =
                 capstan_inventory::services::pin_release(&tx, &operation.service_id, input_ref.expected_service_revision, &image, release)
@@ -786,6 +811,9 @@ async fn judge_preflight(registry: &Registry, identity: &Identity, input: &Prefl
                                     message: "this needs a deployer granted deployment:reserve".into(),
                                 });
                             }
+                            if let Err(e) = refuse_deploy_on_push(&service) {
+                                blockers.push(blocker(e));
+                            }
                             let claim = tag_id(&service_repository(&service.data.name, &service.id), tag);
                             // reserved before, or already in the registry: either way, a new version is needed
                             if is_tag(tag) && (tx.get(CLAIMS, &claim).await?.is_some() || tx.get(TAGS, &claim).await?.is_some()) {
@@ -820,8 +848,13 @@ async fn judge_preflight(registry: &Registry, identity: &Identity, input: &Prefl
                                     message: "only an operation whose image was pushed is promoted".into(),
                                 }),
                             }
-                            if let Err(e) = capstan_inventory::services::require_active(&tx, &operation.service_id).await {
-                                blockers.push(blocker(e));
+                            match capstan_inventory::services::require_active(&tx, &operation.service_id).await {
+                                Err(e) => blockers.push(blocker(e)),
+                                Ok(service) => {
+                                    if let Err(e) = refuse_deploy_on_push(&service) {
+                                        blockers.push(blocker(e));
+                                    }
+                                }
                             }
                         }
                     }

@@ -508,7 +508,8 @@ async fn put_manifest(
     tracing::info!(repository = name, digest = %digest, tag = tag.unwrap_or(""), "manifest pushed");
     if let (Some(service), Some(tag)) = (&allowed.service_id, tag) {
         // the push is stored either way; a failed record is said, and the next push records again
-        if let Err(e) = capstan_inventory::services::record_push(&registry.storage.store, service, tag, digest.as_str()).await {
+        let base = format!("{}/{name}", registry.host());
+        if let Err(e) = capstan_inventory::services::record_push(&registry.storage.store, service, &base, tag, digest.as_str()).await {
             tracing::warn!(service = %service, code = %e.code, "a push was not recorded on its service: {}", e.message);
         }
     }
