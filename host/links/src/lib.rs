@@ -30,8 +30,10 @@ impl Dependents for HostDependents {
     }
 
     async fn service_removed(&self, tx: &Tx, service_id: &str) -> Result<()> {
-        // its own secrets are revoked and its SecretSet attachments go (the sets stay)
-        capstan_secrets::methods::forget_service(tx, service_id).await
+        // its own secrets are revoked and its SecretSet attachments go (the sets stay); its
+        // registry repository is emptied by the next retention pass
+        capstan_secrets::methods::forget_service(tx, service_id).await?;
+        capstan_registry::retention::retire_service_repository(tx, service_id).await
     }
 
     async fn cluster_blocker(&self, tx: &Tx, cluster_id: &str, name: &str) -> Result<Option<Refusal>> {

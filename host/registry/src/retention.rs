@@ -15,7 +15,9 @@
 //!   (`registryPush`) names it, or it was pushed or used less than [`Limits::grace`] ago — together with everything a
 //!   kept manifest references in its repository and the manifests whose subject it is
 //!   (signatures, attestations). Every manifest of a repository that maps to no service is kept
-//!   (and the repository named in the summary).
+//!   (and the repository named in the summary) — except a deleted service's: its deletion
+//!   retires its repository ([`retire_service_repository`]), and the next pass deletes the
+//!   repository's tags, then its manifests, whatever their age; its blobs go by the rule below.
 //! - **blobs** (layers, configs, manifests' bytes): deleted when no manifest left references
 //!   one and it was written and last used more than the grace ago — and only when every
 //!   deletable manifest is gone, nothing failed, and this process has served for
@@ -46,10 +48,27 @@ use std::fmt;
 pub const RETENTION: &str = "registry_retention";
 /// The one document of [`RETENTION`].
 pub const STATE: &str = "state";
+/// Repositories of deleted services, to be emptied (id: the repository).
+pub const RETIRED: &str = "registry_retired_repositories";
 
-/// Retention's collection.
+/// Retention's collections.
 pub fn collections() -> Vec<CollectionSpec> {
-    vec![CollectionSpec::new(RETENTION)]
+    vec![CollectionSpec::new(RETENTION), CollectionSpec::new(RETIRED)]
+}
+
+/// Retire the repository of service `service_id`, inside the transaction that deletes the
+/// service (while its row is still there): the next pass empties it. A host without the
+/// registry's collections retires nothing.
+pub async fn retire_service_repository(tx: &Tx, service_id: &str) -> Result<()> {
+    if !tx.is_declared(RETIRED) {
+        return Ok(());
+    }
+    let Some(doc) = tx.get(capstan_inventory::SERVICES, service_id).await? else { return Ok(()) };
+    let service: Service = parse(&doc)?;
+    let repository = service_repository(&service.name, service_id);
+    let held = tx.get(RETIRED, &repository).await?.map(|d| d.revision);
+    let record = json!({ "serviceId": service_id, "retiredAt": capstan_core::clock::now_secs() });
+    tx.put(RETIRED, &repository, held, record).await.map(drop)
 }
 
 /// What a pass may do.
@@ -111,6 +130,8 @@ pub struct Summary {
     pub blobs_skipped: Option<String>,
     /// Repositories that map to no service: kept whole.
     pub unmapped: Vec<String>,
+    /// Repositories of deleted services emptied this pass.
+    pub retired: usize,
     /// Deletions that failed (each is tried again by the next pass).
     pub failures: usize,
     /// Whether the next pass should come in an hour rather than a day.
@@ -132,6 +153,9 @@ impl fmt::Display for Summary {
         )?;
         if let Some(why) = &self.blobs_skipped {
             write!(f, "; blobs not collected: {why}")?;
+        }
+        if self.retired > 0 {
+            write!(f, "; {} repositories of deleted services emptied", self.retired)?;
         }
         if !self.unmapped.is_empty() {
             let shown: Vec<&str> = self.unmapped.iter().take(20).map(String::as_str).collect();
@@ -168,6 +192,9 @@ pub struct Judgement {
     pub releases_left: bool,
     /// Repositories that map to no service.
     pub unmapped: Vec<String>,
+    /// Repositories of deleted services, with the ids of their tags and the digests of their
+    /// manifests: all of it goes.
+    pub retired: BTreeMap<String, (Vec<String>, Vec<String>)>,
 }
 
 /// Judge every repository as it is now.
@@ -188,9 +215,15 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
         let record: ManifestRecord = parse(&doc)?;
         manifests.entry(record.repository.clone()).or_default().push(record);
     }
+    let mut retired: BTreeMap<String, (Vec<String>, Vec<String>)> =
+        storage.scan_all(RETIRED).await?.into_iter().map(|d| (d.id, Default::default())).collect();
     let mut tagged: HashMap<String, HashSet<String>> = HashMap::new();
     for doc in storage.scan_all(TAGS).await? {
         let tag: TagRecord = parse(&doc)?;
+        if let Some((tags, _)) = retired.get_mut(&tag.repository) {
+            tags.push(doc.id);
+            continue;
+        }
         tagged.entry(tag.repository).or_default().insert(tag.digest);
     }
     let mut judgement = Judgement {
@@ -201,6 +234,10 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
         ..Judgement::default()
     };
     for (repository, records) in manifests {
+        if let Some((_, doomed)) = retired.get_mut(&repository) {
+            doomed.extend(records.into_iter().map(|m| m.digest));
+            continue;
+        }
         let Some(pushed) = services.get(&repository) else {
             judgement.unmapped.push(repository);
             continue;
@@ -231,6 +268,7 @@ pub async fn judge(storage: &Storage, now: u64, limits: &Limits) -> Result<Judge
             .doomed
             .extend(records.iter().filter(|m| !kept.contains(m.digest.as_str())).map(|m| (repository.clone(), m.digest.clone())));
     }
+    judgement.retired = retired;
     Ok(judgement)
 }
 
@@ -340,6 +378,51 @@ async fn delete_blob(tx: &Tx, digest: &str, now: u64, grace: u64) -> Result<Opti
     Ok(Some(record))
 }
 
+/// Empty a deleted service's repository: its tags, then its manifests (no grace: nothing may
+/// use them any more), then — when these are all of it (`whole`) — the mark, each in a short
+/// transaction. Answers the manifests deleted and their bytes.
+async fn empty_retired(
+    storage: &Storage,
+    repository: &str,
+    tags: &[String],
+    digests: &[String],
+    whole: bool,
+    now: u64,
+) -> Result<(usize, u64)> {
+    for id in tags {
+        storage
+            .store
+            .transact(|tx| async move {
+                match tx.get(TAGS, id).await? {
+                    Some(doc) => tx.delete(TAGS, id, doc.revision).await,
+                    None => Ok(()),
+                }
+            })
+            .await?;
+    }
+    let (mut manifests, mut bytes) = (0, 0);
+    for digest in digests {
+        let digest = digest.as_str();
+        if let Some(size) = storage.store.transact(|tx| async move { delete_manifest(&tx, repository, digest, now, 0).await }).await? {
+            manifests += 1;
+            bytes += size;
+        }
+    }
+    if whole {
+        storage
+            .store
+            .transact(|tx| async move {
+                match tx.get(RETIRED, repository).await? {
+                    Some(doc) => tx.delete(RETIRED, repository, doc.revision).await,
+                    None => Ok(()),
+                }
+            })
+            .await?;
+        tracing::info!(repository, manifests, "registry retention emptied a deleted service's repository");
+    }
+    Ok((manifests, bytes))
+}
+
 /// Delete what `judgement` dooms, then (when allowed) every blob nothing left references.
 pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u64, limits: &Limits) -> Result<Summary> {
     let mut summary = Summary {
@@ -361,6 +444,28 @@ pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u6
     }
     let mut budget = limits.max_deletions;
     let mut manifests_done = true;
+    for (repository, (tags, digests)) in &judgement.retired {
+        // as much as the budget allows; the mark stays until the whole repository went
+        let take_tags = tags.len().min(budget);
+        let take_digests = digests.len().min(budget - take_tags);
+        let whole = take_tags == tags.len() && take_digests == digests.len();
+        budget -= take_tags + take_digests;
+        match empty_retired(storage, repository, &tags[..take_tags], &digests[..take_digests], whole, now).await {
+            Ok((manifests, bytes)) => {
+                summary.manifests_deleted += manifests;
+                summary.manifest_bytes += bytes;
+                summary.retired += usize::from(whole);
+            }
+            Err(e) => {
+                tracing::warn!(repository, code = %e.code, "registry retention could not empty a deleted service's repository: {}", e.message);
+                summary.failures += 1;
+            }
+        }
+        if !whole {
+            manifests_done = false;
+            break;
+        }
+    }
     for (repository, digest) in &judgement.doomed {
         if budget == 0 {
             manifests_done = false;

@@ -80,6 +80,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-secrets",
             "capstan-nodes",
             "capstan-plugin-host",
+            "capstan-registry",
         ],
     ),
     // the server: the HTTP API, the host state, configuration, the assembly of `serve`, and the

@@ -377,3 +377,59 @@ async fn an_upload_untouched_for_a_day_is_removed_with_its_parts() {
     assert!(s.upload(REPO, &id).await.unwrap().is_none());
     assert!(s.blobs.head(&key).await.unwrap().is_none(), "its part is gone");
 }
+
+#[tokio::test]
+async fn a_deleted_service_s_repository_is_emptied_by_the_next_pass_and_its_blobs_follow_after_the_grace() {
+    let f = fixture().await;
+    let s = &f.storage;
+    service(s, None).await;
+    let layer = blob(s, REPO, b"the deleted service's layer").await;
+    let tagged = image(s, REPO, &[&layer], Some("stable"), json!({})).await;
+    let untagged = image(s, REPO, &[&layer], None, json!({ "n": 2 })).await;
+    // another repository's young, untagged manifest is not touched
+    let other_repo = "workloads/api-fedcba987654";
+    let other = image(s, other_repo, &[&layer], None, json!({})).await;
+    // the service's deletion retires its repository (in its own transaction, while the row is there)
+    s.store
+        .transact(|tx| async move {
+            super::retire_service_repository(&tx, SERVICE_ID).await?;
+            let doc = tx.require(capstan_inventory::SERVICES, SERVICE_ID).await?;
+            tx.delete(capstan_inventory::SERVICES, SERVICE_ID, doc.revision).await
+        })
+        .await
+        .unwrap();
+    // a repository mark is all retirement writes; a host without the registry retires nothing
+    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert_eq!((summary.retired, summary.manifests_deleted), (1, 2), "{summary}");
+    assert!(summary.to_string().contains("1 repositories of deleted services emptied"), "{summary}");
+    assert!(!has_tag(s, "stable").await);
+    assert!(!has_manifest(s, REPO, &tagged).await && !has_manifest(s, REPO, &untagged).await);
+    assert!(has_manifest(s, other_repo, &other).await, "another repository keeps its young manifest");
+    assert!(has_blob(s, REPO, &layer).await, "blobs keep their grace");
+    assert!(s.store.read_many(&[(super::RETIRED, REPO)]).await.unwrap()[0].is_none(), "the mark goes with the repository");
+    assert!(!summary.unmapped.contains(&REPO.to_string()), "{summary}");
+    // an administrator's later push to the name is an unmapped repository's, kept
+    let later = image(s, REPO, &[&layer], Some("again"), json!({ "n": 3 })).await;
+    age_everything(s, 2 * DAY).await;
+    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    assert!(has_manifest(s, REPO, &later).await && summary.unmapped.contains(&REPO.to_string()), "{summary}");
+}
+
+#[tokio::test]
+async fn a_retired_repository_larger_than_the_pass_s_limit_is_emptied_over_passes() {
+    let f = fixture().await;
+    let s = &f.storage;
+    service(s, None).await;
+    let layer = blob(s, REPO, b"layer").await;
+    for n in 0..3 {
+        image(s, REPO, &[&layer], Some(&format!("t{n}")), json!({ "n": n })).await;
+    }
+    s.store.transact(|tx| async move { super::retire_service_repository(&tx, SERVICE_ID).await }).await.unwrap();
+    let limits = Limits { max_deletions: 4, ..Limits::default() };
+    let first = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    assert_eq!((first.retired, first.work_remains), (0, true), "{first}");
+    assert!(s.store.read_many(&[(super::RETIRED, REPO)]).await.unwrap()[0].is_some(), "the mark stays until all of it went");
+    let second = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    assert_eq!(second.retired, 1, "{second}");
+    assert_eq!(first.manifests_deleted + second.manifests_deleted, 3);
+}
