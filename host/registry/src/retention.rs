@@ -24,6 +24,11 @@
 //!   [`Limits::uptime_for_blobs`] (a client may have found a blob before a restart and push the
 //!   manifest naming it after).
 //!
+//! - **orphaned objects**: an object under `registry/` that no blob record and no unfinished
+//!   upload names (a push that stopped between writing its bytes and recording them) is noted
+//!   when a pass first finds it and deleted by a pass at least [`Limits::grace`] later, if it is
+//!   still unnamed then — under the same conditions as blobs.
+//!
 //! Nothing is locked. Every push marks the records it stands on used in its own transaction
 //! (`storage::touch`), and each deletion re-reads its record and deletes it at the revision it
 //! judged, so a push that lands during a pass either made the record young (kept) or conflicts
@@ -48,6 +53,10 @@ use std::fmt;
 pub const RETENTION: &str = "registry_retention";
 /// The one document of [`RETENTION`].
 pub const STATE: &str = "state";
+/// The document of [`RETENTION`] that notes orphaned objects: `{since: {key: firstSeenAt}}`.
+pub const ORPHANS: &str = "orphans";
+/// Most orphaned objects noted at once (the rest are noted by a later pass).
+const MAX_ORPHANS_NOTED: usize = 10_000;
 /// Repositories of deleted services, to be emptied (id: the repository).
 pub const RETIRED: &str = "registry_retired_repositories";
 
@@ -122,6 +131,8 @@ pub struct Summary {
     pub manifests_deleted: usize,
     /// See above.
     pub manifest_bytes: u64,
+    /// Orphaned objects deleted (bytes no record named).
+    pub orphans_deleted: usize,
     /// Blobs deleted (layers, configs, manifests' bytes), and their bytes.
     pub blobs_deleted: usize,
     /// See above.
@@ -151,6 +162,9 @@ impl fmt::Display for Summary {
             self.blobs_deleted,
             self.blob_bytes
         )?;
+        if self.orphans_deleted > 0 {
+            write!(f, "; {} orphaned objects deleted", self.orphans_deleted)?;
+        }
         if let Some(why) = &self.blobs_skipped {
             write!(f, "; blobs not collected: {why}")?;
         }
@@ -524,12 +538,81 @@ pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u6
             }
         }
     }
+    if summary.blobs_skipped.is_none() {
+        match sweep_orphans(storage, now, limits.grace, &mut budget).await {
+            Ok(deleted) => summary.orphans_deleted = deleted,
+            Err(e) => {
+                tracing::warn!(code = %e.code, "registry retention could not sweep orphaned objects: {}", e.message);
+                summary.failures += 1;
+            }
+        }
+    }
     summary.work_remains = summary.failures > 0
         || !manifests_done
         || judgement.releases_left
         || summary.releases_pruned > 0
         || summary.blobs_skipped.as_deref().is_some_and(|w| w.contains("limit"));
     Ok(summary)
+}
+
+/// Note the objects under `registry/` nothing names, and delete those a pass at least `grace`
+/// ago noted already: how many went.
+async fn sweep_orphans(storage: &Storage, now: u64, grace: u64, budget: &mut usize) -> Result<usize> {
+    use crate::storage::UPLOADS;
+    let mut named: HashSet<String> = HashSet::new();
+    for doc in storage.scan_all(BLOBS).await? {
+        named.insert(parse::<BlobRecord>(&doc)?.key);
+    }
+    // an unfinished upload's parts, and the ones being written, start with its id
+    let uploads: Vec<String> = storage.scan_all(UPLOADS).await?.into_iter().map(|d| format!("registry/data/{}-", d.id)).collect();
+    let mut unnamed = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = storage.blobs.backend().list("registry/", cursor.as_deref(), capstan_blobs::MAX_LIST_LIMIT).await?;
+        unnamed.extend(
+            page.items
+                .into_iter()
+                .map(|item| item.key)
+                .filter(|key| !named.contains(key) && !uploads.iter().any(|prefix| key.starts_with(prefix.as_str()))),
+        );
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let noted = storage.store.read_many(&[(RETENTION, ORPHANS)]).await?.pop().flatten();
+    let since: BTreeMap<String, u64> =
+        noted.as_ref().and_then(|d| serde_json::from_value(d.data["since"].clone()).ok()).unwrap_or_default();
+    let mut still = BTreeMap::new();
+    let mut deleted = 0;
+    for key in unnamed {
+        match since.get(&key) {
+            Some(&first) if first + grace <= now && *budget > 0 => {
+                storage.discard(std::slice::from_ref(&key)).await;
+                *budget -= 1;
+                deleted += 1;
+            }
+            Some(&first) => {
+                still.insert(key, first);
+            }
+            None if still.len() < MAX_ORPHANS_NOTED => {
+                still.insert(key, now);
+            }
+            None => {}
+        }
+    }
+    let record = json!({ "since": still });
+    storage
+        .store
+        .transact(|tx| {
+            let record = record.clone();
+            async move {
+                let current = tx.get(RETENTION, ORPHANS).await?;
+                tx.put(RETENTION, ORPHANS, current.map(|d| d.revision), record).await.map(drop)
+            }
+        })
+        .await?;
+    Ok(deleted)
 }
 
 /// One pass: judge, sweep, and record when it ran and whether work remains.

@@ -433,3 +433,30 @@ async fn a_retired_repository_larger_than_the_pass_s_limit_is_emptied_over_passe
     assert_eq!(second.retired, 1, "{second}");
     assert_eq!(first.manifests_deleted + second.manifests_deleted, 3);
 }
+
+#[tokio::test]
+async fn an_object_no_record_names_is_noted_then_deleted_a_grace_later() {
+    let f = fixture().await;
+    let s = &f.storage;
+    let layer = blob(s, REPO, b"a named layer").await;
+    image(s, REPO, &[&layer], Some("kept"), json!({})).await;
+    // a push that stopped after writing its bytes, and an upload still under way
+    let orphan = Storage::part_key("stopped", 0);
+    s.blobs.put_bytes(&orphan, b"nobody recorded me".to_vec(), capstan_blobs::PutMode::Overwrite).await.unwrap();
+    let upload = s.start_upload(REPO, "user_1").await.unwrap();
+    let writing = Storage::part_key(&upload, 0);
+    s.blobs.put_bytes(&writing, b"arriving".to_vec(), capstan_blobs::PutMode::Overwrite).await.unwrap();
+    let exists = |key: String| async move { s.blobs.get_bytes(&key).await.unwrap().is_some() };
+
+    let now = now_secs();
+    let first = pass(s, now, SERVED, &Limits::default()).await.unwrap();
+    assert_eq!(first.orphans_deleted, 0, "first noted: {first}");
+    assert!(exists(orphan.clone()).await);
+    // a grace later the orphan goes, and nothing a record or an upload names does
+    let later = pass(s, now + 2 * DAY, SERVED, &Limits::default()).await.unwrap();
+    assert_eq!(later.orphans_deleted, 1, "{later}");
+    assert!(later.to_string().contains("1 orphaned objects deleted"), "{later}");
+    assert!(!exists(orphan).await);
+    assert!(exists(writing).await, "an unfinished upload's part is named by the upload");
+    assert!(has_blob(s, REPO, &layer).await, "a recorded blob stays");
+}
