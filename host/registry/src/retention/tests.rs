@@ -388,7 +388,8 @@ async fn a_deleted_service_s_repository_is_emptied_by_the_next_pass_and_its_blob
     let untagged = image(s, REPO, &[&layer], None, json!({ "n": 2 })).await;
     // another repository's young, untagged manifest is not touched
     let other_repo = "workloads/api-fedcba987654";
-    let other = image(s, other_repo, &[&layer], None, json!({})).await;
+    let other_layer = blob(s, other_repo, b"another service's layer").await;
+    let other = image(s, other_repo, &[&other_layer], None, json!({})).await;
     // the service's deletion retires its repository (in its own transaction, while the row is there)
     s.store
         .transact(|tx| async move {
