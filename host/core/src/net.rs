@@ -103,25 +103,37 @@ mod tests {
     }
 
     #[test]
-    fn only_public_addresses_are_public() {
+    fn ranges_are_named_and_only_public_addresses_are_public() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        for (address, range) in [
-            ("127.0.0.1", Some("loopback")),
-            ("169.254.169.254", Some("link-local")),
-            ("10.1.2.3", Some("private")),
-            ("172.16.0.1", Some("private")),
-            ("192.168.1.1", Some("private")),
-            ("::ffff:192.168.1.1", Some("private")),
-            ("100.64.0.1", Some("shared")),
-            ("100.127.255.254", Some("shared")),
-            ("100.128.0.1", None),
-            ("192.0.2.7", Some("documentation")),
-            ("fd12::1", Some("unique-local")),
-            ("2001:db8::1", Some("documentation")),
-            ("93.184.216.34", None),
-            ("2606:2800:220:1::1", None),
+        // (address, what plugins are kept from, what a public check refuses)
+        for (address, refused, non_public) in [
+            ("127.0.0.1", Some("loopback"), Some("loopback")),
+            ("127.9.9.9", Some("loopback"), Some("loopback")),
+            ("::1", Some("loopback"), Some("loopback")),
+            ("169.254.169.254", Some("link-local"), Some("link-local")),
+            ("::ffff:169.254.169.254", Some("link-local"), Some("link-local")),
+            ("fe80::1", Some("link-local"), Some("link-local")),
+            ("fd00:ec2::254", Some("metadata"), Some("metadata")),
+            ("100.100.100.200", Some("metadata"), Some("metadata")),
+            ("0.0.0.0", Some("unspecified"), Some("unspecified")),
+            ("::", Some("unspecified"), Some("unspecified")),
+            ("224.0.0.1", Some("multicast"), Some("multicast")),
+            ("255.255.255.255", Some("multicast"), Some("multicast")),
+            ("10.1.2.3", None, Some("private")),
+            ("172.16.0.1", None, Some("private")),
+            ("192.168.1.1", None, Some("private")),
+            ("::ffff:192.168.1.1", None, Some("private")),
+            ("100.64.0.1", None, Some("shared")),
+            ("100.127.255.254", None, Some("shared")),
+            ("100.128.0.1", None, None),
+            ("192.0.2.7", None, Some("documentation")),
+            ("fd12::1", None, Some("unique-local")),
+            ("2001:db8::1", None, Some("documentation")),
+            ("93.184.216.34", None, None),
+            ("2606:2800:220:1::1", None, None),
         ] {
-            assert_eq!(non_public_range(ip(address)), range, "{address}");
+            assert_eq!(refused_range(ip(address)), refused, "{address}");
+            assert_eq!(non_public_range(ip(address)), non_public, "{address}");
         }
     }
 }

@@ -404,15 +404,7 @@ async fn empty_retired(
     now: u64,
 ) -> Result<(usize, u64)> {
     for id in tags {
-        storage
-            .store
-            .transact(|tx| async move {
-                match tx.get(TAGS, id).await? {
-                    Some(doc) => tx.delete(TAGS, id, doc.revision).await,
-                    None => Ok(()),
-                }
-            })
-            .await?;
+        storage.delete_present(TAGS, id).await?;
     }
     let (mut manifests, mut bytes) = (0, 0);
     for digest in digests {
@@ -423,15 +415,7 @@ async fn empty_retired(
         }
     }
     if whole {
-        storage
-            .store
-            .transact(|tx| async move {
-                match tx.get(RETIRED, repository).await? {
-                    Some(doc) => tx.delete(RETIRED, repository, doc.revision).await,
-                    None => Ok(()),
-                }
-            })
-            .await?;
+        storage.delete_present(RETIRED, repository).await?;
         tracing::info!(repository, manifests, "registry retention emptied a deleted service's repository");
     }
     Ok((manifests, bytes))

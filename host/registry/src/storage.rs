@@ -312,7 +312,7 @@ impl Storage {
     }
 
     /// Delete the document `id` of `collection` if it is there; whether it was.
-    async fn delete_present(&self, collection: &str, id: &str) -> StoreResult<bool> {
+    pub async fn delete_present(&self, collection: &str, id: &str) -> StoreResult<bool> {
         self.store
             .transact(|tx| async move {
                 let Some(doc) = tx.get(collection, id).await? else { return Ok(false) };

@@ -310,28 +310,9 @@ mod tests {
     }
 
     #[test]
-    fn internal_ranges_are_named_and_refused_unless_allowed() {
+    fn internal_ranges_are_refused_unless_allowed() {
+        // the ranges themselves: capstan_core::net's tests
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        for (address, range) in [
-            ("127.0.0.1", Some("loopback")),
-            ("127.9.9.9", Some("loopback")),
-            ("::1", Some("loopback")),
-            ("169.254.169.254", Some("link-local")),
-            ("::ffff:169.254.169.254", Some("link-local")),
-            ("fe80::1", Some("link-local")),
-            ("fd00:ec2::254", Some("metadata")),
-            ("100.100.100.200", Some("metadata")),
-            ("0.0.0.0", Some("unspecified")),
-            ("::", Some("unspecified")),
-            ("224.0.0.1", Some("multicast")),
-            ("255.255.255.255", Some("multicast")),
-            ("10.1.2.3", None),
-            ("192.168.1.1", None),
-            ("93.184.216.34", None),
-            ("2606:2800:220:1::1", None),
-        ] {
-            assert_eq!(refused_range(ip(address)), range, "{address}");
-        }
         let loopback: IpNet = "127.0.0.0/8".parse().unwrap();
         assert!(check_address(ip("127.0.0.1"), &[loopback]).is_ok(), "an allowed network is let through");
         assert_eq!(check_address(ip("::1"), &[loopback]).unwrap_err().range, "loopback", "only what is allowed");
