@@ -46,8 +46,12 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // intents; its records live beside the inventory's clusters
     ("capstan-nodes", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-inventory"]),
     // the OCI registry under /v2: its bytes in the blobs, its facts in the store, its callers
-    // authenticated by auth and judged by the inventory's roles and grants
-    ("capstan-registry", &["capstan-core", "capstan-store", "capstan-blobs", "capstan-rpc", "capstan-auth", "capstan-inventory"]),
+    // authenticated by auth and judged by the inventory's roles and grants; a deployment's route
+    // hostnames checked by the field rules
+    (
+        "capstan-registry",
+        &["capstan-core", "capstan-field-rules", "capstan-store", "capstan-blobs", "capstan-rpc", "capstan-auth", "capstan-inventory"],
+    ),
     // runs plugin tasks through its PluginTasks trait, knowing nothing else of plugins
     ("capstan-scheduler", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-fleet"]),
     // the plugin host: reaches the inventory, settings and organization roles only through its
