@@ -138,8 +138,17 @@ pub struct Descriptor {
     reconcile_period: Option<Duration>,
     replicas: u32,
     selector: Vec<(String, String)>,
-    settings: Vec<wit::SettingSpec>,
+    settings: Vec<Setting>,
     pages: Vec<Page>,
+}
+
+/// A declared setting; its schema is generated only when the descriptor is described, never
+/// on a method call (every call builds the descriptor to find its handler).
+struct Setting {
+    key: String,
+    summary: String,
+    schema: fn() -> Value,
+    default: Option<String>,
 }
 
 /// A dashboard page at `/p/<pluginId>/<path>`, showing what the method `source` answers.
@@ -289,7 +298,7 @@ impl Descriptor {
         assert!(valid_method_name(key), "setting key {key:?} must be camelCase ([a-z][A-Za-z0-9]*, at most 64)");
         assert!(self.settings.iter().all(|s| s.key != key), "setting {key:?} declared twice");
         let default = default.map(|d| serde_json::to_string(&d).expect("a setting's default encodes as JSON"));
-        self.settings.push(wit::SettingSpec { key: key.into(), summary: summary.into(), schema: schema_of::<T>().to_string(), default });
+        self.settings.push(Setting { key: key.into(), summary: summary.into(), schema: schema_of::<T>, default });
         self
     }
 
@@ -357,7 +366,16 @@ impl Descriptor {
                 .collect(),
             reconcile_period_ms: self.reconcile_period.map(|p| u64::try_from(p.as_millis()).unwrap_or(u64::MAX)),
             placement: wit::Placement { replicas: self.replicas, selector: self.selector.clone() },
-            settings: self.settings.clone(),
+            settings: self
+                .settings
+                .iter()
+                .map(|s| wit::SettingSpec {
+                    key: s.key.clone(),
+                    summary: s.summary.clone(),
+                    schema: (s.schema)().to_string(),
+                    default: s.default.clone(),
+                })
+                .collect(),
             pages: self
                 .pages
                 .iter()
