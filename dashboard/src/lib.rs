@@ -147,6 +147,7 @@ pub fn router() -> Router<AppState> {
         .route("/settings", get(settings::page))
         .route("/settings/panel", get(settings::panel))
         .route("/settings/update", post(settings::update))
+        .route("/settings/gateway/bootstrap", post(settings::bootstrap_gateway))
         .route("/tasks", get(tasks::page))
         .route("/tasks/panel", get(tasks::panel))
         .route("/tasks/{id}", get(tasks::detail))

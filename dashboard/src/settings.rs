@@ -8,6 +8,12 @@
 //! be named at the bottom of the form: the method refuses anything that is not a setting
 //! (`setting-unknown`) or is a credential (`setting-is-secret`), by name.
 //!
+//! Below it, administrators see Capstan's enrollment at the external gateway
+//! (`gateway.getEnrollmentState`) and, once `gatewayUrl` and `gatewayClientId` are set, a form
+//! that takes a gateway admin token: `dashboard/static/seal.js` seals it in the browser for
+//! exactly that URL and client id, and only the sealed JSON is posted
+//! (`gateway.bootstrapCredential`).
+//!
 //! A small status panel re-fetches itself when a `settings.*` event commits and says when the
 //! document moved past the revision the form was read at; the form itself is never replaced
 //! under the operator's hands.
@@ -148,6 +154,7 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
         Err(refusal) => (Vec::new(), 0, Some(ErrorView::from(refusal))),
     };
     let expected = typed.revision.clone().unwrap_or_else(|| revision.to_string());
+    let (gateway, gateway_seal) = gateway_card(state, identity, document.as_ref().ok()).await;
     let ctx = context! {
         page => "Settings",
         nav => Serde(nav(state, "settings")),
@@ -158,9 +165,67 @@ async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode
         expected_revision => expected,
         other_key => typed.other_key,
         other_value => typed.other_value,
+        gateway => Serde(gateway),
+        gateway_seal => Serde(gateway_seal),
         ..context! { ..live::element(head, AREAS), ..status_context(document.as_ref().ok(), revision) }
     };
     render(status, "settings.html", ctx)
+}
+
+/// What the gateway's bootstrap form seals to: the ingress recipient and the target.
+#[derive(Serialize)]
+struct GatewaySeal {
+    recipient_id: String,
+    public_key: String,
+    url: String,
+    client_id: String,
+}
+
+/// The enrollment (administrators only) and, when the settings name a target, what the
+/// bootstrap form seals to.
+async fn gateway_card(state: &AppState, identity: &Identity, document: Option<&Value>) -> (Option<Value>, Option<GatewaySeal>) {
+    if !identity.is_human_admin() {
+        return (None, None);
+    }
+    let Ok(enrollment) = call(state, identity, "gateway.getEnrollmentState", json!({})).await else { return (None, None) };
+    let setting = |key: &str| document.and_then(|d| d["settings"][key].as_str()).map(str::to_string);
+    let (Some(url), Some(client_id)) = (setting("gatewayUrl"), setting("gatewayClientId")) else { return (Some(enrollment), None) };
+    let Ok(recipient) = call(state, identity, "secrets.getIngressRecipient", json!({})).await else { return (Some(enrollment), None) };
+    let text = |key: &str| recipient[key].as_str().unwrap_or_default().to_string();
+    let seal = GatewaySeal { recipient_id: text("recipientId"), public_key: text("publicKey"), url, client_id };
+    (Some(enrollment), Some(seal))
+}
+
+/// `POST /settings/gateway/bootstrap` (`gatewayUrl`, `clientId`, `sealed`: the admin token
+/// sealed in the browser).
+pub(super) async fn bootstrap_gateway(State(state): State<AppState>, request: Request) -> Response {
+    let (identity, form) = match post(&state, request).await {
+        Ok(posted) => posted,
+        Err(response) => return response,
+    };
+    let sealed: Option<Value> = serde_json::from_str(form.text("sealed")).ok();
+    let answer = match sealed {
+        None => Err(crate::refusal::Refusal::new(
+            "bootstrap-token-invalid",
+            "the token did not arrive sealed: this page seals it in the browser, which needs JavaScript and a secure page (https or localhost)",
+        )),
+        Some(sealed) => {
+            let body = json!({
+                "expectedGatewayUrl": form.text("gatewayUrl"),
+                "expectedGatewayClientId": form.text("clientId"),
+                "sealedAdminToken": sealed,
+            });
+            call(&state, &identity, "gateway.bootstrapCredential", body).await
+        }
+    };
+    match answer {
+        Ok(enrollment) => redirect(&format!("/settings?done=gateway-{}#gateway", enrollment["state"].as_str().unwrap_or("unknown"))),
+        Err(refusal) => {
+            let flash =
+                Flash::refused("Capstan was not enrolled at the gateway", &refusal, "The token was not kept; enter it again to retry.");
+            settings_page(&state, &identity, status_of(&refusal), Some(flash), Typed::default()).await
+        }
+    }
 }
 
 /// The status panel: the document's revision and how many keys are set, and whether it moved
@@ -185,6 +250,14 @@ pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed
     let flash = match query.as_ref().and_then(|q| q.done.as_deref()) {
         Some("updated") => Some(Flash::done("Settings saved", "The changed keys are stored; managers read them from the new revision.")),
         Some("unchanged") => Some(Flash::done("Nothing to save", "No value differed from what the page showed, so nothing was written.")),
+        Some("gateway-ready") => Some(Flash::done(
+            "Enrolled at the gateway",
+            "Capstan holds its own client credential now; revoke the admin token at the gateway.",
+        )),
+        Some("gateway-degraded") => Some(Flash::done(
+            "Credential issued, finalization pending",
+            "The gateway issued Capstan's credential but could not finalize it yet; Capstan retries it. Revoke the admin token once this says ready.",
+        )),
         _ => None,
     };
     settings_page(&state, &identity, StatusCode::OK, flash, Typed::default()).await

@@ -1397,6 +1397,55 @@ async fn settings_refusals_are_banners_and_changes_are_saved_with_their_revision
 }
 
 #[tokio::test]
+async fn the_gateway_card_shows_the_enrollment_and_seals_the_admin_token_for_the_configured_target() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    let page = send(&state, get("/settings", Some(&cookie))).await.body;
+    assert!(page.contains(r#"id="gateway" data-state="admin-bootstrap-required""#), "{page}");
+    assert!(!page.contains(r#"id="gateway-bootstrap-form""#), "no form before a target is set: {page}");
+    method(
+        &state,
+        &cookie,
+        "settings.update",
+        serde_json::json!({ "expectedRevision": 0, "set": { "gatewayUrl": "https://gw.example.com", "gatewayClientId": "capstan-prod" } }),
+    )
+    .await;
+    let page = send(&state, get("/settings", Some(&cookie))).await.body;
+    assert!(page.contains(r#"data-method="gateway.bootstrapCredential""#), "{page}");
+    assert!(page.contains(r#"data-key="capstan-prod""#) && page.contains("data-owner=\"https:&#x2f;&#x2f;gw.example.com\""), "{page}");
+    assert!(page.contains("seal.js"), "the page seals in the browser");
+    // the admin token's field is never sent: it has no name
+    let field = &page[page.find(r#"id="gateway-admin-token""#).unwrap()..];
+    assert!(!field[..field.find('>').unwrap()].contains("name="), "{field}");
+    // a post without a sealed token is refused by name, and nothing is kept
+    let answer = submit(
+        &state,
+        "/settings/gateway/bootstrap",
+        &[("gatewayUrl", "https://gw.example.com"), ("clientId", "capstan-prod"), ("sealed", "")],
+        &cookie,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    assert!(answer.body.contains(r#"id="flash" data-code="bootstrap-token-invalid""#), "{}", answer.body);
+    // another target than the settings name: refused before anything opens
+    let answer = submit(
+        &state,
+        "/settings/gateway/bootstrap",
+        &[
+            ("gatewayUrl", "https://other.example.com"),
+            ("clientId", "capstan-prod"),
+            (
+                "sealed",
+                r#"{"profile":"capstan-sealed-input-v1","recipientId":"r","ephemeralPublicKey":"AA==","nonce":"AA==","ciphertext":"AA=="}"#,
+            ),
+        ],
+        &cookie,
+    )
+    .await;
+    assert!(answer.body.contains(r#"id="flash" data-code="gateway-target-mismatch""#), "{}", answer.body);
+}
+
+#[tokio::test]
 async fn the_live_endpoint_answers_when_an_event_of_its_areas_commits() {
     let (_dir, state) = setup().await;
     let cookie = login_cookie(&state).await;

@@ -202,6 +202,17 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("fleet.listNodes", json!({}), admin(Ran)),
         ("fleet.rebalance", json!({}), admin(Ran)),
         ("fleet.unfreeze", json!({}), admin(Ran)),
+        (
+            "gateway.bootstrapCredential",
+            json!({
+                "expectedGatewayUrl": "https://gateway.example", "expectedGatewayClientId": "capstan",
+                "sealedAdminToken": {
+                    "profile": "capstan-sealed-input-v1", "recipientId": "r", "ephemeralPublicKey": "AA==", "nonce": "AA==", "ciphertext": "AA==",
+                },
+            }),
+            admin(Past("gateway-unconfigured")),
+        ),
+        ("gateway.getEnrollmentState", json!({}), admin(Ran)),
         ("migrations.getStatus", json!({}), anyone(Ran)),
         // a snapshot of the fixture's host into its bucket: nothing another cell reads changes
         ("system.createSnapshot", json!({}), admin(Ran)),

@@ -22,6 +22,8 @@ use std::time::Duration;
 /// a gateway failure; a loaded CI machine is slow.
 const SETTLED: Duration = Duration::from_secs(90);
 pub(crate) const TOKEN: &str = "gateway-token-for-capstan-e2e";
+/// The test gateway's admin token (what an administrator hands to `capstan gateway bootstrap`).
+pub(crate) const ADMIN_TOKEN: &str = "gwadmin-planted-7f3c9a1e-e2e";
 
 fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
     server.call_as(token, method, &body).expect_json(200)
@@ -49,6 +51,7 @@ impl Gateway {
         let mut child = Command::new("python3")
             .arg(script)
             .args(["--http-port", &http.to_string(), "--smtp-port", &smtp.to_string(), "--token", TOKEN])
+            .args(["--admin-token", ADMIN_TOKEN])
             .args(["--domain", "acme.example", "--state"])
             .arg(state)
             .stdout(Stdio::piped())
@@ -74,6 +77,14 @@ impl Gateway {
         (status, serde_json::from_str(&body).unwrap_or(Value::Null))
     }
 
+    /// `PUT` a JSON body (the test-only `/test/faults`).
+    pub(crate) fn put(&self, path: &str, body: Value) -> Value {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut response =
+            agent.put(format!("http://127.0.0.1:{}{path}", self.http)).send(body.to_string()).expect("the test gateway answers");
+        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap_or(Value::Null)
+    }
+
     /// The ids of the credentials and of the forward targets whose id starts with `prefix`.
     pub(crate) fn held(&self, prefix: &str) -> (Vec<String>, Vec<Value>) {
         let ids = |v: &Value, field: &str| -> Vec<Value> { v[field].as_array().cloned().unwrap_or_default() };
@@ -84,7 +95,7 @@ impl Gateway {
         (names, targets)
     }
 
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

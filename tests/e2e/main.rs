@@ -19,6 +19,7 @@ mod crash;
 mod docs_plugins;
 mod events;
 mod fleet;
+mod gateway;
 mod hostile;
 mod identity;
 mod inventory;

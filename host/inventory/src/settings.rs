@@ -33,6 +33,37 @@ enum Kind {
     /// A DNS zone: 2–127 labels of 1–63 of a-z 0-9 - (no leading or trailing -), at most 200
     /// bytes, lower case, no trailing dot.
     Zone,
+    /// An identifier another system issued: 1–128 of A-Z a-z 0-9 . _ -.
+    Identifier,
+    /// A list of at most 64 IP networks (`10.0.0.0/8`; an address stands for itself).
+    Prefixes,
+}
+
+/// The host setting naming the external gateway's origin (docs/gateway-protocol.md).
+pub const GATEWAY_URL: &str = "gatewayUrl";
+/// The host setting naming the gateway client Capstan enrolls as.
+pub const GATEWAY_CLIENT_ID: &str = "gatewayClientId";
+/// The host setting listing the addresses Capstan's gateway client may publish DNS records for
+/// (the policy it is provisioned under).
+pub const GATEWAY_DNS_RECORD_ADDRESSES: &str = "gatewayDnsRecordAddresses";
+/// At most this many prefixes in [`GATEWAY_DNS_RECORD_ADDRESSES`] (the gateway's limit).
+pub const MAX_GATEWAY_PREFIXES: usize = 64;
+
+/// Whether `id` is an identifier another system may issue: 1–128 of `A-Z a-z 0-9 . _ -`, and
+/// not `.` or `..` (it is a path segment of the other system's URLs).
+pub fn is_identifier(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && id != "."
+        && id != ".."
+}
+
+/// The public settings document as it stands, read in `tx` (empty while nothing was set).
+pub async fn current(tx: &capstan_store::Tx) -> Result<Map<String, Value>> {
+    if !tx.is_declared(SETTINGS) {
+        return Ok(Map::new());
+    }
+    Ok(tx.get(SETTINGS, PUBLIC).await?.and_then(|d| d.data.as_object().cloned()).unwrap_or_default())
 }
 
 /// The host setting naming the DNS zone cluster relays are reached under
@@ -111,6 +142,13 @@ const ALLOWED: &[(&str, Kind, &str)] = &[
         Kind::Zone,
         "The DNS zone cluster relays are reached under: a relay's origin is https://relay.<clusterId>.<zone>:8443",
     ),
+    (GATEWAY_URL, Kind::Url, "The external gateway's origin; its credential enters only through gateway.bootstrapCredential"),
+    (GATEWAY_CLIENT_ID, Kind::Identifier, "The gateway client Capstan enrolls as at the external gateway (needs gatewayUrl)"),
+    (
+        GATEWAY_DNS_RECORD_ADDRESSES,
+        Kind::Prefixes,
+        "The address prefixes (at most 64) Capstan's gateway client may publish DNS records for; a change needs a new gateway bootstrap",
+    ),
 ];
 
 /// Whether `key` is a host setting that lists URLs (what an `http-setting:<key>` grant may name
@@ -173,6 +211,28 @@ fn check(key: &str, value: &Value, plugins: &[PluginSetting], dependents: &dyn s
             return Err(bad("a DNS zone: lower-case labels of a-z 0-9 - joined by dots, at least two, no trailing dot"));
         }
         Kind::Zone => {}
+        Kind::Identifier if value.as_str().is_none_or(|id| !is_identifier(id)) => return Err(bad("1–128 of A-Z a-z 0-9 . _ -")),
+        Kind::Identifier => {}
+        Kind::Prefixes => {
+            let list =
+                value.as_array().filter(|l| l.len() <= MAX_GATEWAY_PREFIXES).ok_or_else(|| bad("a list of at most 64 IP networks"))?;
+            for item in list {
+                let text = item.as_str().ok_or_else(|| bad("a list of IP networks"))?;
+                if text.contains(',') || !capstan_core::net::parse_networks(text).is_ok_and(|n| n.len() == 1) {
+                    return Err(bad("a list of IP networks (address/prefix)"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What holds between keys: a gateway client id names a client of a gateway, so it needs the
+/// gateway's URL.
+fn check_together(settings: &Map<String, Value>) -> Result<()> {
+    if settings.contains_key(GATEWAY_CLIENT_ID) && !settings.contains_key(GATEWAY_URL) {
+        return Err(Refusal::new("setting-invalid", format!("{GATEWAY_CLIENT_ID} needs {GATEWAY_URL}: set both"))
+            .with_data(json!({ "key": GATEWAY_CLIENT_ID, "field": GATEWAY_URL })));
     }
     Ok(())
 }
@@ -306,6 +366,7 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<SettingsView
             if changed.is_empty() {
                 return Ok((revision, settings, changed));
             }
+            check_together(&settings)?;
             let doc = tx.put(SETTINGS, PUBLIC, current.map(|d| d.revision), to_value(&settings)?).await?;
             emit(&tx, "settings.updated", PUBLIC, json!({ "changed": changed })).await?;
             Ok((doc.revision, settings, changed))
@@ -404,5 +465,24 @@ mod tests {
         }
         assert_eq!(code("mail.submissionHost", json!("smtp.example.com")), "ok");
         assert_eq!(code("mail.submissionHost", json!(25)), "setting-invalid");
+    }
+
+    #[test]
+    fn gateway_settings_are_an_origin_a_client_id_and_at_most_64_prefixes() {
+        assert_eq!(code(GATEWAY_URL, json!("https://gw.example.com")), "ok");
+        assert_eq!(code(GATEWAY_CLIENT_ID, json!("capstan-prod.1")), "ok");
+        for id in [json!(""), json!(".."), json!("has space"), json!("x".repeat(129)), json!(7)] {
+            assert_eq!(code(GATEWAY_CLIENT_ID, id), "setting-invalid");
+        }
+        assert_eq!(code(GATEWAY_DNS_RECORD_ADDRESSES, json!(["10.0.0.0/8", "192.0.2.7", "2001:db8::/32"])), "ok");
+        let many: Vec<String> = (0..65).map(|i| format!("10.0.{i}.0/24")).collect();
+        for prefixes in [json!(many), json!("10.0.0.0/8"), json!(["10.0.0.0/33"]), json!(["10.0.0.0/8, 10.1.0.0/16"]), json!([""])] {
+            assert_eq!(code(GATEWAY_DNS_RECORD_ADDRESSES, prefixes), "setting-invalid");
+        }
+        let mut settings = Map::new();
+        settings.insert(GATEWAY_CLIENT_ID.into(), json!("c"));
+        assert_eq!(check_together(&settings).unwrap_err().code, "setting-invalid", "a client id without a URL");
+        settings.insert(GATEWAY_URL.into(), json!("https://gw.example.com"));
+        assert!(check_together(&settings).is_ok());
     }
 }

@@ -69,14 +69,15 @@ pub struct Reveal {
 
 /// What a plugin's call may do to `owner`'s secrets: a service's only for whoever may change
 /// the service (its organization's owners, administrators, the plugin on its own account); the
-/// system's only for administrators and the plugin on its own account.
+/// system's only for administrators, the plugin on its own account and the host's own
+/// subsystems (`host`: the gateway enrollment).
 async fn check_owner(tx: &Tx, actor: &Identity, owner: &Owner) -> Result<()> {
     match owner {
         Owner::Service { service_id } => {
             let service = capstan_inventory::services::require_active(tx, service_id).await?;
             access::require_service(tx, actor, service_id, &service.data.organization_id, ServiceNeed::Write).await
         }
-        Owner::System { .. } if actor.is_human_admin() || actor.kind == "plugin" => Ok(()),
+        Owner::System { .. } if actor.is_human_admin() || actor.kind == "plugin" || actor.kind == "host" => Ok(()),
         Owner::System { .. } => Err(Refusal::new("forbidden", "only administrators reach the system's secrets")),
         Owner::Organization { .. } => Err(Refusal::new("forbidden", "an organization's secrets are managed through its SecretSets")),
     }

@@ -95,6 +95,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     crate::nodes::declare(&store).await?;
     capstan_registry::declare(&store).await?;
     capstan_rpc::audit::declare(&store).await?;
+    capstan_gateway::declare(&store).await?;
     bootstrap_admin(&config, &store, &blobs).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
@@ -130,6 +131,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let mut loops = fleet.spawn(stopped.clone());
     loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped.clone()));
     loops.extend(state.relays.spawn(stopped.clone()).await?);
+    loops.push(capstan_gateway::spawn_finalizer(state.gateway.clone(), config.gateway_retry, stopped.clone()));
     loops.push(scheduler.spawn(stopped));
     let signalled = shutdown_signal()?;
     println!("Capstan serving on http://{bound} (public origin {}) as node {}", config.public_origin, fleet.node.identity.id);

@@ -70,6 +70,9 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-scheduler",
         ],
     ),
+    // the external gateway's enrollment: its settings from the inventory, its credential a
+    // system secret, the admin token opened by the secrets' sealed-input path
+    ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets"]),
     // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
     // (the keyring: the secrets a plugin reaches are sealed and opened with it; the nodes: the
     // nodes of clusters a plugin reads, with their liveness)
@@ -107,6 +110,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-scheduler",
             "capstan-plugin-host",
             "capstan-links",
+            "capstan-gateway",
         ],
     ),
     // presentation: the dashboard acts through the server's registered methods (its tests

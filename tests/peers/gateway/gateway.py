@@ -2,8 +2,8 @@
 """The test mail gateway: the HTTP API of docs/gateway-protocol.md and a real SMTP submission
 listener (aiosmtpd) that checks the credentials it issued, for Capstan's own tests.
 
-    python3 gateway.py --http-port P --smtp-port Q --token T [--domain D ...]
-                       [--unverified-domain D ...] [--state FILE]
+    python3 gateway.py --http-port P --smtp-port Q --token T [--admin-token A ...]
+                       [--domain D ...] [--unverified-domain D ...] [--state FILE]
 
 Both listeners bind 127.0.0.1 only. Prints `gateway ready http=P smtp=Q` once both listen.
 Python 3.11, stdlib + aiosmtpd.
@@ -12,6 +12,7 @@ Python 3.11, stdlib + aiosmtpd.
 import argparse
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -38,6 +39,11 @@ HOST_RE = re.compile(r"[^\s/@\x00-\x1f\x7f]{1,253}\Z")
 # A peer's salted verifier: coremail-v1$<hex salt>$<hex SHA-256 of salt bytes then secret>.
 VERIFIER_RE = re.compile(r"coremail-v1\$([0-9a-f]{32})\$([0-9a-f]{64})\Z")
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
+# What a client credential may be granted, and the scope each protocol path needs.
+SCOPES = {"domains:read", "routes:write", "certificates:read", "dns-records:write", "smtp:write", "peers:write"}
+PATH_SCOPES = {"domains": "domains:read", "smtp-credentials": "smtp:write",
+               "smtp-forward-targets": "smtp:write", "peers": "peers:write"}
+MAX_PREFIXES = 64
 
 
 class ApiError(Exception):
@@ -97,6 +103,10 @@ class State:
         self.targets = {}  # id -> {id, address, targetType, host, port} or {…, peerId}
         self.peers = {}  # id -> {id, kind, verifiers: [{version, verifier, acceptUntil?}]}
         self.passwords = {}  # id -> newest plaintext issued; memory only, never persisted
+        # client credentials: id -> {id, clientId, state: candidate|active|revoked, policy, sha256}
+        self.client_credentials = {}
+        self.client_tokens = {}  # credential id -> token issued; memory only, never persisted
+        self.faults = {}  # test-only: {"finalize": status, "provision": status}
         self.messages = []  # what the SMTP listener accepted
         if path and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -104,6 +114,7 @@ class State:
             self.credentials = {c["id"]: c for c in saved.get("credentials", [])}
             self.targets = {t["id"]: t for t in saved.get("targets", [])}
             self.peers = {p["id"]: p for p in saved.get("peers", [])}
+            self.client_credentials = {c["id"]: c for c in saved.get("clientCredentials", [])}
 
     def save(self):
         """Write the state file atomically (temp file + rename), so a gateway killed mid-write
@@ -112,7 +123,8 @@ class State:
             return
         data = {"credentials": sorted(self.credentials.values(), key=lambda c: c["id"]),
                 "targets": sorted(self.targets.values(), key=lambda t: t["id"]),
-                "peers": sorted(self.peers.values(), key=lambda p: p["id"])}
+                "peers": sorted(self.peers.values(), key=lambda p: p["id"]),
+                "clientCredentials": sorted(self.client_credentials.values(), key=lambda c: c["id"])}
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gateway-state.")
         try:
@@ -274,16 +286,102 @@ class State:
             self.save()
 
 
-def dispatch(state, token, method, target, headers, body):
+    # --- client enrollment
+
+    def authenticate(self, legacy_token, admin_tokens, given):
+        """Who a bearer token is: {"role": "admin"}, {"role": "client", "scopes", ...} or
+        {"role": "candidate", ...}; None for a token the gateway does not know."""
+        encoded = given.encode("utf-8")
+        if hmac.compare_digest(encoded, legacy_token.encode("utf-8")):
+            return {"role": "client", "scopes": sorted(SCOPES)}
+        if any(hmac.compare_digest(encoded, t.encode("utf-8")) for t in admin_tokens):
+            return {"role": "admin"}
+        digest = sha256_hex(given)
+        with self.lock:
+            for cred in self.client_credentials.values():
+                if hmac.compare_digest(cred["sha256"], digest):
+                    if cred["state"] == "active":
+                        return {"role": "client", "clientId": cred["clientId"], "credentialId": cred["id"],
+                                "scopes": list(cred["policy"]["scopes"])}
+                    if cred["state"] == "candidate":
+                        return {"role": "candidate", "clientId": cred["clientId"], "credentialId": cred["id"]}
+        return None
+
+    @staticmethod
+    def check_policy(body):
+        policy = body.get("policy")
+        if not isinstance(policy, dict) or set(policy) != {"scopes", "allowedDnsRecordAddresses"}:
+            raise invalid("policy must be {scopes, allowedDnsRecordAddresses}")
+        scopes, prefixes = policy["scopes"], policy["allowedDnsRecordAddresses"]
+        if not isinstance(scopes, list) or not all(isinstance(x, str) and x in SCOPES for x in scopes):
+            raise invalid(f"scopes must be a list of {', '.join(sorted(SCOPES))}")
+        if not isinstance(prefixes, list) or len(prefixes) > MAX_PREFIXES:
+            raise invalid(f"allowedDnsRecordAddresses must be a list of at most {MAX_PREFIXES} prefixes")
+        for prefix in prefixes:
+            try:
+                ipaddress.ip_network(prefix, strict=False)
+            except (TypeError, ValueError):
+                raise invalid("allowedDnsRecordAddresses holds something that is not an IP network") from None
+        return {"scopes": list(scopes), "allowedDnsRecordAddresses": list(prefixes)}
+
+    def provision(self, client_id, body):
+        policy = self.check_policy(body)
+        with self.lock:
+            if self.faults.get("provision"):
+                status = self.faults["provision"]
+                raise ApiError(status, "provisioning-refused", "provisioning is refused here (test fault)")
+            token = "gwc_" + secrets.token_urlsafe(32)
+            cred = {"id": "gcc-" + secrets.token_hex(8), "clientId": client_id, "state": "candidate",
+                    "policy": policy, "sha256": sha256_hex(token)}
+            self.client_credentials[cred["id"]] = cred
+            self.client_tokens[cred["id"]] = token
+            self.save()
+            return {"credentialId": cred["id"], "clientId": client_id, "state": "candidate",
+                    "policy": policy, "token": token}
+
+    def finalize(self, who, body):
+        if who["role"] not in ("candidate", "client") or "credentialId" not in who:
+            raise ApiError(403, "candidate-required", "finalize with the candidate credential's own token")
+        if body.get("credentialId") != who["credentialId"]:
+            raise invalid("credentialId is not the credential of this token")
+        with self.lock:
+            if self.faults.get("finalize"):
+                status = self.faults["finalize"]
+                raise ApiError(status, "finalize-unavailable", "finalizing is unavailable here (test fault)")
+            cred = self.client_credentials[who["credentialId"]]
+            if cred["state"] == "candidate":
+                for other in self.client_credentials.values():
+                    if other["clientId"] == cred["clientId"] and other["state"] == "active":
+                        other["state"] = "revoked"  # the one before stops working at once
+                cred["state"] = "active"
+                self.save()
+            return {"credentialId": cred["id"], "clientId": cred["clientId"], "state": "active"}
+
+    def clients_view(self):
+        with self.lock:
+            return [{k: c[k] for k in ("id", "clientId", "state", "policy")}
+                    for _, c in sorted(self.client_credentials.items())]
+
+
+def dispatch(state, token, method, target, headers, body, admin_tokens=()):
     """Answer one request: (status, JSON-able payload, or None for no body)."""
     url = urlsplit(target)
     parts = url.path.split("/")[1:]
     query = parse_qs(url.query, keep_blank_values=True)
+    who = None
     if parts[:1] == ["v1"]:
         scheme, _, given = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode("utf-8"), token.encode("utf-8")):
+        who = state.authenticate(token, admin_tokens, given.strip()) if scheme.lower() == "bearer" else None
+        if who is None:
             raise ApiError(401, "unauthorized", "missing or wrong gateway token")
+        # a candidate only finalizes; a client reaches what its scopes name; an admin all
+        if who["role"] == "candidate" and parts != ["v1", "client", "finalize"] and parts != ["v1", "whoami"]:
+            raise ApiError(403, "credential-not-final", "a candidate credential only finalizes itself")
+        needed = PATH_SCOPES.get(parts[1] if len(parts) > 1 else "")
+        if who["role"] == "client" and needed and needed not in who["scopes"]:
+            raise ApiError(403, "scope-missing", f"this credential lacks the scope {needed}")
+        if parts[1:2] == ["clients"] and who["role"] != "admin":
+            raise ApiError(403, "admin-required", "only an admin token provisions client credentials")
 
     def prefix():
         p = query.get("prefix", [""])[-1]
@@ -294,6 +392,12 @@ def dispatch(state, token, method, target, headers, body):
     match method, parts:
         case "GET", ["v1", "status"]:
             return 200, {"protocol": 1}
+        case "GET", ["v1", "whoami"]:
+            return 200, who
+        case "POST", ["v1", "clients", client_id, "credentials"]:
+            return 201, state.provision(check_id(client_id), json_object(body))
+        case "POST", ["v1", "client", "finalize"]:
+            return 200, state.finalize(who, json_object(body))
         case "GET", ["v1", "domains"]:
             return 200, {"domains": state.domains}
         case "POST", ["v1", "smtp-credentials"]:
@@ -326,6 +430,18 @@ def dispatch(state, token, method, target, headers, body):
             state.delete_peer(check_id(pid))
             return 204, None
         # Test-only, outside the protocol, without a token.
+        case "GET", ["test", "clients"]:
+            return 200, {"credentials": state.clients_view()}
+        case "GET", ["test", "client-tokens", credential_id]:
+            with state.lock:
+                if credential_id not in state.client_tokens:
+                    raise ApiError(404, "token-unknown", f"no token issued for {credential_id} here")
+                return 200, {"token": state.client_tokens[credential_id]}
+        case "PUT", ["test", "faults"]:
+            faults = json_object(body)
+            with state.lock:
+                state.faults = {k: v for k, v in faults.items() if k in ("finalize", "provision") and v}
+                return 200, dict(state.faults)
         case "GET", ["test", "messages"]:
             with state.lock:
                 return 200, {"messages": list(state.messages)}
@@ -336,7 +452,8 @@ def dispatch(state, token, method, target, headers, body):
                     raise ApiError(404, "password-unknown", f"no password issued for {cid} here")
                 return 200, {"password": state.passwords[cid]}
     match parts:
-        case (["v1", "status" | "domains" | "smtp-credentials" | "smtp-forward-targets"]
+        case (["v1", "status" | "whoami" | "domains" | "smtp-credentials" | "smtp-forward-targets"]
+              | ["v1", "clients", _, "credentials"] | ["v1", "client", "finalize"] | ["test", "clients" | "faults"] | ["test", "client-tokens", _]
               | ["v1", "smtp-credentials" | "smtp-forward-targets" | "peers", _]
               | ["v1", "smtp-credentials", _, "rotate"] | ["test", "messages"] | ["test", "passwords", _]):
             raise ApiError(405, "method-not-allowed", f"{method} is not allowed on {url.path}")
@@ -363,7 +480,7 @@ class HttpHandler(BaseHTTPRequestHandler):
                 raise invalid("bad content-length")
             body = self.rfile.read(length)
             status, payload = dispatch(self.server.state, self.server.token, method, self.path,
-                                       self.headers, body)
+                                       self.headers, body, self.server.admin_tokens)
         except ApiError as e:
             status, payload = e.status, {"error": {"code": e.code, "message": e.message}}
         except Exception:
@@ -435,7 +552,9 @@ def main():
     parser = argparse.ArgumentParser(description="Capstan's test mail gateway")
     parser.add_argument("--http-port", type=port, required=True)
     parser.add_argument("--smtp-port", type=port, required=True)
-    parser.add_argument("--token", required=True)
+    parser.add_argument("--token", required=True, help="a client token with every scope")
+    parser.add_argument("--admin-token", action="append", default=[],
+                        help="an admin token (provisions client credentials)")
     parser.add_argument("--domain", action="append", default=[], help="a verified mail domain")
     parser.add_argument("--unverified-domain", action="append", default=[])
     parser.add_argument("--state", help="JSON file keeping credentials and targets across restarts")
@@ -458,7 +577,7 @@ def main():
     state = State(args.state, domains)
 
     httpd = ThreadingHTTPServer(("127.0.0.1", args.http_port), HttpHandler)
-    httpd.state, httpd.token = state, args.token
+    httpd.state, httpd.token, httpd.admin_tokens = state, args.token, tuple(args.admin_token)
     # A short poll interval: shutdown() waits up to one of them.
     threading.Thread(target=httpd.serve_forever, args=(0.1,), name="http", daemon=True).start()
 

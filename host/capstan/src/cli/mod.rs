@@ -7,6 +7,7 @@ mod client;
 mod completions;
 mod confirm;
 mod fleet;
+mod gateway;
 mod inventory;
 mod keyring;
 mod nodes;
@@ -115,6 +116,10 @@ enum Command {
     /// revoke, and re-wrap every version under the active KEK. No value is ever printed.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// The external gateway: enroll Capstan with an admin token read from standard input
+    /// (sealed to the server), and show the enrollment.
+    #[command(subcommand)]
+    Gateway(gateway::GatewayCommand),
     /// Call any method of a running host, its plugins' included, as `GET /api/v1/methods` lists
     /// them.
     #[command(verbatim_doc_comment)]
@@ -247,6 +252,7 @@ pub fn main() -> ExitCode {
         Command::Audit(command) => audit::run(command),
         Command::Admin(command) => admin::run(command),
         Command::Secrets(command) => secrets::run(command),
+        Command::Gateway(command) => gateway::run(command),
         Command::Snapshot(command) => snapshot::run(command),
         Command::Call(args) => call::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),

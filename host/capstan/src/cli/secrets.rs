@@ -301,7 +301,7 @@ pub(crate) fn read_value(input: &mut impl Read) -> Result<Zeroizing<Vec<u8>>> {
     checked(raw)
 }
 
-fn read_input(input: &ValueInput, key: &str) -> Result<Zeroizing<Vec<u8>>> {
+pub(crate) fn read_input(input: &ValueInput, key: &str) -> Result<Zeroizing<Vec<u8>>> {
     let stdin = std::io::stdin();
     match value_source(stdin.is_terminal(), input.prompt)? {
         Source::Stdin => read_value(&mut stdin.lock()),
@@ -340,7 +340,7 @@ fn find_existing(client: &Client, owner: &Value, key: &str, environment: &str) -
 }
 
 /// The server's ingress recipient: its id and X25519 public key.
-fn recipient(client: &Client) -> Result<(String, x25519_dalek::PublicKey)> {
+pub(crate) fn recipient(client: &Client) -> Result<(String, x25519_dalek::PublicKey)> {
     let answer = client.call("secrets.getIngressRecipient", &json!({}))?;
     let invalid = |what: &str| Refusal::new("response-invalid", format!("the ingress recipient's {what} is not usable"));
     if answer["profile"].as_str() != Some(ingress::PROFILE) {

@@ -73,6 +73,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The OCI registry under `/v2`.
     pub registry: Arc<capstan_registry::Registry>,
+    /// Capstan's enrollment at the external gateway.
+    pub gateway: capstan_gateway::Context,
 }
 
 /// The id of the current request (an extension set by the request-id middleware).
@@ -152,10 +154,10 @@ impl AppState {
                 receipts: auth.receipt_keys().clone(),
             },
         );
-        crate::secrets::methods::register(
-            &mut registry,
-            crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() },
-        );
+        let secrets = crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() };
+        crate::secrets::methods::register(&mut registry, secrets.clone());
+        let gateway = capstan_gateway::Context::new(secrets);
+        capstan_gateway::register(&mut registry, gateway.clone());
         let nodes = crate::nodes::Context::new(store.clone(), public_origin.clone(), dev);
         crate::nodes::register(&mut registry, nodes.clone());
         let sockets = Arc::new(socket::Hub::new(socket::Limits::for_bodies(max_body_bytes)));
@@ -186,6 +188,7 @@ impl AppState {
             relays,
             metrics: crate::metrics::Metrics::new(metrics_token.as_ref()),
             registry: oci,
+            gateway,
         }
     }
 }
@@ -255,6 +258,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     crate::nodes::declare(&store).await.unwrap();
     capstan_registry::declare(&store).await.unwrap();
     capstan_rpc::audit::declare(&store).await.unwrap();
+    capstan_gateway::declare(&store).await.unwrap();
     let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
     // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
     let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();

@@ -95,6 +95,9 @@ pub const MAX_CONNECTIONS: &str = "CAPSTAN_MAX_CONNECTIONS";
 pub const REQUEST_BUDGET_MS: &str = "CAPSTAN_REQUEST_BUDGET_MS";
 /// How long a start waits for another process's migration lock, in ms (default 30000).
 pub const MIGRATION_LOCK_WAIT_MS: &str = "CAPSTAN_MIGRATION_LOCK_WAIT_MS";
+/// How often a gateway credential awaiting finalization is retried, in ms (default 30000, at
+/// least 100).
+pub const GATEWAY_RETRY_MS: &str = "CAPSTAN_GATEWAY_RETRY_MS";
 /// How long a migration lock lives unless renewed, in ms (default 600000, at least 1000).
 pub const MIGRATION_LOCK_TTL_MS: &str = "CAPSTAN_MIGRATION_LOCK_TTL_MS";
 
@@ -261,6 +264,12 @@ pub const VARS: &[Var] = &[
         help: "How long a start waits for another process's migration lock before refusing lock-timeout",
     },
     Var {
+        env: GATEWAY_RETRY_MS,
+        required: false,
+        default: "30000",
+        help: "How often a gateway credential the gateway issued but did not finalize is retried, in milliseconds",
+    },
+    Var {
         env: MIGRATION_LOCK_TTL_MS,
         required: false,
         default: "600000",
@@ -386,6 +395,8 @@ pub struct ServeConfig {
     pub migration_lock_wait: Duration,
     /// How long a migration lock lives unless renewed (`CAPSTAN_MIGRATION_LOCK_TTL_MS`, default 10 min).
     pub migration_lock_ttl: Duration,
+    /// How often a pending gateway finalization is retried (`CAPSTAN_GATEWAY_RETRY_MS`, default 30 s).
+    pub gateway_retry: Duration,
     /// Plugin publisher keys trusted by configuration, as given (checked at start).
     pub trusted_publishers: Vec<String>,
     /// Proxies whose `X-Forwarded-For` is believed (`CAPSTAN_TRUSTED_PROXIES`).
@@ -670,6 +681,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
         migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
         migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),
+        gateway_retry: Duration::from_millis(number(GATEWAY_RETRY_MS, 30_000, 100)?),
         trusted_proxies: crate::listener::TrustedProxies::parse(&lookup(TRUSTED_PROXIES).unwrap_or_default())
             .map_err(|e| Refusal::new("config-invalid", format!("{TRUSTED_PROXIES}: {e}")))?,
         trusted_publishers: lookup(TRUSTED_PUBLISHERS)

@@ -1,0 +1,205 @@
+//! The gateway's client-enrollment endpoints Capstan calls (docs/gateway-protocol.md, "Client
+//! enrollment"): who a token is, provisioning a client credential, finalizing it.
+//!
+//! Tokens pass through here as bearer headers marked sensitive; no error, log line or answer
+//! of this module carries one.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// How long one request to the gateway may take, connection included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest answer read from the gateway.
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// What a gateway request came to when it did not succeed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// No answer: the gateway could not be reached, or timed out.
+    Unreachable {
+        /// Whether the request left (it may have arrived); a failed connection did not.
+        sent: bool,
+        /// What failed, without the URL or any header.
+        reason: String,
+    },
+    /// `401`: the gateway does not accept the token.
+    Unauthorized,
+    /// Another 4xx.
+    Refused {
+        /// The status.
+        status: u16,
+        /// The gateway's error code (kebab-case, else `unnamed`).
+        code: String,
+    },
+    /// A 5xx: the gateway is there but cannot serve now.
+    Unavailable {
+        /// The status.
+        status: u16,
+    },
+    /// A 2xx whose body is not what the protocol says.
+    Invalid(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Unreachable { reason, .. } => write!(f, "the gateway could not be reached: {reason}"),
+            Failure::Unauthorized => write!(f, "the gateway does not accept the token"),
+            Failure::Refused { status, code } => write!(f, "the gateway refused with {status} {code}"),
+            Failure::Unavailable { status } => write!(f, "the gateway answered {status}"),
+            Failure::Invalid(what) => write!(f, "the gateway's answer is not usable: {what}"),
+        }
+    }
+}
+
+/// Who a token is at the gateway (`GET /v1/whoami`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WhoAmI {
+    /// `admin`, or `client` for a client credential.
+    pub role: String,
+}
+
+/// The policy a client credential is provisioned under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// What the credential may do (docs/gateway-protocol.md lists the scopes).
+    pub scopes: Vec<String>,
+    /// The addresses it may publish DNS records for (IP networks).
+    pub allowed_dns_record_addresses: Vec<String>,
+}
+
+/// A credential the gateway issued, before it is finalized.
+pub struct Issued {
+    /// The gateway's id of the credential.
+    pub credential_id: String,
+    /// The bearer token; shown once by the gateway, wiped when dropped.
+    pub token: zeroize::Zeroizing<String>,
+}
+
+/// Whether `token` is what a bearer token may be: 1–1024 bytes of visible ASCII.
+pub fn is_token(token: &str) -> bool {
+    (1..=1024).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A client of one gateway protocol, shared by every request.
+#[derive(Clone)]
+pub struct GatewayClient {
+    http: reqwest::Client,
+}
+
+impl Default for GatewayClient {
+    fn default() -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            // a gateway answers where it is asked; a redirect would carry the bearer elsewhere
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("the gateway's HTTP client builds");
+        GatewayClient { http }
+    }
+}
+
+impl GatewayClient {
+    /// One request to `origin` + `path` with `token` as its bearer; the answer's JSON on a 2xx.
+    async fn request(&self, method: reqwest::Method, origin: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value, Failure> {
+        let url = format!("{}{path}", origin.trim_end_matches('/'));
+        let mut bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| Failure::Invalid("the token does not fit a header".into()))?;
+        bearer.set_sensitive(true);
+        let mut request = self.http.request(method, &url).header(reqwest::header::AUTHORIZATION, bearer);
+        if let Some(body) = body {
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.to_string());
+        }
+        let answer = request.send().await.map_err(|e| Failure::Unreachable {
+            // a refused or failed connection means the request never left
+            sent: !e.is_connect(),
+            reason: without_url(&e),
+        })?;
+        let status = answer.status().as_u16();
+        let bytes = read_limited(answer).await?;
+        match status {
+            200..=299 => serde_json::from_slice(&bytes).map_err(|_| Failure::Invalid("the body is not JSON".into())),
+            401 => Err(Failure::Unauthorized),
+            400..=499 => {
+                let code = serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+                    .filter(|c| (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+                    .unwrap_or_else(|| "unnamed".into());
+                Err(Failure::Refused { status, code })
+            }
+            _ => Err(Failure::Unavailable { status }),
+        }
+    }
+
+    /// `GET /v1/whoami`: the role of `token`.
+    pub async fn whoami(&self, origin: &str, token: &str) -> Result<WhoAmI, Failure> {
+        let answer = self.request(reqwest::Method::GET, origin, "/v1/whoami", token, None).await?;
+        serde_json::from_value(answer).map_err(|_| Failure::Invalid("whoami names no role".into()))
+    }
+
+    /// `POST /v1/clients/<clientId>/credentials` with an admin token: a candidate credential
+    /// for `client_id` under `policy`, checked to be exactly what was asked for.
+    pub async fn provision(&self, origin: &str, admin_token: &str, client_id: &str, policy: &Policy) -> Result<Issued, Failure> {
+        let path = format!("/v1/clients/{client_id}/credentials");
+        let answer = self.request(reqwest::Method::POST, origin, &path, admin_token, Some(json!({ "policy": policy }))).await?;
+        let credential_id = answer["credentialId"].as_str().filter(|id| capstan_inventory::settings::is_identifier(id));
+        let Some(credential_id) = credential_id else { return Err(Failure::Invalid("no usable credentialId".into())) };
+        if answer["clientId"].as_str() != Some(client_id) {
+            return Err(Failure::Invalid("the credential is another client's".into()));
+        }
+        if answer["state"].as_str() != Some("candidate") {
+            return Err(Failure::Invalid("the credential is not a candidate".into()));
+        }
+        // the gateway must not widen (or narrow) what was asked for
+        if serde_json::from_value::<Policy>(answer["policy"].clone()).ok().as_ref() != Some(policy) {
+            return Err(Failure::Invalid("the credential's policy is not the one asked for".into()));
+        }
+        let token = answer["token"].as_str().filter(|t| is_token(t));
+        let Some(token) = token else { return Err(Failure::Invalid("the token is not 1–1024 visible ASCII".into())) };
+        Ok(Issued { credential_id: credential_id.to_string(), token: zeroize::Zeroizing::new(token.to_string()) })
+    }
+
+    /// `POST /v1/client/finalize` with the candidate's own token: the candidate becomes the
+    /// client's active credential and the one before it stops working.
+    pub async fn finalize(&self, origin: &str, candidate_token: &str, credential_id: &str) -> Result<(), Failure> {
+        let body = json!({ "credentialId": credential_id });
+        let answer = self.request(reqwest::Method::POST, origin, "/v1/client/finalize", candidate_token, Some(body)).await?;
+        if answer["credentialId"].as_str() != Some(credential_id) || answer["state"].as_str() != Some("active") {
+            return Err(Failure::Invalid("finalize did not answer the credential active".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A transport error's text without its URL's query (the URL itself is a public setting).
+fn without_url(error: &reqwest::Error) -> String {
+    let kind = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    match std::error::Error::source(error) {
+        Some(source) => format!("{kind}: {source}"),
+        None => kind.to_string(),
+    }
+}
+
+/// The body of `answer`, at most [`MAX_ANSWER`] bytes.
+async fn read_limited(mut answer: reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = answer.chunk().await.map_err(|e| Failure::Unreachable { sent: true, reason: without_url(&e) })? {
+        if bytes.len() + chunk.len() > MAX_ANSWER {
+            return Err(Failure::Invalid("the answer is too large".into()));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}

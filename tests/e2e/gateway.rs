@@ -1,0 +1,225 @@
+//! Capstan's enrollment at the external gateway end to end: `capstan serve --dev`, the test
+//! gateway (`tests/peers/gateway`, its client-enrollment endpoints) and `capstan gateway
+//! bootstrap | status` as an administrator runs them, the admin token piped in.
+//!
+//! One scenario, in order: unconfigured, a client id without a URL, the wrong target, a token
+//! sealed for another target or not visible ASCII, the gateway down, a token it does not know, a
+//! client token — each refused by name with the enrollment unchanged; a finalization the gateway
+//! cannot do yet answers degraded, refuses a second bootstrap as pending, and is finalized by
+//! Capstan's retry; the held token is the gateway's active credential; a settings change the
+//! credential cannot carry is staged until the next bootstrap replaces the credential; a
+//! refused provisioning leaves the running one. The admin token is planted and found in no
+//! answer, no output, no log and no file of the data directory.
+
+use crate::mail::{ADMIN_TOKEN, Gateway, TOKEN, gateway_available};
+use crate::support::{Capstan, EXIT_TIMEOUT, Exited, TEST_ADMIN, capstan, eventually, free_port, with_store, with_test_admin};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const CLIENT_ID: &str = "capstan-e2e";
+
+struct Cli<'a> {
+    server: &'a Capstan,
+    admin: String,
+    config: PathBuf,
+    /// Everything any command printed, searched for the planted token at the end.
+    seen: std::cell::RefCell<String>,
+}
+
+impl Cli<'_> {
+    fn run(&self, args: &[&str], stdin: &[u8]) -> Exited {
+        let mut cmd = capstan();
+        cmd.args(args).env("CAPSTAN_URL", self.server.url("")).env("CAPSTAN_TOKEN", &self.admin).env("XDG_CONFIG_HOME", &self.config);
+        let exited = crate::plugins::run(cmd, stdin, EXIT_TIMEOUT);
+        self.seen.borrow_mut().push_str(&format!("{}\n{}\n", exited.stdout, exited.stderr));
+        exited
+    }
+
+    fn bootstrap(&self, url: &str, client_id: &str, token: &str) -> Exited {
+        self.run(&["gateway", "bootstrap", "--gateway-url", url, "--client-id", client_id, "--json"], format!("{token}\n").as_bytes())
+    }
+
+    fn refused(&self, url: &str, client_id: &str, token: &str, code: &str) {
+        let exited = self.bootstrap(url, client_id, token);
+        assert_eq!(exited.status.code(), Some(1), "{code}: {exited:?}");
+        let answer: Value = serde_json::from_str(exited.stdout.trim()).unwrap_or_else(|_| panic!("{exited:?}"));
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().starts_with(&format!("External gateway bootstrap refused: {code}.")));
+    }
+
+    fn status(&self) -> Value {
+        let exited = self.run(&["gateway", "status", "--json"], b"");
+        assert!(exited.status.success(), "{exited:?}");
+        serde_json::from_str(exited.stdout.trim()).unwrap()
+    }
+}
+
+fn set(server: &Capstan, admin: &str, set: Value, unset: &[&str]) -> u16 {
+    let revision = server.call_as(admin, "settings.get", &json!({})).expect_json(200)["revision"].clone();
+    server.call_as(admin, "settings.update", &json!({ "expectedRevision": revision, "set": set, "unset": unset })).status
+}
+
+/// The gateway's client credentials, oldest first is not promised: by id.
+fn credentials(gateway: &Gateway) -> Vec<Value> {
+    gateway.get("/test/clients").1["credentials"].as_array().cloned().unwrap()
+}
+
+/// Every file under `dir`, read whole.
+fn every_file(dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            every_file(&path, out);
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            out.push((path, bytes));
+        }
+    }
+}
+
+#[test]
+fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
+    if !gateway_available() {
+        eprintln!(
+            "skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (http, smtp) = (free_port(), free_port());
+    let url = format!("http://127.0.0.1:{http}");
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(&data).args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    cmd.env("CAPSTAN_GATEWAY_RETRY_MS", "300");
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let cli = Cli { server: &server, admin: admin.clone(), config: dir.path().join("config"), seen: Default::default() };
+
+    // ---- nothing configured: bootstrap required, and refused by name ----
+    let state = cli.status();
+    assert_eq!(state["state"], "admin-bootstrap-required", "{state}");
+    assert!(state["reason"].as_str().unwrap().contains("gatewayUrl"), "{state}");
+    cli.refused(&url, CLIENT_ID, ADMIN_TOKEN, "gateway-unconfigured");
+    assert_eq!(set(&server, &admin, json!({ "gatewayClientId": CLIENT_ID }), &[]), 400, "a client id needs a URL");
+    let settings = json!({ "gatewayUrl": url, "gatewayClientId": CLIENT_ID, "gatewayDnsRecordAddresses": ["10.0.0.0/8"] });
+    assert_eq!(set(&server, &admin, settings, &[]), 200);
+    let state = cli.status();
+    assert!(state["reason"].as_str().unwrap().contains("gateway.bootstrapCredential"), "{state}");
+
+    // ---- refused before anything reaches the gateway ----
+    cli.refused(&url, "another-client", ADMIN_TOKEN, "gateway-target-mismatch");
+    cli.refused(&format!("http://127.0.0.1:{}", free_port()), CLIENT_ID, ADMIN_TOKEN, "gateway-target-mismatch");
+    cli.refused(&url, CLIENT_ID, "not visible ascii", "bootstrap-token-invalid");
+    // sealed for another client's target, named as this one: it does not open
+    let recipient = server.call_as(&admin, "secrets.getIngressRecipient", &json!({})).expect_json(200);
+    let public: [u8; 32] = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, recipient["publicKey"].as_str().unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let elsewhere = capstan::secrets::ingress::target("gateway.bootstrapCredential", &url, "another-client");
+    let sealed = capstan::secrets::ingress::seal_to(
+        recipient["recipientId"].as_str().unwrap(),
+        &x25519_dalek::PublicKey::from(public),
+        &elsewhere,
+        ADMIN_TOKEN.as_bytes(),
+    );
+    let body = json!({ "expectedGatewayUrl": url, "expectedGatewayClientId": CLIENT_ID, "sealedAdminToken": sealed });
+    let refused = server.call_as(&admin, "gateway.bootstrapCredential", &body).expect_error(400, "bootstrap-token-invalid");
+    cli.seen.borrow_mut().push_str(&refused.to_string());
+    // the gateway down: unreachable, retryable, nothing changed
+    cli.refused(&url, CLIENT_ID, ADMIN_TOKEN, "gateway-unreachable");
+    assert_eq!(cli.status()["state"], "admin-bootstrap-required");
+
+    // ---- the gateway up: tokens it does not know, or not an admin's ----
+    let gateway = Gateway::start(http, smtp, &dir.path().join("gateway-state.json"));
+    cli.refused(&url, CLIENT_ID, "gwadmin-unknown", "bootstrap-token-rejected");
+    cli.refused(&url, CLIENT_ID, TOKEN, "bootstrap-token-not-admin");
+    assert!(credentials(&gateway).is_empty(), "nothing provisioned by a refused bootstrap");
+
+    // ---- issued, not finalizable yet: degraded, pending, then finalized by the retry ----
+    gateway.put("/test/faults", json!({ "finalize": 503 }));
+    let exited = cli.bootstrap(&url, CLIENT_ID, ADMIN_TOKEN);
+    assert!(exited.status.success(), "{exited:?}");
+    let degraded: Value = serde_json::from_str(exited.stdout.trim()).unwrap();
+    assert_eq!((degraded["state"].as_str(), degraded["finalizationPending"].as_bool()), (Some("degraded"), Some(true)), "{degraded}");
+    cli.refused(&url, CLIENT_ID, ADMIN_TOKEN, "bootstrap-candidate-pending");
+    let issued = credentials(&gateway);
+    assert_eq!(issued.len(), 1, "{issued:?}");
+    assert_eq!(issued[0]["state"], "candidate");
+    gateway.put("/test/faults", json!({}));
+    let ready = eventually("the retry finalizes the credential", Duration::from_secs(60), || {
+        let state = cli.status();
+        if state["state"] == "ready" { Ok(state) } else { Err(state.to_string()) }
+    });
+    let first = issued[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(ready["credentialId"], first.as_str());
+    assert_eq!((ready["gatewayUrl"].as_str(), ready["clientId"].as_str()), (Some(url.as_str()), Some(CLIENT_ID)));
+    let active = credentials(&gateway);
+    assert_eq!(active[0]["state"], "active");
+    // least privilege: the scopes Capstan needs, DNS records only inside the prefixes set
+    assert_eq!(active[0]["policy"]["allowedDnsRecordAddresses"], json!(["10.0.0.0/8"]));
+    assert!(!active[0]["policy"]["scopes"].as_array().unwrap().is_empty());
+    assert_eq!(cli.run(&["gateway", "status"], b"").stdout.lines().next(), Some("enrollment: ready"));
+
+    // the token Capstan keeps is the gateway's, as a system secret
+    let held_token = |credential: &str| -> String {
+        let listed =
+            server.call_as(&admin, "secrets.list", &json!({ "owner": { "kind": "system", "systemId": "gateway" } })).expect_json(200);
+        let secret = listed["items"].as_array().unwrap().iter().find(|s| s["key"] == "GATEWAY_CLIENT_TOKEN" && s["state"] == "active");
+        let id = secret.unwrap_or_else(|| panic!("{listed}"))["id"].as_str().unwrap().to_string();
+        assert_eq!(secret.unwrap()["managementScope"], "gateway:client");
+        let keyring = capstan::keyring::Keyring::load(&data.join("keyring.json")).unwrap();
+        let opened = with_store(&data.join("capstan.sqlite"), &[], |store| async move {
+            capstan::secrets::methods::declare(&store).await.unwrap();
+            capstan::secrets::methods::open_current(&store, &keyring, &id).await.unwrap().to_vec()
+        });
+        let issued = gateway.get(&format!("/test/client-tokens/{credential}")).1["token"].as_str().unwrap().to_string();
+        assert_eq!(String::from_utf8(opened).unwrap(), issued, "Capstan holds the credential the gateway issued");
+        issued
+    };
+    let first_token = held_token(&first);
+
+    // ---- a change the credential cannot carry is staged until the next bootstrap ----
+    assert_eq!(set(&server, &admin, json!({ "gatewayDnsRecordAddresses": ["10.0.0.0/8", "192.0.2.0/24"] }), &[]), 200);
+    let staged = cli.status();
+    assert_eq!(staged["state"], "admin-bootstrap-required", "{staged}");
+    assert_eq!(staged["credentialId"], first.as_str(), "the running credential keeps serving");
+    assert!(
+        staged["reason"]
+            .as_str()
+            .unwrap()
+            .contains(r#"Staged gateway settings change gatewayDnsRecordAddresses "10.0.0.0/8" -> "10.0.0.0/8,192.0.2.0/24"."#),
+        "{staged}"
+    );
+    let exited = cli.bootstrap(&url, CLIENT_ID, ADMIN_TOKEN);
+    assert!(exited.status.success(), "{exited:?}");
+    let again: Value = serde_json::from_str(exited.stdout.trim()).unwrap();
+    assert_eq!(again["state"], "ready", "{again}");
+    let second = again["credentialId"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    let now = credentials(&gateway);
+    let state_of = |id: &str| now.iter().find(|c| c["id"] == id).map(|c| c["state"].clone());
+    assert_eq!((state_of(&first), state_of(&second)), (Some(json!("revoked")), Some(json!("active"))), "{now:?}");
+    assert_ne!(held_token(&second), first_token);
+
+    // ---- a refused provisioning leaves the running credential ----
+    gateway.put("/test/faults", json!({ "provision": 403 }));
+    cli.refused(&url, CLIENT_ID, ADMIN_TOKEN, "bootstrap-provisioning-refused");
+    let kept = cli.status();
+    assert_eq!((kept["state"].as_str(), kept["credentialId"].as_str()), (Some("ready"), Some(second.as_str())), "{kept}");
+    gateway.put("/test/faults", json!({}));
+
+    // ---- the admin token: in no answer, output, log or file ----
+    let seen = cli.seen.borrow().clone();
+    assert!(!seen.contains(ADMIN_TOKEN), "the admin token was printed");
+    assert!(!server.stdout().contains(ADMIN_TOKEN) && !server.stderr().contains(ADMIN_TOKEN), "the admin token was logged");
+    let mut files = Vec::new();
+    every_file(&data, &mut files);
+    for (path, bytes) in &files {
+        assert!(!bytes.windows(ADMIN_TOKEN.len()).any(|w| w == ADMIN_TOKEN.as_bytes()), "the admin token is in {}", path.display());
+    }
+    assert!(files.len() > 3, "the data directory was read: {files:?}");
+    gateway.stop();
+}
