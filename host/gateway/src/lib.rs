@@ -284,7 +284,10 @@ pub struct BootstrapInput {
 }
 
 fn refused(code: &'static str, message: impl Into<String>) -> Refusal {
-    Refusal::new(code, format!("External gateway bootstrap refused: {code}. {}", message.into()))
+    let message = message.into();
+    let mut chars = message.chars();
+    let sentence: String = chars.next().map(|first| first.to_uppercase().chain(chars).collect()).unwrap_or_default();
+    Refusal::new(code, format!("External gateway bootstrap refused: {code}. {sentence}"))
 }
 
 /// Every refusal of `gateway.bootstrapCredential` of its own.
@@ -310,9 +313,10 @@ async fn bootstrap(cx: Context, call: Call, input: BootstrapInput) -> Result<Enr
         return Err(refused("gateway-unconfigured", format!("set {GATEWAY_URL} and {GATEWAY_CLIENT_ID} with settings.update first")));
     };
     if input.expected_gateway_url != url || input.expected_gateway_client_id != client_id {
+        let settings = format!("the settings name {GATEWAY_URL} {url:?} and {GATEWAY_CLIENT_ID} {client_id:?}");
         return Err(refused(
             "gateway-target-mismatch",
-            "the request names another gateway or client than the settings: read settings.get and seal again",
+            format!("{settings}; the request names another target: name theirs and seal again"),
         )
         .with_data(json!({ "gatewayUrl": url, "gatewayClientId": client_id })));
     }
