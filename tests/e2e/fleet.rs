@@ -919,7 +919,8 @@ fn a_coordinator_only_request_to_any_node_is_answered_by_the_holder() {
     fleet.timing.push(("CAPSTAN_ADMIN_ACCOUNT", format!("root:{PASSWORD}")));
     let mut nodes = fleet.start_three();
     let ids = ids(&nodes);
-    let holder = coordinators(&wait_all_live(&fleet, &ids)).remove(0);
+    let listing = wait_all_live(&fleet, &ids);
+    assert_eq!(coordinators(&listing).len(), 1, "one coordinator: {listing}");
     let token = nodes[0].login("root", PASSWORD);
 
     // every node answers with the holder's decision, stamped with the lease's fence
