@@ -284,7 +284,7 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     eventually("keep-last pruning the oldest", DONE, || {
         let listed = ok(&server, &admin, "backups.list", json!({ "organizationId": org_id, "serviceId": service_id }));
         let ids: Vec<&str> = listed["backups"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap()).collect();
-        if ids == vec![newest[2].as_str(), newest[1].as_str()] { Ok(()) } else { Err(format!("the newest two, newest first: {listed}")) }
+        if ids == [newest[2].as_str(), newest[1].as_str()] { Ok(()) } else { Err(format!("the newest two, newest first: {listed}")) }
     });
     let kept: Vec<String> = tree(&data.join("blobs/objects/plugins/backups"))
         .into_keys()
