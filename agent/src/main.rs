@@ -12,6 +12,7 @@ mod backups;
 mod closure;
 mod enroll;
 mod handler;
+mod ingress;
 #[cfg(test)]
 mod mock;
 mod origin;
@@ -67,6 +68,12 @@ What it keeps and answers:
     A ticket whose URL is not at the origin this node enrolled with is refused
     transfer-origin-foreign: a service's data goes nowhere else.
   - it answers the host's pings and pings the host when it falls silent.
+  - with --ingress-listen and --ingress-bearer-file it runs the cluster ingress: after each
+    accepted relays.register it calls ingress.register (refusals are retried after their
+    retryAfterMs) and reads ingress.getRouteTable; ingress.applyRouteTable pushes replace the
+    table whole (an older revision is refused route-table-stale). The proxy picks the route by
+    the request's Host, answers 404 for a hostname without one, 403 to a source outside a
+    route's sourceAllowList, 502 when the target does not answer.
 
 Reconnecting (never exits but on SIGTERM or ctrl-c):
   - going-away (close 1001: the host is stopping): reconnects at once;
@@ -150,6 +157,14 @@ DNS label.")]
         /// ID is DIR/ID/NAME. Default: the state directory's volumes/.
         #[arg(long, value_name = "DIR")]
         volumes_dir: Option<PathBuf>,
+        /// Run the cluster ingress here: a reverse proxy on ADDR:PORT serving the route table
+        /// the ingress manager pushes (needs --ingress-bearer-file).
+        #[arg(long, value_name = "ADDR:PORT", requires = "ingress_bearer_file")]
+        ingress_listen: Option<SocketAddr>,
+        /// The cluster ingress's bearer (the designated service's CAPSTAN_CLUSTER_INGRESS_BEARER),
+        /// under the same file rules as --authorization-file; read before every registration.
+        #[arg(long, env = "CAPSTAN_CLUSTER_INGRESS_BEARER_FILE", value_name = "FILE", requires = "ingress_listen")]
+        ingress_bearer_file: Option<PathBuf>,
     },
     /// Replace the node token with fresh material. The new material is kept as pending before
     /// Capstan is asked; if the answer is lost, running rotate again finishes the same rotation.
@@ -226,12 +241,34 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             }
             Ok(())
         }
-        Command::Relay { authorization_file, listen, volumes_dir } => {
+        Command::Relay { authorization_file, listen, volumes_dir, ingress_listen, ingress_bearer_file } => {
             let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
             let mut registry = handler::Registry::with_builtins();
             backups::register(&mut registry, state.clone(), volumes_dir)?;
-            let options = relay::Options { state, authorization_file, listen, registry, retry_base: Duration::from_secs(1) };
-            relay::relay(options, shutdown_signal()).await
+            let ingress = match (ingress_listen, ingress_bearer_file) {
+                (Some(listen), Some(file)) => {
+                    let ingress = ingress::Ingress::new(listen, file)?;
+                    ingress.bearer()?;
+                    registry.add(std::sync::Arc::new(ingress::Apply(ingress.clone())))?;
+                    Some(ingress)
+                }
+                _ => None,
+            };
+            let options = relay::Options {
+                state,
+                authorization_file,
+                listen,
+                registry,
+                retry_base: Duration::from_secs(1),
+                ingress: ingress.clone(),
+            };
+            match ingress {
+                None => relay::relay(options, shutdown_signal()).await,
+                Some(ingress) => tokio::select! {
+                    ended = relay::relay(options, shutdown_signal()) => ended,
+                    failed = ingress.serve() => failed,
+                },
+            }
         }
         Command::Rotate => {
             let credential = rotate::rotate(&state, wire::Retry::default()).await?;

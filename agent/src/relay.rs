@@ -16,6 +16,7 @@
 
 use crate::backoff::{After, next_delay};
 use crate::handler::{Registry, RelayContext};
+use crate::ingress::Ingress;
 use crate::state::{RelayConfig, StateDir};
 use capstan_core::Refusal;
 use capstan_core::private_file;
@@ -60,10 +61,20 @@ pub struct Options {
     pub registry: Registry,
     /// The first wait after a failure, doubled per failure in a row up to five minutes (1 s).
     pub retry_base: Duration,
+    /// The cluster ingress this relay runs, if any: registered after each accepted relay
+    /// registration (its `ingress.applyRouteTable` handler is in `registry`).
+    pub ingress: Option<Arc<Ingress>>,
 }
 
 /// The relay bearer (secret): its `Debug` never shows it, its memory is wiped on drop.
 pub struct Bearer(Zeroizing<String>);
+
+impl Bearer {
+    /// The bearer itself, for the one frame that presents it.
+    pub fn expose(&self) -> &str {
+        self.0.as_str()
+    }
+}
 
 impl fmt::Debug for Bearer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -200,6 +211,7 @@ pub async fn relay(options: Options, shutdown: impl Future<Output = &'static str
         registry: Arc::new(options.registry),
         state: options.state,
         retry_base: options.retry_base,
+        ingress: options.ingress,
     };
     let mut failures: u32 = 0;
     tokio::pin!(shutdown);
@@ -286,6 +298,14 @@ struct Relay {
     registry: Arc<Registry>,
     state: StateDir,
     retry_base: Duration,
+    ingress: Option<Arc<Ingress>>,
+}
+
+/// What the relay's call for its ingress is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IngressStep {
+    Register,
+    Fetch,
 }
 
 /// The welcome's limits that the relay acts on.
@@ -370,6 +390,10 @@ impl Relay {
         let mut register_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
         let mut register_failures: u32 = 0;
         let mut last_refusal: Option<String> = None;
+        // the ingress's own calls: one at a time, after the relay's registration
+        let mut ingress_call: Option<(u64, IngressStep)> = None;
+        let mut ingress_at: Option<tokio::time::Instant> = None;
+        let mut ingress_refusal: Option<String> = None;
         let (replies, mut outbox) = mpsc::channel::<String>(64);
         // dropped with the session: a request still running is abandoned with it
         let mut requests = JoinSet::new();
@@ -380,6 +404,12 @@ impl Relay {
         loop {
             let register_due = async {
                 match register_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let ingress_due = async {
+                match ingress_at {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
@@ -423,6 +453,13 @@ impl Relay {
                                 "relay registered"
                             );
                             sequence += 1;
+                            if self.ingress.is_some() {
+                                ingress_at = Some(tokio::time::Instant::now());
+                            }
+                        }
+                        "result" | "error" if ingress_call.is_some() && frame["id"].as_u64() == ingress_call.map(|(id, _)| id) => {
+                            let (_, step) = ingress_call.take().unwrap_or((0, IngressStep::Register));
+                            ingress_at = self.ingress_answer(step, &frame, ctx, &mut ingress_refusal);
                         }
                         "error" if awaiting.is_some() && frame["id"].as_u64() == awaiting => {
                             awaiting = None;
@@ -471,6 +508,30 @@ impl Relay {
                     }
                 }
                 Some(_) = requests.join_next(), if !requests.is_empty() => {}
+                _ = ingress_due => {
+                    ingress_at = None;
+                    let Some(ingress) = &self.ingress else { continue };
+                    let step = if ingress_call.is_none() && ingress_refusal.as_deref() == Some("registered") { IngressStep::Fetch } else { IngressStep::Register };
+                    let body = match step {
+                        IngressStep::Fetch => Ok(json!({"clusterId": ctx.cluster_id})),
+                        IngressStep::Register => ingress.registration(ctx),
+                    };
+                    let body = match body {
+                        Ok(body) => body,
+                        Err(refusal) => {
+                            tracing::error!(code = %refusal.code, "the ingress cannot register: {refusal}; trying again in 60 s");
+                            ingress_at = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+                            continue;
+                        }
+                    };
+                    call_id += 1;
+                    ingress_call = Some((call_id, step));
+                    let method = if step == IngressStep::Register { "ingress.register" } else { "ingress.getRouteTable" };
+                    let call = Zeroizing::new(json!({"type": "call", "id": call_id, "method": method, "body": body}).to_string());
+                    if let Err(e) = send(ws, Message::text(call.as_str())).await {
+                        return Ended::Lost(format!("writing to the socket failed: {e}"));
+                    }
+                }
                 _ = register_due => {
                     register_at = None;
                     call_id += 1;
@@ -494,6 +555,56 @@ impl Relay {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The answer to the ingress's call: when to call again (`None`: not until the relay
+    /// registers again). `state` holds the last refusal code, or `registered`.
+    fn ingress_answer(
+        &self,
+        step: IngressStep,
+        frame: &Value,
+        ctx: &RelayContext,
+        state: &mut Option<String>,
+    ) -> Option<tokio::time::Instant> {
+        let ingress = self.ingress.as_ref()?;
+        let now = tokio::time::Instant::now();
+        if frame["type"] == "error" {
+            let error = &frame["error"];
+            let code = error["code"].as_str().unwrap_or("unknown");
+            let retry = error["data"]["retryAfterMs"].as_u64().unwrap_or(60_000).clamp(1_000, 300_000);
+            if state.as_deref() != Some(code) {
+                tracing::error!(
+                    code,
+                    retry_after_ms = retry,
+                    "the ingress manager refused the ingress: {}",
+                    error["message"].as_str().unwrap_or_default()
+                );
+            }
+            *state = Some(code.to_string());
+            return Some(now + Duration::from_millis(retry));
+        }
+        match step {
+            IngressStep::Register => {
+                tracing::info!(generation = frame["result"]["generation"].as_u64().unwrap_or_default(), "the cluster ingress registered");
+                *state = Some("registered".into());
+                // the table issued so far, read once: later tables are pushed
+                Some(now)
+            }
+            IngressStep::Fetch => {
+                let table = &frame["result"]["table"];
+                if !table.is_null() {
+                    match serde_json::from_value::<crate::ingress::Table>(table.clone())
+                        .map_err(|e| Refusal::new("route-table-invalid", e.to_string()))
+                        .and_then(|t| ingress.apply(&ctx.cluster_id, t))
+                    {
+                        Ok(_) => {}
+                        Err(r) if r.code == "route-table-stale" => {}
+                        Err(r) => tracing::warn!(code = %r.code, "the route table read at registration was not applied: {r}"),
+                    }
+                }
+                None
             }
         }
     }
@@ -661,6 +772,7 @@ mod tests {
             listen: Some("10.0.0.5:8443".parse().unwrap()),
             registry,
             retry_base: Duration::from_millis(20),
+            ingress: None,
         }
     }
 

@@ -15,12 +15,11 @@
 //! archive changed in the blob store is refused `backup-corrupt`, marked corrupt, and not copied.
 
 use crate::nodes::{agent_binary, machine_hostname_is_a_label};
-use crate::relays::{RelayProcess, agent, export, wait_listed};
+use crate::relays::{RelayProcess, wait_listed};
 use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -124,23 +123,8 @@ impl World {
         });
 
         // ---- a cluster with its relay on an enrolled node, and a service with a volume ----
-        let settings = ok(&server, &admin, "settings.get", json!({}));
-        ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": ZONE } }));
-        let cluster_id = ok(&server, &admin, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
-        let cluster = ok(&server, &admin, "clusters.get", json!({ "id": cluster_id }));
-        ok(&server, &admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
-        ok(&server, &admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-backups" }));
-        let export_dir = root.join("relay-export");
-        std::fs::create_dir(&export_dir).unwrap();
-        std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let authorization = export_dir.join("relay-authorization");
-        export(&server, &admin, &root.join("config"), &cluster_id, &authorization, &[]);
-        let jump = ok(&server, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
-        let state_dir = root.join("agent-state");
-        let mut enroll = agent(&state_dir);
-        enroll.args(["enroll", &origin]);
-        let enrolled = crate::plugins::run(enroll, format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(), EXIT_TIMEOUT);
-        assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+        let enrolled = crate::relays::enrolled_cluster(&server, &admin, root, &origin, ZONE);
+        let (cluster_id, state_dir, authorization) = (enrolled.cluster_id, enrolled.state_dir, enrolled.authorization);
         let volumes_dir = root.join("volumes");
         let relay =
             RelayProcess::start_with(&state_dir, &authorization, "10.0.0.5:8443", &["--volumes-dir".as_ref(), volumes_dir.as_os_str()]);

@@ -22,6 +22,7 @@ mod fleet;
 mod gateway;
 mod hostile;
 mod identity;
+mod ingress;
 mod inventory;
 mod logging;
 mod mail;

@@ -18,7 +18,7 @@ use crate::nodes::{agent_binary, machine_hostname_is_a_label};
 use crate::support::{Capstan, EXIT_TIMEOUT, Reply, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -147,6 +147,35 @@ fn kept_config(state_dir: &Path) -> Result<Value, String> {
     let path = state_dir.join("relay-config.json");
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{} holds no JSON: {e}", path.display()))
+}
+
+/// A cluster of `server` under `zone` with its relay enabled, a relay credential exported to a
+/// private file, and a node enrolled with a jump code (the relay is not started).
+pub(crate) struct EnrolledCluster {
+    pub(crate) cluster_id: String,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) authorization: PathBuf,
+}
+
+pub(crate) fn enrolled_cluster(server: &Capstan, admin: &str, root: &Path, origin: &str, zone: &str) -> EnrolledCluster {
+    let settings = ok(server, admin, "settings.get", json!({}));
+    ok(server, admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": zone } }));
+    let cluster_id = ok(server, admin, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let cluster = ok(server, admin, "clusters.get", json!({ "id": cluster_id }));
+    ok(server, admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
+    ok(server, admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-enrolled" }));
+    let export_dir = root.join("relay-export");
+    std::fs::create_dir(&export_dir).unwrap();
+    std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let authorization = export_dir.join("relay-authorization");
+    export(server, admin, &root.join("config"), &cluster_id, &authorization, &[]);
+    let jump = ok(server, admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
+    let state_dir = root.join("agent-state");
+    let mut enroll = agent(&state_dir);
+    enroll.args(["enroll", origin]);
+    let enrolled = crate::plugins::run(enroll, format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(), EXIT_TIMEOUT);
+    assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+    EnrolledCluster { cluster_id, state_dir, authorization }
 }
 
 /// `relays.list {clusterIds: [cluster]}`'s one item, if any.

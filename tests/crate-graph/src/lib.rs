@@ -139,6 +139,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-plugin-backups", &["capstan-sdk"]),
     ("capstan-plugin-mail", &["capstan-sdk"]),
     ("capstan-plugin-coremail", &["capstan-sdk"]),
+    ("capstan-plugin-ingress", &["capstan-sdk"]),
     ("capstan-plugin-example", &["capstan-sdk"]),
     ("capstan-plugin-adversary", &["capstan-sdk"]),
     // the node agent, a program of its own on every node: the foundation only (refusals, private

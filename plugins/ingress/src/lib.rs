@@ -1,0 +1,866 @@
+//! The ingress manager: one designated ingress per cluster, its bearer, its registration
+//! through the cluster's relay, and the revisioned route table it serves.
+//!
+//! - `ingress.designate` names a service of the fleet the cluster's ingress (compare-and-swap
+//!   on the service's revision and the current designation's generation) and keeps its bearer,
+//!   the service's secret `CAPSTAN_CLUSTER_INGRESS_BEARER` in the management scope
+//!   `cluster-ingress:<clusterId>`, so it reaches the ingress through the service's resolved
+//!   manifest. The bearer is ensured before the designation commits (the WIT joins no secret
+//!   write to a store batch): a retried designation finds the same bearer.
+//! - `ingress.attachService` routes a service through the cluster's ingress, stating the
+//!   address its workload answers on (Capstan places no workloads yet) and which of its
+//!   hostnames are not public.
+//! - The reconcile pass computes each designated cluster's table ([`table::compute`]), issues
+//!   it under the next revision, withdrawals first ([`table::next_step`]), and pushes it to the
+//!   cluster's relay (`ingress.applyRouteTable`); the relay's answer records what it applied.
+//! - `ingress.register` is called by the ingress through the cluster's relay; every refusal
+//!   carries `retryAfterMs`.
+
+mod table;
+
+use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::store::{self, Batch, Doc};
+use capstan_sdk::{
+    CallerKind, CollectionSpec, Context, Descriptor, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
+    Role, Value, json,
+};
+use capstan_sdk::{agents, log, secrets, settings};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use table::{Ingress as IngressFacts, Omitted, Route};
+
+const DESIGNATIONS: &str = "designations";
+const MUTATIONS: &str = "mutations";
+const ATTACHMENTS: &str = "attachments";
+const TABLES: &str = "tables";
+/// The secret a designated ingress authenticates its registration with.
+const BEARER_KEY: &str = "CAPSTAN_CLUSTER_INGRESS_BEARER";
+/// While the route sources cannot be read for less than this, the table issued last stands.
+const GRACE_MS: u64 = 180_000;
+
+struct IngressManager;
+
+impl Manager for IngressManager {
+    fn describe() -> Descriptor {
+        Descriptor::new()
+            .method("designate", "Designate a service the cluster's ingress and keep its bearer.", Role::Admin, designate)
+            .method("getDesignation", "A cluster's ingress designation and registration (never the bearer).", Role::Admin, get_designation)
+            .read_only()
+            .method(
+                "exportBearer",
+                "The designated ingress's bearer, to hand to the ingress (every export is recorded as a reveal).",
+                Role::Admin,
+                export_bearer,
+            )
+            .method("attachService", "Route a service's domains through the cluster's ingress.", Role::Admin, attach_service)
+            .method("detachService", "Stop routing a service through its cluster's ingress.", Role::Admin, detach_service)
+            .method("register", "The designated ingress registers through its cluster's relay.", Role::Authenticated, register)
+            .method(
+                "getRouteTable",
+                "A cluster's current route table ({table: null} until the first).",
+                Role::Authenticated,
+                get_route_table,
+            )
+            .read_only()
+            .method("overview", "Every designated cluster: its ingress, registration and table.", Role::Admin, overview)
+            .read_only()
+            .setting::<Vec<table::Prefix>>(
+                "forwardSourceAddresses",
+                "The address prefixes the gateway's forwarded connections arrive from: a non-public hostname is served to these alone",
+                Some(Vec::new()),
+            )
+            // /p/ingress: the designated clusters, their tables and what was left out
+            .page(Page::new("", "Ingress", "overview").form("designate").form("attachService").form("detachService"))
+            .collection(DESIGNATIONS)
+            .collection(MUTATIONS)
+            .collection(CollectionSpec::new(ATTACHMENTS).index("by_cluster", &["clusterId"]))
+            .collection(TABLES)
+            .subscribe("service.updated")
+            .subscribe("service.deleting")
+            .subscribe("service.deleted")
+            .reconcile_every(Duration::from_secs(10))
+    }
+
+    /// A service changed: the event's delivery already hints the reconcile loop.
+    fn on_event(_ctx: &Context, _event: Event) -> Result<()> {
+        Ok(())
+    }
+
+    fn reconcile(_ctx: &Context, _trigger: ReconcileTrigger) -> Result<ReconcileOutcome> {
+        let mut issued = 0;
+        let mut failures = Vec::new();
+        for designation in designations()? {
+            match converge(&designation.data) {
+                Ok(n) => issued += n,
+                Err(refusal) => failures.push(format!("{}: {}", designation.id, refusal.code())),
+            }
+        }
+        let mut summary = format!("{issued} tables issued");
+        if !failures.is_empty() {
+            summary.push_str(&format!("; failed: {}", failures.join(", ")));
+        }
+        Ok(ReconcileOutcome::done(summary))
+    }
+}
+
+capstan_sdk::manager!(IngressManager);
+
+// ---- records ----
+
+/// A cluster's ingress designation (`designations/<clusterId>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Designation {
+    cluster_id: String,
+    service_id: String,
+    /// Advances with every designation of the cluster; a registration is judged against it.
+    generation: u64,
+    /// The service revision the designation was made against.
+    service_revision: u64,
+    /// The nodes the ingress may register from (empty: any node of the cluster).
+    node_ids: Vec<String>,
+    /// The bearer's secret (metadata only).
+    bearer_secret_id: String,
+    /// The SHA-256 of the bearer this generation issued (hex): what a registration is judged
+    /// against, since the relay's session may not read the service's secrets.
+    bearer_digest: String,
+    designated_at: u64,
+    designated_by: String,
+    /// The ingress's accepted registration under this generation, if any.
+    registration: Option<Registration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Registration {
+    node_id: String,
+    version: String,
+    relay_version: String,
+    route_source_allow_list: bool,
+    accepted_at: u64,
+}
+
+/// A service routed through its cluster's ingress (`attachments/<serviceId>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Attachment {
+    cluster_id: String,
+    service_id: String,
+    address: String,
+    #[serde(default)]
+    private_hostnames: Vec<String>,
+}
+
+/// A cluster's issued route table (`tables/<clusterId>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct TableRecord {
+    table: Option<Table>,
+    /// What the last computation left out.
+    omitted: Vec<Omitted>,
+    /// The revision the relay last said it applied.
+    applied_revision: u64,
+    /// When the route sources were last read whole (ms).
+    computed_at: u64,
+    /// Why the last pass could not read them, if it could not.
+    failure: Option<String>,
+}
+
+/// A complete, revisioned route table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Table {
+    cluster_id: String,
+    revision: u64,
+    routes: Vec<Route>,
+    issued_at: u64,
+}
+
+/// A recorded mutation (`mutations/<mutationId>`): the request and what it answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Mutation {
+    request: Value,
+    result: Value,
+}
+
+// ---- designate ----
+
+capstan_sdk::shaped_text!(MutationId, r"^[A-Za-z0-9._:\-]{1,128}$", "1–128 of A-Z a-z 0-9 - _ . :");
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DesignateInput {
+    cluster_id: String,
+    service_id: String,
+    /// The service's revision as the caller read it.
+    expected_revision: u64,
+    /// The current designation's generation as the caller read it: required to replace one
+    /// (absent: the cluster must hold none).
+    #[serde(default)]
+    expected_generation: Option<u64>,
+    /// The nodes the ingress may register from (absent or empty: any node of the cluster).
+    #[serde(default)]
+    node_ids: Vec<String>,
+    mutation_id: MutationId,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct DesignateOutput {
+    designation: Designation,
+    /// True when the answer is the recorded one of an earlier identical request.
+    replayed: bool,
+}
+
+fn designate(ctx: &Context, input: DesignateInput) -> Result<DesignateOutput> {
+    let request = serde_json::to_value(&input).map_err(|e| Refusal::internal(e.to_string()))?;
+    if let Some(replayed) = replay(&input.mutation_id.0, &request)? {
+        return Ok(replayed);
+    }
+    require_cluster(&input.cluster_id)?;
+    let service = inventory::get::<Value>(EntityKind::Service, &input.service_id)?
+        .ok_or_else(|| Refusal::new("service-not-found", format!("no service {}", input.service_id)))?;
+    if service.data["state"] != "active" {
+        return Err(Refusal::new("service-deleting", format!("service {} is being deleted", input.service_id)));
+    }
+    if service.revision != input.expected_revision {
+        return Err(Refusal::conflict(format!(
+            "service {} is at revision {}, not {}",
+            input.service_id, service.revision, input.expected_revision
+        ))
+        .with_data(json!({"field": "expectedRevision", "current": service.revision})));
+    }
+    for node_id in &input.node_ids {
+        require_node_of(node_id, &input.cluster_id)?;
+    }
+    let current = store::get::<Designation>(DESIGNATIONS, &input.cluster_id)?;
+    match (&current, input.expected_generation) {
+        (Some(held), None) => {
+            return Err(Refusal::new(
+                "designation-present",
+                format!(
+                    "cluster {} already has an ingress ({}); state expectedGeneration {} to replace it",
+                    input.cluster_id, held.data.service_id, held.data.generation
+                ),
+            )
+            .with_data(json!({"serviceId": held.data.service_id, "generation": held.data.generation})));
+        }
+        (Some(held), Some(expected)) if held.data.generation != expected => {
+            return Err(Refusal::conflict(format!("the designation is at generation {}, not {expected}", held.data.generation))
+                .with_data(json!({"field": "expectedGeneration", "current": held.data.generation})));
+        }
+        (None, Some(expected)) if expected != 0 => {
+            return Err(Refusal::conflict(format!("cluster {} holds no designation (generation 0), not {expected}", input.cluster_id))
+                .with_data(json!({"field": "expectedGeneration", "current": 0})));
+        }
+        _ => {}
+    }
+    let scope = bearer_scope(&input.cluster_id);
+    let same_service = current.as_ref().is_some_and(|held| held.data.service_id == input.service_id);
+    let bearer = if same_service {
+        // designating the same service again rotates its bearer under the new generation
+        let held = current.as_ref().map(|d| d.data.bearer_secret_id.clone()).unwrap_or_default();
+        match secrets::rotate(&scope, &held) {
+            Ok(info) => info,
+            Err(r) if r.is("secret-revoked") || r.is("not-found") || r.is("secret-not-found") => recover_bearer(&scope, &input.service_id)?,
+            Err(r) => return Err(r),
+        }
+    } else {
+        recover_bearer(&scope, &input.service_id)?
+    };
+    let value = secrets::reveal(&scope, &bearer.id)?;
+    let bearer_digest = sha256_hex(&value);
+    let designation = Designation {
+        cluster_id: input.cluster_id.clone(),
+        service_id: input.service_id.clone(),
+        generation: current.as_ref().map_or(1, |d| d.data.generation + 1),
+        service_revision: service.revision,
+        node_ids: input.node_ids.clone(),
+        bearer_secret_id: bearer.id.clone(),
+        bearer_digest,
+        designated_at: now_ms(),
+        designated_by: ctx.caller().id().to_string(),
+        registration: None,
+    };
+    let result = DesignateOutput { designation: designation.clone(), replayed: false };
+    let result_value = serde_json::to_value(&result).map_err(|e| Refusal::internal(e.to_string()))?;
+    let batch = Batch::new().put(DESIGNATIONS, &input.cluster_id, current.as_ref().map(|d| d.revision), &designation).insert(
+        MUTATIONS,
+        &input.mutation_id.0,
+        &Mutation { request, result: result_value },
+    );
+    match batch.commit() {
+        Ok(_) => {}
+        Err(r) if r.is("exists") => {
+            // the same mutation id committed meanwhile: answer as a replay would
+            let request = serde_json::to_value(&input).map_err(|e| Refusal::internal(e.to_string()))?;
+            return replay(&input.mutation_id.0, &request)?.ok_or(r);
+        }
+        Err(r) => return Err(r),
+    }
+    // a move revokes the previous service's bearer; one already revoked is not revoked again
+    if let Some(held) = current.filter(|held| held.data.service_id != input.service_id)
+        && let Err(refusal) = secrets::revoke(&scope, &held.data.bearer_secret_id)
+        && !refusal.is("secret-revoked")
+    {
+        warn(
+            "revoking the previous ingress's bearer failed",
+            &[("clusterId", &input.cluster_id), ("serviceId", &held.data.service_id), ("code", refusal.code())],
+        );
+    }
+    Ok(result)
+}
+
+/// The bearer of `service_id` in `scope`: the active one, or a fresh one; a revoked one is
+/// recovered with a fresh version (the revoked version stays revoked).
+fn recover_bearer(scope: &str, service_id: &str) -> Result<secrets::SecretInfo> {
+    let owner = secrets::Owner::Service(service_id.to_string());
+    match secrets::ensure(scope, &owner, BEARER_KEY, &secrets::Generate::base64url(43)) {
+        Err(r) if r.is("secret-revoked") => {
+            let value: [u8; 32] = rand::random();
+            secrets::put(scope, &owner, BEARER_KEY, base64url(&value).as_bytes())
+        }
+        other => other,
+    }
+}
+
+/// The recorded answer of `mutation_id`, when it was used for exactly `request`.
+fn replay(mutation_id: &str, request: &Value) -> Result<Option<DesignateOutput>> {
+    let Some(recorded) = store::get::<Mutation>(MUTATIONS, mutation_id)? else { return Ok(None) };
+    if recorded.data.request != *request {
+        return Err(Refusal::new("mutation-reused", format!("mutation id {mutation_id} was used for another request"))
+            .with_data(json!({"field": "mutationId"})));
+    }
+    let mut answer: DesignateOutput =
+        serde_json::from_value(recorded.data.result).map_err(|e| Refusal::internal(format!("a recorded mutation is unreadable: {e}")))?;
+    answer.replayed = true;
+    Ok(Some(answer))
+}
+
+// ---- reads ----
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ClusterInput {
+    cluster_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct DesignationOutput {
+    cluster_id: String,
+    designation: Option<Designation>,
+}
+
+fn get_designation(_ctx: &Context, input: ClusterInput) -> Result<DesignationOutput> {
+    let designation = store::get::<Designation>(DESIGNATIONS, &input.cluster_id)?.map(|d| d.data);
+    if designation.is_none() {
+        require_cluster(&input.cluster_id)?;
+    }
+    Ok(DesignationOutput { cluster_id: input.cluster_id, designation })
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct RouteTableOutput {
+    cluster_id: String,
+    table: Option<Table>,
+    omitted: Vec<Omitted>,
+    applied_revision: u64,
+}
+
+/// The table as last issued. A machine may read only its own cluster's (a relay session acts
+/// as its cluster's machine user).
+fn get_route_table(ctx: &Context, input: ClusterInput) -> Result<RouteTableOutput> {
+    let cluster = require_cluster(&input.cluster_id)?;
+    if !ctx.caller().has_role("admin") && cluster.data["machineUserId"].as_str() != Some(ctx.caller().id()) {
+        return Err(Refusal::new("forbidden", "only administrators and the cluster's own relay read its route table"));
+    }
+    let record = store::get::<TableRecord>(TABLES, &input.cluster_id)?.map(|d| d.data);
+    Ok(match record {
+        Some(r) => {
+            RouteTableOutput { cluster_id: input.cluster_id, table: r.table, omitted: r.omitted, applied_revision: r.applied_revision }
+        }
+        None => RouteTableOutput { cluster_id: input.cluster_id, table: None, omitted: Vec::new(), applied_revision: 0 },
+    })
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct OverviewItem {
+    cluster_id: String,
+    service_id: String,
+    generation: u64,
+    registered: Option<String>,
+    revision: Option<u64>,
+    applied_revision: u64,
+    routes: usize,
+    omitted: Vec<Omitted>,
+    failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+struct OverviewOutput {
+    clusters: Vec<OverviewItem>,
+}
+
+fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput> {
+    let mut clusters = Vec::new();
+    for d in designations()? {
+        let record = store::get::<TableRecord>(TABLES, &d.id)?.map(|r| r.data);
+        let registration = d.data.registration.as_ref();
+        clusters.push(OverviewItem {
+            cluster_id: d.data.cluster_id.clone(),
+            service_id: d.data.service_id.clone(),
+            generation: d.data.generation,
+            registered: registration.map(|r| format!("{} · {} · relay {}", r.node_id, r.version, r.relay_version)),
+            revision: record.as_ref().and_then(|r| r.table.as_ref().map(|t| t.revision)),
+            applied_revision: record.as_ref().map_or(0, |r| r.applied_revision),
+            routes: record.as_ref().and_then(|r| r.table.as_ref().map(|t| t.routes.len())).unwrap_or(0),
+            omitted: record.as_ref().map(|r| r.omitted.clone()).unwrap_or_default(),
+            failure: record.and_then(|r| r.failure),
+        });
+    }
+    Ok(OverviewOutput { clusters })
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ExportedBearer {
+    cluster_id: String,
+    service_id: String,
+    generation: u64,
+    /// A credential: hand it to the ingress alone (a private file), never store or log it.
+    bearer: String,
+}
+
+fn export_bearer(_ctx: &Context, input: ClusterInput) -> Result<ExportedBearer> {
+    let held = store::get::<Designation>(DESIGNATIONS, &input.cluster_id)?
+        .ok_or_else(|| Refusal::new("ingress-not-designated", format!("cluster {} holds no ingress designation", input.cluster_id)))?;
+    let value = secrets::reveal(&bearer_scope(&input.cluster_id), &held.data.bearer_secret_id)?;
+    let bearer = String::from_utf8(value).map_err(|_| Refusal::internal("the bearer is not text"))?;
+    Ok(ExportedBearer { cluster_id: input.cluster_id, service_id: held.data.service_id, generation: held.data.generation, bearer })
+}
+
+// ---- attachments ----
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct AttachInput {
+    cluster_id: String,
+    service_id: String,
+    /// The address the service's workload answers on: an IP address or a host name.
+    address: String,
+    /// Hostnames of the service that are not public (served to the forwarding sources alone).
+    #[serde(default)]
+    private_hostnames: Vec<String>,
+}
+
+fn attach_service(_ctx: &Context, input: AttachInput) -> Result<Attachment> {
+    require_cluster(&input.cluster_id)?;
+    let service = inventory::get::<table::Service>(EntityKind::Service, &input.service_id)?
+        .ok_or_else(|| Refusal::new("service-not-found", format!("no service {}", input.service_id)))?;
+    if !is_address(&input.address) {
+        return Err(Refusal::invalid_request("address must be an IP address or a host name").with_data(json!({"field": "address"})));
+    }
+    if let Some(h) = input.private_hostnames.iter().find(|h| !service.data.domains.contains(h)) {
+        return Err(Refusal::invalid_request(format!("{h} is not a domain of service {}", input.service_id))
+            .with_data(json!({"field": "privateHostnames"})));
+    }
+    let attachment = Attachment {
+        cluster_id: input.cluster_id,
+        service_id: input.service_id.clone(),
+        address: input.address,
+        private_hostnames: input.private_hostnames,
+    };
+    let stored = attachment.clone();
+    store::update_with_retry::<Attachment, _>(ATTACHMENTS, &input.service_id, move |_| Ok(Some(stored.clone())), 5)?;
+    Ok(attachment)
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ServiceInput {
+    service_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Detached {
+    service_id: String,
+    detached: bool,
+}
+
+fn detach_service(_ctx: &Context, input: ServiceInput) -> Result<Detached> {
+    let was = store::get::<Attachment>(ATTACHMENTS, &input.service_id)?.is_some();
+    store::update_with_retry::<Attachment, _>(ATTACHMENTS, &input.service_id, |_| Ok(None), 5)?;
+    Ok(Detached { service_id: input.service_id, detached: was })
+}
+
+// ---- registration ----
+
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Capabilities {
+    /// The ingress enforces a route's `sourceAllowList`.
+    #[serde(default)]
+    route_source_allow_list: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RegisterInput {
+    cluster_id: String,
+    /// The node the ingress runs on.
+    node_id: String,
+    /// The cluster's ingress bearer (never echoed).
+    bearer: String,
+    /// The ingress's version.
+    version: String,
+    /// The release of the relay it registers through.
+    relay_version: String,
+    #[serde(default)]
+    capabilities: Capabilities,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Registered {
+    cluster_id: String,
+    service_id: String,
+    generation: u64,
+    node_id: String,
+    accepted_at: u64,
+}
+
+/// A registration refusal: its code, and how long the ingress waits before it tries again.
+fn refused(code: &str, message: String) -> Refusal {
+    let retry_after_ms: u64 = match code {
+        "not-ready" | "relay-not-connected" | "assignment-not-running" => 5_000,
+        "conflict" => 1_000,
+        _ => 60_000,
+    };
+    let refusal = Refusal::new(code, message).with_data(json!({"retryAfterMs": retry_after_ms}));
+    if retry_after_ms < 60_000 { refusal.retryable() } else { refusal }
+}
+
+fn register(ctx: &Context, input: RegisterInput) -> Result<Registered> {
+    if input.bearer.is_empty() || input.bearer.len() > 1024 || !input.bearer.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(refused("registration-invalid", "the bearer must be 1–1024 visible ASCII characters".into()));
+    }
+    if input.version.is_empty() || input.version.len() > 64 || table::parse_version(&input.relay_version).is_none() {
+        return Err(refused("registration-invalid", "version must be 1–64 characters and relayVersion major.minor.patch".into()));
+    }
+    let cluster = match inventory::get::<Value>(EntityKind::Cluster, &input.cluster_id) {
+        Ok(Some(cluster)) => cluster,
+        Ok(None) => return Err(refused("registration-invalid", format!("no cluster {}", input.cluster_id))),
+        Err(r) => return Err(refused("not-ready", format!("the cluster cannot be read now ({})", r.code()))),
+    };
+    // the relay session acts as its cluster's machine user
+    if ctx.caller().kind() != CallerKind::Machine || cluster.data["machineUserId"].as_str() != Some(ctx.caller().id()) {
+        return Err(refused("relay-not-connected", "the caller is not this cluster's relay".into()));
+    }
+    match agents::call::<Value>(&input.cluster_id, "agent.ping", &json!({})) {
+        Ok(pong) if pong["nodeId"].as_str() == Some(input.node_id.as_str()) => {}
+        Ok(pong) => {
+            return Err(refused(
+                "relay-not-connected",
+                format!("the cluster's elected relay runs on {}, not on {}", pong["nodeId"].as_str().unwrap_or("?"), input.node_id),
+            ));
+        }
+        Err(r) => return Err(refused("relay-not-connected", format!("the cluster's relay cannot be reached: {}", r.code()))),
+    }
+    let held = match store::get::<Designation>(DESIGNATIONS, &input.cluster_id) {
+        Ok(Some(held)) => held,
+        Ok(None) => return Err(refused("ingress-not-designated", format!("cluster {} holds no ingress designation", input.cluster_id))),
+        Err(r) => {
+            warn("the designation cannot be read", &[("clusterId", &input.cluster_id), ("code", r.code())]);
+            return Err(refused("not-ready", "the designation cannot be read now".into()));
+        }
+    };
+    let node_ok = match inventory::get::<Value>(EntityKind::Node, &input.node_id) {
+        Ok(Some(node)) => node.data["clusterId"].as_str() == Some(input.cluster_id.as_str()),
+        Ok(None) => false,
+        Err(_) => return Err(refused("not-ready", "the node cannot be read now".into())),
+    };
+    if !node_ok || (!held.data.node_ids.is_empty() && !held.data.node_ids.contains(&input.node_id)) {
+        return Err(refused("node-mismatch", format!("node {} is not a node the cluster's ingress may register from", input.node_id)));
+    }
+    match inventory::get::<Value>(EntityKind::Service, &held.data.service_id) {
+        Ok(Some(s)) if s.data["state"] == "active" && s.data["scale"].as_u64().unwrap_or(0) > 0 => {}
+        Ok(_) => {
+            return Err(refused(
+                "assignment-not-running",
+                format!("the designated service {} is not running (deleted, being deleted or scaled to 0)", held.data.service_id),
+            ));
+        }
+        Err(_) => return Err(refused("not-ready", "the designated service cannot be read now".into())),
+    }
+    if !constant_time_eq(sha256_hex(input.bearer.as_bytes()).as_bytes(), held.data.bearer_digest.as_bytes()) {
+        return Err(refused("bearer-refused", "the bearer is not the cluster ingress's current bearer".into()));
+    }
+    let accepted_at = now_ms();
+    let mut next = held.data.clone();
+    next.registration = Some(Registration {
+        node_id: input.node_id.clone(),
+        version: input.version,
+        relay_version: input.relay_version,
+        route_source_allow_list: input.capabilities.route_source_allow_list,
+        accepted_at,
+    });
+    match Batch::new().replace(DESIGNATIONS, &input.cluster_id, held.revision, &next).commit() {
+        Ok(_) => {}
+        Err(r) if r.is("conflict") || r.is("not-found") => {
+            return Err(refused("conflict", "the designation moved while the registration was judged".into()));
+        }
+        Err(r) => return Err(refused("not-ready", format!("recording the registration failed ({})", r.code()))),
+    }
+    Ok(Registered {
+        cluster_id: input.cluster_id,
+        service_id: next.service_id,
+        generation: next.generation,
+        node_id: input.node_id,
+        accepted_at,
+    })
+}
+
+// ---- the route table ----
+
+/// Bring one designated cluster's table to what its sources say; answers how many tables were
+/// issued.
+fn converge(designation: &Designation) -> Result<u32> {
+    let cluster_id = &designation.cluster_id;
+    let held = store::get::<TableRecord>(TABLES, cluster_id)?;
+    let mut record = held.as_ref().map(|d| d.data.clone()).unwrap_or(TableRecord {
+        table: None,
+        omitted: Vec::new(),
+        applied_revision: 0,
+        computed_at: 0,
+        failure: None,
+    });
+    let now = now_ms();
+    let desired = match sources(cluster_id) {
+        Ok(sources) => {
+            let facts = IngressFacts {
+                enforces_allow_lists: designation.registration.as_ref().is_some_and(|r| r.route_source_allow_list),
+                relay_version: designation.registration.as_ref().map(|r| r.relay_version.clone()),
+            };
+            let forward: Settings = settings::get()?;
+            let (forward, unreadable): (Vec<String>, Vec<String>) =
+                forward.forward_source_addresses.into_iter().map(|p| p.0).partition(|p| table::is_prefix(p));
+            if !unreadable.is_empty() {
+                // the setting's pattern lets through what only parsing refuses (a /33, say)
+                warn("forwardSourceAddresses holds prefixes that are not addresses; left out", &[("prefixes", &unreadable.join(","))]);
+            }
+            let (routes, omitted) = table::compute(&sources, &forward, &facts);
+            for o in omitted.iter().filter(|o| !record.omitted.contains(o)) {
+                warn("a route was left out", &[("clusterId", cluster_id), ("hostname", &o.hostname), ("code", &o.code)]);
+            }
+            record.omitted = omitted;
+            record.computed_at = now;
+            record.failure = None;
+            routes
+        }
+        Err(refusal) => {
+            // unreadable sources keep the table issued last within the grace, then withdraw it all
+            record.failure = Some(format!("the route sources cannot be read: {}", refusal.message()));
+            warn("the route sources cannot be read", &[("clusterId", cluster_id), ("code", refusal.code())]);
+            if record.table.is_none() || now.saturating_sub(record.computed_at) < GRACE_MS {
+                save(cluster_id, held.as_ref().map(|d| d.revision), &record)?;
+                return Ok(0);
+            }
+            Vec::new()
+        }
+    };
+    let mut issued = 0;
+    let mut revision = held.as_ref().map(|d| d.revision);
+    loop {
+        let current = record.table.as_ref().map(|t| t.routes.clone()).unwrap_or_default();
+        let step = table::next_step(&current, &desired);
+        let unchanged = record.table.is_some() && step == current;
+        if !unchanged {
+            let next_revision = record.table.as_ref().map_or(1, |t| t.revision + 1);
+            record.table =
+                Some(Table { cluster_id: cluster_id.clone(), revision: next_revision, routes: step.clone(), issued_at: now_ms() });
+            issued += 1;
+        }
+        revision = Some(save(cluster_id, revision, &record)?);
+        let Some(table) = record.table.clone() else { break };
+        if table.revision > record.applied_revision {
+            match agents::call::<Value>(cluster_id, "ingress.applyRouteTable", &table) {
+                Ok(answer) => {
+                    record.applied_revision = answer["appliedRevision"].as_u64().unwrap_or(record.applied_revision);
+                    revision = Some(save(cluster_id, revision, &record)?);
+                }
+                // no relay: it reads the complete table when it registers; the additions need
+                // not wait for a withdrawal nobody holds
+                Err(r) if r.is("relay-not-connected") || r.is("agent-not-connected") || r.is("agent-method-unknown") => {}
+                Err(r) => {
+                    warn("pushing the route table failed", &[("clusterId", cluster_id), ("code", r.code())]);
+                    break;
+                }
+            }
+        }
+        if step == desired {
+            break;
+        }
+        // a withdrawal went first; the addition follows once the relay applied it (or holds none)
+        if record.applied_revision < table.revision && record.applied_revision != 0 {
+            break;
+        }
+    }
+    Ok(issued)
+}
+
+fn save(cluster_id: &str, revision: Option<u64>, record: &TableRecord) -> Result<u64> {
+    let written = Batch::new().put(TABLES, cluster_id, revision, record).commit()?;
+    Ok(written.last().map_or(0, |d| d.revision))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Settings {
+    #[serde(default)]
+    forward_source_addresses: Vec<table::Prefix>,
+}
+
+/// Every service routed through `cluster_id` with what the table needs; attachments of
+/// services that are gone are dropped.
+fn sources(cluster_id: &str) -> Result<Vec<table::Source>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store::find::<Attachment>(ATTACHMENTS, "by_cluster", &[json!(cluster_id)], cursor.as_deref(), 500)?;
+        for doc in page.documents {
+            match inventory::get::<table::Service>(EntityKind::Service, &doc.data.service_id)? {
+                Some(service) => out.push(table::Source {
+                    service_id: doc.data.service_id.clone(),
+                    service: service.data,
+                    address: doc.data.address.clone(),
+                    private_hostnames: doc.data.private_hostnames.iter().cloned().collect::<BTreeSet<_>>(),
+                }),
+                None => {
+                    let _ = Batch::new().delete(ATTACHMENTS, &doc.id, doc.revision).commit();
+                }
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
+// ---- helpers ----
+
+fn designations() -> Result<Vec<Doc<Designation>>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store::scan::<Designation>(DESIGNATIONS, cursor.as_deref(), 500)?;
+        out.extend(page.documents);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(out),
+        }
+    }
+}
+
+fn require_cluster(cluster_id: &str) -> Result<inventory::Entity<Value>> {
+    inventory::get::<Value>(EntityKind::Cluster, cluster_id)?
+        .ok_or_else(|| Refusal::new("cluster-not-found", format!("no cluster {cluster_id}")).with_data(json!({"field": "clusterId"})))
+}
+
+fn require_node_of(node_id: &str, cluster_id: &str) -> Result<()> {
+    match inventory::get::<Value>(EntityKind::Node, node_id)? {
+        Some(node) if node.data["clusterId"].as_str() == Some(cluster_id) => Ok(()),
+        _ => Err(Refusal::new("node-mismatch", format!("{node_id} is not a node of cluster {cluster_id}"))
+            .with_data(json!({"field": "nodeIds"}))),
+    }
+}
+
+fn bearer_scope(cluster_id: &str) -> String {
+    format!("cluster-ingress:{cluster_id}")
+}
+
+fn is_address(text: &str) -> bool {
+    text.parse::<std::net::IpAddr>().is_ok()
+        || (!text.is_empty()
+            && text.len() <= 253
+            && text.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            }))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+fn warn(message: &str, fields: &[(&str, &str)]) {
+    log::log(log::Level::Warn, message, fields);
+}
+
+fn now_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registration_refusals_carry_their_retry_delays() {
+        for (code, ms, retryable) in [
+            ("not-ready", 5_000, true),
+            ("relay-not-connected", 5_000, true),
+            ("assignment-not-running", 5_000, true),
+            ("conflict", 1_000, true),
+            ("registration-invalid", 60_000, false),
+            ("ingress-not-designated", 60_000, false),
+            ("node-mismatch", 60_000, false),
+            ("bearer-refused", 60_000, false),
+        ] {
+            let r = refused(code, "m".into());
+            assert_eq!((r.code(), r.data().unwrap()["retryAfterMs"].as_u64(), r.is_retryable()), (code, Some(ms), retryable));
+        }
+    }
+
+    #[test]
+    fn a_generated_bearer_is_43_base64url_characters() {
+        assert_eq!(base64url(&[0xfb, 0xff]), "-_8");
+        let bearer = base64url(&[7u8; 32]);
+        assert_eq!(bearer.len(), 43);
+        assert!(bearer.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    }
+
+    #[test]
+    fn addresses_and_bearers_compare_as_expected() {
+        assert!(is_address("10.0.0.7") && is_address("::1") && is_address("web.internal"));
+        assert!(!is_address("") && !is_address("a..b") && !is_address("-a.b") && !is_address("a b"));
+        assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd") && !constant_time_eq(b"abc", b"ab"));
+    }
+}

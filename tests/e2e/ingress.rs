@@ -1,0 +1,273 @@
+//! The ingress manager end to end, with real processes only: `capstan serve --dev` (the ingress
+//! plugin embedded and installed first-party), the real `capstan-agent` enrolled with a jump code
+//! and run as `capstan-agent relay --ingress-listen ADDR --ingress-bearer-file FILE`, a test
+//! HTTP service on loopback, and the HTTP API.
+//!
+//! One scenario, in order: a service designated the cluster's ingress (replays, reuse, a stale
+//! revision and an existing designation refused by name); its bearer exported to a private file;
+//! the relay started with the ingress, which registers through the relay's session and receives
+//! its table; a request for a hostname goes through the agent's proxy to the service; a
+//! non-public hostname is left out by name until the forwarding sources are set, then served
+//! only to them; a domain change withdraws exactly the revoked route in a table of its own
+//! before the next table adds the new one.
+
+use crate::relays::{RelayProcess, enrolled_cluster, wait_listed};
+use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+const SEEN: Duration = Duration::from_secs(120);
+const ZONE: &str = "ingress.e2e.example";
+
+fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// The refusal `code` of `method` with `body`: its error object (a client error, or 503 for
+/// one worth retrying).
+fn refused(server: &Capstan, token: &str, method: &str, body: Value, code: &str) -> Value {
+    let reply = server.call_as(token, method, &body);
+    assert!(
+        (400..500).contains(&reply.status) || reply.status == 503,
+        "{method}: expected {code}, got HTTP {} {}",
+        reply.status,
+        reply.body
+    );
+    let error = check_envelope(&reply.what, &reply.json()).clone();
+    assert_eq!(error["code"], code, "{method}: {}", reply.body);
+    error
+}
+
+/// A test service: answers every request with 200 and `web saw <Host>`.
+fn web_service() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let host = head.lines().find_map(|l| l.strip_prefix("host: ").or_else(|| l.strip_prefix("Host: "))).unwrap_or("?");
+                let body = format!("web saw {host}");
+                let _ = write!(stream, "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            });
+        }
+    });
+    port
+}
+
+/// `GET /` through the proxy at `port` for `host`: the status and the body.
+fn through(port: u16, host: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(stream, "GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// The hostnames of every table the relay applied, in order, from its log.
+fn applied(relay: &RelayProcess) -> Vec<(u64, Vec<String>)> {
+    relay
+        .log()
+        .lines()
+        .filter(|l| l.contains("route table applied"))
+        .map(|l| {
+            let field = |name: &str| l.split(' ').find_map(|w| w.strip_prefix(name)).unwrap_or_default().to_string();
+            let revision = field("revision=").parse().unwrap_or(0);
+            let hostnames = field("hostnames=").split(',').filter(|h| !h.is_empty()).map(str::to_string).collect();
+            (revision, hostnames)
+        })
+        .collect()
+}
+
+fn table(server: &Capstan, admin: &str, cluster_id: &str) -> Value {
+    ok(server, admin, "ingress.getRouteTable", json!({ "clusterId": cluster_id }))
+}
+
+fn hostnames(table: &Value) -> Vec<String> {
+    table["table"]["routes"].as_array().map(|r| r.iter().map(|r| r["hostname"].as_str().unwrap().to_string()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdraws_before_it_adds() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let port = free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(root.join("data")).args(["--listen", &format!("127.0.0.1:{port}")]);
+    cmd.env("CAPSTAN_AGENT_BINARY", crate::nodes::agent_binary());
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    eventually("the ingress plugin running", Duration::from_secs(180), || {
+        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "ingress" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    let cluster = enrolled_cluster(&server, &admin, root, &origin, ZONE);
+    let cluster_id = cluster.cluster_id.as_str();
+
+    // ---- services: the ingress itself, and a web service with three domains ----
+    let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let edge = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "edge", "image": "registry.example.com/edge:1", "scale": 1 }),
+    );
+    let edge_id = edge["id"].as_str().unwrap().to_string();
+    let upstream = web_service();
+    let web = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1", "scale": 1,
+                "ports": [{ "port": upstream, "protocol": "http" }],
+                "domains": ["web.e2e.example", "old.e2e.example", "priv.e2e.example"] }),
+    );
+    let web_id = web["id"].as_str().unwrap().to_string();
+
+    // ---- designation: fences, replay, reuse ----
+    let edge_revision = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+    let request = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge_revision, "mutationId": "designate-1" });
+    let stale = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge_revision.as_u64().unwrap() + 7, "mutationId": "designate-0" });
+    let error = refused(&server, &admin, "ingress.designate", stale, "conflict");
+    assert_eq!(error["data"]["field"], "expectedRevision");
+    let designated = ok(&server, &admin, "ingress.designate", request.clone());
+    assert_eq!((designated["replayed"].as_bool(), designated["designation"]["generation"].as_u64()), (Some(false), Some(1)));
+    let replayed = ok(&server, &admin, "ingress.designate", request.clone());
+    assert_eq!(replayed["replayed"], true);
+    assert_eq!(replayed["designation"], designated["designation"], "a replay answers the recorded result");
+    let mut reused = request.clone();
+    reused["serviceId"] = json!(web_id);
+    refused(&server, &admin, "ingress.designate", reused, "mutation-reused");
+    let mut again = request.clone();
+    again["mutationId"] = json!("designate-2");
+    let present = refused(&server, &admin, "ingress.designate", again, "designation-present");
+    assert_eq!(present["data"]["generation"], 1);
+    let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+    assert_eq!(read["designation"]["serviceId"], edge_id.as_str());
+    assert!(!read.to_string().contains("bearer\":"), "no answer but the export carries the bearer: {read}");
+
+    // ---- the bearer, handed to the ingress in a private file ----
+    let exported = ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }));
+    let bearer = exported["bearer"].as_str().unwrap().to_string();
+    assert_eq!(bearer.len(), 43, "32 random bytes, base64url");
+    let bearer_file = root.join("relay-export/ingress-bearer");
+    std::fs::write(&bearer_file, &bearer).unwrap();
+    std::fs::set_permissions(&bearer_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // a registration from anyone but the cluster's relay is refused, with when to try again
+    let foreign = refused(
+        &server,
+        &admin,
+        "ingress.register",
+        json!({ "clusterId": cluster_id, "nodeId": "node_x", "bearer": bearer, "version": "1", "relayVersion": "0.1.0" }),
+        "relay-not-connected",
+    );
+    assert_eq!(foreign["data"]["retryAfterMs"], 5000);
+    assert!(!foreign.to_string().contains(&bearer), "a refusal never quotes the bearer");
+
+    // ---- routes, the relay with its ingress ----
+    ok(
+        &server,
+        &admin,
+        "ingress.attachService",
+        json!({ "clusterId": cluster_id, "serviceId": web_id, "address": "127.0.0.1", "privateHostnames": ["priv.e2e.example"] }),
+    );
+    let proxy = free_port();
+    let relay = RelayProcess::start_with(
+        &cluster.state_dir,
+        &cluster.authorization,
+        "10.0.0.5:8443",
+        &["--ingress-listen".as_ref(), format!("127.0.0.1:{proxy}").as_ref(), "--ingress-bearer-file".as_ref(), bearer_file.as_os_str()],
+    );
+    wait_listed(&server, &admin, cluster_id, true, 1, &[&relay]);
+    eventually("the ingress registered through its relay", SEEN, || {
+        let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+        if read["designation"]["registration"]["routeSourceAllowList"] == true { Ok(()) } else { Err(format!("{read}\n{}", relay.log())) }
+    });
+    let first = eventually("the first table, applied by the relay", SEEN, || {
+        let t = table(&server, &admin, cluster_id);
+        if t["table"].is_object() && t["appliedRevision"] == t["table"]["revision"] { Ok(t) } else { Err(format!("{t}\n{}", relay.log())) }
+    });
+    assert_eq!(hostnames(&first), ["old.e2e.example", "web.e2e.example"]);
+    let omitted = &first["omitted"][0];
+    assert_eq!((omitted["hostname"].as_str(), omitted["code"].as_str()), (Some("priv.e2e.example"), Some("forward-source-unset")));
+    assert!(!relay.log().contains(&bearer), "the relay never logs the ingress bearer");
+
+    // ---- through the agent's proxy ----
+    assert_eq!(through(proxy, "web.e2e.example"), (200, "web saw web.e2e.example".to_string()));
+    assert_eq!(through(proxy, "WEB.e2e.example:80").0, 200, "the Host's port and case do not matter");
+    assert_eq!(through(proxy, "nowhere.e2e.example").0, 404);
+    assert_eq!(through(proxy, "priv.e2e.example").0, 404, "a non-public hostname left out is not served");
+
+    // ---- a non-public hostname, served to the forwarding sources alone ----
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(
+        &server,
+        &admin,
+        "settings.update",
+        json!({ "expectedRevision": settings["revision"], "set": { "ingress.forwardSourceAddresses": ["192.0.2.0/24"] } }),
+    );
+    let private = eventually("the private route with its allowlist", SEEN, || {
+        let t = table(&server, &admin, cluster_id);
+        let route = t["table"]["routes"].as_array().into_iter().flatten().find(|r| r["hostname"] == "priv.e2e.example").cloned();
+        match route {
+            Some(route) if t["appliedRevision"] == t["table"]["revision"] => Ok(route),
+            _ => Err(t.to_string()),
+        }
+    });
+    assert_eq!(private["sourceAllowList"], json!(["192.0.2.0/24"]));
+    assert_eq!(through(proxy, "priv.e2e.example").0, 403, "loopback is not a forwarding source");
+    let settings = ok(&server, &admin, "settings.get", json!({}));
+    ok(
+        &server,
+        &admin,
+        "settings.update",
+        json!({ "expectedRevision": settings["revision"], "set": { "ingress.forwardSourceAddresses": ["127.0.0.0/8"] } }),
+    );
+    eventually("the private hostname served to loopback", SEEN, || match through(proxy, "priv.e2e.example") {
+        (200, body) => Ok(body),
+        other => Err(format!("{other:?}")),
+    });
+
+    // ---- a domain change: the revoked route is withdrawn in a table of its own, then the new one added ----
+    let before = applied(&relay).len();
+    let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    ok(
+        &server,
+        &admin,
+        "services.update",
+        json!({ "id": web_id, "expectedRevision": web["revision"], "domains": ["web.e2e.example", "new.e2e.example", "priv.e2e.example"] }),
+    );
+    let steps = eventually("the new hostname served", SEEN, || {
+        let steps = applied(&relay);
+        if steps.last().is_some_and(|(_, h)| h.contains(&"new.e2e.example".to_string())) { Ok(steps) } else { Err(relay.log()) }
+    });
+    let steps = &steps[before..];
+    assert_eq!(steps.len(), 2, "one withdrawal, then one addition: {steps:?}");
+    assert_eq!(steps[0].1, ["priv.e2e.example", "web.e2e.example"], "exactly the revoked route withdrawn first");
+    assert_eq!(steps[1].1, ["new.e2e.example", "priv.e2e.example", "web.e2e.example"]);
+    assert_eq!(steps[1].0, steps[0].0 + 1, "consecutive revisions");
+    assert_eq!(through(proxy, "new.e2e.example"), (200, "web saw new.e2e.example".to_string()));
+    assert_eq!(through(proxy, "old.e2e.example").0, 404);
+
+    // ---- detaching withdraws the service's routes ----
+    ok(&server, &admin, "ingress.detachService", json!({ "serviceId": web_id }));
+    eventually("the routes withdrawn", SEEN, || match through(proxy, "web.e2e.example").0 {
+        404 => Ok(()),
+        other => Err(format!("HTTP {other}")),
+    });
+}
