@@ -20,7 +20,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use tokio::sync::Notify;
 
 /// A route as the manager issues it.
 #[derive(Debug, Clone, Deserialize)]
@@ -46,6 +48,10 @@ pub struct Table {
     pub cluster_id: String,
     pub revision: u64,
     pub routes: Vec<Route>,
+    /// The designation the table was pushed under; one the ingress has not registered under
+    /// makes it register again.
+    #[serde(default)]
+    pub designation_generation: u64,
 }
 
 /// A route with its allowlist parsed.
@@ -61,6 +67,10 @@ pub struct Ingress {
     bearer_file: PathBuf,
     held: RwLock<Option<(u64, Arc<Vec<Served>>)>>,
     client: reqwest::Client,
+    /// The designation generation the ingress last registered under (0: none yet).
+    registered: AtomicU64,
+    /// Signalled when a push names another designation: the relay registers the ingress again.
+    pub wanted: Notify,
 }
 
 impl Ingress {
@@ -71,7 +81,7 @@ impl Ingress {
             .connect_timeout(std::time::Duration::from_secs(10))
             .build()
             .map_err(Refusal::internal)?;
-        Ok(Arc::new(Ingress { listen, bearer_file, held: RwLock::new(None), client }))
+        Ok(Arc::new(Ingress { listen, bearer_file, held: RwLock::new(None), client, registered: AtomicU64::new(0), wanted: Notify::new() }))
     }
 
     /// The bearer the ingress registers with (the same private-file rules as the relay's).
@@ -99,13 +109,23 @@ impl Ingress {
         self.held.read().map(|h| h.as_ref().map_or(0, |(r, _)| *r)).unwrap_or(0)
     }
 
-    /// Apply `table` whole, for the cluster `cluster_id`.
+    /// Note the designation generation a registration was accepted under.
+    pub fn registered_under(&self, generation: u64) {
+        self.registered.store(generation, Ordering::Relaxed);
+    }
+
+    /// Apply `table` whole, for the cluster `cluster_id` (the revision held already: nothing
+    /// changes).
     pub fn apply(&self, cluster_id: &str, table: Table) -> Result<u64, Refusal> {
         if table.cluster_id != cluster_id {
             return Err(Refusal::new(
                 "route-table-foreign",
                 format!("a route table of cluster {} reached the relay of {cluster_id}", table.cluster_id),
             ));
+        }
+        if table.designation_generation != 0 && table.designation_generation != self.registered.load(Ordering::Relaxed) {
+            tracing::info!(generation = table.designation_generation, "the ingress designation changed; registering again");
+            self.wanted.notify_one();
         }
         let mut served = Vec::with_capacity(table.routes.len());
         for route in table.routes {
@@ -122,6 +142,9 @@ impl Ingress {
         if table.revision < current {
             return Err(Refusal::new("route-table-stale", format!("revision {} is older than the held {current}", table.revision))
                 .with_data(json!({"heldRevision": current})));
+        }
+        if table.revision == current && held.is_some() {
+            return Ok(current);
         }
         let hostnames: Vec<&str> = served.iter().map(|s| s.route.hostname.as_str()).collect();
         tracing::info!(revision = table.revision, routes = served.len(), hostnames = %hostnames.join(","), "route table applied");

@@ -408,6 +408,12 @@ impl Relay {
                     None => std::future::pending().await,
                 }
             };
+            let ingress_wanted = async {
+                match &self.ingress {
+                    Some(ingress) if ingress_call.is_none() && *registered => ingress.wanted.notified().await,
+                    _ => std::future::pending().await,
+                }
+            };
             let ingress_due = async {
                 match ingress_at {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -508,6 +514,10 @@ impl Relay {
                     }
                 }
                 Some(_) = requests.join_next(), if !requests.is_empty() => {}
+                _ = ingress_wanted => {
+                    ingress_refusal = None;
+                    ingress_at = Some(tokio::time::Instant::now());
+                }
                 _ = ingress_due => {
                     ingress_at = None;
                     let Some(ingress) = &self.ingress else { continue };
@@ -587,7 +597,9 @@ impl Relay {
         }
         match step {
             IngressStep::Register => {
-                tracing::info!(generation = frame["result"]["generation"].as_u64().unwrap_or_default(), "the cluster ingress registered");
+                let generation = frame["result"]["generation"].as_u64().unwrap_or_default();
+                ingress.registered_under(generation);
+                tracing::info!(generation, "the cluster ingress registered");
                 *state = Some("registered".into());
                 // the table issued so far, read once: later tables are pushed
                 Some(now)

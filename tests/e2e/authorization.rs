@@ -358,6 +358,29 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // ---- the CoreMail plugin (off) ----
         ("coremail.getControlStatus", json!({}), admin(Ran)),
         ("coremail.getServiceMailStatistics", json!({}), admin(Past("coremail-disabled"))),
+        // ---- the ingress plugin (nothing designated; the fixture's cluster has no relay) ----
+        (
+            "ingress.designate",
+            json!({ "clusterId": "cluster_missing", "serviceId": "svc_missing", "expectedRevision": 1, "mutationId": "m1" }),
+            admin(Past("cluster-not-found")),
+        ),
+        ("ingress.getDesignation", json!({ "clusterId": "cluster_missing" }), admin(Past("cluster-not-found"))),
+        ("ingress.exportBearer", json!({ "clusterId": CLUSTER }), admin(Past("ingress-not-designated"))),
+        (
+            "ingress.attachService",
+            json!({ "clusterId": "cluster_missing", "serviceId": "svc_missing", "address": "127.0.0.1" }),
+            admin(Past("cluster-not-found")),
+        ),
+        ("ingress.detachService", json!({ "serviceId": "svc_missing" }), admin(Ran)),
+        ("ingress.overview", json!({}), admin(Ran)),
+        // only the cluster's relay (its machine user) may register, and no relay is connected
+        (
+            "ingress.register",
+            json!({ "clusterId": CLUSTER, "nodeId": "node_x", "bearer": "b", "version": "1", "relayVersion": "0.1.0" }),
+            signed_in(Past("relay-not-connected")),
+        ),
+        // administrators and the cluster's own machine user read its table
+        ("ingress.getRouteTable", json!({ "clusterId": CLUSTER }), [Ran, Denied, Denied, Denied, Ran, Denied, Anon]),
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
         ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),
         ("appstore.getCatalogStatus", json!({}), signed_in(Ran)),

@@ -138,7 +138,22 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     );
     let web_id = web["id"].as_str().unwrap().to_string();
 
-    // ---- designation: fences, replay, reuse ----
+    // ---- designation: the environment fences, then the revision, replay, reuse ----
+    let bare = ok(&server, &admin, "clusters.create", json!({ "name": "bare" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+    let no_relay = json!({ "clusterId": bare, "serviceId": edge_id, "expectedRevision": rev, "mutationId": "designate-bare" });
+    assert_eq!(refused(&server, &admin, "ingress.designate", no_relay, "cluster-relay-missing")["data"]["clusterId"], bare.as_str());
+    let claims = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "claims", "image": "registry.example.com/edge:1", "environment": { "CAPSTAN_CLUSTER_NODE_ID": "n" } }),
+    );
+    let conflicting =
+        json!({ "clusterId": cluster_id, "serviceId": claims["id"], "expectedRevision": 1, "mutationId": "designate-claims" });
+    let error = refused(&server, &admin, "ingress.designate", conflicting, "cluster-ingress-environment-conflict");
+    assert_eq!(error["data"]["names"], json!(["CAPSTAN_CLUSTER_NODE_ID"]));
+
     let edge_revision = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
     let request = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge_revision, "mutationId": "designate-1" });
     let stale = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge_revision.as_u64().unwrap() + 7, "mutationId": "designate-0" });
@@ -206,6 +221,17 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let omitted = &first["omitted"][0];
     assert_eq!((omitted["hostname"].as_str(), omitted["code"].as_str()), (Some("priv.e2e.example"), Some("forward-source-unset")));
     assert!(!relay.log().contains(&bearer), "the relay never logs the ingress bearer");
+    let node_id =
+        ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }))["designation"]["registration"]["nodeId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    let credential: Value = serde_json::from_slice(&std::fs::read(cluster.state_dir.join("credential.json")).unwrap()).unwrap();
+    assert_eq!(credential["nodeId"], node_id.as_str(), "the ingress registered from the relay's node");
+    let environment = ok(&server, &admin, "ingress.getEnvironment", json!({ "clusterId": cluster_id, "nodeId": node_id }));
+    let relay_origin = format!("https://relay.{}.{ZONE}:8443", cluster_id.replace('_', "-"));
+    assert_eq!(environment["environment"], json!({ "CAPSTAN_CLUSTER_RELAY_ORIGIN": relay_origin, "CAPSTAN_CLUSTER_NODE_ID": node_id }));
+    assert_eq!(environment["secrets"], json!(["CAPSTAN_CLUSTER_INGRESS_BEARER"]));
 
     // ---- through the agent's proxy ----
     assert_eq!(through(proxy, "web.e2e.example"), (200, "web saw web.e2e.example".to_string()));
@@ -263,6 +289,25 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     assert_eq!(steps[1].0, steps[0].0 + 1, "consecutive revisions");
     assert_eq!(through(proxy, "new.e2e.example"), (200, "web saw new.e2e.example".to_string()));
     assert_eq!(through(proxy, "old.e2e.example").0, 404);
+
+    // ---- designating the same service again rotates its bearer; the ingress registers again ----
+    let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+    let rotated = ok(
+        &server,
+        &admin,
+        "ingress.designate",
+        json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 1, "mutationId": "designate-3" }),
+    );
+    assert_eq!(rotated["designation"]["generation"], 2);
+    let new_bearer =
+        ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
+    assert_ne!(new_bearer, bearer, "a rotation issues a new bearer");
+    std::fs::write(&bearer_file, &new_bearer).unwrap();
+    eventually("the ingress registered under generation 2", SEEN, || {
+        let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+        if read["designation"]["registration"].is_object() { Ok(()) } else { Err(format!("{read}\n{}", relay.log())) }
+    });
+    assert!(!relay.log().contains(&new_bearer), "the relay never logs the ingress bearer");
 
     // ---- detaching withdraws the service's routes ----
     ok(&server, &admin, "ingress.detachService", json!({ "serviceId": web_id }));

@@ -63,6 +63,13 @@ impl Manager for IngressManager {
                 get_route_table,
             )
             .read_only()
+            .method(
+                "getEnvironment",
+                "What a replica of the cluster's ingress runs with on a node: the relay origin and node id, and its bearer's secret.",
+                Role::Authenticated,
+                get_environment,
+            )
+            .read_only()
             .method("overview", "Every designated cluster: its ingress, registration and table.", Role::Admin, overview)
             .read_only()
             .setting::<Vec<table::Prefix>>(
@@ -219,7 +226,7 @@ fn designate(ctx: &Context, input: DesignateInput) -> Result<DesignateOutput> {
     if let Some(replayed) = replay(&input.mutation_id.0, &request)? {
         return Ok(replayed);
     }
-    require_cluster(&input.cluster_id)?;
+    let cluster = require_cluster(&input.cluster_id)?;
     let service = inventory::get::<Value>(EntityKind::Service, &input.service_id)?
         .ok_or_else(|| Refusal::new("service-not-found", format!("no service {}", input.service_id)))?;
     if service.data["state"] != "active" {
@@ -235,6 +242,8 @@ fn designate(ctx: &Context, input: DesignateInput) -> Result<DesignateOutput> {
     for node_id in &input.node_ids {
         require_node_of(node_id, &input.cluster_id)?;
     }
+    relay_origin(&cluster)?;
+    environment_conflict(&input.service_id, &service.data)?;
     let current = store::get::<Designation>(DESIGNATIONS, &input.cluster_id)?;
     match (&current, input.expected_generation) {
         (Some(held), None) => {
@@ -369,6 +378,82 @@ struct RouteTableOutput {
     table: Option<Table>,
     omitted: Vec<Omitted>,
     applied_revision: u64,
+}
+
+/// The names a designated ingress's replicas run with; the service's own environment may set none.
+const ENVIRONMENT_NAMES: [&str; 3] = [BEARER_KEY, "CAPSTAN_CLUSTER_RELAY_ORIGIN", "CAPSTAN_CLUSTER_NODE_ID"];
+
+/// The cluster's relay origin, or `cluster-relay-missing`.
+fn relay_origin(cluster: &inventory::Entity<Value>) -> Result<String> {
+    match (cluster.data["relay"]["enabled"].as_bool(), cluster.data["relay"]["origin"].as_str()) {
+        (Some(true), Some(origin)) if !origin.is_empty() => Ok(origin.to_string()),
+        _ => Err(Refusal::new(
+            "cluster-relay-missing",
+            format!("cluster {} has no relay; an administrator enables it with clusters.enableRelay", cluster.id),
+        )
+        .with_data(json!({"clusterId": cluster.id}))),
+    }
+}
+
+/// `cluster-ingress-environment-conflict` when the service's own environment sets a name the
+/// ingress environment adds.
+fn environment_conflict(service_id: &str, service: &Value) -> Result<()> {
+    let set: Vec<&str> = ENVIRONMENT_NAMES.iter().copied().filter(|name| service["environment"].get(*name).is_some()).collect();
+    if set.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        "cluster-ingress-environment-conflict",
+        format!("service {service_id} sets {} in its own environment; the cluster ingress's environment provides it", set.join(", ")),
+    )
+    .with_data(json!({"serviceId": service_id, "names": set})))
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EnvironmentInput {
+    cluster_id: String,
+    /// The node the replica runs on.
+    node_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct EnvironmentOutput {
+    cluster_id: String,
+    service_id: String,
+    generation: u64,
+    /// Added to the replica's environment.
+    environment: std::collections::BTreeMap<String, String>,
+    /// The secrets of the service's manifest the replica needs (by key; never a value).
+    secrets: Vec<String>,
+}
+
+/// The environment a replica of the designated ingress runs with on `node_id`: it follows from
+/// the designation existing; a relay origin that moves changes it.
+fn get_environment(ctx: &Context, input: EnvironmentInput) -> Result<EnvironmentOutput> {
+    let cluster = require_cluster(&input.cluster_id)?;
+    if !ctx.caller().has_role("admin") && cluster.data["machineUserId"].as_str() != Some(ctx.caller().id()) {
+        return Err(Refusal::new("forbidden", "only administrators and the cluster's own machine user read its ingress environment"));
+    }
+    let held = store::get::<Designation>(DESIGNATIONS, &input.cluster_id)?
+        .ok_or_else(|| Refusal::new("ingress-not-designated", format!("cluster {} holds no ingress designation", input.cluster_id)))?;
+    require_node_of(&input.node_id, &input.cluster_id)?;
+    let origin = relay_origin(&cluster)?;
+    if let Some(service) = inventory::get::<Value>(EntityKind::Service, &held.data.service_id)? {
+        environment_conflict(&held.data.service_id, &service.data)?;
+    }
+    let environment = [("CAPSTAN_CLUSTER_RELAY_ORIGIN", origin), ("CAPSTAN_CLUSTER_NODE_ID", input.node_id)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    Ok(EnvironmentOutput {
+        cluster_id: input.cluster_id,
+        service_id: held.data.service_id,
+        generation: held.data.generation,
+        environment,
+        secrets: vec![BEARER_KEY.to_string()],
+    })
 }
 
 /// The table as last issued. A machine may read only its own cluster's (a relay session acts
@@ -688,8 +773,12 @@ fn converge(designation: &Designation) -> Result<u32> {
         }
         revision = Some(save(cluster_id, revision, &record)?);
         let Some(table) = record.table.clone() else { break };
-        if table.revision > record.applied_revision {
-            match agents::call::<Value>(cluster_id, "ingress.applyRouteTable", &table) {
+        // pushed again while the ingress has not registered under this designation: the push
+        // names the generation, which tells the ingress to register again
+        if table.revision > record.applied_revision || designation.registration.is_none() {
+            let mut push = serde_json::to_value(&table).map_err(|e| Refusal::internal(e.to_string()))?;
+            push["designationGeneration"] = json!(designation.generation);
+            match agents::call::<Value>(cluster_id, "ingress.applyRouteTable", &push) {
                 Ok(answer) => {
                     record.applied_revision = answer["appliedRevision"].as_u64().unwrap_or(record.applied_revision);
                     revision = Some(save(cluster_id, revision, &record)?);
