@@ -358,6 +358,11 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // ---- the CoreMail plugin (off) ----
         ("coremail.getControlStatus", json!({}), admin(Ran)),
         ("coremail.getServiceMailStatistics", json!({}), admin(Past("coremail-disabled"))),
+        // ---- domains (no gateway enrolled) ----
+        ("domains.list", json!({}), admin(Ran)),
+        ("domains.register", json!({ "name": "Not A Domain" }), admin(Past("domain-invalid"))),
+        ("domains.unregister", json!({ "name": "missing.example" }), admin(Ran)),
+        ("domains.sync", json!({}), admin(Past("gateway-not-enrolled"))),
         // ---- the ingress plugin (nothing designated; the fixture's cluster has no relay) ----
         (
             "ingress.designate",
@@ -379,7 +384,12 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             json!({ "clusterId": CLUSTER, "nodeId": "node_x", "bearer": "b", "version": "1", "relayVersion": "0.1.0" }),
             signed_in(Past("relay-not-connected")),
         ),
-        // administrators and the cluster's own machine user read its table
+        // administrators and the cluster's own machine user read its ingress's environment and table
+        (
+            "ingress.getEnvironment",
+            json!({ "clusterId": CLUSTER, "nodeId": "node_x" }),
+            [Past("ingress-not-designated"), Denied, Denied, Denied, Past("ingress-not-designated"), Denied, Anon],
+        ),
         ("ingress.getRouteTable", json!({ "clusterId": CLUSTER }), [Ran, Denied, Denied, Denied, Ran, Denied, Anon]),
         // ---- the App Store plugin (no catalog imported: its catalog readers are unavailable) ----
         ("appstore.getAppConfig", json!({ "appId": "missing" }), signed_in(Past("appstore-catalog-unavailable"))),

@@ -137,6 +137,11 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
                 "domains": ["web.e2e.example", "old.e2e.example", "priv.e2e.example"] }),
     );
     let web_id = web["id"].as_str().unwrap().to_string();
+    // a relay's name is Capstan's: no service answers on it
+    let relay_name = format!("relay.{}.{ZONE}", cluster_id.replace('_', "-"));
+    let taken = json!({ "id": web_id, "expectedRevision": web["revision"], "domains": ["web.e2e.example", relay_name] });
+    let error = refused(&server, &admin, "services.update", taken, "relay-name-reserved");
+    assert_eq!(error["data"]["domain"], relay_name.as_str());
 
     // ---- designation: the environment fences, then the revision, replay, reuse ----
     let bare = ok(&server, &admin, "clusters.create", json!({ "name": "bare" }))["cluster"]["id"].as_str().unwrap().to_string();

@@ -108,6 +108,11 @@ pub fn code_status(code: &str) -> Option<u16> {
         "version-collision" | "release-tag-occupied" | "release-tag-reserved" => 409,
         "deployment-state-invalid" | "deployment-image-missing" | "deployment-superseded" | "route-unavailable" => 409,
         "deploy-on-push-enabled" => 409,
+        "relay-name-reserved"
+        | "designation-present"
+        | "cluster-ingress-environment-conflict"
+        | "gateway-not-enrolled"
+        | "ingress-not-designated" => 409,
         // the route's target does not pass its check yet; what was published is withdrawn
         "deployment-route-check-failed" => 409,
         "deployment-identity-required" => 403,

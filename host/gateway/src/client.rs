@@ -165,6 +165,20 @@ impl GatewayClient {
         Ok(Issued { credential_id: credential_id.to_string(), token: zeroize::Zeroizing::new(token.to_string()) })
     }
 
+    /// `GET /v1/domains` with the client's token: every domain the gateway makes available to
+    /// the client, with whether it is verified (names that are not domain names are left out).
+    pub async fn domains(&self, origin: &str, token: &str) -> Result<Vec<(String, bool)>, Failure> {
+        let answer = self.request(reqwest::Method::GET, origin, "/v1/domains", token, None).await?;
+        let Some(listed) = answer["domains"].as_array() else { return Err(Failure::Invalid("the answer lists no domains".into())) };
+        Ok(listed
+            .iter()
+            .filter_map(|d| {
+                let name = d["name"].as_str()?.trim_end_matches('.').to_ascii_lowercase();
+                crate::domains::is_domain(&name).then(|| (name, d["verified"].as_bool().unwrap_or(false)))
+            })
+            .collect())
+    }
+
     /// `POST /v1/client/finalize` with the candidate's own token: the candidate becomes the
     /// client's active credential and the one before it stops working.
     pub async fn finalize(&self, origin: &str, candidate_token: &str, credential_id: &str) -> Result<(), Failure> {

@@ -12,6 +12,7 @@
 //! bootstrap.
 
 pub mod client;
+pub mod domains;
 
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
@@ -75,7 +76,8 @@ impl Context {
 
 /// Declare the enrollment record's collection.
 pub async fn declare(store: &Store) -> Result<()> {
-    store.declare(CollectionSpec::new(ENROLLMENT)).await
+    store.declare(CollectionSpec::new(ENROLLMENT)).await?;
+    domains::declare(store).await
 }
 
 /// A credential Capstan holds (or was issued), with the target and policy it was issued for.
@@ -451,10 +453,12 @@ pub fn host_identity() -> Identity {
     }
 }
 
-/// Retry a pending finalization every `period`, until `stopped` turns true.
+/// Retry a pending finalization every `period`, and sync the gateway's domains in while a
+/// credential is held, until `stopped` turns true.
 pub fn spawn_finalizer(cx: Context, period: Duration, mut stopped: tokio::sync::watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let actor = host_identity();
+        let mut last_failure: Option<String> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
@@ -464,6 +468,19 @@ pub fn spawn_finalizer(cx: Context, period: Duration, mut stopped: tokio::sync::
             if let Err(e) = finalize_pending(&cx, &actor).await {
                 tracing::warn!(code = %e.code, "gateway credential finalization: {e}");
             }
+            // said once per distinct failure, not every period
+            let failure = match domains::sync(&cx).await {
+                Ok(_) => None,
+                Err(e) if e.is("gateway-not-enrolled") => None,
+                Err(e) => Some(e),
+            };
+            let text = failure.as_ref().map(|e| e.to_string());
+            if let Some(e) = &failure
+                && text != last_failure
+            {
+                tracing::warn!(code = %e.code, "gateway domains sync: {e}");
+            }
+            last_failure = text;
         }
     })
 }
@@ -474,6 +491,7 @@ async fn get_state(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -> 
 
 /// Register the `gateway.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
+    domains::register(registry, cx.clone());
     let mut registry = registry.with(cx);
     registry
         .add(

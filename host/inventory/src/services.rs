@@ -213,6 +213,7 @@ pub async fn publish_domains(tx: &Tx, id: &str, hostnames: &[String]) -> Result<
     }
     next.domains.extend(added.iter().cloned());
     rules::domains(&next.domains)?;
+    check_relay_names(tx, &added).await?;
     next.updated_at = now_secs();
     tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
     emit(tx, "service.updated", id, summary(id, &next)).await?;
@@ -611,6 +612,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
             if name_taken(&tx, &service_ref.organization_id, &service_ref.name).await? {
                 return Err(name_exists(&service_ref.name));
             }
+            check_relay_names(&tx, &service_ref.domains).await?;
             let doc = tx.insert(SERVICES, id_ref, to_value(service_ref)?).await?;
             emit(&tx, "service.created", id_ref, summary(id_ref, service_ref)).await?;
             Ok(doc)
@@ -618,6 +620,30 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         .await?;
     tracing::info!(service = %id, name = %service.name, organization = %service.organization_id, "service created");
     parse(&doc)
+}
+
+/// `relay-name-reserved` for a domain that is, or covers, a cluster relay's name
+/// (`relay.<cluster label>.<clusterRelayZone>`, docs/relays.md): those names are Capstan's.
+async fn check_relay_names(tx: &Tx, domains: &[String]) -> Result<()> {
+    let settings = crate::settings::current(tx).await?;
+    let Some(zone) = settings.get(crate::settings::CLUSTER_RELAY_ZONE).and_then(Value::as_str) else { return Ok(()) };
+    match domains.iter().find(|d| is_relay_name(d, zone)) {
+        None => Ok(()),
+        Some(domain) => Err(Refusal::new(
+            "relay-name-reserved",
+            format!("{domain} is a cluster relay's name under the relay zone {zone}; relay names are Capstan's"),
+        )
+        .with_data(json!({ "field": "domains", "domain": domain, "zone": zone }))),
+    }
+}
+
+/// Whether `domain` is `relay.<label>.<zone>`, or a wildcard `*.<label>.<zone>` covering one.
+fn is_relay_name(domain: &str, zone: &str) -> bool {
+    let Some(rest) = domain.strip_suffix(zone).and_then(|r| r.strip_suffix('.')) else { return false };
+    match rest.split_once('.') {
+        Some(("relay" | "*", label)) => !label.is_empty() && !label.contains('.'),
+        _ => false,
+    }
 }
 
 /// What every service event carries: enough to route it, never the environment.
@@ -655,6 +681,9 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             let f = input.clone();
             next.image = f.image.unwrap_or(next.image);
             next.ports = f.ports.unwrap_or(next.ports);
+            if let Some(domains) = &f.domains {
+                check_relay_names(&tx, domains).await?;
+            }
             next.domains = f.domains.unwrap_or(next.domains);
             next.environment = f.environment.unwrap_or(next.environment);
             next.scale = f.scale.unwrap_or(next.scale);
@@ -978,4 +1007,26 @@ pub fn register(registry: &mut Registry, cx: Context) {
     registry
         .add("services.delete", "Mark a service for deletion (owner); it is removed once no manager holds it", Access::Owner, delete)
         .refuses(&["service-not-found", "conflict"]);
+}
+
+#[cfg(test)]
+mod relay_name_tests {
+    use super::is_relay_name;
+
+    #[test]
+    fn relay_names_and_wildcards_covering_them_are_reserved() {
+        let zone = "relays.example.com";
+        assert!(is_relay_name("relay.cluster-0f3a.relays.example.com", zone));
+        assert!(is_relay_name("*.cluster-0f3a.relays.example.com", zone));
+        for free in [
+            "relays.example.com",
+            "app.relays.example.com",
+            "relay.a.b.relays.example.com",
+            "relay.cluster-1.example.com",
+            "xrelays.example.com",
+            "relay..relays.example.com",
+        ] {
+            assert!(!is_relay_name(free, zone), "{free}");
+        }
+    }
 }

@@ -432,10 +432,7 @@ struct EnvironmentOutput {
 /// The environment a replica of the designated ingress runs with on `node_id`: it follows from
 /// the designation existing; a relay origin that moves changes it.
 fn get_environment(ctx: &Context, input: EnvironmentInput) -> Result<EnvironmentOutput> {
-    let cluster = require_cluster(&input.cluster_id)?;
-    if !ctx.caller().has_role("admin") && cluster.data["machineUserId"].as_str() != Some(ctx.caller().id()) {
-        return Err(Refusal::new("forbidden", "only administrators and the cluster's own machine user read its ingress environment"));
-    }
+    let cluster = readable_cluster(ctx, &input.cluster_id)?;
     let held = store::get::<Designation>(DESIGNATIONS, &input.cluster_id)?
         .ok_or_else(|| Refusal::new("ingress-not-designated", format!("cluster {} holds no ingress designation", input.cluster_id)))?;
     require_node_of(&input.node_id, &input.cluster_id)?;
@@ -459,10 +456,7 @@ fn get_environment(ctx: &Context, input: EnvironmentInput) -> Result<Environment
 /// The table as last issued. A machine may read only its own cluster's (a relay session acts
 /// as its cluster's machine user).
 fn get_route_table(ctx: &Context, input: ClusterInput) -> Result<RouteTableOutput> {
-    let cluster = require_cluster(&input.cluster_id)?;
-    if !ctx.caller().has_role("admin") && cluster.data["machineUserId"].as_str() != Some(ctx.caller().id()) {
-        return Err(Refusal::new("forbidden", "only administrators and the cluster's own relay read its route table"));
-    }
+    readable_cluster(ctx, &input.cluster_id)?;
     let record = store::get::<TableRecord>(TABLES, &input.cluster_id)?.map(|d| d.data);
     Ok(match record {
         Some(r) => {
@@ -860,6 +854,17 @@ fn designations() -> Result<Vec<Doc<Designation>>> {
 fn require_cluster(cluster_id: &str) -> Result<inventory::Entity<Value>> {
     inventory::get::<Value>(EntityKind::Cluster, cluster_id)?
         .ok_or_else(|| Refusal::new("cluster-not-found", format!("no cluster {cluster_id}")).with_data(json!({"field": "clusterId"})))
+}
+
+/// The cluster, for an administrator or the cluster's own machine user (its relay session);
+/// anyone else is `forbidden` whether or not it exists.
+fn readable_cluster(ctx: &Context, cluster_id: &str) -> Result<inventory::Entity<Value>> {
+    let cluster = inventory::get::<Value>(EntityKind::Cluster, cluster_id)?;
+    let own = cluster.as_ref().is_some_and(|c| c.data["machineUserId"].as_str() == Some(ctx.caller().id()));
+    if !ctx.caller().has_role("admin") && !own {
+        return Err(Refusal::new("forbidden", "only administrators and the cluster's own machine user read this"));
+    }
+    cluster.ok_or_else(|| Refusal::new("cluster-not-found", format!("no cluster {cluster_id}")).with_data(json!({"field": "clusterId"})))
 }
 
 fn require_node_of(node_id: &str, cluster_id: &str) -> Result<()> {
