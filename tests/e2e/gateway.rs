@@ -99,6 +99,13 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     assert_eq!(state["state"], "admin-bootstrap-required", "{state}");
     assert!(state["reason"].as_str().unwrap().contains("gatewayUrl"), "{state}");
     cli.refused(&url, CLIENT_ID, ADMIN_TOKEN, "gateway-unconfigured");
+    let unenrolled = server.call_as(&admin, "domains.sync", &json!({}));
+    assert_eq!(
+        (unenrolled.status, unenrolled.json()["error"]["code"].clone()),
+        (409, json!("gateway-not-enrolled")),
+        "{}",
+        unenrolled.body
+    );
     assert_eq!(set(&server, &admin, json!({ "gatewayClientId": CLIENT_ID }), &[]), 400, "a client id needs a URL");
     let settings = json!({ "gatewayUrl": url, "gatewayClientId": CLIENT_ID, "gatewayDnsRecordAddresses": ["10.0.0.0/8"] });
     assert_eq!(set(&server, &admin, settings, &[]), 200);
@@ -207,6 +214,27 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     let kept = cli.status();
     assert_eq!((kept["state"].as_str(), kept["credentialId"].as_str()), (Some("ready"), Some(second.as_str())), "{kept}");
     gateway.put("/test/faults", json!({}));
+
+    // ---- domains: a zone an administrator registers, the gateway's synced in with the credential ----
+    let zone = server.call_as(&admin, "domains.register", &json!({ "name": "zone.example" })).expect_json(200);
+    assert_eq!((zone["registered"].as_bool(), zone["atGateway"].as_bool()), (Some(true), Some(false)), "{zone}");
+    let bad = server.call_as(&admin, "domains.register", &json!({ "name": "Not_A.Domain" }));
+    assert_eq!((bad.status, bad.json()["error"]["code"].clone()), (400, json!("domain-invalid")), "{}", bad.body);
+    let synced = server.call_as(&admin, "domains.sync", &json!({})).expect_json(200);
+    assert_eq!(synced["listed"], 1, "{synced}");
+    let listing = server.call_as(&admin, "domains.list", &json!({})).expect_json(200);
+    let item = |name: &str| listing["items"].as_array().unwrap().iter().find(|d| d["name"] == name).cloned();
+    let acme = item("acme.example").unwrap_or_else(|| panic!("the gateway's domain synced in: {listing}"));
+    assert_eq!(
+        (acme["atGateway"].as_bool(), acme["verified"].as_bool(), acme["registered"].as_bool()),
+        (Some(true), Some(true), Some(false))
+    );
+    assert_eq!(item("zone.example").unwrap()["registered"], true);
+    assert!(listing["sync"]["syncedAt"].is_u64() && listing["sync"]["failure"].is_null(), "{listing}");
+    let gone = server.call_as(&admin, "domains.unregister", &json!({ "name": "zone.example" })).expect_json(200);
+    assert_eq!(gone["unregistered"], true);
+    let listing = server.call_as(&admin, "domains.list", &json!({})).expect_json(200);
+    assert_eq!(listing["items"].as_array().unwrap().len(), 1, "{listing}");
 
     // ---- the admin token: in no answer, output, log or file ----
     let seen = cli.seen.borrow().clone();
