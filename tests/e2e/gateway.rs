@@ -86,9 +86,12 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     let data = dir.path().join("data");
     let (http, smtp) = (free_port(), free_port());
     let url = format!("http://127.0.0.1:{http}");
+    let port = free_port();
     let mut cmd = with_test_admin(capstan());
-    cmd.args(["serve", "--dev", "--data-dir"]).arg(&data).args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(&data).args(["--listen", &format!("127.0.0.1:{port}")]);
     cmd.env("CAPSTAN_GATEWAY_RETRY_MS", "300");
+    cmd.env("CAPSTAN_AGENT_BINARY", crate::nodes::agent_binary());
+    let origin = format!("http://127.0.0.1:{port}");
     let server = Capstan::start(cmd);
     server.ready_status();
     let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
@@ -235,6 +238,38 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     assert_eq!(gone["unregistered"], true);
     let listing = server.call_as(&admin, "domains.list", &json!({})).expect_json(200);
     assert_eq!(listing["items"].as_array().unwrap().len(), 1, "{listing}");
+
+    // ---- relay names: published with a 60 s TTL inside gatewayDnsRecordAddresses only ----
+    let cluster = crate::relays::enrolled_cluster(&server, &admin, dir.path(), &origin, "relays.gw.example");
+    let relay_name = format!("relay.{}.relays.gw.example", cluster.cluster_id.replace('_', "-"));
+    let names = server.call_as(&admin, "domains.relayNames", &json!({})).expect_json(200);
+    assert_eq!(names["ttlSeconds"], 60);
+    assert_eq!(names["items"][0]["name"], relay_name.as_str(), "{names}");
+    assert!(names["items"][0]["reason"].as_str().unwrap().contains("no listen address"), "{names}");
+    let relay = crate::relays::RelayProcess::start(&cluster.state_dir, &cluster.authorization, "10.0.0.5:8443");
+    crate::relays::wait_listed(&server, &admin, &cluster.cluster_id, true, 1, &[&relay]);
+    let published = server.call_as(&admin, "domains.publishRelayNames", &json!({})).expect_json(200);
+    assert_eq!(published["items"][0]["published"], true, "{published}");
+    let record = |gateway: &Gateway| {
+        let (status, listing) = gateway.get("/v1/dns-records");
+        assert_eq!(status, 200, "{listing}");
+        listing["records"].as_array().unwrap().iter().find(|r| r["name"] == relay_name.as_str()).cloned()
+    };
+    assert_eq!(
+        record(&gateway),
+        Some(json!({ "name": relay_name, "type": "A", "values": ["10.0.0.5"], "ttl": 60, "clientId": CLIENT_ID })),
+        "published under Capstan's own client credential"
+    );
+    // an allowance that no longer covers the relay's address withdraws its name
+    assert_eq!(set(&server, &admin, json!({ "gatewayDnsRecordAddresses": ["192.0.2.0/24"] }), &[]), 200);
+    eventually("the relay name withdrawn", Duration::from_secs(60), || match record(&gateway) {
+        None => Ok(()),
+        Some(r) => Err(r.to_string()),
+    });
+    let names = server.call_as(&admin, "domains.relayNames", &json!({})).expect_json(200);
+    assert_eq!(names["items"][0]["published"], false);
+    assert!(names["items"][0]["reason"].as_str().unwrap().contains("outside gatewayDnsRecordAddresses"), "{names}");
+    drop(relay);
 
     // ---- the admin token: in no answer, output, log or file ----
     let seen = cli.seen.borrow().clone();

@@ -123,6 +123,7 @@ impl GatewayClient {
         let status = answer.status().as_u16();
         let bytes = read_limited(answer).await?;
         match status {
+            200..=299 if bytes.is_empty() => Ok(Value::Null),
             200..=299 => serde_json::from_slice(&bytes).map_err(|_| Failure::Invalid("the body is not JSON".into())),
             401 => Err(Failure::Unauthorized),
             400..=499 => {
@@ -177,6 +178,21 @@ impl GatewayClient {
                 crate::domains::is_domain(&name).then(|| (name, d["verified"].as_bool().unwrap_or(false)))
             })
             .collect())
+    }
+
+    /// `PUT /v1/dns-records/<name>` with the client's token: one record of `kind` (`A`,
+    /// `AAAA`) holding `value`, living `ttl` seconds at resolvers.
+    pub async fn put_dns_record(&self, origin: &str, token: &str, name: &str, kind: &str, value: &str, ttl: u32) -> Result<(), Failure> {
+        let body = json!({ "type": kind, "values": [value], "ttl": ttl });
+        self.request(reqwest::Method::PUT, origin, &format!("/v1/dns-records/{name}"), token, Some(body)).await.map(drop)
+    }
+
+    /// `DELETE /v1/dns-records/<name>` with the client's token; a record already gone is fine.
+    pub async fn delete_dns_record(&self, origin: &str, token: &str, name: &str) -> Result<(), Failure> {
+        match self.request(reqwest::Method::DELETE, origin, &format!("/v1/dns-records/{name}"), token, None).await {
+            Ok(_) | Err(Failure::Refused { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// `POST /v1/client/finalize` with the candidate's own token: the candidate becomes the

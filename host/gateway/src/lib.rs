@@ -13,6 +13,7 @@
 
 pub mod client;
 pub mod domains;
+pub mod relay_names;
 
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
@@ -469,8 +470,12 @@ pub fn spawn_finalizer(cx: Context, period: Duration, mut stopped: tokio::sync::
                 tracing::warn!(code = %e.code, "gateway credential finalization: {e}");
             }
             // said once per distinct failure, not every period
-            let failure = match domains::sync(&cx).await {
-                Ok(_) => None,
+            let synced = match domains::sync(&cx).await {
+                Ok(_) => relay_names::publish(&cx).await.map(drop),
+                Err(e) => Err(e),
+            };
+            let failure = match synced {
+                Ok(()) => None,
                 Err(e) if e.is("gateway-not-enrolled") => None,
                 Err(e) => Some(e),
             };
@@ -478,7 +483,7 @@ pub fn spawn_finalizer(cx: Context, period: Duration, mut stopped: tokio::sync::
             if let Some(e) = &failure
                 && text != last_failure
             {
-                tracing::warn!(code = %e.code, "gateway domains sync: {e}");
+                tracing::warn!(code = %e.code, "gateway sync (domains, relay names): {e}");
             }
             last_failure = text;
         }
@@ -492,6 +497,7 @@ async fn get_state(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -> 
 /// Register the `gateway.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     domains::register(registry, cx.clone());
+    relay_names::register(registry, cx.clone());
     let mut registry = registry.with(cx);
     registry
         .add(

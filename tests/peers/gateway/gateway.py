@@ -42,7 +42,9 @@ PASSWORD_ALPHABET = string.ascii_letters + string.digits
 # What a client credential may be granted, and the scope each protocol path needs.
 SCOPES = {"domains:read", "routes:write", "certificates:read", "dns-records:write", "smtp:write", "peers:write"}
 PATH_SCOPES = {"domains": "domains:read", "smtp-credentials": "smtp:write",
-               "smtp-forward-targets": "smtp:write", "peers": "peers:write"}
+               "smtp-forward-targets": "smtp:write", "peers": "peers:write", "dns-records": "dns-records:write"}
+# A DNS name: lowercase labels of a-z 0-9 - joined by dots, at least two.
+DNS_NAME_RE = re.compile(r"(?=.{1,253}\Z)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 MAX_PREFIXES = 64
 
 
@@ -108,6 +110,7 @@ class State:
         self.client_tokens = {}  # credential id -> token issued; memory only, never persisted
         self.faults = {}  # test-only: {"finalize": status, "provision": status}
         self.messages = []  # what the SMTP listener accepted
+        self.dns_records = {}  # name -> {name, type, values, ttl, clientId?}
         if path and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 saved = json.load(f)
@@ -115,6 +118,7 @@ class State:
             self.targets = {t["id"]: t for t in saved.get("targets", [])}
             self.peers = {p["id"]: p for p in saved.get("peers", [])}
             self.client_credentials = {c["id"]: c for c in saved.get("clientCredentials", [])}
+            self.dns_records = {r["name"]: r for r in saved.get("dnsRecords", [])}
 
     def save(self):
         """Write the state file atomically (temp file + rename), so a gateway killed mid-write
@@ -124,7 +128,8 @@ class State:
         data = {"credentials": sorted(self.credentials.values(), key=lambda c: c["id"]),
                 "targets": sorted(self.targets.values(), key=lambda t: t["id"]),
                 "peers": sorted(self.peers.values(), key=lambda p: p["id"]),
-                "clientCredentials": sorted(self.client_credentials.values(), key=lambda c: c["id"])}
+                "clientCredentials": sorted(self.client_credentials.values(), key=lambda c: c["id"]),
+                "dnsRecords": sorted(self.dns_records.values(), key=lambda r: r["name"])}
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gateway-state.")
         try:
@@ -357,6 +362,43 @@ class State:
                 self.save()
             return {"credentialId": cred["id"], "clientId": cred["clientId"], "state": "active"}
 
+    def put_dns_record(self, who, name, body):
+        if not DNS_NAME_RE.match(name):
+            raise invalid("the record's name must be a lowercase DNS name")
+        kind, values, ttl = body.get("type"), body.get("values"), body.get("ttl")
+        if kind not in ("A", "AAAA") or set(body) != {"type", "values", "ttl"}:
+            raise invalid("a record is {type: A|AAAA, values, ttl}")
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 86400:
+            raise invalid("ttl must be 1-86400 seconds")
+        if not isinstance(values, list) or not 1 <= len(values) <= 16:
+            raise invalid("values must list 1-16 addresses")
+        try:
+            addresses = [ipaddress.ip_address(v) for v in values]
+        except (TypeError, ValueError):
+            raise invalid("values must be IP addresses")
+        if any(a.version != (4 if kind == "A" else 6) for a in addresses):
+            raise invalid(f"an {kind} record holds IPv{4 if kind == 'A' else 6} addresses only")
+        with self.lock:
+            if "credentialId" in who:
+                allowed = [ipaddress.ip_network(p) for p in
+                           self.client_credentials[who["credentialId"]]["policy"]["allowedDnsRecordAddresses"]]
+                outside = [str(a) for a in addresses if not any(a in net for net in allowed)]
+                if outside:
+                    raise ApiError(403, "dns-record-address-refused",
+                                   f"this credential may not publish {', '.join(outside)}")
+            record = {"name": name, "type": kind, "values": [str(a) for a in addresses], "ttl": ttl}
+            if "clientId" in who:
+                record["clientId"] = who["clientId"]
+            self.dns_records[name] = record
+            self.save()
+            return record
+
+    def delete_dns_record(self, name):
+        with self.lock:
+            if self.dns_records.pop(name, None) is None:
+                raise ApiError(404, "record-unknown", f"no record {name}")
+            self.save()
+
     def clients_view(self):
         with self.lock:
             return [{k: c[k] for k in ("id", "clientId", "state", "policy")}
@@ -400,6 +442,14 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
             return 200, state.finalize(who, json_object(body))
         case "GET", ["v1", "domains"]:
             return 200, {"domains": state.domains}
+        case "PUT", ["v1", "dns-records", name]:
+            return 200, state.put_dns_record(who, name, json_object(body))
+        case "DELETE", ["v1", "dns-records", name]:
+            state.delete_dns_record(name)
+            return 204, None
+        case "GET", ["v1", "dns-records"]:
+            with state.lock:
+                return 200, {"records": [dict(r) for _, r in sorted(state.dns_records.items())]}
         case "POST", ["v1", "smtp-credentials"]:
             return 201, state.create_credential(json_object(body))
         case "GET", ["v1", "smtp-credentials"]:
@@ -452,7 +502,8 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
                     raise ApiError(404, "password-unknown", f"no password issued for {cid} here")
                 return 200, {"password": state.passwords[cid]}
     match parts:
-        case (["v1", "status" | "whoami" | "domains" | "smtp-credentials" | "smtp-forward-targets"]
+        case (["v1", "status" | "whoami" | "domains" | "smtp-credentials" | "smtp-forward-targets" | "dns-records"]
+              | ["v1", "dns-records", _]
               | ["v1", "clients", _, "credentials"] | ["v1", "client", "finalize"] | ["test", "clients" | "faults"] | ["test", "client-tokens", _]
               | ["v1", "smtp-credentials" | "smtp-forward-targets" | "peers", _]
               | ["v1", "smtp-credentials", _, "rotate"] | ["test", "messages"] | ["test", "passwords", _]):

@@ -1,0 +1,227 @@
+//! Cluster relay names published at the gateway (docs/gateway-protocol.md, "DNS records"):
+//! `relay.<cluster label>.<clusterRelayZone>` → the address the cluster's relay registered its
+//! listener on, with a 60 s TTL, and only inside `gatewayDnsRecordAddresses` — the addresses the
+//! client credential may publish for. A relay disabled, a cluster deleted or an address that
+//! moved out of the allowance withdraws its record. What was published is kept beside the
+//! enrollment record, so a withdrawal is known after a restart.
+
+use super::{Context, ENROLLMENT, READER, SCOPE, host_identity, read};
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::settings::{self, CLUSTER_RELAY_ZONE, GATEWAY_DNS_RECORD_ADDRESSES};
+use capstan_rpc::{Access, Call, Registry};
+use capstan_secrets::managed;
+use capstan_store::Store;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// The TTL of a relay name's record, in seconds: a relay that moves is found again within it.
+pub const TTL_SECONDS: u32 = 60;
+/// What was published, in the enrollment's collection.
+const PUBLISHED: &str = "relay-names";
+
+/// A cluster relay's name and whether it is published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayName {
+    /// `relay.<cluster label>.<zone>`.
+    pub name: String,
+    /// The cluster whose relay it names.
+    pub cluster_id: String,
+    /// The address the relay registered its listener on, if it did.
+    pub address: Option<String>,
+    /// Whether the gateway holds the record now.
+    pub published: bool,
+    /// Why it is not published, when it is not.
+    pub reason: Option<String>,
+}
+
+/// A record as published: its type and value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    #[serde(rename = "type")]
+    kind: String,
+    value: String,
+}
+
+/// The relay names as the settings, clusters and registrations say, each with the record it
+/// should have (`None`: it should have none, `reason` says why).
+async fn desired(store: &Store) -> Result<Vec<(RelayName, Option<Record>)>> {
+    store
+        .transact(|tx| async move {
+            let settings = settings::current(&tx).await?;
+            let Some(zone) = settings.get(CLUSTER_RELAY_ZONE).and_then(Value::as_str).map(str::to_string) else { return Ok(Vec::new()) };
+            let allowed: Vec<capstan_core::net::IpNet> = settings
+                .get(GATEWAY_DNS_RECORD_ADDRESSES)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .filter_map(|p| capstan_core::net::parse_networks(p).ok())
+                .flatten()
+                .collect();
+            let mut out = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = tx.scan(capstan_inventory::CLUSTERS, cursor.as_deref(), capstan_store::MAX_PAGE).await?;
+                for doc in page.documents {
+                    if doc.data["relay"]["enabled"] != true {
+                        continue;
+                    }
+                    let name = format!("relay.{}.{zone}", doc.id.replace('_', "-"));
+                    let registration = tx.get(capstan_secrets::relay_registrations::REGISTRATIONS, &doc.id).await?;
+                    let address = registration.and_then(|r| r.data["listenAddress"].as_str().map(str::to_string));
+                    let (record, reason) = match address.as_deref().map(str::parse::<IpAddr>) {
+                        None => (None, Some("the relay registered no listen address".to_string())),
+                        Some(Err(_)) => (None, Some("the relay's listen address is not an IP address".to_string())),
+                        Some(Ok(ip)) if !allowed.iter().any(|net| net.contains(&ip)) => {
+                            (None, Some(format!("the relay's address {ip} is outside gatewayDnsRecordAddresses")))
+                        }
+                        Some(Ok(ip)) => {
+                            (Some(Record { kind: if ip.is_ipv4() { "A" } else { "AAAA" }.into(), value: ip.to_string() }), None)
+                        }
+                    };
+                    out.push((RelayName { name, cluster_id: doc.id.clone(), address, published: false, reason }, record));
+                }
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => return Ok(out),
+                }
+            }
+        })
+        .await
+}
+
+async fn published(store: &Store) -> Result<(Option<u64>, BTreeMap<String, Record>)> {
+    let doc = store.transact(|tx| async move { tx.get(ENROLLMENT, PUBLISHED).await }).await?;
+    match doc {
+        None => Ok((None, BTreeMap::new())),
+        Some(doc) => Ok((Some(doc.revision), serde_json::from_value(doc.data["records"].clone()).map_err(Refusal::internal)?)),
+    }
+}
+
+/// Bring the gateway's relay-name records to what the clusters say: put each that is missing
+/// or changed, delete each no longer wanted. Answers every relay name with its state.
+pub async fn publish(cx: &Context) -> Result<Vec<RelayName>> {
+    let (_, _, record) = read(cx.store()).await?;
+    let Some(running) = record.running else {
+        return Err(Refusal::new(
+            "gateway-not-enrolled",
+            "Capstan holds no gateway credential yet; bootstrap one (capstan gateway bootstrap)",
+        ));
+    };
+    let wanted = desired(cx.store()).await?;
+    let (revision, mut held) = published(cx.store()).await?;
+    let before = held.clone();
+    let token = managed::reveal(&cx.secrets, &host_identity(), READER, SCOPE, &running.secret_id).await?;
+    let token = std::str::from_utf8(&token).map_err(Refusal::internal)?;
+    let mut failure = None;
+    let keep: BTreeMap<&str, &Record> = wanted.iter().filter_map(|(n, r)| r.as_ref().map(|r| (n.name.as_str(), r))).collect();
+    for name in before.keys().filter(|n| !keep.contains_key(n.as_str())) {
+        match cx.client.delete_dns_record(&running.gateway_url, token, name).await {
+            Ok(()) => {
+                held.remove(name);
+            }
+            Err(e) => failure = Some(format!("withdrawing {name}: {e}")),
+        }
+    }
+    for (name, record) in &keep {
+        if held.get(*name) == Some(*record) {
+            continue;
+        }
+        match cx.client.put_dns_record(&running.gateway_url, token, name, &record.kind, &record.value, TTL_SECONDS).await {
+            Ok(()) => {
+                held.insert(name.to_string(), (*record).clone());
+            }
+            Err(e) => failure = Some(format!("publishing {name}: {e}")),
+        }
+    }
+    if held != before {
+        let data = serde_json::json!({ "records": held });
+        cx.store()
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.put(ENROLLMENT, PUBLISHED, revision, data).await.map(drop) }
+            })
+            .await?;
+    }
+    if let Some(failure) = failure {
+        return Err(Refusal::new("gateway-unreachable", format!("relay names: {failure}")).retryable());
+    }
+    Ok(view(wanted, &held))
+}
+
+fn view(wanted: Vec<(RelayName, Option<Record>)>, held: &BTreeMap<String, Record>) -> Vec<RelayName> {
+    wanted
+        .into_iter()
+        .map(|(mut name, record)| {
+            name.published = record.is_some() && held.get(&name.name) == record.as_ref();
+            if record.is_some() && !name.published {
+                name.reason = Some("not published yet: the next sync publishes it".into());
+            }
+            name
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Listing {
+    items: Vec<RelayName>,
+    /// Seconds a relay name's record lives at resolvers.
+    ttl_seconds: u32,
+}
+
+async fn list(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -> Result<Listing> {
+    let wanted = desired(cx.store()).await?;
+    let (_, held) = published(cx.store()).await?;
+    Ok(Listing { items: view(wanted, &held), ttl_seconds: TTL_SECONDS })
+}
+
+async fn publish_now(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -> Result<Listing> {
+    Ok(Listing { items: publish(&cx).await?, ttl_seconds: TTL_SECONDS })
+}
+
+/// Register `domains.relayNames` and `domains.publishRelayNames`.
+pub fn register(registry: &mut Registry, cx: Context) {
+    let mut registry = registry.with(cx);
+    registry
+        .add(
+            "domains.relayNames",
+            "Every cluster relay's name, its address, and whether the gateway publishes it (and why not)",
+            Access::Admin,
+            list,
+        )
+        .read_only();
+    registry
+        .add(
+            "domains.publishRelayNames",
+            "Publish the relay names at the gateway now (60 s TTL, inside gatewayDnsRecordAddresses)",
+            Access::Admin,
+            publish_now,
+        )
+        .refuses(&["gateway-not-enrolled", "gateway-unreachable"]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_name_shows_as_such_and_a_pending_one_says_so() {
+        let name = |n: &str| RelayName {
+            name: n.into(),
+            cluster_id: "c".into(),
+            address: Some("10.0.0.5".into()),
+            published: false,
+            reason: None,
+        };
+        let record = Record { kind: "A".into(), value: "10.0.0.5".into() };
+        let held: BTreeMap<String, Record> = [("relay.a.z.example".to_string(), record.clone())].into();
+        let shown = view(vec![(name("relay.a.z.example"), Some(record.clone())), (name("relay.b.z.example"), Some(record))], &held);
+        assert!(shown[0].published && shown[0].reason.is_none());
+        assert!(!shown[1].published && shown[1].reason.as_deref().unwrap().contains("not published yet"));
+    }
+}
