@@ -84,6 +84,11 @@ impl Ingress {
         Ok(Arc::new(Ingress { listen, bearer_file, held: RwLock::new(None), client, registered: AtomicU64::new(0), wanted: Notify::new() }))
     }
 
+    /// The file the bearer is read from.
+    pub fn bearer_file(&self) -> &std::path::Path {
+        &self.bearer_file
+    }
+
     /// The bearer the ingress registers with (the same private-file rules as the relay's).
     pub fn bearer(&self) -> Result<Bearer, Refusal> {
         read_authorization(&self.bearer_file).map_err(|r| Refusal {

@@ -271,8 +271,15 @@ fn stopped(why: &str) -> Result<(), Refusal> {
 
 /// Completes after `delay` (false), or sooner when the file at `path` changes (true: a new
 /// bearer handed over).
+/// What tells a replaced file from the one read before: its modification time, length and inode.
+type FileState = (Option<std::time::SystemTime>, u64, u64);
+
+fn file_state(path: &Path) -> Option<FileState> {
+    std::fs::symlink_metadata(path).ok().map(|m| (m.modified().ok(), m.len(), std::os::unix::fs::MetadataExt::ino(&m)))
+}
+
 async fn file_changed(path: &Path, delay: Duration) -> bool {
-    let look = || std::fs::symlink_metadata(path).ok().map(|m| (m.modified().ok(), m.len(), std::os::unix::fs::MetadataExt::ino(&m)));
+    let look = || file_state(path);
     let before = look();
     let until = tokio::time::Instant::now() + delay;
     loop {
@@ -394,6 +401,8 @@ impl Relay {
         let mut ingress_call: Option<(u64, IngressStep)> = None;
         let mut ingress_at: Option<tokio::time::Instant> = None;
         let mut ingress_refusal: Option<String> = None;
+        // the bearer file as the last registration read it: a change ends a wait after a refusal
+        let mut ingress_seen: Option<FileState> = None;
         let (replies, mut outbox) = mpsc::channel::<String>(64);
         // dropped with the session: a request still running is abandoned with it
         let mut requests = JoinSet::new();
@@ -415,9 +424,17 @@ impl Relay {
                 }
             };
             let ingress_due = async {
-                match ingress_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
+                let refused = ingress_refusal.as_deref().is_some_and(|code| code != "registered");
+                match (ingress_at, &self.ingress) {
+                    (Some(at), Some(ingress)) if refused => {
+                        // a bearer handed over after a refusal is tried at once, not after retryAfterMs
+                        while tokio::time::Instant::now() < at && file_state(ingress.bearer_file()) == ingress_seen {
+                            tokio::time::sleep(at.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_millis(500)))
+                                .await;
+                        }
+                    }
+                    (Some(at), _) => tokio::time::sleep_until(at).await,
+                    (None, _) => std::future::pending().await,
                 }
             };
             tokio::select! {
@@ -524,12 +541,16 @@ impl Relay {
                     let step = if ingress_call.is_none() && ingress_refusal.as_deref() == Some("registered") { IngressStep::Fetch } else { IngressStep::Register };
                     let body = match step {
                         IngressStep::Fetch => Ok(json!({"clusterId": ctx.cluster_id})),
-                        IngressStep::Register => ingress.registration(ctx),
+                        IngressStep::Register => {
+                            ingress_seen = file_state(ingress.bearer_file());
+                            ingress.registration(ctx)
+                        }
                     };
                     let body = match body {
                         Ok(body) => body,
                         Err(refusal) => {
-                            tracing::error!(code = %refusal.code, "the ingress cannot register: {refusal}; trying again in 60 s");
+                            tracing::error!(code = %refusal.code, "the ingress cannot register: {refusal}; trying again in 60 s, or once the bearer file changes");
+                            ingress_refusal = Some(refusal.code.to_string());
                             ingress_at = Some(tokio::time::Instant::now() + Duration::from_secs(60));
                             continue;
                         }

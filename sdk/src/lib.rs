@@ -152,6 +152,12 @@ pub use serde_json::{Value, json};
 /// What every SDK function and manager handler answers.
 pub type Result<T> = std::result::Result<T, Refusal>;
 
+/// Milliseconds since the Unix epoch by the host's clock (WASI's wall clock); 0 before 1970.
+pub fn now_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Export `$manager` (a type implementing [`Manager`]) as the component's `guest` interface.
 /// Invoke it once, at the plugin crate's root.
 ///

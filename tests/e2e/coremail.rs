@@ -13,10 +13,11 @@
 //! minutes; statistics come from CoreMail; off again, `{enabled: false}`.
 
 use crate::support::{Capstan, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use capstan_core::clock::now_ms;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// How long a pass may take to show: every 10 s, 1 s after an event, 5 s after a failure.
 const SETTLED: Duration = Duration::from_secs(90);
@@ -359,10 +360,6 @@ fn applied_at(server: &Capstan, admin: &str, epoch: u64) -> Value {
             Err(s.to_string())
         }
     })
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
 
 /// A service's phase and step as `coremail.getControlStatus` shows them.

@@ -185,7 +185,8 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let bearer = exported["bearer"].as_str().unwrap().to_string();
     assert_eq!(bearer.len(), 43, "32 random bytes, base64url");
     let bearer_file = root.join("relay-export/ingress-bearer");
-    std::fs::write(&bearer_file, &bearer).unwrap();
+    // a wrong bearer first: refused by name, and tried again once the file changes
+    std::fs::write(&bearer_file, "x".repeat(43)).unwrap();
     std::fs::set_permissions(&bearer_file, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // a registration from anyone but the cluster's relay is refused, with when to try again
@@ -214,6 +215,12 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         &["--ingress-listen".as_ref(), format!("127.0.0.1:{proxy}").as_ref(), "--ingress-bearer-file".as_ref(), bearer_file.as_os_str()],
     );
     wait_listed(&server, &admin, cluster_id, true, 1, &[&relay]);
+    eventually("the wrong bearer refused", SEEN, || {
+        if relay.log().contains("code=\"bearer-refused\" retry_after_ms=60000") { Ok(()) } else { Err(relay.log()) }
+    });
+    let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+    assert!(read["designation"]["registration"].is_null(), "{read}");
+    std::fs::write(&bearer_file, &bearer).unwrap();
     eventually("the ingress registered through its relay", SEEN, || {
         let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
         if read["designation"]["registration"]["routeSourceAllowList"] == true { Ok(()) } else { Err(format!("{read}\n{}", relay.log())) }

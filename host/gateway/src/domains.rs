@@ -250,6 +250,11 @@ struct Unregistered {
 
 async fn unregister(cx: Context, _: Call, input: NameInput) -> Result<Unregistered> {
     let name = &input.name;
+    if !is_domain(name) {
+        return Err(
+            Refusal::new("domain-invalid", "name must be a lowercase domain name like example.com").with_data(json!({"field": "name"}))
+        );
+    }
     let unregistered = cx
         .store()
         .transact(|tx| async move {
@@ -287,18 +292,17 @@ pub fn register(registry: &mut Registry, cx: Context) {
             list,
         )
         .read_only();
-    registry.add(
-        "domains.register",
-        "Register a zone with Capstan (administrator); registering it again changes nothing",
-        Access::Admin,
-        register_domain,
-    );
-    registry.add(
-        "domains.unregister",
-        "Forget a registered zone (one the gateway lists stays, as the gateway's)",
-        Access::Admin,
-        unregister,
-    );
+    registry
+        .add(
+            "domains.register",
+            "Register a zone with Capstan (administrator); registering it again changes nothing",
+            Access::Admin,
+            register_domain,
+        )
+        .refuses(&["domain-invalid"]);
+    registry
+        .add("domains.unregister", "Forget a registered zone (one the gateway lists stays, as the gateway's)", Access::Admin, unregister)
+        .refuses(&["domain-invalid"]);
     registry
         .add("domains.sync", "Read the gateway's available domains now with Capstan's gateway credential", Access::Admin, sync_now)
         .refuses(&["gateway-not-enrolled", "gateway-unreachable", "gateway-domains-refused"]);

@@ -208,6 +208,52 @@ pub fn register(registry: &mut Registry, cx: Context) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capstan_store::CollectionSpec;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_relay_name_is_wanted_only_for_an_enabled_relay_registered_inside_the_allowance() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = capstan_store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap();
+        let store = Store::new(sqlite, capstan_store::DEFAULT_BUDGET);
+        for collection in [capstan_inventory::SETTINGS, capstan_inventory::CLUSTERS, capstan_secrets::relay_registrations::REGISTRATIONS] {
+            store.declare(CollectionSpec::new(collection)).await.unwrap();
+        }
+        assert!(desired(&store).await.unwrap().is_empty(), "no relay zone: no names");
+        let settings = json!({ "clusterRelayZone": "relays.example.com", "gatewayDnsRecordAddresses": ["10.0.0.0/8", "2001:db8::/32"] });
+        let clusters = [
+            ("cluster_a", true, Some("10.0.0.5")),
+            ("cluster_b", true, Some("192.0.2.9")),
+            ("cluster_c", true, None),
+            ("cluster_d", false, Some("10.0.0.6")),
+            ("cluster_e", true, Some("2001:db8::7")),
+        ];
+        store
+            .transact(|tx| {
+                let settings = settings.clone();
+                async move {
+                    tx.insert(capstan_inventory::SETTINGS, capstan_inventory::settings::PUBLIC, settings).await?;
+                    for (id, enabled, address) in clusters {
+                        tx.insert(capstan_inventory::CLUSTERS, id, json!({ "relay": { "enabled": enabled } })).await?;
+                        if let Some(address) = address {
+                            tx.insert(capstan_secrets::relay_registrations::REGISTRATIONS, id, json!({ "listenAddress": address })).await?;
+                        }
+                    }
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap();
+        let wanted = desired(&store).await.unwrap();
+        let names: Vec<(&str, Option<&Record>, Option<&str>)> =
+            wanted.iter().map(|(n, r)| (n.name.as_str(), r.as_ref(), n.reason.as_deref())).collect();
+        assert_eq!(names.len(), 4, "a disabled relay has no name: {names:?}");
+        assert_eq!(names[0].0, "relay.cluster-a.relays.example.com");
+        assert_eq!(names[0].1, Some(&Record { kind: "A".into(), value: "10.0.0.5".into() }));
+        assert!(names[1].1.is_none() && names[1].2.unwrap().contains("192.0.2.9 is outside gatewayDnsRecordAddresses"));
+        assert!(names[2].1.is_none() && names[2].2.unwrap().contains("no listen address"));
+        assert_eq!(names[3].1, Some(&Record { kind: "AAAA".into(), value: "2001:db8::7".into() }));
+    }
 
     #[test]
     fn a_published_name_shows_as_such_and_a_pending_one_says_so() {

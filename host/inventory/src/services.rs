@@ -953,6 +953,7 @@ const FIELD_REFUSALS: &[&str] = &[
     "port-duplicate",
     "domain-invalid",
     "domain-duplicate",
+    "relay-name-reserved",
     "environment-key-invalid",
     "environment-value-invalid",
     "environment-value-is-secret",

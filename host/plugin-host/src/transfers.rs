@@ -79,10 +79,7 @@ pub async fn declare(store: &Store) -> Result<()> {
 
 /// The system clock in milliseconds since the epoch (tickets expire by the host's clock, not
 /// the one plugins see).
-pub fn now_ms() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
-}
+pub use capstan_core::clock::now_ms;
 
 fn invalid(message: String) -> Refusal {
     Refusal::new("invalid-request", message)

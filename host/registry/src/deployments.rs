@@ -329,6 +329,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
         "service-not-found",
         "service-deleting",
         "too-many-items",
+        "relay-name-reserved",
     ];
     methods
         .add(

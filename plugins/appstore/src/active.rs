@@ -9,6 +9,8 @@
 //! that never deletes a chunk an activation in flight on another node is about to point to.
 
 use capstan_catalog::{CatalogError, PublisherKey, Verified};
+/// Milliseconds since the epoch.
+pub use capstan_sdk::now_ms;
 use capstan_sdk::store::{self, Batch};
 use capstan_sdk::{Refusal, Result, Value, json};
 use serde::{Deserialize, Serialize};
@@ -55,11 +57,6 @@ struct Chunk {
 /// A catalog refusal as the plugin answers it: the catalog's own code, message and data.
 pub fn refusal(e: CatalogError) -> Refusal {
     Refusal::new(e.code(), e.to_string()).with_data(e.data())
-}
-
-/// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// The catalog keys trusted now: those the operator lists in `appstore.trustedCatalogKeys`, and

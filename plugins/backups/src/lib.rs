@@ -29,6 +29,7 @@
 //! again at once.
 
 use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::now_ms;
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
     CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
@@ -1429,11 +1430,6 @@ fn backup_all(by: &str) -> Result<RunSummary> {
 }
 
 // ---- small things ----
-
-fn now_ms() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// `<prefix>_<32 hex>`, like the host's ids.
 fn new_id(prefix: &str) -> String {

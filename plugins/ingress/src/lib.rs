@@ -18,7 +18,10 @@
 
 mod table;
 
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::now_ms;
 use capstan_sdk::store::{self, Batch, Doc};
 use capstan_sdk::{
     CallerKind, CollectionSpec, Context, Descriptor, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
@@ -329,7 +332,7 @@ fn recover_bearer(scope: &str, service_id: &str) -> Result<secrets::SecretInfo> 
     match secrets::ensure(scope, &owner, BEARER_KEY, &secrets::Generate::base64url(43)) {
         Err(r) if r.is("secret-revoked") => {
             let value: [u8; 32] = rand::random();
-            secrets::put(scope, &owner, BEARER_KEY, base64url(&value).as_bytes())
+            secrets::put(scope, &owner, BEARER_KEY, URL_SAFE_NO_PAD.encode(value).as_bytes())
         }
         other => other,
     }
@@ -901,25 +904,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
-}
-
 fn warn(message: &str, fields: &[(&str, &str)]) {
     log::log(log::Level::Warn, message, fields);
-}
-
-fn now_ms() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -944,9 +930,8 @@ mod tests {
     }
 
     #[test]
-    fn a_generated_bearer_is_43_base64url_characters() {
-        assert_eq!(base64url(&[0xfb, 0xff]), "-_8");
-        let bearer = base64url(&[7u8; 32]);
+    fn a_recovered_bearer_is_43_base64url_characters() {
+        let bearer = URL_SAFE_NO_PAD.encode([7u8; 32]);
         assert_eq!(bearer.len(), 43);
         assert!(bearer.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
     }

@@ -29,6 +29,7 @@
 
 use capstan_sdk::http::Request;
 use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::now_ms;
 use capstan_sdk::secrets::{self, Owner};
 use capstan_sdk::settings::{PortNumber, SmtpTls};
 use capstan_sdk::store::{self, Doc};
@@ -1094,11 +1095,6 @@ fn check_service_mail(_ctx: &Context, input: ServiceInput) -> Result<Checked> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn now_ms() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use super::client::{Client, finish, items, print_json, print_table, text, utc};
 use super::confirm::{Confirm, ask, can_confirm};
 use super::resolve::{self, Names};
 use crate::refusal::Result;
+use capstan_core::clock::now_ms;
 use clap::Subcommand;
 use serde_json::{Map, Value, json};
 use std::process::ExitCode;
@@ -235,10 +236,6 @@ pub fn run(command: NodesCommand) -> ExitCode {
 
 fn number(value: &Value, key: &str) -> String {
     value[key].as_u64().map_or_else(|| "?".into(), |n| n.to_string())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How long ago `at` (milliseconds since the epoch) was, seen from `now`: `12s ago`,
