@@ -363,7 +363,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("domains.register", json!({ "name": "Not A Domain" }), admin(Past("domain-invalid"))),
         ("domains.unregister", json!({ "name": "missing.example" }), admin(Ran)),
         ("domains.sync", json!({}), admin(Past("gateway-not-enrolled"))),
-        ("domains.relayNames", json!({}), admin(Ran)),
+        ("domains.listRelayNames", json!({}), admin(Ran)),
         ("domains.publishRelayNames", json!({}), admin(Past("gateway-not-enrolled"))),
         // ---- the ingress plugin (nothing designated; the fixture's cluster has no relay) ----
         (

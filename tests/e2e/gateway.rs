@@ -242,7 +242,7 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     // ---- relay names: published with a 60 s TTL inside gatewayDnsRecordAddresses only ----
     let cluster = crate::relays::enrolled_cluster(&server, &admin, dir.path(), &origin, "relays.gw.example");
     let relay_name = format!("relay.{}.relays.gw.example", cluster.cluster_id.replace('_', "-"));
-    let names = server.call_as(&admin, "domains.relayNames", &json!({})).expect_json(200);
+    let names = server.call_as(&admin, "domains.listRelayNames", &json!({})).expect_json(200);
     assert_eq!(names["ttlSeconds"], 60);
     assert_eq!(names["items"][0]["name"], relay_name.as_str(), "{names}");
     assert!(names["items"][0]["reason"].as_str().unwrap().contains("no listen address"), "{names}");
@@ -266,7 +266,7 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
         None => Ok(()),
         Some(r) => Err(r.to_string()),
     });
-    let names = server.call_as(&admin, "domains.relayNames", &json!({})).expect_json(200);
+    let names = server.call_as(&admin, "domains.listRelayNames", &json!({})).expect_json(200);
     assert_eq!(names["items"][0]["published"], false);
     assert!(names["items"][0]["reason"].as_str().unwrap().contains("outside gatewayDnsRecordAddresses"), "{names}");
     drop(relay);

@@ -184,12 +184,12 @@ async fn publish_now(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -
     Ok(Listing { items: publish(&cx).await?, ttl_seconds: TTL_SECONDS })
 }
 
-/// Register `domains.relayNames` and `domains.publishRelayNames`.
+/// Register `domains.listRelayNames` and `domains.publishRelayNames`.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry
         .add(
-            "domains.relayNames",
+            "domains.listRelayNames",
             "Every cluster relay's name, its address, and whether the gateway publishes it (and why not)",
             Access::Admin,
             list,
