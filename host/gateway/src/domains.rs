@@ -3,11 +3,10 @@
 //! (`GET /v1/domains`, docs/gateway-protocol.md). One document per domain name in
 //! [`DOMAINS`]; the state of the last sync is kept beside the enrollment record.
 
-use super::{Context, ENROLLMENT, READER, SCOPE, host_identity, read};
+use super::{Context, ENROLLMENT, enrolled};
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
-use capstan_secrets::managed;
 use capstan_store::{CollectionSpec, Store};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -66,16 +65,8 @@ pub struct SyncState {
 /// while Capstan holds no finalized credential, `gateway-unreachable` and
 /// `gateway-domains-refused` when the gateway does not answer with a listing.
 pub async fn sync(cx: &Context) -> Result<SyncState> {
-    let (_, _, record) = read(cx.store()).await?;
-    let Some(running) = record.running else {
-        return Err(Refusal::new(
-            "gateway-not-enrolled",
-            "Capstan holds no gateway credential yet; bootstrap one (capstan gateway bootstrap)",
-        ));
-    };
-    let token = managed::reveal(&cx.secrets, &host_identity(), READER, SCOPE, &running.secret_id).await?;
-    let token = std::str::from_utf8(&token).map_err(Refusal::internal)?;
-    let listed = match cx.client.domains(&running.gateway_url, token).await {
+    let (gateway_url, token) = enrolled(cx).await?;
+    let listed = match cx.client.domains(&gateway_url, &token).await {
         Ok(listed) => listed,
         Err(failure) => {
             let refusal = match failure {

@@ -441,6 +441,21 @@ fn recorded(written: Result<()>) -> Result<bool> {
     }
 }
 
+/// The running credential's gateway URL and token, for the legs that act at the gateway as
+/// Capstan's client (domains, relay names); `gateway-not-enrolled` while none is finalized.
+async fn enrolled(cx: &Context) -> Result<(String, Zeroizing<String>)> {
+    let (_, _, record) = read(cx.store()).await?;
+    let Some(running) = record.running else {
+        return Err(Refusal::new(
+            "gateway-not-enrolled",
+            "Capstan holds no gateway credential yet; bootstrap one (capstan gateway bootstrap)",
+        ));
+    };
+    let token = managed::reveal(&cx.secrets, &host_identity(), READER, SCOPE, &running.secret_id).await?;
+    let token = String::from_utf8(token.to_vec()).map_err(Refusal::internal)?;
+    Ok((running.gateway_url, Zeroizing::new(token)))
+}
+
 /// Who the background finalization acts as.
 pub fn host_identity() -> Identity {
     Identity {

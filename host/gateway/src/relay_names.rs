@@ -5,11 +5,10 @@
 //! moved out of the allowance withdraws its record. What was published is kept beside the
 //! enrollment record, so a withdrawal is known after a restart.
 
-use super::{Context, ENROLLMENT, READER, SCOPE, host_identity, read};
+use super::{Context, ENROLLMENT, enrolled};
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::settings::{self, CLUSTER_RELAY_ZONE, GATEWAY_DNS_RECORD_ADDRESSES};
 use capstan_rpc::{Access, Call, Registry};
-use capstan_secrets::managed;
 use capstan_store::Store;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -105,22 +104,14 @@ async fn published(store: &Store) -> Result<(Option<u64>, BTreeMap<String, Recor
 /// Bring the gateway's relay-name records to what the clusters say: put each that is missing
 /// or changed, delete each no longer wanted. Answers every relay name with its state.
 pub async fn publish(cx: &Context) -> Result<Vec<RelayName>> {
-    let (_, _, record) = read(cx.store()).await?;
-    let Some(running) = record.running else {
-        return Err(Refusal::new(
-            "gateway-not-enrolled",
-            "Capstan holds no gateway credential yet; bootstrap one (capstan gateway bootstrap)",
-        ));
-    };
+    let (gateway_url, token) = enrolled(cx).await?;
     let wanted = desired(cx.store()).await?;
     let (revision, mut held) = published(cx.store()).await?;
     let before = held.clone();
-    let token = managed::reveal(&cx.secrets, &host_identity(), READER, SCOPE, &running.secret_id).await?;
-    let token = std::str::from_utf8(&token).map_err(Refusal::internal)?;
     let mut failure = None;
     let keep: BTreeMap<&str, &Record> = wanted.iter().filter_map(|(n, r)| r.as_ref().map(|r| (n.name.as_str(), r))).collect();
     for name in before.keys().filter(|n| !keep.contains_key(n.as_str())) {
-        match cx.client.delete_dns_record(&running.gateway_url, token, name).await {
+        match cx.client.delete_dns_record(&gateway_url, &token, name).await {
             Ok(()) => {
                 held.remove(name);
             }
@@ -131,7 +122,7 @@ pub async fn publish(cx: &Context) -> Result<Vec<RelayName>> {
         if held.get(*name) == Some(*record) {
             continue;
         }
-        match cx.client.put_dns_record(&running.gateway_url, token, name, &record.kind, &record.value, TTL_SECONDS).await {
+        match cx.client.put_dns_record(&gateway_url, &token, name, &record.kind, &record.value, TTL_SECONDS).await {
             Ok(()) => {
                 held.insert(name.to_string(), (*record).clone());
             }
