@@ -93,12 +93,19 @@ async fn desired(store: &Store) -> Result<Vec<(RelayName, Option<Record>)>> {
         .await
 }
 
-async fn published(store: &Store) -> Result<(Option<u64>, BTreeMap<String, Record>)> {
+async fn published(store: &Store) -> Result<BTreeMap<String, Record>> {
     let doc = store.transact(|tx| async move { tx.get(ENROLLMENT, PUBLISHED).await }).await?;
     match doc {
-        None => Ok((None, BTreeMap::new())),
-        Some(doc) => Ok((Some(doc.revision), serde_json::from_value(doc.data["records"].clone()).map_err(Refusal::internal)?)),
+        None => Ok(BTreeMap::new()),
+        Some(doc) => serde_json::from_value(doc.data["records"].clone()).map_err(Refusal::internal),
     }
+}
+
+/// What a pass changed: the names it withdrew and the records it put.
+fn changes(before: &BTreeMap<String, Record>, after: &BTreeMap<String, Record>) -> (Vec<String>, BTreeMap<String, Record>) {
+    let withdrawn = before.keys().filter(|n| !after.contains_key(*n)).cloned().collect();
+    let put = after.iter().filter(|(n, r)| before.get(*n) != Some(*r)).map(|(n, r)| (n.clone(), r.clone())).collect();
+    (withdrawn, put)
 }
 
 /// Bring the gateway's relay-name records to what the clusters say: put each that is missing
@@ -106,7 +113,7 @@ async fn published(store: &Store) -> Result<(Option<u64>, BTreeMap<String, Recor
 pub async fn publish(cx: &Context) -> Result<Vec<RelayName>> {
     let (gateway_url, token) = enrolled(cx).await?;
     let wanted = desired(cx.store()).await?;
-    let (revision, mut held) = published(cx.store()).await?;
+    let mut held = published(cx.store()).await?;
     let before = held.clone();
     let mut failure = None;
     let keep: BTreeMap<&str, &Record> = wanted.iter().filter_map(|(n, r)| r.as_ref().map(|r| (n.name.as_str(), r))).collect();
@@ -130,11 +137,23 @@ pub async fn publish(cx: &Context) -> Result<Vec<RelayName>> {
         }
     }
     if held != before {
-        let data = serde_json::json!({ "records": held });
-        cx.store()
-            .transact(|tx| {
-                let data = data.clone();
-                async move { tx.put(ENROLLMENT, PUBLISHED, revision, data).await.map(drop) }
+        // Another publisher (the periodic pass, a call, another node) may have written since it
+        // was read: apply this pass's changes onto what is stored now rather than overwrite it.
+        let (withdrawn, put) = changes(&before, &held);
+        let (withdrawn, put) = (&withdrawn, &put);
+        held = cx
+            .store()
+            .transact(|tx| async move {
+                let doc = tx.get(ENROLLMENT, PUBLISHED).await?;
+                let mut now: BTreeMap<String, Record> = match &doc {
+                    Some(doc) => serde_json::from_value(doc.data["records"].clone()).map_err(Refusal::internal)?,
+                    None => BTreeMap::new(),
+                };
+                withdrawn.iter().for_each(|name| drop(now.remove(name)));
+                now.extend(put.iter().map(|(n, r)| (n.clone(), r.clone())));
+                let data = serde_json::json!({ "records": now });
+                tx.put(ENROLLMENT, PUBLISHED, doc.map(|d| d.revision), data).await?;
+                Ok(now)
             })
             .await?;
     }
@@ -167,7 +186,7 @@ struct Listing {
 
 async fn list(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -> Result<Listing> {
     let wanted = desired(cx.store()).await?;
-    let (_, held) = published(cx.store()).await?;
+    let held = published(cx.store()).await?;
     Ok(Listing { items: view(wanted, &held), ttl_seconds: TTL_SECONDS })
 }
 
@@ -260,5 +279,18 @@ mod tests {
         let shown = view(vec![(name("relay.a.z.example"), Some(record.clone())), (name("relay.b.z.example"), Some(record))], &held);
         assert!(shown[0].published && shown[0].reason.is_none());
         assert!(!shown[1].published && shown[1].reason.as_deref().unwrap().contains("not published yet"));
+    }
+
+    #[test]
+    fn a_pass_changes_only_the_names_it_put_or_withdrew() {
+        let a = Record { kind: "A".into(), value: "10.0.0.5".into() };
+        let b = Record { kind: "A".into(), value: "10.0.0.6".into() };
+        let before: BTreeMap<String, Record> =
+            [("x".to_string(), a.clone()), ("y".to_string(), a.clone()), ("z".to_string(), a.clone())].into();
+        let after: BTreeMap<String, Record> =
+            [("x".to_string(), a.clone()), ("y".to_string(), b.clone()), ("w".to_string(), a.clone())].into();
+        let (withdrawn, put) = changes(&before, &after);
+        assert_eq!(withdrawn, vec!["z".to_string()]);
+        assert_eq!(put, [("w".to_string(), a), ("y".to_string(), b)].into());
     }
 }
