@@ -379,6 +379,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             admin(Past("cluster-not-found")),
         ),
         ("ingress.detachService", json!({ "serviceId": "svc_missing" }), admin(Ran)),
+        ("ingress.listAttachments", json!({ "clusterId": "cluster_missing" }), admin(Past("cluster-not-found"))),
         ("ingress.overview", json!({}), admin(Ran)),
         // only the cluster's relay (its machine user) may register, and no relay is connected
         (

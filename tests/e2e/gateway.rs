@@ -260,6 +260,30 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
         Some(json!({ "name": relay_name, "type": "A", "values": ["10.0.0.5"], "ttl": 60, "clientId": CLIENT_ID })),
         "published under Capstan's own client credential"
     );
+    // a second cluster's relay name: published beside the first, withdrawn when its relay is disabled
+    let second_root = dir.path().join("second");
+    std::fs::create_dir(&second_root).unwrap();
+    let second = crate::relays::enrolled_cluster_named(&server, &admin, &second_root, &origin, "relays.gw.example", "second");
+    let second_name = format!("relay.{}.relays.gw.example", second.cluster_id.replace('_', "-"));
+    let second_relay = crate::relays::RelayProcess::start(&second.state_dir, &second.authorization, "10.0.0.6:8443");
+    crate::relays::wait_listed(&server, &admin, &second.cluster_id, true, 1, &[&second_relay]);
+    server.call_as(&admin, "domains.publishRelayNames", &json!({})).expect_json(200);
+    let record_of = |gateway: &Gateway, name: &str| {
+        let (status, listing) = gateway.get("/v1/dns-records");
+        assert_eq!(status, 200, "{listing}");
+        listing["records"].as_array().unwrap().iter().find(|r| r["name"] == name).map(|r| r["values"].clone())
+    };
+    assert_eq!(record_of(&gateway, &second_name), Some(json!(["10.0.0.6"])));
+    let held = server.call_as(&admin, "clusters.get", &json!({ "id": second.cluster_id })).expect_json(200);
+    server
+        .call_as(&admin, "clusters.disableRelay", &json!({ "id": second.cluster_id, "expectedRevision": held["revision"] }))
+        .expect_json(200);
+    eventually("a disabled relay's name withdrawn", Duration::from_secs(60), || match record_of(&gateway, &second_name) {
+        None => Ok(()),
+        Some(r) => Err(r.to_string()),
+    });
+    assert_eq!(record_of(&gateway, &relay_name), Some(json!(["10.0.0.5"])), "the other cluster's name stays");
+    drop(second_relay);
     // an allowance that no longer covers the relay's address withdraws its name
     assert_eq!(set(&server, &admin, json!({ "gatewayDnsRecordAddresses": ["192.0.2.0/24"] }), &[]), 200);
     eventually("the relay name withdrawn", Duration::from_secs(60), || match record(&gateway) {
@@ -271,6 +295,14 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     assert!(names["items"][0]["reason"].as_str().unwrap().contains("outside gatewayDnsRecordAddresses"), "{names}");
     drop(relay);
 
+    // ---- the gateway down: a sync is refused by name and the failure kept for the listing ----
+    gateway.stop();
+    let down = server.call_as(&admin, "domains.sync", &json!({}));
+    assert_eq!((down.status, down.json()["error"]["code"].clone()), (503, json!("gateway-unreachable")), "{}", down.body);
+    let listing = server.call_as(&admin, "domains.list", &json!({})).expect_json(200);
+    assert!(listing["sync"]["failure"].as_str().is_some_and(|f| f.contains("could not be read")), "{listing}");
+    assert_eq!(listing["items"].as_array().unwrap().len(), 1, "a failed sync loses nothing: {listing}");
+
     // ---- the admin token: in no answer, output, log or file ----
     let seen = cli.seen.borrow().clone();
     assert!(!seen.contains(ADMIN_TOKEN), "the admin token was printed");
@@ -281,5 +313,4 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
         assert!(!bytes.windows(ADMIN_TOKEN.len()).any(|w| w == ADMIN_TOKEN.as_bytes()), "the admin token is in {}", path.display());
     }
     assert!(files.len() > 3, "the data directory was read: {files:?}");
-    gateway.stop();
 }

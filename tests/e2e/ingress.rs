@@ -321,10 +321,86 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     });
     assert!(!relay.log().contains(&new_bearer), "the relay never logs the ingress bearer");
 
+    // ---- a malformed registration is refused before anything is read ----
+    let malformed = json!({ "clusterId": cluster_id, "nodeId": node_id, "bearer": "has space", "version": "1", "relayVersion": "0.1.0" });
+    assert_eq!(refused(&server, &admin, "ingress.register", malformed, "registration-invalid")["data"]["retryAfterMs"], 60000);
+
+    // ---- the designated service scaled to 0: the ingress is refused, tried every 5 s, then taken ----
+    let scale = |n: u32| {
+        let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+        ok(&server, &admin, "services.update", json!({ "id": edge_id, "expectedRevision": rev, "scale": n }));
+    };
+    scale(0);
+    let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+    let third = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 2, "mutationId": "designate-4" });
+    assert_eq!(ok(&server, &admin, "ingress.designate", third)["designation"]["generation"], 3);
+    let third_bearer =
+        ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
+    std::fs::write(&bearer_file, &third_bearer).unwrap();
+    eventually("the registration refused while the service is not running", SEEN, || {
+        let log = relay.log();
+        if log.contains("code=\"assignment-not-running\" retry_after_ms=5000") { Ok(()) } else { Err(log) }
+    });
+    let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+    assert!(read["designation"]["registration"].is_null(), "{read}");
+    scale(1);
+    eventually("the ingress registered once the service runs", SEEN, || {
+        let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+        if read["designation"]["registration"].is_object() { Ok(()) } else { Err(format!("{read}\n{}", relay.log())) }
+    });
+
     // ---- detaching withdraws the service's routes ----
-    ok(&server, &admin, "ingress.detachService", json!({ "serviceId": web_id }));
+    let detached = ok(&server, &admin, "ingress.detachService", json!({ "serviceId": web_id }));
+    assert_eq!(detached["detached"], true);
     eventually("the routes withdrawn", SEEN, || match through(proxy, "web.e2e.example").0 {
         404 => Ok(()),
         other => Err(format!("HTTP {other}")),
     });
+
+    // ---- the designation moved to another service: the previous service's bearer is revoked ----
+    let relay_service = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "edge-2", "image": "registry.example.com/edge:2", "scale": 1 }),
+    );
+    let moved = json!({ "clusterId": cluster_id, "serviceId": relay_service["id"], "expectedRevision": relay_service["revision"],
+                        "expectedGeneration": 3, "mutationId": "designate-5" });
+    let moved = ok(&server, &admin, "ingress.designate", moved);
+    assert_eq!((moved["designation"]["generation"].as_u64(), &moved["designation"]["serviceId"]), (Some(4), &relay_service["id"]));
+    let secrets = ok(&server, &admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": edge_id } }));
+    let previous = secrets["items"].as_array().unwrap().iter().find(|s| s["key"] == "CAPSTAN_CLUSTER_INGRESS_BEARER").cloned();
+    assert_eq!(previous.as_ref().map(|s| &s["state"]), Some(&json!("revoked")), "{secrets}");
+    let moved_bearer =
+        ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
+    assert_ne!(moved_bearer, third_bearer);
+    std::fs::write(&bearer_file, &moved_bearer).unwrap();
+    eventually("the ingress registered under the moved designation", SEEN, || {
+        let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+        if read["designation"]["registration"].is_object() && read["designation"]["generation"] == 4 {
+            Ok(())
+        } else {
+            Err(format!("{read}\n{}", relay.log()))
+        }
+    });
+
+    // ---- a deleted service: its routes withdrawn and its attachment dropped ----
+    ok(&server, &admin, "ingress.attachService", json!({ "clusterId": cluster_id, "serviceId": web_id, "address": "127.0.0.1" }));
+    let listed = ok(&server, &admin, "ingress.listAttachments", json!({ "clusterId": cluster_id }));
+    assert_eq!(listed["items"][0]["serviceId"], web_id.as_str(), "{listed}");
+    eventually("the service routed again", SEEN, || match through(proxy, "web.e2e.example") {
+        (200, body) => Ok(body),
+        other => Err(format!("{other:?}\n{}", relay.log())),
+    });
+    let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    ok(&server, &admin, "services.delete", json!({ "id": web_id, "expectedRevision": web["revision"] }));
+    eventually("the deleted service's routes withdrawn", SEEN, || match through(proxy, "web.e2e.example").0 {
+        404 => Ok(()),
+        other => Err(format!("HTTP {other}")),
+    });
+    eventually("the deleted service's attachment dropped", SEEN, || {
+        let listed = ok(&server, &admin, "ingress.listAttachments", json!({ "clusterId": cluster_id }));
+        if listed["items"] == json!([]) { Ok(()) } else { Err(listed.to_string()) }
+    });
+    assert!(!relay.log().contains(&third_bearer) && !relay.log().contains(&moved_bearer), "the relay never logs the ingress bearer");
 }

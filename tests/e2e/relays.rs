@@ -158,12 +158,25 @@ pub(crate) struct EnrolledCluster {
 }
 
 pub(crate) fn enrolled_cluster(server: &Capstan, admin: &str, root: &Path, origin: &str, zone: &str) -> EnrolledCluster {
+    enrolled_cluster_named(server, admin, root, origin, zone, "edge")
+}
+
+/// [`enrolled_cluster`] with the cluster named `name` (a second one beside it, say); `root`
+/// holds its export and state directories.
+pub(crate) fn enrolled_cluster_named(server: &Capstan, admin: &str, root: &Path, origin: &str, zone: &str, name: &str) -> EnrolledCluster {
     let settings = ok(server, admin, "settings.get", json!({}));
-    ok(server, admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": zone } }));
-    let cluster_id = ok(server, admin, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    if settings["settings"]["clusterRelayZone"] != zone {
+        ok(server, admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": zone } }));
+    }
+    let cluster_id = ok(server, admin, "clusters.create", json!({ "name": name }))["cluster"]["id"].as_str().unwrap().to_string();
     let cluster = ok(server, admin, "clusters.get", json!({ "id": cluster_id }));
     ok(server, admin, "clusters.enableRelay", json!({ "id": cluster_id, "expectedRevision": cluster["revision"] }));
-    ok(server, admin, "relays.mutateCredential", json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": "e2e-enrolled" }));
+    ok(
+        server,
+        admin,
+        "relays.mutateCredential",
+        json!({ "clusterId": cluster_id, "action": "ensure", "mutationId": format!("e2e-enrolled-{cluster_id}") }),
+    );
     let export_dir = root.join("relay-export");
     std::fs::create_dir(&export_dir).unwrap();
     std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();

@@ -58,6 +58,8 @@ impl Manager for IngressManager {
             )
             .method("attachService", "Route a service's domains through the cluster's ingress.", Role::Admin, attach_service)
             .method("detachService", "Stop routing a service through its cluster's ingress.", Role::Admin, detach_service)
+            .method("listAttachments", "The services routed through a cluster's ingress, paged.", Role::Admin, list_attachments)
+            .read_only()
             .method("register", "The designated ingress registers through its cluster's relay.", Role::Authenticated, register)
             .method(
                 "getRouteTable",
@@ -560,6 +562,29 @@ fn attach_service(_ctx: &Context, input: AttachInput) -> Result<Attachment> {
     let stored = attachment.clone();
     store::update_with_retry::<Attachment, _>(ATTACHMENTS, &input.service_id, move |_| Ok(Some(stored.clone())), 5)?;
     Ok(attachment)
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ListAttachmentsInput {
+    cluster_id: String,
+    /// Where to continue: the `nextCursor` of the previous page.
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Attachments {
+    items: Vec<Attachment>,
+    next_cursor: Option<String>,
+}
+
+/// A deleted service's attachment is dropped by the next reconcile pass, so it leaves this list.
+fn list_attachments(_ctx: &Context, input: ListAttachmentsInput) -> Result<Attachments> {
+    require_cluster(&input.cluster_id)?;
+    let page = store::find::<Attachment>(ATTACHMENTS, "by_cluster", &[json!(input.cluster_id)], input.cursor.as_deref(), 100)?;
+    Ok(Attachments { items: page.documents.into_iter().map(|d| d.data).collect(), next_cursor: page.next_cursor })
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
