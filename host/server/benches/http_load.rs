@@ -20,7 +20,8 @@
 //! cargo bench -p capstan-server --bench http_load
 //! ```
 //!
-//! `CAPSTAN_BIN` names another binary (default `$CARGO_TARGET_DIR/release/capstan`). The
+//! `CAPSTAN_BENCH_HOLD=example.greet` loads one target alone for `CAPSTAN_BENCH_SECONDS` and
+//! prints the server's pid, for a profiler. `CAPSTAN_BIN` names another binary (default `$CARGO_TARGET_DIR/release/capstan`). The
 //! driver shares the machine with the server: on 2 cores its threads take some of the CPU the
 //! server would otherwise have, for every target alike.
 
@@ -294,6 +295,15 @@ fn main() {
     // warm every path (slots, caches, connections)
     for t in &targets {
         throughput(&addr, t, connections, Duration::from_millis(500));
+    }
+    // CAPSTAN_BENCH_HOLD=<target>: that target alone for CAPSTAN_BENCH_SECONDS, to profile the
+    // server (its pid is printed: `perf record -g -p <pid>`), then stop
+    if let Ok(name) = std::env::var("CAPSTAN_BENCH_HOLD") {
+        let t = targets.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("CAPSTAN_BENCH_HOLD={name} names no target"));
+        println!("server pid {}: {name} alone for {seconds} s", server.child.id());
+        let (r, failed) = throughput(&addr, t, connections, Duration::from_secs_f64(seconds));
+        println!("{name}: {r:.0} req/s, {failed} not 200");
+        return;
     }
     let mut rps: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     let mut p50: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
