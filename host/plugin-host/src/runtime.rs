@@ -186,6 +186,11 @@ fn config(pooling: bool) -> Config {
     config.epoch_interruption(true);
     config.memory_init_cow(true);
     config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+    // CAPSTAN_PLUGIN_PERF_MAP=1: name plugins' compiled functions in /tmp/perf-<pid>.map, so
+    // `perf report` shows a plugin's own functions instead of bare addresses (docs/plugins.md)
+    if std::env::var_os("CAPSTAN_PLUGIN_PERF_MAP").is_some_and(|v| v == "1") {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     if pooling {
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(1000);

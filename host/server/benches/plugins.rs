@@ -17,7 +17,10 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const CALLS: usize = 2000;
+/// Calls timed per measurement; `CAPSTAN_BENCH_CALLS` sets another count (more, to profile).
+fn calls() -> usize {
+    std::env::var("CAPSTAN_BENCH_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+}
 
 fn build_example() -> Vec<u8> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -66,8 +69,8 @@ where
     for _ in 0..100 {
         call().await; // warm up
     }
-    let mut samples = Vec::with_capacity(CALLS);
-    for _ in 0..CALLS {
+    let mut samples = Vec::with_capacity(calls());
+    for _ in 0..calls() {
         let started = Instant::now();
         call().await;
         samples.push(started.elapsed());
@@ -147,8 +150,9 @@ fn main() {
         })
         .await;
 
-        println!("plugin greet ({CALLS} calls): p50 {plugin_p50:?}  p99 {plugin_p99:?}");
-        println!("native greet ({CALLS} calls): p50 {native_p50:?}  p99 {native_p99:?}");
+        let calls = calls();
+        println!("plugin greet ({calls} calls): p50 {plugin_p50:?}  p99 {plugin_p99:?}");
+        println!("native greet ({calls} calls): p50 {native_p50:?}  p99 {native_p99:?}");
         println!("instantiate + describe (no imports): p50 {describe_p50:?}  p99 {describe_p99:?}");
         println!("cold load, compile (no cache): {compile:?}");
         println!("cold load, from the artifact cache: {cached:?}");
