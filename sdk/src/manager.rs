@@ -10,9 +10,11 @@ use std::time::Duration;
 
 /// A manager: implement this for a unit struct and export it with [`crate::manager!`].
 ///
-/// Every function is an associated function (no `self`): the host runs a fresh instance for
-/// each call, so nothing kept in memory survives it — state lives in [`crate::store`] and
-/// [`crate::blobs`].
+/// Every function is an associated function (no `self`): state lives in [`crate::store`] and
+/// [`crate::blobs`]. The host runs a fresh instance for each call, except that a plugin whose
+/// manifest sets `limits.reuse-instances = "reads"` may see one instance serve several
+/// read-only calls of the same caller — so memory may or may not survive between those, and a
+/// plugin must not depend on either.
 pub trait Manager {
     /// Methods with their handlers, collections, subscriptions, schedules, reconcile period and
     /// placement. Must not use the imports (the host refuses them while describing).
@@ -134,13 +136,30 @@ impl ReconcileOutcome {
 /// `capstan_sdk::bindings::export!(MyType with_types_in capstan_sdk::bindings)`.
 pub struct Adapter<M>(PhantomData<M>);
 
-impl<M: Manager> Guest for Adapter<M> {
+/// `M`'s descriptor, built once per instance: `describe` must answer the same every time, so an
+/// instance the host keeps for another call (`reuse-instances`) routes it without building the
+/// descriptor again.
+fn described<M: Manager + 'static>() -> &'static Descriptor {
+    thread_local! {
+        // one entry per manager type (one in a plugin; a native test may run several)
+        static BUILT: std::cell::RefCell<Vec<(std::any::TypeId, &'static Descriptor)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let id = std::any::TypeId::of::<M>();
+    if let Some(found) = BUILT.with_borrow(|built| built.iter().find(|(t, _)| *t == id).map(|(_, d)| *d)) {
+        return found;
+    }
+    let descriptor: &'static Descriptor = Box::leak(Box::new(M::describe()));
+    BUILT.with_borrow_mut(|built| built.push((id, descriptor)));
+    descriptor
+}
+
+impl<M: Manager + 'static> Guest for Adapter<M> {
     fn describe() -> wit::Descriptor {
         M::describe().to_wit()
     }
 
     fn handle(ctx: types::CallContext, method: String, body: String) -> std::result::Result<String, types::Refusal> {
-        Ok(M::describe().handle(&ctx.into(), &method, &body)?)
+        Ok(described::<M>().handle(&ctx.into(), &method, &body)?)
     }
 
     fn on_event(ctx: types::CallContext, event: wit::Event) -> std::result::Result<(), types::Refusal> {

@@ -19,6 +19,7 @@
 //! [limits]                            # optional
 //! memory-mib = 64                     # per instance; default 64, at most 1024
 //! concurrency = 16                    # concurrent instances; default 16, at most 256
+//! reuse-instances = "reads"           # default "never"; see `InstanceReuse`
 //! ```
 
 use crate::refusal::{Refusal, Result};
@@ -131,11 +132,29 @@ pub struct Limits {
     pub memory_mib: u32,
     /// Instances of this plugin running at once.
     pub concurrency: u32,
+    /// Whether an instance may serve more than one call.
+    #[serde(default)]
+    pub reuse_instances: InstanceReuse,
+}
+
+/// `limits.reuse-instances`: whether the host may keep an instance for the next call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceReuse {
+    /// Every call runs in a fresh instance (the default).
+    #[default]
+    Never,
+    /// An instance that answered a method declared read-only, without trapping or printing, may
+    /// serve the next read-only call of the same authenticated caller (same user, kind and
+    /// roles), so what the plugin keeps in memory can survive between that caller's reads and
+    /// never reaches another caller. Writes, events, passes, tasks, migrations and anonymous
+    /// calls still get a fresh instance each.
+    Reads,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_mib: DEFAULT_MEMORY_MIB, concurrency: DEFAULT_CONCURRENCY }
+        Limits { memory_mib: DEFAULT_MEMORY_MIB, concurrency: DEFAULT_CONCURRENCY, reuse_instances: InstanceReuse::Never }
     }
 }
 
@@ -148,8 +167,12 @@ impl Limits {
     /// What an operator approves, in one line: per instance, instances, and the ceiling
     /// (the host holds at most as much again for the instances' calls).
     pub fn summary(&self) -> String {
+        let reuse = match self.reuse_instances {
+            InstanceReuse::Never => "",
+            InstanceReuse::Reads => "; an instance may serve several read-only calls of one caller",
+        };
         format!(
-            "{} MiB memory per instance × {} concurrent instances: up to {} MiB, and the host holds at most as much again for their calls",
+            "{} MiB memory per instance × {} concurrent instances: up to {} MiB, and the host holds at most as much again for their calls{reuse}",
             self.memory_mib,
             self.concurrency,
             self.memory_ceiling_mib()
@@ -234,6 +257,21 @@ impl Manifest {
             }
             if let Some(v) = section.take_int("concurrency")? {
                 parsed_limits.concurrency = in_range("limits.concurrency", v, MAX_CONCURRENCY, "instances")?;
+            }
+            if let Some(v) = section.take_str("reuse-instances")? {
+                parsed_limits.reuse_instances = match v.as_str() {
+                    "never" => InstanceReuse::Never,
+                    "reads" => InstanceReuse::Reads,
+                    _ => {
+                        return Err(invalid_key(
+                            "limits.reuse-instances",
+                            format!(
+                                "limits.reuse-instances must be \"never\" or \"reads\"; it is {:?}",
+                                v.chars().take(40).collect::<String>()
+                            ),
+                        ));
+                    }
+                };
             }
             section.finish()?;
         }
@@ -750,7 +788,7 @@ concurrency = 4
         assert_eq!(m.version, semver::Version::new(0, 1, 0));
         assert_eq!(m.wit_version(), semver::Version::new(0, 1, 0));
         assert_eq!(m.publisher.as_deref(), Some("Example Corp"));
-        assert_eq!(m.limits, Limits { memory_mib: 128, concurrency: 4 });
+        assert_eq!(m.limits, Limits { memory_mib: 128, concurrency: 4, reuse_instances: InstanceReuse::Never });
         assert_eq!(m.limits.memory_ceiling_mib(), 512);
         assert!(
             m.limits.summary().starts_with("128 MiB memory per instance × 4 concurrent instances: up to 512 MiB"),
@@ -770,10 +808,28 @@ concurrency = 4
     #[test]
     fn minimal_manifest_gets_defaults() {
         let m = Manifest::parse(&with_plugin("")).unwrap();
-        assert_eq!(m.limits, Limits { memory_mib: 64, concurrency: 16 });
+        assert_eq!(m.limits, Limits { memory_mib: 64, concurrency: 16, reuse_instances: InstanceReuse::Never });
         assert!(m.capabilities.is_empty());
         assert_eq!(m.description, "");
         assert_eq!(m.publisher, None);
+    }
+
+    #[test]
+    fn reuse_instances_is_never_unless_reads_is_asked_for() {
+        let m = Manifest::parse(&format!("{}\n[limits]\nreuse-instances = \"reads\"\n", with_plugin(""))).unwrap();
+        assert_eq!(m.limits.reuse_instances, InstanceReuse::Reads);
+        assert!(m.limits.summary().ends_with("an instance may serve several read-only calls of one caller"), "{}", m.limits.summary());
+        assert_eq!(serde_json::to_value(m.limits).unwrap()["reuseInstances"], "reads");
+        let never = Manifest::parse(&format!("{}\n[limits]\nreuse-instances = \"never\"\n", with_plugin(""))).unwrap();
+        assert_eq!(never.limits, Limits::default());
+        // a limits record stored before the key existed reads as never
+        let stored: Limits = serde_json::from_value(json!({ "memoryMib": 64, "concurrency": 16 })).unwrap();
+        assert_eq!(stored.reuse_instances, InstanceReuse::Never);
+        for bad in ["\"always\"", "true", "\"Reads\""] {
+            let err = Manifest::parse(&format!("{}\n[limits]\nreuse-instances = {bad}\n", with_plugin(""))).unwrap_err();
+            assert_eq!(err.code, "manifest-invalid", "{bad}");
+            assert_eq!(err.data.as_ref().unwrap()["key"], "limits.reuse-instances", "{bad}");
+        }
     }
 
     #[test]
@@ -824,7 +880,7 @@ concurrency = 4
             assert_eq!(code(&format!("{}\n[limits]\n{limits}\n", with_plugin(""))), "manifest-invalid", "{limits}");
         }
         let m = Manifest::parse(&format!("{}\n[limits]\nmemory-mib = 1024\nconcurrency = 256\n", with_plugin(""))).unwrap();
-        assert_eq!(m.limits, Limits { memory_mib: 1024, concurrency: 256 });
+        assert_eq!(m.limits, Limits { memory_mib: 1024, concurrency: 256, reuse_instances: InstanceReuse::Never });
     }
 
     #[test]
@@ -1091,7 +1147,7 @@ mod proptests {
                 .prop_map(String::from),
             6 => (
                 select(vec![
-                    "id", "name", "version", "wit", "description", "publisher", "requested", "memory-mib", "concurrency", "colour",
+                    "id", "name", "version", "wit", "description", "publisher", "requested", "memory-mib", "concurrency", "reuse-instances", "colour",
                     "plugin", "\"id\"", "limits", "plugin.id",
                 ]),
                 toml_value(),
@@ -1215,6 +1271,7 @@ mod proptests {
                 .prop_shuffle(),
             memory in prop::option::of(1..=MAX_MEMORY_MIB),
             concurrency in prop::option::of(1..=MAX_CONCURRENCY),
+            reuse in prop::option::of(any::<bool>()),
         ) {
             let mut plugin = toml::Table::new();
             plugin.insert("id".into(), id.clone().into());
@@ -1237,6 +1294,9 @@ mod proptests {
             if let Some(c) = concurrency {
                 limits.insert("concurrency".into(), i64::from(c).into());
             }
+            if let Some(reads) = reuse {
+                limits.insert("reuse-instances".into(), if reads { "reads" } else { "never" }.into());
+            }
             root.insert("limits".into(), limits.into());
             let text = toml::to_string(&root).unwrap();
 
@@ -1252,7 +1312,11 @@ mod proptests {
             prop_assert_eq!(m.capabilities.iter().map(Capability::to_string).collect::<Vec<_>>(), sorted);
             prop_assert_eq!(
                 m.limits,
-                Limits { memory_mib: memory.unwrap_or(DEFAULT_MEMORY_MIB), concurrency: concurrency.unwrap_or(DEFAULT_CONCURRENCY) }
+                Limits {
+                    memory_mib: memory.unwrap_or(DEFAULT_MEMORY_MIB),
+                    concurrency: concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+                    reuse_instances: if reuse == Some(true) { InstanceReuse::Reads } else { InstanceReuse::Never },
+                }
             );
         }
     }

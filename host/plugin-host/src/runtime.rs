@@ -6,7 +6,7 @@
 //! `plugin-failed`, `plugin-output-invalid`, `plugin-busy`.
 
 use super::imports::{Acting, CallData, Grant, MAX_METHOD_OUTPUT};
-use super::manifest::{Capability, Manifest};
+use super::manifest::{Capability, InstanceReuse, Manifest};
 use crate::refusal::{Refusal, Result};
 use capstan_core::text::truncate;
 use capstan_rpc::Identity;
@@ -309,7 +309,107 @@ enum Pre {
     V0_1(crate::contract_0_1::ManagerPre<CallData>),
 }
 
-/// A fresh instance's exports, answering in the current contract's shapes whatever version the
+impl Pre {
+    fn engine(&self) -> &Engine {
+        match self {
+            Pre::Current(pre) => pre.engine(),
+            Pre::V0_1(pre) => pre.engine(),
+        }
+    }
+
+    async fn instantiate(&self, store: &mut Store<CallData>) -> wasmtime::Result<Live> {
+        Ok(match self {
+            Pre::Current(pre) => Live::Current(pre.instantiate_async(store).await?),
+            Pre::V0_1(pre) => Live::V0_1(pre.instantiate_async(store).await?),
+        })
+    }
+}
+
+/// An instance of a plugin in its store.
+enum Live {
+    Current(Manager),
+    V0_1(crate::contract_0_1::Manager),
+}
+
+impl Live {
+    fn exports(&self) -> Exports<'_> {
+        match self {
+            Live::Current(instance) => Exports::Current(instance.capstan_plugin_guest()),
+            Live::V0_1(instance) => Exports::V0_1(crate::contract_0_1::Exports(instance.capstan_plugin_guest())),
+        }
+    }
+}
+
+/// An instance kept after a read-only call (`limits.reuse-instances = "reads"`), for the next
+/// read-only call of the same caller.
+struct Kept {
+    caller: String,
+    store: Store<CallData>,
+    live: Live,
+    /// The clock offset its WASI context was built with (a changed offset needs a new one).
+    clock_ahead: Duration,
+    idle_since: Instant,
+    calls: u32,
+}
+
+/// Idle instances one plugin version keeps, at most (the least recently used goes first).
+const KEPT_INSTANCES: usize = 8;
+/// An idle kept instance older than this is dropped instead of reused.
+const KEPT_IDLE: Duration = Duration::from_secs(30);
+/// Calls one kept instance serves before it is dropped (its heap never shrinks).
+const KEPT_CALLS: u32 = 10_000;
+
+/// The instances a sandbox keeps for reuse, by caller.
+#[derive(Default)]
+struct KeptInstances(std::sync::Mutex<Vec<Kept>>);
+
+impl KeptInstances {
+    /// An idle instance kept for `caller` with the clock offset `clock_ahead`; the expired are
+    /// dropped on the way.
+    fn take(&self, caller: &str, clock_ahead: Duration) -> Option<Kept> {
+        let (found, expired) = {
+            let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let expired: Vec<Kept> = extract(&mut kept, |k| k.idle_since.elapsed() >= KEPT_IDLE || k.clock_ahead != clock_ahead);
+            let found = kept.iter().rposition(|k| k.caller == caller).map(|i| kept.remove(i));
+            (found, expired)
+        };
+        drop(expired); // a store's drop resets its slots: outside the lock
+        found
+    }
+
+    /// Keep `instance` idle; beyond [`KEPT_INSTANCES`] the least recently used is dropped.
+    fn put(&self, instance: Kept) {
+        let evicted = {
+            let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            kept.push(instance);
+            (kept.len() > KEPT_INSTANCES).then(|| kept.remove(0))
+        };
+        drop(evicted);
+    }
+}
+
+/// Remove and return the elements of `items` that match, keeping the others in order.
+fn extract<T>(items: &mut Vec<T>, matches: impl Fn(&T) -> bool) -> Vec<T> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < items.len() {
+        if matches(&items[i]) { out.push(items.remove(i)) } else { i += 1 }
+    }
+    out
+}
+
+/// Which caller an instance may be kept for: the user, its kind and its roles. Anonymous and
+/// host calls are never served by a kept instance.
+fn reuse_key(caller: &Caller) -> Option<String> {
+    match caller.kind {
+        CallerKind::Human | CallerKind::Machine if !caller.id.is_empty() => {
+            Some(format!("{:?}\u{0}{}\u{0}{}", caller.kind, caller.id, caller.roles.join("\u{0}")))
+        }
+        _ => None,
+    }
+}
+
+/// An instance's exports, answering in the current contract's shapes whatever version the
 /// plugin targets.
 pub(crate) enum Exports<'a> {
     /// A plugin of the current contract.
@@ -388,6 +488,9 @@ pub struct Sandbox {
     concurrency: usize,
     slots: Arc<tokio::sync::Semaphore>,
     services: Arc<super::imports::Services>,
+    /// `limits.reuse-instances`, and the instances kept for it.
+    reuse: InstanceReuse,
+    kept: KeptInstances,
 }
 
 /// What kind of call, for its deadline and its log lines.
@@ -447,6 +550,8 @@ impl Sandbox {
             concurrency: manifest.limits.concurrency.max(1) as usize,
             slots: Arc::new(tokio::sync::Semaphore::new(manifest.limits.concurrency.max(1) as usize)),
             services,
+            reuse: manifest.limits.reuse_instances,
+            kept: KeptInstances::default(),
         }
     }
 
@@ -586,17 +691,27 @@ impl Sandbox {
         };
         // the call's own time starts once it has an instance: waiting for one is bounded above
         let started = Instant::now();
-        let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
-        let mut data = CallData::new(grant, ctx.request_id.clone(), self.services.clock_ahead(), self.memory_limit, STDIO_CAPTURE);
+        let clock_ahead = self.services.clock_ahead();
+        let reuse = match (self.reuse, kind, &acting) {
+            (InstanceReuse::Reads, CallKind::Read, Acting::Caller(_)) => reuse_key(&ctx.caller),
+            _ => None,
+        };
+        let kept = reuse.as_deref().and_then(|caller| self.kept.take(caller, clock_ahead));
+        let (mut store, live, calls) = match kept {
+            Some(kept) => (kept.store, Some(kept.live), kept.calls),
+            None => {
+                let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
+                let data = CallData::new(grant, String::new(), clock_ahead, self.memory_limit, STDIO_CAPTURE);
+                let mut store = Store::new(self.prepared.pre.engine(), data);
+                store.limiter(|data| &mut data.limiter);
+                (store, None, 0)
+            }
+        };
+        let data = store.data_mut();
+        data.begin_call(ctx.request_id.clone());
         data.acting = acting;
         data.read_only = kind == CallKind::Read;
         data.deadline = Some(started + deadline);
-        let engine = match &self.prepared.pre {
-            Pre::Current(pre) => pre.engine(),
-            Pre::V0_1(pre) => pre.engine(),
-        };
-        let mut store = Store::new(engine, data);
-        store.limiter(|data| &mut data.limiter);
         let stop_at = started + deadline;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
@@ -608,18 +723,24 @@ impl Sandbox {
             }
         });
         let outcome = tokio::time::timeout(deadline + Duration::from_millis(250), async {
-            match &self.prepared.pre {
-                Pre::Current(pre) => {
-                    let instance = pre.instantiate_async(&mut store).await?;
-                    call(&Exports::Current(instance.capstan_plugin_guest()), &mut store).await
-                }
-                Pre::V0_1(pre) => {
-                    let instance = pre.instantiate_async(&mut store).await?;
-                    call(&Exports::V0_1(crate::contract_0_1::Exports(instance.capstan_plugin_guest())), &mut store).await
-                }
-            }
+            let live = match live {
+                Some(live) => live,
+                None => self.prepared.pre.instantiate(&mut store).await?,
+            };
+            let answer = call(&live.exports(), &mut store).await;
+            wasmtime::Result::Ok((live, answer))
         })
         .await;
+        // a trap, the deadline or the memory limit ends the instance; so does the plugin's own
+        // call for a fresh one (nothing to reuse), and so does printing (stdio is per call)
+        let (outcome, live) = match outcome {
+            Err(elapsed) => (Err(elapsed), None),
+            Ok(Err(trap)) => (Ok(Err(trap)), None),
+            Ok(Ok((live, answer))) => {
+                let keep = answer.is_ok();
+                (Ok(answer), keep.then_some(live))
+            }
+        };
         let data = store.data_mut();
         data.flush_stdio();
         let exhausted = data.limiter.exhausted;
@@ -642,6 +763,13 @@ impl Sandbox {
         self.count_call(kind, counted, Some(elapsed));
         tracing::debug!(plugin = %self.id, kind = ?kind, request_id = %ctx.request_id, ms = elapsed.as_millis() as u64,
             ok = result.is_ok(), "plugin call");
+        if let (Some(caller), Some(live)) = (reuse, live)
+            && !exhausted
+            && !store.data().printed()
+            && calls + 1 < KEPT_CALLS
+        {
+            self.kept.put(Kept { caller, store, live, clock_ahead, idle_since: Instant::now(), calls: calls + 1 });
+        }
         result
     }
 

@@ -40,6 +40,12 @@ impl CallBudget {
         CallBudget { calls_left: Cell::new(MAX_HOST_CALLS), bytes_limit, bytes_held: Cell::new(0) }
     }
 
+    /// A new call on the same instance: its host calls count afresh; bytes still held (by
+    /// handles the instance kept open) stay held.
+    pub fn renew(&self) {
+        self.calls_left.set(MAX_HOST_CALLS);
+    }
+
     /// Count one host call.
     pub fn call(&self) -> WitResult<()> {
         match self.calls_left.get() {
@@ -94,6 +100,11 @@ mod tests {
         let refused = budget.call().unwrap_err();
         assert_eq!(refused.code, "resource-exhausted");
         assert!(refused.data.unwrap().contains("\"host-calls\""));
+        budget.hold(100, "a blob").unwrap();
+        budget.renew();
+        budget.call().unwrap();
+        assert!(budget.fits((1 << 20) - 100, "a commit").is_ok());
+        assert!(budget.fits((1 << 20) - 99, "a commit").is_err(), "renewing keeps what is held");
     }
 
     #[test]

@@ -323,6 +323,18 @@ impl CallData {
         &self.grant.plugin
     }
 
+    /// Start a call on this state: `request_id` on its log lines, the host-call budget afresh.
+    pub fn begin_call(&mut self, request_id: String) {
+        self.request_id = request_id;
+        self.budget.renew();
+    }
+
+    /// Whether the instance wrote to stdout or stderr (the capture is per call, so an instance
+    /// that printed is not kept for another).
+    pub fn printed(&self) -> bool {
+        !self.stdout.contents().is_empty() || !self.stderr.contents().is_empty()
+    }
+
     /// Log what the plugin printed, a line per log record, under its id.
     pub fn flush_stdio(&self) {
         let (plugin, request_id) = (self.plugin(), &self.request_id);

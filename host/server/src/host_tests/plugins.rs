@@ -658,6 +658,62 @@ async fn a_method_declared_read_only_is_not_audited_and_changes_nothing() {
     assert_eq!(f.call("adversary", "peek", json!({ "value": 7 })).await.unwrap(), json!({ "value": 7 }));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_serves_several_reads_of_one_caller_only_when_the_manifest_asks_for_it() {
+    let Some(f) = Fixture::new().await else { return };
+    let tally = |who: &Identity, body: Value| {
+        let (host, who) = (f.host.clone(), who.clone());
+        async move { host.dispatch("adversary", "tally", Some(&who), "req-t", body).await.map(|v| v["count"].as_u64().unwrap()) }
+    };
+    // the default: every call a fresh instance
+    f.host.install(&f.adversary(), &all(), "admin").await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 1);
+    }
+
+    // reuse-instances = "reads": one caller's reads share an instance, nobody else's do
+    let component = std::fs::read(built().unwrap().join("capstan_plugin_adversary.wasm")).unwrap();
+    let text = manifest("tests/plugins/adversary", Some("0.2.0")) + "\n[limits]\nreuse-instances = \"reads\"\n";
+    let mut bundle = Bundle::new(text, component).unwrap();
+    bundle.sign(&f.key);
+    f.host.upgrade(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    let other = Identity { user_id: "u-other".into(), username: "other".into(), admin: false, ..f.admin.clone() };
+    let same_user_fewer_roles = Identity { admin: false, ..f.admin.clone() };
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 1);
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 2, "the same caller's second read ran in the kept instance");
+    assert_eq!(tally(&other, json!({})).await.unwrap(), 1, "another caller never gets it");
+    assert_eq!(tally(&same_user_fewer_roles, json!({})).await.unwrap(), 1, "nor the same user with other roles");
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 3);
+    assert_eq!(tally(&other, json!({})).await.unwrap(), 2);
+
+    // a write, an anonymous call: fresh instances, and the kept one is untouched
+    let write = f.host.dispatch("adversary", "tallyWrite", Some(&f.admin), "req-w", json!({})).await.unwrap();
+    assert_eq!(write["count"], 1);
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 4);
+
+    // printing ends the instance (stdio is captured per call); so does a trap
+    assert_eq!(tally(&f.admin, json!({ "print": true })).await.unwrap(), 5);
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 1, "the instance that printed was not kept");
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 2);
+    let trapped = tally(&f.admin, json!({ "trap": true })).await.unwrap_err();
+    assert_eq!(trapped.code, "plugin-failed", "{trapped}");
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 1, "the instance that trapped was not kept");
+
+    // reads at once each take an instance; both are kept afterwards
+    let (a, b) = tokio::join!(tally(&f.admin, json!({})), tally(&f.admin, json!({})));
+    let mut counts = [a.unwrap(), b.unwrap()];
+    counts.sort();
+    assert!(counts == [1, 2] || counts == [2, 3], "{counts:?}");
+
+    // an upgrade starts over: the kept instances went with the version they ran
+    let component = std::fs::read(built().unwrap().join("capstan_plugin_adversary.wasm")).unwrap();
+    let text = manifest("tests/plugins/adversary", Some("0.3.0")) + "\n[limits]\nreuse-instances = \"reads\"\n";
+    let mut bundle = Bundle::new(text, component).unwrap();
+    bundle.sign(&f.key);
+    f.host.upgrade(&bundle.to_bytes(), &all(), "admin").await.unwrap();
+    assert_eq!(tally(&f.admin, json!({})).await.unwrap(), 1);
+}
+
 /// Everything logged in this test process from the first call on (debug and above), for tests
 /// that prove a value never reaches the log.
 pub(super) fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {

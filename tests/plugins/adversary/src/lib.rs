@@ -17,6 +17,8 @@
 //! - `bloat`: answers `bytes` bytes (the host passes at most 16 MiB on);
 //! - `secret`: drives the `secrets` import (`op` ensure, put, rotate, revoke, list or reveal), for
 //!   tests of what its grants reach (needs `secrets:<scope>` grants);
+//! - `tally` (a read) and `tallyWrite`: count calls in the instance's memory and answer the count
+//!   (`print`: also print it; `trap`: then panic), for tests of which calls share an instance;
 //! - `squat`: a public method that tries to create a service (given the grant), which an
 //!   anonymous caller must not be able to do with the plugin's own authority.
 
@@ -53,6 +55,9 @@ impl Manager for Adversary {
             .read_only()
             .method("peek", "Answer the value sent: a read.", Role::Authenticated, echo)
             .read_only()
+            .method("tally", "Count this call in the instance's memory: a read.", Role::Authenticated, tally)
+            .read_only()
+            .method("tallyWrite", "Count this call in the instance's memory: a write.", Role::Authenticated, tally)
     }
 }
 
@@ -219,6 +224,39 @@ struct Echo {
 
 fn echo(_ctx: &Context, input: Echo) -> Result<Echo> {
     Ok(input)
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Tally {
+    #[serde(default)]
+    print: bool,
+    #[serde(default)]
+    trap: bool,
+}
+
+#[derive(Serialize, JsonSchema)]
+struct Tallied {
+    count: u64,
+}
+
+thread_local! {
+    /// Calls this instance has served: what survives a call when the host keeps the instance.
+    static CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn tally(_ctx: &Context, input: Tally) -> Result<Tallied> {
+    let count = CALLS.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    });
+    if input.print {
+        println!("tally {count}");
+    }
+    if input.trap {
+        panic!("the adversary traps on purpose after counting {count}");
+    }
+    Ok(Tallied { count })
 }
 
 #[derive(Deserialize, JsonSchema)]
