@@ -129,7 +129,7 @@ impl Runtime {
         {
             // SAFETY: the file is one this host wrote into its private cache directory from a
             // component it verified; the name binds it to the component digest and the engine.
-            match unsafe { Component::deserialize_file(&self.engine, path) } {
+            match unsafe { load_compiled(&self.engine, path) } {
                 Ok(component) => return Ok((component, true)),
                 Err(e) => tracing::warn!(error = %e, path = %path.display(), "discarding an unreadable compiled plugin"),
             }
@@ -142,7 +142,7 @@ impl Runtime {
             match capstan_core::private_file::replace_atomically(path, &compiled, 0o600) {
                 // mapped from the file, as a restart loads it: only the code that runs is resident
                 // SAFETY: this host wrote the file from the bytes compiled just now.
-                Ok(()) => match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(()) => match unsafe { load_compiled(&self.engine, path) } {
                     Ok(component) => return Ok((component, false)),
                     Err(e) => tracing::warn!(error = %e, "could not load a compiled plugin just cached"),
                 },
@@ -188,7 +188,7 @@ fn config(pooling: bool) -> Config {
     config.cranelift_opt_level(wasmtime::OptLevel::Speed);
     // CAPSTAN_PLUGIN_PERF_MAP=1: name plugins' compiled functions in /tmp/perf-<pid>.map, so
     // `perf report` shows a plugin's own functions instead of bare addresses (docs/plugins.md)
-    if std::env::var_os("CAPSTAN_PLUGIN_PERF_MAP").is_some_and(|v| v == "1") {
+    if perf_map() {
         config.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
     if pooling {
@@ -243,6 +243,27 @@ fn keep_dirtied_pages_resident(pool: &mut PoolingAllocationConfig, pagemap_scan:
     } else {
         pool.pagemap_scan(wasmtime::Enabled::No);
     }
+}
+
+/// `CAPSTAN_PLUGIN_PERF_MAP=1`: name compiled plugin code for `perf` (docs/plugins.md).
+fn perf_map() -> bool {
+    std::env::var_os("CAPSTAN_PLUGIN_PERF_MAP").is_some_and(|v| v == "1")
+}
+
+/// Load a compiled component from the cache. Mapped from the file, so only the code that runs
+/// is resident — except with the perf map on: `perf` names code mapped from a file by that
+/// file, never by the map, so the code is read into anonymous memory instead.
+///
+/// # Safety
+/// `path` holds an artifact this host compiled for an engine of `engine`'s key.
+unsafe fn load_compiled(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    if perf_map() {
+        let bytes = std::fs::read(path)?;
+        // SAFETY: as the caller promises for the file.
+        return unsafe { Component::deserialize(engine, &bytes) };
+    }
+    // SAFETY: as the caller promises.
+    unsafe { Component::deserialize_file(engine, path) }
 }
 
 /// What tells artifacts of `engine` apart: compiled code is loaded only by an engine whose key
@@ -343,7 +364,7 @@ impl Live {
 /// An instance kept after a read-only call (`limits.reuse-instances = "reads"`), for the next
 /// read-only call of the same caller.
 struct Kept {
-    caller: String,
+    caller: Caller,
     store: Store<CallData>,
     live: Live,
     /// The clock offset its WASI context was built with (a changed offset needs a new one).
@@ -366,11 +387,11 @@ struct KeptInstances(std::sync::Mutex<Vec<Kept>>);
 impl KeptInstances {
     /// An idle instance kept for `caller` with the clock offset `clock_ahead`; the expired are
     /// dropped on the way.
-    fn take(&self, caller: &str, clock_ahead: Duration) -> Option<Kept> {
+    fn take(&self, caller: &Caller, clock_ahead: Duration) -> Option<Kept> {
         let (found, expired) = {
             let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
             let expired: Vec<Kept> = extract(&mut kept, |k| k.idle_since.elapsed() >= KEPT_IDLE || k.clock_ahead != clock_ahead);
-            let found = kept.iter().rposition(|k| k.caller == caller).map(|i| kept.remove(i));
+            let found = kept.iter().rposition(|k| same_caller(&k.caller, caller)).map(|i| kept.remove(i));
             (found, expired)
         };
         drop(expired); // a store's drop resets its slots: outside the lock
@@ -398,15 +419,15 @@ fn extract<T>(items: &mut Vec<T>, matches: impl Fn(&T) -> bool) -> Vec<T> {
     out
 }
 
-/// Which caller an instance may be kept for: the user, its kind and its roles. Anonymous and
-/// host calls are never served by a kept instance.
-fn reuse_key(caller: &Caller) -> Option<String> {
-    match caller.kind {
-        CallerKind::Human | CallerKind::Machine if !caller.id.is_empty() => {
-            Some(format!("{:?}\u{0}{}\u{0}{}", caller.kind, caller.id, caller.roles.join("\u{0}")))
-        }
-        _ => None,
-    }
+/// Whether a call of `caller` may be served by a kept instance: an authenticated human or
+/// machine (never an anonymous or host call).
+fn reusable_for(caller: &Caller) -> bool {
+    matches!(caller.kind, CallerKind::Human | CallerKind::Machine) && !caller.id.is_empty()
+}
+
+/// One caller for a kept instance: the same user, of the same kind, with the same roles.
+fn same_caller(a: &Caller, b: &Caller) -> bool {
+    a.kind == b.kind && a.id == b.id && a.roles == b.roles
 }
 
 /// An instance's exports, answering in the current contract's shapes whatever version the
@@ -491,6 +512,7 @@ pub struct Sandbox {
     /// `limits.reuse-instances`, and the instances kept for it.
     reuse: InstanceReuse,
     kept: KeptInstances,
+    metrics: CallMetrics,
 }
 
 /// What kind of call, for its deadline and its log lines.
@@ -513,7 +535,34 @@ pub enum CallKind {
     Migrate,
 }
 
+/// A call's outcomes as `/metrics` labels.
+const OUTCOMES: [&str; 6] = ["ok", "refused", "deadline", "exhausted", "trap", "busy"];
+
+/// The `/metrics` handles of one plugin version's calls, each registered on its first use (the
+/// registry's lookup by labels is otherwise paid on every call).
+#[derive(Default)]
+struct CallMetrics {
+    calls: [[std::sync::OnceLock<metrics::Counter>; OUTCOMES.len()]; CallKind::LABELS],
+    durations: [std::sync::OnceLock<metrics::Histogram>; CallKind::LABELS],
+    memory: std::sync::OnceLock<metrics::Histogram>,
+}
+
 impl CallKind {
+    /// How many labels kinds have.
+    const LABELS: usize = 6;
+
+    /// The position of the kind's label, for [`CallMetrics`].
+    fn index(self) -> usize {
+        match self {
+            CallKind::Describe => 0,
+            CallKind::Method | CallKind::Read => 1,
+            CallKind::Event => 2,
+            CallKind::Reconcile => 3,
+            CallKind::Task => 4,
+            CallKind::Migrate => 5,
+        }
+    }
+
     /// The kind as a `/metrics` label.
     pub fn label(self) -> &'static str {
         match self {
@@ -552,6 +601,7 @@ impl Sandbox {
             services,
             reuse: manifest.limits.reuse_instances,
             kept: KeptInstances::default(),
+            metrics: CallMetrics::default(),
         }
     }
 
@@ -692,19 +742,18 @@ impl Sandbox {
         // the call's own time starts once it has an instance: waiting for one is bounded above
         let started = Instant::now();
         let clock_ahead = self.services.clock_ahead();
-        let reuse = match (self.reuse, kind, &acting) {
-            (InstanceReuse::Reads, CallKind::Read, Acting::Caller(_)) => reuse_key(&ctx.caller),
-            _ => None,
-        };
-        let kept = reuse.as_deref().and_then(|caller| self.kept.take(caller, clock_ahead));
-        let (mut store, live, calls) = match kept {
-            Some(kept) => (kept.store, Some(kept.live), kept.calls),
+        let reuse =
+            matches!((self.reuse, kind, &acting), (InstanceReuse::Reads, CallKind::Read, Acting::Caller(_))) && reusable_for(&ctx.caller);
+        let kept = if reuse { self.kept.take(&ctx.caller, clock_ahead) } else { None };
+        // the caller a kept instance is for: the one it was kept for (the same), or this call's
+        let (mut store, live, calls, kept_for) = match kept {
+            Some(kept) => (kept.store, Some(kept.live), kept.calls, Some(kept.caller)),
             None => {
                 let grant = if kind == CallKind::Describe { self.describe_grant.clone() } else { self.grant.clone() };
                 let data = CallData::new(grant, String::new(), clock_ahead, self.memory_limit, STDIO_CAPTURE);
                 let mut store = Store::new(self.prepared.pre.engine(), data);
                 store.limiter(|data| &mut data.limiter);
-                (store, None, 0)
+                (store, None, 0, None)
             }
         };
         let data = store.data_mut();
@@ -742,9 +791,12 @@ impl Sandbox {
             }
         };
         let data = store.data_mut();
-        data.flush_stdio();
+        let printed = data.flush_stdio();
         let exhausted = data.limiter.exhausted;
-        metrics::histogram!("capstan_plugin_instance_memory_bytes", "plugin" => self.id.clone()).record(data.limiter.grown() as f64);
+        self.metrics
+            .memory
+            .get_or_init(|| metrics::histogram!("capstan_plugin_instance_memory_bytes", "plugin" => self.id.clone()))
+            .record(data.limiter.grown() as f64);
         let elapsed = started.elapsed();
         let (result, counted) = match outcome {
             Err(_) => (Err(self.deadline_exceeded(kind, deadline)), "deadline"),
@@ -763,11 +815,8 @@ impl Sandbox {
         self.count_call(kind, counted, Some(elapsed));
         tracing::debug!(plugin = %self.id, kind = ?kind, request_id = %ctx.request_id, ms = elapsed.as_millis() as u64,
             ok = result.is_ok(), "plugin call");
-        if let (Some(caller), Some(live)) = (reuse, live)
-            && !exhausted
-            && !store.data().printed()
-            && calls + 1 < KEPT_CALLS
-        {
+        if let Some(live) = live.filter(|_| reuse && !exhausted && !printed && calls + 1 < KEPT_CALLS) {
+            let caller = kept_for.unwrap_or_else(|| ctx.caller.clone());
             self.kept.put(Kept { caller, store, live, clock_ahead, idle_since: Instant::now(), calls: calls + 1 });
         }
         result
@@ -786,10 +835,16 @@ impl Sandbox {
     /// Count one call for `/metrics` by plugin (an installed plugin's id: a bounded set), kind
     /// and outcome (`ok`, `refused`, `deadline`, `exhausted`, `trap`, `busy`), with its time.
     fn count_call(&self, kind: CallKind, outcome: &'static str, elapsed: Option<Duration>) {
-        let kind = kind.label();
-        metrics::counter!("capstan_plugin_calls_total", "plugin" => self.id.clone(), "kind" => kind, "outcome" => outcome).increment(1);
+        let (k, label) = (kind.index(), kind.label());
+        let o = OUTCOMES.iter().position(|known| *known == outcome).unwrap_or(0);
+        self.metrics.calls[k][o]
+            .get_or_init(
+                || metrics::counter!("capstan_plugin_calls_total", "plugin" => self.id.clone(), "kind" => label, "outcome" => outcome),
+            )
+            .increment(1);
         if let Some(elapsed) = elapsed {
-            metrics::histogram!("capstan_plugin_call_duration_seconds", "plugin" => self.id.clone(), "kind" => kind)
+            self.metrics.durations[k]
+                .get_or_init(|| metrics::histogram!("capstan_plugin_call_duration_seconds", "plugin" => self.id.clone(), "kind" => label))
                 .record(elapsed.as_secs_f64());
         }
     }

@@ -8,8 +8,9 @@
 //! - throughput with `CAPSTAN_BENCH_CONNECTIONS` keep-alive connections (16) for
 //!   `CAPSTAN_BENCH_SECONDS` (3) per target and round: the authenticated native
 //!   `auth.whoami`, the example plugin's authenticated `greet`, the public `system.getVersion`;
-//! - latency with one connection, 2,000 sequential calls per target and round (after 200 to
-//!   warm up), p50 and p99;
+//! - latency with one request in flight, `CAPSTAN_BENCH_CALLS` (2,000) calls per target and round
+//!   on a connection of its own (after 200 to warm up), the targets taking turns call by call,
+//!   p50 and p99;
 //!
 //! over `CAPSTAN_BENCH_ROUNDS` rounds (5), then a live upgrade to 0.2.0 and a rollback while
 //! the plugin is under the same load, counting every answer that is not 200.
@@ -248,21 +249,32 @@ fn throughput(addr: &str, target: &Target, connections: usize, duration: Duratio
 }
 
 /// p50 and p99 of `calls` sequential calls on one connection, in µs.
-fn latency(addr: &str, target: &Target, calls: usize) -> (f64, f64) {
-    let mut conn = Conn::open(addr).expect("connect");
-    for _ in 0..200 {
-        assert_eq!(conn.send(&target.request).unwrap().0, 200, "{}", target.name);
+/// p50 and p99 in µs of each target, one request in flight at a time, each target on its own
+/// connection: the targets take turns call by call, so a drift in the machine's speed (another
+/// VM, the CPU's clock) weighs on all of them alike instead of on whichever ran during it.
+fn latencies(addr: &str, targets: &[Target], calls: usize) -> Vec<(f64, f64)> {
+    let mut conns: Vec<Conn> = targets.iter().map(|_| Conn::open(addr).expect("connect")).collect();
+    let mut samples: Vec<Vec<Duration>> = targets.iter().map(|_| Vec::with_capacity(calls)).collect();
+    for round in 0..calls + 200 {
+        for (i, target) in targets.iter().enumerate() {
+            let started = Instant::now();
+            let (status, _) = conns[i].send(&target.request).unwrap();
+            let took = started.elapsed();
+            assert_eq!(status, 200, "{}", target.name);
+            // the first 200 of each only warm the connection up
+            if round >= 200 {
+                samples[i].push(took);
+            }
+        }
     }
-    let mut samples = Vec::with_capacity(calls);
-    for _ in 0..calls {
-        let started = Instant::now();
-        let (status, _) = conn.send(&target.request).unwrap();
-        samples.push(started.elapsed());
-        assert_eq!(status, 200, "{}", target.name);
-    }
-    samples.sort();
-    let at = |p: f64| samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)].as_secs_f64() * 1e6;
-    (at(0.50), at(0.99))
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort();
+            let at = |p: f64| s[((s.len() as f64 * p) as usize).min(s.len() - 1)].as_secs_f64() * 1e6;
+            (at(0.50), at(0.99))
+        })
+        .collect()
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -340,8 +352,7 @@ fn main() {
             assert_eq!(failed, 0, "{} answered non-200 under load", t.name);
             rps[i].push(r);
         }
-        for (i, t) in targets.iter().enumerate() {
-            let (a, b) = latency(&addr, t, calls);
+        for (i, (a, b)) in latencies(&addr, &targets, calls).into_iter().enumerate() {
             p50[i].push(a);
             p99[i].push(b);
         }

@@ -329,22 +329,20 @@ impl CallData {
         self.budget.renew();
     }
 
-    /// Whether the instance wrote to stdout or stderr (the capture is per call, so an instance
-    /// that printed is not kept for another).
-    pub fn printed(&self) -> bool {
-        !self.stdout.contents().is_empty() || !self.stderr.contents().is_empty()
-    }
-
-    /// Log what the plugin printed, a line per log record, under its id.
-    pub fn flush_stdio(&self) {
+    /// Log what the plugin printed, a line per log record, under its id; whether it printed
+    /// anything (the capture is per call, so an instance that printed is not kept for another).
+    pub fn flush_stdio(&self) -> bool {
         let (plugin, request_id) = (self.plugin(), &self.request_id);
+        let mut printed = false;
         for (stream, pipe) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
             let bytes = pipe.contents();
+            printed |= !bytes.is_empty();
             for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
                 let line = capstan_core::text::escape_control(&truncate(line, 2000)).into_owned();
                 tracing::info!(plugin = %plugin, request_id = %request_id, stream, "{line}");
             }
         }
+        printed
     }
 
     /// The provider `provider` (a field of the grant), or `capability-denied` naming
