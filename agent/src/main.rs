@@ -116,11 +116,15 @@ enum Command {
     #[command(after_help = "Example:\n  printf '%s\\n' 'CODE' | capstan-agent enroll 'https://capstan.example.com'\n\n\
 The code is read from standard input only, never from an argument or the environment.\n\
 ORIGIN must be https (http is accepted only to a loopback address, as `capstan serve --dev`).\n\
-This machine's short hostname, lowercased, is offered as the node's hostname; it must be one\n\
-DNS label.")]
+This machine's short hostname, lowercased, is offered as the node's hostname (or --hostname);\n\
+it must be one DNS label, and no other node of the cluster may carry it.")]
     Enroll {
         /// Capstan's origin, e.g. https://capstan.example.com
         origin: String,
+        /// The hostname to enroll this machine under instead of its own (a container's
+        /// generated name, say); its short form, lowercased, must be one DNS label.
+        #[arg(long, value_name = "NAME")]
+        hostname: Option<String>,
     },
     /// Run: heartbeat with this host's facts (every 30 s, jittered; backing off up to 5 min while
     /// Capstan cannot be reached) and apply the hostname intent. Stops on SIGTERM or ctrl-c.
@@ -212,10 +216,10 @@ fn fail(refusal: Refusal) -> ExitCode {
 async fn command(cli: Cli) -> Result<(), Refusal> {
     let state = state::StateDir::new(cli.state_dir);
     match cli.command {
-        Command::Enroll { origin } => {
+        Command::Enroll { origin, hostname } => {
             let stdin = std::io::stdin();
             let interactive = stdin.is_terminal();
-            let node_name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+            let node_name = hostname.unwrap_or_else(|| rustix::system::uname().nodename().to_string_lossy().into_owned());
             let inputs = enroll::Inputs { stdin: stdin.lock(), interactive, node_name, retry: wire::Retry::default() };
             let credential = enroll::enroll(&origin, &state, inputs).await?;
             println!(

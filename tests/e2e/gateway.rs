@@ -261,12 +261,7 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
         "published under Capstan's own client credential"
     );
     // a second cluster's relay name: published beside the first, withdrawn when its relay is disabled
-    let second_root = dir.path().join("second");
-    std::fs::create_dir(&second_root).unwrap();
-    let second = crate::relays::enrolled_cluster_named(&server, &admin, &second_root, &origin, "relays.gw.example", "second");
-    let second_name = format!("relay.{}.relays.gw.example", second.cluster_id.replace('_', "-"));
-    let second_relay = crate::relays::RelayProcess::start(&second.state_dir, &second.authorization, "10.0.0.6:8443");
-    crate::relays::wait_listed(&server, &admin, &second.cluster_id, true, 1, &[&second_relay]);
+    let (second, second_name, second_relay) = cluster_with_relay(&server, &admin, dir.path(), &origin, "second", "10.0.0.6:8443");
     server.call_as(&admin, "domains.publishRelayNames", &json!({})).expect_json(200);
     let record_of = |gateway: &Gateway, name: &str| {
         let (status, listing) = gateway.get("/v1/dns-records");
@@ -284,6 +279,25 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
     });
     assert_eq!(record_of(&gateway, &relay_name), Some(json!(["10.0.0.5"])), "the other cluster's name stays");
     drop(second_relay);
+    // a third cluster's name outlives its relay's connection, and goes with the cluster
+    let (third, third_name, third_relay) = cluster_with_relay(&server, &admin, dir.path(), &origin, "third", "10.0.0.7:8443");
+    drop(third_relay);
+    crate::relays::wait_listed(&server, &admin, &third.cluster_id, false, 0, &[]);
+    server.call_as(&admin, "domains.publishRelayNames", &json!({})).expect_json(200);
+    assert_eq!(record_of(&gateway, &third_name), Some(json!(["10.0.0.7"])), "a relay that went away may come back");
+    let credential: Value = serde_json::from_slice(&std::fs::read(third.state_dir.join("credential.json")).unwrap()).unwrap();
+    let node_id = credential["nodeId"].as_str().unwrap();
+    let node = server.call_as(&admin, "nodes.get", &json!({ "id": node_id })).expect_json(200);
+    server.call_as(&admin, "nodes.retire", &json!({ "id": node_id, "expectedRevision": node["revision"] })).expect_json(200);
+    let node = server.call_as(&admin, "nodes.get", &json!({ "id": node_id })).expect_json(200);
+    server.call_as(&admin, "nodes.delete", &json!({ "id": node_id, "expectedRevision": node["revision"] })).expect_json(200);
+    let held = server.call_as(&admin, "clusters.get", &json!({ "id": third.cluster_id })).expect_json(200);
+    server.call_as(&admin, "clusters.delete", &json!({ "id": third.cluster_id, "expectedRevision": held["revision"] })).expect_json(200);
+    eventually("a deleted cluster's relay name withdrawn", Duration::from_secs(60), || match record_of(&gateway, &third_name) {
+        None => Ok(()),
+        Some(r) => Err(r.to_string()),
+    });
+    assert_eq!(record_of(&gateway, &relay_name), Some(json!(["10.0.0.5"])), "the other cluster's name stays");
     // an allowance that no longer covers the relay's address withdraws its name
     assert_eq!(set(&server, &admin, json!({ "gatewayDnsRecordAddresses": ["192.0.2.0/24"] }), &[]), 200);
     eventually("the relay name withdrawn", Duration::from_secs(60), || match record(&gateway) {
@@ -313,4 +327,23 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
         assert!(!bytes.windows(ADMIN_TOKEN.len()).any(|w| w == ADMIN_TOKEN.as_bytes()), "the admin token is in {}", path.display());
     }
     assert!(files.len() > 3, "the data directory was read: {files:?}");
+}
+
+/// A cluster `name` under the relay zone with its node enrolled (in `root/<name>`) and its relay
+/// running, listening at `listen`; the cluster, its relay name and the relay.
+fn cluster_with_relay(
+    server: &Capstan,
+    admin: &str,
+    root: &Path,
+    origin: &str,
+    name: &str,
+    listen: &str,
+) -> (crate::relays::EnrolledCluster, String, crate::relays::RelayProcess) {
+    let cluster_root = root.join(name);
+    std::fs::create_dir(&cluster_root).unwrap();
+    let cluster = crate::relays::enrolled_cluster_named(server, admin, &cluster_root, origin, "relays.gw.example", name);
+    let relay_name = format!("relay.{}.relays.gw.example", cluster.cluster_id.replace('_', "-"));
+    let relay = crate::relays::RelayProcess::start(&cluster.state_dir, &cluster.authorization, listen);
+    crate::relays::wait_listed(server, admin, &cluster.cluster_id, true, 1, &[&relay]);
+    (cluster, relay_name, relay)
 }

@@ -9,9 +9,10 @@
 //! its table; a request for a hostname goes through the agent's proxy to the service; a
 //! non-public hostname is left out by name until the forwarding sources are set, then served
 //! only to them; a domain change withdraws exactly the revoked route in a table of its own
-//! before the next table adds the new one.
+//! before the next table adds the new one; a designation limited to another node refused by
+//! name (`node-mismatch`); a service whose bearer was revoked designated again with a new one.
 
-use crate::relays::{RelayProcess, enrolled_cluster, wait_listed};
+use crate::relays::{RelayProcess, enroll_node, enrolled_cluster, wait_listed};
 use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -89,6 +90,24 @@ fn applied(relay: &RelayProcess) -> Vec<(u64, Vec<String>)> {
             (revision, hostnames)
         })
         .collect()
+}
+
+/// Export the cluster's current ingress bearer and hand it to the ingress in `file`; the bearer.
+fn hand_over_bearer(server: &Capstan, admin: &str, cluster_id: &str, file: &std::path::Path) -> String {
+    let bearer = ok(server, admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
+    std::fs::write(file, &bearer).unwrap();
+    bearer
+}
+
+/// Wait until the relay's log shows its ingress's registration refused with `refusal` (the
+/// code and the delay, as the log line has them), and check that no registration was recorded.
+fn registration_refused(server: &Capstan, admin: &str, relay: &RelayProcess, cluster_id: &str, refusal: &str) {
+    eventually(&format!("the registration refused: {refusal}"), SEEN, || {
+        let log = relay.log();
+        if log.contains(refusal) { Ok(()) } else { Err(log) }
+    });
+    let read = ok(server, admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+    assert!(read["designation"]["registration"].is_null(), "{read}");
 }
 
 fn table(server: &Capstan, admin: &str, cluster_id: &str) -> Value {
@@ -311,10 +330,8 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 1, "mutationId": "designate-3" }),
     );
     assert_eq!(rotated["designation"]["generation"], 2);
-    let new_bearer =
-        ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
+    let new_bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
     assert_ne!(new_bearer, bearer, "a rotation issues a new bearer");
-    std::fs::write(&bearer_file, &new_bearer).unwrap();
     eventually("the ingress registered under generation 2", SEEN, || {
         let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
         if read["designation"]["registration"].is_object() { Ok(()) } else { Err(format!("{read}\n{}", relay.log())) }
@@ -334,15 +351,8 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
     let third = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 2, "mutationId": "designate-4" });
     assert_eq!(ok(&server, &admin, "ingress.designate", third)["designation"]["generation"], 3);
-    let third_bearer =
-        ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
-    std::fs::write(&bearer_file, &third_bearer).unwrap();
-    eventually("the registration refused while the service is not running", SEEN, || {
-        let log = relay.log();
-        if log.contains("code=\"assignment-not-running\" retry_after_ms=5000") { Ok(()) } else { Err(log) }
-    });
-    let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
-    assert!(read["designation"]["registration"].is_null(), "{read}");
+    let third_bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
+    registration_refused(&server, &admin, &relay, cluster_id, "code=\"assignment-not-running\" retry_after_ms=5000");
     scale(1);
     eventually("the ingress registered once the service runs", SEEN, || {
         let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
@@ -371,10 +381,8 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let secrets = ok(&server, &admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": edge_id } }));
     let previous = secrets["items"].as_array().unwrap().iter().find(|s| s["key"] == "CAPSTAN_CLUSTER_INGRESS_BEARER").cloned();
     assert_eq!(previous.as_ref().map(|s| &s["state"]), Some(&json!("revoked")), "{secrets}");
-    let moved_bearer =
-        ok(&server, &admin, "ingress.exportBearer", json!({ "clusterId": cluster_id }))["bearer"].as_str().unwrap().to_string();
+    let moved_bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
     assert_ne!(moved_bearer, third_bearer);
-    std::fs::write(&bearer_file, &moved_bearer).unwrap();
     eventually("the ingress registered under the moved designation", SEEN, || {
         let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
         if read["designation"]["registration"].is_object() && read["designation"]["generation"] == 4 {
@@ -403,4 +411,40 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         if listed["items"] == json!([]) { Ok(()) } else { Err(listed.to_string()) }
     });
     assert!(!relay.log().contains(&third_bearer) && !relay.log().contains(&moved_bearer), "the relay never logs the ingress bearer");
+
+    // ---- back to the first service, whose bearer was revoked, and only on a second node ----
+    let second_node = enroll_node(&server, &admin, cluster_id, &origin, &root.join("agent-state-2"), Some("edge-second"));
+    assert_ne!(second_node, node_id);
+    let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+    let foreign_node = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 4,
+                               "nodeIds": ["node_nowhere"], "mutationId": "designate-6" });
+    let refused_node = refused(&server, &admin, "ingress.designate", foreign_node, "node-mismatch");
+    assert_eq!(refused_node["data"]["field"], "nodeIds");
+    let back = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 4,
+                       "nodeIds": [second_node], "mutationId": "designate-7" });
+    assert_eq!(ok(&server, &admin, "ingress.designate", back)["designation"]["generation"], 5);
+    let secrets = ok(&server, &admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": edge_id } }));
+    let bearers: Vec<&Value> =
+        secrets["items"].as_array().unwrap().iter().filter(|s| s["key"] == "CAPSTAN_CLUSTER_INGRESS_BEARER").collect();
+    assert!(bearers.iter().any(|s| s["state"] == "active"), "a revoked bearer is replaced: {secrets}");
+    let recovered_bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
+    for earlier in [&bearer, &new_bearer, &third_bearer, &moved_bearer] {
+        assert_ne!(&recovered_bearer, earlier, "the recovered bearer is a new one");
+    }
+    // the relay's node is not the one the designation names
+    registration_refused(&server, &admin, &relay, cluster_id, "code=\"node-mismatch\" retry_after_ms=60000");
+    // the same service again, on any node: a rotated bearer, and the ingress registers
+    let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
+    let anywhere = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 5, "mutationId": "designate-8" });
+    assert_eq!(ok(&server, &admin, "ingress.designate", anywhere)["designation"]["generation"], 6);
+    let last_bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
+    eventually("the ingress registered under generation 6", SEEN, || {
+        let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
+        if read["designation"]["registration"]["nodeId"] == node_id.as_str() && read["designation"]["generation"] == 6 {
+            Ok(())
+        } else {
+            Err(format!("{read}\n{}", relay.log()))
+        }
+    });
+    assert!(!relay.log().contains(&recovered_bearer) && !relay.log().contains(&last_bearer), "the relay never logs the ingress bearer");
 }

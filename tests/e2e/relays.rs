@@ -182,13 +182,31 @@ pub(crate) fn enrolled_cluster_named(server: &Capstan, admin: &str, root: &Path,
     std::fs::set_permissions(&export_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let authorization = export_dir.join("relay-authorization");
     export(server, admin, &root.join("config"), &cluster_id, &authorization, &[]);
-    let jump = ok(server, admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
     let state_dir = root.join("agent-state");
-    let mut enroll = agent(&state_dir);
+    enroll_node(server, admin, &cluster_id, origin, &state_dir, None);
+    EnrolledCluster { cluster_id, state_dir, authorization }
+}
+
+/// Enroll a node into `cluster_id` with a jump code and the real agent, its state in
+/// `state_dir`, under `hostname` (this machine's when `None`); its node id.
+pub(crate) fn enroll_node(
+    server: &Capstan,
+    admin: &str,
+    cluster_id: &str,
+    origin: &str,
+    state_dir: &Path,
+    hostname: Option<&str>,
+) -> String {
+    let jump = ok(server, admin, "nodes.createJumpCommand", json!({ "clusterId": cluster_id }));
+    let mut enroll = agent(state_dir);
     enroll.args(["enroll", origin]);
+    if let Some(hostname) = hostname {
+        enroll.args(["--hostname", hostname]);
+    }
     let enrolled = crate::plugins::run(enroll, format!("{}\n", jump["code"].as_str().unwrap()).as_bytes(), EXIT_TIMEOUT);
     assert!(enrolled.status.success(), "capstan-agent enroll:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
-    EnrolledCluster { cluster_id, state_dir, authorization }
+    let credential: Value = serde_json::from_slice(&std::fs::read(state_dir.join("credential.json")).unwrap()).unwrap();
+    credential["nodeId"].as_str().unwrap().to_string()
 }
 
 /// `relays.list {clusterIds: [cluster]}`'s one item, if any.
