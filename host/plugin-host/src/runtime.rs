@@ -390,7 +390,7 @@ impl KeptInstances {
     fn take(&self, caller: &Caller, clock_ahead: Duration) -> Option<Kept> {
         let (found, expired) = {
             let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            let expired: Vec<Kept> = extract(&mut kept, |k| k.idle_since.elapsed() >= KEPT_IDLE || k.clock_ahead != clock_ahead);
+            let expired: Vec<Kept> = kept.extract_if(.., |k| k.idle_since.elapsed() >= KEPT_IDLE || k.clock_ahead != clock_ahead).collect();
             let found = kept.iter().rposition(|k| same_caller(&k.caller, caller)).map(|i| kept.remove(i));
             (found, expired)
         };
@@ -407,16 +407,6 @@ impl KeptInstances {
         };
         drop(evicted);
     }
-}
-
-/// Remove and return the elements of `items` that match, keeping the others in order.
-fn extract<T>(items: &mut Vec<T>, matches: impl Fn(&T) -> bool) -> Vec<T> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < items.len() {
-        if matches(&items[i]) { out.push(items.remove(i)) } else { i += 1 }
-    }
-    out
 }
 
 /// Whether a call of `caller` may be served by a kept instance: an authenticated human or
@@ -780,8 +770,8 @@ impl Sandbox {
             wasmtime::Result::Ok((live, answer))
         })
         .await;
-        // a trap, the deadline or the memory limit ends the instance; so does the plugin's own
-        // call for a fresh one (nothing to reuse), and so does printing (stdio is per call)
+        // the deadline or a trap (instantiating or calling) ends the instance here; the memory
+        // limit and printing (stdio is captured per call) end it below
         let (outcome, live) = match outcome {
             Err(elapsed) => (Err(elapsed), None),
             Ok(Err(trap)) => (Ok(Err(trap)), None),
@@ -836,12 +826,16 @@ impl Sandbox {
     /// and outcome (`ok`, `refused`, `deadline`, `exhausted`, `trap`, `busy`), with its time.
     fn count_call(&self, kind: CallKind, outcome: &'static str, elapsed: Option<Duration>) {
         let (k, label) = (kind.index(), kind.label());
-        let o = OUTCOMES.iter().position(|known| *known == outcome).unwrap_or(0);
-        self.metrics.calls[k][o]
-            .get_or_init(
-                || metrics::counter!("capstan_plugin_calls_total", "plugin" => self.id.clone(), "kind" => label, "outcome" => outcome),
-            )
-            .increment(1);
+        match OUTCOMES.iter().position(|known| *known == outcome) {
+            Some(o) => self.metrics.calls[k][o]
+                .get_or_init(
+                    || metrics::counter!("capstan_plugin_calls_total", "plugin" => self.id.clone(), "kind" => label, "outcome" => outcome),
+                )
+                .increment(1),
+            // an outcome missing from OUTCOMES is still counted under its own label, uncached
+            None => metrics::counter!("capstan_plugin_calls_total", "plugin" => self.id.clone(), "kind" => label, "outcome" => outcome)
+                .increment(1),
+        }
         if let Some(elapsed) = elapsed {
             self.metrics.durations[k]
                 .get_or_init(|| metrics::histogram!("capstan_plugin_call_duration_seconds", "plugin" => self.id.clone(), "kind" => label))
