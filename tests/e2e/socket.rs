@@ -2,7 +2,7 @@
 //! an unknown protocol is refused by name, and a stopping host closes its sessions
 //! `going-away` (docs/socket.md; the bounds are host tests, host_tests/socket.rs).
 
-use crate::support::{Capstan, TEST_ADMIN, dev_command, with_test_admin};
+use crate::support::{Capstan, TEST_ADMIN, dev_command, eventually, with_test_admin};
 use serde_json::{Value, json};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -72,9 +72,21 @@ fn the_socket_answers_as_http_refuses_by_name_and_closes_going_away_when_the_hos
     // an administrator's session: the same answers as HTTP
     let (mut admin, welcome) = open(&server, "cli", Some(&token));
     assert_eq!((welcome["protocol"].as_str(), welcome["identity"]["username"].as_str()), (Some("capstan-socket/1"), Some("admin")));
-    assert_eq!(call(&mut admin, 1, "clusters.create", json!({ "name": "prod" }))["type"], "result");
+    let created = call(&mut admin, 1, "clusters.create", json!({ "name": "prod" }));
+    assert_eq!(created["type"], "result");
     let listed = call(&mut admin, 2, "clusters.list", json!({}));
     assert_eq!(listed["result"], server.call_as(&token, "clusters.list", &json!({})).expect_json(200));
+    // a plugin's method (first-party ingress): its answer's text inside the frame, as over HTTP
+    let table = json!({ "clusterId": created["result"]["cluster"]["id"] });
+    let mut id = 3;
+    let read = eventually("the first-party ingress plugin answers over the socket", Duration::from_secs(60), || {
+        id += 1;
+        let read = call(&mut admin, id, "ingress.getRouteTable", table.clone());
+        if read["error"]["code"] == "plugin-not-loaded" { Err(read.to_string()) } else { Ok(read) }
+    });
+    assert_eq!((read["type"].as_str(), &read["result"]["table"]), (Some("result"), &Value::Null), "{read}");
+    assert_eq!(read["result"]["clusterId"], table["clusterId"], "{read}");
+    assert_eq!(read["result"], server.call_as(&token, "ingress.getRouteTable", &table).expect_json(200));
     let refused = call(&mut admin, 3, "clusters.create", json!({ "name": "prod", "extra": 1 }));
     let over_http = server.call_as(&token, "clusters.create", &json!({ "name": "prod", "extra": 1 })).expect_error(400, "invalid-request");
     assert_eq!(refused["error"], over_http);

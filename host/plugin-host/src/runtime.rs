@@ -623,7 +623,7 @@ impl Sandbox {
         method: &str,
         read_only: bool,
         body: String,
-    ) -> Result<Value> {
+    ) -> Result<capstan_rpc::Answer> {
         let kind = if read_only { CallKind::Read } else { CallKind::Method };
         let ctx = self.context(request_id, caller, kind);
         let method = method.to_string();
@@ -643,8 +643,8 @@ impl Sandbox {
             )
             .with_data(json!({ "plugin": self.id, "budget": "method-output", "limit": MAX_METHOD_OUTPUT })));
         }
-        let value: Value = serde_json::from_str(&out).map_err(|e| self.output_invalid(format!("the method answered invalid JSON: {e}")))?;
-        Ok(value)
+        // checked to be one JSON value, then passed on as the plugin wrote it
+        capstan_rpc::Answer::text(out).map_err(|e| self.output_invalid(format!("the method answered invalid JSON: {e}")))
     }
 
     /// Deliver one event to the plugin's `on-event`, as the host; a refusal means redeliver later.

@@ -16,7 +16,7 @@
 //! order — the primary key of both backends — is newest first: listing walks it from a time
 //! bound, and retention deletes the tail.
 
-use super::{Access, Call, Method, Registry};
+use super::{Access, Answer, Call, Method, Registry};
 use capstan_core::refusal::{Refusal, Result};
 use capstan_store::{CollectionSpec, Store};
 use schemars::JsonSchema;
@@ -390,13 +390,24 @@ impl Registry {
     /// Run `method` for `call` as [`Method::call`] does, and record the call in the audit log
     /// when the method changes state (whether it answered or refused).
     pub async fn call(&self, method: &Method, call: Call, body: Value) -> Result<Value> {
+        self.answer(method, call, body).await?.into_value()
+    }
+
+    /// [`Registry::call`], the answer as [`Method::answer`] gives it (a plugin's text unparsed).
+    pub async fn answer(&self, method: &Method, call: Call, body: Value) -> Result<Answer> {
         let Some(log) = self.audit.as_ref().filter(|_| !method.read_only) else {
-            return method.call(call, body).await;
+            return method.answer(call, body).await;
         };
         let targets = targets(&body);
         let audited = call.clone();
-        let answer = method.call(call, body).await;
-        log.append(Record::of(method, &audited, targets, answer.as_ref())).await;
+        let answer = method.answer(call, body).await;
+        // what it touched is read from the answer: a plugin's text is parsed here, for writes only
+        let tree = answer.as_ref().map(Answer::tree);
+        let outcome = match &tree {
+            Ok(tree) => Ok(&**tree),
+            Err(refusal) => Err(*refusal),
+        };
+        log.append(Record::of(method, &audited, targets, outcome)).await;
         answer
     }
 
@@ -550,7 +561,7 @@ mod tests {
             "s".into(),
             Access::Authenticated,
             (json!({}), json!({})),
-            std::sync::Arc::new(|_, _| Box::pin(async { Ok(json!({})) })),
+            std::sync::Arc::new(|_, _| Box::pin(async { Ok(json!({}).into()) })),
         );
         let day = 86_400_000;
         for age in [0, 1, 2, 100, 200] {

@@ -158,7 +158,59 @@ pub const UNDECLARED_REFUSAL: &str = "a host method answered a refusal code it d
 
 /// The handler of a method whose body another layer judges (a plugin's, validated against the
 /// JSON Schema its plugin declares).
-pub type RawHandler = Arc<dyn Fn(Call, Value) -> BoxFuture<'static, Result<Value>> + Send + Sync>;
+pub type RawHandler = Arc<dyn Fn(Call, Value) -> BoxFuture<'static, Result<Answer>> + Send + Sync>;
+
+/// A method's answer: the JSON tree a host method built, or the JSON text a plugin answered,
+/// checked to be one JSON value and passed on as it came (parsing it into a tree only to write
+/// it out again is most of what a plugin's answer would cost the host).
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// Built by the host.
+    Tree(Value),
+    /// A plugin's JSON text, one value.
+    Text(Box<serde_json::value::RawValue>),
+}
+
+impl Answer {
+    /// `text` as an answer, when it is one JSON value (surrounding whitespace allowed); the
+    /// parser's complaint otherwise.
+    pub fn text(text: String) -> std::result::Result<Answer, serde_json::Error> {
+        serde_json::value::RawValue::from_string(text).map(Answer::Text)
+    }
+
+    /// The answer as a JSON tree, for a consumer that reads into it (the dashboard, a test). A
+    /// text can still fail here where the check let it pass: a number beyond what a tree holds.
+    pub fn into_value(self) -> Result<Value> {
+        match self {
+            Answer::Tree(value) => Ok(value),
+            Answer::Text(text) => serde_json::from_str(text.get())
+                .map_err(|e| Refusal::new("plugin-output-invalid", format!("the answer cannot be read as a JSON tree: {e}"))),
+        }
+    }
+
+    /// The answer as a JSON tree to look into (null for a text that cannot be read as one).
+    pub fn tree(&self) -> std::borrow::Cow<'_, Value> {
+        match self {
+            Answer::Tree(value) => std::borrow::Cow::Borrowed(value),
+            Answer::Text(text) => std::borrow::Cow::Owned(serde_json::from_str(text.get()).unwrap_or(Value::Null)),
+        }
+    }
+}
+
+impl From<Value> for Answer {
+    fn from(value: Value) -> Answer {
+        Answer::Tree(value)
+    }
+}
+
+impl Serialize for Answer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Answer::Tree(value) => value.serialize(serializer),
+            Answer::Text(text) => text.serialize(serializer),
+        }
+    }
+}
 
 /// Methods an area loads and unloads while the host runs (the plugin host's): the registry
 /// serves them beside the host's own, so a swap there is a swap here, all at once.
@@ -238,7 +290,7 @@ impl Registry {
                 Box::pin(async move {
                     let input: In = decode(body)?;
                     let output = handler(call, input).await?;
-                    serde_json::to_value(output).map_err(Refusal::internal)
+                    serde_json::to_value(output).map(Answer::Tree).map_err(Refusal::internal)
                 })
             }),
         };
@@ -381,10 +433,16 @@ impl Method {
         self.passes_on.is_some()
     }
 
+    /// Run the method for `call`, its answer as a JSON tree ([`Method::answer`] passes a plugin's
+    /// text on unparsed).
+    pub async fn call(&self, call: Call, body: Value) -> Result<Value> {
+        self.answer(call, body).await?.into_value()
+    }
+
     /// Run the method for `call`. An administrator-only method refuses anyone else here, before
     /// the body is decoded; organization roles are checked by the handler once it knows the
     /// organization, through the one [`OrganizationAuthority`].
-    pub async fn call(&self, call: Call, body: Value) -> Result<Value> {
+    pub async fn answer(&self, call: Call, body: Value) -> Result<Answer> {
         if self.access == Access::Admin && !call.identity.as_ref().is_some_and(|i| i.is_human_admin()) {
             return Err(Refusal::new("forbidden", format!("{} needs an administrator", self.name)));
         }
@@ -601,7 +659,9 @@ mod tests {
 
     #[test]
     fn a_source_serves_beside_the_host_cannot_shadow_it_and_says_why_it_does_not_serve() {
-        let handler = |answer: &'static str| -> RawHandler { Arc::new(move |_, _| Box::pin(async move { Ok(json!(answer)) })) };
+        let handler = |answer: &'static str| -> RawHandler {
+            Arc::new(move |_, _| Box::pin(async move { Answer::text(json!(answer).to_string()).map_err(Refusal::internal) }))
+        };
         let plugin = |name: &str, answer: &'static str| {
             Arc::new(Method::served_by("p", name.into(), "s".into(), Access::Authenticated, (json!({}), json!({})), handler(answer)))
         };
@@ -647,6 +707,27 @@ mod tests {
         let plugin =
             Method::served_by("p", "p.run".into(), "s".into(), Access::Authenticated, (json!({}), json!({})), make.handler.clone());
         assert!(plugin.declares(&refusal("anything-at-all")), "a plugin's refusals are its own");
+    }
+
+    #[test]
+    fn an_answers_text_is_one_json_value_written_out_as_it_came() {
+        let text = Answer::text(" {\"b\": 1,  \"a\": [1.50, \"\\u00e9\"]}\n".into()).unwrap();
+        assert_eq!(serde_json::to_string(&text).unwrap(), "{\"b\": 1,  \"a\": [1.50, \"\\u00e9\"]}", "unchanged, trimmed");
+        assert_eq!(text.clone().into_value().unwrap(), json!({ "a": [1.5, "é"], "b": 1 }));
+        #[derive(Serialize)]
+        struct Frame<'a> {
+            result: &'a Answer,
+        }
+        let framed = serde_json::to_string(&Frame { result: &text }).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&framed).unwrap()["result"]["b"], 1, "it nests inside a frame");
+        for bad in ["", "{", "{} {}", "[1,]", "nul", "{\"a\":1}x", "\"\\x\""] {
+            assert!(Answer::text(bad.into()).is_err(), "{bad:?} is not one JSON value");
+        }
+        let huge = Answer::text("[1e400]".into()).expect("the check reads the number's form, not its size");
+        assert_eq!(huge.clone().into_value().unwrap_err().code, "plugin-output-invalid");
+        assert_eq!(*huge.tree(), Value::Null);
+        let tree = Answer::from(json!({ "a": 1 }));
+        assert_eq!(serde_json::to_string(&tree).unwrap(), "{\"a\":1}");
     }
 
     #[test]

@@ -525,7 +525,7 @@ pub(crate) struct Incoming<'a> {
 /// How a dispatched call was answered.
 pub(crate) enum Answered {
     /// By this node; `answered_by` names it for a coordinator-only method.
-    Here { value: Value, answered_by: Option<String> },
+    Here { value: capstan_rpc::Answer, answered_by: Option<String> },
     /// By the coordinator, whose HTTP answer is passed on as it came.
     There { status: u16, answered_by: Option<HeaderValue>, body: Bytes },
 }
@@ -571,12 +571,12 @@ pub(crate) async fn dispatch(
         .flatten();
     if !method.coordinator_only {
         let call = Call { identity, source, request_id, body_text };
-        return Ok(Answered::Here { value: registry.call(&method, call, input).await?, answered_by: None });
+        return Ok(Answered::Here { value: registry.answer(&method, call, input).await?, answered_by: None });
     }
     match forward::route(&fleet, forwarded).await? {
         forward::Route::Here => {
             let call = Call { identity, source, request_id, body_text };
-            Ok(Answered::Here { value: registry.call(&method, call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
+            Ok(Answered::Here { value: registry.answer(&method, call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
         }
         forward::Route::Holder { node_id, base_url } => {
             let mut outgoing = fleet

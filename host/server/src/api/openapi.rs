@@ -291,7 +291,7 @@ mod tests {
 
     #[test]
     fn a_plugins_method_lists_what_the_host_answers_for_it_and_leaves_its_own_to_default() {
-        let handler: capstan_rpc::RawHandler = Arc::new(|_, _| Box::pin(async move { Ok(json!({})) }));
+        let handler: capstan_rpc::RawHandler = Arc::new(|_, _| Box::pin(async move { Ok(json!({}).into()) }));
         let method =
             Method::served_by("hello", "hello.greet".into(), "Greet".into(), Access::Authenticated, (json!({}), json!({})), handler);
         let document = document(&[Arc::new(method)], "https://capstan.example");

@@ -702,6 +702,26 @@ async fn read(
 }
 
 /// Answer one frame with an error (`id` when the frame had a readable one).
+/// A call's answer as the socket writes it.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResultFrame<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    id: &'a Value,
+    request_id: &'a str,
+    result: &'a capstan_rpc::Answer,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answered_by: Option<&'a str>,
+}
+
+/// `frame` as text (a JSON tree or a checked text always writes out).
+fn result_frame(frame: ResultFrame<'_>) -> String {
+    serde_json::to_string(&frame).unwrap_or_else(|e| {
+        json!({ "type": "error", "id": frame.id, "requestId": frame.request_id, "error": Refusal::internal(e) }).to_string()
+    })
+}
+
 fn refuse_frame(session: &Session, id: Option<Value>, refusal: Refusal) {
     log_refusal(&refusal);
     session.handle.send(json!({ "type": "error", "id": id, "error": refusal }).to_string());
@@ -799,46 +819,51 @@ fn frame_in(session: &Session, text: &str) {
                 }
                 // a registration belongs to this socket: answered here, never dispatched
                 if method == "relays.register" {
-                    return Ok(Answered::Here { value: relays.register(&session_id, body).await?, answered_by: None });
+                    return Ok(Answered::Here { value: relays.register(&session_id, body).await?.into(), answered_by: None });
                 }
                 dispatch(&state, incoming, |_| Ok(body)).await
             };
             let answer = match dispatched.await {
-                Ok(Answered::Here { value, answered_by }) => {
-                    let mut frame = json!({ "type": "result", "id": id, "requestId": request_id, "result": value });
-                    if let Some(node) = answered_by {
-                        frame["answeredBy"] = json!(node);
-                    }
-                    frame
-                }
+                // a plugin's answer goes into the frame as the text it is
+                Ok(Answered::Here { value, answered_by }) => result_frame(ResultFrame {
+                    kind: "result",
+                    id: &id,
+                    request_id: &request_id,
+                    result: &value,
+                    answered_by: answered_by.as_deref(),
+                }),
                 Ok(Answered::There { status, answered_by, body }) => {
-                    let parsed = serde_json::from_slice::<Value>(&body).ok();
-                    let mut frame = match parsed {
+                    let answered_by = answered_by.as_ref().and_then(|n| n.to_str().ok());
+                    let error = |error: Value| {
+                        let mut frame = json!({ "type": "error", "id": id, "requestId": request_id, "error": error });
+                        if let Some(node) = answered_by {
+                            frame["answeredBy"] = json!(node);
+                        }
+                        frame.to_string()
+                    };
+                    match serde_json::from_slice::<Value>(&body).ok() {
                         Some(value) if (200..300).contains(&status) => {
-                            json!({ "type": "result", "id": id, "requestId": request_id, "result": value })
+                            let result = &capstan_rpc::Answer::Tree(value);
+                            result_frame(ResultFrame { kind: "result", id: &id, request_id: &request_id, result, answered_by })
                         }
                         Some(Value::Object(mut envelope)) if envelope.contains_key("error") => {
-                            json!({ "type": "error", "id": id, "requestId": request_id, "error": envelope.remove("error") })
+                            error(envelope.remove("error").unwrap_or_default())
                         }
                         _ => {
                             let refusal = Refusal::new("coordinator-unavailable", "the coordinator's answer could not be read").retryable();
-                            json!({ "type": "error", "id": id, "requestId": request_id, "error": refusal })
+                            error(json!(refusal))
                         }
-                    };
-                    if let Some(node) = answered_by.as_ref().and_then(|n| n.to_str().ok()) {
-                        frame["answeredBy"] = json!(node);
                     }
-                    frame
                 }
                 Err(refusal) => {
                     log_refusal(&refusal);
-                    json!({ "type": "error", "id": id, "requestId": request_id, "error": refusal })
+                    json!({ "type": "error", "id": id, "requestId": request_id, "error": refusal }).to_string()
                 }
             };
             tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "call done");
             ids.lock().expect("the id set is never poisoned").remove(&key);
             drop(permit);
-            handle.send(answer.to_string());
+            handle.send(answer);
         }
         .instrument(span),
     );
