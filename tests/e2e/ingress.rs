@@ -10,9 +10,10 @@
 //! non-public hostname is left out by name until the forwarding sources are set, then served
 //! only to them; a domain change withdraws exactly the revoked route in a table of its own
 //! before the next table adds the new one; a designation limited to another node refused by
-//! name (`node-mismatch`); a service whose bearer was revoked designated again with a new one.
+//! name (`node-mismatch`); a service whose bearer was revoked designated again with a new one; a
+//! second cluster's ingress, which no designation names, refused (`ingress-not-designated`).
 
-use crate::relays::{RelayProcess, enroll_node, enrolled_cluster, wait_listed};
+use crate::relays::{RelayProcess, enroll_node, enrolled_cluster, enrolled_cluster_named, wait_listed};
 use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -447,4 +448,24 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         }
     });
     assert!(!relay.log().contains(&recovered_bearer) && !relay.log().contains(&last_bearer), "the relay never logs the ingress bearer");
+
+    // ---- a second cluster whose relay runs an ingress that no designation names ----
+    let spare_root = root.join("spare");
+    std::fs::create_dir(&spare_root).unwrap();
+    let spare = enrolled_cluster_named(&server, &admin, &spare_root, &origin, ZONE, "spare");
+    // holding the first cluster's bearer changes nothing: there is no designation to judge it by
+    let spare_bearer = spare_root.join("relay-export/ingress-bearer");
+    std::fs::write(&spare_bearer, &last_bearer).unwrap();
+    std::fs::set_permissions(&spare_bearer, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let spare_proxy = format!("127.0.0.1:{}", free_port());
+    let spare_relay = RelayProcess::start_with(
+        &spare.state_dir,
+        &spare.authorization,
+        "10.0.0.6:8443",
+        &["--ingress-listen".as_ref(), spare_proxy.as_ref(), "--ingress-bearer-file".as_ref(), spare_bearer.as_os_str()],
+    );
+    wait_listed(&server, &admin, &spare.cluster_id, true, 1, &[&spare_relay]);
+    registration_refused(&server, &admin, &spare_relay, &spare.cluster_id, "code=\"ingress-not-designated\" retry_after_ms=60000");
+    assert_eq!(table(&server, &admin, &spare.cluster_id)["table"], Value::Null, "no table for a cluster without a designation");
+    assert!(!spare_relay.log().contains(&last_bearer), "the relay never logs the ingress bearer");
 }
