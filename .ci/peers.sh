@@ -41,7 +41,7 @@ wait_for_port() { # name port log
     return 1
 }
 
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]' 'aiosmtpd'
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]' 'aiosmtpd' 'cryptography'
 # pyenv installs console scripts behind shims that appear after a rehash
 command -v pyenv >/dev/null && pyenv rehash || true
 
@@ -106,14 +106,18 @@ export CAPSTAN_TEST_NPM_REGISTRY="http://127.0.0.1:$NPM_PORT/"
 # aiosmtpd is installed above; the mail tests start their own gateway from tests/peers/gateway
 export CAPSTAN_TEST_REQUIRE_GATEWAY=1
 
-# skopeo, the registry tests' OCI client, from Debian when missing (the package lists are
-# refreshed only if the install cannot find the package)
-if ! command -v skopeo >/dev/null; then
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y -q skopeo; then
-        apt-get update -q
-        apt-get install -y -q skopeo
+# From Debian when missing (the package lists are refreshed only if the install cannot find the
+# package): skopeo, the registry tests' OCI client; openssl, which the gateway test verifies the
+# certificates Capstan hands out with.
+for package in skopeo openssl; do
+    if ! command -v "$package" >/dev/null; then
+        export DEBIAN_FRONTEND=noninteractive
+        if ! apt-get install -y -q "$package"; then
+            apt-get update -q
+            apt-get install -y -q "$package"
+        fi
     fi
-fi
+done
 skopeo --version
+openssl version
 export CAPSTAN_TEST_REQUIRE_SKOPEO=1

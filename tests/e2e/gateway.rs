@@ -8,8 +8,10 @@
 //! cannot do yet answers degraded, refuses a second bootstrap as pending, and is finalized by
 //! Capstan's retry; the held token is the gateway's active credential; a settings change the
 //! credential cannot carry is staged until the next bootstrap replaces the credential; a
-//! refused provisioning leaves the running one. The admin token is planted and found in no
-//! answer, no output, no log and no file of the data directory.
+//! refused provisioning leaves the running one; domains synced in, relay names published and
+//! withdrawn; certificates fetched through the gateway — a relay name's by its own relay or an
+//! administrator only, the rest of the relay namespace reserved. The admin token is planted and
+//! found in no answer, no output, no log and no file of the data directory.
 
 use crate::mail::{ADMIN_TOKEN, Gateway, TOKEN, gateway_available};
 use crate::support::{Capstan, EXIT_TIMEOUT, Exited, TEST_ADMIN, capstan, eventually, free_port, with_store, with_test_admin};
@@ -269,6 +271,7 @@ fn an_admin_token_enrolls_capstan_at_the_gateway_once_and_is_never_kept() {
         listing["records"].as_array().unwrap().iter().find(|r| r["name"] == name).map(|r| r["values"].clone())
     };
     assert_eq!(record_of(&gateway, &second_name), Some(json!(["10.0.0.6"])));
+    certificates(&server, &admin, &gateway, &cluster, &relay_name, &second_name);
     let held = server.call_as(&admin, "clusters.get", &json!({ "id": second.cluster_id })).expect_json(200);
     server
         .call_as(&admin, "clusters.disableRelay", &json!({ "id": second.cluster_id, "expectedRevision": held["revision"] }))
@@ -346,4 +349,75 @@ fn cluster_with_relay(
     let relay = crate::relays::RelayProcess::start(&cluster.state_dir, &cluster.authorization, listen);
     crate::relays::wait_listed(server, admin, &cluster.cluster_id, true, 1, &[&relay]);
     (cluster, relay_name, relay)
+}
+
+/// `openssl ARGS` on `input`; its output, or a panic saying what failed.
+fn openssl(args: &[&str], input: &str) -> String {
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.args(args);
+    let exited = crate::plugins::run(cmd, input.as_bytes(), EXIT_TIMEOUT);
+    assert!(exited.status.success(), "openssl {args:?} (Debian: apt-get install openssl): {exited:?}");
+    exited.stdout
+}
+
+/// Check that `answer` holds a certificate for exactly `name` under the gateway's CA, with the
+/// key that belongs to it.
+fn check_certificate(gateway: &Gateway, answer: &Value, name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, gateway.get("/test/ca").1["certificate"].as_str().unwrap()).unwrap();
+    let certificate = answer["certificate"].as_str().unwrap();
+    let verified = openssl(&["verify", "-CAfile", ca.to_str().unwrap()], certificate);
+    assert!(verified.trim_end().ends_with(": OK"), "{verified}");
+    let names = openssl(&["x509", "-noout", "-ext", "subjectAltName"], certificate);
+    assert_eq!(names.lines().nth(1).map(str::trim), Some(format!("DNS:{name}").as_str()), "{names}");
+    let public = openssl(&["x509", "-noout", "-pubkey"], certificate);
+    assert_eq!(openssl(&["pkey", "-pubout"], answer["privateKey"].as_str().unwrap()), public, "the key is the certificate's");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let days = (answer["notAfter"].as_u64().unwrap() - now) / 86_400_000;
+    assert!((80..=90).contains(&days), "valid for {days} more days");
+}
+
+/// `domains.getCertificate` end to end: a relay name's certificate to an administrator and to
+/// that cluster's own relay (its machine identity, on a socket opened with its bearer), refused
+/// to another cluster's; the rest of the relay namespace reserved for everyone; other names an
+/// administrator's, served only when the gateway serves them; a certificate still being issued
+/// refused with when to ask again; the key in no log line.
+fn certificates(server: &Capstan, admin: &str, gateway: &Gateway, cluster: &crate::relays::EnrolledCluster, relay_name: &str, other: &str) {
+    let get = |name: &str| server.call_as(admin, "domains.getCertificate", &json!({ "name": name }));
+    let answer = get(relay_name).expect_json(200);
+    assert_eq!(answer["name"], relay_name);
+    check_certificate(gateway, &answer, relay_name);
+    let again = get(relay_name).expect_json(200);
+    assert_eq!(again["certificate"], answer["certificate"], "the gateway's one certificate for the name, asked again");
+
+    let bearer = std::fs::read_to_string(&cluster.authorization).unwrap();
+    let (mut ws, welcome) = crate::socket::open(server, "relay", Some(bearer.trim()));
+    assert_eq!(welcome["relay"]["clusterId"], cluster.cluster_id.as_str(), "{welcome}");
+    let own = crate::socket::call(&mut ws, 1, "domains.getCertificate", json!({ "name": relay_name }));
+    assert_eq!(own["result"]["certificate"], answer["certificate"], "the cluster's relay fetches its own: {}", own["error"]);
+    let foreign = crate::socket::call(&mut ws, 2, "domains.getCertificate", json!({ "name": other }));
+    assert_eq!(foreign["error"]["code"], "relay-certificate-not-owned", "{foreign}");
+    let generic = crate::socket::call(&mut ws, 3, "domains.getCertificate", json!({ "name": "www.acme.example" }));
+    assert_eq!(generic["error"]["code"], "forbidden", "{generic}");
+    drop(ws);
+
+    let label = cluster.cluster_id.replace('_', "-");
+    for reserved in ["relay.cluster-nowhere.relays.gw.example".to_string(), format!("*.{label}.relays.gw.example")] {
+        let error = get(&reserved).expect_error(409, "relay-name-reserved");
+        assert_eq!(error["data"]["name"], reserved.as_str());
+    }
+    let www = get("www.acme.example").expect_json(200);
+    check_certificate(gateway, &www, "www.acme.example");
+    get("www.elsewhere.example").expect_error(409, "certificate-name-not-served");
+    get("Not A Name").expect_error(400, "invalid-request");
+
+    gateway.put("/test/faults", json!({ "certificates": 409 }));
+    let pending = get(relay_name).expect_error(503, "relay-certificate-pending");
+    assert_eq!(pending["data"]["retryAfterMs"], 5000);
+    gateway.put("/test/faults", json!({}));
+
+    for key in [&answer, &www].map(|a| a["privateKey"].as_str().unwrap().lines().nth(1).unwrap().to_string()) {
+        assert!(!server.stdout().contains(&key) && !server.stderr().contains(&key), "a certificate's key was logged");
+    }
 }

@@ -135,6 +135,11 @@ pub fn code_status(code: &str) -> Option<u16> {
         "gateway-unconfigured" | "gateway-target-mismatch" | "bootstrap-candidate-pending" => 409,
         "gateway-unreachable" => 503,
         "bootstrap-provisioning-refused" => 502,
+        // certificates through the gateway (docs/gateway-protocol.md, "Certificates")
+        "relay-certificate-not-owned" => 403,
+        "relay-certificate-pending" | "certificate-pending" => 503,
+        "certificate-name-not-served" => 409,
+        "gateway-certificate-refused" => 502,
         "internal" => 500,
         _ => return None,
     })

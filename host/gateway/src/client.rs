@@ -1,5 +1,5 @@
-//! The gateway's client-enrollment endpoints Capstan calls (docs/gateway-protocol.md, "Client
-//! enrollment"): who a token is, provisioning a client credential, finalizing it.
+//! The gateway endpoints Capstan calls (docs/gateway-protocol.md): who a token is, provisioning
+//! and finalizing a client credential, domains, DNS records, certificates.
 //!
 //! Tokens pass through here as bearer headers marked sensitive; no error, log line or answer
 //! of this module carries one.
@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::time::Duration;
+use zeroize::Zeroizing;
 
 /// How long one request to the gateway may take, connection included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -77,7 +78,18 @@ pub struct Issued {
     /// The gateway's id of the credential.
     pub credential_id: String,
     /// The bearer token; shown once by the gateway, wiped when dropped.
-    pub token: zeroize::Zeroizing<String>,
+    pub token: Zeroizing<String>,
+}
+
+/// A certificate the gateway holds for one name, with its private key (a secret: wiped when
+/// dropped, never logged).
+pub struct Certificate {
+    /// The certificate chain, PEM, the name's own first.
+    pub certificate: String,
+    /// Its private key, PEM.
+    pub private_key: Zeroizing<String>,
+    /// When the certificate stops being valid, milliseconds since the epoch.
+    pub not_after: u64,
 }
 
 /// Whether `token` is what a bearer token may be: 1–1024 bytes of visible ASCII.
@@ -163,7 +175,7 @@ impl GatewayClient {
         }
         let token = answer["token"].as_str().filter(|t| is_token(t));
         let Some(token) = token else { return Err(Failure::Invalid("the token is not 1–1024 visible ASCII".into())) };
-        Ok(Issued { credential_id: credential_id.to_string(), token: zeroize::Zeroizing::new(token.to_string()) })
+        Ok(Issued { credential_id: credential_id.to_string(), token: Zeroizing::new(token.to_string()) })
     }
 
     /// `GET /v1/domains` with the client's token: every domain the gateway makes available to
@@ -193,6 +205,30 @@ impl GatewayClient {
             Ok(_) | Err(Failure::Refused { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// `GET /v1/certificates/<name>` with the client's token: the certificate the gateway holds
+    /// (or issues) for exactly `name`, checked to be for that name and to be PEM.
+    pub async fn certificate(&self, origin: &str, token: &str, name: &str) -> Result<Certificate, Failure> {
+        let mut answer = self.request(reqwest::Method::GET, origin, &format!("/v1/certificates/{name}"), token, None).await?;
+        // taken out of the tree at once, so the key's one copy is the wiped one
+        let private_key = Zeroizing::new(match answer["privateKey"].take() {
+            Value::String(key) => key,
+            _ => String::new(),
+        });
+        if answer["name"].as_str() != Some(name) {
+            return Err(Failure::Invalid("the certificate is for another name".into()));
+        }
+        let certificate = answer["certificate"].as_str().unwrap_or_default();
+        if !certificate.trim_start().starts_with("-----BEGIN CERTIFICATE-----") {
+            return Err(Failure::Invalid("the certificate is not PEM".into()));
+        }
+        let key = private_key.trim_start();
+        if !(key.starts_with("-----BEGIN ") && key.lines().next().is_some_and(|l| l.ends_with("PRIVATE KEY-----"))) {
+            return Err(Failure::Invalid("the private key is not PEM".into()));
+        }
+        let Some(not_after) = answer["notAfter"].as_u64() else { return Err(Failure::Invalid("notAfter is not a time".into())) };
+        Ok(Certificate { certificate: certificate.to_string(), private_key, not_after })
     }
 
     /// `POST /v1/client/finalize` with the candidate's own token: the candidate becomes the

@@ -11,6 +11,7 @@
 //! cannot carry reads as staged (the running credential keeps its own target) until the next
 //! bootstrap.
 
+pub mod certificates;
 pub mod client;
 pub mod domains;
 pub mod relay_names;
@@ -513,6 +514,7 @@ async fn get_state(cx: Context, _: Call, _: capstan_secrets::methods::Empty) -> 
 pub fn register(registry: &mut Registry, cx: Context) {
     domains::register(registry, cx.clone());
     relay_names::register(registry, cx.clone());
+    certificates::register(registry, cx.clone());
     let mut registry = registry.with(cx);
     registry
         .add(

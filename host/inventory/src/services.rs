@@ -639,10 +639,17 @@ async fn check_relay_names(tx: &Tx, domains: &[String]) -> Result<()> {
 
 /// Whether `domain` is `relay.<label>.<zone>`, or a wildcard `*.<label>.<zone>` covering one.
 fn is_relay_name(domain: &str, zone: &str) -> bool {
-    let Some(rest) = domain.strip_suffix(zone).and_then(|r| r.strip_suffix('.')) else { return false };
+    relay_namespace(domain, zone).is_some()
+}
+
+/// Where `domain` sits in the relay namespace of `zone`: `relay.<label>.<zone>` is
+/// `Some((label, false))`, the wildcard `*.<label>.<zone>` covering it `Some((label, true))`;
+/// `None` outside it. A cluster's label is its id with `_` written `-`.
+pub fn relay_namespace<'d>(domain: &'d str, zone: &str) -> Option<(&'d str, bool)> {
+    let rest = domain.strip_suffix(zone)?.strip_suffix('.')?;
     match rest.split_once('.') {
-        Some(("relay" | "*", label)) => !label.is_empty() && !label.contains('.'),
-        _ => false,
+        Some((first @ ("relay" | "*"), label)) if !label.is_empty() && !label.contains('.') => Some((label, first == "*")),
+        _ => None,
     }
 }
 
@@ -1012,13 +1019,15 @@ pub fn register(registry: &mut Registry, cx: Context) {
 
 #[cfg(test)]
 mod relay_name_tests {
-    use super::is_relay_name;
+    use super::{is_relay_name, relay_namespace};
 
     #[test]
     fn relay_names_and_wildcards_covering_them_are_reserved() {
         let zone = "relays.example.com";
         assert!(is_relay_name("relay.cluster-0f3a.relays.example.com", zone));
         assert!(is_relay_name("*.cluster-0f3a.relays.example.com", zone));
+        assert_eq!(relay_namespace("relay.cluster-0f3a.relays.example.com", zone), Some(("cluster-0f3a", false)));
+        assert_eq!(relay_namespace("*.cluster-0f3a.relays.example.com", zone), Some(("cluster-0f3a", true)));
         for free in [
             "relays.example.com",
             "app.relays.example.com",

@@ -6,10 +6,12 @@ listener (aiosmtpd) that checks the credentials it issued, for Capstan's own tes
                        [--domain D ...] [--unverified-domain D ...] [--state FILE]
 
 Both listeners bind 127.0.0.1 only. Prints `gateway ready http=P smtp=Q` once both listen.
-Python 3.11, stdlib + aiosmtpd.
+Python 3.11, stdlib + aiosmtpd + cryptography (the certificates it issues, under a CA of its own
+made at start).
 """
 
 import argparse
+import datetime
 import hashlib
 import hmac
 import ipaddress
@@ -29,6 +31,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
 PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{0,128}\Z")
@@ -42,7 +48,10 @@ PASSWORD_ALPHABET = string.ascii_letters + string.digits
 # What a client credential may be granted, and the scope each protocol path needs.
 SCOPES = {"domains:read", "routes:write", "certificates:read", "dns-records:write", "smtp:write", "peers:write"}
 PATH_SCOPES = {"domains": "domains:read", "smtp-credentials": "smtp:write",
-               "smtp-forward-targets": "smtp:write", "peers": "peers:write", "dns-records": "dns-records:write"}
+               "smtp-forward-targets": "smtp:write", "peers": "peers:write", "dns-records": "dns-records:write",
+               "certificates": "certificates:read"}
+# How long a certificate it issues is valid.
+CERTIFICATE_DAYS = 90
 # A DNS name: lowercase labels of a-z 0-9 - joined by dots, at least two.
 DNS_NAME_RE = re.compile(r"(?=.{1,253}\Z)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 MAX_PREFIXES = 64
@@ -108,9 +117,12 @@ class State:
         # client credentials: id -> {id, clientId, state: candidate|active|revoked, policy, sha256}
         self.client_credentials = {}
         self.client_tokens = {}  # credential id -> token issued; memory only, never persisted
-        self.faults = {}  # test-only: {"finalize": status, "provision": status}
+        self.faults = {}  # test-only: {"finalize": status, "provision": status, "certificates": status}
         self.messages = []  # what the SMTP listener accepted
         self.dns_records = {}  # name -> {name, type, values, ttl, clientId?}
+        # certificates: a CA of this run's own, and what it issued (memory only, never persisted)
+        self.ca_key, self.ca = make_ca()
+        self.certificates = {}  # name -> {name, certificate, privateKey, notAfter}
         if path and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 saved = json.load(f)
@@ -399,10 +411,67 @@ class State:
                 raise ApiError(404, "record-unknown", f"no record {name}")
             self.save()
 
+    def certificate(self, who, name):
+        """The certificate for exactly `name`: one under a verified domain of this gateway, or a
+        name the asking client published a DNS record for. Issued on the first ask, the same
+        one after."""
+        base = name[2:] if name.startswith("*.") else name
+        if not DNS_NAME_RE.match(base):
+            raise invalid("the name must be a lowercase DNS name, or *. and one")
+        with self.lock:
+            if self.faults.get("certificates"):
+                status = self.faults["certificates"]
+                code = "certificate-pending" if status == 409 else "certificate-unavailable"
+                raise ApiError(status, code, f"the certificate for {name} is not ready (test fault)")
+            in_domain = any(d["verified"] and (base == d["name"] or base.endswith("." + d["name"])) for d in self.domains)
+            record = self.dns_records.get(name)
+            published = record is not None and "clientId" in who and record.get("clientId") == who["clientId"]
+            if not (in_domain or published):
+                raise ApiError(404, "name-not-served", f"{name} is in no domain of this gateway and no name this client holds")
+            if name not in self.certificates:
+                self.certificates[name] = issue(self.ca_key, self.ca, name)
+            return dict(self.certificates[name])
+
     def clients_view(self):
         with self.lock:
             return [{k: c[k] for k in ("id", "clientId", "state", "policy")}
                     for _, c in sorted(self.client_credentials.items())]
+
+
+def make_ca():
+    """A certificate authority for this run: (its key, its certificate)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "capstan test gateway CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=3650))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+          .sign(key, hashes.SHA256()))
+    return key, ca
+
+
+def issue(ca_key, ca, name):
+    """A certificate for `name` (its only subject alternative name) under `ca`, with a fresh key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    not_after = now + datetime.timedelta(days=CERTIFICATE_DAYS)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode("ascii")
+    return {"name": name, "certificate": pem, "privateKey": key_pem,
+            "notAfter": int(cert.not_valid_after_utc.timestamp() * 1000)}
 
 
 def dispatch(state, token, method, target, headers, body, admin_tokens=()):
@@ -447,6 +516,8 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
         case "DELETE", ["v1", "dns-records", name]:
             state.delete_dns_record(name)
             return 204, None
+        case "GET", ["v1", "certificates", name]:
+            return 200, state.certificate(who, name)
         case "GET", ["v1", "dns-records"]:
             with state.lock:
                 return 200, {"records": [dict(r) for _, r in sorted(state.dns_records.items())]}
@@ -490,8 +561,10 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
         case "PUT", ["test", "faults"]:
             faults = json_object(body)
             with state.lock:
-                state.faults = {k: v for k, v in faults.items() if k in ("finalize", "provision") and v}
+                state.faults = {k: v for k, v in faults.items() if k in ("finalize", "provision", "certificates") and v}
                 return 200, dict(state.faults)
+        case "GET", ["test", "ca"]:
+            return 200, {"certificate": state.ca.public_bytes(serialization.Encoding.PEM).decode("ascii")}
         case "GET", ["test", "messages"]:
             with state.lock:
                 return 200, {"messages": list(state.messages)}
@@ -503,7 +576,7 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
                 return 200, {"password": state.passwords[cid]}
     match parts:
         case (["v1", "status" | "whoami" | "domains" | "smtp-credentials" | "smtp-forward-targets" | "dns-records"]
-              | ["v1", "dns-records", _]
+              | ["v1", "dns-records" | "certificates", _] | ["test", "ca"]
               | ["v1", "clients", _, "credentials"] | ["v1", "client", "finalize"] | ["test", "clients" | "faults"] | ["test", "client-tokens", _]
               | ["v1", "smtp-credentials" | "smtp-forward-targets" | "peers", _]
               | ["v1", "smtp-credentials", _, "rotate"] | ["test", "messages"] | ["test", "passwords", _]):
