@@ -701,7 +701,6 @@ async fn read(
     }
 }
 
-/// Answer one frame with an error (`id` when the frame had a readable one).
 /// A call's answer as the socket writes it.
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -722,6 +721,7 @@ fn result_frame(frame: ResultFrame<'_>) -> String {
     })
 }
 
+/// Answer one frame with an error (`id` when the frame had a readable one).
 fn refuse_frame(session: &Session, id: Option<Value>, refusal: Refusal) {
     log_refusal(&refusal);
     session.handle.send(json!({ "type": "error", "id": id, "error": refusal }).to_string());
