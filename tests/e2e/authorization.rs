@@ -366,7 +366,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("domains.listRelayNames", json!({}), admin(Ran)),
         ("domains.publishRelayNames", json!({}), admin(Past("gateway-not-enrolled"))),
         // listed for any caller: a relay name is also its cluster's relay's; any other name an administrator's
-        ("domains.getCertificate", json!({ "name": "www.acme.example" }), admin(Past("gateway-not-enrolled"))),
+        ("domains.fetchCertificate", json!({ "name": "www.acme.example" }), admin(Past("gateway-not-enrolled"))),
         // ---- the ingress plugin (nothing designated; the fixture's cluster has no relay) ----
         (
             "ingress.designate",

@@ -378,13 +378,13 @@ fn check_certificate(gateway: &Gateway, answer: &Value, name: &str) {
     assert!((80..=90).contains(&days), "valid for {days} more days");
 }
 
-/// `domains.getCertificate` end to end: a relay name's certificate to an administrator and to
+/// `domains.fetchCertificate` end to end: a relay name's certificate to an administrator and to
 /// that cluster's own relay (its machine identity, on a socket opened with its bearer), refused
 /// to another cluster's; the rest of the relay namespace reserved for everyone; other names an
 /// administrator's, served only when the gateway serves them; a certificate still being issued
 /// refused with when to ask again; the key in no log line.
 fn certificates(server: &Capstan, admin: &str, gateway: &Gateway, cluster: &crate::relays::EnrolledCluster, relay_name: &str, other: &str) {
-    let get = |name: &str| server.call_as(admin, "domains.getCertificate", &json!({ "name": name }));
+    let get = |name: &str| server.call_as(admin, "domains.fetchCertificate", &json!({ "name": name }));
     let answer = get(relay_name).expect_json(200);
     assert_eq!(answer["name"], relay_name);
     check_certificate(gateway, &answer, relay_name);
@@ -394,11 +394,11 @@ fn certificates(server: &Capstan, admin: &str, gateway: &Gateway, cluster: &crat
     let bearer = std::fs::read_to_string(&cluster.authorization).unwrap();
     let (mut ws, welcome) = crate::socket::open(server, "relay", Some(bearer.trim()));
     assert_eq!(welcome["relay"]["clusterId"], cluster.cluster_id.as_str(), "{welcome}");
-    let own = crate::socket::call(&mut ws, 1, "domains.getCertificate", json!({ "name": relay_name }));
+    let own = crate::socket::call(&mut ws, 1, "domains.fetchCertificate", json!({ "name": relay_name }));
     assert_eq!(own["result"]["certificate"], answer["certificate"], "the cluster's relay fetches its own: {}", own["error"]);
-    let foreign = crate::socket::call(&mut ws, 2, "domains.getCertificate", json!({ "name": other }));
+    let foreign = crate::socket::call(&mut ws, 2, "domains.fetchCertificate", json!({ "name": other }));
     assert_eq!(foreign["error"]["code"], "relay-certificate-not-owned", "{foreign}");
-    let generic = crate::socket::call(&mut ws, 3, "domains.getCertificate", json!({ "name": "www.acme.example" }));
+    let generic = crate::socket::call(&mut ws, 3, "domains.fetchCertificate", json!({ "name": "www.acme.example" }));
     assert_eq!(generic["error"]["code"], "forbidden", "{generic}");
     drop(ws);
 

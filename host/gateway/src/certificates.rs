@@ -1,5 +1,5 @@
 //! Certificates through the gateway (docs/gateway-protocol.md, "Certificates"): Capstan issues
-//! none itself. `domains.getCertificate {name}` answers the gateway's certificate and key for
+//! none itself. `domains.fetchCertificate {name}` answers the gateway's certificate and key for
 //! exactly `name`, asked with Capstan's client credential on every call — asking is what renews
 //! it at the gateway, and Capstan keeps no copy.
 //!
@@ -125,7 +125,7 @@ fn refused(failure: Failure, name: &str, relay: bool) -> Refusal {
     }
 }
 
-async fn get_certificate(cx: Context, call: Call, input: Input) -> Result<Output> {
+async fn fetch_certificate(cx: Context, call: Call, input: Input) -> Result<Output> {
     let identity = call.identity()?;
     let name = input.name;
     if !is_certificate_name(&name) {
@@ -145,15 +145,16 @@ async fn get_certificate(cx: Context, call: Call, input: Input) -> Result<Output
     Ok(Output { name, certificate: fetched.certificate, private_key: fetched.private_key.to_string(), not_after: fetched.not_after })
 }
 
-/// Register `domains.getCertificate`.
+/// Register `domains.fetchCertificate`. Not a read: asking may make the gateway issue or renew,
+/// and handing out a key is recorded in the audit log (who fetched which name).
 pub fn register(registry: &mut Registry, cx: Context) {
     registry
         .with(cx)
         .add(
-            "domains.getCertificate",
+            "domains.fetchCertificate",
             "The gateway's certificate and key for one name: a relay name to its cluster's relay or an administrator, any other to an administrator",
             Access::Authenticated,
-            get_certificate,
+            fetch_certificate,
         )
         .refuses(&[
             "relay-name-reserved",
