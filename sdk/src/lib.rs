@@ -5,7 +5,8 @@
 //! with typed methods (serde bodies, JSON Schemas generated from the types), typed
 //! [`Refusal`]s, and idiomatic wrappers of every host import: [`store`] (with
 //! compare-and-swap and [`store::update_with_retry`]), [`inventory`], [`secrets`], [`blobs`]
-//! (`std::io` streams), [`transfers`], [`http`], [`agents`], [`events`], [`sign`] and [`log`].
+//! (`std::io` streams), [`transfers`], [`http`], [`agents`], [`gateway`], [`events`], [`sign`]
+//! and [`log`].
 //!
 //! The host runs a fresh instance for every call, so nothing a plugin keeps in memory survives
 //! it; the manager's functions take no `self`. Every import is gated by a capability the
@@ -88,7 +89,7 @@
 //! id = "hello"
 //! name = "Hello"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.2.3"
+//! wit = "capstan:plugin@0.2.4"
 //!
 //! [capabilities]
 //! requested = ["store", "log"]
@@ -108,6 +109,7 @@ mod refusal;
 pub mod agents;
 pub mod blobs;
 pub mod events;
+pub mod gateway;
 pub mod http;
 pub mod inventory;
 pub mod log;
@@ -126,7 +128,7 @@ pub mod transfers;
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/0.2.3",
+        path: "../wit/0.2.4",
         world: "manager",
         pub_export_macro: true,
         default_bindings_module: "capstan_sdk::bindings",
@@ -134,7 +136,7 @@ pub mod bindings {
 
     // `generate!` reads the WIT without telling cargo: this makes a change of the contract
     // rebuild the SDK, and so every plugin built against it.
-    const _: &str = include_str!("../../wit/0.2.3/manager.wit");
+    const _: &str = include_str!("../../wit/0.2.4/manager.wit");
 }
 
 pub use context::{Caller, CallerKind, Context};
@@ -162,7 +164,7 @@ pub fn now_ms() -> u64 {
 /// Invoke it once, at the plugin crate's root.
 ///
 /// The exports exist only when building for `wasm32`: their symbol names
-/// (`capstan:plugin/guest@0.2.3#handle`) mean something only to a component, and a native
+/// (`capstan:plugin/guest@0.2.4#handle`) mean something only to a component, and a native
 /// `cdylib` cannot even link them. Native builds (unit tests, clippy) get everything else.
 #[macro_export]
 macro_rules! manager {

@@ -25,7 +25,11 @@ use std::sync::Arc;
 /// What a test implements to stand in for a cluster's relay ([`TestHost::set_agent_dispatch`]).
 pub use capstan_plugin_host::{AgentDispatch, AgentReply, AgentRequest};
 
-/// A refusal as the host passes it (what an [`AgentDispatch`] refuses with).
+/// What a test implements to stand in for the external gateway ([`TestHost::set_gateway_dispatch`]).
+pub use capstan_plugin_host::{GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse};
+
+/// A refusal as the host passes it (what an [`AgentDispatch`] or a [`GatewayDispatch`] refuses
+/// with).
 pub use capstan_core::refusal::Refusal as HostRefusal;
 
 /// A built plugin installed on an in-process host, with the runtime that drives it.
@@ -160,6 +164,14 @@ impl TestHost {
     /// the host's checks). Without one every call is refused `agent-not-connected`.
     pub fn set_agent_dispatch(&self, dispatch: Arc<dyn AgentDispatch>) {
         self.inner.host.set_agent_dispatch(dispatch)
+    }
+
+    /// Stand in for the external gateway: the plugin's `gateway.request` reaches `dispatch`
+    /// (after the host's checks: the scope granted, the path, the body), which answers in place
+    /// of the gateway and Capstan's credential. Without one every request is refused
+    /// `gateway-not-enrolled`.
+    pub fn set_gateway_dispatch(&self, dispatch: Arc<dyn GatewayDispatch>) {
+        self.inner.host.set_gateway_dispatch(dispatch)
     }
 
     /// Run a scheduled task now; its summary.

@@ -3,6 +3,7 @@
 //! - [`refusal`]: the one error shape every subsystem returns and every client sees;
 //! - [`clock`]: the one wall clock;
 //! - [`crash`]: crash points, where a debug build kills itself on request (the kill -9 tests);
+//! - [`gateway_scopes`]: the external gateway's client scopes and the requests each covers;
 //! - [`ids`]: random identifiers;
 //! - [`net`]: lists of IP networks from the configuration;
 //! - [`private_file`]: the no-clobber writer and strict reader for key material;
@@ -11,6 +12,7 @@
 pub mod causes;
 pub mod clock;
 pub mod crash;
+pub mod gateway_scopes;
 pub mod ids;
 pub mod net;
 pub mod private_file;

@@ -140,6 +140,11 @@ pub fn code_status(code: &str) -> Option<u16> {
         "relay-certificate-pending" | "certificate-pending" => 503,
         "certificate-name-not-served" => 409,
         "gateway-certificate-refused" => 502,
+        // plugins' requests through the gateway (`gateway.request`, WIT 0.2.4), when a plugin
+        // passes one of these on
+        "gateway-path-invalid" => 400,
+        "gateway-request-too-large" => 413,
+        "gateway-credential-refused" | "gateway-reply-too-large" => 502,
         "internal" => 500,
         _ => return None,
     })
@@ -187,5 +192,19 @@ mod tests {
         // any other retryable refusal (a plugin's, say) is the service's state, not a mistake
         assert_eq!(Refusal::new("appstore-catalog-unavailable", "x").retryable().http_status(), 503);
         assert_eq!(Refusal::new("conflict", "x").retryable().http_status(), 409, "a listed code keeps its status");
+    }
+
+    #[test]
+    fn a_plugins_gateway_refusals_have_their_statuses() {
+        for (code, status) in [
+            ("gateway-path-invalid", 400),
+            ("gateway-request-too-large", 413),
+            ("gateway-credential-refused", 502),
+            ("gateway-reply-too-large", 502),
+            ("gateway-not-enrolled", 409),
+            ("gateway-unreachable", 503),
+        ] {
+            assert_eq!(code_status(code), Some(status), "{code}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The gateway endpoints Capstan calls (docs/gateway-protocol.md): who a token is, provisioning
-//! and finalizing a client credential, domains, DNS records, certificates.
+//! and finalizing a client credential, domains, DNS records, certificates; and plugins' own
+//! requests under the client credential ([`GatewayClient::exchange`]).
 //!
 //! Tokens pass through here as bearer headers marked sensitive; no error, log line or answer
 //! of this module carries one.
@@ -41,6 +42,11 @@ pub enum Failure {
     },
     /// A 2xx whose body is not what the protocol says.
     Invalid(String),
+    /// An answer longer than the request allowed (a plugin's request, [`GatewayClient::exchange`]).
+    TooLarge {
+        /// The most that was to be read, in bytes.
+        limit: usize,
+    },
 }
 
 impl std::fmt::Display for Failure {
@@ -51,6 +57,7 @@ impl std::fmt::Display for Failure {
             Failure::Refused { status, code } => write!(f, "the gateway refused with {status} {code}"),
             Failure::Unavailable { status } => write!(f, "the gateway answered {status}"),
             Failure::Invalid(what) => write!(f, "the gateway's answer is not usable: {what}"),
+            Failure::TooLarge { limit } => write!(f, "the gateway's answer is longer than {limit} bytes"),
         }
     }
 }
@@ -92,6 +99,21 @@ pub struct Certificate {
     pub not_after: u64,
 }
 
+/// A plugin's request of the gateway, as [`GatewayClient::exchange`] sends it.
+#[derive(Debug, Clone, Copy)]
+pub struct Exchange<'a> {
+    /// `GET`, `PUT`, `POST` or `DELETE`.
+    pub method: &'a str,
+    /// The path (and query) at the gateway's origin.
+    pub path: &'a str,
+    /// The JSON body, if any.
+    pub body: Option<&'a Value>,
+    /// How long it may take (at most the client's own timeout).
+    pub timeout: Duration,
+    /// The most of the answer's body read, in bytes.
+    pub max_answer: usize,
+}
+
 /// Whether `token` is what a bearer token may be: 1–1024 bytes of visible ASCII.
 pub fn is_token(token: &str) -> bool {
     (1..=1024).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_graphic())
@@ -117,8 +139,18 @@ impl Default for GatewayClient {
 }
 
 impl GatewayClient {
-    /// One request to `origin` + `path` with `token` as its bearer; the answer's JSON on a 2xx.
-    async fn request(&self, method: reqwest::Method, origin: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value, Failure> {
+    /// Send one request to `origin` + `path` with `token` as its bearer (marked sensitive, so no
+    /// debug output shows it), within `timeout` when given (the client's own otherwise); the
+    /// answer's status and head.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        origin: &str,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, Failure> {
         let url = format!("{}{path}", origin.trim_end_matches('/'));
         let mut bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| Failure::Invalid("the token does not fit a header".into()))?;
@@ -127,13 +159,24 @@ impl GatewayClient {
         if let Some(body) = body {
             request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.to_string());
         }
-        let answer = request.send().await.map_err(|e| Failure::Unreachable {
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout.min(REQUEST_TIMEOUT));
+        }
+        request.send().await.map_err(|e| Failure::Unreachable {
             // a refused or failed connection means the request never left
             sent: !e.is_connect(),
             reason: without_url(&e),
-        })?;
+        })
+    }
+
+    /// One request to `origin` + `path` with `token` as its bearer; the answer's JSON on a 2xx.
+    async fn request(&self, method: reqwest::Method, origin: &str, path: &str, token: &str, body: Option<Value>) -> Result<Value, Failure> {
+        let answer = self.send(method, origin, path, token, body.as_ref(), None).await?;
         let status = answer.status().as_u16();
-        let bytes = read_limited(answer).await?;
+        let bytes = match read_limited(answer, MAX_ANSWER).await {
+            Err(Failure::TooLarge { .. }) => return Err(Failure::Invalid("the answer is too large".into())),
+            read => read?,
+        };
         match status {
             200..=299 if bytes.is_empty() => Ok(Value::Null),
             200..=299 => serde_json::from_slice(&bytes).map_err(|_| Failure::Invalid("the body is not JSON".into())),
@@ -148,6 +191,28 @@ impl GatewayClient {
             }
             _ => Err(Failure::Unavailable { status }),
         }
+    }
+
+    /// A plugin's request (`gateway.request`, after the plugin host checked it) at `origin` with
+    /// the client's `token`. Answers whatever status the gateway gave with its body when that is
+    /// JSON (`None` for an empty body or one that is not JSON), reading at most
+    /// `request.max_answer` bytes of it (`Failure::TooLarge` past that). `401` is
+    /// `Failure::Unauthorized`: the credential refused is not an answer.
+    pub async fn exchange(&self, origin: &str, token: &str, request: &Exchange<'_>) -> Result<(u16, Option<Value>), Failure> {
+        let method = match request.method {
+            "GET" => reqwest::Method::GET,
+            "PUT" => reqwest::Method::PUT,
+            "POST" => reqwest::Method::POST,
+            "DELETE" => reqwest::Method::DELETE,
+            _ => return Err(Failure::Invalid("the method is not GET, PUT, POST or DELETE".into())),
+        };
+        let answer = self.send(method, origin, request.path, token, request.body, Some(request.timeout)).await?;
+        let status = answer.status().as_u16();
+        if status == 401 {
+            return Err(Failure::Unauthorized);
+        }
+        let bytes = read_limited(answer, request.max_answer).await?;
+        Ok((status, serde_json::from_slice(&bytes).ok()))
     }
 
     /// `GET /v1/whoami`: the role of `token`.
@@ -258,14 +323,110 @@ fn without_url(error: &reqwest::Error) -> String {
     }
 }
 
-/// The body of `answer`, at most [`MAX_ANSWER`] bytes.
-async fn read_limited(mut answer: reqwest::Response) -> Result<Vec<u8>, Failure> {
+/// The body of `answer`, at most `limit` bytes (`Failure::TooLarge` past them).
+async fn read_limited(mut answer: reqwest::Response, limit: usize) -> Result<Vec<u8>, Failure> {
+    if answer.content_length().is_some_and(|length| length > limit as u64) {
+        return Err(Failure::TooLarge { limit });
+    }
     let mut bytes = Vec::new();
     while let Some(chunk) = answer.chunk().await.map_err(|e| Failure::Unreachable { sent: true, reason: without_url(&e) })? {
-        if bytes.len() + chunk.len() > MAX_ANSWER {
-            return Err(Failure::Invalid("the answer is too large".into()));
+        if bytes.len() + chunk.len() > limit {
+            return Err(Failure::TooLarge { limit });
         }
         bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const TOKEN: &str = "client-token-that-must-not-leak";
+
+    /// A one-connection-at-a-time HTTP server answering each request with `answer`; what it
+    /// was sent comes back on the channel.
+    async fn serve(answer: &'static str) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                // the head, then as much body as content-length says
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    seen.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&seen).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                }
+                let _ = tx.send(String::from_utf8_lossy(&seen).to_string());
+                let _ = socket.write_all(answer.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            }
+        });
+        (origin, rx)
+    }
+
+    async fn exchange(origin: &str, method: &str, body: Option<&Value>, max_answer: usize) -> Result<(u16, Option<Value>), Failure> {
+        let request = Exchange { method, path: "/v1/routes/www.acme.example", body, timeout: Duration::from_secs(5), max_answer };
+        GatewayClient::default().exchange(origin, TOKEN, &request).await
+    }
+
+    #[tokio::test]
+    async fn any_status_is_an_answer_with_its_json_body_and_the_request_carries_the_bearer() {
+        let (origin, mut seen) =
+            serve("HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 40\r\nconnection: close\r\n\r\n{\"error\":{\"code\":\"route-unknown\",\"x\":1}}")
+                .await;
+        let answer = exchange(&origin, "PUT", Some(&json!({ "target": "a" })), 1 << 20).await.unwrap();
+        assert_eq!(answer, (404, Some(json!({ "error": { "code": "route-unknown", "x": 1 } }))));
+        let request = seen.recv().await.unwrap();
+        assert!(request.starts_with("PUT /v1/routes/www.acme.example HTTP/1.1\r\n"), "{request}");
+        assert!(request.to_ascii_lowercase().contains(&format!("authorization: bearer {TOKEN}").to_ascii_lowercase()), "{request}");
+        assert!(request.ends_with("{\"target\":\"a\"}"), "{request}");
+    }
+
+    #[tokio::test]
+    async fn no_body_or_one_that_is_not_json_is_none() {
+        let (origin, _seen) = serve("HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n").await;
+        assert_eq!(exchange(&origin, "DELETE", None, 1 << 20).await.unwrap(), (204, None));
+        let (origin, _seen) = serve("HTTP/1.1 502 Bad Gateway\r\ncontent-length: 5\r\nconnection: close\r\n\r\noops!").await;
+        assert_eq!(exchange(&origin, "GET", None, 1 << 20).await.unwrap(), (502, None));
+    }
+
+    #[tokio::test]
+    async fn a_401_is_the_credential_refused_and_a_long_answer_too_large() {
+        let (origin, _seen) = serve("HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await;
+        assert_eq!(exchange(&origin, "GET", None, 1 << 20).await.unwrap_err(), Failure::Unauthorized);
+        let (origin, _seen) = serve("HTTP/1.1 200 OK\r\ncontent-length: 12\r\nconnection: close\r\n\r\n\"0123456789\"").await;
+        assert_eq!(exchange(&origin, "GET", None, 11).await.unwrap_err(), Failure::TooLarge { limit: 11 });
+        assert_eq!(exchange(&origin, "GET", None, 12).await.unwrap(), (200, Some(json!("0123456789"))));
+    }
+
+    #[tokio::test]
+    async fn no_answer_is_unreachable_and_says_nothing_of_the_token() {
+        // a port nobody listens on
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let failure = exchange(&origin, "GET", None, 1 << 20).await.unwrap_err();
+        assert!(matches!(failure, Failure::Unreachable { sent: false, .. }), "{failure:?}");
+        assert!(!format!("{failure:?} {failure}").contains(TOKEN));
+        assert!(matches!(exchange(&origin, "PATCH", None, 1 << 20).await.unwrap_err(), Failure::Invalid(_)));
+    }
 }

@@ -42,8 +42,9 @@ pub const SCOPE: &str = "gateway:client";
 pub const TOKEN_KEY: &str = "GATEWAY_CLIENT_TOKEN";
 /// The secret holding a credential issued and not yet finalized.
 pub const CANDIDATE_KEY: &str = "GATEWAY_CLIENT_CANDIDATE_TOKEN";
-/// What Capstan's client credential may do at the gateway, and nothing more.
-pub const SCOPES: &[&str] = &["domains:read", "routes:write", "certificates:read", "dns-records:write", "smtp:write", "peers:write"];
+/// What Capstan's client credential may do at the gateway, and nothing more (the one table,
+/// [`capstan_core::gateway_scopes`], which also says what plugins granted a scope may reach).
+pub const SCOPES: &[&str] = &capstan_core::gateway_scopes::NAMES;
 /// How often a pending finalization is retried while none is given.
 pub const DEFAULT_FINALIZE_RETRY: Duration = Duration::from_secs(30);
 /// The method a bootstrap token is sealed for (the owner of its target is the gateway URL, the
@@ -455,6 +456,43 @@ async fn enrolled(cx: &Context) -> Result<(String, Zeroizing<String>)> {
     let token = managed::reveal(&cx.secrets, &host_identity(), READER, SCOPE, &running.secret_id).await?;
     let token = String::from_utf8(token.to_vec()).map_err(Refusal::internal)?;
     Ok((running.gateway_url, Zeroizing::new(token)))
+}
+
+/// One plugin's request to the gateway (`gateway.request`, already checked by the plugin host:
+/// a method, a path a granted scope covers, a JSON body) under the running client credential,
+/// read from its secret for this request alone: whatever status the gateway answers, with its
+/// body when that is JSON, at most `max_answer` bytes of it, within `timeout`. Refused
+/// `gateway-not-enrolled` while Capstan holds no finalized credential, `gateway-unreachable`
+/// (retryable) when no answer came, `gateway-credential-refused` when the gateway answered 401,
+/// `gateway-reply-too-large`. The token reaches no answer, refusal or log line.
+pub async fn plugin_request(
+    cx: &Context,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+    max_answer: usize,
+) -> Result<(u16, Option<Value>)> {
+    let (gateway_url, token) = enrolled(cx).await?;
+    let request = client::Exchange { method, path, body, timeout, max_answer };
+    match cx.client.exchange(&gateway_url, &token, &request).await {
+        Ok(answer) => Ok(answer),
+        Err(Failure::Unauthorized) => Err(Refusal::new(
+            "gateway-credential-refused",
+            "The gateway does not accept Capstan's client credential; an administrator bootstraps a new one (capstan gateway bootstrap)",
+        )),
+        Err(Failure::Unreachable { sent, reason }) => {
+            Err(Refusal::new("gateway-unreachable", format!("The gateway could not be reached: {reason}"))
+                .retryable()
+                .with_data(json!({ "sent": sent })))
+        }
+        Err(Failure::TooLarge { limit }) => Err(Refusal::new(
+            "gateway-reply-too-large",
+            format!("The gateway's answer is longer than the {limit} bytes a plugin is passed"),
+        )
+        .with_data(json!({ "limitBytes": limit }))),
+        Err(e) => Err(Refusal::internal(format!("a plugin's gateway request could not be sent: {e}"))),
+    }
 }
 
 /// Who the background finalization acts as.

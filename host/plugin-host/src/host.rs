@@ -171,7 +171,7 @@ pub struct InstalledVersion {
     pub installed_at: u64,
     /// Who installed it: a username, or `capstan` for a first-party plugin.
     pub installed_by: String,
-    /// The contract it targets, from its manifest (`capstan:plugin@0.2.3`).
+    /// The contract it targets, from its manifest (`capstan:plugin@0.2.4`).
     #[serde(default = "wit_0_1")]
     pub wit: String,
     /// The settings it declares (what `settings.update` accepts as `<id>.<key>`).
@@ -274,6 +274,14 @@ impl PluginHost {
     /// [`Services::set_agent_dispatch`] on [`PluginHost::services`].
     pub fn set_agent_dispatch(&self, dispatch: Arc<dyn crate::imports::AgentDispatch>) {
         self.services.set_agent_dispatch(dispatch);
+    }
+
+    /// Install how plugins' `gateway.request` reaches the external gateway with Capstan's
+    /// enrolled credential (the server does, at start; until then every request is refused
+    /// `gateway-not-enrolled`). The same as [`Services::set_gateway_dispatch`] on
+    /// [`PluginHost::services`].
+    pub fn set_gateway_dispatch(&self, dispatch: Arc<dyn crate::imports::GatewayDispatch>) {
+        self.services.set_gateway_dispatch(dispatch);
     }
 
     /// Set the origin transfer tickets' URLs start with (`CAPSTAN_PUBLIC_ORIGIN`).

@@ -11,6 +11,8 @@
 //! - [`platform`]: what plugins reach of the inventory, through a trait the server implements.
 //! - [`AgentDispatch`]: how the `agents` import reaches a cluster's relay, which the server
 //!   installs ([`host::PluginHost::set_agent_dispatch`]).
+//! - [`GatewayDispatch`]: how the `gateway` import reaches the external gateway with Capstan's
+//!   enrolled credential, which the server installs ([`host::PluginHost::set_gateway_dispatch`]).
 
 // The subsystems this crate reaches, under short names.
 use capstan_blobs as blobs;
@@ -36,4 +38,6 @@ pub mod transfers;
 pub mod uploads;
 pub mod work;
 
-pub use imports::{AgentDispatch, AgentReply, AgentRequest, NotConnected};
+pub use imports::{
+    AgentDispatch, AgentReply, AgentRequest, GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse, NotConnected, NotEnrolled,
+};

@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.2.3"
+//! wit = "capstan:plugin@0.2.4"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -31,9 +31,10 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.2.3`); it also serves plugins
-/// built for 0.2.0, 0.2.1 and 0.2.2 (a patch adds to the contract, so the older names resolve to it).
-pub const CURRENT_WIT: &str = "capstan:plugin@0.2.3";
+/// The contract `capstan plugin new` and the SDK target (`wit/0.2.4`); it also serves plugins
+/// built for 0.2.0, 0.2.1, 0.2.2 and 0.2.3 (a patch adds to the contract, so the older names
+/// resolve to it).
+pub const CURRENT_WIT: &str = "capstan:plugin@0.2.4";
 /// The first contract (`wit/0.1.0`), still served through its adapter.
 pub const WIT_0_1: &str = "capstan:plugin@0.1.0";
 /// Every contract this host serves, newest first.
@@ -492,6 +493,10 @@ pub enum Capability {
     HttpSetting(String),
     /// `agents`: call named methods on connected cluster relays.
     Agents,
+    /// `gateway:<scope>` (`gateway:routes:write`): requests to the external gateway under
+    /// Capstan's enrolled client credential, on the paths that gateway scope covers
+    /// ([`capstan_core::gateway_scopes`]); the scope is one of the six the credential holds.
+    Gateway(String),
     /// `events:publish`.
     EventsPublish,
     /// `sign`: the host signs with a key the plugin never sees.
@@ -522,6 +527,7 @@ impl fmt::Display for Capability {
             Capability::Http(origin) => write!(f, "http:{origin}"),
             Capability::HttpSetting(key) => write!(f, "http-setting:{key}"),
             Capability::Agents => f.write_str("agents"),
+            Capability::Gateway(scope) => write!(f, "gateway:{scope}"),
             Capability::EventsPublish => f.write_str("events:publish"),
             Capability::Sign => f.write_str("sign"),
             Capability::Log => f.write_str("log"),
@@ -589,6 +595,13 @@ impl FromStr for Capability {
             // prepared (the platform's, or what the plugin's `describe` declares)
             "http-setting" if valid_setting_ref(arg) => Ok(Capability::HttpSetting(arg.to_string())),
             "http-setting" => Err(not_a_url_setting(arg)),
+            "gateway" => match capstan_core::gateway_scopes::scope(arg) {
+                Some(scope) => Ok(Capability::Gateway(scope.name.to_string())),
+                None => Err(refuse(format!(
+                    "capability {s:?}: the gateway scope must be one of {}",
+                    capstan_core::gateway_scopes::NAMES.join(", ")
+                ))),
+            },
             _ => Err(refuse(format!("unknown capability {s:?}"))),
         }
     }
@@ -907,9 +920,11 @@ concurrency = 4
         assert_eq!(served_wit("capstan:plugin@0.2.0").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.2.1").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.2.2").unwrap(), CURRENT_WIT);
+        assert_eq!(served_wit("capstan:plugin@0.2.3").unwrap(), CURRENT_WIT);
+        assert_eq!(CURRENT_WIT, "capstan:plugin@0.2.4", "the contract the SDK and `capstan plugin new` target");
         for bad in [
             "capstan:plugin@0.1.1",
-            "capstan:plugin@0.2.4",
+            "capstan:plugin@0.2.5",
             "capstan:plugin@0.3.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
@@ -941,6 +956,12 @@ concurrency = 4
             "http:https://[::1]:9000",
             "http:https://[2001:db8::1]",
             "agents",
+            "gateway:domains:read",
+            "gateway:routes:write",
+            "gateway:certificates:read",
+            "gateway:dns-records:write",
+            "gateway:smtp:write",
+            "gateway:peers:write",
             "events:publish",
             "sign",
             "log",
@@ -1004,6 +1025,15 @@ concurrency = 4
             "http:https://[::1]x",
             "http:https://[nonsense]",
             &format!("http:https://{}.example", "a".repeat(300)),
+            "gateway",
+            "gateway:",
+            "gateway:routes",
+            "gateway:routes:read",
+            "gateway:Routes:write",
+            "gateway:routes:write:x",
+            "gateway:whoami",
+            "gateway:clients:write",
+            "gateway:*",
         ] {
             let err = text.parse::<Capability>().unwrap_err();
             assert_eq!(err.code, "capability-unknown", "{text}");
@@ -1214,6 +1244,7 @@ mod proptests {
             "[a-z][a-z0-9-]{0,31}".prop_map(|scope| format!("secrets-reveal:{scope}")),
             origin,
             "[A-Za-z][A-Za-z0-9]{0,20}".prop_map(|key| format!("http-setting:{key}")),
+            select(capstan_core::gateway_scopes::NAMES.to_vec()).prop_map(|scope| format!("gateway:{scope}")),
         ]
     }
 
@@ -1247,7 +1278,7 @@ mod proptests {
         fn capability_text_is_canonical_or_unknown(
             text in prop_oneof![
                 "\\PC{0,40}",
-                ("(secrets|secrets-reveal|http|http-setting|inventory|events|store)", "[ -~]{0,40}").prop_map(|(k, v)| format!("{k}:{v}")),
+                ("(secrets|secrets-reveal|http|http-setting|inventory|events|store|gateway)", "[ -~]{0,40}").prop_map(|(k, v)| format!("{k}:{v}")),
                 capability(),
             ],
         ) {

@@ -118,7 +118,7 @@ pub struct PluginView {
     pub last_error: Option<LastError>,
     /// The methods the plugin serves (`<id>.<method>`); empty unless it is loaded here.
     pub methods: Vec<String>,
-    /// The contract the installed version targets (`capstan:plugin@0.2.3`).
+    /// The contract the installed version targets (`capstan:plugin@0.2.4`).
     pub wit: String,
     /// The settings the installed version declares (`settings.update` sets `<id>.<key>`).
     pub settings: Vec<crate::faces::SettingDecl>,

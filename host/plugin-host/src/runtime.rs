@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-/// The host side of the current `capstan:plugin` world, generated from `wit/0.2.3`. Earlier
+/// The host side of the current `capstan:plugin` world, generated from `wit/0.2.4`. Earlier
 /// versions run through their adapters (`contract_0_1`).
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "manager",
-        path: "../../wit/0.2.3",
+        path: "../../wit/0.2.4",
         imports: { default: async },
         exports: { default: async },
         with: {

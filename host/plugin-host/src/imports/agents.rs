@@ -7,7 +7,7 @@
 //! back as JSON text, bounded; the dispatcher's refusals pass through by name. Nothing of a
 //! body is logged.
 
-use super::{CallData, Services, WitResult, refusal, to_wit};
+use super::{CallData, Services, WitResult, refusal, timeout_within, to_wit};
 use crate::manifest::Capability;
 use crate::refusal::Refusal;
 use crate::runtime::capstan::plugin::agents;
@@ -122,7 +122,7 @@ pub(super) async fn call(
     }
     let body: Value = serde_json::from_str(body)
         .map_err(|e| refusal("invalid-request", format!("the request body is not valid JSON: {e}"), json!({ "field": "body" })))?;
-    let timeout = timeout_within(deadline, Instant::now()).ok_or_else(|| {
+    let timeout = timeout_within(deadline, Instant::now(), AGENT_DEADLINE_MARGIN, MAX_AGENT_TIMEOUT).ok_or_else(|| {
         refusal(
             "plugin-deadline-exceeded",
             format!("plugin {plugin} has no time left for a request to an agent"),
@@ -163,16 +163,6 @@ pub(super) async fn call(
         ));
     }
     Ok(text)
-}
-
-/// The time a request may take: what is left before `deadline` less the margin, at most the
-/// cap; `None` when nothing is left.
-fn timeout_within(deadline: Option<Instant>, now: Instant) -> Option<Duration> {
-    let left = match deadline {
-        Some(deadline) => deadline.checked_duration_since(now)?.checked_sub(AGENT_DEADLINE_MARGIN)?,
-        None => MAX_AGENT_TIMEOUT,
-    };
-    (!left.is_zero()).then(|| left.min(MAX_AGENT_TIMEOUT))
 }
 
 /// A cluster id: 1..=128 of `[A-Za-z0-9_.-]`.

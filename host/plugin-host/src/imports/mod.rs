@@ -8,6 +8,7 @@ mod agents;
 mod blobs;
 mod budget;
 mod events;
+mod gateway;
 mod http;
 mod inventory;
 mod log;
@@ -25,6 +26,10 @@ pub use blobs::{BlobReaderState, BlobWriterState, MAX_PLUGIN_BLOB_BYTES, blob_pr
 use budget::CallBudget;
 pub use budget::{MAX_HOST_CALLS, MAX_METHOD_OUTPUT};
 pub use capstan_core::net::refused_range;
+pub use gateway::{
+    GATEWAY_DEADLINE_MARGIN, GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse, MAX_GATEWAY_PATH_BYTES,
+    MAX_GATEWAY_REPLY_BYTES, MAX_GATEWAY_REQUEST_BYTES, MAX_GATEWAY_TIMEOUT, NotEnrolled,
+};
 pub use http::{PluginHttp, origin_of};
 pub use settings::{DeclaredSetting, effective as effective_settings};
 pub use sign::PLUGIN_KEYS;
@@ -74,6 +79,9 @@ pub struct Services {
     /// How `agents.call` reaches a cluster's relay: [`NotConnected`] until the server installs
     /// its own ([`Services::set_agent_dispatch`]).
     agent_dispatch: RwLock<Arc<dyn AgentDispatch>>,
+    /// How `gateway.request` reaches the external gateway under Capstan's enrolled credential:
+    /// [`NotEnrolled`] until the server installs its own ([`Services::set_gateway_dispatch`]).
+    gateway_dispatch: RwLock<Arc<dyn GatewayDispatch>>,
     /// The origin transfer tickets' URLs start with: none until the server sets it
     /// ([`Services::set_public_origin`]); `transfers` refuses `transfers-unavailable` before.
     public_origin: RwLock<Option<String>>,
@@ -106,6 +114,7 @@ impl Services {
             collections: Default::default(),
             clock_ahead_ms: AtomicU64::new(0),
             agent_dispatch: RwLock::new(Arc::new(NotConnected)),
+            gateway_dispatch: RwLock::new(Arc::new(NotEnrolled)),
             public_origin: RwLock::new(None),
         })
     }
@@ -130,6 +139,18 @@ impl Services {
     /// The dispatcher `agents.call` uses now.
     pub(crate) fn agent_dispatch(&self) -> Arc<dyn AgentDispatch> {
         self.agent_dispatch.read().expect("agent dispatch lock").clone()
+    }
+
+    /// Install how plugins' `gateway.request` reaches the external gateway with Capstan's
+    /// enrolled credential (the server does, at start). It replaces the one before; requests
+    /// already waiting on that one finish with it.
+    pub fn set_gateway_dispatch(&self, dispatch: Arc<dyn GatewayDispatch>) {
+        *self.gateway_dispatch.write().expect("gateway dispatch lock") = dispatch;
+    }
+
+    /// The dispatcher `gateway.request` uses now.
+    pub(crate) fn gateway_dispatch(&self) -> Arc<dyn GatewayDispatch> {
+        self.gateway_dispatch.read().expect("gateway dispatch lock").clone()
     }
 
     /// Move the wall clock plugins see `by` ahead (the host's own clock is untouched). For the
@@ -182,6 +203,7 @@ pub struct Grant {
     sign: Option<sign::Signer>,
     log: Option<log::Logger>,
     agents: Option<agents::Agents>,
+    gateway: Option<gateway::Gateway>,
 }
 
 impl Grant {
@@ -202,6 +224,7 @@ impl Grant {
             sign: has(&Capability::Sign).then(|| sign::Signer::new(services, plugin)),
             log: has(&Capability::Log).then_some(log::Logger),
             agents: has(&Capability::Agents).then(|| agents::Agents::new(services, plugin)),
+            gateway: gateway::Gateway::new(services, plugin, grants),
         }
     }
 
@@ -272,7 +295,7 @@ pub struct CallData {
     /// Whose authority the call's inventory writes carry.
     pub acting: Acting,
     /// When the runtime stops the call (`None`: not known), which bounds the time an import
-    /// may wait on the plugin's behalf (`agents.call`).
+    /// may wait on the plugin's behalf (`agents.call`, `gateway.request`).
     pub deadline: Option<Instant>,
     /// A method declared read-only is running: every import that changes something is
     /// refused (`read-only-method`), so the declaration that keeps it out of the audit log holds.
@@ -362,15 +385,7 @@ impl CallData {
         if !self.read_only {
             return Ok(());
         }
-        tracing::warn!(plugin = %self.plugin(), request_id = %self.request_id, "a read-only method tried to change something");
-        Err(refusal(
-            "read-only-method",
-            format!(
-                "plugin {}: a method declared read-only changes nothing (store, secrets, services, events, blobs, agents, HTTP other than GET)",
-                self.plugin()
-            ),
-            json!({}),
-        ))
+        Err(read_only_refusal(self.plugin(), &self.request_id))
     }
 
     /// `capability-denied` for `capability`, logged.
@@ -384,6 +399,29 @@ impl CallData {
         };
         refusal("capability-denied", message, json!({ "capability": capability.to_string() }))
     }
+}
+
+/// `read-only-method`, logged: a method declared read-only called an import that changes
+/// something.
+fn read_only_refusal(plugin: &str, request_id: &str) -> types::Refusal {
+    tracing::warn!(plugin = %plugin, request_id = %request_id, "a read-only method tried to change something");
+    refusal(
+        "read-only-method",
+        format!(
+            "plugin {plugin}: a method declared read-only changes nothing (store, secrets, services, events, blobs, agents, gateway requests and HTTP other than GET)"
+        ),
+        json!({}),
+    )
+}
+
+/// The time a request on the plugin's behalf may take: what is left before `deadline` (`None`:
+/// no end known) less `margin`, at most `cap`; `None` when nothing is left.
+fn timeout_within(deadline: Option<Instant>, now: Instant, margin: Duration, cap: Duration) -> Option<Duration> {
+    let left = match deadline {
+        Some(deadline) => deadline.checked_duration_since(now)?.checked_sub(margin)?,
+        None => cap,
+    };
+    (!left.is_zero()).then(|| left.min(cap))
 }
 
 /// The system wall clock, a fixed time ahead (see [`Services::advance_plugin_clock`]).

@@ -170,6 +170,7 @@ impl AppState {
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
+        plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
         plugins.set_public_origin(&public_origin);
         AppState {
             store,

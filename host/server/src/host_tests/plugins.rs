@@ -935,3 +935,131 @@ async fn a_plugin_is_upgraded_only_by_its_publisher_and_first_party_ids_stay_the
     let back = f.host.upgrade(&signed(&f.key, "example", "0.3.0"), &all(), "admin").await.unwrap_err();
     assert_eq!(back.code, "publisher-mismatch", "{back}");
 }
+
+/// A loopback stand-in for the external gateway: `PUT /v1/routes/www.acme.example` answers
+/// `200`, `/v1/routes/missing` `404 route-unknown`, `/v1/routes/revoked` `401`, anything else
+/// `204`; every request as it arrived (head and body) is kept. Its origin.
+async fn gateway_server(seen: Arc<std::sync::Mutex<Vec<String>>>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request).to_string();
+                    let complete = text.find("\r\n\r\n").is_some_and(|end| {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                            .unwrap_or(0usize);
+                        request.len() >= end + 4 + length
+                    });
+                    if complete || n == 0 {
+                        break;
+                    }
+                }
+                let text = String::from_utf8_lossy(&request).to_string();
+                let line = text.lines().next().unwrap_or_default().to_string();
+                seen.lock().unwrap().push(text);
+                let (status, body) = if line.starts_with("PUT /v1/routes/www.acme.example ") {
+                    ("200 OK", r#"{"name":"www.acme.example","target":"10.0.0.5:443"}"#)
+                } else if line.contains(" /v1/routes/missing ") {
+                    ("404 Not Found", r#"{"error":{"code":"route-unknown","message":"no such route"}}"#)
+                } else if line.contains(" /v1/routes/revoked ") {
+                    ("401 Unauthorized", r#"{"error":{"code":"unauthorized","message":"missing or wrong gateway token"}}"#)
+                } else {
+                    ("204 No Content", "")
+                };
+                let answer = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    origin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_gateway_requests_carry_capstans_credential_on_the_paths_of_its_scopes_only() {
+    let Some(f) = Fixture::new().await else { return };
+    let ask = |method: &str, path: &str, body: Option<Value>| json!({ "method": method, "path": path, "body": body });
+    let put_route = || ask("PUT", "/v1/routes/www.acme.example", Some(json!({ "target": "10.0.0.5:443" })));
+
+    // without a gateway grant: refused, naming the scope the request needs
+    f.host.install(&f.adversary(), &all(), "admin").await.unwrap();
+    let refused = f.call("adversary", "gateway", put_route()).await.unwrap_err();
+    assert_eq!(refused.code, "capability-denied", "{refused}");
+    assert_eq!(refused.data.as_deref().unwrap()["capability"], "gateway:routes:write");
+
+    // granted routes:write; the host holds no credential yet
+    let record = f.host.upgrade(&f.adversary_requesting(Some("0.2.0"), &["gateway:routes:write"]), &all(), "admin").await.unwrap();
+    assert!(record.current.grants.contains(&"gateway:routes:write".to_string()), "{:?}", record.current.grants);
+    let refused = f.call("adversary", "gateway", put_route()).await.unwrap_err();
+    assert_eq!((refused.code.as_ref(), refused.http_status()), ("gateway-not-enrolled", 409), "{refused}");
+    // another scope's path, the enrollment's own, a bad path, a write in a read: refused here
+    let other = f.call("adversary", "gateway", ask("GET", "/v1/domains", None)).await.unwrap_err();
+    assert_eq!(
+        (other.code.as_ref(), other.data.as_deref().unwrap()["capability"].as_str()),
+        ("capability-denied", Some("gateway:domains:read"))
+    );
+    let whoami = f.call("adversary", "gateway", ask("GET", "/v1/whoami", None)).await.unwrap_err();
+    assert_eq!(whoami.code, "capability-denied");
+    let dotted = f.call("adversary", "gateway", ask("GET", "/v1/routes/../whoami", None)).await.unwrap_err();
+    assert_eq!((dotted.code.as_ref(), dotted.http_status()), ("gateway-path-invalid", 400));
+    let read = f.call("adversary", "gatewayRead", put_route()).await.unwrap_err();
+    assert_eq!(read.code, "read-only-method");
+
+    // enrolled: the credential Capstan holds, at a gateway on loopback
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let origin = gateway_server(seen.clone()).await;
+    let token = "gw-client-token-the-plugin-must-never-see";
+    let secret = crate::secrets::managed::put(
+        &f.state.gateway.secrets,
+        &capstan_gateway::host_identity(),
+        capstan_gateway::SCOPE,
+        crate::secrets::managed::ManagedOwner::System(capstan_gateway::SYSTEM_ID.into()),
+        capstan_gateway::TOKEN_KEY,
+        zeroize::Zeroizing::new(token.as_bytes().to_vec()),
+    )
+    .await
+    .unwrap();
+    let running = json!({ "running": {
+        "credentialId": "cred-1", "gatewayUrl": origin, "clientId": "capstan", "dnsRecordAddresses": [],
+        "secretId": secret.id, "issuedAt": 1, "finalizedAt": 2,
+    } });
+    f.state
+        .store
+        .transact(|tx| {
+            let running = running.clone();
+            async move { tx.insert(capstan_gateway::ENROLLMENT, "current", running).await.map(drop) }
+        })
+        .await
+        .unwrap();
+
+    let put = f.call("adversary", "gateway", put_route()).await.unwrap();
+    assert_eq!(put, json!({ "status": 200, "body": { "name": "www.acme.example", "target": "10.0.0.5:443" }, "ok": true, "code": null }));
+    let request = seen.lock().unwrap()[0].clone();
+    assert!(request.starts_with("PUT /v1/routes/www.acme.example HTTP/1.1\r\n"), "{request}");
+    assert!(request.to_ascii_lowercase().contains(&format!("\r\nauthorization: bearer {token}\r\n").to_ascii_lowercase()), "{request}");
+    assert!(request.ends_with(r#"{"target":"10.0.0.5:443"}"#), "{request}");
+    // a 404 is an answer; no body is none
+    let missing = f.call("adversary", "gateway", ask("GET", "/v1/routes/missing", None)).await.unwrap();
+    assert_eq!(
+        (missing["status"].as_u64(), missing["ok"].as_bool(), missing["code"].as_str()),
+        (Some(404), Some(false), Some("route-unknown"))
+    );
+    let gone = f.call("adversary", "gateway", ask("DELETE", "/v1/routes/old.acme.example", None)).await.unwrap();
+    assert_eq!(gone, json!({ "status": 204, "body": null, "ok": true, "code": null }));
+    // the credential refused is a refusal, and names no token
+    let revoked = f.call("adversary", "gateway", ask("GET", "/v1/routes/revoked", None)).await.unwrap_err();
+    assert_eq!((revoked.code.as_ref(), revoked.http_status()), ("gateway-credential-refused", 502));
+    for shown in [put.to_string(), missing.to_string(), gone.to_string(), revoked.to_string(), serde_json::to_string(&revoked).unwrap()] {
+        assert!(!shown.contains(token), "{shown}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), 4, "the refused requests never left");
+}

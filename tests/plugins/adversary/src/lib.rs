@@ -20,7 +20,10 @@
 //! - `tally` (a read) and `tallyWrite`: count calls in the instance's memory and answer the count
 //!   (`print`: also print it; `trap`: then panic), for tests of which calls share an instance;
 //! - `squat`: a public method that tries to create a service (given the grant), which an
-//!   anonymous caller must not be able to do with the plugin's own authority.
+//!   anonymous caller must not be able to do with the plugin's own authority;
+//! - `gateway` and `gatewayRead` (a read): make the gateway request given (`method`, `path`,
+//!   `body`) and answer the gateway's `status` and `body`, for tests of what `gateway:<scope>`
+//!   grants reach (and that the credential never reaches the plugin).
 
 use capstan_sdk::bindings::capstan::plugin::types;
 use capstan_sdk::bindings::exports::capstan::plugin::guest::{self, Guest};
@@ -58,6 +61,9 @@ impl Manager for Adversary {
             .method("tally", "Count this call in the instance's memory: a read.", Role::Authenticated, tally)
             .read_only()
             .method("tallyWrite", "Count this call in the instance's memory: a write.", Role::Authenticated, tally)
+            .method("gateway", "Make the gateway request sent.", Role::Authenticated, gateway_request)
+            .method("gatewayRead", "Make the gateway request sent: a read.", Role::Authenticated, gateway_request)
+            .read_only()
     }
 }
 
@@ -210,6 +216,20 @@ fn secret(_ctx: &Context, input: SecretOp) -> Result<Value> {
         "reveal" => json!({ "value": String::from_utf8_lossy(&secrets::reveal(&input.scope, id)?) }),
         other => return Err(capstan_sdk::Refusal::new("invalid-request", format!("no op {other}"))),
     })
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GatewayAsk {
+    method: String,
+    path: String,
+    #[serde(default)]
+    body: Option<Value>,
+}
+
+fn gateway_request(_ctx: &Context, input: GatewayAsk) -> Result<Value> {
+    let response = capstan_sdk::gateway::request(&input.method, &input.path, input.body.as_ref())?;
+    Ok(json!({ "status": response.status, "body": response.body, "ok": response.ok(), "code": response.code() }))
 }
 
 fn trap(_ctx: &Context, _: Empty) -> Result<Empty> {
