@@ -60,10 +60,40 @@ struct Served {
     allow: Option<Vec<(IpAddr, u8)>>,
 }
 
+/// Where the external gateway reaches the proxy: a host (an IP address or a DNS name) and a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advertised {
+    pub host: String,
+    pub port: u16,
+}
+
+/// `--ingress-advertise HOST:PORT` (`[v6]:port` for an IPv6 address).
+pub fn parse_advertised(text: &str) -> Result<Advertised, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return advertised_from(addr).ok_or_else(|| format!("{text}: an unspecified address (0.0.0.0, [::]) or port 0 reaches nothing"));
+    }
+    let (host, port) = text.rsplit_once(':').ok_or_else(|| format!("{text}: expected HOST:PORT"))?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0).ok_or_else(|| format!("{text}: the port must be 1-65535"))?;
+    let label = |l: &str| {
+        (1..=63).contains(&l.len()) && !l.starts_with('-') && !l.ends_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if host.len() > 253 || !host.split('.').all(label) {
+        return Err(format!("{text}: the host must be an IP address or a DNS name"));
+    }
+    Ok(Advertised { host: host.to_ascii_lowercase(), port })
+}
+
+/// The address a listener bound to `addr` is reached at, unless it is unspecified.
+fn advertised_from(addr: SocketAddr) -> Option<Advertised> {
+    (!addr.ip().is_unspecified() && addr.port() != 0).then(|| Advertised { host: addr.ip().to_string(), port: addr.port() })
+}
+
 /// The ingress: its options and the table it serves.
 pub struct Ingress {
     /// Where the proxy listens.
     pub listen: SocketAddr,
+    /// Where the gateway reaches it, if known.
+    advertised: Option<Advertised>,
     bearer_file: PathBuf,
     held: RwLock<Option<(u64, Arc<Vec<Served>>)>>,
     client: reqwest::Client,
@@ -75,13 +105,14 @@ pub struct Ingress {
 
 impl Ingress {
     /// An ingress serving nothing yet.
-    pub fn new(listen: SocketAddr, bearer_file: PathBuf) -> Result<Arc<Ingress>, Refusal> {
+    pub fn new(listen: SocketAddr, advertised: Option<Advertised>, bearer_file: PathBuf) -> Result<Arc<Ingress>, Refusal> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(std::time::Duration::from_secs(10))
             .build()
             .map_err(Refusal::internal)?;
-        Ok(Arc::new(Ingress { listen, bearer_file, held: RwLock::new(None), client, registered: AtomicU64::new(0), wanted: Notify::new() }))
+        let advertised = advertised.or_else(|| advertised_from(listen));
+        Ok(Arc::new(Ingress { listen, advertised, bearer_file, held: RwLock::new(None), client, registered: AtomicU64::new(0), wanted: Notify::new() }))
     }
 
     /// The file the bearer is read from.
@@ -101,11 +132,15 @@ impl Ingress {
     /// The body of `ingress.register` for this relay's session.
     pub fn registration(&self, ctx: &RelayContext) -> Result<Value, Refusal> {
         let bearer = self.bearer()?;
-        Ok(json!({
+        let mut body = json!({
             "clusterId": ctx.cluster_id, "nodeId": ctx.node_id, "bearer": bearer.expose(),
             "version": env!("CARGO_PKG_VERSION"), "relayVersion": ctx.version,
             "capabilities": {"routeSourceAllowList": true},
-        }))
+        });
+        if let Some(a) = &self.advertised {
+            body["advertisedTarget"] = json!({"host": a.host, "port": a.port});
+        }
+        Ok(body)
     }
 
     /// The revision held, 0 for none.
@@ -317,7 +352,7 @@ mod tests {
 
     #[test]
     fn a_table_is_applied_whole_and_never_replaced_by_an_older_one() {
-        let ingress = Ingress::new("127.0.0.1:0".parse().unwrap(), PathBuf::from("/nonexistent")).unwrap();
+        let ingress = Ingress::new("127.0.0.1:0".parse().unwrap(), None, PathBuf::from("/nonexistent")).unwrap();
         let route = json!([{"hostname": "a.example", "serviceId": "svc_a", "target": {"address": "127.0.0.1", "port": 8080}}]);
         assert_eq!(ingress.apply("cluster_a", table(2, route.clone())).unwrap(), 2);
         assert!(ingress.route_for("a.example").is_some());
@@ -331,5 +366,22 @@ mod tests {
         assert_eq!(ingress.revision(), 2, "a refused table changes nothing");
         assert_eq!(ingress.apply("cluster_a", table(3, json!([]))).unwrap(), 3);
         assert!(ingress.route_for("a.example").is_none(), "a withdrawal takes effect");
+    }
+
+    #[test]
+    fn the_advertised_address_is_the_flags_or_a_specific_listen_address() {
+        assert_eq!(parse_advertised("192.0.2.10:80").unwrap(), Advertised { host: "192.0.2.10".into(), port: 80 });
+        assert_eq!(parse_advertised("[2001:db8::1]:8080").unwrap(), Advertised { host: "2001:db8::1".into(), port: 8080 });
+        assert_eq!(parse_advertised("Ingress.Example:443").unwrap(), Advertised { host: "ingress.example".into(), port: 443 });
+        for bad in ["0.0.0.0:80", "192.0.2.10:0", "192.0.2.10", "host:99999", "bad_host:80", "-a.example:80", ":80"] {
+            assert!(parse_advertised(bad).is_err(), "{bad}");
+        }
+        let specific = Ingress::new("127.0.0.1:8099".parse().unwrap(), None, PathBuf::from("/nonexistent")).unwrap();
+        assert_eq!(specific.advertised, Some(Advertised { host: "127.0.0.1".into(), port: 8099 }));
+        let any = Ingress::new("0.0.0.0:80".parse().unwrap(), None, PathBuf::from("/nonexistent")).unwrap();
+        assert_eq!(any.advertised, None, "an unspecified listen address is advertised only by the flag");
+        let flag = Advertised { host: "192.0.2.10".into(), port: 80 };
+        let given = Ingress::new("0.0.0.0:80".parse().unwrap(), Some(flag.clone()), PathBuf::from("/nonexistent")).unwrap();
+        assert_eq!(given.advertised, Some(flag));
     }
 }

@@ -73,7 +73,9 @@ What it keeps and answers:
     retryAfterMs) and reads ingress.getRouteTable; ingress.applyRouteTable pushes replace the
     table whole (an older revision is refused route-table-stale). The proxy picks the route by
     the request's Host, answers 404 for a hostname without one, 403 to a source outside a
-    route's sourceAllowList, 502 when the target does not answer.
+    route's sourceAllowList, 502 when the target does not answer. The registration states
+    where the external gateway reaches the proxy (--ingress-advertise, by default the listen
+    address when it is a specific one), so Capstan routes the table's hostnames there.
 
 Reconnecting (never exits but on SIGTERM or ctrl-c):
   - going-away (close 1001: the host is stopping): reconnects at once;
@@ -169,6 +171,11 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// under the same file rules as --authorization-file; read before every registration.
         #[arg(long, env = "CAPSTAN_CLUSTER_INGRESS_BEARER_FILE", value_name = "FILE", requires = "ingress_listen")]
         ingress_bearer_file: Option<PathBuf>,
+        /// Where the external gateway reaches this ingress (HOST:PORT, e.g. 192.0.2.10:80),
+        /// stated in the registration so public routes are forwarded here. Default: the
+        /// --ingress-listen address, unless it is unspecified (0.0.0.0, [::]).
+        #[arg(long, value_name = "HOST:PORT", requires = "ingress_listen", value_parser = ingress::parse_advertised)]
+        ingress_advertise: Option<ingress::Advertised>,
     },
     /// Replace the node token with fresh material. The new material is kept as pending before
     /// Capstan is asked; if the answer is lost, running rotate again finishes the same rotation.
@@ -245,13 +252,13 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             }
             Ok(())
         }
-        Command::Relay { authorization_file, listen, volumes_dir, ingress_listen, ingress_bearer_file } => {
+        Command::Relay { authorization_file, listen, volumes_dir, ingress_listen, ingress_bearer_file, ingress_advertise } => {
             let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
             let mut registry = handler::Registry::with_builtins();
             backups::register(&mut registry, state.clone(), volumes_dir)?;
             let ingress = match (ingress_listen, ingress_bearer_file) {
                 (Some(listen), Some(file)) => {
-                    let ingress = ingress::Ingress::new(listen, file)?;
+                    let ingress = ingress::Ingress::new(listen, ingress_advertise, file)?;
                     ingress.bearer()?;
                     registry.add(std::sync::Arc::new(ingress::Apply(ingress.clone())))?;
                     Some(ingress)

@@ -12,7 +12,14 @@
 //! before the next table adds the new one; a designation limited to another node refused by
 //! name (`node-mismatch`); a service whose bearer was revoked designated again with a new one; a
 //! second cluster's ingress, which no designation names, refused (`ingress-not-designated`).
+//!
+//! A second scenario adds the test gateway (`tests/peers/gateway`, with its forwarding listener):
+//! Capstan enrolled there, the table's hostnames routed by the gateway to the address the ingress
+//! registered, a request at the gateway reaching the service through the agent's proxy, a
+//! hostname outside the gateway's domains refused by name, a domain change and a deletion
+//! withdrawing their routes.
 
+use crate::mail::{Gateway, gateway_available};
 use crate::relays::{RelayProcess, enroll_node, enrolled_cluster, enrolled_cluster_named, wait_listed};
 use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
 use serde_json::{Value, json};
@@ -468,4 +475,166 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     registration_refused(&server, &admin, &spare_relay, &spare.cluster_id, "code=\"ingress-not-designated\" retry_after_ms=60000");
     assert_eq!(table(&server, &admin, &spare.cluster_id)["table"], Value::Null, "no table for a cluster without a designation");
     assert!(!spare_relay.log().contains(&last_bearer), "the relay never logs the ingress bearer");
+}
+
+/// Capstan enrolled at the test gateway as `CLIENT_ID` (settings, then `capstan gateway
+/// bootstrap` with the admin token piped in, until the enrollment is ready).
+fn enroll_at_gateway(server: &Capstan, admin: &str, url: &str, config: &std::path::Path) {
+    let revision = ok(server, admin, "settings.get", json!({}))["revision"].clone();
+    let settings = json!({ "gatewayUrl": url, "gatewayClientId": GATEWAY_CLIENT, "gatewayDnsRecordAddresses": ["10.0.0.0/8"] });
+    ok(server, admin, "settings.update", json!({ "expectedRevision": revision, "set": settings }));
+    let mut cmd = capstan();
+    cmd.args(["gateway", "bootstrap", "--gateway-url", url, "--client-id", GATEWAY_CLIENT, "--json"]);
+    cmd.env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", admin).env("XDG_CONFIG_HOME", config);
+    let exited = crate::plugins::run(cmd, format!("{}\n", crate::mail::ADMIN_TOKEN).as_bytes(), crate::support::EXIT_TIMEOUT);
+    assert!(exited.status.success(), "{exited:?}");
+    eventually("the gateway enrollment ready", SEEN, || {
+        let state = ok(server, admin, "gateway.getEnrollmentState", json!({}));
+        if state["state"] == "ready" { Ok(()) } else { Err(state.to_string()) }
+    });
+}
+
+const GATEWAY_CLIENT: &str = "capstan-ingress-e2e";
+
+/// The routes the test gateway holds, as `(hostname, host, port, public, clientId)`.
+fn gateway_routes(gateway: &Gateway) -> Vec<(String, String, u64, bool, String)> {
+    let routes = gateway.routes();
+    routes["routes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{routes}"))
+        .iter()
+        .map(|r| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (text(&r["hostname"]), text(&r["target"]["host"]), r["target"]["port"].as_u64().unwrap_or(0), r["public"] == true, text(&r["clientId"]))
+        })
+        .collect()
+}
+
+/// The ingress overview's entry of `cluster_id`.
+fn overview_of(server: &Capstan, admin: &str, cluster_id: &str) -> Value {
+    let overview = ok(server, admin, "ingress.overview", json!({}));
+    overview["clusters"].as_array().unwrap().iter().find(|c| c["clusterId"] == cluster_id).cloned().unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_with_them() {
+    if !gateway_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (http, smtp, forward) = (free_port(), free_port(), free_port());
+    let gateway = Gateway::start_forwarding(http, smtp, forward, &root.join("gateway-state.json"));
+    let port = free_port();
+    let origin = format!("http://127.0.0.1:{port}");
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(root.join("data")).args(["--listen", &format!("127.0.0.1:{port}")]);
+    cmd.env("CAPSTAN_AGENT_BINARY", crate::nodes::agent_binary()).env("CAPSTAN_GATEWAY_RETRY_MS", "300");
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    eventually("the ingress plugin running", Duration::from_secs(180), || {
+        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "ingress" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    let cluster = enrolled_cluster(&server, &admin, root, &origin, ZONE);
+    let cluster_id = cluster.cluster_id.as_str();
+
+    // a web service with two hostnames under the gateway's verified domain and one outside it
+    let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let edge = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "edge", "image": "registry.example.com/edge:1", "scale": 1 }),
+    );
+    let edge_id = edge["id"].as_str().unwrap().to_string();
+    let upstream = web_service();
+    let web = ok(
+        &server,
+        &admin,
+        "services.create",
+        json!({ "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1", "scale": 1,
+                "ports": [{ "port": upstream, "protocol": "http" }],
+                "domains": ["www.acme.example", "shop.acme.example", "elsewhere.example"] }),
+    );
+    let web_id = web["id"].as_str().unwrap().to_string();
+    let request =
+        json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge["revision"], "mutationId": "designate-gw" });
+    ok(&server, &admin, "ingress.designate", request);
+    ok(&server, &admin, "ingress.attachService", json!({ "clusterId": cluster_id, "serviceId": web_id, "address": "127.0.0.1" }));
+    let bearer_file = root.join("relay-export/ingress-bearer");
+    let bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
+    std::fs::set_permissions(&bearer_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // ---- the ingress registers with the address it listens on; nothing is routed before enrollment ----
+    let proxy = free_port();
+    let relay = RelayProcess::start_with(
+        &cluster.state_dir,
+        &cluster.authorization,
+        "10.0.0.5:8443",
+        &["--ingress-listen".as_ref(), format!("127.0.0.1:{proxy}").as_ref(), "--ingress-bearer-file".as_ref(), bearer_file.as_os_str()],
+    );
+    wait_listed(&server, &admin, cluster_id, true, 1, &[&relay]);
+    let unenrolled = eventually("the gateway routes waiting for an enrollment", SEEN, || {
+        let item = overview_of(&server, &admin, cluster_id);
+        let failure = item["gateway"]["failure"].as_str().unwrap_or_default().to_string();
+        if failure.contains("gateway credential") { Ok(item) } else { Err(format!("{item}\n{}", relay.log())) }
+    });
+    assert_eq!(unenrolled["advertisedTarget"], json!({ "host": "127.0.0.1", "port": proxy }), "{unenrolled}");
+    assert!(gateway_routes(&gateway).is_empty());
+
+    // ---- enrolled: the table's hostnames are routed to the ingress, the one outside the gateway's domains refused by name ----
+    enroll_at_gateway(&server, &admin, &format!("http://127.0.0.1:{http}"), &root.join("config"));
+    let routed = eventually("the hostnames routed at the gateway", SEEN, || {
+        let routes = gateway_routes(&gateway);
+        if routes.len() == 2 { Ok(routes) } else { Err(format!("{routes:?} {}", overview_of(&server, &admin, cluster_id))) }
+    });
+    let to_ingress = |hostname: &str| (hostname.to_string(), "127.0.0.1".to_string(), u64::from(proxy), true, GATEWAY_CLIENT.to_string());
+    assert_eq!(routed, [to_ingress("shop.acme.example"), to_ingress("www.acme.example")]);
+    let item = eventually("the overview counting them", SEEN, || {
+        let item = overview_of(&server, &admin, cluster_id);
+        if item["gateway"]["routed"] == 2 { Ok(item) } else { Err(item.to_string()) }
+    });
+    let refused = &item["gateway"]["refused"];
+    assert_eq!(refused.as_array().map(Vec::len), Some(1), "{item}");
+    assert_eq!((refused[0]["hostname"].as_str(), refused[0]["code"].as_str()), (Some("elsewhere.example"), Some("name-not-served")));
+    assert_eq!(item["gateway"]["failure"], Value::Null, "{item}");
+
+    // ---- a request at the gateway reaches the service through the cluster's ingress ----
+    assert_eq!(gateway.forward("www.acme.example", "/"), (200, "web saw www.acme.example".to_string()));
+    assert_eq!(gateway.forward("elsewhere.example", "/").0, 404, "not routed at the gateway");
+
+    // ---- a domain change: the revoked hostname leaves the gateway, the new one arrives ----
+    let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    ok(
+        &server,
+        &admin,
+        "services.update",
+        json!({ "id": web_id, "expectedRevision": web["revision"], "domains": ["www.acme.example", "new.acme.example"] }),
+    );
+    eventually("the gateway following the table", SEEN, || {
+        let routes = gateway_routes(&gateway);
+        if routes == [to_ingress("new.acme.example"), to_ingress("www.acme.example")] { Ok(()) } else { Err(format!("{routes:?}")) }
+    });
+    assert_eq!(gateway.forward("new.acme.example", "/"), (200, "web saw new.acme.example".to_string()));
+    assert_eq!(gateway.forward("shop.acme.example", "/").0, 404);
+    let item = eventually("no refusal left", SEEN, || {
+        let item = overview_of(&server, &admin, cluster_id);
+        if item["gateway"]["refused"] == json!([]) { Ok(item) } else { Err(item.to_string()) }
+    });
+    assert_eq!(item["gateway"]["routed"], 2);
+
+    // ---- the service deleted: its routes leave the gateway ----
+    let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    ok(&server, &admin, "services.delete", json!({ "id": web_id, "expectedRevision": web["revision"] }));
+    eventually("the deleted service's routes withdrawn at the gateway", SEEN, || {
+        let routes = gateway_routes(&gateway);
+        if routes.is_empty() { Ok(()) } else { Err(format!("{routes:?}")) }
+    });
+    assert_eq!(gateway.forward("www.acme.example", "/").0, 404);
+    assert!(!relay.log().contains(&bearer), "the relay never logs the ingress bearer");
+    let admin_token = crate::mail::ADMIN_TOKEN;
+    assert!(!server.stdout().contains(admin_token) && !server.stderr().contains(admin_token), "the admin token is in no log line");
+    gateway.stop();
 }

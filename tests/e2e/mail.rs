@@ -44,19 +44,43 @@ pub(crate) fn gateway_available() -> bool {
     ok
 }
 
+/// The loopback address a [`Gateway::start_forwarding`] gateway admits as a private source
+/// (`--private-source 127.0.0.2/32`): a `public: false` route is forwarded to requests from it
+/// ([`Gateway::forward_private`]) and refused `route-not-public` from 127.0.0.1 ([`Gateway::forward`]).
+#[allow(dead_code)] // for the routes tests; not every one is used yet
+pub(crate) const PRIVATE_SOURCE: &str = "127.0.0.2";
+
 /// The test gateway on fixed ports with its state in `state`.
 pub(crate) struct Gateway {
     child: Child,
     pub(crate) http: u16,
+    /// The port of its forwarding listener (`--forward-port`), when started with one.
+    pub(crate) forward: Option<u16>,
 }
 
 impl Gateway {
     pub(crate) fn start(http: u16, smtp: u16, state: &Path) -> Gateway {
+        Gateway::spawn(http, smtp, None, state)
+    }
+
+    /// The gateway with its forwarding listener on `forward` too (routes forwarded by `Host`),
+    /// admitting [`PRIVATE_SOURCE`] for routes that are not public.
+    #[allow(dead_code)] // for the routes tests; not every one is used yet
+    pub(crate) fn start_forwarding(http: u16, smtp: u16, forward: u16, state: &Path) -> Gateway {
+        Gateway::spawn(http, smtp, Some(forward), state)
+    }
+
+    fn spawn(http: u16, smtp: u16, forward: Option<u16>, state: &Path) -> Gateway {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/gateway/gateway.py");
-        let mut child = Command::new("python3")
+        let mut command = Command::new("python3");
+        command
             .arg(script)
             .args(["--http-port", &http.to_string(), "--smtp-port", &smtp.to_string(), "--token", TOKEN])
-            .args(["--admin-token", ADMIN_TOKEN])
+            .args(["--admin-token", ADMIN_TOKEN]);
+        if let Some(forward) = forward {
+            command.args(["--forward-port", &forward.to_string(), "--private-source", &format!("{PRIVATE_SOURCE}/32")]);
+        }
+        let mut child = command
             .args(["--domain", "acme.example", "--state"])
             .arg(state)
             .stdout(Stdio::piped())
@@ -67,7 +91,65 @@ impl Gateway {
         let mut ready = String::new();
         std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
         assert!(ready.starts_with("gateway ready"), "the test gateway did not start: {ready:?}");
-        Gateway { child, http }
+        if let Some(forward) = forward {
+            assert!(ready.trim_end().ends_with(&format!(" forward={forward}")), "no forwarding listener: {ready:?}");
+        }
+        Gateway { child, http, forward }
+    }
+
+    fn forward_port(&self) -> u16 {
+        self.forward.expect("the test gateway was started without a forwarding listener (Gateway::start_forwarding)")
+    }
+
+    /// `GET <path>` on the forwarding listener from 127.0.0.1 with `Host: <host>`: the status and
+    /// body the gateway passed back from the route's target (or its own refusal, e.g. 404
+    /// `route-unknown`, 403 `route-not-public`, 502 `route-target-unreachable`). Redirects are
+    /// not followed.
+    #[allow(dead_code)] // for the routes tests; not every one is used yet
+    pub(crate) fn forward(&self, host: &str, path: &str) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).max_redirects(0).build().into();
+        let mut response = agent
+            .get(format!("http://127.0.0.1:{}{path}", self.forward_port()))
+            .header("host", host)
+            .call()
+            .expect("the test gateway's forwarding listener answers");
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap_or_default())
+    }
+
+    /// [`Gateway::forward`] from [`PRIVATE_SOURCE`], which the gateway admits for routes that are
+    /// not public (sent by python3's http.client: it binds the source address).
+    #[allow(dead_code)] // for the routes tests; not every one is used yet
+    pub(crate) fn forward_private(&self, host: &str, path: &str) -> (u16, String) {
+        let script = "import http.client, sys\n\
+            port, source, host, path = sys.argv[1:]\n\
+            c = http.client.HTTPConnection('127.0.0.1', int(port), timeout=30, source_address=(source, 0))\n\
+            c.request('GET', path, headers={'Host': host})\n\
+            r = c.getresponse()\n\
+            sys.stdout.write(str(r.status) + '\\n')\n\
+            sys.stdout.flush()\n\
+            sys.stdout.buffer.write(r.read())\n";
+        let out = Command::new("python3")
+            .args(["-c", script, &self.forward_port().to_string(), PRIVATE_SOURCE, host, path])
+            .output()
+            .expect("running python3");
+        assert!(out.status.success(), "forwarding from {PRIVATE_SOURCE} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (status, body) = text.split_once('\n').unwrap_or((&text, ""));
+        (status.parse().expect("a status line"), body.to_string())
+    }
+
+    /// `GET /v1/routes` with the admin token: every client's routes, `{"routes": [...]}`.
+    #[allow(dead_code)] // for the routes tests; not every one is used yet
+    pub(crate) fn routes(&self) -> Value {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut response = agent
+            .get(format!("http://127.0.0.1:{}/v1/routes", self.http))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .call()
+            .expect("the test gateway answers");
+        assert_eq!(response.status().as_u16(), 200, "GET /v1/routes with the admin token");
+        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).expect("GET /v1/routes answers JSON")
     }
 
     pub(crate) fn get(&self, path: &str) -> (u16, Value) {

@@ -14,8 +14,11 @@
 //!   it under the next revision, withdrawals first ([`table::next_step`]), and pushes it to the
 //!   cluster's relay (`ingress.applyRouteTable`); the relay's answer records what it applied.
 //! - `ingress.register` is called by the ingress through the cluster's relay; every refusal
-//!   carries `retryAfterMs`.
+//!   carries `retryAfterMs`. The registration states where the gateway reaches the ingress.
+//! - After the tables, the same pass brings the external gateway's routes to them
+//!   ([`gateway_routes::sync`]): each table's hostnames forwarded to its cluster's ingress.
 
+mod gateway_routes;
 mod table;
 
 use base64::Engine;
@@ -88,6 +91,7 @@ impl Manager for IngressManager {
             .collection(MUTATIONS)
             .collection(CollectionSpec::new(ATTACHMENTS).index("by_cluster", &["clusterId"]))
             .collection(TABLES)
+            .collection(gateway_routes::PUBLISHED)
             .subscribe("service.updated")
             .subscribe("service.deleting")
             .subscribe("service.deleted")
@@ -109,6 +113,10 @@ impl Manager for IngressManager {
             }
         }
         let mut summary = format!("{issued} tables issued");
+        match sync_gateway() {
+            Ok(routed) => summary.push_str(&format!("; {routed} routes at the gateway")),
+            Err(refusal) => failures.push(format!("gateway routes: {}", refusal.code())),
+        }
         if !failures.is_empty() {
             summary.push_str(&format!("; failed: {}", failures.join(", ")));
         }
@@ -150,6 +158,10 @@ struct Registration {
     version: String,
     relay_version: String,
     route_source_allow_list: bool,
+    /// Where the external gateway reaches the ingress, as it stated (none: its hostnames are not
+    /// routed at the gateway).
+    #[serde(default)]
+    advertised_target: Option<gateway_routes::Target>,
     accepted_at: u64,
 }
 
@@ -177,6 +189,9 @@ struct TableRecord {
     computed_at: u64,
     /// Why the last pass could not read them, if it could not.
     failure: Option<String>,
+    /// The table's hostnames at the external gateway.
+    #[serde(default)]
+    gateway: gateway_routes::GatewayState,
 }
 
 /// A complete, revisioned route table.
@@ -483,6 +498,10 @@ struct OverviewItem {
     routes: usize,
     omitted: Vec<Omitted>,
     failure: Option<String>,
+    /// Where the gateway reaches the ingress, as its registration stated.
+    advertised_target: Option<gateway_routes::Target>,
+    /// The table's hostnames at the external gateway.
+    gateway: gateway_routes::GatewayState,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -504,6 +523,8 @@ fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput
             applied_revision: record.as_ref().map_or(0, |r| r.applied_revision),
             routes: record.as_ref().and_then(|r| r.table.as_ref().map(|t| t.routes.len())).unwrap_or(0),
             omitted: record.as_ref().map(|r| r.omitted.clone()).unwrap_or_default(),
+            advertised_target: registration.and_then(|r| r.advertised_target.clone()),
+            gateway: record.as_ref().map(|r| r.gateway.clone()).unwrap_or_default(),
             failure: record.and_then(|r| r.failure),
         });
     }
@@ -630,6 +651,10 @@ struct RegisterInput {
     relay_version: String,
     #[serde(default)]
     capabilities: Capabilities,
+    /// Where the external gateway reaches the ingress (absent: its hostnames are not routed at
+    /// the gateway).
+    #[serde(default)]
+    advertised_target: Option<gateway_routes::Target>,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -659,6 +684,11 @@ fn register(ctx: &Context, input: RegisterInput) -> Result<Registered> {
     }
     if input.version.is_empty() || input.version.len() > 64 || table::parse_version(&input.relay_version).is_none() {
         return Err(refused("registration-invalid", "version must be 1–64 characters and relayVersion major.minor.patch".into()));
+    }
+    if let Some(target) = &input.advertised_target
+        && (target.port == 0 || !is_address(&target.host))
+    {
+        return Err(refused("registration-invalid", "advertisedTarget must be an IP address or DNS name and a port 1–65535".into()));
     }
     let cluster = match inventory::get::<Value>(EntityKind::Cluster, &input.cluster_id) {
         Ok(Some(cluster)) => cluster,
@@ -715,6 +745,7 @@ fn register(ctx: &Context, input: RegisterInput) -> Result<Registered> {
         version: input.version,
         relay_version: input.relay_version,
         route_source_allow_list: input.capabilities.route_source_allow_list,
+        advertised_target: input.advertised_target,
         accepted_at,
     });
     match Batch::new().replace(DESIGNATIONS, &input.cluster_id, held.revision, &next).commit() {
@@ -746,6 +777,7 @@ fn converge(designation: &Designation) -> Result<u32> {
         applied_revision: 0,
         computed_at: 0,
         failure: None,
+        gateway: Default::default(),
     });
     let now = now_ms();
     let desired = match sources(cluster_id) {
@@ -823,6 +855,39 @@ fn converge(designation: &Designation) -> Result<u32> {
         }
     }
     Ok(issued)
+}
+
+/// Bring the gateway's routes to every designated cluster's issued table and record each
+/// cluster's state with its table (written only when it changed); answers the routes confirmed.
+fn sync_gateway() -> Result<usize> {
+    let mut clusters = Vec::new();
+    for d in designations()? {
+        let record = store::get::<TableRecord>(TABLES, &d.id)?;
+        clusters.push(gateway_routes::Cluster {
+            cluster_id: d.id.clone(),
+            target: d.data.registration.as_ref().and_then(|r| r.advertised_target.clone()),
+            routes: record.and_then(|r| r.data.table).map(|t| t.routes).unwrap_or_default(),
+        });
+    }
+    let states = gateway_routes::sync(&clusters)?;
+    let mut routed = 0;
+    for (cluster_id, state) in states {
+        routed += state.routed;
+        let Some(held) = store::get::<TableRecord>(TABLES, &cluster_id)? else { continue };
+        if held.data.gateway == state {
+            continue;
+        }
+        if state.failure.is_some() && state.failure != held.data.gateway.failure {
+            warn("the gateway's routes are not synced", &[("clusterId", &cluster_id), ("failure", state.failure.as_deref().unwrap_or(""))]);
+        }
+        for r in state.refused.iter().filter(|r| !held.data.gateway.refused.contains(r)) {
+            warn("the gateway does not route a hostname", &[("clusterId", &cluster_id), ("hostname", &r.hostname), ("code", &r.code)]);
+        }
+        let mut record = held.data;
+        record.gateway = state;
+        save(&cluster_id, Some(held.revision), &record)?;
+    }
+    Ok(routed)
 }
 
 fn save(cluster_id: &str, revision: Option<u64>, record: &TableRecord) -> Result<u64> {

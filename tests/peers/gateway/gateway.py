@@ -4,8 +4,10 @@ listener (aiosmtpd) that checks the credentials it issued, for Capstan's own tes
 
     python3 gateway.py --http-port P --smtp-port Q --token T [--admin-token A ...]
                        [--domain D ...] [--unverified-domain D ...] [--state FILE]
+                       [--forward-port R [--private-source PREFIX ...]]
 
-Both listeners bind 127.0.0.1 only. Prints `gateway ready http=P smtp=Q` once both listen.
+Every listener binds 127.0.0.1 only. Prints `gateway ready http=P smtp=Q` once both listen
+(`… forward=R` with `--forward-port`: the plain-HTTP listener that forwards by the routes).
 Python 3.11, stdlib + aiosmtpd + cryptography (the certificates it issues, under a CA of its own
 made at start).
 """
@@ -14,6 +16,7 @@ import argparse
 import datetime
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
@@ -49,12 +52,21 @@ PASSWORD_ALPHABET = string.ascii_letters + string.digits
 SCOPES = {"domains:read", "routes:write", "certificates:read", "dns-records:write", "smtp:write", "peers:write"}
 PATH_SCOPES = {"domains": "domains:read", "smtp-credentials": "smtp:write",
                "smtp-forward-targets": "smtp:write", "peers": "peers:write", "dns-records": "dns-records:write",
-               "certificates": "certificates:read"}
+               "certificates": "certificates:read", "routes": "routes:write"}
 # How long a certificate it issues is valid.
 CERTIFICATE_DAYS = 90
 # A DNS name: lowercase labels of a-z 0-9 - joined by dots, at least two.
 DNS_NAME_RE = re.compile(r"(?=.{1,253}\Z)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 MAX_PREFIXES = 64
+# The forwarding listener: how long a route's target may take to connect or answer (each step).
+FORWARD_TIMEOUT = 10
+# Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded either way, nor any the Connection
+# header names. content-length is set anew from the body actually passed on.
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+              "te", "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"}
+# Request headers the forwarder sets itself, so a client cannot choose them: Host (the route's
+# hostname) and the x-forwarded-* of this hop (a client's own are dropped, not trusted).
+FORWARD_SET = {"host", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "forwarded", "expect"}
 
 
 class ApiError(Exception):
@@ -120,6 +132,7 @@ class State:
         self.faults = {}  # test-only: {"finalize": status, "provision": status, "certificates": status}
         self.messages = []  # what the SMTP listener accepted
         self.dns_records = {}  # name -> {name, type, values, ttl, clientId?}
+        self.routes = {}  # hostname -> {hostname, target: {host, port}, public, clientId}
         # certificates: a CA of this run's own, and what it issued (memory only, never persisted)
         self.ca_key, self.ca = make_ca()
         self.certificates = {}  # name -> {name, certificate, privateKey, notAfter}
@@ -131,6 +144,7 @@ class State:
             self.peers = {p["id"]: p for p in saved.get("peers", [])}
             self.client_credentials = {c["id"]: c for c in saved.get("clientCredentials", [])}
             self.dns_records = {r["name"]: r for r in saved.get("dnsRecords", [])}
+            self.routes = {r["hostname"]: r for r in saved.get("routes", [])}
 
     def save(self):
         """Write the state file atomically (temp file + rename), so a gateway killed mid-write
@@ -141,7 +155,8 @@ class State:
                 "targets": sorted(self.targets.values(), key=lambda t: t["id"]),
                 "peers": sorted(self.peers.values(), key=lambda p: p["id"]),
                 "clientCredentials": sorted(self.client_credentials.values(), key=lambda c: c["id"]),
-                "dnsRecords": sorted(self.dns_records.values(), key=lambda r: r["name"])}
+                "dnsRecords": sorted(self.dns_records.values(), key=lambda r: r["name"]),
+                "routes": sorted(self.routes.values(), key=lambda r: r["hostname"])}
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gateway-state.")
         try:
@@ -423,7 +438,7 @@ class State:
                 status = self.faults["certificates"]
                 code = "certificate-pending" if status == 409 else "certificate-unavailable"
                 raise ApiError(status, code, f"the certificate for {name} is not ready (test fault)")
-            in_domain = any(d["verified"] and (base == d["name"] or base.endswith("." + d["name"])) for d in self.domains)
+            in_domain = self.in_verified_domain(base)
             record = self.dns_records.get(name)
             published = record is not None and "clientId" in who and record.get("clientId") == who["clientId"]
             if not (in_domain or published):
@@ -431,6 +446,85 @@ class State:
             if name not in self.certificates:
                 self.certificates[name] = issue(self.ca_key, self.ca, name)
             return dict(self.certificates[name])
+
+    def in_verified_domain(self, name):
+        """Whether `name` is one of this gateway's verified domains or a subdomain of one."""
+        return any(d["verified"] and (name == d["name"] or name.endswith("." + d["name"])) for d in self.domains)
+
+    # --- routes
+
+    def route_fault(self):  # called with the lock held
+        status = self.faults.get("routes")
+        if status:
+            code = "route-taken" if status == 409 else "unavailable"
+            raise ApiError(status, code, "routes cannot be changed here now (test fault)")
+
+    @staticmethod
+    def route_owner(who):
+        """The client a route written with this token is held by: the credential's client id, or
+        None for the legacy `--token` (and for a route an admin token creates)."""
+        return who.get("clientId")
+
+    def put_route(self, who, hostname, body):
+        if hostname.startswith("*."):
+            raise invalid("a route's hostname is one exact name, not a wildcard")
+        if not DNS_NAME_RE.match(hostname):
+            raise invalid("a route's hostname must be a lowercase DNS name")
+        if set(body) != {"target", "public"}:
+            raise invalid("a route is {target: {host, port}, public}, nothing else")
+        target, public = body["target"], body["public"]
+        if not isinstance(target, dict) or set(target) != {"host", "port"}:
+            raise invalid("target is {host, port}, nothing else")
+        host, port = target["host"], target["port"]
+        if not isinstance(host, str):
+            raise invalid("target.host must be an IP address or a lowercase DNS name")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not DNS_NAME_RE.match(host):
+                raise invalid("target.host must be an IP address or a lowercase DNS name") from None
+        if type(port) is not int or not 1 <= port <= 65535:  # bool is an int subclass: excluded
+            raise invalid("target.port must be an integer 1-65535")
+        if type(public) is not bool:
+            raise invalid("public must be true or false")
+        with self.lock:
+            self.route_fault()
+            if not self.in_verified_domain(hostname):
+                raise ApiError(404, "name-not-served", f"{hostname} is in no verified domain of this gateway")
+            held = self.routes.get(hostname)
+            if who["role"] == "admin":
+                owner = held["clientId"] if held else None  # an admin replaces, the holder keeps it
+            else:
+                owner = self.route_owner(who)
+                if held and held["clientId"] != owner:
+                    raise ApiError(409, "route-taken", f"another client holds the route {hostname}")
+            route = {"hostname": hostname, "target": {"host": host, "port": port}, "public": public,
+                     "clientId": owner}
+            self.routes[hostname] = route
+            self.save()
+            return json.loads(json.dumps(route))
+
+    def delete_route(self, who, hostname):
+        with self.lock:
+            self.route_fault()
+            held = self.routes.get(hostname)
+            if held is None:
+                raise ApiError(404, "route-unknown", f"no route {hostname}")
+            if who["role"] != "admin" and held["clientId"] != self.route_owner(who):
+                raise ApiError(409, "route-taken", f"another client holds the route {hostname}")
+            del self.routes[hostname]
+            self.save()
+
+    def list_routes(self, who):
+        with self.lock:
+            return [json.loads(json.dumps(r)) for _, r in sorted(self.routes.items())
+                    if who["role"] == "admin" or r["clientId"] == self.route_owner(who)]
+
+    def route(self, hostname):
+        """The route for `hostname` (a copy), or None."""
+        with self.lock:
+            held = self.routes.get(hostname)
+            return json.loads(json.dumps(held)) if held else None
 
     def clients_view(self):
         with self.lock:
@@ -518,6 +612,13 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
             return 204, None
         case "GET", ["v1", "certificates", name]:
             return 200, state.certificate(who, name)
+        case "GET", ["v1", "routes"]:
+            return 200, {"routes": state.list_routes(who)}
+        case "PUT", ["v1", "routes", hostname]:
+            return 200, state.put_route(who, hostname, json_object(body))
+        case "DELETE", ["v1", "routes", hostname]:
+            state.delete_route(who, hostname)
+            return 204, None
         case "GET", ["v1", "dns-records"]:
             with state.lock:
                 return 200, {"records": [dict(r) for _, r in sorted(state.dns_records.items())]}
@@ -560,8 +661,11 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
                 return 200, {"token": state.client_tokens[credential_id]}
         case "PUT", ["test", "faults"]:
             faults = json_object(body)
+            faults = {k: v for k, v in faults.items() if k in ("finalize", "provision", "certificates", "routes") and v}
+            if not all(type(v) is int and 400 <= v <= 599 for v in faults.values()):
+                raise invalid("a fault is an HTTP status 400-599")
             with state.lock:
-                state.faults = {k: v for k, v in faults.items() if k in ("finalize", "provision", "certificates") and v}
+                state.faults = faults
                 return 200, dict(state.faults)
         case "GET", ["test", "ca"]:
             return 200, {"certificate": state.ca.public_bytes(serialization.Encoding.PEM).decode("ascii")}
@@ -575,8 +679,8 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
                     raise ApiError(404, "password-unknown", f"no password issued for {cid} here")
                 return 200, {"password": state.passwords[cid]}
     match parts:
-        case (["v1", "status" | "whoami" | "domains" | "smtp-credentials" | "smtp-forward-targets" | "dns-records"]
-              | ["v1", "dns-records" | "certificates", _] | ["test", "ca"]
+        case (["v1", "status" | "whoami" | "domains" | "smtp-credentials" | "smtp-forward-targets" | "dns-records" | "routes"]
+              | ["v1", "dns-records" | "certificates" | "routes", _] | ["test", "ca"]
               | ["v1", "clients", _, "credentials"] | ["v1", "client", "finalize"] | ["test", "clients" | "faults"] | ["test", "client-tokens", _]
               | ["v1", "smtp-credentials" | "smtp-forward-targets" | "peers", _]
               | ["v1", "smtp-credentials", _, "rotate"] | ["test", "messages"] | ["test", "passwords", _]):
@@ -622,6 +726,114 @@ class HttpHandler(BaseHTTPRequestHandler):
 
     # PATCH is not in the protocol: it is answered 405 in JSON rather than 501 in HTML.
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = answer
+
+
+def request_hostname(host_header):
+    """The hostname a Host header names: lower-cased, its port dropped ("" for none)."""
+    host = (host_header or "").strip().lower()
+    if host.startswith("["):  # an IPv6 literal, [addr]:port
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+def connection_named(headers):
+    """The header names a Connection header lists: hop-by-hop too."""
+    return {n.strip().lower() for v in headers.get_all("connection", []) for n in v.split(",") if n.strip()}
+
+
+class ForwardHandler(BaseHTTPRequestHandler):
+    """The forwarding listener: picks the route by the Host header and passes the request to its
+    target over HTTP/1.1, and the target's answer back. The gateway's own refusals are JSON in
+    the protocol's error shape."""
+    protocol_version = "HTTP/1.1"
+    server_version = "capstan-test-gateway-forward/1"
+
+    def refuse(self, status, code, message):
+        data = json.dumps({"error": {"code": code, "message": message}}).encode("utf-8")
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def read_body(self):
+        """The request body (content-length or chunked); None when it cannot be read."""
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            chunks = []
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";")[0].strip(), 16)
+                except ValueError:
+                    return None
+                if size == 0:
+                    while self.rfile.readline(8192).strip():  # trailers, dropped
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline(8)  # the CRLF after the chunk
+        try:
+            length = int(self.headers.get("content-length", "0"))
+        except ValueError:
+            return None
+        return self.rfile.read(length) if length >= 0 else None
+
+    def answer(self):
+        body = self.read_body()
+        if body is None:
+            self.close_connection = True
+            return self.refuse(400, "invalid-request", "bad content-length or chunked body")
+        original_host = self.headers.get("host", "")
+        hostname = request_hostname(original_host)
+        route = self.server.state.route(hostname)
+        if route is None:
+            return self.refuse(404, "route-unknown", f"no route for {hostname or 'a request without Host'}")
+        source = ipaddress.ip_address(self.client_address[0])
+        if not route["public"] and not any(source in net for net in self.server.private_sources):
+            return self.refuse(403, "route-not-public", f"{hostname} is not public and this source is not admitted")
+        drop = HOP_BY_HOP | FORWARD_SET | connection_named(self.headers)
+        target = route["target"]
+        conn = http.client.HTTPConnection(target["host"], target["port"], timeout=FORWARD_TIMEOUT)
+        try:
+            conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            conn.putheader("host", hostname)
+            for name, value in self.headers.items():
+                if name.lower() not in drop:
+                    conn.putheader(name, value)
+            conn.putheader("x-forwarded-for", self.client_address[0])
+            conn.putheader("x-forwarded-host", original_host.strip())
+            conn.putheader("x-forwarded-proto", "http")
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                conn.putheader("content-length", str(len(body)))
+            conn.endheaders(body or None)
+            response = conn.getresponse()
+            data = response.read()
+            headers = response.getheaders()
+        except (OSError, http.client.HTTPException) as e:
+            logging.info("forwarding %s to %s:%s: %s", hostname, target["host"], target["port"], type(e).__name__)
+            return self.refuse(502, "route-target-unreachable",
+                               f"the target of {hostname} did not answer ({type(e).__name__})")
+        finally:
+            conn.close()
+        dropped = HOP_BY_HOP | {n.strip().lower() for name, v in headers if name.lower() == "connection"
+                                for n in v.split(",") if n.strip()}
+        # The target's own Server and Date pass through: not send_response, which adds this one's.
+        self.log_request(response.status)
+        self.send_response_only(response.status, response.reason)
+        for name, value in headers:
+            if name.lower() not in dropped:
+                self.send_header(name, value)
+        no_body = self.command == "HEAD" or response.status in (204, 304) or 100 <= response.status < 200
+        if self.command == "HEAD" and response.getheader("content-length") is not None:
+            self.send_header("content-length", response.getheader("content-length"))
+        elif not no_body:
+            self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        if not no_body:
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = answer
 
 
 class SubmissionHandler:
@@ -672,6 +884,13 @@ def port(text):
     return value
 
 
+def network(text):
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a private source is an IP network, e.g. 10.0.0.0/8") from None
+
+
 def main():
     parser = argparse.ArgumentParser(description="Capstan's test mail gateway")
     parser.add_argument("--http-port", type=port, required=True)
@@ -682,6 +901,10 @@ def main():
     parser.add_argument("--domain", action="append", default=[], help="a verified mail domain")
     parser.add_argument("--unverified-domain", action="append", default=[])
     parser.add_argument("--state", help="JSON file keeping credentials and targets across restarts")
+    parser.add_argument("--forward-port", type=port,
+                        help="a plain-HTTP listener forwarding requests by the routes (Host header)")
+    parser.add_argument("--private-source", action="append", default=[], type=network,
+                        help="an IP network whose sources a route with public: false is forwarded for")
     args = parser.parse_args()
     if not args.token:
         parser.error("--token must not be empty")
@@ -705,6 +928,12 @@ def main():
     # A short poll interval: shutdown() waits up to one of them.
     threading.Thread(target=httpd.serve_forever, args=(0.1,), name="http", daemon=True).start()
 
+    forwarder = None
+    if args.forward_port:
+        forwarder = ThreadingHTTPServer(("127.0.0.1", args.forward_port), ForwardHandler)
+        forwarder.state, forwarder.private_sources = state, tuple(args.private_source)
+        threading.Thread(target=forwarder.serve_forever, args=(0.1,), name="forward", daemon=True).start()
+
     handler = SubmissionHandler(state)
     smtpd = Controller(handler, hostname="127.0.0.1", port=args.smtp_port,
                        server_hostname="gateway.test",  # skips a getfqdn() DNS lookup
@@ -712,9 +941,13 @@ def main():
                        auth_require_tls=False)
     smtpd.start()  # returns once the listener answers; raises if it cannot bind
 
-    print(f"gateway ready http={args.http_port} smtp={args.smtp_port}", flush=True)
+    forward = f" forward={args.forward_port}" if forwarder else ""
+    print(f"gateway ready http={args.http_port} smtp={args.smtp_port}{forward}", flush=True)
     stop.wait()
     smtpd.stop()
+    if forwarder:
+        forwarder.shutdown()
+        forwarder.server_close()
     httpd.shutdown()
     httpd.server_close()
     return 0
