@@ -112,7 +112,15 @@ impl Ingress {
             .build()
             .map_err(Refusal::internal)?;
         let advertised = advertised.or_else(|| advertised_from(listen));
-        Ok(Arc::new(Ingress { listen, advertised, bearer_file, held: RwLock::new(None), client, registered: AtomicU64::new(0), wanted: Notify::new() }))
+        Ok(Arc::new(Ingress {
+            listen,
+            advertised,
+            bearer_file,
+            held: RwLock::new(None),
+            client,
+            registered: AtomicU64::new(0),
+            wanted: Notify::new(),
+        }))
     }
 
     /// The file the bearer is read from.
