@@ -4,7 +4,8 @@
 //! /v1/domains`; `routes:write`: `/v1/routes`, `/v1/routes/<name>`; `certificates:read`: `GET
 //! /v1/certificates/<name>`; `dns-records:write`: `/v1/dns-records`, `/v1/dns-records/<name>`;
 //! `smtp:write`: `/v1/smtp-credentials…`, `/v1/smtp-forward-targets…`; `peers:write`:
-//! `/v1/peers/<id>`).
+//! `/v1/peers/<id>`). `GET /v1/status` (the gateway's protocol number) goes with any one scope
+//! granted.
 //!
 //! ```no_run
 //! use capstan_sdk::{Refusal, gateway, json};

@@ -416,12 +416,12 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
         }),
     );
     let prefix = format!("capstan.{web_id}.");
-    crate::mail::set_gateway_token(&server, &admin, &dir.path().join("config"));
+    let gateway_url = format!("http://127.0.0.1:{}", gateway.http);
+    crate::mail::enroll_at_gateway(&server, &admin, &gateway_url, "capstan-coremail-e2e", &dir.path().join("config"));
     set(
         &server,
         &admin,
         json!({
-            "mail.gatewayUrl": format!("http://127.0.0.1:{}", gateway.http),
             "mail.submissionHost": "127.0.0.1",
             "mail.submissionPort": 2587,
             "mail.submissionTls": "none",

@@ -19,7 +19,7 @@
 //! hostname outside the gateway's domains refused by name, a domain change and a deletion
 //! withdrawing their routes.
 
-use crate::mail::{Gateway, gateway_available};
+use crate::mail::{Gateway, enroll_at_gateway, gateway_available};
 use crate::relays::{RelayProcess, enroll_node, enrolled_cluster, enrolled_cluster_named, wait_listed};
 use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
 use serde_json::{Value, json};
@@ -477,23 +477,6 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     assert!(!spare_relay.log().contains(&last_bearer), "the relay never logs the ingress bearer");
 }
 
-/// Capstan enrolled at the test gateway as `CLIENT_ID` (settings, then `capstan gateway
-/// bootstrap` with the admin token piped in, until the enrollment is ready).
-fn enroll_at_gateway(server: &Capstan, admin: &str, url: &str, config: &std::path::Path) {
-    let revision = ok(server, admin, "settings.get", json!({}))["revision"].clone();
-    let settings = json!({ "gatewayUrl": url, "gatewayClientId": GATEWAY_CLIENT, "gatewayDnsRecordAddresses": ["10.0.0.0/8"] });
-    ok(server, admin, "settings.update", json!({ "expectedRevision": revision, "set": settings }));
-    let mut cmd = capstan();
-    cmd.args(["gateway", "bootstrap", "--gateway-url", url, "--client-id", GATEWAY_CLIENT, "--json"]);
-    cmd.env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", admin).env("XDG_CONFIG_HOME", config);
-    let exited = crate::plugins::run(cmd, format!("{}\n", crate::mail::ADMIN_TOKEN).as_bytes(), crate::support::EXIT_TIMEOUT);
-    assert!(exited.status.success(), "{exited:?}");
-    eventually("the gateway enrollment ready", SEEN, || {
-        let state = ok(server, admin, "gateway.getEnrollmentState", json!({}));
-        if state["state"] == "ready" { Ok(()) } else { Err(state.to_string()) }
-    });
-}
-
 const GATEWAY_CLIENT: &str = "capstan-ingress-e2e";
 
 /// The routes the test gateway holds, as `(hostname, host, port, public, clientId)`.
@@ -505,7 +488,13 @@ fn gateway_routes(gateway: &Gateway) -> Vec<(String, String, u64, bool, String)>
         .iter()
         .map(|r| {
             let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-            (text(&r["hostname"]), text(&r["target"]["host"]), r["target"]["port"].as_u64().unwrap_or(0), r["public"] == true, text(&r["clientId"]))
+            (
+                text(&r["hostname"]),
+                text(&r["target"]["host"]),
+                r["target"]["port"].as_u64().unwrap_or(0),
+                r["public"] == true,
+                text(&r["clientId"]),
+            )
         })
         .collect()
 }
@@ -585,7 +574,7 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
     assert!(gateway_routes(&gateway).is_empty());
 
     // ---- enrolled: the table's hostnames are routed to the ingress, the one outside the gateway's domains refused by name ----
-    enroll_at_gateway(&server, &admin, &format!("http://127.0.0.1:{http}"), &root.join("config"));
+    enroll_at_gateway(&server, &admin, &format!("http://127.0.0.1:{http}"), GATEWAY_CLIENT, &root.join("config"));
     let routed = eventually("the hostnames routed at the gateway", SEEN, || {
         let routes = gateway_routes(&gateway);
         if routes.len() == 2 { Ok(routes) } else { Err(format!("{routes:?} {}", overview_of(&server, &admin, cluster_id))) }
@@ -601,9 +590,38 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
     assert_eq!((refused[0]["hostname"].as_str(), refused[0]["code"].as_str()), (Some("elsewhere.example"), Some("name-not-served")));
     assert_eq!(item["gateway"]["failure"], Value::Null, "{item}");
 
+    // the dashboard's Ingress page shows the hostnames at the gateway and the refusal by name
+    let cookie = format!("capstan_session={admin}");
+    let page = server.request("GET", "/p/ingress", &[("cookie", &cookie), ("accept", "text/html")], None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("elsewhere.example") && page.body.contains("name-not-served"), "{}", page.body);
+    let _ = std::fs::write(std::env::temp_dir().join("capstan-ingress-page.html"), &page.body);
+
     // ---- a request at the gateway reaches the service through the cluster's ingress ----
     assert_eq!(gateway.forward("www.acme.example", "/"), (200, "web saw www.acme.example".to_string()));
     assert_eq!(gateway.forward("elsewhere.example", "/").0, 404, "not routed at the gateway");
+
+    // ---- the gateway failing: the pass stops by name, what it routes stays, and the next pass after it recovers catches up ----
+    gateway.put("/test/faults", json!({ "routes": 503 }));
+    let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    ok(
+        &server,
+        &admin,
+        "services.update",
+        json!({ "id": web_id, "expectedRevision": web["revision"], "domains": ["www.acme.example", "shop.acme.example", "elsewhere.example", "late.acme.example"] }),
+    );
+    let failing = eventually("the failure shown", SEEN, || {
+        let item = overview_of(&server, &admin, cluster_id);
+        if item["gateway"]["failure"].as_str().is_some_and(|f| f.contains("503")) { Ok(item) } else { Err(item.to_string()) }
+    });
+    assert_eq!(failing["gateway"]["routed"], 2, "{failing}");
+    assert_eq!(gateway_routes(&gateway), [to_ingress("shop.acme.example"), to_ingress("www.acme.example")]);
+    assert_eq!(gateway.forward("www.acme.example", "/").0, 200, "the routes held keep serving");
+    gateway.put("/test/faults", json!({}));
+    eventually("the new hostname routed once the gateway answers", SEEN, || {
+        let routes = gateway_routes(&gateway);
+        if routes.len() == 3 { Ok(()) } else { Err(format!("{routes:?}")) }
+    });
 
     // ---- a domain change: the revoked hostname leaves the gateway, the new one arrives ----
     let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));

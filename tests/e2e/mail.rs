@@ -3,8 +3,9 @@
 //! protocol over HTTP and a real SMTP submission listener with AUTH), Python's `smtplib` as the
 //! service's mail client, and the HTTP API.
 //!
-//! One scenario, in order: without its token the gateway is `gateway-unconfigured`; with the
-//! token but the gateway down, `gateway-unreachable` and nothing bound; the gateway up, a service
+//! One scenario, in order: Capstan not enrolled at the gateway, the pass is `gateway-unconfigured`
+//! naming the bootstrap; enrolled (`capstan gateway bootstrap`, the manager asking under that
+//! credential) but the gateway down, `gateway-unreachable` and nothing bound; the gateway up, a service
 //! with two addresses gets a credential and a forward target per address at the gateway and the
 //! `MAIL_<TOKEN>_SMTP_*` and `SMTP_*` secrets in its resolved manifest; the password Capstan
 //! holds is the one the gateway accepts (by its verifier), a real message submitted with it is
@@ -229,17 +230,23 @@ fn update_service(server: &Capstan, admin: &str, service_id: &str, fields: Value
     })
 }
 
-/// The gateway's token given to the mail manager as an operator does: `capstan secrets set-system`
-/// reading it from standard input.
-pub(crate) fn set_gateway_token(server: &Capstan, admin: &str, config_home: &Path) {
-    let mut set_token = capstan();
-    set_token
-        .args(["secrets", "set-system", "MAIL_GATEWAY_TOKEN", "--system-id", "mail", "--scope", "mail:gateway"])
-        .env("CAPSTAN_URL", server.url(""))
-        .env("CAPSTAN_TOKEN", admin)
-        .env("XDG_CONFIG_HOME", config_home);
-    let exited = crate::plugins::run(set_token, TOKEN.as_bytes(), EXIT_TIMEOUT);
-    assert!(exited.status.success(), "capstan secrets set-system: {exited:?}");
+/// Capstan enrolled at the test gateway at `url` as `client_id`, as an administrator does it: the
+/// host settings (`gatewayUrl`, `gatewayClientId`, `gatewayDnsRecordAddresses`), then `capstan
+/// gateway bootstrap` with the admin token piped in, until the enrollment is ready. The managers
+/// reach the gateway under that credential (the plugin import `gateway`).
+pub(crate) fn enroll_at_gateway(server: &Capstan, admin: &str, url: &str, client_id: &str, config: &Path) {
+    let revision = ok(server, admin, "settings.get", json!({}))["revision"].clone();
+    let settings = json!({ "gatewayUrl": url, "gatewayClientId": client_id, "gatewayDnsRecordAddresses": ["10.0.0.0/8"] });
+    ok(server, admin, "settings.update", json!({ "expectedRevision": revision, "set": settings }));
+    let mut cmd = capstan();
+    cmd.args(["gateway", "bootstrap", "--gateway-url", url, "--client-id", client_id, "--json"]);
+    cmd.env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", admin).env("XDG_CONFIG_HOME", config);
+    let exited = crate::plugins::run(cmd, format!("{ADMIN_TOKEN}\n").as_bytes(), EXIT_TIMEOUT);
+    assert!(exited.status.success(), "{exited:?}");
+    eventually("the gateway enrollment ready", Duration::from_secs(120), || {
+        let state = ok(server, admin, "gateway.getEnrollmentState", json!({}));
+        if state["state"] == "ready" { Ok(()) } else { Err(state.to_string()) }
+    });
 }
 
 fn group(token: &str) -> Vec<String> {
@@ -258,8 +265,6 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     let state = dir.path().join("gateway-state.json");
     let mut cmd = with_test_admin(capstan());
     cmd.args(["serve", "--dev", "--data-dir"]).arg(dir.path().join("data")).args(["--listen", &format!("127.0.0.1:{}", free_port())]);
-    // the gateway is on loopback
-    cmd.env("CAPSTAN_PLUGIN_HTTP_ALLOW", "127.0.0.0/8");
     let server = Capstan::start(cmd);
     server.ready_status();
     let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
@@ -290,17 +295,11 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     let prefix = format!("capstan.{service_id}.");
     let settings = ok(&server, &admin, "settings.get", json!({}));
     // a setting in the wrong shape is refused when it is set, not found out by a pass
-    for (key, wrong) in [
-        ("mail.gatewayUrl", json!("ftp://gateway.example")),
-        ("mail.gatewayUrl", json!("https://gateway.example/api/")),
-        ("mail.submissionTls", json!("plaintext")),
-        ("mail.submissionPort", json!(0)),
-    ] {
+    for (key, wrong) in [("mail.submissionTls", json!("plaintext")), ("mail.submissionPort", json!(0))] {
         let reply = server.call_as(&admin, "settings.update", &json!({ "expectedRevision": settings["revision"], "set": { key: wrong } }));
         reply.expect_error(400, "setting-invalid");
     }
     let set = json!({
-        "mail.gatewayUrl": format!("http://127.0.0.1:{http}"),
         "mail.submissionHost": "127.0.0.1",
         "mail.submissionPort": smtp,
         "mail.submissionTls": "none",
@@ -308,10 +307,32 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     });
     ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": set }));
 
-    // ---- no token: unconfigured, by name; with it but the gateway down: unreachable ----
+    // ---- not enrolled: unconfigured, naming the bootstrap ----
     let unconfigured = stopped_by("gateway-unconfigured");
-    assert!(unconfigured["gateway"]["error"]["message"].as_str().unwrap().contains("MAIL_GATEWAY_TOKEN"), "{unconfigured}");
-    set_gateway_token(&server, &admin, &dir.path().join("config"));
+    assert!(unconfigured["gateway"]["error"]["message"].as_str().unwrap().contains("capstan gateway bootstrap"), "{unconfigured}");
+    // the manager has no gateway setting of its own any more
+    let revision = ok(&server, &admin, "settings.get", json!({}))["revision"].clone();
+    let own_url = json!({ "expectedRevision": revision, "set": { "mail.gatewayUrl": "http://127.0.0.1:1" } });
+    server.call_as(&admin, "settings.update", &own_url).expect_error(400, "setting-unknown");
+    // ---- enrolled, but the gateway down: unreachable, nothing bound ----
+    // the submission host unset first, so that no pass reaches the gateway while it is enrolled
+    // and up; set again once it is down
+    let revision = ok(&server, &admin, "settings.get", json!({}))["revision"].clone();
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": revision, "unset": ["mail.submissionHost"] }));
+    eventually("the mail pass stopped by the unset submission host", SETTLED, || {
+        let targets = ok(&server, &admin, "mail.listServiceTargets", json!({}));
+        let error = &targets["gateway"]["error"];
+        if error["code"] == "gateway-unconfigured" && error["message"].as_str().is_some_and(|m| m.contains("mail.submissionHost")) {
+            Ok(())
+        } else {
+            Err(targets.to_string())
+        }
+    });
+    let gateway = Gateway::start(http, smtp, &state);
+    enroll_at_gateway(&server, &admin, &format!("http://127.0.0.1:{http}"), "capstan-mail-e2e", &dir.path().join("config"));
+    gateway.stop();
+    let revision = ok(&server, &admin, "settings.get", json!({}))["revision"].clone();
+    ok(&server, &admin, "settings.update", json!({ "expectedRevision": revision, "set": { "mail.submissionHost": "127.0.0.1" } }));
     let down = stopped_by("gateway-unreachable");
     let addresses = &down["services"][0]["addresses"];
     assert!(addresses.as_array().unwrap().iter().all(|a| a["state"] == "pending"), "nothing is bound while the gateway is down: {down}");

@@ -3,7 +3,9 @@
 //! each scope covers. `capstan-gateway` provisions the credential with [`NAMES`]; the plugin
 //! host lets a plugin granted `gateway:<scope>` make the requests that scope covers under that
 //! credential, and no others. No scope covers `/v1/whoami`, `/v1/status`, `/v1/clients…` or
-//! `/v1/client/finalize`: enrollment is the host's alone.
+//! `/v1/client/finalize`: enrollment is the host's alone. One request is open to any grant
+//! instead ([`open_to_any_scope`]): `GET /v1/status`, which the gateway answers to any token with
+//! its protocol number, may be made by a plugin granted at least one `gateway:<scope>`.
 
 /// The methods a gateway request may use.
 pub const METHODS: &[&str] = &["GET", "PUT", "POST", "DELETE"];
@@ -87,6 +89,16 @@ pub const NAMES: [&str; TABLE.len()] = {
     names
 };
 
+/// The request any client credential may make whatever its scopes (the gateway answers it to
+/// any token it knows), so one a plugin granted at least one scope may make too: exactly `GET
+/// /v1/status` (no query), the gateway's protocol number. Covered by no scope.
+pub const OPEN_TO_ANY_SCOPE: (&str, &str) = ("GET", "/v1/status");
+
+/// Whether `method` on `path` is [`OPEN_TO_ANY_SCOPE`]: allowed to a holder of any one scope.
+pub fn open_to_any_scope(method: &str, path: &str) -> bool {
+    (method, path) == OPEN_TO_ANY_SCOPE
+}
+
 /// The scope named `name`.
 pub fn scope(name: &str) -> Option<&'static Scope> {
     TABLE.iter().find(|s| s.name == name)
@@ -154,5 +166,25 @@ mod tests {
             // no two scopes cover one request
             assert!(TABLE.iter().filter(|s| s.covers(method, path)).count() <= 1, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn only_get_of_the_status_itself_is_open_to_any_scope() {
+        assert!(open_to_any_scope("GET", "/v1/status"));
+        for (method, path) in [
+            ("PUT", "/v1/status"),
+            ("POST", "/v1/status"),
+            ("DELETE", "/v1/status"),
+            ("get", "/v1/status"),
+            ("GET", "/v1/status?x=1"),
+            ("GET", "/v1/status/"),
+            ("GET", "/v1/statusx"),
+            ("GET", "/v1/whoami"),
+            ("GET", "/v1/domains"),
+        ] {
+            assert!(!open_to_any_scope(method, path), "{method} {path}");
+        }
+        // it stays covered by no scope: a scope grants it no more than any other does
+        assert!(covering("GET", "/v1/status").is_none());
     }
 }

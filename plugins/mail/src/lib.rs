@@ -1,5 +1,7 @@
 //! The mail manager: a service's mail addresses bound at the mail gateway (docs/mail.md, the
-//! protocol in docs/gateway-protocol.md).
+//! protocol in docs/gateway-protocol.md), reached through the host's `gateway` import under
+//! Capstan's enrolled client credential, which the manager never sees (`capstan gateway
+//! bootstrap`; not enrolled: `gateway-unconfigured`).
 //!
 //! Per address of a service's `mailAddresses`, the reconcile loop makes the gateway hold an
 //! SMTP credential allowed to send as that address (outbound) and, when the service publishes
@@ -27,7 +29,7 @@
 //! verifiers of the credential CoreMail connects with — arrives as the event
 //! `coremail.gatewayPeer` and is registered at the gateway before any target names it.
 
-use capstan_sdk::http::Request;
+use capstan_sdk::gateway;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
 use capstan_sdk::secrets::{self, Owner};
@@ -53,9 +55,6 @@ const PEER_EVENT: &str = "coremail.gatewayPeer";
 /// The one document holding what the last pass found.
 const STATUS: &str = "status";
 const STATUS_ID: &str = "last-pass";
-/// The gateway credential: a system secret in this scope.
-const GATEWAY_SCOPE: &str = "mail:gateway";
-const GATEWAY_SECRET: &str = "MAIL_GATEWAY_TOKEN";
 /// The protocol version of docs/gateway-protocol.md this manager speaks.
 const PROTOCOL: u64 = 1;
 /// How soon a pass the gateway failed is tried again.
@@ -86,11 +85,6 @@ impl Manager for Mail {
                 check_service_mail,
             )
             .read_only()
-            .setting::<Option<Origin>>(
-                "gatewayUrl",
-                "The mail gateway's origin, http(s)://host[:port] without a path (docs/gateway-protocol.md); null: mail is off",
-                None,
-            )
             .setting::<Option<Host>>("submissionHost", "The host services submit mail to (the gateway's SMTP submission listener)", None)
             .setting("submissionPort", "The port of the submission listener, 1–65535", Some(PortNumber(587)))
             .setting("submissionTls", "How services connect to it: starttls, tls or none", Some(SmtpTls::Starttls))
@@ -364,24 +358,22 @@ fn service_scope(service_id: &str) -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Settings {
-    gateway_url: Option<String>,
     submission_host: Option<String>,
     submission_port: u16,
     submission_tls: SmtpTls,
     forward_target_host: Option<String>,
 }
 
-capstan_sdk::shaped_text!(Origin, r"^https?://[A-Za-z0-9.\-\[\]:]+$", "An origin: http(s)://host[:port], no path, no trailing slash.");
 capstan_sdk::shaped_text!(Host, r"^[A-Za-z0-9.\-\[\]:]{1,253}$", "A host name or address.");
 
 fn unconfigured(message: impl Into<String>) -> Refusal {
     Refusal::new("gateway-unconfigured", message)
 }
 
-/// A configured gateway, its submission listener, where inbound mail goes.
+/// The gateway as configured: reached through the host under Capstan's enrolled client
+/// credential (the `gateway` import; the manager never sees it), its submission listener, where
+/// inbound mail goes.
 struct Gateway {
-    url: String,
-    token: String,
     submission_host: String,
     submission_port: u16,
     submission_tls: String,
@@ -389,29 +381,13 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// The gateway the settings and the system secret name, or `gateway-unconfigured` naming
-    /// what is missing.
+    /// The gateway's submission listener and forward host as the settings name them, or
+    /// `gateway-unconfigured` naming what is missing. Whether Capstan is enrolled at the gateway
+    /// shows with the first request ([`Gateway::call`]).
     fn configured() -> Result<Gateway> {
         let s: Settings = settings::get()?;
-        let url = s.gateway_url.ok_or_else(|| unconfigured("the setting mail.gatewayUrl names no gateway"))?;
         let submission_host = s.submission_host.ok_or_else(|| unconfigured("the setting mail.submissionHost names no submission host"))?;
-        let listed = secrets::list(GATEWAY_SCOPE)?;
-        let Some(secret) = listed.iter().find(|s| s.key == GATEWAY_SECRET && s.state == "active") else {
-            return Err(unconfigured(format!(
-                "no active secret {GATEWAY_SECRET} in the management scope {GATEWAY_SCOPE}: \
-                 capstan secrets set-system {GATEWAY_SECRET} --system-id mail --scope {GATEWAY_SCOPE} < token-file"
-            )));
-        };
-        let token = String::from_utf8(secrets::reveal(GATEWAY_SCOPE, &secret.id)?)
-            .map_err(|_| unconfigured(format!("{GATEWAY_SECRET} is not text")))?
-            .trim()
-            .to_string();
-        if token.is_empty() {
-            return Err(unconfigured(format!("{GATEWAY_SECRET} is empty")));
-        }
         Ok(Gateway {
-            url: url.trim_end_matches('/').to_string(),
-            token,
             submission_host,
             submission_port: s.submission_port,
             submission_tls: s.submission_tls.as_str().to_string(),
@@ -419,38 +395,30 @@ impl Gateway {
         })
     }
 
-    /// One request: the status and the JSON answer (`null` for none). No answer, a 5xx or a
-    /// body that is not JSON is `gateway-unreachable` (retryable); a refused token
-    /// `gateway-token-rejected`.
+    /// One request under Capstan's enrolled client credential (`gateway:smtp:write`,
+    /// `gateway:peers:write`, `gateway:domains:read`; `GET /v1/status` with any): the status and
+    /// the JSON answer (`null` for none, or one that is not JSON). No answer or a 5xx is
+    /// `gateway-unreachable` (retryable); Capstan not enrolled at the gateway
+    /// `gateway-unconfigured`; a credential the gateway refuses `gateway-credential-refused`;
+    /// the host's other refusals pass through by name.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
-        let mut request = Request::new(method, &format!("{}{path}", self.url)).header("authorization", &format!("Bearer {}", self.token));
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let unreachable = |why: String| {
-            Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: {why}")).retryable()
-        };
-        let response = match request.timeout(Duration::from_secs(10)).send() {
+        let unreachable =
+            |why: &str| Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: {why}")).retryable();
+        let response = match gateway::request(method, path, body) {
             Ok(r) => r,
-            Err(r) if ["http-failed", "http-timeout"].contains(&r.code()) => return Err(unreachable(r.message().to_string())),
+            Err(r) if r.is("gateway-unreachable") => return Err(unreachable(r.message())),
+            Err(r) if r.is("gateway-not-enrolled") => {
+                return Err(unconfigured(
+                    "Capstan is not enrolled at the mail gateway: an administrator enrolls it with capstan gateway bootstrap \
+                     (the settings gatewayUrl and gatewayClientId, docs/gateway-protocol.md \"Client enrollment\")",
+                ));
+            }
             Err(r) => return Err(r),
         };
         if response.status >= 500 {
-            return Err(unreachable(format!("HTTP {}", response.status)));
+            return Err(unreachable(&format!("HTTP {}", response.status)));
         }
-        if response.status == 401 || response.status == 403 {
-            return Err(Refusal::new(
-                "gateway-token-rejected",
-                format!("the mail gateway refused the token {GATEWAY_SECRET} (HTTP {}): set the gateway's current one", response.status),
-            ));
-        }
-        let value = if response.body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&response.body)
-                .map_err(|_| unreachable(format!("HTTP {} with a body that is not JSON", response.status)))?
-        };
-        Ok((response.status, value))
+        Ok((response.status, response.body.unwrap_or(Value::Null)))
     }
 
     /// A 2xx answer, or the gateway's refusal by name (`gateway-refused`).
@@ -1115,8 +1083,6 @@ mod tests {
 
     fn gateway(forward: Option<&str>) -> Gateway {
         Gateway {
-            url: "http://gw".into(),
-            token: "t".into(),
             submission_host: "smtp.example".into(),
             submission_port: 587,
             submission_tls: "starttls".into(),

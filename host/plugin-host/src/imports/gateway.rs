@@ -1,7 +1,8 @@
 //! `gateway` (contract 0.2.4): a plugin's request to the external gateway
 //! (docs/gateway-protocol.md) under Capstan's enrolled client credential, which the plugin never
 //! sees. The host checks the grant (`gateway:<scope>`: the paths that gateway scope covers,
-//! [`capstan_core::gateway_scopes`]), the method, the path's shape and the body, gives the
+//! [`capstan_core::gateway_scopes`]; `GET /v1/status`, the gateway's protocol number, to any
+//! plugin granted at least one scope), the method, the path's shape and the body, gives the
 //! request the plugin call's remaining time (less a margin, at most [`MAX_GATEWAY_TIMEOUT`]) and
 //! hands it to the [`GatewayDispatch`] the server installed ([`Services::set_gateway_dispatch`]),
 //! which adds the credential; until one is installed every request is refused
@@ -255,10 +256,15 @@ fn reply_too_large(bytes: usize) -> super::types::Refusal {
     )
 }
 
-/// `capability-denied`, logged, unless a granted scope covers `method` on `path`.
+/// `capability-denied`, logged, unless a granted scope covers `method` on `path`, or it is
+/// `GET /v1/status` ([`gateway_scopes::open_to_any_scope`]) and some scope is granted.
 fn check_scope(asking: &Asking<'_>, method: &str, path: &str) -> WitResult<()> {
     let scope = gateway_scopes::covering(method, path);
     if scope.is_some_and(|scope| asking.scopes.contains(scope.name)) {
+        return Ok(());
+    }
+    let open = gateway_scopes::open_to_any_scope(method, path);
+    if open && !asking.scopes.is_empty() {
         return Ok(());
     }
     let shown = truncate(path, 128);
@@ -266,6 +272,10 @@ fn check_scope(asking: &Asking<'_>, method: &str, path: &str) -> WitResult<()> {
         Some(scope) => (
             format!("plugin {} was not granted gateway:{}, which {method} {shown} needs", asking.plugin, scope.name),
             json!({ "capability": format!("gateway:{}", scope.name) }),
+        ),
+        None if open => (
+            format!("plugin {} was granted no gateway scope; {method} {shown} needs any one", asking.plugin),
+            json!({ "capability": "gateway:<scope>" }),
         ),
         None => (
             format!("no gateway scope covers {method} {shown}: a plugin reaches only the paths of the gateway scopes it is granted"),
@@ -512,6 +522,36 @@ mod tests {
             assert_eq!(data(&refused)["path"], path);
         }
         assert_eq!(fake.asked().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_status_is_open_to_any_one_scope_for_get_only() {
+        let fake = Fake::answering(Ok(GatewayResponse { status: 200, body: Some(json!({ "protocol": 1 })) }));
+        // granted one scope, whichever: dispatched, in a read-only method too
+        for scope in ["smtp:write", "domains:read"] {
+            let answer = Ask::new().scopes(&[scope]).send(fake.as_ref(), "GET", "/v1/status", None).await.unwrap();
+            assert_eq!((answer.status, answer.body.as_deref()), (200, Some(r#"{"protocol":1}"#)), "{scope}");
+        }
+        Ask::new().scopes(&["peers:write"]).read_only().send(fake.as_ref(), "GET", "/v1/status", None).await.unwrap();
+        assert_eq!(fake.asked().len(), 3);
+        assert!(fake.asked().iter().all(|r| (r.method.as_str(), r.path.as_str(), &r.body) == ("GET", "/v1/status", &None)));
+        // no gateway grant: denied, naming that any scope would do
+        let refused = Ask::new().scopes(&[]).send(fake.as_ref(), "GET", "/v1/status", None).await.unwrap_err();
+        assert_eq!((refused.code.as_str(), refused.retryable), ("capability-denied", false));
+        assert_eq!(data(&refused)["capability"], "gateway:<scope>");
+        // anything but GET of exactly the status is still refused, whatever is granted
+        for (method, path, body) in [
+            ("PUT", "/v1/status", Some("{}")),
+            ("POST", "/v1/status", Some("{}")),
+            ("DELETE", "/v1/status", None),
+            ("GET", "/v1/status?verbose=1", None),
+            ("GET", "/v1/status/x", None),
+        ] {
+            let refused = Ask::new().send(fake.as_ref(), method, path, body).await.unwrap_err();
+            assert_eq!(refused.code, "capability-denied", "{method} {path}");
+            assert_eq!(data(&refused)["path"], path, "{method} {path}");
+        }
+        assert_eq!(fake.asked().len(), 3);
     }
 
     #[tokio::test]
