@@ -28,6 +28,13 @@ pub struct Target {
     pub port: u16,
 }
 
+impl std::fmt::Display for Target {
+    /// `host:port`, `[v6]:port` for an IPv6 address.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') { write!(f, "[{}]:{}", self.host, self.port) } else { write!(f, "{}:{}", self.host, self.port) }
+    }
+}
+
 /// The route the gateway should hold for one hostname.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

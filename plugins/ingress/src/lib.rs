@@ -498,10 +498,14 @@ struct OverviewItem {
     routes: usize,
     omitted: Vec<Omitted>,
     failure: Option<String>,
-    /// Where the gateway reaches the ingress, as its registration stated.
-    advertised_target: Option<gateway_routes::Target>,
-    /// The table's hostnames at the external gateway.
-    gateway: gateway_routes::GatewayState,
+    /// Where the gateway reaches the ingress (`host:port`), as its registration stated.
+    advertised: Option<String>,
+    /// Hostnames the gateway confirmed it routes to the ingress.
+    gateway_routed: usize,
+    /// Hostnames the gateway does not route: `hostname: code`.
+    gateway_refused: Vec<String>,
+    /// Why nothing of the cluster is routed at the gateway, or why the last pass stopped.
+    gateway_failure: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -514,6 +518,7 @@ fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput
     for d in designations()? {
         let record = store::get::<TableRecord>(TABLES, &d.id)?.map(|r| r.data);
         let registration = d.data.registration.as_ref();
+        let gateway = record.as_ref().map(|r| r.gateway.clone()).unwrap_or_default();
         clusters.push(OverviewItem {
             cluster_id: d.data.cluster_id.clone(),
             service_id: d.data.service_id.clone(),
@@ -523,8 +528,10 @@ fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput
             applied_revision: record.as_ref().map_or(0, |r| r.applied_revision),
             routes: record.as_ref().and_then(|r| r.table.as_ref().map(|t| t.routes.len())).unwrap_or(0),
             omitted: record.as_ref().map(|r| r.omitted.clone()).unwrap_or_default(),
-            advertised_target: registration.and_then(|r| r.advertised_target.clone()),
-            gateway: record.as_ref().map(|r| r.gateway.clone()).unwrap_or_default(),
+            advertised: registration.and_then(|r| r.advertised_target.as_ref()).map(gateway_routes::Target::to_string),
+            gateway_routed: gateway.routed,
+            gateway_refused: gateway.refused.iter().map(|r| format!("{}: {}", r.hostname, r.code)).collect(),
+            gateway_failure: gateway.failure,
             failure: record.and_then(|r| r.failure),
         });
     }
