@@ -20,7 +20,7 @@
 //! withdrawing their routes.
 
 use crate::mail::{Gateway, enroll_at_gateway, gateway_available};
-use crate::relays::{RelayProcess, enroll_node, enrolled_cluster, enrolled_cluster_named, wait_listed};
+use crate::relays::{EnrolledCluster, RelayProcess, enroll_node, enrolled_cluster, enrolled_cluster_named, wait_listed};
 use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -126,15 +126,28 @@ fn hostnames(table: &Value) -> Vec<String> {
     table["table"]["routes"].as_array().map(|r| r.iter().map(|r| r["hostname"].as_str().unwrap().to_string()).collect()).unwrap_or_default()
 }
 
-#[test]
-fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdraws_before_it_adds() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
+/// What both scenarios start from.
+struct Start {
+    /// `capstan serve --dev` with the ingress plugin running.
+    server: Capstan,
+    admin: String,
+    origin: String,
+    /// An enrolled cluster whose relay is not started yet.
+    cluster: EnrolledCluster,
+    /// The organization `acme`.
+    org_id: String,
+    /// The service to designate the cluster's ingress.
+    edge: Value,
+    /// A web service answering on the given domains: a test service on loopback, its `http` port.
+    web: Value,
+}
+
+fn start(root: &std::path::Path, env: &[(&str, &str)], domains: &[&str]) -> Start {
     let port = free_port();
     let origin = format!("http://127.0.0.1:{port}");
     let mut cmd = with_test_admin(capstan());
     cmd.args(["serve", "--dev", "--data-dir"]).arg(root.join("data")).args(["--listen", &format!("127.0.0.1:{port}")]);
-    cmd.env("CAPSTAN_AGENT_BINARY", crate::nodes::agent_binary());
+    cmd.env("CAPSTAN_AGENT_BINARY", crate::nodes::agent_binary()).envs(env.iter().copied());
     let server = Capstan::start(cmd);
     server.ready_status();
     let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
@@ -143,9 +156,6 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
     });
     let cluster = enrolled_cluster(&server, &admin, root, &origin, ZONE);
-    let cluster_id = cluster.cluster_id.as_str();
-
-    // ---- services: the ingress itself, and a web service with three domains ----
     let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
     let edge = ok(
         &server,
@@ -153,16 +163,24 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         "services.create",
         json!({ "organizationId": org_id, "name": "edge", "image": "registry.example.com/edge:1", "scale": 1 }),
     );
-    let edge_id = edge["id"].as_str().unwrap().to_string();
-    let upstream = web_service();
     let web = ok(
         &server,
         &admin,
         "services.create",
         json!({ "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1", "scale": 1,
-                "ports": [{ "port": upstream, "protocol": "http" }],
-                "domains": ["web.e2e.example", "old.e2e.example", "priv.e2e.example"] }),
+                "ports": [{ "port": web_service(), "protocol": "http" }], "domains": domains }),
     );
+    Start { server, admin, origin, cluster, org_id, edge, web }
+}
+
+#[test]
+fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdraws_before_it_adds() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let Start { server, admin, origin, cluster, org_id, edge, web } =
+        start(root, &[], &["web.e2e.example", "old.e2e.example", "priv.e2e.example"]);
+    let cluster_id = cluster.cluster_id.as_str();
+    let edge_id = edge["id"].as_str().unwrap().to_string();
     let web_id = web["id"].as_str().unwrap().to_string();
     // a relay's name is Capstan's: no service answers on it
     let relay_name = format!("relay.{}.{ZONE}", cluster_id.replace('_', "-"));
@@ -514,39 +532,10 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
     let root = dir.path();
     let (http, smtp, forward) = (free_port(), free_port(), free_port());
     let gateway = Gateway::start_forwarding(http, smtp, forward, &root.join("gateway-state.json"));
-    let port = free_port();
-    let origin = format!("http://127.0.0.1:{port}");
-    let mut cmd = with_test_admin(capstan());
-    cmd.args(["serve", "--dev", "--data-dir"]).arg(root.join("data")).args(["--listen", &format!("127.0.0.1:{port}")]);
-    cmd.env("CAPSTAN_AGENT_BINARY", crate::nodes::agent_binary()).env("CAPSTAN_GATEWAY_RETRY_MS", "300");
-    let server = Capstan::start(cmd);
-    server.ready_status();
-    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    eventually("the ingress plugin running", Duration::from_secs(180), || {
-        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "ingress" }));
-        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
-    });
-    let cluster = enrolled_cluster(&server, &admin, root, &origin, ZONE);
+    let Start { server, admin, cluster, edge, web, .. } =
+        start(root, &[("CAPSTAN_GATEWAY_RETRY_MS", "300")], &["www.acme.example", "shop.acme.example", "elsewhere.example"]);
     let cluster_id = cluster.cluster_id.as_str();
-
-    // a web service with two hostnames under the gateway's verified domain and one outside it
-    let org_id = ok(&server, &admin, "organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
-    let edge = ok(
-        &server,
-        &admin,
-        "services.create",
-        json!({ "organizationId": org_id, "name": "edge", "image": "registry.example.com/edge:1", "scale": 1 }),
-    );
     let edge_id = edge["id"].as_str().unwrap().to_string();
-    let upstream = web_service();
-    let web = ok(
-        &server,
-        &admin,
-        "services.create",
-        json!({ "organizationId": org_id, "name": "web", "image": "registry.example.com/web:1", "scale": 1,
-                "ports": [{ "port": upstream, "protocol": "http" }],
-                "domains": ["www.acme.example", "shop.acme.example", "elsewhere.example"] }),
-    );
     let web_id = web["id"].as_str().unwrap().to_string();
     let request =
         json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge["revision"], "mutationId": "designate-gw" });
@@ -592,7 +581,10 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
     let cookie = format!("capstan_session={admin}");
     let page = server.request("GET", "/p/ingress", &[("cookie", &cookie), ("accept", "text/html")], None);
     assert_eq!(page.status, 200, "{}", page.body);
-    assert!(page.body.contains("elsewhere.example") && page.body.contains("name-not-served"), "{}", page.body);
+    assert!(page.body.contains("data-refused>elsewhere.example: name-not-served<"), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"id="advertised-{cluster_id}">127.0.0.1:{proxy}<"#)), "{}", page.body);
+    assert!(page.body.contains(&format!(r#"id="gateway-{cluster_id}" data-routed="2""#)), "{}", page.body);
+    assert!(page.body.contains(r#"id="form-designate""#), "the forms are on the page: {}", page.body);
     let _ = std::fs::write(std::env::temp_dir().join("capstan-ingress-page.html"), &page.body);
 
     // ---- a request at the gateway reaches the service through the cluster's ingress ----

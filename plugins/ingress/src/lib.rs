@@ -86,7 +86,7 @@ impl Manager for IngressManager {
                 Some(Vec::new()),
             )
             // /p/ingress: the designated clusters, their tables and what was left out
-            .page(Page::new("", "Ingress", "overview").form("designate").form("attachService").form("detachService"))
+            .page(Page::new("", "Ingress", "overview").template("overview").form("designate").form("attachService").form("detachService"))
             .collection(DESIGNATIONS)
             .collection(MUTATIONS)
             .collection(CollectionSpec::new(ATTACHMENTS).index("by_cluster", &["clusterId"]))
