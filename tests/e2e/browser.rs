@@ -122,6 +122,27 @@ impl Driver {
         }
     }
 
+    /// A browser session with a fresh profile. Chromium can fail to come up while the machine is
+    /// busy linking the other tests (chromedriver gives up when it does not answer in time), so
+    /// a failed start is tried again twice before the test fails with every reason.
+    async fn session(&self, dir: &Path) -> Client {
+        let mut errors = Vec::new();
+        for attempt in 1..=3 {
+            let profile = dir.join(format!("chromium-profile-{attempt}"));
+            std::fs::create_dir_all(&profile).unwrap();
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector).capabilities(capabilities(&profile)).connect(&self.url).await {
+                Ok(client) => return client,
+                Err(e) => {
+                    eprintln!("browser session attempt {attempt} failed: {e}");
+                    errors.push(format!("attempt {attempt}: {e}"));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
+        panic!("a WebDriver session should start:\n{}\nchromedriver log:\n{}", errors.join("\n"), self.log_text())
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -175,18 +196,11 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
     serve.env("CAPSTAN_TRUSTED_PUBLISHERS", capstan::plugins::bundle::PublisherKey::from(&key).to_string());
     let server = Capstan::start(serve);
     let password = server.printed_admin_password().expect("a first dev start prints the admin password");
-    let profile = dir.path().join("chromium-profile");
-    std::fs::create_dir_all(&profile).unwrap();
     let driver = Driver::start(dir.path());
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let outcome = runtime.block_on(async {
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        let client = ClientBuilder::new(connector)
-            .capabilities(capabilities(&profile))
-            .connect(&driver.url)
-            .await
-            .unwrap_or_else(|e| panic!("a WebDriver session should start: {e}\nchromedriver log:\n{}", driver.log_text()));
+        let client = driver.session(dir.path()).await;
         let scenario = tokio::time::timeout(SCENARIO_TIMEOUT, scenario(&client, &server, &password, dir.path(), example.as_deref()));
         // close the browser whatever happened, then report
         let outcome = AssertUnwindSafe(scenario).catch_unwind().await;
