@@ -548,7 +548,14 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
         )),
         "{body}"
     );
-    assert!(body.contains(r#"<span class="muted">unreported on 2 nodes</span>"#), "wasmtime is not reported yet: {body}");
+    // the plugin contract and engine each node reports
+    for (binary, value) in [("wit", capstan_core::build::PLUGIN_CONTRACT), ("wasmtime", capstan_core::build::PLUGIN_ENGINE)] {
+        let shown = format!(
+            r#"<span class="version-binary">{binary}:</span> <span class="version"><span class="mono">{value}</span> on 2 nodes</span>"#
+        );
+        assert!(body.contains(&shown), "{binary}: {body}");
+    }
+    assert!(!body.contains("unreported"), "every node reports its versions: {body}");
     assert!(body.contains(r#"id="coordinator-holder">alpha<"#) && body.contains("fence 1"), "{body}");
     assert_eq!(body.matches(">coordinator</span>").count(), 1, "one row carries the coordinator badge: {body}");
     assert!(body.find(">coordinator</span>").unwrap() > body.find(r#"data-node="alpha""#).unwrap());

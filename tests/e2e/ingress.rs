@@ -16,7 +16,8 @@
 //! A second scenario adds the test gateway (`tests/peers/gateway`, with its forwarding listener):
 //! Capstan enrolled there, the table's hostnames routed by the gateway to the address the ingress
 //! registered, a request at the gateway reaching the service through the agent's proxy, a
-//! hostname outside the gateway's domains refused by name, a domain change and a deletion
+//! hostname outside the gateway's domains refused by name, one another holder has at the
+//! gateway refused `route-taken` and routed once let go, a domain change and a deletion
 //! withdrawing their routes.
 
 use crate::mail::{Gateway, enroll_at_gateway, gateway_available};
@@ -173,6 +174,26 @@ fn start(root: &std::path::Path, env: &[(&str, &str)], domains: &[&str]) -> Star
     Start { server, admin, origin, cluster, org_id, edge, web }
 }
 
+/// The cluster's relay with its ingress proxy on `listen`, taking its bearer from `bearer_file`;
+/// returned once the cluster lists it connected.
+fn relay_with_ingress(
+    server: &Capstan,
+    admin: &str,
+    cluster: &EnrolledCluster,
+    relay_at: &str,
+    listen: &str,
+    bearer_file: &std::path::Path,
+) -> RelayProcess {
+    let relay = RelayProcess::start_with(
+        &cluster.state_dir,
+        &cluster.authorization,
+        relay_at,
+        &["--ingress-listen".as_ref(), listen.as_ref(), "--ingress-bearer-file".as_ref(), bearer_file.as_os_str()],
+    );
+    wait_listed(server, admin, &cluster.cluster_id, true, 1, &[&relay]);
+    relay
+}
+
 #[test]
 fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdraws_before_it_adds() {
     let dir = tempfile::tempdir().unwrap();
@@ -253,13 +274,7 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
         json!({ "clusterId": cluster_id, "serviceId": web_id, "address": "127.0.0.1", "privateHostnames": ["priv.e2e.example"] }),
     );
     let proxy = free_port();
-    let relay = RelayProcess::start_with(
-        &cluster.state_dir,
-        &cluster.authorization,
-        "10.0.0.5:8443",
-        &["--ingress-listen".as_ref(), format!("127.0.0.1:{proxy}").as_ref(), "--ingress-bearer-file".as_ref(), bearer_file.as_os_str()],
-    );
-    wait_listed(&server, &admin, cluster_id, true, 1, &[&relay]);
+    let relay = relay_with_ingress(&server, &admin, &cluster, "10.0.0.5:8443", &format!("127.0.0.1:{proxy}"), &bearer_file);
     eventually("the wrong bearer refused", SEEN, || {
         if relay.log().contains("code=\"bearer-refused\" retry_after_ms=60000") { Ok(()) } else { Err(relay.log()) }
     });
@@ -483,13 +498,7 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     std::fs::write(&spare_bearer, &last_bearer).unwrap();
     std::fs::set_permissions(&spare_bearer, std::fs::Permissions::from_mode(0o600)).unwrap();
     let spare_proxy = format!("127.0.0.1:{}", free_port());
-    let spare_relay = RelayProcess::start_with(
-        &spare.state_dir,
-        &spare.authorization,
-        "10.0.0.6:8443",
-        &["--ingress-listen".as_ref(), spare_proxy.as_ref(), "--ingress-bearer-file".as_ref(), spare_bearer.as_os_str()],
-    );
-    wait_listed(&server, &admin, &spare.cluster_id, true, 1, &[&spare_relay]);
+    let spare_relay = relay_with_ingress(&server, &admin, &spare, "10.0.0.6:8443", &spare_proxy, &spare_bearer);
     registration_refused(&server, &admin, &spare_relay, &spare.cluster_id, "code=\"ingress-not-designated\" retry_after_ms=60000");
     assert_eq!(table(&server, &admin, &spare.cluster_id)["table"], Value::Null, "no table for a cluster without a designation");
     assert!(!spare_relay.log().contains(&last_bearer), "the relay never logs the ingress bearer");
@@ -547,13 +556,7 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
 
     // ---- the ingress registers with the address it listens on; nothing is routed before enrollment ----
     let proxy = free_port();
-    let relay = RelayProcess::start_with(
-        &cluster.state_dir,
-        &cluster.authorization,
-        "10.0.0.5:8443",
-        &["--ingress-listen".as_ref(), format!("127.0.0.1:{proxy}").as_ref(), "--ingress-bearer-file".as_ref(), bearer_file.as_os_str()],
-    );
-    wait_listed(&server, &admin, cluster_id, true, 1, &[&relay]);
+    let relay = relay_with_ingress(&server, &admin, &cluster, "10.0.0.5:8443", &format!("127.0.0.1:{proxy}"), &bearer_file);
     let unenrolled = eventually("the gateway routes waiting for an enrollment", SEEN, || {
         let item = overview_of(&server, &admin, cluster_id);
         let failure = item["gatewayFailure"].as_str().unwrap_or_default().to_string();
@@ -632,6 +635,30 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
         if item["gatewayRefused"] == json!([]) { Ok(item) } else { Err(item.to_string()) }
     });
     assert_eq!(item["gatewayRouted"], 2);
+
+    // ---- a hostname another holder has at the gateway: refused by name and left alone, routed once let go ----
+    let theirs = json!({ "target": { "host": "192.0.2.7", "port": 8080 }, "public": true });
+    assert_eq!(gateway.admin("PUT", "/v1/routes/taken.acme.example", Some(theirs)).0, 200);
+    let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));
+    let domains = json!(["www.acme.example", "new.acme.example", "taken.acme.example"]);
+    ok(&server, &admin, "services.update", json!({ "id": web_id, "expectedRevision": web["revision"], "domains": domains }));
+    let item = eventually("the taken hostname refused by name", SEEN, || {
+        let item = overview_of(&server, &admin, cluster_id);
+        if item["gatewayRefused"] == json!(["taken.acme.example: route-taken"]) { Ok(item) } else { Err(item.to_string()) }
+    });
+    assert_eq!(item["gatewayRouted"], 2, "{item}");
+    let theirs = ("taken.acme.example".to_string(), "192.0.2.7".to_string(), 8080, true, String::new());
+    assert!(gateway_routes(&gateway).contains(&theirs), "their route is left as it was: {:?}", gateway_routes(&gateway));
+    assert_eq!(gateway.admin("DELETE", "/v1/routes/taken.acme.example", None).0, 204);
+    eventually("the hostname routed by a later pass once let go", SEEN, || {
+        let routes = gateway_routes(&gateway);
+        if routes.contains(&to_ingress("taken.acme.example")) { Ok(()) } else { Err(format!("{routes:?}")) }
+    });
+    let item = eventually("the refusal gone", SEEN, || {
+        let item = overview_of(&server, &admin, cluster_id);
+        if item["gatewayRefused"] == json!([]) && item["gatewayRouted"] == 3 { Ok(item) } else { Err(item.to_string()) }
+    });
+    assert_eq!(item["gatewayFailure"], Value::Null, "{item}");
 
     // ---- the service deleted: its routes leave the gateway ----
     let web = ok(&server, &admin, "services.get", json!({ "id": web_id }));

@@ -141,16 +141,29 @@ impl Gateway {
     }
 
     /// `GET /v1/routes` with the admin token: every client's routes, `{"routes": [...]}`.
-    #[allow(dead_code)] // for the routes tests; not every one is used yet
     pub(crate) fn routes(&self) -> Value {
+        let (status, routes) = self.admin("GET", "/v1/routes", None);
+        assert_eq!(status, 200, "GET /v1/routes with the admin token: {routes}");
+        routes
+    }
+
+    /// `method` on `path` with the gateway's admin token (what the gateway's own operator does):
+    /// the status and the JSON answer (`null` for none).
+    pub(crate) fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let mut response = agent
-            .get(format!("http://127.0.0.1:{}/v1/routes", self.http))
-            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-            .call()
-            .expect("the test gateway answers");
-        assert_eq!(response.status().as_u16(), 200, "GET /v1/routes with the admin token");
-        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).expect("GET /v1/routes answers JSON")
+        let url = format!("http://127.0.0.1:{}{path}", self.http);
+        let bearer = format!("Bearer {ADMIN_TOKEN}");
+        let sent = match (method, body) {
+            ("GET", _) => agent.get(&url).header("authorization", &bearer).call(),
+            ("DELETE", _) => agent.delete(&url).header("authorization", &bearer).call(),
+            ("PUT", Some(body)) => {
+                agent.put(&url).header("authorization", &bearer).header("content-type", "application/json").send(body.to_string())
+            }
+            other => panic!("Gateway::admin does not send {other:?}"),
+        };
+        let mut response = sent.expect("the test gateway answers");
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        (response.status().as_u16(), serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
     pub(crate) fn get(&self, path: &str) -> (u16, Value) {

@@ -1,6 +1,7 @@
 //! Capstan's foundation: what every other crate of the host stands on and nothing else.
 //!
 //! - [`refusal`]: the one error shape every subsystem returns and every client sees;
+//! - [`build`]: the plugin contract and engine this build serves;
 //! - [`clock`]: the one wall clock;
 //! - [`crash`]: crash points, where a debug build kills itself on request (the kill -9 tests);
 //! - [`gateway_scopes`]: the external gateway's client scopes and the requests each covers;
@@ -9,6 +10,7 @@
 //! - [`private_file`]: the no-clobber writer and strict reader for key material;
 //! - [`text`]: values that must not be printed, and bounded echoes of client input.
 
+pub mod build;
 pub mod causes;
 pub mod clock;
 pub mod crash;

@@ -38,9 +38,6 @@ pub const FREEZE_KEY: &str = "_capstan/fleet/freeze.json";
 /// wireguard` requires.
 pub const WIREGUARD_FILE: &str = "wireguard.json";
 
-/// The WIT world this build serves to plugins (reported in the node record).
-pub const WIT_WORLD: &str = "capstan:plugin/manager@0.1.0";
-
 /// How often things happen. The defaults are the documented ones; tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
@@ -81,17 +78,20 @@ pub struct Addresses {
 pub struct Versions {
     /// The Capstan version.
     pub capstan: String,
-    /// The WIT world served to plugins (see [`WIT_WORLD`]).
+    /// The plugin contract the node serves (`capstan:plugin@0.2.4`).
     pub wit_world: String,
-    /// The plugin engine's (Wasmtime) version; `None` while the build does not report one.
+    /// The plugin engine's (Wasmtime) version; `None` from a build that did not report it.
     pub wasmtime: Option<String>,
 }
 
 impl Versions {
     /// The versions of the running build.
     pub fn of_this_build() -> Self {
-        // the plugin runtime reports its engine version once it lands
-        Versions { capstan: env!("CARGO_PKG_VERSION").into(), wit_world: WIT_WORLD.into(), wasmtime: None }
+        Versions {
+            capstan: env!("CARGO_PKG_VERSION").into(),
+            wit_world: capstan_core::build::PLUGIN_CONTRACT.into(),
+            wasmtime: Some(capstan_core::build::PLUGIN_ENGINE.into()),
+        }
     }
 }
 

@@ -324,11 +324,13 @@ fn without_url(error: &reqwest::Error) -> String {
 }
 
 /// The body of `answer`, at most `limit` bytes (`Failure::TooLarge` past them).
-async fn read_limited(mut answer: reqwest::Response, limit: usize) -> Result<Vec<u8>, Failure> {
+async fn read_limited(mut answer: reqwest::Response, limit: usize) -> Result<Zeroizing<Vec<u8>>, Failure> {
     if answer.content_length().is_some_and(|length| length > limit as u64) {
         return Err(Failure::TooLarge { limit });
     }
-    let mut bytes = Vec::new();
+    // answers carry credentials (a finalized client key, SMTP passwords): the buffer is wiped
+    // when dropped, and sized up front where the length is known so growing leaves no copies
+    let mut bytes = Zeroizing::new(Vec::with_capacity(answer.content_length().unwrap_or(0) as usize));
     while let Some(chunk) = answer.chunk().await.map_err(|e| Failure::Unreachable { sent: true, reason: without_url(&e) })? {
         if bytes.len() + chunk.len() > limit {
             return Err(Failure::TooLarge { limit });

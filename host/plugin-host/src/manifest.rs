@@ -34,7 +34,7 @@ use std::str::FromStr;
 /// The contract `capstan plugin new` and the SDK target (`wit/0.2.4`); it also serves plugins
 /// built for 0.2.0, 0.2.1, 0.2.2 and 0.2.3 (a patch adds to the contract, so the older names
 /// resolve to it).
-pub const CURRENT_WIT: &str = "capstan:plugin@0.2.4";
+pub const CURRENT_WIT: &str = capstan_core::build::PLUGIN_CONTRACT;
 /// The first contract (`wit/0.1.0`), still served through its adapter.
 pub const WIT_0_1: &str = "capstan:plugin@0.1.0";
 /// Every contract this host serves, newest first.

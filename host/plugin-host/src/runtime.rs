@@ -171,13 +171,8 @@ impl Runtime {
 
     /// The wasmtime version plugins run on (kept equal to Cargo.lock's by a test).
     pub fn engine_version() -> &'static str {
-        wasmtime_version()
+        capstan_core::build::PLUGIN_ENGINE
     }
-}
-
-fn wasmtime_version() -> &'static str {
-    // Cargo does not expose dependency versions; this is checked against Cargo.lock by a test.
-    "48.0.8"
 }
 
 fn config(pooling: bool) -> Config {
@@ -959,6 +954,6 @@ mod tests {
     fn the_reported_engine_version_is_the_locked_one() {
         let lock = include_str!("../../../Cargo.lock");
         let entry = format!("name = \"wasmtime\"\nversion = \"{}\"", Runtime::engine_version());
-        assert!(lock.contains(&entry), "update wasmtime_version() to the version in Cargo.lock");
+        assert!(lock.contains(&entry), "update capstan_core::build::PLUGIN_ENGINE to the version in Cargo.lock");
     }
 }

@@ -366,6 +366,36 @@ struct Settings {
 
 capstan_sdk::shaped_text!(Host, r"^[A-Za-z0-9.\-\[\]:]{1,253}$", "A host name or address.");
 
+/// The gateway's answer as the status and its JSON (`null` for none): a 5xx is
+/// `gateway-unreachable`; a success other than 204 without a JSON body `gateway-answer-invalid`
+/// (both retryable), so a page of a proxy in front of the gateway is never read as an empty list.
+fn answered(method: &str, path: &str, response: gateway::Response) -> Result<(u16, Value)> {
+    let status = response.status;
+    if status >= 500 {
+        return Err(
+            Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: HTTP {status}")).retryable()
+        );
+    }
+    match response.body {
+        Some(body) => Ok((status, body)),
+        None if (200..300).contains(&status) && status != 204 => Err(Refusal::new(
+            "gateway-answer-invalid",
+            format!("the mail gateway answered {method} {path} with HTTP {status} but no JSON body"),
+        )
+        .retryable()),
+        None => Ok((status, Value::Null)),
+    }
+}
+
+/// The verified domains of a `GET /v1/domains` answer, lowercased; `gateway-answer-invalid`
+/// when it lists none at all (no `domains` array).
+fn verified_domains(answer: &Value) -> Result<BTreeSet<String>> {
+    let Some(listed) = answer["domains"].as_array() else {
+        return Err(Refusal::new("gateway-answer-invalid", "the mail gateway's domain list has no domains array").retryable());
+    };
+    Ok(listed.iter().filter(|d| d["verified"] == json!(true)).filter_map(|d| d["name"].as_str().map(str::to_ascii_lowercase)).collect())
+}
+
 fn unconfigured(message: impl Into<String>) -> Refusal {
     Refusal::new("gateway-unconfigured", message)
 }
@@ -397,8 +427,9 @@ impl Gateway {
 
     /// One request under Capstan's enrolled client credential (`gateway:smtp:write`,
     /// `gateway:peers:write`, `gateway:domains:read`; `GET /v1/status` with any): the status and
-    /// the JSON answer (`null` for none, or one that is not JSON). No answer or a 5xx is
-    /// `gateway-unreachable` (retryable); Capstan not enrolled at the gateway
+    /// the JSON answer (`null` for none). No answer or a 5xx is `gateway-unreachable`
+    /// (retryable); a success other than 204 without a JSON body `gateway-answer-invalid`
+    /// (retryable: a proxy's page is never read as an empty list); Capstan not enrolled at the gateway
     /// `gateway-unconfigured`; a credential the gateway refuses `gateway-credential-refused`;
     /// the host's other refusals pass through by name.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
@@ -415,10 +446,7 @@ impl Gateway {
             }
             Err(r) => return Err(r),
         };
-        if response.status >= 500 {
-            return Err(unreachable(&format!("HTTP {}", response.status)));
-        }
-        Ok((response.status, response.body.unwrap_or(Value::Null)))
+        answered(method, path, response)
     }
 
     /// A 2xx answer, or the gateway's refusal by name (`gateway-refused`).
@@ -446,9 +474,7 @@ impl Gateway {
 
     /// The verified domains the gateway serves.
     fn domains(&self) -> Result<BTreeSet<String>> {
-        let (_, answer) = self.expect("GET", "/v1/domains", None, &[200])?;
-        let listed = answer["domains"].as_array().cloned().unwrap_or_default();
-        Ok(listed.iter().filter(|d| d["verified"] == json!(true)).filter_map(|d| d["name"].as_str().map(str::to_ascii_lowercase)).collect())
+        verified_domains(&self.expect("GET", "/v1/domains", None, &[200])?.1)
     }
 
     /// A new credential for `binding`, or a new password for the one the gateway already holds
@@ -1117,6 +1143,28 @@ mod tests {
         assert!(inbound_of(&gateway(None), &published).unwrap_err().contains("forwardTargetHost"));
         let unpublished = service(vec![(25, "tcp", None), (25, "udp", Some(25))], &[], "active");
         assert!(inbound_of(&gateway(Some("h")), &unpublished).unwrap_err().contains("publishes no tcp port"));
+    }
+
+    #[test]
+    fn a_success_without_json_is_invalid_and_a_5xx_unreachable() {
+        let response = |status, body| gateway::Response { status, body };
+        let code = |r: Result<(u16, Value)>| r.map_err(|e| (e.code().to_string(), e.is_retryable())).map(|(s, _)| s);
+        let page = answered("GET", "/v1/domains", response(200, None)).unwrap_err();
+        assert_eq!((page.code(), page.is_retryable()), ("gateway-answer-invalid", true));
+        assert!(page.message().contains("GET /v1/domains") && page.message().contains("HTTP 200"), "{}", page.message());
+        assert_eq!(code(answered("DELETE", "/v1/peers/p", response(204, None))), Ok(204));
+        assert_eq!(answered("GET", "/v1/status", response(404, None)).unwrap(), (404, Value::Null));
+        assert_eq!(code(answered("GET", "/v1/status", response(502, Some(json!({}))))), Err(("gateway-unreachable".into(), true)));
+        assert_eq!(answered("GET", "/v1/status", response(200, Some(json!({ "protocol": 1 })))).unwrap().1["protocol"], 1);
+    }
+
+    #[test]
+    fn verified_domains_need_the_list_and_keep_only_verified_names() {
+        let listed = json!({ "domains": [{ "name": "Acme.Example", "verified": true }, { "name": "b.example", "verified": false }] });
+        assert_eq!(verified_domains(&listed).unwrap(), BTreeSet::from(["acme.example".to_string()]));
+        assert_eq!(verified_domains(&json!({ "domains": [] })).unwrap(), BTreeSet::new());
+        assert_eq!(verified_domains(&json!({})).unwrap_err().code(), "gateway-answer-invalid");
+        assert_eq!(verified_domains(&Value::Null).unwrap_err().code(), "gateway-answer-invalid");
     }
 
     #[test]
