@@ -21,6 +21,9 @@ const SYNC_EVERY: Duration = Duration::from_secs(5);
 const ROUND_EVERY: Duration = Duration::from_millis(250);
 /// A hinted reconcile waits this long after the last hint.
 const QUIET: Duration = Duration::from_secs(1);
+/// A failed reconcile pass is tried again after this, doubling with each failure in a row up
+/// to the plugin's period.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// How often abandoned bundle uploads (they are also swept at every upload) and expired
 /// transfer tickets are swept.
 const SWEEP_UPLOADS_EVERY: Duration = Duration::from_secs(10 * 60);
@@ -42,6 +45,8 @@ struct Shared {
     /// After a failed delivery, wait until then.
     events_backoff_until: Option<Instant>,
     events_failures: u32,
+    /// Reconcile passes failed in a row (a trap, the deadline, a refusal).
+    pass_failures: u32,
 }
 
 /// Start this node's plugin background work (registry sync, event delivery, reconcile passes)
@@ -205,17 +210,42 @@ async fn reconcile_if_due(active: &Active, shared: &Mutex<Shared>) {
     match active.sandbox.reconcile(&trigger).await {
         Ok(outcome) => {
             tracing::debug!(plugin = %active.manifest.id, summary = %outcome.summary, "reconcile pass done");
+            let mut s = shared.lock().expect("plugin work");
+            s.pass_failures = 0;
             if let Some(ms) = outcome.requeue_after_ms {
-                shared.lock().expect("plugin work").requeue_at = Some(Instant::now() + Duration::from_millis(ms.max(100)));
+                s.requeue_at = Some(Instant::now() + Duration::from_millis(ms.max(100)));
             }
         }
-        Err(e) => tracing::warn!(plugin = %active.manifest.id, code = %e.code, "reconcile pass failed: {}", e.message),
+        Err(e) => {
+            // not left until the next period: what the pass was to do is tried again soon
+            let mut s = shared.lock().expect("plugin work");
+            s.pass_failures = s.pass_failures.saturating_add(1);
+            let retry = retry_after(s.pass_failures, period);
+            s.requeue_at = Some(Instant::now() + retry);
+            tracing::warn!(plugin = %active.manifest.id, code = %e.code, retry_ms = retry.as_millis() as u64,
+                "reconcile pass failed: {}", e.message);
+        }
     }
+}
+
+/// When a pass that failed `failures` times in a row is tried again: 1 s, 2 s, 4 s, … never
+/// later than the plugin's `period`.
+fn retry_after(failures: u32, period: Duration) -> Duration {
+    RETRY_FIRST.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(period)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_pass_is_tried_again_soon_then_less_often_up_to_the_period() {
+        let period = Duration::from_secs(60);
+        let waits: Vec<u64> = (1..=8).map(|n| retry_after(n, period).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(retry_after(u32::MAX, period), period, "no overflow however long it fails");
+        assert_eq!(retry_after(1, Duration::from_millis(500)), Duration::from_millis(500), "never later than a short period");
+    }
 
     #[tokio::test]
     async fn a_round_that_panics_does_not_leave_its_plugin_busy() {

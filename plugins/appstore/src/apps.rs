@@ -582,10 +582,18 @@ struct Reference {
     version: Version,
 }
 
+/// What an adoption round did: snapshots given, and those put off by a refusal worth trying
+/// again (the service changed meanwhile, the store busy).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Adopted {
+    pub adopted: usize,
+    pub deferred: usize,
+}
+
 /// Give every service whose template names an app version the catalog lists, but holds no
 /// snapshot, that version's snapshot. Never fails on one service: each miss is logged.
-pub fn adopt_snapshots(catalog: &Verified) -> Result<usize> {
-    let mut adopted = 0;
+pub fn adopt_snapshots(catalog: &Verified) -> Result<Adopted> {
+    let mut done = Adopted::default();
     for service in all_services()? {
         if snapshot_of(&service.data).is_some() {
             continue;
@@ -596,9 +604,14 @@ pub fn adopt_snapshots(catalog: &Verified) -> Result<usize> {
         let Some(snapshot) = catalog.snapshot(&reference.app_id, &reference.version) else { continue };
         let body = json!({ "id": service.id, "expectedRevision": service.revision, "template": snapshot });
         match inventory::update_service::<Value>(&body) {
-            Ok(_) => adopted += 1,
-            Err(e) => capstan_sdk::warn!("snapshot adoption for service {} skipped: {} ({})", service.id, e.message(), e.code()),
+            Ok(_) => done.adopted += 1,
+            Err(e) => {
+                capstan_sdk::warn!("snapshot adoption for service {} skipped: {} ({})", service.id, e.message(), e.code());
+                if e.is_retryable() || e.is("conflict") {
+                    done.deferred += 1;
+                }
+            }
         }
     }
-    Ok(adopted)
+    Ok(done)
 }

@@ -26,6 +26,9 @@ use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, Page, Reconci
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// A reconcile pass that had to put a snapshot adoption off asks for the next pass this soon.
+const ADOPTION_RETRY: Duration = Duration::from_secs(5);
+
 struct AppStore;
 
 impl Manager for AppStore {
@@ -131,9 +134,16 @@ impl Manager for AppStore {
                 Err(e) => capstan_sdk::warn!("cleaning up catalog chunks failed: {} ({})", e.message(), e.code()),
             }
         }
+        let mut deferred = 0;
         if let Ok((catalog, _)) = active::current()? {
-            let adopted = apps::adopt_snapshots(&catalog)?;
-            summary.push(format!("{adopted} snapshots adopted"));
+            let done = apps::adopt_snapshots(&catalog)?;
+            summary.push(format!("{} snapshots adopted", done.adopted));
+            deferred = done.deferred;
+        }
+        if deferred > 0 {
+            // an adoption a refusal put off is tried again soon, not at the next period
+            summary.push(format!("{deferred} put off"));
+            return Ok(ReconcileOutcome::done(summary.join("; ")).requeue_after(ADOPTION_RETRY));
         }
         Ok(ReconcileOutcome::done(summary.join("; ")))
     }
