@@ -282,7 +282,7 @@ mod tests {
             labels: [("zone".to_string(), "a".to_string())].into(),
             versions: capstan.map(|v| capstan_server::fleet::Versions {
                 capstan: v.into(),
-                wit_world: "capstan:plugin@0.2.4".into(),
+                wit_world: capstan_core::build::PLUGIN_CONTRACT.into(),
                 wasmtime: None,
             }),
             serves: vec![],

@@ -372,9 +372,7 @@ capstan_sdk::shaped_text!(Host, r"^[A-Za-z0-9.\-\[\]:]{1,253}$", "A host name or
 fn answered(method: &str, path: &str, response: gateway::Response) -> Result<(u16, Value)> {
     let status = response.status;
     if status >= 500 {
-        return Err(
-            Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: HTTP {status}")).retryable()
-        );
+        return Err(unreachable(method, path, &format!("HTTP {status}")));
     }
     match response.body {
         Some(body) => Ok((status, body)),
@@ -394,6 +392,11 @@ fn verified_domains(answer: &Value) -> Result<BTreeSet<String>> {
         return Err(Refusal::new("gateway-answer-invalid", "the mail gateway's domain list has no domains array").retryable());
     };
     Ok(listed.iter().filter(|d| d["verified"] == json!(true)).filter_map(|d| d["name"].as_str().map(str::to_ascii_lowercase)).collect())
+}
+
+/// `gateway-unreachable` (retryable): no answer to `method` `path`, or a 5xx, for `why`.
+fn unreachable(method: &str, path: &str, why: &str) -> Refusal {
+    Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: {why}")).retryable()
 }
 
 fn unconfigured(message: impl Into<String>) -> Refusal {
@@ -433,11 +436,9 @@ impl Gateway {
     /// `gateway-unconfigured`; a credential the gateway refuses `gateway-credential-refused`;
     /// the host's other refusals pass through by name.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
-        let unreachable =
-            |why: &str| Refusal::new("gateway-unreachable", format!("the mail gateway did not answer {method} {path}: {why}")).retryable();
         let response = match gateway::request(method, path, body) {
             Ok(r) => r,
-            Err(r) if r.is("gateway-unreachable") => return Err(unreachable(r.message())),
+            Err(r) if r.is("gateway-unreachable") => return Err(unreachable(method, path, r.message())),
             Err(r) if r.is("gateway-not-enrolled") => {
                 return Err(unconfigured(
                     "Capstan is not enrolled at the mail gateway: an administrator enrolls it with capstan gateway bootstrap \
