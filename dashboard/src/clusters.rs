@@ -25,8 +25,8 @@ use super::forms::{
     query_of, redirect, shown_name, status_of, str_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -283,7 +283,7 @@ fn phase_options(selected: &str) -> Vec<PhaseOption> {
 // Reading
 
 /// The list panel's context: one page of clusters with their phases, or the refusal.
-async fn list_context(state: &AppState, identity: &Identity, cursor: Option<&str>) -> minijinja::Value {
+async fn list_context(state: &AppState, identity: &Viewer, cursor: Option<&str>) -> minijinja::Value {
     let mut body = json!({ "limit": PAGE });
     if let Some(cursor) = cursor {
         body["cursor"] = json!(cursor);
@@ -319,11 +319,7 @@ async fn list_context(state: &AppState, identity: &Identity, cursor: Option<&str
 }
 
 /// One cluster and its runtime, as the detail shows them.
-async fn read_cluster(
-    state: &AppState,
-    identity: &Identity,
-    id: &str,
-) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
+async fn read_cluster(state: &AppState, identity: &Viewer, id: &str) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
     let cluster = cluster_view(&call(state, identity, "clusters.get", json!({ "id": id })).await?);
     let runtime = match call(state, identity, "clusters.getRuntime", json!({ "id": id })).await {
         Ok(runtime) => Ok(runtime_view(&runtime)),
@@ -334,7 +330,7 @@ async fn read_cluster(
 
 /// The Relays panel's context for `cluster` (`None`: the cluster cannot be shown, and
 /// neither is the panel): its registration from `relays.list` and its credential.
-async fn relay_context(state: &AppState, identity: &Identity, cluster: Option<&ClusterView>) -> minijinja::Value {
+async fn relay_context(state: &AppState, identity: &Viewer, cluster: Option<&ClusterView>) -> minijinja::Value {
     let Some(cluster) = cluster else { return context! { relay => Serde(None::<RelayView>) } };
     let registration = call_if_served(state, identity, "relays.list", json!({ "clusterIds": [cluster.id] })).await.map(|answer| {
         answer.and_then(|answer| {
@@ -383,7 +379,7 @@ fn done_flash(query: &ListQuery) -> Option<Flash> {
 
 async fn list_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     status: StatusCode,
     cursor: Option<&str>,
     flash: Option<Flash>,
@@ -460,7 +456,7 @@ pub(super) struct DetailQuery {
 /// The detail page: facts, the edit and phase forms, the way to delete.
 async fn detail_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,
@@ -648,7 +644,7 @@ async fn switch_relay(state: AppState, id: String, request: Request, enable: boo
 /// The confirmation page: what goes with the cluster, and its name to type.
 async fn confirm_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,

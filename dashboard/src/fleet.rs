@@ -2,9 +2,10 @@
 //! page, with the panel at `/fleet/panel` refreshed by htmx every few seconds. Administrators
 //! only, like the API method.
 
+use super::forms::Flash;
 use super::{current_identity, message_page, nav, render, rfc3339, to_login, unavailable, user_view, utc};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -191,14 +192,14 @@ fn view(listing: &listing::Listing) -> FleetView {
 }
 
 /// The listing `fleet.listNodes` answers, as the API answers it to `identity`.
-async fn read_listing(state: &AppState, identity: &Identity) -> Result<listing::Listing> {
+async fn read_listing(state: &AppState, identity: &Viewer) -> Result<listing::Listing> {
     let answer = super::forms::call(state, identity, "fleet.listNodes", serde_json::json!({})).await?;
     serde_json::from_value(answer).map_err(Refusal::internal)
 }
 
 /// The panel's context: the fleet, or the refusal that kept it from being read (logged;
 /// shown as its code and client-facing message, never its detail).
-async fn panel_context(state: &AppState, identity: &Identity) -> minijinja::Value {
+async fn panel_context(state: &AppState, identity: &Viewer) -> minijinja::Value {
     let now = capstan_core::clock::now_ms();
     let checked = context! { checked_at => clock(now), checked_iso => rfc3339(now / 1000) };
     match read_listing(state, identity).await {
@@ -233,13 +234,49 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
     if !identity.is_human_admin() {
         return forbidden();
     }
+    fleet_page(&state, &identity, StatusCode::OK, None).await
+}
+
+async fn fleet_page(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
     let ctx = context! {
         page => "Fleet",
-        nav => Serde(nav(&state, "fleet")),
-        user => Serde(user_view(&identity)),
-        ..panel_context(&state, &identity).await
+        nav => Serde(nav(state, "fleet")),
+        user => Serde(user_view(identity)),
+        flash => Serde(flash),
+        ..panel_context(state, identity).await
     };
-    render(StatusCode::OK, "fleet.html", ctx)
+    render(status, "fleet.html", ctx)
+}
+
+/// What `fleet.rebalance` answers, as far as the page tells it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Rebalanced {
+    decided_by: String,
+    fence: u64,
+    placements: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// `POST /fleet/rebalance`: decide placements now. The coordinator decides; on any other node
+/// the call is forwarded there with the session's token, like the API's.
+pub(super) async fn rebalance(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let (identity, _) = match super::forms::post(&state, request).await {
+        Ok(posted) => posted,
+        Err(answer) => return answer,
+    };
+    if !identity.is_human_admin() {
+        return forbidden();
+    }
+    let answer = super::forms::call(&state, &identity, "fleet.rebalance", serde_json::json!({})).await;
+    let (status, flash) = match answer.and_then(|a| serde_json::from_value::<Rebalanced>(a).map_err(Refusal::internal)) {
+        Ok(decided) => {
+            let work = plural(decided.placements.len(), "workload", "workloads");
+            let message = format!("{work} placed by {} under fence {}.", decided.decided_by, decided.fence);
+            (StatusCode::OK, Flash::done("Placements decided", message))
+        }
+        Err(refusal) => (super::forms::status_of(&refusal), Flash::refused("Placements not decided", &refusal, "Try again shortly.")),
+    };
+    fleet_page(&state, &identity, status, Some(flash)).await
 }
 
 /// `GET /fleet/panel`: the panel alone, for htmx to swap in place.

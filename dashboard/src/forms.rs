@@ -9,15 +9,15 @@
 //! the CLI uses too (`capstan_field_rules::port`), so both faces take and show `443:8080/http`.
 
 use super::{current_identity, message_page, refuse_cross_origin, rfc3339, to_login, unavailable, utc};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::Form;
 use axum::extract::{FromRequest, Query, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use capstan_field_rules::port;
-use capstan_rpc::Call;
+use capstan_rpc::Invocation;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
@@ -31,7 +31,7 @@ pub(super) const PAGE: usize = 50;
 /// The person the request's session stands for, or the answer to give instead: the login
 /// page for a page, `401` with `HX-Redirect` for an htmx request (htmx then loads the login
 /// page), the "cannot answer" page when the store is down.
-pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> std::result::Result<Identity, Response> {
+pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> std::result::Result<Viewer, Response> {
     match current_identity(state, headers).await {
         Ok(Some(identity)) => Ok(identity),
         Ok(None) if headers.contains_key("hx-request") => Err((StatusCode::UNAUTHORIZED, [("hx-redirect", "/login")]).into_response()),
@@ -42,7 +42,7 @@ pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> std::resul
 
 /// The signed-in person, as a handler argument: without a session the request is answered
 /// by [`session`] (the login page, or `hx-redirect` for htmx) and the handler never runs.
-pub(super) struct Signed(pub Identity);
+pub(super) struct Signed(pub Viewer);
 
 impl axum::extract::FromRequestParts<AppState> for Signed {
     type Rejection = Response;
@@ -54,7 +54,7 @@ impl axum::extract::FromRequestParts<AppState> for Signed {
 
 /// A form post: from this host (else `403`), with a session (else to the login page), its
 /// fields read (else `400`/`413`).
-pub(super) async fn post(state: &AppState, request: Request) -> std::result::Result<(Identity, FormData), Response> {
+pub(super) async fn post(state: &AppState, request: Request) -> std::result::Result<(Viewer, FormData), Response> {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(state, &parts.headers) {
         return Err(refused);
@@ -72,66 +72,48 @@ pub(super) async fn post(state: &AppState, request: Request) -> std::result::Res
     }
 }
 
-/// Call the registered API method `name` as `identity`, exactly as `POST /api/v1/<name>`
-/// would: the method decodes the body strictly, authorizes and validates.
-pub(super) async fn call(state: &AppState, identity: &Identity, name: &str, body: Value) -> Result<Value> {
-    let Some(method) = state.methods.get(name) else {
-        return Err(Refusal::internal(format!("the dashboard calls {name}, which is not registered")));
-    };
-    // through the registry, which records a state-changing call in the audit log
-    let result = state.methods.call(&method, Call::by(identity), body).await;
-    if let Err(refusal) = &result {
-        log_refusal(name, refusal);
-    }
-    result
+/// Call the registered API method `name` as `viewer`, exactly as `POST /api/v1/<name>`
+/// would: through the registry's one door, which decodes the body strictly, authorizes,
+/// forwards a coordinator-only method to the coordinator (with the session's token) and
+/// records a state-changing call in the audit log.
+pub(super) async fn call(state: &AppState, viewer: &Viewer, name: &str, body: Value) -> Result<Value> {
+    invoke(state, viewer, "", name, body).await
 }
 
 /// Call `name` as [`call`] does when this host serves it, and `Ok(None)` when it does not
 /// (`method-unknown`): for a method that a host may not have yet (a newer one, or one still
 /// being built), which a view shows as "nothing yet" rather than as a failure.
-pub(super) async fn call_if_served(state: &AppState, identity: &Identity, name: &str, body: Value) -> Result<Option<Value>> {
-    let method = match state.methods.resolve(name).await {
-        Ok(method) => method,
-        Err(refusal) if refusal.is("method-unknown") => {
-            tracing::debug!(method = name, "the dashboard reads a method this host does not serve yet");
-            return Ok(None);
-        }
-        Err(refusal) => {
-            log_refusal(name, &refusal);
-            return Err(refusal);
-        }
-    };
-    let result = state.methods.call(&method, Call::by(identity), body).await;
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(refusal) => {
-            log_refusal(name, &refusal);
-            Err(refusal)
-        }
+pub(super) async fn call_if_served(state: &AppState, viewer: &Viewer, name: &str, body: Value) -> Result<Option<Value>> {
+    if let Err(refusal) = state.methods.resolve(name).await
+        && refusal.is("method-unknown")
+    {
+        tracing::debug!(method = name, "the dashboard reads a method this host does not serve yet");
+        return Ok(None);
     }
+    invoke(state, viewer, "", name, body).await.map(Some)
 }
 
-/// Call the plugin method `<plugin>.<method>` as `identity` through the same registry entry
+/// Call the plugin method `<plugin>.<method>` as `viewer` through the same registry entry
 /// `POST /api/v1/<plugin>.<method>` reaches. A plugin that is not serving here is refused by
 /// name: `plugin-unavailable` (installed but failed to load, with its cause),
 /// `plugin-disabled`, or `plugin-not-loaded` (retryable: first-party plugins are installed in
 /// the background at start).
 pub(super) async fn call_plugin(
     state: &AppState,
-    identity: &Identity,
+    viewer: &Viewer,
     request_id: &str,
     plugin: &str,
     method: &str,
     body: Value,
 ) -> Result<Value> {
-    let name = format!("{plugin}.{method}");
-    let call = Call { identity: Some(identity.clone()), source: None, request_id: request_id.into(), body_text: None };
-    let result = match state.methods.resolve(&name).await {
-        Ok(entry) => state.methods.call(&entry, call, body).await,
-        Err(refusal) => Err(refusal),
-    };
+    invoke(state, viewer, request_id, &format!("{plugin}.{method}"), body).await
+}
+
+async fn invoke(state: &AppState, viewer: &Viewer, request_id: &str, name: &str, body: Value) -> Result<Value> {
+    let invocation = Invocation::verified(name, viewer, Some(viewer.bearer()), body).with_request_id(request_id);
+    let result = async { state.methods.invoke(invocation).await?.into_value() }.await;
     if let Err(refusal) = &result {
-        log_refusal(&name, refusal);
+        log_refusal(name, refusal);
     }
     result
 }

@@ -47,6 +47,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
+use capstan_core::text::SecretString;
 use minijinja::value::Serde;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior, context};
 use serde::{Deserialize, Serialize};
@@ -93,6 +94,7 @@ pub fn router() -> Router<AppState> {
         .route("/overview/status", get(status_panel))
         .route("/fleet", get(fleet::page))
         .route("/fleet/panel", get(fleet::panel))
+        .route("/fleet/rebalance", post(fleet::rebalance))
         .route("/clusters", get(clusters::page))
         .route("/clusters/panel", get(clusters::panel))
         .route("/clusters/create", post(clusters::create))
@@ -394,12 +396,34 @@ fn unavailable(refusal: Refusal) -> Response {
 // ---------------------------------------------------------------------------------------
 // Sessions
 
+/// The person a page acts for: who they are, and the session token they came with, which a
+/// call forwarded to the coordinator carries there (it is never shown or logged).
+#[derive(Clone)]
+pub(crate) struct Viewer {
+    identity: Identity,
+    bearer: SecretString,
+}
+
+impl Viewer {
+    /// The session token, for a call through the registry's door.
+    pub(crate) fn bearer(&self) -> &str {
+        self.bearer.expose()
+    }
+}
+
+impl std::ops::Deref for Viewer {
+    type Target = Identity;
+    fn deref(&self) -> &Identity {
+        &self.identity
+    }
+}
+
 /// The human session the request's cookie stands for; `None` without a cookie or with one
 /// that no longer authenticates. Other failures (the store is down) are errors.
-async fn current_identity(state: &AppState, headers: &HeaderMap) -> Result<Option<Identity>, Refusal> {
+async fn current_identity(state: &AppState, headers: &HeaderMap) -> Result<Option<Viewer>, Refusal> {
     let Some(token) = session_token(headers) else { return Ok(None) };
     match state.auth.authenticate(token).await {
-        Ok(identity) if identity.kind == "human" => Ok(Some(identity)),
+        Ok(identity) if identity.kind == "human" => Ok(Some(Viewer { identity, bearer: SecretString::new(token.to_string()) })),
         Ok(_) => Ok(None),
         Err(e) if e.is("unauthenticated") => Ok(None),
         Err(e) => Err(e),

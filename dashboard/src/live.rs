@@ -21,8 +21,8 @@
 
 use super::forms::{call, query_of, session};
 use super::render;
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -54,7 +54,7 @@ fn areas_of(text: &str) -> Vec<&'static str> {
 }
 
 /// Wait through `events.watch` until an event of `areas` committed after `after`.
-async fn watch(state: &AppState, identity: &Identity, after: u64, areas: &[&str]) -> crate::refusal::Result<Watched> {
+async fn watch(state: &AppState, identity: &Viewer, after: u64, areas: &[&str]) -> crate::refusal::Result<Watched> {
     let answer = call(state, identity, "events.watch", json!({ "after": after, "areas": areas })).await?;
     serde_json::from_value(answer).map_err(crate::refusal::Refusal::internal)
 }
@@ -67,7 +67,7 @@ pub(super) fn element(head: u64, areas: &[&str]) -> minijinja::Value {
 /// The outbox's head now, for a page about to read what it shows (read first, so a change
 /// committed while the page is read is still announced). `0` when it cannot be read: the
 /// first poll then finds whatever is there and the panels refresh once.
-pub(super) async fn head(state: &AppState, identity: &Identity) -> u64 {
+pub(super) async fn head(state: &AppState, identity: &Viewer) -> u64 {
     match call(state, identity, "events.head", json!({})).await.map(|answer| answer["head"].as_u64()) {
         Ok(Some(head)) => head,
         Ok(None) => 0,

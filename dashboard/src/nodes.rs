@@ -11,8 +11,8 @@
 use super::fleet::ago;
 use super::forms::{ErrorView, Flash, Signed, call, encode, number, post, query_of, redirect, status_of, str_of, u64_of};
 use super::{nav, now_secs, render, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::Refusal;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -110,7 +110,7 @@ fn report_facts(report: &Value) -> Vec<Fact> {
 }
 
 /// The cluster a page is about: its id and name (the id when it cannot be read).
-async fn cluster_name(state: &AppState, identity: &Identity, cluster_id: &str) -> std::result::Result<String, Refusal> {
+async fn cluster_name(state: &AppState, identity: &Viewer, cluster_id: &str) -> std::result::Result<String, Refusal> {
     call(state, identity, "clusters.get", json!({ "id": cluster_id })).await.map(|c| str_of(&c, "name").to_string())
 }
 
@@ -124,7 +124,7 @@ struct JumpForm {
     ttl_minutes: String,
 }
 
-async fn list_context(state: &AppState, identity: &Identity, cluster_id: &str) -> minijinja::Value {
+async fn list_context(state: &AppState, identity: &Viewer, cluster_id: &str) -> minijinja::Value {
     let listing = call(state, identity, "nodes.list", json!({ "clusterId": cluster_id, "limit": LISTED })).await;
     let (rows, error, more) = match &listing {
         Ok(page) => {
@@ -145,7 +145,7 @@ async fn list_context(state: &AppState, identity: &Identity, cluster_id: &str) -
 
 async fn nodes_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     cluster_id: &str,
     status: StatusCode,
     flash: Option<Flash>,
@@ -235,7 +235,7 @@ pub(super) async fn jump(State(state): State<AppState>, Path(cluster_id): Path<S
 // ---------------------------------------------------------------------------------------
 // One node
 
-async fn node_page(state: &AppState, identity: &Identity, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn node_page(state: &AppState, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
     let read = call(state, identity, "nodes.get", json!({ "id": id })).await;
     let credential = call(state, identity, "nodes.getCredential", json!({ "nodeId": id })).await;
     let status = match (&read, status) {
@@ -293,7 +293,7 @@ pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Sign
 
 /// Call `method` with `body` for node `id` from a form: to the node's page with `done` on
 /// success, or the page again with the refusal.
-async fn act(state: &AppState, identity: &Identity, id: &str, method: &str, body: Value, done: &str, refused: &str) -> Response {
+async fn act(state: &AppState, identity: &Viewer, id: &str, method: &str, body: Value, done: &str, refused: &str) -> Response {
     match call(state, identity, method, body).await {
         Ok(_) => redirect(&format!("/nodes/{}?done={done}", encode(id))),
         Err(refusal) => {
@@ -410,7 +410,7 @@ pub(super) async fn confirm(
 
 async fn confirm_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     confirmed: Confirmed,
     status: StatusCode,

@@ -13,8 +13,8 @@
 
 use super::forms::{ErrorView, Flash, FormData, Signed, call, encode, post, redirect, status_of, str_of, u64_of, when};
 use super::{message_page, nav, render, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::Router;
 use axum::extract::{Path, Request, State};
@@ -50,7 +50,7 @@ fn forbidden(what: &str) -> Response {
 /// The most people one page reads (pages of 100).
 const MAX_PAGES: usize = 100;
 
-async fn all_people(state: &AppState, identity: &Identity) -> Result<Vec<Value>> {
+async fn all_people(state: &AppState, identity: &Viewer) -> Result<Vec<Value>> {
     let (mut people, mut cursor) = (Vec::new(), None::<String>);
     for _ in 0..MAX_PAGES {
         let page = call(state, identity, "users.list", json!({ "cursor": cursor, "limit": 100 })).await?;
@@ -88,7 +88,7 @@ struct Generated {
 
 async fn render_users(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     status: StatusCode,
     flash: Option<Flash>,
     generated: Option<Generated>,
@@ -215,7 +215,7 @@ async fn organizations_page(State(state): State<AppState>, Signed(identity): Sig
     render_organizations(&state, &identity, StatusCode::OK, None, "").await
 }
 
-async fn render_organizations(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
+async fn render_organizations(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
     let (rows, error) = match call(state, identity, "organizations.list", json!({ "limit": 200 })).await {
         Ok(answer) => {
             let rows = answer["items"]
@@ -266,7 +266,7 @@ struct MemberRow {
     role: String,
 }
 
-async fn render_organization(state: &AppState, identity: &Identity, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn render_organization(state: &AppState, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
     let organization = match call(state, identity, "organizations.get", json!({ "id": id })).await {
         Ok(organization) => organization,
         Err(refusal) => {
@@ -337,7 +337,7 @@ async fn rename_organization(State(state): State<AppState>, Path(id): Path<Strin
 
 /// The user a member form names: an id as it is; a username looked up among people when the
 /// caller may list them (administrators), else refused by name.
-async fn member_id(state: &AppState, identity: &Identity, form: &FormData) -> Result<String> {
+async fn member_id(state: &AppState, identity: &Viewer, form: &FormData) -> Result<String> {
     let given = form.text("user");
     if let Some(id) = form.0.iter().find(|(k, _)| k == "userId").map(|(_, v)| v.trim()).filter(|v| !v.is_empty()) {
         return Ok(id.to_string());
@@ -399,7 +399,7 @@ struct PublisherRow {
     configured: bool,
 }
 
-async fn render_publishers(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn render_publishers(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
     let (rows, error) = match call(state, identity, "plugins.listTrustedPublishers", json!({})).await {
         Ok(answer) => {
             let mut rows: Vec<PublisherRow> = answer["added"]

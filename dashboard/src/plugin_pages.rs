@@ -14,8 +14,8 @@
 
 use super::forms::{Flash, FormData, call_plugin, encode, post, redirect, status_of};
 use super::{message_page, nav, render, user_view};
+use crate::Viewer;
 use crate::api::{AppState, RequestId};
-use crate::auth::Identity;
 use axum::Extension;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -397,7 +397,7 @@ struct Organization {
 }
 
 /// The organizations the person may see, for pickers (none when they cannot be read).
-async fn organizations(state: &AppState, identity: &Identity) -> Vec<Organization> {
+async fn organizations(state: &AppState, identity: &Viewer) -> Vec<Organization> {
     match super::forms::call(state, identity, "organizations.list", json!({ "limit": 500 })).await {
         Ok(listing) => {
             let mut all: Vec<Organization> = listing["items"]
@@ -424,7 +424,7 @@ fn missing_fields(schema: &Value, params: &[(String, String)]) -> Vec<FieldView>
 
 async fn show(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     request_id: &str,
     active: &Active,
     page: &PageDecl,

@@ -15,8 +15,8 @@
 
 use super::forms::call;
 use super::{current_identity, message_page, nav, refuse_cross_origin, render, rfc3339, to_login, unavailable, user_view, utc};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::Form;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
@@ -146,13 +146,13 @@ fn size(bytes: usize) -> String {
 }
 
 /// Call the `plugins.*` method `name` as `identity` and read its answer as `T`.
-async fn call_as<T: serde::de::DeserializeOwned>(state: &AppState, identity: &Identity, name: &str, body: serde_json::Value) -> Result<T> {
+async fn call_as<T: serde::de::DeserializeOwned>(state: &AppState, identity: &Viewer, name: &str, body: serde_json::Value) -> Result<T> {
     let answer = call(state, identity, name, body).await?;
     serde_json::from_value(answer).map_err(|e| Refusal::internal(format!("{name} answered an unexpected shape: {e}")))
 }
 
 /// The trusted publishers' names by fingerprint (`configured` for keys from configuration).
-async fn publisher_names(state: &AppState, identity: &Identity) -> HashMap<String, String> {
+async fn publisher_names(state: &AppState, identity: &Viewer) -> HashMap<String, String> {
     match call_as::<PublisherList>(state, identity, "plugins.listTrustedPublishers", serde_json::json!({})).await {
         Ok(list) => {
             let configured =
@@ -212,7 +212,7 @@ fn row_view(view: PluginView, names: &HashMap<String, String>) -> RowView {
 }
 
 /// The installed plugins as the table shows them.
-async fn rows(state: &AppState, identity: &Identity) -> Result<Vec<RowView>> {
+async fn rows(state: &AppState, identity: &Viewer) -> Result<Vec<RowView>> {
     let list: PluginList = call_as(state, identity, "plugins.list", serde_json::json!({})).await?;
     let names = publisher_names(state, identity).await;
     Ok(list.plugins.into_iter().map(|view| row_view(view, &names)).collect())
@@ -267,7 +267,7 @@ fn forbidden() -> Response {
 }
 
 /// The administrator the request's session stands for, or the answer to give instead.
-async fn admin(state: &AppState, headers: &HeaderMap) -> std::result::Result<Identity, Response> {
+async fn admin(state: &AppState, headers: &HeaderMap) -> std::result::Result<Viewer, Response> {
     match current_identity(state, headers).await {
         Ok(Some(identity)) if identity.is_human_admin() => Ok(identity),
         Ok(Some(_)) => Err(forbidden()),
@@ -299,7 +299,7 @@ enum Banner<'a> {
 }
 
 /// The page: the list (or why it could not be read), the install form, and a banner.
-async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, banner: Banner<'_>) -> Response {
+async fn list_page(state: &AppState, identity: &Viewer, status: StatusCode, banner: Banner<'_>) -> Response {
     let (plugins, error) = match rows(state, identity).await {
         Ok(rows) => (Some(rows), None),
         Err(refusal) => {
@@ -324,7 +324,7 @@ async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, ba
 }
 
 /// The page with a refusal in its banner, answered with the refusal's status.
-async fn refused_page(state: &AppState, identity: &Identity, action: &str, title: &str, refusal: Refusal, after: &str) -> Response {
+async fn refused_page(state: &AppState, identity: &Viewer, action: &str, title: &str, refusal: Refusal, after: &str) -> Response {
     log_refusal(action, &refusal);
     let status = status_of(&refusal);
     let mut response = list_page(state, identity, status, Banner::Flash(Flash::refused(title, &refusal, after))).await;
@@ -338,7 +338,7 @@ async fn refused_page(state: &AppState, identity: &Identity, action: &str, title
 /// The approval step for a kept upload; after a refusal, with it in the banner and its status.
 async fn approval_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     upload: String,
     upgrade: bool,
     inspection: Inspection,
@@ -536,7 +536,7 @@ pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> 
 }
 
 /// Drop a kept upload through `plugins.discardUpload` (best effort: a refusal is logged).
-async fn discard_upload(state: &AppState, identity: &Identity, upload: &str) {
+async fn discard_upload(state: &AppState, identity: &Viewer, upload: &str) {
     let _ = call(state, identity, "plugins.discardUpload", serde_json::json!({ "upload": upload })).await;
 }
 
@@ -546,7 +546,7 @@ async fn discard_upload(state: &AppState, identity: &Identity, upload: &str) {
 /// The form body as pairs (repeated `approve` fields included), or the page that refuses it.
 async fn read_pairs(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     action: &str,
     request: Request,
 ) -> std::result::Result<Vec<(String, String)>, Response> {

@@ -24,8 +24,8 @@ use super::forms::{
 };
 use super::services::organizations;
 use super::{live, nav, render, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -107,7 +107,7 @@ fn owner_ref(owner: &Value) -> Result<String> {
 }
 
 /// The recipient a form seals to, for `method` and the owner reference `owner`.
-async fn seal_view(state: &AppState, identity: &Identity, method: &'static str, owner: Result<String>) -> Result<SealView> {
+async fn seal_view(state: &AppState, identity: &Viewer, method: &'static str, owner: Result<String>) -> Result<SealView> {
     let owner = owner?;
     let recipient = call(state, identity, "secrets.getIngressRecipient", json!({})).await?;
     Ok(SealView {
@@ -273,7 +273,7 @@ fn set_view(value: &Value) -> SetView {
 }
 
 /// An organization's SecretSets (up to one page of the most the API lists), by name.
-async fn organization_sets(state: &AppState, identity: &Identity, organization_id: &str) -> Result<Vec<SetView>> {
+async fn organization_sets(state: &AppState, identity: &Viewer, organization_id: &str) -> Result<Vec<SetView>> {
     let body = json!({ "organizationId": organization_id, "limit": crate::inventory::MAX_PAGE });
     let listing = call(state, identity, "secrets.listSecretSets", body).await?;
     let mut sets: Vec<SetView> = listing["items"].as_array().into_iter().flatten().map(set_view).collect();
@@ -301,7 +301,7 @@ impl SetTyped {
 
 async fn index_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     status: StatusCode,
     org: Option<&str>,
     flash: Option<Flash>,
@@ -372,7 +372,7 @@ struct ServiceHead {
     organization_href: String,
 }
 
-async fn service_head(state: &AppState, identity: &Identity, id: &str) -> Result<ServiceHead> {
+async fn service_head(state: &AppState, identity: &Viewer, id: &str) -> Result<ServiceHead> {
     let service = call(state, identity, "services.get", json!({ "id": id })).await?;
     let organization_id = str_of(&service, "organizationId").to_string();
     // the organization's name is a courtesy: its id stands in when it cannot be read
@@ -396,7 +396,7 @@ fn service_owner(id: &str) -> Value {
 
 /// The list panel's context: one page of an owner's secrets (shown on the page at `base`),
 /// or the refusal.
-async fn list_context(state: &AppState, identity: &Identity, owner: Value, base: &str, cursor: Option<&str>) -> minijinja::Value {
+async fn list_context(state: &AppState, identity: &Viewer, owner: Value, base: &str, cursor: Option<&str>) -> minijinja::Value {
     let mut body = json!({ "owner": owner, "limit": PAGE });
     let mut panel_href = format!("{base}/panel");
     if let Some(cursor) = cursor {
@@ -464,7 +464,7 @@ fn source_view(from: &Value, sets: &[SetView]) -> SourceView {
 }
 
 /// The service's SecretSets (attached, attachable) and what resolves from where.
-async fn resolution_context(state: &AppState, identity: &Identity, service: &ServiceHead) -> minijinja::Value {
+async fn resolution_context(state: &AppState, identity: &Viewer, service: &ServiceHead) -> minijinja::Value {
     let sets = organization_sets(state, identity, &service.organization_id).await.unwrap_or_default();
     let configuration = call(state, identity, "secrets.getServiceConfiguration", json!({ "serviceId": service.id })).await;
     let (attachments, attachable, secrets_revision, configuration_error) = match &configuration {
@@ -536,7 +536,7 @@ async fn resolution_context(state: &AppState, identity: &Identity, service: &Ser
 
 async fn service_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,
@@ -666,7 +666,7 @@ fn set_owner(set: &SetView) -> Value {
 }
 
 /// A SecretSet, the services it is attached to (by name, with links), its organization's name.
-async fn read_set(state: &AppState, identity: &Identity, id: &str) -> Result<(SetView, Vec<ServiceLink>, String)> {
+async fn read_set(state: &AppState, identity: &Viewer, id: &str) -> Result<(SetView, Vec<ServiceLink>, String)> {
     let detail = call(state, identity, "secrets.getSecretSet", json!({ "id": id })).await?;
     let set = set_view(&detail);
     let ids: Vec<&str> = detail["attachedServiceIds"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
@@ -697,7 +697,7 @@ async fn read_set(state: &AppState, identity: &Identity, id: &str) -> Result<(Se
 #[allow(clippy::too_many_arguments)]
 async fn set_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,
@@ -850,7 +850,7 @@ pub(super) async fn update_set(State(state): State<AppState>, Path(id): Path<Str
     }
 }
 
-async fn retire_page(state: &AppState, identity: &Identity, id: &str, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
+async fn retire_page(state: &AppState, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
     let read = read_set(state, identity, id).await;
     let status = match (&read, status) {
         (Err(refusal), StatusCode::OK) => status_of(refusal),
@@ -962,7 +962,7 @@ struct SecretRead {
     history: Vec<VersionRow>,
 }
 
-async fn read_secret(state: &AppState, identity: &Identity, id: &str) -> Result<SecretRead> {
+async fn read_secret(state: &AppState, identity: &Viewer, id: &str) -> Result<SecretRead> {
     let detail = call(state, identity, "secrets.get", json!({ "id": id })).await?;
     let row = secret_row(&detail);
     let history = detail["versionHistory"]
@@ -998,7 +998,7 @@ async fn read_secret(state: &AppState, identity: &Identity, id: &str) -> Result<
 #[allow(clippy::too_many_arguments)]
 async fn secret_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     template: &str,
     status: StatusCode,

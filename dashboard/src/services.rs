@@ -18,8 +18,8 @@ use super::forms::{
     parse_pairs, parse_ports, parse_volumes, post, query_of, redirect, shown_name, status_of, str_of, strings_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -190,7 +190,7 @@ fn fields(form: &FormData) -> Result<Map<String, Value>> {
 /// first), or why they could not be read.
 pub(super) async fn organizations(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     asked: Option<&str>,
 ) -> std::result::Result<(Vec<OrgOption>, Option<OrgOption>), Refusal> {
     let listing = call(state, identity, "organizations.list", json!({ "limit": ORGANIZATIONS })).await?;
@@ -233,7 +233,7 @@ struct RowView {
 }
 
 /// The list panel's context: one page of the organization's services, or the refusal.
-async fn list_context(state: &AppState, identity: &Identity, org: Option<&OrgOption>, cursor: Option<&str>) -> minijinja::Value {
+async fn list_context(state: &AppState, identity: &Viewer, org: Option<&OrgOption>, cursor: Option<&str>) -> minijinja::Value {
     let Some(org) = org else {
         return context! { services => Serde(None::<Vec<RowView>>), error => Serde(None::<ErrorView>), org => Serde(None::<OrgOption>), here => "" };
     };
@@ -312,7 +312,7 @@ struct Extras {
 
 async fn list_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     status: StatusCode,
     org: Option<&str>,
     cursor: Option<&str>,
@@ -403,7 +403,7 @@ pub(super) async fn create(State(state): State<AppState>, request: Request) -> R
 // ---------------------------------------------------------------------------------------
 // The detail page
 
-async fn read_service(state: &AppState, identity: &Identity, id: &str) -> Result<(ServiceView, String)> {
+async fn read_service(state: &AppState, identity: &Viewer, id: &str) -> Result<(ServiceView, String)> {
     let service = service_view(&call(state, identity, "services.get", json!({ "id": id })).await?);
     // the organization's name is a courtesy: its id stands in when it cannot be read
     let organization = match call(state, identity, "organizations.get", json!({ "id": service.organization_id })).await {
@@ -429,7 +429,7 @@ fn facts_context(id: &str, read: &Result<(ServiceView, String)>) -> minijinja::V
 
 async fn detail_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,
@@ -520,7 +520,7 @@ pub(super) async fn update(State(state): State<AppState>, Path(id): Path<String>
 
 async fn confirm_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,

@@ -20,8 +20,8 @@
 
 use super::forms::{ErrorView, Flash, FormData, Signed, call, number, post, query_of, redirect, status_of, u64_of};
 use super::{live, nav, render, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::Response;
@@ -146,7 +146,7 @@ fn rows(document: &Value, typed: &Typed) -> Vec<(Option<String>, RowView)> {
     rows
 }
 
-async fn settings_page(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>, typed: Typed) -> Response {
+async fn settings_page(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>, typed: Typed) -> Response {
     let head = live::head(state, identity).await;
     let document = call(state, identity, "settings.get", json!({})).await;
     let (rows, revision, error) = match &document {
@@ -183,7 +183,7 @@ struct GatewaySeal {
 
 /// The enrollment (administrators only) and, when the settings name a target, what the
 /// bootstrap form seals to.
-async fn gateway_card(state: &AppState, identity: &Identity, document: Option<&Value>) -> (Option<Value>, Option<GatewaySeal>) {
+async fn gateway_card(state: &AppState, identity: &Viewer, document: Option<&Value>) -> (Option<Value>, Option<GatewaySeal>) {
     if !identity.is_human_admin() {
         return (None, None);
     }

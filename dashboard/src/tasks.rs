@@ -12,8 +12,8 @@
 
 use super::forms::{ErrorView, Flash, PAGE, Signed, call, encode, post, query_of, redirect, status_of, str_of, u64_of, when};
 use super::{nav, render, rfc3339, time_left, user_view};
+use crate::Viewer;
 use crate::api::AppState;
-use crate::auth::Identity;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::Response;
@@ -209,7 +209,7 @@ fn execution_view(value: &Value, now_ms: u64, me: &str) -> ExecutionView {
 // Reading
 
 /// The list panel's context: every task, or the refusal; `refreshing` while one runs.
-async fn list_context(state: &AppState, identity: &Identity) -> minijinja::Value {
+async fn list_context(state: &AppState, identity: &Viewer) -> minijinja::Value {
     match call(state, identity, "tasks.list", json!({})).await {
         Ok(listing) => {
             let tasks: Vec<TaskView> = listing["tasks"].as_array().into_iter().flatten().map(task_view).collect();
@@ -227,7 +227,7 @@ async fn list_context(state: &AppState, identity: &Identity) -> minijinja::Value
 /// answers with.
 async fn detail_context(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     cursor: Option<&str>,
 ) -> (minijinja::Value, std::result::Result<TaskView, StatusCode>) {
@@ -299,7 +299,7 @@ fn done_flash(done: Option<&str>, task: Option<&str>) -> Option<Flash> {
     }
 }
 
-async fn list_page(state: &AppState, identity: &Identity, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn list_page(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
     let ctx = context! {
         page => "Tasks",
         nav => Serde(nav(state, "tasks")),
@@ -333,7 +333,7 @@ pub(super) struct DetailQuery {
 
 async fn detail_page(
     state: &AppState,
-    identity: &Identity,
+    identity: &Viewer,
     id: &str,
     cursor: Option<&str>,
     status: StatusCode,
@@ -374,7 +374,7 @@ pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity)
 // Actions
 
 /// Where a refused action is shown again: the page its form was on (`from`).
-async fn refused_page(state: &AppState, identity: &Identity, id: &str, from: &str, status: StatusCode, flash: Flash) -> Response {
+async fn refused_page(state: &AppState, identity: &Viewer, id: &str, from: &str, status: StatusCode, flash: Flash) -> Response {
     if from == "list" {
         list_page(state, identity, status, Some(flash)).await
     } else {
@@ -417,7 +417,7 @@ pub(super) async fn confirm_disable(State(state): State<AppState>, Signed(identi
     confirm_page(&state, &identity, &id, &from, StatusCode::OK, None).await
 }
 
-async fn confirm_page(state: &AppState, identity: &Identity, id: &str, from: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn confirm_page(state: &AppState, identity: &Viewer, id: &str, from: &str, status: StatusCode, flash: Option<Flash>) -> Response {
     let read = call(state, identity, "tasks.get", json!({ "id": id })).await;
     let (task, error, status) = match &read {
         Ok(value) => (Some(task_view(value)), None, status),

@@ -1074,7 +1074,8 @@ fn redirected_id(answer: &Answer) -> String {
 async fn method(state: &AppState, cookie: &str, name: &str, body: serde_json::Value) -> serde_json::Value {
     let token = cookie.trim_start_matches("capstan_session=");
     let identity = state.auth.authenticate(token).await.unwrap();
-    forms::call(state, &identity, name, body).await.unwrap_or_else(|e| panic!("{name}: {e}"))
+    let viewer = Viewer { identity, bearer: capstan_core::text::SecretString::new(token.to_string()) };
+    forms::call(state, &viewer, name, body).await.unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 #[tokio::test]
@@ -2811,7 +2812,9 @@ async fn an_enabled_relay_without_a_registration_awaits_it_and_an_unserved_metho
     assert_eq!(text_of(&page.body, "relay-summary"), "enabled, awaiting relay registration");
     assert!(!page.body.contains("relay-registration-error") && !page.body.contains("relay-live"), "{}", page.body);
     // a method this host does not serve reads as nothing, not as a failure
-    let identity = state.auth.authenticate(cookie.trim_start_matches("capstan_session=")).await.unwrap();
+    let token = cookie.trim_start_matches("capstan_session=");
+    let identity = state.auth.authenticate(token).await.unwrap();
+    let identity = Viewer { identity, bearer: capstan_core::text::SecretString::new(token.to_string()) };
     let unserved = forms::call_if_served(&state, &identity, "relays.notYetServed", serde_json::json!({})).await;
     assert!(matches!(unserved, Ok(None)), "{unserved:?}");
     let served = forms::call_if_served(&state, &identity, "events.head", serde_json::json!({})).await.unwrap();

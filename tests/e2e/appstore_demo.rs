@@ -73,6 +73,26 @@ fn serve_dev_demo_installs_an_app_store_with_apps_once_and_demo_alone_is_refused
     names.sort();
     assert_eq!(names, ["cache", "git"], "{upgradeable}");
     server.wait_for_stderr("demo installed");
+    // the demo's writes went through the API's door: audited under the installer's name, as an
+    // administrator's calls over HTTP are
+    let mut audited: Vec<Value> = Vec::new();
+    let mut cursor = Value::Null;
+    loop {
+        let page =
+            server.call_as(&admin, "audit.list", &json!({ "actor": "demo-installer", "limit": 200, "cursor": cursor })).expect_json(200);
+        audited.extend(page["records"].as_array().unwrap().iter().cloned());
+        cursor = page["nextCursor"].clone();
+        if cursor.is_null() {
+            break;
+        }
+    }
+    let methods: std::collections::BTreeSet<&str> = audited.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    for method in ["organizations.create", "clusters.create", "services.create", "appstore.installDemo"] {
+        assert!(methods.contains(method), "{method} is audited: {audited:?}");
+    }
+    let organization = audited.iter().find(|r| r["method"] == "organizations.create").unwrap();
+    assert_eq!(organization["outcome"], "ok", "{organization}");
+    assert!(organization["targets"].as_array().unwrap().contains(&org_id), "{organization}");
     drop(server);
 
     // ---- a second start with --demo adds nothing ----

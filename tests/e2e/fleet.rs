@@ -968,6 +968,20 @@ fn a_coordinator_only_request_to_any_node_is_answered_by_the_holder() {
     assert!(text.starts_with(&format!("placements decided by {holder} under fence ")), "{text}");
     assert!(text.contains("WORK") && text.contains("NODES"), "{text}");
 
+    // the dashboard's "Rebalance now" on that node goes through the same door: forwarded to the
+    // holder with the session's token, the holder's decision shown
+    let cookie = format!("capstan_session={token}");
+    let form = [("cookie", cookie.as_str()), ("sec-fetch-site", "same-origin"), ("content-type", "application/x-www-form-urlencoded")];
+    let page = nodes[other].request("POST", "/fleet/rebalance", &form, Some(b""));
+    assert_eq!(page.status, 200, "{}", page.body);
+    let shown = page.body.split("placed by ").nth(1).expect("the page names who decided").split('.').next().unwrap().to_string();
+    let (decided_by, shown_fence) = shown.split_once(" under fence ").expect("and under which fence");
+    let lease = fleet.lease().unwrap();
+    if shown_fence.parse::<u64>().unwrap() == fence(&lease) {
+        assert_eq!(decided_by, lease["holder"].as_str().unwrap(), "the dashboard's call is forwarded to the holder: {shown}");
+    }
+    assert_ne!(decided_by, nodes[other].node_id(), "decided by the holder, not the node the page was asked of: {shown}");
+
     // the holder's refusals come back as they are; a caller without credentials is refused
     // where it called
     nodes[other].call_as(&token, "fleet.rebalance", &json!({"now": true})).expect_error(400, "invalid-request");

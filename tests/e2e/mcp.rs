@@ -100,6 +100,16 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
     // the first-party App Store is installed in the background at the first start
     crate::appstore::wait_for_appstore(&server, &admin);
 
+    // what the audit log holds of the methods the tools read, counted per method
+    const READS: [&str; 5] = ["clusters.list", "services.list", "nodes.list", "plugins.list", "tasks.list"];
+    let audited = || -> Vec<usize> {
+        READS
+            .iter()
+            .map(|method| ok("audit.list", json!({ "method": method, "limit": 200 }))["records"].as_array().unwrap().len())
+            .collect()
+    };
+    let before = audited();
+
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut answers = String::new();
     runtime.block_on(async {
@@ -168,6 +178,20 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
             assert!(connect(&server, token).await.is_err(), "{who} should not start an MCP session");
         }
     });
+
+    // the tools' reads went through the API's door: the audit log holds of them what it holds
+    // of the same reads made over HTTP
+    let after_mcp = audited();
+    for method in READS {
+        let body = if method == "services.list" { json!({ "organizationId": ids.organization_id }) } else { json!({}) };
+        ok(method, body);
+    }
+    ok("nodes.list", json!({ "clusterId": ids.cluster_id }));
+    let after_api = audited();
+    for (i, method) in READS.iter().enumerate() {
+        let (over_mcp, over_api) = (after_mcp[i] - before[i], after_api[i] - after_mcp[i]);
+        assert_eq!(over_mcp > 0, over_api > 0, "{method}: {over_mcp} records over MCP, {over_api} over the API");
+    }
 
     let log = server.stderr();
     for value in &planted {

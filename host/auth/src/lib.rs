@@ -291,6 +291,14 @@ pub fn validate_username(username: &str) -> Result<()> {
     Ok(())
 }
 
+/// The registry's door authenticates bearers here (`capstan_rpc::door`).
+#[async_trait::async_trait]
+impl capstan_rpc::door::Authenticator for Auth {
+    async fn authenticate(&self, bearer: &str) -> Result<Identity> {
+        Auth::authenticate(self, bearer).await
+    }
+}
+
 impl Auth {
     /// Declare the authentication collections, load (or create) the host JWT signing key,
     /// and set up the failed-login limiters (10 failures per username, 50 per source

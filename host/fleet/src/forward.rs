@@ -130,6 +130,41 @@ fn base_url(host: &str, port: u16) -> String {
     if host.contains(':') { format!("http://[{host}]:{port}") } else { format!("http://{host}:{port}") }
 }
 
+/// The header that carries a request's id (the same on every node's log lines).
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The fleet decides where the registry's coordinator-only calls are answered, and carries them
+/// to the lease holder over HTTP with the caller's own bearer (`capstan_rpc::door`).
+#[async_trait::async_trait]
+impl capstan_rpc::door::Coordination for Fleet {
+    fn node_id(&self) -> &str {
+        &self.node.identity.id
+    }
+
+    async fn forward(&self, call: capstan_rpc::door::Forward<'_>, forwarded: bool) -> Result<Option<capstan_rpc::door::Forwarded>> {
+        let (node_id, base_url) = match route(self, forwarded).await? {
+            Route::Here => return Ok(None),
+            Route::Holder { node_id, base_url } => (node_id, base_url),
+        };
+        let mut outgoing = self
+            .http
+            .post(format!("{base_url}/api/v1/{}", call.method))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(REQUEST_ID, call.request_id)
+            .header(FORWARDED_BY, &self.node.identity.id)
+            .body(call.body.to_vec());
+        if let Some(bearer) = call.bearer {
+            outgoing = outgoing.header(reqwest::header::AUTHORIZATION, format!("Bearer {bearer}"));
+        }
+        tracing::info!(method = %call.method, holder = %node_id, "forwarding a coordinator-only request");
+        let reply = outgoing.send().await.map_err(|e| unreachable(&node_id, e))?;
+        let status = reply.status().as_u16();
+        let answered_by = reply.headers().get(ANSWERED_BY).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let body = reply.bytes().await.map_err(|e| unreachable(&node_id, e))?.to_vec();
+        Ok(Some(capstan_rpc::door::Forwarded { status, answered_by, body }))
+    }
+}
+
 /// The refusal for a holder that could not be reached or answered with something unreadable.
 pub fn unreachable(holder: &str, error: impl std::fmt::Display) -> Refusal {
     unavailable(format!("the coordinator {holder} could not be reached; retry shortly"))

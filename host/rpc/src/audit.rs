@@ -7,7 +7,7 @@
 //!
 //! A method is state-changing unless it is declared read-only ([`Method::read_only`]); every
 //! plugin method is (the plugin contract declares no read-only flag). The record is written
-//! by [`Registry::call`] right after the method answered, in a transaction of its own: the
+//! by [`Registry::invoke`] right after the method answered, in a transaction of its own: the
 //! methods open their own transactions (often several, or none for a plugin), so the record
 //! cannot join them, and a failure to write it is logged and never turns a done mutation into
 //! a refusal.
@@ -388,13 +388,15 @@ impl Registry {
     }
 
     /// Run `method` for `call` as [`Method::call`] does, and record the call in the audit log
-    /// when the method changes state (whether it answered or refused).
-    pub async fn call(&self, method: &Method, call: Call, body: Value) -> Result<Value> {
+    /// when the method changes state (whether it answered or refused). Callers come in through
+    /// [`Registry::invoke`], which runs a call here once it is established and not forwarded.
+    #[cfg(test)]
+    pub(crate) async fn call(&self, method: &Method, call: Call, body: Value) -> Result<Value> {
         self.answer(method, call, body).await?.into_value()
     }
 
     /// [`Registry::call`], the answer as [`Method::answer`] gives it (a plugin's text unparsed).
-    pub async fn answer(&self, method: &Method, call: Call, body: Value) -> Result<Answer> {
+    pub(crate) async fn answer(&self, method: &Method, call: Call, body: Value) -> Result<Answer> {
         let Some(log) = self.audit.as_ref().filter(|_| !method.read_only) else {
             return method.answer(call, body).await;
         };
@@ -413,7 +415,7 @@ impl Registry {
 
     /// Record that `call` to `method` was refused before the method ran (its body could not be
     /// read), when the method changes state.
-    pub async fn refused(&self, method: &Method, call: &Call, refusal: &Refusal) {
+    pub(crate) async fn refused(&self, method: &Method, call: &Call, refusal: &Refusal) {
         if let Some(log) = self.audit.as_ref().filter(|_| !method.read_only) {
             log.append(Record::of(method, call, Vec::new(), Err(refusal))).await;
         }

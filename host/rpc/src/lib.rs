@@ -1,17 +1,20 @@
 //! The method registry: every typed API method with its JSON Schemas, who may call it, and
 //! strict decoding of request bodies against the method's input type. No HTTP here: the
-//! server, the dashboard and the tests all call methods through [`Method::call`].
+//! server, the socket, the dashboard, MCP and the demo all call methods through the one door,
+//! [`Registry::invoke`] ([`door`]).
 //!
 //! A method's handler gets the [`Call`] (who is calling, from where, under which request id)
 //! and the context its area registered it with ([`Registry::with`]): a subsystem reaches the
 //! services it was given, never the whole host.
 
 pub mod audit;
+pub mod door;
 pub mod identity;
 pub mod organizations;
 pub mod receipts;
 
 pub use capstan_core::refusal;
+pub use door::{Body, Caller, Invocation, Invoked};
 pub use identity::{ADMIN_FRESHNESS, Identity, denied};
 pub use organizations::{OrgRole, OrganizationAuthority};
 
@@ -235,6 +238,8 @@ pub struct Registry {
     sources: Vec<Arc<dyn MethodSource>>,
     /// Where [`Registry::call`] records state-changing calls (see [`audit`]).
     audit: Option<audit::AuditLog>,
+    /// What [`Registry::invoke`] authenticates and forwards with.
+    keepers: door::Keepers,
 }
 
 /// Registration of one area's methods, each handed a clone of the area's context per call.

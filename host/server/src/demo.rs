@@ -9,7 +9,7 @@
 
 use crate::api::AppState;
 use capstan_core::Refusal;
-use capstan_rpc::{Call, Identity};
+use capstan_rpc::{Identity, Invocation};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -33,9 +33,9 @@ fn installer() -> Identity {
     }
 }
 
+/// Call `method` as the installer through the API's one door (audited as any caller's write).
 async fn call(state: &AppState, method: &str, body: Value) -> Result<Value, Refusal> {
-    let entry = state.methods.resolve(method).await?;
-    entry.call(Call::by(&installer()), body).await
+    state.methods.invoke(Invocation::verified(method, &installer(), None, body)).await?.into_value()
 }
 
 /// `method` once: created now (`Some`), or there already (`None`, refused `exists`).

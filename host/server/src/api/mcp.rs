@@ -11,13 +11,14 @@
 //! The transport runs stateless (no session kept between requests), so any node of a fleet
 //! answers any request behind a load balancer.
 
-use super::{ApiError, AppState, Call, bearer_token};
+use super::{ApiError, AppState, bearer_token};
 use crate::auth::Identity;
 use crate::refusal::Refusal;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use capstan_rpc::Invocation;
 use rmcp::ErrorData;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, InitializeResult, ListToolsResult, PaginatedRequestParams,
@@ -183,16 +184,19 @@ impl rmcp::ServerHandler for Tools {
     }
 
     async fn call_tool(&self, request: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
-        let identity = context
-            .extensions
-            .get::<axum::http::request::Parts>()
+        let parts = context.extensions.get::<axum::http::request::Parts>();
+        let identity = parts
             .and_then(|parts| parts.extensions.get::<Identity>())
             .cloned()
             // `admit` put it there; without it nothing is answered
             .ok_or_else(|| ErrorData::internal_error("the caller is not known", None))?;
+        // the bearer `admit` checked: a forwarded call carries it to the coordinator
+        let bearer = parts.and_then(|parts| bearer_token(&parts.headers)).map(str::to_string);
+        let request_id = parts.and_then(|parts| parts.extensions.get::<super::RequestId>()).map(|r| r.0.clone()).unwrap_or_default();
+        let asker = Asker { identity, bearer, request_id };
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let answer = match TOOLS.iter().find(|t| t.name == request.name) {
-            Some(spec) => self.run(spec.name, &identity, arguments).await,
+            Some(spec) => self.run(spec.name, &asker, arguments).await,
             None => return Err(ErrorData::invalid_params(format!("there is no tool {:?}", truncated(&request.name)), None)),
         };
         Ok(match answer {
@@ -205,7 +209,7 @@ impl rmcp::ServerHandler for Tools {
 }
 
 impl Tools {
-    async fn run(&self, tool: &str, identity: &Identity, arguments: Value) -> Result<Value, Refusal> {
+    async fn run(&self, tool: &str, identity: &Asker, arguments: Value) -> Result<Value, Refusal> {
         match tool {
             "list_clusters" => {
                 let args: PageArgs = capstan_rpc::decode(arguments)?;
@@ -244,10 +248,18 @@ impl Tools {
         }
     }
 
-    /// Call a registered method as `identity`, exactly as the API would.
-    async fn call(&self, identity: &Identity, method: &str, body: Value) -> Result<Value, Refusal> {
-        self.state.methods.resolve(method).await?.call(Call::by(identity), body).await
+    /// Call a registered method as the asker, through the API's one door.
+    async fn call(&self, asker: &Asker, method: &str, body: Value) -> Result<Value, Refusal> {
+        let invocation = Invocation::verified(method, &asker.identity, asker.bearer.as_deref(), body).with_request_id(&asker.request_id);
+        self.state.methods.invoke(invocation).await?.into_value()
     }
+}
+
+/// Who asks for a tool: the administrator `admit` let in, their bearer and the request's id.
+struct Asker {
+    identity: Identity,
+    bearer: Option<String>,
+    request_id: String,
 }
 
 fn truncated(name: &str) -> String {

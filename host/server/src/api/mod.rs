@@ -34,7 +34,9 @@ use tracing::Instrument;
 
 /// The registry's module, under the name callers used before it became its own crate.
 pub use capstan_rpc as methods;
+use capstan_rpc::door::Forwarded;
 pub use capstan_rpc::{Access, Call, Registry, receipts};
+use capstan_rpc::{Caller, Invocation, Invoked};
 
 /// What every HTTP handler can reach. Methods reach only the context their area registered
 /// them with (see [`AppState::build`]).
@@ -169,6 +171,8 @@ impl AppState {
         capstan_registry::deployments::register(&mut registry, oci.clone());
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
+        registry.set_authenticator(auth.clone());
+        registry.set_coordination(fleet.clone());
         plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
         plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
         plugins.set_public_origin(&public_origin);
@@ -391,7 +395,7 @@ pub(crate) fn log_refusal(refusal: &Refusal) {
     }
 }
 
-const REQUEST_ID: &str = "x-request-id";
+const REQUEST_ID: &str = forward::REQUEST_ID;
 
 /// The target of the per-request access line: `CAPSTAN_LOG=info,capstan::access=debug` logs
 /// every request, where the default logs only those refused, failed or slow.
@@ -475,129 +479,26 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
     // the server drop the connection, which a client reusing connections would trip over.
     let bytes = read_body(headers, body, state.max_body_bytes).await?;
     let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
-    let incoming = Incoming {
-        name: &name,
-        bearer: bearer_token(headers),
-        verified: None,
+    let decode = |bytes: &[u8]| json_body(headers, bytes);
+    let invocation = Invocation {
+        method: &name,
+        caller: Caller::Bearer(bearer_token(headers)),
         source,
         request_id: &request_id,
         forwarded: headers.contains_key(forward::FORWARDED_BY),
-        raw: &bytes,
+        body: capstan_rpc::Body::Raw { bytes: &bytes, decode: &decode },
     };
-    let answered_by = |mut response: Response, node: Option<HeaderValue>| {
-        if let Some(node) = node {
-            response.headers_mut().insert(forward::ANSWERED_BY, node);
-        }
-        response
-    };
-    match dispatch(&state, incoming, |bytes| json_body(headers, bytes)).await? {
-        Answered::Here { value, answered_by: node } => {
-            Ok(answered_by(Json(value).into_response(), node.and_then(|n| HeaderValue::from_str(&n).ok())))
-        }
-        Answered::There { status, answered_by: node, body } => {
+    let (mut response, answered_by) = match state.methods.invoke(invocation).await? {
+        Invoked::Here { answer, answered_by } => (Json(answer).into_response(), answered_by),
+        Invoked::There(Forwarded { status, answered_by, body }) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            let response = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
-            Ok(answered_by(response, node))
-        }
-    }
-}
-
-/// One method call as it reaches the host, over HTTP (`POST /api/v1/<method>`) or the socket
-/// (`/api/v1/socket`): both answer it through [`dispatch`], so access, body validation,
-/// receipts and coordinator forwarding are one code path.
-pub(crate) struct Incoming<'a> {
-    /// The method's name.
-    pub name: &'a str,
-    /// The bearer token the caller presented, if any.
-    pub bearer: Option<&'a str>,
-    /// A caller verified otherwise (a relay session, by its relay bearer): it stands for
-    /// itself, and `bearer` is `None`.
-    pub verified: Option<&'a crate::auth::Identity>,
-    /// The client's address.
-    pub source: Option<std::net::IpAddr>,
-    /// The request's id (logged, and passed on when forwarded).
-    pub request_id: &'a str,
-    /// The request came from another fleet node forwarding it here.
-    pub forwarded: bool,
-    /// The body as the client sent it (forwarded as is to the coordinator).
-    pub raw: &'a [u8],
-}
-
-/// How a dispatched call was answered.
-pub(crate) enum Answered {
-    /// By this node; `answered_by` names it for a coordinator-only method.
-    Here { value: capstan_rpc::Answer, answered_by: Option<String> },
-    /// By the coordinator, whose HTTP answer is passed on as it came.
-    There { status: u16, answered_by: Option<HeaderValue>, body: Bytes },
-}
-
-/// Resolve the method, establish the caller as its access needs, decode the body (`input`,
-/// after the caller is known, as HTTP always has) and run it here or on the coordinator.
-pub(crate) async fn dispatch(
-    state: &AppState,
-    incoming: Incoming<'_>,
-    input: impl FnOnce(&[u8]) -> Result<Value, Refusal>,
-) -> Result<Answered, Refusal> {
-    let Incoming { name, bearer, verified, source, request_id, forwarded, raw } = incoming;
-    // host and plugin methods alike: a plugin's are registry entries while it is loaded here
-    let method = state.methods.resolve(name).await?;
-    let identity = match method.access {
-        _ if verified.is_some() => verified.cloned(),
-        // a public method serves anyone; a valid token only tells it who is asking
-        Access::Public => match bearer {
-            Some(bearer) => state.auth.authenticate(bearer).await.ok(),
-            None => None,
-        },
-        Access::Authenticated | Access::Member | Access::Owner | Access::Admin => {
-            let bearer = bearer.ok_or_else(crate::auth::denied)?;
-            Some(state.auth.authenticate(bearer).await?)
+            ((status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response(), answered_by)
         }
     };
-    let request_id = request_id.to_string();
-    let input = match input(raw) {
-        Ok(input) => input,
-        Err(refusal) => {
-            // the caller is known: a body that could not be read is a refused call
-            let call = Call { identity, source, request_id, body_text: None };
-            state.methods.refused(&method, &call, &refusal).await;
-            return Err(refusal);
-        }
-    };
-    let fleet = state.fleet.clone();
-    // through the registry, which records a state-changing call in the audit log
-    let registry = &state.methods;
-    // the JSON text the input was parsed from, for a plugin to hand over unchanged
-    let body_text = (method.plugin.is_some() && !raw.iter().all(u8::is_ascii_whitespace))
-        .then(|| std::str::from_utf8(raw).ok().map(str::to_string))
-        .flatten();
-    if !method.coordinator_only {
-        let call = Call { identity, source, request_id, body_text };
-        return Ok(Answered::Here { value: registry.answer(&method, call, input).await?, answered_by: None });
+    if let Some(node) = answered_by.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert(forward::ANSWERED_BY, node);
     }
-    match forward::route(&fleet, forwarded).await? {
-        forward::Route::Here => {
-            let call = Call { identity, source, request_id, body_text };
-            Ok(Answered::Here { value: registry.answer(&method, call, input).await?, answered_by: Some(fleet.node.identity.id.clone()) })
-        }
-        forward::Route::Holder { node_id, base_url } => {
-            let mut outgoing = fleet
-                .http
-                .post(format!("{base_url}/api/v1/{name}"))
-                .header(header::CONTENT_TYPE, "application/json")
-                .header(REQUEST_ID, &request_id)
-                .header(forward::FORWARDED_BY, &fleet.node.identity.id)
-                .body(raw.to_vec());
-            if let Some(bearer) = bearer {
-                outgoing = outgoing.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
-            }
-            tracing::info!(method = %name, holder = %node_id, "forwarding a coordinator-only request");
-            let reply = outgoing.send().await.map_err(|e| forward::unreachable(&node_id, e))?;
-            let status = reply.status().as_u16();
-            let answered_by = reply.headers().get(forward::ANSWERED_BY).cloned();
-            let body = reply.bytes().await.map_err(|e| forward::unreachable(&node_id, e))?;
-            Ok(Answered::There { status, answered_by, body })
-        }
-    }
+    Ok(response)
 }
 
 /// A request body as JSON (an empty body is `{}`); other content types are refused.

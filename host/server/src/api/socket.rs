@@ -3,7 +3,7 @@
 //!
 //! A session starts with the client's offer (its kind and the protocols it speaks); the host
 //! answers `welcome` with the protocol it chose, or refuses by name and closes. Each `call`
-//! frame is dispatched by [`super::dispatch`], the very function HTTP calls, so a method is
+//! frame goes through the registry's one door ([`capstan_rpc::Registry::invoke`]), as HTTP's do, so a method is
 //! resolved, authenticated, decoded, forwarded to the coordinator and logged the same way, and
 //! its refusal is the same error object. The host pushes to sessions through the [`Hub`].
 //!
@@ -13,7 +13,7 @@
 //! lets it fill is dropped (`slow-reader`), never buffered for; a peer silent for
 //! [`SILENCE_TIMEOUT`] while pinged every [`PING_INTERVAL`] is closed (`ping-timeout`).
 
-use super::{Answered, ApiError, AppState, Incoming, bearer_token, dispatch, log_refusal};
+use super::{ApiError, AppState, bearer_token, log_refusal};
 use crate::auth::Identity;
 use crate::refusal::Refusal;
 use axum::body::Bytes;
@@ -23,6 +23,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::http::{Extensions, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use capstan_rpc::{Body, Caller, Invocation, Invoked};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
@@ -802,62 +803,42 @@ fn frame_in(session: &Session, text: &str) {
     tokio::spawn(
         async move {
             let started = std::time::Instant::now();
-            let raw = serde_json::to_vec(&body).unwrap_or_default();
-            let incoming = Incoming {
-                name: &method,
-                bearer: token.as_deref(),
-                verified: verified.as_ref(),
-                source,
-                request_id: &request_id,
-                forwarded: false,
-                raw: &raw,
+            let caller = match verified {
+                Some(identity) => Caller::Verified { identity, bearer: token.as_deref() },
+                None => Caller::Bearer(token.as_deref()),
             };
             let relays = &state.relays;
             let dispatched = async {
-                if verified.is_some() {
+                if matches!(caller, Caller::Verified { .. }) {
                     relays.check(&session_id).await?;
                 }
                 // a registration belongs to this socket: answered here, never dispatched
                 if method == "relays.register" {
-                    return Ok(Answered::Here { value: relays.register(&session_id, body).await?.into(), answered_by: None });
+                    return Ok(Invoked::Here { answer: relays.register(&session_id, body).await?.into(), answered_by: None });
                 }
-                dispatch(&state, incoming, |_| Ok(body)).await
+                let invocation =
+                    Invocation { method: &method, caller, source, request_id: &request_id, forwarded: false, body: Body::Value(body) };
+                state.methods.invoke(invocation).await
             };
-            let answer = match dispatched.await {
-                // a plugin's answer goes into the frame as the text it is
-                Ok(Answered::Here { value, answered_by }) => result_frame(ResultFrame {
-                    kind: "result",
-                    id: &id,
-                    request_id: &request_id,
-                    result: &value,
-                    answered_by: answered_by.as_deref(),
-                }),
-                Ok(Answered::There { status, answered_by, body }) => {
-                    let answered_by = answered_by.as_ref().and_then(|n| n.to_str().ok());
-                    let error = |error: Value| {
-                        let mut frame = json!({ "type": "error", "id": id, "requestId": request_id, "error": error });
-                        if let Some(node) = answered_by {
-                            frame["answeredBy"] = json!(node);
-                        }
-                        frame.to_string()
-                    };
-                    match serde_json::from_slice::<Value>(&body).ok() {
-                        Some(value) if (200..300).contains(&status) => {
-                            let result = &capstan_rpc::Answer::Tree(value);
-                            result_frame(ResultFrame { kind: "result", id: &id, request_id: &request_id, result, answered_by })
-                        }
-                        Some(Value::Object(mut envelope)) if envelope.contains_key("error") => {
-                            error(envelope.remove("error").unwrap_or_default())
-                        }
-                        _ => {
-                            let refusal = Refusal::new("coordinator-unavailable", "the coordinator's answer could not be read").retryable();
-                            error(json!(refusal))
-                        }
-                    }
+            let (answer, answered_by) = match dispatched.await {
+                Ok(Invoked::Here { answer, answered_by }) => (Ok(answer), answered_by),
+                Ok(Invoked::There(forwarded)) => {
+                    let answered_by = forwarded.answered_by.clone();
+                    (forwarded.into_answer(), answered_by)
                 }
+                Err(refusal) => (Err(refusal), None),
+            };
+            let answered_by = answered_by.as_deref();
+            let answer = match answer {
+                // a plugin's answer goes into the frame as the text it is
+                Ok(result) => result_frame(ResultFrame { kind: "result", id: &id, request_id: &request_id, result: &result, answered_by }),
                 Err(refusal) => {
                     log_refusal(&refusal);
-                    json!({ "type": "error", "id": id, "requestId": request_id, "error": refusal }).to_string()
+                    let mut frame = json!({ "type": "error", "id": id, "requestId": request_id, "error": refusal });
+                    if let Some(node) = answered_by {
+                        frame["answeredBy"] = json!(node);
+                    }
+                    frame.to_string()
                 }
             };
             tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "call done");

@@ -1,8 +1,9 @@
 //! The audit log as the assembled host keeps it: which methods are declared read-only, and
-//! calls through the registry (as the dispatcher and the dashboard make them) recorded.
+//! calls through the registry's one door (as HTTP, the socket, the dashboard, MCP and the demo
+//! make them) recorded.
 
 use super::inventory::World;
-use crate::api::Call;
+use capstan_rpc::Invocation;
 use serde_json::json;
 
 /// Verbs that only read. A host method named with one of them and not declared read-only (or
@@ -33,10 +34,9 @@ async fn host_methods_declare_reads_and_everything_else_is_audited() {
 async fn calls_through_the_registry_are_recorded_and_reads_are_not() {
     let world = World::new().await;
     let registry = &world.state.methods;
-    let call = |name: &str, body: serde_json::Value| {
-        let method = registry.get(name).unwrap();
-        let who = Call { request_id: "req-audit".into(), ..Call::by(&world.admin) };
-        async move { registry.call(&method, who, body).await }
+    let call = |name: &'static str, body: serde_json::Value| {
+        let invocation = Invocation::verified(name, &world.admin, None, body).with_request_id("req-audit");
+        async move { registry.invoke(invocation).await?.into_value() }
     };
     let org = call("organizations.create", json!({ "name": "audited" })).await.unwrap();
     call("organizations.list", json!({})).await.unwrap();
