@@ -70,7 +70,7 @@ async fn desired(store: &Store) -> Result<Vec<(RelayName, Option<Record>)>> {
                         continue;
                     }
                     let name = format!("relay.{}.{zone}", doc.id.replace('_', "-"));
-                    let registration = tx.get(capstan_secrets::relay_registrations::REGISTRATIONS, &doc.id).await?;
+                    let registration = tx.get(capstan_relays::registrations::REGISTRATIONS, &doc.id).await?;
                     let address = registration.and_then(|r| r.data["listenAddress"].as_str().map(str::to_string));
                     let (record, reason) = match address.as_deref().map(str::parse::<IpAddr>) {
                         None => (None, Some("the relay registered no listen address".to_string())),
@@ -226,7 +226,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sqlite = capstan_store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap();
         let store = Store::new(sqlite, capstan_store::DEFAULT_BUDGET);
-        for collection in [capstan_inventory::SETTINGS, capstan_inventory::CLUSTERS, capstan_secrets::relay_registrations::REGISTRATIONS] {
+        for collection in [capstan_inventory::SETTINGS, capstan_inventory::CLUSTERS, capstan_relays::registrations::REGISTRATIONS] {
             store.declare(CollectionSpec::new(collection)).await.unwrap();
         }
         assert!(desired(&store).await.unwrap().is_empty(), "no relay zone: no names");
@@ -246,7 +246,7 @@ mod tests {
                     for (id, enabled, address) in clusters {
                         tx.insert(capstan_inventory::CLUSTERS, id, json!({ "relay": { "enabled": enabled } })).await?;
                         if let Some(address) = address {
-                            tx.insert(capstan_secrets::relay_registrations::REGISTRATIONS, id, json!({ "listenAddress": address })).await?;
+                            tx.insert(capstan_relays::registrations::REGISTRATIONS, id, json!({ "listenAddress": address })).await?;
                         }
                     }
                     Ok(())

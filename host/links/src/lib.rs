@@ -37,15 +37,15 @@ impl Dependents for HostDependents {
     }
 
     async fn cluster_blocker(&self, tx: &Tx, cluster_id: &str, name: &str) -> Result<Option<Refusal>> {
-        match tx.is_declared(capstan_secrets::relay_registrations::SESSIONS) {
-            true => capstan_secrets::relay_registrations::cluster_blocker(tx, cluster_id, name).await,
+        match tx.is_declared(capstan_relays::registrations::SESSIONS) {
+            true => capstan_relays::registrations::cluster_blocker(tx, cluster_id, name).await,
             false => Ok(None),
         }
     }
 
     async fn cluster_removed(&self, tx: &Tx, cluster_id: &str) -> Result<()> {
-        match tx.is_declared(capstan_secrets::relay_registrations::SESSIONS) {
-            true => capstan_secrets::relay_registrations::cluster_removed(tx, cluster_id).await,
+        match tx.is_declared(capstan_relays::registrations::SESSIONS) {
+            true => capstan_relays::registrations::cluster_removed(tx, cluster_id).await,
             false => Ok(()),
         }
     }

@@ -7,6 +7,4 @@ pub mod ingress;
 pub mod managed;
 pub mod manifests;
 pub mod methods;
-pub mod relay_registrations;
-pub mod relays;
 pub mod sets;

@@ -38,7 +38,6 @@ pub async fn declare(store: &Store) -> Result<()> {
         .await?;
     store.declare(CollectionSpec::new(VERSIONS).index("by_secret", &["secretId"])).await?;
     super::managed::declare(store).await?;
-    super::relays::declare(store).await?;
     super::sets::declare(store).await?;
     super::manifests::declare(store).await
 }
@@ -425,7 +424,8 @@ pub(super) fn view(id: &str, revision: u64, secret: Secret) -> SecretView {
     SecretView { id: id.into(), revision, secret }
 }
 
-pub(super) fn parse_secret(doc: &capstan_store::Document) -> Result<Secret> {
+/// A stored secret document read as a [`Secret`] (`internal` when it is not one).
+pub fn parse_secret(doc: &capstan_store::Document) -> Result<Secret> {
     serde_json::from_value(doc.data.clone()).map_err(|e| Refusal::internal(format!("stored secret {} is malformed: {e}", doc.id)))
 }
 
@@ -462,7 +462,7 @@ pub async fn forget_service(tx: &Tx, service_id: &str) -> Result<()> {
 
 /// Revoke every active secret `owner` holds (their versions stay as history), in the caller's
 /// transaction.
-pub(crate) async fn revoke_owned(tx: &Tx, owner: &Owner) -> Result<()> {
+pub async fn revoke_owned(tx: &Tx, owner: &Owner) -> Result<()> {
     for doc in tx.find_all(SECRETS, "by_owner", &[json!(owner.reference())]).await? {
         let mut secret = parse_secret(&doc)?;
         if secret.state == State::Active {
@@ -835,7 +835,6 @@ const OWNER_REFUSALS: &[&str] =
 /// Register every `secrets.*` method, the SecretSet ones included.
 pub fn register(registry: &mut Registry, cx: Context) {
     super::sets::register(registry, cx.clone());
-    super::relays::register(registry, cx.clone());
     let mut registry = registry.with(cx);
     registry
         .add(

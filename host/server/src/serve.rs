@@ -92,6 +92,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let auth = Auth::new(store.clone(), &keyring, &config.public_origin).await?;
     crate::inventory::declare(&store).await?;
     crate::secrets::methods::declare(&store).await?;
+    crate::relays::declare(&store).await?;
     crate::nodes::declare(&store).await?;
     capstan_registry::declare(&store).await?;
     capstan_rpc::audit::declare(&store).await?;

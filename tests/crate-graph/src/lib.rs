@@ -42,6 +42,22 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "capstan-secrets",
         &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-inventory"],
     ),
+    // cluster relays: the credential (a system secret), registrations and liveness in the store,
+    // the election, calls carried to the fleet node holding a relay, the configuration pushed;
+    // the sockets are the server's, reached through its Sessions trait
+    (
+        "capstan-relays",
+        &[
+            "capstan-core",
+            "capstan-store",
+            "capstan-rpc",
+            "capstan-fleet",
+            "capstan-events",
+            "capstan-auth",
+            "capstan-inventory",
+            "capstan-secrets",
+        ],
+    ),
     // nodes: jump codes, enrollment, the node credential authority, heartbeats, hostname
     // intents; its records live beside the inventory's clusters
     ("capstan-nodes", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-events", "capstan-inventory"]),
@@ -72,7 +88,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // the external gateway's enrollment: its settings from the inventory, its credential a
     // system secret, the admin token opened by the secrets' sealed-input path
-    ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets"]),
+    ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-relays"]),
     // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
     // (the keyring: the secrets a plugin reaches are sealed and opened with it; the nodes: the
     // nodes of clusters a plugin reads, with their liveness)
@@ -85,6 +101,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-rpc",
             "capstan-inventory",
             "capstan-secrets",
+            "capstan-relays",
             "capstan-nodes",
             "capstan-plugin-host",
             "capstan-registry",
@@ -105,6 +122,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-auth",
             "capstan-inventory",
             "capstan-secrets",
+            "capstan-relays",
             "capstan-nodes",
             "capstan-registry",
             "capstan-scheduler",

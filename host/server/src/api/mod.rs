@@ -158,14 +158,14 @@ impl AppState {
         );
         let secrets = crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() };
         crate::secrets::methods::register(&mut registry, secrets.clone());
-        let gateway = capstan_gateway::Context::new(secrets);
+        let gateway = capstan_gateway::Context::new(secrets.clone());
         capstan_gateway::register(&mut registry, gateway.clone());
         let nodes = crate::nodes::Context::new(store.clone(), public_origin.clone(), dev);
         crate::nodes::register(&mut registry, nodes.clone());
         let sockets = Arc::new(socket::Hub::new(socket::Limits::for_bodies(max_body_bytes)));
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
-        crate::relays::methods::register(&mut registry, relays.clone());
+        crate::relays::register(&mut registry, secrets.clone(), relays.clone());
         let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);
         capstan_registry::methods::register(&mut registry, oci.clone());
         capstan_registry::deployments::register(&mut registry, oci.clone());
@@ -173,7 +173,7 @@ impl AppState {
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_authenticator(auth.clone());
         registry.set_coordination(fleet.clone());
-        plugins.set_agent_dispatch(Arc::new(crate::relays::AgentCalls(relays.clone())));
+        plugins.set_agent_dispatch(Arc::new(crate::plugins::agents::AgentCalls(relays.clone())));
         plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
         plugins.set_public_origin(&public_origin);
         AppState {
@@ -260,6 +260,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
+    crate::relays::declare(&store).await.unwrap();
     crate::nodes::declare(&store).await.unwrap();
     capstan_registry::declare(&store).await.unwrap();
     capstan_rpc::audit::declare(&store).await.unwrap();
@@ -350,7 +351,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/api/v1/{method}", post(call_method).fallback(method_not_allowed))
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
         .route(crate::plugins::transfers::PATH, put(transfers::upload).get(transfers::download).fallback(method_not_allowed))
-        .route(crate::relays::forward::PATH, post(crate::relays::forward::answer).fallback(method_not_allowed))
+        .route(crate::relays::forward::PATH, post(relay_call).fallback(method_not_allowed))
         .merge(mcp::routes(&state))
         .merge(nodes::routes())
         .merge(capstan_registry::routes(state.registry.clone()))
@@ -563,6 +564,19 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         }
         Refusal::invalid_request("the request body could not be read").detail(e)
     })
+}
+
+/// `POST /fleet/v1/relay-call`: a call another fleet node carried here for a relay this node
+/// holds (`capstan_relays::forward`), answered `{result}` or with the error envelope.
+async fn relay_call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Json<Value>, ApiError> {
+    use crate::relays::forward::{AT, FROM, MAX_BODY, NONCE, SIGNATURE, Signed};
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| Refusal::new("request-too-large", format!("a carried relay call is at most {MAX_BODY} bytes")))?;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let signed = Signed { from: header(FROM), at: header(AT), nonce: header(NONCE), signature: header(SIGNATURE) };
+    let result = state.relays.carried(signed, &bytes).await?;
+    Ok(Json(json!({ "result": result })))
 }
 
 async fn method_not_allowed() -> ApiError {

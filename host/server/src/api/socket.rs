@@ -94,7 +94,7 @@ pub mod close {
     /// `session-expired`: the token the session opened with expired.
     pub const SESSION_EXPIRED: u16 = 4010;
     /// `relay-credential-generation-stale`: a relay's bearer was rotated away.
-    pub const RELAY_CREDENTIAL_STALE: u16 = 4011;
+    pub const RELAY_CREDENTIAL_STALE: u16 = capstan_relays::CLOSE_CREDENTIAL_STALE;
 }
 
 /// What a session says it is (the offer's `kind`).
@@ -226,6 +226,22 @@ pub struct Delivery {
     pub queued: usize,
     /// Sessions dropped because their outbound queue was full.
     pub dropped: usize,
+}
+
+/// Relays ride on this host's sessions.
+impl crate::relays::Sessions for Hub {
+    fn send(&self, id: &str, frame: String) -> bool {
+        Hub::send(self, id, frame)
+    }
+    fn end(&self, id: &str, code: u16, reason: &'static str) {
+        Hub::end(self, id, code, reason)
+    }
+    fn push_to_admins(&self, topic: &str, body: &Value) {
+        self.push(Target::Admins, topic, body);
+    }
+    fn max_frame_bytes(&self) -> usize {
+        self.limits.max_frame_bytes
+    }
 }
 
 /// The open sessions of this host, and how host code pushes to them.
@@ -405,7 +421,7 @@ struct Accepted {
     token: Option<String>,
     identity: Option<Identity>,
     /// A relay session: the cluster and credential its bearer verified as.
-    relay: Option<capstan_secrets::relays::Verified>,
+    relay: Option<crate::relays::credentials::Verified>,
 }
 
 /// Judge the first frame: a readable offer first, then its protocols (before anything about the
@@ -458,7 +474,7 @@ async fn judge_offer(state: &AppState, first: Message, header_bearer: Option<Str
                 Refusal::new("unauthenticated", "a relay session needs its relay bearer as the offer's token"),
             ));
         };
-        return match crate::relays::identify(state, bearer.as_bytes()).await {
+        return match crate::relays::identify(&state.store, bearer.as_bytes()).await {
             Ok((verified, identity)) => {
                 Ok(Accepted { protocol, kind, token: Some(bearer), identity: Some(identity), relay: Some(verified) })
             }

@@ -6,7 +6,7 @@
 use super::socket::{Server, Ws, call, closed_with, connect, next, open, send, serve};
 use crate::api::{AppState, Pages, router};
 use crate::listener::TrustedProxies;
-use crate::secrets::relay_registrations;
+use crate::relays::registrations as relay_registrations;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -296,7 +296,7 @@ async fn calls_reach_the_one_elected_relay_and_its_refusals_come_back_by_name() 
     eventually_live(&w, false).await;
     admin(&w.server, "clusters.delete", json!({ "id": w.cluster, "expectedRevision": revision })).await;
     // what only the cluster held of its relay went with it
-    for collection in [relay_registrations::REGISTRATIONS, crate::secrets::relays::CREDENTIALS] {
+    for collection in [relay_registrations::REGISTRATIONS, crate::relays::credentials::CREDENTIALS] {
         let left = store.transact(|tx| async move { Ok(tx.scan(collection, None, 10).await?.documents.len()) }).await.unwrap();
         assert_eq!(left, 0, "{collection} keeps nothing of the deleted cluster");
     }
@@ -417,6 +417,6 @@ async fn bearers_issued_before_their_index_are_indexed_at_start() {
         .await
         .unwrap();
     assert!(relay_registrations::identify(store, w.bearer.as_bytes()).await.is_err(), "no index, no cluster");
-    crate::secrets::relays::declare(store).await.unwrap();
+    crate::relays::declare(store).await.unwrap();
     assert_eq!(relay_registrations::identify(store, w.bearer.as_bytes()).await.unwrap().cluster_id, w.cluster);
 }

@@ -4,7 +4,7 @@
 use crate::api::{AppState, Call, test_state};
 use crate::auth::Identity;
 use crate::refusal::Refusal;
-use crate::secrets::relays;
+use crate::relays::credentials as relays;
 use serde_json::{Value, json};
 
 const PASSWORD: &str = "a-long-enough-admin-password";

@@ -1,7 +1,9 @@
 //! Plugins: the plugin host (`capstan-plugin-host`), the first-party bundles this binary
-//! embeds, and how plugins' gateway requests reach the gateway ([`gateway`]).
+//! embeds, how plugins' gateway requests reach the gateway ([`gateway`]) and their agent
+//! calls the cluster relays ([`agents`]).
 
 pub use capstan_plugin_host::*;
 
+pub mod agents;
 pub mod first_party;
 pub mod gateway;

@@ -13,12 +13,12 @@
 //! `capstan keyring export-relay-authorization` calls to write it to a private file; every
 //! export leaves a receipt (who, which credential and generation, when — never the bearer).
 
-use super::envelope;
-use super::methods::{Context, Owner, SECRETS, Secret, State, VERSIONS, Version, material_context, parse_secret};
 use capstan_core::clock::now_secs;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::emit;
 use capstan_rpc::{Access, Call, Registry, receipts};
+use capstan_secrets::envelope;
+use capstan_secrets::methods::{Context, Owner, SECRETS, Secret, State, VERSIONS, Version, material_context, parse_secret};
 use capstan_store::{CollectionSpec, Store, Tx};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,7 +39,7 @@ const BEARER_BYTES: usize = 32;
 pub async fn declare(store: &Store) -> Result<()> {
     store.declare(CollectionSpec::new(CREDENTIALS)).await?;
     store.declare(CollectionSpec::new(EXPORTS).index("by_cluster", &["clusterId"])).await?;
-    super::relay_registrations::declare(store).await
+    crate::registrations::declare(store).await
 }
 
 /// The system id owning a cluster's relay bearer, which is also its management scope's tail.
@@ -401,7 +401,7 @@ pub async fn mutate(cx: Context, call: Call, input: MutateInput) -> Result<Crede
                         previous: Vec::new(),
                     };
                     tx.insert(CREDENTIALS, &input.cluster_id, serde_json::to_value(&record).map_err(Refusal::internal)?).await?;
-                    super::relay_registrations::record_bearer(&tx, &input.cluster_id, 1, bearer).await?;
+                    crate::registrations::record_bearer(&tx, &input.cluster_id, 1, bearer).await?;
                     emit(
                         &tx,
                         "relay.credentialIssued",
@@ -424,7 +424,7 @@ pub async fn mutate(cx: Context, call: Call, input: MutateInput) -> Result<Crede
                     (next.secret_id, next.version_id) = (secret_id, version_id);
                     (next.updated_at, next.updated_by) = (at, actor.into());
                     tx.replace(CREDENTIALS, &input.cluster_id, revision, serde_json::to_value(&next).map_err(Refusal::internal)?).await?;
-                    super::relay_registrations::record_bearer(&tx, &input.cluster_id, next.generation, bearer).await?;
+                    crate::registrations::record_bearer(&tx, &input.cluster_id, next.generation, bearer).await?;
                     emit(
                         &tx,
                         "relay.credentialRotated",
@@ -501,7 +501,7 @@ pub(crate) async fn credential_removed(tx: &Tx, cluster_id: &str) -> Result<()> 
     if let Some((revision, _)) = read_record(tx, cluster_id).await? {
         tx.delete(CREDENTIALS, cluster_id, revision).await?;
     }
-    super::methods::revoke_owned(tx, &Owner::System { system_id: system_id(cluster_id) }).await
+    capstan_secrets::methods::revoke_owned(tx, &Owner::System { system_id: system_id(cluster_id) }).await
 }
 
 /// `relays.exportAuthorization`: the bearer of the exact expected generation, read from the

@@ -7,12 +7,12 @@
 //! goes over plain HTTP, so only on a private network (`lan`, `wireguard`): a node on `public`
 //! refuses `relay-elsewhere`, naming the node that holds the relay.
 
-use crate::fleet::forward::{Unfollowable, peer};
-use crate::fleet::runtime::Fleet;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
+use capstan_fleet::forward::{Unfollowable, peer};
+use capstan_fleet::runtime::Fleet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -133,9 +133,9 @@ impl Peers {
         if nonce.is_empty() || nonce.len() > 128 {
             return Err(refused("no nonce"));
         }
-        let Some(key) = crate::fleet::claimed_key(&self.fleet.node.blobs, from).await? else { return Err(refused("unknown node")) };
+        let Some(key) = capstan_fleet::claimed_key(&self.fleet.node.blobs, from).await? else { return Err(refused("unknown node")) };
         let to = &self.fleet.node.identity.id;
-        if !crate::fleet::signed::signature_valid(&key, &message(from, to, at, nonce, body), signature) {
+        if !capstan_fleet::signed::signature_valid(&key, &message(from, to, at, nonce, body), signature) {
             return Err(refused("bad signature"));
         }
         let mut seen = self.seen.lock().expect("the nonce table is never poisoned");
@@ -147,21 +147,27 @@ impl Peers {
     }
 }
 
-/// `POST /fleet/v1/relay-call`: a call another fleet node carried here for a relay this node
-/// holds, answered `{result}` or with the error envelope.
-pub async fn answer(
-    axum::extract::State(state): axum::extract::State<crate::api::AppState>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Body,
-) -> Result<axum::Json<Value>, crate::api::ApiError> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|_| Refusal::new("request-too-large", format!("a carried relay call is at most {MAX_BODY} bytes")))?;
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-    let relays = &state.relays;
-    relays.peers.admit(&header(FROM), &header(AT), &header(NONCE), &header(SIGNATURE), &bytes).await?;
-    let call: RelayCall = serde_json::from_slice(&bytes).map_err(|e| Refusal::invalid_request(format!("a carried relay call: {e}")))?;
-    let timeout = Duration::from_millis(call.deadline_ms).min(super::MAX_DEADLINE);
-    let result = relays.call_here(&call.session_id, &call.cluster_id, &call.method, call.body, timeout).await?;
-    Ok(axum::Json(json!({ "result": result })))
+/// How a carried call announces itself: the sender, when it signed, its nonce, its signature
+/// (the headers [`FROM`], [`AT`], [`NONCE`], [`SIGNATURE`]).
+pub struct Signed<'a> {
+    /// The sending node's id.
+    pub from: &'a str,
+    /// When it signed, as sent.
+    pub at: &'a str,
+    /// Its nonce.
+    pub nonce: &'a str,
+    /// Its signature (base64).
+    pub signature: &'a str,
+}
+
+impl super::Relays {
+    /// A call another fleet node carried here (`POST /fleet/v1/relay-call`) for a relay this
+    /// node holds: judged ([`Peers::admit`]), then asked of the relay; its result, or the relay's
+    /// refusal.
+    pub async fn carried(&self, signed: Signed<'_>, body: &[u8]) -> Result<Value> {
+        self.peers.admit(signed.from, signed.at, signed.nonce, signed.signature, body).await?;
+        let call: RelayCall = serde_json::from_slice(body).map_err(|e| Refusal::invalid_request(format!("a carried relay call: {e}")))?;
+        let timeout = Duration::from_millis(call.deadline_ms).min(super::MAX_DEADLINE);
+        self.call_here(&call.session_id, &call.cluster_id, &call.method, call.body, timeout).await
+    }
 }

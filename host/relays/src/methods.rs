@@ -1,9 +1,9 @@
 //! `relays.register` and `relays.list`: the relay methods that need this node's sockets.
 
 use super::Relays;
+use crate::registrations::{self, Accepted, Listed, RegisterInput};
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
-use capstan_secrets::relay_registrations::{self as registrations, Accepted, Listed, RegisterInput};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

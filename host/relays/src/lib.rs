@@ -1,20 +1,24 @@
-//! The cluster relays this fleet node holds: their registration over the socket, the one
-//! election everything that must reach a cluster goes through, requests to the elected relay
-//! and the configuration pushed to it (docs/relays.md, "The relay's session").
+//! Cluster relays, in one place (docs/relays.md): a cluster's relay credential
+//! ([`credentials`], `relays.*` of the bearer), its registration and liveness as the store keeps
+//! them ([`registrations`]), and the relays this fleet node holds — their registration over the
+//! socket, the one election everything that must reach a cluster goes through, requests to the
+//! elected relay wherever in the fleet it is connected ([`forward`]) and the configuration
+//! pushed to it.
 //!
-//! What must survive a restart or be seen by every fleet node is in the store
-//! ([`capstan_secrets::relay_registrations`]): the registration record and one row per
-//! registered socket, renewed while the socket is open. What only this process can know — which
-//! socket is which relay, the sequence a socket counted, the requests waiting for a reply — is
-//! here, in memory, and dies with the socket.
+//! What must survive a restart or be seen by every fleet node is in the store: the registration
+//! record and one row per registered socket, renewed while the socket is open. What only this
+//! process can know — which socket is which relay, the sequence a socket counted, the requests
+//! waiting for a reply — is here, in memory, and dies with the socket. The sockets themselves are
+//! the server's; relays reach them through [`Sessions`].
 
+pub mod credentials;
 pub mod forward;
 pub mod methods;
+pub mod registrations;
 
-use crate::api::socket::{Hub, Target, close};
 use capstan_core::refusal::{Refusal, Result};
-use capstan_secrets::relay_registrations::{self as registrations, RegisterInput, Socket};
 use capstan_store::Store;
+use registrations::{RegisterInput, Socket};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -22,6 +26,34 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use zeroize::Zeroizing;
+
+/// The close code of a relay session whose bearer was rotated away
+/// (`relay-credential-generation-stale`).
+pub const CLOSE_CREDENTIAL_STALE: u16 = 4011;
+
+/// The socket sessions relays ride on (the server's hub), as relays use them.
+pub trait Sessions: Send + Sync {
+    /// Queue `frame` for the open session `id`; `false` when it is not open.
+    fn send(&self, id: &str, frame: String) -> bool;
+    /// End the session `id` with the close `code` and `reason`.
+    fn end(&self, id: &str, code: u16, reason: &'static str);
+    /// Push `topic` with `body` to the administrators' sessions on this node.
+    fn push_to_admins(&self, topic: &str, body: &Value);
+    /// The largest frame a session takes.
+    fn max_frame_bytes(&self) -> usize;
+}
+
+/// Declare the relays' collections (credentials, export receipts, bearers, registrations,
+/// sockets).
+pub async fn declare(store: &Store) -> Result<()> {
+    credentials::declare(store).await
+}
+
+/// Register every `relays.*` method: the credential's (over the secrets) and the sockets'.
+pub fn register(registry: &mut capstan_rpc::Registry, secrets: capstan_secrets::methods::Context, relays: Arc<Relays>) {
+    credentials::register(registry, secrets);
+    methods::register(registry, relays);
+}
 
 /// The push topic of a cluster's configuration.
 pub const CONFIG_TOPIC: &str = "relay.config";
@@ -54,7 +86,7 @@ struct Waiting {
 /// The relays of this fleet node.
 pub struct Relays {
     store: Store,
-    hub: Arc<Hub>,
+    sessions: Arc<dyn Sessions>,
     fleet_node_id: String,
     held: Mutex<HashMap<String, Held>>,
     waiting: Mutex<HashMap<String, Waiting>>,
@@ -76,20 +108,19 @@ pub fn not_connected(cluster_id: &str) -> Refusal {
 
 /// The cluster and credential a relay's bearer verifies as, and the identity its session acts
 /// as: the cluster's machine user.
-pub async fn identify(state: &crate::api::AppState, bearer: &[u8]) -> Result<(capstan_secrets::relays::Verified, crate::auth::Identity)> {
-    let verified = registrations::identify(&state.store, bearer).await?;
+pub async fn identify(store: &Store, bearer: &[u8]) -> Result<(credentials::Verified, capstan_rpc::Identity)> {
+    let verified = registrations::identify(store, bearer).await?;
     let cluster_id = verified.cluster_id.as_str();
-    let user = state
-        .store
+    let user = store
         .transact(|tx| async move {
             let cluster = capstan_inventory::clusters::require_cluster(&tx, cluster_id).await?;
-            let user = tx.get(crate::auth::USERS, &cluster.data.machine_user_id).await?;
+            let user = tx.get(capstan_auth::USERS, &cluster.data.machine_user_id).await?;
             Ok(user.map(|u| (cluster.data.machine_user_id, u.data)))
         })
         .await?;
     let Some((user_id, user)) = user else { return Err(capstan_rpc::denied()) };
     let now = capstan_core::clock::now_secs();
-    let identity = crate::auth::Identity {
+    let identity = capstan_rpc::Identity {
         user_id,
         username: user["username"].as_str().unwrap_or_default().into(),
         kind: "machine".into(),
@@ -103,11 +134,11 @@ pub async fn identify(state: &crate::api::AppState, bearer: &[u8]) -> Result<(ca
 }
 
 impl Relays {
-    /// The relays of the fleet node `fleet_node_id`, whose sessions live in `hub`.
-    pub fn new(store: Store, hub: Arc<Hub>, fleet_node_id: String, peers: forward::Peers) -> Arc<Relays> {
+    /// The relays of the fleet node `fleet_node_id`, whose sessions live in `sessions`.
+    pub fn new(store: Store, sessions: Arc<dyn Sessions>, fleet_node_id: String, peers: forward::Peers) -> Arc<Relays> {
         Arc::new(Relays {
             store,
-            hub,
+            sessions,
             fleet_node_id,
             held: Mutex::default(),
             waiting: Mutex::default(),
@@ -149,7 +180,7 @@ impl Relays {
     /// Tell the administrators' sessions on this node that a relay of `cluster_id` came or went
     /// (`relay.sessionChanged`; the dashboard reads `relays.list` again).
     fn announce(&self, cluster_id: &str) {
-        self.hub.push(Target::Admins, "relay.sessionChanged", &json!({ "clusterId": cluster_id }));
+        self.sessions.push_to_admins("relay.sessionChanged", &json!({ "clusterId": cluster_id }));
     }
 
     /// How many relay sessions this node holds (`/metrics`).
@@ -170,11 +201,11 @@ impl Relays {
             let held = held.get(session_id).ok_or_else(unverified)?;
             (held.cluster_id.clone(), held.bearer.clone())
         };
-        match capstan_secrets::relays::verify(&self.store, &cluster_id, &bearer).await {
+        match credentials::verify(&self.store, &cluster_id, &bearer).await {
             Ok(_) => Ok(cluster_id),
             Err(refusal) => {
                 tracing::info!(cluster = %cluster_id, code = %refusal.code, "a relay session's credential no longer holds: closed");
-                self.hub.end(session_id, close::RELAY_CREDENTIAL_STALE, "relay-credential-generation-stale");
+                self.sessions.end(session_id, CLOSE_CREDENTIAL_STALE, "relay-credential-generation-stale");
                 Err(refusal)
             }
         }
@@ -293,14 +324,14 @@ impl Relays {
         let id = capstan_core::ids::new_id("relayreq");
         let frame =
             json!({ "type": "request", "id": id, "method": method, "body": body, "deadlineMs": timeout.as_millis() as u64 }).to_string();
-        let limit = self.hub.limits().max_frame_bytes;
+        let limit = self.sessions.max_frame_bytes();
         if frame.len() > limit {
             return Err(Refusal::new("agent-request-too-large", format!("a request to a relay is at most {limit} bytes"))
                 .with_data(json!({ "limitBytes": limit })));
         }
         let (reply, answer) = oneshot::channel();
         lock(&self.waiting).insert(id.clone(), Waiting { session_id: session_id.into(), reply });
-        if !self.hub.send(session_id, frame) {
+        if !self.sessions.send(session_id, frame) {
             lock(&self.waiting).remove(&id);
             return Err(not_connected(cluster_id));
         }
@@ -351,7 +382,7 @@ impl Relays {
         }
         let frame =
             json!({ "type": "push", "topic": CONFIG_TOPIC, "body": { "clusterId": cluster_id, "digest": digest, "config": config } });
-        self.hub.send(session_id, frame.to_string());
+        self.sessions.send(session_id, frame.to_string());
         Ok(())
     }
 
@@ -371,7 +402,7 @@ impl Relays {
             tracing::info!(rows = left, "relay sockets an earlier process held were forgotten");
         }
         let renewing = self.clone();
-        let renew = crate::fleet::runtime::every(Duration::from_millis(registrations::RENEW_EVERY_MS), stop.clone(), move || {
+        let renew = capstan_fleet::runtime::every(Duration::from_millis(registrations::RENEW_EVERY_MS), stop.clone(), move || {
             let relays = renewing.clone();
             async move {
                 let ids: Vec<String> = lock(&relays.held).iter().filter(|(_, h)| h.last_sequence > 0).map(|(id, _)| id.clone()).collect();
@@ -381,7 +412,7 @@ impl Relays {
             }
         });
         let watching = self.clone();
-        let watch = crate::fleet::runtime::every(WATCH_EVERY, stop, move || {
+        let watch = capstan_fleet::runtime::every(WATCH_EVERY, stop, move || {
             let relays = watching.clone();
             async move {
                 let mut after = relays.after.lock().await;
@@ -512,17 +543,6 @@ fn unverified() -> Refusal {
         "relay-identity-unverified",
         "only a relay session verified by its cluster's relay bearer registers (docs/relays.md): open the socket as kind relay with the bearer as its token",
     )
-}
-
-/// The plugins' `agents.call`: the request goes to the cluster's elected relay, wherever in the
-/// fleet it is connected.
-pub struct AgentCalls(pub Arc<Relays>);
-
-impl capstan_plugin_host::AgentDispatch for AgentCalls {
-    fn call(&self, request: capstan_plugin_host::AgentRequest) -> capstan_plugin_host::AgentReply {
-        let relays = self.0.clone();
-        Box::pin(async move { relays.call(&request.cluster_id, &request.method, request.body, request.timeout).await })
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //!   gone with its node; the election and `relays.list` read liveness from here, so every fleet
 //!   node sees the same relays.
 
-use super::relays::{self, CredentialRef, Verified};
+use crate::credentials::{self as relays, CredentialRef, Verified};
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::emit;
