@@ -1,0 +1,233 @@
+//! The records the manager keeps (backups, restores, the schedule's state), what methods answer
+//! them as, and where they and their objects are kept.
+
+use capstan_sdk::store::Doc;
+use capstan_sdk::{JsonSchema, Refusal};
+use serde::{Deserialize, Serialize};
+
+pub(crate) const BACKUPS: &str = "backups";
+pub(crate) const RESTORES: &str = "restores";
+pub(crate) const SCHEDULE: &str = "schedule";
+/// The one document of [`SCHEDULE`].
+pub(crate) const SCHEDULE_STATE: &str = "state";
+/// Where backups' objects live in the plugin's blob prefix: `backups/<backupId>/…`.
+pub(crate) const OBJECTS: &str = "backups/";
+
+/// Where a backup or restore is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) enum State {
+    /// Recorded; the reconcile loop takes it next.
+    Pending,
+    /// Being taken (or applied) by the cluster's agent.
+    Running,
+    /// Every object verified (a backup), or applied (a restore).
+    Complete,
+    /// Ended without a usable result; `reason` names why.
+    Failed,
+    /// A backup whose stored objects do not match what the agent sent or the manifest lists.
+    Corrupt,
+}
+
+impl State {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Complete => "complete",
+            State::Failed => "failed",
+            State::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// Why a backup or restore failed: a refusal code and its message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct Reason {
+    pub(crate) code: String,
+    pub(crate) message: String,
+}
+
+impl From<&Refusal> for Reason {
+    fn from(r: &Refusal) -> Self {
+        Reason { code: r.code().to_string(), message: r.message().to_string() }
+    }
+}
+
+/// The database a service keeps in one of its volumes (as `services.*` declare it): backed up
+/// as a closure, a consistent copy the agent takes while the service runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Database {
+    /// `sqlite`.
+    pub(crate) engine: String,
+    /// The volume holding it.
+    pub(crate) volume: String,
+    /// Its file inside the volume.
+    pub(crate) path: String,
+}
+
+/// One stored object of a backup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub(crate) struct Object {
+    /// Under the plugin's blob prefix.
+    pub(crate) key: String,
+    /// `volumes`: a gzip-compressed tar of the service's volume directories (without the
+    /// database's files); `database`: the database's closure.
+    pub(crate) kind: String,
+    pub(crate) size: u64,
+    pub(crate) sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Backup {
+    pub(crate) organization_id: String,
+    pub(crate) service_id: String,
+    pub(crate) service_name: String,
+    pub(crate) cluster_id: String,
+    /// The node whose volumes are backed up (data is node-local).
+    pub(crate) node_id: String,
+    pub(crate) volumes: Vec<String>,
+    /// The service's database when the backup was asked for: its closure is an object of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) database: Option<Database>,
+    pub(crate) state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<Reason>,
+    /// `manual` or `schedule`.
+    pub(crate) trigger: String,
+    pub(crate) requested_by: String,
+    pub(crate) created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) finished_at_ms: Option<u64>,
+    /// The manifest: every object with its exact length and SHA-256.
+    #[serde(default)]
+    pub(crate) objects: Vec<Object>,
+    /// The objects' total size, in bytes.
+    #[serde(default)]
+    pub(crate) size: u64,
+    /// `pending`, `complete` or `failed`: where the copy on the external target is (indexed;
+    /// absent when no target was set when the backup completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) replica_state: Option<ReplicaState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) replica: Option<Replica>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) enum ReplicaState {
+    /// To be copied by the next pass (or when a target is set).
+    Pending,
+    /// Every object and the manifest are on the target, each read back and verified there.
+    Complete,
+    /// The last attempt failed (`reason`); tried again after `nextAttemptAtMs`.
+    Failed,
+}
+
+/// The copy of a backup on the external target.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Replica {
+    /// `<endpoint>/<bucket>/<prefix>` of the last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<Reason>,
+    #[serde(default)]
+    pub(crate) attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) next_attempt_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) completed_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Restore {
+    pub(crate) organization_id: String,
+    pub(crate) backup_id: String,
+    /// The service restored into (the backup's own unless named).
+    pub(crate) service_id: String,
+    pub(crate) cluster_id: String,
+    pub(crate) node_id: String,
+    pub(crate) volumes: Vec<String>,
+    pub(crate) state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<Reason>,
+    pub(crate) requested_by: String,
+    pub(crate) created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) finished_at_ms: Option<u64>,
+}
+
+/// A record with its id and revision, as methods answer it.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Shown<T> {
+    pub(crate) id: String,
+    pub(crate) revision: u64,
+    #[serde(flatten)]
+    pub(crate) record: T,
+}
+
+pub(crate) fn shown<T>(doc: Doc<T>) -> Shown<T> {
+    Shown { id: doc.id, revision: doc.revision, record: doc.data }
+}
+
+/// What the schedule did last, and when it is due next.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ScheduleState {
+    /// The expression `next_due_ms` was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cron: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) next_due_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) last_run: Option<RunSummary>,
+    /// The external target complete backups were last queued for (a new one queues them all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) replica_target: Option<String>,
+}
+
+/// One `backup-all-services` run.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RunSummary {
+    pub(crate) at_ms: u64,
+    /// `schedule` or the administrator who asked.
+    pub(crate) by: String,
+    pub(crate) queued: u32,
+    /// Services with volumes that could not be placed, with the code that says why.
+    pub(crate) skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Skipped {
+    pub(crate) service_id: String,
+    pub(crate) code: String,
+}
+
+/// `<prefix>_<32 hex>`, like the host's ids.
+pub(crate) fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_prefixed_and_distinct() {
+        let (a, b) = (new_id("bkp"), new_id("bkp"));
+        assert!(a.starts_with("bkp_") && a.len() == 36, "{a}");
+        assert_ne!(a, b);
+    }
+}
