@@ -308,10 +308,21 @@ impl Keyring {
 /// Describe a JSON error without quoting the input (which holds key material).
 fn classify(e: &serde_json::Error) -> String {
     let text = e.to_string();
-    // serde_json messages quote field names (safe) but may quote string values for invalid
-    // types; keep only the part before any value and name the category
-    if text.starts_with("unknown field") || text.starts_with("missing field") {
+    // serde_json messages quote field names and may quote string values for invalid types;
+    // keep only the part before any value and name the category
+    if text.starts_with("missing field") {
+        // the name missing is one of the format's own
         text.split(" at line").next().unwrap_or("malformed").to_string()
+    } else if text.starts_with("unknown field") {
+        // the unknown name is the input's own text, which a cut file can join to key material:
+        // only serde's list of the names expected (the format's own) is kept
+        let text = text.rsplit_once(" at line").map_or(text.as_str(), |(message, _)| message);
+        match text.rsplit_once(", expected ") {
+            Some((_, expected)) if expected.bytes().all(|b| b.is_ascii_alphabetic() || b" `,".contains(&b)) => {
+                format!("an unknown field, expected {expected}")
+            }
+            _ => "an unknown field".into(),
+        }
     } else {
         match e.classify() {
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => "it is not valid JSON".into(),
@@ -374,6 +385,23 @@ mod tests {
             assert!(err.message.contains(expected), "{:?} should mention {expected:?}", err.message);
         }
         assert!(Keyring::parse(b"not json").unwrap_err().message.contains("not valid JSON"));
+    }
+
+    #[test]
+    fn an_unknown_field_cut_into_key_material_is_refused_without_echoing_it() {
+        let ring = Keyring::generate(Some("kek-a"), Some("in-a")).unwrap();
+        let text = String::from_utf8(ring.to_file_bytes().to_vec()).unwrap();
+        let file: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let kek = file["keks"]["kek-a"].as_str().unwrap();
+        // a chunk cut from `"act|iveKekId": …, "keks": { "kek-a": "` leaves a field named
+        // `act` and the KEK
+        let cut = text.find("\"activeKekId\"").unwrap() + 4;
+        let resumed = text.find(kek).unwrap();
+        let err = Keyring::parse(format!("{}{}", &text[..cut], &text[resumed..]).as_bytes()).unwrap_err();
+        assert_eq!(err.code, "keyring-invalid");
+        assert!(err.message.contains("unknown field, expected one of `version`"), "{}", err.message);
+        let shown = format!("{} {:?}", err.message, err.data);
+        assert!(kek.as_bytes().windows(8).all(|w| !shown.contains(std::str::from_utf8(w).unwrap())), "{shown}");
     }
 
     #[test]
