@@ -8,7 +8,9 @@
 //! - [`ids`]: random identifiers;
 //! - [`net`]: lists of IP networks from the configuration;
 //! - [`private_file`]: the no-clobber writer and strict reader for key material;
-//! - [`text`]: values that must not be printed, and bounded echoes of client input.
+//! - [`text`]: values that must not be printed, and bounded echoes of client input;
+//! - `testing` (the `testing` feature, for dev-dependencies only): byte-string mutations for
+//!   property tests.
 
 pub mod build;
 pub mod causes;
@@ -19,6 +21,8 @@ pub mod ids;
 pub mod net;
 pub mod private_file;
 pub mod refusal;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod text;
 
 pub use crash::crash_point;

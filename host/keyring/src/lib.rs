@@ -417,8 +417,9 @@ mod tests {
 #[cfg(test)]
 mod proptests {
     use super::*;
+    use capstan_core::testing::{apply, mutation};
     use proptest::prelude::*;
-    use proptest::sample::{Index, select};
+    use proptest::sample::select;
     use serde_json::Value;
 
     fn kebab(code: &str) -> bool {
@@ -543,21 +544,10 @@ mod proptests {
         /// A valid file with a few bytes flipped, cut, inserted or removed: a valid keyring or
         /// `keyring-invalid`, never quoting the keys.
         #[test]
-        fn a_changed_file_is_valid_or_refused_without_quoting_keys(
-            changes in prop::collection::vec((any::<Index>(), any::<u8>(), 0u8..4), 1..4),
-        ) {
+        fn a_changed_file_is_valid_or_refused_without_quoting_keys(mutations in prop::collection::vec(mutation(), 1..4)) {
             let (mut bytes, secrets) = valid_file();
-            for (at, byte, how) in &changes {
-                let i = at.index(bytes.len().max(1));
-                match how {
-                    0 if !bytes.is_empty() => bytes[i] ^= (*byte).max(1),
-                    1 => bytes.truncate(i),
-                    2 => bytes.insert(at.index(bytes.len() + 1), *byte),
-                    _ if !bytes.is_empty() => {
-                        bytes.remove(i);
-                    }
-                    _ => {}
-                }
+            for m in &mutations {
+                apply(&mut bytes, m);
             }
             check(&bytes, &secrets)?;
         }

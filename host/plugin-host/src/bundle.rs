@@ -825,6 +825,7 @@ mod proptests {
     use super::tests::{MANIFEST, bundle, component, key, tar_of};
     use super::*;
     use crate::manifest::RESERVED_IDS;
+    use capstan_core::testing::{apply, mutation};
     use proptest::prelude::*;
     use proptest::sample::Index;
 
@@ -858,47 +859,6 @@ mod proptests {
         b.sign(&key(1));
         let bytes = b.to_bytes();
         (b, bytes)
-    }
-
-    /// One change to a byte string.
-    #[derive(Debug, Clone)]
-    enum Mutation {
-        Flip(Index, u8),
-        Set(Index, u8),
-        Truncate(Index),
-        Append(Vec<u8>),
-        Insert(Index, Vec<u8>),
-        Remove(Index, usize),
-    }
-
-    fn mutation() -> impl Strategy<Value = Mutation> {
-        prop_oneof![
-            4 => (any::<Index>(), 1u8..).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
-            2 => (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::Set(at, byte)),
-            1 => any::<Index>().prop_map(Mutation::Truncate),
-            1 => prop::collection::vec(any::<u8>(), 1..600).prop_map(Mutation::Append),
-            1 => (any::<Index>(), prop::collection::vec(any::<u8>(), 1..600)).prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
-            1 => (any::<Index>(), 1usize..1024).prop_map(|(at, len)| Mutation::Remove(at, len)),
-        ]
-    }
-
-    fn apply(bytes: &mut Vec<u8>, mutation: &Mutation) {
-        let len = bytes.len().max(1);
-        match mutation {
-            Mutation::Flip(at, mask) if !bytes.is_empty() => bytes[at.index(len)] ^= mask,
-            Mutation::Set(at, byte) if !bytes.is_empty() => bytes[at.index(len)] = *byte,
-            Mutation::Truncate(at) => bytes.truncate(at.index(len)),
-            Mutation::Append(more) => bytes.extend_from_slice(more),
-            Mutation::Insert(at, more) => {
-                let at = at.index(bytes.len() + 1);
-                bytes.splice(at..at, more.iter().copied());
-            }
-            Mutation::Remove(at, n) if !bytes.is_empty() => {
-                let at = at.index(len);
-                bytes.drain(at..(at + n).min(bytes.len()));
-            }
-            _ => {}
-        }
     }
 
     /// The parts a hand-made archive is built from.
