@@ -8,7 +8,7 @@
 //! Whether an intent needs applying is decided by [`decide`], a pure function of the intent and
 //! the last apply, so a pass that decides nothing does nothing.
 
-use crate::state::HostApply;
+use capstan_core::wire::heartbeat::{ApplyOutcome, HostApply};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -97,7 +97,7 @@ pub fn decide(hostname: Option<&str>, generation: u64, last: Option<&HostApply>)
         return None;
     }
     match last {
-        Some(last) if last.generation == generation && last.hostname == hostname && last.outcome == "applied" => None,
+        Some(last) if last.generation == generation && last.hostname == hostname && last.outcome == ApplyOutcome::Applied => None,
         // an older answer (a stale replica) never walks the applied name back
         Some(last) if last.generation > generation => None,
         _ => Some(hostname.to_string()),
@@ -112,12 +112,12 @@ pub fn apply(applier: &dyn Applier, hostname: &str, generation: u64) -> HostAppl
         Err("the intent is not one lowercase DNS label".to_string())
     };
     match result {
-        Ok(()) => HostApply { generation, hostname: hostname.to_string(), outcome: "applied".into(), reason: None },
+        Ok(()) => HostApply { generation, hostname: hostname.to_string(), outcome: ApplyOutcome::Applied, reason: None },
         // the host takes 1–256 bytes of text without control characters
         Err(reason) => HostApply {
             generation,
             hostname: one_line(hostname, 63),
-            outcome: "failed".into(),
+            outcome: ApplyOutcome::Failed,
             reason: Some(one_line(&reason, MAX_REASON)),
         },
     }
@@ -137,7 +137,7 @@ mod tests {
     use super::*;
 
     fn applied(generation: u64, hostname: &str) -> HostApply {
-        HostApply { generation, hostname: hostname.into(), outcome: "applied".into(), reason: None }
+        HostApply { generation, hostname: hostname.into(), outcome: ApplyOutcome::Applied, reason: None }
     }
 
     #[test]
@@ -157,17 +157,17 @@ mod tests {
     fn a_failure_is_reported_with_its_reason() {
         let missing = HostnameFile("/nonexistent-dir/for/sure/hostname".into());
         let outcome = apply(&missing, "db-7", 2);
-        assert_eq!(outcome.outcome, "failed");
+        assert_eq!(outcome.outcome, ApplyOutcome::Failed);
         assert!(outcome.reason.unwrap().contains("/nonexistent-dir"));
         let outcome = apply(&Unavailable, "db-7", 2);
-        assert_eq!(outcome.outcome, "failed");
+        assert_eq!(outcome.outcome, ApplyOutcome::Failed);
         let dir = tempfile::tempdir().unwrap();
         let file = HostnameFile(dir.path().join("hostname"));
         let long = apply(&FailsWith("line one\nline two ".repeat(40)), "db-7", 2);
         let reason = long.reason.unwrap();
         assert!(reason.len() <= 256 && !reason.chars().any(char::is_control), "{reason}");
         let refused = apply(&file, "Not A Label", 4);
-        assert_eq!(refused.outcome, "failed");
+        assert_eq!(refused.outcome, ApplyOutcome::Failed);
         assert!(!dir.path().join("hostname").exists(), "an invalid name is never applied");
     }
 
@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(decide(Some("web-1"), 1, Some(&applied(1, "web-1"))), None, "already applied");
         assert_eq!(decide(Some("web-2"), 2, Some(&applied(1, "web-1"))).as_deref(), Some("web-2"));
         assert_eq!(decide(Some("web-1"), 1, Some(&applied(2, "web-2"))), None, "an older intent never wins");
-        let failed = HostApply { outcome: "failed".into(), reason: Some("x".into()), ..applied(2, "web-2") };
+        let failed = HostApply { outcome: ApplyOutcome::Failed, reason: Some("x".into()), ..applied(2, "web-2") };
         assert_eq!(decide(Some("web-2"), 2, Some(&failed)).as_deref(), Some("web-2"), "a failure is tried again");
     }
 

@@ -8,47 +8,14 @@
 //! - `uptimeSeconds`: `/proc/uptime` (else `sysinfo`);
 //! - `addresses`: the interfaces' addresses, loopback left out, at most 64 (`if-addrs`).
 //!
-//! The parsers are pure functions over the files' text, tested beside them.
+//! The report itself is the agent wire's shared body ([`Report`], from `capstan_core::wire`),
+//! the type the host reads and judges. The parsers are pure functions over the files' text,
+//! tested beside them.
 
-use crate::state::HostApply;
 use crate::wire::AGENT_VERSION;
-use serde::Serialize;
+use capstan_core::wire::heartbeat::{HostApply, MAX_ADDRESSES, Report};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-
-/// The most addresses a report carries (docs/nodes.md).
-pub const MAX_ADDRESSES: usize = 64;
-
-/// The heartbeat's `report`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Report {
-    /// The hostname the machine carries now.
-    pub hostname: String,
-    /// The operating system, for people.
-    pub os: String,
-    /// The kernel release.
-    pub kernel: String,
-    /// The machine architecture (`x86_64`, `aarch64`).
-    pub arch: String,
-    /// Online CPUs.
-    pub cpus: u32,
-    /// Total memory.
-    pub memory_bytes: u64,
-    /// Size of the root filesystem.
-    pub disk_bytes: u64,
-    /// Space on it an unprivileged user may still use.
-    pub disk_free_bytes: u64,
-    /// This agent's version.
-    pub agent_version: String,
-    /// Seconds since boot.
-    pub uptime_seconds: u64,
-    /// The interfaces' IP addresses (loopback left out), at most [`MAX_ADDRESSES`].
-    pub addresses: Vec<String>,
-    /// The outcome of the last hostname apply.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host_apply: Option<HostApply>,
-}
 
 /// Read the host's facts now.
 pub fn gather(hostname: String, host_apply: Option<HostApply>) -> Report {
@@ -124,7 +91,7 @@ pub fn build(facts: Facts, host_apply: Option<HostApply>) -> Report {
         disk_free_bytes: facts.disk_free_bytes.min(facts.disk_bytes),
         agent_version: AGENT_VERSION.to_string(),
         uptime_seconds: facts.uptime_seconds,
-        addresses: addresses.into_iter().take(MAX_ADDRESSES).map(|ip| ip.to_string()).collect(),
+        addresses: addresses.into_iter().take(MAX_ADDRESSES).collect(),
         host_apply,
     }
 }
@@ -196,6 +163,7 @@ pub fn uptime_seconds(text: &str) -> Option<u64> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use capstan_core::wire::heartbeat::ApplyOutcome;
     use serde_json::json;
 
     fn sample_facts() -> Facts {
@@ -262,7 +230,7 @@ pub(crate) mod tests {
 
         let mut with_apply = sample();
         with_apply.host_apply =
-            Some(HostApply { generation: 3, hostname: "db-1".into(), outcome: "failed".into(), reason: Some("no".into()) });
+            Some(HostApply { generation: 3, hostname: "db-1".into(), outcome: ApplyOutcome::Failed, reason: Some("no".into()) });
         let value = serde_json::to_value(with_apply).unwrap();
         assert_eq!(value["hostApply"], json!({"generation": 3, "hostname": "db-1", "outcome": "failed", "reason": "no"}));
     }

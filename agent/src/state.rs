@@ -12,6 +12,7 @@
 use crate::token::Token;
 use capstan_core::Refusal;
 use capstan_core::private_file;
+use capstan_core::wire::heartbeat::HostApply;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -52,21 +53,6 @@ pub struct Credential {
 
 fn first_generation() -> u64 {
     1
-}
-
-/// The outcome of the agent's last hostname apply, as reported in `report.hostApply`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HostApply {
-    /// The intent generation applied.
-    pub generation: u64,
-    /// The hostname applied.
-    pub hostname: String,
-    /// `applied` or `failed`.
-    pub outcome: String,
-    /// Why it failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
 }
 
 /// The outcome of one beat, kept for `capstan-agent status`.
@@ -363,6 +349,7 @@ fn libc_o_nofollow() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capstan_core::wire::heartbeat::ApplyOutcome;
 
     fn credential() -> Credential {
         Credential {
@@ -528,7 +515,7 @@ mod tests {
                 credential_generation: Some(1),
                 last_accepted_at_ms: Some(5),
             }),
-            host_apply: Some(HostApply { generation: 2, hostname: "db-1".into(), outcome: "applied".into(), reason: None }),
+            host_apply: Some(HostApply { generation: 2, hostname: "db-1".into(), outcome: ApplyOutcome::Applied, reason: None }),
         };
         dir.write_status(&status).unwrap();
         assert_eq!(dir.read_status(), status);

@@ -93,8 +93,9 @@ fn rfc3339(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Credential, HostApply, Status};
+    use crate::state::{Credential, Status};
     use crate::token::Token;
+    use capstan_core::wire::heartbeat::{ApplyOutcome, HostApply};
 
     #[test]
     fn status_names_the_node_and_the_last_beat_never_the_token() {
@@ -124,7 +125,7 @@ mod tests {
                 credential_generation: None,
                 last_accepted_at_ms: Some(1_699_999_999_000),
             }),
-            host_apply: Some(HostApply { generation: 2, hostname: "db-1".into(), outcome: "applied".into(), reason: None }),
+            host_apply: Some(HostApply { generation: 2, hostname: "db-1".into(), outcome: ApplyOutcome::Applied, reason: None }),
         })
         .unwrap();
         let text = status_text(&dir).unwrap();

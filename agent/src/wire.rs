@@ -6,10 +6,10 @@
 //! [`WireError::Refused`], while a request that never got an answer (refused connection, reset,
 //! timeout) is [`WireError::Unreachable`], which may be asked again.
 
-use crate::report::Report;
 use crate::token::Token;
 use capstan_core::Refusal;
 use capstan_core::text::{escape_control, truncate};
+use capstan_core::wire::heartbeat::Report;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

@@ -11,6 +11,7 @@
 //! - [`text`]: values that must not be printed, and bounded echoes of client input;
 //! - `testing` (the `testing` feature, for dev-dependencies only): byte-string mutations for
 //!   property tests.
+//! - [`wire`]: the agent wire's bodies the node agent and the host share (the heartbeat's report).
 
 pub mod build;
 pub mod causes;
@@ -24,6 +25,7 @@ pub mod refusal;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;
+pub mod wire;
 
 pub use crash::crash_point;
 pub use refusal::{Refusal, Result};

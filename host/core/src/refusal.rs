@@ -60,6 +60,11 @@ impl Refusal {
         Refusal::new("invalid-request", message)
     }
 
+    /// `invalid-request` naming the member that is not acceptable (`data.field`).
+    pub fn invalid_field(field: &str, message: impl Into<String>) -> Self {
+        Refusal::invalid_request(message).with_data(serde_json::json!({ "field": field }))
+    }
+
     /// `not-found`: the named thing does not exist.
     pub fn not_found(what: impl fmt::Display) -> Self {
         Refusal::new("not-found", format!("{what} does not exist"))

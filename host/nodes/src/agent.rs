@@ -6,8 +6,8 @@
 use super::Context;
 use crate::credentials::{self, Authenticated, RotateInput, unauthorized};
 use crate::enroll::EnrollRequest;
-use crate::heartbeat::Report;
 use capstan_core::refusal::{Refusal, Result};
+use capstan_core::wire::heartbeat::Report;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 

@@ -5,7 +5,7 @@
 //! generation read and a `mutationId` whose exact replay answers the recorded answer;
 //! `nodes.revokeCredential` ends it for good.
 
-use super::{CLUSTER_NODES, Context, NODE_CREDENTIALS, emit, invalid, is_node_id, is_sha256_hex, node_missing, same, sha256_hex};
+use super::{CLUSTER_NODES, Context, NODE_CREDENTIALS, emit, is_node_id, is_sha256_hex, node_missing, same, sha256_hex};
 use crate::records::{Node, NodeState, require_node, write_node};
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::{Entity, parse, to_value};
@@ -286,7 +286,7 @@ pub async fn replay_for_previous_bearer(cx: &Context, input: &RotateInput, token
 pub async fn rotate(cx: &Context, input: &RotateInput, by: &str, bearer_sha256: Option<&str>) -> Result<CredentialView> {
     capstan_rpc::receipts::check_mutation_id(&input.mutation_id)?;
     if !is_sha256_hex(&input.token_sha256) {
-        return Err(invalid("tokenSha256", "tokenSha256 is the SHA-256 of the new token: 64 lowercase hex characters"));
+        return Err(Refusal::invalid_field("tokenSha256", "tokenSha256 is the SHA-256 of the new token: 64 lowercase hex characters"));
     }
     let digest = rotate_digest(input);
     let now = cx.clock.now_ms();
@@ -309,7 +309,7 @@ pub async fn rotate(cx: &Context, input: &RotateInput, by: &str, bearer_sha256: 
                 return Err(generation_conflict(&input.node_id, input.expected_generation, current.data.generation));
             }
             if same(&current.data.token_sha256, &input.token_sha256) {
-                return Err(invalid("tokenSha256", "a rotation needs new token material, not the current token"));
+                return Err(Refusal::invalid_field("tokenSha256", "a rotation needs new token material, not the current token"));
             }
             let mut next = current.data.clone();
             next.generation += 1;

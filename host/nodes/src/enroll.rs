@@ -3,13 +3,13 @@
 //! (generation 1) and the cluster's snapshot entry, and records the answer on the code, so the
 //! same request again answers the same answer and creates nothing.
 
-use super::{CLUSTER_NODES, Context, NODE_CREDENTIALS, NODE_JUMP_CODES, check_hostname, emit, invalid, is_sha256_hex, new_node_id};
+use super::{CLUSTER_NODES, Context, NODE_CREDENTIALS, NODE_JUMP_CODES, check_hostname, emit, is_sha256_hex, new_node_id};
 use super::{propose_name, sha256_hex, worker_hostname};
 use crate::credentials::Credential;
 use crate::hostnames::hostname_in_use;
 use crate::jump::{find, in_use, invalid_code};
 use crate::records::{Node, NodeState, snapshot};
-use capstan_core::refusal::Result;
+use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::to_value;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -51,11 +51,11 @@ pub async fn enroll(cx: &Context, request: &EnrollRequest) -> Result<Enrolled> {
     let agent_hostname = request.hostname.to_ascii_lowercase();
     check_hostname("hostname", &agent_hostname)?;
     if !is_sha256_hex(&request.token_sha256) {
-        return Err(invalid("tokenSha256", "tokenSha256 is the SHA-256 of the agent's token: 64 lowercase hex characters"));
+        return Err(Refusal::invalid_field("tokenSha256", "tokenSha256 is the SHA-256 of the agent's token: 64 lowercase hex characters"));
     }
     let version = &request.agent_version;
     if version.is_empty() || version.len() > 64 || version.chars().any(char::is_control) {
-        return Err(invalid("agentVersion", "agentVersion is 1–64 bytes of text"));
+        return Err(Refusal::invalid_field("agentVersion", "agentVersion is 1–64 bytes of text"));
     }
     // what makes a replay exact: the same code, hostname and token hash
     let digest = sha256_hex(json!({ "hostname": agent_hostname, "tokenSha256": request.token_sha256 }).to_string().as_bytes());

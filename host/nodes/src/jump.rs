@@ -2,7 +2,7 @@
 //! characters from `[A-Za-z0-9]` (the OS generator) and keeps only its SHA-256; the script
 //! `/jump/<code>` serves installs the agent and enrolls it with the code on stdin only.
 
-use super::{Context, NODE_JUMP_CODES, check_name, emit, invalid, sha256_hex, worker_hostname};
+use super::{Context, NODE_JUMP_CODES, check_name, emit, sha256_hex, worker_hostname};
 use crate::hostnames::hostname_in_use;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::{Entity, parse, to_value};
@@ -253,7 +253,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
     check_origin(&cx)?;
     let ttl = input.ttl_minutes.unwrap_or(DEFAULT_TTL_MINUTES);
     if !(1..=MAX_TTL_MINUTES).contains(&ttl) {
-        return Err(invalid("ttlMinutes", format!("ttlMinutes is 1–{MAX_TTL_MINUTES}")));
+        return Err(Refusal::invalid_field("ttlMinutes", format!("ttlMinutes is 1–{MAX_TTL_MINUTES}")));
     }
     if let Some(name) = &input.node_name {
         check_name("nodeName", name)?;

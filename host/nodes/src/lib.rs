@@ -177,11 +177,6 @@ pub(crate) async fn emit(tx: &Tx, kind: &str, subject: &str, data: Value) -> Res
     capstan_events::append(tx, kind, subject, data, "host").await.map(drop)
 }
 
-/// An `invalid-request` naming `field`.
-pub(crate) fn invalid(field: &str, message: impl Into<String>) -> Refusal {
-    Refusal::invalid_request(message).with_data(json!({ "field": field }))
-}
-
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;

@@ -4,9 +4,9 @@
 
 use super::{CLUSTER_NODE_SNAPSHOTS, CLUSTER_NODES, Context, NODE_CREDENTIALS, emit, freshness_ms, is_node_id, node_missing};
 use crate::credentials::{self, Credential};
-use crate::heartbeat::Report;
 use capstan_core::clock::Clock;
 use capstan_core::refusal::{Refusal, Result};
+use capstan_core::wire::heartbeat::Report;
 use capstan_inventory::{Entity, Listing, check_revision, page_limit, parse, to_value};
 use capstan_rpc::{Access, Call, Registry};
 use capstan_store::{Store, Tx};

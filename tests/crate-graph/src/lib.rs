@@ -161,7 +161,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-plugin-example", &["capstan-sdk"]),
     ("capstan-plugin-adversary", &["capstan-sdk"]),
     // the node agent, a program of its own on every node: the foundation only (refusals, private
-    // files); it speaks to the host over HTTP (docs/nodes.md), never through a host crate
+    // files, the wire's shared bodies); it speaks to the host over HTTP (docs/nodes.md), never
+    // through a host crate
     ("capstan-agent", &["capstan-core"]),
     ("capstan-crate-graph", &[]),
 ];
