@@ -16,7 +16,7 @@
 
 use crate::nodes::{agent_binary, machine_hostname_is_a_label};
 use crate::relays::{RelayProcess, wait_listed};
-use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use crate::support::{Capstan, EXIT_TIMEOUT, Refusing, TEST_ADMIN, capstan, eventually, free_port, ok, refused, with_test_admin};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -27,17 +27,6 @@ use std::time::Duration;
 /// second of the request, and a loaded CI machine is slow.
 const DONE: Duration = Duration::from_secs(120);
 const ZONE: &str = "backups.e2e.example";
-
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
-
-/// A refusal with `code`: a client error, in the error envelope.
-fn refused(reply: &crate::support::Reply, code: &str) {
-    assert!((400..500).contains(&reply.status), "{}: expected the refusal {code}, got HTTP {} {}", reply.what, reply.status, reply.body);
-    let body = reply.json();
-    assert_eq!(crate::support::check_envelope(&reply.what, &body)["code"], code, "{}: {}", reply.what, reply.body);
-}
 
 /// Every entry under `dir`: a file's bytes, a symlink's target (`-> target`), a directory (`/`).
 fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -195,11 +184,12 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     );
     refused(
         &server.call_as(&admin, "backups.create", &json!({ "organizationId": org_id, "serviceId": plain["id"] })),
+        Refusing::ClientError,
         "service-has-no-volumes",
     );
     let unresolved =
         server.call_as(&admin, "backups.create", &json!({ "organizationId": org_id, "serviceId": service_id, "nodeId": "node_missing" }));
-    refused(&unresolved, "node-unresolved");
+    refused(&unresolved, Refusing::ClientError, "node-unresolved");
 
     // ---- the backup: through the agent into the blob store, verified ----
     let created = ok(&server, &admin, "backups.create", json!({ "organizationId": org_id, "serviceId": service_id }));
@@ -252,7 +242,11 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     assert_eq!(tree(&volume), before, "a restore in doubt keeps what is there");
     let corrupt = ok(&server, &admin, "backups.get", json!({ "organizationId": org_id, "backupId": backup_id }));
     assert_eq!(corrupt["state"], "corrupt", "{corrupt}");
-    refused(&server.call_as(&admin, "backups.restore", &json!({ "organizationId": org_id, "backupId": backup_id })), "backup-not-complete");
+    refused(
+        &server.call_as(&admin, "backups.restore", &json!({ "organizationId": org_id, "backupId": backup_id })),
+        Refusing::ClientError,
+        "backup-not-complete",
+    );
 
     // ---- keep-last: the newest two complete backups stay, everything older goes ----
     let settings = ok(&server, &admin, "settings.get", json!({}));
@@ -361,7 +355,7 @@ fn a_backup_cut_by_a_kill_9_of_capstan_is_never_complete_and_is_cleaned_up() {
     assert_eq!(overview["lastRun"]["by"], "schedule", "{overview}");
     assert!(overview["nextDueMs"].as_u64().unwrap() > overview["lastRun"]["atMs"].as_u64().unwrap(), "{overview}");
     let pruned = server.call_as(&admin, "backups.get", &get);
-    refused(&pruned, "backup-not-found");
+    refused(&pruned, Refusing::ClientError, "backup-not-found");
     let settings = ok(&server, &admin, "settings.get", json!({}));
     ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "unset": ["backups.backupCron"] }));
     drop(relay);

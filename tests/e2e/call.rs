@@ -5,19 +5,13 @@ use crate::support::*;
 use serde_json::Value;
 use std::process::{Command, Stdio};
 
-fn call(server: &Capstan, token: &str, config: &std::path::Path, args: &[&str]) -> Exited {
-    let mut cmd = capstan();
-    cmd.arg("call").args(args).env("XDG_CONFIG_HOME", config).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", token);
-    run_to_exit(cmd)
-}
-
 #[test]
 fn any_listed_method_is_called_by_name_with_help_from_its_schema() {
     let dir = tempfile::tempdir().unwrap();
     let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
     let token = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
     let config = dir.path().join("config");
-    let run = |args: &[&str]| call(&server, &token, &config, args);
+    let run = |args: &[&str]| cli(&server, &token, &config, &[&["call"], args].concat());
     let ok = |args: &[&str]| {
         let exited = run(args);
         assert!(exited.status.success(), "capstan call {}: {exited:?}", args.join(" "));

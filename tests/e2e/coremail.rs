@@ -12,7 +12,7 @@
 //! Capstan restart nothing; a rotated control credential keeps its predecessor retiring for 15
 //! minutes; statistics come from CoreMail; off again, `{enabled: false}`.
 
-use crate::support::{Capstan, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use crate::support::{Capstan, TEST_ADMIN, capstan, eventually, free_port, ok, with_test_admin};
 use capstan_core::clock::now_ms;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -21,10 +21,6 @@ use std::time::Duration;
 
 /// How long a pass may take to show: every 10 s, 1 s after an event, 5 s after a failure.
 const SETTLED: Duration = Duration::from_secs(90);
-
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
 
 /// The test CoreMail on a fixed port, reading its bootstrap from `bootstrap`.
 struct CoreMail {

@@ -74,10 +74,6 @@ fn dev(data: &Path, point: Option<&str>) -> (Capstan, String) {
     (server, token)
 }
 
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
-
 /// The outbox's events of `kind` about `subject`, read from the store.
 fn events_of(db: &Path, kind: &str, subject: &str) -> usize {
     with_store(db, &[], |store| async move {

@@ -107,16 +107,6 @@ fn login(server: &Capstan, username: &str, password: &str) -> Reply {
     server.call("auth.login", &json!({"username": username, "password": password}).to_string())
 }
 
-fn call_as(server: &Capstan, token: &str, method: &str, body: Value) -> Reply {
-    let auth = format!("Bearer {token}");
-    server.request(
-        "POST",
-        &format!("/api/v1/{method}"),
-        &[("content-type", "application/json"), ("authorization", &auth)],
-        Some(body.to_string().as_bytes()),
-    )
-}
-
 #[test]
 fn dev_mode_prints_the_admin_password_once_and_it_logs_in() {
     let dir = tempfile::tempdir().unwrap();
@@ -127,7 +117,7 @@ fn dev_mode_prints_the_admin_password_once_and_it_logs_in() {
 
     let answer = login(&server, "admin", &password).expect_json(200);
     let token = answer["token"].as_str().unwrap().to_string();
-    let me = call_as(&server, &token, "auth.whoami", json!({})).expect_json(200);
+    let me = server.call_as(&token, "auth.whoami", &json!({})).expect_json(200);
     assert_eq!((me["username"].as_str(), me["admin"].as_bool()), (Some("admin"), Some(true)));
     server.stop();
 
@@ -150,10 +140,10 @@ fn sessions_and_machine_tokens_over_http_and_no_secret_in_any_log() {
     let wrong_user = login(&server, "nobody", admin_password).expect_error(401, "unauthenticated");
     assert_eq!(wrong_password, wrong_user, "the same denial for a wrong username and a wrong password");
     server.call("auth.whoami", "{}").expect_error(401, "unauthenticated");
-    call_as(&server, "not-a-jwt", "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+    server.call_as("not-a-jwt", "auth.whoami", &json!({})).expect_error(401, "unauthenticated");
 
     let jwt = login(&server, "root", admin_password).expect_json(200)["token"].as_str().unwrap().to_string();
-    let created = call_as(&server, &jwt, "admin.createMachineUser", json!({"username": "deployer"})).expect_json(200);
+    let created = server.call_as(&jwt, "admin.createMachineUser", &json!({"username": "deployer"})).expect_json(200);
     let machine_token = created["token"].as_str().unwrap().to_string();
     let machine_id = created["userId"].as_str().unwrap().to_string();
 
@@ -161,36 +151,36 @@ fn sessions_and_machine_tokens_over_http_and_no_secret_in_any_log() {
         .as_str()
         .unwrap()
         .to_string();
-    let me = call_as(&server, &machine_jwt, "auth.whoami", json!({})).expect_json(200);
+    let me = server.call_as(&machine_jwt, "auth.whoami", &json!({})).expect_json(200);
     assert_eq!(me["kind"], "machine");
-    call_as(&server, &machine_jwt, "admin.listMachineUsers", json!({})).expect_error(403, "forbidden");
+    server.call_as(&machine_jwt, "admin.listMachineUsers", &json!({})).expect_error(403, "forbidden");
 
-    let rotated = call_as(&server, &jwt, "admin.rotateMachineToken", json!({"userId": machine_id})).expect_json(200);
+    let rotated = server.call_as(&jwt, "admin.rotateMachineToken", &json!({"userId": machine_id})).expect_json(200);
     let rotated_token = rotated["token"].as_str().unwrap().to_string();
-    call_as(&server, &machine_jwt, "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+    server.call_as(&machine_jwt, "auth.whoami", &json!({})).expect_error(401, "unauthenticated");
 
-    let me = call_as(&server, &jwt, "auth.whoami", json!({})).expect_json(200);
+    let me = server.call_as(&jwt, "auth.whoami", &json!({})).expect_json(200);
     let new_password = "planted-rotated-password-abcdefghij";
     let mutation = json!({
         "userId": me["userId"], "expectedGeneration": 1, "mutationId": "rotate-1",
         "operation": {"rotatePassword": {"newPassword": new_password}}
     });
-    let changed = call_as(&server, &jwt, "admin.mutateHumanCredential", mutation.clone()).expect_json(200);
+    let changed = server.call_as(&jwt, "admin.mutateHumanCredential", &mutation).expect_json(200);
     assert_eq!((changed["generation"].as_u64(), changed["replayed"].as_bool()), (Some(2), Some(false)));
-    call_as(&server, &jwt, "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+    server.call_as(&jwt, "auth.whoami", &json!({})).expect_error(401, "unauthenticated");
     let jwt2 = login(&server, "root", new_password).expect_json(200)["token"].as_str().unwrap().to_string();
-    let replay = call_as(&server, &jwt2, "admin.mutateHumanCredential", mutation).expect_json(200);
+    let replay = server.call_as(&jwt2, "admin.mutateHumanCredential", &mutation).expect_json(200);
     assert_eq!(replay["replayed"], true);
     let mut reused = json!({
         "userId": me["userId"], "expectedGeneration": 2, "mutationId": "rotate-1",
         "operation": {"revokeSessions": {}}
     });
-    call_as(&server, &jwt2, "admin.mutateHumanCredential", reused.clone()).expect_error(409, "mutation-reused");
+    server.call_as(&jwt2, "admin.mutateHumanCredential", &reused).expect_error(409, "mutation-reused");
     reused["operation"] = json!({"revokeSessions": {}, "extra": 1});
-    call_as(&server, &jwt2, "admin.mutateHumanCredential", reused).expect_error(400, "invalid-request");
+    server.call_as(&jwt2, "admin.mutateHumanCredential", &reused).expect_error(400, "invalid-request");
 
-    call_as(&server, &jwt2, "auth.logout", json!({})).expect_json(200);
-    call_as(&server, &jwt2, "auth.whoami", json!({})).expect_error(401, "unauthenticated");
+    server.call_as(&jwt2, "auth.logout", &json!({})).expect_json(200);
+    server.call_as(&jwt2, "auth.whoami", &json!({})).expect_error(401, "unauthenticated");
 
     let logs = server.stderr() + &server.stdout();
     for secret in [admin_password, new_password, &machine_token, &rotated_token, &machine_jwt, &jwt, &jwt2] {

@@ -22,7 +22,7 @@
 
 use crate::mail::{Gateway, enroll_at_gateway, gateway_available};
 use crate::relays::{EnrolledCluster, RelayProcess, enroll_node, enrolled_cluster, enrolled_cluster_named, wait_listed};
-use crate::support::{Capstan, TEST_ADMIN, capstan, check_envelope, eventually, free_port, with_test_admin};
+use crate::support::{Capstan, Refusing, TEST_ADMIN, capstan, eventually, free_port, ok, refused, with_test_admin};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,25 +31,6 @@ use std::time::Duration;
 
 const SEEN: Duration = Duration::from_secs(120);
 const ZONE: &str = "ingress.e2e.example";
-
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
-
-/// The refusal `code` of `method` with `body`: its error object (a client error, or 503 for
-/// one worth retrying).
-fn refused(server: &Capstan, token: &str, method: &str, body: Value, code: &str) -> Value {
-    let reply = server.call_as(token, method, &body);
-    assert!(
-        (400..500).contains(&reply.status) || reply.status == 503,
-        "{method}: expected {code}, got HTTP {} {}",
-        reply.status,
-        reply.body
-    );
-    let error = check_envelope(&reply.what, &reply.json()).clone();
-    assert_eq!(error["code"], code, "{method}: {}", reply.body);
-    error
-}
 
 /// A test service: answers every request with 200 and `web saw <Host>`.
 fn web_service() -> u16 {
@@ -206,14 +187,17 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     // a relay's name is Capstan's: no service answers on it
     let relay_name = format!("relay.{}.{ZONE}", cluster_id.replace('_', "-"));
     let taken = json!({ "id": web_id, "expectedRevision": web["revision"], "domains": ["web.e2e.example", relay_name] });
-    let error = refused(&server, &admin, "services.update", taken, "relay-name-reserved");
+    let error = refused(&server.call_as(&admin, "services.update", &taken), Refusing::ClientErrorOr503, "relay-name-reserved");
     assert_eq!(error["data"]["domain"], relay_name.as_str());
 
     // ---- designation: the environment fences, then the revision, replay, reuse ----
     let bare = ok(&server, &admin, "clusters.create", json!({ "name": "bare" }))["cluster"]["id"].as_str().unwrap().to_string();
     let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
     let no_relay = json!({ "clusterId": bare, "serviceId": edge_id, "expectedRevision": rev, "mutationId": "designate-bare" });
-    assert_eq!(refused(&server, &admin, "ingress.designate", no_relay, "cluster-relay-missing")["data"]["clusterId"], bare.as_str());
+    assert_eq!(
+        refused(&server.call_as(&admin, "ingress.designate", &no_relay), Refusing::ClientErrorOr503, "cluster-relay-missing")["data"]["clusterId"],
+        bare.as_str()
+    );
     let claims = ok(
         &server,
         &admin,
@@ -222,13 +206,17 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     );
     let conflicting =
         json!({ "clusterId": cluster_id, "serviceId": claims["id"], "expectedRevision": 1, "mutationId": "designate-claims" });
-    let error = refused(&server, &admin, "ingress.designate", conflicting, "cluster-ingress-environment-conflict");
+    let error = refused(
+        &server.call_as(&admin, "ingress.designate", &conflicting),
+        Refusing::ClientErrorOr503,
+        "cluster-ingress-environment-conflict",
+    );
     assert_eq!(error["data"]["names"], json!(["CAPSTAN_CLUSTER_NODE_ID"]));
 
     let edge_revision = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
     let request = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge_revision, "mutationId": "designate-1" });
     let stale = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": edge_revision.as_u64().unwrap() + 7, "mutationId": "designate-0" });
-    let error = refused(&server, &admin, "ingress.designate", stale, "conflict");
+    let error = refused(&server.call_as(&admin, "ingress.designate", &stale), Refusing::ClientErrorOr503, "conflict");
     assert_eq!(error["data"]["field"], "expectedRevision");
     let designated = ok(&server, &admin, "ingress.designate", request.clone());
     assert_eq!((designated["replayed"].as_bool(), designated["designation"]["generation"].as_u64()), (Some(false), Some(1)));
@@ -237,10 +225,10 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     assert_eq!(replayed["designation"], designated["designation"], "a replay answers the recorded result");
     let mut reused = request.clone();
     reused["serviceId"] = json!(web_id);
-    refused(&server, &admin, "ingress.designate", reused, "mutation-reused");
+    refused(&server.call_as(&admin, "ingress.designate", &reused), Refusing::ClientErrorOr503, "mutation-reused");
     let mut again = request.clone();
     again["mutationId"] = json!("designate-2");
-    let present = refused(&server, &admin, "ingress.designate", again, "designation-present");
+    let present = refused(&server.call_as(&admin, "ingress.designate", &again), Refusing::ClientErrorOr503, "designation-present");
     assert_eq!(present["data"]["generation"], 1);
     let read = ok(&server, &admin, "ingress.getDesignation", json!({ "clusterId": cluster_id }));
     assert_eq!(read["designation"]["serviceId"], edge_id.as_str());
@@ -257,10 +245,12 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
 
     // a registration from anyone but the cluster's relay is refused, with when to try again
     let foreign = refused(
-        &server,
-        &admin,
-        "ingress.register",
-        json!({ "clusterId": cluster_id, "nodeId": "node_x", "bearer": bearer, "version": "1", "relayVersion": "0.1.0" }),
+        &server.call_as(
+            &admin,
+            "ingress.register",
+            &json!({ "clusterId": cluster_id, "nodeId": "node_x", "bearer": bearer, "version": "1", "relayVersion": "0.1.0" }),
+        ),
+        Refusing::ClientErrorOr503,
         "relay-not-connected",
     );
     assert_eq!(foreign["data"]["retryAfterMs"], 5000);
@@ -381,7 +371,10 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
 
     // ---- a malformed registration is refused before anything is read ----
     let malformed = json!({ "clusterId": cluster_id, "nodeId": node_id, "bearer": "has space", "version": "1", "relayVersion": "0.1.0" });
-    assert_eq!(refused(&server, &admin, "ingress.register", malformed, "registration-invalid")["data"]["retryAfterMs"], 60000);
+    assert_eq!(
+        refused(&server.call_as(&admin, "ingress.register", &malformed), Refusing::ClientErrorOr503, "registration-invalid")["data"]["retryAfterMs"],
+        60000
+    );
 
     // ---- the designated service scaled to 0: the ingress is refused, tried every 5 s, then taken ----
     let scale = |n: u32| {
@@ -459,7 +452,7 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let rev = ok(&server, &admin, "services.get", json!({ "id": edge_id }))["revision"].clone();
     let foreign_node = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 4,
                                "nodeIds": ["node_nowhere"], "mutationId": "designate-6" });
-    let refused_node = refused(&server, &admin, "ingress.designate", foreign_node, "node-mismatch");
+    let refused_node = refused(&server.call_as(&admin, "ingress.designate", &foreign_node), Refusing::ClientErrorOr503, "node-mismatch");
     assert_eq!(refused_node["data"]["field"], "nodeIds");
     let back = json!({ "clusterId": cluster_id, "serviceId": edge_id, "expectedRevision": rev, "expectedGeneration": 4,
                        "nodeIds": [second_node], "mutationId": "designate-7" });

@@ -29,7 +29,7 @@ impl World {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         let server = Capstan::dev(&dir.path().join("data"));
         let admin_password = server.printed_admin_password().expect("the first dev start prints the admin password");
-        let admin = login(&server, "admin", &admin_password);
+        let admin = server.login("admin", &admin_password);
         World { dir, server, admin_password, admin, refusals: RefCell::new(Vec::new()) }
     }
 
@@ -62,13 +62,8 @@ impl World {
         let created = self.ok(&self.admin, "admin.createUser", json!({ "username": username }));
         assert_eq!((created["username"].as_str(), created["admin"].as_bool()), (Some(username), Some(false)));
         let password = created["password"].as_str().expect("the generated password, shown once");
-        (created["userId"].as_str().unwrap().to_string(), login(&self.server, username, password))
+        (created["userId"].as_str().unwrap().to_string(), self.server.login(username, password))
     }
-}
-
-fn login(server: &Capstan, username: &str, password: &str) -> String {
-    let answer = server.call("auth.login", &json!({ "username": username, "password": password }).to_string()).expect_json(200);
-    answer["token"].as_str().expect("a session token").to_string()
 }
 
 fn id(value: &Value) -> String {

@@ -13,7 +13,7 @@
 //! target and secrets; the gateway down again leaves everything as it was while a new address
 //! waits, and comes through once it is back; deleting the service leaves nothing at the gateway.
 
-use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, with_test_admin};
+use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, ok, with_test_admin};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -25,10 +25,6 @@ const SETTLED: Duration = Duration::from_secs(90);
 pub(crate) const TOKEN: &str = "gateway-token-for-capstan-e2e";
 /// The test gateway's admin token (what an administrator hands to `capstan gateway bootstrap`).
 pub(crate) const ADMIN_TOKEN: &str = "gwadmin-planted-7f3c9a1e-e2e";
-
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
 
 /// Whether the test gateway can run here (python3 with aiosmtpd); when it cannot, the caller
 /// skips (this says why) unless `CAPSTAN_TEST_REQUIRE_GATEWAY` is set (`.ci/run` sets it).

@@ -4,7 +4,7 @@
 //! refused once revoked, and offline once stopped. No root: the agent's state directory and
 //! hostname file live in the test's temporary directory.
 
-use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
+use crate::support::{Capstan, EXIT_TIMEOUT, TEST_ADMIN, capstan, eventually, free_port, ok, run_to_exit, sha256_hex, with_test_admin};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -110,22 +110,8 @@ impl Drop for RunningAgent {
     }
 }
 
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
-
 fn read_json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-fn sha256_hex(text: &str) -> String {
-    // the agent's and the host's hash: SHA-256 of the token's hex form, lowercase hex
-    let output = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().and_then(|mut child| {
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(text.as_bytes())?;
-        child.wait_with_output()
-    });
-    String::from_utf8(output.expect("sha256sum runs").stdout).unwrap().split_whitespace().next().unwrap().to_string()
 }
 
 /// Whether this machine's short hostname is one DNS label (the agent offers it at enrollment).

@@ -6,26 +6,13 @@
 //! without --yes when standard input is a pipe, then done with it; the deletion impact; a bad id
 //! refused by name; and never a token or its hash in anything the CLI prints.
 
-use crate::support::{Capstan, Exited, TEST_ADMIN, capstan, dev_command, run_to_exit, with_test_admin};
+use crate::support::{
+    Capstan, Exited, TEST_ADMIN, capstan, client, dev_command, json_of, ok, run_to_exit, sha256_hex, succeeded, with_test_admin,
+};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 const PROTOCOL: &str = "capstan-agent/1";
-
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
-
-/// SHA-256 of `text`, lowercase hex (as the agent and the host hash a token's hex form).
-fn sha256_hex(text: &str) -> String {
-    let output = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().and_then(|mut child| {
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(text.as_bytes())?;
-        child.wait_with_output()
-    });
-    String::from_utf8(output.expect("sha256sum runs").stdout).unwrap().split_whitespace().next().unwrap().to_string()
-}
 
 /// Every CLI run's output, to check no token ever shows.
 #[derive(Default)]
@@ -35,17 +22,12 @@ impl Outputs {
     /// `capstan nodes ARGS` against `server` as the holder of `token`, standard input a pipe
     /// (`/dev/null`, not a terminal).
     fn nodes(&mut self, server: &Capstan, token: &str, config: &Path, args: &[&str]) -> Exited {
-        let mut cmd = capstan();
-        cmd.arg("nodes").args(args).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", token).env("XDG_CONFIG_HOME", config);
+        let mut cmd = client(server, token, config);
+        cmd.arg("nodes").args(args);
         let exited = run_to_exit(cmd);
         self.0.push(format!("{}{}", exited.stdout, exited.stderr));
         exited
     }
-}
-
-fn succeeded(exited: &Exited) -> &str {
-    assert!(exited.status.success(), "expected success\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
-    &exited.stdout
 }
 
 /// A refusal for people: exit 1, `capstan: refused (<code>): …` on standard error.
@@ -59,10 +41,6 @@ fn refused_json(exited: &Exited, code: &str) -> Value {
     let answer: Value = serde_json::from_str(exited.stdout.trim()).expect("one line of JSON");
     assert_eq!((answer["ok"].clone(), answer["error"]["code"].clone()), (json!(false), json!(code)), "{answer}");
     answer
-}
-
-fn json_of(exited: &Exited) -> Value {
-    serde_json::from_str(succeeded(exited).trim()).unwrap_or_else(|e| panic!("--json prints one line of JSON ({e}): {}", exited.stdout))
 }
 
 fn report(hostname: &str, apply: Option<Value>) -> Value {

@@ -15,7 +15,9 @@
 //! and passes (unless `CAPSTAN_TEST_REQUIRE_PLUGINS=1`), as plugins.rs does.
 
 use crate::nodes::{agent_binary, machine_hostname_is_a_label};
-use crate::support::{Capstan, EXIT_TIMEOUT, Reply, TEST_ADMIN, capstan, eventually, free_port, run_to_exit, with_test_admin};
+use crate::support::{
+    Capstan, EXIT_TIMEOUT, Refusing, Reply, TEST_ADMIN, capstan, client, eventually, free_port, ok, refused, run_to_exit, with_test_admin,
+};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -102,30 +104,11 @@ impl Drop for RelayProcess {
     }
 }
 
-fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
-    server.call_as(token, method, &body).expect_json(200)
-}
-
-/// The error object of a refusal with `code` (any HTTP status but 2xx), for refusals whose
-/// status this test does not pin.
-fn refused(reply: &Reply, code: &str) -> Value {
-    let body = reply.json();
-    assert!(reply.status >= 400, "{}: expected the refusal {code}, got HTTP {} {}", reply.what, reply.status, reply.body);
-    assert_eq!(body["error"]["code"], code, "{}: HTTP {} {}", reply.what, reply.status, reply.body);
-    crate::support::check_envelope(&reply.what, &body)
-}
-
 /// `capstan keyring export-relay-authorization --cluster ID --out FILE --json [extra]`: the
 /// CLI's report.
 pub(crate) fn export(server: &Capstan, token: &str, config_home: &Path, cluster_id: &str, output: &Path, extra: &[&str]) -> Value {
-    let mut cmd = capstan();
-    cmd.args(["keyring", "export-relay-authorization", "--cluster", cluster_id, "--out"])
-        .arg(output)
-        .arg("--json")
-        .args(extra)
-        .env("CAPSTAN_URL", server.url(""))
-        .env("CAPSTAN_TOKEN", token)
-        .env("XDG_CONFIG_HOME", config_home);
+    let mut cmd = client(server, token, config_home);
+    cmd.args(["keyring", "export-relay-authorization", "--cluster", cluster_id, "--out"]).arg(output).arg("--json").args(extra);
     let exited = run_to_exit(cmd);
     assert!(exited.status.success(), "the export should succeed\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
     serde_json::from_str(exited.stdout.trim()).unwrap_or_else(|e| panic!("export --json prints JSON ({e}): {}", exited.stdout))
@@ -441,7 +424,7 @@ fn a_real_relay_registers_keeps_its_config_answers_plugins_follows_restarts_and_
     let second = RelayProcess::start(&second_state, &authorization, "10.0.0.6:8443");
     let item = wait_listed(&server, &admin, &cluster_id, true, 2, &[&relay, &second]);
     assert_eq!(item["listenAddress"], "10.0.0.6", "the latest registration is the record: {item}");
-    let ambiguous = refused(&ping(&server, &admin, &cluster_id), "relay-ambiguous");
+    let ambiguous = refused(&ping(&server, &admin, &cluster_id), Refusing::AnyError, "relay-ambiguous");
     assert_eq!(ambiguous["data"]["sessions"], 2, "{ambiguous}");
     eventually("the second relay keeping its configuration", SEEN, || kept_config(&second_state));
     let (exit, second_log) = second.stop();
@@ -533,6 +516,6 @@ fn a_relay_connected_to_fleet_node_a_answers_a_call_landing_on_node_b() {
             let reply = landing.call_as(&admin, "relays.ping", &json!({ "clusterId": cluster_id }));
             if reply.status == 503 { Ok(reply) } else { Err(reply.body.clone()) }
         });
-        refused(&reply, "relay-not-connected");
+        refused(&reply, Refusing::AnyError, "relay-not-connected");
     }
 }

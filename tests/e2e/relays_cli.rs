@@ -4,24 +4,15 @@
 //! left untouched unless --force; a stale --expected-generation is refused by name; the bearer
 //! shows on standard output only with --stdout, and never in the server's log.
 
-use crate::support::{Capstan, Exited, TEST_ADMIN, capstan, dev_command, run_to_exit, with_test_admin};
+use crate::support::{Capstan, Exited, TEST_ADMIN, client, dev_command, run_to_exit, succeeded, with_test_admin};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 fn export(server: &Capstan, token: &str, config: &Path, args: &[&str]) -> Exited {
-    let mut cmd = capstan();
-    cmd.args(["keyring", "export-relay-authorization"])
-        .args(args)
-        .env("CAPSTAN_URL", server.url(""))
-        .env("CAPSTAN_TOKEN", token)
-        .env("XDG_CONFIG_HOME", config);
+    let mut cmd = client(server, token, config);
+    cmd.args(["keyring", "export-relay-authorization"]).args(args);
     run_to_exit(cmd)
-}
-
-fn succeeded(exited: &Exited) -> &str {
-    assert!(exited.status.success(), "expected success\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
-    &exited.stdout
 }
 
 #[test]

@@ -51,6 +51,41 @@ pub fn with_test_admin(mut cmd: Command) -> Command {
     cmd
 }
 
+/// `capstan` as a client of `server`: its origin in `CAPSTAN_URL`, `token` in `CAPSTAN_TOKEN`,
+/// the client's configuration kept under `config` (`XDG_CONFIG_HOME`).
+pub fn client(server: &Capstan, token: &str, config: &Path) -> Command {
+    let mut cmd = capstan();
+    cmd.env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", token).env("XDG_CONFIG_HOME", config);
+    cmd
+}
+
+/// `capstan ARGS` as a [`client`] of `server`, run to its exit.
+pub fn cli(server: &Capstan, token: &str, config: &Path, args: &[&str]) -> Exited {
+    let mut cmd = client(server, token, config);
+    cmd.args(args);
+    run_to_exit(cmd)
+}
+
+/// A command that ended with success: its standard output.
+pub fn succeeded(exited: &Exited) -> &str {
+    assert!(exited.status.success(), "expected success\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
+    &exited.stdout
+}
+
+/// A `--json` command that ended with success: the one line of JSON it printed.
+pub fn json_of(exited: &Exited) -> Value {
+    serde_json::from_str(succeeded(exited).trim()).unwrap_or_else(|e| panic!("--json prints one line of JSON ({e}): {}", exited.stdout))
+}
+
+/// SHA-256 of `text`, lowercase hex (as the agent and the host hash a token's hex form).
+pub fn sha256_hex(text: &str) -> String {
+    let output = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().and_then(|mut child| {
+        child.stdin.take().unwrap().write_all(text.as_bytes())?;
+        child.wait_with_output()
+    });
+    String::from_utf8(output.expect("sha256sum runs").stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
 /// A full production-style configuration under `dir`: SQLite store, file blobs, keyring path,
 /// a public origin. The listen address is not included.
 pub struct ProdConfig {
@@ -517,6 +552,47 @@ impl Reply {
         assert_eq!(error["code"], code, "{}: expected error code {code}, got body {}", self.what, self.body);
         error
     }
+}
+
+/// `POST /api/v1/<method>` with `body` as the holder of `token`, answered 200: the JSON body.
+pub fn ok(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
+    server.call_as(token, method, &body).expect_json(200)
+}
+
+/// The HTTP statuses [`refused`] takes a refusal to come with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusing {
+    /// A client error (4xx).
+    ClientError,
+    /// A client error, or 503 for one worth retrying.
+    ClientErrorOr503,
+    /// Any error status (400 and up), for a refusal whose status the test does not pin.
+    AnyError,
+}
+
+impl Refusing {
+    fn admits(self, status: u16) -> bool {
+        match self {
+            Refusing::ClientError => (400..500).contains(&status),
+            Refusing::ClientErrorOr503 => (400..500).contains(&status) || status == 503,
+            Refusing::AnyError => status >= 400,
+        }
+    }
+}
+
+/// Assert `reply` is the refusal `code`, at a status `statuses` admits, in the error envelope;
+/// returns the `error` object.
+pub fn refused(reply: &Reply, statuses: Refusing, code: &str) -> Value {
+    assert!(
+        statuses.admits(reply.status),
+        "{}: expected the refusal {code} ({statuses:?}), got HTTP {} {}",
+        reply.what,
+        reply.status,
+        reply.body
+    );
+    let error = check_envelope(&reply.what, &reply.json());
+    assert_eq!(error["code"], code, "{}: HTTP {} {}", reply.what, reply.status, reply.body);
+    error
 }
 
 /// Lower-case ASCII letters and digits in words joined by single dashes.

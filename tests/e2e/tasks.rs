@@ -8,16 +8,6 @@ use std::time::Duration;
 /// How long a run by hand may take to be recorded as ended (generous: a loaded CI machine).
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn call_as(server: &Capstan, token: &str, method: &str, body: Value) -> Reply {
-    let auth = format!("Bearer {token}");
-    server.request(
-        "POST",
-        &format!("/api/v1/{method}"),
-        &[("content-type", "application/json"), ("authorization", &auth)],
-        Some(body.to_string().as_bytes()),
-    )
-}
-
 fn admin_token(server: &Capstan) -> String {
     let password = server.printed_admin_password().expect("the first dev start prints the admin password");
     let answer = server.call("auth.login", &json!({ "username": "admin", "password": password }).to_string()).expect_json(200);
@@ -27,15 +17,9 @@ fn admin_token(server: &Capstan) -> String {
 /// Poll `tasks.getExecution` until the execution is no longer running.
 fn ended(server: &Capstan, token: &str, id: &str) -> Value {
     eventually(&format!("execution {id} ending"), RUN_TIMEOUT, || {
-        let e = call_as(server, token, "tasks.getExecution", json!({ "id": id })).expect_json(200);
+        let e = server.call_as(token, "tasks.getExecution", &json!({ "id": id })).expect_json(200);
         if e["status"] == "running" { Err(e.to_string()) } else { Ok(e) }
     })
-}
-
-fn cli(server: &Capstan, token: &str, config: &std::path::Path, args: &[&str]) -> Exited {
-    let mut cmd = capstan();
-    cmd.arg("tasks").args(args).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", token).env("XDG_CONFIG_HOME", config);
-    run_to_exit(cmd)
 }
 
 #[test]
@@ -57,7 +41,7 @@ fn tasks_run_by_hand_are_recorded_can_be_disabled_and_the_cli_drives_them() {
     server.call("tasks.list", "{}").expect_error(401, "unauthenticated");
 
     // the host's tasks
-    let tasks = call_as(&server, &token, "tasks.list", json!({})).expect_json(200);
+    let tasks = server.call_as(&token, "tasks.list", &json!({})).expect_json(200);
     let ids: Vec<&str> = tasks["tasks"].as_array().unwrap().iter().filter_map(|t| t["id"].as_str()).collect();
     assert!(ids.contains(&"host.cleanup") && ids.contains(&"host.reap-expired-sessions"), "{ids:?}");
     let cleanup = tasks["tasks"].as_array().unwrap().iter().find(|t| t["id"] == "host.cleanup").unwrap();
@@ -65,59 +49,58 @@ fn tasks_run_by_hand_are_recorded_can_be_disabled_and_the_cli_drives_them() {
     assert!(cleanup["nextRunAt"].as_u64().is_some(), "{cleanup}");
 
     // run by hand: answered at once, then recorded as succeeded with a duration and its log
-    let started = call_as(&server, &token, "tasks.trigger", json!({ "id": "host.cleanup" })).expect_json(200);
+    let started = server.call_as(&token, "tasks.trigger", &json!({ "id": "host.cleanup" })).expect_json(200);
     assert_eq!(started["trigger"], "manual");
     let id = started["id"].as_str().unwrap().to_string();
     let done = ended(&server, &token, &id);
     assert_eq!(done["status"], "succeeded", "{done}");
     assert!(done["durationMs"].as_u64().is_some(), "{done}");
     assert!(done["log"].as_array().is_some_and(|l| !l.is_empty()), "{done}");
-    let detail = call_as(&server, &token, "tasks.get", json!({ "id": "host.cleanup" })).expect_json(200);
+    let detail = server.call_as(&token, "tasks.get", &json!({ "id": "host.cleanup" })).expect_json(200);
     assert_eq!(detail["lastExecution"]["id"], id.as_str());
     assert_eq!(detail["recentExecutions"][0]["id"], id.as_str());
-    let page = call_as(&server, &token, "tasks.listExecutions", json!({ "taskId": "host.cleanup", "limit": 1 })).expect_json(200);
+    let page = server.call_as(&token, "tasks.listExecutions", &json!({ "taskId": "host.cleanup", "limit": 1 })).expect_json(200);
     assert_eq!(page["executions"][0]["id"], id.as_str());
 
     // refusals by name
-    call_as(&server, &token, "tasks.cancel", json!({ "executionId": id })).expect_error(409, "execution-not-running");
-    call_as(&server, &token, "tasks.cancel", json!({ "executionId": "nope" })).expect_error(404, "execution-not-found");
-    call_as(&server, &token, "tasks.get", json!({ "id": "host.nope" })).expect_error(404, "task-not-found");
-    call_as(&server, &token, "tasks.trigger", json!({ "id": "host.nope" })).expect_error(404, "task-not-found");
-    let strict =
-        call_as(&server, &token, "tasks.trigger", json!({ "id": "host.cleanup", "extra": 1 })).expect_error(400, "invalid-request");
+    server.call_as(&token, "tasks.cancel", &json!({ "executionId": id })).expect_error(409, "execution-not-running");
+    server.call_as(&token, "tasks.cancel", &json!({ "executionId": "nope" })).expect_error(404, "execution-not-found");
+    server.call_as(&token, "tasks.get", &json!({ "id": "host.nope" })).expect_error(404, "task-not-found");
+    server.call_as(&token, "tasks.trigger", &json!({ "id": "host.nope" })).expect_error(404, "task-not-found");
+    let strict = server.call_as(&token, "tasks.trigger", &json!({ "id": "host.cleanup", "extra": 1 })).expect_error(400, "invalid-request");
     assert_eq!(strict["data"]["field"], "extra");
 
     // disabled: refused by hand, and listed without a next run
-    let disabled = call_as(&server, &token, "tasks.setEnabled", json!({ "id": "host.cleanup", "enabled": false })).expect_json(200);
+    let disabled = server.call_as(&token, "tasks.setEnabled", &json!({ "id": "host.cleanup", "enabled": false })).expect_json(200);
     assert_eq!((disabled["enabled"].as_bool(), disabled["nextRunAt"].is_null()), (Some(false), true));
-    call_as(&server, &token, "tasks.trigger", json!({ "id": "host.cleanup" })).expect_error(409, "task-disabled");
+    server.call_as(&token, "tasks.trigger", &json!({ "id": "host.cleanup" })).expect_error(409, "task-disabled");
 
     // the CLI, as a client of the same API
     let config = dir.path().join("config");
-    let listed = cli(&server, &token, &config, &["list", "--json"]);
+    let listed = cli(&server, &token, &config, &["tasks", "list", "--json"]);
     assert!(listed.status.success(), "{listed:?}");
     let listed: Value = serde_json::from_str(listed.stdout.trim()).expect("exact JSON");
     let cleanup = listed["tasks"].as_array().unwrap().iter().find(|t| t["id"] == "host.cleanup").unwrap();
     assert_eq!(cleanup["enabled"], false);
 
-    let refused = cli(&server, &token, &config, &["trigger", "host.cleanup", "--json"]);
+    let refused = cli(&server, &token, &config, &["tasks", "trigger", "host.cleanup", "--json"]);
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     let refused: Value = serde_json::from_str(refused.stdout.trim()).expect("exact JSON");
     assert_eq!((refused["ok"].as_bool(), refused["error"]["code"].as_str()), (Some(false), Some("task-disabled")));
 
-    let enabled = cli(&server, &token, &config, &["enable", "host.cleanup"]);
+    let enabled = cli(&server, &token, &config, &["tasks", "enable", "host.cleanup"]);
     assert!(enabled.status.success() && enabled.stdout.contains("enabled host.cleanup"), "{enabled:?}");
-    let waited = cli(&server, &token, &config, &["trigger", "host.cleanup", "--wait", "--json"]);
+    let waited = cli(&server, &token, &config, &["tasks", "trigger", "host.cleanup", "--wait", "--json"]);
     assert!(waited.status.success(), "{waited:?}");
     let waited: Value = serde_json::from_str(waited.stdout.trim()).expect("exact JSON");
     assert_eq!(waited["status"], "succeeded");
 
-    let triggered = cli(&server, &token, &config, &["trigger", "host.reap-expired-sessions"]);
+    let triggered = cli(&server, &token, &config, &["tasks", "trigger", "host.reap-expired-sessions"]);
     assert!(triggered.status.success() && triggered.stdout.starts_with("started "), "{triggered:?}");
-    let table = cli(&server, &token, &config, &["list"]);
+    let table = cli(&server, &token, &config, &["tasks", "list"]);
     assert!(table.status.success(), "{table:?}");
     assert!(table.stdout.starts_with("ID") && table.stdout.contains("host.reap-expired-sessions"), "{}", table.stdout);
-    let history = cli(&server, &token, &config, &["executions", "host.cleanup"]);
+    let history = cli(&server, &token, &config, &["tasks", "executions", "host.cleanup"]);
     assert!(history.status.success() && history.stdout.contains("succeeded"), "{history:?}");
     let help = run_to_exit({
         let mut cmd = capstan();

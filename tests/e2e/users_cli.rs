@@ -6,25 +6,9 @@
 //! removed; a lost administrator password recovered without the server, never a password in the
 //! server's output.
 
-use crate::support::{Capstan, Exited, TEST_ADMIN, capstan, dev_command, run_to_exit, with_test_admin};
+use crate::support::{Capstan, Exited, TEST_ADMIN, capstan, cli, dev_command, json_of, run_to_exit, succeeded, with_test_admin};
 use serde_json::{Value, json};
 use std::path::Path;
-
-/// `capstan ARGS` against `server` with `token`, configuration kept under `config`.
-fn cli(server: &Capstan, token: &str, config: &Path, args: &[&str]) -> Exited {
-    let mut cmd = capstan();
-    cmd.args(args).env("CAPSTAN_URL", server.url("")).env("CAPSTAN_TOKEN", token).env("XDG_CONFIG_HOME", config);
-    run_to_exit(cmd)
-}
-
-fn succeeded(exited: &Exited) -> &str {
-    assert!(exited.status.success(), "expected success\nstdout:\n{}\nstderr:\n{}", exited.stdout, exited.stderr);
-    &exited.stdout
-}
-
-fn json_of(exited: &Exited) -> Value {
-    serde_json::from_str(succeeded(exited).trim()).unwrap_or_else(|e| panic!("--json prints one line of JSON ({e}): {}", exited.stdout))
-}
 
 /// The `password: …` line a reset or a creation prints.
 fn printed_password(stdout: &str) -> String {
