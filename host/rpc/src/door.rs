@@ -280,19 +280,8 @@ pub fn envelope(refusal: &Refusal) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::person;
     use std::sync::Mutex;
-
-    fn person(admin: bool) -> Identity {
-        Identity {
-            user_id: "usr_1".into(),
-            username: "ann".into(),
-            kind: "human".into(),
-            admin,
-            session_id: "s".into(),
-            authenticated_at: 0,
-            expires_at: 0,
-        }
-    }
 
     struct Tokens;
 

@@ -605,7 +605,8 @@ mod tests {
         }
     }
 
-    fn person(admin: bool) -> Identity {
+    /// A person who is an administrator or not (the door's tests call as them too).
+    pub(crate) fn person(admin: bool) -> Identity {
         Identity {
             user_id: "usr_1".into(),
             username: "ann".into(),
