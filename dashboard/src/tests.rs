@@ -495,6 +495,30 @@ async fn the_fleet_view_needs_an_administrator() {
 }
 
 #[tokio::test]
+async fn rebalance_now_is_an_administrators_form_and_names_why_nothing_was_decided() {
+    let (_dir, state) = setup().await;
+    add_operator(&state).await;
+    let answer = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await;
+    let operator = answer.set_cookie().unwrap().0;
+    let refused = send(&state, post_form("/fleet/rebalance", "", Some(&operator), Some(ORIGIN))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(refused.body.contains("Administrators only"), "{}", refused.body);
+
+    let admin = login_cookie(&state).await;
+    let page = send(&state, get("/fleet", Some(&admin))).await;
+    assert!(page.body.contains(r#"<form method="post" action="/fleet/rebalance""#), "{}", page.body);
+    let elsewhere = send(&state, post_form("/fleet/rebalance", "", Some(&admin), Some("https://evil.example"))).await;
+    assert_eq!(elsewhere.status, StatusCode::FORBIDDEN, "a form from another site: {}", elsewhere.body);
+    // this test host holds no coordinator lease and no node does: the call goes through the
+    // door to the fleet, which names why it cannot be answered, and the page says so
+    let unanswered = send(&state, post_form("/fleet/rebalance", "", Some(&admin), Some(ORIGIN))).await;
+    assert_eq!(unanswered.status, StatusCode::SERVICE_UNAVAILABLE, "{}", unanswered.body);
+    assert!(unanswered.body.contains(r#"data-code="coordinator-unavailable""#), "{}", unanswered.body);
+    assert!(unanswered.body.contains("Placements not decided (coordinator-unavailable)"), "{}", unanswered.body);
+    assert!(unanswered.body.contains(r#"id="fleet-rebalance""#), "the page stays usable: {}", unanswered.body);
+}
+
+#[tokio::test]
 async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     let (_dir, state) = setup().await;
     let cookie = login_cookie(&state).await;
