@@ -93,7 +93,7 @@ fn service_view(value: &Value) -> ServiceView {
             .map(|db| format!("{}/{} ({})", str_of(db, "volume"), str_of(db, "path"), str_of(db, "engine"))),
         mail_addresses: strings_of(value.get("mailAddresses")),
         mail_bound: value
-            .get("mail")
+            .pointer("/facets/mail/bindings")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()

@@ -727,6 +727,7 @@ fn installed(version: &str, publisher: &str, grants: &[&str]) -> InstalledVersio
         wit: capstan_server::plugins::manifest::CURRENT_WIT.into(),
         settings: Vec::new(),
         pages: Vec::new(),
+        faces: Default::default(),
     }
 }
 

@@ -3,6 +3,7 @@
 //! typed method router.
 
 use crate::bindings::exports::capstan::plugin::guest as wit;
+use crate::inventory::EntityKind;
 use crate::{Context, Refusal, Result};
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -140,6 +141,17 @@ pub struct Descriptor {
     selector: Vec<(String, String)>,
     settings: Vec<Setting>,
     pages: Vec<Page>,
+    facets: Vec<Facet>,
+    panels: Vec<(EntityKind, String, String)>,
+    nav: Option<(String, String)>,
+    refusals: Vec<(String, u16, String)>,
+}
+
+/// A declared facet; its schema is generated only when the descriptor is described.
+struct Facet {
+    kind: EntityKind,
+    summary: String,
+    schema: fn() -> Value,
 }
 
 /// A declared setting; its schema is generated only when the descriptor is described, never
@@ -205,6 +217,10 @@ impl Default for Descriptor {
             selector: Vec::new(),
             settings: Vec::new(),
             pages: Vec::new(),
+            facets: Vec::new(),
+            panels: Vec::new(),
+            nav: None,
+            refusals: Vec::new(),
         }
     }
 }
@@ -309,6 +325,40 @@ impl Descriptor {
         self
     }
 
+    /// The record this plugin keeps on every entity of `kind` (`Organization`, `Cluster` or
+    /// `Service`): the entity's `facets.<pluginId>`, written with
+    /// [`crate::inventory::set_facet`] and judged by the JSON Schema of `T`. Anyone reading
+    /// the entity reads it; only this plugin writes it. Never a secret.
+    pub fn facet<T: JsonSchema>(mut self, kind: EntityKind, summary: &str) -> Self {
+        assert!(self.facets.iter().all(|f| f.kind != kind), "a facet on {kind:?} declared twice");
+        self.facets.push(Facet { kind, summary: summary.into(), schema: schema_of::<T> });
+        self
+    }
+
+    /// A panel titled `title` on the dashboard page of every entity of `kind`, rendered from
+    /// the bundle's template `pages/<name>.html` with `entity` (as `get` answers it) and
+    /// `facet` (this plugin's facet of it, or none).
+    pub fn panel(mut self, kind: EntityKind, title: &str, template: &str) -> Self {
+        self.panels.push((kind, title.into(), format!("pages/{template}.html")));
+        self
+    }
+
+    /// The plugin's own section in the dashboard navigation, opening its first page; `icon`
+    /// is one of the dashboard's line icons: `envelope`, `database`, `globe`, `box`,
+    /// `shield`, `chart`, `key`, `bell`.
+    pub fn nav(mut self, title: &str, icon: &str) -> Self {
+        self.nav = Some((title.into(), icon.into()));
+        self
+    }
+
+    /// A refusal code this plugin's methods answer, with the HTTP status the API gives it (a
+    /// code not declared answers 400, or 503 when retryable).
+    pub fn refusal(mut self, code: &str, status: u16, summary: &str) -> Self {
+        assert!(self.refusals.iter().all(|r| r.0 != code), "refusal {code:?} declared twice");
+        self.refusals.push((code.into(), status, summary.into()));
+        self
+    }
+
     /// The declared method names, in declaration order.
     pub fn method_names(&self) -> impl Iterator<Item = &str> {
         self.methods.iter().map(|m| m.name.as_str())
@@ -387,6 +437,22 @@ impl Descriptor {
                     forms: p.forms.clone(),
                     navigation: p.navigation,
                 })
+                .collect(),
+            facets: self
+                .facets
+                .iter()
+                .map(|f| wit::FacetSpec { kind: f.kind, summary: f.summary.clone(), schema: (f.schema)().to_string() })
+                .collect(),
+            panels: self
+                .panels
+                .iter()
+                .map(|(kind, title, template)| wit::PanelSpec { kind: *kind, title: title.clone(), template: template.clone() })
+                .collect(),
+            nav: self.nav.as_ref().map(|(title, icon)| wit::NavSection { title: title.clone(), icon: icon.clone() }),
+            refusals: self
+                .refusals
+                .iter()
+                .map(|(code, status, summary)| wit::RefusalSpec { code: code.clone(), status: *status, summary: summary.clone() })
                 .collect(),
         }
     }

@@ -2,7 +2,9 @@
 //! nodes of clusters with their liveness ([`EntityKind::Node`], as `nodes.get` answers them,
 //! never a credential), settings, the fleet's Capstan processes ([`EntityKind::FleetNode`])
 //! (capability `inventory:read`) — and service writes on behalf of the caller
-//! (`inventory:write-services`). Nodes are read-only to plugins.
+//! (`inventory:write-services`). Nodes are read-only to plugins. A plugin writes its own facets
+//! (the records it declared with [`crate::Descriptor::facet`]) on organizations, clusters and
+//! services.
 
 use crate::bindings::capstan::plugin::inventory as wit;
 use crate::{Result, Value, encode, parse};
@@ -91,4 +93,24 @@ pub fn hold_service(service_id: &str) -> Result<()> {
 /// the last release of a deleting service finishes its deletion.
 pub fn release_service(service_id: &str) -> Result<()> {
     Ok(wit::release_service(service_id)?)
+}
+
+/// Write this plugin's facet of the `kind` entity `id` (declared with
+/// [`crate::Descriptor::facet`]); the host judges it by the declared schema (`facet-invalid`)
+/// and answers the entity as written, its facets under `facets.<pluginId>`. Writing what is
+/// there already changes nothing. With `expected_revision` (the revision the record was
+/// derived from), an entity changed since is `conflict` and nothing is written.
+pub fn set_facet<T: DeserializeOwned>(
+    kind: EntityKind,
+    id: &str,
+    value: &impl Serialize,
+    expected_revision: Option<u64>,
+) -> Result<Entity<T>> {
+    entity(wit::set_facet(kind, id, Some(&encode(value)?), expected_revision)?)
+}
+
+/// Remove this plugin's facet of the `kind` entity `id` (taken even while a service is being
+/// deleted), fenced by `expected_revision` as [`set_facet`] is.
+pub fn clear_facet<T: DeserializeOwned>(kind: EntityKind, id: &str, expected_revision: Option<u64>) -> Result<Entity<T>> {
+    entity(wit::set_facet(kind, id, None, expected_revision)?)
 }

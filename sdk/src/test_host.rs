@@ -113,6 +113,7 @@ impl TestHost {
             created_at: now,
             created_by: self.caller.user_id.clone(),
             updated_at: now,
+            facets: Default::default(),
         };
         let data = capstan_inventory::to_value(&organization)?;
         let id_ref = &id;

@@ -206,10 +206,13 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
     // ---- phase 1, dual-write: the binding, its environment beside the direct path's ----
     let binding_id = format!("capstan.{web_id}");
     let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
-    assert_eq!(record["coreMail"], json!({ "bindingId": binding_id, "want": "dual-write" }), "{record}");
-    let forged =
-        server.call_as(&admin, "services.update", &json!({ "id": web_id, "expectedRevision": record["revision"], "coreMail": null }));
-    forged.expect_error(400, "coremail-managed");
+    assert_eq!(record["facets"]["coremail"], json!({ "bindingId": binding_id, "want": "dual-write" }), "{record}");
+    let forged = server.call_as(
+        &admin,
+        "services.update",
+        &json!({ "id": web_id, "expectedRevision": record["revision"], "facets": { "coremail": null } }),
+    );
+    forged.expect_error(400, "invalid-request"); // only the CoreMail manager writes its facet
     let mut expected: Vec<String> = [
         "MAIL_COREMAIL_BINDING_ID",
         "MAIL_COREMAIL_CREDENTIAL_ID",
@@ -261,7 +264,7 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
         assert_eq!(coremail.counters()["prepares"], before["prepares"], "nothing prepared");
         assert_eq!(after["preparedRevision"], record["preparedRevision"], "the prepared record unwritten");
         assert_eq!(after["lastPass"], record["lastPass"], "the status record unwritten");
-        assert_eq!(after["coreMail"], record["coreMail"], "CoreMail's report unchanged, and not rewritten");
+        assert_eq!(after["facets"]["coremail"], record["facets"]["coremail"], "CoreMail's report unchanged, and not rewritten");
         assert_eq!(environment(server, admin, &service_id), env, "no secret version written");
     };
     quiet(&server, &admin, &coremail);
@@ -340,7 +343,7 @@ fn the_coremail_control_plane_prepares_a_strictly_increasing_epoch_delivers_veri
     eventually("the web service back on the direct path", SETTLED, || {
         let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
         let keys = web_keys(&server, &admin);
-        if record.get("coreMail").is_none() && keys.is_empty() { Ok(()) } else { Err(format!("{record} {keys:?}")) }
+        if record["facets"]["coremail"].is_null() && keys.is_empty() { Ok(()) } else { Err(format!("{record} {keys:?}")) }
     });
     server.call_as(&admin, "coremail.getServiceMailStatistics", &json!({})).expect_error(400, "coremail-disabled");
     drop(coremail);
@@ -474,7 +477,10 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
     assert_eq!(credentials.len(), 2, "both environments remain: {credentials:?}");
     assert!(targets.iter().all(|t| t["targetType"] == "coremail" && t["peerId"] == "coremail-gateway"), "inbound at CoreMail: {targets:?}");
     let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
-    assert!(record["mail"].as_array().unwrap().iter().all(|m| m["targetType"] == "coremail" && m["retired"] == false), "{record}");
+    assert!(
+        record["facets"]["mail"]["bindings"].as_array().unwrap().iter().all(|m| m["targetType"] == "coremail" && m["retired"] == false),
+        "{record}"
+    );
     let scopes = manifest_scopes(&server, &admin, &web_id);
     assert_eq!(scopes.get("SMTP_PASSWORD").map(String::as_str), Some(format!("mail:{web_id}").as_str()), "{scopes:?}");
 
@@ -502,7 +508,7 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
     assert!(credentials.is_empty(), "the direct credentials retired at the gateway: {credentials:?}");
     let record = ok(&server, &admin, "services.get", json!({ "id": web_id }));
     assert!(
-        record["mail"].as_array().unwrap().iter().all(|m| m["targetType"] == "coremail" && m["retired"] == true),
+        record["facets"]["mail"]["bindings"].as_array().unwrap().iter().all(|m| m["targetType"] == "coremail" && m["retired"] == true),
         "the mail manager's record says what it retired: {record}"
     );
     assert_eq!(targets.len(), 2, "inbound stays with CoreMail: {targets:?}");
@@ -529,7 +535,11 @@ fn a_service_walks_the_three_phases_through_the_gateway_keeps_its_phase_over_a_r
         let (credentials, targets) = gateway.held(&prefix);
         let direct = targets.iter().all(|t| t["targetType"] == "direct") && targets.len() == 2 && credentials.len() == 2;
         let peer = gateway.get("/v1/peers/coremail-gateway").0;
-        if record.get("coreMail").is_none() && direct && peer == 404 { Ok(()) } else { Err(format!("{record} {targets:?} peer {peer}")) }
+        if record["facets"]["coremail"].is_null() && direct && peer == 404 {
+            Ok(())
+        } else {
+            Err(format!("{record} {targets:?} peer {peer}"))
+        }
     });
     let scopes = manifest_scopes(&server, &admin, &web_id);
     assert!(scopes.values().all(|scope| *scope == format!("mail:{web_id}")), "only the direct path resolves: {scopes:?}");

@@ -378,22 +378,25 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     assert_eq!(targets.len(), 2, "a forward target per address: {targets:?}");
     assert!(targets.iter().all(|t| t["host"] == "10.0.0.5" && t["port"] == 30025), "{targets:?}");
 
-    // ---- the service record carries the public metadata, fenced by its revision ----
+    // ---- the service's mail facet carries the public metadata, fenced by its revision ----
     let record = eventually("the service's mail record", SETTLED, || {
         let service = ok(&server, &admin, "services.get", json!({ "id": service_id }));
-        if service["mail"].as_array().is_some_and(|m| m.len() == 2) { Ok(service) } else { Err(service.to_string()) }
+        if service["facets"]["mail"]["bindings"].as_array().is_some_and(|m| m.len() == 2) { Ok(service) } else { Err(service.to_string()) }
     });
     assert_eq!(
-        record["mail"][0],
+        record["facets"]["mail"]["bindings"][0],
         json!({
             "address": "web@acme.example", "smtpUsername": web["username"], "credentialVersion": 1,
             "inbound": { "host": "10.0.0.5", "port": 30025 }, "targetType": "direct", "retired": false,
         }),
         "{record}"
     );
-    let forged =
-        server.call_as(&admin, "services.update", &json!({ "id": service_id, "expectedRevision": record["revision"], "mail": [] }));
-    forged.expect_error(400, "mail-managed"); // only the mail manager writes it
+    let forged = server.call_as(
+        &admin,
+        "services.update",
+        &json!({ "id": service_id, "expectedRevision": record["revision"], "facets": { "mail": { "bindings": [] } } }),
+    );
+    forged.expect_error(400, "invalid-request"); // only the mail manager writes its facet
 
     // ---- the password Capstan holds is the gateway's; real mail goes through with it ----
     let checked = ok(&server, &admin, "mail.checkServiceMail", json!({ "organizationId": org_id, "serviceId": service_id }));
@@ -417,8 +420,10 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
         let (credentials, targets) = gateway.held(&prefix);
         if credentials == [web_id.clone()] && targets.len() == 1 { Ok(()) } else { Err(format!("{credentials:?} {targets:?}")) }
     });
-    let record = ok(&server, &admin, "services.get", json!({ "id": service_id }));
-    assert_eq!(record["mail"].as_array().map(Vec::len), Some(1), "the removed address's record went with it: {record}");
+    eventually("the removed address's record gone with it", SETTLED, || {
+        let record = ok(&server, &admin, "services.get", json!({ "id": service_id }));
+        if record["facets"]["mail"]["bindings"].as_array().map(Vec::len) == Some(1) { Ok(()) } else { Err(record.to_string()) }
+    });
     let mut kept: Vec<String> = group("WEB_ACME_EXAMPLE").into_iter().chain(SMTP_ALIASES.iter().map(|k| k.to_string())).collect();
     kept.sort();
     eventually("only the kept address's secrets resolving", SETTLED, || {

@@ -1,8 +1,8 @@
 //! Starts against a database whose migration ledger this build cannot carry forward.
 
-use crate::support::{ProdConfig, insert_doc, read_ledger, run_to_exit};
+use crate::support::{Capstan, ProdConfig, TEST_ADMIN, capstan, free_port, insert_doc, ok, read_ledger, run_to_exit, with_test_admin};
 use capstan::store::Document;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A production config under a fresh temp dir whose store holds a ledger at `version`.
 fn database_at(version: &str) -> (tempfile::TempDir, ProdConfig, Document) {
@@ -38,4 +38,54 @@ fn a_ledger_below_the_oldest_supported_version_is_refused_untouched() {
 #[test]
 fn a_ledger_that_is_not_semver_is_refused() {
     refused_start("not-a-version", "ledger-invalid");
+}
+
+/// `tests/e2e/data/data-0.1.0/documents.json`: the migration ledger and the documents a
+/// Capstan at data version 0.1.0 wrote — an organization, a service whose two addresses the
+/// mail manager had bound at the test gateway (its `mail` record as that release kept it on the
+/// service), and the manager's hold — read out of its store as they were.
+const DATA_0_1_0: &str = include_str!("data/data-0.1.0/documents.json");
+
+#[test]
+fn a_store_the_previous_release_wrote_is_carried_forward_its_managers_records_into_facets() {
+    let fixture: Value = serde_json::from_str(DATA_0_1_0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let db = data.join("capstan.sqlite");
+    insert_doc(&db, capstan::migrate::LEDGER_COLLECTION, "capstan", fixture["ledger"].clone());
+    let mut service_before = Value::Null;
+    for doc in fixture["documents"].as_array().unwrap() {
+        let (collection, id) = (doc["collection"].as_str().unwrap(), doc["id"].as_str().unwrap());
+        insert_doc(&db, collection, id, doc["data"].clone());
+        if collection == "services" {
+            service_before = json!({ "id": id, "data": doc["data"] });
+        }
+    }
+    let bindings = service_before["data"]["mail"].clone();
+    assert_eq!(bindings.as_array().map(Vec::len), Some(2), "the fixture holds the mail manager's record: {service_before}");
+
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(&data).args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let status = ok(&server, &admin, "migrations.getStatus", json!({}));
+    assert_eq!(status["dataVersion"], capstan::migrate::host_chain().target().to_string(), "{status}");
+
+    let id = service_before["id"].as_str().unwrap();
+    let service = ok(&server, &admin, "services.get", json!({ "id": id }));
+    let record = &service;
+    assert_eq!(record["facets"]["mail"]["bindings"], bindings, "the mail manager's record is its facet now: {service}");
+    assert!(record.get("mail").is_none() && record.get("coreMail").is_none(), "no manager's record is a field of the service: {service}");
+    assert_eq!(record["mailAddresses"], service_before["data"]["mailAddresses"], "the rest of the service is as it was: {service}");
+    assert_eq!(service["holds"], json!(["plugin:mail"]), "the manager still holds it: {service}");
+
+    // an operator's change keeps the facet, and cannot write one
+    let revision = record["revision"].clone();
+    let updated = ok(&server, &admin, "services.update", json!({ "id": id, "expectedRevision": revision, "scale": 2 }));
+    assert_eq!(updated["facets"]["mail"]["bindings"], bindings, "{updated}");
+    let reply =
+        server.call_as(&admin, "services.update", &json!({ "id": id, "expectedRevision": updated["revision"], "facets": { "mail": {} } }));
+    reply.expect_error(400, "invalid-request");
 }

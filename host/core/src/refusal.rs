@@ -24,12 +24,16 @@ pub struct Refusal {
     /// Operator-facing detail for the log only (never sent to a client).
     #[serde(skip)]
     pub detail: Option<String>,
+    /// The HTTP status its producer declared for its code (a plugin declares its refusal
+    /// codes with their status); a code the host's table names keeps the table's.
+    #[serde(skip)]
+    pub status: Option<u16>,
 }
 
 impl Refusal {
     /// A refusal with its code and message.
     pub fn new(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Refusal { code: code.into(), message: message.into(), retryable: false, data: None, detail: None }
+        Refusal { code: code.into(), message: message.into(), retryable: false, data: None, detail: None, status: None }
     }
 
     /// Mark the refusal as one that asking again may get past.
@@ -52,6 +56,7 @@ impl Refusal {
             retryable: false,
             data: None,
             detail: Some(detail.to_string()),
+            status: None,
         }
     }
 
@@ -82,11 +87,12 @@ impl Refusal {
     }
 
     /// The HTTP status that fits this refusal: its code's ([`code_status`]), or for a code the
-    /// table does not name, 400 (a client mistake) unless the refusal is retryable (503).
+    /// table does not name the status its producer declared, else 400 (a client mistake)
+    /// unless the refusal is retryable (503).
     pub fn http_status(&self) -> u16 {
         // a refusal that says retrying may help is not the client's mistake: the service
         // (a plugin's catalog, a lock, a peer) is unavailable for now
-        code_status(&self.code).unwrap_or(if self.retryable { 503 } else { 400 })
+        code_status(&self.code).or(self.status).unwrap_or(if self.retryable { 503 } else { 400 })
     }
 }
 
@@ -113,11 +119,7 @@ pub fn code_status(code: &str) -> Option<u16> {
         "version-collision" | "release-tag-occupied" | "release-tag-reserved" => 409,
         "deployment-state-invalid" | "deployment-image-missing" | "deployment-superseded" | "route-unavailable" => 409,
         "deploy-on-push-enabled" => 409,
-        "relay-name-reserved"
-        | "designation-present"
-        | "cluster-ingress-environment-conflict"
-        | "gateway-not-enrolled"
-        | "ingress-not-designated" => 409,
+        "relay-name-reserved" | "gateway-not-enrolled" => 409,
         // the route's target does not pass its check yet; what was published is withdrawn
         "deployment-route-check-failed" => 409,
         "deployment-identity-required" => 403,
@@ -197,6 +199,10 @@ mod tests {
         // any other retryable refusal (a plugin's, say) is the service's state, not a mistake
         assert_eq!(Refusal::new("appstore-catalog-unavailable", "x").retryable().http_status(), 503);
         assert_eq!(Refusal::new("conflict", "x").retryable().http_status(), 409, "a listed code keeps its status");
+        // a producer's declared status stands for a code the table does not name, never over it
+        let declared = |code: &'static str, status| Refusal { status: Some(status), ..Refusal::new(code, "x") };
+        assert_eq!(declared("thing-in-the-way", 409).http_status(), 409);
+        assert_eq!(declared("conflict", 422).http_status(), 409);
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Cluster {
     /// mints the origin, and no update writes it.
     #[serde(default)]
     pub relay: Relay,
+    /// The records managers keep on it, by plugin id (`inventory.set-facet`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facets: crate::facets::Facets,
 }
 
 /// A cluster's relay as Capstan minted it.
@@ -290,6 +293,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
                 created_at: at,
                 updated_at: at,
                 relay: Relay::default(),
+                facets: Default::default(),
             };
             tx.insert(CLUSTER_IDENTITIES, id_ref, json!({ "userId": user_id })).await?;
             tx.insert(CLUSTER_RUNTIMES, id_ref, to_value(runtime_ref)?).await?;

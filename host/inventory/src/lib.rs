@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod clusters;
+pub mod facets;
 pub mod grants;
 pub mod organizations;
 pub mod services;
@@ -125,6 +126,26 @@ pub trait Dependents: Send + Sync {
     /// Refuse `value` for the plugin setting `setting` by name (`setting-invalid`,
     /// `setting-is-secret`) unless it matches what the plugin declared.
     fn check_plugin_setting(&self, setting: &PluginSetting, value: &Value) -> Result<()>;
+    /// The facet the installed plugin `plugin` declares on `kind` entities, read in `tx`.
+    async fn plugin_facet(&self, _tx: &Tx, _plugin: &str, _kind: &str) -> Result<Option<PluginFacet>> {
+        Ok(None)
+    }
+    /// Refuse `value` as `plugin`'s facet of the entity `id` (`facet-invalid`, naming where and
+    /// never the value) unless it matches what the plugin declared.
+    fn check_plugin_facet(&self, _plugin: &str, _id: &str, _facet: &PluginFacet, _value: &Value) -> Result<()> {
+        Err(Refusal::internal("no facet is judged here"))
+    }
+}
+
+/// A facet an installed plugin declares: the record it keeps on every entity of a kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginFacet {
+    /// `organization`, `cluster` or `service`.
+    pub kind: String,
+    /// What the record says.
+    pub summary: String,
+    /// The JSON Schema its value must match.
+    pub schema: Value,
 }
 
 /// A setting an installed plugin declares, stored in the settings document as

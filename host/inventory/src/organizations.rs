@@ -23,6 +23,9 @@ pub struct Organization {
     pub updated_at: u64,
     /// The administrator who created it.
     pub created_by: String,
+    /// The records managers keep on it, by plugin id (`inventory.set-facet`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub facets: crate::facets::Facets,
 }
 
 /// A user's role in one organization, as stored.
@@ -135,8 +138,13 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Entity<Or
     access::require_admin(&identity)?;
     validate::name("name", &input.name)?;
     let id = capstan_core::ids::new_id("org");
-    let org =
-        Organization { name: input.name.clone(), created_at: now_secs(), updated_at: now_secs(), created_by: identity.user_id.clone() };
+    let org = Organization {
+        name: input.name.clone(),
+        created_at: now_secs(),
+        updated_at: now_secs(),
+        created_by: identity.user_id.clone(),
+        facets: Default::default(),
+    };
     let (id_ref, org_ref) = (&id, &org);
     let doc = cx
         .store

@@ -79,78 +79,6 @@ pub enum DatabaseEngine {
     Sqlite,
 }
 
-/// The public record of one of a service's mail addresses at the mail gateway, written by the
-/// mail manager (docs/mail.md) and by nobody else: never a password.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct MailBinding {
-    /// One of the service's `mailAddresses`.
-    pub address: String,
-    /// The SMTP username the gateway issued for it.
-    pub smtp_username: String,
-    /// The credential version whose password the service's secrets hold.
-    pub credential_version: u64,
-    /// Where the gateway forwards the address's inbound mail, if anywhere (a `direct` target).
-    pub inbound: Option<MailInbound>,
-    /// Where its inbound mail goes: to the service (`direct`) or to CoreMail (`coremail`, from
-    /// the inbound cutover on).
-    #[serde(default)]
-    pub target_type: MailTargetType,
-    /// The direct path's credential and environment retired (CoreMail only): the gateway holds
-    /// no credential of the address and the service no `MAIL_<TOKEN>_SMTP_*` from it.
-    #[serde(default)]
-    pub retired: bool,
-}
-
-/// Where the gateway forwards an address's inbound mail.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum MailTargetType {
-    /// To the service's published SMTP port.
-    #[default]
-    Direct,
-    /// To CoreMail, the gateway's CoreMail peer.
-    Coremail,
-}
-
-/// CoreMail's binding of a service, written by the CoreMail manager (docs/coremail.md) and by
-/// nobody else: the binding's id and the migration step the manager asks the mail path for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CoreMailBinding {
-    /// CoreMail's id of the binding: 1–128 of A-Z a-z 0-9 . _ -.
-    pub binding_id: String,
-    /// `dual-write`, `inbound-cutover` or `coremail-only`.
-    pub want: CoreMailStep,
-}
-
-/// A step of a service's move onto CoreMail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum CoreMailStep {
-    /// CoreMail's binding and environment delivered beside the direct path.
-    DualWrite,
-    /// Inbound mail routed at CoreMail; both environments remain.
-    InboundCutover,
-    /// The direct path's environment and credential retired.
-    CoremailOnly,
-}
-
-/// Where the gateway forwards an address's inbound mail.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct MailInbound {
-    /// A host name or address, at most 253 bytes.
-    pub host: String,
-    /// The service's published port it reaches.
-    pub port: u16,
-}
-
-/// Who writes a service's `mail`: the mail manager, acting on its own account.
-const MAIL_WRITER: &str = "plugin:mail";
-/// The identity the CoreMail manager's writes carry: the only one that may write `coreMail`.
-const COREMAIL_WRITER: &str = "plugin:coremail";
-
 /// Whether a service is in use or being deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -294,12 +222,6 @@ pub struct Service {
     /// The service's mail addresses.
     #[serde(default)]
     pub mail_addresses: Vec<String>,
-    /// What the mail manager bound of them at the gateway (public metadata only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mail: Vec<MailBinding>,
-    /// CoreMail's binding of it, when the CoreMail manager has moved it onto CoreMail.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub core_mail: Option<CoreMailBinding>,
     /// The release a deployment operation promoted: `image` pins its digest (the registry's
     /// `deployments.promote` writes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,6 +236,10 @@ pub struct Service {
     /// The template snapshot a manager (the App Store) created or upgraded it from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Value>,
+    /// The records managers keep on it, by plugin id (`inventory.set-facet`; no operator
+    /// write touches them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facets: crate::facets::Facets,
     /// `active`, or `deleting` once marked for deletion.
     pub state: ServiceState,
     /// When it was marked for deletion (seconds since the epoch); absent while active.
@@ -399,14 +325,6 @@ pub struct UpdateInput {
     /// The service's mail addresses: at most 32 lowercase addresses such as app@example.com, none
     /// twice.
     pub mail_addresses: Option<Vec<String>>,
-    /// What the mail manager bound of the addresses at the gateway: written by the mail manager
-    /// only (`mail-managed` for anyone else), one entry per address it names.
-    pub mail: Option<Vec<MailBinding>>,
-    /// CoreMail's binding of it (`null` removes it): written by the CoreMail manager only
-    /// (`coremail-managed` for anyone else).
-    #[serde(default, deserialize_with = "present")]
-    #[schemars(with = "Option<CoreMailBinding>")]
-    pub core_mail: Option<Option<CoreMailBinding>>,
     /// The template snapshot a manager upgrades it from: a JSON object of at most 64 KiB.
     pub template: Option<Value>,
     /// The legacy deploy-on-push switch: a push of the tag `image` names in the service's own
@@ -568,8 +486,6 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
         volumes: input.volumes.clone(),
         database: None,
         mail_addresses: input.mail_addresses.clone(),
-        mail: None,
-        core_mail: None,
         template: input.template.clone(),
         deploy_on_push: input.deploy_on_push,
     }
@@ -591,8 +507,7 @@ pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> R
         volumes: fields.volumes.unwrap_or_default(),
         database: input.database,
         mail_addresses: fields.mail_addresses.unwrap_or_default(),
-        mail: Vec::new(),
-        core_mail: None,
+        facets: Default::default(),
         release: None,
         registry_push: None,
         deploy_on_push: fields.deploy_on_push.unwrap_or(false),
@@ -699,31 +614,6 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             next.database = f.database.unwrap_or(next.database);
             check_database(&next)?;
             next.mail_addresses = f.mail_addresses.unwrap_or(next.mail_addresses);
-            if let Some(mail) = f.mail {
-                if identity.user_id != MAIL_WRITER {
-                    return Err(invalid(
-                        "mail-managed",
-                        "mail",
-                        "mail is the mail manager's record of the addresses it bound; it writes it".into(),
-                    ));
-                }
-                next.mail = mail;
-            }
-            // the record of an address the service no longer has goes with it
-            let listed = next.mail_addresses.clone();
-            next.mail.retain(|b| listed.contains(&b.address));
-            check_mail(&next)?;
-            if let Some(core_mail) = f.core_mail {
-                if identity.user_id != COREMAIL_WRITER {
-                    return Err(invalid(
-                        "coremail-managed",
-                        "coreMail",
-                        "coreMail is the CoreMail manager's record of the service's binding; it writes it".into(),
-                    ));
-                }
-                next.core_mail = core_mail;
-            }
-            check_core_mail(&next)?;
             next.template = f.template.or(next.template);
             if to_value(&next)? == to_value(&current.data)? {
                 return Ok(current);
@@ -925,33 +815,6 @@ pub async fn require_active(tx: &Tx, id: &str) -> Result<Entity<Service>> {
     Ok(service)
 }
 
-/// The mail manager's record names each address once, an address the service has, in bounds.
-fn check_mail(service: &Service) -> Result<()> {
-    let mut seen = std::collections::BTreeSet::new();
-    for (i, binding) in service.mail.iter().enumerate() {
-        let field = format!("mail[{i}]");
-        let fits = binding.smtp_username.len() <= 256 && binding.inbound.as_ref().is_none_or(|t| !t.host.is_empty() && t.host.len() <= 253);
-        if !seen.insert(&binding.address) || !fits {
-            return Err(invalid(
-                "mail-binding-invalid",
-                &field,
-                "each address once, a username of at most 256 bytes, a host of 1–253".into(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// CoreMail's binding id is an identifier the CoreMail protocol carries.
-fn check_core_mail(service: &Service) -> Result<()> {
-    let Some(binding) = &service.core_mail else { return Ok(()) };
-    let id = &binding.binding_id;
-    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
-        return Err(invalid("coremail-binding-invalid", "coreMail.bindingId", "1–128 of A-Z a-z 0-9 . _ -".into()));
-    }
-    Ok(())
-}
-
 /// What checking a service's fields may refuse ([`check_fields`]), each naming its field.
 const FIELD_REFUSALS: &[&str] = &[
     "name-invalid",
@@ -993,17 +856,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
             |cx: Context, call: Call, input: UpdateInput| async move { update(&cx.store, call.identity()?, input).await },
         )
         .refuses(FIELD_REFUSALS)
-        .refuses(&[
-            "service-not-found",
-            "conflict",
-            "service-deleting",
-            "service-organization-immutable",
-            "exists",
-            "mail-managed",
-            "mail-binding-invalid",
-            "coremail-managed",
-            "coremail-binding-invalid",
-        ]);
+        .refuses(&["service-not-found", "conflict", "service-deleting", "service-organization-immutable", "exists"]);
     registry
         .add("services.get", "One service and what still holds it (member, or a deployer granted deployment:status)", Access::Member, get)
         .refuses(&["service-not-found"])

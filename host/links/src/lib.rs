@@ -9,7 +9,7 @@
 
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::access::{self, Authority, OrgRole};
-use capstan_inventory::{Dependents, PluginSetting};
+use capstan_inventory::{Dependents, PluginFacet, PluginSetting};
 use capstan_plugin_host::platform::{Platform, SecretMeta, SecretOwner};
 use capstan_rpc::{Identity, OrganizationAuthority};
 use capstan_store::{Document, Page, Store, Tx};
@@ -92,6 +92,29 @@ impl Dependents for HostDependents {
             default: setting.default.clone(),
         };
         capstan_plugin_host::faces::check_value(&setting.full_key(), &declared, value)
+    }
+
+    async fn plugin_facet(&self, tx: &Tx, plugin: &str, kind: &str) -> Result<Option<PluginFacet>> {
+        use capstan_plugin_host::host::{PLUGINS, Record};
+        if !tx.is_declared(PLUGINS) {
+            return Ok(None);
+        }
+        let Some(doc) = tx.get(PLUGINS, plugin).await? else { return Ok(None) };
+        let record: Record = serde_json::from_value(doc.data).map_err(Refusal::internal)?;
+        Ok(record.current.faces.facet(kind).map(|f| PluginFacet {
+            kind: f.kind.clone(),
+            summary: f.summary.clone(),
+            schema: f.schema.clone(),
+        }))
+    }
+
+    fn check_plugin_facet(&self, plugin: &str, id: &str, facet: &PluginFacet, value: &Value) -> Result<()> {
+        let declared = capstan_plugin_host::faces::FacetDecl {
+            kind: facet.kind.clone(),
+            summary: facet.summary.clone(),
+            schema: facet.schema.clone(),
+        };
+        capstan_plugin_host::faces::check_facet(plugin, id, &declared, value)
     }
 }
 
@@ -187,6 +210,18 @@ impl Platform for InventoryPlatform {
 
     async fn update_service(&self, actor: &Identity, body: Value) -> Result<Document> {
         document(capstan_inventory::services::update(&self.store, actor, capstan_rpc::decode(body)?).await?)
+    }
+
+    async fn set_facet(
+        &self,
+        kind: &str,
+        id: &str,
+        plugin: &str,
+        value: Option<Value>,
+        expected_revision: Option<u64>,
+    ) -> Result<Document> {
+        let write = capstan_inventory::facets::Write { kind, id, plugin, value, expected_revision };
+        capstan_inventory::facets::set(&self.store, &*self.dependents, write).await
     }
 
     async fn hold_service(&self, service_id: &str, holder: &str) -> Result<()> {

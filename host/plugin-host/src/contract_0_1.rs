@@ -207,7 +207,7 @@ impl Adapt<c_secrets::Owner> for secrets::Owner {
     }
 }
 
-/// A 0.1.0 descriptor: no settings, no pages.
+/// A 0.1.0 descriptor: no settings, no pages, nothing of 0.3.0's faces.
 impl Adapt<current_guest::Descriptor> for guest::Descriptor {
     fn adapt(self) -> current_guest::Descriptor {
         current_guest::Descriptor {
@@ -219,6 +219,10 @@ impl Adapt<current_guest::Descriptor> for guest::Descriptor {
             placement: self.placement.adapt(),
             settings: Vec::new(),
             pages: Vec::new(),
+            facets: Vec::new(),
+            panels: Vec::new(),
+            nav: None,
+            refusals: Vec::new(),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! What a plugin shows operators besides its methods: the settings it declares (set with
-//! `settings.update` as `<pluginId>.<key>`, read back through the `settings` import) and the
-//! dashboard pages it contributes. Both come from `describe`, are checked here, and are recorded
-//! with the installed version, so any node answers for them without loading the plugin.
+//! `settings.update` as `<pluginId>.<key>`, read back through the `settings` import), the
+//! dashboard pages it contributes, the facets it keeps on entities (written through
+//! `inventory.set-facet`), the panels it adds to entities' pages, its navigation section and
+//! the refusal codes its methods answer. All come from `describe`, are checked here, and are
+//! recorded with the installed version, so any node answers for them without loading the
+//! plugin.
 
 use crate::refusal::{Refusal, Result};
 use crate::runtime::wit_guest;
@@ -68,6 +71,102 @@ pub struct PageDecl {
     pub navigation: bool,
 }
 
+/// The entity kinds a plugin may keep a facet on or add a panel to.
+pub const FACET_KINDS: &[&str] = &["organization", "cluster", "service"];
+/// The largest schema of a facet.
+const MAX_FACET_SCHEMA_BYTES: usize = 64 << 10;
+/// The largest facet value (it rides in the entity's document).
+pub const MAX_FACET_VALUE_BYTES: usize = 64 << 10;
+/// The dashboard's line icons a navigation section may name.
+pub const NAV_ICONS: &[&str] = &["envelope", "database", "globe", "box", "shield", "chart", "key", "bell"];
+
+/// A record a plugin keeps on every entity of a kind (`facets.<pluginId>` of the entity).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FacetDecl {
+    /// `organization`, `cluster` or `service`.
+    pub kind: String,
+    /// What the record says.
+    pub summary: String,
+    /// The JSON Schema its value must match.
+    pub schema: Value,
+}
+
+/// A panel a plugin adds to the dashboard page of an entity of `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PanelDecl {
+    /// `organization`, `cluster` or `service`.
+    pub kind: String,
+    /// Its heading.
+    pub title: String,
+    /// The bundle's template that renders it (`pages/<name>.html`).
+    pub template: String,
+}
+
+/// A plugin's own section in the dashboard navigation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NavDecl {
+    /// The section's name.
+    pub title: String,
+    /// One of [`NAV_ICONS`].
+    pub icon: String,
+}
+
+/// A refusal code a plugin's methods answer, with its HTTP status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusalDecl {
+    /// Kebab-case.
+    pub code: String,
+    /// 400–599.
+    pub status: u16,
+    /// When it is answered.
+    pub summary: String,
+}
+
+/// What a plugin declares of its own on the platform (contract 0.3.0 on), checked: its facets,
+/// panels, navigation section and refusal codes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Faces {
+    /// The records it keeps on entities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub facets: Vec<FacetDecl>,
+    /// The panels it adds to entities' pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub panels: Vec<PanelDecl>,
+    /// Its navigation section, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nav: Option<NavDecl>,
+    /// The refusal codes its methods answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<RefusalDecl>,
+}
+
+impl Faces {
+    /// The facet it declares on `kind`, if any.
+    pub fn facet(&self, kind: &str) -> Option<&FacetDecl> {
+        self.facets.iter().find(|f| f.kind == kind)
+    }
+
+    /// The HTTP status it declares for `code`, if any.
+    pub fn refusal_status(&self, code: &str) -> Option<u16> {
+        self.refusals.iter().find(|r| r.code == code).map(|r| r.status)
+    }
+}
+
+fn entity_kind(kind: wit_guest::EntityKind) -> Option<&'static str> {
+    use wit_guest::EntityKind as K;
+    match kind {
+        K::Organization => Some("organization"),
+        K::Cluster => Some("cluster"),
+        K::Service => Some("service"),
+        K::Node | K::FleetNode => None,
+    }
+}
+
 /// The first member name inside `value` (at any depth) that names a credential, as a dotted path.
 pub fn secret_member(value: &Value) -> Option<String> {
     match value {
@@ -92,17 +191,43 @@ fn valid_page_path(path: &str) -> bool {
             }))
 }
 
-/// Check the settings and pages of a descriptor (`plugin-descriptor-invalid` naming what is
-/// wrong); `methods` are the verbs it declares.
-pub fn from_wit(
-    plugin: &str,
-    settings: Vec<wit_guest::SettingSpec>,
-    pages: Vec<wit_guest::PageSpec>,
-    methods: &[&str],
-) -> Result<(Vec<SettingDecl>, Vec<PageDecl>)> {
+/// What of a descriptor [`from_wit`] checks: everything but its methods and background work.
+pub struct Declared {
+    /// `settings`.
+    pub settings: Vec<wit_guest::SettingSpec>,
+    /// `pages`.
+    pub pages: Vec<wit_guest::PageSpec>,
+    /// `facets`.
+    pub facets: Vec<wit_guest::FacetSpec>,
+    /// `panels`.
+    pub panels: Vec<wit_guest::PanelSpec>,
+    /// `nav`.
+    pub nav: Option<wit_guest::NavSection>,
+    /// `refusals`.
+    pub refusals: Vec<wit_guest::RefusalSpec>,
+}
+
+impl Declared {
+    /// The parts of `d` [`from_wit`] checks.
+    pub fn of(d: &mut wit_guest::Descriptor) -> Declared {
+        Declared {
+            settings: std::mem::take(&mut d.settings),
+            pages: std::mem::take(&mut d.pages),
+            facets: std::mem::take(&mut d.facets),
+            panels: std::mem::take(&mut d.panels),
+            nav: d.nav.take(),
+            refusals: std::mem::take(&mut d.refusals),
+        }
+    }
+}
+
+/// Check the faces of a descriptor (`plugin-descriptor-invalid` naming what is wrong):
+/// its settings, its pages and the rest; `methods` are the verbs it declares.
+pub fn from_wit(plugin: &str, declared: Declared, methods: &[&str]) -> Result<(Vec<SettingDecl>, Vec<PageDecl>, Faces)> {
+    let Declared { settings, pages, facets, panels, nav, refusals } = declared;
     let invalid = |m: String| Refusal::new("plugin-descriptor-invalid", format!("plugin {plugin}: {m}"));
-    if settings.len() > MAX_DECLARED || pages.len() > MAX_DECLARED {
-        return Err(invalid(format!("at most {MAX_DECLARED} settings and {MAX_DECLARED} pages")));
+    if [settings.len(), pages.len(), facets.len(), panels.len(), refusals.len()].iter().any(|n| *n > MAX_DECLARED) {
+        return Err(invalid(format!("at most {MAX_DECLARED} settings, pages, facets, panels and refusals each")));
     }
     let mut decls: Vec<SettingDecl> = Vec::new();
     for s in settings {
@@ -164,7 +289,88 @@ pub fn from_wit(
             navigation: p.navigation,
         });
     }
-    Ok((decls, page_decls))
+    let mut facet_decls: Vec<FacetDecl> = Vec::new();
+    for f in facets {
+        let Some(kind) = entity_kind(f.kind) else {
+            return Err(invalid(format!("a facet is kept on an organization, a cluster or a service ({})", FACET_KINDS.join(", "))));
+        };
+        let what = format!("the facet on {kind}");
+        if facet_decls.iter().any(|d| d.kind == kind) {
+            return Err(invalid(format!("{what} is declared twice")));
+        }
+        if f.schema.len() > MAX_FACET_SCHEMA_BYTES {
+            return Err(invalid(format!("{what}: the schema is larger than {MAX_FACET_SCHEMA_BYTES} bytes")));
+        }
+        let schema: Value = serde_json::from_str(&f.schema).map_err(|e| invalid(format!("{what}: schema: {e}")))?;
+        validator(&schema).map_err(|e| invalid(format!("{what}: schema: {e}")))?;
+        facet_decls.push(FacetDecl { kind: kind.into(), summary: f.summary, schema });
+    }
+    let mut panel_decls: Vec<PanelDecl> = Vec::new();
+    for p in panels {
+        let Some(kind) = entity_kind(p.kind) else {
+            return Err(invalid(format!("a panel is shown on an organization, a cluster or a service ({})", FACET_KINDS.join(", "))));
+        };
+        let what = format!("the panel {:?}", p.title);
+        if p.title.trim().is_empty() || p.title.chars().count() > 80 {
+            return Err(invalid(format!("{what}: a title is 1 to 80 characters")));
+        }
+        if !valid_template_name(&p.template) {
+            return Err(invalid(format!("{what}: template {:?} must be pages/<name>.html", p.template)));
+        }
+        panel_decls.push(PanelDecl { kind: kind.into(), title: p.title, template: p.template });
+    }
+    let nav = match nav {
+        None => None,
+        Some(n) => {
+            if n.title.trim().is_empty() || n.title.chars().count() > 40 {
+                return Err(invalid("the navigation section's title is 1 to 40 characters".into()));
+            }
+            let icon = if NAV_ICONS.contains(&n.icon.as_str()) { n.icon } else { "box".into() };
+            Some(NavDecl { title: n.title, icon })
+        }
+    };
+    let mut refusal_decls: Vec<RefusalDecl> = Vec::new();
+    for r in refusals {
+        let kebab = !r.code.is_empty()
+            && r.code.len() <= 64
+            && r.code.split('-').all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        if !kebab {
+            return Err(invalid(format!("refusal code {:?} must be kebab-case, at most 64 bytes", r.code)));
+        }
+        if !(400..=599).contains(&r.status) {
+            return Err(invalid(format!("refusal {}: status {} is not 400–599", r.code, r.status)));
+        }
+        if refusal_decls.iter().any(|d| d.code == r.code) {
+            return Err(invalid(format!("refusal {} is declared twice", r.code)));
+        }
+        refusal_decls.push(RefusalDecl { code: r.code, status: r.status, summary: r.summary });
+    }
+    Ok((decls, page_decls, Faces { facets: facet_decls, panels: panel_decls, nav, refusals: refusal_decls }))
+}
+
+/// Refuse `value` as `plugin`'s facet declared as `decl` on the entity `id`: `facet-invalid`
+/// when a member names a credential, when it is too large, or when it does not match the
+/// schema (naming where, never the value).
+pub fn check_facet(plugin: &str, id: &str, decl: &FacetDecl, value: &Value) -> Result<()> {
+    let shown = format!("facets.{plugin}");
+    let refuse = |field: String, message: String| {
+        Refusal::new("facet-invalid", message).with_data(json!({ "plugin": plugin, "kind": decl.kind, "id": id, "field": field }))
+    };
+    if let Some(member) = secret_member(value) {
+        return Err(refuse(format!("{shown}.{member}"), format!("{shown}.{member} names a credential: a facet is never a secret")));
+    }
+    if value.to_string().len() > MAX_FACET_VALUE_BYTES {
+        return Err(refuse(shown.clone(), format!("{shown} is larger than {MAX_FACET_VALUE_BYTES} bytes")));
+    }
+    let validator =
+        validator(&decl.schema).map_err(|e| Refusal::internal(format!("the recorded schema of {shown} no longer compiles: {e}")))?;
+    if let Some(error) = validator.iter_errors(value).next() {
+        let pointer = error.instance_path().to_string();
+        let field = if pointer.is_empty() { shown.clone() } else { format!("{shown}{}", pointer.replace('/', ".")) };
+        let rule = error.kind().keyword();
+        return Err(refuse(field.clone(), format!("{field} does not match the facet's schema ({rule}): {}", decl.summary)));
+    }
+    Ok(())
 }
 
 /// A page template's name inside a bundle: `pages/<name>.html`, `<name>` of `[a-z0-9_-]`.
@@ -218,8 +424,16 @@ mod tests {
         wit_guest::PageSpec { path: path.into(), title: "T".into(), source: source.into(), template: None, forms: vec![], navigation: true }
     }
 
+    fn declared(settings: Vec<wit_guest::SettingSpec>, pages: Vec<wit_guest::PageSpec>) -> Declared {
+        Declared { settings, pages, facets: vec![], panels: vec![], nav: None, refusals: vec![] }
+    }
+
     fn code(settings: Vec<wit_guest::SettingSpec>, pages: Vec<wit_guest::PageSpec>) -> String {
-        from_wit("p", settings, pages, &["listApps", "install"]).unwrap_err().code.to_string()
+        refused(declared(settings, pages))
+    }
+
+    fn refused(declared: Declared) -> String {
+        from_wit("p", declared, &["listApps", "install"]).unwrap_err().code.to_string()
     }
 
     #[test]
@@ -237,10 +451,12 @@ mod tests {
 
     #[test]
     fn declarations_are_checked_by_name() {
-        let (settings, pages) = from_wit(
+        let (settings, pages, _) = from_wit(
             "p",
-            vec![setting("keepDays", json!({"type": "integer", "minimum": 0}), Some(json!(7)))],
-            vec![page("", "listApps"), page("apps/by-name", "listApps")],
+            declared(
+                vec![setting("keepDays", json!({"type": "integer", "minimum": 0}), Some(json!(7)))],
+                vec![page("", "listApps"), page("apps/by-name", "listApps")],
+            ),
             &["listApps"],
         )
         .unwrap();
@@ -275,5 +491,60 @@ mod tests {
         let refused = check_value("p.sources", &open, &json!({"bucket": "b", "secretKey": "hunter2"})).unwrap_err();
         assert_eq!(refused.code, "setting-is-secret");
         assert!(!refused.message.contains("hunter2"));
+    }
+
+    fn facet(kind: wit_guest::EntityKind, schema: Value) -> wit_guest::FacetSpec {
+        wit_guest::FacetSpec { kind, summary: "What the plugin bound".into(), schema: schema.to_string() }
+    }
+
+    #[test]
+    fn facets_panels_navigation_and_refusals_are_checked_by_name() {
+        use wit_guest::EntityKind as K;
+        let schema =
+            json!({"type": "object", "properties": {"bindings": {"type": "array", "items": {"type": "string"}}}, "required": ["bindings"]});
+        let whole = Declared {
+            settings: vec![],
+            pages: vec![],
+            facets: vec![facet(K::Service, schema.clone()), facet(K::Cluster, json!({}))],
+            panels: vec![wit_guest::PanelSpec { kind: K::Service, title: "Mail".into(), template: "pages/panel.html".into() }],
+            nav: Some(wit_guest::NavSection { title: "Mail".into(), icon: "no-such-icon".into() }),
+            refusals: vec![wit_guest::RefusalSpec { code: "mail-domain-unverified".into(), status: 409, summary: "s".into() }],
+        };
+        let (_, _, faces) = from_wit("p", whole, &[]).unwrap();
+        assert_eq!(faces.facet("service").map(|f| &f.schema), Some(&schema));
+        assert_eq!(faces.facet("organization"), None);
+        assert_eq!(faces.nav.as_ref().map(|n| n.icon.as_str()), Some("box"), "an unknown icon shows the box");
+        assert_eq!(faces.refusal_status("mail-domain-unverified"), Some(409));
+        let bad = "plugin-descriptor-invalid";
+        let with = |f: &dyn Fn(&mut Declared)| {
+            let mut d = declared(vec![], vec![]);
+            f(&mut d);
+            refused(d)
+        };
+        assert_eq!(with(&|d| d.facets = vec![facet(K::Node, json!({}))]), bad, "no facet on a node");
+        assert_eq!(with(&|d| d.facets = vec![facet(K::Service, json!({})), facet(K::Service, json!({}))]), bad);
+        assert_eq!(with(&|d| d.facets = vec![facet(K::Service, json!({"type": 5}))]), bad);
+        assert_eq!(with(&|d| d.panels = vec![wit_guest::PanelSpec { kind: K::Service, title: "T".into(), template: "../x".into() }]), bad);
+        assert_eq!(with(&|d| d.nav = Some(wit_guest::NavSection { title: " ".into(), icon: "box".into() })), bad);
+        for (code, status) in [("Not-Kebab", 409), ("fine", 200), ("fine", 600)] {
+            let spec = wit_guest::RefusalSpec { code: code.into(), status, summary: "s".into() };
+            assert_eq!(with(&|d| d.refusals = vec![spec.clone()]), bad, "{code} {status}");
+        }
+    }
+
+    #[test]
+    fn a_facet_is_judged_by_its_schema_never_quoting_a_value() {
+        let decl = FacetDecl {
+            kind: "service".into(),
+            summary: "What the plugin bound".into(),
+            schema: json!({"type": "object", "properties": {"bindings": {"type": "array", "items": {"type": "string"}}}, "additionalProperties": false}),
+        };
+        check_facet("mail", "svc_1", &decl, &json!({"bindings": ["a@b.example"]})).unwrap();
+        let refused = check_facet("mail", "svc_1", &decl, &json!({"bindings": ["a@b.example", 5]})).unwrap_err();
+        assert_eq!(refused.code, "facet-invalid");
+        assert_eq!(refused.data.as_ref().unwrap()["field"], "facets.mail.bindings.1");
+        let refused = check_facet("mail", "svc_1", &decl, &json!({"password": "hunter2"})).unwrap_err();
+        assert_eq!(refused.code, "facet-invalid");
+        assert!(!refused.message.contains("hunter2") && !refused.data.as_ref().unwrap().to_string().contains("hunter2"));
     }
 }

@@ -65,10 +65,14 @@ pub struct Described {
     pub settings: Vec<crate::faces::SettingDecl>,
     /// The dashboard pages it contributes.
     pub pages: Vec<crate::faces::PageDecl>,
+    /// The records it keeps on entities, their panels, its navigation section and its
+    /// refusal codes (its settings and pages are the fields above).
+    pub faces: crate::faces::Faces,
 }
 
 impl Described {
-    fn from_wit(plugin: &str, d: wit_guest::Descriptor) -> Result<Described> {
+    fn from_wit(plugin: &str, mut d: wit_guest::Descriptor) -> Result<Described> {
+        let declared = crate::faces::Declared::of(&mut d);
         let invalid = |m: String| Refusal::new("plugin-descriptor-invalid", format!("plugin {plugin}: {m}"));
         let mut methods = BTreeMap::new();
         for m in d.methods {
@@ -113,8 +117,9 @@ impl Described {
             selector: d.placement.selector.into_iter().collect(),
         };
         let verbs: Vec<&str> = methods.keys().map(String::as_str).collect();
-        let (settings, pages) = crate::faces::from_wit(plugin, d.settings, d.pages, &verbs)?;
+        let (settings, pages, faces) = crate::faces::from_wit(plugin, declared, &verbs)?;
         Ok(Described {
+            faces,
             methods,
             collections,
             subscriptions: d.subscriptions,
@@ -180,6 +185,9 @@ pub struct InstalledVersion {
     /// The dashboard pages it contributes.
     #[serde(default)]
     pub pages: Vec<crate::faces::PageDecl>,
+    /// Its facets, panels, navigation section and refusal codes (contract 0.3.0 on).
+    #[serde(flatten)]
+    pub faces: crate::faces::Faces,
 }
 
 /// What a version recorded before contracts were recorded targets.
@@ -507,6 +515,7 @@ impl PluginHost {
         let sandbox = Arc::new(Sandbox::new(&manifest, grants, prepared, self.services.clone()));
         let described = Described::from_wit(&manifest.id, sandbox.describe().await?)?;
         sandbox.declare_settings(&described.settings);
+        sandbox.declare_refusals(&described.faces.refusals);
         // `http-setting:<id>.<key>`: one of its own settings, declared as URLs
         for key in manifest.capabilities.iter().filter_map(http_setting).filter(|key| !host_settings(key)) {
             let own = key.strip_prefix(&format!("{}.", manifest.id));
@@ -683,6 +692,7 @@ impl PluginHost {
             wit: bundle.manifest.wit.clone(),
             settings: active.described.settings.clone(),
             pages: active.described.pages.clone(),
+            faces: active.described.faces.clone(),
         })
     }
 

@@ -25,6 +25,7 @@ use capstan_store as store;
 
 pub mod bundle;
 mod contract_0_1;
+mod contract_0_2;
 pub mod faces;
 pub mod first_party;
 pub mod host;

@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.2.4"
+//! wit = "capstan:plugin@0.3.0"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -31,14 +31,15 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.2.4`); it also serves plugins
-/// built for 0.2.0, 0.2.1, 0.2.2 and 0.2.3 (a patch adds to the contract, so the older names
-/// resolve to it).
+/// The contract `capstan plugin new` and the SDK target (`wit/0.3.0`).
 pub const CURRENT_WIT: &str = capstan_core::build::PLUGIN_CONTRACT;
+/// The 0.2 contract (`wit/0.2.4`), served through its adapter; plugins built for 0.2.0 to
+/// 0.2.3 run on it too (a patch adds to the contract, so the older names resolve to it).
+pub const WIT_0_2: &str = "capstan:plugin@0.2.4";
 /// The first contract (`wit/0.1.0`), still served through its adapter.
 pub const WIT_0_1: &str = "capstan:plugin@0.1.0";
 /// Every contract this host serves, newest first.
-pub const SUPPORTED_WITS: &[&str] = &[CURRENT_WIT, WIT_0_1];
+pub const SUPPORTED_WITS: &[&str] = &[CURRENT_WIT, WIT_0_2, WIT_0_1];
 
 /// The file name of the manifest, in a plugin crate and inside a bundle.
 pub const MANIFEST_FILE: &str = "capstan-plugin.toml";
@@ -917,15 +918,15 @@ concurrency = 4
             assert_eq!(served_wit(served).unwrap(), *served);
         }
         // a plugin of an earlier patch is served by the later one
-        assert_eq!(served_wit("capstan:plugin@0.2.0").unwrap(), CURRENT_WIT);
-        assert_eq!(served_wit("capstan:plugin@0.2.1").unwrap(), CURRENT_WIT);
-        assert_eq!(served_wit("capstan:plugin@0.2.2").unwrap(), CURRENT_WIT);
-        assert_eq!(served_wit("capstan:plugin@0.2.3").unwrap(), CURRENT_WIT);
-        assert_eq!(CURRENT_WIT, "capstan:plugin@0.2.4", "the contract the SDK and `capstan plugin new` target");
+        for earlier in ["0.2.0", "0.2.1", "0.2.2", "0.2.3"] {
+            assert_eq!(served_wit(&format!("capstan:plugin@{earlier}")).unwrap(), WIT_0_2, "{earlier}");
+        }
+        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.0", "the contract the SDK and `capstan plugin new` target");
         for bad in [
             "capstan:plugin@0.1.1",
             "capstan:plugin@0.2.5",
-            "capstan:plugin@0.3.0",
+            "capstan:plugin@0.3.1",
+            "capstan:plugin@0.4.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
             "capstan:plugin@0.1.0-rc.1",
@@ -935,8 +936,8 @@ concurrency = 4
         ] {
             assert_eq!(check_wit_supported(bad).unwrap_err().code, "wit-version-unsupported", "{bad}");
         }
-        let m = Manifest::parse(&with_plugin("").replace("@0.1.0", "@0.3.0")).unwrap();
-        assert_eq!(m.wit_version(), semver::Version::new(0, 3, 0));
+        let m = Manifest::parse(&with_plugin("").replace("@0.1.0", "@0.4.0")).unwrap();
+        assert_eq!(m.wit_version(), semver::Version::new(0, 4, 0));
         assert_eq!(m.check_wit_supported().unwrap_err().code, "wit-version-unsupported");
     }
 

@@ -70,6 +70,12 @@ pub trait Platform: OrganizationAuthority {
     /// Update a service from `body` (the `services.update` input) as `actor`.
     async fn update_service(&self, actor: &Identity, body: Value) -> Result<Document>;
 
+    /// Write (`Some`) or remove (`None`) `plugin`'s facet of the `kind` entity `id`
+    /// (`organization`, `cluster`, `service`), judged by the facet the plugin declared; with
+    /// `expected_revision`, an entity at another revision is `conflict`.
+    async fn set_facet(&self, kind: &str, id: &str, plugin: &str, value: Option<Value>, expected_revision: Option<u64>)
+    -> Result<Document>;
+
     /// Record `holder` as a manager holding the service (its deletion waits for the release).
     async fn hold_service(&self, service_id: &str, holder: &str) -> Result<()>;
 

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-/// The host side of the current `capstan:plugin` world, generated from `wit/0.2.4`. Earlier
-/// versions run through their adapters (`contract_0_1`).
+/// The host side of the current `capstan:plugin` world, generated from `wit/0.3.0`. Earlier
+/// versions run through their adapters (`contract_0_2`, `contract_0_1`).
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "manager",
-        path: "../../wit/0.2.4",
+        path: "../../wit/0.3.0",
         imports: { default: async },
         exports: { default: async },
         with: {
@@ -81,6 +81,8 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Refusal::internal(format!("linking WASI: {e}")))?;
         Manager::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |data: &mut CallData| data)
             .map_err(|e| Refusal::internal(format!("linking the capstan imports: {e}")))?;
+        crate::contract_0_2::add_to_linker(&mut linker)
+            .map_err(|e| Refusal::internal(format!("linking the capstan:plugin@0.2 imports: {e}")))?;
         crate::contract_0_1::Manager::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |data: &mut CallData| data)
             .map_err(|e| Refusal::internal(format!("linking the capstan:plugin@0.1.0 imports: {e}")))?;
         let weak = engine.weak();
@@ -116,6 +118,7 @@ impl Runtime {
         };
         let pre = match crate::manifest::served_wit(wit)? {
             crate::manifest::WIT_0_1 => Pre::V0_1(crate::contract_0_1::ManagerPre::new(pre).map_err(mismatch)?),
+            crate::manifest::WIT_0_2 => Pre::V0_2(crate::contract_0_2::ManagerPre::new(pre).map_err(mismatch)?),
             _ => Pre::Current(ManagerPre::new(pre).map_err(mismatch)?),
         };
         tracing::debug!(digest = %digest, cached, ms = started.elapsed().as_millis() as u64, "plugin component ready");
@@ -322,6 +325,7 @@ pub struct Prepared {
 #[derive(Clone)]
 enum Pre {
     Current(ManagerPre<CallData>),
+    V0_2(crate::contract_0_2::ManagerPre<CallData>),
     V0_1(crate::contract_0_1::ManagerPre<CallData>),
 }
 
@@ -329,6 +333,7 @@ impl Pre {
     fn engine(&self) -> &Engine {
         match self {
             Pre::Current(pre) => pre.engine(),
+            Pre::V0_2(pre) => pre.engine(),
             Pre::V0_1(pre) => pre.engine(),
         }
     }
@@ -336,6 +341,7 @@ impl Pre {
     async fn instantiate(&self, store: &mut Store<CallData>) -> wasmtime::Result<Live> {
         Ok(match self {
             Pre::Current(pre) => Live::Current(pre.instantiate_async(store).await?),
+            Pre::V0_2(pre) => Live::V0_2(pre.instantiate_async(store).await?),
             Pre::V0_1(pre) => Live::V0_1(pre.instantiate_async(store).await?),
         })
     }
@@ -344,6 +350,7 @@ impl Pre {
 /// An instance of a plugin in its store.
 enum Live {
     Current(Manager),
+    V0_2(crate::contract_0_2::Manager),
     V0_1(crate::contract_0_1::Manager),
 }
 
@@ -351,6 +358,7 @@ impl Live {
     fn exports(&self) -> Exports<'_> {
         match self {
             Live::Current(instance) => Exports::Current(instance.capstan_plugin_guest()),
+            Live::V0_2(instance) => Exports::V0_2(crate::contract_0_2::Exports(instance.capstan_plugin_guest())),
             Live::V0_1(instance) => Exports::V0_1(crate::contract_0_1::Exports(instance.capstan_plugin_guest())),
         }
     }
@@ -420,6 +428,8 @@ fn same_caller(a: &Caller, b: &Caller) -> bool {
 pub(crate) enum Exports<'a> {
     /// A plugin of the current contract.
     Current(&'a wit_guest::Guest),
+    /// A `capstan:plugin@0.2.x` plugin, through its adapter.
+    V0_2(crate::contract_0_2::Exports<'a>),
     /// A `capstan:plugin@0.1.0` plugin, through its adapter.
     V0_1(crate::contract_0_1::Exports<'a>),
 }
@@ -430,6 +440,7 @@ impl Exports<'_> {
     async fn call_describe(&self, store: &mut Store<CallData>) -> wasmtime::Result<wit_guest::Descriptor> {
         match self {
             Exports::Current(guest) => guest.call_describe(store).await,
+            Exports::V0_2(guest) => guest.describe(store).await,
             Exports::V0_1(guest) => guest.describe(store).await,
         }
     }
@@ -438,6 +449,7 @@ impl Exports<'_> {
     async fn call_handle(&self, store: &mut Store<CallData>, ctx: &CallContext, method: &String, body: &String) -> Answer<String> {
         match self {
             Exports::Current(guest) => guest.call_handle(store, ctx, method, body).await,
+            Exports::V0_2(guest) => guest.handle(store, ctx, method, body).await,
             Exports::V0_1(guest) => guest.handle(store, ctx, method, body).await,
         }
     }
@@ -445,6 +457,7 @@ impl Exports<'_> {
     async fn call_on_event(&self, store: &mut Store<CallData>, ctx: &CallContext, event: &wit_guest::Event) -> Answer<()> {
         match self {
             Exports::Current(guest) => guest.call_on_event(store, ctx, event).await,
+            Exports::V0_2(guest) => guest.on_event(store, ctx, event).await,
             Exports::V0_1(guest) => guest.on_event(store, ctx, event).await,
         }
     }
@@ -457,6 +470,7 @@ impl Exports<'_> {
     ) -> Answer<wit_guest::ReconcileOutcome> {
         match self {
             Exports::Current(guest) => guest.call_reconcile(store, ctx, trigger).await,
+            Exports::V0_2(guest) => guest.reconcile(store, ctx, trigger).await,
             Exports::V0_1(guest) => guest.reconcile(store, ctx, trigger).await,
         }
     }
@@ -464,6 +478,7 @@ impl Exports<'_> {
     async fn call_run_task(&self, store: &mut Store<CallData>, ctx: &CallContext, name: &str) -> Answer<String> {
         match self {
             Exports::Current(guest) => guest.call_run_task(store, ctx, name).await,
+            Exports::V0_2(guest) => guest.run_task(store, ctx, name).await,
             Exports::V0_1(guest) => guest.run_task(store, ctx, name).await,
         }
     }
@@ -471,6 +486,7 @@ impl Exports<'_> {
     async fn call_migrate(&self, store: &mut Store<CallData>, ctx: &CallContext, from: Option<&str>, to: &str) -> Answer<()> {
         match self {
             Exports::Current(guest) => guest.call_migrate(store, ctx, from, to).await,
+            Exports::V0_2(guest) => guest.migrate(store, ctx, from, to).await,
             Exports::V0_1(guest) => guest.migrate(store, ctx, from, to).await,
         }
     }
@@ -498,6 +514,8 @@ pub struct Sandbox {
     reuse: InstanceReuse,
     kept: KeptInstances,
     metrics: CallMetrics,
+    /// The HTTP status of each refusal code the plugin declared (set once it described itself).
+    refusal_statuses: std::sync::OnceLock<std::collections::BTreeMap<String, u16>>,
 }
 
 /// What kind of call, for its deadline and its log lines.
@@ -587,6 +605,7 @@ impl Sandbox {
             reuse: manifest.limits.reuse_instances,
             kept: KeptInstances::default(),
             metrics: CallMetrics::default(),
+            refusal_statuses: Default::default(),
         }
     }
 
@@ -594,6 +613,12 @@ impl Sandbox {
     pub fn declare_settings(&self, settings: &[crate::faces::SettingDecl]) {
         let declared = settings.iter().map(|s| crate::imports::DeclaredSetting { key: s.key.clone(), default: s.default.clone() });
         self.grant.declare_settings(declared.collect());
+    }
+
+    /// Record the HTTP status of each refusal code the plugin declared (once; later calls keep
+    /// the first): its refusals carry it to the API's answer.
+    pub fn declare_refusals(&self, refusals: &[crate::faces::RefusalDecl]) {
+        let _ = self.refusal_statuses.set(refusals.iter().map(|r| (r.code.clone(), r.status)).collect());
     }
 
     /// SHA-256 of the plugin's component bytes as lowercase hex.
@@ -866,7 +891,9 @@ impl Sandbox {
         if !valid_code(&refusal.code) {
             return self.output_invalid(format!("refusal code {:?} is not kebab-case", first_line(&refusal.code)));
         }
+        let status = self.refusal_statuses.get().and_then(|declared| declared.get(&refusal.code).copied());
         let mut out = Refusal::new(refusal.code, truncate(&refusal.message, 1000));
+        out.status = status;
         if refusal.retryable {
             out = out.retryable();
         }

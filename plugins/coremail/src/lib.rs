@@ -138,6 +138,7 @@ impl Manager for CoreMail {
                 Some(Quota(1_000)),
             )
             // /p/coremail: the control plane's status and the statistics
+            .facet::<CoreMailRecord>(EntityKind::Service, "CoreMail's binding of the service and the step it asks the mail path for")
             .page(Page::new("", "CoreMail", "getControlStatus").template("overview"))
             // /p/coremail/statistics: what CoreMail counted, per service and UTC day
             .page(Page::new("statistics", "Mail statistics", "getServiceMailStatistics"))
@@ -475,16 +476,43 @@ struct Service {
     name: String,
     #[serde(default)]
     mail_addresses: Vec<String>,
-    /// What the mail manager did at the gateway, per address: the evidence of its steps.
+    /// The managers' records of it: the mail manager's and this one's.
     #[serde(default)]
-    mail: Vec<MailEntry>,
-    /// CoreMail's binding of it, as this manager last wrote it.
-    #[serde(default)]
-    core_mail: Option<CoreMailRecord>,
+    facets: Facets,
     state: String,
 }
 
-/// The part of an entry of a service's `mail` (the mail manager's record) read here.
+/// The records of a service read here.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Facets {
+    /// What the mail manager did at the gateway, per address: the evidence of its steps.
+    #[serde(default)]
+    mail: Option<MailFacet>,
+    /// CoreMail's binding of it, as this manager last wrote it.
+    #[serde(default)]
+    coremail: Option<CoreMailRecord>,
+}
+
+impl Service {
+    /// The mail manager's record of each address it bound.
+    fn mail(&self) -> &[MailEntry] {
+        self.facets.mail.as_ref().map_or(&[][..], |f| &f.bindings[..])
+    }
+
+    /// CoreMail's binding of it, as this manager last wrote it.
+    fn core_mail(&self) -> Option<&CoreMailRecord> {
+        self.facets.coremail.as_ref()
+    }
+}
+
+/// The part of the mail manager's facet of a service (`facets.mail`) read here.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct MailFacet {
+    #[serde(default)]
+    bindings: Vec<MailEntry>,
+}
+
+/// The part of an entry of the mail manager's record read here.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct MailEntry {
@@ -495,10 +523,13 @@ struct MailEntry {
     retired: bool,
 }
 
-/// A service's `coreMail`: written only by this manager.
+/// This manager's facet of a service (`facets.coremail`): the binding's id and the step it
+/// asks the mail path for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CoreMailRecord {
+    /// CoreMail's id of the binding: 1–128 of A-Z a-z 0-9 . _ -.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,128}$"))]
     binding_id: String,
     /// The step asked of the mail path.
     want: Phase,
@@ -644,7 +675,7 @@ fn bind_services(config: &Config, client: &Control, read: &[(String, u64, Servic
         let (credential, secret) = credential(&at, &binding_kind(service_id), &id, 1)?;
 
         let phase = phase(service_id, service)?;
-        let want = service.core_mail.as_ref().map_or(Phase::DualWrite, |r| r.want);
+        let want = service.core_mail().map_or(Phase::DualWrite, |r| r.want);
         let active = report.as_ref().and_then(|r| r.bindings.iter().find(|b| b.binding_id == id)).is_some_and(|b| b.status == "active");
         let needs_traffic = active && phase == Phase::InboundCutover && want == Phase::InboundCutover;
         if needs_traffic && traffic.is_none() {
@@ -674,7 +705,7 @@ fn bind_services(config: &Config, client: &Control, read: &[(String, u64, Servic
             }
         }
         let record = CoreMailRecord { binding_id: id.clone(), want: next };
-        if service.core_mail.as_ref() != Some(&record) {
+        if service.core_mail() != Some(&record) {
             if next != want {
                 capstan_sdk::info!("coremail: {service_id} at {phase:?}, asking {next:?} (was {want:?})");
             }
@@ -695,11 +726,14 @@ fn bind_services(config: &Config, client: &Control, read: &[(String, u64, Servic
     Ok(bindings)
 }
 
-/// Write (or with `None` remove) a service's `coreMail`, stating the revision read; a service
-/// changed or gone since is left to the next pass.
+/// Write (or with `None` remove) a service's `facets.coremail`, stating the revision read; a
+/// service changed or gone since is left to the next pass.
 fn write_record(service_id: &str, revision: u64, record: Option<&CoreMailRecord>) -> Result<()> {
-    let body = json!({ "id": service_id, "expectedRevision": revision, "coreMail": record });
-    match inventory::update_service::<Value>(&body) {
+    let written = match record {
+        Some(record) => inventory::set_facet::<Value>(EntityKind::Service, service_id, record, Some(revision)),
+        None => inventory::clear_facet::<Value>(EntityKind::Service, service_id, Some(revision)),
+    };
+    match written {
         Ok(_) => Ok(()),
         Err(r) if r.is("conflict") || r.is("service-deleting") || r.is("service-not-found") => Ok(()),
         Err(r) => Err(r),
@@ -722,7 +756,7 @@ fn withdraw(service_id: &str, revision: u64, service: &Service) -> Result<bool> 
             any = true;
         }
     }
-    if service.core_mail.is_some() && service.state == "active" {
+    if service.core_mail().is_some() && service.state == "active" {
         write_record(service_id, revision, None)?;
         any = true;
     }
@@ -750,14 +784,14 @@ fn withdraw_all() -> Result<usize> {
 /// recorded of each address (its forward target's `targetType`, its direct credential
 /// `retired`), which it writes only once it has acted.
 fn phase(service_id: &str, service: &Service) -> Result<Phase> {
-    if service.core_mail.is_none() {
+    if service.core_mail().is_none() {
         return Ok(Phase::Direct);
     }
     let delivered = secrets::list(&service_scope(service_id))?.iter().any(|s| s.key == "MAIL_COREMAIL_BINDING_ID" && s.state == "active");
     if !delivered {
         return Ok(Phase::Direct);
     }
-    let entries: Vec<&MailEntry> = service.mail_addresses.iter().filter_map(|a| service.mail.iter().find(|e| &e.address == a)).collect();
+    let entries: Vec<&MailEntry> = service.mail_addresses.iter().filter_map(|a| service.mail().iter().find(|e| &e.address == a)).collect();
     if entries.len() < service.mail_addresses.len() || entries.iter().any(|e| e.target_type != "coremail") {
         return Ok(Phase::DualWrite);
     }
@@ -1143,16 +1177,16 @@ struct ServicePhase {
 fn service_phases(reported: Option<&CoreMailStatus>) -> Result<Vec<ServicePhase>> {
     let mut out = Vec::new();
     for (service_id, _, service) in services_read()? {
-        if service.mail_addresses.is_empty() && service.core_mail.is_none() {
+        if service.mail_addresses.is_empty() && service.core_mail().is_none() {
             continue;
         }
-        let binding_id = service.core_mail.as_ref().map(|r| r.binding_id.clone());
+        let binding_id = service.core_mail().map(|r| r.binding_id.clone());
         let core_mail_status = binding_id
             .as_ref()
             .and_then(|id| reported.and_then(|r| r.bindings.iter().find(|b| &b.binding_id == id)).map(|b| b.status.clone()));
         out.push(ServicePhase {
             phase: phase(&service_id, &service)?,
-            want: service.core_mail.as_ref().map(|r| r.want),
+            want: service.core_mail().map(|r| r.want),
             service_name: service.name,
             service_id,
             addresses: service.mail_addresses,

@@ -7,8 +7,11 @@
 //! `overview` reads, and dashboard pages for the overview and the notes. And it shows the
 //! `agents` import: `pingAgent` asks a cluster's relay `agent.ping` (administrators only; it
 //! needs the `agents` capability, which this manifest does not request yet, so until it does
-//! the call is refused `capability-denied`).
+//! the call is refused `capability-denied`). Last, a facet: `tagService` keeps a tag on a
+//! service as the example's record of it (`facets.example`), which the host judges by the
+//! schema declared here and shows on the service.
 
+use capstan_sdk::inventory::EntityKind;
 use capstan_sdk::store::{self, Batch, Doc};
 use capstan_sdk::{
     Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role,
@@ -43,6 +46,8 @@ impl Manager for Example {
             .method("overview", "The welcome text (setting example.welcome) and how many notes there are.", Role::Authenticated, overview)
             .read_only()
             .method("pingAgent", "Ask the relay of a cluster agent.ping and show its answer.", Role::Admin, ping_agent)
+            .method("tagService", "Keep a tag on a service as the example's facet of it; null removes it.", Role::Admin, tag_service)
+            .facet::<ServiceTag>(EntityKind::Service, "A tag the example keeps on a service")
             .setting("welcome", "The text the overview opens with", Some(Welcome("Notes kept by the example plugin.".into())))
             .page(Page::new("", "Example", "overview").template("overview").form("putNote"))
             .page(Page::new("notes", "Notes", "listNotes").form("putNote"))
@@ -362,4 +367,31 @@ struct Migrations {
 struct Migration {
     from: Option<String>,
     to: String,
+}
+
+/// The example's facet of a service (`facets.example`).
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ServiceTag {
+    /// 1–40 characters.
+    #[schemars(length(min = 1, max = 40))]
+    tag: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TagService {
+    /// The service (`svc_…`).
+    service_id: String,
+    /// The tag; null removes it. The host refuses one off the facet's schema (`facet-invalid`).
+    tag: Option<String>,
+}
+
+/// The service as written, its facets included.
+fn tag_service(_ctx: &Context, input: TagService) -> Result<Value> {
+    let written = match input.tag {
+        Some(tag) => inventory::set_facet::<Value>(EntityKind::Service, &input.service_id, &ServiceTag { tag }, None)?,
+        None => inventory::clear_facet::<Value>(EntityKind::Service, &input.service_id, None)?,
+    };
+    Ok(written.data)
 }

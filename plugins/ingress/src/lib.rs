@@ -50,6 +50,13 @@ struct IngressManager;
 impl Manager for IngressManager {
     fn describe() -> Descriptor {
         Descriptor::new()
+            .refusal("designation-present", 409, "The cluster already has an ingress designation: withdraw it first")
+            .refusal(
+                "cluster-ingress-environment-conflict",
+                409,
+                "The service's own environment sets a name the cluster's ingress delivers",
+            )
+            .refusal("ingress-not-designated", 409, "The cluster holds no ingress designation")
             .method("designate", "Designate a service the cluster's ingress and keep its bearer.", Role::Admin, designate)
             .method("getDesignation", "A cluster's ingress designation and registration (never the bearer).", Role::Admin, get_designation)
             .read_only()

@@ -93,6 +93,10 @@ impl Manager for Mail {
                 "The host the gateway forwards a service's inbound mail to (where its published SMTP port answers); null: no inbound",
                 None,
             )
+            .facet::<MailFacet>(
+                EntityKind::Service,
+                "The addresses bound at the mail gateway: SMTP usernames and inbound targets, never a password",
+            )
             // /p/mail: every service's addresses, the gateway's state
             .page(Page::new("", "Mail", "listServiceTargets").template("overview"))
             .collection(CollectionSpec::new(BINDINGS).index("by_service", &["serviceId"]).index("by_org", &["organizationId"]))
@@ -178,7 +182,10 @@ struct Peer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct Inbound {
+    /// A host name or address.
+    #[schemars(length(min = 1, max = 253))]
     host: String,
+    /// The service's published port it reaches.
     port: u16,
 }
 
@@ -264,16 +271,34 @@ struct Service {
     ports: Vec<Port>,
     #[serde(default)]
     mail_addresses: Vec<String>,
-    /// The public record of what this manager bound, as it last wrote it.
+    /// The managers' records of it: this manager's and CoreMail's.
     #[serde(default)]
-    mail: Vec<MailRecord>,
-    /// CoreMail's binding of it (the CoreMail manager writes it): the step its mail is at.
-    #[serde(default)]
-    core_mail: Option<CoreMailRecord>,
+    facets: Facets,
     state: String,
 }
 
-/// The part of a service's `coreMail` this manager reads.
+/// The records of a service this manager reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Facets {
+    /// This manager's record of what it bound, as it last wrote it.
+    #[serde(default)]
+    mail: Option<MailFacet>,
+    /// The CoreMail manager's binding of the service: the step its mail is at.
+    #[serde(default)]
+    coremail: Option<CoreMailRecord>,
+}
+
+/// This manager's facet of a service (`facets.mail`): the public record of its bound
+/// addresses, never a password.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct MailFacet {
+    /// One entry per address bound, each an address the service lists.
+    #[schemars(length(max = 32))]
+    bindings: Vec<MailRecord>,
+}
+
+/// The part of CoreMail's facet of a service (`facets.coremail`) this manager reads.
 #[derive(Debug, Clone, Deserialize)]
 struct CoreMailRecord {
     want: Step,
@@ -291,19 +316,29 @@ enum Step {
 impl Service {
     /// The step asked of this service's mail path; `None`: the direct path alone.
     fn step(&self) -> Option<Step> {
-        self.core_mail.as_ref().map(|c| c.want)
+        self.facets.coremail.as_ref().map(|c| c.want)
     }
 }
 
-/// One entry of a service's `mail`: public metadata only, never a password.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// One address of a service as this manager bound it: public metadata only, never a password.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MailRecord {
+    /// One of the service's `mailAddresses`.
+    #[schemars(length(min = 3, max = 254))]
     address: String,
+    /// The SMTP username the gateway issued for it.
+    #[schemars(length(max = 256))]
     smtp_username: String,
+    /// The credential version whose password the service's secrets hold.
     credential_version: u64,
+    /// Where the gateway forwards the address's inbound mail, if anywhere (a `direct` target).
     inbound: Option<Inbound>,
+    /// Where its inbound mail goes: the service (`direct`) or CoreMail (`coremail`).
+    #[serde(default)]
     target_type: TargetType,
+    /// The direct path's credential and environment retired (CoreMail only).
+    #[serde(default)]
     retired: bool,
 }
 
@@ -637,10 +672,10 @@ fn pass() -> Result<String> {
     Ok(summary.join(", "))
 }
 
-/// Write each active service's `mail` — the public record of its bound addresses — where it
-/// differs, fenced by the revision read at the start of the pass: a service changed since is
-/// left to the next pass (its change woke one), so a record never describes addresses the
-/// service no longer asks for. How many were written.
+/// Write each active service's `facets.mail` — the public record of its bound addresses —
+/// where it differs, fenced by the revision read at the start of the pass: a service changed
+/// since is left to the next pass (its change woke one), so a record never describes addresses
+/// the service no longer asks for. How many were written.
 fn record_on_services(read: &[(String, u64, Service)]) -> Result<usize> {
     let mut written = 0;
     for (service_id, revision, service) in read.iter().filter(|(_, _, s)| s.state == "active") {
@@ -660,11 +695,16 @@ fn record_on_services(read: &[(String, u64, Service)]) -> Result<usize> {
                 retired: b.data.state == State::Retired,
             })
             .collect();
-        if wanted == service.mail {
+        let recorded = service.facets.mail.as_ref().map_or(&[][..], |f| &f.bindings[..]);
+        if wanted == recorded {
             continue;
         }
-        let body = json!({ "id": service_id, "expectedRevision": revision, "mail": wanted });
-        match inventory::update_service::<Value>(&body) {
+        let outcome = if wanted.is_empty() {
+            inventory::clear_facet::<Value>(EntityKind::Service, service_id, Some(*revision))
+        } else {
+            inventory::set_facet::<Value>(EntityKind::Service, service_id, &MailFacet { bindings: wanted }, Some(*revision))
+        };
+        match outcome {
             Ok(_) => written += 1,
             Err(r) if r.is("conflict") || r.is("service-deleting") || r.is("service-not-found") => {}
             Err(r) => return Err(r),
@@ -1102,8 +1142,7 @@ mod tests {
             organization_id: "org_1".into(),
             ports: ports.into_iter().map(|(port, protocol, public_port)| Port { port, protocol: protocol.into(), public_port }).collect(),
             mail_addresses: addresses.iter().map(|a| a.to_string()).collect(),
-            mail: Vec::new(),
-            core_mail: None,
+            facets: Facets::default(),
             state: state.into(),
         }
     }

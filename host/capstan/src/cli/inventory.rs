@@ -194,6 +194,7 @@ fn organization_get(id: &str, common: &Common) -> Result<()> {
     println!("revision:     {}", number(&o, "revision"));
     println!("created:      {} by {}", utc(o["createdAt"].as_u64()), text(&o, "createdBy"));
     println!("updated:      {}", utc(o["updatedAt"].as_u64()));
+    print_facets(&o);
     Ok(())
 }
 
@@ -480,6 +481,7 @@ fn print_cluster(c: &Value) {
     println!("labels:       {}", labels_text(&c["labels"]));
     println!("created:      {}", utc(c["createdAt"].as_u64()));
     println!("updated:      {}", utc(c["updatedAt"].as_u64()));
+    print_facets(c);
 }
 
 fn cluster_get(id: &str, common: &Common) -> Result<()> {
@@ -896,29 +898,11 @@ fn print_service(s: &Value, organizations: &Names) {
     println!("domains:      {}", list("domains", &|d| d.as_str().unwrap_or("?").to_string()));
     println!("volumes:      {}", list("volumes", &|v| format!("{}:{}", text(v, "name"), text(v, "mountPath"))));
     println!("mail:         {}", list("mailAddresses", &|m| m.as_str().unwrap_or("?").to_string()));
-    // what the mail manager bound of them at the gateway (never a password)
-    for bound in s["mail"].as_array().into_iter().flatten() {
-        let receiving = match bound["inbound"].as_object() {
-            _ if bound["targetType"] == "coremail" => "receiving through CoreMail".into(),
-            Some(t) => {
-                format!("receiving at {}:{}", t.get("host").and_then(Value::as_str).unwrap_or("?"), t.get("port").unwrap_or(&Value::Null))
-            }
-            None => "not receiving".into(),
-        };
-        let sending = if bound["retired"] == true {
-            "direct credential retired".to_string()
-        } else {
-            format!("sending as {}", text(bound, "smtpUsername"))
-        };
-        println!("  bound:      {}: {sending}, {receiving}", text(bound, "address"));
-    }
-    if s["coreMail"].is_object() {
-        println!("  coremail:   binding {} ({})", text(&s["coreMail"], "bindingId"), text(&s["coreMail"], "want"));
-    }
     if s["database"].is_object() {
         let db = &s["database"];
         println!("database:     {} {}/{}", text(db, "engine"), text(db, "volume"), text(db, "path"));
     }
+    print_facets(s);
     match s["environment"].as_object() {
         Some(env) if !env.is_empty() => {
             println!("environment:");
@@ -1336,5 +1320,32 @@ mod tests {
             mail_addresses: vec![],
         };
         assert_eq!(fields.into_body(&mut Map::new(), &[ClearArg::Env]).unwrap_err().code, "argument-invalid");
+    }
+}
+
+/// The records managers keep on an entity (`facets`), each under its plugin's id, one line per
+/// value: `  <plugin>  <path>: <value>`. What a record means is its plugin's to say; this
+/// prints any.
+fn print_facets(entity: &Value) {
+    for (plugin, facet) in entity["facets"].as_object().into_iter().flatten() {
+        let mut lines = Vec::new();
+        facet_lines(facet, "", &mut lines);
+        println!("facet {plugin}:");
+        for line in lines {
+            println!("  {line}");
+        }
+    }
+}
+
+/// `value`'s leaves as `path: value` lines (`bindings[0].address: web@acme.example`).
+fn facet_lines(value: &Value, path: &str, out: &mut Vec<String>) {
+    let at = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        Value::Object(map) if !map.is_empty() => map.iter().for_each(|(k, v)| facet_lines(v, &at(k), out)),
+        Value::Array(items) if !items.is_empty() => {
+            items.iter().enumerate().for_each(|(i, v)| facet_lines(v, &format!("{path}[{i}]"), out))
+        }
+        Value::String(text) => out.push(format!("{path}: {text}")),
+        other => out.push(format!("{path}: {other}")),
     }
 }

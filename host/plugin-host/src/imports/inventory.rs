@@ -2,7 +2,9 @@
 //! (`inventory:write-services`) — the writes through the server's [`Platform`], acting as the
 //! caller of the current method or else as the plugin itself. The nodes of clusters are read
 //! through the [`Platform`] too (as `nodes.get` answers them, with their liveness); the fleet's
-//! Capstan processes from the bucket. No function writes a node.
+//! Capstan processes from the bucket. No function writes a node. A plugin writes its own
+//! facets of organizations, clusters and services, which the [`Platform`] judges by what it
+//! declared.
 
 use super::{CallData, Services, WitResult, parse_object, to_wit};
 use crate::blobs::Blobs;
@@ -44,9 +46,27 @@ impl ServiceWriter {
     }
 }
 
+/// Writes the plugin's own facets (`inventory.set-facet`).
+#[derive(Clone)]
+pub(super) struct FacetWriter {
+    platform: Arc<dyn Platform>,
+    plugin: String,
+}
+
+impl FacetWriter {
+    pub(super) fn new(services: &Arc<Services>, plugin: &str) -> Self {
+        FacetWriter { platform: services.platform.clone(), plugin: plugin.to_string() }
+    }
+}
+
 impl CallData {
     fn reader(&self) -> WitResult<Reader> {
         self.granted(&self.grant.inventory, Capability::InventoryRead)
+    }
+
+    /// Every plugin writes its own facets, except while it describes itself.
+    fn facet_writer(&self) -> WitResult<FacetWriter> {
+        self.granted(&Some(self.grant.facets.clone()), Capability::InventoryRead)
     }
 
     fn service_writer(&self) -> WitResult<ServiceWriter> {
@@ -164,6 +184,39 @@ impl inventory::Host for CallData {
         let writer = self.service_writer()?;
         self.actor(&writer)?;
         writer.platform.release_service(&service_id, &writer.holder()).await.map_err(to_wit)
+    }
+
+    /// The plugin's own record on an entity: no capability beyond having declared the facet
+    /// (which the operator saw at install), written as the plugin whoever called it.
+    async fn set_facet(
+        &mut self,
+        kind: inventory::EntityKind,
+        id: String,
+        value: Option<String>,
+        expected_revision: Option<u64>,
+    ) -> WitResult<inventory::Entity> {
+        self.changing()?;
+        let writer = self.facet_writer()?;
+        let kind_name = match kind {
+            inventory::EntityKind::Organization => "organization",
+            inventory::EntityKind::Cluster => "cluster",
+            inventory::EntityKind::Service => "service",
+            inventory::EntityKind::Node | inventory::EntityKind::FleetNode => {
+                return Err(to_wit(crate::refusal::Refusal::new(
+                    "facet-undeclared",
+                    "a facet is kept on an organization, a cluster or a service",
+                )));
+            }
+        };
+        let value = match value {
+            None => None,
+            Some(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|e| to_wit(crate::refusal::Refusal::new("facet-invalid", format!("the facet is not JSON: {e}"))))?,
+            ),
+        };
+        let written = writer.platform.set_facet(kind_name, &id, &writer.plugin, value, expected_revision).await.map_err(to_wit)?;
+        Ok(entity(kind, written))
     }
 }
 

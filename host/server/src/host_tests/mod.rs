@@ -2,6 +2,7 @@
 //! builds, with every area's context), as the API dispatcher and the dashboard call them.
 
 mod audit;
+mod facets;
 mod inventory;
 mod nodes;
 mod plugin_nodes;
