@@ -23,8 +23,9 @@ fn main() {
     let mut entries = Vec::new();
     if !names.is_empty() {
         // what the plugins build on outside their own folders: the SDK, the WIT, the host's
-        // publisher keys (the App Store's catalog stands on them), the workspace's manifests
-        for watched in ["sdk", "wit", "host/publisher-key", "Cargo.lock", "Cargo.toml"] {
+        // publisher keys (the App Store's catalog stands on them), what the mail managers share,
+        // the workspace's manifests
+        for watched in ["sdk", "wit", "host/publisher-key", "plugins/smtp", "Cargo.lock", "Cargo.toml"] {
             println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
         }
         let target_dir = std::env::var_os("CARGO_TARGET_DIR")

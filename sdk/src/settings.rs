@@ -72,26 +72,3 @@ impl schemars::JsonSchema for PortNumber {
         schemars::json_schema!({ "type": "integer", "minimum": 1, "maximum": 65535 })
     }
 }
-
-/// How a client connects to an SMTP submission listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SmtpTls {
-    /// Plain TCP upgraded with STARTTLS.
-    Starttls,
-    /// TLS from the first byte.
-    Tls,
-    /// No TLS (a listener on a private network only).
-    None,
-}
-
-impl SmtpTls {
-    /// Its name as a setting and a variable carry it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SmtpTls::Starttls => "starttls",
-            SmtpTls::Tls => "tls",
-            SmtpTls::None => "none",
-        }
-    }
-}

@@ -35,7 +35,8 @@ use capstan_sdk::http::Request;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
 use capstan_sdk::secrets::{self, Generate, Owner, SecretInfo};
-use capstan_sdk::settings::{PortNumber, SmtpTls};
+use capstan_plugin_smtp::SmtpTls;
+use capstan_sdk::settings::PortNumber;
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
     Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result, Role, Value, json, settings,

@@ -33,7 +33,8 @@ use capstan_sdk::gateway;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
 use capstan_sdk::secrets::{self, Owner};
-use capstan_sdk::settings::{PortNumber, SmtpTls};
+use capstan_plugin_smtp::SmtpTls;
+use capstan_sdk::settings::PortNumber;
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
     CollectionSpec, Context, Descriptor, Empty, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,

@@ -155,8 +155,10 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("capstan-plugin-appstore", &["capstan-sdk", "capstan-catalog"]),
     ("capstan-plugin-backups", &["capstan-sdk"]),
-    ("capstan-plugin-mail", &["capstan-sdk"]),
-    ("capstan-plugin-coremail", &["capstan-sdk"]),
+    // what the two mail managers share of SMTP submission
+    ("capstan-plugin-smtp", &[]),
+    ("capstan-plugin-mail", &["capstan-sdk", "capstan-plugin-smtp"]),
+    ("capstan-plugin-coremail", &["capstan-sdk", "capstan-plugin-smtp"]),
     ("capstan-plugin-ingress", &["capstan-sdk"]),
     ("capstan-plugin-example", &["capstan-sdk"]),
     ("capstan-plugin-adversary", &["capstan-sdk"]),
