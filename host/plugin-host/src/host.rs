@@ -536,6 +536,15 @@ impl PluginHost {
                 ));
             }
         }
+        if let Some(panel) = described.faces.panels.iter().find(|p| !bundle.pages.contains_key(&p.template)) {
+            return Err(Refusal::new(
+                "plugin-descriptor-invalid",
+                format!(
+                    "plugin {}: the panel {:?} names the template {}, which the bundle does not carry",
+                    manifest.id, panel.title, panel.template
+                ),
+            ));
+        }
         Ok(Active { manifest, sandbox, described, methods, publisher, revision, templates: bundle.pages.clone() })
     }
 
