@@ -4,7 +4,8 @@
 //! an interactive renderer vendored for it (Swagger UI, Redoc) would be over a megabyte.
 
 use super::{nav, render, to_login, unavailable, user_view};
-use crate::api::AppState;
+use crate::Host;
+use crate::state::AppState;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -71,7 +72,7 @@ fn tags(doc: &Value) -> Vec<TagView> {
 }
 
 /// `GET /docs/api`: for any signed-in person (the document itself is public, as the listing is).
-async fn page(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn page(State(state): State<Host>, headers: HeaderMap) -> Response {
     let identity = match super::current_identity(&state, &headers).await {
         Ok(Some(identity)) => identity,
         Ok(None) => return to_login(&state, &headers),

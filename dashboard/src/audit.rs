@@ -4,7 +4,8 @@
 
 use super::forms::{ErrorView, Signed, call, encode, status_of, str_of, u64_of, when};
 use super::{message_page, nav, render, user_view};
-use crate::api::AppState;
+use crate::Host;
+use crate::state::AppState;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -95,7 +96,7 @@ fn record_view(r: &Value) -> RecordView {
 }
 
 /// `GET /audit`.
-async fn audit_page(State(state): State<AppState>, Signed(identity): Signed, Query(filters): Query<Filters>) -> Response {
+async fn audit_page(State(state): State<Host>, Signed(identity): Signed, Query(filters): Query<Filters>) -> Response {
     if !identity.is_human_admin() {
         return message_page(StatusCode::FORBIDDEN, "Administrators only", "The audit log is for administrators.");
     }

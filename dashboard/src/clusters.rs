@@ -25,8 +25,8 @@ use super::forms::{
     query_of, redirect, shown_name, status_of, str_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -283,7 +283,7 @@ fn phase_options(selected: &str) -> Vec<PhaseOption> {
 // Reading
 
 /// The list panel's context: one page of clusters with their phases, or the refusal.
-async fn list_context(state: &AppState, identity: &Viewer, cursor: Option<&str>) -> minijinja::Value {
+async fn list_context(state: &Host, identity: &Viewer, cursor: Option<&str>) -> minijinja::Value {
     let mut body = json!({ "limit": PAGE });
     if let Some(cursor) = cursor {
         body["cursor"] = json!(cursor);
@@ -319,7 +319,7 @@ async fn list_context(state: &AppState, identity: &Viewer, cursor: Option<&str>)
 }
 
 /// One cluster and its runtime, as the detail shows them.
-async fn read_cluster(state: &AppState, identity: &Viewer, id: &str) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
+async fn read_cluster(state: &Host, identity: &Viewer, id: &str) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
     let cluster = cluster_view(&call(state, identity, "clusters.get", json!({ "id": id })).await?);
     let runtime = match call(state, identity, "clusters.getRuntime", json!({ "id": id })).await {
         Ok(runtime) => Ok(runtime_view(&runtime)),
@@ -330,7 +330,7 @@ async fn read_cluster(state: &AppState, identity: &Viewer, id: &str) -> Result<(
 
 /// The Relays panel's context for `cluster` (`None`: the cluster cannot be shown, and
 /// neither is the panel): its registration from `relays.list` and its credential.
-async fn relay_context(state: &AppState, identity: &Viewer, cluster: Option<&ClusterView>) -> minijinja::Value {
+async fn relay_context(state: &Host, identity: &Viewer, cluster: Option<&ClusterView>) -> minijinja::Value {
     let Some(cluster) = cluster else { return context! { relay => Serde(None::<RelayView>) } };
     let registration = call_if_served(state, identity, "relays.list", json!({ "clusterIds": [cluster.id] })).await.map(|answer| {
         answer.and_then(|answer| {
@@ -378,7 +378,7 @@ fn done_flash(query: &ListQuery) -> Option<Flash> {
 }
 
 async fn list_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     status: StatusCode,
     cursor: Option<&str>,
@@ -398,20 +398,20 @@ async fn list_page(
 }
 
 /// `GET /clusters`: the list and the create form.
-pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let query = query_of(&uri).unwrap_or(ListQuery { cursor: None, done: None, name: None });
     list_page(&state, &identity, StatusCode::OK, query.cursor.as_deref(), done_flash(&query), FormView::default()).await
 }
 
 /// `GET /clusters/panel`: the list alone, for htmx to swap in place.
-pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn panel(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let cursor = query_of::<ListQuery>(&uri).and_then(|q| q.cursor);
     render(StatusCode::OK, "clusters_panel.html", list_context(&state, &identity, cursor.as_deref()).await)
 }
 
 /// `POST /clusters/create` (`name`, `description`, `labels`): the answer page shows the
 /// machine user's token once; a refusal shows the list again with the form as typed.
-pub(super) async fn create(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn create(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -455,7 +455,7 @@ pub(super) struct DetailQuery {
 
 /// The detail page: facts, the edit and phase forms, the way to delete.
 async fn detail_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
@@ -498,7 +498,7 @@ async fn detail_page(
 }
 
 /// `GET /clusters/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn detail(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("updated") => Some(Flash::done("Cluster updated", "The new name, description and labels are stored.")),
         Some("phase") => Some(Flash::done("Runtime phase set", "The cluster's runtime phase moved; its generation advanced.")),
@@ -513,13 +513,13 @@ pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Sign
 }
 
 /// `GET /clusters/{id}/panel`: the facts alone, for htmx.
-pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn detail_panel(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     let read = read_cluster(&state, &identity, &id).await;
     render(StatusCode::OK, "cluster_panel.html", facts_context(&id, &read))
 }
 
 /// `POST /clusters/{id}/update` (`expectedRevision`, `name`, `description`, `labels`).
-pub(super) async fn update(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn update(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -559,7 +559,7 @@ pub(super) async fn update(State(state): State<AppState>, Path(id): Path<String>
 }
 
 /// `POST /clusters/{id}/phase` (`phase`, `expectedGeneration`).
-pub(super) async fn set_phase(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn set_phase(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -586,7 +586,7 @@ pub(super) async fn set_phase(State(state): State<AppState>, Path(id): Path<Stri
 }
 
 /// `GET /clusters/{id}/relay/panel`: the Relays panel alone, for htmx.
-pub(super) async fn relay_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn relay_panel(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     let cluster = call(&state, &identity, "clusters.get", json!({ "id": id })).await.map(|value| cluster_view(&value));
     let ctx = match &cluster {
         Ok(cluster) => relay_context(&state, &identity, Some(cluster)).await,
@@ -600,18 +600,18 @@ pub(super) async fn relay_panel(State(state): State<AppState>, Signed(identity):
 }
 
 /// `POST /clusters/{id}/relay/enable` (`expectedRevision`).
-pub(super) async fn enable_relay(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn enable_relay(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     switch_relay(state, id, request, true).await
 }
 
 /// `POST /clusters/{id}/relay/disable` (`expectedRevision`).
-pub(super) async fn disable_relay(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn disable_relay(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     switch_relay(state, id, request, false).await
 }
 
 /// `clusters.enableRelay` or `clusters.disableRelay` with the revision the page read; a
 /// refusal is the detail page again with the refusal's code in its banner.
-async fn switch_relay(state: AppState, id: String, request: Request, enable: bool) -> Response {
+async fn switch_relay(state: Host, id: String, request: Request, enable: bool) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -643,7 +643,7 @@ async fn switch_relay(state: AppState, id: String, request: Request, enable: boo
 
 /// The confirmation page: what goes with the cluster, and its name to type.
 async fn confirm_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
@@ -688,12 +688,12 @@ async fn confirm_page(
 }
 
 /// `GET /clusters/{id}/delete`: the confirmation step.
-pub(super) async fn confirm(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn confirm(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     confirm_page(&state, &identity, &id, StatusCode::OK, None, "", None).await
 }
 
 /// `POST /clusters/{id}/delete` (`expectedRevision`, `confirm`: the cluster's name).
-pub(super) async fn delete(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn delete(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,

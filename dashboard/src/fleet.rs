@@ -4,8 +4,8 @@
 
 use super::forms::Flash;
 use super::{current_identity, message_page, nav, render, rfc3339, to_login, unavailable, user_view, utc};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -192,14 +192,14 @@ fn view(listing: &listing::Listing) -> FleetView {
 }
 
 /// The listing `fleet.listNodes` answers, as the API answers it to `identity`.
-async fn read_listing(state: &AppState, identity: &Viewer) -> Result<listing::Listing> {
+async fn read_listing(state: &Host, identity: &Viewer) -> Result<listing::Listing> {
     let answer = super::forms::call(state, identity, "fleet.listNodes", serde_json::json!({})).await?;
     serde_json::from_value(answer).map_err(Refusal::internal)
 }
 
 /// The panel's context: the fleet, or the refusal that kept it from being read (logged;
 /// shown as its code and client-facing message, never its detail).
-async fn panel_context(state: &AppState, identity: &Viewer) -> minijinja::Value {
+async fn panel_context(state: &Host, identity: &Viewer) -> minijinja::Value {
     let now = capstan_core::clock::now_ms();
     let checked = context! { checked_at => clock(now), checked_iso => rfc3339(now / 1000) };
     match read_listing(state, identity).await {
@@ -225,7 +225,7 @@ fn forbidden() -> Response {
 }
 
 /// `GET /fleet`: the page.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(super) async fn page(State(state): State<Host>, headers: HeaderMap) -> Response {
     let identity = match current_identity(&state, &headers).await {
         Ok(Some(identity)) => identity,
         Ok(None) => return to_login(&state, &headers),
@@ -237,7 +237,7 @@ pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
     fleet_page(&state, &identity, StatusCode::OK, None).await
 }
 
-async fn fleet_page(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn fleet_page(state: &Host, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
     let ctx = context! {
         page => "Fleet",
         nav => Serde(nav(state, "fleet")),
@@ -259,7 +259,7 @@ struct Rebalanced {
 
 /// `POST /fleet/rebalance`: decide placements now. The coordinator decides; on any other node
 /// the call is forwarded there with the session's token, like the API's.
-pub(super) async fn rebalance(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+pub(super) async fn rebalance(State(state): State<Host>, request: axum::extract::Request) -> Response {
     let (identity, _) = match super::forms::post(&state, request).await {
         Ok(posted) => posted,
         Err(answer) => return answer,
@@ -280,7 +280,7 @@ pub(super) async fn rebalance(State(state): State<AppState>, request: axum::extr
 }
 
 /// `GET /fleet/panel`: the panel alone, for htmx to swap in place.
-pub(super) async fn panel(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(super) async fn panel(State(state): State<Host>, headers: HeaderMap) -> Response {
     match current_identity(&state, &headers).await {
         Ok(Some(identity)) if identity.is_human_admin() => {
             render(StatusCode::OK, "fleet_panel.html", panel_context(&state, &identity).await)

@@ -9,11 +9,11 @@
 //! the CLI uses too (`capstan_field_rules::port`), so both faces take and show `443:8080/http`.
 
 use super::{current_identity, message_page, refuse_cross_origin, rfc3339, to_login, unavailable, utc};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
 use axum::Form;
-use axum::extract::{FromRequest, Query, Request};
+use axum::extract::{FromRef, FromRequest, Query, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use capstan_field_rules::port;
@@ -31,7 +31,7 @@ pub(super) const PAGE: usize = 50;
 /// The person the request's session stands for, or the answer to give instead: the login
 /// page for a page, `401` with `HX-Redirect` for an htmx request (htmx then loads the login
 /// page), the "cannot answer" page when the store is down.
-pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> std::result::Result<Viewer, Response> {
+pub(super) async fn session(state: &Host, headers: &HeaderMap) -> std::result::Result<Viewer, Response> {
     match current_identity(state, headers).await {
         Ok(Some(identity)) => Ok(identity),
         Ok(None) if headers.contains_key("hx-request") => Err((StatusCode::UNAUTHORIZED, [("hx-redirect", "/login")]).into_response()),
@@ -44,17 +44,20 @@ pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> std::resul
 /// by [`session`] (the login page, or `hx-redirect` for htmx) and the handler never runs.
 pub(super) struct Signed(pub Viewer);
 
-impl axum::extract::FromRequestParts<AppState> for Signed {
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Signed
+where
+    Host: FromRef<S>,
+{
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &AppState) -> std::result::Result<Self, Response> {
-        session(state, &parts.headers).await.map(Signed)
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> std::result::Result<Self, Response> {
+        session(&Host::from_ref(state), &parts.headers).await.map(Signed)
     }
 }
 
 /// A form post: from this host (else `403`), with a session (else to the login page), its
 /// fields read (else `400`/`413`).
-pub(super) async fn post(state: &AppState, request: Request) -> std::result::Result<(Viewer, FormData), Response> {
+pub(super) async fn post(state: &Host, request: Request) -> std::result::Result<(Viewer, FormData), Response> {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(state, &parts.headers) {
         return Err(refused);
@@ -76,14 +79,14 @@ pub(super) async fn post(state: &AppState, request: Request) -> std::result::Res
 /// would: through the registry's one door, which decodes the body strictly, authorizes,
 /// forwards a coordinator-only method to the coordinator (with the session's token) and
 /// records a state-changing call in the audit log.
-pub(super) async fn call(state: &AppState, viewer: &Viewer, name: &str, body: Value) -> Result<Value> {
+pub(super) async fn call(state: &Host, viewer: &Viewer, name: &str, body: Value) -> Result<Value> {
     invoke(state, viewer, "", name, body).await
 }
 
 /// Call `name` as [`call`] does when this host serves it, and `Ok(None)` when it does not
 /// (`method-unknown`): for a method that a host may not have yet (a newer one, or one still
 /// being built), which a view shows as "nothing yet" rather than as a failure.
-pub(super) async fn call_if_served(state: &AppState, viewer: &Viewer, name: &str, body: Value) -> Result<Option<Value>> {
+pub(super) async fn call_if_served(state: &Host, viewer: &Viewer, name: &str, body: Value) -> Result<Option<Value>> {
     if let Err(refusal) = state.methods.resolve(name).await
         && refusal.is("method-unknown")
     {
@@ -98,18 +101,11 @@ pub(super) async fn call_if_served(state: &AppState, viewer: &Viewer, name: &str
 /// name: `plugin-unavailable` (installed but failed to load, with its cause),
 /// `plugin-disabled`, or `plugin-not-loaded` (retryable: first-party plugins are installed in
 /// the background at start).
-pub(super) async fn call_plugin(
-    state: &AppState,
-    viewer: &Viewer,
-    request_id: &str,
-    plugin: &str,
-    method: &str,
-    body: Value,
-) -> Result<Value> {
+pub(super) async fn call_plugin(state: &Host, viewer: &Viewer, request_id: &str, plugin: &str, method: &str, body: Value) -> Result<Value> {
     invoke(state, viewer, request_id, &format!("{plugin}.{method}"), body).await
 }
 
-async fn invoke(state: &AppState, viewer: &Viewer, request_id: &str, name: &str, body: Value) -> Result<Value> {
+async fn invoke(state: &Host, viewer: &Viewer, request_id: &str, name: &str, body: Value) -> Result<Value> {
     let invocation = Invocation::verified(name, viewer, Some(viewer.bearer()), body).with_request_id(request_id);
     let result = async { state.methods.invoke(invocation).await?.into_value() }.await;
     if let Err(refusal) = &result {

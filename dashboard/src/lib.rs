@@ -35,24 +35,26 @@ mod settings;
 mod tasks;
 
 // The server's areas, under the names the views use.
-use capstan_server::{api, auth, inventory, refusal};
+use capstan_server::{api, auth, inventory, refusal, state};
 
-use crate::api::AppState;
-use crate::api::system::{StatusReport, status_report};
-use crate::auth::Identity;
+use crate::auth::{Auth, Identity};
 use crate::refusal::Refusal;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
+use crate::state::AppState;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRef, FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use capstan_core::text::SecretString;
+use capstan_rpc::Registry;
+use capstan_server::plugins::host::PluginHost;
+use capstan_server::system::{StatusReport, System, status_report};
 use minijinja::value::Serde;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior, context};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zeroize::Zeroize;
 
@@ -68,20 +70,42 @@ const FORM_LIMIT: usize = 16 * 1024;
 /// The dashboard's routes, to be merged into the API router (which owns the fallback).
 /// The dashboard as the server serves it: its routes, and its "not found" page for a browser.
 pub fn pages() -> api::Pages {
-    api::Pages { routes: router(), not_found: |headers, path| wants_html(headers, path).then(not_found_page), socket_bearer }
+    api::Pages {
+        routes: router(),
+        not_found: |headers, path| wants_html(headers, path).then(not_found_page),
+        socket_bearer: page_session_bearer,
+    }
+}
+
+/// What the pages reach of the host: authentication (the session cookie), the registered
+/// methods every page acts through, the plugins loaded here (their pages, the rail's entries)
+/// and the public origin (the cookie's `Secure`, the same-origin check). Pages take this part
+/// (`State<Host>`), never the whole host state; the few that need more take that part beside it.
+#[derive(Clone)]
+pub(crate) struct Host {
+    auth: Arc<Auth>,
+    methods: Arc<Registry>,
+    plugins: Arc<PluginHost>,
+    public_origin: String,
+}
+
+impl FromRef<AppState> for Host {
+    fn from_ref(state: &AppState) -> Host {
+        Host {
+            auth: state.auth.clone(),
+            methods: state.methods.clone(),
+            plugins: state.plugins.clone(),
+            public_origin: state.public_origin.clone(),
+        }
+    }
 }
 
 /// The session JWT a page's WebSocket upgrade of `/api/v1/socket` carries in its cookie, so
 /// the page's live updates ([`live`]) open an authenticated socket session while the JWT stays
-/// HttpOnly (never in a page or a script). Only from this host's own pages, judged as a form
-/// post is ([`same_origin`]: a browser's `Sec-Fetch-Site`, else `Origin`): another site's
-/// page cannot open a session with a visitor's cookie. Anything else finds none, and the
-/// socket judges the offer as it would without one.
-fn socket_bearer(state: &AppState, headers: &HeaderMap) -> Option<String> {
-    page_session_bearer(&state.public_origin, headers)
-}
-
-/// [`socket_bearer`] for a host served at `public_origin`.
+/// HttpOnly (never in a page or a script). Only from this host's own pages (served at
+/// `public_origin`), judged as a form post is ([`same_origin`]: a browser's `Sec-Fetch-Site`,
+/// else `Origin`): another site's page cannot open a session with a visitor's cookie. Anything
+/// else finds none, and the socket judges the offer as it would without one.
 fn page_session_bearer(public_origin: &str, headers: &HeaderMap) -> Option<String> {
     let token = session_token(headers)?;
     same_origin(public_origin, headers).then(|| token.to_string())
@@ -333,7 +357,7 @@ fn cookie_attributes(max_age: u64, secure: bool) -> String {
     format!("HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{}", if secure { "; Secure" } else { "" })
 }
 
-fn is_https(state: &AppState) -> bool {
+fn is_https(state: &Host) -> bool {
     state.public_origin.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://"))
 }
 
@@ -365,7 +389,7 @@ fn same_origin(public_origin: &str, headers: &HeaderMap) -> bool {
 
 /// The 403 page for a form post that does not come from this host's pages, `None` when the
 /// post may go on.
-fn refuse_cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+fn refuse_cross_origin(state: &Host, headers: &HeaderMap) -> Option<Response> {
     if same_origin(&state.public_origin, headers) {
         return None;
     }
@@ -420,7 +444,7 @@ impl std::ops::Deref for Viewer {
 
 /// The human session the request's cookie stands for; `None` without a cookie or with one
 /// that no longer authenticates. Other failures (the store is down) are errors.
-async fn current_identity(state: &AppState, headers: &HeaderMap) -> Result<Option<Viewer>, Refusal> {
+async fn current_identity(state: &Host, headers: &HeaderMap) -> Result<Option<Viewer>, Refusal> {
     let Some(token) = session_token(headers) else { return Ok(None) };
     match state.auth.authenticate(token).await {
         Ok(identity) if identity.kind == "human" => Ok(Some(Viewer { identity, bearer: SecretString::new(token.to_string()) })),
@@ -431,7 +455,7 @@ async fn current_identity(state: &AppState, headers: &HeaderMap) -> Result<Optio
 }
 
 /// Off to the login page; a cookie that no longer works is removed on the way.
-fn to_login(state: &AppState, headers: &HeaderMap) -> Response {
+fn to_login(state: &Host, headers: &HeaderMap) -> Response {
     let mut response = see_other("/login");
     if session_token(headers).is_some() {
         clear_session_cookie(&mut response, is_https(state));
@@ -509,7 +533,7 @@ const ADMIN_ONLY: &[&str] = &["fleet", "clusters", "secrets", "plugins", "tasks"
 
 /// The rail with `active` marked: the host's sections, and after Secrets the pages the plugins
 /// loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).
-fn nav(state: &AppState, active: &str) -> Vec<NavItem> {
+fn nav(state: &Host, active: &str) -> Vec<NavItem> {
     let mut items: Vec<NavItem> = SECTIONS
         .iter()
         .map(|&(label, icon, href)| NavItem {
@@ -614,28 +638,28 @@ fn status_context(report: &StatusReport) -> minijinja::Value {
 // Pages
 
 /// `GET /`: who you are, the readiness report, the version.
-async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn overview(State(state): State<Host>, State(system): State<System>, headers: HeaderMap) -> Response {
     let identity = match current_identity(&state, &headers).await {
         Ok(Some(identity)) => identity,
         Ok(None) => return to_login(&state, &headers),
         Err(refusal) => return unavailable(refusal),
     };
-    let report = status_report(&state.system(), identity.is_human_admin()).await;
+    let report = status_report(&system, identity.is_human_admin()).await;
     let ctx = context! {
         page => "Overview",
         nav => Serde(nav(&state, "overview")),
         user => Serde(user_view(&identity)),
-        data_target => state.chain.target().to_string(),
+        data_target => system.chain.target().to_string(),
         ..status_context(&report)
     };
     render(StatusCode::OK, "overview.html", ctx)
 }
 
 /// `GET /overview/status`: the status panel alone, for htmx to refresh in place.
-async fn status_panel(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn status_panel(State(state): State<Host>, State(system): State<System>, headers: HeaderMap) -> Response {
     match current_identity(&state, &headers).await {
         Ok(Some(identity)) => {
-            render(StatusCode::OK, "status.html", status_context(&status_report(&state.system(), identity.is_human_admin()).await))
+            render(StatusCode::OK, "status.html", status_context(&status_report(&system, identity.is_human_admin()).await))
         }
         // htmx follows HX-Redirect with a full page load; a plain request gets the redirect
         Ok(None) if headers.contains_key("hx-request") => (StatusCode::UNAUTHORIZED, [("hx-redirect", "/login")]).into_response(),
@@ -651,7 +675,7 @@ fn login_form(status: StatusCode, error: Option<&str>, username: &str) -> Respon
 }
 
 /// `GET /login`: the form; a browser that is already logged in goes to the overview.
-async fn login_page(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn login_page(State(state): State<Host>, headers: HeaderMap) -> Response {
     match current_identity(&state, &headers).await {
         Ok(Some(_)) => see_other("/"),
         _ => login_form(StatusCode::OK, None, ""),
@@ -667,7 +691,7 @@ struct LoginForm {
 }
 
 /// `POST /login` (form-encoded): on success the session cookie and a 303 to `/`.
-async fn login(State(state): State<AppState>, request: Request) -> Response {
+async fn login(State(state): State<Host>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
@@ -719,7 +743,7 @@ async fn login(State(state): State<AppState>, request: Request) -> Response {
 }
 
 /// `POST /logout`: end the session, remove the cookie, back to the login page.
-async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn logout(State(state): State<Host>, headers: HeaderMap) -> Response {
     if let Some(refused) = refuse_cross_origin(&state, &headers) {
         return refused;
     }

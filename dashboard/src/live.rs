@@ -21,8 +21,8 @@
 
 use super::forms::{call, query_of, session};
 use super::render;
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -54,7 +54,7 @@ fn areas_of(text: &str) -> Vec<&'static str> {
 }
 
 /// Wait through `events.watch` until an event of `areas` committed after `after`.
-async fn watch(state: &AppState, identity: &Viewer, after: u64, areas: &[&str]) -> crate::refusal::Result<Watched> {
+async fn watch(state: &Host, identity: &Viewer, after: u64, areas: &[&str]) -> crate::refusal::Result<Watched> {
     let answer = call(state, identity, "events.watch", json!({ "after": after, "areas": areas })).await?;
     serde_json::from_value(answer).map_err(crate::refusal::Refusal::internal)
 }
@@ -67,7 +67,7 @@ pub(super) fn element(head: u64, areas: &[&str]) -> minijinja::Value {
 /// The outbox's head now, for a page about to read what it shows (read first, so a change
 /// committed while the page is read is still announced). `0` when it cannot be read: the
 /// first poll then finds whatever is there and the panels refresh once.
-pub(super) async fn head(state: &AppState, identity: &Viewer) -> u64 {
+pub(super) async fn head(state: &Host, identity: &Viewer) -> u64 {
     match call(state, identity, "events.head", json!({})).await.map(|answer| answer["head"].as_u64()) {
         Ok(Some(head)) => head,
         Ok(None) => 0,
@@ -79,7 +79,7 @@ pub(super) async fn head(state: &AppState, identity: &Viewer) -> u64 {
 }
 
 /// `GET /live/wait?after=<sequence>&areas=<a,b>`.
-pub(super) async fn wait(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+pub(super) async fn wait(State(state): State<Host>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match session(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,

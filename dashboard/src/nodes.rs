@@ -11,8 +11,8 @@
 use super::fleet::ago;
 use super::forms::{ErrorView, Flash, Signed, call, encode, number, post, query_of, redirect, status_of, str_of, u64_of};
 use super::{nav, now_secs, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::Refusal;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -110,7 +110,7 @@ fn report_facts(report: &Value) -> Vec<Fact> {
 }
 
 /// The cluster a page is about: its id and name (the id when it cannot be read).
-async fn cluster_name(state: &AppState, identity: &Viewer, cluster_id: &str) -> std::result::Result<String, Refusal> {
+async fn cluster_name(state: &Host, identity: &Viewer, cluster_id: &str) -> std::result::Result<String, Refusal> {
     call(state, identity, "clusters.get", json!({ "id": cluster_id })).await.map(|c| str_of(&c, "name").to_string())
 }
 
@@ -124,7 +124,7 @@ struct JumpForm {
     ttl_minutes: String,
 }
 
-async fn list_context(state: &AppState, identity: &Viewer, cluster_id: &str) -> minijinja::Value {
+async fn list_context(state: &Host, identity: &Viewer, cluster_id: &str) -> minijinja::Value {
     let listing = call(state, identity, "nodes.list", json!({ "clusterId": cluster_id, "limit": LISTED })).await;
     let (rows, error, more) = match &listing {
         Ok(page) => {
@@ -144,7 +144,7 @@ async fn list_context(state: &AppState, identity: &Viewer, cluster_id: &str) -> 
 }
 
 async fn nodes_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     cluster_id: &str,
     status: StatusCode,
@@ -177,7 +177,7 @@ pub(super) struct DoneQuery {
 }
 
 /// `GET /clusters/{id}/nodes`.
-pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, Path(cluster_id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, Path(cluster_id): Path<String>, uri: Uri) -> Response {
     let flash = match query_of::<DoneQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("deleted") => Some(Flash::done("Node deleted", "Its record is gone; its hostname is free in the cluster.")),
         _ => None,
@@ -186,13 +186,13 @@ pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed
 }
 
 /// `GET /clusters/{id}/nodes/panel`: the node table alone, for htmx (every few seconds).
-pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, Path(cluster_id): Path<String>) -> Response {
+pub(super) async fn panel(State(state): State<Host>, Signed(identity): Signed, Path(cluster_id): Path<String>) -> Response {
     render(StatusCode::OK, "nodes_panel.html", list_context(&state, &identity, &cluster_id).await)
 }
 
 /// `POST /clusters/{id}/nodes/jump` (`nodeName`, `ttlMinutes`): `nodes.createJumpCommand`; the
 /// command is shown on the answer page once, never again.
-pub(super) async fn jump(State(state): State<AppState>, Path(cluster_id): Path<String>, request: Request) -> Response {
+pub(super) async fn jump(State(state): State<Host>, Path(cluster_id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -235,7 +235,7 @@ pub(super) async fn jump(State(state): State<AppState>, Path(cluster_id): Path<S
 // ---------------------------------------------------------------------------------------
 // One node
 
-async fn node_page(state: &AppState, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
     let read = call(state, identity, "nodes.get", json!({ "id": id })).await;
     let credential = call(state, identity, "nodes.getCredential", json!({ "nodeId": id })).await;
     let status = match (&read, status) {
@@ -277,7 +277,7 @@ async fn node_page(state: &AppState, identity: &Viewer, id: &str, status: Status
 }
 
 /// `GET /nodes/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn detail(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let flash = match query_of::<DoneQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("hostname") => Some(Flash::done(
             "Hostname intent stored",
@@ -293,7 +293,7 @@ pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Sign
 
 /// Call `method` with `body` for node `id` from a form: to the node's page with `done` on
 /// success, or the page again with the refusal.
-async fn act(state: &AppState, identity: &Viewer, id: &str, method: &str, body: Value, done: &str, refused: &str) -> Response {
+async fn act(state: &Host, identity: &Viewer, id: &str, method: &str, body: Value, done: &str, refused: &str) -> Response {
     match call(state, identity, method, body).await {
         Ok(_) => redirect(&format!("/nodes/{}?done={done}", encode(id))),
         Err(refusal) => {
@@ -304,7 +304,7 @@ async fn act(state: &AppState, identity: &Viewer, id: &str, method: &str, body: 
 }
 
 /// `POST /nodes/{id}/hostname` (`expectedGeneration`, `hostname`): `nodes.setHostname`.
-pub(super) async fn set_hostname(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn set_hostname(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -314,7 +314,7 @@ pub(super) async fn set_hostname(State(state): State<AppState>, Path(id): Path<S
 }
 
 /// `POST /nodes/{id}/hostname/reset` (`expectedGeneration`, `name`): `nodes.resetHostname`.
-pub(super) async fn reset_hostname(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn reset_hostname(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -328,7 +328,7 @@ pub(super) async fn reset_hostname(State(state): State<AppState>, Path(id): Path
 
 /// `POST /nodes/{id}/rotate` (`expectedGeneration`, `tokenSha256`): `nodes.rotateCredential`
 /// with a fresh mutation id.
-pub(super) async fn rotate(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn rotate(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -399,17 +399,13 @@ impl Confirmed {
 }
 
 /// `GET /nodes/{id}/{action}` (`revoke`, `retire`, `delete`): what it does, and the button.
-pub(super) async fn confirm(
-    State(state): State<AppState>,
-    Signed(identity): Signed,
-    Path((id, action)): Path<(String, String)>,
-) -> Response {
+pub(super) async fn confirm(State(state): State<Host>, Signed(identity): Signed, Path((id, action)): Path<(String, String)>) -> Response {
     let Some(confirmed) = Confirmed::of(&action) else { return super::not_found_page() };
     confirm_page(&state, &identity, &id, confirmed, StatusCode::OK, None).await
 }
 
 async fn confirm_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     confirmed: Confirmed,
@@ -451,7 +447,7 @@ async fn confirm_page(
 
 /// `POST /nodes/{id}/{action}`: the confirmed action, against the revision (or credential
 /// generation) the confirmation page read.
-pub(super) async fn confirmed(State(state): State<AppState>, Path((id, action)): Path<(String, String)>, request: Request) -> Response {
+pub(super) async fn confirmed(State(state): State<Host>, Path((id, action)): Path<(String, String)>, request: Request) -> Response {
     let Some(confirmed) = Confirmed::of(&action) else { return super::not_found_page() };
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,

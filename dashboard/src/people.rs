@@ -13,9 +13,10 @@
 
 use super::forms::{ErrorView, Flash, FormData, Signed, call, encode, post, redirect, status_of, str_of, u64_of, when};
 use super::{message_page, nav, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
+use crate::state::AppState;
 use axum::Router;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
@@ -50,7 +51,7 @@ fn forbidden(what: &str) -> Response {
 /// The most people one page reads (pages of 100).
 const MAX_PAGES: usize = 100;
 
-async fn all_people(state: &AppState, identity: &Viewer) -> Result<Vec<Value>> {
+async fn all_people(state: &Host, identity: &Viewer) -> Result<Vec<Value>> {
     let (mut people, mut cursor) = (Vec::new(), None::<String>);
     for _ in 0..MAX_PAGES {
         let page = call(state, identity, "users.list", json!({ "cursor": cursor, "limit": 100 })).await?;
@@ -86,13 +87,7 @@ struct Generated {
     password: String,
 }
 
-async fn render_users(
-    state: &AppState,
-    identity: &Viewer,
-    status: StatusCode,
-    flash: Option<Flash>,
-    generated: Option<Generated>,
-) -> Response {
+async fn render_users(state: &Host, identity: &Viewer, status: StatusCode, flash: Option<Flash>, generated: Option<Generated>) -> Response {
     let (people, error) = match all_people(state, identity).await {
         Ok(people) => (people, None),
         Err(refusal) => (Vec::new(), Some(ErrorView::from(&refusal))),
@@ -127,7 +122,7 @@ async fn render_users(
 }
 
 /// `GET /users`.
-async fn users_page(State(state): State<AppState>, Signed(identity): Signed) -> Response {
+async fn users_page(State(state): State<Host>, Signed(identity): Signed) -> Response {
     if !identity.is_human_admin() {
         return forbidden("users");
     }
@@ -135,7 +130,7 @@ async fn users_page(State(state): State<AppState>, Signed(identity): Signed) -> 
 }
 
 /// `POST /users`: create a person; the generated password is on this answer only.
-async fn create_user(State(state): State<AppState>, request: Request) -> Response {
+async fn create_user(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -164,7 +159,7 @@ fn refused(title: &str, refusal: &Refusal) -> Flash {
 }
 
 /// `POST /users/{id}/{disable|enable|reset-password|revoke-sessions}` with the generation read.
-async fn user_action(State(state): State<AppState>, Path((id, action)): Path<(String, String)>, request: Request) -> Response {
+async fn user_action(State(state): State<Host>, Path((id, action)): Path<(String, String)>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -211,11 +206,11 @@ struct OrganizationRow {
 }
 
 /// `GET /organizations`: every organization for an administrator, one's own for anyone else.
-async fn organizations_page(State(state): State<AppState>, Signed(identity): Signed) -> Response {
+async fn organizations_page(State(state): State<Host>, Signed(identity): Signed) -> Response {
     render_organizations(&state, &identity, StatusCode::OK, None, "").await
 }
 
-async fn render_organizations(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
+async fn render_organizations(state: &Host, identity: &Viewer, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
     let (rows, error) = match call(state, identity, "organizations.list", json!({ "limit": 200 })).await {
         Ok(answer) => {
             let rows = answer["items"]
@@ -245,7 +240,7 @@ async fn render_organizations(state: &AppState, identity: &Viewer, status: Statu
 }
 
 /// `POST /organizations`: create one (administrators).
-async fn create_organization(State(state): State<AppState>, request: Request) -> Response {
+async fn create_organization(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -266,7 +261,7 @@ struct MemberRow {
     role: String,
 }
 
-async fn render_organization(state: &AppState, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn render_organization(state: &Host, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
     let organization = match call(state, identity, "organizations.get", json!({ "id": id })).await {
         Ok(organization) => organization,
         Err(refusal) => {
@@ -309,18 +304,13 @@ async fn render_organization(state: &AppState, identity: &Viewer, id: &str, stat
 }
 
 /// `GET /organizations/{id}`: its members and their roles.
-async fn organization_page(
-    State(state): State<AppState>,
-    Signed(identity): Signed,
-    Path(id): Path<String>,
-    uri: axum::http::Uri,
-) -> Response {
+async fn organization_page(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: axum::http::Uri) -> Response {
     let flash = uri.query().is_some_and(|q| q.contains("created=1")).then(|| Flash::done("Organization created", "Give it members below."));
     render_organization(&state, &identity, &id, StatusCode::OK, flash).await
 }
 
 /// `POST /organizations/{id}/rename` with the revision read.
-async fn rename_organization(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+async fn rename_organization(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -337,7 +327,7 @@ async fn rename_organization(State(state): State<AppState>, Path(id): Path<Strin
 
 /// The user a member form names: an id as it is; a username looked up among people when the
 /// caller may list them (administrators), else refused by name.
-async fn member_id(state: &AppState, identity: &Viewer, form: &FormData) -> Result<String> {
+async fn member_id(state: &Host, identity: &Viewer, form: &FormData) -> Result<String> {
     let given = form.text("user");
     if let Some(id) = form.0.iter().find(|(k, _)| k == "userId").map(|(_, v)| v.trim()).filter(|v| !v.is_empty()) {
         return Ok(id.to_string());
@@ -359,7 +349,7 @@ async fn member_id(state: &AppState, identity: &Viewer, form: &FormData) -> Resu
 
 /// `POST /organizations/{id}/members`: give a person a role, change it, or remove them
 /// (`role` = `none`).
-async fn set_member(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+async fn set_member(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -399,7 +389,7 @@ struct PublisherRow {
     configured: bool,
 }
 
-async fn render_publishers(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn render_publishers(state: &Host, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
     let (rows, error) = match call(state, identity, "plugins.listTrustedPublishers", json!({})).await {
         Ok(answer) => {
             let mut rows: Vec<PublisherRow> = answer["added"]
@@ -444,7 +434,7 @@ async fn render_publishers(state: &AppState, identity: &Viewer, status: StatusCo
 }
 
 /// `GET /publishers`.
-async fn publishers_page(State(state): State<AppState>, Signed(identity): Signed) -> Response {
+async fn publishers_page(State(state): State<Host>, Signed(identity): Signed) -> Response {
     if !identity.is_human_admin() {
         return forbidden("publishers");
     }
@@ -452,7 +442,7 @@ async fn publishers_page(State(state): State<AppState>, Signed(identity): Signed
 }
 
 /// `POST /publishers`: trust a key under a name.
-async fn add_publisher(State(state): State<AppState>, request: Request) -> Response {
+async fn add_publisher(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -469,7 +459,7 @@ async fn add_publisher(State(state): State<AppState>, request: Request) -> Respo
 }
 
 /// `POST /publishers/remove`: stop trusting a key.
-async fn remove_publisher(State(state): State<AppState>, request: Request) -> Response {
+async fn remove_publisher(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,

@@ -14,8 +14,10 @@
 
 use super::forms::{Flash, FormData, call_plugin, encode, post, redirect, status_of};
 use super::{message_page, nav, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::{AppState, RequestId};
+use crate::api::RequestId;
+use crate::state::BodyLimit;
 use axum::Extension;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -351,7 +353,7 @@ fn request_id(extension: Option<Extension<RequestId>>) -> String {
 }
 
 /// No such page: a plugin that is not serving here says why (`plugin-not-loaded`, …).
-async fn not_found(state: &AppState, plugin: &str) -> Response {
+async fn not_found(state: &Host, plugin: &str) -> Response {
     if state.plugins.get(plugin).is_none()
         && let Err(refusal) = state.methods.resolve(&format!("{plugin}.-")).await
         && refusal.code != "method-unknown"
@@ -371,7 +373,7 @@ async fn not_found(state: &AppState, plugin: &str) -> Response {
 }
 
 /// The loaded plugin and its page at `path`.
-fn find(state: &AppState, plugin: &str, path: &str) -> Option<(Arc<Active>, PageDecl)> {
+fn find(state: &Host, plugin: &str, path: &str) -> Option<(Arc<Active>, PageDecl)> {
     let active = state.plugins.get(plugin)?;
     let page = active.described.pages.iter().find(|p| p.path == path)?.clone();
     Some((active, page))
@@ -397,7 +399,7 @@ struct Organization {
 }
 
 /// The organizations the person may see, for pickers (none when they cannot be read).
-async fn organizations(state: &AppState, identity: &Viewer) -> Vec<Organization> {
+async fn organizations(state: &Host, identity: &Viewer) -> Vec<Organization> {
     match super::forms::call(state, identity, "organizations.list", json!({ "limit": 500 })).await {
         Ok(listing) => {
             let mut all: Vec<Organization> = listing["items"]
@@ -423,7 +425,7 @@ fn missing_fields(schema: &Value, params: &[(String, String)]) -> Vec<FieldView>
 }
 
 async fn show(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     request_id: &str,
     active: &Active,
@@ -563,7 +565,7 @@ fn encode_pairs(pairs: &[(String, String)]) -> String {
 
 /// `GET /p/{plugin}`: the plugin's first page.
 pub(super) async fn index(
-    State(state): State<AppState>,
+    State(state): State<Host>,
     super::forms::Signed(identity): super::forms::Signed,
     Path(plugin): Path<String>,
     id: Option<Extension<RequestId>>,
@@ -577,7 +579,7 @@ pub(super) async fn index(
 
 /// `GET /p/{plugin}/{*path}`.
 pub(super) async fn page(
-    State(state): State<AppState>,
+    State(state): State<Host>,
     super::forms::Signed(identity): super::forms::Signed,
     Path((plugin, path)): Path<(String, String)>,
     id: Option<Extension<RequestId>>,
@@ -597,9 +599,14 @@ pub(super) async fn page(
 ///
 /// It reads as much as the API would take for the method (`CAPSTAN_MAX_BODY_BYTES`),
 /// form-encoded (up to three bytes per character).
-pub(super) async fn call(State(state): State<AppState>, Path((plugin, method)): Path<(String, String)>, request: Request) -> Response {
+pub(super) async fn call(
+    State(state): State<Host>,
+    State(BodyLimit(max_body_bytes)): State<BodyLimit>,
+    Path((plugin, method)): Path<(String, String)>,
+    request: Request,
+) -> Response {
     let id = request.extensions().get::<RequestId>().map(|id| id.0.clone()).unwrap_or_default();
-    let limit = state.max_body_bytes.saturating_mul(3).max(super::FORM_LIMIT);
+    let limit = max_body_bytes.saturating_mul(3).max(super::FORM_LIMIT);
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,

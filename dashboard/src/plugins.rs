@@ -15,13 +15,14 @@
 
 use super::forms::call;
 use super::{current_identity, message_page, nav, refuse_cross_origin, render, rfc3339, to_login, unavailable, user_view, utc};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
 use axum::Form;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use capstan_server::blobs::Blobs;
 use capstan_server::plugins::bundle::{Inspection, MAX_BUNDLE_BYTES, PublisherKey};
 use capstan_server::plugins::methods::{PluginList, PluginView, PublisherList, UploadView};
 use capstan_server::plugins::uploads::{Spool, too_large};
@@ -146,13 +147,13 @@ fn size(bytes: usize) -> String {
 }
 
 /// Call the `plugins.*` method `name` as `identity` and read its answer as `T`.
-async fn call_as<T: serde::de::DeserializeOwned>(state: &AppState, identity: &Viewer, name: &str, body: serde_json::Value) -> Result<T> {
+async fn call_as<T: serde::de::DeserializeOwned>(state: &Host, identity: &Viewer, name: &str, body: serde_json::Value) -> Result<T> {
     let answer = call(state, identity, name, body).await?;
     serde_json::from_value(answer).map_err(|e| Refusal::internal(format!("{name} answered an unexpected shape: {e}")))
 }
 
 /// The trusted publishers' names by fingerprint (`configured` for keys from configuration).
-async fn publisher_names(state: &AppState, identity: &Viewer) -> HashMap<String, String> {
+async fn publisher_names(state: &Host, identity: &Viewer) -> HashMap<String, String> {
     match call_as::<PublisherList>(state, identity, "plugins.listTrustedPublishers", serde_json::json!({})).await {
         Ok(list) => {
             let configured =
@@ -212,7 +213,7 @@ fn row_view(view: PluginView, names: &HashMap<String, String>) -> RowView {
 }
 
 /// The installed plugins as the table shows them.
-async fn rows(state: &AppState, identity: &Viewer) -> Result<Vec<RowView>> {
+async fn rows(state: &Host, identity: &Viewer) -> Result<Vec<RowView>> {
     let list: PluginList = call_as(state, identity, "plugins.list", serde_json::json!({})).await?;
     let names = publisher_names(state, identity).await;
     Ok(list.plugins.into_iter().map(|view| row_view(view, &names)).collect())
@@ -267,7 +268,7 @@ fn forbidden() -> Response {
 }
 
 /// The administrator the request's session stands for, or the answer to give instead.
-async fn admin(state: &AppState, headers: &HeaderMap) -> std::result::Result<Viewer, Response> {
+async fn admin(state: &Host, headers: &HeaderMap) -> std::result::Result<Viewer, Response> {
     match current_identity(state, headers).await {
         Ok(Some(identity)) if identity.is_human_admin() => Ok(identity),
         Ok(Some(_)) => Err(forbidden()),
@@ -299,7 +300,7 @@ enum Banner<'a> {
 }
 
 /// The page: the list (or why it could not be read), the install form, and a banner.
-async fn list_page(state: &AppState, identity: &Viewer, status: StatusCode, banner: Banner<'_>) -> Response {
+async fn list_page(state: &Host, identity: &Viewer, status: StatusCode, banner: Banner<'_>) -> Response {
     let (plugins, error) = match rows(state, identity).await {
         Ok(rows) => (Some(rows), None),
         Err(refusal) => {
@@ -324,7 +325,7 @@ async fn list_page(state: &AppState, identity: &Viewer, status: StatusCode, bann
 }
 
 /// The page with a refusal in its banner, answered with the refusal's status.
-async fn refused_page(state: &AppState, identity: &Viewer, action: &str, title: &str, refusal: Refusal, after: &str) -> Response {
+async fn refused_page(state: &Host, identity: &Viewer, action: &str, title: &str, refusal: Refusal, after: &str) -> Response {
     log_refusal(action, &refusal);
     let status = status_of(&refusal);
     let mut response = list_page(state, identity, status, Banner::Flash(Flash::refused(title, &refusal, after))).await;
@@ -337,7 +338,7 @@ async fn refused_page(state: &AppState, identity: &Viewer, action: &str, title: 
 
 /// The approval step for a kept upload; after a refusal, with it in the banner and its status.
 async fn approval_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     upload: String,
     upgrade: bool,
@@ -419,7 +420,7 @@ fn done_flash(query: &DoneQuery, rows: Option<&[RowView]>) -> Option<Flash> {
 }
 
 /// `GET /plugins`: the installed plugins and the install form.
-pub(super) async fn page(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, headers: HeaderMap, uri: Uri) -> Response {
     let identity = match admin(&state, &headers).await {
         Ok(identity) => identity,
         Err(response) => return response,
@@ -465,7 +466,7 @@ async fn small_field(mut field: axum::extract::multipart::Field<'_>) -> Result<S
 
 /// The upload form: `bundle` (the file), and from an Upgrade button `intent=upgrade` and
 /// `plugin=<id>`. Other fields are skipped.
-async fn read_upload_form(request: Request, state: &AppState) -> Result<UploadForm> {
+async fn read_upload_form(request: Request, state: &Host) -> Result<UploadForm> {
     let mut multipart = Multipart::from_request(request, state).await.map_err(|rejection| {
         Refusal::new("unsupported-media-type", "the bundle is sent as a multipart/form-data upload").detail(rejection.body_text())
     })?;
@@ -490,7 +491,7 @@ async fn read_upload_form(request: Request, state: &AppState) -> Result<UploadFo
 
 /// `POST /plugins/inspect` (multipart): keep the uploaded bundle and show what it requests
 /// for approval. A bundle that does not parse is refused by name and nothing is kept.
-pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn inspect(State(state): State<Host>, State(blobs): State<Blobs>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
@@ -515,7 +516,7 @@ pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> 
             return refused_page(&state, &identity, "inspect", title, refusal, "").await;
         }
     };
-    let (upload, inspection) = match spool.keep(&state.blobs, &identity.username).await {
+    let (upload, inspection) = match spool.keep(&blobs, &identity.username).await {
         Ok(kept) => kept,
         Err(refusal) => return refused_page(&state, &identity, "inspect", title, refusal, "Nothing was kept.").await,
     };
@@ -536,7 +537,7 @@ pub(super) async fn inspect(State(state): State<AppState>, request: Request) -> 
 }
 
 /// Drop a kept upload through `plugins.discardUpload` (best effort: a refusal is logged).
-async fn discard_upload(state: &AppState, identity: &Viewer, upload: &str) {
+async fn discard_upload(state: &Host, identity: &Viewer, upload: &str) {
     let _ = call(state, identity, "plugins.discardUpload", serde_json::json!({ "upload": upload })).await;
 }
 
@@ -545,7 +546,7 @@ async fn discard_upload(state: &AppState, identity: &Viewer, upload: &str) {
 
 /// The form body as pairs (repeated `approve` fields included), or the page that refuses it.
 async fn read_pairs(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     action: &str,
     request: Request,
@@ -570,7 +571,7 @@ fn field<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
 /// Run an approved install or upgrade of a kept upload. On success the upload is dropped; on
 /// `capabilities-not-approved` or a refusal worth retrying the approval step is shown again
 /// (the upload is kept); on any other refusal the upload is dropped and the list says why.
-async fn confirm(state: AppState, request: Request, upgrade: bool) -> Response {
+async fn confirm(state: Host, request: Request, upgrade: bool) -> Response {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
@@ -618,17 +619,17 @@ async fn confirm(state: AppState, request: Request, upgrade: bool) -> Response {
 }
 
 /// `POST /plugins/install` (`upload`, `approve`…): install an inspected upload.
-pub(super) async fn install(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn install(State(state): State<Host>, request: Request) -> Response {
     confirm(state, request, false).await
 }
 
 /// `POST /plugins/upgrade` (`upload`, `approve`…): upgrade to an inspected upload.
-pub(super) async fn upgrade(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn upgrade(State(state): State<Host>, request: Request) -> Response {
     confirm(state, request, true).await
 }
 
 /// `POST /plugins/discard` (`upload`): drop an upload that will not be installed.
-pub(super) async fn discard(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn discard(State(state): State<Host>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
@@ -659,7 +660,7 @@ enum Lifecycle {
     Rebind,
 }
 
-async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response {
+async fn lifecycle(state: Host, request: Request, op: Lifecycle) -> Response {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(&state, &parts.headers) {
         return refused;
@@ -695,23 +696,23 @@ async fn lifecycle(state: AppState, request: Request, op: Lifecycle) -> Response
 }
 
 /// `POST /plugins/rollback` (`id`): back to the version before the last upgrade.
-pub(super) async fn rollback(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn rollback(State(state): State<Host>, request: Request) -> Response {
     lifecycle(state, request, Lifecycle::Rollback).await
 }
 
 /// `POST /plugins/disable` (`id`): stop serving a plugin; its data stays.
-pub(super) async fn disable(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn disable(State(state): State<Host>, request: Request) -> Response {
     lifecycle(state, request, Lifecycle::Disable).await
 }
 
 /// `POST /plugins/rebind` (`id`, `publicKey`): let another trusted publisher sign the plugin's
 /// next upgrade (`plugins.rebindPublisher`, which asks for a fresh login).
-pub(super) async fn rebind(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn rebind(State(state): State<Host>, request: Request) -> Response {
     lifecycle(state, request, Lifecycle::Rebind).await
 }
 
 /// `POST /plugins/enable` (`id`): serve a disabled plugin again.
-pub(super) async fn enable(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn enable(State(state): State<Host>, request: Request) -> Response {
     lifecycle(state, request, Lifecycle::Enable).await
 }
 

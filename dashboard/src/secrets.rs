@@ -24,8 +24,8 @@ use super::forms::{
 };
 use super::services::organizations;
 use super::{live, nav, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -107,7 +107,7 @@ fn owner_ref(owner: &Value) -> Result<String> {
 }
 
 /// The recipient a form seals to, for `method` and the owner reference `owner`.
-async fn seal_view(state: &AppState, identity: &Viewer, method: &'static str, owner: Result<String>) -> Result<SealView> {
+async fn seal_view(state: &Host, identity: &Viewer, method: &'static str, owner: Result<String>) -> Result<SealView> {
     let owner = owner?;
     let recipient = call(state, identity, "secrets.getIngressRecipient", json!({})).await?;
     Ok(SealView {
@@ -273,7 +273,7 @@ fn set_view(value: &Value) -> SetView {
 }
 
 /// An organization's SecretSets (up to one page of the most the API lists), by name.
-async fn organization_sets(state: &AppState, identity: &Viewer, organization_id: &str) -> Result<Vec<SetView>> {
+async fn organization_sets(state: &Host, identity: &Viewer, organization_id: &str) -> Result<Vec<SetView>> {
     let body = json!({ "organizationId": organization_id, "limit": crate::inventory::MAX_PAGE });
     let listing = call(state, identity, "secrets.listSecretSets", body).await?;
     let mut sets: Vec<SetView> = listing["items"].as_array().into_iter().flatten().map(set_view).collect();
@@ -300,7 +300,7 @@ impl SetTyped {
 }
 
 async fn index_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     status: StatusCode,
     org: Option<&str>,
@@ -354,7 +354,7 @@ async fn index_page(
 
 /// `GET /secrets?org=<id>`: the organization picker, its services (each a link to its
 /// secrets) and its SecretSets.
-pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let query: IndexQuery = query_of(&uri).unwrap_or_default();
     index_page(&state, &identity, StatusCode::OK, query.org.as_deref(), None, SetTyped::default()).await
 }
@@ -372,7 +372,7 @@ struct ServiceHead {
     organization_href: String,
 }
 
-async fn service_head(state: &AppState, identity: &Viewer, id: &str) -> Result<ServiceHead> {
+async fn service_head(state: &Host, identity: &Viewer, id: &str) -> Result<ServiceHead> {
     let service = call(state, identity, "services.get", json!({ "id": id })).await?;
     let organization_id = str_of(&service, "organizationId").to_string();
     // the organization's name is a courtesy: its id stands in when it cannot be read
@@ -396,7 +396,7 @@ fn service_owner(id: &str) -> Value {
 
 /// The list panel's context: one page of an owner's secrets (shown on the page at `base`),
 /// or the refusal.
-async fn list_context(state: &AppState, identity: &Viewer, owner: Value, base: &str, cursor: Option<&str>) -> minijinja::Value {
+async fn list_context(state: &Host, identity: &Viewer, owner: Value, base: &str, cursor: Option<&str>) -> minijinja::Value {
     let mut body = json!({ "owner": owner, "limit": PAGE });
     let mut panel_href = format!("{base}/panel");
     if let Some(cursor) = cursor {
@@ -464,7 +464,7 @@ fn source_view(from: &Value, sets: &[SetView]) -> SourceView {
 }
 
 /// The service's SecretSets (attached, attachable) and what resolves from where.
-async fn resolution_context(state: &AppState, identity: &Viewer, service: &ServiceHead) -> minijinja::Value {
+async fn resolution_context(state: &Host, identity: &Viewer, service: &ServiceHead) -> minijinja::Value {
     let sets = organization_sets(state, identity, &service.organization_id).await.unwrap_or_default();
     let configuration = call(state, identity, "secrets.getServiceConfiguration", json!({ "serviceId": service.id })).await;
     let (attachments, attachable, secrets_revision, configuration_error) = match &configuration {
@@ -535,7 +535,7 @@ async fn resolution_context(state: &AppState, identity: &Viewer, service: &Servi
 }
 
 async fn service_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
@@ -583,13 +583,13 @@ async fn service_page(
 }
 
 /// `GET /secrets/services/{id}`: the service's secrets and the create form.
-pub(super) async fn service(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn service(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     service_page(&state, &identity, &id, StatusCode::OK, done_flash(&query), Typed::default(), query.cursor.as_deref()).await
 }
 
 /// `GET /secrets/services/{id}/panel?cursor=`: the list alone, for htmx.
-pub(super) async fn service_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn service_panel(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     let base = format!("/secrets/services/{}", encode(&id));
     let ctx = list_context(&state, &identity, service_owner(&id), &base, query.cursor.as_deref()).await;
@@ -597,7 +597,7 @@ pub(super) async fn service_panel(State(state): State<AppState>, Signed(identity
 }
 
 /// `POST /secrets/services/{id}/create` (`key`, `environment`, `sealed`).
-pub(super) async fn create(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn create(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -623,7 +623,7 @@ pub(super) async fn create(State(state): State<AppState>, Path(id): Path<String>
 
 /// `POST /secrets/services/{id}/attach` and `…/detach` (`secretSetId`,
 /// `expectedSecretsRevision`).
-async fn change_attachment(state: AppState, id: String, request: Request, attach: bool) -> Response {
+async fn change_attachment(state: Host, id: String, request: Request, attach: bool) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -650,11 +650,11 @@ async fn change_attachment(state: AppState, id: String, request: Request, attach
     }
 }
 
-pub(super) async fn attach(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn attach(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     change_attachment(state, id, request, true).await
 }
 
-pub(super) async fn detach(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn detach(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     change_attachment(state, id, request, false).await
 }
 
@@ -666,7 +666,7 @@ fn set_owner(set: &SetView) -> Value {
 }
 
 /// A SecretSet, the services it is attached to (by name, with links), its organization's name.
-async fn read_set(state: &AppState, identity: &Viewer, id: &str) -> Result<(SetView, Vec<ServiceLink>, String)> {
+async fn read_set(state: &Host, identity: &Viewer, id: &str) -> Result<(SetView, Vec<ServiceLink>, String)> {
     let detail = call(state, identity, "secrets.getSecretSet", json!({ "id": id })).await?;
     let set = set_view(&detail);
     let ids: Vec<&str> = detail["attachedServiceIds"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
@@ -696,7 +696,7 @@ async fn read_set(state: &AppState, identity: &Viewer, id: &str) -> Result<(SetV
 
 #[allow(clippy::too_many_arguments)]
 async fn set_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
@@ -756,13 +756,13 @@ async fn set_page(
 }
 
 /// `GET /secrets/sets/{id}`: the SecretSet, its member secrets, its forms.
-pub(super) async fn set(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn set(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     set_page(&state, &identity, &id, StatusCode::OK, done_flash(&query), Typed::default(), None, query.cursor.as_deref()).await
 }
 
 /// `GET /secrets/sets/{id}/panel?cursor=`: the member list alone, for htmx.
-pub(super) async fn set_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn set_panel(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DoneQuery = query_of(&uri).unwrap_or_default();
     let base = format!("/secrets/sets/{}", encode(&id));
     let ctx = match call(&state, &identity, "secrets.getSecretSet", json!({ "id": id })).await {
@@ -775,7 +775,7 @@ pub(super) async fn set_panel(State(state): State<AppState>, Signed(identity): S
 }
 
 /// `POST /secrets/sets/create` (`organizationId`, `name`, `description`).
-pub(super) async fn create_set(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn create_set(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -799,7 +799,7 @@ pub(super) async fn create_set(State(state): State<AppState>, request: Request) 
 }
 
 /// `POST /secrets/sets/{id}/create` (`key`, `environment`, `sealed`): a member secret.
-pub(super) async fn create_member(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn create_member(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -824,7 +824,7 @@ pub(super) async fn create_member(State(state): State<AppState>, Path(id): Path<
 }
 
 /// `POST /secrets/sets/{id}/update` (`expectedRevision`, `name`, `description`).
-pub(super) async fn update_set(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn update_set(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -850,7 +850,7 @@ pub(super) async fn update_set(State(state): State<AppState>, Path(id): Path<Str
     }
 }
 
-async fn retire_page(state: &AppState, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
+async fn retire_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>, typed: &str) -> Response {
     let read = read_set(state, identity, id).await;
     let status = match (&read, status) {
         (Err(refusal), StatusCode::OK) => status_of(refusal),
@@ -876,12 +876,12 @@ async fn retire_page(state: &AppState, identity: &Viewer, id: &str, status: Stat
 }
 
 /// `GET /secrets/sets/{id}/retire`: the confirmation step.
-pub(super) async fn confirm_retire(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn confirm_retire(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     retire_page(&state, &identity, &id, StatusCode::OK, None, "").await
 }
 
 /// `POST /secrets/sets/{id}/retire` (`expectedRevision`, `confirm`: the set's name).
-pub(super) async fn retire(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn retire(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -962,7 +962,7 @@ struct SecretRead {
     history: Vec<VersionRow>,
 }
 
-async fn read_secret(state: &AppState, identity: &Viewer, id: &str) -> Result<SecretRead> {
+async fn read_secret(state: &Host, identity: &Viewer, id: &str) -> Result<SecretRead> {
     let detail = call(state, identity, "secrets.get", json!({ "id": id })).await?;
     let row = secret_row(&detail);
     let history = detail["versionHistory"]
@@ -997,7 +997,7 @@ async fn read_secret(state: &AppState, identity: &Viewer, id: &str) -> Result<Se
 
 #[allow(clippy::too_many_arguments)]
 async fn secret_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     template: &str,
@@ -1045,12 +1045,12 @@ async fn secret_page(
 }
 
 /// `GET /secrets/{id}/rotate`: the secret's facts and a form for its next version.
-pub(super) async fn rotate_page(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn rotate_page(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     secret_page(&state, &identity, &id, "secrets_rotate.html", StatusCode::OK, None, None, "").await
 }
 
 /// `POST /secrets/{id}/rotate` (`expectedVersionId`, `sealed`).
-pub(super) async fn rotate(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn rotate(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -1072,12 +1072,12 @@ pub(super) async fn rotate(State(state): State<AppState>, Path(id): Path<String>
 }
 
 /// `GET /secrets/{id}/revoke`: the confirmation step.
-pub(super) async fn revoke_page(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn revoke_page(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     secret_page(&state, &identity, &id, "secrets_revoke.html", StatusCode::OK, None, None, "").await
 }
 
 /// `POST /secrets/{id}/revoke` (`confirm`: the secret's key).
-pub(super) async fn revoke(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn revoke(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,

@@ -18,8 +18,8 @@ use super::forms::{
     parse_pairs, parse_ports, parse_volumes, post, query_of, redirect, shown_name, status_of, str_of, strings_of, u64_of, when,
 };
 use super::{live, nav, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
@@ -189,7 +189,7 @@ fn fields(form: &FormData) -> Result<Map<String, Value>> {
 /// The organizations the person may see, the chosen one marked (the asked one, else the
 /// first), or why they could not be read.
 pub(super) async fn organizations(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     asked: Option<&str>,
 ) -> std::result::Result<(Vec<OrgOption>, Option<OrgOption>), Refusal> {
@@ -233,7 +233,7 @@ struct RowView {
 }
 
 /// The list panel's context: one page of the organization's services, or the refusal.
-async fn list_context(state: &AppState, identity: &Viewer, org: Option<&OrgOption>, cursor: Option<&str>) -> minijinja::Value {
+async fn list_context(state: &Host, identity: &Viewer, org: Option<&OrgOption>, cursor: Option<&str>) -> minijinja::Value {
     let Some(org) = org else {
         return context! { services => Serde(None::<Vec<RowView>>), error => Serde(None::<ErrorView>), org => Serde(None::<OrgOption>), here => "" };
     };
@@ -311,7 +311,7 @@ struct Extras {
 }
 
 async fn list_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     status: StatusCode,
     org: Option<&str>,
@@ -338,14 +338,14 @@ async fn list_page(
 }
 
 /// `GET /services?org=<id>`: the organization picker, its services, the forms.
-pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let query = query_of(&uri).unwrap_or_default();
     let extras = Extras { flash: done_flash(&query), ..Extras::default() };
     list_page(&state, &identity, StatusCode::OK, query.org.as_deref(), query.cursor.as_deref(), extras).await
 }
 
 /// `GET /services/panel?org=<id>`: the list alone, for htmx.
-pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn panel(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let query: ListQuery = query_of(&uri).unwrap_or_default();
     let selected = match organizations(&state, &identity, query.org.as_deref()).await {
         Ok((_, selected)) => selected,
@@ -358,7 +358,7 @@ pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signe
 }
 
 /// `POST /organizations/create` (`name`).
-pub(super) async fn create_organization(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn create_organization(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -377,7 +377,7 @@ pub(super) async fn create_organization(State(state): State<AppState>, request: 
 }
 
 /// `POST /services/create` (`organizationId` and the service's fields).
-pub(super) async fn create(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn create(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -403,7 +403,7 @@ pub(super) async fn create(State(state): State<AppState>, request: Request) -> R
 // ---------------------------------------------------------------------------------------
 // The detail page
 
-async fn read_service(state: &AppState, identity: &Viewer, id: &str) -> Result<(ServiceView, String)> {
+async fn read_service(state: &Host, identity: &Viewer, id: &str) -> Result<(ServiceView, String)> {
     let service = service_view(&call(state, identity, "services.get", json!({ "id": id })).await?);
     // the organization's name is a courtesy: its id stands in when it cannot be read
     let organization = match call(state, identity, "organizations.get", json!({ "id": service.organization_id })).await {
@@ -428,7 +428,7 @@ fn facts_context(id: &str, read: &Result<(ServiceView, String)>) -> minijinja::V
 }
 
 async fn detail_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
@@ -464,7 +464,7 @@ pub(super) struct DetailQuery {
 }
 
 /// `GET /services/{id}`.
-pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn detail(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let flash = match query_of::<DetailQuery>(&uri).and_then(|q| q.done).as_deref() {
         Some("created") => Some(Flash::done("Service created", "It is stored in its organization; managers pick it up from here.")),
         Some("updated") => Some(Flash::done("Service updated", "The new definition is stored.")),
@@ -478,13 +478,13 @@ pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Sign
 }
 
 /// `GET /services/{id}/panel`: the facts alone, for htmx.
-pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn detail_panel(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     let read = read_service(&state, &identity, &id).await;
     render(StatusCode::OK, "service_panel.html", facts_context(&id, &read))
 }
 
 /// `POST /services/{id}/update` (`expectedRevision` and the service's fields).
-pub(super) async fn update(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn update(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -519,7 +519,7 @@ pub(super) async fn update(State(state): State<AppState>, Path(id): Path<String>
 // Deletion
 
 async fn confirm_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
@@ -570,12 +570,12 @@ async fn confirm_page(
 }
 
 /// `GET /services/{id}/delete`: the confirmation step.
-pub(super) async fn confirm(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
+pub(super) async fn confirm(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>) -> Response {
     confirm_page(&state, &identity, &id, StatusCode::OK, None, "", None).await
 }
 
 /// `POST /services/{id}/delete` (`expectedRevision`, `confirm`: the service's name).
-pub(super) async fn delete(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn delete(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,

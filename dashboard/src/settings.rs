@@ -20,8 +20,8 @@
 
 use super::forms::{ErrorView, Flash, FormData, Signed, call, number, post, query_of, redirect, status_of, u64_of};
 use super::{live, nav, render, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::Response;
@@ -146,7 +146,7 @@ fn rows(document: &Value, typed: &Typed) -> Vec<(Option<String>, RowView)> {
     rows
 }
 
-async fn settings_page(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>, typed: Typed) -> Response {
+async fn settings_page(state: &Host, identity: &Viewer, status: StatusCode, flash: Option<Flash>, typed: Typed) -> Response {
     let head = live::head(state, identity).await;
     let document = call(state, identity, "settings.get", json!({})).await;
     let (rows, revision, error) = match &document {
@@ -183,7 +183,7 @@ struct GatewaySeal {
 
 /// The enrollment (administrators only) and, when the settings name a target, what the
 /// bootstrap form seals to.
-async fn gateway_card(state: &AppState, identity: &Viewer, document: Option<&Value>) -> (Option<Value>, Option<GatewaySeal>) {
+async fn gateway_card(state: &Host, identity: &Viewer, document: Option<&Value>) -> (Option<Value>, Option<GatewaySeal>) {
     if !identity.is_human_admin() {
         return (None, None);
     }
@@ -198,7 +198,7 @@ async fn gateway_card(state: &AppState, identity: &Viewer, document: Option<&Val
 
 /// `POST /settings/gateway/bootstrap` (`gatewayUrl`, `clientId`, `sealed`: the admin token
 /// sealed in the browser).
-pub(super) async fn bootstrap_gateway(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn bootstrap_gateway(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -245,7 +245,7 @@ pub(super) struct PageQuery {
 }
 
 /// `GET /settings`.
-pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let query = query_of::<PageQuery>(&uri);
     let flash = match query.as_ref().and_then(|q| q.done.as_deref()) {
         Some("updated") => Some(Flash::done("Settings saved", "The changed keys are stored; managers read them from the new revision.")),
@@ -264,7 +264,7 @@ pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed
 }
 
 /// `GET /settings/panel?read=<revision>`: the status panel alone, for htmx.
-pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn panel(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let read = query_of::<PageQuery>(&uri).and_then(|q| q.read).unwrap_or_default();
     let document = call(&state, &identity, "settings.get", json!({})).await.ok();
     render(StatusCode::OK, "settings_panel.html", status_context(document.as_ref(), read))
@@ -296,7 +296,7 @@ fn changes(form: &FormData) -> (Map<String, Value>, Vec<String>) {
 
 /// `POST /settings/update` (`expectedRevision`, `value.<key>` and `read.<key>` per key,
 /// `otherKey`, `otherValue`).
-pub(super) async fn update(State(state): State<AppState>, request: Request) -> Response {
+pub(super) async fn update(State(state): State<Host>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,

@@ -12,8 +12,8 @@
 
 use super::forms::{ErrorView, Flash, PAGE, Signed, call, encode, post, query_of, redirect, status_of, str_of, u64_of, when};
 use super::{nav, render, rfc3339, time_left, user_view};
+use crate::Host;
 use crate::Viewer;
-use crate::api::AppState;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::Response;
@@ -209,7 +209,7 @@ fn execution_view(value: &Value, now_ms: u64, me: &str) -> ExecutionView {
 // Reading
 
 /// The list panel's context: every task, or the refusal; `refreshing` while one runs.
-async fn list_context(state: &AppState, identity: &Viewer) -> minijinja::Value {
+async fn list_context(state: &Host, identity: &Viewer) -> minijinja::Value {
     match call(state, identity, "tasks.list", json!({})).await {
         Ok(listing) => {
             let tasks: Vec<TaskView> = listing["tasks"].as_array().into_iter().flatten().map(task_view).collect();
@@ -226,7 +226,7 @@ async fn list_context(state: &AppState, identity: &Viewer) -> minijinja::Value {
 /// `refreshing` while an execution of it runs. Also the task, or the status its refusal
 /// answers with.
 async fn detail_context(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     cursor: Option<&str>,
@@ -299,7 +299,7 @@ fn done_flash(done: Option<&str>, task: Option<&str>) -> Option<Flash> {
     }
 }
 
-async fn list_page(state: &AppState, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn list_page(state: &Host, identity: &Viewer, status: StatusCode, flash: Option<Flash>) -> Response {
     let ctx = context! {
         page => "Tasks",
         nav => Serde(nav(state, "tasks")),
@@ -311,14 +311,14 @@ async fn list_page(state: &AppState, identity: &Viewer, status: StatusCode, flas
 }
 
 /// `GET /tasks`: every task, with its actions.
-pub(super) async fn page(State(state): State<AppState>, Signed(identity): Signed, uri: Uri) -> Response {
+pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, uri: Uri) -> Response {
     let query: ListQuery = query_of(&uri).unwrap_or_default();
     let flash = done_flash(query.done.as_deref(), shown_task(query.task.as_deref()).as_deref());
     list_page(&state, &identity, StatusCode::OK, flash).await
 }
 
 /// `GET /tasks/panel`: the list alone, for htmx (asked for only while a task runs).
-pub(super) async fn panel(State(state): State<AppState>, Signed(identity): Signed) -> Response {
+pub(super) async fn panel(State(state): State<Host>, Signed(identity): Signed) -> Response {
     render(StatusCode::OK, "tasks_panel.html", list_context(&state, &identity).await)
 }
 
@@ -332,7 +332,7 @@ pub(super) struct DetailQuery {
 }
 
 async fn detail_page(
-    state: &AppState,
+    state: &Host,
     identity: &Viewer,
     id: &str,
     cursor: Option<&str>,
@@ -357,7 +357,7 @@ async fn detail_page(
 }
 
 /// `GET /tasks/{id}?cursor=`: the definition, its executions, its actions.
-pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn detail(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DetailQuery = query_of(&uri).unwrap_or_default();
     let flash = done_flash(query.done.as_deref(), None);
     detail_page(&state, &identity, &id, query.cursor.as_deref(), StatusCode::OK, flash).await
@@ -365,7 +365,7 @@ pub(super) async fn detail(State(state): State<AppState>, Signed(identity): Sign
 
 /// `GET /tasks/{id}/panel?cursor=`: the task and its executions alone, for htmx (asked for
 /// only while one of them runs).
-pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn detail_panel(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     let query: DetailQuery = query_of(&uri).unwrap_or_default();
     render(StatusCode::OK, "task_panel.html", detail_context(&state, &identity, &id, query.cursor.as_deref()).await.0)
 }
@@ -374,7 +374,7 @@ pub(super) async fn detail_panel(State(state): State<AppState>, Signed(identity)
 // Actions
 
 /// Where a refused action is shown again: the page its form was on (`from`).
-async fn refused_page(state: &AppState, identity: &Viewer, id: &str, from: &str, status: StatusCode, flash: Flash) -> Response {
+async fn refused_page(state: &Host, identity: &Viewer, id: &str, from: &str, status: StatusCode, flash: Flash) -> Response {
     if from == "list" {
         list_page(state, identity, status, Some(flash)).await
     } else {
@@ -388,7 +388,7 @@ fn done_location(id: &str, from: &str, done: &str) -> String {
 }
 
 /// `POST /tasks/{id}/run` (`from`): run the task now; its page then shows the execution.
-pub(super) async fn run(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn run(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -408,7 +408,7 @@ pub(super) async fn run(State(state): State<AppState>, Path(id): Path<String>, r
 }
 
 /// `GET /tasks/{id}/disable`: the confirmation step.
-pub(super) async fn confirm_disable(State(state): State<AppState>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
+pub(super) async fn confirm_disable(State(state): State<Host>, Signed(identity): Signed, Path(id): Path<String>, uri: Uri) -> Response {
     #[derive(Deserialize, Default)]
     struct Query {
         from: Option<String>,
@@ -417,7 +417,7 @@ pub(super) async fn confirm_disable(State(state): State<AppState>, Signed(identi
     confirm_page(&state, &identity, &id, &from, StatusCode::OK, None).await
 }
 
-async fn confirm_page(state: &AppState, identity: &Viewer, id: &str, from: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+async fn confirm_page(state: &Host, identity: &Viewer, id: &str, from: &str, status: StatusCode, flash: Option<Flash>) -> Response {
     let read = call(state, identity, "tasks.get", json!({ "id": id })).await;
     let (task, error, status) = match &read {
         Ok(value) => (Some(task_view(value)), None, status),
@@ -453,16 +453,16 @@ async fn confirm_page(state: &AppState, identity: &Viewer, id: &str, from: &str,
 }
 
 /// `POST /tasks/{id}/disable` (`from`): disable the task (after its confirmation page).
-pub(super) async fn disable(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn disable(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     set_enabled(state, id, request, false).await
 }
 
 /// `POST /tasks/{id}/enable` (`from`).
-pub(super) async fn enable(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn enable(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     set_enabled(state, id, request, true).await
 }
 
-async fn set_enabled(state: AppState, id: String, request: Request, enabled: bool) -> Response {
+async fn set_enabled(state: Host, id: String, request: Request, enabled: bool) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,
@@ -482,7 +482,7 @@ async fn set_enabled(state: AppState, id: String, request: Request, enabled: boo
 }
 
 /// `POST /tasks/{id}/cancel` (`executionId`): ask a running execution to stop.
-pub(super) async fn cancel(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Response {
+pub(super) async fn cancel(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {
     let (identity, form) = match post(&state, request).await {
         Ok(posted) => posted,
         Err(response) => return response,

@@ -1,7 +1,7 @@
 //! The dashboard through the whole router, as a browser would meet it.
 
 use super::*;
-use crate::api::test_state;
+use crate::state::test_state;
 use axum::body::Body;
 use tower::ServiceExt;
 
@@ -1100,7 +1100,7 @@ async fn method(state: &AppState, cookie: &str, name: &str, body: serde_json::Va
     let token = cookie.trim_start_matches("capstan_session=");
     let identity = state.auth.authenticate(token).await.unwrap();
     let viewer = Viewer { identity, bearer: capstan_core::text::SecretString::new(token.to_string()) };
-    forms::call(state, &viewer, name, body).await.unwrap_or_else(|e| panic!("{name}: {e}"))
+    forms::call(&Host::from_ref(state), &viewer, name, body).await.unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 #[tokio::test]
@@ -2518,7 +2518,7 @@ async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted
     use sha2::Digest;
     let dir = tempfile::tempdir().unwrap();
     // dev mode renders a jump script for its http origin
-    let state = crate::api::test_state_at(dir.path(), ORIGIN, true).await;
+    let state = crate::state::test_state_at(dir.path(), ORIGIN, true).await;
     crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
     capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
     let cookie = login_cookie(&state).await;
@@ -2840,9 +2840,9 @@ async fn an_enabled_relay_without_a_registration_awaits_it_and_an_unserved_metho
     let token = cookie.trim_start_matches("capstan_session=");
     let identity = state.auth.authenticate(token).await.unwrap();
     let identity = Viewer { identity, bearer: capstan_core::text::SecretString::new(token.to_string()) };
-    let unserved = forms::call_if_served(&state, &identity, "relays.notYetServed", serde_json::json!({})).await;
+    let unserved = forms::call_if_served(&Host::from_ref(&state), &identity, "relays.notYetServed", serde_json::json!({})).await;
     assert!(matches!(unserved, Ok(None)), "{unserved:?}");
-    let served = forms::call_if_served(&state, &identity, "events.head", serde_json::json!({})).await.unwrap();
+    let served = forms::call_if_served(&Host::from_ref(&state), &identity, "events.head", serde_json::json!({})).await.unwrap();
     assert!(served.is_some_and(|answer| answer["head"].is_u64()));
 }
 

@@ -7,10 +7,11 @@
 //! and is idempotent: what a name already holds (`exists`) is left as it is, so a second start
 //! adds nothing. Never run without the flag; `--demo` without `--dev` is refused at start.
 
-use crate::api::AppState;
+use crate::plugins::host::PluginHost;
 use capstan_core::Refusal;
-use capstan_rpc::{Identity, Invocation};
+use capstan_rpc::{Identity, Invocation, Registry};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The demo's organization, cluster and plain service.
@@ -34,13 +35,13 @@ fn installer() -> Identity {
 }
 
 /// Call `method` as the installer through the API's one door (audited as any caller's write).
-async fn call(state: &AppState, method: &str, body: Value) -> Result<Value, Refusal> {
-    state.methods.invoke(Invocation::verified(method, &installer(), None, body)).await?.into_value()
+async fn call(methods: &Registry, method: &str, body: Value) -> Result<Value, Refusal> {
+    methods.invoke(Invocation::verified(method, &installer(), None, body)).await?.into_value()
 }
 
 /// `method` once: created now (`Some`), or there already (`None`, refused `exists`).
-async fn ensure(state: &AppState, method: &str, body: Value) -> Result<Option<Value>, Refusal> {
-    match call(state, method, body).await {
+async fn ensure(methods: &Registry, method: &str, body: Value) -> Result<Option<Value>, Refusal> {
+    match call(methods, method, body).await {
         Ok(answer) => Ok(Some(answer)),
         Err(e) if e.code == "exists" => Ok(None),
         Err(e) => Err(e),
@@ -48,11 +49,11 @@ async fn ensure(state: &AppState, method: &str, body: Value) -> Result<Option<Va
 }
 
 /// The demo organization's id, created if it is not there.
-async fn organization(state: &AppState) -> Result<String, Refusal> {
-    if let Some(created) = ensure(state, "organizations.create", json!({ "name": ORGANIZATION })).await? {
+async fn organization(methods: &Registry) -> Result<String, Refusal> {
+    if let Some(created) = ensure(methods, "organizations.create", json!({ "name": ORGANIZATION })).await? {
         return Ok(created["id"].as_str().unwrap_or_default().to_string());
     }
-    let listed = call(state, "organizations.list", json!({ "limit": 100 })).await?;
+    let listed = call(methods, "organizations.list", json!({ "limit": 100 })).await?;
     listed["items"]
         .as_array()
         .into_iter()
@@ -63,19 +64,20 @@ async fn organization(state: &AppState) -> Result<String, Refusal> {
         .ok_or_else(|| Refusal::new("demo-failed", "the demo organization exists but is not listed"))
 }
 
-/// Install the demo data; each step logged, a failure logged and left for the next start.
-pub async fn install(state: AppState) {
-    if let Err(e) = run(&state).await {
+/// Install the demo data through `methods` (each plugin's once `plugins` has loaded the
+/// first-party ones); each step logged, a failure logged and left for the next start.
+pub async fn install(methods: Arc<Registry>, plugins: Arc<PluginHost>) {
+    if let Err(e) = run(&methods, &plugins).await {
         tracing::warn!(refusal = %e, "the demo data was not installed in full; the next start with --demo tries again");
     }
 }
 
-async fn run(state: &AppState) -> Result<(), Refusal> {
-    let organization_id = organization(state).await?;
+async fn run(methods: &Registry, plugins: &PluginHost) -> Result<(), Refusal> {
+    let organization_id = organization(methods).await?;
     // the cluster's machine token is shown once to its creator: the demo has no use for it
-    ensure(state, "clusters.create", json!({ "name": CLUSTER, "description": "The demo's cluster (no node has joined it)." })).await?;
+    ensure(methods, "clusters.create", json!({ "name": CLUSTER, "description": "The demo's cluster (no node has joined it)." })).await?;
     ensure(
-        state,
+        methods,
         "services.create",
         json!({ "name": SERVICE.0, "organizationId": organization_id, "image": SERVICE.1, "ports": [{ "port": 80, "protocol": "http" }] }),
     )
@@ -86,13 +88,13 @@ async fn run(state: &AppState) -> Result<(), Refusal> {
         crate::plugins::first_party::bundles()?.into_iter().map(|b| (b.manifest.id.clone(), b.manifest.version.to_string())).collect();
     let deadline = tokio::time::Instant::now() + PLUGINS_WAIT;
     loop {
-        let loaded = state.plugins.loaded();
+        let loaded = plugins.loaded();
         let ready =
             expected.iter().all(|(id, version)| loaded.iter().any(|a| a.manifest.id == *id && a.manifest.version.to_string() == *version));
         if ready {
             for active in loaded.iter().filter(|a| a.methods.contains_key("installDemo")) {
                 let method = format!("{}.installDemo", active.manifest.id);
-                match call(state, &method, json!({ "organizationId": organization_id })).await {
+                match call(methods, &method, json!({ "organizationId": organization_id })).await {
                     Ok(answer) => tracing::info!(%method, answer = %answer, "demo installed"),
                     Err(e) => tracing::warn!(%method, refusal = %e, "a plugin's demo was not installed"),
                 }

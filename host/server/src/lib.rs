@@ -1,7 +1,13 @@
-//! The Capstan server: the HTTP API (`api`), the host state every method is registered
-//! with, configuration (`config`), the first-party plugins this build embeds (`plugins`), and
-//! the assembly `capstan serve` runs (`serve`). The dashboard plugs its pages in as
-//! [`api::Pages`]; this crate knows nothing of it.
+//! The Capstan server: the HTTP API and its router (`api`: the handlers, the socket's protocol,
+//! `/mcp`), the host state and its assembly (`state`: every part of the host, every area's
+//! methods registered), the open socket sessions (`sessions`), the host's own methods
+//! (`system`, `snapshot`), `/metrics` (`metrics`), the listener, configuration (`config`), the
+//! first-party plugins this build embeds (`plugins`), and what `capstan serve` runs (`serve`).
+//! Handlers take the parts of the state they need, never the whole of it. The dashboard plugs
+//! its pages in as [`api::Pages`]; this crate knows nothing of it.
+//!
+//! The modules import one another one way: `serve` over `api` over `state` over the rest; a
+//! test (`tests/crate-graph`) fails on any circle among them.
 
 pub use capstan_auth as auth;
 pub use capstan_blobs as blobs;
@@ -17,6 +23,7 @@ pub use capstan_secrets as secrets;
 pub use capstan_store as store;
 
 pub mod api;
+pub mod bearer;
 pub mod config;
 pub mod demo;
 #[cfg(test)]
@@ -26,4 +33,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod plugins;
 pub mod serve;
+pub mod sessions;
 pub mod snapshot;
+pub mod state;
+pub mod system;

@@ -14,14 +14,20 @@
 //! and the status; plugin calls the installed plugin's id, the call kind and the outcome; never
 //! a path a client chose, a user, a token or a body value.
 
-use crate::api::AppState;
+use crate::bearer::bearer_token;
+use crate::fleet::runtime::Fleet;
+use crate::plugins::host::PluginHost;
 use crate::refusal::Refusal;
+use crate::relays::Relays;
+use crate::sessions::Hub;
+use crate::store::Store;
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use capstan_core::text::SecretString;
+use capstan_rpc::Registry;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -125,14 +131,33 @@ fn describe() {
     );
 }
 
+/// What a scrape reads: the exposition and who may read it, and the parts of the host whose
+/// gauges are set at scrape time (the socket sessions, the relays held, the fleet, the loaded
+/// plugins, the outbox in the store).
+#[derive(Clone)]
+pub struct Scrape {
+    /// The exposition, and the scrape token.
+    pub metrics: Arc<Metrics>,
+    /// The open socket sessions, counted by kind.
+    pub sockets: Arc<Hub>,
+    /// The relay sessions this node holds.
+    pub relays: Arc<Relays>,
+    /// This node's view of the fleet and the coordinator lease.
+    pub fleet: Arc<Fleet>,
+    /// The plugins loaded here and their instances.
+    pub plugins: Arc<PluginHost>,
+    /// The outbox's head and its consumers' cursors.
+    pub store: Store,
+}
+
 /// Count one HTTP request: its route template (the API's `/api/v1/{method}` by the method's
-/// name, `unknown` for one that is not registered), its status and its time.
-pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// name in `methods`, `unknown` for one that is not registered), its status and its time.
+pub async fn track(State(methods): State<Arc<Registry>>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
     let method = match route.as_deref() {
         Some("/api/v1/{method}") => {
             let name = request.uri().path().trim_start_matches("/api/v1/");
-            Some(if state.methods.get(name).is_some() { name.to_string() } else { UNKNOWN_METHOD.to_string() })
+            Some(if methods.get(name).is_some() { name.to_string() } else { UNKNOWN_METHOD.to_string() })
         }
         _ => None,
     };
@@ -148,7 +173,7 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
 }
 
 /// `GET /metrics`: the exposition, for the scrape token's bearer only.
-pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn scrape(State(state): State<Scrape>, headers: HeaderMap) -> Response {
     let metrics = state.metrics.clone();
     if metrics.token.is_none() {
         let refusal = Refusal::new(
@@ -157,7 +182,7 @@ pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Respon
         );
         return (StatusCode::NOT_FOUND, Json(json!({ "error": refusal }))).into_response();
     }
-    if !metrics.admits(crate::api::bearer_token(&headers)) {
+    if !metrics.admits(bearer_token(&headers)) {
         let mut response = (StatusCode::UNAUTHORIZED, Json(json!({ "error": capstan_rpc::denied() }))).into_response();
         response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
@@ -168,7 +193,7 @@ pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Respon
 }
 
 /// Set the gauges read from the host's state at scrape time.
-async fn refresh(state: &AppState) {
+async fn refresh(state: &Scrape) {
     for (kind, open) in state.sockets.open_by_kind() {
         metrics::gauge!("capstan_socket_sessions", "kind" => kind).set(open as f64);
     }

@@ -1,6 +1,6 @@
 //! `capstan serve`: open the store and blobs, migrate, then serve the API until a signal.
 
-use crate::api::{self, AppState};
+use crate::api;
 use crate::auth::{self, Auth, Bootstrap};
 use crate::blobs::Blobs;
 use crate::config::Network;
@@ -16,6 +16,7 @@ use crate::plugins::imports::{PluginHttp, Services};
 use crate::plugins::runtime::Runtime;
 use crate::refusal::{Refusal, Result};
 use crate::scheduler::{HostTask, Scheduler};
+use crate::state::{AppState, Parts};
 use crate::store::{Store, StoreOptions};
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -110,7 +111,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
             tracing::info!(code = %e.code, "the registry's first retention pass did not start here: {}", e.message);
         }
     });
-    let state = AppState::build(api::Parts {
+    let state = AppState::build(Parts {
         store,
         blobs,
         keyring,
@@ -126,7 +127,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         route_check: config.route_check.clone(),
     });
     if config.demo {
-        tokio::spawn(crate::demo::install(state.clone()));
+        tokio::spawn(crate::demo::install(state.methods.clone(), state.plugins.clone()));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());

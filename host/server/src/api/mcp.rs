@@ -11,14 +11,15 @@
 //! The transport runs stateless (no session kept between requests), so any node of a fleet
 //! answers any request behind a load balancer.
 
-use super::{ApiError, AppState, bearer_token};
-use crate::auth::Identity;
+use super::ApiError;
+use crate::auth::{Auth, Identity};
+use crate::bearer::bearer_token;
 use crate::refusal::Refusal;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use capstan_rpc::Invocation;
+use capstan_rpc::{Invocation, Registry};
 use rmcp::ErrorData;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, InitializeResult, ListToolsResult, PaginatedRequestParams,
@@ -41,29 +42,30 @@ pub const MAX_ITEMS: usize = 100;
 /// Items per answer when the caller states no `limit`.
 const DEFAULT_ITEMS: usize = 50;
 
-/// The `/mcp` route: the administrator check, then the SDK's streamable HTTP service.
-pub fn routes(state: &AppState) -> Router<AppState> {
-    let tools = Tools { state: state.clone() };
+/// The `/mcp` route: the administrator check (by `auth`), then the SDK's streamable HTTP
+/// service, whose tools call `methods`, reading bodies of at most `max_body_bytes`.
+pub fn routes<S: Clone + Send + Sync + 'static>(methods: Arc<Registry>, auth: Arc<Auth>, max_body_bytes: usize) -> Router<S> {
+    let tools = Tools { methods };
     let config = StreamableHttpServerConfig::default()
         // no session kept on this node: any fleet node answers any request
         .with_legacy_session_mode(false)
         .with_json_response(true)
-        .with_max_request_body_bytes(state.max_body_bytes)
+        .with_max_request_body_bytes(max_body_bytes)
         // Host validation guards a local server against DNS rebinding by a browser; here
         // every request carries an administrator's bearer, which a rebinding page cannot.
         .disable_allowed_hosts();
     let service = StreamableHttpService::new(move || Ok(tools.clone()), Arc::new(NeverSessionManager::default()), config);
-    Router::new().route_service(PATH, service).route_layer(middleware::from_fn_with_state(state.clone(), admit))
+    Router::new().route_service(PATH, service).route_layer(middleware::from_fn_with_state(auth, admit))
 }
 
 /// Only an administrator's bearer JWT reaches the tools: none (or one that does not
 /// authenticate) is the uniform `401 unauthenticated`, anyone else `403 forbidden`, each in the
 /// API's error envelope. The identity rides along to the tools in the request's extensions.
-async fn admit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+async fn admit(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
     let Some(bearer) = bearer_token(request.headers()) else {
         return ApiError(crate::auth::denied()).into_response();
     };
-    let identity = match state.auth.authenticate(bearer).await {
+    let identity = match auth.authenticate(bearer).await {
         Ok(identity) => identity,
         Err(refusal) => return ApiError(refusal).into_response(),
     };
@@ -74,10 +76,10 @@ async fn admit(State(state): State<AppState>, mut request: Request, next: Next) 
     next.run(request).await
 }
 
-/// The tools, over the host state of this node.
+/// The tools, over the methods of this node.
 #[derive(Clone)]
 struct Tools {
-    state: AppState,
+    methods: Arc<Registry>,
 }
 
 /// A page of a paged list.
@@ -251,7 +253,7 @@ impl Tools {
     /// Call a registered method as the asker, through the API's one door.
     async fn call(&self, asker: &Asker, method: &str, body: Value) -> Result<Value, Refusal> {
         let invocation = Invocation::verified(method, &asker.identity, asker.bearer.as_deref(), body).with_request_id(&asker.request_id);
-        self.state.methods.invoke(invocation).await?.into_value()
+        self.methods.invoke(invocation).await?.into_value()
     }
 }
 

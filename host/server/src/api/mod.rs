@@ -1,26 +1,27 @@
 //! The HTTP API: typed methods at `POST /api/v1/<method>`, their listing at
-//! `GET /api/v1/methods`, and the probes `GET /healthz` and `GET /status`.
+//! `GET /api/v1/methods`, and the probes `GET /healthz` and `GET /status`; the router that
+//! serves them beside the socket, `/mcp`, the nodes' and the registry's routes and the pages.
 //!
 //! Every answer carries an `x-request-id` header; the same id is on every log line of the
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
+//! Each handler takes the parts of the host it needs (`State<Part>`, see `crate::state`).
 
 pub mod mcp;
 pub mod nodes;
 pub mod openapi;
 pub mod socket;
-pub mod system;
 pub mod transfers;
 pub mod uploads;
 
 use crate::auth::Auth;
-use crate::blobs::Blobs;
+use crate::bearer::bearer_token;
 use crate::fleet::forward;
-use crate::keyring::Keyring;
-use crate::migrate::Chain;
 use crate::refusal::Refusal;
-use crate::store::Store;
+use crate::relays::Relays;
+use crate::state::{AppState, BodyLimit, PublicOrigin};
+use crate::system::{self, System};
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, FromRef, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -38,262 +39,9 @@ use capstan_rpc::door::Forwarded;
 pub use capstan_rpc::{Access, Call, Registry, receipts};
 use capstan_rpc::{Caller, Invocation, Invoked};
 
-/// What every HTTP handler can reach. Methods reach only the context their area registered
-/// them with (see [`AppState::build`]).
-#[derive(Clone)]
-pub struct AppState {
-    /// The document store (SQLite or MongoDB).
-    pub store: Store,
-    /// The object storage (a local directory or an S3 bucket).
-    pub blobs: Blobs,
-    /// The keyring: the KEKs that seal secrets and the ingress recipient.
-    pub keyring: Arc<Keyring>,
-    /// Authentication: turns a bearer token into the caller's identity.
-    pub auth: Arc<Auth>,
-    /// The host's migration chain, which `/status` judges readiness against.
-    pub chain: Arc<Chain>,
-    /// Every API method, the host's and loaded plugins', resolved by name on each call.
-    pub methods: Arc<Registry>,
-    /// Largest API request body accepted, in bytes (`CAPSTAN_MAX_BODY_BYTES`).
-    pub max_body_bytes: usize,
-    /// The externally reachable origin of this Capstan, without a trailing slash.
-    pub public_origin: String,
-    /// The plugin host: the plugins loaded on this node.
-    pub plugins: Arc<crate::plugins::host::PluginHost>,
-    /// The scheduler running host and plugin tasks.
-    pub scheduler: Arc<crate::scheduler::Scheduler>,
-    /// This node's place in the fleet (a test host's is registered in its own bucket).
-    pub fleet: Arc<crate::fleet::runtime::Fleet>,
-    /// The nodes area: what the `/jump` and `/agent/v1` routes reach (its clock is the one the
-    /// `nodes.*` methods read).
-    pub nodes: crate::nodes::Context,
-    /// The open `/api/v1/socket` sessions, and how host code pushes to them.
-    pub sockets: Arc<socket::Hub>,
-    /// The cluster relays this node holds, and the election that reaches any relay of the fleet.
-    pub relays: Arc<crate::relays::Relays>,
-    /// What `GET /metrics` serves, and to whom.
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// The OCI registry under `/v2`.
-    pub registry: Arc<capstan_registry::Registry>,
-    /// Capstan's enrollment at the external gateway.
-    pub gateway: capstan_gateway::Context,
-}
-
 /// The id of the current request (an extension set by the request-id middleware).
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
-
-/// Everything the host state is made of, assembled by `serve` (or a test) before the state.
-pub struct Parts {
-    /// The opened document store.
-    pub store: Store,
-    /// The opened object storage.
-    pub blobs: Blobs,
-    /// The loaded keyring.
-    pub keyring: Arc<Keyring>,
-    /// Authentication over the store and keyring.
-    pub auth: Arc<Auth>,
-    /// The host's migration chain (shared once the state is built).
-    pub chain: Chain,
-    /// Largest API request body accepted, in bytes.
-    pub max_body_bytes: usize,
-    /// The externally reachable origin of this Capstan.
-    pub public_origin: String,
-    /// Dev mode (`serve --dev`): a jump script may be rendered for an `http` origin.
-    pub dev: bool,
-    /// The started plugin host; its methods join the registry.
-    pub plugins: Arc<crate::plugins::host::PluginHost>,
-    /// The started scheduler, with the host's tasks registered.
-    pub scheduler: Arc<crate::scheduler::Scheduler>,
-    /// This node's place in the fleet.
-    pub fleet: Arc<crate::fleet::runtime::Fleet>,
-    /// The token `GET /metrics` answers to (`CAPSTAN_METRICS_TOKEN`); `None`: it is off.
-    pub metrics_token: Option<capstan_core::text::SecretString>,
-    /// How deployments' routes are checked (`CAPSTAN_ROUTE_CHECK_*`).
-    pub route_check: capstan_registry::route_check::RouteCheck,
-}
-
-impl AppState {
-    /// The host state, with every area's methods registered with the context it needs.
-    pub fn build(parts: Parts) -> Self {
-        let Parts {
-            store,
-            blobs,
-            keyring,
-            auth,
-            chain,
-            max_body_bytes,
-            public_origin,
-            dev,
-            plugins,
-            scheduler,
-            fleet,
-            metrics_token,
-            route_check,
-        } = parts;
-        let chain = Arc::new(chain);
-        let mut registry = Registry::default();
-        system::register(
-            &mut registry,
-            system::System { store: store.clone(), blobs: blobs.clone(), chain: chain.clone(), plugins: plugins.clone(), dev },
-        );
-        crate::auth::methods::register(
-            &mut registry,
-            crate::auth::methods::Context { auth: auth.clone(), store: store.clone(), blobs: blobs.clone() },
-        );
-        crate::fleet::methods::register(&mut registry, fleet.clone());
-        crate::snapshot::register(&mut registry, crate::snapshot::Context { store: store.clone(), blobs: blobs.clone() });
-        crate::events::methods::register(&mut registry, store.clone());
-        crate::plugins::methods::register(&mut registry, crate::plugins::methods::Context { host: plugins.clone(), blobs: blobs.clone() });
-        crate::scheduler::methods::register(&mut registry, scheduler.clone());
-        registry.add_source(plugins.clone());
-        crate::inventory::register(
-            &mut registry,
-            crate::inventory::Context {
-                store: store.clone(),
-                blobs: blobs.clone(),
-                dependents: Arc::new(capstan_links::HostDependents),
-                receipts: auth.receipt_keys().clone(),
-            },
-        );
-        let secrets = crate::secrets::methods::Context { store: store.clone(), keyring: keyring.clone() };
-        crate::secrets::methods::register(&mut registry, secrets.clone());
-        let gateway = capstan_gateway::Context::new(secrets.clone());
-        capstan_gateway::register(&mut registry, gateway.clone());
-        let nodes = crate::nodes::Context::new(store.clone(), public_origin.clone(), dev);
-        crate::nodes::register(&mut registry, nodes.clone());
-        let sockets = Arc::new(socket::Hub::new(socket::Limits::for_bodies(max_body_bytes)));
-        let peers = crate::relays::forward::Peers::new(fleet.clone());
-        let relays = crate::relays::Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
-        crate::relays::register(&mut registry, secrets.clone(), relays.clone());
-        let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);
-        capstan_registry::methods::register(&mut registry, oci.clone());
-        capstan_registry::deployments::register(&mut registry, oci.clone());
-        capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
-        registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
-        registry.set_authenticator(auth.clone());
-        registry.set_coordination(fleet.clone());
-        plugins.set_agent_dispatch(Arc::new(crate::plugins::agents::AgentCalls(relays.clone())));
-        plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
-        plugins.set_public_origin(&public_origin);
-        AppState {
-            store,
-            blobs,
-            keyring,
-            auth,
-            chain,
-            methods: Arc::new(registry),
-            max_body_bytes,
-            public_origin,
-            plugins,
-            scheduler,
-            fleet,
-            nodes,
-            sockets,
-            relays,
-            metrics: crate::metrics::Metrics::new(metrics_token.as_ref()),
-            registry: oci,
-            gateway,
-        }
-    }
-}
-
-impl AppState {
-    /// What readiness is judged on.
-    pub fn system(&self) -> system::System {
-        system::System {
-            store: self.store.clone(),
-            blobs: self.blobs.clone(),
-            chain: self.chain.clone(),
-            plugins: self.plugins.clone(),
-            dev: self.nodes.dev,
-        }
-    }
-}
-
-#[cfg(test)]
-impl AppState {
-    /// The same host with another keyring (as `capstan keyring rotate` and a restart give).
-    pub fn with_keyring(self, keyring: Arc<Keyring>) -> AppState {
-        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, nodes, registry, .. } = self;
-        let route_check = registry.route_check.clone();
-        let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
-        let dev = nodes.dev;
-        let metrics_token = None;
-        AppState::build(Parts {
-            store,
-            blobs,
-            keyring,
-            auth,
-            chain,
-            max_body_bytes,
-            public_origin,
-            dev,
-            plugins,
-            scheduler,
-            fleet,
-            metrics_token,
-            route_check,
-        })
-    }
-}
-
-/// A complete host state on an embedded store in `dir`, for tests (here and, through the
-/// `testing` feature, the dashboard's).
-#[cfg(any(test, feature = "testing"))]
-pub async fn test_state(dir: &std::path::Path) -> AppState {
-    test_state_at(dir, "http://capstan.test", false).await
-}
-
-/// [`test_state`] with another public origin, in dev mode or not.
-#[cfg(any(test, feature = "testing"))]
-pub async fn test_state_at(dir: &std::path::Path, public_origin: &str, dev: bool) -> AppState {
-    let store = Store::new(crate::store::sqlite::SqliteStore::open(dir.join("capstan.sqlite")).unwrap(), crate::store::DEFAULT_BUDGET);
-    test_state_on(dir, store, public_origin, dev).await
-}
-
-/// [`test_state_at`] on the given store (a MongoDB one, say); the rest is kept in `dir`.
-#[cfg(any(test, feature = "testing"))]
-pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &str, dev: bool) -> AppState {
-    let blobs = Blobs::new(crate::blobs::local::LocalBlobs::open(dir.join("blobs").to_str().unwrap()).await.unwrap());
-    let keyring = Arc::new(Keyring::generate(None, None).unwrap());
-    let auth = Auth::new(store.clone(), &keyring, "http://capstan.test").await.unwrap();
-    crate::inventory::declare(&store).await.unwrap();
-    crate::secrets::methods::declare(&store).await.unwrap();
-    crate::relays::declare(&store).await.unwrap();
-    crate::nodes::declare(&store).await.unwrap();
-    capstan_registry::declare(&store).await.unwrap();
-    capstan_rpc::audit::declare(&store).await.unwrap();
-    capstan_gateway::declare(&store).await.unwrap();
-    let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
-    // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
-    let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();
-    let services =
-        crate::plugins::imports::Services::with_http(store.clone(), blobs.clone(), keyring.clone(), "test-node".into(), platform, http);
-    let runtime = crate::plugins::runtime::Runtime::new(Some(dir.join("plugin-cache"))).unwrap();
-    let first_party = crate::plugins::first_party::bundles().unwrap();
-    let plugins = crate::plugins::host::PluginHost::new(runtime, services, vec![], first_party).await.unwrap();
-    let scheduler = crate::scheduler::Scheduler::new(store.clone(), "test-node".into(), None, Some(plugins.clone())).await.unwrap();
-    // a node identity of its own; it neither registers in the bucket nor runs the fleet's loops,
-    // so the bucket holds only what a test puts there and no coordinator lease is taken
-    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.join("state"), Some("test-node")).unwrap();
-    let fleet = crate::fleet::runtime::Fleet::new(Arc::new(crate::fleet::Node::new(blobs.clone(), identity, Default::default(), None)));
-    AppState::build(Parts {
-        store,
-        blobs,
-        keyring,
-        auth,
-        chain: crate::migrate::host_chain(),
-        max_body_bytes: 1 << 20,
-        public_origin: public_origin.into(),
-        dev,
-        plugins,
-        scheduler,
-        fleet,
-        metrics_token: None,
-        route_check: Default::default(),
-    })
-}
 
 /// What the server serves beside the API: the dashboard's routes, and its answer to a
 /// browser asking for a path that does not exist (`None` leaves the error envelope).
@@ -312,7 +60,8 @@ pub struct Pages {
 }
 
 /// Finds the bearer a page session carries in a request's headers ([`Pages::socket_bearer`]).
-pub type SocketBearer = fn(&AppState, &HeaderMap) -> Option<String>;
+/// It is given the host's public origin (the pages' own origin) and the request's headers.
+pub type SocketBearer = fn(&str, &HeaderMap) -> Option<String>;
 
 impl Pages {
     /// No pages: the API alone.
@@ -327,9 +76,9 @@ impl Pages {
 /// bearer (checked at the offer and on every call; an offer's `token` still wins), so the
 /// socket itself knows nothing of cookies. A request that states its own `Authorization` is
 /// left as it is.
-async fn page_bearer(State((state, find)): State<(AppState, SocketBearer)>, mut request: Request, next: Next) -> Response {
+async fn page_bearer(State((origin, find)): State<(PublicOrigin, SocketBearer)>, mut request: Request, next: Next) -> Response {
     if !request.headers().contains_key(header::AUTHORIZATION)
-        && let Some(bearer) = find(&state, request.headers())
+        && let Some(bearer) = find(&origin.0, request.headers())
         && let Ok(value) = HeaderValue::from_str(&format!("Bearer {bearer}"))
     {
         request.headers_mut().insert(header::AUTHORIZATION, value);
@@ -340,7 +89,7 @@ async fn page_bearer(State((state, find)): State<(AppState, SocketBearer)>, mut 
 /// The whole HTTP surface: the probes, the API, and `pages`.
 pub fn router(state: AppState, pages: Pages) -> Router {
     let page_not_found = pages.not_found;
-    let bearer = middleware::from_fn_with_state((state.clone(), pages.socket_bearer), page_bearer);
+    let bearer = middleware::from_fn_with_state((PublicOrigin::from_ref(&state), pages.socket_bearer), page_bearer);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/status", get(status))
@@ -352,14 +101,14 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route("/api/v1/uploads/plugin-bundle", post(uploads::plugin_bundle).fallback(method_not_allowed))
         .route(crate::plugins::transfers::PATH, put(transfers::upload).get(transfers::download).fallback(method_not_allowed))
         .route(crate::relays::forward::PATH, post(relay_call).fallback(method_not_allowed))
-        .merge(mcp::routes(&state))
+        .merge(mcp::routes(state.methods.clone(), state.auth.clone(), state.max_body_bytes))
         .merge(nodes::routes())
         .merge(capstan_registry::routes(state.registry.clone()))
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })
         .layer(middleware::from_fn(crate::listener::body_deadline))
-        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::track))
+        .layer(middleware::from_fn_with_state(state.methods.clone(), crate::metrics::track))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
 }
@@ -455,30 +204,35 @@ async fn healthz() -> Json<Value> {
 
 /// `GET /status`: readiness for anyone (a probe needs no token); an administrator's bearer
 /// token adds where the store and the blobs are.
-async fn status(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let identity = optional_identity(&state, &headers).await;
-    let report = system::status_report(&state.system(), system::sees_details(identity.as_ref())).await;
+async fn status(State(auth): State<Arc<Auth>>, State(system): State<System>, headers: HeaderMap) -> Response {
+    let identity = optional_identity(&auth, &headers).await;
+    let report = system::status_report(&system, system::sees_details(identity.as_ref())).await;
     let code = if report.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(report)).into_response()
 }
 
-async fn list_methods(State(state): State<AppState>) -> Json<Value> {
-    Json(state.methods.describe())
+async fn list_methods(State(methods): State<Arc<Registry>>) -> Json<Value> {
+    Json(methods.describe())
 }
 
 /// `GET /api/v1/openapi.json`: the methods of [`list_methods`] as an OpenAPI 3.1 document,
 /// built per request so loaded plugins show as they come and go.
-async fn openapi_document(State(state): State<AppState>) -> Json<Value> {
-    Json(openapi::document(&state.methods.list(), &state.public_origin))
+async fn openapi_document(State(methods): State<Arc<Registry>>, State(PublicOrigin(origin)): State<PublicOrigin>) -> Json<Value> {
+    Json(openapi::document(&methods.list(), &origin))
 }
 
-async fn call_method(State(state): State<AppState>, Path(name): Path<String>, request: Request) -> Result<Response, ApiError> {
+async fn call_method(
+    State(methods): State<Arc<Registry>>,
+    State(BodyLimit(limit)): State<BodyLimit>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     // Read the body before judging anything else: a refusal that leaves a body unread makes
     // the server drop the connection, which a client reusing connections would trip over.
-    let bytes = read_body(headers, body, state.max_body_bytes).await?;
+    let bytes = read_body(headers, body, limit).await?;
     let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
     let decode = |bytes: &[u8]| json_body(headers, bytes);
     let invocation = Invocation {
@@ -489,7 +243,7 @@ async fn call_method(State(state): State<AppState>, Path(name): Path<String>, re
         forwarded: headers.contains_key(forward::FORWARDED_BY),
         body: capstan_rpc::Body::Raw { bytes: &bytes, decode: &decode },
     };
-    let (mut response, answered_by) = match state.methods.invoke(invocation).await? {
+    let (mut response, answered_by) = match methods.invoke(invocation).await? {
         Invoked::Here { answer, answered_by } => (Json(answer).into_response(), answered_by),
         Invoked::There(Forwarded { status, answered_by, body }) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -518,15 +272,8 @@ fn json_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, Refusal> {
 
 /// Who a request's bearer token stands for, where an answer needs none: without a token, or
 /// with one that does not authenticate, the caller is anonymous.
-async fn optional_identity(state: &AppState, headers: &HeaderMap) -> Option<crate::auth::Identity> {
-    state.auth.authenticate(bearer_token(headers)?).await.ok()
-}
-
-/// The token of an `Authorization: Bearer <token>` header.
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+async fn optional_identity(auth: &Auth, headers: &HeaderMap) -> Option<crate::auth::Identity> {
+    auth.authenticate(bearer_token(headers)?).await.ok()
 }
 
 /// How much of an oversized body is read and dropped before it is refused. A client still writing
@@ -568,14 +315,14 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 
 /// `POST /fleet/v1/relay-call`: a call another fleet node carried here for a relay this node
 /// holds (`capstan_relays::forward`), answered `{result}` or with the error envelope.
-async fn relay_call(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Json<Value>, ApiError> {
+async fn relay_call(State(relays): State<Arc<Relays>>, headers: HeaderMap, body: Body) -> Result<Json<Value>, ApiError> {
     use crate::relays::forward::{AT, FROM, MAX_BODY, NONCE, SIGNATURE, Signed};
     let bytes = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|_| Refusal::new("request-too-large", format!("a carried relay call is at most {MAX_BODY} bytes")))?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let signed = Signed { from: header(FROM), at: header(AT), nonce: header(NONCE), signature: header(SIGNATURE) };
-    let result = state.relays.carried(signed, &bytes).await?;
+    let result = relays.carried(signed, &bytes).await?;
     Ok(Json(json!({ "result": result })))
 }
 

@@ -3,9 +3,11 @@
 //! agent's wire (`POST /agent/v1/enroll|heartbeat|host|rotate`). Each agent route reads at most
 //! its declared size within 10 s; what the body says is judged in `capstan_nodes::agent`.
 
-use super::{ApiError, AppState, bearer_token, read_body};
-use crate::nodes::{agent, jump};
+use super::{ApiError, read_body};
+use crate::bearer::bearer_token;
+use crate::nodes::{Context, agent, jump};
 use crate::refusal::Refusal;
+use crate::state::AppState;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -45,8 +47,7 @@ fn wants_html(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|accept| accept.contains("text/html"))
 }
 
-async fn render(state: &AppState, code: &str, html: bool) -> Response {
-    let nodes = &state.nodes;
+async fn render(nodes: &Context, code: &str, html: bool) -> Response {
     if let Err(refusal) = jump::check_origin(nodes) {
         return refused(refusal);
     }
@@ -66,13 +67,13 @@ async fn render(state: &AppState, code: &str, html: bool) -> Response {
 }
 
 /// `GET /jump/<code>`: a browser's landing page, anything else's script.
-async fn jump_page(State(state): State<AppState>, Path(code): Path<String>, headers: HeaderMap) -> Response {
-    render(&state, &code, wants_html(&headers)).await
+async fn jump_page(State(nodes): State<Context>, Path(code): Path<String>, headers: HeaderMap) -> Response {
+    render(&nodes, &code, wants_html(&headers)).await
 }
 
 /// `GET /jump/<code>/setup.sh`: always the script.
-async fn jump_script(State(state): State<AppState>, Path(code): Path<String>) -> Response {
-    render(&state, &code, false).await
+async fn jump_script(State(nodes): State<Context>, Path(code): Path<String>) -> Response {
+    render(&nodes, &code, false).await
 }
 
 fn binary_unavailable(platform: &str) -> Refusal {
@@ -94,9 +95,8 @@ pub fn own_platform() -> String {
 
 /// `GET /agent/v1/binary/<platform>`: the `capstan-agent` file found next to this executable
 /// (or at `CAPSTAN_AGENT_BINARY`), for the platform it is built for.
-async fn agent_binary(State(state): State<AppState>, Path(platform): Path<String>) -> Response {
-    let Some(path) = state.nodes.agent_binary.clone().filter(|_| PLATFORMS.contains(&platform.as_str()) && platform == own_platform())
-    else {
+async fn agent_binary(State(nodes): State<Context>, Path(platform): Path<String>) -> Response {
+    let Some(path) = nodes.agent_binary.clone().filter(|_| PLATFORMS.contains(&platform.as_str()) && platform == own_platform()) else {
         return refused(binary_unavailable(&platform));
     };
     match tokio::fs::read(&path).await {
@@ -131,34 +131,34 @@ fn answered(result: Result<serde_json::Value, Refusal>) -> Response {
     }
 }
 
-async fn enroll(State(state): State<AppState>, request: Request) -> Response {
+async fn enroll(State(nodes): State<Context>, request: Request) -> Response {
     let (_, bytes) = match bounded(request, agent::ENROLL_LIMIT).await {
         Ok(read) => read,
         Err(refusal) => return refused(refusal),
     };
-    answered(agent::enroll(&state.nodes, &bytes).await)
+    answered(agent::enroll(&nodes, &bytes).await)
 }
 
-async fn heartbeat(State(state): State<AppState>, request: Request) -> Response {
+async fn heartbeat(State(nodes): State<Context>, request: Request) -> Response {
     let (headers, bytes) = match bounded(request, agent::HEARTBEAT_LIMIT).await {
         Ok(read) => read,
         Err(refusal) => return refused(refusal),
     };
-    answered(agent::heartbeat(&state.nodes, &bytes, bearer_token(&headers)).await)
+    answered(agent::heartbeat(&nodes, &bytes, bearer_token(&headers)).await)
 }
 
-async fn host(State(state): State<AppState>, request: Request) -> Response {
+async fn host(State(nodes): State<Context>, request: Request) -> Response {
     let (headers, bytes) = match bounded(request, agent::HOST_LIMIT).await {
         Ok(read) => read,
         Err(refusal) => return refused(refusal),
     };
-    answered(agent::host(&state.nodes, &bytes, bearer_token(&headers)).await)
+    answered(agent::host(&nodes, &bytes, bearer_token(&headers)).await)
 }
 
-async fn rotate(State(state): State<AppState>, request: Request) -> Response {
+async fn rotate(State(nodes): State<Context>, request: Request) -> Response {
     let (headers, bytes) = match bounded(request, agent::ROTATE_LIMIT).await {
         Ok(read) => read,
         Err(refusal) => return refused(refusal),
     };
-    answered(agent::rotate(&state.nodes, &bytes, bearer_token(&headers)).await)
+    answered(agent::rotate(&nodes, &bytes, bearer_token(&headers)).await)
 }

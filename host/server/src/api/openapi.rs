@@ -321,7 +321,7 @@ mod tests {
     #[tokio::test]
     async fn the_hosts_methods_declare_their_refusals() {
         let dir = tempfile::tempdir().unwrap();
-        let state = crate::api::test_state(dir.path()).await;
+        let state = crate::state::test_state(dir.path()).await;
         let methods = state.methods.list();
         let document = document(&methods, "https://capstan.example");
         let kebab = |c: &str| {

@@ -5,29 +5,36 @@
 //! answers `welcome` with the protocol it chose, or refuses by name and closes. Each `call`
 //! frame goes through the registry's one door ([`capstan_rpc::Registry::invoke`]), as HTTP's do, so a method is
 //! resolved, authenticated, decoded, forwarded to the coordinator and logged the same way, and
-//! its refusal is the same error object. The host pushes to sessions through the [`Hub`].
+//! its refusal is the same error object. The open sessions are kept in the [`Hub`]
+//! (`crate::sessions`), through which the host pushes to them.
 //!
 //! Bounds: a frame is at most [`Limits::max_frame_bytes`] (`frame-too-large`, closed); a
-//! session runs at most [`MAX_IN_FLIGHT`] calls at once (`too-many-requests-in-flight`); what
-//! the host sends a session waits in a queue of [`OUTBOUND_QUEUE`] frames, and a peer that
-//! lets it fill is dropped (`slow-reader`), never buffered for; a peer silent for
-//! [`SILENCE_TIMEOUT`] while pinged every [`PING_INTERVAL`] is closed (`ping-timeout`).
+//! session runs at most [`Limits::max_in_flight`] calls at once (`too-many-requests-in-flight`);
+//! what the host sends a session waits in a queue of [`Limits::outbound_queue`] frames, and a
+//! peer that lets it fill is dropped (`slow-reader`), never buffered for; a peer silent for
+//! [`Limits::silence_timeout`] while pinged every [`Limits::ping_interval`] is closed
+//! (`ping-timeout`). The defaults are `crate::sessions`' constants.
 
-use super::{ApiError, AppState, bearer_token, log_refusal};
-use crate::auth::Identity;
+use super::{ApiError, log_refusal};
+use crate::auth::{Auth, Identity};
+use crate::bearer::bearer_token;
 use crate::refusal::Refusal;
+use crate::relays::Relays;
+use crate::sessions::{CLOSE_GRACE, Ended, Handle, Hub, Kind, Limits, Opened, close};
+use crate::state::AppState;
+use crate::store::Store;
 use axum::body::Bytes;
 use axum::extract::ConnectInfo;
-use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::{FromRef, State};
 use axum::http::{Extensions, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use capstan_rpc::{Body, Caller, Invocation, Invoked};
+use capstan_rpc::{Body, Caller, Invocation, Invoked, Registry};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,333 +47,42 @@ pub const PROTOCOL: &str = "capstan-socket/1";
 /// Every protocol this host speaks, most preferred first.
 pub const PROTOCOLS: &[&str] = &[PROTOCOL];
 
-/// Room in a frame for what surrounds a method's body (`type`, `id`, `method`): any body that
-/// `POST /api/v1/<method>` accepts (`CAPSTAN_MAX_BODY_BYTES`) fits in a `call` frame.
-pub const FRAME_ENVELOPE_BYTES: usize = 16 * 1024;
-/// Frames waiting for a session's writer. A peer that reads keeps this near empty; one that
-/// stops reading fills the kernel's buffers, then this, and is dropped. With the frame limit it
-/// bounds what one session can make the host hold.
-pub const OUTBOUND_QUEUE: usize = 64;
-/// Calls one session may have running at once: a dashboard's parallel reads fit; a client that
-/// wants more opens another session (each is bounded on its own).
-pub const MAX_IN_FLIGHT: usize = 16;
-/// How often the host pings an open session (well inside the idle timeouts of common proxies).
-pub const PING_INTERVAL: Duration = Duration::from_secs(20);
-/// How long a peer may send nothing at all (no frame, no pong) before it is closed: three
-/// pings unanswered, so one lost pong or a busy moment is not taken for a dead peer.
-pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a client has after the upgrade to send its offer.
-pub const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the host tries to deliver its closing frame to a peer it closes (a peer that reads
-/// nothing never takes it).
-pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Sessions open at once on this host. An upgraded connection no longer holds one of the
-/// listener's connection slots (`CAPSTAN_MAX_CONNECTIONS`, 1024 by default), so the sessions
-/// have their own bound, of the same size; one over it is refused `too-many-sessions`.
-pub const MAX_SESSIONS: usize = 1024;
 /// The longest call id accepted, in characters (a client's counter or a UUID fits easily).
 pub const MAX_CALL_ID_CHARS: usize = 128;
 
-/// The close codes the host ends a session with (the reason text is the code's name).
-pub mod close {
-    /// The peer closed, or went away.
-    pub const NORMAL: u16 = 1000;
-    /// `going-away`: this host is stopping (reconnect, to it or another fleet node).
-    pub const GOING_AWAY: u16 = 1001;
-    /// A frame that is not UTF-8 text where text was due.
-    pub const INVALID: u16 = 1007;
-    /// `frame-too-large`: a frame or message over the limit.
-    pub const FRAME_TOO_LARGE: u16 = 1009;
-    /// `offer-invalid` / `offer-expected`: the first frame is not a readable offer.
-    pub const OFFER_INVALID: u16 = 4000;
-    /// `protocol-unsupported`: no protocol of the offer is spoken here.
-    pub const PROTOCOL_UNSUPPORTED: u16 = 4001;
-    /// `session-kind-unknown`: the offer's kind is none of dashboard, cli, relay, agent.
-    pub const SESSION_KIND_UNKNOWN: u16 = 4002;
-    /// `unauthenticated`: the token does not authenticate, or a relay or agent offered none.
-    pub const UNAUTHENTICATED: u16 = 4003;
-    /// `offer-timeout`: no offer within [`super::OFFER_TIMEOUT`].
-    pub const OFFER_TIMEOUT: u16 = 4004;
-    /// `slow-reader`: the session's outbound queue filled.
-    pub const SLOW_READER: u16 = 4008;
-    /// `ping-timeout`: the peer was silent for the silence timeout.
-    pub const PING_TIMEOUT: u16 = 4009;
-    /// `session-expired`: the token the session opened with expired.
-    pub const SESSION_EXPIRED: u16 = 4010;
-    /// `relay-credential-generation-stale`: a relay's bearer was rotated away.
-    pub const RELAY_CREDENTIAL_STALE: u16 = capstan_relays::CLOSE_CREDENTIAL_STALE;
+/// What a socket session reaches of the host: the hub that keeps it, the registry's door its
+/// calls go through, authentication for its offer, and the relays (a relay's bearer is checked
+/// against the store; its registration and replies are the relays').
+#[derive(Clone)]
+pub struct SocketState {
+    /// The open sessions, this one among them once its offer is accepted.
+    pub hub: Arc<Hub>,
+    /// Every method, reached by each `call` frame through the one door.
+    pub methods: Arc<Registry>,
+    /// Judges the bearer an offer carries.
+    pub auth: Arc<Auth>,
+    /// The cluster relays, for a relay's session.
+    pub relays: Arc<Relays>,
+    /// Where a relay's bearer is verified.
+    pub store: Store,
 }
 
-/// What a session says it is (the offer's `kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// The operator's web UI.
-    Dashboard,
-    /// The `capstan` command line.
-    Cli,
-    /// A cluster's relay (needs a token).
-    Relay,
-    /// A node's agent (needs a token).
-    Agent,
-}
-
-impl Kind {
-    const ALL: [(&'static str, Kind); 4] =
-        [("dashboard", Kind::Dashboard), ("cli", Kind::Cli), ("relay", Kind::Relay), ("agent", Kind::Agent)];
-
-    fn parse(name: &str) -> Option<Kind> {
-        Kind::ALL.iter().find(|(n, _)| *n == name).map(|(_, k)| *k)
-    }
-
-    /// Relays and agents are machines the host pushes to by identity: they must authenticate.
-    fn needs_identity(self) -> bool {
-        matches!(self, Kind::Relay | Kind::Agent)
-    }
-}
-
-/// The bounds of every session of a host (the constants above; tests shorten the timings).
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// The largest frame (and message) a client may send.
-    pub max_frame_bytes: usize,
-    /// See [`OUTBOUND_QUEUE`].
-    pub outbound_queue: usize,
-    /// See [`MAX_IN_FLIGHT`].
-    pub max_in_flight: usize,
-    /// See [`PING_INTERVAL`].
-    pub ping_interval: Duration,
-    /// See [`SILENCE_TIMEOUT`].
-    pub silence_timeout: Duration,
-    /// See [`OFFER_TIMEOUT`].
-    pub offer_timeout: Duration,
-    /// See [`MAX_SESSIONS`].
-    pub max_sessions: usize,
-}
-
-impl Limits {
-    /// The limits for a host whose request bodies are at most `max_body_bytes`.
-    pub fn for_bodies(max_body_bytes: usize) -> Limits {
-        Limits {
-            max_frame_bytes: max_body_bytes + FRAME_ENVELOPE_BYTES,
-            outbound_queue: OUTBOUND_QUEUE,
-            max_in_flight: MAX_IN_FLIGHT,
-            ping_interval: PING_INTERVAL,
-            silence_timeout: SILENCE_TIMEOUT,
-            offer_timeout: OFFER_TIMEOUT,
-            max_sessions: MAX_SESSIONS,
+impl FromRef<AppState> for SocketState {
+    fn from_ref(state: &AppState) -> SocketState {
+        SocketState {
+            hub: state.sockets.clone(),
+            methods: state.methods.clone(),
+            auth: state.auth.clone(),
+            relays: state.relays.clone(),
+            store: state.store.clone(),
         }
-    }
-}
-
-/// Why a session ended: the close code and its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ended {
-    /// The close code sent.
-    pub code: u16,
-    /// The refusal's name (the close frame's reason).
-    pub reason: &'static str,
-}
-
-/// One open session as the hub keeps it.
-struct Handle {
-    kind: Kind,
-    user_id: Option<String>,
-    /// Opened by a person who is an administrator.
-    admin: bool,
-    outbound: mpsc::Sender<String>,
-    ended: watch::Sender<Option<Ended>>,
-}
-
-impl Handle {
-    /// End the session (the first reason wins).
-    fn end(&self, code: u16, reason: &'static str) {
-        self.ended.send_if_modified(|ended| {
-            if ended.is_some() {
-                return false;
-            }
-            *ended = Some(Ended { code, reason });
-            true
-        });
-    }
-
-    /// Queue a frame; a full queue drops the session (`slow-reader`). False when not queued.
-    fn send(&self, frame: String) -> bool {
-        match self.outbound.try_send(frame) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::warn!("socket session dropped: its outbound queue is full (a slow reader)");
-                self.end(close::SLOW_READER, "slow-reader");
-                false
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
-    }
-}
-
-/// Which sessions a push goes to.
-#[derive(Debug, Clone, Copy)]
-pub enum Target<'a> {
-    /// Every open session.
-    Everyone,
-    /// Every session of this kind.
-    Kind(Kind),
-    /// Every session of a person who is an administrator (what only they may read).
-    Admins,
-    /// Every session that authenticated as this user (or machine user) id.
-    User(&'a str),
-    /// The session with this id.
-    Session(&'a str),
-}
-
-/// What a push reached.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Delivery {
-    /// Sessions the push was queued for.
-    pub queued: usize,
-    /// Sessions dropped because their outbound queue was full.
-    pub dropped: usize,
-}
-
-/// Relays ride on this host's sessions.
-impl crate::relays::Sessions for Hub {
-    fn send(&self, id: &str, frame: String) -> bool {
-        Hub::send(self, id, frame)
-    }
-    fn end(&self, id: &str, code: u16, reason: &'static str) {
-        Hub::end(self, id, code, reason)
-    }
-    fn push_to_admins(&self, topic: &str, body: &Value) {
-        self.push(Target::Admins, topic, body);
-    }
-    fn max_frame_bytes(&self) -> usize {
-        self.limits.max_frame_bytes
-    }
-}
-
-/// The open sessions of this host, and how host code pushes to them.
-pub struct Hub {
-    limits: Limits,
-    sessions: Mutex<HashMap<String, Arc<Handle>>>,
-    /// Woken whenever a session leaves (what [`Hub::close_all`] waits on).
-    emptied: tokio::sync::Notify,
-    /// One permit per session, upgraded or being upgraded.
-    slots: Arc<Semaphore>,
-}
-
-impl Hub {
-    /// A hub with no session yet.
-    pub fn new(limits: Limits) -> Hub {
-        let slots = Arc::new(Semaphore::new(limits.max_sessions));
-        Hub { limits, sessions: Mutex::default(), emptied: tokio::sync::Notify::new(), slots }
-    }
-
-    /// The limits every session of this hub runs under.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    /// Push `{type:"push", topic, body}` to the sessions `target` names. A session whose
-    /// outbound queue is full is dropped (`slow-reader`) rather than waited for.
-    pub fn push(&self, target: Target<'_>, topic: &str, body: &Value) -> Delivery {
-        let frame = json!({ "type": "push", "topic": topic, "body": body }).to_string();
-        let chosen: Vec<Arc<Handle>> = {
-            let sessions = self.sessions.lock().expect("the session table is never poisoned");
-            sessions
-                .iter()
-                .filter(|(id, h)| match target {
-                    Target::Everyone => true,
-                    Target::Kind(kind) => h.kind == kind,
-                    Target::Admins => h.admin,
-                    Target::User(user) => h.user_id.as_deref() == Some(user),
-                    Target::Session(session) => id.as_str() == session,
-                })
-                .map(|(_, h)| h.clone())
-                .collect()
-        };
-        let mut delivery = Delivery::default();
-        for handle in chosen {
-            if handle.ended.borrow().is_some() {
-                continue;
-            }
-            if handle.send(frame.clone()) {
-                delivery.queued += 1;
-            } else if handle.ended.borrow().is_some_and(|e| e.code == close::SLOW_READER) {
-                delivery.dropped += 1;
-            }
-        }
-        delivery
-    }
-
-    /// End every open session with `going-away` (the host is stopping) and wait, at most
-    /// [`CLOSE_GRACE`], until each has sent its close frame; calls still running finish
-    /// unanswered.
-    pub async fn close_all(&self) {
-        let open: Vec<Arc<Handle>> = self.sessions.lock().expect("the session table is never poisoned").values().cloned().collect();
-        for handle in open {
-            handle.end(close::GOING_AWAY, "going-away");
-        }
-        let _ = tokio::time::timeout(CLOSE_GRACE, async {
-            loop {
-                let emptied = self.emptied.notified();
-                if self.is_empty() {
-                    break;
-                }
-                emptied.await;
-            }
-        })
-        .await;
-    }
-
-    /// Queue `frame` for the session `id`; false when it is not open (or was just dropped as a
-    /// slow reader).
-    pub fn send(&self, id: &str, frame: String) -> bool {
-        let handle = self.sessions.lock().expect("the session table is never poisoned").get(id).cloned();
-        handle.is_some_and(|h| h.ended.borrow().is_none() && h.send(frame))
-    }
-
-    /// End the session `id` with `code` (its close frame's reason is `reason`).
-    pub fn end(&self, id: &str, code: u16, reason: &'static str) {
-        if let Some(handle) = self.sessions.lock().expect("the session table is never poisoned").get(id) {
-            handle.end(code, reason);
-        }
-    }
-
-    /// Whether the session `id` is open (or still sending its close frame).
-    pub fn is_open(&self, id: &str) -> bool {
-        self.sessions.lock().expect("the session table is never poisoned").contains_key(id)
-    }
-
-    /// How many sessions are open of each kind (`/metrics`).
-    pub fn open_by_kind(&self) -> Vec<(&'static str, usize)> {
-        let sessions = self.sessions.lock().expect("the session table is never poisoned");
-        Kind::ALL.iter().map(|(name, kind)| (*name, sessions.values().filter(|h| h.kind == *kind).count())).collect()
-    }
-
-    /// How many sessions are open.
-    pub fn len(&self) -> usize {
-        self.sessions.lock().expect("the session table is never poisoned").len()
-    }
-
-    /// Whether no session is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn insert(&self, id: &str, handle: Arc<Handle>) {
-        self.sessions.lock().expect("the session table is never poisoned").insert(id.to_string(), handle);
-    }
-
-    fn remove(&self, id: &str) {
-        self.sessions.lock().expect("the session table is never poisoned").remove(id);
-        self.emptied.notify_waiters();
     }
 }
 
 /// `GET /api/v1/socket`: upgrade to a WebSocket session; anything else is refused
 /// `upgrade-required`.
 pub async fn upgrade(
-    State(state): State<AppState>,
+    State(state): State<SocketState>,
     headers: HeaderMap,
     extensions: Extensions,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -378,8 +94,8 @@ pub async fn upgrade(
         ))
         .into_response();
     };
-    let Ok(slot) = state.sockets.slots.clone().try_acquire_owned() else {
-        let max = state.sockets.limits.max_sessions;
+    let Some(slot) = state.hub.slot() else {
+        let max = state.hub.limits().max_sessions;
         tracing::warn!(max, "a socket session was refused: every session slot is in use");
         let refusal = Refusal::new("too-many-sessions", format!("this host holds at most {max} socket sessions; try again later"))
             .with_data(json!({ "limit": max }))
@@ -388,7 +104,7 @@ pub async fn upgrade(
     };
     let source = extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let bearer = bearer_token(&headers).map(str::to_string);
-    let max = state.sockets.limits.max_frame_bytes;
+    let max = state.hub.limits().max_frame_bytes;
     ws.max_frame_size(max).max_message_size(max).on_upgrade(move |socket| async move {
         run(state, socket, bearer, source).await;
         drop(slot);
@@ -426,7 +142,7 @@ struct Accepted {
 
 /// Judge the first frame: a readable offer first, then its protocols (before anything about the
 /// caller is looked at), its kind, and last the token.
-async fn judge_offer(state: &AppState, first: Message, header_bearer: Option<String>) -> Result<Accepted, (u16, Refusal)> {
+async fn judge_offer(state: &SocketState, first: Message, header_bearer: Option<String>) -> Result<Accepted, (u16, Refusal)> {
     let invalid = |message: String| (close::OFFER_INVALID, Refusal::new("offer-invalid", message));
     let Message::Text(text) = first else {
         return Err(invalid("the first frame is a JSON text offer: {\"type\":\"offer\",…}".into()));
@@ -498,15 +214,15 @@ async fn judge_offer(state: &AppState, first: Message, header_bearer: Option<Str
     Ok(Accepted { protocol, kind, token, identity, relay: None })
 }
 
-async fn run(state: AppState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>) {
+async fn run(state: SocketState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>) {
     let session_id = capstan_core::ids::new_id("socket");
     let span = tracing::info_span!("socket", session = %session_id);
     session(state, socket, header_bearer, source, session_id).instrument(span).await
 }
 
-async fn session(state: AppState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>, session_id: String) {
-    let hub = state.sockets.clone();
-    let limits = hub.limits.clone();
+async fn session(state: SocketState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>, session_id: String) {
+    let hub = state.hub.clone();
+    let limits = hub.limits().clone();
     let (mut sink, mut stream) = socket.split();
     let first = match tokio::time::timeout(limits.offer_timeout, stream.next()).await {
         Err(_) => {
@@ -548,11 +264,8 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
         return;
     }
     tracing::info!(kind = ?kind, user = identity.as_ref().map(|i| i.username.as_str()).unwrap_or("-"), "socket session opened");
-    let (outbound, queue) = mpsc::channel(limits.outbound_queue);
-    let (ended, watching) = watch::channel(None);
     let (user_id, admin) = (identity.as_ref().map(|i| i.user_id.clone()), identity.as_ref().is_some_and(|i| i.is_human_admin()));
-    let handle = Arc::new(Handle { kind, user_id, admin, outbound, ended });
-    hub.insert(&session_id, handle.clone());
+    let Opened { handle, queue, ended: watching } = hub.open(&session_id, kind, user_id, admin);
     if let (Some(relay), Some(bearer)) = (&relay, &token) {
         state.relays.opened(&session_id, &relay.cluster_id, bearer.as_bytes());
     }
@@ -580,7 +293,7 @@ async fn session(state: AppState, socket: WebSocket, header_bearer: Option<Strin
     // gone from the hub once its close frame is sent (or could not be)
     hub.remove(&session_id);
     state.relays.closed(&session_id).await;
-    let ended = *handle.ended.borrow();
+    let ended = handle.ended();
     if ended.is_some_and(|e| e.code != close::NORMAL) {
         // the host closed: wait (briefly) for the peer's close frame, as the closing handshake
         // has it, so the peer reads the close code rather than a reset connection
@@ -665,7 +378,7 @@ async fn write(
 
 /// What a session's calls share.
 struct Session {
-    state: AppState,
+    state: SocketState,
     handle: Arc<Handle>,
     verified: Option<Identity>,
     token: Option<Arc<str>>,
@@ -804,7 +517,7 @@ fn frame_in(session: &Session, text: &str) {
     }
     let Ok(permit) = session.in_flight.clone().try_acquire_owned() else {
         session.ids.lock().expect("the id set is never poisoned").remove(&key);
-        let limit = session.state.sockets.limits.max_in_flight;
+        let limit = session.state.hub.limits().max_in_flight;
         let refusal = Refusal::new("too-many-requests-in-flight", format!("a session runs at most {limit} calls at once"))
             .with_data(json!({ "limit": limit }))
             .retryable();

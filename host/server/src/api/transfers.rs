@@ -8,10 +8,13 @@
 //! answer is `201 {key, size, sha256}` for the holder to compare with what it sent. A download
 //! answers the object's bytes with its length.
 
-use super::{ApiError, AppState};
+use super::ApiError;
+use crate::bearer::bearer_token;
+use crate::blobs::Blobs;
 use crate::plugins::imports::blob_prefix;
 use crate::plugins::transfers::{self, Direction, Ticket};
 use crate::refusal::Refusal;
+use crate::store::Store;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -25,9 +28,9 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// The ticket the request presents, taken for this one request.
-async fn redeem(state: &AppState, id: &str, headers: &axum::http::HeaderMap, direction: Direction) -> Result<Ticket, ApiError> {
-    let token = super::bearer_token(headers).ok_or_else(transfers::ticket_invalid)?;
-    let ticket = transfers::redeem(&state.store, id, token, direction, transfers::now_ms()).await?;
+async fn redeem(store: &Store, id: &str, headers: &axum::http::HeaderMap, direction: Direction) -> Result<Ticket, ApiError> {
+    let token = bearer_token(headers).ok_or_else(transfers::ticket_invalid)?;
+    let ticket = transfers::redeem(store, id, token, direction, transfers::now_ms()).await?;
     tracing::info!(ticket = %id, plugin = %ticket.plugin, ?direction, "transfer ticket presented");
     Ok(ticket)
 }
@@ -42,9 +45,14 @@ fn too_large(max_bytes: u64) -> Refusal {
 }
 
 /// `PUT`: create the ticket's key from the body.
-pub async fn upload(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Result<Response, ApiError> {
+pub async fn upload(
+    State(store): State<Store>,
+    State(blobs): State<Blobs>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
-    let ticket = redeem(&state, &id, &parts.headers, Direction::Upload).await?;
+    let ticket = redeem(&store, &id, &parts.headers, Direction::Upload).await?;
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > ticket.max_bytes) {
         return Err(too_large(ticket.max_bytes).into());
@@ -55,7 +63,7 @@ pub async fn upload(State(state): State<AppState>, Path(id): Path<String>, reque
         std::io::Error::other(if timed_out { BodyError::TooSlow } else { BodyError::Broken(e.to_string()) })
     });
     let reader = Metered { inner: tokio_util::io::StreamReader::new(stream), progress: progress.clone(), max_bytes: ticket.max_bytes };
-    let stored = state.blobs.put(&ticket.key, Box::pin(reader), crate::blobs::PutMode::CreateOnly).await;
+    let stored = blobs.put(&ticket.key, Box::pin(reader), crate::blobs::PutMode::CreateOnly).await;
     let progress = std::mem::take(&mut *progress.lock().expect("transfer progress"));
     let meta = match stored {
         Ok(meta) => meta,
@@ -71,9 +79,14 @@ pub async fn upload(State(state): State<AppState>, Path(id): Path<String>, reque
 }
 
 /// `GET`: the ticket's key, streamed.
-pub async fn download(State(state): State<AppState>, Path(id): Path<String>, request: Request) -> Result<Response, ApiError> {
-    let ticket = redeem(&state, &id, request.headers(), Direction::Download).await?;
-    let Some((meta, reader)) = state.blobs.get(&ticket.key).await? else {
+pub async fn download(
+    State(store): State<Store>,
+    State(blobs): State<Blobs>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let ticket = redeem(&store, &id, request.headers(), Direction::Download).await?;
+    let Some((meta, reader)) = blobs.get(&ticket.key).await? else {
         return Err(Refusal::new("transfer-object-missing", "the object this ticket names is gone")
             .with_data(json!({ "key": plugin_key(&ticket) }))
             .into());

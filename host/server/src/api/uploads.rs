@@ -6,7 +6,10 @@
 //! then spooled to a temporary file with the limit enforced as it arrives (see
 //! [`crate::plugins::uploads`]).
 
-use super::{ApiError, AppState};
+use super::ApiError;
+use crate::auth::Auth;
+use crate::bearer::bearer_token;
+use crate::blobs::Blobs;
 use crate::plugins::uploads::Spool;
 use crate::refusal::Refusal;
 use axum::Json;
@@ -14,13 +17,18 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use futures::StreamExt;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// Keep a bundle for a following install or upgrade and say what it is and what it requests
 /// (see [`crate::plugins::uploads::keep`]).
-pub async fn plugin_bundle(State(state): State<AppState>, request: Request) -> std::result::Result<Json<Value>, ApiError> {
+pub async fn plugin_bundle(
+    State(auth): State<Arc<Auth>>,
+    State(blobs): State<Blobs>,
+    request: Request,
+) -> std::result::Result<Json<Value>, ApiError> {
     let (parts, body) = request.into_parts();
-    let bearer = super::bearer_token(&parts.headers).ok_or_else(crate::auth::denied)?;
-    let identity = state.auth.authenticate(bearer).await?;
+    let bearer = bearer_token(&parts.headers).ok_or_else(crate::auth::denied)?;
+    let identity = auth.authenticate(bearer).await?;
     if !identity.is_human_admin() {
         return Err(Refusal::new("forbidden", "uploading a plugin bundle needs an administrator").into());
     }
@@ -35,6 +43,6 @@ pub async fn plugin_bundle(State(state): State<AppState>, request: Request) -> s
         })?;
         spool.push(&chunk).await?;
     }
-    let (upload, inspection) = spool.keep(&state.blobs, &identity.username).await?;
+    let (upload, inspection) = spool.keep(&blobs, &identity.username).await?;
     Ok(Json(json!({ "upload": upload, "bundle": inspection })))
 }

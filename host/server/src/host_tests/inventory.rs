@@ -1,8 +1,9 @@
 //! The inventory's methods driven through the registry, as the API dispatcher calls them.
 
-use crate::api::{AppState, Call, test_state};
+use crate::api::Call;
 use crate::auth::Identity;
 use crate::refusal::Refusal;
+use crate::state::{AppState, test_state};
 use serde_json::{Value, json};
 
 const PASSWORD: &str = "a-long-enough-admin-password";

@@ -1,10 +1,11 @@
 //! The nodes area through the assembled host: `nodes.*` through the registry, and the jump
 //! pages and the agent's wire through the router, in process.
 
-use crate::api::{AppState, Call, Pages, router, test_state_at, test_state_on};
+use crate::api::{Call, Pages, router};
 use crate::auth::Identity;
 use crate::nodes::{self, sha256_hex};
 use crate::refusal::Refusal;
+use crate::state::{AppState, test_state_at, test_state_on};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
 use serde_json::{Value, json};

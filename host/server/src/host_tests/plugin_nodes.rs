@@ -3,12 +3,13 @@
 //! their liveness, exactly as `nodes.get` and `nodes.list` answer them and never a credential;
 //! `fleet-node` reads the fleet's Capstan processes; without `inventory:read` nothing is read.
 
-use crate::api::{AppState, Call, Pages, router, test_state_at};
+use crate::api::{Call, Pages, router};
 use crate::auth::Identity;
 use crate::nodes::sha256_hex;
 use crate::plugins::imports::{CallData, Grant, Services};
 use crate::plugins::manifest::Capability;
 use crate::plugins::runtime::capstan::plugin::inventory::{self, EntityKind, Host as _};
+use crate::state::{AppState, test_state_at};
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};

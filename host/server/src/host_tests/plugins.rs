@@ -1,10 +1,10 @@
 //! The runtime against real components: the example plugin and the adversary, built for
 //! wasm32-wasip2 from the workspace, signed, installed, called, upgraded, rolled back.
 
-use crate::api::AppState;
 use crate::auth::Identity;
 use crate::plugins::bundle::{Bundle, PublisherKey, generate_key};
 use crate::plugins::host::PluginHost;
+use crate::state::AppState;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -80,7 +80,7 @@ impl Fixture {
     async fn new() -> Option<Fixture> {
         built()?;
         let dir = tempfile::tempdir().unwrap();
-        let state = crate::api::test_state(dir.path()).await;
+        let state = crate::state::test_state(dir.path()).await;
         let host = state.plugins.clone();
         let key = generate_key();
         host.add_trusted_publisher(&PublisherKey::from_verifying_key(key.verifying_key()).to_string(), "Tests", "admin").await.unwrap();

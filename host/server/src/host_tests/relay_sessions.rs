@@ -4,9 +4,10 @@
 //! replies, a relay on one fleet node reached from another, and cluster deletion.
 
 use super::socket::{Server, Ws, call, closed_with, connect, next, open, send, serve};
-use crate::api::{AppState, Pages, router};
+use crate::api::{Pages, router};
 use crate::listener::TrustedProxies;
 use crate::relays::registrations as relay_registrations;
+use crate::state::AppState;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -344,7 +345,7 @@ async fn a_relay_on_one_fleet_node_is_reached_from_a_call_landing_on_another() {
     a.fleet.node.register(lan(w.server.addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut b = a.clone();
-    b.sockets = Arc::new(crate::api::socket::Hub::new(a.sockets.limits().clone()));
+    b.sockets = Arc::new(crate::sessions::Hub::new(a.sockets.limits().clone()));
     let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.path().join("b"), Some("node-b")).unwrap();
     let node = Arc::new(crate::fleet::Node::new(a.blobs.clone(), identity, Default::default(), Some("lan".into())));
     b.fleet = crate::fleet::runtime::Fleet::new(node.clone());

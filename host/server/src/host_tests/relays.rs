@@ -1,10 +1,11 @@
 //! Cluster relays through the assembled host: `clusters.enableRelay` / `clusters.disableRelay`
 //! with the relay zone setting, and the relay credential (`relays.*`) with its verification.
 
-use crate::api::{AppState, Call, test_state};
+use crate::api::Call;
 use crate::auth::Identity;
 use crate::refusal::Refusal;
 use crate::relays::credentials as relays;
+use crate::state::{AppState, test_state};
 use serde_json::{Value, json};
 
 const PASSWORD: &str = "a-long-enough-admin-password";

@@ -1,16 +1,17 @@
 //! Re-wrapping secret versions under a rotated KEK, through the registry.
 
-use crate::api::{Call, test_state};
+use crate::api::Call;
 use crate::refusal::Result;
 use crate::secrets::methods::*;
 use crate::secrets::{envelope, ingress};
+use crate::state::test_state;
 use crate::store::Store;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
 const PLANTED: &str = "hunter2-planted-rewrap-value";
 
-async fn call(state: &crate::api::AppState, admin: &crate::auth::Identity, method: &str, body: Value) -> Result<Value> {
+async fn call(state: &crate::state::AppState, admin: &crate::auth::Identity, method: &str, body: Value) -> Result<Value> {
     let m = state.methods.get(method).unwrap();
     let result = m.call(Call::by(admin), body).await;
     let shown = match &result {

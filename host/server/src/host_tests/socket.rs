@@ -2,9 +2,10 @@
 //! (tokio-tungstenite): the offer and its refusals, calls answered as HTTP answers them, the
 //! bounds (frames, calls in flight, a slow reader, a silent peer) and pushes.
 
-use crate::api::socket::{Kind, Limits, Target};
-use crate::api::{AppState, Pages, Registry, router, test_state};
+use crate::api::{Pages, Registry, router};
 use crate::listener::TrustedProxies;
+use crate::sessions::{Kind, Limits, Target};
+use crate::state::{AppState, test_state};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -44,7 +45,7 @@ fn limits(adjust: impl FnOnce(&mut Limits)) -> impl FnOnce(&mut AppState) {
     move |state: &mut AppState| {
         let mut limits = state.sockets.limits().clone();
         adjust(&mut limits);
-        state.sockets = Arc::new(crate::api::socket::Hub::new(limits));
+        state.sockets = Arc::new(crate::sessions::Hub::new(limits));
     }
 }
 

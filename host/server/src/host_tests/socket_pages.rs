@@ -3,8 +3,9 @@
 //! carries (the dashboard's HttpOnly cookie); the upgrade then goes on as if the request had
 //! stated it. Tested with a stand-in hook reading a test header, against a real listener.
 
-use crate::api::{AppState, Pages, router, test_state};
+use crate::api::{Pages, router};
 use crate::listener::TrustedProxies;
+use crate::state::test_state;
 use axum::http::HeaderMap;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -19,7 +20,7 @@ const PASSWORD: &str = "a-long-enough-admin-password";
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// The stand-in for the dashboard's cookie: the `x-test-session` header.
-fn test_session(_: &AppState, headers: &HeaderMap) -> Option<String> {
+fn test_session(_public_origin: &str, headers: &HeaderMap) -> Option<String> {
     headers.get("x-test-session").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 

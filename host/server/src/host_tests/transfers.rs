@@ -1,8 +1,9 @@
 //! `PUT`/`GET /api/v1/transfers/<id>` through the router, in process: a ticket minted as the
 //! `transfers` import mints it, presented as an agent presents it.
 
-use crate::api::{AppState, Pages, router, test_state};
+use crate::api::{Pages, router};
 use crate::plugins::transfers::{self, Direction};
+use crate::state::{AppState, test_state};
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::Value;

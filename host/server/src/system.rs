@@ -2,13 +2,13 @@
 //! Readiness is derived on every read from the store, the blobs and the ledger. Anyone may ask;
 //! where the store and the blobs are (paths, hosts) is told to administrators only.
 
-use super::{Access, Call, Registry};
 use crate::auth::Identity;
 use crate::blobs::Blobs;
 use crate::migrate::{self, Chain};
 use crate::plugins::host::{PluginHost, Readiness};
 use crate::refusal::{Refusal, Result};
 use crate::store::Store;
+use capstan_rpc::{Access, Call, Registry};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
