@@ -5,6 +5,10 @@
 //! or, for a dev-dependency only, [`TEST_ONLY`] — on a workspace crate the table does not
 //! place, and on a cycle. Adding an edge is a design decision: change the table and the drawing
 //! together.
+//!
+//! One level down, `tests/modules.rs` holds host/server's top-level modules to one-way imports:
+//! [`read_module_graph`] reads which module names which (`crate::<module>` in code), and a
+//! circle among them ([`find_cycle`]) fails.
 
 /// Every workspace crate and the workspace crates it may depend on, lowest first.
 pub const ALLOWED: &[(&str, &[&str])] = &[
@@ -214,6 +218,218 @@ pub fn find_cycle(edges: &[(String, String)]) -> Option<Vec<String>> {
     edges.iter().find_map(|(from, _)| visit(from, edges, &mut Vec::new(), &mut done))
 }
 
+/// One module of a crate reaching another: the file and the path it names it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleEdge {
+    /// The top-level module the file belongs to.
+    pub from: String,
+    /// The top-level module it names.
+    pub to: String,
+    /// The file, relative to the crate's `src/`.
+    pub file: String,
+    /// The path as written (`crate::api::AppState`).
+    pub path: String,
+}
+
+/// The top-level modules `lib.rs` declares (`mod x;` / `pub mod x;`, whatever its attributes).
+/// A `pub use other_crate as x;` is an alias to another crate, not a module: it is not listed.
+pub fn top_level_modules(lib_rs: &str) -> Vec<String> {
+    let code = strip_comments_and_strings(lib_rs);
+    let mut modules = Vec::new();
+    for line in code.lines() {
+        let mut words = line.split_whitespace().skip_while(|w| w.starts_with("#[") || w.starts_with("pub"));
+        if words.next() != Some("mod") {
+            continue;
+        }
+        if let Some(name) = words.next().and_then(|w| w.strip_suffix(';')) {
+            modules.push(name.to_string());
+        }
+    }
+    modules
+}
+
+/// The top-level module a source file (its path relative to `src/`, `/`-separated) belongs to:
+/// `metrics.rs` and `api/socket.rs` to `metrics` and `api`; `None` for the crate root.
+pub fn module_of(file: &str) -> Option<String> {
+    let first = file.split('/').next()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (name != "lib" && name != "main").then(|| name.to_string())
+}
+
+/// Every reference from one top-level module to another among `files` (path relative to `src/`,
+/// text): each `crate::<module>` in code (a `use` or a path; `crate::{a, b::c}` names each),
+/// comments and string literals left out. `modules` are the crate's top-level modules
+/// ([`top_level_modules`]); a name that is none of them (an alias to another crate) is no edge,
+/// and neither is a module naming itself. `super::` is not followed: inside a module's own files
+/// it names the module itself.
+pub fn module_edges(modules: &[String], files: &[(String, String)]) -> Vec<ModuleEdge> {
+    let mut edges = Vec::new();
+    for (file, text) in files {
+        let Some(from) = module_of(file) else { continue };
+        let code = strip_comments_and_strings(text);
+        for (to, path) in crate_references(&code) {
+            if to != from && modules.contains(&to) {
+                edges.push(ModuleEdge { from: from.clone(), to, file: file.clone(), path });
+            }
+        }
+    }
+    edges
+}
+
+/// The top-level names after each `crate::` in `code`, with the path as written.
+fn crate_references(code: &str) -> Vec<(String, String)> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + "crate::".len()..];
+        rest = after;
+        // `$crate::` (a macro's) and `my_crate::` are other paths
+        if before.is_some_and(|c| is_ident(c) || c == '$') {
+            continue;
+        }
+        let after = after.trim_start();
+        if let Some(group) = after.strip_prefix('{') {
+            // `crate::{a, b::c, d as e}`: the first name of each item at the group's own depth
+            let mut depth = 0usize;
+            let mut item_start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if item_start && is_ident(c) => {
+                        let name: String = group[i..].chars().take_while(|c| is_ident(*c)).collect();
+                        found.push((name.clone(), format!("crate::{{{name}…}}")));
+                        item_start = false;
+                    }
+                    c if c.is_whitespace() => {}
+                    _ => item_start = false,
+                }
+            }
+        } else {
+            let name: String = after.chars().take_while(|c| is_ident(*c)).collect();
+            if !name.is_empty() {
+                let path: String = after.chars().take_while(|c| is_ident(*c) || *c == ':').collect();
+                found.push((name, format!("crate::{}", path.trim_end_matches(':'))));
+            }
+        }
+    }
+    found
+}
+
+/// `text` with its comments and the contents of its string and character literals blanked out
+/// (line breaks kept), so a path in a doc comment or a message is not taken for a reference.
+pub fn strip_comments_and_strings(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0usize;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    blank(&mut out, chars[i]);
+                    i += 1;
+                }
+            }
+        } else if c == '"'
+            || (c == 'r' && matches!(next, Some('"') | Some('#')) && !chars[..i].last().is_some_and(|p| p.is_alphanumeric() || *p == '_'))
+        {
+            // a string, or a raw string r"…" / r#"…"#
+            let raw = c == 'r';
+            let mut hashes = 0;
+            if raw {
+                i += 1;
+                while chars.get(i) == Some(&'#') {
+                    hashes += 1;
+                    i += 1;
+                }
+                if chars.get(i) != Some(&'"') {
+                    // `r#ident`, a raw identifier
+                    out.push('r');
+                    continue;
+                }
+            }
+            i += 1;
+            out.push('"');
+            while i < chars.len() {
+                if !raw && chars[i] == '\\' {
+                    i += 2;
+                    out.push_str("  ");
+                    continue;
+                }
+                if chars[i] == '"' && (0..hashes).all(|h| chars.get(i + 1 + h) == Some(&'#')) {
+                    i += 1 + hashes;
+                    break;
+                }
+                blank(&mut out, chars[i]);
+                i += 1;
+            }
+            out.push('"');
+        } else if c == '\'' {
+            // a character literal ('x', '\n', '\''); a lifetime ('a) has no closing quote
+            if next == Some('\\') {
+                let close = (i + 2..chars.len().min(i + 12)).find(|&j| chars[j] == '\'' && j > i + 2);
+                i = close.map_or(i + 1, |j| j + 1);
+                out.push_str("' '");
+            } else if chars.get(i + 2) == Some(&'\'') {
+                i += 3;
+                out.push_str("' '");
+            } else {
+                out.push(c);
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The module graph of the crate whose sources are under `src`: its top-level modules (from
+/// `lib.rs`) and every reference between them ([`module_edges`]) in the `.rs` files below.
+pub fn read_module_graph(src: &std::path::Path) -> std::io::Result<(Vec<String>, Vec<ModuleEdge>)> {
+    fn walk(dir: &std::path::Path, base: &std::path::Path, files: &mut Vec<(String, String)>) -> std::io::Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<std::io::Result<_>>()?;
+        entries.sort_by_key(|e| e.path());
+        for entry in entries {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, base, files)?;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(base).expect("below the base").components();
+                let relative: Vec<String> = relative.map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+                files.push((relative.join("/"), std::fs::read_to_string(&path)?));
+            }
+        }
+        Ok(())
+    }
+    let modules = top_level_modules(&std::fs::read_to_string(src.join("lib.rs"))?);
+    let mut files = Vec::new();
+    walk(src, src, &mut files)?;
+    Ok((modules.clone(), module_edges(&modules, &files)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +477,43 @@ mod tests {
                 assert!(!allowed(from).unwrap_or_default().contains(dep), "{from} -> {dep} is in both tables");
             }
         }
+    }
+
+    fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn modules_are_what_lib_rs_declares_and_aliases_are_not() {
+        let lib = "//! The crate.\npub use capstan_auth as auth;\npub use capstan_core::refusal;\npub mod api;\n#[cfg(test)]\nmod host_tests;\npub mod state;\n";
+        assert_eq!(top_level_modules(lib), ["api", "host_tests", "state"]);
+        assert_eq!(module_of("api/socket.rs").as_deref(), Some("api"));
+        assert_eq!(module_of("metrics.rs").as_deref(), Some("metrics"));
+        assert_eq!(module_of("lib.rs"), None);
+    }
+
+    #[test]
+    fn references_are_read_from_code_alone() {
+        let modules: Vec<String> = ["api", "metrics", "state", "auth_free"].iter().map(|s| s.to_string()).collect();
+        let found = module_edges(
+            &modules,
+            &files(&[
+                ("api/mod.rs", "use crate::{auth, metrics::{self, track}, state as s};\nfn f() { crate::api::x(); }"),
+                ("api/socket.rs", "//! see [`crate::state::AppState`]\nlet s = \"crate::auth_free\"; let c = '\"'; crate::metrics::scrape"),
+                ("metrics.rs", "/* crate::api */ fn g<'a>(x: &'a str) { $crate::api::m!(); my_crate::state::y(); }"),
+                ("lib.rs", "pub mod api; use crate::state;"),
+            ]),
+        );
+        let pairs: Vec<(&str, &str, &str)> = found.iter().map(|e| (e.from.as_str(), e.to.as_str(), e.file.as_str())).collect();
+        assert_eq!(pairs, [("api", "metrics", "api/mod.rs"), ("api", "state", "api/mod.rs"), ("api", "metrics", "api/socket.rs")]);
+        assert_eq!(found[2].path, "crate::metrics::scrape");
+    }
+
+    #[test]
+    fn a_circle_of_modules_is_found() {
+        let modules: Vec<String> = ["api", "metrics"].iter().map(|s| s.to_string()).collect();
+        let found = module_edges(&modules, &files(&[("api/mod.rs", "use crate::metrics;"), ("metrics.rs", "use crate::api::AppState;")]));
+        let pairs: Vec<(String, String)> = found.into_iter().map(|e| (e.from, e.to)).collect();
+        assert!(find_cycle(&pairs).is_some());
     }
 }
