@@ -65,6 +65,7 @@ impl Manager for Backups {
             .setting("backupTargetPrefix", "Where in the bucket copies go: <prefix>/backups/<backupId>/…", Some("capstan".to_string()))
             .setting("backupTargetRegion", "The external S3 target's region", Some("us-east-1".to_string()))
             // /p/backups: every service's backups (state, size, age), the schedule, restores
+            .nav("Backups", "database")
             .page(Page::new("", "Backups", "overview").template("overview").form("runAll").form("create").form("replicate"))
             // /p/backups/restore?organizationId=…&backupId=…: what a restore replaces, confirmed there
             .page(Page::new("restore", "Restore a backup", "get").template("restore").form("restore").hidden())

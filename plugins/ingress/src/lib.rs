@@ -93,6 +93,7 @@ impl Manager for IngressManager {
                 Some(Vec::new()),
             )
             // /p/ingress: the designated clusters, their tables and what was left out
+            .nav("Ingress", "globe")
             .page(Page::new("", "Ingress", "overview").template("overview").form("designate").form("attachService").form("detachService"))
             .collection(DESIGNATIONS)
             .collection(MUTATIONS)

@@ -98,6 +98,8 @@ impl Manager for Mail {
                 EntityKind::Service,
                 "The addresses bound at the mail gateway: SMTP usernames and inbound targets, never a password",
             )
+            .panel(EntityKind::Service, "Mail", "service-panel")
+            .nav("Mail", "envelope")
             // /p/mail: every service's addresses, the gateway's state
             .page(Page::new("", "Mail", "listServiceTargets").template("overview"))
             .collection(CollectionSpec::new(BINDINGS).index("by_service", &["serviceId"]).index("by_org", &["organizationId"]))
