@@ -483,7 +483,7 @@ pub fn refusal_from_envelope(status: u16, body: &[u8]) -> Refusal {
     };
     let retryable = matches!(error.remove("retryable"), Some(Value::Bool(true)));
     let data = error.remove("data").filter(|d| !d.is_null()).map(Box::new);
-    Refusal { code: Cow::Owned(code), message, retryable, data, detail: None }
+    Refusal { code: Cow::Owned(code), message, retryable, data, detail: None, status: None }
 }
 
 fn is_code(code: &str) -> bool {

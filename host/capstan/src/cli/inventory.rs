@@ -897,7 +897,7 @@ fn print_service(s: &Value, organizations: &Names) {
     println!("ports:        {}", list("ports", &port::format));
     println!("domains:      {}", list("domains", &|d| d.as_str().unwrap_or("?").to_string()));
     println!("volumes:      {}", list("volumes", &|v| format!("{}:{}", text(v, "name"), text(v, "mountPath"))));
-    println!("mail:         {}", list("mailAddresses", &|m| m.as_str().unwrap_or("?").to_string()));
+    println!("mail addresses: {}", list("mailAddresses", &|m| m.as_str().unwrap_or("?").to_string()));
     if s["database"].is_object() {
         let db = &s["database"];
         println!("database:     {} {}/{}", text(db, "engine"), text(db, "volume"), text(db, "path"));
