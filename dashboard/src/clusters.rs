@@ -88,6 +88,8 @@ struct ClusterView {
     created_iso: String,
     updated_at: String,
     updated_iso: String,
+    /// The panels the plugins loaded here add to a cluster's page (on its detail only).
+    panels: Vec<super::plugin_pages::PanelView>,
 }
 
 fn cluster_view(value: &Value) -> ClusterView {
@@ -108,6 +110,7 @@ fn cluster_view(value: &Value) -> ClusterView {
         created_iso,
         updated_at,
         updated_iso,
+        panels: Vec::new(),
     }
 }
 
@@ -320,7 +323,9 @@ async fn list_context(state: &Host, identity: &Viewer, cursor: Option<&str>) -> 
 
 /// One cluster and its runtime, as the detail shows them.
 async fn read_cluster(state: &Host, identity: &Viewer, id: &str) -> Result<(ClusterView, std::result::Result<RuntimeView, ErrorView>)> {
-    let cluster = cluster_view(&call(state, identity, "clusters.get", json!({ "id": id })).await?);
+    let answer = call(state, identity, "clusters.get", json!({ "id": id })).await?;
+    let mut cluster = cluster_view(&answer);
+    cluster.panels = super::plugin_pages::entity_panels(state, identity, "cluster", &answer);
     let runtime = match call(state, identity, "clusters.getRuntime", json!({ "id": id })).await {
         Ok(runtime) => Ok(runtime_view(&runtime)),
         Err(refusal) => Err(ErrorView::from(&refusal)),

@@ -43,11 +43,12 @@ use crate::state::AppState;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRef, FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use capstan_core::text::SecretString;
 use capstan_rpc::Registry;
+use capstan_server::plugins::faces::NAV_ICONS;
 use capstan_server::plugins::host::PluginHost;
 use capstan_server::system::{StatusReport, System, status_report};
 use minijinja::value::Serde;
@@ -164,8 +165,8 @@ pub fn router() -> Router<AppState> {
         .route("/secrets/sets/{id}/update", post(secrets::update_set))
         .route("/secrets/sets/{id}/retire", get(secrets::confirm_retire).post(secrets::retire))
         .route("/secrets/{id}/revoke", get(secrets::revoke_page).post(secrets::revoke))
-        // the App Store's view is the App Store plugin's pages now
-        .route("/appstore", get(|| async { Redirect::permanent("/p/appstore") }))
+        // `/<pluginId>` is a plugin's first page (the App Store's view was `/appstore`)
+        .route("/{plugin}", axum::routing::any(plugin_pages::shortcut))
         .route("/p/{plugin}", get(plugin_pages::index))
         // a form reads what the API would take for its method: the handler holds it to that
         .route("/p/{plugin}/-/call/{method}", post(plugin_pages::call).layer(DefaultBodyLimit::disable()))
@@ -210,6 +211,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("layout.html", include_str!("../templates/layout.html")),
     ("app.html", include_str!("../templates/app.html")),
     ("icons.html", include_str!("../templates/icons.html")),
+    ("entity_panels.html", include_str!("../templates/entity_panels.html")),
     ("login.html", include_str!("../templates/login.html")),
     ("overview.html", include_str!("../templates/overview.html")),
     ("status.html", include_str!("../templates/status.html")),
@@ -500,82 +502,73 @@ fn time_left(until: u64) -> String {
 struct NavItem {
     label: String,
     icon: &'static str,
-    /// `None`: not built yet, shown disabled.
+    /// `None`: nothing to open, shown disabled.
     href: Option<String>,
     active: bool,
     /// Shown to administrators only: anyone else would be answered 403 there.
     admin_only: bool,
 }
 
-/// The rail's sections; the ones without a page yet are shown as coming soon. A section without
-/// an href is filled by the first page of the plugin whose id is its icon's name, once loaded.
-const SECTIONS: &[(&str, &str, Option<&str>)] = &[
-    ("Overview", "overview", Some("/")),
-    ("Fleet", "fleet", Some("/fleet")),
-    ("Clusters", "clusters", Some("/clusters")),
-    ("Services", "services", Some("/services")),
-    ("Organizations", "organizations", Some("/organizations")),
-    ("Secrets", "secrets", Some("/secrets")),
-    ("Backups", "backups", None),
-    ("Mail", "mail", None),
-    ("Ingress", "ingress", None),
-    ("Plugins", "plugins", Some("/plugins")),
-    ("Tasks", "tasks", Some("/tasks")),
-    ("Users", "users", Some("/users")),
-    ("Publishers", "publishers", Some("/publishers")),
-    ("Audit", "audit", Some("/audit")),
-    ("Settings", "settings", Some("/settings")),
-    ("API", "api", Some("/docs/api")),
+/// The host's sections of the rail.
+const SECTIONS: &[(&str, &str, &str)] = &[
+    ("Overview", "overview", "/"),
+    ("Fleet", "fleet", "/fleet"),
+    ("Clusters", "clusters", "/clusters"),
+    ("Services", "services", "/services"),
+    ("Organizations", "organizations", "/organizations"),
+    ("Secrets", "secrets", "/secrets"),
+    ("Plugins", "plugins", "/plugins"),
+    ("Tasks", "tasks", "/tasks"),
+    ("Users", "users", "/users"),
+    ("Publishers", "publishers", "/publishers"),
+    ("Audit", "audit", "/audit"),
+    ("Settings", "settings", "/settings"),
+    ("API", "api", "/docs/api"),
 ];
 
 /// The sections only administrators may open.
 const ADMIN_ONLY: &[&str] = &["fleet", "clusters", "secrets", "plugins", "tasks", "users", "publishers", "audit", "settings"];
 
-/// The rail with `active` marked: the host's sections, and after Secrets the pages the plugins
-/// loaded here list in the navigation (`active` is `p:<pluginId>/<path>` for those).
+/// The rail with `active` marked: the host's sections, and after Secrets what the plugins
+/// loaded here add (`active` is `p:<pluginId>/<path>` on their pages): a plugin that declares
+/// a navigation section is listed under its own name and icon, opening its first listed page;
+/// every other page it lists follows as an entry of its own.
 fn nav(state: &Host, active: &str) -> Vec<NavItem> {
     let mut items: Vec<NavItem> = SECTIONS
         .iter()
         .map(|&(label, icon, href)| NavItem {
             label: label.into(),
             icon,
-            href: href.map(str::to_string),
+            href: Some(href.to_string()),
             active: icon == active,
             admin_only: ADMIN_ONLY.contains(&icon),
         })
         .collect();
     let at = items.iter().position(|i| i.icon == "secrets").map_or(items.len(), |i| i + 1);
-    let pages: Vec<NavItem> = state
-        .plugins
-        .loaded()
-        .iter()
-        .flat_map(|plugin| {
-            let id = plugin.manifest.id.clone();
-            plugin.described.pages.iter().filter(|p| p.navigation).map(move |p| NavItem {
-                label: p.title.clone(),
-                icon: "plugins",
-                href: Some(if p.path.is_empty() { format!("/p/{id}") } else { format!("/p/{id}/{}", p.path) }),
-                active: active == format!("p:{id}/{}", p.path),
+    let mut pages: Vec<NavItem> = Vec::new();
+    for plugin in state.plugins.loaded() {
+        let id = &plugin.manifest.id;
+        let href = |path: &str| if path.is_empty() { format!("/p/{id}") } else { format!("/p/{id}/{path}") };
+        let mut listed = plugin.described.pages.iter().filter(|p| p.navigation);
+        if let Some(section) = &plugin.described.faces.nav
+            && let Some(first) = listed.next()
+        {
+            pages.push(NavItem {
+                label: section.title.clone(),
+                icon: NAV_ICONS.iter().find(|i| **i == section.icon).copied().unwrap_or("box"),
+                href: Some(href(&first.path)),
+                active: active.strip_prefix("p:").and_then(|a| a.split_once('/')).is_some_and(|(plugin, _)| plugin == id),
                 admin_only: false,
-            })
-        })
-        .collect();
-    // a manager's first page fills the section named after it (Backups: the backups plugin),
-    // which is shown as coming soon until one is loaded
-    let pages: Vec<NavItem> = pages
-        .into_iter()
-        .filter(|page| {
-            let section = items.iter_mut().find(|i| i.href.is_none() && page.href.as_deref() == Some(&format!("/p/{}", i.icon)));
-            match section {
-                Some(section) => {
-                    section.href = page.href.clone();
-                    section.active = page.active;
-                    false
-                }
-                None => true,
-            }
-        })
-        .collect();
+            });
+        }
+        pages.extend(listed.map(|p| NavItem {
+            label: p.title.clone(),
+            icon: "plugins",
+            href: Some(href(&p.path)),
+            active: active == format!("p:{id}/{}", p.path),
+            admin_only: false,
+        }));
+    }
     items.splice(at..at, pages);
     items
 }

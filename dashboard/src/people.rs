@@ -296,6 +296,7 @@ async fn render_organization(state: &Host, identity: &Viewer, id: &str, status: 
             revision => u64_of(&organization, "revision"),
         },
         members => Serde(members),
+        panels => Serde(super::plugin_pages::entity_panels(state, identity, "organization", &organization)),
         owner => owner,
         error => Serde(error),
         flash => Serde(flash),

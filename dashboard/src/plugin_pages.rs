@@ -11,6 +11,10 @@
 //! layout and under its Content-Security-Policy; a template carrying a script is refused at
 //! install. Forms are generated from their methods' input schemas and post to
 //! `/p/<pluginId>/-/call/<method>`, which calls the method exactly as the API would.
+//!
+//! Panels: a plugin may add a panel to the page of every organization, cluster or service
+//! ([`entity_panels`]), rendered from its bundle's template in the same sandbox with the entity
+//! as `get` answered it and the plugin's facet of it.
 
 use super::forms::{Flash, FormData, call_plugin, encode, post, redirect, status_of};
 use super::{message_page, nav, render, user_view};
@@ -21,7 +25,7 @@ use crate::state::BodyLimit;
 use axum::Extension;
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, Uri};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use capstan_server::plugins::faces::PageDecl;
 use capstan_server::plugins::host::Active;
 use minijinja::context;
@@ -244,6 +248,61 @@ fn form_view(plugin: &str, page: &str, method: &str, schema: &Value, typed_in: &
         page: page.to_string(),
         fields,
     }
+}
+
+/// `/<pluginId>`: a plugin of this host (loaded, installed, or embedded and still being
+/// installed) leads to its pages at `/p/<pluginId>`; any other path is not found, as it would
+/// be without this route.
+pub(super) async fn shortcut(State(state): State<Host>, Path(plugin): Path<String>, request: Request) -> Response {
+    let read = matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    if read && state.plugins.knows(&plugin).await {
+        return axum::response::Redirect::permanent(&format!("/p/{}", encode(&plugin))).into_response();
+    }
+    if super::wants_html(request.headers(), request.uri().path()) {
+        return super::not_found_page();
+    }
+    crate::api::ApiError(crate::refusal::Refusal::new("not-found", "no such path; the API lives under /api/v1/")).into_response()
+}
+
+// ---------------------------------------------------------------------------------------
+// Panels on entities' pages
+
+/// A plugin's panel on an entity's page: its HTML, or why it could not be rendered.
+#[derive(Debug, Serialize)]
+pub(crate) struct PanelView {
+    plugin: String,
+    title: String,
+    html: Option<String>,
+    error: Option<String>,
+}
+
+/// The panels the plugins loaded here add to the page of the `kind` entity `entity` (as its
+/// `get` answered it), plugin by plugin: each rendered from its bundle's template with
+/// `entity`, `facet` (the plugin's facet of it, or none), `user` and `plugin`. A panel that
+/// fails to render says so in its place; the page stands.
+pub(crate) fn entity_panels(state: &Host, identity: &Viewer, kind: &str, entity: &Value) -> Vec<PanelView> {
+    let user = user_view(identity);
+    let mut panels = Vec::new();
+    for active in state.plugins.loaded() {
+        let plugin = active.manifest.id.clone();
+        for panel in active.described.faces.panels.iter().filter(|p| p.kind == kind) {
+            let ctx = context! {
+                entity => Serde(entity),
+                facet => Serde(entity.get("facets").and_then(|f| f.get(&plugin))),
+                user => Serde(&user),
+                plugin => &plugin,
+            };
+            let (html, error) = match render_plugin_template(&active, &panel.template, ctx) {
+                Ok(html) => (Some(html), None),
+                Err(e) => {
+                    tracing::warn!(plugin = %plugin, template = %panel.template, error = %e, "a plugin's panel failed to render");
+                    (None, Some(format!("The panel could not be shown: {e}")))
+                }
+            };
+            panels.push(PanelView { plugin: plugin.clone(), title: panel.title.clone(), html, error });
+        }
+    }
+    panels
 }
 
 // ---------------------------------------------------------------------------------------

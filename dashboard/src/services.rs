@@ -58,8 +58,8 @@ struct ServiceView {
     /// The database it keeps in a volume, `volume/path (engine)`.
     database: Option<String>,
     mail_addresses: Vec<String>,
-    /// What the mail manager bound of them: `address: sending as <user>, receiving at host:port`.
-    mail_bound: Vec<String>,
+    /// The panels the plugins loaded here add to a service's page.
+    panels: Vec<super::plugin_pages::PanelView>,
     state: String,
     deleting: bool,
     deleting_at: Option<String>,
@@ -92,19 +92,7 @@ fn service_view(value: &Value) -> ServiceView {
             .filter(|db| db.is_object())
             .map(|db| format!("{}/{} ({})", str_of(db, "volume"), str_of(db, "path"), str_of(db, "engine"))),
         mail_addresses: strings_of(value.get("mailAddresses")),
-        mail_bound: value
-            .pointer("/facets/mail/bindings")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .map(|b| {
-                let receiving = match b.get("inbound").filter(|t| t.is_object()) {
-                    Some(t) => format!("receiving at {}:{}", str_of(t, "host"), u64_of(t, "port")),
-                    None => "not receiving".into(),
-                };
-                format!("{}: sending as {}, {receiving}", str_of(b, "address"), str_of(b, "smtpUsername"))
-            })
-            .collect(),
+        panels: Vec::new(),
         deleting: state == "deleting",
         deleting_at: value.get("deletingAt").and_then(Value::as_u64).map(|at| when(at).0),
         state,
@@ -404,7 +392,9 @@ pub(super) async fn create(State(state): State<Host>, request: Request) -> Respo
 // The detail page
 
 async fn read_service(state: &Host, identity: &Viewer, id: &str) -> Result<(ServiceView, String)> {
-    let service = service_view(&call(state, identity, "services.get", json!({ "id": id })).await?);
+    let answer = call(state, identity, "services.get", json!({ "id": id })).await?;
+    let mut service = service_view(&answer);
+    service.panels = super::plugin_pages::entity_panels(state, identity, "service", &answer);
     // the organization's name is a courtesy: its id stands in when it cannot be read
     let organization = match call(state, identity, "organizations.get", json!({ "id": service.organization_id })).await {
         Ok(org) => str_of(&org, "name").to_string(),
@@ -539,8 +529,7 @@ async fn confirm_page(
     let confirm = service.as_ref().map(|s| {
         let mut consequences = vec![
             "It is marked deleting at once and takes no new work.".to_string(),
-            "Managers that own something of it (mail addresses, backups, routes) clean up first; it is removed when the last one lets go."
-                .to_string(),
+            "Managers that own something of it clean up first; it is removed when the last one lets go.".to_string(),
             "Its deployment grants go with it.".to_string(),
         ];
         if s.deleting {

@@ -196,10 +196,12 @@ async fn the_overview_needs_a_session_and_shows_who_and_the_status() {
     assert!(body.contains(&format!("version {target} of {target}")), "migrations are shown: {body}");
     assert!(body.contains(env!("CARGO_PKG_VERSION")));
     assert!(body.contains("Session expires") && body.contains(" UTC"), "{body}");
-    // every section is in the rail; the ones without a page yet are shown as coming soon
-    for section in ["Backups", "Mail", "Ingress"] {
-        assert!(body.contains(&format!(r#"title="{section}: coming soon""#)), "{section} should be shown as coming soon");
+    // the host's sections are in the rail; a manager's section comes with its plugin, none is
+    // shown before it is loaded
+    for section in ["Overview", "Services", "Secrets", "Settings"] {
+        assert!(body.contains(&format!(">{section}<")), "{section} should be in the rail");
     }
+    assert!(!body.contains("coming soon"), "no section waits for a plugin: {body}");
     for path in ["clusters", "services", "secrets", "tasks", "settings"] {
         assert!(body.contains(&format!(r#"href="&#x2f;{path}""#)), "{path} is linked in the rail: {body}");
     }
@@ -532,9 +534,8 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     assert!(body.contains(r#"id="fleet-summary">0 nodes, 0 live<"#), "{body}");
     assert!(body.contains(r#"id="fleet-empty""#) && body.contains("No nodes yet"), "{body}");
     assert!(!body.contains(r#"id="fleet-nodes""#) && !body.contains(r#"id="fleet-freeze""#), "{body}");
-    // the rail links the fleet as the current page; sections not built yet are still to come
+    // the rail links the fleet as the current page
     assert!(body.contains(r#"href="&#x2f;fleet" aria-current="page""#), "{body}");
-    assert!(body.contains(r#"title="Backups: coming soon""#), "{body}");
     assert!(body.find(">Overview<").unwrap() < body.find(">Fleet<").unwrap());
     assert!(body.find(">Fleet<").unwrap() < body.find(">Clusters<").unwrap());
     // live: the panel polls its own route; nothing inline
@@ -3083,7 +3084,7 @@ async fn the_backups_section_is_the_backups_plugins_page_once_it_is_loaded() {
     let (_dir, state) = setup().await;
     let cookie = login_cookie(&state).await;
     let before = send(&state, get("/", Some(&cookie))).await;
-    assert!(before.body.contains(r#"title="Backups: coming soon""#), "{}", before.body);
+    assert!(!before.body.contains(">Backups<") && !before.body.contains(">Mail<"), "a manager's section comes with it: {}", before.body);
 
     state.plugins.install_first_party().await.unwrap();
     assert!(state.plugins.get("backups").is_some(), "the embedded backups manager is loaded: {:?}", state.plugins.load_error("backups"));
@@ -3091,8 +3092,8 @@ async fn the_backups_section_is_the_backups_plugins_page_once_it_is_loaded() {
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let body = &page.body;
     assert!(body.contains("<title>Backups · Capstan</title>"), "{body}");
-    assert!(!body.contains(r#"title="Backups: coming soon""#), "the section is no longer to come: {body}");
-    assert_eq!(body.matches(">Backups<").count(), 2, "one rail entry (and the heading): {body}");
+    assert_eq!(body.matches(">Backups<").count(), 2, "one rail entry, the section the plugin declares (and the heading): {body}");
+    assert!(body.contains(">Mail<") && body.contains(">Ingress<"), "the other managers' sections, declared by them: {body}");
     assert!(body.contains(r#"href="&#x2f;p&#x2f;backups" aria-current="page""#), "the rail's Backups links the page: {body}");
     assert!(body.find(">Secrets<").unwrap() < body.find(">Backups<").unwrap(), "in the section's place: {body}");
     assert!(body.contains(r#"<dd id="schedule-keep-last">the newest 24 complete backups</dd>"#), "the overview shows retention: {body}");

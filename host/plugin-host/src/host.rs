@@ -449,6 +449,12 @@ impl PluginHost {
             .collect()
     }
 
+    /// Whether `id` names a plugin of this host: loaded here, installed, or embedded first-party
+    /// (installed in the background at start).
+    pub async fn knows(&self, id: &str) -> bool {
+        self.get(id).is_some() || self.first_party.iter().any(|b| b.manifest.id == id) || self.record(id).await.is_ok_and(|r| r.is_some())
+    }
+
     /// How far this node is with loading its plugins: every enabled installed plugin and every
     /// embedded first-party one not installed yet (that happens in the background at start) is
     /// loaded, failed to load, or still loading.

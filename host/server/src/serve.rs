@@ -62,7 +62,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
 
     let keyring = open_keyring(&config)?;
     let report = keyring.report();
-    tracing::info!(active_kek = %report.active_kek_id, ingress = %report.ingress.id, "keyring loaded");
+    tracing::info!(active_kek = %report.active_kek_id, ingress_recipient = %report.ingress.id, "keyring loaded");
 
     let store_options = StoreOptions { database_name: config.database_name.clone(), budget: config.request_budget };
     let store = Store::open(&config.database_url, &store_options).await?;
