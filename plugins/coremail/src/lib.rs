@@ -30,12 +30,12 @@
 //!
 //! An unchanged pass reads (the settings, the secrets, CoreMail's status) and writes nothing.
 
+use capstan_plugin_smtp::SmtpTls;
 use capstan_sdk::events;
 use capstan_sdk::http::Request;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
 use capstan_sdk::secrets::{self, Generate, Owner, SecretInfo};
-use capstan_plugin_smtp::SmtpTls;
 use capstan_sdk::settings::PortNumber;
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{

@@ -29,11 +29,11 @@
 //! verifiers of the credential CoreMail connects with — arrives as the event
 //! `coremail.gatewayPeer` and is registered at the gateway before any target names it.
 
+use capstan_plugin_smtp::SmtpTls;
 use capstan_sdk::gateway;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
 use capstan_sdk::secrets::{self, Owner};
-use capstan_plugin_smtp::SmtpTls;
 use capstan_sdk::settings::PortNumber;
 use capstan_sdk::store::{self, Doc};
 use capstan_sdk::{
