@@ -3098,3 +3098,47 @@ async fn the_backups_section_is_the_backups_plugins_page_once_it_is_loaded() {
     assert!(body.find(">Secrets<").unwrap() < body.find(">Backups<").unwrap(), "in the section's place: {body}");
     assert!(body.contains(r#"<dd id="schedule-keep-last">the newest 24 complete backups</dd>"#), "the overview shows retention: {body}");
 }
+
+#[tokio::test]
+async fn a_plugins_panel_shows_its_facet_on_the_entitys_page_and_its_refusals_answer_their_status() {
+    let (_dir, state) = setup().await;
+    let cookie = login_cookie(&state).await;
+    state.plugins.install_first_party().await.unwrap();
+    assert!(state.plugins.get("mail").is_some(), "the embedded mail manager is loaded: {:?}", state.plugins.load_error("mail"));
+    let org = method(&state, &cookie, "organizations.create", serde_json::json!({ "name": "acme" })).await;
+    let body = serde_json::json!({
+        "organizationId": org["id"], "name": "web", "image": "registry.example.com/web:1", "mailAddresses": ["web@acme.example"],
+    });
+    let service = method(&state, &cookie, "services.create", body).await;
+    let id = service["id"].as_str().unwrap().to_string();
+    let page = send(&state, get(&format!("/services/{id}"), Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="mail-service-panel""#) && page.body.contains(r#"data-plugin="mail""#), "{}", page.body);
+    assert!(page.body.contains("None of its addresses is bound yet"), "{}", page.body);
+
+    // the mail manager's record of the service, as it writes it: its panel shows it
+    let record = serde_json::json!({ "bindings": [{
+        "address": "web@acme.example", "smtpUsername": "capstan.web", "credentialVersion": 1,
+        "inbound": { "host": "10.0.0.5", "port": 30025 }, "targetType": "direct", "retired": false,
+    }] });
+    let write =
+        capstan_server::inventory::facets::Write { kind: "service", id: &id, plugin: "mail", value: Some(record), expected_revision: None };
+    capstan_server::inventory::facets::set(&state.store, &capstan_links::HostDependents, write).await.unwrap();
+    for path in [format!("/services/{id}"), format!("/services/{id}/panel")] {
+        let shown = send(&state, get(&path, Some(&cookie))).await;
+        assert!(shown.body.contains("web@acme.example: sending as capstan.web, receiving at 10.0.0.5:30025"), "{path}: {}", shown.body);
+    }
+
+    // a refusal code the ingress manager declares answers the status it declared
+    let token = cookie.trim_start_matches("capstan_session=");
+    let request = Request::builder()
+        .method("POST")
+        .uri("/api/v1/ingress.exportBearer")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"clusterId":"cl_none"}"#))
+        .unwrap();
+    let answer = send(&state, request).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.body);
+    assert!(answer.body.contains("ingress-not-designated"), "{}", answer.body);
+}

@@ -532,7 +532,7 @@ impl PluginHost {
         let methods = described
             .methods
             .iter()
-            .map(|(verb, entry)| (verb.clone(), registry_entry(&manifest.id, verb, entry, &sandbox, &self.services.platform)))
+            .map(|(verb, entry)| (verb.clone(), registry_entry(&manifest.id, verb, entry, &sandbox, &self.services.platform, &described.faces.refusals)))
             .collect();
         for page in &described.pages {
             if let Some(template) = page.template.as_ref().filter(|t| !bundle.pages.contains_key(*t)) {
@@ -1072,7 +1072,14 @@ fn a_backtracking_pattern_is_checked_in_linear_time_or_refused() {
 /// A plugin method as a registry entry: the caller's role judged (organization roles through
 /// the platform's one authority), the body validated against the schema the plugin declares,
 /// then the sandbox answers.
-fn registry_entry(plugin: &str, verb: &str, entry: &Arc<MethodEntry>, sandbox: &Arc<Sandbox>, platform: &Arc<dyn Platform>) -> Arc<Method> {
+fn registry_entry(
+    plugin: &str,
+    verb: &str,
+    entry: &Arc<MethodEntry>,
+    sandbox: &Arc<Sandbox>,
+    platform: &Arc<dyn Platform>,
+    refusals: &[crate::faces::RefusalDecl],
+) -> Arc<Method> {
     let (plugin_id, verb_name) = (plugin.to_string(), verb.to_string());
     let (entry_for_call, sandbox, platform) = (entry.clone(), sandbox.clone(), platform.clone());
     let handler: RawHandler = Arc::new(move |call: Call, body: Value| {
@@ -1106,6 +1113,7 @@ fn registry_entry(plugin: &str, verb: &str, entry: &Arc<MethodEntry>, sandbox: &
     if entry.read_only {
         method.read_only();
     }
+    method.declared_refusals = refusals.iter().map(|r| (r.code.clone(), r.status)).collect();
     Arc::new(method)
 }
 

@@ -127,8 +127,11 @@ pub struct Method {
     pub read_only: bool,
     /// The refusal codes a host method answers of its own, beyond [`GENERIC_REFUSALS`]
     /// ([`Method::refuses`]); shown by status in the OpenAPI document. Empty for a plugin's
-    /// method, whose manifest declares none.
+    /// method: its plugin declares its codes ([`Method::declared_refusals`]).
     pub refuses: Vec<&'static str>,
+    /// The refusal codes the plugin serving the method declared, with the HTTP status each
+    /// answers (a code the host's table names keeps the table's).
+    pub declared_refusals: Vec<(String, u16)>,
     /// Whose refusals the method passes on as they come, beyond those it declares (a plugin it
     /// runs, a relay's agent), when it does ([`Method::passes_on`]): their codes are not known here.
     pub passes_on: Option<&'static str>,
@@ -289,6 +292,7 @@ impl Registry {
             plugin: None,
             read_only: false,
             refuses: Vec::new(),
+            declared_refusals: Vec::new(),
             passes_on: None,
             handler: Arc::new(move |call, body| {
                 let handler = handler.clone();
@@ -371,6 +375,7 @@ impl Method {
             plugin,
             read_only: false,
             refuses: Vec::new(),
+            declared_refusals: Vec::new(),
             passes_on: None,
             handler,
         }

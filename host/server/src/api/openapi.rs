@@ -8,8 +8,9 @@
 //! the table the API's answers use) and in `x-capstan-refusals`: those any call may answer and,
 //! for a host method, those it declares where it is registered (`Method::refuses`). A debug
 //! build logs `capstan_rpc::UNDECLARED_REFUSAL` when a host method answers a code it does not
-//! declare, and the e2e suite fails the test whose server logged it. A plugin's manifest
-//! declares no codes: its own refusals are the `default` answer. A method's schemas
+//! declare, and the e2e suite fails the test whose server logged it. A plugin declares its
+//! codes with their status in its descriptor (`Method::declared_refusals`): they are listed
+//! under those statuses, and anything else it answers is the `default` answer. A method's schemas
 //! become two components (`<method>.input`, `<method>.output`) kept whole, `$defs` included: a
 //! reference inside one (`#/$defs/X`, or `#` itself) is rewritten to point into its component,
 //! so it resolves in the document exactly as it did in the schema alone.
@@ -67,7 +68,7 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
         json!({ "description": "The method's answer", "content": { "application/json": { "schema": schema_ref(output) } } }),
     );
     let refusals = refusals(method);
-    for (status, codes) in by_status(&refusals) {
+    for (status, codes) in by_status(&refusals, &method.declared_refusals) {
         let listed = codes.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ");
         responses.insert(
             status.to_string(),
@@ -78,7 +79,7 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
         );
     }
     let default = match (&method.plugin, method.passes_on) {
-        (Some(_), _) => "Any other refusal, by its code: the plugin's own refusals, which its manifest does not declare".to_string(),
+        (Some(_), _) => "Any other refusal, by its code: those the plugin answers without declaring them".to_string(),
         (None, Some(whom)) => format!("Any other refusal, by its code: those of {whom}, passed on as they come"),
         (None, None) => {
             "Any other refusal, by its code (none is expected: every refusal this method answers is listed by its status)".into()
@@ -91,8 +92,8 @@ fn operation(method: &Method, input: &str, output: &str) -> Value {
     let mut description = String::from("Refusal codes by HTTP status below; all of them in `x-capstan-refusals`.");
     if method.plugin.is_some() {
         description.push_str(
-            " A plugin's manifest declares no refusal codes: those listed are the ones the host answers for any plugin method; \
-             the plugin's own come under `default`.",
+            " Listed: the refusals the host answers for any plugin method, and those the plugin declares with their status; \
+             any other it answers comes under `default`.",
         );
     }
     let mut operation = json!({
@@ -137,22 +138,26 @@ const PLUGIN_REFUSALS: &[&str] = &[
 ];
 
 /// Every refusal code `method` may answer ([`Method::refusal_codes`]), and for a plugin's
-/// method those the plugin host answers for it.
-fn refusals(method: &Method) -> Vec<&'static str> {
-    let mut codes = method.refusal_codes();
+/// method those the plugin host answers for it and those the plugin declares.
+fn refusals(method: &Method) -> Vec<String> {
+    let mut codes: Vec<String> = method.refusal_codes().into_iter().map(str::to_string).collect();
     if method.plugin.is_some() {
-        codes.extend(PLUGIN_REFUSALS);
+        codes.extend(PLUGIN_REFUSALS.iter().map(|c| c.to_string()));
+        codes.extend(method.declared_refusals.iter().map(|(code, _)| code.clone()));
         codes.sort_unstable();
         codes.dedup();
     }
     codes
 }
 
-/// `codes` grouped by the HTTP status each answers (the one table's), statuses ascending.
-fn by_status(codes: &[&'static str]) -> std::collections::BTreeMap<u16, Vec<&'static str>> {
-    let mut grouped = std::collections::BTreeMap::<u16, Vec<&'static str>>::new();
-    for &code in codes {
-        grouped.entry(capstan_rpc::documented_status(code)).or_default().push(code);
+/// `codes` grouped by the HTTP status each answers (the one table's, else the status its
+/// plugin `declared`), statuses ascending.
+fn by_status<'a>(codes: &'a [String], declared: &[(String, u16)]) -> std::collections::BTreeMap<u16, Vec<&'a str>> {
+    let mut grouped = std::collections::BTreeMap::<u16, Vec<&'a str>>::new();
+    for code in codes {
+        let declared = declared.iter().find(|(c, _)| c == code).map(|(_, status)| *status);
+        let status = capstan_core::refusal::code_status(code).or(declared).unwrap_or_else(|| capstan_rpc::documented_status(code));
+        grouped.entry(status).or_default().push(code);
     }
     grouped
 }
@@ -299,8 +304,24 @@ mod tests {
         assert_eq!(listed(greet, 409), ["plugin-disabled"]);
         assert!(listed(greet, 503).contains(&"plugin-busy".to_string()));
         assert!(listed(greet, 400).contains(&"plugin-failed".to_string()));
-        assert!(greet["responses"]["default"]["description"].as_str().unwrap().contains("manifest does not declare"));
-        assert!(greet["description"].as_str().unwrap().contains("the plugin's own come under `default`"));
+        assert!(greet["responses"]["default"]["description"].as_str().unwrap().contains("without declaring them"));
+        assert!(greet["description"].as_str().unwrap().contains("any other it answers comes under `default`"));
+    }
+
+    #[test]
+    fn a_plugins_declared_refusals_are_listed_under_their_status() {
+        let handler: capstan_rpc::RawHandler = Arc::new(|_, _| Box::pin(async move { Ok(json!({}).into()) }));
+        let mut method =
+            Method::served_by("hello", "hello.greet".into(), "Greet".into(), Access::Authenticated, (json!({}), json!({})), handler);
+        // a code of the host's table keeps the table's status whatever the plugin says
+        method.declared_refusals = vec![("greeting-taken".into(), 409), ("greeter-asleep".into(), 503), ("conflict".into(), 422)];
+        let document = document(&[Arc::new(method)], "https://capstan.example");
+        let greet = operation(&document, "hello.greet");
+        assert_eq!(listed(greet, 409), ["conflict", "greeting-taken", "plugin-disabled"]);
+        assert!(listed(greet, 503).contains(&"greeter-asleep".to_string()));
+        assert!(greet["responses"].get("422").is_none(), "{greet}");
+        let all: Vec<&str> = greet["x-capstan-refusals"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        assert!(all.contains(&"greeting-taken") && all.contains(&"greeter-asleep"), "{all:?}");
     }
 
     #[test]
