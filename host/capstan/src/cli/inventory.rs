@@ -1241,6 +1241,33 @@ fn parse_database(text: &str) -> std::result::Result<Value, String> {
     }
 }
 
+/// The records managers keep on an entity (`facets`), each under its plugin's id, one line per
+/// value: `  <plugin>  <path>: <value>`. What a record means is its plugin's to say; this
+/// prints any.
+fn print_facets(entity: &Value) {
+    for (plugin, facet) in entity["facets"].as_object().into_iter().flatten() {
+        let mut lines = Vec::new();
+        facet_lines(facet, "", &mut lines);
+        println!("facet {plugin}:");
+        for line in lines {
+            println!("  {line}");
+        }
+    }
+}
+
+/// `value`'s leaves as `path: value` lines (`bindings[0].address: web@acme.example`).
+fn facet_lines(value: &Value, path: &str, out: &mut Vec<String>) {
+    let at = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        Value::Object(map) if !map.is_empty() => map.iter().for_each(|(k, v)| facet_lines(v, &at(k), out)),
+        Value::Array(items) if !items.is_empty() => {
+            items.iter().enumerate().for_each(|(i, v)| facet_lines(v, &format!("{path}[{i}]"), out))
+        }
+        Value::String(text) => out.push(format!("{path}: {text}")),
+        other => out.push(format!("{path}: {other}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1321,31 +1348,15 @@ mod tests {
         };
         assert_eq!(fields.into_body(&mut Map::new(), &[ClearArg::Env]).unwrap_err().code, "argument-invalid");
     }
-}
 
-/// The records managers keep on an entity (`facets`), each under its plugin's id, one line per
-/// value: `  <plugin>  <path>: <value>`. What a record means is its plugin's to say; this
-/// prints any.
-fn print_facets(entity: &Value) {
-    for (plugin, facet) in entity["facets"].as_object().into_iter().flatten() {
+    #[test]
+    fn a_facet_prints_as_one_line_per_value() {
+        let facet = json!({ "bindings": [{ "address": "web@acme.example", "inbound": { "port": 30025 }, "retired": false }], "note": "" });
         let mut lines = Vec::new();
-        facet_lines(facet, "", &mut lines);
-        println!("facet {plugin}:");
-        for line in lines {
-            println!("  {line}");
-        }
-    }
-}
-
-/// `value`'s leaves as `path: value` lines (`bindings[0].address: web@acme.example`).
-fn facet_lines(value: &Value, path: &str, out: &mut Vec<String>) {
-    let at = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
-    match value {
-        Value::Object(map) if !map.is_empty() => map.iter().for_each(|(k, v)| facet_lines(v, &at(k), out)),
-        Value::Array(items) if !items.is_empty() => {
-            items.iter().enumerate().for_each(|(i, v)| facet_lines(v, &format!("{path}[{i}]"), out))
-        }
-        Value::String(text) => out.push(format!("{path}: {text}")),
-        other => out.push(format!("{path}: {other}")),
+        super::facet_lines(&facet, "", &mut lines);
+        assert_eq!(
+            lines,
+            ["bindings[0].address: web@acme.example", "bindings[0].inbound.port: 30025", "bindings[0].retired: false", "note: "]
+        );
     }
 }
