@@ -229,6 +229,10 @@ fn the_openapi_document_is_valid_and_lists_every_method() {
     let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
     let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
     crate::appstore::wait_for_appstore(&server, &admin);
+    crate::support::eventually("the ingress manager running", std::time::Duration::from_secs(180), || {
+        let reply = server.call_as(&admin, "plugins.get", &json!({ "id": "ingress" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
 
     let listed = server.listed_methods();
     let doc = server.get("/api/v1/openapi.json").expect_json(200);
@@ -332,13 +336,15 @@ fn the_openapi_document_is_valid_and_lists_every_method() {
         ("auth.login", "429", "rate-limited"),
         ("relays.ping", "503", "relay-not-connected"),
         ("appstore.getCatalogStatus", "409", "plugin-disabled"),
+        // a code the plugin declares, under the status it declares
+        ("ingress.exportBearer", "409", "ingress-not-designated"),
     ] {
         assert!(listed_under(method, status).iter().any(|c| c == code), "{method} lists {code} under {status}");
     }
     assert!(listed_under("organizations.get", "409").is_empty(), "a method lists no code it cannot answer");
     assert!(listed_under("auth.login", "401").iter().any(|c| c == "unauthenticated"), "a public method that refuses a login says so");
     let appstore = &doc["paths"]["/api/v1/appstore.getCatalogStatus"]["post"];
-    assert!(appstore["responses"]["default"]["description"].as_str().unwrap().contains("manifest does not declare"), "{appstore}");
+    assert!(appstore["responses"]["default"]["description"].as_str().unwrap().contains("without declaring them"), "{appstore}");
     // and the API answers a refusal with the status the document lists its code under
     let org = server.call_as(&admin, "organizations.create", &json!({ "name": "openapi-docs" })).expect_json(200);
     let again = server.call_as(&admin, "organizations.create", &json!({ "name": "openapi-docs" })).expect_error(409, "exists");
