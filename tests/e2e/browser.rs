@@ -33,6 +33,7 @@ const SCREENSHOT_COPY: &str = "/tmp/capstan-overview.png";
 const LOGIN_SCREENSHOT_COPY: &str = "/tmp/capstan-login.png";
 const FLEET_SCREENSHOT_COPY: &str = "/tmp/capstan-fleet.png";
 const SERVICES_SCREENSHOT_COPY: &str = "/tmp/capstan-services.png";
+const SERVICE_SCREENSHOT_COPY: &str = "/tmp/capstan-service.png";
 const CLUSTERS_SCREENSHOT_COPY: &str = "/tmp/capstan-clusters.png";
 const TASKS_SCREENSHOT_COPY: &str = "/tmp/capstan-tasks.png";
 const TASK_SCREENSHOT_COPY: &str = "/tmp/capstan-task.png";
@@ -557,6 +558,17 @@ async fn services_view(client: &Client, server: &Capstan, api: &ApiClient<'_>, d
     ] {
         assert_eq!(text_of(client, css).await, expected, "{css}");
     }
+    // the mail manager's panel, from its bundle: nothing bound without a gateway
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while api.status_of("plugins.get", json!({ "id": "mail" })).1["status"] != "running" {
+        assert!(Instant::now() < deadline, "the mail manager should be running");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    client.refresh().await.unwrap();
+    let panel = wait_for(client, "#mail-service-panel").await.text().await.unwrap();
+    assert!(panel.contains("None of its addresses is bound yet"), "{panel}");
+    let shot = client.screenshot().await.expect("a screenshot of the service's page");
+    save_screenshot(&shot, dir, "service.png", SERVICE_SCREENSHOT_COPY);
 
     // a refusal keeps what was typed and shows its code; then a good edit
     fill(client, "#service-environment", "LOG_LEVEL=info\nDB_PASSWORD=correct-horse-battery").await;
