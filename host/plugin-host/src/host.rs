@@ -532,7 +532,9 @@ impl PluginHost {
         let methods = described
             .methods
             .iter()
-            .map(|(verb, entry)| (verb.clone(), registry_entry(&manifest.id, verb, entry, &sandbox, &self.services.platform, &described.faces.refusals)))
+            .map(|(verb, entry)| {
+                (verb.clone(), registry_entry(&manifest.id, verb, entry, &sandbox, &self.services.platform, &described.faces.refusals))
+            })
             .collect();
         for page in &described.pages {
             if let Some(template) = page.template.as_ref().filter(|t| !bundle.pages.contains_key(*t)) {
