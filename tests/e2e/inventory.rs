@@ -225,7 +225,7 @@ fn every_write_path_refuses_bad_input_by_name_over_http() {
     w.refused(&owner, m, json!({ "organizationId": org_id, "userId": max_id, "role": "member", "since": 1 }), 400, "invalid-request");
     w.refused(&owner, m, json!({ "organizationId": org_id, "userId": max_id, "role": "boss" }), 400, "invalid-request");
     w.refused(admin, m, json!({ "organizationId": "org_missing", "userId": max_id, "role": "member" }), 404, "organization-not-found");
-    w.refused(&owner, m, json!({ "organizationId": org_id, "userId": "user_missing", "role": "member" }), 404, "user-not-found");
+    w.refused(&owner, m, json!({ "organizationId": org_id, "userId": "user_missing", "role": "member" }), 400, "member-user-invalid");
     w.refused(&member, m, json!({ "organizationId": org_id, "userId": max_id, "role": "owner" }), 403, "forbidden");
     w.refused(&owner, m, json!({ "organizationId": other_id, "userId": olga_id, "role": "owner" }), 403, "forbidden");
     w.refused(&owner, m, json!({ "organizationId": org_id, "userId": olga_id, "role": null }), 400, "organization-last-owner");

@@ -279,31 +279,48 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
         .transact(|tx| async move {
             access::require_org(&tx, identity, &input.organization_id, OrgRole::Owner).await?;
             require_organization(&tx, &input.organization_id).await?;
-            let user = require(&tx, capstan_auth::USERS, "user", &input.user_id).await.map(|u: Entity<capstan_auth::User>| u)?;
-            if input.role.is_some() && is_minted_identity(&tx, &input.user_id).await? {
-                return Err(Refusal::new(
-                    "member-user-invalid",
-                    "a cluster's machine user or a deployer acts through its own grants, never as an organization member",
-                )
-                .with_data(json!({ "field": "userId" })));
-            }
             let id = membership_id(&input.organization_id, &input.user_id);
-            let current = tx.get(MEMBERS, &id).await?;
+            let current = match capstan_store::validate_id(&id) {
+                Ok(()) => tx.get(MEMBERS, &id).await?,
+                Err(_) => None,
+            };
             let current_role = current.as_ref().and_then(|d| serde_json::from_value::<OrgRole>(d.data["role"].clone()).ok());
             if current_role == input.role {
-                return Ok(SetMemberAnswer { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role: input.role });
+                // removing a non-member, or giving a member the role it holds: nothing to say
+                // about the user either way
+                return Ok(SetMemberAnswer {
+                    organization_id: input.organization_id.clone(),
+                    user_id: input.user_id.clone(),
+                    role: input.role,
+                });
             }
+            // a membership is removed whether or not its user still exists
+            let user = match &current {
+                Some(_) if input.role.is_none() => tx.get(capstan_auth::USERS, &input.user_id).await?,
+                _ => Some(member_candidate(&tx, &input.user_id).await?),
+            };
+            let username = user.as_ref().and_then(|u| u.data["username"].as_str()).unwrap_or_default().to_string();
             if current_role == Some(OrgRole::Owner) && !identity.is_human_admin() && owners(&tx, &input.organization_id).await? <= 1 {
                 // an owner may not leave an organization nobody but an administrator can run
                 return Err(Refusal::new("organization-last-owner", "this is the organization's last owner: make another owner first"));
             }
             match (input.role, current) {
                 (Some(role), Some(doc)) => {
-                    let membership = Membership { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role, updated_at: now_secs() };
+                    let membership = Membership {
+                        organization_id: input.organization_id.clone(),
+                        user_id: input.user_id.clone(),
+                        role,
+                        updated_at: now_secs(),
+                    };
                     tx.replace(MEMBERS, &id, doc.revision, to_value(&membership)?).await?;
                 }
                 (Some(role), None) => {
-                    let membership = Membership { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role, updated_at: now_secs() };
+                    let membership = Membership {
+                        organization_id: input.organization_id.clone(),
+                        user_id: input.user_id.clone(),
+                        role,
+                        updated_at: now_secs(),
+                    };
                     tx.insert(MEMBERS, &id, to_value(&membership)?).await?;
                 }
                 (None, Some(doc)) => tx.delete(MEMBERS, &id, doc.revision).await?,
@@ -313,12 +330,31 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
                 &tx,
                 "organization.memberChanged",
                 &input.organization_id,
-                json!({ "organizationId": input.organization_id, "userId": input.user_id, "username": user.data.username, "role": input.role }),
+                json!({ "organizationId": input.organization_id, "userId": input.user_id, "username": username, "role": input.role }),
             )
             .await?;
             Ok(SetMemberAnswer { organization_id: input.organization_id.clone(), user_id: input.user_id.clone(), role: input.role })
         })
         .await
+}
+
+/// The user who may be given a role: one that exists and is not one Capstan minted for a purpose
+/// of its own (a cluster's machine user, a deployer, which act through their own grants). Any
+/// other id is refused `member-user-invalid`, one answer whether or not a user has it: an owner
+/// learns from this method only what its own organization holds, never which user ids exist.
+async fn member_candidate(tx: &Tx, user: &str) -> Result<capstan_store::Document> {
+    let found = match capstan_store::validate_id(user) {
+        Ok(()) => tx.get(capstan_auth::USERS, user).await?,
+        Err(_) => None,
+    };
+    match found {
+        Some(doc) if !is_minted_identity(tx, user).await? => Ok(doc),
+        _ => Err(Refusal::new(
+            "member-user-invalid",
+            "no person with this id can be a member: give the id of an existing person (a cluster's machine user or a deployer acts through its own grants)",
+        )
+        .with_data(json!({ "field": "userId" }))),
+    }
 }
 
 /// Whether the user is one Capstan minted for a purpose of its own (a cluster, a deployer).
@@ -393,7 +429,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
             Access::Owner,
             set_member,
         )
-        .refuses(&["organization-not-found", "user-not-found", "member-user-invalid", "organization-last-owner"]);
+        .refuses(&["organization-not-found", "member-user-invalid", "organization-last-owner"]);
     registry
         .add("organizations.listMembers", "An organization's members and their roles (member)", Access::Member, members)
         .refuses(&["organization-not-found"])

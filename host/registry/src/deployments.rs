@@ -403,8 +403,8 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
                 answer.replayed = true;
                 return Ok(answer);
             }
-            let service = capstan_inventory::services::require_active(&tx, &input_ref.service_id).await?;
-            if !has_grant(&tx, &service.id, &identity_ref.user_id, "deployment:reserve").await? {
+            let (service, granted) = deployable(&tx, identity_ref, &input_ref.service_id, "deployment:reserve").await?;
+            if !granted {
                 return Err(Refusal::new("forbidden", "this needs a deployer granted deployment:reserve on the service"));
             }
             refuse_deploy_on_push(&service)?;
@@ -454,6 +454,28 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
         tracing::info!(operation = %answer.id, service = %answer.operation.service_id, tag = %answer.operation.tag, "deployment reserved");
     }
     Ok(answer)
+}
+
+/// The service a deployment step of `identity` names, and whether `identity` holds `capability`
+/// on it. A caller that neither holds it nor may read the service is refused `service-not-found`
+/// exactly as for a service that does not exist, before anything of the service is judged: its
+/// existence, its deletion, its switches and its tags stay unseen by a stranger.
+async fn deployable(
+    tx: &Tx,
+    identity: &Identity,
+    service_id: &str,
+    capability: &str,
+) -> Result<(capstan_inventory::Entity<capstan_inventory::services::Service>, bool)> {
+    use capstan_inventory::access::ServiceNeed;
+    use capstan_inventory::services::{refuse_if_deleting, require_service, visible_service};
+    let service = require_service(tx, service_id).await?;
+    let granted = has_grant(tx, &service.id, &identity.user_id, capability).await?;
+    if !granted {
+        // one that may read the service learns nothing here; anyone else meets a missing one
+        visible_service(tx, identity, service_id, ServiceNeed::Read).await?;
+    }
+    refuse_if_deleting(&service)?;
+    Ok((service, granted))
 }
 
 /// The operation, if `identity` may see it (else `deployment-operation-not-found`, as if absent).
@@ -802,11 +824,11 @@ async fn judge_preflight(registry: &Registry, identity: &Identity, input: &Prefl
                             message: "a release tag is a tag other than latest".into(),
                         });
                     }
-                    match capstan_inventory::services::require_active(&tx, service_id).await {
+                    match deployable(&tx, identity, service_id, "deployment:reserve").await {
                         Err(e) if e.is("service-not-found") || e.is("service-deleting") => blockers.push(blocker(e)),
                         Err(e) => return Err(e),
-                        Ok(service) => {
-                            if !has_grant(&tx, &service.id, &identity.user_id, "deployment:reserve").await? {
+                        Ok((service, granted)) => {
+                            if !granted {
                                 blockers.push(Blocker {
                                     code: "forbidden".into(),
                                     message: "this needs a deployer granted deployment:reserve".into(),

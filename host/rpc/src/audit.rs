@@ -7,10 +7,11 @@
 //!
 //! A method is state-changing unless it is declared read-only ([`Method::read_only`]); every
 //! plugin method is (the plugin contract declares no read-only flag). The record is written
-//! by [`Registry::invoke`] right after the method answered, in a transaction of its own: the
-//! methods open their own transactions (often several, or none for a plugin), so the record
-//! cannot join them, and a failure to write it is logged and never turns a done mutation into
-//! a refusal.
+//! by [`Registry::invoke`] right after the method answered, in a transaction apart from the
+//! method's (the methods open their own transactions, often several, or none for a plugin, so
+//! the record cannot join them) shared with the records of calls answered at the same moment
+//! ([`AuditLog::append`]), and a failure to write it is logged and never turns a done mutation
+//! into a refusal.
 //!
 //! Records are kept under ids that begin with the inverted time of the call, so the store's id
 //! order — the primary key of both backends — is newest first: listing walks it from a time
@@ -22,6 +23,7 @@ use capstan_store::{CollectionSpec, Store};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// The audit records.
 pub const AUDIT: &str = "audit_records";
@@ -192,19 +194,42 @@ impl Record {
 #[derive(Clone)]
 pub struct AuditLog {
     store: Store,
+    /// Records waiting to be written, and whose turn it is to write them.
+    waiting: Arc<Waiting>,
 }
+
+/// Records appended and not yet written, written together by one caller at a time (a group
+/// commit): a burst of calls — 500 failed logins at once — makes a few transactions rather
+/// than 500 racing for SQLite's one writer, where those that lost past the store's budget went
+/// unrecorded ("database is locked").
+#[derive(Default)]
+struct Waiting {
+    /// Kept until written (or given up on), so a writer whose call was dropped mid-write leaves
+    /// them to the next one.
+    records: std::sync::Mutex<Vec<(String, Value)>>,
+    turn: futures::lock::Mutex<()>,
+}
+
+/// The most records one transaction writes.
+const RECORDS_PER_TRANSACTION: usize = 200;
+
+/// How long a batch of records keeps being retried while the store is busy (each attempt has
+/// the store's own budget, with its backoff) before it is given up and logged.
+const WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl AuditLog {
     /// The audit log kept in `store` (whose audit collection is [`declare`]d).
     pub fn new(store: Store) -> AuditLog {
-        AuditLog { store }
+        AuditLog { store, waiting: Arc::default() }
     }
 
-    /// Append `record` in a transaction of its own. A failure is logged, never answered: the
-    /// call it records has already happened.
+    /// Append `record`, returning once it is written. Records appended at the same time are
+    /// written together by whichever of their callers gets the turn first; contention is
+    /// retried for up to [`WRITE_PATIENCE`]. A failure is logged, never answered: the call it
+    /// records has already happened.
     pub async fn append(&self, mut record: Record) {
         record.id = record_id(record.micros);
-        let (id, method) = (record.id.clone(), record.method.clone());
+        let id = record.id.clone();
         let data = match serde_json::to_value(&record) {
             Ok(Value::Object(mut data)) => {
                 data.remove("id");
@@ -212,15 +237,49 @@ impl AuditLog {
             }
             _ => return,
         };
-        let written = self
-            .store
-            .transact(|tx| {
-                let (id, data) = (id.clone(), data.clone());
-                async move { tx.insert(AUDIT, &id, data).await.map(drop) }
-            })
-            .await;
-        if let Err(refusal) = written {
-            tracing::error!(%method, code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "the audit record of a call could not be written: {}", refusal.message);
+        self.waiting.records.lock().expect("audit records lock").push((id.clone(), data));
+        let _turn = self.waiting.turn.lock().await;
+        loop {
+            let batch: Vec<(String, Value)> = {
+                let records = self.waiting.records.lock().expect("audit records lock");
+                if !records.iter().any(|(waiting, _)| *waiting == id) {
+                    // written (or given up on) by the caller whose turn came before
+                    return;
+                }
+                records.iter().take(RECORDS_PER_TRANSACTION).cloned().collect()
+            };
+            let written = self.write(&batch).await;
+            if let Err(refusal) = &written {
+                let method = batch.first().and_then(|(_, data)| data["method"].as_str()).unwrap_or_default();
+                tracing::error!(%method, records = batch.len(), code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "audit records could not be written: {}", refusal.message);
+            }
+            let done: std::collections::HashSet<&str> = batch.iter().map(|(id, _)| id.as_str()).collect();
+            self.waiting.records.lock().expect("audit records lock").retain(|(id, _)| !done.contains(id.as_str()));
+        }
+    }
+
+    /// Write `batch` in one transaction, retrying while the store is busy for up to
+    /// [`WRITE_PATIENCE`]. A record already there (its writer was dropped after the commit) is
+    /// left as it is.
+    async fn write(&self, batch: &[(String, Value)]) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let written = self
+                .store
+                .transact(|tx| async move {
+                    for (id, data) in batch {
+                        if tx.get(AUDIT, id).await?.is_none() {
+                            tx.insert(AUDIT, id, data.clone()).await?;
+                        }
+                    }
+                    Ok(())
+                })
+                .await;
+            match written {
+                // the store waited out its own budget with backoff: another round of it
+                Err(e) if e.is("store-busy") && started.elapsed() < WRITE_PATIENCE => continue,
+                other => return other,
+            }
         }
     }
 

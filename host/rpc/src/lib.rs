@@ -135,6 +135,9 @@ pub struct Method {
     /// Whose refusals the method passes on as they come, beyond those it declares (a plugin it
     /// runs, a relay's agent), when it does ([`Method::passes_on`]): their codes are not known here.
     pub passes_on: Option<&'static str>,
+    /// What every body must be before the handler sees it, read from `input_schema` when the
+    /// method is made ([`BodyRules`]).
+    body_rules: BodyRules,
     handler: RawHandler,
 }
 
@@ -282,11 +285,13 @@ impl Registry {
         assert!(valid_method_name(name), "method name {name} must be <area>.<verb> in camelCase");
         assert!(!self.methods.contains_key(name), "method {name} registered twice");
         let handler = Arc::new(handler);
+        let input_schema = serde_json::to_value(schema_for!(In)).expect("schema serializes");
         let method = Method {
             name: name.into(),
             summary: summary.into(),
             access,
-            input_schema: serde_json::to_value(schema_for!(In)).expect("schema serializes"),
+            body_rules: BodyRules::of(&input_schema),
+            input_schema,
             output_schema: serde_json::to_value(schema_for!(Out)).expect("schema serializes"),
             coordinator_only: false,
             plugin: None,
@@ -369,6 +374,7 @@ impl Method {
             name,
             summary,
             access,
+            body_rules: BodyRules::of(&input_schema),
             input_schema,
             output_schema,
             coordinator_only: false,
@@ -450,12 +456,15 @@ impl Method {
     }
 
     /// Run the method for `call`. An administrator-only method refuses anyone else here, before
-    /// the body is decoded; organization roles are checked by the handler once it knows the
-    /// organization, through the one [`OrganizationAuthority`].
+    /// the body is looked at; then a body that is not the object the input is, or names an id
+    /// `""`, is refused `invalid-request` (its `BodyRules`), host and plugin methods alike.
+    /// Organization roles are checked by the handler once it knows the organization, through
+    /// the one [`OrganizationAuthority`].
     pub async fn answer(&self, call: Call, body: Value) -> Result<Answer> {
         if self.access == Access::Admin && !call.identity.as_ref().is_some_and(|i| i.is_human_admin()) {
             return Err(Refusal::new("forbidden", format!("{} needs an administrator", self.name)));
         }
+        self.body_rules.check(&body)?;
         let answer = (self.handler)(call, body).await;
         // Keeps the declarations true as the code changes: a debug build (every test's) says
         // when a method answers a code it does not declare, and the e2e suite fails on it.
@@ -526,6 +535,138 @@ pub fn decode<T: DeserializeOwned>(body: Value) -> Result<T> {
         let refusal = Refusal::invalid_request(message);
         if field.is_empty() { refusal } else { refusal.with_data(json!({ "field": field })) }
     })
+}
+
+/// What every body of a method must be before its handler decodes it, read once from the
+/// method's input schema: an object where the input is one (serde fills a struct from a JSON
+/// array by position, so `[]` or `[null, null]` would pass for a list's paging), and no empty
+/// id anywhere the schema puts one (`""` names nothing: looking it up would only answer how a
+/// missing thing is missed, `relay-not-connected` for cluster "", say).
+#[derive(Debug, Clone, Default)]
+struct BodyRules {
+    /// The input is a JSON object.
+    object: bool,
+    /// Where ids sit: members named `id` or `…Id` that hold a string, and each string of a
+    /// `…Ids` list, at any depth the schema describes (never inside free-form maps).
+    ids: Vec<Vec<Step>>,
+}
+
+/// One step of a path into a body.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Member(String),
+    Each,
+}
+
+/// How many schema nodes are followed looking for ids, and how deep: a plugin's schema is not
+/// ours to trust with the host's time (recursive, or branching without end).
+const ID_SEARCH_BUDGET: usize = 2_000;
+const ID_SEARCH_DEPTH: usize = 8;
+
+impl BodyRules {
+    fn of(schema: &Value) -> BodyRules {
+        let object = match schema.get("type") {
+            Some(kind) => kind == "object",
+            None => schema.get("properties").is_some(),
+        };
+        let (mut ids, mut budget) = (Vec::new(), ID_SEARCH_BUDGET);
+        id_paths(schema, schema, &mut Vec::new(), &mut budget, &mut ids);
+        ids.sort();
+        ids.dedup();
+        BodyRules { object, ids }
+    }
+
+    /// `invalid-request` for a body that is not the object the input is, or names an id `""`
+    /// (naming the member).
+    fn check(&self, body: &Value) -> Result<()> {
+        if self.object && !body.is_object() {
+            return Err(Refusal::invalid_request("the body must be a JSON object: this method takes its input by member name"));
+        }
+        for path in &self.ids {
+            if let Some(field) = empty_at(body, path, String::new()) {
+                return Err(Refusal::invalid_field(&field, format!("{field} is empty: an id names something")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `schema`, or what its local `$ref` points at (within `root`).
+fn resolved<'s>(mut schema: &'s Value, root: &'s Value) -> &'s Value {
+    for _ in 0..8 {
+        match schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')).and_then(|p| root.pointer(p)) {
+            Some(target) => schema = target,
+            None => break,
+        }
+    }
+    schema
+}
+
+/// Whether `schema` lets a value be a string.
+fn admits_string(schema: &Value, root: &Value) -> bool {
+    let schema = resolved(schema, root);
+    let typed = match schema.get("type") {
+        Some(Value::String(kind)) => kind == "string",
+        Some(Value::Array(kinds)) => kinds.iter().any(|k| k == "string"),
+        _ => false,
+    };
+    typed
+        || ["anyOf", "oneOf"].iter().any(|key| {
+            schema
+                .get(*key)
+                .and_then(Value::as_array)
+                .is_some_and(|branches| branches.iter().any(|b| resolved(b, root).get("type") == Some(&json!("string"))))
+        })
+}
+
+/// Collect into `out` the paths of the ids `schema` describes (see [`BodyRules::ids`]).
+fn id_paths(schema: &Value, root: &Value, path: &mut Vec<Step>, budget: &mut usize, out: &mut Vec<Vec<Step>>) {
+    if *budget == 0 || path.len() > ID_SEARCH_DEPTH {
+        return;
+    }
+    *budget -= 1;
+    let schema = resolved(schema, root);
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        for (name, member) in properties {
+            path.push(Step::Member(name.clone()));
+            let items = resolved(member, root).get("items");
+            if (name == "id" || name.ends_with("Id")) && admits_string(member, root) {
+                out.push(path.clone());
+            } else if name.ends_with("Ids") && items.is_some_and(|items| admits_string(items, root)) {
+                path.push(Step::Each);
+                out.push(path.clone());
+                path.pop();
+            } else {
+                id_paths(member, root, path, budget, out);
+            }
+            path.pop();
+        }
+    }
+    if let Some(items) = schema.get("items").filter(|items| items.is_object()) {
+        path.push(Step::Each);
+        id_paths(items, root, path, budget, out);
+        path.pop();
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        for branch in schema.get(key).and_then(Value::as_array).into_iter().flatten() {
+            id_paths(branch, root, path, budget, out);
+        }
+    }
+}
+
+/// The field (`clusterId`, `owner.serviceId`, `clusterIds[2]`) where `value` holds `""` along
+/// `path`, if it does.
+fn empty_at(value: &Value, path: &[Step], shown: String) -> Option<String> {
+    match path.split_first() {
+        None => (value.as_str() == Some("")).then_some(shown),
+        Some((Step::Member(name), rest)) => {
+            let shown = if shown.is_empty() { name.clone() } else { format!("{shown}.{name}") };
+            empty_at(value.get(name.as_str())?, rest, shown)
+        }
+        Some((Step::Each, rest)) => {
+            value.as_array()?.iter().enumerate().find_map(|(i, item)| empty_at(item, rest, format!("{shown}[{i}]")))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -739,6 +880,102 @@ mod tests {
         assert_eq!(*huge.tree(), Value::Null);
         let tree = Answer::from(json!({ "a": 1 }));
         assert_eq!(serde_json::to_string(&tree).unwrap(), "{\"a\":1}");
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Page {
+        cursor: Option<String>,
+        #[serde(default)]
+        limit: Option<u32>,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct Nothing {}
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Targets {
+        cluster_id: String,
+        node_id: Option<String>,
+        cluster_ids: Option<Vec<String>>,
+        owner: Option<Owner>,
+        #[serde(default)]
+        routes: Vec<Owner>,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Owner {
+        service_id: String,
+    }
+
+    fn answered(method: &Method, body: Value) -> Result<Value> {
+        futures::executor::block_on(method.call(Call::by(&person(true)), body))
+    }
+
+    #[test]
+    fn a_body_that_is_not_the_object_the_input_is_is_refused_before_decoding() {
+        let mut registry = Registry::default();
+        registry.add("area.list", "lists", Access::Authenticated, |_, _: Page| async move { Ok(json!({ "items": [] })) });
+        registry.add("area.whoami", "who", Access::Authenticated, |_, _: Nothing| async move { Ok(json!({})) });
+        registry.add("area.any", "anything", Access::Authenticated, |_, body: Value| async move { Ok(body) });
+        let (list, whoami, any) =
+            (registry.get("area.list").unwrap(), registry.get("area.whoami").unwrap(), registry.get("area.any").unwrap());
+        // serde alone fills a struct from an array by position: these all decoded
+        assert!(decode::<Page>(json!([null, null])).is_ok() && decode::<Nothing>(json!([])).is_ok());
+        for body in [json!([]), json!([null, null]), json!([null]), json!(null), json!("x"), json!(1)] {
+            assert_eq!(answered(&list, body.clone()).unwrap_err().code, "invalid-request", "{body}");
+            assert_eq!(answered(&whoami, body.clone()).unwrap_err().code, "invalid-request", "{body}");
+        }
+        assert_eq!(answered(&list, json!({})).unwrap(), json!({ "items": [] }));
+        assert_eq!(answered(&whoami, json!({})).unwrap(), json!({}));
+        assert_eq!(answered(&any, json!([1])).unwrap(), json!([1]), "an input that is any value takes an array");
+        // a plugin's method, by the schema its plugin declared
+        let echo: RawHandler = Arc::new(|_, body| Box::pin(async move { Ok(Answer::Tree(body)) }));
+        let schemas = (json!({ "type": "object", "properties": { "backupId": { "type": "string" } } }), json!({}));
+        let plugin = Method::served_by("p", "p.get".into(), "s".into(), Access::Authenticated, schemas, echo.clone());
+        assert_eq!(answered(&plugin, json!([])).unwrap_err().code, "invalid-request");
+        assert_eq!(answered(&plugin, json!({ "backupId": "b" })).unwrap(), json!({ "backupId": "b" }));
+        let untyped = Method::served_by("p", "p.any".into(), "s".into(), Access::Authenticated, (json!({}), json!({})), echo);
+        assert_eq!(answered(&untyped, json!([])).unwrap(), json!([]));
+    }
+
+    #[test]
+    fn an_empty_id_is_refused_by_name_wherever_the_schema_puts_one() {
+        let mut registry = Registry::default();
+        registry.add("area.target", "targets", Access::Authenticated, |_, _: Targets| async move { Ok(json!("looked up")) });
+        let method = registry.get("area.target").unwrap();
+        let field = |body: Value| {
+            let refusal = answered(&method, body.clone()).expect_err(&body.to_string());
+            assert_eq!(refusal.code, "invalid-request", "{body}");
+            refusal.data.unwrap()["field"].as_str().unwrap().to_string()
+        };
+        assert_eq!(field(json!({ "clusterId": "" })), "clusterId");
+        assert_eq!(field(json!({ "clusterId": "c", "nodeId": "" })), "nodeId");
+        assert_eq!(field(json!({ "clusterId": "c", "clusterIds": ["a", ""] })), "clusterIds[1]");
+        assert_eq!(field(json!({ "clusterId": "c", "owner": { "serviceId": "" } })), "owner.serviceId");
+        assert_eq!(field(json!({ "clusterId": "c", "routes": [{ "serviceId": "s" }, { "serviceId": "" }] })), "routes[1].serviceId");
+        let fine = json!({ "clusterId": "c", "nodeId": null, "clusterIds": [], "labels": { "teamId": "" } });
+        assert_eq!(answered(&method, fine).unwrap(), json!("looked up"), "a free-form map is the caller's");
+        let schemas = (json!({ "type": "object", "properties": { "backupId": { "type": "string" } } }), json!({}));
+        let echo: RawHandler = Arc::new(|_, body| Box::pin(async move { Ok(Answer::Tree(body)) }));
+        let plugin = Method::served_by("p", "p.get".into(), "s".into(), Access::Authenticated, schemas, echo);
+        assert_eq!(answered(&plugin, json!({ "backupId": "" })).unwrap_err().data.unwrap()["field"], "backupId");
+    }
+
+    #[test]
+    fn a_schema_without_end_is_searched_for_ids_only_so_far() {
+        let endless = json!({ "type": "object", "properties": { "next": { "$ref": "#" }, "id": { "type": "string" } } });
+        let rules = BodyRules::of(&endless);
+        assert!(rules.object && rules.ids.len() <= ID_SEARCH_DEPTH + 1, "{:?}", rules.ids);
+        assert_eq!(rules.check(&json!({ "next": { "id": "" } })).unwrap_err().data.unwrap()["field"], "next.id");
     }
 
     #[test]

@@ -83,7 +83,7 @@ async fn organizations_keep_admins_and_owners_apart() {
         &w.admin,
         "organizations.setMember",
         json!({"organizationId": acme, "userId": "user_nobody", "role": "member"}),
-        "user-not-found",
+        "member-user-invalid",
     )
     .await;
     // the last owner cannot walk out and leave the organization to administrators alone

@@ -3,6 +3,7 @@
 
 mod audit;
 mod facets;
+mod hardening;
 mod inventory;
 mod nodes;
 mod plugin_nodes;
