@@ -250,6 +250,15 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
 
     // ---- keep-last: the newest two complete backups stay, everything older goes ----
     let settings = ok(&server, &admin, "settings.get", json!({}));
+    refused(
+        &server.call_as(
+            &admin,
+            "settings.update",
+            &json!({ "expectedRevision": settings["revision"], "set": { "backups.backupKeepLast": 0 } }),
+        ),
+        Refusing::ClientError,
+        "setting-invalid",
+    );
     ok(&server, &admin, "settings.update", json!({ "expectedRevision": settings["revision"], "set": { "backups.backupKeepLast": 2 } }));
     let mut newest = Vec::new();
     for _ in 0..3 {

@@ -31,10 +31,16 @@ use records::{BACKUPS, RESTORES, SCHEDULE};
 use replication::replicate_due;
 use retention::collect_garbage;
 use schedule::schedule_if_due;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 /// Garbage is collected in passes whose minute is a multiple of this (no state kept for it).
 const GC_EVERY_MINUTES: u64 = 10;
+
+/// Complete backups kept per service unless `backupKeepLast` says otherwise. Declared as a
+/// `NonZeroU32`, whose schema has `minimum: 1`: `settings.update` refuses 0 by that schema
+/// (`setting-invalid`), as the setting's summary says, rather than storing what would keep none.
+const DEFAULT_KEEP_LAST: NonZeroU32 = NonZeroU32::new(24).expect("24 is not 0");
 
 struct Backups;
 
@@ -54,7 +60,11 @@ impl Manager for Backups {
                 "When every service with volumes is backed up: a 5-field cron expression (UTC), or null for never",
                 None,
             )
-            .setting("backupKeepLast", "Complete backups kept per service, at least 1 (the oldest are pruned first)", Some(24u32))
+            .setting(
+                "backupKeepLast",
+                "Complete backups kept per service, at least 1 (the oldest are pruned first)",
+                Some(DEFAULT_KEEP_LAST),
+            )
             .setting("backupMaxBytes", "The largest archive one backup may store, in bytes (at most 16 GiB)", Some(4u64 << 30))
             .setting::<Option<String>>(
                 "backupTargetEndpoint",
@@ -128,3 +138,17 @@ impl Manager for Backups {
 }
 
 capstan_sdk::manager!(Backups);
+
+#[cfg(test)]
+mod tests {
+    use capstan_sdk::Manager;
+
+    #[test]
+    fn keep_last_is_declared_at_least_one_so_zero_is_refused() {
+        let described = super::Backups::describe().to_wit();
+        let keep_last = described.settings.iter().find(|s| s.key == "backupKeepLast").expect("declared");
+        let schema: serde_json::Value = serde_json::from_str(&keep_last.schema).unwrap();
+        assert_eq!((schema["type"].as_str(), schema["minimum"].as_u64()), (Some("integer"), Some(1)), "{schema}");
+        assert_eq!(keep_last.default.as_deref(), Some("24"));
+    }
+}
