@@ -344,7 +344,20 @@ impl Relay {
     }
 
     async fn session_inner(&mut self, bearer: &Bearer, registered: &mut bool) -> Ended {
-        let mut ws = match tokio::time::timeout(OPEN_TIMEOUT, tokio_tungstenite::connect_async(self.url.as_str())).await {
+        // the bearer rides on the upgrade too: the host then takes the session's slot from the
+        // machines' pool at once, which strangers' sessions cannot fill
+        let mut request = match tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(self.url.as_str()) {
+            Ok(request) => request,
+            Err(e) => return Ended::Lost(format!("{} is no WebSocket address: {e}", self.url)),
+        };
+        match tokio_tungstenite::tungstenite::http::HeaderValue::from_str(&format!("Bearer {}", bearer.0.as_str())) {
+            Ok(mut value) => {
+                value.set_sensitive(true);
+                request.headers_mut().insert("authorization", value);
+            }
+            Err(_) => return Ended::Lost("the relay bearer cannot travel in a header".into()),
+        }
+        let mut ws = match tokio::time::timeout(OPEN_TIMEOUT, tokio_tungstenite::connect_async(request)).await {
             Err(_) => return Ended::Lost(format!("connecting to {} timed out", self.url)),
             Ok(Err(e)) => return Ended::Lost(format!("connecting to {} failed: {e}", self.url)),
             Ok(Ok((ws, _response))) => ws,

@@ -56,13 +56,23 @@ where
 }
 
 /// A form post: from this host (else `403`), with a session (else to the login page), its
-/// fields read (else `400`/`413`).
+/// fields read (else `400`/`413`) within the route's body limit.
 pub(super) async fn post(state: &Host, request: Request) -> std::result::Result<(Viewer, FormData), Response> {
+    post_within(state, request, None).await
+}
+
+/// [`post`], the form read within `limit` bytes rather than the route's limit. The origin and
+/// the session are judged before a byte of the body is read.
+pub(super) async fn post_within(state: &Host, request: Request, limit: Option<usize>) -> std::result::Result<(Viewer, FormData), Response> {
     let (parts, body) = request.into_parts();
     if let Some(refused) = refuse_cross_origin(state, &parts.headers) {
         return Err(refused);
     }
     let identity = session(state, &parts.headers).await?;
+    let body = match limit {
+        Some(limit) => axum::body::Body::new(http_body_util::Limited::new(body, limit)),
+        None => body,
+    };
     match Form::<Vec<(String, String)>>::from_request(Request::from_parts(parts, body), state).await {
         // browsers send a text area's line breaks as CRLF; the methods take LF
         Ok(Form(pairs)) => Ok((identity, FormData(pairs.into_iter().map(|(k, v)| (k, v.replace("\r\n", "\n"))).collect()))),

@@ -16,7 +16,7 @@
 //! ([`entity_panels`]), rendered from its bundle's template in the same sandbox with the entity
 //! as `get` answered it and the plugin's facet of it.
 
-use super::forms::{Flash, FormData, call_plugin, encode, post, redirect, status_of};
+use super::forms::{Flash, FormData, call_plugin, encode, redirect, status_of};
 use super::{message_page, nav, render, user_view};
 use crate::Host;
 use crate::Viewer;
@@ -666,19 +666,7 @@ pub(super) async fn call(
 ) -> Response {
     let id = request.extensions().get::<RequestId>().map(|id| id.0.clone()).unwrap_or_default();
     let limit = max_body_bytes.saturating_mul(3).max(super::FORM_LIMIT);
-    let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(bytes) => bytes,
-        Err(_) => {
-            return message_page(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "The form could not be read",
-                &format!("It is larger than the {} bytes a form may carry here (request-too-large); nothing was changed.", limit),
-            );
-        }
-    };
-    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
-    let (identity, form) = match post(&state, request).await {
+    let (identity, form) = match super::forms::post_within(&state, request, Some(limit)).await {
         Ok(posted) => posted,
         Err(response) => return response,
     };

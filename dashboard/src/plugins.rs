@@ -447,8 +447,8 @@ fn unreadable(error: &axum::extract::multipart::MultipartError) -> Refusal {
     if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return too_large();
     }
-    if capstan_server::listener::is_body_timeout(error) {
-        return capstan_server::listener::body_timeout_refusal();
+    if capstan_server::bodies::is_body_timeout(error) {
+        return capstan_server::bodies::body_timeout_refusal();
     }
     Refusal::invalid_request("the upload could not be read; choose the bundle file and send the form again").detail(error)
 }

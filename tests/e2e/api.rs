@@ -66,16 +66,31 @@ fn big_body(size: usize) -> Vec<u8> {
 const EXPECT_100: (&str, &str) = ("expect", "100-continue");
 const PATH: &str = "/api/v1/migrations.getStatus";
 
+/// `raw` (a request as `sized_post` or `chunked_post` writes it) with `authorization`.
+fn authorized(raw: Vec<u8>, authorization: &str) -> Vec<u8> {
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.replacen("host: 127.0.0.1\r\n", &format!("host: 127.0.0.1\r\nauthorization: {authorization}\r\n"), 1).into_bytes()
+}
+
 /// Refuse an oversized body three ways: declared with `Expect: 100-continue` (the body is never
-/// sent), declared and sent anyway, and chunked without a declared length.
-fn assert_too_large(server: &Capstan, size: usize, limit: usize) {
+/// sent), declared and sent anyway, and chunked without a declared length. `authorization` is
+/// the caller's header (an empty one: nobody).
+fn assert_too_large(server: &Capstan, authorization: &str, size: usize, limit: usize) {
     let body = big_body(size);
-    let error = server.request("POST", PATH, &[JSON, EXPECT_100], Some(&body)).expect_error(413, "request-too-large");
+    let auth: &[(&str, &str)] = if authorization.is_empty() { &[] } else { &[("authorization", authorization)] };
+    let headers: Vec<(&str, &str)> = [JSON, EXPECT_100].into_iter().chain(auth.iter().copied()).collect();
+    let error = server.request("POST", PATH, &headers, Some(&body)).expect_error(413, "request-too-large");
     assert_eq!(error["data"]["limitBytes"], limit, "{error}");
-    let error = server.raw(&sized_post(PATH, &body)).expect_error(413, "request-too-large");
+    let raw = |request: Vec<u8>| if authorization.is_empty() { request } else { authorized(request, authorization) };
+    let error = server.raw(&raw(sized_post(PATH, &body))).expect_error(413, "request-too-large");
     assert_eq!(error["data"]["limitBytes"], limit, "{error}");
-    let error = server.raw(&chunked_post(PATH, &body)).expect_error(413, "request-too-large");
+    let error = server.raw(&raw(chunked_post(PATH, &body))).expect_error(413, "request-too-large");
     assert_eq!(error["data"]["limitBytes"], limit, "{error}");
+}
+
+/// An administrator's `Authorization` header on the dev host `server`.
+fn admin_bearer(server: &Capstan) -> String {
+    format!("Bearer {}", server.login("admin", &server.printed_admin_password().expect("the dev admin password")))
 }
 
 #[test]
@@ -84,11 +99,32 @@ fn bodies_over_the_default_limit_are_refused() {
     let limit: usize = 1024 * 1024;
     let default = capstan::config::VARS.iter().find(|v| v.env == capstan::config::MAX_BODY_BYTES).unwrap().default;
     assert_eq!(default, limit.to_string(), "the documented default limit");
+    let bearer = admin_bearer(&server);
 
-    assert_too_large(&server, limit + 1, limit);
+    assert_too_large(&server, &bearer, limit + 1, limit);
     // exactly at the limit the body is read (and then judged on its content: no such chain)
-    server.request("POST", PATH, &[JSON], Some(&big_body(limit))).expect_error(404, "not-found");
-    server.raw(&chunked_post(PATH, &big_body(limit))).expect_error(404, "not-found");
+    server.request("POST", PATH, &[JSON, ("authorization", &bearer)], Some(&big_body(limit))).expect_error(404, "not-found");
+    server.raw(&authorized(chunked_post(PATH, &big_body(limit)), &bearer)).expect_error(404, "not-found");
+    // nobody (a public method without a token) may send a few KiB, however the body comes
+    assert_too_large(&server, "", 8 * 1024 + 1, 8 * 1024);
+    assert_too_large(&server, "Bearer not-a-token", 8 * 1024 + 1, 8 * 1024);
+    server.raw(&chunked_post(PATH, &big_body(8 * 1024))).expect_error(404, "not-found");
+}
+
+#[test]
+fn nothing_is_read_for_an_unknown_method_or_a_caller_who_may_not_call_it() {
+    let (_dir, server) = dev();
+    // 50 MiB declared and never sent: the answer comes from the head alone (a host that read
+    // the body first would still be waiting for it)
+    let head = |path: &str, auth: &str| {
+        format!("POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\n\r\n", 50 << 20)
+            .into_bytes()
+    };
+    server.raw(&head("/api/v1/nosuch.method", "")).expect_error(404, "method-unknown");
+    server.raw(&head("/api/v1/organizations.list", "")).expect_error(401, "unauthenticated");
+    server.raw(&head("/api/v1/organizations.list", "authorization: Bearer not-a-token\r\n")).expect_error(401, "unauthenticated");
+    // a relay call carried between fleet nodes is judged by its signed headers first
+    server.raw(&head("/fleet/v1/relay-call", "")).expect_error(401, "fleet-request-unverified");
 }
 
 /// The head of a bundle upload that declares `length` bytes of body and sends none of it.
@@ -134,11 +170,12 @@ fn a_configured_body_limit_is_enforced() {
     cmd.env(capstan::config::MAX_BODY_BYTES, "2048");
     let server = Capstan::start(cmd);
 
-    assert_too_large(&server, 4096, 2048);
-    assert_too_large(&server, 2049, 2048);
+    let bearer = admin_bearer(&server);
+    assert_too_large(&server, &bearer, 4096, 2048);
+    assert_too_large(&server, &bearer, 2049, 2048);
     // under the limit is still fine
-    server.request("POST", PATH, &[JSON], Some(&big_body(2048))).expect_error(404, "not-found");
-    server.raw(&chunked_post(PATH, &big_body(2000))).expect_error(404, "not-found");
+    server.request("POST", PATH, &[JSON, ("authorization", &bearer)], Some(&big_body(2048))).expect_error(404, "not-found");
+    server.raw(&authorized(chunked_post(PATH, &big_body(2000)), &bearer)).expect_error(404, "not-found");
     assert_eq!(server.call("system.getStatus", "{}").expect_json(200)["ready"], true);
 }
 

@@ -137,7 +137,7 @@ pub fn code_status(code: &str) -> Option<u16> {
         "forbidden" => 403,
         "store-busy" | "store-unavailable" | "blobs-unavailable" | "not-ready" | "coordinator-unavailable" => 503,
         // always retryable: named here so the OpenAPI document shows the status they answer
-        "plugin-busy" | "relay-not-connected" | "relay-timeout" => 503,
+        "plugin-busy" | "relay-not-connected" | "relay-timeout" | "server-busy" => 503,
         // the external gateway's enrollment (docs/gateway-protocol.md)
         "gateway-unconfigured" | "gateway-target-mismatch" | "bootstrap-candidate-pending" => 409,
         "gateway-unreachable" => 503,

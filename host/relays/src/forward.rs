@@ -3,7 +3,10 @@
 //!
 //! The receiving node believes a request only when it is signed by the key the sender's id was
 //! claimed with in the bucket, names the receiver, is at most [`MAX_SKEW_MS`] old, and its
-//! nonce was not seen before (a replayed request runs nothing). Like coordinator forwarding, it
+//! nonce was not seen before (a replayed request runs nothing). The signature covers the body's
+//! SHA-256, which travels in a header ([`BODY_SHA256`]): the receiver judges the headers before
+//! it reads a byte of the body, so a stranger cannot make it buffer one, and then holds the body
+//! it reads to that hash. Like coordinator forwarding, it
 //! goes over plain HTTP, so only on a private network (`lan`, `wireguard`): a node on `public`
 //! refuses `relay-elsewhere`, naming the node that holds the relay.
 
@@ -30,6 +33,8 @@ pub const AT: &str = "x-capstan-node-at";
 pub const NONCE: &str = "x-capstan-node-nonce";
 /// The Ed25519 signature (base64) over [`message`].
 pub const SIGNATURE: &str = "x-capstan-node-signature";
+/// The SHA-256 (hex) of the body, which the signature covers.
+pub const BODY_SHA256: &str = "x-capstan-node-body-sha256";
 /// How far a signed request's time may be from the receiver's clock.
 pub const MAX_SKEW_MS: u64 = 30_000;
 /// A forwarded request's body is at most this large.
@@ -51,10 +56,14 @@ pub struct RelayCall {
     pub deadline_ms: u64,
 }
 
-/// What is signed: the purpose, both nodes, the time, the nonce and the body's hash.
-pub fn message(from: &str, to: &str, at: u64, nonce: &str, body: &[u8]) -> Vec<u8> {
-    let hash = hex::encode(Sha256::digest(body));
-    format!("capstan-relay-call-v1\n{from}\n{to}\n{at}\n{nonce}\n{hash}").into_bytes()
+/// What is signed: the purpose, both nodes, the time, the nonce and the body's hash (hex).
+pub fn message(from: &str, to: &str, at: u64, nonce: &str, body_sha256: &str) -> Vec<u8> {
+    format!("capstan-relay-call-v1\n{from}\n{to}\n{at}\n{nonce}\n{body_sha256}").into_bytes()
+}
+
+/// The SHA-256 of `body`, as [`BODY_SHA256`] carries it.
+pub fn body_sha256(body: &[u8]) -> String {
+    hex::encode(Sha256::digest(body))
 }
 
 /// How this node reaches the others (and recognizes them).
@@ -88,8 +97,8 @@ impl Peers {
         };
         let body = serde_json::to_vec(call).map_err(Refusal::internal)?;
         let identity = &self.fleet.node.identity;
-        let (at, nonce) = (now_ms(), capstan_core::ids::new_id("nonce"));
-        let signature = B64.encode(identity.sign(&message(&identity.id, node_id, at, &nonce, &body)));
+        let (at, nonce, hash) = (now_ms(), capstan_core::ids::new_id("nonce"), body_sha256(&body));
+        let signature = B64.encode(identity.sign(&message(&identity.id, node_id, at, &nonce, &hash)));
         let unreachable = |e: reqwest::Error| {
             Refusal::new("relay-not-connected", format!("fleet node {node_id}, which holds the relay, could not be reached"))
                 .with_data(json!({ "clusterId": call.cluster_id, "fleetNode": node_id, "retryAfterMs": super::RETRY_AFTER_MS }))
@@ -104,6 +113,7 @@ impl Peers {
             .header(AT, at.to_string())
             .header(NONCE, &nonce)
             .header(SIGNATURE, signature)
+            .header(BODY_SHA256, hash)
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -118,13 +128,11 @@ impl Peers {
         }
     }
 
-    /// Judge a carried request: the sender's signature by its claimed key, addressed to this
-    /// node, fresh, and never seen before.
-    pub async fn admit(&self, from: &str, at: &str, nonce: &str, signature: &str, body: &[u8]) -> Result<()> {
-        let refused = |why: &str| {
-            tracing::warn!(from = %capstan_core::text::truncate(from, 64), "a relay call from the fleet was refused: {why}");
-            Refusal::new("fleet-request-unverified", "a relay call from another fleet node was not verified")
-        };
+    /// Judge a carried request by its headers alone, before its body is read: the sender's
+    /// signature by its claimed key, addressed to this node, fresh, and never seen before.
+    pub async fn admit(&self, signed: &Signed<'_>) -> Result<()> {
+        let Signed { from, at, nonce, signature, body_sha256 } = *signed;
+        let refused = |why: &str| unverified(from, why);
         let at: u64 = at.parse().map_err(|_| refused("no time"))?;
         let now = now_ms();
         if at.abs_diff(now) > MAX_SKEW_MS {
@@ -133,9 +141,12 @@ impl Peers {
         if nonce.is_empty() || nonce.len() > 128 {
             return Err(refused("no nonce"));
         }
+        if body_sha256.len() != 64 || !body_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(refused("no body hash"));
+        }
         let Some(key) = capstan_fleet::claimed_key(&self.fleet.node.blobs, from).await? else { return Err(refused("unknown node")) };
         let to = &self.fleet.node.identity.id;
-        if !capstan_fleet::signed::signature_valid(&key, &message(from, to, at, nonce, body), signature) {
+        if !capstan_fleet::signed::signature_valid(&key, &message(from, to, at, nonce, body_sha256), signature) {
             return Err(refused("bad signature"));
         }
         let mut seen = self.seen.lock().expect("the nonce table is never poisoned");
@@ -147,8 +158,15 @@ impl Peers {
     }
 }
 
+/// The refusal of a carried request that is not believed (why is logged, never answered).
+fn unverified(from: &str, why: &str) -> Refusal {
+    tracing::warn!(from = %capstan_core::text::truncate(from, 64), "a relay call from the fleet was refused: {why}");
+    Refusal::new("fleet-request-unverified", "a relay call from another fleet node was not verified")
+}
+
 /// How a carried call announces itself: the sender, when it signed, its nonce, its signature
-/// (the headers [`FROM`], [`AT`], [`NONCE`], [`SIGNATURE`]).
+/// and the body's hash (the headers [`FROM`], [`AT`], [`NONCE`], [`SIGNATURE`], [`BODY_SHA256`]).
+#[derive(Clone, Copy)]
 pub struct Signed<'a> {
     /// The sending node's id.
     pub from: &'a str,
@@ -158,14 +176,24 @@ pub struct Signed<'a> {
     pub nonce: &'a str,
     /// Its signature (base64).
     pub signature: &'a str,
+    /// The body's SHA-256 (hex), which the signature covers.
+    pub body_sha256: &'a str,
 }
 
 impl super::Relays {
-    /// A call another fleet node carried here (`POST /fleet/v1/relay-call`) for a relay this
-    /// node holds: judged ([`Peers::admit`]), then asked of the relay; its result, or the relay's
-    /// refusal.
+    /// Judge the headers of a call another fleet node carried here (`POST /fleet/v1/relay-call`),
+    /// before its body is read ([`Peers::admit`]).
+    pub async fn admit_carried(&self, signed: &Signed<'_>) -> Result<()> {
+        self.peers.admit(signed).await
+    }
+
+    /// A carried call whose headers [`Relays::admit_carried`] believed, for a relay this node
+    /// holds: its body held to the signed hash, then asked of the relay; its result, or the
+    /// relay's refusal.
     pub async fn carried(&self, signed: Signed<'_>, body: &[u8]) -> Result<Value> {
-        self.peers.admit(signed.from, signed.at, signed.nonce, signed.signature, body).await?;
+        if body_sha256(body) != signed.body_sha256.to_ascii_lowercase() {
+            return Err(unverified(signed.from, "the body is not the one signed"));
+        }
         let call: RelayCall = serde_json::from_slice(body).map_err(|e| Refusal::invalid_request(format!("a carried relay call: {e}")))?;
         let timeout = Duration::from_millis(call.deadline_ms).min(super::MAX_DEADLINE);
         self.call_here(&call.session_id, &call.cluster_id, &call.method, call.body, timeout).await

@@ -30,6 +30,24 @@ pub enum Caller<'a> {
         /// The token it stands on, when it has one.
         bearer: Option<&'a str>,
     },
+    /// A caller the door already admitted ([`Registry::admit`]): HTTP establishes who is calling
+    /// before it reads a byte of the body, so an anonymous client cannot make the host buffer
+    /// one for a method it may not call.
+    Admitted(Admitted, Option<&'a str>),
+}
+
+/// A method resolved and its caller established as the method's access needs
+/// ([`Registry::admit`]); handed back to [`Registry::invoke`] as [`Caller::Admitted`].
+pub struct Admitted {
+    method: Arc<Method>,
+    identity: Option<Identity>,
+}
+
+impl Admitted {
+    /// Whether the caller is nobody (a public method called without a token that authenticates).
+    pub fn is_anonymous(&self) -> bool {
+        self.identity.is_none()
+    }
 }
 
 /// The body of a call.
@@ -204,11 +222,13 @@ impl Registry {
     /// coordinator-only method where the lease is, or answer here through the audit.
     pub async fn invoke(&self, invocation: Invocation<'_>) -> Result<Invoked> {
         let Invocation { method: name, caller, source, request_id, forwarded, body } = invocation;
-        // host and plugin methods alike: a plugin's are registry entries while it is loaded here
-        let method = self.resolve(name).await?;
-        let (identity, bearer) = match caller {
-            Caller::Verified { identity, bearer } => (Some(identity), bearer),
-            Caller::Bearer(bearer) => (self.caller(&method, bearer).await?, bearer),
+        let (method, identity, bearer) = match caller {
+            Caller::Verified { identity, bearer } => (self.resolve(name).await?, Some(identity), bearer),
+            Caller::Bearer(bearer) => {
+                let Admitted { method, identity } = self.admit(name, bearer).await?;
+                (method, identity, bearer)
+            }
+            Caller::Admitted(Admitted { method, identity }, bearer) => (method, identity, bearer),
         };
         let request_id = request_id.to_string();
         let (input, raw) = match body {
@@ -246,6 +266,16 @@ impl Registry {
         };
         let call = Call { identity, source, request_id, body_text };
         Ok(Invoked::Here { answer: self.answer(&method, call, input).await?, answered_by })
+    }
+
+    /// Resolve the method called `name` (host and plugin methods alike: a plugin's are registry
+    /// entries while it is loaded here) and establish who `bearer` stands for, as its access
+    /// needs: the first two steps of [`Registry::invoke`], for a caller that must know them
+    /// before it reads the body.
+    pub async fn admit(&self, name: &str, bearer: Option<&str>) -> Result<Admitted> {
+        let method = self.resolve(name).await?;
+        let identity = self.caller(&method, bearer).await?;
+        Ok(Admitted { method, identity })
     }
 
     /// The caller a bearer stands for, as `method`'s access needs it.
@@ -351,6 +381,21 @@ mod tests {
 
     fn by_bearer<'a>(method: &'a str, bearer: Option<&'a str>, body: Value) -> Invocation<'a> {
         Invocation { method, caller: Caller::Bearer(bearer), source: None, request_id: "r1", forwarded: false, body: Body::Value(body) }
+    }
+
+    #[test]
+    fn a_caller_is_admitted_before_the_body_and_the_admission_is_what_the_call_runs_as() {
+        let registry = registry();
+        let admit = |name: &str, bearer: Option<&str>| futures::executor::block_on(registry.admit(name, bearer));
+        assert_eq!(admit("nobody.home", Some("user-token")).err().unwrap().code, "method-unknown");
+        assert_eq!(admit("area.whoami", None).err().unwrap().code, "unauthenticated");
+        assert_eq!(admit("area.whoami", Some("forged")).err().unwrap().code, "unauthenticated");
+        assert!(admit("area.open", None).unwrap().is_anonymous());
+        assert!(admit("area.open", Some("forged")).unwrap().is_anonymous(), "a token that fails is nobody");
+        let admitted = admit("area.whoami", Some("user-token")).unwrap();
+        assert!(!admitted.is_anonymous());
+        let invocation = Invocation { caller: Caller::Admitted(admitted, Some("user-token")), ..by_bearer("area.whoami", None, json!({})) };
+        assert_eq!(invoke(&registry, invocation).unwrap().into_value().unwrap()["by"], "ann");
     }
 
     #[test]

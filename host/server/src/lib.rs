@@ -1,6 +1,6 @@
 //! The Capstan server: the HTTP API and its router (`api`: the handlers, the socket's protocol,
-//! `/mcp`), the host state and its assembly (`state`: every part of the host, every area's
-//! methods registered), the open socket sessions (`sessions`), the host's own methods
+//! `/mcp`), how request bodies are held (`bodies`), the host state and its assembly (`state`:
+//! every part of the host, every area's methods registered), the open socket sessions (`sessions`), the host's own methods
 //! (`system`, `snapshot`), `/metrics` (`metrics`), the listener, configuration (`config`), the
 //! first-party plugins this build embeds (`plugins`), and what `capstan serve` runs (`serve`).
 //! Handlers take the parts of the state they need, never the whole of it. The dashboard plugs
@@ -24,6 +24,7 @@ pub use capstan_store as store;
 
 pub mod api;
 pub mod bearer;
+pub mod bodies;
 pub mod config;
 pub mod demo;
 #[cfg(test)]

@@ -142,8 +142,10 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let leaving = fleet.clone();
     let (draining_tx, mut draining) = tokio::sync::watch::channel(false);
     let proxies = config.trusted_proxies.clone();
+    // the budget holds at least one body of the largest size a caller may send
+    let bounds = crate::listener::Bounds::new(config.max_connections, config.max_inflight_body_bytes.max(config.max_body_bytes));
     let sockets = state.sockets.clone();
-    let server = crate::listener::serve(listener, api::router(state, pages), config.max_connections, proxies, async move {
+    let server = crate::listener::serve(listener, api::router(state, pages), bounds, proxies, async move {
         signalled.await;
         // first tell the fleet this node is leaving, then finish what is in flight
         leaving.drain().await;

@@ -25,15 +25,57 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(20);
 /// How long a peer may send nothing at all (no frame, no pong) before it is closed: three
 /// pings unanswered, so one lost pong or a busy moment is not taken for a dead peer.
 pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a client has after the upgrade to send its offer.
-pub const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client has after the upgrade to send its offer (a client sends it at once).
+pub const OFFER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the host tries to deliver its closing frame to a peer it closes (a peer that reads
 /// nothing never takes it).
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Sessions open at once on this host. An upgraded connection no longer holds one of the
-/// listener's connection slots (`CAPSTAN_MAX_CONNECTIONS`, 1024 by default), so the sessions
-/// have their own bound, of the same size; one over it is refused `too-many-sessions`.
+/// People's sessions open at once on this host. An upgraded connection no longer holds one of
+/// the listener's connection slots (`CAPSTAN_MAX_CONNECTIONS`, 1024 by default), so sessions
+/// have bounds of their own, one per [`Pool`]; one over its pool's is refused
+/// `too-many-sessions`.
 pub const MAX_SESSIONS: usize = 1024;
+/// Sessions whose caller nobody vouches for: upgraded without a bearer that authenticates and
+/// still waiting for an offer, or anonymous. A small pool of their own, so strangers cannot hold
+/// the slots of people or machines.
+pub const MAX_STRANGER_SESSIONS: usize = 64;
+/// Sessions of relays and agents (and machine users): reserved apart from people's and
+/// strangers', so no number of those keeps a relay out.
+pub const MAX_MACHINE_SESSIONS: usize = 1024;
+
+/// The pools a session holds its slot in, by who its caller is. The upgrade takes a slot by the
+/// `Authorization` bearer it carries (none, or one that does not authenticate: a stranger); an
+/// offer whose token says otherwise moves the session to that pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    /// Nobody known (yet).
+    Stranger,
+    /// A person's session (dashboard, cli).
+    Person,
+    /// A relay, an agent, a machine user.
+    Machine,
+}
+
+impl Pool {
+    /// The pool of a caller who is `identity` (a relay's or agent's session is a machine's).
+    pub fn of(identity: Option<&capstan_rpc::Identity>, kind: Option<Kind>) -> Pool {
+        match (identity, kind) {
+            (_, Some(Kind::Relay | Kind::Agent)) => Pool::Machine,
+            (Some(identity), _) if identity.kind == "machine" => Pool::Machine,
+            (Some(_), _) => Pool::Person,
+            (None, _) => Pool::Stranger,
+        }
+    }
+
+    /// Its name, as a refusal's data carries it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pool::Stranger => "stranger",
+            Pool::Person => "person",
+            Pool::Machine => "machine",
+        }
+    }
+}
 
 /// The close codes the host ends a session with (the reason text is the code's name).
 pub mod close {
@@ -55,6 +97,8 @@ pub mod close {
     pub const UNAUTHENTICATED: u16 = 4003;
     /// `offer-timeout`: no offer within [`super::OFFER_TIMEOUT`].
     pub const OFFER_TIMEOUT: u16 = 4004;
+    /// `too-many-sessions`: the pool the offer's caller belongs to is full.
+    pub const TRY_AGAIN_LATER: u16 = 1013;
     /// `slow-reader`: the session's outbound queue filled.
     pub const SLOW_READER: u16 = 4008;
     /// `ping-timeout`: the peer was silent for the silence timeout.
@@ -112,6 +156,10 @@ pub struct Limits {
     pub offer_timeout: Duration,
     /// See [`MAX_SESSIONS`].
     pub max_sessions: usize,
+    /// See [`MAX_STRANGER_SESSIONS`].
+    pub max_stranger_sessions: usize,
+    /// See [`MAX_MACHINE_SESSIONS`].
+    pub max_machine_sessions: usize,
 }
 
 impl Limits {
@@ -125,6 +173,8 @@ impl Limits {
             silence_timeout: SILENCE_TIMEOUT,
             offer_timeout: OFFER_TIMEOUT,
             max_sessions: MAX_SESSIONS,
+            max_stranger_sessions: MAX_STRANGER_SESSIONS,
+            max_machine_sessions: MAX_MACHINE_SESSIONS,
         }
     }
 }
@@ -235,14 +285,30 @@ pub struct Hub {
     sessions: Mutex<HashMap<String, Arc<Handle>>>,
     /// Woken whenever a session leaves (what [`Hub::close_all`] waits on).
     emptied: tokio::sync::Notify,
-    /// One permit per session, upgraded or being upgraded.
-    slots: Arc<Semaphore>,
+    /// One permit per session, upgraded or being upgraded, in its pool: strangers', people's,
+    /// machines'.
+    slots: [Arc<Semaphore>; 3],
+}
+
+/// A session's place in its pool, held from the upgrade until the session is gone.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pool: Pool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    /// The pool it is of.
+    pub(crate) fn pool(&self) -> Pool {
+        self.pool
+    }
 }
 
 impl Hub {
     /// A hub with no session yet.
     pub fn new(limits: Limits) -> Hub {
-        let slots = Arc::new(Semaphore::new(limits.max_sessions));
+        let pool = |n: usize| Arc::new(Semaphore::new(n));
+        let slots = [pool(limits.max_stranger_sessions), pool(limits.max_sessions), pool(limits.max_machine_sessions)];
         Hub { limits, sessions: Mutex::default(), emptied: tokio::sync::Notify::new(), slots }
     }
 
@@ -338,10 +404,18 @@ impl Hub {
         self.len() == 0
     }
 
-    /// A session slot while one is free ([`Limits::max_sessions`]): held from the upgrade until
-    /// the session is gone.
-    pub(crate) fn slot(&self) -> Option<OwnedSemaphorePermit> {
-        self.slots.clone().try_acquire_owned().ok()
+    /// A slot in `pool` while one is free: held from the upgrade until the session is gone.
+    pub(crate) fn slot(&self, pool: Pool) -> Option<Slot> {
+        self.slots[pool as usize].clone().try_acquire_owned().ok().map(|permit| Slot { pool, _permit: permit })
+    }
+
+    /// How many sessions `pool` holds at most.
+    pub(crate) fn limit(&self, pool: Pool) -> usize {
+        match pool {
+            Pool::Stranger => self.limits.max_stranger_sessions,
+            Pool::Person => self.limits.max_sessions,
+            Pool::Machine => self.limits.max_machine_sessions,
+        }
     }
 
     /// Keep the session `id`, whose offer was accepted, for pushes and [`Hub::end`]: its handle,

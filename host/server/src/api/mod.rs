@@ -15,12 +15,13 @@ pub mod uploads;
 
 use crate::auth::Auth;
 use crate::bearer::bearer_token;
+use crate::bodies;
 use crate::fleet::forward;
 use crate::refusal::Refusal;
 use crate::relays::Relays;
 use crate::state::{AppState, BodyLimit, PublicOrigin};
 use crate::system::{self, System};
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{ConnectInfo, FromRef, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -107,7 +108,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
         .fallback(move |headers: HeaderMap, uri: axum::http::Uri| async move { not_found(page_not_found, headers, uri) })
-        .layer(middleware::from_fn(crate::listener::body_deadline))
+        .layer(middleware::from_fn(crate::bodies::body_deadline))
         .layer(middleware::from_fn_with_state(state.methods.clone(), crate::metrics::track))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
@@ -128,7 +129,7 @@ impl IntoResponse for ApiError {
         let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         log_refusal(&refusal);
         let mut response = (status, Json(json!({ "error": refusal }))).into_response();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
+        if status == StatusCode::PAYLOAD_TOO_LARGE || refusal.is("server-busy") {
             // the rest of the body is not read: tell the client this connection ends here
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
@@ -136,10 +137,15 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Log a refusal as the API answers it: a server error with its detail, anything else briefly.
+/// Log a refusal as the API answers it: a failure of the host's own (500) as an error with its
+/// detail, one a caller can bring about at will (a relay that is not connected, a busy host) as a
+/// warning, anything else briefly.
 pub(crate) fn log_refusal(refusal: &Refusal) {
-    if StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR).is_server_error() {
+    let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
         tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "request failed: {}", refusal.message);
+    } else if status.is_server_error() {
+        tracing::warn!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "request failed: {}", refusal.message);
     } else {
         tracing::info!(code = %refusal.code, "request refused: {}", refusal.message);
     }
@@ -230,14 +236,21 @@ async fn call_method(
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     let source = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    // Read the body before judging anything else: a refusal that leaves a body unread makes
-    // the server drop the connection, which a client reusing connections would trip over.
-    let bytes = read_body(headers, body, limit).await?;
+    let bearer = bearer_token(headers);
+    // who is calling, before a byte of the body is read: an unknown method or a caller who may
+    // not call it is refused without the host buffering anything, and nobody (a public method
+    // without a token) may send only a few KiB
+    let admitted = match methods.admit(&name, bearer).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return Ok(refused_unread(&parts, body, refusal).await),
+    };
+    let limit = if admitted.is_anonymous() { limit.min(bodies::ANONYMOUS_BODY_BYTES) } else { limit };
+    let bytes = bodies::read(&parts, body, limit).await?;
     let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
     let decode = |bytes: &[u8]| json_body(headers, bytes);
     let invocation = Invocation {
         method: &name,
-        caller: Caller::Bearer(bearer_token(headers)),
+        caller: Caller::Admitted(admitted, bearer),
         source,
         request_id: &request_id,
         forwarded: headers.contains_key(forward::FORWARDED_BY),
@@ -254,6 +267,17 @@ async fn call_method(
         response.headers_mut().insert(forward::ANSWERED_BY, node);
     }
     Ok(response)
+}
+
+/// The answer to a request refused before its body was read: the refusal, on a connection that
+/// closes unless the body was small enough to drop ([`bodies::refused_unread`]).
+pub(crate) async fn refused_unread(parts: &axum::http::request::Parts, body: Body, refusal: Refusal) -> Response {
+    let close = bodies::refused_unread(parts, body).await;
+    let mut response = ApiError(refusal).into_response();
+    if close {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// A request body as JSON (an empty body is `{}`); other content types are refused.
@@ -276,54 +300,21 @@ async fn optional_identity(auth: &Auth, headers: &HeaderMap) -> Option<crate::au
     auth.authenticate(bearer_token(headers)?).await.ok()
 }
 
-/// How much of an oversized body is read and dropped before it is refused. A client still writing
-/// it when the refusal comes would meet a connection reset (or SIGPIPE) instead of the named
-/// refusal; beyond this bound the connection is simply closed.
-const DRAINED_BODY_MAX: u64 = 16 * 1024 * 1024;
-
-/// Read and drop a body frame by frame (the listener's body timeout still bounds the time).
-async fn drain(mut body: Body) {
-    use http_body_util::BodyExt;
-    while let Some(Ok(_)) = body.frame().await {}
-}
-
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
-    let too_large = || {
-        Refusal::new("request-too-large", format!("request bodies are limited to {limit} bytes")).with_data(json!({ "limitBytes": limit }))
-    };
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if let Some(declared) = declared.filter(|n| *n > limit as u64) {
-        if declared <= DRAINED_BODY_MAX {
-            drain(body).await;
-        }
-        return Err(too_large());
-    }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if crate::listener::is_body_timeout(&e) {
-            return crate::listener::body_timeout_refusal();
-        }
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-        while let Some(err) = source {
-            if err.is::<http_body_util::LengthLimitError>() {
-                return too_large();
-            }
-            source = err.source();
-        }
-        Refusal::invalid_request("the request body could not be read").detail(e)
-    })
-}
-
 /// `POST /fleet/v1/relay-call`: a call another fleet node carried here for a relay this node
-/// holds (`capstan_relays::forward`), answered `{result}` or with the error envelope.
-async fn relay_call(State(relays): State<Arc<Relays>>, headers: HeaderMap, body: Body) -> Result<Json<Value>, ApiError> {
-    use crate::relays::forward::{AT, FROM, MAX_BODY, NONCE, SIGNATURE, Signed};
-    let bytes = axum::body::to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|_| Refusal::new("request-too-large", format!("a carried relay call is at most {MAX_BODY} bytes")))?;
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let signed = Signed { from: header(FROM), at: header(AT), nonce: header(NONCE), signature: header(SIGNATURE) };
+/// holds (`capstan_relays::forward`), answered `{result}` or with the error envelope. Its signed
+/// headers are judged before its body is read.
+async fn relay_call(State(relays): State<Arc<Relays>>, request: Request) -> Result<Response, ApiError> {
+    use crate::relays::forward::{AT, BODY_SHA256, FROM, MAX_BODY, NONCE, SIGNATURE, Signed};
+    let (parts, body) = request.into_parts();
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let signed =
+        Signed { from: header(FROM), at: header(AT), nonce: header(NONCE), signature: header(SIGNATURE), body_sha256: header(BODY_SHA256) };
+    if let Err(refusal) = relays.admit_carried(&signed).await {
+        return Ok(refused_unread(&parts, body, refusal).await);
+    }
+    let bytes = bodies::read(&parts, body, MAX_BODY).await?;
     let result = relays.carried(signed, &bytes).await?;
-    Ok(Json(json!({ "result": result })))
+    Ok(Json(json!({ "result": result })).into_response())
 }
 
 async fn method_not_allowed() -> ApiError {

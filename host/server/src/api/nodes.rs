@@ -3,7 +3,7 @@
 //! agent's wire (`POST /agent/v1/enroll|heartbeat|host|rotate`). Each agent route reads at most
 //! its declared size within 10 s; what the body says is judged in `capstan_nodes::agent`.
 
-use super::{ApiError, read_body};
+use super::ApiError;
 use crate::bearer::bearer_token;
 use crate::nodes::{Context, agent, jump};
 use crate::refusal::Refusal;
@@ -115,9 +115,9 @@ async fn agent_binary(State(nodes): State<Context>, Path(platform): Path<String>
 }
 
 /// Read at most `limit` bytes within [`AGENT_READ_TIMEOUT`].
-async fn bounded(request: Request, limit: usize) -> Result<(HeaderMap, axum::body::Bytes), Refusal> {
+async fn bounded(request: Request, limit: usize) -> Result<(HeaderMap, crate::bodies::Buffered), Refusal> {
     let (parts, body) = request.into_parts();
-    let read = tokio::time::timeout(AGENT_READ_TIMEOUT, read_body(&parts.headers, body, limit)).await;
+    let read = tokio::time::timeout(AGENT_READ_TIMEOUT, crate::bodies::read(&parts, body, limit)).await;
     let bytes = read.map_err(|_| {
         Refusal::new("request-timeout", format!("the request body did not arrive within {} s", AGENT_READ_TIMEOUT.as_secs()))
     })??;

@@ -20,7 +20,7 @@ use crate::auth::{Auth, Identity};
 use crate::bearer::bearer_token;
 use crate::refusal::Refusal;
 use crate::relays::Relays;
-use crate::sessions::{CLOSE_GRACE, Ended, Handle, Hub, Kind, Limits, Opened, close};
+use crate::sessions::{CLOSE_GRACE, Ended, Handle, Hub, Kind, Limits, Opened, Pool, Slot, close};
 use crate::state::AppState;
 use crate::store::Store;
 use axum::body::Bytes;
@@ -94,21 +94,40 @@ pub async fn upgrade(
         ))
         .into_response();
     };
-    let Some(slot) = state.hub.slot() else {
-        let max = state.hub.limits().max_sessions;
-        tracing::warn!(max, "a socket session was refused: every session slot is in use");
-        let refusal = Refusal::new("too-many-sessions", format!("this host holds at most {max} socket sessions; try again later"))
-            .with_data(json!({ "limit": max }))
-            .retryable();
-        return ApiError(refusal).into_response();
+    let bearer = bearer_token(&headers).map(str::to_string);
+    // the slot is taken by who the upgrade's bearer says is calling: strangers have a small pool
+    // of their own, so they cannot hold the slots people and relays need
+    let pool = match &bearer {
+        Some(bearer) => pool_of_bearer(&state, bearer).await,
+        None => Pool::Stranger,
+    };
+    let Some(slot) = state.hub.slot(pool) else {
+        return ApiError(too_many_sessions(&state.hub, pool)).into_response();
     };
     let source = extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let bearer = bearer_token(&headers).map(str::to_string);
     let max = state.hub.limits().max_frame_bytes;
-    ws.max_frame_size(max).max_message_size(max).on_upgrade(move |socket| async move {
-        run(state, socket, bearer, source).await;
-        drop(slot);
-    })
+    ws.max_frame_size(max).max_message_size(max).on_upgrade(move |socket| run(state, socket, bearer, source, slot))
+}
+
+/// The pool of the caller an upgrade's bearer stands for: a person or machine by its JWT, a relay
+/// by its relay bearer, else a stranger (the offer judges the bearer again, and names why).
+async fn pool_of_bearer(state: &SocketState, bearer: &str) -> Pool {
+    if let Ok(identity) = state.auth.authenticate(bearer).await {
+        return Pool::of(Some(&identity), None);
+    }
+    match crate::relays::identify(&state.store, bearer.as_bytes()).await {
+        Ok(_) => Pool::Machine,
+        Err(_) => Pool::Stranger,
+    }
+}
+
+/// The refusal of a session whose pool is full.
+fn too_many_sessions(hub: &Hub, pool: Pool) -> Refusal {
+    let max = hub.limit(pool);
+    tracing::warn!(max, pool = pool.name(), "a socket session was refused: every slot of its pool is in use");
+    Refusal::new("too-many-sessions", format!("this host holds at most {max} socket sessions of a {} caller; try again later", pool.name()))
+        .with_data(json!({ "limit": max, "pool": pool.name() }))
+        .retryable()
 }
 
 type Sink = SplitSink<WebSocket, Message>;
@@ -214,13 +233,20 @@ async fn judge_offer(state: &SocketState, first: Message, header_bearer: Option<
     Ok(Accepted { protocol, kind, token, identity, relay: None })
 }
 
-async fn run(state: SocketState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>) {
+async fn run(state: SocketState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>, slot: Slot) {
     let session_id = capstan_core::ids::new_id("socket");
     let span = tracing::info_span!("socket", session = %session_id);
-    session(state, socket, header_bearer, source, session_id).instrument(span).await
+    session(state, socket, header_bearer, source, session_id, slot).instrument(span).await
 }
 
-async fn session(state: SocketState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>, session_id: String) {
+async fn session(
+    state: SocketState,
+    socket: WebSocket,
+    header_bearer: Option<String>,
+    source: Option<IpAddr>,
+    session_id: String,
+    slot: Slot,
+) {
     let hub = state.hub.clone();
     let limits = hub.limits().clone();
     let (mut sink, mut stream) = socket.split();
@@ -243,6 +269,19 @@ async fn session(state: SocketState, socket: WebSocket, header_bearer: Option<St
         Err((code, refusal)) => return refuse(&mut sink, code, refusal).await,
     };
     let Accepted { protocol, kind, token, identity, relay } = accepted;
+    // the offer says who is calling: the session moves to that caller's pool (held until it ends)
+    let pool = Pool::of(identity.as_ref(), Some(kind));
+    let _slot = match slot.pool() == pool {
+        true => slot,
+        false => {
+            let moved = hub.slot(pool);
+            drop(slot);
+            match moved {
+                Some(moved) => moved,
+                None => return refuse(&mut sink, close::TRY_AGAIN_LATER, too_many_sessions(&hub, pool)).await,
+            }
+        }
+    };
     let mut welcome = json!({
         "type": "welcome",
         "protocol": protocol,

@@ -59,7 +59,7 @@ pub async fn upload(
     }
     let progress = Arc::new(Mutex::new(Progress::default()));
     let stream = body.into_data_stream().map_err(|e| {
-        let timed_out = crate::listener::is_body_timeout(&e);
+        let timed_out = crate::bodies::is_body_timeout(&e);
         std::io::Error::other(if timed_out { BodyError::TooSlow } else { BodyError::Broken(e.to_string()) })
     });
     let reader = Metered { inner: tokio_util::io::StreamReader::new(stream), progress: progress.clone(), max_bytes: ticket.max_bytes };
@@ -68,7 +68,7 @@ pub async fn upload(
     let meta = match stored {
         Ok(meta) => meta,
         Err(_) if progress.exceeded => return Err(too_large(ticket.max_bytes).into()),
-        Err(_) if progress.too_slow => return Err(crate::listener::body_timeout_refusal().into()),
+        Err(_) if progress.too_slow => return Err(crate::bodies::body_timeout_refusal().into()),
         Err(_) if progress.broken => return Err(Refusal::invalid_request("the upload was cut off; nothing was stored").into()),
         Err(e) => return Err(e.into()),
     };

@@ -37,8 +37,8 @@ pub async fn plugin_bundle(
     let mut spool = Spool::new()?;
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| match crate::listener::is_body_timeout(&e) {
-            true => crate::listener::body_timeout_refusal(),
+        let chunk = chunk.map_err(|e| match crate::bodies::is_body_timeout(&e) {
+            true => crate::bodies::body_timeout_refusal(),
             false => Refusal::invalid_request("the request body could not be read").detail(e),
         })?;
         spool.push(&chunk).await?;

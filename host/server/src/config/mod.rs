@@ -91,6 +91,9 @@ pub const MAX_BODY_BYTES: &str = "CAPSTAN_MAX_BODY_BYTES";
 /// Connections the listener keeps open at once (default 1024, at least 1); more wait for a
 /// free one in the kernel's queue.
 pub const MAX_CONNECTIONS: &str = "CAPSTAN_MAX_CONNECTIONS";
+/// Bytes of request bodies held at once across every connection (default 67108864, at least
+/// the largest body, `CAPSTAN_MAX_BODY_BYTES`); a body beyond it is refused `server-busy`.
+pub const MAX_INFLIGHT_BODY_BYTES: &str = "CAPSTAN_MAX_INFLIGHT_BODY_BYTES";
 /// Time a store transaction may spend retrying transient contention, in ms (default 5000).
 pub const REQUEST_BUDGET_MS: &str = "CAPSTAN_REQUEST_BUDGET_MS";
 /// How long a start waits for another process's migration lock, in ms (default 30000).
@@ -252,6 +255,12 @@ pub const VARS: &[Var] = &[
         help: "Connections served at once; more wait for a free one (a slow client cannot hold them all)",
     },
     Var {
+        env: MAX_INFLIGHT_BODY_BYTES,
+        required: false,
+        default: "67108864",
+        help: "Bytes of request bodies held at once across all connections; beyond it a body is refused server-busy (retryable)",
+    },
+    Var {
         env: REQUEST_BUDGET_MS,
         required: false,
         default: "5000",
@@ -389,6 +398,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Connections served at once (`CAPSTAN_MAX_CONNECTIONS`, default 1024).
     pub max_connections: usize,
+    /// Request bodies held at once, in bytes (`CAPSTAN_MAX_INFLIGHT_BODY_BYTES`, default 64 MiB).
+    pub max_inflight_body_bytes: usize,
     /// Time a store transaction may spend retrying contention (`CAPSTAN_REQUEST_BUDGET_MS`, default 5 s).
     pub request_budget: Duration,
     /// How long a start waits for another migration lock (`CAPSTAN_MIGRATION_LOCK_WAIT_MS`, default 30 s).
@@ -678,6 +689,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         log_format,
         max_body_bytes: number(MAX_BODY_BYTES, 1024 * 1024, 1024)? as usize,
         max_connections: number(MAX_CONNECTIONS, 1024, 1)?.min(1 << 20) as usize,
+        max_inflight_body_bytes: number(MAX_INFLIGHT_BODY_BYTES, 64 << 20, 1024)?.min(u32::MAX as u64) as usize,
         request_budget: Duration::from_millis(number(REQUEST_BUDGET_MS, 5000, 1)?),
         migration_lock_wait: Duration::from_millis(number(MIGRATION_LOCK_WAIT_MS, 30_000, 0)?),
         migration_lock_ttl: Duration::from_millis(number(MIGRATION_LOCK_TTL_MS, 600_000, 1000)?),

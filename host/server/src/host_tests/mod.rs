@@ -5,6 +5,7 @@ mod audit;
 mod facets;
 mod hardening;
 mod inventory;
+mod listener;
 mod nodes;
 mod plugin_nodes;
 mod plugins;

@@ -189,6 +189,23 @@ async fn a_relay_registers_gets_its_config_first_and_is_listed_live() {
 }
 
 #[tokio::test]
+async fn a_relay_connects_while_strangers_hold_every_slot_of_theirs() {
+    let w = World::on(serve(super::socket::limits(|l| l.max_stranger_sessions = 1)).await).await;
+    let _stranger = connect(w.server.addr, None).await;
+    let refused = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", w.server.addr)).await;
+    assert!(refused.is_err(), "the strangers' one slot is taken");
+    // the relay's bearer on the upgrade takes a machine's slot, which strangers cannot hold
+    let mut ws = connect(w.server.addr, Some(&w.bearer)).await;
+    send(&mut ws, json!({ "type": "offer", "kind": "relay", "protocols": ["capstan-socket/1"], "token": w.bearer })).await;
+    let welcome = next(&mut ws).await;
+    assert_eq!(
+        (welcome["type"].as_str(), welcome["relay"]["clusterId"].as_str()),
+        (Some("welcome"), Some(w.cluster.as_str())),
+        "{welcome}"
+    );
+}
+
+#[tokio::test]
 async fn registrations_and_offers_are_refused_by_name_and_consume_nothing() {
     let w = World::new().await;
     for (token, code, close) in [("not-a-bearer", "unauthenticated", 4003), ("", "offer-invalid", 4000)] {
@@ -329,7 +346,7 @@ async fn listen(state: AppState) -> SocketAddr {
     tokio::spawn(crate::listener::serve(
         listener,
         router(state, Pages::none()),
-        64,
+        crate::listener::Bounds::new(64, 1 << 26),
         TrustedProxies::default(),
         std::future::pending::<()>(),
     ));

@@ -37,11 +37,17 @@ pub(super) async fn serve(adjust: impl FnOnce(&mut AppState)) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = router(state.clone(), Pages::none());
-    tokio::spawn(crate::listener::serve(listener, app, 64, TrustedProxies::default(), std::future::pending::<()>()));
+    tokio::spawn(crate::listener::serve(
+        listener,
+        app,
+        crate::listener::Bounds::new(64, 1 << 26),
+        TrustedProxies::default(),
+        std::future::pending::<()>(),
+    ));
     Server { _dir: dir, state, addr, token }
 }
 
-fn limits(adjust: impl FnOnce(&mut Limits)) -> impl FnOnce(&mut AppState) {
+pub(super) fn limits(adjust: impl FnOnce(&mut Limits)) -> impl FnOnce(&mut AppState) {
     move |state: &mut AppState| {
         let mut limits = state.sockets.limits().clone();
         adjust(&mut limits);
@@ -372,12 +378,18 @@ async fn a_silent_peer_is_closed_and_a_live_one_is_kept() {
 async fn sessions_are_bounded_per_host() {
     let s = serve(limits(|l| l.max_sessions = 1)).await;
     let (first, _) = open(s.addr, "cli", Some(&s.token)).await;
-    // the one slot is taken: an upgrade is refused with the error envelope, by name
-    let refused = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr)).await.unwrap_err();
+    // the people's one slot is taken: an upgrade with a person's bearer is refused by name
+    let mut request = format!("ws://{}/api/v1/socket", s.addr).into_client_request().unwrap();
+    request.headers_mut().insert("authorization", format!("Bearer {}", s.token).parse().unwrap());
+    let refused = tokio_tungstenite::connect_async(request).await.unwrap_err();
     let tokio_tungstenite::tungstenite::Error::Http(response) = refused else { panic!("an HTTP refusal, got {refused:?}") };
     assert_eq!(response.status().as_u16(), 503);
     let body: Value = serde_json::from_slice(response.body().as_deref().unwrap()).unwrap();
-    assert_eq!(body["error"]["code"], "too-many-sessions");
+    assert_eq!((body["error"]["code"].as_str(), body["error"]["data"]["pool"].as_str()), (Some("too-many-sessions"), Some("person")));
+    // and a stranger whose offer names a person is closed by name: that pool is full
+    let mut moving = connect(s.addr, None).await;
+    send(&mut moving, json!({ "type": "offer", "kind": "cli", "protocols": ["capstan-socket/1"], "token": s.token })).await;
+    assert_eq!(closed_with(&mut moving).await, Some((1013, "too-many-sessions".into())));
     // a session that ends gives its slot back
     drop(first);
     wait_until("the first session ends", || s.state.sockets.is_empty()).await;
@@ -391,6 +403,55 @@ async fn sessions_are_bounded_per_host() {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "the slot came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The refusal of an upgrade, read from its HTTP answer.
+async fn refused_upgrade(addr: SocketAddr) -> (u16, Value) {
+    let refused = tokio_tungstenite::connect_async(format!("ws://{addr}/api/v1/socket")).await.unwrap_err();
+    let tokio_tungstenite::tungstenite::Error::Http(response) = refused else { panic!("an HTTP refusal, got {refused:?}") };
+    (response.status().as_u16(), serde_json::from_slice(response.body().as_deref().unwrap()).unwrap())
+}
+
+#[tokio::test]
+async fn strangers_have_a_small_pool_of_their_own_and_an_offer_deadline() {
+    let s = serve(limits(|l| {
+        l.max_stranger_sessions = 2;
+        l.offer_timeout = Duration::from_millis(800);
+    }))
+    .await;
+    // two strangers upgrade and send nothing: their pool is full
+    let mut silent = connect(s.addr, None).await;
+    let (_anonymous, _) = open(s.addr, "cli", None).await;
+    let (status, body) = refused_upgrade(s.addr).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("too-many-sessions")), "{body}");
+    assert_eq!(body["error"]["data"]["pool"], "stranger", "{body}");
+    assert_eq!(body["error"]["retryable"], true, "{body}");
+    // a person whose bearer rides on the upgrade is not kept out by them
+    let mut person = connect(s.addr, Some(&s.token)).await;
+    send(&mut person, json!({ "type": "offer", "kind": "cli", "protocols": ["capstan-socket/1"] })).await;
+    assert_eq!(next(&mut person).await["type"], "welcome");
+    // nor is one whose token comes only in the offer, once a stranger's slot is free: the
+    // session moves to the people's pool and gives the stranger's slot back
+    assert_eq!(closed_with(&mut silent).await, Some((4004, "offer-timeout".into())), "no offer within the deadline closes it");
+    let mut offered = upgrade_eventually(s.addr).await;
+    send(&mut offered, json!({ "type": "offer", "kind": "cli", "protocols": ["capstan-socket/1"], "token": s.token })).await;
+    assert_eq!(next(&mut offered).await["identity"]["username"], "admin");
+    let mut another_stranger = upgrade_eventually(s.addr).await;
+    send(&mut another_stranger, json!({ "type": "offer", "kind": "dashboard", "protocols": ["capstan-socket/1"] })).await;
+    assert_eq!(next(&mut another_stranger).await["type"], "welcome");
+}
+
+/// An upgrade without a bearer, retried while a slot is on its way back (a session gives its
+/// slot back just after its close frame is sent).
+async fn upgrade_eventually(addr: SocketAddr) -> Ws {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Ok((ws, _)) = tokio_tungstenite::connect_async(format!("ws://{addr}/api/v1/socket")).await {
+            return ws;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "a stranger's slot came back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -33,7 +33,13 @@ async fn serve() -> (tempfile::TempDir, SocketAddr, String) {
     let addr = listener.local_addr().unwrap();
     let pages = Pages { socket_bearer: test_session, ..Pages::none() };
     let app = router(state, pages);
-    tokio::spawn(crate::listener::serve(listener, app, 64, TrustedProxies::default(), std::future::pending::<()>()));
+    tokio::spawn(crate::listener::serve(
+        listener,
+        app,
+        crate::listener::Bounds::new(64, 1 << 26),
+        TrustedProxies::default(),
+        std::future::pending::<()>(),
+    ));
     (dir, addr, token)
 }
 
