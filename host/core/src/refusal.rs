@@ -124,6 +124,8 @@ pub fn code_status(code: &str) -> Option<u16> {
         "deployment-route-check-failed" => 409,
         "deployment-identity-required" => 403,
         "request-too-large" | "bundle-too-large" | "transfer-too-large" => 413,
+        // a download's Range asks for bytes the file does not have (or for several ranges)
+        "range-not-satisfiable" => 416,
         // one answer whatever is wrong with a ticket, so nobody learns of one without its token
         "transfer-ticket-invalid" | "transfer-ticket-expired" | "transfer-ticket-used" => 403,
         "transfer-object-missing" => 404,

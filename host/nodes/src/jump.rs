@@ -24,6 +24,13 @@ pub const MAX_TTL_MINUTES: u64 = 1440;
 pub const ENROLL_BEGIN: &str = "# -- enroll --";
 /// The line after it.
 pub const ENROLL_END: &str = "# -- end enroll --";
+/// The line before the script's download step (fetch, verify, install the agent).
+pub const DOWNLOAD_BEGIN: &str = "# -- download --";
+/// The line after it.
+pub const DOWNLOAD_END: &str = "# -- end download --";
+/// The response header the agent binary's SHA-256 (lowercase hex) travels in; the script checks
+/// its download against it before installing.
+pub const BINARY_SHA256_HEADER: &str = "x-capstan-sha256";
 
 /// A jump code as stored: never the code, only its hash (the document's id).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -179,15 +186,15 @@ case "$(uname -s)-$(uname -m)" in
 esac
 
 download="$(mktemp)"
-trap 'rm -f "$download"' EXIT
+headers="$(mktemp)"
+trap 'rm -f "$download" "$headers"' EXIT
 "#,
     );
-    out.push_str(&format!("if ! curl -fsSL '{origin}/agent/v1/binary/'\"$platform\" -o \"$download\"; then\n"));
-    out.push_str(&format!(
-        "  echo \"capstan: {origin} hands out no capstan-agent for $platform: build it beside capstan on the Capstan host \
-         (cargo build --release -p capstan-agent) or set CAPSTAN_AGENT_BINARY there\" >&2\n  exit 1\nfi\n"
-    ));
-    out.push_str("install -m 0755 \"$download\" /usr/local/bin/capstan-agent\n\n");
+    out.push_str(DOWNLOAD_BEGIN);
+    out.push('\n');
+    out.push_str(&download_step(origin));
+    out.push_str(DOWNLOAD_END);
+    out.push_str("\n\n");
     if let Some(name) = &usable.node_name {
         out.push_str(&format!("hostnamectl set-hostname '{}'\n\n", worker_hostname(name)));
     }
@@ -223,6 +230,34 @@ systemctl enable --now capstan-agent.service
 echo "capstan: this machine is enrolled and capstan-agent.service runs"
 "#,
     );
+    out
+}
+
+/// Fetch the agent for `$platform`, and install it only when it matches the SHA-256 the host
+/// sent with it (a truncated or tampered download, or a host that sent no digest, stops here).
+/// `-D` keeps the response headers; after redirects, the last response's value counts.
+fn download_step(origin: &str) -> String {
+    let mut out = format!("if ! curl -fsSL -D \"$headers\" '{origin}/agent/v1/binary/'\"$platform\" -o \"$download\"; then\n");
+    out.push_str(&format!(
+        "  echo \"capstan: {origin} hands out no capstan-agent for $platform: build it beside capstan on the Capstan host \
+         (cargo build --release -p capstan-agent) or set CAPSTAN_AGENT_BINARY there\" >&2\n  exit 1\nfi\n"
+    ));
+    out.push_str(&format!(
+        "expected=\"$(tr -d '\\r' < \"$headers\" | awk -F': *' 'tolower($1) == \"{BINARY_SHA256_HEADER}\" {{ v = tolower($2) }} END {{ print v }}')\"\n"
+    ));
+    out.push_str(&format!(
+        r#"if [ "${{#expected}}" -ne 64 ] || [ -n "${{expected//[0-9a-f]/}}" ]; then
+  echo "capstan: {origin} sent no {BINARY_SHA256_HEADER} header with capstan-agent, so the download cannot be verified: not installing it" >&2
+  exit 1
+fi
+actual="$(sha256sum "$download" | cut -d' ' -f1)"
+if [ "$actual" != "$expected" ]; then
+  echo "capstan: the downloaded capstan-agent does not match the SHA-256 {origin} sent (got $actual, expected $expected): not installing it" >&2
+  exit 1
+fi
+install -m 0755 "$download" /usr/local/bin/capstan-agent
+"#
+    ));
     out
 }
 
@@ -346,13 +381,97 @@ mod tests {
         assert_eq!(script.matches("AbCdEfGh12345678").count(), 1, "the code appears in the printf alone");
         assert!(!script.contains("DEV MODE"));
         assert!(script.contains("capstan-agent run") && script.contains("systemctl enable --now capstan-agent.service"));
-        assert!(script.contains("https://capstan.example/agent/v1/binary/'\"$platform\""));
+        assert!(script.contains("curl -fsSL -D \"$headers\" 'https://capstan.example/agent/v1/binary/'\"$platform\""));
+        let download = lines_between(&script, DOWNLOAD_BEGIN, DOWNLOAD_END);
+        let verified = download.find("sha256sum").unwrap();
+        assert!(download.find("install -m 0755").unwrap() > verified, "the download is checked before it is installed");
 
         let page = landing_page(&cx, "AbCdEfGh12345678", &usable);
         assert!(
             page.contains("Join the cluster prod")
                 && page.contains("curl -fsSL &#39;https://capstan.example/jump/AbCdEfGh12345678&#39; | sudo bash")
         );
+    }
+
+    /// The lines between `begin` and `end`.
+    fn lines_between(script: &str, begin: &str, end: &str) -> String {
+        let lines: Vec<&str> = script.lines().skip_while(|l| *l != begin).skip(1).take_while(|l| *l != end).collect();
+        assert!(!lines.is_empty(), "the script has a step between {begin:?} and {end:?}");
+        lines.join("\n") + "\n"
+    }
+
+    /// What the script's download step did, run by bash with `curl` answering `headers` and
+    /// `body` and `install` recording what it would install.
+    #[cfg(target_os = "linux")]
+    struct Ran {
+        ok: bool,
+        stderr: String,
+        installed: Option<Vec<u8>>,
+    }
+
+    #[cfg(target_os = "linux")]
+    fn run_download(download: &str, headers: &str, body: &[u8]) -> Ran {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("served-headers"), headers).unwrap();
+        std::fs::write(dir.path().join("served-body"), body).unwrap();
+        // the stand-ins write where the step's -D and -o say, so those flags are what is tested
+        let program = format!(
+            r#"set -euo pipefail
+platform=linux-x86_64
+download="$DIR/download"
+headers="$DIR/headers"
+curl() {{
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -D) cp "$DIR/served-headers" "$2"; shift ;;
+      -o) cp "$DIR/served-body" "$2"; shift ;;
+    esac
+    shift
+  done
+}}
+install() {{ cp "$3" "$DIR/installed"; }}
+{download}"#
+        );
+        let out = std::process::Command::new("bash").arg("-c").arg(program).env("DIR", dir.path()).output().expect("bash runs");
+        Ran {
+            ok: out.status.success(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            installed: std::fs::read(dir.path().join("installed")).ok(),
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_script_installs_the_agent_only_when_its_sha256_matches_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let cx = crate::testing::context(dir.path(), "https://capstan.example", false).await;
+        let script = script(&cx, "AbCdEfGh12345678", &Usable { cluster_name: "prod".into(), node_name: None });
+        let download = lines_between(&script, DOWNLOAD_BEGIN, DOWNLOAD_END);
+        let body = b"\x7fELF the agent".as_slice();
+        let digest = sha256_hex(body);
+
+        // HTTP/1 header lines end in CRLF, names in any case; after a redirect, the last answer counts
+        let served = format!(
+            "HTTP/1.1 302 Found\r\nX-Capstan-Sha256: {}\r\nlocation: /x\r\n\r\nHTTP/1.1 200 OK\r\nX-Capstan-SHA256: {}\r\n\r\n",
+            "0".repeat(64),
+            digest.to_uppercase()
+        );
+        let ran = run_download(&download, &served, body);
+        assert!(ran.ok, "{}", ran.stderr);
+        assert_eq!(ran.installed.as_deref(), Some(body), "the verified download is installed");
+
+        let other = sha256_hex(b"another file");
+        let ran = run_download(&download, &format!("HTTP/2 200\r\n{BINARY_SHA256_HEADER}: {other}\r\n\r\n"), body);
+        assert!(!ran.ok && ran.installed.is_none(), "a mismatch installs nothing");
+        assert!(ran.stderr.contains("does not match the SHA-256 https://capstan.example sent"), "{}", ran.stderr);
+
+        for headers in
+            ["HTTP/2 200\r\ncontent-length: 16\r\n\r\n", &format!("HTTP/2 200\r\n{BINARY_SHA256_HEADER}: {}\r\n\r\n", &digest[1..])]
+        {
+            let ran = run_download(&download, headers, body);
+            assert!(!ran.ok && ran.installed.is_none(), "no usable digest installs nothing: {headers:?}");
+            assert!(ran.stderr.contains("sent no x-capstan-sha256 header"), "{}", ran.stderr);
+        }
     }
 
     #[tokio::test]

@@ -14,7 +14,11 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+use tower_http::services::ServeFile;
 
 /// How long an agent route waits for its body.
 pub const AGENT_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -93,25 +97,100 @@ pub fn own_platform() -> String {
     format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
 }
 
+/// The read buffer the agent binary streams through: what one download holds in memory at most.
+pub const BINARY_CHUNK: usize = 64 * 1024;
+
 /// `GET /agent/v1/binary/<platform>`: the `capstan-agent` file found next to this executable
-/// (or at `CAPSTAN_AGENT_BINARY`), for the platform it is built for.
-async fn agent_binary(State(nodes): State<Context>, Path(platform): Path<String>) -> Response {
+/// (or at `CAPSTAN_AGENT_BINARY`), for the platform it is built for. Streamed from disk through
+/// [`BINARY_CHUNK`] (it is tens of MiB and needs no login), with `Range` answered 206 (one range;
+/// anything else 416), and the whole file's SHA-256 in [`jump::BINARY_SHA256_HEADER`] on every
+/// answer, so the script (and a client resuming with `Range`) can check what it got.
+async fn agent_binary(State(nodes): State<Context>, Path(platform): Path<String>, request: Request) -> Response {
     let Some(path) = nodes.agent_binary.clone().filter(|_| PLATFORMS.contains(&platform.as_str()) && platform == own_platform()) else {
         return refused(binary_unavailable(&platform));
     };
-    match tokio::fs::read(&path).await {
-        Ok(bytes) => {
-            let headers = [
-                (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
-                (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-            ];
-            (StatusCode::OK, headers, Body::from(bytes)).into_response()
+    let sha256 = match binary_sha256(&path).await {
+        Ok(sha256) => sha256,
+        Err(refusal) => {
+            let why = refusal.detail.as_deref().unwrap_or(refusal.message.as_str());
+            tracing::warn!(path = %path.display(), error = %why, "the agent binary cannot be read");
+            return refused(binary_unavailable(&platform));
         }
+    };
+    // only the method and the range reach the file server: the answer is no-store, so no
+    // conditional request (and no 304 or 412 without a refusal code) is served
+    let mut file_request = axum::http::Request::new(Body::empty());
+    *file_request.method_mut() = request.method().clone();
+    if let Some(range) = request.headers().get(header::RANGE) {
+        file_request.headers_mut().insert(header::RANGE, range.clone());
+    }
+    let served = match ServeFile::new(&path).with_buf_chunk_size(BINARY_CHUNK).try_call(file_request).await {
+        Ok(served) => served,
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "the agent binary cannot be read");
-            refused(binary_unavailable(&platform))
+            return refused(binary_unavailable(&platform));
         }
+    };
+    let mut response = match served.status() {
+        StatusCode::OK | StatusCode::PARTIAL_CONTENT => served.map(Body::new),
+        StatusCode::RANGE_NOT_SATISFIABLE => {
+            let mut answer = refused(range_not_satisfiable());
+            if let Some(range) = served.headers().get(header::CONTENT_RANGE) {
+                answer.headers_mut().insert(header::CONTENT_RANGE, range.clone());
+            }
+            answer
+        }
+        // gone between the digest and the open
+        _ => return refused(binary_unavailable(&platform)),
+    };
+    let success = response.status().is_success();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if success {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
     }
+    if let Ok(value) = HeaderValue::from_str(&sha256) {
+        headers.insert(jump::BINARY_SHA256_HEADER, value);
+    }
+    response
+}
+
+fn range_not_satisfiable() -> Refusal {
+    Refusal::new(
+        "range-not-satisfiable",
+        "the Range asks for bytes this file does not have, or for more than one range: ask for one range within Content-Range's size",
+    )
+}
+
+/// A served file's digest, remembered by path for the size and modification time it was taken at.
+struct Digested {
+    size: u64,
+    modified: SystemTime,
+    sha256: String,
+}
+
+/// Digests of the files this process serves; one entry per path (a replaced file's replaces it).
+static DIGESTS: LazyLock<tokio::sync::Mutex<HashMap<PathBuf, Digested>>> = LazyLock::new(Default::default);
+
+/// The SHA-256 (lowercase hex) of the file at `path`, read once per size and modification time:
+/// a request costs a `stat`, a replaced binary is read again.
+async fn binary_sha256(path: &std::path::Path) -> Result<String, Refusal> {
+    let unreadable = |e: std::io::Error| Refusal::new("agent-binary-unavailable", "the agent binary cannot be read").detail(e);
+    let meta = tokio::fs::metadata(path).await.map_err(unreadable)?;
+    let modified = meta.modified().map_err(unreadable)?;
+    // held while the file is read: a burst of first downloads waits for one read, not one each
+    let mut digests = DIGESTS.lock().await;
+    if let Some(known) = digests.get(path).filter(|d| d.size == meta.len() && d.modified == modified) {
+        return Ok(known.sha256.clone());
+    }
+    let file = tokio::fs::File::open(path).await.map_err(unreadable)?;
+    let read = crate::blobs::digest::read_digest(Box::pin(file)).await?;
+    if read.size != meta.len() {
+        // written to while it was read: nothing is remembered, the next request reads it again
+        return Err(Refusal::new("agent-binary-unavailable", "the agent binary changed while it was read").retryable());
+    }
+    digests.insert(path.to_path_buf(), Digested { size: read.size, modified, sha256: read.sha256.clone() });
+    Ok(read.sha256)
 }
 
 /// Read at most `limit` bytes within [`AGENT_READ_TIMEOUT`].

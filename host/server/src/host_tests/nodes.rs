@@ -259,25 +259,102 @@ async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
     w.state.nodes.clock.advance(Duration::from_secs(31 * 60));
     same(w.get(&format!("/jump/{code}"), Some("text/html")).await);
     same(w.agent("enroll", enroll_body(code, "node-c", &new_token()), None).await);
+}
 
-    // the agent binary: the one built for this platform, when there is one
+/// `GET <path>` of the agent binary from `state`, with `range` if any; the response unread.
+async fn binary(state: &AppState, path: &str, range: Option<&str>) -> axum::response::Response {
+    let mut request = Request::get(path);
+    if let Some(range) = range {
+        request = request.header(header::RANGE, range);
+    }
+    router(state.clone(), Pages::none()).oneshot(request.body(Body::empty()).unwrap()).await.unwrap()
+}
+
+fn header_of<'a>(response: &'a axum::response::Response, name: &str) -> &'a str {
+    response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_else(|| panic!("a {name} header: {response:?}"))
+}
+
+#[tokio::test]
+async fn the_agent_binary_is_streamed_from_disk_with_its_sha256_and_served_by_range() {
+    use crate::api::nodes::{BINARY_CHUNK, PLATFORMS, own_platform};
+    use crate::nodes::jump::BINARY_SHA256_HEADER;
+    use http_body_util::BodyExt;
+
+    let w = World::new().await;
     let missing = w.get("/agent/v1/binary/linux-x86_64", None).await;
     assert_eq!((missing.status, missing.code().as_str()), (StatusCode::NOT_FOUND, "agent-binary-unavailable"));
     let mut state = w.state.clone();
-    let binary = w._dir.path().join("capstan-agent");
-    std::fs::write(&binary, b"\x7fELF agent").unwrap();
-    state.nodes.agent_binary = Some(binary);
-    let own = crate::api::nodes::own_platform();
-    let fetch = |path: String| {
-        let state = state.clone();
-        async move { router(state, Pages::none()).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap() }
-    };
-    if crate::api::nodes::PLATFORMS.contains(&own.as_str()) {
-        let served = fetch(format!("/agent/v1/binary/{own}")).await;
-        assert_eq!(served.status(), StatusCode::OK);
-        assert_eq!(axum::body::to_bytes(served.into_body(), 1024).await.unwrap().as_ref(), b"\x7fELF agent");
+    let file = w._dir.path().join("capstan-agent");
+    // several read buffers long, no two alike
+    let content: Vec<u8> = (0..BINARY_CHUNK * 5 + 123).map(|i| (i % 251) as u8 ^ (i / 4096) as u8).collect();
+    std::fs::write(&file, &content).unwrap();
+    state.nodes.agent_binary = Some(file.clone());
+    assert_eq!(binary(&state, "/agent/v1/binary/windows-x86_64", None).await.status(), StatusCode::NOT_FOUND);
+    let own = own_platform();
+    if !PLATFORMS.contains(&own.as_str()) {
+        return; // this host builds no agent a jump script asks for
     }
-    assert_eq!(fetch("/agent/v1/binary/windows-x86_64".into()).await.status(), StatusCode::NOT_FOUND);
+    let path = format!("/agent/v1/binary/{own}");
+    let digest = sha256_hex(&content);
+
+    // the whole file: its length and digest up front, the bytes in frames of one buffer at most
+    let whole = binary(&state, &path, None).await;
+    assert_eq!(whole.status(), StatusCode::OK);
+    assert_eq!(header_of(&whole, "content-length"), content.len().to_string());
+    assert_eq!(header_of(&whole, BINARY_SHA256_HEADER), digest);
+    assert_eq!(header_of(&whole, "content-type"), "application/octet-stream");
+    assert_eq!(header_of(&whole, "cache-control"), "no-store");
+    assert_eq!(header_of(&whole, "accept-ranges"), "bytes");
+    let mut body = whole.into_body();
+    let (mut frames, mut received) = (0, Vec::new());
+    while let Some(frame) = body.frame().await {
+        let data = frame.unwrap().into_data().unwrap();
+        assert!(data.len() <= BINARY_CHUNK, "a frame of {} bytes: the file was not streamed through the buffer", data.len());
+        frames += 1;
+        received.extend_from_slice(&data);
+    }
+    assert!(received == content, "the served bytes are the file's");
+    assert!(frames > 5, "{frames} frames for {} bytes", content.len());
+
+    // one range: exactly those bytes, with the whole file's digest
+    let part = binary(&state, &path, Some("bytes=100000-200000")).await;
+    assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(header_of(&part, "content-range"), format!("bytes 100000-200000/{}", content.len()));
+    assert_eq!(header_of(&part, "content-length"), "100001");
+    assert_eq!(header_of(&part, BINARY_SHA256_HEADER), digest);
+    assert!(axum::body::to_bytes(part.into_body(), usize::MAX).await.unwrap() == content[100000..=200000]);
+    let tail = binary(&state, &path, Some("bytes=-10")).await;
+    assert_eq!(tail.status(), StatusCode::PARTIAL_CONTENT);
+    assert!(axum::body::to_bytes(tail.into_body(), usize::MAX).await.unwrap() == content[content.len() - 10..]);
+
+    // a range the file does not have, or several: 416 by name, with the size
+    for range in [format!("bytes={}-", content.len()), "bytes=0-1,5-6".into(), "bytes=z-".into()] {
+        let refused = binary(&state, &path, Some(&range)).await;
+        assert_eq!(refused.status(), StatusCode::RANGE_NOT_SATISFIABLE, "{range}");
+        assert_eq!(header_of(&refused, "content-range"), format!("bytes */{}", content.len()));
+        let answer: Value = serde_json::from_slice(&axum::body::to_bytes(refused.into_body(), 4096).await.unwrap()).unwrap();
+        assert_eq!(answer["error"]["code"], "range-not-satisfiable", "{range}: {answer}");
+    }
+
+    // the digest is taken once per size and modification time: the same size and time keep it
+    // (not read again per request), a replaced file is read again
+    let modified = std::fs::metadata(&file).unwrap().modified().unwrap();
+    let mut same_size = content.clone();
+    same_size[0] ^= 0xff;
+    std::fs::write(&file, &same_size).unwrap();
+    std::fs::File::options().write(true).open(&file).unwrap().set_modified(modified).unwrap();
+    assert_eq!(header_of(&binary(&state, &path, None).await, BINARY_SHA256_HEADER), digest, "remembered, not read again");
+    std::fs::File::options().write(true).open(&file).unwrap().set_modified(modified + Duration::from_secs(1)).unwrap();
+    assert_eq!(header_of(&binary(&state, &path, None).await, BINARY_SHA256_HEADER), sha256_hex(&same_size), "replaced: read again");
+    std::fs::write(&file, b"\x7fELF agent").unwrap();
+    let small = binary(&state, &path, None).await;
+    assert_eq!(header_of(&small, BINARY_SHA256_HEADER), sha256_hex(b"\x7fELF agent"));
+    assert_eq!(axum::body::to_bytes(small.into_body(), 1024).await.unwrap().as_ref(), b"\x7fELF agent");
+
+    // gone: the one refusal of a missing binary
+    std::fs::remove_file(&file).unwrap();
+    let gone = binary(&state, &path, None).await;
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
