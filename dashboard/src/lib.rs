@@ -63,8 +63,8 @@ use zeroize::Zeroize;
 pub const SESSION_COOKIE: &str = "capstan_session";
 /// What every failed login shows, whatever was wrong.
 pub const DENIAL: &str = "Login failed: check the username and password.";
-/// The policy on every dashboard response.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'";
+/// The policy on every dashboard response (the server's, shared with its jump landing page).
+pub use capstan_server::page_headers::CONTENT_SECURITY_POLICY;
 /// The largest form body the dashboard reads (bundle uploads have their own limit).
 const FORM_LIMIT: usize = 16 * 1024;
 
@@ -317,15 +317,9 @@ async fn security_headers(request: Request, next: Next) -> Response {
     response
 }
 
-/// The headers every dashboard response carries; HTML is never cached.
+/// The headers every dashboard response carries (every page's); HTML is never cached.
 fn apply_security_headers(response: &mut Response) {
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
-    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
-    if !headers.contains_key(header::CACHE_CONTROL) {
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
+    capstan_server::page_headers::apply(response.headers_mut());
 }
 
 /// Whether an unmatched request should get the HTML "not found" page rather than the API's

@@ -32,6 +32,7 @@ mod host_tests;
 pub mod listener;
 pub mod metrics;
 pub mod migrate;
+pub mod page_headers;
 pub mod plugins;
 pub mod serve;
 pub mod sessions;

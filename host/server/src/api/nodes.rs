@@ -66,6 +66,10 @@ async fn render(nodes: &Context, code: &str, html: bool) -> Response {
         ("text/x-shellscript; charset=utf-8", jump::script(nodes, code, &usable))
     };
     let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static(kind))], body).into_response();
+    if html {
+        crate::page_headers::apply(response.headers_mut());
+    }
+    // stricter than the dashboard's same-origin: this page's URL is the code itself
     response.headers_mut().insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
     no_store(response)
 }

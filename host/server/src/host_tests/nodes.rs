@@ -239,6 +239,12 @@ async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html"));
     assert!(page.text().contains("Join the cluster prod") && !page.text().contains("Dev mode"));
+    // the dashboard's page headers, with the referrer withheld altogether (the URL is the code)
+    for (name, value) in crate::page_headers::HEADERS {
+        let expected = if name == header::REFERRER_POLICY { "no-referrer" } else { value };
+        assert_eq!(page.headers.get(&name).and_then(|v| v.to_str().ok()), Some(expected), "the landing page's {name}");
+    }
+    assert_eq!(page.headers[header::CACHE_CONTROL], "no-store");
 
     // unknown, malformed, expired and used codes: one answer
     let unknown = w.get("/jump/AAAAAAAAAAAAAAAA", None).await;
