@@ -33,7 +33,9 @@ impl Dependents for HostDependents {
         // its own secrets are revoked and its SecretSet attachments go (the sets stay); its
         // registry repository is emptied by the next retention pass
         capstan_secrets::methods::forget_service(tx, service_id).await?;
-        capstan_registry::retention::retire_service_repository(tx, service_id).await
+        #[cfg(feature = "registry")]
+        capstan_registry::retention::retire_service_repository(tx, service_id).await?;
+        Ok(())
     }
 
     async fn cluster_blocker(&self, tx: &Tx, cluster_id: &str, name: &str) -> Result<Option<Refusal>> {

@@ -95,7 +95,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-relays"]),
     // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
     // (the keyring: the secrets a plugin reaches are sealed and opened with it; the nodes: the
-    // nodes of clusters a plugin reads, with their liveness)
+    // nodes of clusters a plugin reads, with their liveness; the registry only behind its
+    // `registry` feature, which the server turns on and the SDK's harness does not)
     (
         "capstan-links",
         &[

@@ -182,6 +182,7 @@ impl CallData {
 impl Outbound {
     /// How another client reaches out as this one does: the address check (for a client that
     /// resolves names itself) and the extra roots as PEM.
+    #[cfg(feature = "s3")]
     pub(super) fn reach(&self) -> crate::blobs::s3::Reach {
         let allowed = self.http.allowed.clone();
         crate::blobs::s3::Reach {

@@ -1,14 +1,18 @@
 //! `transfers` (0.2.1): tickets for moving a blob of the plugin's own prefix over HTTP through
 //! the host ([`crate::transfers`]), and the digest a plugin checks an object against. Gated by
 //! the `blobs` capability: a ticket reaches nothing the plugin could not read or write itself.
-//! `replicate` (0.2.2) also needs the `http` grant of the target's origin: it reaches out.
+//! `replicate` (0.2.2) also needs the `http` grant of the target's origin: it reaches out, with
+//! the blobs' S3 client (the `s3` feature; a host built without it, like the SDK's test harness,
+//! refuses it `transfers-unavailable`).
 
 use super::{CallData, RetryableWit, WitResult, refusal, to_wit};
 use crate::blobs::digest::read_digest;
+#[cfg(feature = "s3")]
 use crate::blobs::s3::{S3Blobs, S3Target};
 use crate::manifest::Capability;
 use crate::runtime::capstan::plugin::transfers;
 use crate::transfers::{Direction, PATH};
+#[cfg(feature = "s3")]
 use capstan_core::text::SecretString;
 use serde_json::json;
 use std::time::Duration;
@@ -63,6 +67,18 @@ impl transfers::Host for CallData {
         Ok(Some(transfers::ObjectDigest { key, size: read.size, sha256: read.sha256 }))
     }
 
+    #[cfg(not(feature = "s3"))]
+    async fn replicate(&mut self, key: String, _target: transfers::S3Target) -> WitResult<transfers::ObjectDigest> {
+        self.changing()?;
+        self.transfer_key(&key)?;
+        Err(refusal(
+            "transfers-unavailable",
+            "this host is built without S3 (capstan-plugin-host's `s3` feature): it replicates to no S3 target".into(),
+            json!({}),
+        ))
+    }
+
+    #[cfg(feature = "s3")]
     async fn replicate(&mut self, key: String, target: transfers::S3Target) -> WitResult<transfers::ObjectDigest> {
         self.changing()?;
         let (prefix, full) = self.transfer_key(&key)?;
