@@ -10,11 +10,19 @@
 //! the body) happens again on the next run. Bodies act within the fixture's organization and
 //! service, so owners' checks run as far as they go, and name nothing else that exists: a body
 //! may add to the fixture, never change or delete what it holds.
+//!
+//! The schema fuzz does the same with fresh seeds, round after round until its time budget
+//! (`CAPSTAN_FUZZ_SECONDS`; `.ci/run` sets it) runs out: bodies drawn from each method's input
+//! schema and mutated, each judged against that schema, so that every body the schema refuses
+//! must be refused by name (4xx, never 2xx nor 5xx) and any other must be answered below 500.
+//! Its seed is printed, and `CAPSTAN_FUZZ_SEED` replays it.
 
 use crate::support::*;
 use serde_json::{Value, json};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const SEED: u64 = 0x15_4a7d_0c0f_fee5;
 
@@ -32,6 +40,19 @@ const MAX_LOG_LINE: usize = 4096;
 /// Fields held at one value in every body: a long poll (`waitMs`) would otherwise hold a
 /// request open for its whole window (25 s) by design.
 const PINNED: &[(&str, &str, u64)] = &[("events.watch", "waitMs", 0)];
+
+/// Methods the fuzz sends only bodies their schema refuses as a caller with a session: a valid
+/// one ends the session, and the caller would be no one for the rest of the budget (the fixed
+/// test sends them last).
+const ENDS_SESSION: &[&str] = &["auth.logout"];
+
+/// What the fuzz sends each method as each caller in a round: bodies drawn from its schema,
+/// mutations of one of them, and a body that is no object or no JSON.
+const FUZZ_DRAWN: usize = 3;
+const FUZZ_MUTATED: usize = 6;
+
+/// Failures shown per method when the fuzz fails (all are counted).
+const FUZZ_SHOWN: usize = 3;
 
 /// A step into a JSON value.
 #[derive(Debug, Clone)]
@@ -95,9 +116,28 @@ impl Rng {
 struct Schema<'a> {
     root: &'a Value,
     fixture: &'a Identities,
+    /// Where the fuzz draws each choice from; without it every choice is the first (the fixed
+    /// test's bodies, the same on every run).
+    vary: Option<RefCell<Rng>>,
 }
 
 impl<'a> Schema<'a> {
+    fn fixed(root: &'a Value, fixture: &'a Identities) -> Schema<'a> {
+        Schema { root, fixture, vary: None }
+    }
+
+    fn varied(root: &'a Value, fixture: &'a Identities, rng: Rng) -> Schema<'a> {
+        Schema { root, fixture, vary: Some(RefCell::new(rng)) }
+    }
+
+    /// One of `n` choices: the first, unless the instances vary.
+    fn choose(&self, n: usize) -> usize {
+        match &self.vary {
+            Some(rng) if n > 1 => rng.borrow_mut().below(n),
+            _ => 0,
+        }
+    }
+
     fn resolve(&self, schema: &'a Value) -> &'a Value {
         match schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix("#/$defs/")) {
             Some(name) => self.resolve(&self.root["$defs"][name]),
@@ -111,35 +151,84 @@ impl<'a> Schema<'a> {
         if let Some(value) = schema.get("const") {
             return value.clone();
         }
-        if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
-            return first.clone();
+        if let Some(values) = schema.get("enum").and_then(Value::as_array).filter(|e| !e.is_empty()) {
+            return values[self.choose(values.len())].clone();
         }
         for key in ["oneOf", "anyOf"] {
             if let Some(alternatives) = schema.get(key).and_then(Value::as_array) {
-                let not_null = alternatives.iter().find(|a| self.resolve(a)["type"] != "null").or(alternatives.first());
-                return not_null.map_or(Value::Null, |a| self.instance(a, name, full, depth));
+                // the first that is not null, unless the instances vary
+                let chosen = match self.vary {
+                    Some(_) => alternatives.get(self.choose(alternatives.len())),
+                    None => alternatives.iter().find(|a| self.resolve(a)["type"] != "null").or(alternatives.first()),
+                };
+                return chosen.map_or(Value::Null, |a| self.instance(a, name, full, depth));
             }
         }
         let kind = match &schema["type"] {
             Value::String(kind) => kind.as_str(),
-            Value::Array(kinds) => kinds.iter().filter_map(Value::as_str).find(|k| *k != "null").unwrap_or("null"),
+            Value::Array(kinds) => {
+                let kinds: Vec<&str> = kinds.iter().filter_map(Value::as_str).collect();
+                match self.vary {
+                    Some(_) if !kinds.is_empty() => kinds[self.choose(kinds.len())],
+                    _ => kinds.iter().copied().find(|k| *k != "null").unwrap_or("null"),
+                }
+            }
             _ => "string",
         };
         match kind {
             "object" if depth < 8 => {
                 let required: Vec<&str> = schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
                 let members = schema["properties"].as_object().into_iter().flatten();
-                let chosen = members.filter(|(key, _)| full || required.contains(&key.as_str()));
-                Value::Object(chosen.map(|(key, s)| (key.clone(), self.instance(s, key, full, depth + 1))).collect())
+                let chosen = members.filter(|(key, _)| full || required.contains(&key.as_str()) || self.choose(2) == 1);
+                let mut object: serde_json::Map<String, Value> =
+                    chosen.map(|(key, s)| (key.clone(), self.instance(s, key, full, depth + 1))).collect();
+                // a map (labels, environment): members of the schema its values have, if varied
+                if let Some(values) = schema.get("additionalProperties").filter(|s| s.is_object()) {
+                    for i in 0..self.choose(3) {
+                        object.insert(format!("hostile-{i}"), self.instance(values, name, full, depth + 1));
+                    }
+                }
+                Value::Object(object)
             }
             "object" => json!({}),
-            "array" if schema.get("items").is_some() && depth < 8 => json!([self.instance(&schema["items"], name, full, depth + 1)]),
+            "array" if schema.get("items").is_some() && depth < 8 => {
+                let count = match self.vary {
+                    Some(_) => self.choose(3).max(schema["minItems"].as_u64().unwrap_or(0) as usize),
+                    None => 1,
+                };
+                Value::Array((0..count).map(|_| self.instance(&schema["items"], name, full, depth + 1)).collect())
+            }
             "array" => json!([]),
-            "integer" | "number" => plausible_number(name),
-            "boolean" => json!(true),
+            "integer" | "number" => self.number(schema, name, kind == "integer"),
+            "boolean" => json!(self.choose(2) == 0),
             "null" => Value::Null,
-            _ => json!(plausible_string(name, self.fixture)),
+            _ => self.string(schema, name),
         }
+    }
+
+    /// A plausible number, or (varied) one of the schema's bounds or another within them.
+    fn number(&self, schema: &Value, name: &str, integer: bool) -> Value {
+        let bound = |key: &str| schema.get(key).filter(|v| v.is_number()).cloned();
+        let low = schema["minimum"].as_i64().unwrap_or(0);
+        let within = low.saturating_add(self.choose(1000) as i64);
+        let fraction = (!integer).then(|| json!(within as f64 + 0.25));
+        let candidates: Vec<Value> = [Some(plausible_number(name)), bound("minimum"), bound("maximum"), Some(json!(within)), fraction]
+            .into_iter()
+            .flatten()
+            .collect();
+        candidates[self.choose(candidates.len())].clone()
+    }
+
+    /// A plausible string, or (varied) an empty one, one of the longest length the schema
+    /// allows, or a word of random letters.
+    fn string(&self, schema: &Value, name: &str) -> Value {
+        let longest = schema["maxLength"].as_u64().map(|n| "x".repeat((n as usize).min(HUGE_STRING)));
+        let letters: String = (0..1 + self.choose(24)).map(|_| char::from(b'a' + self.choose(26) as u8)).collect();
+        let candidates: Vec<String> =
+            [Some(plausible_string(name, self.fixture)), Some(String::new()), longest, Some(letters)].into_iter().flatten().collect();
+        // the plausible one half the time: the others are mostly refused before a method's checks
+        let pick = if self.choose(2) == 0 { 0 } else { self.choose(candidates.len()) };
+        json!(candidates[pick])
     }
 }
 
@@ -165,6 +254,17 @@ fn plausible_string(name: &str, fixture: &Identities) -> String {
         _ => "hostile",
     };
     text.into()
+}
+
+/// Hold the fields of `method` that [`PINNED`] names in `body`; their names.
+fn pin(method: &str, body: &mut Value) -> Vec<&'static str> {
+    let pinned: Vec<_> = PINNED.iter().filter(|(m, _, _)| *m == method).collect();
+    if let Some(object) = body.as_object_mut() {
+        for (_, field, value) in &pinned {
+            object.insert(field.to_string(), json!(value));
+        }
+    }
+    pinned.iter().map(|(_, field, _)| *field).collect()
 }
 
 /// A number that looks right for a member called `name`.
@@ -339,6 +439,7 @@ fn whole_bodies() -> Vec<Mutation> {
     vec![
         raw("the body null", b"null"),
         raw("the body an array", b"[]"),
+        raw("the body an array of nulls", b"[null, null]"),
         raw("the body a string", b"\"hostile\""),
         raw("the body a number", b"1e999"),
         raw("the body true", b"true"),
@@ -478,12 +579,7 @@ fn excerpt(bytes: &[u8]) -> String {
 #[test]
 fn every_method_survives_hostile_bodies_from_every_kind_of_caller() {
     let started = Instant::now();
-    let dir = tempfile::tempdir().unwrap();
-    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
-    let mut methods = server.listed_methods();
-    let fixture = Identities::create(&server);
-    // a session that ends is ended last, so it serves its caller's other calls first
-    methods.sort_by_key(|m| m["name"] == "auth.logout");
+    let (_dir, server, methods, fixture) = start();
 
     // each method's bodies, the same whoever sends them
     let whole = whole_bodies();
@@ -492,14 +588,11 @@ fn every_method_survives_hostile_bodies_from_every_kind_of_caller() {
         .map(|method| {
             let name = method["name"].as_str().expect("a method name").to_string();
             let access = method["access"].as_str().unwrap_or_default().to_string();
-            let schema = Schema { root: &method["input"], fixture: &fixture };
+            let schema = Schema::fixed(&method["input"], &fixture);
             let mut full = schema.instance(&method["input"], "", true, 0);
             let mut minimal = schema.instance(&method["input"], "", false, 0);
-            let pinned: Vec<&str> = PINNED.iter().filter(|(m, _, _)| *m == name).map(|(_, field, _)| *field).collect();
-            for (_, field, value) in PINNED.iter().filter(|(m, _, _)| *m == name) {
-                full[*field] = json!(value);
-                minimal[*field] = json!(value);
-            }
+            let pinned = pin(&name, &mut full);
+            pin(&name, &mut minimal);
             let mut rng = Rng::new(SEED, &name);
             let mut generated = mutations(&full, &minimal, &pinned, &mut rng);
             // the generated body itself is always sent
@@ -575,7 +668,22 @@ fn every_method_survives_hostile_bodies_from_every_kind_of_caller() {
     assert!(sent <= bodies.len() * Kind::ALL.len() * per_method, "{sent} requests is more than the bounds allow");
     assert!(failures.is_empty(), "{} answers were not named refusals or answers:\n{}", failures.len(), failures.join("\n"));
 
-    // and the server is whole
+    assert_whole(server);
+}
+
+/// A server started with the test administrator, the methods it lists (a session that ends
+/// is ended last, so it serves its caller's other calls first) and the fixture.
+fn start() -> (tempfile::TempDir, Capstan, Vec<Value>, Identities) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let mut methods = server.listed_methods();
+    let fixture = Identities::create(&server);
+    methods.sort_by_key(|m| m["name"].as_str().is_some_and(|name| ENDS_SESSION.contains(&name)));
+    (dir, server, methods, fixture)
+}
+
+/// The server still answers, and its log holds no panic and no line a request made too long.
+fn assert_whole(server: Capstan) {
     assert_eq!(server.ready_status()["ready"], true);
     let log = server.stop().stderr;
     assert!(!log.to_lowercase().contains("panic"), "the server's log mentions a panic:\n{log}");
@@ -586,4 +694,182 @@ fn every_method_survives_hostile_bodies_from_every_kind_of_caller() {
         .map(|l| format!("{} bytes: {}…", l.len(), &l[..l.floor_char_boundary(300)]))
         .collect();
     assert!(long.is_empty(), "{} log lines are longer than {MAX_LOG_LINE} bytes:\n{}", long.len(), long.join("\n"));
+}
+
+/// The fuzz's budget and seed from the environment (`None`: skipped, saying why). A seed alone
+/// replays one round.
+fn fuzz_settings() -> Option<(Duration, u64)> {
+    let read = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let (seconds, seed) = (read("CAPSTAN_FUZZ_SECONDS"), read("CAPSTAN_FUZZ_SEED"));
+    if seconds.is_none() && seed.is_none() {
+        eprintln!("skipped: CAPSTAN_FUZZ_SECONDS is not set (the schema fuzz's time budget; .ci/run sets it)");
+        return None;
+    }
+    let budget = seconds.map_or(Duration::ZERO, |s| {
+        Duration::from_secs_f64(s.trim().parse().unwrap_or_else(|e| panic!("CAPSTAN_FUZZ_SECONDS={s:?}: {e}")))
+    });
+    let seed = match seed {
+        Some(s) => {
+            let s = s.trim();
+            let parsed = match s.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => s.parse(),
+            };
+            parsed.unwrap_or_else(|e| panic!("CAPSTAN_FUZZ_SEED={s:?}: {e}"))
+        }
+        None => Rng(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64).next(),
+    };
+    Some((budget, seed))
+}
+
+/// Whether `body` breaks the schema `validator` holds, and how (the first error). A body of
+/// nothing but whitespace is `{}`, as the API documents.
+fn violation(validator: &jsonschema::Validator, body: &[u8]) -> Option<String> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
+    match serde_json::from_slice::<Value>(body) {
+        Err(e) => Some(format!("not JSON: {e}")),
+        Ok(value) => validator.iter_errors(&value).next().map(|e| format!("{} at {:?}", e, e.instance_path().as_str())),
+    }
+}
+
+/// What is wrong with an answer to a body that breaks the method's schema (`violation`) or
+/// not: [`judge`]'s rules, and a body the schema refuses is never taken.
+fn judge_by_schema(reply: &Reply, violation: Option<&str>) -> Option<String> {
+    judge(reply).or_else(|| {
+        let violation = violation?;
+        (reply.status < 400).then(|| format!("HTTP {} for a body its schema refuses ({violation})", reply.status))
+    })
+}
+
+/// A round's bodies for `method` as one caller, from the round's `seed`: drawn from its input
+/// schema, then a sample of the mutations of a fully drawn one; and one of the `whole` bodies.
+fn fuzz_bodies<'w>(method: &Value, fixture: &Identities, whole: &'w [Mutation], seed: u64, kind: Kind) -> (Vec<Mutation>, &'w Mutation) {
+    let name = method["name"].as_str().expect("a method name");
+    let mut rng = Rng::new(seed, &format!("{name} as {}", kind.name()));
+    let schema = Schema::varied(&method["input"], fixture, Rng(rng.next()));
+    let mut bodies: Vec<Mutation> = (0..FUZZ_DRAWN)
+        .map(|_| {
+            let mut drawn = schema.instance(&method["input"], "", false, 0);
+            pin(name, &mut drawn);
+            json_body("a body drawn from the schema".into(), &drawn)
+        })
+        .collect();
+    let mut full = schema.instance(&method["input"], "", true, 0);
+    let mut minimal = schema.instance(&method["input"], "", false, 0);
+    let pinned = pin(name, &mut full);
+    pin(name, &mut minimal);
+    let mutated = mutations(&full, &minimal, &pinned, &mut rng);
+    bodies.extend(rng.sample(mutated, FUZZ_MUTATED));
+    (bodies, rng.pick(whole))
+}
+
+/// What the fuzz's callers sent and saw.
+#[derive(Default)]
+struct FuzzTally {
+    tally: Tally,
+    /// Bodies the schema takes, and how many of those were answered 2xx.
+    valid: usize,
+    taken: usize,
+    /// Failures by method: how many, and the first few.
+    by_method: BTreeMap<String, (usize, Vec<String>)>,
+    /// Rounds each caller finished, and how long they took.
+    rounds: Vec<(Kind, Duration)>,
+}
+
+#[test]
+fn fuzz_every_method_from_its_schema_within_a_time_budget() {
+    let Some((budget, seed)) = fuzz_settings() else { return };
+    println!("schema fuzz: seed {seed:#x} (CAPSTAN_FUZZ_SEED={seed:#x} replays it), budget {budget:?}");
+    let started = Instant::now();
+    let (_dir, server, methods, fixture) = start();
+    // the plugin host judges a plugin's bodies with this crate and these pattern options
+    let validators: Vec<jsonschema::Validator> = methods
+        .iter()
+        .map(|method| {
+            let patterns = jsonschema::PatternOptions::regex().size_limit(1 << 20).dfa_size_limit(1 << 20);
+            jsonschema::options()
+                .with_pattern_options(patterns)
+                .build(&method["input"])
+                .unwrap_or_else(|e| panic!("{}: the input schema does not compile: {e}", method["name"]))
+        })
+        .collect();
+    let whole = whole_bodies();
+    let deadline = Instant::now() + budget;
+
+    let tally = Mutex::new(FuzzTally::default());
+    std::thread::scope(|scope| {
+        for kind in Kind::ALL {
+            let (server, fixture, methods, validators, whole, tally) = (&server, &fixture, &methods, &validators, &whole, &tally);
+            scope.spawn(move || {
+                // each round's seed is drawn from the one before, so a round's seed replays it
+                let mut round_seed = seed;
+                // every method at least once, then rounds until the budget is spent (the last
+                // one cut short where it runs out)
+                for round in 0.. {
+                    let began_round = Instant::now();
+                    for (method, validator) in methods.iter().zip(validators) {
+                        if round > 0 && Instant::now() >= deadline {
+                            return;
+                        }
+                        let name = method["name"].as_str().expect("a method name");
+                        let (bodies, extra) = fuzz_bodies(method, fixture, whole, round_seed, kind);
+                        for body in bodies.iter().chain([extra]) {
+                            let violated = violation(validator, &body.body);
+                            if violated.is_none() && ENDS_SESSION.contains(&name) && fixture.token(kind).is_some() {
+                                continue;
+                            }
+                            let began = Instant::now();
+                            let reply = fixture.call(server, kind, name, &body.body);
+                            let took = began.elapsed();
+                            let problem = judge_by_schema(&reply, violated.as_deref());
+                            let verdict = violated.as_deref().map_or("valid".into(), |v| format!("invalid: {v}"));
+                            let what = format!(
+                                "{name} as {} with {} ({verdict}; round {round}, CAPSTAN_FUZZ_SEED={round_seed:#x} replays it first)",
+                                kind.name(),
+                                body.label
+                            );
+                            let mut tally = tally.lock().unwrap();
+                            if violated.is_none() {
+                                tally.valid += 1;
+                                tally.taken += usize::from((200..300).contains(&reply.status));
+                            }
+                            tally.tally.record(what, took, problem, &reply, &body.body);
+                            // kept by method, a few each: a budget of failures would not fit a report
+                            if let Some(failure) = tally.tally.failures.pop() {
+                                let (count, shown) = tally.by_method.entry(name.to_string()).or_default();
+                                *count += 1;
+                                if shown.len() < FUZZ_SHOWN {
+                                    shown.push(failure);
+                                }
+                            }
+                        }
+                    }
+                    tally.lock().unwrap().rounds.push((kind, began_round.elapsed()));
+                    round_seed = Rng(round_seed).next();
+                }
+            });
+        }
+    });
+
+    let FuzzTally { tally: Tally { sent, slowest: (took, what), .. }, valid, taken, by_method, rounds } = tally.into_inner().unwrap();
+    let longest = rounds.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    let fewest = Kind::ALL.iter().map(|k| rounds.iter().filter(|(kind, _)| kind == k).count()).min().unwrap_or(0);
+    println!(
+        "schema fuzz (seed {seed:#x}): {sent} requests over {} methods in {:.1?}, {fewest} whole rounds by the slowest \
+         caller, the longest {longest:.1?}; {valid} bodies the schema takes, {taken} of them answered 2xx; the slowest \
+         request took {took:.1?}: {what}",
+        methods.len(),
+        started.elapsed(),
+    );
+    let failed: usize = by_method.values().map(|(count, _)| count).sum();
+    let shown: Vec<String> =
+        by_method.iter().map(|(method, (count, first))| format!("{method}: {count} failures, the first:\n{}", first.join("\n"))).collect();
+    assert!(
+        failed == 0,
+        "schema fuzz with CAPSTAN_FUZZ_SEED={seed:#x}: {failed} answers over {} methods were not named refusals or answers, or took a \
+         body its schema refuses:\n{}",
+        by_method.len(),
+        shown.join("\n")
+    );
+    assert_whole(server);
 }
