@@ -5,7 +5,6 @@
 
 use super::socket::{Server, Ws, call, closed_with, connect, next, open, send, serve};
 use crate::api::{Pages, router};
-use crate::listener::TrustedProxies;
 use crate::relays::registrations as relay_registrations;
 use crate::state::AppState;
 use serde_json::{Value, json};
@@ -341,16 +340,7 @@ async fn changes_push_the_clusters_config_to_its_relay() {
 
 /// Serve `state` on 127.0.0.1.
 async fn listen(state: AppState) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(crate::listener::serve(
-        listener,
-        router(state, Pages::none()),
-        crate::listener::Bounds::new(64, 1 << 26),
-        TrustedProxies::default(),
-        std::future::pending::<()>(),
-    ));
-    addr
+    super::socket::listen(router(state, Pages::none())).await
 }
 
 #[tokio::test]

@@ -34,17 +34,17 @@ pub(super) async fn serve(adjust: impl FnOnce(&mut AppState)) -> Server {
     crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
     let token = state.auth.login("admin", PASSWORD, None).await.unwrap().token;
     adjust(&mut state);
+    let addr = listen(router(state.clone(), Pages::none())).await;
+    Server { _dir: dir, state, addr, token }
+}
+
+/// Serve `app` on a real listener on 127.0.0.1 (the default bounds); its address.
+pub(super) async fn listen(app: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = router(state.clone(), Pages::none());
-    tokio::spawn(crate::listener::serve(
-        listener,
-        app,
-        crate::listener::Bounds::new(64, 1 << 26),
-        TrustedProxies::default(),
-        std::future::pending::<()>(),
-    ));
-    Server { _dir: dir, state, addr, token }
+    let bounds = crate::listener::Bounds::new(64, crate::bodies::DEFAULT_INFLIGHT_BODY_BYTES);
+    tokio::spawn(crate::listener::serve(listener, app, bounds, TrustedProxies::default(), std::future::pending::<()>()));
+    addr
 }
 
 pub(super) fn limits(adjust: impl FnOnce(&mut Limits)) -> impl FnOnce(&mut AppState) {

@@ -4,7 +4,6 @@
 //! stated it. Tested with a stand-in hook reading a test header, against a real listener.
 
 use crate::api::{Pages, router};
-use crate::listener::TrustedProxies;
 use crate::state::test_state;
 use axum::http::HeaderMap;
 use futures::{SinkExt, StreamExt};
@@ -29,17 +28,8 @@ async fn serve() -> (tempfile::TempDir, SocketAddr, String) {
     let state = test_state(dir.path()).await;
     crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
     let token = state.auth.login("admin", PASSWORD, None).await.unwrap().token;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let pages = Pages { socket_bearer: test_session, ..Pages::none() };
-    let app = router(state, pages);
-    tokio::spawn(crate::listener::serve(
-        listener,
-        app,
-        crate::listener::Bounds::new(64, 1 << 26),
-        TrustedProxies::default(),
-        std::future::pending::<()>(),
-    ));
+    let addr = super::socket::listen(router(state, pages)).await;
     (dir, addr, token)
 }
 
