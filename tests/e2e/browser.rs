@@ -226,6 +226,19 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
 
 /// The text of the element `css`, found again if the page replaced it between finding and
 /// reading (a navigation or a live refresh can land in between).
+/// The text of the element `css` once it is one of `expected` (a script updates it after an
+/// event, a moment later on a busy machine); what it was when the wait ran out otherwise.
+async fn text_becoming(client: &Client, css: &str, expected: &[&str]) -> String {
+    let deadline = Instant::now() + ELEMENT_WAIT;
+    loop {
+        let text = text_of(client, css).await;
+        if expected.contains(&text.as_str()) || Instant::now() >= deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn text_of(client: &Client, css: &str) -> String {
     let deadline = Instant::now() + ELEMENT_WAIT;
     loop {
@@ -985,8 +998,9 @@ async fn nodes_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     let command = wait_for(client, "#jump-command").await.prop("value").await.unwrap().unwrap_or_default();
     assert!(command.starts_with("curl -fsSL 'http://") && command.ends_with("' | sudo bash"), "{command}");
     click(client, "#jump-copy").await;
-    let copied = text_of(client, "#jump-copy").await;
-    assert!(["Copied", "Selected: copy it"].contains(&copied.as_str()), "the copy button says what it did: {copied}");
+    let said = ["Copied", "Selected: copy it"];
+    let copied = text_becoming(client, "#jump-copy", &said).await;
+    assert!(said.contains(&copied.as_str()), "the copy button says what it did: {copied}");
     let shot = client.screenshot().await.expect("a screenshot of a jump command");
     save_screenshot(&shot, dir, "node-jump.png", NODE_JUMP_SCREENSHOT_COPY);
 
