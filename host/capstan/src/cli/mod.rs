@@ -275,6 +275,8 @@ pub fn main() -> ExitCode {
                 Ok(config) => config,
                 Err(refusal) => return refuse(&refusal, EXIT_CONFIG),
             };
+            // before the runtime's threads allocate anything
+            capstan_server::listener::bound_allocator_arenas();
             let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return refuse(&Refusal::internal(format!("starting the async runtime: {e}")), EXIT_REFUSED),
