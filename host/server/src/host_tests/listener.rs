@@ -52,6 +52,14 @@ async fn until_closed(stream: &mut TcpStream) -> (Vec<u8>, Duration) {
     (read, started.elapsed())
 }
 
+/// `GET path` on a connection that closes after it: the whole answer, and how long it took.
+async fn fetch(addr: SocketAddr, path: &str) -> (String, Duration) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let (read, took) = until_closed(&mut stream).await;
+    (String::from_utf8_lossy(&read).into_owned(), took)
+}
+
 #[tokio::test]
 async fn a_connection_that_sends_nothing_is_closed() {
     let addr = listen().await;
@@ -92,11 +100,7 @@ async fn an_http2_connection_without_a_stream_is_closed() {
 
 #[tokio::test]
 async fn an_answer_still_being_sent_is_not_idle() {
-    let addr = listen().await;
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
-    let (read, took) = until_closed(&mut stream).await;
-    let text = String::from_utf8_lossy(&read);
+    let (text, took) = fetch(listen().await, "/slow").await;
     assert!(took > IDLE, "the answer took longer than the idle timeout ({took:?})");
     for n in 0..6 {
         assert!(text.contains(&format!("chunk{n};")), "every chunk arrived: {text}");
@@ -105,9 +109,6 @@ async fn an_answer_still_being_sent_is_not_idle() {
 
 #[tokio::test]
 async fn every_request_carries_the_listeners_body_budget() {
-    let addr = listen().await;
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /budget HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
-    let (read, _) = until_closed(&mut stream).await;
-    assert!(String::from_utf8_lossy(&read).ends_with("123456"), "{}", String::from_utf8_lossy(&read));
+    let (text, _) = fetch(listen().await, "/budget").await;
+    assert!(text.ends_with("123456"), "{text}");
 }
