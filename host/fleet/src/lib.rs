@@ -78,7 +78,7 @@ pub struct Addresses {
 pub struct Versions {
     /// The Capstan version.
     pub capstan: String,
-    /// The plugin contract the node serves (`capstan:plugin@0.2.4`).
+    /// The plugin contract the node serves (`capstan:plugin@…`, the current contract).
     pub wit_world: String,
     /// The plugin engine's (Wasmtime) version; `None` from a build that did not report it.
     pub wasmtime: Option<String>,
