@@ -71,7 +71,8 @@ pub async fn service_of(store: &Store, repository: &str) -> Result<Option<(Strin
         .await
 }
 
-fn denied() -> OciError {
+/// The one answer to anyone not allowed: `403 DENIED` `registry-access-denied`.
+pub(crate) fn denied() -> OciError {
     OciError::denied("registry-access-denied", "requested access to the resource is denied")
 }
 

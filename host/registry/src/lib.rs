@@ -4,7 +4,8 @@
 //!
 //! A repository maps to a service (`workloads/<service-name>-<12 hex of its id>`), and who may
 //! pull, push or delete is judged on every request from the caller's roles and grants as they
-//! are now. Administrators may also use repositories that map to no service.
+//! are now. Administrators may also use repositories that map to no service. A node's agent
+//! pulls with a short-lived pull credential scoped to one repository ([`pulls`]).
 
 pub mod access;
 pub mod deployments;
@@ -12,6 +13,7 @@ pub mod errors;
 pub mod manifests;
 pub mod methods;
 pub mod names;
+pub mod pulls;
 pub mod retention;
 pub mod route_check;
 mod routes;
@@ -63,7 +65,8 @@ pub fn registry_host(public_origin: &str) -> &str {
 
 /// Declare the registry's collections.
 pub async fn declare(store: &Store) -> Result<()> {
-    for spec in storage::collections().into_iter().chain(retention::collections()).chain(deployments::collections()) {
+    let specs = [storage::collections(), retention::collections(), deployments::collections(), pulls::collections()];
+    for spec in specs.into_iter().flatten() {
         store.declare(spec).await?;
     }
     Ok(())

@@ -1,11 +1,16 @@
 //! The `/v2` routes: one catch-all that reads what a path asks for from its end (repository
 //! names contain `/`), authenticates the bearer, authorizes the action and serves it.
+//!
+//! A bearer is a Capstan session (a person's, a machine user's), judged by roles and grants,
+//! or a pull credential's secret (`capstan_pull_…`, told by its prefix), which reads manifests
+//! and blobs of its one repository and nothing else ([`crate::pulls`]).
 
 use crate::Registry;
 use crate::access::{Action, Allowed, authorize};
 use crate::errors::OciError;
 use crate::manifests::{self, MAX_MANIFEST};
 use crate::names::{Digest, Reference, check_name, client_digest};
+use crate::pulls::{self, Grant};
 use crate::storage::{ManifestRecord, Part, PutRefused, Storage, missing_bytes};
 use axum::Router;
 use axum::body::Body;
@@ -16,6 +21,7 @@ use axum::routing::{any, get};
 use capstan_auth::Identity;
 use capstan_blobs::BlobReader;
 use capstan_core::clock::now_secs;
+use capstan_store::Store;
 use futures::TryStreamExt;
 use serde_json::json;
 use std::collections::HashMap;
@@ -42,19 +48,55 @@ pub fn challenge(registry: &Registry, scope: Option<(&str, Action)>) -> String {
     value
 }
 
-async fn identity(registry: &Registry, headers: &HeaderMap, scope: Option<(&str, Action)>) -> Result<Identity, OciError> {
-    let bearer = headers
+/// Who a bearer stands for.
+#[derive(Debug)]
+enum Caller {
+    /// A session's user, judged by roles and grants.
+    Person(Identity),
+    /// A pull credential: its one repository's manifests and blobs.
+    Puller(Grant),
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim())
-        .filter(|t| !t.is_empty());
-    let Some(bearer) = bearer else { return Err(OciError::unauthorized(challenge(registry, scope))) };
-    match registry.auth.authenticate(bearer).await {
-        Ok(identity) => Ok(identity),
+        .filter(|t| !t.is_empty())
+}
+
+async fn caller(registry: &Registry, headers: &HeaderMap, scope: Option<(&str, Action)>) -> Result<Caller, OciError> {
+    let Some(bearer) = bearer(headers) else { return Err(OciError::unauthorized(challenge(registry, scope))) };
+    let found = if pulls::is_pull_secret(bearer) {
+        pulls::bearer_grant(&registry.storage.store, bearer, now_secs()).await.map(Caller::Puller)
+    } else {
+        registry.auth.authenticate(bearer).await.map(Caller::Person)
+    };
+    match found {
+        Ok(caller) => Ok(caller),
         Err(e) if e.is("unauthenticated") => Err(OciError::unauthorized(challenge(registry, scope))),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Allow `action` on `target` in `name` for `caller`, or refuse by name: a person by roles and
+/// grants ([`authorize`]); a pull credential only `GET`/`HEAD` of a manifest or a blob in its
+/// own repository, anything else the one `registry-access-denied`. The person, when it is one.
+async fn allow<'a>(
+    store: &Store,
+    caller: &'a Caller,
+    target: &Target<'_>,
+    name: &str,
+    action: Action,
+) -> Result<(Allowed, Option<&'a Identity>), OciError> {
+    match caller {
+        Caller::Person(identity) => Ok((authorize(store, identity, name, action).await?, Some(identity))),
+        Caller::Puller(grant) if matches!(target, Target::Manifest(..) | Target::Blob(..)) && grant.allows(name, action) => {
+            Ok((Allowed { service_id: None, blobs_only: false }, None))
+        }
+        Caller::Puller(_) => Err(crate::access::denied()),
     }
 }
 
@@ -65,7 +107,7 @@ fn api_version(mut response: Response) -> Response {
 
 /// `GET /v2/`: whether the caller is authenticated.
 async fn base(State(registry): State<Arc<Registry>>, headers: HeaderMap) -> Response {
-    api_version(match identity(&registry, &headers, None).await {
+    api_version(match caller(&registry, &headers, None).await {
         Ok(_) => axum::Json(json!({})).into_response(),
         Err(e) => e.into_response(),
     })
@@ -145,8 +187,10 @@ async fn serve(registry: &Registry, path: &str, query: &HashMap<String, String>,
             ));
         }
     };
-    let caller = identity(registry, request.headers(), Some((name, action))).await?;
-    let allowed = authorize(&registry.storage.store, &caller, name, action).await?;
+    let caller = caller(registry, request.headers(), Some((name, action))).await?;
+    let (allowed, person) = allow(&registry.storage.store, &caller, &target, name, action).await?;
+    // what only a person does (uploads, manifest pushes) is refused to anyone else
+    let person = || person.ok_or_else(crate::access::denied);
     let storage = &registry.storage;
     let head = method == Method::HEAD;
     match (target, method) {
@@ -161,7 +205,7 @@ async fn serve(registry: &Registry, path: &str, query: &HashMap<String, String>,
                 Err(OciError::blob_unknown(digest.as_str()))
             }
         }
-        (Target::UploadStart(_), Method::POST) => start_upload(registry, name, query, &caller, request).await,
+        (Target::UploadStart(_), Method::POST) => start_upload(registry, name, query, person()?, request).await,
         (Target::Upload(_, id), Method::GET) => {
             let (record, _) = storage.upload(name, id).await?.ok_or_else(OciError::upload_unknown)?;
             Ok(upload_answer(StatusCode::NO_CONTENT, name, id, record.size))
@@ -177,7 +221,7 @@ async fn serve(registry: &Registry, path: &str, query: &HashMap<String, String>,
             get_manifest(storage, name, &Reference::parse(reference)?, head).await
         }
         (Target::Manifest(_, reference), Method::PUT) => {
-            put_manifest(registry, name, &Reference::parse(reference)?, &allowed, &caller, request).await
+            put_manifest(registry, name, &Reference::parse(reference)?, &allowed, person()?, request).await
         }
         (Target::Manifest(_, reference), Method::DELETE) => {
             let done = match Reference::parse(reference)? {
@@ -604,6 +648,72 @@ mod tests {
         assert_eq!(parse_range("bytes=5-4", 100), None);
         assert_eq!(parse_range("items=0-1", 100), None);
         assert_eq!(parse_range("bytes=0-0", 0), None);
+    }
+
+    #[tokio::test]
+    async fn a_pull_credential_s_bearer_reads_only_its_repository_s_manifests_and_blobs() {
+        use crate::pulls::tests::{HOLDER, REPO, expire, store, token};
+        let (store, _dir) = store().await;
+        let credential = pulls::issue(&store, REPO, HOLDER, std::time::Duration::from_secs(600)).await.unwrap();
+        let body = token(&store, &credential.username, credential.password.expose()).await.unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, header_value(&format!("Bearer {}", body["token"].as_str().unwrap())));
+        let bearer = bearer(&headers).unwrap();
+        assert!(pulls::is_pull_secret(bearer), "told from a session by its prefix");
+        let caller = Caller::Puller(pulls::bearer_grant(&store, bearer, now_secs()).await.unwrap());
+
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let judge = |path: String, action: Action| {
+            let (caller, store) = (&caller, &store);
+            async move {
+                let target = target(&path).unwrap();
+                let name = match &target {
+                    Target::Tags(n)
+                    | Target::Manifest(n, _)
+                    | Target::Referrers(n, _)
+                    | Target::UploadStart(n)
+                    | Target::Upload(n, _)
+                    | Target::Blob(n, _) => *n,
+                };
+                allow(store, caller, &target, name, action).await.map(|(allowed, person)| (allowed, person.is_some()))
+            }
+        };
+        for path in [format!("{REPO}/manifests/{digest}"), format!("{REPO}/manifests/v1"), format!("{REPO}/blobs/{digest}")] {
+            let (allowed, person) = judge(path.clone(), Action::Pull).await.unwrap_or_else(|e| panic!("{path}: {e:?}"));
+            assert_eq!((allowed, person), (Allowed { service_id: None, blobs_only: false }, false), "{path}");
+        }
+        let refused = [
+            // another repository
+            (format!("workloads/api-abcdefabcdef/manifests/{digest}"), Action::Pull),
+            (format!("workloads/api-abcdefabcdef/blobs/{digest}"), Action::Pull),
+            (format!("{REPO}-x/blobs/{digest}"), Action::Pull),
+            // what is not a manifest or a blob
+            (format!("{REPO}/tags/list"), Action::Pull),
+            (format!("{REPO}/referrers/{digest}"), Action::Pull),
+            // pushes and deletions
+            (format!("{REPO}/blobs/uploads/"), Action::Push),
+            (format!("{REPO}/blobs/uploads/0123"), Action::Push),
+            (format!("{REPO}/manifests/v1"), Action::Push),
+            (format!("{REPO}/manifests/{digest}"), Action::Delete),
+            (format!("{REPO}/blobs/{digest}"), Action::Delete),
+        ];
+        for (path, action) in refused {
+            let e = judge(path.clone(), action).await.unwrap_err();
+            assert_eq!(
+                (e.status, e.code, e.reason.as_ref()),
+                (StatusCode::FORBIDDEN, "DENIED", "registry-access-denied"),
+                "{path} {action:?}"
+            );
+        }
+
+        // expired or revoked, the bearer stands for no one (answered 401 with the challenge)
+        expire(&store, &credential, 1).await;
+        assert!(pulls::bearer_grant(&store, bearer, now_secs()).await.unwrap_err().is("unauthenticated"));
+        let again = pulls::issue(&store, REPO, HOLDER, std::time::Duration::from_secs(600)).await.unwrap();
+        let bearer = token(&store, &again.username, again.password.expose()).await.unwrap()["token"].as_str().unwrap().to_string();
+        pulls::bearer_grant(&store, &bearer, now_secs()).await.unwrap();
+        pulls::revoke(&store, HOLDER).await.unwrap();
+        assert!(pulls::bearer_grant(&store, &bearer, now_secs()).await.unwrap_err().is("unauthenticated"));
     }
 
     #[test]

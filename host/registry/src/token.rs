@@ -4,15 +4,23 @@
 //! request is judged from the caller's roles and grants as they are then, and the session is
 //! checked as the API checks it (a changed password, a disabled user, a revoked or expired
 //! machine token end it at once).
+//!
+//! A pull credential (`capstan-pull.<id>` and its `capstan_pull_…` secret, [`crate::pulls`])
+//! opens no session: its secret is answered as the bearer, which `/v2` recognises by its prefix
+//! and allows only to pull its one repository, until the credential expires or is revoked.
 
 use crate::Registry;
 use crate::errors::OciError;
+use crate::pulls;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use capstan_auth::attempts;
 use capstan_core::clock::now_secs;
-use serde_json::json;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_store::Store;
+use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -41,6 +49,12 @@ pub async fn token(State(registry): State<Arc<Registry>>, request: Request) -> R
         e.message = "log in with a username and a password or machine token".into();
         return e.into_response();
     };
+    if username.starts_with(pulls::USERNAME_PREFIX) && pulls::is_pull_secret(&password) {
+        return match pull_token(&registry.storage.store, &username, &password, source).await {
+            Ok(body) => axum::Json(body).into_response(),
+            Err(refusal) => refused(&registry, refusal),
+        };
+    }
     let opened = if password.starts_with(MACHINE_TOKEN_PREFIX) {
         registry.auth.exchange_token(&password, source).await.and_then(|answer| {
             // the name must be the token's user: a token is never a way to learn whose it is
@@ -51,22 +65,61 @@ pub async fn token(State(registry): State<Arc<Registry>>, request: Request) -> R
     };
     match opened {
         Ok(answer) => {
-            let now = now_secs();
-            let issued_at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(now)).to_string();
-            let body = json!({
-                "token": answer.token,
-                "access_token": answer.token,
-                "expires_in": answer.expires_at.saturating_sub(now),
-                "issued_at": issued_at,
-            });
             tracing::info!(user = %answer.username, "registry token issued");
-            axum::Json(body).into_response()
+            axum::Json(token_body(&answer.token, answer.expires_at, now_secs())).into_response()
+        }
+        Err(refusal) => refused(&registry, refusal),
+    }
+}
+
+/// The token flow's answer: `token` (and `access_token`, its OAuth name) valid until `expires_at`.
+fn token_body(token: &str, expires_at: u64, now: u64) -> Value {
+    let issued_at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(now)).to_string();
+    json!({
+        "token": token,
+        "access_token": token,
+        "expires_in": expires_at.saturating_sub(now),
+        "issued_at": issued_at,
+    })
+}
+
+/// A refusal as the token flow answers it: every authentication failure the one `401`.
+fn refused(registry: &Registry, refusal: Refusal) -> Response {
+    if refusal.is("unauthenticated") {
+        let mut e = OciError::unauthorized(crate::routes::challenge(registry, None));
+        e.message = "the username, password or token was not accepted".into();
+        e.into_response()
+    } else {
+        OciError::from(refusal).into_response()
+    }
+}
+
+/// A pull credential's username and secret to the token answer, whose bearer is the secret
+/// itself. Counted against the client's limit like a machine token's exchange (a success takes
+/// it back); every failure to verify is the uniform denial.
+pub(crate) async fn pull_token(store: &Store, username: &str, password: &str, source: Option<std::net::IpAddr>) -> Result<Value> {
+    let keys: Vec<attempts::Keyed> = source.map(|client| (attempts::client_key(client), attempts::PER_CLIENT)).into_iter().collect();
+    attempts::begin(store, &keys).await?;
+    let take_back = || async {
+        if let Err(e) = attempts::take_back(store, &keys).await {
+            tracing::warn!(code = %e.code, "a pull token attempt's count was not taken back: {}", e.message);
+        }
+    };
+    let now = now_secs();
+    match pulls::exchange(store, username, password, now).await {
+        Ok(grant) => {
+            take_back().await;
+            tracing::info!(credential = %grant.credential_id, repository = %grant.repository, "registry pull token issued");
+            Ok(token_body(password, grant.expires_at, now))
         }
         Err(refusal) if refusal.is("unauthenticated") => {
-            let mut e = OciError::unauthorized(crate::routes::challenge(&registry, None));
-            e.message = "the username, password or token was not accepted".into();
-            e.into_response()
+            tracing::info!("registry pull token denied");
+            Err(refusal)
         }
-        Err(refusal) => OciError::from(refusal).into_response(),
+        // never checked: it does not count as a failure
+        Err(refusal) => {
+            take_back().await;
+            Err(refusal)
+        }
     }
 }
