@@ -121,6 +121,10 @@ pub trait Dependents: Send + Sync {
     async fn cluster_removed(&self, _tx: &Tx, _cluster_id: &str) -> Result<()> {
         Ok(())
     }
+    /// Where the service runs: its runtime specs, one per cluster (the runtime's), read in `tx`.
+    async fn service_runtime(&self, _tx: &Tx, _service_id: &str) -> Result<Vec<Value>> {
+        Ok(Vec::new())
+    }
     /// The settings the installed plugins declare (their current versions), read in `tx`.
     async fn plugin_settings(&self, tx: &Tx) -> Result<Vec<PluginSetting>>;
     /// Refuse `value` for the plugin setting `setting` by name (`setting-invalid`,

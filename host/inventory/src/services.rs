@@ -361,8 +361,11 @@ pub struct ServiceView {
     /// The service.
     #[serde(flatten)]
     pub service: Entity<Service>,
-    /// Managers that still own something of the service (`plugin:<id>`).
+    /// Managers that still own something of the service (`plugin:<id>`, `host:runtime`).
     pub holds: Vec<String>,
+    /// Where it runs: its runtime specs, one per cluster, with their revisions
+    /// (`runtime.setServiceSpec`, docs/runtime.md).
+    pub runtime: Vec<Value>,
 }
 
 /// Answer of `services.delete`.
@@ -633,7 +636,8 @@ async fn get(cx: Context, call: Call, input: super::ById) -> Result<ServiceView>
         .transact(|tx| async move {
             let service = visible_service(&tx, identity, id, ServiceNeed::Read).await?;
             let holds = holders(&tx, dependents, id).await?;
-            Ok(ServiceView { service, holds })
+            let runtime = dependents.service_runtime(&tx, id).await?;
+            Ok(ServiceView { service, holds, runtime })
         })
         .await
 }
@@ -713,13 +717,18 @@ pub async fn hold(store: &Store, service_id: &str, holder: &str) -> Result<()> {
         .transact(|tx| async move {
             let service = require_service(&tx, service_id).await?;
             refuse_if_deleting(&service)?;
-            let id = hold_id(service_id, holder);
-            if tx.get(SERVICE_HOLDS, &id).await?.is_none() {
-                tx.insert(SERVICE_HOLDS, &id, json!({ "serviceId": service_id, "holder": holder, "since": now_secs() })).await?;
-            }
-            Ok(())
+            hold_in(&tx, service_id, holder).await
         })
         .await
+}
+
+/// [`hold`] inside the caller's transaction, which has read the service as active.
+pub async fn hold_in(tx: &Tx, service_id: &str, holder: &str) -> Result<()> {
+    let id = hold_id(service_id, holder);
+    if tx.get(SERVICE_HOLDS, &id).await?.is_none() {
+        tx.insert(SERVICE_HOLDS, &id, json!({ "serviceId": service_id, "holder": holder, "since": now_secs() })).await?;
+    }
+    Ok(())
 }
 
 /// Release `holder`'s hold (idempotent); the last release of a deleting service finishes it.

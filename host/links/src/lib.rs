@@ -38,6 +38,15 @@ impl Dependents for HostDependents {
         Ok(())
     }
 
+    #[cfg(feature = "registry")]
+    async fn service_runtime(&self, tx: &Tx, service_id: &str) -> Result<Vec<Value>> {
+        if !tx.is_declared(capstan_runtime::RUNTIME_SPECS) {
+            return Ok(Vec::new());
+        }
+        let specs = capstan_runtime::spec::of_service(tx, service_id).await?;
+        specs.iter().map(|spec| serde_json::to_value(spec).map_err(Refusal::internal)).collect()
+    }
+
     async fn cluster_blocker(&self, tx: &Tx, cluster_id: &str, name: &str) -> Result<Option<Refusal>> {
         match tx.is_declared(capstan_relays::registrations::SESSIONS) {
             true => capstan_relays::registrations::cluster_blocker(tx, cluster_id, name).await,

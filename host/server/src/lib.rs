@@ -18,6 +18,7 @@ pub use capstan_inventory as inventory;
 pub use capstan_keyring as keyring;
 pub use capstan_nodes as nodes;
 pub use capstan_relays as relays;
+pub use capstan_runtime as runtime;
 pub use capstan_scheduler as scheduler;
 pub use capstan_secrets as secrets;
 pub use capstan_store as store;

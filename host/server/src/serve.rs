@@ -94,6 +94,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     crate::inventory::declare(&store).await?;
     crate::secrets::methods::declare(&store).await?;
     crate::relays::declare(&store).await?;
+    capstan_runtime::declare(&store).await?;
     crate::nodes::declare(&store).await?;
     capstan_registry::declare(&store).await?;
     capstan_rpc::audit::declare(&store).await?;
@@ -133,6 +134,19 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let mut loops = fleet.spawn(stopped.clone());
     loops.push(crate::plugins::work::spawn(plugins, Some(fleet.clone()), stopped.clone()));
     loops.extend(state.relays.spawn(stopped.clone()).await?);
+    // the runtime's producer runs where the fleet places it; delivery runs on every node
+    let placed = fleet.clone();
+    fleet.add_workload_source(Arc::new(|| {
+        vec![crate::fleet::placement::Workload { id: capstan_runtime::PRODUCER_WORKLOAD.into(), replicas: 1, selector: Default::default() }]
+    }));
+    loops.extend(capstan_runtime::spawn(
+        state.runtime.clone(),
+        move || {
+            let placed = placed.clone();
+            async move { placed.assigned_here(capstan_runtime::PRODUCER_WORKLOAD).await }
+        },
+        stopped.clone(),
+    ));
     loops.push(capstan_gateway::spawn_finalizer(state.gateway.clone(), config.gateway_retry, stopped.clone()));
     loops.push(scheduler.spawn(stopped));
     let signalled = shutdown_signal()?;

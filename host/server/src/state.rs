@@ -56,6 +56,8 @@ pub struct AppState {
     pub sockets: Arc<Hub>,
     /// The cluster relays this node holds, and the election that reaches any relay of the fleet.
     pub relays: Arc<Relays>,
+    /// The runtime: specs, the producer, the node sessions this node carries.
+    pub runtime: capstan_runtime::Context,
     /// What `GET /metrics` serves, and to whom.
     pub metrics: Arc<Metrics>,
     /// The OCI registry under `/v2`.
@@ -147,6 +149,8 @@ impl AppState {
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
         crate::relays::register(&mut registry, secrets.clone(), relays.clone());
+        let runtime = capstan_runtime::Context::new(store.clone(), Arc::new(capstan_links::HostDependents), nodes.clone(), sockets.clone());
+        capstan_runtime::register(&mut registry, runtime.clone());
         let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);
         capstan_registry::methods::register(&mut registry, oci.clone());
         capstan_registry::deployments::register(&mut registry, oci.clone());
@@ -172,6 +176,7 @@ impl AppState {
             nodes,
             sockets,
             relays,
+            runtime,
             metrics: Metrics::new(metrics_token.as_ref()),
             registry: oci,
             gateway,
@@ -242,6 +247,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     crate::inventory::declare(&store).await.unwrap();
     crate::secrets::methods::declare(&store).await.unwrap();
     crate::relays::declare(&store).await.unwrap();
+    capstan_runtime::declare(&store).await.unwrap();
     crate::nodes::declare(&store).await.unwrap();
     capstan_registry::declare(&store).await.unwrap();
     capstan_rpc::audit::declare(&store).await.unwrap();

@@ -93,6 +93,23 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // the external gateway's enrollment: its settings from the inventory, its credential a
     // system secret, the admin token opened by the secrets' sealed-input path
     ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-relays"]),
+    // the runtime: specs, slots and the producer over the inventory's services and the nodes'
+    // records, pull credentials from the registry, a service's secrets (refused until they are
+    // sealed to nodes), pushes through the server's sockets (the relays' Sessions trait)
+    (
+        "capstan-runtime",
+        &[
+            "capstan-core",
+            "capstan-store",
+            "capstan-rpc",
+            "capstan-events",
+            "capstan-inventory",
+            "capstan-secrets",
+            "capstan-relays",
+            "capstan-nodes",
+            "capstan-registry",
+        ],
+    ),
     // where areas meet: the inventory's Dependents and the plugin host's Platform, answered
     // (the keyring: the secrets a plugin reaches are sealed and opened with it; the nodes: the
     // nodes of clusters a plugin reads, with their liveness; the registry only behind its
@@ -110,6 +127,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-nodes",
             "capstan-plugin-host",
             "capstan-registry",
+            "capstan-runtime",
         ],
     ),
     // the server: the HTTP API, the host state, configuration, the assembly of `serve`, and the
@@ -134,6 +152,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-plugin-host",
             "capstan-links",
             "capstan-gateway",
+            "capstan-runtime",
         ],
     ),
     // presentation: the dashboard acts through the server's registered methods (its tests

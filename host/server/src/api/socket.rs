@@ -65,6 +65,8 @@ pub struct SocketState {
     pub relays: Arc<Relays>,
     /// Where a relay's bearer is verified.
     pub store: Store,
+    /// The runtime: a node's session registers, reports and is pushed its assignments there.
+    pub runtime: capstan_runtime::Context,
 }
 
 impl FromRef<AppState> for SocketState {
@@ -75,6 +77,7 @@ impl FromRef<AppState> for SocketState {
             auth: state.auth.clone(),
             relays: state.relays.clone(),
             store: state.store.clone(),
+            runtime: state.runtime.clone(),
         }
     }
 }
@@ -157,6 +160,8 @@ struct Accepted {
     identity: Option<Identity>,
     /// A relay session: the cluster and credential its bearer verified as.
     relay: Option<crate::relays::credentials::Verified>,
+    /// A node's session (an `agent` offer naming its node): the node its credential verified as.
+    node: Option<String>,
 }
 
 /// Judge the first frame: a readable offer first, then its protocols (before anything about the
@@ -172,7 +177,7 @@ async fn judge_offer(state: &SocketState, first: Message, header_bearer: Option<
     if offer.get("type").and_then(Value::as_str) != Some("offer") {
         return Err(invalid("a session starts with an offer: {\"type\":\"offer\",\"kind\",\"protocols\"}".into()));
     }
-    if let Some(unknown) = offer.keys().find(|k| !["type", "kind", "protocols", "token"].contains(&k.as_str())) {
+    if let Some(unknown) = offer.keys().find(|k| !["type", "kind", "protocols", "token", "node"].contains(&k.as_str())) {
         let shown = capstan_core::text::truncate(unknown, 100);
         return Err(invalid(format!("unknown field {shown:?} in the offer")));
     }
@@ -211,10 +216,22 @@ async fn judge_offer(state: &SocketState, first: Message, header_bearer: Option<
         };
         return match crate::relays::identify(&state.store, bearer.as_bytes()).await {
             Ok((verified, identity)) => {
-                Ok(Accepted { protocol, kind, token: Some(bearer), identity: Some(identity), relay: Some(verified) })
+                Ok(Accepted { protocol, kind, token: Some(bearer), identity: Some(identity), relay: Some(verified), node: None })
             }
             Err(refusal) if refusal.is("relay-credential-generation-stale") => Err((close::RELAY_CREDENTIAL_STALE, refusal)),
             Err(refusal) => Err((close::UNAUTHENTICATED, refusal)),
+        };
+    }
+    if let Some(node) = offer.get("node") {
+        // a node's runtime session: its node id and node token, judged by the nodes area
+        let (Some(node), Some(token), Kind::Agent) = (node.as_str(), token.as_deref(), kind) else {
+            return Err(invalid("\"node\" is offered by an agent session, with the node's token as the offer's token".into()));
+        };
+        return match capstan_nodes::credentials::authenticate(&state.runtime.nodes, Some(node), Some(token)).await {
+            Ok(who) => {
+                Ok(Accepted { protocol, kind, token: Some(token.to_string()), identity: None, relay: None, node: Some(who.node_id) })
+            }
+            Err(_) => Err((close::UNAUTHENTICATED, Refusal::new("unauthenticated", "the node id and token were not accepted"))),
         };
     }
     let identity = match &token {
@@ -230,7 +247,7 @@ async fn judge_offer(state: &SocketState, first: Message, header_bearer: Option<
         }
         None => None,
     };
-    Ok(Accepted { protocol, kind, token, identity, relay: None })
+    Ok(Accepted { protocol, kind, token, identity, relay: None, node: None })
 }
 
 async fn run(state: SocketState, socket: WebSocket, header_bearer: Option<String>, source: Option<IpAddr>, slot: Slot) {
@@ -268,7 +285,7 @@ async fn session(
         Ok(accepted) => accepted,
         Err((code, refusal)) => return refuse(&mut sink, code, refusal).await,
     };
-    let Accepted { protocol, kind, token, identity, relay } = accepted;
+    let Accepted { protocol, kind, token, identity, relay, node } = accepted;
     // the offer says who is calling: the session moves to that caller's pool (held until it ends)
     let pool = Pool::of(identity.as_ref(), Some(kind));
     let _slot = match slot.pool() == pool {
@@ -299,6 +316,9 @@ async fn session(
     if let Some(relay) = &relay {
         welcome["relay"] = json!({ "clusterId": relay.cluster_id, "credential": relay.credential });
     }
+    if let Some(node) = &node {
+        welcome["node"] = json!({ "nodeId": node });
+    }
     if sink.send(Message::text(welcome.to_string())).await.is_err() {
         return;
     }
@@ -307,6 +327,9 @@ async fn session(
     let Opened { handle, queue, ended: watching } = hub.open(&session_id, kind, user_id, admin);
     if let (Some(relay), Some(bearer)) = (&relay, &token) {
         state.relays.opened(&session_id, &relay.cluster_id, bearer.as_bytes());
+    }
+    if let (Some(node), Some(bearer)) = (&node, &token) {
+        state.runtime.sessions.opened(&session_id, node, bearer);
     }
     let writer = tokio::spawn(write(sink, queue, watching.clone(), limits.ping_interval, handle.clone()).in_current_span());
     // the session ends with the token it opened with (a relay's bearer has no lifetime: it
@@ -320,7 +343,7 @@ async fn session(
         handle: handle.clone(),
         // a relay's calls run as the identity its bearer verified (the bearer is no JWT)
         verified: relay.is_some().then(|| identity.clone()).flatten(),
-        token: token.filter(|_| relay.is_none()).map(Arc::from),
+        token: token.filter(|_| relay.is_none() && node.is_none()).map(Arc::from),
         source,
         in_flight: Arc::new(Semaphore::new(limits.max_in_flight)),
         ids: Arc::default(),
@@ -332,6 +355,7 @@ async fn session(
     // gone from the hub once its close frame is sent (or could not be)
     hub.remove(&session_id);
     state.relays.closed(&session_id).await;
+    state.runtime.sessions.closed(&session_id);
     let ended = handle.ended();
     if ended.is_some_and(|e| e.code != close::NORMAL) {
         // the host closed: wait (briefly) for the peer's close frame, as the closing handshake
@@ -525,6 +549,10 @@ fn frame_in(session: &Session, text: &str) {
             );
             return;
         }
+        Some("reply") if session.state.runtime.sessions.is_node(&session.session_id) => {
+            session.state.runtime.sessions.reply(frame);
+            return;
+        }
         Some("offer") => {
             return refuse_frame(session, id, Refusal::new("frame-unexpected", "the session already began: an offer comes once, first"));
         }
@@ -577,6 +605,17 @@ fn frame_in(session: &Session, text: &str) {
             };
             let relays = &state.relays;
             let dispatched = async {
+                // a node's session calls its runtime methods, answered here, and nothing else
+                if state.runtime.sessions.is_node(&session_id) {
+                    if !capstan_runtime::sessions::NODE_METHODS.contains(&method.as_str()) {
+                        return Err(Refusal::new(
+                            "forbidden",
+                            "a node's runtime session calls only the runtime's node methods (docs/runtime.md)",
+                        ));
+                    }
+                    let answer = capstan_runtime::sessions::node_call(&state.runtime, &session_id, &method, body).await?;
+                    return Ok(Invoked::Here { answer: answer.into(), answered_by: None });
+                }
                 if matches!(caller, Caller::Verified { .. }) {
                     relays.check(&session_id).await?;
                 }

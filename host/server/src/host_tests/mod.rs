@@ -12,6 +12,7 @@ mod plugins;
 mod relay_sessions;
 mod relays;
 mod rewrap;
+mod runtime_sessions;
 mod secrets;
 mod socket;
 mod socket_pages;

@@ -1,0 +1,761 @@
+//! The assignment producer: one pass makes every (service, cluster) target true. It reads a
+//! target in one transaction that writes nothing, decides every slot with the pure transition
+//! ([`plan`]), commits each acting slot in a transaction of its own that decides that slot
+//! again, and writes the target's verdict only when it changed. A steady fleet's pass writes
+//! nothing.
+
+use super::slots::{self, Assignment, Slot, Work, WorkPort, WorkVolume, slot_id, slot_name};
+use super::spec::{self, Spec};
+use super::transition::{self, Around, Case, Intent, SlotState, Step};
+use super::{Context, RUNTIME_SLOTS, RUNTIME_SPECS, RUNTIME_STATUS};
+use capstan_core::clock::now_ms;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::clusters::Phase;
+use capstan_inventory::services::{Protocol, Service, ServiceState};
+use capstan_inventory::{CLUSTER_NODES, Entity, SERVICES, emit, parse, to_value};
+use capstan_nodes::records::{Node, NodeState};
+use capstan_store::Tx;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A target's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// `converged`, `converging`, `waiting` or `refused`.
+    pub state: String,
+    /// Why it waits or is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Verdict {
+    fn new(state: &str, reason: Option<&str>) -> Verdict {
+        Verdict { state: state.into(), reason: reason.map(str::to_string) }
+    }
+}
+
+/// The stored verdict of a (service, cluster) target (`runtime_status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    /// The service.
+    pub service_id: String,
+    /// The cluster.
+    pub cluster_id: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// When it last changed (milliseconds).
+    pub since: u64,
+}
+
+/// Everything one target's decision reads, read in one transaction.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The spec.
+    pub spec: Entity<Spec>,
+    /// The service (absent once removed).
+    pub service: Option<Entity<Service>>,
+    /// The cluster's phase, or why none serves.
+    pub phase: std::result::Result<Phase, String>,
+    /// The cluster's nodes with whether each is live.
+    pub nodes: Vec<(Entity<Node>, bool)>,
+    /// The target's slots.
+    pub slots: Vec<Entity<Slot>>,
+    /// The service has secrets (refused until sealed material reaches nodes).
+    pub has_secrets: bool,
+    /// Capstan's registry host (`host[:port]`): an image there is pulled with a credential.
+    pub registry_host: String,
+}
+
+/// One acting step of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    /// The slot's name.
+    pub slot: String,
+    /// Its node.
+    pub node_id: String,
+    /// The case decided.
+    pub case: Case,
+    /// What it was decided with.
+    pub desired: Option<String>,
+    /// The backoff had elapsed.
+    pub backoff_elapsed: bool,
+    /// Another slot was replacing.
+    pub other_replacing: bool,
+}
+
+/// A target's decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// What a run admits, when the desire could be built.
+    pub work: Option<Work>,
+    /// The acting steps.
+    pub steps: Vec<Planned>,
+    /// The verdict.
+    pub verdict: Verdict,
+}
+
+/// The image's repository in Capstan's registry, if it is pinned there by digest.
+pub fn registry_repository(image: &str, registry_host: &str) -> Option<String> {
+    let rest = image.strip_prefix(registry_host)?.strip_prefix('/')?;
+    let (repository, _) = rest.split_once('@')?;
+    Some(repository.to_string())
+}
+
+fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &'static str> {
+    if target.has_secrets {
+        return Err("secrets-unsupported");
+    }
+    let pinned = service.image.split_once("@sha256:").is_some_and(|(_, hex)| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+    if !pinned {
+        return Err("image-plan-missing");
+    }
+    let spec = &target.spec.data;
+    let ports = service
+        .ports
+        .iter()
+        .map(|p| WorkPort {
+            port: p.port,
+            protocol: if p.protocol == Protocol::Udp { "udp" } else { "tcp" }.into(),
+            public_port: p.public_port,
+        })
+        .collect();
+    let volumes = service.volumes.iter().map(|v| WorkVolume { name: v.name.clone(), mount_path: v.mount_path.clone() }).collect();
+    Ok(Work {
+        image: service.image.clone(),
+        environment: service.environment.clone(),
+        ports,
+        volumes,
+        health: spec.health.clone(),
+        restart: spec.restart,
+    })
+}
+
+/// Decide a target: pure over what [`Target`] holds and `now` (milliseconds).
+pub fn plan(target: &Target, now: u64) -> Plan {
+    let spec = &target.spec.data;
+    let service = target.service.as_ref().map(|s| &s.data);
+    let running_phase = matches!(target.phase, Ok(Phase::Pallet));
+    let deleting = service.is_none_or(|s| s.state == ServiceState::Deleting);
+    let wants = !spec.hold && !deleting && running_phase;
+    // the desire: slots on the placed nodes (a node keeps its slots while offline)
+    let mut desired: BTreeMap<String, String> = BTreeMap::new();
+    if wants {
+        for (node, _) in &target.nodes {
+            let placed = node.data.state == NodeState::Active
+                && (spec.placement.every_node || spec.placement.nodes.as_ref().is_some_and(|n| n.binary_search(&node.id).is_ok()));
+            if placed {
+                for index in 0..spec.replicas_per_node {
+                    desired.insert(slot_name(&node.id, index), node.id.clone());
+                }
+            }
+        }
+    }
+    let built = match service {
+        Some(service) if wants => Some(build_work(target, service)),
+        _ => None,
+    };
+    let work = built.as_ref().and_then(|b| b.as_ref().ok()).cloned();
+    let key = work.as_ref().map(Work::key);
+    let refused: Option<&str> = match (&target.phase, &built) {
+        (Err(reason), _) => Some(reason.as_str()),
+        (_, Some(Err(reason))) => Some(reason),
+        _ if wants && desired.is_empty() && spec.replicas_per_node > 0 => Some("no-eligible-node"),
+        _ => None,
+    };
+    let by_name: BTreeMap<&str, &Entity<Slot>> = target.slots.iter().map(|s| (s.data.slot.as_str(), s)).collect();
+    let names: BTreeSet<&str> = desired.keys().map(String::as_str).chain(by_name.keys().copied()).collect();
+    let desire_of = |name: &str| desired.contains_key(name).then_some(key.as_deref()).flatten();
+    let mut replacing = target.slots.iter().filter(|s| s.data.replacing(desire_of(&s.data.slot))).count();
+    let mut steps = Vec::new();
+    let mut waits: BTreeSet<&'static str> = BTreeSet::new();
+    for name in names {
+        let slot = by_name.get(name);
+        // a desire that could not be built decides no run and no stop of a desired slot
+        if desired.contains_key(name) && key.is_none() {
+            if let Some(slot) = slot {
+                let case = transition::decide(
+                    &slot.data.state(),
+                    Around { desired: None, backoff_elapsed: false, restarts: true, other_replacing: false },
+                );
+                if matches!(case, Case::Remove | Case::Settled) {
+                    steps.push(planned(name, &slot.data.node_id, case, None, false, false));
+                }
+            }
+            continue;
+        }
+        let state = slot.map(|s| s.data.state()).unwrap_or(SlotState::Absent);
+        let this_replacing = slot.is_some_and(|s| s.data.replacing(desire_of(name)));
+        let other_replacing = replacing > usize::from(this_replacing);
+        let backoff_elapsed = slot.is_some_and(|s| {
+            let accepted = s.data.assignment.observation.as_ref().map_or(0, |o| o.accepted_at);
+            now >= accepted.saturating_add(transition::backoff(s.data.failures).as_millis() as u64)
+        });
+        let restarts = spec.restart == spec::Restart::OnFailure;
+        let desired_key = desire_of(name);
+        let case = transition::decide(&state, Around { desired: desired_key, backoff_elapsed, restarts, other_replacing });
+        match case {
+            Case::Drift => replacing += 1,
+            Case::FailedWaiting => {
+                waits.insert("failure-backoff");
+            }
+            Case::FailedKept => {
+                waits.insert("restart-never");
+            }
+            Case::ReplacementInFlight => {
+                waits.insert("replacement-in-flight");
+            }
+            _ => {}
+        }
+        let node_id = slot.map(|s| s.data.node_id.clone()).or_else(|| desired.get(name).cloned()).unwrap_or_default();
+        if !matches!(case.step(), Step::Wait | Step::Nothing) {
+            steps.push(planned(name, &node_id, case, desired_key.map(str::to_string), backoff_elapsed, other_replacing));
+        }
+    }
+    let verdict = if let Some(reason) = refused {
+        Verdict::new("refused", Some(reason))
+    } else {
+        let all_ready =
+            desired.keys().all(|name| by_name.get(name.as_str()).is_some_and(|s| key.as_deref().is_some_and(|k| s.data.ready_at(k))));
+        // a slot this pass releases is gone once its step commits
+        let released: BTreeSet<&str> = steps.iter().filter(|s| s.case == Case::Settled).map(|s| s.slot.as_str()).collect();
+        let extra = by_name.keys().any(|name| !desired.contains_key(*name) && !released.contains(name));
+        let offline: BTreeSet<&str> = target.nodes.iter().filter(|(_, live)| !live).map(|(n, _)| n.id.as_str()).collect();
+        let waiting_offline = desired.iter().any(|(name, node)| {
+            offline.contains(node.as_str())
+                && !by_name.get(name.as_str()).is_some_and(|s| key.as_deref().is_some_and(|k| s.data.ready_at(k)))
+        });
+        if all_ready && !extra {
+            Verdict::new("converged", None)
+        } else if let Some(wait) = waits.iter().find(|w| **w != "replacement-in-flight") {
+            Verdict::new("waiting", Some(wait))
+        } else if waiting_offline {
+            Verdict::new("waiting", Some("node-offline"))
+        } else if !running_phase && target.phase.is_ok() {
+            Verdict::new("waiting", Some("cluster-not-running"))
+        } else {
+            Verdict::new("converging", None)
+        }
+    };
+    Plan { work, steps, verdict }
+}
+
+fn planned(slot: &str, node_id: &str, case: Case, desired: Option<String>, backoff_elapsed: bool, other_replacing: bool) -> Planned {
+    Planned { slot: slot.into(), node_id: node_id.into(), case, desired, backoff_elapsed, other_replacing }
+}
+
+/// Read one target in a transaction that writes nothing.
+pub async fn read_target(tx: &Tx, spec: Entity<Spec>, registry_host: &str) -> Result<Target> {
+    let service = match tx.get(SERVICES, &spec.data.service_id).await? {
+        Some(doc) => Some(parse::<Service>(&doc)?),
+        None => None,
+    };
+    let phase = match spec::serving_phase(tx, &spec.data.cluster_id).await {
+        Ok(phase) => Ok(phase),
+        Err(refusal) if refusal.is("cluster-runtime-missing") || refusal.is("cluster-runtime-phase-refused") => {
+            Err(refusal.code.to_string())
+        }
+        Err(refusal) => return Err(refusal),
+    };
+    let freshness = capstan_nodes::freshness_ms(tx).await?;
+    let now = now_ms();
+    let mut nodes = Vec::new();
+    for doc in tx.find_all(CLUSTER_NODES, "by_cluster", &[json!(spec.data.cluster_id)]).await? {
+        let node: Entity<Node> = parse(&doc)?;
+        let live = capstan_nodes::records::view(node.clone(), now, freshness).live;
+        nodes.push((node, live));
+    }
+    let slots = slots::of_service_in(tx, &spec.data.service_id, &spec.data.cluster_id).await?;
+    let has_secrets = match &service {
+        Some(s) => spec::refuse_secrets(tx, &s.id).await.is_err(),
+        None => false,
+    };
+    Ok(Target { spec, service, phase, nodes, slots, has_secrets, registry_host: registry_host.to_string() })
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PassReport {
+    /// Targets decided.
+    pub targets: usize,
+    /// Documents written (slots admitted, moved or released; verdicts changed).
+    pub writes: usize,
+    /// Steps that found their slot moved and were left to the next pass.
+    pub conflicts: usize,
+}
+
+/// Decide and act on every target (the coordinator's pass).
+pub async fn pass(cx: &Context) -> Result<PassReport> {
+    let mut report = PassReport::default();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = cx.store.transact(|tx| {
+            let cursor = cursor.clone();
+            async move { tx.scan(RUNTIME_SPECS, cursor.as_deref(), 256).await }
+        });
+        let page = page.await?;
+        for doc in &page.documents {
+            let spec: Entity<Spec> = parse(doc)?;
+            match target_pass(cx, spec).await {
+                Ok(done) => {
+                    report.targets += 1;
+                    report.writes += done.writes;
+                    report.conflicts += done.conflicts;
+                }
+                Err(refusal) => {
+                    tracing::warn!(spec = %doc.id, code = %refusal.code, "runtime pass of a target failed: {}", refusal.message)
+                }
+            }
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(report),
+        }
+    }
+}
+
+/// Decide and act on one target.
+pub async fn target_pass(cx: &Context, spec: Entity<Spec>) -> Result<PassReport> {
+    let host = cx.registry_host.clone();
+    let target = cx.store.transact(|tx| read_target_tx(tx, spec.clone(), host.clone())).await?;
+    let plan = plan(&target, now_ms());
+    let mut report = PassReport { targets: 1, ..PassReport::default() };
+    for step in &plan.steps {
+        match commit(cx, &target, plan.work.as_ref(), step).await {
+            Ok(true) => report.writes += 1,
+            Ok(false) => report.conflicts += 1,
+            Err(refusal) => {
+                tracing::warn!(slot = %step.slot, case = step.case.name(), code = %refusal.code, "a runtime step failed: {}", refusal.message)
+            }
+        }
+    }
+    if !plan.steps.is_empty() {
+        cx.delivery_wake.notify_one();
+    }
+    if write_verdict(cx, &target.spec.data, &plan.verdict).await? {
+        report.writes += 1;
+    }
+    if target.service.as_ref().is_none_or(|s| s.data.state == ServiceState::Deleting) && target.slots.is_empty() && plan.steps.is_empty() {
+        report.writes += finish_deleted(cx, &target.spec).await?;
+    }
+    Ok(report)
+}
+
+async fn read_target_tx(tx: Tx, spec: Entity<Spec>, host: String) -> Result<Target> {
+    read_target(&tx, spec, &host).await
+}
+
+/// Commit one step after deciding its slot again on what is stored now; `false` when the slot,
+/// the spec or the service moved under the pass (the next pass decides again).
+async fn commit(cx: &Context, target: &Target, work: Option<&Work>, step: &Planned) -> Result<bool> {
+    let spec = &target.spec;
+    let id = slot_id(&spec.data.service_id, &step.slot);
+    let repository = work.and_then(|w| registry_repository(&w.image, &target.registry_host));
+    let service_revision = target.service.as_ref().map(|s| s.revision);
+    let committed = cx
+        .store
+        .transact(|tx| {
+            let (id, repository) = (id.clone(), repository.clone());
+            async move {
+                // the spec and the service the plan read must still stand
+                let spec_now = tx.get(RUNTIME_SPECS, &spec.id).await?.map(|d| d.revision);
+                let service_now = tx.get(SERVICES, &spec.data.service_id).await?.map(|d| d.revision);
+                if spec_now != Some(spec.revision) || service_now != service_revision {
+                    return Ok(None);
+                }
+                let stored: Option<Entity<Slot>> = tx.get(RUNTIME_SLOTS, &id).await?.as_ref().map(parse).transpose()?;
+                let state = stored.as_ref().map(|s| s.data.state()).unwrap_or(SlotState::Absent);
+                let around = Around {
+                    desired: step.desired.as_deref(),
+                    backoff_elapsed: step.backoff_elapsed,
+                    restarts: spec.data.restart == spec::Restart::OnFailure,
+                    other_replacing: step.other_replacing,
+                };
+                if transition::decide(&state, around) != step.case {
+                    return Ok(None);
+                }
+                let now = now_ms();
+                let written = match (step.case.step(), stored) {
+                    (Step::Run, previous) => {
+                        let Some(work) = work else { return Ok(None) };
+                        let key = work.key();
+                        let (failures, attempts, revision, successor, last_cause) = match &previous {
+                            Some(p) => {
+                                let a = &p.data.assignment;
+                                let failed_again = a.stop_cause.as_deref() == Some("failed-elapsed") && a.key == key;
+                                (
+                                    if failed_again { p.data.failures } else { 0 },
+                                    p.data.attempts + 1,
+                                    a.revision + 1,
+                                    a.stop_cause.as_deref() == Some("drift"),
+                                    p.data.last_cause.clone(),
+                                )
+                            }
+                            None => (0, 1, 1, false, None),
+                        };
+                        let assignment_id = capstan_core::ids::new_id("asg");
+                        let slot = Slot {
+                            service_id: spec.data.service_id.clone(),
+                            cluster_id: spec.data.cluster_id.clone(),
+                            node_id: step.node_id.clone(),
+                            slot: step.slot.clone(),
+                            assignment_id: assignment_id.clone(),
+                            assignment: Assignment {
+                                key,
+                                intent: Intent::Run,
+                                revision,
+                                work: work.clone(),
+                                repository,
+                                successor,
+                                admitted_at: now,
+                                observation: None,
+                                stopped_at: None,
+                                removed_at: None,
+                                stop_cause: None,
+                            },
+                            failures,
+                            attempts,
+                            last_cause,
+                        };
+                        tx.put(RUNTIME_SLOTS, &id, previous.map(|p| p.revision), to_value(&slot)?).await?;
+                        json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": assignment_id })
+                    }
+                    (Step::Stop | Step::Remove, Some(mut slot)) => {
+                        let a = &mut slot.data.assignment;
+                        a.revision += 1;
+                        if step.case.step() == Step::Stop {
+                            a.intent = Intent::Stop;
+                            a.stop_cause = Some(step.case.name().into());
+                            if step.case == Case::FailedElapsed {
+                                slot.data.failures += 1;
+                            }
+                        } else {
+                            a.intent = Intent::Remove;
+                        }
+                        tx.replace(RUNTIME_SLOTS, &id, slot.revision, to_value(&slot.data)?).await?;
+                        json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": slot.data.assignment_id })
+                    }
+                    (Step::Release, Some(slot)) => {
+                        tx.delete(RUNTIME_SLOTS, &id, slot.revision).await?;
+                        json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": slot.data.assignment_id })
+                    }
+                    _ => return Ok(None),
+                };
+                emit(&tx, "runtime.slot-changed", &spec.data.service_id, written.clone()).await?;
+                Ok(Some(written))
+            }
+        })
+        .await?;
+    match committed {
+        Some(written) => {
+            tracing::info!(service = %spec.data.service_id, slot = %step.slot, case = step.case.name(), "runtime step committed");
+            if matches!(step.case.step(), Step::Stop | Step::Release)
+                && let Some(assignment) = written["assignmentId"].as_str()
+            {
+                capstan_registry::pulls::revoke(&cx.store, assignment).await?;
+            }
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Write the verdict when it changed; `true` when written.
+async fn write_verdict(cx: &Context, spec: &Spec, verdict: &Verdict) -> Result<bool> {
+    let id = super::spec_id(&spec.service_id, &spec.cluster_id);
+    let stored = cx.store.transact(|tx| {
+        let id = id.clone();
+        async move { tx.get(RUNTIME_STATUS, &id).await }
+    });
+    let stored = stored.await?;
+    let current: Option<Status> = stored.as_ref().map(|d| serde_json::from_value(d.data.clone())).transpose().map_err(Refusal::internal)?;
+    if current.as_ref().is_some_and(|s| &s.verdict == verdict) {
+        return Ok(false);
+    }
+    let status =
+        Status { service_id: spec.service_id.clone(), cluster_id: spec.cluster_id.clone(), verdict: verdict.clone(), since: now_ms() };
+    let revision = stored.map(|d| d.revision);
+    cx.store
+        .transact(|tx| {
+            let (id, status) = (id.clone(), &status);
+            async move {
+                tx.put(RUNTIME_STATUS, &id, revision, to_value(status)?).await?;
+                emit(
+                    &tx,
+                    "runtime.verdict-changed",
+                    &status.service_id,
+                    json!({ "clusterId": status.cluster_id, "verdict": status.verdict }),
+                )
+                .await
+            }
+        })
+        .await?;
+    tracing::info!(service = %spec.service_id, cluster = %spec.cluster_id, state = %verdict.state, reason = verdict.reason.as_deref().unwrap_or("-"), "runtime verdict");
+    Ok(true)
+}
+
+/// A deleted (or deleting) service whose slots are all gone: its spec and verdict go, and the
+/// runtime's hold on the service is released so its deletion finishes.
+async fn finish_deleted(cx: &Context, spec: &Entity<Spec>) -> Result<usize> {
+    let (id, service_id) = (spec.id.clone(), spec.data.service_id.clone());
+    let removed = cx
+        .store
+        .transact(|tx| {
+            let (id, service_id) = (id.clone(), service_id.clone());
+            async move {
+                if spec::has_slots(&tx, &service_id).await? {
+                    return Ok(0);
+                }
+                let mut removed = 0;
+                if let Some(doc) = tx.get(RUNTIME_SPECS, &id).await? {
+                    tx.delete(RUNTIME_SPECS, &id, doc.revision).await?;
+                    removed += 1;
+                }
+                if let Some(doc) = tx.get(RUNTIME_STATUS, &id).await? {
+                    tx.delete(RUNTIME_STATUS, &id, doc.revision).await?;
+                    removed += 1;
+                }
+                Ok(removed)
+            }
+        })
+        .await?;
+    let left = cx.store.transact(|tx| {
+        let service_id = service_id.clone();
+        async move { spec::of_service(&tx, &service_id).await }
+    });
+    if left.await?.is_empty() {
+        tracing::info!(service = %service_id, "the runtime released a deleted service: nothing of it runs");
+        capstan_inventory::services::release(&cx.store, cx.dependents.as_ref(), &service_id, super::HOLDER).await?;
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::Observation;
+    use crate::spec::{Health, Placement, Restart};
+
+    const DIGEST: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const OTHER: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    fn entity<T: serde::de::DeserializeOwned>(id: &str, value: serde_json::Value) -> Entity<T> {
+        Entity { id: id.into(), revision: 1, data: serde_json::from_value(value).unwrap() }
+    }
+
+    fn service(image: &str, state: &str) -> Entity<Service> {
+        entity(
+            "svc_1",
+            json!({ "name": "web", "organizationId": "org_1", "image": image, "scale": 1, "state": state,
+                    "ports": [{ "port": 8080, "protocol": "http", "publicPort": null }], "createdAt": 0, "updatedAt": 0 }),
+        )
+    }
+
+    fn node(id: &str) -> Entity<Node> {
+        entity(
+            id,
+            json!({ "clusterId": "cl_1", "name": id, "hostname": id, "hostnameIntent": null, "state": "active", "enrolledAt": 0, "credentialGeneration": 1 }),
+        )
+    }
+
+    fn spec(placement: Placement, replicas: u32, hold: bool) -> Entity<Spec> {
+        Entity {
+            id: "svc_1@cl_1".into(),
+            revision: 1,
+            data: Spec {
+                service_id: "svc_1".into(),
+                cluster_id: "cl_1".into(),
+                organization_id: "org_1".into(),
+                placement,
+                replicas_per_node: replicas,
+                hold,
+                restart: Restart::OnFailure,
+                health: Health::default(),
+                updated_at: 0,
+                updated_by: "user_1".into(),
+            },
+        }
+    }
+
+    fn every() -> Placement {
+        Placement { every_node: true, nodes: None }
+    }
+
+    fn target(spec: Entity<Spec>, image: &str, slots: Vec<Slot>) -> Target {
+        Target {
+            spec,
+            service: Some(service(&format!("reg.example/workloads/web-1@{image}"), "active")),
+            phase: Ok(Phase::Pallet),
+            nodes: vec![(node("node_a"), true), (node("node_b"), true)],
+            slots: slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect(),
+            has_secrets: false,
+            registry_host: "reg.example".into(),
+        }
+    }
+
+    /// A slot running `target`'s work as it would be admitted, observed as `phase`.
+    fn running(t: &Target, slot: &str, phase: &str, ready: bool) -> Slot {
+        let work = plan(t, 0).work.or_else(|| build_work(t, &t.service.as_ref().unwrap().data).ok()).unwrap();
+        let node_id = slot.rsplit_once('.').unwrap().0.to_string();
+        Slot {
+            service_id: "svc_1".into(),
+            cluster_id: "cl_1".into(),
+            node_id,
+            slot: slot.into(),
+            assignment_id: format!("asg_{slot}"),
+            assignment: Assignment {
+                key: work.key(),
+                intent: Intent::Run,
+                revision: 1,
+                work,
+                repository: Some("workloads/web-1".into()),
+                successor: false,
+                admitted_at: 0,
+                observation: Some(Observation {
+                    phase: phase.into(),
+                    ready,
+                    image_digest: None,
+                    restart_count: 0,
+                    cause: None,
+                    observed_at: 0,
+                    accepted_at: 1_000,
+                }),
+                stopped_at: None,
+                removed_at: None,
+                stop_cause: None,
+            },
+            failures: 0,
+            attempts: 1,
+            last_cause: None,
+        }
+    }
+
+    fn cases(plan: &Plan) -> Vec<(String, &'static str)> {
+        plan.steps.iter().map(|s| (s.slot.clone(), s.case.name())).collect()
+    }
+
+    #[test]
+    fn every_node_places_replicas_on_each_node_and_pinned_only_on_the_pinned() {
+        let t = target(spec(every(), 2, false), DIGEST, vec![]);
+        let p = plan(&t, 0);
+        assert_eq!(
+            cases(&p),
+            vec![
+                ("node_a.0".into(), "admit-run-first"),
+                ("node_a.1".into(), "admit-run-first"),
+                ("node_b.0".into(), "admit-run-first"),
+                ("node_b.1".into(), "admit-run-first")
+            ]
+        );
+        assert_eq!(p.verdict, Verdict::new("converging", None));
+        assert_eq!(p.work.unwrap().image, format!("reg.example/workloads/web-1@{DIGEST}"));
+        let pinned = Placement { every_node: false, nodes: Some(vec!["node_b".into()]) };
+        let p = plan(&target(spec(pinned, 1, false), DIGEST, vec![]), 0);
+        assert_eq!(cases(&p), vec![("node_b.0".into(), "admit-run-first")]);
+        assert_eq!(
+            registry_repository(&format!("reg.example/workloads/web-1@{DIGEST}"), "reg.example").as_deref(),
+            Some("workloads/web-1")
+        );
+        assert_eq!(registry_repository("docker.io/library/nginx@sha256:1", "reg.example"), None);
+    }
+
+    #[test]
+    fn a_steady_target_decides_nothing_and_reads_converged() {
+        let mut t = target(spec(every(), 1, false), DIGEST, vec![]);
+        let slots = vec![running(&t, "node_a.0", "running", true), running(&t, "node_b.0", "running", true)];
+        t.slots = slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect();
+        let p = plan(&t, 10_000_000);
+        assert!(p.steps.is_empty(), "{:?}", p.steps);
+        assert_eq!(p.verdict, Verdict::new("converged", None));
+    }
+
+    #[test]
+    fn a_new_image_replaces_one_slot_at_a_time() {
+        let old = target(spec(every(), 1, false), DIGEST, vec![]);
+        let slots = vec![running(&old, "node_a.0", "running", true), running(&old, "node_b.0", "running", true)];
+        let mut t = target(spec(every(), 1, false), OTHER, slots);
+        let p = plan(&t, 0);
+        assert_eq!(cases(&p), vec![("node_a.0".into(), "drift")], "only the first drifted slot stops");
+        // once node_a.0 is stopped for the drift, node_b.0 keeps waiting for its successor's readiness
+        t.slots[0].data.assignment.intent = Intent::Stop;
+        t.slots[0].data.assignment.stop_cause = Some("drift".into());
+        let p = plan(&t, 0);
+        assert!(cases(&p).is_empty(), "{:?}", cases(&p));
+        assert_eq!(p.verdict, Verdict::new("converging", None));
+        // the successor runs and is ready: the next slot drifts
+        let successor = running(&t, "node_a.0", "running", true);
+        t.slots[0].data = Slot { assignment: Assignment { successor: true, ..successor.assignment }, ..successor };
+        let p = plan(&t, 0);
+        assert_eq!(cases(&p), vec![("node_b.0".into(), "drift")]);
+        // not ready yet: the next one waits
+        t.slots[0].data.assignment.observation.as_mut().unwrap().ready = false;
+        assert!(plan(&t, 0).steps.is_empty());
+    }
+
+    #[test]
+    fn a_hold_stops_every_slot_at_once_and_a_failure_backs_off() {
+        let base = target(spec(every(), 1, false), DIGEST, vec![]);
+        let slots = vec![running(&base, "node_a.0", "running", true), running(&base, "node_b.0", "exited", false)];
+        let t = target(spec(every(), 1, true), DIGEST, slots.clone());
+        assert_eq!(cases(&plan(&t, 0)), vec![("node_a.0".into(), "undesired"), ("node_b.0".into(), "undesired")]);
+        let t = target(spec(every(), 1, false), DIGEST, slots);
+        // accepted at 1 s: the backoff (10 s) runs until 11 s
+        let p = plan(&t, 5_000);
+        assert!(p.steps.is_empty());
+        assert_eq!(p.verdict, Verdict::new("waiting", Some("failure-backoff")));
+        assert_eq!(cases(&plan(&t, 11_000)), vec![("node_b.0".into(), "failed-elapsed")]);
+    }
+
+    #[test]
+    fn refusals_name_why_and_never_stop_what_runs() {
+        let base = target(spec(every(), 1, false), DIGEST, vec![]);
+        let slots = vec![running(&base, "node_a.0", "running", true)];
+        let mut t = target(spec(every(), 1, false), DIGEST, slots);
+        t.service = Some(service("nginx:1.25", "active"));
+        let p = plan(&t, 0);
+        assert!(p.steps.is_empty(), "a refused desire stops nothing: {:?}", p.steps);
+        assert_eq!(p.verdict, Verdict::new("refused", Some("image-plan-missing")));
+        t.service = Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "active"));
+        t.has_secrets = true;
+        assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("secrets-unsupported")));
+        t.has_secrets = false;
+        t.phase = Err("cluster-runtime-missing".into());
+        assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("cluster-runtime-missing")));
+        let pinned = Placement { every_node: false, nodes: Some(vec!["node_gone".into()]) };
+        assert_eq!(plan(&target(spec(pinned, 1, false), DIGEST, vec![]), 0).verdict, Verdict::new("refused", Some("no-eligible-node")));
+    }
+
+    #[test]
+    fn an_offline_node_keeps_its_slot_and_the_target_waits_for_it() {
+        let mut t = target(spec(every(), 1, false), DIGEST, vec![]);
+        t.nodes[1].1 = false;
+        let slots = vec![running(&t, "node_a.0", "running", true)];
+        t.slots = slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect();
+        let p = plan(&t, 0);
+        // the offline node's slot is still admitted (its agent runs it when it is back)
+        assert_eq!(cases(&p), vec![("node_b.0".into(), "admit-run-first")]);
+        assert_eq!(p.verdict, Verdict::new("waiting", Some("node-offline")));
+    }
+
+    #[test]
+    fn a_deleted_service_walks_its_slots_to_release() {
+        let base = target(spec(every(), 1, false), DIGEST, vec![]);
+        let mut slot = running(&base, "node_a.0", "running", true);
+        let mut t = target(spec(every(), 1, false), DIGEST, vec![slot.clone()]);
+        t.service = Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "deleting"));
+        t.nodes.truncate(1);
+        assert_eq!(cases(&plan(&t, 0)), vec![("node_a.0".into(), "undesired")]);
+        slot.assignment.intent = Intent::Stop;
+        slot.assignment.stopped_at = Some(1);
+        t.slots[0].data = slot.clone();
+        assert_eq!(cases(&plan(&t, 0)), vec![("node_a.0".into(), "remove")]);
+        slot.assignment.intent = Intent::Remove;
+        slot.assignment.removed_at = Some(2);
+        t.slots[0].data = slot;
+        assert_eq!(cases(&plan(&t, 0)), vec![("node_a.0".into(), "settled")]);
+    }
+}

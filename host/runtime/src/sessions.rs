@@ -1,0 +1,449 @@
+//! Node runtime sessions: a node's agent registers one over its socket (docs/runtime.md, "Node
+//! runtime sessions"), is pushed its assignments — each revision once per session, at most
+//! [`MAX_IN_FLIGHT`] unanswered per node — and reports observations and receipts.
+//!
+//! What a session holds lives in this process only: a session never outlives the agent
+//! process (its nonce) or the socket that carried it, and the slots it reports on are the
+//! durable truth.
+
+use super::slots::{self, Observation, Slot};
+use super::transition::Intent;
+use super::{Context, RUNTIME_SLOTS};
+use capstan_core::clock::now_ms;
+use capstan_core::refusal::{Refusal, Result};
+use capstan_inventory::{Entity, emit, to_value};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use zeroize::Zeroizing;
+
+/// Unanswered pushes per node.
+pub const MAX_IN_FLIGHT: usize = 8;
+/// How long a push waits for the node's reply.
+pub const PUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a pull credential issued with a push lasts.
+pub const PULL_TTL: Duration = Duration::from_secs(15 * 60);
+/// The methods a node calls over its session.
+pub const NODE_METHODS: [&str; 3] = ["runtime.registerSession", "runtime.reportObservation", "runtime.reportReceipt"];
+
+/// A socket authenticated as a node.
+struct Bound {
+    node_id: String,
+    token: Zeroizing<String>,
+}
+
+/// A node's current runtime session.
+struct Current {
+    socket: String,
+    nonce: String,
+    epoch: u64,
+    /// Assignment id → the revision this session acknowledged.
+    acked: HashMap<String, u64>,
+    /// Assignment id → the revision pushed and not yet answered.
+    in_flight: HashMap<String, u64>,
+}
+
+/// The node runtime sessions this process carries.
+#[derive(Default)]
+pub struct NodeSessions {
+    bound: Mutex<HashMap<String, Bound>>,
+    current: Mutex<HashMap<String, Current>>,
+    waiting: Mutex<HashMap<String, oneshot::Sender<Map<String, Value>>>>,
+    counter: AtomicU64,
+}
+
+/// A report refused: `runtime-session-report-refused` with the reason word.
+pub fn report_refused(reason: &str, message: impl Into<String>) -> Refusal {
+    Refusal::new("runtime-session-report-refused", message).with_data(json!({ "reason": reason }))
+}
+
+impl NodeSessions {
+    /// The socket `socket` authenticated as node `node_id` with `token` (judged again on every
+    /// report).
+    pub fn opened(&self, socket: &str, node_id: &str, token: &str) {
+        let bound = Bound { node_id: node_id.into(), token: Zeroizing::new(token.into()) };
+        self.bound.lock().expect("bound").insert(socket.into(), bound);
+    }
+
+    /// The socket closed: its node's session, if it was current, ends with it.
+    pub fn closed(&self, socket: &str) {
+        let Some(bound) = self.bound.lock().expect("bound").remove(socket) else { return };
+        let mut current = self.current.lock().expect("current");
+        if current.get(&bound.node_id).is_some_and(|c| c.socket == socket) {
+            current.remove(&bound.node_id);
+            tracing::info!(node = %bound.node_id, "node runtime session ended with its socket");
+        }
+    }
+
+    /// Whether `socket` is a node's.
+    pub fn is_node(&self, socket: &str) -> bool {
+        self.bound.lock().expect("bound").contains_key(socket)
+    }
+
+    /// The nodes with a current session here.
+    pub fn nodes(&self) -> Vec<String> {
+        self.current.lock().expect("current").keys().cloned().collect()
+    }
+
+    /// How many sessions are current here.
+    pub fn count(&self) -> usize {
+        self.current.lock().expect("current").len()
+    }
+
+    /// A `reply` frame from a node's socket.
+    pub fn reply(&self, frame: Map<String, Value>) {
+        let Some(id) = frame.get("id").and_then(Value::as_str) else { return };
+        if let Some(waiter) = self.waiting.lock().expect("waiting").remove(id) {
+            let _ = waiter.send(frame);
+        }
+    }
+
+    fn node_of(&self, socket: &str) -> Result<(String, Zeroizing<String>)> {
+        let bound = self.bound.lock().expect("bound");
+        let b = bound.get(socket).ok_or_else(|| report_refused("session-unknown", "this socket is not a node's"))?;
+        Ok((b.node_id.clone(), b.token.clone()))
+    }
+
+    /// The node's session on `socket` is its current one.
+    fn require_current(&self, socket: &str, node_id: &str) -> Result<()> {
+        match self.current.lock().expect("current").get(node_id) {
+            Some(c) if c.socket == socket => Ok(()),
+            Some(_) => Err(report_refused("session-superseded", "a newer runtime session of this node exists")),
+            None => Err(report_refused("session-unknown", "register the runtime session first (runtime.registerSession)")),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RegisterInput {
+    node_id: String,
+    nonce: String,
+    #[serde(default)]
+    agent_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ObservationInput {
+    assignment_id: String,
+    generation: u32,
+    phase: String,
+    ready: bool,
+    #[serde(default)]
+    image_digest: Option<String>,
+    #[serde(default)]
+    restart_count: u32,
+    #[serde(default)]
+    cause: Option<String>,
+    observed_at: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ReceiptInput {
+    assignment_id: String,
+    generation: u32,
+}
+
+const PHASES: [&str; 6] = ["pulling", "starting", "running", "unhealthy", "exited", "failed"];
+
+fn is_uuid(text: &str) -> bool {
+    text.len() == 36
+        && text
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| if [8, 13, 18, 23].contains(&i) { b == b'-' } else { b.is_ascii_hexdigit() && !b.is_ascii_uppercase() })
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: Value) -> Result<T> {
+    serde_json::from_value(body).map_err(|e| report_refused("request-invalid", format!("the report does not read: {e}")))
+}
+
+/// A call a node makes over its session (one of [`NODE_METHODS`]).
+pub async fn node_call(cx: &Context, socket: &str, method: &str, body: Value) -> Result<Value> {
+    let (node_id, token) = cx.sessions.node_of(socket)?;
+    // the node's own credential still holds (a rotation or revocation ends what it may do)
+    capstan_nodes::credentials::authenticate(&cx.nodes, Some(&node_id), Some(&token))
+        .await
+        .map_err(|_| report_refused("session-unauthorized", "the node's credential no longer authenticates"))?;
+    match method {
+        "runtime.registerSession" => register(cx, socket, &node_id, decode(body)?).await,
+        "runtime.reportObservation" => {
+            cx.sessions.require_current(socket, &node_id)?;
+            observe(cx, &node_id, decode(body)?).await
+        }
+        "runtime.reportReceipt" => {
+            cx.sessions.require_current(socket, &node_id)?;
+            receipt(cx, &node_id, decode(body)?).await
+        }
+        _ => Err(Refusal::new("method-unknown", format!("{method} is not a node's runtime method"))),
+    }
+}
+
+async fn register(cx: &Context, socket: &str, node_id: &str, input: RegisterInput) -> Result<Value> {
+    if input.node_id != node_id {
+        return Err(report_refused("request-invalid", "nodeId is the node this socket authenticated as"));
+    }
+    if !is_uuid(&input.nonce) {
+        return Err(report_refused("request-invalid", "nonce is a lowercase UUID drawn once per agent process"));
+    }
+    let cluster_id =
+        cx.store.transact(|tx| async move { capstan_nodes::records::require_node(&tx, node_id).await.map(|n| n.data.cluster_id) }).await?;
+    let epoch = {
+        let mut current = cx.sessions.current.lock().expect("current");
+        match current.get(node_id) {
+            Some(c) if c.socket == socket && c.nonce == input.nonce => c.epoch,
+            previous => {
+                let epoch = previous.map_or(0, |c| c.epoch).max(now_ms()) + 1;
+                let session =
+                    Current { socket: socket.into(), nonce: input.nonce.clone(), epoch, acked: HashMap::new(), in_flight: HashMap::new() };
+                current.insert(node_id.into(), session);
+                tracing::info!(node = %node_id, epoch, version = input.agent_version.as_deref().unwrap_or("-"), "node runtime session registered");
+                epoch
+            }
+        }
+    };
+    cx.delivery_wake.notify_one();
+    Ok(json!({ "sessionEpoch": epoch, "nodeId": node_id, "clusterId": cluster_id }))
+}
+
+/// The slot holding `assignment_id` on `node_id`, or `assignment-unknown`.
+async fn node_slot(tx: &capstan_store::Tx, node_id: &str, assignment_id: &str) -> Result<Entity<Slot>> {
+    let unknown =
+        || report_refused("assignment-unknown", "no current assignment of this node has that id: stop and remove what carries it");
+    if capstan_store::validate_id(assignment_id).is_err() {
+        return Err(unknown());
+    }
+    match slots::by_assignment(tx, assignment_id).await? {
+        Some(slot) if slot.data.node_id == node_id => Ok(slot),
+        _ => Err(unknown()),
+    }
+}
+
+async fn observe(cx: &Context, node_id: &str, input: ObservationInput) -> Result<Value> {
+    if !PHASES.contains(&input.phase.as_str()) {
+        return Err(report_refused("request-invalid", format!("phase is one of {}", PHASES.join(", "))));
+    }
+    let cause = input.cause.as_deref().map(|c| capstan_core::text::truncate(c, 512));
+    let digest = input.image_digest.as_deref().map(|d| capstan_core::text::truncate(d, 80));
+    let changed = cx
+        .store
+        .transact(|tx| {
+            let (input, cause, digest) = (&input, cause.clone(), digest.clone());
+            async move {
+                let mut slot = node_slot(&tx, node_id, &input.assignment_id).await?;
+                if input.generation != 1 || slot.data.assignment.intent != Intent::Run {
+                    return Err(report_refused("not-current", "the assignment has moved past running: report its receipts"));
+                }
+                let a = &mut slot.data.assignment;
+                let same = a.observation.as_ref().is_some_and(|o| {
+                    o.phase == input.phase
+                        && o.ready == input.ready
+                        && o.image_digest == digest
+                        && o.restart_count == input.restart_count
+                        && o.cause == cause
+                });
+                if same {
+                    return Ok(false);
+                }
+                a.observation = Some(Observation {
+                    phase: input.phase.clone(),
+                    ready: input.ready,
+                    image_digest: digest,
+                    restart_count: input.restart_count,
+                    cause: cause.clone(),
+                    observed_at: input.observed_at,
+                    accepted_at: now_ms(),
+                });
+                if cause.is_some() {
+                    slot.data.last_cause = cause;
+                }
+                tx.replace(RUNTIME_SLOTS, &slot.id, slot.revision, to_value(&slot.data)?).await?;
+                let body =
+                    json!({ "slot": slot.data.slot, "assignmentId": input.assignment_id, "phase": input.phase, "ready": input.ready });
+                emit(&tx, "runtime.observed", &slot.data.service_id, body).await?;
+                Ok(true)
+            }
+        })
+        .await?;
+    if changed {
+        cx.wake();
+    }
+    Ok(json!({ "accepted": true, "changed": changed }))
+}
+
+async fn receipt(cx: &Context, node_id: &str, input: ReceiptInput) -> Result<Value> {
+    let changed = cx
+        .store
+        .transact(|tx| {
+            let input = &input;
+            async move {
+                let mut slot = node_slot(&tx, node_id, &input.assignment_id).await?;
+                let a = &mut slot.data.assignment;
+                let now = now_ms();
+                let field = match (input.generation, a.intent) {
+                    (2, Intent::Stop | Intent::Remove) => &mut a.stopped_at,
+                    (3, Intent::Remove) => &mut a.removed_at,
+                    (2 | 3, _) => return Err(report_refused("not-current", "the assignment is not asked for that yet")),
+                    _ => return Err(report_refused("request-invalid", "a receipt's generation is 2 (stopped) or 3 (removed)")),
+                };
+                if field.is_some() {
+                    return Ok(false);
+                }
+                *field = Some(now);
+                tx.replace(RUNTIME_SLOTS, &slot.id, slot.revision, to_value(&slot.data)?).await?;
+                let body = json!({ "slot": slot.data.slot, "assignmentId": input.assignment_id, "generation": input.generation });
+                emit(&tx, "runtime.receipt", &slot.data.service_id, body).await?;
+                Ok(true)
+            }
+        })
+        .await?;
+    if changed {
+        cx.wake();
+    }
+    Ok(json!({ "accepted": true, "changed": changed }))
+}
+
+/// One delivery pass over the node sessions current here: every assignment revision a session
+/// has not acknowledged is pushed, at most [`MAX_IN_FLIGHT`] unanswered per node.
+pub async fn deliver(cx: &Context) -> Result<usize> {
+    let mut pushed = 0;
+    for node_id in cx.sessions.nodes() {
+        let slots = cx.store.transact(|tx| {
+            let node_id = node_id.clone();
+            async move { slots::of_node(&tx, &node_id).await }
+        });
+        for slot in slots.await? {
+            if let Some((socket, epoch)) = cx.sessions.claim(&node_id, &slot.data) {
+                pushed += 1;
+                let cx = cx.clone();
+                tokio::spawn(async move { push(&cx, &socket, epoch, slot.data).await });
+            }
+        }
+    }
+    Ok(pushed)
+}
+
+/// Whether a slot's assignment is settled on the node (nothing left to tell it).
+fn settled(slot: &Slot) -> bool {
+    let a = &slot.assignment;
+    a.intent == Intent::Remove && a.removed_at.is_some()
+}
+
+impl NodeSessions {
+    /// Take a push slot for this revision on the node's current session, if it needs one.
+    fn claim(&self, node_id: &str, slot: &Slot) -> Option<(String, u64)> {
+        if settled(slot) {
+            return None;
+        }
+        let mut current = self.current.lock().expect("current");
+        let session = current.get_mut(node_id)?;
+        let revision = slot.assignment.revision;
+        let id = &slot.assignment_id;
+        if session.acked.get(id) == Some(&revision) || session.in_flight.get(id) == Some(&revision) {
+            return None;
+        }
+        if session.in_flight.len() >= MAX_IN_FLIGHT {
+            return None;
+        }
+        session.in_flight.insert(id.clone(), revision);
+        Some((session.socket.clone(), session.epoch))
+    }
+
+    fn settle(&self, node_id: &str, epoch: u64, assignment_id: &str, revision: u64, accepted: bool) {
+        let mut current = self.current.lock().expect("current");
+        let Some(session) = current.get_mut(node_id).filter(|s| s.epoch == epoch) else { return };
+        session.in_flight.remove(assignment_id);
+        if accepted {
+            session.acked.insert(assignment_id.into(), revision);
+        }
+    }
+
+    /// Forget acknowledgements of assignments no slot of the node holds any more.
+    fn forget(&self, node_id: &str, keep: &[String]) {
+        if let Some(session) = self.current.lock().expect("current").get_mut(node_id) {
+            session.acked.retain(|id, _| keep.contains(id));
+        }
+    }
+}
+
+async fn push(cx: &Context, socket: &str, epoch: u64, slot: Slot) {
+    let (node_id, assignment_id, revision) = (slot.node_id.clone(), slot.assignment_id.clone(), slot.assignment.revision);
+    let accepted = match push_once(cx, socket, &slot).await {
+        Ok(()) => true,
+        Err(refusal) => {
+            tracing::warn!(node = %node_id, assignment = %assignment_id, code = %refusal.code, "an assignment push was not accepted: {}", refusal.message);
+            false
+        }
+    };
+    cx.sessions.settle(&node_id, epoch, &assignment_id, revision, accepted);
+    if accepted {
+        // an acknowledgement frees room for the node's next push
+        cx.delivery_wake.notify_one();
+    }
+}
+
+async fn push_once(cx: &Context, socket: &str, slot: &Slot) -> Result<()> {
+    let a = &slot.assignment;
+    let mut body = json!({
+        "assignmentId": slot.assignment_id,
+        "revision": a.revision,
+        "serviceId": slot.service_id,
+        "slot": slot.slot,
+        "intent": a.intent,
+        "generation": a.intent.generation(),
+        "work": a.work,
+    });
+    if a.intent == Intent::Run
+        && let Some(repository) = &a.repository
+    {
+        let credential = capstan_registry::pulls::issue(&cx.store, repository, &slot.assignment_id, PULL_TTL).await?;
+        body["pull"] = json!({
+            "server": cx.registry_host,
+            "username": credential.username,
+            "password": credential.password.expose(),
+            "expiresAt": credential.expires_at,
+        });
+    }
+    let id = format!("rt_{}", cx.sessions.counter.fetch_add(1, Ordering::Relaxed));
+    let frame =
+        json!({ "type": "request", "id": id, "method": "runtime.assign", "body": body, "deadlineMs": PUSH_TIMEOUT.as_millis() as u64 });
+    let (sender, receiver) = oneshot::channel();
+    cx.sessions.waiting.lock().expect("waiting").insert(id.clone(), sender);
+    if !cx.frames.send(socket, frame.to_string()) {
+        cx.sessions.waiting.lock().expect("waiting").remove(&id);
+        return Err(Refusal::new("node-not-connected", "the node's socket is gone"));
+    }
+    let reply = match tokio::time::timeout(PUSH_TIMEOUT, receiver).await {
+        Ok(Ok(reply)) => reply,
+        _ => {
+            cx.sessions.waiting.lock().expect("waiting").remove(&id);
+            return Err(Refusal::new("push-failed", "no answer within the push timeout"));
+        }
+    };
+    match reply.get("result") {
+        Some(result) if result.get("accepted") == Some(&Value::Bool(true)) => Ok(()),
+        _ => {
+            let code = reply.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("reply-malformed");
+            Err(Refusal::new("node-refused", format!("the node answered {code}")))
+        }
+    }
+}
+
+/// Forget what no slot needs any more (after a full delivery pass).
+pub async fn forget_retired(cx: &Context) -> Result<()> {
+    for node_id in cx.sessions.nodes() {
+        let held = cx.store.transact(|tx| {
+            let node_id = node_id.clone();
+            async move { slots::of_node(&tx, &node_id).await }
+        });
+        let keep: Vec<String> = held.await?.into_iter().map(|s| s.data.assignment_id).collect();
+        cx.sessions.forget(&node_id, &keep);
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! The runtime end to end on a real listener: a spec written, the producer's pass admitting
+//! slots, a node's runtime session over the socket (offered with its node credential) pushed
+//! its assignment with a pull credential and acknowledging it, its observation making the
+//! target converge, a steady pass writing nothing, and the refusals a node's report gets.
+
+use super::socket::{PASSWORD, Server, Ws, call, listen, next, send};
+use crate::api::{Pages, router};
+use crate::nodes::sha256_hex;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+
+const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const NONCE: &str = "8c6f0d2e-4b1a-4c3e-9f7a-2d5b6c7e8f90";
+
+/// A host with an administrator on 127.0.0.1, its public origin https (machines enroll only so).
+async fn serve() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let state = crate::state::test_state_at(dir.path(), "https://capstan.test", false).await;
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+    let token = state.auth.login("admin", PASSWORD, None).await.unwrap().token;
+    let addr = listen(router(state.clone(), Pages::none())).await;
+    Server { _dir: dir, state, addr, token }
+}
+
+async fn http(addr: SocketAddr, method: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+    let mut request = reqwest::Client::new().post(format!("http://{addr}{method}")).header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let reply = request.body(body.to_string()).send().await.unwrap();
+    let status = reply.status().as_u16();
+    (status, serde_json::from_slice(&reply.bytes().await.unwrap()).unwrap_or(Value::Null))
+}
+
+async fn admin(server: &Server, method: &str, body: Value) -> Value {
+    let (status, answer) = http(server.addr, &format!("/api/v1/{method}"), Some(&server.token), body.clone()).await;
+    assert_eq!(status, 200, "{method} {body}: {answer}");
+    answer
+}
+
+/// An organization, a cluster, a service pinned by digest in this host's registry, and one
+/// enrolled node: (service, cluster, node, node token).
+async fn world(server: &Server) -> (String, String, String, String) {
+    let org = admin(server, "organizations.create", json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
+    let cluster = admin(server, "clusters.create", json!({ "name": "edge" })).await["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("capstan.test/workloads/web-0123456789ab@{DIGEST}");
+    let service = admin(
+        server,
+        "services.create",
+        json!({ "organizationId": org, "name": "web", "image": image, "ports": [{ "port": 8080, "protocol": "http" }] }),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let code = admin(server, "nodes.createJumpCommand", json!({ "clusterId": cluster })).await["code"].as_str().unwrap().to_string();
+    let token = hex::encode(rand::random::<[u8; 32]>());
+    let body = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": sha256_hex(token.as_bytes()), "agentVersion": "0.1.0" });
+    let (status, enrolled) = http(server.addr, "/agent/v1/enroll", None, body).await;
+    assert_eq!(status, 200, "{enrolled}");
+    (service, cluster, enrolled["nodeId"].as_str().unwrap().to_string(), token)
+}
+
+/// A node's socket: offered as `agent` with its node id and token.
+async fn node_socket(addr: SocketAddr, node: &str, token: &str) -> (Ws, Value) {
+    let mut ws = super::socket::connect(addr, None).await;
+    send(&mut ws, json!({ "type": "offer", "kind": "agent", "protocols": ["capstan-socket/1"], "node": node, "token": token })).await;
+    let welcome = next(&mut ws).await;
+    (ws, welcome)
+}
+
+async fn pass(server: &Server) -> crate::runtime::producer::PassReport {
+    crate::runtime::producer::pass(&server.state.runtime).await.unwrap()
+}
+
+/// One delivery pass (the loops `serve` runs are not running here); how many pushes it sent.
+async fn deliver(server: &Server) -> usize {
+    crate::runtime::sessions::deliver(&server.state.runtime).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_spec_runs_on_its_node_through_the_session_and_a_steady_fleet_writes_nothing() {
+    let server = serve().await;
+    let (service, cluster, node, token) = world(&server).await;
+    // a wrong token or a token without its node is refused at the offer
+    let (mut bad, refused) = node_socket(server.addr, &node, &"0".repeat(64)).await;
+    assert_eq!(refused["error"]["code"], "unauthenticated", "{refused}");
+    assert_eq!(super::socket::closed_with(&mut bad).await.map(|c| c.0), Some(4003));
+
+    let spec = admin(
+        &server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/" } }),
+    )
+    .await;
+    assert_eq!(spec["revision"], 1, "{spec}");
+    assert_eq!(spec["health"]["intervalMs"], 5000, "defaults are stored: {spec}");
+    // the service states where it runs, and its deletion now waits for the runtime
+    let got = admin(&server, "services.get", json!({ "id": service })).await;
+    assert_eq!(got["runtime"][0]["clusterId"], cluster.as_str(), "{got}");
+    assert_eq!(got["holds"], json!(["host:runtime"]), "{got}");
+
+    let first = pass(&server).await;
+    assert_eq!(first.writes, 2, "one slot admitted and the verdict written: {first:?}");
+    let status = admin(&server, "runtime.getServiceStatus", json!({ "serviceId": service })).await;
+    let target = &status["targets"][0];
+    assert_eq!(target["verdict"], json!({ "state": "waiting", "reason": "node-offline" }), "the node never reported: {status}");
+    assert_eq!(target["slots"][0]["slot"], format!("{node}.0"));
+    assert_eq!(target["slots"][0]["phase"], "pending");
+
+    // the node's runtime session: registered, then pushed its assignment
+    let (mut ws, welcome) = node_socket(server.addr, &node, &token).await;
+    assert_eq!(welcome["node"]["nodeId"], node.as_str(), "{welcome}");
+    let early = call(&mut ws, 1, "runtime.reportReceipt", json!({ "assignmentId": "asg_x", "generation": 2 })).await;
+    assert_eq!(early["error"]["data"]["reason"], "session-unknown", "{early}");
+    let registered = call(&mut ws, 2, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE, "agentVersion": "0.1.0" })).await;
+    assert_eq!(registered["result"]["clusterId"], cluster.as_str(), "{registered}");
+    let epoch = registered["result"]["sessionEpoch"].clone();
+    let replay = call(&mut ws, 3, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    assert_eq!(replay["result"]["sessionEpoch"], epoch, "the same nonce on the same socket is a replay");
+    assert_eq!(deliver(&server).await, 1);
+    assert_eq!(deliver(&server).await, 0, "a push in flight is not pushed again");
+    let request = next(&mut ws).await;
+    assert_eq!((request["type"].as_str(), request["method"].as_str()), (Some("request"), Some("runtime.assign")), "{request}");
+    let body = &request["body"];
+    assert_eq!((body["intent"].as_str(), body["generation"].as_u64()), (Some("run"), Some(1)), "{body}");
+    assert_eq!(body["work"]["image"], format!("capstan.test/workloads/web-0123456789ab@{DIGEST}"));
+    assert_eq!(body["pull"]["server"], "capstan.test");
+    assert!(body["pull"]["username"].as_str().unwrap().starts_with("capstan-pull."), "{body}");
+    let assignment = body["assignmentId"].as_str().unwrap().to_string();
+    // the pull credential is the registry's, for that repository and assignment only
+    let password = body["pull"]["password"].as_str().unwrap();
+    let stored =
+        server.state.store.transact(|tx| async move { tx.scan(capstan_registry::pulls::PULL_CREDENTIALS, None, 10).await }).await.unwrap();
+    assert_eq!(stored.documents.len(), 1);
+    assert_eq!(stored.documents[0].data["holder"], assignment.as_str());
+    assert!(!stored.documents[0].data.to_string().contains(password), "only the secret's hash is stored");
+    send(&mut ws, json!({ "type": "reply", "id": request["id"], "result": { "accepted": true } })).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(deliver(&server).await, 0, "an acknowledged revision is not pushed again to this session");
+
+    // what the node says of it
+    let observe = |id: u64, phase: &str, ready: bool| {
+        json!({ "type": "call", "id": id, "method": "runtime.reportObservation",
+                "body": { "assignmentId": assignment, "generation": 1, "phase": phase, "ready": ready, "imageDigest": DIGEST, "restartCount": 0, "observedAt": 1 } })
+    };
+    send(&mut ws, observe(4, "running", true)).await;
+    let answer = next(&mut ws).await;
+    assert_eq!(answer["result"], json!({ "accepted": true, "changed": true }), "{answer}");
+    send(&mut ws, observe(5, "running", true)).await;
+    assert_eq!(next(&mut ws).await["result"]["changed"], false, "the same observation writes nothing");
+
+    // the node is live once it beats; the target converges, and steady passes write nothing
+    let beat = json!({ "protocol": "capstan-agent/1", "nodeId": node, "report": {
+        "hostname": "edge-1", "os": "Debian GNU/Linux 13", "kernel": "6.12.0", "arch": "x86_64", "cpus": 2, "memoryBytes": 1u64 << 30,
+        "diskBytes": 1u64 << 34, "diskFreeBytes": 1u64 << 33, "agentVersion": "0.1.0", "uptimeSeconds": 10, "addresses": ["192.0.2.10"] } });
+    let (status, answer) = http(server.addr, "/agent/v1/heartbeat", Some(&token), beat).await;
+    assert_eq!(status, 200, "{answer}");
+    pass(&server).await;
+    let status = admin(&server, "runtime.getServiceStatus", json!({ "serviceId": service })).await;
+    assert_eq!(status["targets"][0]["verdict"], json!({ "state": "converged" }), "{status}");
+    assert_eq!(status["targets"][0]["slots"][0]["imageDigest"], DIGEST);
+    for _ in 0..3 {
+        let steady = pass(&server).await;
+        assert_eq!((steady.targets, steady.writes), (1, 0), "a steady pass writes nothing: {steady:?}");
+    }
+
+    // reports the node has no business making are refused by name
+    let foreign = call(&mut ws, 6, "runtime.reportReceipt", json!({ "assignmentId": "asg_nosuch", "generation": 2 })).await;
+    assert_eq!(foreign["error"]["code"], "runtime-session-report-refused");
+    assert_eq!(foreign["error"]["data"]["reason"], "assignment-unknown", "an orphan's container is the agent's to remove");
+    let early = call(&mut ws, 7, "runtime.reportReceipt", json!({ "assignmentId": assignment, "generation": 2 })).await;
+    assert_eq!(early["error"]["data"]["reason"], "not-current", "{early}");
+    let other = call(&mut ws, 8, "services.list", json!({})).await;
+    assert_eq!(other["error"]["code"], "forbidden", "a node's session calls only its runtime methods: {other}");
+    let (_, over_http) = http(server.addr, "/api/v1/runtime.registerSession", Some(&server.token), json!({})).await;
+    assert_eq!(over_http["error"]["code"], "socket-required", "{over_http}");
+
+    // a hold stops the slot; the node's receipts walk it to its release, and the pull
+    // credential is revoked with the stop
+    let held = admin(
+        &server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": 1, "placement": { "everyNode": true }, "replicasPerNode": 1, "hold": true }),
+    )
+    .await;
+    assert_eq!(held["revision"], 2);
+    pass(&server).await;
+    deliver(&server).await;
+    let stop = next(&mut ws).await;
+    assert_eq!(
+        (stop["body"]["intent"].as_str(), stop["body"]["assignmentId"].as_str()),
+        (Some("stop"), Some(assignment.as_str())),
+        "{stop}"
+    );
+    assert!(stop["body"].get("pull").is_none(), "a stop carries no credential");
+    send(&mut ws, json!({ "type": "reply", "id": stop["id"], "result": { "accepted": true } })).await;
+    let stored =
+        server.state.store.transact(|tx| async move { tx.scan(capstan_registry::pulls::PULL_CREDENTIALS, None, 10).await }).await.unwrap();
+    assert!(stored.documents.is_empty(), "revoked with the stop");
+    let receipt = call(&mut ws, 9, "runtime.reportReceipt", json!({ "assignmentId": assignment, "generation": 2 })).await;
+    assert_eq!(receipt["result"]["changed"], true, "{receipt}");
+    pass(&server).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    deliver(&server).await;
+    let remove = next(&mut ws).await;
+    assert_eq!(remove["body"]["intent"], "remove", "{remove}");
+    send(&mut ws, json!({ "type": "reply", "id": remove["id"], "result": { "accepted": true } })).await;
+    call(&mut ws, 10, "runtime.reportReceipt", json!({ "assignmentId": assignment, "generation": 3 })).await;
+    pass(&server).await;
+    let status = admin(&server, "runtime.getServiceStatus", json!({ "serviceId": service })).await;
+    assert_eq!(status["targets"][0]["slots"], json!([]), "the settled slot is released: {status}");
+    assert_eq!(status["targets"][0]["verdict"], json!({ "state": "converged" }), "{status}");
+
+    // deleting the held spec; then the service's deletion is no longer held by the runtime
+    admin(&server, "runtime.deleteServiceSpec", json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": 2 })).await;
+    drop(ws);
+}
+
+#[tokio::test]
+async fn spec_writes_are_refused_by_name() {
+    let server = serve().await;
+    let (service, cluster, node, _) = world(&server).await;
+    let refused = |body: Value, code: &'static str| {
+        let server = &server;
+        async move {
+            let (status, answer) = http(server.addr, "/api/v1/runtime.setServiceSpec", Some(&server.token), body.clone()).await;
+            assert_eq!(answer["error"]["code"], code, "{body}: {status} {answer}");
+        }
+    };
+    let base = json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 });
+    let with = |patch: Value| {
+        let mut body = base.clone();
+        body.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+        body
+    };
+    refused(with(json!({ "clusterId": "cluster_nosuch" })), "cluster-not-found").await;
+    refused(with(json!({ "serviceId": "svc_nosuch" })), "service-not-found").await;
+    refused(with(json!({ "placement": { "nodes": ["node_nosuch"] } })), "node-not-in-cluster").await;
+    refused(with(json!({ "placement": { "nodes": [node.clone(), node.clone()] } })), "invalid-request").await;
+    refused(with(json!({ "placement": { "everyNode": true, "nodes": [node.clone()] } })), "invalid-request").await;
+    refused(with(json!({ "replicasPerNode": 17 })), "replica-limit").await;
+    refused(with(json!({ "health": { "kind": "tcp", "port": 9999 } })), "health-port-undeclared").await;
+    refused(with(json!({ "health": { "kind": "http", "port": 8080, "path": "no-slash" } })), "invalid-request").await;
+    refused(with(json!({ "expectedRevision": 3 })), "conflict").await;
+    refused(with(json!({ "surprise": true })), "invalid-request").await;
+    admin(&server, "runtime.setServiceSpec", with(json!({ "placement": { "nodes": [node] } }))).await;
+    refused(base.clone(), "conflict").await;
+    let (_, answer) = http(
+        server.addr,
+        "/api/v1/runtime.deleteServiceSpec",
+        Some(&server.token),
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": 1 }),
+    )
+    .await;
+    assert_eq!(answer["error"]["code"], "spec-not-held", "{answer}");
+}
