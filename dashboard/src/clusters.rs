@@ -36,7 +36,7 @@ use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-const AREAS: &[&str] = &["cluster", "relay"];
+const AREAS: &[&str] = &["cluster", "relay", super::runtime::AREA];
 /// Every runtime phase, in the order a cluster moves through them.
 const PHASES: &[(&str, &str)] = &[
     ("swarm", "the Swarm-era runtime owns the cluster"),
@@ -488,6 +488,10 @@ async fn detail_page(
         _ => status,
     };
     let relay = relay_context(state, identity, read.as_ref().ok().map(|(cluster, _)| cluster)).await;
+    let runtime = match &read {
+        Ok(_) => super::runtime::slots_context(state, identity, id, None).await,
+        Err(_) => context! {},
+    };
     let ctx = context! {
         page => if name.is_empty() { "Cluster".to_string() } else { format!("Cluster {name}") },
         nav => Serde(nav(state, "clusters")),
@@ -497,7 +501,7 @@ async fn detail_page(
         phase_form,
         delete_href => format!("/clusters/{}/delete", encode(id)),
         action => format!("/clusters/{}", encode(id)),
-        ..context! { ..live::element(head, AREAS), ..context! { ..relay, ..facts_context(id, &read) } }
+        ..context! { ..live::element(head, AREAS), ..context! { ..relay, ..facts_context(id, &read), ..runtime } }
     };
     render(status, "cluster.html", ctx)
 }

@@ -1,6 +1,7 @@
 //! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
-//! nodes, administrators only), `/clusters`, `/services` (with organizations) and `/settings`
-//! (the inventory, through the same methods as the API, updated live from the event outbox),
+//! nodes, administrators only), `/clusters`, `/services` (with organizations, and where each
+//! service runs: [`runtime`]) and `/settings` (the inventory, through the same methods as the
+//! API, updated live from the event outbox),
 //! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
 //! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
@@ -29,6 +30,7 @@ mod nodes;
 mod people;
 mod plugin_pages;
 mod plugins;
+mod runtime;
 mod secrets;
 mod services;
 mod settings;
@@ -138,6 +140,11 @@ pub fn router() -> Router<AppState> {
         .route("/services/{id}/panel", get(services::detail_panel))
         .route("/services/{id}/update", post(services::update))
         .route("/services/{id}/delete", get(services::confirm).post(services::delete))
+        .route("/services/{id}/runtime/panel", get(runtime::service_panel))
+        .route("/services/{id}/runtime/run", post(runtime::run))
+        .route("/services/{id}/runtime/hold", post(runtime::hold))
+        .route("/clusters/{id}/runtime/panel", get(runtime::cluster_panel))
+        .route("/nodes/{id}/runtime/panel", get(runtime::node_panel))
         .route("/clusters/{id}/nodes", get(nodes::page))
         .route("/clusters/{id}/nodes/panel", get(nodes::panel))
         .route("/clusters/{id}/nodes/jump", post(nodes::jump))
@@ -236,6 +243,9 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("services_panel.html", include_str!("../templates/services_panel.html")),
     ("service.html", include_str!("../templates/service.html")),
     ("service_panel.html", include_str!("../templates/service_panel.html")),
+    ("service_runtime.html", include_str!("../templates/service_runtime.html")),
+    ("service_run.html", include_str!("../templates/service_run.html")),
+    ("runtime_slots.html", include_str!("../templates/runtime_slots.html")),
     ("settings.html", include_str!("../templates/settings.html")),
     ("settings_panel.html", include_str!("../templates/settings_panel.html")),
     ("tasks.html", include_str!("../templates/tasks.html")),

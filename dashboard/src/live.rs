@@ -2,8 +2,8 @@
 //!
 //! A page that shows inventory carries one small element (`live.html`) with the outbox's head
 //! and the page's areas (`cluster`, `relay`, `service`, `organization`, `settings`, `secret`,
-//! `secretSet`). Its script (`static/live.js`) opens a session on `/api/v1/socket` (kind
-//! `dashboard`; the upgrade's session cookie is its bearer, see [`crate::pages`]) and waits
+//! `secretSet`, `runtime`). Its script (`static/live.js`) opens a session on `/api/v1/socket`
+//! (kind `dashboard`; the upgrade's session cookie is its bearer, see [`crate::pages`]) and waits
 //! with `events.watch` calls over it — one at a time, each answered once an event of the
 //! page's areas committed after the head it names, or after 25 s with nothing — and on any
 //! push whose topic starts with one of the areas. Either fires `capstan-changed`, on which
@@ -35,7 +35,7 @@ use tokio::sync::Semaphore;
 /// The most polls waiting at once in this process.
 const MAX_WAITERS: usize = 256;
 /// The areas a page may watch: the first word of an event's kind.
-pub(super) const AREAS: &[&str] = &["cluster", "relay", "service", "organization", "settings", "secret", "secretSet"];
+pub(super) const AREAS: &[&str] = &["cluster", "relay", "service", "organization", "settings", "secret", "secretSet", "runtime"];
 /// The event the panels listen for.
 pub(super) const CHANGED: &str = "capstan-changed";
 

@@ -3,7 +3,8 @@
 //! command a new machine runs, shown once, with a copy button). A node's page (`/nodes/{id}`)
 //! shows its report and credential and offers what an administrator does to it: change or reset
 //! its hostname intent, activate rotated token material, and — each confirmed on a page of its
-//! own — revoke its credential, retire it, delete it once retired.
+//! own — revoke its credential, retire it, delete it once retired — and lists the replica
+//! slots on it ([`super::runtime`]), refreshed when a `runtime.*` event commits.
 //!
 //! Everything goes through the `nodes.*` methods as the signed-in person (administrators only:
 //! anyone else sees the method's `forbidden`).
@@ -235,7 +236,11 @@ pub(super) async fn jump(State(state): State<Host>, Path(cluster_id): Path<Strin
 // ---------------------------------------------------------------------------------------
 // One node
 
+/// What a node's page watches: its slots' runtime events.
+const AREAS: &[&str] = &[super::runtime::AREA];
+
 async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode, flash: Option<Flash>) -> Response {
+    let head = super::live::head(state, identity).await;
     let read = call(state, identity, "nodes.get", json!({ "id": id })).await;
     let credential = call(state, identity, "nodes.getCredential", json!({ "nodeId": id })).await;
     let status = match (&read, status) {
@@ -259,6 +264,10 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
     });
     let row = node.map(node_row);
     let title = row.as_ref().map(|r| format!("Node {}", r.hostname)).unwrap_or_else(|| "Node".into());
+    let runtime = match node {
+        Some(_) => super::runtime::slots_context(state, identity, &cluster_id, Some(id)).await,
+        None => context! {},
+    };
     let ctx = context! {
         page => title,
         nav => Serde(nav(state, "clusters")),
@@ -272,6 +281,7 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
         credential_error => Serde(credential.as_ref().err().map(ErrorView::from)),
         cluster => context! { id => &cluster_id, name => cluster, href => format!("/clusters/{}/nodes", encode(&cluster_id)) },
         action => format!("/nodes/{}", encode(id)),
+        ..context! { ..super::live::element(head, AREAS), ..runtime }
     };
     render(status, "node.html", ctx)
 }

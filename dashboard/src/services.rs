@@ -10,8 +10,12 @@
 //! confirmed by typing the service's name; a service that managers still hold stays
 //! `deleting`, and its page says which holds it waits for.
 //!
+//! A service's page also carries where it runs: the Runtime card and the "Run on cluster"
+//! form ([`super::runtime`]).
+//!
 //! The list and the detail facts re-fetch themselves when a `service.*` or
-//! `organization.*` event commits (see [`super::live`]).
+//! `organization.*` event commits, the Runtime card when a `runtime.*` one does (see
+//! [`super::live`]).
 
 use super::forms::{
     ErrorView, Flash, FormData, PAGE, Pair, Signed, call, encode, format_pairs, format_ports, format_volumes, number, pairs_of, parse_list,
@@ -29,7 +33,7 @@ use minijinja::value::Serde;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-const AREAS: &[&str] = &["service", "organization"];
+const AREAS: &[&str] = &["service", "organization", super::runtime::AREA];
 /// The most organizations the picker offers.
 const ORGANIZATIONS: usize = 200;
 
@@ -107,7 +111,7 @@ fn service_view(value: &Value) -> ServiceView {
 
 /// What the create and edit forms show: what was read, or what the operator typed.
 #[derive(Serialize, Default)]
-struct FormView {
+pub(super) struct FormView {
     name: String,
     image: String,
     scale: String,
@@ -417,16 +421,23 @@ fn facts_context(id: &str, read: &Result<(ServiceView, String)>) -> minijinja::V
     }
 }
 
-async fn detail_page(
+/// The detail page: the facts, the Runtime card and its "Run on cluster" form (as typed, after
+/// a refusal: `run_typed`), the edit form (as typed: `typed`), the way to delete.
+pub(super) async fn detail_page(
     state: &Host,
     identity: &Viewer,
     id: &str,
     status: StatusCode,
     flash: Option<Flash>,
     typed: Option<FormView>,
+    run_typed: Option<super::runtime::RunForm>,
 ) -> Response {
     let head = live::head(state, identity).await;
     let read = read_service(state, identity, id).await;
+    let runtime = match &read {
+        Ok(_) => super::runtime::service_context(state, identity, id, run_typed).await,
+        Err(_) => context! {},
+    };
     let (form, name) = match &read {
         Ok((service, _)) => (Some(typed.unwrap_or_else(|| FormView::of(service))), service.name.clone()),
         Err(_) => (None, String::new()),
@@ -443,7 +454,7 @@ async fn detail_page(
         form => Serde(form),
         action => format!("/services/{}", encode(id)),
         delete_href => format!("/services/{}/delete", encode(id)),
-        ..context! { ..live::element(head, AREAS), ..facts_context(id, &read) }
+        ..context! { ..live::element(head, AREAS), ..facts_context(id, &read), ..runtime }
     };
     render(status, "service.html", ctx)
 }
@@ -462,9 +473,18 @@ pub(super) async fn detail(State(state): State<Host>, Signed(identity): Signed, 
             "Deletion requested",
             "The service is marked deleting and takes no new work. It is removed once every manager holding it has cleaned up.",
         )),
+        Some("runtime-run") => Some(Flash::done(
+            "Runtime spec written",
+            "The runtime places the replicas within a few seconds; the Runtime card follows them as the nodes report.",
+        )),
+        Some("runtime-held") => Some(Flash::done(
+            "Stopped (held)",
+            "Every replica on that cluster stops and is removed; the spec is kept, and Resume runs it again.",
+        )),
+        Some("runtime-resumed") => Some(Flash::done("Resumed", "The spec is no longer held: the runtime places its replicas again.")),
         _ => None,
     };
-    detail_page(&state, &identity, &id, StatusCode::OK, flash, None).await
+    detail_page(&state, &identity, &id, StatusCode::OK, flash, None, None).await
 }
 
 /// `GET /services/{id}/panel`: the facts alone, for htmx.
@@ -500,7 +520,7 @@ pub(super) async fn update(State(state): State<Host>, Path(id): Path<String>, re
                 "Nothing was changed; your entries are kept below."
             };
             let flash = Flash::refused("The service was not changed", &refusal, after);
-            detail_page(&state, &identity, &id, status_of(&refusal), Some(flash), Some(typed)).await
+            detail_page(&state, &identity, &id, status_of(&refusal), Some(flash), Some(typed), None).await
         }
     }
 }

@@ -2621,6 +2621,173 @@ async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted
     assert_eq!(send(&state, get(&format!("{node}/nonsense"), Some(&cookie))).await.status, StatusCode::NOT_FOUND);
 }
 
+/// The section of `body` from the element with `id` to the end of its `<section>`.
+fn section_of<'a>(body: &'a str, id: &str) -> &'a str {
+    let at = body.find(&format!(r#"id="{id}""#)).unwrap_or_else(|| panic!("no element #{id}: {body}"));
+    let start = body[..at].rfind("<section").unwrap();
+    &body[start..at + body[at..].find("</section>").unwrap()]
+}
+
+#[tokio::test]
+async fn a_service_is_run_held_and_resumed_from_its_page_and_its_slots_show_on_the_cluster_and_node_pages() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    // dev mode renders a jump command for its http origin
+    let state = crate::state::test_state_at(dir.path(), ORIGIN, true).await;
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+    capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
+    let cookie = login_cookie(&state).await;
+    use serde_json::json;
+    let org = method(&state, &cookie, "organizations.create", json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
+    let cluster = method(&state, &cookie, "clusters.create", json!({ "name": "eu-1" })).await;
+    let cluster_id = cluster["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("reg.example/x@sha256:{}", "ab".repeat(32));
+    let service = method(
+        &state,
+        &cookie,
+        "services.create",
+        json!({ "organizationId": org, "name": "web", "image": image, "ports": [{ "port": 8080, "protocol": "http" }] }),
+    )
+    .await;
+    let service_id = service["id"].as_str().unwrap().to_string();
+    // a node enrolls and beats: live
+    let jump = method(&state, &cookie, "nodes.createJumpCommand", json!({ "clusterId": cluster_id, "nodeName": "alpha" })).await;
+    let code = jump["url"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
+    let token = "cd".repeat(32);
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "tokenSha256": hex::encode(sha2::Sha256::digest(token.as_bytes())), "agentVersion": "0.1.0" });
+    let enrolled = send(&state, agent_request("/agent/v1/enroll", enroll, None)).await;
+    assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.body);
+    let node_id = serde_json::from_str::<serde_json::Value>(&enrolled.body).unwrap()["nodeId"].as_str().unwrap().to_string();
+    let report = json!({ "hostname": "worker-alpha", "os": "Debian GNU/Linux 13", "kernel": "6.12.0", "arch": "x86_64", "cpus": 2,
+        "memoryBytes": 1u64 << 31, "diskBytes": 1u64 << 34, "diskFreeBytes": 1u64 << 33, "agentVersion": "0.1.0", "uptimeSeconds": 60, "addresses": [] });
+    let beat = json!({ "protocol": "capstan-agent/1", "nodeId": node_id, "report": report });
+    assert_eq!(send(&state, agent_request("/agent/v1/heartbeat", beat, Some(&token))).await.status, StatusCode::OK);
+
+    // the page: runs nowhere yet; the form picks the cluster by name and the node, and never shows a revision
+    let page_path = format!("/services/{service_id}");
+    let page = send(&state, get(&page_path, Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"data-areas="service,organization,runtime""#), "the page watches the runtime: {}", page.body);
+    let card = section_of(&page.body, "runtime-panel");
+    assert!(card.contains(r#"id="runtime-empty""#) && card.contains(r#"hx-trigger="capstan-changed from:body""#), "{card}");
+    let run_form = section_of(&page.body, "runtime-run-form");
+    assert!(run_form.contains(&format!(r#"<option value="{cluster_id}">eu-1</option>"#)), "{run_form}");
+    assert!(run_form.contains(&format!(r#"name="node" value="{node_id}""#)) && run_form.contains(">alpha<"), "{run_form}");
+    assert!(!run_form.contains("expectedRevision"), "{run_form}");
+
+    let run_path = format!("/services/{service_id}/runtime/run");
+    let every = [
+        ("cluster", cluster_id.as_str()),
+        ("placement", "every"),
+        ("replicasPerNode", "1"),
+        ("restart", "on-failure"),
+        ("healthKind", "http"),
+        ("healthPort", "8080"),
+        ("healthPath", "/up"),
+    ];
+    // a port the service does not declare: the method's refusal, the form as typed
+    let mut undeclared = every;
+    undeclared[5] = ("healthPort", "9999");
+    let refused = submit(&state, &run_path, &undeclared, &cookie).await;
+    assert_eq!(flash_code(&refused.body).as_deref(), Some("health-port-undeclared"), "{}", refused.body);
+    assert_eq!(value_of(&refused.body, "run-health-port"), "9999");
+    let answer = submit(&state, &run_path, &every, &cookie).await;
+    assert_eq!(answer.location(), Some(format!("{page_path}?done=runtime-run").as_str()), "{}", answer.body);
+    let spec = method(&state, &cookie, "runtime.getServiceSpec", json!({ "serviceId": service_id, "clusterId": cluster_id })).await;
+    assert_eq!(spec["items"][0]["revision"], 1);
+    assert_eq!(spec["items"][0]["placement"], json!({ "everyNode": true }));
+    assert_eq!((spec["items"][0]["health"]["kind"].as_str(), spec["items"][0]["health"]["path"].as_str()), (Some("http"), Some("/up")));
+
+    // a second run replaces it against the revision read when sent; "chosen nodes" names at least one
+    let none_chosen = submit(&state, &run_path, &[("cluster", &cluster_id), ("placement", "nodes")], &cookie).await;
+    assert_eq!(flash_code(&none_chosen.body).as_deref(), Some("invalid-request"), "{}", none_chosen.body);
+    let chosen = [
+        ("cluster", cluster_id.as_str()),
+        ("placement", "nodes"),
+        ("node", node_id.as_str()),
+        ("replicasPerNode", "2"),
+        ("healthKind", "none"),
+    ];
+    let answer = submit(&state, &run_path, &chosen, &cookie).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let spec =
+        &method(&state, &cookie, "runtime.getServiceSpec", json!({ "serviceId": service_id, "clusterId": cluster_id })).await["items"][0];
+    assert_eq!((spec["revision"].as_u64(), spec["replicasPerNode"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(spec["placement"], json!({ "nodes": [node_id] }));
+    let unknown = submit(&state, &run_path, &[("cluster", "cluster_nosuch"), ("placement", "every")], &cookie).await;
+    assert_eq!(flash_code(&unknown.body).as_deref(), Some("cluster-not-found"), "{}", unknown.body);
+
+    // before the runtime decided: the card says so; after a pass: a verdict in words and the slots
+    let page = send(&state, get(&format!("{page_path}?done=runtime-run"), Some(&cookie))).await;
+    assert!(page.body.contains("Runtime spec written"), "{}", page.body);
+    let card = section_of(&page.body, "runtime-panel");
+    assert!(
+        card.contains(&format!(r#"data-cluster="{cluster_id}" data-verdict="""#)) && card.contains("Waiting for the runtime to decide"),
+        "{card}"
+    );
+    assert!(card.contains("node alpha, 2 replicas per node, restart on-failure, no health check"), "{card}");
+    assert!(card.contains(&format!(r#"id="runtime-stop-{cluster_id}""#)), "{card}");
+    let run_form = section_of(&page.body, "runtime-run-form");
+    assert!(
+        run_form.contains(&format!(r#"name="node" value="{node_id}" checked"#))
+            && run_form.contains(r#"value="nodes" id="run-chosen" checked"#),
+        "the form reads back the spec: {run_form}"
+    );
+    capstan_server::runtime::producer::pass(&state.runtime).await.unwrap();
+    let panel = send(&state, get(&format!("{page_path}/runtime/panel"), Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK, "{}", panel.body);
+    assert!(!panel.body.contains(r#"data-verdict="""#), "a verdict now: {}", panel.body);
+    assert!(panel.body.contains(&format!(r#"<tr data-slot="{node_id}.0" data-phase="pending" data-ready="false">"#)), "{}", panel.body);
+    assert!(panel.body.contains(&format!(r#"<tr data-slot="{node_id}.1""#)) && panel.body.contains(">alpha</a>"), "{}", panel.body);
+
+    // the cluster's and the node's pages list the slots, for an administrator
+    let cluster_page = send(&state, get(&format!("/clusters/{cluster_id}"), Some(&cookie))).await;
+    let slots = section_of(&cluster_page.body, "runtime-slots");
+    assert!(slots.contains(&format!(r#"data-slot="{node_id}.0" data-service="{service_id}""#)) && slots.contains(">web</a>"), "{slots}");
+    assert!(slots.contains(">alpha</a>"), "the node column: {slots}");
+    let node_page = send(&state, get(&format!("/nodes/{node_id}"), Some(&cookie))).await;
+    assert!(node_page.body.contains(r#"data-areas="runtime""#), "{}", node_page.body);
+    let slots = section_of(&node_page.body, "runtime-slots");
+    assert!(
+        slots.contains(&format!(r#"data-slot="{node_id}.1" data-service="{service_id}""#)) && slots.contains("on this node"),
+        "{slots}"
+    );
+    let panel = send(&state, get(&format!("/nodes/{node_id}/runtime/panel"), Some(&cookie))).await;
+    assert!(panel.body.contains(r#"id="runtime-slots-table""#), "{}", panel.body);
+    // nothing for anyone else
+    add_operator(&state).await;
+    let operator = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await.set_cookie().unwrap().0;
+    for path in [format!("/nodes/{node_id}/runtime/panel"), format!("/clusters/{cluster_id}/runtime/panel")] {
+        let panel = send(&state, get(&path, Some(&operator))).await;
+        assert_eq!(panel.status, StatusCode::OK, "{path}");
+        assert!(!panel.body.contains("runtime-slots"), "{path}: {}", panel.body);
+    }
+
+    // Stop (hold) keeps the spec; Resume runs it again
+    let hold_path = format!("/services/{service_id}/runtime/hold");
+    let held = submit(&state, &hold_path, &[("clusterId", &cluster_id), ("hold", "true")], &cookie).await;
+    assert_eq!(held.location(), Some(format!("{page_path}?done=runtime-held").as_str()), "{}", held.body);
+    let spec =
+        &method(&state, &cookie, "runtime.getServiceSpec", json!({ "serviceId": service_id, "clusterId": cluster_id })).await["items"][0];
+    assert_eq!((spec["hold"].as_bool(), spec["revision"].as_u64(), spec["replicasPerNode"].as_u64()), (Some(true), Some(3), Some(2)));
+    let page = send(&state, get(held.location().unwrap(), Some(&cookie))).await;
+    assert!(page.body.contains("Stopped (held)") && page.body.contains(&format!(r#"id="runtime-resume-{cluster_id}""#)), "{}", page.body);
+    let resumed = submit(&state, &hold_path, &[("clusterId", &cluster_id), ("hold", "false")], &cookie).await;
+    assert_eq!(resumed.location(), Some(format!("{page_path}?done=runtime-resumed").as_str()), "{}", resumed.body);
+    let spec =
+        &method(&state, &cookie, "runtime.getServiceSpec", json!({ "serviceId": service_id, "clusterId": cluster_id })).await["items"][0];
+    assert_eq!((spec["hold"].as_bool(), spec["revision"].as_u64()), (Some(false), Some(4)));
+    let missing = submit(&state, &hold_path, &[("clusterId", "cluster_nosuch"), ("hold", "true")], &cookie).await;
+    assert_eq!(flash_code(&missing.body).as_deref(), Some("spec-not-found"), "{}", missing.body);
+
+    // a post from elsewhere changes nothing
+    let foreign = send(&state, post_form(&run_path, &encoded(&every), Some(&cookie), Some("https://evil.example"))).await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{}", foreign.body);
+    let spec =
+        &method(&state, &cookie, "runtime.getServiceSpec", json!({ "serviceId": service_id, "clusterId": cluster_id })).await["items"][0];
+    assert_eq!(spec["revision"], 4);
+}
+
 #[tokio::test]
 async fn a_jump_command_needs_an_https_origin_outside_dev_mode() {
     let (_dir, state) = setup().await;
@@ -2856,7 +3023,7 @@ async fn pages_wait_for_changes_over_the_socket_and_poll_only_as_the_fallback() 
     let page = send(&state, get(&format!("/clusters/{id}"), Some(&cookie))).await;
     // the socket client is on every page; the page's element waits for it, not polling yet
     assert!(page.body.contains(&assets::url("live.js").unwrap()), "{}", page.body);
-    assert!(page.body.contains(r#"data-areas="cluster,relay" data-socket="connecting""#), "{}", page.body);
+    assert!(page.body.contains(r#"data-areas="cluster,relay,runtime" data-socket="connecting""#), "{}", page.body);
     assert!(page.body.contains(r#"hx-trigger="capstan-poll, htmx:responseError"#), "no poll starts on load: {}", page.body);
     // the fallback's answer keeps polling
     let head = capstan_server::events::head(&state.store).await.unwrap();

@@ -109,24 +109,32 @@ pub fn items(answer: &Value) -> &[Value] {
 /// Print `rows` under `header` for people: columns padded to their widest cell, the last one
 /// left as it is.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    print!("{}", table(header, rows));
+}
+
+/// [`print_table`]'s text: one line per row, each ending in a newline.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
+    let mut text = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut out = String::new();
         for (i, cell) in cells.enumerate() {
             let width = widths.get(i).copied().unwrap_or(0);
             out.push_str(&format!("{cell:<width$}  "));
         }
-        println!("{}", out.trim_end());
+        text.push_str(out.trim_end());
+        text.push('\n');
     };
     line(&mut header.iter().copied());
     for row in rows {
         line(&mut row.iter().map(String::as_str));
     }
+    text
 }
 
 /// A Unix time (seconds, or milliseconds when that large) as UTC text; `?` when absent.

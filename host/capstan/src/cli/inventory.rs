@@ -817,6 +817,43 @@ pub enum ServicesCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// Run a service on a cluster: write its runtime spec there (`runtime.setServiceSpec`; its
+    /// owners and administrators; docs/runtime.md).
+    ///
+    /// Reads the spec the service has on the cluster and writes against its revision (none:
+    /// a first spec), so you never type a revision; a change in between is refused `conflict`.
+    /// The flags state the whole spec: one left out takes its default (every active node, 1
+    /// replica per node, restart on-failure, no health check), not what was stored, and what
+    /// it replaced is printed. Cluster and node names are looked up by administrators; anyone
+    /// else gives ids (cluster_…, node_…).
+    ///
+    /// Refusals: `cluster-runtime-missing`, `cluster-runtime-phase-refused` (a swarm cluster),
+    /// `node-not-in-cluster`, `replica-limit`, `health-port-undeclared`, `secrets-unsupported`,
+    /// `service-deleting`, `conflict`. The image must be pinned by digest (…@sha256:…) for
+    /// anything to start: `capstan services status` says `refused (image-plan-missing)` otherwise.
+    ///
+    /// Example: capstan services run web --cluster eu-1 --node alpha --node beta --replicas 2
+    /// --health http:8080/healthz
+    Run(super::service_runtime::RunArgs),
+    /// Stop a service on a cluster, keeping its spec: the spec is written held (`hold: true`),
+    /// every replica stops (`runtime.setServiceSpec`; its owners and administrators).
+    ///
+    /// Reads the spec and writes it back held against the revision read; a spec already held
+    /// is left as it is. `capstan services run` runs it again.
+    ///
+    /// Example: capstan services stop web --cluster eu-1
+    Stop(super::service_runtime::StopArgs),
+    /// Where a service runs (`runtime.getServiceStatus`; its members): per cluster its spec,
+    /// the verdict — converged, converging, waiting (reason) or refused (reason) — and each
+    /// replica slot's node, phase, readiness, image digest, restarts and last cause in the
+    /// node's words.
+    ///
+    /// The verdict is decided by the runtime every few seconds; a spec just written shows none
+    /// until then. --watch reads it again every 2 seconds until interrupted; -o json|yaml
+    /// prints the method's answer as it is.
+    ///
+    /// Example: capstan services status web --org acme --watch
+    Status(super::service_runtime::StatusArgs),
 }
 
 pub fn services(command: ServicesCommand) -> ExitCode {
@@ -835,6 +872,9 @@ pub fn services(command: ServicesCommand) -> ExitCode {
         ServicesCommand::Delete { id, organization, expected, confirm, common } => {
             (service_delete((&id, organization.as_deref()), &expected, &confirm, &common), common.json)
         }
+        ServicesCommand::Run(args) => (super::service_runtime::run(&args), args.common.json),
+        ServicesCommand::Stop(args) => (super::service_runtime::stop(&args), args.common.json),
+        ServicesCommand::Status(args) => (super::service_runtime::status(&args), args.common.json),
     };
     finish(result, json)
 }

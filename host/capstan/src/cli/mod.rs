@@ -21,6 +21,7 @@ mod publishers;
 mod resolve;
 mod secret_sets;
 mod secrets;
+mod service_runtime;
 mod snapshot;
 mod tasks;
 mod users;
@@ -82,7 +83,8 @@ enum Command {
     /// runtime, set-phase.
     #[command(subcommand)]
     Clusters(inventory::ClustersCommand),
-    /// An organization's services: list, get, create, update, delete (in two phases).
+    /// An organization's services: list, get, create, update, delete (in two phases); and
+    /// where they run: run, stop, status.
     #[command(subcommand)]
     Services(inventory::ServicesCommand),
     /// Nodes of clusters: list them with their liveness, get one, create a jump command for a

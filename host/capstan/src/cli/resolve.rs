@@ -2,9 +2,10 @@
 //! task takes its name (within its scope) or its id, and this is the one place that turns
 //! either into the id the API wants — through the API's own list methods, as any client would.
 //!
-//! - An id (`org_…`, `cluster_…`, `svc_…`, `user_…`, `machine_…` and 32 hex digits) is used as it is:
-//!   the method it goes to answers `<entity>-not-found` itself. A name never looks like one
-//!   (names are a-z 0-9 -; a username that does is still found by name when no id matches).
+//! - An id (`org_…`, `cluster_…`, `svc_…`, `user_…`, `machine_…`, `node_…` and 32 hex digits)
+//!   is used as it is: the method it goes to answers `<entity>-not-found` itself. A name never
+//!   looks like one (names are a-z 0-9 -; a username that does is still found by name when no
+//!   id matches).
 //! - A name is looked up in the listing of its scope: a service within its organization
 //!   (`--organization NAME|ID`), or among every service the caller can see when none is given.
 //! - No match is `<entity>-not-found` naming what was looked for; more than one is
@@ -39,6 +40,8 @@ pub enum Kind {
     Plugin,
     /// A task's id (`host.cleanup`) or its title.
     Task,
+    /// `node_…`, or a node's name or hostname within its cluster.
+    Node,
 }
 
 impl Kind {
@@ -51,6 +54,7 @@ impl Kind {
             Kind::User => "user",
             Kind::Plugin => "plugin",
             Kind::Task => "task",
+            Kind::Node => "node",
         }
     }
 
@@ -60,6 +64,7 @@ impl Kind {
             Kind::Cluster => &["cluster_"],
             Kind::Service => &["svc_"],
             Kind::User => &["user_", "machine_"],
+            Kind::Node => &["node_"],
             Kind::Plugin | Kind::Task => &[],
         }
     }
@@ -121,7 +126,7 @@ pub fn pick(kind: Kind, text: &str, scope: &str, candidates: &[Candidate]) -> Re
 }
 
 /// Every item of a paged listing (`items` or `field`, `nextCursor`).
-fn list_all(client: &Client, method: &str, body: Value, field: &str) -> Result<Vec<Value>> {
+pub fn list_all(client: &Client, method: &str, body: Value, field: &str) -> Result<Vec<Value>> {
     let mut all = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
@@ -350,6 +355,7 @@ mod tests {
         assert!(!Kind::Service.is_id("org_0123456789abcdef0123456789abcdef"));
         assert!(!Kind::Plugin.is_id("appstore"));
         assert!(Kind::User.is_id("user_0123456789abcdef0123456789abcdef") && Kind::User.is_id("machine_0123456789abcdef0123456789abcdef"));
+        assert!(Kind::Node.is_id("node_0123456789abcdef0123456789abcdef") && !Kind::Node.is_id("alpha"));
     }
 
     #[test]
