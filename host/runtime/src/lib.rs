@@ -146,6 +146,9 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
+    // a service written here (a new image, a deletion) is acted on at once, not at the next tick
+    let wake = cx.producer_wake.clone();
+    cx.store.watch_writes(&[capstan_inventory::SERVICES], Arc::new(move |_, _| wake.notify_one()));
     let producer = {
         let (cx, mut stop) = (cx.clone(), stop.clone());
         tokio::spawn(async move {
@@ -183,7 +186,7 @@ where
                         tracing::warn!(code = %refusal.code, "runtime delivery failed: {}", refusal.message);
                     }
                     passes += 1;
-                    if passes % 30 == 0 {
+                    if passes.is_multiple_of(30) {
                         let _ = sessions::forget_retired(&cx).await;
                     }
                 }

@@ -9,7 +9,7 @@ use super::spec::{self, Spec};
 use super::transition::{self, Around, Case, Intent, SlotState, Step};
 use super::{Context, RUNTIME_SLOTS, RUNTIME_SPECS, RUNTIME_STATUS};
 use capstan_core::clock::now_ms;
-use capstan_core::refusal::{Refusal, Result};
+use capstan_core::refusal::Result;
 use capstan_inventory::clusters::Phase;
 use capstan_inventory::services::{Protocol, Service, ServiceState};
 use capstan_inventory::{CLUSTER_NODES, Entity, SERVICES, emit, parse, to_value};
@@ -18,7 +18,8 @@ use capstan_store::Tx;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// A target's verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -58,10 +59,10 @@ pub struct Target {
     pub spec: Entity<Spec>,
     /// The service (absent once removed).
     pub service: Option<Entity<Service>>,
-    /// The cluster's phase, or why none serves.
-    pub phase: std::result::Result<Phase, String>,
-    /// The cluster's nodes with whether each is live.
-    pub nodes: Vec<(Entity<Node>, bool)>,
+    /// Its cluster, as this pass read it.
+    pub cluster: Arc<ClusterView>,
+    /// The verdict stored for it.
+    pub status: Option<Entity<Status>>,
     /// The target's slots.
     pub slots: Vec<Entity<Slot>>,
     /// The service has secrets (refused until sealed material reaches nodes).
@@ -138,16 +139,15 @@ fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &
 pub fn plan(target: &Target, now: u64) -> Plan {
     let spec = &target.spec.data;
     let service = target.service.as_ref().map(|s| &s.data);
-    let running_phase = matches!(target.phase, Ok(Phase::Pallet));
+    let cluster = &*target.cluster;
+    let running_phase = matches!(cluster.phase, Ok(Phase::Pallet));
     let deleting = service.is_none_or(|s| s.state == ServiceState::Deleting);
     let wants = !spec.hold && !deleting && running_phase;
     // the desire: slots on the placed nodes (a node keeps its slots while offline)
     let mut desired: BTreeMap<String, String> = BTreeMap::new();
     if wants {
-        for (node, _) in &target.nodes {
-            let placed = node.data.state == NodeState::Active
-                && (spec.placement.every_node || spec.placement.nodes.as_ref().is_some_and(|n| n.binary_search(&node.id).is_ok()));
-            if placed {
+        for (node, _) in cluster.placed(&spec.placement) {
+            if node.data.state == NodeState::Active {
                 for index in 0..spec.replicas_per_node {
                     desired.insert(slot_name(&node.id, index), node.id.clone());
                 }
@@ -160,7 +160,7 @@ pub fn plan(target: &Target, now: u64) -> Plan {
     };
     let work = built.as_ref().and_then(|b| b.as_ref().ok()).cloned();
     let key = work.as_ref().map(Work::key);
-    let refused: Option<&str> = match (&target.phase, &built) {
+    let refused: Option<&str> = match (&cluster.phase, &built) {
         (Err(reason), _) => Some(reason.as_str()),
         (_, Some(Err(reason))) => Some(reason),
         _ if wants && desired.is_empty() && spec.replicas_per_node > 0 => Some("no-eligible-node"),
@@ -223,9 +223,8 @@ pub fn plan(target: &Target, now: u64) -> Plan {
         // a slot this pass releases is gone once its step commits
         let released: BTreeSet<&str> = steps.iter().filter(|s| s.case == Case::Settled).map(|s| s.slot.as_str()).collect();
         let extra = by_name.keys().any(|name| !desired.contains_key(*name) && !released.contains(name));
-        let offline: BTreeSet<&str> = target.nodes.iter().filter(|(_, live)| !live).map(|(n, _)| n.id.as_str()).collect();
         let waiting_offline = desired.iter().any(|(name, node)| {
-            offline.contains(node.as_str())
+            !cluster.live(node)
                 && !by_name.get(name.as_str()).is_some_and(|s| key.as_deref().is_some_and(|k| s.data.ready_at(k)))
         });
         if all_ready && !extra {
@@ -234,7 +233,7 @@ pub fn plan(target: &Target, now: u64) -> Plan {
             Verdict::new("waiting", Some(wait))
         } else if waiting_offline {
             Verdict::new("waiting", Some("node-offline"))
-        } else if !running_phase && target.phase.is_ok() {
+        } else if !running_phase && cluster.phase.is_ok() {
             Verdict::new("waiting", Some("cluster-not-running"))
         } else {
             Verdict::new("converging", None)
@@ -247,13 +246,47 @@ fn planned(slot: &str, node_id: &str, case: Case, desired: Option<String>, backo
     Planned { slot: slot.into(), node_id: node_id.into(), case, desired, backoff_elapsed, other_replacing }
 }
 
-/// Read one target in a transaction that writes nothing.
-pub async fn read_target(tx: &Tx, spec: Entity<Spec>, registry_host: &str) -> Result<Target> {
-    let service = match tx.get(SERVICES, &spec.data.service_id).await? {
-        Some(doc) => Some(parse::<Service>(&doc)?),
-        None => None,
-    };
-    let phase = match spec::serving_phase(tx, &spec.data.cluster_id).await {
+/// A cluster as every target on it reads it in one pass: its phase and its nodes with their
+/// liveness (read once per cluster and pass, not once per service).
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    /// The cluster's phase, or why none serves.
+    pub phase: std::result::Result<Phase, String>,
+    /// Its nodes, each with whether it is live.
+    pub nodes: Vec<(Entity<Node>, bool)>,
+    /// Where each node is in `nodes`.
+    index: HashMap<String, usize>,
+}
+
+impl ClusterView {
+    /// The view of a cluster in `phase` with `nodes`.
+    pub fn new(phase: std::result::Result<Phase, String>, nodes: Vec<(Entity<Node>, bool)>) -> ClusterView {
+        let index = nodes.iter().enumerate().map(|(i, (n, _))| (n.id.clone(), i)).collect();
+        ClusterView { phase, nodes, index }
+    }
+
+    fn node(&self, id: &str) -> Option<&(Entity<Node>, bool)> {
+        self.index.get(id).and_then(|&i| self.nodes.get(i)).filter(|(n, _)| n.id == id)
+    }
+
+    /// The nodes a placement names (every node, or the pinned ones the cluster holds).
+    pub fn placed<'a>(&'a self, placement: &'a crate::spec::Placement) -> Box<dyn Iterator<Item = &'a (Entity<Node>, bool)> + 'a> {
+        match (&placement.nodes, placement.every_node) {
+            (_, true) => Box::new(self.nodes.iter()),
+            (Some(pinned), false) => Box::new(pinned.iter().filter_map(|id| self.node(id))),
+            (None, false) => Box::new(std::iter::empty()),
+        }
+    }
+
+    /// Whether the node is live (an unknown node is not).
+    pub fn live(&self, id: &str) -> bool {
+        self.node(id).is_some_and(|(_, live)| *live)
+    }
+}
+
+/// Read a cluster's view.
+pub async fn read_cluster(tx: &Tx, cluster_id: &str) -> Result<ClusterView> {
+    let phase = match spec::serving_phase(tx, cluster_id).await {
         Ok(phase) => Ok(phase),
         Err(refusal) if refusal.is("cluster-runtime-missing") || refusal.is("cluster-runtime-phase-refused") => {
             Err(refusal.code.to_string())
@@ -263,17 +296,27 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, registry_host: &str) -> Re
     let freshness = capstan_nodes::freshness_ms(tx).await?;
     let now = now_ms();
     let mut nodes = Vec::new();
-    for doc in tx.find_all(CLUSTER_NODES, "by_cluster", &[json!(spec.data.cluster_id)]).await? {
+    for doc in tx.find_all(CLUSTER_NODES, "by_cluster", &[json!(cluster_id)]).await? {
         let node: Entity<Node> = parse(&doc)?;
         let live = capstan_nodes::records::view(node.clone(), now, freshness).live;
         nodes.push((node, live));
     }
+    Ok(ClusterView::new(phase, nodes))
+}
+
+/// Read one target in a transaction that writes nothing, on its cluster's view.
+pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>, registry_host: &str) -> Result<Target> {
+    let service = match tx.get(SERVICES, &spec.data.service_id).await? {
+        Some(doc) => Some(parse::<Service>(&doc)?),
+        None => None,
+    };
     let slots = slots::of_service_in(tx, &spec.data.service_id, &spec.data.cluster_id).await?;
     let has_secrets = match &service {
         Some(s) => spec::refuse_secrets(tx, &s.id).await.is_err(),
         None => false,
     };
-    Ok(Target { spec, service, phase, nodes, slots, has_secrets, registry_host: registry_host.to_string() })
+    let status = tx.get(RUNTIME_STATUS, &spec.id).await?.as_ref().map(parse).transpose()?;
+    Ok(Target { spec, service, cluster: cluster.clone(), status, slots, has_secrets, registry_host: registry_host.to_string() })
 }
 
 /// What one pass did.
@@ -292,6 +335,7 @@ pub struct PassReport {
 pub async fn pass(cx: &Context) -> Result<PassReport> {
     let mut report = PassReport::default();
     let mut cursor: Option<String> = None;
+    let mut clusters: BTreeMap<String, Arc<ClusterView>> = BTreeMap::new();
     loop {
         let page = cx.store.transact(|tx| {
             let cursor = cursor.clone();
@@ -300,7 +344,15 @@ pub async fn pass(cx: &Context) -> Result<PassReport> {
         let page = page.await?;
         for doc in &page.documents {
             let spec: Entity<Spec> = parse(doc)?;
-            match target_pass(cx, spec).await {
+            let cluster_id = spec.data.cluster_id.clone();
+            if !clusters.contains_key(&cluster_id) {
+                let view = cx.store.transact(|tx| {
+                    let cluster_id = cluster_id.clone();
+                    async move { read_cluster(&tx, &cluster_id).await }
+                });
+                clusters.insert(cluster_id.clone(), Arc::new(view.await?));
+            }
+            match target_pass(cx, spec, &clusters[&cluster_id]).await {
                 Ok(done) => {
                     report.targets += 1;
                     report.writes += done.writes;
@@ -319,9 +371,9 @@ pub async fn pass(cx: &Context) -> Result<PassReport> {
 }
 
 /// Decide and act on one target.
-pub async fn target_pass(cx: &Context, spec: Entity<Spec>) -> Result<PassReport> {
+pub async fn target_pass(cx: &Context, spec: Entity<Spec>, cluster: &Arc<ClusterView>) -> Result<PassReport> {
     let host = cx.registry_host.clone();
-    let target = cx.store.transact(|tx| read_target_tx(tx, spec.clone(), host.clone())).await?;
+    let target = cx.store.transact(|tx| read_target_tx(tx, spec.clone(), cluster.clone(), host.clone())).await?;
     let plan = plan(&target, now_ms());
     let mut report = PassReport { targets: 1, ..PassReport::default() };
     for step in &plan.steps {
@@ -336,7 +388,7 @@ pub async fn target_pass(cx: &Context, spec: Entity<Spec>) -> Result<PassReport>
     if !plan.steps.is_empty() {
         cx.delivery_wake.notify_one();
     }
-    if write_verdict(cx, &target.spec.data, &plan.verdict).await? {
+    if write_verdict(cx, &target.spec.data, target.status.as_ref(), &plan.verdict).await? {
         report.writes += 1;
     }
     if target.service.as_ref().is_none_or(|s| s.data.state == ServiceState::Deleting) && target.slots.is_empty() && plan.steps.is_empty() {
@@ -345,8 +397,8 @@ pub async fn target_pass(cx: &Context, spec: Entity<Spec>) -> Result<PassReport>
     Ok(report)
 }
 
-async fn read_target_tx(tx: Tx, spec: Entity<Spec>, host: String) -> Result<Target> {
-    read_target(&tx, spec, &host).await
+async fn read_target_tx(tx: Tx, spec: Entity<Spec>, cluster: Arc<ClusterView>, host: String) -> Result<Target> {
+    read_target(&tx, spec, &cluster, &host).await
 }
 
 /// Commit one step after deciding its slot again on what is stored now; `false` when the slot,
@@ -465,20 +517,14 @@ async fn commit(cx: &Context, target: &Target, work: Option<&Work>, step: &Plann
 }
 
 /// Write the verdict when it changed; `true` when written.
-async fn write_verdict(cx: &Context, spec: &Spec, verdict: &Verdict) -> Result<bool> {
+async fn write_verdict(cx: &Context, spec: &Spec, stored: Option<&Entity<Status>>, verdict: &Verdict) -> Result<bool> {
     let id = super::spec_id(&spec.service_id, &spec.cluster_id);
-    let stored = cx.store.transact(|tx| {
-        let id = id.clone();
-        async move { tx.get(RUNTIME_STATUS, &id).await }
-    });
-    let stored = stored.await?;
-    let current: Option<Status> = stored.as_ref().map(|d| serde_json::from_value(d.data.clone())).transpose().map_err(Refusal::internal)?;
-    if current.as_ref().is_some_and(|s| &s.verdict == verdict) {
+    if stored.is_some_and(|s| &s.data.verdict == verdict) {
         return Ok(false);
     }
     let status =
         Status { service_id: spec.service_id.clone(), cluster_id: spec.cluster_id.clone(), verdict: verdict.clone(), since: now_ms() };
-    let revision = stored.map(|d| d.revision);
+    let revision = stored.map(|s| s.revision);
     cx.store
         .transact(|tx| {
             let (id, status) = (id.clone(), &status);
@@ -589,8 +635,8 @@ mod tests {
         Target {
             spec,
             service: Some(service(&format!("reg.example/workloads/web-1@{image}"), "active")),
-            phase: Ok(Phase::Pallet),
-            nodes: vec![(node("node_a"), true), (node("node_b"), true)],
+            cluster: Arc::new(ClusterView::new(Ok(Phase::Pallet), vec![(node("node_a"), true), (node("node_b"), true)])),
+            status: None,
             slots: slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect(),
             has_secrets: false,
             registry_host: "reg.example".into(),
@@ -694,6 +740,20 @@ mod tests {
         // not ready yet: the next one waits
         t.slots[0].data.assignment.observation.as_mut().unwrap().ready = false;
         assert!(plan(&t, 0).steps.is_empty());
+        // both replaced and ready: the next image starts a new rollout (a slot that replaced
+        // an earlier one holds nothing back once it is ready)
+        let mut both = target(spec(every(), 1, false), OTHER, vec![]);
+        let replaced: Vec<Slot> = ["node_a.0", "node_b.0"]
+            .iter()
+            .map(|name| {
+                let slot = running(&both, name, "running", true);
+                Slot { assignment: Assignment { successor: true, ..slot.assignment.clone() }, ..slot }
+            })
+            .collect();
+        both.slots = replaced.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect();
+        assert_eq!(plan(&both, 0).verdict, Verdict::new("converged", None));
+        let next = Target { service: Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "active")), ..both };
+        assert_eq!(cases(&plan(&next, 0)), vec![("node_a.0".into(), "drift")]);
     }
 
     #[test]
@@ -723,7 +783,7 @@ mod tests {
         t.has_secrets = true;
         assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("secrets-unsupported")));
         t.has_secrets = false;
-        t.phase = Err("cluster-runtime-missing".into());
+        Arc::make_mut(&mut t.cluster).phase = Err("cluster-runtime-missing".into());
         assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("cluster-runtime-missing")));
         let pinned = Placement { every_node: false, nodes: Some(vec!["node_gone".into()]) };
         assert_eq!(plan(&target(spec(pinned, 1, false), DIGEST, vec![]), 0).verdict, Verdict::new("refused", Some("no-eligible-node")));
@@ -732,7 +792,7 @@ mod tests {
     #[test]
     fn an_offline_node_keeps_its_slot_and_the_target_waits_for_it() {
         let mut t = target(spec(every(), 1, false), DIGEST, vec![]);
-        t.nodes[1].1 = false;
+        Arc::make_mut(&mut t.cluster).nodes[1].1 = false;
         let slots = vec![running(&t, "node_a.0", "running", true)];
         t.slots = slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect();
         let p = plan(&t, 0);
@@ -747,7 +807,7 @@ mod tests {
         let mut slot = running(&base, "node_a.0", "running", true);
         let mut t = target(spec(every(), 1, false), DIGEST, vec![slot.clone()]);
         t.service = Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "deleting"));
-        t.nodes.truncate(1);
+        t.cluster = Arc::new(ClusterView::new(Ok(Phase::Pallet), vec![(node("node_a"), true)]));
         assert_eq!(cases(&plan(&t, 0)), vec![("node_a.0".into(), "undesired")]);
         slot.assignment.intent = Intent::Stop;
         slot.assignment.stopped_at = Some(1);

@@ -176,7 +176,8 @@ impl Slot {
         let a = &self.assignment;
         match a.intent {
             Intent::Stop | Intent::Remove => desired.is_some() && a.stop_cause.as_deref() == Some("drift"),
-            Intent::Run => a.successor && !desired.is_some_and(|k| self.ready_at(k)),
+            // a successor replaces until its own attempt is observed ready (whatever is desired now)
+            Intent::Run => a.successor && !a.observation.as_ref().is_some_and(|o| o.ready && !o.failed()),
         }
     }
 }

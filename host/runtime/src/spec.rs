@@ -292,6 +292,13 @@ async fn set(cx: Context, call: Call, input: SetInput) -> Result<Entity<Spec>> {
                     )
                     .with_data(json!({ "limit": 1 })));
                 }
+                if input.replicas_per_node > 1 && service.data.ports.iter().any(|p| p.public_port.is_some()) {
+                    return Err(Refusal::new(
+                        "replica-limit",
+                        "a service publishing a port on its node runs one replica per node: two would ask for the same port",
+                    )
+                    .with_data(json!({ "limit": 1 })));
+                }
                 let health = normalize_health(&input.health, &service.data)?;
                 refuse_secrets(&tx, &service.id).await?;
                 let id = spec_id(&service.id, &input.cluster_id);
