@@ -5,8 +5,8 @@
 //! with typed methods (serde bodies, JSON Schemas generated from the types), typed
 //! [`Refusal`]s, and idiomatic wrappers of every host import: [`store`] (with
 //! compare-and-swap and [`store::update_with_retry`]), [`inventory`], [`secrets`], [`blobs`]
-//! (`std::io` streams), [`transfers`], [`http`], [`agents`], [`gateway`], [`events`], [`sign`]
-//! and [`log`].
+//! (`std::io` streams), [`transfers`], [`http`], [`agents`], [`gateway`], [`runtime`],
+//! [`events`], [`sign`] and [`log`].
 //!
 //! The host runs a fresh instance for every call, so nothing a plugin keeps in memory survives
 //! it; the manager's functions take no `self`. Every import is gated by a capability the
@@ -89,7 +89,7 @@
 //! id = "hello"
 //! name = "Hello"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.3.0"
+//! wit = "capstan:plugin@0.3.1"
 //!
 //! [capabilities]
 //! requested = ["store", "log"]
@@ -113,6 +113,7 @@ pub mod gateway;
 pub mod http;
 pub mod inventory;
 pub mod log;
+pub mod runtime;
 pub mod secrets;
 pub mod settings;
 pub mod sign;
@@ -128,7 +129,7 @@ pub mod transfers;
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/0.3.0",
+        path: "../wit/0.3.1",
         world: "manager",
         pub_export_macro: true,
         default_bindings_module: "capstan_sdk::bindings",
@@ -136,7 +137,7 @@ pub mod bindings {
 
     // `generate!` reads the WIT without telling cargo: this makes a change of the contract
     // rebuild the SDK, and so every plugin built against it.
-    const _: &str = include_str!("../../wit/0.3.0/manager.wit");
+    const _: &str = include_str!("../../wit/0.3.1/manager.wit");
 }
 
 pub use context::{Caller, CallerKind, Context};
@@ -164,7 +165,7 @@ pub fn now_ms() -> u64 {
 /// Invoke it once, at the plugin crate's root.
 ///
 /// The exports exist only when building for `wasm32`: their symbol names
-/// (`capstan:plugin/guest@0.3.0#handle`) mean something only to a component, and a native
+/// (`capstan:plugin/guest@0.3.1#handle`) mean something only to a component, and a native
 /// `cdylib` cannot even link them. Native builds (unit tests, clippy) get everything else.
 #[macro_export]
 macro_rules! manager {

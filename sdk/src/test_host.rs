@@ -6,11 +6,14 @@ use capstan_core::refusal::{Refusal, Result};
 use capstan_plugin_host::bundle::{Bundle, PublisherKey, generate_key};
 use capstan_plugin_host::host::PluginHost;
 use capstan_plugin_host::imports::{PluginHttp, Services, collection_name};
+use capstan_plugin_host::platform::{Platform, Replica, SecretMeta, SecretOwner, Zeroizing, async_trait};
 use capstan_plugin_host::runtime::Runtime;
-use capstan_rpc::Identity;
+use capstan_rpc::{Identity, OrgRole, OrganizationAuthority};
+use capstan_store::{Document, Page};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// The host one plugin is tested on (async; [`crate::testing::TestHost`] drives it).
 pub struct TestHost {
@@ -18,6 +21,7 @@ pub struct TestHost {
     pub host: Arc<PluginHost>,
     pub plugin: String,
     caller: Identity,
+    platform: Arc<HarnessPlatform>,
 }
 
 impl TestHost {
@@ -32,11 +36,12 @@ impl TestHost {
         // the platform model a plugin reads and holds services in, as on a real host
         capstan_inventory::declare(&store).await?;
         capstan_links::declare_secrets(&store).await?;
-        let platform = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
+        let inner = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
+        let platform = Arc::new(HarnessPlatform { inner, replicas: Default::default() });
         // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
         let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
         let http = PluginHttp::new(&[], &loopback).map_err(Refusal::internal)?;
-        let services = Services::with_http(store, blobs, keyring, "test-node".into(), platform, http);
+        let services = Services::with_http(store, blobs, keyring, "test-node".into(), platform.clone(), http);
         let key = generate_key();
         let publishers = vec![PublisherKey::from_verifying_key(key.verifying_key())];
         let host = PluginHost::new(Runtime::new(None)?, services, publishers, vec![]).await?;
@@ -53,7 +58,7 @@ impl TestHost {
             authenticated_at: now,
             expires_at: now + 24 * 3_600_000,
         };
-        Ok(TestHost { dir, host, plugin: record.id, caller })
+        Ok(TestHost { dir, host, plugin: record.id, caller, platform })
     }
 
     /// Call a method as an administrator, through the same checks an API call goes through.
@@ -197,6 +202,13 @@ impl TestHost {
             .map(drop)
     }
 
+    /// Answer `runtime.service-replicas` of `service_id` with `replicas` from now on (sorted by
+    /// cluster then slot, as the host answers), whether or not the service exists here.
+    pub fn set_service_replicas(&self, service_id: &str, mut replicas: Vec<Replica>) {
+        replicas.sort_by(|a, b| (&a.cluster_id, &a.slot).cmp(&(&b.cluster_id, &b.slot)));
+        self.platform.replicas.write().expect("replicas lock").insert(service_id.to_string(), replicas);
+    }
+
     /// Run a scheduled task now.
     pub async fn run_task(&self, name: &str) -> Result<String> {
         let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
@@ -207,5 +219,117 @@ impl TestHost {
 impl Drop for TestHost {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The platform a tested plugin reaches: the host's own over the embedded store
+/// ([`capstan_links::InventoryPlatform`]), which runs no services, with the replicas a test
+/// seeded ([`TestHost::set_service_replicas`]) answered in its place.
+struct HarnessPlatform {
+    inner: Arc<capstan_links::InventoryPlatform>,
+    replicas: RwLock<HashMap<String, Vec<Replica>>>,
+}
+
+#[async_trait]
+impl OrganizationAuthority for HarnessPlatform {
+    async fn require(&self, identity: &Identity, organization: &str, need: OrgRole) -> Result<Option<OrgRole>> {
+        self.inner.require(identity, organization, need).await
+    }
+}
+
+#[async_trait]
+impl Platform for HarnessPlatform {
+    fn setting_lists_urls(&self, key: &str) -> bool {
+        self.inner.setting_lists_urls(key)
+    }
+
+    async fn setting_urls(&self, key: &str) -> Result<Option<Vec<String>>> {
+        self.inner.setting_urls(key).await
+    }
+
+    fn plugin_identity(&self, plugin: &str) -> Identity {
+        self.inner.plugin_identity(plugin)
+    }
+
+    async fn node(&self, id: &str) -> Result<Option<Document>> {
+        self.inner.node(id).await
+    }
+
+    async fn nodes(&self, cursor: Option<&str>, limit: usize) -> Result<Page> {
+        self.inner.nodes(cursor, limit).await
+    }
+
+    async fn service_replicas(&self, service_id: &str) -> Result<Vec<Replica>> {
+        let seeded = self.replicas.read().expect("replicas lock").get(service_id).cloned();
+        match seeded {
+            Some(replicas) => Ok(replicas),
+            None => self.inner.service_replicas(service_id).await,
+        }
+    }
+
+    async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {
+        self.inner.create_service(actor, body).await
+    }
+
+    async fn update_service(&self, actor: &Identity, body: Value) -> Result<Document> {
+        self.inner.update_service(actor, body).await
+    }
+
+    async fn set_facet(
+        &self,
+        kind: &str,
+        id: &str,
+        plugin: &str,
+        value: Option<Value>,
+        expected_revision: Option<u64>,
+    ) -> Result<Document> {
+        self.inner.set_facet(kind, id, plugin, value, expected_revision).await
+    }
+
+    async fn hold_service(&self, service_id: &str, holder: &str) -> Result<()> {
+        self.inner.hold_service(service_id, holder).await
+    }
+
+    async fn release_service(&self, service_id: &str, holder: &str) -> Result<()> {
+        self.inner.release_service(service_id, holder).await
+    }
+
+    async fn ensure_secret(
+        &self,
+        actor: &Identity,
+        scope: &str,
+        owner: SecretOwner,
+        key: &str,
+        length: u32,
+        alphabet: &str,
+    ) -> Result<SecretMeta> {
+        self.inner.ensure_secret(actor, scope, owner, key, length, alphabet).await
+    }
+
+    async fn put_secret(
+        &self,
+        actor: &Identity,
+        scope: &str,
+        owner: SecretOwner,
+        key: &str,
+        value: Zeroizing<Vec<u8>>,
+    ) -> Result<SecretMeta> {
+        self.inner.put_secret(actor, scope, owner, key, value).await
+    }
+
+    async fn rotate_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta> {
+        self.inner.rotate_secret(actor, scope, id).await
+    }
+
+    async fn revoke_secret(&self, actor: &Identity, scope: &str, id: &str) -> Result<SecretMeta> {
+        self.inner.revoke_secret(actor, scope, id).await
+    }
+
+    async fn list_secrets(&self, scope: &str) -> Result<Vec<SecretMeta>> {
+        self.inner.list_secrets(scope).await
+    }
+
+    async fn reveal_secret(&self, actor: &Identity, plugin: &str, scope: &str, id: &str) -> Result<Zeroizing<Vec<u8>>> {
+        self.inner.reveal_secret(actor, plugin, scope, id).await
     }
 }

@@ -174,6 +174,32 @@ impl TestHost {
         self.inner.host.set_gateway_dispatch(dispatch)
     }
 
+    /// Stand in for the runtime, which this host does not run: the plugin's
+    /// `runtime::service_replicas(service_id)` answers `replicas` from now on (sorted by cluster
+    /// then slot, as the host answers), whether or not the service exists here. Without it every
+    /// service runs nowhere (an empty list) and an unknown one is `service-not-found`.
+    pub fn set_service_replicas(&self, service_id: &str, replicas: Vec<crate::runtime::Replica>) {
+        use capstan_plugin_host::platform::{Replica, ReplicaIntent};
+        let replicas = replicas
+            .into_iter()
+            .map(|r| Replica {
+                cluster_id: r.cluster_id,
+                node_id: r.node_id,
+                slot: r.slot,
+                assignment_id: r.assignment_id,
+                intent: match r.intent {
+                    crate::runtime::Intent::Run => ReplicaIntent::Run,
+                    crate::runtime::Intent::Stop => ReplicaIntent::Stop,
+                    crate::runtime::Intent::Remove => ReplicaIntent::Remove,
+                },
+                phase: r.phase,
+                ready: r.ready,
+                image_digest: r.image_digest,
+            })
+            .collect();
+        self.inner.set_service_replicas(service_id, replicas)
+    }
+
     /// Run a scheduled task now; its summary.
     pub fn run_task(&self, name: &str) -> Result<String, Refusal> {
         self.runtime.block_on(self.inner.run_task(name)).map_err(to_sdk)

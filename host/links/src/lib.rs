@@ -3,14 +3,14 @@
 //!
 //! - [`HostDependents`]: what the secrets and plugin areas keep on the inventory's entities
 //!   (the inventory's [`Dependents`]).
-//! - [`InventoryPlatform`]: the inventory, the nodes of clusters, settings, organization roles
-//!   and the secrets of the scopes granted as plugins reach them (the plugin host's
-//!   [`Platform`]).
+//! - [`InventoryPlatform`]: the inventory, the nodes of clusters, settings, organization roles,
+//!   the secrets of the scopes granted and where services' replicas run (the runtime's slots,
+//!   with the `registry` feature) as plugins reach them (the plugin host's [`Platform`]).
 
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::access::{self, Authority, OrgRole};
 use capstan_inventory::{Dependents, PluginFacet, PluginSetting};
-use capstan_plugin_host::platform::{Platform, SecretMeta, SecretOwner};
+use capstan_plugin_host::platform::{Platform, Replica, SecretMeta, SecretOwner};
 use capstan_rpc::{Identity, OrganizationAuthority};
 use capstan_store::{Document, Page, Store, Tx};
 use serde_json::Value;
@@ -215,6 +215,22 @@ impl Platform for InventoryPlatform {
         Ok(Page { documents: page.items.into_iter().map(node_document).collect::<Result<_>>()?, next_cursor: page.next_cursor })
     }
 
+    async fn service_replicas(&self, service_id: &str) -> Result<Vec<Replica>> {
+        let id = service_id.to_string();
+        self.store
+            .transact(|tx| {
+                let id = id.clone();
+                async move {
+                    if !tx.is_declared(capstan_inventory::SERVICES) {
+                        return Err(capstan_inventory::not_found("service", &id));
+                    }
+                    let service = capstan_inventory::services::require_service(&tx, &id).await?;
+                    replicas_of(&tx, &service.id).await
+                }
+            })
+            .await
+    }
+
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {
         document(capstan_inventory::services::create(&self.store, actor, capstan_rpc::decode(body)?).await?)
     }
@@ -283,6 +299,53 @@ impl Platform for InventoryPlatform {
     async fn reveal_secret(&self, actor: &Identity, plugin: &str, scope: &str, id: &str) -> Result<Zeroizing<Vec<u8>>> {
         capstan_secrets::managed::reveal(&self.secrets, actor, plugin, scope, id).await
     }
+}
+
+/// Every replica slot of a service as a plugin reads it, by cluster then slot: the runtime's
+/// slots, where the host runs services (the `registry` feature, which brings the runtime).
+#[cfg(feature = "registry")]
+async fn replicas_of(tx: &Tx, service_id: &str) -> Result<Vec<Replica>> {
+    use capstan_plugin_host::platform::ReplicaIntent;
+    use capstan_runtime::transition::Intent;
+    if !tx.is_declared(capstan_runtime::RUNTIME_SLOTS) {
+        return Ok(Vec::new());
+    }
+    let docs = tx.find_all(capstan_runtime::RUNTIME_SLOTS, "by_service", &[serde_json::json!(service_id)]).await?;
+    let mut replicas = Vec::with_capacity(docs.len());
+    for doc in &docs {
+        let slot = capstan_inventory::parse::<capstan_runtime::slots::Slot>(doc)?.data;
+        let a = &slot.assignment;
+        let observed = a.observation.as_ref();
+        // as `runtime.getServiceStatus` words it: the receipts first, then the node's words
+        let phase = match (a.removed_at, a.stopped_at, observed) {
+            (Some(_), _, _) => "removed".to_string(),
+            (None, Some(_), _) => "stopped".to_string(),
+            (None, None, Some(o)) => o.phase.clone(),
+            (None, None, None) => "pending".to_string(),
+        };
+        replicas.push(Replica {
+            intent: match a.intent {
+                Intent::Run => ReplicaIntent::Run,
+                Intent::Stop => ReplicaIntent::Stop,
+                Intent::Remove => ReplicaIntent::Remove,
+            },
+            ready: a.intent == Intent::Run && observed.is_some_and(|o| o.ready),
+            image_digest: observed.and_then(|o| o.image_digest.clone()),
+            phase,
+            cluster_id: slot.cluster_id.clone(),
+            node_id: slot.node_id.clone(),
+            slot: slot.slot.clone(),
+            assignment_id: slot.assignment_id.clone(),
+        });
+    }
+    replicas.sort_by(|a, b| (&a.cluster_id, &a.slot).cmp(&(&b.cluster_id, &b.slot)));
+    Ok(replicas)
+}
+
+/// Without the runtime (the SDK's test harness) no service runs anywhere.
+#[cfg(not(feature = "registry"))]
+async fn replicas_of(_tx: &Tx, _service_id: &str) -> Result<Vec<Replica>> {
+    Ok(Vec::new())
 }
 
 /// Whom a plugin's secret belongs to: a service or the system; an organization's secrets belong

@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.3.0"
+//! wit = "capstan:plugin@0.3.1"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -31,7 +31,8 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.3.0`).
+/// The contract `capstan plugin new` and the SDK target (`wit/0.3.1`); it also serves plugins
+/// built for 0.3.0 (a patch adds to the contract, so the older names resolve to it).
 pub const CURRENT_WIT: &str = capstan_core::build::PLUGIN_CONTRACT;
 /// The 0.2 contract (`wit/0.2.4`), served through its adapter; plugins built for 0.2.0 to
 /// 0.2.3 run on it too (a patch adds to the contract, so the older names resolve to it).
@@ -494,6 +495,9 @@ pub enum Capability {
     HttpSetting(String),
     /// `agents`: call named methods on connected cluster relays.
     Agents,
+    /// `runtime:read`: where services' replicas run and whether they are ready (contract
+    /// 0.3.1 on).
+    RuntimeRead,
     /// `gateway:<scope>` (`gateway:routes:write`): requests to the external gateway under
     /// Capstan's enrolled client credential, on the paths that gateway scope covers
     /// ([`capstan_core::gateway_scopes`]); the scope is one of the six the credential holds.
@@ -528,6 +532,7 @@ impl fmt::Display for Capability {
             Capability::Http(origin) => write!(f, "http:{origin}"),
             Capability::HttpSetting(key) => write!(f, "http-setting:{key}"),
             Capability::Agents => f.write_str("agents"),
+            Capability::RuntimeRead => f.write_str("runtime:read"),
             Capability::Gateway(scope) => write!(f, "gateway:{scope}"),
             Capability::EventsPublish => f.write_str("events:publish"),
             Capability::Sign => f.write_str("sign"),
@@ -568,6 +573,7 @@ impl FromStr for Capability {
             "inventory:write-services" => Some(Capability::InventoryWriteServices),
             "blobs" => Some(Capability::Blobs),
             "agents" => Some(Capability::Agents),
+            "runtime:read" => Some(Capability::RuntimeRead),
             "events:publish" => Some(Capability::EventsPublish),
             "sign" => Some(Capability::Sign),
             "log" => Some(Capability::Log),
@@ -921,11 +927,12 @@ concurrency = 4
         for earlier in ["0.2.0", "0.2.1", "0.2.2", "0.2.3"] {
             assert_eq!(served_wit(&format!("capstan:plugin@{earlier}")).unwrap(), WIT_0_2, "{earlier}");
         }
-        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.0", "the contract the SDK and `capstan plugin new` target");
+        assert_eq!(served_wit("capstan:plugin@0.3.0").unwrap(), CURRENT_WIT);
+        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.1", "the contract the SDK and `capstan plugin new` target");
         for bad in [
             "capstan:plugin@0.1.1",
             "capstan:plugin@0.2.5",
-            "capstan:plugin@0.3.1",
+            "capstan:plugin@0.3.2",
             "capstan:plugin@0.4.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
@@ -957,6 +964,7 @@ concurrency = 4
             "http:https://[::1]:9000",
             "http:https://[2001:db8::1]",
             "agents",
+            "runtime:read",
             "gateway:domains:read",
             "gateway:routes:write",
             "gateway:certificates:read",
@@ -1035,6 +1043,11 @@ concurrency = 4
             "gateway:whoami",
             "gateway:clients:write",
             "gateway:*",
+            "runtime",
+            "runtime:",
+            "runtime:write",
+            "runtime:read:x",
+            "Runtime:read",
         ] {
             let err = text.parse::<Capability>().unwrap_err();
             assert_eq!(err.code, "capability-unknown", "{text}");
@@ -1239,8 +1252,18 @@ mod proptests {
             }
         });
         prop_oneof![
-            select(vec!["store", "inventory:read", "inventory:write-services", "blobs", "agents", "events:publish", "sign", "log"])
-                .prop_map(String::from),
+            select(vec![
+                "store",
+                "inventory:read",
+                "inventory:write-services",
+                "blobs",
+                "agents",
+                "runtime:read",
+                "events:publish",
+                "sign",
+                "log"
+            ])
+            .prop_map(String::from),
             "[a-z][a-z0-9-]{0,31}".prop_map(|scope| format!("secrets:{scope}")),
             "[a-z][a-z0-9-]{0,31}".prop_map(|scope| format!("secrets-reveal:{scope}")),
             origin,
@@ -1279,7 +1302,7 @@ mod proptests {
         fn capability_text_is_canonical_or_unknown(
             text in prop_oneof![
                 "\\PC{0,40}",
-                ("(secrets|secrets-reveal|http|http-setting|inventory|events|store|gateway)", "[ -~]{0,40}").prop_map(|(k, v)| format!("{k}:{v}")),
+                ("(secrets|secrets-reveal|http|http-setting|inventory|events|store|gateway|runtime)", "[ -~]{0,40}").prop_map(|(k, v)| format!("{k}:{v}")),
                 capability(),
             ],
         ) {

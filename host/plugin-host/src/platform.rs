@@ -1,13 +1,18 @@
 //! What plugins reach of the platform model beyond their own collections and blobs: the
-//! inventory's services and settings, organization roles, and the secrets of the scopes a
-//! plugin was granted. The server implements [`Platform`] over the inventory and the secrets,
-//! so this crate depends on no domain crate for it.
+//! inventory's services and settings, organization roles, the secrets of the scopes a plugin
+//! was granted, and where services' replicas run. The server implements [`Platform`] over the
+//! inventory, the secrets and the runtime, so this crate depends on no domain crate for it.
 
 use crate::refusal::Result;
 use crate::store::{Document, Page};
 use capstan_rpc::{Identity, OrganizationAuthority};
 use serde_json::Value;
-use zeroize::Zeroizing;
+
+/// What an implementation of [`Platform`] (an `async_trait`) is written with, so one outside
+/// the host (the SDK's test harness) needs no dependency of its own for it.
+pub use async_trait::async_trait;
+/// How a secret's value passes through [`Platform::put_secret`] and [`Platform::reveal_secret`].
+pub use zeroize::Zeroizing;
 
 /// Who a secret belongs to, as a plugin names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +46,41 @@ pub struct SecretMeta {
     pub rotated_at_ms: Option<u64>,
 }
 
+/// What a replica slot's current assignment asks of its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaIntent {
+    /// Run the service there.
+    Run,
+    /// Stop it.
+    Stop,
+    /// Remove its container.
+    Remove,
+}
+
+/// A replica slot of a service as a plugin reads it (`runtime.service-replicas`): where it
+/// stands and what its node last said of it; never what it runs with (environment, pull
+/// credentials).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replica {
+    /// The cluster.
+    pub cluster_id: String,
+    /// The node it stands on.
+    pub node_id: String,
+    /// `<nodeId>.<index>`.
+    pub slot: String,
+    /// The current assignment (`asg_…`).
+    pub assignment_id: String,
+    /// What the assignment asks of the node.
+    pub intent: ReplicaIntent,
+    /// The node's words (`pulling`, `starting`, `running`, `unhealthy`, `exited`, `failed`),
+    /// `pending` before it said anything, `stopped`/`removed` once it reported doing so.
+    pub phase: String,
+    /// Observed ready, and meant to run.
+    pub ready: bool,
+    /// The image digest the node said it runs.
+    pub image_digest: Option<String>,
+}
+
 /// The platform as the WIT imports and method dispatch reach it.
 #[async_trait::async_trait]
 pub trait Platform: OrganizationAuthority {
@@ -63,6 +103,11 @@ pub trait Platform: OrganizationAuthority {
     /// Nodes of every cluster in id order, as `nodes.list` answers them: at most `limit`
     /// after `cursor`.
     async fn nodes(&self, cursor: Option<&str>, limit: usize) -> Result<Page>;
+
+    /// Every replica slot of the service `service_id`, ordered by cluster then slot; empty when
+    /// it runs nowhere (or the host runs no services). `service-not-found` when there is no such
+    /// service.
+    async fn service_replicas(&self, service_id: &str) -> Result<Vec<Replica>>;
 
     /// Create a service from `body` (the `services.create` input) as `actor`.
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document>;

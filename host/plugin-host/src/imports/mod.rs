@@ -12,6 +12,7 @@ mod gateway;
 mod http;
 mod inventory;
 mod log;
+mod runtime;
 mod secrets;
 mod settings;
 mod sign;
@@ -205,6 +206,7 @@ pub struct Grant {
     log: Option<log::Logger>,
     agents: Option<agents::Agents>,
     gateway: Option<gateway::Gateway>,
+    runtime: Option<runtime::Reader>,
 }
 
 impl Grant {
@@ -227,6 +229,7 @@ impl Grant {
             log: has(&Capability::Log).then_some(log::Logger),
             agents: has(&Capability::Agents).then(|| agents::Agents::new(services, plugin)),
             gateway: gateway::Gateway::new(services, plugin, grants),
+            runtime: has(&Capability::RuntimeRead).then(|| runtime::Reader::new(services)),
         }
     }
 

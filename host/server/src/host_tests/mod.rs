@@ -8,6 +8,7 @@ mod inventory;
 mod listener;
 mod nodes;
 mod plugin_nodes;
+mod plugin_runtime;
 mod plugins;
 mod relay_sessions;
 mod relays;

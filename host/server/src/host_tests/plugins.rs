@@ -136,6 +136,28 @@ impl Fixture {
         bundle.to_bytes()
     }
 
+    /// The example plugin as built against `capstan:plugin@0.3.0` (`tests/plugins/example-0.3.0`,
+    /// a pinned component with its page template), at `version`.
+    fn example_0_3_0(&self, version: Option<&str>) -> Vec<u8> {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/plugins/example-0.3.0");
+        let component = std::fs::read(dir.join("plugin.wasm")).unwrap();
+        let pages = crate::plugins::bundle::read_page_templates(&dir).unwrap();
+        let mut bundle = Bundle::new(manifest("tests/plugins/example-0.3.0", version), component).unwrap().with_pages(pages).unwrap();
+        bundle.sign(&self.key);
+        bundle.to_bytes()
+    }
+
+    /// A new service (of a new organization) created by the administrator; its id.
+    async fn service(&self, name: &str) -> String {
+        let call = |method: &str, body: Value| {
+            let method = self.state.methods.get(method).unwrap();
+            async move { method.call(crate::api::Call::by(&self.admin), body).await.unwrap() }
+        };
+        let org = call("organizations.create", json!({ "name": format!("{name}-org") })).await;
+        let service = json!({ "organizationId": org["id"], "name": name, "image": "nginx:1" });
+        call("services.create", service).await["id"].as_str().unwrap().to_string()
+    }
+
     fn adversary(&self) -> Vec<u8> {
         self.bundle("capstan_plugin_adversary", "tests/plugins/adversary", None)
     }
@@ -267,6 +289,73 @@ async fn a_plugin_built_for_the_0_2_0_contract_runs_on_the_current_host_and_upgr
     let upgraded = f.host.upgrade(&f.example(Some("0.2.0")), &all(), "admin").await.unwrap();
     assert_eq!(upgraded.current.wit, crate::plugins::manifest::CURRENT_WIT);
     assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_for_the_0_3_0_contract_runs_on_the_current_host_and_upgrades_to_it() {
+    let Some(f) = Fixture::new().await else { return };
+    assert_ne!(crate::plugins::manifest::CURRENT_WIT, "capstan:plugin@0.3.0", "this test pins the contract before the current one");
+    let record = f.host.install(&f.example_0_3_0(None), &all(), "admin").await.unwrap();
+    assert_eq!(record.current.wit, "capstan:plugin@0.3.0");
+    assert!(record.current.faces.facet("service").is_some(), "0.3.0 declares facets");
+
+    // its 0.3.0 imports and exports resolve to the current ones, 0.3.0's own set-facet included
+    let greeting = f.call("example", "greet", json!({ "name": "Ada" })).await.unwrap();
+    assert_eq!(greeting["greeting"], "Hello, Ada!");
+    assert_eq!(f.call("example", "putNote", json!({ "id": "n1", "text": "first" })).await.unwrap()["revision"], 1);
+    let service = f.service("web").await;
+    let tagged = f.call("example", "tagService", json!({ "serviceId": service, "tag": "blue" })).await.unwrap();
+    assert_eq!(tagged["facets"]["example"]["tag"], "blue", "{tagged}");
+
+    // a 0.3.0 component under a manifest naming 0.3.1 loads too (a patch only adds), and the
+    // same plugin built against the current contract upgrades it, data kept
+    let text = manifest("tests/plugins/example-0.3.0", Some("0.1.5")).replace("capstan:plugin@0.3.0", "capstan:plugin@0.3.1");
+    let component = std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/plugins/example-0.3.0/plugin.wasm")).unwrap();
+    let mut bundle = Bundle::new(text, component).unwrap().with_pages(example_pages()).unwrap();
+    bundle.sign(&f.key);
+    assert_eq!(f.host.upgrade(&bundle.to_bytes(), &all(), "admin").await.unwrap().current.wit, "capstan:plugin@0.3.1");
+    let upgraded = f.host.upgrade(&f.example(Some("0.2.0")), &all(), "admin").await.unwrap();
+    assert_eq!(upgraded.current.version, "0.2.0");
+    assert_eq!(f.call("example", "getNote", json!({ "id": "n1" })).await.unwrap()["text"], "first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_granted_runtime_read_reads_where_a_service_runs_through_the_sdk() {
+    let Some(f) = Fixture::new().await else { return };
+    let service = f.service("web").await;
+    let slot =
+        super::plugin_runtime::slot(&service, "cluster_a", "node_a", 0, crate::runtime::transition::Intent::Run, Some(("running", true)));
+    let id = crate::runtime::slots::slot_id(&service, &slot.slot);
+    let data = serde_json::to_value(&slot).unwrap();
+    f.state
+        .store
+        .transact(|tx| {
+            let (id, data) = (id.clone(), data.clone());
+            async move { tx.insert(crate::runtime::RUNTIME_SLOTS, &id, data).await }
+        })
+        .await
+        .unwrap();
+
+    // not granted: refused by name, the capability named
+    f.host.install(&f.adversary(), &all(), "admin").await.unwrap();
+    let refused = f.call("adversary", "replicas", json!({ "serviceId": service })).await.unwrap_err();
+    assert_eq!(refused.code, "capability-denied", "{refused}");
+    assert_eq!(refused.data.as_ref().unwrap()["capability"], "runtime:read", "{refused}");
+
+    // granted: the replicas, through the SDK's types (a read-only method may ask)
+    let upgraded = f.host.upgrade(&f.adversary_requesting(Some("0.2.0"), &["runtime:read"]), &all(), "admin").await.unwrap();
+    assert!(upgraded.current.grants.contains(&"runtime:read".to_string()), "{:?}", upgraded.current.grants);
+    let read = f.call("adversary", "replicas", json!({ "serviceId": service })).await.unwrap();
+    assert_eq!(
+        read["replicas"],
+        json!([{
+            "clusterId": "cluster_a", "nodeId": "node_a", "slot": "node_a.0", "assignmentId": "asg_node_a_0",
+            "intent": "run", "phase": "running", "ready": true, "imageDigest": "sha256:abc",
+        }]),
+        "{read}"
+    );
+    let missing = f.call("adversary", "replicas", json!({ "serviceId": "svc_nope" })).await.unwrap_err();
+    assert_eq!(missing.code, "service-not-found", "{missing}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

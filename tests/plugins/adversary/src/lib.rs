@@ -23,7 +23,9 @@
 //!   anonymous caller must not be able to do with the plugin's own authority;
 //! - `gateway` and `gatewayRead` (a read): make the gateway request given (`method`, `path`,
 //!   `body`) and answer the gateway's `status` and `body`, for tests of what `gateway:<scope>`
-//!   grants reach (and that the credential never reaches the plugin).
+//!   grants reach (and that the credential never reaches the plugin);
+//! - `replicas` (a read): where the service sent runs (`runtime.service-replicas`), for tests of
+//!   what `runtime:read` reaches.
 
 use capstan_sdk::bindings::capstan::plugin::types;
 use capstan_sdk::bindings::exports::capstan::plugin::guest::{self, Guest};
@@ -63,6 +65,8 @@ impl Manager for Adversary {
             .method("tallyWrite", "Count this call in the instance's memory: a write.", Role::Authenticated, tally)
             .method("gateway", "Make the gateway request sent.", Role::Authenticated, gateway_request)
             .method("gatewayRead", "Make the gateway request sent: a read.", Role::Authenticated, gateway_request)
+            .read_only()
+            .method("replicas", "Where the service sent runs: a read.", Role::Authenticated, replicas)
             .read_only()
     }
 }
@@ -230,6 +234,16 @@ struct GatewayAsk {
 fn gateway_request(_ctx: &Context, input: GatewayAsk) -> Result<Value> {
     let response = capstan_sdk::gateway::request(&input.method, &input.path, input.body.as_ref())?;
     Ok(json!({ "status": response.status, "body": response.body, "ok": response.ok(), "code": response.code() }))
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ServiceAsk {
+    service_id: String,
+}
+
+fn replicas(_ctx: &Context, input: ServiceAsk) -> Result<Value> {
+    Ok(json!({ "replicas": capstan_sdk::runtime::service_replicas(&input.service_id)? }))
 }
 
 fn trap(_ctx: &Context, _: Empty) -> Result<Empty> {

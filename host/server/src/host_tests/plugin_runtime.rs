@@ -1,0 +1,183 @@
+//! Where a service's replicas run as a plugin reads them (contract 0.3.1): the `runtime`
+//! import's `service-replicas`, answered through the assembled host's platform
+//! (`capstan-links` over the runtime's slots) with the phase and readiness
+//! `runtime.getServiceStatus` states (`pending` before the node said anything, `stopped` and
+//! `removed` once it reported them, ready only while meant to run); without `runtime:read`
+//! nothing is read.
+
+use crate::api::Call;
+use crate::auth::Identity;
+use crate::plugins::imports::{CallData, Grant, Services};
+use crate::plugins::manifest::Capability;
+use crate::plugins::runtime::capstan::plugin::runtime::{Host as _, Intent, Replica};
+use crate::runtime::slots::{Assignment, Observation, Slot, Work, slot_id, slot_name};
+use crate::runtime::transition::Intent as SlotIntent;
+use crate::state::{AppState, test_state};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+const PASSWORD: &str = "a-long-enough-admin-password";
+
+struct World {
+    _dir: tempfile::TempDir,
+    state: AppState,
+    admin: Identity,
+}
+
+impl World {
+    async fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let state = test_state(dir.path()).await;
+        crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+        let answer = state.auth.login("admin", PASSWORD, None).await.unwrap();
+        let admin = state.auth.authenticate(&answer.token).await.unwrap();
+        World { _dir: dir, state, admin }
+    }
+
+    async fn ok(&self, method: &str, body: Value) -> Value {
+        let m = self.state.methods.get(method).unwrap_or_else(|| panic!("{method} is registered"));
+        m.call(Call::by(&self.admin), body.clone()).await.unwrap_or_else(|e| panic!("{method} {body}: {e}"))
+    }
+
+    /// A new service of a new organization; its id.
+    async fn service(&self, name: &str) -> String {
+        let org = self.ok("organizations.create", json!({ "name": format!("{name}-org") })).await;
+        let service = json!({ "organizationId": org["id"], "name": name, "image": "nginx:1" });
+        self.ok("services.create", service).await["id"].as_str().unwrap().to_string()
+    }
+
+    /// Write a replica slot as the runtime keeps it, directly.
+    async fn seed(&self, slot: Slot) {
+        let id = slot_id(&slot.service_id, &slot.slot);
+        let data = serde_json::to_value(&slot).unwrap();
+        self.state
+            .store
+            .transact(|tx| {
+                let (id, data) = (id.clone(), data.clone());
+                async move { tx.insert(crate::runtime::RUNTIME_SLOTS, &id, data).await }
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The state of one plugin call granted `grants`, over the host's real platform.
+    fn call_data(&self, grants: &[Capability]) -> CallData {
+        let platform = capstan_links::InventoryPlatform::new(
+            self.state.store.clone(),
+            self.state.keyring.clone(),
+            Arc::new(capstan_links::HostDependents),
+        );
+        let services =
+            Services::new(self.state.store.clone(), self.state.blobs.clone(), self.state.keyring.clone(), "test-node".into(), platform);
+        let grants: BTreeSet<Capability> = grants.iter().cloned().collect();
+        let grant = Grant::build(&services, "probe", &grants);
+        CallData::new(Arc::new(grant), "req-runtime".into(), Duration::ZERO, 64 << 20, 4096)
+    }
+}
+
+/// A slot of `service` on `node` of `cluster`, its assignment at `intent`, with what the node
+/// last said (`phase`, ready or not) if it said anything.
+pub(super) fn slot(service: &str, cluster: &str, node: &str, index: u32, intent: SlotIntent, observed: Option<(&str, bool)>) -> Slot {
+    let name = slot_name(node, index);
+    Slot {
+        service_id: service.into(),
+        cluster_id: cluster.into(),
+        node_id: node.into(),
+        slot: name.clone(),
+        assignment_id: format!("asg_{}", name.replace('.', "_")),
+        assignment: Assignment {
+            key: "k".into(),
+            intent,
+            revision: 1,
+            work: Work {
+                image: "capstan.test/workloads/web@sha256:00".into(),
+                environment: [("PASSWORD".to_string(), "never-shown".to_string())].into(),
+                ports: vec![],
+                volumes: vec![],
+                health: Default::default(),
+                restart: Default::default(),
+            },
+            repository: None,
+            successor: false,
+            admitted_at: 1,
+            observation: observed.map(|(phase, ready)| Observation {
+                phase: phase.into(),
+                ready,
+                image_digest: Some("sha256:abc".into()),
+                restart_count: 0,
+                cause: None,
+                observed_at: 2,
+                accepted_at: 2,
+            }),
+            stopped_at: None,
+            removed_at: None,
+            stop_cause: None,
+        },
+        failures: 0,
+        attempts: 1,
+        last_cause: None,
+    }
+}
+
+/// What the import answers of a replica, as comparable text: cluster, slot, node, intent,
+/// phase, ready, digest.
+fn shown(r: &Replica) -> (String, String, String, Intent, String, bool, Option<String>) {
+    (r.cluster_id.clone(), r.slot.clone(), r.node_id.clone(), r.intent, r.phase.clone(), r.ready, r.image_digest.clone())
+}
+
+#[tokio::test]
+async fn a_plugin_granted_runtime_read_reads_where_a_service_runs_and_whether_it_is_ready() {
+    let w = World::new().await;
+    let web = w.service("web").await;
+    let other = w.service("other").await;
+
+    // the runtime's slots, written as it keeps them: two clusters, every phase a slot goes through
+    w.seed(slot(&web, "cluster_b", "node_b", 0, SlotIntent::Run, Some(("unhealthy", false)))).await;
+    w.seed(slot(&web, "cluster_a", "node_a2", 0, SlotIntent::Run, None)).await;
+    w.seed(slot(&web, "cluster_a", "node_a1", 1, SlotIntent::Run, Some(("running", true)))).await;
+    w.seed(slot(&web, "cluster_a", "node_a1", 0, SlotIntent::Run, Some(("running", true)))).await;
+    let mut stopped = slot(&web, "cluster_a", "node_a3", 0, SlotIntent::Stop, Some(("running", true)));
+    stopped.assignment.stopped_at = Some(3);
+    w.seed(stopped).await;
+    let mut removed = slot(&web, "cluster_a", "node_a4", 0, SlotIntent::Remove, Some(("running", true)));
+    (removed.assignment.stopped_at, removed.assignment.removed_at) = (Some(3), Some(4));
+    w.seed(removed).await;
+    w.seed(slot(&other, "cluster_a", "node_a1", 2, SlotIntent::Run, Some(("running", true)))).await;
+
+    let mut cx = w.call_data(&[Capability::RuntimeRead]);
+    let replicas = cx.service_replicas(web.clone()).await.unwrap();
+    let digest = Some("sha256:abc".to_string());
+    let expected = vec![
+        ("cluster_a", "node_a1.0", "node_a1", Intent::Run, "running", true, digest.clone()),
+        ("cluster_a", "node_a1.1", "node_a1", Intent::Run, "running", true, digest.clone()),
+        ("cluster_a", "node_a2.0", "node_a2", Intent::Run, "pending", false, None),
+        // stopped or removed: never ready, whatever the node said before
+        ("cluster_a", "node_a3.0", "node_a3", Intent::Stop, "stopped", false, digest.clone()),
+        ("cluster_a", "node_a4.0", "node_a4", Intent::Remove, "removed", false, digest.clone()),
+        ("cluster_b", "node_b.0", "node_b", Intent::Run, "unhealthy", false, digest.clone()),
+    ];
+    let expected: Vec<_> =
+        expected.into_iter().map(|(c, s, n, i, p, r, d)| (c.to_string(), s.to_string(), n.to_string(), i, p.to_string(), r, d)).collect();
+    assert_eq!(replicas.iter().map(shown).collect::<Vec<_>>(), expected, "by cluster then slot, this service's only");
+    assert_eq!(replicas[0].assignment_id, "asg_node_a1_0");
+
+    // what a replica runs with never crosses
+    assert!(!format!("{replicas:?}").contains("never-shown"));
+
+    // a service that runs nowhere is an empty list; one that does not exist is refused by name
+    let idle = w.service("idle").await;
+    assert!(cx.service_replicas(idle).await.unwrap().is_empty());
+    for missing in ["svc_nope", "", "no such/service"] {
+        let refused = cx.service_replicas(missing.into()).await.expect_err("no such service");
+        assert_eq!(refused.code, "service-not-found", "{missing:?}: {refused:?}");
+    }
+
+    // without runtime:read nothing is read, inventory:read or not
+    let mut ungranted = w.call_data(&[Capability::InventoryRead, Capability::Log]);
+    let refused = ungranted.service_replicas(web.clone()).await.expect_err("no grant, no read");
+    assert_eq!(refused.code, "capability-denied", "{refused:?}");
+    let data: Value = serde_json::from_str(refused.data.as_deref().unwrap()).unwrap();
+    assert_eq!(data["capability"], "runtime:read");
+}
