@@ -122,7 +122,7 @@ pub fn registry_host(origin: &str) -> String {
 }
 
 /// Over HTTP: a runtime session belongs to a node's socket.
-async fn over_http(_: Context, _: Call, _: Value) -> Result<Value> {
+async fn over_http(_: Context, _: Call, _: serde_json::Map<String, Value>) -> Result<Value> {
     Err(Refusal::new("socket-required", "a node's runtime methods are called over its /api/v1/socket session (docs/runtime.md)"))
 }
 
