@@ -14,6 +14,9 @@
 #   CAPSTAN_TEST_REQUIRE_SKOPEO  the registry tests push and pull images with skopeo (Debian's
 #                             package, installed here when missing); set, they fail instead of
 #                             skipping when it is not on PATH
+#   CAPSTAN_TEST_ENGINE_*     a container engine (Podman's Docker-API service, .ci/engine.sh): _SOCKET,
+#                             _IMAGE (a test image built locally), _CONTAINERS_CONF; with
+#                             CAPSTAN_TEST_REQUIRE_ENGINE=1 the engine tests fail instead of skipping
 
 PEERS_DIR="$(mktemp -d /tmp/capstan-peers.XXXXXX)"
 PEER_PIDS=()
@@ -121,3 +124,4 @@ done
 skopeo --version
 openssl version
 export CAPSTAN_TEST_REQUIRE_SKOPEO=1
+source .ci/engine.sh

@@ -10,6 +10,8 @@ mod applier;
 mod backoff;
 mod backups;
 mod closure;
+#[allow(dead_code)] // the runtime session wires the engine into the run loop
+mod engine;
 mod enroll;
 mod handler;
 mod ingress;
