@@ -10,7 +10,6 @@ mod applier;
 mod backoff;
 mod backups;
 mod closure;
-#[allow(dead_code)] // the runtime session wires the engine into the run loop
 mod engine;
 mod enroll;
 mod handler;
@@ -26,6 +25,7 @@ mod state;
 mod status;
 mod token;
 mod wire;
+mod workloads;
 
 use capstan_core::Refusal;
 use clap::{Parser, Subcommand};
@@ -140,6 +140,17 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// set-hostname` (which needs root).
         #[arg(long, env = "CAPSTAN_AGENT_HOSTNAME_FILE", value_name = "PATH")]
         hostname_file: Option<PathBuf>,
+        /// The container engine the node's workloads run on: the Docker Engine API at a unix
+        /// socket (Docker's, or Podman's `podman system service`) or an http address.
+        #[arg(long, env = "CAPSTAN_AGENT_ENGINE", default_value = "unix:///run/docker.sock", value_name = "ENDPOINT")]
+        engine: String,
+        /// Where services' volumes live: volume NAME of service ID is DIR/ID/NAME (the place
+        /// backups read). Default: the state directory's volumes/.
+        #[arg(long, env = "CAPSTAN_AGENT_VOLUMES_DIR", value_name = "DIR")]
+        volumes_dir: Option<PathBuf>,
+        /// Only beat and apply the hostname: run no workloads (no runtime session).
+        #[arg(long)]
+        no_workloads: bool,
     },
     /// Show what this machine is enrolled as and how its last beat went (no request is made).
     Status {
@@ -240,10 +251,25 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             );
             Ok(())
         }
-        Command::Run { interval, hostname_file } => {
+        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads } => {
             let is_root = rustix::process::geteuid().is_root();
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let workloads = (!no_workloads).then(|| {
+                let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
+                let options = workloads::Options { state: state.clone(), engine, volumes_dir };
+                tokio::spawn(workloads::run(options, stopped))
+            });
             let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root) };
-            run::run(options, shutdown_signal()).await
+            let shutdown = async move {
+                let why = shutdown_signal().await;
+                let _ = stop.send(true);
+                why
+            };
+            let ran = run::run(options, shutdown).await;
+            if let Some(workloads) = workloads {
+                let _ = workloads.await;
+            }
+            ran
         }
         Command::Status { json } => {
             if json {

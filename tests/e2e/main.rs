@@ -37,6 +37,7 @@ mod plugins;
 mod registry;
 mod relays;
 mod relays_cli;
+mod runtime;
 mod runtime_cli;
 mod s3;
 mod secrets;

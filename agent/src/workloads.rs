@@ -1,0 +1,640 @@
+//! The node's runtime session (docs/runtime.md): `capstan-agent run` opens Capstan's socket as
+//! an `agent` session with its node credential, registers a runtime session under a nonce
+//! drawn once per process, takes the assignments Capstan pushes, runs them through the
+//! container engine (`engine`), and reports what it observes and the stops and removals it
+//! carried out. Capstan decides restarts: a container that exits is reported, never restarted
+//! here.
+//!
+//! After a restart the agent adopts the containers carrying its labels: Capstan pushes every
+//! current assignment to the new session, and a labelled container whose assignment Capstan
+//! does not know (`assignment-unknown`) is an orphan, stopped and removed.
+
+use crate::engine::{ContainerSpec, Engine, Observed, Phase, PortSpec, Probe, Protocol, PullAuth};
+use crate::relay::{PROTOCOL, socket_url};
+use crate::state::StateDir;
+use capstan_core::Refusal;
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+use zeroize::Zeroizing;
+
+/// How the runtime session runs.
+pub struct Options {
+    /// The state directory (the node credential).
+    pub state: StateDir,
+    /// The container engine's endpoint.
+    pub engine: String,
+    /// Where services' volumes live: volume NAME of service ID is DIR/ID/NAME.
+    pub volumes_dir: PathBuf,
+}
+
+/// Between reconcile passes.
+const TICK: Duration = Duration::from_secs(1);
+/// How long a container is given to stop.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long a labelled container nobody pushed is left alone after a session registers.
+const ADOPTION_GRACE: Duration = Duration::from_secs(15);
+/// The longest wait between attempts to reach Capstan or the engine.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// An assignment as Capstan pushes it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Assignment {
+    assignment_id: String,
+    revision: u64,
+    service_id: String,
+    slot: String,
+    intent: String,
+    work: Work,
+    #[serde(default)]
+    pull: Option<Pull>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Work {
+    image: String,
+    #[serde(default)]
+    environment: BTreeMap<String, String>,
+    #[serde(default)]
+    ports: Vec<WorkPort>,
+    #[serde(default)]
+    volumes: Vec<WorkVolume>,
+    #[serde(default)]
+    health: Health,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkPort {
+    port: u16,
+    protocol: String,
+    #[serde(default)]
+    public_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkVolume {
+    name: String,
+    mount_path: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Health {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    interval_ms: Option<u64>,
+    #[serde(default)]
+    threshold: Option<u32>,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Pull {
+    server: String,
+    username: String,
+    password: String,
+}
+
+impl Drop for Pull {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.password);
+    }
+}
+
+impl std::fmt::Debug for Pull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pull").field("server", &self.server).field("username", &self.username).finish_non_exhaustive()
+    }
+}
+
+/// What the node said last of an assignment (reported again only when it changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Said {
+    phase: &'static str,
+    ready: bool,
+    digest: Option<String>,
+    cause: Option<String>,
+}
+
+/// An assignment this agent holds, and how far it got.
+#[derive(Debug)]
+struct Held {
+    assignment: Assignment,
+    container: Option<String>,
+    /// A start that failed: not tried again (Capstan decides a new attempt).
+    failed: Option<String>,
+    said: Option<Said>,
+    /// Passing probes in a row; failing probes in a row.
+    passes: u32,
+    failures: u32,
+    next_probe: Instant,
+    /// The receipt generation reported and accepted (2 stopped, 3 removed).
+    receipted: u32,
+}
+
+impl Held {
+    fn new(assignment: Assignment) -> Held {
+        Held { assignment, container: None, failed: None, said: None, passes: 0, failures: 0, next_probe: Instant::now(), receipted: 0 }
+    }
+}
+
+/// A report in flight: which assignment, and what it reported.
+#[derive(Debug, Clone)]
+enum Pending {
+    Observation(String, Said),
+    Receipt(String, u32),
+    Register,
+}
+
+/// Run the runtime session until `stop` turns true; never exits on a failure.
+pub async fn run(options: Options, mut stop: watch::Receiver<bool>) {
+    let nonce = nonce();
+    let mut held: HashMap<String, Held> = HashMap::new();
+    let mut delay = Duration::from_secs(1);
+    let mut engine: Option<Engine> = None;
+    loop {
+        if engine.is_none() {
+            match Engine::connect(&options.engine).await {
+                Ok(connected) => {
+                    tracing::info!(engine = %connected.describe(), "container engine reached");
+                    engine = Some(connected);
+                }
+                Err(refusal) => tracing::warn!(code = %refusal.code, "{}; workloads wait for it", refusal.message),
+            }
+        }
+        if let Some(engine) = &engine {
+            let mut session = Session {
+                options: &options,
+                engine,
+                nonce: &nonce,
+                held: &mut held,
+                next_id: 1,
+                pending: HashMap::new(),
+                registered: false,
+            };
+            let ended = session.run(&mut stop).await;
+            if session.registered {
+                delay = Duration::from_secs(1);
+            }
+            match ended {
+                Ok(()) => return,
+                Err(why) => tracing::warn!(retry_in = %humantime::format_duration(delay), "runtime session ended: {why}"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return,
+        }
+        delay = (delay * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// A lowercase UUID (v4) naming this process.
+fn nonce() -> String {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex = hex::encode(bytes);
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct Session<'a> {
+    options: &'a Options,
+    engine: &'a Engine,
+    nonce: &'a str,
+    held: &'a mut HashMap<String, Held>,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    /// Capstan accepted the registration on this socket.
+    registered: bool,
+}
+
+impl Session<'_> {
+    /// One socket's session: `Ok` when asked to stop, `Err` (why) when it ended otherwise.
+    async fn run(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), String> {
+        let credential = self.options.state.read_credential().map_err(|r| format!("{}: {}", r.code, r.message))?;
+        let url = socket_url(&credential.origin).map_err(|r| r.message.to_string())?;
+        let (mut ws, _) = tokio::time::timeout(Duration::from_secs(20), tokio_tungstenite::connect_async(url.as_str()))
+            .await
+            .map_err(|_| format!("connecting to {url} timed out"))?
+            .map_err(|e| format!("connecting to {url} failed: {e}"))?;
+        let bearer = credential.token.bearer();
+        let token = bearer.strip_prefix("Bearer ").unwrap_or(bearer.as_str());
+        let offer = Zeroizing::new(
+            json!({ "type": "offer", "kind": "agent", "protocols": [PROTOCOL], "node": credential.node_id, "token": token }).to_string(),
+        );
+        ws.send(Message::text(offer.as_str())).await.map_err(|e| e.to_string())?;
+        let welcome = read_frame(&mut ws).await?;
+        if welcome["type"] != "welcome" {
+            let code = welcome["error"]["code"].as_str().unwrap_or("unknown");
+            return Err(format!("the host refused the session: {code}"));
+        }
+        let id = self
+            .call(
+                &mut ws,
+                "runtime.registerSession",
+                json!({ "nodeId": credential.node_id, "nonce": self.nonce, "agentVersion": env!("CARGO_PKG_VERSION") }),
+                Pending::Register,
+            )
+            .await?;
+        tracing::debug!(call = id, "runtime session registering");
+        let registered_at = Instant::now();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.changed() => {
+                    let _ = ws.close(None).await;
+                    return Ok(());
+                }
+                frame = read_frame(&mut ws) => {
+                    let frame = frame?;
+                    self.frame(&mut ws, frame).await?;
+                }
+                _ = tick.tick() => {
+                    self.reconcile(&mut ws, registered_at.elapsed() >= ADOPTION_GRACE).await?;
+                }
+            }
+        }
+    }
+
+    async fn call(&mut self, ws: &mut Socket, method: &str, body: Value, pending: Pending) -> Result<u64, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert(id, pending);
+        let frame = json!({ "type": "call", "id": id, "method": method, "body": body });
+        ws.send(Message::text(frame.to_string())).await.map_err(|e| e.to_string())?;
+        Ok(id)
+    }
+
+    async fn frame(&mut self, ws: &mut Socket, frame: Value) -> Result<(), String> {
+        match frame["type"].as_str() {
+            Some("request") => {
+                let answer = match frame["method"].as_str() {
+                    Some("runtime.assign") => self.assign(frame["body"].clone()),
+                    _ => Err(Refusal::new("agent-method-unknown", "this session answers runtime.assign")),
+                };
+                let reply = match answer {
+                    Ok(result) => json!({ "type": "reply", "id": frame["id"], "result": result }),
+                    Err(refusal) => json!({ "type": "reply", "id": frame["id"], "error": refusal }),
+                };
+                ws.send(Message::text(reply.to_string())).await.map_err(|e| e.to_string())?;
+                // act on it at once rather than at the next tick
+                self.reconcile(ws, false).await
+            }
+            Some("result") | Some("error") => {
+                let Some(pending) = frame["id"].as_u64().and_then(|id| self.pending.remove(&id)) else { return Ok(()) };
+                self.answered(pending, &frame).await;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn assign(&mut self, body: Value) -> Result<Value, Refusal> {
+        let assignment: Assignment =
+            serde_json::from_value(body).map_err(|e| Refusal::new("assignment-invalid", format!("the assignment does not read: {e}")))?;
+        match self.held.get_mut(&assignment.assignment_id) {
+            Some(held) if held.assignment.revision >= assignment.revision => {}
+            Some(held) => {
+                tracing::info!(assignment = %assignment.assignment_id, slot = %assignment.slot, intent = %assignment.intent, "assignment moved");
+                held.assignment = assignment;
+            }
+            None => {
+                tracing::info!(assignment = %assignment.assignment_id, slot = %assignment.slot, intent = %assignment.intent, "assignment received");
+                self.held.insert(assignment.assignment_id.clone(), Held::new(assignment));
+            }
+        }
+        Ok(json!({ "accepted": true }))
+    }
+
+    async fn answered(&mut self, pending: Pending, frame: &Value) {
+        let refusal = frame.get("error");
+        match pending {
+            Pending::Register => match refusal {
+                None => {
+                    self.registered = true;
+                    tracing::info!(epoch = %frame["result"]["sessionEpoch"], "runtime session registered");
+                }
+                Some(error) => tracing::warn!(code = %error["code"], "the runtime session was refused: {}", error["message"]),
+            },
+            Pending::Observation(id, said) => match refusal {
+                None => {
+                    if let Some(held) = self.held.get_mut(&id) {
+                        held.said = Some(said);
+                    }
+                }
+                Some(error) if error["data"]["reason"] == "assignment-unknown" => self.orphaned(&id).await,
+                Some(error) => tracing::warn!(assignment = %id, reason = %error["data"]["reason"], "an observation was refused"),
+            },
+            Pending::Receipt(id, generation) => match refusal {
+                None => {
+                    if generation == 3 {
+                        self.held.remove(&id);
+                    } else if let Some(held) = self.held.get_mut(&id) {
+                        held.receipted = generation;
+                    }
+                }
+                Some(error) if error["data"]["reason"] == "assignment-unknown" => {
+                    self.held.remove(&id);
+                }
+                Some(error) => tracing::warn!(assignment = %id, reason = %error["data"]["reason"], "a receipt was refused"),
+            },
+        }
+    }
+
+    /// Capstan knows no assignment `id`: whatever carries it goes.
+    async fn orphaned(&mut self, id: &str) {
+        self.held.remove(id);
+        if let Ok(containers) = self.engine.list().await {
+            for container in containers.iter().filter(|c| c.assignment_id == id) {
+                tracing::info!(assignment = %id, container = %container.container_id, "removing a container Capstan no longer assigns");
+                if let Err(refusal) = self.engine.stop_and_remove(&container.container_id, STOP_GRACE).await {
+                    tracing::warn!(code = %refusal.code, "removing an orphan failed: {}", refusal.message);
+                }
+            }
+        }
+    }
+
+    /// Make every held assignment true, and report what changed.
+    async fn reconcile(&mut self, ws: &mut Socket, adopt: bool) -> Result<(), String> {
+        let containers = match self.engine.list().await {
+            Ok(containers) => containers,
+            Err(refusal) => return Err(format!("{}: {}", refusal.code, refusal.message)),
+        };
+        let ids: Vec<String> = self.held.keys().cloned().collect();
+        for id in ids {
+            let found = containers.iter().find(|c| c.assignment_id == id).cloned();
+            let Some(held) = self.held.get_mut(&id) else { continue };
+            let step = step(self.engine, &self.options.volumes_dir, held, found).await;
+            match step {
+                Step::Observe(said) => {
+                    let in_flight = self.pending.values().any(|p| matches!(p, Pending::Observation(i, s) if i == &id && s == &said));
+                    if held.said.as_ref() != Some(&said) && !in_flight {
+                        let body = json!({ "assignmentId": id, "generation": 1, "phase": said.phase, "ready": said.ready,
+                                           "imageDigest": said.digest, "restartCount": 0, "cause": said.cause, "observedAt": now_ms() });
+                        self.call(ws, "runtime.reportObservation", body, Pending::Observation(id.clone(), said)).await?;
+                    }
+                }
+                Step::Receipt(generation) => {
+                    let in_flight = self.pending.values().any(|p| matches!(p, Pending::Receipt(i, g) if i == &id && *g == generation));
+                    if !in_flight {
+                        let body = json!({ "assignmentId": id, "generation": generation });
+                        self.call(ws, "runtime.reportReceipt", body, Pending::Receipt(id.clone(), generation)).await?;
+                    }
+                }
+                Step::Nothing => {}
+            }
+        }
+        if adopt {
+            // labelled containers no assignment names: asked about once; an unknown one is removed
+            let unknown: Vec<&Observed> =
+                containers.iter().filter(|c| !c.assignment_id.is_empty() && !self.held.contains_key(&c.assignment_id)).collect();
+            for container in unknown {
+                let asked = self.pending.values().any(|p| matches!(p, Pending::Observation(i, _) if i == &container.assignment_id));
+                if !asked {
+                    let said = observed_said(container, false);
+                    let body = json!({ "assignmentId": container.assignment_id, "generation": 1, "phase": said.phase, "ready": false,
+                                       "imageDigest": said.digest, "restartCount": 0, "cause": said.cause, "observedAt": now_ms() });
+                    self.call(ws, "runtime.reportObservation", body, Pending::Observation(container.assignment_id.clone(), said)).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a reconcile of one assignment asks to report.
+enum Step {
+    Observe(Said),
+    Receipt(u32),
+    Nothing,
+}
+
+fn said(phase: &'static str, ready: bool, digest: Option<String>, cause: Option<String>) -> Said {
+    Said { phase, ready, digest, cause }
+}
+
+/// What the engine's view of a container says, before any probe.
+fn observed_said(container: &Observed, ready: bool) -> Said {
+    match container.phase {
+        Phase::Running => said("running", ready, container.image_digest.clone(), None),
+        Phase::Created => said("starting", false, container.image_digest.clone(), None),
+        Phase::Exited | Phase::Dead => said("exited", false, container.image_digest.clone(), container.cause.clone()),
+        Phase::Unknown => said(
+            "failed",
+            false,
+            container.image_digest.clone(),
+            container.cause.clone().or(Some("the engine reports an unknown state".into())),
+        ),
+    }
+}
+
+async fn step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Held, found: Option<Observed>) -> Step {
+    match held.assignment.intent.as_str() {
+        "run" => run_step(engine, volumes_dir, held, found).await,
+        "stop" | "remove" => {
+            let generation = if held.assignment.intent == "stop" { 2 } else { 3 };
+            if held.receipted >= generation {
+                return Step::Nothing;
+            }
+            if let Some(container) = found.as_ref().map(|c| c.container_id.clone()).or(held.container.clone()) {
+                if let Err(refusal) = engine.stop_and_remove(&container, STOP_GRACE).await {
+                    tracing::warn!(code = %refusal.code, "stopping a container failed: {}", refusal.message);
+                    return Step::Nothing;
+                }
+                tracing::info!(assignment = %held.assignment.assignment_id, slot = %held.assignment.slot, "container stopped and removed");
+                held.container = None;
+            }
+            // a stop removes too: its removal receipt follows as soon as Capstan asks for it
+            Step::Receipt(generation)
+        }
+        _ => Step::Nothing,
+    }
+}
+
+async fn run_step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Held, found: Option<Observed>) -> Step {
+    if let Some(cause) = &held.failed {
+        return Step::Observe(said("failed", false, None, Some(cause.clone())));
+    }
+    let container = match found {
+        Some(container) => {
+            held.container = Some(container.container_id.clone());
+            container
+        }
+        None if held.container.is_some() => {
+            // it was there and is gone (removed behind the agent's back, or the engine lost it)
+            held.failed = Some("the container is gone".into());
+            return Step::Observe(said("failed", false, None, held.failed.clone()));
+        }
+        None => match start(engine, volumes_dir, &held.assignment).await {
+            Ok(id) => {
+                tracing::info!(assignment = %held.assignment.assignment_id, slot = %held.assignment.slot, container = %id, "container started");
+                held.container = Some(id.clone());
+                match engine.observe(&id).await {
+                    Ok(Some(container)) => container,
+                    _ => return Step::Observe(said("starting", false, None, None)),
+                }
+            }
+            Err(cause) => {
+                tracing::warn!(assignment = %held.assignment.assignment_id, "starting failed: {cause}");
+                held.failed = Some(cause.clone());
+                return Step::Observe(said("failed", false, None, Some(cause)));
+            }
+        },
+    };
+    if container.phase != Phase::Running {
+        return Step::Observe(observed_said(&container, false));
+    }
+    let health = &held.assignment.work.health;
+    let probe = match (health.kind.as_str(), health.port) {
+        ("tcp", Some(port)) => Some(Probe::Tcp { port }),
+        ("http", Some(port)) => Some(Probe::Http { port, path: health.path.clone().unwrap_or_else(|| "/".into()) }),
+        _ => None,
+    };
+    let Some(probe) = probe else { return Step::Observe(observed_said(&container, true)) };
+    if Instant::now() >= held.next_probe {
+        let interval = Duration::from_millis(health.interval_ms.unwrap_or(5_000));
+        // until the first pass, probe every second so readiness shows promptly
+        held.next_probe = Instant::now() + if held.passes == 0 { Duration::from_secs(1) } else { interval };
+        let target = container.address.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        match crate::engine::probe(&probe, target).await {
+            Ok(()) => {
+                held.passes += 1;
+                held.failures = 0;
+            }
+            Err(why) => {
+                held.failures += 1;
+                if held.passes > 0 && held.failures >= health.threshold.unwrap_or(3) {
+                    return Step::Observe(said(
+                        "unhealthy",
+                        false,
+                        container.image_digest.clone(),
+                        Some(format!("health check failing: {why}")),
+                    ));
+                }
+            }
+        }
+    }
+    let ready = held.passes > 0 && held.failures == 0;
+    Step::Observe(observed_said(&container, ready))
+}
+
+/// Pull the image and start the container; the cause in words when it fails.
+async fn start(engine: &Engine, volumes_dir: &std::path::Path, assignment: &Assignment) -> Result<String, String> {
+    let auth =
+        assignment.pull.as_ref().map(|p| PullAuth { username: p.username.clone(), password: p.password.clone(), server: p.server.clone() });
+    engine.pull(&assignment.work.image, auth.as_ref()).await.map_err(|r| format!("image pull failed: {}", r.message))?;
+    let work = &assignment.work;
+    let ports = work
+        .ports
+        .iter()
+        .filter_map(|p| {
+            let protocol = if p.protocol == "udp" { Protocol::Udp } else { Protocol::Tcp };
+            p.public_port.map(|host| PortSpec { container_port: p.port, protocol, host_port: Some(host), host_ip: None })
+        })
+        .collect();
+    let volumes = work.volumes.iter().map(|v| (volumes_dir.join(&assignment.service_id).join(&v.name), v.mount_path.clone())).collect();
+    let spec = ContainerSpec {
+        service_id: assignment.service_id.clone(),
+        slot: assignment.slot.clone(),
+        assignment_id: assignment.assignment_id.clone(),
+        image: work.image.clone(),
+        environment: work.environment.clone(),
+        ports,
+        volumes,
+        command: None,
+    };
+    engine.start(&spec).await.map_err(|r| format!("{}: {}", r.code, r.message))
+}
+
+async fn read_frame(ws: &mut Socket) -> Result<Value, String> {
+    loop {
+        match ws.next().await {
+            None => return Err("the host dropped the connection".into()),
+            Some(Err(e)) => return Err(format!("reading from the socket failed: {e}")),
+            Some(Ok(Message::Text(text))) => {
+                return serde_json::from_str(text.as_str()).map_err(|_| "the host sent a frame that is not JSON".to_string());
+            }
+            Some(Ok(Message::Close(frame))) => {
+                let why = frame.map(|f| format!("{} {}", u16::from(f.code), f.reason)).unwrap_or_default();
+                return Err(format!("the host closed the session ({why})"));
+            }
+            Some(Ok(_)) => continue,
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nonce_is_a_lowercase_uuid_drawn_anew() {
+        let (a, b) = (nonce(), nonce());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.as_bytes()[14], b'4', "version 4: {a}");
+        assert!(a.bytes().enumerate().all(|(i, c)| if [8, 13, 18, 23].contains(&i) {
+            c == b'-'
+        } else {
+            c.is_ascii_hexdigit() && !c.is_ascii_uppercase()
+        }));
+    }
+
+    #[test]
+    fn an_assignment_reads_as_capstan_pushes_it_and_its_password_is_never_printed() {
+        let body = json!({ "assignmentId": "asg_1", "revision": 2, "serviceId": "svc_1", "slot": "node_1.0", "intent": "run", "generation": 1,
+            "work": { "image": "capstan.test/workloads/web-1@sha256:00", "environment": { "A": "b" },
+                      "ports": [{ "port": 8080, "protocol": "tcp", "publicPort": 18080 }], "volumes": [{ "name": "data", "mountPath": "/data" }],
+                      "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 5000, "threshold": 3 }, "restart": "on-failure" },
+            "pull": { "server": "capstan.test", "username": "capstan-pull.pcr_1", "password": "capstan_pull_secret", "expiresAt": 1 } });
+        let assignment: Assignment = serde_json::from_value(body).unwrap();
+        assert_eq!(assignment.work.ports[0].public_port, Some(18080));
+        assert_eq!(assignment.work.health.kind, "http");
+        let shown = format!("{assignment:?}");
+        assert!(!shown.contains("capstan_pull_secret"), "{shown}");
+    }
+
+    #[test]
+    fn what_the_engine_says_becomes_the_words_capstan_reads() {
+        let mut container = Observed {
+            container_id: "c1".into(),
+            service_id: "svc_1".into(),
+            slot: "node_1.0".into(),
+            assignment_id: "asg_1".into(),
+            phase: Phase::Running,
+            exit_code: None,
+            started_at: None,
+            finished_at: None,
+            image_digest: Some("sha256:ab".into()),
+            address: None,
+            published: vec![],
+            cause: None,
+        };
+        assert_eq!(observed_said(&container, true), said("running", true, Some("sha256:ab".into()), None));
+        container.phase = Phase::Exited;
+        container.cause = Some("exited with status 1".into());
+        assert_eq!(observed_said(&container, true), said("exited", false, Some("sha256:ab".into()), Some("exited with status 1".into())));
+    }
+}

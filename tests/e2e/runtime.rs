@@ -1,0 +1,541 @@
+//! Services run, end to end: `capstan serve --dev` on the host and a cluster of two nodes, each
+//! in a network namespace of its own with its own container engine (Podman's Docker-compatible
+//! service) and its own `capstan-agent run`. Images built here (busybox httpd, FROM scratch) are
+//! pushed into Capstan's registry with skopeo by a deployer and promoted; the runtime runs them:
+//! the container answers HTTP on both nodes; a new image rolls one slot at a time (some node
+//! answers throughout); a second service scales 1 → 2 per node and back; `kill -9` of an agent
+//! mid-rollout leaves no duplicate once it is back; a node whose agent stopped is reported and
+//! its slot waits; deleting the services leaves no container.
+//!
+//! Each node reaches Capstan at http://127.0.0.1:PORT as on one machine: a forwarder inside its
+//! namespace carries that address to the host's end of its link, where another carries it to
+//! Capstan (tests/peers/forward). Needs root, iproute2, nsenter, podman, runc, buildah, skopeo
+//! and busybox-static; without them the test skips, saying why, unless
+//! CAPSTAN_TEST_REQUIRE_ENGINE is set (`.ci/run` sets it), when it fails.
+
+use crate::nodes::agent_binary;
+use crate::support::{Capstan, TEST_ADMIN, dev_command, eventually, ok, with_test_admin};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a step that needs pulls, starts and probes may take on a loaded CI machine.
+const CONVERGE: Duration = Duration::from_secs(180);
+
+/// Why the test cannot run here, if it cannot.
+fn missing() -> Option<String> {
+    if !rustix_is_root() {
+        return Some("network namespaces need root".into());
+    }
+    for tool in ["ip", "nsenter", "podman", "buildah", "skopeo", "python3", "curl"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!("{tool} is not on PATH (.ci/engine.sh installs podman, runc, buildah and busybox-static)"));
+        }
+    }
+    if !Path::new("/bin/busybox").is_file() {
+        return Some("/bin/busybox is missing (apt-get install busybox-static)".into());
+    }
+    None
+}
+
+fn rustix_is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Skip (saying why), or fail when the engine tests are mandatory.
+fn skipped() -> bool {
+    let Some(why) = missing() else { return false };
+    assert!(std::env::var_os("CAPSTAN_TEST_REQUIRE_ENGINE").is_none(), "the runtime test cannot run: {why}");
+    eprintln!("skipped: {why}");
+    true
+}
+
+fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program} {args:?}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/forward/forward.py");
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns, "python3"]);
+            cmd
+        }
+        None => Command::new("python3"),
+    };
+    cmd.arg(&script).args([listen, target]).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("starting the forwarder");
+    // it prints one line once it listens
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    assert!(line.starts_with("forwarding"), "the forwarder {listen} -> {target} did not start: {line:?}");
+    child
+}
+
+/// Images built once: busybox httpd serving a page that names the image.
+struct Images {
+    dir: PathBuf,
+}
+
+impl Images {
+    fn build(dir: &Path, names: &[&str]) -> Images {
+        let storage = ["--storage-driver", "vfs", "--root"];
+        for name in names {
+            let context = dir.join(format!("context-{name}"));
+            std::fs::create_dir_all(context.join("rootfs/bin")).unwrap();
+            std::fs::create_dir_all(context.join("rootfs/www")).unwrap();
+            std::fs::copy("/bin/busybox", context.join("rootfs/bin/busybox")).unwrap();
+            std::fs::write(context.join("rootfs/www/index.html"), format!("{name}\n")).unwrap();
+            std::fs::write(
+                context.join("Containerfile"),
+                "FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n",
+            )
+            .unwrap();
+            let root = dir.join("build-root");
+            let runroot = dir.join("build-run");
+            let mut args: Vec<String> = storage.iter().map(|s| s.to_string()).collect();
+            args.extend([root.display().to_string(), "--runroot".into(), runroot.display().to_string()]);
+            let mut bud = args.clone();
+            bud.extend(["bud".into(), "--quiet".into(), "-t".into(), format!("localhost/page:{name}"), context.display().to_string()]);
+            run("buildah", &bud.iter().map(String::as_str).collect::<Vec<_>>());
+            let mut push = args;
+            push.extend([
+                "push".into(),
+                "--quiet".into(),
+                format!("localhost/page:{name}"),
+                format!("oci-archive:{}", dir.join(format!("{name}.tar")).display()),
+            ]);
+            run("buildah", &push.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+        Images { dir: dir.to_path_buf() }
+    }
+
+    fn archive(&self, name: &str) -> String {
+        format!("oci-archive:{}", self.dir.join(format!("{name}.tar")).display())
+    }
+}
+
+/// A node: its namespace and link, its engine, the forwarders, its agent.
+struct Node {
+    netns: String,
+    veth: String,
+    node_ip: String,
+    dir: PathBuf,
+    engine: Child,
+    forwarders: Vec<Child>,
+    agent: Option<Child>,
+    node_id: String,
+}
+
+impl Node {
+    fn start(dir: &Path, index: u32, capstan_port: u16) -> Node {
+        let tag = std::process::id() % 10_000;
+        let (netns, veth, peer) = (format!("capstan-rt-{tag}-{index}"), format!("crt{tag}n{index}"), format!("crt{tag}p{index}"));
+        let subnet = 100 + (tag % 70) * 2 + index;
+        let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
+        let _ = Command::new("ip").args(["netns", "del", &netns]).output();
+        run("ip", &["netns", "add", &netns]);
+        run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
+        run("ip", &["link", "set", &peer, "netns", &netns]);
+        run("ip", &["addr", "add", &format!("{host_ip}/24"), "dev", &veth]);
+        run("ip", &["link", "set", &veth, "up"]);
+        run("ip", &["netns", "exec", &netns, "ip", "addr", "add", &format!("{node_ip}/24"), "dev", &peer]);
+        run("ip", &["netns", "exec", &netns, "ip", "link", "set", &peer, "up"]);
+        run("ip", &["netns", "exec", &netns, "ip", "link", "set", "lo", "up"]);
+        let dir = dir.join(format!("node-{index}"));
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        let nofile = run("sh", &["-c", "ulimit -Hn"]).trim().replace("unlimited", "1048576");
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\ndefault_ulimits = [\"nofile={nofile}:{nofile}\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nlock_type = \"file\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("registries.conf"), format!("[[registry]]\nlocation = \"127.0.0.1:{capstan_port}\"\ninsecure = true\n"))
+            .unwrap();
+        let socket = dir.join("engine.sock");
+        // nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts runc needs
+        let engine = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .arg("podman")
+            .args(engine_storage(&dir))
+            .args(["system", "service", "--time=0", &format!("unix://{}", socket.display())])
+            .env("CONTAINERS_CONF", dir.join("containers.conf"))
+            .env("CONTAINERS_REGISTRIES_CONF", dir.join("registries.conf"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("engine.log")).unwrap())
+            .spawn()
+            .expect("starting podman system service");
+        let address = format!("127.0.0.1:{capstan_port}");
+        let forwarders = vec![
+            forwarder(None, &format!("{host_ip}:{capstan_port}"), &address),
+            forwarder(Some(&netns), &address, &format!("{host_ip}:{capstan_port}")),
+        ];
+        let node = Node { netns, veth, node_ip, dir, engine, forwarders, agent: None, node_id: String::new() };
+        eventually("the node's engine answers", Duration::from_secs(60), || {
+            node.engine_get("/v1.41/version").map(drop).ok_or_else(|| "not yet".to_string())
+        });
+        node
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.join("agent-state")
+    }
+
+    fn enroll(&mut self, code: &str, port: u16) {
+        let state = self.state_dir();
+        std::fs::create_dir_all(&state).unwrap();
+        run("chmod", &["700", &state.display().to_string()]);
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(agent_binary())
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["enroll", &format!("http://127.0.0.1:{port}"), "--hostname", &self.netns])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{code}\n").as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "enrolling {}: {text}\n{}", self.netns, String::from_utf8_lossy(&out.stderr));
+        self.node_id = text.split_whitespace().skip_while(|w| *w != "node").nth(1).unwrap().to_string();
+    }
+
+    fn start_agent(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("agent.log")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(agent_binary())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(["run", "--interval", "1s", "--hostname-file"])
+            .arg(self.dir.join("hostname"))
+            .arg("--engine")
+            .arg(format!("unix://{}", self.dir.join("engine.sock").display()))
+            .arg("--volumes-dir")
+            .arg(self.dir.join("volumes"))
+            .env("CAPSTAN_AGENT_LOG", "capstan_agent=debug,warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.agent = Some(child);
+    }
+
+    /// SIGKILL (`kill -9`) or SIGTERM the agent.
+    fn stop_agent(&mut self, hard: bool) {
+        if let Some(mut agent) = self.agent.take() {
+            let signal = if hard { "-KILL" } else { "-TERM" };
+            // `ip netns exec` execs the agent: the child's pid is the agent's
+            run("kill", &[signal, &agent.id().to_string()]);
+            let _ = agent.wait();
+        }
+    }
+
+    fn engine_get(&self, path: &str) -> Option<Value> {
+        let socket = self.dir.join("engine.sock");
+        let out = Command::new("curl")
+            .args(["-fsS", "--max-time", "5", "--unix-socket"])
+            .arg(&socket)
+            .arg(format!("http://engine{path}"))
+            .output()
+            .ok()?;
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    /// The containers of `service_id` on this node's engine, every state.
+    fn containers(&self, service_id: &str) -> Vec<Value> {
+        let filter = format!("{{\"label\":[\"capstan.service={service_id}\"]}}");
+        let path = format!("/v1.41/containers/json?all=true&filters={}", url_encode(&filter));
+        self.engine_get(&path).and_then(|v| v.as_array().cloned()).unwrap_or_default()
+    }
+
+    /// What the node's published port 18080 answers, if anything.
+    fn page(&self) -> Option<String> {
+        let out = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{}:18080/", self.node_ip)]).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+}
+
+fn engine_storage(dir: &Path) -> Vec<String> {
+    vec![
+        "--storage-driver".into(),
+        "vfs".into(),
+        "--root".into(),
+        dir.join("root").display().to_string(),
+        "--runroot".into(),
+        dir.join("run").display().to_string(),
+        "--tmpdir".into(),
+        dir.join("tmp").display().to_string(),
+    ]
+}
+
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_agent(true);
+        // what a failed test left running goes, then the engine, the namespace and the link
+        let _ = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg("podman")
+            .args(engine_storage(&self.dir))
+            .args(["rm", "--all", "--force", "--time", "0"])
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .output();
+        let _ = self.engine.kill();
+        let _ = self.engine.wait();
+        for forwarder in &mut self.forwarders {
+            let _ = forwarder.kill();
+            let _ = forwarder.wait();
+        }
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let prefix = self.dir.display().to_string();
+        let mut ours: Vec<&str> = mounts.lines().filter_map(|l| l.split_whitespace().nth(1)).filter(|m| m.starts_with(&prefix)).collect();
+        ours.sort_by(|a, b| b.cmp(a));
+        for mount in ours {
+            let _ = Command::new("umount").args(["-l", mount]).output();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.netns]).output();
+        let _ = Command::new("ip").args(["link", "del", &self.veth]).output();
+    }
+}
+
+/// The test's Capstan, its administrator and a deployer of the service.
+struct World {
+    server: Capstan,
+    admin: String,
+    port: u16,
+    images: Images,
+}
+
+impl World {
+    fn ok(&self, method: &str, body: Value) -> Value {
+        ok(&self.server, &self.admin, method, body)
+    }
+
+    fn status(&self, service: &str) -> Value {
+        self.ok("runtime.getServiceStatus", json!({ "serviceId": service }))["targets"][0].clone()
+    }
+
+    /// Push `image` to the service's repository as a release `tag` through a deployment
+    /// operation, and promote it: the service then runs its digest.
+    fn release(&self, service: &str, deployer: &(String, String), tag: &str, image: &str) -> String {
+        let session = self.server.call("auth.exchangeToken", &json!({ "token": deployer.1 }).to_string()).expect_json(200);
+        let machine = session["token"].as_str().unwrap().to_string();
+        let reserve = json!({ "serviceId": service, "tag": tag, "mutationId": format!("release-{service}-{tag}") });
+        let operation = self.server.call_as(&machine, "deployments.reserve", &reserve).expect_json(200);
+        let reference = operation["reference"].as_str().unwrap().to_string();
+        let creds = format!("{}:{}", deployer.0, deployer.1);
+        run(
+            "skopeo",
+            &[
+                "--insecure-policy",
+                "copy",
+                "--quiet",
+                "--dest-tls-verify=false",
+                "--dest-creds",
+                &creds,
+                &self.images.archive(image),
+                &format!("docker://{reference}"),
+            ],
+        );
+        let status = self.server.call_as(&machine, "deployments.getStatus", &json!({ "operationId": operation["id"] })).expect_json(200);
+        assert_eq!(status["state"], "image-pushed", "{status}");
+        let current = self.ok("services.get", json!({ "id": service }));
+        let promote = json!({ "operationId": operation["id"], "expectedRevision": status["revision"], "expectedServiceRevision": current["revision"] });
+        let promoted = self.server.call_as(&machine, "deployments.promote", &promote).expect_json(200);
+        assert_eq!(promoted["state"], "promoted", "{promoted}");
+        status["digest"].as_str().unwrap().to_string()
+    }
+
+    fn converged(&self, service: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        eventually(what, CONVERGE, || {
+            let target = self.status(service);
+            if target["verdict"]["state"] == "converged" && check(&target) { Ok(target) } else { Err(target.to_string()) }
+        })
+    }
+}
+
+#[test]
+fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and_leave_nothing_behind() {
+    if skipped() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let images = Images::build(dir.path(), &["v1", "v2", "v3"]);
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let w = World { server, admin, port, images };
+    // a node stops counting as live 3 s after its last beat
+    let settings = w.ok("settings.get", json!({}));
+    w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "nodeObservationFreshnessMs": 3000 } }));
+
+    let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = w.ok("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let web = w.ok(
+        "services.create",
+        json!({ "organizationId": org, "name": "web", "image": "nginx:1.27", "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18080 }] }),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let created = w.ok("deployers.create", json!({ "username": "ci-web" }));
+    let capabilities = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
+    w.ok("deployers.grant", json!({ "serviceId": web, "userId": created["userId"], "capabilities": capabilities }));
+    let deployer = (created["username"].as_str().unwrap().to_string(), created["token"].as_str().unwrap().to_string());
+    let v1 = w.release(&web, &deployer, "1.0.0", "v1");
+
+    // ---- two nodes, each its own namespace, engine and agent ----
+    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, w.port)).collect();
+    for node in &mut nodes {
+        let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
+        node.enroll(&code, w.port);
+        node.start_agent();
+    }
+    for node in &nodes {
+        eventually("the node is live", CONVERGE, || {
+            let got = w.ok("nodes.get", json!({ "id": node.node_id }));
+            if got["live"] == true { Ok(()) } else { Err(got.to_string()) }
+        });
+    }
+
+    // ---- the spec: every node, one replica, an HTTP health check ----
+    let started = Instant::now();
+    let spec = w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000, "threshold": 2 } }),
+    );
+    let target = w.converged(&web, "web runs on both nodes", |t| t["slots"].as_array().is_some_and(|s| s.len() == 2));
+    eprintln!("runtime.setServiceSpec to two ready containers (first pulls included): {:.1} s", started.elapsed().as_secs_f64());
+    for slot in target["slots"].as_array().unwrap() {
+        assert_eq!((slot["phase"].as_str(), slot["ready"].as_bool()), (Some("running"), Some(true)), "{target}");
+        assert_eq!(slot["imageDigest"], v1.as_str(), "{target}");
+    }
+    for node in &nodes {
+        assert_eq!(node.page().as_deref(), Some("v1"), "{} answers on its own address", node.netns);
+        assert_eq!(node.containers(&web).len(), 1);
+    }
+
+    // ---- a new image rolls one slot at a time: some node answers throughout ----
+    let v2 = w.release(&web, &deployer, "2.0.0", "v2");
+    let deadline = Instant::now() + CONVERGE;
+    let mut seen_mixed = false;
+    loop {
+        let pages: Vec<Option<String>> = nodes.iter().map(Node::page).collect();
+        assert!(pages.iter().any(Option::is_some), "no node answered during the rollout: {pages:?}");
+        seen_mixed |= pages.contains(&Some("v1".into())) && pages.contains(&Some("v2".into()));
+        if pages.iter().all(|p| p.as_deref() == Some("v2")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rollout did not finish: {pages:?} {}", w.status(&web));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let target =
+        w.converged(&web, "web runs v2 everywhere", |t| t["slots"].as_array().unwrap().iter().all(|s| s["imageDigest"] == v2.as_str()));
+    assert!(target["slots"].as_array().unwrap().iter().all(|s| s["restarts"] == 1), "each slot was replaced once: {target}");
+    eprintln!("rolled v1 -> v2 one slot at a time (both versions answered at once: {seen_mixed})");
+
+    // ---- kill -9 of an agent mid-rollout leaves no duplicate ----
+    let v3 = w.release(&web, &deployer, "3.0.0", "v3");
+    eventually("the rollout to v3 began", CONVERGE, || {
+        let target = w.status(&web);
+        if target["verdict"]["state"] != "converged" { Ok(()) } else { Err(target.to_string()) }
+    });
+    nodes[0].stop_agent(true);
+    std::thread::sleep(Duration::from_secs(2));
+    nodes[0].start_agent();
+    w.converged(&web, "web runs v3 everywhere", |t| t["slots"].as_array().unwrap().iter().all(|s| s["imageDigest"] == v3.as_str()));
+    for node in &nodes {
+        let containers = node.containers(&web);
+        assert_eq!(containers.len(), 1, "one container per node after the kill, no duplicate, no orphan: {containers:?}\n{}", node.log());
+        assert_eq!(node.page().as_deref(), Some("v3"));
+    }
+
+    // ---- a second service scales 1 -> 2 per node and back (no published port) ----
+    let api = w.ok(
+        "services.create",
+        json!({ "organizationId": org, "name": "api", "image": "nginx:1.27", "ports": [{ "port": 8080, "protocol": "tcp" }] }),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    w.ok("deployers.grant", json!({ "serviceId": api, "userId": created["userId"], "capabilities": capabilities }));
+    w.release(&api, &deployer, "1.0.0", "v1");
+    let api_spec = |revision: Value, replicas: u32| {
+        w.ok(
+            "runtime.setServiceSpec",
+            json!({ "serviceId": api, "clusterId": cluster, "expectedRevision": revision, "placement": { "everyNode": true },
+                    "replicasPerNode": replicas, "health": { "kind": "tcp", "port": 8080, "intervalMs": 1000 } }),
+        )
+    };
+    let written = api_spec(Value::Null, 1);
+    w.converged(&api, "api runs once per node", |t| t["slots"].as_array().unwrap().len() == 2);
+    let written = api_spec(written["revision"].clone(), 2);
+    w.converged(&api, "api runs twice per node", |t| t["slots"].as_array().unwrap().len() == 4);
+    for node in &nodes {
+        assert_eq!(node.containers(&api).len(), 2, "{}", node.netns);
+    }
+    api_spec(written["revision"].clone(), 1);
+    w.converged(&api, "api runs once per node again", |t| t["slots"].as_array().unwrap().len() == 2);
+    for node in &nodes {
+        eventually("the extra replica is removed", CONVERGE, || {
+            let n = node.containers(&api).len();
+            if n == 1 { Ok(()) } else { Err(format!("{n} containers")) }
+        });
+    }
+
+    // ---- a node whose agent stopped is reported, and its slot waits ----
+    nodes[1].stop_agent(false);
+    eventually("the stopped node reads offline", CONVERGE, || {
+        let got = w.ok("nodes.get", json!({ "id": nodes[1].node_id }));
+        if got["live"] == false { Ok(()) } else { Err(got.to_string()) }
+    });
+    w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": spec["revision"], "placement": { "everyNode": true },
+                "replicasPerNode": 1, "health": { "kind": "tcp", "port": 8080, "intervalMs": 1000 } }),
+    );
+    eventually("web waits for the offline node", CONVERGE, || {
+        let target = w.status(&web);
+        if target["verdict"] == json!({ "state": "waiting", "reason": "node-offline" }) { Ok(()) } else { Err(target.to_string()) }
+    });
+    nodes[1].start_agent();
+    w.converged(&web, "web converges once the node is back", |t| t["slots"].as_array().unwrap().iter().all(|s| s["ready"] == true));
+
+    // ---- deleting the services leaves no container ----
+    for service in [&web, &api] {
+        let current = w.ok("services.get", json!({ "id": service }));
+        w.ok("services.delete", json!({ "id": service, "expectedRevision": current["revision"] }));
+    }
+    for service in [&web, &api] {
+        eventually("the service is gone", CONVERGE, || {
+            let reply = w.server.call_as(&w.admin, "services.get", &json!({ "id": service }));
+            if reply.status == 404 { Ok(()) } else { Err(format!("{}", reply.status)) }
+        });
+    }
+    for node in &nodes {
+        assert!(node.containers(&web).is_empty() && node.containers(&api).is_empty(), "{} keeps containers", node.netns);
+    }
+    drop(nodes);
+}
