@@ -64,8 +64,12 @@ async fn fill(store: &Store) {
     let now = capstan_core::clock::now_ms();
     store
         .transact(|tx| async move {
-            tx.insert(capstan_inventory::CLUSTER_RUNTIMES, "cluster_1", json!({ "phase": "pallet", "generation": 1, "updatedAt": 0, "updatedBy": "bench" }))
-                .await?;
+            tx.insert(
+                capstan_inventory::CLUSTER_RUNTIMES,
+                "cluster_1",
+                json!({ "phase": "pallet", "generation": 1, "updatedAt": 0, "updatedBy": "bench" }),
+            )
+            .await?;
             for n in 0..NODES {
                 let node = json!({ "clusterId": "cluster_1", "name": format!("n{n}"), "hostname": format!("n{n}"), "hostnameIntent": null,
                                    "state": "active", "enrolledAt": 0, "lastReportAt": now + 3_600_000, "credentialGeneration": 1 });

@@ -224,8 +224,7 @@ pub fn plan(target: &Target, now: u64) -> Plan {
         let released: BTreeSet<&str> = steps.iter().filter(|s| s.case == Case::Settled).map(|s| s.slot.as_str()).collect();
         let extra = by_name.keys().any(|name| !desired.contains_key(*name) && !released.contains(name));
         let waiting_offline = desired.iter().any(|(name, node)| {
-            !cluster.live(node)
-                && !by_name.get(name.as_str()).is_some_and(|s| key.as_deref().is_some_and(|k| s.data.ready_at(k)))
+            !cluster.live(node) && !by_name.get(name.as_str()).is_some_and(|s| key.as_deref().is_some_and(|k| s.data.ready_at(k)))
         });
         if all_ready && !extra {
             Verdict::new("converged", None)
