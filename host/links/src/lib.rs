@@ -314,24 +314,16 @@ async fn replicas_of(tx: &Tx, service_id: &str) -> Result<Vec<Replica>> {
     let mut replicas = Vec::with_capacity(docs.len());
     for doc in &docs {
         let slot = capstan_inventory::parse::<capstan_runtime::slots::Slot>(doc)?.data;
-        let a = &slot.assignment;
-        let observed = a.observation.as_ref();
-        // as `runtime.getServiceStatus` words it: the receipts first, then the node's words
-        let phase = match (a.removed_at, a.stopped_at, observed) {
-            (Some(_), _, _) => "removed".to_string(),
-            (None, Some(_), _) => "stopped".to_string(),
-            (None, None, Some(o)) => o.phase.clone(),
-            (None, None, None) => "pending".to_string(),
-        };
+        // as `runtime.getServiceStatus` words it
         replicas.push(Replica {
-            intent: match a.intent {
+            intent: match slot.assignment.intent {
                 Intent::Run => ReplicaIntent::Run,
                 Intent::Stop => ReplicaIntent::Stop,
                 Intent::Remove => ReplicaIntent::Remove,
             },
-            ready: a.intent == Intent::Run && observed.is_some_and(|o| o.ready),
-            image_digest: observed.and_then(|o| o.image_digest.clone()),
-            phase,
+            ready: slot.ready(),
+            image_digest: slot.image_digest(),
+            phase: slot.phase(),
             cluster_id: slot.cluster_id.clone(),
             node_id: slot.node_id.clone(),
             slot: slot.slot.clone(),

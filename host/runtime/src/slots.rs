@@ -165,6 +165,28 @@ impl Slot {
         }
     }
 
+    /// The phase as operators (and managers) read it: `removed` or `stopped` once the node
+    /// reported it, else the node's own word, `pending` before it said anything.
+    pub fn phase(&self) -> String {
+        let a = &self.assignment;
+        match (a.removed_at, a.stopped_at, &a.observation) {
+            (Some(_), _, _) => "removed".to_string(),
+            (None, Some(_), _) => "stopped".to_string(),
+            (None, None, Some(o)) => o.phase.clone(),
+            (None, None, None) => "pending".to_string(),
+        }
+    }
+
+    /// Ready: the node says so, and the slot is to run.
+    pub fn ready(&self) -> bool {
+        self.assignment.intent == Intent::Run && self.assignment.observation.as_ref().is_some_and(|o| o.ready)
+    }
+
+    /// The image digest its node says it runs.
+    pub fn image_digest(&self) -> Option<String> {
+        self.assignment.observation.as_ref().and_then(|o| o.image_digest.clone())
+    }
+
     /// Running the desired key, observed ready.
     pub fn ready_at(&self, key: &str) -> bool {
         let a = &self.assignment;

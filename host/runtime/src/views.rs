@@ -54,20 +54,14 @@ impl SlotView {
     fn of(slot: &Slot) -> SlotView {
         let a = &slot.assignment;
         let observed = a.observation.as_ref();
-        let phase = match (a.removed_at, a.stopped_at, observed) {
-            (Some(_), _, _) => "removed".to_string(),
-            (None, Some(_), _) => "stopped".to_string(),
-            (None, None, Some(o)) => o.phase.clone(),
-            (None, None, None) => "pending".to_string(),
-        };
         SlotView {
             slot: slot.slot.clone(),
             node_id: slot.node_id.clone(),
             assignment_id: slot.assignment_id.clone(),
             intent: serde_json::to_value(a.intent).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
-            phase,
-            ready: observed.is_some_and(|o| o.ready) && a.intent == crate::transition::Intent::Run,
-            image_digest: observed.and_then(|o| o.image_digest.clone()),
+            phase: slot.phase(),
+            ready: slot.ready(),
+            image_digest: slot.image_digest(),
             restarts: slot.attempts.saturating_sub(1),
             cause: observed.and_then(|o| o.cause.clone()).or_else(|| slot.last_cause.clone()),
         }
