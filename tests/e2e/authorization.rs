@@ -330,6 +330,25 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             json!({ "id": SERVICE, "expectedRevision": STALE, "scale": 1 }),
             [Past("conflict"), Past("conflict"), Denied, hidden_service, hidden_service, Denied, Anon],
         ),
+        // ---- the runtime: where services run ----
+        (
+            "runtime.setServiceSpec",
+            json!({ "serviceId": SERVICE, "clusterId": CLUSTER, "expectedRevision": STALE, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
+            [Past("conflict"), Past("conflict"), Denied, hidden_service, hidden_service, Denied, Anon],
+        ),
+        ("runtime.getServiceSpec", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        (
+            "runtime.deleteServiceSpec",
+            json!({ "serviceId": SERVICE, "clusterId": CLUSTER, "expectedRevision": STALE }),
+            [Past("spec-not-found"), Past("spec-not-found"), Denied, hidden_service, hidden_service, Denied, Anon],
+        ),
+        ("runtime.getServiceStatus", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        ("runtime.getServiceAssignments", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        ("runtime.getClusterAssignments", json!({ "clusterId": CLUSTER }), admin(Ran)),
+        // a node's runtime methods are answered over its socket session only
+        ("runtime.registerSession", json!({}), signed_in(Past("socket-required"))),
+        ("runtime.reportObservation", json!({}), signed_in(Past("socket-required"))),
+        ("runtime.reportReceipt", json!({}), signed_in(Past("socket-required"))),
         // ---- settings ----
         ("settings.get", json!({}), signed_in(Ran)),
         ("settings.update", json!({ "expectedRevision": STALE }), admin(Past("conflict"))),

@@ -161,7 +161,9 @@ fn is_uuid(text: &str) -> bool {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(body: Value) -> Result<T> {
-    serde_json::from_value(body).map_err(|e| report_refused("request-invalid", format!("the report does not read: {e}")))
+    serde_json::from_value(body).map_err(|e| {
+        report_refused("request-invalid", format!("the report does not read: {}", capstan_core::text::truncate(&e.to_string(), 200)))
+    })
 }
 
 /// A call a node makes over its session (one of [`NODE_METHODS`]).

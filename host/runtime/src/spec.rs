@@ -357,14 +357,20 @@ async fn get(cx: Context, call: Call, input: GetInput) -> Result<Specs> {
                 if let Some(cluster) = &input.cluster_id {
                     items.retain(|s| &s.data.cluster_id == cluster);
                     if items.is_empty() {
-                        return Err(Refusal::new("spec-not-found", format!("the service has no runtime spec for the cluster {cluster}"))
-                            .with_data(json!({ "serviceId": service.id, "clusterId": cluster })));
+                        return Err(spec_not_found(&service.id, cluster));
                     }
                 }
                 Ok(Specs { items })
             }
         })
         .await
+}
+
+/// `spec-not-found`, naming the cluster as asked (cut to 100 characters: it is the caller's text).
+fn spec_not_found(service_id: &str, cluster_id: &str) -> Refusal {
+    let shown = capstan_core::text::truncate(cluster_id, 100);
+    Refusal::new("spec-not-found", format!("the service has no runtime spec for the cluster {shown:?}"))
+        .with_data(json!({ "serviceId": service_id, "clusterId": shown }))
 }
 
 async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<Deleted> {
@@ -375,13 +381,11 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<Deleted> 
             async move {
                 let service = services::visible_service(&tx, &identity, &input.service_id, ServiceNeed::Write).await?;
                 let id = spec_id(&service.id, &input.cluster_id);
-                let Some(doc) = tx.get(RUNTIME_SPECS, &id).await? else {
-                    return Err(Refusal::new(
-                        "spec-not-found",
-                        format!("the service has no runtime spec for the cluster {}", input.cluster_id),
-                    )
-                    .with_data(json!({ "serviceId": service.id, "clusterId": input.cluster_id })));
+                let stored = match capstan_store::validate_id(&id) {
+                    Ok(()) => tx.get(RUNTIME_SPECS, &id).await?,
+                    Err(_) => None,
                 };
+                let Some(doc) = stored else { return Err(spec_not_found(&service.id, &input.cluster_id)) };
                 capstan_inventory::check_revision("runtime spec", &id, input.expected_revision, doc.revision)?;
                 let spec: Entity<Spec> = parse(&doc)?;
                 if !spec.data.hold {
