@@ -245,6 +245,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("service_panel.html", include_str!("../templates/service_panel.html")),
     ("service_runtime.html", include_str!("../templates/service_runtime.html")),
     ("service_run.html", include_str!("../templates/service_run.html")),
+    ("runtime_cells.html", include_str!("../templates/runtime_cells.html")),
     ("runtime_slots.html", include_str!("../templates/runtime_slots.html")),
     ("settings.html", include_str!("../templates/settings.html")),
     ("settings_panel.html", include_str!("../templates/settings_panel.html")),
