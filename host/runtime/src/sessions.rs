@@ -449,3 +449,79 @@ pub async fn forget_retired(cx: &Context) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::{Assignment, Work};
+
+    fn slot(n: u32, revision: u64) -> Slot {
+        let work = Work {
+            image: "reg.example/x@sha256:00".into(),
+            environment: Default::default(),
+            ports: vec![],
+            volumes: vec![],
+            health: Default::default(),
+            restart: Default::default(),
+        };
+        Slot {
+            service_id: format!("svc_{n}"),
+            cluster_id: "cluster_1".into(),
+            node_id: "node_1".into(),
+            slot: "node_1.0".into(),
+            assignment_id: format!("asg_{n}"),
+            assignment: Assignment {
+                key: work.key(),
+                intent: Intent::Run,
+                revision,
+                work,
+                repository: None,
+                successor: false,
+                admitted_at: 0,
+                observation: None,
+                stopped_at: None,
+                removed_at: None,
+                stop_cause: None,
+            },
+            failures: 0,
+            attempts: 1,
+            last_cause: None,
+        }
+    }
+
+    fn sessions() -> NodeSessions {
+        let sessions = NodeSessions::default();
+        sessions.opened("socket_1", "node_1", "token");
+        let current = Current { socket: "socket_1".into(), nonce: "n".into(), epoch: 7, acked: HashMap::new(), in_flight: HashMap::new() };
+        sessions.current.lock().unwrap().insert("node_1".into(), current);
+        sessions
+    }
+
+    #[test]
+    fn at_most_eight_pushes_are_unanswered_per_node_and_an_acknowledged_revision_is_not_pushed_again() {
+        let s = sessions();
+        let claimed: Vec<bool> = (0..10).map(|n| s.claim("node_1", &slot(n, 1)).is_some()).collect();
+        assert_eq!(claimed, [[true; 8].as_slice(), &[false, false]].concat(), "eight in flight, the rest wait");
+        assert!(s.claim("node_1", &slot(0, 1)).is_none(), "a push in flight is not pushed again");
+        s.settle("node_1", 7, "asg_0", 1, true);
+        assert!(s.claim("node_1", &slot(0, 1)).is_none(), "acknowledged by this session");
+        assert!(s.claim("node_1", &slot(0, 2)).is_some(), "a new revision is pushed");
+        s.settle("node_1", 7, "asg_1", 1, false);
+        assert!(s.claim("node_1", &slot(1, 1)).is_some(), "a refused push is pushed again");
+        // another node's sessions are not this one's
+        assert!(s.claim("node_2", &slot(9, 1)).is_none());
+    }
+
+    #[test]
+    fn a_closed_socket_ends_its_nodes_session_and_a_settled_slot_needs_no_push() {
+        let s = sessions();
+        let mut removed = slot(0, 3);
+        removed.assignment.intent = Intent::Remove;
+        removed.assignment.removed_at = Some(1);
+        assert!(s.claim("node_1", &removed).is_none());
+        s.closed("socket_1");
+        assert!(!s.is_node("socket_1"));
+        assert_eq!(s.count(), 0);
+        assert!(s.claim("node_1", &slot(0, 1)).is_none());
+    }
+}
