@@ -2,6 +2,11 @@
 //! runtime sessions"), is pushed its assignments — each revision once per session, at most
 //! [`MAX_IN_FLIGHT`] unanswered per node — and reports observations and receipts.
 //!
+//! A node's session rides its own socket, or its cluster's relay socket, which carries every
+//! node of the cluster keyed by (relay socket, node) ([`NodeSessions::carry`]): the relay is a
+//! carrier, never an authority — each node is judged by its own credential, on opening and on
+//! every report, and only a node of the relay's own cluster is carried (`relay-node-foreign`).
+//!
 //! What a session holds lives in this process only: a session never outlives the agent
 //! process (its nonce) or the socket that carried it, and the slots it reports on are the
 //! durable truth.
@@ -30,10 +35,17 @@ pub const PULL_TTL: Duration = Duration::from_secs(15 * 60);
 /// The methods a node calls over its session.
 pub const NODE_METHODS: [&str; 3] = ["runtime.registerSession", "runtime.reportObservation", "runtime.reportReceipt"];
 
-/// A socket authenticated as a node.
+/// Calls one carried node may have running at once (a direct socket has the session's bound).
+pub const MAX_CARRIED_CALLS: usize = 8;
+
+/// A socket authenticated as a node: its own, or a relay socket carrying it.
 struct Bound {
     node_id: String,
     token: Zeroizing<String>,
+    /// The relay session carrying it (`None`: the node's own socket).
+    carrier: Option<String>,
+    /// Its calls running now (bounded for a carried node).
+    calls: usize,
 }
 
 /// A node's current runtime session.
@@ -65,17 +77,64 @@ impl NodeSessions {
     /// The socket `socket` authenticated as node `node_id` with `token` (judged again on every
     /// report).
     pub fn opened(&self, socket: &str, node_id: &str, token: &str) {
-        let bound = Bound { node_id: node_id.into(), token: Zeroizing::new(token.into()) };
+        let bound = Bound { node_id: node_id.into(), token: Zeroizing::new(token.into()), carrier: None, calls: 0 };
         self.bound.lock().expect("bound").insert(socket.into(), bound);
     }
 
-    /// The socket closed: its node's session, if it was current, ends with it.
+    /// The socket closed: its node's session, if it was current, ends with it; a relay's
+    /// socket ends every node session it carried (and no other).
     pub fn closed(&self, socket: &str) {
-        let Some(bound) = self.bound.lock().expect("bound").remove(socket) else { return };
+        let gone: Vec<(String, String)> = {
+            let mut bound = self.bound.lock().expect("bound");
+            let keys: Vec<String> = bound
+                .iter()
+                .filter(|(key, b)| key.as_str() == socket || b.carrier.as_deref() == Some(socket))
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter().filter_map(|key| bound.remove(&key).map(|b| (key, b.node_id))).collect()
+        };
         let mut current = self.current.lock().expect("current");
-        if current.get(&bound.node_id).is_some_and(|c| c.socket == socket) {
-            current.remove(&bound.node_id);
-            tracing::info!(node = %bound.node_id, "node runtime session ended with its socket");
+        for (key, node_id) in gone {
+            if current.get(&node_id).is_some_and(|c| c.socket == key) {
+                current.remove(&node_id);
+                tracing::info!(node = %node_id, "node runtime session ended with its socket");
+            }
+        }
+    }
+
+    /// The key a node carried by the relay session `carrier` is known under (its "socket").
+    pub fn carried_key(carrier: &str, node_id: &str) -> String {
+        format!("{carrier}>{node_id}")
+    }
+
+    /// Where a frame for `socket` goes: the relay session carrying it (the frame wrapped as
+    /// `{"type": "node", "node", "frame"}`), or the node's own socket.
+    pub fn route(&self, socket: &str, frame: Value) -> (String, String) {
+        let carrier = self.bound.lock().expect("bound").get(socket).and_then(|b| b.carrier.clone().map(|c| (c, b.node_id.clone())));
+        match carrier {
+            Some((carrier, node_id)) => (carrier, json!({ "type": "node", "node": node_id, "frame": frame }).to_string()),
+            None => (socket.to_string(), frame.to_string()),
+        }
+    }
+
+    /// Take one of a carried node's [`MAX_CARRIED_CALLS`] (a direct socket's calls are bounded
+    /// by its session): `false` when they are all running.
+    pub fn begin_call(&self, socket: &str) -> bool {
+        let mut bound = self.bound.lock().expect("bound");
+        match bound.get_mut(socket) {
+            Some(b) if b.carrier.is_some() && b.calls >= MAX_CARRIED_CALLS => false,
+            Some(b) => {
+                b.calls += 1;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// A call taken with [`NodeSessions::begin_call`] was answered.
+    pub fn end_call(&self, socket: &str) {
+        if let Some(b) = self.bound.lock().expect("bound").get_mut(socket) {
+            b.calls = b.calls.saturating_sub(1);
         }
     }
 
@@ -116,6 +175,32 @@ impl NodeSessions {
             None => Err(report_refused("session-unknown", "register the runtime session first (runtime.registerSession)")),
         }
     }
+}
+
+/// The relay session `carrier` of `cluster_id` carries node `node_id`, which presented
+/// `token`: judged by the node's own credential, and only a node of that cluster. A node
+/// carried again on the same socket replaces its earlier binding (the node reconnected to
+/// the relay); the other nodes the socket carries are untouched. Answers the session key.
+pub async fn carry(cx: &Context, carrier: &str, cluster_id: &str, node_id: &str, token: &str) -> Result<String> {
+    let who = capstan_nodes::credentials::authenticate(&cx.nodes, Some(node_id), Some(token))
+        .await
+        .map_err(|_| Refusal::new("unauthenticated", "the node id and token were not accepted"))?;
+    let node_cluster = cx
+        .store
+        .transact(|tx| {
+            let node_id = who.node_id.clone();
+            async move { capstan_nodes::records::require_node(&tx, &node_id).await.map(|n| n.data.cluster_id) }
+        })
+        .await?;
+    if node_cluster != cluster_id {
+        return Err(Refusal::new("relay-node-foreign", "a relay carries the nodes of its own cluster only"));
+    }
+    let key = NodeSessions::carried_key(carrier, &who.node_id);
+    cx.sessions.closed(&key);
+    let bound = Bound { node_id: who.node_id.clone(), token: Zeroizing::new(token.into()), carrier: Some(carrier.into()), calls: 0 };
+    cx.sessions.bound.lock().expect("bound").insert(key.clone(), bound);
+    tracing::info!(node = %who.node_id, "a node's runtime session is carried by its cluster's relay");
+    Ok(key)
 }
 
 #[derive(Deserialize)]
@@ -417,7 +502,8 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot) -> Result<()> {
         json!({ "type": "request", "id": id, "method": "runtime.assign", "body": body, "deadlineMs": PUSH_TIMEOUT.as_millis() as u64 });
     let (sender, receiver) = oneshot::channel();
     cx.sessions.waiting.lock().expect("waiting").insert(id.clone(), sender);
-    if !cx.frames.send(socket, frame.to_string()) {
+    let (to, frame) = cx.sessions.route(socket, frame);
+    if !cx.frames.send(&to, frame) {
         cx.sessions.waiting.lock().expect("waiting").remove(&id);
         return Err(Refusal::new("node-not-connected", "the node's socket is gone"));
     }

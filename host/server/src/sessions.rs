@@ -17,6 +17,10 @@ pub const FRAME_ENVELOPE_BYTES: usize = 16 * 1024;
 /// stops reading fills the kernel's buffers, then this, and is dropped. With the frame limit it
 /// bounds what one session can make the host hold.
 pub const OUTBOUND_QUEUE: usize = 64;
+/// Frames waiting for a relay session's writer: a relay carries every node session of its
+/// cluster, each with up to eight unanswered pushes and its calls' answers, all of them the
+/// host's own frames (docs/relays.md, "Carrying node sessions").
+pub const RELAY_OUTBOUND_QUEUE: usize = 16 * 1024;
 /// Calls one session may have running at once: a dashboard's parallel reads fit; a client that
 /// wants more opens another session (each is bounded on its own).
 pub const MAX_IN_FLIGHT: usize = 16;
@@ -146,6 +150,8 @@ pub struct Limits {
     pub max_frame_bytes: usize,
     /// See [`OUTBOUND_QUEUE`].
     pub outbound_queue: usize,
+    /// See [`RELAY_OUTBOUND_QUEUE`].
+    pub relay_outbound_queue: usize,
     /// See [`MAX_IN_FLIGHT`].
     pub max_in_flight: usize,
     /// See [`PING_INTERVAL`].
@@ -163,11 +169,17 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The outbound queue of a session of `kind`.
+    pub fn outbound_queue_of(&self, kind: Kind) -> usize {
+        if kind == Kind::Relay { self.relay_outbound_queue } else { self.outbound_queue }
+    }
+
     /// The limits for a host whose request bodies are at most `max_body_bytes`.
     pub fn for_bodies(max_body_bytes: usize) -> Limits {
         Limits {
             max_frame_bytes: max_body_bytes + FRAME_ENVELOPE_BYTES,
             outbound_queue: OUTBOUND_QUEUE,
+            relay_outbound_queue: RELAY_OUTBOUND_QUEUE,
             max_in_flight: MAX_IN_FLIGHT,
             ping_interval: PING_INTERVAL,
             silence_timeout: SILENCE_TIMEOUT,
@@ -421,7 +433,7 @@ impl Hub {
     /// Keep the session `id`, whose offer was accepted, for pushes and [`Hub::end`]: its handle,
     /// the queue its writer drains, and the watch on its end.
     pub(crate) fn open(&self, id: &str, kind: Kind, user_id: Option<String>, admin: bool) -> Opened {
-        let (outbound, queue) = mpsc::channel(self.limits.outbound_queue);
+        let (outbound, queue) = mpsc::channel(self.limits.outbound_queue_of(kind));
         let (ended, watching) = watch::channel(None);
         let handle = Arc::new(Handle { kind, user_id, admin, outbound, ended });
         self.sessions.lock().expect("the session table is never poisoned").insert(id.to_string(), handle.clone());

@@ -6,6 +6,7 @@
 //! request. Every error is the envelope `{"error":{"code","message","retryable","data"?}}`.
 //! Each handler takes the parts of the host it needs (`State<Part>`, see `crate::state`).
 
+mod carried;
 pub mod mcp;
 pub mod nodes;
 pub mod openapi;

@@ -308,7 +308,7 @@ async fn session(
         "limits": {
             "maxFrameBytes": limits.max_frame_bytes,
             "maxInFlight": limits.max_in_flight,
-            "outboundQueue": limits.outbound_queue,
+            "outboundQueue": limits.outbound_queue_of(kind),
             "pingIntervalMs": limits.ping_interval.as_millis() as u64,
             "silenceTimeoutMs": limits.silence_timeout.as_millis() as u64,
         },
@@ -548,6 +548,10 @@ fn frame_in(session: &Session, text: &str) {
                 .in_current_span(),
             );
             return;
+        }
+        Some(kind @ ("node-open" | "node" | "node-close")) if session.state.relays.is_relay(&session.session_id) => {
+            let kind = kind.to_string();
+            return super::carried::relay_frame(&session.state, &session.handle, &session.session_id, &kind, frame);
         }
         Some("reply") if session.state.runtime.sessions.is_node(&session.session_id) => {
             session.state.runtime.sessions.reply(frame);

@@ -256,3 +256,131 @@ async fn spec_writes_are_refused_by_name() {
     .await;
     assert_eq!(answer["error"]["code"], "spec-not-held", "{answer}");
 }
+
+/// Enroll one more node into `cluster`: (node, token).
+async fn enroll(server: &Server, cluster: &str, hostname: &str) -> (String, String) {
+    let code = admin(server, "nodes.createJumpCommand", json!({ "clusterId": cluster })).await["code"].as_str().unwrap().to_string();
+    let token = hex::encode(rand::random::<[u8; 32]>());
+    let body = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": hostname, "tokenSha256": sha256_hex(token.as_bytes()), "agentVersion": "0.1.0" });
+    let (status, enrolled) = http(server.addr, "/agent/v1/enroll", None, body).await;
+    assert_eq!(status, 200, "{enrolled}");
+    (enrolled["nodeId"].as_str().unwrap().to_string(), token)
+}
+
+/// The next frame the relay is sent about `node` (frames about other nodes are not expected).
+async fn for_node(ws: &mut Ws, node: &str) -> Value {
+    let frame = next(ws).await;
+    assert_eq!(frame["node"], node, "{frame}");
+    frame
+}
+
+#[tokio::test]
+async fn a_relay_carries_its_clusters_node_sessions_each_judged_by_its_own_credential() {
+    let server = serve().await;
+    let (service, cluster, node_a, token_a) = world(&server).await;
+    let (node_b, token_b) = enroll(&server, &cluster, "edge-2").await;
+    let other = admin(&server, "clusters.create", json!({ "name": "far" })).await["cluster"]["id"].as_str().unwrap().to_string();
+    let (foreign, foreign_token) = enroll(&server, &other, "far-1").await;
+    // the cluster's relay: a zone, the relay enabled, its bearer exported
+    let revision = admin(&server, "settings.get", json!({})).await["revision"].clone();
+    admin(&server, "settings.update", json!({ "expectedRevision": revision, "set": { "clusterRelayZone": "relays.example.com" } })).await;
+    let got = admin(&server, "clusters.get", json!({ "id": cluster })).await;
+    admin(&server, "clusters.enableRelay", json!({ "id": cluster, "expectedRevision": got["revision"] })).await;
+    admin(&server, "relays.mutateCredential", json!({ "clusterId": cluster, "action": "ensure", "mutationId": "mint-1" })).await;
+    let exported = admin(&server, "relays.exportAuthorization", json!({ "clusterId": cluster, "expectedGeneration": 1 })).await;
+    let bearer = exported["authorization"].as_str().unwrap();
+    let (mut relay, welcome) = super::socket::open(server.addr, "relay", Some(bearer)).await;
+    assert_eq!(welcome["limits"]["outboundQueue"], crate::sessions::RELAY_OUTBOUND_QUEUE, "{welcome}");
+
+    // the relay is a carrier, not an authority: a wrong token, or a node of another cluster, is refused
+    send(&mut relay, json!({ "type": "node-open", "node": node_a, "token": "0".repeat(64) })).await;
+    assert_eq!(for_node(&mut relay, &node_a).await["error"]["code"], "unauthenticated");
+    send(&mut relay, json!({ "type": "node-open", "node": foreign, "token": foreign_token })).await;
+    let refused = for_node(&mut relay, &foreign).await;
+    assert_eq!((refused["type"].as_str(), refused["error"]["code"].as_str()), (Some("node-refused"), Some("relay-node-foreign")));
+    for (node, token) in [(&node_a, &token_a), (&node_b, &token_b)] {
+        send(&mut relay, json!({ "type": "node-open", "node": node, "token": token })).await;
+        assert_eq!(for_node(&mut relay, node).await["type"], "node-opened");
+    }
+    // a node's frame before its open, or of a node never opened, closes that node's link only
+    send(&mut relay, json!({ "type": "node", "node": foreign, "frame": { "type": "call", "id": 1, "method": "runtime.registerSession" } }))
+        .await;
+    let closed = for_node(&mut relay, &foreign).await;
+    assert_eq!((closed["type"].as_str(), closed["error"]["data"]["reason"].as_str()), (Some("node-close"), Some("session-unknown")));
+
+    // each node registers its own session over the one socket
+    let carried = |node: &str, id: u64, method: &str, body: Value| json!({ "type": "node", "node": node, "frame": { "type": "call", "id": id, "method": method, "body": body } });
+    for (n, node) in [&node_a, &node_b].into_iter().enumerate() {
+        let nonce = format!("8c6f0d2e-4b1a-4c3e-9f7a-2d5b6c7e8f9{n}");
+        send(&mut relay, carried(node, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": nonce }))).await;
+        let answer = for_node(&mut relay, node).await;
+        assert_eq!(answer["frame"]["result"]["clusterId"], cluster.as_str(), "{answer}");
+    }
+    // a carried node may not name another node, nor call anything but its runtime methods
+    send(&mut relay, carried(&node_a, 2, "runtime.registerSession", json!({ "nodeId": node_b, "nonce": NONCE }))).await;
+    assert_eq!(for_node(&mut relay, &node_a).await["frame"]["error"]["data"]["reason"], "request-invalid");
+    send(&mut relay, carried(&node_a, 3, "services.list", json!({}))).await;
+    assert_eq!(for_node(&mut relay, &node_a).await["frame"]["error"]["code"], "forbidden");
+    assert_eq!(server.state.runtime.sessions.count(), 2);
+
+    // one replica on each node: each push reaches its own node through the relay
+    admin(
+        &server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
+    )
+    .await;
+    pass(&server).await;
+    assert_eq!(deliver(&server).await, 2);
+    let mut pushed = std::collections::BTreeMap::new();
+    for _ in 0..2 {
+        let frame = next(&mut relay).await;
+        assert_eq!(frame["type"], "node", "{frame}");
+        let request = &frame["frame"];
+        assert_eq!(request["method"], "runtime.assign", "{frame}");
+        let node = frame["node"].as_str().unwrap().to_string();
+        assert_eq!(request["body"]["slot"], format!("{node}.0"), "a node is pushed its own slot only: {frame}");
+        send(
+            &mut relay,
+            json!({ "type": "node", "node": node, "frame": { "type": "reply", "id": request["id"], "result": { "accepted": true } } }),
+        )
+        .await;
+        pushed.insert(node, request["body"]["assignmentId"].as_str().unwrap().to_string());
+    }
+    assert_eq!(pushed.len(), 2, "both nodes were pushed: {pushed:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(deliver(&server).await, 0, "acknowledged through the relay");
+    // a carried node's report lands on its own slot
+    let observation = json!({ "assignmentId": pushed[&node_b], "generation": 1, "phase": "running", "ready": true, "observedAt": 1 });
+    send(&mut relay, carried(&node_b, 4, "runtime.reportObservation", observation)).await;
+    assert_eq!(for_node(&mut relay, &node_b).await["frame"]["result"]["changed"], true);
+    let stolen = json!({ "assignmentId": pushed[&node_b], "generation": 1, "phase": "exited", "ready": false, "observedAt": 2 });
+    send(&mut relay, carried(&node_a, 5, "runtime.reportObservation", stolen)).await;
+    assert_eq!(for_node(&mut relay, &node_a).await["frame"]["error"]["data"]["reason"], "assignment-unknown", "not node A's slot");
+
+    // one node leaving the relay leaves the other's session alone; the relay leaving ends both
+    send(&mut relay, json!({ "type": "node-close", "node": node_a })).await;
+    send(
+        &mut relay,
+        carried(
+            &node_b,
+            6,
+            "runtime.reportObservation",
+            json!({ "assignmentId": pushed[&node_b], "generation": 1, "phase": "running", "ready": true, "observedAt": 3 }),
+        ),
+    )
+    .await;
+    assert_eq!(for_node(&mut relay, &node_b).await["frame"]["result"]["accepted"], true);
+    assert_eq!(server.state.runtime.sessions.nodes(), vec![node_b.clone()]);
+    // the node reaches Capstan directly meanwhile: a session of its own socket, the carried one untouched
+    let (mut direct, _) = node_socket(server.addr, &node_a, &token_a).await;
+    let registered = call(&mut direct, 1, "runtime.registerSession", json!({ "nodeId": node_a, "nonce": NONCE })).await;
+    assert!(registered["result"]["sessionEpoch"].is_u64(), "{registered}");
+    assert_eq!(server.state.runtime.sessions.count(), 2);
+    drop(relay);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.state.runtime.sessions.nodes() != vec![node_a.clone()] {
+        assert!(tokio::time::Instant::now() < deadline, "the relay's sessions ended with it: {:?}", server.state.runtime.sessions.nodes());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
