@@ -9,6 +9,7 @@
 mod applier;
 mod backoff;
 mod backups;
+mod carrier;
 mod closure;
 mod engine;
 mod enroll;
@@ -151,6 +152,10 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// Only beat and apply the hostname: run no workloads (no runtime session).
         #[arg(long)]
         no_workloads: bool,
+        /// Open the runtime session through the cluster's relay (its --nodes-listen address,
+        /// e.g. ws://10.0.0.5:8444) instead of on Capstan's socket directly.
+        #[arg(long, env = "CAPSTAN_AGENT_RELAY", value_name = "WS_URL", conflicts_with = "no_workloads", value_parser = parse_relay_url)]
+        relay: Option<String>,
     },
     /// Show what this machine is enrolled as and how its last beat went (no request is made).
     Status {
@@ -189,10 +194,26 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// --ingress-listen address, unless it is unspecified (0.0.0.0, [::]).
         #[arg(long, value_name = "HOST:PORT", requires = "ingress_listen", value_parser = ingress::parse_advertised)]
         ingress_advertise: Option<ingress::Advertised>,
+        /// Carry the cluster's node runtime sessions: nodes that run `capstan-agent run --relay
+        /// ws://ADDR:PORT` open them here, and they ride this relay's one socket to Capstan
+        /// (each node still authenticated by its own credential). Bind a private address.
+        #[arg(long, env = "CAPSTAN_RELAY_NODES_LISTEN", value_name = "ADDR:PORT")]
+        nodes_listen: Option<SocketAddr>,
     },
     /// Replace the node token with fresh material. The new material is kept as pending before
     /// Capstan is asked; if the answer is lost, running rotate again finishes the same rotation.
     Rotate,
+}
+
+/// A relay's nodes address: `ws://HOST:PORT` (the relay's listener speaks plain WebSocket on the
+/// cluster's private network).
+fn parse_relay_url(text: &str) -> Result<String, String> {
+    let rest = text.strip_prefix("ws://").ok_or("the relay is reached at ws://HOST:PORT (its --nodes-listen address)")?;
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return Err("the relay is reached at ws://HOST:PORT, with no path".into());
+    }
+    Ok(format!("ws://{authority}/"))
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {
@@ -251,12 +272,12 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             );
             Ok(())
         }
-        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads } => {
+        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads, relay } => {
             let is_root = rustix::process::geteuid().is_root();
             let (stop, stopped) = tokio::sync::watch::channel(false);
             let workloads = (!no_workloads).then(|| {
                 let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
-                let options = workloads::Options { state: state.clone(), engine, volumes_dir };
+                let options = workloads::Options { state: state.clone(), engine, volumes_dir, relay };
                 tokio::spawn(workloads::run(options, stopped))
             });
             let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root) };
@@ -280,7 +301,15 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             }
             Ok(())
         }
-        Command::Relay { authorization_file, listen, volumes_dir, ingress_listen, ingress_bearer_file, ingress_advertise } => {
+        Command::Relay {
+            authorization_file,
+            listen,
+            volumes_dir,
+            ingress_listen,
+            ingress_bearer_file,
+            ingress_advertise,
+            nodes_listen,
+        } => {
             let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
             let mut registry = handler::Registry::with_builtins();
             backups::register(&mut registry, state.clone(), volumes_dir)?;
@@ -300,6 +329,7 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
                 registry,
                 retry_base: Duration::from_secs(1),
                 ingress: ingress.clone(),
+                nodes_listen,
             };
             match ingress {
                 None => relay::relay(options, shutdown_signal()).await,

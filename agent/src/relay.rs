@@ -15,6 +15,7 @@
 //! restart. The bearer never appears in a log line, an error or any output.
 
 use crate::backoff::{After, next_delay};
+use crate::carrier::Carrier;
 use crate::handler::{Registry, RelayContext};
 use crate::ingress::Ingress;
 use crate::state::{RelayConfig, StateDir};
@@ -64,6 +65,8 @@ pub struct Options {
     /// The cluster ingress this relay runs, if any: registered after each accepted relay
     /// registration (its `ingress.applyRouteTable` handler is in `registry`).
     pub ingress: Option<Arc<Ingress>>,
+    /// Where the cluster's nodes open their runtime sessions to be carried (`carrier`).
+    pub nodes_listen: Option<SocketAddr>,
 }
 
 /// The relay bearer (secret): its `Debug` never shows it, its memory is wiped on drop.
@@ -203,7 +206,17 @@ pub async fn relay(options: Options, shutdown: impl Future<Output = &'static str
         authorization_file = %options.authorization_file.display(),
         "capstan-agent relay starting"
     );
+    let carrier = Arc::new(Carrier::default());
+    if let Some(addr) = options.nodes_listen {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            Refusal::new("nodes-listen-failed", format!("the nodes' listener cannot bind {addr}: {e}"))
+                .with_data(json!({ "address": addr.to_string() }))
+        })?;
+        tracing::info!(address = %addr, "carrying the cluster's node runtime sessions");
+        tokio::spawn(crate::carrier::listen(listener, carrier.clone()));
+    }
     let mut relay = Relay {
+        carrier,
         node_id: credential.node_id,
         url,
         config_digest: kept,
@@ -297,6 +310,8 @@ async fn file_changed(path: &Path, delay: Duration) -> bool {
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 struct Relay {
+    /// The node runtime sessions this relay carries.
+    carrier: Arc<Carrier>,
     node_id: String,
     url: String,
     /// The digest of the configuration kept in the state directory.
@@ -387,6 +402,7 @@ impl Relay {
         let ctx =
             Arc::new(RelayContext::new(self.node_id.clone(), cluster_id.to_string(), self.registry.methods(), self.config_digest.clone()));
         let ended = self.serve(&mut ws, &ctx, &limits, registered).await;
+        self.carrier.detach();
         self.config_digest = ctx.config_digest();
         ended
     }
@@ -417,6 +433,7 @@ impl Relay {
         // the bearer file as the last registration read it: a change ends a wait after a refusal
         let mut ingress_seen: Option<FileState> = None;
         let (replies, mut outbox) = mpsc::channel::<String>(64);
+        self.carrier.attach(replies.clone());
         // dropped with the session: a request still running is abandoned with it
         let mut requests = JoinSet::new();
         let mut last_heard = Instant::now();
@@ -474,6 +491,7 @@ impl Relay {
                     };
                     match frame["type"].as_str().unwrap_or_default() {
                         "push" => self.push(&frame, ctx),
+                        "node-opened" | "node-refused" | "node" | "node-close" => self.carrier.from_host(&frame),
                         "request" => self.request(&frame, ctx, &replies, &mut requests, limits.max_frame_bytes),
                         "result" if awaiting.is_some() && frame["id"].as_u64() == awaiting => {
                             awaiting = None;
@@ -819,6 +837,7 @@ mod tests {
             registry,
             retry_base: Duration::from_millis(20),
             ingress: None,
+            nodes_listen: None,
         }
     }
 

@@ -31,6 +31,8 @@ pub struct Options {
     pub engine: String,
     /// Where services' volumes live: volume NAME of service ID is DIR/ID/NAME.
     pub volumes_dir: PathBuf,
+    /// The cluster relay carrying the session (`ws://HOST:PORT/`), else Capstan's socket.
+    pub relay: Option<String>,
 }
 
 /// Between reconcile passes.
@@ -229,7 +231,10 @@ impl Session<'_> {
     /// One socket's session: `Ok` when asked to stop, `Err` (why) when it ended otherwise.
     async fn run(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), String> {
         let credential = self.options.state.read_credential().map_err(|r| format!("{}: {}", r.code, r.message))?;
-        let url = socket_url(&credential.origin).map_err(|r| r.message.to_string())?;
+        let url = match &self.options.relay {
+            Some(relay) => relay.clone(),
+            None => socket_url(&credential.origin).map_err(|r| r.message.to_string())?,
+        };
         let (mut ws, _) = tokio::time::timeout(Duration::from_secs(20), tokio_tungstenite::connect_async(url.as_str()))
             .await
             .map_err(|_| format!("connecting to {url} timed out"))?
