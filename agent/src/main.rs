@@ -71,6 +71,9 @@ What it keeps and answers:
     A ticket whose URL is not at the origin this node enrolled with is refused
     transfer-origin-foreign: a service's data goes nowhere else.
   - it answers the host's pings and pings the host when it falls silent.
+  - with --nodes-listen it carries the cluster's node runtime sessions: nodes running
+    `capstan-agent run --relay ws://ADDR:PORT` open theirs here, and the relay forwards each on
+    its one socket (Capstan still judges every node by its own credential).
   - with --ingress-listen and --ingress-bearer-file it runs the cluster ingress: after each
     accepted relays.register it calls ingress.register (refusals are retried after their
     retryAfterMs) and reads ingress.getRouteTable; ingress.applyRouteTable pushes replace the

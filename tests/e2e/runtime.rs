@@ -5,7 +5,9 @@
 //! the container answers HTTP on both nodes; a new image rolls one slot at a time (some node
 //! answers throughout); a second service scales 1 → 2 per node and back; `kill -9` of an agent
 //! mid-rollout leaves no duplicate once it is back; a node whose agent stopped is reported and
-//! its slot waits; deleting the services leaves no container.
+//! its slot waits; deleting the services leaves no container. The second node's runtime session
+//! rides the cluster's relay (`capstan-agent relay --nodes-listen` on the first node), which
+//! carries it on its own socket to Capstan.
 //!
 //! Each node reaches Capstan at http://127.0.0.1:PORT as on one machine: a forwarder inside its
 //! namespace carries that address to the host's end of its link, where another carries it to
@@ -130,6 +132,11 @@ struct Node {
     forwarders: Vec<Child>,
     agent: Option<Child>,
     node_id: String,
+    host_ip: String,
+    /// The relay this node runs (`capstan-agent relay`), if it does.
+    relay: Option<Child>,
+    /// The relay its runtime session rides, if not Capstan's socket.
+    relay_url: Option<String>,
 }
 
 impl Node {
@@ -177,7 +184,19 @@ impl Node {
             forwarder(None, &format!("{host_ip}:{capstan_port}"), &address),
             forwarder(Some(&netns), &address, &format!("{host_ip}:{capstan_port}")),
         ];
-        let node = Node { netns, veth, node_ip, dir, engine, forwarders, agent: None, node_id: String::new() };
+        let node = Node {
+            netns,
+            veth,
+            node_ip,
+            dir,
+            engine,
+            forwarders,
+            agent: None,
+            node_id: String::new(),
+            host_ip,
+            relay: None,
+            relay_url: None,
+        };
         eventually("the node's engine answers", Duration::from_secs(60), || {
             node.engine_get("/v1.41/version").map(drop).ok_or_else(|| "not yet".to_string())
         });
@@ -223,6 +242,7 @@ impl Node {
             .arg(format!("unix://{}", self.dir.join("engine.sock").display()))
             .arg("--volumes-dir")
             .arg(self.dir.join("volumes"))
+            .args(self.relay_url.iter().flat_map(|url| ["--relay", url.as_str()]))
             .env("CAPSTAN_AGENT_LOG", "capstan_agent=debug,warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -230,6 +250,43 @@ impl Node {
             .spawn()
             .unwrap();
         self.agent = Some(child);
+    }
+
+    /// Run the cluster's relay here under `authorization`, carrying node sessions on this node's
+    /// address, port 8444.
+    fn start_relay(&mut self, authorization: &str) {
+        let file = self.dir.join("relay-authorization");
+        std::fs::write(&file, authorization).unwrap();
+        run("chmod", &["600", &file.display().to_string()]);
+        let log = std::fs::File::create(self.dir.join("relay.log")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(agent_binary())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("relay")
+            .arg("--authorization-file")
+            .arg(&file)
+            .args(["--nodes-listen", &format!("{}:8444", self.node_ip)])
+            .env("CAPSTAN_AGENT_LOG", "capstan_agent=info,warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.relay = Some(child);
+    }
+
+    /// This node's runtime session rides `relay`'s: reached at 127.0.0.1:8444 inside this
+    /// namespace, carried through the host to the relay node's address.
+    fn carried_by(&mut self, relay: &Node) {
+        self.forwarders.push(forwarder(None, &format!("{}:8444", self.host_ip), &format!("{}:8444", relay.node_ip)));
+        self.forwarders.push(forwarder(Some(&self.netns), "127.0.0.1:8444", &format!("{}:8444", self.host_ip)));
+        self.relay_url = Some("ws://127.0.0.1:8444/".into());
+    }
+
+    fn relay_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
     /// SIGKILL (`kill -9`) or SIGTERM the agent.
@@ -293,6 +350,10 @@ fn url_encode(text: &str) -> String {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop_agent(true);
+        if let Some(mut relay) = self.relay.take() {
+            let _ = relay.kill();
+            let _ = relay.wait();
+        }
         // what a failed test left running goes, then the engine, the namespace and the link
         let _ = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.netns))
@@ -405,11 +466,26 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     let deployer = (created["username"].as_str().unwrap().to_string(), created["token"].as_str().unwrap().to_string());
     let v1 = w.release(&web, &deployer, "1.0.0", "v1");
 
-    // ---- two nodes, each its own namespace, engine and agent ----
+    // ---- two nodes, each its own namespace, engine and agent; the second rides the relay ----
     let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, w.port)).collect();
     for node in &mut nodes {
         let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
         node.enroll(&code, w.port);
+    }
+    let settings = w.ok("settings.get", json!({}));
+    w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.example.com" } }));
+    let got = w.ok("clusters.get", json!({ "id": cluster }));
+    w.ok("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": got["revision"] }));
+    w.ok("relays.mutateCredential", json!({ "clusterId": cluster, "action": "ensure", "mutationId": "e2e-relay" }));
+    let exported = w.ok("relays.exportAuthorization", json!({ "clusterId": cluster, "expectedGeneration": 1 }));
+    nodes[0].start_relay(exported["authorization"].as_str().unwrap());
+    eventually("the relay is live", CONVERGE, || {
+        let listed = w.ok("relays.list", json!({ "clusterIds": [cluster] }));
+        if listed["items"][0]["live"] == true { Ok(()) } else { Err(format!("{listed}\n{}", nodes[0].relay_log())) }
+    });
+    let (first, second) = nodes.split_at_mut(1);
+    second[0].carried_by(&first[0]);
+    for node in &mut nodes {
         node.start_agent();
     }
     for node in &nodes {
@@ -436,6 +512,11 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         assert_eq!(node.page().as_deref(), Some("v1"), "{} answers on its own address", node.netns);
         assert_eq!(node.containers(&web).len(), 1);
     }
+    let relay_log = nodes[0].relay_log();
+    assert!(
+        relay_log.lines().any(|l| l.contains("carrying a node's runtime session") && l.contains(&nodes[1].node_id)),
+        "the second node's session rides the relay:\n{relay_log}"
+    );
 
     // ---- a new image rolls one slot at a time: some node answers throughout ----
     let v2 = w.release(&web, &deployer, "2.0.0", "v2");

@@ -7,7 +7,7 @@ on the host's machine, since it reads the host's /proc/<pid>/status.
 
 Usage: node_sessions.py --url http://127.0.0.1:8080 --pid <capstan pid> --admin-password P
            [--nodes 1000] [--idle 15] [--timeout 180] [--open-concurrency 32]
-           [--enroll-concurrency 8] [--registry-host reg.example] [--no-teardown] [--json]
+           [--enroll-concurrency 8] [--registry-host reg.example] [--via-relay] [--no-teardown] [--json]
 
 Against `capstan serve --dev` (its public origin is plain http, which only dev mode accepts for
 jump commands), started with `ulimit -n $(ulimit -Hn)`. In order:
@@ -44,6 +44,13 @@ jump commands), started with `ulimit -n $(ulimit -Hn)`. In order:
    `stop` pushes (rate again); each node reports its receipt (generation 2), is pushed its
    `remove`, reports generation 3, and the producer releases the slots: the time until the
    service holds no slot.
+
+With `--via-relay` the N sessions ride one relay socket instead of N sockets (docs/relays.md,
+"Carrying node sessions"): the driver enables the cluster's relay (setting `clusterRelayZone` if
+unset, `clusters.enableRelay`, the credential minted and exported), opens one socket as the
+relay, and carries every node on it — `node-open` with the node's id and token, then each node's
+frames wrapped as `{"type": "node", "node", "frame"}` — so the memory figure is per carried
+session.
 
 An answer marked retryable — HTTP 503 or a socket `error` frame with `"retryable": true`, in
 practice `store-busy` when SQLite stays locked past the store's 5 s budget — is retried with
@@ -201,57 +208,31 @@ def frame(opcode, payload):
     return head + key + masked(payload, key)
 
 
-class Node:
-    """One simulated node: its enrollment, then its socket and runtime session."""
+class Socket:
+    """One WebSocket to the host: upgrade, frames out, frames in."""
 
-    def __init__(self, index):
-        self.index = index
-        self.hostname = f"sim-{index:05d}"
-        self.token = secrets.token_hex(32)
-        self.node_id = None
-        self.reader = self.writer = None
-        self.calls = {}
-        self.next_id = 0
-        self.closed = None  # (code, reason) the host closed with, or what broke the connection
-        self.welcome = None
-        self.pushes = []  # (received at, acknowledged at, body)
-        self.receipts = True
-        self.errors = []
-        self.upgrade_retries = 0
-
-    async def open(self, host, port, handler):
-        """Upgrade, offer, register; retries a 503 too-many-sessions (counted)."""
-        delay = 0.05
+    async def upgrade(self, host, port, bearer=None):
+        """Upgrade; a 503 too-many-sessions is retried (counted): the number of retries."""
+        delay, retries = 0.05, 0
         while True:
             self.reader, self.writer = await asyncio.open_connection(host, port, limit=1 << 22)
             key = base64.b64encode(os.urandom(16)).decode()
+            auth = f"authorization: Bearer {bearer}\r\n" if bearer else ""
             self.writer.write((f"GET /api/v1/socket HTTP/1.1\r\nhost: {host}:{port}\r\nupgrade: websocket\r\n"
-                               f"connection: Upgrade\r\nsec-websocket-key: {key}\r\nsec-websocket-version: 13\r\n\r\n").encode())
+                               f"connection: Upgrade\r\nsec-websocket-key: {key}\r\nsec-websocket-version: 13\r\n{auth}\r\n").encode())
             head = await self.reader.readuntil(b"\r\n\r\n")
             status = head.split(b"\r\n", 1)[0].decode()
             if " 101 " in status:
-                break
+                return retries
             self.writer.close()
             if " 503 " in status:
-                self.upgrade_retries += 1
+                retries += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            raise Refused(f"{self.hostname}: the upgrade was answered {status}")
-        self.send({"type": "offer", "kind": "agent", "protocols": [PROTOCOL], "node": self.node_id, "token": self.token})
-        opcode, payload = await self.read_frame()
-        message = json.loads(payload) if opcode == 1 else {"type": f"opcode {opcode}"}
-        if message.get("type") != "welcome" or (message.get("node") or {}).get("nodeId") != self.node_id:
-            raise Refused(f"{self.hostname}: the offer was refused: {json.dumps(message)[:300]}")
-        self.welcome = message
-        self.task = asyncio.create_task(self.read_loop(handler))
-        registered = await self.call("runtime.registerSession",
-                                     {"nodeId": self.node_id, "nonce": str(uuid.uuid4()), "agentVersion": AGENT_VERSION})
-        if registered.get("nodeId") != self.node_id or not registered.get("sessionEpoch"):
-            raise Refused(f"{self.hostname}: runtime.registerSession answered {registered}")
-        return registered
+            raise Refused(f"the upgrade was answered {status}")
 
-    def send(self, message):
+    def send_frame(self, message):
         self.writer.write(frame(1, json.dumps(message, separators=(",", ":")).encode()))
 
     async def read_frame(self):
@@ -276,7 +257,36 @@ class Node:
             if b1 & 0x80:
                 return first, payload
 
-    async def read_loop(self, handler):
+
+class Relay(Socket):
+    """The cluster's relay: one socket carrying every node's session."""
+
+    def __init__(self):
+        self.nodes = {}  # node id -> Node
+        self.opening = {}  # node id -> future of node-opened / node-refused
+        self.closed = None
+
+    async def open(self, host, port, bearer):
+        await self.upgrade(host, port, bearer)
+        self.send_frame({"type": "offer", "kind": "relay", "protocols": [PROTOCOL], "token": bearer})
+        opcode, payload = await self.read_frame()
+        welcome = json.loads(payload) if opcode == 1 else {}
+        if welcome.get("type") != "welcome" or not welcome.get("relay"):
+            raise Refused(f"the relay's offer was refused: {json.dumps(welcome)[:300]}")
+        self.welcome = welcome
+        self.task = asyncio.create_task(self.read_loop())
+
+    async def carry(self, node, handler):
+        self.nodes[node.node_id] = node
+        node.handler = handler
+        opened = asyncio.get_running_loop().create_future()
+        self.opening[node.node_id] = opened
+        self.send_frame({"type": "node-open", "node": node.node_id, "token": node.token})
+        answer = await asyncio.wait_for(opened, 60)
+        if answer.get("type") != "node-opened":
+            raise Refused(f"{node.hostname}: the relay's node-open was refused: {json.dumps(answer)[:300]}")
+
+    async def read_loop(self):
         try:
             while True:
                 opcode, payload = await self.read_frame()
@@ -287,20 +297,102 @@ class Node:
                 if opcode != 1:
                     continue
                 message = json.loads(payload)
-                kind = message.get("type")
-                if kind in ("result", "error") and message.get("id") in self.calls:
-                    self.calls.pop(message["id"]).set_result(message)
-                elif kind == "request":
-                    await handler(self, message)
-                else:
-                    self.errors.append(f"unexpected frame: {json.dumps(message)[:200]}")
+                kind, node = message.get("type"), self.nodes.get(message.get("node"))
+                if kind in ("node-opened", "node-refused") and message.get("node") in self.opening:
+                    self.opening.pop(message["node"]).set_result(message)
+                elif kind == "node" and node:
+                    await node.deliver(message.get("frame") or {}, node.handler)
+                elif node:
+                    node.errors.append(f"unexpected frame: {json.dumps(message)[:200]}")
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             self.closed = self.closed or (None, e.__class__.__name__)
         except asyncio.CancelledError:
             return
+        for node in self.nodes.values():
+            node.closed = node.closed or ("relay", self.closed)
+            node.fail_calls()
+
+
+class Node(Socket):
+    """One simulated node: its enrollment, then its socket (or its place on the relay's) and
+    runtime session."""
+
+    def __init__(self, index):
+        self.index = index
+        self.hostname = f"sim-{index:05d}"
+        self.token = secrets.token_hex(32)
+        self.node_id = None
+        self.reader = self.writer = None
+        self.calls = {}
+        self.next_id = 0
+        self.closed = None  # (code, reason) the host closed with, or what broke the connection
+        self.welcome = None
+        self.pushes = []  # (received at, acknowledged at, body)
+        self.receipts = True
+        self.errors = []
+        self.upgrade_retries = 0
+        self.relay = None
+        self.handler = None
+
+    async def open(self, host, port, handler, relay=None):
+        """Offer (on its own socket, or carried by `relay`), then register."""
+        if relay:
+            self.relay = relay
+            await relay.carry(self, handler)
+        else:
+            self.upgrade_retries += await self.upgrade(host, port)
+            self.send({"type": "offer", "kind": "agent", "protocols": [PROTOCOL], "node": self.node_id, "token": self.token})
+            opcode, payload = await self.read_frame()
+            message = json.loads(payload) if opcode == 1 else {"type": f"opcode {opcode}"}
+            if message.get("type") != "welcome" or (message.get("node") or {}).get("nodeId") != self.node_id:
+                raise Refused(f"{self.hostname}: the offer was refused: {json.dumps(message)[:300]}")
+            self.welcome = message
+            self.task = asyncio.create_task(self.read_loop(handler))
+        self.welcome = self.welcome or {"via": "relay"}
+        registered = await self.call("runtime.registerSession",
+                                     {"nodeId": self.node_id, "nonce": str(uuid.uuid4()), "agentVersion": AGENT_VERSION})
+        if registered.get("nodeId") != self.node_id or not registered.get("sessionEpoch"):
+            raise Refused(f"{self.hostname}: runtime.registerSession answered {registered}")
+        return registered
+
+    def send(self, message):
+        if self.relay:
+            self.relay.send_frame({"type": "node", "node": self.node_id, "frame": message})
+        else:
+            self.send_frame(message)
+
+    async def drain(self):
+        await (self.relay or self).writer.drain()
+
+    async def deliver(self, message, handler):
+        kind = message.get("type")
+        if kind in ("result", "error") and message.get("id") in self.calls:
+            self.calls.pop(message["id"]).set_result(message)
+        elif kind == "request":
+            await handler(self, message)
+        else:
+            self.errors.append(f"unexpected frame: {json.dumps(message)[:200]}")
+
+    def fail_calls(self):
         for waiter in self.calls.values():
             if not waiter.done():
                 waiter.set_exception(Refused(f"{self.hostname}: the socket closed: {self.closed}"))
+
+    async def read_loop(self, handler):
+        try:
+            while True:
+                opcode, payload = await self.read_frame()
+                if opcode == 8:
+                    code = struct.unpack(">H", payload[:2])[0] if len(payload) >= 2 else None
+                    self.closed = (code, payload[2:].decode(errors="replace"))
+                    break
+                if opcode == 1:
+                    await self.deliver(json.loads(payload), handler)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            self.closed = self.closed or (None, e.__class__.__name__)
+        except asyncio.CancelledError:
+            return
+        self.fail_calls()
 
     async def call(self, method, body, timeout=60):
         """A call; an error marked retryable (store-busy) is retried as an agent should, and
@@ -323,6 +415,8 @@ class Node:
             pause = min(pause * 2, 2.0)
 
     async def close(self):
+        if self.relay:
+            return
         if self.writer and not self.writer.is_closing():
             try:
                 self.writer.write(frame(8, struct.pack(">H", 1000)))
@@ -352,7 +446,7 @@ class Fleet:
             node.errors.append(f"a request for {message.get('method')}")
             return
         node.send({"type": "reply", "id": message["id"], "result": {"accepted": True}})
-        await node.writer.drain()
+        await node.drain()
         acked = time.monotonic()
         node.pushes.append((received, acked, body))
         self.log.append((acked, node.index, body.get("intent"), body.get("assignmentId"), body.get("revision"), "pull" in body))
@@ -466,6 +560,20 @@ async def run(args, api, problems):
     out["machine"]["enrollment"] = machine()
     log(args, f"enrolled {len(nodes)} nodes in {took:.1f} s (503 store-busy retried: {dict(api.retried)})")
 
+    # ---- the relay, when the sessions ride one ----
+    relay = None
+    if args.via_relay:
+        settings = api.call("settings.get", {})
+        if not (settings.get("values") or settings.get("settings") or {}).get("clusterRelayZone"):
+            try:
+                api.call("settings.update", {"expectedRevision": settings["revision"], "set": {"clusterRelayZone": "relays.load.test"}})
+            except Refused as e:
+                log(args, f"the relay zone was not set here ({e}); using the one set")
+        got = api.call("clusters.get", {"id": cluster})
+        api.call("clusters.enableRelay", {"id": cluster, "expectedRevision": got["revision"]})
+        api.call("relays.mutateCredential", {"clusterId": cluster, "action": "ensure", "mutationId": f"load-{stamp}"})
+        bearer = api.call("relays.exportAuthorization", {"clusterId": cluster, "expectedGeneration": 1})["authorization"]
+
     # ---- the sessions ----
     fleet = Fleet(nodes)
     await asyncio.sleep(args.idle)
@@ -474,11 +582,14 @@ async def run(args, api, problems):
     sampler.start()
     cpu0 = cpu_seconds(pid)
     gate = asyncio.Semaphore(args.open_concurrency)
+    if args.via_relay:
+        relay = Relay()
+        await relay.open(host, port, bearer)
 
     async def open_one(node):
         async with gate:
             try:
-                await node.open(host, port, fleet.on_request)
+                await node.open(host, port, fleet.on_request, relay)
             except (Refused, OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
                 node.errors.append(f"open: {e.__class__.__name__}: {e}")
 
@@ -500,6 +611,7 @@ async def run(args, api, problems):
     sampler.running = False
     live = len(nodes) - len(failed_open)
     out["sessions"] = {
+        "viaRelay": bool(relay),
         "registered": live,
         "openSeconds": round(opened, 2),
         "openPerSecond": round(live / opened, 1) if opened else None,
@@ -630,6 +742,10 @@ async def run(args, api, problems):
     out["rssEndKiB"] = status_kib(pid)
     out["vmHwmKiB"] = status_kib(pid, "VmHWM")
     await asyncio.gather(*(n.close() for n in nodes))
+    if relay:
+        if relay.closed:
+            problems.append(f"the relay's socket was closed by the host: {relay.closed}")
+        relay.writer.close()
     return out
 
 
@@ -656,7 +772,7 @@ def report(out):
     s = out["sessions"]
     mib = lambda kib: f"{kib / 1024:.1f} MiB"
     print()
-    print(f"{out['nodes']} node runtime sessions against {out['url']}")
+    print(f"{out['nodes']} node runtime sessions against {out['url']}" + (" on one relay socket" if s.get("viaRelay") else ""))
     e = out["enrollment"]
     print(f"  enrollment: {e['seconds']} s ({e['perSecond']}/s; first tenth {e['firstTenthPerSecond']}/s, last tenth {e['lastTenthPerSecond']}/s); "
           f"503 store-busy answers retried: {e['retried503'] or 'none'}")
@@ -701,6 +817,7 @@ def main():
     parser.add_argument("--registry-host", help="the registry's host:port (default: the URL's)")
     parser.add_argument("--no-teardown", action="store_true", help="skip the hold (stops, removes, release)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the report")
+    parser.add_argument("--via-relay", action="store_true", help="carry every session on one relay socket")
     args = parser.parse_args()
     # one descriptor per session, in this process and in the host
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
