@@ -167,38 +167,59 @@ fn parse(doc: &Document) -> Result<Record> {
 /// for `holder` (an assignment's id), valid for `ttl`: 1 second to [`MAX_TTL`]
 /// (`pull-credential-ttl-invalid` otherwise). Only the SHA-256 of its secret is stored.
 pub async fn issue(store: &Store, repository: &str, holder: &str, ttl: Duration) -> Result<PullCredential> {
+    let mut issued = issue_many(store, &[(repository, holder)], ttl).await?;
+    issued.pop().ok_or_else(|| Refusal::internal("no pull credential was issued"))
+}
+
+/// Issue one credential per `(repository, holder)`, in order, in one transaction: a delivery
+/// pass pushing many assignments writes their credentials together rather than one
+/// transaction each. Refused whole when any pair is.
+pub async fn issue_many(store: &Store, wanted: &[(&str, &str)], ttl: Duration) -> Result<Vec<PullCredential>> {
     if ttl.as_secs() == 0 || ttl > MAX_TTL {
         return Err(Refusal::new("pull-credential-ttl-invalid", "a pull credential lives from 1 second to 1 hour")
             .with_data(json!({ "ttlSecs": ttl.as_secs(), "maxSecs": MAX_TTL.as_secs() })));
     }
-    if crate::names::check_name(repository).is_err() {
-        return Err(Refusal::new("registry-name-invalid", "a pull credential names a valid repository")
-            .with_data(json!({ "repository": crate::text(repository) })));
-    }
-    if holder.is_empty() || holder.len() > MAX_HOLDER || !holder.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Refusal::new("pull-credential-holder-invalid", "a pull credential's holder is 1 to 128 visible ASCII characters")
-            .with_data(json!({ "holder": crate::text(holder) })));
-    }
-    let id = capstan_core::ids::new_id(ID_PREFIX);
-    let secret = new_secret();
     let issued_at = capstan_core::clock::now_secs();
-    let record = Record {
-        repository: repository.to_string(),
-        holder: holder.to_string(),
-        secret_hash: hex::encode(sha256(secret.expose())),
-        issued_at,
-        expires_at: issued_at + ttl.as_secs(),
-    };
-    let data = serde_json::to_value(&record).map_err(Refusal::internal)?;
-    let id_ref = id.as_str();
+    let mut minted = Vec::with_capacity(wanted.len());
+    for (repository, holder) in wanted {
+        if crate::names::check_name(repository).is_err() {
+            return Err(Refusal::new("registry-name-invalid", "a pull credential names a valid repository")
+                .with_data(json!({ "repository": crate::text(repository) })));
+        }
+        if holder.is_empty() || holder.len() > MAX_HOLDER || !holder.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Refusal::new("pull-credential-holder-invalid", "a pull credential's holder is 1 to 128 visible ASCII characters")
+                .with_data(json!({ "holder": crate::text(holder) })));
+        }
+        let secret = new_secret();
+        let record = Record {
+            repository: repository.to_string(),
+            holder: holder.to_string(),
+            secret_hash: hex::encode(sha256(secret.expose())),
+            issued_at,
+            expires_at: issued_at + ttl.as_secs(),
+        };
+        minted.push((capstan_core::ids::new_id(ID_PREFIX), secret, record));
+    }
+    let rows = minted
+        .iter()
+        .map(|(id, _, record)| Ok((id.as_str(), serde_json::to_value(record).map_err(Refusal::internal)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let rows = &rows;
     store
-        .transact(|tx| {
-            let data = data.clone();
-            async move { tx.insert(PULL_CREDENTIALS, id_ref, data).await.map(drop) }
+        .transact(|tx| async move {
+            for (id, data) in rows {
+                tx.insert(PULL_CREDENTIALS, id, data.clone()).await?;
+            }
+            Ok(())
         })
         .await?;
-    tracing::info!(credential = %id, repository = %record.repository, expires_at = record.expires_at, "pull credential issued");
-    Ok(PullCredential { username: format!("{USERNAME_PREFIX}{id}"), password: secret, expires_at: record.expires_at })
+    Ok(minted
+        .into_iter()
+        .map(|(id, secret, record)| {
+            tracing::info!(credential = %id, repository = %record.repository, expires_at = record.expires_at, "pull credential issued");
+            PullCredential { username: format!("{USERNAME_PREFIX}{id}"), password: secret, expires_at: record.expires_at }
+        })
+        .collect())
 }
 
 /// Revoke every credential issued for `holder` (an assignment that ended): from the commit, its

@@ -399,7 +399,7 @@ async fn receipt(cx: &Context, node_id: &str, input: ReceiptInput) -> Result<Val
 /// One delivery pass over the node sessions current here: every assignment revision a session
 /// has not acknowledged is pushed, at most [`MAX_IN_FLIGHT`] unanswered per node.
 pub async fn deliver(cx: &Context) -> Result<usize> {
-    let mut pushed = 0;
+    let mut claimed = Vec::new();
     for node_id in cx.sessions.nodes() {
         let slots = cx.store.transact(|tx| {
             let node_id = node_id.clone();
@@ -407,13 +407,52 @@ pub async fn deliver(cx: &Context) -> Result<usize> {
         });
         for slot in slots.await? {
             if let Some((socket, epoch)) = cx.sessions.claim(&node_id, &slot.data) {
-                pushed += 1;
-                let cx = cx.clone();
-                tokio::spawn(async move { push(&cx, &socket, epoch, slot.data).await });
+                claimed.push(Claimed { socket, epoch, slot: slot.data });
             }
         }
     }
+    let pushed = claimed.len();
+    let mut claimed = claimed.into_iter().peekable();
+    while claimed.peek().is_some() {
+        let batch: Vec<Claimed> = claimed.by_ref().take(PULL_BATCH).collect();
+        // the batch's pull credentials in one transaction, not one each
+        let wanted: Vec<(&str, &str)> = batch.iter().filter_map(|c| c.pull_wanted()).collect();
+        let mut credentials = match capstan_registry::pulls::issue_many(&cx.store, &wanted, PULL_TTL).await {
+            Ok(credentials) => credentials.into_iter(),
+            Err(refusal) => {
+                tracing::warn!(code = %refusal.code, pushes = batch.len(), "pull credentials were not issued; pushed on a later pass: {}", refusal.message);
+                for c in &batch {
+                    cx.sessions.settle(&c.slot.node_id, c.epoch, &c.slot.assignment_id, c.slot.assignment.revision, false);
+                }
+                continue;
+            }
+        };
+        for c in batch {
+            let pull = if c.pull_wanted().is_some() { credentials.next() } else { None };
+            let cx = cx.clone();
+            tokio::spawn(async move { push(&cx, &c.socket, c.epoch, c.slot, pull).await });
+        }
+    }
     Ok(pushed)
+}
+
+/// Pushes whose pull credentials are issued in one transaction.
+const PULL_BATCH: usize = 256;
+
+/// A push slot taken for an assignment revision.
+struct Claimed {
+    socket: String,
+    epoch: u64,
+    slot: Slot,
+}
+
+impl Claimed {
+    /// The (repository, holder) of the pull credential this push carries, if it carries one.
+    fn pull_wanted(&self) -> Option<(&str, &str)> {
+        let a = &self.slot.assignment;
+        (a.intent == Intent::Run).then_some(())?;
+        Some((a.repository.as_deref()?, self.slot.assignment_id.as_str()))
+    }
 }
 
 /// Whether a slot's assignment is settled on the node (nothing left to tell it).
@@ -459,9 +498,9 @@ impl NodeSessions {
     }
 }
 
-async fn push(cx: &Context, socket: &str, epoch: u64, slot: Slot) {
+async fn push(cx: &Context, socket: &str, epoch: u64, slot: Slot, pull: Option<capstan_registry::pulls::PullCredential>) {
     let (node_id, assignment_id, revision) = (slot.node_id.clone(), slot.assignment_id.clone(), slot.assignment.revision);
-    let accepted = match push_once(cx, socket, &slot).await {
+    let accepted = match push_once(cx, socket, &slot, pull).await {
         Ok(()) => true,
         Err(refusal) => {
             tracing::warn!(node = %node_id, assignment = %assignment_id, code = %refusal.code, "an assignment push was not accepted: {}", refusal.message);
@@ -475,7 +514,7 @@ async fn push(cx: &Context, socket: &str, epoch: u64, slot: Slot) {
     }
 }
 
-async fn push_once(cx: &Context, socket: &str, slot: &Slot) -> Result<()> {
+async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan_registry::pulls::PullCredential>) -> Result<()> {
     let a = &slot.assignment;
     let mut body = json!({
         "assignmentId": slot.assignment_id,
@@ -486,10 +525,7 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot) -> Result<()> {
         "generation": a.intent.generation(),
         "work": a.work,
     });
-    if a.intent == Intent::Run
-        && let Some(repository) = &a.repository
-    {
-        let credential = capstan_registry::pulls::issue(&cx.store, repository, &slot.assignment_id, PULL_TTL).await?;
+    if let Some(credential) = pull {
         body["pull"] = json!({
             "server": cx.registry_host,
             "username": credential.username,

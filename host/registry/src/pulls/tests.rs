@@ -234,3 +234,22 @@ fn usernames_name_a_credential_id_only_in_their_one_form() {
     }
     assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd") && !constant_time_eq(b"abc", b"ab"));
 }
+
+#[tokio::test]
+async fn many_are_issued_in_one_transaction_in_order_or_none_when_one_is_refused() {
+    let (store, _dir) = store().await;
+    let wanted = [(REPO, "asg_1"), ("workloads/api-0123456789ab", "asg_2"), (REPO, "asg_3")];
+    let issued = issue_many(&store, &wanted, Duration::from_secs(600)).await.unwrap();
+    assert_eq!(issued.len(), 3);
+    for ((repository, holder), credential) in wanted.iter().zip(&issued) {
+        let data = record(&store, credential.id()).await.unwrap();
+        assert_eq!((data["repository"].as_str(), data["holder"].as_str()), (Some(*repository), Some(*holder)), "in order");
+        assert_eq!(data["secretHash"], hex::encode(Sha256::digest(credential.password.expose().as_bytes())));
+    }
+    assert!(issue_many(&store, &[], Duration::from_secs(600)).await.unwrap().is_empty());
+    // one bad pair refuses the whole batch, and nothing of it is stored
+    let refused = issue_many(&store, &[(REPO, "asg_4"), ("Bad", "asg_5")], Duration::from_secs(600)).await.unwrap_err();
+    assert_eq!(refused.code, "registry-name-invalid");
+    let stored = store.transact(|tx| async move { tx.scan(PULL_CREDENTIALS, None, 100).await }).await.unwrap();
+    assert_eq!(stored.documents.len(), 3, "the refused batch wrote nothing");
+}
