@@ -39,6 +39,8 @@ pub struct Options {
 const TICK: Duration = Duration::from_secs(1);
 /// How long a container is given to stop.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// The least time a replica has to become ready before it is reported unhealthy.
+const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a labelled container nobody pushed is left alone after a session registers.
 const ADOPTION_GRACE: Duration = Duration::from_secs(15);
 /// The longest wait between attempts to reach Capstan or the engine.
@@ -534,11 +536,30 @@ async fn run_step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Hel
                         Some(format!("health check failing: {why}")),
                     ));
                 }
+                // a replica that never becomes ready is as failed as one that stopped being so:
+                // Capstan replaces it after the backoff rather than it waiting unready for ever
+                let deadline = startup_probes(health);
+                if held.passes == 0 && held.failures >= deadline {
+                    return Step::Observe(said(
+                        "unhealthy",
+                        false,
+                        container.image_digest.clone(),
+                        Some(format!("never became ready: health check failing for {deadline} s: {why}")),
+                    ));
+                }
             }
         }
     }
     let ready = held.passes > 0 && held.failures == 0;
     Step::Observe(observed_said(&container, ready))
+}
+
+/// Probes (one a second) a replica has to pass its health check for the first time: the
+/// longer of a minute and what `threshold` failures at the check's interval take.
+fn startup_probes(health: &Health) -> u32 {
+    let interval_s = health.interval_ms.unwrap_or(5_000).div_ceil(1_000);
+    let threshold = u64::from(health.threshold.unwrap_or(3));
+    u32::try_from((threshold * interval_s).max(STARTUP_DEADLINE.as_secs())).unwrap_or(u32::MAX)
 }
 
 /// Pull the image and start the container; the cause in words when it fails.
@@ -593,6 +614,14 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_has_a_minute_or_threshold_intervals_to_become_ready() {
+        let health = |interval_ms, threshold| Health { interval_ms: Some(interval_ms), threshold: Some(threshold), ..Health::default() };
+        assert_eq!(startup_probes(&Health::default()), 60, "defaults: 3 x 5 s is under a minute");
+        assert_eq!(startup_probes(&health(30_000, 5)), 150, "5 x 30 s");
+        assert_eq!(startup_probes(&health(1_500, 1)), 60);
+    }
 
     #[test]
     fn the_nonce_is_a_lowercase_uuid_drawn_anew() {

@@ -4,7 +4,8 @@
 //! pushed into Capstan's registry with skopeo by a deployer and promoted; the runtime runs them:
 //! the container answers HTTP on both nodes; a new image rolls one slot at a time (some node
 //! answers throughout); a second service scales 1 → 2 per node and back; `kill -9` of an agent
-//! mid-rollout leaves no duplicate once it is back; a node whose agent stopped is reported and
+//! mid-rollout leaves no duplicate once it is back; an engine restart that stopped the containers
+//! is followed by the replicas running again; a node whose agent stopped is reported and
 //! its slot waits; deleting the services leaves no container. The second node's runtime session
 //! rides the cluster's relay (`capstan-agent relay --nodes-listen` on the first node), which
 //! carries it on its own socket to Capstan.
@@ -166,19 +167,7 @@ impl Node {
         .unwrap();
         std::fs::write(dir.join("registries.conf"), format!("[[registry]]\nlocation = \"127.0.0.1:{capstan_port}\"\ninsecure = true\n"))
             .unwrap();
-        let socket = dir.join("engine.sock");
-        // nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts runc needs
-        let engine = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .arg("podman")
-            .args(engine_storage(&dir))
-            .args(["system", "service", "--time=0", &format!("unix://{}", socket.display())])
-            .env("CONTAINERS_CONF", dir.join("containers.conf"))
-            .env("CONTAINERS_REGISTRIES_CONF", dir.join("registries.conf"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("engine.log")).unwrap())
-            .spawn()
-            .expect("starting podman system service");
+        let engine = spawn_engine(&netns, &dir);
         let address = format!("127.0.0.1:{capstan_port}");
         let forwarders = vec![
             forwarder(None, &format!("{host_ip}:{capstan_port}"), &address),
@@ -289,6 +278,25 @@ impl Node {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
+    /// Restart the engine, and stop every container behind the agent's back meanwhile (as an
+    /// engine restart without live restore does).
+    fn restart_engine(&mut self) {
+        let _ = self.engine.kill();
+        let _ = self.engine.wait();
+        let _ = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg("podman")
+            .args(engine_storage(&self.dir))
+            .args(["stop", "--all", "--time", "0"])
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .output();
+        std::thread::sleep(Duration::from_secs(2));
+        self.engine = spawn_engine(&self.netns, &self.dir);
+        eventually("the node's engine answers again", Duration::from_secs(60), || {
+            self.engine_get("/v1.41/version").map(drop).ok_or_else(|| "not yet".to_string())
+        });
+    }
+
     /// SIGKILL (`kill -9`) or SIGTERM the agent.
     fn stop_agent(&mut self, hard: bool) {
         if let Some(mut agent) = self.agent.take() {
@@ -339,6 +347,24 @@ fn engine_storage(dir: &Path) -> Vec<String> {
         "--tmpdir".into(),
         dir.join("tmp").display().to_string(),
     ]
+}
+
+/// The node's engine service (its Docker-compatible API on `<dir>/engine.sock`).
+fn spawn_engine(netns: &str, dir: &Path) -> Child {
+    let socket = dir.join("engine.sock");
+    let _ = std::fs::remove_file(&socket);
+    // nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts runc needs
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .arg("podman")
+        .args(engine_storage(dir))
+        .args(["system", "service", "--time=0", &format!("unix://{}", socket.display())])
+        .env("CONTAINERS_CONF", dir.join("containers.conf"))
+        .env("CONTAINERS_REGISTRIES_CONF", dir.join("registries.conf"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(dir.join("engine.log")).unwrap())
+        .spawn()
+        .expect("starting podman system service")
 }
 
 fn url_encode(text: &str) -> String {
@@ -552,6 +578,18 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         assert_eq!(containers.len(), 1, "one container per node after the kill, no duplicate, no orphan: {containers:?}\n{}", node.log());
         assert_eq!(node.page().as_deref(), Some("v3"));
     }
+
+    // ---- an engine restart that took the containers with it: the runtime brings them back ----
+    nodes[0].restart_engine();
+    eventually("the stopped replica is reported", CONVERGE, || {
+        let target = w.status(&web);
+        if target["verdict"]["state"] != "converged" { Ok(()) } else { Err(target.to_string()) }
+    });
+    w.converged(&web, "web runs again after the engine restart", |t| {
+        t["slots"].as_array().unwrap().iter().all(|s| s["ready"] == true && s["imageDigest"] == v3.as_str())
+    });
+    assert_eq!(nodes[0].page().as_deref(), Some("v3"), "the node answers again after its engine restarted");
+    assert_eq!(nodes[0].containers(&web).len(), 1, "{}", nodes[0].log());
 
     // ---- a second service scales 1 -> 2 per node and back (no published port) ----
     let api = w.ok(
