@@ -454,10 +454,14 @@ impl World {
         status["digest"].as_str().unwrap().to_string()
     }
 
+    /// The service's target once its verdict reads converged, every slot it shows is running
+    /// and ready (the verdict is written after the step that admits a slot, so for a moment a new
+    /// slot shows beside the earlier verdict), and `check` holds.
     fn converged(&self, service: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
         eventually(what, CONVERGE, || {
             let target = self.status(service);
-            if target["verdict"]["state"] == "converged" && check(&target) { Ok(target) } else { Err(target.to_string()) }
+            let slots_ready = target["slots"].as_array().is_some_and(|s| s.iter().all(|s| s["phase"] == "running" && s["ready"] == true));
+            if target["verdict"]["state"] == "converged" && slots_ready && check(&target) { Ok(target) } else { Err(target.to_string()) }
         })
     }
 }
@@ -613,7 +617,8 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     let written = api_spec(written["revision"].clone(), 2);
     w.converged(&api, "api runs twice per node", |t| t["slots"].as_array().unwrap().len() == 4);
     for node in &nodes {
-        assert_eq!(node.containers(&api).len(), 2, "{}", node.netns);
+        let containers = node.containers(&api);
+        assert_eq!(containers.len(), 2, "{}: {containers:?}\n{}\n{}", node.netns, w.status(&api), node.log());
     }
     api_spec(written["revision"].clone(), 1);
     w.converged(&api, "api runs once per node again", |t| t["slots"].as_array().unwrap().len() == 2);
