@@ -74,7 +74,7 @@ impl Carrier {
 
     /// A frame from Capstan about a carried node (`node-opened`, `node-refused`, `node`,
     /// `node-close`).
-    pub fn from_host(&self, frame: &Value) {
+    pub fn host_said(&self, frame: &Value) {
         let Some(node) = frame["node"].as_str() else { return };
         let down = match frame["type"].as_str().unwrap_or_default() {
             "node-opened" => Down::Opened,
@@ -293,13 +293,13 @@ mod tests {
         carrier.attach(sender);
         let mut a = node(&url, offer("node_a")).await;
         assert_eq!(up(&mut upstream).await, json!({ "type": "node-open", "node": "node_a", "token": "t0ken" }));
-        carrier.from_host(&json!({ "type": "node-opened", "node": "node_a" }));
+        carrier.host_said(&json!({ "type": "node-opened", "node": "node_a" }));
         let welcome = next(&mut a).await;
         assert_eq!((welcome["type"].as_str(), welcome["node"]["nodeId"].as_str()), (Some("welcome"), Some("node_a")), "{welcome}");
         // Capstan refuses another node: its link closes with Capstan's refusal, the first stays
         let mut b = node(&url, offer("node_b")).await;
         assert_eq!(up(&mut upstream).await["node"], "node_b");
-        carrier.from_host(&json!({ "type": "node-refused", "node": "node_b", "error": { "code": "relay-node-foreign", "message": "m" } }));
+        carrier.host_said(&json!({ "type": "node-refused", "node": "node_b", "error": { "code": "relay-node-foreign", "message": "m" } }));
         assert_eq!(next(&mut b).await["error"]["code"], "relay-node-foreign");
         assert_eq!(next(&mut b).await["closed"], 1008);
         assert_eq!(up(&mut upstream).await, json!({ "type": "node-close", "node": "node_b" }), "what was opened is closed");
@@ -311,7 +311,7 @@ mod tests {
             wrapped,
             json!({ "type": "node", "node": "node_a", "frame": { "type": "call", "id": 1, "method": "runtime.registerSession" } })
         );
-        carrier.from_host(&json!({ "type": "node", "node": "node_a", "frame": { "type": "result", "id": 1, "result": { "ok": true } } }));
+        carrier.host_said(&json!({ "type": "node", "node": "node_a", "frame": { "type": "result", "id": 1, "result": { "ok": true } } }));
         assert_eq!(next(&mut a).await, json!({ "type": "result", "id": 1, "result": { "ok": true } }));
 
         // the same node connecting again replaces its older link
@@ -319,7 +319,7 @@ mod tests {
         assert_eq!(up(&mut upstream).await["type"], "node-open");
         assert_eq!(next(&mut a).await["error"]["code"], "node-link-replaced", "the older link is closed");
         assert_eq!(next(&mut a).await["closed"], 1013);
-        carrier.from_host(&json!({ "type": "node-opened", "node": "node_a" }));
+        carrier.host_said(&json!({ "type": "node-opened", "node": "node_a" }));
         assert_eq!(next(&mut again).await["type"], "welcome");
         assert_eq!(carrier.carried(), 1);
         // a node that leaves is closed upstream
@@ -329,7 +329,7 @@ mod tests {
         // the relay's session ending ends every link
         let mut c = node(&url, offer("node_c")).await;
         up(&mut upstream).await;
-        carrier.from_host(&json!({ "type": "node-opened", "node": "node_c" }));
+        carrier.host_said(&json!({ "type": "node-opened", "node": "node_c" }));
         assert_eq!(next(&mut c).await["type"], "welcome");
         carrier.detach();
         assert_eq!(next(&mut c).await["error"]["code"], "relay-not-connected");

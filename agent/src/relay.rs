@@ -491,7 +491,7 @@ impl Relay {
                     };
                     match frame["type"].as_str().unwrap_or_default() {
                         "push" => self.push(&frame, ctx),
-                        "node-opened" | "node-refused" | "node" | "node-close" => self.carrier.from_host(&frame),
+                        "node-opened" | "node-refused" | "node" | "node-close" => self.carrier.host_said(&frame),
                         "request" => self.request(&frame, ctx, &replies, &mut requests, limits.max_frame_bytes),
                         "result" if awaiting.is_some() && frame["id"].as_u64() == awaiting => {
                             awaiting = None;
