@@ -162,11 +162,37 @@ enum Pending {
     Observation(String, Said),
     Receipt(String, u32),
     Register,
+    /// `runtime.enrollRecipient`: a challenge sealed to this process's key comes back.
+    Enroll,
+    /// `runtime.proveRecipient`: the key becomes the node's recipient.
+    Prove,
+}
+
+/// The X25519 key this agent process draws at start: secret material for its workloads is
+/// sealed to it. Its private half lives in this process's memory only (wiped on drop), never on
+/// disk or in a log line; a restarted agent draws and proves a new one.
+struct Recipient {
+    secret: x25519_dalek::StaticSecret,
+    /// The generation Capstan recorded for it, once proven.
+    generation: Option<u64>,
+}
+
+impl Recipient {
+    fn draw() -> Recipient {
+        let bytes = Zeroizing::new(rand::random::<[u8; 32]>());
+        Recipient { secret: x25519_dalek::StaticSecret::from(*bytes), generation: None }
+    }
+
+    fn public_key(&self) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(x25519_dalek::PublicKey::from(&self.secret).as_bytes())
+    }
 }
 
 /// Run the runtime session until `stop` turns true; never exits on a failure.
 pub async fn run(options: Options, mut stop: watch::Receiver<bool>) {
     let nonce = nonce();
+    let mut recipient = Recipient::draw();
     let mut held: HashMap<String, Held> = HashMap::new();
     let mut delay = Duration::from_secs(1);
     let mut engine: Option<Engine> = None;
@@ -185,10 +211,12 @@ pub async fn run(options: Options, mut stop: watch::Receiver<bool>) {
                 options: &options,
                 engine,
                 nonce: &nonce,
+                recipient: &mut recipient,
                 held: &mut held,
                 next_id: 1,
                 pending: HashMap::new(),
                 registered: false,
+                node_id: None,
             };
             let ended = session.run(&mut stop).await;
             if session.registered {
@@ -222,17 +250,21 @@ struct Session<'a> {
     options: &'a Options,
     engine: &'a Engine,
     nonce: &'a str,
+    recipient: &'a mut Recipient,
     held: &'a mut HashMap<String, Held>,
     next_id: u64,
     pending: HashMap<u64, Pending>,
     /// Capstan accepted the registration on this socket.
     registered: bool,
+    /// The node this session is (its credential's).
+    node_id: Option<String>,
 }
 
 impl Session<'_> {
     /// One socket's session: `Ok` when asked to stop, `Err` (why) when it ended otherwise.
     async fn run(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), String> {
         let credential = self.options.state.read_credential().map_err(|r| format!("{}: {}", r.code, r.message))?;
+        self.node_id = Some(credential.node_id.clone());
         let url = match &self.options.relay {
             Some(relay) => relay.clone(),
             None => socket_url(&credential.origin).map_err(|r| r.message.to_string())?,
@@ -307,8 +339,7 @@ impl Session<'_> {
             }
             Some("result") | Some("error") => {
                 let Some(pending) = frame["id"].as_u64().and_then(|id| self.pending.remove(&id)) else { return Ok(()) };
-                self.answered(pending, &frame).await;
-                Ok(())
+                self.answered(ws, pending, &frame).await
             }
             _ => Ok(()),
         }
@@ -331,15 +362,44 @@ impl Session<'_> {
         Ok(json!({ "accepted": true }))
     }
 
-    async fn answered(&mut self, pending: Pending, frame: &Value) {
+    async fn answered(&mut self, ws: &mut Socket, pending: Pending, frame: &Value) -> Result<(), String> {
         let refusal = frame.get("error");
         match pending {
             Pending::Register => match refusal {
                 None => {
                     self.registered = true;
                     tracing::info!(epoch = %frame["result"]["sessionEpoch"], "runtime session registered");
+                    // every session proves this process's key again (a session is this process's)
+                    let body = json!({ "publicKey": self.recipient.public_key() });
+                    self.call(ws, "runtime.enrollRecipient", body, Pending::Enroll).await?;
                 }
                 Some(error) => tracing::warn!(code = %error["code"], "the runtime session was refused: {}", error["message"]),
+            },
+            Pending::Enroll => match refusal {
+                None => {
+                    let result = &frame["result"];
+                    let (Some(node), Some(challenge_id)) = (self.node_id.clone(), result["challengeId"].as_str()) else {
+                        return Err("the recipient challenge does not read".into());
+                    };
+                    let sealed: capstan_core::sealed::SealedInput = serde_json::from_value(result["challenge"].clone())
+                        .map_err(|_| "the recipient challenge does not read".to_string())?;
+                    let target = capstan_core::sealed::target("runtime.enrollRecipient", &format!("node:{node}"), challenge_id);
+                    let answer = capstan_core::sealed::open_as(&self.recipient.secret, &target, &sealed)
+                        .map_err(|r| format!("the recipient challenge does not open: {}", r.code))?;
+                    use base64::Engine;
+                    let answer = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(answer.as_slice()));
+                    let body = json!({ "challengeId": challenge_id, "answer": answer.as_str() });
+                    self.call(ws, "runtime.proveRecipient", body, Pending::Prove).await?;
+                }
+                Some(error) => tracing::warn!(code = %error["code"], reason = %error["data"]["reason"], "the recipient was refused"),
+            },
+            Pending::Prove => match refusal {
+                None => {
+                    let generation = frame["result"]["generation"].as_u64();
+                    self.recipient.generation = generation;
+                    tracing::info!(generation, "node recipient enrolled");
+                }
+                Some(error) => tracing::warn!(code = %error["code"], reason = %error["data"]["reason"], "the recipient proof was refused"),
             },
             Pending::Observation(id, said) => match refusal {
                 None => {
@@ -364,6 +424,7 @@ impl Session<'_> {
                 Some(error) => tracing::warn!(assignment = %id, reason = %error["data"]["reason"], "a receipt was refused"),
             },
         }
+        Ok(())
     }
 
     /// Capstan knows no assignment `id`: whatever carries it goes.

@@ -347,6 +347,8 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("runtime.getClusterAssignments", json!({ "clusterId": CLUSTER }), admin(Ran)),
         // a node's runtime methods are answered over its socket session only
         ("runtime.registerSession", json!({}), signed_in(Past("socket-required"))),
+        ("runtime.enrollRecipient", json!({}), signed_in(Past("socket-required"))),
+        ("runtime.proveRecipient", json!({}), signed_in(Past("socket-required"))),
         ("runtime.reportObservation", json!({}), signed_in(Past("socket-required"))),
         ("runtime.reportReceipt", json!({}), signed_in(Past("socket-required"))),
         // ---- settings ----

@@ -22,6 +22,8 @@ pub mod ids;
 pub mod net;
 pub mod private_file;
 pub mod refusal;
+#[cfg(feature = "sealed")]
+pub mod sealed;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;

@@ -14,6 +14,7 @@ pub mod enroll;
 pub mod heartbeat;
 pub mod hostnames;
 pub mod jump;
+pub mod recipients;
 pub mod records;
 
 use capstan_core::clock::Clock;
@@ -75,6 +76,7 @@ pub fn collections() -> Vec<CollectionSpec> {
         CollectionSpec::new(NODE_CREDENTIALS),
         CollectionSpec::new(NODE_JUMP_CODES).index("by_cluster", &["clusterId"]),
         CollectionSpec::new(CLUSTER_NODE_SNAPSHOTS),
+        recipients::collection(),
     ]
 }
 

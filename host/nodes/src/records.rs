@@ -92,6 +92,10 @@ pub struct NodeView {
     pub live: bool,
     /// `live`, `offline` or `never-reported`.
     pub liveness: Liveness,
+    /// The X25519 recipient its agent proved, which secret material is sealed to (`nodes.get`
+    /// only; absent before the first proof).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<super::recipients::Recipient>,
 }
 
 /// Judge a stored node's liveness at `now` (milliseconds) with `freshness` (milliseconds).
@@ -101,7 +105,7 @@ pub fn view(node: Entity<Node>, now: u64, freshness: u64) -> NodeView {
         Some(at) if now.saturating_sub(at) < freshness => Liveness::Live,
         Some(_) => Liveness::Offline,
     };
-    NodeView { node, live: liveness == Liveness::Live, liveness }
+    NodeView { node, live: liveness == Liveness::Live, liveness, recipient: None }
 }
 
 /// Read a node or refuse `node-missing`.
@@ -254,7 +258,9 @@ pub async fn read(store: &Store, clock: &Clock, id: &str) -> Result<Option<NodeV
                 return Ok(None);
             }
             let Some(doc) = tx.get(CLUSTER_NODES, id).await? else { return Ok(None) };
-            Ok(Some(view(parse(&doc)?, now, freshness_in(&tx).await?)))
+            let mut node = view(parse(&doc)?, now, freshness_in(&tx).await?);
+            node.recipient = super::recipients::current(&tx, id).await?;
+            Ok(Some(node))
         })
         .await
 }
@@ -341,6 +347,11 @@ async fn delete(cx: Context, _: Call, input: RevisionInput) -> Result<Deleted> {
                 tx.delete(NODE_CREDENTIALS, &input.id, credential.revision).await?;
             }
             tx.delete(CLUSTER_NODES, &input.id, node.revision).await?;
+            if tx.is_declared(super::recipients::NODE_RECIPIENTS)
+                && let Some(recipient) = tx.get(super::recipients::NODE_RECIPIENTS, &input.id).await?
+            {
+                tx.delete(super::recipients::NODE_RECIPIENTS, &input.id, recipient.revision).await?;
+            }
             snapshot(&tx, &node.data.cluster_id, &input.id, None).await?;
             emit(&tx, "node.deleted", &input.id, json!({ "id": input.id, "clusterId": node.data.cluster_id })).await?;
             Ok(Deleted { id: input.id.clone(), deleted: true })

@@ -133,6 +133,11 @@ pub fn register(registry: &mut Registry, cx: Context) {
     let mut scoped = registry.with(cx);
     for (method, summary) in [
         ("runtime.registerSession", "A node's agent registers its runtime session (over its /api/v1/socket session only)"),
+        (
+            "runtime.enrollRecipient",
+            "A node offers the X25519 key it drew for this process and is sealed a challenge (runtime session only)",
+        ),
+        ("runtime.proveRecipient", "A node answers its recipient challenge: the key becomes its next recipient (runtime session only)"),
         ("runtime.reportObservation", "A node reports what it observes of an assignment (over its runtime session only)"),
         ("runtime.reportReceipt", "A node reports an assignment stopped or removed (over its runtime session only)"),
     ] {

@@ -33,7 +33,8 @@ pub const PUSH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a pull credential issued with a push lasts.
 pub const PULL_TTL: Duration = Duration::from_secs(15 * 60);
 /// The methods a node calls over its session.
-pub const NODE_METHODS: [&str; 3] = ["runtime.registerSession", "runtime.reportObservation", "runtime.reportReceipt"];
+pub const NODE_METHODS: [&str; 5] =
+    ["runtime.registerSession", "runtime.enrollRecipient", "runtime.proveRecipient", "runtime.reportObservation", "runtime.reportReceipt"];
 
 /// Calls one carried node may have running at once (a direct socket has the session's bound).
 pub const MAX_CARRIED_CALLS: usize = 8;
@@ -57,6 +58,21 @@ struct Current {
     acked: HashMap<String, u64>,
     /// Assignment id → the revision pushed and not yet answered.
     in_flight: HashMap<String, u64>,
+    /// The recipient challenge this session was sealed and has not answered yet.
+    challenge: Option<Challenge>,
+}
+
+/// A recipient challenge: 32 random bytes sealed to the public key the agent offered, which only
+/// the holder of its private half can answer.
+struct Challenge {
+    id: String,
+    public_key: String,
+    answer: Zeroizing<[u8; 32]>,
+}
+
+/// The target a recipient challenge is sealed for (docs/runtime.md, "Node recipients").
+pub fn challenge_target(node_id: &str, challenge_id: &str) -> String {
+    capstan_core::sealed::target("runtime.enrollRecipient", &format!("node:{node_id}"), challenge_id)
 }
 
 /// The node runtime sessions this process carries.
@@ -260,6 +276,8 @@ pub async fn node_call(cx: &Context, socket: &str, method: &str, body: Value) ->
         .map_err(|_| report_refused("session-unauthorized", "the node's credential no longer authenticates"))?;
     match method {
         "runtime.registerSession" => register(cx, socket, &node_id, decode(body)?).await,
+        "runtime.enrollRecipient" => enroll_recipient(cx, socket, &node_id, decode(body)?),
+        "runtime.proveRecipient" => prove_recipient(cx, socket, &node_id, decode(body)?).await,
         "runtime.reportObservation" => {
             cx.sessions.require_current(socket, &node_id)?;
             observe(cx, &node_id, decode(body)?).await
@@ -287,8 +305,14 @@ async fn register(cx: &Context, socket: &str, node_id: &str, input: RegisterInpu
             Some(c) if c.socket == socket && c.nonce == input.nonce => c.epoch,
             previous => {
                 let epoch = previous.map_or(0, |c| c.epoch).max(now_ms()) + 1;
-                let session =
-                    Current { socket: socket.into(), nonce: input.nonce.clone(), epoch, acked: HashMap::new(), in_flight: HashMap::new() };
+                let session = Current {
+                    socket: socket.into(),
+                    nonce: input.nonce.clone(),
+                    epoch,
+                    acked: HashMap::new(),
+                    in_flight: HashMap::new(),
+                    challenge: None,
+                };
                 current.insert(node_id.into(), session);
                 tracing::info!(node = %node_id, epoch, version = input.agent_version.as_deref().unwrap_or("-"), "node runtime session registered");
                 epoch
@@ -297,6 +321,75 @@ async fn register(cx: &Context, socket: &str, node_id: &str, input: RegisterInpu
     };
     cx.delivery_wake.notify_one();
     Ok(json!({ "sessionEpoch": epoch, "nodeId": node_id, "clusterId": cluster_id }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EnrollInput {
+    public_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProveInput {
+    challenge_id: String,
+    answer: String,
+}
+
+/// `runtime.enrollRecipient {publicKey}`: the agent offers the X25519 public key it drew for
+/// this process; it is answered a challenge sealed to that key, which `runtime.proveRecipient`
+/// answers. A new offer replaces a challenge not answered yet.
+fn enroll_recipient(cx: &Context, socket: &str, node_id: &str, input: EnrollInput) -> Result<Value> {
+    use base64::Engine;
+    let key: [u8; 32] = base64::engine::general_purpose::STANDARD
+        .decode(&input.public_key)
+        .ok()
+        .and_then(|bytes| bytes.try_into().ok())
+        .ok_or_else(|| report_refused("request-invalid", "publicKey is an X25519 public key: 32 bytes in base64"))?;
+    let public = x25519_dalek::PublicKey::from(key);
+    let id = format!("rch_{}", hex::encode(rand::random::<[u8; 16]>()));
+    let answer = Zeroizing::new(rand::random::<[u8; 32]>());
+    let sealed = capstan_core::sealed::seal_to(&format!("node:{node_id}"), &public, &challenge_target(node_id, &id), answer.as_slice());
+    let mut current = cx.sessions.current.lock().expect("current");
+    match current.get_mut(node_id) {
+        Some(session) if session.socket == socket => {
+            session.challenge = Some(Challenge { id: id.clone(), public_key: input.public_key, answer });
+        }
+        Some(_) => return Err(report_refused("session-superseded", "a newer runtime session of this node exists")),
+        None => return Err(report_refused("session-unknown", "register the runtime session first (runtime.registerSession)")),
+    }
+    Ok(json!({ "challengeId": id, "challenge": sealed }))
+}
+
+/// `runtime.proveRecipient {challengeId, answer}`: the opened challenge (base64) proves the
+/// agent holds the private key; the key becomes the node's next recipient generation, bound to
+/// this session's agent process.
+async fn prove_recipient(cx: &Context, socket: &str, node_id: &str, input: ProveInput) -> Result<Value> {
+    use base64::Engine;
+    let (public_key, nonce) = {
+        let mut current = cx.sessions.current.lock().expect("current");
+        let session = match current.get_mut(node_id) {
+            Some(session) if session.socket == socket => session,
+            Some(_) => return Err(report_refused("session-superseded", "a newer runtime session of this node exists")),
+            None => return Err(report_refused("session-unknown", "register the runtime session first (runtime.registerSession)")),
+        };
+        let challenge = match session.challenge.take() {
+            Some(challenge) if challenge.id == input.challenge_id => challenge,
+            other => {
+                session.challenge = other;
+                return Err(report_refused("recipient-challenge-unknown", "no such challenge is open: enroll the recipient again"));
+            }
+        };
+        let answer = base64::engine::general_purpose::STANDARD.decode(&input.answer).map(Zeroizing::new).unwrap_or_default();
+        if answer.as_slice() != challenge.answer.as_slice() {
+            return Err(report_refused("recipient-proof-invalid", "the answer is not the challenge: enroll the recipient again"));
+        }
+        (challenge.public_key, session.nonce.clone())
+    };
+    let recipient = capstan_nodes::recipients::record(&cx.store, node_id, &public_key, &nonce, now_ms()).await?;
+    tracing::info!(node = %node_id, generation = recipient.generation, "node recipient enrolled");
+    cx.delivery_wake.notify_one();
+    Ok(json!({ "generation": recipient.generation, "enrolledAt": recipient.enrolled_at }))
 }
 
 /// The slot holding `assignment_id` on `node_id`, or `assignment-unknown`.
@@ -614,7 +707,14 @@ mod tests {
     fn sessions() -> NodeSessions {
         let sessions = NodeSessions::default();
         sessions.opened("socket_1", "node_1", "token");
-        let current = Current { socket: "socket_1".into(), nonce: "n".into(), epoch: 7, acked: HashMap::new(), in_flight: HashMap::new() };
+        let current = Current {
+            socket: "socket_1".into(),
+            nonce: "n".into(),
+            epoch: 7,
+            acked: HashMap::new(),
+            in_flight: HashMap::new(),
+            challenge: None,
+        };
         sessions.current.lock().unwrap().insert("node_1".into(), current);
         sessions
     }

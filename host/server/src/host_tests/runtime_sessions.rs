@@ -384,3 +384,61 @@ async fn a_relay_carries_its_clusters_node_sessions_each_judged_by_its_own_crede
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn a_node_proves_the_key_it_drew_and_each_proof_is_a_new_generation() {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let server = serve().await;
+    let (_service, _cluster, node, token) = world(&server).await;
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    let early = call(&mut ws, 1, "runtime.enrollRecipient", json!({ "publicKey": b64.encode([9u8; 32]) })).await;
+    assert_eq!(early["error"]["data"]["reason"], "session-unknown", "{early}");
+    call(&mut ws, 2, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+
+    let secret = x25519_dalek::StaticSecret::from([5u8; 32]);
+    let public = b64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes());
+    let short = call(&mut ws, 3, "runtime.enrollRecipient", json!({ "publicKey": b64.encode([1u8; 31]) })).await;
+    assert_eq!(short["error"]["data"]["reason"], "request-invalid", "{short}");
+    // a wrong answer is refused, and the challenge is spent
+    let enrolled = call(&mut ws, 4, "runtime.enrollRecipient", json!({ "publicKey": public })).await;
+    let challenge_id = enrolled["result"]["challengeId"].as_str().unwrap().to_string();
+    let wrong = call(&mut ws, 5, "runtime.proveRecipient", json!({ "challengeId": challenge_id, "answer": b64.encode([0u8; 32]) })).await;
+    assert_eq!(wrong["error"]["data"]["reason"], "recipient-proof-invalid", "{wrong}");
+    let spent = call(&mut ws, 6, "runtime.proveRecipient", json!({ "challengeId": challenge_id, "answer": b64.encode([0u8; 32]) })).await;
+    assert_eq!(spent["error"]["data"]["reason"], "recipient-challenge-unknown", "{spent}");
+    let got = admin(&server, "nodes.get", json!({ "id": node })).await;
+    assert!(got.get("recipient").is_none(), "nothing proven yet: {got}");
+
+    // only the private key's holder opens the challenge; its answer makes generation 1
+    let prove = |ws_id: u64, enrolled: &Value, key: &x25519_dalek::StaticSecret| {
+        let id = enrolled["result"]["challengeId"].as_str().unwrap().to_string();
+        let sealed: capstan_core::sealed::SealedInput = serde_json::from_value(enrolled["result"]["challenge"].clone()).unwrap();
+        let target = crate::runtime::sessions::challenge_target(&node, &id);
+        let answer = capstan_core::sealed::open_as(key, &target, &sealed).map(|a| b64.encode(a.as_slice()));
+        (ws_id, id, answer)
+    };
+    let enrolled = call(&mut ws, 7, "runtime.enrollRecipient", json!({ "publicKey": public })).await;
+    let (_, id, answer) = prove(8, &enrolled, &x25519_dalek::StaticSecret::from([6u8; 32]));
+    assert!(answer.is_err(), "another key does not open the challenge");
+    let (_, _, answer) = prove(8, &enrolled, &secret);
+    let proven = call(&mut ws, 8, "runtime.proveRecipient", json!({ "challengeId": id, "answer": answer.unwrap() })).await;
+    assert_eq!(proven["result"]["generation"], 1, "{proven}");
+    let got = admin(&server, "nodes.get", json!({ "id": node })).await;
+    assert_eq!(got["recipient"]["generation"], 1, "{got}");
+    assert_eq!(got["recipient"]["publicKey"], public.as_str());
+    assert!(got["recipient"]["enrolledAt"].as_u64().unwrap() > 0);
+    assert!(got["recipient"].get("nonce").is_none(), "the agent process is not shown: {got}");
+
+    // a restarted agent (a new session, a new key) proves generation 2
+    drop(ws);
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": "0b7e5a1c-2d3f-4a5b-8c6d-7e8f9a0b1c2d" })).await;
+    let again = x25519_dalek::StaticSecret::from([11u8; 32]);
+    let public = b64.encode(x25519_dalek::PublicKey::from(&again).as_bytes());
+    let enrolled = call(&mut ws, 2, "runtime.enrollRecipient", json!({ "publicKey": public })).await;
+    let (_, id, answer) = prove(3, &enrolled, &again);
+    let proven = call(&mut ws, 3, "runtime.proveRecipient", json!({ "challengeId": id, "answer": answer.unwrap() })).await;
+    assert_eq!(proven["result"]["generation"], 2, "{proven}");
+    assert_eq!(admin(&server, "nodes.get", json!({ "id": node })).await["recipient"]["publicKey"], public.as_str());
+}
