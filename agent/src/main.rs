@@ -155,6 +155,10 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// Only beat and apply the hostname: run no workloads (no runtime session).
         #[arg(long)]
         no_workloads: bool,
+        /// Where secret files live while their container runs (DIR/<assignment>/<KEY>, bound
+        /// read-only at /run/secrets): keep it on a memory-backed tmpfs.
+        #[arg(long, env = "CAPSTAN_AGENT_SECRETS_DIR", default_value = "/dev/shm/capstan-agent", value_name = "DIR")]
+        secrets_dir: PathBuf,
         /// Open the runtime session through the cluster's relay (its --nodes-listen address,
         /// e.g. ws://10.0.0.5:8444) instead of on Capstan's socket directly.
         #[arg(long, env = "CAPSTAN_AGENT_RELAY", value_name = "WS_URL", conflicts_with = "no_workloads", value_parser = parse_relay_url)]
@@ -275,12 +279,12 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             );
             Ok(())
         }
-        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads, relay } => {
+        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads, relay, secrets_dir } => {
             let is_root = rustix::process::geteuid().is_root();
             let (stop, stopped) = tokio::sync::watch::channel(false);
             let workloads = (!no_workloads).then(|| {
                 let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
-                let options = workloads::Options { state: state.clone(), engine, volumes_dir, relay };
+                let options = workloads::Options { state: state.clone(), engine, volumes_dir, relay, secrets_dir };
                 tokio::spawn(workloads::run(options, stopped))
             });
             let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root) };

@@ -33,6 +33,9 @@ pub struct Options {
     pub volumes_dir: PathBuf,
     /// The cluster relay carrying the session (`ws://HOST:PORT/`), else Capstan's socket.
     pub relay: Option<String>,
+    /// Where secret files live while their container runs: DIR/<assignmentId>/<KEY>, bound
+    /// read-only at /run/secrets. A memory-backed tmpfs (/dev/shm by default).
+    pub secrets_dir: PathBuf,
 }
 
 /// Between reconcile passes.
@@ -58,6 +61,33 @@ struct Assignment {
     work: Work,
     #[serde(default)]
     pull: Option<Pull>,
+    #[serde(default)]
+    secrets: Option<Sealed>,
+}
+
+/// The secret values of a run, sealed to this process's recipient (docs/runtime.md, "Secret
+/// material"): opened only when the container is created, never kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Sealed {
+    manifest: u64,
+    values: BTreeMap<String, capstan_core::sealed::SealedInput>,
+    #[serde(default)]
+    files: Vec<String>,
+}
+
+/// Where a run's container finds its host-side material.
+struct Place<'a> {
+    volumes_dir: &'a std::path::Path,
+    secrets_dir: &'a std::path::Path,
+    recipient: &'a x25519_dalek::StaticSecret,
+}
+
+impl Place<'_> {
+    /// The directory of an assignment's secret files.
+    fn secret_files(&self, assignment_id: &str) -> PathBuf {
+        self.secrets_dir.join(assignment_id)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -438,6 +468,7 @@ impl Session<'_> {
                 }
             }
         }
+        forget_secret_files(&self.options.secrets_dir.join(id));
     }
 
     /// Make every held assignment true, and report what changed.
@@ -450,7 +481,9 @@ impl Session<'_> {
         for id in ids {
             let found = containers.iter().find(|c| c.assignment_id == id).cloned();
             let Some(held) = self.held.get_mut(&id) else { continue };
-            let step = step(self.engine, &self.options.volumes_dir, held, found).await;
+            let place =
+                Place { volumes_dir: &self.options.volumes_dir, secrets_dir: &self.options.secrets_dir, recipient: &self.recipient.secret };
+            let step = step(self.engine, &place, held, found).await;
             match step {
                 Step::Observe(said) => {
                     let in_flight = self.pending.values().any(|p| matches!(p, Pending::Observation(i, s) if i == &id && s == &said));
@@ -514,9 +547,9 @@ fn observed_said(container: &Observed, ready: bool) -> Said {
     }
 }
 
-async fn step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Held, found: Option<Observed>) -> Step {
+async fn step(engine: &Engine, place: &Place<'_>, held: &mut Held, found: Option<Observed>) -> Step {
     match held.assignment.intent.as_str() {
-        "run" => run_step(engine, volumes_dir, held, found).await,
+        "run" => run_step(engine, place, held, found).await,
         "stop" | "remove" => {
             let generation = if held.assignment.intent == "stop" { 2 } else { 3 };
             if held.receipted >= generation {
@@ -530,6 +563,7 @@ async fn step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Held, f
                 tracing::info!(assignment = %held.assignment.assignment_id, slot = %held.assignment.slot, "container stopped and removed");
                 held.container = None;
             }
+            forget_secret_files(&place.secret_files(&held.assignment.assignment_id));
             // a stop removes too: its removal receipt follows as soon as Capstan asks for it
             Step::Receipt(generation)
         }
@@ -537,7 +571,7 @@ async fn step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Held, f
     }
 }
 
-async fn run_step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Held, found: Option<Observed>) -> Step {
+async fn run_step(engine: &Engine, place: &Place<'_>, held: &mut Held, found: Option<Observed>) -> Step {
     if let Some(cause) = &held.failed {
         return Step::Observe(said("failed", false, None, Some(cause.clone())));
     }
@@ -551,7 +585,7 @@ async fn run_step(engine: &Engine, volumes_dir: &std::path::Path, held: &mut Hel
             held.failed = Some("the container is gone".into());
             return Step::Observe(said("failed", false, None, held.failed.clone()));
         }
-        None => match start(engine, volumes_dir, &held.assignment).await {
+        None => match start(engine, place, &held.assignment).await {
             Ok(id) => {
                 tracing::info!(assignment = %held.assignment.assignment_id, slot = %held.assignment.slot, container = %id, "container started");
                 held.container = Some(id.clone());
@@ -624,7 +658,8 @@ fn startup_probes(health: &Health) -> u32 {
 }
 
 /// Pull the image and start the container; the cause in words when it fails.
-async fn start(engine: &Engine, volumes_dir: &std::path::Path, assignment: &Assignment) -> Result<String, String> {
+async fn start(engine: &Engine, place: &Place<'_>, assignment: &Assignment) -> Result<String, String> {
+    let volumes_dir = place.volumes_dir;
     let auth =
         assignment.pull.as_ref().map(|p| PullAuth { username: p.username.clone(), password: p.password.clone(), server: p.server.clone() });
     engine.pull(&assignment.work.image, auth.as_ref()).await.map_err(|r| format!("image pull failed: {}", r.message))?;
@@ -638,17 +673,78 @@ async fn start(engine: &Engine, volumes_dir: &std::path::Path, assignment: &Assi
         })
         .collect();
     let volumes = work.volumes.iter().map(|v| (volumes_dir.join(&assignment.service_id).join(&v.name), v.mount_path.clone())).collect();
+    let (environment, secrets_dir) = match &assignment.secrets {
+        Some(sealed) => deliver_secrets(place, assignment, sealed)?,
+        None => (work.environment.clone(), None),
+    };
     let spec = ContainerSpec {
         service_id: assignment.service_id.clone(),
         slot: assignment.slot.clone(),
         assignment_id: assignment.assignment_id.clone(),
         image: work.image.clone(),
-        environment: work.environment.clone(),
+        environment,
         ports,
         volumes,
         command: None,
+        secrets_dir,
     };
-    engine.start(&spec).await.map_err(|r| format!("{}: {}", r.code, r.message))
+    let started = engine.start(&spec).await.map_err(|r| format!("{}: {}", r.code, r.message));
+    if started.is_err() {
+        forget_secret_files(&place.secret_files(&assignment.assignment_id));
+    }
+    started
+}
+
+/// Open a run's sealed values: environment variables merged over the service's plain ones, and
+/// the keys listed as files written (0400) into the assignment's directory under the secrets
+/// directory. The values never touch the state or volumes directories.
+fn deliver_secrets(
+    place: &Place<'_>,
+    assignment: &Assignment,
+    sealed: &Sealed,
+) -> Result<(BTreeMap<String, String>, Option<PathBuf>), String> {
+    let mut environment = assignment.work.environment.clone();
+    let dir = place.secret_files(&assignment.assignment_id);
+    let mut wrote = false;
+    for (key, value) in &sealed.values {
+        let target = capstan_core::sealed::target(
+            "runtime.assign",
+            &format!("assignment:{}", assignment.assignment_id),
+            &format!("{}/{}/{}/{key}", assignment.service_id, assignment.slot, sealed.manifest),
+        );
+        let plaintext = capstan_core::sealed::open_as(place.recipient, &target, value)
+            .map_err(|r| format!("the secret material for {key} does not open with this process's key ({})", r.code))?;
+        if sealed.files.contains(key) {
+            write_secret_file(&dir, key, &plaintext).map_err(|e| format!("writing the secret file {key} failed: {e}"))?;
+            wrote = true;
+        } else {
+            let text = String::from_utf8(plaintext.to_vec())
+                .map_err(|_| format!("the secret {key} is not UTF-8 text: deliver it as a file (runtime spec secrets.files)"))?;
+            environment.insert(key.clone(), text);
+        }
+    }
+    Ok((environment, wrote.then_some(dir)))
+}
+
+/// Write one secret file, readable by its owner only, in a private directory.
+fn write_secret_file(dir: &std::path::Path, key: &str, value: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let path = dir.join(key);
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(&path)?;
+    file.write_all(value)
+}
+
+/// Remove an assignment's secret files (there may be none).
+fn forget_secret_files(dir: &std::path::Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(dir = %dir.display(), "removing secret files failed: {e}"),
+    }
 }
 
 async fn read_frame(ws: &mut Socket) -> Result<Value, String> {
@@ -709,6 +805,49 @@ mod tests {
         assert_eq!(assignment.work.health.kind, "http");
         let shown = format!("{assignment:?}");
         assert!(!shown.contains("capstan_pull_secret"), "{shown}");
+    }
+
+    #[test]
+    fn sealed_secrets_open_with_this_process_key_into_the_environment_and_private_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let secret = x25519_dalek::StaticSecret::from([3u8; 32]);
+        let public = x25519_dalek::PublicKey::from(&secret);
+        let body = json!({ "assignmentId": "asg_7", "revision": 1, "serviceId": "svc_1", "slot": "node_1.0", "intent": "run",
+            "work": { "image": "capstan.test/workloads/web-1@sha256:00", "environment": { "A": "plain" } } });
+        let assignment: Assignment = serde_json::from_value(body).unwrap();
+        let seal = |key: &str, value: &[u8], slot: &str| {
+            let target = capstan_core::sealed::target("runtime.assign", "assignment:asg_7", &format!("svc_1/{slot}/4/{key}"));
+            capstan_core::sealed::seal_to("node:node_1#2", &public, &target, value)
+        };
+        let values: BTreeMap<String, capstan_core::sealed::SealedInput> = [
+            ("DB_PASSWORD".to_string(), seal("DB_PASSWORD", b"planted-env-value", "node_1.0")),
+            ("TLS_KEY".to_string(), seal("TLS_KEY", &[0xff, 0x00, 0x10], "node_1.0")),
+        ]
+        .into();
+        let sealed = Sealed { manifest: 4, values, files: vec!["TLS_KEY".into()] };
+        let place = Place { volumes_dir: root.path(), secrets_dir: &root.path().join("secrets"), recipient: &secret };
+        let (environment, dir) = deliver_secrets(&place, &assignment, &sealed).unwrap();
+        assert_eq!(environment["A"], "plain");
+        assert_eq!(environment["DB_PASSWORD"], "planted-env-value");
+        assert!(!environment.contains_key("TLS_KEY"), "a file key is no variable");
+        let dir = dir.expect("a files directory");
+        assert_eq!(dir, root.path().join("secrets/asg_7"));
+        assert_eq!(std::fs::read(dir.join("TLS_KEY")).unwrap(), [0xff, 0x00, 0x10]);
+        assert_eq!(std::fs::metadata(dir.join("TLS_KEY")).unwrap().permissions().mode() & 0o777, 0o400);
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        forget_secret_files(&dir);
+        assert!(!dir.exists());
+
+        // another process's key, or a value sealed for another slot, does not open
+        let other = x25519_dalek::StaticSecret::from([4u8; 32]);
+        let elsewhere = Place { recipient: &other, ..place };
+        assert!(deliver_secrets(&elsewhere, &assignment, &sealed).unwrap_err().contains("does not open"));
+        let moved = Sealed { manifest: 4, values: [("DB_PASSWORD".to_string(), seal("DB_PASSWORD", b"x", "node_1.1"))].into(), files: vec![] };
+        assert!(deliver_secrets(&place, &assignment, &moved).unwrap_err().contains("does not open"));
+        // bytes that are no text cannot be an environment variable
+        let binary = Sealed { manifest: 4, values: [("TLS_KEY".to_string(), seal("TLS_KEY", &[0xff], "node_1.0"))].into(), files: vec![] };
+        assert!(deliver_secrets(&place, &assignment, &binary).unwrap_err().contains("not UTF-8"));
     }
 
     #[test]

@@ -70,7 +70,6 @@ pub(super) fn verdict_words(verdict: &Value, held: bool, ready: usize, running: 
                 "no-eligible-node" => "the cluster has no active node to place it on".into(),
                 "cluster-runtime-missing" => "Capstan holds no runtime phase for the cluster".into(),
                 "cluster-runtime-phase-refused" => "the cluster is in phase swarm, whose placement is not Capstan's".into(),
-                "secrets-unsupported" => "the service has secrets, which nodes cannot receive yet".into(),
                 other => other.replace('-', " "),
             };
             (format!("Refused: {why}"), "state-never")

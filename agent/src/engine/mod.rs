@@ -128,6 +128,8 @@ pub struct ContainerSpec {
     /// Arguments replacing the image's command (`Cmd`; the image's entry point stays); `None`:
     /// the image's own.
     pub command: Option<Vec<String>>,
+    /// A host directory of secret files, bound read-only at `/run/secrets`.
+    pub secrets_dir: Option<PathBuf>,
 }
 
 /// A container's state as the engine reports it.

@@ -213,6 +213,12 @@ pub(super) fn create_body(spec: &ContainerSpec) -> Result<ContainerCreateBody, R
         }
         binds.push(format!("{host_text}:{mount}"));
     }
+    if let Some(dir) = &spec.secrets_dir {
+        let Some(dir_text) = dir.to_str().filter(|d| dir.is_absolute() && !d.contains(':')) else {
+            return Err(invalid(format!("the secrets directory {} is not an absolute path without ':'", dir.display())));
+        };
+        binds.push(format!("{dir_text}:/run/secrets:ro"));
+    }
     Ok(ContainerCreateBody {
         image: Some(spec.image.clone()),
         env: Some(env),

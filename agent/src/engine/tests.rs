@@ -21,6 +21,7 @@ fn spec(slot: &str, assignment: &str, image: &str) -> ContainerSpec {
         environment: BTreeMap::new(),
         ports: Vec::new(),
         volumes: Vec::new(),
+        secrets_dir: None,
         command: None,
     }
 }
@@ -60,6 +61,10 @@ fn every_container_carries_capstans_labels_and_no_restart_policy() {
     let host = body.host_config.unwrap();
     assert_eq!(host.restart_policy.unwrap().name, Some(bollard::models::RestartPolicyNameEnum::NO));
     assert_eq!(host.binds.unwrap(), vec!["/srv/capstan/volumes/svc_web/data:/data".to_string()]);
+    let mut with_files = spec.clone();
+    with_files.secrets_dir = Some(PathBuf::from("/dev/shm/capstan-agent/asg_1"));
+    let binds = observe::create_body(&with_files).unwrap().host_config.unwrap().binds.unwrap();
+    assert_eq!(binds[1], "/dev/shm/capstan-agent/asg_1:/run/secrets:ro", "secret files are bound read-only");
     let bindings = host.port_bindings.unwrap();
     let web = bindings["8080/tcp"].as_ref().unwrap();
     assert_eq!(web.len(), 2);

@@ -150,6 +150,26 @@ pub struct Record {
 }
 
 impl Record {
+    /// The record of something the host did by itself rather than answered (secret material
+    /// issued to a node, say): `method` names it, `actor` whom it was done for, `targets` the ids
+    /// it concerns.
+    pub fn host(method: &str, actor: Actor, mut targets: Vec<String>) -> Record {
+        targets.truncate(MAX_TARGETS);
+        let micros = stamp();
+        Record {
+            id: String::new(),
+            at: micros / 1000,
+            micros,
+            method: method.into(),
+            plugin: None,
+            actor,
+            targets,
+            outcome: "ok".into(),
+            request_id: String::new(),
+            source: None,
+        }
+    }
+
     /// The record of `call` to `method`, answered `outcome`.
     fn of(method: &Method, call: &Call, mut targets: Vec<String>, outcome: std::result::Result<&Value, &Refusal>) -> Record {
         let targets_of = self::targets;

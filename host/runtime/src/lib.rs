@@ -86,18 +86,26 @@ pub struct Context {
     pub producer_wake: Arc<Notify>,
     /// Wakes delivery.
     pub delivery_wake: Arc<Notify>,
+    /// The keyring: secret material is opened under it to be sealed to a node's recipient.
+    pub keyring: Arc<capstan_keyring::Keyring>,
+    /// Where each issuance of secret material is recorded.
+    pub audit: capstan_rpc::audit::AuditLog,
 }
 
 impl Context {
-    /// The context for `store`, delivering through `frames`.
+    /// The context for `store`, delivering through `frames`, sealing secret material opened
+    /// under `keyring`.
     pub fn new(
         store: Store,
         dependents: Arc<dyn Dependents>,
         nodes: capstan_nodes::Context,
         frames: Arc<dyn capstan_relays::Sessions>,
+        keyring: Arc<capstan_keyring::Keyring>,
     ) -> Context {
         let registry_host = registry_host(&nodes.public_origin);
         Context {
+            audit: capstan_rpc::audit::AuditLog::new(store.clone()),
+            keyring,
             store,
             dependents,
             nodes,

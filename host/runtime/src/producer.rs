@@ -4,7 +4,7 @@
 //! again, and writes the target's verdict only when it changed. A steady fleet's pass writes
 //! nothing.
 
-use super::slots::{self, Assignment, Slot, Work, WorkPort, WorkVolume, slot_id, slot_name};
+use super::slots::{self, Assignment, PinnedSecret, Slot, Work, WorkPort, WorkSecrets, WorkVolume, slot_id, slot_name};
 use super::spec::{self, Spec};
 use super::transition::{self, Around, Case, Intent, SlotState, Step};
 use super::{Context, RUNTIME_SLOTS, RUNTIME_SPECS, RUNTIME_STATUS};
@@ -65,8 +65,9 @@ pub struct Target {
     pub status: Option<Entity<Status>>,
     /// The target's slots.
     pub slots: Vec<Entity<Slot>>,
-    /// The service has secrets (refused until sealed material reaches nodes).
-    pub has_secrets: bool,
+    /// The secrets its replicas get, as the service's newest manifest resolves them for the
+    /// spec's environment (absent when none).
+    pub secrets: Option<WorkSecrets>,
     /// Capstan's registry host (`host[:port]`): an image there is pulled with a credential.
     pub registry_host: String,
 }
@@ -107,9 +108,6 @@ pub fn registry_repository(image: &str, registry_host: &str) -> Option<String> {
 }
 
 fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &'static str> {
-    if target.has_secrets {
-        return Err("secrets-unsupported");
-    }
     let pinned = service.image.split_once("@sha256:").is_some_and(|(_, hex)| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
     if !pinned {
         return Err("image-plan-missing");
@@ -132,6 +130,7 @@ fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &
         volumes,
         health: spec.health.clone(),
         restart: spec.restart,
+        secrets: target.secrets.clone(),
     })
 }
 
@@ -310,12 +309,28 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>
         None => None,
     };
     let slots = slots::of_service_in(tx, &spec.data.service_id, &spec.data.cluster_id).await?;
-    let has_secrets = match &service {
-        Some(s) => spec::refuse_secrets(tx, &s.id).await.is_err(),
-        None => false,
+    let secrets = match &service {
+        Some(s) => pinned_secrets(tx, &s.id, &spec.data.secrets).await?,
+        None => None,
     };
     let status = tx.get(RUNTIME_STATUS, &spec.id).await?.as_ref().map(parse).transpose()?;
-    Ok(Target { spec, service, cluster: cluster.clone(), status, slots, has_secrets, registry_host: registry_host.to_string() })
+    Ok(Target { spec, service, cluster: cluster.clone(), status, slots, secrets, registry_host: registry_host.to_string() })
+}
+
+/// The secrets of the service's newest manifest in `using`'s environment (none: `None`).
+async fn pinned_secrets(tx: &Tx, service_id: &str, using: &crate::spec::SecretsUse) -> Result<Option<WorkSecrets>> {
+    let number = capstan_secrets::manifests::head(tx, service_id).await?;
+    if number == 0 {
+        return Ok(None);
+    }
+    let Some(manifest) = capstan_secrets::manifests::read(tx, service_id, number).await? else { return Ok(None) };
+    let Some(entries) = manifest.entries.get(&using.environment).filter(|e| !e.is_empty()) else { return Ok(None) };
+    let keys: BTreeMap<String, PinnedSecret> = entries
+        .iter()
+        .map(|(key, r)| (key.clone(), PinnedSecret { secret_id: r.secret_id.clone(), version_id: r.version_id.clone() }))
+        .collect();
+    let files = using.files.iter().filter(|f| keys.contains_key(*f)).cloned().collect();
+    Ok(Some(WorkSecrets { manifest: number, environment: using.environment.clone(), keys, files }))
 }
 
 /// What one pass did.
@@ -620,6 +635,7 @@ mod tests {
                 hold,
                 restart: Restart::OnFailure,
                 health: Health::default(),
+                secrets: Default::default(),
                 updated_at: 0,
                 updated_by: "user_1".into(),
             },
@@ -637,7 +653,7 @@ mod tests {
             cluster: Arc::new(ClusterView::new(Ok(Phase::Pallet), vec![(node("node_a"), true), (node("node_b"), true)])),
             status: None,
             slots: slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect(),
-            has_secrets: false,
+            secrets: None,
             registry_host: "reg.example".into(),
         }
     }
@@ -779,9 +795,20 @@ mod tests {
         assert!(p.steps.is_empty(), "a refused desire stops nothing: {:?}", p.steps);
         assert_eq!(p.verdict, Verdict::new("refused", Some("image-plan-missing")));
         t.service = Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "active"));
-        t.has_secrets = true;
-        assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("secrets-unsupported")));
-        t.has_secrets = false;
+        // a new manifest that leaves the environment's keys as they were replaces no replica
+        let pinned = |manifest: u64, version: &str| WorkSecrets {
+            manifest,
+            environment: "production".into(),
+            keys: [("DB_PASSWORD".to_string(), PinnedSecret { secret_id: "sec_1".into(), version_id: version.into() })].into(),
+            files: vec![],
+        };
+        t.secrets = Some(pinned(1, "ver_1"));
+        let first = plan(&t, 0).work.unwrap();
+        t.secrets = Some(pinned(2, "ver_1"));
+        assert_eq!(plan(&t, 0).work.unwrap().key(), first.key(), "the manifest number is not part of the key");
+        t.secrets = Some(pinned(3, "ver_2"));
+        assert_ne!(plan(&t, 0).work.unwrap().key(), first.key(), "a rotated version is a new desire");
+        t.secrets = None;
         Arc::make_mut(&mut t.cluster).phase = Err("cluster-runtime-missing".into());
         assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("cluster-runtime-missing")));
         let pinned = Placement { every_node: false, nodes: Some(vec!["node_gone".into()]) };

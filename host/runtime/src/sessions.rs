@@ -618,6 +618,11 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan
         "generation": a.intent.generation(),
         "work": a.work,
     });
+    if a.intent == Intent::Run
+        && let Some(secrets) = &a.work.secrets
+    {
+        body["secrets"] = seal_material(cx, socket, slot, secrets).await?;
+    }
     if let Some(credential) = pull {
         body["pull"] = json!({
             "server": cx.registry_host,
@@ -652,6 +657,63 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan
     }
 }
 
+/// The target a secret value of an assignment is sealed for: the assignment, its service and
+/// slot, the manifest its versions were pinned from, and the key.
+pub fn material_target(assignment_id: &str, service_id: &str, slot: &str, manifest: u64, key: &str) -> String {
+    capstan_core::sealed::target("runtime.assign", &format!("assignment:{assignment_id}"), &format!("{service_id}/{slot}/{manifest}/{key}"))
+}
+
+/// The recipient id of a node's recipient generation.
+pub fn recipient_id(node_id: &str, generation: u64) -> String {
+    format!("node:{node_id}#{generation}")
+}
+
+/// Seal a run's pinned secret values to its node's recipient: only the recipient the agent
+/// process on this session proved (`recipient-generation-stale` before it has), each value opened
+/// under the keyring, sealed, and wiped. Every issuance is recorded in the audit log, value-free.
+async fn seal_material(cx: &Context, socket: &str, slot: &Slot, secrets: &crate::slots::WorkSecrets) -> Result<Value> {
+    use base64::Engine;
+    let node_id = &slot.node_id;
+    let nonce = cx.sessions.current.lock().expect("current").get(node_id).filter(|c| c.socket == socket).map(|c| c.nonce.clone());
+    let recipient = cx.store.transact(|tx| async move { capstan_nodes::recipients::current(&tx, node_id).await }).await?;
+    let stale = || {
+        Refusal::new("recipient-generation-stale", "the node's agent has not proven a key for this process yet: sealed after it has")
+            .with_data(json!({ "nodeId": node_id }))
+    };
+    let recipient = recipient.filter(|r| nonce.as_deref() == Some(r.nonce.as_str())).ok_or_else(stale)?;
+    let key: [u8; 32] = base64::engine::general_purpose::STANDARD
+        .decode(&recipient.public_key)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Refusal::internal("a stored recipient key does not read"))?;
+    let public = x25519_dalek::PublicKey::from(key);
+    let to = recipient_id(node_id, recipient.generation);
+    let mut values = serde_json::Map::new();
+    for (name, pinned) in &secrets.keys {
+        let plaintext = capstan_secrets::manifests::open_pinned(&cx.store, &cx.keyring, &pinned.secret_id, &pinned.version_id).await?;
+        let target = material_target(&slot.assignment_id, &slot.service_id, &slot.slot, secrets.manifest, name);
+        let sealed = capstan_core::sealed::seal_to(&to, &public, &target, &plaintext);
+        values.insert(name.clone(), serde_json::to_value(sealed).map_err(Refusal::internal)?);
+    }
+    let actor = capstan_rpc::audit::Actor { user_id: Some(node_id.clone()), username: None, kind: "node".into() };
+    let targets = vec![
+        slot.service_id.clone(),
+        node_id.clone(),
+        slot.assignment_id.clone(),
+        format!("manifest:{}", secrets.manifest),
+        format!("recipient:{}", recipient.generation),
+    ];
+    cx.audit.append(capstan_rpc::audit::Record::host("runtime.issueMaterial", actor, targets)).await;
+    tracing::info!(node = %node_id, assignment = %slot.assignment_id, manifest = secrets.manifest, generation = recipient.generation, keys = secrets.keys.len(), "secret material sealed to the node's recipient");
+    Ok(json!({
+        "manifest": secrets.manifest,
+        "environment": secrets.environment,
+        "recipientGeneration": recipient.generation,
+        "values": values,
+        "files": secrets.files,
+    }))
+}
+
 /// Forget what no slot needs any more (after a full delivery pass).
 pub async fn forget_retired(cx: &Context) -> Result<()> {
     for node_id in cx.sessions.nodes() {
@@ -678,6 +740,7 @@ mod tests {
             volumes: vec![],
             health: Default::default(),
             restart: Default::default(),
+            secrets: None,
         };
         Slot {
             service_id: format!("svc_{n}"),

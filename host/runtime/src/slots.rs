@@ -50,13 +50,46 @@ pub struct Work {
     pub health: crate::spec::Health,
     /// Its restart policy (part of the key: a change of policy is a new attempt).
     pub restart: crate::spec::Restart,
+    /// The secrets its replicas get, value-free (absent when the service has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<WorkSecrets>,
+}
+
+/// The secrets a run gets: which version each key resolves to, pinned when the attempt is
+/// admitted; the values are sealed to the node's recipient with each push, never stored here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkSecrets {
+    /// The service's resolved manifest the keys were read from. Not part of the desire's key: a
+    /// new manifest that changes nothing of this environment replaces no replica.
+    pub manifest: u64,
+    /// The secrets' environment.
+    pub environment: String,
+    /// KEY → the secret version it resolves to.
+    pub keys: BTreeMap<String, PinnedSecret>,
+    /// Keys delivered as files under `/run/secrets` (the rest are environment variables).
+    pub files: Vec<String>,
+}
+
+/// One key's secret version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedSecret {
+    /// The secret.
+    pub secret_id: String,
+    /// Its version.
+    pub version_id: String,
 }
 
 impl Work {
-    /// The desire's key: SHA-256 of the work's canonical JSON.
+    /// The desire's key: SHA-256 of the work's canonical JSON (the manifest number left out).
     pub fn key(&self) -> String {
         use sha2::Digest;
-        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        let mut keyed = self.clone();
+        if let Some(secrets) = &mut keyed.secrets {
+            secrets.manifest = 0;
+        }
+        let bytes = serde_json::to_vec(&keyed).unwrap_or_default();
         hex::encode(sha2::Sha256::digest(bytes))
     }
 }

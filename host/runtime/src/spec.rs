@@ -97,6 +97,9 @@ pub struct Spec {
     pub restart: Restart,
     /// How readiness is probed (defaults filled in).
     pub health: Health,
+    /// How the service's secrets reach its replicas.
+    #[serde(default)]
+    pub secrets: SecretsUse,
     /// When it was written (milliseconds since the epoch).
     pub updated_at: u64,
     /// Who wrote it (a user id).
@@ -126,6 +129,60 @@ pub struct SetInput {
     /// The health check (default none).
     #[serde(default)]
     pub health: Health,
+    /// How the service's secrets reach its replicas (default: the `production` secrets, each as an
+    /// environment variable).
+    #[serde(default)]
+    pub secrets: SecretsUse,
+}
+
+/// How a service's secrets reach its replicas (docs/runtime.md, "Secret material"): which
+/// environment's secrets, and which of them as files under `/run/secrets` rather than
+/// environment variables.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecretsUse {
+    /// The secrets' environment (default `production`).
+    #[serde(default = "production")]
+    pub environment: String,
+    /// Keys delivered as files `/run/secrets/<KEY>` (mode 0400, on a tmpfs), sorted; every other
+    /// key is an environment variable.
+    #[serde(default)]
+    pub files: Vec<String>,
+}
+
+fn production() -> String {
+    "production".into()
+}
+
+impl Default for SecretsUse {
+    fn default() -> SecretsUse {
+        SecretsUse { environment: production(), files: Vec::new() }
+    }
+}
+
+/// At most this many keys are delivered as files.
+const MAX_SECRET_FILES: usize = 64;
+
+/// `secrets` checked: a valid environment name, files as sorted unique keys.
+fn normalize_secrets(secrets: &SecretsUse) -> Result<SecretsUse> {
+    let invalid = |message: String| Refusal::invalid_request(message).with_data(json!({ "field": "secrets" }));
+    capstan_inventory::validate::name("environment", &secrets.environment)?;
+    if secrets.files.len() > MAX_SECRET_FILES {
+        return Err(invalid(format!("at most {MAX_SECRET_FILES} secrets are delivered as files")));
+    }
+    let mut files = secrets.files.clone();
+    for key in &files {
+        let valid = !key.is_empty()
+            && key.len() <= 128
+            && !key.starts_with(|c: char| c.is_ascii_digit())
+            && key.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if !valid {
+            return Err(invalid(format!("{:?} is not a secret key ([A-Z_][A-Z0-9_]*)", capstan_core::text::truncate(key, 100))));
+        }
+    }
+    files.sort();
+    files.dedup();
+    Ok(SecretsUse { environment: secrets.environment.clone(), files })
 }
 
 /// Input of `runtime.getServiceSpec`.
@@ -221,19 +278,6 @@ pub async fn serving_phase(tx: &Tx, cluster_id: &str) -> Result<Phase> {
     Ok(runtime.data.phase)
 }
 
-/// Refuse a service with secrets: sealing them to nodes is the runtime's next step.
-pub async fn refuse_secrets(tx: &Tx, service_id: &str) -> Result<()> {
-    let resolution = capstan_secrets::manifests::resolution(tx, service_id).await?;
-    if resolution.entries.values().any(|keys| !keys.is_empty()) {
-        return Err(Refusal::new(
-            "secrets-unsupported",
-            "the service has secrets, and sealing secret material to nodes is not served yet: this service cannot run",
-        )
-        .with_data(json!({ "serviceId": service_id })));
-    }
-    Ok(())
-}
-
 fn node_not_in_cluster(node_id: &str, cluster_id: &str) -> Refusal {
     let shown = capstan_core::text::truncate(node_id, 100);
     Refusal::new("node-not-in-cluster", format!("{shown} is not an active node of the cluster {cluster_id}"))
@@ -300,7 +344,7 @@ async fn set(cx: Context, call: Call, input: SetInput) -> Result<Entity<Spec>> {
                     .with_data(json!({ "limit": 1 })));
                 }
                 let health = normalize_health(&input.health, &service.data)?;
-                refuse_secrets(&tx, &service.id).await?;
+                let secrets = normalize_secrets(&input.secrets)?;
                 let id = spec_id(&service.id, &input.cluster_id);
                 let stored = tx.get(RUNTIME_SPECS, &id).await?;
                 let actual = stored.as_ref().map(|d| d.revision);
@@ -323,6 +367,7 @@ async fn set(cx: Context, call: Call, input: SetInput) -> Result<Entity<Spec>> {
                     hold: input.hold,
                     restart: input.restart,
                     health,
+                    secrets,
                     updated_at: now_ms(),
                     updated_by: identity.user_id.clone(),
                 };
@@ -440,7 +485,6 @@ pub fn register(registry: &mut Registry, cx: Context) {
             "node-not-in-cluster",
             "replica-limit",
             "health-port-undeclared",
-            "secrets-unsupported",
             "conflict",
         ]);
     registry

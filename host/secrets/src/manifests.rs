@@ -163,6 +163,38 @@ pub async fn publish(tx: &Tx, service_id: &str) -> Result<Option<u64>> {
     Ok(Some(number))
 }
 
+/// The service's manifest `number`, if it was published.
+pub async fn read(tx: &Tx, service_id: &str, number: u64) -> Result<Option<Manifest>> {
+    match tx.get(MANIFESTS, &manifest_id(service_id, number)).await? {
+        Some(doc) => serde_json::from_value(doc.data).map(Some).map_err(Refusal::internal),
+        None => Ok(None),
+    }
+}
+
+/// The plaintext of one secret version, to seal it for its recipient at once (wiped when
+/// dropped): refused `secret-manifest-not-accepted` when the secret is no longer active (a
+/// replica admitted before a rotation still gets the version it pinned, until it is replaced).
+pub async fn open_pinned(store: &Store, keyring: &Keyring, secret_id: &str, version_id: &str) -> Result<zeroize::Zeroizing<Vec<u8>>> {
+    let (secret, version) = store
+        .transact(|tx| async move {
+            let stale = || {
+                Refusal::new("secret-manifest-not-accepted", "a secret the assignment pinned is no longer active")
+                    .with_data(json!({ "secretId": secret_id }))
+            };
+            let secret: Secret = match tx.get(SECRETS, secret_id).await? {
+                Some(doc) => serde_json::from_value(doc.data).map_err(Refusal::internal)?,
+                None => return Err(stale()),
+            };
+            if secret.state != State::Active {
+                return Err(stale());
+            }
+            let version: Version = serde_json::from_value(tx.require(VERSIONS, version_id).await?.data).map_err(Refusal::internal)?;
+            Ok((secret, version))
+        })
+        .await?;
+    envelope::open(keyring, &material_context(secret_id, version_id, &secret), &version.envelope)
+}
+
 /// The service's newest manifest, if it ever had one.
 pub async fn current(store: &Store, service_id: &str) -> Result<Option<Manifest>> {
     store

@@ -149,7 +149,13 @@ impl AppState {
         let peers = crate::relays::forward::Peers::new(fleet.clone());
         let relays = Relays::new(store.clone(), sockets.clone(), fleet.node.identity.id.clone(), peers);
         crate::relays::register(&mut registry, secrets.clone(), relays.clone());
-        let runtime = capstan_runtime::Context::new(store.clone(), Arc::new(capstan_links::HostDependents), nodes.clone(), sockets.clone());
+        let runtime = capstan_runtime::Context::new(
+            store.clone(),
+            Arc::new(capstan_links::HostDependents),
+            nodes.clone(),
+            sockets.clone(),
+            keyring.clone(),
+        );
         capstan_runtime::register(&mut registry, runtime.clone());
         let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);
         capstan_registry::methods::register(&mut registry, oci.clone());

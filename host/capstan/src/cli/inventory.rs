@@ -828,7 +828,7 @@ pub enum ServicesCommand {
     /// else gives ids (cluster_…, node_…).
     ///
     /// Refusals: `cluster-runtime-missing`, `cluster-runtime-phase-refused` (a swarm cluster),
-    /// `node-not-in-cluster`, `replica-limit`, `health-port-undeclared`, `secrets-unsupported`,
+    /// `node-not-in-cluster`, `replica-limit`, `health-port-undeclared`,
     /// `service-deleting`, `conflict`. The image must be pinned by digest (…@sha256:…) for
     /// anything to start: `capstan services status` says `refused (image-plan-missing)` otherwise.
     ///

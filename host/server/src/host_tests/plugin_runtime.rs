@@ -98,6 +98,7 @@ pub(super) fn slot(service: &str, cluster: &str, node: &str, index: u32, intent:
                 volumes: vec![],
                 health: Default::default(),
                 restart: Default::default(),
+                secrets: None,
             },
             repository: None,
             successor: false,
