@@ -843,7 +843,8 @@ mod tests {
         let other = x25519_dalek::StaticSecret::from([4u8; 32]);
         let elsewhere = Place { recipient: &other, ..place };
         assert!(deliver_secrets(&elsewhere, &assignment, &sealed).unwrap_err().contains("does not open"));
-        let moved = Sealed { manifest: 4, values: [("DB_PASSWORD".to_string(), seal("DB_PASSWORD", b"x", "node_1.1"))].into(), files: vec![] };
+        let moved =
+            Sealed { manifest: 4, values: [("DB_PASSWORD".to_string(), seal("DB_PASSWORD", b"x", "node_1.1"))].into(), files: vec![] };
         assert!(deliver_secrets(&place, &assignment, &moved).unwrap_err().contains("does not open"));
         // bytes that are no text cannot be an environment variable
         let binary = Sealed { manifest: 4, values: [("TLS_KEY".to_string(), seal("TLS_KEY", &[0xff], "node_1.0"))].into(), files: vec![] };

@@ -442,3 +442,101 @@ async fn a_node_proves_the_key_it_drew_and_each_proof_is_a_new_generation() {
     assert_eq!(proven["result"]["generation"], 2, "{proven}");
     assert_eq!(admin(&server, "nodes.get", json!({ "id": node })).await["recipient"]["publicKey"], public.as_str());
 }
+
+/// Prove `secret`'s key on the session `ws` of `node` (calls `id` and `id + 1`): its generation.
+async fn prove_key(ws: &mut Ws, id: u64, node: &str, secret: &x25519_dalek::StaticSecret) -> u64 {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let public = b64.encode(x25519_dalek::PublicKey::from(secret).as_bytes());
+    let enrolled = call(ws, id, "runtime.enrollRecipient", json!({ "publicKey": public })).await;
+    let challenge_id = enrolled["result"]["challengeId"].as_str().unwrap().to_string();
+    let sealed: capstan_core::sealed::SealedInput = serde_json::from_value(enrolled["result"]["challenge"].clone()).unwrap();
+    let target = crate::runtime::sessions::challenge_target(node, &challenge_id);
+    let answer = b64.encode(capstan_core::sealed::open_as(secret, &target, &sealed).unwrap().as_slice());
+    let proven = call(ws, id + 1, "runtime.proveRecipient", json!({ "challengeId": challenge_id, "answer": answer })).await;
+    proven["result"]["generation"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn secret_material_reaches_the_node_sealed_to_its_proven_key_only() {
+    const PLANTED: &str = "planted-runtime-secret-3f9a";
+    let server = serve().await;
+    let (service, cluster, node, token) = world(&server).await;
+    let state = &server.state;
+    let owner_ref = format!("service:{service}");
+    let sealed = capstan_core::sealed::seal_to(
+        state.keyring.ingress_id(),
+        state.keyring.ingress_public_key(),
+        &capstan_core::sealed::target("secrets.create", &owner_ref, "DB_PASSWORD"),
+        PLANTED.as_bytes(),
+    );
+    let owner = json!({ "kind": "service", "serviceId": service });
+    admin(&server, "secrets.create", json!({ "owner": owner, "key": "DB_PASSWORD", "value": { "sealed": sealed } })).await;
+    admin(
+        &server,
+        "secrets.create",
+        json!({ "owner": owner, "key": "TLS_KEY", "value": { "generate": { "length": 32, "alphabet": "hex" } } }),
+    )
+    .await;
+    let spec = admin(
+        &server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                "replicasPerNode": 1, "secrets": { "files": ["TLS_KEY", "NOT_THERE"] } }),
+    )
+    .await;
+    assert_eq!(spec["secrets"], json!({ "environment": "production", "files": ["NOT_THERE", "TLS_KEY"] }), "{spec}");
+    pass(&server).await;
+    let assignments = admin(&server, "runtime.getServiceAssignments", json!({ "serviceId": service })).await;
+    let text = assignments.to_string();
+    assert!(text.contains("DB_PASSWORD") && !text.contains(PLANTED), "pinned by name and version, never by value: {text}");
+
+    // before the agent process proves its key, nothing is sealed to it
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    assert_eq!(deliver(&server).await, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let key = x25519_dalek::StaticSecret::from([21u8; 32]);
+    let generation = prove_key(&mut ws, 2, &node, &key).await;
+    assert_eq!(generation, 1);
+    // the push refused for want of a recipient is pushed again, sealed to the proven key
+    let mut request = Value::Null;
+    for _ in 0..20 {
+        deliver(&server).await;
+        if let Ok(Ok(frame)) = tokio::time::timeout(std::time::Duration::from_millis(300), async { Ok::<_, ()>(next(&mut ws).await) }).await
+        {
+            request = frame;
+            break;
+        }
+    }
+    assert_eq!(request["method"], "runtime.assign", "{request}");
+    let body = &request["body"];
+    assert!(!request.to_string().contains(PLANTED), "the push carries sealed values only");
+    let secrets = &body["secrets"];
+    assert_eq!((secrets["recipientGeneration"].as_u64(), secrets["files"].clone()), (Some(1), json!(["TLS_KEY"])), "{secrets}");
+    let manifest = secrets["manifest"].as_u64().unwrap();
+    let (assignment, slot) = (body["assignmentId"].as_str().unwrap(), body["slot"].as_str().unwrap());
+    let open = |name: &str, with: &x25519_dalek::StaticSecret, assignment: &str| {
+        let sealed: capstan_core::sealed::SealedInput = serde_json::from_value(secrets["values"][name].clone()).unwrap();
+        let target = crate::runtime::sessions::material_target(assignment, &service, slot, manifest, name);
+        capstan_core::sealed::open_as(with, &target, &sealed).map(|v| v.to_vec())
+    };
+    assert_eq!(open("DB_PASSWORD", &key, assignment).unwrap(), PLANTED.as_bytes());
+    assert_eq!(open("TLS_KEY", &key, assignment).unwrap().len(), 32);
+    assert!(open("DB_PASSWORD", &x25519_dalek::StaticSecret::from([22u8; 32]), assignment).is_err(), "another key");
+    assert!(open("DB_PASSWORD", &key, "asg_another").is_err(), "another assignment");
+
+    // the issuance is audited, value-free; no plaintext in the store's file
+    let audit = admin(&server, "audit.list", json!({ "method": "runtime.issueMaterial" })).await;
+    let record = &audit["records"][0];
+    assert_eq!(record["actor"], json!({ "userId": node, "kind": "node" }), "{audit}");
+    let targets = record["targets"].to_string();
+    assert!(targets.contains(&service) && targets.contains(assignment) && targets.contains("recipient:1"), "{targets}");
+    assert!(targets.contains(&format!("manifest:{manifest}")), "{targets}");
+    for entry in std::fs::read_dir(server._dir.path()).unwrap().flatten() {
+        if entry.path().is_file() {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            assert!(!bytes.windows(PLANTED.len()).any(|w| w == PLANTED.as_bytes()), "{} holds the plaintext", entry.path().display());
+        }
+    }
+}
