@@ -80,6 +80,20 @@ fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
     child
 }
 
+/// A CGI script answering `NAME <sha256>` for each secret the container got as a variable and
+/// `file:NAME <sha256>` for each file under /run/secrets.
+const DIGESTS_CGI: &str = r#"#!/bin/busybox sh
+echo "Content-Type: text/plain"
+echo
+for name in DB_PASSWORD SHARED_TOKEN; do
+  eval "value=\${$name-}"
+  printf '%s %s\n' "$name" "$(printf '%s' "$value" | /bin/busybox sha256sum | /bin/busybox cut -d' ' -f1)"
+done
+for file in /run/secrets/*; do
+  [ -f "$file" ] && printf '%s %s\n' "file:${file##*/}" "$(/bin/busybox sha256sum < "$file" | /bin/busybox cut -d' ' -f1)"
+done
+"#;
+
 /// Images built once: busybox httpd serving a page that names the image.
 struct Images {
     dir: PathBuf,
@@ -94,6 +108,11 @@ impl Images {
             std::fs::create_dir_all(context.join("rootfs/www")).unwrap();
             std::fs::copy("/bin/busybox", context.join("rootfs/bin/busybox")).unwrap();
             std::fs::write(context.join("rootfs/www/index.html"), format!("{name}\n")).unwrap();
+            // /cgi-bin/digests answers the SHA-256 of the secrets the container got, never a value
+            std::fs::create_dir_all(context.join("rootfs/www/cgi-bin")).unwrap();
+            let script = context.join("rootfs/www/cgi-bin/digests");
+            std::fs::write(&script, DIGESTS_CGI).unwrap();
+            run("chmod", &["755", &script.display().to_string()]);
             std::fs::write(
                 context.join("Containerfile"),
                 "FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n",
@@ -232,6 +251,8 @@ impl Node {
             .arg("--volumes-dir")
             .arg(self.dir.join("volumes"))
             .args(self.relay_url.iter().flat_map(|url| ["--relay", url.as_str()]))
+            .arg("--secrets-dir")
+            .arg(self.secrets_dir())
             .env("CAPSTAN_AGENT_LOG", "capstan_agent=debug,warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -327,8 +348,18 @@ impl Node {
 
     /// What the node's published port 18080 answers, if anything.
     fn page(&self) -> Option<String> {
-        let out = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{}:18080/", self.node_ip)]).output().ok()?;
+        self.fetch("/")
+    }
+
+    /// What the node's published port 18080 answers at `path`, if anything.
+    fn fetch(&self, path: &str) -> Option<String> {
+        let out = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{}:18080{path}", self.node_ip)]).output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Where this node's agent keeps secret files (on /dev/shm, a tmpfs).
+    fn secrets_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/dev/shm/{}", self.netns))
     }
 
     fn log(&self) -> String {
@@ -403,6 +434,7 @@ impl Drop for Node {
         }
         let _ = Command::new("ip").args(["netns", "del", &self.netns]).output();
         let _ = Command::new("ip").args(["link", "del", &self.veth]).output();
+        let _ = std::fs::remove_dir_all(self.secrets_dir());
     }
 }
 
@@ -662,4 +694,162 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         assert!(node.containers(&web).is_empty() && node.containers(&api).is_empty(), "{} keeps containers", node.netns);
     }
     drop(nodes);
+}
+
+/// Every file under `dir` (recursively) holding any of `planted`: (path, which).
+fn planted_in(dir: &Path, planted: &[&str]) -> Vec<(PathBuf, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
+            found.extend(planted_in(&path, planted));
+        } else if kind.is_file() {
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            for value in planted {
+                if bytes.windows(value.len()).any(|w| w == value.as_bytes()) {
+                    found.push((path.clone(), value.to_string()));
+                }
+            }
+        }
+    }
+    found
+}
+
+fn sha256_text(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+#[test]
+fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_plaintext_behind() {
+    if skipped() {
+        return;
+    }
+    const DB: &str = "planted-db-password-7c1e";
+    const DB_ROTATED: &str = "planted-db-password-rotated-9d2f";
+    const SHARED: &str = "planted-shared-token-4b8a";
+    const TLS: &str = "planted-tls-key-material-e3a0";
+    let dir = tempfile::tempdir().unwrap();
+    let images = Images::build(dir.path(), &["vault"]);
+    let data = dir.path().join("data");
+    let server = Capstan::start(with_test_admin(dev_command(&data)));
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let w = World { server, admin, port, images };
+    let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = w.ok("clusters.create", json!({ "name": "vaults" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let vault = w.ok(
+        "services.create",
+        json!({ "organizationId": org, "name": "vault", "image": "nginx:1.27", "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18080 }] }),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let created = w.ok("deployers.create", json!({ "username": "ci-vault" }));
+    let capabilities = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
+    w.ok("deployers.grant", json!({ "serviceId": vault, "userId": created["userId"], "capabilities": capabilities }));
+    let deployer = (created["username"].as_str().unwrap().to_string(), created["token"].as_str().unwrap().to_string());
+    w.release(&vault, &deployer, "1.0.0", "vault");
+
+    // the secrets, set as an operator does (sealed on the client, from standard input)
+    let config = dir.path().join("cli");
+    let set = |args: &[&str], value: &str| {
+        let file = dir.path().join("value");
+        std::fs::write(&file, value).unwrap();
+        let mut cmd = crate::support::client(&w.server, &w.admin, &config);
+        cmd.args(args).arg("--json").stdin(std::fs::File::open(&file).unwrap());
+        let exited = crate::support::run_to_exit(cmd);
+        std::fs::remove_file(&file).unwrap();
+        crate::support::json_of(&exited)
+    };
+    set(&["secrets", "set", "--service", &vault, "DB_PASSWORD"], DB);
+    set(&["secrets", "set", "--service", &vault, "TLS_KEY"], TLS);
+    let secret_set =
+        w.ok("secrets.createSecretSet", json!({ "organizationId": org, "name": "shared" }))["id"].as_str().unwrap().to_string();
+    set(&["secrets", "set", "--secret-set", &secret_set, "SHARED_TOKEN"], SHARED);
+    let configuration = w.ok("secrets.getServiceConfiguration", json!({ "serviceId": vault }));
+    w.ok(
+        "secrets.attachSecretSet",
+        json!({ "serviceId": vault, "secretSetId": secret_set, "expectedSecretsRevision": configuration["secretsRevision"] }),
+    );
+
+    // ---- one node, its agent proving a key of its own ----
+    let mut node = Node::start(dir.path(), 2, w.port);
+    let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
+    node.enroll(&code, w.port);
+    node.start_agent();
+    let enrolled = eventually("the node proves its recipient", CONVERGE, || {
+        let got = w.ok("nodes.get", json!({ "id": node.node_id }));
+        if got["recipient"]["generation"] == 1 { Ok(got) } else { Err(got.to_string()) }
+    });
+    assert_eq!(enrolled["recipient"]["publicKey"].as_str().map(str::len), Some(44), "{enrolled}");
+
+    w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": vault, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000 },
+                "secrets": { "files": ["TLS_KEY"] } }),
+    );
+    w.converged(&vault, "vault runs with its secrets", |t| t["slots"].as_array().is_some_and(|s| s.len() == 1));
+    let digests = |node: &Node, expect_db: &str| {
+        eventually("the container answers its secrets' digests", CONVERGE, || {
+            let page = node.fetch("/cgi-bin/digests").unwrap_or_default();
+            let want = [
+                format!("DB_PASSWORD {}", sha256_text(expect_db)),
+                format!("SHARED_TOKEN {}", sha256_text(SHARED)),
+                format!("file:TLS_KEY {}", sha256_text(TLS)),
+            ];
+            if want.iter().all(|line| page.lines().any(|l| l == line)) { Ok(page) } else { Err(page) }
+        })
+    };
+    let page = digests(&node, DB);
+    assert!(!page.contains("file:DB_PASSWORD") && !page.contains("file:SHARED_TOKEN"), "only TLS_KEY is a file: {page}");
+
+    // ---- a rotation replaces the replica; the new value reaches it ----
+    set(&["secrets", "set", "--service", &vault, "DB_PASSWORD"], DB_ROTATED);
+    digests(&node, DB_ROTATED);
+    let target = w.converged(&vault, "vault runs the rotated secret", |t| t["slots"][0]["restarts"] == 1);
+    assert_eq!(target["slots"].as_array().unwrap().len(), 1);
+
+    // ---- an agent restarted with its memory gone proves a new key and is served again ----
+    node.stop_agent(true);
+    node.start_agent();
+    eventually("the restarted agent proves a new recipient", CONVERGE, || {
+        let got = w.ok("nodes.get", json!({ "id": node.node_id }));
+        if got["recipient"]["generation"] == 2 { Ok(()) } else { Err(got.to_string()) }
+    });
+    eventually("its assignment is sealed to the new key", CONVERGE, || {
+        let records = w.ok("audit.list", json!({ "method": "runtime.issueMaterial" }));
+        let to_new = records["records"].as_array().unwrap().iter().any(|r| r["targets"].to_string().contains("recipient:2"));
+        if to_new { Ok(()) } else { Err(records.to_string()) }
+    });
+    digests(&node, DB_ROTATED);
+    assert_eq!(node.containers(&vault).len(), 1, "adopted, not doubled");
+
+    // ---- deleting the service leaves no container and no secret file ----
+    let current = w.ok("services.get", json!({ "id": vault }));
+    w.ok("services.delete", json!({ "id": vault, "expectedRevision": current["revision"] }));
+    eventually("the service is gone", CONVERGE, || {
+        let reply = w.server.call_as(&w.admin, "services.get", &json!({ "id": vault }));
+        if reply.status == 404 { Ok(()) } else { Err(format!("{}", reply.status)) }
+    });
+    assert!(node.containers(&vault).is_empty());
+    let left: Vec<_> = std::fs::read_dir(node.secrets_dir()).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "secret files outlived their containers: {left:?}");
+
+    // ---- no planted value anywhere Capstan or the agent writes ----
+    let planted = [DB, DB_ROTATED, SHARED, TLS];
+    let mut found = planted_in(&data, &planted);
+    found.extend(planted_in(&node.state_dir(), &planted));
+    found.extend(planted_in(&node.dir.join("volumes"), &planted));
+    let agent_log = node.log();
+    let server_log = format!("{}{}", w.server.stdout(), w.server.stderr());
+    for value in planted {
+        assert!(!agent_log.contains(value), "the agent logged a secret value");
+        assert!(!server_log.contains(value), "Capstan logged a secret value");
+    }
+    assert!(found.is_empty(), "plaintext found: {found:?}");
+    drop(node);
 }
