@@ -557,7 +557,7 @@ async fn write_run(state: &Host, identity: &Viewer, service_id: &str, form: &Run
     let replicas = if form.replicas.is_empty() { json!(1) } else { number(&form.replicas) };
     let restart = if form.restart.is_empty() { "on-failure" } else { form.restart.as_str() };
     let current = read_spec(state, identity, service_id, &cluster).await?;
-    let body = json!({
+    let mut body = json!({
         "serviceId": service_id,
         "clusterId": cluster,
         "expectedRevision": current.as_ref().and_then(|s| s["revision"].as_u64()),
@@ -567,6 +567,10 @@ async fn write_run(state: &Host, identity: &Viewer, service_id: &str, form: &Run
         "restart": restart,
         "health": health_of(form),
     });
+    // the form does not state how secrets are delivered: what the spec holds stays
+    if let Some(secrets) = current.as_ref().map(|s| s["secrets"].clone()).filter(Value::is_object) {
+        body["secrets"] = secrets;
+    }
     call(state, identity, "runtime.setServiceSpec", body).await
 }
 
@@ -619,6 +623,7 @@ pub(super) async fn hold(State(state): State<Host>, Path(id): Path<String>, requ
             "hold": hold,
             "restart": spec["restart"],
             "health": spec["health"],
+            "secrets": spec["secrets"],
         });
         call(&state, &identity, "runtime.setServiceSpec", body).await
     };

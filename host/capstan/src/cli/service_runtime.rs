@@ -131,6 +131,13 @@ pub struct RunArgs {
     /// service declares; ready after one passing probe, unhealthy after 3 failing in a row
     #[arg(long, value_name = "CHECK", default_value = "none", value_parser = parse_health)]
     pub health: HealthArg,
+    /// Which environment's secrets the replicas get
+    #[arg(long, value_name = "ENV", default_value = "production")]
+    pub secrets_environment: String,
+    /// Deliver this secret as the file /run/secrets/KEY (mode 0400, on a tmpfs) rather than an
+    /// environment variable; repeat for more
+    #[arg(long = "secret-file", value_name = "KEY")]
+    pub secret_files: Vec<String>,
     /// The organization (name or id) to look the service's name up in
     #[arg(long, visible_alias = "org", value_name = "NAME|ID")]
     pub organization: Option<String>,
@@ -280,7 +287,14 @@ pub fn spec_text(spec: &Value, node_names: &BTreeMap<String, String>) -> String 
         _ => "no health check".to_string(),
     };
     let held = if spec["hold"] == true { "held: nothing runs; " } else { "" };
-    format!("{held}{placement}, {replicas} per node, restart {}, {health}", text(spec, "restart"))
+    let files: Vec<&str> = spec["secrets"]["files"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let environment = spec["secrets"]["environment"].as_str().unwrap_or("production");
+    let secrets = match (environment, files.is_empty()) {
+        ("production", true) => String::new(),
+        (environment, true) => format!(", {environment} secrets"),
+        (environment, false) => format!(", {environment} secrets ({} as files)", files.join(", ")),
+    };
+    format!("{held}{placement}, {replicas} per node, restart {}, {health}{secrets}", text(spec, "restart"))
 }
 
 // ---- run ----
@@ -303,6 +317,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         "hold": args.hold,
         "restart": args.restart.as_str(),
         "health": args.health.to_json(),
+        "secrets": { "environment": args.secrets_environment, "files": args.secret_files },
     });
     let written = client.call("runtime.setServiceSpec", &body)?;
     if args.common.json {
@@ -347,6 +362,13 @@ pub fn run_command(service: &str, cluster: &str, spec: &Value) -> String {
         Some("http") => command.push_str(&format!(" --health http:{}{}", health["port"], health["path"].as_str().unwrap_or("/"))),
         _ => {}
     }
+    let secrets = &spec["secrets"];
+    if let Some(environment) = secrets["environment"].as_str().filter(|e| *e != "production") {
+        command.push_str(&format!(" --secrets-environment {environment}"));
+    }
+    for file in secrets["files"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        command.push_str(&format!(" --secret-file {file}"));
+    }
     command
 }
 
@@ -383,6 +405,7 @@ pub fn stop(args: &StopArgs) -> Result<()> {
         "hold": true,
         "restart": spec["restart"],
         "health": spec["health"],
+        "secrets": spec["secrets"],
     });
     let written = client.call("runtime.setServiceSpec", &body)?;
     if args.common.json {
