@@ -134,7 +134,8 @@ fn producer_pass(c: &mut Criterion) {
     let cx = rt.block_on(async {
         fill(&store).await;
         let nodes = capstan_nodes::Context::new(store.clone(), "https://capstan.test".into(), false);
-        Context::new(store.clone(), Arc::new(NoDependents), nodes, Arc::new(NoSockets))
+        let keyring = Arc::new(capstan_keyring::Keyring::generate(None, None).unwrap());
+        Context::new(store.clone(), Arc::new(NoDependents), nodes, Arc::new(NoSockets), keyring)
     });
     let timed = |what: &str| {
         let started = Instant::now();
