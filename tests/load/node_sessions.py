@@ -235,6 +235,20 @@ class Socket:
     def send_frame(self, message):
         self.writer.write(frame(1, json.dumps(message, separators=(",", ":")).encode()))
 
+    async def messages(self):
+        """The text frames the host sends, as JSON, until it closes (`closed` says how)."""
+        try:
+            while True:
+                opcode, payload = await self.read_frame()
+                if opcode == 8:
+                    code = struct.unpack(">H", payload[:2])[0] if len(payload) >= 2 else None
+                    self.closed = (code, payload[2:].decode(errors="replace"))
+                    return
+                if opcode == 1:
+                    yield json.loads(payload)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            self.closed = self.closed or (None, e.__class__.__name__)
+
     async def read_frame(self):
         payload, first = b"", None
         while True:
@@ -288,15 +302,7 @@ class Relay(Socket):
 
     async def read_loop(self):
         try:
-            while True:
-                opcode, payload = await self.read_frame()
-                if opcode == 8:
-                    code = struct.unpack(">H", payload[:2])[0] if len(payload) >= 2 else None
-                    self.closed = (code, payload[2:].decode(errors="replace"))
-                    break
-                if opcode != 1:
-                    continue
-                message = json.loads(payload)
+            async for message in self.messages():
                 kind, node = message.get("type"), self.nodes.get(message.get("node"))
                 if kind in ("node-opened", "node-refused") and message.get("node") in self.opening:
                     self.opening.pop(message["node"]).set_result(message)
@@ -304,8 +310,6 @@ class Relay(Socket):
                     await node.deliver(message.get("frame") or {}, node.handler)
                 elif node:
                     node.errors.append(f"unexpected frame: {json.dumps(message)[:200]}")
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            self.closed = self.closed or (None, e.__class__.__name__)
         except asyncio.CancelledError:
             return
         for node in self.nodes.values():
@@ -380,16 +384,8 @@ class Node(Socket):
 
     async def read_loop(self, handler):
         try:
-            while True:
-                opcode, payload = await self.read_frame()
-                if opcode == 8:
-                    code = struct.unpack(">H", payload[:2])[0] if len(payload) >= 2 else None
-                    self.closed = (code, payload[2:].decode(errors="replace"))
-                    break
-                if opcode == 1:
-                    await self.deliver(json.loads(payload), handler)
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            self.closed = self.closed or (None, e.__class__.__name__)
+            async for message in self.messages():
+                await self.deliver(message, handler)
         except asyncio.CancelledError:
             return
         self.fail_calls()
