@@ -10,7 +10,6 @@
 //! One link per node: a node that connects again replaces its older link. A node that stops
 //! reading is dropped rather than buffered for.
 
-use crate::relay::PROTOCOL;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -45,14 +44,20 @@ struct Link {
 }
 
 /// The node links this relay carries, and the relay session they ride (while there is one).
-#[derive(Default)]
 pub struct Carrier {
+    /// The socket protocol the relay speaks, named in each node's welcome.
+    protocol: &'static str,
     links: Mutex<HashMap<String, Link>>,
     upstream: Mutex<Option<mpsc::Sender<String>>>,
     next: AtomicU64,
 }
 
 impl Carrier {
+    /// A carrier of nodes speaking `protocol` (the relay's own).
+    pub fn new(protocol: &'static str) -> Carrier {
+        Carrier { protocol, links: Mutex::default(), upstream: Mutex::default(), next: AtomicU64::new(0) }
+    }
+
     /// A relay session began: node frames go out through `upstream`.
     pub fn attach(&self, upstream: mpsc::Sender<String>) {
         *self.upstream.lock().expect("upstream") = Some(upstream);
@@ -182,17 +187,23 @@ async fn serve_node(stream: TcpStream, carrier: &Carrier) -> Result<(), String> 
         refuse(&mut ws, 1013, refusal("relay-not-connected", "this relay's session with Capstan ended; try again shortly")).await;
         return Err("the relay session ended".into());
     }
-    let outcome = link(&mut ws, &node, &upstream, &mut down).await;
+    let outcome = link(&mut ws, carrier.protocol, &node, &upstream, &mut down).await;
     if carrier.unlink(&node, id) {
         let _ = upstream.try_send(json!({ "type": "node-close", "node": node }).to_string());
     }
     outcome
 }
 
-async fn link(ws: &mut Ws, node: &str, upstream: &mpsc::Sender<String>, down: &mut mpsc::Receiver<Down>) -> Result<(), String> {
+async fn link(
+    ws: &mut Ws,
+    protocol: &str,
+    node: &str,
+    upstream: &mpsc::Sender<String>,
+    down: &mut mpsc::Receiver<Down>,
+) -> Result<(), String> {
     match tokio::time::timeout(OPEN_TIMEOUT, down.recv()).await {
         Ok(Some(Down::Opened)) => {
-            let welcome = json!({ "type": "welcome", "protocol": PROTOCOL, "kind": "agent", "node": { "nodeId": node }, "via": "relay" });
+            let welcome = json!({ "type": "welcome", "protocol": protocol, "kind": "agent", "node": { "nodeId": node }, "via": "relay" });
             ws.send(Message::text(welcome.to_string())).await.map_err(|e| e.to_string())?;
             tracing::info!(node, "carrying a node's runtime session");
         }
@@ -246,7 +257,7 @@ mod tests {
     type Client = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>;
 
     async fn start() -> (Arc<Carrier>, String) {
-        let carrier = Arc::new(Carrier::default());
+        let carrier = Arc::new(Carrier::new("capstan-socket/1"));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}/", listener.local_addr().unwrap());
         tokio::spawn(listen(listener, carrier.clone()));
@@ -260,7 +271,7 @@ mod tests {
     }
 
     fn offer(node: &str) -> Value {
-        json!({ "type": "offer", "kind": "agent", "protocols": [PROTOCOL], "node": node, "token": "t0ken" })
+        json!({ "type": "offer", "kind": "agent", "protocols": ["capstan-socket/1"], "node": node, "token": "t0ken" })
     }
 
     async fn next(ws: &mut Client) -> Value {

@@ -206,7 +206,7 @@ pub async fn relay(options: Options, shutdown: impl Future<Output = &'static str
         authorization_file = %options.authorization_file.display(),
         "capstan-agent relay starting"
     );
-    let carrier = Arc::new(Carrier::default());
+    let carrier = Arc::new(Carrier::new(PROTOCOL));
     if let Some(addr) = options.nodes_listen {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             Refusal::new("nodes-listen-failed", format!("the nodes' listener cannot bind {addr}: {e}"))

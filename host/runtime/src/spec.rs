@@ -166,7 +166,8 @@ const MAX_SECRET_FILES: usize = 64;
 /// `secrets` checked: a valid environment name, files as sorted unique keys.
 fn normalize_secrets(secrets: &SecretsUse) -> Result<SecretsUse> {
     let invalid = |message: String| Refusal::invalid_request(message).with_data(json!({ "field": "secrets" }));
-    capstan_inventory::validate::name("environment", &secrets.environment)?;
+    capstan_inventory::validate::name("environment", &secrets.environment)
+        .map_err(|_| invalid("secrets.environment is an environment name: 1 to 63 of a-z 0-9 -, starting with a letter".into()))?;
     if secrets.files.len() > MAX_SECRET_FILES {
         return Err(invalid(format!("at most {MAX_SECRET_FILES} secrets are delivered as files")));
     }
