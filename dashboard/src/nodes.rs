@@ -278,6 +278,11 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
         facts => Serde(node.map(|n| report_facts(&n["report"])).unwrap_or_default()),
         enrolled => node.map(|n| super::utc(u64_of(n, "enrolledAt") / 1000)),
         credential => credential_view,
+        recipient => node.and_then(|n| n.get("recipient")).map(|r| context! {
+            generation => u64_of(r, "generation"),
+            enrolled => super::utc(u64_of(r, "enrolledAt") / 1000),
+            key => str_of(r, "publicKey").chars().take(12).collect::<String>(),
+        }),
         credential_error => Serde(credential.as_ref().err().map(ErrorView::from)),
         cluster => context! { id => &cluster_id, name => cluster, href => format!("/clusters/{}/nodes", encode(&cluster_id)) },
         action => format!("/nodes/{}", encode(id)),
