@@ -94,13 +94,15 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // system secret, the admin token opened by the secrets' sealed-input path
     ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-relays"]),
     // the runtime: specs, slots and the producer over the inventory's services and the nodes'
-    // records, pull credentials from the registry, a service's secrets (refused until they are
-    // sealed to nodes), pushes through the server's sockets (the relays' Sessions trait)
+    // records, pull credentials from the registry, a service's secrets opened under the keyring
+    // and sealed to the node's recipient, pushes through the server's sockets (the relays'
+    // Sessions trait)
     (
         "capstan-runtime",
         &[
             "capstan-core",
             "capstan-store",
+            "capstan-keyring",
             "capstan-rpc",
             "capstan-events",
             "capstan-inventory",
