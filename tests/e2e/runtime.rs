@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// What a service's deployer is granted here.
+const DEPLOYER_CAPABILITIES: [&str; 4] = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
+
 /// How long a step that needs pulls, starts and probes may take on a loaded CI machine.
 const CONVERGE: Duration = Duration::from_secs(180);
 
@@ -457,6 +460,18 @@ impl World {
 
     /// Push `image` to the service's repository as a release `tag` through a deployment
     /// operation, and promote it: the service then runs its digest.
+    /// A service `name` of `org` publishing port 8080 as 18080 on its node, and a deployer
+    /// granted to release it: (service id, (deployer username, token), the deployer as created).
+    fn published_service(&self, org: &str, name: &str) -> (String, (String, String), Value) {
+        let body = json!({ "organizationId": org, "name": name, "image": "nginx:1.27",
+                           "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18080 }] });
+        let service = self.ok("services.create", body)["id"].as_str().unwrap().to_string();
+        let created = self.ok("deployers.create", json!({ "username": format!("ci-{name}") }));
+        self.ok("deployers.grant", json!({ "serviceId": service, "userId": created["userId"], "capabilities": DEPLOYER_CAPABILITIES }));
+        let deployer = (created["username"].as_str().unwrap().to_string(), created["token"].as_str().unwrap().to_string());
+        (service, deployer, created)
+    }
+
     fn release(&self, service: &str, deployer: &(String, String), tag: &str, image: &str) -> String {
         let session = self.server.call("auth.exchangeToken", &json!({ "token": deployer.1 }).to_string()).expect_json(200);
         let machine = session["token"].as_str().unwrap().to_string();
@@ -515,17 +530,7 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
 
     let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
     let cluster = w.ok("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
-    let web = w.ok(
-        "services.create",
-        json!({ "organizationId": org, "name": "web", "image": "nginx:1.27", "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18080 }] }),
-    )["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let created = w.ok("deployers.create", json!({ "username": "ci-web" }));
-    let capabilities = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
-    w.ok("deployers.grant", json!({ "serviceId": web, "userId": created["userId"], "capabilities": capabilities }));
-    let deployer = (created["username"].as_str().unwrap().to_string(), created["token"].as_str().unwrap().to_string());
+    let (web, deployer, created) = w.published_service(&org, "web");
     let v1 = w.release(&web, &deployer, "1.0.0", "v1");
 
     // ---- two nodes, each its own namespace, engine and agent; the second rides the relay ----
@@ -635,7 +640,7 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         .as_str()
         .unwrap()
         .to_string();
-    w.ok("deployers.grant", json!({ "serviceId": api, "userId": created["userId"], "capabilities": capabilities }));
+    w.ok("deployers.grant", json!({ "serviceId": api, "userId": created["userId"], "capabilities": DEPLOYER_CAPABILITIES }));
     w.release(&api, &deployer, "1.0.0", "v1");
     let api_spec = |revision: Value, replicas: u32| {
         w.ok(
@@ -740,17 +745,7 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     let w = World { server, admin, port, images };
     let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
     let cluster = w.ok("clusters.create", json!({ "name": "vaults" }))["cluster"]["id"].as_str().unwrap().to_string();
-    let vault = w.ok(
-        "services.create",
-        json!({ "organizationId": org, "name": "vault", "image": "nginx:1.27", "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18080 }] }),
-    )["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let created = w.ok("deployers.create", json!({ "username": "ci-vault" }));
-    let capabilities = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
-    w.ok("deployers.grant", json!({ "serviceId": vault, "userId": created["userId"], "capabilities": capabilities }));
-    let deployer = (created["username"].as_str().unwrap().to_string(), created["token"].as_str().unwrap().to_string());
+    let (vault, deployer, _) = w.published_service(&org, "vault");
     w.release(&vault, &deployer, "1.0.0", "vault");
 
     // the secrets, set as an operator does (sealed on the client, from standard input)
