@@ -347,6 +347,11 @@ fn enroll_recipient(cx: &Context, socket: &str, node_id: &str, input: EnrollInpu
         .and_then(|bytes| bytes.try_into().ok())
         .ok_or_else(|| report_refused("request-invalid", "publicKey is an X25519 public key: 32 bytes in base64"))?;
     let public = x25519_dalek::PublicKey::from(key);
+    // a low-order point makes every shared secret the same: anyone could open what is sealed to it
+    let probe = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
+    if !probe.diffie_hellman(&public).was_contributory() {
+        return Err(report_refused("request-invalid", "publicKey is not a usable X25519 public key (a low-order point)"));
+    }
     let id = format!("rch_{}", hex::encode(rand::random::<[u8; 16]>()));
     let answer = Zeroizing::new(rand::random::<[u8; 32]>());
     let sealed = capstan_core::sealed::seal_to(&format!("node:{node_id}"), &public, &challenge_target(node_id, &id), answer.as_slice());

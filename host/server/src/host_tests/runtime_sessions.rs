@@ -400,6 +400,8 @@ async fn a_node_proves_the_key_it_drew_and_each_proof_is_a_new_generation() {
     let public = b64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes());
     let short = call(&mut ws, 3, "runtime.enrollRecipient", json!({ "publicKey": b64.encode([1u8; 31]) })).await;
     assert_eq!(short["error"]["data"]["reason"], "request-invalid", "{short}");
+    let weak = call(&mut ws, 30, "runtime.enrollRecipient", json!({ "publicKey": b64.encode([0u8; 32]) })).await;
+    assert_eq!(weak["error"]["data"]["reason"], "request-invalid", "a low-order point opens for anyone: {weak}");
     // a wrong answer is refused, and the challenge is spent
     let enrolled = call(&mut ws, 4, "runtime.enrollRecipient", json!({ "publicKey": public })).await;
     let challenge_id = enrolled["result"]["challengeId"].as_str().unwrap().to_string();
