@@ -241,12 +241,8 @@ impl Node {
     }
 
     fn start_agent(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("agent.log")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.netns])
-            .arg(agent_binary())
-            .arg("--state-dir")
-            .arg(self.state_dir())
+        let child = self
+            .agent_command("agent.log", "capstan_agent=debug,warn")
             .args(["run", "--interval", "1s", "--hostname-file"])
             .arg(self.dir.join("hostname"))
             .arg("--engine")
@@ -256,13 +252,26 @@ impl Node {
             .args(self.relay_url.iter().flat_map(|url| ["--relay", url.as_str()]))
             .arg("--secrets-dir")
             .arg(self.secrets_dir())
-            .env("CAPSTAN_AGENT_LOG", "capstan_agent=debug,warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
             .spawn()
             .unwrap();
         self.agent = Some(child);
+    }
+
+    /// `capstan-agent --state-dir <this node's>` inside its namespace, logging at `filter` to
+    /// `log` (appended) in its directory.
+    fn agent_command(&self, log: &str, filter: &str) -> Command {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(log)).unwrap();
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &self.netns])
+            .arg(agent_binary())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .env("CAPSTAN_AGENT_LOG", filter)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        command
     }
 
     /// Run the cluster's relay here under `authorization`, carrying node sessions on this node's
@@ -271,20 +280,12 @@ impl Node {
         let file = self.dir.join("relay-authorization");
         std::fs::write(&file, authorization).unwrap();
         run("chmod", &["600", &file.display().to_string()]);
-        let log = std::fs::File::create(self.dir.join("relay.log")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.netns])
-            .arg(agent_binary())
-            .arg("--state-dir")
-            .arg(self.state_dir())
+        let child = self
+            .agent_command("relay.log", "capstan_agent=info,warn")
             .arg("relay")
             .arg("--authorization-file")
             .arg(&file)
             .args(["--nodes-listen", &format!("{}:8444", self.node_ip)])
-            .env("CAPSTAN_AGENT_LOG", "capstan_agent=info,warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
             .spawn()
             .unwrap();
         self.relay = Some(child);
