@@ -523,7 +523,13 @@ async fn resolution_context(state: &Host, identity: &Viewer, service: &ServiceHe
             }
             Err(refusal) => (None, Vec::new(), Some(ErrorView::from(&refusal))),
         };
+    // what each replica was handed; the page stands without it
+    let handed = call(state, identity, "secrets.preview", json!({ "serviceId": service.id })).await.ok();
+    let replicas = handed.as_ref().map(|h| h["replicas"].clone()).unwrap_or_default();
+    let manifest_number = handed.as_ref().map(|h| u64_of(h, "manifestNumber")).unwrap_or_default();
     context! {
+        replicas => Serde(replicas),
+        manifest_number,
         attachments => Serde(attachments),
         attachable => Serde(attachable),
         secrets_revision,

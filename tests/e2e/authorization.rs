@@ -300,6 +300,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("secrets.list", json!({}), admin(Ran)),
         ("secrets.listSecretSets", json!({}), admin(Ran)),
         ("secrets.previewResolution", json!({ "serviceId": SERVICE }), admin(Ran)),
+        ("secrets.preview", json!({ "serviceId": SERVICE }), admin(Ran)),
         ("secrets.retireSecretSet", json!({ "id": "set_missing", "expectedRevision": STALE }), admin(Past("secret-set-not-found"))),
         ("secrets.revoke", json!({ "id": "secret_missing" }), admin(Past("secret-not-found"))),
         ("secrets.rewrap", json!({ "limit": 1 }), admin(Ran)),

@@ -228,7 +228,7 @@ pub(crate) fn manifest_keys(server: &Capstan, admin: &str, service_id: &str) -> 
 
 /// `services.update` of `fields`, read-modify-write: the mail manager writes the service's `mail`
 /// record too, so a conflict is read again and retried.
-fn update_service(server: &Capstan, admin: &str, service_id: &str, fields: Value) -> Value {
+pub(crate) fn update_service(server: &Capstan, admin: &str, service_id: &str, fields: Value) -> Value {
     eventually(&format!("services.update {fields}"), SETTLED, || {
         let current = ok(server, admin, "services.get", json!({ "id": service_id }));
         let mut body = fields.clone();

@@ -88,13 +88,31 @@ fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
 const DIGESTS_CGI: &str = r#"#!/bin/busybox sh
 echo "Content-Type: text/plain"
 echo
-for name in DB_PASSWORD SHARED_TOKEN; do
+for name in DB_PASSWORD SHARED_TOKEN SMTP_PASSWORD; do
   eval "value=\${$name-}"
   printf '%s %s\n' "$name" "$(printf '%s' "$value" | /bin/busybox sha256sum | /bin/busybox cut -d' ' -f1)"
 done
 for file in /run/secrets/*; do
   [ -f "$file" ] && printf '%s %s\n' "file:${file##*/}" "$(/bin/busybox sha256sum < "$file" | /bin/busybox cut -d' ' -f1)"
 done
+"#;
+
+/// A CGI script submitting one message over SMTP (`AUTH PLAIN`) with the `SMTP_*` the container
+/// was given, as `MAIL FROM:<QUERY_STRING>`; it answers the server's replies (busybox has no
+/// sendmail applet here, so the dialogue is paced by hand through `nc`).
+const MAIL_CGI: &str = r#"#!/bin/busybox sh
+echo "Content-Type: text/plain"
+echo
+auth="$(printf '\000%s\000%s' "$SMTP_USER" "$SMTP_PASSWORD" | /bin/busybox base64 | /bin/busybox tr -d '\n')"
+{
+  /bin/busybox sleep 0.5; printf 'EHLO replica\r\n'
+  /bin/busybox sleep 0.5; printf 'AUTH PLAIN %s\r\n' "$auth"
+  /bin/busybox sleep 0.5; printf 'MAIL FROM:<%s>\r\n' "$QUERY_STRING"
+  /bin/busybox sleep 0.5; printf 'RCPT TO:<someone@elsewhere.example>\r\n'
+  /bin/busybox sleep 0.5; printf 'DATA\r\n'
+  /bin/busybox sleep 0.5; printf 'Subject: from a replica\r\n\r\nsent with the SMTP_* Capstan delivered\r\n.\r\n'
+  /bin/busybox sleep 0.5; printf 'QUIT\r\n'
+} | /bin/busybox timeout 20 /bin/busybox nc "$SMTP_HOST" "$SMTP_PORT" 2>&1
 "#;
 
 /// Images built once: busybox httpd serving a page that names the image.
@@ -116,6 +134,9 @@ impl Images {
             let script = context.join("rootfs/www/cgi-bin/digests");
             std::fs::write(&script, DIGESTS_CGI).unwrap();
             run("chmod", &["755", &script.display().to_string()]);
+            let mail = context.join("rootfs/www/cgi-bin/mail");
+            std::fs::write(&mail, MAIL_CGI).unwrap();
+            run("chmod", &["755", &mail.display().to_string()]);
             std::fs::write(
                 context.join("Containerfile"),
                 "FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n",
@@ -352,12 +373,13 @@ impl Node {
 
     /// What the node's published port 18080 answers, if anything.
     fn page(&self) -> Option<String> {
-        self.fetch("/")
+        self.fetch("/", 2)
     }
 
-    /// What the node's published port 18080 answers at `path`, if anything.
-    fn fetch(&self, path: &str) -> Option<String> {
-        let out = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{}:18080{path}", self.node_ip)]).output().ok()?;
+    /// What the node's published port 18080 answers at `path` within `seconds`, if anything.
+    fn fetch(&self, path: &str, seconds: u32) -> Option<String> {
+        let (url, time) = (format!("http://{}:18080{path}", self.node_ip), seconds.to_string());
+        let out = Command::new("curl").args(["-fsS", "--max-time", &time, &url]).output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
@@ -502,6 +524,40 @@ impl World {
         status["digest"].as_str().unwrap().to_string()
     }
 
+    /// Two nodes of `cluster`, each its own namespace, engine and agent, enrolled and live; the
+    /// first runs the cluster's relay and the second's runtime session rides it.
+    fn two_nodes(&self, dir: &Path, cluster: &str) -> Vec<Node> {
+        let w = self;
+        let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir, i, w.port)).collect();
+        for node in &mut nodes {
+            let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
+            node.enroll(&code, w.port);
+        }
+        let settings = w.ok("settings.get", json!({}));
+        w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.example.com" } }));
+        let got = w.ok("clusters.get", json!({ "id": cluster }));
+        w.ok("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": got["revision"] }));
+        w.ok("relays.mutateCredential", json!({ "clusterId": cluster, "action": "ensure", "mutationId": "e2e-relay" }));
+        let exported = w.ok("relays.exportAuthorization", json!({ "clusterId": cluster, "expectedGeneration": 1 }));
+        nodes[0].start_relay(exported["authorization"].as_str().unwrap());
+        eventually("the relay is live", CONVERGE, || {
+            let listed = w.ok("relays.list", json!({ "clusterIds": [cluster] }));
+            if listed["items"][0]["live"] == true { Ok(()) } else { Err(format!("{listed}\n{}", nodes[0].relay_log())) }
+        });
+        let (first, second) = nodes.split_at_mut(1);
+        second[0].carried_by(&first[0]);
+        for node in &mut nodes {
+            node.start_agent();
+        }
+        for node in &nodes {
+            eventually("the node is live", CONVERGE, || {
+                let got = w.ok("nodes.get", json!({ "id": node.node_id }));
+                if got["live"] == true { Ok(()) } else { Err(got.to_string()) }
+            });
+        }
+        nodes
+    }
+
     /// The service's target once its verdict reads converged, every slot it shows is running
     /// and ready (the verdict is written after the step that admits a slot, so for a moment a new
     /// slot shows beside the earlier verdict), and `check` holds.
@@ -535,33 +591,7 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     let v1 = w.release(&web, &deployer, "1.0.0", "v1");
 
     // ---- two nodes, each its own namespace, engine and agent; the second rides the relay ----
-    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, w.port)).collect();
-    for node in &mut nodes {
-        let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
-        node.enroll(&code, w.port);
-    }
-    let settings = w.ok("settings.get", json!({}));
-    w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.example.com" } }));
-    let got = w.ok("clusters.get", json!({ "id": cluster }));
-    w.ok("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": got["revision"] }));
-    w.ok("relays.mutateCredential", json!({ "clusterId": cluster, "action": "ensure", "mutationId": "e2e-relay" }));
-    let exported = w.ok("relays.exportAuthorization", json!({ "clusterId": cluster, "expectedGeneration": 1 }));
-    nodes[0].start_relay(exported["authorization"].as_str().unwrap());
-    eventually("the relay is live", CONVERGE, || {
-        let listed = w.ok("relays.list", json!({ "clusterIds": [cluster] }));
-        if listed["items"][0]["live"] == true { Ok(()) } else { Err(format!("{listed}\n{}", nodes[0].relay_log())) }
-    });
-    let (first, second) = nodes.split_at_mut(1);
-    second[0].carried_by(&first[0]);
-    for node in &mut nodes {
-        node.start_agent();
-    }
-    for node in &nodes {
-        eventually("the node is live", CONVERGE, || {
-            let got = w.ok("nodes.get", json!({ "id": node.node_id }));
-            if got["live"] == true { Ok(()) } else { Err(got.to_string()) }
-        });
-    }
+    let mut nodes = w.two_nodes(dir.path(), &cluster);
 
     // ---- the spec: every node, one replica, an HTTP health check ----
     let started = Instant::now();
@@ -730,7 +760,7 @@ fn sha256_text(text: &str) -> String {
 
 #[test]
 fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_plaintext_behind() {
-    if skipped() {
+    if skipped() || !crate::mail::gateway_available() {
         return;
     }
     const DB: &str = "planted-db-password-7c1e";
@@ -771,16 +801,41 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
         json!({ "serviceId": vault, "secretSetId": secret_set, "expectedSecretsRevision": configuration["secretsRevision"] }),
     );
 
-    // ---- one node, its agent proving a key of its own ----
-    let mut node = Node::start(dir.path(), 2, w.port);
-    let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
-    node.enroll(&code, w.port);
-    node.start_agent();
-    let enrolled = eventually("the node proves its recipient", CONVERGE, || {
-        let got = w.ok("nodes.get", json!({ "id": node.node_id }));
-        if got["recipient"]["generation"] == 1 { Ok(got) } else { Err(got.to_string()) }
+    // ---- the two nodes (the second carried by the first's relay), each agent proving a key ----
+    let mut nodes = w.two_nodes(dir.path(), &cluster);
+    for node in &nodes {
+        let enrolled = eventually("the node proves its recipient", CONVERGE, || {
+            let got = w.ok("nodes.get", json!({ "id": node.node_id }));
+            if got["recipient"]["generation"] == 1 { Ok(got) } else { Err(got.to_string()) }
+        });
+        assert_eq!(enrolled["recipient"]["publicKey"].as_str().map(str::len), Some(44), "{enrolled}");
+    }
+
+    // ---- a mail address bound by the mail manager: its SMTP_* are the service's secrets ----
+    // the test gateway's submission listener is on the host's loopback; the first node's replica
+    // reaches it at the host's end of that node's link
+    let (http, smtp) = (crate::support::free_port(), crate::support::free_port());
+    let gateway = crate::mail::Gateway::start(http, smtp, &dir.path().join("gateway-state.json"));
+    let node = &mut nodes[0];
+    node.forwarders.push(forwarder(None, &format!("{}:{smtp}", node.host_ip), &format!("127.0.0.1:{smtp}")));
+    eventually("the mail plugin running", CONVERGE, || {
+        let reply = w.server.call_as(&w.admin, "plugins.get", &json!({ "id": "mail" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
     });
-    assert_eq!(enrolled["recipient"]["publicKey"].as_str().map(str::len), Some(44), "{enrolled}");
+    let settings = w.ok("settings.get", json!({}));
+    let mail_settings = json!({ "mail.submissionHost": nodes[0].host_ip, "mail.submissionPort": smtp, "mail.submissionTls": "none" });
+    w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": mail_settings }));
+    let gateway_url = format!("http://127.0.0.1:{http}");
+    crate::mail::enroll_at_gateway(&w.server, &w.admin, &gateway_url, "capstan-runtime-e2e", &dir.path().join("gateway-cli"));
+    crate::mail::update_service(&w.server, &w.admin, &vault, json!({ "mailAddresses": ["vault@acme.example"] }));
+    eventually("the mail manager published SMTP_* for the service", CONVERGE, || {
+        let keys = crate::mail::manifest_keys(&w.server, &w.admin, &vault);
+        if keys.iter().any(|k| k == "SMTP_PASSWORD") { Ok(()) } else { Err(format!("{keys:?}")) }
+    });
+    let mail = w.ok("mail.getServiceMail", json!({ "organizationId": org, "serviceId": vault }));
+    let smtp_user = mail["addresses"][0]["username"].as_str().unwrap().to_string();
+    let credential = format!("capstan.{vault}.VAULT_ACME_EXAMPLE");
+    let smtp_password = gateway.get(&format!("/test/passwords/{credential}")).1["password"].as_str().unwrap().to_string();
 
     w.ok(
         "runtime.setServiceSpec",
@@ -788,28 +843,67 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
                 "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000 },
                 "secrets": { "files": ["TLS_KEY"] } }),
     );
-    w.converged(&vault, "vault runs with its secrets", |t| t["slots"].as_array().is_some_and(|s| s.len() == 1));
+    w.converged(&vault, "vault runs with its secrets on both nodes", |t| t["slots"].as_array().is_some_and(|s| s.len() == 2));
     let digests = |node: &Node, expect_db: &str| {
         eventually("the container answers its secrets' digests", CONVERGE, || {
-            let page = node.fetch("/cgi-bin/digests").unwrap_or_default();
+            let page = node.fetch("/cgi-bin/digests", 2).unwrap_or_default();
             let want = [
                 format!("DB_PASSWORD {}", sha256_text(expect_db)),
                 format!("SHARED_TOKEN {}", sha256_text(SHARED)),
+                format!("SMTP_PASSWORD {}", sha256_text(&smtp_password)),
                 format!("file:TLS_KEY {}", sha256_text(TLS)),
             ];
             if want.iter().all(|line| page.lines().any(|l| l == line)) { Ok(page) } else { Err(page) }
         })
     };
-    let page = digests(&node, DB);
-    assert!(!page.contains("file:DB_PASSWORD") && !page.contains("file:SHARED_TOKEN"), "only TLS_KEY is a file: {page}");
+    for node in &nodes {
+        let page = digests(node, DB);
+        assert!(!page.contains("file:DB_PASSWORD") && !page.contains("file:SHARED_TOKEN"), "only TLS_KEY is a file: {page}");
+    }
 
-    // ---- a rotation replaces the replica; the new value reaches it ----
+    // ---- the preview and the service's secrets page name what each replica was handed ----
+    let preview = w.ok("secrets.preview", json!({ "serviceId": vault }));
+    assert_eq!(preview["replicas"].as_array().map(Vec::len), Some(2), "{preview}");
+    for replica in preview["replicas"].as_array().unwrap() {
+        let variables: Vec<&str> = replica["variables"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        assert!(["DB_PASSWORD", "SHARED_TOKEN", "SMTP_PASSWORD"].iter().all(|n| variables.contains(n)), "{preview}");
+        let handed = (&replica["files"], &replica["received"], &replica["manifest"]);
+        assert_eq!(handed, (&json!(["TLS_KEY"]), &json!(true), &preview["manifestNumber"]), "{preview}");
+    }
+    let replica = &preview["replicas"][1];
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let html = agent
+        .get(w.server.url(&format!("/secrets/services/{vault}")))
+        .header("cookie", format!("capstan_session={}", w.admin))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(html.contains(&format!("data-replica=\"{}\"", replica["slot"].as_str().unwrap())), "the page lists the replica");
+    assert!(!html.contains(DB) && !html.contains(&smtp_password), "the page shows names only");
+
+    // ---- the replica sends real mail through the gateway with the credentials it was given ----
+    let dialogue = nodes[0].fetch("/cgi-bin/mail?vault@acme.example", 30).unwrap_or_default();
+    let messages = gateway.get("/test/messages").1;
+    let sent = messages["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or_default();
+    assert_eq!(
+        (sent["username"].as_str(), sent["mailFrom"].as_str()),
+        (Some(smtp_user.as_str()), Some("vault@acme.example")),
+        "{dialogue}\n{messages}"
+    );
+    assert!(!dialogue.contains(&smtp_password), "the SMTP dialogue answered the password");
+
+    // ---- a rotation replaces the replicas, one at a time; the new value reaches each ----
     set(&["secrets", "set", "--service", &vault, "DB_PASSWORD"], DB_ROTATED);
-    digests(&node, DB_ROTATED);
-    let target = w.converged(&vault, "vault runs the rotated secret", |t| t["slots"][0]["restarts"] == 1);
-    assert_eq!(target["slots"].as_array().unwrap().len(), 1);
+    for node in &nodes {
+        digests(node, DB_ROTATED);
+    }
+    let rotated = |t: &Value| t["slots"].as_array().is_some_and(|s| s.len() == 2 && s.iter().all(|s| s["restarts"] == 1));
+    w.converged(&vault, "vault runs the rotated secret on both nodes", rotated);
 
-    // ---- an agent restarted with its memory gone proves a new key and is served again ----
+    // ---- an agent (the relay-carried one) restarted with its memory gone proves a new key ----
+    let node = &mut nodes[1];
     node.stop_agent(true);
     node.start_agent();
     eventually("the restarted agent proves a new recipient", CONVERGE, || {
@@ -818,10 +912,13 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     });
     eventually("its assignment is sealed to the new key", CONVERGE, || {
         let records = w.ok("audit.list", json!({ "method": "runtime.issueMaterial" }));
-        let to_new = records["records"].as_array().unwrap().iter().any(|r| r["targets"].to_string().contains("recipient:2"));
+        let to_new = records["records"].as_array().unwrap().iter().any(|r| {
+            let targets = r["targets"].to_string();
+            targets.contains(&format!("\"{}\"", node.node_id)) && targets.contains("recipient:2")
+        });
         if to_new { Ok(()) } else { Err(records.to_string()) }
     });
-    digests(&node, DB_ROTATED);
+    digests(node, DB_ROTATED);
     assert_eq!(node.containers(&vault).len(), 1, "adopted, not doubled");
 
     // ---- deleting the service leaves no container and no secret file ----
@@ -831,21 +928,30 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
         let reply = w.server.call_as(&w.admin, "services.get", &json!({ "id": vault }));
         if reply.status == 404 { Ok(()) } else { Err(format!("{}", reply.status)) }
     });
-    assert!(node.containers(&vault).is_empty());
-    let left: Vec<_> = std::fs::read_dir(node.secrets_dir()).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-    assert!(left.is_empty(), "secret files outlived their containers: {left:?}");
+    for node in &nodes {
+        eventually("no container of the service is left", CONVERGE, || {
+            let left = node.containers(&vault);
+            if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+        });
+        let left: Vec<_> = std::fs::read_dir(node.secrets_dir()).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        assert!(left.is_empty(), "secret files outlived their containers: {left:?}");
+    }
 
-    // ---- no planted value anywhere Capstan or the agent writes ----
-    let planted = [DB, DB_ROTATED, SHARED, TLS];
+    // ---- no planted value anywhere Capstan, the agents or the relay write ----
+    let planted = [DB, DB_ROTATED, SHARED, TLS, smtp_password.as_str()];
     let mut found = planted_in(&data, &planted);
-    found.extend(planted_in(&node.state_dir(), &planted));
-    found.extend(planted_in(&node.dir.join("volumes"), &planted));
-    let agent_log = node.log();
     let server_log = format!("{}{}", w.server.stdout(), w.server.stderr());
+    for node in &nodes {
+        found.extend(planted_in(&node.state_dir(), &planted));
+        found.extend(planted_in(&node.dir.join("volumes"), &planted));
+        let logs = format!("{}{}", node.log(), node.relay_log());
+        for value in planted {
+            assert!(!logs.contains(value), "an agent or the relay logged a secret value");
+        }
+    }
     for value in planted {
-        assert!(!agent_log.contains(value), "the agent logged a secret value");
         assert!(!server_log.contains(value), "Capstan logged a secret value");
     }
     assert!(found.is_empty(), "plaintext found: {found:?}");
-    drop(node);
+    drop(nodes);
 }

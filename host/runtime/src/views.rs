@@ -1,5 +1,6 @@
 //! What operators read of the runtime, from stored rows only: `runtime.getServiceStatus`,
-//! `runtime.getServiceAssignments`, `runtime.getClusterAssignments`.
+//! `runtime.getServiceAssignments`, `runtime.getClusterAssignments`, and `secrets.preview`
+//! (the secret names each replica was handed).
 
 use super::producer::{Status, Verdict};
 use super::slots::{self, Slot};
@@ -188,6 +189,84 @@ async fn cluster_assignments(cx: Context, _: Call, input: ClusterInput) -> Resul
         .await
 }
 
+/// What one replica was handed of its service's secrets: names, never values.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSecrets {
+    /// The cluster.
+    pub cluster_id: String,
+    /// `<nodeId>.<index>`.
+    pub slot: String,
+    /// The node it stands on.
+    pub node_id: String,
+    /// The assignment the material was sealed for.
+    pub assignment_id: String,
+    /// The replica's phase, as in `runtime.getServiceStatus`.
+    pub phase: String,
+    /// The resolved manifest its values were pinned from.
+    pub manifest: u64,
+    /// The secrets environment of the manifest.
+    pub environment: String,
+    /// The names it gets as environment variables.
+    pub variables: Vec<String>,
+    /// The names it gets as files under `/run/secrets`.
+    pub files: Vec<String>,
+    /// The node has reported on this assignment, so its agent opened the material.
+    pub received: bool,
+}
+
+/// Answer of `secrets.preview`.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretsPreview {
+    /// The service.
+    pub service_id: String,
+    /// The newest published manifest (0 before the first): a replica at an older one is
+    /// replaced, one slot at a time.
+    pub manifest_number: u64,
+    /// Every replica running with secrets, by cluster and slot.
+    pub replicas: Vec<ReplicaSecrets>,
+}
+
+impl ReplicaSecrets {
+    fn of(slot: &Slot) -> Option<ReplicaSecrets> {
+        let a = &slot.assignment;
+        let secrets = a.work.secrets.as_ref().filter(|_| a.intent == crate::transition::Intent::Run)?;
+        let variables = secrets.keys.keys().filter(|k| !secrets.files.contains(k)).cloned().collect();
+        Some(ReplicaSecrets {
+            cluster_id: slot.cluster_id.clone(),
+            slot: slot.slot.clone(),
+            node_id: slot.node_id.clone(),
+            assignment_id: slot.assignment_id.clone(),
+            phase: slot.phase(),
+            manifest: secrets.manifest,
+            environment: secrets.environment.clone(),
+            variables,
+            files: secrets.files.iter().filter(|f| secrets.keys.contains_key(*f)).cloned().collect(),
+            received: a.observation.is_some(),
+        })
+    }
+}
+
+async fn secrets_preview(cx: Context, _: Call, input: ServiceInput) -> Result<SecretsPreview> {
+    cx.store
+        .transact(|tx| {
+            let input = &input;
+            async move {
+                let service = services::require_service(&tx, &input.service_id).await?;
+                let docs = tx.find_all(RUNTIME_SLOTS, "by_service", &[json!(service.id)]).await?;
+                let mut held: Vec<Slot> = docs.iter().map(|d| parse::<Slot>(d).map(|e| e.data)).collect::<Result<_>>()?;
+                held.sort_by(|a, b| (&a.cluster_id, &a.slot).cmp(&(&b.cluster_id, &b.slot)));
+                Ok(SecretsPreview {
+                    manifest_number: capstan_secrets::manifests::head(&tx, &service.id).await?,
+                    replicas: held.iter().filter_map(ReplicaSecrets::of).collect(),
+                    service_id: service.id,
+                })
+            }
+        })
+        .await
+}
+
 /// Register the views.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
@@ -217,5 +296,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
             cluster_assignments,
         )
         .refuses(&["cluster-not-found"])
+        .read_only();
+    registry
+        .add(
+            "secrets.preview",
+            "Which secret names (never values) each replica of a service was handed, at which manifest revision (administrator)",
+            Access::Admin,
+            secrets_preview,
+        )
+        .refuses(&["service-not-found"])
         .read_only();
 }

@@ -266,7 +266,9 @@ fn source(from: &Value) -> String {
 pub fn preview(given: &str, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
     let service = &resolve::service(&client, given, None)?;
-    let answer = client.call("secrets.previewResolution", &json!({ "serviceId": service }))?;
+    let mut answer = client.call("secrets.previewResolution", &json!({ "serviceId": service }))?;
+    // what each replica was handed, beside what would resolve now
+    answer["replicas"] = client.call("secrets.preview", &json!({ "serviceId": service }))?["replicas"].take();
     if common.json {
         print_json(&answer);
         return Ok(());
@@ -289,6 +291,25 @@ pub fn preview(given: &str, common: &Common) -> Result<()> {
         println!("nothing resolves: the service has no active secret and no attached SecretSet holds one");
     } else {
         print_table(&["ENVIRONMENT", "KEY", "FROM", "SECRET", "VERSION"], &rows);
+    }
+    let replicas: Vec<Vec<String>> = items_of(&answer["replicas"])
+        .iter()
+        .map(|r| {
+            let names = |field: &str| items_of(&r[field]).iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",");
+            vec![
+                text(r, "slot").into(),
+                text(r, "phase").into(),
+                r["manifest"].to_string(),
+                text(r, "environment").into(),
+                names("variables"),
+                names("files"),
+                if r["received"] == true { "yes" } else { "not yet" }.into(),
+            ]
+        })
+        .collect();
+    if !replicas.is_empty() {
+        println!();
+        print_table(&["REPLICA", "PHASE", "MANIFEST", "ENVIRONMENT", "VARIABLES", "FILES", "RECEIVED"], &replicas);
     }
     for conflict in items_of(&answer["conflicts"]) {
         let shadowed: Vec<String> = items_of(&conflict["shadowed"]).iter().map(source).collect();

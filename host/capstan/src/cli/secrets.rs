@@ -203,8 +203,9 @@ pub enum SecretsCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Which key of a service resolves from where, and every conflict
-    /// (`secrets.previewResolution`; value-free).
+    /// Which key of a service resolves from where, every conflict, and which names each
+    /// replica was handed at which manifest (`secrets.previewResolution`, `secrets.preview`;
+    /// value-free).
     Preview {
         /// The service (its name or id)
         #[arg(long, value_name = "NAME|ID")]

@@ -535,6 +535,18 @@ async fn secret_material_reaches_the_node_sealed_to_its_proven_key_only() {
     let targets = record["targets"].to_string();
     assert!(targets.contains(&service) && targets.contains(assignment) && targets.contains("recipient:1"), "{targets}");
     assert!(targets.contains(&format!("manifest:{manifest}")), "{targets}");
+
+    // the preview names what the replica was handed, never a value; received once it reported
+    let preview = admin(&server, "secrets.preview", json!({ "serviceId": service })).await;
+    let replica = &preview["replicas"][0];
+    assert_eq!(preview["manifestNumber"].as_u64(), Some(manifest), "{preview}");
+    assert_eq!((replica["variables"].clone(), replica["files"].clone()), (json!(["DB_PASSWORD"]), json!(["TLS_KEY"])), "{preview}");
+    assert_eq!((replica["manifest"].as_u64(), replica["received"].as_bool()), (Some(manifest), Some(false)), "{preview}");
+    assert!(!preview.to_string().contains(PLANTED));
+    let observed = json!({ "assignmentId": assignment, "generation": 1, "phase": "running", "ready": true, "observedAt": 1 });
+    call(&mut ws, 10, "runtime.reportObservation", observed).await;
+    let preview = admin(&server, "secrets.preview", json!({ "serviceId": service })).await;
+    assert_eq!(preview["replicas"][0]["received"], true, "{preview}");
     for entry in std::fs::read_dir(server._dir.path()).unwrap().flatten() {
         if entry.path().is_file() {
             let bytes = std::fs::read(entry.path()).unwrap();
