@@ -187,7 +187,8 @@ impl Node {
     fn start(dir: &Path, index: u32, capstan_port: u16) -> Node {
         let tag = std::process::id() % 10_000;
         let (netns, veth, peer) = (format!("capstan-rt-{tag}-{index}"), format!("crt{tag}n{index}"), format!("crt{tag}p{index}"));
-        let subnet = 100 + (tag % 70) * 2 + index;
+        // four nodes per test process (two per test), each its own /24
+        let subnet = 100 + (tag % 35) * 4 + index;
         let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
         let _ = Command::new("ip").args(["netns", "del", &netns]).output();
         run("ip", &["netns", "add", &netns]);
@@ -524,11 +525,12 @@ impl World {
         status["digest"].as_str().unwrap().to_string()
     }
 
-    /// Two nodes of `cluster`, each its own namespace, engine and agent, enrolled and live; the
-    /// first runs the cluster's relay and the second's runtime session rides it.
-    fn two_nodes(&self, dir: &Path, cluster: &str) -> Vec<Node> {
+    /// Two nodes of `cluster`, numbered `first` and `first + 1` (tests running at once use
+    /// other numbers), each its own namespace, engine and agent, enrolled and live; the first
+    /// runs the cluster's relay and the second's runtime session rides it.
+    fn two_nodes(&self, dir: &Path, cluster: &str, first: u32) -> Vec<Node> {
         let w = self;
-        let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir, i, w.port)).collect();
+        let mut nodes: Vec<Node> = (first..first + 2).map(|i| Node::start(dir, i, w.port)).collect();
         for node in &mut nodes {
             let code = w.ok("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
             node.enroll(&code, w.port);
@@ -591,7 +593,7 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     let v1 = w.release(&web, &deployer, "1.0.0", "v1");
 
     // ---- two nodes, each its own namespace, engine and agent; the second rides the relay ----
-    let mut nodes = w.two_nodes(dir.path(), &cluster);
+    let mut nodes = w.two_nodes(dir.path(), &cluster, 0);
 
     // ---- the spec: every node, one replica, an HTTP health check ----
     let started = Instant::now();
@@ -802,7 +804,7 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     );
 
     // ---- the two nodes (the second carried by the first's relay), each agent proving a key ----
-    let mut nodes = w.two_nodes(dir.path(), &cluster);
+    let mut nodes = w.two_nodes(dir.path(), &cluster, 2);
     for node in &nodes {
         let enrolled = eventually("the node proves its recipient", CONVERGE, || {
             let got = w.ok("nodes.get", json!({ "id": node.node_id }));
@@ -844,18 +846,21 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
                 "secrets": { "files": ["TLS_KEY"] } }),
     );
     w.converged(&vault, "vault runs with its secrets on both nodes", |t| t["slots"].as_array().is_some_and(|s| s.len() == 2));
-    let digests = |node: &Node, expect_db: &str| {
+    // the digests a replica answers: DB_PASSWORD's is `expect_db`'s, and TLS_KEY's file is there
+    // while `tls` (not revoked)
+    let digests_with = |node: &Node, expect_db: &str, tls: bool| {
         eventually("the container answers its secrets' digests", CONVERGE, || {
             let page = node.fetch("/cgi-bin/digests", 2).unwrap_or_default();
             let want = [
                 format!("DB_PASSWORD {}", sha256_text(expect_db)),
                 format!("SHARED_TOKEN {}", sha256_text(SHARED)),
                 format!("SMTP_PASSWORD {}", sha256_text(&smtp_password)),
-                format!("file:TLS_KEY {}", sha256_text(TLS)),
             ];
-            if want.iter().all(|line| page.lines().any(|l| l == line)) { Ok(page) } else { Err(page) }
+            let file = page.lines().any(|l| l == format!("file:TLS_KEY {}", sha256_text(TLS)));
+            if want.iter().all(|line| page.lines().any(|l| l == line)) && file == tls { Ok(page) } else { Err(page) }
         })
     };
+    let digests = |node: &Node, expect_db: &str| digests_with(node, expect_db, true);
     for node in &nodes {
         let page = digests(node, DB);
         assert!(!page.contains("file:DB_PASSWORD") && !page.contains("file:SHARED_TOKEN"), "only TLS_KEY is a file: {page}");
@@ -902,6 +907,18 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     let rotated = |t: &Value| t["slots"].as_array().is_some_and(|s| s.len() == 2 && s.iter().all(|s| s["restarts"] == 1));
     w.converged(&vault, "vault runs the rotated secret on both nodes", rotated);
 
+    // ---- a revoked secret disappears from the next replicas ----
+    let listed = w.ok("secrets.list", json!({ "owner": { "kind": "service", "serviceId": vault }, "limit": 200 }));
+    let tls = listed["items"].as_array().unwrap().iter().find(|s| s["key"] == "TLS_KEY").expect("TLS_KEY listed")["id"].clone();
+    w.ok("secrets.revoke", json!({ "id": tls }));
+    for node in &nodes {
+        digests_with(node, DB_ROTATED, false);
+    }
+    let revoked = |t: &Value| t["slots"].as_array().is_some_and(|s| s.len() == 2 && s.iter().all(|s| s["restarts"] == 2));
+    w.converged(&vault, "vault runs without the revoked secret", revoked);
+    let preview = w.ok("secrets.preview", json!({ "serviceId": vault }));
+    assert!(preview["replicas"].as_array().unwrap().iter().all(|r| r["files"] == json!([])), "{preview}");
+
     // ---- an agent (the relay-carried one) restarted with its memory gone proves a new key ----
     let node = &mut nodes[1];
     node.stop_agent(true);
@@ -918,7 +935,7 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
         });
         if to_new { Ok(()) } else { Err(records.to_string()) }
     });
-    digests(node, DB_ROTATED);
+    digests_with(node, DB_ROTATED, false);
     assert_eq!(node.containers(&vault).len(), 1, "adopted, not doubled");
 
     // ---- deleting the service leaves no container and no secret file ----

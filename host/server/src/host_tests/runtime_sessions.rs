@@ -527,6 +527,11 @@ async fn secret_material_reaches_the_node_sealed_to_its_proven_key_only() {
     assert_eq!(open("TLS_KEY", &key, assignment).unwrap().len(), 32);
     assert!(open("DB_PASSWORD", &x25519_dalek::StaticSecret::from([22u8; 32]), assignment).is_err(), "another key");
     assert!(open("DB_PASSWORD", &key, "asg_another").is_err(), "another assignment");
+    let sealed: capstan_core::sealed::SealedInput = serde_json::from_value(secrets["values"]["DB_PASSWORD"].clone()).unwrap();
+    for (slot, revision) in [(slot, manifest + 1), ("node_x.0", manifest)] {
+        let elsewhere = crate::runtime::sessions::material_target(assignment, &service, slot, revision, "DB_PASSWORD");
+        assert!(capstan_core::sealed::open_as(&key, &elsewhere, &sealed).is_err(), "another manifest revision or slot");
+    }
 
     // the issuance is audited, value-free; no plaintext in the store's file
     let audit = admin(&server, "audit.list", json!({ "method": "runtime.issueMaterial" })).await;
