@@ -99,10 +99,18 @@ pub const AUDIT_RETENTION_DAYS: &str = "auditRetentionDays";
 /// How many days audit records are kept: the setting `auditRetentionDays`, else
 /// [`capstan_rpc::audit::DEFAULT_RETENTION_DAYS`].
 pub async fn audit_retention_days(store: &capstan_store::Store) -> Result<u64> {
-    let doc = store.transact(|tx| async move { if tx.is_declared(SETTINGS) { tx.get(SETTINGS, PUBLIC).await } else { Ok(None) } }).await?;
-    let set = doc.and_then(|d| d.data.get(AUDIT_RETENTION_DAYS).and_then(Value::as_u64)).filter(|days| *days >= 1);
-    Ok(set.unwrap_or(capstan_rpc::audit::DEFAULT_RETENTION_DAYS))
+    days_or(store, AUDIT_RETENTION_DAYS, capstan_rpc::audit::DEFAULT_RETENTION_DAYS).await
 }
+
+/// The days a retention setting `key` holds (at least 1), else `default`.
+pub async fn days_or(store: &capstan_store::Store, key: &str, default: u64) -> Result<u64> {
+    let doc = store.transact(|tx| async move { if tx.is_declared(SETTINGS) { tx.get(SETTINGS, PUBLIC).await } else { Ok(None) } }).await?;
+    let set = doc.and_then(|d| d.data.get(key).and_then(Value::as_u64)).filter(|days| *days >= 1);
+    Ok(set.unwrap_or(default))
+}
+
+/// The host setting saying how many days workload logs are kept (the runtime's sweep reads it).
+pub const RUNTIME_LOG_RETENTION_DAYS: &str = "runtimeLogRetentionDays";
 
 /// The host setting saying how many snapshots of Capstan the scheduled task keeps in the bucket.
 pub const SNAPSHOT_KEEP_LAST: &str = "snapshotKeepLast";
@@ -127,6 +135,11 @@ const ALLOWED: &[(&str, Kind, &str)] = &[
     ("corebuildWorkerUrls", Kind::Urls, CARRIED_OVER),
     ("deploymentArchiveRetentionDays", Kind::Days, CARRIED_OVER),
     (AUDIT_RETENTION_DAYS, Kind::RetentionDays, "How many days audit records are kept (1–3650, default 90); older ones are deleted daily"),
+    (
+        RUNTIME_LOG_RETENTION_DAYS,
+        Kind::RetentionDays,
+        "How many days workload logs are kept (1–3650, default 30): older batches, and attempts released longer ago, are let go",
+    ),
     (
         SNAPSHOT_KEEP_LAST,
         Kind::Count,

@@ -135,7 +135,8 @@ fn producer_pass(c: &mut Criterion) {
         fill(&store).await;
         let nodes = capstan_nodes::Context::new(store.clone(), "https://capstan.test".into(), false);
         let keyring = Arc::new(capstan_keyring::Keyring::generate(None, None).unwrap());
-        Context::new(store.clone(), Arc::new(NoDependents), nodes, Arc::new(NoSockets), keyring)
+        let blobs = capstan_blobs::Blobs::new(capstan_blobs::local::LocalBlobs::open(dir.path().join("blobs")).await.unwrap());
+        Context::new(store.clone(), Arc::new(NoDependents), nodes, Arc::new(NoSockets), keyring, blobs)
     });
     let timed = |what: &str| {
         let started = Instant::now();

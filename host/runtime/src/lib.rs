@@ -1,12 +1,13 @@
 //! The runtime: what makes services run (docs/runtime.md). Runtime specs per (service,
 //! cluster) ([`spec`]), replica slots and their assignments ([`slots`]), the pure slot
 //! transition ([`transition`]), the assignment producer ([`producer`]), node runtime sessions
-//! that carry assignments to the agents and their reports back ([`sessions`]), and the views
-//! operators read ([`views`]).
+//! that carry assignments to the agents and their reports back ([`sessions`]), the views
+//! operators read ([`views`]), and the workloads' logs ([`logs`]).
 //!
 //! The producer runs on one fleet node at a time (the placed workload [`PRODUCER_WORKLOAD`]);
 //! each fleet node delivers to the node sessions its own sockets carry.
 
+pub mod logs;
 pub mod producer;
 pub mod sessions;
 pub mod slots;
@@ -39,6 +40,10 @@ pub const PASS_EVERY: Duration = Duration::from_secs(5);
 pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
 /// Delivery runs at least this often, woken sooner by admissions and acknowledgements.
 pub const DELIVER_EVERY: Duration = Duration::from_secs(2);
+/// Log payloads due are written into the bucket this often (by the producer's node).
+pub const LOG_DRAIN_EVERY: Duration = Duration::from_secs(10);
+/// Logs the retention and the bounds no longer keep are let go this often.
+pub const LOG_SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// The runtime's collections.
 pub fn collections() -> Vec<CollectionSpec> {
@@ -51,6 +56,9 @@ pub fn collections() -> Vec<CollectionSpec> {
             .unique("by_assignment", &["assignmentId"]),
         CollectionSpec::new(RUNTIME_STATUS).index("by_service", &["serviceId"]),
     ]
+    .into_iter()
+    .chain(logs::collections())
+    .collect()
 }
 
 /// Declare the runtime's collections.
@@ -90,22 +98,29 @@ pub struct Context {
     pub keyring: Arc<capstan_keyring::Keyring>,
     /// Where each issuance of secret material is recorded.
     pub audit: capstan_rpc::audit::AuditLog,
+    /// Capstan's bucket: workload log segments.
+    pub blobs: capstan_blobs::Blobs,
+    /// The logs' state in this process.
+    pub logs: Arc<logs::LogState>,
 }
 
 impl Context {
     /// The context for `store`, delivering through `frames`, sealing secret material opened
-    /// under `keyring`.
+    /// under `keyring`, keeping log segments in `blobs`.
     pub fn new(
         store: Store,
         dependents: Arc<dyn Dependents>,
         nodes: capstan_nodes::Context,
         frames: Arc<dyn capstan_relays::Sessions>,
         keyring: Arc<capstan_keyring::Keyring>,
+        blobs: capstan_blobs::Blobs,
     ) -> Context {
         let registry_host = registry_host(&nodes.public_origin);
         Context {
             audit: capstan_rpc::audit::AuditLog::new(store.clone()),
             keyring,
+            blobs,
+            logs: Arc::default(),
             store,
             dependents,
             nodes,
@@ -138,6 +153,7 @@ async fn over_http(_: Context, _: Call, _: serde_json::Map<String, Value>) -> Re
 pub fn register(registry: &mut Registry, cx: Context) {
     spec::register(registry, cx.clone());
     views::register(registry, cx.clone());
+    logs::reads::register(registry, cx.clone());
     let mut scoped = registry.with(cx);
     for (method, summary) in [
         ("runtime.registerSession", "A node's agent registers its runtime session (over its /api/v1/socket session only)"),
@@ -148,6 +164,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
         ("runtime.proveRecipient", "A node answers its recipient challenge: the key becomes its next recipient (runtime session only)"),
         ("runtime.reportObservation", "A node reports what it observes of an assignment (over its runtime session only)"),
         ("runtime.reportReceipt", "A node reports an assignment stopped or removed (over its runtime session only)"),
+        ("runtime.reportLogs", "A node reports a batch of an assignment's log lines (over its runtime session only)"),
     ] {
         scoped.add(method, summary, Access::Authenticated, over_http).refuses(&["socket-required", "runtime-session-report-refused"]);
     }
@@ -166,8 +183,24 @@ where
         let (cx, mut stop) = (cx.clone(), stop.clone());
         tokio::spawn(async move {
             let mut last_sweep = std::time::Instant::now();
+            let (mut last_drain, mut last_log_sweep) = (std::time::Instant::now(), std::time::Instant::now());
             loop {
                 if here().await {
+                    if last_drain.elapsed() >= LOG_DRAIN_EVERY {
+                        last_drain = std::time::Instant::now();
+                        match logs::segments::drain(&cx).await {
+                            Ok(drained) if drained.segments > 0 => tracing::debug!(?drained, "log segments written"),
+                            Ok(_) => {}
+                            Err(refusal) => tracing::warn!(code = %refusal.code, "writing log segments failed: {}", refusal.message),
+                        }
+                    }
+                    if last_log_sweep.elapsed() >= LOG_SWEEP_EVERY {
+                        last_log_sweep = std::time::Instant::now();
+                        match logs::segments::sweep(&cx).await {
+                            Ok(swept) => tracing::debug!(?swept, "workload logs swept"),
+                            Err(refusal) => tracing::warn!(code = %refusal.code, "sweeping workload logs failed: {}", refusal.message),
+                        }
+                    }
                     match producer::pass(&cx).await {
                         Ok(report) if report.writes > 0 => tracing::debug!(?report, "runtime pass"),
                         Ok(_) => {}

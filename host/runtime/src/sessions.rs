@@ -33,8 +33,14 @@ pub const PUSH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a pull credential issued with a push lasts.
 pub const PULL_TTL: Duration = Duration::from_secs(15 * 60);
 /// The methods a node calls over its session.
-pub const NODE_METHODS: [&str; 5] =
-    ["runtime.registerSession", "runtime.enrollRecipient", "runtime.proveRecipient", "runtime.reportObservation", "runtime.reportReceipt"];
+pub const NODE_METHODS: [&str; 6] = [
+    "runtime.registerSession",
+    "runtime.enrollRecipient",
+    "runtime.proveRecipient",
+    "runtime.reportObservation",
+    "runtime.reportReceipt",
+    "runtime.reportLogs",
+];
 
 /// Calls one carried node may have running at once (a direct socket has the session's bound).
 pub const MAX_CARRIED_CALLS: usize = 8;
@@ -285,6 +291,10 @@ pub async fn node_call(cx: &Context, socket: &str, method: &str, body: Value) ->
         "runtime.reportReceipt" => {
             cx.sessions.require_current(socket, &node_id)?;
             receipt(cx, &node_id, decode(body)?).await
+        }
+        "runtime.reportLogs" => {
+            cx.sessions.require_current(socket, &node_id)?;
+            crate::logs::accept(cx, &node_id, decode(body)?).await
         }
         _ => Err(Refusal::new("method-unknown", format!("{method} is not a node's runtime method"))),
     }
@@ -627,6 +637,13 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan
         && let Some(secrets) = &a.work.secrets
     {
         body["secrets"] = seal_material(cx, socket, slot, secrets).await?;
+    }
+    if a.intent == Intent::Run {
+        // where a capture of a new agent process starts reading the container's log
+        let id = slot.assignment_id.as_str();
+        if let Some(resume) = cx.store.transact(|tx| async move { crate::logs::resume_of(&tx, id).await }).await? {
+            body["logsFrom"] = serde_json::to_value(resume).map_err(Refusal::internal)?;
+        }
     }
     if let Some(credential) = pull {
         body["pull"] = json!({

@@ -155,6 +155,7 @@ impl AppState {
             nodes.clone(),
             sockets.clone(),
             keyring.clone(),
+            blobs.clone(),
         );
         capstan_runtime::register(&mut registry, runtime.clone());
         let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);

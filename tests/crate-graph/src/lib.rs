@@ -96,12 +96,13 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // the runtime: specs, slots and the producer over the inventory's services and the nodes'
     // records, pull credentials from the registry, a service's secrets opened under the keyring
     // and sealed to the node's recipient, pushes through the server's sockets (the relays'
-    // Sessions trait)
+    // Sessions trait), workload logs written as segments into Capstan's bucket
     (
         "capstan-runtime",
         &[
             "capstan-core",
             "capstan-store",
+            "capstan-blobs",
             "capstan-keyring",
             "capstan-rpc",
             "capstan-events",
