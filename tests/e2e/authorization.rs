@@ -344,6 +344,12 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             [Past("spec-not-found"), Past("spec-not-found"), Denied, hidden_service, hidden_service, Denied, Anon],
         ),
         ("runtime.getServiceStatus", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        ("runtime.getLogAttempts", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        (
+            "runtime.getLogs",
+            json!({ "serviceId": SERVICE, "assignmentId": "asg_missing" }),
+            [Past("attempt-not-found"), Past("attempt-not-found"), Past("attempt-not-found"), hidden_service, hidden_service, Past("attempt-not-found"), Anon],
+        ),
         ("runtime.getServiceAssignments", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
         ("runtime.getClusterAssignments", json!({ "clusterId": CLUSTER }), admin(Ran)),
         // a node's runtime methods are answered over its socket session only
@@ -352,6 +358,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("runtime.proveRecipient", json!({}), signed_in(Past("socket-required"))),
         ("runtime.reportObservation", json!({}), signed_in(Past("socket-required"))),
         ("runtime.reportReceipt", json!({}), signed_in(Past("socket-required"))),
+        ("runtime.reportLogs", json!({}), signed_in(Past("socket-required"))),
         // ---- settings ----
         ("settings.get", json!({}), signed_in(Ran)),
         ("settings.update", json!({ "expectedRevision": STALE }), admin(Past("conflict"))),

@@ -854,6 +854,12 @@ pub enum ServicesCommand {
     ///
     /// Example: capstan services status web --org acme --watch
     Status(super::service_runtime::StatusArgs),
+    /// A service's replica logs, interleaved and prefixed with their replica
+    /// (`runtime.getLogAttempts`, `runtime.getLogs`; members of its organization).
+    ///
+    /// Each replica's newest attempt, every loss stated in its place. Examples: capstan
+    /// services logs web --tail 100; capstan services logs web -f --replica node_….0
+    Logs(super::service_logs::LogsArgs),
 }
 
 pub fn services(command: ServicesCommand) -> ExitCode {
@@ -875,6 +881,7 @@ pub fn services(command: ServicesCommand) -> ExitCode {
         ServicesCommand::Run(args) => (super::service_runtime::run(&args), args.common.json),
         ServicesCommand::Stop(args) => (super::service_runtime::stop(&args), args.common.json),
         ServicesCommand::Status(args) => (super::service_runtime::status(&args), args.common.json),
+        ServicesCommand::Logs(args) => (super::service_logs::logs(&args), args.common.json),
     };
     finish(result, json)
 }
