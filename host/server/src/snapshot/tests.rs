@@ -33,6 +33,15 @@ async fn populated(dir: &Path) -> Host {
         })
         .await
         .unwrap();
+    // workload logs are not copied: neither payloads waiting in the store nor segments
+    store.declare(CollectionSpec::new(capstan_runtime::logs::LOG_INLINE)).await.unwrap();
+    store
+        .transact(|tx| async move {
+            tx.insert(capstan_runtime::logs::LOG_INLINE, "asg_1.000.0000000001", json!({"payload": "a log line"})).await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
     let put = |key: &str, bytes: Vec<u8>| {
         let blobs = source.blobs.clone();
         let key = key.to_string();
@@ -43,6 +52,7 @@ async fn populated(dir: &Path) -> Host {
     put("_capstan/plugins/appstore/1.0.0-abc.capstan-plugin", b"bundle".to_vec()).await;
     put("_capstan/identities/user-1", b"{}".to_vec()).await;
     put("_capstan/nodes/n1.json", b"{}".to_vec()).await;
+    put("runtime-logs/svc_1/asg_1/0123456789abcdef/1-1.jsonl", b"{}\n".to_vec()).await;
     source
 }
 
@@ -82,7 +92,7 @@ async fn a_snapshot_restores_every_document_at_its_revision_and_every_copied_blo
     let manifest = &written.manifest;
     assert_eq!(manifest.data_version.as_deref(), Some(crate::migrate::host_chain().target().to_string().as_str()));
     assert_eq!(manifest.documents, 1 + 2 + PAGE as u64 + 3);
-    assert_eq!(manifest.blobs, 4, "the fleet's node record is not copied: {:?}", manifest.parts);
+    assert_eq!(manifest.blobs, 4, "the fleet's node record and log segments are not copied: {:?}", manifest.parts);
     assert!(!manifest.keyring_included && manifest.keyring_notice.contains("keyring"));
     assert_eq!(told.into_inner().unwrap(), manifest.parts.iter().map(Part::label).collect::<Vec<_>>());
     assert_eq!(verify(&file).await.unwrap(), *manifest);
@@ -90,9 +100,11 @@ async fn a_snapshot_restores_every_document_at_its_revision_and_every_copied_blo
     let target = host(dir.path(), "target").await;
     let restored = restore(&file, &target.store, &target.blobs, &crate::migrate::host_chain(), &|_: &Part| {}).await.unwrap();
     assert_eq!((restored.documents, restored.blobs), (manifest.documents, 4));
-    assert_eq!(everything(&target.store).await, everything(&source.store).await, "same documents, same revisions");
+    let mut kept = everything(&source.store).await;
+    kept.retain(|(collection, _)| collection != capstan_runtime::logs::LOG_INLINE);
+    assert_eq!(everything(&target.store).await, kept, "same documents, same revisions, no log payloads");
     let mut copied = blob_keys(&source.blobs).await;
-    copied.retain(|k| !k.starts_with("_capstan/nodes/"));
+    copied.retain(|k| !k.starts_with("_capstan/nodes/") && !k.starts_with("runtime-logs/"));
     assert_eq!(blob_keys(&target.blobs).await, copied);
     for key in &copied {
         assert_eq!(target.blobs.get_bytes(key).await.unwrap().unwrap().1, source.blobs.get_bytes(key).await.unwrap().unwrap().1, "{key}");
