@@ -641,7 +641,7 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan
     if a.intent == Intent::Run {
         // where a capture of a new agent process starts reading the container's log
         let id = slot.assignment_id.as_str();
-        if let Some(resume) = cx.store.transact(|tx| async move { crate::logs::resume_of(&tx, id).await }).await? {
+        if let Some(resume) = crate::logs::resume_of_store(&cx.store, id).await? {
             body["logsFrom"] = serde_json::to_value(resume).map_err(Refusal::internal)?;
         }
     }

@@ -479,6 +479,11 @@ async fn drop_row(tx: &Tx, row: &Entity<BatchRow>) -> Result<Option<String>> {
     Ok(row.data.segment.clone())
 }
 
+/// [`resume_of`] in a transaction of its own.
+pub async fn resume_of_store(store: &capstan_store::Store, assignment_id: &str) -> Result<Option<Resume>> {
+    store.transact(|tx| async move { resume_of(&tx, assignment_id).await }).await
+}
+
 /// Where a new capture of `assignment_id` starts, for its push (`logsFrom`).
 pub async fn resume_of(tx: &Tx, assignment_id: &str) -> Result<Option<Resume>> {
     let Some(doc) = tx.get(LOG_ATTEMPTS, assignment_id).await? else { return Ok(None) };

@@ -559,3 +559,93 @@ async fn secret_material_reaches_the_node_sealed_to_its_proven_key_only() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_nodes_log_batches_are_read_back_in_order_from_the_store_and_from_their_segment() {
+    let server = serve().await;
+    let (service, cluster, node, token) = world(&server).await;
+    admin(
+        &server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
+    )
+    .await;
+    pass(&server).await;
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    deliver(&server).await;
+    let push = next(&mut ws).await;
+    assert_eq!(push["body"].get("logsFrom"), None, "nothing kept yet: a capture starts at the log's beginning");
+    let assignment = push["body"]["assignmentId"].as_str().unwrap().to_string();
+    let capture = "00112233445566ff";
+    let entry = |ts: &str, stream: &str, line: &str| json!({ "ts": ts, "stream": stream, "line": line });
+    let report = |sequence: u64, entries: Value, last: bool| json!({ "assignmentId": assignment, "captureId": capture, "sequence": sequence, "entries": entries, "final": last });
+    let first = report(
+        1,
+        json!([entry("2026-12-06T10:00:00.1Z", "stdout", "starting"), entry("2026-12-06T10:00:00.2Z", "stderr", "warning: x")]),
+        false,
+    );
+    assert_eq!(call(&mut ws, 2, "runtime.reportLogs", first.clone()).await["result"], json!({ "accepted": true, "replay": false }));
+    assert_eq!(call(&mut ws, 3, "runtime.reportLogs", first).await["result"]["replay"], true);
+
+    // a reader waiting for new lines is answered when they come
+    let reader = {
+        let (addr, token, service, assignment) = (server.addr, server.token.clone(), service.clone(), assignment.clone());
+        tokio::spawn(async move {
+            let body = json!({ "serviceId": service, "assignmentId": assignment, "cursor": "0.1", "waitMs": 10000 });
+            http(addr, "/api/v1/runtime.getLogs", Some(&token), body).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let lost = json!({ "entries": 2, "reason": "engine-error" });
+    let mut third = report(3, json!([entry("2026-12-06T10:00:01Z", "stdout", "ready")]), false);
+    third["lost"] = lost.clone();
+    call(&mut ws, 4, "runtime.reportLogs", third).await;
+    let (status, waited) = reader.await.unwrap();
+    assert_eq!(status, 200, "{waited}");
+    let kinds: Vec<&str> = waited["records"].as_array().unwrap().iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["gap", "batch"], "number 2 never came: {waited}");
+    assert_eq!(waited["records"][1]["lost"], lost);
+    call(&mut ws, 5, "runtime.reportLogs", report(4, json!([]), true)).await;
+
+    let attempts = admin(&server, "runtime.getLogAttempts", json!({ "serviceId": service })).await;
+    let item = &attempts["items"][0];
+    assert_eq!((item["assignmentId"].as_str(), item["expiresAt"].clone()), (Some(assignment.as_str()), Value::Null), "{attempts}");
+    assert_eq!((item["kept"]["entries"].as_u64(), item["captures"][0]["missing"].as_u64()), (Some(3), Some(1)), "{attempts}");
+    let read = || admin(&server, "runtime.getLogs", json!({ "serviceId": service, "assignmentId": assignment }));
+    let before = read().await;
+    let lines: Vec<&str> = before["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["entries"].as_array().into_iter().flatten())
+        .map(|e| e["line"].as_str().unwrap())
+        .collect();
+    assert_eq!(lines, ["starting", "warning: x", "ready"]);
+    assert_eq!((before["end"].as_bool(), before["nextCursor"].as_str()), (Some(true), Some("0.4")));
+
+    // the ended capture's payloads go into the bucket; the same records read back from there
+    let drained = crate::runtime::logs::segments::drain(&server.state.runtime).await.unwrap();
+    assert_eq!(drained.segments, 1);
+    let listed = server.state.blobs.list(crate::runtime::logs::BUCKET_PREFIX, None, 10).await.unwrap();
+    assert_eq!(listed.items[0].key, format!("runtime-logs/{service}/{assignment}/{capture}/1-4.jsonl"));
+    assert_eq!(read().await, before);
+
+    // the next push of the run says where a new capture starts
+    let resumed = crate::runtime::logs::resume_of_store(&server.state.store, &assignment).await.unwrap();
+    assert_eq!(resumed, Some(crate::runtime::logs::Resume { ts: "2026-12-06T10:00:01Z".into(), skip: 1 }));
+
+    // refusals by name
+    let (status, refused) =
+        http(server.addr, "/api/v1/runtime.getLogs", Some(&server.token), json!({ "serviceId": service, "assignmentId": "asg_none" }))
+            .await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (404, Some("attempt-not-found")), "{refused}");
+    for (body, code) in [
+        (json!({ "serviceId": service, "assignmentId": assignment, "cursor": "x" }), "cursor-invalid"),
+        (json!({ "serviceId": service, "assignmentId": assignment, "cursor": "9.1" }), "cursor-invalid"),
+        (json!({ "serviceId": service, "assignmentId": assignment, "limit": 0 }), "limit-invalid"),
+    ] {
+        let (status, refused) = http(server.addr, "/api/v1/runtime.getLogs", Some(&server.token), body).await;
+        assert_eq!((status, refused["error"]["code"].as_str()), (400, Some(code)), "{refused}");
+    }
+}
