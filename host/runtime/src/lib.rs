@@ -7,6 +7,7 @@
 //! The producer runs on one fleet node at a time (the placed workload [`PRODUCER_WORKLOAD`]);
 //! each fleet node delivers to the node sessions its own sockets carry.
 
+pub mod history;
 pub mod logs;
 pub mod producer;
 pub mod sessions;
@@ -58,6 +59,7 @@ pub fn collections() -> Vec<CollectionSpec> {
     ]
     .into_iter()
     .chain(logs::collections())
+    .chain([history::collection()])
     .collect()
 }
 
@@ -154,6 +156,7 @@ pub fn register(registry: &mut Registry, cx: Context) {
     spec::register(registry, cx.clone());
     views::register(registry, cx.clone());
     logs::reads::register(registry, cx.clone());
+    history::register(registry, cx.clone());
     let mut scoped = registry.with(cx);
     for (method, summary) in [
         ("runtime.registerSession", "A node's agent registers its runtime session (over its /api/v1/socket session only)"),
@@ -199,6 +202,9 @@ where
                         match logs::segments::sweep(&cx).await {
                             Ok(swept) => tracing::debug!(?swept, "workload logs swept"),
                             Err(refusal) => tracing::warn!(code = %refusal.code, "sweeping workload logs failed: {}", refusal.message),
+                        }
+                        if let Err(refusal) = history::prune(&cx).await {
+                            tracing::warn!(code = %refusal.code, "pruning runtime events failed: {}", refusal.message);
                         }
                     }
                     match producer::pass(&cx).await {

@@ -445,7 +445,7 @@ async fn commit(cx: &Context, target: &Target, work: Option<&Work>, step: &Plann
                     return Ok(None);
                 }
                 let now = now_ms();
-                let written = match (step.case.step(), stored) {
+                let (written, failures, successor) = match (step.case.step(), stored) {
                     (Step::Run, previous) => {
                         let Some(work) = work else { return Ok(None) };
                         let key = work.key();
@@ -488,7 +488,7 @@ async fn commit(cx: &Context, target: &Target, work: Option<&Work>, step: &Plann
                             last_cause,
                         };
                         tx.put(RUNTIME_SLOTS, &id, previous.map(|p| p.revision), to_value(&slot)?).await?;
-                        json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": assignment_id })
+                        (json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": assignment_id }), failures, successor)
                     }
                     (Step::Stop | Step::Remove, Some(mut slot)) => {
                         let a = &mut slot.data.assignment;
@@ -503,15 +503,27 @@ async fn commit(cx: &Context, target: &Target, work: Option<&Work>, step: &Plann
                             a.intent = Intent::Remove;
                         }
                         tx.replace(RUNTIME_SLOTS, &id, slot.revision, to_value(&slot.data)?).await?;
-                        json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": slot.data.assignment_id })
+                        (
+                            json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": slot.data.assignment_id }),
+                            slot.data.failures,
+                            false,
+                        )
                     }
                     (Step::Release, Some(slot)) => {
                         tx.delete(RUNTIME_SLOTS, &id, slot.revision).await?;
-                        json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": slot.data.assignment_id })
+                        (
+                            json!({ "slot": step.slot, "case": step.case.name(), "assignmentId": slot.data.assignment_id }),
+                            slot.data.failures,
+                            false,
+                        )
                     }
                     _ => return Ok(None),
                 };
                 emit(&tx, "runtime.slot-changed", &spec.data.service_id, written.clone()).await?;
+                let (kind, words) = crate::history::step_words(step.case, &step.node_id, failures, successor);
+                let assignment = written["assignmentId"].as_str().unwrap_or_default();
+                let event = crate::history::RuntimeEvent::now(&spec.data.service_id, &step.slot, &step.node_id, assignment, kind, words);
+                crate::history::record(&tx, &event).await?;
                 Ok(Some(written))
             }
         })

@@ -462,6 +462,11 @@ async fn observe(cx: &Context, node_id: &str, input: ObservationInput) -> Result
                 let body =
                     json!({ "slot": slot.data.slot, "assignmentId": input.assignment_id, "phase": input.phase, "ready": input.ready });
                 emit(&tx, "runtime.observed", &slot.data.service_id, body).await?;
+                let s = &slot.data;
+                let said = s.assignment.observation.as_ref().and_then(|o| o.cause.as_deref());
+                let (kind, words) = crate::history::observed_words(&input.phase, input.ready, said);
+                let event = crate::history::RuntimeEvent::now(&s.service_id, &s.slot, node_id, &input.assignment_id, &kind, words);
+                crate::history::record(&tx, &event).await?;
                 Ok(true)
             }
         })
@@ -494,6 +499,11 @@ async fn receipt(cx: &Context, node_id: &str, input: ReceiptInput) -> Result<Val
                 tx.replace(RUNTIME_SLOTS, &slot.id, slot.revision, to_value(&slot.data)?).await?;
                 let body = json!({ "slot": slot.data.slot, "assignmentId": input.assignment_id, "generation": input.generation });
                 emit(&tx, "runtime.receipt", &slot.data.service_id, body).await?;
+                let (kind, words) =
+                    if input.generation == 2 { ("stopped", "the container stopped") } else { ("removed", "the container was removed") };
+                let s = &slot.data;
+                let event = crate::history::RuntimeEvent::now(&s.service_id, &s.slot, node_id, &input.assignment_id, kind, words.into());
+                crate::history::record(&tx, &event).await?;
                 Ok(true)
             }
         })

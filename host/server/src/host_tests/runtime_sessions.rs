@@ -213,6 +213,20 @@ async fn a_spec_runs_on_its_node_through_the_session_and_a_steady_fleet_writes_n
     assert_eq!(status["targets"][0]["slots"], json!([]), "the settled slot is released: {status}");
     assert_eq!(status["targets"][0]["verdict"], json!({ "state": "converged" }), "{status}");
 
+    // what happened, in order and in words
+    let events = admin(&server, "runtime.getServiceEvents", json!({ "serviceId": service })).await;
+    let kinds: Vec<&str> = events["items"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    let wanted = ["scheduled", "ready", "stopping", "stopped", "removing", "removed", "released"];
+    let mut seen = kinds.iter().filter(|k| wanted.contains(k));
+    assert!(wanted.iter().all(|w| seen.any(|k| k == w)), "in order: {kinds:?}");
+    assert!(events["items"][0]["words"].as_str().unwrap().starts_with("scheduled on node"), "{events}");
+    let after = admin(&server, "runtime.getServiceEvents", json!({ "serviceId": service, "after": events["nextCursor"] })).await;
+    assert_eq!(after["items"], json!([]), "nothing after the newest");
+    let (status, refused) =
+        http(server.addr, "/api/v1/runtime.getServiceEvents", Some(&server.token), json!({ "serviceId": service, "after": "svc_other.1" }))
+            .await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("cursor-invalid")));
+
     // deleting the held spec; then the service's deletion is no longer held by the runtime
     admin(&server, "runtime.deleteServiceSpec", json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": 2 })).await;
     drop(ws);
