@@ -860,6 +860,10 @@ pub enum ServicesCommand {
     /// Each replica's newest attempt, every loss stated in its place. Examples: capstan
     /// services logs web --tail 100; capstan services logs web -f --replica node_….0
     Logs(super::service_logs::LogsArgs),
+    /// What the runtime decided for a service and what its nodes said, in order and in words
+    /// (`runtime.getServiceEvents`): scheduled, pulling, ready, health failing, restarted after
+    /// its backoff, replaced by a rollout, stopped, removed. `-f` follows.
+    Events(super::service_events::EventsArgs),
 }
 
 pub fn services(command: ServicesCommand) -> ExitCode {
@@ -882,6 +886,7 @@ pub fn services(command: ServicesCommand) -> ExitCode {
         ServicesCommand::Stop(args) => (super::service_runtime::stop(&args), args.common.json),
         ServicesCommand::Status(args) => (super::service_runtime::status(&args), args.common.json),
         ServicesCommand::Logs(args) => (super::service_logs::logs(&args), args.common.json),
+        ServicesCommand::Events(args) => (super::service_events::events(&args), args.common.json),
     };
     finish(result, json)
 }

@@ -21,6 +21,7 @@ mod publishers;
 mod resolve;
 mod secret_sets;
 mod secrets;
+mod service_events;
 mod service_logs;
 mod service_runtime;
 mod snapshot;
