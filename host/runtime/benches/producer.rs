@@ -4,57 +4,19 @@
 //! would write them); the next pass converges every verdict; and from then on a pass decides
 //! nothing and writes nothing — the figure measured here, with the documents it wrote.
 //!
-//!   cargo bench -p capstan-runtime --bench producer
+//!   cargo bench -p capstan-runtime --features testing --bench producer
 //!
 //! Figures go in docs/benchmarks.md with this command.
 
-use capstan_core::refusal::{Refusal, Result};
-use capstan_inventory::{Dependents, PluginSetting};
-use capstan_runtime::{Context, RUNTIME_SLOTS, producer};
-use capstan_store::{Store, Tx};
+use capstan_runtime::{RUNTIME_SLOTS, producer};
+use capstan_store::Store;
 use criterion::{Criterion, criterion_group, criterion_main};
-use serde_json::{Value, json};
-use std::sync::Arc;
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 const SERVICES: usize = 10_000;
 const NODES: usize = 1_000;
 const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-struct NoDependents;
-
-#[async_trait::async_trait]
-impl Dependents for NoDependents {
-    async fn organization_blocker(&self, _: &Tx, _: &str, _: &str) -> Result<Option<Refusal>> {
-        Ok(None)
-    }
-    async fn service_removed(&self, _: &Tx, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn holder_present(&self, _: &Tx, _: &str) -> Result<bool> {
-        Ok(true)
-    }
-    async fn plugin_settings(&self, _: &Tx) -> Result<Vec<PluginSetting>> {
-        Ok(Vec::new())
-    }
-    fn check_plugin_setting(&self, _: &PluginSetting, _: &Value) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// No socket: the producer pushes nothing (delivery is not what this measures).
-struct NoSockets;
-
-impl capstan_relays::Sessions for NoSockets {
-    fn send(&self, _: &str, _: String) -> bool {
-        false
-    }
-    fn end(&self, _: &str, _: u16, _: &'static str) {}
-    fn push_to_admins(&self, _: &str, _: &Value) {}
-    fn max_frame_bytes(&self) -> usize {
-        1 << 20
-    }
-}
 
 async fn fill(store: &Store) {
     capstan_nodes::declare(store).await.unwrap();
@@ -133,10 +95,7 @@ fn producer_pass(c: &mut Criterion) {
     let store = Store::new(capstan_store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), capstan_store::DEFAULT_BUDGET);
     let cx = rt.block_on(async {
         fill(&store).await;
-        let nodes = capstan_nodes::Context::new(store.clone(), "https://capstan.test".into(), false);
-        let keyring = Arc::new(capstan_keyring::Keyring::generate(None, None).unwrap());
-        let blobs = capstan_blobs::Blobs::new(capstan_blobs::local::LocalBlobs::open(dir.path().join("blobs")).await.unwrap());
-        Context::new(store.clone(), Arc::new(NoDependents), nodes, Arc::new(NoSockets), keyring, blobs)
+        capstan_runtime::testing::context(store.clone(), dir.path()).await
     });
     let timed = |what: &str| {
         let started = Instant::now();

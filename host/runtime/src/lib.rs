@@ -13,6 +13,8 @@ pub mod producer;
 pub mod sessions;
 pub mod slots;
 pub mod spec;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod transition;
 pub mod views;
 

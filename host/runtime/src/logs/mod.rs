@@ -354,6 +354,11 @@ fn resume_after(resume: Option<Resume>, entries: &[Entry]) -> Option<Resume> {
 
 /// `runtime.reportLogs`: keep one batch (or answer a replay), in one transaction.
 pub async fn accept(cx: &Context, node_id: &str, input: BatchInput) -> Result<Value> {
+    accept_at(cx, node_id, input, now_ms()).await
+}
+
+/// [`accept`] as of `now` (milliseconds): how tests and benchmarks play an hour in a moment.
+pub async fn accept_at(cx: &Context, node_id: &str, input: BatchInput, now: u64) -> Result<Value> {
     check(&input)?;
     let pending = cx.logs.inline_bytes.load(Ordering::Relaxed);
     if pending > INLINE_REFUSE_BYTES {
@@ -378,7 +383,6 @@ pub async fn accept(cx: &Context, node_id: &str, input: BatchInput) -> Result<Va
             let (input, payload) = (&input, &payload);
             async move {
                 let (revision, mut attempt) = attempt_of(&tx, node_id, &input.assignment_id).await?;
-                let now = now_ms();
                 let ordinal = match attempt.captures.iter().position(|c| c.capture_id == input.capture_id) {
                     Some(i) => i,
                     None => {

@@ -272,7 +272,7 @@ async fn read_page(
         let t = &attempt.truncation;
         records.push(LogRecord::Truncation { dropped: t.dropped.clone(), reasons: t.reasons.iter().cloned().collect() });
     }
-    let mut segments: HashMap<String, Option<HashMap<(String, u64), Payload>>> = HashMap::new();
+    let mut segments: HashMap<String, Option<super::segments::Segment>> = HashMap::new();
     let (mut entries, mut bytes) = (0u64, 0u64);
     let mut last = after;
     let mut cut_short = false;

@@ -54,8 +54,11 @@ pub fn segment_key(service_id: &str, assignment_id: &str, capture_id: &str, firs
     format!("{BUCKET_PREFIX}{service_id}/{assignment_id}/{capture_id}/{first}-{last}.jsonl")
 }
 
-/// A segment's batches by (capture, sequence); `None` when it is gone or does not read.
-pub async fn read(blobs: &Blobs, key: &str) -> Option<HashMap<(String, u64), Payload>> {
+/// A segment's batches by (capture, sequence).
+pub type Segment = HashMap<(String, u64), Payload>;
+
+/// A segment's batches; `None` when it is gone or does not read.
+pub async fn read(blobs: &Blobs, key: &str) -> Option<Segment> {
     let (_, bytes) = blobs.get_bytes(key).await.ok()??;
     let text = String::from_utf8(bytes).ok()?;
     let mut batches = HashMap::new();
@@ -88,7 +91,8 @@ pub async fn drain(cx: &Context) -> Result<Drained> {
     drain_at(cx, now_ms()).await
 }
 
-pub(super) async fn drain_at(cx: &Context, now: u64) -> Result<Drained> {
+/// [`drain`] as of `now` (milliseconds).
+pub async fn drain_at(cx: &Context, now: u64) -> Result<Drained> {
     // ids sort by attempt, capture and number, so a scan meets each capture's rows together
     let mut captures: BTreeMap<(String, String), Pending> = BTreeMap::new();
     let mut cursor: Option<String> = None;
@@ -111,7 +115,7 @@ pub(super) async fn drain_at(cx: &Context, now: u64) -> Result<Drained> {
     let mut order: Vec<(String, String)> = captures.iter().filter(|(_, p)| due(p)).map(|(k, _)| k.clone()).collect();
     // under pressure, the largest captures too, until what is left fits
     let mut by_size: Vec<(&(String, String), u64)> = captures.iter().filter(|(_, p)| !due(p)).map(|(k, p)| (k, p.bytes)).collect();
-    by_size.sort_by(|a, b| b.1.cmp(&a.1));
+    by_size.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
     let mut left = total - order.iter().map(|k| captures[k].bytes).sum::<u64>();
     for (key, bytes) in by_size {
         if left <= PRESSURE_BYTES {
@@ -226,7 +230,8 @@ pub async fn sweep(cx: &Context) -> Result<Swept> {
     sweep_at(cx, now_ms()).await
 }
 
-pub(super) async fn sweep_at(cx: &Context, now: u64) -> Result<Swept> {
+/// [`sweep`] as of `now` (milliseconds).
+pub async fn sweep_at(cx: &Context, now: u64) -> Result<Swept> {
     let retention = retention_ms(&cx.store).await?;
     let mut swept = Swept::default();
     let mut attempts: Vec<Entity<LogAttempt>> = Vec::new();

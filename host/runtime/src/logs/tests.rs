@@ -8,44 +8,6 @@ use crate::slots::{Assignment, Slot, Work};
 use crate::transition::Intent;
 use crate::{Context, RUNTIME_SLOTS};
 use capstan_core::refusal::Refusal;
-use capstan_inventory::{Dependents, PluginSetting};
-use capstan_store::Store;
-use serde_json::Value;
-use std::sync::Arc;
-
-struct NoDependents;
-
-#[async_trait::async_trait]
-impl Dependents for NoDependents {
-    async fn organization_blocker(&self, _: &Tx, _: &str, _: &str) -> Result<Option<Refusal>> {
-        Ok(None)
-    }
-    async fn service_removed(&self, _: &Tx, _: &str) -> Result<()> {
-        Ok(())
-    }
-    async fn holder_present(&self, _: &Tx, _: &str) -> Result<bool> {
-        Ok(true)
-    }
-    async fn plugin_settings(&self, _: &Tx) -> Result<Vec<PluginSetting>> {
-        Ok(Vec::new())
-    }
-    fn check_plugin_setting(&self, _: &PluginSetting, _: &Value) -> Result<()> {
-        Ok(())
-    }
-}
-
-struct NoSockets;
-
-impl capstan_relays::Sessions for NoSockets {
-    fn send(&self, _: &str, _: String) -> bool {
-        false
-    }
-    fn end(&self, _: &str, _: u16, _: &'static str) {}
-    fn push_to_admins(&self, _: &str, _: &Value) {}
-    fn max_frame_bytes(&self) -> usize {
-        1 << 20
-    }
-}
 
 struct World {
     cx: Context,
@@ -54,14 +16,8 @@ struct World {
 
 async fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::new(capstan_store::sqlite::SqliteStore::open(dir.path().join("s.sqlite")).unwrap(), capstan_store::DEFAULT_BUDGET);
-    crate::declare(&store).await.unwrap();
-    capstan_inventory::declare(&store).await.unwrap();
-    let nodes = capstan_nodes::Context::new(store.clone(), "https://capstan.test".into(), false);
-    let keyring = Arc::new(capstan_keyring::Keyring::generate(None, None).unwrap());
-    let blobs =
-        capstan_blobs::Blobs::new(capstan_blobs::local::LocalBlobs::open(&dir.path().join("blobs").display().to_string()).await.unwrap());
-    let cx = Context::new(store, Arc::new(NoDependents), nodes, Arc::new(NoSockets), keyring, blobs);
+    let store = crate::testing::store(dir.path()).await;
+    let cx = crate::testing::context(store, dir.path()).await;
     World { cx, _dir: dir }
 }
 
