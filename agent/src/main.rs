@@ -15,6 +15,7 @@ mod engine;
 mod enroll;
 mod handler;
 mod ingress;
+mod logs;
 #[cfg(test)]
 mod mock;
 mod origin;

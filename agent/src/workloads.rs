@@ -8,8 +8,14 @@
 //! After a restart the agent adopts the containers carrying its labels: Capstan pushes every
 //! current assignment to the new session, and a labelled container whose assignment Capstan
 //! does not know (`assignment-unknown`) is an orphan, stopped and removed.
+//!
+//! Each running container's log is followed as a capture (`logs`); its batches go out as
+//! `runtime.reportLogs` calls once the session is registered, and those not answered are sent
+//! again on the next session. A stopped container is removed once its capture's final batch is
+//! answered (or after `FINAL_WAIT`).
 
 use crate::engine::{ContainerSpec, Engine, Observed, Phase, PortSpec, Probe, Protocol, PullAuth};
+use crate::logs::{Answer, Captures, LogsFrom, Sends};
 use crate::relay::{PROTOCOL, socket_url};
 use crate::state::StateDir;
 use capstan_core::Refusal;
@@ -46,6 +52,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a labelled container nobody pushed is left alone after a session registers.
 const ADOPTION_GRACE: Duration = Duration::from_secs(15);
+/// How long a stopped container waits for its capture's final batch to be answered before it
+/// is removed regardless.
+const FINAL_WAIT: Duration = Duration::from_secs(10);
 /// The longest wait between attempts to reach Capstan or the engine.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -63,6 +72,9 @@ struct Assignment {
     pull: Option<Pull>,
     #[serde(default)]
     secrets: Option<Sealed>,
+    /// Where a capture this process starts reads the container's log from.
+    #[serde(default)]
+    logs_from: Option<LogsFrom>,
 }
 
 /// The secret values of a run, sealed to this process's recipient (docs/runtime.md, "Secret
@@ -178,11 +190,23 @@ struct Held {
     next_probe: Instant,
     /// The receipt generation reported and accepted (2 stopped, 3 removed).
     receipted: u32,
+    /// When a stop stopped its container, which waits for its capture's final batch.
+    stopped_at: Option<Instant>,
 }
 
 impl Held {
     fn new(assignment: Assignment) -> Held {
-        Held { assignment, container: None, failed: None, said: None, passes: 0, failures: 0, next_probe: Instant::now(), receipted: 0 }
+        Held {
+            assignment,
+            container: None,
+            failed: None,
+            said: None,
+            passes: 0,
+            failures: 0,
+            next_probe: Instant::now(),
+            receipted: 0,
+            stopped_at: None,
+        }
     }
 }
 
@@ -196,6 +220,8 @@ enum Pending {
     Enroll,
     /// `runtime.proveRecipient`: the key becomes the node's recipient.
     Prove,
+    /// `runtime.reportLogs`: a capture's batch, by capture id and sequence.
+    Logs(String, u64),
 }
 
 /// The X25519 key this agent process draws at start: secret material for its workloads is
@@ -224,6 +250,7 @@ pub async fn run(options: Options, mut stop: watch::Receiver<bool>) {
     let nonce = nonce();
     let mut recipient = Recipient::draw();
     let mut held: HashMap<String, Held> = HashMap::new();
+    let mut captures = Captures::default();
     let mut delay = Duration::from_secs(1);
     let mut engine: Option<Engine> = None;
     loop {
@@ -243,6 +270,8 @@ pub async fn run(options: Options, mut stop: watch::Receiver<bool>) {
                 nonce: &nonce,
                 recipient: &mut recipient,
                 held: &mut held,
+                captures: &mut captures,
+                sends: Sends::default(),
                 next_id: 1,
                 pending: HashMap::new(),
                 registered: false,
@@ -282,6 +311,10 @@ struct Session<'a> {
     nonce: &'a str,
     recipient: &'a mut Recipient,
     held: &'a mut HashMap<String, Held>,
+    /// The process's log captures (they outlive this session).
+    captures: &'a mut Captures,
+    /// This session's sending of their batches.
+    sends: Sends,
     next_id: u64,
     pending: HashMap<u64, Pending>,
     /// Capstan accepted the registration on this socket.
@@ -326,6 +359,7 @@ impl Session<'_> {
         let registered_at = Instant::now();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let logs_closed = self.captures.wake();
         loop {
             tokio::select! {
                 _ = stop.changed() => {
@@ -338,7 +372,9 @@ impl Session<'_> {
                 }
                 _ = tick.tick() => {
                     self.reconcile(&mut ws, registered_at.elapsed() >= ADOPTION_GRACE).await?;
+                    self.send_logs(&mut ws).await?;
                 }
+                _ = logs_closed.notified() => self.send_logs(&mut ws).await?,
             }
         }
     }
@@ -350,6 +386,18 @@ impl Session<'_> {
         let frame = json!({ "type": "call", "id": id, "method": method, "body": body });
         ws.send(Message::text(frame.to_string())).await.map_err(|e| e.to_string())?;
         Ok(id)
+    }
+
+    /// Send the captures' batches that are due on this session, once it is registered.
+    async fn send_logs(&mut self, ws: &mut Socket) -> Result<(), String> {
+        if !self.registered {
+            return Ok(());
+        }
+        for batch in self.sends.due(self.captures, tokio::time::Instant::now()) {
+            let body = serde_json::to_value(&batch).map_err(|e| e.to_string())?;
+            self.call(ws, "runtime.reportLogs", body, Pending::Logs(batch.capture_id, batch.sequence)).await?;
+        }
+        Ok(())
     }
 
     async fn frame(&mut self, ws: &mut Socket, frame: Value) -> Result<(), String> {
@@ -402,6 +450,8 @@ impl Session<'_> {
                     // every session proves this process's key again (a session is this process's)
                     let body = json!({ "publicKey": self.recipient.public_key() });
                     self.call(ws, "runtime.enrollRecipient", body, Pending::Enroll).await?;
+                    // what the last session left unanswered goes again
+                    self.send_logs(ws).await?;
                 }
                 Some(error) => tracing::warn!(code = %error["code"], "the runtime session was refused: {}", error["message"]),
             },
@@ -453,6 +503,17 @@ impl Session<'_> {
                 }
                 Some(error) => tracing::warn!(assignment = %id, reason = %error["data"]["reason"], "a receipt was refused"),
             },
+            Pending::Logs(capture, sequence) => {
+                let answer = match refusal {
+                    None if frame["result"]["accepted"] == true => Answer::Accepted,
+                    None => Answer::Refused("not-accepted"),
+                    Some(error) => Answer::Refused(error["data"]["reason"].as_str().unwrap_or("")),
+                };
+                if let Answer::Refused(reason) = answer {
+                    tracing::debug!(capture = %capture, sequence, reason, "a log batch was refused");
+                }
+                self.sends.answered(self.captures, &capture, sequence, answer, tokio::time::Instant::now());
+            }
         }
         Ok(())
     }
@@ -460,6 +521,7 @@ impl Session<'_> {
     /// Capstan knows no assignment `id`: whatever carries it goes.
     async fn orphaned(&mut self, id: &str) {
         self.held.remove(id);
+        self.captures.stop(id);
         if let Ok(containers) = self.engine.list().await {
             for container in containers.iter().filter(|c| c.assignment_id == id) {
                 tracing::info!(assignment = %id, container = %container.container_id, "removing a container Capstan no longer assigns");
@@ -483,7 +545,7 @@ impl Session<'_> {
             let Some(held) = self.held.get_mut(&id) else { continue };
             let place =
                 Place { volumes_dir: &self.options.volumes_dir, secrets_dir: &self.options.secrets_dir, recipient: &self.recipient.secret };
-            let step = step(self.engine, &place, held, found).await;
+            let step = step(self.engine, &place, self.captures, held, found).await;
             match step {
                 Step::Observe(said) => {
                     let in_flight = self.pending.values().any(|p| matches!(p, Pending::Observation(i, s) if i == &id && s == &said));
@@ -517,6 +579,8 @@ impl Session<'_> {
                 }
             }
         }
+        let held = &*self.held;
+        self.captures.forget(|id| held.contains_key(id));
         Ok(())
     }
 }
@@ -547,15 +611,18 @@ fn observed_said(container: &Observed, ready: bool) -> Said {
     }
 }
 
-async fn step(engine: &Engine, place: &Place<'_>, held: &mut Held, found: Option<Observed>) -> Step {
+async fn step(engine: &Engine, place: &Place<'_>, captures: &mut Captures, held: &mut Held, found: Option<Observed>) -> Step {
     match held.assignment.intent.as_str() {
-        "run" => run_step(engine, place, held, found).await,
+        "run" => run_step(engine, place, captures, held, found).await,
         "stop" | "remove" => {
             let generation = if held.assignment.intent == "stop" { 2 } else { 3 };
             if held.receipted >= generation {
                 return Step::Nothing;
             }
             if let Some(container) = found.as_ref().map(|c| c.container_id.clone()).or(held.container.clone()) {
+                if !log_read_to_end(engine, captures, held, &container).await {
+                    return Step::Nothing;
+                }
                 if let Err(refusal) = engine.stop_and_remove(&container, STOP_GRACE).await {
                     tracing::warn!(code = %refusal.code, "stopping a container failed: {}", refusal.message);
                     return Step::Nothing;
@@ -571,13 +638,48 @@ async fn step(engine: &Engine, place: &Place<'_>, held: &mut Held, found: Option
     }
 }
 
-async fn run_step(engine: &Engine, place: &Place<'_>, held: &mut Held, found: Option<Observed>) -> Step {
+/// Whether a stopping container's log has been read to the end: its capture's final batch
+/// answered, or `FINAL_WAIT` passed since it was stopped (or it has no capture). The first call
+/// stops the container and tells the capture to finish; until then the step waits.
+async fn log_read_to_end(engine: &Engine, captures: &mut Captures, held: &mut Held, container: &str) -> bool {
+    let id = &held.assignment.assignment_id;
+    if !captures.sending(id) {
+        return true;
+    }
+    if let Some(stopped_at) = held.stopped_at {
+        let waited = stopped_at.elapsed() >= FINAL_WAIT;
+        if waited {
+            tracing::warn!(assignment = %id, "the capture's final log batch is not answered after {} s; the container goes", FINAL_WAIT.as_secs());
+        }
+        return waited;
+    }
+    match engine.stop(container, STOP_GRACE).await {
+        Ok(()) => {}
+        Err(refusal) if refusal.code == "engine-unreachable" => {
+            tracing::warn!(code = %refusal.code, "stopping a container failed: {}", refusal.message);
+            return false;
+        }
+        Err(refusal) => {
+            // removed by force: its capture reads what the engine still gives
+            tracing::warn!(code = %refusal.code, "stopping a container failed: {}", refusal.message);
+            captures.finish(id);
+            return true;
+        }
+    }
+    tracing::info!(assignment = %id, slot = %held.assignment.slot, "container stopped; its log is read to the end");
+    captures.finish(id);
+    held.stopped_at = Some(Instant::now());
+    false
+}
+
+async fn run_step(engine: &Engine, place: &Place<'_>, captures: &mut Captures, held: &mut Held, found: Option<Observed>) -> Step {
     if let Some(cause) = &held.failed {
         return Step::Observe(said("failed", false, None, Some(cause.clone())));
     }
     let container = match found {
         Some(container) => {
             held.container = Some(container.container_id.clone());
+            captures.follow(engine, &held.assignment.assignment_id, &container.container_id, held.assignment.logs_from.as_ref());
             container
         }
         None if held.container.is_some() => {
@@ -589,6 +691,7 @@ async fn run_step(engine: &Engine, place: &Place<'_>, held: &mut Held, found: Op
             Ok(id) => {
                 tracing::info!(assignment = %held.assignment.assignment_id, slot = %held.assignment.slot, container = %id, "container started");
                 held.container = Some(id.clone());
+                captures.follow(engine, &held.assignment.assignment_id, &id, held.assignment.logs_from.as_ref());
                 match engine.observe(&id).await {
                     Ok(Some(container)) => container,
                     _ => return Step::Observe(said("starting", false, None, None)),

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 const DEPLOYER_CAPABILITIES: [&str; 4] = ["deployment:reserve", "deployment:promote", "deployment:status", "registry:push"];
 
 /// How long a step that needs pulls, starts and probes may take on a loaded CI machine.
-const CONVERGE: Duration = Duration::from_secs(180);
+pub(crate) const CONVERGE: Duration = Duration::from_secs(180);
 
 /// Why the test cannot run here, if it cannot.
 fn missing() -> Option<String> {
@@ -51,14 +51,14 @@ fn rustix_is_root() -> bool {
 }
 
 /// Skip (saying why), or fail when the engine tests are mandatory.
-fn skipped() -> bool {
+pub(crate) fn skipped() -> bool {
     let Some(why) = missing() else { return false };
     assert!(std::env::var_os("CAPSTAN_TEST_REQUIRE_ENGINE").is_none(), "the runtime test cannot run: {why}");
     eprintln!("skipped: {why}");
     true
 }
 
-fn run(program: &str, args: &[&str]) -> String {
+pub(crate) fn run(program: &str, args: &[&str]) -> String {
     let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program} {args:?}: {e}"));
     assert!(out.status.success(), "{program} {args:?}: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -115,13 +115,24 @@ auth="$(printf '\000%s\000%s' "$SMTP_USER" "$SMTP_PASSWORD" | /bin/busybox base6
 } | /bin/busybox timeout 20 /bin/busybox nc "$SMTP_HOST" "$SMTP_PORT" 2>&1
 "#;
 
-/// Images built once: busybox httpd serving a page that names the image.
-struct Images {
+/// What the `talker` image runs: a known sequence on stdout and stderr, a burst of 50,000
+/// lines, then a numbered tick every 0.2 s for as long as it runs.
+const TALKER: &str = r#"#!/bin/busybox sh
+i=1
+while [ $i -le 20 ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done
+/bin/busybox seq 1 50000 | /bin/busybox sed 's/^/burst /'
+n=1
+while true; do echo "tick $n"; n=$((n+1)); /bin/busybox sleep 0.2; done
+"#;
+
+/// Images built once: busybox httpd serving a page that names the image (or, named `talker`,
+/// writing [`TALKER`]'s lines).
+pub(crate) struct Images {
     dir: PathBuf,
 }
 
 impl Images {
-    fn build(dir: &Path, names: &[&str]) -> Images {
+    pub(crate) fn build(dir: &Path, names: &[&str]) -> Images {
         let storage = ["--storage-driver", "vfs", "--root"];
         for name in names {
             let context = dir.join(format!("context-{name}"));
@@ -137,11 +148,14 @@ impl Images {
             let mail = context.join("rootfs/www/cgi-bin/mail");
             std::fs::write(&mail, MAIL_CGI).unwrap();
             run("chmod", &["755", &mail.display().to_string()]);
-            std::fs::write(
-                context.join("Containerfile"),
-                "FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n",
-            )
-            .unwrap();
+            // the talker writes to its log (tests/e2e/runtime_logs.rs); the others serve pages
+            let entrypoint = if *name == "talker" {
+                std::fs::write(context.join("rootfs/talk.sh"), TALKER).unwrap();
+                r#"["/bin/busybox", "sh", "/talk.sh"]"#
+            } else {
+                r#"["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]"#
+            };
+            std::fs::write(context.join("Containerfile"), format!("FROM scratch\nCOPY rootfs/ /\nENTRYPOINT {entrypoint}\n")).unwrap();
             let root = dir.join("build-root");
             let runroot = dir.join("build-run");
             let mut args: Vec<String> = storage.iter().map(|s| s.to_string()).collect();
@@ -167,7 +181,7 @@ impl Images {
 }
 
 /// A node: its namespace and link, its engine, the forwarders, its agent.
-struct Node {
+pub(crate) struct Node {
     netns: String,
     veth: String,
     node_ip: String,
@@ -184,11 +198,11 @@ struct Node {
 }
 
 impl Node {
-    fn start(dir: &Path, index: u32, capstan_port: u16) -> Node {
+    pub(crate) fn start(dir: &Path, index: u32, capstan_port: u16) -> Node {
         let tag = std::process::id() % 10_000;
         let (netns, veth, peer) = (format!("capstan-rt-{tag}-{index}"), format!("crt{tag}n{index}"), format!("crt{tag}p{index}"));
-        // four nodes per test process (two per test), each its own /24
-        let subnet = 100 + (tag % 35) * 4 + index;
+        // five nodes per test process (numbered by the tests), each its own /24
+        let subnet = 100 + (tag % 30) * 5 + index;
         let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
         let _ = Command::new("ip").args(["netns", "del", &netns]).output();
         run("ip", &["netns", "add", &netns]);
@@ -236,11 +250,11 @@ impl Node {
         node
     }
 
-    fn state_dir(&self) -> PathBuf {
+    pub(crate) fn state_dir(&self) -> PathBuf {
         self.dir.join("agent-state")
     }
 
-    fn enroll(&mut self, code: &str, port: u16) {
+    pub(crate) fn enroll(&mut self, code: &str, port: u16) {
         let state = self.state_dir();
         std::fs::create_dir_all(&state).unwrap();
         run("chmod", &["700", &state.display().to_string()]);
@@ -262,7 +276,7 @@ impl Node {
         self.node_id = text.split_whitespace().skip_while(|w| *w != "node").nth(1).unwrap().to_string();
     }
 
-    fn start_agent(&mut self) {
+    pub(crate) fn start_agent(&mut self) {
         let child = self
             .agent_command("agent.log", "capstan_agent=debug,warn")
             .args(["run", "--interval", "1s", "--hostname-file"])
@@ -345,7 +359,7 @@ impl Node {
     }
 
     /// SIGKILL (`kill -9`) or SIGTERM the agent.
-    fn stop_agent(&mut self, hard: bool) {
+    pub(crate) fn stop_agent(&mut self, hard: bool) {
         if let Some(mut agent) = self.agent.take() {
             let signal = if hard { "-KILL" } else { "-TERM" };
             // `ip netns exec` execs the agent: the child's pid is the agent's
@@ -366,7 +380,7 @@ impl Node {
     }
 
     /// The containers of `service_id` on this node's engine, every state.
-    fn containers(&self, service_id: &str) -> Vec<Value> {
+    pub(crate) fn containers(&self, service_id: &str) -> Vec<Value> {
         let filter = format!("{{\"label\":[\"capstan.service={service_id}\"]}}");
         let path = format!("/v1.41/containers/json?all=true&filters={}", url_encode(&filter));
         self.engine_get(&path).and_then(|v| v.as_array().cloned()).unwrap_or_default()
@@ -389,7 +403,7 @@ impl Node {
         PathBuf::from(format!("/dev/shm/{}", self.netns))
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
     }
 }
@@ -466,19 +480,19 @@ impl Drop for Node {
 }
 
 /// The test's Capstan, its administrator and a deployer of the service.
-struct World {
-    server: Capstan,
-    admin: String,
-    port: u16,
-    images: Images,
+pub(crate) struct World {
+    pub(crate) server: Capstan,
+    pub(crate) admin: String,
+    pub(crate) port: u16,
+    pub(crate) images: Images,
 }
 
 impl World {
-    fn ok(&self, method: &str, body: Value) -> Value {
+    pub(crate) fn ok(&self, method: &str, body: Value) -> Value {
         ok(&self.server, &self.admin, method, body)
     }
 
-    fn status(&self, service: &str) -> Value {
+    pub(crate) fn status(&self, service: &str) -> Value {
         self.ok("runtime.getServiceStatus", json!({ "serviceId": service }))["targets"][0].clone()
     }
 
@@ -486,7 +500,7 @@ impl World {
     /// operation, and promote it: the service then runs its digest.
     /// A service `name` of `org` publishing port 8080 as 18080 on its node, and a deployer
     /// granted to release it: (service id, (deployer username, token), the deployer as created).
-    fn published_service(&self, org: &str, name: &str) -> (String, (String, String), Value) {
+    pub(crate) fn published_service(&self, org: &str, name: &str) -> (String, (String, String), Value) {
         let body = json!({ "organizationId": org, "name": name, "image": "nginx:1.27",
                            "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18080 }] });
         let service = self.ok("services.create", body)["id"].as_str().unwrap().to_string();
@@ -496,7 +510,7 @@ impl World {
         (service, deployer, created)
     }
 
-    fn release(&self, service: &str, deployer: &(String, String), tag: &str, image: &str) -> String {
+    pub(crate) fn release(&self, service: &str, deployer: &(String, String), tag: &str, image: &str) -> String {
         let session = self.server.call("auth.exchangeToken", &json!({ "token": deployer.1 }).to_string()).expect_json(200);
         let machine = session["token"].as_str().unwrap().to_string();
         let reserve = json!({ "serviceId": service, "tag": tag, "mutationId": format!("release-{service}-{tag}") });
@@ -563,7 +577,7 @@ impl World {
     /// The service's target once its verdict reads converged, every slot it shows is running
     /// and ready (the verdict is written after the step that admits a slot, so for a moment a new
     /// slot shows beside the earlier verdict), and `check` holds.
-    fn converged(&self, service: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) fn converged(&self, service: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
         eventually(what, CONVERGE, || {
             let target = self.status(service);
             let slots_ready = target["slots"].as_array().is_some_and(|s| s.iter().all(|s| s["phase"] == "running" && s["ready"] == true));

@@ -8,14 +8,17 @@
 //! (`engine-unreachable`, `image-pull-failed`, `container-create-failed`, …); a registry password
 //! never appears in one, nor in a log line.
 
+mod logs;
 mod observe;
 mod probe;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 // the run loop probes its containers' health (wired in by the runtime session)
 #[allow(unused_imports)]
 pub use probe::{Probe, probe};
+
+pub use logs::{LogEntry, LogFault, LogStream, Mark};
 
 use bollard::Docker;
 use bollard::auth::DockerCredentials;
@@ -389,23 +392,23 @@ impl Engine {
         Ok(Some(observe::observed_from(&inspected, repo_digests.as_deref())))
     }
 
-    /// Stop the container (SIGTERM, then SIGKILL after `grace`) and remove it with its anonymous
-    /// volumes. A container already gone is fine.
-    pub async fn stop_and_remove(&self, container_id: &str, grace: Duration) -> Result<(), Refusal> {
+    /// Stop the container: SIGTERM, then SIGKILL after `grace`. One already stopped or gone is
+    /// fine.
+    pub async fn stop(&self, container_id: &str, grace: Duration) -> Result<(), Refusal> {
         let seconds = grace.as_secs_f64().ceil().min(i32::MAX as f64) as i32;
         // the stop answers only once the container is down: the request may take the whole grace
         let docker = self.docker.clone().with_timeout(REQUEST_TIMEOUT + grace);
         match docker.stop_container(container_id, Some(StopContainerOptions { t: Some(seconds), ..Default::default() })).await {
-            Ok(()) => {}
-            Err(e) if status_of(&e) == Some(404) => return Ok(()),
-            Err(e) => {
-                if let Some(refusal) = self.unreachable(&e) {
-                    return Err(refusal);
-                }
-                // a container that cannot be stopped politely (paused, half-started) is removed by force
-                tracing::warn!(container = container_id, error = %engine_words(&e), "stopping the container failed; removing it by force");
-            }
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(self.unreachable(&e).unwrap_or_else(|| {
+                Refusal::new("container-stop-failed", format!("stopping container {container_id} failed: {}", engine_words(&e)))
+            })),
         }
+    }
+
+    /// Remove the container, by force, with its anonymous volumes. One already gone is fine.
+    pub async fn remove(&self, container_id: &str) -> Result<(), Refusal> {
         let remove = RemoveContainerOptions { force: true, v: true, ..Default::default() };
         match self.docker.remove_container(container_id, Some(remove)).await {
             Ok(()) => Ok(()),
@@ -415,6 +418,17 @@ impl Engine {
                     .retryable()
             })),
         }
+    }
+
+    /// Stop the container (`stop`) and remove it (`remove`). A container that cannot be stopped
+    /// politely (paused, half-started) is removed by force.
+    pub async fn stop_and_remove(&self, container_id: &str, grace: Duration) -> Result<(), Refusal> {
+        match self.stop(container_id, grace).await {
+            Ok(()) => {}
+            Err(refusal) if refusal.code == "engine-unreachable" => return Err(refusal),
+            Err(refusal) => tracing::warn!(container = container_id, "{}; removing it by force", refusal.message),
+        }
+        self.remove(container_id).await
     }
 
     /// `engine-unreachable` when `e` says the engine could not be talked to at all.

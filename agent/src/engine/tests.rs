@@ -392,7 +392,7 @@ async fn probes_connect_or_get_within_two_seconds() {
 // ---- against a real engine ----
 
 /// The engine's socket and the test image, or `None` (the reason printed) where none is set up.
-fn engine_under_test() -> Option<(String, String)> {
+pub(crate) fn engine_under_test() -> Option<(String, String)> {
     let socket = std::env::var("CAPSTAN_TEST_ENGINE_SOCKET").ok().filter(|s| !s.is_empty());
     let image = std::env::var("CAPSTAN_TEST_ENGINE_IMAGE").ok().filter(|s| !s.is_empty());
     match (socket, image) {
@@ -406,13 +406,13 @@ fn engine_under_test() -> Option<(String, String)> {
     }
 }
 
-fn unique_assignment() -> String {
+pub(crate) fn unique_assignment() -> String {
     format!("asg_{:016x}", rand::random::<u64>())
 }
 
 /// Run `test`, then remove every container of `assignments` whatever happened, then pass its
 /// panic on.
-async fn with_cleanup<F: Future<Output = ()>>(engine: &Engine, assignments: &[&str], test: F) {
+pub(crate) async fn with_cleanup<F: Future<Output = ()>>(engine: &Engine, assignments: &[&str], test: F) {
     let outcome = AssertUnwindSafe(test).catch_unwind().await;
     if let Ok(all) = engine.list().await {
         for observed in all.iter().filter(|o| assignments.contains(&o.assignment_id.as_str())) {
@@ -597,6 +597,160 @@ async fn a_container_that_exits_says_how_and_a_failed_start_leaves_nothing() {
         let name = observe::container_name("node_test.3", &blocked);
         assert!(engine.observe(&name).await.unwrap().is_none());
         drop(taken);
+    })
+    .await;
+}
+
+// ---- container logs ----
+
+fn log_entry(ts: &str, stream: LogStream, line: &str) -> LogEntry {
+    let ts_nanos = {
+        let parsed = chrono::DateTime::parse_from_rfc3339(ts).unwrap();
+        i128::from(parsed.timestamp()) * 1_000_000_000 + i128::from(parsed.timestamp_subsec_nanos())
+    };
+    LogEntry { ts: ts.into(), ts_nanos, stream, line: line.into() }
+}
+
+#[test]
+fn log_records_are_read_with_their_timestamps_and_streams() {
+    use super::logs::records;
+    // one message, several records; the trailing newline is no part of a line
+    let message = b"2026-12-06T22:40:01.123456789Z listening on :8080\n2026-12-06T22:40:01.5Z  two spaces \n";
+    assert_eq!(
+        records(LogStream::Stdout, message),
+        vec![
+            Ok(log_entry("2026-12-06T22:40:01.123456789Z", LogStream::Stdout, "listening on :8080")),
+            Ok(log_entry("2026-12-06T22:40:01.5Z", LogStream::Stdout, " two spaces ")),
+        ]
+    );
+    let [Ok(first), Ok(second)] = &records(LogStream::Stdout, message)[..] else { panic!() };
+    assert_eq!(first.ts_nanos, 1_796_596_801_123_456_789);
+    assert_eq!(second.ts_nanos - first.ts_nanos, 376_543_211, "times of any precision compare");
+    // stderr; a record without its newline (the engine splits long lines); an empty line
+    assert_eq!(
+        records(LogStream::Stderr, b"2026-12-06T22:40:02Z oops\n2026-12-06T22:40:03Z \n2026-12-06T22:40:04Z\n2026-12-06T22:40:05Z part"),
+        vec![
+            Ok(log_entry("2026-12-06T22:40:02Z", LogStream::Stderr, "oops")),
+            Ok(log_entry("2026-12-06T22:40:03Z", LogStream::Stderr, "")),
+            Ok(log_entry("2026-12-06T22:40:04Z", LogStream::Stderr, "")),
+            Ok(log_entry("2026-12-06T22:40:05Z", LogStream::Stderr, "part")),
+        ]
+    );
+    // bytes that are no UTF-8 are replaced; a carriage return stays the line's
+    let [Ok(bytes)] = &records(LogStream::Stdout, b"2026-12-06T22:40:01Z a\xffb\r\n")[..] else { panic!() };
+    assert_eq!(bytes.line, "a\u{fffd}b\r");
+    // another offset is said in UTC
+    let [Ok(offset)] = &records(LogStream::Stdout, b"2026-12-06T23:40:01.25+01:00 x\n")[..] else { panic!() };
+    assert_eq!((offset.ts.as_str(), offset.ts_nanos), ("2026-12-06T22:40:01.250Z", 1_796_596_801_250_000_000));
+    // a record without a readable time is counted as unreadable, the others are kept
+    assert_eq!(
+        records(LogStream::Stdout, b"yesterday x\n2026-12-06T22:40:01Z y\n"),
+        vec![Err(LogFault::Unreadable), Ok(log_entry("2026-12-06T22:40:01Z", LogStream::Stdout, "y"))]
+    );
+    assert_eq!(records(LogStream::Stdout, b""), vec![]);
+}
+
+#[test]
+fn a_mark_skips_what_was_read_even_among_entries_of_one_time() {
+    let log = [
+        log_entry("2026-12-06T22:40:00.9Z", LogStream::Stdout, "a"),
+        log_entry("2026-12-06T22:40:01Z", LogStream::Stdout, "b"),
+        log_entry("2026-12-06T22:40:01Z", LogStream::Stderr, "c"),
+        log_entry("2026-12-06T22:40:01.000Z", LogStream::Stdout, "d"),
+        log_entry("2026-12-06T22:40:02Z", LogStream::Stdout, "e"),
+        // older than e: kept once an entry past the mark was (the log is in the engine's order)
+        log_entry("2026-12-06T22:40:01Z", LogStream::Stderr, "f"),
+    ];
+    let kept = |mark: Mark| -> Vec<String> {
+        let mut past_mark = mark.filter();
+        log.iter().filter(|e| past_mark(e)).map(|e| e.line.clone()).collect()
+    };
+    assert_eq!(kept(Mark::default()), ["a", "b", "c", "d", "e", "f"]);
+    assert_eq!(kept(Mark::at("2026-12-06T22:40:01Z", 0).unwrap()), ["b", "c", "d", "e", "f"]);
+    assert_eq!(kept(Mark::at("2026-12-06T22:40:01Z", 2).unwrap()), ["d", "e", "f"]);
+    assert_eq!(kept(Mark::at("2026-12-06T22:40:01Z", 3).unwrap()), ["e", "f"]);
+    assert!(kept(Mark::at("2026-12-06T22:40:02Z", 1).unwrap()).is_empty(), "nothing past the mark yet: f is before it");
+    assert_eq!(Mark::at("not a time", 1), None);
+
+    // a capture's own mark: the newest time read and how many at it
+    let mut mark = Mark::default();
+    assert_eq!(mark.since(), 0, "from the start");
+    for entry in &log[..4] {
+        mark.advance(entry);
+    }
+    assert_eq!(mark, Mark::at("2026-12-06T22:40:01Z", 3).unwrap());
+    assert_eq!(mark.since(), 1_796_596_801, "the engine's since is the mark's second");
+    mark.advance(&log[0]);
+    assert_eq!(mark, Mark::at("2026-12-06T22:40:01Z", 3).unwrap(), "an older entry leaves it");
+    mark.advance(&log[4]);
+    assert_eq!(mark, Mark::at("2026-12-06T22:40:02Z", 1).unwrap());
+}
+
+/// Start a container of `assignment` running `script` in the test image's busybox shell (its
+/// entry point is httpd); its id.
+pub(crate) async fn start_script(engine: &Engine, image: &str, slot: &str, assignment: &str, script: &str) -> String {
+    let mut body = observe::create_body(&spec(slot, assignment, image)).unwrap();
+    body.entrypoint = Some(vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()]);
+    let options = CreateContainerOptions { name: Some(observe::container_name(slot, assignment)), ..Default::default() };
+    let id = engine.docker.create_container(Some(options), body).await.unwrap().id;
+    engine.docker.start_container(&id, None).await.unwrap();
+    id
+}
+
+/// Every entry of the log of `id` after `from`, until the stream ends (10 s at most).
+async fn read_log(engine: &Engine, id: &str, from: Mark) -> Vec<LogEntry> {
+    let read = engine.logs(id, from).map(|record| record.expect("a readable record")).collect::<Vec<_>>();
+    tokio::time::timeout(Duration::from_secs(10), read).await.expect("the log ends once the container stopped")
+}
+
+#[tokio::test]
+async fn a_containers_log_is_read_in_order_with_its_times_and_from_a_mark() {
+    let Some((socket, image)) = engine_under_test() else { return };
+    let engine = Engine::connect(&format!("unix://{socket}")).await.unwrap();
+    let assignment = unique_assignment();
+    with_cleanup(&engine, &[&assignment], async {
+        let script =
+            "echo first; sleep 0.3; echo second >&2; sleep 0.3; echo third; echo fourth; sleep 1.2; echo fifth >&2; sleep 0.3; echo sixth";
+        let id = start_script(&engine, &image, "node_test.4", &assignment, script).await;
+
+        // followed while it runs, to its end when it exits
+        let entries = read_log(&engine, &id, Mark::default()).await;
+        let seen: Vec<(&str, LogStream)> = entries.iter().map(|e| (e.line.as_str(), e.stream)).collect();
+        assert_eq!(
+            seen,
+            [
+                ("first", LogStream::Stdout),
+                ("second", LogStream::Stderr),
+                ("third", LogStream::Stdout),
+                ("fourth", LogStream::Stdout),
+                ("fifth", LogStream::Stderr),
+                ("sixth", LogStream::Stdout)
+            ]
+        );
+        assert!(entries.windows(2).all(|w| w[0].ts_nanos <= w[1].ts_nanos), "{entries:?}");
+        assert!(entries[4].ts_nanos - entries[3].ts_nanos >= 1_000_000_000, "{entries:?}");
+        for entry in &entries {
+            assert_eq!(Mark::at(&entry.ts, 0).map(|_| ()), Some(()), "{entry:?}");
+            assert!(entry.ts.ends_with('Z'), "{entry:?}");
+        }
+        assert_eq!(observe_until(&engine, &id, |o| o.phase == Phase::Exited).await.phase, Phase::Exited);
+
+        // read again from where a reader stopped, at each point: nothing twice, nothing lost
+        for read in 0..entries.len() {
+            let mut mark = Mark::default();
+            entries[..read].iter().for_each(|e| mark.advance(e));
+            assert_eq!(read_log(&engine, &id, mark).await, entries[read..], "after {read}");
+            // and as Capstan says it: the newest kept time, and how many kept entries carry it
+            if let Some(newest) = entries[..read].last() {
+                let at_newest = entries[..read].iter().filter(|e| e.ts_nanos == newest.ts_nanos).count() as u64;
+                assert_eq!(read_log(&engine, &id, Mark::at(&newest.ts, at_newest).unwrap()).await, entries[read..], "after {read}");
+            }
+        }
+
+        // stopping an exited container is no failure
+        engine.stop(&id, Duration::from_secs(1)).await.unwrap();
+        engine.remove(&id).await.unwrap();
+        assert_eq!(engine.observe(&id).await.unwrap(), None);
     })
     .await;
 }
