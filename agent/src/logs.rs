@@ -2,10 +2,11 @@
 //! agent follows the container's log as one capture, cuts it into numbered batches and hands
 //! them to the runtime session, which sends them as `runtime.reportLogs` calls.
 //!
-//! A capture outlives a socket session: its unanswered batches (8 at most; with 8 out it stops
-//! reading, and the engine keeps the lines) are sent again on the next one. It reads from where
-//! it stopped when its stream breaks or the engine starts its container again, and on a stop it
-//! reads to the end and sends its final batch. Line contents are never logged, only counts.
+//! A capture outlives a socket session: its unanswered batches (8 at most; with 8 it stops
+//! reading, and the engine keeps the lines) are sent one at a time, in order, and again on the
+//! next session. It reads from where it stopped when its stream breaks or the engine starts its
+//! container again, and on a stop it reads to the end and sends its final batch. Line contents
+//! are never logged, only counts.
 
 use crate::engine::{Engine, LogEntry, LogFault, LogStream, Mark, Phase};
 use capstan_core::Refusal;
@@ -459,25 +460,26 @@ pub struct Sends {
 }
 
 impl Sends {
-    /// The batches to send now, each then counted out.
+    /// The batches to send now, each then counted out: a capture's oldest unanswered one, while
+    /// none of it is out. One at a time per capture, because Capstan keeps a capture's batches
+    /// by their number: one answered before an earlier one would make that one a replay.
     pub fn due(&mut self, captures: &Captures, now: Instant) -> Vec<Batch> {
         let mut due = Vec::new();
         for capture in captures.by_assignment.values() {
-            for batch in capture.outbox.batches().iter() {
-                let key = (capture.id.clone(), batch.sequence);
-                if self.out.contains(&key) {
-                    continue;
-                }
-                match self.waiting.get(&key) {
-                    Some(Some(until)) if *until <= now => {
-                        self.waiting.remove(&key);
-                    }
-                    Some(_) => break,
-                    None => {}
-                }
-                self.out.insert(key);
-                due.push(batch.clone());
+            let Some(batch) = capture.outbox.batches().front().cloned() else { continue };
+            let key = (capture.id.clone(), batch.sequence);
+            if self.out.contains(&key) {
+                continue;
             }
+            match self.waiting.get(&key) {
+                Some(Some(until)) if *until <= now => {
+                    self.waiting.remove(&key);
+                }
+                Some(_) => continue,
+                None => {}
+            }
+            self.out.insert(key);
+            due.push(batch);
         }
         due
     }
@@ -674,7 +676,8 @@ mod tests {
     }
 
     /// The batches due on `sends` until `enough` says so (10 s at most).
-    async fn sent_until(captures: &Captures, sends: &mut Sends, enough: impl Fn(&[Batch]) -> bool) -> Vec<Batch> {
+    /// The batches sent until `enough` says so, each accepted as Capstan would.
+    async fn sent_until(captures: &mut Captures, sends: &mut Sends, enough: impl Fn(&[Batch]) -> bool) -> Vec<Batch> {
         let wake = captures.wake();
         let mut sent = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -686,9 +689,21 @@ mod tests {
                 sent.iter().map(|b| b.sequence).collect::<Vec<_>>()
             );
             let _ = tokio::time::timeout(Duration::from_millis(100), wake.notified()).await;
-            sent.extend(sends.due(captures, Instant::now()));
+            for batch in sends.due(captures, Instant::now()) {
+                sends.answered(captures, &batch.capture_id, batch.sequence, Answer::Accepted, Instant::now());
+                sent.push(batch);
+            }
         }
         sent
+    }
+
+    /// Wait until the capture's reader has taken `count` entries.
+    async fn taken(script: &Script, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while script.taken.load(Ordering::SeqCst) < count {
+            assert!(Instant::now() < deadline, "the reader took {}", script.taken.load(Ordering::SeqCst));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn lines(batches: &[Batch]) -> Vec<&str> {
@@ -703,12 +718,12 @@ mod tests {
         let from = LogsFrom { ts: entry(2, 0, "").ts, skip: 1 };
         captures.follow_source("asg_1", script.clone(), Mark::at(&from.ts, from.skip).unwrap());
         let mut sends = Sends::default();
-        let sent = sent_until(&captures, &mut sends, |sent| lines(sent).len() == 4).await;
+        let sent = sent_until(&mut captures, &mut sends, |sent| lines(sent).len() == 4).await;
         assert_eq!(lines(&sent), ["c", "d", "e", "f"], "from logsFrom on, nothing twice after the break");
         // the stopped container's capture waits (the engine may start it again) until told to finish
         assert!(captures.sending("asg_1"));
         captures.finish("asg_1");
-        let mut rest = sent_until(&captures, &mut sends, |sent| sent.last().is_some_and(|b| b.last)).await;
+        let mut rest = sent_until(&mut captures, &mut sends, |sent| sent.last().is_some_and(|b| b.last)).await;
         let mut all = sent;
         all.append(&mut rest);
         assert_eq!(lines(&all), ["c", "d", "e", "f"]);
@@ -743,36 +758,41 @@ mod tests {
         let mut captures = Captures::default();
         captures.follow_source("asg_1", script.clone(), Mark::default());
         let mut sends = Sends::default();
-        let first = sent_until(&captures, &mut sends, |sent| !sent.is_empty()).await;
+        let first = sent_until(&mut captures, &mut sends, |sent| !sent.is_empty()).await;
         assert_eq!(lines(&first), ["a", "b"]);
         *script.phase.lock().unwrap() = Some(Phase::Running);
-        let again = sent_until(&captures, &mut sends, |sent| !sent.is_empty()).await;
+        let again = sent_until(&mut captures, &mut sends, |sent| !sent.is_empty()).await;
         assert_eq!(lines(&again), ["c"]);
         assert_eq!((again[0].capture_id.as_str(), again[0].sequence, again[0].last), (first[0].capture_id.as_str(), 2, false));
         // a container that is gone (removed behind the agent's back) ends its capture
         *script.phase.lock().unwrap() = None;
-        let last = sent_until(&captures, &mut sends, |sent| !sent.is_empty()).await;
+        let last = sent_until(&mut captures, &mut sends, |sent| !sent.is_empty()).await;
         assert_eq!((last[0].sequence, last[0].entries.len(), last[0].last), (3, 0, true));
     }
 
     #[tokio::test]
-    async fn with_8_batches_unanswered_a_capture_stops_reading() {
+    async fn with_8_batches_unanswered_a_capture_stops_reading_and_sends_one_at_a_time() {
         let quarter = "q".repeat(LINE_BYTES);
         let log: Vec<LogEntry> = (0..80).map(|i| entry(1, i, &quarter)).collect();
         let script = Script::new(log, &[(80, End::Hangs)], Some(Phase::Running));
         let mut captures = Captures::default();
         captures.follow_source("asg_1", script.clone(), Mark::default());
         let mut sends = Sends::default();
-        let sent = sent_until(&captures, &mut sends, |sent| sent.len() == UNANSWERED).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(sends.due(&captures, Instant::now()).is_empty(), "no ninth batch while eight are out");
         // eight batches of four lines, and the ninth's four read: then the reader waits
-        assert_eq!(script.taken.load(Ordering::SeqCst), 9 * 4);
-        sends.answered(&mut captures, &sent[0].capture_id, 1, Answer::Accepted, Instant::now());
-        let next = sent_until(&captures, &mut sends, |sent| !sent.is_empty()).await;
-        assert_eq!(next.iter().map(|b| b.sequence).collect::<Vec<_>>(), [9]);
+        taken(&script, 9 * 4).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(script.taken.load(Ordering::SeqCst), 10 * 4);
+        assert_eq!(script.taken.load(Ordering::SeqCst), 9 * 4);
+        let numbers = |batches: Vec<Batch>| batches.iter().map(|b| b.sequence).collect::<Vec<_>>();
+        assert_eq!(numbers(sends.due(&captures, Instant::now())), [1], "the oldest goes first");
+        assert_eq!(numbers(sends.due(&captures, Instant::now())), [] as [u64; 0], "one of a capture out at a time");
+        let capture = captures_id(&captures);
+        sends.answered(&mut captures, &capture, 1, Answer::Accepted, Instant::now());
+        assert_eq!(numbers(sends.due(&captures, Instant::now())), [2]);
+        taken(&script, 10 * 4).await;
+    }
+
+    fn captures_id(captures: &Captures) -> String {
+        captures.by_assignment.values().next().unwrap().id.clone()
     }
 
     #[tokio::test]
@@ -781,25 +801,29 @@ mod tests {
         let log: Vec<LogEntry> = (0..12).map(|i| entry(1, i, &quarter)).collect();
         let script = Script::new(log, &[(12, End::Hangs)], Some(Phase::Running));
         let mut captures = Captures::default();
-        captures.follow_source("asg_1", script, Mark::default());
-        let mut first = Sends::default();
-        let sent = sent_until(&captures, &mut first, |sent| sent.len() == 3).await;
-        let capture = sent[0].capture_id.clone();
-        assert!(first.due(&captures, Instant::now()).is_empty(), "out once per session");
-        let now = Instant::now();
-        first.answered(&mut captures, &capture, 1, Answer::Accepted, now);
-        first.answered(&mut captures, &capture, 2, Answer::Refused("logs-pressure"), now);
-        first.answered(&mut captures, &capture, 3, Answer::Refused("session-superseded"), now);
+        captures.follow_source("asg_1", script.clone(), Mark::default());
+        taken(&script, 12).await;
         let numbers = |batches: Vec<Batch>| batches.iter().map(|b| b.sequence).collect::<Vec<_>>();
+        let mut first = Sends::default();
+        let now = Instant::now();
+        assert_eq!(numbers(first.due(&captures, now)), [1]);
+        let capture = captures_id(&captures);
+        assert!(first.due(&captures, now).is_empty(), "out once per session");
+        first.answered(&mut captures, &capture, 1, Answer::Accepted, now);
+        assert_eq!(numbers(first.due(&captures, now)), [2]);
+        first.answered(&mut captures, &capture, 2, Answer::Refused("logs-pressure"), now);
         assert_eq!(numbers(first.due(&captures, now + Duration::from_secs(2))), [] as [u64; 0], "pressure: a few seconds later");
-        assert_eq!(numbers(first.due(&captures, now + PRESSURE_WAIT)), [2], "the third waits for the next session");
-        // the session ends: the next one sends every unanswered batch again, in order
+        assert_eq!(numbers(first.due(&captures, now + PRESSURE_WAIT)), [2]);
+        first.answered(&mut captures, &capture, 2, Answer::Refused("session-superseded"), now);
+        assert!(first.due(&captures, now + PRESSURE_WAIT).is_empty(), "it waits for the next session, the third behind it");
+        // the session ends: the next one sends the unanswered batches again, in order
         let mut second = Sends::default();
-        assert_eq!(numbers(second.due(&captures, now)), [2, 3]);
+        assert_eq!(numbers(second.due(&captures, now)), [2]);
+        second.answered(&mut captures, &capture, 2, Answer::Accepted, now);
+        assert_eq!(numbers(second.due(&captures, now)), [3]);
         // Capstan keeps nothing more of the attempt: the capture stops, its batches go
-        second.answered(&mut captures, &capture, 2, Answer::Refused("log-attempt-unkept"), now);
-        assert!(!captures.sending("asg_1"));
         second.answered(&mut captures, &capture, 3, Answer::Refused("log-attempt-unkept"), now);
+        assert!(!captures.sending("asg_1"));
         assert!(Sends::default().due(&captures, now).is_empty());
     }
 
@@ -816,7 +840,7 @@ mod tests {
             let mut captures = Captures::default();
             captures.follow(&engine, &assignment, &id, None);
             let mut sends = Sends::default();
-            let running = sent_until(&captures, &mut sends, |sent| lines(sent).len() == 2).await;
+            let running = sent_until(&mut captures, &mut sends, |sent| lines(sent).len() == 2).await;
             assert_eq!(lines(&running), ["one", "two"]);
             assert_eq!(
                 running.iter().flat_map(|b| b.entries.iter().map(|e| e.stream)).collect::<Vec<_>>(),
@@ -825,7 +849,7 @@ mod tests {
 
             engine.stop(&id, Duration::from_secs(5)).await.unwrap();
             captures.finish(&assignment);
-            let rest = sent_until(&captures, &mut sends, |sent| sent.last().is_some_and(|b| b.last)).await;
+            let rest = sent_until(&mut captures, &mut sends, |sent| sent.last().is_some_and(|b| b.last)).await;
             assert_eq!(lines(&rest), ["bye"], "what it wrote while stopping is read to the end");
             for batch in running.iter().chain(&rest) {
                 sends.answered(&mut captures, &batch.capture_id, batch.sequence, Answer::Accepted, Instant::now());

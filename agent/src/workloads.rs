@@ -513,6 +513,8 @@ impl Session<'_> {
                     tracing::debug!(capture = %capture, sequence, reason, "a log batch was refused");
                 }
                 self.sends.answered(self.captures, &capture, sequence, answer, tokio::time::Instant::now());
+                // the capture's next batch goes at once
+                self.send_logs(ws).await?;
             }
         }
         Ok(())

@@ -19,9 +19,9 @@ const NANOS_PER_SECOND: i128 = 1_000_000_000;
 #[serde(rename_all = "lowercase")]
 pub enum LogStream {
     /// Standard output.
-    Stdout,
+    Stdout = 0,
     /// Standard error.
-    Stderr,
+    Stderr = 1,
 }
 
 /// One line of a container's log.
@@ -105,29 +105,83 @@ impl Engine {
     pub fn logs(&self, container_id: &str, from: Mark) -> BoxStream<'static, Result<LogEntry, LogFault>> {
         let options = LogsOptions { follow: true, stdout: true, stderr: true, timestamps: true, since: from.since(), ..Default::default() };
         let mut past_mark = from.filter();
+        let joiner = std::sync::Arc::new(std::sync::Mutex::new(Joiner::default()));
+        let rest = joiner.clone();
         self.docker
             .logs(container_id, Some(options))
-            .flat_map(|message| {
+            .flat_map(move |message| {
+                let mut joiner = joiner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 stream::iter(match message {
-                    Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => records(LogStream::Stdout, &message),
-                    Ok(LogOutput::StdErr { message }) => records(LogStream::Stderr, &message),
+                    Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => joiner.push(LogStream::Stdout, &message),
+                    Ok(LogOutput::StdErr { message }) => joiner.push(LogStream::Stderr, &message),
                     Ok(LogOutput::StdIn { .. }) => Vec::new(),
                     Err(e) => vec![Err(LogFault::Broken(engine_words(&e)))],
                 })
             })
+            // a last line the container wrote without its newline ends with the stream
+            .chain(
+                stream::iter(std::iter::once(()))
+                    .flat_map(move |()| stream::iter(rest.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush())),
+            )
             .filter(move |record| std::future::ready(record.as_ref().map_or(true, &mut past_mark)))
             .boxed()
     }
 }
 
-/// The records of one message of the engine's stream: `<RFC 3339> <line>\n`, one or more (the
-/// last may lack its newline: the engine splits a long line into records of its own).
-pub(super) fn records(stream: LogStream, message: &[u8]) -> Vec<Result<LogEntry, LogFault>> {
-    let message = message.strip_suffix(b"\n").unwrap_or(message);
-    if message.is_empty() {
-        return Vec::new();
+/// Joins the lines the engine splits: a record that ends a message without its newline is a
+/// part (the engine cuts long lines, and a line its reader met across two reads), continued by
+/// the next records of the same stream — their own timestamps dropped — until one ends with a
+/// newline. The line keeps its first part's time.
+#[derive(Debug, Default)]
+pub(super) struct Joiner {
+    pending: [Option<LogEntry>; 2],
+}
+
+impl Joiner {
+    /// The lines one message of the engine's stream completes: `<RFC 3339> <text>\n`, one or more.
+    pub(super) fn push(&mut self, stream: LogStream, message: &[u8]) -> Vec<Result<LogEntry, LogFault>> {
+        let ends_line = message.ends_with(b"\n");
+        let body = message.strip_suffix(b"\n").unwrap_or(message);
+        if body.is_empty() {
+            return Vec::new();
+        }
+        let records: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
+        let last = records.len() - 1;
+        let pending = &mut self.pending[stream as usize];
+        let mut lines = Vec::new();
+        for (i, record) in records.into_iter().enumerate() {
+            let part = match entry(stream, record) {
+                Ok(part) => part,
+                Err(fault) => {
+                    lines.push(Err(fault));
+                    continue;
+                }
+            };
+            let line = match pending.take() {
+                Some(mut started) => {
+                    started.line.push_str(&part.line);
+                    started
+                }
+                None => part,
+            };
+            if i < last || ends_line { lines.push(Ok(line)) } else { *pending = Some(line) }
+        }
+        lines
     }
-    message.split(|b| *b == b'\n').map(|record| entry(stream, record)).collect()
+
+    /// What is left unfinished when the stream ends: lines written without a last newline.
+    pub(super) fn flush(&mut self) -> Vec<Result<LogEntry, LogFault>> {
+        self.pending.iter_mut().filter_map(Option::take).map(Ok).collect()
+    }
+}
+
+/// The lines of one message read on its own (a part left open at its end is a line too).
+#[cfg(test)]
+pub(super) fn records(stream: LogStream, message: &[u8]) -> Vec<Result<LogEntry, LogFault>> {
+    let mut joiner = Joiner::default();
+    let mut lines = joiner.push(stream, message);
+    lines.extend(joiner.flush());
+    lines
 }
 
 fn entry(stream: LogStream, record: &[u8]) -> Result<LogEntry, LogFault> {

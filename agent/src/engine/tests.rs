@@ -651,6 +651,32 @@ fn log_records_are_read_with_their_timestamps_and_streams() {
 }
 
 #[test]
+fn a_line_the_engine_split_is_joined_per_stream_and_keeps_its_first_time() {
+    let mut joiner = super::logs::Joiner::default();
+    // "burst 12345" cut across two reads, a stderr line between the parts
+    assert_eq!(
+        joiner.push(LogStream::Stdout, b"2026-12-06T22:40:01Z burst 12344\n2026-12-06T22:40:01Z burs"),
+        vec![Ok(log_entry("2026-12-06T22:40:01Z", LogStream::Stdout, "burst 12344"))]
+    );
+    assert_eq!(
+        joiner.push(LogStream::Stderr, b"2026-12-06T22:40:02Z oops\n"),
+        vec![Ok(log_entry("2026-12-06T22:40:02Z", LogStream::Stderr, "oops"))]
+    );
+    assert_eq!(joiner.push(LogStream::Stdout, b"2026-12-06T22:40:02Z t 1"), vec![]);
+    assert_eq!(
+        joiner.push(LogStream::Stdout, b"2026-12-06T22:40:02Z 2345\n2026-12-06T22:40:02Z burst 12346\n"),
+        vec![
+            Ok(log_entry("2026-12-06T22:40:01Z", LogStream::Stdout, "burst 12345")),
+            Ok(log_entry("2026-12-06T22:40:02Z", LogStream::Stdout, "burst 12346")),
+        ]
+    );
+    // a last line without its newline comes out when the stream ends
+    assert_eq!(joiner.push(LogStream::Stdout, b"2026-12-06T22:40:03Z bye"), vec![]);
+    assert_eq!(joiner.flush(), vec![Ok(log_entry("2026-12-06T22:40:03Z", LogStream::Stdout, "bye"))]);
+    assert_eq!(joiner.flush(), vec![]);
+}
+
+#[test]
 fn a_mark_skips_what_was_read_even_among_entries_of_one_time() {
     let log = [
         log_entry("2026-12-06T22:40:00.9Z", LogStream::Stdout, "a"),

@@ -1,5 +1,6 @@
 //! Workload logs, Capstan's side: how many lines a second one capture's batches are kept at
-//! (1,000 lines of 40 bytes a batch, each batch one transaction, on SQLite), and how many
+//! (1,000 lines of 40 bytes a batch, each batch one transaction, on SQLite, the drain writing
+//! segments into a local bucket as they fill), and how many
 //! bucket objects one capture makes in an hour at one batch a second (the drain run every 10 s
 //! as the producer's node runs it, an hour played on the clock the drain is given).
 //!
@@ -103,7 +104,13 @@ fn logs_kept(c: &mut Criterion) {
     group.bench_function("accept a batch of 1,000 lines", |b| {
         b.iter(|| {
             sequence += 1;
-            rt.block_on(logs::accept(&cx, "node_1", batch("asg_throughput", sequence, 1000))).unwrap()
+            let kept = rt.block_on(logs::accept(&cx, "node_1", batch("asg_throughput", sequence, 1000))).unwrap();
+            // the drain's share: what is kept is written into the bucket as it fills (1 MiB
+            // a segment), as the producer's node does every 10 s
+            if sequence.is_multiple_of(16) {
+                rt.block_on(segments::drain(&cx)).unwrap();
+            }
+            kept
         })
     });
     group.finish();

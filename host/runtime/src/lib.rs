@@ -45,8 +45,6 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
 pub const DELIVER_EVERY: Duration = Duration::from_secs(2);
 /// Log payloads due are written into the bucket this often (by the producer's node).
 pub const LOG_DRAIN_EVERY: Duration = Duration::from_secs(10);
-/// Logs the retention and the bounds no longer keep are let go this often.
-pub const LOG_SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// The runtime's collections.
 pub fn collections() -> Vec<CollectionSpec> {
@@ -188,7 +186,7 @@ where
         let (cx, mut stop) = (cx.clone(), stop.clone());
         tokio::spawn(async move {
             let mut last_sweep = std::time::Instant::now();
-            let (mut last_drain, mut last_log_sweep) = (std::time::Instant::now(), std::time::Instant::now());
+            let mut last_drain = std::time::Instant::now();
             loop {
                 if here().await {
                     if last_drain.elapsed() >= LOG_DRAIN_EVERY {
@@ -199,16 +197,7 @@ where
                             Err(refusal) => tracing::warn!(code = %refusal.code, "writing log segments failed: {}", refusal.message),
                         }
                     }
-                    if last_log_sweep.elapsed() >= LOG_SWEEP_EVERY {
-                        last_log_sweep = std::time::Instant::now();
-                        match logs::segments::sweep(&cx).await {
-                            Ok(swept) => tracing::debug!(?swept, "workload logs swept"),
-                            Err(refusal) => tracing::warn!(code = %refusal.code, "sweeping workload logs failed: {}", refusal.message),
-                        }
-                        if let Err(refusal) = history::prune(&cx).await {
-                            tracing::warn!(code = %refusal.code, "pruning runtime events failed: {}", refusal.message);
-                        }
-                    }
+
                     match producer::pass(&cx).await {
                         Ok(report) if report.writes > 0 => tracing::debug!(?report, "runtime pass"),
                         Ok(_) => {}

@@ -127,6 +127,22 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         metrics_token: config.metrics_token.clone(),
         route_check: config.route_check.clone(),
     });
+    let logs_runtime = state.runtime.clone();
+    scheduler.register(
+        HostTask::new("host.sweep-workload-logs", "Sweep workload logs", "*/10 * * * *", move |log| {
+            let cx = logs_runtime.clone();
+            async move {
+                let swept = capstan_runtime::logs::segments::sweep(&cx).await?;
+                let pruned = capstan_runtime::history::prune(&cx).await?;
+                log.line(format!(
+                    "{} attempts released, {} dropped whole, {} batches past the retention dropped, {} segments removed; {pruned} runtime events pruned",
+                    swept.released, swept.attempts, swept.batches, swept.segments
+                ));
+                Ok(())
+            }
+        })
+        .description("Lets workload logs go past runtimeLogRetentionDays (30 days unless set) and beyond a slot's newest 8 attempts, removes segments nothing names, and keeps each service's newest 500 runtime events (docs/runtime.md)."),
+    )?;
     if config.demo {
         tokio::spawn(crate::demo::install(state.methods.clone(), state.plugins.clone()));
     }

@@ -241,3 +241,17 @@ async fn the_sweep_releases_expires_and_keeps_the_newest_attempts_of_a_slot() {
     let left = cx.blobs.list(BUCKET_PREFIX, None, 100).await.unwrap();
     assert!(left.items.is_empty(), "no segment is left that no row names: {:?}", left.items);
 }
+
+#[tokio::test]
+async fn a_capture_filling_a_mebibyte_is_written_without_waiting() {
+    let w = world().await;
+    let cx = &w.cx;
+    hold(cx, 0, "asg_1", 0).await;
+    for n in 1..=6 {
+        let entries = (0..4096).map(|i| entry("2026-12-06T00:00:01Z", Stream::Stdout, &format!("burst {i}"))).collect();
+        accept(cx, "node_1", batch("asg_1", n, entries)).await.unwrap();
+    }
+    let drained = segments::drain(cx).await.unwrap();
+    assert!(drained.segments >= 1 && drained.batches == 6, "{drained:?}");
+    assert!(rows(cx, "asg_1").await.iter().all(|r| r.segment.is_some()));
+}
