@@ -8,56 +8,15 @@
 //!
 //! Figures go in docs/benchmarks.md with this command.
 
-use capstan_runtime::RUNTIME_SLOTS;
 use capstan_runtime::logs::{self, BatchInput, Entry, Stream, segments};
-use capstan_runtime::slots::{Assignment, Slot, Work};
-use capstan_runtime::transition::Intent;
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::time::Instant;
 
 const CAPTURE: &str = "0123456789abcdef";
 
 async fn hold(cx: &capstan_runtime::Context, assignment: &str) {
-    let work = Work {
-        image: "reg.example/x@sha256:00".into(),
-        environment: Default::default(),
-        ports: vec![],
-        volumes: vec![],
-        health: Default::default(),
-        restart: Default::default(),
-        secrets: None,
-    };
-    let slot = Slot {
-        service_id: "svc_1".into(),
-        cluster_id: "cl_1".into(),
-        node_id: "node_1".into(),
-        slot: format!("node_1.{assignment}"),
-        assignment_id: assignment.into(),
-        assignment: Assignment {
-            key: work.key(),
-            intent: Intent::Run,
-            revision: 1,
-            work,
-            repository: None,
-            successor: false,
-            admitted_at: 0,
-            observation: None,
-            stopped_at: None,
-            removed_at: None,
-            stop_cause: None,
-        },
-        failures: 0,
-        attempts: 1,
-        last_cause: None,
-    };
-    let (id, value) = (format!("svc_1@{assignment}"), serde_json::to_value(&slot).unwrap());
-    cx.store
-        .transact(|tx| {
-            let (id, value) = (id.clone(), value.clone());
-            async move { tx.insert(RUNTIME_SLOTS, &id, value).await.map(drop) }
-        })
-        .await
-        .unwrap();
+    let slot = capstan_runtime::testing::running_slot("svc_1", &format!("node_1.{assignment}"), assignment, 0, 1);
+    capstan_runtime::testing::hold(&cx.store, &slot).await;
 }
 
 fn batch(assignment: &str, sequence: u64, lines: usize) -> BatchInput {

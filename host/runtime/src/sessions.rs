@@ -762,41 +762,9 @@ pub async fn forget_retired(cx: &Context) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slots::{Assignment, Work};
 
     fn slot(n: u32, revision: u64) -> Slot {
-        let work = Work {
-            image: "reg.example/x@sha256:00".into(),
-            environment: Default::default(),
-            ports: vec![],
-            volumes: vec![],
-            health: Default::default(),
-            restart: Default::default(),
-            secrets: None,
-        };
-        Slot {
-            service_id: format!("svc_{n}"),
-            cluster_id: "cluster_1".into(),
-            node_id: "node_1".into(),
-            slot: "node_1.0".into(),
-            assignment_id: format!("asg_{n}"),
-            assignment: Assignment {
-                key: work.key(),
-                intent: Intent::Run,
-                revision,
-                work,
-                repository: None,
-                successor: false,
-                admitted_at: 0,
-                observation: None,
-                stopped_at: None,
-                removed_at: None,
-                stop_cause: None,
-            },
-            failures: 0,
-            attempts: 1,
-            last_cause: None,
-        }
+        crate::testing::running_slot(&format!("svc_{n}"), "node_1.0", &format!("asg_{n}"), 0, revision)
     }
 
     fn sessions() -> NodeSessions {

@@ -61,3 +61,58 @@ pub async fn store(dir: &Path) -> Store {
     capstan_inventory::declare(&store).await.expect("declared");
     store
 }
+
+/// A slot of `service_id` on `node_1` named `slot`, running `assignment_id` (admitted at
+/// `admitted_at`, revision `revision`) of a fixed image.
+pub fn running_slot(service_id: &str, slot: &str, assignment_id: &str, admitted_at: u64, revision: u64) -> crate::slots::Slot {
+    let work = crate::slots::Work {
+        image: "reg.example/x@sha256:00".into(),
+        environment: Default::default(),
+        ports: vec![],
+        volumes: vec![],
+        health: Default::default(),
+        restart: Default::default(),
+        secrets: None,
+    };
+    crate::slots::Slot {
+        service_id: service_id.into(),
+        cluster_id: "cl_1".into(),
+        node_id: "node_1".into(),
+        slot: slot.into(),
+        assignment_id: assignment_id.into(),
+        assignment: crate::slots::Assignment {
+            key: work.key(),
+            intent: crate::transition::Intent::Run,
+            revision,
+            work,
+            repository: None,
+            successor: false,
+            admitted_at,
+            observation: None,
+            stopped_at: None,
+            removed_at: None,
+            stop_cause: None,
+        },
+        failures: 0,
+        attempts: 1,
+        last_cause: None,
+    }
+}
+
+/// Store `slot` (replacing the slot of that name).
+pub async fn hold(store: &Store, slot: &crate::slots::Slot) {
+    let id = crate::slots::slot_id(&slot.service_id, &slot.slot);
+    let value = serde_json::to_value(slot).expect("a slot");
+    store
+        .transact(|tx| {
+            let (id, value) = (id.clone(), value.clone());
+            async move {
+                if let Some(doc) = tx.get(crate::RUNTIME_SLOTS, &id).await? {
+                    tx.delete(crate::RUNTIME_SLOTS, &id, doc.revision).await?;
+                }
+                tx.insert(crate::RUNTIME_SLOTS, &id, value).await.map(drop)
+            }
+        })
+        .await
+        .expect("the slot stored");
+}

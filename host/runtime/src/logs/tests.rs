@@ -4,8 +4,6 @@
 
 use super::segments::{self, SEGMENT_AGE_MS};
 use super::*;
-use crate::slots::{Assignment, Slot, Work};
-use crate::transition::Intent;
 use crate::{Context, RUNTIME_SLOTS};
 use capstan_core::refusal::Refusal;
 
@@ -21,54 +19,9 @@ async fn world() -> World {
     World { cx, _dir: dir }
 }
 
-/// A slot of `svc_1` on `node_1` holding `assignment` (admitted at `issued`).
+/// A slot `node_1.<index>` of `svc_1` holding `assignment` (admitted at `issued`).
 async fn hold(cx: &Context, index: u32, assignment: &str, issued: u64) {
-    let work = Work {
-        image: "reg.example/x@sha256:00".into(),
-        environment: Default::default(),
-        ports: vec![],
-        volumes: vec![],
-        health: Default::default(),
-        restart: Default::default(),
-        secrets: None,
-    };
-    let slot = Slot {
-        service_id: "svc_1".into(),
-        cluster_id: "cl_1".into(),
-        node_id: "node_1".into(),
-        slot: format!("node_1.{index}"),
-        assignment_id: assignment.into(),
-        assignment: Assignment {
-            key: work.key(),
-            intent: Intent::Run,
-            revision: 1,
-            work,
-            repository: None,
-            successor: false,
-            admitted_at: issued,
-            observation: None,
-            stopped_at: None,
-            removed_at: None,
-            stop_cause: None,
-        },
-        failures: 0,
-        attempts: 1,
-        last_cause: None,
-    };
-    let id = crate::slots::slot_id("svc_1", &slot.slot);
-    let value = to_value(&slot).unwrap();
-    cx.store
-        .transact(|tx| {
-            let (id, value) = (id.clone(), value.clone());
-            async move {
-                if let Some(doc) = tx.get(RUNTIME_SLOTS, &id).await? {
-                    tx.delete(RUNTIME_SLOTS, &id, doc.revision).await?;
-                }
-                tx.insert(RUNTIME_SLOTS, &id, value).await.map(drop)
-            }
-        })
-        .await
-        .unwrap();
+    crate::testing::hold(&cx.store, &crate::testing::running_slot("svc_1", &format!("node_1.{index}"), assignment, issued, 1)).await;
 }
 
 async fn release(cx: &Context, index: u32) {
