@@ -25,6 +25,7 @@ pub static ASSETS: &[Asset] = &[
     Asset { path: "copy.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/copy.js") },
     Asset { path: "seal.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/seal.js") },
     Asset { path: "live.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/live.js") },
+    Asset { path: "logs.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../static/logs.js") },
     Asset {
         path: "vendor/htmx.min.js",
         content_type: "text/javascript; charset=utf-8",

@@ -1,7 +1,7 @@
 //! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
-//! nodes, administrators only), `/clusters`, `/services` (with organizations, and where each
-//! service runs: [`runtime`]) and `/settings` (the inventory, through the same methods as the
-//! API, updated live from the event outbox),
+//! nodes, administrators only), `/clusters`, `/services` (with organizations, where each
+//! service runs: [`runtime`], and its replicas' logs: [`logs`]) and `/settings` (the
+//! inventory, through the same methods as the API, updated live from the event outbox),
 //! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
 //! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
@@ -26,6 +26,7 @@ mod clusters;
 mod fleet;
 mod forms;
 mod live;
+mod logs;
 mod nodes;
 mod people;
 mod plugin_pages;
@@ -140,6 +141,8 @@ pub fn router() -> Router<AppState> {
         .route("/services/{id}/panel", get(services::detail_panel))
         .route("/services/{id}/update", post(services::update))
         .route("/services/{id}/delete", get(services::confirm).post(services::delete))
+        .route("/services/{id}/logs", get(logs::page))
+        .route("/services/{id}/logs/{assignment}/after", get(logs::after))
         .route("/services/{id}/runtime/panel", get(runtime::service_panel))
         .route("/services/{id}/runtime/run", post(runtime::run))
         .route("/services/{id}/runtime/hold", post(runtime::hold))
@@ -245,6 +248,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("service_panel.html", include_str!("../templates/service_panel.html")),
     ("service_runtime.html", include_str!("../templates/service_runtime.html")),
     ("service_run.html", include_str!("../templates/service_run.html")),
+    ("service_logs.html", include_str!("../templates/service_logs.html")),
     ("runtime_cells.html", include_str!("../templates/runtime_cells.html")),
     ("runtime_slots.html", include_str!("../templates/runtime_slots.html")),
     ("settings.html", include_str!("../templates/settings.html")),

@@ -3309,3 +3309,142 @@ async fn a_plugins_panel_shows_its_facet_on_the_entitys_page_and_its_refusals_an
     assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.body);
     assert!(answer.body.contains("ingress-not-designated"), "{}", answer.body);
 }
+
+// ---------------------------------------------------------------------------------------
+// Logs
+
+#[tokio::test]
+async fn a_services_logs_page_shows_its_replicas_lines_and_losses_and_answers_new_lines_after_its_cursor() {
+    use serde_json::json;
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    // dev mode: a node enrolls over the http origin
+    let state = crate::state::test_state_at(dir.path(), ORIGIN, true).await;
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+    capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
+    let cookie = login_cookie(&state).await;
+    let org = method(&state, &cookie, "organizations.create", json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
+    let cluster_id =
+        method(&state, &cookie, "clusters.create", json!({ "name": "eu-1" })).await["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("reg.example/x@sha256:{}", "ab".repeat(32));
+    let service = method(&state, &cookie, "services.create", json!({ "organizationId": org, "name": "web", "image": image })).await;
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let jump = method(&state, &cookie, "nodes.createJumpCommand", json!({ "clusterId": cluster_id })).await;
+    let code = jump["url"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
+    let token = "cd".repeat(32);
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "tokenSha256": hex::encode(sha2::Sha256::digest(token.as_bytes())), "agentVersion": "0.1.0" });
+    let enrolled = send(&state, agent_request("/agent/v1/enroll", enroll, None)).await;
+    let node_id = serde_json::from_str::<serde_json::Value>(&enrolled.body).unwrap()["nodeId"].as_str().unwrap().to_string();
+    let spec = json!({ "serviceId": service_id, "clusterId": cluster_id, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 });
+    method(&state, &cookie, "runtime.setServiceSpec", spec).await;
+
+    // the service's page links to its logs; before any replica ran there are none, and the page says why
+    let detail = send(&state, get(&format!("/services/{service_id}"), Some(&cookie))).await;
+    assert!(detail.body.contains(&format!(r#"href="/services/{service_id}/logs" id="service-logs""#)), "{}", detail.body);
+    let logs = format!("/services/{service_id}/logs");
+    let anonymous = send(&state, get(&logs, None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let page = send(&state, get(&logs, Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains(r#"id="logs-none""#) && page.body.contains("No replica has run yet, or its logs were let go"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("#runtime-panel\">Runtime card</a>"), "it points to the Runtime card: {}", page.body);
+
+    // a replica's attempt: two batches, a hole between them, lines the node could not read
+    capstan_server::runtime::producer::pass(&state.runtime).await.unwrap();
+    let slots = method(&state, &cookie, "runtime.getClusterAssignments", json!({ "clusterId": cluster_id })).await;
+    let assignment = slots["items"][0]["assignmentId"].as_str().unwrap().to_string();
+    let report = |sequence: u64, entries: serde_json::Value, lost: Option<serde_json::Value>| {
+        let mut batch = json!({ "assignmentId": assignment, "captureId": "00112233445566ff", "sequence": sequence, "entries": entries });
+        if let Some(lost) = lost {
+            batch["lost"] = lost;
+        }
+        let runtime = state.runtime.clone();
+        let node = node_id.clone();
+        async move { capstan_server::runtime::logs::accept(&runtime, &node, serde_json::from_value(batch).unwrap()).await.unwrap() }
+    };
+    let entry = |ts: &str, stream: &str, line: &str| json!({ "ts": ts, "stream": stream, "line": line });
+    report(
+        1,
+        json!([
+            entry("2026-12-06T10:00:00.1Z", "stdout", "listening on :8080"),
+            entry("2026-12-06T10:00:00.2Z", "stderr", "<b>bold</b> failed")
+        ]),
+        None,
+    )
+    .await;
+    report(3, json!([entry("2026-12-06T10:00:01Z", "stdout", "ready")]), Some(json!({ "entries": 3, "reason": "engine-error" }))).await;
+
+    let page = send(&state, get(&logs, Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains("<title>Logs of web · Capstan</title>"), "{body}");
+    assert!(body.contains(&format!(r#"data-slot="{node_id}.0" aria-current="page""#)), "the replica is picked: {body}");
+    assert!(body.contains(&format!(r#"<li data-attempt="{assignment}" class="chosen""#)), "its newest attempt: {body}");
+    let panel = section_of(body, "logs-panel");
+    assert!(panel.contains(r#"data-cursor="0.3""#), "{panel}");
+    assert!(
+        panel.contains(&format!(r#"data-follow-href="&#x2f;services&#x2f;{service_id}&#x2f;logs&#x2f;{assignment}&#x2f;after""#)),
+        "{panel}"
+    );
+    let texts: Vec<&str> = panel.split(r#"<span class="log-text">"#).skip(1).map(|t| t.split("</span>").next().unwrap()).collect();
+    assert_eq!(
+        texts,
+        [
+            "listening on :8080",
+            "&lt;b&gt;bold&lt;&#x2f;b&gt; failed",
+            "1 batch of lines never arrived",
+            "ready",
+            "3 lines the node could not read (engine-error)"
+        ],
+        "in order, escaped, every loss in its place: {panel}"
+    );
+    assert!(panel.contains(r#"<li class="log-line log-error" data-kind="stderr">"#) && panel.contains(">stderr</span>"), "{panel}");
+    assert!(
+        panel.contains(r#"<li class="log-line log-info" data-kind="stdout"><time class="log-time" datetime="2026-12-06T10:00:00.1Z""#),
+        "{panel}"
+    );
+    assert_eq!(panel.matches(r#"class="log-line log-warning" data-kind="loss""#).count(), 2, "{panel}");
+    assert!(panel.contains(">2026-12-06 10:00:00.100<") || panel.contains(">2026-12-06 10:00:00.1<"), "{panel}");
+    assert!(
+        panel.contains(r#"id="logs-matches" aria-live="polite">3 lines<"#) && panel.contains(r#"id="logs-no-lines" hidden"#),
+        "{panel}"
+    );
+    assert!(!body.contains("<b>bold"), "never unescaped: {body}");
+
+    // new lines after the page's cursor, as JSON for the page's script
+    report(4, json!([entry("2026-12-06T10:00:02Z", "stderr", "a <new> line")]), None).await;
+    let after = format!("{logs}/{assignment}/after");
+    let answer = send(&state, get(&format!("{after}?cursor=0.3"), Some(&cookie))).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let answered: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(answered["cursor"], "0.4", "{answered}");
+    assert_eq!(
+        answered["lines"],
+        json!([{ "kind": "stderr", "level": "error", "ts": "2026-12-06T10:00:02Z", "at": "2026-12-06 10:00:02", "text": "a <new> line", "cut": null }])
+    );
+    // from the start (nothing was kept when the page was read): every line so far
+    let answer = send(&state, get(&after, Some(&cookie))).await;
+    let answered: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!((answered["lines"].as_array().map(Vec::len), answered["cursor"].as_str()), (Some(6), Some("0.4")), "{answered}");
+
+    // the methods' refusals: the page's error banner with their status, never a 500
+    let missing = send(&state, get(&format!("{logs}?attempt=asg_nosuch"), Some(&cookie))).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert!(missing.body.contains(r#"id="logs-error" data-code="attempt-not-found""#), "{}", missing.body);
+    assert!(missing.body.contains(r#"id="logs-replicas""#), "the picker stays: {}", missing.body);
+    let bad = send(&state, get(&format!("{after}?cursor=nonsense"), Some(&cookie))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&bad.body).unwrap()["error"]["code"], "cursor-invalid");
+    add_operator(&state).await;
+    let operator = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await.set_cookie().unwrap().0;
+    let hidden = send(&state, get(&logs, Some(&operator))).await;
+    assert!(hidden.status.is_client_error(), "{}", hidden.body);
+    assert!(hidden.body.contains(r#"id="service-error" data-code=""#), "{}", hidden.body);
+    let hidden = send(&state, get(&after, Some(&operator))).await;
+    assert!(hidden.status.is_client_error(), "{}", hidden.body);
+    assert!(serde_json::from_str::<serde_json::Value>(&hidden.body).unwrap()["error"]["code"].is_string(), "{}", hidden.body);
+}

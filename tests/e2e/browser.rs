@@ -1183,3 +1183,257 @@ async fn appstore_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     let listed = api.call("services.list", json!({ "organizationId": org }));
     assert_eq!(listed["items"][0]["image"], "registry.example.com/wiki:1.1.0");
 }
+
+// ---------------------------------------------------------------------------------------
+// A service's Logs page, with lines a node reports over its agent socket (no container engine)
+
+const LOGS_SCREENSHOT_COPY: &str = "/tmp/capstan-logs.png";
+/// The capture the fake node reports its batches under (16 lowercase hex characters).
+const CAPTURE: &str = "5eed0000c0ffee01";
+
+/// A node's runtime session over `/api/v1/socket`, answering the host's pushes as an agent would.
+struct AgentSocket {
+    ws: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+    calls: u64,
+    /// The `runtime.assign` pushes received (acknowledged).
+    assigned: Vec<serde_json::Value>,
+}
+
+impl AgentSocket {
+    /// Offer the socket as kind `agent` with the node's credential and register a runtime session.
+    fn open(server: &Capstan, node: &str, token: &str) -> AgentSocket {
+        let (ws, _) = tungstenite::connect(format!("ws://{}/api/v1/socket", server.addr)).expect("the socket upgrades");
+        if let tungstenite::stream::MaybeTlsStream::Plain(stream) = ws.get_ref() {
+            // short reads: each wait is bounded by its own deadline
+            stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        }
+        let mut socket = AgentSocket { ws, calls: 0, assigned: Vec::new() };
+        socket.send(json!({ "type": "offer", "kind": "agent", "protocols": ["capstan-socket/1"], "node": node, "token": token }));
+        let welcome = socket.frame();
+        assert_eq!(welcome["type"], "welcome", "{welcome}");
+        let nonce = "3f2a9c1e-7b4d-4e8a-9c0f-1d2e3f4a5b6c";
+        socket.call("runtime.registerSession", json!({ "nodeId": node, "nonce": nonce, "agentVersion": "0.1.0" }));
+        socket
+    }
+
+    fn send(&mut self, frame: serde_json::Value) {
+        self.ws.send(tungstenite::Message::text(frame.to_string())).expect("a frame is sent");
+    }
+
+    /// The next frame, `None` after `wait` without one; a `runtime.assign` push is acknowledged
+    /// and kept.
+    fn frame_within(&mut self, wait: Duration) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            let text = match self.ws.read() {
+                Ok(tungstenite::Message::Text(text)) => text,
+                Ok(tungstenite::Message::Ping(_) | tungstenite::Message::Pong(_)) => continue,
+                Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    continue;
+                }
+                other => panic!("expected a text frame, got {other:?}"),
+            };
+            let frame: serde_json::Value = serde_json::from_str(text.as_str()).unwrap();
+            if frame["type"] == "request" && frame["method"] == "runtime.assign" {
+                self.send(json!({ "type": "reply", "id": frame["id"], "result": { "accepted": true } }));
+                self.assigned.push(frame["body"].clone());
+                continue;
+            }
+            return Some(frame);
+        }
+        None
+    }
+
+    fn frame(&mut self) -> serde_json::Value {
+        self.frame_within(Duration::from_secs(30)).expect("a frame from the host within 30 s")
+    }
+
+    /// Call `method` over the session; its result.
+    fn call(&mut self, method: &str, body: serde_json::Value) -> serde_json::Value {
+        self.calls += 1;
+        let id = self.calls;
+        self.send(json!({ "type": "call", "id": id, "method": method, "body": body }));
+        loop {
+            let frame = self.frame();
+            if frame["id"] == id {
+                assert_eq!(frame["type"], "result", "{method}: {frame}");
+                return frame["result"].clone();
+            }
+        }
+    }
+
+    /// The assignment the host pushed (its producer runs every few seconds), `None` if none came
+    /// within `wait`.
+    fn assignment(&mut self, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        while self.assigned.is_empty() && Instant::now() < deadline {
+            if let Some(frame) = self.frame_within(Duration::from_secs(1)) {
+                eprintln!("the fake node ignores {frame}");
+            }
+        }
+        Some(self.assigned.first()?["assignmentId"].as_str().expect("an assignment id").to_string())
+    }
+
+    /// Report batch `sequence` of the capture: `(ts, stream, line)` entries, and lines lost.
+    fn report(&mut self, assignment: &str, sequence: u64, entries: &[(&str, &str, &str)], lost: Option<u64>) {
+        let entries: Vec<serde_json::Value> =
+            entries.iter().map(|(ts, stream, line)| json!({ "ts": ts, "stream": stream, "line": line })).collect();
+        let mut body =
+            json!({ "assignmentId": assignment, "captureId": CAPTURE, "sequence": sequence, "entries": entries, "final": false });
+        if let Some(lost) = lost {
+            body["lost"] = json!({ "entries": lost, "reason": "engine-error" });
+        }
+        let answer = self.call("runtime.reportLogs", body);
+        assert_eq!(answer, json!({ "accepted": true, "replay": false }), "batch {sequence}");
+    }
+}
+
+/// The texts of the Logs page's rows, in order, and of those the filter leaves shown.
+async fn log_texts(client: &Client) -> (Vec<String>, Vec<String>) {
+    let script = "const rows = [...document.querySelectorAll('#log-lines > li')];
+        const text = (r) => r.querySelector('.log-text').textContent;
+        return [rows.map(text), rows.filter((r) => !r.hidden).map(text)];";
+    let answer = client.execute(script, vec![]).await.unwrap();
+    let list = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    (list(&answer[0]), list(&answer[1]))
+}
+
+#[test]
+fn a_services_logs_show_in_order_with_stderr_and_losses_marked_filter_and_follow_new_lines() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
+    let (username, password) = crate::support::TEST_ADMIN;
+    let api = ApiClient::log_in(&server, password);
+
+    // a service pinned by digest, run on every node of a cluster with one enrolled node
+    let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = api.call("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("registry.example/acme/web@sha256:{}", "0123456789abcdef".repeat(4));
+    let service =
+        api.call("services.create", json!({ "organizationId": org, "name": "web", "image": image }))["id"].as_str().unwrap().to_string();
+    let code = api.call("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
+    let token = "7c".repeat(32);
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": crate::support::sha256_hex(&token), "agentVersion": "0.1.0" });
+    let enrolled = server.request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()));
+    assert_eq!(enrolled.status, 200, "{}", enrolled.body);
+    let node = enrolled.json()["nodeId"].as_str().unwrap().to_string();
+    let spec = json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 });
+    api.call("runtime.setServiceSpec", spec);
+
+    // the node's session: its assignment pushed, then its lines: stdout and stderr, a batch
+    // stating lines it could not read, and a batch that never arrives (number 3)
+    let mut agent = AgentSocket::open(&server, &node, &token);
+    let assignment = agent.assignment(Duration::from_secs(60)).unwrap_or_else(|| {
+        let status = api.call("runtime.getServiceStatus", json!({ "serviceId": service }));
+        panic!("no runtime.assign push within 60 s; the service's status: {status}\nserver stderr:\n{}", server.stderr())
+    });
+    agent.report(
+        &assignment,
+        1,
+        &[
+            ("2026-12-06T10:00:00.100Z", "stdout", "listening on :8080"),
+            ("2026-12-06T10:00:00.250Z", "stderr", "warning: <b>cache</b> is cold"),
+        ],
+        None,
+    );
+    agent.report(&assignment, 2, &[("2026-12-06T10:00:01.000Z", "stdout", "ready to serve")], Some(3));
+    agent.report(&assignment, 4, &[("2026-12-06T10:00:02.500Z", "stdout", "GET /health 200")], None);
+
+    let driver = Driver::start(dir.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = runtime.block_on(async {
+        let client = driver.session(dir.path()).await;
+        let scenario = async {
+            client.goto(&server.url("/login")).await.unwrap();
+            log_in(&client, username, password).await;
+            wait_for(&client, "#current-user").await;
+
+            // from the service's page, its Logs: the replica picked, its attempt, its lines in order
+            client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
+            click(&client, "#service-logs").await;
+            wait_for(&client, "#log-lines").await;
+            assert_eq!(path_of(&client).await, format!("/services/{service}/logs"));
+            assert_eq!(client.title().await.unwrap(), "Logs of web · Capstan");
+            let tab = wait_for(&client, &format!(r#"a.log-tab[data-slot="{node}.0"]"#)).await;
+            assert_eq!(tab.attr("aria-current").await.unwrap().as_deref(), Some("page"));
+            wait_for(&client, &format!(r#"#log-attempts li.chosen[data-attempt="{assignment}"]"#)).await;
+            let (texts, _) = log_texts(&client).await;
+            assert_eq!(
+                texts,
+                [
+                    "listening on :8080",
+                    "warning: <b>cache</b> is cold",
+                    "ready to serve",
+                    "3 lines the node could not read (engine-error)",
+                    "1 batch of lines never arrived",
+                    "GET /health 200",
+                ],
+                "in order, every loss in its place"
+            );
+            assert_eq!(
+                client.execute("return document.querySelectorAll('#log-lines b').length", vec![]).await.unwrap(),
+                json!(0),
+                "a line is text, never markup"
+            );
+            // stderr is an error: its class, a red left border and its badge; losses are warnings
+            let stderr = wait_for(&client, r#"#log-lines li[data-kind="stderr"]"#).await;
+            assert_eq!(stderr.attr("class").await.unwrap().as_deref(), Some("log-line log-error"));
+            assert_eq!(stderr.css_value("border-left-color").await.unwrap(), "rgba(180, 35, 24, 1)", "the error colour");
+            assert_eq!(text_of(&client, r#"#log-lines li[data-kind="stderr"] .pill"#).await, "stderr");
+            assert_eq!(client.find_all(Locator::Css("#log-lines li.log-warning")).await.unwrap().len(), 2);
+            assert_eq!(client.find_all(Locator::Css("#log-lines li.log-info")).await.unwrap().len(), 3);
+            assert_eq!(text_of(&client, r#"#log-lines li[data-kind="stdout"] time"#).await, "2026-12-06 10:00:00.100");
+            assert_eq!(text_of(&client, "#logs-matches").await, "4 lines");
+            assert_eq!(text_becoming(&client, "#logs-follow", &["Following"]).await, "Following");
+
+            // the filter: case-insensitive, counted; the losses stay in view
+            fill(&client, "#logs-search", "READY").await;
+            assert_eq!(text_becoming(&client, "#logs-matches", &["1 of 4 lines match"]).await, "1 of 4 lines match");
+            let (_, shown) = log_texts(&client).await;
+            assert_eq!(shown, ["ready to serve", "3 lines the node could not read (engine-error)", "1 batch of lines never arrived"]);
+
+            // a new batch appears without a reload, filtered like the rest
+            mark_page(&client).await;
+            agent.report(
+                &assignment,
+                5,
+                &[("2026-12-06T10:00:03.000Z", "stdout", "ready for more"), ("2026-12-06T10:00:03.100Z", "stderr", "late failure")],
+                None,
+            );
+            assert_eq!(text_becoming(&client, "#logs-matches", &["2 of 6 lines match"]).await, "2 of 6 lines match");
+            let (texts, shown) = log_texts(&client).await;
+            assert_eq!(texts[6..], ["ready for more", "late failure"], "appended in order");
+            assert!(shown.contains(&"ready for more".to_string()) && !shown.contains(&"late failure".to_string()), "{shown:?}");
+            assert!(page_was_not_reloaded(&client).await, "the lines were appended in place");
+            let appended = wait_for(&client, r#"#log-lines li[data-kind="stderr"]:last-child"#).await;
+            assert_eq!(appended.attr("class").await.unwrap().as_deref(), Some("log-line log-error"));
+
+            // the whole attempt again, for the screenshot
+            client
+                .execute("const s = document.getElementById('logs-search'); s.value = ''; s.dispatchEvent(new Event('input'));", vec![])
+                .await
+                .unwrap();
+            assert_eq!(text_becoming(&client, "#logs-matches", &["6 lines"]).await, "6 lines");
+            let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+            assert_eq!(inline_styles, json!(0), "no inline styles on the logs page");
+            let shot = client.screenshot().await.expect("a screenshot of the Logs page");
+            save_screenshot(&shot, dir.path(), "logs.png", LOGS_SCREENSHOT_COPY);
+
+            // a refusal of the method is the page's error banner
+            client.goto(&server.url(&format!("/services/{service}/logs?attempt=asg_nosuch"))).await.unwrap();
+            wait_for(&client, r#"#logs-error[data-code="attempt-not-found"]"#).await;
+        };
+        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
+        let _ = client.close().await;
+        outcome
+    });
+    drop(driver);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("the logs scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
