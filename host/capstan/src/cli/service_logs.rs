@@ -14,8 +14,11 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-/// How often `-f` asks for new lines when none came.
+/// How often `-f` asks several replicas for new lines when none came.
 const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+/// How long `-f` lets Capstan wait for a single replica's new lines (then it looks for a new
+/// attempt).
+const FOLLOW_WAIT_MS: u64 = 2_000;
 /// How often `-f` looks for new attempts (a replica restarted or replaced).
 const ATTEMPTS_EVERY: Duration = Duration::from_secs(3);
 
@@ -130,11 +133,12 @@ struct Reading {
 }
 
 impl Reading {
-    /// Read on from the cursor: every page until the newest kept batch.
-    fn read(&mut self, client: &Client, service: &str) -> Result<Vec<Line>> {
+    /// Read on from the cursor: every page until the newest kept batch, waiting up to `wait_ms`
+    /// for new lines when there are none.
+    fn read(&mut self, client: &Client, service: &str, wait_ms: u64) -> Result<Vec<Line>> {
         let mut lines = Vec::new();
         loop {
-            let mut body = json!({ "serviceId": service, "assignmentId": self.assignment, "limit": 1000 });
+            let mut body = json!({ "serviceId": service, "assignmentId": self.assignment, "limit": 1000, "waitMs": wait_ms });
             if let Some(cursor) = &self.cursor {
                 body["cursor"] = json!(cursor);
             }
@@ -263,7 +267,7 @@ pub fn logs(args: &LogsArgs) -> Result<()> {
     let mut out = stdout.lock();
     let mut lines = Vec::new();
     for reading in &mut readings {
-        lines.extend(reading.read(&client, &service)?);
+        lines.extend(reading.read(&client, &service, 0)?);
     }
     for line in select(lines, since, args.tail) {
         printed(printer.print(&mut out, &line))?;
@@ -290,9 +294,11 @@ pub fn logs(args: &LogsArgs) -> Result<()> {
                 }
             }
         }
+        // one replica: Capstan answers as its lines come; several: each is asked in turn
+        let wait_ms = if readings.len() == 1 { FOLLOW_WAIT_MS } else { 0 };
         let mut fresh = Vec::new();
         for reading in &mut readings {
-            match reading.read(&client, &service) {
+            match reading.read(&client, &service, wait_ms) {
                 Ok(lines) => fresh.extend(lines),
                 // a host restarting: say so and read again
                 Err(refusal) if refusal.retryable => eprintln!("capstan: not read this time ({}): {}", refusal.code, refusal.message),
@@ -304,7 +310,7 @@ pub fn logs(args: &LogsArgs) -> Result<()> {
             printed(printer.print(&mut out, &line))?;
         }
         printed(out.flush())?;
-        if quiet {
+        if quiet && wait_ms == 0 {
             std::thread::sleep(FOLLOW_EVERY);
         }
     }
