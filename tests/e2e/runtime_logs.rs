@@ -5,7 +5,10 @@
 //! twice; `-f` shows new lines (how long after the container wrote them is measured and
 //! printed, not asserted); the agent is killed (`kill -9`) and restarted mid-stream, and Capstan
 //! is restarted while the agent holds batches it could not send: no tick is lost or doubled,
-//! and any loss is stated with counts. The payloads end up as segments in Capstan's bucket.
+//! and any loss is stated with counts. The payloads end up as segments in Capstan's bucket; the
+//! service deleted, its capture ends with a final batch, and once the released attempt is a
+//! month old (its record rewritten while Capstan is stopped) the sweep task removes its
+//! segments and payloads.
 
 use crate::runtime::{CONVERGE, Images, Node, World, skipped};
 use crate::support::{Capstan, TEST_ADMIN, capstan, eventually, with_test_admin};
@@ -224,6 +227,58 @@ fn a_containers_lines_are_kept_in_order_once_across_an_agent_kill_and_a_capstan_
     let events = w.ok("runtime.getServiceEvents", json!({ "serviceId": talker }));
     let kinds: Vec<&str> = events["items"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert!(kinds.starts_with(&["scheduled"]) && kinds.contains(&"ready"), "{kinds:?}");
+
+    // ---- deleted, the replica's capture ends with a final batch and its payloads go into the
+    // bucket; a month on, the sweep lets the released attempt go and its segments with it ----
+    let current = w.ok("services.get", json!({ "id": talker }));
+    w.ok("services.delete", json!({ "id": talker, "expectedRevision": current["revision"] }));
+    eventually("the service is gone", CONVERGE, || {
+        let reply = w.server.call_as(&w.admin, "services.get", &json!({ "id": talker }));
+        if reply.status == 404 { Ok(()) } else { Err(format!("{}", reply.status)) }
+    });
+    let segments = data.join("blobs").join("objects").join("runtime-logs").join(&talker);
+    let db = data.join("capstan.sqlite");
+    let inline_left = || {
+        crate::support::with_store(&db, &["runtime_log_inline"], |store| async move {
+            store.transact(|tx| async move { tx.scan("runtime_log_inline", None, 10).await }).await.unwrap().documents.len()
+        })
+    };
+    // a capture that ended wrote its segment at once; the one the killed agent left open waits
+    // its five minutes: both are kept until the retention lets the attempt go
+    assert!(!walk(&segments).is_empty(), "the segments of the deleted service are kept for the retention");
+    let World { server, admin, port, images } = w;
+    server.stop();
+    let month_ago = capstan_core::clock::now_ms() - 31 * 24 * 60 * 60 * 1000;
+    crate::support::with_store(&db, &["runtime_log_attempts"], |store| {
+        let assignment = assignment.clone();
+        async move {
+            store
+                .transact(|tx| {
+                    let assignment = assignment.clone();
+                    async move {
+                        let doc = tx.get("runtime_log_attempts", &assignment).await?.expect("the attempt's record");
+                        let mut data = doc.data.clone();
+                        for field in ["issuedAt", "lastBatchAt", "releasedAt"] {
+                            data[field] = json!(month_ago);
+                        }
+                        tx.replace("runtime_log_attempts", &assignment, doc.revision, data).await
+                    }
+                })
+                .await
+                .unwrap();
+        }
+    });
+    let w = World { server: serve_on(&data, port), admin, port, images };
+    let run = w.ok("tasks.trigger", json!({ "id": "host.sweep-workload-logs" }));
+    let ended = eventually("the sweep's run ending", CONVERGE, || {
+        let e = w.ok("tasks.getExecution", json!({ "id": run["id"] }));
+        if e["status"] == "running" { Err(e.to_string()) } else { Ok(e) }
+    });
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    assert!(walk(&segments).is_empty(), "the expired attempt's segments are gone: {:?}", walk(&segments));
+    let World { server, .. } = w;
+    server.stop();
+    assert_eq!(inline_left(), 0, "and its payloads not yet written with them");
     drop(node);
 }
 
