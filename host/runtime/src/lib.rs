@@ -140,6 +140,12 @@ impl Context {
     }
 }
 
+/// A node's report refused: `runtime-session-report-refused` with the reason word (the
+/// sessions' and the logs' refusals alike).
+pub fn report_refused(reason: &str, message: impl Into<String>) -> Refusal {
+    Refusal::new("runtime-session-report-refused", message).with_data(serde_json::json!({ "reason": reason }))
+}
+
 /// `host[:port]` of an origin (`https://capstan.example.com` → `capstan.example.com`).
 pub fn registry_host(origin: &str) -> String {
     let rest = origin.split_once("://").map_or(origin, |(_, rest)| rest);

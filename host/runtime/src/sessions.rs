@@ -11,6 +11,7 @@
 //! process (its nonce) or the socket that carried it, and the slots it reports on are the
 //! durable truth.
 
+pub use super::report_refused;
 use super::slots::{self, Observation, Slot};
 use super::transition::Intent;
 use super::{Context, RUNTIME_SLOTS};
@@ -88,11 +89,6 @@ pub struct NodeSessions {
     current: Mutex<HashMap<String, Current>>,
     waiting: Mutex<HashMap<String, oneshot::Sender<Map<String, Value>>>>,
     counter: AtomicU64,
-}
-
-/// A report refused: `runtime-session-report-refused` with the reason word.
-pub fn report_refused(reason: &str, message: impl Into<String>) -> Refusal {
-    Refusal::new("runtime-session-report-refused", message).with_data(json!({ "reason": reason }))
 }
 
 impl NodeSessions {

@@ -8,7 +8,7 @@ pub mod reads;
 pub mod segments;
 
 use super::Context;
-use super::sessions::report_refused;
+use super::report_refused;
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::{Entity, parse, to_value};
