@@ -1,7 +1,8 @@
 //! The operator dashboard: server-rendered HTML at `/` (overview), `/fleet` (the fleet's
 //! nodes, administrators only), `/clusters`, `/services` (with organizations, where each
-//! service runs: [`runtime`], and its replicas' logs: [`logs`]) and `/settings` (the
-//! inventory, through the same methods as the API, updated live from the event outbox),
+//! service runs: [`runtime`], its replicas' logs: [`logs`], and its runtime events:
+//! [`history`]) and `/settings` (the inventory, through the same methods as the API, updated
+//! live from the event outbox),
 //! `/plugins` (installed plugins and their lifecycle, administrators only), `/tasks` (the
 //! scheduler's tasks and their executions, through the `tasks.*` methods), `/secrets` (each
 //! service's secrets and each organization's SecretSets, write-only: values are sealed in the
@@ -25,6 +26,7 @@ mod audit;
 mod clusters;
 mod fleet;
 mod forms;
+mod history;
 mod live;
 mod logs;
 mod nodes;
@@ -143,6 +145,8 @@ pub fn router() -> Router<AppState> {
         .route("/services/{id}/delete", get(services::confirm).post(services::delete))
         .route("/services/{id}/logs", get(logs::page))
         .route("/services/{id}/logs/{assignment}/after", get(logs::after))
+        .route("/services/{id}/events", get(history::page))
+        .route("/services/{id}/events/panel", get(history::panel))
         .route("/services/{id}/runtime/panel", get(runtime::service_panel))
         .route("/services/{id}/runtime/run", post(runtime::run))
         .route("/services/{id}/runtime/hold", post(runtime::hold))
@@ -249,6 +253,9 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("service_runtime.html", include_str!("../templates/service_runtime.html")),
     ("service_run.html", include_str!("../templates/service_run.html")),
     ("service_logs.html", include_str!("../templates/service_logs.html")),
+    ("service_events.html", include_str!("../templates/service_events.html")),
+    ("service_events_panel.html", include_str!("../templates/service_events_panel.html")),
+    ("runtime_history.html", include_str!("../templates/runtime_history.html")),
     ("runtime_cells.html", include_str!("../templates/runtime_cells.html")),
     ("runtime_slots.html", include_str!("../templates/runtime_slots.html")),
     ("settings.html", include_str!("../templates/settings.html")),

@@ -257,15 +257,16 @@ async fn read_attempts(state: &Host, identity: &Viewer, service: &str) -> Result
 // ---------------------------------------------------------------------------------------
 // The page
 
+/// A service as a page about it names it (the Logs page, the Events page).
 #[derive(Serialize)]
-struct ServiceHead {
-    name: String,
+pub(super) struct ServiceHead {
+    pub(super) name: String,
     href: String,
     organization: String,
     organization_href: String,
 }
 
-async fn service_head(state: &Host, identity: &Viewer, id: &str) -> Result<ServiceHead> {
+pub(super) async fn service_head(state: &Host, identity: &Viewer, id: &str) -> Result<ServiceHead> {
     let service = call(state, identity, "services.get", json!({ "id": id })).await?;
     let organization_id = str_of(&service, "organizationId").to_string();
     // the organization's name is a courtesy: its id stands in when it cannot be read

@@ -1,14 +1,16 @@
 //! Where services run (docs/runtime.md). A service's page carries a **Runtime** card — per
 //! cluster the verdict in words ("Running on 2 of 2 replicas", "Waiting: node offline",
 //! "Refused: the image is not pinned by digest"), the spec, the replica slots (node, phase,
-//! ready, digest, restarts, last cause) and a "Stop (hold)" or "Resume" button — and the "Run
-//! on cluster" form. A cluster's page and a node's page list the slots there (administrators
-//! only, as `runtime.getClusterAssignments` is; nothing is shown to anyone else).
+//! ready, digest, restarts, last cause, and folded under each its history: [`super::history`])
+//! and a "Stop (hold)" or "Resume" button — and the "Run on cluster" form. A cluster's page and
+//! a node's page list the slots there (administrators only, as `runtime.getClusterAssignments`
+//! is; nothing is shown to anyone else).
 //!
-//! Everything goes through `runtime.getServiceStatus`, `runtime.getServiceSpec`,
-//! `runtime.setServiceSpec` and `runtime.getClusterAssignments` as the signed-in person. A
-//! write reads the spec it replaces and states that revision (none: a first spec), so a person
-//! never sees or types one; a change between that read and the write is refused `conflict`.
+//! Everything goes through `runtime.getServiceStatus`, `runtime.getServiceEvents`,
+//! `runtime.getServiceSpec`, `runtime.setServiceSpec` and `runtime.getClusterAssignments` as the
+//! signed-in person. A write reads the spec it replaces and states that revision (none: a first
+//! spec), so a person never sees or types one; a change between that read and the write is
+//! refused `conflict`.
 //!
 //! The card and the sections re-fetch themselves on `capstan-changed`: their pages watch the
 //! `runtime` area, whose events (`runtime.spec-set`, `runtime.slot-changed`,
@@ -17,6 +19,7 @@
 //! another service's runtime event; what it shows is always its own.
 
 use super::forms::{ErrorView, FormData, call, encode, number, post, redirect, status_of, str_of, u64_of, when};
+use super::history::History;
 use crate::Host;
 use crate::Viewer;
 use crate::refusal::{Refusal, Result};
@@ -152,6 +155,8 @@ pub(super) struct SlotRow {
     digest_full: String,
     restarts: u64,
     cause: Option<String>,
+    /// Its events, newest first (the service's Runtime card only, when they could be read).
+    history: Option<History>,
 }
 
 /// Names by id, for what the tables show (ids stand in for what cannot be read).
@@ -203,6 +208,7 @@ fn slot_row(f: Facts<'_>, names: &Names) -> SlotRow {
         digest_full: f.digest.unwrap_or_default().to_string(),
         restarts: f.restarts,
         cause: f.cause.filter(|c| !c.trim().is_empty()).map(|c| one_line(c, CAUSE_SHOWN)),
+        history: None,
     }
 }
 
@@ -332,6 +338,11 @@ fn node_names(nodes: &[Value]) -> BTreeMap<String, String> {
     nodes.iter().filter_map(|n| Some((n["id"].as_str()?.to_string(), n["name"].as_str()?.to_string()))).collect()
 }
 
+/// The names of every node an administrator may list, by id; nothing for anyone else.
+pub(super) async fn node_names_for(state: &Host, identity: &Viewer) -> BTreeMap<String, String> {
+    node_names(&nodes_of(state, identity, None).await)
+}
+
 /// The spec a service has on a cluster, `None` when it has none.
 async fn read_spec(state: &Host, identity: &Viewer, service: &str, cluster: &str) -> Result<Option<Value>> {
     match call(state, identity, "runtime.getServiceSpec", json!({ "serviceId": service, "clusterId": cluster })).await {
@@ -344,15 +355,17 @@ async fn read_spec(state: &Host, identity: &Viewer, service: &str, cluster: &str
 // ---------------------------------------------------------------------------------------
 // A service's Runtime card
 
-/// What the card shows: each cluster the service has a spec on, or why it cannot be read; with
-/// the status's targets and the clusters' names, for the form.
+/// What the card shows: each cluster the service has a spec on, or why it cannot be read, each
+/// slot with its history (or why the events cannot be read); with the status's targets and
+/// the clusters' names, for the form.
 async fn card_context(state: &Host, identity: &Viewer, service_id: &str) -> (minijinja::Value, Vec<Value>, BTreeMap<String, String>) {
     let panel_href = format!("/services/{}/runtime/panel", encode(service_id));
     let action = format!("/services/{}/runtime", encode(service_id));
+    let events_href = format!("/services/{}/events", encode(service_id));
     let status = match call(state, identity, "runtime.getServiceStatus", json!({ "serviceId": service_id })).await {
         Ok(status) => status,
         Err(refusal) => {
-            let ctx = context! { runtime => Serde(None::<Vec<TargetView>>), runtime_error => Serde(Some(ErrorView::from(&refusal))), runtime_panel_href => panel_href, runtime_action => action };
+            let ctx = context! { runtime => Serde(None::<Vec<TargetView>>), runtime_error => Serde(Some(ErrorView::from(&refusal))), runtime_panel_href => panel_href, runtime_action => action, runtime_events_href => events_href };
             return (ctx, Vec::new(), cluster_names(state, identity).await);
         }
     };
@@ -363,12 +376,29 @@ async fn card_context(state: &Host, identity: &Viewer, service_id: &str) -> (min
         let nodes = nodes_of(state, identity, Some(str_of(target, "clusterId"))).await;
         names.nodes.extend(node_names(&nodes));
     }
-    let views: Vec<TargetView> = targets.iter().map(|t| target_view(t, service_id, &clusters, &names)).collect();
+    let mut views: Vec<TargetView> = targets.iter().map(|t| target_view(t, service_id, &clusters, &names)).collect();
+    // the slots' histories: one read of every event the service keeps
+    let events_error = if views.iter().all(|v| v.slots.is_empty()) {
+        None
+    } else {
+        match super::history::read(state, identity, service_id).await {
+            Ok(rows) => {
+                let mut histories = super::history::by_slot(rows, &events_href);
+                for slot in views.iter_mut().flat_map(|v| v.slots.iter_mut()) {
+                    slot.history = histories.remove(&slot.slot);
+                }
+                None
+            }
+            Err(refusal) => Some(ErrorView::from(&refusal)),
+        }
+    };
     let ctx = context! {
         runtime => Serde(Some(views)),
         runtime_error => Serde(None::<ErrorView>),
+        runtime_events_error => Serde(events_error),
         runtime_panel_href => panel_href,
         runtime_action => action,
+        runtime_events_href => events_href,
     };
     (ctx, targets, clusters)
 }

@@ -3448,3 +3448,178 @@ async fn a_services_logs_page_shows_its_replicas_lines_and_losses_and_answers_ne
     assert!(hidden.status.is_client_error(), "{}", hidden.body);
     assert!(serde_json::from_str::<serde_json::Value>(&hidden.body).unwrap()["error"]["code"].is_string(), "{}", hidden.body);
 }
+
+// ---------------------------------------------------------------------------------------
+// Runtime events
+
+#[tokio::test]
+async fn a_replicas_history_shows_under_its_slot_newest_first_and_the_events_page_lists_every_event() {
+    use capstan_server::runtime::history::{RuntimeEvent, record};
+    use serde_json::json;
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    // dev mode: a node enrolls over the http origin
+    let state = crate::state::test_state_at(dir.path(), ORIGIN, true).await;
+    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
+    capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
+    let cookie = login_cookie(&state).await;
+    let org = method(&state, &cookie, "organizations.create", json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
+    let cluster_id =
+        method(&state, &cookie, "clusters.create", json!({ "name": "eu-1" })).await["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("reg.example/x@sha256:{}", "ab".repeat(32));
+    let service = method(&state, &cookie, "services.create", json!({ "organizationId": org, "name": "web", "image": image })).await;
+    let service_id = service["id"].as_str().unwrap().to_string();
+    let jump = method(&state, &cookie, "nodes.createJumpCommand", json!({ "clusterId": cluster_id, "nodeName": "alpha" })).await;
+    let code = jump["url"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
+    let token = "cd".repeat(32);
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "tokenSha256": hex::encode(sha2::Sha256::digest(token.as_bytes())), "agentVersion": "0.1.0" });
+    let enrolled = send(&state, agent_request("/agent/v1/enroll", enroll, None)).await;
+    let node_id = serde_json::from_str::<serde_json::Value>(&enrolled.body).unwrap()["nodeId"].as_str().unwrap().to_string();
+    let events_path = format!("/services/{service_id}/events");
+
+    // nothing scheduled yet: the card links to the events, the page says there are none
+    let page = send(&state, get(&format!("/services/{service_id}"), Some(&cookie))).await;
+    let card = section_of(&page.body, "runtime-panel");
+    assert!(card.contains(&format!(r#"href="{}" id="runtime-events""#, escaped(&events_path))), "{card}");
+    let anonymous = send(&state, get(&events_path, None)).await;
+    assert_eq!((anonymous.status, anonymous.location()), (StatusCode::SEE_OTHER, Some("/login")));
+    let empty = send(&state, get(&events_path, Some(&cookie))).await;
+    assert_eq!(empty.status, StatusCode::OK, "{}", empty.body);
+    assert!(empty.body.contains(r#"id="events-none""#), "{}", empty.body);
+
+    // the runtime schedules the replica (the producer's own event), then the node's and the
+    // runtime's words of a failure and a restart, written as the runtime writes them
+    let spec = json!({ "serviceId": service_id, "clusterId": cluster_id, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 });
+    method(&state, &cookie, "runtime.setServiceSpec", spec).await;
+    capstan_server::runtime::producer::pass(&state.runtime).await.unwrap();
+    let slots = method(&state, &cookie, "runtime.getClusterAssignments", json!({ "clusterId": cluster_id })).await;
+    let assignment = slots["items"][0]["assignmentId"].as_str().unwrap().to_string();
+    let slot = format!("{node_id}.0");
+    let start = capstan_core::clock::now_ms() + 1000;
+    let said = [
+        ("pulling", "pulling the image"),
+        ("starting", "starting the container"),
+        ("ready", "running and ready"),
+        ("exited", "exited: exited with status 1 <b>boom</b>"),
+        ("stopping", "stopping the failed replica: its backoff passed (failure 1)"),
+        ("stopped", "the container stopped"),
+        ("removing", "removing the stopped container"),
+        ("removed", "the container was removed"),
+        ("restarted", "restarted after its backoff (failure 1)"),
+        ("starting", "starting the container"),
+        ("ready", "running and ready"),
+    ];
+    let mut events: Vec<RuntimeEvent> = said
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, words))| RuntimeEvent {
+            service_id: service_id.clone(),
+            at: start + i as u64 * 1000,
+            slot: slot.clone(),
+            node_id: node_id.clone(),
+            assignment_id: assignment.clone(),
+            kind: kind.to_string(),
+            words: words.to_string(),
+        })
+        .collect();
+    // a replica released before: on the Events page only
+    events.push(RuntimeEvent {
+        service_id: service_id.clone(),
+        at: start + 20_000,
+        slot: format!("{node_id}.7"),
+        node_id: node_id.clone(),
+        assignment_id: "asg_gone".into(),
+        kind: "released".into(),
+        words: "the slot is released".into(),
+    });
+    state
+        .store
+        .transact(|tx| {
+            let events = events.clone();
+            async move {
+                for event in &events {
+                    record(&tx, event).await?;
+                }
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+
+    // the card: the slot's history folded under its row, newest first, the last 10 of its 12
+    let panel = send(&state, get(&format!("/services/{service_id}/runtime/panel"), Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK, "{}", panel.body);
+    let body = &panel.body;
+    assert!(!body.contains("runtime-events-error"), "{body}");
+    let fold_at = body.find(&format!(r#"<details class="runtime-history" id="history-{slot}" data-keep-open>"#)).expect(body);
+    assert!(body.find(&format!(r#"<tr data-slot="{slot}""#)).unwrap() < fold_at, "under its slot's row: {body}");
+    let fold = &body[fold_at..fold_at + body[fold_at..].find("</details>").unwrap()];
+    assert!(fold.contains("· 12 events</span>"), "{fold}");
+    let kinds: Vec<&str> = fold.split(r#"<li class="event "#).skip(1).map(|li| li.split('"').nth(2).unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["ready", "starting", "restarted", "removed", "removing", "stopped", "stopping", "exited", "ready", "starting"],
+        "newest first: {fold}"
+    );
+    assert!(fold.contains(r#"<li class="event event-error" data-kind="exited""#), "a failure is an error: {fold}");
+    assert!(fold.contains(r#"<span class="pill badge pill-error">exited</span>"#), "{fold}");
+    assert!(fold.contains(r#"<li class="event event-warning" data-kind="restarted""#), "a restart is a warning: {fold}");
+    assert!(fold.contains(r#"<li class="event event-warning" data-kind="stopping""#), "{fold}");
+    assert!(fold.contains(r#"<li class="event event-ok" data-kind="ready""#), "ready is success: {fold}");
+    assert!(fold.contains(r#"<li class="event event-info" data-kind="stopped""#), "{fold}");
+    assert!(fold.contains(r#"<span class="event-words">restarted after its backoff (failure 1)</span>"#), "{fold}");
+    assert!(fold.contains("exited: exited with status 1 &lt;b&gt;boom&lt;&#x2f;b&gt;"), "escaped: {fold}");
+    assert!(!body.contains("<b>boom"), "never unescaped: {body}");
+    assert!(fold.contains(" UTC</time>"), "{fold}");
+    assert!(
+        fold.contains(&format!(r#"and 2 earlier · <a href="{}">"#, escaped(&format!("{events_path}?slot={slot}")))),
+        "the rest on the Events page: {fold}"
+    );
+    assert!(!fold.contains(r#"data-kind="pulling""#), "{fold}");
+    assert!(!body.contains(&format!("{node_id}.7")), "a released slot has no row: {body}");
+
+    // the Events page: every event, newest first, the node by name, each replica to pick
+    let page = send(&state, get(&events_path, Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(body.contains("<title>Events of web · Capstan</title>"), "{body}");
+    assert!(body.contains(r#"data-areas="runtime""#), "it watches the runtime: {body}");
+    let section = section_of(body, "events-panel");
+    assert!(section.contains(r#"hx-trigger="capstan-changed from:body""#), "{section}");
+    let rows: Vec<(&str, &str)> = section
+        .split(r#"<tr class="event-row "#)
+        .skip(1)
+        .map(|tr| (tr.split('"').nth(2).unwrap(), tr.split(r#"data-slot=""#).nth(1).unwrap().split('"').next().unwrap()))
+        .collect();
+    assert_eq!(rows.len(), 13, "{section}");
+    assert_eq!(rows[0], ("released", format!("{node_id}.7").as_str()), "newest first: {section}");
+    assert_eq!(rows[1].0, "ready");
+    assert_eq!(rows[12], ("scheduled", slot.as_str()), "the producer's own event, oldest: {section}");
+    assert!(section.contains(&format!("scheduled on node {node_id}")) || section.contains("scheduled on node alpha"), "{section}");
+    assert!(section.contains(r#"<tr class="event-row event-error" data-kind="exited""#), "{section}");
+    assert!(section.contains(&format!(r#"<a href="{}">alpha</a>"#, escaped(&format!("/nodes/{node_id}")))), "the node by name: {section}");
+    assert!(section.contains("&lt;b&gt;boom&lt;&#x2f;b&gt;") && !body.contains("<b>boom"), "{section}");
+    assert!(section.contains(&format!(r#"data-slot="{node_id}.7""#)) && section.contains(r#"id="events-all""#), "{section}");
+
+    // one replica's events; the panel alone for htmx
+    let one = send(&state, get(&format!("{events_path}?slot={slot}"), Some(&cookie))).await;
+    let section = section_of(&one.body, "events-panel");
+    assert_eq!(section.matches(r#"<tr class="event-row "#).count(), 12, "{section}");
+    assert!(!section.contains(r#"data-kind="released""#), "{section}");
+    assert!(section.contains(&format!(r#"data-slot="{slot}" aria-current="page""#)), "{section}");
+    let panel = send(&state, get(&format!("{events_path}/panel?slot={node_id}.7"), Some(&cookie))).await;
+    assert_eq!(panel.status, StatusCode::OK, "{}", panel.body);
+    assert_eq!(panel.body.matches(r#"<tr class="event-row "#).count(), 1, "{}", panel.body);
+    let none = send(&state, get(&format!("{events_path}?slot=node_nosuch.0"), Some(&cookie))).await;
+    assert!(none.body.contains(r#"id="events-none-here""#), "{}", none.body);
+
+    // someone who may not see the service: the page's banner with its status, the panel's banner, never a 500
+    add_operator(&state).await;
+    let operator = send(&state, post_form("/login", &form("oscar", PASSWORD), None, Some(ORIGIN))).await.set_cookie().unwrap().0;
+    let hidden = send(&state, get(&events_path, Some(&operator))).await;
+    assert!(hidden.status.is_client_error(), "{}", hidden.body);
+    assert!(hidden.body.contains(r#"id="service-error" data-code=""#), "{}", hidden.body);
+    let hidden = send(&state, get(&format!("{events_path}/panel"), Some(&operator))).await;
+    assert_eq!(hidden.status, StatusCode::OK, "{}", hidden.body);
+    assert!(hidden.body.contains(r#"id="events-error" data-code=""#) && !hidden.body.contains("event-row"), "{}", hidden.body);
+}

@@ -11,6 +11,8 @@
 // - refreshes the same way on any push whose topic starts with one of its areas
 //   (`relay.config` on a cluster page).
 //
+// A fold marked data-keep-open that the person opened stays open across those refreshes.
+//
 // The long-poll (GET /live/wait, htmx on the same element) stays the fallback, started only
 // when the socket cannot serve the page: a proxy that does not pass WebSocket upgrades, a
 // browser without WebSocket, a session refused or anonymous (the cookie no longer
@@ -197,6 +199,32 @@
     }
     open();
   }
+
+  // A fold the person opened (<details data-keep-open id=…>, a replica's history on the Runtime
+  // card) stays open when its panel is re-fetched: the open ones are remembered by id and
+  // opened again in what htmx swaps in.
+  var opened = {};
+  document.addEventListener('toggle', function (event) {
+    var fold = event.target;
+    if (fold && fold.tagName === 'DETAILS' && fold.id && fold.hasAttribute('data-keep-open')) {
+      if (fold.open) {
+        opened[fold.id] = true;
+      } else {
+        delete opened[fold.id];
+      }
+    }
+  }, true);
+  document.addEventListener('htmx:load', function (event) {
+    var root = event.detail && event.detail.elt;
+    if (!root || typeof root.querySelectorAll !== 'function') {
+      return;
+    }
+    root.querySelectorAll('details[data-keep-open][id]').forEach(function (fold) {
+      if (opened[fold.id]) {
+        fold.open = true;
+      }
+    });
+  });
 
   // after htmx has processed the page (its own listener was added first)
   if (document.readyState === 'loading') {

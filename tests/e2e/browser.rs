@@ -1437,3 +1437,212 @@ fn a_services_logs_show_in_order_with_stderr_and_losses_marked_filter_and_follow
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// A replica's history on the Runtime card and the service's Events page: a node's session
+// reports a replica ready, then exited; after its backoff the runtime stops and removes it and
+// starts a new attempt, which the node reports ready (no container engine)
+
+const RUNTIME_HISTORY_SCREENSHOT_COPY: &str = "/tmp/capstan-runtime-history.png";
+const RUNTIME_EVENTS_SCREENSHOT_COPY: &str = "/tmp/capstan-runtime-events.png";
+
+impl AgentSocket {
+    /// The first `runtime.assign` push `wanted` picks (acknowledged), taken from those received;
+    /// `None` if none came within `wait`.
+    fn push_where(&mut self, wait: Duration, wanted: impl Fn(&serde_json::Value) -> bool) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(at) = self.assigned.iter().position(&wanted) {
+                return Some(self.assigned.remove(at));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            if let Some(frame) = self.frame_within(Duration::from_secs(1)) {
+                eprintln!("the fake node ignores {frame}");
+            }
+        }
+    }
+
+    /// Report what the node sees of the attempt (generation 1).
+    fn observe(&mut self, assignment: &str, phase: &str, ready: bool, cause: Option<&str>) {
+        let mut body = json!({ "assignmentId": assignment, "generation": 1, "phase": phase, "ready": ready, "restartCount": 0,
+                               "imageDigest": format!("sha256:{}", "0123456789abcdef".repeat(4)), "observedAt": 1 });
+        if let Some(cause) = cause {
+            body["cause"] = json!(cause);
+        }
+        let answer = self.call("runtime.reportObservation", body);
+        assert_eq!(answer["accepted"], true, "{phase}: {answer}");
+    }
+
+    /// Report the stop (generation 2) or the removal (3) of the attempt done.
+    fn receipt(&mut self, assignment: &str, generation: u32) {
+        let answer = self.call("runtime.reportReceipt", json!({ "assignmentId": assignment, "generation": generation }));
+        assert_eq!(answer["accepted"], true, "generation {generation}: {answer}");
+    }
+}
+
+/// The kinds of the events a slot's history lists on the Runtime card, newest first.
+async fn history_kinds(client: &Client, slot: &str) -> Vec<String> {
+    let script =
+        "return [...document.querySelectorAll(`details[id='history-${arguments[0]}'] .event-list > li`)].map((li) => li.dataset.kind);";
+    let answer = client.execute(script, vec![json!(slot)]).await.unwrap();
+    answer.as_array().map(|kinds| kinds.iter().filter_map(|k| k.as_str().map(str::to_string)).collect()).unwrap_or_default()
+}
+
+/// Wait until the slot's history lists `expected`, newest first.
+async fn history_becoming(client: &Client, slot: &str, expected: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let kinds = history_kinds(client, slot).await;
+        if kinds == expected || Instant::now() >= deadline {
+            return kinds;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn a_replicas_failure_and_restart_show_in_its_history_on_the_runtime_card_and_on_the_events_page() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
+    let (username, password) = crate::support::TEST_ADMIN;
+    let api = ApiClient::log_in(&server, password);
+
+    // a service pinned by digest, run on every node of a cluster with one enrolled, beating node
+    let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = api.call("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("registry.example/acme/web@sha256:{}", "0123456789abcdef".repeat(4));
+    let service =
+        api.call("services.create", json!({ "organizationId": org, "name": "web", "image": image }))["id"].as_str().unwrap().to_string();
+    let code =
+        api.call("nodes.createJumpCommand", json!({ "clusterId": cluster, "nodeName": "edge-1" }))["code"].as_str().unwrap().to_string();
+    let token = "5d".repeat(32);
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": crate::support::sha256_hex(&token), "agentVersion": "0.1.0" });
+    let enrolled = server.request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()));
+    assert_eq!(enrolled.status, 200, "{}", enrolled.body);
+    let node = enrolled.json()["nodeId"].as_str().unwrap().to_string();
+    let beat = || {
+        let report = json!({ "hostname": "edge-1", "os": "Debian GNU/Linux 13", "kernel": "6.12.0", "arch": "x86_64", "cpus": 2,
+            "memoryBytes": 1u64 << 31, "diskBytes": 1u64 << 34, "diskFreeBytes": 1u64 << 33, "agentVersion": "0.1.0", "uptimeSeconds": 60, "addresses": [] });
+        let body = json!({ "protocol": "capstan-agent/1", "nodeId": node, "report": report }).to_string();
+        let bearer = format!("Bearer {token}");
+        let headers = [("content-type", "application/json"), ("authorization", bearer.as_str())];
+        let reply = server.request("POST", "/agent/v1/heartbeat", &headers, Some(body.as_bytes()));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    };
+    beat();
+    let spec = json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                       "replicasPerNode": 1, "restart": "on-failure" });
+    api.call("runtime.setServiceSpec", spec);
+
+    // the node's session: the attempt pushed, started and ready
+    let mut agent = AgentSocket::open(&server, &node, &token);
+    let first = agent.assignment(Duration::from_secs(60)).unwrap_or_else(|| {
+        let status = api.call("runtime.getServiceStatus", json!({ "serviceId": service }));
+        panic!("no runtime.assign push within 60 s; the service's status: {status}\nserver stderr:\n{}", server.stderr())
+    });
+    agent.observe(&first, "running", true, None);
+    let slot = format!("{node}.0");
+
+    let driver = Driver::start(dir.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = runtime.block_on(async {
+        let client = driver.session(dir.path()).await;
+        let scenario = async {
+            client.goto(&server.url("/login")).await.unwrap();
+            log_in(&client, username, password).await;
+            wait_for(&client, "#current-user").await;
+
+            // the Runtime card: the slot's history folded under its row; opened, it lists its events
+            client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
+            let fold = format!(r#"details[id="history-{slot}"]"#);
+            let summary = wait_for(&client, &format!("{fold} > summary")).await;
+            assert!(wait_for(&client, &fold).await.attr("open").await.unwrap().is_none(), "folded at first");
+            summary.click().await.unwrap();
+            assert_eq!(history_becoming(&client, &slot, &["ready", "scheduled"]).await, ["ready", "scheduled"]);
+
+            // the replica exits: the card shows it without a reload, the history still open
+            mark_page(&client).await;
+            agent.observe(&first, "exited", false, Some("exited with status 1"));
+            assert_eq!(history_becoming(&client, &slot, &["exited", "ready", "scheduled"]).await, ["exited", "ready", "scheduled"]);
+            wait_for(&client, &format!(r#"tr[data-slot="{slot}"][data-phase="exited"]"#)).await;
+
+            // after its backoff the runtime stops and removes it, and starts a new attempt
+            let stop = agent.push_where(Duration::from_secs(60), |p| p["intent"] == "stop" && p["assignmentId"] == first.as_str());
+            assert!(stop.is_some(), "the failed replica is stopped after its backoff; server stderr:\n{}", server.stderr());
+            agent.receipt(&first, 2);
+            let remove = agent.push_where(Duration::from_secs(60), |p| p["intent"] == "remove" && p["assignmentId"] == first.as_str());
+            assert!(remove.is_some(), "then removed; server stderr:\n{}", server.stderr());
+            agent.receipt(&first, 3);
+            let second = agent
+                .push_where(Duration::from_secs(60), |p| p["intent"] == "run" && p["assignmentId"] != first.as_str())
+                .expect("a new attempt")["assignmentId"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            agent.observe(&second, "starting", false, None);
+            agent.observe(&second, "running", true, None);
+            beat();
+            let story = ["ready", "starting", "restarted", "removed", "removing", "stopped", "stopping", "exited", "ready", "scheduled"];
+            assert_eq!(history_becoming(&client, &slot, &story).await, story, "how it got here, newest first");
+            assert!(page_was_not_reloaded(&client).await, "the card refreshed in place");
+            assert!(wait_for(&client, &fold).await.attr("open").await.unwrap().is_some(), "the history stayed open across refreshes");
+            wait_for(&client, &format!(r#"tr[data-slot="{slot}"][data-phase="running"][data-ready="true"]"#)).await;
+
+            // failures are errors, restarts and stops warnings, readiness success; words as the runtime and the node said them
+            let exited = wait_for(&client, &format!(r#"{fold} li[data-kind="exited"]"#)).await;
+            assert_eq!(exited.attr("class").await.unwrap().as_deref(), Some("event event-error"));
+            assert_eq!(exited.css_value("border-left-color").await.unwrap(), "rgba(180, 35, 24, 1)", "the error colour");
+            assert_eq!(text_of(&client, &format!(r#"{fold} li[data-kind="exited"] .event-words"#)).await, "exited: exited with status 1");
+            let restarted = wait_for(&client, &format!(r#"{fold} li[data-kind="restarted"]"#)).await;
+            assert_eq!(restarted.attr("class").await.unwrap().as_deref(), Some("event event-warning"));
+            assert_eq!(
+                text_of(&client, &format!(r#"{fold} li[data-kind="stopping"] .event-words"#)).await,
+                "stopping the failed replica: its backoff passed (failure 1)"
+            );
+            assert_eq!(
+                text_of(&client, &format!(r#"{fold} li[data-kind="restarted"] .event-words"#)).await,
+                "restarted after its backoff (failure 1)"
+            );
+            let ready = wait_for(&client, &format!(r#"{fold} li[data-kind="ready"]"#)).await;
+            assert_eq!(ready.attr("class").await.unwrap().as_deref(), Some("event event-ok"));
+            assert!(text_of(&client, &format!(r#"{fold} li:first-child time"#)).await.ends_with(" UTC"));
+            let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+            assert_eq!(inline_styles, json!(0), "no inline styles on the service's page");
+            let card = wait_for(&client, "#runtime-panel").await;
+            // clear of the sticky top bar
+            client.execute("document.getElementById('runtime-panel').scrollIntoView({ block: 'center' })", vec![]).await.unwrap();
+            let shot = card.screenshot().await.expect("a screenshot of the Runtime card");
+            save_screenshot(&shot, dir.path(), "runtime-history.png", RUNTIME_HISTORY_SCREENSHOT_COPY);
+
+            // the Events page from the card: every event, newest first, the node by name
+            click(&client, "#runtime-events").await;
+            wait_for(&client, "#events-table").await;
+            assert_eq!(path_of(&client).await, format!("/services/{service}/events"));
+            assert_eq!(client.title().await.unwrap(), "Events of web · Capstan");
+            let script = "return [...document.querySelectorAll('#events-table tbody tr')].map((tr) => tr.dataset.kind);";
+            let kinds = client.execute(script, vec![]).await.unwrap();
+            assert_eq!(kinds, json!(story), "newest first");
+            assert_eq!(text_of(&client, r#"#events-table tr[data-kind="scheduled"] td.event-replica a"#).await, "edge-1");
+            let failed = wait_for(&client, r#"#events-table tr[data-kind="exited"]"#).await;
+            assert_eq!(failed.attr("class").await.unwrap().as_deref(), Some("event-row event-error"));
+            let shot = client.screenshot().await.expect("a screenshot of the Events page");
+            save_screenshot(&shot, dir.path(), "runtime-events.png", RUNTIME_EVENTS_SCREENSHOT_COPY);
+        };
+        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
+        let _ = client.close().await;
+        outcome
+    });
+    drop(driver);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            panic!("the runtime history scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr())
+        }
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}

@@ -520,7 +520,9 @@ async fn commit(cx: &Context, target: &Target, work: Option<&Work>, step: &Plann
                     _ => return Ok(None),
                 };
                 emit(&tx, "runtime.slot-changed", &spec.data.service_id, written.clone()).await?;
-                let (kind, words) = crate::history::step_words(step.case, &step.node_id, failures, successor);
+                // the node by the name an operator gave it
+                let node = target.cluster.node(&step.node_id).map_or(step.node_id.as_str(), |(n, _)| n.data.name.as_str());
+                let (kind, words) = crate::history::step_words(step.case, node, failures, successor);
                 let assignment = written["assignmentId"].as_str().unwrap_or_default();
                 let event = crate::history::RuntimeEvent::now(&spec.data.service_id, &step.slot, &step.node_id, assignment, kind, words);
                 crate::history::record(&tx, &event).await?;
