@@ -125,14 +125,14 @@ fn a_containers_lines_are_kept_in_order_once_across_an_agent_kill_and_a_capstan_
     let started = Instant::now();
     let (lines, losses) = ticks_reach(&w, &talker, 5);
     eprintln!("50,000 burst lines and the first ticks kept {:.1} s after the replica ran", started.elapsed().as_secs_f64());
-    let stream_of = |prefix: &str| -> Vec<&str> {
-        lines.iter().filter(|(_, l)| l.starts_with(prefix)).map(|(s, _)| s.as_str()).collect::<Vec<_>>()
-    };
+    let stream_of =
+        |prefix: &str| -> Vec<&str> { lines.iter().filter(|(_, l)| l.starts_with(prefix)).map(|(s, _)| s.as_str()).collect::<Vec<_>>() };
     assert!(contiguous(&numbers(&lines, "out")) && numbers(&lines, "out").len() == 20, "stdout sequence");
     assert!(contiguous(&numbers(&lines, "err")) && numbers(&lines, "err").len() == 20, "stderr sequence");
     assert!(stream_of("out ").iter().all(|s| *s == "stdout") && stream_of("err ").iter().all(|s| *s == "stderr"));
     let burst = numbers(&lines, "burst");
-    let odd: Vec<&String> = lines.iter().map(|(_, l)| l).filter(|l| !["out ", "err ", "burst ", "tick "].iter().any(|p| l.starts_with(p))).take(5).collect();
+    let odd: Vec<&String> =
+        lines.iter().map(|(_, l)| l).filter(|l| !["out ", "err ", "burst ", "tick "].iter().any(|p| l.starts_with(p))).take(5).collect();
     assert_eq!(burst.len(), 50_000, "every burst line kept once; losses {losses:?}; lines of no sequence: {odd:?}");
     assert!(contiguous(&burst), "the burst in order");
     every_tick_once(&lines, &losses, "first read");
@@ -183,7 +183,11 @@ fn a_containers_lines_are_kept_in_order_once_across_an_agent_kill_and_a_capstan_
     let _ = child.kill();
     let _ = child.wait();
     delays.sort();
-    eprintln!("capstan services logs -f: a tick shows {} ms (median), {} ms (slowest of 10) after the container wrote it", delays[delays.len() / 2], delays[delays.len() - 1]);
+    eprintln!(
+        "capstan services logs -f: a tick shows {} ms (median), {} ms (slowest of 10) after the container wrote it",
+        delays[delays.len() / 2],
+        delays[delays.len() - 1]
+    );
 
     // ---- the agent killed mid-stream and started again: nothing doubled, nothing lost unsaid ----
     let before = numbers(&read_all(&w, &talker, &assignment).0, "tick").last().copied().unwrap_or(0);
