@@ -3311,14 +3311,24 @@ async fn a_plugins_panel_shows_its_facet_on_the_entitys_page_and_its_refusals_an
 }
 
 // ---------------------------------------------------------------------------------------
-// Logs
+// A service and one node
 
-#[tokio::test]
-async fn a_services_logs_page_shows_its_replicas_lines_and_losses_and_answers_new_lines_after_its_cursor() {
+/// A dev host (nodes enroll over its http origin), its administrator signed in, an
+/// organization, a cluster `eu-1`, a service `web` pinned by digest, and one node enrolled
+/// (named `node_name` when given).
+struct OneNode {
+    _dir: tempfile::TempDir,
+    state: AppState,
+    cookie: String,
+    cluster_id: String,
+    service_id: String,
+    node_id: String,
+}
+
+async fn one_node(node_name: Option<&str>) -> OneNode {
     use serde_json::json;
     use sha2::Digest;
     let dir = tempfile::tempdir().unwrap();
-    // dev mode: a node enrolls over the http origin
     let state = crate::state::test_state_at(dir.path(), ORIGIN, true).await;
     crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
     capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
@@ -3329,12 +3339,26 @@ async fn a_services_logs_page_shows_its_replicas_lines_and_losses_and_answers_ne
     let image = format!("reg.example/x@sha256:{}", "ab".repeat(32));
     let service = method(&state, &cookie, "services.create", json!({ "organizationId": org, "name": "web", "image": image })).await;
     let service_id = service["id"].as_str().unwrap().to_string();
-    let jump = method(&state, &cookie, "nodes.createJumpCommand", json!({ "clusterId": cluster_id })).await;
+    let mut jump = json!({ "clusterId": cluster_id });
+    if let Some(name) = node_name {
+        jump["nodeName"] = json!(name);
+    }
+    let jump = method(&state, &cookie, "nodes.createJumpCommand", jump).await;
     let code = jump["url"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
     let token = "cd".repeat(32);
     let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "tokenSha256": hex::encode(sha2::Sha256::digest(token.as_bytes())), "agentVersion": "0.1.0" });
     let enrolled = send(&state, agent_request("/agent/v1/enroll", enroll, None)).await;
     let node_id = serde_json::from_str::<serde_json::Value>(&enrolled.body).unwrap()["nodeId"].as_str().unwrap().to_string();
+    OneNode { _dir: dir, state, cookie, cluster_id, service_id, node_id }
+}
+
+// ---------------------------------------------------------------------------------------
+// Logs
+
+#[tokio::test]
+async fn a_services_logs_page_shows_its_replicas_lines_and_losses_and_answers_new_lines_after_its_cursor() {
+    use serde_json::json;
+    let OneNode { _dir, state, cookie, cluster_id, service_id, node_id, .. } = one_node(None).await;
     let spec = json!({ "serviceId": service_id, "clusterId": cluster_id, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 });
     method(&state, &cookie, "runtime.setServiceSpec", spec).await;
 
@@ -3456,25 +3480,7 @@ async fn a_services_logs_page_shows_its_replicas_lines_and_losses_and_answers_ne
 async fn a_replicas_history_shows_under_its_slot_newest_first_and_the_events_page_lists_every_event() {
     use capstan_server::runtime::history::{RuntimeEvent, record};
     use serde_json::json;
-    use sha2::Digest;
-    let dir = tempfile::tempdir().unwrap();
-    // dev mode: a node enrolls over the http origin
-    let state = crate::state::test_state_at(dir.path(), ORIGIN, true).await;
-    crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
-    capstan_server::migrate::run(&state.store, &state.chain, &capstan_server::migrate::LockOptions::for_this_process()).await.unwrap();
-    let cookie = login_cookie(&state).await;
-    let org = method(&state, &cookie, "organizations.create", json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
-    let cluster_id =
-        method(&state, &cookie, "clusters.create", json!({ "name": "eu-1" })).await["cluster"]["id"].as_str().unwrap().to_string();
-    let image = format!("reg.example/x@sha256:{}", "ab".repeat(32));
-    let service = method(&state, &cookie, "services.create", json!({ "organizationId": org, "name": "web", "image": image })).await;
-    let service_id = service["id"].as_str().unwrap().to_string();
-    let jump = method(&state, &cookie, "nodes.createJumpCommand", json!({ "clusterId": cluster_id, "nodeName": "alpha" })).await;
-    let code = jump["url"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
-    let token = "cd".repeat(32);
-    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "debian", "tokenSha256": hex::encode(sha2::Sha256::digest(token.as_bytes())), "agentVersion": "0.1.0" });
-    let enrolled = send(&state, agent_request("/agent/v1/enroll", enroll, None)).await;
-    let node_id = serde_json::from_str::<serde_json::Value>(&enrolled.body).unwrap()["nodeId"].as_str().unwrap().to_string();
+    let OneNode { _dir, state, cookie, cluster_id, service_id, node_id, .. } = one_node(Some("alpha")).await;
     let events_path = format!("/services/{service_id}/events");
 
     // nothing scheduled yet: the card links to the events, the page says there are none

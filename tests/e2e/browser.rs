@@ -1288,6 +1288,22 @@ impl AgentSocket {
     }
 }
 
+/// An organization `acme`, a cluster `edge`, a service `web` pinned by digest and one node
+/// `edge-1` enrolled with `token`: (cluster, service, node).
+fn service_and_node(server: &Capstan, api: &ApiClient<'_>, token: &str) -> (String, String, String) {
+    let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = api.call("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let image = format!("registry.example/acme/web@sha256:{}", "0123456789abcdef".repeat(4));
+    let service =
+        api.call("services.create", json!({ "organizationId": org, "name": "web", "image": image }))["id"].as_str().unwrap().to_string();
+    let code =
+        api.call("nodes.createJumpCommand", json!({ "clusterId": cluster, "nodeName": "edge-1" }))["code"].as_str().unwrap().to_string();
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": crate::support::sha256_hex(token), "agentVersion": "0.1.0" });
+    let enrolled = server.request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()));
+    assert_eq!(enrolled.status, 200, "{}", enrolled.body);
+    (cluster, service, enrolled.json()["nodeId"].as_str().unwrap().to_string())
+}
+
 /// The texts of the Logs page's rows, in order, and of those the filter leaves shown.
 async fn log_texts(client: &Client) -> (Vec<String>, Vec<String>) {
     let script = "const rows = [...document.querySelectorAll('#log-lines > li')];
@@ -1309,17 +1325,8 @@ fn a_services_logs_show_in_order_with_stderr_and_losses_marked_filter_and_follow
     let api = ApiClient::log_in(&server, password);
 
     // a service pinned by digest, run on every node of a cluster with one enrolled node
-    let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
-    let cluster = api.call("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
-    let image = format!("registry.example/acme/web@sha256:{}", "0123456789abcdef".repeat(4));
-    let service =
-        api.call("services.create", json!({ "organizationId": org, "name": "web", "image": image }))["id"].as_str().unwrap().to_string();
-    let code = api.call("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
     let token = "7c".repeat(32);
-    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": crate::support::sha256_hex(&token), "agentVersion": "0.1.0" });
-    let enrolled = server.request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()));
-    assert_eq!(enrolled.status, 200, "{}", enrolled.body);
-    let node = enrolled.json()["nodeId"].as_str().unwrap().to_string();
+    let (cluster, service, node) = service_and_node(&server, &api, &token);
     let spec = json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 });
     api.call("runtime.setServiceSpec", spec);
 
@@ -1513,18 +1520,8 @@ fn a_replicas_failure_and_restart_show_in_its_history_on_the_runtime_card_and_on
     let api = ApiClient::log_in(&server, password);
 
     // a service pinned by digest, run on every node of a cluster with one enrolled, beating node
-    let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
-    let cluster = api.call("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
-    let image = format!("registry.example/acme/web@sha256:{}", "0123456789abcdef".repeat(4));
-    let service =
-        api.call("services.create", json!({ "organizationId": org, "name": "web", "image": image }))["id"].as_str().unwrap().to_string();
-    let code =
-        api.call("nodes.createJumpCommand", json!({ "clusterId": cluster, "nodeName": "edge-1" }))["code"].as_str().unwrap().to_string();
     let token = "5d".repeat(32);
-    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": crate::support::sha256_hex(&token), "agentVersion": "0.1.0" });
-    let enrolled = server.request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()));
-    assert_eq!(enrolled.status, 200, "{}", enrolled.body);
-    let node = enrolled.json()["nodeId"].as_str().unwrap().to_string();
+    let (cluster, service, node) = service_and_node(&server, &api, &token);
     let beat = || {
         let report = json!({ "hostname": "edge-1", "os": "Debian GNU/Linux 13", "kernel": "6.12.0", "arch": "x86_64", "cpus": 2,
             "memoryBytes": 1u64 << 31, "diskBytes": 1u64 << 34, "diskFreeBytes": 1u64 << 33, "agentVersion": "0.1.0", "uptimeSeconds": 60, "addresses": [] });
