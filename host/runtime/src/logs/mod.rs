@@ -57,8 +57,11 @@ pub fn collections() -> Vec<CollectionSpec> {
 /// What this process knows of the logs between passes.
 #[derive(Debug, Default)]
 pub struct LogState {
-    /// Inline payload bytes, as the last segment pass counted them plus what was accepted since.
+    /// Inline payload bytes, as the last segment pass counted them plus what was accepted since
+    /// (on a fleet node that runs no drain, only a guess until counted again).
     pub inline_bytes: AtomicU64,
+    /// When this process last counted the inline payloads itself (at most every few seconds).
+    pub counted_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// Wakes the readers waiting for new lines (`waitMs`) when this process accepts a batch.
     pub arrived: tokio::sync::Notify,
 }
@@ -360,8 +363,10 @@ pub async fn accept(cx: &Context, node_id: &str, input: BatchInput) -> Result<Va
 /// [`accept`] as of `now` (milliseconds): how tests and benchmarks play an hour in a moment.
 pub async fn accept_at(cx: &Context, node_id: &str, input: BatchInput, now: u64) -> Result<Value> {
     check(&input)?;
-    let pending = cx.logs.inline_bytes.load(Ordering::Relaxed);
-    if pending > INLINE_REFUSE_BYTES {
+    if cx.logs.inline_bytes.load(Ordering::Relaxed) > INLINE_REFUSE_BYTES {
+        recount(cx).await?;
+    }
+    if cx.logs.inline_bytes.load(Ordering::Relaxed) > INLINE_REFUSE_BYTES {
         return Err(report_refused(
             "logs-pressure",
             "Capstan holds too many log batches not yet written to its bucket: send it again later",
@@ -446,6 +451,21 @@ pub async fn accept_at(cx: &Context, node_id: &str, input: BatchInput, now: u64)
     cx.logs.arrived.notify_waiters();
     segments::forget_unheld(cx, dropped).await;
     Ok(json!({ "accepted": true, "replay": false }))
+}
+
+/// Count the inline payloads again (at most every 5 s): the guess of a fleet node that accepts
+/// batches but runs no drain only grows, and must not refuse for ever what another node wrote.
+async fn recount(cx: &Context) -> Result<()> {
+    {
+        let mut at = cx.logs.counted_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if at.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(5)) {
+            return Ok(());
+        }
+        *at = Some(std::time::Instant::now());
+    }
+    let total = segments::inline_total(&cx.store).await?;
+    cx.logs.inline_bytes.store(total, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Drop an attempt's oldest batches past its bounds, stating them in its truncation; answers

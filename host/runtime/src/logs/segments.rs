@@ -184,6 +184,22 @@ async fn write_segment(cx: &Context, rows: &[Entity<Inline>]) -> Result<usize> {
         .await
 }
 
+/// The bytes of every inline payload.
+pub async fn inline_total(store: &Store) -> Result<u64> {
+    let mut total = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = scan(store, LOG_INLINE, cursor.as_deref()).await?;
+        for doc in &page.documents {
+            total += doc.data.get("bytes").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(total),
+        }
+    }
+}
+
 /// One page of a collection, in id order after `cursor`.
 async fn scan(store: &Store, collection: &str, cursor: Option<&str>) -> Result<capstan_store::Page> {
     store.transact(|tx| async move { tx.scan(collection, cursor, MAX_PAGE).await }).await

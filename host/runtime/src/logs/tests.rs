@@ -208,3 +208,18 @@ async fn a_capture_filling_a_mebibyte_is_written_without_waiting() {
     assert!(drained.segments >= 1 && drained.batches == 6, "{drained:?}");
     assert!(rows(cx, "asg_1").await.iter().all(|r| r.segment.is_some()));
 }
+
+#[tokio::test]
+async fn a_node_that_only_guessed_its_way_past_the_bound_counts_again_before_refusing() {
+    let w = world().await;
+    let cx = &w.cx;
+    hold(cx, 0, "asg_1", 0).await;
+    // a fleet node that runs no drain: its guess grew past the bound, the store holds little
+    cx.logs.inline_bytes.store(INLINE_REFUSE_BYTES + 1, std::sync::atomic::Ordering::Relaxed);
+    accept(cx, "node_1", batch("asg_1", 1, vec![entry("2026-12-06T00:00:01Z", Stream::Stdout, "kept")])).await.unwrap();
+    assert!(cx.logs.inline_bytes.load(std::sync::atomic::Ordering::Relaxed) < 1024);
+    // while the store truly holds too much, the refusal stands (counted again at most every 5 s)
+    cx.logs.inline_bytes.store(INLINE_REFUSE_BYTES + 1, std::sync::atomic::Ordering::Relaxed);
+    let refused = accept(cx, "node_1", batch("asg_1", 2, vec![])).await.unwrap_err();
+    assert_eq!((reason(&refused), refused.retryable), ("logs-pressure".to_string(), true));
+}
