@@ -181,6 +181,14 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ),
         ("deployments.getPreflight", json!({ "phase": "promote", "operationId": "dop_missing" }), signed_in(Ran)),
         ("deployments.getStatus", json!({ "operationId": "dop_missing" }), signed_in(Hidden("deployment-operation-not-found"))),
+        // a service's operations: whoever may read the service (the fixture's deployer holds deployment:status)
+        ("deployments.list", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        // a rollback: deployers granted deployment:promote and administrators; the fixture keeps no release
+        (
+            "deployments.rollback",
+            json!({ "serviceId": SERVICE, "release": "9.9.9", "expectedServiceRevision": 1 }),
+            [Past("release-not-kept"), Denied, Denied, hidden_service, hidden_service, Denied, Anon],
+        ),
         (
             "deployments.cleanup",
             json!({ "operationId": "dop_missing", "expectedRevision": 1 }),

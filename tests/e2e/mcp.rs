@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 const PLANTED_SECRET: &str = "mcp-planted-secret-value-3f9a1c";
 const PLANTED_ENVIRONMENT: &str = "mcp-planted-environment-value-8d2e";
 const ZONE: &str = "relays.mcp.example";
-const TOOLS: [&str; 6] = ["list_clusters", "list_services", "list_nodes", "list_domains", "list_plugins", "list_tasks"];
+const TOOLS: [&str; 7] = ["list_clusters", "list_services", "list_nodes", "list_domains", "list_plugins", "list_tasks", "list_deployments"];
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -163,6 +163,9 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
 
         let tasks = each(call(&client, "list_tasks", json!({})).await, "list_tasks");
         assert!(tasks["tasks"].as_array().unwrap().iter().any(|t| t["id"] == "host.cleanup"), "{tasks}");
+
+        let deployments = each(call(&client, "list_deployments", json!({ "serviceId": shop_id })).await, "list_deployments");
+        assert_eq!(deployments, json!({ "deployments": [], "total": 0 }), "{deployments}");
 
         // a mistaken argument is refused by name, as the API would refuse it
         let (refused, text) = call(&client, "list_plugins", json!({ "verbose": true })).await;

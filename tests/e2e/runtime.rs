@@ -64,6 +64,30 @@ pub(crate) fn run(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A /24 of 10.231.0.0/16 for one node's link that no interface of this host holds: a run killed
+/// midway leaves its namespaces and links behind, and a second link in the same /24 takes the
+/// node's packets elsewhere (its agent then waits for answers that never come). Namespaces of
+/// other runs with nothing left running in them are removed first; the lock keeps tests starting
+/// at once off each other's subnets.
+fn free_subnet() -> u32 {
+    static TAKEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let ours = format!("capstan-rt-{}-", std::process::id() % 10_000);
+    for line in run("ip", &["netns", "list"]).lines() {
+        let Some(name) = line.split_whitespace().next() else { continue };
+        let idle = Command::new("ip").args(["netns", "pids", name]).output().is_ok_and(|o| o.status.success() && o.stdout.is_empty());
+        if name.starts_with("capstan-rt-") && !name.starts_with(&ours) && idle {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+    let held = run("ip", &["-o", "-4", "addr", "show"]);
+    let subnet = (100..250)
+        .find(|s| !taken.contains(s) && !held.contains(&format!(" 10.231.{s}.")))
+        .expect("a free /24 in 10.231.100.0–10.231.249.255 for a node's link");
+    taken.push(subnet);
+    subnet
+}
+
 fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/forward/forward.py");
     let mut cmd = match netns {
@@ -148,12 +172,15 @@ impl Images {
             let mail = context.join("rootfs/www/cgi-bin/mail");
             std::fs::write(&mail, MAIL_CGI).unwrap();
             run("chmod", &["755", &mail.display().to_string()]);
-            // the talker writes to its log (tests/e2e/runtime_logs.rs); the others serve pages
-            let entrypoint = if *name == "talker" {
-                std::fs::write(context.join("rootfs/talk.sh"), TALKER).unwrap();
-                r#"["/bin/busybox", "sh", "/talk.sh"]"#
-            } else {
-                r#"["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]"#
+            // the talker writes to its log (tests/e2e/runtime_logs.rs), the crash exits at once;
+            // the others serve pages
+            let entrypoint = match *name {
+                "talker" => {
+                    std::fs::write(context.join("rootfs/talk.sh"), TALKER).unwrap();
+                    r#"["/bin/busybox", "sh", "/talk.sh"]"#
+                }
+                "crash" => r#"["/bin/busybox", "false"]"#,
+                _ => r#"["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]"#,
             };
             std::fs::write(context.join("Containerfile"), format!("FROM scratch\nCOPY rootfs/ /\nENTRYPOINT {entrypoint}\n")).unwrap();
             let root = dir.join("build-root");
@@ -201,10 +228,9 @@ impl Node {
     pub(crate) fn start(dir: &Path, index: u32, capstan_port: u16) -> Node {
         let tag = std::process::id() % 10_000;
         let (netns, veth, peer) = (format!("capstan-rt-{tag}-{index}"), format!("crt{tag}n{index}"), format!("crt{tag}p{index}"));
-        // five nodes per test process (numbered by the tests), each its own /24
-        let subnet = 100 + (tag % 30) * 5 + index;
-        let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
         let _ = Command::new("ip").args(["netns", "del", &netns]).output();
+        let subnet = free_subnet();
+        let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
         run("ip", &["netns", "add", &netns]);
         run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
         run("ip", &["link", "set", &peer, "netns", &netns]);
@@ -272,7 +298,19 @@ impl Node {
         std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{code}\n").as_bytes()).unwrap();
         let out = child.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "enrolling {}: {text}\n{}", self.netns, String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            // what the host's links looked like, for a node that never reached Capstan
+            let links = run("ip", &["-o", "-4", "addr", "show"]);
+            let links: Vec<&str> = links.lines().filter(|l| l.contains(" 10.231.")).collect();
+            panic!(
+                "enrolling {} over {}: {text}\n{}\nthe host's node links:\n{}\nnamespaces:\n{}",
+                self.netns,
+                self.host_ip,
+                String::from_utf8_lossy(&out.stderr),
+                links.join("\n"),
+                run("ip", &["netns", "list"])
+            );
+        }
         self.node_id = text.split_whitespace().skip_while(|w| *w != "node").nth(1).unwrap().to_string();
     }
 
@@ -510,6 +548,85 @@ impl World {
         (service, deployer, created)
     }
 
+    /// `capstan deploy` (as `deployer`) of a release whose container exits at once: the CLI
+    /// ends `rollout-failed` naming the failed replica, its routes are refused
+    /// `rollout-not-healthy`, some node answers `v3` throughout; `capstan deploy --rollback
+    /// 3.0.0` brings both replicas back to `v3` (digest `v3`), healthy.
+    fn deploy_fails_then_rolls_back(&self, dir: &Path, service: &str, deployer: &(String, String), nodes: &[Node], v3: &str) {
+        let w = self;
+        let config = dir.join("deployer-config");
+        let status = |id: &str| w.ok("deployments.getStatus", json!({ "operationId": id }));
+        let listed = w.ok("deployments.list", json!({ "serviceId": service }));
+        let current = &listed["items"][0];
+        assert_eq!((current["tag"].as_str(), current["current"].as_bool()), (Some("3.0.0"), Some(true)), "{listed}");
+        assert_eq!(current["rollout"]["state"], "healthy", "{listed}");
+        assert_eq!(
+            (current["rollout"]["clusters"][0]["wanted"].as_u64(), current["rollout"]["clusters"][0]["healthy"].as_u64()),
+            (Some(2), Some(2))
+        );
+
+        let archive = w.images.archive("crash");
+        let mut cmd = crate::support::client(&w.server, &deployer.1, &config);
+        cmd.args(["deploy", service, "--tag", "4.0.0", "--image", &archive, "--route", "crash.example.com/", "--timeout", "3m", "--json"]);
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // some node answers v3 throughout: the rollout replaces one slot at a time
+        while child.try_wait().unwrap().is_none() {
+            let pages: Vec<Option<String>> = nodes.iter().map(Node::page).collect();
+            assert!(pages.contains(&Some("v3".into())), "no node answered v3 during the failing rollout: {pages:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let out = child.wait_with_output().unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(!out.status.success(), "a release that exits must fail its deploy: {printed}");
+        let refused: Value = serde_json::from_str(printed.trim()).unwrap_or_else(|e| panic!("{e}: {printed}"));
+        assert_eq!(refused["error"]["code"], "rollout-failed", "{refused}");
+        let operation = refused["error"]["data"]["operationId"].as_str().unwrap().to_string();
+        let failed = &refused["error"]["data"]["rollout"];
+        assert_eq!(failed["state"], "failed", "{failed}");
+        let short = failed["clusters"][0]["shortfall"].as_array().unwrap();
+        assert!(short.iter().any(|s| s["state"] == "failed" && s["reason"].as_str().is_some_and(|r| r.starts_with("exited"))), "{failed}");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains(&deployer.1), "the token never shows");
+
+        // its routes wait for a healthy rollout
+        let session = w.server.call("auth.exchangeToken", &json!({ "token": deployer.1 }).to_string()).expect_json(200);
+        let machine = session["token"].as_str().unwrap().to_string();
+        let op = status(&operation);
+        let body = json!({ "operationId": operation, "expectedRevision": op["revision"] });
+        let refusal = w.server.call_as(&machine, "deployments.promoteRoute", &body).expect_error(409, "rollout-not-healthy");
+        assert_eq!(refusal["data"]["rollout"]["state"], "failed", "{refusal}");
+        let preflight =
+            w.server.call_as(&machine, "deployments.getPreflight", &json!({ "phase": "route", "operationId": operation })).expect_json(200);
+        assert!(preflight["blockers"].as_array().unwrap().iter().any(|b| b["code"] == "rollout-not-healthy"), "{preflight}");
+
+        // rolled back to the kept v3 by its tag: every replica runs v3's digest, healthy
+        let exited = crate::support::cli(&w.server, &deployer.1, &config, &["deploy", service, "--rollback", "3.0.0", "--timeout", "3m"]);
+        assert!(exited.status.success(), "{}\n{}", exited.stdout, exited.stderr);
+        assert!(exited.stdout.contains("runs 3.0.0"), "{}", exited.stdout);
+        w.converged(service, "web runs v3 again everywhere", |t| {
+            t["slots"].as_array().unwrap().iter().all(|s| s["ready"] == true && s["imageDigest"] == v3)
+        });
+        for node in nodes {
+            assert_eq!(node.page().as_deref(), Some("v3"), "{} answers v3 after the rollback", node.netns);
+        }
+        let listed = w.ok("deployments.list", json!({ "serviceId": service }));
+        let by_tag = |tag: &str| listed["items"].as_array().unwrap().iter().find(|i| i["tag"] == tag).cloned().unwrap();
+        assert_eq!(by_tag("3.0.0")["current"], true, "{listed}");
+        assert_eq!(by_tag("3.0.0")["rollout"]["state"], "healthy", "{listed}");
+        assert!(by_tag("3.0.0")["rolledBackAt"].is_u64(), "{listed}");
+        assert_eq!(
+            (by_tag("4.0.0")["current"].as_bool(), by_tag("4.0.0")["rollbackTarget"].as_bool()),
+            (Some(false), Some(true)),
+            "{listed}"
+        );
+        assert_eq!(status(&operation)["rollout"]["state"], "superseded");
+        // the release it runs is no rollback target; a tag it never ran is refused by name
+        let current = w.ok("services.get", json!({ "id": service }));
+        for (release, code) in [("3.0.0", "release-current"), ("9.9.9", "release-not-kept")] {
+            let body = json!({ "serviceId": service, "release": release, "expectedServiceRevision": current["revision"] });
+            w.server.call_as(&machine, "deployments.rollback", &body).expect_error(409, code);
+        }
+    }
+
     pub(crate) fn release(&self, service: &str, deployer: &(String, String), tag: &str, image: &str) -> String {
         let session = self.server.call("auth.exchangeToken", &json!({ "token": deployer.1 }).to_string()).expect_json(200);
         let machine = session["token"].as_str().unwrap().to_string();
@@ -592,7 +709,7 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let images = Images::build(dir.path(), &["v1", "v2", "v3"]);
+    let images = Images::build(dir.path(), &["v1", "v2", "v3", "crash"]);
     let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
     let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
     let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
@@ -678,6 +795,9 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     });
     assert_eq!(nodes[0].page().as_deref(), Some("v3"), "the node answers again after its engine restarted");
     assert_eq!(nodes[0].containers(&web).len(), 1, "{}", nodes[0].log());
+
+    // ---- the rollout is the release's evidence: one that exits fails, and is rolled back ----
+    w.deploy_fails_then_rolls_back(dir.path(), &web, &deployer, &nodes, &v3);
 
     // ---- a second service scales 1 -> 2 per node and back (no published port) ----
     let api = w.ok(

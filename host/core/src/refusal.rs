@@ -121,7 +121,7 @@ pub fn code_status(code: &str) -> Option<u16> {
         "deploy-on-push-enabled" => 409,
         "relay-name-reserved" | "gateway-not-enrolled" => 409,
         // the route's target does not pass its check yet; what was published is withdrawn
-        "deployment-route-check-failed" => 409,
+        "deployment-route-check-failed" | "rollout-not-healthy" | "release-not-kept" | "release-current" => 409,
         "deployment-identity-required" => 403,
         "request-too-large" | "bundle-too-large" | "transfer-too-large" => 413,
         // a download's Range asks for bytes the file does not have (or for several ranges)

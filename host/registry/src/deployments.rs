@@ -126,6 +126,9 @@ pub struct Operation {
     /// a check fails).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes_published: Vec<String>,
+    /// When a rollback last pinned this release again (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_at: Option<u64>,
     /// What each route's passed check saw.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub route_evidence: Vec<Evidence>,
@@ -150,6 +153,10 @@ pub struct OperationView {
     /// Whether this answers a `mutationId` sent before.
     #[serde(default)]
     pub replayed: bool,
+    /// Once promoted: where its release stands on each cluster the service's runtime specs
+    /// target (`deployments.getStatus`, `deployments.list`, `deployments.rollback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::Rollout>,
 }
 
 /// Input of `deployments.reserve`.
@@ -330,6 +337,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
         "service-deleting",
         "too-many-items",
         "relay-name-reserved",
+        "rollout-not-healthy",
     ];
     methods
         .add(
@@ -349,6 +357,23 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
         .refuses(&route_refusals);
     methods
         .add(
+            "deployments.rollback",
+            "Roll a service back to a kept release (one it ran before that retention kept): its operation is pinned again with a new rollout generation and rolls out as a promotion does, its routes as they stand (deployers granted deployment:promote, administrators; fenced by the service's revision)",
+            Access::Authenticated,
+            crate::rollout::rollback,
+        )
+        .refuses(&["release-not-kept", "release-current", "deploy-on-push-enabled", "conflict", "service-not-found", "service-deleting"]);
+    methods
+        .add(
+            "deployments.list",
+            "A service's deployment operations, newest first: each one's state, tag and digest, which one the service runs (with its rollout per cluster) and which are rollback targets (deployers granted deployment:status, members, administrators)",
+            Access::Authenticated,
+            crate::rollout::list,
+        )
+        .refuses(&["service-not-found", "service-deleting"])
+        .read_only();
+    methods
+        .add(
             "deployments.getPreflight",
             "What stands in the way of a reserve, a promotion or a route promotion now, without doing it (answered within 25 s)",
             Access::Authenticated,
@@ -359,7 +384,7 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
     methods
         .add(
             "deployments.getStatus",
-            "A deployment operation: where it stands and the digest its push recorded (its deployer, deployers granted deployment:status, members, administrators)",
+            "A deployment operation: where it stands, the digest its push recorded and, once promoted, its rollout on each cluster the service's runtime specs target (its deployer, deployers granted deployment:status, members, administrators)",
             Access::Authenticated,
             get_status,
         )
@@ -375,9 +400,9 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
         .refuses(&["deployment-operation-not-found", "deployment-state-invalid", "conflict"]);
 }
 
-fn view(registry: &Registry, id: &str, revision: u64, operation: Operation, replayed: bool) -> OperationView {
+pub(crate) fn view(registry: &Registry, id: &str, revision: u64, operation: Operation, replayed: bool) -> OperationView {
     let reference = format!("{}/{}:{}", registry.host(), operation.repository, operation.tag);
-    OperationView { id: id.into(), revision, operation, reference, replayed }
+    OperationView { id: id.into(), revision, operation, reference, replayed, rollout: None }
 }
 
 async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Result<OperationView> {
@@ -435,6 +460,7 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
                 previous_image: None,
                 routes: input_ref.routes.clone(),
                 routes_published: Vec::new(),
+                rolled_back_at: None,
                 route_evidence: Vec::new(),
                 route_diagnostic: None,
             };
@@ -460,7 +486,7 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
 /// on it. A caller that neither holds it nor may read the service is refused `service-not-found`
 /// exactly as for a service that does not exist, before anything of the service is judged: its
 /// existence, its deletion, its switches and its tags stay unseen by a stranger.
-async fn deployable(
+pub(crate) async fn deployable(
     tx: &Tx,
     identity: &Identity,
     service_id: &str,
@@ -506,8 +532,18 @@ async fn visible(tx: &Tx, identity: &Identity, id: &str) -> Result<(Operation, u
 async fn get_status(registry: Arc<Registry>, call: Call, input: OperationInput) -> Result<OperationView> {
     let identity = call.identity()?;
     let id = input.operation_id.as_str();
-    let (operation, revision) = registry.storage.store.transact(|tx| async move { visible(&tx, identity, id).await }).await?;
-    Ok(view(&registry, id, revision, operation, false))
+    let registry_ref = &*registry;
+    registry
+        .storage
+        .store
+        .transact(|tx| async move {
+            let (operation, revision) = visible(&tx, identity, id).await?;
+            let rollout = crate::rollout::rollout_of(registry_ref, &tx, id, &operation).await?;
+            let mut answer = view(registry_ref, id, revision, operation, false);
+            answer.rollout = rollout;
+            Ok(answer)
+        })
+        .await
 }
 
 async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Result<OperationView> {
@@ -544,7 +580,7 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
 
 /// Refuse a service on the legacy deploy-on-push switch: an immutable deployment needs it off
 /// (`deploy-on-push-enabled`), or a push of the tag it runs would replace the release.
-fn refuse_deploy_on_push(service: &capstan_inventory::Entity<capstan_inventory::services::Service>) -> Result<()> {
+pub(crate) fn refuse_deploy_on_push(service: &capstan_inventory::Entity<capstan_inventory::services::Service>) -> Result<()> {
     if service.data.deploy_on_push {
         return Err(Refusal::new(
             "deploy-on-push-enabled",
@@ -674,6 +710,7 @@ async fn route_step(registry: &Registry, identity: &Identity, input: &RouteStepI
             if let Some(refusal) = route_step_refusal(&operation, id, current, retry) {
                 return Err(refusal);
             }
+            crate::rollout::require_routable(crate::rollout::rollout_of(registry, &tx, id, &operation).await?.as_ref())?;
             let hostnames: Vec<String> = operation.routes.iter().map(|r| r.hostname.clone()).collect();
             for added in capstan_inventory::services::publish_domains(&tx, &operation.service_id, &hostnames).await? {
                 if !operation.routes_published.contains(&added) {
@@ -901,6 +938,10 @@ async fn judge_preflight(registry: &Registry, identity: &Identity, input: &Prefl
                                     let current = service.data.release.as_ref().map(|r| r.operation_id.as_str());
                                     let retry = operation.state == State::RouteFailed;
                                     if let Some(refusal) = route_step_refusal(&operation, id, current, retry) {
+                                        blockers.push(blocker(refusal));
+                                    }
+                                    let rollout = crate::rollout::rollout_of(registry, &tx, id, &operation).await?;
+                                    if let Err(refusal) = crate::rollout::require_routable(rollout.as_ref()) {
                                         blockers.push(blocker(refusal));
                                     }
                                 }

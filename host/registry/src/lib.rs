@@ -15,6 +15,7 @@ pub mod methods;
 pub mod names;
 pub mod pulls;
 pub mod retention;
+pub mod rollout;
 pub mod route_check;
 mod routes;
 pub mod storage;
@@ -39,16 +40,26 @@ pub struct Registry {
     pub public_origin: String,
     /// How a deployment's routes are checked before they are declared promoted.
     pub route_check: route_check::RouteCheck,
+    /// What the runtime says of a promoted release.
+    pub rollouts: Arc<dyn rollout::Rollouts>,
 }
 
 impl Registry {
     /// The registry over `store` and `blobs`.
-    pub fn new(store: Store, blobs: Blobs, auth: Arc<Auth>, public_origin: &str, route_check: route_check::RouteCheck) -> Arc<Registry> {
+    pub fn new(
+        store: Store,
+        blobs: Blobs,
+        auth: Arc<Auth>,
+        public_origin: &str,
+        route_check: route_check::RouteCheck,
+        rollouts: Arc<dyn rollout::Rollouts>,
+    ) -> Arc<Registry> {
         Arc::new(Registry {
             storage: storage::Storage { store, blobs },
             auth,
             public_origin: public_origin.trim_end_matches('/').to_string(),
             route_check,
+            rollouts,
         })
     }
 

@@ -2,7 +2,8 @@
 //! cluster) ([`spec`]), replica slots and their assignments ([`slots`]), the pure slot
 //! transition ([`transition`]), the assignment producer ([`producer`]), node runtime sessions
 //! that carry assignments to the agents and their reports back ([`sessions`]), the views
-//! operators read ([`views`]), and the workloads' logs ([`logs`]).
+//! operators read ([`views`]), the workloads' logs ([`logs`]) and the evidence of a release's
+//! rollout ([`rollout`]).
 //!
 //! The producer runs on one fleet node at a time (the placed workload [`PRODUCER_WORKLOAD`]);
 //! each fleet node delivers to the node sessions its own sockets carry.
@@ -10,6 +11,7 @@
 pub mod history;
 pub mod logs;
 pub mod producer;
+pub mod rollout;
 pub mod sessions;
 pub mod slots;
 pub mod spec;

@@ -100,10 +100,15 @@ pub struct Plan {
     pub verdict: Verdict,
 }
 
-/// The image's repository in Capstan's registry, if it is pinned there by digest.
+/// The image's repository in Capstan's registry, if it is pinned there by digest (a
+/// deploy-on-push service's image names its tag too: `<repository>:<tag>@<digest>`).
 pub fn registry_repository(image: &str, registry_host: &str) -> Option<String> {
     let rest = image.strip_prefix(registry_host)?.strip_prefix('/')?;
-    let (repository, _) = rest.split_once('@')?;
+    let (named, _) = rest.split_once('@')?;
+    let repository = match named.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => named,
+    };
     Some(repository.to_string())
 }
 
@@ -711,6 +716,15 @@ mod tests {
 
     fn cases(plan: &Plan) -> Vec<(String, &'static str)> {
         plan.steps.iter().map(|s| (s.slot.clone(), s.case.name())).collect()
+    }
+
+    #[test]
+    fn the_registry_repository_leaves_a_deploy_on_push_tag_out() {
+        let pinned = format!("reg.example:5000/workloads/web-1@{DIGEST}");
+        assert_eq!(registry_repository(&pinned, "reg.example:5000").as_deref(), Some("workloads/web-1"));
+        let tagged = format!("reg.example:5000/workloads/web-1:latest@{DIGEST}");
+        assert_eq!(registry_repository(&tagged, "reg.example:5000").as_deref(), Some("workloads/web-1"));
+        assert_eq!(registry_repository(&format!("docker.io/library/nginx@{DIGEST}"), "reg.example:5000"), None);
     }
 
     #[test]

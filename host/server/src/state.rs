@@ -158,7 +158,14 @@ impl AppState {
             blobs.clone(),
         );
         capstan_runtime::register(&mut registry, runtime.clone());
-        let oci = capstan_registry::Registry::new(store.clone(), blobs.clone(), auth.clone(), &public_origin, route_check);
+        let oci = capstan_registry::Registry::new(
+            store.clone(),
+            blobs.clone(),
+            auth.clone(),
+            &public_origin,
+            route_check,
+            Arc::new(capstan_runtime::rollout::Evidence),
+        );
         capstan_registry::methods::register(&mut registry, oci.clone());
         capstan_registry::deployments::register(&mut registry, oci.clone());
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));

@@ -328,6 +328,16 @@ impl Client {
         &self.url
     }
 
+    /// The token sent, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_ref().map(|t| t.as_str())
+    }
+
+    /// Send `token` (a session opened with the machine token given) from now on.
+    pub fn use_session(&mut self, token: &str) {
+        self.token = Some(Zeroizing::new(token.to_string()));
+    }
+
     /// Whether a token will be sent.
     pub fn has_token(&self) -> bool {
         self.token.is_some()

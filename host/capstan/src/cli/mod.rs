@@ -6,6 +6,7 @@ mod call;
 mod client;
 mod completions;
 mod confirm;
+mod deploy;
 mod fleet;
 mod gateway;
 mod inventory;
@@ -89,6 +90,13 @@ enum Command {
     /// where they run: run, stop, status.
     #[command(subcommand)]
     Services(inventory::ServicesCommand),
+    /// Deploy a release of a service as its deployment machine user: reserve the tag, push the
+    /// image (with skopeo), promote it, wait until every replica runs its digest, promote its
+    /// routes. --rollback TAG rolls back to a kept release the same way.
+    ///
+    /// Exits non-zero with rollout-failed (a replica of the release failed, each named with
+    /// why) or rollout-timeout; the release then stays promoted and the routes as they were.
+    Deploy(deploy::DeployArgs),
     /// Nodes of clusters: list them with their liveness, get one, create a jump command for a
     /// new machine, read or rotate or revoke a node credential, set or reset a hostname
     /// intent, retire, read the deletion impact, delete (administrators; docs/nodes.md).
@@ -249,6 +257,7 @@ pub fn main() -> ExitCode {
         Command::Organizations(command) => inventory::organizations(command),
         Command::Clusters(command) => inventory::clusters(command),
         Command::Services(command) => inventory::services(command),
+        Command::Deploy(args) => client::finish(deploy::deploy(&args), args.common.json),
         Command::Nodes(command) => nodes::run(command),
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => users::run(command),

@@ -461,7 +461,7 @@ fn credential(id: &str, common: &Common) -> Result<()> {
 }
 
 /// A new mutation id: `cli-` and 32 hex characters from the OS generator.
-fn new_mutation_id() -> String {
+pub(crate) fn new_mutation_id() -> String {
     let bytes: [u8; 16] = rand::random();
     format!("cli-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }

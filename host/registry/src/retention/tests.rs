@@ -299,6 +299,7 @@ async fn release(storage: &Storage, id: &str, tag: &str, digest: &str, state: cr
         previous_image: None,
         routes: Vec::new(),
         routes_published: Vec::new(),
+        rolled_back_at: None,
         route_evidence: Vec::new(),
         route_diagnostic: None,
     };

@@ -2,11 +2,12 @@
 //! Rust SDK `rmcp`) for an administrator's assistant.
 //!
 //! Every tool answers a safe summary built from the answer of a registered list method
-//! (`clusters.list`, `services.list`, `nodes.list`, `plugins.list`, `tasks.list`), called
+//! (`clusters.list`, `services.list`, `nodes.list`, `plugins.list`, `tasks.list`,
+//! `deployments.list`), called
 //! through the registry as the administrator who asked: the same code, access checks and paging
 //! as `POST /api/v1/<method>`. Each summary copies only named fields, so a token, key, secret
 //! value, sealed material, environment value or log never reaches an answer, whatever those
-//! methods add later. The store has no deployments yet: there is no tool for them.
+//! methods add later.
 //!
 //! The transport runs stateless (no session kept between requests), so any node of a fleet
 //! answers any request behind a load balancer.
@@ -116,6 +117,16 @@ struct NodeArgs {
     limit: Option<usize>,
 }
 
+/// One service's deployments.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DeploymentArgs {
+    /// The service (id).
+    service_id: String,
+    /// At most 100 (default 20), newest first.
+    limit: Option<usize>,
+}
+
 /// No arguments.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -169,6 +180,13 @@ const TOOLS: &[ToolSpec] = &[
                       runs now, and how the last run ended (never its log).",
         schema: || tool::<NoArgs>("list_tasks", TOOLS[5].description),
     },
+    ToolSpec {
+        name: "list_deployments",
+        description: "One service's deployment operations, newest first (at most 100): release tag, digest, state, \
+                      when promoted, whether the service runs it now and whether it is a rollback target, and for the \
+                      current one its rollout per cluster (healthy replicas of those wanted, and why the others are not).",
+        schema: || tool::<DeploymentArgs>("list_deployments", TOOLS[6].description),
+    },
 ];
 
 impl rmcp::ServerHandler for Tools {
@@ -176,7 +194,7 @@ impl rmcp::ServerHandler for Tools {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("capstan", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "Read-only summaries of this Capstan: clusters, services, nodes, domains, plugins and tasks. \
+                "Read-only summaries of this Capstan: clusters, services, nodes, domains, plugins, tasks and deployments. \
                  Paged tools answer nextCursor; pass it back as cursor for the next page.",
             )
     }
@@ -245,6 +263,12 @@ impl Tools {
                 let _: NoArgs = capstan_rpc::decode(arguments)?;
                 let list = self.call(identity, "tasks.list", json!({})).await?;
                 Ok(capped(&list, "tasks", task))
+            }
+            "list_deployments" => {
+                let args: DeploymentArgs = capstan_rpc::decode(arguments)?;
+                let limit = args.limit.unwrap_or(20).min(MAX_ITEMS);
+                let list = self.call(identity, "deployments.list", json!({ "serviceId": args.service_id, "limit": limit })).await?;
+                Ok(json!({ "deployments": items(&list, "items").iter().map(deployment).collect::<Vec<_>>(), "total": list["total"] }))
             }
             other => Err(Refusal::new("tool-unknown", format!("there is no tool {:?}", truncated(other)))),
         }
@@ -347,6 +371,27 @@ fn plugin(item: &Value) -> Value {
     out["methods"] = json!(item.get("methods").and_then(Value::as_array).map_or(0, Vec::len));
     if let Some(code) = item.get("lastError").and_then(|e| e.get("code")) {
         out["lastErrorCode"] = code.clone();
+    }
+    out
+}
+
+fn deployment(item: &Value) -> Value {
+    let mut out =
+        pick(item, &["id", "serviceId", "tag", "digest", "state", "createdAt", "promotedAt", "rolledBackAt", "current", "rollbackTarget"]);
+    if let Some(rollout) = item.get("rollout") {
+        let clusters: Vec<Value> = rollout["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let mut cluster = pick(c, &["clusterId", "state", "wanted", "healthy", "reason"]);
+                let short: Vec<Value> =
+                    c["shortfall"].as_array().into_iter().flatten().map(|s| pick(s, &["slot", "nodeId", "state", "reason"])).collect();
+                cluster["shortfall"] = Value::Array(short);
+                cluster
+            })
+            .collect();
+        out["rollout"] = json!({ "state": rollout["state"], "clusters": clusters });
     }
     out
 }
