@@ -617,7 +617,7 @@ async fn finish_deleted(cx: &Context, spec: &Entity<Spec>) -> Result<usize> {
 mod tests {
     use super::*;
     use crate::slots::Observation;
-    use crate::spec::{Health, Placement, Restart};
+    use crate::spec::Placement;
 
     const DIGEST: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     const OTHER: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -642,23 +642,7 @@ mod tests {
     }
 
     fn spec(placement: Placement, replicas: u32, hold: bool) -> Entity<Spec> {
-        Entity {
-            id: "svc_1@cl_1".into(),
-            revision: 1,
-            data: Spec {
-                service_id: "svc_1".into(),
-                cluster_id: "cl_1".into(),
-                organization_id: "org_1".into(),
-                placement,
-                replicas_per_node: replicas,
-                hold,
-                restart: Restart::OnFailure,
-                health: Health::default(),
-                secrets: Default::default(),
-                updated_at: 0,
-                updated_by: "user_1".into(),
-            },
-        }
+        Entity { id: "svc_1@cl_1".into(), revision: 1, data: crate::testing::spec(placement, replicas, hold) }
     }
 
     fn every() -> Placement {

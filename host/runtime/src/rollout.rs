@@ -101,8 +101,8 @@ fn judge_slot(slot: &Slot, digest: &str) -> Option<(RolloutState, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slots::{Assignment, Observation, Work};
-    use crate::spec::{Health, Placement, Restart};
+    use crate::slots::Observation;
+    use crate::spec::Placement;
     use capstan_inventory::clusters::Phase;
     use capstan_nodes::records::Node;
     use serde_json::json;
@@ -119,32 +119,15 @@ mod tests {
     }
 
     fn spec(replicas: u32, hold: bool) -> Spec {
-        Spec {
-            service_id: "svc_1".into(),
-            cluster_id: "cl_1".into(),
-            organization_id: "org_1".into(),
-            placement: Placement { every_node: true, nodes: None },
-            replicas_per_node: replicas,
-            hold,
-            restart: Restart::OnFailure,
-            health: Health::default(),
-            secrets: Default::default(),
-            updated_at: 0,
-            updated_by: "user_1".into(),
-        }
+        crate::testing::spec(Placement { every_node: true, nodes: None }, replicas, hold)
     }
 
     fn slot(node: &str, digest: &str, intent: Intent, observed: Option<(&str, bool, Option<&str>)>) -> Entity<Slot> {
-        let work = Work {
-            image: format!("reg.example/workloads/web@{digest}"),
-            environment: Default::default(),
-            ports: vec![],
-            volumes: vec![],
-            health: Health::default(),
-            restart: Restart::OnFailure,
-            secrets: None,
-        };
-        let observation = observed.map(|(phase, ready, seen)| Observation {
+        let mut data = crate::testing::running_slot("svc_1", &slot_name(node, 0), &format!("asg_{node}"), 1, 1);
+        data.node_id = node.into();
+        data.assignment.work.image = format!("reg.example/workloads/web@{digest}");
+        data.assignment.intent = intent;
+        data.assignment.observation = observed.map(|(phase, ready, seen)| Observation {
             phase: phase.into(),
             ready,
             image_digest: seen.map(str::to_string),
@@ -153,29 +136,6 @@ mod tests {
             observed_at: 1,
             accepted_at: 1,
         });
-        let data = Slot {
-            service_id: "svc_1".into(),
-            cluster_id: "cl_1".into(),
-            node_id: node.into(),
-            slot: slot_name(node, 0),
-            assignment_id: format!("asg_{node}"),
-            assignment: Assignment {
-                key: "k".into(),
-                intent,
-                revision: 1,
-                work,
-                repository: None,
-                successor: false,
-                admitted_at: 1,
-                observation,
-                stopped_at: None,
-                removed_at: None,
-                stop_cause: None,
-            },
-            failures: 0,
-            attempts: 1,
-            last_cause: None,
-        };
         Entity { id: format!("svc_1@{node}.0"), revision: 1, data }
     }
 

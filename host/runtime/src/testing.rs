@@ -62,6 +62,23 @@ pub async fn store(dir: &Path) -> Store {
     store
 }
 
+/// The spec of `svc_1` on `cl_1` (organization `org_1`) with `placement`, `replicas` per node.
+pub fn spec(placement: crate::spec::Placement, replicas: u32, hold: bool) -> crate::spec::Spec {
+    crate::spec::Spec {
+        service_id: "svc_1".into(),
+        cluster_id: "cl_1".into(),
+        organization_id: "org_1".into(),
+        placement,
+        replicas_per_node: replicas,
+        hold,
+        restart: crate::spec::Restart::OnFailure,
+        health: Default::default(),
+        secrets: Default::default(),
+        updated_at: 0,
+        updated_by: "user_1".into(),
+    }
+}
+
 /// A slot of `service_id` on `node_1` named `slot`, running `assignment_id` (admitted at
 /// `admitted_at`, revision `revision`) of a fixed image.
 pub fn running_slot(service_id: &str, slot: &str, assignment_id: &str, admitted_at: u64, revision: u64) -> crate::slots::Slot {

@@ -1,7 +1,7 @@
 //! The methods (`backups.*`): each records what is wanted, or reads what is recorded; the
 //! reconcile loop does the work.
 
-use crate::placement::{ServiceView, resolve_cluster, resolve_node, service_of};
+use crate::placement::{ServiceView, placement, restore_placement, service_of};
 use crate::records::{
     BACKUPS, Backup, RESTORES, ReplicaState, Restore, RunSummary, SCHEDULE, SCHEDULE_STATE, ScheduleState, Shown, State, new_id, shown,
 };
@@ -17,11 +17,13 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct CreateInput {
     organization_id: String,
     service_id: String,
-    /// Required when Capstan manages more than one cluster (`cluster-required`).
+    /// The cluster: by default the one the service's replicas run on, else the only one
+    /// (`cluster-required` when there are several).
     #[serde(default)]
     cluster_id: Option<String>,
-    /// The node whose volumes are backed up; required when the cluster has more than one
-    /// (`backup-node-required`).
+    /// The node whose volumes are backed up: by default the one the service's replicas stand
+    /// on (`backup-nodes-several` when they stand on more than one), else the cluster's only
+    /// node (`backup-node-required`).
     #[serde(default)]
     node_id: Option<String>,
 }
@@ -34,8 +36,7 @@ pub(crate) fn create(ctx: &Context, input: CreateInput) -> Result<Shown<Backup>>
             format!("service {} declares no volumes: there is nothing to back up", service.name),
         ));
     }
-    let cluster_id = resolve_cluster(input.cluster_id.as_deref())?;
-    let node_id = resolve_node(&cluster_id, input.node_id.as_deref())?;
+    let (cluster_id, node_id) = placement(&input.service_id, input.cluster_id.as_deref(), input.node_id.as_deref())?;
     let backup = queue_backup(&service, &input.service_id, cluster_id, node_id, "manual", ctx.caller().id())?;
     Ok(shown(backup))
 }
@@ -140,13 +141,14 @@ pub(crate) fn restore(ctx: &Context, input: RestoreInput) -> Result<Shown<Restor
     let service_id = input.service_id.unwrap_or_else(|| backup.data.service_id.clone());
     // the target must exist in the organization and still be in use
     service_of(&input.organization_id, &service_id)?;
+    let (cluster_id, node_id) = restore_placement(&service_id, (&backup.data.cluster_id, &backup.data.node_id))?;
     let id = new_id("rst");
     let record = Restore {
         organization_id: input.organization_id,
         backup_id: backup.id.clone(),
         service_id,
-        cluster_id: backup.data.cluster_id.clone(),
-        node_id: backup.data.node_id.clone(),
+        cluster_id,
+        node_id,
         volumes: backup.data.volumes.clone(),
         state: State::Pending,
         reason: None,

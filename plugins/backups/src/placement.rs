@@ -1,10 +1,14 @@
 //! Where a backup runs: the service it is of, the cluster whose agent takes it and the node
-//! whose volumes it holds.
+//! whose volumes it holds. A service the runtime runs has its volumes where its replica slots
+//! stand (`runtime.service-replicas`); one it does not run is backed up from the node named, or
+//! its cluster's only node.
 
 use crate::records::Database;
 use capstan_sdk::inventory::{self, EntityKind};
+use capstan_sdk::runtime::{self, Intent, Replica};
 use capstan_sdk::{Refusal, Result, Value, json};
 use serde::Deserialize;
+use std::collections::BTreeSet;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -34,7 +38,7 @@ pub(crate) fn service_of(organization: &str, id: &str) -> Result<ServiceView> {
 }
 
 /// The cluster a backup runs through: the one named, or the only one there is.
-pub(crate) fn resolve_cluster(named: Option<&str>) -> Result<String> {
+fn resolve_cluster(named: Option<&str>) -> Result<String> {
     if let Some(id) = named {
         return match inventory::get::<Value>(EntityKind::Cluster, id)? {
             Some(e) => Ok(e.id),
@@ -57,9 +61,53 @@ struct NodeView {
     state: Option<String>,
 }
 
+/// The cluster and node a backup of `service_id` runs on: the node named (an enrolled node of
+/// the cluster named, or of the only cluster); else the one node its replica slots stand on;
+/// else — a service the runtime does not run — the cluster's only node.
+pub(crate) fn placement(service_id: &str, cluster: Option<&str>, node: Option<&str>) -> Result<(String, String)> {
+    if node.is_none()
+        && let Some(placed) = slot_node(&runtime::service_replicas(service_id)?, cluster)?
+    {
+        return Ok(placed);
+    }
+    let cluster = resolve_cluster(cluster)?;
+    let node = resolve_node(&cluster, node)?;
+    Ok((cluster, node))
+}
+
+/// Where a restore into `service_id` lands: the one node its replicas stand on now (its data
+/// follows it there), else `backup`'s own (cluster, node).
+pub(crate) fn restore_placement(service_id: &str, backup: (&str, &str)) -> Result<(String, String)> {
+    match slot_node(&runtime::service_replicas(service_id)?, None) {
+        Ok(Some(placed)) => Ok(placed),
+        _ => Ok((backup.0.to_string(), backup.1.to_string())),
+    }
+}
+
+/// The (cluster, node) the service's current slots stand on (on `cluster`, when named): `None`
+/// when it has none there; `backup-nodes-several` when they stand on more than one node.
+fn slot_node(replicas: &[Replica], cluster: Option<&str>) -> Result<Option<(String, String)>> {
+    let nodes: BTreeSet<(&str, &str)> = replicas
+        .iter()
+        .filter(|r| r.intent != Intent::Remove && cluster.is_none_or(|c| c == r.cluster_id))
+        .map(|r| (r.cluster_id.as_str(), r.node_id.as_str()))
+        .collect();
+    match nodes.len() {
+        0 => Ok(None),
+        1 => Ok(nodes.into_iter().next().map(|(c, n)| (c.to_string(), n.to_string()))),
+        n => Err(Refusal::new(
+            "backup-nodes-several",
+            format!(
+                "the service's replicas stand on {n} nodes, each with volumes of its own: a backup of them all as one is not served yet; back up each node's with nodeId"
+            ),
+        )
+        .with_data(json!({ "nodes": nodes.iter().map(|(_, n)| n).collect::<Vec<_>>() }))),
+    }
+}
+
 /// The node whose volumes are backed up: the one named, which must be an enrolled node of the
 /// cluster (`node-unresolved`), or the cluster's only node (`backup-node-required`).
-pub(crate) fn resolve_node(cluster: &str, named: Option<&str>) -> Result<String> {
+fn resolve_node(cluster: &str, named: Option<&str>) -> Result<String> {
     let usable = |n: &NodeView| n.cluster_id == cluster && n.state.as_deref() != Some("retired");
     if let Some(id) = named {
         return match inventory::get::<NodeView>(EntityKind::Node, id)? {
@@ -85,5 +133,46 @@ pub(crate) fn resolve_node(cluster: &str, named: Option<&str>) -> Result<String>
             format!("cluster {cluster} has {} nodes: name the one whose volumes to back up in nodeId", nodes.len()),
         )
         .with_data(json!({ "nodes": nodes.len() }))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(cluster: &str, node: &str, index: u32, intent: Intent) -> Replica {
+        Replica {
+            cluster_id: cluster.into(),
+            node_id: node.into(),
+            slot: format!("{node}.{index}"),
+            assignment_id: format!("asg_{node}_{index}"),
+            intent,
+            phase: "running".into(),
+            ready: true,
+            image_digest: None,
+        }
+    }
+
+    #[test]
+    fn the_volumes_are_where_the_slots_stand() {
+        // two replicas on one node: that node
+        let one = [replica("c1", "node_a", 0, Intent::Run), replica("c1", "node_a", 1, Intent::Run)];
+        assert_eq!(slot_node(&one, None).unwrap(), Some(("c1".into(), "node_a".into())));
+        // a slot being removed holds nothing to back up
+        let moving = [replica("c1", "node_a", 0, Intent::Run), replica("c1", "node_b", 0, Intent::Remove)];
+        assert_eq!(slot_node(&moving, None).unwrap(), Some(("c1".into(), "node_a".into())));
+        // none: the caller falls back to the node named or the cluster's only one
+        assert_eq!(slot_node(&[], None).unwrap(), None);
+        assert_eq!(slot_node(&one, Some("c2")).unwrap(), None);
+    }
+
+    #[test]
+    fn slots_on_several_nodes_are_refused_by_name_listing_them() {
+        let every = [replica("c1", "node_a", 0, Intent::Run), replica("c1", "node_b", 0, Intent::Stop)];
+        let refused = slot_node(&every, None).unwrap_err();
+        assert_eq!(refused.code(), "backup-nodes-several");
+        // on the cluster named, one node
+        let spread = [replica("c1", "node_a", 0, Intent::Run), replica("c2", "node_b", 0, Intent::Run)];
+        assert_eq!(slot_node(&spread, Some("c2")).unwrap(), Some(("c2".into(), "node_b".into())));
     }
 }

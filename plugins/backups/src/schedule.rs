@@ -2,7 +2,7 @@
 //! it falls due, every service with volumes gets a backup (the `backup-all-services` run).
 
 use crate::methods::queue_backup;
-use crate::placement::{ServiceView, resolve_cluster, resolve_node};
+use crate::placement::{ServiceView, placement};
 use crate::records::{RunSummary, SCHEDULE, SCHEDULE_STATE, ScheduleState, Skipped};
 use crate::settings::settings;
 use capstan_sdk::Result;
@@ -57,10 +57,10 @@ fn next_due(cron: &str, after_ms: u64) -> Option<u64> {
 }
 
 /// `backup-all-services`: a pending backup for every service with volumes that can be placed
-/// (one cluster, one node); the others are listed with the code that says why.
+/// (the node its replicas stand on, else its only cluster's only node); the others are listed
+/// with the code that says why.
 pub(crate) fn backup_all(by: &str) -> Result<RunSummary> {
     let mut summary = RunSummary { at_ms: now_ms(), by: by.to_string(), queued: 0, skipped: Vec::new() };
-    let placement = resolve_cluster(None).and_then(|cluster| resolve_node(&cluster, None).map(|node| (cluster, node)));
     let mut cursor: Option<String> = None;
     loop {
         let page = inventory::list::<ServiceView>(EntityKind::Service, cursor.as_deref(), 500)?;
@@ -68,9 +68,9 @@ pub(crate) fn backup_all(by: &str) -> Result<RunSummary> {
             if service.data.volumes.is_empty() || service.data.state.as_deref() == Some("deleting") {
                 continue;
             }
-            match &placement {
+            match placement(&service.id, None, None) {
                 Ok((cluster, node)) => {
-                    queue_backup(&service.data, &service.id, cluster.clone(), node.clone(), "schedule", by)?;
+                    queue_backup(&service.data, &service.id, cluster, node, "schedule", by)?;
                     summary.queued += 1;
                 }
                 Err(r) => summary.skipped.push(Skipped { service_id: service.id, code: r.code().to_string() }),
