@@ -90,6 +90,8 @@ struct Sealed {
 
 /// Where a run's container finds its host-side material.
 struct Place<'a> {
+    /// This node's id: every replica gets it as `CAPSTAN_CLUSTER_NODE_ID`.
+    node_id: &'a str,
     volumes_dir: &'a std::path::Path,
     secrets_dir: &'a std::path::Path,
     recipient: &'a x25519_dalek::StaticSecret,
@@ -545,8 +547,12 @@ impl Session<'_> {
         for id in ids {
             let found = containers.iter().find(|c| c.assignment_id == id).cloned();
             let Some(held) = self.held.get_mut(&id) else { continue };
-            let place =
-                Place { volumes_dir: &self.options.volumes_dir, secrets_dir: &self.options.secrets_dir, recipient: &self.recipient.secret };
+            let place = Place {
+                node_id: self.node_id.as_deref().unwrap_or_default(),
+                volumes_dir: &self.options.volumes_dir,
+                secrets_dir: &self.options.secrets_dir,
+                recipient: &self.recipient.secret,
+            };
             let step = step(self.engine, &place, self.captures, held, found).await;
             match step {
                 Step::Observe(said) => {
@@ -762,6 +768,9 @@ fn startup_probes(health: &Health) -> u32 {
     u32::try_from((threshold * interval_s).max(STARTUP_DEADLINE.as_secs())).unwrap_or(u32::MAX)
 }
 
+/// The variable every replica finds its node's id in (the cluster ingress registers with it).
+const NODE_ID_VARIABLE: &str = "CAPSTAN_CLUSTER_NODE_ID";
+
 /// Pull the image and start the container; the cause in words when it fails.
 async fn start(engine: &Engine, place: &Place<'_>, assignment: &Assignment) -> Result<String, String> {
     let volumes_dir = place.volumes_dir;
@@ -778,10 +787,14 @@ async fn start(engine: &Engine, place: &Place<'_>, assignment: &Assignment) -> R
         })
         .collect();
     let volumes = work.volumes.iter().map(|v| (volumes_dir.join(&assignment.service_id).join(&v.name), v.mount_path.clone())).collect();
-    let (environment, secrets_dir) = match &assignment.secrets {
+    let (mut environment, secrets_dir) = match &assignment.secrets {
         Some(sealed) => deliver_secrets(place, assignment, sealed)?,
         None => (work.environment.clone(), None),
     };
+    // where it runs: the node's own id, whatever the service's environment says
+    if !place.node_id.is_empty() {
+        environment.insert(NODE_ID_VARIABLE.to_string(), place.node_id.to_string());
+    }
     let spec = ContainerSpec {
         service_id: assignment.service_id.clone(),
         slot: assignment.slot.clone(),
@@ -931,7 +944,7 @@ mod tests {
         ]
         .into();
         let sealed = Sealed { manifest: 4, values, files: vec!["TLS_KEY".into()] };
-        let place = Place { volumes_dir: root.path(), secrets_dir: &root.path().join("secrets"), recipient: &secret };
+        let place = Place { node_id: "node_a", volumes_dir: root.path(), secrets_dir: &root.path().join("secrets"), recipient: &secret };
         let (environment, dir) = deliver_secrets(&place, &assignment, &sealed).unwrap();
         assert_eq!(environment["A"], "plain");
         assert_eq!(environment["DB_PASSWORD"], "planted-env-value");

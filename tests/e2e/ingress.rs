@@ -293,7 +293,11 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let environment = ok(&server, &admin, "ingress.getEnvironment", json!({ "clusterId": cluster_id, "nodeId": node_id }));
     let relay_origin = format!("https://relay.{}.{ZONE}:8443", cluster_id.replace('_', "-"));
     assert_eq!(environment["environment"], json!({ "CAPSTAN_CLUSTER_RELAY_ORIGIN": relay_origin, "CAPSTAN_CLUSTER_NODE_ID": node_id }));
-    assert_eq!(environment["secrets"], json!(["CAPSTAN_CLUSTER_INGRESS_BEARER"]));
+    assert_eq!(environment["secrets"], json!(["CAPSTAN_CLUSTER_INGRESS_BEARER", "CAPSTAN_CLUSTER_RELAY_ORIGIN"]));
+    // the relay origin reaches the replicas by the secrets path, as the bearer does
+    let secrets = ok(&server, &admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": edge_id } }));
+    let origin_secret = secrets["items"].as_array().unwrap().iter().find(|s| s["key"] == "CAPSTAN_CLUSTER_RELAY_ORIGIN").cloned();
+    assert_eq!(origin_secret.as_ref().map(|s| &s["state"]), Some(&json!("active")), "{secrets}");
 
     // ---- through the agent's proxy ----
     assert_eq!(through(proxy, "web.e2e.example"), (200, "web saw web.e2e.example".to_string()));
@@ -415,6 +419,8 @@ fn a_designated_ingress_registers_through_its_relay_serves_its_table_and_withdra
     let secrets = ok(&server, &admin, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": edge_id } }));
     let previous = secrets["items"].as_array().unwrap().iter().find(|s| s["key"] == "CAPSTAN_CLUSTER_INGRESS_BEARER").cloned();
     assert_eq!(previous.as_ref().map(|s| &s["state"]), Some(&json!("revoked")), "{secrets}");
+    let previous = secrets["items"].as_array().unwrap().iter().find(|s| s["key"] == "CAPSTAN_CLUSTER_RELAY_ORIGIN").cloned();
+    assert_eq!(previous.as_ref().map(|s| &s["state"]), Some(&json!("revoked")), "a moved designation revokes the origin too: {secrets}");
     let moved_bearer = hand_over_bearer(&server, &admin, cluster_id, &bearer_file);
     assert_ne!(moved_bearer, third_bearer);
     eventually("the ingress registered under the moved designation", SEEN, || {

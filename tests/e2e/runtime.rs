@@ -112,6 +112,8 @@ fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
 const DIGESTS_CGI: &str = r#"#!/bin/busybox sh
 echo "Content-Type: text/plain"
 echo
+printf 'node %s\n' "${CAPSTAN_CLUSTER_NODE_ID-}"
+printf 'origin %s\n' "${CAPSTAN_CLUSTER_RELAY_ORIGIN-}"
 for name in DB_PASSWORD SHARED_TOKEN SMTP_PASSWORD; do
   eval "value=\${$name-}"
   printf '%s %s\n' "$name" "$(printf '%s' "$value" | /bin/busybox sha256sum | /bin/busybox cut -d' ' -f1)"
@@ -973,6 +975,16 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     let credential = format!("capstan.{vault}.VAULT_ACME_EXAMPLE");
     let smtp_password = gateway.get(&format!("/test/passwords/{credential}")).1["password"].as_str().unwrap().to_string();
 
+    // the cluster's ingress: the relay origin reaches its replicas by the secrets path
+    eventually("the ingress plugin running", CONVERGE, || {
+        let reply = w.server.call_as(&w.admin, "plugins.get", &json!({ "id": "ingress" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    let current = w.ok("services.get", json!({ "id": vault }));
+    let designate =
+        json!({ "clusterId": cluster, "serviceId": vault, "expectedRevision": current["revision"], "mutationId": "e2e-ingress" });
+    w.ok("ingress.designate", designate);
+    let relay_origin = w.ok("clusters.get", json!({ "id": cluster }))["relay"]["origin"].as_str().unwrap().to_string();
     w.ok(
         "runtime.setServiceSpec",
         json!({ "serviceId": vault, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
@@ -985,7 +997,10 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     let digests_with = |node: &Node, expect_db: &str, tls: bool| {
         eventually("the container answers its secrets' digests", CONVERGE, || {
             let page = node.fetch("/cgi-bin/digests", 2).unwrap_or_default();
+            // every replica knows its node; the ingress's knows its cluster's relay
             let want = [
+                format!("node {}", node.node_id),
+                format!("origin {relay_origin}"),
                 format!("DB_PASSWORD {}", sha256_text(expect_db)),
                 format!("SHARED_TOKEN {}", sha256_text(SHARED)),
                 format!("SMTP_PASSWORD {}", sha256_text(&smtp_password)),

@@ -42,6 +42,9 @@ const ATTACHMENTS: &str = "attachments";
 const TABLES: &str = "tables";
 /// The secret a designated ingress authenticates its registration with.
 const BEARER_KEY: &str = "CAPSTAN_CLUSTER_INGRESS_BEARER";
+/// The designated service's secret holding the cluster's relay origin: it reaches the replicas
+/// by the secrets path, as the bearer does (their node's id each node's agent sets).
+const ORIGIN_KEY: &str = "CAPSTAN_CLUSTER_RELAY_ORIGIN";
 /// While the route sources cannot be read for less than this, the table issued last stands.
 const GRACE_MS: u64 = 180_000;
 
@@ -115,6 +118,9 @@ impl Manager for IngressManager {
         let mut issued = 0;
         let mut failures = Vec::new();
         for designation in designations()? {
+            if let Err(refusal) = follow_origin(&designation) {
+                failures.push(format!("{} relay origin: {}", designation.id, refusal.code()));
+            }
             match converge(&designation.data) {
                 Ok(n) => issued += n,
                 Err(refusal) => failures.push(format!("{}: {}", designation.id, refusal.code())),
@@ -157,6 +163,18 @@ struct Designation {
     designated_by: String,
     /// The ingress's accepted registration under this generation, if any.
     registration: Option<Registration>,
+    /// The relay origin published as the service's `CAPSTAN_CLUSTER_RELAY_ORIGIN` (metadata:
+    /// the secret's id and the value it holds, which is no secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    relay_origin: Option<PublishedOrigin>,
+}
+
+/// The relay origin as last published to the designated service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct PublishedOrigin {
+    secret_id: String,
+    origin: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -309,6 +327,8 @@ fn designate(ctx: &Context, input: DesignateInput) -> Result<DesignateOutput> {
     };
     let value = secrets::reveal(&scope, &bearer.id)?;
     let bearer_digest = sha256_hex(&value);
+    let origin = relay_origin(&cluster)?;
+    let published = publish_origin(&scope, &input.service_id, &origin)?;
     let designation = Designation {
         cluster_id: input.cluster_id.clone(),
         service_id: input.service_id.clone(),
@@ -320,6 +340,7 @@ fn designate(ctx: &Context, input: DesignateInput) -> Result<DesignateOutput> {
         designated_at: now_ms(),
         designated_by: ctx.caller().id().to_string(),
         registration: None,
+        relay_origin: Some(published),
     };
     let result = DesignateOutput { designation: designation.clone(), replayed: false };
     let result_value = serde_json::to_value(&result).map_err(|e| Refusal::internal(e.to_string()))?;
@@ -337,17 +358,48 @@ fn designate(ctx: &Context, input: DesignateInput) -> Result<DesignateOutput> {
         }
         Err(r) => return Err(r),
     }
-    // a move revokes the previous service's bearer; one already revoked is not revoked again
-    if let Some(held) = current.filter(|held| held.data.service_id != input.service_id)
-        && let Err(refusal) = secrets::revoke(&scope, &held.data.bearer_secret_id)
-        && !refusal.is("secret-revoked")
-    {
-        warn(
-            "revoking the previous ingress's bearer failed",
-            &[("clusterId", &input.cluster_id), ("serviceId", &held.data.service_id), ("code", refusal.code())],
-        );
+    // a move revokes the previous service's bearer and origin; one already revoked is not
+    // revoked again
+    if let Some(held) = current.filter(|held| held.data.service_id != input.service_id) {
+        let origin = held.data.relay_origin.as_ref().map(|o| o.secret_id.as_str());
+        for secret_id in std::iter::once(held.data.bearer_secret_id.as_str()).chain(origin) {
+            if let Err(refusal) = secrets::revoke(&scope, secret_id)
+                && !refusal.is("secret-revoked")
+            {
+                warn(
+                    "revoking the previous ingress's secret failed",
+                    &[("clusterId", &input.cluster_id), ("serviceId", &held.data.service_id), ("code", refusal.code())],
+                );
+            }
+        }
     }
     Ok(result)
+}
+
+/// Publish `origin` as the service's `CAPSTAN_CLUSTER_RELAY_ORIGIN` in `scope` (a new version
+/// when it differs; a revoked one active again).
+fn publish_origin(scope: &str, service_id: &str, origin: &str) -> Result<PublishedOrigin> {
+    let info = secrets::put(scope, &secrets::Owner::Service(service_id.to_string()), ORIGIN_KEY, origin.as_bytes())?;
+    Ok(PublishedOrigin { secret_id: info.id, origin: origin.to_string() })
+}
+
+/// A cluster whose relay origin moved publishes the new one to its designated ingress (whose
+/// replicas are then replaced with it, one at a time).
+fn follow_origin(designation: &Doc<Designation>) -> Result<()> {
+    let Some(cluster) = inventory::get::<Value>(EntityKind::Cluster, &designation.data.cluster_id)? else { return Ok(()) };
+    let Ok(origin) = relay_origin(&cluster) else { return Ok(()) };
+    if designation.data.relay_origin.as_ref().is_some_and(|p| p.origin == origin) {
+        return Ok(());
+    }
+    let published = publish_origin(&bearer_scope(&designation.data.cluster_id), &designation.data.service_id, &origin)?;
+    let mut next = designation.data.clone();
+    next.relay_origin = Some(published);
+    match Batch::new().replace(DESIGNATIONS, &designation.id, designation.revision, &next).commit() {
+        Ok(_) => Ok(()),
+        // a designation that moved meanwhile is followed by the next pass
+        Err(r) if r.is("conflict") || r.is("not-found") => Ok(()),
+        Err(r) => Err(r),
+    }
 }
 
 /// The bearer of `service_id` in `scope`: the active one, or a fresh one; a revoked one is
@@ -409,7 +461,7 @@ struct RouteTableOutput {
 }
 
 /// The names a designated ingress's replicas run with; the service's own environment may set none.
-const ENVIRONMENT_NAMES: [&str; 3] = [BEARER_KEY, "CAPSTAN_CLUSTER_RELAY_ORIGIN", "CAPSTAN_CLUSTER_NODE_ID"];
+const ENVIRONMENT_NAMES: [&str; 3] = [BEARER_KEY, ORIGIN_KEY, "CAPSTAN_CLUSTER_NODE_ID"];
 
 /// The cluster's relay origin, or `cluster-relay-missing`.
 fn relay_origin(cluster: &inventory::Entity<Value>) -> Result<String> {
@@ -468,16 +520,14 @@ fn get_environment(ctx: &Context, input: EnvironmentInput) -> Result<Environment
     if let Some(service) = inventory::get::<Value>(EntityKind::Service, &held.data.service_id)? {
         environment_conflict(&held.data.service_id, &service.data)?;
     }
-    let environment = [("CAPSTAN_CLUSTER_RELAY_ORIGIN", origin), ("CAPSTAN_CLUSTER_NODE_ID", input.node_id)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let environment =
+        [(ORIGIN_KEY, origin), ("CAPSTAN_CLUSTER_NODE_ID", input.node_id)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     Ok(EnvironmentOutput {
         cluster_id: input.cluster_id,
         service_id: held.data.service_id,
         generation: held.data.generation,
         environment,
-        secrets: vec![BEARER_KEY.to_string()],
+        secrets: vec![BEARER_KEY.to_string(), ORIGIN_KEY.to_string()],
     })
 }
 
