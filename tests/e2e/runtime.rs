@@ -751,19 +751,28 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         "the second node's session rides the relay:\n{relay_log}"
     );
 
-    // ---- a new image rolls one slot at a time: some node answers throughout ----
-    let v2 = w.release(&web, &deployer, "2.0.0", "v2");
-    let deadline = Instant::now() + CONVERGE;
+    // ---- `capstan deploy` of a new image rolls one slot at a time: some node answers
+    // throughout, and the command returns once both replicas run the new digest ----
+    let mut cmd = crate::support::client(&w.server, &deployer.1, &dir.path().join("deployer-config"));
+    let archive = w.images.archive("v2");
+    cmd.args(["deploy", &web, "--tag", "2.0.0", "--image", &archive, "--timeout", "3m", "--json"]);
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut seen_mixed = false;
-    loop {
+    while child.try_wait().unwrap().is_none() {
         let pages: Vec<Option<String>> = nodes.iter().map(Node::page).collect();
         assert!(pages.iter().any(Option::is_some), "no node answered during the rollout: {pages:?}");
         seen_mixed |= pages.contains(&Some("v1".into())) && pages.contains(&Some("v2".into()));
-        if pages.iter().all(|p| p.as_deref() == Some("v2")) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the rollout did not finish: {pages:?} {}", w.status(&web));
         std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let deployed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "capstan deploy of v2: {deployed}\n{}", String::from_utf8_lossy(&out.stderr));
+    let deployed: Value = serde_json::from_str(deployed.trim()).unwrap();
+    let v2 = deployed["digest"].as_str().unwrap().to_string();
+    assert_eq!((deployed["state"].as_str(), deployed["rollout"]["state"].as_str()), (Some("promoted"), Some("healthy")), "{deployed}");
+    // done means done: both replicas answer v2 the moment the command returns
+    for node in &nodes {
+        assert_eq!(node.page().as_deref(), Some("v2"), "{} answers v2 once capstan deploy returned", node.netns);
     }
     let target =
         w.converged(&web, "web runs v2 everywhere", |t| t["slots"].as_array().unwrap().iter().all(|s| s["imageDigest"] == v2.as_str()));
