@@ -320,3 +320,43 @@ pub async fn list(registry: Arc<Registry>, call: Call, input: ListInput) -> Resu
         })
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn short(state: RolloutState) -> Shortfall {
+        Shortfall { slot: "node_b.0".into(), node_id: "node_b".into(), state, reason: "pulling".into() }
+    }
+
+    #[test]
+    fn a_rollout_is_its_worst_cluster_and_only_healthy_or_unplaced_take_routes() {
+        let healthy = ClusterRollout::judge("cluster_a", 2, vec![], None);
+        let starting = ClusterRollout::judge("cluster_b", 2, vec![short(RolloutState::Starting)], None);
+        let failed = ClusterRollout::judge("cluster_c", 1, vec![short(RolloutState::Failed), short(RolloutState::Unhealthy)], None);
+        assert_eq!((healthy.state, healthy.healthy), (RolloutState::Healthy, 2));
+        assert_eq!((starting.state, starting.healthy), (RolloutState::Starting, 1));
+        assert_eq!(failed.state, RolloutState::Failed, "a failed replica outweighs a stopped one");
+        // a spec that wants nothing is never healthy
+        assert_eq!(ClusterRollout::judge("cluster_d", 0, vec![], Some("spec-held".into())).state, RolloutState::Starting);
+
+        assert!(Rollout::of(vec![healthy.clone()]).routable());
+        assert!(Rollout::of(vec![]).routable(), "unplaced: judged by the route check alone");
+        assert_eq!(Rollout::of(vec![]).state, RolloutState::Unplaced);
+        let mixed = Rollout::of(vec![healthy.clone(), starting.clone()]);
+        assert_eq!((mixed.state, mixed.routable()), (RolloutState::Starting, false));
+        assert_eq!(Rollout::of(vec![healthy, starting, failed]).state, RolloutState::Failed);
+    }
+
+    #[test]
+    fn routes_are_refused_with_the_shortfall_while_the_rollout_is_not_healthy() {
+        let starting = Rollout::of(vec![ClusterRollout::judge("cluster_b", 2, vec![short(RolloutState::Starting)], None)]);
+        let refused = require_routable(Some(&starting)).unwrap_err();
+        assert_eq!(refused.code, "rollout-not-healthy");
+        assert!(refused.message.contains("starting") && refused.message.contains("1 replica(s)"), "{}", refused.message);
+        assert_eq!(refused.data.as_ref().unwrap()["rollout"]["clusters"][0]["shortfall"][0]["reason"], "pulling");
+        assert!(require_routable(None).is_ok(), "an operation not promoted is judged by its state");
+        let superseded = Rollout { state: RolloutState::Superseded, clusters: vec![] };
+        assert!(require_routable(Some(&superseded)).is_err());
+    }
+}
