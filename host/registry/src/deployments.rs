@@ -357,23 +357,6 @@ pub fn register(methods: &mut Methods, registry: Arc<Registry>) {
         .refuses(&route_refusals);
     methods
         .add(
-            "deployments.rollback",
-            "Roll a service back to a kept release (one it ran before that retention kept): its operation is pinned again with a new rollout generation and rolls out as a promotion does, its routes as they stand (deployers granted deployment:promote, administrators; fenced by the service's revision)",
-            Access::Authenticated,
-            crate::rollout::rollback,
-        )
-        .refuses(&["release-not-kept", "release-current", "deploy-on-push-enabled", "conflict", "service-not-found", "service-deleting"]);
-    methods
-        .add(
-            "deployments.list",
-            "A service's deployment operations, newest first: each one's state, tag and digest, which one the service runs (with its rollout per cluster) and which are rollback targets (deployers granted deployment:status, members, administrators)",
-            Access::Authenticated,
-            crate::rollout::list,
-        )
-        .refuses(&["service-not-found", "service-deleting"])
-        .read_only();
-    methods
-        .add(
             "deployments.getPreflight",
             "What stands in the way of a reserve, a promotion or a route promotion now, without doing it (answered within 25 s)",
             Access::Authenticated,
@@ -538,7 +521,7 @@ async fn get_status(registry: Arc<Registry>, call: Call, input: OperationInput) 
         .store
         .transact(|tx| async move {
             let (operation, revision) = visible(&tx, identity, id).await?;
-            let rollout = crate::rollout::rollout_of(registry_ref, &tx, id, &operation).await?;
+            let rollout = rollout_of(registry_ref, &tx, id, &operation).await?;
             let mut answer = view(registry_ref, id, revision, operation, false);
             answer.rollout = rollout;
             Ok(answer)
@@ -576,6 +559,12 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
         .await?;
     tracing::info!(operation = %id, "deployment cleaned up");
     Ok(view(&registry, id, revision, operation, false))
+}
+
+/// The rollout of operation `id`, once promoted (the runtime's evidence of its digest).
+pub(crate) async fn rollout_of(registry: &Registry, tx: &Tx, id: &str, operation: &Operation) -> Result<Option<crate::rollout::Rollout>> {
+    let digest = operation.digest.as_deref().filter(|_| operation.state.promoted());
+    crate::rollout::rollout_of(registry.rollouts.as_ref(), tx, id, &operation.service_id, digest).await
 }
 
 /// Refuse a service on the legacy deploy-on-push switch: an immutable deployment needs it off
@@ -710,7 +699,7 @@ async fn route_step(registry: &Registry, identity: &Identity, input: &RouteStepI
             if let Some(refusal) = route_step_refusal(&operation, id, current, retry) {
                 return Err(refusal);
             }
-            crate::rollout::require_routable(crate::rollout::rollout_of(registry, &tx, id, &operation).await?.as_ref())?;
+            crate::rollout::require_routable(rollout_of(registry, &tx, id, &operation).await?.as_ref())?;
             let hostnames: Vec<String> = operation.routes.iter().map(|r| r.hostname.clone()).collect();
             for added in capstan_inventory::services::publish_domains(&tx, &operation.service_id, &hostnames).await? {
                 if !operation.routes_published.contains(&added) {
@@ -940,7 +929,7 @@ async fn judge_preflight(registry: &Registry, identity: &Identity, input: &Prefl
                                     if let Some(refusal) = route_step_refusal(&operation, id, current, retry) {
                                         blockers.push(blocker(refusal));
                                     }
-                                    let rollout = crate::rollout::rollout_of(registry, &tx, id, &operation).await?;
+                                    let rollout = rollout_of(registry, &tx, id, &operation).await?;
                                     if let Err(refusal) = crate::rollout::require_routable(rollout.as_ref()) {
                                         blockers.push(blocker(refusal));
                                     }

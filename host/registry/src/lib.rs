@@ -15,6 +15,7 @@ pub mod methods;
 pub mod names;
 pub mod pulls;
 pub mod retention;
+pub mod rollback;
 pub mod rollout;
 pub mod route_check;
 mod routes;

@@ -1,21 +1,13 @@
 //! What a promoted release does on the runtime. The runtime answers, per cluster the service's
 //! runtime specs target, whether its replicas run exactly the release's digest ([`Rollouts`]);
-//! `deployments.getStatus` reports it, route promotion waits for every cluster healthy
-//! (`rollout-not-healthy`, with the shortfall), `deployments.rollback` pins a kept release again
-//! through the same path and `deployments.list` lists a service's operations.
+//! `deployments.getStatus` reports it, and route promotion waits for every cluster healthy
+//! (`rollout-not-healthy`, with the shortfall).
 
-use crate::Registry;
-use crate::deployments::{OPERATIONS, Operation, OperationView, deployable, view};
-use crate::names::service_repository;
-use crate::storage::{MANIFESTS, member_id, tag_id};
-use capstan_core::clock::now_secs;
 use capstan_core::refusal::{Refusal, Result};
-use capstan_rpc::Call;
 use capstan_store::Tx;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::sync::Arc;
 
 /// Where a rollout (or one of its clusters) stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -137,18 +129,18 @@ impl Rollouts for NoRuntime {
     }
 }
 
-/// The rollout of operation `id`, if it was promoted: `superseded` once the service runs
-/// another release.
-pub async fn rollout_of(registry: &Registry, tx: &Tx, id: &str, operation: &Operation) -> Result<Option<Rollout>> {
-    let Some(digest) = operation.digest.as_deref().filter(|_| operation.state.promoted()) else { return Ok(None) };
-    let current = match tx.get(capstan_inventory::SERVICES, &operation.service_id).await? {
+/// The rollout of operation `id` of `service_id`, once promoted (`digest`: the release it
+/// promoted, `None` before): `superseded` once the service runs another release.
+pub async fn rollout_of(rollouts: &dyn Rollouts, tx: &Tx, id: &str, service_id: &str, digest: Option<&str>) -> Result<Option<Rollout>> {
+    let Some(digest) = digest else { return Ok(None) };
+    let current = match tx.get(capstan_inventory::SERVICES, service_id).await? {
         Some(doc) => doc.data["release"]["operationId"].as_str() == Some(id),
         None => false,
     };
     if !current {
         return Ok(Some(Rollout { state: RolloutState::Superseded, clusters: Vec::new() }));
     }
-    Ok(Some(Rollout::of(registry.rollouts.clusters(tx, &operation.service_id, digest).await?)))
+    Ok(Some(Rollout::of(rollouts.clusters(tx, service_id, digest).await?)))
 }
 
 /// `rollout-not-healthy`, with the shortfall, unless `rollout` lets routes be promoted.
@@ -168,157 +160,6 @@ pub fn require_routable(rollout: Option<&Rollout>) -> Result<()> {
         }
         _ => Ok(()),
     }
-}
-
-/// Input of `deployments.rollback`.
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RollbackInput {
-    /// The service to roll back.
-    pub service_id: String,
-    /// The release tag of a kept release (one the service ran before and retention kept).
-    pub release: String,
-    /// The service's revision read: the rollout fence (a service that moved on is `conflict`).
-    pub expected_service_revision: u64,
-}
-
-/// Pin the service to a kept release again: its operation becomes the current one, with a new
-/// rollout generation, and rolls out as a promotion does.
-pub async fn rollback(registry: Arc<Registry>, call: Call, input: RollbackInput) -> Result<OperationView> {
-    let identity = call.identity()?;
-    let (input_ref, host, registry_ref) = (&input, registry.host().to_string(), &*registry);
-    let host = host.as_str();
-    let answer = registry
-        .storage
-        .store
-        .transact(|tx| async move {
-            let (service, granted) = deployable(&tx, identity, &input_ref.service_id, "deployment:promote").await?;
-            if !granted && !identity.is_human_admin() {
-                return Err(Refusal::new("forbidden", "a rollback needs a deployer granted deployment:promote, or an administrator"));
-            }
-            crate::deployments::refuse_deploy_on_push(&service)?;
-            let repository = service_repository(&service.data.name, &service.id);
-            let not_kept = || {
-                Refusal::new(
-                    "release-not-kept",
-                    "the service keeps no such release to roll back to: `deployments.list` names the kept ones",
-                )
-                .with_data(json!({ "release": capstan_core::text::truncate(&input_ref.release, 128) }))
-            };
-            let claim = match crate::names::is_tag(&input_ref.release) {
-                true => tx.get(crate::deployments::CLAIMS, &tag_id(&repository, &input_ref.release)).await?,
-                false => None,
-            };
-            let id = claim.and_then(|c| c.data["operationId"].as_str().map(str::to_string)).ok_or_else(not_kept)?;
-            let doc = tx.get(OPERATIONS, &id).await?.ok_or_else(not_kept)?;
-            let mut operation: Operation = serde_json::from_value(doc.data.clone()).map_err(Refusal::internal)?;
-            let digest = operation.digest.clone().filter(|_| operation.state.promoted()).ok_or_else(not_kept)?;
-            if operation.service_id != service.id || tx.get(MANIFESTS, &member_id(&repository, &digest)).await?.is_none() {
-                return Err(not_kept());
-            }
-            if service.data.release.as_ref().is_some_and(|r| r.operation_id == id) {
-                return Err(Refusal::new("release-current", "the service runs this release already")
-                    .with_data(json!({ "operationId": id, "release": operation.tag })));
-            }
-            let at = now_secs();
-            let release = capstan_inventory::services::ServiceRelease {
-                operation_id: id.clone(),
-                tag: operation.tag.clone(),
-                digest: digest.clone(),
-                promoted_at: at,
-            };
-            let image = format!("{host}/{repository}@{digest}");
-            let pinned =
-                capstan_inventory::services::pin_release(&tx, &service.id, input_ref.expected_service_revision, &image, release).await?;
-            operation.promoted_at = Some(at);
-            operation.rollout_generation = Some(pinned.revision);
-            operation.previous_image = Some(service.data.image.clone());
-            operation.rolled_back_at = Some(at);
-            operation.updated_at = at;
-            let doc = tx.replace(OPERATIONS, &id, doc.revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
-            let rollout = rollout_of(registry_ref, &tx, &id, &operation).await?;
-            let mut answer = view(registry_ref, &id, doc.revision, operation, false);
-            answer.rollout = rollout;
-            Ok(answer)
-        })
-        .await?;
-    tracing::info!(operation = %answer.id, service = %answer.operation.service_id, tag = %answer.operation.tag, "deployment rolled back");
-    Ok(answer)
-}
-
-/// Input of `deployments.list`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ListInput {
-    /// The service.
-    pub service_id: String,
-    /// How many, newest first (default 20, at most 100).
-    #[serde(default)]
-    pub limit: Option<usize>,
-}
-
-/// One operation in `deployments.list`.
-#[derive(Debug, Serialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Listed {
-    /// The operation.
-    #[serde(flatten)]
-    pub operation: OperationView,
-    /// Whether the service runs its release now.
-    pub current: bool,
-    /// Whether `deployments.rollback` can pin it again (promoted before, not current, its
-    /// image still kept).
-    pub rollback_target: bool,
-}
-
-/// Answer of `deployments.list`.
-#[derive(Debug, Serialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Listing {
-    /// Newest first.
-    pub items: Vec<Listed>,
-    /// How many operations the service has in all.
-    pub total: usize,
-}
-
-/// A service's deployment operations, newest first, each with where it stands; the current
-/// one carries its rollout.
-pub async fn list(registry: Arc<Registry>, call: Call, input: ListInput) -> Result<Listing> {
-    let identity = call.identity()?;
-    let limit = input.limit.unwrap_or(20).clamp(1, 100);
-    let (input_ref, registry_ref) = (&input, &*registry);
-    registry
-        .storage
-        .store
-        .transact(|tx| async move {
-            let (service, _) = deployable(&tx, identity, &input_ref.service_id, "deployment:status").await?;
-            let repository = service_repository(&service.data.name, &service.id);
-            let current = service.data.release.as_ref().map(|r| r.operation_id.clone());
-            let mut docs = tx.find_all(OPERATIONS, "by_service", &[json!(service.id)]).await?;
-            let total = docs.len();
-            let mut operations = Vec::with_capacity(docs.len());
-            for doc in docs.drain(..) {
-                let operation: Operation = serde_json::from_value(doc.data.clone()).map_err(Refusal::internal)?;
-                operations.push((doc.id, doc.revision, operation));
-            }
-            operations.sort_by_key(|(_, _, o)| std::cmp::Reverse((o.promoted_at.unwrap_or(0).max(o.created_at), o.created_at)));
-            let mut items = Vec::new();
-            for (id, revision, operation) in operations.into_iter().take(limit) {
-                let is_current = current.as_deref() == Some(id.as_str());
-                let kept = match operation.digest.as_deref() {
-                    Some(digest) if operation.state.promoted() && !is_current => {
-                        tx.get(MANIFESTS, &member_id(&repository, digest)).await?.is_some()
-                    }
-                    _ => false,
-                };
-                let rollout = if is_current { rollout_of(registry_ref, &tx, &id, &operation).await? } else { None };
-                let mut view = view(registry_ref, &id, revision, operation, false);
-                view.rollout = rollout;
-                items.push(Listed { operation: view, current: is_current, rollback_target: kept });
-            }
-            Ok(Listing { items, total })
-        })
-        .await
 }
 
 #[cfg(test)]

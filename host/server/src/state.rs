@@ -168,6 +168,7 @@ impl AppState {
         );
         capstan_registry::methods::register(&mut registry, oci.clone());
         capstan_registry::deployments::register(&mut registry, oci.clone());
+        capstan_registry::rollback::register(&mut registry, oci.clone());
         capstan_rpc::audit::register(&mut registry, capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_authenticator(auth.clone());
