@@ -844,6 +844,32 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
         });
     }
 
+    // ---- a deploy-on-push service runs what is pushed to the tag its image names ----
+    let pushed = w.ok(
+        "services.create",
+        json!({ "organizationId": org, "name": "pushed", "image": "nginx:1.27", "ports": [{ "port": 8080, "protocol": "tcp" }] }),
+    );
+    let pushed_id = pushed["id"].as_str().unwrap().to_string();
+    let tagged = format!("127.0.0.1:{}/workloads/pushed-{}:latest", w.port, &pushed_id["svc_".len().."svc_".len() + 12]);
+    let update = json!({ "id": pushed_id, "expectedRevision": pushed["revision"], "image": tagged, "deployOnPush": true });
+    w.ok("services.update", update);
+    let admin_creds = format!("{}:{}", TEST_ADMIN.0, TEST_ADMIN.1);
+    let source = w.images.archive("v1");
+    let destination = format!("docker://{tagged}");
+    let push = ["--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false", "--dest-creds", &admin_creds, &source, &destination];
+    run("skopeo", &push);
+    let pinned = w.ok("services.get", json!({ "id": pushed_id }))["image"].as_str().unwrap().to_string();
+    assert!(pinned.starts_with(&format!("{tagged}@sha256:")), "the push pinned the tag's digest: {pinned}");
+    w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": pushed_id, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                "replicasPerNode": 1, "health": { "kind": "tcp", "port": 8080, "intervalMs": 1000 } }),
+    );
+    let digest = pinned.rsplit_once('@').unwrap().1.to_string();
+    w.converged(&pushed_id, "the pushed image runs on both nodes", |t| {
+        t["slots"].as_array().is_some_and(|s| s.len() == 2 && s.iter().all(|s| s["ready"] == true && s["imageDigest"] == digest.as_str()))
+    });
+
     // ---- a node whose agent stopped is reported, and its slot waits ----
     nodes[1].stop_agent(false);
     eventually("the stopped node reads offline", CONVERGE, || {
@@ -863,18 +889,19 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     w.converged(&web, "web converges once the node is back", |t| t["slots"].as_array().unwrap().iter().all(|s| s["ready"] == true));
 
     // ---- deleting the services leaves no container ----
-    for service in [&web, &api] {
+    for service in [&web, &api, &pushed_id] {
         let current = w.ok("services.get", json!({ "id": service }));
         w.ok("services.delete", json!({ "id": service, "expectedRevision": current["revision"] }));
     }
-    for service in [&web, &api] {
+    for service in [&web, &api, &pushed_id] {
         eventually("the service is gone", CONVERGE, || {
             let reply = w.server.call_as(&w.admin, "services.get", &json!({ "id": service }));
             if reply.status == 404 { Ok(()) } else { Err(format!("{}", reply.status)) }
         });
     }
     for node in &nodes {
-        assert!(node.containers(&web).is_empty() && node.containers(&api).is_empty(), "{} keeps containers", node.netns);
+        let left = [&web, &api, &pushed_id].iter().map(|s| node.containers(s).len()).sum::<usize>();
+        assert_eq!(left, 0, "{} keeps containers", node.netns);
     }
     drop(nodes);
 }
