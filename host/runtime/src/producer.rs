@@ -616,7 +616,6 @@ async fn finish_deleted(cx: &Context, spec: &Entity<Spec>) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slots::Observation;
     use crate::spec::Placement;
 
     const DIGEST: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -664,38 +663,13 @@ mod tests {
     /// A slot running `target`'s work as it would be admitted, observed as `phase`.
     fn running(t: &Target, slot: &str, phase: &str, ready: bool) -> Slot {
         let work = plan(t, 0).work.or_else(|| build_work(t, &t.service.as_ref().unwrap().data).ok()).unwrap();
-        let node_id = slot.rsplit_once('.').unwrap().0.to_string();
-        Slot {
-            service_id: "svc_1".into(),
-            cluster_id: "cl_1".into(),
-            node_id,
-            slot: slot.into(),
-            assignment_id: format!("asg_{slot}"),
-            assignment: Assignment {
-                key: work.key(),
-                intent: Intent::Run,
-                revision: 1,
-                work,
-                repository: Some("workloads/web-1".into()),
-                successor: false,
-                admitted_at: 0,
-                observation: Some(Observation {
-                    phase: phase.into(),
-                    ready,
-                    image_digest: None,
-                    restart_count: 0,
-                    cause: None,
-                    observed_at: 0,
-                    accepted_at: 1_000,
-                }),
-                stopped_at: None,
-                removed_at: None,
-                stop_cause: None,
-            },
-            failures: 0,
-            attempts: 1,
-            last_cause: None,
-        }
+        let mut running = crate::testing::running_slot("svc_1", slot, &format!("asg_{slot}"), 0, 1);
+        running.node_id = slot.rsplit_once('.').unwrap().0.to_string();
+        running.assignment.key = work.key();
+        running.assignment.work = work;
+        running.assignment.repository = Some("workloads/web-1".into());
+        running.assignment.observation = Some(crate::testing::observed(phase, ready, None, 1_000));
+        running
     }
 
     fn cases(plan: &Plan) -> Vec<(String, &'static str)> {

@@ -128,13 +128,8 @@ mod tests {
         data.assignment.work.image = format!("reg.example/workloads/web@{digest}");
         data.assignment.intent = intent;
         data.assignment.observation = observed.map(|(phase, ready, seen)| Observation {
-            phase: phase.into(),
-            ready,
-            image_digest: seen.map(str::to_string),
-            restart_count: 0,
             cause: (phase == "exited").then(|| "exit code 1".to_string()),
-            observed_at: 1,
-            accepted_at: 1,
+            ..crate::testing::observed(phase, ready, seen, 1)
         });
         Entity { id: format!("svc_1@{node}.0"), revision: 1, data }
     }

@@ -116,6 +116,19 @@ pub fn running_slot(service_id: &str, slot: &str, assignment_id: &str, admitted_
     }
 }
 
+/// What a node says of an assignment: `phase`, ready or not, running `digest`, accepted at `at`.
+pub fn observed(phase: &str, ready: bool, digest: Option<&str>, at: u64) -> crate::slots::Observation {
+    crate::slots::Observation {
+        phase: phase.into(),
+        ready,
+        image_digest: digest.map(str::to_string),
+        restart_count: 0,
+        cause: None,
+        observed_at: at,
+        accepted_at: at,
+    }
+}
+
 /// Store `slot` (replacing the slot of that name).
 pub async fn hold(store: &Store, slot: &crate::slots::Slot) {
     let id = crate::slots::slot_id(&slot.service_id, &slot.slot);

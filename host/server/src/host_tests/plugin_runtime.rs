@@ -10,7 +10,7 @@ use crate::auth::Identity;
 use crate::plugins::imports::{CallData, Grant, Services};
 use crate::plugins::manifest::Capability;
 use crate::plugins::runtime::capstan::plugin::runtime::{Host as _, Intent, Replica};
-use crate::runtime::slots::{Assignment, Observation, Slot, Work, slot_id, slot_name};
+use crate::runtime::slots::{Slot, slot_id, slot_name};
 use crate::runtime::transition::Intent as SlotIntent;
 use crate::state::{AppState, test_state};
 use serde_json::{Value, json};
@@ -81,45 +81,14 @@ impl World {
 /// last said (`phase`, ready or not) if it said anything.
 pub(super) fn slot(service: &str, cluster: &str, node: &str, index: u32, intent: SlotIntent, observed: Option<(&str, bool)>) -> Slot {
     let name = slot_name(node, index);
-    Slot {
-        service_id: service.into(),
-        cluster_id: cluster.into(),
-        node_id: node.into(),
-        slot: name.clone(),
-        assignment_id: format!("asg_{}", name.replace('.', "_")),
-        assignment: Assignment {
-            key: "k".into(),
-            intent,
-            revision: 1,
-            work: Work {
-                image: "capstan.test/workloads/web@sha256:00".into(),
-                environment: [("PASSWORD".to_string(), "never-shown".to_string())].into(),
-                ports: vec![],
-                volumes: vec![],
-                health: Default::default(),
-                restart: Default::default(),
-                secrets: None,
-            },
-            repository: None,
-            successor: false,
-            admitted_at: 1,
-            observation: observed.map(|(phase, ready)| Observation {
-                phase: phase.into(),
-                ready,
-                image_digest: Some("sha256:abc".into()),
-                restart_count: 0,
-                cause: None,
-                observed_at: 2,
-                accepted_at: 2,
-            }),
-            stopped_at: None,
-            removed_at: None,
-            stop_cause: None,
-        },
-        failures: 0,
-        attempts: 1,
-        last_cause: None,
-    }
+    let mut slot = capstan_runtime::testing::running_slot(service, &name, &format!("asg_{}", name.replace('.', "_")), 1, 1);
+    slot.cluster_id = cluster.into();
+    slot.node_id = node.into();
+    slot.assignment.intent = intent;
+    slot.assignment.work.image = "capstan.test/workloads/web@sha256:00".into();
+    slot.assignment.work.environment = [("PASSWORD".to_string(), "never-shown".to_string())].into();
+    slot.assignment.observation = observed.map(|(phase, ready)| capstan_runtime::testing::observed(phase, ready, Some("sha256:abc"), 2));
+    slot
 }
 
 /// What the import answers of a replica, as comparable text: cluster, slot, node, intent,
