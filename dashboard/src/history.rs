@@ -269,7 +269,7 @@ pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, Pa
         let ctx = context! { page, nav => Serde(nav(&state, "services")), user => Serde(user_view(&identity)), ..ctx };
         render(status, "service_events.html", ctx)
     };
-    let service = match super::logs::service_head(&state, &identity, &id).await {
+    let service = match super::logs::service_head(&state, &identity, &id, "services").await {
         Ok(service) => service,
         Err(refusal) => return common(status_of(&refusal), None, context! { service_error => Serde(Some(ErrorView::from(&refusal))) }),
     };

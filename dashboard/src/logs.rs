@@ -257,16 +257,20 @@ async fn read_attempts(state: &Host, identity: &Viewer, service: &str) -> Result
 // ---------------------------------------------------------------------------------------
 // The page
 
-/// A service as a page about it names it (the Logs page, the Events page).
+/// A service as a page about it names it (the Logs, Events and secrets pages).
 #[derive(Serialize)]
 pub(super) struct ServiceHead {
+    pub(super) id: String,
     pub(super) name: String,
-    href: String,
+    pub(super) organization_id: String,
     organization: String,
+    href: String,
     organization_href: String,
 }
 
-pub(super) async fn service_head(state: &Host, identity: &Viewer, id: &str) -> Result<ServiceHead> {
+/// The service `id` as its page's head shows it; its organization links to `/<area>?org=…`
+/// (`services`, `secrets`).
+pub(super) async fn service_head(state: &Host, identity: &Viewer, id: &str, area: &str) -> Result<ServiceHead> {
     let service = call(state, identity, "services.get", json!({ "id": id })).await?;
     let organization_id = str_of(&service, "organizationId").to_string();
     // the organization's name is a courtesy: its id stands in when it cannot be read
@@ -275,9 +279,11 @@ pub(super) async fn service_head(state: &Host, identity: &Viewer, id: &str) -> R
         Err(_) => organization_id.clone(),
     };
     Ok(ServiceHead {
+        id: id.into(),
         name: str_of(&service, "name").to_string(),
         href: format!("/services/{}", encode(id)),
-        organization_href: format!("/services?org={}", encode(&organization_id)),
+        organization_href: format!("/{area}?org={}", encode(&organization_id)),
+        organization_id,
         organization,
     })
 }
@@ -314,7 +320,7 @@ pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, Pa
         let ctx = context! { page, nav => Serde(nav(&state, "services")), user => Serde(user_view(&identity)), ..ctx };
         render(status, "service_logs.html", ctx)
     };
-    let service = match service_head(&state, &identity, &id).await {
+    let service = match service_head(&state, &identity, &id, "services").await {
         Ok(service) => service,
         Err(refusal) => return common(status_of(&refusal), None, context! { service_error => Serde(Some(ErrorView::from(&refusal))) }),
     };

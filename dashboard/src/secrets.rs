@@ -362,34 +362,6 @@ pub(super) async fn page(State(state): State<Host>, Signed(identity): Signed, ur
 // ---------------------------------------------------------------------------------------
 // A service's secrets
 
-#[derive(Serialize)]
-struct ServiceHead {
-    id: String,
-    name: String,
-    organization_id: String,
-    organization: String,
-    href: String,
-    organization_href: String,
-}
-
-async fn service_head(state: &Host, identity: &Viewer, id: &str) -> Result<ServiceHead> {
-    let service = call(state, identity, "services.get", json!({ "id": id })).await?;
-    let organization_id = str_of(&service, "organizationId").to_string();
-    // the organization's name is a courtesy: its id stands in when it cannot be read
-    let organization = match call(state, identity, "organizations.get", json!({ "id": organization_id })).await {
-        Ok(org) => str_of(&org, "name").to_string(),
-        Err(_) => organization_id.clone(),
-    };
-    Ok(ServiceHead {
-        id: id.into(),
-        name: str_of(&service, "name").into(),
-        href: format!("/services/{}", encode(id)),
-        organization_href: format!("/secrets?org={}", encode(&organization_id)),
-        organization_id,
-        organization,
-    })
-}
-
 fn service_owner(id: &str) -> Value {
     json!({ "kind": "service", "serviceId": id })
 }
@@ -464,7 +436,7 @@ fn source_view(from: &Value, sets: &[SetView]) -> SourceView {
 }
 
 /// The service's SecretSets (attached, attachable) and what resolves from where.
-async fn resolution_context(state: &Host, identity: &Viewer, service: &ServiceHead) -> minijinja::Value {
+async fn resolution_context(state: &Host, identity: &Viewer, service: &super::logs::ServiceHead) -> minijinja::Value {
     let sets = organization_sets(state, identity, &service.organization_id).await.unwrap_or_default();
     let configuration = call(state, identity, "secrets.getServiceConfiguration", json!({ "serviceId": service.id })).await;
     let (attachments, attachable, secrets_revision, configuration_error) = match &configuration {
@@ -550,7 +522,7 @@ async fn service_page(
     cursor: Option<&str>,
 ) -> Response {
     let head = live::head(state, identity).await;
-    let (service, error) = match service_head(state, identity, id).await {
+    let (service, error) = match super::logs::service_head(state, identity, id, "secrets").await {
         Ok(service) => (Some(service), None),
         Err(refusal) => (None, Some(refusal)),
     };
