@@ -65,6 +65,7 @@ pub struct SyncState {
 /// while Capstan holds no finalized credential, `gateway-unreachable` and
 /// `gateway-domains-refused` when the gateway does not answer with a listing.
 pub async fn sync(cx: &Context) -> Result<SyncState> {
+    let _one = cx.syncing.lock().await;
     let (gateway_url, token) = enrolled(cx).await?;
     let listed = match cx.client.domains(&gateway_url, &token).await {
         Ok(listed) => listed,

@@ -64,12 +64,15 @@ pub struct Context {
     pub client: GatewayClient,
     /// One bootstrap at a time on this node (the record's revision guards the fleet).
     bootstrap: Arc<tokio::sync::Mutex<()>>,
+    /// One domains sync at a time on this node: a background sync that read the gateway before
+    /// it went down must not record its success over a later sync's failure.
+    syncing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Context {
     /// The gateway subsystem over the secrets' context.
     pub fn new(secrets: capstan_secrets::methods::Context) -> Context {
-        Context { secrets, client: GatewayClient::default(), bootstrap: Arc::default() }
+        Context { secrets, client: GatewayClient::default(), bootstrap: Arc::default(), syncing: Arc::default() }
     }
 
     fn store(&self) -> &Store {
