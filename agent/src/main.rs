@@ -164,6 +164,11 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// e.g. ws://10.0.0.5:8444) instead of on Capstan's socket directly.
         #[arg(long, env = "CAPSTAN_AGENT_RELAY", value_name = "WS_URL", conflicts_with = "no_workloads", value_parser = parse_relay_url)]
         relay: Option<String>,
+        /// The IP address other machines reach this node's published ports at (where a
+        /// cluster's ingress sends a service's traffic). Default: the node's only non-loopback
+        /// address, when it has exactly one; a node with several states it.
+        #[arg(long, env = "CAPSTAN_AGENT_ADVERTISE_ADDRESS", value_name = "IP", value_parser = parse_advertise_address)]
+        advertise_address: Option<std::net::IpAddr>,
     },
     /// Show what this machine is enrolled as and how its last beat went (no request is made).
     Status {
@@ -224,6 +229,14 @@ fn parse_relay_url(text: &str) -> Result<String, String> {
     Ok(format!("ws://{authority}/"))
 }
 
+fn parse_advertise_address(text: &str) -> Result<std::net::IpAddr, String> {
+    let ip: std::net::IpAddr = text.parse().map_err(|_| format!("{text}: not an IP address (192.0.2.10, 2001:db8::10)"))?;
+    if ip.is_unspecified() || ip.is_multicast() {
+        return Err(format!("{text}: an unspecified or multicast address reaches no node"));
+    }
+    Ok(ip)
+}
+
 fn parse_interval(text: &str) -> Result<Duration, String> {
     let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if interval < Duration::from_millis(10) || interval > Duration::from_secs(3600) {
@@ -280,7 +293,7 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
             );
             Ok(())
         }
-        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads, relay, secrets_dir } => {
+        Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads, relay, secrets_dir, advertise_address } => {
             let is_root = rustix::process::geteuid().is_root();
             let (stop, stopped) = tokio::sync::watch::channel(false);
             let workloads = (!no_workloads).then(|| {
@@ -288,7 +301,7 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
                 let options = workloads::Options { state: state.clone(), engine, volumes_dir, relay, secrets_dir };
                 tokio::spawn(workloads::run(options, stopped))
             });
-            let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root) };
+            let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root), advertised: advertise_address };
             let shutdown = async move {
                 let why = shutdown_signal().await;
                 let _ = stop.send(true);

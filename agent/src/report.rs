@@ -17,8 +17,9 @@ use capstan_core::wire::heartbeat::{HostApply, MAX_ADDRESSES, Report};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-/// Read the host's facts now.
-pub fn gather(hostname: String, host_apply: Option<HostApply>) -> Report {
+/// Read the host's facts now; `advertised` is the address the operator stated for the node's
+/// published ports.
+pub fn gather(hostname: String, host_apply: Option<HostApply>, advertised: Option<IpAddr>) -> Report {
     let uname = rustix::system::uname();
     let kernel = uname.release().to_string_lossy().into_owned();
     let sysname = uname.sysname().to_string_lossy().into_owned();
@@ -43,7 +44,9 @@ pub fn gather(hostname: String, host_apply: Option<HostApply>) -> Report {
     let uptime_seconds =
         std::fs::read_to_string("/proc/uptime").ok().and_then(|text| uptime_seconds(&text)).unwrap_or(sysinfo.uptime.max(0) as u64);
     let addresses = if_addrs::get_if_addrs().map(|list| list.into_iter().map(|i| i.ip()).collect::<Vec<_>>()).unwrap_or_default();
-    build(Facts { hostname, os, kernel, arch, cpus, memory_bytes, disk_bytes, disk_free_bytes, uptime_seconds, addresses }, host_apply)
+    let report =
+        build(Facts { hostname, os, kernel, arch, cpus, memory_bytes, disk_bytes, disk_free_bytes, uptime_seconds, addresses }, host_apply);
+    Report { advertised_address: advertised, ..report }
 }
 
 /// What the operating system said, before it is shaped into a report.
@@ -92,6 +95,7 @@ pub fn build(facts: Facts, host_apply: Option<HostApply>) -> Report {
         agent_version: AGENT_VERSION.to_string(),
         uptime_seconds: facts.uptime_seconds,
         addresses: addresses.into_iter().take(MAX_ADDRESSES).collect(),
+        advertised_address: None,
         host_apply,
     }
 }
@@ -282,7 +286,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_real_host_reads_sensibly() {
-        let report = gather("probe".into(), None);
+        let report = gather("probe".into(), None, None);
         assert!(report.cpus >= 1);
         assert!(report.memory_bytes > 1 << 20, "{report:?}");
         assert!(report.disk_bytes > 0 && report.disk_free_bytes <= report.disk_bytes, "{report:?}");

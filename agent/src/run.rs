@@ -24,6 +24,8 @@ pub struct Options {
     pub interval: Duration,
     /// How the hostname intent is applied.
     pub applier: Box<dyn Applier>,
+    /// The address the node's published ports are reached at (`--advertise-address`).
+    pub advertised: Option<std::net::IpAddr>,
 }
 
 /// What the last pass came to, for logging each change once.
@@ -174,7 +176,7 @@ impl Agent {
     /// pending token: accepted, it proves the rotation committed, and it becomes the token.
     async fn beat(&self, client: &Client, credential: &Credential, status: &Status) -> Result<HeartbeatAnswer, WireError> {
         let hostname = self.options.applier.current().unwrap_or_else(os_hostname);
-        let report = report::gather(hostname, status.host_apply.clone());
+        let report = report::gather(hostname, status.host_apply.clone(), self.options.advertised);
         let request = HeartbeatRequest { protocol: PROTOCOL, node_id: &credential.node_id, report: &report };
         let answer = client.post("/agent/v1/heartbeat", &request, Some(&credential.token)).await;
         if !matches!(&answer, Err(e) if e.code() == Some("node-unauthorized")) {
@@ -309,7 +311,7 @@ mod tests {
         .await;
         let (root, dir, credential) = enrolled(&mock.origin);
         let file = root.path().join("hostname");
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(HostnameFile(file.clone())) };
+        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(HostnameFile(file.clone())), advertised: Some("192.0.2.10".parse().unwrap()) };
         let stop = tokio::time::sleep(Duration::from_millis(400));
         run(options, async move {
             stop.await;
@@ -326,6 +328,7 @@ mod tests {
         assert!(beats[0].body["report"].get("hostApply").is_none(), "nothing applied before the first beat");
         assert_eq!(beats[1].body["report"]["hostApply"], json!({"generation": 3, "hostname": "db-2", "outcome": "applied"}));
         assert_eq!(beats[1].body["report"]["hostname"], "db-2", "the hostname as the applier sees it");
+        assert_eq!(beats[0].body["report"]["advertisedAddress"], "192.0.2.10", "the operator's address rides every beat");
         let host = requests.iter().find(|r| r.path == "/agent/v1/host").unwrap();
         assert_eq!(host.body, json!({"protocol": PROTOCOL, "nodeId": "node_1"}));
         let applies = std::fs::read_to_string(&file).unwrap();
@@ -339,7 +342,7 @@ mod tests {
     async fn a_rotation_written_to_the_file_is_picked_up_by_the_next_beat() {
         let mock = Mock::start(|_, _| Some((200, receipt(1)))).await;
         let (_root, dir, first) = enrolled(&mock.origin);
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable) };
+        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable), advertised: None };
         let second = Token::draw().unwrap();
         let swap_dir = dir.clone();
         let swap_token = second.clone();
@@ -383,7 +386,7 @@ mod tests {
         .await;
         let (_root, dir, _) = enrolled(&mock.origin);
         // the credential is refused: beats go out slowly (not every 50 ms)
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable) };
+        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable), advertised: None };
         let stop = tokio::time::sleep(Duration::from_millis(500));
         run(options, async move {
             stop.await;
@@ -403,7 +406,7 @@ mod tests {
         dir.replace_credential(&credential, &lock).unwrap();
         drop(lock);
         *accepted_hash.lock().unwrap() = pending.sha256_hex();
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable) };
+        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable), advertised: None };
         let stop = tokio::time::sleep(Duration::from_millis(300));
         run(options, async move {
             stop.await;
@@ -455,7 +458,7 @@ mod tests {
             pending_mutation_id: None,
         };
         dir.write_new_credential(&credential).unwrap();
-        let options = Options { state: dir.clone(), interval: Duration::from_secs(5), applier: Box::new(crate::applier::Unavailable) };
+        let options = Options { state: dir.clone(), interval: Duration::from_secs(5), applier: Box::new(crate::applier::Unavailable), advertised: None };
         let stop = tokio::time::sleep(Duration::from_millis(300));
         run(options, async move {
             stop.await;
@@ -472,7 +475,7 @@ mod tests {
     async fn an_unreachable_capstan_is_not_a_reason_to_stop() {
         let mock = Mock::start(|_, _| None).await;
         let (_root, dir, _) = enrolled(&mock.origin);
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(20), applier: Box::new(crate::applier::Unavailable) };
+        let options = Options { state: dir.clone(), interval: Duration::from_millis(20), applier: Box::new(crate::applier::Unavailable), advertised: None };
         let stop = tokio::time::sleep(Duration::from_millis(400));
         run(options, async move {
             stop.await;

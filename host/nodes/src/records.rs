@@ -92,6 +92,11 @@ pub struct NodeView {
     pub live: bool,
     /// `live`, `offline` or `never-reported`.
     pub liveness: Liveness,
+    /// Where other machines reach its published ports: the address its agent advertises
+    /// (`--advertise-address`), else its only reported address; absent when it reported several
+    /// and advertises none (an ingress then cannot send it traffic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::IpAddr>,
     /// The X25519 recipient its agent proved, which secret material is sealed to (`nodes.get`
     /// only; absent before the first proof).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,7 +110,12 @@ pub fn view(node: Entity<Node>, now: u64, freshness: u64) -> NodeView {
         Some(at) if now.saturating_sub(at) < freshness => Liveness::Live,
         Some(_) => Liveness::Offline,
     };
-    NodeView { node, live: liveness == Liveness::Live, liveness, recipient: None }
+    let address = node.data.report.as_ref().and_then(|r| match (r.advertised_address, r.addresses.as_slice()) {
+        (Some(advertised), _) => Some(advertised),
+        (None, [only]) => Some(*only),
+        (None, _) => None,
+    });
+    NodeView { node, live: liveness == Liveness::Live, liveness, address, recipient: None }
 }
 
 /// Read a node or refuse `node-missing`.

@@ -38,6 +38,11 @@ pub struct Report {
     pub uptime_seconds: u64,
     /// The host's IP addresses (at most 64).
     pub addresses: Vec<IpAddr>,
+    /// The address the node's published ports are reached at, as its operator stated it
+    /// (`capstan-agent run --advertise-address`); absent, the node's only address serves when it
+    /// has exactly one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertised_address: Option<IpAddr>,
     /// The outcome of the agent's last hostname apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_apply: Option<HostApply>,

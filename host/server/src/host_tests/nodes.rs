@@ -486,6 +486,16 @@ async fn heartbeats_are_judged_in_order_and_make_a_node_live_until_the_window_pa
     assert_eq!((node["live"].as_bool(), node["liveness"].as_str()), (Some(true), Some("live")));
     assert_eq!(node["lastReportAt"], receipt["acceptedAt"]);
     assert_eq!(node["report"]["addresses"], json!(["192.0.2.10", "2001:db8::1"]));
+    assert!(node.get("address").is_none(), "two addresses and none advertised: no address to send traffic to");
+    let mut advertised = good.clone();
+    advertised["report"]["advertisedAddress"] = json!("2001:db8::1");
+    let reply = w.agent("heartbeat", advertised, Some(&token)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(w.node(&id).await["address"], "2001:db8::1", "the advertised address");
+    let mut one = good.clone();
+    one["report"]["addresses"] = json!(["192.0.2.10"]);
+    let receipt = w.agent("heartbeat", one, Some(&token)).await.json();
+    assert_eq!(w.node(&id).await["address"], "192.0.2.10", "the only address");
     let cluster = w.cluster.as_str();
     let snapshot = w.state.store.transact(|tx| async move { tx.get(nodes::CLUSTER_NODE_SNAPSHOTS, cluster).await }).await.unwrap().unwrap();
     assert_eq!(snapshot.data["nodes"][&id]["lastReportAt"], receipt["acceptedAt"]);
