@@ -173,7 +173,7 @@ pub fn plan(target: &Target, now: u64) -> Plan {
     let by_name: BTreeMap<&str, &Entity<Slot>> = target.slots.iter().map(|s| (s.data.slot.as_str(), s)).collect();
     let names: BTreeSet<&str> = desired.keys().map(String::as_str).chain(by_name.keys().copied()).collect();
     let desire_of = |name: &str| desired.contains_key(name).then_some(key.as_deref()).flatten();
-    let mut replacing = target.slots.iter().filter(|s| s.data.replacing(desire_of(&s.data.slot))).count();
+    let mut replacing = target.slots.iter().filter(|s| s.data.replacing(desire_of(&s.data.slot), now)).count();
     let mut steps = Vec::new();
     let mut waits: BTreeSet<&'static str> = BTreeSet::new();
     for name in names {
@@ -192,7 +192,7 @@ pub fn plan(target: &Target, now: u64) -> Plan {
             continue;
         }
         let state = slot.map(|s| s.data.state()).unwrap_or(SlotState::Absent);
-        let this_replacing = slot.is_some_and(|s| s.data.replacing(desire_of(name)));
+        let this_replacing = slot.is_some_and(|s| s.data.replacing(desire_of(name), now));
         let other_replacing = replacing > usize::from(this_replacing);
         let backoff_elapsed = slot.is_some_and(|s| {
             let accepted = s.data.assignment.observation.as_ref().map_or(0, |o| o.accepted_at);
@@ -733,10 +733,11 @@ mod tests {
         let p = plan(&t, 0);
         assert!(cases(&p).is_empty(), "{:?}", cases(&p));
         assert_eq!(p.verdict, Verdict::new("converging", None));
-        // the successor runs and is ready: the next slot drifts
+        // the successor runs and is ready (accepted at 1 000): once it has settled, the next slot drifts
         let successor = running(&t, "node_a.0", "running", true);
         t.slots[0].data = Slot { assignment: Assignment { successor: true, ..successor.assignment }, ..successor };
-        let p = plan(&t, 0);
+        assert!(plan(&t, 1_000 + crate::slots::SETTLE_MS - 1).steps.is_empty(), "ready, not settled: the next one waits");
+        let p = plan(&t, 1_000 + crate::slots::SETTLE_MS);
         assert_eq!(cases(&p), vec![("node_b.0".into(), "drift")]);
         // not ready yet: the next one waits
         t.slots[0].data.assignment.observation.as_mut().unwrap().ready = false;
@@ -754,7 +755,7 @@ mod tests {
         both.slots = replaced.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect();
         assert_eq!(plan(&both, 0).verdict, Verdict::new("converged", None));
         let next = Target { service: Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "active")), ..both };
-        assert_eq!(cases(&plan(&next, 0)), vec![("node_a.0".into(), "drift")]);
+        assert_eq!(cases(&plan(&next, 1_000 + crate::slots::SETTLE_MS)), vec![("node_a.0".into(), "drift")]);
     }
 
     #[test]

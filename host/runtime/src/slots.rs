@@ -226,16 +226,25 @@ impl Slot {
         a.intent == Intent::Run && a.key == key && a.observation.as_ref().is_some_and(|o| o.ready && !o.failed())
     }
 
-    /// Between a drift's stop and its successor's readiness.
-    pub fn replacing(&self, desired: Option<&str>) -> bool {
+    /// Between a drift's stop and its successor's having been ready for [`SETTLE_MS`] at `now`.
+    pub fn replacing(&self, desired: Option<&str>, now: u64) -> bool {
         let a = &self.assignment;
         match a.intent {
             Intent::Stop | Intent::Remove => desired.is_some() && a.stop_cause.as_deref() == Some("drift"),
-            // a successor replaces until its own attempt is observed ready (whatever is desired now)
-            Intent::Run => a.successor && !a.observation.as_ref().is_some_and(|o| o.ready && !o.failed()),
+            // a successor replaces until its own attempt is observed ready and settled (whatever
+            // is desired now); an observation is rewritten only when it changes, so the accepted
+            // time of a ready one is when it became ready
+            Intent::Run => {
+                a.successor && !a.observation.as_ref().is_some_and(|o| o.ready && !o.failed() && now >= o.accepted_at + SETTLE_MS)
+            }
         }
     }
 }
+
+/// How long a successor stays ready before the next replica of its service is replaced: an
+/// ingress that follows ready replicas (it hears of each observation) routes to it by then, so
+/// traffic always has a ready replica to go to during a rollout.
+pub const SETTLE_MS: u64 = 5_000;
 
 /// A slot's document id: `<serviceId>@<slot>`.
 pub fn slot_id(service_id: &str, slot: &str) -> String {
