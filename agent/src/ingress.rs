@@ -3,8 +3,10 @@
 //! session (`ingress.register`), takes the route tables the manager pushes
 //! (`ingress.applyRouteTable`) or that it reads at registration (`ingress.getRouteTable`), and
 //! serves them with a small HTTP reverse proxy: a request's `Host` picks the route, a route with
-//! a `sourceAllowList` answers only connections from those prefixes, and the request goes to the
-//! route's target.
+//! a `sourceAllowList` answers only connections from those prefixes, and the request goes to one
+//! of the route's targets (the service's ready replicas, in turn; a request without a body that
+//! cannot connect to one is tried at the next, so a replica stopping before the table says so
+//! costs no request).
 //!
 //! A table is applied whole and atomically; an older revision than the one held is refused
 //! (`route-table-stale`), and the table held stays in force until a newer one arrives, across
@@ -30,7 +32,8 @@ use tokio::sync::Notify;
 pub struct Route {
     pub hostname: String,
     pub service_id: String,
-    pub target: Target,
+    /// Empty while the service has no ready replica: the proxy answers 503.
+    pub targets: Vec<Target>,
     #[serde(default)]
     pub source_allow_list: Option<Vec<String>>,
 }
@@ -99,6 +102,8 @@ pub struct Ingress {
     client: reqwest::Client,
     /// The designation generation the ingress last registered under (0: none yet).
     registered: AtomicU64,
+    /// Turns the targets of every route (requests go to them in turn).
+    turn: AtomicU64,
     /// Signalled when a push names another designation: the relay registers the ingress again.
     pub wanted: Notify,
 }
@@ -108,7 +113,7 @@ impl Ingress {
     pub fn new(listen: SocketAddr, advertised: Option<Advertised>, bearer_file: PathBuf) -> Result<Arc<Ingress>, Refusal> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(std::time::Duration::from_secs(10))
+            .connect_timeout(std::time::Duration::from_secs(3))
             .build()
             .map_err(Refusal::internal)?;
         let advertised = advertised.or_else(|| advertised_from(listen));
@@ -119,6 +124,7 @@ impl Ingress {
             held: RwLock::new(None),
             client,
             registered: AtomicU64::new(0),
+            turn: AtomicU64::new(0),
             wanted: Notify::new(),
         }))
     }
@@ -206,6 +212,10 @@ impl Ingress {
             .await
             .map_err(|e| Refusal::new("ingress-listen-failed", format!("cannot listen on {}: {e}", self.listen)))?;
         tracing::info!(listen = %self.listen, "ingress proxy listening");
+        self.serve_on(listener).await
+    }
+
+    async fn serve_on(self: Arc<Self>, listener: tokio::net::TcpListener) -> Result<(), Refusal> {
         let app = axum::Router::new().fallback(proxy).with_state(self);
         axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
             .await
@@ -266,10 +276,11 @@ async fn proxy(State(ingress): State<Arc<Ingress>>, ConnectInfo(peer): ConnectIn
     {
         return plain(StatusCode::FORBIDDEN, "this hostname is not served to this source");
     }
-    let target = &served.route.target;
-    let host_part = if target.address.contains(':') { format!("[{}]", target.address) } else { target.address.clone() };
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    let url = format!("http://{host_part}:{}{path}", target.port);
+    let targets = &served.route.targets;
+    if targets.is_empty() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "no replica of the service behind this hostname is ready");
+    }
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
     let (parts, body) = request.into_parts();
     let mut headers = HeaderMap::new();
     for (name, value) in &parts.headers {
@@ -284,25 +295,45 @@ async fn proxy(State(ingress): State<Arc<Ingress>>, ConnectInfo(peer): ConnectIn
         headers.insert("x-forwarded-host", h);
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
-    let upstream =
-        ingress.client.request(parts.method, &url).headers(headers).body(reqwest::Body::wrap_stream(body.into_data_stream())).send().await;
-    match upstream {
-        Ok(answer) => {
-            let mut response = Response::builder().status(answer.status().as_u16());
-            for (name, value) in answer.headers() {
-                if !HOP_BY_HOP.contains(&name.as_str()) {
-                    response = response.header(name, value);
+    // a request without a body can be sent again to the next target when one refuses it
+    let bodyless = !parts.headers.contains_key(header::TRANSFER_ENCODING)
+        && parts.headers.get(header::CONTENT_LENGTH).is_none_or(|l| l.as_bytes() == b"0");
+    let mut body = Some(body);
+    let first = ingress.turn.fetch_add(1, Ordering::Relaxed) as usize;
+    let mut last_failure = None;
+    for attempt in 0..targets.len() {
+        let target = &targets[(first + attempt) % targets.len()];
+        let host_part = if target.address.contains(':') { format!("[{}]", target.address) } else { target.address.clone() };
+        let url = format!("http://{host_part}:{}{path}", target.port);
+        let sent = match (bodyless, body.take()) {
+            (false, Some(body)) => reqwest::Body::wrap_stream(body.into_data_stream()),
+            _ => reqwest::Body::from(Vec::new()),
+        };
+        match ingress.client.request(parts.method.clone(), &url).headers(headers.clone()).body(sent).send().await {
+            Ok(answer) => {
+                let mut response = Response::builder().status(answer.status().as_u16());
+                for (name, value) in answer.headers() {
+                    if !HOP_BY_HOP.contains(&name.as_str()) {
+                        response = response.header(name, value);
+                    }
+                }
+                return response
+                    .body(Body::from_stream(answer.bytes_stream()))
+                    .unwrap_or_else(|_| plain(StatusCode::BAD_GATEWAY, "bad upstream answer"));
+            }
+            Err(e) => {
+                let again = bodyless && e.is_connect();
+                last_failure = Some(e);
+                if !again {
+                    break;
                 }
             }
-            response
-                .body(Body::from_stream(answer.bytes_stream()))
-                .unwrap_or_else(|_| plain(StatusCode::BAD_GATEWAY, "bad upstream answer"))
-        }
-        Err(e) => {
-            tracing::warn!(hostname = %host, service_id = %served.route.service_id, "the route's target did not answer: {e}");
-            plain(StatusCode::BAD_GATEWAY, "the service behind this hostname did not answer")
         }
     }
+    if let Some(e) = last_failure {
+        tracing::warn!(hostname = %host, service_id = %served.route.service_id, "the route's targets did not answer: {e}");
+    }
+    plain(StatusCode::BAD_GATEWAY, "the service behind this hostname did not answer")
 }
 
 /// `192.0.2.0/24`, `2001:db8::/32`, or an address alone (its full length).
@@ -361,7 +392,7 @@ mod tests {
     #[test]
     fn a_table_is_applied_whole_and_never_replaced_by_an_older_one() {
         let ingress = Ingress::new("127.0.0.1:0".parse().unwrap(), None, PathBuf::from("/nonexistent")).unwrap();
-        let route = json!([{"hostname": "a.example", "serviceId": "svc_a", "target": {"address": "127.0.0.1", "port": 8080}}]);
+        let route = json!([{"hostname": "a.example", "serviceId": "svc_a", "targets": [{"address": "127.0.0.1", "port": 8080}]}]);
         assert_eq!(ingress.apply("cluster_a", table(2, route.clone())).unwrap(), 2);
         assert!(ingress.route_for("a.example").is_some());
         let stale = ingress.apply("cluster_a", table(1, json!([]))).unwrap_err();
@@ -369,11 +400,45 @@ mod tests {
         assert!(ingress.route_for("a.example").is_some(), "the held table stays");
         let foreign = ingress.apply("cluster_b", table(3, json!([]))).unwrap_err();
         assert_eq!(foreign.code, "route-table-foreign");
-        let bad = json!([{"hostname": "b.example", "serviceId": "svc_b", "target": {"address": "127.0.0.1", "port": 1}, "sourceAllowList": ["nope/8"]}]);
+        let bad = json!([{"hostname": "b.example", "serviceId": "svc_b", "targets": [{"address": "127.0.0.1", "port": 1}], "sourceAllowList": ["nope/8"]}]);
         assert_eq!(ingress.apply("cluster_a", table(3, bad)).unwrap_err().code, "route-table-invalid");
         assert_eq!(ingress.revision(), 2, "a refused table changes nothing");
         assert_eq!(ingress.apply("cluster_a", table(3, json!([]))).unwrap(), 3);
         assert!(ingress.route_for("a.example").is_none(), "a withdrawal takes effect");
+    }
+
+    #[tokio::test]
+    async fn requests_go_to_the_targets_in_turn_and_past_one_that_refuses_the_connection() {
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = upstream.local_addr().unwrap().port();
+        let app = axum::Router::new().fallback(|request: Request<Body>| async move {
+            let length = axum::body::to_bytes(request.into_body(), 1024).await.unwrap().len();
+            format!("up {length}")
+        });
+        tokio::spawn(async move { axum::serve(upstream, app).await });
+        // a port nothing listens on: a replica that stopped before the table said so
+        let down = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let ingress = Ingress::new("127.0.0.1:0".parse().unwrap(), None, PathBuf::from("/nonexistent")).unwrap();
+        let targets = json!([{"address": "127.0.0.1", "port": down}, {"address": "127.0.0.1", "port": up}]);
+        let routes = json!([{"hostname": "a.example", "serviceId": "svc_a", "targets": targets},
+                            {"hostname": "none.example", "serviceId": "svc_b", "targets": []}]);
+        ingress.apply("cluster_a", table(1, routes)).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(ingress.clone().serve_on(listener));
+        let client = reqwest::Client::new();
+        for _ in 0..4 {
+            let answer = client.get(&proxy).header("host", "a.example").send().await.unwrap();
+            assert_eq!((answer.status().as_u16(), answer.text().await.unwrap()), (200, "up 0".to_string()), "every GET lands");
+        }
+        // a request with a body goes to one target only: sent in turn, half of them find the closed one
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            statuses.push(client.post(&proxy).header("host", "a.example").body("hello").send().await.unwrap().status().as_u16());
+        }
+        assert!(statuses.contains(&200) && statuses.contains(&502), "{statuses:?}");
+        let none = client.get(&proxy).header("host", "none.example").send().await.unwrap();
+        assert_eq!(none.status().as_u16(), 503, "no ready replica");
     }
 
     #[test]

@@ -265,7 +265,7 @@ mod tests {
         Route {
             hostname: hostname.into(),
             service_id: service.into(),
-            target: RouteTarget { address: "10.0.0.9".into(), port: 8080 },
+            targets: vec![RouteTarget { address: "10.0.0.9".into(), port: 8080 }],
             source_allow_list: private.then(|| vec!["192.0.2.0/24".into()]),
         }
     }

@@ -7,9 +7,12 @@
 //!   `cluster-ingress:<clusterId>`, so it reaches the ingress through the service's resolved
 //!   manifest. The bearer is ensured before the designation commits (the WIT joins no secret
 //!   write to a store batch): a retried designation finds the same bearer.
-//! - `ingress.attachService` routes a service through the cluster's ingress, stating the
-//!   address its workload answers on (Capstan places no workloads yet) and which of its
-//!   hostnames are not public.
+//! - Every service with domains whose replicas run on a designated cluster is routed through its
+//!   ingress, to the nodes where a replica is ready (`runtime.service-replicas`, each node's
+//!   `address`, the port its http port is published at); the table follows the replicas as the
+//!   runtime reports them (`runtime.observed`). `ingress.attachService` routes a service run
+//!   outside Capstan's runtime, at an address it states, and names the hostnames of a service
+//!   that are not public.
 //! - The reconcile pass computes each designated cluster's table ([`table::compute`]), issues
 //!   it under the next revision, withdrawals first ([`table::next_step`]), and pushes it to the
 //!   cluster's relay (`ingress.applyRouteTable`); the relay's answer records what it applied.
@@ -30,9 +33,9 @@ use capstan_sdk::{
     CallerKind, CollectionSpec, Context, Descriptor, Event, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Refusal, Result,
     Role, Value, json,
 };
-use capstan_sdk::{agents, log, secrets, settings};
+use capstan_sdk::{agents, log, runtime, secrets, settings};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use table::{Ingress as IngressFacts, Omitted, Route};
 
@@ -106,6 +109,8 @@ impl Manager for IngressManager {
             .subscribe("service.updated")
             .subscribe("service.deleting")
             .subscribe("service.deleted")
+            // a replica became ready or stopped being so: its routes follow at once
+            .subscribe("runtime.observed")
             .reconcile_every(Duration::from_secs(10))
     }
 
@@ -191,13 +196,16 @@ struct Registration {
     accepted_at: u64,
 }
 
-/// A service routed through its cluster's ingress (`attachments/<serviceId>`).
+/// A service routed through a cluster's ingress by hand (`attachments/<serviceId>`): at an
+/// address outside Capstan's runtime, or at its replicas with hostnames that are not public.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct Attachment {
     cluster_id: String,
     service_id: String,
-    address: String,
+    /// Where a workload run outside Capstan's runtime answers; absent, the service's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    address: Option<String>,
     #[serde(default)]
     private_hostnames: Vec<String>,
 }
@@ -621,8 +629,10 @@ fn export_bearer(_ctx: &Context, input: ClusterInput) -> Result<ExportedBearer> 
 struct AttachInput {
     cluster_id: String,
     service_id: String,
-    /// The address the service's workload answers on: an IP address or a host name.
-    address: String,
+    /// An address outside Capstan's runtime the service answers on (an IP address or a host
+    /// name); omit it for a service whose replicas Capstan runs on the cluster.
+    #[serde(default)]
+    address: Option<String>,
     /// Hostnames of the service that are not public (served to the forwarding sources alone).
     #[serde(default)]
     private_hostnames: Vec<String>,
@@ -632,7 +642,7 @@ fn attach_service(_ctx: &Context, input: AttachInput) -> Result<Attachment> {
     require_cluster(&input.cluster_id)?;
     let service = inventory::get::<table::Service>(EntityKind::Service, &input.service_id)?
         .ok_or_else(|| Refusal::new("service-not-found", format!("no service {}", input.service_id)))?;
-    if !is_address(&input.address) {
+    if input.address.as_deref().is_some_and(|a| !is_address(a)) {
         return Err(Refusal::invalid_request("address must be an IP address or a host name").with_data(json!({"field": "address"})));
     }
     if let Some(h) = input.private_hostnames.iter().find(|h| !service.data.domains.contains(h)) {
@@ -790,16 +800,7 @@ fn register(ctx: &Context, input: RegisterInput) -> Result<Registered> {
     if !node_ok || (!held.data.node_ids.is_empty() && !held.data.node_ids.contains(&input.node_id)) {
         return Err(refused("node-mismatch", format!("node {} is not a node the cluster's ingress may register from", input.node_id)));
     }
-    match inventory::get::<Value>(EntityKind::Service, &held.data.service_id) {
-        Ok(Some(s)) if s.data["state"] == "active" && s.data["scale"].as_u64().unwrap_or(0) > 0 => {}
-        Ok(_) => {
-            return Err(refused(
-                "assignment-not-running",
-                format!("the designated service {} is not running (deleted, being deleted or scaled to 0)", held.data.service_id),
-            ));
-        }
-        Err(_) => return Err(refused("not-ready", "the designated service cannot be read now".into())),
-    }
+    running_on(&held.data.service_id, &input.cluster_id, &input.node_id)?;
     if !constant_time_eq(sha256_hex(input.bearer.as_bytes()).as_bytes(), held.data.bearer_digest.as_bytes()) {
         return Err(refused("bearer-refused", "the bearer is not the cluster ingress's current bearer".into()));
     }
@@ -827,6 +828,36 @@ fn register(ctx: &Context, input: RegisterInput) -> Result<Registered> {
         node_id: input.node_id,
         accepted_at,
     })
+}
+
+/// Whether the designated ingress runs on `node_id`, or refused `assignment-not-running`: one
+/// Capstan runs (its service has replicas on the cluster) has a running replica there; one run
+/// outside the runtime (the reference ingress in the relay, its service without replicas on
+/// the cluster) has an active service with a scale above 0.
+fn running_on(service_id: &str, cluster_id: &str, node_id: &str) -> Result<()> {
+    let not_running = |why: String| Err(refused("assignment-not-running", why));
+    let service = match inventory::get::<Value>(EntityKind::Service, service_id) {
+        Ok(Some(s)) => s,
+        Ok(None) => return not_running(format!("the designated service {service_id} is gone")),
+        Err(_) => return Err(refused("not-ready", "the designated service cannot be read now".into())),
+    };
+    let replicas = match runtime::service_replicas(service_id) {
+        Ok(replicas) => replicas.into_iter().filter(|r| r.cluster_id == cluster_id).collect::<Vec<_>>(),
+        Err(_) => return Err(refused("not-ready", "the designated service's replicas cannot be read now".into())),
+    };
+    if service.data["state"] != "active" {
+        return not_running(format!("the designated service {service_id} is being deleted"));
+    }
+    if replicas.is_empty() {
+        if service.data["scale"].as_u64().unwrap_or(0) == 0 {
+            return not_running(format!("the designated service {service_id} is scaled to 0"));
+        }
+        return Ok(());
+    }
+    if replicas.iter().any(|r| r.node_id == node_id && r.intent == runtime::Intent::Run && r.phase == "running") {
+        return Ok(());
+    }
+    not_running(format!("no replica of the designated service {service_id} runs on node {node_id}"))
 }
 
 // ---- the route table ----
@@ -967,31 +998,67 @@ struct Settings {
     forward_source_addresses: Vec<table::Prefix>,
 }
 
-/// Every service routed through `cluster_id` with what the table needs; attachments of
-/// services that are gone are dropped.
+/// Every service routed through `cluster_id` with what the table needs: those with domains
+/// whose replicas run on the cluster, and those attached to it. Attachments of services that
+/// are gone are dropped.
 fn sources(cluster_id: &str) -> Result<Vec<table::Source>> {
-    let mut out = Vec::new();
+    let mut attached: BTreeMap<String, Doc<Attachment>> = BTreeMap::new();
     let mut cursor: Option<String> = None;
     loop {
         let page = store::find::<Attachment>(ATTACHMENTS, "by_cluster", &[json!(cluster_id)], cursor.as_deref(), 500)?;
-        for doc in page.documents {
-            match inventory::get::<table::Service>(EntityKind::Service, &doc.data.service_id)? {
-                Some(service) => out.push(table::Source {
-                    service_id: doc.data.service_id.clone(),
-                    service: service.data,
-                    address: doc.data.address.clone(),
-                    private_hostnames: doc.data.private_hostnames.iter().cloned().collect::<BTreeSet<_>>(),
-                }),
-                None => {
-                    let _ = Batch::new().delete(ATTACHMENTS, &doc.id, doc.revision).commit();
-                }
-            }
-        }
+        attached.extend(page.documents.into_iter().map(|d| (d.data.service_id.clone(), d)));
         match page.next_cursor {
             Some(next) => cursor = Some(next),
-            None => return Ok(out),
+            None => break,
         }
     }
+    let mut addresses: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for service in inventory::list_all::<table::Service>(EntityKind::Service)? {
+        let attachment = attached.remove(&service.id).map(|d| d.data);
+        if attachment.is_none() && service.data.domains.is_empty() {
+            continue;
+        }
+        let reach = match attachment.as_ref().and_then(|a| a.address.clone()) {
+            Some(address) => table::Reach::External(address),
+            None => {
+                let replicas: Vec<runtime::Replica> =
+                    runtime::service_replicas(&service.id)?.into_iter().filter(|r| r.cluster_id == cluster_id).collect();
+                if replicas.is_empty() && attachment.is_none() {
+                    continue;
+                }
+                let (mut ready, mut unaddressed) = (Vec::new(), Vec::new());
+                for replica in replicas.iter().filter(|r| r.ready) {
+                    match node_address(&mut addresses, &replica.node_id)? {
+                        Some(address) => ready.push(address),
+                        None => unaddressed.push(replica.node_id.clone()),
+                    }
+                }
+                table::Reach::Replicas { ready, unaddressed }
+            }
+        };
+        out.push(table::Source {
+            service_id: service.id,
+            service: service.data,
+            reach,
+            private_hostnames: attachment.map(|a| a.private_hostnames.into_iter().collect()).unwrap_or_default(),
+        });
+    }
+    // what is left was attached to a service that is gone
+    for (_, doc) in attached {
+        let _ = Batch::new().delete(ATTACHMENTS, &doc.id, doc.revision).commit();
+    }
+    Ok(out)
+}
+
+/// Where a node's published ports are reached (`nodes.get`'s `address`), read once per pass.
+fn node_address(known: &mut BTreeMap<String, Option<String>>, node_id: &str) -> Result<Option<String>> {
+    if let Some(address) = known.get(node_id) {
+        return Ok(address.clone());
+    }
+    let address = inventory::get::<Value>(EntityKind::Node, node_id)?.and_then(|n| n.data["address"].as_str().map(str::to_string));
+    known.insert(node_id.to_string(), address.clone());
+    Ok(address)
 }
 
 // ---- helpers ----

@@ -22,21 +22,31 @@ capstan_sdk::shaped_text!(
 pub struct Target {
     /// The address the workload answers on (an IP address or a host name).
     pub address: String,
-    /// The service's HTTP port.
+    /// The port it answers HTTP on there.
     pub port: u16,
 }
 
-/// One route: a hostname served for one service. Every field is its identity: a change of any
-/// revokes the route and issues another.
+/// One route: a hostname served for one service, at its targets (the ready replicas, or an
+/// address outside Capstan's runtime). The hostname, the service and the allowlist are its
+/// identity: a change of any revokes the route and issues another; its targets follow the
+/// replicas in place.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Route {
     pub hostname: String,
     pub service_id: String,
-    pub target: Target,
+    /// Sorted; empty while the service has no ready replica (the ingress answers 503).
+    pub targets: Vec<Target>,
     /// For a non-public hostname: the only source prefixes the ingress may accept for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_allow_list: Option<Vec<String>>,
+}
+
+impl Route {
+    /// What a route is, whatever its targets.
+    fn identity(&self) -> (&str, &str, &Option<Vec<String>>) {
+        (&self.hostname, &self.service_id, &self.source_allow_list)
+    }
 }
 
 /// A hostname left out of the table, and why (the other routes are still served).
@@ -70,6 +80,20 @@ pub struct Service {
 pub struct Port {
     pub port: u16,
     pub protocol: String,
+    /// The port its replicas publish on their nodes.
+    #[serde(default)]
+    pub public_port: Option<u16>,
+}
+
+/// Where a routed service answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reach {
+    /// At an address outside Capstan's runtime (an attachment states it), on its HTTP port.
+    External(String),
+    /// Its replicas on the cluster's nodes, on the port its HTTP port is published at: the
+    /// addresses of the nodes where a replica is ready, and the nodes with a ready replica that
+    /// state no address.
+    Replicas { ready: Vec<String>, unaddressed: Vec<String> },
 }
 
 /// A service routed through the cluster's ingress, with what the table needs of it.
@@ -77,8 +101,7 @@ pub struct Port {
 pub struct Source {
     pub service_id: String,
     pub service: Service,
-    /// Where its workload answers.
-    pub address: String,
+    pub reach: Reach,
     /// Its hostnames that are not public: served only to the gateway's forwarding sources.
     pub private_hostnames: BTreeSet<String>,
 }
@@ -94,11 +117,12 @@ pub struct Ingress {
 
 /// The routes of `sources` and the hostnames left out, both sorted.
 ///
-/// A route per domain of an active service, to its first HTTP port at its address. Left out:
-/// a wildcard (the table carries exact names), a service without an HTTP port, a hostname two
-/// services claim (served for neither), a non-public hostname the ingress cannot restrict to
-/// `forward_sources` (three reasons, checked in order). A service being deleted leaves out only
-/// its own routes.
+/// A route per domain of an active service, to its first HTTP port: at its external address, or
+/// published on the nodes of its ready replicas. Left out: a wildcard (the table carries exact
+/// names), a service without an HTTP port, replicas whose HTTP port is not published, ready
+/// replicas none of whose nodes states an address, a hostname two services claim (served for
+/// neither), a non-public hostname the ingress cannot restrict to `forward_sources` (three
+/// reasons, checked in order). A service being deleted leaves out only its own routes.
 pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress) -> (Vec<Route>, Vec<Omitted>) {
     let mut claims: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for source in sources.iter().filter(|s| s.service.state == "active") {
@@ -109,7 +133,7 @@ pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress
     let mut routes = Vec::new();
     let mut omitted = Vec::new();
     for source in sources.iter().filter(|s| s.service.state == "active") {
-        let port = source.service.ports.iter().find(|p| p.protocol == "http").map(|p| p.port);
+        let http = source.service.ports.iter().find(|p| p.protocol == "http");
         for hostname in &source.service.domains {
             let leave = |code: &str, reason: String, fix: &str| Omitted {
                 hostname: hostname.clone(),
@@ -135,13 +159,39 @@ pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress
                 ));
                 continue;
             }
-            let Some(port) = port else {
+            let Some(http) = http else {
                 omitted.push(leave(
                     "route-port-missing",
                     "the service declares no port with protocol http".into(),
                     "Add an http port to the service.",
                 ));
                 continue;
+            };
+            let targets = match &source.reach {
+                Reach::External(address) => vec![Target { address: address.clone(), port: http.port }],
+                Reach::Replicas { .. } if http.public_port.is_none() => {
+                    omitted.push(leave(
+                        "route-port-unpublished",
+                        format!("the service's http port {} is not published on its nodes, so the ingress cannot reach its replicas", http.port),
+                        "Set the http port's publicPort.",
+                    ));
+                    continue;
+                }
+                Reach::Replicas { ready, unaddressed } => {
+                    if ready.is_empty() && !unaddressed.is_empty() {
+                        omitted.push(leave(
+                            "route-target-unaddressed",
+                            format!("the nodes of its ready replicas state no address: {}", unaddressed.join(", ")),
+                            "Start each node's agent with --advertise-address (a node with several addresses states which one is reached).",
+                        ));
+                        continue;
+                    }
+                    let port = http.public_port.unwrap_or(http.port);
+                    let mut targets: Vec<Target> = ready.iter().map(|address| Target { address: address.clone(), port }).collect();
+                    targets.sort();
+                    targets.dedup();
+                    targets
+                }
             };
             let mut allow = None;
             if source.private_hostnames.contains(hostname) {
@@ -154,12 +204,7 @@ pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress
                 prefixes.dedup();
                 allow = Some(prefixes);
             }
-            routes.push(Route {
-                hostname: hostname.clone(),
-                service_id: source.service_id.clone(),
-                target: Target { address: source.address.clone(), port },
-                source_allow_list: allow,
-            });
+            routes.push(Route { hostname: hostname.clone(), service_id: source.service_id.clone(), targets, source_allow_list: allow });
         }
     }
     routes.sort();
@@ -217,11 +262,13 @@ pub fn parse_version(text: &str) -> Option<(u64, u64, u64)> {
 
 /// The next table to issue on the way from `current` to `desired`: `desired` itself when
 /// nothing of `current` is revoked or nothing is added; otherwise `current` without the revoked
-/// routes, so the withdrawal is served before any addition.
+/// routes, so the withdrawal is served before any addition. A route is revoked or added by its
+/// identity; new targets of a route that stays are no revocation and go with either step.
 pub fn next_step(current: &[Route], desired: &[Route]) -> Vec<Route> {
-    let revoked = current.iter().any(|r| !desired.contains(r));
-    let added = desired.iter().any(|r| !current.contains(r));
-    if revoked && added { current.iter().filter(|r| desired.contains(r)).cloned().collect() } else { desired.to_vec() }
+    let kept = |r: &Route, among: &[Route]| among.iter().any(|o| o.identity() == r.identity());
+    let revoked = current.iter().any(|r| !kept(r, desired));
+    let added = desired.iter().any(|r| !kept(r, current));
+    if revoked && added { desired.iter().filter(|r| kept(r, current)).cloned().collect() } else { desired.to_vec() }
 }
 
 /// Whether `text` is an address prefix: an IPv4 or IPv6 address with an optional `/len`.
@@ -244,10 +291,10 @@ mod tests {
             service_id: id.into(),
             service: Service {
                 domains: domains.iter().map(|d| d.to_string()).collect(),
-                ports: http.into_iter().map(|port| Port { port, protocol: "http".into() }).collect(),
+                ports: http.into_iter().map(|port| Port { port, protocol: "http".into(), public_port: None }).collect(),
                 state: "active".into(),
             },
-            address: "10.0.0.7".into(),
+            reach: Reach::External("10.0.0.7".into()),
             private_hostnames: private.iter().map(|d| d.to_string()).collect(),
         }
     }
@@ -260,7 +307,7 @@ mod tests {
     fn a_route_per_exact_domain_to_the_first_http_port() {
         let (routes, omitted) = compute(&[source("svc_a", &["b.example", "a.example", "*.example"], Some(8080), &[])], &[], &able());
         assert_eq!(routes.iter().map(|r| r.hostname.as_str()).collect::<Vec<_>>(), ["a.example", "b.example"]);
-        assert!(routes.iter().all(|r| r.target == Target { address: "10.0.0.7".into(), port: 8080 } && r.source_allow_list.is_none()));
+        assert!(routes.iter().all(|r| r.targets == [Target { address: "10.0.0.7".into(), port: 8080 }] && r.source_allow_list.is_none()));
         assert_eq!(omitted.len(), 1);
         assert_eq!(omitted[0].code, "route-hostname-wildcard");
     }
@@ -311,11 +358,42 @@ mod tests {
     }
 
     #[test]
+    fn replicas_are_reached_where_they_are_ready_on_the_published_port_or_left_out_by_name() {
+        let replicas = |ready: &[&str], unaddressed: &[&str]| Reach::Replicas {
+            ready: ready.iter().map(|a| a.to_string()).collect(),
+            unaddressed: unaddressed.iter().map(|n| n.to_string()).collect(),
+        };
+        let mut web = source("svc_a", &["a.example"], Some(8080), &[]);
+        web.service.ports[0].public_port = Some(18080);
+        web.reach = replicas(&["10.0.0.9", "10.0.0.8"], &["node_c"]);
+        let (routes, omitted) = compute(std::slice::from_ref(&web), &[], &able());
+        let at = |a: &str| Target { address: a.into(), port: 18080 };
+        assert_eq!(routes[0].targets, [at("10.0.0.8"), at("10.0.0.9")], "sorted, on the published port; an unaddressed node left out");
+        assert!(omitted.is_empty());
+        // no replica ready: the route stays, with nothing to send to
+        web.reach = replicas(&[], &[]);
+        let (routes, _) = compute(std::slice::from_ref(&web), &[], &able());
+        assert!(routes[0].targets.is_empty());
+        // ready replicas, but no node states an address
+        web.reach = replicas(&[], &["node_a", "node_b"]);
+        let (routes, omitted) = compute(std::slice::from_ref(&web), &[], &able());
+        assert!(routes.is_empty());
+        assert_eq!(omitted[0].code, "route-target-unaddressed");
+        assert!(omitted[0].reason.contains("node_a, node_b"), "{}", omitted[0].reason);
+        // the http port not published
+        web.service.ports[0].public_port = None;
+        web.reach = replicas(&["10.0.0.8"], &[]);
+        let (routes, omitted) = compute(std::slice::from_ref(&web), &[], &able());
+        assert!(routes.is_empty());
+        assert_eq!(omitted[0].code, "route-port-unpublished");
+    }
+
+    #[test]
     fn a_change_withdraws_the_revoked_routes_before_it_adds() {
         let route = |h: &str, port: u16| Route {
             hostname: h.into(),
             service_id: "svc_a".into(),
-            target: Target { address: "10.0.0.7".into(), port },
+            targets: vec![Target { address: "10.0.0.7".into(), port }],
             source_allow_list: None,
         };
         let current = vec![route("a.example", 80), route("old.example", 80)];
@@ -324,9 +402,15 @@ mod tests {
         assert_eq!(next_step(&next_step(&current, &desired), &desired), desired, "then the addition");
         assert_eq!(next_step(&current, &current[..1]), current[..1], "a withdrawal alone is one step");
         assert_eq!(next_step(&current[..1], &current), current, "an addition alone is one step");
-        // a target change is a revocation and an addition of the same hostname
+        // new targets of a route that stays are no revocation: they go at once
         let moved = vec![route("a.example", 8080), route("old.example", 80)];
-        assert_eq!(next_step(&current, &moved), vec![route("old.example", 80)]);
+        assert_eq!(next_step(&current, &moved), moved);
+        // and with the withdrawal step when there is one
+        let next = vec![route("a.example", 8080), route("new.example", 80)];
+        assert_eq!(next_step(&current, &next), vec![route("a.example", 8080)]);
+        // another service taking a hostname is a revocation and an addition
+        let taken = vec![Route { service_id: "svc_b".into(), ..route("a.example", 80) }, route("old.example", 80)];
+        assert_eq!(next_step(&current, &taken), vec![route("old.example", 80)]);
     }
 
     #[test]
