@@ -16,7 +16,7 @@ use crate::handler::{Answer, Handler, RelayContext};
 use crate::relay::{Bearer, read_authorization};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use capstan_core::Refusal;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -322,7 +322,11 @@ async fn proxy(State(ingress): State<Arc<Ingress>>, ConnectInfo(peer): ConnectIn
                     .unwrap_or_else(|_| plain(StatusCode::BAD_GATEWAY, "bad upstream answer"));
             }
             Err(e) => {
-                let again = bodyless && e.is_connect();
+                // a failure before the answer's head: the request never reached a target (a
+                // connection refused), or one that cannot have changed anything (an idempotent
+                // method without a body) — either may go to the next
+                let idempotent = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+                let again = bodyless && (e.is_connect() || idempotent);
                 last_failure = Some(e);
                 if !again {
                     break;

@@ -311,7 +311,12 @@ mod tests {
         .await;
         let (root, dir, credential) = enrolled(&mock.origin);
         let file = root.path().join("hostname");
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(HostnameFile(file.clone())), advertised: Some("192.0.2.10".parse().unwrap()) };
+        let options = Options {
+            state: dir.clone(),
+            interval: Duration::from_millis(50),
+            applier: Box::new(HostnameFile(file.clone())),
+            advertised: Some("192.0.2.10".parse().unwrap()),
+        };
         let stop = tokio::time::sleep(Duration::from_millis(400));
         run(options, async move {
             stop.await;
@@ -342,7 +347,12 @@ mod tests {
     async fn a_rotation_written_to_the_file_is_picked_up_by_the_next_beat() {
         let mock = Mock::start(|_, _| Some((200, receipt(1)))).await;
         let (_root, dir, first) = enrolled(&mock.origin);
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable), advertised: None };
+        let options = Options {
+            state: dir.clone(),
+            interval: Duration::from_millis(50),
+            applier: Box::new(crate::applier::Unavailable),
+            advertised: None,
+        };
         let second = Token::draw().unwrap();
         let swap_dir = dir.clone();
         let swap_token = second.clone();
@@ -386,7 +396,12 @@ mod tests {
         .await;
         let (_root, dir, _) = enrolled(&mock.origin);
         // the credential is refused: beats go out slowly (not every 50 ms)
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable), advertised: None };
+        let options = Options {
+            state: dir.clone(),
+            interval: Duration::from_millis(50),
+            applier: Box::new(crate::applier::Unavailable),
+            advertised: None,
+        };
         let stop = tokio::time::sleep(Duration::from_millis(500));
         run(options, async move {
             stop.await;
@@ -406,7 +421,12 @@ mod tests {
         dir.replace_credential(&credential, &lock).unwrap();
         drop(lock);
         *accepted_hash.lock().unwrap() = pending.sha256_hex();
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(50), applier: Box::new(crate::applier::Unavailable), advertised: None };
+        let options = Options {
+            state: dir.clone(),
+            interval: Duration::from_millis(50),
+            applier: Box::new(crate::applier::Unavailable),
+            advertised: None,
+        };
         let stop = tokio::time::sleep(Duration::from_millis(300));
         run(options, async move {
             stop.await;
@@ -458,7 +478,12 @@ mod tests {
             pending_mutation_id: None,
         };
         dir.write_new_credential(&credential).unwrap();
-        let options = Options { state: dir.clone(), interval: Duration::from_secs(5), applier: Box::new(crate::applier::Unavailable), advertised: None };
+        let options = Options {
+            state: dir.clone(),
+            interval: Duration::from_secs(5),
+            applier: Box::new(crate::applier::Unavailable),
+            advertised: None,
+        };
         let stop = tokio::time::sleep(Duration::from_millis(300));
         run(options, async move {
             stop.await;
@@ -475,7 +500,12 @@ mod tests {
     async fn an_unreachable_capstan_is_not_a_reason_to_stop() {
         let mock = Mock::start(|_, _| None).await;
         let (_root, dir, _) = enrolled(&mock.origin);
-        let options = Options { state: dir.clone(), interval: Duration::from_millis(20), applier: Box::new(crate::applier::Unavailable), advertised: None };
+        let options = Options {
+            state: dir.clone(),
+            interval: Duration::from_millis(20),
+            applier: Box::new(crate::applier::Unavailable),
+            advertised: None,
+        };
         let stop = tokio::time::sleep(Duration::from_millis(400));
         run(options, async move {
             stop.await;

@@ -57,14 +57,20 @@ fn web_service() -> u16 {
 
 /// `GET /` through the proxy at `port` for `host`: the status and the body.
 fn through(port: u16, host: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(stream, "GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").unwrap();
+    through_at(&format!("127.0.0.1:{port}"), host).unwrap()
+}
+
+/// GET / for `host` from an ingress at `address` (`ip:port`) on a connection of its own: the
+/// status and the body, or what went wrong.
+pub(crate) fn through_at(address: &str, host: &str) -> Result<(u16, String), String> {
+    let mut stream = TcpStream::connect(address).map_err(|e| format!("connect: {e}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(20))).map_err(|e| e.to_string())?;
+    write!(stream, "GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").map_err(|e| format!("send: {e}"))?;
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
+    stream.read_to_string(&mut answer).map_err(|e| format!("read: {e}"))?;
     let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// The hostnames of every table the relay applied, in order, from its log.

@@ -39,6 +39,7 @@ mod relays;
 mod relays_cli;
 mod runtime;
 mod runtime_cli;
+mod runtime_ingress;
 mod runtime_logs;
 mod s3;
 mod secrets;

@@ -204,7 +204,7 @@ impl Images {
         Images { dir: dir.to_path_buf() }
     }
 
-    fn archive(&self, name: &str) -> String {
+    pub(crate) fn archive(&self, name: &str) -> String {
         format!("oci-archive:{}", self.dir.join(format!("{name}.tar")).display())
     }
 }
@@ -328,6 +328,8 @@ impl Node {
             .args(self.relay_url.iter().flat_map(|url| ["--relay", url.as_str()]))
             .arg("--secrets-dir")
             .arg(self.secrets_dir())
+            // its engine's bridge gives the namespace a second address: say which one is reached
+            .args(["--advertise-address", &self.node_ip])
             .spawn()
             .unwrap();
         self.agent = Some(child);
@@ -356,15 +358,49 @@ impl Node {
         let file = self.dir.join("relay-authorization");
         std::fs::write(&file, authorization).unwrap();
         run("chmod", &["600", &file.display().to_string()]);
+        self.spawn_relay(&[]);
+    }
+
+    fn spawn_relay(&mut self, extra: &[&str]) {
         let child = self
             .agent_command("relay.log", "capstan_agent=info,warn")
             .arg("relay")
             .arg("--authorization-file")
-            .arg(&file)
+            .arg(self.dir.join("relay-authorization"))
             .args(["--nodes-listen", &format!("{}:8444", self.node_ip)])
+            .args(extra)
             .spawn()
             .unwrap();
         self.relay = Some(child);
+    }
+
+    /// Run this node's relay again with the cluster ingress (`--ingress-listen` on its address,
+    /// port 18443) authenticated by `bearer`; where the ingress answers.
+    pub(crate) fn start_ingress(&mut self, bearer: &str) -> String {
+        let file = self.dir.join("ingress-bearer");
+        std::fs::write(&file, bearer).unwrap();
+        run("chmod", &["600", &file.display().to_string()]);
+        if let Some(mut relay) = self.relay.take() {
+            let _ = relay.kill();
+            let _ = relay.wait();
+        }
+        let listen = format!("{}:18443", self.node_ip);
+        self.spawn_relay(&["--ingress-listen", &listen, "--ingress-bearer-file", &file.display().to_string()]);
+        listen
+    }
+
+    /// Route the other nodes' links through the host, as machines on one network reach each
+    /// other (an ingress on one node sends traffic to the replicas on the others).
+    pub(crate) fn route_to_other_nodes(&self) {
+        run("ip", &["netns", "exec", &self.netns, "ip", "route", "replace", "10.231.0.0/16", "via", &self.host_ip]);
+    }
+
+    pub(crate) fn address(&self) -> &str {
+        &self.node_ip
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.node_id
     }
 
     /// This node's runtime session rides `relay`'s: reached at 127.0.0.1:8444 inside this
@@ -375,7 +411,7 @@ impl Node {
         self.relay_url = Some("ws://127.0.0.1:8444/".into());
     }
 
-    fn relay_log(&self) -> String {
+    pub(crate) fn relay_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
@@ -661,7 +697,7 @@ impl World {
     /// Two nodes of `cluster`, numbered `first` and `first + 1` (tests running at once use
     /// other numbers), each its own namespace, engine and agent, enrolled and live; the first
     /// runs the cluster's relay and the second's runtime session rides it.
-    fn two_nodes(&self, dir: &Path, cluster: &str, first: u32) -> Vec<Node> {
+    pub(crate) fn two_nodes(&self, dir: &Path, cluster: &str, first: u32) -> Vec<Node> {
         let w = self;
         let mut nodes: Vec<Node> = (first..first + 2).map(|i| Node::start(dir, i, w.port)).collect();
         for node in &mut nodes {

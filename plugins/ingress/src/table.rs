@@ -172,7 +172,10 @@ pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress
                 Reach::Replicas { .. } if http.public_port.is_none() => {
                     omitted.push(leave(
                         "route-port-unpublished",
-                        format!("the service's http port {} is not published on its nodes, so the ingress cannot reach its replicas", http.port),
+                        format!(
+                            "the service's http port {} is not published on its nodes, so the ingress cannot reach its replicas",
+                            http.port
+                        ),
                         "Set the http port's publicPort.",
                     ));
                     continue;

@@ -1,0 +1,220 @@
+//! A service served through its cluster's ingress from its running replicas, end to end, on the
+//! two-node setup of the runtime test (tests/e2e/runtime.rs): the first node's relay runs the
+//! reference ingress, the service is designated as the cluster's ingress (so its registration
+//! is judged by where its replicas run) and routed by its domain to the nodes where a replica is
+//! ready. A load driver sends requests through the ingress during `capstan deploy` of v2 (its
+//! route promoted once both replicas run v2), during a release that exits at once and its
+//! rollback, and counts every failed one; the ingress then follows the replica moved from node
+//! to node. Skips as the runtime test does.
+
+use crate::ingress::through_at;
+use crate::runtime::{CONVERGE, Images, Node, World, skipped};
+use crate::support::{Capstan, TEST_ADMIN, dev_command, eventually, with_test_admin};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+const HOSTNAME: &str = "web.example.com";
+
+/// What the load driver saw.
+#[derive(Debug, Default)]
+struct Tally {
+    answered: BTreeMap<String, u64>,
+    failed: u64,
+    failures: Vec<String>,
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: u64 = self.answered.values().sum::<u64>() + self.failed;
+        write!(f, "{total} requests, {} failed, answered {:?}", self.failed, self.answered)?;
+        if !self.failures.is_empty() {
+            write!(f, "; first failures: {:?}", self.failures)?;
+        }
+        Ok(())
+    }
+}
+
+/// `connections` threads sending GET / for `host` to `ingress` back to back until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(ingress: &str, host: &str, connections: usize) -> Load {
+        let (stop, tally) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Tally::default())));
+        let threads = (0..connections)
+            .map(|_| {
+                let (stop, tally, ingress, host) = (stop.clone(), tally.clone(), ingress.to_string(), host.to_string());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let answer = through_at(&ingress, &host);
+                        let mut tally = tally.lock().unwrap();
+                        match answer {
+                            Ok((200, body)) => *tally.answered.entry(body.trim().to_string()).or_default() += 1,
+                            other => {
+                                tally.failed += 1;
+                                if tally.failures.len() < 5 {
+                                    tally.failures.push(format!("{other:?}"));
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, tally, threads }
+    }
+
+    fn finish(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            thread.join().unwrap();
+        }
+        std::mem::take(&mut *self.tally.lock().unwrap())
+    }
+}
+
+/// The route table's targets for [`HOSTNAME`] once the relay applied the table that holds them.
+fn targets(w: &World, cluster: &str) -> Result<Vec<String>, String> {
+    let t = w.ok("ingress.getRouteTable", json!({ "clusterId": cluster }));
+    let route = t["table"]["routes"].as_array().into_iter().flatten().find(|r| r["hostname"] == HOSTNAME).cloned();
+    match route {
+        Some(route) if t["appliedRevision"] == t["table"]["revision"] => {
+            Ok(route["targets"].as_array().unwrap().iter().map(|t| format!("{}:{}", t["address"].as_str().unwrap(), t["port"])).collect())
+        }
+        _ => Err(t.to_string()),
+    }
+}
+
+fn follows(w: &World, cluster: &str, what: &str, nodes: &[&Node]) {
+    let mut want: Vec<String> = nodes.iter().map(|n| format!("{}:18080", n.address())).collect();
+    want.sort();
+    eventually(what, CONVERGE, || match targets(w, cluster) {
+        Ok(got) if got == want => Ok(()),
+        Ok(got) => Err(format!("targets {got:?}, want {want:?}")),
+        Err(table) => Err(table),
+    });
+}
+
+#[test]
+fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_without_a_failed_request() {
+    if skipped() {
+        return;
+    }
+    // the host routes between the nodes' links, as a network between machines would
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let images = Images::build(dir.path(), &["v1", "v2", "crash"]);
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let w = World { server, admin, port, images };
+
+    let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = w.ok("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let (web, deployer, _) = w.published_service(&org, "web");
+    let held = w.ok("services.get", json!({ "id": web }));
+    w.ok("services.update", json!({ "id": web, "expectedRevision": held["revision"], "domains": [HOSTNAME] }));
+    w.release(&web, &deployer, "1.0.0", "v1");
+    let mut nodes = w.two_nodes(dir.path(), &cluster, 4);
+    for node in &nodes {
+        node.route_to_other_nodes();
+    }
+    let spec = w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000, "threshold": 2 } }),
+    );
+    w.converged(&web, "web runs on both nodes", |t| t["slots"].as_array().is_some_and(|s| s.len() == 2));
+
+    // ---- web is the cluster's ingress too: the relay's proxy registers from the node it runs on ----
+    eventually("the ingress plugin running", CONVERGE, || {
+        let reply = w.server.call_as(&w.admin, "plugins.get", &json!({ "id": "ingress" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    let current = w.ok("services.get", json!({ "id": web }));
+    let designate = json!({ "clusterId": cluster, "serviceId": web, "expectedRevision": current["revision"], "mutationId": "e2e-ingress" });
+    w.ok("ingress.designate", designate);
+    let bearer = w.ok("ingress.exportBearer", json!({ "clusterId": cluster }))["bearer"].as_str().unwrap().to_string();
+    let ingress = nodes[0].start_ingress(&bearer);
+    eventually("the ingress registered from the relay's node", CONVERGE, || {
+        let read = w.ok("ingress.getDesignation", json!({ "clusterId": cluster }));
+        let node = read["designation"]["registration"]["nodeId"].clone();
+        if node == nodes[0].id() { Ok(()) } else { Err(format!("{read}\n{}", nodes[0].relay_log())) }
+    });
+    // the designation's secrets reached web's replicas: both were replaced, one at a time
+    w.converged(&web, "web runs with the ingress environment", |t| t["slots"].as_array().is_some_and(|s| s.len() == 2));
+    follows(&w, &cluster, "the route to both ready replicas", &[&nodes[0], &nodes[1]]);
+    assert_eq!(through_at(&ingress, HOSTNAME), Ok((200, "v1\n".to_string())));
+    assert_eq!(through_at(&ingress, "nowhere.example.com").map(|(status, _)| status), Ok(404));
+
+    // ---- v2 by `capstan deploy`: its route promoted once both replicas run it; no request fails ----
+    let config = dir.path().join("deployer-config");
+    let load = Load::start(&ingress, HOSTNAME, 4);
+    let mut cmd = crate::support::client(&w.server, &deployer.1, &config);
+    let archive = w.images.archive("v2");
+    cmd.args(["deploy", &web, "--tag", "2.0.0", "--image", &archive, "--route", &format!("{HOSTNAME}/"), "--timeout", "3m", "--json"]);
+    let out = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "capstan deploy of v2: {printed}\n{}", String::from_utf8_lossy(&out.stderr));
+    let deployed: Value = serde_json::from_str(printed.trim()).unwrap();
+    assert_eq!(
+        (deployed["state"].as_str(), deployed["rollout"]["state"].as_str()),
+        (Some("route-promoted"), Some("healthy")),
+        "{deployed}"
+    );
+    follows(&w, &cluster, "the route to both v2 replicas", &[&nodes[0], &nodes[1]]);
+    let tally = load.finish();
+    eprintln!("through the ingress during the v1 -> v2 rollout: {tally}");
+    assert_eq!(tally.failed, 0, "no request failed during the rollout: {tally}");
+    assert!(tally.answered.keys().all(|b| b == "v1" || b == "v2") && tally.answered.contains_key("v2"), "{tally}");
+    assert_eq!(through_at(&ingress, HOSTNAME), Ok((200, "v2\n".to_string())));
+
+    // ---- a release whose container exits at once fails, is rolled back; v2 answers throughout ----
+    let load = Load::start(&ingress, HOSTNAME, 4);
+    let archive = w.images.archive("crash");
+    let mut cmd = crate::support::client(&w.server, &deployer.1, &config);
+    cmd.args(["deploy", &web, "--tag", "3.0.0", "--image", &archive, "--timeout", "3m", "--json"]);
+    let out = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "a release that exits fails its deploy: {printed}");
+    let refused: Value = serde_json::from_str(printed.trim()).unwrap_or_else(|e| panic!("{e}: {printed}"));
+    assert_eq!(refused["error"]["code"], "rollout-failed", "{refused}");
+    let exited = crate::support::cli(&w.server, &deployer.1, &config, &["deploy", &web, "--rollback", "2.0.0", "--timeout", "3m"]);
+    assert!(exited.status.success(), "{}\n{}", exited.stdout, exited.stderr);
+    follows(&w, &cluster, "the route back on both replicas", &[&nodes[0], &nodes[1]]);
+    let tally = load.finish();
+    eprintln!("through the ingress during the failed 3.0.0 and the rollback to 2.0.0: {tally}");
+    assert_eq!(tally.failed, 0, "no request failed while a replica crashed and was rolled back: {tally}");
+    assert_eq!(tally.answered.keys().collect::<Vec<_>>(), ["v2"], "v2 answered throughout: {tally}");
+
+    // ---- the replica moved from node to node: the ingress follows it ----
+    let moved = w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": spec["revision"], "placement": { "nodes": [nodes[1].id()] },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000, "threshold": 2 } }),
+    );
+    follows(&w, &cluster, "the route to the second node alone", &[&nodes[1]]);
+    assert_eq!(through_at(&ingress, HOSTNAME), Ok((200, "v2\n".to_string())), "the first node's ingress sends it to the second");
+    let load = Load::start(&ingress, HOSTNAME, 2);
+    w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": moved["revision"], "placement": { "nodes": [nodes[0].id()] },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000, "threshold": 2 } }),
+    );
+    follows(&w, &cluster, "the route to the first node alone", &[&nodes[0]]);
+    let tally = load.finish();
+    // a move stops the replica and starts another elsewhere: between the two there is none
+    eprintln!("through the ingress while the replica moved back: {tally}");
+    assert_eq!(through_at(&ingress, HOSTNAME), Ok((200, "v2\n".to_string())));
+    assert!(nodes[1].containers(&web).is_empty() || nodes[1].containers(&web).iter().all(|c| c["State"] != "running"));
+    for node in &mut nodes {
+        node.stop_agent(false);
+    }
+}
