@@ -13,6 +13,11 @@
 //! let mut nodes: Vec<String> =
 //!     runtime::service_replicas("svc_web")?.into_iter().filter(|r| r.ready).map(|r| r.node_id).collect();
 //! nodes.dedup();
+//! // …and the addresses they are reached at (also needs `inventory:read`)
+//! let mut addresses = runtime::NodeAddresses::default();
+//! if let Some(reach) = runtime::reach("svc_web", Some("cluster_a"), &mut addresses)? {
+//!     println!("ready at {:?}; no address stated by {:?}", reach.ready, reach.unaddressed);
+//! }
 //! # Ok(()) }
 //! ```
 //!
@@ -22,6 +27,8 @@
 
 use crate::Result;
 use crate::bindings::capstan::plugin::runtime as wit;
+use crate::inventory::{self, EntityKind};
+use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -85,4 +92,55 @@ impl From<wit::Replica> for Replica {
 /// slot; empty when it runs nowhere.
 pub fn service_replicas(service_id: &str) -> Result<Vec<Replica>> {
     Ok(wit::service_replicas(service_id)?.into_iter().map(Replica::from).collect())
+}
+
+/// Where a service's ready replicas are reached from other machines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// The addresses of the nodes where a replica is ready (their `nodes.get` `address`), sorted,
+    /// each once.
+    pub ready: Vec<String>,
+    /// The nodes where a replica is ready that state no address (several addresses, none
+    /// advertised with `capstan-agent run --advertise-address`), sorted.
+    pub unaddressed: Vec<String>,
+}
+
+/// Node addresses as one pass read them: each node read once.
+#[derive(Debug, Default)]
+pub struct NodeAddresses(BTreeMap<String, Option<String>>);
+
+impl NodeAddresses {
+    /// Where `node_id`'s published ports are reached (`nodes.get`'s `address`), if it states it.
+    pub fn of(&mut self, node_id: &str) -> Result<Option<String>> {
+        if let Some(address) = self.0.get(node_id) {
+            return Ok(address.clone());
+        }
+        let node = inventory::get::<serde_json::Value>(EntityKind::Node, node_id)?;
+        let address = node.and_then(|n| n.data["address"].as_str().map(str::to_string));
+        self.0.insert(node_id.to_string(), address.clone());
+        Ok(address)
+    }
+}
+
+/// Where the ready replicas of `service_id` on `cluster_id` (on every cluster: `None`) are
+/// reached; `None` when it has no replica there (it runs outside Capstan's runtime, or
+/// elsewhere). Needs `runtime:read` and `inventory:read`.
+pub fn reach(service_id: &str, cluster_id: Option<&str>, addresses: &mut NodeAddresses) -> Result<Option<Reach>> {
+    let replicas: Vec<Replica> =
+        service_replicas(service_id)?.into_iter().filter(|r| cluster_id.is_none_or(|c| r.cluster_id == c)).collect();
+    if replicas.is_empty() {
+        return Ok(None);
+    }
+    let mut reach = Reach::default();
+    for replica in replicas.iter().filter(|r| r.ready) {
+        match addresses.of(&replica.node_id)? {
+            Some(address) => reach.ready.push(address),
+            None => reach.unaddressed.push(replica.node_id.clone()),
+        }
+    }
+    for list in [&mut reach.ready, &mut reach.unaddressed] {
+        list.sort();
+        list.dedup();
+    }
+    Ok(Some(reach))
 }

@@ -1012,7 +1012,7 @@ fn sources(cluster_id: &str) -> Result<Vec<table::Source>> {
             None => break,
         }
     }
-    let mut addresses: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut addresses = runtime::NodeAddresses::default();
     let mut out = Vec::new();
     for service in inventory::list_all::<table::Service>(EntityKind::Service)? {
         let attachment = attached.remove(&service.id).map(|d| d.data);
@@ -1021,21 +1021,12 @@ fn sources(cluster_id: &str) -> Result<Vec<table::Source>> {
         }
         let reach = match attachment.as_ref().and_then(|a| a.address.clone()) {
             Some(address) => table::Reach::External(address),
-            None => {
-                let replicas: Vec<runtime::Replica> =
-                    runtime::service_replicas(&service.id)?.into_iter().filter(|r| r.cluster_id == cluster_id).collect();
-                if replicas.is_empty() && attachment.is_none() {
-                    continue;
-                }
-                let (mut ready, mut unaddressed) = (Vec::new(), Vec::new());
-                for replica in replicas.iter().filter(|r| r.ready) {
-                    match node_address(&mut addresses, &replica.node_id)? {
-                        Some(address) => ready.push(address),
-                        None => unaddressed.push(replica.node_id.clone()),
-                    }
-                }
-                table::Reach::Replicas { ready, unaddressed }
-            }
+            None => match runtime::reach(&service.id, Some(cluster_id), &mut addresses)? {
+                Some(reach) => table::Reach::Replicas(reach),
+                // attached, and no replica on the cluster (yet): a route with nothing to send to
+                None if attachment.is_some() => table::Reach::Replicas(runtime::Reach::default()),
+                None => continue,
+            },
         };
         out.push(table::Source {
             service_id: service.id,
@@ -1049,16 +1040,6 @@ fn sources(cluster_id: &str) -> Result<Vec<table::Source>> {
         let _ = Batch::new().delete(ATTACHMENTS, &doc.id, doc.revision).commit();
     }
     Ok(out)
-}
-
-/// Where a node's published ports are reached (`nodes.get`'s `address`), read once per pass.
-fn node_address(known: &mut BTreeMap<String, Option<String>>, node_id: &str) -> Result<Option<String>> {
-    if let Some(address) = known.get(node_id) {
-        return Ok(address.clone());
-    }
-    let address = inventory::get::<Value>(EntityKind::Node, node_id)?.and_then(|n| n.data["address"].as_str().map(str::to_string));
-    known.insert(node_id.to_string(), address.clone());
-    Ok(address)
 }
 
 // ---- helpers ----

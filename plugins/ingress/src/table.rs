@@ -90,10 +90,8 @@ pub struct Port {
 pub enum Reach {
     /// At an address outside Capstan's runtime (an attachment states it), on its HTTP port.
     External(String),
-    /// Its replicas on the cluster's nodes, on the port its HTTP port is published at: the
-    /// addresses of the nodes where a replica is ready, and the nodes with a ready replica that
-    /// state no address.
-    Replicas { ready: Vec<String>, unaddressed: Vec<String> },
+    /// Its replicas on the cluster's nodes, on the port its HTTP port is published at.
+    Replicas(capstan_sdk::runtime::Reach),
 }
 
 /// A service routed through the cluster's ingress, with what the table needs of it.
@@ -169,7 +167,7 @@ pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress
             };
             let targets = match &source.reach {
                 Reach::External(address) => vec![Target { address: address.clone(), port: http.port }],
-                Reach::Replicas { .. } if http.public_port.is_none() => {
+                Reach::Replicas(_) if http.public_port.is_none() => {
                     omitted.push(leave(
                         "route-port-unpublished",
                         format!(
@@ -180,20 +178,17 @@ pub fn compute(sources: &[Source], forward_sources: &[String], ingress: &Ingress
                     ));
                     continue;
                 }
-                Reach::Replicas { ready, unaddressed } => {
-                    if ready.is_empty() && !unaddressed.is_empty() {
+                Reach::Replicas(reach) => {
+                    if reach.ready.is_empty() && !reach.unaddressed.is_empty() {
                         omitted.push(leave(
                             "route-target-unaddressed",
-                            format!("the nodes of its ready replicas state no address: {}", unaddressed.join(", ")),
+                            format!("the nodes of its ready replicas state no address: {}", reach.unaddressed.join(", ")),
                             "Start each node's agent with --advertise-address (a node with several addresses states which one is reached).",
                         ));
                         continue;
                     }
                     let port = http.public_port.unwrap_or(http.port);
-                    let mut targets: Vec<Target> = ready.iter().map(|address| Target { address: address.clone(), port }).collect();
-                    targets.sort();
-                    targets.dedup();
-                    targets
+                    reach.ready.iter().map(|address| Target { address: address.clone(), port }).collect()
                 }
             };
             let mut allow = None;
@@ -362,16 +357,18 @@ mod tests {
 
     #[test]
     fn replicas_are_reached_where_they_are_ready_on_the_published_port_or_left_out_by_name() {
-        let replicas = |ready: &[&str], unaddressed: &[&str]| Reach::Replicas {
-            ready: ready.iter().map(|a| a.to_string()).collect(),
-            unaddressed: unaddressed.iter().map(|n| n.to_string()).collect(),
+        let replicas = |ready: &[&str], unaddressed: &[&str]| {
+            Reach::Replicas(capstan_sdk::runtime::Reach {
+                ready: ready.iter().map(|a| a.to_string()).collect(),
+                unaddressed: unaddressed.iter().map(|n| n.to_string()).collect(),
+            })
         };
         let mut web = source("svc_a", &["a.example"], Some(8080), &[]);
         web.service.ports[0].public_port = Some(18080);
-        web.reach = replicas(&["10.0.0.9", "10.0.0.8"], &["node_c"]);
+        web.reach = replicas(&["10.0.0.8", "10.0.0.9"], &["node_c"]);
         let (routes, omitted) = compute(std::slice::from_ref(&web), &[], &able());
         let at = |a: &str| Target { address: a.into(), port: 18080 };
-        assert_eq!(routes[0].targets, [at("10.0.0.8"), at("10.0.0.9")], "sorted, on the published port; an unaddressed node left out");
+        assert_eq!(routes[0].targets, [at("10.0.0.8"), at("10.0.0.9")], "on the published port; an unaddressed node left out");
         assert!(omitted.is_empty());
         // no replica ready: the route stays, with nothing to send to
         web.reach = replicas(&[], &[]);

@@ -33,6 +33,7 @@ use capstan_plugin_smtp::SmtpTls;
 use capstan_sdk::gateway;
 use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
+use capstan_sdk::runtime;
 use capstan_sdk::secrets::{self, Owner};
 use capstan_sdk::settings::PortNumber;
 use capstan_sdk::store::{self, Doc};
@@ -603,17 +604,39 @@ fn desired(services: &[(String, Service)]) -> BTreeMap<String, (String, Service,
     out
 }
 
-/// Where `service`'s inbound mail goes, or why nowhere.
-fn inbound_of(gateway: &Gateway, service: &Service) -> std::result::Result<Inbound, String> {
-    let Some(host) = &gateway.forward_host else {
-        return Err("the setting mail.forwardTargetHost names no host: inbound mail is off".into());
-    };
+/// Where `service`'s inbound mail goes, or why nowhere: its published SMTP port on a node where
+/// a replica of it is ready (`reach`: the one `held` names while it stays ready, so a target
+/// does not move for nothing; the one held while none is ready, the gateway's delivery waiting
+/// for it), or — for a service Capstan does not run (no replica anywhere) — on
+/// `mail.forwardTargetHost`.
+fn inbound_of(
+    gateway: &Gateway,
+    service: &Service,
+    reach: Option<&runtime::Reach>,
+    held: Option<&Inbound>,
+) -> std::result::Result<Inbound, String> {
     let published = SMTP_PORTS
         .iter()
         .find_map(|smtp| service.ports.iter().find(|p| p.port == *smtp && p.protocol == "tcp").and_then(|p| p.public_port));
-    match published {
-        Some(port) => Ok(Inbound { host: host.clone(), port }),
-        None => Err("the service publishes no tcp port 25 or 2525: no inbound mail".into()),
+    let Some(port) = published else {
+        return Err("the service publishes no tcp port 25 or 2525: no inbound mail".into());
+    };
+    let held = held.filter(|h| h.port == port);
+    let Some(reach) = reach else {
+        return match &gateway.forward_host {
+            Some(host) => Ok(Inbound { host: host.clone(), port }),
+            None => Err("the setting mail.forwardTargetHost names no host for a service Capstan does not run: inbound mail is off".into()),
+        };
+    };
+    match (held, reach.ready.first()) {
+        (Some(held), _) if reach.ready.contains(&held.host) => Ok(held.clone()),
+        (_, Some(host)) => Ok(Inbound { host: host.clone(), port }),
+        (Some(held), None) => Ok(held.clone()),
+        (None, None) if !reach.unaddressed.is_empty() => Err(format!(
+            "the nodes of its ready replicas state no address ({}): start their agents with --advertise-address",
+            reach.unaddressed.join(", ")
+        )),
+        (None, None) => Err("no replica of the service is ready to take its inbound mail yet".into()),
     }
 }
 
@@ -770,7 +793,8 @@ fn settle(gateway: &Gateway, peer: Option<&str>, service: &Service, doc: &mut Do
 
     // inbound: to the service's port, or from the inbound cutover on to the CoreMail peer
     let cutover = service.step() >= Some(Step::InboundCutover);
-    let direct = inbound_of(gateway, service);
+    let reach = runtime::reach(&doc.data.service_id, None, &mut runtime::NodeAddresses::default())?;
+    let direct = inbound_of(gateway, service, reach.as_ref(), doc.data.inbound.as_ref());
     let (target_type, wanted, inbound_note) = match peer.filter(|_| cutover) {
         Some(_) => (TargetType::Coremail, None, None),
         None if cutover => (
@@ -1180,12 +1204,34 @@ mod tests {
     #[test]
     fn inbound_goes_to_the_published_smtp_port_on_the_forward_host() {
         let published = service(vec![(8080, "http", Some(80)), (2525, "tcp", Some(30025))], &[], "active");
-        assert_eq!(inbound_of(&gateway(Some("10.0.0.5")), &published), Ok(Inbound { host: "10.0.0.5".into(), port: 30025 }));
+        let outside = |g: &Gateway, s: &Service| inbound_of(g, s, None, None);
+        assert_eq!(outside(&gateway(Some("10.0.0.5")), &published), Ok(Inbound { host: "10.0.0.5".into(), port: 30025 }));
         let port_25_first = service(vec![(2525, "tcp", Some(30025)), (25, "tcp", Some(30024))], &[], "active");
-        assert_eq!(inbound_of(&gateway(Some("h")), &port_25_first).unwrap().port, 30024);
-        assert!(inbound_of(&gateway(None), &published).unwrap_err().contains("forwardTargetHost"));
+        assert_eq!(outside(&gateway(Some("h")), &port_25_first).unwrap().port, 30024);
+        assert!(outside(&gateway(None), &published).unwrap_err().contains("forwardTargetHost"));
         let unpublished = service(vec![(25, "tcp", None), (25, "udp", Some(25))], &[], "active");
-        assert!(inbound_of(&gateway(Some("h")), &unpublished).unwrap_err().contains("publishes no tcp port"));
+        assert!(outside(&gateway(Some("h")), &unpublished).unwrap_err().contains("publishes no tcp port"));
+    }
+
+    #[test]
+    fn inbound_of_a_service_capstan_runs_goes_to_a_node_where_a_replica_is_ready_and_stays_there() {
+        let published = service(vec![(25, "tcp", Some(30025))], &[], "active");
+        let reach = |ready: &[&str], unaddressed: &[&str]| runtime::Reach {
+            ready: ready.iter().map(|a| a.to_string()).collect(),
+            unaddressed: unaddressed.iter().map(|n| n.to_string()).collect(),
+        };
+        let at = |host: &str| Inbound { host: host.into(), port: 30025 };
+        // the forward host is for services Capstan does not run
+        let both = reach(&["10.0.0.7", "10.0.0.8"], &[]);
+        assert_eq!(inbound_of(&gateway(Some("h")), &published, Some(&both), None), Ok(at("10.0.0.7")));
+        assert_eq!(inbound_of(&gateway(None), &published, Some(&both), Some(&at("10.0.0.8"))), Ok(at("10.0.0.8")), "kept while ready");
+        let moved = reach(&["10.0.0.9"], &[]);
+        assert_eq!(inbound_of(&gateway(None), &published, Some(&moved), Some(&at("10.0.0.8"))), Ok(at("10.0.0.9")), "follows the replica");
+        let none = reach(&[], &[]);
+        assert_eq!(inbound_of(&gateway(None), &published, Some(&none), Some(&at("10.0.0.8"))), Ok(at("10.0.0.8")), "held while none is ready");
+        assert!(inbound_of(&gateway(None), &published, Some(&none), None).unwrap_err().contains("no replica"));
+        let unaddressed = reach(&[], &["node_a"]);
+        assert!(inbound_of(&gateway(None), &published, Some(&unaddressed), None).unwrap_err().contains("--advertise-address"));
     }
 
     #[test]
