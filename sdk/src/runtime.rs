@@ -1,4 +1,5 @@
-//! Where services run (docs/runtime.md), read-only (contract 0.3.1). Capability `runtime:read`.
+//! Where services run (docs/runtime.md): read (contract 0.3.1, capability `runtime:read`), and a
+//! service's spec set (contract 0.3.2, capability `runtime:write`, [`set_service_spec`]).
 //!
 //! A service runs on a cluster through replica slots `<nodeId>.<index>` on the cluster's nodes;
 //! a slot never moves node. Each slot holds one assignment at a time (one attempt to run the
@@ -28,9 +29,9 @@
 use crate::Result;
 use crate::bindings::capstan::plugin::runtime as wit;
 use crate::inventory::{self, EntityKind};
-use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// What a slot's current assignment asks of its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -92,6 +93,22 @@ impl From<wit::Replica> for Replica {
 /// slot; empty when it runs nowhere.
 pub fn service_replicas(service_id: &str) -> Result<Vec<Replica>> {
     Ok(wit::service_replicas(service_id)?.into_iter().map(Replica::from).collect())
+}
+
+/// Set a service's runtime spec on a cluster: `body` is `runtime.setServiceSpec`'s input
+/// (`serviceId`, `clusterId`, `expectedRevision` — `null` for a first spec —, `placement`,
+/// `replicasPerNode`, `restart`, `health`, `secrets`, `hold`), judged as that method judges it
+/// for the caller (the plugin's own authority outside a call). Answers the spec stored with its
+/// id and revision. Capability `runtime:write` (contract 0.3.2); not from a read-only method.
+pub fn set_service_spec(body: &serde_json::Value) -> Result<crate::store::Doc<serde_json::Value>> {
+    let answer = wit::set_service_spec(&body.to_string())?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&answer).map_err(|e| crate::Refusal::internal(format!("the host answered a spec that is not JSON: {e}")))?;
+    Ok(crate::store::Doc {
+        id: answer["id"].as_str().unwrap_or_default().to_string(),
+        revision: answer["revision"].as_u64().unwrap_or_default(),
+        data: answer["data"].clone(),
+    })
 }
 
 /// Where a service's ready replicas are reached from other machines.

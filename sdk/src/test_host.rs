@@ -37,7 +37,7 @@ impl TestHost {
         capstan_inventory::declare(&store).await?;
         capstan_links::declare_secrets(&store).await?;
         let inner = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
-        let platform = Arc::new(HarnessPlatform { inner, replicas: Default::default() });
+        let platform = Arc::new(HarnessPlatform { inner, replicas: Default::default(), specs: Default::default() });
         // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
         let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
         let http = PluginHttp::new(&[], &loopback).map_err(Refusal::internal)?;
@@ -133,6 +133,33 @@ impl TestHost {
         Ok(id)
     }
 
+    /// Create a cluster (no nodes, no relay) for the plugin's services to run on; its id.
+    pub async fn create_cluster(&self, name: &str) -> Result<String> {
+        let id = capstan_core::ids::new_id("cluster");
+        let now = capstan_core::clock::now_secs();
+        let cluster = capstan_inventory::clusters::Cluster {
+            name: name.into(),
+            machine_user_id: capstan_core::ids::new_id("machine"),
+            description: String::new(),
+            labels: Default::default(),
+            created_at: now,
+            updated_at: now,
+            relay: Default::default(),
+            facets: Default::default(),
+        };
+        let data = capstan_inventory::to_value(&cluster)?;
+        let id_ref = &id;
+        self.host
+            .services
+            .store
+            .transact(|tx| {
+                let data = data.clone();
+                async move { tx.insert(capstan_inventory::CLUSTERS, id_ref, data).await }
+            })
+            .await?;
+        Ok(id)
+    }
+
     /// A service as the inventory holds it (`id`, `revision` and its fields), if it exists.
     pub async fn service(&self, id: &str) -> Result<Option<Value>> {
         let doc = self.host.services.store.transact(|tx| async move { tx.get(capstan_inventory::SERVICES, id).await }).await?;
@@ -209,6 +236,12 @@ impl TestHost {
         self.platform.replicas.write().expect("replicas lock").insert(service_id.to_string(), replicas);
     }
 
+    /// The runtime specs the plugin set (`runtime.set-service-spec`), by `<serviceId>@<clusterId>`:
+    /// the harness runs no services, so it keeps what it was asked.
+    pub fn service_specs(&self) -> HashMap<String, Value> {
+        self.platform.specs.read().expect("specs lock").iter().map(|(id, (_, spec))| (id.clone(), spec.clone())).collect()
+    }
+
     /// Run a scheduled task now.
     pub async fn run_task(&self, name: &str) -> Result<String> {
         let active = self.host.get(&self.plugin).ok_or_else(|| Refusal::internal("the plugin is not loaded"))?;
@@ -228,6 +261,8 @@ impl Drop for TestHost {
 struct HarnessPlatform {
     inner: Arc<capstan_links::InventoryPlatform>,
     replicas: RwLock<HashMap<String, Vec<Replica>>>,
+    /// The specs set, by `<serviceId>@<clusterId>`, with their revisions.
+    specs: RwLock<HashMap<String, (u64, Value)>>,
 }
 
 #[async_trait]
@@ -265,6 +300,21 @@ impl Platform for HarnessPlatform {
             Some(replicas) => Ok(replicas),
             None => self.inner.service_replicas(service_id).await,
         }
+    }
+
+    /// Kept as asked, fenced by `expectedRevision` as the host fences it; the service must exist.
+    async fn set_service_spec(&self, _actor: &Identity, body: Value) -> Result<Document> {
+        let (service, cluster) = (body["serviceId"].as_str().unwrap_or_default(), body["clusterId"].as_str().unwrap_or_default());
+        self.inner.service_replicas(service).await?;
+        let id = format!("{service}@{cluster}");
+        let mut specs = self.specs.write().expect("specs lock");
+        let held = specs.get(&id).map(|(revision, _)| *revision);
+        if body["expectedRevision"].as_u64() != held {
+            return Err(Refusal::new("conflict", format!("the spec of {service} on {cluster} is at revision {held:?}")));
+        }
+        let revision = held.unwrap_or(0) + 1;
+        specs.insert(id.clone(), (revision, body.clone()));
+        Ok(Document { id, revision, data: body })
     }
 
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {

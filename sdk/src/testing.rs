@@ -154,6 +154,18 @@ impl TestHost {
         self.runtime.block_on(self.inner.documents(collection)).expect("the store answers")
     }
 
+    /// Create a cluster (no nodes, no relay) for the plugin's services to run on; its id.
+    pub fn create_cluster(&self, name: &str) -> String {
+        self.runtime.block_on(self.inner.create_cluster(name)).expect("the cluster is created")
+    }
+
+    /// The runtime specs the plugin set (`runtime::set_service_spec`), by
+    /// `<serviceId>@<clusterId>`: this host runs no services, so it keeps what it was asked
+    /// (fenced by `expectedRevision` as the host fences it).
+    pub fn service_specs(&self) -> std::collections::HashMap<String, Value> {
+        self.inner.service_specs()
+    }
+
     /// Write a document of one of the plugin's collections, as another node sharing the store
     /// would (over whatever is there).
     pub fn put_document(&self, collection: &str, id: &str, data: Value) {

@@ -231,6 +231,10 @@ impl Platform for InventoryPlatform {
             .await
     }
 
+    async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
+        set_spec(&self.store, actor, body).await
+    }
+
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {
         document(capstan_inventory::services::create(&self.store, actor, capstan_rpc::decode(body)?).await?)
     }
@@ -332,6 +336,19 @@ async fn replicas_of(tx: &Tx, service_id: &str) -> Result<Vec<Replica>> {
     }
     replicas.sort_by(|a, b| (&a.cluster_id, &a.slot).cmp(&(&b.cluster_id, &b.slot)));
     Ok(replicas)
+}
+
+/// Write a service's runtime spec as `actor`, where the host runs services.
+#[cfg(feature = "registry")]
+async fn set_spec(store: &Store, actor: &Identity, body: Value) -> Result<Document> {
+    let spec = capstan_runtime::spec::write(store, actor, capstan_rpc::decode(body)?).await?;
+    Ok(Document { id: spec.id, revision: spec.revision, data: capstan_inventory::to_value(&spec.data)? })
+}
+
+/// Without the runtime no service runs anywhere: a spec has nowhere to go.
+#[cfg(not(feature = "registry"))]
+async fn set_spec(_store: &Store, _actor: &Identity, _body: Value) -> Result<Document> {
+    Err(capstan_core::refusal::Refusal::new("runtime-unavailable", "this host runs no services: a runtime spec has nowhere to go"))
 }
 
 /// Without the runtime (the SDK's test harness) no service runs anywhere.

@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.3.1"
+//! wit = "capstan:plugin@0.3.2"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -31,8 +31,8 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.3.1`); it also serves plugins
-/// built for 0.3.0 (a patch adds to the contract, so the older names resolve to it).
+/// The contract `capstan plugin new` and the SDK target (`wit/0.3.2`); it also serves plugins
+/// built for 0.3.0 and 0.3.1 (a patch adds to the contract, so the older names resolve to it).
 pub const CURRENT_WIT: &str = capstan_core::build::PLUGIN_CONTRACT;
 /// The 0.2 contract (`wit/0.2.4`), served through its adapter; plugins built for 0.2.0 to
 /// 0.2.3 run on it too (a patch adds to the contract, so the older names resolve to it).
@@ -498,6 +498,9 @@ pub enum Capability {
     /// `runtime:read`: where services' replicas run and whether they are ready (contract
     /// 0.3.1 on).
     RuntimeRead,
+    /// `runtime:write`: set the runtime spec of a service the acting identity may write
+    /// (contract 0.3.2 on).
+    RuntimeWrite,
     /// `gateway:<scope>` (`gateway:routes:write`): requests to the external gateway under
     /// Capstan's enrolled client credential, on the paths that gateway scope covers
     /// ([`capstan_core::gateway_scopes`]); the scope is one of the six the credential holds.
@@ -533,6 +536,7 @@ impl fmt::Display for Capability {
             Capability::HttpSetting(key) => write!(f, "http-setting:{key}"),
             Capability::Agents => f.write_str("agents"),
             Capability::RuntimeRead => f.write_str("runtime:read"),
+            Capability::RuntimeWrite => f.write_str("runtime:write"),
             Capability::Gateway(scope) => write!(f, "gateway:{scope}"),
             Capability::EventsPublish => f.write_str("events:publish"),
             Capability::Sign => f.write_str("sign"),
@@ -574,6 +578,7 @@ impl FromStr for Capability {
             "blobs" => Some(Capability::Blobs),
             "agents" => Some(Capability::Agents),
             "runtime:read" => Some(Capability::RuntimeRead),
+            "runtime:write" => Some(Capability::RuntimeWrite),
             "events:publish" => Some(Capability::EventsPublish),
             "sign" => Some(Capability::Sign),
             "log" => Some(Capability::Log),
@@ -928,11 +933,12 @@ concurrency = 4
             assert_eq!(served_wit(&format!("capstan:plugin@{earlier}")).unwrap(), WIT_0_2, "{earlier}");
         }
         assert_eq!(served_wit("capstan:plugin@0.3.0").unwrap(), CURRENT_WIT);
-        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.1", "the contract the SDK and `capstan plugin new` target");
+        assert_eq!(served_wit("capstan:plugin@0.3.1").unwrap(), CURRENT_WIT);
+        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.2", "the contract the SDK and `capstan plugin new` target");
         for bad in [
             "capstan:plugin@0.1.1",
             "capstan:plugin@0.2.5",
-            "capstan:plugin@0.3.2",
+            "capstan:plugin@0.3.3",
             "capstan:plugin@0.4.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
@@ -965,6 +971,7 @@ concurrency = 4
             "http:https://[2001:db8::1]",
             "agents",
             "runtime:read",
+            "runtime:write",
             "gateway:domains:read",
             "gateway:routes:write",
             "gateway:certificates:read",
@@ -1045,7 +1052,7 @@ concurrency = 4
             "gateway:*",
             "runtime",
             "runtime:",
-            "runtime:write",
+            "runtime:delete",
             "runtime:read:x",
             "Runtime:read",
         ] {
@@ -1259,6 +1266,7 @@ mod proptests {
                 "blobs",
                 "agents",
                 "runtime:read",
+                "runtime:write",
                 "events:publish",
                 "sign",
                 "log"

@@ -109,6 +109,10 @@ pub trait Platform: OrganizationAuthority {
     /// service.
     async fn service_replicas(&self, service_id: &str) -> Result<Vec<Replica>>;
 
+    /// Set a service's runtime spec from `body` (the `runtime.setServiceSpec` input) as
+    /// `actor`; the spec as stored. `runtime-unavailable` on a host that runs no services.
+    async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document>;
+
     /// Create a service from `body` (the `services.create` input) as `actor`.
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document>;
 

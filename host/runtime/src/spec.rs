@@ -315,9 +315,16 @@ async fn check_placement(tx: &Tx, placement: &Placement, cluster_id: &str) -> Re
 }
 
 async fn set(cx: Context, call: Call, input: SetInput) -> Result<Entity<Spec>> {
-    let identity = call.identity()?.clone();
-    let written = cx
-        .store
+    let written = write(&cx.store, call.identity()?, input).await?;
+    cx.wake();
+    Ok(written)
+}
+
+/// Write a service's spec on a cluster as `identity` (`runtime.setServiceSpec`, and a plugin's
+/// `runtime.set-service-spec`); the producer picks it up on its next pass.
+pub async fn write(store: &capstan_store::Store, identity: &capstan_rpc::Identity, input: SetInput) -> Result<Entity<Spec>> {
+    let identity = identity.clone();
+    store
         .transact(|tx| {
             let (identity, input) = (identity.clone(), &input);
             async move {
@@ -379,9 +386,7 @@ async fn set(cx: Context, call: Call, input: SetInput) -> Result<Entity<Spec>> {
                 Ok(Entity { id: doc.id, revision: doc.revision, data: spec })
             }
         })
-        .await?;
-    cx.wake();
-    Ok(written)
+        .await
 }
 
 /// Every spec of a service, in cluster order.

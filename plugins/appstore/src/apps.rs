@@ -143,6 +143,44 @@ pub struct AppConfig {
     catalog_revision: u64,
     /// The app with every version, offered and withdrawn (its page lists them).
     app: AppView,
+    /// Where it can be started: the clusters with their active nodes, by name.
+    clusters: Vec<ClusterChoice>,
+}
+
+/// A cluster an app can be started on, with its active nodes.
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterChoice {
+    id: String,
+    name: String,
+    nodes: Vec<NodeChoice>,
+}
+
+/// An active node of a cluster.
+#[derive(Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeChoice {
+    id: String,
+    name: String,
+}
+
+/// Every cluster with its active nodes, by name (the install form's choices).
+fn cluster_choices() -> Result<Vec<ClusterChoice>> {
+    let nodes = inventory::list_all::<Value>(EntityKind::Node)?;
+    let mut clusters: Vec<ClusterChoice> = inventory::list_all::<Value>(EntityKind::Cluster)?
+        .into_iter()
+        .map(|c| {
+            let mut nodes: Vec<NodeChoice> = nodes
+                .iter()
+                .filter(|n| n.data["clusterId"] == c.id.as_str() && n.data["state"] == "active")
+                .map(|n| NodeChoice { id: n.id.clone(), name: n.data["name"].as_str().unwrap_or(&n.id).to_string() })
+                .collect();
+            nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            ClusterChoice { name: c.data["name"].as_str().unwrap_or(&c.id).to_string(), id: c.id, nodes }
+        })
+        .collect();
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(clusters)
 }
 
 pub fn get_app_config(_ctx: &Context, input: AppVersionRef) -> Result<AppConfig> {
@@ -162,6 +200,7 @@ pub fn get_app_config(_ctx: &Context, input: AppVersionRef) -> Result<AppConfig>
         template_digest: version.template.digest_hex(),
         catalog_revision: catalog.revision(),
         app: app_view(app),
+        clusters: cluster_choices()?,
     })
 }
 
@@ -179,6 +218,52 @@ pub struct Install {
     name: String,
     domains: Option<Vec<String>>,
     scale: Option<u32>,
+    /// The cluster the app runs on: it starts there at once. Absent, the service is only
+    /// created (it runs once a runtime spec places it: `capstan services run`).
+    cluster_id: Option<String>,
+    /// The node of that cluster it runs on. Default: every active node of the cluster — but an
+    /// app that keeps data in volumes runs on one node, so it names one unless the cluster has
+    /// only one.
+    node_id: Option<String>,
+}
+
+/// Where an installed app runs (`runtime.setServiceSpec`'s placement), judged before anything is
+/// created: the cluster exists, the node is one of its active nodes, an app with volumes has one.
+fn placement_for(template: &Template, cluster_id: &str, node_id: Option<&str>) -> Result<Value> {
+    if inventory::get::<Value>(EntityKind::Cluster, cluster_id)?.is_none() {
+        return Err(Refusal::new("cluster-not-found", format!("no cluster {cluster_id}")).with_data(json!({ "field": "clusterId" })));
+    }
+    let active: Vec<String> = inventory::list_all::<Value>(EntityKind::Node)?
+        .into_iter()
+        .filter(|n| n.data["clusterId"] == cluster_id && n.data["state"] == "active")
+        .map(|n| n.id)
+        .collect();
+    match node_id {
+        Some(node) if active.iter().any(|n| n == node) => Ok(json!({ "nodes": [node] })),
+        Some(node) => Err(Refusal::new("node-not-in-cluster", format!("{node} is not an active node of cluster {cluster_id}"))
+            .with_data(json!({ "field": "nodeId" }))),
+        None if template.volumes.is_empty() => Ok(json!({ "everyNode": true })),
+        None => match active.as_slice() {
+            [only] => Ok(json!({ "nodes": [only] })),
+            _ => Err(Refusal::new(
+                "appstore-node-required",
+                format!("the app keeps its data in volumes, so it runs on one node: name it (nodeId, one of the {} active nodes of the cluster)", active.len()),
+            )
+            .with_data(json!({ "field": "nodeId", "nodes": active }))),
+        },
+    }
+}
+
+/// How an installed app's readiness is probed: its first http port answering `/` (2xx or 3xx),
+/// else its first tcp port accepting a connection, else none.
+fn health_for(template: &Template) -> Value {
+    use capstan_catalog::Protocol;
+    let first = |protocol: Protocol| template.ports.iter().find(|p| p.protocol == protocol).map(|p| p.port);
+    match (first(Protocol::Http), first(Protocol::Tcp)) {
+        (Some(port), _) => json!({ "kind": "http", "port": port, "path": "/" }),
+        (None, Some(port)) => json!({ "kind": "tcp", "port": port }),
+        (None, None) => json!({ "kind": "none" }),
+    }
 }
 
 pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
@@ -186,6 +271,14 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     let app = find_app(&catalog, &input.app_id)?;
     let version = offered_version(app, input.version.as_ref())?;
     check_capabilities(app, version)?;
+    let placement = match &input.cluster_id {
+        Some(cluster) => Some(placement_for(&version.template, cluster, input.node_id.as_deref())?),
+        None if input.node_id.is_some() => {
+            return Err(Refusal::invalid_request("nodeId names a node of the cluster clusterId names: name the cluster too")
+                .with_data(json!({ "field": "clusterId" })));
+        }
+        None => None,
+    };
     let snapshot = Snapshot::of(app, version, catalog.revision());
     let template = &version.template;
     let mut body = json!({
@@ -206,13 +299,39 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     // as the caller: the inventory judges the caller's right to create in the organization
     let service = inventory::create_service::<Value>(&body)?;
     capstan_sdk::info!("installed {} {} as service {}", app.id, version.version, service.id);
-    Ok(json!({
+    let mut answer = json!({
         "id": service.id,
         "name": input.name,
         "revision": service.revision,
         "appId": app.id,
         "version": version.version.to_string()
-    }))
+    });
+    if let (Some(cluster), Some(placement)) = (&input.cluster_id, placement) {
+        // the app starts: one replica per node where it is placed, probed as its ports allow
+        let spec = json!({ "serviceId": service.id, "clusterId": cluster, "expectedRevision": null, "placement": placement,
+                           "replicasPerNode": 1, "health": health_for(template) });
+        match capstan_sdk::runtime::set_service_spec(&spec) {
+            Ok(set) => {
+                answer["clusterId"] = json!(cluster);
+                answer["specRevision"] = json!(set.revision);
+            }
+            // the service stands: say so, and how to start it, rather than lose it
+            Err(refused) => {
+                return Err(Refusal::new(
+                    refused.code(),
+                    format!(
+                        "{} was created as service {}, but it could not be started on {cluster}: {} (start it with `capstan services run {}`)",
+                        app.id,
+                        service.id,
+                        refused.message(),
+                        service.id
+                    ),
+                )
+                .with_data(json!({ "serviceId": service.id, "clusterId": cluster })));
+            }
+        }
+    }
+    Ok(answer)
 }
 
 // ---- services from the catalog ----

@@ -54,7 +54,12 @@ impl Manager for AppStore {
                 Role::Authenticated,
                 apps::get_app_config,
             )
-            .method("install", "Create a service in an organization from an app version's template.", Role::Owner, apps::install)
+            .method(
+                "install",
+                "Create a service in an organization from an app version's template, and start it on a cluster when one is named.",
+                Role::Owner,
+                apps::install,
+            )
             .method(
                 "listUpgradeable",
                 "An organization's services from the App Store with a newer version offered.",

@@ -140,6 +140,28 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
         (Some("registry.example.com/wiki:1.0.0"), Some("1.0.0"))
     );
     assert_eq!(service["template"]["catalogRevision"], 1);
+    assert!(host.service_specs().is_empty(), "no cluster named: created, not started");
+
+    // ---- started on a cluster: refused by name before anything is created ----
+    let cluster = host.create_cluster("edge");
+    let start = |name: &str, cluster: &str, node: Option<&str>| {
+        let mut body = json!({ "organizationId": org, "appId": "wiki", "name": name, "clusterId": cluster });
+        if let Some(node) = node {
+            body["nodeId"] = json!(node);
+        }
+        code(&host, "install", body)
+    };
+    assert_eq!(start("wiki-2", "cluster_nope", None), "cluster-not-found");
+    assert_eq!(start("wiki-2", &cluster, Some("node_nope")), "node-not-in-cluster");
+    let no_node = host.call("install", json!({ "organizationId": org, "appId": "wiki", "name": "wiki-2", "clusterId": cluster }));
+    let refused = no_node.unwrap_err();
+    assert_eq!(refused.code(), "appstore-node-required", "the wiki keeps data in volumes: one node, named");
+    assert_eq!(refused.data().unwrap()["nodes"], json!([]), "{:?}", refused.message());
+    assert_eq!(
+        code(&host, "install", json!({ "organizationId": org, "appId": "wiki", "name": "wiki-2", "nodeId": "node_a" })),
+        "invalid-request"
+    );
+    assert!(host.service_specs().is_empty(), "nothing refused was started");
     assert_eq!(host.call("listUpgradeable", json!({ "organizationId": org })).unwrap(), json!([]));
 
     // ---- a source serves a newer revision: the reconcile pass activates it ----

@@ -1228,7 +1228,11 @@ mod tests {
         let moved = reach(&["10.0.0.9"], &[]);
         assert_eq!(inbound_of(&gateway(None), &published, Some(&moved), Some(&at("10.0.0.8"))), Ok(at("10.0.0.9")), "follows the replica");
         let none = reach(&[], &[]);
-        assert_eq!(inbound_of(&gateway(None), &published, Some(&none), Some(&at("10.0.0.8"))), Ok(at("10.0.0.8")), "held while none is ready");
+        assert_eq!(
+            inbound_of(&gateway(None), &published, Some(&none), Some(&at("10.0.0.8"))),
+            Ok(at("10.0.0.8")),
+            "held while none is ready"
+        );
         assert!(inbound_of(&gateway(None), &published, Some(&none), None).unwrap_err().contains("no replica"));
         let unaddressed = reach(&[], &["node_a"]);
         assert!(inbound_of(&gateway(None), &published, Some(&unaddressed), None).unwrap_err().contains("--advertise-address"));

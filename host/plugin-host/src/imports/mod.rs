@@ -207,6 +207,7 @@ pub struct Grant {
     agents: Option<agents::Agents>,
     gateway: Option<gateway::Gateway>,
     runtime: Option<runtime::Reader>,
+    runtime_write: Option<runtime::SpecWriter>,
 }
 
 impl Grant {
@@ -230,6 +231,7 @@ impl Grant {
             agents: has(&Capability::Agents).then(|| agents::Agents::new(services, plugin)),
             gateway: gateway::Gateway::new(services, plugin, grants),
             runtime: has(&Capability::RuntimeRead).then(|| runtime::Reader::new(services)),
+            runtime_write: has(&Capability::RuntimeWrite).then(|| runtime::SpecWriter::new(services, plugin)),
         }
     }
 

@@ -3,8 +3,12 @@
 //! (docs/runtime.md). Read-only: a method declared read-only may call it. Every service is
 //! visible, as `inventory.get` reads them; what a replica runs with (its environment, its pull
 //! credential) never crosses.
+//!
+//! `set-service-spec` (`runtime:write`, contract 0.3.2 on) writes a service's runtime spec as
+//! `runtime.setServiceSpec` does, as the acting identity (the caller, or the plugin's own
+//! authority outside a call), so a plugin sets specs only where that identity may.
 
-use super::{CallData, Services, WitResult, to_wit};
+use super::{Acting, CallData, Services, WitResult, parse_object, to_wit};
 use crate::manifest::Capability;
 use crate::platform::{Platform, Replica, ReplicaIntent};
 use crate::runtime::capstan::plugin::runtime;
@@ -22,11 +26,42 @@ impl Reader {
     }
 }
 
+/// The `runtime:write` provider.
+#[derive(Clone)]
+pub(super) struct SpecWriter {
+    platform: Arc<dyn Platform>,
+    plugin: String,
+}
+
+impl SpecWriter {
+    pub(super) fn new(services: &Arc<Services>, plugin: &str) -> Self {
+        SpecWriter { platform: services.platform.clone(), plugin: plugin.to_string() }
+    }
+}
+
 impl runtime::Host for CallData {
     async fn service_replicas(&mut self, service_id: String) -> WitResult<Vec<runtime::Replica>> {
         let reader = self.granted(&self.grant.runtime, Capability::RuntimeRead)?;
         let replicas = reader.platform.service_replicas(&service_id).await.map_err(to_wit)?;
         Ok(replicas.into_iter().map(replica).collect())
+    }
+
+    async fn set_service_spec(&mut self, body: String) -> WitResult<String> {
+        self.changing()?;
+        let writer = self.granted(&self.grant.runtime_write, Capability::RuntimeWrite)?;
+        let actor = match &self.acting {
+            Acting::Caller(identity) => identity.clone(),
+            Acting::Plugin => writer.platform.plugin_identity(&writer.plugin),
+            Acting::Anonymous => {
+                return Err(to_wit(
+                    crate::refusal::Refusal::new("unauthenticated", "an anonymous call of a public method cannot set a runtime spec")
+                        .with_data(serde_json::json!({ "plugin": writer.plugin })),
+                ));
+            }
+        };
+        let body = parse_object(&body, "the runtime spec")?;
+        let written = writer.platform.set_service_spec(&actor, body).await.map_err(to_wit)?;
+        Ok(serde_json::json!({ "id": written.id, "revision": written.revision, "data": written.data }).to_string())
     }
 }
 

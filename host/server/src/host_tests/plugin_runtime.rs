@@ -1,9 +1,10 @@
-//! Where a service's replicas run as a plugin reads them (contract 0.3.1): the `runtime`
-//! import's `service-replicas`, answered through the assembled host's platform
-//! (`capstan-links` over the runtime's slots) with the phase and readiness
-//! `runtime.getServiceStatus` states (`pending` before the node said anything, `stopped` and
-//! `removed` once it reported them, ready only while meant to run); without `runtime:read`
-//! nothing is read.
+//! The `runtime` import as a plugin meets it. `service-replicas` (contract 0.3.1): where a
+//! service's replicas run, answered through the assembled host's platform (`capstan-links` over
+//! the runtime's slots) with the phase and readiness `runtime.getServiceStatus` states
+//! (`pending` before the node said anything, `stopped` and `removed` once it reported them, ready
+//! only while meant to run); without `runtime:read` nothing is read. `set-service-spec` (0.3.2):
+//! a spec set as the acting identity, as `runtime.setServiceSpec` judges it; without
+//! `runtime:write`, anonymously or from a read-only method nothing is written.
 
 use crate::api::Call;
 use crate::auth::Identity;
@@ -150,4 +151,46 @@ async fn a_plugin_granted_runtime_read_reads_where_a_service_runs_and_whether_it
     assert_eq!(refused.code, "capability-denied", "{refused:?}");
     let data: Value = serde_json::from_str(refused.data.as_deref().unwrap()).unwrap();
     assert_eq!(data["capability"], "runtime:read");
+}
+
+#[tokio::test]
+async fn a_plugin_granted_runtime_write_sets_a_spec_as_its_caller_would_and_nothing_else_does() {
+    use crate::plugins::imports::Acting;
+    let w = World::new().await;
+    let web = w.service("web").await;
+    let cluster = w.ok("clusters.create", json!({ "name": "edge" })).await["cluster"]["id"].as_str().unwrap().to_string();
+    let body = json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
+                       "replicasPerNode": 1, "health": { "kind": "none" } });
+
+    // as the caller: judged and stored as runtime.setServiceSpec would, which reads it back
+    let mut cx = w.call_data(&[Capability::RuntimeWrite]);
+    cx.acting = Acting::Caller(w.admin.clone());
+    let set: Value = serde_json::from_str(&cx.set_service_spec(body.to_string()).await.unwrap()).unwrap();
+    assert_eq!((set["revision"].as_u64(), &set["data"]["placement"]), (Some(1), &json!({ "everyNode": true })), "{set}");
+    let read = w.ok("runtime.getServiceSpec", json!({ "serviceId": web, "clusterId": cluster })).await;
+    assert_eq!(read["items"][0]["revision"], set["revision"]);
+    assert_eq!(read["items"][0]["id"], set["id"]);
+    // fenced by the revision read, refused as the method refuses
+    let stale = cx.set_service_spec(body.to_string()).await.expect_err("a spec is there now");
+    assert_eq!(stale.code, "conflict", "{stale:?}");
+    let mut elsewhere = body.clone();
+    elsewhere["clusterId"] = json!("cluster_nope");
+    assert_eq!(cx.set_service_spec(elsewhere.to_string()).await.expect_err("no such cluster").code, "cluster-not-found");
+    assert_eq!(cx.set_service_spec("[1]".into()).await.expect_err("not an object").code, "invalid-request");
+
+    // nobody to act as, a read-only method, no grant: nothing is written
+    cx.acting = Acting::Anonymous;
+    assert_eq!(cx.set_service_spec(body.to_string()).await.expect_err("anonymous").code, "unauthenticated");
+    let mut read_only = w.call_data(&[Capability::RuntimeWrite]);
+    read_only.acting = Acting::Caller(w.admin.clone());
+    read_only.read_only = true;
+    assert_eq!(read_only.set_service_spec(body.to_string()).await.expect_err("a read").code, "read-only-method");
+    let mut ungranted = w.call_data(&[Capability::RuntimeRead, Capability::InventoryWriteServices]);
+    ungranted.acting = Acting::Caller(w.admin.clone());
+    let refused = ungranted.set_service_spec(body.to_string()).await.expect_err("no grant, no write");
+    assert_eq!(refused.code, "capability-denied", "{refused:?}");
+    let data: Value = serde_json::from_str(refused.data.as_deref().unwrap()).unwrap();
+    assert_eq!(data["capability"], "runtime:write");
+    let read = w.ok("runtime.getServiceSpec", json!({ "serviceId": web, "clusterId": cluster })).await;
+    assert_eq!(read["items"][0]["revision"], 1, "nothing refused was written");
 }
