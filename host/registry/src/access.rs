@@ -52,23 +52,21 @@ pub struct Allowed {
 
 /// The active service a workloads repository names, if one does.
 pub async fn service_of(store: &Store, repository: &str) -> Result<Option<(String, Service)>> {
+    store.transact(|tx| async move { service_of_in(&tx, repository).await }).await
+}
+
+/// [`service_of`] within `tx`.
+pub async fn service_of_in(tx: &capstan_store::Tx, repository: &str) -> Result<Option<(String, Service)>> {
     let Some((name, prefix)) = parse_service_repository(repository) else { return Ok(None) };
     let id_prefix = service_id_prefix(&prefix.to_ascii_lowercase());
-    store
-        .transact(|tx| {
-            let id_prefix = id_prefix.clone();
-            async move {
-                for doc in tx.find_all(capstan_inventory::SERVICES, "by_name", &[json!(name)]).await? {
-                    if doc.id.starts_with(&id_prefix) {
-                        let service: Service = serde_json::from_value(doc.data.clone())
-                            .map_err(|e| capstan_core::refusal::Refusal::internal(format!("service {}: {e}", doc.id)))?;
-                        return Ok(Some((doc.id, service)));
-                    }
-                }
-                Ok(None)
-            }
-        })
-        .await
+    for doc in tx.find_all(capstan_inventory::SERVICES, "by_name", &[json!(name)]).await? {
+        if doc.id.starts_with(&id_prefix) {
+            let service: Service = serde_json::from_value(doc.data.clone())
+                .map_err(|e| capstan_core::refusal::Refusal::internal(format!("service {}: {e}", doc.id)))?;
+            return Ok(Some((doc.id, service)));
+        }
+    }
+    Ok(None)
 }
 
 /// The one answer to anyone not allowed: `403 DENIED` `registry-access-denied`.

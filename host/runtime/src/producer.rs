@@ -70,6 +70,9 @@ pub struct Target {
     pub secrets: Option<WorkSecrets>,
     /// Capstan's registry host (`host[:port]`): an image there is pulled with a credential.
     pub registry_host: String,
+    /// The organization whose service owns the repository the image names in Capstan's
+    /// registry (none: the image is elsewhere, or no service owns the repository).
+    pub image_organization: Option<String>,
 }
 
 /// One acting step of a plan.
@@ -116,6 +119,13 @@ fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &
     let pinned = service.image.split_once("@sha256:").is_some_and(|(_, hex)| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
     if !pinned {
         return Err("image-plan-missing");
+    }
+    // the node pulls with a credential Capstan issues: only from a repository of the service's
+    // own organization, as its members could pull it themselves
+    if registry_repository(&service.image, &target.registry_host).is_some()
+        && target.image_organization.as_deref() != Some(service.organization_id.as_str())
+    {
+        return Err("image-repository-foreign");
     }
     let spec = &target.spec.data;
     let ports = service
@@ -319,7 +329,20 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>
         None => None,
     };
     let status = tx.get(RUNTIME_STATUS, &spec.id).await?.as_ref().map(parse).transpose()?;
-    Ok(Target { spec, service, cluster: cluster.clone(), status, slots, secrets, registry_host: registry_host.to_string() })
+    let image_organization = match service.as_ref().and_then(|s| registry_repository(&s.data.image, registry_host)) {
+        Some(repository) => capstan_registry::access::service_of_in(tx, &repository).await?.map(|(_, s)| s.organization_id),
+        None => None,
+    };
+    Ok(Target {
+        spec,
+        service,
+        cluster: cluster.clone(),
+        status,
+        slots,
+        secrets,
+        registry_host: registry_host.to_string(),
+        image_organization,
+    })
 }
 
 /// The secrets of the service's newest manifest in `using`'s environment (none: `None`).
@@ -657,6 +680,7 @@ mod tests {
             slots: slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect(),
             secrets: None,
             registry_host: "reg.example".into(),
+            image_organization: Some("org_1".into()),
         }
     }
 
@@ -781,7 +805,15 @@ mod tests {
         let p = plan(&t, 0);
         assert!(p.steps.is_empty(), "a refused desire stops nothing: {:?}", p.steps);
         assert_eq!(p.verdict, Verdict::new("refused", Some("image-plan-missing")));
+        // a repository of Capstan's registry that another organization's service owns, or none
         t.service = Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "active"));
+        for owner in [Some("org_2"), None] {
+            t.image_organization = owner.map(str::to_string);
+            let p = plan(&t, 0);
+            assert!(p.steps.is_empty(), "{owner:?}: {:?}", p.steps);
+            assert_eq!(p.verdict, Verdict::new("refused", Some("image-repository-foreign")), "{owner:?}");
+        }
+        t.image_organization = Some("org_1".into());
         // a new manifest that leaves the environment's keys as they were replaces no replica
         let pinned = |manifest: u64, version: &str| WorkSecrets {
             manifest,

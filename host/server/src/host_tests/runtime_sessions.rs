@@ -38,21 +38,26 @@ async fn admin(server: &Server, method: &str, body: Value) -> Value {
     answer
 }
 
+/// The workloads repository of the service named `web` with id `service`.
+fn repository(service: &str) -> String {
+    format!("workloads/web-{}", &service["svc_".len().."svc_".len() + 12])
+}
+
 /// An organization, a cluster, a service pinned by digest in this host's registry, and one
 /// enrolled node: (service, cluster, node, node token).
 async fn world(server: &Server) -> (String, String, String, String) {
     let org = admin(server, "organizations.create", json!({ "name": "acme" })).await["id"].as_str().unwrap().to_string();
     let cluster = admin(server, "clusters.create", json!({ "name": "edge" })).await["cluster"]["id"].as_str().unwrap().to_string();
-    let image = format!("capstan.test/workloads/web-0123456789ab@{DIGEST}");
-    let service = admin(
+    let created = admin(
         server,
         "services.create",
-        json!({ "organizationId": org, "name": "web", "image": image, "ports": [{ "port": 8080, "protocol": "http" }] }),
+        json!({ "organizationId": org, "name": "web", "image": "nginx:1", "ports": [{ "port": 8080, "protocol": "http" }] }),
     )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    .await;
+    let service = created["id"].as_str().unwrap().to_string();
+    // pinned in the service's own repository (one of another organization's is not run)
+    let image = format!("capstan.test/{}@{DIGEST}", repository(&service));
+    admin(server, "services.update", json!({ "id": service, "expectedRevision": created["revision"], "image": image })).await;
     let code = admin(server, "nodes.createJumpCommand", json!({ "clusterId": cluster })).await["code"].as_str().unwrap().to_string();
     let token = hex::encode(rand::random::<[u8; 32]>());
     let body = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1", "tokenSha256": sha256_hex(token.as_bytes()), "agentVersion": "0.1.0" });
@@ -125,7 +130,7 @@ async fn a_spec_runs_on_its_node_through_the_session_and_a_steady_fleet_writes_n
     assert_eq!((request["type"].as_str(), request["method"].as_str()), (Some("request"), Some("runtime.assign")), "{request}");
     let body = &request["body"];
     assert_eq!((body["intent"].as_str(), body["generation"].as_u64()), (Some("run"), Some(1)), "{body}");
-    assert_eq!(body["work"]["image"], format!("capstan.test/workloads/web-0123456789ab@{DIGEST}"));
+    assert_eq!(body["work"]["image"], format!("capstan.test/{}@{DIGEST}", repository(&service)));
     assert_eq!(body["pull"]["server"], "capstan.test");
     assert!(body["pull"]["username"].as_str().unwrap().starts_with("capstan-pull."), "{body}");
     let assignment = body["assignmentId"].as_str().unwrap().to_string();
