@@ -5,11 +5,13 @@
 //! ready. A load driver sends requests through the ingress during `capstan deploy` of v2 (done
 //! once both replicas run v2), during a release that exits at once and its
 //! rollback, and counts every failed one; the ingress then follows the replica moved from node
-//! to node. Skips as the runtime test does.
+//! to node; an app installed from a signed catalog onto the cluster starts on the node named and
+//! answers through the ingress. Skips as the runtime test does.
 
 use crate::ingress::through_at;
 use crate::runtime::{CONVERGE, Images, Node, World, skipped};
 use crate::support::{Capstan, TEST_ADMIN, dev_command, eventually, with_test_admin};
+use capstan_catalog::{Catalog, PublisherKey, SigningKey, sign};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 const HOSTNAME: &str = "web.example.com";
+const PAGES: &str = "pages.example.com";
 
 /// What the load driver saw.
 #[derive(Debug, Default)]
@@ -210,6 +213,36 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     eprintln!("through the ingress while the replica moved back: {tally}");
     assert_eq!(through_at(&ingress, HOSTNAME), Ok((200, "v2\n".to_string())));
     assert!(nodes[1].containers(&web).is_empty() || nodes[1].containers(&web).iter().all(|c| c["State"] != "running"));
+
+    // ---- an app from the catalog, installed onto the cluster, starts and is served through the ingress ----
+    crate::appstore::wait_for_appstore(&w.server, &w.admin);
+    let publisher = SigningKey::from_bytes(&[42; 32]);
+    let settings = w.ok("settings.get", json!({}));
+    let trust = json!({ "appstore.trustedCatalogKeys": [PublisherKey::from(&publisher).to_string()] });
+    w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": trust }));
+    // its image: v2 as web's repository holds it (the organization's own)
+    let image = format!("127.0.0.1:{}/{}:2.0.0@{}", w.port, deployed["repository"].as_str().unwrap(), deployed["digest"].as_str().unwrap());
+    let catalog: Catalog = serde_json::from_value(json!({ "apps": [{ "id": "pages", "name": "Pages", "versions": [{ "version": "1.0.0",
+        "template": { "image": image, "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18081 }] } }] }] }))
+    .unwrap();
+    let envelope = sign(&catalog, 1, &publisher).unwrap().to_json();
+    assert_eq!(w.ok("appstore.importCatalog", json!({ "envelope": envelope }))["outcome"], "activated");
+    let config = w.ok("appstore.getAppConfig", json!({ "appId": "pages" }));
+    let offered: Vec<&str> = config["clusters"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(offered, ["edge"], "the install form offers the cluster: {config}");
+    let installed = w.ok(
+        "appstore.install",
+        json!({ "organizationId": org, "appId": "pages", "name": "pages", "domains": [PAGES], "clusterId": cluster, "nodeId": nodes[1].id() }),
+    );
+    assert_eq!((installed["clusterId"].as_str(), installed["specRevision"].as_u64()), (Some(cluster.as_str()), Some(1)), "{installed}");
+    let pages = installed["id"].as_str().unwrap().to_string();
+    w.converged(&pages, "the app runs on the node named", |t| {
+        t["slots"].as_array().is_some_and(|s| s.len() == 1 && s[0]["nodeId"] == nodes[1].id())
+    });
+    eventually("the app answers through the ingress", CONVERGE, || match through_at(&ingress, PAGES) {
+        Ok((200, body)) if body == "v2\n" => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
     for node in &mut nodes {
         node.stop_agent(false);
     }
