@@ -95,20 +95,31 @@ pub fn service_replicas(service_id: &str) -> Result<Vec<Replica>> {
     Ok(wit::service_replicas(service_id)?.into_iter().map(Replica::from).collect())
 }
 
+/// The service's runtime specs, one per cluster it is meant to run on, ordered by cluster:
+/// each with its id, revision and the spec's fields (`clusterId`, `placement`,
+/// `replicasPerNode`, `hold`, `restart`, `health`, `secrets`, …) as `runtime.getServiceSpec`
+/// shows them. Capability `runtime:read` (contract 0.3.2).
+pub fn service_specs(service_id: &str) -> Result<Vec<crate::store::Doc<serde_json::Value>>> {
+    wit::service_specs(service_id)?.iter().map(|text| spec_doc(text)).collect()
+}
+
+fn spec_doc(text: &str) -> Result<crate::store::Doc<serde_json::Value>> {
+    let answer: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| crate::Refusal::internal(format!("the host answered a spec that is not JSON: {e}")))?;
+    Ok(crate::store::Doc {
+        id: answer["id"].as_str().unwrap_or_default().to_string(),
+        revision: answer["revision"].as_u64().unwrap_or_default(),
+        data: answer["data"].clone(),
+    })
+}
+
 /// Set a service's runtime spec on a cluster: `body` is `runtime.setServiceSpec`'s input
 /// (`serviceId`, `clusterId`, `expectedRevision` — `null` for a first spec —, `placement`,
 /// `replicasPerNode`, `restart`, `health`, `secrets`, `hold`), judged as that method judges it
 /// for the caller (the plugin's own authority outside a call). Answers the spec stored with its
 /// id and revision. Capability `runtime:write` (contract 0.3.2); not from a read-only method.
 pub fn set_service_spec(body: &serde_json::Value) -> Result<crate::store::Doc<serde_json::Value>> {
-    let answer = wit::set_service_spec(&body.to_string())?;
-    let answer: serde_json::Value =
-        serde_json::from_str(&answer).map_err(|e| crate::Refusal::internal(format!("the host answered a spec that is not JSON: {e}")))?;
-    Ok(crate::store::Doc {
-        id: answer["id"].as_str().unwrap_or_default().to_string(),
-        revision: answer["revision"].as_u64().unwrap_or_default(),
-        data: answer["data"].clone(),
-    })
+    spec_doc(&wit::set_service_spec(&body.to_string())?)
 }
 
 /// Where a service's ready replicas are reached from other machines.

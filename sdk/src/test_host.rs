@@ -302,6 +302,19 @@ impl Platform for HarnessPlatform {
         }
     }
 
+    /// The specs set for the service, by cluster.
+    async fn service_specs(&self, service_id: &str) -> Result<Vec<Document>> {
+        self.inner.service_replicas(service_id).await?;
+        let specs = self.specs.read().expect("specs lock");
+        let mut found: Vec<Document> = specs
+            .iter()
+            .filter(|(_, (_, body))| body["serviceId"] == service_id)
+            .map(|(id, (revision, body))| Document { id: id.clone(), revision: *revision, data: body.clone() })
+            .collect();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(found)
+    }
+
     /// Kept as asked, fenced by `expectedRevision` as the host fences it; the service must exist.
     async fn set_service_spec(&self, _actor: &Identity, body: Value) -> Result<Document> {
         let (service, cluster) = (body["serviceId"].as_str().unwrap_or_default(), body["clusterId"].as_str().unwrap_or_default());

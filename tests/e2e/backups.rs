@@ -56,7 +56,7 @@ fn settled(server: &Capstan, token: &str, method: &str, body: Value) -> Value {
     eventually(&format!("{method} {body} settling"), DONE, || {
         let record = ok(server, token, method, body.clone());
         match record["state"].as_str() {
-            Some("pending" | "running") => Err(record.to_string()),
+            Some("pending" | "stopping" | "running") => Err(record.to_string()),
             _ => Ok(record),
         }
     })

@@ -324,7 +324,7 @@ impl Node {
             .arg("--engine")
             .arg(format!("unix://{}", self.dir.join("engine.sock").display()))
             .arg("--volumes-dir")
-            .arg(self.dir.join("volumes"))
+            .arg(self.volumes_dir())
             .args(self.relay_url.iter().flat_map(|url| ["--relay", url.as_str()]))
             .arg("--secrets-dir")
             .arg(self.secrets_dir())
@@ -368,6 +368,9 @@ impl Node {
             .arg("--authorization-file")
             .arg(self.dir.join("relay-authorization"))
             .args(["--nodes-listen", &format!("{}:8444", self.node_ip)])
+            // backups read the volumes where this node's agent keeps them
+            .arg("--volumes-dir")
+            .arg(self.volumes_dir())
             .args(extra)
             .spawn()
             .unwrap();
@@ -393,6 +396,11 @@ impl Node {
     /// other (an ingress on one node sends traffic to the replicas on the others).
     pub(crate) fn route_to_other_nodes(&self) {
         run("ip", &["netns", "exec", &self.netns, "ip", "route", "replace", "10.231.0.0/16", "via", &self.host_ip]);
+    }
+
+    /// Where the node's agent keeps services' volumes (DIR/<serviceId>/<name>).
+    pub(crate) fn volumes_dir(&self) -> PathBuf {
+        self.dir.join("volumes")
     }
 
     pub(crate) fn address(&self) -> &str {
@@ -469,7 +477,12 @@ impl Node {
 
     /// What the node's published port 18080 answers at `path` within `seconds`, if anything.
     fn fetch(&self, path: &str, seconds: u32) -> Option<String> {
-        let (url, time) = (format!("http://{}:18080{path}", self.node_ip), seconds.to_string());
+        self.fetch_at(18080, path, seconds)
+    }
+
+    /// What the node's published `port` answers at `path` within `seconds`, if anything.
+    pub(crate) fn fetch_at(&self, port: u16, path: &str, seconds: u32) -> Option<String> {
+        let (url, time) = (format!("http://{}:{port}{path}", self.node_ip), seconds.to_string());
         let out = Command::new("curl").args(["-fsS", "--max-time", &time, &url]).output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
@@ -695,7 +708,7 @@ impl World {
     }
 
     /// Two nodes of `cluster`, numbered `first` and `first + 1` (tests running at once use
-    /// other numbers), each its own namespace, engine and agent, enrolled and live; the first
+    /// other numbers: runtime 0–3, runtime_logs 4, runtime_ingress 6–7), each its own namespace, engine and agent, enrolled and live; the first
     /// runs the cluster's relay and the second's runtime session rides it.
     pub(crate) fn two_nodes(&self, dir: &Path, cluster: &str, first: u32) -> Vec<Node> {
         let w = self;

@@ -6,7 +6,8 @@
 //! once both replicas run v2), during a release that exits at once and its
 //! rollback, and counts every failed one; the ingress then follows the replica moved from node
 //! to node; an app installed from a signed catalog onto the cluster starts on the node named and
-//! answers through the ingress. Skips as the runtime test does.
+//! answers through the ingress; a volume is backed up and restored byte for byte with its
+//! replica stopped and started around the restore. Skips as the runtime test does.
 
 use crate::ingress::through_at;
 use crate::runtime::{CONVERGE, Images, Node, World, skipped};
@@ -125,7 +126,7 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     let held = w.ok("services.get", json!({ "id": web }));
     w.ok("services.update", json!({ "id": web, "expectedRevision": held["revision"], "domains": [HOSTNAME] }));
     w.release(&web, &deployer, "1.0.0", "v1");
-    let mut nodes = w.two_nodes(dir.path(), &cluster, 4);
+    let mut nodes = w.two_nodes(dir.path(), &cluster, 6);
     for node in &nodes {
         node.route_to_other_nodes();
     }
@@ -243,6 +244,59 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
         Ok((200, body)) if body == "v2\n" => Ok(()),
         other => Err(format!("{other:?}")),
     });
+
+    // ---- a volume backed up by the relay's node and restored with its replica stopped and
+    // started around it ----
+    let image = format!("127.0.0.1:{}/{}@{}", w.port, deployed["repository"].as_str().unwrap(), deployed["digest"].as_str().unwrap());
+    let notes = w.ok(
+        "services.create",
+        json!({ "organizationId": org, "name": "notes", "image": image, "ports": [{ "port": 8080, "protocol": "http", "publicPort": 18082 }],
+                "volumes": [{ "name": "data", "mountPath": "/www/data" }] }),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    w.ok(
+        "runtime.setServiceSpec",
+        json!({ "serviceId": notes, "clusterId": cluster, "expectedRevision": null, "placement": { "nodes": [nodes[0].id()] },
+                "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000, "threshold": 2 } }),
+    );
+    let volume = nodes[0].volumes_dir().join(&notes).join("data");
+    let first = w.converged(&notes, "notes runs on the relay's node", |t| t["slots"].as_array().is_some_and(|s| s.len() == 1));
+    std::fs::write(volume.join("note.txt"), "first\n").unwrap();
+    assert_eq!(nodes[0].fetch_at(18082, "/data/note.txt", 5).as_deref(), Some("first"), "the container serves its volume");
+    let backup = w.ok("backups.create", json!({ "organizationId": org, "serviceId": notes }));
+    let settle = |method: &str, body: Value| {
+        eventually(&format!("{method} settling"), CONVERGE, || {
+            let record = w.ok(method, body.clone());
+            match record["state"].as_str() {
+                Some("pending" | "stopping" | "running") => Err(record.to_string()),
+                _ => Ok(record),
+            }
+        })
+    };
+    let backup = settle("backups.get", json!({ "organizationId": org, "backupId": backup["id"] }));
+    assert_eq!((backup["state"].as_str(), backup["nodeId"].as_str()), (Some("complete"), Some(nodes[0].id())), "{backup}");
+    std::fs::write(volume.join("note.txt"), "second\n").unwrap();
+    assert_eq!(nodes[0].fetch_at(18082, "/data/note.txt", 5).as_deref(), Some("second"));
+    let restore = w.ok("backups.restore", json!({ "organizationId": org, "backupId": backup["id"] }));
+    let held = eventually("the restore holds the spec", CONVERGE, || {
+        let record = w.ok("backups.getRestore", json!({ "organizationId": org, "restoreId": restore["id"] }));
+        if record["held"].is_object() || record["state"] == "complete" { Ok(record) } else { Err(record.to_string()) }
+    });
+    let restored = settle("backups.getRestore", json!({ "organizationId": org, "restoreId": restore["id"] }));
+    assert_eq!(restored["state"], "complete", "{restored}\n{}", nodes[0].relay_log());
+    let started = w.converged(&notes, "notes runs again after the restore", |t| {
+        t["slots"].as_array().is_some_and(|s| s.len() == 1 && s[0]["assignmentId"] != first["slots"][0]["assignmentId"])
+    });
+    assert_eq!(nodes[0].fetch_at(18082, "/data/note.txt", 5).as_deref(), Some("first"), "restored byte for byte, and served");
+    let spec = w.ok("runtime.getServiceSpec", json!({ "serviceId": notes, "clusterId": cluster }));
+    assert_eq!(spec["items"][0]["hold"], false, "the hold is released: {spec}");
+    eprintln!(
+        "restore: held {} (spec revision), replica {} replaced by {}",
+        held["held"], first["slots"][0]["assignmentId"], started["slots"][0]["assignmentId"]
+    );
+
     for node in &mut nodes {
         node.stop_agent(false);
     }

@@ -231,6 +231,22 @@ impl Platform for InventoryPlatform {
             .await
     }
 
+    async fn service_specs(&self, service_id: &str) -> Result<Vec<Document>> {
+        let id = service_id.to_string();
+        self.store
+            .transact(|tx| {
+                let id = id.clone();
+                async move {
+                    if !tx.is_declared(capstan_inventory::SERVICES) {
+                        return Err(capstan_inventory::not_found("service", &id));
+                    }
+                    let service = capstan_inventory::services::require_service(&tx, &id).await?;
+                    specs_of(&tx, &service.id).await
+                }
+            })
+            .await
+    }
+
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
         set_spec(&self.store, actor, body).await
     }
@@ -336,6 +352,22 @@ async fn replicas_of(tx: &Tx, service_id: &str) -> Result<Vec<Replica>> {
     }
     replicas.sort_by(|a, b| (&a.cluster_id, &a.slot).cmp(&(&b.cluster_id, &b.slot)));
     Ok(replicas)
+}
+
+/// A service's runtime specs, by cluster, where the host runs services.
+#[cfg(feature = "registry")]
+async fn specs_of(tx: &Tx, service_id: &str) -> Result<Vec<Document>> {
+    if !tx.is_declared(capstan_runtime::RUNTIME_SPECS) {
+        return Ok(Vec::new());
+    }
+    let specs = capstan_runtime::spec::of_service(tx, service_id).await?;
+    specs.into_iter().map(|s| Ok(Document { id: s.id, revision: s.revision, data: capstan_inventory::to_value(&s.data)? })).collect()
+}
+
+/// Without the runtime no service is meant to run anywhere.
+#[cfg(not(feature = "registry"))]
+async fn specs_of(_tx: &Tx, _service_id: &str) -> Result<Vec<Document>> {
+    Ok(Vec::new())
 }
 
 /// Write a service's runtime spec as `actor`, where the host runs services.

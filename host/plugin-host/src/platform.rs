@@ -109,6 +109,10 @@ pub trait Platform: OrganizationAuthority {
     /// service.
     async fn service_replicas(&self, service_id: &str) -> Result<Vec<Replica>>;
 
+    /// The runtime specs of the service `service_id`, by cluster (`runtime.getServiceSpec`'s
+    /// items); empty where the host runs no services. `service-not-found` when there is none.
+    async fn service_specs(&self, service_id: &str) -> Result<Vec<Document>>;
+
     /// Set a service's runtime spec from `body` (the `runtime.setServiceSpec` input) as
     /// `actor`; the spec as stored. `runtime-unavailable` on a host that runs no services.
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document>;

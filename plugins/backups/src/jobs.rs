@@ -10,9 +10,11 @@
 //! a failed backup, are garbage the pass collects. A restore verifies every object the same way
 //! before the agent is asked to apply anything (`backups.restore` with a download ticket), and
 //! the agent swaps the volumes only once the whole archive checked out, so a restore in doubt
-//! keeps what is there.
+//! keeps what is there. Around it the service's replicas stop and start again ([`crate::hold`]):
+//! a restore whose service runs on its cluster waits `stopping` until none runs on its node.
 
-use crate::records::{BACKUPS, Backup, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State};
+use crate::hold;
+use crate::records::{BACKUPS, Backup, HOLDS, Held, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State};
 use crate::retention::prune;
 use crate::settings::settings;
 use capstan_sdk::now_ms;
@@ -28,13 +30,16 @@ const STALE_MS: u64 = 3 * 60 * 1000;
 const TICKET_TTL_MS: u32 = 60_000;
 /// A job is started only with at least this much of the pass left.
 pub(crate) const JOB_BUDGET: Duration = Duration::from_secs(12);
+/// How long a restore waits for the service's replicas on its node to stop.
+const STOP_WAIT_MS: u64 = 5 * 60 * 1000;
 
 pub(crate) enum Job {
     Backup(Box<Doc<Backup>>),
     Restore(Box<Doc<Restore>>),
 }
 
-/// The oldest pending backup, else the oldest pending restore.
+/// The oldest pending backup, else the oldest pending restore, else the oldest stopping
+/// restore whose replicas stopped (or that waited too long).
 pub(crate) fn next_job() -> Result<Option<Job>> {
     let pending = json!(State::Pending.as_str());
     let backups = store::find::<Backup>(BACKUPS, "by_state", std::slice::from_ref(&pending), None, 500)?;
@@ -42,7 +47,24 @@ pub(crate) fn next_job() -> Result<Option<Job>> {
         return Ok(Some(Job::Backup(Box::new(b))));
     }
     let restores = store::find::<Restore>(RESTORES, "by_state", &[pending], None, 500)?;
-    Ok(restores.documents.into_iter().min_by_key(|d| d.data.created_at_ms).map(|d| Job::Restore(Box::new(d))))
+    if let Some(r) = restores.documents.into_iter().min_by_key(|d| d.data.created_at_ms) {
+        return Ok(Some(Job::Restore(Box::new(r))));
+    }
+    let now = now_ms();
+    let mut stopping = store::find::<Restore>(RESTORES, "by_state", &[json!(State::Stopping.as_str())], None, 500)?.documents;
+    stopping.sort_by_key(|d| d.data.created_at_ms);
+    for doc in stopping {
+        let waited_out = doc.data.started_at_ms.is_some_and(|t| now.saturating_sub(t) > STOP_WAIT_MS);
+        if waited_out || hold::stopped_on(&doc.data.service_id, &doc.data.node_id)? {
+            return Ok(Some(Job::Restore(Box::new(doc))));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether a restore waits for replicas to stop (the pass comes back for it soon).
+pub(crate) fn stopping() -> Result<bool> {
+    Ok(!store::find::<Restore>(RESTORES, "by_state", &[json!(State::Stopping.as_str())], None, 1)?.documents.is_empty())
 }
 
 fn object_key(backup_id: &str) -> String {
@@ -188,14 +210,33 @@ fn stored_object(key: &str, kind: &str, sent: &Sent) -> std::result::Result<(Obj
 }
 
 pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
+    let first = doc.data.state == State::Pending;
     let Some(mut doc) = start(RESTORES, doc, |r| {
         r.state = State::Running;
-        r.started_at_ms = Some(now_ms());
+        r.started_at_ms = r.started_at_ms.or(Some(now_ms()));
     })?
     else {
         return Ok(());
     };
-    let outcome = apply_restore(&doc);
+    let outcome = match first {
+        // first the service's replicas stop: the restore waits for them on later passes
+        true => match hold::hold(&doc.data.service_id, &doc.data.cluster_id) {
+            Ok(Some(held)) => {
+                doc.data.held = Some(held.clone());
+                doc.data.state = State::Stopping;
+                let holding = HeldBy { service_id: doc.data.service_id.clone(), held };
+                store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).put(HOLDS, &doc.id, None, &holding).commit()?;
+                return Ok(());
+            }
+            Ok(None) => apply_restore(&doc),
+            Err(r) => Err(Reason::from(&r)),
+        },
+        false if hold::stopped_on(&doc.data.service_id, &doc.data.node_id).unwrap_or(false) => apply_restore(&doc),
+        false => Err(Reason {
+            code: "restore-replicas-running".into(),
+            message: format!("the service's replicas on {} did not stop within 5 minutes; nothing was restored", doc.data.node_id),
+        }),
+    };
     let restore = &mut doc.data;
     restore.finished_at_ms = Some(now_ms());
     match outcome {
@@ -213,7 +254,37 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
         restore.state.as_str()
     );
     store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).commit()?;
+    // the replicas start again, on the restored data or on what was there
+    release_holds()?;
     Ok(())
+}
+
+/// A hold a restore keeps on its service's runtime spec (`holds/<restoreId>`), until released.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct HeldBy {
+    service_id: String,
+    held: Held,
+}
+
+/// Release the holds of restores that ended (a failed release is tried again by the next pass);
+/// how many were released.
+pub(crate) fn release_holds() -> Result<u32> {
+    let mut released = 0;
+    for doc in store::scan::<HeldBy>(HOLDS, None, 100)?.documents {
+        let ended = store::get::<Restore>(RESTORES, &doc.id)?.is_none_or(|r| matches!(r.data.state, State::Complete | State::Failed));
+        if !ended {
+            continue;
+        }
+        match hold::release(&doc.data.service_id, &doc.data.held) {
+            Ok(_) => {
+                store::Batch::new().delete(HOLDS, &doc.id, doc.revision).commit()?;
+                released += 1;
+            }
+            Err(r) => capstan_sdk::warn!("the hold of restore {} was not released ({}); the next pass tries again", doc.id, r.code()),
+        }
+    }
+    Ok(released)
 }
 
 /// Verify every object of the backup, then have the agent apply it. Nothing reaches the agent

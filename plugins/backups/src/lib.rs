@@ -14,6 +14,7 @@
 //! - `replication`: copies on the external S3 target;
 //! - `schedule`: `backupCron` and the `backup-all-services` run.
 
+mod hold;
 mod jobs;
 mod methods;
 mod placement;
@@ -25,9 +26,9 @@ mod settings;
 
 use capstan_sdk::now_ms;
 use capstan_sdk::{CollectionSpec, Context, Descriptor, Event, Manager, Page, ReconcileOutcome, ReconcileTrigger, Result, Role};
-use jobs::{JOB_BUDGET, Job, fail_interrupted, next_job, run_backup, run_restore};
+use jobs::{JOB_BUDGET, Job, fail_interrupted, next_job, release_holds, run_backup, run_restore, stopping};
 use methods::{create, get, get_restore, list, overview, replicate, restore, run_all};
-use records::{BACKUPS, RESTORES, SCHEDULE};
+use records::{BACKUPS, HOLDS, RESTORES, SCHEDULE};
 use replication::replicate_due;
 use retention::collect_garbage;
 use schedule::schedule_if_due;
@@ -89,6 +90,7 @@ impl Manager for Backups {
                     .index("by_replica", &["replicaState"]),
             )
             .collection(CollectionSpec::new(RESTORES).index("by_org", &["organizationId"]).index("by_state", &["state"]))
+            .collection(HOLDS)
             .collection(SCHEDULE)
             .subscribe("backups.requested")
             .reconcile_every(Duration::from_secs(60))
@@ -105,6 +107,10 @@ impl Manager for Backups {
         let interrupted = fail_interrupted(now)?;
         if interrupted > 0 {
             summary.push(format!("{interrupted} interrupted"));
+        }
+        let released = release_holds()?;
+        if released > 0 {
+            summary.push(format!("{released} holds released"));
         }
         if let Some(queued) = schedule_if_due(now)? {
             summary.push(format!("schedule queued {queued}"));
@@ -132,8 +138,15 @@ impl Manager for Backups {
             }
         }
         let outcome = ReconcileOutcome::done(if summary.is_empty() { "idle".to_string() } else { summary.join(", ") });
-        // more waiting: come back at once rather than after the period
-        Ok(if next_job()?.is_some() { outcome.requeue_after(Duration::from_millis(100)) } else { outcome })
+        // more waiting: come back at once rather than after the period; a restore waiting for
+        // replicas to stop, within a second
+        Ok(if next_job()?.is_some() {
+            outcome.requeue_after(Duration::from_millis(100))
+        } else if stopping()? {
+            outcome.requeue_after(Duration::from_secs(1))
+        } else {
+            outcome
+        })
     }
 }
 

@@ -152,6 +152,7 @@ pub(crate) fn restore(ctx: &Context, input: RestoreInput) -> Result<Shown<Restor
         volumes: backup.data.volumes.clone(),
         state: State::Pending,
         reason: None,
+        held: None,
         requested_by: ctx.caller().id().to_string(),
         created_at_ms: now_ms(),
         started_at_ms: None,

@@ -19,6 +19,8 @@ pub(crate) const OBJECTS: &str = "backups/";
 pub(crate) enum State {
     /// Recorded; the reconcile loop takes it next.
     Pending,
+    /// A restore waiting for the service's replicas on its node to stop (`held`).
+    Stopping,
     /// Being taken (or applied) by the cluster's agent.
     Running,
     /// Every object verified (a backup), or applied (a restore).
@@ -33,6 +35,7 @@ impl State {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             State::Pending => "pending",
+            State::Stopping => "stopping",
             State::Running => "running",
             State::Complete => "complete",
             State::Failed => "failed",
@@ -158,12 +161,30 @@ pub(crate) struct Restore {
     pub(crate) state: State,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<Reason>,
+    /// The service's runtime spec the restore put on hold, until it releases it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held: Option<Held>,
     pub(crate) requested_by: String,
     pub(crate) created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) started_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) finished_at_ms: Option<u64>,
+}
+
+/// The holds restores keep on services' runtime specs (`<restoreId>`), until released.
+pub(crate) const HOLDS: &str = "holds";
+
+/// The runtime spec a restore holds while it runs: the service's replicas on its cluster stop
+/// first and start again after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Held {
+    pub(crate) cluster_id: String,
+    /// The spec's revision with the hold (the restore's write, or the operator's).
+    pub(crate) spec_revision: u64,
+    /// The restore set the hold (and releases it); `false`: the operator held it already.
+    pub(crate) ours: bool,
 }
 
 /// A record with its id and revision, as methods answer it.

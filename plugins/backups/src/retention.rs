@@ -29,7 +29,7 @@ pub(crate) fn prune(service: &str, keep: u32) -> Result<u32> {
     let doomed = all.iter().filter(|d| match d.data.state {
         State::Complete => d.data.created_at_ms < oldest_kept,
         State::Failed | State::Corrupt => d.data.created_at_ms < oldest_kept,
-        State::Pending | State::Running => false,
+        State::Pending | State::Stopping | State::Running => false,
     });
     let mut pruned = 0;
     for doc in doomed {

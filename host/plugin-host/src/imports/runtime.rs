@@ -46,6 +46,12 @@ impl runtime::Host for CallData {
         Ok(replicas.into_iter().map(replica).collect())
     }
 
+    async fn service_specs(&mut self, service_id: String) -> WitResult<Vec<String>> {
+        let reader = self.granted(&self.grant.runtime, Capability::RuntimeRead)?;
+        let specs = reader.platform.service_specs(&service_id).await.map_err(to_wit)?;
+        Ok(specs.into_iter().map(spec_json).collect())
+    }
+
     async fn set_service_spec(&mut self, body: String) -> WitResult<String> {
         self.changing()?;
         let writer = self.granted(&self.grant.runtime_write, Capability::RuntimeWrite)?;
@@ -61,8 +67,13 @@ impl runtime::Host for CallData {
         };
         let body = parse_object(&body, "the runtime spec")?;
         let written = writer.platform.set_service_spec(&actor, body).await.map_err(to_wit)?;
-        Ok(serde_json::json!({ "id": written.id, "revision": written.revision, "data": written.data }).to_string())
+        Ok(spec_json(written))
     }
+}
+
+/// A spec as the import answers it: `{id, revision, data}`.
+fn spec_json(d: crate::store::Document) -> String {
+    serde_json::json!({ "id": d.id, "revision": d.revision, "data": d.data }).to_string()
 }
 
 fn replica(r: Replica) -> runtime::Replica {

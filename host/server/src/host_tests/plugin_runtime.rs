@@ -170,8 +170,30 @@ async fn a_plugin_granted_runtime_write_sets_a_spec_as_its_caller_would_and_noth
     let read = w.ok("runtime.getServiceSpec", json!({ "serviceId": web, "clusterId": cluster })).await;
     assert_eq!(read["items"][0]["revision"], set["revision"]);
     assert_eq!(read["items"][0]["id"], set["id"]);
+    // and a plugin granted runtime:read reads it back as the method shows it
+    let mut reader = w.call_data(&[Capability::RuntimeRead]);
+    let specs = reader.service_specs(web.clone()).await.unwrap();
+    let specs: Vec<Value> = specs.iter().map(|s| serde_json::from_str(s).unwrap()).collect();
+    assert_eq!(specs.len(), 1, "{specs:?}");
+    assert_eq!((&specs[0]["id"], &specs[0]["revision"]), (&set["id"], &set["revision"]));
+    for field in ["clusterId", "placement", "replicasPerNode", "hold", "restart", "health", "secrets"] {
+        assert_eq!(specs[0]["data"][field], read["items"][0][field], "{field}");
+    }
+    assert!(reader.service_specs(w.service("idle").await).await.unwrap().is_empty(), "a service meant to run nowhere");
+    assert_eq!(reader.service_specs("svc_nope".into()).await.expect_err("no such service").code, "service-not-found");
+    // what a plugin read it writes back as it was, changing one field (a restore's hold)
+    let mut held = specs[0]["data"].clone();
+    let body_back = json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": specs[0]["revision"],
+        "placement": held["placement"].take(), "replicasPerNode": held["replicasPerNode"].take(), "hold": true,
+        "restart": held["restart"].take(), "health": held["health"].take(), "secrets": held["secrets"].take() });
+    let rewritten: Value = serde_json::from_str(&cx.set_service_spec(body_back.to_string()).await.unwrap()).unwrap();
+    assert_eq!((rewritten["revision"].as_u64(), &rewritten["data"]["hold"]), (Some(2), &json!(true)));
+    let mut back = json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": 2, "placement": { "everyNode": true },
+                           "replicasPerNode": 1, "hold": false, "health": { "kind": "none" } });
+    cx.set_service_spec(back.to_string()).await.unwrap();
+    back["expectedRevision"] = json!(null);
     // fenced by the revision read, refused as the method refuses
-    let stale = cx.set_service_spec(body.to_string()).await.expect_err("a spec is there now");
+    let stale = cx.set_service_spec(back.to_string()).await.expect_err("a spec is there now");
     assert_eq!(stale.code, "conflict", "{stale:?}");
     let mut elsewhere = body.clone();
     elsewhere["clusterId"] = json!("cluster_nope");
@@ -192,5 +214,5 @@ async fn a_plugin_granted_runtime_write_sets_a_spec_as_its_caller_would_and_noth
     let data: Value = serde_json::from_str(refused.data.as_deref().unwrap()).unwrap();
     assert_eq!(data["capability"], "runtime:write");
     let read = w.ok("runtime.getServiceSpec", json!({ "serviceId": web, "clusterId": cluster })).await;
-    assert_eq!(read["items"][0]["revision"], 1, "nothing refused was written");
+    assert_eq!(read["items"][0]["revision"], 3, "nothing refused was written");
 }
