@@ -120,16 +120,7 @@ impl TestHost {
             updated_at: now,
             facets: Default::default(),
         };
-        let data = capstan_inventory::to_value(&organization)?;
-        let id_ref = &id;
-        self.host
-            .services
-            .store
-            .transact(|tx| {
-                let data = data.clone();
-                async move { tx.insert(capstan_inventory::ORGANIZATIONS, id_ref, data).await }
-            })
-            .await?;
+        self.insert(capstan_inventory::ORGANIZATIONS, &id, capstan_inventory::to_value(&organization)?).await?;
         Ok(id)
     }
 
@@ -147,17 +138,21 @@ impl TestHost {
             relay: Default::default(),
             facets: Default::default(),
         };
-        let data = capstan_inventory::to_value(&cluster)?;
-        let id_ref = &id;
+        self.insert(capstan_inventory::CLUSTERS, &id, capstan_inventory::to_value(&cluster)?).await?;
+        Ok(id)
+    }
+
+    /// Insert a document of the host's own collections (what the platform keeps).
+    async fn insert(&self, collection: &str, id: &str, data: Value) -> Result<()> {
         self.host
             .services
             .store
             .transact(|tx| {
                 let data = data.clone();
-                async move { tx.insert(capstan_inventory::CLUSTERS, id_ref, data).await }
+                async move { tx.insert(collection, id, data).await }
             })
-            .await?;
-        Ok(id)
+            .await
+            .map(drop)
     }
 
     /// A service as the inventory holds it (`id`, `revision` and its fields), if it exists.

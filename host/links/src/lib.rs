@@ -216,35 +216,11 @@ impl Platform for InventoryPlatform {
     }
 
     async fn service_replicas(&self, service_id: &str) -> Result<Vec<Replica>> {
-        let id = service_id.to_string();
-        self.store
-            .transact(|tx| {
-                let id = id.clone();
-                async move {
-                    if !tx.is_declared(capstan_inventory::SERVICES) {
-                        return Err(capstan_inventory::not_found("service", &id));
-                    }
-                    let service = capstan_inventory::services::require_service(&tx, &id).await?;
-                    replicas_of(&tx, &service.id).await
-                }
-            })
-            .await
+        of_service(&self.store, service_id, |tx, id| async move { replicas_of(&tx, &id).await }).await
     }
 
     async fn service_specs(&self, service_id: &str) -> Result<Vec<Document>> {
-        let id = service_id.to_string();
-        self.store
-            .transact(|tx| {
-                let id = id.clone();
-                async move {
-                    if !tx.is_declared(capstan_inventory::SERVICES) {
-                        return Err(capstan_inventory::not_found("service", &id));
-                    }
-                    let service = capstan_inventory::services::require_service(&tx, &id).await?;
-                    specs_of(&tx, &service.id).await
-                }
-            })
-            .await
+        of_service(&self.store, service_id, |tx, id| async move { specs_of(&tx, &id).await }).await
     }
 
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
@@ -352,6 +328,26 @@ async fn replicas_of(tx: &Tx, service_id: &str) -> Result<Vec<Replica>> {
     }
     replicas.sort_by(|a, b| (&a.cluster_id, &a.slot).cmp(&(&b.cluster_id, &b.slot)));
     Ok(replicas)
+}
+
+/// What `read` finds of the service `service_id` in one transaction, once the service is known
+/// to exist (`service-not-found` otherwise).
+async fn of_service<T, F, Fut>(store: &Store, service_id: &str, read: F) -> Result<T>
+where
+    F: Fn(Tx, String) -> Fut + Send + Sync,
+    Fut: std::future::Future<Output = Result<T>> + Send,
+    T: Send,
+{
+    let read = &read;
+    store
+        .transact(|tx| async move {
+            if !tx.is_declared(capstan_inventory::SERVICES) {
+                return Err(capstan_inventory::not_found("service", service_id));
+            }
+            let service = capstan_inventory::services::require_service(&tx, service_id).await?;
+            read(tx, service.id).await
+        })
+        .await
 }
 
 /// A service's runtime specs, by cluster, where the host runs services.

@@ -14,7 +14,7 @@
 //! a restore whose service runs on its cluster waits `stopping` until none runs on its node.
 
 use crate::hold;
-use crate::records::{BACKUPS, Backup, HOLDS, Held, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State};
+use crate::records::{BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State};
 use crate::retention::prune;
 use crate::settings::settings;
 use capstan_sdk::now_ms;
@@ -257,14 +257,6 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
     // the replicas start again, on the restored data or on what was there
     release_holds()?;
     Ok(())
-}
-
-/// A hold a restore keeps on its service's runtime spec (`holds/<restoreId>`), until released.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct HeldBy {
-    service_id: String,
-    held: Held,
 }
 
 /// Release the holds of restores that ended (a failed release is tried again by the next pass);

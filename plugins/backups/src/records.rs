@@ -187,6 +187,14 @@ pub(crate) struct Held {
     pub(crate) ours: bool,
 }
 
+/// A hold a restore keeps on its service's runtime spec (`holds/<restoreId>`), until released.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct HeldBy {
+    pub(crate) service_id: String,
+    pub(crate) held: Held,
+}
+
 /// A record with its id and revision, as methods answer it.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
