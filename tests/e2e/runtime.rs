@@ -577,6 +577,14 @@ pub(crate) struct World {
 }
 
 impl World {
+    /// `capstan serve --dev` on `data` with the test administrator logged in, and `images`.
+    pub(crate) fn start(data: &Path, images: Images) -> World {
+        let server = Capstan::start(with_test_admin(dev_command(data)));
+        let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+        let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
+        World { server, admin, port, images }
+    }
+
     pub(crate) fn ok(&self, method: &str, body: Value) -> Value {
         ok(&self.server, &self.admin, method, body)
     }
@@ -761,10 +769,7 @@ fn services_run_on_two_nodes_roll_one_slot_at_a_time_survive_an_agent_killed_and
     }
     let dir = tempfile::tempdir().unwrap();
     let images = Images::build(dir.path(), &["v1", "v2", "v3", "crash"]);
-    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
-    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
-    let w = World { server, admin, port, images };
+    let w = World::start(&dir.path().join("data"), images);
     // a node stops counting as live 3 s after its last beat
     let settings = w.ok("settings.get", json!({}));
     w.ok("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "nodeObservationFreshnessMs": 3000 } }));
@@ -993,10 +998,7 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     let dir = tempfile::tempdir().unwrap();
     let images = Images::build(dir.path(), &["vault"]);
     let data = dir.path().join("data");
-    let server = Capstan::start(with_test_admin(dev_command(&data)));
-    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
-    let w = World { server, admin, port, images };
+    let w = World::start(&data, images);
     let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
     let cluster = w.ok("clusters.create", json!({ "name": "vaults" }))["cluster"]["id"].as_str().unwrap().to_string();
     let (vault, deployer, _) = w.published_service(&org, "vault");

@@ -11,7 +11,7 @@
 
 use crate::ingress::through_at;
 use crate::runtime::{CONVERGE, Images, Node, World, skipped};
-use crate::support::{Capstan, TEST_ADMIN, dev_command, eventually, with_test_admin};
+use crate::support::eventually;
 use capstan_catalog::{Catalog, PublisherKey, SigningKey, sign};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -115,10 +115,7 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let images = Images::build(dir.path(), &["v1", "v2", "crash"]);
-    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
-    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
-    let w = World { server, admin, port, images };
+    let w = World::start(&dir.path().join("data"), images);
 
     let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
     let cluster = w.ok("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();

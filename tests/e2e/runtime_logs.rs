@@ -11,7 +11,7 @@
 //! segments and payloads.
 
 use crate::runtime::{CONVERGE, Images, Node, World, skipped};
-use crate::support::{Capstan, TEST_ADMIN, capstan, eventually, with_test_admin};
+use crate::support::{Capstan, capstan, eventually, with_test_admin};
 use serde_json::{Value, json};
 use std::io::BufRead;
 use std::path::Path;
@@ -103,10 +103,7 @@ fn a_containers_lines_are_kept_in_order_once_across_an_agent_kill_and_a_capstan_
     let dir = tempfile::tempdir().unwrap();
     let images = Images::build(dir.path(), &["talker"]);
     let data = dir.path().join("data");
-    let server = Capstan::start(with_test_admin(crate::support::dev_command(&data)));
-    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
-    let w = World { server, admin, port, images };
+    let w = World::start(&data, images);
     let org = w.ok("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
     let cluster = w.ok("clusters.create", json!({ "name": "talkers" }))["cluster"]["id"].as_str().unwrap().to_string();
     let (talker, deployer, _) = w.published_service(&org, "talker");

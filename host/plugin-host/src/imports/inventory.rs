@@ -31,7 +31,7 @@ impl Reader {
 /// The `inventory:write-services` provider.
 #[derive(Clone)]
 pub(super) struct ServiceWriter {
-    platform: Arc<dyn Platform>,
+    pub(super) platform: Arc<dyn Platform>,
     plugin: String,
 }
 
@@ -77,7 +77,7 @@ impl CallData {
     /// call the plugin itself with the authority the operator approved for it. An anonymous
     /// caller of a public method is nobody: it lends the plugin no authority, so the write is
     /// refused `unauthenticated`.
-    fn actor(&self, writer: &ServiceWriter) -> WitResult<capstan_rpc::Identity> {
+    pub(super) fn actor(&self, writer: &ServiceWriter) -> WitResult<capstan_rpc::Identity> {
         match &self.acting {
             super::Acting::Caller(identity) => Ok(identity.clone()),
             super::Acting::Plugin => Ok(writer.platform.plugin_identity(&writer.plugin)),

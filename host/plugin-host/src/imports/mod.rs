@@ -207,7 +207,7 @@ pub struct Grant {
     agents: Option<agents::Agents>,
     gateway: Option<gateway::Gateway>,
     runtime: Option<runtime::Reader>,
-    runtime_write: Option<runtime::SpecWriter>,
+    runtime_write: Option<inventory::ServiceWriter>,
 }
 
 impl Grant {
@@ -231,7 +231,7 @@ impl Grant {
             agents: has(&Capability::Agents).then(|| agents::Agents::new(services, plugin)),
             gateway: gateway::Gateway::new(services, plugin, grants),
             runtime: has(&Capability::RuntimeRead).then(|| runtime::Reader::new(services)),
-            runtime_write: has(&Capability::RuntimeWrite).then(|| runtime::SpecWriter::new(services, plugin)),
+            runtime_write: has(&Capability::RuntimeWrite).then(|| inventory::ServiceWriter::new(services, plugin)),
         }
     }
 

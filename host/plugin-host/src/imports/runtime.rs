@@ -8,7 +8,7 @@
 //! `runtime.setServiceSpec` does, as the acting identity (the caller, or the plugin's own
 //! authority outside a call), so a plugin sets specs only where that identity may.
 
-use super::{Acting, CallData, Services, WitResult, parse_object, to_wit};
+use super::{CallData, Services, WitResult, parse_object, to_wit};
 use crate::manifest::Capability;
 use crate::platform::{Platform, Replica, ReplicaIntent};
 use crate::runtime::capstan::plugin::runtime;
@@ -23,19 +23,6 @@ pub(super) struct Reader {
 impl Reader {
     pub(super) fn new(services: &Arc<Services>) -> Self {
         Reader { platform: services.platform.clone() }
-    }
-}
-
-/// The `runtime:write` provider.
-#[derive(Clone)]
-pub(super) struct SpecWriter {
-    platform: Arc<dyn Platform>,
-    plugin: String,
-}
-
-impl SpecWriter {
-    pub(super) fn new(services: &Arc<Services>, plugin: &str) -> Self {
-        SpecWriter { platform: services.platform.clone(), plugin: plugin.to_string() }
     }
 }
 
@@ -54,17 +41,9 @@ impl runtime::Host for CallData {
 
     async fn set_service_spec(&mut self, body: String) -> WitResult<String> {
         self.changing()?;
+        // a spec is a service write: the same writer, acting as the caller (or the plugin)
         let writer = self.granted(&self.grant.runtime_write, Capability::RuntimeWrite)?;
-        let actor = match &self.acting {
-            Acting::Caller(identity) => identity.clone(),
-            Acting::Plugin => writer.platform.plugin_identity(&writer.plugin),
-            Acting::Anonymous => {
-                return Err(to_wit(
-                    crate::refusal::Refusal::new("unauthenticated", "an anonymous call of a public method cannot set a runtime spec")
-                        .with_data(serde_json::json!({ "plugin": writer.plugin })),
-                ));
-            }
-        };
+        let actor = self.actor(&writer)?;
         let body = parse_object(&body, "the runtime spec")?;
         let written = writer.platform.set_service_spec(&actor, body).await.map_err(to_wit)?;
         Ok(spec_json(written))
