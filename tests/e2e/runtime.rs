@@ -589,6 +589,22 @@ impl World {
         ok(&self.server, &self.admin, method, body)
     }
 
+    /// `method` with the body `body` makes of the service's revision as read, read again and
+    /// sent again while it answers `conflict`: the managers write their records on the service
+    /// (the mail manager's inbound target follows its ready replicas), as they would under an
+    /// operator's hands.
+    pub(crate) fn at_revision(&self, method: &str, service: &str, body: impl Fn(&Value) -> Value) -> Value {
+        eventually(&format!("{method} at the service's revision"), CONVERGE, || {
+            let current = self.ok("services.get", json!({ "id": service }));
+            let reply = self.server.call_as(&self.admin, method, &body(&current["revision"]));
+            match reply.status {
+                200 => Ok(reply.json()),
+                409 if reply.json()["error"]["code"] == "conflict" => Err(reply.body.clone()),
+                status => panic!("{method}: HTTP {status}: {}", reply.body),
+            }
+        })
+    }
+
     pub(crate) fn status(&self, service: &str) -> Value {
         self.ok("runtime.getServiceStatus", json!({ "serviceId": service }))["targets"][0].clone()
     }
@@ -1067,10 +1083,9 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
         let reply = w.server.call_as(&w.admin, "plugins.get", &json!({ "id": "ingress" }));
         if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
     });
-    let current = w.ok("services.get", json!({ "id": vault }));
-    let designate =
-        json!({ "clusterId": cluster, "serviceId": vault, "expectedRevision": current["revision"], "mutationId": "e2e-ingress" });
-    w.ok("ingress.designate", designate);
+    w.at_revision("ingress.designate", &vault, |revision| {
+        json!({ "clusterId": cluster, "serviceId": vault, "expectedRevision": revision, "mutationId": format!("e2e-ingress-{revision}") })
+    });
     let relay_origin = w.ok("clusters.get", json!({ "id": cluster }))["relay"]["origin"].as_str().unwrap().to_string();
     w.ok(
         "runtime.setServiceSpec",
@@ -1175,8 +1190,7 @@ fn secrets_reach_the_container_sealed_rotate_one_replica_at_a_time_and_leave_no_
     assert_eq!(node.containers(&vault).len(), 1, "adopted, not doubled");
 
     // ---- deleting the service leaves no container and no secret file ----
-    let current = w.ok("services.get", json!({ "id": vault }));
-    w.ok("services.delete", json!({ "id": vault, "expectedRevision": current["revision"] }));
+    w.at_revision("services.delete", &vault, |revision| json!({ "id": vault, "expectedRevision": revision }));
     eventually("the service is gone", CONVERGE, || {
         let reply = w.server.call_as(&w.admin, "services.get", &json!({ "id": vault }));
         if reply.status == 404 { Ok(()) } else { Err(format!("{}", reply.status)) }

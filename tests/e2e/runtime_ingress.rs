@@ -139,9 +139,9 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
         let reply = w.server.call_as(&w.admin, "plugins.get", &json!({ "id": "ingress" }));
         if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
     });
-    let current = w.ok("services.get", json!({ "id": web }));
-    let designate = json!({ "clusterId": cluster, "serviceId": web, "expectedRevision": current["revision"], "mutationId": "e2e-ingress" });
-    w.ok("ingress.designate", designate);
+    w.at_revision("ingress.designate", &web, |revision| {
+        json!({ "clusterId": cluster, "serviceId": web, "expectedRevision": revision, "mutationId": format!("e2e-ingress-{revision}") })
+    });
     let bearer = w.ok("ingress.exportBearer", json!({ "clusterId": cluster }))["bearer"].as_str().unwrap().to_string();
     let ingress = nodes[0].start_ingress(&bearer);
     eventually("the ingress registered from the relay's node", CONVERGE, || {
