@@ -394,6 +394,15 @@ mod tests {
     }
 
     #[test]
+    fn an_advertised_address_is_one_other_machines_can_reach() {
+        assert_eq!(parse_advertise_address("192.0.2.10").unwrap().to_string(), "192.0.2.10");
+        assert_eq!(parse_advertise_address("2001:db8::10").unwrap().to_string(), "2001:db8::10");
+        for bad in ["0.0.0.0", "::", "224.0.0.1", "node-1.example", "192.0.2.10:80", ""] {
+            assert!(parse_advertise_address(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn intervals_are_bounded() {
         assert_eq!(parse_interval("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));

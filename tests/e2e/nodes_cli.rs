@@ -184,6 +184,13 @@ fn the_nodes_cli_creates_a_jump_command_reads_changes_and_retires_nodes_and_refu
     assert!(line.contains("web-1 (applied, gen 1)") && line.contains(" web-1 "), "{line}");
     let got = out.nodes(&server, &admin, &config, &["get", &node_id]);
     assert!(succeeded(&got).contains("applied:   applied web-1 (generation 1)"), "{}", got.stdout);
+    assert!(got.stdout.contains("reached:   - (several addresses and none advertised"), "{}", got.stdout);
+    // an advertised address is where the node's published ports are reached
+    let mut advertised = report("web-1", None);
+    advertised["advertisedAddress"] = json!("192.0.2.10");
+    beat(&server, &node_id, &token, advertised).expect_json(200);
+    let got = out.nodes(&server, &admin, &config, &["get", &node_id]);
+    assert!(succeeded(&got).contains("reached:   192.0.2.10 (advertised)"), "{}", got.stdout);
 
     refused(&out.nodes(&server, &admin, &config, &["set-hostname", &node_id, "web-2", "--expected-generation", "0"]), "conflict");
     refused(&out.nodes(&server, &admin, &config, &["set-hostname", &node_id, "Web_2", "--expected-generation", "1"]), "hostname-invalid");

@@ -385,6 +385,13 @@ fn print_node(n: &Value, clusters: &Names) {
         println!("  agent:     {}, up {}s", text(report, "agentVersion"), number(report, "uptimeSeconds"));
         let addresses: Vec<&str> = report["addresses"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
         println!("  addresses: {}", if addresses.is_empty() { "-".to_string() } else { addresses.join(", ") });
+        // where a cluster's ingress and the mail gateway send this node's replicas traffic
+        let reached = match (n["address"].as_str(), report["advertisedAddress"].is_string()) {
+            (Some(address), true) => format!("{address} (advertised)"),
+            (Some(address), false) => format!("{address} (its only address)"),
+            (None, _) => "- (several addresses and none advertised: capstan-agent run --advertise-address IP)".to_string(),
+        };
+        println!("  reached:   {reached}");
         let apply = &report["hostApply"];
         if apply.is_object() {
             let reason = apply["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default();
