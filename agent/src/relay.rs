@@ -131,6 +131,26 @@ pub fn socket_url(origin: &str) -> Result<String, Refusal> {
     Ok(format!("{}://{}/api/v1/socket", rest.0, rest.1))
 }
 
+/// The upgrade to the socket at `url` carrying `authorization` (`Bearer …`, never logged) and,
+/// for a node's runtime session, the node id beside it (`capstan_core::wire::NODE_HEADER`): the host then takes
+/// the session's slot from the machines' pool at once, which strangers' sessions cannot fill.
+pub fn upgrade(url: &str, authorization: &str, node: Option<&str>) -> Result<Request, String> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    let mut request = url.into_client_request().map_err(|e| format!("{url} is no WebSocket address: {e}"))?;
+    let mut value = HeaderValue::from_str(authorization).map_err(|_| "the bearer cannot travel in a header".to_string())?;
+    value.set_sensitive(true);
+    request.headers_mut().insert("authorization", value);
+    if let Some(node) = node {
+        let value = HeaderValue::from_str(node).map_err(|_| format!("the node id {node:?} cannot travel in a header"))?;
+        request.headers_mut().insert(capstan_core::wire::NODE_HEADER, value);
+    }
+    Ok(request)
+}
+
+/// A WebSocket upgrade request.
+pub type Request = tokio_tungstenite::tungstenite::handshake::client::Request;
+
 /// How a session ended.
 #[derive(Debug, Clone, PartialEq)]
 enum Ended {
@@ -361,17 +381,11 @@ impl Relay {
     async fn session_inner(&mut self, bearer: &Bearer, registered: &mut bool) -> Ended {
         // the bearer rides on the upgrade too: the host then takes the session's slot from the
         // machines' pool at once, which strangers' sessions cannot fill
-        let mut request = match tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(self.url.as_str()) {
+        let authorization = Zeroizing::new(format!("Bearer {}", bearer.0.as_str()));
+        let request = match upgrade(&self.url, &authorization, None) {
             Ok(request) => request,
-            Err(e) => return Ended::Lost(format!("{} is no WebSocket address: {e}", self.url)),
+            Err(why) => return Ended::Lost(why),
         };
-        match tokio_tungstenite::tungstenite::http::HeaderValue::from_str(&format!("Bearer {}", bearer.0.as_str())) {
-            Ok(mut value) => {
-                value.set_sensitive(true);
-                request.headers_mut().insert("authorization", value);
-            }
-            Err(_) => return Ended::Lost("the relay bearer cannot travel in a header".into()),
-        }
         let mut ws = match tokio::time::timeout(OPEN_TIMEOUT, tokio_tungstenite::connect_async(request)).await {
             Err(_) => return Ended::Lost(format!("connecting to {} timed out", self.url)),
             Ok(Err(e)) => return Ended::Lost(format!("connecting to {} failed: {e}", self.url)),

@@ -16,7 +16,7 @@
 
 use crate::engine::{ContainerSpec, Engine, Observed, Phase, PortSpec, Probe, Protocol, PullAuth};
 use crate::logs::{Answer, Captures, LogsFrom, Sends};
-use crate::relay::{PROTOCOL, socket_url};
+use crate::relay::{PROTOCOL, socket_url, upgrade};
 use crate::state::StateDir;
 use capstan_core::Refusal;
 use futures::{SinkExt, StreamExt};
@@ -334,11 +334,17 @@ impl Session<'_> {
             Some(relay) => relay.clone(),
             None => socket_url(&credential.origin).map_err(|r| r.message.to_string())?,
         };
-        let (mut ws, _) = tokio::time::timeout(Duration::from_secs(20), tokio_tungstenite::connect_async(url.as_str()))
+        let bearer = credential.token.bearer();
+        // straight to Capstan the upgrade carries the node's credential (a machine's slot); a
+        // relay is told it only in the offer, which it carries
+        let request = match &self.options.relay {
+            Some(_) => tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url.as_str()).map_err(|e| e.to_string())?,
+            None => upgrade(&url, &bearer, Some(&credential.node_id))?,
+        };
+        let (mut ws, _) = tokio::time::timeout(Duration::from_secs(20), tokio_tungstenite::connect_async(request))
             .await
             .map_err(|_| format!("connecting to {url} timed out"))?
             .map_err(|e| format!("connecting to {url} failed: {e}"))?;
-        let bearer = credential.token.bearer();
         let token = bearer.strip_prefix("Bearer ").unwrap_or(bearer.as_str());
         let offer = Zeroizing::new(
             json!({ "type": "offer", "kind": "agent", "protocols": [PROTOCOL], "node": credential.node_id, "token": token }).to_string(),

@@ -100,8 +100,9 @@ pub async fn upgrade(
     let bearer = bearer_token(&headers).map(str::to_string);
     // the slot is taken by who the upgrade's bearer says is calling: strangers have a small pool
     // of their own, so they cannot hold the slots people and relays need
+    let node = headers.get(capstan_core::wire::NODE_HEADER).and_then(|v| v.to_str().ok());
     let pool = match &bearer {
-        Some(bearer) => pool_of_bearer(&state, bearer).await,
+        Some(bearer) => pool_of_bearer(&state, bearer, node).await,
         None => Pool::Stranger,
     };
     let Some(slot) = state.hub.slot(pool) else {
@@ -113,8 +114,15 @@ pub async fn upgrade(
 }
 
 /// The pool of the caller an upgrade's bearer stands for: a person or machine by its JWT, a relay
-/// by its relay bearer, else a stranger (the offer judges the bearer again, and names why).
-async fn pool_of_bearer(state: &SocketState, bearer: &str) -> Pool {
+/// by its relay bearer, a node by its node token (with `capstan_core::wire::NODE_HEADER`), else a stranger (the
+/// offer judges the bearer again, and names why).
+async fn pool_of_bearer(state: &SocketState, bearer: &str, node: Option<&str>) -> Pool {
+    if let Some(node) = node {
+        return match capstan_nodes::credentials::authenticate(&state.runtime.nodes, Some(node), Some(bearer)).await {
+            Ok(_) => Pool::Machine,
+            Err(_) => Pool::Stranger,
+        };
+    }
     if let Ok(identity) = state.auth.authenticate(bearer).await {
         return Pool::of(Some(&identity), None);
     }

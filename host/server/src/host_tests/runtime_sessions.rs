@@ -14,8 +14,14 @@ const NONCE: &str = "8c6f0d2e-4b1a-4c3e-9f7a-2d5b6c7e8f90";
 
 /// A host with an administrator on 127.0.0.1, its public origin https (machines enroll only so).
 async fn serve() -> Server {
+    serve_with(|_| {}).await
+}
+
+/// [`serve`], its state adjusted first.
+async fn serve_with(adjust: impl FnOnce(&mut crate::state::AppState)) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let state = crate::state::test_state_at(dir.path(), "https://capstan.test", false).await;
+    let mut state = crate::state::test_state_at(dir.path(), "https://capstan.test", false).await;
+    adjust(&mut state);
     crate::auth::bootstrap_admin(&state.store, &state.blobs, "admin", PASSWORD).await.unwrap();
     let token = state.auth.login("admin", PASSWORD, None).await.unwrap().token;
     let addr = listen(router(state.clone(), Pages::none())).await;
@@ -72,6 +78,17 @@ async fn node_socket(addr: SocketAddr, node: &str, token: &str) -> (Ws, Value) {
     send(&mut ws, json!({ "type": "offer", "kind": "agent", "protocols": ["capstan-socket/1"], "node": node, "token": token })).await;
     let welcome = next(&mut ws).await;
     (ws, welcome)
+}
+
+/// The upgrade of a node's own socket: its token as the bearer, its id beside it (`node`).
+async fn node_upgrade(addr: SocketAddr, token: &str, node: Option<&str>) -> Result<Ws, String> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{addr}/api/v1/socket").into_client_request().unwrap();
+    request.headers_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    if let Some(node) = node {
+        request.headers_mut().insert(capstan_core::wire::NODE_HEADER, node.parse().unwrap());
+    }
+    tokio_tungstenite::connect_async(request).await.map(|(ws, _)| ws).map_err(|e| e.to_string())
 }
 
 async fn pass(server: &Server) -> crate::runtime::producer::PassReport {
@@ -667,4 +684,18 @@ async fn a_nodes_log_batches_are_read_back_in_order_from_the_store_and_from_thei
         let (status, refused) = http(server.addr, "/api/v1/runtime.getLogs", Some(&server.token), body).await;
         assert_eq!((status, refused["error"]["code"].as_str()), (400, Some(code)), "{refused}");
     }
+}
+
+#[tokio::test]
+async fn a_node_connects_while_strangers_hold_every_slot_of_theirs() {
+    let server = serve_with(super::socket::limits(|l| l.max_stranger_sessions = 1)).await;
+    let (_, _, node, token) = world(&server).await;
+    let _stranger = super::socket::connect(server.addr, None).await;
+    assert!(node_upgrade(server.addr, &"0".repeat(64), Some(&node)).await.is_err(), "a wrong token is a stranger's, whose one slot is taken");
+    assert!(node_upgrade(server.addr, &token, None).await.is_err(), "a node token without its node id is a stranger's");
+    // the node's token with its id on the upgrade takes a machine's slot, which strangers cannot hold
+    let mut ws = node_upgrade(server.addr, &token, Some(&node)).await.expect("a machine's slot");
+    send(&mut ws, json!({ "type": "offer", "kind": "agent", "protocols": ["capstan-socket/1"], "node": node, "token": token })).await;
+    let welcome = next(&mut ws).await;
+    assert_eq!((welcome["type"].as_str(), welcome["node"]["nodeId"].as_str()), (Some("welcome"), Some(node.as_str())), "{welcome}");
 }
