@@ -46,7 +46,9 @@ fn a_ledger_that_is_not_semver_is_refused() {
 /// `tests/e2e/data/data-0.1.0/documents.json`: the migration ledger and the documents a
 /// Capstan at data version 0.1.0 wrote — an organization, a service whose two addresses the
 /// mail manager had bound at the test gateway (its `mail` record as that release kept it on the
-/// service), and the manager's hold — read out of its store as they were.
+/// service), and the manager's hold — read out of its store as they were; beside them a second
+/// service `api` in the middle of its move onto CoreMail, its `coreMail` record in that release's
+/// shape (`CoreMailBinding {bindingId, want}`, as `inventory::services` defined it).
 const DATA_0_1_0: &str = include_str!("data/data-0.1.0/documents.json");
 
 #[test]
@@ -57,12 +59,14 @@ fn a_store_the_previous_release_wrote_is_carried_forward_its_managers_records_in
     std::fs::create_dir_all(&data).unwrap();
     let db = data.join("capstan.sqlite");
     insert_doc(&db, capstan::migrate::LEDGER_COLLECTION, "capstan", fixture["ledger"].clone());
-    let mut service_before = Value::Null;
+    let (mut service_before, mut moving_before) = (Value::Null, Value::Null);
     for doc in fixture["documents"].as_array().unwrap() {
         let (collection, id) = (doc["collection"].as_str().unwrap(), doc["id"].as_str().unwrap());
         insert_doc(&db, collection, id, doc["data"].clone());
-        if collection == "services" {
-            service_before = json!({ "id": id, "data": doc["data"] });
+        match (collection, doc["data"]["name"].as_str()) {
+            ("services", Some("web")) => service_before = json!({ "id": id, "data": doc["data"] }),
+            ("services", Some("api")) => moving_before = json!({ "id": id, "data": doc["data"] }),
+            _ => {}
         }
     }
     let bindings = service_before["data"]["mail"].clone();
@@ -82,6 +86,11 @@ fn a_store_the_previous_release_wrote_is_carried_forward_its_managers_records_in
     assert_eq!(record["facets"]["mail"]["bindings"], bindings, "the mail manager's record is its facet now: {service}");
     assert!(record.get("mail").is_none() && record.get("coreMail").is_none(), "no manager's record is a field of the service: {service}");
     assert_eq!(record["mailAddresses"], service_before["data"]["mailAddresses"], "the rest of the service is as it was: {service}");
+    // CoreMail's record is CoreMail's facet, as it was
+    let moving = ok(&server, &admin, "services.get", json!({ "id": moving_before["id"] }));
+    assert_eq!(moving["facets"]["coremail"], moving_before["data"]["coreMail"], "CoreMail's record is its facet now: {moving}");
+    assert!(moving.get("coreMail").is_none() && moving["facets"].get("mail").is_none(), "{moving}");
+    assert_eq!(moving["mailAddresses"], json!(["api@acme.example"]), "{moving}");
     // the hold counts again once the mail manager is installed (in the background at start)
     eventually("the mail manager's hold counted", std::time::Duration::from_secs(180), || {
         let service = ok(&server, &admin, "services.get", json!({ "id": id }));
