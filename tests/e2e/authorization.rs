@@ -353,6 +353,9 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ),
         ("runtime.getServiceStatus", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
         ("runtime.getLogAttempts", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
+        // a follow is a socket session's: over HTTP it is refused before anything is read
+        ("runtime.followLogs", json!({ "serviceId": SERVICE, "assignmentId": "asg_missing" }), signed_in(Past("socket-required"))),
+        ("runtime.unfollowLogs", json!({ "followId": "flw_missing" }), signed_in(Past("socket-required"))),
         ("runtime.getServiceEvents", json!({ "serviceId": SERVICE }), [Ran, Ran, Ran, hidden_service, hidden_service, Ran, Anon]),
         (
             "runtime.getLogs",
@@ -528,6 +531,32 @@ fn fill(body: &Value, fixture: &Identities, missing: bool) -> Value {
     }
 }
 
+/// `reply` as an outsider reads it: its status and body, the fixture's ids and the missing ids
+/// of their shape both written `$id`, its request id left out.
+fn as_told(reply: &Reply, fixture: &Identities) -> String {
+    fn without_request_ids(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                map.remove("requestId");
+                map.values_mut().for_each(without_request_ids);
+            }
+            Value::Array(items) => items.iter_mut().for_each(without_request_ids),
+            _ => {}
+        }
+    }
+    let mut body = serde_json::from_str(&reply.body).unwrap_or_else(|_| Value::String(reply.body.clone()));
+    without_request_ids(&mut body);
+    let mut text = body.to_string();
+    let ids = [&fixture.organization_id, &fixture.service_id, &fixture.cluster_id, &fixture.member_id, &fixture.deployer_id];
+    for id in ids {
+        text = text.replace(id.as_str(), "$id");
+        if let Some((prefix, _)) = id.split_once('_') {
+            text = text.replace(&format!("{prefix}_00000000000000000000000000000000"), "$id");
+        }
+    }
+    format!("{} {text}", reply.status)
+}
+
 /// What is wrong with `reply` as the answer `cell` declares, if anything.
 fn mismatch(cell: Cell, reply: &Reply) -> Option<String> {
     let got = if reply.status == 200 {
@@ -584,6 +613,7 @@ fn every_method_answers_every_kind_of_caller_as_declared() {
         }
     }
 
+    let read_only: BTreeSet<&str> = listed.iter().filter(|m| m["readOnly"] == true).filter_map(|m| m["name"].as_str()).collect();
     let mut wrong = Vec::new();
     for (name, body, cells) in &rows {
         for (kind, cell) in Kind::ALL.into_iter().zip(cells) {
@@ -602,6 +632,23 @@ fn every_method_answers_every_kind_of_caller_as_declared() {
             let reply = fixture.call(&server, kind, name, fill(body, &fixture, true).to_string().as_bytes());
             if let Some(problem) = mismatch(*cell, &reply) {
                 wrong.push(format!("{name} as {} naming what does not exist: {problem}", kind.name()));
+            }
+        }
+        // a read a person of another organization may make answers the fixture's ids exactly as
+        // ids that name nothing: what it says must not tell that they exist (a deployment
+        // preflight once listed a foreign service's state and tags). The cluster's machine is
+        // no outsider to its own cluster, whose reads it may make.
+        if read_only.contains(name) {
+            for (kind, _) in Kind::ALL.into_iter().zip(cells).filter(|(k, c)| *k == Kind::Stranger && matches!(c, Ran | Past(_))) {
+                let real = fixture.call(&server, kind, name, fill(body, &fixture, false).to_string().as_bytes());
+                let missing = fixture.call(&server, kind, name, fill(body, &fixture, true).to_string().as_bytes());
+                let (real, missing) = (as_told(&real, &fixture), as_told(&missing, &fixture));
+                if real != missing {
+                    wrong.push(format!(
+                        "{name} as {} tells the fixture's ids from ids that name nothing:\n    {real}\n    {missing}",
+                        kind.name()
+                    ));
+                }
             }
         }
     }
