@@ -355,4 +355,51 @@ pub fn register(registry: &mut Registry, cx: Context) {
         )
         .refuses(&["service-not-found", "attempt-not-found", "cursor-invalid", "limit-invalid"])
         .read_only();
+    registry
+        .add(
+            "runtime.followLogs",
+            "Follow one attempt's log lines over a socket session: the first page now, then each new page pushed as runtime.logs (member; socket only)",
+            Access::Member,
+            follow_over_http,
+        )
+        .refuses(&["socket-required", "service-not-found", "attempt-not-found", "cursor-invalid", "limit-invalid", "too-many-follows"])
+        .read_only();
+    registry
+        .add("runtime.unfollowLogs", "Stop a follow of this socket session (socket only)", Access::Authenticated, unfollow_over_http)
+        .refuses(&["socket-required", "follow-not-found"])
+        .read_only();
+}
+
+/// Input of `runtime.followLogs`: what `runtime.getLogs` takes, without `waitMs` (a follow waits
+/// on its own).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FollowInput {
+    /// The service.
+    pub service_id: String,
+    /// The attempt (`runtime.getLogAttempts`).
+    pub assignment_id: String,
+    /// Where to start: a `nextCursor` (absent: the attempt's first line).
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// Input of `runtime.unfollowLogs`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UnfollowInput {
+    /// The `followId` `runtime.followLogs` answered.
+    pub follow_id: String,
+}
+
+/// A follow belongs to a socket session: the server answers it there (docs/runtime.md).
+async fn follow_over_http(_: Context, _: Call, _: FollowInput) -> Result<serde_json::Value> {
+    Err(Refusal::new(
+        "socket-required",
+        "runtime.followLogs is called over an /api/v1/socket session; over HTTP, read with runtime.getLogs and waitMs",
+    ))
+}
+
+async fn unfollow_over_http(_: Context, _: Call, _: UnfollowInput) -> Result<serde_json::Value> {
+    Err(Refusal::new("socket-required", "runtime.unfollowLogs is called over the /api/v1/socket session that follows"))
 }

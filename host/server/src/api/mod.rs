@@ -7,6 +7,7 @@
 //! Each handler takes the parts of the host it needs (`State<Part>`, see `crate::state`).
 
 mod carried;
+pub(crate) mod follow;
 pub mod mcp;
 pub mod nodes;
 pub mod openapi;

@@ -356,6 +356,7 @@ async fn session(
         in_flight: Arc::new(Semaphore::new(limits.max_in_flight)),
         ids: Arc::default(),
         session_id: session_id.clone(),
+        follows: Arc::default(),
     };
     read(&session, &mut stream, watching, &limits, expiry).await;
     handle.end(close::NORMAL, "closed");
@@ -457,6 +458,8 @@ struct Session {
     in_flight: Arc<Semaphore>,
     ids: Arc<Mutex<HashSet<String>>>,
     session_id: String,
+    /// The attempts this session follows (`runtime.followLogs`): they stop with it.
+    follows: Arc<super::follow::Follows>,
 }
 
 /// The reader: frames in, until the peer closes, falls silent, sends what cannot be read, or the
@@ -604,13 +607,14 @@ fn frame_in(session: &Session, text: &str) {
     };
     let (state, handle, token, source, ids) =
         (session.state.clone(), session.handle.clone(), session.token.clone(), session.source, session.ids.clone());
-    let (verified, session_id) = (session.verified.clone(), session.session_id.clone());
+    let (verified, session_id, follows) = (session.verified.clone(), session.session_id.clone(), session.follows.clone());
     let request_id = uuid::Uuid::new_v4().simple().to_string();
     let span =
         tracing::info_span!("call", session = %session.session_id, id = %request_id, method = %capstan_core::text::truncate(&method, 100));
     tokio::spawn(
         async move {
             let started = std::time::Instant::now();
+            let asker = super::follow::Asker { verified: verified.clone(), token: token.clone(), request_id: request_id.clone() };
             let caller = match verified {
                 Some(identity) => Caller::Verified { identity, bearer: token.as_deref() },
                 None => Caller::Bearer(token.as_deref()),
@@ -631,9 +635,16 @@ fn frame_in(session: &Session, text: &str) {
                 if matches!(caller, Caller::Verified { .. }) {
                     relays.check(&session_id).await?;
                 }
-                // a registration belongs to this socket: answered here, never dispatched
+                // a registration, and a follow, belong to this socket: answered here, never dispatched
                 if method == "relays.register" {
                     return Ok(Invoked::Here { answer: relays.register(&session_id, body).await?.into(), answered_by: None });
+                }
+                if method == "runtime.followLogs" {
+                    let answer = super::follow::follow(&state, &session_id, &follows, asker, body).await?;
+                    return Ok(Invoked::Here { answer: answer.into(), answered_by: None });
+                }
+                if method == "runtime.unfollowLogs" {
+                    return Ok(Invoked::Here { answer: super::follow::unfollow(&follows, &body)?.into(), answered_by: None });
                 }
                 let invocation =
                     Invocation { method: &method, caller, source, request_id: &request_id, forwarded: false, body: Body::Value(body) };

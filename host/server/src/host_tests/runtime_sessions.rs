@@ -3,7 +3,7 @@
 //! its assignment with a pull credential and acknowledging it, its observation making the
 //! target converge, a steady pass writing nothing, and the refusals a node's report gets.
 
-use super::socket::{PASSWORD, Server, Ws, call, listen, next, send};
+use super::socket::{PASSWORD, Server, Ws, call, listen, next, open, send};
 use crate::api::{Pages, router};
 use crate::nodes::sha256_hex;
 use serde_json::{Value, json};
@@ -691,11 +691,69 @@ async fn a_node_connects_while_strangers_hold_every_slot_of_theirs() {
     let server = serve_with(super::socket::limits(|l| l.max_stranger_sessions = 1)).await;
     let (_, _, node, token) = world(&server).await;
     let _stranger = super::socket::connect(server.addr, None).await;
-    assert!(node_upgrade(server.addr, &"0".repeat(64), Some(&node)).await.is_err(), "a wrong token is a stranger's, whose one slot is taken");
+    assert!(
+        node_upgrade(server.addr, &"0".repeat(64), Some(&node)).await.is_err(),
+        "a wrong token is a stranger's, whose one slot is taken"
+    );
     assert!(node_upgrade(server.addr, &token, None).await.is_err(), "a node token without its node id is a stranger's");
     // the node's token with its id on the upgrade takes a machine's slot, which strangers cannot hold
     let mut ws = node_upgrade(server.addr, &token, Some(&node)).await.expect("a machine's slot");
     send(&mut ws, json!({ "type": "offer", "kind": "agent", "protocols": ["capstan-socket/1"], "node": node, "token": token })).await;
     let welcome = next(&mut ws).await;
     assert_eq!((welcome["type"].as_str(), welcome["node"]["nodeId"].as_str()), (Some("welcome"), Some(node.as_str())), "{welcome}");
+}
+
+#[tokio::test]
+async fn a_socket_session_follows_an_attempts_lines_as_they_come_until_it_unfollows() {
+    let server = serve().await;
+    let (service, cluster, node, token) = world(&server).await;
+    admin(
+        &server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
+    )
+    .await;
+    pass(&server).await;
+    let (mut node_ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut node_ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    deliver(&server).await;
+    let assignment = next(&mut node_ws).await["body"]["assignmentId"].as_str().unwrap().to_string();
+    let report = |sequence: u64, line: &str| {
+        let entries = json!([{ "ts": format!("2026-12-07T10:00:0{sequence}Z"), "stream": "stdout", "line": line }]);
+        json!({ "assignmentId": assignment, "captureId": "00112233445566ff", "sequence": sequence, "entries": entries, "final": false })
+    };
+    call(&mut node_ws, 2, "runtime.reportLogs", report(1, "one")).await;
+
+    // the first page is the answer; each new page is pushed as it is kept
+    let (mut ws, _) = open(server.addr, "cli", Some(&server.token)).await;
+    let body = json!({ "serviceId": service, "assignmentId": assignment });
+    let followed = call(&mut ws, 1, "runtime.followLogs", body.clone()).await;
+    let follow_id = followed["result"]["followId"].as_str().unwrap().to_string();
+    assert_eq!(followed["result"]["page"]["records"][0]["entries"][0]["line"], "one", "{followed}");
+    call(&mut node_ws, 3, "runtime.reportLogs", report(2, "two")).await;
+    let pushed = next(&mut ws).await;
+    assert_eq!((pushed["type"].as_str(), pushed["topic"].as_str()), (Some("push"), Some("runtime.logs")), "{pushed}");
+    assert_eq!(pushed["body"]["followId"], follow_id.as_str());
+    let lines: Vec<&str> =
+        pushed["body"]["page"]["records"][0]["entries"].as_array().unwrap().iter().map(|e| e["line"].as_str().unwrap()).collect();
+    assert_eq!(lines, ["two"], "only what came after the answer's page: {pushed}");
+
+    // unfollowed, nothing more arrives; an unknown follow is refused by name
+    let stopped = call(&mut ws, 2, "runtime.unfollowLogs", json!({ "followId": follow_id })).await;
+    assert_eq!(stopped["result"]["stopped"], true, "{stopped}");
+    call(&mut node_ws, 4, "runtime.reportLogs", report(3, "three")).await;
+    let again = call(&mut ws, 3, "runtime.unfollowLogs", json!({ "followId": follow_id })).await;
+    assert_eq!(again["error"]["code"], "follow-not-found", "the next frame is the answer, no push: {again}");
+
+    // refused as runtime.getLogs refuses; a session holds a bounded number of follows
+    let missing = call(&mut ws, 4, "runtime.followLogs", json!({ "serviceId": service, "assignmentId": "asg_none" })).await;
+    assert_eq!(missing["error"]["code"], "attempt-not-found", "{missing}");
+    for id in 0..super::super::api::follow::MAX_FOLLOWS as u64 {
+        assert!(call(&mut ws, 10 + id, "runtime.followLogs", body.clone()).await["result"]["followId"].is_string());
+    }
+    let over = call(&mut ws, 99, "runtime.followLogs", body.clone()).await;
+    assert_eq!(over["error"]["code"], "too-many-follows", "{over}");
+    // over HTTP a follow has no session to push to
+    let (status, refused) = http(server.addr, "/api/v1/runtime.followLogs", Some(&server.token), body).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("socket-required")), "{refused}");
 }
