@@ -99,6 +99,8 @@ struct Batcher {
     entries: Vec<Entry>,
     bytes: usize,
     lost: u64,
+    /// The engine's log was rotated past where this capture had read, before the open batch.
+    rotated: bool,
     /// When the open batch took its first entry (or loss).
     opened: Option<Instant>,
 }
@@ -112,6 +114,7 @@ impl Batcher {
             entries: Vec::new(),
             bytes: 0,
             lost: 0,
+            rotated: false,
             opened: None,
         }
     }
@@ -131,6 +134,14 @@ impl Batcher {
     fn lose(&mut self, n: u64, now: Instant) {
         self.opened.get_or_insert(now);
         self.lost += n;
+    }
+
+    /// The log was rotated away before what comes next: stated as a loss of `engine-rotated`
+    /// (its count is the records that did not read besides, 0 when none: the engine cannot say
+    /// how many lines the rotation took).
+    fn rotated(&mut self, now: Instant) {
+        self.opened.get_or_insert(now);
+        self.rotated = true;
     }
 
     /// When the open batch closes by age.
@@ -154,12 +165,17 @@ impl Batcher {
             capture_id: self.capture_id.clone(),
             sequence: self.next_sequence,
             entries: std::mem::take(&mut self.entries),
-            lost: (self.lost > 0).then_some(Lost { entries: self.lost, reason: "engine-error" }),
+            lost: match (self.rotated, self.lost) {
+                (true, entries) => Some(Lost { entries, reason: "engine-rotated" }),
+                (false, 0) => None,
+                (false, entries) => Some(Lost { entries, reason: "engine-error" }),
+            },
             last,
         };
         self.next_sequence += 1;
         self.bytes = 0;
         self.lost = 0;
+        self.rotated = false;
         self.opened = None;
         batch
     }
@@ -259,6 +275,11 @@ impl<S: Source> Reader<S> {
                         }
                     }
                     Some(Err(LogFault::Unreadable)) => self.batcher.lose(1, Instant::now()),
+                    Some(Err(LogFault::Rotated)) => {
+                        // the rotation is stated in a batch of its own, where the lines went
+                        self.close().await;
+                        self.batcher.rotated(Instant::now());
+                    }
                     Some(Err(LogFault::Broken(why))) => {
                         tracing::warn!(assignment = %self.batcher.assignment_id, capture = %self.batcher.capture_id,
                             "the container's log stream broke ({why}); reading again from where it was");
@@ -313,8 +334,8 @@ impl<S: Source> Reader<S> {
     /// nothing more is read (the engine keeps the lines).
     async fn queue(&mut self, batch: Batch) {
         if let Some(lost) = &batch.lost {
-            tracing::warn!(assignment = %batch.assignment_id, capture = %batch.capture_id, lost = lost.entries,
-                "log records without a readable timestamp are reported lost");
+            tracing::warn!(assignment = %batch.assignment_id, capture = %batch.capture_id, lost = lost.entries, reason = lost.reason,
+                "a loss of log lines is reported (engine-error: records without a readable timestamp; engine-rotated: the engine rotated its log past where this capture read)");
         }
         if let Ok(slot) = self.outbox.slots.acquire().await {
             slot.forget();
@@ -638,6 +659,8 @@ mod tests {
         opened: Arc<Mutex<Vec<Mark>>>,
         /// Entries the reader has taken.
         taken: Arc<AtomicUsize>,
+        /// The first entries the engine no longer holds (rotated away).
+        gone: Arc<AtomicUsize>,
     }
 
     impl Script {
@@ -648,6 +671,7 @@ mod tests {
                 phase: Arc::new(Mutex::new(phase)),
                 opened: Arc::default(),
                 taken: Arc::default(),
+                gone: Arc::default(),
             }
         }
     }
@@ -658,7 +682,8 @@ mod tests {
             let mut plans = self.plans.lock().unwrap();
             let (upto, end) = if plans.len() > 1 { plans.pop_front().unwrap() } else { plans[0] };
             let mut past_mark = from.filter();
-            let shown: Vec<_> = self.log.lock().unwrap()[..upto].iter().filter(|e| past_mark(e)).cloned().map(Ok).collect();
+            let first = self.gone.load(Ordering::SeqCst).min(upto);
+            let shown: Vec<_> = self.log.lock().unwrap()[first..upto].iter().cloned().flat_map(|e| past_mark(Ok(e))).collect();
             let taken = self.taken.clone();
             let shown = stream::iter(shown).inspect(move |_| {
                 taken.fetch_add(1, Ordering::SeqCst);
@@ -749,6 +774,34 @@ mod tests {
         assert!(captures.by_assignment.contains_key("asg_1"), "kept while its assignment is held: no second capture");
         captures.forget(|_| false);
         assert!(captures.by_assignment.is_empty());
+    }
+
+    #[tokio::test]
+    async fn lines_the_engine_rotated_away_while_the_stream_was_broken_are_stated_as_a_loss() {
+        let log = vec![entry(1, 0, "a"), entry(2, 0, "b"), entry(3, 0, "c"), entry(4, 0, "d"), entry(5, 0, "e")];
+        let script = Script::new(log, &[(2, End::Breaks), (5, End::Stops)], Some(Phase::Running));
+        let mut captures = Captures::default();
+        captures.follow_source("asg_1", script.clone(), Mark::default());
+        let mut sends = Sends::default();
+        taken(&script, 2).await;
+        // while the reader was away the engine rotated its log: a, b and c are gone
+        script.gone.store(3, Ordering::SeqCst);
+        let sent = sent_until(&mut captures, &mut sends, |sent| lines(sent).len() == 4).await;
+        assert_eq!(lines(&sent), ["a", "b", "d", "e"], "nothing twice, nothing invented");
+        let loss = sent.iter().find(|b| b.lost.is_some()).expect("the rotation is stated");
+        assert_eq!(loss.lost, Some(Lost { entries: 0, reason: "engine-rotated" }), "how many, the engine cannot say");
+        assert_eq!(lines(std::slice::from_ref(loss))[0], "d", "stated where the lines went, before what came after them");
+        assert!(sent.iter().filter(|b| b.sequence < loss.sequence).all(|b| b.lost.is_none()));
+
+        // a log that still holds where the reader stopped states nothing
+        let log = vec![entry(1, 0, "a"), entry(2, 0, "b"), entry(3, 0, "c")];
+        let script = Script::new(log, &[(2, End::Breaks), (3, End::Stops)], Some(Phase::Running));
+        let mut captures = Captures::default();
+        captures.follow_source("asg_2", script.clone(), Mark::default());
+        taken(&script, 2).await;
+        script.gone.store(1, Ordering::SeqCst);
+        let sent = sent_until(&mut captures, &mut Sends::default(), |sent| lines(sent).len() == 3).await;
+        assert!(sent.iter().all(|b| b.lost.is_none()), "{sent:?}");
     }
 
     #[tokio::test]

@@ -338,7 +338,9 @@ impl Session<'_> {
         // straight to Capstan the upgrade carries the node's credential (a machine's slot); a
         // relay is told it only in the offer, which it carries
         let request = match &self.options.relay {
-            Some(_) => tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url.as_str()).map_err(|e| e.to_string())?,
+            Some(_) => {
+                tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url.as_str()).map_err(|e| e.to_string())?
+            }
             None => upgrade(&url, &bearer, Some(&credential.node_id))?,
         };
         let (mut ws, _) = tokio::time::timeout(Duration::from_secs(20), tokio_tungstenite::connect_async(request))

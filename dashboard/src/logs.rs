@@ -133,8 +133,16 @@ fn lines_of(records: &[Value]) -> Vec<LogLine> {
                     });
                 }
                 if let Some(lost) = record.get("lost").filter(|l| l.is_object()) {
-                    let lines = plural(u64_of(lost, "entries"), "line", "lines");
-                    out.push(LogLine::stated("loss", format!("{lines} the node could not read ({})", str_of(lost, "reason"))));
+                    let (entries, reason) = (u64_of(lost, "entries"), str_of(lost, "reason"));
+                    let said = match (reason, entries) {
+                        // the engine cannot say how many lines its rotation took
+                        ("engine-rotated", 0) => {
+                            "Lines may be missing here: the engine rotated its log past where the node had read (engine-rotated)"
+                                .to_string()
+                        }
+                        _ => format!("{} the node could not read ({reason})", plural(entries, "line", "lines")),
+                    };
+                    out.push(LogLine::stated("loss", said));
                 }
                 if record["final"] == true {
                     out.push(LogLine::stated("notice", "The container stopped: its log ends here".into()));

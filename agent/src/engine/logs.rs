@@ -45,6 +45,10 @@ pub enum LogFault {
     Unreadable,
     /// The stream broke (the engine's words); nothing more is read from it.
     Broken(String),
+    /// The log no longer holds where the reader stopped: the engine rotated (or cut) it past
+    /// that point, so lines between may be gone — how many, the engine cannot say. Met once,
+    /// just before the first entry read past the gap.
+    Rotated,
 }
 
 /// A point in a container's log: the newest time read, and how many entries carrying exactly
@@ -71,25 +75,30 @@ impl Mark {
         }
     }
 
-    /// Whether an entry of a log read from the mark's second lies past the mark: entries before
-    /// its time, and the first `count` at exactly its time, do not; after the first entry that
-    /// does, every one does (the log is in the engine's order).
-    pub fn filter(self) -> impl FnMut(&LogEntry) -> bool + Send + 'static {
+    /// What of a log read from the mark's second lies past the mark: entries before its time,
+    /// and the first `count` at exactly its time, do not; after the first entry that does, every
+    /// one does (the log is in the engine's order). When the log no longer holds the `count`
+    /// entries at the mark — its first entry past the mark is later — what the reader had read
+    /// was rotated away, and lines after it may have gone too: a [`LogFault::Rotated`] comes
+    /// before that entry. Faults pass as they are.
+    pub fn filter(self) -> impl FnMut(Result<LogEntry, LogFault>) -> Vec<Result<LogEntry, LogFault>> + Send + 'static {
         let mut seen_at_mark = 0;
         let mut passed = self.at.is_none();
-        move |entry| {
-            if !passed {
-                let at = self.at.unwrap_or(i128::MIN);
-                if entry.ts_nanos < at {
-                    return false;
-                }
-                if entry.ts_nanos == at && seen_at_mark < self.count {
-                    seen_at_mark += 1;
-                    return false;
-                }
-                passed = true;
+        move |record| {
+            let Ok(entry) = record else { return vec![record] };
+            if passed {
+                return vec![Ok(entry)];
             }
-            true
+            let at = self.at.unwrap_or(i128::MIN);
+            if entry.ts_nanos < at {
+                return Vec::new();
+            }
+            if entry.ts_nanos == at && seen_at_mark < self.count {
+                seen_at_mark += 1;
+                return Vec::new();
+            }
+            passed = true;
+            if seen_at_mark < self.count { vec![Err(LogFault::Rotated), Ok(entry)] } else { vec![Ok(entry)] }
         }
     }
 
@@ -123,7 +132,7 @@ impl Engine {
                 stream::iter(std::iter::once(()))
                     .flat_map(move |()| stream::iter(rest.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush())),
             )
-            .filter(move |record| std::future::ready(record.as_ref().map_or(true, &mut past_mark)))
+            .flat_map(move |record| stream::iter(past_mark(record)))
             .boxed()
     }
 }

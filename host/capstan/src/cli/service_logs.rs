@@ -112,11 +112,15 @@ fn lines_of(page: &Value, slot: &str, assignment: &str) -> Vec<Line> {
                     });
                 }
                 if let Some(lost) = record.get("lost").filter(|l| l.is_object()) {
-                    out.push(notice(format!(
-                        "{} lines the node could not read ({})",
-                        lost["entries"],
-                        lost["reason"].as_str().unwrap_or("?")
-                    )));
+                    let reason = lost["reason"].as_str().unwrap_or("?");
+                    out.push(notice(match (reason, lost["entries"].as_u64()) {
+                        // the engine cannot say how many lines its rotation took
+                        ("engine-rotated", Some(0)) => {
+                            "lines may be missing here: the engine rotated its log past where the node had read (engine-rotated)"
+                                .to_string()
+                        }
+                        (_, entries) => format!("{} lines the node could not read ({reason})", entries.unwrap_or(0)),
+                    }));
                 }
             }
             _ => {}
