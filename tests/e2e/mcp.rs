@@ -48,7 +48,9 @@ fn structured(tool: &str, result: &CallToolResult) -> Value {
 fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Capstan::start(with_test_admin(dev_command(&data)));
+    let mut cmd = with_test_admin(dev_command(&data));
+    cmd.env("CAPSTAN_METRICS_TOKEN", crate::operating::SCRAPE_TOKEN);
+    let server = Capstan::start(cmd);
     server.ready_status();
     let ids = Identities::create(&server);
     let admin = ids.token(Kind::Administrator).unwrap().to_string();
@@ -100,7 +102,8 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
     // the first-party App Store is installed in the background at the first start
     crate::appstore::wait_for_appstore(&server, &admin);
 
-    // what the audit log holds of the methods the tools read, counted per method
+    // what the audit log holds of the methods the tools read, and how many calls of them the
+    // door counted, per method
     const READS: [&str; 5] = ["clusters.list", "services.list", "nodes.list", "plugins.list", "tasks.list"];
     let audited = || -> Vec<usize> {
         READS
@@ -108,7 +111,13 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
             .map(|method| ok("audit.list", json!({ "method": method, "limit": 200 }))["records"].as_array().unwrap().len())
             .collect()
     };
+    let counted = || -> Vec<f64> {
+        let (_, samples) = crate::operating::scrape(&server);
+        let calls = |method: &str| crate::operating::total(&samples, "capstan_method_calls_total", &[("method", method)]);
+        READS.iter().map(|method| calls(method)).collect()
+    };
     let before = audited();
+    let counted_before = counted();
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut answers = String::new();
@@ -182,8 +191,15 @@ fn an_administrator_reads_safe_summaries_over_mcp_and_nobody_else_does() {
         }
     });
 
-    // the tools' reads went through the API's door: the audit log holds of them what it holds
-    // of the same reads made over HTTP
+    // the tools' reads went through the API's door: the door counted each, and the audit log
+    // holds of them what it holds of the same reads made over HTTP (reads leave no record)
+    let counted_after = counted();
+    for (i, method) in READS.iter().enumerate() {
+        assert!(
+            counted_after[i] > counted_before[i],
+            "{method}: the door counted no MCP call of it ({counted_before:?} → {counted_after:?})"
+        );
+    }
     let after_mcp = audited();
     for method in READS {
         let body = if method == "services.list" { json!({ "organizationId": ids.organization_id }) } else { json!({}) };

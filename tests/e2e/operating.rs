@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 /// A scrape token, as `CAPSTAN_METRICS_TOKEN` (at least 24 characters).
-const SCRAPE_TOKEN: &str = "e2e-scrape-token-0123456789abcdef";
+pub(crate) const SCRAPE_TOKEN: &str = "e2e-scrape-token-0123456789abcdef";
 
 /// The official JSON Schema of OpenAPI 3.1 documents (`https://spec.openapis.org/oas/3.1/schema/2022-10-07`,
 /// Apache-2.0, the OpenAPI Initiative), as the `openapi-spec-validator` 0.9.0 package ships it.
@@ -73,7 +73,7 @@ pub(crate) fn total(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> 
         .sum()
 }
 
-fn scrape(server: &Capstan) -> (String, Vec<Sample>) {
+pub(crate) fn scrape(server: &Capstan) -> (String, Vec<Sample>) {
     let bearer = format!("Bearer {SCRAPE_TOKEN}");
     let reply = server.request("GET", "/metrics", &[("authorization", &bearer)], None);
     assert_eq!(reply.status, 200, "{}: {}", reply.what, reply.body);

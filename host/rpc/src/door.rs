@@ -16,6 +16,10 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+/// The counter of method calls through the door, by method and outcome (`answered` here,
+/// `forwarded` to the coordinator, `refused`): HTTP, socket, dashboard, MCP and demo calls alike.
+pub const CALLS_METRIC: &str = "capstan_method_calls_total";
+
 /// Who is calling, as the door learns it.
 pub enum Caller<'a> {
     /// The bearer token presented, if any: authenticated here as the method's access needs
@@ -230,6 +234,30 @@ impl Registry {
             }
             Caller::Admitted(Admitted { method, identity }, bearer) => (method, identity, bearer),
         };
+        let invoked = self.invoke_admitted(method.clone(), identity, bearer, source, request_id, forwarded, body).await;
+        // every call of a registered method, by whichever door it came, answered here or not
+        let outcome = match &invoked {
+            Ok(Invoked::There(_)) => "forwarded",
+            Ok(Invoked::Here { .. }) => "answered",
+            Err(_) => "refused",
+        };
+        metrics::counter!(CALLS_METRIC, "method" => method.name.clone(), "outcome" => outcome).increment(1);
+        invoked
+    }
+
+    /// [`Registry::invoke`] once the method is resolved and its caller established.
+    #[allow(clippy::too_many_arguments)]
+    async fn invoke_admitted(
+        &self,
+        method: Arc<Method>,
+        identity: Option<Identity>,
+        bearer: Option<&str>,
+        source: Option<IpAddr>,
+        request_id: &str,
+        forwarded: bool,
+        body: Body<'_>,
+    ) -> Result<Invoked> {
+        let name = method.name.as_str();
         let request_id = request_id.to_string();
         let (input, raw) = match body {
             Body::Raw { bytes, decode } => (decode(bytes), Some(bytes)),

@@ -94,6 +94,10 @@ fn recorder() -> PrometheusHandle {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!("capstan_http_requests_total", "HTTP requests answered, by route template, API method and status");
+    describe_counter!(
+        capstan_rpc::door::CALLS_METRIC,
+        "Method calls through the one door (HTTP, socket, dashboard, MCP, demo), by method and outcome (answered, forwarded, refused)"
+    );
     describe_histogram!("capstan_http_request_duration_seconds", Unit::Seconds, "HTTP request latency, by route template and API method");
     describe_counter!("capstan_plugin_calls_total", "Plugin calls, by plugin, kind (method, event, reconcile, task, …) and outcome");
     describe_histogram!("capstan_plugin_call_duration_seconds", Unit::Seconds, "Plugin call latency once an instance is had");
