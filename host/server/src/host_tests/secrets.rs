@@ -459,3 +459,24 @@ async fn replays_create_nothing_twice_and_a_deleted_service_takes_its_secrets_an
     assert_eq!((detail["state"].as_str(), detail["attachedServiceIds"].clone()), (Some("active"), json!([])), "the set stays, detached");
     assert_eq!(w.call("secrets.previewResolution", json!({"serviceId": svc})).await.unwrap_err().code, "service-not-found");
 }
+
+#[tokio::test]
+async fn a_pinned_version_opens_for_its_replica_while_the_secret_is_active_and_is_refused_by_name_once_revoked() {
+    let w = World::new().await;
+    let svc = w.service().await;
+    let owner = json!({"kind": "service", "serviceId": svc});
+    let owner_ref = format!("service:{svc}");
+    let db = w
+        .call("secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": w.sealed("secrets.create", &owner_ref, "DB_PASSWORD", PLANTED)}}))
+        .await
+        .unwrap();
+    let (id, version) = (db["id"].as_str().unwrap(), db["currentVersionId"].as_str().unwrap());
+    let (store, keyring) = (&w.host.state.store, &w.host.state.keyring);
+    let opened = crate::secrets::manifests::open_pinned(store, keyring, id, version).await.unwrap();
+    assert_eq!(opened.as_slice(), PLANTED.as_bytes());
+    w.call("secrets.revoke", json!({"id": id})).await.unwrap();
+    let refused = crate::secrets::manifests::open_pinned(store, keyring, id, version).await.unwrap_err();
+    assert_eq!(refused.code, "secret-manifest-not-accepted", "a replica admitted before the revocation is not handed it again");
+    let gone = crate::secrets::manifests::open_pinned(store, keyring, "sec_00000000000000000000000000000000", version).await.unwrap_err();
+    assert_eq!(gone.code, "secret-manifest-not-accepted");
+}
