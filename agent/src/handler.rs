@@ -8,11 +8,13 @@
 //! `agent-method-unknown`, naming what is answered.
 
 use capstan_core::Refusal;
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// What a handler's work comes to: the reply's `result`, or its `error`.
 pub type Answer<'a> = Pin<Box<dyn Future<Output = Result<Value, Refusal>> + Send + 'a>>;
@@ -69,7 +71,71 @@ pub struct Registry {
     handlers: BTreeMap<&'static str, Arc<dyn Handler>>,
 }
 
+/// A request that names no deadline runs at most this long.
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// Nor does any request run longer than this.
+const MAX_DEADLINE: Duration = Duration::from_secs(600);
+
+/// `{"type":"reply","id",…,"result"|"error"}`; an answer over the socket's frame limit is
+/// replaced by `agent-reply-too-large`.
+pub fn reply_frame(id: &Value, answer: Result<Value, Refusal>, max_frame_bytes: usize) -> String {
+    let frame = match &answer {
+        Ok(result) => json!({"type": "reply", "id": id, "result": result}),
+        Err(refusal) => json!({"type": "reply", "id": id, "error": refusal}),
+    };
+    let text = frame.to_string();
+    if text.len() <= max_frame_bytes {
+        return text;
+    }
+    let refusal = Refusal::new("agent-reply-too-large", "the answer is larger than the socket's frame limit")
+        .with_data(json!({ "limitBytes": max_frame_bytes, "bytes": text.len() }));
+    json!({"type": "reply", "id": id, "error": refusal}).to_string()
+}
+
 impl Registry {
+    /// The work of answering one `request` frame (`{id, method, body, deadlineMs}`), to run on a
+    /// task of its own: the `reply` frame's text, or `None` when the handler outlived the
+    /// request's deadline (the host no longer waits; nothing is sent). `None` at once for a
+    /// request without a usable id, which nothing could answer.
+    pub fn answer(&self, ctx: Arc<RelayContext>, frame: &Value, max_frame_bytes: usize) -> Option<BoxFuture<'static, Option<String>>> {
+        let id = frame["id"].clone();
+        if !(id.is_string() || id.is_u64() || id.is_i64()) {
+            tracing::warn!("a request without a usable id was ignored");
+            return None;
+        }
+        let Some(method) = frame["method"].as_str() else {
+            let refusal = Refusal::new("agent-request-invalid", "the request names no method");
+            let reply = reply_frame(&id, Err(refusal), max_frame_bytes);
+            return Some(Box::pin(async move { Some(reply) }));
+        };
+        let body = match &frame["body"] {
+            Value::Null => json!({}),
+            body => body.clone(),
+        };
+        let deadline = frame["deadlineMs"].as_u64().map(Duration::from_millis).unwrap_or(DEFAULT_DEADLINE).min(MAX_DEADLINE);
+        let method = method.to_string();
+        let handler = self.get(&method);
+        let registry = self.clone();
+        Some(Box::pin(async move {
+            let answer = match handler {
+                None => Err(registry.unknown(&method)),
+                Some(handler) => match tokio::time::timeout(deadline, handler.handle(&ctx, body)).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        tracing::warn!(method = %capstan_core::text::escape_control(&method), deadline_ms = deadline.as_millis() as u64, "a request outlived its deadline; abandoned");
+                        return None;
+                    }
+                },
+            };
+            if let Err(refusal) = &answer
+                && let Some(detail) = &refusal.detail
+            {
+                tracing::warn!(code = %refusal.code, "a request failed: {detail}");
+            }
+            Some(reply_frame(&id, answer, max_frame_bytes))
+        }))
+    }
+
     /// A registry holding the built-ins (`agent.ping`, `agent.describe`).
     pub fn with_builtins() -> Registry {
         let mut registry = Registry::default();

@@ -296,11 +296,16 @@ async fn command(cli: Cli) -> Result<(), Refusal> {
         Command::Run { interval, hostname_file, engine, volumes_dir, no_workloads, relay, secrets_dir, advertise_address } => {
             let is_root = rustix::process::geteuid().is_root();
             let (stop, stopped) = tokio::sync::watch::channel(false);
-            let workloads = (!no_workloads).then(|| {
+            let workloads = if no_workloads {
+                None
+            } else {
                 let volumes_dir = volumes_dir.unwrap_or_else(|| state.path().join("volumes"));
-                let options = workloads::Options { state: state.clone(), engine, volumes_dir, relay, secrets_dir };
-                tokio::spawn(workloads::run(options, stopped))
-            });
+                // the node answers for its own volumes over its runtime session, as a relay does
+                let mut methods = handler::Registry::with_builtins();
+                backups::register(&mut methods, state.clone(), volumes_dir.clone())?;
+                let options = workloads::Options { state: state.clone(), engine, volumes_dir, relay, secrets_dir, methods };
+                Some(tokio::spawn(workloads::run(options, stopped)))
+            };
             let options = run::Options { state, interval, applier: applier::choose(hostname_file, is_root), advertised: advertise_address };
             let shutdown = async move {
                 let why = shutdown_signal().await;

@@ -44,9 +44,6 @@ pub const PROTOCOL: &str = "capstan-socket/1";
 const CREDENTIAL_RETRY_CAP: Duration = Duration::from_secs(60);
 /// How long connecting, and then the welcome, may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(20);
-/// A request that names no deadline (or an absurd one) runs at most this long.
-const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
-const MAX_DEADLINE: Duration = Duration::from_secs(600);
 /// How long one frame may take to go out.
 const SEND_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -729,46 +726,12 @@ impl Relay {
         requests: &mut JoinSet<()>,
         max_frame_bytes: usize,
     ) {
-        let id = frame["id"].clone();
-        if !(id.is_string() || id.is_u64() || id.is_i64()) {
-            tracing::warn!("a request without a usable id was ignored");
-            return;
-        }
+        let Some(answering) = self.registry.answer(ctx.clone(), frame, max_frame_bytes) else { return };
         let replies = replies.clone();
-        let Some(method) = frame["method"].as_str() else {
-            let refusal = Refusal::new("agent-request-invalid", "the request names no method");
-            let reply = reply_frame(&id, Err(refusal), max_frame_bytes);
-            requests.spawn(async move {
-                let _ = replies.send(reply).await;
-            });
-            return;
-        };
-        let body = match &frame["body"] {
-            Value::Null => json!({}),
-            body => body.clone(),
-        };
-        let deadline = frame["deadlineMs"].as_u64().map(Duration::from_millis).unwrap_or(DEFAULT_DEADLINE).min(MAX_DEADLINE);
-        let method = method.to_string();
-        let handler = self.registry.get(&method);
-        let registry = self.registry.clone();
-        let ctx = ctx.clone();
         requests.spawn(async move {
-            let answer = match handler {
-                None => Err(registry.unknown(&method)),
-                Some(handler) => match tokio::time::timeout(deadline, handler.handle(&ctx, body)).await {
-                    Ok(answer) => answer,
-                    Err(_) => {
-                        tracing::warn!(method = %capstan_core::text::escape_control(&method), deadline_ms = deadline.as_millis() as u64, "a request outlived its deadline; abandoned");
-                        return;
-                    }
-                },
-            };
-            if let Err(refusal) = &answer
-                && let Some(detail) = &refusal.detail
-            {
-                tracing::warn!(code = %refusal.code, "a request failed: {detail}");
+            if let Some(reply) = answering.await {
+                let _ = replies.send(reply).await;
             }
-            let _ = replies.send(reply_frame(&id, answer, max_frame_bytes)).await;
         });
     }
 }
@@ -808,22 +771,6 @@ async fn welcome(ws: &mut Socket) -> Result<Value, Ended> {
             _ => return Err(Ended::Lost("the host's first frame is not a welcome".into())),
         }
     }
-}
-
-/// `{"type":"reply","id",…,"result"|"error"}`; an answer over the socket's frame limit is
-/// replaced by `agent-reply-too-large`.
-fn reply_frame(id: &Value, answer: Result<Value, Refusal>, max_frame_bytes: usize) -> String {
-    let frame = match &answer {
-        Ok(result) => json!({"type": "reply", "id": id, "result": result}),
-        Err(refusal) => json!({"type": "reply", "id": id, "error": refusal}),
-    };
-    let text = frame.to_string();
-    if text.len() <= max_frame_bytes {
-        return text;
-    }
-    let refusal = Refusal::new("agent-reply-too-large", "the answer is larger than the socket's frame limit")
-        .with_data(json!({ "limitBytes": max_frame_bytes, "bytes": text.len() }));
-    json!({"type": "reply", "id": id, "error": refusal}).to_string()
 }
 
 #[cfg(test)]
@@ -1129,7 +1076,7 @@ mod tests {
         assert!(matches!(close(4011), Ended::CredentialRefused { code, .. } if code == "relay-credential-generation-stale"));
         assert!(matches!(close(4003), Ended::CredentialRefused { code, .. } if code == "unauthenticated"));
         assert!(matches!(close(4009), Ended::Lost(_)));
-        let big = reply_frame(&json!("r"), Ok(json!("x".repeat(200))), 100);
+        let big = crate::handler::reply_frame(&json!("r"), Ok(json!("x".repeat(200))), 100);
         assert_eq!(serde_json::from_str::<Value>(&big).unwrap()["error"]["code"], "agent-reply-too-large");
     }
 }

@@ -15,6 +15,7 @@
 //! answered (or after `FINAL_WAIT`).
 
 use crate::engine::{ContainerSpec, Engine, Observed, Phase, PortSpec, Probe, Protocol, PullAuth};
+use crate::handler;
 use crate::logs::{Answer, Captures, LogsFrom, Sends};
 use crate::relay::{PROTOCOL, socket_url, upgrade};
 use crate::state::StateDir;
@@ -24,8 +25,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::Message;
 use zeroize::Zeroizing;
 
@@ -42,7 +44,15 @@ pub struct Options {
     /// Where secret files live while their container runs: DIR/<assignmentId>/<KEY>, bound
     /// read-only at /run/secrets. A memory-backed tmpfs (/dev/shm by default).
     pub secrets_dir: PathBuf,
+    /// What the node answers Capstan's requests with besides `runtime.assign` (`agent.ping`,
+    /// `backups.archive`, …: the relay's handlers, for this node's own data).
+    pub methods: handler::Registry,
 }
+
+/// Requests one session answers at once besides `runtime.assign`; more are refused `agent-busy`.
+const MAX_REQUESTS: usize = 16;
+/// The frame limit a session keeps its replies under when the welcome names none.
+const DEFAULT_MAX_FRAME: usize = (1 << 20) + (16 << 10);
 
 /// Between reconcile passes.
 const TICK: Duration = Duration::from_secs(1);
@@ -278,6 +288,10 @@ pub async fn run(options: Options, mut stop: watch::Receiver<bool>) {
                 pending: HashMap::new(),
                 registered: false,
                 node_id: None,
+                requests: tokio::task::JoinSet::new(),
+                replies: mpsc::channel(MAX_REQUESTS),
+                context: None,
+                max_frame_bytes: DEFAULT_MAX_FRAME,
             };
             let ended = session.run(&mut stop).await;
             if session.registered {
@@ -323,6 +337,12 @@ struct Session<'a> {
     registered: bool,
     /// The node this session is (its credential's).
     node_id: Option<String>,
+    /// Requests being answered, and where their replies come back to the socket.
+    requests: tokio::task::JoinSet<()>,
+    replies: (mpsc::Sender<String>, mpsc::Receiver<String>),
+    /// What the requests' handlers know of the session.
+    context: Option<Arc<handler::RelayContext>>,
+    max_frame_bytes: usize,
 }
 
 impl Session<'_> {
@@ -357,6 +377,11 @@ impl Session<'_> {
             let code = welcome["error"]["code"].as_str().unwrap_or("unknown");
             return Err(format!("the host refused the session: {code}"));
         }
+        if let Some(max) = welcome["maxFrameBytes"].as_u64() {
+            self.max_frame_bytes = usize::try_from(max).unwrap_or(DEFAULT_MAX_FRAME);
+        }
+        let methods = self.options.methods.methods();
+        self.context = Some(Arc::new(handler::RelayContext::new(credential.node_id.clone(), credential.cluster_id.clone(), methods, None)));
         let id = self
             .call(
                 &mut ws,
@@ -385,6 +410,8 @@ impl Session<'_> {
                     self.send_logs(&mut ws).await?;
                 }
                 _ = logs_closed.notified() => self.send_logs(&mut ws).await?,
+                Some(reply) = self.replies.1.recv() => ws.send(Message::text(reply)).await.map_err(|e| e.to_string())?,
+                Some(_) = self.requests.join_next(), if !self.requests.is_empty() => {}
             }
         }
     }
@@ -412,11 +439,12 @@ impl Session<'_> {
 
     async fn frame(&mut self, ws: &mut Socket, frame: Value) -> Result<(), String> {
         match frame["type"].as_str() {
+            Some("request") if frame["method"] != "runtime.assign" => {
+                self.request(&frame);
+                Ok(())
+            }
             Some("request") => {
-                let answer = match frame["method"].as_str() {
-                    Some("runtime.assign") => self.assign(frame["body"].clone()),
-                    _ => Err(Refusal::new("agent-method-unknown", "this session answers runtime.assign")),
-                };
+                let answer = self.assign(frame["body"].clone());
                 let reply = match answer {
                     Ok(result) => json!({ "type": "reply", "id": frame["id"], "result": result }),
                     Err(refusal) => json!({ "type": "reply", "id": frame["id"], "error": refusal }),
@@ -431,6 +459,29 @@ impl Session<'_> {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Answer a request for one of the node's methods on a task of its own; the reply comes
+    /// back through `replies` (a handler that outlives the request's deadline sends none).
+    fn request(&mut self, frame: &Value) {
+        let Some(context) = self.context.clone() else { return };
+        let sender = self.replies.0.clone();
+        if self.requests.len() >= MAX_REQUESTS {
+            let refusal = Refusal::new("agent-busy", format!("this node answers at most {MAX_REQUESTS} requests at once"))
+                .with_data(json!({ "limit": MAX_REQUESTS }))
+                .retryable();
+            let reply = handler::reply_frame(&frame["id"], Err(refusal), self.max_frame_bytes);
+            self.requests.spawn(async move {
+                let _ = sender.send(reply).await;
+            });
+            return;
+        }
+        let Some(answering) = self.options.methods.answer(context, frame, self.max_frame_bytes) else { return };
+        self.requests.spawn(async move {
+            if let Some(reply) = answering.await {
+                let _ = sender.send(reply).await;
+            }
+        });
     }
 
     fn assign(&mut self, body: Value) -> Result<Value, Refusal> {

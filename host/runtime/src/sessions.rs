@@ -659,23 +659,9 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan
             "expiresAt": credential.expires_at,
         });
     }
-    let id = format!("rt_{}", cx.sessions.counter.fetch_add(1, Ordering::Relaxed));
-    let frame =
-        json!({ "type": "request", "id": id, "method": "runtime.assign", "body": body, "deadlineMs": PUSH_TIMEOUT.as_millis() as u64 });
-    let (sender, receiver) = oneshot::channel();
-    cx.sessions.waiting.lock().expect("waiting").insert(id.clone(), sender);
-    let (to, frame) = cx.sessions.route(socket, frame);
-    if !cx.frames.send(&to, frame) {
-        cx.sessions.waiting.lock().expect("waiting").remove(&id);
-        return Err(Refusal::new("node-not-connected", "the node's socket is gone"));
-    }
-    let reply = match tokio::time::timeout(PUSH_TIMEOUT, receiver).await {
-        Ok(Ok(reply)) => reply,
-        _ => {
-            cx.sessions.waiting.lock().expect("waiting").remove(&id);
-            return Err(Refusal::new("push-failed", "no answer within the push timeout"));
-        }
-    };
+    let reply = request(cx, socket, "runtime.assign", body, PUSH_TIMEOUT)
+        .await
+        .map_err(|e| if e.is("node-timeout") { Refusal::new("push-failed", "no answer within the push timeout") } else { e })?;
     match reply.get("result") {
         Some(result) if result.get("accepted") == Some(&Value::Bool(true)) => Ok(()),
         _ => {
@@ -683,6 +669,55 @@ async fn push_once(cx: &Context, socket: &str, slot: &Slot, pull: Option<capstan
             Err(Refusal::new("node-refused", format!("the node answered {code}")))
         }
     }
+}
+
+/// Send `method` with `body` to the agent on `socket` as a `request` frame (its own socket, or
+/// wrapped for the relay carrying it) and wait at most `timeout` for its `reply` frame.
+async fn request(cx: &Context, socket: &str, method: &str, body: Value, timeout: Duration) -> Result<Map<String, Value>> {
+    let id = format!("rt_{}", cx.sessions.counter.fetch_add(1, Ordering::Relaxed));
+    let frame = json!({ "type": "request", "id": id, "method": method, "body": body, "deadlineMs": timeout.as_millis() as u64 });
+    let frame_bytes = frame.to_string().len();
+    let limit = cx.frames.max_frame_bytes();
+    if frame_bytes > limit {
+        return Err(Refusal::new("agent-request-too-large", format!("a request to a node is at most {limit} bytes"))
+            .with_data(json!({ "limitBytes": limit })));
+    }
+    let (sender, receiver) = oneshot::channel();
+    cx.sessions.waiting.lock().expect("waiting").insert(id.clone(), sender);
+    let (to, frame) = cx.sessions.route(socket, frame);
+    if !cx.frames.send(&to, frame) {
+        cx.sessions.waiting.lock().expect("waiting").remove(&id);
+        return Err(Refusal::new("node-not-connected", "the node's socket is gone"));
+    }
+    match tokio::time::timeout(timeout, receiver).await {
+        Ok(Ok(reply)) => Ok(reply),
+        _ => {
+            cx.sessions.waiting.lock().expect("waiting").remove(&id);
+            Err(Refusal::new("node-timeout", format!("the node did not answer {method} within {} ms", timeout.as_millis())).retryable())
+        }
+    }
+}
+
+/// The longest a call to a node's agent may wait for its answer.
+pub const MAX_NODE_CALL: Duration = Duration::from_secs(60);
+
+/// Call `method` (a method the node's agent answers: `backups.archive`, `agent.ping`, …) on the
+/// agent of `node_id` over its current runtime session held by this process, and wait at most
+/// `timeout` (≤ [`MAX_NODE_CALL`]) for its answer: the agent's result, or its refusal as it gave
+/// it. `node-not-connected` (retryable) when no session of the node is current here.
+pub async fn call_node(cx: &Context, node_id: &str, method: &str, body: Value, timeout: Duration) -> Result<Value> {
+    let socket = cx.sessions.current.lock().expect("current").get(node_id).map(|c| c.socket.clone());
+    let Some(socket) = socket else {
+        return Err(Refusal::new("node-not-connected", format!("node {node_id} has no runtime session with this Capstan now"))
+            .with_data(json!({ "nodeId": node_id }))
+            .retryable());
+    };
+    let mut reply = request(cx, &socket, method, body, timeout.min(MAX_NODE_CALL)).await?;
+    if let Some(result) = reply.remove("result") {
+        return Ok(result);
+    }
+    // the agent's refusal as it gave it (the relay's agent answers in the same shape)
+    Err(capstan_relays::relay_refusal(reply.remove("error")))
 }
 
 /// The target a secret value of an assignment is sealed for: the assignment, its service and

@@ -173,7 +173,7 @@ impl AppState {
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_authenticator(auth.clone());
         registry.set_coordination(fleet.clone());
-        plugins.set_agent_dispatch(Arc::new(crate::plugins::agents::AgentCalls(relays.clone())));
+        plugins.set_agent_dispatch(Arc::new(crate::plugins::agents::AgentCalls { relays: relays.clone(), runtime: runtime.clone() }));
         plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
         plugins.set_public_origin(&public_origin);
         AppState {

@@ -1,9 +1,10 @@
-//! `agents`: a plugin's request to the relay of one of the platform's clusters. The host
-//! checks the grant and the request (cluster id, method name, JSON body, sizes), gives it the
+//! `agents`: a plugin's request to the relay of one of the platform's clusters (`call`), or to
+//! the agent of one node over its runtime session (`call-node`, contract 0.3.3). The host
+//! checks the grant and the request (cluster or node id, method name, JSON body, sizes), gives it the
 //! plugin call's remaining time (less a margin, at most [`MAX_AGENT_TIMEOUT`]) and hands it to
 //! the [`AgentDispatch`] the server installed ([`Services::set_agent_dispatch`]); until one is
 //! installed every call is refused `agent-not-connected` (retryable). A dispatcher that has not
-//! answered within the timeout is refused `relay-timeout` (retryable) for it. The answer comes
+//! answered within the timeout is refused `relay-timeout` (`node-timeout` for a node; retryable) for it. The answer comes
 //! back as JSON text, bounded; the dispatcher's refusals pass through by name. Nothing of a
 //! body is logged.
 
@@ -38,8 +39,11 @@ const MAX_NAME_BYTES: usize = 128;
 pub struct AgentRequest {
     /// The plugin that asks.
     pub plugin_id: String,
-    /// The cluster whose relay answers: 1..=128 of `[A-Za-z0-9_.-]`.
+    /// The cluster whose relay answers: 1..=128 of `[A-Za-z0-9_.-]` (empty for a node's call).
     pub cluster_id: String,
+    /// The node whose agent answers over its runtime session (`agents.call-node`, contract
+    /// 0.3.3), instead of a cluster's relay: 1..=128 of `[A-Za-z0-9_.-]`.
+    pub node_id: Option<String>,
     /// The agent method: dot-separated camelCase words, at least two (`agent.ping`), ≤ 128.
     pub method: String,
     /// The request body: any JSON value, at most [`MAX_AGENT_REQUEST_BYTES`] as text.
@@ -71,9 +75,14 @@ pub struct NotConnected;
 
 impl AgentDispatch for NotConnected {
     fn call(&self, request: AgentRequest) -> AgentReply {
-        let refused = Refusal::new("agent-not-connected", format!("no agent of cluster {:?} is connected", request.cluster_id))
-            .retryable()
-            .with_data(json!({ "clusterId": request.cluster_id }));
+        let refused = match &request.node_id {
+            Some(node) => {
+                Refusal::new("agent-not-connected", format!("no agent of node {node:?} is connected")).with_data(json!({ "nodeId": node }))
+            }
+            None => Refusal::new("agent-not-connected", format!("no agent of cluster {:?} is connected", request.cluster_id))
+                .with_data(json!({ "clusterId": request.cluster_id })),
+        };
+        let refused = refused.retryable();
         Box::pin(async move { Err(refused) })
     }
 }
@@ -96,8 +105,22 @@ impl agents::Host for CallData {
         self.changing()?;
         let agents = self.granted(&self.grant.agents, Capability::Agents)?;
         let dispatch = agents.services.agent_dispatch();
-        call(dispatch.as_ref(), &agents.plugin, &self.request_id, self.deadline, cluster_id, method, &body).await
+        call(dispatch.as_ref(), &agents.plugin, &self.request_id, self.deadline, To::Relay(cluster_id), method, &body).await
     }
+
+    async fn call_node(&mut self, node_id: String, method: String, body: String) -> WitResult<String> {
+        self.changing()?;
+        let agents = self.granted(&self.grant.agents, Capability::Agents)?;
+        let dispatch = agents.services.agent_dispatch();
+        call(dispatch.as_ref(), &agents.plugin, &self.request_id, self.deadline, To::Node(node_id), method, &body).await
+    }
+}
+
+/// Whose agent answers: a cluster's elected relay, or one node's agent over its runtime session.
+#[derive(Debug, Clone)]
+pub(super) enum To {
+    Relay(String),
+    Node(String),
 }
 
 /// Check one `agents.call`, hand it to `dispatch` with the time the call has left before
@@ -107,11 +130,24 @@ pub(super) async fn call(
     plugin: &str,
     request_id: &str,
     deadline: Option<Instant>,
-    cluster_id: String,
+    to: To,
     method: String,
     body: &str,
 ) -> WitResult<String> {
-    check_cluster_id(&cluster_id)?;
+    let (cluster_id, node_id) = match to {
+        To::Relay(cluster_id) => {
+            check_id(&cluster_id, "clusterId", "cluster")?;
+            (cluster_id, None)
+        }
+        To::Node(node_id) => {
+            check_id(&node_id, "nodeId", "node")?;
+            (String::new(), Some(node_id))
+        }
+    };
+    let whose = match &node_id {
+        Some(node) => format!("the agent of node {node:?}"),
+        None => format!("the relay of cluster {cluster_id:?}"),
+    };
     check_method(&method)?;
     if body.len() > MAX_AGENT_REQUEST_BYTES {
         return Err(refusal(
@@ -130,31 +166,42 @@ pub(super) async fn call(
         )
     })?;
     let started = Instant::now();
-    let request = AgentRequest { plugin_id: plugin.to_string(), cluster_id: cluster_id.clone(), method: method.clone(), body, timeout };
+    let request = AgentRequest {
+        plugin_id: plugin.to_string(),
+        cluster_id: cluster_id.clone(),
+        node_id: node_id.clone(),
+        method: method.clone(),
+        body,
+        timeout,
+    };
     // the dispatcher is asked to keep to the timeout; the host holds it to it
     let answered = match tokio::time::timeout(timeout, dispatch.call(request)).await {
         Ok(answered) => answered,
-        Err(_) => Err(Refusal::new(
-            "relay-timeout",
-            format!("the relay of cluster {cluster_id:?} did not answer {method} within {} ms", timeout.as_millis()),
-        )
-        .retryable()
-        .with_data(json!({ "clusterId": cluster_id, "method": method, "timeoutMs": timeout.as_millis() as u64 }))),
+        Err(_) => {
+            let code = if node_id.is_some() { "node-timeout" } else { "relay-timeout" };
+            let data = match &node_id {
+                Some(node) => json!({ "nodeId": node, "method": method, "timeoutMs": timeout.as_millis() as u64 }),
+                None => json!({ "clusterId": cluster_id, "method": method, "timeoutMs": timeout.as_millis() as u64 }),
+            };
+            Err(Refusal::new(code, format!("{whose} did not answer {method} within {} ms", timeout.as_millis()))
+                .retryable()
+                .with_data(data))
+        }
     };
     let ms = started.elapsed().as_millis() as u64;
     let value = match answered {
         Ok(value) => value,
         Err(refused) => {
-            tracing::debug!(plugin = %plugin, request_id = %request_id, cluster = %cluster_id, method = %method, ms,
+            tracing::debug!(plugin = %plugin, request_id = %request_id, to = %whose, method = %method, ms,
                 code = %refused.code, "agent request refused");
             return Err(to_wit(refused));
         }
     };
     let text = value.to_string();
-    tracing::debug!(plugin = %plugin, request_id = %request_id, cluster = %cluster_id, method = %method, ms,
+    tracing::debug!(plugin = %plugin, request_id = %request_id, to = %whose, method = %method, ms,
         bytes = text.len(), "agent request answered");
     if text.len() > MAX_AGENT_REPLY_BYTES {
-        tracing::warn!(plugin = %plugin, request_id = %request_id, cluster = %cluster_id, method = %method, bytes = text.len(),
+        tracing::warn!(plugin = %plugin, request_id = %request_id, to = %whose, method = %method, bytes = text.len(),
             "an agent answered more than a plugin is passed");
         return Err(refusal(
             "relay-reply-too-large",
@@ -165,16 +212,16 @@ pub(super) async fn call(
     Ok(text)
 }
 
-/// A cluster id: 1..=128 of `[A-Za-z0-9_.-]`.
-fn check_cluster_id(id: &str) -> WitResult<()> {
+/// A cluster or node id (`field`, a `kind`'s): 1..=128 of `[A-Za-z0-9_.-]`.
+fn check_id(id: &str, field: &str, kind: &str) -> WitResult<()> {
     let ok = (1..=MAX_NAME_BYTES).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
     if ok {
         return Ok(());
     }
     Err(refusal(
         "invalid-request",
-        format!("cluster id {:?} must be 1 to {MAX_NAME_BYTES} of [A-Za-z0-9_.-]", truncate(id, 64)),
-        json!({ "field": "clusterId" }),
+        format!("{kind} id {:?} must be 1 to {MAX_NAME_BYTES} of [A-Za-z0-9_.-]", truncate(id, 64)),
+        json!({ "field": field }),
     ))
 }
 
@@ -229,7 +276,7 @@ mod tests {
     }
 
     async fn ask(fake: &Fake, deadline: Option<Instant>, cluster: &str, method: &str, body: &str) -> Result<String, WitRefusal> {
-        call(fake, "example", "req-1", deadline, cluster.into(), method.into(), body).await
+        call(fake, "example", "req-1", deadline, To::Relay(cluster.into()), method.into(), body).await
     }
 
     fn data(r: &WitRefusal) -> Value {
@@ -315,6 +362,33 @@ mod tests {
         ask(&fake, soon(), "c1", "agent.ping", &body).await.unwrap();
     }
 
+    #[tokio::test]
+    async fn a_node_call_names_its_node_and_is_checked_as_a_relay_call_is() {
+        let fake = Fake::answering(Ok(json!({ "size": 3 })));
+        let answer = call(&*fake, "backups", "r", soon(), To::Node("node_7".into()), "backups.archive".into(), "{}").await.unwrap();
+        assert_eq!(answer, r#"{"size":3}"#);
+        let asked = fake.asked();
+        assert_eq!((asked[0].node_id.as_deref(), asked[0].cluster_id.as_str()), (Some("node_7"), ""), "the node, no cluster");
+        let refused = call(&*fake, "backups", "r", soon(), To::Node("node 7".into()), "backups.archive".into(), "{}").await.unwrap_err();
+        assert_eq!((refused.code.as_str(), data(&refused)["field"].as_str()), ("invalid-request", Some("nodeId")));
+        let refused = call(&*fake, "backups", "r", soon(), To::Node("node_7".into()), "archive".into(), "{}").await.unwrap_err();
+        assert_eq!(refused.code, "agent-method-invalid");
+        let silent = call(
+            &Silent,
+            "backups",
+            "r",
+            Some(Instant::now() + Duration::from_millis(900)),
+            To::Node("node_7".into()),
+            "backups.archive".into(),
+            "{}",
+        );
+        let refused = silent.await.unwrap_err();
+        assert_eq!((refused.code.as_str(), refused.retryable, data(&refused)["nodeId"].as_str()), ("node-timeout", true, Some("node_7")));
+        let refused =
+            call(&NotConnected, "backups", "r", soon(), To::Node("node_7".into()), "backups.archive".into(), "{}").await.unwrap_err();
+        assert_eq!((refused.code.as_str(), data(&refused)["nodeId"].as_str()), ("agent-not-connected", Some("node_7")));
+    }
+
     /// Never answers.
     struct Silent;
 
@@ -327,7 +401,7 @@ mod tests {
     #[tokio::test]
     async fn a_dispatcher_that_outlasts_the_timeout_is_refused_relay_timeout_within_the_deadline() {
         let deadline = Instant::now() + AGENT_DEADLINE_MARGIN + Duration::from_millis(200);
-        let got = call(&Silent, "example", "r", Some(deadline), "c1".into(), "agent.ping".into(), "{}").await.unwrap_err();
+        let got = call(&Silent, "example", "r", Some(deadline), To::Relay("c1".into()), "agent.ping".into(), "{}").await.unwrap_err();
         assert_eq!((got.code.as_str(), got.retryable), ("relay-timeout", true));
         assert!(Instant::now() < deadline, "the plugin still has time to answer");
         assert_eq!(data(&got)["clusterId"], "c1");
@@ -360,7 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_dispatcher_every_request_is_not_connected_and_retryable() {
-        let got = call(&NotConnected, "example", "r", soon(), "c1".into(), "agent.ping".into(), "{}").await.unwrap_err();
+        let got = call(&NotConnected, "example", "r", soon(), To::Relay("c1".into()), "agent.ping".into(), "{}").await.unwrap_err();
         assert_eq!((got.code.as_str(), got.retryable), ("agent-not-connected", true));
         assert_eq!(data(&got)["clusterId"], "c1");
     }

@@ -757,3 +757,41 @@ async fn a_socket_session_follows_an_attempts_lines_as_they_come_until_it_unfoll
     let (status, refused) = http(server.addr, "/api/v1/runtime.followLogs", Some(&server.token), body).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("socket-required")), "{refused}");
 }
+
+#[tokio::test]
+async fn a_call_reaches_a_nodes_agent_over_its_runtime_session_and_its_answer_or_refusal_comes_back() {
+    let server = serve().await;
+    let (_, _, node, token) = world(&server).await;
+    let runtime = server.state.runtime.clone();
+    let timeout = std::time::Duration::from_secs(5);
+    let call_node = |method: &'static str, body: Value| {
+        let (runtime, node) = (runtime.clone(), node.clone());
+        tokio::spawn(async move { crate::runtime::sessions::call_node(&runtime, &node, method, body, timeout).await })
+    };
+    // no session yet: refused by name, retryable
+    let refused = call_node("agent.ping", json!({})).await.unwrap().unwrap_err();
+    assert_eq!((refused.code.as_ref(), refused.retryable), ("node-not-connected", true));
+
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    let asked = call_node("backups.archive", json!({ "serviceId": "svc_1" }));
+    let request = next(&mut ws).await;
+    assert_eq!((request["type"].as_str(), request["method"].as_str()), (Some("request"), Some("backups.archive")), "{request}");
+    assert_eq!(request["body"], json!({ "serviceId": "svc_1" }));
+    send(&mut ws, json!({ "type": "reply", "id": request["id"], "result": { "size": 7 } })).await;
+    assert_eq!(asked.await.unwrap().unwrap(), json!({ "size": 7 }));
+
+    // the agent's refusal comes back as it gave it
+    let asked = call_node("backups.archive", json!({}));
+    let request = next(&mut ws).await;
+    let error = json!({ "code": "volume-missing", "message": "no volume data", "retryable": false, "data": { "volume": "data" } });
+    send(&mut ws, json!({ "type": "reply", "id": request["id"], "error": error })).await;
+    let refused = asked.await.unwrap().unwrap_err();
+    assert_eq!((refused.code.as_ref(), refused.data.as_deref()), ("volume-missing", Some(&json!({ "volume": "data" }))));
+
+    // a node whose socket closed is not connected again
+    drop(ws);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let refused = call_node("agent.ping", json!({})).await.unwrap().unwrap_err();
+    assert_eq!(refused.code.as_ref(), "node-not-connected");
+}
