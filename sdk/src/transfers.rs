@@ -109,14 +109,28 @@ impl std::fmt::Debug for S3Target {
 /// `s3-target-bucket-missing`, `s3-target-unavailable` (retryable), `http-address-refused`,
 /// `not-found` (no such object here), `capability-denied` (the endpoint's origin is not granted).
 pub fn replicate(key: &str, target: &S3Target) -> Result<Digest> {
-    let target = wit::S3Target {
-        endpoint: target.endpoint.clone(),
-        region: target.region.clone(),
-        bucket: target.bucket.clone(),
-        prefix: target.prefix.clone(),
-        access_key_id: target.access_key_id.clone(),
-        secret_access_key: target.secret_access_key.clone(),
-    };
-    let d = wit::replicate(key, &target)?;
+    let d = wit::replicate(key, &target.to_wit())?;
     Ok(Digest { key: d.key, size: d.size, sha256: d.sha256 })
+}
+
+/// Have the host copy `<prefix>/<key>` at `target` back into the plugin's prefix as `key`
+/// (contract 0.3.3): the length and SHA-256 of what it wrote, `None` when the target holds no
+/// such object. An object at `key` is replaced, and nothing is judged for you: compare the
+/// digest with your record of the object before you trust it (and delete the copy when it
+/// differs). Refused as [`replicate`] is.
+pub fn recover(key: &str, target: &S3Target) -> Result<Option<Digest>> {
+    Ok(wit::recover(key, &target.to_wit())?.map(|d| Digest { key: d.key, size: d.size, sha256: d.sha256 }))
+}
+
+impl S3Target {
+    fn to_wit(&self) -> wit::S3Target {
+        wit::S3Target {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
+            access_key_id: self.access_key_id.clone(),
+            secret_access_key: self.secret_access_key.clone(),
+        }
+    }
 }

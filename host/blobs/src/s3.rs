@@ -326,6 +326,21 @@ impl S3Blobs {
         Ok(Some(held))
     }
 
+    /// Copy `key` of this (external) bucket into `dest` as `dest_key`, streamed: the length and
+    /// SHA-256 of what was written there (none when this bucket holds no `key`). An object at
+    /// `dest_key` is replaced; what was read is not trusted here — the caller compares the digest
+    /// with what it expects, and deletes the copy when it differs.
+    pub async fn recover(&self, key: &str, dest: &Blobs, dest_key: &str) -> Result<Option<ObjectDigest>> {
+        let Some((_, reader)) = self.get(key).await.map_err(|r| self.named(r))? else {
+            return Ok(None);
+        };
+        let read = std::sync::Arc::new(std::sync::Mutex::new(crate::digest::Digesting::default()));
+        let body = crate::digest::DigestReader::new(reader, read.clone());
+        dest.backend().put(dest_key, Box::pin(body), PutMode::Overwrite).await?;
+        let read = read.lock().map(|d| d.clone()).unwrap_or_default().finish();
+        Ok(Some(read))
+    }
+
     /// Where the bucket lives, for messages: the endpoint, or the AWS region.
     fn location(&self) -> String {
         match &self.endpoint {

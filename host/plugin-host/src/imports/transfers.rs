@@ -1,7 +1,7 @@
 //! `transfers` (0.2.1): tickets for moving a blob of the plugin's own prefix over HTTP through
 //! the host ([`crate::transfers`]), and the digest a plugin checks an object against. Gated by
 //! the `blobs` capability: a ticket reaches nothing the plugin could not read or write itself.
-//! `replicate` (0.2.2) also needs the `http` grant of the target's origin: it reaches out, with
+//! `replicate` (0.2.2) and `recover` (0.3.3) also need the `http` grant of the target's origin: they reach out, with
 //! the blobs' S3 client (the `s3` feature; a host built without it, like the SDK's test harness,
 //! refuses it `transfers-unavailable`).
 
@@ -78,10 +78,50 @@ impl transfers::Host for CallData {
         ))
     }
 
+    #[cfg(not(feature = "s3"))]
+    async fn recover(&mut self, key: String, _target: transfers::S3Target) -> WitResult<Option<transfers::ObjectDigest>> {
+        self.changing()?;
+        self.transfer_key(&key)?;
+        Err(refusal(
+            "transfers-unavailable",
+            "this host is built without S3 (capstan-plugin-host's `s3` feature): it recovers from no S3 target".into(),
+            json!({}),
+        ))
+    }
+
+    #[cfg(feature = "s3")]
+    async fn recover(&mut self, key: String, target: transfers::S3Target) -> WitResult<Option<transfers::ObjectDigest>> {
+        self.changing()?;
+        let (prefix, full) = self.transfer_key(&key)?;
+        let bucket = target.bucket.clone();
+        let (opened, origin) = self.open_target(target).await?;
+        let Some(copy) = opened.recover(&key, &prefix.blobs, &full).await.map_err(to_wit)? else {
+            return Ok(None);
+        };
+        tracing::info!(plugin = %self.plugin(), request_id = %self.request_id, %origin, %bucket, size = copy.size, "object recovered from an S3 target");
+        Ok(Some(transfers::ObjectDigest { key, size: copy.size, sha256: copy.sha256 }))
+    }
+
     #[cfg(feature = "s3")]
     async fn replicate(&mut self, key: String, target: transfers::S3Target) -> WitResult<transfers::ObjectDigest> {
         self.changing()?;
         let (prefix, full) = self.transfer_key(&key)?;
+        let bucket = target.bucket.clone();
+        let (opened, origin) = self.open_target(target).await?;
+        let copied = opened.replicate(&prefix.blobs, &full, &key).await.map_err(to_wit)?;
+        let Some(copy) = copied else {
+            return Err(refusal("not-found", format!("there is no object {key} to replicate"), json!({ "key": key })));
+        };
+        tracing::info!(plugin = %self.plugin(), request_id = %self.request_id, %origin, %bucket, size = copy.size, "object replicated to an S3 target");
+        Ok(transfers::ObjectDigest { key, size: copy.size, sha256: copy.sha256 })
+    }
+}
+
+impl CallData {
+    /// The external S3 `target`, opened through the plugin's `http` grant of its origin (its
+    /// addresses checked as `http.fetch` checks them); and that origin, for the log.
+    #[cfg(feature = "s3")]
+    async fn open_target(&mut self, target: transfers::S3Target) -> WitResult<(S3Blobs, String)> {
         let endpoint = target.endpoint.trim();
         let url = reqwest::Url::parse(endpoint).map_err(|_| {
             refusal(
@@ -95,7 +135,7 @@ impl transfers::Host for CallData {
             &S3Target {
                 endpoint: endpoint.to_string(),
                 region: target.region,
-                bucket: target.bucket.clone(),
+                bucket: target.bucket,
                 prefix: target.prefix,
                 access_key_id: target.access_key_id,
                 secret_access_key: SecretString::new(target.secret_access_key),
@@ -103,11 +143,6 @@ impl transfers::Host for CallData {
             outbound.reach(),
         )
         .map_err(to_wit)?;
-        let copied = opened.replicate(&prefix.blobs, &full, &key).await.map_err(to_wit)?;
-        let Some(copy) = copied else {
-            return Err(refusal("not-found", format!("there is no object {key} to replicate"), json!({ "key": key })));
-        };
-        tracing::info!(plugin = %self.plugin(), request_id = %self.request_id, %origin, bucket = %target.bucket, size = copy.size, "object replicated to an S3 target");
-        Ok(transfers::ObjectDigest { key, size: copy.size, sha256: copy.sha256 })
+        Ok((opened, origin.to_string()))
     }
 }
