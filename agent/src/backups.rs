@@ -26,7 +26,7 @@ use flate2::write::GzEncoder;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -35,6 +35,7 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 use zeroize::Zeroizing;
 
 /// The private directory of archives in flight, under the volumes directory.
@@ -60,7 +61,22 @@ struct Backups {
     /// Services with an archive or a restore running: a second one for the same service waits
     /// for none, it is refused `backup-busy` (retryable).
     busy: Arc<Mutex<HashSet<String>>>,
+    /// Archives running on their own (asked with `waitMs`), by backup id, until their outcome is
+    /// taken (or an hour after it came).
+    jobs: Arc<Mutex<HashMap<String, Job>>>,
 }
+
+/// An archive running on its own: when it began, and its outcome once it came.
+#[derive(Clone)]
+struct Job {
+    started: std::time::Instant,
+    done: watch::Receiver<Option<Result<Value, Refusal>>>,
+}
+
+/// The longest one poll of an archive waits for it.
+const MAX_POLL_WAIT: Duration = Duration::from_secs(25);
+/// How long an archive's outcome waits to be taken.
+const KEEP_OUTCOME: Duration = Duration::from_secs(3600);
 
 struct ArchiveMethod(Arc<Backups>);
 struct RestoreMethod(Arc<Backups>);
@@ -73,7 +89,10 @@ impl Handler for ArchiveMethod {
     fn handle<'a>(&'a self, ctx: &'a RelayContext, body: Value) -> Answer<'a> {
         Box::pin(async move {
             this_node(ctx, &body)?;
-            self.0.archive(body).await
+            match body.get("waitMs").map(|w| w.as_u64().ok_or_else(|| invalid("waitMs", "must be a whole number of milliseconds"))) {
+                Some(wait) => self.0.archive_polled(body.clone(), Duration::from_millis(wait?)).await,
+                None => self.0.archive(body).await,
+            }
         })
     }
 }
@@ -138,7 +157,7 @@ impl Backups {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Refusal::internal(format!("building the HTTP client: {e}")))?;
-        Ok(Backups { state, root, http, busy: Arc::default() })
+        Ok(Backups { state, root, http, busy: Arc::default(), jobs: Arc::default() })
     }
 
     /// The origin of the Capstan this node is enrolled with.
@@ -157,6 +176,44 @@ impl Backups {
                 .retryable());
         }
         Ok(Busy { set: self.busy.clone(), service_id: service_id.to_string() })
+    }
+
+    /// `backups.archive` with `waitMs`: the archive of `backupId` runs on its own — begun by the
+    /// first such request, its upload ticket that request's — and each request waits at most
+    /// `waitMs` (≤ 25 s) for it: its answer once it is done (then it is forgotten), else
+    /// `{"running": true, "backupId", "elapsedMs"}`, so an archive longer than one request (or
+    /// one reconcile pass of the manager) goes on, asked again until done.
+    async fn archive_polled(self: &Arc<Self>, body: Value, wait: Duration) -> Result<Value, Refusal> {
+        let backup_id = id_field(&body, "backupId")?.to_string();
+        let job = {
+            let mut jobs = self.jobs.lock().map_err(|_| Refusal::internal("the archive jobs' lock is poisoned"))?;
+            jobs.retain(|_, job| job.done.borrow().is_none() || job.started.elapsed() < KEEP_OUTCOME);
+            match jobs.get(&backup_id) {
+                Some(job) => job.clone(),
+                None => {
+                    let (outcome, done) = watch::channel(None);
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        let _ = outcome.send(Some(this.archive(body).await));
+                    });
+                    let job = Job { started: std::time::Instant::now(), done };
+                    jobs.insert(backup_id.clone(), job.clone());
+                    job
+                }
+            }
+        };
+        let mut done = job.done.clone();
+        let waited = tokio::time::timeout(wait.min(MAX_POLL_WAIT), async { done.wait_for(Option::is_some).await.map(|o| o.clone()) }).await;
+        match waited {
+            Ok(Ok(Some(outcome))) => {
+                if let Ok(mut jobs) = self.jobs.lock() {
+                    jobs.remove(&backup_id);
+                }
+                outcome
+            }
+            Ok(_) => Err(Refusal::internal("the archiving job stopped without an outcome")),
+            Err(_) => Ok(json!({ "running": true, "backupId": backup_id, "elapsedMs": job.started.elapsed().as_millis() as u64 })),
+        }
     }
 
     async fn archive(&self, body: Value) -> Result<Value, Refusal> {
@@ -1042,6 +1099,25 @@ mod tests {
 
     async fn archived(fx: &Fixture, volumes: &[&str]) -> Value {
         fx.call("backups.archive", fx.archive_body(volumes, "trn_up", "tok-up", 10_000_000)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_archive_asked_with_wait_ms_runs_on_its_own_and_is_answered_to_a_later_request() {
+        let fx = fixture().await;
+        populate(&fx);
+        let whole = archived(&fx, &["data", "config"]).await;
+        let mut body = fx.archive_body(&["data", "config"], "trn_up", "tok-up", 10_000_000);
+        body["waitMs"] = json!(0);
+        let first = fx.call("backups.archive", body.clone()).await.unwrap();
+        assert_eq!((first["running"].as_bool(), first["backupId"].as_str()), (Some(true), Some("bkp_1")), "{first}");
+        // the next request (its ticket unused: the running archive has one) waits for the outcome
+        body["waitMs"] = json!(20_000);
+        body["upload"]["token"] = json!("not-presented");
+        let done = fx.call("backups.archive", body.clone()).await.unwrap();
+        assert_eq!((done["size"].clone(), done["sha256"].clone()), (whole["size"].clone(), whole["sha256"].clone()), "{done}");
+        // a bad wait is refused by name
+        body["waitMs"] = json!("soon");
+        assert_eq!(fx.call("backups.archive", body).await.unwrap_err().code, "backup-request-invalid");
     }
 
     #[tokio::test]

@@ -283,7 +283,7 @@ fn a_service_volume_is_backed_up_by_its_agent_restored_byte_for_byte_refused_whe
     assert_eq!(kept, expected, "only the kept backups' objects remain");
 
     match AuthS3::from_env() {
-        Some(s3) => external_target(&server, &admin, &root.join("cli-config"), &data, &org_id, [&newest[1], &newest[2]], &s3),
+        Some(s3) => external_target(&server, &admin, &root.join("cli-config"), (&data, &volume), &org_id, [&newest[1], &newest[2]], &s3),
         None => eprintln!(
             "external target part skipped: CAPSTAN_TEST_S3_AUTH_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY are not set \
              (an S3 server that checks credentials; .ci/peers.sh starts moto with IAM authentication)"
@@ -458,7 +458,15 @@ impl AuthS3 {
 
 /// Replication to the external target: fails closed without credentials and with wrong ones,
 /// then lands every object exact, and the manifest.
-fn external_target(server: &Capstan, admin: &str, config: &Path, data: &Path, org_id: &str, [older, backup_id]: [&str; 2], s3: &AuthS3) {
+fn external_target(
+    server: &Capstan,
+    admin: &str,
+    config: &Path,
+    (data, volume): (&Path, &Path),
+    org_id: &str,
+    [older, backup_id]: [&str; 2],
+    s3: &AuthS3,
+) {
     let prefix = format!("e2e-{:08x}", rand::random::<u32>());
     let settings = ok(server, admin, "settings.get", json!({}));
     let set = json!({
@@ -535,4 +543,24 @@ fn external_target(server: &Capstan, admin: &str, config: &Path, data: &Path, or
     assert_eq!(refused_copy["state"], "corrupt", "a changed archive marks the backup corrupt: {refused_copy}");
     let older_keys = [format!("{prefix}/backups/{older}/volumes.tar.gz"), format!("{prefix}/backups/{older}/manifest.json")];
     assert!(s3.objects(&older_keys).is_empty(), "nothing of a corrupt backup goes out");
+
+    // ---- Capstan's own copy gone: a restore brings every object back from the target, checks
+    // it against the record, and restores from it ----
+    // the files beside the database (which the restore puts back as its closure)
+    let files = |volume: &Path| -> BTreeMap<String, Vec<u8>> { tree(volume).into_iter().filter(|(k, _)| !k.starts_with("db/")).collect() };
+    let backed_up = files(volume);
+    std::fs::write(volume.join("a.txt"), "after the copy went out\n").unwrap();
+    let objects = done["objects"].as_array().unwrap();
+    for object in objects {
+        std::fs::remove_file(object_file(data, object["key"].as_str().unwrap())).unwrap();
+    }
+    let restore = ok(server, admin, "backups.restore", get.clone());
+    let restore = settled(server, admin, "backups.getRestore", json!({ "organizationId": org_id, "restoreId": restore["id"] }));
+    assert_eq!(restore["state"], "complete", "{restore}");
+    assert_eq!(files(volume), backed_up, "restored byte for byte from the external target's copy");
+    for object in objects {
+        let back = std::fs::read(object_file(data, object["key"].as_str().unwrap())).unwrap();
+        assert_eq!(hex::encode(Sha256::digest(&back)), object["sha256"].as_str().unwrap(), "the object is Capstan's again, as recorded");
+    }
+    assert_eq!(ok(server, admin, "backups.get", get.clone())["state"], "complete");
 }

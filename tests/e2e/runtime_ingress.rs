@@ -6,8 +6,9 @@
 //! once both replicas run v2), during a release that exits at once and its
 //! rollback, and counts every failed one; the ingress then follows the replica moved from node
 //! to node; an app installed from a signed catalog onto the cluster starts on the node named and
-//! answers through the ingress; a volume is backed up and restored byte for byte with its
-//! replica stopped and started around the restore. Skips as the runtime test does.
+//! answers through the ingress; an every-node service's volumes are backed up as parts of one
+//! backup (each node's agent taking its own) and restored byte for byte with the replicas
+//! stopped and started around the restore. Skips as the runtime test does.
 
 use crate::ingress::through_at;
 use crate::runtime::{CONVERGE, Images, Node, World, skipped};
@@ -242,8 +243,9 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
         other => Err(format!("{other:?}")),
     });
 
-    // ---- a volume backed up by the relay's node and restored with its replica stopped and
-    // started around it ----
+    // ---- an every-node service's volumes backed up as one backup, a part from each node (each
+    // taken by its own node's agent over its runtime session, one of them carried by the relay),
+    // and restored byte for byte with the replicas stopped and started around it ----
     let image = format!("127.0.0.1:{}/{}@{}", w.port, deployed["repository"].as_str().unwrap(), deployed["digest"].as_str().unwrap());
     let notes = w.ok(
         "services.create",
@@ -255,13 +257,18 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
         .to_string();
     w.ok(
         "runtime.setServiceSpec",
-        json!({ "serviceId": notes, "clusterId": cluster, "expectedRevision": null, "placement": { "nodes": [nodes[0].id()] },
+        json!({ "serviceId": notes, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true },
                 "replicasPerNode": 1, "health": { "kind": "http", "port": 8080, "path": "/", "intervalMs": 1000, "threshold": 2 } }),
     );
-    let volume = nodes[0].volumes_dir().join(&notes).join("data");
-    let first = w.converged(&notes, "notes runs on the relay's node", |t| t["slots"].as_array().is_some_and(|s| s.len() == 1));
-    std::fs::write(volume.join("note.txt"), "first\n").unwrap();
-    assert_eq!(nodes[0].fetch_at(18082, "/data/note.txt", 5).as_deref(), Some("first"), "the container serves its volume");
+    let first = w.converged(&notes, "notes runs on both nodes", |t| t["slots"].as_array().is_some_and(|s| s.len() == 2));
+    let volume = |node: &Node| node.volumes_dir().join(&notes).join("data");
+    let note = |node: &Node| node.fetch_at(18082, "/data/note.txt", 5);
+    let mut ids: Vec<&str> = nodes.iter().map(|n| n.id()).collect();
+    ids.sort();
+    for (i, node) in nodes.iter().enumerate() {
+        std::fs::write(volume(node).join("note.txt"), format!("first on {i}\n")).unwrap();
+        assert_eq!(note(node), Some(format!("first on {i}")), "each node's container serves its own volume");
+    }
     let backup = w.ok("backups.create", json!({ "organizationId": org, "serviceId": notes }));
     let settle = |method: &str, body: Value| {
         eventually(&format!("{method} settling"), CONVERGE, || {
@@ -273,9 +280,14 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
         })
     };
     let backup = settle("backups.get", json!({ "organizationId": org, "backupId": backup["id"] }));
-    assert_eq!((backup["state"].as_str(), backup["nodeId"].as_str()), (Some("complete"), Some(nodes[0].id())), "{backup}");
-    std::fs::write(volume.join("note.txt"), "second\n").unwrap();
-    assert_eq!(nodes[0].fetch_at(18082, "/data/note.txt", 5).as_deref(), Some("second"));
+    assert_eq!(backup["state"], "complete", "{backup}\n{}", nodes[0].relay_log());
+    assert_eq!(backup["nodes"], json!(ids), "one backup, a part from each node: {backup}");
+    let parts: Vec<&str> = backup["objects"].as_array().unwrap().iter().filter_map(|o| o["nodeId"].as_str()).collect();
+    assert_eq!(parts, ids, "each part's archive names its node: {backup}");
+    for (i, node) in nodes.iter().enumerate() {
+        std::fs::write(volume(node).join("note.txt"), format!("second on {i}\n")).unwrap();
+        assert_eq!(note(node), Some(format!("second on {i}")));
+    }
     let restore = w.ok("backups.restore", json!({ "organizationId": org, "backupId": backup["id"] }));
     let held = eventually("the restore holds the spec", CONVERGE, || {
         let record = w.ok("backups.getRestore", json!({ "organizationId": org, "restoreId": restore["id"] }));
@@ -283,16 +295,17 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     });
     let restored = settle("backups.getRestore", json!({ "organizationId": org, "restoreId": restore["id"] }));
     assert_eq!(restored["state"], "complete", "{restored}\n{}", nodes[0].relay_log());
-    let started = w.converged(&notes, "notes runs again after the restore", |t| {
-        t["slots"].as_array().is_some_and(|s| s.len() == 1 && s[0]["assignmentId"] != first["slots"][0]["assignmentId"])
+    assert_eq!(restored["nodes"], json!(ids), "each part lands on its own node: {restored}");
+    let before: Vec<&Value> = first["slots"].as_array().unwrap().iter().map(|s| &s["assignmentId"]).collect();
+    let started = w.converged(&notes, "notes runs again on both nodes after the restore", |t| {
+        t["slots"].as_array().is_some_and(|s| s.len() == 2 && s.iter().all(|slot| !before.contains(&&slot["assignmentId"])))
     });
-    assert_eq!(nodes[0].fetch_at(18082, "/data/note.txt", 5).as_deref(), Some("first"), "restored byte for byte, and served");
+    for (i, node) in nodes.iter().enumerate() {
+        assert_eq!(note(node), Some(format!("first on {i}")), "node {i}'s part restored byte for byte onto it, and served");
+    }
     let spec = w.ok("runtime.getServiceSpec", json!({ "serviceId": notes, "clusterId": cluster }));
     assert_eq!(spec["items"][0]["hold"], false, "the hold is released: {spec}");
-    eprintln!(
-        "restore: held {} (spec revision), replica {} replaced by {}",
-        held["held"], first["slots"][0]["assignmentId"], started["slots"][0]["assignmentId"]
-    );
+    eprintln!("restore: held {} (spec revision), replicas {before:?} replaced by {}", held["held"], started["slots"]);
 
     for node in &mut nodes {
         node.stop_agent(false);

@@ -27,12 +27,12 @@ pub(crate) fn hold(service_id: &str, cluster_id: &str) -> Result<Option<Held>> {
     Ok(Some(Held { cluster_id: cluster_id.to_string(), spec_revision: written.revision, ours: true }))
 }
 
-/// Whether no replica of the service on `node_id` runs: each there is meant to stop or be
+/// Whether no replica of the service on `nodes` runs: each there is meant to stop or be
 /// removed and its node said it did.
-pub(crate) fn stopped_on(service_id: &str, node_id: &str) -> Result<bool> {
+pub(crate) fn stopped_on(service_id: &str, nodes: &[&str]) -> Result<bool> {
     Ok(runtime::service_replicas(service_id)?
         .iter()
-        .filter(|r| r.node_id == node_id)
+        .filter(|r| nodes.contains(&r.node_id.as_str()))
         .all(|r| r.intent != Intent::Run && matches!(r.phase.as_str(), "stopped" | "removed")))
 }
 

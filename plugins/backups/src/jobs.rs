@@ -14,7 +14,9 @@
 //! a restore whose service runs on its cluster waits `stopping` until none runs on its node.
 
 use crate::hold;
-use crate::records::{BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State};
+use crate::records::{
+    Archiving, BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State, nodes_of,
+};
 use crate::retention::prune;
 use crate::settings::settings;
 use capstan_sdk::now_ms;
@@ -28,6 +30,16 @@ use std::time::Duration;
 const STALE_MS: u64 = 3 * 60 * 1000;
 /// How long the agent has to present a ticket.
 const TICKET_TTL_MS: u32 = 60_000;
+/// How long the agent has to present an archive's upload ticket: it makes the archive first,
+/// for as long as that takes (the longest a ticket lives).
+const ARCHIVE_TICKET_TTL_MS: u32 = 3_600_000;
+/// How long one ask for an archive waits for it (within the job's budget of the pass).
+const ARCHIVE_WAIT_MS: u64 = 8_000;
+/// How soon an archive still being made is asked for again.
+const ARCHIVE_LOOK_AGAIN_MS: u64 = 2_000;
+/// How long a part may stay unfinished (its archive still being made, or its node unreachable)
+/// before the backup fails.
+const ARCHIVE_LIMIT_MS: u64 = 60 * 60 * 1000;
 /// A job is started only with at least this much of the pass left.
 pub(crate) const JOB_BUDGET: Duration = Duration::from_secs(12);
 /// How long a restore waits for the service's replicas on its node to stop.
@@ -43,19 +55,21 @@ pub(crate) enum Job {
 pub(crate) fn next_job() -> Result<Option<Job>> {
     let pending = json!(State::Pending.as_str());
     let backups = store::find::<Backup>(BACKUPS, "by_state", std::slice::from_ref(&pending), None, 500)?;
-    if let Some(b) = backups.documents.into_iter().min_by_key(|d| d.data.created_at_ms) {
+    let now = now_ms();
+    // a part whose archive is still being made is asked for again from its time on
+    let due = backups.documents.into_iter().filter(|d| d.data.archiving.as_ref().is_none_or(|a| a.next_look_at_ms <= now));
+    if let Some(b) = due.min_by_key(|d| d.data.created_at_ms) {
         return Ok(Some(Job::Backup(Box::new(b))));
     }
     let restores = store::find::<Restore>(RESTORES, "by_state", &[pending], None, 500)?;
     if let Some(r) = restores.documents.into_iter().min_by_key(|d| d.data.created_at_ms) {
         return Ok(Some(Job::Restore(Box::new(r))));
     }
-    let now = now_ms();
     let mut stopping = store::find::<Restore>(RESTORES, "by_state", &[json!(State::Stopping.as_str())], None, 500)?.documents;
     stopping.sort_by_key(|d| d.data.created_at_ms);
     for doc in stopping {
         let waited_out = doc.data.started_at_ms.is_some_and(|t| now.saturating_sub(t) > STOP_WAIT_MS);
-        if waited_out || hold::stopped_on(&doc.data.service_id, &doc.data.node_id)? {
+        if waited_out || hold::stopped_on(&doc.data.service_id, &nodes_of(&doc.data.node_id, &doc.data.nodes))? {
             return Ok(Some(Job::Restore(Box::new(doc))));
         }
     }
@@ -67,12 +81,35 @@ pub(crate) fn stopping() -> Result<bool> {
     Ok(!store::find::<Restore>(RESTORES, "by_state", &[json!(State::Stopping.as_str())], None, 1)?.documents.is_empty())
 }
 
-fn object_key(backup_id: &str) -> String {
-    format!("{OBJECTS}{backup_id}/volumes.tar.gz")
+/// Where a part's objects live: `backups/<backupId>/` for a backup of one node,
+/// `backups/<backupId>/<nodeId>/` for each part of one of several.
+fn part_prefix(backup_id: &str, part: Option<&str>) -> String {
+    match part {
+        None => format!("{OBJECTS}{backup_id}/"),
+        Some(node) => format!("{OBJECTS}{backup_id}/{node}/"),
+    }
 }
 
-fn closure_key(backup_id: &str) -> String {
-    format!("{OBJECTS}{backup_id}/database.sqlite")
+fn object_key(backup_id: &str, part: Option<&str>) -> String {
+    format!("{}volumes.tar.gz", part_prefix(backup_id, part))
+}
+
+fn closure_key(backup_id: &str, part: Option<&str>) -> String {
+    format!("{}database.sqlite", part_prefix(backup_id, part))
+}
+
+/// Ask the agent of `node` (of `cluster_id`) for `method`: over the node's runtime session, or —
+/// a node without one (its agent runs no workloads, or an older one) — through its cluster's
+/// relay, which answers only for the node it runs on (`backup-node-foreign` for another).
+fn ask_node<T: serde::de::DeserializeOwned>(cluster_id: &str, node: &str, method: &str, body: &Value) -> Result<T> {
+    match agents::call_node::<T>(node, method, body) {
+        Err(away) if away.is("node-not-connected") => match agents::call(cluster_id, method, body) {
+            // the relay runs elsewhere: the node itself is what is away
+            Err(r) if r.is("backup-node-foreign") => Err(away),
+            answered => answered,
+        },
+        answered => answered,
+    }
 }
 
 /// What the agent answers `backups.archive`: the archive, and the database closure when one
@@ -94,20 +131,61 @@ struct Sent {
 
 pub(crate) fn run_backup(doc: Doc<Backup>) -> Result<()> {
     let Some(mut doc) = start(BACKUPS, doc, |b| {
+        let now = now_ms();
         b.state = State::Running;
-        b.started_at_ms = Some(now_ms());
+        b.started_at_ms = b.started_at_ms.or(Some(now));
+        b.pass_started_at_ms = Some(now);
     })?
     else {
         return Ok(());
     };
-    let outcome = take_backup(&doc);
+    let nodes: Vec<String> = nodes_of(&doc.data.node_id, &doc.data.nodes).into_iter().map(String::from).collect();
+    let several = nodes.len() > 1;
+    // one part a job: a backup of several nodes goes on across passes, never failed for taking long
+    let next = nodes.iter().find(|n| !doc.data.objects.iter().any(|o| o.node_id.as_deref() == Some(n.as_str())));
+    let part = match next {
+        Some(node) => take_part(&doc, node, several),
+        None => Ok(Part::Stored(Vec::new())),
+    };
     let backup = &mut doc.data;
+    let outcome = match part {
+        Ok(Part::Waiting { node, unreachable }) => {
+            let now = now_ms();
+            let archiving =
+                backup.archiving.get_or_insert(Archiving { node_id: node.clone(), since_ms: now, next_look_at_ms: now, unreachable: None });
+            if now.saturating_sub(archiving.since_ms) <= ARCHIVE_LIMIT_MS {
+                // it goes on: asked again a little later, on a pass with the time for it
+                archiving.next_look_at_ms = now + ARCHIVE_LOOK_AGAIN_MS;
+                archiving.unreachable = unreachable;
+                backup.state = State::Pending;
+                store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit()?;
+                return Ok(());
+            }
+            Err(Verdict::Failed(unreachable.unwrap_or(Reason {
+                code: "backup-archive-timeout".into(),
+                message: format!("the archive of {node} was not done within an hour; nothing was kept"),
+            })))
+        }
+        Ok(Part::Stored(objects)) => {
+            backup.archiving = None;
+            backup.objects.extend(objects);
+            let done = nodes.iter().filter(|n| !several || backup.objects.iter().any(|o| o.node_id.as_deref() == Some(n.as_str()))).count();
+            if several && done < nodes.len() {
+                // the next part on the next job (a pass takes several when it has the time)
+                backup.state = State::Pending;
+                capstan_sdk::info!("backup {}: the part of {} nodes of {} is stored", doc.id, done, nodes.len());
+                store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit()?;
+                return Ok(());
+            }
+            Ok(())
+        }
+        Err(verdict) => Err(verdict),
+    };
     backup.finished_at_ms = Some(now_ms());
     match outcome {
-        Ok(objects) => {
+        Ok(()) => {
             backup.state = State::Complete;
-            backup.size = objects.iter().map(|o| o.size).sum();
-            backup.objects = objects;
+            backup.size = backup.objects.iter().map(|o| o.size).sum();
             if settings()?.target().is_some() {
                 backup.replica_state = Some(ReplicaState::Pending);
             }
@@ -115,13 +193,14 @@ pub(crate) fn run_backup(doc: Doc<Backup>) -> Result<()> {
         Err(Verdict::Corrupt(reason, objects)) => {
             backup.state = State::Corrupt;
             backup.reason = Some(reason);
-            backup.objects = objects;
+            backup.objects.extend(objects);
         }
         Err(Verdict::Failed(reason)) => {
             backup.state = State::Failed;
             backup.reason = Some(reason);
             // nothing of a failed backup is kept
-            delete_objects(&doc.id);
+            delete_objects(&doc.id, &nodes);
+            backup.objects.clear();
         }
     }
     let (service, state) = (backup.service_id.clone(), backup.state);
@@ -139,9 +218,15 @@ enum Verdict {
 }
 
 /// Every object a backup may have stored (a failed or interrupted one keeps none).
-fn delete_objects(backup_id: &str) {
-    let _ = blobs::delete(&object_key(backup_id));
-    let _ = blobs::delete(&closure_key(backup_id));
+fn delete_objects(backup_id: &str, nodes: &[String]) {
+    let parts: Vec<Option<&str>> = match nodes {
+        [_] | [] => vec![None],
+        nodes => nodes.iter().map(|n| Some(n.as_str())).collect(),
+    };
+    for part in parts {
+        let _ = blobs::delete(&object_key(backup_id, part));
+        let _ = blobs::delete(&closure_key(backup_id, part));
+    }
 }
 
 impl From<Refusal> for Verdict {
@@ -150,22 +235,26 @@ impl From<Refusal> for Verdict {
     }
 }
 
-/// Have the agent archive the volumes (and take the database's closure, when the service
-/// declares one), each uploaded with a ticket of its own, then verify what the blob store holds.
-fn take_backup(doc: &Doc<Backup>) -> std::result::Result<Vec<Object>, Verdict> {
+/// Have the agent of `node` archive its volumes (and take the database's closure, when the
+/// service declares one), each uploaded with a ticket of its own, then verify what the blob
+/// store holds. The objects name their node when the backup has `several` parts.
+fn take_part(doc: &Doc<Backup>, node: &str, several: bool) -> std::result::Result<Part, Verdict> {
     let backup = &doc.data;
+    let part = several.then_some(node);
     let max_bytes = settings()?.backup_max_bytes.clamp(1, 16 << 30);
-    let (key, closure) = (object_key(&doc.id), closure_key(&doc.id));
-    let upload = transfers::upload(&key, max_bytes, TICKET_TTL_MS)?;
+    let (key, closure) = (object_key(&doc.id, part), closure_key(&doc.id, part));
+    let upload = transfers::upload(&key, max_bytes, ARCHIVE_TICKET_TTL_MS)?;
+    // the archive runs on its own on the node: each ask waits a while, then asks again later
     let mut body = json!({
         "serviceId": backup.service_id,
         "backupId": doc.id,
-        "nodeId": backup.node_id,
+        "nodeId": node,
         "volumes": backup.volumes,
         "upload": { "url": upload.url, "token": upload.token, "maxBytes": max_bytes },
+        "waitMs": ARCHIVE_WAIT_MS,
     });
     if let Some(db) = &backup.database {
-        let upload = transfers::upload(&closure, max_bytes, TICKET_TTL_MS)?;
+        let upload = transfers::upload(&closure, max_bytes, ARCHIVE_TICKET_TTL_MS)?;
         body["database"] = json!({
             "engine": db.engine,
             "volume": db.volume,
@@ -173,8 +262,21 @@ fn take_backup(doc: &Doc<Backup>) -> std::result::Result<Vec<Object>, Verdict> {
             "upload": { "url": upload.url, "token": upload.token, "maxBytes": max_bytes },
         });
     }
-    let sent: Archived = agents::call(&backup.cluster_id, "backups.archive", &body)?;
-    let mut objects = vec![stored_object(&key, "volumes", &Sent { size: sent.size, sha256: sent.sha256 })?];
+    let sent: Archived = match ask_node::<Value>(&backup.cluster_id, node, "backups.archive", &body) {
+        Ok(answer) if answer["running"] == true => return Ok(Part::Waiting { node: node.to_string(), unreachable: None }),
+        Ok(answer) => serde_json::from_value(answer).map_err(|e| {
+            Verdict::Failed(Reason {
+                code: "agent-answer-invalid".into(),
+                message: format!("the agent's answer to backups.archive does not read: {e}"),
+            })
+        })?,
+        // the node is away for now (restarting, its session moving): asked again later
+        Err(r) if r.is_retryable() => {
+            return Ok(Part::Waiting { node: node.to_string(), unreachable: Some(Reason::from(&r)) });
+        }
+        Err(r) => return Err(r.into()),
+    };
+    let mut objects = vec![stored_object(&key, "volumes", &Sent { size: sent.size, sha256: sent.sha256 }, part)?];
     if backup.database.is_some() {
         let Some(database) = &sent.database else {
             return Err(Verdict::Failed(Reason {
@@ -182,23 +284,32 @@ fn take_backup(doc: &Doc<Backup>) -> std::result::Result<Vec<Object>, Verdict> {
                 message: "the agent took no database closure: it is older than this manager; nothing was kept".into(),
             }));
         };
-        objects.push(stored_object(&closure, "database", database)?);
+        objects.push(stored_object(&closure, "database", database, part)?);
     }
     if let Some(reason) = objects.iter().find_map(|(_, mismatch)| mismatch.clone()) {
         return Err(Verdict::Corrupt(reason, objects.into_iter().map(|(o, _)| o).collect()));
     }
-    Ok(objects.into_iter().map(|(o, _)| o).collect())
+    Ok(Part::Stored(objects.into_iter().map(|(o, _)| o).collect()))
+}
+
+/// Where one part is.
+enum Part {
+    /// Its objects, stored and verified.
+    Stored(Vec<Object>),
+    /// Its archive is still being made on `node` (or the node could not be reached: why).
+    Waiting { node: String, unreachable: Option<Reason> },
 }
 
 /// The object the blob store holds at `key`, and why it is not what the agent sent, if it is not.
-fn stored_object(key: &str, kind: &str, sent: &Sent) -> std::result::Result<(Object, Option<Reason>), Verdict> {
+fn stored_object(key: &str, kind: &str, sent: &Sent, part: Option<&str>) -> std::result::Result<(Object, Option<Reason>), Verdict> {
     let Some(stored) = transfers::digest(key)? else {
         return Err(Verdict::Failed(Reason {
             code: "backup-object-missing".into(),
             message: format!("the agent reported an upload of {kind} the blob store does not hold"),
         }));
     };
-    let object = Object { key: key.to_string(), kind: kind.into(), size: stored.size, sha256: stored.sha256 };
+    let object =
+        Object { key: key.to_string(), kind: kind.into(), size: stored.size, sha256: stored.sha256, node_id: part.map(String::from) };
     let mismatch = (object.size != sent.size || object.sha256 != sent.sha256).then(|| Reason {
         code: "backup-object-mismatch".into(),
         message: format!(
@@ -231,10 +342,15 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
             Ok(None) => apply_restore(&doc),
             Err(r) => Err(Reason::from(&r)),
         },
-        false if hold::stopped_on(&doc.data.service_id, &doc.data.node_id).unwrap_or(false) => apply_restore(&doc),
+        false if hold::stopped_on(&doc.data.service_id, &nodes_of(&doc.data.node_id, &doc.data.nodes)).unwrap_or(false) => {
+            apply_restore(&doc)
+        }
         false => Err(Reason {
             code: "restore-replicas-running".into(),
-            message: format!("the service's replicas on {} did not stop within 5 minutes; nothing was restored", doc.data.node_id),
+            message: format!(
+                "the service's replicas on {} did not stop within 5 minutes; nothing was restored",
+                nodes_of(&doc.data.node_id, &doc.data.nodes).join(", ")
+            ),
         }),
     };
     let restore = &mut doc.data;
@@ -294,8 +410,14 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
         });
     }
     for object in &backup.data.objects {
-        let stored = transfers::digest(&object.key).map_err(reason)?;
-        if stored.as_ref().is_none_or(|s| s.size != object.size || s.sha256 != object.sha256) {
+        let matches =
+            |stored: &Option<transfers::Digest>| stored.as_ref().is_some_and(|s| s.size == object.size && s.sha256 == object.sha256);
+        let mut stored = transfers::digest(&object.key).map_err(reason)?;
+        // Capstan's copy gone or changed: the external target's, when the backup was copied there
+        if !matches(&stored) && crate::replication::recover_object(&backup, object)? {
+            stored = transfers::digest(&object.key).map_err(reason)?;
+        }
+        if !matches(&stored) {
             let message = match stored {
                 None => format!("{} is missing from the blob store", object.key),
                 Some(s) => format!(
@@ -307,20 +429,42 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
             return Err(Reason { code: "backup-corrupt".into(), message: format!("{message}; nothing was restored") });
         }
     }
-    let Some(object) = backup.data.objects.iter().find(|o| o.kind == "volumes") else {
-        return Err(Reason { code: "backup-corrupt".into(), message: "the backup lists no volumes archive".into() });
+    let nodes = nodes_of(&restore.node_id, &restore.nodes);
+    let several = nodes.len() > 1;
+    let mut restored: Vec<&str> = Vec::new();
+    for node in &nodes {
+        // a part lands on its own node; a backup of one node on the restore's node
+        let part = |o: &&Object| !several || o.node_id.as_deref() == Some(*node);
+        let applied = restore_part(restore, &backup.data, node, backup.data.objects.iter().filter(part).collect());
+        if let Err(mut reason) = applied {
+            if !restored.is_empty() {
+                reason.message = format!("{} (restored already: {})", reason.message, restored.join(", "));
+            }
+            return Err(reason);
+        }
+        restored.push(node);
+    }
+    Ok(())
+}
+
+/// Have the agent of `node` apply its part: the volumes archive, and the database closure when
+/// the backup holds one (every object was verified before).
+fn restore_part(restore: &Restore, backup: &Backup, node: &str, objects: Vec<&Object>) -> std::result::Result<(), Reason> {
+    let reason = |r: Refusal| Reason::from(&r);
+    let Some(object) = objects.iter().find(|o| o.kind == "volumes") else {
+        return Err(Reason { code: "backup-corrupt".into(), message: format!("the backup lists no volumes archive for {node}") });
     };
     let download = transfers::download(&object.key, TICKET_TTL_MS).map_err(reason)?;
     let mut body = json!({
         "serviceId": restore.service_id,
-        "nodeId": restore.node_id,
+        "nodeId": node,
         "volumes": restore.volumes,
         "download": { "url": download.url, "token": download.token },
         "size": object.size,
         "sha256": object.sha256,
     });
-    let closure = backup.data.objects.iter().find(|o| o.kind == "database");
-    match (&backup.data.database, closure) {
+    let closure = objects.iter().find(|o| o.kind == "database");
+    match (&backup.database, closure) {
         (Some(db), Some(closure)) => {
             let download = transfers::download(&closure.key, TICKET_TTL_MS).map_err(reason)?;
             body["database"] = json!({
@@ -340,7 +484,7 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
             });
         }
     }
-    agents::call::<Value>(&restore.cluster_id, "backups.restore", &body).map_err(reason)?;
+    ask_node::<Value>(&restore.cluster_id, node, "backups.restore", &body).map_err(reason)?;
     Ok(())
 }
 
@@ -370,12 +514,13 @@ pub(crate) fn fail_interrupted(now: u64) -> Result<u32> {
     let mut failed = 0;
     let interrupted = || Some(Reason { code: "interrupted".into(), message: "the pass taking it stopped before it finished".into() });
     for mut doc in store::find::<Backup>(BACKUPS, "by_state", std::slice::from_ref(&running), None, 500)?.documents {
-        if doc.data.started_at_ms.is_some_and(|t| now.saturating_sub(t) > STALE_MS) {
+        // the pass taking its current part: a backup of several parts may go on for longer
+        if doc.data.pass_started_at_ms.or(doc.data.started_at_ms).is_some_and(|t| now.saturating_sub(t) > STALE_MS) {
             doc.data.state = State::Failed;
             doc.data.reason = interrupted();
             doc.data.finished_at_ms = Some(now);
             if store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit().is_ok() {
-                delete_objects(&doc.id);
+                delete_objects(&doc.id, &doc.data.nodes);
                 failed += 1;
             }
         }

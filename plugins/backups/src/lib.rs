@@ -48,12 +48,21 @@ struct Backups;
 impl Manager for Backups {
     fn describe() -> Descriptor {
         Descriptor::new()
-            .method("create", "Back up a service's volumes now: recorded pending, taken by its cluster's agent.", Role::Owner, create)
+            .method(
+                "create",
+                "Back up a service's volumes now: recorded pending, taken by the agents of the nodes its volumes are on.",
+                Role::Owner,
+                create,
+            )
             .method("get", "One backup: state, reason, objects with size and SHA-256.", Role::Member, get)
+            .read_only()
             .method("list", "An organization's backups (or one service's), newest first.", Role::Member, list)
+            .read_only()
             .method("restore", "Restore a complete backup into its service (or another of the organization).", Role::Owner, restore)
             .method("getRestore", "One restore: state and reason.", Role::Member, get_restore)
+            .read_only()
             .method("overview", "Every backup and restore, newest first, with the schedule and retention.", Role::Admin, overview)
+            .read_only()
             .method("runAll", "Back up every service with volumes now (what backupCron runs).", Role::Admin, run_all)
             .method("replicate", "Copy a complete backup to the external S3 target now (again, if it failed).", Role::Owner, replicate)
             .setting::<Option<String>>(

@@ -3,7 +3,8 @@
 
 use crate::placement::{ServiceView, placement, restore_placement, service_of};
 use crate::records::{
-    BACKUPS, Backup, RESTORES, ReplicaState, Restore, RunSummary, SCHEDULE, SCHEDULE_STATE, ScheduleState, Shown, State, new_id, shown,
+    BACKUPS, Backup, RESTORES, ReplicaState, Restore, RunSummary, SCHEDULE, SCHEDULE_STATE, ScheduleState, Shown, State, new_id, nodes_of,
+    placed, shown,
 };
 use crate::schedule::backup_all;
 use crate::settings::{Target, settings};
@@ -21,9 +22,8 @@ pub(crate) struct CreateInput {
     /// (`cluster-required` when there are several).
     #[serde(default)]
     cluster_id: Option<String>,
-    /// The node whose volumes are backed up: by default the one the service's replicas stand
-    /// on (`backup-nodes-several` when they stand on more than one), else the cluster's only
-    /// node (`backup-node-required`).
+    /// The node whose volumes are backed up: by default every node the service's replicas
+    /// stand on (one part per node), else the cluster's only node (`backup-node-required`).
     #[serde(default)]
     node_id: Option<String>,
 }
@@ -36,8 +36,8 @@ pub(crate) fn create(ctx: &Context, input: CreateInput) -> Result<Shown<Backup>>
             format!("service {} declares no volumes: there is nothing to back up", service.name),
         ));
     }
-    let (cluster_id, node_id) = placement(&input.service_id, input.cluster_id.as_deref(), input.node_id.as_deref())?;
-    let backup = queue_backup(&service, &input.service_id, cluster_id, node_id, "manual", ctx.caller().id())?;
+    let (cluster_id, nodes) = placement(&input.service_id, input.cluster_id.as_deref(), input.node_id.as_deref())?;
+    let backup = queue_backup(&service, &input.service_id, cluster_id, nodes, "manual", ctx.caller().id())?;
     Ok(shown(backup))
 }
 
@@ -46,17 +46,19 @@ pub(crate) fn queue_backup(
     service: &ServiceView,
     service_id: &str,
     cluster_id: String,
-    node_id: String,
+    nodes: Vec<String>,
     trigger: &str,
     by: &str,
 ) -> Result<Doc<Backup>> {
     let id = new_id("bkp");
+    let (node_id, nodes) = placed(nodes);
     let backup = Backup {
         organization_id: service.organization_id.clone(),
         service_id: service_id.to_string(),
         service_name: service.name.clone(),
         cluster_id,
         node_id,
+        nodes,
         volumes: service.volumes.iter().map(|v| v.name.clone()).collect(),
         database: service.database.clone(),
         state: State::Pending,
@@ -65,6 +67,8 @@ pub(crate) fn queue_backup(
         requested_by: by.to_string(),
         created_at_ms: now_ms(),
         started_at_ms: None,
+        pass_started_at_ms: None,
+        archiving: None,
         finished_at_ms: None,
         objects: Vec::new(),
         size: 0,
@@ -141,7 +145,9 @@ pub(crate) fn restore(ctx: &Context, input: RestoreInput) -> Result<Shown<Restor
     let service_id = input.service_id.unwrap_or_else(|| backup.data.service_id.clone());
     // the target must exist in the organization and still be in use
     service_of(&input.organization_id, &service_id)?;
-    let (cluster_id, node_id) = restore_placement(&service_id, (&backup.data.cluster_id, &backup.data.node_id))?;
+    let backup_nodes: Vec<String> = nodes_of(&backup.data.node_id, &backup.data.nodes).into_iter().map(String::from).collect();
+    let (cluster_id, nodes) = restore_placement(&service_id, (&backup.data.cluster_id, &backup_nodes))?;
+    let (node_id, nodes) = placed(nodes);
     let id = new_id("rst");
     let record = Restore {
         organization_id: input.organization_id,
@@ -149,6 +155,7 @@ pub(crate) fn restore(ctx: &Context, input: RestoreInput) -> Result<Shown<Restor
         service_id,
         cluster_id,
         node_id,
+        nodes,
         volumes: backup.data.volumes.clone(),
         state: State::Pending,
         reason: None,
@@ -329,6 +336,7 @@ mod tests {
                 service_name: name.into(),
                 cluster_id: "c".into(),
                 node_id: "n".into(),
+                nodes: Vec::new(),
                 volumes: vec!["data".into()],
                 database: None,
                 state,
@@ -337,6 +345,8 @@ mod tests {
                 requested_by: "u".into(),
                 created_at_ms: at,
                 started_at_ms: None,
+                pass_started_at_ms: None,
+                archiving: None,
                 finished_at_ms: None,
                 objects: Vec::new(),
                 size,

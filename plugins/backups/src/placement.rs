@@ -1,7 +1,7 @@
-//! Where a backup runs: the service it is of, the cluster whose agent takes it and the node
+//! Where a backup runs: the service it is of, the cluster whose agents take it and the nodes
 //! whose volumes it holds. A service the runtime runs has its volumes where its replica slots
-//! stand (`runtime.service-replicas`); one it does not run is backed up from the node named, or
-//! its cluster's only node.
+//! stand (`runtime.service-replicas`) — an every-node service on each of its nodes, one part
+//! per node; one it does not run is backed up from the node named, or its cluster's only node.
 
 use crate::records::Database;
 use capstan_sdk::inventory::{self, EntityKind};
@@ -61,47 +61,56 @@ struct NodeView {
     state: Option<String>,
 }
 
-/// The cluster and node a backup of `service_id` runs on: the node named (an enrolled node of
-/// the cluster named, or of the only cluster); else the one node its replica slots stand on;
-/// else — a service the runtime does not run — the cluster's only node.
-pub(crate) fn placement(service_id: &str, cluster: Option<&str>, node: Option<&str>) -> Result<(String, String)> {
+/// The cluster and nodes a backup of `service_id` takes: the node named (an enrolled node of
+/// the cluster named, or of the only cluster); else every node its replica slots stand on (an
+/// every-node service has volumes on each: one part per node); else — a service the runtime
+/// does not run — the cluster's only node.
+pub(crate) fn placement(service_id: &str, cluster: Option<&str>, node: Option<&str>) -> Result<(String, Vec<String>)> {
     if node.is_none()
-        && let Some(placed) = slot_node(&runtime::service_replicas(service_id)?, cluster)?
+        && let Some(placed) = slot_nodes(&runtime::service_replicas(service_id)?, cluster)?
     {
         return Ok(placed);
     }
     let cluster = resolve_cluster(cluster)?;
     let node = resolve_node(&cluster, node)?;
-    Ok((cluster, node))
+    Ok((cluster, vec![node]))
 }
 
-/// Where a restore into `service_id` lands: the one node its replicas stand on now (its data
-/// follows it there), else `backup`'s own (cluster, node).
-pub(crate) fn restore_placement(service_id: &str, backup: (&str, &str)) -> Result<(String, String)> {
-    match slot_node(&runtime::service_replicas(service_id)?, None) {
-        Ok(Some(placed)) => Ok(placed),
-        _ => Ok((backup.0.to_string(), backup.1.to_string())),
+/// Where a restore into `service_id` lands: a backup of several nodes, each part on its own
+/// node; one of a single node, the one node the service's replicas stand on now (its data
+/// follows it there), else the backup's own (cluster, node).
+pub(crate) fn restore_placement(service_id: &str, backup: (&str, &[String])) -> Result<(String, Vec<String>)> {
+    let (cluster, nodes) = backup;
+    if nodes.len() > 1 {
+        return Ok((cluster.to_string(), nodes.to_vec()));
+    }
+    match slot_nodes(&runtime::service_replicas(service_id)?, None) {
+        Ok(Some((cluster, nodes))) if nodes.len() == 1 => Ok((cluster, nodes)),
+        _ => Ok((cluster.to_string(), nodes.to_vec())),
     }
 }
 
-/// The (cluster, node) the service's current slots stand on (on `cluster`, when named): `None`
-/// when it has none there; `backup-nodes-several` when they stand on more than one node.
-fn slot_node(replicas: &[Replica], cluster: Option<&str>) -> Result<Option<(String, String)>> {
-    let nodes: BTreeSet<(&str, &str)> = replicas
+/// The cluster and nodes (sorted) the service's current slots stand on (on `cluster`, when
+/// named): `None` when it has none there; `cluster-required`, listing them, when they stand on
+/// several clusters and none is named.
+fn slot_nodes(replicas: &[Replica], cluster: Option<&str>) -> Result<Option<(String, Vec<String>)>> {
+    let placed: BTreeSet<(&str, &str)> = replicas
         .iter()
         .filter(|r| r.intent != Intent::Remove && cluster.is_none_or(|c| c == r.cluster_id))
         .map(|r| (r.cluster_id.as_str(), r.node_id.as_str()))
         .collect();
-    match nodes.len() {
+    let clusters: BTreeSet<&str> = placed.iter().map(|(c, _)| *c).collect();
+    match clusters.len() {
         0 => Ok(None),
-        1 => Ok(nodes.into_iter().next().map(|(c, n)| (c.to_string(), n.to_string()))),
+        1 => {
+            let cluster = clusters.into_iter().next().unwrap_or_default().to_string();
+            Ok(Some((cluster, placed.into_iter().map(|(_, n)| n.to_string()).collect())))
+        }
         n => Err(Refusal::new(
-            "backup-nodes-several",
-            format!(
-                "the service's replicas stand on {n} nodes, each with volumes of its own: a backup of them all as one is not served yet; back up each node's with nodeId"
-            ),
+            "cluster-required",
+            format!("the service's replicas run on {n} clusters, each with volumes of its own: name the one to back up in clusterId"),
         )
-        .with_data(json!({ "nodes": nodes.iter().map(|(_, n)| n).collect::<Vec<_>>() }))),
+        .with_data(json!({ "clusters": clusters }))),
     }
 }
 
@@ -157,22 +166,23 @@ mod tests {
     fn the_volumes_are_where_the_slots_stand() {
         // two replicas on one node: that node
         let one = [replica("c1", "node_a", 0, Intent::Run), replica("c1", "node_a", 1, Intent::Run)];
-        assert_eq!(slot_node(&one, None).unwrap(), Some(("c1".into(), "node_a".into())));
+        assert_eq!(slot_nodes(&one, None).unwrap(), Some(("c1".into(), vec!["node_a".into()])));
         // a slot being removed holds nothing to back up
         let moving = [replica("c1", "node_a", 0, Intent::Run), replica("c1", "node_b", 0, Intent::Remove)];
-        assert_eq!(slot_node(&moving, None).unwrap(), Some(("c1".into(), "node_a".into())));
+        assert_eq!(slot_nodes(&moving, None).unwrap(), Some(("c1".into(), vec!["node_a".into()])));
         // none: the caller falls back to the node named or the cluster's only one
-        assert_eq!(slot_node(&[], None).unwrap(), None);
-        assert_eq!(slot_node(&one, Some("c2")).unwrap(), None);
+        assert_eq!(slot_nodes(&[], None).unwrap(), None);
+        assert_eq!(slot_nodes(&one, Some("c2")).unwrap(), None);
     }
 
     #[test]
-    fn slots_on_several_nodes_are_refused_by_name_listing_them() {
-        let every = [replica("c1", "node_a", 0, Intent::Run), replica("c1", "node_b", 0, Intent::Stop)];
-        let refused = slot_node(&every, None).unwrap_err();
-        assert_eq!(refused.code(), "backup-nodes-several");
-        // on the cluster named, one node
+    fn an_every_node_service_is_backed_up_on_each_of_its_nodes_of_one_cluster() {
+        let every = [replica("c1", "node_b", 0, Intent::Run), replica("c1", "node_a", 0, Intent::Stop)];
+        assert_eq!(slot_nodes(&every, None).unwrap(), Some(("c1".into(), vec!["node_a".into(), "node_b".into()])), "sorted");
+        // on two clusters: the one named, else refused by name listing them
         let spread = [replica("c1", "node_a", 0, Intent::Run), replica("c2", "node_b", 0, Intent::Run)];
-        assert_eq!(slot_node(&spread, Some("c2")).unwrap(), Some(("c2".into(), "node_b".into())));
+        assert_eq!(slot_nodes(&spread, Some("c2")).unwrap(), Some(("c2".into(), vec!["node_b".into()])));
+        let refused = slot_nodes(&spread, None).unwrap_err();
+        assert_eq!(refused.code(), "cluster-required");
     }
 }

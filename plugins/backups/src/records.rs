@@ -70,8 +70,24 @@ pub(crate) struct Database {
     pub(crate) path: String,
 }
 
+/// A part being archived by its node's agent, longer than one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Archiving {
+    pub(crate) node_id: String,
+    /// When the manager first asked for it.
+    pub(crate) since_ms: u64,
+    /// When the manager asks again.
+    pub(crate) next_look_at_ms: u64,
+    /// Why the last ask went unanswered, when the node could not be reached (it is asked again
+    /// until [`Archiving::since_ms`] is an hour old).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) unreachable: Option<Reason>,
+}
+
 /// One stored object of a backup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub(crate) struct Object {
     /// Under the plugin's blob prefix.
     pub(crate) key: String,
@@ -80,6 +96,9 @@ pub(crate) struct Object {
     pub(crate) kind: String,
     pub(crate) size: u64,
     pub(crate) sha256: String,
+    /// The node it was taken on, in a backup of several nodes (each part its node's volumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) node_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -89,8 +108,12 @@ pub(crate) struct Backup {
     pub(crate) service_id: String,
     pub(crate) service_name: String,
     pub(crate) cluster_id: String,
-    /// The node whose volumes are backed up (data is node-local).
+    /// The node whose volumes are backed up (data is node-local): the first of `nodes`.
     pub(crate) node_id: String,
+    /// Every node whose volumes are parts of it, when there are several (an every-node service):
+    /// each part's objects name their node. Empty: `nodeId` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) nodes: Vec<String>,
     pub(crate) volumes: Vec<String>,
     /// The service's database when the backup was asked for: its closure is an object of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +127,14 @@ pub(crate) struct Backup {
     pub(crate) created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) started_at_ms: Option<u64>,
+    /// When the pass taking its current part began (a backup of several parts goes on across
+    /// passes; only a pass that died is interrupted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pass_started_at_ms: Option<u64>,
+    /// A part whose archive the node's agent is still making (it goes on by itself; the manager
+    /// asks again from this time on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) archiving: Option<Archiving>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) finished_at_ms: Option<u64>,
     /// The manifest: every object with its exact length and SHA-256.
@@ -156,7 +187,11 @@ pub(crate) struct Restore {
     /// The service restored into (the backup's own unless named).
     pub(crate) service_id: String,
     pub(crate) cluster_id: String,
+    /// Where it lands: the first of `nodes`.
     pub(crate) node_id: String,
+    /// Every node a part lands on (each its own part), when there are several.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) nodes: Vec<String>,
     pub(crate) volumes: Vec<String>,
     pub(crate) state: State,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,6 +205,20 @@ pub(crate) struct Restore {
     pub(crate) started_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) finished_at_ms: Option<u64>,
+}
+
+/// The nodes of a backup or restore: `nodes`, else `nodeId` alone.
+pub(crate) fn nodes_of<'a>(node_id: &'a str, nodes: &'a [String]) -> Vec<&'a str> {
+    match nodes {
+        [] => vec![node_id],
+        nodes => nodes.iter().map(String::as_str).collect(),
+    }
+}
+
+/// `node_id` and `nodes` as the records keep them: the first node, and all of them when several.
+pub(crate) fn placed(nodes: Vec<String>) -> (String, Vec<String>) {
+    let first = nodes.first().cloned().unwrap_or_default();
+    (first, if nodes.len() > 1 { nodes } else { Vec::new() })
 }
 
 /// The holds restores keep on services' runtime specs (`<restoreId>`), until released.

@@ -8,7 +8,7 @@
 //! again at once.
 
 use crate::jobs::JOB_BUDGET;
-use crate::records::{BACKUPS, Backup, OBJECTS, Reason, Replica, ReplicaState, SCHEDULE, SCHEDULE_STATE, ScheduleState, State};
+use crate::records::{BACKUPS, Backup, OBJECTS, Object, Reason, Replica, ReplicaState, SCHEDULE, SCHEDULE_STATE, ScheduleState, State};
 use crate::settings::{Target, settings};
 use capstan_sdk::now_ms;
 use capstan_sdk::store::{self, Doc};
@@ -153,21 +153,61 @@ fn target_credentials() -> std::result::Result<(String, String), Reason> {
     }
 }
 
-/// Copy every object of a complete backup to the target, each read back there and checked
-/// against the manifest, then the manifest itself (`manifest.json`), last.
-fn copy_backup(doc: &Doc<Backup>, target: &Target, access_key_id: String, secret_access_key: String) -> std::result::Result<(), Reason> {
-    let s3 = transfers::S3Target {
+/// The target with its key pair, as the host's transfers take it.
+fn s3_target(target: &Target, access_key_id: String, secret_access_key: String) -> transfers::S3Target {
+    transfers::S3Target {
         endpoint: target.endpoint.clone(),
         region: target.region.clone(),
         bucket: target.bucket.clone(),
         prefix: target.prefix.clone(),
         access_key_id,
         secret_access_key,
-    };
-    let named = |r: Refusal| match r.code() {
+    }
+}
+
+/// A refusal of the target, in the manager's words for its credentials.
+fn named(r: Refusal) -> Reason {
+    match r.code() {
         "s3-target-credentials-rejected" => Reason { code: "backup-target-credentials-rejected".into(), message: r.message().to_string() },
         _ => Reason::from(&r),
+    }
+}
+
+/// Bring `object` of `doc` back from the external target into the blob store, when Capstan's
+/// own copy is gone or no longer matches the manifest: only from the target the backup's copy
+/// completed on (the one set now), and only what reads back exactly as the manifest says
+/// (otherwise the copy here is deleted). `Ok(false)`: there is no copy to recover from.
+pub(crate) fn recover_object(doc: &Doc<Backup>, object: &Object) -> std::result::Result<bool, Reason> {
+    let Some(target) = settings().map_err(|r| Reason::from(&r))?.target() else {
+        return Ok(false);
     };
+    let copied_there = doc.data.replica_state == Some(ReplicaState::Complete)
+        && doc.data.replica.as_ref().and_then(|r| r.target.as_deref()) == Some(target.name().as_str());
+    if !copied_there {
+        return Ok(false);
+    }
+    let (id, secret) = target_credentials()?;
+    let Some(recovered) = transfers::recover(&object.key, &s3_target(&target, id, secret)).map_err(named)? else {
+        return Ok(false);
+    };
+    if recovered.size != object.size || recovered.sha256 != object.sha256 {
+        let _ = blobs::delete(&object.key);
+        return Err(Reason {
+            code: "backup-target-mismatch".into(),
+            message: format!(
+                "{} reads back from the target as {} bytes ({}), the manifest says {} bytes ({}); nothing was restored",
+                object.key, recovered.size, recovered.sha256, object.size, object.sha256
+            ),
+        });
+    }
+    capstan_sdk::info!("backup {}: {} recovered from the external target {}", doc.id, object.key, target.name());
+    Ok(true)
+}
+
+/// Copy every object of a complete backup to the target, each read back there and checked
+/// against the manifest, then the manifest itself (`manifest.json`), last.
+fn copy_backup(doc: &Doc<Backup>, target: &Target, access_key_id: String, secret_access_key: String) -> std::result::Result<(), Reason> {
+    let s3 = s3_target(target, access_key_id, secret_access_key);
     for object in &doc.data.objects {
         // only what the manifest says goes out: an object changed here is corrupt, and is not sent
         let here = transfers::digest(&object.key).map_err(named)?;

@@ -57,7 +57,7 @@ fn next_due(cron: &str, after_ms: u64) -> Option<u64> {
 }
 
 /// `backup-all-services`: a pending backup for every service with volumes that can be placed
-/// (the node its replicas stand on, else its only cluster's only node); the others are listed
+/// (the nodes its replicas stand on, else its only cluster's only node); the others are listed
 /// with the code that says why.
 pub(crate) fn backup_all(by: &str) -> Result<RunSummary> {
     let mut summary = RunSummary { at_ms: now_ms(), by: by.to_string(), queued: 0, skipped: Vec::new() };
@@ -69,8 +69,8 @@ pub(crate) fn backup_all(by: &str) -> Result<RunSummary> {
                 continue;
             }
             match placement(&service.id, None, None) {
-                Ok((cluster, node)) => {
-                    queue_backup(&service.data, &service.id, cluster, node, "schedule", by)?;
+                Ok((cluster, nodes)) => {
+                    queue_backup(&service.data, &service.id, cluster, nodes, "schedule", by)?;
                     summary.queued += 1;
                 }
                 Err(r) => summary.skipped.push(Skipped { service_id: service.id, code: r.code().to_string() }),
