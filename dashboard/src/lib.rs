@@ -717,12 +717,27 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
     };
     let LoginForm { username, mut password } = form;
     let username = username.trim();
-    let result = state.auth.login(username, &password, source).await;
+    // through the one door, as `auth.login` over the API: recorded in the audit log alike
+    let body = serde_json::json!({ "username": username, "password": password.as_str() });
     password.zeroize();
+    let invocation = capstan_rpc::Invocation {
+        method: "auth.login",
+        caller: capstan_rpc::Caller::Bearer(None),
+        source,
+        request_id: "",
+        forwarded: false,
+        body: capstan_rpc::Body::Value(body),
+    };
+    let result = state.methods.invoke(invocation).await.and_then(capstan_rpc::Invoked::into_value).and_then(|answer| {
+        let token = answer["token"].as_str().map(str::to_string);
+        let expires_at = answer["expiresAt"].as_u64();
+        token.zip(expires_at).ok_or_else(|| Refusal::internal("auth.login answered no token and expiry"))
+    });
     match result {
-        Ok(answer) => {
-            let max_age = answer.expires_at.saturating_sub(now_secs());
-            let cookie = format!("{SESSION_COOKIE}={}; {}", answer.token, cookie_attributes(max_age, is_https(&state)));
+        Ok((token, expires_at)) => {
+            let token = zeroize::Zeroizing::new(token);
+            let max_age = expires_at.saturating_sub(now_secs());
+            let cookie = format!("{SESSION_COOKIE}={}; {}", token.as_str(), cookie_attributes(max_age, is_https(&state)));
             let Ok(cookie) = HeaderValue::from_str(&cookie) else {
                 return unavailable(Refusal::internal("the session token is not a valid cookie value"));
             };
@@ -757,8 +772,11 @@ async fn logout(State(state): State<Host>, headers: HeaderMap) -> Response {
         return refused;
     }
     match current_identity(&state, &headers).await {
-        Ok(Some(identity)) => {
-            if let Err(refusal) = state.auth.logout(&identity).await {
+        Ok(Some(viewer)) => {
+            // through the one door, as `auth.logout` over the API: recorded in the audit log alike
+            let invocation =
+                capstan_rpc::Invocation::verified("auth.logout", &viewer.identity, Some(viewer.bearer.expose()), serde_json::json!({}));
+            if let Err(refusal) = state.methods.invoke(invocation).await {
                 return unavailable(refusal);
             }
         }

@@ -258,6 +258,27 @@ async fn logout_ends_the_session() {
     // logging out without a session is harmless
     let again = send(&state, post_form("/logout", "", None, Some(ORIGIN))).await;
     assert_eq!((again.status, again.location()), (StatusCode::SEE_OTHER, Some("/login")));
+
+    // the dashboard's login and logout are in the audit log, as the API's are, a wrong password too
+    let wrong = send(&state, post_form("/login", &form("admin", "not-the-password"), None, Some(ORIGIN))).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let admin = state.auth.login("admin", PASSWORD, None).await.unwrap().token;
+    for (method, outcomes) in [("auth.login", ["ok", "unauthenticated"].as_slice()), ("auth.logout", ["ok"].as_slice())] {
+        let invocation = capstan_rpc::Invocation {
+            method: "audit.list",
+            caller: capstan_rpc::Caller::Bearer(Some(&admin)),
+            source: None,
+            request_id: "",
+            forwarded: false,
+            body: capstan_rpc::Body::Value(serde_json::json!({ "method": method })),
+        };
+        let listed = state.methods.invoke(invocation).await.unwrap().into_value().unwrap();
+        let records = listed["records"].as_array().unwrap();
+        for outcome in outcomes {
+            assert!(records.iter().any(|r| r["outcome"] == *outcome), "{method} {outcome}: {listed}");
+        }
+        assert!(!listed.to_string().contains(PASSWORD) && !listed.to_string().contains(token), "{listed}");
+    }
 }
 
 #[tokio::test]
