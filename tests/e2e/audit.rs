@@ -92,15 +92,17 @@ fn the_audit_log_holds_exactly_the_mutations_of_a_scenario_and_no_body_value() {
     refused.expect_error(400, "invalid-request");
     expected.push(record("organizations.create", "invalid-request", Some("admin"), &[], &refused));
 
-    // a plugin method: recorded unless its plugin declares it a read (the App Store declares none)
+    // a plugin method: recorded unless its plugin declares it a read (the App Store declares its
+    // reads: getCatalogStatus leaves no record, refreshCatalog does)
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     while server.call_as(&admin, "plugins.get", &json!({ "id": "appstore" })).json()["status"] != "running" {
         assert!(std::time::Instant::now() < deadline, "the App Store was not installed within 180 s");
         std::thread::sleep(std::time::Duration::from_millis(250));
     }
-    let called = server.call_as(&admin, "appstore.getCatalogStatus", &json!({}));
-    called.expect_json(200);
-    let mut plugin_call = record("appstore.getCatalogStatus", "ok", Some("admin"), &[], &called);
+    server.call_as(&admin, "appstore.getCatalogStatus", &json!({})).expect_json(200);
+    let called = server.call_as(&admin, "appstore.refreshCatalog", &json!({}));
+    let outcome = if called.status == 200 { "ok".to_string() } else { called.json()["error"]["code"].as_str().unwrap_or("?").to_string() };
+    let mut plugin_call = record("appstore.refreshCatalog", &outcome, Some("admin"), &[], &called);
     plugin_call.3 = Some("appstore".into());
     expected.push(plugin_call);
 

@@ -66,6 +66,9 @@ const MEMBER_PASSWORD: &str = "$member-password";
 const DEPLOYER: &str = "$deployer";
 const DEPLOYER_TOKEN: &str = "$deployer-token";
 
+/// How a read's name begins (`backups.overview`, `appstore.listApps`, `secrets.preview`).
+const READ_VERBS: [&str; 6] = ["get", "list", "overview", "preview", "check", "count"];
+
 /// A revision or generation nobody holds: a mutation stating it changes nothing.
 const STALE: u64 = 999;
 
@@ -614,6 +617,19 @@ fn every_method_answers_every_kind_of_caller_as_declared() {
     }
 
     let read_only: BTreeSet<&str> = listed.iter().filter(|m| m["readOnly"] == true).filter_map(|m| m["name"].as_str()).collect();
+    // a method named as a read is declared read-only, host's and plugins' alike: its calls leave
+    // no audit record, and the host refuses it any change (the audit log records what changed)
+    let undeclared: Vec<&&str> = names
+        .iter()
+        .filter(|name| {
+            let verb = name.rsplit('.').next().unwrap_or_default();
+            READ_VERBS.iter().any(|read| verb.starts_with(read)) && !read_only.contains(*name)
+        })
+        .collect();
+    assert!(
+        undeclared.is_empty(),
+        "methods named as reads but not declared read-only (declare them, or name them for what they change): {undeclared:?}"
+    );
     let mut wrong = Vec::new();
     for (name, body, cells) in &rows {
         for (kind, cell) in Kind::ALL.into_iter().zip(cells) {

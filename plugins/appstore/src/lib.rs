@@ -40,6 +40,7 @@ impl Manager for AppStore {
                 Role::Authenticated,
                 status,
             )
+            .read_only()
             .method("refreshCatalog", "Ask the catalog sources now, in order; answers the status.", Role::Admin, refresh)
             .method("importCatalog", "Activate an operator-carried signed catalog envelope (for an offline host).", Role::Admin, import)
             .method(
@@ -48,12 +49,14 @@ impl Manager for AppStore {
                 Role::Authenticated,
                 apps::list_apps,
             )
+            .read_only()
             .method(
                 "getAppConfig",
                 "One app version: its template, notes and whether it is withdrawn.",
                 Role::Authenticated,
                 apps::get_app_config,
             )
+            .read_only()
             .method(
                 "install",
                 "Create a service in an organization from an app version's template, and start it on a cluster when one is named.",
@@ -66,7 +69,9 @@ impl Manager for AppStore {
                 Role::Member,
                 apps::list_upgradeable,
             )
+            .read_only()
             .method("getUpgradePreview", "What upgrading a service to a version changes.", Role::Member, apps::upgrade_preview)
+            .read_only()
             .method(
                 "upgrade",
                 "Upgrade a service to a newer version of its app, stating the service revision read.",
@@ -85,6 +90,7 @@ impl Manager for AppStore {
                 Role::Member,
                 apps::service_upgrade_status,
             )
+            .read_only()
             .method(
                 "installDemo",
                 "Install the demo catalog (real self-hosted apps) signed by this host's own demo key, trusted here only; serve --dev --demo calls it.",
