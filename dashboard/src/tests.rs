@@ -1712,6 +1712,10 @@ async fn a_disabled_task_is_refused_on_run_now_until_enabled_again() {
     assert!(list.body.contains("Task host.cleanup disabled"), "{}", list.body);
     assert!(list.body.contains(r#"<tr data-task="host.cleanup" data-enabled="false""#), "{}", list.body);
     assert!(list.body.contains(r#"data-action="enable""#), "{}", list.body);
+    let row = list.body.split(r#"<tr data-task="host.cleanup""#).nth(1).and_then(|rest| rest.split("</tr>").next()).unwrap();
+    assert!(!row.contains(r#"data-action="run""#), "a disabled task offers no Run now: {row}");
+    let page = send(&state, get("/tasks/host.cleanup", Some(&cookie))).await;
+    assert!(!page.body.contains(r#"id="task-run""#) && page.body.contains(r#"id="task-enable""#), "{}", page.body);
     // a crafted link cannot put words in the banner
     let crafted = send(&state, get("/tasks?done=disabled&task=Pay%20now", Some(&cookie))).await;
     assert!(crafted.body.contains("Task disabled") && !crafted.body.contains("Pay now"), "{}", crafted.body);

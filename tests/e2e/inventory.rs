@@ -450,6 +450,14 @@ fn the_cli_runs_the_same_lifecycle_and_prints_exact_json() {
     let dir = w.dir.path();
     let url = w.server.url("");
     let admin = Cli::new(dir, "admin", &url);
+    // a wrong password says so, and stores nothing
+    let file = dir.join("password-wrong");
+    std::fs::write(&file, "not-the-admin-password\n").unwrap();
+    let mut wrong = admin.command(&["login", "--url", &url, "--username", "admin", "--password-stdin"]);
+    wrong.stdin(std::fs::File::open(&file).unwrap());
+    let wrong = run_to_exit(wrong);
+    assert!(!wrong.status.success(), "{wrong:?}");
+    assert!(wrong.stderr.contains("login failed: the username \"admin\" and this password are not accepted"), "{}", wrong.stderr);
     admin.login(dir, "admin", &w.admin_password);
     // every command's output after the cluster was created, to check its token never shows again
     let mut later_output = String::new();

@@ -599,13 +599,31 @@ pub fn log_in(client: &Client, credentials: &mut Credentials, username: &str, pa
         password: &'a str,
     }
     let body = serde_json::to_vec(&LoginBody { username, password }).map_err(Refusal::internal)?;
-    let answer = client.call_raw("auth.login", body)?;
+    let answer = client.call_raw("auth.login", body).map_err(|refusal| login_refusal(refusal, username, client.url()))?;
     let token = Zeroizing::new(
         answer["token"].as_str().ok_or_else(|| Refusal::new("response-invalid", "the login answer holds no token"))?.to_string(),
     );
     credentials.set(client.url(), &token);
     credentials.save()?;
     Ok(answer)
+}
+
+/// A refused login in words a person acts on: a wrong username or password says so, and too
+/// many failed logins say how long to wait (the codes and data stay the host's).
+fn login_refusal(refusal: Refusal, username: &str, url: &str) -> Refusal {
+    let message = match refusal.code.as_ref() {
+        "unauthenticated" => {
+            format!("login failed: the username {username:?} and this password are not accepted at {url}; nothing was stored")
+        }
+        "rate-limited" => {
+            let wait_ms = refusal.data.as_ref().and_then(|d| d["retryAfterMs"].as_u64()).unwrap_or(1000);
+            let seconds = wait_ms.div_ceil(1000).max(1);
+            let unit = if seconds == 1 { "second" } else { "seconds" };
+            format!("too many failed logins for {username:?}: wait {seconds} {unit} before trying again")
+        }
+        _ => return refusal,
+    };
+    Refusal { message, ..refusal }
 }
 
 /// The password from standard input: everything up to the first line end (at most 4 KiB).
