@@ -91,6 +91,24 @@ async fn node_upgrade(addr: SocketAddr, token: &str, node: Option<&str>) -> Resu
     tokio_tungstenite::connect_async(request).await.map(|(ws, _)| ws).map_err(|e| e.to_string())
 }
 
+/// The world's service on every node, its node's session registered and pushed the run:
+/// (service, the node's socket, the push).
+async fn pushed_a_run(server: &Server) -> (String, Ws, Value) {
+    let (service, cluster, node, token) = world(server).await;
+    admin(
+        server,
+        "runtime.setServiceSpec",
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
+    )
+    .await;
+    pass(server).await;
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    deliver(server).await;
+    let push = next(&mut ws).await;
+    (service, ws, push)
+}
+
 async fn pass(server: &Server) -> crate::runtime::producer::PassReport {
     crate::runtime::producer::pass(&server.state.runtime).await.unwrap()
 }
@@ -599,18 +617,7 @@ async fn secret_material_reaches_the_node_sealed_to_its_proven_key_only() {
 #[tokio::test]
 async fn a_nodes_log_batches_are_read_back_in_order_from_the_store_and_from_their_segment() {
     let server = serve().await;
-    let (service, cluster, node, token) = world(&server).await;
-    admin(
-        &server,
-        "runtime.setServiceSpec",
-        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
-    )
-    .await;
-    pass(&server).await;
-    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
-    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
-    deliver(&server).await;
-    let push = next(&mut ws).await;
+    let (service, mut ws, push) = pushed_a_run(&server).await;
     assert_eq!(push["body"].get("logsFrom"), None, "nothing kept yet: a capture starts at the log's beginning");
     let assignment = push["body"]["assignmentId"].as_str().unwrap().to_string();
     let capture = "00112233445566ff";
@@ -706,18 +713,8 @@ async fn a_node_connects_while_strangers_hold_every_slot_of_theirs() {
 #[tokio::test]
 async fn a_socket_session_follows_an_attempts_lines_as_they_come_until_it_unfollows() {
     let server = serve().await;
-    let (service, cluster, node, token) = world(&server).await;
-    admin(
-        &server,
-        "runtime.setServiceSpec",
-        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null, "placement": { "everyNode": true }, "replicasPerNode": 1 }),
-    )
-    .await;
-    pass(&server).await;
-    let (mut node_ws, _) = node_socket(server.addr, &node, &token).await;
-    call(&mut node_ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
-    deliver(&server).await;
-    let assignment = next(&mut node_ws).await["body"]["assignmentId"].as_str().unwrap().to_string();
+    let (service, mut node_ws, push) = pushed_a_run(&server).await;
+    let assignment = push["body"]["assignmentId"].as_str().unwrap().to_string();
     let report = |sequence: u64, line: &str| {
         let entries = json!([{ "ts": format!("2026-12-07T10:00:0{sequence}Z"), "stream": "stdout", "line": line }]);
         json!({ "assignmentId": assignment, "captureId": "00112233445566ff", "sequence": sequence, "entries": entries, "final": false })

@@ -34,6 +34,17 @@ impl World {
         serde_json::to_value(seal_to(keyring.ingress_id(), keyring.ingress_public_key(), &target, value.as_bytes())).unwrap()
     }
 
+    /// A service with its own `DB_PASSWORD` set to the planted value, sealed to the ingress key:
+    /// (service id, its owner as the methods take it, the created secret).
+    async fn planted_db_password(&self) -> (String, Value, Value) {
+        let svc = self.service().await;
+        let owner = json!({"kind": "service", "serviceId": svc});
+        let sealed = self.sealed("secrets.create", &format!("service:{svc}"), "DB_PASSWORD", PLANTED);
+        let created =
+            self.call("secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": sealed}})).await.unwrap();
+        (svc, owner, created)
+    }
+
     async fn service(&self) -> String {
         let org = self.call("organizations.create", json!({"name": "acme"})).await.unwrap();
         let svc = self.call("services.create", json!({"name": "web", "organizationId": org["id"], "image": "nginx"})).await.unwrap();
@@ -44,13 +55,8 @@ impl World {
 #[tokio::test]
 async fn a_sealed_value_round_trips_and_rotates_into_immutable_versions() {
     let w = World::new().await;
-    let svc = w.service().await;
-    let owner = json!({"kind": "service", "serviceId": svc});
+    let (svc, owner, created) = w.planted_db_password().await;
     let owner_ref = format!("service:{svc}");
-    let created = w
-        .call("secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": w.sealed("secrets.create", &owner_ref, "DB_PASSWORD", PLANTED)}}))
-        .await
-        .unwrap();
     let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(
         (created["state"].as_str(), created["versions"].as_u64(), created["environment"].as_str()),
@@ -240,13 +246,7 @@ async fn a_stored_envelope_moved_to_another_secret_does_not_open() {
 #[tokio::test]
 async fn every_change_publishes_a_manifest_once_and_an_agent_opens_its_sealed_copy() {
     let w = World::new().await;
-    let svc = w.service().await;
-    let owner = json!({"kind": "service", "serviceId": svc});
-    let owner_ref = format!("service:{svc}");
-    let db = w
-        .call("secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": w.sealed("secrets.create", &owner_ref, "DB_PASSWORD", PLANTED)}}))
-        .await
-        .unwrap();
+    let (svc, owner, db) = w.planted_db_password().await;
     let api = w
         .call("secrets.create", json!({"owner": owner, "key": "API_TOKEN", "value": {"generate": {"length": 20, "alphabet": "hex"}}}))
         .await
@@ -463,13 +463,7 @@ async fn replays_create_nothing_twice_and_a_deleted_service_takes_its_secrets_an
 #[tokio::test]
 async fn a_pinned_version_opens_for_its_replica_while_the_secret_is_active_and_is_refused_by_name_once_revoked() {
     let w = World::new().await;
-    let svc = w.service().await;
-    let owner = json!({"kind": "service", "serviceId": svc});
-    let owner_ref = format!("service:{svc}");
-    let db = w
-        .call("secrets.create", json!({"owner": owner, "key": "DB_PASSWORD", "value": {"sealed": w.sealed("secrets.create", &owner_ref, "DB_PASSWORD", PLANTED)}}))
-        .await
-        .unwrap();
+    let (_, _, db) = w.planted_db_password().await;
     let (id, version) = (db["id"].as_str().unwrap(), db["currentVersionId"].as_str().unwrap());
     let (store, keyring) = (&w.host.state.store, &w.host.state.keyring);
     let opened = crate::secrets::manifests::open_pinned(store, keyring, id, version).await.unwrap();
