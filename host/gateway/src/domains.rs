@@ -129,8 +129,10 @@ pub async fn sync(cx: &Context) -> Result<SyncState> {
     record_sync(cx.store(), |state| *state = SyncState { synced_at: Some(at), failure: None, listed: count }).await
 }
 
-async fn record_sync(store: &Store, change: impl FnOnce(&mut SyncState) + Send) -> Result<SyncState> {
-    let change = std::sync::Mutex::new(Some(change));
+/// Apply `change` to the kept sync state, on every attempt of the transaction: a retried
+/// attempt (a conflict, a busy store) must not write the state back unchanged — that once kept a
+/// success recorded over the failure that followed it.
+async fn record_sync(store: &Store, change: impl Fn(&mut SyncState) + Send + Sync) -> Result<SyncState> {
     let change = &change;
     store
         .transact(|tx| async move {
@@ -139,9 +141,7 @@ async fn record_sync(store: &Store, change: impl FnOnce(&mut SyncState) + Send) 
                 Some(doc) => serde_json::from_value(doc.data.clone()).map_err(Refusal::internal)?,
                 None => SyncState::default(),
             };
-            if let Some(change) = change.lock().map_err(|_| Refusal::internal("poisoned"))?.take() {
-                change(&mut state);
-            }
+            change(&mut state);
             tx.put(ENROLLMENT, SYNC, held.map(|d| d.revision), to_value(&state)?).await?;
             Ok(state)
         })
