@@ -8,7 +8,8 @@ use serde_json::json;
 
 /// Verbs that only read. A host method named with one of them and not declared read-only (or
 /// the reverse) is most likely a declaration forgotten: this list is a check, never the rule.
-const READING_VERBS: &[&str] = &["get", "list", "head", "watch", "whoami", "inspect", "preview", "ping"];
+/// (`follow`/`unfollow`: a socket session's live tail of what `get` reads, and its end.)
+const READING_VERBS: &[&str] = &["get", "list", "head", "watch", "whoami", "inspect", "preview", "ping", "follow", "unfollow"];
 
 #[tokio::test]
 async fn host_methods_declare_reads_and_everything_else_is_audited() {
