@@ -12,7 +12,8 @@ The attacks, one after the other:
   distinct users (`--clients`);
 - the siege (`--siege N` connections at once, for `--siege-seconds`): silent sockets, slow
   bodies on every route a stranger reaches before being known (`/api/v1/<method>` public and
-  not, the dashboard's form calls, `/fleet/v1/relay-call`, the agent's enrollment), HTTP/2
+  not, the dashboard's form calls and its login form, `/fleet/v1/relay-call`, the agent's
+  enrollment and heartbeat, `/mcp`, the registry's blob uploads), HTTP/2
   (h2c) connections that open every stream they may and send bodies, downloads of the agent
   binary that are never read, and socket sessions that never send their offer. Throughout, a
   probe asks `/healthz` every 250 ms on a connection of its own; midway (with
@@ -311,8 +312,10 @@ def siege(host, port, pid, connections, seconds, bearer):
     """The siege; whether it held (see the module's doc)."""
     s = Siege(host, port, seconds)
     own = f"{platform.system().lower()}-{platform.machine()}"
+    # every route a stranger can send a body to before anyone is known
     routes = [("/api/v1/auth.login", ""), ("/api/v1/organizations.list", ""), ("/p/mail/-/call/setBinding", ""),
-              ("/fleet/v1/relay-call", ""), ("/agent/v1/enroll", "")]
+              ("/fleet/v1/relay-call", ""), ("/agent/v1/enroll", ""), ("/agent/v1/heartbeat", ""), ("/login", ""),
+              ("/mcp", ""), ("/v2/library/app/blobs/uploads/", "")]
     share = connections // 10
     plan = ([("silent", s.silent)] * (share * 2)
             + [(f"slow body {path}", (lambda p=path, h=h: s.slow_body(p, h))) for path, h in routes for _ in range(share * 2 // len(routes))]
