@@ -54,6 +54,10 @@ pub struct RelayCall {
     pub body: Value,
     /// How long the sender waits.
     pub deadline_ms: u64,
+    /// A call to this node's agent over its runtime session held on the receiving fleet node
+    /// (then `clusterId` and `sessionId` are empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
 }
 
 /// What is signed: the purpose, both nodes, the time, the nonce and the body's hash (hex).
@@ -196,6 +200,42 @@ impl super::Relays {
         }
         let call: RelayCall = serde_json::from_slice(body).map_err(|e| Refusal::invalid_request(format!("a carried relay call: {e}")))?;
         let timeout = Duration::from_millis(call.deadline_ms).min(super::MAX_DEADLINE);
+        if let Some(node_id) = &call.node_id {
+            let Some(nodes) = self.node_calls.get() else {
+                return Err(Refusal::new("node-not-connected", format!("node {node_id} has no runtime session here")).retryable());
+            };
+            return nodes.call(node_id, &call.method, call.body, timeout).await;
+        }
         self.call_here(&call.session_id, &call.cluster_id, &call.method, call.body, timeout).await
     }
+
+    /// Call `method` on the agent of `node_id`, whose runtime session the fleet node
+    /// `fleet_node_id` holds: carried there as relay calls are (signed, over the fleet's private
+    /// network).
+    pub async fn call_node_at(&self, fleet_node_id: &str, node_id: &str, method: &str, body: Value, timeout: Duration) -> Result<Value> {
+        let request = RelayCall {
+            cluster_id: String::new(),
+            session_id: String::new(),
+            method: method.into(),
+            body,
+            deadline_ms: timeout.as_millis() as u64,
+            node_id: Some(node_id.into()),
+        };
+        self.peers.call(fleet_node_id, &request, timeout).await
+    }
+
+    /// Answer node calls carried here with `calls` (the runtime's node sessions held here).
+    pub fn set_node_calls(&self, calls: Arc<dyn NodeCalls>) {
+        let _ = self.node_calls.set(calls);
+    }
 }
+
+/// How a fleet node answers a call carried to it for a node whose runtime session it holds.
+pub trait NodeCalls: Send + Sync {
+    /// Call `method` on `node_id`'s agent over its session held here; `node-not-connected` when
+    /// it holds none.
+    fn call<'a>(&'a self, node_id: &'a str, method: &'a str, body: Value, timeout: Duration) -> NodeCallAnswer<'a>;
+}
+
+/// What a [`NodeCalls`] call comes to.
+pub type NodeCallAnswer<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value>> + Send + 'a>>;

@@ -93,6 +93,8 @@ pub struct Relays {
     /// The outbox position the configuration pushes follow from; unknown while no relay is held.
     after: tokio::sync::Mutex<Option<u64>>,
     peers: forward::Peers,
+    /// How node calls carried here are answered (the runtime's, set at assembly).
+    node_calls: std::sync::OnceLock<Arc<dyn forward::NodeCalls>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -144,6 +146,7 @@ impl Relays {
             waiting: Mutex::default(),
             after: tokio::sync::Mutex::new(None),
             peers,
+            node_calls: std::sync::OnceLock::new(),
         })
     }
 
@@ -304,6 +307,7 @@ impl Relays {
             method: method.into(),
             body,
             deadline_ms: timeout.as_millis() as u64,
+            node_id: None,
         };
         self.peers.call(&elected.fleet_node_id, &request, timeout).await
     }

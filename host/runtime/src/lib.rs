@@ -35,6 +35,9 @@ pub const RUNTIME_SPECS: &str = "runtime_specs";
 pub const RUNTIME_SLOTS: &str = "runtime_slots";
 /// Verdicts per (service, cluster), written only when they change.
 pub const RUNTIME_STATUS: &str = "runtime_status";
+/// Where each node's runtime session was last registered: id `<nodeId>`, the fleet node whose
+/// process holds it (so a call to the node made on another fleet node is carried there).
+pub const RUNTIME_NODE_SESSIONS: &str = "runtime_node_sessions";
 /// The runtime's hold on a service it runs (its deletion waits for the replicas' removal).
 pub const HOLDER: &str = "host:runtime";
 /// The fleet workload the producer runs as.
@@ -58,6 +61,7 @@ pub fn collections() -> Vec<CollectionSpec> {
             .index("by_cluster", &["clusterId"])
             .unique("by_assignment", &["assignmentId"]),
         CollectionSpec::new(RUNTIME_STATUS).index("by_service", &["serviceId"]),
+        CollectionSpec::new(RUNTIME_NODE_SESSIONS),
     ]
     .into_iter()
     .chain(logs::collections())
@@ -92,6 +96,9 @@ pub struct Context {
     pub registry_host: String,
     /// The node sessions this process carries.
     pub sessions: Arc<sessions::NodeSessions>,
+    /// The fleet node this process is, once placed ([`Context::place`]): recorded with each node
+    /// session it registers.
+    pub here: Arc<std::sync::OnceLock<String>>,
     /// The server's sockets, where pushes go.
     pub frames: Arc<dyn capstan_relays::Sessions>,
     /// Wakes the producer.
@@ -130,10 +137,17 @@ impl Context {
             nodes,
             registry_host,
             sessions: Arc::default(),
+            here: Arc::default(),
             frames,
             producer_wake: Arc::new(Notify::new()),
             delivery_wake: Arc::new(Notify::new()),
         }
+    }
+
+    /// This process is the fleet node `fleet_node_id`: the node sessions it registers are
+    /// recorded as held here (set once, at assembly).
+    pub fn place(&self, fleet_node_id: &str) {
+        let _ = self.here.set(fleet_node_id.to_string());
     }
 
     /// Ask the producer for a pass soon.

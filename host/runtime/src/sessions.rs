@@ -326,7 +326,37 @@ async fn register(cx: &Context, socket: &str, node_id: &str, input: RegisterInpu
         }
     };
     cx.delivery_wake.notify_one();
+    record_held_here(cx, node_id, epoch).await;
     Ok(json!({ "sessionEpoch": epoch, "nodeId": node_id, "clusterId": cluster_id }))
+}
+
+/// Record that this fleet node holds `node_id`'s session (a call to the node made on another
+/// fleet node is carried here). Best effort: without the record such a call is refused
+/// `node-not-connected` there, and the node's next registration writes it again.
+async fn record_held_here(cx: &Context, node_id: &str, epoch: u64) {
+    let Some(here) = cx.here.get() else { return };
+    let record = json!({ "fleetNodeId": here, "sessionEpoch": epoch, "at": now_ms() });
+    let written = cx
+        .store
+        .transact(|tx| {
+            let record = record.clone();
+            async move {
+                let held = tx.get(crate::RUNTIME_NODE_SESSIONS, node_id).await?;
+                tx.put(crate::RUNTIME_NODE_SESSIONS, node_id, held.map(|d| d.revision), record).await.map(drop)
+            }
+        })
+        .await;
+    if let Err(refusal) = written {
+        tracing::warn!(node = %node_id, code = %refusal.code, "where the node's session is held was not recorded: {}", refusal.message);
+    }
+}
+
+/// The fleet node that last registered `node_id`'s runtime session, when it is not this one
+/// (`None`: held here, or never recorded).
+pub async fn held_elsewhere(cx: &Context, node_id: &str) -> Result<Option<String>> {
+    let doc = cx.store.transact(|tx| async move { tx.get(crate::RUNTIME_NODE_SESSIONS, node_id).await }).await?;
+    let holder = doc.and_then(|d| d.data["fleetNodeId"].as_str().map(str::to_string));
+    Ok(holder.filter(|holder| cx.here.get() != Some(holder)))
 }
 
 #[derive(Deserialize)]

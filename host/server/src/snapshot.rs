@@ -43,8 +43,9 @@ pub const SUFFIX: &str = ".capstan-snapshot";
 /// the identity claims. Fleet records, uploads in flight and snapshots are not copied.
 pub const BLOB_PREFIXES: &[&str] = &["plugins/", "_capstan/plugins/", crate::fleet::IDENTITIES_PREFIX];
 /// Collections a snapshot leaves out: workload log payloads not yet written to the bucket (the
-/// logs are not data a restore brings back; their rows then read as gaps, docs/runtime.md).
-pub const COLLECTIONS_LEFT_OUT: &[&str] = &[capstan_runtime::logs::LOG_INLINE];
+/// logs are not data a restore brings back; their rows then read as gaps, docs/runtime.md), and
+/// which fleet node holds each node's runtime session (a fleet record: sessions end with it).
+pub const COLLECTIONS_LEFT_OUT: &[&str] = &[capstan_runtime::logs::LOG_INLINE, capstan_runtime::RUNTIME_NODE_SESSIONS];
 /// What every snapshot says of the keyring.
 pub const KEYRING_NOTICE: &str = "The keyring is not in this snapshot. Secret values, the host's signing key and \
     every other sealed value stay sealed under the keyring's KEKs: the snapshot restores a working Capstan only \

@@ -158,6 +158,10 @@ impl AppState {
             blobs.clone(),
         );
         capstan_runtime::register(&mut registry, runtime.clone());
+        // node sessions registered here are recorded as held by this fleet node, and node calls
+        // other fleet nodes carry here are answered by them
+        runtime.place(&fleet.node.identity.id);
+        relays.set_node_calls(Arc::new(crate::plugins::agents::NodeCallsHere(runtime.clone())));
         let oci = capstan_registry::Registry::new(
             store.clone(),
             blobs.clone(),

@@ -792,3 +792,55 @@ async fn a_call_reaches_a_nodes_agent_over_its_runtime_session_and_its_answer_or
     let refused = call_node("agent.ping", json!({})).await.unwrap().unwrap_err();
     assert_eq!(refused.code.as_ref(), "node-not-connected");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_call_made_on_another_fleet_node_is_carried_to_the_one_holding_the_session() {
+    use capstan_plugin_host::{AgentDispatch, AgentRequest};
+    use std::sync::Arc;
+    let server = serve().await;
+    let (_, _, node, token) = world(&server).await;
+    // fleet node A serves the node's session; B shares A's store and bucket, with an identity,
+    // sockets, relays and node sessions of its own
+    let a = &server.state;
+    let lan = |port| crate::fleet::Addresses { internal: "127.0.0.1".into(), api_port: port };
+    a.fleet.node.register(lan(server.addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = a.clone();
+    b.sockets = Arc::new(crate::sessions::Hub::new(a.sockets.limits().clone()));
+    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.path().join("b"), Some("node-b")).unwrap();
+    let fleet_node = Arc::new(crate::fleet::Node::new(a.blobs.clone(), identity, Default::default(), Some("lan".into())));
+    b.fleet = crate::fleet::runtime::Fleet::new(fleet_node.clone());
+    let peers = crate::relays::forward::Peers::new(b.fleet.clone());
+    b.relays = crate::relays::Relays::new(b.store.clone(), b.sockets.clone(), "node-b".into(), peers);
+    b.runtime = capstan_runtime::Context::new(
+        b.store.clone(),
+        Arc::new(capstan_links::HostDependents),
+        a.runtime.nodes.clone(),
+        b.sockets.clone(),
+        a.keyring.clone(),
+        a.blobs.clone(),
+    );
+    b.runtime.place("node-b");
+    let b_addr = listen(router(b.clone(), Pages::none())).await;
+    fleet_node.register(lan(b_addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+
+    let (mut ws, _) = node_socket(server.addr, &node, &token).await;
+    call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
+    let calls = crate::plugins::agents::AgentCalls { relays: b.relays.clone(), runtime: b.runtime.clone() };
+    let ask = |node: &str| AgentRequest {
+        plugin_id: "backups".into(),
+        cluster_id: String::new(),
+        node_id: Some(node.into()),
+        method: "agent.ping".into(),
+        body: json!({ "from": "b" }),
+        timeout: std::time::Duration::from_secs(10),
+    };
+    let pending = tokio::spawn(calls.call(ask(&node)));
+    let request = next(&mut ws).await;
+    assert_eq!((request["method"].as_str(), &request["body"]), (Some("agent.ping"), &json!({ "from": "b" })), "{request}");
+    send(&mut ws, json!({ "type": "reply", "id": request["id"], "result": { "pong": true } })).await;
+    assert_eq!(pending.await.unwrap().unwrap(), json!({ "pong": true }), "answered through fleet node A");
+    // a node whose session nobody recorded is not connected, on either fleet node
+    let refused = calls.call(ask("node_0123456789abcdef0123456789abcdef")).await.unwrap_err();
+    assert_eq!((refused.code.as_ref(), refused.retryable), ("node-not-connected", true));
+}
