@@ -343,27 +343,31 @@ async fn listen(state: AppState) -> SocketAddr {
     super::socket::listen(router(state, Pages::none())).await
 }
 
+/// Fleet node B beside `a` (registered on the fleet's private network, as `a` is then): A's
+/// store and bucket, an identity (under `dir`), socket sessions and relays of its own, `adjust`ed
+/// before it serves.
+pub(super) async fn second_fleet_node(a: &super::socket::Server, dir: &std::path::Path, adjust: impl FnOnce(&mut AppState)) -> AppState {
+    let lan = |port| crate::fleet::Addresses { internal: "127.0.0.1".into(), api_port: port };
+    a.state.fleet.node.register(lan(a.addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+    let mut b = a.state.clone();
+    b.sockets = Arc::new(crate::sessions::Hub::new(a.state.sockets.limits().clone()));
+    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.join("b"), Some("node-b")).unwrap();
+    let node = Arc::new(crate::fleet::Node::new(a.state.blobs.clone(), identity, Default::default(), Some("lan".into())));
+    b.fleet = crate::fleet::runtime::Fleet::new(node.clone());
+    let peers = crate::relays::forward::Peers::new(b.fleet.clone());
+    b.relays = crate::relays::Relays::new(b.store.clone(), b.sockets.clone(), "node-b".into(), peers);
+    adjust(&mut b);
+    let b_addr = listen(b.clone()).await;
+    node.register(lan(b_addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+    b
+}
+
 #[tokio::test]
 async fn a_relay_on_one_fleet_node_is_reached_from_a_call_landing_on_another() {
     // node A holds the relay; node B shares A's store and bucket and has an identity of its own
     let w = World::new().await;
-    let a = &w.server.state;
-    let lan = |port| crate::fleet::Addresses { internal: "127.0.0.1".into(), api_port: port };
-    a.fleet.node.register(lan(w.server.addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut b = a.clone();
-    b.sockets = Arc::new(crate::sessions::Hub::new(a.sockets.limits().clone()));
-    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.path().join("b"), Some("node-b")).unwrap();
-    let node = Arc::new(crate::fleet::Node::new(a.blobs.clone(), identity, Default::default(), Some("lan".into())));
-    b.fleet = crate::fleet::runtime::Fleet::new(node.clone());
-    b.relays = crate::relays::Relays::new(
-        b.store.clone(),
-        b.sockets.clone(),
-        "node-b".into(),
-        crate::relays::forward::Peers::new(b.fleet.clone()),
-    );
-    let b_addr = listen(b.clone()).await;
-    node.register(lan(b_addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+    let b = second_fleet_node(&w.server, dir.path(), |_| {}).await;
 
     let (mut ws, _, _) = w.relay(&w.bearer).await;
     let (relays, cluster) = (b.relays.clone(), w.cluster.clone());

@@ -799,30 +799,21 @@ async fn a_node_call_made_on_another_fleet_node_is_carried_to_the_one_holding_th
     use std::sync::Arc;
     let server = serve().await;
     let (_, _, node, token) = world(&server).await;
-    // fleet node A serves the node's session; B shares A's store and bucket, with an identity,
-    // sockets, relays and node sessions of its own
-    let a = &server.state;
-    let lan = |port| crate::fleet::Addresses { internal: "127.0.0.1".into(), api_port: port };
-    a.fleet.node.register(lan(server.addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+    // fleet node A serves the node's session; B shares A's store and bucket, with node sessions
+    // of its own
     let dir = tempfile::tempdir().unwrap();
-    let mut b = a.clone();
-    b.sockets = Arc::new(crate::sessions::Hub::new(a.sockets.limits().clone()));
-    let (identity, _) = crate::fleet::identity::NodeIdentity::load_or_create(&dir.path().join("b"), Some("node-b")).unwrap();
-    let fleet_node = Arc::new(crate::fleet::Node::new(a.blobs.clone(), identity, Default::default(), Some("lan".into())));
-    b.fleet = crate::fleet::runtime::Fleet::new(fleet_node.clone());
-    let peers = crate::relays::forward::Peers::new(b.fleet.clone());
-    b.relays = crate::relays::Relays::new(b.store.clone(), b.sockets.clone(), "node-b".into(), peers);
-    b.runtime = capstan_runtime::Context::new(
-        b.store.clone(),
-        Arc::new(capstan_links::HostDependents),
-        a.runtime.nodes.clone(),
-        b.sockets.clone(),
-        a.keyring.clone(),
-        a.blobs.clone(),
-    );
-    b.runtime.place("node-b");
-    let b_addr = listen(router(b.clone(), Pages::none())).await;
-    fleet_node.register(lan(b_addr.port()), Default::default(), vec!["api".into()]).await.unwrap();
+    let b = super::relay_sessions::second_fleet_node(&server, dir.path(), |b| {
+        b.runtime = capstan_runtime::Context::new(
+            b.store.clone(),
+            Arc::new(capstan_links::HostDependents),
+            b.runtime.nodes.clone(),
+            b.sockets.clone(),
+            b.keyring.clone(),
+            b.blobs.clone(),
+        );
+        b.runtime.place("node-b");
+    })
+    .await;
 
     let (mut ws, _) = node_socket(server.addr, &node, &token).await;
     call(&mut ws, 1, "runtime.registerSession", json!({ "nodeId": node, "nonce": NONCE })).await;
