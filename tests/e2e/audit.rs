@@ -63,8 +63,10 @@ fn the_audit_log_holds_exactly_the_mutations_of_a_scenario_and_no_body_value() {
 
     // a login is a mutation (a session); its caller is anonymous until it answers
     let login = server.call("auth.login", &json!({ "username": TEST_ADMIN.0, "password": TEST_ADMIN.1 }).to_string());
-    let admin = login.expect_json(200)["token"].as_str().unwrap().to_string();
-    expected.push(record("auth.login", "ok", None, &[], &login));
+    let answer = login.expect_json(200);
+    let admin = answer["token"].as_str().unwrap().to_string();
+    let admin_id = answer["userId"].as_str().unwrap().to_string();
+    expected.push(record("auth.login", "ok", None, &[&admin_id], &login));
 
     let created = server.call_as(&admin, "organizations.create", &json!({ "name": "audit-org" }));
     let org = created.expect_json(200)["id"].as_str().unwrap().to_string();
@@ -121,7 +123,8 @@ fn the_audit_log_holds_exactly_the_mutations_of_a_scenario_and_no_body_value() {
     expected.push(record("admin.createUser", "ok", Some("admin"), &[&person_id], &made));
     let login = server.call("auth.login", &json!({ "username": "auditee", "password": password }).to_string());
     let auditee = login.expect_json(200)["token"].as_str().unwrap().to_string();
-    expected.push(record("auth.login", "ok", None, &[], &login));
+    // a login names who logged in (the host's answer, not the caller's body)
+    expected.push(record("auth.login", "ok", None, &[&person_id], &login));
     // denied the log, and the denial of a read is no record
     server.call_as(&auditee, "audit.list", &json!({})).expect_error(403, "forbidden");
     let refused = server.call_as(&auditee, "organizations.create", &json!({ "name": "not-mine" }));

@@ -183,13 +183,12 @@ impl Record {
         }
         let outcome = match outcome {
             Ok(answer) => {
-                if call.identity.is_some() {
-                    // what it made or touched, as the answer names it (`id`, `userId`, …)
-                    targets.extend(targets_of(answer));
-                    targets.sort();
-                    targets.dedup();
-                    targets.truncate(MAX_TARGETS);
-                }
+                // what it made or touched, as the answer names it (`id`, `userId`, …): the host's
+                // words, so kept for an anonymous caller too (a login names who logged in)
+                targets.extend(targets_of(answer));
+                targets.sort();
+                targets.dedup();
+                targets.truncate(MAX_TARGETS);
                 "ok".to_string()
             }
             Err(refusal) => capstan_core::text::truncate(&refusal.code, 64),
