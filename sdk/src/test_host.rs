@@ -143,6 +143,20 @@ impl TestHost {
     }
 
     /// Insert a document of the host's own collections (what the platform keeps).
+    /// Create a service of `organization` from `fields` (the inventory's service document, as
+    /// `services.create` would have written it: `name`, `image`, `volumes`, …); its id.
+    pub async fn create_service(&self, organization: &str, fields: Value) -> Result<String> {
+        let id = capstan_core::ids::new_id("svc");
+        let now = capstan_core::clock::now_secs();
+        let mut service = serde_json::json!({ "organizationId": organization, "ports": [], "domains": [], "environment": {},
+            "scale": 1, "volumes": [], "mailAddresses": [], "deployOnPush": false, "state": "active", "createdAt": now, "updatedAt": now });
+        if let (Some(service), Value::Object(fields)) = (service.as_object_mut(), fields) {
+            service.extend(fields);
+        }
+        self.insert(capstan_inventory::SERVICES, &id, service).await?;
+        Ok(id)
+    }
+
     async fn insert(&self, collection: &str, id: &str, data: Value) -> Result<()> {
         self.host
             .services

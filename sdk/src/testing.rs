@@ -178,6 +178,18 @@ impl TestHost {
         self.inner.host.set_agent_dispatch(dispatch)
     }
 
+    /// Create a service of `organization` in the host's inventory from `fields` (`name`,
+    /// `image`, `volumes`, …, as `services.create` writes them); its id.
+    pub fn create_service(&self, organization: &str, fields: Value) -> String {
+        self.runtime.block_on(self.inner.create_service(organization, fields)).expect("the service is created")
+    }
+
+    /// The public origin transfer tickets name (`transfers.upload`/`download`): without one they
+    /// are refused `transfers-unavailable`, as on a host with no public origin.
+    pub fn set_public_origin(&self, origin: &str) {
+        self.inner.host.set_public_origin(origin)
+    }
+
     /// Stand in for the external gateway: the plugin's `gateway.request` reaches `dispatch`
     /// (after the host's checks: the scope granted, the path, the body), which answers in place
     /// of the gateway and Capstan's credential. Without one every request is refused

@@ -711,7 +711,8 @@ impl Sandbox {
     }
 
     fn context(&self, request_id: &str, caller: Caller, kind: CallKind) -> CallContext {
-        let deadline = std::time::SystemTime::now() + kind.deadline();
+        // in the plugin's clock (a test host may run it ahead), as `remaining()` reads it
+        let deadline = std::time::SystemTime::now() + self.services.clock_ahead() + kind.deadline();
         CallContext {
             request_id: request_id.to_string(),
             caller,
