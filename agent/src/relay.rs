@@ -782,6 +782,19 @@ mod tests {
     use std::sync::Mutex;
     use tokio::sync::oneshot;
 
+    #[test]
+    fn a_nodes_upgrade_carries_its_token_hidden_and_its_id() {
+        let request = upgrade("ws://127.0.0.1:8080/api/v1/socket", "Bearer tok", Some("node_1")).unwrap();
+        let authorization = &request.headers()["authorization"];
+        assert!(authorization.is_sensitive(), "never printed by a header dump");
+        assert_eq!(authorization, "Bearer tok");
+        assert_eq!(request.headers()[capstan_core::wire::NODE_HEADER], "node_1");
+        let relay = upgrade("ws://127.0.0.1:8080/api/v1/socket", "Bearer r", None).unwrap();
+        assert!(relay.headers().get(capstan_core::wire::NODE_HEADER).is_none());
+        assert!(upgrade("not a url", "Bearer r", None).is_err());
+        assert!(upgrade("ws://127.0.0.1:1/", "Bearer r", Some("bad\nid")).is_err());
+    }
+
     /// Write `bearer` to a private authorization file.
     fn authorization(dir: &Path, bearer: &str) -> PathBuf {
         let path = dir.join("relay-authorization");

@@ -684,6 +684,19 @@ fn run_logout(args: LogoutArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_login_says_what_to_do_and_keeps_the_code() {
+        let wrong = login_refusal(Refusal::new("unauthenticated", "not authenticated"), "admin", "http://127.0.0.1:8080");
+        assert_eq!(wrong.code, "unauthenticated");
+        assert!(wrong.message.starts_with("login failed: the username \"admin\" and this password are not accepted"), "{}", wrong.message);
+        let limited = Refusal::new("rate-limited", "slow down").with_data(serde_json::json!({ "retryAfterMs": 2500 })).retryable();
+        let limited = login_refusal(limited, "admin", "http://127.0.0.1:8080");
+        assert_eq!((limited.code.as_ref(), limited.retryable), ("rate-limited", true));
+        assert_eq!(limited.message, "too many failed logins for \"admin\": wait 3 seconds before trying again");
+        let other = login_refusal(Refusal::new("store-busy", "busy"), "admin", "http://x");
+        assert_eq!(other.message, "busy", "other refusals pass as they are");
+    }
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
