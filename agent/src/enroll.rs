@@ -26,11 +26,25 @@ pub struct Inputs<R> {
     pub node_name: String,
     /// How a lost answer is asked for again.
     pub retry: Retry,
+    /// The jump command said Capstan is a dev host (`--dev-host`): plain http beyond loopback.
+    pub dev_host: bool,
+}
+
+/// What the agent says whenever it talks to a dev host over plain http.
+pub fn dev_host_warning(origin: &str) -> String {
+    format!(
+        "capstan-agent: DEV HOST: {origin} is a Capstan dev host (serve --dev) reached over plain http; \
+         the node's token crosses the network unencrypted. Use it to try Capstan out, never for machines that matter."
+    )
 }
 
 /// Enroll: answers the credential written.
 pub async fn enroll<R: BufRead>(origin: &str, state: &StateDir, inputs: Inputs<R>) -> Result<Credential, Refusal> {
-    let origin = check_origin(origin)?;
+    let origin = check_origin(origin, inputs.dev_host)?;
+    let dev_host = inputs.dev_host && origin.starts_with("http://");
+    if dev_host {
+        eprintln!("{}", dev_host_warning(&origin));
+    }
     state.create()?;
     if state.has_credential() {
         return Err(already_enrolled(&state.credential_path()));
@@ -67,6 +81,7 @@ pub async fn enroll<R: BufRead>(origin: &str, state: &StateDir, inputs: Inputs<R
         credential_generation: answer.credential_generation,
         pending_token: None,
         pending_mutation_id: None,
+        dev_host,
     };
     state.write_new_credential(&credential).map_err(|r| {
         // the node exists but this machine could not keep its token: say which node to retire
@@ -92,6 +107,7 @@ mod tests {
 
     fn inputs(stdin: &'static str) -> Inputs<&'static [u8]> {
         Inputs {
+            dev_host: false,
             stdin: stdin.as_bytes(),
             interactive: false,
             node_name: "Web-1.example.com".into(),

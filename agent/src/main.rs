@@ -124,7 +124,8 @@ enum Command {
     /// token, sends Capstan only its SHA-256 and keeps the credential in the state directory.
     #[command(after_help = "Example:\n  printf '%s\\n' 'CODE' | capstan-agent enroll 'https://capstan.example.com'\n\n\
 The code is read from standard input only, never from an argument or the environment.\n\
-ORIGIN must be https (http is accepted only to a loopback address, as `capstan serve --dev`).\n\
+ORIGIN must be https; http is accepted to a loopback address, and to any address with\n\
+--dev-host (the jump command of a `capstan serve --dev` host says it; never in production).\n\
 This machine's short hostname, lowercased, is offered as the node's hostname (or --hostname);\n\
 it must be one DNS label, and no other node of the cluster may carry it.")]
     Enroll {
@@ -134,6 +135,11 @@ it must be one DNS label, and no other node of the cluster may carry it.")]
         /// generated name, say); its short form, lowercased, must be one DNS label.
         #[arg(long, value_name = "NAME")]
         hostname: Option<String>,
+        /// Capstan is a dev host (`serve --dev`) reached over plain http on a local network, as
+        /// its jump command says: accept an http ORIGIN beyond loopback. The node token then
+        /// crosses the network unencrypted; the agent says so at enrollment and every start.
+        #[arg(long)]
+        dev_host: bool,
     },
     /// Run: heartbeat with this host's facts (every 30 s, jittered; backing off up to 5 min while
     /// Capstan cannot be reached) and apply the hostname intent. Stops on SIGTERM or ctrl-c.
@@ -278,11 +284,11 @@ fn fail(refusal: Refusal) -> ExitCode {
 async fn command(cli: Cli) -> Result<(), Refusal> {
     let state = state::StateDir::new(cli.state_dir);
     match cli.command {
-        Command::Enroll { origin, hostname } => {
+        Command::Enroll { origin, hostname, dev_host } => {
             let stdin = std::io::stdin();
             let interactive = stdin.is_terminal();
             let node_name = hostname.unwrap_or_else(|| rustix::system::uname().nodename().to_string_lossy().into_owned());
-            let inputs = enroll::Inputs { stdin: stdin.lock(), interactive, node_name, retry: wire::Retry::default() };
+            let inputs = enroll::Inputs { stdin: stdin.lock(), interactive, node_name, retry: wire::Retry::default(), dev_host };
             let credential = enroll::enroll(&origin, &state, inputs).await?;
             println!(
                 "enrolled: node {} in cluster {} ({}); credential kept in {}",

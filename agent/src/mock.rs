@@ -136,6 +136,7 @@ pub fn enrolled(origin: &str) -> (tempfile::TempDir, crate::state::StateDir, cra
         credential_generation: 1,
         pending_token: None,
         pending_mutation_id: None,
+        dev_host: false,
     };
     dir.write_new_credential(&credential).unwrap();
     (root, dir, credential)

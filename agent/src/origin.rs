@@ -9,9 +9,10 @@ use url::{Host, Url};
 /// Length of a jump code.
 pub const JUMP_CODE_LEN: usize = 16;
 
-/// Check a Capstan origin: `https://host[:port]`, or `http://` only to a loopback address (dev
-/// mode). No user, path, query or fragment. Answers it normalized, without a trailing slash.
-pub fn check_origin(text: &str) -> Result<String, Refusal> {
+/// Check a Capstan origin: `https://host[:port]`, or `http://` only to a loopback address or,
+/// when the jump command said so (`dev_host`), to a dev host (`serve --dev`) on any address. No
+/// user, path, query or fragment. Answers it normalized, without a trailing slash.
+pub fn check_origin(text: &str, dev_host: bool) -> Result<String, Refusal> {
     let invalid = |why: &str| {
         Refusal::new("origin-invalid", format!("the origin {:?} is not usable: {why}", capstan_core::text::truncate(text, 200)))
             .with_data(json!({ "origin": capstan_core::text::truncate(text, 200) }))
@@ -26,11 +27,11 @@ pub fn check_origin(text: &str) -> Result<String, Refusal> {
     let host = url.host().ok_or_else(|| invalid("it names no host"))?;
     match url.scheme() {
         "https" => {}
-        "http" if is_loopback(&host) => {}
+        "http" if dev_host || is_loopback(&host) => {}
         "http" => {
             return Err(Refusal::new(
                 "origin-not-https",
-                "the origin must be https (plain http is accepted only to a loopback address, as in dev mode)",
+                "the origin must be https (plain http is accepted only to a loopback address, or to a dev host with --dev-host as its jump command says)",
             )
             .with_data(json!({ "origin": url.origin().ascii_serialization() })));
         }
@@ -95,17 +96,21 @@ mod tests {
 
     #[test]
     fn origins_are_https_or_loopback_http() {
-        assert_eq!(check_origin("https://capstan.example.com").unwrap(), "https://capstan.example.com");
-        assert_eq!(check_origin("https://capstan.example.com:8443/").unwrap(), "https://capstan.example.com:8443");
-        assert_eq!(check_origin("http://127.0.0.1:8080").unwrap(), "http://127.0.0.1:8080");
-        assert_eq!(check_origin("http://127.8.0.1:1").unwrap(), "http://127.8.0.1:1");
-        assert_eq!(check_origin("http://[::1]:9").unwrap(), "http://[::1]:9");
-        assert_eq!(check_origin("http://localhost:9").unwrap(), "http://localhost:9");
-        assert_eq!(check_origin("http://capstan.example.com").unwrap_err().code, "origin-not-https");
-        assert_eq!(check_origin("http://10.0.0.1").unwrap_err().code, "origin-not-https");
-        assert_eq!(check_origin("http://localhost.evil.example").unwrap_err().code, "origin-not-https");
+        assert_eq!(check_origin("https://capstan.example.com", false).unwrap(), "https://capstan.example.com");
+        assert_eq!(check_origin("https://capstan.example.com:8443/", false).unwrap(), "https://capstan.example.com:8443");
+        assert_eq!(check_origin("http://127.0.0.1:8080", false).unwrap(), "http://127.0.0.1:8080");
+        assert_eq!(check_origin("http://127.8.0.1:1", false).unwrap(), "http://127.8.0.1:1");
+        assert_eq!(check_origin("http://[::1]:9", false).unwrap(), "http://[::1]:9");
+        assert_eq!(check_origin("http://localhost:9", false).unwrap(), "http://localhost:9");
+        assert_eq!(check_origin("http://capstan.example.com", false).unwrap_err().code, "origin-not-https");
+        assert_eq!(check_origin("http://10.0.0.1", false).unwrap_err().code, "origin-not-https");
+        assert_eq!(check_origin("http://localhost.evil.example", false).unwrap_err().code, "origin-not-https");
+        // a dev host's jump command lets plain http reach beyond loopback, nothing else
+        assert_eq!(check_origin("http://10.0.0.1:8080", true).unwrap(), "http://10.0.0.1:8080");
+        assert_eq!(check_origin("https://capstan.example.com", true).unwrap(), "https://capstan.example.com");
+        assert_eq!(check_origin("ftp://x", true).unwrap_err().code, "origin-invalid");
         for bad in ["ftp://x", "https://u:p@x", "https://x/path", "https://x/?q", "https://x/#f", "capstan.example", ""] {
-            assert_eq!(check_origin(bad).unwrap_err().code, "origin-invalid", "{bad}");
+            assert_eq!(check_origin(bad, false).unwrap_err().code, "origin-invalid", "{bad}");
         }
     }
 

@@ -50,6 +50,9 @@ struct Pass {
 pub async fn run(options: Options, shutdown: impl Future<Output = &'static str>) -> Result<(), Refusal> {
     // a credential that cannot be read at the start is a mistake to say at once
     let first = options.state.read_credential()?;
+    if first.dev_host {
+        tracing::warn!("{}", crate::enroll::dev_host_warning(&first.origin));
+    }
     tracing::info!(
         origin = %first.origin,
         node_id = %first.node_id,
@@ -476,6 +479,7 @@ mod tests {
             credential_generation: 1,
             pending_token: None,
             pending_mutation_id: None,
+            dev_host: false,
         };
         dir.write_new_credential(&credential).unwrap();
         let options = Options {

@@ -31,7 +31,8 @@ const LOCK_FILE: &str = ".lock";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Credential {
-    /// The Capstan origin the node enrolled with (`https://…`, or `http://` to loopback).
+    /// The Capstan origin the node enrolled with (`https://…`, or `http://` to loopback or a dev
+    /// host).
     pub origin: String,
     /// The node's id.
     pub node_id: String,
@@ -49,6 +50,9 @@ pub struct Credential {
     /// The `mutationId` of that rotation (a retry reuses it, so the host replays its answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_mutation_id: Option<String>,
+    /// The origin is a dev host reached over plain http (`enroll --dev-host`); said at every start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dev_host: bool,
 }
 
 fn first_generation() -> u64 {
@@ -139,7 +143,8 @@ impl StateDir {
         self.path.join(STATUS_FILE)
     }
 
-    /// Create the directory (mode 0700) when it is missing; refuse it when it is not private.
+    /// Create the directory (mode 0700) when it is missing, narrow it to 0700 when it is ours and
+    /// empty; refuse it when it is not private otherwise.
     pub fn create(&self) -> Result<(), Refusal> {
         match fs::symlink_metadata(&self.path) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -155,6 +160,17 @@ impl StateDir {
                     .map_err(|e| io_refusal("state-dir-unusable", "setting permissions on", &self.path, e))?;
             }
             Err(e) => return Err(io_refusal("state-dir-unusable", "reading", &self.path, e)),
+            // an empty directory of ours made open by hand (mkdir -p) holds nothing yet: narrow it
+            Ok(meta)
+                if meta.is_dir()
+                    && meta.mode() & 0o077 != 0
+                    && meta.uid() == rustix::process::geteuid().as_raw()
+                    && fs::read_dir(&self.path).is_ok_and(|mut entries| entries.next().is_none()) =>
+            {
+                fs::set_permissions(&self.path, fs::Permissions::from_mode(0o700))
+                    .map_err(|e| io_refusal("state-dir-unusable", "setting permissions on", &self.path, e))?;
+                tracing::info!(path = %self.path.display(), "the empty state directory was open to others: now mode 0700");
+            }
             Ok(_) => {}
         }
         self.check()
@@ -360,6 +376,7 @@ mod tests {
             credential_generation: 1,
             pending_token: None,
             pending_mutation_id: None,
+            dev_host: false,
         }
     }
 
@@ -406,10 +423,21 @@ mod tests {
         for mode in [0o750, 0o701, 0o770, 0o755] {
             fs::set_permissions(dir.path(), fs::Permissions::from_mode(mode)).unwrap();
             assert_eq!(dir.read_credential().unwrap_err().code, "state-dir-permissions", "mode {mode:o}");
-            assert_eq!(dir.create().unwrap_err().code, "state-dir-permissions", "an existing directory is not loosened or fixed");
+            assert_eq!(dir.create().unwrap_err().code, "state-dir-permissions", "a directory holding a credential is not fixed");
         }
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
         dir.read_credential().unwrap();
+    }
+
+    #[test]
+    fn an_empty_directory_made_by_hand_is_narrowed_to_0700() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("made-by-hand");
+        fs::create_dir(&path).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = StateDir::new(&path);
+        dir.create().unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o700);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub fn status_json(state: &StateDir) -> Result<Value, Refusal> {
     let status = state.read_status();
     Ok(json!({
         "origin": credential.origin,
+        "devHost": credential.dev_host,
         "nodeId": credential.node_id,
         "clusterId": credential.cluster_id,
         "credentialGeneration": credential.credential_generation,
@@ -37,7 +38,8 @@ pub fn status_text(state: &StateDir) -> Result<String, Refusal> {
     let status = state.read_status();
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("{k:<12}{v}\n"));
-    line("origin", credential.origin.clone());
+    let dev = if credential.dev_host { " (dev host, plain http)" } else { "" };
+    line("origin", format!("{}{dev}", credential.origin));
     line("node", credential.node_id.clone());
     line("cluster", credential.cluster_id.clone());
     line(
@@ -112,6 +114,7 @@ mod tests {
             credential_generation: 3,
             pending_token: None,
             pending_mutation_id: None,
+            dev_host: false,
         };
         dir.write_new_credential(&credential).unwrap();
         let text = status_text(&dir).unwrap();

@@ -122,6 +122,7 @@ async fn cluster_name(state: &Host, identity: &Viewer, cluster_id: &str) -> std:
 #[derive(Serialize, Default)]
 struct JumpForm {
     node_name: String,
+    set_hostname: bool,
     ttl_minutes: String,
 }
 
@@ -202,6 +203,9 @@ pub(super) async fn jump(State(state): State<Host>, Path(cluster_id): Path<Strin
     if !form.text("nodeName").is_empty() {
         body["nodeName"] = json!(form.text("nodeName"));
     }
+    if form.text("setHostname") == "true" {
+        body["setHostname"] = json!(true);
+    }
     if !form.text("ttlMinutes").is_empty() {
         body["ttlMinutes"] = number(form.text("ttlMinutes"));
     }
@@ -226,6 +230,7 @@ pub(super) async fn jump(State(state): State<Host>, Path(cluster_id): Path<Strin
             let flash = Flash::refused("No jump command was created", &refusal, "Your entries are kept below.");
             let typed = JumpForm {
                 node_name: form.text("nodeName").chars().take(100).collect(),
+                set_hostname: form.text("setHostname") == "true",
                 ttl_minutes: form.text("ttlMinutes").chars().take(20).collect(),
             };
             nodes_page(&state, &identity, &cluster_id, status_of(&refusal), Some(flash), typed).await

@@ -2565,7 +2565,9 @@ async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted
     let refused = submit(&state, &format!("{nodes}/jump"), &[("nodeName", "Edge 1")], &cookie).await;
     assert_eq!(flash_code(&refused.body).as_deref(), Some("name-invalid"), "{}", refused.body);
     assert_eq!(value_of(&refused.body, "jump-name"), "Edge 1");
-    let jumped = submit(&state, &format!("{nodes}/jump"), &[("nodeName", "edge-1"), ("ttlMinutes", "15")], &cookie).await;
+    let jumped =
+        submit(&state, &format!("{nodes}/jump"), &[("nodeName", "edge-1"), ("setHostname", "true"), ("ttlMinutes", "15")], &cookie)
+            .await;
     assert_eq!(jumped.status, StatusCode::OK, "{}", jumped.body);
     let command = value_of(&jumped.body, "jump-command");
     assert!(command.starts_with("curl -fsSL 'http://capstan.test/jump/") && command.ends_with("' | sudo bash"), "{command}");

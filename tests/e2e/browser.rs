@@ -992,6 +992,7 @@ async fn nodes_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     wait_for(client, "#nodes-empty").await;
     assert_eq!(client.title().await.unwrap(), "Nodes of edge · Capstan");
     fill(client, "#jump-name", "edge-1").await;
+    click(client, "#jump-set-hostname").await;
     click(client, "#jump-submit").await;
     let command = wait_for(client, "#jump-command").await.prop("value").await.unwrap().unwrap_or_default();
     assert!(command.starts_with("curl -fsSL 'http://") && command.ends_with("' | sudo bash"), "{command}");

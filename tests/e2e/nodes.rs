@@ -40,7 +40,19 @@ pub(crate) fn agent_binary() -> &'static Path {
 
 /// A `capstan-agent` command with its state under `state_dir` and no inherited agent settings.
 fn agent(state_dir: &Path) -> Command {
-    let mut cmd = Command::new(agent_binary());
+    agent_in(None, state_dir)
+}
+
+/// [`agent`], inside the network namespace `netns` when one is named.
+fn agent_in(netns: Option<&str>, state_dir: &Path) -> Command {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns]).arg(agent_binary());
+            cmd
+        }
+        None => Command::new(agent_binary()),
+    };
     cmd.env_remove("CAPSTAN_AGENT_HOSTNAME_FILE").env_remove("CAPSTAN_AGENT_LOG").env("CAPSTAN_AGENT_STATE_DIR", state_dir);
     cmd.stdin(Stdio::null());
     cmd
@@ -49,13 +61,25 @@ fn agent(state_dir: &Path) -> Command {
 /// Run exactly the enrollment step of `script` (the lines between its markers) under bash, as
 /// the script would, with the agent found on PATH and its state under `state_dir`.
 fn run_enroll_step(script: &str, state_dir: &Path) -> crate::support::Exited {
+    run_enroll_step_in(None, script, state_dir)
+}
+
+/// [`run_enroll_step`], inside the network namespace `netns` when one is named.
+fn run_enroll_step_in(netns: Option<&str>, script: &str, state_dir: &Path) -> crate::support::Exited {
     let begin = script.find("# -- enroll --").expect("the script marks its enrollment step");
     let end = script.find("# -- end enroll --").expect("the script marks the end of its enrollment step");
     let step = &script[begin..end];
-    assert!(step.contains("| capstan-agent enroll '"), "the step pipes the code to capstan-agent enroll: {step}");
+    assert!(step.contains("| capstan-agent enroll "), "the step pipes the code to capstan-agent enroll: {step}");
     let bin_dir = agent_binary().parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let mut cmd = Command::new("bash");
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns, "bash"]);
+            cmd
+        }
+        None => Command::new("bash"),
+    };
     cmd.arg("-c")
         .arg(format!("set -euo pipefail\n{step}"))
         .env("PATH", path)
@@ -73,8 +97,12 @@ struct RunningAgent {
 
 impl RunningAgent {
     fn start(state_dir: &Path, hostname_file: &Path) -> RunningAgent {
-        let mut cmd = agent(state_dir);
-        cmd.args(["run", "--interval", "1s", "--hostname-file"]).arg(hostname_file).stdout(Stdio::null()).stderr(Stdio::piped());
+        RunningAgent::start_in(None, state_dir, hostname_file, &[])
+    }
+
+    fn start_in(netns: Option<&str>, state_dir: &Path, hostname_file: &Path, more: &[&str]) -> RunningAgent {
+        let mut cmd = agent_in(netns, state_dir);
+        cmd.args(["run", "--interval", "1s"]).args(more).arg("--hostname-file").arg(hostname_file).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning capstan-agent run");
         let stderr = crate::support::keep_stderr(&mut child);
         RunningAgent { child, stderr }
@@ -330,4 +358,127 @@ fn a_machine_enrolls_with_the_served_script_beats_follows_its_hostname_rotates_a
 /// Milliseconds since the epoch (the host's clock is this machine's).
 fn capstan_now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A second machine on the LAN: a network namespace joined to this host by a veth link, this
+/// host at `host_ip`, the machine at `node_ip`. Removed when dropped.
+struct LanMachine {
+    netns: String,
+    veth: String,
+    host_ip: String,
+}
+
+impl LanMachine {
+    fn start() -> LanMachine {
+        use crate::runtime::run;
+        let tag = std::process::id() % 10_000;
+        // named as the runtime test's namespaces, so a run killed midway is cleaned by the next
+        let (netns, veth, peer) = (format!("capstan-rt-{tag}-lan"), format!("crt{tag}lan"), format!("crt{tag}lp"));
+        let _ = Command::new("ip").args(["netns", "del", &netns]).output();
+        let subnet = crate::runtime::free_subnet();
+        let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
+        run("ip", &["netns", "add", &netns]);
+        let machine = LanMachine { netns: netns.clone(), veth: veth.clone(), host_ip: host_ip.clone() };
+        run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
+        run("ip", &["link", "set", &peer, "netns", &netns]);
+        run("ip", &["addr", "add", &format!("{host_ip}/24"), "dev", &veth]);
+        run("ip", &["link", "set", &veth, "up"]);
+        run("ip", &["netns", "exec", &netns, "ip", "addr", "add", &format!("{node_ip}/24"), "dev", &peer]);
+        run("ip", &["netns", "exec", &netns, "ip", "link", "set", &peer, "up"]);
+        run("ip", &["netns", "exec", &netns, "ip", "link", "set", "lo", "up"]);
+        machine
+    }
+
+    /// `program ARGS` on the machine, run to its exit.
+    fn exec(&self, program: &str, args: &[&str]) -> crate::support::Exited {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.netns, program]).args(args).stdin(Stdio::null());
+        run_to_exit(cmd)
+    }
+}
+
+impl Drop for LanMachine {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.veth]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.netns]).output();
+    }
+}
+
+#[test]
+fn a_dev_host_on_the_lan_enrolls_a_second_machine_over_plain_http_saying_so() {
+    if crate::runtime::skipped() {
+        return;
+    }
+    if !machine_hostname_is_a_label() {
+        eprintln!("skipped: this machine's short hostname is not one DNS label, which the agent refuses to offer");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lan = LanMachine::start();
+    // as the operator would: every address, a LAN origin
+    let port = free_port();
+    let origin = format!("http://{}:{port}", lan.host_ip);
+    let mut cmd = with_test_admin(capstan());
+    cmd.args(["serve", "--dev", "--data-dir"]).arg(dir.path().join("data"));
+    cmd.args(["--listen", &format!("0.0.0.0:{port}"), "--network", "lan", "--public-origin", &origin]);
+    cmd.env("CAPSTAN_AGENT_BINARY", agent_binary());
+    let server = Capstan::start(cmd);
+    server.ready_status();
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let cluster = ok(&server, &admin, "clusters.create", json!({ "name": "lan-lab" }))["cluster"]["id"].as_str().unwrap().to_string();
+
+    // a node name without --set-hostname: the node is named, the machine is not renamed
+    let jump = ok(&server, &admin, "nodes.createJumpCommand", json!({ "clusterId": cluster, "nodeName": "lan-1" }));
+    let code = jump["code"].as_str().unwrap().to_string();
+    assert_eq!(jump["command"], format!("curl -fsSL '{origin}/jump/{code}' | sudo bash"), "{jump}");
+
+    // the second machine fetches the script and the landing page over the LAN origin
+    let fetched = lan.exec("curl", &["-fsS", &format!("{origin}/jump/{code}/setup.sh")]);
+    assert!(fetched.status.success(), "the machine reaches the dev host over the LAN: {}", fetched.stderr);
+    let script = fetched.stdout;
+    assert!(script.contains(&format!("# DEV MODE: Capstan runs `serve --dev` and this script talks to it over plain http ({origin})")));
+    assert!(script.contains(&format!("| capstan-agent enroll --dev-host '{origin}'")), "{script}");
+    assert!(!script.contains("hostnamectl"), "no hostname was asked for, so the machine keeps its own:\n{script}");
+    let page = lan.exec("curl", &["-fsS", "-H", "accept: text/html", &format!("{origin}/jump/{code}")]);
+    assert!(page.stdout.contains("Dev host:") && page.stdout.contains("--dev-host"), "{}", page.stdout);
+
+    // without the jump command's word, the agent refuses plain http beyond loopback, spending nothing
+    let state_dir = dir.path().join("agent-state");
+    let refused = run_to_exit({
+        let mut cmd = agent_in(Some(&lan.netns), &state_dir);
+        cmd.args(["enroll", &origin]);
+        cmd
+    });
+    assert!(refused.stderr.contains("error: origin-not-https: "), "{}", refused.stderr);
+
+    // a state directory made open by hand, still empty, is narrowed rather than refused
+    std::fs::create_dir(&state_dir).unwrap();
+    std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let enrolled = run_enroll_step_in(Some(&lan.netns), &script, &state_dir);
+    assert!(enrolled.status.success(), "the enrollment step succeeds:\nstdout:\n{}\nstderr:\n{}", enrolled.stdout, enrolled.stderr);
+    assert!(enrolled.stderr.contains(&format!("capstan-agent: DEV HOST: {origin} is a Capstan dev host")), "{}", enrolled.stderr);
+    assert_eq!(std::fs::metadata(&state_dir).unwrap().permissions().mode() & 0o777, 0o700);
+    let credential = read_json(&state_dir.join("credential.json"));
+    assert_eq!((credential["origin"].as_str(), credential["devHost"].as_bool()), (Some(origin.as_str()), Some(true)));
+    let node_id = credential["nodeId"].as_str().unwrap().to_string();
+    let machine = Command::new("hostname").arg("-s").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_ascii_lowercase()).unwrap();
+    let node = ok(&server, &admin, "nodes.get", json!({ "id": node_id }));
+    assert_eq!((node["name"].as_str(), node["hostname"].as_str()), (Some("lan-1"), Some(machine.as_str())), "{node}");
+
+    // it runs from the LAN, saying at start that it talks to a dev host, and goes live
+    let running = RunningAgent::start_in(Some(&lan.netns), &state_dir, &dir.path().join("hostname"), &["--no-workloads"]);
+    eventually("the LAN machine live", SEEN, || {
+        let node = ok(&server, &admin, "nodes.get", json!({ "id": node_id }));
+        if node["live"] == true { Ok(()) } else { Err(format!("{node}\n{}", running.stderr())) }
+    });
+    assert!(running.stderr().contains("DEV HOST"), "{}", running.stderr());
+    let status = run_to_exit({
+        let mut cmd = agent(&state_dir);
+        cmd.arg("status");
+        cmd
+    });
+    assert!(status.stdout.contains(&format!("{origin} (dev host, plain http)")), "{}", status.stdout);
+    assert!(!std::fs::exists(dir.path().join("hostname")).unwrap(), "nothing renamed the machine");
+    let (exit, _) = running.stop();
+    assert!(exit.success());
 }

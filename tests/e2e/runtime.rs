@@ -69,7 +69,7 @@ pub(crate) fn run(program: &str, args: &[&str]) -> String {
 /// node's packets elsewhere (its agent then waits for answers that never come). Namespaces of
 /// other runs with nothing left running in them are removed first; the lock keeps tests starting
 /// at once off each other's subnets.
-fn free_subnet() -> u32 {
+pub(crate) fn free_subnet() -> u32 {
     static TAKEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
     let mut taken = TAKEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let ours = format!("capstan-rt-{}-", std::process::id() % 10_000);

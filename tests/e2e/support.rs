@@ -260,12 +260,15 @@ impl Capstan {
             match lines.recv_timeout(left) {
                 Ok(line) => {
                     if let Some(rest) = line.strip_prefix(SERVING) {
-                        let addr = rest.split_whitespace().next().unwrap_or_default().to_string();
-                        assert!(
-                            addr.starts_with("127.0.0.1:") && addr[10..].parse::<u16>().is_ok_and(|p| p != 0),
-                            "the serving line should name 127.0.0.1:<port>, got {line:?}"
-                        );
-                        break addr;
+                        let named = rest.split_whitespace().next().unwrap_or_default();
+                        let mut addr: std::net::SocketAddr =
+                            named.parse().unwrap_or_else(|_| panic!("the serving line should name <ip>:<port>, got {line:?}"));
+                        assert_ne!(addr.port(), 0, "the serving line names the bound port: {line:?}");
+                        // a wildcard bind is reached on loopback
+                        if addr.ip().is_unspecified() {
+                            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                        }
+                        break addr.to_string();
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {

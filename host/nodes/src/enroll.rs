@@ -4,7 +4,7 @@
 //! same request again answers the same answer and creates nothing.
 
 use super::{CLUSTER_NODES, Context, NODE_CREDENTIALS, NODE_JUMP_CODES, check_hostname, emit, is_sha256_hex, new_node_id};
-use super::{propose_name, sha256_hex, worker_hostname};
+use super::{propose_name, sha256_hex};
 use crate::credentials::Credential;
 use crate::hostnames::hostname_in_use;
 use crate::jump::{find, in_use, invalid_code};
@@ -82,10 +82,9 @@ pub async fn enroll(cx: &Context, request: &EnrollRequest) -> Result<Enrolled> {
             if tx.get(capstan_inventory::CLUSTERS, &cluster_id).await?.is_none() {
                 return Err(invalid_code());
             }
-            let (name, hostname) = match &code.data.node_name {
-                Some(name) => (name.clone(), worker_hostname(name)),
-                None => (propose_name(agent_hostname), agent_hostname.clone()),
-            };
+            // the command's name is kept; the hostname is the one the script set, else the machine's own
+            let name = code.data.node_name.clone().unwrap_or_else(|| propose_name(agent_hostname));
+            let hostname = code.data.hostname().unwrap_or_else(|| agent_hostname.clone());
             if hostname_in_use(&tx, &cluster_id, &hostname, None, Some(&code.id), now).await? {
                 return Err(in_use(&hostname, "hostname"));
             }

@@ -42,7 +42,7 @@ pub async fn hostname_in_use(
             continue;
         }
         let code: Entity<JumpCode> = parse(&doc)?;
-        if code.data.usable(now) && code.data.node_name.as_deref().is_some_and(|n| worker_hostname(n) == hostname) {
+        if code.data.usable(now) && code.data.hostname().as_deref() == Some(hostname) {
             return Ok(true);
         }
     }

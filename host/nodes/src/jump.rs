@@ -38,9 +38,12 @@ pub const BINARY_SHA256_HEADER: &str = "x-capstan-sha256";
 pub struct JumpCode {
     /// The cluster the machine joins.
     pub cluster_id: String,
-    /// The node's name when the command names one (its hostname becomes `worker-<name>`).
+    /// The node's name when the command names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// Whether the script renames the machine `worker-<name>` (asked for with the name only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub set_hostname: bool,
     /// When it stops working (milliseconds since the epoch).
     pub expires_at: u64,
     /// The administrator who created it.
@@ -60,6 +63,11 @@ impl JumpCode {
     pub fn usable(&self, now: u64) -> bool {
         self.used_at.is_none() && now < self.expires_at
     }
+
+    /// The hostname the script gives the machine, when the command asked for one.
+    pub fn hostname(&self) -> Option<String> {
+        self.node_name.as_deref().filter(|_| self.set_hostname).map(worker_hostname)
+    }
 }
 
 /// Input of `nodes.createJumpCommand`.
@@ -68,8 +76,13 @@ impl JumpCode {
 pub struct CreateInput {
     /// The cluster the machine joins.
     pub cluster_id: String,
-    /// The node's name (1–48 of a-z 0-9 -): the script sets the hostname `worker-<name>`.
+    /// The node's name (1–48 of a-z 0-9 -); without it the node is named after the machine's
+    /// hostname.
     pub node_name: Option<String>,
+    /// Rename the machine `worker-<nodeName>` in the script (default false: the machine keeps its
+    /// hostname). Needs `nodeName`.
+    #[serde(default)]
+    pub set_hostname: bool,
     /// How long the code works: 1–1440 minutes (default 30).
     pub ttl_minutes: Option<u64>,
 }
@@ -139,6 +152,8 @@ pub struct Usable {
     pub cluster_name: String,
     /// The node name the code carries.
     pub node_name: Option<String>,
+    /// The hostname the script gives the machine, when the command asked for one.
+    pub hostname: Option<String>,
 }
 
 /// The code, if it can be used now (and its cluster still exists); else `jump-code-invalid`.
@@ -149,7 +164,8 @@ pub async fn usable(cx: &Context, code: &str) -> Result<Usable> {
             let found = find(&tx, code).await?.filter(|c| c.data.usable(now)).ok_or_else(invalid_code)?;
             let cluster = tx.get(capstan_inventory::CLUSTERS, &found.data.cluster_id).await?.ok_or_else(invalid_code)?;
             let cluster_name = cluster.data["name"].as_str().unwrap_or_default().to_string();
-            Ok(Usable { cluster_name, node_name: found.data.node_name })
+            let hostname = found.data.hostname();
+            Ok(Usable { cluster_name, node_name: found.data.node_name, hostname })
         })
         .await
 }
@@ -165,7 +181,7 @@ pub fn script(cx: &Context, code: &str, usable: &Usable) -> String {
     let mut out = String::new();
     out.push_str("#!/usr/bin/env bash\n");
     out.push_str(&format!("# Capstan: set this machine up as a node of the cluster {}.\n", usable.cluster_name));
-    if cx.dev && !origin.starts_with("https://") {
+    if dev_host(cx) {
         out.push_str(&format!("# DEV MODE: Capstan runs `serve --dev` and this script talks to it over plain http ({origin}).\n"));
     }
     out.push_str(
@@ -195,13 +211,16 @@ trap 'rm -f "$download" "$headers"' EXIT
     out.push_str(&download_step(origin));
     out.push_str(DOWNLOAD_END);
     out.push_str("\n\n");
-    if let Some(name) = &usable.node_name {
-        out.push_str(&format!("hostnamectl set-hostname '{}'\n\n", worker_hostname(name)));
+    // the machine keeps its name unless the command asked for one
+    if let Some(hostname) = &usable.hostname {
+        out.push_str(&format!("hostnamectl set-hostname '{hostname}'\n\n"));
     }
     out.push_str("# the code travels on stdin only (printf is a builtin): never an argument, the environment or a file\n");
     out.push_str(ENROLL_BEGIN);
     out.push('\n');
-    out.push_str(&format!("printf '%s\\n' '{code}' | capstan-agent enroll '{origin}'\n"));
+    // only a dev host's script lets the agent talk plain http beyond loopback, and says so
+    let dev_flag = if dev_host(cx) { "--dev-host " } else { "" };
+    out.push_str(&format!("printf '%s\\n' '{code}' | capstan-agent enroll {dev_flag}'{origin}'\n"));
     out.push_str(ENROLL_END);
     out.push('\n');
     out.push_str(
@@ -231,6 +250,11 @@ echo "capstan: this machine is enrolled and capstan-agent.service runs"
 "#,
     );
     out
+}
+
+/// Whether this host is a dev host serving over plain http (`serve --dev` without https).
+fn dev_host(cx: &Context) -> bool {
+    cx.dev && !cx.public_origin.starts_with("https://")
 }
 
 /// Fetch the agent for `$platform`, and install it only when it matches the SHA-256 the host
@@ -267,8 +291,9 @@ fn escape(text: &str) -> String {
 
 /// The landing page a browser gets at `/jump/<code>`.
 pub fn landing_page(cx: &Context, code: &str, usable: &Usable) -> String {
-    let dev = if cx.dev && !cx.public_origin.starts_with("https://") {
-        "<p><strong>Dev mode:</strong> this Capstan runs <code>serve --dev</code>; the script talks to it over plain http.</p>"
+    let dev = if dev_host(cx) {
+        "<p><strong>Dev host:</strong> this Capstan runs <code>serve --dev</code>; the script and the agent talk to it over \
+plain http (<code>capstan-agent enroll --dev-host</code>). Use it for trying Capstan out, never for machines that matter.</p>"
     } else {
         ""
     };
@@ -293,12 +318,16 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
     if let Some(name) = &input.node_name {
         check_name("nodeName", name)?;
     }
+    if input.set_hostname && input.node_name.is_none() {
+        return Err(Refusal::invalid_field("setHostname", "setHostname renames the machine worker-<nodeName>: name the node too"));
+    }
     let code = new_code();
     let hash = sha256_hex(code.as_bytes());
     let now = cx.clock.now_ms();
     let record = JumpCode {
         cluster_id: input.cluster_id.clone(),
         node_name: input.node_name.clone(),
+        set_hostname: input.set_hostname,
         expires_at: now + ttl * 60_000,
         created_by: by,
         created_at: now,
@@ -309,8 +338,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
     cx.store
         .transact(|tx| async move {
             capstan_inventory::clusters::require_cluster(&tx, &record_ref.cluster_id).await?;
-            if let Some(name) = &record_ref.node_name {
-                let hostname = worker_hostname(name);
+            if let Some(hostname) = record_ref.hostname() {
                 if hostname_in_use(&tx, &record_ref.cluster_id, &hostname, None, None, now).await? {
                     return Err(in_use(&hostname, "nodeName"));
                 }
@@ -371,7 +399,7 @@ mod tests {
     async fn the_script_enrolls_with_the_code_on_stdin_only() {
         let dir = tempfile::tempdir().unwrap();
         let cx = crate::testing::context(dir.path(), "https://capstan.example", false).await;
-        let usable = Usable { cluster_name: "prod".into(), node_name: Some("gras".into()) };
+        let usable = Usable { cluster_name: "prod".into(), node_name: Some("gras".into()), hostname: Some("worker-gras".into()) };
         let script = script(&cx, "AbCdEfGh12345678", &usable);
         assert!(script.starts_with("#!/usr/bin/env bash\n"));
         assert!(script.contains("\nset -euo pipefail\n"));
@@ -391,6 +419,24 @@ mod tests {
             page.contains("Join the cluster prod")
                 && page.contains("curl -fsSL &#39;https://capstan.example/jump/AbCdEfGh12345678&#39; | sudo bash")
         );
+    }
+
+    #[tokio::test]
+    async fn a_dev_host_script_says_so_and_a_named_node_keeps_the_machine_s_hostname() {
+        let dir = tempfile::tempdir().unwrap();
+        let cx = crate::testing::context(dir.path(), "http://192.168.1.20:8080", true).await;
+        let usable = Usable { cluster_name: "lab".into(), node_name: Some("lan-1".into()), hostname: None };
+        let dev = script(&cx, "AbCdEfGh12345678", &usable);
+        assert!(dev.contains("# DEV MODE"));
+        assert!(!dev.contains("hostnamectl"), "a name alone never renames the machine");
+        let step = lines_between(&dev, ENROLL_BEGIN, ENROLL_END);
+        assert_eq!(step, "printf '%s\\n' 'AbCdEfGh12345678' | capstan-agent enroll --dev-host 'http://192.168.1.20:8080'\n");
+        assert!(landing_page(&cx, "AbCdEfGh12345678", &usable).contains("Dev host:"));
+
+        // an https dev host is no dev host to the agent
+        let other = tempfile::tempdir().unwrap();
+        let cx = crate::testing::context(other.path(), "https://capstan.example", true).await;
+        assert!(!lines_between(&script(&cx, "AbCdEfGh12345678", &usable), ENROLL_BEGIN, ENROLL_END).contains("--dev-host"));
     }
 
     /// The lines between `begin` and `end`.
@@ -445,7 +491,7 @@ install() {{ cp "$3" "$DIR/installed"; }}
     async fn the_script_installs_the_agent_only_when_its_sha256_matches_the_header() {
         let dir = tempfile::tempdir().unwrap();
         let cx = crate::testing::context(dir.path(), "https://capstan.example", false).await;
-        let script = script(&cx, "AbCdEfGh12345678", &Usable { cluster_name: "prod".into(), node_name: None });
+        let script = script(&cx, "AbCdEfGh12345678", &Usable { cluster_name: "prod".into(), node_name: None, hostname: None });
         let download = lines_between(&script, DOWNLOAD_BEGIN, DOWNLOAD_END);
         let body = b"\x7fELF the agent".as_slice();
         let digest = sha256_hex(body);
@@ -482,7 +528,7 @@ install() {{ cp "$3" "$DIR/installed"; }}
         cx.dev = true;
         check_origin(&cx).unwrap();
         cx.public_origin = "http://127.0.0.1:8080".into();
-        let script = script(&cx, "AbCdEfGh12345678", &Usable { cluster_name: "prod".into(), node_name: None });
+        let script = script(&cx, "AbCdEfGh12345678", &Usable { cluster_name: "prod".into(), node_name: None, hostname: None });
         assert!(script.contains("# DEV MODE") && !script.contains("hostnamectl"));
         cx.public_origin = "https://x.example/'; rm -rf /".into();
         assert_eq!(check_origin(&cx).unwrap_err().code, "public-origin-not-https");

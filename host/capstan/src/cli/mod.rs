@@ -185,6 +185,11 @@ struct ServeArgs {
     /// The network a bind or advertised address beyond loopback is on [env: CAPSTAN_NETWORK]
     #[arg(long, value_name = "NETWORK", value_parser = ["lan", "wireguard", "public"])]
     network: Option<String>,
+    /// The origin people and machines reach this Capstan at, e.g. https://capstan.example.com;
+    /// with --dev, a plain http LAN origin serves jump commands a second machine can run
+    /// [env: CAPSTAN_PUBLIC_ORIGIN] [--dev: http://<listen address>]
+    #[arg(long, value_name = "ORIGIN")]
+    public_origin: Option<String>,
     /// A PEM file of root certificates plugins' outbound HTTPS trusts besides the platform's
     /// (a private CA) [env: CAPSTAN_PLUGIN_HTTP_CA_FILE]
     #[arg(long, value_name = "FILE")]
@@ -280,6 +285,7 @@ pub fn main() -> ExitCode {
                 node_id: args.node_id,
                 node_labels: args.node_labels,
                 network: args.network,
+                public_origin: args.public_origin,
                 plugin_http_ca_file: args.plugin_http_ca_file,
                 demo: args.demo,
             };

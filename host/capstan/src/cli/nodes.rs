@@ -66,17 +66,22 @@ pub enum NodesCommand {
     ///
     /// Prints the command and when its code expires. The code is inside the command and is
     /// shown this once: Capstan keeps only its SHA-256, and it works once. Refuses
-    /// `cluster-not-found`, `name-invalid`, `hostname-in-use` (a node of the cluster carries
-    /// or is meant to carry worker-<name>), `invalid-request` for a ttl outside 1–1440, and
-    /// `public-origin-not-https` when Capstan's public origin is not https (outside dev mode).
+    /// `cluster-not-found`, `name-invalid`, `hostname-in-use` (with --set-hostname: a node of
+    /// the cluster carries or is meant to carry worker-<name>), `invalid-request` for a ttl
+    /// outside 1–1440, and `public-origin-not-https` when Capstan's public origin is not https
+    /// (outside dev mode; a dev host's command tells the agent so with --dev-host).
     Jump {
         /// The cluster the machine joins (its name or id)
         #[arg(long, value_name = "NAME|ID")]
         cluster: String,
-        /// The node's name: the machine is renamed worker-<name> (1–48 of a-z 0-9 -).
-        /// Without it the node keeps the machine's own hostname
+        /// The node's name in Capstan (1–48 of a-z 0-9 -). Without it the node is named after
+        /// the machine's hostname
         #[arg(long, value_name = "N")]
         name: Option<String>,
+        /// Also rename the machine worker-<name> (hostnamectl, in the script). Without it the
+        /// machine keeps its own hostname
+        #[arg(long, requires = "name")]
+        set_hostname: bool,
         /// Minutes the code stays usable (1–1440) [default: 30]
         #[arg(long, value_name = "M")]
         ttl_minutes: Option<u64>,
@@ -211,7 +216,9 @@ pub fn run(command: NodesCommand) -> ExitCode {
     let (result, json) = match command {
         NodesCommand::List { cluster, cursor, limit, common } => (list(cluster, cursor, limit, &common), common.json),
         NodesCommand::Get { id, common } => (get(&id, &common), common.json),
-        NodesCommand::Jump { cluster, name, ttl_minutes, common } => (jump(&cluster, name, ttl_minutes, &common), common.json),
+        NodesCommand::Jump { cluster, name, set_hostname, ttl_minutes, common } => {
+            (jump(&cluster, name, set_hostname, ttl_minutes, &common), common.json)
+        }
         NodesCommand::Credential { id, common } => (credential(&id, &common), common.json),
         NodesCommand::Rotate { id, token_sha256, expected_generation, mutation_id, common } => {
             (rotate(&id, &token_sha256, expected_generation, mutation_id, &common), common.json)
@@ -418,12 +425,15 @@ fn get(id: &str, common: &Common) -> Result<()> {
 
 // ---- jump codes ----
 
-fn jump(cluster: &str, name: Option<String>, ttl_minutes: Option<u64>, common: &Common) -> Result<()> {
+fn jump(cluster: &str, name: Option<String>, set_hostname: bool, ttl_minutes: Option<u64>, common: &Common) -> Result<()> {
     let client = Client::new(&common.connection)?;
     let mut body = Map::new();
     body.insert("clusterId".into(), json!(resolve::cluster(&client, cluster)?));
     if let Some(name) = name {
         body.insert("nodeName".into(), json!(name));
+    }
+    if set_hostname {
+        body.insert("setHostname".into(), json!(true));
     }
     if let Some(ttl) = ttl_minutes {
         body.insert("ttlMinutes".into(), json!(ttl));

@@ -316,6 +316,8 @@ pub struct Flags {
     pub node_labels: Vec<String>,
     /// `--network NETWORK`: `lan`, `wireguard` or `public`.
     pub network: Option<String>,
+    /// `--public-origin ORIGIN`: the origin people and machines reach this Capstan at.
+    pub public_origin: Option<String>,
     /// `--plugin-http-ca-file FILE`
     pub plugin_http_ca_file: Option<PathBuf>,
     /// `--demo`: install demo data (with `--dev` only).
@@ -585,7 +587,15 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
         Some(dir) => dir.display().to_string(),
         None => required(STATE_DIR, &|d| d.display().to_string()),
     };
-    let public_origin = required(PUBLIC_ORIGIN, &|_| format!("http://{listen}"));
+    // a wildcard bind is reached on loopback unless the operator names the address others use
+    let reached = match listen.ip().is_unspecified() {
+        true => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), listen.port()),
+        false => listen,
+    };
+    let public_origin = match flags.public_origin.clone() {
+        Some(origin) => origin,
+        None => required(PUBLIC_ORIGIN, &|_| format!("http://{reached}")),
+    };
     let keyring_path = required(KEYRING_PATH, &|d| d.join("keyring.json").display().to_string());
     let database_url = required(DATABASE_URL, &|d| format!("sqlite:{}", d.join("capstan.sqlite").display()));
     let blob_url = required(BLOB_URL, &|d| format!("file:{}", d.join("blobs").display()));
@@ -1041,6 +1051,27 @@ mod tests {
         assert_eq!(config.node.labels, BTreeMap::from([("tier".to_string(), "slow".to_string())]), "the flag replaces both");
         e.insert(NODE_LABELS.into(), "novalue".into());
         assert_eq!(resolve(&Flags::default(), &e).unwrap_err().code, "invalid-input");
+    }
+
+    #[test]
+    fn a_dev_host_on_the_lan_states_its_origin_with_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = |public_origin: Option<&str>| Flags {
+            dev: true,
+            data_dir: Some(dir.path().to_path_buf()),
+            listen: Some("0.0.0.0:8080".into()),
+            network: Some("lan".into()),
+            public_origin: public_origin.map(String::from),
+            ..Flags::default()
+        };
+        let config = resolve(&dev(Some("http://192.168.1.20:8080")), &env(&[])).unwrap();
+        assert_eq!(config.public_origin, "http://192.168.1.20:8080");
+        assert!(config.dev_defaults.iter().all(|(k, _)| *k != PUBLIC_ORIGIN), "the flag is no default");
+        // a wildcard bind with no origin stated is reached on loopback
+        assert_eq!(resolve(&dev(None), &env(&[])).unwrap().public_origin, "http://127.0.0.1:8080");
+        // the flag wins over the variable
+        let config = resolve(&dev(Some("http://10.0.0.9:8080")), &env(&[(PUBLIC_ORIGIN, "http://10.0.0.1:1")])).unwrap();
+        assert_eq!(config.public_origin, "http://10.0.0.9:8080");
     }
 
     #[test]

@@ -169,7 +169,7 @@ async fn count(state: &AppState, collection: &str) -> usize {
 async fn jump_commands_show_the_code_once_and_keep_only_its_hash() {
     let w = World::new().await;
     let before = capstan_core::clock::now_ms();
-    let created = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras"})).await;
+    let created = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true})).await;
     let code = created["code"].as_str().unwrap();
     assert!(code.len() == 16 && code.chars().all(|c| c.is_ascii_alphanumeric()), "{code}");
     assert_eq!(created["url"], format!("https://capstan.example/jump/{code}"));
@@ -195,8 +195,12 @@ async fn jump_commands_show_the_code_once_and_keep_only_its_hash() {
     assert!(day["expiresAt"].as_u64().unwrap() >= before + 1440 * 60_000);
     w.refused("nodes.createJumpCommand", json!({"clusterId": "cluster_nope"}), "cluster-not-found").await;
     w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "nodeName": "Bad_Name"}), "name-invalid").await;
-    // an unused code naming worker-gras holds that hostname
-    w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "nodeName": "gras"}), "hostname-in-use").await;
+    // an unused code renaming a machine worker-gras holds that hostname; a name alone holds none
+    w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true}), "hostname-in-use")
+        .await;
+    w.jump(json!({"clusterId": w.cluster, "nodeName": "gras"})).await;
+    let err = w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "setHostname": true}), "invalid-request").await;
+    assert_eq!(err.data.unwrap()["field"], "setHostname");
 
     // an http origin carries no script, except in dev mode
     let plain = World::at("http://capstan.test", false).await;
@@ -207,14 +211,14 @@ async fn jump_commands_show_the_code_once_and_keep_only_its_hash() {
     assert_eq!(script.status, StatusCode::OK);
     assert!(script.text().contains("# DEV MODE"));
     let page = dev.get(&format!("/jump/{code}"), Some("text/html")).await;
-    assert!(page.text().contains("Dev mode"), "{}", page.text());
+    assert!(page.text().contains("Dev host:"), "{}", page.text());
 }
 
 #[tokio::test]
 async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
     let logs = super::plugins::captured_logs();
     let w = World::new().await;
-    let created = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras"})).await;
+    let created = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true})).await;
     let code = created["code"].as_str().unwrap();
 
     let script = w.get(&format!("/jump/{code}"), Some("*/*")).await;
@@ -238,7 +242,7 @@ async fn the_jump_routes_serve_the_script_and_one_uniform_404() {
     let page = w.get(&format!("/jump/{code}"), Some("text/html,application/xhtml+xml")).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html"));
-    assert!(page.text().contains("Join the cluster prod") && !page.text().contains("Dev mode"));
+    assert!(page.text().contains("Join the cluster prod") && !page.text().contains("Dev host"));
     // the dashboard's page headers, with the referrer withheld altogether (the URL is the code)
     for (name, value) in crate::page_headers::HEADERS {
         let expected = if name == header::REFERRER_POLICY { "no-referrer" } else { value };
@@ -412,11 +416,16 @@ async fn enrollment_is_one_transaction_and_an_exact_replay_creates_nothing() {
     assert_eq!((bad.status, bad.code().as_str()), (StatusCode::BAD_REQUEST, "hostname-invalid"));
     let taken = w.agent("enroll", enroll_body(&w.code().await, "NODE-A", &new_token()), None).await;
     assert_eq!((taken.status, taken.code().as_str()), (StatusCode::CONFLICT, "hostname-in-use"));
-    // a code naming the node sets worker-<name>, whatever the machine said
-    let named = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras"})).await["code"].as_str().unwrap().to_string();
+    // a code renaming the machine records worker-<name>, whatever the machine said
+    let named = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true})).await["code"].as_str().unwrap().to_string();
     let reply = w.agent("enroll", enroll_body(&named, "localhost", &new_token()), None).await;
     assert_eq!(reply.json()["hostname"], "worker-gras");
     assert_eq!(w.node(reply.json()["nodeId"].as_str().unwrap()).await["name"], "gras");
+    // a name alone is the node's name; the machine keeps its hostname
+    let named = w.jump(json!({"clusterId": w.cluster, "nodeName": "lab-1"})).await["code"].as_str().unwrap().to_string();
+    let reply = w.agent("enroll", enroll_body(&named, "bench-7", &new_token()), None).await;
+    assert_eq!(reply.json()["hostname"], "bench-7");
+    assert_eq!(w.node(reply.json()["nodeId"].as_str().unwrap()).await["name"], "lab-1");
     // a bad body names its member; an unknown protocol is refused by name
     let code = w.code().await;
     let mut missing = enroll_body(&code, "node-z", &new_token());
@@ -430,7 +439,7 @@ async fn enrollment_is_one_transaction_and_an_exact_replay_creates_nothing() {
     old["protocol"] = json!("capstan-agent/0");
     let reply = w.agent("enroll", old, None).await;
     assert_eq!((reply.status, reply.code().as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "protocol-unsupported"));
-    assert_eq!(count(&w.state, nodes::CLUSTER_NODES).await, 2, "nothing refused wrote a node");
+    assert_eq!(count(&w.state, nodes::CLUSTER_NODES).await, 3, "nothing refused wrote a node");
     // the code refused for a bad body still works
     assert_eq!(w.agent("enroll", enroll_body(&code, "node-z", &new_token()), None).await.status, StatusCode::OK);
 }
