@@ -279,6 +279,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("plugins.inspectUpload", json!({ "upload": "missing" }), admin(Past("invalid-request"))),
         ("plugins.install", json!({ "upload": "missing", "approve": [] }), admin(Past("invalid-request"))),
         ("plugins.list", json!({}), admin(Ran)),
+        ("plugins.listCommands", json!({}), signed_in(Ran)),
         ("plugins.listTrustedPublishers", json!({}), admin(Ran)),
         ("plugins.rebindPublisher", json!({ "id": "missing", "publicKey": "not-a-key" }), admin(Past("publisher-key-invalid"))),
         ("plugins.removeTrustedPublisher", json!({ "publicKey": "not-a-key" }), admin(Past("publisher-key-invalid"))),

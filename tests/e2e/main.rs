@@ -32,6 +32,7 @@ mod mongo;
 mod nodes;
 mod nodes_cli;
 mod operating;
+mod plugin_commands;
 mod plugin_dev;
 mod plugins;
 mod registry;

@@ -520,6 +520,8 @@ impl PluginHost {
         let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&component, &wit)).await.map_err(Refusal::internal)??;
         let sandbox = Arc::new(Sandbox::new(&manifest, grants, prepared, self.services.clone()));
         let described = Described::from_wit(&manifest.id, sandbox.describe().await?)?;
+        let verbs: Vec<&str> = described.methods.keys().map(String::as_str).collect();
+        crate::commands::check_methods(&manifest.id, &manifest.commands, &verbs)?;
         sandbox.declare_settings(&described.settings);
         sandbox.declare_refusals(&described.faces.refusals);
         // `http-setting:<id>.<key>`: one of its own settings, declared as URLs

@@ -24,6 +24,7 @@ use capstan_scheduler as scheduler;
 use capstan_store as store;
 
 pub mod bundle;
+pub mod commands;
 mod contract_0_1;
 mod contract_0_2;
 pub mod faces;

@@ -20,6 +20,12 @@
 //! memory-mib = 64                     # per instance; default 64, at most 1024
 //! concurrency = 16                    # concurrent instances; default 16, at most 256
 //! reuse-instances = "reads"           # default "never"; see `InstanceReuse`
+//!
+//! [[commands]]                        # optional: commands of the CLI (`crate::commands`)
+//! name = "example greet"
+//! about = "Greet someone"
+//! method = "greet"
+//! args = [{ name = "who", field = "name", positional = true, required = true }]
 //! ```
 
 use crate::refusal::{Refusal, Result};
@@ -125,6 +131,9 @@ pub struct Manifest {
     pub capabilities: Vec<Capability>,
     /// The `[limits]` table, with defaults for what it leaves out.
     pub limits: Limits,
+    /// The commands it adds to the `capstan` command line (`[[commands]]`, [`crate::commands`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<crate::commands::CommandDecl>,
 }
 
 /// Per-plugin resource limits.
@@ -210,6 +219,7 @@ impl Manifest {
         let plugin = top.take_table("plugin")?.ok_or_else(|| invalid_key("plugin", format!("{MANIFEST_FILE} has no [plugin] table")))?;
         let capabilities = top.take_table("capabilities")?;
         let limits = top.take_table("limits")?;
+        let commands = top.table.remove("commands").map(crate::commands::parse).transpose()?.unwrap_or_default();
         top.finish()?;
 
         let mut plugin = Section { prefix: "plugin.", table: plugin };
@@ -279,7 +289,17 @@ impl Manifest {
             section.finish()?;
         }
 
-        Ok(Manifest { id, name, version, wit, description, publisher, capabilities: set.into_iter().collect(), limits: parsed_limits })
+        Ok(Manifest {
+            id,
+            name,
+            version,
+            wit,
+            description,
+            publisher,
+            capabilities: set.into_iter().collect(),
+            limits: parsed_limits,
+            commands,
+        })
     }
 
     /// The version of the WIT world the plugin targets (`0.1.0` in `capstan:plugin@0.1.0`).

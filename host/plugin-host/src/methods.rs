@@ -162,6 +162,40 @@ pub struct PluginList {
     pub plugins: Vec<PluginView>,
 }
 
+/// One command of `plugins.listCommands`: what the plugin declares, with the method in full.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct PluginCommand {
+    /// The plugin that declares it.
+    pub plugin: String,
+    /// What it declares; its `method` is the full name (`backups.create`).
+    #[serde(flatten)]
+    pub command: crate::commands::CommandDecl,
+}
+
+/// What `plugins.listCommands` answers.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct CommandList {
+    /// The commands of every running plugin, by name.
+    pub commands: Vec<PluginCommand>,
+}
+
+/// The commands the running plugins add to the CLI, by name.
+pub fn commands(host: &PluginHost) -> CommandList {
+    let mut commands: Vec<PluginCommand> = host
+        .loaded()
+        .iter()
+        .flat_map(|active| {
+            active.manifest.commands.iter().map(|declared| {
+                let mut command = declared.clone();
+                command.method = format!("{}.{}", active.manifest.id, declared.method);
+                PluginCommand { plugin: active.manifest.id.clone(), command }
+            })
+        })
+        .collect();
+    commands.sort_by(|a, b| (&a.command.name, &a.plugin).cmp(&(&b.command.name, &b.plugin)));
+    CommandList { commands }
+}
+
 /// What `plugins.listTrustedPublishers` answers.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -250,7 +284,7 @@ const PREPARE_REFUSALS: &[&str] = &[
 /// What swapping an installed plugin's version (an upgrade, a rollback) may answer of its own.
 const VERSION_SWAP_REFUSALS: &[&str] = &["deploy-frozen", "not-found", "invalid-collection", "conflict", "blobs-unavailable"];
 
-/// Add the `plugins.*` methods to `registry`, all for administrators only.
+/// Add the `plugins.*` methods to `registry`, all for administrators but `plugins.listCommands`.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
     registry
@@ -263,6 +297,14 @@ pub fn register(registry: &mut Registry, cx: Context) {
                 let records = host.records().await?;
                 Ok(PluginList { plugins: records.iter().map(|(r, _)| view(&host, r)).collect() })
             },
+        )
+        .read_only();
+    registry
+        .add(
+            "plugins.listCommands",
+            "The commands running plugins add to the capstan command line (name, arguments, method, columns)",
+            Access::Authenticated,
+            |cx: Context, _: Call, _: Empty| async move { Ok(commands(&cx.host)) },
         )
         .read_only();
     registry

@@ -214,8 +214,9 @@ pub struct Install {
     /// Default: the version a new install gets.
     #[schemars(with = "Option<String>")]
     version: Option<Version>,
-    /// The new service's name (unique in the organization).
-    name: String,
+    /// The new service's name (unique in the organization); default: the app's id.
+    #[serde(default)]
+    name: Option<String>,
     domains: Option<Vec<String>>,
     scale: Option<u32>,
     /// The cluster the app runs on: it starts there at once. Absent, the service is only
@@ -281,8 +282,9 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     };
     let snapshot = Snapshot::of(app, version, catalog.revision());
     let template = &version.template;
+    let name = input.name.clone().unwrap_or_else(|| app.id.clone());
     let mut body = json!({
-        "name": input.name,
+        "name": name,
         "organizationId": input.organization_id,
         "image": template.image,
         "ports": template.ports,
@@ -301,7 +303,7 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     capstan_sdk::info!("installed {} {} as service {}", app.id, version.version, service.id);
     let mut answer = json!({
         "id": service.id,
-        "name": input.name,
+        "name": name,
         "revision": service.revision,
         "appId": app.id,
         "version": version.version.to_string()

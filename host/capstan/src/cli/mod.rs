@@ -14,6 +14,7 @@ mod keyring;
 mod nodes;
 mod output;
 mod plugin;
+mod plugin_commands;
 mod plugin_dev;
 mod plugin_new;
 mod plugin_online;
@@ -32,11 +33,17 @@ mod users;
 use crate::config::{self, Flags};
 use crate::refusal::Refusal;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "capstan", version, about = "Capstan: a self-hosted infrastructure control plane")]
+#[command(
+    name = "capstan",
+    version,
+    about = "Capstan: a self-hosted infrastructure control plane",
+    after_help = "Running plugins add commands of their own (capstan backups create website, capstan apps install gitea --org acme):\na command not listed above is looked up among them on the server, and `capstan <command> --help` explains it."
+)]
 struct Cli {
     /// How client commands print their answer: table (for people), json (the API's answer
     /// exactly, one line; --json is the same) or yaml
@@ -152,6 +159,10 @@ enum Command {
     /// bash: source <(capstan completions bash); zsh: capstan completions zsh > "${fpath[1]}/_capstan";
     /// fish: capstan completions fish > ~/.config/fish/completions/capstan.fish
     Completions(completions::CompletionsArgs),
+    /// A command a running plugin adds (`capstan backups create website`): read from the host's
+    /// `plugins.listCommands`, each with its own --help.
+    #[command(external_subcommand)]
+    Added(Vec<OsString>),
 }
 
 #[derive(clap::Args)]
@@ -273,6 +284,7 @@ pub fn main() -> ExitCode {
         Command::Gateway(command) => gateway::run(command),
         Command::Snapshot(command) => snapshot::run(command),
         Command::Call(args) => call::run(args),
+        Command::Added(args) => plugin_commands::run(args),
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Serve(args) => {
             let flags = Flags {

@@ -32,6 +32,11 @@ const JSON: &str = "json";
 /// remembered for [`print`].
 pub fn settle(command: &Command, matches: ArgMatches, args: Vec<OsString>) -> Result<ArgMatches, clap::Error> {
     let format = matches.get_one::<Format>(OUTPUT).copied();
+    // a plugin's command (a word the host's commands do not know) reads the format itself
+    if matches.subcommand().is_some_and(|(name, _)| command.find_subcommand(name).is_none()) {
+        let _ = CHOSEN.set(format.unwrap_or(Format::Table));
+        return Ok(matches);
+    }
     let (leaf, leaf_matches) = leaf(command, &matches);
     let has_json = leaf.get_arguments().any(|a| a.get_id() == JSON);
     let json_given = has_json && leaf_matches.get_flag(JSON);
@@ -76,8 +81,18 @@ pub fn print(value: &Value) {
 
 /// A machine answer as `--output` chose, ending in a newline.
 pub fn render(value: &Value) -> String {
-    match CHOSEN.get() {
-        Some(Format::Yaml) => yaml(value),
+    render_as(chosen(), value)
+}
+
+/// The format `--output` chose (table when none was).
+pub fn chosen() -> Format {
+    CHOSEN.get().copied().unwrap_or(Format::Table)
+}
+
+/// A machine answer in `format` (yaml, else one line of JSON), ending in a newline.
+pub fn render_as(format: Format, value: &Value) -> String {
+    match format {
+        Format::Yaml => yaml(value),
         _ => format!("{value}\n"),
     }
 }

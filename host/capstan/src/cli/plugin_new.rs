@@ -261,6 +261,15 @@ description = "The {name} manager."
 [capabilities]
 # What the plugin may ask the host for; the operator approves exactly this set at install.
 requested = ["store", "log"]
+
+# A command of the `capstan` CLI, as data: `capstan {id} hello Ada` calls {id}.hello and prints
+# the answer's columns (docs/plugins.md, "Commands").
+[[commands]]
+name = "{id} hello"
+about = "Say hello to someone"
+method = "hello"
+columns = ["message"]
+args = [{{ name = "name", field = "name", positional = true, required = true, help = "Who to greet" }}]
 "#
     );
     let lib = format!(

@@ -179,6 +179,29 @@ pub fn cluster(client: &Client, text: &str) -> Result<String> {
     pick(Kind::Cluster, text, "", &candidates)
 }
 
+/// A node's id from its name, hostname or id: within `cluster` (a name or id) when given, else
+/// among the nodes of every cluster (listing nodes is for administrators).
+pub fn node(client: &Client, text: &str, cluster: Option<&str>) -> Result<String> {
+    if Kind::Node.is_id(text) {
+        return Ok(text.to_string());
+    }
+    let body = match cluster {
+        Some(cluster) => json!({ "clusterId": self::cluster(client, cluster)? }),
+        None => json!({}),
+    };
+    let candidates: Vec<Candidate> = list_all(client, "nodes.list", body, "items")?
+        .iter()
+        .filter(|n| n["state"] != "retired")
+        .filter_map(|n| {
+            let id = n["id"].as_str()?.to_string();
+            let (name, hostname) = (text_of(n, "name"), text_of(n, "hostname"));
+            Some(Candidate { shown: format!("node {name} ({hostname}, {id})"), names: vec![name, hostname], id })
+        })
+        .collect();
+    let scope = cluster.map(|c| format!("in cluster {}", shorten(c))).unwrap_or_default();
+    pick(Kind::Node, text, &scope, &candidates)
+}
+
 /// Every service the caller may see, in `organization` (an id) or in every organization: an
 /// administrator lists them at once, anyone else organization by organization.
 fn services_in(client: &Client, organization: Option<&str>) -> Result<Vec<Value>> {
