@@ -136,13 +136,52 @@ pub struct InventoryPlatform {
     dependents: Arc<dyn Dependents>,
     /// The clock a node's liveness is judged at.
     clock: capstan_core::clock::Clock,
+    /// Where what a plugin changes on its own account (a reconcile pass, a task, an event) is
+    /// recorded; what it changes in a caller's call is the call's record. None: not recorded
+    /// (a test host).
+    audit: Option<capstan_rpc::audit::AuditLog>,
 }
 
 impl InventoryPlatform {
     /// Over `store` (secrets sealed with `keyring`), releasing holds with `dependents` consulted.
     pub fn new(store: Store, keyring: Arc<capstan_keyring::Keyring>, dependents: Arc<dyn Dependents>) -> Arc<Self> {
+        Arc::new(Self::unaudited(store, keyring, dependents))
+    }
+
+    /// [`InventoryPlatform::new`], recording in `audit` what plugins change on their own account.
+    pub fn audited(
+        store: Store,
+        keyring: Arc<capstan_keyring::Keyring>,
+        dependents: Arc<dyn Dependents>,
+        audit: capstan_rpc::audit::AuditLog,
+    ) -> Arc<Self> {
+        Arc::new(InventoryPlatform { audit: Some(audit), ..Self::unaudited(store, keyring, dependents) })
+    }
+
+    fn unaudited(store: Store, keyring: Arc<capstan_keyring::Keyring>, dependents: Arc<dyn Dependents>) -> Self {
         let secrets = capstan_secrets::methods::Context { store: store.clone(), keyring };
-        Arc::new(InventoryPlatform { store, secrets, dependents, clock: capstan_core::clock::Clock::system() })
+        InventoryPlatform { store, secrets, dependents, clock: capstan_core::clock::Clock::system(), audit: None }
+    }
+
+    /// Record `method` done by a plugin on its own account (`actor` is the plugin): the ids the
+    /// body names and the one it made, and how it ended. A caller's call is recorded by the door.
+    async fn record<T>(&self, actor: &Identity, method: &str, body: &Value, done: &Result<T>, made: impl Fn(&T) -> Option<String>) {
+        let Some(audit) = self.audit.as_ref().filter(|_| actor.kind == "plugin") else { return };
+        let mut targets = capstan_rpc::audit::targets(body);
+        let outcome = match done {
+            Ok(value) => {
+                targets.extend(made(value));
+                "ok".to_string()
+            }
+            Err(refusal) => refusal.code.to_string(),
+        };
+        let who = capstan_rpc::audit::Actor {
+            user_id: Some(actor.user_id.clone()),
+            username: Some(actor.username.clone()),
+            kind: actor.kind.clone(),
+        };
+        let plugin = actor.user_id.strip_prefix("plugin:").map(String::from);
+        audit.append(capstan_rpc::audit::Record::host(method, who, targets).by_plugin(plugin).ended(outcome)).await;
     }
 }
 
@@ -224,15 +263,23 @@ impl Platform for InventoryPlatform {
     }
 
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
-        set_spec(&self.store, actor, body).await
+        let done = set_spec(&self.store, actor, body.clone()).await;
+        self.record(actor, "runtime.setServiceSpec", &body, &done, |d| Some(d.id.clone())).await;
+        done
     }
 
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {
-        document(capstan_inventory::services::create(&self.store, actor, capstan_rpc::decode(body)?).await?)
+        let done = async { document(capstan_inventory::services::create(&self.store, actor, capstan_rpc::decode(body.clone())?).await?) };
+        let done = done.await;
+        self.record(actor, "services.create", &body, &done, |d| Some(d.id.clone())).await;
+        done
     }
 
     async fn update_service(&self, actor: &Identity, body: Value) -> Result<Document> {
-        document(capstan_inventory::services::update(&self.store, actor, capstan_rpc::decode(body)?).await?)
+        let done = async { document(capstan_inventory::services::update(&self.store, actor, capstan_rpc::decode(body.clone())?).await?) };
+        let done = done.await;
+        self.record(actor, "services.update", &body, &done, |d| Some(d.id.clone())).await;
+        done
     }
 
     async fn set_facet(

@@ -170,6 +170,18 @@ impl Record {
         }
     }
 
+    /// This record as made by `plugin` (on its own account).
+    pub fn by_plugin(mut self, plugin: Option<String>) -> Record {
+        self.plugin = plugin;
+        self
+    }
+
+    /// This record ending in `outcome` (`ok`, or a refusal's code).
+    pub fn ended(mut self, outcome: String) -> Record {
+        self.outcome = capstan_core::text::truncate(&outcome, 64);
+        self
+    }
+
     /// The record of `call` to `method`, answered `outcome`.
     fn of(method: &Method, call: &Call, mut targets: Vec<String>, outcome: std::result::Result<&Value, &Refusal>) -> Record {
         let targets_of = self::targets;
