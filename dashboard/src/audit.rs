@@ -71,6 +71,9 @@ struct RecordView {
     at: String,
     at_iso: String,
     method: String,
+    /// The method's parts around its first dot (`services`, `create`): the cell breaks there.
+    area: String,
+    verb: String,
     actor: String,
     kind: String,
     outcome: String,
@@ -82,10 +85,14 @@ struct RecordView {
 fn record_view(r: &Value) -> RecordView {
     let (at, at_iso) = when(u64_of(r, "at") / 1000);
     let actor = &r["actor"];
+    let method = str_of(r, "method");
+    let (area, verb) = method.split_once('.').unwrap_or((method, ""));
     RecordView {
         at,
         at_iso,
-        method: str_of(r, "method").into(),
+        area: area.into(),
+        verb: verb.into(),
+        method: method.into(),
         actor: str_of(actor, "username").into(),
         kind: str_of(actor, "kind").into(),
         outcome: str_of(r, "outcome").into(),

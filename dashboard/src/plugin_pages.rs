@@ -497,8 +497,11 @@ async fn show(
     let schema_of = |verb: &str| active.described.methods.get(verb).map(|m| m.input_schema.clone()).unwrap_or(json!({}));
     let source_schema = schema_of(&page.source);
     // the source gets the parameters it takes; the rest are the template's
-    let taken: Vec<(String, String)> = match resolved(&source_schema, &source_schema).get("properties").and_then(Value::as_object) {
+    let source = resolved(&source_schema, &source_schema);
+    let taken: Vec<(String, String)> = match source.get("properties").and_then(Value::as_object) {
         Some(properties) => params.iter().filter(|(k, _)| properties.contains_key(k)).cloned().collect(),
+        // a method taking nothing (`Empty`) leaves every parameter to the template
+        None if source.get("additionalProperties") == Some(&Value::Bool(false)) => Vec::new(),
         None => params.clone(),
     };
     let missing = missing_fields(&source_schema, &taken);

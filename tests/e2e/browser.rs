@@ -1642,3 +1642,174 @@ fn a_replicas_failure_and_restart_show_in_its_history_on_the_runtime_card_and_on
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The managers' task pages and the Audit page, at 1366 px
+
+const BACKUP_TASK_SCREENSHOT_COPY: &str = "/tmp/capstan-backups-task.png";
+const INGRESS_TASK_SCREENSHOT_COPY: &str = "/tmp/capstan-ingress-task.png";
+const INSTALL_TASK_SCREENSHOT_COPY: &str = "/tmp/capstan-appstore-install-env.png";
+const AUDIT_SCREENSHOT_COPY: &str = "/tmp/capstan-audit.png";
+
+/// Wait until the first-party plugin `id` runs (they install in the background at start).
+async fn plugin_running(api: &ApiClient<'_>, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while api.status_of("plugins.get", json!({ "id": id })).1["status"] != "running" {
+        assert!(Instant::now() < deadline, "the plugin {id} should be running");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Whether the page scrolls sideways: the document, or any table's wrapper.
+async fn scrolls_sideways(client: &Client) -> serde_json::Value {
+    let script = "const wide = (e) => e.scrollWidth > e.clientWidth + 1;
+        return { page: wide(document.documentElement), tables: [...document.querySelectorAll('.table-wrap')].filter(wide).length };";
+    client.execute(script, vec![]).await.unwrap()
+}
+
+#[test]
+fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
+    let (username, password) = crate::support::TEST_ADMIN;
+    let api = ApiClient::log_in(&server, password);
+    // one cluster with one node: a backup has somewhere to run without a runtime spec
+    let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = api.call("clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    let code = api.call("nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "edge-1",
+        "tokenSha256": crate::support::sha256_hex(&"5a".repeat(32)), "agentVersion": "0.1.0" });
+    let enrolled = server.request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()));
+    assert_eq!(enrolled.status, 200, "{}", enrolled.body);
+    let files = api.call(
+        "services.create",
+        json!({ "organizationId": org, "name": "files", "image": "registry.example.com/files:1", "volumes": [{ "name": "data", "mountPath": "/data" }] }),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let proxy = api.call("services.create", json!({ "organizationId": org, "name": "proxy", "image": "registry.example.com/proxy:1" }))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // 50 records for the Audit page: as many settings changes, each refused (a stale revision)
+    for _ in 0..50 {
+        let (status, _) = api.status_of("settings.update", json!({ "expectedRevision": 999, "set": { "nodeObservationFreshnessMs": 5000 } }));
+        assert_eq!(status, 409);
+    }
+
+    let driver = Driver::start(dir.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = runtime.block_on(async {
+        let client = driver.session(dir.path()).await;
+        let scenario = async {
+            for plugin in ["backups", "ingress", "appstore"] {
+                plugin_running(&api, plugin).await;
+            }
+            client.goto(&server.url("/login")).await.unwrap();
+            log_in(&client, username, password).await;
+            wait_for(&client, "#current-user").await;
+
+            // ---- Backups: the service picked by name, "Back up now" ----
+            client.goto(&server.url("/p/backups")).await.unwrap();
+            let picker = r#"form[data-backup-organization="acme"]"#;
+            wait_for(&client, picker).await;
+            let options = client
+                .execute("return [...document.querySelectorAll('form[data-backup-organization] option')].map(o => o.textContent)", vec![])
+                .await
+                .unwrap();
+            assert_eq!(options, json!(["files"]), "only services with volumes are offered, by name");
+            assert!(client.find_all(Locator::Css("#backup-create input[name=mutationId], #backup-create input[name=expectedRevision]")).await.unwrap().is_empty());
+            let shot = client.screenshot().await.expect("a screenshot of the Backups page");
+            save_screenshot(&shot, dir.path(), "backups-task.png", BACKUP_TASK_SCREENSHOT_COPY);
+            click(&client, r#"button[data-backup-create="acme"]"#).await;
+            let flash = text_of(&client, "#flash").await;
+            assert!(flash.starts_with("Backup bkp_") && flash.contains("requested"), "{flash}");
+            wait_for(&client, r#"section[data-service="files"] tr[data-state="pending"]"#).await;
+            let listed = api.call("backups.list", json!({ "organizationId": org, "serviceId": files }));
+            assert_eq!(listed["backups"].as_array().unwrap().len(), 1, "{listed}");
+
+            // ---- Ingress: a cluster's ingress designated by names, reviewed, then done ----
+            client.goto(&server.url("/p/ingress")).await.unwrap();
+            // a cluster without a relay says what to do first, offering nothing to click
+            wait_for(&client, r#"p[data-designate-cluster="edge"][data-relay="false"]"#).await;
+            let settings = api.call("settings.get", json!({}));
+            api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.acme.example" } }));
+            let read = api.call("clusters.get", json!({ "id": cluster }));
+            api.call("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": read["revision"] }));
+            client.refresh().await.unwrap();
+            let select = r#"form[data-designate-cluster="edge"] select"#;
+            wait_for(&client, select).await;
+            client
+                .execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(select), json!(proxy)])
+                .await
+                .unwrap();
+            click(&client, r#"button[data-designate-review="edge"]"#).await;
+            let question = text_of(&client, "#designate-question").await;
+            assert!(question.starts_with("Designate proxy (acme) as the ingress of edge?"), "{question}");
+            assert!(client.find_all(Locator::Css("#designate-confirm input[type=text], #designate-confirm input:not([type])")).await.unwrap().is_empty(), "nothing to type");
+            let shot = client.screenshot().await.expect("a screenshot of the ingress designation");
+            save_screenshot(&shot, dir.path(), "ingress-task.png", INGRESS_TASK_SCREENSHOT_COPY);
+            click(&client, "#designate-submit").await;
+            wait_for(&client, "#flash").await;
+            assert_eq!(text_of(&client, &format!(r#"section[data-cluster="{cluster}"] a[data-ingress-service]"#)).await, "proxy in acme");
+            let designation = api.call("ingress.getDesignation", json!({ "clusterId": cluster }));
+            assert_eq!(designation["designation"]["serviceId"], proxy.as_str(), "{designation}");
+            // a service routed through it, picked by name, and routed no more
+            let attach = r#"form[data-attach-cluster="edge"] select"#;
+            client.execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(attach), json!(files)]).await.unwrap();
+            click(&client, r#"button[data-attach="edge"]"#).await;
+            wait_for(&client, r#"li[data-attached="files in acme"]"#).await;
+            assert_eq!(api.call("ingress.listAttachments", json!({ "clusterId": cluster }))["items"][0]["serviceId"], files.as_str());
+            click(&client, r#"button[data-detach="files in acme"]"#).await;
+            wait_for(&client, "#flash").await;
+            assert!(client.find_all(Locator::Css("li[data-attached]")).await.unwrap().is_empty(), "nothing routed any more");
+
+            // ---- App Store: an install with an environment value the version's notes ask for ----
+            let publisher = capstan_catalog::SigningKey::from_bytes(&[42; 32]);
+            let settings = api.call("settings.get", json!({}));
+            let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
+            api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }));
+            api.call("appstore.importCatalog", json!({ "envelope": wiki_catalog(&["1.0.0"], 1, &publisher) }));
+            client.goto(&server.url("/p/appstore/app?appId=wiki")).await.unwrap();
+            wait_for(&client, "#install-form").await;
+            client.execute("document.querySelector('#install-org').value = arguments[0]", vec![json!(org)]).await.unwrap();
+            fill(&client, "#install-name", "team-wiki").await;
+            let environment = wait_for(&client, "#install-environment").await.prop("value").await.unwrap().unwrap_or_default();
+            fill(&client, "#install-environment", &format!("{}DOMAIN=https://wiki.acme.example\n", environment)).await;
+            let shot = client.screenshot().await.expect("a screenshot of an install with its environment");
+            save_screenshot(&shot, dir.path(), "appstore-install-env.png", INSTALL_TASK_SCREENSHOT_COPY);
+            click(&client, "#install-submit").await;
+            expect_flash(&client, "App wiki installed as team-wiki").await;
+            let listed = api.call("services.list", json!({ "organizationId": org }));
+            let wiki = listed["items"].as_array().unwrap().iter().find(|s| s["name"] == "team-wiki").unwrap();
+            assert_eq!(wiki["environment"]["DOMAIN"], "https://wiki.acme.example", "{wiki}");
+
+            // ---- Audit: 50 records and more, no sideways scroll, each time on one line ----
+            client.goto(&server.url("/audit")).await.unwrap();
+            wait_for(&client, "#audit-table").await;
+            let rows = client.find_all(Locator::Css("#audit-table tbody tr")).await.unwrap().len();
+            assert!(rows >= 50, "{rows} records shown");
+            assert_eq!(scrolls_sideways(&client).await, json!({ "page": false, "tables": 0 }), "the Audit page fits 1366 px");
+            let lines = client
+                .execute("return Math.max(...[...document.querySelectorAll('#audit-table time')].map(t => t.getClientRects().length))", vec![])
+                .await
+                .unwrap();
+            assert_eq!(lines, json!(1), "every time on one line");
+            let shot = client.screenshot().await.expect("a screenshot of the Audit page");
+            save_screenshot(&shot, dir.path(), "audit.png", AUDIT_SCREENSHOT_COPY);
+        };
+        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
+        let _ = client.close().await;
+        outcome
+    });
+    drop(driver);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("the task pages scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}

@@ -219,6 +219,10 @@ pub struct Install {
     name: Option<String>,
     domains: Option<Vec<String>>,
     scale: Option<u32>,
+    /// Environment variables as `KEY=value`, over the version's own (a key it sets takes the
+    /// value given here; others are added): what its notes ask for (`DOMAIN=https://…`).
+    #[serde(default)]
+    environment: Vec<String>,
     /// The cluster the app runs on: it starts there at once. Absent, the service is only
     /// created (it runs once a runtime spec places it: `capstan services run`).
     cluster_id: Option<String>,
@@ -267,6 +271,25 @@ fn health_for(template: &Template) -> Value {
     }
 }
 
+/// `KEY=value` lines as a map (`invalid-request` naming the line otherwise); empty lines are
+/// skipped. The names are checked as the service's (`services.create` refuses a bad one).
+fn environment_lines(lines: &[String]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for line in lines.iter().map(|l| l.trim_end_matches('\r')).filter(|l| !l.trim().is_empty()) {
+        match line.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                out.insert(key.trim().to_string(), value.to_string());
+            }
+            _ => {
+                let shown: String = line.chars().take(40).collect();
+                return Err(Refusal::invalid_request(format!("environment lines are KEY=value; {shown:?} is not"))
+                    .with_data(json!({ "field": "environment" })));
+            }
+        }
+    }
+    Ok(out)
+}
+
 pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     let (catalog, _) = active::require()?;
     let app = find_app(&catalog, &input.app_id)?;
@@ -283,12 +306,14 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
     let snapshot = Snapshot::of(app, version, catalog.revision());
     let template = &version.template;
     let name = input.name.clone().unwrap_or_else(|| app.id.clone());
+    let mut environment = template.environment.clone();
+    environment.extend(environment_lines(&input.environment)?);
     let mut body = json!({
         "name": name,
         "organizationId": input.organization_id,
         "image": template.image,
         "ports": template.ports,
-        "environment": template.environment,
+        "environment": environment,
         "volumes": template.volumes,
         "template": snapshot,
     });

@@ -1,7 +1,7 @@
 //! The methods (`backups.*`): each records what is wanted, or reads what is recorded; the
 //! reconcile loop does the work.
 
-use crate::placement::{ServiceView, placement, restore_placement, service_of};
+use crate::placement::{ServiceView, placement, restore_placement, service_of, services_with_volumes};
 use crate::records::{
     BACKUPS, Backup, RESTORES, ReplicaState, Restore, RunSummary, SCHEDULE, SCHEDULE_STATE, ScheduleState, Shown, State, new_id, nodes_of,
     placed, shown,
@@ -202,6 +202,42 @@ pub(crate) struct Overview {
     services: Vec<ServiceBackups>,
     /// The newest restores (at most 200).
     restores: Vec<Shown<Restore>>,
+    /// What can be backed up: the services with volumes, by organization (for a picker).
+    candidates: Vec<Candidates>,
+}
+
+/// One organization's services with volumes.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Candidates {
+    organization_id: String,
+    organization_name: String,
+    /// `{id, name}`, by name.
+    services: Vec<Candidate>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct Candidate {
+    id: String,
+    name: String,
+}
+
+/// The services with volumes by organization, organizations and services by name.
+fn candidates() -> Result<Vec<Candidates>> {
+    let mut by_org: std::collections::BTreeMap<String, Vec<Candidate>> = std::collections::BTreeMap::new();
+    for service in services_with_volumes()? {
+        by_org.entry(service.data.organization_id).or_default().push(Candidate { id: service.id, name: service.data.name });
+    }
+    let mut out = Vec::new();
+    for (organization_id, mut services) in by_org {
+        let name = capstan_sdk::inventory::get::<serde_json::Value>(capstan_sdk::inventory::EntityKind::Organization, &organization_id)?
+            .and_then(|o| o.data["name"].as_str().map(String::from))
+            .unwrap_or_else(|| organization_id.clone());
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        out.push(Candidates { organization_id, organization_name: name, services });
+    }
+    out.sort_by(|a, b| a.organization_name.cmp(&b.organization_name));
+    Ok(out)
 }
 
 /// One service's backups, newest first.
@@ -273,6 +309,7 @@ pub(crate) fn overview(_ctx: &Context, _input: Empty) -> Result<Overview> {
         now_ms: now_ms(),
         services: by_service(backups),
         restores,
+        candidates: candidates()?,
     })
 }
 

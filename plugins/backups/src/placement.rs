@@ -37,6 +37,21 @@ pub(crate) fn service_of(organization: &str, id: &str) -> Result<ServiceView> {
     }
 }
 
+/// Every service in use that declares volumes (what a backup can take), in the inventory's
+/// order.
+pub(crate) fn services_with_volumes() -> Result<Vec<capstan_sdk::inventory::Entity<ServiceView>>> {
+    let mut found = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = inventory::list::<ServiceView>(EntityKind::Service, cursor.as_deref(), 500)?;
+        found.extend(page.entities.into_iter().filter(|s| !s.data.volumes.is_empty() && s.data.state.as_deref() != Some("deleting")));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(found),
+        }
+    }
+}
+
 /// The cluster a backup runs through: the one named, or the only one there is.
 fn resolve_cluster(named: Option<&str>) -> Result<String> {
     if let Some(id) = named {

@@ -2,11 +2,10 @@
 //! it falls due, every service with volumes gets a backup (the `backup-all-services` run).
 
 use crate::methods::queue_backup;
-use crate::placement::{ServiceView, placement};
+use crate::placement::{placement, services_with_volumes};
 use crate::records::{RunSummary, SCHEDULE, SCHEDULE_STATE, ScheduleState, Skipped};
 use crate::settings::settings;
 use capstan_sdk::Result;
-use capstan_sdk::inventory::{self, EntityKind};
 use capstan_sdk::now_ms;
 use capstan_sdk::store;
 
@@ -61,24 +60,13 @@ fn next_due(cron: &str, after_ms: u64) -> Option<u64> {
 /// with the code that says why.
 pub(crate) fn backup_all(by: &str) -> Result<RunSummary> {
     let mut summary = RunSummary { at_ms: now_ms(), by: by.to_string(), queued: 0, skipped: Vec::new() };
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = inventory::list::<ServiceView>(EntityKind::Service, cursor.as_deref(), 500)?;
-        for service in page.entities {
-            if service.data.volumes.is_empty() || service.data.state.as_deref() == Some("deleting") {
-                continue;
+    for service in services_with_volumes()? {
+        match placement(&service.id, None, None) {
+            Ok((cluster, nodes)) => {
+                queue_backup(&service.data, &service.id, cluster, nodes, "schedule", by)?;
+                summary.queued += 1;
             }
-            match placement(&service.id, None, None) {
-                Ok((cluster, nodes)) => {
-                    queue_backup(&service.data, &service.id, cluster, nodes, "schedule", by)?;
-                    summary.queued += 1;
-                }
-                Err(r) => summary.skipped.push(Skipped { service_id: service.id, code: r.code().to_string() }),
-            }
-        }
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => break,
+            Err(r) => summary.skipped.push(Skipped { service_id: service.id, code: r.code().to_string() }),
         }
     }
     capstan_sdk::info!("backup-all-services by {by}: {} queued, {} skipped", summary.queued, summary.skipped.len());

@@ -556,7 +556,13 @@ fn get_route_table(ctx: &Context, input: ClusterInput) -> Result<RouteTableOutpu
 #[serde(rename_all = "camelCase")]
 struct OverviewItem {
     cluster_id: String,
+    /// The cluster's name (none when the cluster is gone).
+    cluster_name: Option<String>,
     service_id: String,
+    /// `<service> in <organization>` (none when the service is gone).
+    service_name: Option<String>,
+    /// The services routed through it, with their names (the first 100).
+    attached: Vec<AttachedView>,
     generation: u64,
     registered: Option<String>,
     revision: Option<u64>,
@@ -575,17 +581,107 @@ struct OverviewItem {
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 struct OverviewOutput {
     clusters: Vec<OverviewItem>,
+    /// Every cluster with the services that could be its ingress, for the page's pickers.
+    choices: Vec<ClusterChoice>,
+    /// A mutation id for the forms of this rendering: a form sent twice (a double click, a
+    /// reload) is one designation.
+    form_id: String,
+}
+
+/// An attached service as the page shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct AttachedView {
+    service_id: String,
+    service_name: Option<String>,
+    /// Where a workload outside Capstan's runtime answers; none: its replicas.
+    address: Option<String>,
+}
+
+/// A cluster and what may be designated its ingress (names for people, ids and revisions for
+/// the form).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ClusterChoice {
+    cluster_id: String,
+    cluster_name: String,
+    /// Whether its relay is enabled (an ingress registers through it; none is designated
+    /// without).
+    relay: bool,
+    /// The designated service and the designation's generation, when there is one.
+    designated: Option<String>,
+    generation: Option<u64>,
+    /// The services in use, by organization then name.
+    services: Vec<ServiceChoice>,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct ServiceChoice {
+    id: String,
+    name: String,
+    organization_name: String,
+    revision: u64,
+}
+
+/// The clusters by name, each with every service in use to choose from.
+fn choices(designations: &[Doc<Designation>]) -> Result<Vec<ClusterChoice>> {
+    let organizations: std::collections::BTreeMap<String, String> = inventory::list_all::<Value>(EntityKind::Organization)?
+        .into_iter()
+        .map(|o| (o.id, o.data["name"].as_str().unwrap_or_default().to_string()))
+        .collect();
+    let mut services: Vec<ServiceChoice> = inventory::list_all::<Value>(EntityKind::Service)?
+        .into_iter()
+        .filter(|s| s.data["state"] != "deleting")
+        .map(|s| ServiceChoice {
+            name: s.data["name"].as_str().unwrap_or_default().to_string(),
+            organization_name: s.data["organizationId"].as_str().and_then(|o| organizations.get(o)).cloned().unwrap_or_default(),
+            revision: s.revision,
+            id: s.id,
+        })
+        .collect();
+    services.sort_by(|a, b| (&a.organization_name, &a.name).cmp(&(&b.organization_name, &b.name)));
+    let mut clusters: Vec<ClusterChoice> = inventory::list_all::<Value>(EntityKind::Cluster)?
+        .into_iter()
+        .map(|c| {
+            let designation = designations.iter().find(|d| d.data.cluster_id == c.id);
+            ClusterChoice {
+                cluster_name: c.data["name"].as_str().unwrap_or_default().to_string(),
+                relay: relay_origin(&c).is_ok(),
+                designated: designation.map(|d| d.data.service_id.clone()),
+                generation: designation.map(|d| d.data.generation),
+                services: services.clone(),
+                cluster_id: c.id,
+            }
+        })
+        .collect();
+    clusters.sort_by(|a, b| a.cluster_name.cmp(&b.cluster_name));
+    Ok(clusters)
 }
 
 fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput> {
     let mut clusters = Vec::new();
-    for d in designations()? {
+    let designated = designations()?;
+    let choices = choices(&designated)?;
+    let name_of = |id: &str| -> Option<String> {
+        choices.iter().flat_map(|c| &c.services).find(|s| s.id == id).map(|s| format!("{} in {}", s.name, s.organization_name))
+    };
+    for d in designated {
         let record = store::get::<TableRecord>(TABLES, &d.id)?.map(|r| r.data);
         let registration = d.data.registration.as_ref();
         let gateway = record.as_ref().map(|r| r.gateway.clone()).unwrap_or_default();
+        let attached = store::find::<Attachment>(ATTACHMENTS, "by_cluster", &[json!(d.data.cluster_id)], None, 100)?
+            .documents
+            .into_iter()
+            .map(|a| AttachedView { service_name: name_of(&a.data.service_id), service_id: a.data.service_id, address: a.data.address })
+            .collect();
         clusters.push(OverviewItem {
+            attached,
+            cluster_name: choices.iter().find(|c| c.cluster_id == d.data.cluster_id).map(|c| c.cluster_name.clone()),
+            service_name: name_of(&d.data.service_id),
             cluster_id: d.data.cluster_id.clone(),
             service_id: d.data.service_id.clone(),
             generation: d.data.generation,
@@ -601,7 +697,7 @@ fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput
             failure: record.and_then(|r| r.failure),
         });
     }
-    Ok(OverviewOutput { clusters })
+    Ok(OverviewOutput { clusters, choices, form_id: format!("page-{}", now_ms()) })
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
