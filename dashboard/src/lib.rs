@@ -80,6 +80,10 @@ pub fn pages() -> api::Pages {
         routes: router(),
         not_found: |headers, path| wants_html(headers, path).then(not_found_page),
         socket_bearer: page_session_bearer,
+        jump: api::nodes::JumpPages {
+            landing: |cluster, command, dev| Some(render(StatusCode::OK, "jump_landing.html", context! { cluster, command, dev })),
+            refused: |status, title, message| Some(message_page(status, title, message)),
+        },
     }
 }
 
@@ -236,6 +240,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("plugins_approve.html", include_str!("../templates/plugins_approve.html")),
     ("plugins_flash.html", include_str!("../templates/plugins_flash.html")),
     ("message.html", include_str!("../templates/message.html")),
+    ("jump_landing.html", include_str!("../templates/jump_landing.html")),
     ("flash.html", include_str!("../templates/flash.html")),
     ("live.html", include_str!("../templates/live.html")),
     ("confirm_delete.html", include_str!("../templates/confirm_delete.html")),
@@ -518,6 +523,10 @@ fn time_left(until: u64) -> String {
 struct NavItem {
     label: String,
     icon: &'static str,
+    /// The rail's group: Platform, Workloads, Managers (the plugins' pages), Administration.
+    group: &'static str,
+    /// A plugin's page below its section's entry (indented).
+    sub: bool,
     /// `None`: nothing to open, shown disabled.
     href: Option<String>,
     active: bool,
@@ -526,35 +535,44 @@ struct NavItem {
 }
 
 /// The host's sections of the rail.
-const SECTIONS: &[(&str, &str, &str)] = &[
-    ("Overview", "overview", "/"),
-    ("Fleet", "fleet", "/fleet"),
-    ("Clusters", "clusters", "/clusters"),
-    ("Services", "services", "/services"),
-    ("Organizations", "organizations", "/organizations"),
-    ("Secrets", "secrets", "/secrets"),
-    ("Plugins", "plugins", "/plugins"),
-    ("Tasks", "tasks", "/tasks"),
-    ("Users", "users", "/users"),
-    ("Publishers", "publishers", "/publishers"),
-    ("Audit", "audit", "/audit"),
-    ("Settings", "settings", "/settings"),
-    ("API", "api", "/docs/api"),
+const SECTIONS: &[(&str, &str, &str, &str)] = &[
+    ("Overview", "overview", "/", PLATFORM),
+    ("Fleet", "fleet", "/fleet", PLATFORM),
+    ("Clusters", "clusters", "/clusters", PLATFORM),
+    ("Services", "services", "/services", WORKLOADS),
+    ("Organizations", "organizations", "/organizations", WORKLOADS),
+    ("Secrets", "secrets", "/secrets", WORKLOADS),
+    ("Plugins", "plugins", "/plugins", ADMINISTRATION),
+    ("Tasks", "tasks", "/tasks", ADMINISTRATION),
+    ("Users", "users", "/users", ADMINISTRATION),
+    ("Publishers", "publishers", "/publishers", ADMINISTRATION),
+    ("Audit", "audit", "/audit", ADMINISTRATION),
+    ("Settings", "settings", "/settings", ADMINISTRATION),
+    ("API", "api", "/docs/api", ADMINISTRATION),
 ];
+
+/// The rail's groups, in order.
+const PLATFORM: &str = "Platform";
+const WORKLOADS: &str = "Workloads";
+const MANAGERS: &str = "Managers";
+const ADMINISTRATION: &str = "Administration";
 
 /// The sections only administrators may open.
 const ADMIN_ONLY: &[&str] = &["fleet", "clusters", "secrets", "plugins", "tasks", "users", "publishers", "audit", "settings"];
 
-/// The rail with `active` marked: the host's sections, and after Secrets what the plugins
-/// loaded here add (`active` is `p:<pluginId>/<path>` on their pages): a plugin that declares
-/// a navigation section is listed under its own name and icon, opening its first listed page;
-/// every other page it lists follows as an entry of its own.
+/// The rail with `active` marked, in groups: the host's sections, and after Secrets, under
+/// Managers, what the plugins loaded here add (`active` is `p:<pluginId>/<path>` on their
+/// pages): a plugin that declares a navigation section is listed under its own name and icon,
+/// opening its first listed page, with every other page it lists indented below; a plugin
+/// without one lists each page as an entry of its own.
 fn nav(state: &Host, active: &str) -> Vec<NavItem> {
     let mut items: Vec<NavItem> = SECTIONS
         .iter()
-        .map(|&(label, icon, href)| NavItem {
+        .map(|&(label, icon, href, group)| NavItem {
             label: label.into(),
             icon,
+            group,
+            sub: false,
             href: Some(href.to_string()),
             active: icon == active,
             admin_only: ADMIN_ONLY.contains(&icon),
@@ -566,20 +584,26 @@ fn nav(state: &Host, active: &str) -> Vec<NavItem> {
         let id = &plugin.manifest.id;
         let href = |path: &str| if path.is_empty() { format!("/p/{id}") } else { format!("/p/{id}/{path}") };
         let mut listed = plugin.described.pages.iter().filter(|p| p.navigation);
+        let mut sectioned = false;
         if let Some(section) = &plugin.described.faces.nav
             && let Some(first) = listed.next()
         {
+            sectioned = true;
             pages.push(NavItem {
                 label: section.title.clone(),
                 icon: NAV_ICONS.iter().find(|i| **i == section.icon).copied().unwrap_or("box"),
+                group: MANAGERS,
+                sub: false,
                 href: Some(href(&first.path)),
-                active: active.strip_prefix("p:").and_then(|a| a.split_once('/')).is_some_and(|(plugin, _)| plugin == id),
+                active: active == format!("p:{id}/{}", first.path),
                 admin_only: false,
             });
         }
         pages.extend(listed.map(|p| NavItem {
             label: p.title.clone(),
             icon: "plugins",
+            group: MANAGERS,
+            sub: sectioned,
             href: Some(href(&p.path)),
             active: active == format!("p:{id}/{}", p.path),
             admin_only: false,

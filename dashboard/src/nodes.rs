@@ -223,6 +223,7 @@ pub(super) async fn jump(State(state): State<Host>, Path(cluster_id): Path<Strin
                 expires => super::utc(expires),
                 expires_in => super::time_left(expires),
                 node_name => form.text("nodeName"),
+                renames => form.text("setHostname") == "true",
             };
             render(StatusCode::OK, "node_jump.html", ctx)
         }

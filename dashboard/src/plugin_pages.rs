@@ -525,8 +525,15 @@ async fn show(
             form_view(plugin, &page.path, method, &schema_of(method), &typed)
         })
         .collect();
+    let mut unconfigured_note = None;
     let (output, error) = match &answer {
         Some(Ok(output)) => (Some(output.clone()), None),
+        // a manager not configured yet is no failure: the page says so calmly, with the setting
+        Some(Err(refusal)) if unconfigured(refusal) => {
+            let setting = refusal.data.as_ref().and_then(|d| d["setting"].as_str()).map(str::to_string);
+            unconfigured_note = Some((super::forms::ErrorView::from(refusal), setting));
+            (None, None)
+        }
         Some(Err(refusal)) => {
             if posted.is_none() {
                 status = status_of(refusal);
@@ -582,6 +589,7 @@ async fn show(
         user => Serde(user_view(identity)),
         flash => Serde(flash),
         error => Serde(error),
+        unconfigured => Serde(unconfigured_note),
         plugin => plugin,
         source => format!("{plugin}.{}", page.source),
         shown => Serde(output.as_ref().filter(|_| page.template.is_none()).map(|o| shown(o, 2))),
@@ -593,6 +601,12 @@ async fn show(
         asks_organizations => Serde(&organizations),
     };
     render(status, "plugin_page.html", ctx)
+}
+
+/// Whether a refusal says the manager is not configured (or switched off) rather than that
+/// something failed: codes ending in `-disabled`, `-unconfigured` or `-not-configured`.
+fn unconfigured(refusal: &capstan_core::refusal::Refusal) -> bool {
+    ["-disabled", "-unconfigured", "-not-configured"].iter().any(|end| refusal.code.ends_with(end))
 }
 
 /// Whether `method` is a form of any page of `active` (a form may send the browser on to

@@ -2573,6 +2573,14 @@ async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted
     assert!(command.starts_with("curl -fsSL 'http://capstan.test/jump/") && command.ends_with("' | sudo bash"), "{command}");
     assert!(jumped.body.contains(r#"data-copy="jump-command""#) && jumped.body.contains("copy.js"), "{}", jumped.body);
     let code = command.trim_start_matches("curl -fsSL 'http://capstan.test/jump/").split('\'').next().unwrap().to_string();
+    // a browser opening the command's URL gets the dashboard's look; a dead code is a page, not JSON
+    let landing = send(&state, get(&format!("/jump/{code}"), None)).await;
+    assert_eq!(landing.status, StatusCode::OK, "{}", landing.body);
+    assert!(landing.body.contains("Join the cluster") && landing.body.contains("/static/") && landing.body.contains(r#"id="jump-command""#), "{}", landing.body);
+    assert_eq!((landing.header("referrer-policy"), landing.header("cache-control")), (Some("no-referrer"), Some("no-store")));
+    let dead = send(&state, get("/jump/AAAAAAAAAAAAAAAA", None)).await;
+    assert_eq!(dead.status, StatusCode::NOT_FOUND);
+    assert!(dead.body.contains("This jump command no longer works") && dead.body.contains("jump-code-invalid"), "{}", dead.body);
 
     // a machine enrolls and beats: the table shows it live, renamed as the code asked
     let token = "ab".repeat(32);

@@ -1713,6 +1713,16 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
             log_in(&client, username, password).await;
             wait_for(&client, "#current-user").await;
 
+            // ---- a calm rail: grouped, the managers under their own names and icons ----
+            let groups = client.execute("return [...document.querySelectorAll('.nav-group')].map(g => g.textContent.trim())", vec![]).await.unwrap();
+            assert_eq!(groups, json!(["Platform", "Workloads", "Managers", "Administration"]));
+            // a manager that is not set up says so calmly, naming the setting
+            plugin_running(&api, "coremail").await;
+            client.goto(&server.url("/p/coremail/statistics")).await.unwrap();
+            let note = text_of(&client, "#page-unconfigured").await;
+            assert!(note.contains("Not set up yet") && note.contains("coremail.coreMailEnabled"), "{note}");
+            assert!(client.find_all(Locator::Css("#page-error")).await.unwrap().is_empty(), "no red error on a fresh host");
+
             // ---- Backups: the service picked by name, "Back up now" ----
             client.goto(&server.url("/p/backups")).await.unwrap();
             let picker = r#"form[data-backup-organization="acme"]"#;

@@ -253,7 +253,7 @@ echo "capstan: this machine is enrolled and capstan-agent.service runs"
 }
 
 /// Whether this host is a dev host serving over plain http (`serve --dev` without https).
-fn dev_host(cx: &Context) -> bool {
+pub fn dev_host(cx: &Context) -> bool {
     cx.dev && !cx.public_origin.starts_with("https://")
 }
 

@@ -118,6 +118,7 @@ impl Manager for AppStore {
                 Some(settings::TrustedCatalogKeys::default()),
             )
             // the dashboard's App Store: the bundle's pages/*.html render what these answer
+            .nav("App Store", "box")
             .page(Page::new("", "App Store", "listApps").template("store").form("refreshCatalog").form("importCatalog"))
             .page(Page::new("upgrades", "App upgrades", "listUpgradeable").template("upgrades"))
             .page(Page::new("app", "App {name}", "getAppConfig").template("app").form("install").hidden())

@@ -140,6 +140,7 @@ impl Manager for CoreMail {
             )
             // /p/coremail: the control plane's status and the statistics
             .facet::<CoreMailRecord>(EntityKind::Service, "CoreMail's binding of the service and the step it asks the mail path for")
+            .nav("CoreMail", "envelope")
             .page(Page::new("", "CoreMail", "getControlStatus").template("overview"))
             // /p/coremail/statistics: what CoreMail counted, per service and UTC day
             .page(Page::new("statistics", "Mail statistics", "getServiceMailStatistics"))
@@ -1282,7 +1283,8 @@ struct Statistics {
 
 fn get_service_mail_statistics(_ctx: &Context, input: StatisticsInput) -> Result<Statistics> {
     let Some(config) = Config::read()? else {
-        return Err(Refusal::new("coremail-disabled", "CoreMail is off (coremail.coreMailEnabled is false): it has no statistics"));
+        return Err(Refusal::new("coremail-disabled", "CoreMail is off (coremail.coreMailEnabled is false): it has no statistics")
+            .with_data(json!({ "setting": "coremail.coreMailEnabled" })));
     };
     let Some(control) = store::get::<Credential>(CREDENTIALS, "control")? else {
         return Err(Refusal::new("coremail-not-ready", "no control credential yet: the first reconcile pass mints it").retryable());

@@ -60,6 +60,9 @@ pub struct Pages {
     /// HttpOnly cookie; this lets the dashboard's pages open an authenticated session without
     /// handing the JWT to script. See [`page_bearer`].
     pub socket_bearer: SocketBearer,
+    /// The jump pages for a browser in the dashboard's look: the landing page and the
+    /// refusals (an expired code is a page, not JSON). `None` answers: the host's plain ones.
+    pub jump: nodes::JumpPages,
 }
 
 /// Finds the bearer a page session carries in a request's headers ([`Pages::socket_bearer`]).
@@ -69,7 +72,7 @@ pub type SocketBearer = fn(&str, &HeaderMap) -> Option<String>;
 impl Pages {
     /// No pages: the API alone.
     pub fn none() -> Pages {
-        Pages { routes: Router::new(), not_found: |_, _| None, socket_bearer: |_, _| None }
+        Pages { routes: Router::new(), not_found: |_, _| None, socket_bearer: |_, _| None, jump: nodes::JumpPages::plain() }
     }
 }
 
@@ -105,7 +108,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route(crate::plugins::transfers::PATH, put(transfers::upload).get(transfers::download).fallback(method_not_allowed))
         .route(crate::relays::forward::PATH, post(relay_call).fallback(method_not_allowed))
         .merge(mcp::routes(state.methods.clone(), state.auth.clone(), state.max_body_bytes))
-        .merge(nodes::routes())
+        .merge(nodes::routes(pages.jump))
         .merge(capstan_registry::routes(state.registry.clone()))
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)

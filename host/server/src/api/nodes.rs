@@ -26,10 +26,33 @@ pub const AGENT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The platforms a jump script asks the agent binary for.
 pub const PLATFORMS: &[&str] = &["linux-x86_64", "linux-aarch64"];
 
+/// What a browser's jump page looks like in the dashboard's look ([`super::Pages::jump`]); a
+/// `None` answer falls back to the host's plain page.
+#[derive(Clone, Copy)]
+pub struct JumpPages {
+    /// The landing page: the cluster's name, the command, and the origin when it is a dev host's
+    /// plain http one.
+    pub landing: fn(&str, &str, Option<&str>) -> Option<Response>,
+    /// A refusal as a page: status, title, message.
+    pub refused: fn(StatusCode, &str, &str) -> Option<Response>,
+}
+
+impl JumpPages {
+    /// The host's plain pages.
+    pub fn plain() -> JumpPages {
+        JumpPages { landing: |_, _, _| None, refused: |_, _, _| None }
+    }
+}
+
 /// The routes, merged into the server's router.
-pub fn routes() -> Router<AppState> {
+pub fn routes(pages: JumpPages) -> Router<AppState> {
     Router::new()
-        .route("/jump/{code}", get(jump_page))
+        .route(
+            "/jump/{code}",
+            get(move |State(nodes): State<Context>, Path(code): Path<String>, headers: HeaderMap| async move {
+                render(&nodes, &code, wants_html(&headers).then_some(pages)).await
+            }),
+        )
         .route("/jump/{code}/setup.sh", get(jump_script))
         .route("/agent/v1/binary/{platform}", get(agent_binary))
         .route("/agent/v1/enroll", post(enroll))
@@ -51,22 +74,34 @@ fn wants_html(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|accept| accept.contains("text/html"))
 }
 
-async fn render(nodes: &Context, code: &str, html: bool) -> Response {
-    if let Err(refusal) = jump::check_origin(nodes) {
-        return refused(refusal);
-    }
-    let usable = match jump::usable(nodes, code).await {
-        Ok(usable) => usable,
-        Err(refusal) if refusal.is("jump-code-invalid") => return refused(jump::invalid_code()),
-        Err(refusal) => return refused(refusal),
+/// The script, or for a browser (`page`) the landing page; a refusal as JSON, or as a page.
+async fn render(nodes: &Context, code: &str, page: Option<JumpPages>) -> Response {
+    let usable = match jump::check_origin(nodes) {
+        Ok(()) => jump::usable(nodes, code).await.map_err(|r| if r.is("jump-code-invalid") { jump::invalid_code() } else { r }),
+        Err(refusal) => Err(refusal),
     };
-    let (kind, body) = if html {
-        ("text/html; charset=utf-8", jump::landing_page(nodes, code, &usable))
-    } else {
-        ("text/x-shellscript; charset=utf-8", jump::script(nodes, code, &usable))
+    let response = match (usable, page) {
+        (Err(refusal), None) => return refused(refusal),
+        (Err(refusal), Some(pages)) => {
+            let status = ApiError(refusal.clone()).into_response().status();
+            let title = if refusal.is("jump-code-invalid") { "This jump command no longer works" } else { "No jump command here" };
+            let message = format!("{} ({}). Create a new one on the cluster's Nodes page.", refusal.message, refusal.code);
+            (pages.refused)(status, title, &message).unwrap_or_else(|| refused(refusal))
+        }
+        (Ok(usable), None) => {
+            let script = jump::script(nodes, code, &usable);
+            (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("text/x-shellscript; charset=utf-8"))], script).into_response()
+        }
+        (Ok(usable), Some(pages)) => {
+            let dev = jump::dev_host(nodes).then_some(nodes.public_origin.as_str());
+            (pages.landing)(&usable.cluster_name, &jump::command(&nodes.public_origin, code), dev).unwrap_or_else(|| {
+                let page = jump::landing_page(nodes, code, &usable);
+                (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"))], page).into_response()
+            })
+        }
     };
-    let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static(kind))], body).into_response();
-    if html {
+    let mut response = response;
+    if page.is_some() {
         crate::page_headers::apply(response.headers_mut());
     }
     // stricter than the dashboard's same-origin: this page's URL is the code itself
@@ -74,14 +109,9 @@ async fn render(nodes: &Context, code: &str, html: bool) -> Response {
     no_store(response)
 }
 
-/// `GET /jump/<code>`: a browser's landing page, anything else's script.
-async fn jump_page(State(nodes): State<Context>, Path(code): Path<String>, headers: HeaderMap) -> Response {
-    render(&nodes, &code, wants_html(&headers)).await
-}
-
 /// `GET /jump/<code>/setup.sh`: always the script.
 async fn jump_script(State(nodes): State<Context>, Path(code): Path<String>) -> Response {
-    render(&nodes, &code, false).await
+    render(&nodes, &code, None).await
 }
 
 fn binary_unavailable(platform: &str) -> Refusal {
