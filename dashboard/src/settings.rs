@@ -82,10 +82,15 @@ struct Typed {
 fn groups(rows: Vec<(Option<String>, RowView)>) -> Vec<GroupView> {
     let mut groups: Vec<GroupView> = Vec::new();
     let mut ordered = rows;
-    ordered.sort_by_key(|(plugin, row)| (!row.known, plugin.is_some(), plugin.clone()));
+    let carried = |row: &RowView| row.summary == capstan_server::inventory::settings::CARRIED_OVER;
+    ordered.sort_by_key(|(plugin, row)| (!row.known, carried(row), plugin.is_some(), plugin.clone()));
     for (plugin, row) in ordered {
         let (id, title) = match (&plugin, row.known) {
             (_, false) => ("unknown".to_string(), "Not accepted any more".to_string()),
+            // folded away on the page: kept valid, read by nothing
+            (None, true) if row.summary == capstan_server::inventory::settings::CARRIED_OVER => {
+                ("carried".to_string(), "Carried over from the earlier platform (Capstan reads none of them)".to_string())
+            }
             (None, true) => ("capstan".to_string(), "Capstan".to_string()),
             (Some(plugin), true) => (plugin.clone(), format!("Plugin {plugin}")),
         };

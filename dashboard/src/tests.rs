@@ -2343,6 +2343,10 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_its_plugi
     assert!(page.body.contains(r#"<tbody data-group="appstore">"#), "{}", page.body);
     assert!(page.body.contains(r#"<tr data-setting="appstore.trustedCatalogKeys" data-set="true">"#), "{}", page.body);
     assert!(page.body.contains(r#"placeholder="default: []""#), "an unset plugin setting shows its default: {}", page.body);
+    // the keys carried over from the earlier platform are folded away, closed while none is set
+    let carried = page.body.split(r#"<details class="settings-carried" id="settings-carried">"#).nth(1).unwrap_or_else(|| panic!("{}", page.body));
+    assert!(carried.contains(r#"<tr data-setting="corebuildWorkerUrl""#), "{}", page.body);
+    assert!(!page.body.split("settings-carried").next().unwrap().contains(r#"data-setting="corebuildWorkerUrl""#), "not in the main table");
 
     // a trusted catalog activates; its apps are listed
     let answer = submit(&state, import, &[("_page", ""), ("envelope", &first)], &cookie).await;

@@ -90,6 +90,9 @@ fn serve_dev_demo_installs_an_app_store_with_apps_once_and_demo_alone_is_refused
     for method in ["organizations.create", "clusters.create", "services.create", "appstore.installDemo"] {
         assert!(methods.contains(method), "{method} is audited: {audited:?}");
     }
+    // reads leave nothing: the demo's listing of the apps (and this test's) is not in the log
+    let reads = server.call_as(&admin, "audit.list", &json!({ "method": "appstore.listApps" })).expect_json(200);
+    assert_eq!(reads["records"], json!([]), "{reads}");
     let organization = audited.iter().find(|r| r["method"] == "organizations.create").unwrap();
     assert_eq!(organization["outcome"], "ok", "{organization}");
     assert!(organization["targets"].as_array().unwrap().contains(&org_id), "{organization}");

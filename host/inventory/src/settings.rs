@@ -128,7 +128,7 @@ pub async fn snapshot_keep_last(store: &capstan_store::Store) -> Result<usize> {
 
 /// Every host setting, with what it is for. A manager's settings are its plugin's to declare.
 /// What the settings page says of keys kept only so that settings carried over stay valid.
-const CARRIED_OVER: &str = "Kept so settings carried over from the earlier platform stay valid; Capstan reads nothing here";
+pub const CARRIED_OVER: &str = "Kept so settings carried over from the earlier platform stay valid; Capstan reads nothing here";
 
 const ALLOWED: &[(&str, Kind, &str)] = &[
     ("corebuildWorkerUrl", Kind::Url, CARRIED_OVER),
