@@ -57,10 +57,10 @@ fn node_row(node: &Value) -> NodeRow {
     let report = node.get("report").cloned().unwrap_or(Value::Null);
     let intent = node.get("hostnameIntent").cloned().unwrap_or(Value::Null);
     let hostname = str_of(node, "hostname").to_string();
+    // where the intent stands is the host's judgement (`intentStatus`), as the CLI reads it
+    let status = &node["intentStatus"];
     let wanted = str_of(&intent, "hostname");
-    let apply = report.get("hostApply").cloned().unwrap_or(Value::Null);
-    let apply_failed = (str_of(&apply, "outcome") == "failed" && u64_of(&apply, "generation") == u64_of(&intent, "generation"))
-        .then(|| str_of(&apply, "reason").to_string());
+    let apply_failed = (str_of(status, "state") == "failed").then(|| str_of(status, "reason").to_string());
     let now_ms = now_secs() * 1000;
     NodeRow {
         href: format!("/nodes/{}", encode(&id)),
@@ -68,7 +68,7 @@ fn node_row(node: &Value) -> NodeRow {
         liveness: str_of(node, "liveness").into(),
         retired: str_of(node, "state") == "retired",
         reported: node.get("lastReportAt").and_then(Value::as_u64).map(|at| ago(now_ms.saturating_sub(at))),
-        pending: (!wanted.is_empty() && wanted != hostname).then(|| wanted.to_string()),
+        pending: (str_of(status, "state") != "applied" && !wanted.is_empty()).then(|| wanted.to_string()),
         apply_failed,
         agent_version: str_of(&report, "agentVersion").into(),
         os: str_of(&report, "os").into(),
@@ -518,12 +518,14 @@ mod tests {
         let node = json!({
             "id": "node_1", "revision": 3, "name": "a", "hostname": "old", "liveness": "live", "state": "active",
             "hostnameIntent": { "name": "a", "hostname": "worker-a", "generation": 2 },
-            "report": { "agentVersion": "0.1.0", "os": "Debian 12", "hostApply": { "generation": 2, "outcome": "failed", "reason": "denied" } }
+            "report": { "agentVersion": "0.1.0", "os": "Debian 12", "hostApply": { "generation": 2, "outcome": "failed", "reason": "denied" } },
+            "intentStatus": { "state": "failed", "reason": "denied" }
         });
         let row = node_row(&node);
         assert_eq!((row.pending.as_deref(), row.apply_failed.as_deref()), (Some("worker-a"), Some("denied")));
         assert_eq!((row.intent_generation, row.revision, row.href.as_str()), (2, 3, "/nodes/node_1"));
-        let applied = json!({ "id": "n", "hostname": "worker-a", "hostnameIntent": { "hostname": "worker-a", "generation": 2 } });
+        let applied = json!({ "id": "n", "hostname": "worker-a", "hostnameIntent": { "hostname": "worker-a", "generation": 2 },
+            "intentStatus": { "state": "applied" } });
         assert_eq!(node_row(&applied).pending, None);
         assert!(report_facts(&Value::Null).is_empty());
         assert_eq!(bytes(3 << 30), "3.0 GiB");

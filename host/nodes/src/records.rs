@@ -101,6 +101,48 @@ pub struct NodeView {
     /// only; absent before the first proof).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recipient: Option<super::recipients::Recipient>,
+    /// Where its hostname intent stands, judged once here for every reader (the CLI, the
+    /// dashboard, the API); absent without an intent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intent_status: Option<IntentStatus>,
+}
+
+/// Where a node's hostname intent stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IntentStatus {
+    /// `pending` (not carried yet), `applied` or `failed` (the agent tried and said why).
+    pub state: IntentState,
+    /// Why the agent's apply failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Where a hostname intent stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum IntentState {
+    /// The node does not carry it yet.
+    Pending,
+    /// The node carries it.
+    Applied,
+    /// The agent's apply of this generation failed.
+    Failed,
+}
+
+/// Judge `node`'s intent: the agent's report of this generation's apply when it made one, else
+/// whether a report since the intent was asked states its hostname.
+pub fn intent_status(node: &Node) -> Option<IntentStatus> {
+    use capstan_core::wire::heartbeat::ApplyOutcome;
+    let intent = node.hostname_intent.as_ref().filter(|i| i.generation > 0)?;
+    let apply = node.report.as_ref().and_then(|r| r.host_apply.as_ref()).filter(|a| a.generation == intent.generation && a.hostname == intent.hostname);
+    let (state, reason) = match apply {
+        Some(a) if a.outcome == ApplyOutcome::Failed => (IntentState::Failed, a.reason.clone()),
+        Some(_) => (IntentState::Applied, None),
+        None if node.hostname == intent.hostname && node.last_report_at >= Some(intent.requested_at) => (IntentState::Applied, None),
+        None => (IntentState::Pending, None),
+    };
+    Some(IntentStatus { state, reason })
 }
 
 /// Judge a stored node's liveness at `now` (milliseconds) with `freshness` (milliseconds).
@@ -115,7 +157,8 @@ pub fn view(node: Entity<Node>, now: u64, freshness: u64) -> NodeView {
         (None, [only]) => Some(*only),
         (None, _) => None,
     });
-    NodeView { node, live: liveness == Liveness::Live, liveness, address, recipient: None }
+    let intent_status = intent_status(&node.data);
+    NodeView { node, live: liveness == Liveness::Live, liveness, address, recipient: None, intent_status }
 }
 
 /// Read a node or refuse `node-missing`.
@@ -419,6 +462,33 @@ mod tests {
                 credential_generation: 1,
             },
         }
+    }
+
+    #[test]
+    fn an_intent_is_judged_pending_applied_or_failed_once_for_every_reader() {
+        let with = |hostname: &str, last: Option<u64>, apply: Option<serde_json::Value>| {
+            let mut n = node(last).data;
+            n.hostname = hostname.into();
+            n.hostname_intent =
+                Some(HostnameIntent { name: "web".into(), hostname: "web-1".into(), generation: 2, requested_at: 100, requested_by: "u".into() });
+            n.report = apply.map(|a| {
+                serde_json::from_value(json!({ "hostname": hostname, "os": "Debian", "kernel": "6", "arch": "x86_64", "cpus": 1,
+                    "memoryBytes": 1, "diskBytes": 1, "diskFreeBytes": 1, "agentVersion": "0.1.0", "uptimeSeconds": 1, "addresses": [],
+                    "hostApply": a }))
+                .unwrap()
+            });
+            intent_status(&n).map(|s| (s.state, s.reason))
+        };
+        let applied = json!({ "generation": 2, "hostname": "web-1", "outcome": "applied" });
+        assert_eq!(with("web-1", Some(200), Some(applied)), Some((IntentState::Applied, None)));
+        let failed = json!({ "generation": 2, "hostname": "web-1", "outcome": "failed", "reason": "no root" });
+        assert_eq!(with("a", Some(200), Some(failed)), Some((IntentState::Failed, Some("no root".into()))));
+        let older = json!({ "generation": 1, "hostname": "a", "outcome": "applied" });
+        assert_eq!(with("a", Some(200), Some(older)), Some((IntentState::Pending, None)));
+        // the hostname it carries already, reported after the intent was asked for; not before
+        assert_eq!(with("web-1", Some(200), None), Some((IntentState::Applied, None)));
+        assert_eq!(with("web-1", None, None), Some((IntentState::Pending, None)));
+        assert_eq!(intent_status(&node(None).data), None, "no intent, no status");
     }
 
     #[test]

@@ -258,25 +258,10 @@ fn age(at: Option<u64>, now: u64) -> String {
     }
 }
 
-/// Where a node's hostname intent stands: `-` without one, else `pending`, `applied` or
-/// `failed` (the agent tried and said why).
-fn intent_state(node: &Value) -> &'static str {
-    let intent = &node["hostnameIntent"];
-    if !intent.is_object() {
-        return "-";
-    }
-    let apply = &node["report"]["hostApply"];
-    if apply.is_object() && apply["generation"] == intent["generation"] && apply["hostname"] == intent["hostname"] {
-        return match apply["outcome"].as_str() {
-            Some("applied") => "applied",
-            Some("failed") => "failed",
-            _ => "pending",
-        };
-    }
-    if node["hostname"] == intent["hostname"] && node["lastReportAt"].as_u64() >= intent["requestedAt"].as_u64() {
-        return "applied";
-    }
-    "pending"
+/// Where a node's hostname intent stands, as the host judged it (`intentStatus`): `-` without
+/// one, else `pending`, `applied` or `failed`.
+fn intent_state(node: &Value) -> &str {
+    node["intentStatus"]["state"].as_str().unwrap_or("-")
 }
 
 /// The intent column: `worker-a (pending, gen 2)`, or `-`.
@@ -656,25 +641,13 @@ mod tests {
     }
 
     #[test]
-    fn an_intent_reads_pending_applied_or_failed() {
+    fn an_intent_reads_as_the_host_judged_it() {
         let intent = json!({ "hostname": "web-1", "generation": 2, "requestedAt": 100, "requestedBy": "u" });
         assert_eq!(intent_text(&json!({ "hostname": "a", "hostnameIntent": null })), "-");
-        let pending = json!({ "hostname": "a", "hostnameIntent": intent, "lastReportAt": 200 });
+        let pending = json!({ "hostname": "a", "hostnameIntent": intent, "intentStatus": { "state": "pending" } });
         assert_eq!(intent_text(&pending), "web-1 (pending, gen 2)");
-        let applied = json!({ "hostname": "web-1", "hostnameIntent": intent, "lastReportAt": 200,
-            "report": { "hostApply": { "generation": 2, "hostname": "web-1", "outcome": "applied" } } });
-        assert_eq!(intent_state(&applied), "applied");
-        let failed = json!({ "hostname": "a", "hostnameIntent": intent, "lastReportAt": 200,
-            "report": { "hostApply": { "generation": 2, "hostname": "web-1", "outcome": "failed", "reason": "no root" } } });
+        let failed = json!({ "hostname": "a", "hostnameIntent": intent, "intentStatus": { "state": "failed", "reason": "no root" } });
         assert_eq!(intent_state(&failed), "failed");
-        let older_apply = json!({ "hostname": "a", "hostnameIntent": intent, "lastReportAt": 200,
-            "report": { "hostApply": { "generation": 1, "hostname": "a", "outcome": "applied" } } });
-        assert_eq!(intent_state(&older_apply), "pending");
-        // the hostname it carries already, reported after the intent was asked for
-        let carried = json!({ "hostname": "web-1", "hostnameIntent": intent, "lastReportAt": 200 });
-        assert_eq!(intent_state(&carried), "applied");
-        let not_yet = json!({ "hostname": "web-1", "hostnameIntent": intent });
-        assert_eq!(intent_state(&not_yet), "pending");
     }
 
     #[test]
