@@ -2344,7 +2344,8 @@ async fn the_app_store_imports_a_catalog_installs_and_upgrades_through_its_plugi
     assert!(page.body.contains(r#"<tr data-setting="appstore.trustedCatalogKeys" data-set="true">"#), "{}", page.body);
     assert!(page.body.contains(r#"placeholder="default: []""#), "an unset plugin setting shows its default: {}", page.body);
     // the keys carried over from the earlier platform are folded away, closed while none is set
-    let carried = page.body.split(r#"<details class="settings-carried" id="settings-carried">"#).nth(1).unwrap_or_else(|| panic!("{}", page.body));
+    let carried =
+        page.body.split(r#"<details class="settings-carried" id="settings-carried">"#).nth(1).unwrap_or_else(|| panic!("{}", page.body));
     assert!(carried.contains(r#"<tr data-setting="corebuildWorkerUrl""#), "{}", page.body);
     assert!(!page.body.split("settings-carried").next().unwrap().contains(r#"data-setting="corebuildWorkerUrl""#), "not in the main table");
 
@@ -2570,8 +2571,7 @@ async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted
     assert_eq!(flash_code(&refused.body).as_deref(), Some("name-invalid"), "{}", refused.body);
     assert_eq!(value_of(&refused.body, "jump-name"), "Edge 1");
     let jumped =
-        submit(&state, &format!("{nodes}/jump"), &[("nodeName", "edge-1"), ("setHostname", "true"), ("ttlMinutes", "15")], &cookie)
-            .await;
+        submit(&state, &format!("{nodes}/jump"), &[("nodeName", "edge-1"), ("setHostname", "true"), ("ttlMinutes", "15")], &cookie).await;
     assert_eq!(jumped.status, StatusCode::OK, "{}", jumped.body);
     let command = value_of(&jumped.body, "jump-command");
     assert!(command.starts_with("curl -fsSL 'http://capstan.test/jump/") && command.ends_with("' | sudo bash"), "{command}");
@@ -2580,7 +2580,11 @@ async fn a_cluster_s_nodes_are_added_watched_renamed_revoked_retired_and_deleted
     // a browser opening the command's URL gets the dashboard's look; a dead code is a page, not JSON
     let landing = send(&state, get(&format!("/jump/{code}"), None)).await;
     assert_eq!(landing.status, StatusCode::OK, "{}", landing.body);
-    assert!(landing.body.contains("Join the cluster") && landing.body.contains("/static/") && landing.body.contains(r#"id="jump-command""#), "{}", landing.body);
+    assert!(
+        landing.body.contains("Join the cluster") && landing.body.contains("/static/") && landing.body.contains(r#"id="jump-command""#),
+        "{}",
+        landing.body
+    );
     assert_eq!((landing.header("referrer-policy"), landing.header("cache-control")), (Some("no-referrer"), Some("no-store")));
     let dead = send(&state, get("/jump/AAAAAAAAAAAAAAAA", None)).await;
     assert_eq!(dead.status, StatusCode::NOT_FOUND);

@@ -1691,13 +1691,15 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
         .as_str()
         .unwrap()
         .to_string();
-    let proxy = api.call("services.create", json!({ "organizationId": org, "name": "proxy", "image": "registry.example.com/proxy:1" }))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let proxy =
+        api.call("services.create", json!({ "organizationId": org, "name": "proxy", "image": "registry.example.com/proxy:1" }))["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
     // 50 records for the Audit page: as many settings changes, each refused (a stale revision)
     for _ in 0..50 {
-        let (status, _) = api.status_of("settings.update", json!({ "expectedRevision": 999, "set": { "nodeObservationFreshnessMs": 5000 } }));
+        let (status, _) =
+            api.status_of("settings.update", json!({ "expectedRevision": 999, "set": { "nodeObservationFreshnessMs": 5000 } }));
         assert_eq!(status, 409);
     }
 
@@ -1714,7 +1716,8 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
             wait_for(&client, "#current-user").await;
 
             // ---- a calm rail: grouped, the managers under their own names and icons ----
-            let groups = client.execute("return [...document.querySelectorAll('.nav-group')].map(g => g.textContent.trim())", vec![]).await.unwrap();
+            let groups =
+                client.execute("return [...document.querySelectorAll('.nav-group')].map(g => g.textContent.trim())", vec![]).await.unwrap();
             assert_eq!(groups, json!(["Platform", "Workloads", "Managers", "Administration"]));
             // a manager that is not set up says so calmly, naming the setting
             plugin_running(&api, "coremail").await;
@@ -1732,7 +1735,13 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
                 .await
                 .unwrap();
             assert_eq!(options, json!(["files"]), "only services with volumes are offered, by name");
-            assert!(client.find_all(Locator::Css("#backup-create input[name=mutationId], #backup-create input[name=expectedRevision]")).await.unwrap().is_empty());
+            assert!(
+                client
+                    .find_all(Locator::Css("#backup-create input[name=mutationId], #backup-create input[name=expectedRevision]"))
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
             let shot = client.screenshot().await.expect("a screenshot of the Backups page");
             save_screenshot(&shot, dir.path(), "backups-task.png", BACKUP_TASK_SCREENSHOT_COPY);
             click(&client, r#"button[data-backup-create="acme"]"#).await;
@@ -1747,20 +1756,27 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
             // a cluster without a relay says what to do first, offering nothing to click
             wait_for(&client, r#"p[data-designate-cluster="edge"][data-relay="false"]"#).await;
             let settings = api.call("settings.get", json!({}));
-            api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.acme.example" } }));
+            api.call(
+                "settings.update",
+                json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.acme.example" } }),
+            );
             let read = api.call("clusters.get", json!({ "id": cluster }));
             api.call("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": read["revision"] }));
             client.refresh().await.unwrap();
             let select = r#"form[data-designate-cluster="edge"] select"#;
             wait_for(&client, select).await;
-            client
-                .execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(select), json!(proxy)])
-                .await
-                .unwrap();
+            client.execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(select), json!(proxy)]).await.unwrap();
             click(&client, r#"button[data-designate-review="edge"]"#).await;
             let question = text_of(&client, "#designate-question").await;
             assert!(question.starts_with("Designate proxy (acme) as the ingress of edge?"), "{question}");
-            assert!(client.find_all(Locator::Css("#designate-confirm input[type=text], #designate-confirm input:not([type])")).await.unwrap().is_empty(), "nothing to type");
+            assert!(
+                client
+                    .find_all(Locator::Css("#designate-confirm input[type=text], #designate-confirm input:not([type])"))
+                    .await
+                    .unwrap()
+                    .is_empty(),
+                "nothing to type"
+            );
             let shot = client.screenshot().await.expect("a screenshot of the ingress designation");
             save_screenshot(&shot, dir.path(), "ingress-task.png", INGRESS_TASK_SCREENSHOT_COPY);
             click(&client, "#designate-submit").await;
@@ -1782,7 +1798,10 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
             let publisher = capstan_catalog::SigningKey::from_bytes(&[42; 32]);
             let settings = api.call("settings.get", json!({}));
             let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
-            api.call("settings.update", json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }));
+            api.call(
+                "settings.update",
+                json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }),
+            );
             api.call("appstore.importCatalog", json!({ "envelope": wiki_catalog(&["1.0.0"], 1, &publisher) }));
             client.goto(&server.url("/p/appstore/app?appId=wiki")).await.unwrap();
             wait_for(&client, "#install-form").await;
@@ -1805,7 +1824,10 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
             assert!(rows >= 50, "{rows} records shown");
             assert_eq!(scrolls_sideways(&client).await, json!({ "page": false, "tables": 0 }), "the Audit page fits 1366 px");
             let lines = client
-                .execute("return Math.max(...[...document.querySelectorAll('#audit-table time')].map(t => t.getClientRects().length))", vec![])
+                .execute(
+                    "return Math.max(...[...document.querySelectorAll('#audit-table time')].map(t => t.getClientRects().length))",
+                    vec![],
+                )
                 .await
                 .unwrap();
             assert_eq!(lines, json!(1), "every time on one line");

@@ -102,7 +102,12 @@ impl RunningAgent {
 
     fn start_in(netns: Option<&str>, state_dir: &Path, hostname_file: &Path, more: &[&str]) -> RunningAgent {
         let mut cmd = agent_in(netns, state_dir);
-        cmd.args(["run", "--interval", "1s"]).args(more).arg("--hostname-file").arg(hostname_file).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.args(["run", "--interval", "1s"])
+            .args(more)
+            .arg("--hostname-file")
+            .arg(hostname_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawning capstan-agent run");
         let stderr = crate::support::keep_stderr(&mut child);
         RunningAgent { child, stderr }
@@ -461,7 +466,8 @@ fn a_dev_host_on_the_lan_enrolls_a_second_machine_over_plain_http_saying_so() {
     let credential = read_json(&state_dir.join("credential.json"));
     assert_eq!((credential["origin"].as_str(), credential["devHost"].as_bool()), (Some(origin.as_str()), Some(true)));
     let node_id = credential["nodeId"].as_str().unwrap().to_string();
-    let machine = Command::new("hostname").arg("-s").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_ascii_lowercase()).unwrap();
+    let machine =
+        Command::new("hostname").arg("-s").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_ascii_lowercase()).unwrap();
     let node = ok(&server, &admin, "nodes.get", json!({ "id": node_id }));
     assert_eq!((node["name"].as_str(), node["hostname"].as_str()), (Some("lan-1"), Some(machine.as_str())), "{node}");
 

@@ -102,7 +102,12 @@ fn the_nodes_cli_creates_a_jump_command_reads_changes_and_retires_nodes_and_refu
     let empty = out.nodes(&server, &admin, &config, &["list", "--cluster", &cluster_id]);
     assert!(succeeded(&empty).contains(&format!("capstan nodes jump --cluster {cluster_id}")), "{}", empty.stdout);
 
-    let jump = out.nodes(&server, &admin, &config, &["jump", "--cluster", &cluster_id, "--name", "alpha", "--set-hostname", "--ttl-minutes", "10"]);
+    let jump = out.nodes(
+        &server,
+        &admin,
+        &config,
+        &["jump", "--cluster", &cluster_id, "--name", "alpha", "--set-hostname", "--ttl-minutes", "10"],
+    );
     let printed = succeeded(&jump);
     let origin = format!("http://{}", server.addr);
     let command = printed.lines().map(str::trim).find(|l| l.starts_with("curl ")).unwrap_or_else(|| panic!("a command line:\n{printed}"));
@@ -128,7 +133,10 @@ fn the_nodes_cli_creates_a_jump_command_reads_changes_and_retires_nodes_and_refu
     // refusals of jump, by name
     refused(&out.nodes(&server, &admin, &config, &["jump", "--cluster", "cluster_nope"]), "cluster-not-found");
     refused(&out.nodes(&server, &admin, &config, &["jump", "--cluster", &cluster_id, "--ttl-minutes", "5000"]), "invalid-request");
-    refused(&out.nodes(&server, &admin, &config, &["jump", "--cluster", &cluster_id, "--name", "alpha", "--set-hostname"]), "hostname-in-use");
+    refused(
+        &out.nodes(&server, &admin, &config, &["jump", "--cluster", &cluster_id, "--name", "alpha", "--set-hostname"]),
+        "hostname-in-use",
+    );
     let unnamed = out.nodes(&server, &admin, &config, &["jump", "--cluster", &cluster_id, "--set-hostname"]);
     assert!(!unnamed.status.success() && unnamed.stderr.contains("--name"), "--set-hostname needs a name: {}", unnamed.stderr);
     refused(&out.nodes(&server, &admin, &config, &["jump", "--cluster", &cluster_id, "--name", "Not_A_Name"]), "name-invalid");

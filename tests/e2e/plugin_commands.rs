@@ -92,15 +92,12 @@ fn plugins_add_commands_that_resolve_names_and_print_like_the_host_s_own() {
     assert_eq!((answer["name"].as_str(), answer["appId"].as_str()), (Some("redis"), Some("redis")), "{answer}");
 
     // ---- backups: a service named alone brings its organization ----
-    let cluster = ok(&server, &admin, "clusters.list", json!({}))["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "demo-cluster")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let cluster =
+        ok(&server, &admin, "clusters.list", json!({}))["items"].as_array().unwrap().iter().find(|c| c["name"] == "demo-cluster").unwrap()
+            ["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
     let node = enroll_node(&server, &admin, &cluster);
     ok(
         &server,

@@ -310,7 +310,11 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     let by_backups: Vec<&Value> =
         audited["records"].as_array().unwrap().iter().filter(|r| r["actor"]["username"] == "plugin:backups").collect();
     assert_eq!(by_backups.len(), 2, "the hold and its release are audited: {audited}");
-    assert!(by_backups.iter().all(|r| r["plugin"] == "backups" && r["outcome"] == "ok" && r["targets"].as_array().unwrap().contains(&json!(notes))));
+    assert!(
+        by_backups
+            .iter()
+            .all(|r| r["plugin"] == "backups" && r["outcome"] == "ok" && r["targets"].as_array().unwrap().contains(&json!(notes)))
+    );
     eprintln!("restore: held {} (spec revision), replicas {before:?} replaced by {}", held["held"], started["slots"]);
 
     for node in &mut nodes {

@@ -135,7 +135,11 @@ pub enum IntentState {
 pub fn intent_status(node: &Node) -> Option<IntentStatus> {
     use capstan_core::wire::heartbeat::ApplyOutcome;
     let intent = node.hostname_intent.as_ref().filter(|i| i.generation > 0)?;
-    let apply = node.report.as_ref().and_then(|r| r.host_apply.as_ref()).filter(|a| a.generation == intent.generation && a.hostname == intent.hostname);
+    let apply = node
+        .report
+        .as_ref()
+        .and_then(|r| r.host_apply.as_ref())
+        .filter(|a| a.generation == intent.generation && a.hostname == intent.hostname);
     let (state, reason) = match apply {
         Some(a) if a.outcome == ApplyOutcome::Failed => (IntentState::Failed, a.reason.clone()),
         Some(_) => (IntentState::Applied, None),
@@ -469,8 +473,13 @@ mod tests {
         let with = |hostname: &str, last: Option<u64>, apply: Option<serde_json::Value>| {
             let mut n = node(last).data;
             n.hostname = hostname.into();
-            n.hostname_intent =
-                Some(HostnameIntent { name: "web".into(), hostname: "web-1".into(), generation: 2, requested_at: 100, requested_by: "u".into() });
+            n.hostname_intent = Some(HostnameIntent {
+                name: "web".into(),
+                hostname: "web-1".into(),
+                generation: 2,
+                requested_at: 100,
+                requested_by: "u".into(),
+            });
             n.report = apply.map(|a| {
                 serde_json::from_value(json!({ "hostname": hostname, "os": "Debian", "kernel": "6", "arch": "x86_64", "cpus": 1,
                     "memoryBytes": 1, "diskBytes": 1, "diskFreeBytes": 1, "agentVersion": "0.1.0", "uptimeSeconds": 1, "addresses": [],

@@ -127,9 +127,7 @@ fn word(text: &str) -> bool {
 }
 
 fn camel(text: &str) -> bool {
-    (1..=64).contains(&text.len())
-        && text.starts_with(|c: char| c.is_ascii_lowercase())
-        && text.chars().all(|c| c.is_ascii_alphanumeric())
+    (1..=64).contains(&text.len()) && text.starts_with(|c: char| c.is_ascii_lowercase()) && text.chars().all(|c| c.is_ascii_alphanumeric())
 }
 
 fn one_line(at: &str, what: &str, text: &str, required: bool) -> Result<()> {
@@ -145,8 +143,7 @@ fn one_line(at: &str, what: &str, text: &str, required: bool) -> Result<()> {
 /// Read and check the manifest's `commands` array (`manifest-invalid` naming the command and
 /// what is wrong).
 pub fn parse(value: toml::Value) -> Result<Vec<CommandDecl>> {
-    let commands: Vec<CommandDecl> =
-        value.try_into().map_err(|e: toml::de::Error| invalid("commands", e.message().trim().to_string()))?;
+    let commands: Vec<CommandDecl> = value.try_into().map_err(|e: toml::de::Error| invalid("commands", e.message().trim().to_string()))?;
     if commands.len() > MAX_COMMANDS {
         return Err(invalid("commands", format!("a plugin declares at most {MAX_COMMANDS} commands")));
     }
@@ -254,7 +251,10 @@ args = [
         .unwrap();
         assert_eq!(commands.len(), 1);
         let command = &commands[0];
-        assert_eq!((command.name.as_str(), command.method.as_str(), command.rows.as_deref()), ("backups create", "create", Some("backups")));
+        assert_eq!(
+            (command.name.as_str(), command.method.as_str(), command.rows.as_deref()),
+            ("backups create", "create", Some("backups"))
+        );
         assert_eq!(command.args[0].kind, ArgKind::Service);
         assert!(command.args[0].positional && command.args[0].required);
         assert_eq!((command.args[1].kind, command.args[2].kind), (ArgKind::Organization, ArgKind::Flag));
@@ -273,14 +273,25 @@ args = [
             ("name = \"a\"\nabout = \"\"\nmethod = \"create\"\n".to_string(), "about must not be empty"),
             ("name = \"a\"\nabout = \"x\"\nmethod = \"backups.create\"\n".to_string(), "a verb of this plugin"),
             (format!("name = \"a\"\n{base}args = [{{ name = \"help\", field = \"x\" }}]\n"), "not help"),
-            (format!("name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\" }}, {{ name = \"b\", field = \"x\" }}]\n"), "same name or field"),
-            (format!("name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\", kind = \"flag\", positional = true }}]\n"), "never positional"),
             (
-                format!("name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\", positional = true }}, {{ name = \"b\", field = \"y\", positional = true }}]\n"),
+                format!("name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\" }}, {{ name = \"b\", field = \"x\" }}]\n"),
+                "same name or field",
+            ),
+            (
+                format!("name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\", kind = \"flag\", positional = true }}]\n"),
+                "never positional",
+            ),
+            (
+                format!(
+                    "name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\", positional = true }}, {{ name = \"b\", field = \"y\", positional = true }}]\n"
+                ),
                 "after an optional one",
             ),
             (format!("name = \"a\"\n{base}columns = [\"a..b\"]\n"), "dotted for depth"),
-            (format!("name = \"a\"\n{base}args = [{{ name = \"m\", field = \"m\", kind = \"mutation-id\", required = true }}]\n"), "never positional or required"),
+            (
+                format!("name = \"a\"\n{base}args = [{{ name = \"m\", field = \"m\", kind = \"mutation-id\", required = true }}]\n"),
+                "never positional or required",
+            ),
             (format!("name = \"a\"\n{base}args = [{{ name = \"r\", field = \"r\", kind = \"service-revision\" }}]\n"), "declare one"),
             (format!("name = \"a\"\n{base}surprise = 1\n"), "unknown field"),
             (format!("name = \"a\"\n{base}args = [{{ name = \"a\", field = \"x\", kind = \"colour\" }}]\n"), "unknown variant"),
@@ -289,7 +300,9 @@ args = [
             assert_eq!(err.code, "manifest-invalid", "{body}");
             assert!(err.message.contains(says), "{body}: {}", err.message);
         }
-        let twice = parsed("[[commands]]\nname = \"a\"\nabout = \"x\"\nmethod = \"m\"\n[[commands]]\nname = \"a\"\nabout = \"y\"\nmethod = \"n\"\n");
+        let twice = parsed(
+            "[[commands]]\nname = \"a\"\nabout = \"x\"\nmethod = \"m\"\n[[commands]]\nname = \"a\"\nabout = \"y\"\nmethod = \"n\"\n",
+        );
         assert!(twice.unwrap_err().message.contains("declared twice"));
     }
 }

@@ -230,7 +230,8 @@ async fn start_plugins(
         tracing::info!(%file, certificates, "plugin outbound HTTPS also trusts the roots in {}", crate::config::PLUGIN_HTTP_CA_FILE);
     }
     let audit = capstan_rpc::audit::AuditLog::new(store.clone());
-    let platform = capstan_links::InventoryPlatform::audited(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents), audit);
+    let platform =
+        capstan_links::InventoryPlatform::audited(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents), audit);
     let services = Services::with_http(store.clone(), blobs.clone(), keyring.clone(), fleet.node.identity.id.clone(), platform, http);
     let plugins = PluginHost::new(runtime, services, publishers, crate::plugins::first_party::bundles()?).await?;
     plugins.sync().await?;

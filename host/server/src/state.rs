@@ -272,7 +272,8 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     capstan_rpc::audit::declare(&store).await.unwrap();
     capstan_gateway::declare(&store).await.unwrap();
     let audit = capstan_rpc::audit::AuditLog::new(store.clone());
-    let platform = capstan_links::InventoryPlatform::audited(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents), audit);
+    let platform =
+        capstan_links::InventoryPlatform::audited(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents), audit);
     // plugins may reach 127.0.0.0/8 (the tests' servers), and no other internal address
     let http = crate::plugins::imports::PluginHttp::new(&[], &["127.0.0.0/8".parse().unwrap()]).unwrap();
     let services =

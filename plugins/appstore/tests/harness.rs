@@ -142,11 +142,15 @@ fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_
     assert_eq!(service["template"]["catalogRevision"], 1);
     assert!(host.service_specs().is_empty(), "no cluster named: created, not started");
     // the environment given goes over the version's own; the name defaults to the app's id
-    let installed = host.call("install", json!({ "organizationId": org, "appId": "wiki", "environment": ["DOMAIN=https://wiki.acme.example", "", "LANG=en=US"] }));
+    let installed = host.call(
+        "install",
+        json!({ "organizationId": org, "appId": "wiki", "environment": ["DOMAIN=https://wiki.acme.example", "", "LANG=en=US"] }),
+    );
     let service = host.service(installed.unwrap()["id"].as_str().unwrap()).unwrap();
     assert_eq!((service["name"].as_str(), service["environment"]["DOMAIN"].as_str()), (Some("wiki"), Some("https://wiki.acme.example")));
     assert_eq!(service["environment"]["LANG"], "en=US", "a value keeps every = after the first");
-    let bad = host.call("install", json!({ "organizationId": org, "appId": "wiki", "name": "wiki-3", "environment": ["NO VALUE"] })).unwrap_err();
+    let bad =
+        host.call("install", json!({ "organizationId": org, "appId": "wiki", "name": "wiki-3", "environment": ["NO VALUE"] })).unwrap_err();
     assert_eq!((bad.code(), bad.data().unwrap()["field"].as_str()), ("invalid-request", Some("environment")));
 
     // ---- started on a cluster: refused by name before anything is created ----

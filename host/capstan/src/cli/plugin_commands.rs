@@ -175,9 +175,8 @@ fn value_name(kind: &str) -> &'static str {
 /// left out is the resolved service's organization.
 fn body(client: &Client, command: &Value, matches: &ArgMatches) -> Result<Value> {
     let args: Vec<&Value> = command["args"].as_array().into_iter().flatten().collect();
-    let given = |kind: &str| {
-        args.iter().find(|a| arg_kind(a) == kind).and_then(|a| matches.get_one::<String>(text(a, "name"))).map(String::as_str)
-    };
+    let given =
+        |kind: &str| args.iter().find(|a| arg_kind(a) == kind).and_then(|a| matches.get_one::<String>(text(a, "name"))).map(String::as_str);
     let (organization_text, cluster_text) = (given("organization"), given("cluster"));
     let mut body = Map::new();
     let mut service_org = None;
@@ -278,9 +277,7 @@ fn cell(column: &str, value: &Value) -> String {
     match value {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
-        Value::Array(items) if items.iter().all(|i| i.is_string()) => {
-            items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")
-        }
+        Value::Array(items) if items.iter().all(|i| i.is_string()) => items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","),
         // `createdAtMs`, `expiresAt`, …: times, read as UTC
         Value::Number(n) if (column.ends_with("At") || column.ends_with("AtMs")) && n.is_u64() => super::client::utc(n.as_u64()),
         other => other.to_string(),

@@ -90,7 +90,8 @@ async fn render(nodes: &Context, code: &str, page: Option<JumpPages>) -> Respons
         }
         (Ok(usable), None) => {
             let script = jump::script(nodes, code, &usable);
-            (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("text/x-shellscript; charset=utf-8"))], script).into_response()
+            (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("text/x-shellscript; charset=utf-8"))], script)
+                .into_response()
         }
         (Ok(usable), Some(pages)) => {
             let dev = jump::dev_host(nodes).then_some(nodes.public_origin.as_str());

@@ -196,8 +196,7 @@ async fn jump_commands_show_the_code_once_and_keep_only_its_hash() {
     w.refused("nodes.createJumpCommand", json!({"clusterId": "cluster_nope"}), "cluster-not-found").await;
     w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "nodeName": "Bad_Name"}), "name-invalid").await;
     // an unused code renaming a machine worker-gras holds that hostname; a name alone holds none
-    w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true}), "hostname-in-use")
-        .await;
+    w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true}), "hostname-in-use").await;
     w.jump(json!({"clusterId": w.cluster, "nodeName": "gras"})).await;
     let err = w.refused("nodes.createJumpCommand", json!({"clusterId": w.cluster, "setHostname": true}), "invalid-request").await;
     assert_eq!(err.data.unwrap()["field"], "setHostname");
@@ -417,7 +416,8 @@ async fn enrollment_is_one_transaction_and_an_exact_replay_creates_nothing() {
     let taken = w.agent("enroll", enroll_body(&w.code().await, "NODE-A", &new_token()), None).await;
     assert_eq!((taken.status, taken.code().as_str()), (StatusCode::CONFLICT, "hostname-in-use"));
     // a code renaming the machine records worker-<name>, whatever the machine said
-    let named = w.jump(json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true})).await["code"].as_str().unwrap().to_string();
+    let named =
+        w.jump(json!({"clusterId": w.cluster, "nodeName": "gras", "setHostname": true})).await["code"].as_str().unwrap().to_string();
     let reply = w.agent("enroll", enroll_body(&named, "localhost", &new_token()), None).await;
     assert_eq!(reply.json()["hostname"], "worker-gras");
     assert_eq!(w.node(reply.json()["nodeId"].as_str().unwrap()).await["name"], "gras");
