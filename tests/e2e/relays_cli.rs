@@ -81,3 +81,53 @@ fn the_relay_authorization_export_writes_a_private_file_never_clobbers_and_print
     let log = format!("{}{}", server.stdout(), server.stderr());
     assert!(!log.contains(&bearer) && !log.contains(&rotated), "no bearer in the server's log");
 }
+
+/// `capstan relays …`: a cluster's relay from the operator's side in a few commands — the zone
+/// refused by name with what to set, then enable (origin, credential, next steps), export by the
+/// cluster's name, rotate, and disable behind a confirmation.
+#[test]
+fn capstan_relays_enables_exports_rotates_and_disables_a_relay_by_the_cluster_s_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(with_test_admin(dev_command(&dir.path().join("data"))));
+    let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
+    let config = dir.path().join("config");
+    let relays = |args: &[&str]| {
+        let mut cmd = client(&server, &admin, &config);
+        cmd.arg("relays").args(args);
+        run_to_exit(cmd)
+    };
+    server.call_as(&admin, "clusters.create", &json!({"name": "edge"})).expect_json(200);
+
+    let unset = relays(&["enable", "edge"]);
+    let stderr = unset.assert_refused(1, "relay-zone-unset");
+    assert!(stderr.contains("capstan settings set clusterRelayZone="), "the refusal says what to set: {stderr}");
+    let settings = server.call_as(&admin, "settings.get", &json!({})).expect_json(200);
+    server
+        .call_as(&admin, "settings.update", &json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.e2e.example" } }))
+        .expect_json(200);
+
+    let enabled = succeeded(&relays(&["enable", "edge"])).to_string();
+    assert!(enabled.contains("relay of edge") && enabled.contains("relays.e2e.example:8443"), "{enabled}");
+    assert!(enabled.contains("credential: generation 1") && enabled.contains("capstan relays export edge --out"), "{enabled}");
+    // again: nothing changes
+    let again: Value = serde_json::from_str(succeeded(&relays(&["enable", "edge", "--json"])).trim()).unwrap();
+    assert_eq!((again["relay"]["enabled"].as_bool(), again["credential"]["generation"].as_u64()), (Some(true), Some(1)), "{again}");
+
+    let out_dir = dir.path().join("export");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let output = out_dir.join("relay-authorization");
+    succeeded(&relays(&["export", "edge", "--out", output.to_str().unwrap()]));
+    assert_eq!(std::fs::metadata(&output).unwrap().permissions().mode() & 0o777, 0o600);
+    relays(&["export", "nowhere", "--out", output.to_str().unwrap()]).assert_refused(1, "cluster-not-found");
+
+    let rotated = succeeded(&relays(&["rotate", "edge"])).to_string();
+    assert!(rotated.contains("generation 1 → 2"), "{rotated}");
+    assert!(succeeded(&relays(&["list"])).contains("No relay registered yet"));
+
+    relays(&["disable", "edge"]).assert_refused(1, "confirmation-required");
+    succeeded(&relays(&["disable", "edge", "--yes"]));
+    let clusters = server.call_as(&admin, "clusters.list", &json!({})).expect_json(200);
+    assert_eq!(clusters["items"][0]["relay"]["enabled"], false, "{clusters}");
+    assert!(!server.stderr().contains(&std::fs::read_to_string(&output).unwrap()), "the bearer is never logged");
+}

@@ -133,16 +133,18 @@ pub(crate) fn write_private(output: &std::path::Path, bytes: &[u8], force: bool)
         .map_err(|e| Refusal::new("output-write-failed", format!("replacing {} failed: {}", output.display(), e.kind())).with_data(path()))
 }
 
-struct Export {
-    cluster: String,
-    output: Option<PathBuf>,
-    expected_generation: Option<u64>,
-    force: bool,
-    stdout: bool,
-    json: bool,
+/// What an export of a relay's bearer writes (`keyring export-relay-authorization`, `relays
+/// export`).
+pub(crate) struct Export {
+    pub(crate) cluster: String,
+    pub(crate) output: Option<PathBuf>,
+    pub(crate) expected_generation: Option<u64>,
+    pub(crate) force: bool,
+    pub(crate) stdout: bool,
+    pub(crate) json: bool,
 }
 
-fn export_relay_authorization(connection: &Connection, export: &Export) -> crate::refusal::Result<()> {
+pub(crate) fn export_relay_authorization(connection: &Connection, export: &Export) -> crate::refusal::Result<()> {
     use sha2::Digest;
     let client = Client::new(connection)?;
     let generation = match export.expected_generation {

@@ -20,6 +20,7 @@ mod plugin_new;
 mod plugin_online;
 mod progress;
 mod publishers;
+mod relays;
 mod resolve;
 mod secret_sets;
 mod secrets;
@@ -116,6 +117,10 @@ enum Command {
     /// reset-password, revoke-sessions.
     #[command(subcommand)]
     Users(users::UsersCommand),
+    /// Cluster relays: enable (origin and credential, then what to run), export the bearer,
+    /// list the registered relays, rotate, disable (docs/relays.md).
+    #[command(subcommand)]
+    Relays(relays::RelaysCommand),
     /// Publisher keys plugin bundles may be signed by: list (with their names), add, remove.
     #[command(subcommand)]
     Publishers(publishers::PublishersCommand),
@@ -278,6 +283,7 @@ pub fn main() -> ExitCode {
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => users::run(command),
         Command::Publishers(command) => publishers::run(command),
+        Command::Relays(command) => relays::run(command),
         Command::Audit(command) => audit::run(command),
         Command::Admin(command) => admin::run(command),
         Command::Secrets(command) => secrets::run(command),
