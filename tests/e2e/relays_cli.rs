@@ -103,7 +103,11 @@ fn capstan_relays_enables_exports_rotates_and_disables_a_relay_by_the_cluster_s_
     assert!(stderr.contains("capstan settings set clusterRelayZone="), "the refusal says what to set: {stderr}");
     let settings = server.call_as(&admin, "settings.get", &json!({})).expect_json(200);
     server
-        .call_as(&admin, "settings.update", &json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.e2e.example" } }))
+        .call_as(
+            &admin,
+            "settings.update",
+            &json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.e2e.example" } }),
+        )
         .expect_json(200);
 
     let enabled = succeeded(&relays(&["enable", "edge"])).to_string();

@@ -338,10 +338,10 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
     cx.store
         .transact(|tx| async move {
             capstan_inventory::clusters::require_cluster(&tx, &record_ref.cluster_id).await?;
-            if let Some(hostname) = record_ref.hostname() {
-                if hostname_in_use(&tx, &record_ref.cluster_id, &hostname, None, None, now).await? {
-                    return Err(in_use(&hostname, "nodeName"));
-                }
+            if let Some(hostname) = record_ref.hostname()
+                && hostname_in_use(&tx, &record_ref.cluster_id, &hostname, None, None, now).await?
+            {
+                return Err(in_use(&hostname, "nodeName"));
             }
             tx.insert(NODE_JUMP_CODES, hash_ref, to_value(record_ref)?).await?;
             emit(

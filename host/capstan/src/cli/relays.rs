@@ -175,7 +175,10 @@ fn rotate(given: &str, common: &Common) -> Result<()> {
     let id = resolve::cluster(&client, given)?;
     let current = client.call("relays.getCredential", &json!({ "clusterId": id }))?;
     let generation = current["credential"]["generation"].as_u64().ok_or_else(|| {
-        Refusal::new("relay-credential-absent", format!("the cluster {given} has no relay credential: capstan relays enable {given} ensures one"))
+        Refusal::new(
+            "relay-credential-absent",
+            format!("the cluster {given} has no relay credential: capstan relays enable {given} ensures one"),
+        )
     })?;
     let rotated = client.call(
         "relays.mutateCredential",
@@ -186,7 +189,9 @@ fn rotate(given: &str, common: &Common) -> Result<()> {
         return Ok(());
     }
     println!("relay credential of {given} rotated: generation {generation} → {}", rotated["generation"]);
-    println!("  export the new bearer (capstan relays export {given} --out FILE) and replace the relay's file; it reads it again by itself");
+    println!(
+        "  export the new bearer (capstan relays export {given} --out FILE) and replace the relay's file; it reads it again by itself"
+    );
     Ok(())
 }
 
