@@ -224,6 +224,32 @@ fn a_browser_logs_in_and_works_through_the_dashboard() {
     assert!(!log.contains("eyJ"), "no JWT may be logged:\n{log}");
 }
 
+/// Run `scenario` in a new browser session signed in as [`crate::support::TEST_ADMIN`]; the
+/// browser is closed whatever happened, then a panic or a timeout fails the test saying `what`.
+fn signed_in_browser(server: &Capstan, dir: &Path, what: &str, scenario: impl AsyncFnOnce(&Client)) {
+    let driver = Driver::start(dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = runtime.block_on(async {
+        let client = driver.session(dir).await;
+        let signed_in = async {
+            let (username, password) = crate::support::TEST_ADMIN;
+            client.goto(&server.url("/login")).await.unwrap();
+            log_in(&client, username, password).await;
+            wait_for(&client, "#current-user").await;
+            scenario(&client).await;
+        };
+        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, signed_in)).catch_unwind().await;
+        let _ = client.close().await;
+        outcome
+    });
+    drop(driver);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("the {what} scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
 /// The text of the element `css`, found again if the page replaced it between finding and
 /// reading (a navigation or a live refresh can land in between).
 /// The text of the element `css` once it is one of `expected` (a script updates it after an
@@ -675,14 +701,16 @@ async fn clusters_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
 /// The Settings view: every key listed; a credential refused by name.
 async fn settings_view(client: &Client, dir: &Path) {
     click(client, r#"a.nav-item[href="/settings"]"#).await;
-    wait_for(client, r#"tr[data-setting="deploymentArchiveRetentionDays"]"#).await;
+    wait_for(client, r#"tr[data-setting="auditRetentionDays"]"#).await;
+    // the keys carried over from the earlier platform are folded away, closed while none is set
+    wait_for(client, r#"details#settings-carried:not([open]) tr[data-setting="deploymentArchiveRetentionDays"]"#).await;
     fill(client, "#other-key", "dcrouterGatewayToken").await;
     fill(client, "#other-value", "not-a-real-token").await;
     click(client, "#settings-submit").await;
     expect_refusal(client, "setting-is-secret").await;
     fill(client, "#other-key", "").await;
     fill(client, "#other-value", "").await;
-    fill(client, "#setting-deploymentArchiveRetentionDays", "30").await;
+    fill(client, "#setting-auditRetentionDays", "30").await;
     click(client, "#settings-submit").await;
     expect_flash(client, "Settings saved").await;
     assert_eq!(text_of(client, "#settings-revision").await, "1");
@@ -1320,7 +1348,7 @@ fn a_services_logs_show_in_order_with_stderr_and_losses_marked_filter_and_follow
     }
     let dir = tempfile::tempdir().unwrap();
     let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
-    let (username, password) = crate::support::TEST_ADMIN;
+    let password = crate::support::TEST_ADMIN.1;
     let api = ApiClient::log_in(&server, password);
 
     // a service pinned by digest, run on every node of a cluster with one enrolled node
@@ -1348,100 +1376,82 @@ fn a_services_logs_show_in_order_with_stderr_and_losses_marked_filter_and_follow
     agent.report(&assignment, 2, &[("2026-12-06T10:00:01.000Z", "stdout", "ready to serve")], Some(3));
     agent.report(&assignment, 4, &[("2026-12-06T10:00:02.500Z", "stdout", "GET /health 200")], None);
 
-    let driver = Driver::start(dir.path());
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let outcome = runtime.block_on(async {
-        let client = driver.session(dir.path()).await;
-        let scenario = async {
-            client.goto(&server.url("/login")).await.unwrap();
-            log_in(&client, username, password).await;
-            wait_for(&client, "#current-user").await;
+    signed_in_browser(&server, dir.path(), "logs", async |client: &Client| {
+        // from the service's page, its Logs: the replica picked, its attempt, its lines in order
+        client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
+        click(client, "#service-logs").await;
+        wait_for(client, "#log-lines").await;
+        assert_eq!(path_of(client).await, format!("/services/{service}/logs"));
+        assert_eq!(client.title().await.unwrap(), "Logs of web · Capstan");
+        let tab = wait_for(client, &format!(r#"a.log-tab[data-slot="{node}.0"]"#)).await;
+        assert_eq!(tab.attr("aria-current").await.unwrap().as_deref(), Some("page"));
+        wait_for(client, &format!(r#"#log-attempts li.chosen[data-attempt="{assignment}"]"#)).await;
+        let (texts, _) = log_texts(client).await;
+        assert_eq!(
+            texts,
+            [
+                "listening on :8080",
+                "warning: <b>cache</b> is cold",
+                "ready to serve",
+                "3 lines the node could not read (engine-error)",
+                "1 batch of lines never arrived",
+                "GET /health 200",
+            ],
+            "in order, every loss in its place"
+        );
+        assert_eq!(
+            client.execute("return document.querySelectorAll('#log-lines b').length", vec![]).await.unwrap(),
+            json!(0),
+            "a line is text, never markup"
+        );
+        // stderr is an error: its class, a red left border and its badge; losses are warnings
+        let stderr = wait_for(client, r#"#log-lines li[data-kind="stderr"]"#).await;
+        assert_eq!(stderr.attr("class").await.unwrap().as_deref(), Some("log-line log-error"));
+        assert_eq!(stderr.css_value("border-left-color").await.unwrap(), "rgba(180, 35, 24, 1)", "the error colour");
+        assert_eq!(text_of(client, r#"#log-lines li[data-kind="stderr"] .pill"#).await, "stderr");
+        assert_eq!(client.find_all(Locator::Css("#log-lines li.log-warning")).await.unwrap().len(), 2);
+        assert_eq!(client.find_all(Locator::Css("#log-lines li.log-info")).await.unwrap().len(), 3);
+        assert_eq!(text_of(client, r#"#log-lines li[data-kind="stdout"] time"#).await, "2026-12-06 10:00:00.100");
+        assert_eq!(text_of(client, "#logs-matches").await, "4 lines");
+        assert_eq!(text_becoming(client, "#logs-follow", &["Following"]).await, "Following");
 
-            // from the service's page, its Logs: the replica picked, its attempt, its lines in order
-            client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
-            click(&client, "#service-logs").await;
-            wait_for(&client, "#log-lines").await;
-            assert_eq!(path_of(&client).await, format!("/services/{service}/logs"));
-            assert_eq!(client.title().await.unwrap(), "Logs of web · Capstan");
-            let tab = wait_for(&client, &format!(r#"a.log-tab[data-slot="{node}.0"]"#)).await;
-            assert_eq!(tab.attr("aria-current").await.unwrap().as_deref(), Some("page"));
-            wait_for(&client, &format!(r#"#log-attempts li.chosen[data-attempt="{assignment}"]"#)).await;
-            let (texts, _) = log_texts(&client).await;
-            assert_eq!(
-                texts,
-                [
-                    "listening on :8080",
-                    "warning: <b>cache</b> is cold",
-                    "ready to serve",
-                    "3 lines the node could not read (engine-error)",
-                    "1 batch of lines never arrived",
-                    "GET /health 200",
-                ],
-                "in order, every loss in its place"
-            );
-            assert_eq!(
-                client.execute("return document.querySelectorAll('#log-lines b').length", vec![]).await.unwrap(),
-                json!(0),
-                "a line is text, never markup"
-            );
-            // stderr is an error: its class, a red left border and its badge; losses are warnings
-            let stderr = wait_for(&client, r#"#log-lines li[data-kind="stderr"]"#).await;
-            assert_eq!(stderr.attr("class").await.unwrap().as_deref(), Some("log-line log-error"));
-            assert_eq!(stderr.css_value("border-left-color").await.unwrap(), "rgba(180, 35, 24, 1)", "the error colour");
-            assert_eq!(text_of(&client, r#"#log-lines li[data-kind="stderr"] .pill"#).await, "stderr");
-            assert_eq!(client.find_all(Locator::Css("#log-lines li.log-warning")).await.unwrap().len(), 2);
-            assert_eq!(client.find_all(Locator::Css("#log-lines li.log-info")).await.unwrap().len(), 3);
-            assert_eq!(text_of(&client, r#"#log-lines li[data-kind="stdout"] time"#).await, "2026-12-06 10:00:00.100");
-            assert_eq!(text_of(&client, "#logs-matches").await, "4 lines");
-            assert_eq!(text_becoming(&client, "#logs-follow", &["Following"]).await, "Following");
+        // the filter: case-insensitive, counted; the losses stay in view
+        fill(client, "#logs-search", "READY").await;
+        assert_eq!(text_becoming(client, "#logs-matches", &["1 of 4 lines match"]).await, "1 of 4 lines match");
+        let (_, shown) = log_texts(client).await;
+        assert_eq!(shown, ["ready to serve", "3 lines the node could not read (engine-error)", "1 batch of lines never arrived"]);
 
-            // the filter: case-insensitive, counted; the losses stay in view
-            fill(&client, "#logs-search", "READY").await;
-            assert_eq!(text_becoming(&client, "#logs-matches", &["1 of 4 lines match"]).await, "1 of 4 lines match");
-            let (_, shown) = log_texts(&client).await;
-            assert_eq!(shown, ["ready to serve", "3 lines the node could not read (engine-error)", "1 batch of lines never arrived"]);
+        // a new batch appears without a reload, filtered like the rest
+        mark_page(client).await;
+        agent.report(
+            &assignment,
+            5,
+            &[("2026-12-06T10:00:03.000Z", "stdout", "ready for more"), ("2026-12-06T10:00:03.100Z", "stderr", "late failure")],
+            None,
+        );
+        assert_eq!(text_becoming(client, "#logs-matches", &["2 of 6 lines match"]).await, "2 of 6 lines match");
+        let (texts, shown) = log_texts(client).await;
+        assert_eq!(texts[6..], ["ready for more", "late failure"], "appended in order");
+        assert!(shown.contains(&"ready for more".to_string()) && !shown.contains(&"late failure".to_string()), "{shown:?}");
+        assert!(page_was_not_reloaded(client).await, "the lines were appended in place");
+        let appended = wait_for(client, r#"#log-lines li[data-kind="stderr"]:last-child"#).await;
+        assert_eq!(appended.attr("class").await.unwrap().as_deref(), Some("log-line log-error"));
 
-            // a new batch appears without a reload, filtered like the rest
-            mark_page(&client).await;
-            agent.report(
-                &assignment,
-                5,
-                &[("2026-12-06T10:00:03.000Z", "stdout", "ready for more"), ("2026-12-06T10:00:03.100Z", "stderr", "late failure")],
-                None,
-            );
-            assert_eq!(text_becoming(&client, "#logs-matches", &["2 of 6 lines match"]).await, "2 of 6 lines match");
-            let (texts, shown) = log_texts(&client).await;
-            assert_eq!(texts[6..], ["ready for more", "late failure"], "appended in order");
-            assert!(shown.contains(&"ready for more".to_string()) && !shown.contains(&"late failure".to_string()), "{shown:?}");
-            assert!(page_was_not_reloaded(&client).await, "the lines were appended in place");
-            let appended = wait_for(&client, r#"#log-lines li[data-kind="stderr"]:last-child"#).await;
-            assert_eq!(appended.attr("class").await.unwrap().as_deref(), Some("log-line log-error"));
+        // the whole attempt again, for the screenshot
+        client
+            .execute("const s = document.getElementById('logs-search'); s.value = ''; s.dispatchEvent(new Event('input'));", vec![])
+            .await
+            .unwrap();
+        assert_eq!(text_becoming(client, "#logs-matches", &["6 lines"]).await, "6 lines");
+        let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+        assert_eq!(inline_styles, json!(0), "no inline styles on the logs page");
+        let shot = client.screenshot().await.expect("a screenshot of the Logs page");
+        save_screenshot(&shot, dir.path(), "logs.png", LOGS_SCREENSHOT_COPY);
 
-            // the whole attempt again, for the screenshot
-            client
-                .execute("const s = document.getElementById('logs-search'); s.value = ''; s.dispatchEvent(new Event('input'));", vec![])
-                .await
-                .unwrap();
-            assert_eq!(text_becoming(&client, "#logs-matches", &["6 lines"]).await, "6 lines");
-            let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
-            assert_eq!(inline_styles, json!(0), "no inline styles on the logs page");
-            let shot = client.screenshot().await.expect("a screenshot of the Logs page");
-            save_screenshot(&shot, dir.path(), "logs.png", LOGS_SCREENSHOT_COPY);
-
-            // a refusal of the method is the page's error banner
-            client.goto(&server.url(&format!("/services/{service}/logs?attempt=asg_nosuch"))).await.unwrap();
-            wait_for(&client, r#"#logs-error[data-code="attempt-not-found"]"#).await;
-        };
-        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
-        let _ = client.close().await;
-        outcome
+        // a refusal of the method is the page's error banner
+        client.goto(&server.url(&format!("/services/{service}/logs?attempt=asg_nosuch"))).await.unwrap();
+        wait_for(client, r#"#logs-error[data-code="attempt-not-found"]"#).await;
     });
-    drop(driver);
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => panic!("the logs scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1515,7 +1525,7 @@ fn a_replicas_failure_and_restart_show_in_its_history_on_the_runtime_card_and_on
     }
     let dir = tempfile::tempdir().unwrap();
     let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
-    let (username, password) = crate::support::TEST_ADMIN;
+    let password = crate::support::TEST_ADMIN.1;
     let api = ApiClient::log_in(&server, password);
 
     // a service pinned by digest, run on every node of a cluster with one enrolled, beating node
@@ -1544,103 +1554,83 @@ fn a_replicas_failure_and_restart_show_in_its_history_on_the_runtime_card_and_on
     agent.observe(&first, "running", true, None);
     let slot = format!("{node}.0");
 
-    let driver = Driver::start(dir.path());
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let outcome = runtime.block_on(async {
-        let client = driver.session(dir.path()).await;
-        let scenario = async {
-            client.goto(&server.url("/login")).await.unwrap();
-            log_in(&client, username, password).await;
-            wait_for(&client, "#current-user").await;
+    signed_in_browser(&server, dir.path(), "runtime history", async |client: &Client| {
+        // the Runtime card: the slot's history folded under its row; opened, it lists its events
+        client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
+        let fold = format!(r#"details[id="history-{slot}"]"#);
+        let summary = wait_for(client, &format!("{fold} > summary")).await;
+        assert!(wait_for(client, &fold).await.attr("open").await.unwrap().is_none(), "folded at first");
+        summary.click().await.unwrap();
+        assert_eq!(history_becoming(client, &slot, &["ready", "scheduled"]).await, ["ready", "scheduled"]);
 
-            // the Runtime card: the slot's history folded under its row; opened, it lists its events
-            client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
-            let fold = format!(r#"details[id="history-{slot}"]"#);
-            let summary = wait_for(&client, &format!("{fold} > summary")).await;
-            assert!(wait_for(&client, &fold).await.attr("open").await.unwrap().is_none(), "folded at first");
-            summary.click().await.unwrap();
-            assert_eq!(history_becoming(&client, &slot, &["ready", "scheduled"]).await, ["ready", "scheduled"]);
+        // the replica exits: the card shows it without a reload, the history still open
+        mark_page(client).await;
+        agent.observe(&first, "exited", false, Some("exited with status 1"));
+        assert_eq!(history_becoming(client, &slot, &["exited", "ready", "scheduled"]).await, ["exited", "ready", "scheduled"]);
+        wait_for(client, &format!(r#"tr[data-slot="{slot}"][data-phase="exited"]"#)).await;
 
-            // the replica exits: the card shows it without a reload, the history still open
-            mark_page(&client).await;
-            agent.observe(&first, "exited", false, Some("exited with status 1"));
-            assert_eq!(history_becoming(&client, &slot, &["exited", "ready", "scheduled"]).await, ["exited", "ready", "scheduled"]);
-            wait_for(&client, &format!(r#"tr[data-slot="{slot}"][data-phase="exited"]"#)).await;
+        // after its backoff the runtime stops and removes it, and starts a new attempt
+        let stop = agent.push_where(Duration::from_secs(60), |p| p["intent"] == "stop" && p["assignmentId"] == first.as_str());
+        assert!(stop.is_some(), "the failed replica is stopped after its backoff; server stderr:\n{}", server.stderr());
+        agent.receipt(&first, 2);
+        let remove = agent.push_where(Duration::from_secs(60), |p| p["intent"] == "remove" && p["assignmentId"] == first.as_str());
+        assert!(remove.is_some(), "then removed; server stderr:\n{}", server.stderr());
+        agent.receipt(&first, 3);
+        let second = agent
+            .push_where(Duration::from_secs(60), |p| p["intent"] == "run" && p["assignmentId"] != first.as_str())
+            .expect("a new attempt")["assignmentId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        agent.observe(&second, "starting", false, None);
+        agent.observe(&second, "running", true, None);
+        beat();
+        let story = ["ready", "starting", "restarted", "removed", "removing", "stopped", "stopping", "exited", "ready", "scheduled"];
+        assert_eq!(history_becoming(client, &slot, &story).await, story, "how it got here, newest first");
+        assert!(page_was_not_reloaded(client).await, "the card refreshed in place");
+        assert!(wait_for(client, &fold).await.attr("open").await.unwrap().is_some(), "the history stayed open across refreshes");
+        wait_for(client, &format!(r#"tr[data-slot="{slot}"][data-phase="running"][data-ready="true"]"#)).await;
 
-            // after its backoff the runtime stops and removes it, and starts a new attempt
-            let stop = agent.push_where(Duration::from_secs(60), |p| p["intent"] == "stop" && p["assignmentId"] == first.as_str());
-            assert!(stop.is_some(), "the failed replica is stopped after its backoff; server stderr:\n{}", server.stderr());
-            agent.receipt(&first, 2);
-            let remove = agent.push_where(Duration::from_secs(60), |p| p["intent"] == "remove" && p["assignmentId"] == first.as_str());
-            assert!(remove.is_some(), "then removed; server stderr:\n{}", server.stderr());
-            agent.receipt(&first, 3);
-            let second = agent
-                .push_where(Duration::from_secs(60), |p| p["intent"] == "run" && p["assignmentId"] != first.as_str())
-                .expect("a new attempt")["assignmentId"]
-                .as_str()
-                .unwrap()
-                .to_string();
-            agent.observe(&second, "starting", false, None);
-            agent.observe(&second, "running", true, None);
-            beat();
-            let story = ["ready", "starting", "restarted", "removed", "removing", "stopped", "stopping", "exited", "ready", "scheduled"];
-            assert_eq!(history_becoming(&client, &slot, &story).await, story, "how it got here, newest first");
-            assert!(page_was_not_reloaded(&client).await, "the card refreshed in place");
-            assert!(wait_for(&client, &fold).await.attr("open").await.unwrap().is_some(), "the history stayed open across refreshes");
-            wait_for(&client, &format!(r#"tr[data-slot="{slot}"][data-phase="running"][data-ready="true"]"#)).await;
+        // failures are errors, restarts and stops warnings, readiness success; words as the runtime and the node said them
+        let exited = wait_for(client, &format!(r#"{fold} li[data-kind="exited"]"#)).await;
+        assert_eq!(exited.attr("class").await.unwrap().as_deref(), Some("event event-error"));
+        assert_eq!(exited.css_value("border-left-color").await.unwrap(), "rgba(180, 35, 24, 1)", "the error colour");
+        assert_eq!(text_of(client, &format!(r#"{fold} li[data-kind="exited"] .event-words"#)).await, "exited: exited with status 1");
+        let restarted = wait_for(client, &format!(r#"{fold} li[data-kind="restarted"]"#)).await;
+        assert_eq!(restarted.attr("class").await.unwrap().as_deref(), Some("event event-warning"));
+        assert_eq!(
+            text_of(client, &format!(r#"{fold} li[data-kind="stopping"] .event-words"#)).await,
+            "stopping the failed replica: its backoff passed (failure 1)"
+        );
+        assert_eq!(
+            text_of(client, &format!(r#"{fold} li[data-kind="restarted"] .event-words"#)).await,
+            "restarted after its backoff (failure 1)"
+        );
+        let ready = wait_for(client, &format!(r#"{fold} li[data-kind="ready"]"#)).await;
+        assert_eq!(ready.attr("class").await.unwrap().as_deref(), Some("event event-ok"));
+        assert!(text_of(client, &format!(r#"{fold} li:first-child time"#)).await.ends_with(" UTC"));
+        let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
+        assert_eq!(inline_styles, json!(0), "no inline styles on the service's page");
+        let card = wait_for(client, "#runtime-panel").await;
+        // clear of the sticky top bar
+        client.execute("document.getElementById('runtime-panel').scrollIntoView({ block: 'center' })", vec![]).await.unwrap();
+        let shot = card.screenshot().await.expect("a screenshot of the Runtime card");
+        save_screenshot(&shot, dir.path(), "runtime-history.png", RUNTIME_HISTORY_SCREENSHOT_COPY);
 
-            // failures are errors, restarts and stops warnings, readiness success; words as the runtime and the node said them
-            let exited = wait_for(&client, &format!(r#"{fold} li[data-kind="exited"]"#)).await;
-            assert_eq!(exited.attr("class").await.unwrap().as_deref(), Some("event event-error"));
-            assert_eq!(exited.css_value("border-left-color").await.unwrap(), "rgba(180, 35, 24, 1)", "the error colour");
-            assert_eq!(text_of(&client, &format!(r#"{fold} li[data-kind="exited"] .event-words"#)).await, "exited: exited with status 1");
-            let restarted = wait_for(&client, &format!(r#"{fold} li[data-kind="restarted"]"#)).await;
-            assert_eq!(restarted.attr("class").await.unwrap().as_deref(), Some("event event-warning"));
-            assert_eq!(
-                text_of(&client, &format!(r#"{fold} li[data-kind="stopping"] .event-words"#)).await,
-                "stopping the failed replica: its backoff passed (failure 1)"
-            );
-            assert_eq!(
-                text_of(&client, &format!(r#"{fold} li[data-kind="restarted"] .event-words"#)).await,
-                "restarted after its backoff (failure 1)"
-            );
-            let ready = wait_for(&client, &format!(r#"{fold} li[data-kind="ready"]"#)).await;
-            assert_eq!(ready.attr("class").await.unwrap().as_deref(), Some("event event-ok"));
-            assert!(text_of(&client, &format!(r#"{fold} li:first-child time"#)).await.ends_with(" UTC"));
-            let inline_styles = client.execute("return document.querySelectorAll('style, [style]').length", vec![]).await.unwrap();
-            assert_eq!(inline_styles, json!(0), "no inline styles on the service's page");
-            let card = wait_for(&client, "#runtime-panel").await;
-            // clear of the sticky top bar
-            client.execute("document.getElementById('runtime-panel').scrollIntoView({ block: 'center' })", vec![]).await.unwrap();
-            let shot = card.screenshot().await.expect("a screenshot of the Runtime card");
-            save_screenshot(&shot, dir.path(), "runtime-history.png", RUNTIME_HISTORY_SCREENSHOT_COPY);
-
-            // the Events page from the card: every event, newest first, the node by name
-            click(&client, "#runtime-events").await;
-            wait_for(&client, "#events-table").await;
-            assert_eq!(path_of(&client).await, format!("/services/{service}/events"));
-            assert_eq!(client.title().await.unwrap(), "Events of web · Capstan");
-            let script = "return [...document.querySelectorAll('#events-table tbody tr')].map((tr) => tr.dataset.kind);";
-            let kinds = client.execute(script, vec![]).await.unwrap();
-            assert_eq!(kinds, json!(story), "newest first");
-            assert_eq!(text_of(&client, r#"#events-table tr[data-kind="scheduled"] td.event-replica a"#).await, "edge-1");
-            let failed = wait_for(&client, r#"#events-table tr[data-kind="exited"]"#).await;
-            assert_eq!(failed.attr("class").await.unwrap().as_deref(), Some("event-row event-error"));
-            let shot = client.screenshot().await.expect("a screenshot of the Events page");
-            save_screenshot(&shot, dir.path(), "runtime-events.png", RUNTIME_EVENTS_SCREENSHOT_COPY);
-        };
-        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
-        let _ = client.close().await;
-        outcome
+        // the Events page from the card: every event, newest first, the node by name
+        click(client, "#runtime-events").await;
+        wait_for(client, "#events-table").await;
+        assert_eq!(path_of(client).await, format!("/services/{service}/events"));
+        assert_eq!(client.title().await.unwrap(), "Events of web · Capstan");
+        let script = "return [...document.querySelectorAll('#events-table tbody tr')].map((tr) => tr.dataset.kind);";
+        let kinds = client.execute(script, vec![]).await.unwrap();
+        assert_eq!(kinds, json!(story), "newest first");
+        assert_eq!(text_of(client, r#"#events-table tr[data-kind="scheduled"] td.event-replica a"#).await, "edge-1");
+        let failed = wait_for(client, r#"#events-table tr[data-kind="exited"]"#).await;
+        assert_eq!(failed.attr("class").await.unwrap().as_deref(), Some("event-row event-error"));
+        let shot = client.screenshot().await.expect("a screenshot of the Events page");
+        save_screenshot(&shot, dir.path(), "runtime-events.png", RUNTIME_EVENTS_SCREENSHOT_COPY);
     });
-    drop(driver);
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => {
-            panic!("the runtime history scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr())
-        }
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1674,7 +1664,7 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
     }
     let dir = tempfile::tempdir().unwrap();
     let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
-    let (username, password) = crate::support::TEST_ADMIN;
+    let password = crate::support::TEST_ADMIN.1;
     let api = ApiClient::log_in(&server, password);
     // one cluster with one node: a backup has somewhere to run without a runtime spec
     let org = api.call("organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
@@ -1703,145 +1693,125 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
         assert_eq!(status, 409);
     }
 
-    let driver = Driver::start(dir.path());
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let outcome = runtime.block_on(async {
-        let client = driver.session(dir.path()).await;
-        let scenario = async {
-            for plugin in ["backups", "ingress", "appstore"] {
-                plugin_running(&api, plugin).await;
-            }
-            client.goto(&server.url("/login")).await.unwrap();
-            log_in(&client, username, password).await;
-            wait_for(&client, "#current-user").await;
+    signed_in_browser(&server, dir.path(), "task pages", async |client: &Client| {
+        for plugin in ["backups", "ingress", "appstore"] {
+            plugin_running(&api, plugin).await;
+        }
 
-            // ---- a calm rail: grouped, the managers under their own names and icons ----
-            let groups =
-                client.execute("return [...document.querySelectorAll('.nav-group')].map(g => g.textContent.trim())", vec![]).await.unwrap();
-            assert_eq!(groups, json!(["Platform", "Workloads", "Managers", "Administration"]));
-            // a manager that is not set up says so calmly, naming the setting
-            plugin_running(&api, "coremail").await;
-            client.goto(&server.url("/p/coremail/statistics")).await.unwrap();
-            let note = text_of(&client, "#page-unconfigured").await;
-            assert!(note.contains("Not set up yet") && note.contains("coremail.coreMailEnabled"), "{note}");
-            assert!(client.find_all(Locator::Css("#page-error")).await.unwrap().is_empty(), "no red error on a fresh host");
+        // ---- a calm rail: grouped, the managers under their own names and icons ----
+        let groups =
+            client.execute("return [...document.querySelectorAll('.nav-group')].map(g => g.textContent.trim())", vec![]).await.unwrap();
+        assert_eq!(groups, json!(["Platform", "Workloads", "Managers", "Administration"]));
+        // a manager that is not set up says so calmly, naming the setting
+        plugin_running(&api, "coremail").await;
+        client.goto(&server.url("/p/coremail/statistics")).await.unwrap();
+        let note = text_of(client, "#page-unconfigured").await;
+        assert!(note.contains("Not set up yet") && note.contains("coremail.coreMailEnabled"), "{note}");
+        assert!(client.find_all(Locator::Css("#page-error")).await.unwrap().is_empty(), "no red error on a fresh host");
 
-            // ---- Backups: the service picked by name, "Back up now" ----
-            client.goto(&server.url("/p/backups")).await.unwrap();
-            let picker = r#"form[data-backup-organization="acme"]"#;
-            wait_for(&client, picker).await;
-            let options = client
-                .execute("return [...document.querySelectorAll('form[data-backup-organization] option')].map(o => o.textContent)", vec![])
+        // ---- Backups: the service picked by name, "Back up now" ----
+        client.goto(&server.url("/p/backups")).await.unwrap();
+        let picker = r#"form[data-backup-organization="acme"]"#;
+        wait_for(client, picker).await;
+        let options = client
+            .execute("return [...document.querySelectorAll('form[data-backup-organization] option')].map(o => o.textContent)", vec![])
+            .await
+            .unwrap();
+        assert_eq!(options, json!(["files"]), "only services with volumes are offered, by name");
+        assert!(
+            client
+                .find_all(Locator::Css("#backup-create input[name=mutationId], #backup-create input[name=expectedRevision]"))
                 .await
-                .unwrap();
-            assert_eq!(options, json!(["files"]), "only services with volumes are offered, by name");
-            assert!(
-                client
-                    .find_all(Locator::Css("#backup-create input[name=mutationId], #backup-create input[name=expectedRevision]"))
-                    .await
-                    .unwrap()
-                    .is_empty()
-            );
-            let shot = client.screenshot().await.expect("a screenshot of the Backups page");
-            save_screenshot(&shot, dir.path(), "backups-task.png", BACKUP_TASK_SCREENSHOT_COPY);
-            click(&client, r#"button[data-backup-create="acme"]"#).await;
-            let flash = text_of(&client, "#flash").await;
-            assert!(flash.starts_with("Backup bkp_") && flash.contains("requested"), "{flash}");
-            wait_for(&client, r#"section[data-service="files"] tr[data-state="pending"]"#).await;
-            let listed = api.call("backups.list", json!({ "organizationId": org, "serviceId": files }));
-            assert_eq!(listed["backups"].as_array().unwrap().len(), 1, "{listed}");
+                .unwrap()
+                .is_empty()
+        );
+        let shot = client.screenshot().await.expect("a screenshot of the Backups page");
+        save_screenshot(&shot, dir.path(), "backups-task.png", BACKUP_TASK_SCREENSHOT_COPY);
+        click(client, r#"button[data-backup-create="acme"]"#).await;
+        let flash = text_of(client, "#flash").await;
+        assert!(flash.starts_with("Backup bkp_") && flash.contains("requested"), "{flash}");
+        wait_for(client, r#"section[data-service="files"] tr[data-state="pending"]"#).await;
+        let listed = api.call("backups.list", json!({ "organizationId": org, "serviceId": files }));
+        assert_eq!(listed["backups"].as_array().unwrap().len(), 1, "{listed}");
 
-            // ---- Ingress: a cluster's ingress designated by names, reviewed, then done ----
-            client.goto(&server.url("/p/ingress")).await.unwrap();
-            // a cluster without a relay says what to do first, offering nothing to click
-            wait_for(&client, r#"p[data-designate-cluster="edge"][data-relay="false"]"#).await;
-            let settings = api.call("settings.get", json!({}));
-            api.call(
-                "settings.update",
-                json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.acme.example" } }),
-            );
-            let read = api.call("clusters.get", json!({ "id": cluster }));
-            api.call("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": read["revision"] }));
-            client.refresh().await.unwrap();
-            let select = r#"form[data-designate-cluster="edge"] select"#;
-            wait_for(&client, select).await;
-            client.execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(select), json!(proxy)]).await.unwrap();
-            click(&client, r#"button[data-designate-review="edge"]"#).await;
-            let question = text_of(&client, "#designate-question").await;
-            assert!(question.starts_with("Designate proxy (acme) as the ingress of edge?"), "{question}");
-            assert!(
-                client
-                    .find_all(Locator::Css("#designate-confirm input[type=text], #designate-confirm input:not([type])"))
-                    .await
-                    .unwrap()
-                    .is_empty(),
-                "nothing to type"
-            );
-            let shot = client.screenshot().await.expect("a screenshot of the ingress designation");
-            save_screenshot(&shot, dir.path(), "ingress-task.png", INGRESS_TASK_SCREENSHOT_COPY);
-            click(&client, "#designate-submit").await;
-            wait_for(&client, "#flash").await;
-            assert_eq!(text_of(&client, &format!(r#"section[data-cluster="{cluster}"] a[data-ingress-service]"#)).await, "proxy in acme");
-            let designation = api.call("ingress.getDesignation", json!({ "clusterId": cluster }));
-            assert_eq!(designation["designation"]["serviceId"], proxy.as_str(), "{designation}");
-            // a service routed through it, picked by name, and routed no more
-            let attach = r#"form[data-attach-cluster="edge"] select"#;
-            client.execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(attach), json!(files)]).await.unwrap();
-            click(&client, r#"button[data-attach="edge"]"#).await;
-            wait_for(&client, r#"li[data-attached="files in acme"]"#).await;
-            assert_eq!(api.call("ingress.listAttachments", json!({ "clusterId": cluster }))["items"][0]["serviceId"], files.as_str());
-            click(&client, r#"button[data-detach="files in acme"]"#).await;
-            wait_for(&client, "#flash").await;
-            assert!(client.find_all(Locator::Css("li[data-attached]")).await.unwrap().is_empty(), "nothing routed any more");
-
-            // ---- App Store: an install with an environment value the version's notes ask for ----
-            let publisher = capstan_catalog::SigningKey::from_bytes(&[42; 32]);
-            let settings = api.call("settings.get", json!({}));
-            let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
-            api.call(
-                "settings.update",
-                json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }),
-            );
-            api.call("appstore.importCatalog", json!({ "envelope": wiki_catalog(&["1.0.0"], 1, &publisher) }));
-            client.goto(&server.url("/p/appstore/app?appId=wiki")).await.unwrap();
-            wait_for(&client, "#install-form").await;
-            client.execute("document.querySelector('#install-org').value = arguments[0]", vec![json!(org)]).await.unwrap();
-            fill(&client, "#install-name", "team-wiki").await;
-            let environment = wait_for(&client, "#install-environment").await.prop("value").await.unwrap().unwrap_or_default();
-            fill(&client, "#install-environment", &format!("{}DOMAIN=https://wiki.acme.example\n", environment)).await;
-            let shot = client.screenshot().await.expect("a screenshot of an install with its environment");
-            save_screenshot(&shot, dir.path(), "appstore-install-env.png", INSTALL_TASK_SCREENSHOT_COPY);
-            click(&client, "#install-submit").await;
-            expect_flash(&client, "App wiki installed as team-wiki").await;
-            let listed = api.call("services.list", json!({ "organizationId": org }));
-            let wiki = listed["items"].as_array().unwrap().iter().find(|s| s["name"] == "team-wiki").unwrap();
-            assert_eq!(wiki["environment"]["DOMAIN"], "https://wiki.acme.example", "{wiki}");
-
-            // ---- Audit: 50 records and more, no sideways scroll, each time on one line ----
-            client.goto(&server.url("/audit")).await.unwrap();
-            wait_for(&client, "#audit-table").await;
-            let rows = client.find_all(Locator::Css("#audit-table tbody tr")).await.unwrap().len();
-            assert!(rows >= 50, "{rows} records shown");
-            assert_eq!(scrolls_sideways(&client).await, json!({ "page": false, "tables": 0 }), "the Audit page fits 1366 px");
-            let lines = client
-                .execute(
-                    "return Math.max(...[...document.querySelectorAll('#audit-table time')].map(t => t.getClientRects().length))",
-                    vec![],
-                )
+        // ---- Ingress: a cluster's ingress designated by names, reviewed, then done ----
+        client.goto(&server.url("/p/ingress")).await.unwrap();
+        // a cluster without a relay says what to do first, offering nothing to click
+        wait_for(client, r#"p[data-designate-cluster="edge"][data-relay="false"]"#).await;
+        let settings = api.call("settings.get", json!({}));
+        api.call(
+            "settings.update",
+            json!({ "expectedRevision": settings["revision"], "set": { "clusterRelayZone": "relays.acme.example" } }),
+        );
+        let read = api.call("clusters.get", json!({ "id": cluster }));
+        api.call("clusters.enableRelay", json!({ "id": cluster, "expectedRevision": read["revision"] }));
+        client.refresh().await.unwrap();
+        let select = r#"form[data-designate-cluster="edge"] select"#;
+        wait_for(client, select).await;
+        client.execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(select), json!(proxy)]).await.unwrap();
+        click(client, r#"button[data-designate-review="edge"]"#).await;
+        let question = text_of(client, "#designate-question").await;
+        assert!(question.starts_with("Designate proxy (acme) as the ingress of edge?"), "{question}");
+        assert!(
+            client
+                .find_all(Locator::Css("#designate-confirm input[type=text], #designate-confirm input:not([type])"))
                 .await
-                .unwrap();
-            assert_eq!(lines, json!(1), "every time on one line");
-            let shot = client.screenshot().await.expect("a screenshot of the Audit page");
-            save_screenshot(&shot, dir.path(), "audit.png", AUDIT_SCREENSHOT_COPY);
-        };
-        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
-        let _ = client.close().await;
-        outcome
+                .unwrap()
+                .is_empty(),
+            "nothing to type"
+        );
+        let shot = client.screenshot().await.expect("a screenshot of the ingress designation");
+        save_screenshot(&shot, dir.path(), "ingress-task.png", INGRESS_TASK_SCREENSHOT_COPY);
+        click(client, "#designate-submit").await;
+        wait_for(client, "#flash").await;
+        assert_eq!(text_of(client, &format!(r#"section[data-cluster="{cluster}"] a[data-ingress-service]"#)).await, "proxy in acme");
+        let designation = api.call("ingress.getDesignation", json!({ "clusterId": cluster }));
+        assert_eq!(designation["designation"]["serviceId"], proxy.as_str(), "{designation}");
+        // a service routed through it, picked by name, and routed no more
+        let attach = r#"form[data-attach-cluster="edge"] select"#;
+        client.execute("document.querySelector(arguments[0]).value = arguments[1]", vec![json!(attach), json!(files)]).await.unwrap();
+        click(client, r#"button[data-attach="edge"]"#).await;
+        wait_for(client, r#"li[data-attached="files in acme"]"#).await;
+        assert_eq!(api.call("ingress.listAttachments", json!({ "clusterId": cluster }))["items"][0]["serviceId"], files.as_str());
+        click(client, r#"button[data-detach="files in acme"]"#).await;
+        wait_for(client, "#flash").await;
+        assert!(client.find_all(Locator::Css("li[data-attached]")).await.unwrap().is_empty(), "nothing routed any more");
+
+        // ---- App Store: an install with an environment value the version's notes ask for ----
+        let publisher = capstan_catalog::SigningKey::from_bytes(&[42; 32]);
+        let settings = api.call("settings.get", json!({}));
+        let trusted = capstan_catalog::PublisherKey::from(&publisher).to_string();
+        api.call(
+            "settings.update",
+            json!({ "expectedRevision": settings["revision"], "set": { "appstore.trustedCatalogKeys": [trusted] } }),
+        );
+        api.call("appstore.importCatalog", json!({ "envelope": wiki_catalog(&["1.0.0"], 1, &publisher) }));
+        client.goto(&server.url("/p/appstore/app?appId=wiki")).await.unwrap();
+        wait_for(client, "#install-form").await;
+        client.execute("document.querySelector('#install-org').value = arguments[0]", vec![json!(org)]).await.unwrap();
+        fill(client, "#install-name", "team-wiki").await;
+        let environment = wait_for(client, "#install-environment").await.prop("value").await.unwrap().unwrap_or_default();
+        fill(client, "#install-environment", &format!("{}DOMAIN=https://wiki.acme.example\n", environment)).await;
+        let shot = client.screenshot().await.expect("a screenshot of an install with its environment");
+        save_screenshot(&shot, dir.path(), "appstore-install-env.png", INSTALL_TASK_SCREENSHOT_COPY);
+        click(client, "#install-submit").await;
+        expect_flash(client, "App wiki installed as team-wiki").await;
+        let listed = api.call("services.list", json!({ "organizationId": org }));
+        let wiki = listed["items"].as_array().unwrap().iter().find(|s| s["name"] == "team-wiki").unwrap();
+        assert_eq!(wiki["environment"]["DOMAIN"], "https://wiki.acme.example", "{wiki}");
+
+        // ---- Audit: 50 records and more, no sideways scroll, each time on one line ----
+        client.goto(&server.url("/audit")).await.unwrap();
+        wait_for(client, "#audit-table").await;
+        let rows = client.find_all(Locator::Css("#audit-table tbody tr")).await.unwrap().len();
+        assert!(rows >= 50, "{rows} records shown");
+        assert_eq!(scrolls_sideways(client).await, json!({ "page": false, "tables": 0 }), "the Audit page fits 1366 px");
+        let lines = client
+            .execute("return Math.max(...[...document.querySelectorAll('#audit-table time')].map(t => t.getClientRects().length))", vec![])
+            .await
+            .unwrap();
+        assert_eq!(lines, json!(1), "every time on one line");
+        let shot = client.screenshot().await.expect("a screenshot of the Audit page");
+        save_screenshot(&shot, dir.path(), "audit.png", AUDIT_SCREENSHOT_COPY);
     });
-    drop(driver);
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => panic!("the task pages scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
 }

@@ -592,7 +592,12 @@ fn a_clusters_hostnames_are_routed_by_the_gateway_to_its_ingress_and_withdrawn_w
     assert!(page.body.contains("data-refused>elsewhere.example: name-not-served<"), "{}", page.body);
     assert!(page.body.contains(&format!(r#"id="advertised-{cluster_id}">127.0.0.1:{proxy}<"#)), "{}", page.body);
     assert!(page.body.contains(&format!(r#"id="gateway-{cluster_id}" data-routed="2""#)), "{}", page.body);
-    assert!(page.body.contains(r#"id="form-designate""#), "the forms are on the page: {}", page.body);
+    // the task forms: the designation by names, the attached services by names
+    assert!(
+        page.body.contains(r#"id="card-designate""#) && page.body.contains(r#"data-attach-cluster=""#),
+        "the forms are on the page: {}",
+        page.body
+    );
     let _ = std::fs::write(std::env::temp_dir().join("capstan-ingress-page.html"), &page.body);
 
     // ---- a request at the gateway reaches the service through the cluster's ingress ----

@@ -45,14 +45,7 @@ fn agent(state_dir: &Path) -> Command {
 
 /// [`agent`], inside the network namespace `netns` when one is named.
 fn agent_in(netns: Option<&str>, state_dir: &Path) -> Command {
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", ns]).arg(agent_binary());
-            cmd
-        }
-        None => Command::new(agent_binary()),
-    };
+    let mut cmd = crate::runtime::in_netns(netns, agent_binary());
     cmd.env_remove("CAPSTAN_AGENT_HOSTNAME_FILE").env_remove("CAPSTAN_AGENT_LOG").env("CAPSTAN_AGENT_STATE_DIR", state_dir);
     cmd.stdin(Stdio::null());
     cmd
@@ -72,14 +65,7 @@ fn run_enroll_step_in(netns: Option<&str>, script: &str, state_dir: &Path) -> cr
     assert!(step.contains("| capstan-agent enroll "), "the step pipes the code to capstan-agent enroll: {step}");
     let bin_dir = agent_binary().parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", ns, "bash"]);
-            cmd
-        }
-        None => Command::new("bash"),
-    };
+    let mut cmd = crate::runtime::in_netns(netns, "bash");
     cmd.arg("-c")
         .arg(format!("set -euo pipefail\n{step}"))
         .env("PATH", path)
@@ -396,8 +382,8 @@ impl LanMachine {
 
     /// `program ARGS` on the machine, run to its exit.
     fn exec(&self, program: &str, args: &[&str]) -> crate::support::Exited {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.netns, program]).args(args).stdin(Stdio::null());
+        let mut cmd = crate::runtime::in_netns(Some(&self.netns), program);
+        cmd.args(args).stdin(Stdio::null());
         run_to_exit(cmd)
     }
 }

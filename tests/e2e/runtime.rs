@@ -88,16 +88,21 @@ pub(crate) fn free_subnet() -> u32 {
     subnet
 }
 
-fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/forward/forward.py");
-    let mut cmd = match netns {
+/// `program`, inside the network namespace `netns` when one is named (`ip netns exec`).
+pub(crate) fn in_netns(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match netns {
         Some(ns) => {
             let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", ns, "python3"]);
+            cmd.args(["netns", "exec", ns]).arg(program);
             cmd
         }
-        None => Command::new("python3"),
-    };
+        None => Command::new(program),
+    }
+}
+
+fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/forward/forward.py");
+    let mut cmd = in_netns(netns, "python3");
     cmd.arg(&script).args([listen, target]).stdout(Stdio::piped()).stderr(Stdio::null());
     let mut child = cmd.spawn().expect("starting the forwarder");
     // it prints one line once it listens

@@ -86,22 +86,30 @@ pub enum KeyringCommand {
         /// The cluster whose relay bearer is exported (`cluster_…`)
         #[arg(long, value_name = "ID")]
         cluster: String,
-        /// The file to write (must not exist unless --force)
-        #[arg(id = "out", long = "out", value_name = "FILE", required_unless_present = "stdout")]
-        output: Option<PathBuf>,
-        /// Export exactly this generation (default: the current one)
-        #[arg(long, value_name = "N")]
-        expected_generation: Option<u64>,
-        /// Replace an existing regular file at --out
-        #[arg(long)]
-        force: bool,
-        /// Print the bearer itself on standard output (nothing else is printed then)
-        #[arg(long)]
-        stdout: bool,
+        #[command(flatten)]
+        to: ExportTo,
         /// Print exact JSON instead of text
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Where an export of a relay's bearer goes (`keyring export-relay-authorization`, `relays
+/// export`).
+#[derive(clap::Args)]
+pub(crate) struct ExportTo {
+    /// The file to write (must not exist unless --force)
+    #[arg(id = "out", long = "out", value_name = "FILE", required_unless_present = "stdout")]
+    pub(crate) output: Option<PathBuf>,
+    /// Export exactly this generation (default: the current one)
+    #[arg(long, value_name = "N")]
+    pub(crate) expected_generation: Option<u64>,
+    /// Replace an existing regular file at --out
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Print the bearer itself on standard output (nothing else is printed then)
+    #[arg(long)]
+    pub(crate) stdout: bool,
 }
 
 /// Write `bytes` to `output` as a private file: a new file by the private-file rules, or with
@@ -133,21 +141,17 @@ pub(crate) fn write_private(output: &std::path::Path, bytes: &[u8], force: bool)
         .map_err(|e| Refusal::new("output-write-failed", format!("replacing {} failed: {}", output.display(), e.kind())).with_data(path()))
 }
 
-/// What an export of a relay's bearer writes (`keyring export-relay-authorization`, `relays
-/// export`).
+/// What an export of a relay's bearer writes: the cluster's, where, and whether as JSON.
 pub(crate) struct Export {
     pub(crate) cluster: String,
-    pub(crate) output: Option<PathBuf>,
-    pub(crate) expected_generation: Option<u64>,
-    pub(crate) force: bool,
-    pub(crate) stdout: bool,
+    pub(crate) to: ExportTo,
     pub(crate) json: bool,
 }
 
 pub(crate) fn export_relay_authorization(connection: &Connection, export: &Export) -> crate::refusal::Result<()> {
     use sha2::Digest;
     let client = Client::new(connection)?;
-    let generation = match export.expected_generation {
+    let generation = match export.to.expected_generation {
         Some(generation) => generation,
         None => {
             let state = client.call("relays.getCredential", &serde_json::json!({ "clusterId": export.cluster }))?;
@@ -167,10 +171,10 @@ pub(crate) fn export_relay_authorization(connection: &Connection, export: &Expor
     if answer["clusterId"].as_str() != Some(export.cluster.as_str()) || exported_generation != generation {
         return Err(Refusal::new("relay-credential-generation-mismatch", "the host answered another cluster or generation than asked"));
     }
-    if let Some(output) = &export.output {
-        write_private(output, &bearer, export.force)?;
+    if let Some(output) = &export.to.output {
+        write_private(output, &bearer, export.to.force)?;
     }
-    if export.stdout {
+    if export.to.stdout {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         out.write_all(&bearer)
@@ -179,7 +183,7 @@ pub(crate) fn export_relay_authorization(connection: &Connection, export: &Expor
         return Ok(());
     }
     let sha256 = hex::encode(sha2::Sha256::digest(&*bearer));
-    let output = export.output.as_ref().map(|p| p.display().to_string());
+    let output = export.to.output.as_ref().map(|p| p.display().to_string());
     if export.json {
         print_json(&serde_json::json!({
             "ok": true,
@@ -214,9 +218,9 @@ fn rotate(path: &std::path::Path, kek_id: Option<&str>) -> crate::refusal::Resul
 
 pub fn run(command: KeyringCommand) -> ExitCode {
     let (result, json) = match command {
-        KeyringCommand::ExportRelayAuthorization { connection, cluster, output, expected_generation, force, stdout, json } => {
-            let export = Export { cluster, output, expected_generation, force, stdout, json };
-            return finish(export_relay_authorization(&connection, &export), json && !stdout);
+        KeyringCommand::ExportRelayAuthorization { connection, cluster, to, json } => {
+            let stdout = to.stdout;
+            return finish(export_relay_authorization(&connection, &Export { cluster, to, json }), json && !stdout);
         }
         KeyringCommand::Generate { output, kek_id, recipient_key_id, json } => {
             let result = Keyring::generate(kek_id.as_deref(), recipient_key_id.as_deref())

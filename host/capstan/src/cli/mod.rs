@@ -43,7 +43,7 @@ use std::process::ExitCode;
     name = "capstan",
     version,
     about = "Capstan: a self-hosted infrastructure control plane",
-    after_help = "Running plugins add commands of their own (capstan backups create website, capstan apps install gitea --org acme):\na command not listed above is looked up among them on the server, and `capstan <command> --help` explains it."
+    after_help = "Running plugins add commands of their own: a command not listed above is looked up among them on the\nserver; `capstan <command> --help` explains one, and a word no command knows lists them."
 )]
 struct Cli {
     /// How client commands print their answer: table (for people), json (the API's answer

@@ -11,7 +11,6 @@ use super::resolve;
 use crate::refusal::{Refusal, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -34,18 +33,8 @@ pub enum RelaysCommand {
     Export {
         /// The cluster (its name or id)
         cluster: String,
-        /// The file to write
-        #[arg(id = "out", long = "out", value_name = "FILE", required_unless_present = "stdout")]
-        output: Option<PathBuf>,
-        /// Export exactly this generation (default: the current one)
-        #[arg(long, value_name = "N")]
-        expected_generation: Option<u64>,
-        /// Replace an existing regular file at --out
-        #[arg(long)]
-        force: bool,
-        /// Print the bearer itself on standard output (nothing else is printed then)
-        #[arg(long)]
-        stdout: bool,
+        #[command(flatten)]
+        to: super::keyring::ExportTo,
         #[command(flatten)]
         common: Common,
     },
@@ -79,9 +68,10 @@ pub enum RelaysCommand {
 pub fn run(command: RelaysCommand) -> ExitCode {
     let (result, json) = match command {
         RelaysCommand::Enable { cluster, common } => (enable(&cluster, &common), common.json),
-        RelaysCommand::Export { cluster, output, expected_generation, force, stdout, common } => {
+        RelaysCommand::Export { cluster, to, common } => {
+            let stdout = to.stdout;
             let exported = Client::new(&common.connection).and_then(|client| resolve::cluster(&client, &cluster)).and_then(|cluster| {
-                let export = super::keyring::Export { cluster, output, expected_generation, force, stdout, json: common.json };
+                let export = super::keyring::Export { cluster, to, json: common.json };
                 super::keyring::export_relay_authorization(&common.connection, &export)
             });
             (exported, common.json && !stdout)
@@ -207,7 +197,9 @@ fn disable(given: &str, confirm: &confirm::Confirm, common: &Common) -> Result<(
         }
         return Ok(());
     }
-    confirm::ask(confirm, || Ok(format!("Disable the relay of {given} ({id})? Its ingress and the node sessions it carries stop.")))?;
+    confirm::ask(confirm, || {
+        Ok(format!("Disable the relay of {given} ({id})? What runs through it stops, the node sessions it carries included."))
+    })?;
     let answer = client.call("clusters.disableRelay", &json!({ "id": id, "expectedRevision": cluster["revision"] }))?;
     if common.json {
         print_json(&answer);
