@@ -74,7 +74,8 @@ fn plugins_add_commands_that_resolve_names_and_print_like_the_host_s_own() {
     let apps = succeeded(&run(&["apps", "list"])).to_string();
     assert!(apps.starts_with("ID ") && apps.contains("NEWEST VERSION"), "{apps}");
     assert!(line_with(&apps, "gitea").contains("Gitea"), "{apps}");
-    let installed = succeeded(&run(&["apps", "install", "gitea", "--org", "demo", "--name", "forge"])).to_string();
+    let installed =
+        succeeded(&run(&["apps", "install", "gitea", "--org", "demo", "--name", "forge", "--env", "DOMAIN=git.demo.example"])).to_string();
     assert!(installed.starts_with("ID ") && line_with(&installed, "forge").contains("gitea"), "{installed}");
     let org = ok(&server, &admin, "organizations.list", json!({}))["items"]
         .as_array()
@@ -86,7 +87,8 @@ fn plugins_add_commands_that_resolve_names_and_print_like_the_host_s_own() {
         .unwrap()
         .to_string();
     let services = ok(&server, &admin, "services.list", json!({ "organizationId": org }));
-    assert!(services["items"].as_array().unwrap().iter().any(|s| s["name"] == "forge"), "{services}");
+    let forge = services["items"].as_array().unwrap().iter().find(|s| s["name"] == "forge").unwrap_or_else(|| panic!("{services}"));
+    assert_eq!(forge["environment"]["DOMAIN"], "git.demo.example", "--env goes over the version's environment");
     // the name defaults to the app's id; -o json prints the API's answer exactly
     let answer = json_of(&run(&["apps", "install", "redis", "--org", "demo", "-o", "json"]));
     assert_eq!((answer["name"].as_str(), answer["appId"].as_str()), (Some("redis"), Some("redis")), "{answer}");

@@ -91,6 +91,8 @@ pub enum ArgKind {
     Number,
     /// `--name` alone sets `true` (never positional).
     Flag,
+    /// `--name VALUE`, repeatable: a list of strings (never positional).
+    List,
     /// An organization's name or id, sent as its id.
     Organization,
     /// A cluster's name or id, sent as its id.
@@ -191,8 +193,8 @@ fn check(command: &CommandDecl) -> Result<()> {
             return Err(invalid(&at, "a service-revision arg reads the revision of the command's service arg: declare one"));
         }
         if arg.positional {
-            if arg.kind == ArgKind::Flag {
-                return Err(invalid(&at, "a flag is never positional"));
+            if matches!(arg.kind, ArgKind::Flag | ArgKind::List) {
+                return Err(invalid(&at, "a flag or a list is never positional"));
             }
             if optional_positional {
                 return Err(invalid(&at, "a positional arg after an optional one could never be told apart"));

@@ -134,6 +134,8 @@ fn clap_command(command: &Value) -> clap::Command {
         let mut clap_arg = Arg::new(name.clone()).help(help).required(arg["required"] == true);
         clap_arg = if kind == "flag" {
             clap_arg.long(name).action(ArgAction::SetTrue).required(false)
+        } else if kind == "list" {
+            clap_arg.long(name).value_name("VALUE").action(ArgAction::Append)
         } else if arg["positional"] == true {
             clap_arg.value_name(name.to_uppercase())
         } else {
@@ -192,6 +194,12 @@ fn body(client: &Client, command: &Value, matches: &ArgMatches) -> Result<Value>
         if kind == "flag" {
             if matches.get_flag(name) {
                 body.insert(field, json!(true));
+            }
+            continue;
+        }
+        if kind == "list" {
+            if let Some(values) = matches.get_many::<String>(name) {
+                body.insert(field, json!(values.collect::<Vec<_>>()));
             }
             continue;
         }
@@ -292,7 +300,8 @@ mod tests {
         json!([
             { "plugin": "backups", "name": "backups create", "about": "Back up now", "method": "backups.create",
               "args": [{ "name": "service", "field": "serviceId", "kind": "service", "positional": true, "required": true },
-                       { "name": "org", "field": "organizationId", "kind": "organization" }],
+                       { "name": "org", "field": "organizationId", "kind": "organization" },
+                       { "name": "tag", "field": "tags", "kind": "list" }],
               "columns": ["id", "serviceName", "state"] },
             { "plugin": "backups", "name": "backups", "about": "Overview", "method": "backups.overview" },
         ])
@@ -320,8 +329,10 @@ mod tests {
         let help = command.clone().render_help().to_string();
         assert!(help.contains("Back up now") && help.contains("<SERVICE>") && help.contains("--org <NAME|ID>"), "{help}");
         assert!(help.contains("The organization (its name or id)"), "{help}");
-        let matches = command.clone().try_get_matches_from(["website", "--org", "acme", "-o", "yaml"]).unwrap();
+        let matches =
+            command.clone().try_get_matches_from(["website", "--org", "acme", "-o", "yaml", "--tag", "a", "--tag", "b=c"]).unwrap();
         assert_eq!(matches.get_one::<String>("service").unwrap(), "website");
+        assert_eq!(matches.get_many::<String>("tag").unwrap().collect::<Vec<_>>(), ["a", "b=c"], "a list option repeats");
         assert_eq!(matches.get_one::<Format>("output"), Some(&Format::Yaml));
         let missing = command.clone().try_get_matches_from(Vec::<String>::new()).unwrap_err();
         assert_eq!(missing.kind(), clap::error::ErrorKind::MissingRequiredArgument);
