@@ -96,6 +96,13 @@ pub fn print_json(value: &Value) {
     super::output::print(value);
 }
 
+/// A new mutation id for a call a person makes: `cli-` and 32 hex characters from the OS
+/// generator (a retry of the same call sends the same one).
+pub fn new_mutation_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    format!("cli-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
 /// A string field of an answer for people; `-` when it is absent.
 pub fn text<'a>(value: &'a Value, key: &str) -> &'a str {
     value[key].as_str().unwrap_or("-")

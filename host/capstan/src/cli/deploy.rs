@@ -101,7 +101,7 @@ pub fn deploy(args: &DeployArgs) -> Result<()> {
             let routes: Vec<Value> = args.routes.iter().map(|r| route(r)).collect();
             let reserved = client.call(
                 "deployments.reserve",
-                &json!({ "serviceId": service, "tag": tag, "mutationId": super::nodes::new_mutation_id(), "routes": routes }),
+                &json!({ "serviceId": service, "tag": tag, "mutationId": super::client::new_mutation_id(), "routes": routes }),
             )?;
             let (id, reference) = (text(&reserved, "id").to_string(), text(&reserved, "reference").to_string());
             say(format!("reserved {reference} (operation {id})"));

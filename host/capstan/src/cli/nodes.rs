@@ -14,7 +14,7 @@
 //! not a terminal they are refused `confirmation-required` unless `--yes` says so, before
 //! anything is sent.
 
-use super::client::{Client, finish, items, print_json, print_table, text, utc};
+use super::client::{Client, finish, items, new_mutation_id, print_json, print_table, text, utc};
 use super::confirm::{Confirm, ask, can_confirm};
 use super::resolve::{self, Names};
 use crate::refusal::Result;
@@ -460,12 +460,6 @@ fn credential(id: &str, common: &Common) -> Result<()> {
         print_credential(&c);
     }
     Ok(())
-}
-
-/// A new mutation id: `cli-` and 32 hex characters from the OS generator.
-pub(crate) fn new_mutation_id() -> String {
-    let bytes: [u8; 16] = rand::random();
-    format!("cli-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 /// `call`, saying on standard error how to finish it safely when its answer may have been

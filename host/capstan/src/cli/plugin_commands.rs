@@ -185,7 +185,7 @@ fn body(client: &Client, command: &Value, matches: &ArgMatches) -> Result<Value>
     for arg in &args {
         let (name, field, kind) = (text(arg, "name"), text(arg, "field").to_string(), arg_kind(arg));
         if kind == "mutation-id" {
-            body.insert(field, json!(super::nodes::new_mutation_id()));
+            body.insert(field, json!(super::client::new_mutation_id()));
             continue;
         }
         if generated(arg) {

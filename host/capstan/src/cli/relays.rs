@@ -4,9 +4,8 @@
 //! writes against and draws its own mutation id; clusters are named by name or id
 //! (docs/relays.md).
 
-use super::client::{Client, Common, print_json, print_table, text, utc};
+use super::client::{Client, Common, new_mutation_id, print_json, print_table, text, utc};
 use super::confirm;
-use super::nodes::new_mutation_id;
 use super::resolve;
 use crate::refusal::{Refusal, Result};
 use clap::Subcommand;
