@@ -290,7 +290,10 @@ pub fn main() -> ExitCode {
         Command::Gateway(command) => gateway::run(command),
         Command::Snapshot(command) => snapshot::run(command),
         Command::Call(args) => call::run(args),
-        Command::Added(args) => plugin_commands::run(args),
+        Command::Added(args) => {
+            let host: Vec<String> = Cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect();
+            plugin_commands::run(args, &host)
+        }
         Command::Completions(args) => completions::run(args, Cli::command()),
         Command::Serve(args) => {
             let flags = Flags {

@@ -19,14 +19,25 @@ const EXIT_USAGE: u8 = 2;
 /// Exit status of a refusal.
 const EXIT_REFUSED: u8 = 1;
 
-/// Run `capstan WORDS…` for words the host's commands do not know.
-pub fn run(args: Vec<OsString>) -> ExitCode {
+/// Run `capstan WORDS…` for words the host's commands do not know; `host` names those commands
+/// (a near miss of one is suggested, as clap would).
+pub fn run(args: Vec<OsString>, host: &[String]) -> ExitCode {
     let args: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let first = args.first().map(String::as_str).unwrap_or_default();
+    // a plugin's command of these words wins; failing one, a near miss of the host's is a typo
+    let typo = || {
+        let near = host.iter().find(|name| near_miss(first, name))?;
+        eprintln!("capstan: no command `{first}`; did you mean `capstan {near}`? (`capstan --help` lists every command)");
+        Some(ExitCode::from(EXIT_USAGE))
+    };
     let connection = Connection { url: url_in(&args) };
     let listed = Client::new(&connection).and_then(|client| Ok((client.call("plugins.listCommands", &json!({}))?, client)));
     let (listing, client) = match listed {
         Ok(found) => found,
         Err(refusal) => {
+            if let Some(exit) = typo() {
+                return exit;
+            }
             eprintln!(
                 "capstan: no command `{}` among the host's; the commands plugins add could not be read from {} either ({}: {})",
                 args.first().map(String::as_str).unwrap_or_default(),
@@ -35,11 +46,14 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
                 refusal.message
             );
             eprintln!("  `capstan --help` lists the host's commands; log in (`capstan login`) to use a plugin's");
-            return ExitCode::from(super::exit_status(&refusal, EXIT_USAGE));
+            return ExitCode::from(EXIT_USAGE);
         }
     };
     let commands = listing["commands"].as_array().cloned().unwrap_or_default();
     let Some((command, taken)) = matching(&commands, &args) else {
+        if let Some(exit) = typo() {
+            return exit;
+        }
         eprintln!("capstan: no command `{}`", args.iter().take(3).cloned().collect::<Vec<_>>().join(" "));
         if commands.is_empty() {
             eprintln!("  `capstan --help` lists the host's commands; the running plugins add none");
@@ -79,6 +93,28 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
             ExitCode::from(super::exit_status(&refusal, EXIT_REFUSED))
         }
         Err(refusal) => super::refuse(&refusal, EXIT_REFUSED),
+    }
+}
+
+/// Whether `typed` is one edit (a letter added, dropped or changed) or one swap of neighbours
+/// away from `name`: a typo of a host command rather than a plugin's.
+fn near_miss(typed: &str, name: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (typed.chars().collect(), name.chars().collect());
+    if a == b || a.len().abs_diff(b.len()) > 1 || a.len() < 3 {
+        return false;
+    }
+    let (short, long) = if a.len() <= b.len() { (&a, &b) } else { (&b, &a) };
+    let first = short.iter().zip(long.iter()).position(|(x, y)| x != y).unwrap_or(short.len());
+    if short.len() == long.len() {
+        // one changed letter, or two neighbours swapped
+        let changed = short[first + 1..] == long[first + 1..];
+        let swapped = first + 1 < short.len()
+            && short[first] == long[first + 1]
+            && short[first + 1] == long[first]
+            && short[first + 2..] == long[first + 2..];
+        changed || swapped
+    } else {
+        short[first..] == long[first + 1..]
     }
 }
 
@@ -345,6 +381,13 @@ mod tests {
         assert_eq!(url_in(&words("backups create web --url http://h:1")), "http://h:1");
         assert_eq!(url_in(&words("backups --url=http://h:2 create")), "http://h:2");
         assert!(!url_in(&words("backups -- --url=http://h:3")).contains("h:3"), "after -- a word is a value");
+    }
+
+    #[test]
+    fn a_typo_of_a_host_command_is_told_apart_from_a_plugin_s() {
+        assert!(near_miss("nodess", "nodes") && near_miss("ndoes", "nodes") && near_miss("nodse", "nodes") && near_miss("nodez", "nodes"));
+        assert!(near_miss("node", "nodes") && near_miss("servics", "services"));
+        assert!(!near_miss("nodes", "nodes") && !near_miss("backups", "nodes") && !near_miss("apps", "tasks") && !near_miss("ap", "api"));
     }
 
     #[test]
