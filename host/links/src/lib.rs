@@ -165,12 +165,12 @@ impl InventoryPlatform {
 
     /// Record `method` done by a plugin on its own account (`actor` is the plugin): the ids the
     /// body names and the one it made, and how it ended. A caller's call is recorded by the door.
-    async fn record<T>(&self, actor: &Identity, method: &str, body: &Value, done: &Result<T>, made: impl Fn(&T) -> Option<String>) {
+    async fn record(&self, actor: &Identity, method: &str, body: &Value, done: &Result<Document>) {
         let Some(audit) = self.audit.as_ref().filter(|_| actor.kind == "plugin") else { return };
         let mut targets = capstan_rpc::audit::targets(body);
         let outcome = match done {
-            Ok(value) => {
-                targets.extend(made(value));
+            Ok(made) => {
+                targets.push(made.id.clone());
                 "ok".to_string()
             }
             Err(refusal) => refusal.code.to_string(),
@@ -264,21 +264,25 @@ impl Platform for InventoryPlatform {
 
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
         let done = set_spec(&self.store, actor, body.clone()).await;
-        self.record(actor, "runtime.setServiceSpec", &body, &done, |d| Some(d.id.clone())).await;
+        self.record(actor, "runtime.setServiceSpec", &body, &done).await;
         done
     }
 
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document> {
-        let done = async { document(capstan_inventory::services::create(&self.store, actor, capstan_rpc::decode(body.clone())?).await?) };
-        let done = done.await;
-        self.record(actor, "services.create", &body, &done, |d| Some(d.id.clone())).await;
+        let done = match capstan_rpc::decode(body.clone()) {
+            Ok(input) => capstan_inventory::services::create(&self.store, actor, input).await.and_then(document),
+            Err(refusal) => Err(refusal),
+        };
+        self.record(actor, "services.create", &body, &done).await;
         done
     }
 
     async fn update_service(&self, actor: &Identity, body: Value) -> Result<Document> {
-        let done = async { document(capstan_inventory::services::update(&self.store, actor, capstan_rpc::decode(body.clone())?).await?) };
-        let done = done.await;
-        self.record(actor, "services.update", &body, &done, |d| Some(d.id.clone())).await;
+        let done = match capstan_rpc::decode(body.clone()) {
+            Ok(input) => capstan_inventory::services::update(&self.store, actor, input).await.and_then(document),
+            Err(refusal) => Err(refusal),
+        };
+        self.record(actor, "services.update", &body, &done).await;
         done
     }
 

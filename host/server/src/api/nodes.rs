@@ -80,7 +80,7 @@ async fn render(nodes: &Context, code: &str, page: Option<JumpPages>) -> Respons
         Ok(()) => jump::usable(nodes, code).await.map_err(|r| if r.is("jump-code-invalid") { jump::invalid_code() } else { r }),
         Err(refusal) => Err(refusal),
     };
-    let response = match (usable, page) {
+    let mut response = match (usable, page) {
         (Err(refusal), None) => return refused(refusal),
         (Err(refusal), Some(pages)) => {
             let status = ApiError(refusal.clone()).into_response().status();
@@ -101,7 +101,6 @@ async fn render(nodes: &Context, code: &str, page: Option<JumpPages>) -> Respons
             })
         }
     };
-    let mut response = response;
     if page.is_some() {
         crate::page_headers::apply(response.headers_mut());
     }
