@@ -361,23 +361,11 @@ struct LanMachine {
 
 impl LanMachine {
     fn start() -> LanMachine {
-        use crate::runtime::run;
         let tag = std::process::id() % 10_000;
         // named as the runtime test's namespaces, so a run killed midway is cleaned by the next
         let (netns, veth, peer) = (format!("capstan-rt-{tag}-lan"), format!("crt{tag}lan"), format!("crt{tag}lp"));
-        let _ = Command::new("ip").args(["netns", "del", &netns]).output();
-        let subnet = crate::runtime::free_subnet();
-        let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
-        run("ip", &["netns", "add", &netns]);
-        let machine = LanMachine { netns: netns.clone(), veth: veth.clone(), host_ip: host_ip.clone() };
-        run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
-        run("ip", &["link", "set", &peer, "netns", &netns]);
-        run("ip", &["addr", "add", &format!("{host_ip}/24"), "dev", &veth]);
-        run("ip", &["link", "set", &veth, "up"]);
-        run("ip", &["netns", "exec", &netns, "ip", "addr", "add", &format!("{node_ip}/24"), "dev", &peer]);
-        run("ip", &["netns", "exec", &netns, "ip", "link", "set", &peer, "up"]);
-        run("ip", &["netns", "exec", &netns, "ip", "link", "set", "lo", "up"]);
-        machine
+        let (host_ip, _) = crate::runtime::linked_namespace(&netns, &veth, &peer);
+        LanMachine { netns, veth, host_ip }
     }
 
     /// `program ARGS` on the machine, run to its exit.

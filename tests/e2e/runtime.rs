@@ -69,7 +69,7 @@ pub(crate) fn run(program: &str, args: &[&str]) -> String {
 /// node's packets elsewhere (its agent then waits for answers that never come). Namespaces of
 /// other runs with nothing left running in them are removed first; the lock keeps tests starting
 /// at once off each other's subnets.
-pub(crate) fn free_subnet() -> u32 {
+fn free_subnet() -> u32 {
     static TAKEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
     let mut taken = TAKEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let ours = format!("capstan-rt-{}-", std::process::id() % 10_000);
@@ -86,6 +86,24 @@ pub(crate) fn free_subnet() -> u32 {
         .expect("a free /24 in 10.231.100.0–10.231.249.255 for a node's link");
     taken.push(subnet);
     subnet
+}
+
+/// A network namespace `netns` joined to this host by the veth pair `veth`/`peer` on a free /24:
+/// answers this host's address on the link and the namespace's (a stale namespace of the same
+/// name goes first).
+pub(crate) fn linked_namespace(netns: &str, veth: &str, peer: &str) -> (String, String) {
+    let _ = Command::new("ip").args(["netns", "del", netns]).output();
+    let subnet = free_subnet();
+    let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
+    run("ip", &["netns", "add", netns]);
+    run("ip", &["link", "add", veth, "type", "veth", "peer", "name", peer]);
+    run("ip", &["link", "set", peer, "netns", netns]);
+    run("ip", &["addr", "add", &format!("{host_ip}/24"), "dev", veth]);
+    run("ip", &["link", "set", veth, "up"]);
+    run("ip", &["netns", "exec", netns, "ip", "addr", "add", &format!("{node_ip}/24"), "dev", peer]);
+    run("ip", &["netns", "exec", netns, "ip", "link", "set", peer, "up"]);
+    run("ip", &["netns", "exec", netns, "ip", "link", "set", "lo", "up"]);
+    (host_ip, node_ip)
 }
 
 /// `program`, inside the network namespace `netns` when one is named (`ip netns exec`).
@@ -235,17 +253,7 @@ impl Node {
     pub(crate) fn start(dir: &Path, index: u32, capstan_port: u16) -> Node {
         let tag = std::process::id() % 10_000;
         let (netns, veth, peer) = (format!("capstan-rt-{tag}-{index}"), format!("crt{tag}n{index}"), format!("crt{tag}p{index}"));
-        let _ = Command::new("ip").args(["netns", "del", &netns]).output();
-        let subnet = free_subnet();
-        let (host_ip, node_ip) = (format!("10.231.{subnet}.1"), format!("10.231.{subnet}.2"));
-        run("ip", &["netns", "add", &netns]);
-        run("ip", &["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
-        run("ip", &["link", "set", &peer, "netns", &netns]);
-        run("ip", &["addr", "add", &format!("{host_ip}/24"), "dev", &veth]);
-        run("ip", &["link", "set", &veth, "up"]);
-        run("ip", &["netns", "exec", &netns, "ip", "addr", "add", &format!("{node_ip}/24"), "dev", &peer]);
-        run("ip", &["netns", "exec", &netns, "ip", "link", "set", &peer, "up"]);
-        run("ip", &["netns", "exec", &netns, "ip", "link", "set", "lo", "up"]);
+        let (host_ip, node_ip) = linked_namespace(&netns, &veth, &peer);
         let dir = dir.join(format!("node-{index}"));
         std::fs::create_dir_all(dir.join("tmp")).unwrap();
         let nofile = run("sh", &["-c", "ulimit -Hn"]).trim().replace("unlimited", "1048576");
