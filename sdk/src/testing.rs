@@ -49,6 +49,21 @@ fn to_sdk(r: capstan_core::refusal::Refusal) -> Refusal {
     out
 }
 
+/// Whether a test cannot build its plugin here because the `wasm32-wasip2` target is missing;
+/// it says so on standard error. `CAPSTAN_TEST_REQUIRE_PLUGINS=1` (set by CI) makes a missing
+/// target no reason to skip: the build then fails and says why.
+pub fn wasm_target_missing() -> bool {
+    let missing = std::process::Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("wasm32-wasip2"))
+        && std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1");
+    if missing {
+        eprintln!("skipped: the wasm32-wasip2 target is not installed");
+    }
+    missing
+}
+
 /// Build the plugin crate in `crate_dir` for wasm32-wasip2; the component's path.
 pub fn build_component(crate_dir: &Path) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| crate_dir.join("target")).join("wasm-plugins");

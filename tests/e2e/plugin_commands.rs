@@ -110,7 +110,7 @@ fn plugins_add_commands_that_resolve_names_and_print_like_the_host_s_own() {
     let created = succeeded(&run(&["backups", "create", "files"])).to_string();
     let row = line_with(&created, "files");
     assert!(created.starts_with("ID ") && created.contains("SERVICE NAME") && row.contains(&node), "{created}");
-    let listed = succeeded(&run(&["backups", "list", "files"])).to_string();
+    let listed = succeeded(&run(&["backups", "list", "files", "--limit", "5"])).to_string();
     assert_eq!(listed.lines().filter(|l| l.contains("files")).count(), 1, "{listed}");
     let yaml = succeeded(&run(&["backups", "list", "files", "-o", "yaml"])).to_string();
     assert!(yaml.contains("backups:") && yaml.contains("serviceName: files"), "{yaml}");

@@ -12,18 +12,6 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn wasm_target_missing() -> bool {
-    let missing = std::process::Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("wasm32-wasip2"));
-    if missing && std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1") {
-        eprintln!("skipped: the wasm32-wasip2 target is not installed");
-        return true;
-    }
-    false
-}
-
 fn key(seed: u8) -> SigningKey {
     SigningKey::from_bytes(&[seed; 32])
 }
@@ -79,7 +67,7 @@ fn code(host: &TestHost, method: &str, body: Value) -> String {
 
 #[test]
 fn catalogs_are_verified_before_use_kept_last_known_good_and_serve_installs_and_upgrades() {
-    if wasm_target_missing() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
@@ -279,7 +267,7 @@ fn put_chunk(host: &TestHost, text: &str, stored_at: Option<u64>) -> String {
 
 #[test]
 fn chunks_no_pointer_names_are_deleted_once_past_the_grace_period_and_fresh_ones_survive() {
-    if wasm_target_missing() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));

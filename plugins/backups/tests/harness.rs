@@ -9,18 +9,6 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn wasm_target_missing() -> bool {
-    let missing = std::process::Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("wasm32-wasip2"));
-    if missing && std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1") {
-        eprintln!("skipped: the wasm32-wasip2 target is not installed");
-        return true;
-    }
-    false
-}
-
 /// Answers each request with the next of `answers` (the last one again when they run out),
 /// recording what it was asked.
 struct Agents {
@@ -79,7 +67,7 @@ fn backup(host: &TestHost) -> Value {
 
 #[test]
 fn an_archive_longer_than_one_ask_is_asked_for_again_on_later_passes() {
-    if wasm_target_missing() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let (host, org, service) = host();
@@ -109,7 +97,7 @@ fn an_archive_longer_than_one_ask_is_asked_for_again_on_later_passes() {
 
 #[test]
 fn a_node_that_stays_away_fails_its_backup_with_the_nodes_refusal_after_an_hour() {
-    if wasm_target_missing() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let (host, org, service) = host();

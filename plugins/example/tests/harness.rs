@@ -6,22 +6,9 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Whether the test cannot build the plugin here (said why), unless CI requires it.
-fn no_wasm_target() -> bool {
-    let missing = std::process::Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("wasm32-wasip2"))
-        && std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1");
-    if missing {
-        eprintln!("skipped: the wasm32-wasip2 target is not installed");
-    }
-    missing
-}
-
 #[test]
 fn the_example_serves_its_methods_and_takes_events_in_order() {
-    if no_wasm_target() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
@@ -74,7 +61,7 @@ impl AgentDispatch for Relay {
 
 #[test]
 fn ping_agent_asks_the_clusters_relay_and_passes_its_refusals_on() {
-    if no_wasm_target() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let dir = env!("CARGO_MANIFEST_DIR");

@@ -584,8 +584,11 @@ struct OverviewItem {
 #[serde(rename_all = "camelCase")]
 struct OverviewOutput {
     clusters: Vec<OverviewItem>,
-    /// Every cluster with the services that could be its ingress, for the page's pickers.
+    /// Every cluster, with its relay and designation, for the page's pickers.
     choices: Vec<ClusterChoice>,
+    /// The services in use, by organization then name, with their revisions (what may be
+    /// designated or attached).
+    services: Vec<ServiceChoice>,
     /// A mutation id for the forms of this rendering: a form sent twice (a double click, a
     /// reload) is one designation.
     form_id: String,
@@ -614,8 +617,6 @@ struct ClusterChoice {
     /// The designated service and the designation's generation, when there is one.
     designated: Option<String>,
     generation: Option<u64>,
-    /// The services in use, by organization then name.
-    services: Vec<ServiceChoice>,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -627,8 +628,8 @@ struct ServiceChoice {
     revision: u64,
 }
 
-/// The clusters by name, each with every service in use to choose from.
-fn choices(designations: &[Doc<Designation>]) -> Result<Vec<ClusterChoice>> {
+/// The services in use, by organization then name, each with its revision.
+fn service_choices() -> Result<Vec<ServiceChoice>> {
     let organizations: std::collections::BTreeMap<String, String> = inventory::list_all::<Value>(EntityKind::Organization)?
         .into_iter()
         .map(|o| (o.id, o.data["name"].as_str().unwrap_or_default().to_string()))
@@ -644,6 +645,11 @@ fn choices(designations: &[Doc<Designation>]) -> Result<Vec<ClusterChoice>> {
         })
         .collect();
     services.sort_by(|a, b| (&a.organization_name, &a.name).cmp(&(&b.organization_name, &b.name)));
+    Ok(services)
+}
+
+/// The clusters by name, with their relay and designation.
+fn cluster_choices(designations: &[Doc<Designation>]) -> Result<Vec<ClusterChoice>> {
     let mut clusters: Vec<ClusterChoice> = inventory::list_all::<Value>(EntityKind::Cluster)?
         .into_iter()
         .map(|c| {
@@ -653,7 +659,6 @@ fn choices(designations: &[Doc<Designation>]) -> Result<Vec<ClusterChoice>> {
                 relay: relay_origin(&c).is_ok(),
                 designated: designation.map(|d| d.data.service_id.clone()),
                 generation: designation.map(|d| d.data.generation),
-                services: services.clone(),
                 cluster_id: c.id,
             }
         })
@@ -665,10 +670,9 @@ fn choices(designations: &[Doc<Designation>]) -> Result<Vec<ClusterChoice>> {
 fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput> {
     let mut clusters = Vec::new();
     let designated = designations()?;
-    let choices = choices(&designated)?;
-    let name_of = |id: &str| -> Option<String> {
-        choices.iter().flat_map(|c| &c.services).find(|s| s.id == id).map(|s| format!("{} in {}", s.name, s.organization_name))
-    };
+    let (choices, services) = (cluster_choices(&designated)?, service_choices()?);
+    let name_of =
+        |id: &str| -> Option<String> { services.iter().find(|s| s.id == id).map(|s| format!("{} in {}", s.name, s.organization_name)) };
     for d in designated {
         let record = store::get::<TableRecord>(TABLES, &d.id)?.map(|r| r.data);
         let registration = d.data.registration.as_ref();
@@ -697,7 +701,7 @@ fn overview(_ctx: &Context, _input: capstan_sdk::Empty) -> Result<OverviewOutput
             failure: record.and_then(|r| r.failure),
         });
     }
-    Ok(OverviewOutput { clusters, choices, form_id: format!("page-{}", now_ms()) })
+    Ok(OverviewOutput { clusters, choices, services, form_id: format!("page-{}", now_ms()) })
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]

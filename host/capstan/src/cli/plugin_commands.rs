@@ -196,6 +196,13 @@ fn clap_command(command: &Value) -> clap::Command {
     )
 }
 
+/// A number as the method's schema reads it: a whole number stays one (a `u32` field refuses
+/// `5.0`), anything else finite is a float.
+fn number(text: &str) -> Option<Value> {
+    let text = text.trim();
+    text.parse::<i64>().map(Value::from).ok().or_else(|| text.parse::<f64>().ok().filter(|n| n.is_finite()).map(Value::from))
+}
+
 /// Filled by the CLI itself: a mutation id, a revision read before the call.
 fn generated(arg: &Value) -> bool {
     ["mutation-id", "service-revision"].contains(&arg_kind(arg))
@@ -241,9 +248,9 @@ fn body(client: &Client, command: &Value, matches: &ArgMatches) -> Result<Value>
         }
         let Some(value) = matches.get_one::<String>(name) else { continue };
         let sent = match kind {
-            "number" => json!(value.parse::<f64>().ok().filter(|n| n.is_finite()).ok_or_else(|| {
+            "number" => number(value).ok_or_else(|| {
                 Refusal::invalid_field(&field, format!("--{name} is a number, not {:?}", value.chars().take(40).collect::<String>()))
-            })?),
+            })?,
             "organization" => json!(resolve::organization(client, value)?),
             "cluster" => json!(resolve::cluster(client, value)?),
             "service" => {
@@ -388,6 +395,14 @@ mod tests {
         assert!(near_miss("nodess", "nodes") && near_miss("ndoes", "nodes") && near_miss("nodse", "nodes") && near_miss("nodez", "nodes"));
         assert!(near_miss("node", "nodes") && near_miss("servics", "services"));
         assert!(!near_miss("nodes", "nodes") && !near_miss("backups", "nodes") && !near_miss("apps", "tasks") && !near_miss("ap", "api"));
+    }
+
+    #[test]
+    fn a_whole_number_is_sent_as_one() {
+        assert_eq!(number("5"), Some(json!(5)));
+        assert_eq!(number("-2"), Some(json!(-2)));
+        assert_eq!(number("0.5"), Some(json!(0.5)));
+        assert_eq!((number("five"), number("NaN"), number("inf")), (None, None, None));
     }
 
     #[test]

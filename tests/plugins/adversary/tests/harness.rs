@@ -6,19 +6,6 @@ use capstan_sdk::runtime::{Intent, Replica};
 use capstan_sdk::testing::TestHost;
 use serde_json::json;
 
-/// Whether the test cannot build the plugin here (said why), unless CI requires it.
-fn no_wasm_target() -> bool {
-    let missing = std::process::Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("wasm32-wasip2"))
-        && std::env::var("CAPSTAN_TEST_REQUIRE_PLUGINS").as_deref() != Ok("1");
-    if missing {
-        eprintln!("skipped: the wasm32-wasip2 target is not installed");
-    }
-    missing
-}
-
 fn replica(cluster: &str, node: &str, index: u32, phase: &str, ready: bool) -> Replica {
     Replica {
         cluster_id: cluster.into(),
@@ -34,7 +21,7 @@ fn replica(cluster: &str, node: &str, index: u32, phase: &str, ready: bool) -> R
 
 #[test]
 fn the_harness_answers_the_replicas_a_test_seeded() {
-    if no_wasm_target() {
+    if capstan_sdk::testing::wasm_target_missing() {
         return;
     }
     let dir = env!("CARGO_MANIFEST_DIR");
