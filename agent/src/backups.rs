@@ -61,21 +61,21 @@ struct Backups {
     /// Services with an archive or a restore running: a second one for the same service waits
     /// for none, it is refused `backup-busy` (retryable).
     busy: Arc<Mutex<HashSet<String>>>,
-    /// Archives running on their own (asked with `waitMs`), by backup id, until their outcome is
-    /// taken (or an hour after it came).
+    /// Archives and restores running on their own (asked with `waitMs`), by `backupId:<id>` or
+    /// `restoreId:<id>`, until their outcome is taken (or an hour after it came).
     jobs: Arc<Mutex<HashMap<String, Job>>>,
 }
 
-/// An archive running on its own: when it began, and its outcome once it came.
+/// An archive or a restore running on its own: when it began, and its outcome once it came.
 #[derive(Clone)]
 struct Job {
     started: std::time::Instant,
     done: watch::Receiver<Option<Result<Value, Refusal>>>,
 }
 
-/// The longest one poll of an archive waits for it.
+/// The longest one poll of an archive or a restore waits for it.
 const MAX_POLL_WAIT: Duration = Duration::from_secs(25);
-/// How long an archive's outcome waits to be taken.
+/// How long an archive's or a restore's outcome waits to be taken.
 const KEEP_OUTCOME: Duration = Duration::from_secs(3600);
 
 struct ArchiveMethod(Arc<Backups>);
@@ -89,8 +89,12 @@ impl Handler for ArchiveMethod {
     fn handle<'a>(&'a self, ctx: &'a RelayContext, body: Value) -> Answer<'a> {
         Box::pin(async move {
             this_node(ctx, &body)?;
-            match body.get("waitMs").map(|w| w.as_u64().ok_or_else(|| invalid("waitMs", "must be a whole number of milliseconds"))) {
-                Some(wait) => self.0.archive_polled(body.clone(), Duration::from_millis(wait?)).await,
+            match wait_field(&body)? {
+                Some(wait) => {
+                    let key = ("backupId", id_field(&body, "backupId")?.to_string());
+                    let this = self.0.clone();
+                    self.0.polled(key, wait, async move { this.archive(body).await }).await
+                }
                 None => self.0.archive(body).await,
             }
         })
@@ -105,7 +109,14 @@ impl Handler for RestoreMethod {
     fn handle<'a>(&'a self, ctx: &'a RelayContext, body: Value) -> Answer<'a> {
         Box::pin(async move {
             this_node(ctx, &body)?;
-            self.0.restore(body).await
+            match wait_field(&body)? {
+                Some(wait) => {
+                    let key = ("restoreId", id_field(&body, "restoreId")?.to_string());
+                    let this = self.0.clone();
+                    self.0.polled(key, wait, async move { this.restore(body).await }).await
+                }
+                None => self.0.restore(body).await,
+            }
         })
     }
 }
@@ -178,26 +189,32 @@ impl Backups {
         Ok(Busy { set: self.busy.clone(), service_id: service_id.to_string() })
     }
 
-    /// `backups.archive` with `waitMs`: the archive of `backupId` runs on its own — begun by the
-    /// first such request, its upload ticket that request's — and each request waits at most
-    /// `waitMs` (≤ 25 s) for it: its answer once it is done (then it is forgotten), else
-    /// `{"running": true, "backupId", "elapsedMs"}`, so an archive longer than one request (or
-    /// one reconcile pass of the manager) goes on, asked again until done.
-    async fn archive_polled(self: &Arc<Self>, body: Value, wait: Duration) -> Result<Value, Refusal> {
-        let backup_id = id_field(&body, "backupId")?.to_string();
+    /// `backups.archive` or `backups.restore` with `waitMs`: the work of one backup (`backupId`)
+    /// or restore (`restoreId`) runs on its own — begun by the first such request, with that
+    /// request's tickets — and each request waits at most `waitMs` (≤ 25 s) for it: its answer
+    /// once it is done (then it is forgotten), else `{"running": true, <id field>, "elapsedMs"}`,
+    /// so work longer than one request (or one reconcile pass of the manager) goes on, asked
+    /// again until done. `key` is the id's field and value.
+    async fn polled(
+        &self,
+        key: (&'static str, String),
+        wait: Duration,
+        work: impl Future<Output = Result<Value, Refusal>> + Send + 'static,
+    ) -> Result<Value, Refusal> {
+        let (field, id) = key;
+        let job_key = format!("{field}:{id}");
         let job = {
-            let mut jobs = self.jobs.lock().map_err(|_| Refusal::internal("the archive jobs' lock is poisoned"))?;
+            let mut jobs = self.jobs.lock().map_err(|_| Refusal::internal("the backup jobs' lock is poisoned"))?;
             jobs.retain(|_, job| job.done.borrow().is_none() || job.started.elapsed() < KEEP_OUTCOME);
-            match jobs.get(&backup_id) {
+            match jobs.get(&job_key) {
                 Some(job) => job.clone(),
                 None => {
                     let (outcome, done) = watch::channel(None);
-                    let this = self.clone();
                     tokio::spawn(async move {
-                        let _ = outcome.send(Some(this.archive(body).await));
+                        let _ = outcome.send(Some(work.await));
                     });
                     let job = Job { started: std::time::Instant::now(), done };
-                    jobs.insert(backup_id.clone(), job.clone());
+                    jobs.insert(job_key.clone(), job.clone());
                     job
                 }
             }
@@ -207,12 +224,12 @@ impl Backups {
         match waited {
             Ok(Ok(Some(outcome))) => {
                 if let Ok(mut jobs) = self.jobs.lock() {
-                    jobs.remove(&backup_id);
+                    jobs.remove(&job_key);
                 }
                 outcome
             }
-            Ok(_) => Err(Refusal::internal("the archiving job stopped without an outcome")),
-            Err(_) => Ok(json!({ "running": true, "backupId": backup_id, "elapsedMs": job.started.elapsed().as_millis() as u64 })),
+            Ok(_) => Err(Refusal::internal("the backup job stopped without an outcome")),
+            Err(_) => Ok(json!({ "running": true, field: id, "elapsedMs": job.started.elapsed().as_millis() as u64 })),
         }
     }
 
@@ -417,6 +434,13 @@ impl Drop for Busy {
 }
 
 // ---- requests ----------------------------------------------------------------------------
+
+/// `waitMs`, when the request asks the work to run on its own.
+fn wait_field(body: &Value) -> Result<Option<Duration>, Refusal> {
+    body.get("waitMs")
+        .map(|w| w.as_u64().map(Duration::from_millis).ok_or_else(|| invalid("waitMs", "must be a whole number of milliseconds")))
+        .transpose()
+}
 
 pub(crate) fn invalid(field: &str, why: &str) -> Refusal {
     Refusal::new("backup-request-invalid", format!("{field} {why}")).with_data(json!({ "field": field }))
@@ -1192,6 +1216,22 @@ mod tests {
         fx.call("backups.restore", fx.restore_body(&["data", "config"], size, sha256)).await.unwrap();
         assert_eq!(snapshot(&fx.volume("data")), data_before);
         assert_eq!(fs::read(fx.volume("config").join("app.toml")).unwrap(), b"port = 80\n");
+        fx.assert_clean();
+
+        // a restore asked with waitMs runs on its own; a later request takes its outcome
+        write(&fx.volume("data").join("a.txt"), b"changed again", 0o600);
+        let mut body = fx.restore_body(&["data"], size, sha256);
+        body["waitMs"] = json!(0);
+        let refused = fx.call("backups.restore", body.clone()).await.unwrap_err();
+        assert_eq!((&*refused.code, refused.message.contains("restoreId")), ("backup-request-invalid", true), "{refused:?}");
+        body["restoreId"] = json!("rst_1");
+        let first = fx.call("backups.restore", body.clone()).await.unwrap();
+        assert_eq!((first["running"].as_bool(), first["restoreId"].as_str()), (Some(true), Some("rst_1")), "{first}");
+        body["waitMs"] = json!(20_000);
+        body["download"]["token"] = json!("not-presented");
+        let done = fx.call("backups.restore", body).await.unwrap();
+        assert_eq!(done, json!({"files": 3, "directories": 4, "symlinks": 1, "volumes": ["data"]}));
+        assert_eq!(snapshot(&fx.volume("data")), data_before);
         fx.assert_clean();
     }
 

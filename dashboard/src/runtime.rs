@@ -102,8 +102,16 @@ pub(super) fn spec_words(spec: &Value, node_names: &BTreeMap<String, String>) ->
         Some("http") => format!("http check of {} on port {}", health["path"].as_str().unwrap_or("/"), health["port"]),
         _ => "no health check".to_string(),
     };
+    let held: Vec<String> = spec["heldNodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|id| node_names.get(id).cloned().unwrap_or_else(|| id.to_string()))
+        .collect();
+    let held = if held.is_empty() { String::new() } else { format!("; stopped on {} (held)", held.join(", ")) };
     format!(
-        "{placement}, {} per node, restart {}, {health}",
+        "{placement}, {} per node, restart {}, {health}{held}",
         plural(spec["replicasPerNode"].as_u64().unwrap_or(0), "replica", "replicas"),
         str_of(spec, "restart")
     )

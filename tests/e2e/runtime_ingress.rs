@@ -317,6 +317,34 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     );
     eprintln!("restore: held {} (spec revision), replicas {before:?} replaced by {}", held["held"], started["slots"]);
 
+    // ---- a restore onto one node stops only that node's replica: the other keeps serving ----
+    let (one, other) = (&nodes[0], &nodes[1]);
+    let single = w.ok("backups.create", json!({ "organizationId": org, "serviceId": notes, "nodeId": one.id() }));
+    let single = settle("backups.get", json!({ "organizationId": org, "backupId": single["id"] }));
+    assert_eq!((single["state"].as_str(), single["nodeId"].as_str()), (Some("complete"), Some(one.id())), "{single}");
+    std::fs::write(volume(one).join("note.txt"), "third on 0\n").unwrap();
+    let other_slot = |target: &Value| {
+        target["slots"].as_array().unwrap().iter().find(|s| s["nodeId"] == other.id()).map(|s| s["assignmentId"].clone())
+    };
+    let other_before = other_slot(&started);
+    let restore = w.ok("backups.restore", json!({ "organizationId": org, "backupId": single["id"] }));
+    let held_nodes = eventually("the restore holds its node only", CONVERGE, || {
+        let spec = w.ok("runtime.getServiceSpec", json!({ "serviceId": notes, "clusterId": cluster }));
+        let held = spec["items"][0]["heldNodes"].clone();
+        if held.as_array().is_some_and(|h| !h.is_empty()) { Ok((spec, held)) } else { Err(spec.to_string()) }
+    });
+    assert_eq!((held_nodes.0["items"][0]["hold"].as_bool(), held_nodes.1.clone()), (Some(false), json!([one.id()])), "{}", held_nodes.0);
+    let restored = settle("backups.getRestore", json!({ "organizationId": org, "restoreId": restore["id"] }));
+    assert_eq!((restored["state"].as_str(), restored["restored"].clone()), (Some("complete"), json!([one.id()])), "{restored}");
+    let after = w.converged(&notes, "notes runs again on both nodes after the one-node restore", |t| {
+        t["slots"].as_array().is_some_and(|s| s.len() == 2)
+    });
+    assert_eq!(other_slot(&after), other_before, "the other node's replica ran on through the restore: {after}");
+    assert_eq!(note(other), Some("first on 1".to_string()), "the other node's volume is untouched");
+    assert_eq!(note(one), Some("first on 0".to_string()), "the restored node serves its backup's data");
+    let spec = w.ok("runtime.getServiceSpec", json!({ "serviceId": notes, "clusterId": cluster }));
+    assert_eq!(spec["items"][0]["heldNodes"], json!([]), "the node is released: {spec}");
+
     for node in &mut nodes {
         node.stop_agent(false);
     }

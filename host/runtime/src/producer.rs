@@ -149,6 +149,23 @@ fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &
     })
 }
 
+/// The slots a spec wants, by name, with their node: its replicas on each placed active node
+/// it does not hold (a node keeps its slots while offline); none while the whole spec is held.
+pub fn wanted_slots(spec: &Spec, cluster: &ClusterView) -> BTreeMap<String, String> {
+    let mut wanted = BTreeMap::new();
+    if spec.hold {
+        return wanted;
+    }
+    for (node, _) in cluster.placed(&spec.placement) {
+        if node.data.state == NodeState::Active && spec.held_nodes.binary_search(&node.id).is_err() {
+            for index in 0..spec.replicas_per_node {
+                wanted.insert(slot_name(&node.id, index), node.id.clone());
+            }
+        }
+    }
+    wanted
+}
+
 /// Decide a target: pure over what [`Target`] holds and `now` (milliseconds).
 pub fn plan(target: &Target, now: u64) -> Plan {
     let spec = &target.spec.data;
@@ -157,17 +174,7 @@ pub fn plan(target: &Target, now: u64) -> Plan {
     let running_phase = matches!(cluster.phase, Ok(Phase::Pallet));
     let deleting = service.is_none_or(|s| s.state == ServiceState::Deleting);
     let wants = !spec.hold && !deleting && running_phase;
-    // the desire: slots on the placed nodes (a node keeps its slots while offline)
-    let mut desired: BTreeMap<String, String> = BTreeMap::new();
-    if wants {
-        for (node, _) in cluster.placed(&spec.placement) {
-            if node.data.state == NodeState::Active {
-                for index in 0..spec.replicas_per_node {
-                    desired.insert(slot_name(&node.id, index), node.id.clone());
-                }
-            }
-        }
-    }
+    let desired = if wants { wanted_slots(spec, cluster) } else { BTreeMap::new() };
     let built = match service {
         Some(service) if wants => Some(build_work(target, service)),
         _ => None,
@@ -794,6 +801,19 @@ mod tests {
         assert!(p.steps.is_empty());
         assert_eq!(p.verdict, Verdict::new("waiting", Some("failure-backoff")));
         assert_eq!(cases(&plan(&t, 11_000)), vec![("node_b.0".into(), "failed-elapsed")]);
+    }
+
+    #[test]
+    fn a_held_node_stops_its_replicas_while_the_others_run() {
+        let base = target(spec(every(), 1, false), DIGEST, vec![]);
+        let slots = vec![running(&base, "node_a.0", "running", true), running(&base, "node_b.0", "running", true)];
+        let mut held = spec(every(), 1, false);
+        held.data.held_nodes = vec!["node_b".into()];
+        let t = target(held.clone(), DIGEST, slots);
+        assert_eq!(cases(&plan(&t, 0)), vec![("node_b.0".into(), "undesired")]);
+        assert_eq!(wanted_slots(&held.data, &t.cluster).into_keys().collect::<Vec<_>>(), vec!["node_a.0".to_string()]);
+        held.data.held_nodes = vec!["node_a".into(), "node_b".into()];
+        assert!(wanted_slots(&held.data, &t.cluster).is_empty());
     }
 
     #[test]

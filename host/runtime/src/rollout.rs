@@ -4,12 +4,11 @@
 //! [`Evidence`]). A run of another release never vouches for this one.
 
 use crate::producer::{ClusterView, read_cluster};
-use crate::slots::{self, Slot, slot_name};
+use crate::slots::{self, Slot};
 use crate::spec::{self, Spec};
 use crate::transition::Intent;
 use capstan_core::refusal::Result;
 use capstan_inventory::Entity;
-use capstan_nodes::records::NodeState;
 use capstan_registry::rollout::{ClusterRollout, RolloutState, Rollouts, Shortfall};
 use capstan_store::Tx;
 use std::collections::BTreeMap;
@@ -41,18 +40,11 @@ fn pinned_digest(image: &str) -> Option<&str> {
 /// Judge one cluster: every slot the spec wants (its placed active nodes × replicas per node)
 /// against `digest`.
 pub fn evaluate(spec: &Spec, cluster: &ClusterView, slots: &[Entity<Slot>], digest: &str) -> ClusterRollout {
-    let mut wanted: BTreeMap<String, String> = BTreeMap::new();
-    if !spec.hold {
-        for (node, _) in cluster.placed(&spec.placement) {
-            if node.data.state == NodeState::Active {
-                for index in 0..spec.replicas_per_node {
-                    wanted.insert(slot_name(&node.id, index), node.id.clone());
-                }
-            }
-        }
-    }
+    let wanted = crate::producer::wanted_slots(spec, cluster);
     let reason = match () {
         _ if spec.hold => Some("spec-held".to_string()),
+        // every placed node held (a restore on each): nothing is meant to run meanwhile
+        _ if wanted.is_empty() && !spec.held_nodes.is_empty() => Some("spec-held".to_string()),
         _ if wanted.is_empty() => Some("no-eligible-node".to_string()),
         _ => cluster.phase.as_ref().err().cloned(),
     };
@@ -123,7 +115,7 @@ mod tests {
     }
 
     fn slot(node: &str, digest: &str, intent: Intent, observed: Option<(&str, bool, Option<&str>)>) -> Entity<Slot> {
-        let mut data = crate::testing::running_slot("svc_1", &slot_name(node, 0), &format!("asg_{node}"), 1, 1);
+        let mut data = crate::testing::running_slot("svc_1", &crate::slots::slot_name(node, 0), &format!("asg_{node}"), 1, 1);
         data.node_id = node.into();
         data.assignment.work.image = format!("reg.example/workloads/web@{digest}");
         data.assignment.intent = intent;

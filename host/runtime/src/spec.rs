@@ -93,6 +93,10 @@ pub struct Spec {
     pub replicas_per_node: u32,
     /// `true` stops every replica and keeps the spec.
     pub hold: bool,
+    /// Nodes whose replicas stop while the others run (a restore there, a node's maintenance):
+    /// sorted, no duplicates.
+    #[serde(default)]
+    pub held_nodes: Vec<String>,
     /// What becomes of a failed replica.
     pub restart: Restart,
     /// How readiness is probed (defaults filled in).
@@ -123,6 +127,10 @@ pub struct SetInput {
     /// `true` stops every replica and keeps the spec (default false).
     #[serde(default)]
     pub hold: bool,
+    /// Nodes whose replicas stop while the others run, sorted, without duplicates; absent keeps
+    /// what the spec holds (so a writer that does not know of them releases none), `[]` none.
+    #[serde(default)]
+    pub held_nodes: Option<Vec<String>>,
     /// `on-failure` (default) or `never`.
     #[serde(default)]
     pub restart: Restart,
@@ -285,6 +293,15 @@ fn node_not_in_cluster(node_id: &str, cluster_id: &str) -> Refusal {
         .with_data(json!({ "nodeId": shown, "clusterId": cluster_id }))
 }
 
+/// The node `node_id` names, if it is a well-formed id of one.
+async fn node(tx: &Tx, node_id: &str) -> Result<Option<Entity<Node>>> {
+    let found = match capstan_store::validate_id(node_id) {
+        Ok(()) => tx.get(CLUSTER_NODES, node_id).await?,
+        Err(_) => None,
+    };
+    found.as_ref().map(parse).transpose()
+}
+
 async fn check_placement(tx: &Tx, placement: &Placement, cluster_id: &str) -> Result<()> {
     match (placement.every_node, &placement.nodes) {
         (true, None) => Ok(()),
@@ -297,12 +314,7 @@ async fn check_placement(tx: &Tx, placement: &Placement, cluster_id: &str) -> Re
                     .with_data(json!({ "field": "placement.nodes" })));
             }
             for node_id in nodes {
-                let found = match capstan_store::validate_id(node_id) {
-                    Ok(()) => tx.get(CLUSTER_NODES, node_id).await?,
-                    Err(_) => None,
-                };
-                let node: Option<Entity<Node>> = found.as_ref().map(parse).transpose()?;
-                match node {
+                match node(tx, node_id).await? {
                     Some(node) if node.data.cluster_id == cluster_id && node.data.state == NodeState::Active => {}
                     _ => return Err(node_not_in_cluster(node_id, cluster_id)),
                 }
@@ -312,6 +324,26 @@ async fn check_placement(tx: &Tx, placement: &Placement, cluster_id: &str) -> Re
         _ => Err(Refusal::invalid_request("placement is {\"everyNode\": true} or {\"nodes\": [...]}, one of the two")
             .with_data(json!({ "field": "placement" }))),
     }
+}
+
+/// Held nodes name nodes of the cluster (in any state: one retired since stays harmless), sorted,
+/// without duplicates.
+async fn check_held_nodes(tx: &Tx, nodes: &[String], cluster_id: &str) -> Result<()> {
+    let field = json!({ "field": "heldNodes" });
+    if nodes.len() > MAX_PINNED_NODES {
+        return Err(Refusal::invalid_request("heldNodes names at most 256 nodes").with_data(field));
+    }
+    if nodes.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(Refusal::invalid_request("heldNodes is sorted, without duplicates").with_data(field));
+    }
+    for node_id in nodes {
+        if node(tx, node_id).await?.is_none_or(|n| n.data.cluster_id != cluster_id) {
+            let shown = capstan_core::text::truncate(node_id, 100);
+            return Err(Refusal::new("node-not-in-cluster", format!("{shown} is not a node of the cluster {cluster_id}"))
+                .with_data(json!({ "nodeId": shown, "clusterId": cluster_id, "field": "heldNodes" })));
+        }
+    }
+    Ok(())
 }
 
 async fn set(cx: Context, call: Call, input: SetInput) -> Result<Entity<Spec>> {
@@ -366,6 +398,13 @@ pub async fn write(store: &capstan_store::Store, identity: &capstan_rpc::Identit
                     )
                     .with_data(json!({ "id": id, "expectedRevision": input.expected_revision, "revision": actual })));
                 }
+                let held_nodes = match &input.held_nodes {
+                    Some(nodes) => {
+                        check_held_nodes(&tx, nodes, &input.cluster_id).await?;
+                        nodes.clone()
+                    }
+                    None => stored.as_ref().map(parse::<Spec>).transpose()?.map(|s| s.data.held_nodes).unwrap_or_default(),
+                };
                 let spec = Spec {
                     service_id: service.id.clone(),
                     cluster_id: input.cluster_id.clone(),
@@ -373,6 +412,7 @@ pub async fn write(store: &capstan_store::Store, identity: &capstan_rpc::Identit
                     placement: input.placement.clone(),
                     replicas_per_node: input.replicas_per_node,
                     hold: input.hold,
+                    held_nodes,
                     restart: input.restart,
                     health,
                     secrets,

@@ -71,6 +71,7 @@ pub fn spec(placement: crate::spec::Placement, replicas: u32, hold: bool) -> cra
         placement,
         replicas_per_node: replicas,
         hold,
+        held_nodes: Vec::new(),
         restart: crate::spec::Restart::OnFailure,
         health: Default::default(),
         secrets: Default::default(),

@@ -15,7 +15,7 @@
 
 use crate::hold;
 use crate::records::{
-    Archiving, BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State, nodes_of,
+    BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State, nodes_of, PartWaiting,
 };
 use crate::retention::prune;
 use crate::settings::settings;
@@ -33,13 +33,14 @@ const TICKET_TTL_MS: u32 = 60_000;
 /// How long the agent has to present an archive's upload ticket: it makes the archive first,
 /// for as long as that takes (the longest a ticket lives).
 const ARCHIVE_TICKET_TTL_MS: u32 = 3_600_000;
-/// How long one ask for an archive waits for it (within the job's budget of the pass).
-const ARCHIVE_WAIT_MS: u64 = 8_000;
-/// How soon an archive still being made is asked for again.
-const ARCHIVE_LOOK_AGAIN_MS: u64 = 2_000;
-/// How long a part may stay unfinished (its archive still being made, or its node unreachable)
-/// before the backup fails.
-const ARCHIVE_LIMIT_MS: u64 = 60 * 60 * 1000;
+/// How long one ask for an archive or a restore waits for it (within the job's budget of the
+/// pass).
+const AGENT_WAIT_MS: u64 = 8_000;
+/// How soon an archive still being made, or a restore still being applied, is asked for again.
+const LOOK_AGAIN_MS: u64 = 2_000;
+/// How long a part may go without word from its node's agent (the node unreachable) before the
+/// backup or restore fails; an agent that answers it is still at it is waited for.
+const SILENCE_LIMIT_MS: u64 = 60 * 60 * 1000;
 /// A job is started only with at least this much of the pass left.
 pub(crate) const JOB_BUDGET: Duration = Duration::from_secs(12);
 /// How long a restore waits for the service's replicas on its node to stop.
@@ -62,7 +63,9 @@ pub(crate) fn next_job() -> Result<Option<Job>> {
         return Ok(Some(Job::Backup(Box::new(b))));
     }
     let restores = store::find::<Restore>(RESTORES, "by_state", &[pending], None, 500)?;
-    if let Some(r) = restores.documents.into_iter().min_by_key(|d| d.data.created_at_ms) {
+    // a part being applied is asked for again from its time on
+    let due = restores.documents.into_iter().filter(|d| d.data.applying.as_ref().is_none_or(|a| a.next_look_at_ms <= now));
+    if let Some(r) = due.min_by_key(|d| d.data.created_at_ms) {
         return Ok(Some(Job::Restore(Box::new(r))));
     }
     let mut stopping = store::find::<Restore>(RESTORES, "by_state", &[json!(State::Stopping.as_str())], None, 500)?.documents;
@@ -149,23 +152,14 @@ pub(crate) fn run_backup(doc: Doc<Backup>) -> Result<()> {
     };
     let backup = &mut doc.data;
     let outcome = match part {
-        Ok(Part::Waiting { node, unreachable }) => {
-            let now = now_ms();
-            let archiving =
-                backup.archiving.get_or_insert(Archiving { node_id: node.clone(), since_ms: now, next_look_at_ms: now, unreachable: None });
-            if now.saturating_sub(archiving.since_ms) <= ARCHIVE_LIMIT_MS {
-                // it goes on: asked again a little later, on a pass with the time for it
-                archiving.next_look_at_ms = now + ARCHIVE_LOOK_AGAIN_MS;
-                archiving.unreachable = unreachable;
+        Ok(Part::Waiting { node, unreachable }) => match wait_again(&mut backup.archiving, node, unreachable) {
+            None => {
                 backup.state = State::Pending;
                 store::Batch::new().replace(BACKUPS, &doc.id, doc.revision, &doc.data).commit()?;
                 return Ok(());
             }
-            Err(Verdict::Failed(unreachable.unwrap_or(Reason {
-                code: "backup-archive-timeout".into(),
-                message: format!("the archive of {node} was not done within an hour; nothing was kept"),
-            })))
-        }
+            Some(reason) => Err(Verdict::Failed(reason)),
+        },
         Ok(Part::Stored(objects)) => {
             backup.archiving = None;
             backup.objects.extend(objects);
@@ -212,6 +206,25 @@ pub(crate) fn run_backup(doc: Doc<Backup>) -> Result<()> {
     Ok(())
 }
 
+/// A part its agent is still at, or whose node did not answer (`unreachable`): noted in
+/// `waiting`, to be asked for again a little later on a pass with the time for it — `None` —
+/// or, after an hour without word from the agent, why it is given up.
+fn wait_again(waiting: &mut Option<PartWaiting>, node: String, unreachable: Option<Reason>) -> Option<Reason> {
+    let now = now_ms();
+    let part = match waiting {
+        Some(part) if part.node_id == node => part,
+        _ => waiting.insert(PartWaiting { node_id: node, since_ms: now, next_look_at_ms: now, heard_at_ms: None, unreachable: None }),
+    };
+    match &unreachable {
+        None => part.heard_at_ms = Some(now),
+        Some(reason) if part.given_up(now, SILENCE_LIMIT_MS) => return Some(reason.clone()),
+        Some(_) => {}
+    }
+    part.next_look_at_ms = now + LOOK_AGAIN_MS;
+    part.unreachable = unreachable;
+    None
+}
+
 enum Verdict {
     Failed(Reason),
     Corrupt(Reason, Vec<Object>),
@@ -251,7 +264,7 @@ fn take_part(doc: &Doc<Backup>, node: &str, several: bool) -> std::result::Resul
         "nodeId": node,
         "volumes": backup.volumes,
         "upload": { "url": upload.url, "token": upload.token, "maxBytes": max_bytes },
-        "waitMs": ARCHIVE_WAIT_MS,
+        "waitMs": AGENT_WAIT_MS,
     });
     if let Some(db) = &backup.database {
         let upload = transfers::upload(&closure, max_bytes, ARCHIVE_TICKET_TTL_MS)?;
@@ -321,7 +334,8 @@ fn stored_object(key: &str, kind: &str, sent: &Sent, part: Option<&str>) -> std:
 }
 
 pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
-    let first = doc.data.state == State::Pending;
+    // never taken yet: its replicas are stopped first (a restore applying a part is taken again)
+    let first = doc.data.started_at_ms.is_none();
     let Some(mut doc) = start(RESTORES, doc, |r| {
         r.state = State::Running;
         r.started_at_ms = r.started_at_ms.or(Some(now_ms()));
@@ -329,9 +343,11 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
     else {
         return Ok(());
     };
+    let nodes: Vec<String> = nodes_of(&doc.data.node_id, &doc.data.nodes).into_iter().map(String::from).collect();
+    let on: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let outcome = match first {
-        // first the service's replicas stop: the restore waits for them on later passes
-        true => match hold::hold(&doc.data.service_id, &doc.data.cluster_id) {
+        // first the service's replicas on its nodes stop: the restore waits for them on later passes
+        true => match hold::hold(&doc.data.service_id, &doc.data.cluster_id, &on) {
             Ok(Some(held)) => {
                 doc.data.held = Some(held.clone());
                 doc.data.state = State::Stopping;
@@ -339,25 +355,37 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
                 store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).put(HOLDS, &doc.id, None, &holding).commit()?;
                 return Ok(());
             }
-            Ok(None) => apply_restore(&doc),
+            Ok(None) => apply_restore(&mut doc, &nodes),
             Err(r) => Err(Reason::from(&r)),
         },
-        false if hold::stopped_on(&doc.data.service_id, &nodes_of(&doc.data.node_id, &doc.data.nodes)).unwrap_or(false) => {
-            apply_restore(&doc)
-        }
+        false if hold::stopped_on(&doc.data.service_id, &on).unwrap_or(false) => apply_restore(&mut doc, &nodes),
         false => Err(Reason {
             code: "restore-replicas-running".into(),
-            message: format!(
-                "the service's replicas on {} did not stop within 5 minutes; nothing was restored",
-                nodes_of(&doc.data.node_id, &doc.data.nodes).join(", ")
-            ),
+            message: format!("the service's replicas on {} did not stop within 5 minutes; nothing was restored", nodes.join(", ")),
         }),
     };
     let restore = &mut doc.data;
+    let outcome = match outcome {
+        Ok(Applied::Waiting { node, unreachable }) => match wait_again(&mut restore.applying, node, unreachable) {
+            None => {
+                // it goes on: the agent applies the part on its own, asked again a little later
+                restore.state = State::Pending;
+                store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).commit()?;
+                return Ok(());
+            }
+            Some(reason) => Err(reason),
+        },
+        Ok(Applied::All) => Ok(()),
+        Err(reason) => Err(reason),
+    };
+    restore.applying = None;
     restore.finished_at_ms = Some(now_ms());
     match outcome {
         Ok(()) => restore.state = State::Complete,
-        Err(reason) => {
+        Err(mut reason) => {
+            if !restore.restored.is_empty() {
+                reason.message = format!("{} (restored already: {})", reason.message, restore.restored.join(", "));
+            }
             restore.state = State::Failed;
             restore.reason = Some(reason);
         }
@@ -373,6 +401,14 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
     // the replicas start again, on the restored data or on what was there
     release_holds()?;
     Ok(())
+}
+
+/// Where applying a restore is.
+enum Applied {
+    /// Every part is applied.
+    All,
+    /// A part its node's agent is still applying (or whose node could not be reached: why).
+    Waiting { node: String, unreachable: Option<Reason> },
 }
 
 /// Release the holds of restores that ended (a failed release is tried again by the next pass);
@@ -395,10 +431,11 @@ pub(crate) fn release_holds() -> Result<u32> {
     Ok(released)
 }
 
-/// Verify every object of the backup, then have the agent apply it. Nothing reaches the agent
-/// unless every object verified.
-fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
-    let restore = &doc.data;
+/// Verify every object of the backup (once), then have the agents apply their parts, one part a
+/// job: a restore of several nodes, or of a large part, goes on across passes. Nothing reaches an
+/// agent unless every object verified.
+fn apply_restore(doc: &mut Doc<Restore>, nodes: &[String]) -> std::result::Result<Applied, Reason> {
+    let restore = &mut doc.data;
     let reason = |r: Refusal| Reason::from(&r);
     let Some(backup) = store::get::<Backup>(BACKUPS, &restore.backup_id).map_err(reason)? else {
         return Err(Reason { code: "backup-not-found".into(), message: format!("backup {} is gone", restore.backup_id) });
@@ -409,12 +446,44 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
             message: format!("backup {} is {}", backup.id, backup.data.state.as_str()),
         });
     }
+    if !restore.verified {
+        verify_objects(&backup)?;
+        restore.verified = true;
+    }
+    let several = nodes.len() > 1;
+    let Some(node) = nodes.iter().find(|n| !restore.restored.contains(n)) else {
+        return Ok(Applied::All);
+    };
+    // a part lands on its own node; a backup of one node on the restore's node
+    let part = |o: &&Object| !several || o.node_id.as_deref() == Some(node.as_str());
+    let objects = backup.data.objects.iter().filter(part).collect();
+    match restore_part(&doc.id, restore, &backup.data, node, objects) {
+        Ok(true) => {
+            restore.applying = None;
+            restore.restored.push(node.clone());
+            match restore.restored.len() == nodes.len() {
+                true => Ok(Applied::All),
+                // the next part on the next job (a pass takes several when it has the time)
+                false => Ok(Applied::Waiting { node: nodes[restore.restored.len()].clone(), unreachable: None }),
+            }
+        }
+        Ok(false) => Ok(Applied::Waiting { node: node.clone(), unreachable: None }),
+        // the node is away for now (restarting, its session moving): asked again later
+        Err(r) if r.is_retryable() => Ok(Applied::Waiting { node: node.clone(), unreachable: Some(Reason::from(&r)) }),
+        Err(r) => Err(Reason::from(&r)),
+    }
+}
+
+/// Every object of `backup` as its manifest says — the external target's copy fetched back
+/// where Capstan's is gone or changed — else the backup is marked corrupt.
+fn verify_objects(backup: &Doc<Backup>) -> std::result::Result<(), Reason> {
+    let reason = |r: Refusal| Reason::from(&r);
     for object in &backup.data.objects {
         let matches =
             |stored: &Option<transfers::Digest>| stored.as_ref().is_some_and(|s| s.size == object.size && s.sha256 == object.sha256);
         let mut stored = transfers::digest(&object.key).map_err(reason)?;
         // Capstan's copy gone or changed: the external target's, when the backup was copied there
-        if !matches(&stored) && crate::replication::recover_object(&backup, object)? {
+        if !matches(&stored) && crate::replication::recover_object(backup, object)? {
             stored = transfers::digest(&object.key).map_err(reason)?;
         }
         if !matches(&stored) {
@@ -429,34 +498,21 @@ fn apply_restore(doc: &Doc<Restore>) -> std::result::Result<(), Reason> {
             return Err(Reason { code: "backup-corrupt".into(), message: format!("{message}; nothing was restored") });
         }
     }
-    let nodes = nodes_of(&restore.node_id, &restore.nodes);
-    let several = nodes.len() > 1;
-    let mut restored: Vec<&str> = Vec::new();
-    for node in &nodes {
-        // a part lands on its own node; a backup of one node on the restore's node
-        let part = |o: &&Object| !several || o.node_id.as_deref() == Some(*node);
-        let applied = restore_part(restore, &backup.data, node, backup.data.objects.iter().filter(part).collect());
-        if let Err(mut reason) = applied {
-            if !restored.is_empty() {
-                reason.message = format!("{} (restored already: {})", reason.message, restored.join(", "));
-            }
-            return Err(reason);
-        }
-        restored.push(node);
-    }
     Ok(())
 }
 
 /// Have the agent of `node` apply its part: the volumes archive, and the database closure when
-/// the backup holds one (every object was verified before).
-fn restore_part(restore: &Restore, backup: &Backup, node: &str, objects: Vec<&Object>) -> std::result::Result<(), Reason> {
-    let reason = |r: Refusal| Reason::from(&r);
+/// the backup holds one (every object was verified before). The agent applies it on its own:
+/// `true` once it is applied, `false` while the agent is still at it.
+fn restore_part(restore_id: &str, restore: &Restore, backup: &Backup, node: &str, objects: Vec<&Object>) -> Result<bool> {
     let Some(object) = objects.iter().find(|o| o.kind == "volumes") else {
-        return Err(Reason { code: "backup-corrupt".into(), message: format!("the backup lists no volumes archive for {node}") });
+        return Err(Refusal::new("backup-corrupt", format!("the backup lists no volumes archive for {node}")));
     };
-    let download = transfers::download(&object.key, TICKET_TTL_MS).map_err(reason)?;
+    let download = transfers::download(&object.key, TICKET_TTL_MS)?;
     let mut body = json!({
         "serviceId": restore.service_id,
+        "restoreId": restore_id,
+        "waitMs": AGENT_WAIT_MS,
         "nodeId": node,
         "volumes": restore.volumes,
         "download": { "url": download.url, "token": download.token },
@@ -466,7 +522,7 @@ fn restore_part(restore: &Restore, backup: &Backup, node: &str, objects: Vec<&Ob
     let closure = objects.iter().find(|o| o.kind == "database");
     match (&backup.database, closure) {
         (Some(db), Some(closure)) => {
-            let download = transfers::download(&closure.key, TICKET_TTL_MS).map_err(reason)?;
+            let download = transfers::download(&closure.key, TICKET_TTL_MS)?;
             body["database"] = json!({
                 "engine": db.engine,
                 "volume": db.volume,
@@ -477,15 +533,10 @@ fn restore_part(restore: &Restore, backup: &Backup, node: &str, objects: Vec<&Ob
             });
         }
         (None, None) => {}
-        _ => {
-            return Err(Reason {
-                code: "backup-corrupt".into(),
-                message: "the backup's database and its closure do not go together".into(),
-            });
-        }
+        _ => return Err(Refusal::new("backup-corrupt", "the backup's database and its closure do not go together")),
     }
-    ask_node::<Value>(&restore.cluster_id, node, "backups.restore", &body).map_err(reason)?;
-    Ok(())
+    let answer = ask_node::<Value>(&restore.cluster_id, node, "backups.restore", &body)?;
+    Ok(answer["running"] != true)
 }
 
 fn mark_corrupt(mut backup: Doc<Backup>, message: &str) -> Result<()> {

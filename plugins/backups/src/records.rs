@@ -70,19 +70,30 @@ pub(crate) struct Database {
     pub(crate) path: String,
 }
 
-/// A part being archived by its node's agent, longer than one request.
+/// A part its node's agent is still at — archiving it (a backup) or applying it (a restore) —
+/// longer than one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct Archiving {
+pub(crate) struct PartWaiting {
     pub(crate) node_id: String,
     /// When the manager first asked for it.
     pub(crate) since_ms: u64,
     /// When the manager asks again.
     pub(crate) next_look_at_ms: u64,
+    /// When the agent last answered that it is still at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) heard_at_ms: Option<u64>,
     /// Why the last ask went unanswered, when the node could not be reached (it is asked again
-    /// until [`Archiving::since_ms`] is an hour old).
+    /// until an hour passed without an answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) unreachable: Option<Reason>,
+}
+
+impl PartWaiting {
+    /// An hour without word from the agent: the part is given up.
+    pub(crate) fn given_up(&self, now: u64, limit_ms: u64) -> bool {
+        now.saturating_sub(self.heard_at_ms.unwrap_or(self.since_ms)) > limit_ms
+    }
 }
 
 /// One stored object of a backup.
@@ -134,7 +145,7 @@ pub(crate) struct Backup {
     /// A part whose archive the node's agent is still making (it goes on by itself; the manager
     /// asks again from this time on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) archiving: Option<Archiving>,
+    pub(crate) archiving: Option<PartWaiting>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) finished_at_ms: Option<u64>,
     /// The manifest: every object with its exact length and SHA-256.
@@ -199,6 +210,17 @@ pub(crate) struct Restore {
     /// The service's runtime spec the restore put on hold, until it releases it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held: Option<Held>,
+    /// Every object of the backup was read back and matched its manifest (once, before any
+    /// part is applied).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) verified: bool,
+    /// The nodes whose part is applied, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) restored: Vec<String>,
+    /// A part the node's agent is still applying (it goes on by itself; the manager asks again
+    /// from this time on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) applying: Option<PartWaiting>,
     pub(crate) requested_by: String,
     pub(crate) created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,7 +246,7 @@ pub(crate) fn placed(nodes: Vec<String>) -> (String, Vec<String>) {
 /// The holds restores keep on services' runtime specs (`<restoreId>`), until released.
 pub(crate) const HOLDS: &str = "holds";
 
-/// The runtime spec a restore holds while it runs: the service's replicas on its cluster stop
+/// The runtime spec a restore holds while it runs: the service's replicas on its nodes stop
 /// first and start again after.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -234,6 +256,10 @@ pub(crate) struct Held {
     pub(crate) spec_revision: u64,
     /// The restore set the hold (and releases it); `false`: the operator held it already.
     pub(crate) ours: bool,
+    /// The nodes the restore added to the spec's `heldNodes` (and takes out again); none in a
+    /// hold of the whole spec recorded before restores held only their nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) nodes: Vec<String>,
 }
 
 /// A hold a restore keeps on its service's runtime spec (`holds/<restoreId>`), until released.

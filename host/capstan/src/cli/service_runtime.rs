@@ -286,7 +286,18 @@ pub fn spec_text(spec: &Value, node_names: &BTreeMap<String, String>) -> String 
         Some("http") => format!("health http:{}{}", health["port"], health["path"].as_str().unwrap_or("/")),
         _ => "no health check".to_string(),
     };
-    let held = if spec["hold"] == true { "held: nothing runs; " } else { "" };
+    let held_nodes: Vec<String> = spec["heldNodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|id| node_names.get(id).cloned().unwrap_or_else(|| id.to_string()))
+        .collect();
+    let held = match (spec["hold"] == true, held_nodes.is_empty()) {
+        (true, _) => "held: nothing runs; ".to_string(),
+        (false, false) => format!("held on {}; ", held_nodes.join(", ")),
+        (false, true) => String::new(),
+    };
     let files: Vec<&str> = spec["secrets"]["files"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     let environment = spec["secrets"]["environment"].as_str().unwrap_or("production");
     let secrets = match (environment, files.is_empty()) {
