@@ -37,7 +37,7 @@ impl TestHost {
         capstan_inventory::declare(&store).await?;
         capstan_links::declare_secrets(&store).await?;
         let inner = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
-        let platform = Arc::new(HarnessPlatform { inner, replicas: Default::default(), specs: Default::default() });
+        let platform = Arc::new(HarnessPlatform { inner, replicas: Default::default(), specs: Default::default(), rollouts: Default::default() });
         // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
         let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
         let http = PluginHttp::new(&[], &loopback).map_err(Refusal::internal)?;
@@ -112,7 +112,7 @@ impl TestHost {
     /// Create an organization for the plugin's services to live in; its id.
     pub async fn create_organization(&self, name: &str) -> Result<String> {
         let id = capstan_core::ids::new_id("org");
-        let now = capstan_core::clock::now_secs();
+        let now = capstan_core::clock::now_ms();
         let organization = capstan_inventory::organizations::Organization {
             name: name.into(),
             created_at: now,
@@ -127,7 +127,7 @@ impl TestHost {
     /// Create a cluster (no nodes, no relay) for the plugin's services to run on; its id.
     pub async fn create_cluster(&self, name: &str) -> Result<String> {
         let id = capstan_core::ids::new_id("cluster");
-        let now = capstan_core::clock::now_secs();
+        let now = capstan_core::clock::now_ms();
         let cluster = capstan_inventory::clusters::Cluster {
             name: name.into(),
             machine_user_id: capstan_core::ids::new_id("machine"),
@@ -147,7 +147,7 @@ impl TestHost {
     /// `services.create` would have written it: `name`, `image`, `volumes`, …); its id.
     pub async fn create_service(&self, organization: &str, fields: Value) -> Result<String> {
         let id = capstan_core::ids::new_id("svc");
-        let now = capstan_core::clock::now_secs();
+        let now = capstan_core::clock::now_ms();
         let mut service = serde_json::json!({ "organizationId": organization, "ports": [], "domains": [], "environment": {},
             "scale": 1, "volumes": [], "mailAddresses": [], "deployOnPush": false, "state": "active", "createdAt": now, "updatedAt": now });
         if let (Some(service), Value::Object(fields)) = (service.as_object_mut(), fields) {
@@ -245,6 +245,12 @@ impl TestHost {
         self.platform.replicas.write().expect("replicas lock").insert(service_id.to_string(), replicas);
     }
 
+    /// Answer `runtime.service-rollout` of `service_id` for `digest` with `rollout` (`{state,
+    /// clusters}`, as the host answers) from now on.
+    pub fn set_service_rollout(&self, service_id: &str, digest: &str, rollout: Value) {
+        self.platform.rollouts.write().expect("rollouts lock").insert(format!("{service_id}@{digest}"), rollout);
+    }
+
     /// The runtime specs the plugin set (`runtime.set-service-spec`), by `<serviceId>@<clusterId>`:
     /// the harness runs no services, so it keeps what it was asked.
     pub fn service_specs(&self) -> HashMap<String, Value> {
@@ -272,6 +278,8 @@ struct HarnessPlatform {
     replicas: RwLock<HashMap<String, Vec<Replica>>>,
     /// The specs set, by `<serviceId>@<clusterId>`, with their revisions.
     specs: RwLock<HashMap<String, (u64, Value)>>,
+    /// Rollouts answered, by `<serviceId>@<digest>`.
+    rollouts: RwLock<HashMap<String, Value>>,
 }
 
 #[async_trait]
@@ -322,6 +330,14 @@ impl Platform for HarnessPlatform {
             .collect();
         found.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(found)
+    }
+
+    /// As seeded for the release, else as the host judges it (unplaced: the test host runs no
+    /// services).
+    async fn service_rollout(&self, service_id: &str, digest: &str) -> Result<Value> {
+        let answer = self.inner.service_rollout(service_id, digest).await?;
+        let seeded = self.rollouts.read().expect("rollouts lock").get(&format!("{service_id}@{digest}")).cloned();
+        Ok(seeded.unwrap_or(answer))
     }
 
     /// Kept as asked, fenced by `expectedRevision` as the host fences it; the service must exist.

@@ -270,7 +270,7 @@ fn pin(method: &str, body: &mut Value) -> Vec<&'static str> {
 /// A number that looks right for a member called `name`.
 fn plausible_number(name: &str) -> Value {
     match name {
-        "expiresAt" => json!(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 86_400),
+        "expiresAt" => json!(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64 + 86_400_000),
         "port" | "publicPort" => json!(8080),
         "length" => json!(32),
         _ => json!(1),

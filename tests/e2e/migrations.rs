@@ -48,11 +48,12 @@ fn a_ledger_that_is_not_semver_is_refused() {
 /// mail manager had bound at the test gateway (its `mail` record as that release kept it on the
 /// service), and the manager's hold — read out of its store as they were; beside them a second
 /// service `api` in the middle of its move onto CoreMail, its `coreMail` record in that release's
-/// shape (`CoreMailBinding {bindingId, want}`, as `inventory::services` defined it).
+/// shape (`CoreMailBinding {bindingId, want}`, as `inventory::services` defined it). Its moments
+/// are seconds since the epoch, as every release before data version 0.3.0 wrote them.
 const DATA_0_1_0: &str = include_str!("data/data-0.1.0/documents.json");
 
 #[test]
-fn a_store_the_previous_release_wrote_is_carried_forward_its_managers_records_into_facets() {
+fn a_store_the_previous_release_wrote_is_carried_forward_its_managers_records_into_facets_its_moments_into_milliseconds() {
     let fixture: Value = serde_json::from_str(DATA_0_1_0).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -86,6 +87,12 @@ fn a_store_the_previous_release_wrote_is_carried_forward_its_managers_records_in
     assert_eq!(record["facets"]["mail"]["bindings"], bindings, "the mail manager's record is its facet now: {service}");
     assert!(record.get("mail").is_none() && record.get("coreMail").is_none(), "no manager's record is a field of the service: {service}");
     assert_eq!(record["mailAddresses"], service_before["data"]["mailAddresses"], "the rest of the service is as it was: {service}");
+    // its moments, written in seconds, read in milliseconds now (0.2.0 → 0.3.0)
+    let in_ms = |secs: &Value| json!(secs.as_u64().unwrap() * 1000);
+    assert_eq!(record["createdAt"], in_ms(&service_before["data"]["createdAt"]), "{service}");
+    assert_eq!(record["updatedAt"], in_ms(&service_before["data"]["updatedAt"]), "{service}");
+    let organization = ok(&server, &admin, "organizations.get", json!({ "id": record["organizationId"] }));
+    assert_eq!(organization["createdAt"], json!(1_796_545_399_000u64), "{organization}");
     // CoreMail's record is CoreMail's facet, as it was
     let moving = ok(&server, &admin, "services.get", json!({ "id": moving_before["id"] }));
     assert_eq!(moving["facets"]["coremail"], moving_before["data"]["coreMail"], "CoreMail's record is its facet now: {moving}");

@@ -319,8 +319,9 @@ fn with_query(url: &str, query: &str) -> String {
     format!("{url}{}{query}", if url.contains('?') { '&' } else { '?' })
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+/// Milliseconds since the epoch, the unit of every moment the API takes and answers.
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,7 +691,7 @@ fn an_expired_deployer_token_is_refused_and_its_bearer_stops_working() {
     let target = registry.service(&registry.organization("acme"), "web");
     let image = Image::small("amd64", "expiry");
     registry.push_image(&registry.admin_token(&target.repository), &target.repository, "v1", &image);
-    let expires_at = now_secs() + 10;
+    let expires_at = now_ms() + 10_000;
     let (username, token) = registry.deployer("ci-pull", &target.service_id, &["registry:pull"], Some(expires_at));
 
     // before the expiry: a bearer, and it reads
@@ -699,11 +700,11 @@ fn an_expired_deployer_token_is_refused_and_its_bearer_stops_working() {
     let skopeo = skopeo_available();
     let (deployer_creds, reference) = (creds(&username, &token), docker_ref(&target, "v1"));
     let inspect = ["inspect", "--raw", "--tls-verify=false", "--creds", &deployer_creds, &reference];
-    if skopeo && now_secs() + 3 < expires_at {
+    if skopeo && now_ms() + 3000 < expires_at {
         skopeo_ok(&inspect);
     }
 
-    while now_secs() <= expires_at {
+    while now_ms() <= expires_at {
         std::thread::sleep(Duration::from_millis(200));
     }
     let scope = format!("repository:{}:pull", target.repository);

@@ -17,7 +17,7 @@ pub mod session_cache;
 pub mod users;
 
 use capstan_blobs::Blobs;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_keyring::Keyring;
 use capstan_store::{CollectionSpec, Document, Store, Tx};
@@ -53,7 +53,7 @@ pub struct User {
     pub kind: String,
     /// Whether the user is an infrastructure administrator.
     pub admin: bool,
-    /// When the user was created (seconds since the epoch).
+    /// When the user was created (milliseconds since the epoch).
     pub created_at: u64,
     /// A disabled person cannot log in and holds no session (see [`users`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -72,9 +72,9 @@ pub struct Credential {
     pub verifier: Option<String>,
     /// Machine: SHA-256 (hex) of the current token, `None` when revoked.
     pub token_hash: Option<String>,
-    /// When the credential last changed (seconds since the epoch).
+    /// When the credential last changed (milliseconds since the epoch).
     pub updated_at: u64,
-    /// Machine: when the token stops opening sessions (seconds); `None`: it does not expire.
+    /// Machine: when the token stops opening sessions (milliseconds since the epoch); `None`: it does not expire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_expires_at: Option<u64>,
 }
@@ -91,9 +91,9 @@ pub struct Session {
     pub generation: Option<u64>,
     /// Machine sessions: SHA-256 (hex) of the token the session was opened with.
     pub token_hash: Option<String>,
-    /// When the session was opened (seconds since the epoch).
+    /// When the session was opened (milliseconds since the epoch).
     pub created_at: u64,
-    /// When the session ends (seconds since the epoch).
+    /// When the session ends (milliseconds since the epoch).
     pub expires_at: u64,
 }
 
@@ -105,7 +105,7 @@ pub use capstan_rpc::Identity;
 pub struct LoginAnswer {
     /// The session JWT, sent as a bearer token.
     pub token: String,
-    /// When the session and its JWT expire (seconds since the epoch).
+    /// When the session and its JWT expire (milliseconds since the epoch).
     pub expires_at: u64,
     /// The id of the user who logged in.
     pub user_id: String,
@@ -198,7 +198,7 @@ async fn find_user_by_name(tx: &Tx, username: &str) -> Result<Option<(String, Us
 
 /// The user and credential records of a new human with a password verifier.
 pub fn human_records(username: &str, admin: bool, verifier: String) -> (User, Credential) {
-    let at = now_secs();
+    let at = now_ms();
     let user = User { username: username.into(), kind: "human".into(), admin, created_at: at, disabled: false };
     let credential = Credential {
         kind: "human".into(),
@@ -388,14 +388,14 @@ impl Auth {
         if let Err(e) = attempts::clear(&self.store, &user_key).await {
             tracing::warn!(code = %e.code, "a login's earlier failures were not forgotten: {}", e.message);
         }
-        let at = now_secs();
+        let at = now_ms();
         let session = Session {
             user_id: user_id.clone(),
             kind: "human".into(),
             generation: Some(credential.generation),
             token_hash: None,
             created_at: at,
-            expires_at: at + HUMAN_SESSION.as_secs(),
+            expires_at: at + capstan_core::clock::millis(HUMAN_SESSION),
         };
         self.open_session(&user_id, &user, session, at).await
     }
@@ -413,7 +413,7 @@ impl Auth {
                 let page = tx.find(CREDENTIALS, "by_token_hash", &[json!(hash_ref)], None, 1).await?;
                 let Some(doc) = page.documents.first() else { return Ok(None) };
                 // an expired token opens nothing, and is denied like any wrong one
-                if parse::<Credential>(doc)?.token_expires_at.is_some_and(|t| t <= now_secs()) {
+                if parse::<Credential>(doc)?.token_expires_at.is_some_and(|t| t <= now_ms()) {
                     return Ok(None);
                 }
                 let user = tx.get(USERS, &doc.id).await?.map(|d| parse::<User>(&d)).transpose()?;
@@ -433,14 +433,14 @@ impl Auth {
             return Err(denied());
         };
         attempts::take_back(&self.store, &keys).await?;
-        let at = now_secs();
+        let at = now_ms();
         let session = Session {
             user_id: user_id.clone(),
             kind: "machine".into(),
             generation: None,
             token_hash: Some(hash.clone()),
             created_at: at,
-            expires_at: at + MACHINE_SESSION.as_secs(),
+            expires_at: at + capstan_core::clock::millis(MACHINE_SESSION),
         };
         self.open_session(&user_id, &user, session, at).await
     }
@@ -462,9 +462,10 @@ impl Auth {
             kind: session.kind.clone(),
             generation: session.generation,
             token_hash: session.token_hash.clone(),
-            iat: at,
-            exp: session.expires_at,
-            auth_time: at,
+            // JWT claims are seconds (RFC 7519), unlike every stored moment
+            iat: at / 1000,
+            exp: session.expires_at / 1000,
+            auth_time: at / 1000,
         };
         tracing::info!(user = %user.username, session = %session_id, "session opened");
         Ok(LoginAnswer {
@@ -497,14 +498,14 @@ impl Auth {
             && session.kind == claims.kind
             && user.kind == claims.kind
             && !user.disabled
-            && session.expires_at > now_secs()
+            && session.expires_at > now_ms()
             && match claims.kind.as_str() {
                 "human" => claims.generation == Some(credential.generation) && session.generation == claims.generation,
                 "machine" => {
                     claims.token_hash.is_some()
                         && claims.token_hash == credential.token_hash
                         && session.token_hash == claims.token_hash
-                        && credential.token_expires_at.is_none_or(|t| t > now_secs())
+                        && credential.token_expires_at.is_none_or(|t| t > now_ms())
                 }
                 _ => false,
             };
@@ -517,7 +518,7 @@ impl Auth {
             kind: user.kind,
             admin: user.admin,
             session_id: claims.sid,
-            authenticated_at: claims.auth_time,
+            authenticated_at: claims.auth_time.saturating_mul(1000),
             expires_at: session.expires_at,
         };
         let valid_until = match (claims.kind.as_str(), credential.token_expires_at) {
@@ -551,7 +552,7 @@ impl Auth {
 
 /// Delete sessions whose expiry has passed (a host task the fleet places on one node).
 pub async fn reap_expired_sessions(store: &Store) -> Result<usize> {
-    let now = now_secs();
+    let now = now_ms();
     let reaped = reap(store, SESSIONS, |data| data.get("expiresAt").and_then(Value::as_u64).is_some_and(|at| at <= now)).await?;
     if reaped > 0 {
         tracing::info!(reaped, "expired sessions removed");

@@ -54,7 +54,7 @@ pub struct CredentialView {
     pub generation: u64,
     /// Whether password login is enabled.
     pub password_enabled: bool,
-    /// When the credential last changed (seconds since the epoch).
+    /// When the credential last changed (milliseconds since the epoch).
     pub updated_at: u64,
 }
 
@@ -145,7 +145,7 @@ pub struct MachineUserView {
     pub token_active: bool,
     /// The credential generation.
     pub generation: u64,
-    /// When the user was created (seconds since the epoch).
+    /// When the user was created (milliseconds since the epoch).
     pub created_at: u64,
 }
 
@@ -220,7 +220,7 @@ async fn mutate_credential(cx: Context, call: Call, input: MutateInput) -> Resul
                 Operation::RevokeSessions {} => {}
             }
             credential.generation += 1;
-            credential.updated_at = now_secs();
+            credential.updated_at = now_ms();
             tx.replace(CREDENTIALS, &input.user_id, doc.revision, to_value(&credential)?).await?;
             revoke_sessions(&tx, &input.user_id).await?;
             let answer = MutationAnswer { credential: view(&input.user_id, &credential), replayed: false };
@@ -312,7 +312,7 @@ where
             if find_user_by_name(&tx, username).await?.is_some() {
                 return Err(Refusal::new("exists", format!("a user named {username} exists")));
             }
-            let at = now_secs();
+            let at = now_ms();
             let user = User { username: username.into(), kind: "machine".into(), admin: false, created_at: at, disabled: false };
             let credential = Credential {
                 kind: "machine".into(),
@@ -336,7 +336,7 @@ where
 pub enum Expiry {
     /// As the token it replaces did.
     Keep,
-    /// At this time (seconds), or never.
+    /// At this moment (milliseconds since the epoch), or never.
     Set(Option<u64>),
 }
 
@@ -380,7 +380,7 @@ where
                 credential.token_expires_at = at;
             }
             credential.generation += 1;
-            credential.updated_at = now_secs();
+            credential.updated_at = now_ms();
             tx.replace(CREDENTIALS, user_id, doc.revision, to_value(&credential)?).await?;
             revoke_sessions(&tx, user_id).await?;
             let extra = also(tx.clone(), user.clone(), credential.clone()).await?;

@@ -19,7 +19,7 @@
 //! writes: there, a revoked session keeps working for at most [`SESSION_CACHE_TTL`].
 
 use crate::{CREDENTIALS, Identity, SESSIONS, USERS};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_store::Store;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -84,7 +84,7 @@ impl SessionCache {
     pub(crate) fn get(&self, key: &TokenDigest) -> Option<Identity> {
         let inner = self.lock();
         let entry = inner.entries.get(key)?;
-        (entry.cached_at.elapsed() < SESSION_CACHE_TTL && entry.valid_until > now_secs()).then(|| entry.identity.clone())
+        (entry.cached_at.elapsed() < SESSION_CACHE_TTL && entry.valid_until > now_ms()).then(|| entry.identity.clone())
     }
 
     /// The epoch to pass to [`SessionCache::insert`]: taken before the store is read.
@@ -166,7 +166,7 @@ mod tests {
             admin: false,
             session_id: session.into(),
             authenticated_at: 0,
-            expires_at: now_secs() + 60,
+            expires_at: now_ms() + 60_000,
         }
     }
 
@@ -242,9 +242,9 @@ mod tests {
         let key = SessionCache::key("token");
         let epoch = cache.epoch();
         cache.written(SESSIONS, "session_b"); // a revocation lands while the store is read
-        cache.insert(key, epoch, identity("user_a", "session_a"), now_secs() + 60);
+        cache.insert(key, epoch, identity("user_a", "session_a"), now_ms() + 60_000);
         assert!(cache.get(&key).is_none());
-        cache.insert(key, cache.epoch(), identity("user_a", "session_a"), now_secs() + 60);
+        cache.insert(key, cache.epoch(), identity("user_a", "session_a"), now_ms() + 60_000);
         assert!(cache.get(&key).is_some());
     }
 
@@ -252,9 +252,9 @@ mod tests {
     fn entries_end_with_their_session_and_go_by_user_or_session() {
         let cache = SessionCache::default();
         let (a, b, c) = (SessionCache::key("a"), SessionCache::key("b"), SessionCache::key("c"));
-        cache.insert(a, cache.epoch(), identity("user_1", "session_a"), now_secs() + 60);
-        cache.insert(b, cache.epoch(), identity("user_1", "session_b"), now_secs() + 60);
-        cache.insert(c, cache.epoch(), identity("user_2", "session_c"), now_secs().saturating_sub(1));
+        cache.insert(a, cache.epoch(), identity("user_1", "session_a"), now_ms() + 60_000);
+        cache.insert(b, cache.epoch(), identity("user_1", "session_b"), now_ms() + 60_000);
+        cache.insert(c, cache.epoch(), identity("user_2", "session_c"), now_ms().saturating_sub(1));
         assert!(cache.get(&c).is_none(), "an ended session is not answered");
         cache.written(SESSIONS, "session_a");
         assert!(cache.get(&a).is_none() && cache.get(&b).is_some());
@@ -267,7 +267,7 @@ mod tests {
     fn the_cache_is_bounded() {
         let cache = SessionCache::default();
         for n in 0..SESSION_CACHE_ENTRIES + 10 {
-            cache.insert(SessionCache::key(&n.to_string()), cache.epoch(), identity("u", &format!("s{n}")), now_secs() + 60);
+            cache.insert(SessionCache::key(&n.to_string()), cache.epoch(), identity("u", &format!("s{n}")), now_ms() + 60_000);
             assert!(cache.len() <= SESSION_CACHE_ENTRIES);
         }
     }

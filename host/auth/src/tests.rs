@@ -55,6 +55,26 @@ async fn mutate(state: &AppState, actor: &Identity, input: MutateInput) -> Resul
 }
 
 #[tokio::test]
+async fn a_session_s_moments_are_milliseconds_and_its_jwt_claims_seconds() {
+    let (_dir, state) = setup().await;
+    let before = now_ms();
+    let answer = state.auth.login("admin", PASSWORD, None).await.unwrap();
+    let twelve_hours = capstan_core::clock::millis(HUMAN_SESSION);
+    assert!((before + twelve_hours..=now_ms() + twelve_hours).contains(&answer.expires_at), "{}", answer.expires_at);
+    let claims = state.auth.keys.verify(&answer.token).unwrap();
+    assert_eq!(claims.exp, answer.expires_at / 1000, "RFC 7519 counts seconds");
+    let identity = state.auth.authenticate(&answer.token).await.unwrap();
+    assert_eq!((identity.expires_at, identity.authenticated_at), (answer.expires_at, claims.auth_time * 1000));
+    identity.require_fresh().unwrap();
+    let (sid, uid) = (claims.sid.as_str(), identity.user_id.as_str());
+    let session = state.store.transact(|tx| async move { tx.get(SESSIONS, sid).await }).await.unwrap().unwrap();
+    let created = session.data["createdAt"].as_u64().unwrap();
+    assert!((before..=now_ms()).contains(&created), "{created}");
+    let user = state.store.transact(|tx| async move { tx.get(USERS, uid).await }).await.unwrap().unwrap();
+    assert!(user.data["createdAt"].as_u64().unwrap() > capstan_core::clock::SECONDS_BELOW, "{}", user.data);
+}
+
+#[tokio::test]
 async fn bootstrap_never_overwrites_and_user_records_carry_no_password() {
     let (_dir, state) = setup().await;
     let again = bootstrap_admin(&state.store, &state.blobs, "admin", "another-long-password-value").await.unwrap();
@@ -206,7 +226,7 @@ async fn admin_with(state: &AppState, password: &str) -> Identity {
 async fn sensitive_mutations_need_a_fresh_login() {
     let (_dir, state) = setup().await;
     let mut stale = admin(&state).await;
-    stale.authenticated_at -= ADMIN_FRESHNESS.as_secs() + 1;
+    stale.authenticated_at -= capstan_core::clock::millis(ADMIN_FRESHNESS) + 1000;
     let err = mutate(&state, &stale, rotate(&stale.user_id, 1, "m", "a-long-enough-new-password")).await.unwrap_err();
     assert_eq!(err.code, "admin-not-fresh");
     let get = state.methods.get("admin.getHumanCredential").unwrap();
@@ -408,7 +428,7 @@ async fn people_changes_are_refused_by_name() {
     assert_eq!(run(&state, &other_actor, "users.setDisabled", last).await.unwrap_err().code, "last-administrator");
 
     let mut stale = admin(&state).await;
-    stale.authenticated_at -= ADMIN_FRESHNESS.as_secs() + 1;
+    stale.authenticated_at -= capstan_core::clock::millis(ADMIN_FRESHNESS) + 1000;
     let err = run(&state, &stale, "users.resetPassword", json!({ "userId": other_id, "expectedGeneration": 2 })).await.unwrap_err();
     assert_eq!(err.code, "admin-not-fresh");
 }

@@ -37,7 +37,7 @@ pub struct UserView {
     pub password_enabled: bool,
     /// The credential generation: state it as `expectedGeneration` to change the user.
     pub generation: u64,
-    /// When the user was created (seconds since the epoch).
+    /// When the user was created (milliseconds since the epoch).
     pub created_at: u64,
 }
 
@@ -152,7 +152,7 @@ async fn advance(
         credential.verifier = Some(verifier);
     }
     credential.generation += 1;
-    credential.updated_at = now_secs();
+    credential.updated_at = now_ms();
     tx.replace(CREDENTIALS, user_id, doc.revision, to_value(&credential)?).await?;
     let revoked = revoke_sessions(tx, user_id).await?;
     let view = user_view(user_id, user, &credential);

@@ -10,9 +10,25 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Seconds since the Unix epoch (0 for a clock set before it).
+/// Seconds since the Unix epoch (0 for a clock set before it): only for what a standard counts
+/// in seconds (a JWT's claims, RFC 7519). Every moment Capstan stores or answers is [`now_ms`].
 pub fn now_secs() -> u64 {
     now_ms() / 1000
+}
+
+/// Below this a stored moment is seconds since the epoch (until the year 5138); at or above it,
+/// milliseconds (since 1973). Only data written before 0.3.0 counted seconds.
+pub const SECONDS_BELOW: u64 = 100_000_000_000;
+
+/// A moment that may have been written in seconds (before 0.3.0), in milliseconds: seconds are
+/// multiplied by 1000, milliseconds stay as they are, so reading it twice changes nothing.
+pub fn ms_from_legacy(at: u64) -> u64 {
+    if at < SECONDS_BELOW { at.saturating_mul(1000) } else { at }
+}
+
+/// A span in milliseconds, the unit of the moments it is added to (saturating).
+pub fn millis(span: Duration) -> u64 {
+    u64::try_from(span.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The wall clock as an area holds it: [`now_ms`], plus an offset only a test moves
@@ -54,6 +70,18 @@ mod tests {
         let (ms, secs) = (now_ms(), now_secs());
         assert!(ms > 1_600_000_000_000, "{ms}");
         assert!(secs.abs_diff(ms / 1000) <= 1, "{secs} vs {ms}");
+    }
+
+    #[test]
+    fn a_legacy_moment_reads_as_milliseconds_once() {
+        let secs = 1_700_000_000;
+        assert_eq!(ms_from_legacy(secs), 1_700_000_000_000);
+        assert_eq!(ms_from_legacy(ms_from_legacy(secs)), 1_700_000_000_000, "a second reading changes nothing");
+        let ms = now_ms();
+        assert_eq!(ms_from_legacy(ms), ms, "a milliseconds moment stays");
+        assert_eq!(ms_from_legacy(0), 0);
+        assert_eq!(millis(Duration::from_secs(90)), 90_000);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
     }
 
     #[test]

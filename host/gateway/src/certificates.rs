@@ -180,7 +180,7 @@ mod tests {
             kind: kind.into(),
             admin,
             session_id: String::new(),
-            authenticated_at: capstan_core::clock::now_secs(),
+            authenticated_at: capstan_core::clock::now_ms(),
             expires_at: u64::MAX,
         }
     }

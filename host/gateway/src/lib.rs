@@ -506,7 +506,7 @@ pub fn host_identity() -> Identity {
         kind: "host".into(),
         admin: false,
         session_id: String::new(),
-        authenticated_at: capstan_core::clock::now_secs(),
+        authenticated_at: capstan_core::clock::now_ms(),
         expires_at: u64::MAX,
     }
 }

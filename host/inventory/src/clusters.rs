@@ -10,7 +10,7 @@ use super::{
     require, to_value, validate,
 };
 use capstan_auth as auth;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
 use capstan_store::Tx;
@@ -36,9 +36,9 @@ pub struct Cluster {
     /// without control characters.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
-    /// When its name, description or labels last changed (seconds since the epoch).
+    /// When its name, description or labels last changed (milliseconds since the epoch).
     pub updated_at: u64,
     /// Its relay: off until an administrator enables it (`clusters.enableRelay`); Capstan
     /// mints the origin, and no update writes it.
@@ -99,7 +99,7 @@ pub struct Runtime {
     pub phase: Phase,
     /// Advances on every phase write.
     pub generation: u64,
-    /// When the phase was last written (seconds since the epoch).
+    /// When the phase was last written (milliseconds since the epoch).
     pub updated_at: u64,
     /// The user id of whoever last wrote the phase.
     pub updated_by: String,
@@ -276,7 +276,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Created> 
     check_description(&description)?;
     let id = capstan_core::ids::new_id("cluster");
     let username = format!("cluster-{}", input.name);
-    let at = now_secs();
+    let at = now_ms();
     let runtime = Runtime { phase: Phase::Pallet, generation: 1, updated_at: at, updated_by: identity.user_id.clone() };
     let (id_ref, runtime_ref, name, labels, description) = (&id, &runtime, &input.name, &labels, &description);
     // the cluster, its machine user and its phase: one transaction
@@ -380,7 +380,7 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<Entity<Clust
             if to_value(&next)? == to_value(&current.data)? {
                 return Ok(current);
             }
-            next.updated_at = now_secs();
+            next.updated_at = now_ms();
             let doc = tx.replace(CLUSTERS, &input.id, current.revision, to_value(&next)?).await?;
             emit(&tx, "cluster.updated", &input.id, json!({ "id": input.id, "name": next.name })).await?;
             parse(&doc)
@@ -481,7 +481,7 @@ async fn set_phase(cx: Context, call: Call, input: SetPhaseInput) -> Result<Runt
             let next = Runtime {
                 phase: input.phase,
                 generation: current.data.generation + 1,
-                updated_at: now_secs(),
+                updated_at: now_ms(),
                 updated_by: identity.user_id.clone(),
             };
             tx.replace(CLUSTER_RUNTIMES, &input.id, current.revision, to_value(&next)?).await?;
@@ -523,7 +523,7 @@ async fn set_relay(cx: &Context, input: &RelayInput, enable: bool) -> Result<Ent
             }
             let mut next = current.data.clone();
             next.relay = relay;
-            next.updated_at = now_secs();
+            next.updated_at = now_ms();
             let doc = tx.replace(CLUSTERS, &input.id, current.revision, to_value(&next)?).await?;
             let (kind, data) = match &next.relay.origin {
                 Some(origin) => ("cluster.relayEnabled", json!({ "id": input.id, "origin": origin })),

@@ -5,7 +5,7 @@
 //! reads the entity reads its facets; no operator write touches them.
 
 use super::{CLUSTERS, Dependents, ORGANIZATIONS, SERVICES, check_revision, emit, not_found};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_store::{Document, Store};
 use serde_json::{Map, Value, json};
@@ -78,7 +78,7 @@ pub async fn set(store: &Store, dependents: &dyn Dependents, write: Write<'_>) -
             if facets.is_empty() {
                 object.remove("facets");
             }
-            object.insert("updatedAt".into(), json!(now_secs()));
+            object.insert("updatedAt".into(), json!(now_ms()));
             let written = tx.replace(collection, id, doc.revision, data).await?;
             emit(&tx, &format!("{kind}.updated"), id, event(kind, id, &written.data, plugin)).await?;
             Ok(written)

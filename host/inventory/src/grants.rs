@@ -8,7 +8,7 @@ use super::Context;
 use super::services::require_active;
 use super::{Listing, PageInput, SERVICE_GRANTS, emit, to_value};
 use capstan_auth::methods::{Expiry, set_machine_token_and};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::receipts;
 use capstan_rpc::{Access, Call, Registry};
@@ -28,10 +28,10 @@ pub fn grant_id(service_id: &str, user_id: &str) -> String {
     format!("{service_id}~{user_id}")
 }
 
-/// The longest a deployer's token may live.
-const MAX_TOKEN_LIFETIME: u64 = 366 * 24 * 3600;
-/// How long a token lives when the request states nothing.
-const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600;
+/// The longest a deployer's token may live (milliseconds, as every moment it is added to).
+const MAX_TOKEN_LIFETIME: u64 = 366 * 24 * 3600 * 1000;
+/// How long a token lives when the request states nothing (milliseconds).
+const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600 * 1000;
 
 /// Input of `deployers.create`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -39,7 +39,7 @@ const DEFAULT_TOKEN_LIFETIME: u64 = 365 * 24 * 3600;
 pub struct CreateInput {
     /// Lowercase, at most 64 characters, no `:` or `/`; also the registry login name.
     pub username: String,
-    /// When the token stops working (Unix seconds), at most a year ahead; a year by default.
+    /// When the token stops working (milliseconds since the epoch), at most a year ahead; a year by default.
     pub expires_at: Option<u64>,
     /// Sent again with the same request, answers the same user (`token: null`, `replayed`).
     pub mutation_id: Option<String>,
@@ -51,7 +51,7 @@ pub struct CreateInput {
 pub struct RotateInput {
     /// The deployer's user id.
     pub user_id: String,
-    /// When the new token stops working (Unix seconds), at most a year ahead; a year by default.
+    /// When the new token stops working (milliseconds since the epoch), at most a year ahead; a year by default.
     pub expires_at: Option<u64>,
     /// Sent again with the same request, answers the same rotation (`token: null`, `replayed`).
     pub mutation_id: Option<String>,
@@ -79,7 +79,7 @@ pub struct DeployerToken {
     pub token: Option<String>,
     /// The credential generation after this token was set.
     pub generation: u64,
-    /// When the token stops working (seconds since the epoch).
+    /// When the token stops working (milliseconds since the epoch).
     pub expires_at: u64,
     /// Whether this answers a `mutationId` sent before.
     #[serde(default)]
@@ -101,11 +101,14 @@ pub struct TokenRevoked {
 
 /// The expiry a request asks for, judged: in the future and at most a year ahead.
 fn expiry(requested: Option<u64>) -> Result<u64> {
-    let now = now_secs();
+    let now = now_ms();
     let at = requested.unwrap_or(now + DEFAULT_TOKEN_LIFETIME);
     if at <= now || at > now + MAX_TOKEN_LIFETIME {
-        return Err(Refusal::new("expiry-invalid", "expiresAt is a Unix time in the future, at most a year ahead")
-            .with_data(json!({ "field": "expiresAt" })));
+        return Err(Refusal::new(
+            "expiry-invalid",
+            "expiresAt is a moment in the future (milliseconds since the epoch), at most a year ahead",
+        )
+        .with_data(json!({ "field": "expiresAt" })));
     }
     Ok(at)
 }
@@ -145,7 +148,7 @@ pub struct Grant {
     pub capabilities: Vec<String>,
     /// The user id of whoever last set the grant.
     pub granted_by: String,
-    /// When the grant was last set (seconds since the epoch).
+    /// When the grant was last set (milliseconds since the epoch).
     pub granted_at: u64,
 }
 
@@ -159,7 +162,7 @@ pub struct DeployerView {
     pub username: String,
     /// Whether the user holds a token now.
     pub token_active: bool,
-    /// When that token stops working (Unix seconds).
+    /// When that token stops working (milliseconds since the epoch).
     pub token_expires_at: Option<u64>,
     /// Its grants, one per service.
     pub grants: Vec<Grant>,
@@ -214,7 +217,7 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<DeployerT
     let (username, input_ref, keys, actor_id) = (input.username.as_str(), &input, &cx.receipts, actor.user_id.as_str());
     let (token, ()) = capstan_auth::methods::mint_machine_user(&cx.store, &cx.blobs, username, Some(expires_at), |tx, user_id| {
         Box::pin(async move {
-            tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now_secs() })).await?;
+            tx.insert(DEPLOYERS, &user_id, json!({ "username": username, "createdAt": now_ms() })).await?;
             // the receipt keeps the answer without the token: a replay never shows it again
             let answer = DeployerToken { user_id, username: username.into(), token: None, generation: 1, expires_at, replayed: false };
             receipts::record(&tx, keys, actor_id, input_ref.mutation_id.as_deref(), input_ref, &answer).await
@@ -315,7 +318,7 @@ async fn grant(cx: Context, call: Call, input: GrantInput) -> Result<Grant> {
         user_id: input.user_id.clone(),
         capabilities,
         granted_by: identity.user_id.clone(),
-        granted_at: now_secs(),
+        granted_at: now_ms(),
     };
     let grant_ref = &grant;
     cx.store

@@ -3,7 +3,7 @@
 use super::Context;
 use super::access::{self, OrgRole, membership_id};
 use super::{Entity, Listing, MEMBERS, ORGANIZATIONS, PageInput, SERVICES, check_revision, emit, parse, require, to_value, validate};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry};
 use capstan_store::Tx;
@@ -17,9 +17,9 @@ use serde_json::json;
 pub struct Organization {
     /// 1–63 of a-z 0-9 -, starting with a letter; unique.
     pub name: String,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
-    /// When it was last changed (seconds since the epoch).
+    /// When it was last changed (milliseconds since the epoch).
     pub updated_at: u64,
     /// The administrator who created it.
     pub created_by: String,
@@ -38,7 +38,7 @@ pub struct Membership {
     pub user_id: String,
     /// The member's role.
     pub role: OrgRole,
-    /// When the role was last set (seconds since the epoch).
+    /// When the role was last set (milliseconds since the epoch).
     pub updated_at: u64,
 }
 
@@ -140,8 +140,8 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Entity<Or
     let id = capstan_core::ids::new_id("org");
     let org = Organization {
         name: input.name.clone(),
-        created_at: now_secs(),
-        updated_at: now_secs(),
+        created_at: now_ms(),
+        updated_at: now_ms(),
         created_by: identity.user_id.clone(),
         facets: Default::default(),
     };
@@ -219,7 +219,7 @@ async fn update(cx: Context, call: Call, input: UpdateInput) -> Result<Entity<Or
                 // nothing changes: answer what is stored, write nothing
                 _ => return Ok(org),
             }
-            org.data.updated_at = now_secs();
+            org.data.updated_at = now_ms();
             let doc = tx.replace(ORGANIZATIONS, &input.id, org.revision, to_value(&org.data)?).await?;
             emit(&tx, "organization.updated", &input.id, json!({ "id": input.id, "name": org.data.name })).await?;
             parse(&doc)
@@ -310,7 +310,7 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
                         organization_id: input.organization_id.clone(),
                         user_id: input.user_id.clone(),
                         role,
-                        updated_at: now_secs(),
+                        updated_at: now_ms(),
                     };
                     tx.replace(MEMBERS, &id, doc.revision, to_value(&membership)?).await?;
                 }
@@ -319,7 +319,7 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
                         organization_id: input.organization_id.clone(),
                         user_id: input.user_id.clone(),
                         role,
-                        updated_at: now_secs(),
+                        updated_at: now_ms(),
                     };
                     tx.insert(MEMBERS, &id, to_value(&membership)?).await?;
                 }

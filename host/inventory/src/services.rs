@@ -13,7 +13,7 @@ use super::organizations::require_organization;
 use super::{Context, Dependents};
 use super::{Entity, Listing, SERVICE_GRANTS, SERVICE_HOLDS, SERVICES, check_revision, emit, parse, require, to_value, validate};
 use capstan_auth::Identity;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_field_rules::service::{self as rules, PortRule};
 use capstan_rpc::{Access, Call, Registry};
@@ -97,7 +97,7 @@ pub struct RegistryPush {
     pub tag: String,
     /// The manifest (or index) digest it names.
     pub digest: String,
-    /// When it was pushed (seconds since the epoch).
+    /// When it was pushed (milliseconds since the epoch).
     pub pushed_at: u64,
 }
 
@@ -111,7 +111,7 @@ pub struct ServiceRelease {
     pub tag: String,
     /// The root digest the service runs.
     pub digest: String,
-    /// When it was promoted (seconds since the epoch).
+    /// When it was promoted (milliseconds since the epoch).
     pub promoted_at: u64,
 }
 
@@ -124,7 +124,7 @@ pub async fn pin_release(tx: &Tx, id: &str, expected_revision: u64, image: &str,
     let mut next = current.data.clone();
     next.image = image.to_string();
     next.release = Some(release);
-    next.updated_at = now_secs();
+    next.updated_at = now_ms();
     let doc = tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
     emit(tx, "service.updated", id, summary(id, &next)).await?;
     parse(&doc)
@@ -142,7 +142,7 @@ pub async fn publish_domains(tx: &Tx, id: &str, hostnames: &[String]) -> Result<
     next.domains.extend(added.iter().cloned());
     rules::domains(&next.domains)?;
     check_relay_names(tx, &added).await?;
-    next.updated_at = now_secs();
+    next.updated_at = now_ms();
     tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
     emit(tx, "service.updated", id, summary(id, &next)).await?;
     Ok(added)
@@ -157,7 +157,7 @@ pub async fn withdraw_domains(tx: &Tx, id: &str, hostnames: &[String]) -> Result
         return Ok(());
     }
     next.domains.retain(|d| !hostnames.contains(d));
-    next.updated_at = now_secs();
+    next.updated_at = now_ms();
     tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
     emit(tx, "service.updated", id, summary(id, &next)).await
 }
@@ -174,14 +174,14 @@ pub async fn record_push(store: &Store, id: &str, image_base: &str, tag: &str, d
             if next.state != ServiceState::Active {
                 return Ok(());
             }
-            next.registry_push = Some(RegistryPush { tag: tag.into(), digest: digest.into(), pushed_at: now_secs() });
+            next.registry_push = Some(RegistryPush { tag: tag.into(), digest: digest.into(), pushed_at: now_ms() });
             let tagged = format!("{image_base}:{tag}");
             let deploys =
                 next.deploy_on_push && (next.image == tagged || next.image.strip_prefix(&tagged).is_some_and(|rest| rest.starts_with('@')));
             if deploys {
                 next.image = format!("{tagged}@{digest}");
             }
-            next.updated_at = now_secs();
+            next.updated_at = now_ms();
             tx.replace(SERVICES, id, current.revision, to_value(&next)?).await?;
             emit(&tx, "service.pushed", id, json!({ "id": id, "tag": tag, "digest": digest, "deployed": deploys })).await?;
             if deploys {
@@ -242,12 +242,12 @@ pub struct Service {
     pub facets: crate::facets::Facets,
     /// `active`, or `deleting` once marked for deletion.
     pub state: ServiceState,
-    /// When it was marked for deletion (seconds since the epoch); absent while active.
+    /// When it was marked for deletion (milliseconds since the epoch); absent while active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleting_at: Option<u64>,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
-    /// When it was last changed (seconds since the epoch).
+    /// When it was last changed (milliseconds since the epoch).
     pub updated_at: u64,
 }
 
@@ -498,7 +498,7 @@ fn create_fields(input: &CreateInput) -> UpdateInput {
 pub async fn create(store: &Store, identity: &Identity, input: CreateInput) -> Result<Entity<Service>> {
     let fields = create_fields(&input);
     check_fields(&fields)?;
-    let at = now_secs();
+    let at = now_ms();
     let service = Service {
         name: fields.name.unwrap_or_default(),
         organization_id: input.organization_id,
@@ -621,7 +621,7 @@ pub async fn update(store: &Store, identity: &Identity, input: UpdateInput) -> R
             if to_value(&next)? == to_value(&current.data)? {
                 return Ok(current);
             }
-            next.updated_at = now_secs();
+            next.updated_at = now_ms();
             let doc = tx.replace(SERVICES, &input.id, current.revision, to_value(&next)?).await?;
             emit(&tx, "service.updated", &input.id, summary(&input.id, &next)).await?;
             parse(&doc)
@@ -678,8 +678,8 @@ async fn delete(cx: Context, call: Call, input: DeleteInput) -> Result<DeleteAns
             }
             let mut next = current.data.clone();
             next.state = ServiceState::Deleting;
-            next.deleting_at = Some(now_secs());
-            next.updated_at = now_secs();
+            next.deleting_at = Some(now_ms());
+            next.updated_at = now_ms();
             tx.replace(SERVICES, &input_ref.id, current.revision, to_value(&next)?).await?;
             emit(&tx, "service.deleting", &input_ref.id, summary(&input_ref.id, &next)).await?;
             Ok(())
@@ -726,7 +726,7 @@ pub async fn hold(store: &Store, service_id: &str, holder: &str) -> Result<()> {
 pub async fn hold_in(tx: &Tx, service_id: &str, holder: &str) -> Result<()> {
     let id = hold_id(service_id, holder);
     if tx.get(SERVICE_HOLDS, &id).await?.is_none() {
-        tx.insert(SERVICE_HOLDS, &id, json!({ "serviceId": service_id, "holder": holder, "since": now_secs() })).await?;
+        tx.insert(SERVICE_HOLDS, &id, json!({ "serviceId": service_id, "holder": holder, "since": now_ms() })).await?;
     }
     Ok(())
 }

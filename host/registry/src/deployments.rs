@@ -19,7 +19,7 @@ use crate::names::{is_tag, service_repository};
 use crate::route_check::{Diagnostic, Evidence, Route};
 use crate::storage::{TAGS, tag_id};
 use capstan_auth::Identity;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::access::has_grant;
 use capstan_inventory::grants::DEPLOYERS;
@@ -51,8 +51,8 @@ pub fn collections() -> Vec<CollectionSpec> {
 pub const MAX_ROUTES: usize = 8;
 
 /// How long a route check may stand unfinished before `deployments.retry` takes it as
-/// interrupted (the host stopped during it).
-pub const ROUTE_PENDING_STALE_SECS: u64 = 120;
+/// interrupted (the host stopped during it), in milliseconds.
+pub const ROUTE_PENDING_STALE_MS: u64 = 120 * 1000;
 
 /// Where an operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -106,11 +106,11 @@ pub struct Operation {
     /// The media type of that root (an image manifest or an index).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
-    /// When it was reserved (seconds).
+    /// When it was reserved (milliseconds since the epoch).
     pub created_at: u64,
-    /// When it last changed (seconds).
+    /// When it last changed (milliseconds since the epoch).
     pub updated_at: u64,
-    /// When it was promoted (seconds).
+    /// When it was promoted (milliseconds since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted_at: Option<u64>,
     /// The service revision its promotion wrote: the rollout generation.
@@ -126,7 +126,7 @@ pub struct Operation {
     /// a check fails).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes_published: Vec<String>,
-    /// When a rollback last pinned this release again (seconds).
+    /// When a rollback last pinned this release again (milliseconds since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolled_back_at: Option<u64>,
     /// What each route's passed check saw.
@@ -427,7 +427,7 @@ async fn reserve(registry: Arc<Registry>, call: Call, input: ReserveInput) -> Re
                     .with_data(json!({ "tag": input_ref.tag, "digest": tag.data["digest"] })));
             }
             let route_claims = claim_routes(&tx, &service.id, &input_ref.routes).await?;
-            let at = now_secs();
+            let at = now_ms();
             let operation = Operation {
                 service_id: service.id.clone(),
                 repository: repository.clone(),
@@ -552,7 +552,7 @@ async fn cleanup(registry: Arc<Registry>, call: Call, input: CleanupInput) -> Re
             }
             release_route_claims(&tx, id, &operation.routes).await?;
             operation.state = State::CleanedUp;
-            operation.updated_at = now_secs();
+            operation.updated_at = now_ms();
             let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
             Ok((operation, doc.revision))
         })
@@ -648,7 +648,7 @@ async fn release_route_claims(tx: &Tx, id: &str, routes: &[Route]) -> Result<()>
 /// Why `operation` cannot take a route step now (`retry`: the retry of a failed or interrupted
 /// one), as the refusal it would answer.
 fn route_step_refusal(operation: &Operation, id: &str, current: Option<&str>, retry: bool) -> Option<Refusal> {
-    let stale = operation.state == State::RoutePending && operation.updated_at + ROUTE_PENDING_STALE_SECS <= now_secs();
+    let stale = operation.state == State::RoutePending && operation.updated_at + ROUTE_PENDING_STALE_MS <= now_ms();
     let (allowed, why) = if retry {
         (operation.state == State::RouteFailed || stale, "only a failed (or interrupted) route promotion is retried")
     } else {
@@ -708,7 +708,7 @@ async fn route_step(registry: &Registry, identity: &Identity, input: &RouteStepI
             }
             operation.state = State::RoutePending;
             operation.route_diagnostic = None;
-            operation.updated_at = now_secs();
+            operation.updated_at = now_ms();
             let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
             Ok((operation, doc.revision))
         })
@@ -744,7 +744,7 @@ async fn route_step(registry: &Registry, identity: &Identity, input: &RouteStepI
                 }
             }
             operation.routes_published.clear();
-            operation.updated_at = now_secs();
+            operation.updated_at = now_ms();
             let doc = tx.replace(OPERATIONS, id, revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await?;
             Ok((operation, doc.revision))
         })
@@ -789,7 +789,7 @@ async fn promote(registry: Arc<Registry>, call: Call, input: PromoteInput) -> Re
                         .with_data(json!({ "state": state })));
                 }
             };
-            let at = now_secs();
+            let at = now_ms();
             let release = capstan_inventory::services::ServiceRelease {
                 operation_id: id.into(),
                 tag: operation.tag.clone(),
@@ -997,6 +997,6 @@ pub async fn record_image(tx: &Tx, operation_id: &str, digest: &str, media_type:
     operation.state = State::ImagePushed;
     operation.digest = Some(digest.into());
     operation.media_type = Some(media_type.into());
-    operation.updated_at = now_secs();
+    operation.updated_at = now_ms();
     tx.replace(OPERATIONS, operation_id, doc.revision, serde_json::to_value(&operation).map_err(Refusal::internal)?).await.map(drop)
 }

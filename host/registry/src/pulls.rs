@@ -51,9 +51,9 @@ struct Record {
     holder: String,
     /// SHA-256 (hex) of the secret.
     secret_hash: String,
-    /// When it was issued (seconds).
+    /// When it was issued (milliseconds since the epoch).
     issued_at: u64,
-    /// When it stops being accepted (seconds): accepted while now is before it.
+    /// When it stops being accepted (milliseconds since the epoch): accepted while now is before it.
     expires_at: u64,
 }
 
@@ -90,7 +90,7 @@ pub struct PullCredential {
     pub username: String,
     /// The secret (`capstan_pull_…`); `Debug` never prints it.
     pub password: PullSecret,
-    /// When it stops being accepted (seconds since the epoch).
+    /// When it stops being accepted (milliseconds since the epoch).
     pub expires_at: u64,
 }
 
@@ -109,7 +109,7 @@ pub struct Grant {
     pub credential_id: String,
     /// The one repository it pulls from.
     pub repository: String,
-    /// When it stops being accepted (seconds since the epoch).
+    /// When it stops being accepted (milliseconds since the epoch).
     pub expires_at: u64,
 }
 
@@ -179,7 +179,7 @@ pub async fn issue_many(store: &Store, wanted: &[(&str, &str)], ttl: Duration) -
         return Err(Refusal::new("pull-credential-ttl-invalid", "a pull credential lives from 1 second to 1 hour")
             .with_data(json!({ "ttlSecs": ttl.as_secs(), "maxSecs": MAX_TTL.as_secs() })));
     }
-    let issued_at = capstan_core::clock::now_secs();
+    let issued_at = capstan_core::clock::now_ms();
     let mut minted = Vec::with_capacity(wanted.len());
     for (repository, holder) in wanted {
         if crate::names::check_name(repository).is_err() {
@@ -196,7 +196,7 @@ pub async fn issue_many(store: &Store, wanted: &[(&str, &str)], ttl: Duration) -
             holder: holder.to_string(),
             secret_hash: hex::encode(sha256(secret.expose())),
             issued_at,
-            expires_at: issued_at + ttl.as_secs(),
+            expires_at: issued_at + capstan_core::clock::millis(ttl),
         };
         minted.push((capstan_core::ids::new_id(ID_PREFIX), secret, record));
     }
@@ -242,9 +242,11 @@ pub async fn revoke(store: &Store, holder: &str) -> Result<()> {
     Ok(())
 }
 
-/// Drop the records whose expiry is `now` or earlier (a periodic sweep); how many went. One
-/// changed or deleted meanwhile is left to the next sweep.
+/// Drop the records whose expiry is `now` (milliseconds since the epoch) or earlier (a periodic
+/// sweep); how many went. One changed or deleted meanwhile is left to the next sweep.
 pub async fn sweep(store: &Store, now: u64) -> Result<usize> {
+    // a caller still counting in seconds would sweep nothing: its `now` is read as milliseconds
+    let now = capstan_core::clock::ms_from_legacy(now);
     let mut swept = 0;
     let mut cursor: Option<String> = None;
     loop {

@@ -76,20 +76,20 @@ pub async fn retire_service_repository(tx: &Tx, service_id: &str) -> Result<()> 
     let service: Service = parse(&doc)?;
     let repository = service_repository(&service.name, service_id);
     let held = tx.get(RETIRED, &repository).await?.map(|d| d.revision);
-    let record = json!({ "serviceId": service_id, "retiredAt": capstan_core::clock::now_secs() });
+    let record = json!({ "serviceId": service_id, "retiredAt": capstan_core::clock::now_ms() });
     tx.put(RETIRED, &repository, held, record).await.map(drop)
 }
 
 /// What a pass may do.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// How long a manifest or blob is kept after it was written or last used (seconds).
+    /// How long a manifest or blob is kept after it was written or last used (milliseconds).
     pub grace: u64,
-    /// How long this process must have served before blobs are collected (seconds).
+    /// How long this process must have served before blobs are collected (milliseconds).
     pub uptime_for_blobs: u64,
     /// Most objects deleted in one pass.
     pub max_deletions: usize,
-    /// A release younger than this is kept (seconds).
+    /// A release younger than this is kept (milliseconds).
     pub release_age: u64,
     /// How many promoted releases besides the current one a service keeps (its rollback targets).
     pub keep_promoted: usize,
@@ -100,22 +100,25 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            grace: 24 * 3600,
-            uptime_for_blobs: 3600,
+            grace: 24 * HOUR,
+            uptime_for_blobs: HOUR,
             max_deletions: 20_000,
-            release_age: 7 * 24 * 3600,
+            release_age: 7 * 24 * HOUR,
             keep_promoted: 3,
             max_releases: 200,
         }
     }
 }
 
-/// How often a pass runs: daily, or hourly while the last one left work.
-pub const EVERY: u64 = 24 * 3600;
+/// An hour in milliseconds: every span here is in the unit of the moments it is added to.
+const HOUR: u64 = 3600 * 1000;
+
+/// How often a pass runs (milliseconds): daily, or hourly while the last one left work.
+pub const EVERY: u64 = 24 * HOUR;
 /// See [`EVERY`].
-pub const RETRY_EVERY: u64 = 3600;
-/// The first pass after a start waits this long (seconds).
-pub const FIRST_PASS_AFTER: u64 = 180;
+pub const RETRY_EVERY: u64 = HOUR;
+/// The first pass after a start waits this long (milliseconds).
+pub const FIRST_PASS_AFTER: u64 = 180 * 1000;
 
 /// What one pass did: its summary line.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -488,7 +491,7 @@ pub async fn sweep(storage: &Storage, judgement: Judgement, now: u64, uptime: u6
     } else if summary.failures > 0 {
         Some("a deletion failed".into())
     } else if uptime < limits.uptime_for_blobs {
-        Some(format!("this process has served for less than {} seconds", limits.uptime_for_blobs))
+        Some(format!("this process has served for less than {} seconds", limits.uptime_for_blobs / 1000))
     } else {
         None
     };

@@ -5,7 +5,7 @@ use crate::Registry;
 use crate::deployments::{CLAIMS, OPERATIONS, Operation, OperationView, deployable, refuse_deploy_on_push, rollout_of, view};
 use crate::names::{is_tag, service_repository};
 use crate::storage::{MANIFESTS, member_id, tag_id};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_rpc::{Access, Call, Registry as Methods};
 use schemars::JsonSchema;
@@ -85,7 +85,7 @@ async fn rollback(registry: Arc<Registry>, call: Call, input: RollbackInput) -> 
                 return Err(Refusal::new("release-current", "the service runs this release already")
                     .with_data(json!({ "operationId": id, "release": operation.tag })));
             }
-            let at = now_secs();
+            let at = now_ms();
             let release = capstan_inventory::services::ServiceRelease {
                 operation_id: id.clone(),
                 tag: operation.tag.clone(),

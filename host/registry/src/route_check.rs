@@ -9,7 +9,7 @@
 //! one is worth retrying once the target is fixed.
 
 use capstan_core::causes::{find_cause, tls_cause};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::net::non_public_range;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -68,7 +68,7 @@ pub struct Evidence {
     pub status: u16,
     /// The subject alternative names of the certificate presented.
     pub subject_alt_names: Vec<String>,
-    /// When (seconds).
+    /// When (milliseconds since the epoch).
     pub checked_at: u64,
 }
 
@@ -89,7 +89,7 @@ pub struct Diagnostic {
     pub status: Option<u16>,
     /// Always true: the check is worth running again once the target is fixed.
     pub retryable: bool,
-    /// When (seconds).
+    /// When (milliseconds since the epoch).
     pub checked_at: u64,
 }
 
@@ -101,7 +101,7 @@ fn failed(route: &Route, stage: Stage, code: &str, message: impl Into<String>) -
         message: message.into(),
         status: None,
         retryable: true,
-        checked_at: now_secs(),
+        checked_at: now_ms(),
     }
 }
 
@@ -218,7 +218,7 @@ impl RouteCheck {
             addresses: addresses.iter().map(ToString::to_string).collect(),
             status,
             subject_alt_names: names,
-            checked_at: now_secs(),
+            checked_at: now_ms(),
         })
     }
 }

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use capstan_auth::Identity;
 use capstan_blobs::BlobReader;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_store::Store;
 use futures::TryStreamExt;
 use serde_json::json;
@@ -70,7 +70,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 async fn caller(registry: &Registry, headers: &HeaderMap, scope: Option<(&str, Action)>) -> Result<Caller, OciError> {
     let Some(bearer) = bearer(headers) else { return Err(OciError::unauthorized(challenge(registry, scope))) };
     let found = if pulls::is_pull_secret(bearer) {
-        pulls::bearer_grant(&registry.storage.store, bearer, now_secs()).await.map(Caller::Puller)
+        pulls::bearer_grant(&registry.storage.store, bearer, now_ms()).await.map(Caller::Puller)
     } else {
         registry.auth.authenticate(bearer).await.map(Caller::Person)
     };
@@ -531,8 +531,8 @@ async fn put_manifest(
         artifact_type: judged.artifact_type,
         annotations: judged.annotations,
         references: judged.references,
-        created_at: now_secs(),
-        used_at: now_secs(),
+        created_at: now_ms(),
+        used_at: now_ms(),
     };
     let pusher = crate::storage::Pusher { identity: Some(caller), deployer: allowed.blobs_only };
     match registry.storage.put_manifest(record, bytes.to_vec(), tag, &pusher).await? {
@@ -660,7 +660,7 @@ mod tests {
         headers.insert(header::AUTHORIZATION, header_value(&format!("Bearer {}", body["token"].as_str().unwrap())));
         let bearer = bearer(&headers).unwrap();
         assert!(pulls::is_pull_secret(bearer), "told from a session by its prefix");
-        let caller = Caller::Puller(pulls::bearer_grant(&store, bearer, now_secs()).await.unwrap());
+        let caller = Caller::Puller(pulls::bearer_grant(&store, bearer, now_ms()).await.unwrap());
 
         let digest = format!("sha256:{}", "a".repeat(64));
         let judge = |path: String, action: Action| {
@@ -708,12 +708,12 @@ mod tests {
 
         // expired or revoked, the bearer stands for no one (answered 401 with the challenge)
         expire(&store, &credential, 1).await;
-        assert!(pulls::bearer_grant(&store, bearer, now_secs()).await.unwrap_err().is("unauthenticated"));
+        assert!(pulls::bearer_grant(&store, bearer, now_ms()).await.unwrap_err().is("unauthenticated"));
         let again = pulls::issue(&store, REPO, HOLDER, std::time::Duration::from_secs(600)).await.unwrap();
         let bearer = token(&store, &again.username, again.password.expose()).await.unwrap()["token"].as_str().unwrap().to_string();
-        pulls::bearer_grant(&store, &bearer, now_secs()).await.unwrap();
+        pulls::bearer_grant(&store, &bearer, now_ms()).await.unwrap();
         pulls::revoke(&store, HOLDER).await.unwrap();
-        assert!(pulls::bearer_grant(&store, &bearer, now_secs()).await.unwrap_err().is("unauthenticated"));
+        assert!(pulls::bearer_grant(&store, &bearer, now_ms()).await.unwrap_err().is("unauthenticated"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::errors::OciError;
 use crate::names::Digest;
 use capstan_blobs::digest::{DigestReader, Digesting};
 use capstan_blobs::{BlobReader, Blobs, PutMode};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result as StoreResult};
 use capstan_store::{CollectionSpec, Document, Store, Tx};
 use futures::{StreamExt, TryStreamExt};
@@ -50,7 +50,7 @@ pub struct BlobRecord {
     pub key: String,
     /// Bytes.
     pub size: u64,
-    /// When it was stored (seconds).
+    /// When it was stored (milliseconds since the epoch).
     pub created_at: u64,
     /// When a request last used it (found it, mounted it, pushed a manifest naming it), at most
     /// [`USE_RECORDED_EVERY`] stale: retention keeps it for a day after.
@@ -81,7 +81,7 @@ pub struct ManifestRecord {
     pub annotations: Option<Value>,
     /// The blobs and manifests it references.
     pub references: Vec<String>,
-    /// When it was first pushed to this repository (seconds).
+    /// When it was first pushed to this repository (milliseconds since the epoch).
     pub created_at: u64,
     /// When a request last used it (pushed or pulled it, pushed an index naming it).
     #[serde(default)]
@@ -98,7 +98,7 @@ pub struct TagRecord {
     pub tag: String,
     /// The manifest it names.
     pub digest: String,
-    /// When it last moved (seconds).
+    /// When it last moved (milliseconds since the epoch).
     pub updated_at: u64,
 }
 
@@ -126,15 +126,15 @@ pub struct UploadRecord {
     pub parts: Vec<Part>,
     /// Bytes so far.
     pub size: u64,
-    /// When it started (seconds).
+    /// When it started (milliseconds since the epoch).
     pub created_at: u64,
-    /// When a part last arrived (seconds).
+    /// When a part last arrived (milliseconds since the epoch).
     pub updated_at: u64,
 }
 
 /// A read records its use only when the last record is older than this (a pull writes at most
-/// once an hour per object); a push always records it.
-pub const USE_RECORDED_EVERY: u64 = 3600;
+/// once an hour per object); a push always records it. Milliseconds, as the moments it spans.
+pub const USE_RECORDED_EVERY: u64 = 3600 * 1000;
 
 /// Record that `id` was used `now`: always when `force`, else only when its last record is
 /// older than [`USE_RECORDED_EVERY`]. A write here is what makes retention, deciding about
@@ -150,8 +150,8 @@ pub async fn touch(tx: &Tx, collection: &str, id: &str, now: u64, force: bool) -
     Ok(true)
 }
 
-/// How long an upload may sit untouched before it is removed.
-pub const UPLOAD_IDLE_SECS: u64 = 24 * 3600;
+/// How long an upload may sit untouched before it is removed (milliseconds).
+pub const UPLOAD_IDLE_MS: u64 = 24 * 3600 * 1000;
 
 /// Who pushes a manifest, as the reserved tags judge it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -226,7 +226,7 @@ impl Storage {
     /// Record a read's use of `id` when its last recorded use (`used_at`) is an hour old (best
     /// effort: a failure costs only retention's grace for it).
     pub async fn note_use(&self, collection: &str, id: &str, used_at: u64) {
-        let now = now_secs();
+        let now = now_ms();
         if used_at + USE_RECORDED_EVERY > now {
             return;
         }
@@ -259,9 +259,9 @@ impl Storage {
     /// Record that `repository` holds the blob `digest` stored at `part` (or already stored
     /// elsewhere under that digest). Answers the keys that hold nothing now.
     pub async fn commit_blob(&self, repository: &str, digest: &Digest, part: &Part) -> StoreResult<Vec<String>> {
-        let record = BlobRecord { key: part.key.clone(), size: part.size, created_at: now_secs(), used_at: now_secs() };
+        let record = BlobRecord { key: part.key.clone(), size: part.size, created_at: now_ms(), used_at: now_ms() };
         let record = value(&record)?;
-        let link = json!({ "repository": repository, "digest": digest.as_str(), "createdAt": now_secs() });
+        let link = json!({ "repository": repository, "digest": digest.as_str(), "createdAt": now_ms() });
         let unused = self
             .store
             .transact(|tx| {
@@ -270,7 +270,7 @@ impl Storage {
                     let unused = match tx.get(BLOBS, digest.as_str()).await? {
                         Some(existing) if parse::<BlobRecord>(&existing)?.key != part.key => {
                             // the stored copy serves: marked used, so retention cannot take it now
-                            touch(&tx, BLOBS, digest.as_str(), now_secs(), true).await?;
+                            touch(&tx, BLOBS, digest.as_str(), now_ms(), true).await?;
                             vec![part.key.clone()]
                         }
                         Some(_) => vec![],
@@ -289,14 +289,14 @@ impl Storage {
 
     /// Link the blob `digest` from `from` into `to`, when `from` holds it.
     pub async fn mount(&self, from: &str, to: &str, digest: &Digest) -> StoreResult<bool> {
-        let link = json!({ "repository": to, "digest": digest.as_str(), "createdAt": now_secs() });
+        let link = json!({ "repository": to, "digest": digest.as_str(), "createdAt": now_ms() });
         self.store
             .transact(|tx| {
                 let link = link.clone();
                 async move {
                     let member = member_id(from, digest.as_str());
                     let held = tx.get(LINKS, &member).await?.is_some() || tx.get(MANIFESTS, &member).await?.is_some();
-                    if !held || !touch(&tx, BLOBS, digest.as_str(), now_secs(), true).await? {
+                    if !held || !touch(&tx, BLOBS, digest.as_str(), now_ms(), true).await? {
                         return Ok(false);
                     }
                     link_in(&tx, to, digest, link).await?;
@@ -355,13 +355,13 @@ impl Storage {
         let key = format!("registry/manifests/{}", record.digest);
         let size = bytes.len() as u64;
         self.blobs.put_bytes(&key, bytes, PutMode::Overwrite).await?;
-        let blob = value(&BlobRecord { key: key.clone(), size, created_at: now_secs(), used_at: now_secs() })?;
+        let blob = value(&BlobRecord { key: key.clone(), size, created_at: now_ms(), used_at: now_ms() })?;
         let data = value(&record)?;
         let tag_data = tag.map(|tag| TagRecord {
             repository: record.repository.clone(),
             tag: tag.into(),
             digest: record.digest.clone(),
-            updated_at: now_secs(),
+            updated_at: now_ms(),
         });
         let tag_data = tag_data.as_ref().map(value).transpose()?;
         let record = &record;
@@ -371,7 +371,7 @@ impl Storage {
                 async move {
                     // every record this manifest stands on is marked used in this transaction, so
                     // retention deciding about one of them now conflicts with it and keeps it
-                    let now = now_secs();
+                    let now = now_ms();
                     for reference in &record.references {
                         let member = member_id(&record.repository, reference);
                         let link = tx.get(LINKS, &member).await?.is_some();
@@ -495,7 +495,7 @@ impl Storage {
     /// Start an upload into `repository`.
     pub async fn start_upload(&self, repository: &str, user_id: &str) -> StoreResult<String> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let at = now_secs();
+        let at = now_ms();
         let record = value(&UploadRecord {
             repository: repository.into(),
             user_id: user_id.into(),
@@ -531,7 +531,7 @@ impl Storage {
     /// Record `part` as the upload's next part, if nothing else changed it since `revision`.
     pub async fn add_part(&self, id: &str, mut record: UploadRecord, revision: u64, part: Part) -> StoreResult<Result<UploadRecord, ()>> {
         record.size += part.size;
-        record.updated_at = now_secs();
+        record.updated_at = now_ms();
         record.parts.push(part);
         let data = value(&record)?;
         let saved = self
@@ -587,12 +587,12 @@ impl Storage {
         Ok(())
     }
 
-    /// Remove uploads untouched for [`UPLOAD_IDLE_SECS`]: how many.
+    /// Remove uploads untouched for [`UPLOAD_IDLE_MS`] before `now` (milliseconds since the epoch): how many.
     pub async fn expire_uploads(&self, now: u64) -> StoreResult<usize> {
         let mut expired = Vec::new();
         for doc in self.scan_all(UPLOADS).await? {
             let record: UploadRecord = parse(&doc)?;
-            if record.updated_at + UPLOAD_IDLE_SECS <= now {
+            if record.updated_at + UPLOAD_IDLE_MS <= now {
                 expired.push((doc.id, record));
             }
         }

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use capstan_auth::attempts;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_store::Store;
 use serde_json::{Value, json};
@@ -66,19 +66,21 @@ pub async fn token(State(registry): State<Arc<Registry>>, request: Request) -> R
     match opened {
         Ok(answer) => {
             tracing::info!(user = %answer.username, "registry token issued");
-            axum::Json(token_body(&answer.token, answer.expires_at, now_secs())).into_response()
+            axum::Json(token_body(&answer.token, answer.expires_at, now_ms())).into_response()
         }
         Err(refusal) => refused(&registry, refusal),
     }
 }
 
 /// The token flow's answer: `token` (and `access_token`, its OAuth name) valid until `expires_at`.
+/// Both moments are milliseconds; the answer counts `expires_in` in seconds, as the token
+/// specification says.
 fn token_body(token: &str, expires_at: u64, now: u64) -> Value {
-    let issued_at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(now)).to_string();
+    let issued_at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(now)).to_string();
     json!({
         "token": token,
         "access_token": token,
-        "expires_in": expires_at.saturating_sub(now),
+        "expires_in": expires_at.saturating_sub(now) / 1000,
         "issued_at": issued_at,
     })
 }
@@ -105,7 +107,7 @@ pub(crate) async fn pull_token(store: &Store, username: &str, password: &str, so
             tracing::warn!(code = %e.code, "a pull token attempt's count was not taken back: {}", e.message);
         }
     };
-    let now = now_secs();
+    let now = now_ms();
     match pulls::exchange(store, username, password, now).await {
         Ok(grant) => {
             take_back().await;

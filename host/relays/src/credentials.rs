@@ -13,7 +13,7 @@
 //! `capstan keyring export-relay-authorization` calls to write it to a private file; every
 //! export leaves a receipt (who, which credential and generation, when — never the bearer).
 
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::emit;
 use capstan_rpc::{Access, Call, Registry, receipts};
@@ -159,7 +159,7 @@ pub struct CredentialView {
     pub generation: u64,
     /// Its reference digest (never derived from the bearer).
     pub digest: String,
-    /// When the current generation was issued (seconds since the epoch).
+    /// When the current generation was issued (milliseconds since the epoch).
     pub updated_at: u64,
     /// True when this answer is a `mutationId` replay.
     #[serde(default)]
@@ -279,7 +279,7 @@ async fn deliver(
     let owner_ref = owner.reference();
     let found = tx.find(SECRETS, "by_owner_key", &[json!(owner_ref), json!(SECRET_KEY), json!("production")], None, 1).await?;
     let existing = found.documents.into_iter().next();
-    let at = now_secs();
+    let at = now_ms();
     let version_id = capstan_core::ids::new_id("ver");
     let (secret_id, secret, revision) = match (existing, current) {
         (None, None) => {
@@ -375,7 +375,7 @@ pub async fn mutate(cx: Context, call: Call, input: MutateInput) -> Result<Crede
                 )
                 .with_data(json!({ "clusterId": input.cluster_id, "generation": generation }))
             };
-            let at = now_secs();
+            let at = now_ms();
             let record = match (input.action, current) {
                 (Action::Ensure, Some((_, record))) => {
                     if input.expected_generation.is_some_and(|g| g != record.generation) {
@@ -556,7 +556,7 @@ async fn export(cx: Context, call: Call, input: ExportInput) -> Result<Exported>
                         .with_data(json!({ "clusterId": input.cluster_id })));
                 }
             }
-            let receipt = json!({ "clusterId": input.cluster_id, "credential": reference_ref, "exportedBy": actor_ref, "at": now_secs() });
+            let receipt = json!({ "clusterId": input.cluster_id, "credential": reference_ref, "exportedBy": actor_ref, "at": now_ms() });
             tx.insert(EXPORTS, receipt_ref, receipt).await?;
             emit(
                 &tx,

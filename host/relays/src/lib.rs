@@ -121,7 +121,7 @@ pub async fn identify(store: &Store, bearer: &[u8]) -> Result<(credentials::Veri
         })
         .await?;
     let Some((user_id, user)) = user else { return Err(capstan_rpc::denied()) };
-    let now = capstan_core::clock::now_secs();
+    let now = capstan_core::clock::now_ms();
     let identity = capstan_rpc::Identity {
         user_id,
         username: user["username"].as_str().unwrap_or_default().into(),

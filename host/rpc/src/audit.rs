@@ -532,7 +532,7 @@ mod tests {
             kind: "human".into(),
             admin: true,
             session_id: "s".into(),
-            authenticated_at: capstan_core::clock::now_secs(),
+            authenticated_at: capstan_core::clock::now_ms(),
             expires_at: u64::MAX,
         }
     }

@@ -1,7 +1,7 @@
 //! Who is calling: the identity authentication established for a request, and the one denial
 //! every authentication failure gets.
 
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use serde::Serialize;
 use std::time::Duration;
@@ -23,9 +23,9 @@ pub struct Identity {
     pub admin: bool,
     /// The session the token belongs to.
     pub session_id: String,
-    /// When the user last proved who they are (seconds since the epoch).
+    /// When the user last proved who they are (milliseconds since the epoch).
     pub authenticated_at: u64,
-    /// When the session ends (seconds since the epoch).
+    /// When the session ends (milliseconds since the epoch).
     pub expires_at: u64,
 }
 
@@ -37,7 +37,7 @@ impl Identity {
 
     /// Sensitive mutations need a recent login.
     pub fn require_fresh(&self) -> Result<()> {
-        if now_secs().saturating_sub(self.authenticated_at) > ADMIN_FRESHNESS.as_secs() {
+        if now_ms().saturating_sub(self.authenticated_at) > capstan_core::clock::millis(ADMIN_FRESHNESS) {
             return Err(Refusal::new("admin-not-fresh", "log in again: this change needs a login from the last 5 minutes"));
         }
         Ok(())

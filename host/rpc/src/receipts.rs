@@ -114,7 +114,7 @@ pub async fn record(
         "key": keys.active,
         "digest": keyed_digest(&keys.keys[&keys.active], &salt, request)?,
         "answer": answer,
-        "at": capstan_core::clock::now_secs(),
+        "at": capstan_core::clock::now_ms(),
     });
     tx.insert(RECEIPTS, &receipt_id(actor, mutation_id), receipt).await.map(drop)
 }

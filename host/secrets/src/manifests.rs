@@ -63,7 +63,7 @@ pub struct Manifest {
     pub number: u64,
     /// environment → key → secret version. Value-free.
     pub entries: BTreeMap<String, BTreeMap<String, Resolved>>,
-    /// When it was published (seconds since the epoch).
+    /// When it was published (milliseconds since the epoch).
     pub published_at: u64,
 }
 
@@ -156,7 +156,7 @@ pub async fn publish(tx: &Tx, service_id: &str) -> Result<Option<u64>> {
         return Ok(None);
     }
     let number = last + 1;
-    let manifest = Manifest { service_id: service_id.into(), number, entries, published_at: capstan_core::clock::now_secs() };
+    let manifest = Manifest { service_id: service_id.into(), number, entries, published_at: capstan_core::clock::now_ms() };
     tx.insert(MANIFESTS, &manifest_id(service_id, number), serde_json::to_value(&manifest).map_err(Refusal::internal)?).await?;
     tx.put(HEADS, service_id, head.map(|h| h.revision), json!({ "number": number })).await?;
     emit(tx, "secret.manifestPublished", service_id, json!({ "serviceId": service_id, "number": number })).await?;

@@ -4,7 +4,7 @@
 
 use super::envelope::{self, Envelope, MaterialContext};
 use super::ingress::{self, SealedInput};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::{Listing, emit, not_found};
 use capstan_keyring::Keyring;
@@ -230,11 +230,11 @@ pub struct Secret {
     pub current_version_id: String,
     /// How many versions it has: the newest one's number.
     pub versions: u64,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
-    /// When it last changed (seconds since the epoch).
+    /// When it last changed (milliseconds since the epoch).
     pub updated_at: u64,
-    /// When it was revoked (seconds since the epoch); absent while active.
+    /// When it was revoked (milliseconds since the epoch); absent while active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<u64>,
     /// How its first value was generated (absent for a sealed one): a manager's rotation
@@ -253,7 +253,7 @@ pub struct Version {
     pub number: u64,
     /// `generated` or `sealed`.
     pub source: String,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
     /// The id of the user who created it.
     pub created_by: String,
@@ -271,7 +271,7 @@ pub struct VersionView {
     pub number: u64,
     /// `generated` or `sealed`.
     pub source: String,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
     /// The id of the user who created it.
     pub created_by: String,
@@ -466,7 +466,7 @@ pub async fn revoke_owned(tx: &Tx, owner: &Owner) -> Result<()> {
     for doc in tx.find_all(SECRETS, "by_owner", &[json!(owner.reference())]).await? {
         let mut secret = parse_secret(&doc)?;
         if secret.state == State::Active {
-            let at = now_secs();
+            let at = now_ms();
             (secret.state, secret.revoked_at, secret.updated_at) = (State::Revoked, Some(at), at);
             tx.replace(SECRETS, &doc.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
             emit(tx, "secret.revoked", &doc.id, event_data(&doc.id, &secret)).await?;
@@ -503,7 +503,7 @@ pub(crate) async fn create(cx: Context, call: Call, input: CreateInput) -> Resul
                     return Ok(answer);
                 }
                 let organization_id = owner_organization(&tx, &input.owner).await?;
-                let at = now_secs();
+                let at = now_ms();
                 let secret = Secret {
                     owner: input.owner.clone(),
                     owner_ref: input.owner.reference(),
@@ -598,7 +598,7 @@ pub(crate) async fn rotate_or_reinstate(cx: Context, call: Call, input: RotateIn
                     return Err(Refusal::new("conflict", "the secret has a newer version than the one stated: read it again")
                         .with_data(json!({ "currentVersionId": secret.current_version_id })));
                 }
-                let at = now_secs();
+                let at = now_ms();
                 secret.versions += 1;
                 secret.current_version_id = version_ref.clone();
                 secret.updated_at = at;
@@ -647,8 +647,8 @@ pub(crate) async fn revoke(cx: Context, call: Call, input: RevokeInput) -> Resul
                 return Ok(view(&input.id, doc.revision, secret));
             }
             secret.state = State::Revoked;
-            secret.revoked_at = Some(now_secs());
-            secret.updated_at = now_secs();
+            secret.revoked_at = Some(now_ms());
+            secret.updated_at = now_ms();
             let doc = tx.replace(SECRETS, &input.id, doc.revision, serde_json::to_value(&secret).map_err(Refusal::internal)?).await?;
             emit(&tx, "secret.revoked", &input.id, event_data(&input.id, &secret)).await?;
             publish_manifest(&tx, &secret).await?;

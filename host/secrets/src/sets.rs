@@ -7,7 +7,7 @@
 use super::manifests::{self, Conflict, Resolved};
 use super::methods::Context;
 use super::methods::{Owner, SecretView};
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_inventory::{Entity, Listing, check_revision, emit, parse, require, to_value};
 use capstan_rpc::receipts;
@@ -60,11 +60,11 @@ pub struct SecretSet {
     pub description: String,
     /// Whether it is active or retired.
     pub state: SetState,
-    /// When it was created (seconds since the epoch).
+    /// When it was created (milliseconds since the epoch).
     pub created_at: u64,
-    /// When it last changed (seconds since the epoch).
+    /// When it last changed (milliseconds since the epoch).
     pub updated_at: u64,
-    /// When it was retired (seconds since the epoch); absent while active.
+    /// When it was retired (milliseconds since the epoch); absent while active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retired_at: Option<u64>,
 }
@@ -81,7 +81,7 @@ pub struct Attachment {
     pub organization_id: String,
     /// The service's secrets revision the attachment was made at: the resolution order.
     pub position: u64,
-    /// When it was attached (seconds since the epoch).
+    /// When it was attached (milliseconds since the epoch).
     pub attached_at: u64,
 }
 
@@ -333,7 +333,7 @@ async fn create(cx: Context, _: Call, input: CreateInput) -> Result<Entity<Secre
         .transact(|tx| async move {
             capstan_inventory::organizations::require_organization(&tx, &input.organization_id).await?;
             refuse_taken_name(&tx, &input.organization_id, &input.name, None).await?;
-            let at = now_secs();
+            let at = now_ms();
             let set = SecretSet {
                 organization_id: input.organization_id.clone(),
                 name: input.name.clone(),
@@ -374,7 +374,7 @@ async fn update(cx: Context, _: Call, input: UpdateInput) -> Result<Entity<Secre
             if let Some(description) = &input.description {
                 set.data.description = description.clone();
             }
-            set.data.updated_at = now_secs();
+            set.data.updated_at = now_ms();
             let doc = tx.replace(SETS, &input.id, set.revision, to_value(&set.data)?).await?;
             emit(&tx, "secretSet.updated", &input.id, json!({ "id": input.id, "name": set.data.name })).await?;
             Ok(Entity { revision: doc.revision, ..set })
@@ -419,7 +419,7 @@ async fn retire(cx: Context, call: Call, input: RetireInput) -> Result<Retired> 
             for service_id in &services {
                 detach_in(&tx, service_id, &input.id).await?;
             }
-            let at = now_secs();
+            let at = now_ms();
             set.data.state = SetState::Retired;
             set.data.retired_at = Some(at);
             set.data.updated_at = at;
@@ -501,7 +501,7 @@ async fn change_attachment(cx: Context, call: Call, input: AttachInput, attach: 
                     secret_set_id: input.secret_set_id.clone(),
                     organization_id: service.data.organization_id.clone(),
                     position,
-                    attached_at: now_secs(),
+                    attached_at: now_ms(),
                 };
                 tx.insert(ATTACHMENTS, &attachment_id(&input.service_id, &input.secret_set_id), to_value(&attachment)?).await?;
                 let data = json!({ "serviceId": input.service_id, "secretSetId": input.secret_set_id, "secretsRevision": position });

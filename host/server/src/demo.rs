@@ -22,7 +22,7 @@ const SERVICE: (&str, &str) = ("website", "docker.io/library/nginx:1.27");
 const PLUGINS_WAIT: Duration = Duration::from_secs(600);
 
 fn installer() -> Identity {
-    let now = capstan_core::clock::now_secs();
+    let now = capstan_core::clock::now_ms();
     Identity {
         user_id: "host:demo-installer".into(),
         username: "demo-installer".into(),
@@ -30,7 +30,7 @@ fn installer() -> Identity {
         admin: true,
         session_id: String::new(),
         authenticated_at: now,
-        expires_at: now + PLUGINS_WAIT.as_secs() + 600,
+        expires_at: now + capstan_core::clock::millis(PLUGINS_WAIT) + 600_000,
     }
 }
 

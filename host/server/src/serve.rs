@@ -107,7 +107,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let first_retention = scheduler.clone();
     tokio::spawn(async move {
         // the registry's first retention pass after a start (then hourly checks: docs/registry.md)
-        tokio::time::sleep(std::time::Duration::from_secs(capstan_registry::retention::FIRST_PASS_AFTER)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(capstan_registry::retention::FIRST_PASS_AFTER)).await;
         if let Err(e) = first_retention.trigger(RETENTION_TASK, "capstan").await {
             tracing::info!(code = %e.code, "the registry's first retention pass did not start here: {}", e.message);
         }
@@ -275,7 +275,7 @@ async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugi
         HostTask::new("host.expire-registry-uploads", "Expire abandoned registry uploads", "17 * * * *", move |log| {
             let storage = registry_storage.clone();
             async move {
-                let expired = storage.expire_uploads(capstan_core::clock::now_secs()).await?;
+                let expired = storage.expire_uploads(capstan_core::clock::now_ms()).await?;
                 log.line(format!("removed {expired} registry uploads untouched for a day"));
                 Ok(())
             }
@@ -290,7 +290,7 @@ async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugi
             let (storage, first_pass) = (retention_storage.clone(), first_pass.clone());
             async move {
                 use capstan_registry::retention;
-                let (now, uptime) = (capstan_core::clock::now_secs(), started.elapsed().as_secs());
+                let (now, uptime) = (capstan_core::clock::now_ms(), capstan_core::clock::millis(started.elapsed()));
                 // a pass 3 minutes after start, then daily (hourly while one left work)
                 let first = uptime >= retention::FIRST_PASS_AFTER && first_pass.swap(false, std::sync::atomic::Ordering::SeqCst);
                 if !first && !retention::due(&storage, now).await? {

@@ -2,7 +2,7 @@
 //! bearer, expired, revoked and swept.
 
 use super::*;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 
 pub(crate) const REPO: &str = "workloads/web-0123456789ab";
 pub(crate) const HOLDER: &str = "asg_0123456789abcdef";
@@ -25,7 +25,7 @@ pub(crate) async fn expire(store: &Store, credential: &PullCredential, secs_ago:
         .transact(|tx| async move {
             let doc = tx.require(PULL_CREDENTIALS, id).await?;
             let mut data = doc.data.clone();
-            data["expiresAt"] = json!(now_secs() - secs_ago);
+            data["expiresAt"] = json!(now_ms() - secs_ago * 1000);
             tx.replace(PULL_CREDENTIALS, id, doc.revision, data).await.map(drop)
         })
         .await
@@ -51,7 +51,7 @@ async fn record(store: &Store, id: &str) -> Option<Value> {
 #[tokio::test]
 async fn an_issued_credential_is_stored_only_as_its_digest() {
     let (store, _dir) = store().await;
-    let before = now_secs();
+    let before = now_ms();
     let credential = issue(&store, REPO, HOLDER, Duration::from_secs(600)).await.unwrap();
     let id = credential.id().to_string();
     assert!(id.starts_with("pcr_") && id.len() == 36, "{id}");
@@ -59,14 +59,14 @@ async fn an_issued_credential_is_stored_only_as_its_digest() {
     let secret = credential.password.expose();
     assert!(secret.starts_with("capstan_pull_") && secret.len() == "capstan_pull_".len() + 64, "a secret of 64 hex digits");
     assert!(!credential.username.contains(&secret["capstan_pull_".len()..]));
-    assert!((before + 600..=now_secs() + 600).contains(&credential.expires_at));
+    assert!((before + 600_000..=now_ms() + 600_000).contains(&credential.expires_at), "milliseconds since the epoch");
 
     let data = record(&store, &id).await.unwrap();
     assert_eq!(data["repository"], REPO);
     assert_eq!(data["holder"], HOLDER);
     assert_eq!(data["secretHash"], hex::encode(Sha256::digest(secret.as_bytes())));
     assert_eq!(data["expiresAt"], credential.expires_at);
-    assert_eq!(data["issuedAt"].as_u64().unwrap() + 600, credential.expires_at);
+    assert_eq!(data["issuedAt"].as_u64().unwrap() + 600_000, credential.expires_at);
     assert!(!data.to_string().contains(&secret["capstan_pull_".len()..]), "the secret is not stored");
 
     let other = issue(&store, REPO, HOLDER, Duration::from_secs(600)).await.unwrap();
@@ -106,7 +106,7 @@ async fn the_username_and_password_are_exchanged_for_a_grant_of_one_repository()
     let credential = issue(&store, REPO, HOLDER, Duration::from_secs(600)).await.unwrap();
     let other = issue(&store, "workloads/api-abcdefabcdef", "asg_other", Duration::from_secs(600)).await.unwrap();
     let (user, secret) = (credential.username.as_str(), credential.password.expose());
-    let now = now_secs();
+    let now = now_ms();
 
     let grant = exchange(&store, user, secret, now).await.unwrap();
     assert_eq!(grant, Grant { credential_id: credential.id().into(), repository: REPO.into(), expires_at: credential.expires_at });
@@ -139,7 +139,7 @@ async fn the_token_flow_answers_the_secret_as_a_bearer_of_the_grant() {
     let expires_in = body["expires_in"].as_u64().unwrap();
     assert!((590..=600).contains(&expires_in), "{expires_in}");
     let bearer = body["token"].as_str().unwrap();
-    let grant = bearer_grant(&store, bearer, now_secs()).await.unwrap();
+    let grant = bearer_grant(&store, bearer, now_ms()).await.unwrap();
     assert_eq!((grant.credential_id.as_str(), grant.repository.as_str()), (credential.id(), REPO));
 
     let refused = token(&store, user, &format!("{secret}x")).await.unwrap_err();
@@ -149,9 +149,9 @@ async fn the_token_flow_answers_the_secret_as_a_bearer_of_the_grant() {
     assert!(refused.is("unauthenticated"), "{refused:?}");
 
     // a bearer that is not a live credential's secret is the one denial
-    denied(bearer_grant(&store, &format!("{bearer}0"), now_secs()).await);
-    denied(bearer_grant(&store, "capstan_pull_", now_secs()).await);
-    denied(bearer_grant(&store, &secret["capstan_pull_".len()..], now_secs()).await);
+    denied(bearer_grant(&store, &format!("{bearer}0"), now_ms()).await);
+    denied(bearer_grant(&store, "capstan_pull_", now_ms()).await);
+    denied(bearer_grant(&store, &secret["capstan_pull_".len()..], now_ms()).await);
     denied(bearer_grant(&store, bearer, credential.expires_at).await);
 }
 
@@ -163,8 +163,8 @@ async fn an_expired_credential_is_refused_at_the_token_flow_and_as_a_bearer() {
     let bearer = token(&store, user, secret).await.unwrap()["token"].as_str().unwrap().to_string();
     expire(&store, &credential, 1).await;
     assert!(token(&store, user, secret).await.unwrap_err().is("unauthenticated"));
-    denied(exchange(&store, user, secret, now_secs()).await);
-    denied(bearer_grant(&store, &bearer, now_secs()).await);
+    denied(exchange(&store, user, secret, now_ms()).await);
+    denied(bearer_grant(&store, &bearer, now_ms()).await);
 }
 
 #[tokio::test]
@@ -173,7 +173,7 @@ async fn revoking_a_holder_ends_its_credentials_and_their_bearers_at_once() {
     let first = issue(&store, REPO, HOLDER, Duration::from_secs(600)).await.unwrap();
     let second = issue(&store, "workloads/api-abcdefabcdef", HOLDER, Duration::from_secs(600)).await.unwrap();
     let kept = issue(&store, REPO, "asg_other", Duration::from_secs(600)).await.unwrap();
-    let now = now_secs();
+    let now = now_ms();
     for c in [&first, &second, &kept] {
         exchange(&store, &c.username, c.password.expose(), now).await.unwrap();
     }
@@ -199,14 +199,18 @@ async fn the_sweep_drops_expired_records_only() {
     let gone = issue(&store, REPO, "asg_2", Duration::from_secs(600)).await.unwrap();
     expire(&store, &gone, 10).await;
 
-    assert_eq!(sweep(&store, now_secs()).await.unwrap(), 1);
+    assert_eq!(sweep(&store, now_ms()).await.unwrap(), 1);
     assert!(record(&store, gone.id()).await.is_none());
     assert!(record(&store, short.id()).await.is_some());
-    assert_eq!(sweep(&store, now_secs()).await.unwrap(), 0, "nothing else expired yet");
+    assert_eq!(sweep(&store, now_ms()).await.unwrap(), 0, "nothing else expired yet");
 
     assert_eq!(sweep(&store, short.expires_at).await.unwrap(), 1, "expired at its expiry");
     assert!(record(&store, short.id()).await.is_none());
-    exchange(&store, &long.username, long.password.expose(), now_secs()).await.unwrap();
+    exchange(&store, &long.username, long.password.expose(), now_ms()).await.unwrap();
+    // a caller still counting in seconds sweeps the same
+    let later = issue(&store, REPO, "asg_3", Duration::from_secs(1)).await.unwrap();
+    expire(&store, &later, 5).await;
+    assert_eq!(sweep(&store, capstan_core::clock::now_secs()).await.unwrap(), 1);
     assert_eq!(sweep(&store, long.expires_at + 1).await.unwrap(), 1);
     assert_eq!(sweep(&store, u64::MAX).await.unwrap(), 0);
 }

@@ -6,13 +6,14 @@ use crate::names::{Digest, Reference};
 use crate::storage::{self, ManifestRecord, Storage};
 use capstan_blobs::Blobs;
 use capstan_blobs::local::LocalBlobs;
-use capstan_core::clock::now_secs;
+use capstan_core::clock::now_ms;
 use capstan_store::Store;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
-const DAY: u64 = 24 * 3600;
-const SERVED: u64 = 2 * 3600;
+// spans in milliseconds, as the moments they are added to
+const DAY: u64 = 24 * 3600 * 1000;
+const SERVED: u64 = 2 * 3600 * 1000;
 
 struct Fixture {
     storage: Storage,
@@ -80,8 +81,8 @@ async fn manifest(storage: &Storage, repo: &str, body: Value, tag: Option<&str>)
         artifact_type: judged.artifact_type,
         annotations: judged.annotations,
         references: judged.references,
-        created_at: now_secs(),
-        used_at: now_secs(),
+        created_at: now_ms(),
+        used_at: now_ms(),
     };
     storage.put_manifest(record, bytes, tag, &storage::Pusher::default()).await.unwrap().map(|()| digest).map_err(|e| match e {
         storage::PutRefused::BlobUnknown(d) => d,
@@ -99,9 +100,9 @@ async fn image(storage: &Storage, repo: &str, layers: &[&str], tag: Option<&str>
     manifest(storage, repo, body, tag).await.unwrap()
 }
 
-/// Make every record look written and used `secs` ago.
-async fn age_everything(storage: &Storage, secs: u64) {
-    let then = now_secs() - secs;
+/// Make every record look written and used `ms` ago.
+async fn age_everything(storage: &Storage, ms: u64) {
+    let then = now_ms() - ms;
     for collection in [storage::BLOBS, storage::MANIFESTS] {
         storage
             .store
@@ -163,12 +164,12 @@ async fn every_keep_rule_holds_and_the_rest_goes() {
     s.store
         .transact(|tx| {
             let id = storage::member_id(REPO, &young);
-            async move { storage::touch(&tx, storage::MANIFESTS, &id, now_secs(), true).await }
+            async move { storage::touch(&tx, storage::MANIFESTS, &id, now_ms(), true).await }
         })
         .await
         .unwrap();
 
-    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let summary = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     for (what, digest) in
         [("tagged", &tagged), ("pushed", &pushed), ("young", &young), ("index", &index), ("child", &child), ("signature", &signature)]
     {
@@ -187,13 +188,13 @@ async fn every_keep_rule_holds_and_the_rest_goes() {
     // the old manifest's bytes, its config, its own layer and the loose layer
     assert_eq!(summary.blobs_deleted, 4, "{summary}");
     assert!(!summary.work_remains && summary.failures == 0, "{summary}");
-    assert!(!due(s, now_secs()).await.unwrap(), "the next pass is a day away");
-    assert!(due(s, now_secs() + EVERY).await.unwrap());
+    assert!(!due(s, now_ms()).await.unwrap(), "the next pass is a day away");
+    assert!(due(s, now_ms() + EVERY).await.unwrap());
     let line = summary.to_string();
     assert!(line.contains("1 manifests deleted") && line.contains("tools/ci") && line.contains("work remains: no"), "{line}");
 
     // nothing left to do: a second pass deletes nothing
-    let again = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let again = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert_eq!((again.manifests_deleted, again.blobs_deleted), (0, 0));
 }
 
@@ -205,15 +206,15 @@ async fn young_things_and_a_fresh_process_keep_their_blobs() {
     let layer = blob(s, REPO, b"layer").await;
     let m = image(s, REPO, &[&layer], None, json!({})).await;
     // everything is new: nothing goes
-    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let summary = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert_eq!((summary.manifests_deleted, summary.blobs_deleted), (0, 0));
     age_everything(s, 2 * DAY).await;
     // a process that has served less than an hour deletes manifests but no blob
-    let summary = pass(s, now_secs(), 60, &Limits::default()).await.unwrap();
+    let summary = pass(s, now_ms(), 60_000, &Limits::default()).await.unwrap();
     assert!(!has_manifest(s, REPO, &m).await);
     assert_eq!(summary.blobs_deleted, 0);
     assert!(summary.blobs_skipped.as_deref().unwrap().contains("less than"), "{summary}");
-    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let summary = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert!(summary.blobs_deleted >= 2 && !has_blob(s, REPO, &layer).await, "{summary}");
 }
 
@@ -227,17 +228,14 @@ async fn a_pass_stops_at_its_deletion_limit_and_the_next_one_finishes() {
     let second = image(s, REPO, &[&layer], None, json!({ "annotations": { "n": "2" } })).await;
     age_everything(s, 2 * DAY).await;
     let limits = Limits { max_deletions: 1, ..Limits::default() };
-    let summary = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    let summary = pass(s, now_ms(), SERVED, &limits).await.unwrap();
     assert_eq!(summary.manifests_deleted, 1);
     assert!(summary.work_remains && summary.blobs_skipped.is_some(), "{summary}");
-    assert!(
-        !due(s, now_secs()).await.unwrap() && due(s, now_secs() + RETRY_EVERY).await.unwrap(),
-        "work left: the next pass comes in an hour"
-    );
+    assert!(!due(s, now_ms()).await.unwrap() && due(s, now_ms() + RETRY_EVERY).await.unwrap(), "work left: the next pass comes in an hour");
     assert!(has_manifest(s, REPO, &first).await != has_manifest(s, REPO, &second).await);
     let mut passes = 0;
     while has_blob(s, REPO, &layer).await {
-        pass(s, now_secs(), SERVED, &limits).await.unwrap();
+        pass(s, now_ms(), SERVED, &limits).await.unwrap();
         passes += 1;
         assert!(passes < 10, "the passes finish");
     }
@@ -252,14 +250,14 @@ async fn a_push_during_a_pass_loses_nothing() {
     let layer = blob(s, REPO, b"old layer").await;
     let old = image(s, REPO, &[&layer], None, json!({})).await;
     age_everything(s, 2 * DAY).await;
-    let judgement = judge(s, now_secs(), &Limits::default()).await.unwrap();
+    let judgement = judge(s, now_ms(), &Limits::default()).await.unwrap();
     assert_eq!(judgement.doomed.len(), 1, "the old manifest is judged deletable");
     // meanwhile: a client tags the old manifest, and pushes a new one naming the old layer
     let bytes = s.manifest(REPO, &Reference::Digest(Digest::parse(&old).unwrap())).await.unwrap().unwrap();
     let body = s.manifest_bytes(&bytes.1).await.unwrap().unwrap();
     assert_eq!(manifest(s, REPO, serde_json::from_slice(&body).unwrap(), Some("rescued")).await.unwrap(), old);
     let fresh = image(s, REPO, &[&layer], Some("fresh"), json!({ "annotations": { "n": "fresh" } })).await;
-    let summary = sweep(s, judgement, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let summary = sweep(s, judgement, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert_eq!(summary.manifests_deleted, 0, "{summary}");
     assert!(has_manifest(s, REPO, &old).await && has_manifest(s, REPO, &fresh).await);
     assert!(has_blob(s, REPO, &layer).await, "the layer both name survives");
@@ -272,7 +270,7 @@ async fn a_manifest_naming_a_collected_blob_is_refused_so_the_client_pushes_it_a
     service(s, None).await;
     let layer = blob(s, REPO, b"soon gone").await;
     age_everything(s, 2 * DAY).await;
-    pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     let config = blob(s, REPO, b"config").await;
     let body = json!({ "schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": descriptor("application/vnd.oci.image.config.v1+json", &config), "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", &layer)] });
     assert_eq!(manifest(s, REPO, body.clone(), Some("v1")).await.unwrap_err(), layer);
@@ -283,7 +281,7 @@ async fn a_manifest_naming_a_collected_blob_is_refused_so_the_client_pushes_it_a
 /// A deployment operation `id` in `state` that pushed `digest` under `tag`, reserved and
 /// promoted `days_ago`.
 async fn release(storage: &Storage, id: &str, tag: &str, digest: &str, state: crate::deployments::State, days_ago: u64) {
-    let at = now_secs() - days_ago * DAY;
+    let at = now_ms() - days_ago * DAY;
     let operation = crate::deployments::Operation {
         service_id: SERVICE_ID.into(),
         repository: REPO.into(),
@@ -342,13 +340,13 @@ async fn releases_keep_the_current_the_unfinished_the_rollback_targets_and_the_y
     age_everything(s, 2 * DAY).await;
 
     let limits = Limits { max_releases: 1, ..Limits::default() };
-    let first = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    let first = pass(s, now_ms(), SERVED, &limits).await.unwrap();
     assert_eq!(first.releases_pruned, 1, "{first}");
     assert!(!has_release(s, "op_p1").await && !has_tag(s, "p1").await, "the oldest goes first, its tag with it");
     assert!(has_release(s, "op_p2").await && first.work_remains, "one per pass at this limit, and work remains: {first}");
     assert_eq!(first.most_recent_releases, 1, "only the young one is within the release age: {first}");
 
-    let second = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let second = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert_eq!(second.releases_pruned, 1, "{second}");
     assert!(!has_release(s, "op_p2").await && !has_tag(s, "p2").await);
     assert!(!has_manifest(s, REPO, &digests["p1"]).await, "the manifest of a pruned release goes once nothing reaches it");
@@ -358,7 +356,7 @@ async fn releases_keep_the_current_the_unfinished_the_rollback_targets_and_the_y
     for tag in ["current", "p3", "p4", "p5", "waiting", "young"] {
         assert!(has_tag(s, tag).await && has_manifest(s, REPO, &digests[tag]).await, "{tag} is kept");
     }
-    let third = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let third = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert_eq!(third.releases_pruned, 0, "{third}");
     assert!(!has_manifest(s, REPO, &digests["p2"]).await);
     assert!(has_blob(s, REPO, &layer).await, "the layer kept releases share stays");
@@ -373,8 +371,8 @@ async fn an_upload_untouched_for_a_day_is_removed_with_its_parts() {
     let key = Storage::part_key(&id, 0);
     let part = s.write_part(&key, Box::pin(std::io::Cursor::new(b"half a layer".to_vec()))).await.unwrap();
     s.add_part(&id, record, revision, part).await.unwrap().unwrap();
-    assert_eq!(s.expire_uploads(now_secs()).await.unwrap(), 0, "a fresh upload stays");
-    assert_eq!(s.expire_uploads(now_secs() + storage::UPLOAD_IDLE_SECS).await.unwrap(), 1);
+    assert_eq!(s.expire_uploads(now_ms()).await.unwrap(), 0, "a fresh upload stays");
+    assert_eq!(s.expire_uploads(now_ms() + storage::UPLOAD_IDLE_MS).await.unwrap(), 1);
     assert!(s.upload(REPO, &id).await.unwrap().is_none());
     assert!(s.blobs.head(&key).await.unwrap().is_none(), "its part is gone");
 }
@@ -401,7 +399,7 @@ async fn a_deleted_service_s_repository_is_emptied_by_the_next_pass_and_its_blob
         .await
         .unwrap();
     // a repository mark is all retirement writes; a host without the registry retires nothing
-    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let summary = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert_eq!((summary.retired, summary.manifests_deleted), (1, 2), "{summary}");
     assert!(summary.to_string().contains("1 repositories of deleted services emptied"), "{summary}");
     assert!(!has_tag(s, "stable").await);
@@ -413,7 +411,7 @@ async fn a_deleted_service_s_repository_is_emptied_by_the_next_pass_and_its_blob
     // an administrator's later push to the name is an unmapped repository's, kept
     let later = image(s, REPO, &[&layer], Some("again"), json!({ "n": 3 })).await;
     age_everything(s, 2 * DAY).await;
-    let summary = pass(s, now_secs(), SERVED, &Limits::default()).await.unwrap();
+    let summary = pass(s, now_ms(), SERVED, &Limits::default()).await.unwrap();
     assert!(has_manifest(s, REPO, &later).await && summary.unmapped.contains(&REPO.to_string()), "{summary}");
 }
 
@@ -428,10 +426,10 @@ async fn a_retired_repository_larger_than_the_pass_s_limit_is_emptied_over_passe
     }
     s.store.transact(|tx| async move { super::retire_service_repository(&tx, SERVICE_ID).await }).await.unwrap();
     let limits = Limits { max_deletions: 4, ..Limits::default() };
-    let first = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    let first = pass(s, now_ms(), SERVED, &limits).await.unwrap();
     assert_eq!((first.retired, first.work_remains), (0, true), "{first}");
     assert!(s.store.read_many(&[(super::RETIRED, REPO)]).await.unwrap()[0].is_some(), "the mark stays until all of it went");
-    let second = pass(s, now_secs(), SERVED, &limits).await.unwrap();
+    let second = pass(s, now_ms(), SERVED, &limits).await.unwrap();
     assert_eq!(second.retired, 1, "{second}");
     assert_eq!(first.manifests_deleted + second.manifests_deleted, 3);
 }
@@ -450,7 +448,7 @@ async fn an_object_no_record_names_is_noted_then_deleted_a_grace_later() {
     s.blobs.put_bytes(&writing, b"arriving".to_vec(), capstan_blobs::PutMode::Overwrite).await.unwrap();
     let exists = |key: String| async move { s.blobs.get_bytes(&key).await.unwrap().is_some() };
 
-    let now = now_secs();
+    let now = now_ms();
     let first = pass(s, now, SERVED, &Limits::default()).await.unwrap();
     assert_eq!(first.orphans_deleted, 0, "first noted: {first}");
     assert!(exists(orphan.clone()).await);

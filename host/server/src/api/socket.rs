@@ -343,8 +343,8 @@ async fn session(
     // the session ends with the token it opened with (a relay's bearer has no lifetime: it
     // holds until rotated, which every frame checks)
     let expiry = identity.as_ref().filter(|_| relay.is_none()).map(|i| {
-        let left = i.expires_at.saturating_sub(capstan_core::clock::now_secs());
-        Instant::now() + Duration::from_secs(left)
+        let left = i.expires_at.saturating_sub(capstan_core::clock::now_ms());
+        Instant::now() + Duration::from_millis(left)
     });
     let session = Session {
         state: state.clone(),

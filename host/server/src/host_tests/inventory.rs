@@ -58,6 +58,30 @@ impl World {
 }
 
 #[tokio::test]
+async fn every_moment_answered_is_milliseconds_since_the_epoch() {
+    let w = World::new().await;
+    let before = capstan_core::clock::now_ms();
+    let org = w.ok(&w.admin, "organizations.create", json!({ "name": "acme" })).await;
+    let cluster = w.ok(&w.admin, "clusters.create", json!({ "name": "eu-1" })).await;
+    let service = w.ok(&w.admin, "services.create", json!({"name": "web", "organizationId": org["id"], "image": "nginx:1.27"})).await;
+    let whoami = w.ok(&w.admin, "auth.whoami", json!({})).await;
+    let after = capstan_core::clock::now_ms();
+    for (what, at) in [
+        ("organization", &org["createdAt"]),
+        ("organization", &org["updatedAt"]),
+        ("cluster", &cluster["cluster"]["createdAt"]),
+        ("service", &service["createdAt"]),
+        ("service", &service["updatedAt"]),
+    ] {
+        let at = at.as_u64().unwrap_or_else(|| panic!("{what}: {org} {cluster} {service}"));
+        assert!((before..=after).contains(&at), "{what}: {at} is not between {before} and {after}");
+    }
+    let session_ends = whoami["expiresAt"].as_u64().unwrap();
+    assert!(session_ends > after + 11 * 3600 * 1000, "a 12-hour session, in milliseconds: {whoami}");
+    assert!(whoami["authenticatedAt"].as_u64().unwrap() > capstan_core::clock::SECONDS_BELOW, "{whoami}");
+}
+
+#[tokio::test]
 async fn organizations_keep_admins_and_owners_apart() {
     let w = World::new().await;
     let (owner, member, stranger) = (w.person("olga").await, w.person("max").await, w.person("sam").await);
@@ -468,13 +492,21 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
     let listed = w.ok(&w.admin, "deployers.list", json!({})).await;
     assert_eq!(listed["items"][0]["grants"][0]["capabilities"], json!(["deployment:status", "registry:push"]));
     assert!(!listed.to_string().contains(deployer["token"].as_str().unwrap()));
-    let year = 365 * 24 * 3600;
-    assert!(listed["items"][0]["tokenExpiresAt"].as_u64().unwrap() > capstan_core::clock::now_secs() + year - 60, "a year by default");
+    let year = 365 * 24 * 3600 * 1000;
+    assert!(listed["items"][0]["tokenExpiresAt"].as_u64().unwrap() > capstan_core::clock::now_ms() + year - 60_000, "a year by default");
+    // a moment in seconds reads as 1970 and is refused
+    w.refused(
+        &w.admin,
+        "deployers.create",
+        json!({"username": "secs", "expiresAt": capstan_core::clock::now_secs() + 3600}),
+        "expiry-invalid",
+    )
+    .await;
     w.refused(&w.admin, "deployers.create", json!({"username": "old", "expiresAt": 1}), "expiry-invalid").await;
     w.refused(
         &w.admin,
         "deployers.rotateToken",
-        json!({"userId": uid, "expiresAt": capstan_core::clock::now_secs() + 2 * year}),
+        json!({"userId": uid, "expiresAt": capstan_core::clock::now_ms() + 2 * year}),
         "expiry-invalid",
     )
     .await;
@@ -482,7 +514,7 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
 
     // an expired token opens nothing, and its sessions end
     let short =
-        w.ok(&w.admin, "deployers.create", json!({"username": "short-lived", "expiresAt": capstan_core::clock::now_secs() + 60})).await;
+        w.ok(&w.admin, "deployers.create", json!({"username": "short-lived", "expiresAt": capstan_core::clock::now_ms() + 60_000})).await;
     let short_session = w.state.auth.exchange_token(short["token"].as_str().unwrap(), None).await.unwrap();
     let short_id = short["userId"].as_str().unwrap().to_string();
     let store = w.state.store.clone();
@@ -492,7 +524,7 @@ async fn deployers_hold_grants_per_service_and_nobody_else_can() {
             async move {
                 let doc = tx.require(crate::auth::CREDENTIALS, &short_id).await?;
                 let mut data = doc.data.clone();
-                data["tokenExpiresAt"] = json!(capstan_core::clock::now_secs() - 1);
+                data["tokenExpiresAt"] = json!(capstan_core::clock::now_ms() - 1);
                 tx.replace(crate::auth::CREDENTIALS, &short_id, doc.revision, data).await
             }
         })
