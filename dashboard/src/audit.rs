@@ -83,7 +83,7 @@ struct RecordView {
 }
 
 fn record_view(r: &Value) -> RecordView {
-    let (at, at_iso) = when(u64_of(r, "at") / 1000);
+    let (at, at_iso) = when(u64_of(r, "at"));
     let actor = &r["actor"];
     let method = str_of(r, "method");
     let (area, verb) = method.split_once('.').unwrap_or((method, ""));

@@ -223,7 +223,7 @@ fn relay_view(cluster: &ClusterView, registration: &Result<Option<Value>>, crede
             return view;
         }
     };
-    let accepted = u64_of(item, "acceptedAt") / 1000;
+    let accepted = u64_of(item, "acceptedAt");
     let (accepted_at, accepted_iso) = when(accepted);
     let version: String = str_of(item, "version").chars().take(64).collect();
     let mut parts = vec!["registered".to_string()];

@@ -121,15 +121,15 @@ fn within(ms: u64) -> String {
 
 /// `13:45:07 UTC` (ms since the epoch), for the time of a refresh.
 fn clock(ms: u64) -> String {
-    let text = rfc3339(ms / 1000);
+    let text = rfc3339(ms);
     text.get(11..19).map(|t| format!("{t} UTC")).unwrap_or(text)
 }
 
 fn view(listing: &listing::Listing) -> FleetView {
     let now = listing.now;
     let freeze = listing.freeze.as_ref().map(|f| FreezeView {
-        since: utc(f.since / 1000),
-        since_iso: rfc3339(f.since / 1000),
+        since: utc(f.since),
+        since_iso: rfc3339(f.since),
         by: f.by.clone(),
         reason: f.reason.clone(),
     });
@@ -140,7 +140,7 @@ fn view(listing: &listing::Listing) -> FleetView {
         } else {
             format!("expired {}", ago(now.saturating_sub(lease.expires_at)))
         };
-        CoordinatorView { holder: lease.holder.clone(), fence: lease.fence, current, expiry, expires_iso: rfc3339(lease.expires_at / 1000) }
+        CoordinatorView { holder: lease.holder.clone(), fence: lease.fence, current, expiry, expires_iso: rfc3339(lease.expires_at) }
     });
     let versions = BINARIES
         .iter()
@@ -165,7 +165,7 @@ fn view(listing: &listing::Listing) -> FleetView {
         .nodes
         .iter()
         .map(|row| {
-            let beat_at = row.heartbeat_age_ms.map(|age| now.saturating_sub(age) / 1000);
+            let beat_at = row.heartbeat_age_ms.map(|age| now.saturating_sub(age));
             RowView {
                 node_id: row.node_id.clone(),
                 state: row.state.clone(),
@@ -201,7 +201,7 @@ async fn read_listing(state: &Host, identity: &Viewer) -> Result<listing::Listin
 /// shown as its code and client-facing message, never its detail).
 async fn panel_context(state: &Host, identity: &Viewer) -> minijinja::Value {
     let now = capstan_core::clock::now_ms();
-    let checked = context! { checked_at => clock(now), checked_iso => rfc3339(now / 1000) };
+    let checked = context! { checked_at => clock(now), checked_iso => rfc3339(now) };
     match read_listing(state, identity).await {
         Ok(listing) => context! { fleet => Serde(Some(view(&listing))), error => Serde(None::<ErrorView>), ..checked },
         Err(refusal) => {

@@ -232,9 +232,9 @@ pub(super) fn shown_name(name: Option<&str>) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // Values
 
-/// `2025-01-31 13:45 UTC` and its RFC 3339 form, from seconds since the epoch.
-pub(super) fn when(secs: u64) -> (String, String) {
-    (utc(secs), rfc3339(secs))
+/// `2025-01-31 13:45 UTC` and its RFC 3339 form, from milliseconds since the epoch.
+pub(super) fn when(ms: u64) -> (String, String) {
+    (utc(ms), rfc3339(ms))
 }
 
 pub(super) fn str_of<'a>(value: &'a Value, key: &str) -> &'a str {

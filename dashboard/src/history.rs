@@ -79,7 +79,7 @@ fn level_of(kind: &str) -> (&'static str, &'static str) {
 
 /// `2026-12-06 22:40:01 UTC` and its RFC 3339 form, from milliseconds since the epoch.
 fn stamp(ms: u64) -> (String, String) {
-    let iso = rfc3339(ms / 1000);
+    let iso = rfc3339(ms);
     let shown = match (iso.get(..10), iso.get(11..19)) {
         (Some(date), Some(time)) => format!("{date} {time} UTC"),
         _ => iso.clone(),

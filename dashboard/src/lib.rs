@@ -51,6 +51,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
+use capstan_core::clock::now_ms;
 use capstan_core::text::SecretString;
 use capstan_rpc::Registry;
 use capstan_server::plugins::faces::NAV_ICONS;
@@ -61,7 +62,7 @@ use minijinja::{Environment, ErrorKind, UndefinedBehavior, context};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 use zeroize::Zeroize;
 
 /// The cookie that carries the session JWT.
@@ -486,13 +487,13 @@ fn to_login(state: &Host, headers: &HeaderMap) -> Response {
     response
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
+/// The last moment the formatter takes (9999-12-31 23:59:59.999 UTC), in milliseconds.
+const LAST_MS: u64 = 253_402_300_799_999;
 
-/// `2025-01-31 13:45 UTC` (seconds since the epoch; clamped to what the formatter takes).
-fn utc(secs: u64) -> String {
-    let at = UNIX_EPOCH + Duration::from_secs(secs.min(253_402_300_799));
+/// `2025-01-31 13:45 UTC` (milliseconds since the epoch, as every moment the API answers;
+/// clamped to what the formatter takes).
+fn utc(ms: u64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(ms.min(LAST_MS));
     let text = humantime::format_rfc3339_seconds(at).to_string();
     match (text.get(..10), text.get(11..16)) {
         (Some(date), Some(time)) => format!("{date} {time} UTC"),
@@ -500,13 +501,14 @@ fn utc(secs: u64) -> String {
     }
 }
 
-fn rfc3339(secs: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs.min(253_402_300_799))).to_string()
+/// The RFC 3339 form of a moment (milliseconds since the epoch), to the second.
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms.min(LAST_MS))).to_string()
 }
 
-/// `in 11 h 59 min`.
+/// `in 11 h 59 min` until a moment (milliseconds since the epoch).
 fn time_left(until: u64) -> String {
-    let left = until.saturating_sub(now_secs());
+    let left = until.saturating_sub(now_ms()) / 1000;
     let (hours, minutes) = (left / 3600, (left % 3600) / 60);
     match (hours, minutes) {
         (0, 0) => "in less than a minute".into(),
@@ -656,9 +658,9 @@ fn status_context(report: &StatusReport) -> minijinja::Value {
         .iter()
         .rev()
         .take(10)
-        .map(|h| HistoryRow { step: h.step.clone(), from: h.from.clone(), to: h.to.clone(), finished: utc(h.finished_at / 1000) })
+        .map(|h| HistoryRow { step: h.step.clone(), from: h.from.clone(), to: h.to.clone(), finished: utc(h.finished_at) })
         .collect();
-    let now = now_secs();
+    let now = now_ms();
     context! {
         status => Serde(report),
         history => Serde(history),
@@ -760,7 +762,8 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
     match result {
         Ok((token, expires_at)) => {
             let token = zeroize::Zeroizing::new(token);
-            let max_age = expires_at.saturating_sub(now_secs());
+            // a cookie's Max-Age counts seconds
+            let max_age = expires_at.saturating_sub(now_ms()) / 1000;
             let cookie = format!("{SESSION_COOKIE}={}; {}", token.as_str(), cookie_attributes(max_age, is_https(&state)));
             let Ok(cookie) = HeaderValue::from_str(&cookie) else {
                 return unavailable(Refusal::internal("the session token is not a valid cookie value"));

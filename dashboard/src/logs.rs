@@ -206,7 +206,7 @@ struct ReplicaView {
 }
 
 fn at_ms(value: &Value, key: &str) -> Option<(String, String)> {
-    value[key].as_u64().map(|ms| when(ms / 1000))
+    value[key].as_u64().map(when)
 }
 
 /// The replicas of `runtime.getLogAttempts` items (newest first), by slot, `chosen` marked.

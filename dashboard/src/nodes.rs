@@ -11,7 +11,7 @@
 
 use super::fleet::ago;
 use super::forms::{ErrorView, Flash, Signed, call, encode, number, post, query_of, redirect, status_of, str_of, u64_of};
-use super::{nav, now_secs, render, user_view};
+use super::{nav, now_ms, render, user_view};
 use crate::Host;
 use crate::Viewer;
 use crate::refusal::Refusal;
@@ -61,7 +61,7 @@ fn node_row(node: &Value) -> NodeRow {
     let status = &node["intentStatus"];
     let wanted = str_of(&intent, "hostname");
     let apply_failed = (str_of(status, "state") == "failed").then(|| str_of(status, "reason").to_string());
-    let now_ms = now_secs() * 1000;
+    let now_ms = now_ms();
     NodeRow {
         href: format!("/nodes/{}", encode(&id)),
         name: str_of(node, "name").into(),
@@ -211,7 +211,7 @@ pub(super) async fn jump(State(state): State<Host>, Path(cluster_id): Path<Strin
     }
     match call(&state, &identity, "nodes.createJumpCommand", body).await {
         Ok(jump) => {
-            let expires = jump["expiresAt"].as_u64().unwrap_or_default() / 1000;
+            let expires = jump["expiresAt"].as_u64().unwrap_or_default();
             let name = cluster_name(&state, &identity, &cluster_id).await.unwrap_or_else(|_| cluster_id.clone());
             let ctx = context! {
                 page => "Add a node",
@@ -260,12 +260,12 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
         None => String::new(),
     };
     let credential_view = credential.as_ref().ok().map(|c| {
-        let rotated = u64_of(c, "rotatedAt") / 1000;
+        let rotated = u64_of(c, "rotatedAt");
         context! {
             generation => u64_of(c, "generation"),
             state => str_of(c, "state"),
             rotated => super::utc(rotated),
-            revoked => c.get("revokedAt").and_then(Value::as_u64).map(|at| super::utc(at / 1000)),
+            revoked => c.get("revokedAt").and_then(Value::as_u64).map(super::utc),
         }
     });
     let row = node.map(node_row);
@@ -282,11 +282,11 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
         error => Serde(read.as_ref().err().map(ErrorView::from)),
         node => Serde(row),
         facts => Serde(node.map(|n| report_facts(&n["report"])).unwrap_or_default()),
-        enrolled => node.map(|n| super::utc(u64_of(n, "enrolledAt") / 1000)),
+        enrolled => node.map(|n| super::utc(u64_of(n, "enrolledAt"))),
         credential => credential_view,
         recipient => node.and_then(|n| n.get("recipient")).map(|r| context! {
             generation => u64_of(r, "generation"),
-            enrolled => super::utc(u64_of(r, "enrolledAt") / 1000),
+            enrolled => super::utc(u64_of(r, "enrolledAt")),
             key => str_of(r, "publicKey").chars().take(12).collect::<String>(),
         }),
         credential_error => Serde(credential.as_ref().err().map(ErrorView::from)),

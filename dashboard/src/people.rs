@@ -398,7 +398,7 @@ async fn render_publishers(state: &Host, identity: &Viewer, status: StatusCode, 
                 .into_iter()
                 .flatten()
                 .map(|p| {
-                    let (added, added_iso) = when(u64_of(p, "addedAt") / 1000);
+                    let (added, added_iso) = when(u64_of(p, "addedAt"));
                     PublisherRow {
                         name: str_of(p, "name").into(),
                         fingerprint: str_of(p, "fingerprint").into(),

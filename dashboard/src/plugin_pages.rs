@@ -328,10 +328,10 @@ fn render_plugin_template(active: &Active, name: &str, ctx: minijinja::Value) ->
 }
 
 /// `{{ at | when }}`: a time in milliseconds since the epoch as `2025-01-31 13:45 UTC`
-/// (`{{ at | when("s") }}` for seconds); anything else as it is.
+/// (`{{ at | when("s") }}` for a plugin's own seconds); anything else as it is.
 fn when_filter(value: minijinja::Value, unit: Option<&str>) -> String {
     match u64::try_from(value.clone()) {
-        Ok(n) => super::utc(if unit == Some("s") { n } else { n / 1000 }),
+        Ok(n) => super::utc(if unit == Some("s") { n.saturating_mul(1000) } else { n }),
         Err(_) => value.to_string(),
     }
 }

@@ -192,7 +192,7 @@ fn row_view(view: PluginView, names: &HashMap<String, String>) -> RowView {
         ("failed", None) => Some(ErrorView { code: "not-loaded".into(), message: "not loaded on this node yet".into() }),
         _ => None,
     };
-    let installed = view.installed_at / 1000;
+    let installed = view.installed_at;
     RowView {
         publisher: publisher_view(&view.publisher, names),
         enabled: view.status != "disabled",

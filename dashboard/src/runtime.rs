@@ -296,7 +296,7 @@ fn target_view(target: &Value, service_id: &str, clusters: &BTreeMap<String, Str
         reason: str_of(&target["verdict"], "reason").to_string(),
         words,
         class,
-        since: target["since"].as_u64().map(|ms| when(ms / 1000)),
+        since: target["since"].as_u64().map(when),
         spec: spec_words(&target["spec"], &names.nodes),
         slots,
     }

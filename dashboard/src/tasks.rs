@@ -31,7 +31,7 @@ const _: () = assert!(EXECUTIONS <= PAGE);
 
 /// `2025-01-31 13:45:07 UTC` and its RFC 3339 form, from milliseconds since the epoch.
 fn at_ms(ms: u64) -> (String, String) {
-    let iso = rfc3339(ms / 1000);
+    let iso = rfc3339(ms);
     let shown = match (iso.get(..10), iso.get(11..19)) {
         (Some(date), Some(time)) => format!("{date} {time} UTC"),
         _ => iso.clone(),
@@ -128,9 +128,9 @@ fn task_view(value: &Value) -> TaskView {
         cron: str_of(value, "cron").into(),
         enabled: value.get("enabled").and_then(Value::as_bool).unwrap_or(false),
         enabled_by_default: value.get("enabledByDefault").and_then(Value::as_bool).unwrap_or(true),
-        next_run: next.map(|ms| when(ms / 1000).0),
-        next_run_iso: next.map(|ms| when(ms / 1000).1),
-        next_run_in: next.map(|ms| time_left(ms.div_ceil(1000))),
+        next_run: next.map(|ms| when(ms).0),
+        next_run_iso: next.map(|ms| when(ms).1),
+        next_run_in: next.map(time_left),
         running: value.get("runningExecutionId").and_then(Value::as_str).map(str::to_string),
         last,
     }

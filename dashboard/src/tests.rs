@@ -426,10 +426,12 @@ fn every_template_compiles() {
 
 #[test]
 fn times_are_shown_in_utc() {
+    // every moment is milliseconds since the epoch
     assert_eq!(utc(0), "1970-01-01 00:00 UTC");
-    assert_eq!(utc(1_700_000_000), "2023-11-14 22:13 UTC");
+    assert_eq!(utc(1_700_000_000_000), "2023-11-14 22:13 UTC");
+    assert_eq!(rfc3339(1_700_000_000_999), "2023-11-14T22:13:20Z");
     assert_eq!(utc(u64::MAX), "9999-12-31 23:59 UTC");
-    assert_eq!(time_left(now_secs() + 3 * 3600 + 120 + 30), "in 3 h 2 min");
+    assert_eq!(time_left(now_ms() + (3 * 3600 + 120 + 30) * 1000), "in 3 h 2 min");
     assert_eq!(time_left(0), "in less than a minute");
 }
 
@@ -456,7 +458,7 @@ async fn add_operator(state: &AppState) {
         .transact(|tx| {
             let verifier = verifier.clone();
             async move {
-                let at = capstan_core::clock::now_secs();
+                let at = capstan_core::clock::now_ms();
                 let user =
                     crate::auth::User { username: "oscar".into(), kind: "human".into(), admin: false, created_at: at, disabled: false };
                 let credential = crate::auth::Credential {
@@ -618,7 +620,7 @@ async fn the_fleet_view_shows_nodes_versions_the_coordinator_and_a_freeze() {
     let body = &page.body;
     assert!(body.contains(r#"id="fleet-freeze""#) && body.contains("Deploys are frozen"), "{body}");
     assert!(body.contains(r#"<b id="freeze-by">alice</b>"#) && body.contains(r#"<q id="freeze-reason">release week</q>"#), "{body}");
-    assert!(body.contains(&utc(freeze.since / 1000)), "since, in UTC: {body}");
+    assert!(body.contains(&utc(freeze.since)), "since, in UTC: {body}");
 
     // the panel route: only the fragment, with the same facts
     let panel = send(&state, get("/fleet/panel", Some(&cookie))).await;
@@ -2989,7 +2991,7 @@ async fn the_relays_panel_shows_off_awaiting_registered_live_and_socket_gone() {
     *fake.items.lock().unwrap() =
         serde_json::json!([relay_item("cluster_other", false, None), relay_item(&id, true, Some(("10.0.0.5", 8443)))]);
     let page = detail(format!("/clusters/{id}")).await;
-    let since = utc(1_764_650_000);
+    let since = utc(1_764_650_000_000);
     assert!(page.body.contains(r#"id="relay-state" data-state="registered""#), "{}", page.body);
     assert_eq!(text_of(&page.body, "relay-summary"), format!("registered · 10.0.0.5:8443 · 0.1.0 · since {since}"));
     assert!(page.body.contains(r#"id="relay-live" data-live="true">live<"#), "{}", page.body);

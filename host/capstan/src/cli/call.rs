@@ -326,7 +326,7 @@ fn cell(column: &str, value: &Value) -> String {
     match value {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
-        // `createdAt`, `expiresAt`, …: Unix times, read as UTC
+        // `createdAt`, `expiresAt`, …: moments (milliseconds since the epoch), read as UTC
         Value::Number(n) if column.ends_with("At") && n.is_u64() => super::client::utc(n.as_u64()),
         other => other.to_string(),
     }
@@ -407,7 +407,7 @@ mod tests {
 
     #[test]
     fn times_read_as_utc_and_absent_values_as_a_dash() {
-        assert_eq!(cell("createdAt", &json!(1_700_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(cell("createdAt", &json!(1_700_000_000_000u64)), "2023-11-14 22:13:20 UTC");
         assert_eq!(cell("revision", &json!(3)), "3");
         assert_eq!(cell("note", &Value::Null), "-");
     }

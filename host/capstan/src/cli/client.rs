@@ -144,13 +144,13 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     text
 }
 
-/// A Unix time (seconds, or milliseconds when that large) as UTC text; `?` when absent.
+/// A moment (milliseconds since the epoch, as every moment the API answers) as UTC text; `?`
+/// when absent.
 pub fn utc(at: Option<u64>) -> String {
     let Some(at) = at else { return "?".into() };
-    let seconds = if at > 100_000_000_000 { at / 1000 } else { at };
-    i64::try_from(seconds)
+    i64::try_from(at)
         .ok()
-        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+        .and_then(chrono::DateTime::from_timestamp_millis)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .unwrap_or_else(|| at.to_string())
 }
@@ -555,8 +555,8 @@ fn run_login(args: LoginArgs) -> Result<()> {
     } else {
         let role = if admin { " (administrator)" } else { "" };
         println!("logged in to {} as {who}{role}", client.url());
-        if let Some(at) = expires_at.and_then(|s| chrono::DateTime::from_timestamp(i64::try_from(s).ok()?, 0)) {
-            println!("  session until {}", at.format("%Y-%m-%d %H:%M:%S UTC"));
+        if expires_at.is_some() {
+            println!("  session until {}", utc(expires_at));
         }
         println!("  token stored in {} (mode 0600)", path.display());
     }
@@ -710,8 +710,9 @@ mod tests {
     #[test]
     fn times_read_as_utc() {
         assert_eq!(utc(Some(0)), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(Some(1_700_000_000)), "2023-11-14 22:13:20 UTC");
         assert_eq!(utc(Some(1_700_000_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc(Some(1_700_000_000_999)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc(Some(u64::MAX)), u64::MAX.to_string(), "beyond any date: the number as it is");
         assert_eq!(utc(None), "?");
     }
 
