@@ -1,5 +1,6 @@
-//! Where services run (docs/runtime.md): read (contract 0.3.1, capability `runtime:read`), and a
-//! service's spec set (contract 0.3.2, capability `runtime:write`, [`set_service_spec`]).
+//! Where services run (docs/runtime.md): read (contract 0.3.1, capability `runtime:read`; a
+//! release's rollout, [`service_rollout`], 0.3.4), and a service's spec set (contract 0.3.2,
+//! capability `runtime:write`, [`set_service_spec`]).
 //!
 //! A service runs on a cluster through replica slots `<nodeId>.<index>` on the cluster's nodes;
 //! a slot never moves node. Each slot holds one assignment at a time (one attempt to run the
@@ -120,6 +121,78 @@ fn spec_doc(text: &str) -> Result<crate::store::Doc<serde_json::Value>> {
 /// id and revision. Capability `runtime:write` (contract 0.3.2); not from a read-only method.
 pub fn set_service_spec(body: &serde_json::Value) -> Result<crate::store::Doc<serde_json::Value>> {
     spec_doc(&wit::set_service_spec(&body.to_string())?)
+}
+
+/// Where one release of a service stands on the runtime (contract 0.3.4): the worst state of
+/// its clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RolloutState {
+    /// Some replica is admitted or starting, none failed.
+    Starting,
+    /// Every replica the spec wants runs the release's digest and is ready.
+    Healthy,
+    /// A replica of the release failed (its container exited, or runs another digest).
+    Failed,
+    /// A replica of the release was stopped.
+    Unhealthy,
+    /// No runtime spec places the service.
+    Unplaced,
+    /// A word a later host added: not healthy.
+    #[serde(other)]
+    Other,
+}
+
+/// One replica a release still waits for, or that failed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Shortfall {
+    /// `<nodeId>.<index>`.
+    pub slot: String,
+    /// Its node.
+    pub node_id: String,
+    /// Where it stands.
+    pub state: RolloutState,
+    /// Why, in words (`not-admitted`, `runs-another-release`, `pulling`, `not-ready`, …).
+    pub reason: String,
+}
+
+/// One cluster of a release's rollout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRollout {
+    /// The cluster.
+    pub cluster_id: String,
+    /// Where it stands there.
+    pub state: RolloutState,
+    /// The replicas its spec wants.
+    pub wanted: u32,
+    /// Those running the release's digest, ready.
+    pub healthy: u32,
+    /// Why the spec places no replica, when it places none (`spec-held`, `no-eligible-node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Every wanted replica that is not healthy.
+    #[serde(default)]
+    pub shortfall: Vec<Shortfall>,
+}
+
+/// Where one release of a service stands on the runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// The worst of its clusters, or `unplaced`.
+    pub state: RolloutState,
+    /// One per cluster the service's runtime specs target.
+    pub clusters: Vec<ClusterRollout>,
+}
+
+/// Where the release `digest` (`sha256:…`) of the service stands, judged as the deployment path
+/// judges a promoted release: a replica counts only when it runs exactly that digest, ready.
+/// Capability `runtime:read` (contract 0.3.4); refused `invalid-request` for a malformed digest.
+pub fn service_rollout(service_id: &str, digest: &str) -> Result<Rollout> {
+    let text = wit::service_rollout(service_id, digest)?;
+    serde_json::from_str(&text).map_err(|e| crate::Refusal::internal(format!("the host answered a rollout that does not read: {e}")))
 }
 
 /// Where a service's ready replicas are reached from other machines.

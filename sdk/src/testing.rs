@@ -239,6 +239,13 @@ impl TestHost {
         self.inner.set_service_replicas(service_id, replicas)
     }
 
+    /// `runtime::service_rollout(service_id, digest)` answers `rollout` (`{state, clusters}`, as the
+    /// host answers) from now on. Without it every release is `unplaced`: the test host runs no
+    /// services.
+    pub fn set_service_rollout(&self, service_id: &str, digest: &str, rollout: serde_json::Value) {
+        self.inner.set_service_rollout(service_id, digest, rollout)
+    }
+
     /// Run a scheduled task now; its summary.
     pub fn run_task(&self, name: &str) -> Result<String, Refusal> {
         self.runtime.block_on(self.inner.run_task(name)).map_err(to_sdk)

@@ -1206,9 +1206,16 @@ async fn appstore_view(client: &Client, api: &ApiClient<'_>, dir: &Path) {
     save_screenshot(&shot, dir, "appstore-upgrade.png", APPSTORE_UPGRADE_SCREENSHOT_COPY);
     click(client, "#upgrade-confirm").await;
     expect_flash(client, "Service team-wiki upgraded to 1.1.0").await;
-    wait_for(client, "#upgradeable-empty").await;
+    // the upgrade's own page: its image pins no digest, so the runtime runs none of it
+    wait_for(client, "#rollout-unpinned").await;
     let listed = api.call("services.list", json!({ "organizationId": org }));
     assert_eq!(listed["items"][0]["image"], "registry.example.com/wiki:1.1.0");
+    assert_eq!(text_of(client, "#rollback-confirm").await, "Roll back to 1.0.0");
+    click(client, "#rollback-confirm").await;
+    expect_flash(client, "Rolled back to 1.0.0").await;
+    wait_for(client, "#rollout-none").await;
+    let listed = api.call("services.list", json!({ "organizationId": org }));
+    assert_eq!(listed["items"][0]["image"], "registry.example.com/wiki:1.0.0", "the release the upgrade replaced");
 }
 
 // ---------------------------------------------------------------------------------------

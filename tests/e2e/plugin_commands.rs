@@ -93,6 +93,19 @@ fn plugins_add_commands_that_resolve_names_and_print_like_the_host_s_own() {
     let answer = json_of(&run(&["apps", "install", "redis", "--org", "demo", "-o", "json"]));
     assert_eq!((answer["name"].as_str(), answer["appId"].as_str()), (Some("redis"), Some("redis")), "{answer}");
 
+    // ---- an upgrade and its rollback by the service's name, its revision read for the person ----
+    let upgraded = json_of(&run(&["apps", "upgrade", "cache", "-o", "json"]));
+    assert_eq!((upgraded["from"].as_str(), upgraded["to"].as_str()), (Some("7.2.6"), Some("7.4.1")), "{upgraded}");
+    let status = succeeded(&run(&["apps", "status", "cache"])).to_string();
+    assert!(status.contains("UPGRADE ROLLOUT STATE") && status.contains("UPGRADE ROLLBACK TO"), "{status}");
+    let row = line_with(&status, "cache");
+    assert!(row.contains("7.4.1") && row.contains("7.2.6"), "the version it runs and the one a rollback returns to: {status}");
+    let back = json_of(&run(&["apps", "rollback", "cache", "-o", "json"]));
+    assert_eq!((back["state"].as_str(), back["to"].as_str()), (Some("rolled-back"), Some("7.2.6")), "{back}");
+    let again = run(&["apps", "rollback", "cache"]);
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(again.stderr.contains("capstan: refused (appstore-rollback-unavailable)"), "{}", again.stderr);
+
     // ---- backups: a service named alone brings its organization ----
     let cluster =
         ok(&server, &admin, "clusters.list", json!({}))["items"].as_array().unwrap().iter().find(|c| c["name"] == "demo-cluster").unwrap()

@@ -262,6 +262,15 @@ impl Platform for InventoryPlatform {
         of_service(&self.store, service_id, |tx, id| async move { specs_of(&tx, &id).await }).await
     }
 
+    async fn service_rollout(&self, service_id: &str, digest: &str) -> Result<Value> {
+        let digest = digest.to_string();
+        of_service(&self.store, service_id, |tx, id| {
+            let digest = digest.clone();
+            async move { rollout_of(&tx, &id, &digest).await }
+        })
+        .await
+    }
+
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
         let done = set_spec(&self.store, actor, body.clone()).await;
         self.record(actor, "runtime.setServiceSpec", &body, &done).await;
@@ -415,6 +424,25 @@ async fn specs_of(tx: &Tx, service_id: &str) -> Result<Vec<Document>> {
 #[cfg(not(feature = "registry"))]
 async fn specs_of(_tx: &Tx, _service_id: &str) -> Result<Vec<Document>> {
     Ok(Vec::new())
+}
+
+/// Where release `digest` of a service stands on the runtime, as `deployments.getStatus` judges a
+/// promoted release.
+#[cfg(feature = "registry")]
+async fn rollout_of(tx: &Tx, service_id: &str, digest: &str) -> Result<Value> {
+    use capstan_registry::rollout::{Rollout, Rollouts};
+    let Some(digest) = capstan_registry::names::Digest::parse(digest) else {
+        return Err(Refusal::invalid_request("a release digest is `sha256:` and 64 lowercase hex digits")
+            .with_data(serde_json::json!({ "field": "digest" })));
+    };
+    let clusters = capstan_runtime::rollout::Evidence.clusters(tx, service_id, digest.as_str()).await?;
+    capstan_inventory::to_value(&Rollout::of(clusters))
+}
+
+/// Without the runtime nothing places a service: every release is unplaced.
+#[cfg(not(feature = "registry"))]
+async fn rollout_of(_tx: &Tx, _service_id: &str, _digest: &str) -> Result<Value> {
+    Ok(serde_json::json!({ "state": "unplaced", "clusters": [] }))
 }
 
 /// Write a service's runtime spec as `actor`, where the host runs services.

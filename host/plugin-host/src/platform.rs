@@ -113,6 +113,12 @@ pub trait Platform: OrganizationAuthority {
     /// items); empty where the host runs no services. `service-not-found` when there is none.
     async fn service_specs(&self, service_id: &str) -> Result<Vec<Document>>;
 
+    /// Where the release `digest` (`sha256:…`) of `service_id` stands on the runtime, as
+    /// `deployments.getStatus` judges a promoted release (`{state, clusters}`); `unplaced` where
+    /// no spec places it or the host runs no services. `service-not-found` when there is none;
+    /// `invalid-request` for a digest that is not `sha256:` and 64 lowercase hex digits.
+    async fn service_rollout(&self, service_id: &str, digest: &str) -> Result<Value>;
+
     /// Set a service's runtime spec from `body` (the `runtime.setServiceSpec` input) as
     /// `actor`; the spec as stored. `runtime-unavailable` on a host that runs no services.
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document>;

@@ -93,7 +93,8 @@ pub struct Rollout {
 }
 
 impl Rollout {
-    fn of(clusters: Vec<ClusterRollout>) -> Rollout {
+    /// The rollout of its clusters: the worst state among them, `unplaced` when there are none.
+    pub fn of(clusters: Vec<ClusterRollout>) -> Rollout {
         let worst = [RolloutState::Failed, RolloutState::Unhealthy, RolloutState::Starting]
             .into_iter()
             .find(|state| clusters.iter().any(|c| c.state == *state));

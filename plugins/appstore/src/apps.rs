@@ -564,6 +564,10 @@ fn write_upgrade(input: &UpgradeRequest) -> Result<(Value, inventory::Entity<Val
     });
     let service = inventory::update_service::<Value>(&body)?;
     capstan_sdk::info!("upgraded service {} from {} {} to {}", service.id, plan.from.app_id, plan.from.version, plan.to.version);
+    // what it ran before is the release a rollback returns to; the upgrade stands without it
+    if let Err(e) = crate::rollouts::keep(&plan.service, &plan.from.version.to_string(), &plan.to.version.to_string(), &plan.to.template.image) {
+        capstan_sdk::warn!("the release before the upgrade of {} was not kept ({}): it cannot be rolled back", service.id, e.code());
+    }
     let answer = json!({
         "id": service.id,
         "name": plan.preview.service_name,
@@ -622,6 +626,10 @@ pub struct UpgradeStatus {
     blockers: Vec<Blocker>,
     /// The active catalog's revision the status was judged against.
     catalog_revision: Option<u64>,
+    /// The last upgrade, while the service runs the image it set: its rollout on the runtime and
+    /// the version a rollback returns to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upgrade: Option<crate::rollouts::UpgradeRollout>,
 }
 
 fn service_in(organization_id: &str, service_id: &str) -> Result<inventory::Entity<Value>> {
@@ -630,9 +638,16 @@ fn service_in(organization_id: &str, service_id: &str) -> Result<inventory::Enti
         .ok_or_else(|| Refusal::new("service-not-found", format!("there is no service {service_id:?} in the organization")))
 }
 
-/// The upgrade status of one service: never refused for want of a catalog (it is `unknown`).
+/// The upgrade status of one service: never refused for want of a catalog (it is `unknown`);
+/// with its last upgrade's rollout while it runs that upgrade's image.
 fn upgrade_status(organization_id: &str, service_id: &str) -> Result<UpgradeStatus> {
     let service = service_in(organization_id, service_id)?;
+    let upgrade = crate::rollouts::of(&service)?;
+    Ok(UpgradeStatus { upgrade, ..catalog_status(service)? })
+}
+
+/// What the active catalog offers `service`.
+fn catalog_status(service: inventory::Entity<Value>) -> Result<UpgradeStatus> {
     let snapshot = snapshot_of(&service.data);
     let mut status = UpgradeStatus {
         service_id: service.id.clone(),
@@ -645,6 +660,7 @@ fn upgrade_status(organization_id: &str, service_id: &str) -> Result<UpgradeStat
         available: Vec::new(),
         blockers: Vec::new(),
         catalog_revision: None,
+        upgrade: None,
     };
     let Some(snapshot) = snapshot else { return Ok(status) };
     let catalog = match active::current()? {

@@ -20,6 +20,7 @@ mod apps;
 mod demo;
 mod loader;
 mod npm;
+mod rollouts;
 mod settings;
 
 use capstan_sdk::{Context, Descriptor, Empty, JsonSchema, Manager, Page, ReconcileOutcome, ReconcileTrigger, Result, Role};
@@ -86,11 +87,17 @@ impl Manager for AppStore {
             )
             .method(
                 "getServiceUpgradeStatus",
-                "A hosted app's upgrade status: up-to-date, available, blocked (with the blockers) or unknown while no catalog is active.",
+                "A hosted app's upgrade status: up-to-date, available, blocked (with the blockers) or unknown while no catalog is active; with its last upgrade's rollout while it runs that upgrade's image.",
                 Role::Member,
                 apps::service_upgrade_status,
             )
             .read_only()
+            .method(
+                "rollbackUpgrade",
+                "Roll a hosted app back to the release its last upgrade replaced, stating the service revision read; the runtime rolls it out.",
+                Role::Owner,
+                rollouts::rollback,
+            )
             .method(
                 "installDemo",
                 "Install the demo catalog (real self-hosted apps) signed by this host's own demo key, trusted here only; serve --dev --demo calls it.",
@@ -123,10 +130,12 @@ impl Manager for AppStore {
             .page(Page::new("upgrades", "App upgrades", "listUpgradeable").template("upgrades"))
             .page(Page::new("app", "App {name}", "getAppConfig").template("app").form("install").hidden())
             .page(Page::new("upgrade", "Upgrade {serviceName}", "getUpgradePreview").template("upgrade").form("upgrade").hidden())
+            .page(Page::new("rollout", "Upgrade of {serviceName}", "getServiceUpgradeStatus").template("rollout").form("rollbackUpgrade").hidden())
             .collection(active::CATALOG)
             .collection(active::CHUNKS)
             .collection(loader::LOADER)
             .collection(demo::DEMO)
+            .collection(rollouts::UPGRADES)
             .reconcile_every(Duration::from_secs(60))
     }
 

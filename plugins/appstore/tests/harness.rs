@@ -337,3 +337,53 @@ fn chunks_no_pointer_names_are_deleted_once_past_the_grace_period_and_fresh_ones
     assert_eq!(chunk_names(&host), fourth, "61 minutes old and named by no pointer: deleted, with revision 3's own");
     assert_eq!(host.call("getCatalogStatus", json!({})).unwrap()["active"]["revision"], 4);
 }
+
+#[test]
+fn an_upgrade_reports_its_rollout_on_the_runtime_and_rolls_back_to_the_release_it_replaced() {
+    if capstan_sdk::testing::wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let publisher = key(7);
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
+    let (d1, d2) = (format!("sha256:{}", "1".repeat(64)), format!("sha256:{}", "2".repeat(64)));
+    let (v1, v2) = (format!("registry.example.com/wiki:1.0.0@{d1}"), format!("registry.example.com/wiki:1.1.0@{d2}"));
+    let versions = catalog(vec![version("1.0.0", &v1, "info"), version("1.1.0", &v2, "debug")]);
+    host.call("importCatalog", json!({ "envelope": envelope(&versions, 1, &publisher) })).unwrap();
+    let org = host.create_organization("acme");
+    let installed = host.call("install", json!({ "organizationId": org, "appId": "wiki", "version": "1.0.0", "name": "team-wiki" })).unwrap();
+    let id = installed["id"].as_str().unwrap().to_string();
+    let status = |host: &TestHost| host.call("getServiceUpgradeStatus", json!({ "organizationId": org, "serviceId": id })).unwrap();
+    assert!(status(&host).get("upgrade").is_none(), "no upgrade yet: {}", status(&host));
+    let refused = host.call("rollbackUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": 1 })).unwrap_err();
+    assert_eq!(refused.code(), "appstore-rollback-unavailable", "{refused:?}");
+
+    // the upgrade's image on the runtime: unplaced here until the runtime says otherwise
+    let revision = host.service(&id).unwrap()["revision"].as_u64().unwrap();
+    let started = host.call("startServiceUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap();
+    let upgrade = &started["upgradeStatus"]["upgrade"];
+    assert_eq!((upgrade["version"].as_str(), upgrade["rollbackTo"].as_str()), (Some("1.1.0"), Some("1.0.0")), "{started}");
+    assert_eq!(upgrade["rollout"]["state"], "unplaced", "{started}");
+    let failed = json!({ "state": "failed", "clusters": [{ "clusterId": "cluster_a", "state": "failed", "wanted": 2, "healthy": 1,
+        "shortfall": [{ "slot": "node_b.0", "nodeId": "node_b", "state": "failed", "reason": "exited" }] }] });
+    host.set_service_rollout(&id, &d2, failed.clone());
+    assert_eq!(status(&host)["upgrade"]["rollout"], failed, "the runtime's judgement of the upgrade's digest, as it stands");
+
+    // back to the release it replaced, fenced by the revision read
+    let stale = host.call("rollbackUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap_err();
+    assert_eq!(stale.code(), "conflict", "{stale:?}");
+    let revision = host.service(&id).unwrap()["revision"].as_u64().unwrap();
+    let back = host.call("rollbackUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap();
+    assert_eq!((back["state"].as_str(), back["from"].as_str(), back["to"].as_str()), (Some("rolled-back"), Some("1.1.0"), Some("1.0.0")));
+    let service = host.service(&id).unwrap();
+    assert_eq!(
+        (service["image"].as_str(), service["template"]["version"].as_str(), service["environment"]["LOG_LEVEL"].as_str()),
+        (Some(v1.as_str()), Some("1.0.0"), Some("info")),
+        "the release before the upgrade, whole"
+    );
+    let after = status(&host);
+    assert!(after.get("upgrade").is_none(), "nothing left to roll back: {after}");
+    assert_eq!(after["status"], "available", "1.1.0 is offered again: {after}");
+    let again = host.call("rollbackUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": back["revision"] }));
+    assert_eq!(again.unwrap_err().code(), "appstore-rollback-unavailable");
+}

@@ -4,6 +4,9 @@
 //! visible, as `inventory.get` reads them; what a replica runs with (its environment, its pull
 //! credential) never crosses.
 //!
+//! `service-rollout` (`runtime:read`, contract 0.3.4 on) answers where one release (an image
+//! digest) of a service stands on the runtime, as the deployment path judges a promoted one.
+//!
 //! `set-service-spec` (`runtime:write`, contract 0.3.2 on) writes a service's runtime spec as
 //! `runtime.setServiceSpec` does, as the acting identity (the caller, or the plugin's own
 //! authority outside a call), so a plugin sets specs only where that identity may.
@@ -37,6 +40,12 @@ impl runtime::Host for CallData {
         let reader = self.granted(&self.grant.runtime, Capability::RuntimeRead)?;
         let specs = reader.platform.service_specs(&service_id).await.map_err(to_wit)?;
         Ok(specs.into_iter().map(spec_json).collect())
+    }
+
+    async fn service_rollout(&mut self, service_id: String, digest: String) -> WitResult<String> {
+        let reader = self.granted(&self.grant.runtime, Capability::RuntimeRead)?;
+        let rollout = reader.platform.service_rollout(&service_id, &digest).await.map_err(to_wit)?;
+        Ok(rollout.to_string())
     }
 
     async fn set_service_spec(&mut self, body: String) -> WitResult<String> {

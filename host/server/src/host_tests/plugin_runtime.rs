@@ -179,8 +179,28 @@ async fn a_plugin_granted_runtime_write_sets_a_spec_as_its_caller_would_and_noth
     for field in ["clusterId", "placement", "replicasPerNode", "hold", "restart", "health", "secrets"] {
         assert_eq!(specs[0]["data"][field], read["items"][0][field], "{field}");
     }
-    assert!(reader.service_specs(w.service("idle").await).await.unwrap().is_empty(), "a service meant to run nowhere");
+    let idle = w.service("idle").await;
+    assert!(reader.service_specs(idle.clone()).await.unwrap().is_empty(), "a service meant to run nowhere");
     assert_eq!(reader.service_specs("svc_nope".into()).await.expect_err("no such service").code, "service-not-found");
+    // and where a release of it stands, as the deployment path judges one: the cluster has no
+    // node yet, so nothing is wanted and the release is starting there
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let rollout: Value = serde_json::from_str(&reader.service_rollout(web.clone(), digest.clone()).await.unwrap()).unwrap();
+    assert_eq!(
+        (&rollout["state"], &rollout["clusters"][0]["clusterId"], &rollout["clusters"][0]["wanted"], &rollout["clusters"][0]["reason"]),
+        (&json!("starting"), &json!(cluster), &json!(0), &json!("no-eligible-node")),
+        "{rollout}"
+    );
+    let idle: Value = serde_json::from_str(&reader.service_rollout(idle, digest.clone()).await.unwrap()).unwrap();
+    assert_eq!(idle, json!({ "state": "unplaced", "clusters": [] }), "a service no spec places");
+    for (service, release, code) in
+        [("svc_nope", digest.as_str(), "service-not-found"), (web.as_str(), "sha256:short", "invalid-request"), (web.as_str(), "latest", "invalid-request")]
+    {
+        let refused = reader.service_rollout(service.into(), release.into()).await.expect_err("refused");
+        assert_eq!(refused.code, code, "{service} {release}: {refused:?}");
+    }
+    let refused = w.call_data(&[Capability::RuntimeWrite]).service_rollout(web.clone(), digest).await.expect_err("no runtime:read");
+    assert_eq!(refused.code, "capability-denied");
     // what a plugin read it writes back as it was, changing one field (a restore's hold)
     let mut held = specs[0]["data"].clone();
     let body_back = json!({ "serviceId": web, "clusterId": cluster, "expectedRevision": specs[0]["revision"],
