@@ -99,6 +99,10 @@ async fn run(methods: &Registry, plugins: &PluginHost) -> Result<(), Refusal> {
                     Err(e) => tracing::warn!(%method, refusal = %e, "a plugin's demo was not installed"),
                 }
             }
+            tracing::info!(
+                "the demo's services are in place, none started: the dev host has no node (a machine joins {CLUSTER} with a jump \
+                 command), and the demo names its images by tag while the runtime runs only images pinned by digest"
+            );
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
