@@ -245,7 +245,7 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
 
     // ---- an every-node service's volumes backed up as one backup, a part from each node (each
     // taken by its own node's agent over its runtime session, one of them carried by the relay),
-    // and restored byte for byte with the replicas stopped and started around it ----
+    // and restored byte for byte, one node at a time, its replica stopped and started around it ----
     let image = format!("127.0.0.1:{}/{}@{}", w.port, deployed["repository"].as_str().unwrap(), deployed["digest"].as_str().unwrap());
     let notes = w.ok(
         "services.create",
@@ -309,7 +309,7 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     let audited = w.ok("audit.list", json!({ "method": "runtime.setServiceSpec", "limit": 50 }));
     let by_backups: Vec<&Value> =
         audited["records"].as_array().unwrap().iter().filter(|r| r["actor"]["username"] == "plugin:backups").collect();
-    assert_eq!(by_backups.len(), 2, "the hold and its release are audited: {audited}");
+    assert_eq!(by_backups.len(), 2 * ids.len(), "each part's hold of its node and its release are audited: {audited}");
     assert!(
         by_backups
             .iter()

@@ -228,7 +228,7 @@ where
                     // expired pull credentials go (they are refused from their expiry on)
                     if last_sweep.elapsed() >= SWEEP_EVERY {
                         last_sweep = std::time::Instant::now();
-                        if let Err(refusal) = capstan_registry::pulls::sweep(&cx.store, capstan_core::clock::now_secs()).await {
+                        if let Err(refusal) = capstan_registry::pulls::sweep(&cx.store, capstan_core::clock::now_ms()).await {
                             tracing::warn!(code = %refusal.code, "sweeping expired pull credentials failed: {}", refusal.message);
                         }
                     }

@@ -72,7 +72,8 @@ pub(crate) fn next_job() -> Result<Option<Job>> {
     stopping.sort_by_key(|d| d.data.created_at_ms);
     for doc in stopping {
         let waited_out = doc.data.started_at_ms.is_some_and(|t| now.saturating_sub(t) > STOP_WAIT_MS);
-        if waited_out || hold::stopped_on(&doc.data.service_id, &nodes_of(&doc.data.node_id, &doc.data.nodes))? {
+        let part = next_part(&doc.data);
+        if waited_out || part.is_none_or(|node| hold::stopped_on(&doc.data.service_id, &[node]).unwrap_or(false)) {
             return Ok(Some(Job::Restore(Box::new(doc))));
         }
     }
@@ -333,9 +334,17 @@ fn stored_object(key: &str, kind: &str, sent: &Sent, part: Option<&str>) -> std:
     Ok((object, mismatch))
 }
 
+/// The node whose part a restore applies next: the first of its nodes not restored yet.
+fn next_part(restore: &Restore) -> Option<&str> {
+    nodes_of(&restore.node_id, &restore.nodes).into_iter().find(|n| !restore.restored.iter().any(|r| r == n))
+}
+
+/// One job of a restore: its parts are applied one node at a time — the service's replicas on
+/// that node stopped first (the others keep serving), then the part applied (across passes, as
+/// long as the agent is at it), then that node's replicas started again — so a restore of
+/// several nodes never stops all of them at once.
 pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
-    // never taken yet: its replicas are stopped first (a restore applying a part is taken again)
-    let first = doc.data.started_at_ms.is_none();
+    let was = doc.data.state;
     let Some(mut doc) = start(RESTORES, doc, |r| {
         r.state = State::Running;
         r.started_at_ms = r.started_at_ms.or(Some(now_ms()));
@@ -344,40 +353,60 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
         return Ok(());
     };
     let nodes: Vec<String> = nodes_of(&doc.data.node_id, &doc.data.nodes).into_iter().map(String::from).collect();
-    let on: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    let outcome = match first {
-        // first the service's replicas on its nodes stop: the restore waits for them on later passes
-        true => match hold::hold(&doc.data.service_id, &doc.data.cluster_id, &on) {
+    let Some(part) = next_part(&doc.data).map(str::to_string) else {
+        return finish(doc, Ok(()));
+    };
+    // a part not started yet: its node's replicas stop first, waited for on later passes
+    let fresh = was == State::Pending && doc.data.held.is_none() && doc.data.applying.is_none();
+    let outcome = match fresh {
+        true => match hold::hold(&doc.data.service_id, &doc.data.cluster_id, &[part.as_str()]) {
             Ok(Some(held)) => {
                 doc.data.held = Some(held.clone());
                 doc.data.state = State::Stopping;
-                let holding = HeldBy { service_id: doc.data.service_id.clone(), held };
-                store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).put(HOLDS, &doc.id, None, &holding).commit()?;
+                let holding = HeldBy { service_id: doc.data.service_id.clone(), held, restore_id: Some(doc.id.clone()) };
+                let key = format!("{}.{part}", doc.id);
+                store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).put(HOLDS, &key, None, &holding).commit()?;
                 return Ok(());
             }
-            Ok(None) => apply_restore(&mut doc, &nodes),
+            Ok(None) => apply_restore(&mut doc, &nodes, &part),
             Err(r) => Err(Reason::from(&r)),
         },
-        false if hold::stopped_on(&doc.data.service_id, &on).unwrap_or(false) => apply_restore(&mut doc, &nodes),
+        false if was == State::Pending || hold::stopped_on(&doc.data.service_id, &[part.as_str()]).unwrap_or(false) => {
+            apply_restore(&mut doc, &nodes, &part)
+        }
         false => Err(Reason {
             code: "restore-replicas-running".into(),
-            message: format!("the service's replicas on {} did not stop within 5 minutes; nothing was restored", nodes.join(", ")),
+            message: format!("the service's replicas on {part} did not stop within 5 minutes; its part was not restored"),
         }),
     };
     let restore = &mut doc.data;
-    let outcome = match outcome {
+    match outcome {
         Ok(Applied::Waiting { node, unreachable }) => match wait_again(&mut restore.applying, node, unreachable) {
             None => {
                 // it goes on: the agent applies the part on its own, asked again a little later
                 restore.state = State::Pending;
                 store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).commit()?;
-                return Ok(());
+                Ok(())
             }
-            Some(reason) => Err(reason),
+            Some(reason) => finish(doc, Err(reason)),
         },
-        Ok(Applied::All) => Ok(()),
-        Err(reason) => Err(reason),
-    };
+        Ok(Applied::Part) => {
+            // the next part on the next job; this node's replicas start again on its restored data
+            restore.held = None;
+            restore.state = State::Pending;
+            store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).commit()?;
+            release_holds()?;
+            Ok(())
+        }
+        Ok(Applied::All) => finish(doc, Ok(())),
+        Err(reason) => finish(doc, Err(reason)),
+    }
+}
+
+/// A restore's end: `complete`, or `failed` naming the parts restored before; its holds released
+/// (the replicas start again, on the restored data or on what was there).
+fn finish(mut doc: Doc<Restore>, outcome: std::result::Result<(), Reason>) -> Result<()> {
+    let restore = &mut doc.data;
     restore.applying = None;
     restore.finished_at_ms = Some(now_ms());
     match outcome {
@@ -398,7 +427,6 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
         restore.state.as_str()
     );
     store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).commit()?;
-    // the replicas start again, on the restored data or on what was there
     release_holds()?;
     Ok(())
 }
@@ -407,17 +435,23 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
 enum Applied {
     /// Every part is applied.
     All,
+    /// One more part is applied; others remain.
+    Part,
     /// A part its node's agent is still applying (or whose node could not be reached: why).
     Waiting { node: String, unreachable: Option<Reason> },
 }
 
-/// Release the holds of restores that ended (a failed release is tried again by the next pass);
-/// how many were released.
+/// Release the holds of restores that ended, and of parts restored (a failed release is tried
+/// again by the next pass); how many were released.
 pub(crate) fn release_holds() -> Result<u32> {
     let mut released = 0;
     for doc in store::scan::<HeldBy>(HOLDS, None, 100)?.documents {
-        let ended = store::get::<Restore>(RESTORES, &doc.id)?.is_none_or(|r| matches!(r.data.state, State::Complete | State::Failed));
-        if !ended {
+        let restore = store::get::<Restore>(RESTORES, doc.data.restore_id.as_deref().unwrap_or(&doc.id))?;
+        let done = restore.is_none_or(|r| {
+            matches!(r.data.state, State::Complete | State::Failed)
+                || (!doc.data.held.nodes.is_empty() && doc.data.held.nodes.iter().all(|n| r.data.restored.contains(n)))
+        });
+        if !done {
             continue;
         }
         match hold::release(&doc.data.service_id, &doc.data.held) {
@@ -434,7 +468,7 @@ pub(crate) fn release_holds() -> Result<u32> {
 /// Verify every object of the backup (once), then have the agents apply their parts, one part a
 /// job: a restore of several nodes, or of a large part, goes on across passes. Nothing reaches an
 /// agent unless every object verified.
-fn apply_restore(doc: &mut Doc<Restore>, nodes: &[String]) -> std::result::Result<Applied, Reason> {
+fn apply_restore(doc: &mut Doc<Restore>, nodes: &[String], node: &str) -> std::result::Result<Applied, Reason> {
     let restore = &mut doc.data;
     let reason = |r: Refusal| Reason::from(&r);
     let Some(backup) = store::get::<Backup>(BACKUPS, &restore.backup_id).map_err(reason)? else {
@@ -451,25 +485,18 @@ fn apply_restore(doc: &mut Doc<Restore>, nodes: &[String]) -> std::result::Resul
         restore.verified = true;
     }
     let several = nodes.len() > 1;
-    let Some(node) = nodes.iter().find(|n| !restore.restored.contains(n)) else {
-        return Ok(Applied::All);
-    };
     // a part lands on its own node; a backup of one node on the restore's node
-    let part = |o: &&Object| !several || o.node_id.as_deref() == Some(node.as_str());
+    let part = |o: &&Object| !several || o.node_id.as_deref() == Some(node);
     let objects = backup.data.objects.iter().filter(part).collect();
     match restore_part(&doc.id, restore, &backup.data, node, objects) {
         Ok(true) => {
             restore.applying = None;
-            restore.restored.push(node.clone());
-            match restore.restored.len() == nodes.len() {
-                true => Ok(Applied::All),
-                // the next part on the next job (a pass takes several when it has the time)
-                false => Ok(Applied::Waiting { node: nodes[restore.restored.len()].clone(), unreachable: None }),
-            }
+            restore.restored.push(node.to_string());
+            Ok(if restore.restored.len() == nodes.len() { Applied::All } else { Applied::Part })
         }
-        Ok(false) => Ok(Applied::Waiting { node: node.clone(), unreachable: None }),
+        Ok(false) => Ok(Applied::Waiting { node: node.to_string(), unreachable: None }),
         // the node is away for now (restarting, its session moving): asked again later
-        Err(r) if r.is_retryable() => Ok(Applied::Waiting { node: node.clone(), unreachable: Some(Reason::from(&r)) }),
+        Err(r) if r.is_retryable() => Ok(Applied::Waiting { node: node.to_string(), unreachable: Some(Reason::from(&r)) }),
         Err(r) => Err(Reason::from(&r)),
     }
 }

@@ -207,7 +207,8 @@ pub(crate) struct Restore {
     pub(crate) state: State,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<Reason>,
-    /// The service's runtime spec the restore put on hold, until it releases it.
+    /// The hold the restore put on the service's runtime spec for the part it applies (that
+    /// part's node), until the part is applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held: Option<Held>,
     /// Every object of the backup was read back and matched its manifest (once, before any
@@ -243,7 +244,7 @@ pub(crate) fn placed(nodes: Vec<String>) -> (String, Vec<String>) {
     (first, if nodes.len() > 1 { nodes } else { Vec::new() })
 }
 
-/// The holds restores keep on services' runtime specs (`<restoreId>`), until released.
+/// The holds restores keep on services' runtime specs, one per part (`<restoreId>.<nodeId>`), until released.
 pub(crate) const HOLDS: &str = "holds";
 
 /// The runtime spec a restore holds while it runs: the service's replicas on its nodes stop
@@ -262,12 +263,16 @@ pub(crate) struct Held {
     pub(crate) nodes: Vec<String>,
 }
 
-/// A hold a restore keeps on its service's runtime spec (`holds/<restoreId>`), until released.
+/// A hold a restore keeps on its service's runtime spec for one part, until released.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct HeldBy {
     pub(crate) service_id: String,
     pub(crate) held: Held,
+    /// The restore holding it (`holds/<restoreId>.<nodeId>`, a part's hold); absent in a hold
+    /// recorded before restores held one node at a time (`holds/<restoreId>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) restore_id: Option<String>,
 }
 
 /// A record with its id and revision, as methods answer it.
