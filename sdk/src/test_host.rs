@@ -37,7 +37,8 @@ impl TestHost {
         capstan_inventory::declare(&store).await?;
         capstan_links::declare_secrets(&store).await?;
         let inner = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
-        let platform = Arc::new(HarnessPlatform { inner, replicas: Default::default(), specs: Default::default(), rollouts: Default::default() });
+        let platform =
+            Arc::new(HarnessPlatform { inner, replicas: Default::default(), specs: Default::default(), rollouts: Default::default() });
         // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
         let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
         let http = PluginHttp::new(&[], &loopback).map_err(Refusal::internal)?;

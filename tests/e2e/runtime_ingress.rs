@@ -323,9 +323,8 @@ fn a_service_is_served_through_the_cluster_ingress_from_its_ready_replicas_witho
     let single = settle("backups.get", json!({ "organizationId": org, "backupId": single["id"] }));
     assert_eq!((single["state"].as_str(), single["nodeId"].as_str()), (Some("complete"), Some(one.id())), "{single}");
     std::fs::write(volume(one).join("note.txt"), "third on 0\n").unwrap();
-    let other_slot = |target: &Value| {
-        target["slots"].as_array().unwrap().iter().find(|s| s["nodeId"] == other.id()).map(|s| s["assignmentId"].clone())
-    };
+    let other_slot =
+        |target: &Value| target["slots"].as_array().unwrap().iter().find(|s| s["nodeId"] == other.id()).map(|s| s["assignmentId"].clone());
     let other_before = other_slot(&started);
     let restore = w.ok("backups.restore", json!({ "organizationId": org, "backupId": single["id"] }));
     let held_nodes = eventually("the restore holds its node only", CONVERGE, || {

@@ -245,8 +245,6 @@ pub async fn revoke(store: &Store, holder: &str) -> Result<()> {
 /// Drop the records whose expiry is `now` (milliseconds since the epoch) or earlier (a periodic
 /// sweep); how many went. One changed or deleted meanwhile is left to the next sweep.
 pub async fn sweep(store: &Store, now: u64) -> Result<usize> {
-    // a caller still counting in seconds would sweep nothing: its `now` is read as milliseconds
-    let now = capstan_core::clock::ms_from_legacy(now);
     let mut swept = 0;
     let mut cursor: Option<String> = None;
     loop {

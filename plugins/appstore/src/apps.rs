@@ -565,7 +565,9 @@ fn write_upgrade(input: &UpgradeRequest) -> Result<(Value, inventory::Entity<Val
     let service = inventory::update_service::<Value>(&body)?;
     capstan_sdk::info!("upgraded service {} from {} {} to {}", service.id, plan.from.app_id, plan.from.version, plan.to.version);
     // what it ran before is the release a rollback returns to; the upgrade stands without it
-    if let Err(e) = crate::rollouts::keep(&plan.service, &plan.from.version.to_string(), &plan.to.version.to_string(), &plan.to.template.image) {
+    if let Err(e) =
+        crate::rollouts::keep(&plan.service, &plan.from.version.to_string(), &plan.to.version.to_string(), &plan.to.template.image)
+    {
         capstan_sdk::warn!("the release before the upgrade of {} was not kept ({}): it cannot be rolled back", service.id, e.code());
     }
     let answer = json!({

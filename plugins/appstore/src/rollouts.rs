@@ -109,9 +109,7 @@ pub fn rollback(_ctx: &Context, input: RollbackRequest) -> Result<RolledBack> {
     let service = inventory::get::<Value>(EntityKind::Service, &input.service_id)?
         .filter(|s| s.data["organizationId"] == input.organization_id.as_str())
         .ok_or_else(|| Refusal::new("service-not-found", format!("there is no service {:?} in the organization", input.service_id)))?;
-    let unavailable = |why: String| {
-        Refusal::new("appstore-rollback-unavailable", why).with_data(json!({ "serviceId": input.service_id }))
-    };
+    let unavailable = |why: String| Refusal::new("appstore-rollback-unavailable", why).with_data(json!({ "serviceId": input.service_id }));
     let Some(kept) = store::get::<Kept>(UPGRADES, &service.id)? else {
         return Err(unavailable(format!("no upgrade of {} is kept to roll back", input.service_id)));
     };

@@ -351,7 +351,8 @@ fn an_upgrade_reports_its_rollout_on_the_runtime_and_rolls_back_to_the_release_i
     let versions = catalog(vec![version("1.0.0", &v1, "info"), version("1.1.0", &v2, "debug")]);
     host.call("importCatalog", json!({ "envelope": envelope(&versions, 1, &publisher) })).unwrap();
     let org = host.create_organization("acme");
-    let installed = host.call("install", json!({ "organizationId": org, "appId": "wiki", "version": "1.0.0", "name": "team-wiki" })).unwrap();
+    let installed =
+        host.call("install", json!({ "organizationId": org, "appId": "wiki", "version": "1.0.0", "name": "team-wiki" })).unwrap();
     let id = installed["id"].as_str().unwrap().to_string();
     let status = |host: &TestHost| host.call("getServiceUpgradeStatus", json!({ "organizationId": org, "serviceId": id })).unwrap();
     assert!(status(&host).get("upgrade").is_none(), "no upgrade yet: {}", status(&host));
@@ -360,7 +361,8 @@ fn an_upgrade_reports_its_rollout_on_the_runtime_and_rolls_back_to_the_release_i
 
     // the upgrade's image on the runtime: unplaced here until the runtime says otherwise
     let revision = host.service(&id).unwrap()["revision"].as_u64().unwrap();
-    let started = host.call("startServiceUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap();
+    let started =
+        host.call("startServiceUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap();
     let upgrade = &started["upgradeStatus"]["upgrade"];
     assert_eq!((upgrade["version"].as_str(), upgrade["rollbackTo"].as_str()), (Some("1.1.0"), Some("1.0.0")), "{started}");
     assert_eq!(upgrade["rollout"]["state"], "unplaced", "{started}");

@@ -15,7 +15,7 @@
 
 use crate::hold;
 use crate::records::{
-    BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, RESTORES, Reason, ReplicaState, Restore, State, nodes_of, PartWaiting,
+    BACKUPS, Backup, HOLDS, HeldBy, OBJECTS, Object, PartWaiting, RESTORES, Reason, ReplicaState, Restore, State, nodes_of,
 };
 use crate::retention::prune;
 use crate::settings::settings;

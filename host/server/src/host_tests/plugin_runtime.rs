@@ -193,9 +193,11 @@ async fn a_plugin_granted_runtime_write_sets_a_spec_as_its_caller_would_and_noth
     );
     let idle: Value = serde_json::from_str(&reader.service_rollout(idle, digest.clone()).await.unwrap()).unwrap();
     assert_eq!(idle, json!({ "state": "unplaced", "clusters": [] }), "a service no spec places");
-    for (service, release, code) in
-        [("svc_nope", digest.as_str(), "service-not-found"), (web.as_str(), "sha256:short", "invalid-request"), (web.as_str(), "latest", "invalid-request")]
-    {
+    for (service, release, code) in [
+        ("svc_nope", digest.as_str(), "service-not-found"),
+        (web.as_str(), "sha256:short", "invalid-request"),
+        (web.as_str(), "latest", "invalid-request"),
+    ] {
         let refused = reader.service_rollout(service.into(), release.into()).await.expect_err("refused");
         assert_eq!(refused.code, code, "{service} {release}: {refused:?}");
     }
