@@ -494,6 +494,12 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
             ],
         ),
         ("appstore.refreshCatalog", json!({}), admin(Ran)),
+        // the fixture's service was never upgraded: there is nothing to roll back
+        (
+            "appstore.rollbackUpgrade",
+            json!({ "organizationId": ORG, "serviceId": SERVICE, "expectedRevision": 1 }),
+            [Past("appstore-rollback-unavailable"), Past("appstore-rollback-unavailable"), Denied, Denied, Denied, Denied, Anon],
+        ),
         // without the expectedRevision an upgrade must state
         (
             "appstore.startServiceUpgrade",
