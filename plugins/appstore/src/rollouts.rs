@@ -12,6 +12,7 @@ use capstan_sdk::runtime::{self, Rollout};
 use capstan_sdk::store::{self, Batch};
 use capstan_sdk::{Context, JsonSchema, Refusal, Result, Value, json, now_ms};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The last upgrade of each service, by service id: what it rolls back to.
 pub const UPGRADES: &str = "upgrades";
@@ -67,6 +68,8 @@ pub struct UpgradeRollout {
     /// The upgrade's image on the runtime; `None` when the image pins no digest (the runtime
     /// refuses to run it: `image-plan-missing`).
     pub rollout: Option<Rollout>,
+    /// The names of the rollout's clusters, by id, for people.
+    pub cluster_names: BTreeMap<String, String>,
 }
 
 /// The rollout of `service`'s last upgrade, while it runs the upgrade's image.
@@ -77,7 +80,13 @@ pub fn of(service: &inventory::Entity<Value>) -> Result<Option<UpgradeRollout>> 
         return Ok(None);
     }
     let rollout = pinned_digest(image).map(|digest| runtime::service_rollout(&service.id, digest)).transpose()?;
-    Ok(Some(UpgradeRollout { rollback_to: kept.data.from_version, version: kept.data.to_version, rollout }))
+    let mut cluster_names = BTreeMap::new();
+    for cluster in rollout.iter().flat_map(|r| &r.clusters) {
+        if let Some(found) = inventory::get::<Value>(EntityKind::Cluster, &cluster.cluster_id)? {
+            cluster_names.insert(found.id, found.data["name"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    Ok(Some(UpgradeRollout { rollback_to: kept.data.from_version, version: kept.data.to_version, rollout, cluster_names }))
 }
 
 #[derive(Deserialize, JsonSchema)]

@@ -370,6 +370,12 @@ fn an_upgrade_reports_its_rollout_on_the_runtime_and_rolls_back_to_the_release_i
         "shortfall": [{ "slot": "node_b.0", "nodeId": "node_b", "state": "failed", "reason": "exited" }] }] });
     host.set_service_rollout(&id, &d2, failed.clone());
     assert_eq!(status(&host)["upgrade"]["rollout"], failed, "the runtime's judgement of the upgrade's digest, as it stands");
+    // its clusters by name where the inventory knows them
+    let cluster = host.create_cluster("edge");
+    let mut named = failed.clone();
+    named["clusters"][0]["clusterId"] = json!(cluster);
+    host.set_service_rollout(&id, &d2, named);
+    assert_eq!(status(&host)["upgrade"]["clusterNames"], json!({ cluster.clone(): "edge" }));
 
     // back to the release it replaced, fenced by the revision read
     let stale = host.call("rollbackUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap_err();
