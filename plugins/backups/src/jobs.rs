@@ -71,7 +71,7 @@ pub(crate) fn next_job() -> Result<Option<Job>> {
     let mut stopping = store::find::<Restore>(RESTORES, "by_state", &[json!(State::Stopping.as_str())], None, 500)?.documents;
     stopping.sort_by_key(|d| d.data.created_at_ms);
     for doc in stopping {
-        let waited_out = doc.data.started_at_ms.is_some_and(|t| now.saturating_sub(t) > STOP_WAIT_MS);
+        let waited_out = doc.data.part_started_at_ms.or(doc.data.started_at_ms).is_some_and(|t| now.saturating_sub(t) > STOP_WAIT_MS);
         let part = next_part(&doc.data);
         if waited_out || part.is_none_or(|node| hold::stopped_on(&doc.data.service_id, &[node]).unwrap_or(false)) {
             return Ok(Some(Job::Restore(Box::new(doc))));
@@ -346,8 +346,10 @@ fn next_part(restore: &Restore) -> Option<&str> {
 pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
     let was = doc.data.state;
     let Some(mut doc) = start(RESTORES, doc, |r| {
+        let now = now_ms();
         r.state = State::Running;
-        r.started_at_ms = r.started_at_ms.or(Some(now_ms()));
+        r.started_at_ms = r.started_at_ms.or(Some(now));
+        r.pass_started_at_ms = Some(now);
     })?
     else {
         return Ok(());
@@ -363,6 +365,7 @@ pub(crate) fn run_restore(doc: Doc<Restore>) -> Result<()> {
             Ok(Some(held)) => {
                 doc.data.held = Some(held.clone());
                 doc.data.state = State::Stopping;
+                doc.data.part_started_at_ms = Some(now_ms());
                 let holding = HeldBy { service_id: doc.data.service_id.clone(), held, restore_id: Some(doc.id.clone()) };
                 let key = format!("{}.{part}", doc.id);
                 store::Batch::new().replace(RESTORES, &doc.id, doc.revision, &doc.data).put(HOLDS, &key, None, &holding).commit()?;
@@ -604,7 +607,8 @@ pub(crate) fn fail_interrupted(now: u64) -> Result<u32> {
         }
     }
     for mut doc in store::find::<Restore>(RESTORES, "by_state", &[running], None, 500)?.documents {
-        if doc.data.started_at_ms.is_some_and(|t| now.saturating_sub(t) > STALE_MS) {
+        // the pass taking its current part: a restore of several parts may go on for longer
+        if doc.data.pass_started_at_ms.or(doc.data.started_at_ms).is_some_and(|t| now.saturating_sub(t) > STALE_MS) {
             doc.data.state = State::Failed;
             doc.data.reason = interrupted();
             doc.data.finished_at_ms = Some(now);

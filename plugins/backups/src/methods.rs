@@ -163,6 +163,8 @@ pub(crate) fn restore(ctx: &Context, input: RestoreInput) -> Result<Shown<Restor
         verified: false,
         restored: Vec::new(),
         applying: None,
+        part_started_at_ms: None,
+        pass_started_at_ms: None,
         requested_by: ctx.caller().id().to_string(),
         created_at_ms: now_ms(),
         started_at_ms: None,

@@ -222,6 +222,13 @@ pub(crate) struct Restore {
     /// from this time on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) applying: Option<PartWaiting>,
+    /// When the current part's node was held: its replicas are waited for from then on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) part_started_at_ms: Option<u64>,
+    /// When the pass taking it now (or last) took it: a restore of several parts goes on for
+    /// longer than a pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pass_started_at_ms: Option<u64>,
     pub(crate) requested_by: String,
     pub(crate) created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -338,5 +345,16 @@ mod tests {
         let (a, b) = (new_id("bkp"), new_id("bkp"));
         assert!(a.starts_with("bkp_") && a.len() == 36, "{a}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_part_is_given_up_only_after_an_hour_without_word_from_its_agent() {
+        const HOUR: u64 = 3_600_000;
+        let mut part = PartWaiting { node_id: "node_a".into(), since_ms: 0, next_look_at_ms: 0, heard_at_ms: None, unreachable: None };
+        assert!(!part.given_up(HOUR, HOUR) && part.given_up(HOUR + 1, HOUR), "never heard of: counted from the first ask");
+        // an agent still at it after five hours keeps the part going
+        part.heard_at_ms = Some(5 * HOUR);
+        assert!(!part.given_up(5 * HOUR + HOUR, HOUR));
+        assert!(part.given_up(6 * HOUR + 1, HOUR));
     }
 }
