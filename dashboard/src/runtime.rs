@@ -26,6 +26,7 @@ use crate::refusal::{Refusal, Result};
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use capstan_core::text::named_ids;
 use minijinja::context;
 use minijinja::value::Serde;
 use serde::Serialize;
@@ -88,13 +89,12 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 /// A spec in words: `every active node, 1 replica per node, restart on-failure, no health
 /// check`, pinned nodes by name where known.
 pub(super) fn spec_words(spec: &Value, node_names: &BTreeMap<String, String>) -> String {
-    let placement = match spec["placement"]["nodes"].as_array() {
-        Some(nodes) => {
-            let shown: Vec<String> =
-                nodes.iter().filter_map(Value::as_str).map(|id| node_names.get(id).cloned().unwrap_or_else(|| id.to_string())).collect();
+    let placement = match spec["placement"]["nodes"].is_array() {
+        true => {
+            let shown = named_ids(&spec["placement"]["nodes"], node_names);
             format!("{} {}", if shown.len() == 1 { "node" } else { "nodes" }, shown.join(", "))
         }
-        None => "every active node".to_string(),
+        false => "every active node".to_string(),
     };
     let health = &spec["health"];
     let health = match health["kind"].as_str() {
@@ -102,13 +102,7 @@ pub(super) fn spec_words(spec: &Value, node_names: &BTreeMap<String, String>) ->
         Some("http") => format!("http check of {} on port {}", health["path"].as_str().unwrap_or("/"), health["port"]),
         _ => "no health check".to_string(),
     };
-    let held: Vec<String> = spec["heldNodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(|id| node_names.get(id).cloned().unwrap_or_else(|| id.to_string()))
-        .collect();
+    let held = named_ids(&spec["heldNodes"], node_names);
     let held = if held.is_empty() { String::new() } else { format!("; stopped on {} (held)", held.join(", ")) };
     format!(
         "{placement}, {} per node, restart {}, {health}{held}",

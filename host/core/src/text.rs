@@ -23,6 +23,17 @@ impl std::fmt::Debug for SecretString {
     }
 }
 
+/// The ids of a JSON list (`["node_a", …]`) as people read them: each by its name in `names`
+/// where known, else as it is; nothing for what is not a list.
+pub fn named_ids(ids: &serde_json::Value, names: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    ids.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+        .map(|id| names.get(id).cloned().unwrap_or_else(|| id.to_string()))
+        .collect()
+}
+
 /// At most `max` bytes of `s` (on a character boundary), marked `…` when cut.
 pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -95,5 +106,12 @@ mod tests {
         assert_eq!(escape_control("plain, ünïcode"), "plain, ünïcode");
         assert_eq!(escape_control("ok\n2026-12-01T00:00:00Z INFO forged"), "ok\\n2026-12-01T00:00:00Z INFO forged");
         assert_eq!(escape_control("\r\u{1b}[31mred\t"), "\\r\\u{1b}[31mred\\t");
+    }
+
+    #[test]
+    fn ids_read_by_name_where_known() {
+        let names = std::collections::BTreeMap::from([("node_a".to_string(), "web-1".to_string())]);
+        assert_eq!(named_ids(&serde_json::json!(["node_a", "node_b"]), &names), ["web-1", "node_b"]);
+        assert!(named_ids(&serde_json::json!(null), &names).is_empty());
     }
 }

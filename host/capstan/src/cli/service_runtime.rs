@@ -16,6 +16,7 @@ use super::client::{Client, Common, print_json, table, text, utc};
 use super::resolve::{self, Candidate, Kind, Names};
 use crate::refusal::{Refusal, Result};
 use capstan_core::clock::now_ms;
+use capstan_core::text::named_ids;
 use clap::ValueEnum;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -271,13 +272,12 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 /// A spec for people: `every active node, 1 replica per node, restart on-failure, no health
 /// check`; pinned nodes by name where known.
 pub fn spec_text(spec: &Value, node_names: &BTreeMap<String, String>) -> String {
-    let placement = match spec["placement"]["nodes"].as_array() {
-        Some(nodes) => {
-            let shown: Vec<String> =
-                nodes.iter().filter_map(Value::as_str).map(|id| node_names.get(id).cloned().unwrap_or_else(|| id.to_string())).collect();
+    let placement = match spec["placement"]["nodes"].is_array() {
+        true => {
+            let shown = named_ids(&spec["placement"]["nodes"], node_names);
             format!("{} {}", if shown.len() == 1 { "node" } else { "nodes" }, shown.join(", "))
         }
-        None => "every active node".to_string(),
+        false => "every active node".to_string(),
     };
     let replicas = plural(spec["replicasPerNode"].as_u64().unwrap_or(0), "replica", "replicas");
     let health = &spec["health"];
@@ -286,13 +286,7 @@ pub fn spec_text(spec: &Value, node_names: &BTreeMap<String, String>) -> String 
         Some("http") => format!("health http:{}{}", health["port"], health["path"].as_str().unwrap_or("/")),
         _ => "no health check".to_string(),
     };
-    let held_nodes: Vec<String> = spec["heldNodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(|id| node_names.get(id).cloned().unwrap_or_else(|| id.to_string()))
-        .collect();
+    let held_nodes = named_ids(&spec["heldNodes"], node_names);
     let held = match (spec["hold"] == true, held_nodes.is_empty()) {
         (true, _) => "held: nothing runs; ".to_string(),
         (false, false) => format!("held on {}; ", held_nodes.join(", ")),
