@@ -715,6 +715,17 @@ mod tests {
     }
 
     #[test]
+    fn held_nodes_are_said_by_name_before_the_rest_of_the_spec() {
+        let names = BTreeMap::from([("node_b".to_string(), "worker-b".to_string())]);
+        let spec = json!({ "placement": { "everyNode": true }, "replicasPerNode": 1, "hold": false, "heldNodes": ["node_b"],
+                           "restart": "on-failure", "health": { "kind": "none" } });
+        assert_eq!(spec_text(&spec, &names), "held on worker-b; every active node, 1 replica per node, restart on-failure, no health check");
+        let whole = json!({ "placement": { "everyNode": true }, "replicasPerNode": 1, "hold": true, "heldNodes": ["node_b"],
+                            "restart": "on-failure", "health": { "kind": "none" } });
+        assert!(spec_text(&whole, &names).starts_with("held: nothing runs; "), "a whole hold says so alone");
+    }
+
+    #[test]
     fn a_held_spec_is_run_again_by_the_command_that_states_it() {
         let every = json!({ "placement": { "everyNode": true }, "replicasPerNode": 1, "hold": true, "restart": "on-failure",
                             "health": { "kind": "none" } });
