@@ -719,7 +719,10 @@ mod tests {
         let names = BTreeMap::from([("node_b".to_string(), "worker-b".to_string())]);
         let spec = json!({ "placement": { "everyNode": true }, "replicasPerNode": 1, "hold": false, "heldNodes": ["node_b"],
                            "restart": "on-failure", "health": { "kind": "none" } });
-        assert_eq!(spec_text(&spec, &names), "held on worker-b; every active node, 1 replica per node, restart on-failure, no health check");
+        assert_eq!(
+            spec_text(&spec, &names),
+            "held on worker-b; every active node, 1 replica per node, restart on-failure, no health check"
+        );
         let whole = json!({ "placement": { "everyNode": true }, "replicasPerNode": 1, "hold": true, "heldNodes": ["node_b"],
                             "restart": "on-failure", "health": { "kind": "none" } });
         assert!(spec_text(&whole, &names).starts_with("held: nothing runs; "), "a whole hold says so alone");
