@@ -299,13 +299,27 @@ async fn spec_writes_are_refused_by_name() {
     refused(with(json!({ "health": { "kind": "http", "port": 8080, "path": "no-slash" } })), "invalid-request").await;
     refused(with(json!({ "expectedRevision": 3 })), "conflict").await;
     refused(with(json!({ "surprise": true })), "invalid-request").await;
-    admin(&server, "runtime.setServiceSpec", with(json!({ "placement": { "nodes": [node] } }))).await;
+    refused(with(json!({ "heldNodes": ["node_nosuch"] })), "node-not-in-cluster").await;
+    refused(with(json!({ "heldNodes": [node.clone(), node.clone()] })), "invalid-request").await;
+    refused(with(json!({ "heldNodes": "all" })), "invalid-request").await;
+    // held nodes: kept by a write that does not name them, released by one naming none
+    let held =
+        admin(&server, "runtime.setServiceSpec", with(json!({ "placement": { "nodes": [node.clone()] }, "heldNodes": [node.clone()] })))
+            .await;
+    assert_eq!(held["heldNodes"], json!([node.clone()]), "{held}");
+    let kept =
+        admin(&server, "runtime.setServiceSpec", with(json!({ "expectedRevision": 1, "placement": { "nodes": [node.clone()] } }))).await;
+    assert_eq!((kept["revision"].as_u64(), &kept["heldNodes"]), (Some(2), &json!([node.clone()])), "{kept}");
+    let released =
+        admin(&server, "runtime.setServiceSpec", with(json!({ "expectedRevision": 2, "placement": { "nodes": [node] }, "heldNodes": [] })))
+            .await;
+    assert_eq!(released["heldNodes"], json!([]), "{released}");
     refused(base.clone(), "conflict").await;
     let (_, answer) = http(
         server.addr,
         "/api/v1/runtime.deleteServiceSpec",
         Some(&server.token),
-        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": 1 }),
+        json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": 3 }),
     )
     .await;
     assert_eq!(answer["error"]["code"], "spec-not-held", "{answer}");
