@@ -2,13 +2,14 @@
 //! cluster) ([`spec`]), replica slots and their assignments ([`slots`]), the pure slot
 //! transition ([`transition`]), the assignment producer ([`producer`]), node runtime sessions
 //! that carry assignments to the agents and their reports back ([`sessions`]), the views
-//! operators read ([`views`]), the workloads' logs ([`logs`]) and the evidence of a release's
-//! rollout ([`rollout`]).
+//! operators read ([`views`]), the workloads' logs ([`logs`]), the evidence of a release's
+//! rollout ([`rollout`]) and the digests images named by tag run as ([`images`]).
 //!
 //! The producer runs on one fleet node at a time (the placed workload [`PRODUCER_WORKLOAD`]);
 //! each fleet node delivers to the node sessions its own sockets carry.
 
 pub mod history;
+pub mod images;
 pub mod logs;
 pub mod producer;
 pub mod rollout;
@@ -62,6 +63,7 @@ pub fn collections() -> Vec<CollectionSpec> {
             .unique("by_assignment", &["assignmentId"]),
         CollectionSpec::new(RUNTIME_STATUS).index("by_service", &["serviceId"]),
         CollectionSpec::new(RUNTIME_NODE_SESSIONS),
+        CollectionSpec::new(images::RUNTIME_IMAGE_PLANS),
     ]
     .into_iter()
     .chain(logs::collections())
@@ -113,6 +115,8 @@ pub struct Context {
     pub blobs: capstan_blobs::Blobs,
     /// The logs' state in this process.
     pub logs: Arc<logs::LogState>,
+    /// Asks registries what an image's tag names (image plans).
+    pub images: Arc<images::Resolver>,
 }
 
 impl Context {
@@ -128,6 +132,7 @@ impl Context {
     ) -> Context {
         let registry_host = registry_host(&nodes.public_origin);
         Context {
+            images: Arc::new(images::Resolver::new(Vec::new(), &registry_host)),
             audit: capstan_rpc::audit::AuditLog::new(store.clone()),
             keyring,
             blobs,
@@ -142,6 +147,12 @@ impl Context {
             producer_wake: Arc::new(Notify::new()),
             delivery_wake: Arc::new(Notify::new()),
         }
+    }
+
+    /// Ask registries through `mirrors` for what a tag names (`CAPSTAN_IMAGE_MIRRORS`).
+    pub fn with_image_mirrors(mut self, mirrors: Vec<images::Mirror>) -> Context {
+        self.images = Arc::new(images::Resolver::new(mirrors, &self.registry_host));
+        self
     }
 
     /// This process is the fleet node `fleet_node_id`: the node sessions it registers are

@@ -4,6 +4,7 @@
 //! again, and writes the target's verdict only when it changed. A steady fleet's pass writes
 //! nothing.
 
+use super::images::{self, ImagePlan, RUNTIME_IMAGE_PLANS, is_pinned};
 use super::slots::{self, Assignment, PinnedSecret, Slot, Work, WorkPort, WorkSecrets, WorkVolume, slot_id, slot_name};
 use super::spec::{self, Spec};
 use super::transition::{self, Around, Case, Intent, SlotState, Step};
@@ -73,6 +74,8 @@ pub struct Target {
     /// The organization whose service owns the repository the image names in Capstan's
     /// registry (none: the image is elsewhere, or no service owns the repository).
     pub image_organization: Option<String>,
+    /// The service's image plan, when its image names a tag (`images`).
+    pub image_plan: Option<ImagePlan>,
 }
 
 /// One acting step of a plan.
@@ -116,13 +119,15 @@ pub fn registry_repository(image: &str, registry_host: &str) -> Option<String> {
 }
 
 fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &'static str> {
-    let pinned = service.image.split_once("@sha256:").is_some_and(|(_, hex)| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
-    if !pinned {
-        return Err("image-plan-missing");
-    }
+    // a tag runs the digest its plan resolved: every replica the same, whatever the tag does later
+    let image = match (is_pinned(&service.image), &target.image_plan) {
+        (true, _) => service.image.clone(),
+        (false, Some(plan)) => plan.pinned(&service.image).ok_or("image-plan-missing")?,
+        (false, None) => return Err("image-plan-missing"),
+    };
     // the node pulls with a credential Capstan issues: only from a repository of the service's
     // own organization, as its members could pull it themselves
-    if registry_repository(&service.image, &target.registry_host).is_some()
+    if registry_repository(&image, &target.registry_host).is_some()
         && target.image_organization.as_deref() != Some(service.organization_id.as_str())
     {
         return Err("image-repository-foreign");
@@ -139,7 +144,7 @@ fn build_work(target: &Target, service: &Service) -> std::result::Result<Work, &
         .collect();
     let volumes = service.volumes.iter().map(|v| WorkVolume { name: v.name.clone(), mount_path: v.mount_path.clone() }).collect();
     Ok(Work {
-        image: service.image.clone(),
+        image,
         environment: service.environment.clone(),
         ports,
         volumes,
@@ -336,6 +341,10 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>
         None => None,
     };
     let status = tx.get(RUNTIME_STATUS, &spec.id).await?.as_ref().map(parse).transpose()?;
+    let image_plan = match service.as_ref().filter(|s| !is_pinned(&s.data.image)) {
+        Some(s) => tx.get(RUNTIME_IMAGE_PLANS, &s.id).await?.as_ref().map(|doc| parse::<ImagePlan>(doc).map(|e| e.data)).transpose()?,
+        None => None,
+    };
     let image_organization = match service.as_ref().and_then(|s| registry_repository(&s.data.image, registry_host)) {
         Some(repository) => capstan_registry::access::service_of_in(tx, &repository).await?.map(|(_, s)| s.organization_id),
         None => None,
@@ -349,6 +358,7 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>
         secrets,
         registry_host: registry_host.to_string(),
         image_organization,
+        image_plan,
     })
 }
 
@@ -422,7 +432,10 @@ pub async fn pass(cx: &Context) -> Result<PassReport> {
 /// Decide and act on one target.
 pub async fn target_pass(cx: &Context, spec: Entity<Spec>, cluster: &Arc<ClusterView>) -> Result<PassReport> {
     let host = cx.registry_host.clone();
-    let target = cx.store.transact(|tx| read_target_tx(tx, spec.clone(), cluster.clone(), host.clone())).await?;
+    let mut target = cx.store.transact(|tx| read_target_tx(tx, spec.clone(), cluster.clone(), host.clone())).await?;
+    if let Some(service) = target.service.as_ref().filter(|s| images::due(&s.data.image, target.image_plan.as_ref(), now_ms())) {
+        target.image_plan = Some(images::settle(cx, &service.id, &service.data.image, target.image_plan.as_ref()).await?);
+    }
     let plan = plan(&target, now_ms());
     let mut report = PassReport { targets: 1, ..PassReport::default() };
     for step in &plan.steps {
@@ -628,6 +641,13 @@ async fn finish_deleted(cx: &Context, spec: &Entity<Spec>) -> Result<usize> {
                     tx.delete(RUNTIME_STATUS, &id, doc.revision).await?;
                     removed += 1;
                 }
+                // the last spec of the service takes its image plan along
+                if spec::of_service(&tx, &service_id).await?.iter().all(|s| s.id == id)
+                    && let Some(doc) = tx.get(RUNTIME_IMAGE_PLANS, &service_id).await?
+                {
+                    tx.delete(RUNTIME_IMAGE_PLANS, &service_id, doc.revision).await?;
+                    removed += 1;
+                }
                 Ok(removed)
             }
         })
@@ -688,6 +708,7 @@ mod tests {
             secrets: None,
             registry_host: "reg.example".into(),
             image_organization: Some("org_1".into()),
+            image_plan: None,
         }
     }
 
@@ -825,6 +846,25 @@ mod tests {
         let p = plan(&t, 0);
         assert!(p.steps.is_empty(), "a refused desire stops nothing: {:?}", p.steps);
         assert_eq!(p.verdict, Verdict::new("refused", Some("image-plan-missing")));
+        // a tag runs the digest its plan resolved, and only a plan of that very image
+        let resolved = |image: &str, digest: Option<&str>| ImagePlan {
+            service_id: "svc_1".into(),
+            image: image.into(),
+            digest: digest.map(String::from),
+            resolved_at: Some(1),
+            error: digest.is_none().then(|| "unreachable".into()),
+            failures: 0,
+            retry_at: 0,
+        };
+        t.image_plan = Some(resolved("nginx:1.25", None));
+        assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("image-plan-missing")), "a failed plan runs nothing");
+        t.image_plan = Some(resolved("nginx:1.24", Some(DIGEST)));
+        assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("image-plan-missing")), "a stale plan runs nothing");
+        t.image_plan = Some(resolved("nginx:1.25", Some(DIGEST)));
+        let p = plan(&t, 0);
+        assert_eq!(p.work.map(|w| w.image), Some(format!("nginx@{DIGEST}")));
+        assert_ne!(p.verdict.state, "refused", "{:?}", p.verdict);
+        t.image_plan = None;
         // a repository of Capstan's registry that another organization's service owns, or none
         t.service = Some(service(&format!("reg.example/workloads/web-1@{DIGEST}"), "active"));
         for owner in [Some("org_2"), None] {

@@ -95,6 +95,10 @@ pub struct ServiceStatus {
     pub service_id: String,
     /// One per cluster the service has a spec for.
     pub targets: Vec<TargetView>,
+    /// The digest the service's image tag runs as (absent for an image pinned by digest, and
+    /// before the runtime first planned it): `{image, digest?, resolvedAt?, error?, retryAt}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_plan: Option<crate::images::ImagePlan>,
 }
 
 async fn status(cx: Context, call: Call, input: ServiceInput) -> Result<ServiceStatus> {
@@ -118,7 +122,18 @@ async fn status(cx: Context, call: Call, input: ServiceInput) -> Result<ServiceS
                         slots: slots.iter().map(|s| SlotView::of(&s.data)).collect(),
                     });
                 }
-                Ok(ServiceStatus { service_id: service.id, targets })
+                let image_plan = match crate::images::is_pinned(&service.data.image) {
+                    true => None,
+                    false => tx
+                        .get(crate::images::RUNTIME_IMAGE_PLANS, &service.id)
+                        .await?
+                        .as_ref()
+                        .map(parse::<crate::images::ImagePlan>)
+                        .transpose()?
+                        .map(|e| e.data)
+                        .filter(|p| p.image == service.data.image),
+                };
+                Ok(ServiceStatus { service_id: service.id, targets, image_plan })
             }
         })
         .await
