@@ -126,6 +126,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         fleet: fleet.clone(),
         metrics_token: config.metrics_token.clone(),
         route_check: config.route_check.clone(),
+        image_mirrors: config.image_mirrors.clone(),
     });
     let logs_runtime = state.runtime.clone();
     scheduler.register(

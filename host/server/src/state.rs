@@ -94,6 +94,8 @@ pub struct Parts {
     pub metrics_token: Option<capstan_core::text::SecretString>,
     /// How deployments' routes are checked (`CAPSTAN_ROUTE_CHECK_*`).
     pub route_check: capstan_registry::route_check::RouteCheck,
+    /// Where image tags are resolved instead of their registries (`CAPSTAN_IMAGE_MIRRORS`).
+    pub image_mirrors: Vec<capstan_runtime::images::Mirror>,
 }
 
 impl AppState {
@@ -113,6 +115,7 @@ impl AppState {
             fleet,
             metrics_token,
             route_check,
+            image_mirrors,
         } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
@@ -156,7 +159,8 @@ impl AppState {
             sockets.clone(),
             keyring.clone(),
             blobs.clone(),
-        );
+        )
+        .with_image_mirrors(image_mirrors);
         capstan_runtime::register(&mut registry, runtime.clone());
         // node sessions registered here are recorded as held by this fleet node, and node calls
         // other fleet nodes carry here are answered by them
@@ -300,6 +304,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
         fleet,
         metrics_token: None,
         route_check: Default::default(),
+        image_mirrors: Vec::new(),
     })
 }
 

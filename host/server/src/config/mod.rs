@@ -66,6 +66,8 @@ pub const PLUGIN_HTTP_ALLOW: &str = "CAPSTAN_PLUGIN_HTTP_ALLOW";
 pub const ROUTE_CHECK_CA_FILE: &str = "CAPSTAN_ROUTE_CHECK_CA_FILE";
 /// `host=address:port` pins for deployments' route checks, comma-separated.
 pub const ROUTE_CHECK_RESOLVE: &str = "CAPSTAN_ROUTE_CHECK_RESOLVE";
+/// `registry=origin` pairs, comma-separated: image tags of that registry are resolved there.
+pub const IMAGE_MIRRORS: &str = "CAPSTAN_IMAGE_MIRRORS";
 /// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
 /// `host:port` other nodes dial this one on; by default the listen address.
@@ -187,6 +189,12 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none",
         help: "Reverse proxies whose X-Forwarded-For names the client (for login limits and logs): addresses or networks, comma-separated",
+    },
+    Var {
+        env: IMAGE_MIRRORS,
+        required: false,
+        default: "none (each image's own registry)",
+        help: "Registry mirrors the runtime asks what an image tag names, as registry=origin pairs, comma-separated (docker.io=https://mirror.example)",
     },
     Var {
         env: PLUGIN_HTTP_CA_FILE,
@@ -416,6 +424,8 @@ pub struct ServeConfig {
     pub trusted_proxies: crate::listener::TrustedProxies,
     /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
     pub plugin_http_ca: Option<CaFile>,
+    /// Registry mirrors image tags are resolved at (`CAPSTAN_IMAGE_MIRRORS`).
+    pub image_mirrors: Vec<capstan_runtime::images::Mirror>,
     /// Networks plugins' outbound HTTP may reach despite the address guard
     /// (`CAPSTAN_PLUGIN_HTTP_ALLOW`).
     pub plugin_http_allow: Vec<capstan_core::net::IpNet>,
@@ -710,6 +720,8 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
             .unwrap_or_default(),
         plugin_http_ca,
+        image_mirrors: capstan_runtime::images::parse_mirrors(&lookup(IMAGE_MIRRORS).unwrap_or_default())
+            .map_err(|e| Refusal::new("config-invalid", format!("{IMAGE_MIRRORS}: {e}")))?,
         plugin_http_allow,
         route_check,
         dev_defaults,
