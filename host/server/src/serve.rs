@@ -145,7 +145,13 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         .description("Lets workload logs go past runtimeLogRetentionDays (30 days unless set) and beyond a slot's newest 8 attempts, removes segments nothing names, and keeps each service's newest 500 runtime events (docs/runtime.md)."),
     )?;
     if config.demo {
-        tokio::spawn(crate::demo::install(state.methods.clone(), state.plugins.clone()));
+        let setup = crate::demo::NodeSetup {
+            data_dir: config.data_dir.clone().unwrap_or_default(),
+            agent_binary: state.nodes.agent_binary.clone(),
+            engine: config.demo_engine.clone(),
+            origin: config.public_origin.clone(),
+        };
+        tokio::spawn(crate::demo::install(state.methods.clone(), state.plugins.clone(), setup));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = fleet.spawn(stopped.clone());

@@ -19,12 +19,12 @@ fn version_not_found(app_id: &str, version: &Version) -> Refusal {
         .with_data(json!({ "appId": app_id, "version": version.to_string() }))
 }
 
-fn find_app<'a>(catalog: &'a Verified, app_id: &str) -> Result<&'a App> {
+pub(crate) fn find_app<'a>(catalog: &'a Verified, app_id: &str) -> Result<&'a App> {
     catalog.app(app_id).ok_or_else(|| app_not_found(app_id))
 }
 
 /// The version asked for (it must be offered), or the one a new install gets.
-fn offered_version<'a>(app: &'a App, version: Option<&Version>) -> Result<&'a AppVersion> {
+pub(crate) fn offered_version<'a>(app: &'a App, version: Option<&Version>) -> Result<&'a AppVersion> {
     let chosen = match version {
         Some(v) => app.version(v).ok_or_else(|| version_not_found(&app.id, v))?,
         None => app.newest().ok_or_else(|| {
@@ -234,7 +234,7 @@ pub struct Install {
 
 /// Where an installed app runs (`runtime.setServiceSpec`'s placement), judged before anything is
 /// created: the cluster exists, the node is one of its active nodes, an app with volumes has one.
-fn placement_for(template: &Template, cluster_id: &str, node_id: Option<&str>) -> Result<Value> {
+pub(crate) fn placement_for(template: &Template, cluster_id: &str, node_id: Option<&str>) -> Result<Value> {
     if inventory::get::<Value>(EntityKind::Cluster, cluster_id)?.is_none() {
         return Err(Refusal::new("cluster-not-found", format!("no cluster {cluster_id}")).with_data(json!({ "field": "clusterId" })));
     }
@@ -334,13 +334,10 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
         "version": version.version.to_string()
     });
     if let (Some(cluster), Some(placement)) = (&input.cluster_id, placement) {
-        // the app starts: one replica per node where it is placed, probed as its ports allow
-        let spec = json!({ "serviceId": service.id, "clusterId": cluster, "expectedRevision": null, "placement": placement,
-                           "replicasPerNode": 1, "health": health_for(template) });
-        match capstan_sdk::runtime::set_service_spec(&spec) {
-            Ok(set) => {
+        match start(&service.id, template, cluster, placement) {
+            Ok(revision) => {
                 answer["clusterId"] = json!(cluster);
-                answer["specRevision"] = json!(set.revision);
+                answer["specRevision"] = json!(revision);
             }
             // the service stands: say so, and how to start it, rather than lose it
             Err(refused) => {
@@ -359,6 +356,14 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
         }
     }
     Ok(answer)
+}
+
+/// Start the installed app `service_id` on `cluster`: one replica per node `placement` names,
+/// probed as its ports allow. The spec's revision.
+pub(crate) fn start(service_id: &str, template: &Template, cluster: &str, placement: Value) -> Result<u64> {
+    let spec = json!({ "serviceId": service_id, "clusterId": cluster, "expectedRevision": null, "placement": placement,
+                       "replicasPerNode": 1, "health": health_for(template) });
+    Ok(capstan_sdk::runtime::set_service_spec(&spec)?.revision)
 }
 
 // ---- services from the catalog ----

@@ -48,6 +48,8 @@ impl From<CatalogError> for Failed {
 /// Demo services installed from the demo catalog: (service name, app, version). Each runs an
 /// older version where there is a newer one, so the upgrade paths have something to show.
 const SERVICES: [(&str, &str, &str); 3] = [("git", "gitea", "1.22.2"), ("cache", "redis", "7.2.6"), ("status", "uptime-kuma", "1.23.16")];
+/// The demo service that starts when the demo names a cluster (a small app answering HTTP).
+const STARTED: &str = "status";
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -55,6 +57,9 @@ pub struct DemoInput {
     /// An organization to install a few demo services into (a service of the same name there
     /// is left as it is).
     organization_id: Option<String>,
+    /// A cluster with a node to start the demo's `status` app (Uptime Kuma) on, with the
+    /// organization: it gets a runtime spec there unless it has one.
+    cluster_id: Option<String>,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -68,6 +73,8 @@ pub struct Installed {
     apps: usize,
     /// The demo services installed now (none when they were there already).
     services: Vec<String>,
+    /// The demo services given a runtime spec now, on `clusterId`.
+    started: Vec<String>,
 }
 
 /// Sign the demo apps with this host's demo key, trust that key here, and activate them.
@@ -101,6 +108,7 @@ pub fn install(ctx: &Context, input: DemoInput) -> Result<Installed> {
         crate::apps::adopt_snapshots(&catalog)?;
     }
     let mut services = Vec::new();
+    let mut started = Vec::new();
     if let Some(organization_id) = &input.organization_id {
         for (name, app_id, version) in SERVICES {
             let body = json!({ "organizationId": organization_id, "appId": app_id, "version": version, "name": name });
@@ -112,8 +120,42 @@ pub fn install(ctx: &Context, input: DemoInput) -> Result<Installed> {
                 Err(e) => return Err(e),
             }
         }
+        if let Some(cluster) = &input.cluster_id
+            && start(&catalog, organization_id, cluster)?
+        {
+            started.push(STARTED.to_string());
+        }
     }
-    Ok(Installed { outcome, signer: signer.to_string(), apps: catalog.apps().len(), services })
+    Ok(Installed { outcome, signer: signer.to_string(), apps: catalog.apps().len(), services, started })
+}
+
+/// Give the demo's [`STARTED`] service of `organization_id` a runtime spec on `cluster`, unless it
+/// has one there; whether it was given one now.
+fn start(catalog: &capstan_catalog::Verified, organization_id: &str, cluster: &str) -> Result<bool> {
+    let Some((_, app_id, version)) = SERVICES.iter().find(|(name, ..)| *name == STARTED) else { return Ok(false) };
+    let service = capstan_sdk::inventory::list_all::<serde_json::Value>(capstan_sdk::inventory::EntityKind::Service)?
+        .into_iter()
+        .find(|s| s.data["organizationId"] == organization_id && s.data["name"] == STARTED)
+        .ok_or_else(|| Refusal::internal(format!("the demo service {STARTED} is not in the organization")))?;
+    if capstan_sdk::runtime::service_specs(&service.id)?.iter().any(|s| s.data["clusterId"] == cluster) {
+        return Ok(false);
+    }
+    let app = crate::apps::find_app(catalog, app_id)?;
+    let version = version.parse().map_err(|_| Refusal::internal("a demo version does not parse"))?;
+    let template = &crate::apps::offered_version(app, Some(&version))?.template;
+    let placement = crate::apps::placement_for(template, cluster, None)?;
+    // the demo's node is this machine: its ports are published on the same numbers, so the app
+    // answers at http://127.0.0.1:<port>/
+    let mut ports = service.data["ports"].clone();
+    for port in ports.as_array_mut().into_iter().flatten() {
+        if port.get("publicPort").is_none_or(serde_json::Value::is_null) {
+            port["publicPort"] = port["port"].clone();
+        }
+    }
+    let update = json!({ "id": service.id, "expectedRevision": service.revision, "ports": ports });
+    capstan_sdk::inventory::update_service::<serde_json::Value>(&update)?;
+    crate::apps::start(&service.id, template, cluster, placement)?;
+    Ok(true)
 }
 
 /// Unpadded base64url, as a `capstan-ed25519:` key is written.

@@ -214,6 +214,11 @@ struct ServeArgs {
     /// demo (the App Store's: a catalog of self-hosted apps signed by a key trusted here only)
     #[arg(long)]
     demo: bool,
+    /// With --dev --demo: the container engine the dev host's own node runs the demo's app on,
+    /// unix:///path/to/socket or http://host:port [env: CAPSTAN_DEV_ENGINE] [default: DOCKER_HOST,
+    /// else the first of the usual Docker and Podman sockets that exists]
+    #[arg(long, value_name = "ENDPOINT", requires = "demo")]
+    engine: Option<String>,
 }
 
 /// Exit status for a refused configuration (nothing was opened).
@@ -309,6 +314,7 @@ pub fn main() -> ExitCode {
                 public_origin: args.public_origin,
                 plugin_http_ca_file: args.plugin_http_ca_file,
                 demo: args.demo,
+                engine: args.engine,
             };
             let env = std::env::vars().filter(|(k, _)| k.starts_with("CAPSTAN_")).collect();
             let config = match config::resolve(&flags, &env) {

@@ -66,6 +66,8 @@ pub const PLUGIN_HTTP_ALLOW: &str = "CAPSTAN_PLUGIN_HTTP_ALLOW";
 pub const ROUTE_CHECK_CA_FILE: &str = "CAPSTAN_ROUTE_CHECK_CA_FILE";
 /// `host=address:port` pins for deployments' route checks, comma-separated.
 pub const ROUTE_CHECK_RESOLVE: &str = "CAPSTAN_ROUTE_CHECK_RESOLVE";
+/// With `--dev --demo`: the container engine the dev host's own node runs the demo on.
+pub const DEV_ENGINE: &str = "CAPSTAN_DEV_ENGINE";
 /// `registry=origin` pairs, comma-separated: image tags of that registry are resolved there.
 pub const IMAGE_MIRRORS: &str = "CAPSTAN_IMAGE_MIRRORS";
 /// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
@@ -189,6 +191,12 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none",
         help: "Reverse proxies whose X-Forwarded-For names the client (for login limits and logs): addresses or networks, comma-separated",
+    },
+    Var {
+        env: DEV_ENGINE,
+        required: false,
+        default: "the first of DOCKER_HOST and the usual Docker and Podman sockets that exists",
+        help: "With --dev --demo: the container engine (Docker Engine API, unix:// or http://) the dev host's own node runs the demo's app on (--engine)",
     },
     Var {
         env: IMAGE_MIRRORS,
@@ -330,6 +338,8 @@ pub struct Flags {
     pub plugin_http_ca_file: Option<PathBuf>,
     /// `--demo`: install demo data (with `--dev` only).
     pub demo: bool,
+    /// `--engine ENDPOINT`: the engine the demo's node runs on (with `--demo` only).
+    pub engine: Option<String>,
 }
 
 /// Which network a node beyond loopback is on.
@@ -378,6 +388,9 @@ pub struct ServeConfig {
     pub dev: bool,
     /// `--dev --demo`: demo data installed once the host serves (see `crate::demo`).
     pub demo: bool,
+    /// With `--demo`: the engine its node runs on, as given (`CAPSTAN_DEV_ENGINE`, `--engine`);
+    /// `None`: found where engines usually listen.
+    pub demo_engine: Option<String>,
     /// The dev-mode data directory (`CAPSTAN_DATA_DIR`); `None` without `--dev`.
     pub data_dir: Option<PathBuf>,
     /// Address the HTTP API binds to (`CAPSTAN_LISTEN`, default `127.0.0.1:8080`).
@@ -556,6 +569,15 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     let lookup =
         |name: &str| -> Option<String> { env.get(name).filter(|v| !v.trim().is_empty()).cloned().or_else(|| file.get(name).cloned()) };
     let mut dev_defaults = Vec::new();
+    let demo_engine = flags.engine.clone().or_else(|| lookup(DEV_ENGINE)).map(|e| e.trim().to_string());
+    if let Some(engine) = &demo_engine {
+        if !flags.demo {
+            return Err(Refusal::new("config-invalid", format!("{DEV_ENGINE} (--engine) is the engine of the demo's node: it needs --dev --demo")));
+        }
+        if !(engine.starts_with("unix:///") || engine.starts_with("http://")) {
+            return Err(Refusal::new("config-invalid", format!("{DEV_ENGINE} (--engine) is unix:///path/to/socket or http://host:port")));
+        }
+    }
 
     let listen_text = flags.listen.clone().or_else(|| lookup(LISTEN)).unwrap_or_else(|| "127.0.0.1:8080".into());
     let listen: SocketAddr = listen_text
@@ -694,6 +716,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     Ok(ServeConfig {
         dev: flags.dev,
         demo: flags.demo,
+        demo_engine,
         data_dir,
         listen,
         public_origin: public_origin.trim_end_matches('/').to_string(),

@@ -1,11 +1,17 @@
 //! `capstan serve --dev --demo`: demo data for a newcomer — an organization, a cluster and a
-//! service, then each plugin's own demo (`<pluginId>.installDemo`, `{organizationId}`) once the
+//! service, then each plugin's own demo (`<pluginId>.installDemo`, `{organizationId, clusterId?}`
+//! — the cluster when this host runs a node in it) once the
 //! first-party plugins are loaded: the App Store's is a catalog of real self-hosted apps signed
 //! by a key of this host and trusted only here, with a few apps installed from it.
 //!
 //! Everything goes through the registered methods, as an administrator named `demo-installer`,
 //! and is idempotent: what a name already holds (`exists`) is left as it is, so a second start
 //! adds nothing. Never run without the flag; `--demo` without `--dev` is refused at start.
+//!
+//! Where a container engine answers on this machine, the host also runs a node of its own in
+//! the demo's cluster ([`node`]) and the App Store's demo starts one app on it.
+
+pub mod node;
 
 use crate::plugins::host::PluginHost;
 use capstan_core::Refusal;
@@ -64,18 +70,85 @@ async fn organization(methods: &Registry) -> Result<String, Refusal> {
         .ok_or_else(|| Refusal::new("demo-failed", "the demo organization exists but is not listed"))
 }
 
+/// What the demo's own node needs: the data directory, the agent binary, the engine named (if
+/// any) and Capstan's origin.
+pub struct NodeSetup {
+    /// The dev data directory (the node keeps its files under it).
+    pub data_dir: std::path::PathBuf,
+    /// The `capstan-agent` beside this executable (or `CAPSTAN_AGENT_BINARY`).
+    pub agent_binary: Option<std::path::PathBuf>,
+    /// The engine `--engine` named; `None`: looked for.
+    pub engine: Option<String>,
+    /// Capstan's origin, which the agent enrolls with.
+    pub origin: String,
+}
+
 /// Install the demo data through `methods` (each plugin's once `plugins` has loaded the
 /// first-party ones); each step logged, a failure logged and left for the next start.
-pub async fn install(methods: Arc<Registry>, plugins: Arc<PluginHost>) {
-    if let Err(e) = run(&methods, &plugins).await {
+pub async fn install(methods: Arc<Registry>, plugins: Arc<PluginHost>, setup: NodeSetup) {
+    if let Err(e) = run(&methods, &plugins, setup).await {
         tracing::warn!(refusal = %e, "the demo data was not installed in full; the next start with --demo tries again");
     }
 }
 
-async fn run(methods: &Registry, plugins: &PluginHost) -> Result<(), Refusal> {
-    let organization_id = organization(methods).await?;
+/// The demo cluster's id, created if it is not there.
+async fn cluster(methods: &Registry) -> Result<String, Refusal> {
     // the cluster's machine token is shown once to its creator: the demo has no use for it
-    ensure(methods, "clusters.create", json!({ "name": CLUSTER, "description": "The demo's cluster (no node has joined it)." })).await?;
+    if let Some(created) = ensure(methods, "clusters.create", json!({ "name": CLUSTER, "description": "The demo's cluster." })).await? {
+        return Ok(created["cluster"]["id"].as_str().unwrap_or_default().to_string());
+    }
+    let listed = call(methods, "clusters.list", json!({ "limit": 100 })).await?;
+    listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == CLUSTER)
+        .and_then(|c| c["id"].as_str())
+        .map(String::from)
+        .ok_or_else(|| Refusal::new("demo-failed", "the demo cluster exists but is not listed"))
+}
+
+/// Run this machine's node in the demo's cluster, enrolling it the first time; whether it runs
+/// (why not is logged in plain words).
+async fn start_node(methods: &Registry, setup: &NodeSetup, cluster_id: &str) -> bool {
+    let found = node::find(&setup.data_dir, setup.agent_binary.as_deref(), setup.engine.as_deref(), &setup.origin).await;
+    let node = match found {
+        Ok(node) => node,
+        Err(why) => {
+            tracing::info!("the demo runs no node of its own: {why}");
+            return false;
+        }
+    };
+    let started = async {
+        if !node.enrolled() {
+            let jump = call(methods, "nodes.createJumpCommand", json!({ "clusterId": cluster_id, "ttlMinutes": 5 })).await?;
+            node.enroll(jump["code"].as_str().unwrap_or_default()).await?;
+        }
+        node.run()
+    };
+    match started.await {
+        Ok(mut child) => {
+            tracing::info!(engine = %node.engine, hostname = node::HOSTNAME, "the demo's node runs on this machine in {CLUSTER}");
+            // held until the host stops (the agent is killed with it)
+            tokio::spawn(async move {
+                match child.wait().await {
+                    Ok(status) => tracing::warn!(%status, "the demo's node agent stopped (its log: demo-node/agent.log in the data dir)"),
+                    Err(e) => tracing::warn!(error = %e, "the demo's node agent cannot be followed"),
+                }
+            });
+            true
+        }
+        Err(e) => {
+            tracing::warn!(refusal = %e, "the demo's node did not start");
+            false
+        }
+    }
+}
+
+async fn run(methods: &Registry, plugins: &PluginHost, setup: NodeSetup) -> Result<(), Refusal> {
+    let organization_id = organization(methods).await?;
+    let cluster_id = cluster(methods).await?;
+    let node = start_node(methods, &setup, &cluster_id).await;
     ensure(
         methods,
         "services.create",
@@ -92,17 +165,26 @@ async fn run(methods: &Registry, plugins: &PluginHost) -> Result<(), Refusal> {
         let ready =
             expected.iter().all(|(id, version)| loaded.iter().any(|a| a.manifest.id == *id && a.manifest.version.to_string() == *version));
         if ready {
+            let mut body = json!({ "organizationId": organization_id });
+            if node {
+                body["clusterId"] = json!(cluster_id);
+            }
             for active in loaded.iter().filter(|a| a.methods.contains_key("installDemo")) {
                 let method = format!("{}.installDemo", active.manifest.id);
-                match call(methods, &method, json!({ "organizationId": organization_id })).await {
+                match call(methods, &method, body.clone()).await {
                     Ok(answer) => tracing::info!(%method, answer = %answer, "demo installed"),
                     Err(e) => tracing::warn!(%method, refusal = %e, "a plugin's demo was not installed"),
                 }
             }
-            tracing::info!(
-                "the demo's services are in place, none started: the dev host has no node (a machine joins {CLUSTER} with a jump \
-                 command), and the demo names its images by tag while the runtime runs only images pinned by digest"
-            );
+            match node {
+                true => tracing::info!(
+                    "the demo's app `status` (Uptime Kuma) starts on this machine's node once its image is pulled: \
+                     `capstan services status status` follows it"
+                ),
+                false => tracing::info!(
+                    "the demo's services are in place, none started: no node runs in {CLUSTER} (a machine joins it with a jump command)"
+                ),
+            }
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
