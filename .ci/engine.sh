@@ -20,7 +20,9 @@ mkdir -p "$ENGINE_DIR/build/rootfs/bin" "$ENGINE_DIR/build/rootfs/www"
 # From Debian when missing (the package lists are refreshed only if the install cannot find
 # them). busybox-static is the test image's one binary.
 engine_need=()
-for engine_tool in podman:podman runc:runc buildah:buildah /bin/busybox:busybox-static; do
+# docker-registry (the distribution registry) stands in for Docker Hub in the demo node test
+# (tests/e2e/appstore_demo.rs).
+for engine_tool in podman:podman runc:runc buildah:buildah /bin/busybox:busybox-static docker-registry:docker-registry; do
     if [ "${engine_tool%%:*}" = /bin/busybox ]; then
         [ -x /bin/busybox ] || engine_need+=("${engine_tool#*:}")
     else

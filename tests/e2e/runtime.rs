@@ -205,6 +205,8 @@ impl Images {
                     r#"["/bin/busybox", "sh", "/talk.sh"]"#
                 }
                 "crash" => r#"["/bin/busybox", "false"]"#,
+                // stands in for the demo's Uptime Kuma (tests/e2e/appstore_demo.rs): its port
+                "kuma" => r#"["/bin/busybox", "httpd", "-f", "-p", "3001", "-h", "/www"]"#,
                 _ => r#"["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]"#,
             };
             std::fs::write(context.join("Containerfile"), format!("FROM scratch\nCOPY rootfs/ /\nENTRYPOINT {entrypoint}\n")).unwrap();
@@ -255,18 +257,7 @@ impl Node {
         let (netns, veth, peer) = (format!("capstan-rt-{tag}-{index}"), format!("crt{tag}n{index}"), format!("crt{tag}p{index}"));
         let (host_ip, node_ip) = linked_namespace(&netns, &veth, &peer);
         let dir = dir.join(format!("node-{index}"));
-        std::fs::create_dir_all(dir.join("tmp")).unwrap();
-        let nofile = run("sh", &["-c", "ulimit -Hn"]).trim().replace("unlimited", "1048576");
-        std::fs::write(
-            dir.join("containers.conf"),
-            format!(
-                "[containers]\ndefault_ulimits = [\"nofile={nofile}:{nofile}\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nlock_type = \"file\"\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(dir.join("registries.conf"), format!("[[registry]]\nlocation = \"127.0.0.1:{capstan_port}\"\ninsecure = true\n"))
-            .unwrap();
-        let engine = spawn_engine(&netns, &dir);
+        let engine = spawn_engine(Some(&netns), &dir, &format!("[[registry]]\nlocation = \"127.0.0.1:{capstan_port}\"\ninsecure = true\n"));
         let address = format!("127.0.0.1:{capstan_port}");
         let forwarders = vec![
             forwarder(None, &format!("{host_ip}:{capstan_port}"), &address),
@@ -449,7 +440,8 @@ impl Node {
             .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
             .output();
         std::thread::sleep(Duration::from_secs(2));
-        self.engine = spawn_engine(&self.netns, &self.dir);
+        let registries = std::fs::read_to_string(self.dir.join("registries.conf")).unwrap();
+        self.engine = spawn_engine(Some(&self.netns), &self.dir, &registries);
         eventually("the node's engine answers again", Duration::from_secs(60), || {
             self.engine_get("/v1.41/version").map(drop).ok_or_else(|| "not yet".to_string())
         });
@@ -524,12 +516,28 @@ fn engine_storage(dir: &Path) -> Vec<String> {
 }
 
 /// The node's engine service (its Docker-compatible API on `<dir>/engine.sock`).
-fn spawn_engine(netns: &str, dir: &Path) -> Child {
+/// Start an engine keeping its storage, configuration and socket (`engine.sock`) in `dir`, with
+/// `registries` as its registries.conf: in the namespace `netns`, or on this host's network.
+pub(crate) fn spawn_engine(netns: Option<&str>, dir: &Path, registries: &str) -> Child {
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let nofile = run("sh", &["-c", "ulimit -Hn"]).trim().replace("unlimited", "1048576");
+    std::fs::write(
+        dir.join("containers.conf"),
+        format!(
+            "[containers]\ndefault_ulimits = [\"nofile={nofile}:{nofile}\", \"nproc=32768:32768\"]\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nlock_type = \"file\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("registries.conf"), registries).unwrap();
     let socket = dir.join("engine.sock");
     let _ = std::fs::remove_file(&socket);
     // nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts runc needs
-    Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{netns}"))
+    let mut command = Command::new("nsenter");
+    match netns {
+        Some(netns) => command.arg(format!("--net=/run/netns/{netns}")),
+        None => command.arg("--"),
+    };
+    command
         .arg("podman")
         .args(engine_storage(dir))
         .args(["system", "service", "--time=0", &format!("unix://{}", socket.display())])
@@ -539,6 +547,21 @@ fn spawn_engine(netns: &str, dir: &Path) -> Child {
         .stderr(std::fs::OpenOptions::new().create(true).append(true).open(dir.join("engine.log")).unwrap())
         .spawn()
         .expect("starting podman system service")
+}
+
+/// Remove every container the engine of `dir` holds (what a test left running).
+pub(crate) fn remove_containers(netns: Option<&str>, dir: &Path) {
+    let mut command = Command::new("nsenter");
+    match netns {
+        Some(netns) => command.arg(format!("--net=/run/netns/{netns}")),
+        None => command.arg("--"),
+    };
+    let _ = command
+        .arg("podman")
+        .args(engine_storage(dir))
+        .args(["rm", "--all", "--force", "--time", "0"])
+        .env("CONTAINERS_CONF", dir.join("containers.conf"))
+        .output();
 }
 
 fn url_encode(text: &str) -> String {
@@ -555,13 +578,7 @@ impl Drop for Node {
             let _ = relay.wait();
         }
         // what a failed test left running goes, then the engine, the namespace and the link
-        let _ = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.netns))
-            .arg("podman")
-            .args(engine_storage(&self.dir))
-            .args(["rm", "--all", "--force", "--time", "0"])
-            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
-            .output();
+        remove_containers(Some(&self.netns), &self.dir);
         let _ = self.engine.kill();
         let _ = self.engine.wait();
         for forwarder in &mut self.forwarders {

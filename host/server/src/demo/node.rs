@@ -124,7 +124,16 @@ impl DemoNode {
         let errors = log.try_clone().map_err(|e| failed(format!("opening the agent's log: {e}")))?;
         let secrets = self.dir.join("secrets");
         create_private(&secrets).map_err(|e| failed(format!("creating {}: {e}", secrets.display())))?;
-        tokio::process::Command::new(&self.agent)
+        let mut command = tokio::process::Command::new(&self.agent);
+        // SAFETY: prctl is async-signal-safe; the child only asks to be sent SIGTERM when this
+        // process ends, so the agent ends with the host however the host ends
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        command
             .arg("--state-dir")
             .arg(self.state_dir())
             .arg("run")
