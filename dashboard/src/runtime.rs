@@ -1,6 +1,7 @@
 //! Where services run (docs/runtime.md). A service's page carries a **Runtime** card — per
 //! cluster the verdict in words ("Running on 2 of 2 replicas", "Waiting: node offline",
-//! "Refused: the image is not pinned by digest"), the spec, the replica slots (node, phase,
+//! "Refused: the digest of the image's tag is not known yet"; an image named by tag says the
+//! digest it runs as, or why that is not known), the spec, the replica slots (node, phase,
 //! ready, digest, restarts, last cause, and folded under each its history: [`super::history`])
 //! and a "Stop (hold)" or "Resume" button — and the "Run on cluster" form. A cluster's page and
 //! a node's page list the slots there (administrators only, as `runtime.getClusterAssignments`
@@ -70,7 +71,7 @@ pub(super) fn verdict_words(verdict: &Value, held: bool, ready: usize, running: 
         }
         Some("refused") => {
             let why = match reason {
-                "image-plan-missing" => "the image is not pinned by digest".to_string(),
+                "image-plan-missing" => "the digest of the image's tag is not known yet".to_string(),
                 "no-eligible-node" => "the cluster has no active node to place it on".into(),
                 "cluster-runtime-missing" => "Capstan holds no runtime phase for the cluster".into(),
                 "cluster-runtime-phase-refused" => "the cluster is in phase swarm, whose placement is not Capstan's".into(),
@@ -396,6 +397,7 @@ async fn card_context(state: &Host, identity: &Viewer, service_id: &str) -> (min
     };
     let ctx = context! {
         runtime => Serde(Some(views)),
+        runtime_image => Serde(image_plan_words(&status["imagePlan"])),
         runtime_error => Serde(None::<ErrorView>),
         runtime_events_error => Serde(events_error),
         runtime_panel_href => panel_href,
@@ -403,6 +405,25 @@ async fn card_context(state: &Host, identity: &Viewer, service_id: &str) -> (min
         runtime_events_href => events_href,
     };
     (ctx, targets, clusters)
+}
+
+/// What the card says of an image named by tag: the digest it runs as, or why that is not
+/// known yet (none for an image pinned by digest).
+#[derive(Debug, Serialize, PartialEq)]
+struct ImageWords {
+    words: String,
+    resolved: bool,
+}
+
+fn image_plan_words(plan: &Value) -> Option<ImageWords> {
+    let image = plan["image"].as_str()?;
+    Some(match (plan["digest"].as_str(), plan["error"].as_str()) {
+        (Some(digest), _) => ImageWords { words: format!("The tag {image} runs as {digest}."), resolved: true },
+        (None, error) => ImageWords {
+            words: format!("The digest of {image} is not known yet: {}.", error.unwrap_or("not asked yet").trim_end_matches('.')),
+            resolved: false,
+        },
+    })
 }
 
 /// The "Run on cluster" form as shown: what was typed, else the spec of the service's first
@@ -748,6 +769,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_image_plan_says_its_digest_or_why_it_is_not_known() {
+        assert_eq!(image_plan_words(&Value::Null), None, "a pinned image has no plan");
+        let resolved = image_plan_words(&json!({ "image": "nginx:1.27", "digest": "sha256:ab12" })).unwrap();
+        assert_eq!(resolved, ImageWords { words: "The tag nginx:1.27 runs as sha256:ab12.".into(), resolved: true });
+        let failed = image_plan_words(&json!({ "image": "nginx:1.27", "error": "asking docker.io for nginx:1.27: timed out." })).unwrap();
+        assert_eq!(failed.words, "The digest of nginx:1.27 is not known yet: asking docker.io for nginx:1.27: timed out.");
+        assert!(!failed.resolved);
+    }
+
+    #[test]
     fn verdicts_read_in_words() {
         let words = |verdict: Value, held: bool, ready: usize, running: usize| verdict_words(&verdict, held, ready, running).0;
         assert_eq!(words(json!({ "state": "converged" }), false, 2, 2), "Running on 2 of 2 replicas");
@@ -757,7 +788,7 @@ mod tests {
         assert_eq!(words(json!({ "state": "waiting", "reason": "node-offline" }), false, 0, 1), "Waiting: node offline");
         assert_eq!(
             words(json!({ "state": "refused", "reason": "image-plan-missing" }), false, 0, 0),
-            "Refused: the image is not pinned by digest"
+            "Refused: the digest of the image's tag is not known yet"
         );
         assert_eq!(
             words(json!({ "state": "refused", "reason": "no-eligible-node" }), false, 0, 0),

@@ -143,8 +143,13 @@ impl Drop for Peers {
 
 /// `curl -fsS` of `url` (with `extra` arguments first); its body, or why not.
 fn curl(extra: &[&str], url: &str) -> Result<String, String> {
-    let out = std::process::Command::new("curl").args(["-fsS", "--max-time", "5"]).args(extra).arg(url).output().map_err(|e| e.to_string())?;
-    if out.status.success() { Ok(String::from_utf8_lossy(&out.stdout).into_owned()) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+    let out =
+        std::process::Command::new("curl").args(["-fsS", "--max-time", "5"]).args(extra).arg(url).output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// Where a container engine answers, `--demo` runs a node of its own and the demo's Uptime Kuma
@@ -197,7 +202,8 @@ fn serve_dev_demo_starts_its_app_on_a_node_of_its_own_where_an_engine_answers() 
     let images = crate::runtime::Images::build(tmp.path(), &["kuma"]);
     let reference = format!("docker://127.0.0.1:{port}/louislam/uptime-kuma:1.23.16");
     crate::runtime::run("skopeo", &["copy", "--quiet", "--dest-tls-verify=false", &images.archive("kuma"), &reference]);
-    let digest = crate::runtime::run("skopeo", &["inspect", "--tls-verify=false", "--format", "{{.Digest}}", &reference]).trim().to_string();
+    let digest =
+        crate::runtime::run("skopeo", &["inspect", "--tls-verify=false", "--format", "{{.Digest}}", &reference]).trim().to_string();
     assert!(digest.starts_with("sha256:"), "{digest}");
 
     // ---- an engine on this machine whose Docker Hub is that registry ----

@@ -829,8 +829,9 @@ pub enum ServicesCommand {
     ///
     /// Refusals: `cluster-runtime-missing`, `cluster-runtime-phase-refused` (a swarm cluster),
     /// `node-not-in-cluster`, `replica-limit`, `health-port-undeclared`,
-    /// `service-deleting`, `conflict`. The image must be pinned by digest (…@sha256:…) for
-    /// anything to start: `capstan services status` says `refused (image-plan-missing)` otherwise.
+    /// `service-deleting`, `conflict`. An image named by tag runs as the digest its registry
+    /// names when the runtime first plans it; until that is known, `capstan services status`
+    /// says `refused (image-plan-missing)` and why.
     ///
     /// Example: capstan services run web --cluster eu-1 --node alpha --node beta --replicas 2
     /// --health http:8080/healthz

@@ -504,8 +504,19 @@ pub fn status_text(
         );
     }
     let mut out = String::new();
+    let plan = &answer["imagePlan"];
+    match (plan["digest"].as_str(), plan["error"].as_str()) {
+        (Some(digest), _) => out.push_str(&format!("image {} runs as {}\n", text(plan, "image"), short_digest(Some(digest)))),
+        (None, Some(error)) => out.push_str(&format!(
+            "image {}: its digest is not known yet, tried again at {}: {}\n",
+            text(plan, "image"),
+            utc(plan["retryAt"].as_u64()),
+            one_line(error, CAUSE_SHOWN)
+        )),
+        (None, None) => {}
+    }
     for (i, target) in targets.iter().enumerate() {
-        if i > 0 {
+        if i > 0 || !out.is_empty() {
             out.push('\n');
         }
         let cluster = text(target, "clusterId");
@@ -797,6 +808,16 @@ mod tests {
         );
         assert_eq!(lines[9], "  verdict: not decided yet (the runtime decides every few seconds)");
         assert_eq!(lines[10], "  no replica slots");
+
+        // an image named by tag: the digest it runs as, or why that is not known yet
+        let mut tagged = answer.clone();
+        tagged["imagePlan"] = json!({ "image": "nginx:1.27", "digest": format!("sha256:{}", "ab".repeat(32)) });
+        let shown = status_text(&tagged, "web", &clusters, &nodes);
+        assert!(shown.starts_with("image nginx:1.27 runs as abababababab\n\ncluster "), "{shown}");
+        tagged["imagePlan"] = json!({ "image": "nginx:1.27", "error": "asking docker.io: timed out", "retryAt": 0 });
+        let shown = status_text(&tagged, "web", &clusters, &nodes);
+        assert!(shown.starts_with("image nginx:1.27: its digest is not known yet, tried again at 1970-01-01"), "{shown}");
+        assert!(shown.lines().next().unwrap().ends_with(": asking docker.io: timed out"), "{shown}");
 
         let nowhere = status_text(&json!({ "serviceId": "svc_1", "targets": [] }), "web", &clusters, &nodes);
         assert!(nowhere.contains("runs on no cluster") && nowhere.contains("capstan services run web --cluster CLUSTER"), "{nowhere}");

@@ -572,7 +572,10 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
     let demo_engine = flags.engine.clone().or_else(|| lookup(DEV_ENGINE)).map(|e| e.trim().to_string());
     if let Some(engine) = &demo_engine {
         if !flags.demo {
-            return Err(Refusal::new("config-invalid", format!("{DEV_ENGINE} (--engine) is the engine of the demo's node: it needs --dev --demo")));
+            return Err(Refusal::new(
+                "config-invalid",
+                format!("{DEV_ENGINE} (--engine) is the engine of the demo's node: it needs --dev --demo"),
+            ));
         }
         if !(engine.starts_with("unix:///") || engine.starts_with("http://")) {
             return Err(Refusal::new("config-invalid", format!("{DEV_ENGINE} (--engine) is unix:///path/to/socket or http://host:port")));

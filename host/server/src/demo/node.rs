@@ -37,21 +37,29 @@ pub struct DemoNode {
 /// The demo's node, or in plain words why this host runs none (no agent binary, no engine
 /// answering).
 pub async fn find(data_dir: &Path, agent: Option<&Path>, engine: Option<&str>, origin: &str) -> Result<DemoNode, String> {
-    let agent = agent.filter(|a| a.is_file()).ok_or(
-        "no capstan-agent binary beside capstan (build it: cargo build --release -p capstan-agent, or set CAPSTAN_AGENT_BINARY)",
-    )?;
+    let agent = agent
+        .filter(|a| a.is_file())
+        .ok_or("no capstan-agent binary beside capstan (build it: cargo build --release -p capstan-agent, or set CAPSTAN_AGENT_BINARY)")?;
     let candidates: Vec<String> = match engine {
         Some(given) => vec![given.to_string()],
         None => std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()).into_iter().chain(usual_engines()).collect(),
     };
     for endpoint in &candidates {
         if answers(endpoint).await {
-            return Ok(DemoNode { dir: data_dir.join("demo-node"), agent: agent.to_path_buf(), engine: endpoint.clone(), origin: origin.into() });
+            return Ok(DemoNode {
+                dir: data_dir.join("demo-node"),
+                agent: agent.to_path_buf(),
+                engine: endpoint.clone(),
+                origin: origin.into(),
+            });
         }
     }
     Err(match candidates.as_slice() {
         [] => "no container engine found (none at DOCKER_HOST or the usual Docker and Podman sockets; name one with --engine)".into(),
-        tried => format!("no container engine answers at {} (start Docker or `podman system service`, or name one with --engine)", tried.join(", ")),
+        tried => format!(
+            "no container engine answers at {} (start Docker or `podman system service`, or name one with --engine)",
+            tried.join(", ")
+        ),
     })
 }
 
