@@ -195,6 +195,13 @@ pub fn service_rollout(service_id: &str, digest: &str) -> Result<Rollout> {
     serde_json::from_str(&text).map_err(|e| crate::Refusal::internal(format!("the host answered a rollout that does not read: {e}")))
 }
 
+/// The digest (`sha256:…`) the service's image runs as: the one it pins, else the one the
+/// runtime resolved its tag to; `None` while that tag is not resolved (yet). Capability
+/// `runtime:read` (contract 0.3.5).
+pub fn service_image_digest(service_id: &str) -> Result<Option<String>> {
+    Ok(wit::service_image_digest(service_id)?)
+}
+
 /// Where a service's ready replicas are reached from other machines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reach {

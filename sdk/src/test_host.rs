@@ -37,8 +37,13 @@ impl TestHost {
         capstan_inventory::declare(&store).await?;
         capstan_links::declare_secrets(&store).await?;
         let inner = capstan_links::InventoryPlatform::new(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents));
-        let platform =
-            Arc::new(HarnessPlatform { inner, replicas: Default::default(), specs: Default::default(), rollouts: Default::default() });
+        let platform = Arc::new(HarnessPlatform {
+            inner,
+            replicas: Default::default(),
+            specs: Default::default(),
+            rollouts: Default::default(),
+            image_digests: Default::default(),
+        });
         // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
         let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
         let http = PluginHttp::new(&[], &loopback).map_err(Refusal::internal)?;
@@ -246,6 +251,11 @@ impl TestHost {
         self.platform.replicas.write().expect("replicas lock").insert(service_id.to_string(), replicas);
     }
 
+    /// Answer `runtime.service-image-digest` of `service_id` with `digest` from now on.
+    pub fn set_service_image_digest(&self, service_id: &str, digest: &str) {
+        self.platform.image_digests.write().expect("image digests lock").insert(service_id.to_string(), digest.to_string());
+    }
+
     /// Answer `runtime.service-rollout` of `service_id` for `digest` with `rollout` (`{state,
     /// clusters}`, as the host answers) from now on.
     pub fn set_service_rollout(&self, service_id: &str, digest: &str, rollout: Value) {
@@ -281,6 +291,7 @@ struct HarnessPlatform {
     specs: RwLock<HashMap<String, (u64, Value)>>,
     /// Rollouts answered, by `<serviceId>@<digest>`.
     rollouts: RwLock<HashMap<String, Value>>,
+    image_digests: RwLock<HashMap<String, String>>,
 }
 
 #[async_trait]
@@ -339,6 +350,13 @@ impl Platform for HarnessPlatform {
         let answer = self.inner.service_rollout(service_id, digest).await?;
         let seeded = self.rollouts.read().expect("rollouts lock").get(&format!("{service_id}@{digest}")).cloned();
         Ok(seeded.unwrap_or(answer))
+    }
+
+    /// As seeded for the service, else as the host answers (a pinned image's digest).
+    async fn service_image_digest(&self, service_id: &str) -> Result<Option<String>> {
+        let answer = self.inner.service_image_digest(service_id).await?;
+        let seeded = self.image_digests.read().expect("image digests lock").get(service_id).cloned();
+        Ok(seeded.or(answer))
     }
 
     /// Kept as asked, fenced by `expectedRevision` as the host fences it; the service must exist.

@@ -239,6 +239,12 @@ impl TestHost {
         self.inner.set_service_replicas(service_id, replicas)
     }
 
+    /// `runtime::service_image_digest(service_id)` answers `digest` from now on (as if the
+    /// runtime had resolved the service's image tag to it).
+    pub fn set_service_image_digest(&self, service_id: &str, digest: &str) {
+        self.inner.set_service_image_digest(service_id, digest)
+    }
+
     /// `runtime::service_rollout(service_id, digest)` answers `rollout` (`{state, clusters}`, as the
     /// host answers) from now on. Without it every release is `unplaced`: the test host runs no
     /// services.

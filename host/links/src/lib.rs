@@ -271,6 +271,10 @@ impl Platform for InventoryPlatform {
         .await
     }
 
+    async fn service_image_digest(&self, service_id: &str) -> Result<Option<String>> {
+        of_service(&self.store, service_id, |tx, id| async move { image_digest_of(&tx, &id).await }).await
+    }
+
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
         let done = set_spec(&self.store, actor, body.clone()).await;
         self.record(actor, "runtime.setServiceSpec", &body, &done).await;
@@ -437,6 +441,30 @@ async fn rollout_of(tx: &Tx, service_id: &str, digest: &str) -> Result<Value> {
     };
     let clusters = capstan_runtime::rollout::Evidence.clusters(tx, service_id, digest.as_str()).await?;
     capstan_inventory::to_value(&Rollout::of(clusters))
+}
+
+/// The digest a service's image runs as: pinned, else its image plan's (for that very image).
+#[cfg(feature = "registry")]
+async fn image_digest_of(tx: &Tx, service_id: &str) -> Result<Option<String>> {
+    use capstan_runtime::images::{ImagePlan, RUNTIME_IMAGE_PLANS, is_pinned};
+    let service = capstan_inventory::services::require_service(tx, service_id).await?;
+    let image = &service.data.image;
+    if is_pinned(image) {
+        return Ok(image.rsplit_once('@').map(|(_, digest)| digest.to_string()));
+    }
+    if !tx.is_declared(RUNTIME_IMAGE_PLANS) {
+        return Ok(None);
+    }
+    let plan = tx.get(RUNTIME_IMAGE_PLANS, service_id).await?.as_ref().map(capstan_inventory::parse::<ImagePlan>).transpose()?;
+    Ok(plan.and_then(|p| p.data.digest.filter(|_| p.data.image == *image)))
+}
+
+/// Without the runtime no tag is resolved: only a pinned image names its digest.
+#[cfg(not(feature = "registry"))]
+async fn image_digest_of(tx: &Tx, service_id: &str) -> Result<Option<String>> {
+    let service = capstan_inventory::services::require_service(tx, service_id).await?;
+    let image = &service.data.image;
+    Ok(image.rsplit_once("@sha256:").map(|(_, hex)| format!("sha256:{hex}")))
 }
 
 /// Without the runtime nothing places a service: every release is unplaced.

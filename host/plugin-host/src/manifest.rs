@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.3.4"
+//! wit = "capstan:plugin@0.3.5"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -37,8 +37,8 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.3.4`); it also serves plugins
-/// built for 0.3.0 to 0.3.3 (a patch adds to the contract, so the older names resolve to it).
+/// The contract `capstan plugin new` and the SDK target (`wit/0.3.5`); it also serves plugins
+/// built for 0.3.0 to 0.3.4 (a patch adds to the contract, so the older names resolve to it).
 pub const CURRENT_WIT: &str = capstan_core::build::PLUGIN_CONTRACT;
 /// The 0.2 contract (`wit/0.2.4`), served through its adapter; plugins built for 0.2.0 to
 /// 0.2.3 run on it too (a patch adds to the contract, so the older names resolve to it).
@@ -956,11 +956,12 @@ concurrency = 4
         assert_eq!(served_wit("capstan:plugin@0.3.1").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.3.2").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.3.3").unwrap(), CURRENT_WIT);
-        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.4", "the contract the SDK and `capstan plugin new` target");
+        assert_eq!(served_wit("capstan:plugin@0.3.4").unwrap(), CURRENT_WIT);
+        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.5", "the contract the SDK and `capstan plugin new` target");
         for bad in [
             "capstan:plugin@0.1.1",
             "capstan:plugin@0.2.5",
-            "capstan:plugin@0.3.5",
+            "capstan:plugin@0.3.6",
             "capstan:plugin@0.4.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",

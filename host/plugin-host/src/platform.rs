@@ -119,6 +119,11 @@ pub trait Platform: OrganizationAuthority {
     /// `invalid-request` for a digest that is not `sha256:` and 64 lowercase hex digits.
     async fn service_rollout(&self, service_id: &str, digest: &str) -> Result<Value>;
 
+    /// The digest (`sha256:…`) `service_id`'s image runs as: the one it pins, else the one the
+    /// runtime resolved its tag to; `None` while a tag is unresolved (always, for a tag, where
+    /// the host runs no services). `service-not-found` when there is none.
+    async fn service_image_digest(&self, service_id: &str) -> Result<Option<String>>;
+
     /// Set a service's runtime spec from `body` (the `runtime.setServiceSpec` input) as
     /// `actor`; the spec as stored. `runtime-unavailable` on a host that runs no services.
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document>;

@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-/// The host side of the current `capstan:plugin` world, generated from `wit/0.3.4` (whose names
-/// a 0.3.0 to 0.3.3 component's resolve to: a patch only adds). Earlier versions run through their
+/// The host side of the current `capstan:plugin` world, generated from `wit/0.3.5` (whose names
+/// a 0.3.0 to 0.3.4 component's resolve to: a patch only adds). Earlier versions run through their
 /// adapters (`contract_0_2`, `contract_0_1`).
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "manager",
-        path: "../../wit/0.3.4",
+        path: "../../wit/0.3.5",
         imports: { default: async },
         exports: { default: async },
         with: {

@@ -243,6 +243,7 @@ impl AppState {
             fleet,
             metrics_token,
             route_check,
+            image_mirrors: Vec::new(),
         })
     }
 }

@@ -51,11 +51,6 @@ pub fn keep(before: &inventory::Entity<Value>, from_version: &str, to_version: &
     Ok(())
 }
 
-/// The digest an image reference pins (`…@sha256:…`).
-fn pinned_digest(image: &str) -> Option<&str> {
-    image.rsplit_once('@').map(|(_, digest)| digest).filter(|d| d.starts_with("sha256:"))
-}
-
 /// Where the service's last upgrade stands: `None` once the service runs another image than
 /// the upgrade set (it moved on, or was rolled back).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -65,8 +60,8 @@ pub struct UpgradeRollout {
     pub rollback_to: String,
     /// The version the upgrade moved to.
     pub version: String,
-    /// The upgrade's image on the runtime; `None` when the image pins no digest (the runtime
-    /// refuses to run it: `image-plan-missing`).
+    /// The upgrade's image on the runtime; `None` while its tag is not resolved to a digest
+    /// (the runtime says why: `image-plan-missing`).
     pub rollout: Option<Rollout>,
     /// The names of the rollout's clusters, by id, for people.
     pub cluster_names: BTreeMap<String, String>,
@@ -79,7 +74,8 @@ pub fn of(service: &inventory::Entity<Value>) -> Result<Option<UpgradeRollout>> 
     if image != kept.data.image {
         return Ok(None);
     }
-    let rollout = pinned_digest(image).map(|digest| runtime::service_rollout(&service.id, digest)).transpose()?;
+    // the digest the image pins, or the one the runtime resolved the catalog's tag to
+    let rollout = runtime::service_image_digest(&service.id)?.map(|digest| runtime::service_rollout(&service.id, &digest)).transpose()?;
     let mut cluster_names = BTreeMap::new();
     for cluster in rollout.iter().flat_map(|r| &r.clusters) {
         if let Some(found) = inventory::get::<Value>(EntityKind::Cluster, &cluster.cluster_id)? {
@@ -144,17 +140,4 @@ pub fn rollback(_ctx: &Context, input: RollbackRequest) -> Result<RolledBack> {
         to: kept.data.from_version,
         revision: written.revision,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_pinned_image_has_a_rollout_to_judge() {
-        let digest = format!("sha256:{}", "a".repeat(64));
-        assert_eq!(pinned_digest(&format!("reg.example/wiki:1.1@{digest}")), Some(digest.as_str()));
-        assert_eq!(pinned_digest("reg.example/wiki:1.1"), None);
-        assert_eq!(pinned_digest("reg.example/wiki@md5:00"), None);
-    }
 }

@@ -395,3 +395,34 @@ fn an_upgrade_reports_its_rollout_on_the_runtime_and_rolls_back_to_the_release_i
     let again = host.call("rollbackUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": back["revision"] }));
     assert_eq!(again.unwrap_err().code(), "appstore-rollback-unavailable");
 }
+
+#[test]
+fn an_upgrade_to_a_tag_reports_the_rollout_of_the_digest_the_runtime_resolved_it_to() {
+    if capstan_sdk::testing::wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let publisher = key(7);
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
+    let versions = catalog(vec![
+        version("1.0.0", "registry.example.com/wiki:1.0.0", "info"),
+        version("1.1.0", "registry.example.com/wiki:1.1.0", "debug"),
+    ]);
+    host.call("importCatalog", json!({ "envelope": envelope(&versions, 1, &publisher) })).unwrap();
+    let org = host.create_organization("acme");
+    let installed =
+        host.call("install", json!({ "organizationId": org, "appId": "wiki", "version": "1.0.0", "name": "team-wiki" })).unwrap();
+    let id = installed["id"].as_str().unwrap().to_string();
+    let revision = host.service(&id).unwrap()["revision"].as_u64().unwrap();
+    let started =
+        host.call("startServiceUpgrade", json!({ "organizationId": org, "serviceId": id, "expectedRevision": revision })).unwrap();
+    // the tag is not resolved yet: no digest, so no rollout to judge
+    assert_eq!(started["upgradeStatus"]["upgrade"]["rollout"], Value::Null, "{started}");
+    // once the runtime resolved the tag, its digest's rollout is the upgrade's
+    let digest = format!("sha256:{}", "3".repeat(64));
+    host.set_service_image_digest(&id, &digest);
+    let healthy = json!({ "state": "healthy", "clusters": [{ "clusterId": "cluster_a", "state": "healthy", "wanted": 1, "healthy": 1, "shortfall": [] }] });
+    host.set_service_rollout(&id, &digest, healthy.clone());
+    let status = host.call("getServiceUpgradeStatus", json!({ "organizationId": org, "serviceId": id })).unwrap();
+    assert_eq!(status["upgrade"]["rollout"], healthy, "{status}");
+}

@@ -5,7 +5,9 @@
 //! credential) never crosses.
 //!
 //! `service-rollout` (`runtime:read`, contract 0.3.4 on) answers where one release (an image
-//! digest) of a service stands on the runtime, as the deployment path judges a promoted one.
+//! digest) of a service stands on the runtime, as the deployment path judges a promoted one;
+//! `service-image-digest` (`runtime:read`, 0.3.5 on) the digest its image runs as (pinned, or
+//! its tag as the runtime resolved it).
 //!
 //! `set-service-spec` (`runtime:write`, contract 0.3.2 on) writes a service's runtime spec as
 //! `runtime.setServiceSpec` does, as the acting identity (the caller, or the plugin's own
@@ -46,6 +48,11 @@ impl runtime::Host for CallData {
         let reader = self.granted(&self.grant.runtime, Capability::RuntimeRead)?;
         let rollout = reader.platform.service_rollout(&service_id, &digest).await.map_err(to_wit)?;
         Ok(rollout.to_string())
+    }
+
+    async fn service_image_digest(&mut self, service_id: String) -> WitResult<Option<String>> {
+        let reader = self.granted(&self.grant.runtime, Capability::RuntimeRead)?;
+        reader.platform.service_image_digest(&service_id).await.map_err(to_wit)
     }
 
     async fn set_service_spec(&mut self, body: String) -> WitResult<String> {

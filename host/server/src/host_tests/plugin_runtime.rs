@@ -238,3 +238,50 @@ async fn a_plugin_granted_runtime_write_sets_a_spec_as_its_caller_would_and_noth
     let read = w.ok("runtime.getServiceSpec", json!({ "serviceId": web, "clusterId": cluster })).await;
     assert_eq!(read["items"][0]["revision"], 3, "nothing refused was written");
 }
+
+#[tokio::test]
+async fn a_plugin_reads_the_digest_a_service_image_runs_as_pinned_or_resolved_for_that_very_image() {
+    use capstan_runtime::images::{ImagePlan, RUNTIME_IMAGE_PLANS};
+    let w = World::new().await;
+    let web = w.service("web").await;
+    let mut reader = w.call_data(&[Capability::RuntimeRead]);
+    assert_eq!(reader.service_image_digest(web.clone()).await.unwrap(), None, "nginx:1, not resolved yet");
+    // the runtime resolved the tag: its plan answers, while it is the service's image
+    let digest = format!("sha256:{}", "b".repeat(64));
+    let plan = |image: &str| ImagePlan {
+        service_id: web.clone(),
+        image: image.into(),
+        digest: Some(digest.clone()),
+        resolved_at: Some(1),
+        error: None,
+        failures: 0,
+        retry_at: 0,
+    };
+    let put = |plan: ImagePlan| {
+        let (store, id, data) = (w.state.store.clone(), web.clone(), serde_json::to_value(plan).unwrap());
+        async move {
+            store
+                .transact(|tx| {
+                    let (id, data) = (id.clone(), data.clone());
+                    async move {
+                        let revision = tx.get(RUNTIME_IMAGE_PLANS, &id).await?.map(|d| d.revision);
+                        tx.put(RUNTIME_IMAGE_PLANS, &id, revision, data).await
+                    }
+                })
+                .await
+                .unwrap();
+        }
+    };
+    put(plan("nginx:1")).await;
+    assert_eq!(reader.service_image_digest(web.clone()).await.unwrap(), Some(digest.clone()));
+    put(plan("nginx:0.9")).await;
+    assert_eq!(reader.service_image_digest(web.clone()).await.unwrap(), None, "a plan of another image answers nothing");
+    // a pinned image names its own digest
+    let pinned = format!("sha256:{}", "c".repeat(64));
+    let current = w.ok("services.get", json!({ "id": web })).await;
+    w.ok("services.update", json!({ "id": web, "expectedRevision": current["revision"], "image": format!("nginx@{pinned}") })).await;
+    assert_eq!(reader.service_image_digest(web.clone()).await.unwrap(), Some(pinned));
+    assert_eq!(reader.service_image_digest("svc_nope".into()).await.expect_err("none").code, "service-not-found");
+    let refused = w.call_data(&[Capability::RuntimeWrite]).service_image_digest(web).await.expect_err("no runtime:read");
+    assert_eq!(refused.code, "capability-denied");
+}
