@@ -54,20 +54,21 @@ async fn ensure(methods: &Registry, method: &str, body: Value) -> Result<Option<
     }
 }
 
-/// The demo organization's id, created if it is not there.
-async fn organization(methods: &Registry) -> Result<String, Refusal> {
-    if let Some(created) = ensure(methods, "organizations.create", json!({ "name": ORGANIZATION })).await? {
-        return Ok(created["id"].as_str().unwrap_or_default().to_string());
+/// The id of the `kind` (`organizations`, `clusters`) named `name`: created now with `body` (its id
+/// at `created_id`, a JSON pointer, in the answer), or found by name when it is there already.
+async fn ensure_named(methods: &Registry, kind: &str, name: &str, body: Value, created_id: &str) -> Result<String, Refusal> {
+    if let Some(created) = ensure(methods, &format!("{kind}.create"), body).await? {
+        return Ok(created.pointer(created_id).and_then(Value::as_str).unwrap_or_default().to_string());
     }
-    let listed = call(methods, "organizations.list", json!({ "limit": 100 })).await?;
+    let listed = call(methods, &format!("{kind}.list"), json!({ "limit": 100 })).await?;
     listed["items"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|o| o["name"] == ORGANIZATION)
+        .find(|o| o["name"] == name)
         .and_then(|o| o["id"].as_str())
         .map(String::from)
-        .ok_or_else(|| Refusal::new("demo-failed", "the demo organization exists but is not listed"))
+        .ok_or_else(|| Refusal::new("demo-failed", format!("the demo's {name} exists but is not listed")))
 }
 
 /// What the demo's own node needs: the data directory, the agent binary, the engine named (if
@@ -89,23 +90,6 @@ pub async fn install(methods: Arc<Registry>, plugins: Arc<PluginHost>, setup: No
     if let Err(e) = run(&methods, &plugins, setup).await {
         tracing::warn!(refusal = %e, "the demo data was not installed in full; the next start with --demo tries again");
     }
-}
-
-/// The demo cluster's id, created if it is not there.
-async fn cluster(methods: &Registry) -> Result<String, Refusal> {
-    // the cluster's machine token is shown once to its creator: the demo has no use for it
-    if let Some(created) = ensure(methods, "clusters.create", json!({ "name": CLUSTER, "description": "The demo's cluster." })).await? {
-        return Ok(created["cluster"]["id"].as_str().unwrap_or_default().to_string());
-    }
-    let listed = call(methods, "clusters.list", json!({ "limit": 100 })).await?;
-    listed["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == CLUSTER)
-        .and_then(|c| c["id"].as_str())
-        .map(String::from)
-        .ok_or_else(|| Refusal::new("demo-failed", "the demo cluster exists but is not listed"))
 }
 
 /// Run this machine's node in the demo's cluster, enrolling it the first time; whether it runs
@@ -146,8 +130,10 @@ async fn start_node(methods: &Registry, setup: &NodeSetup, cluster_id: &str) -> 
 }
 
 async fn run(methods: &Registry, plugins: &PluginHost, setup: NodeSetup) -> Result<(), Refusal> {
-    let organization_id = organization(methods).await?;
-    let cluster_id = cluster(methods).await?;
+    let organization_id = ensure_named(methods, "organizations", ORGANIZATION, json!({ "name": ORGANIZATION }), "/id").await?;
+    // the cluster's machine token is shown once to its creator: the demo has no use for it
+    let cluster = json!({ "name": CLUSTER, "description": "The demo's cluster." });
+    let cluster_id = ensure_named(methods, "clusters", CLUSTER, cluster, "/cluster/id").await?;
     let node = start_node(methods, &setup, &cluster_id).await;
     ensure(
         methods,
