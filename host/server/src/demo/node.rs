@@ -42,7 +42,14 @@ pub async fn find(data_dir: &Path, agent: Option<&Path>, engine: Option<&str>, o
         .ok_or("no capstan-agent binary beside capstan (build it: cargo build --release -p capstan-agent, or set CAPSTAN_AGENT_BINARY)")?;
     let candidates: Vec<String> = match engine {
         Some(given) => vec![given.to_string()],
-        None => std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()).into_iter().chain(usual_engines()).collect(),
+        // DOCKER_HOST's tcp:// is the Engine API over plain HTTP, as the agent names it
+        None => std::env::var("DOCKER_HOST")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .map(|h| h.strip_prefix("tcp://").map_or(h.clone(), |rest| format!("http://{rest}")))
+            .into_iter()
+            .chain(usual_engines())
+            .collect(),
     };
     for endpoint in &candidates {
         if answers(endpoint).await {
