@@ -365,7 +365,8 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     });
     let web = mail["addresses"][0].clone();
     assert_eq!((web["address"].as_str(), &mail["addresses"][1]["defaultSender"]), (Some("web@acme.example"), &json!(false)), "{mail}");
-    assert_eq!(web["inbound"], json!({ "host": "10.0.0.5", "port": 30025 }), "{mail}");
+    // a service Capstan does not run: the forward host alone, no alternates
+    assert_eq!(web["inbound"], json!({ "host": "10.0.0.5", "port": 30025, "alternates": [] }), "{mail}");
     let mut expected: Vec<String> = group("WEB_ACME_EXAMPLE").into_iter().chain(group("OPS_ACME_EXAMPLE")).collect();
     expected.extend(SMTP_ALIASES.iter().map(|k| k.to_string()));
     expected.sort();
@@ -376,7 +377,27 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
     let (credentials, targets) = gateway.held(&prefix);
     assert_eq!(credentials, [format!("{prefix}OPS_ACME_EXAMPLE"), format!("{prefix}WEB_ACME_EXAMPLE")]);
     assert_eq!(targets.len(), 2, "a forward target per address: {targets:?}");
-    assert!(targets.iter().all(|t| t["host"] == "10.0.0.5" && t["port"] == 30025), "{targets:?}");
+    assert!(targets.iter().all(|t| t["host"] == "10.0.0.5" && t["port"] == 30025 && t["alternates"] == json!([])), "{targets:?}");
+    // the gateway takes alternates on a direct target, answers them, and refuses malformed ones
+    let (status, answer) = gateway.admin("GET", "/v1/status", None);
+    assert_eq!((status, &answer["smtpForwardAlternates"]), (200, &json!(true)), "{answer}");
+    let spare = "/v1/smtp-forward-targets/e2e.alternates";
+    let alternates = json!([{ "host": "10.0.0.7", "port": 30025 }, { "host": "10.0.0.8", "port": 30025 }]);
+    let body = json!({ "address": "spare@acme.example", "host": "10.0.0.6", "port": 30025, "alternates": alternates });
+    let (status, answer) = gateway.admin("PUT", spare, Some(body));
+    assert_eq!((status, &answer["alternates"]), (200, &alternates), "{answer}");
+    for bad in [
+        json!([{ "host": "10.0.0.6", "port": 30025 }]),
+        json!([{ "host": "10.0.0.7", "port": 30025 }, { "host": "10.0.0.7", "port": 30025 }]),
+        json!([{ "host": "10.0.0.7", "port": 0 }]),
+        json!([{ "host": "10.0.0.7", "port": 30025, "weight": 1 }]),
+        json!((0..17).map(|i| json!({ "host": format!("10.0.1.{i}"), "port": 25 })).collect::<Vec<_>>()),
+    ] {
+        let body = json!({ "address": "spare@acme.example", "host": "10.0.0.6", "port": 30025, "alternates": bad });
+        let (status, answer) = gateway.admin("PUT", spare, Some(body));
+        assert_eq!((status, &answer["error"]["code"]), (400, &json!("invalid-request")), "{bad}: {answer}");
+    }
+    assert_eq!(gateway.admin("DELETE", spare, None).0, 204);
 
     // ---- the service's mail facet carries the public metadata, fenced by its revision ----
     let record = eventually("the service's mail record", SETTLED, || {
@@ -387,7 +408,7 @@ fn a_services_addresses_are_bound_at_the_gateway_delivered_as_secrets_withdrawn_
         record["facets"]["mail"]["bindings"][0],
         json!({
             "address": "web@acme.example", "smtpUsername": web["username"], "credentialVersion": 1,
-            "inbound": { "host": "10.0.0.5", "port": 30025 }, "targetType": "direct", "retired": false,
+            "inbound": { "host": "10.0.0.5", "port": 30025, "alternates": [] }, "targetType": "direct", "retired": false,
         }),
         "{record}"
     );

@@ -65,6 +65,8 @@ const RETRY: Duration = Duration::from_secs(5);
 const UNCONFIGURED_RETRY: Duration = Duration::from_secs(15);
 /// The container ports a service receives SMTP on; the first one it publishes is the target.
 const SMTP_PORTS: [u16; 2] = [25, 2525];
+/// The most alternates a forward target carries (docs/gateway-protocol.md).
+const MAX_ALTERNATES: usize = 16;
 
 struct Mail;
 
@@ -190,6 +192,21 @@ struct Inbound {
     #[schemars(length(min = 1, max = 253))]
     host: String,
     /// The service's published port it reaches.
+    port: u16,
+    /// Where the gateway relays in order when `host` does not take the mail: the other nodes
+    /// with a ready replica (none for a gateway that does not advertise alternates). Absent in
+    /// records written before there were alternates.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    alternates: Vec<Alternate>,
+}
+
+/// One more place a forward target's mail may go (docs/gateway-protocol.md, "Inbound forwarding").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct Alternate {
+    #[schemars(length(min = 1, max = 253))]
+    host: String,
     port: u16,
 }
 
@@ -450,6 +467,9 @@ struct Gateway {
     submission_port: u16,
     submission_tls: String,
     forward_host: Option<String>,
+    /// Whether the gateway takes alternates on a forward target (`smtpForwardAlternates` in its
+    /// status); one that does not is sent the primary alone.
+    alternates: bool,
 }
 
 impl Gateway {
@@ -464,6 +484,7 @@ impl Gateway {
             submission_port: s.submission_port,
             submission_tls: s.submission_tls.as_str().to_string(),
             forward_host: s.forward_target_host.filter(|h| !h.is_empty()),
+            alternates: false,
         })
     }
 
@@ -501,8 +522,10 @@ impl Gateway {
             .with_data(json!({ "status": status, "gatewayCode": code })))
     }
 
-    fn check_protocol(&self) -> Result<()> {
+    /// The gateway's protocol, and whether it takes alternates on a forward target.
+    fn check_protocol(&mut self) -> Result<()> {
         let (_, status) = self.expect("GET", "/v1/status", None, &[200])?;
+        self.alternates = status["smtpForwardAlternates"] == json!(true);
         match status["protocol"].as_u64() {
             Some(PROTOCOL) => Ok(()),
             other => Err(Refusal::new(
@@ -607,8 +630,9 @@ fn desired(services: &[(String, Service)]) -> BTreeMap<String, (String, Service,
 /// Where `service`'s inbound mail goes, or why nowhere: its published SMTP port on a node where
 /// a replica of it is ready (`reach`: the one `held` names while it stays ready, so a target
 /// does not move for nothing; the one held while none is ready, the gateway's delivery waiting
-/// for it), or — for a service Capstan does not run (no replica anywhere) — on
-/// `mail.forwardTargetHost`.
+/// for it), every other ready node (sorted) an alternate the gateway fails over to when the
+/// gateway takes alternates, or — for a service Capstan does not run (no replica anywhere) — on
+/// `mail.forwardTargetHost`, without alternates.
 fn inbound_of(
     gateway: &Gateway,
     service: &Service,
@@ -624,14 +648,31 @@ fn inbound_of(
     let held = held.filter(|h| h.port == port);
     let Some(reach) = reach else {
         return match &gateway.forward_host {
-            Some(host) => Ok(Inbound { host: host.clone(), port }),
+            Some(host) => Ok(Inbound { host: host.clone(), port, alternates: Vec::new() }),
             None => Err("the setting mail.forwardTargetHost names no host for a service Capstan does not run: inbound mail is off".into()),
         };
     };
+    // the other ready nodes, sorted so that an unchanged set never re-puts the target
+    let alternates = |primary: &str| -> Vec<Alternate> {
+        if !gateway.alternates {
+            return Vec::new();
+        }
+        let others: BTreeSet<&String> = reach.ready.iter().filter(|h| h.as_str() != primary).collect();
+        others.into_iter().take(MAX_ALTERNATES).map(|host| Alternate { host: host.clone(), port }).collect()
+    };
     match (held, reach.ready.first()) {
-        (Some(held), _) if reach.ready.contains(&held.host) => Ok(held.clone()),
-        (_, Some(host)) => Ok(Inbound { host: host.clone(), port }),
-        (Some(held), None) => Ok(held.clone()),
+        (Some(held), _) if reach.ready.contains(&held.host) => {
+            Ok(Inbound { host: held.host.clone(), port, alternates: alternates(&held.host) })
+        }
+        (_, Some(host)) => Ok(Inbound { host: host.clone(), port, alternates: alternates(host) }),
+        // none ready: the target stays as it was (alternates only where the gateway takes them)
+        (Some(held), None) => {
+            let mut held = held.clone();
+            if !gateway.alternates {
+                held.alternates.clear();
+            }
+            Ok(held)
+        }
         (None, None) if !reach.unaddressed.is_empty() => Err(format!(
             "the nodes of its ready replicas state no address ({}): start their agents with --advertise-address",
             reach.unaddressed.join(", ")
@@ -641,7 +682,7 @@ fn inbound_of(
 }
 
 fn pass() -> Result<String> {
-    let gateway = Gateway::configured()?;
+    let mut gateway = Gateway::configured()?;
     gateway.check_protocol()?;
     let read = services_read()?;
     let services: Vec<(String, Service)> = read.iter().map(|(id, _, service)| (id.clone(), service.clone())).collect();
@@ -812,7 +853,11 @@ fn settle(gateway: &Gateway, peer: Option<&str>, service: &Service, doc: &mut Do
                 gateway.expect("PUT", &path, Some(&body), &[200])?;
             }
             (Some(target), _) => {
-                let body = json!({ "address": doc.data.address, "host": target.host, "port": target.port });
+                let mut body = json!({ "address": doc.data.address, "host": target.host, "port": target.port });
+                // a gateway that does not advertise alternates is sent none (it would refuse them)
+                if gateway.alternates {
+                    body["alternates"] = json!(target.alternates);
+                }
                 gateway.expect("PUT", &path, Some(&body), &[200])?;
             }
             (None, _) => drop(gateway.expect("DELETE", &path, None, &[204, 404])?),
@@ -1180,7 +1225,13 @@ mod tests {
             submission_port: 587,
             submission_tls: "starttls".into(),
             forward_host: forward.map(str::to_string),
+            alternates: false,
         }
+    }
+
+    /// A gateway advertising `smtpForwardAlternates`.
+    fn alternating() -> Gateway {
+        Gateway { alternates: true, ..gateway(None) }
     }
 
     #[test]
@@ -1205,10 +1256,15 @@ mod tests {
     fn inbound_goes_to_the_published_smtp_port_on_the_forward_host() {
         let published = service(vec![(8080, "http", Some(80)), (2525, "tcp", Some(30025))], &[], "active");
         let outside = |g: &Gateway, s: &Service| inbound_of(g, s, None, None);
-        assert_eq!(outside(&gateway(Some("10.0.0.5")), &published), Ok(Inbound { host: "10.0.0.5".into(), port: 30025 }));
+        assert_eq!(
+            outside(&gateway(Some("10.0.0.5")), &published),
+            Ok(Inbound { host: "10.0.0.5".into(), port: 30025, alternates: vec![] })
+        );
         let port_25_first = service(vec![(2525, "tcp", Some(30025)), (25, "tcp", Some(30024))], &[], "active");
         assert_eq!(outside(&gateway(Some("h")), &port_25_first).unwrap().port, 30024);
         assert!(outside(&gateway(None), &published).unwrap_err().contains("forwardTargetHost"));
+        let forwarded = Gateway { alternates: true, ..gateway(Some("10.0.0.5")) };
+        assert_eq!(outside(&forwarded, &published).unwrap().alternates, [], "no alternates outside Capstan");
         let unpublished = service(vec![(25, "tcp", None), (25, "udp", Some(25))], &[], "active");
         assert!(outside(&gateway(Some("h")), &unpublished).unwrap_err().contains("publishes no tcp port"));
     }
@@ -1220,7 +1276,7 @@ mod tests {
             ready: ready.iter().map(|a| a.to_string()).collect(),
             unaddressed: unaddressed.iter().map(|n| n.to_string()).collect(),
         };
-        let at = |host: &str| Inbound { host: host.into(), port: 30025 };
+        let at = |host: &str| Inbound { host: host.into(), port: 30025, alternates: vec![] };
         // the forward host is for services Capstan does not run
         let both = reach(&["10.0.0.7", "10.0.0.8"], &[]);
         assert_eq!(inbound_of(&gateway(Some("h")), &published, Some(&both), None), Ok(at("10.0.0.7")));
@@ -1236,6 +1292,46 @@ mod tests {
         assert!(inbound_of(&gateway(None), &published, Some(&none), None).unwrap_err().contains("no replica"));
         let unaddressed = reach(&[], &["node_a"]);
         assert!(inbound_of(&gateway(None), &published, Some(&unaddressed), None).unwrap_err().contains("--advertise-address"));
+    }
+
+    #[test]
+    fn inbound_of_a_service_capstan_runs_fails_over_to_every_other_ready_node() {
+        let published = service(vec![(25, "tcp", Some(30025))], &[], "active");
+        let reach = |ready: &[&str]| runtime::Reach { ready: ready.iter().map(|a| a.to_string()).collect(), unaddressed: vec![] };
+        let at = |host: &str, alternates: &[&str]| Inbound {
+            host: host.into(),
+            port: 30025,
+            alternates: alternates.iter().map(|h| Alternate { host: h.to_string(), port: 30025 }).collect(),
+        };
+        let two = reach(&["10.0.0.7", "10.0.0.8"]);
+        assert_eq!(inbound_of(&alternating(), &published, Some(&two), None), Ok(at("10.0.0.7", &["10.0.0.8"])));
+        let three = reach(&["10.0.0.9", "10.0.0.7", "10.0.0.8"]);
+        assert_eq!(
+            inbound_of(&alternating(), &published, Some(&three), None),
+            Ok(at("10.0.0.9", &["10.0.0.7", "10.0.0.8"])),
+            "the first ready node, the others sorted"
+        );
+        let held = at("10.0.0.8", &[]);
+        assert_eq!(
+            inbound_of(&alternating(), &published, Some(&three), Some(&held)),
+            Ok(at("10.0.0.8", &["10.0.0.7", "10.0.0.9"])),
+            "the held primary stays primary, a record without alternates gains them"
+        );
+        let grown = at("10.0.0.8", &["10.0.0.7"]);
+        assert_ne!(inbound_of(&alternating(), &published, Some(&three), Some(&grown)), Ok(grown.clone()), "a new ready node re-puts");
+        let one = reach(&["10.0.0.8"]);
+        assert_eq!(inbound_of(&alternating(), &published, Some(&one), Some(&grown)), Ok(at("10.0.0.8", &[])), "a node gone is dropped");
+        let none = reach(&[]);
+        assert_eq!(inbound_of(&alternating(), &published, Some(&none), Some(&grown)), Ok(grown.clone()), "held while none is ready");
+        // a gateway that does not advertise alternates is given the one target, as before
+        assert_eq!(inbound_of(&gateway(None), &published, Some(&three), Some(&held)), Ok(at("10.0.0.8", &[])));
+        assert_eq!(inbound_of(&gateway(None), &published, Some(&none), Some(&grown)), Ok(at("10.0.0.8", &[])));
+    }
+
+    #[test]
+    fn a_record_written_before_alternates_reads_as_none() {
+        let old: Inbound = serde_json::from_value(json!({ "host": "10.0.0.7", "port": 30025 })).unwrap();
+        assert_eq!(old.alternates, []);
     }
 
     #[test]

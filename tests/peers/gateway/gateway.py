@@ -45,6 +45,8 @@ USERNAME_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}\Z")
 # Deliberately loose: one @, something on both sides, nothing that would break an SMTP command.
 ADDRESS_RE = re.compile(r"[^@\s<>\x00-\x1f\x7f]+@[^@\s<>\x00-\x1f\x7f]+\Z")
 HOST_RE = re.compile(r"[^\s/@\x00-\x1f\x7f]{1,253}\Z")
+# The most alternates a direct forward target carries.
+MAX_ALTERNATES = 16
 # A peer's salted verifier: coremail-v1$<hex salt>$<hex SHA-256 of salt bytes then secret>.
 VERIFIER_RE = re.compile(r"coremail-v1\$([0-9a-f]{32})\$([0-9a-f]{64})\Z")
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
@@ -103,6 +105,27 @@ def check_str(body, field, pattern):
     return value
 
 
+def check_alternates(value, host, port):
+    """A direct target's alternates: 0-16 {host, port}, none the primary's and no two alike."""
+    if not isinstance(value, list) or len(value) > MAX_ALTERNATES:
+        raise invalid(f"alternates must be a list of at most {MAX_ALTERNATES} {{host, port}}")
+    seen = {(host, port)}
+    out = []
+    for alternate in value:
+        if not isinstance(alternate, dict) or set(alternate) != {"host", "port"}:
+            raise invalid("an alternate is {host, port}, nothing else")
+        a_host, a_port = alternate["host"], alternate["port"]
+        if not isinstance(a_host, str) or not HOST_RE.match(a_host):
+            raise invalid("an alternate's host is malformed")
+        if type(a_port) is not int or not 1 <= a_port <= 65535:  # bool is an int subclass: excluded
+            raise invalid("an alternate's port must be an integer 1-65535")
+        if (a_host, a_port) in seen:
+            raise invalid(f"alternate {a_host}:{a_port} repeats the target or another alternate")
+        seen.add((a_host, a_port))
+        out.append({"host": a_host, "port": a_port})
+    return out
+
+
 def json_object(body, required=True):
     if not body and not required:
         return {}
@@ -123,7 +146,7 @@ class State:
         self.lock = threading.Lock()
         self.path, self.domains = path, domains
         self.credentials = {}  # id -> {id, username, allowedFrom, version, sha256}
-        self.targets = {}  # id -> {id, address, targetType, host, port} or {…, peerId}
+        self.targets = {}  # id -> {id, address, targetType, host, port, alternates} or {…, peerId}
         self.peers = {}  # id -> {id, kind, verifiers: [{version, verifier, acceptUntil?}]}
         self.passwords = {}  # id -> newest plaintext issued; memory only, never persisted
         # client credentials: id -> {id, clientId, state: candidate|active|revoked, policy, sha256}
@@ -254,8 +277,11 @@ class State:
             port = body.get("port")
             if type(port) is not int or not 1 <= port <= 65535:  # bool is an int subclass: excluded
                 raise invalid("port must be an integer 1-65535")
-            target = {"id": tid, "address": address, "targetType": "direct", "host": host, "port": port}
+            target = {"id": tid, "address": address, "targetType": "direct", "host": host, "port": port,
+                      "alternates": check_alternates(body.get("alternates", []), host, port)}
         elif kind == "coremail":
+            if "alternates" in body:
+                raise invalid("alternates are for a direct target only")
             peer = check_id(body.get("peerId"))
             target = {"id": tid, "address": address, "targetType": "coremail", "peerId": peer}
         else:
@@ -596,7 +622,7 @@ def dispatch(state, token, method, target, headers, body, admin_tokens=()):
 
     match method, parts:
         case "GET", ["v1", "status"]:
-            return 200, {"protocol": 1}
+            return 200, {"protocol": 1, "smtpForwardAlternates": True}
         case "GET", ["v1", "whoami"]:
             return 200, who
         case "POST", ["v1", "clients", client_id, "credentials"]:
