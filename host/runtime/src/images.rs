@@ -277,4 +277,14 @@ mod tests {
         let bad = resolver.resolve("UPPER/Case:tag").await.unwrap_err();
         assert!(bad.contains("not an image reference"), "{bad}");
     }
+
+    #[tokio::test]
+    async fn a_registry_with_a_mirror_is_asked_at_the_mirror_and_its_silence_is_said() {
+        // nothing listens on the port a bound-then-dropped listener had
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let mirrors = parse_mirrors(&format!("docker.io=http://{closed}")).unwrap();
+        let resolver = Resolver::new(mirrors, "capstan.example:8443");
+        let why = resolver.resolve("nginx:1.27").await.unwrap_err();
+        assert!(why.starts_with(&format!("asking {closed} for nginx:1.27: ")), "{why}");
+    }
 }

@@ -433,7 +433,9 @@ pub async fn pass(cx: &Context) -> Result<PassReport> {
 pub async fn target_pass(cx: &Context, spec: Entity<Spec>, cluster: &Arc<ClusterView>) -> Result<PassReport> {
     let host = cx.registry_host.clone();
     let mut target = cx.store.transact(|tx| read_target_tx(tx, spec.clone(), cluster.clone(), host.clone())).await?;
-    if let Some(service) = target.service.as_ref().filter(|s| images::due(&s.data.image, target.image_plan.as_ref(), now_ms())) {
+    // a service on its way out asks no registry anything
+    let planning = target.service.as_ref().filter(|s| s.data.state != ServiceState::Deleting);
+    if let Some(service) = planning.filter(|s| images::due(&s.data.image, target.image_plan.as_ref(), now_ms())) {
         target.image_plan = Some(images::settle(cx, &service.id, &service.data.image, target.image_plan.as_ref()).await?);
     }
     let plan = plan(&target, now_ms());
