@@ -235,6 +235,8 @@ fn serve_dev_demo_starts_its_app_on_a_node_of_its_own_where_an_engine_answers() 
         })
     });
     assert_eq!(page, "kuma\n");
+    // the start said what it started, by the App Store demo's own answer
+    server.wait_for_stderr("the demo's status start on this machine's node");
     let ok = |method: &str, body: Value| server.call_as(&admin, method, &body).expect_json(200);
     let org = ok("organizations.list", json!({}))["items"].as_array().unwrap().iter().find(|o| o["name"] == "demo").unwrap()["id"].clone();
     let services = ok("services.list", json!({ "organizationId": org }));

@@ -155,19 +155,25 @@ async fn run(methods: &Registry, plugins: &PluginHost, setup: NodeSetup) -> Resu
             if node {
                 body["clusterId"] = json!(cluster_id);
             }
+            // what each plugin's demo started on the node (its answer's `started`), for the log
+            let mut started: Vec<String> = Vec::new();
             for active in loaded.iter().filter(|a| a.methods.contains_key("installDemo")) {
                 let method = format!("{}.installDemo", active.manifest.id);
                 match call(methods, &method, body.clone()).await {
-                    Ok(answer) => tracing::info!(%method, answer = %answer, "demo installed"),
+                    Ok(answer) => {
+                        started.extend(answer["started"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(String::from)));
+                        tracing::info!(%method, answer = %answer, "demo installed")
+                    }
                     Err(e) => tracing::warn!(%method, refusal = %e, "a plugin's demo was not installed"),
                 }
             }
-            match node {
-                true => tracing::info!(
-                    "the demo's app `status` (Uptime Kuma) starts on this machine's node once its image is pulled: \
-                     `capstan services status status` follows it"
+            match (node, started.is_empty()) {
+                (true, false) => tracing::info!(
+                    "the demo's {} start on this machine's node once their images are pulled: `capstan services status <name>` follows each",
+                    started.join(", ")
                 ),
-                false => tracing::info!(
+                (true, true) => tracing::info!("the demo's node runs in {CLUSTER}: what the demo started there before runs again"),
+                (false, _) => tracing::info!(
                     "the demo's services are in place, none started: no node runs in {CLUSTER} (a machine joins it with a jump command)"
                 ),
             }
