@@ -44,7 +44,7 @@ wait_for_port() { # name port log
     return 1
 }
 
-python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]' 'aiosmtpd' 'cryptography'
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'nx-27017' 'moto[server]' 'aiosmtpd' 'cryptography' 'authlib'
 # pyenv installs console scripts behind shims that appear after a rehash
 command -v pyenv >/dev/null && pyenv rehash || true
 
