@@ -214,6 +214,8 @@ pub fn router() -> Router<AppState> {
         .route("/plugins/enable", post(plugins::enable))
         .route("/plugins/rebind", post(plugins::rebind))
         .route("/login", get(login_page).post(login))
+        .route("/login/oidc", get(login_oidc))
+        .route(OIDC_FINISH, get(login_oidc_finish))
         .route("/logout", post(logout))
         .route("/static/{hash}/{*path}", get(assets::serve))
         .merge(people::routes())
@@ -232,6 +234,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("icons.html", include_str!("../templates/icons.html")),
     ("entity_panels.html", include_str!("../templates/entity_panels.html")),
     ("login.html", include_str!("../templates/login.html")),
+    ("login_continue.html", include_str!("../templates/login_continue.html")),
     ("overview.html", include_str!("../templates/overview.html")),
     ("status.html", include_str!("../templates/status.html")),
     ("fleet.html", include_str!("../templates/fleet.html")),
@@ -366,13 +369,18 @@ pub fn not_found_page() -> Response {
 
 /// The session token from the `Cookie` headers, if any.
 fn session_token(headers: &HeaderMap) -> Option<&str> {
+    cookie(headers, SESSION_COOKIE)
+}
+
+/// The value of the cookie `wanted`, when the request carries a non-empty one.
+fn cookie<'h>(headers: &'h HeaderMap, wanted: &str) -> Option<&'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
+        .find(|(name, _)| *name == wanted)
         .map(|(_, value)| value.trim().trim_matches('"'))
         .filter(|value| !value.is_empty())
 }
@@ -703,18 +711,113 @@ async fn status_panel(State(state): State<Host>, State(system): State<System>, h
     }
 }
 
-/// The login form, with an error and the username typed so far (never the password).
-fn login_form(status: StatusCode, error: Option<&str>, username: &str) -> Response {
+/// The login form, with an error and the username typed so far (never the password), and the
+/// "Sign in with …" button when an identity provider is configured.
+async fn login_form(state: &Host, status: StatusCode, error: Option<&str>, username: &str) -> Response {
     let username: String = username.chars().take(100).collect();
-    render(status, "login.html", context! { error, username })
+    let oidc = identity_provider(state).await;
+    render(status, "login.html", context! { error, username, oidc })
+}
+
+/// The name of the identity provider people sign in through here (`federation.status`).
+async fn identity_provider(state: &Host) -> Option<String> {
+    let invocation = capstan_rpc::Invocation {
+        method: "federation.status",
+        caller: capstan_rpc::Caller::Bearer(None),
+        source: None,
+        request_id: "",
+        forwarded: false,
+        body: capstan_rpc::Body::Value(serde_json::json!({})),
+    };
+    let status = state.methods.invoke(invocation).await.and_then(capstan_rpc::Invoked::into_value).ok()?;
+    if status["enabled"] != true {
+        return None;
+    }
+    status["displayName"].as_str().map(str::to_string)
 }
 
 /// `GET /login`: the form; a browser that is already logged in goes to the overview.
 async fn login_page(State(state): State<Host>, headers: HeaderMap) -> Response {
     match current_identity(&state, &headers).await {
         Ok(Some(_)) => see_other("/"),
-        _ => login_form(StatusCode::OK, None, ""),
+        _ => login_form(&state, StatusCode::OK, None, "").await,
     }
+}
+
+/// The cookie that keeps the verifier of an identity-provider sign-in while the browser is away.
+const OIDC_VERIFIER_COOKIE: &str = "capstan_oidc_verifier";
+/// Where an identity-provider sign-in comes back to.
+const OIDC_FINISH: &str = "/login/oidc/finish";
+
+/// `GET /login/oidc`: off to the identity provider. The browser keeps a fresh verifier in a
+/// cookie only this path reads (Lax: it must come back on the provider's redirect); the
+/// login carries its challenge, so a handoff code seen by anyone else is worth nothing.
+async fn login_oidc(State(state): State<Host>) -> Response {
+    use base64::Engine;
+    let verifier = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+    let challenge = capstan_server::federation::login::challenge_of(&verifier);
+    let location = format!("/auth/oidc/start?challenge={challenge}&returnTo={}", OIDC_FINISH.replace('/', "%2F"));
+    let secure = if is_https(&state) { "; Secure" } else { "" };
+    let cookie = format!("{OIDC_VERIFIER_COOKIE}={verifier}; HttpOnly; SameSite=Lax; Path=/login/oidc; Max-Age=600{secure}");
+    let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response();
+    if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+#[derive(Deserialize)]
+struct OidcFinish {
+    handoff: Option<String>,
+}
+
+/// `GET /login/oidc/finish?handoff=…`: the handoff and this browser's verifier for a session
+/// (`federation.completeLogin`, through the one door), then on to the overview.
+async fn login_oidc_finish(
+    State(state): State<Host>,
+    headers: HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<OidcFinish>,
+) -> Response {
+    let verifier = cookie(&headers, OIDC_VERIFIER_COOKIE).unwrap_or_default();
+    let body = serde_json::json!({ "handoff": query.handoff.unwrap_or_default(), "verifier": verifier });
+    let invocation = capstan_rpc::Invocation {
+        method: "federation.completeLogin",
+        caller: capstan_rpc::Caller::Bearer(None),
+        source: None,
+        request_id: "",
+        forwarded: false,
+        body: capstan_rpc::Body::Value(body),
+    };
+    let result = state.methods.invoke(invocation).await.and_then(capstan_rpc::Invoked::into_value).and_then(|answer| {
+        let token = answer["token"].as_str().map(str::to_string);
+        token.zip(answer["expiresAt"].as_u64()).ok_or_else(|| Refusal::internal("federation.completeLogin answered no token and expiry"))
+    });
+    let secure = is_https(&state);
+    let mut response = match result {
+        Ok((token, expires_at)) => {
+            let token = zeroize::Zeroizing::new(token);
+            let max_age = expires_at.saturating_sub(now_ms()) / 1000;
+            let Ok(cookie) = HeaderValue::from_str(&format!("{SESSION_COOKIE}={}; {}", token.as_str(), cookie_attributes(max_age, secure)))
+            else {
+                return unavailable(Refusal::internal("the session token is not a valid cookie value"));
+            };
+            // a page of this site moves on: the session cookie (SameSite=Strict) is not sent on a
+            // redirect chain that began at the identity provider's site
+            let mut response = render(StatusCode::OK, "login_continue.html", context! {});
+            response.headers_mut().insert(header::SET_COOKIE, cookie);
+            response
+        }
+        Err(refusal) => {
+            let message = format!("Signing in through the identity provider failed ({}): {}", refusal.code, refusal.message);
+            let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+            login_form(&state, status, Some(&message), "").await
+        }
+    };
+    if let Ok(clear) = HeaderValue::from_str(&format!("{OIDC_VERIFIER_COOKIE}=; HttpOnly; SameSite=Lax; Path=/login/oidc; Max-Age=0")) {
+        response.headers_mut().append(header::SET_COOKIE, clear);
+    }
+    response.headers_mut().insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    response
 }
 
 #[derive(Deserialize)]
@@ -738,7 +841,7 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
             tracing::info!(status = rejection.status().as_u16(), "an unreadable login form was refused");
             let status =
                 if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::BAD_REQUEST };
-            return login_form(status, Some("The login form could not be read. Reload the page and try again."), "");
+            return login_form(&state, status, Some("The login form could not be read. Reload the page and try again."), "").await;
         }
     };
     let LoginForm { username, mut password } = form;
@@ -772,13 +875,13 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
             response.headers_mut().insert(header::SET_COOKIE, cookie);
             response
         }
-        Err(refusal) if refusal.is("unauthenticated") => login_form(StatusCode::UNAUTHORIZED, Some(DENIAL), username),
+        Err(refusal) if refusal.is("unauthenticated") => login_form(&state, StatusCode::UNAUTHORIZED, Some(DENIAL), username).await,
         Err(refusal) if refusal.is("rate-limited") => {
             let wait_ms = refusal.data.as_ref().and_then(|d| d.get("retryAfterMs")).and_then(|v| v.as_u64()).unwrap_or(1000);
             let seconds = wait_ms.div_ceil(1000).max(1);
             let unit = if seconds == 1 { "second" } else { "seconds" };
             let message = format!("Too many failed logins. Wait {seconds} {unit} before trying again.");
-            let mut response = login_form(StatusCode::TOO_MANY_REQUESTS, Some(&message), username);
+            let mut response = login_form(&state, StatusCode::TOO_MANY_REQUESTS, Some(&message), username).await;
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             response
         }
@@ -788,7 +891,7 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
                 tracing::error!(code = %refusal.code, detail = refusal.detail.as_deref().unwrap_or(""), "login failed: {}", refusal.message);
             }
             let message = format!("Capstan could not log you in right now ({}). Try again shortly.", refusal.code);
-            login_form(status, Some(&message), username)
+            login_form(&state, status, Some(&message), username).await
         }
     }
 }

@@ -445,8 +445,38 @@ impl Auth {
         self.open_session(&user_id, &user, session, at).await
     }
 
+    /// Open the session of a person the platform's identity provider vouched for (see
+    /// `capstan-federation`): its id is the federated session's, it ends at `expires_at`, and it
+    /// stands on the person's credential generation like a password session, so revoking the
+    /// person's sessions ends it too. A disabled person is refused `user-disabled`.
+    pub async fn open_federated_session(&self, user_id: &str, session_id: &str, expires_at: u64) -> Result<LoginAnswer> {
+        let found = self.store.read_many(&[(USERS, user_id), (CREDENTIALS, user_id)]).await?;
+        let [user, credential] = <[Option<Document>; 2]>::try_from(found).map_err(|_| Refusal::internal("read_many"))?;
+        let user = user.map(|d| parse::<User>(&d)).transpose()?;
+        let credential = credential.map(|d| parse::<Credential>(&d)).transpose()?;
+        let (Some(user), Some(credential)) = (user, credential) else {
+            return Err(Refusal::new("user-disabled", "this person is no longer in Capstan"));
+        };
+        if user.disabled || user.kind != "human" {
+            return Err(Refusal::new("user-disabled", "this person is disabled in Capstan: an administrator can enable them again"));
+        }
+        let at = now_ms();
+        let session = Session {
+            user_id: user_id.to_string(),
+            kind: "human".into(),
+            generation: Some(credential.generation),
+            token_hash: None,
+            created_at: at,
+            expires_at,
+        };
+        self.open_session_as(session_id.to_string(), user_id, &user, session, at).await
+    }
+
     async fn open_session(&self, user_id: &str, user: &User, session: Session, at: u64) -> Result<LoginAnswer> {
-        let session_id = capstan_core::ids::new_id("session");
+        self.open_session_as(capstan_core::ids::new_id("session"), user_id, user, session, at).await
+    }
+
+    async fn open_session_as(&self, session_id: String, user_id: &str, user: &User, session: Session, at: u64) -> Result<LoginAnswer> {
         let data = to_value(&session)?;
         let sid = session_id.as_str();
         self.store
@@ -558,6 +588,11 @@ pub async fn reap_expired_sessions(store: &Store) -> Result<usize> {
         tracing::info!(reaped, "expired sessions removed");
     }
     Ok(reaped)
+}
+
+/// Delete the documents of `collection` whose `expiresAt` is at or before `now`; how many went.
+pub async fn reap_expired(store: &Store, collection: &'static str, now: u64) -> Result<usize> {
+    reap(store, collection, |data| data.get("expiresAt").and_then(Value::as_u64).is_some_and(|at| at <= now)).await
 }
 
 /// Delete the documents of `collection` whose data `expired` says are; how many went (one

@@ -154,6 +154,25 @@ pub fn code_status(code: &str) -> Option<u16> {
         "gateway-path-invalid" => 400,
         "gateway-request-too-large" => 413,
         "gateway-credential-refused" | "gateway-reply-too-large" => 502,
+        // the platform login through an identity provider (capstan-federation, docs/identity.md)
+        "platform-oidc-off" => 404,
+        "oidc-login-unknown" | "oidc-code-refused" | "oidc-return-invalid" | "oidc-handoff-invalid" | "oidc-login-refused" => 400,
+        "oidc-id-token-signature-invalid"
+        | "oidc-id-token-issuer-mismatch"
+        | "oidc-id-token-audience-mismatch"
+        | "oidc-id-token-expired"
+        | "oidc-id-token-nonce-mismatch"
+        | "oidc-id-token-invalid"
+        | "federated-session-ended" => 401,
+        "oidc-no-organization" | "user-disabled" => 403,
+        "oidc-claim-invalid" => 502,
+        "identity-provider-unavailable" | "platform-oidc-issuer-unreachable" => 503,
+        "platform-oidc-discovery-incomplete" => 409,
+        // the OpenID provider of hosted apps (capstan-hosted-oidc): a sign-in request unknown or
+        // lapsed, an app with no client, a person without a role in the app, a non-person
+        "hosted-oidc-request-unknown" | "hosted-oidc-client-unknown" => 404,
+        "hosted-app-access-denied" | "hosted-oidc-human-required" => 403,
+        "hosted-oidc-role-undeclared" | "hosted-oidc-redirect-invalid" => 400,
         "internal" => 500,
         _ => return None,
     })

@@ -55,7 +55,9 @@ const DEFAULT_PAGE: usize = 50;
 /// Every collection the inventory keeps, with its indexes.
 pub fn collections() -> Vec<CollectionSpec> {
     vec![
-        CollectionSpec::new(ORGANIZATIONS).unique("by_name", &["name"]),
+        CollectionSpec::new(ORGANIZATIONS)
+            .unique("by_name", &["name"])
+            .index("by_identity_provider_organization", &["identityProviderOrganization"]),
         CollectionSpec::new(MEMBERS).index("by_user", &["userId"]).index("by_organization", &["organizationId"]),
         CollectionSpec::new(CLUSTERS).unique("by_name", &["name"]),
         CollectionSpec::new(CLUSTER_RUNTIMES),

@@ -26,6 +26,11 @@ pub struct Organization {
     /// The records managers keep on it, by plugin id (`inventory.set-facet`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub facets: crate::facets::Facets,
+    /// The organization of the platform's identity provider it stands for: people the provider
+    /// names as members of that organization are its members while the provider says so
+    /// (docs/identity.md). Set by an administrator only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_provider_organization: Option<String>,
 }
 
 /// A user's role in one organization, as stored.
@@ -40,14 +45,38 @@ pub struct Membership {
     pub role: OrgRole,
     /// When the role was last set (milliseconds since the epoch).
     pub updated_at: u64,
+    /// `identity-provider` for a membership the platform's identity provider grants (kept in
+    /// step with it at every login and owner write); absent for one an owner or administrator set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
+
+/// [`Membership::source`] of a membership the identity provider grants.
+pub const FROM_IDENTITY_PROVIDER: &str = "identity-provider";
 
 /// Input of `organizations.create`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CreateInput {
     /// 1–63 of a-z 0-9 -, starting with a letter; unique.
     pub name: String,
+    /// The identity provider's organization it stands for (its id in the provider's
+    /// organizations claim); see [`Organization::identity_provider_organization`].
+    pub identity_provider_organization: Option<String>,
+}
+
+/// Input of `organizations.linkIdentityProvider`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LinkInput {
+    /// The organization's id.
+    pub id: String,
+    /// The revision the caller read; any other current revision is refused `conflict`.
+    pub expected_revision: u64,
+    /// The identity provider's organization id, or `null` to unlink (its provider-granted
+    /// memberships go with the link).
+    pub identity_provider_organization: Option<String>,
 }
 
 /// Input of `organizations.update`.
@@ -144,13 +173,20 @@ async fn create(cx: Context, call: Call, input: CreateInput) -> Result<Entity<Or
         updated_at: now_ms(),
         created_by: identity.user_id.clone(),
         facets: Default::default(),
+        identity_provider_organization: input.identity_provider_organization.clone(),
     };
+    if let Some(link) = &org.identity_provider_organization {
+        validate_link(link)?;
+    }
     let (id_ref, org_ref) = (&id, &org);
     let doc = cx
         .store
         .transact(|tx| async move {
             if name_taken(&tx, &org_ref.name).await? {
                 return Err(name_exists(&org_ref.name));
+            }
+            if let Some(link) = &org_ref.identity_provider_organization {
+                link_free(&tx, link, id_ref).await?;
             }
             let doc = tx.insert(ORGANIZATIONS, id_ref, to_value(org_ref)?).await?;
             emit(&tx, "organization.created", id_ref, json!({ "id": id_ref, "name": org_ref.name })).await?;
@@ -311,6 +347,7 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
                         user_id: input.user_id.clone(),
                         role,
                         updated_at: now_ms(),
+                        source: None,
                     };
                     tx.replace(MEMBERS, &id, doc.revision, to_value(&membership)?).await?;
                 }
@@ -320,6 +357,7 @@ async fn set_member(cx: Context, call: Call, input: SetMemberInput) -> Result<Se
                         user_id: input.user_id.clone(),
                         role,
                         updated_at: now_ms(),
+                        source: None,
                     };
                     tx.insert(MEMBERS, &id, to_value(&membership)?).await?;
                 }
@@ -398,12 +436,166 @@ async fn members(cx: Context, call: Call, input: MembersInput) -> Result<Listing
         .await
 }
 
+/// An identity provider's organization id: 1 to 200 printable ASCII characters.
+fn validate_link(link: &str) -> Result<()> {
+    if link.is_empty() || link.len() > 200 || !link.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(Refusal::invalid_request(
+            "an identity provider's organization id is 1 to 200 printable ASCII characters without spaces",
+        )
+        .with_data(json!({ "field": "identityProviderOrganization" })));
+    }
+    Ok(())
+}
+
+/// Refuse `identity-provider-organization-linked` when another organization stands for `link`.
+async fn link_free(tx: &Tx, link: &str, organization: &str) -> Result<()> {
+    let found = tx.find(ORGANIZATIONS, "by_identity_provider_organization", &[json!(link)], None, 2).await?;
+    match found.documents.iter().find(|d| d.id != organization) {
+        Some(other) => Err(Refusal::new(
+            "identity-provider-organization-linked",
+            format!(
+                "the organization {} already stands for this identity provider organization",
+                other.data["name"].as_str().unwrap_or_default()
+            ),
+        )
+        .with_data(json!({ "field": "identityProviderOrganization" }))),
+        None => Ok(()),
+    }
+}
+
+async fn link_identity_provider(cx: Context, call: Call, input: LinkInput) -> Result<Entity<Organization>> {
+    let identity = call.identity()?.clone();
+    access::require_admin(&identity)?;
+    if let Some(link) = &input.identity_provider_organization {
+        validate_link(link)?;
+    }
+    let input = &input;
+    cx.store
+        .transact(|tx| async move {
+            let mut org = require_organization(&tx, &input.id).await?;
+            check_revision("organization", &input.id, input.expected_revision, org.revision)?;
+            if org.data.identity_provider_organization == input.identity_provider_organization {
+                return Ok(org);
+            }
+            if let Some(link) = &input.identity_provider_organization {
+                link_free(&tx, link, &input.id).await?;
+            }
+            // the memberships the old link granted were the provider's word about that link
+            drop_provider_memberships(&tx, &input.id).await?;
+            org.data.identity_provider_organization = input.identity_provider_organization.clone();
+            org.data.updated_at = now_ms();
+            let doc = tx.replace(ORGANIZATIONS, &input.id, org.revision, to_value(&org.data)?).await?;
+            emit(
+                &tx,
+                "organization.updated",
+                &input.id,
+                json!({ "id": input.id, "name": org.data.name, "identityProviderOrganization": org.data.identity_provider_organization }),
+            )
+            .await?;
+            parse(&doc)
+        })
+        .await
+}
+
+async fn drop_provider_memberships(tx: &Tx, organization: &str) -> Result<()> {
+    let mut cursor = None::<String>;
+    loop {
+        let page = tx.find(MEMBERS, "by_organization", &[json!(organization)], cursor.as_deref(), capstan_store::MAX_PAGE).await?;
+        for doc in page.documents.iter().filter(|d| d.data["source"] == FROM_IDENTITY_PROVIDER) {
+            tx.delete(MEMBERS, &doc.id, doc.revision).await?;
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Bring `user`'s provider-granted memberships in step with what the identity provider says now:
+/// `granted` pairs a provider organization id with the role it gives. Organizations linked to one
+/// of them get (or keep, or change to) that role; provider-granted memberships elsewhere go. A
+/// membership an owner or administrator set is never touched. Answers the organizations (ids)
+/// the user is a member of through the provider afterwards.
+pub async fn sync_provider_memberships(tx: &Tx, user: &str, granted: &[(String, OrgRole)]) -> Result<Vec<(String, OrgRole)>> {
+    let mut wanted: Vec<(String, OrgRole)> = Vec::new();
+    for (link, role) in granted {
+        let found = tx.find(ORGANIZATIONS, "by_identity_provider_organization", &[json!(link)], None, 1).await?;
+        if let Some(org) = found.documents.first()
+            && !wanted.iter().any(|(id, _)| *id == org.id)
+        {
+            wanted.push((org.id.clone(), *role));
+        }
+    }
+    let mut held = Vec::new();
+    let current = tx.find(MEMBERS, "by_user", &[json!(user)], None, capstan_store::MAX_PAGE).await?;
+    for doc in &current.documents {
+        let membership: Membership = parse(doc)?.data;
+        if membership.source.as_deref() != Some(FROM_IDENTITY_PROVIDER) {
+            continue;
+        }
+        match wanted.iter().find(|(id, _)| *id == membership.organization_id) {
+            Some((_, role)) if *role == membership.role => {}
+            Some((_, role)) => {
+                let changed = Membership { role: *role, updated_at: now_ms(), ..membership.clone() };
+                tx.replace(MEMBERS, &doc.id, doc.revision, to_value(&changed)?).await?;
+                member_changed(tx, &membership.organization_id, user, Some(*role)).await?;
+            }
+            None => {
+                tx.delete(MEMBERS, &doc.id, doc.revision).await?;
+                member_changed(tx, &membership.organization_id, user, None).await?;
+            }
+        }
+    }
+    for (organization, role) in &wanted {
+        let id = membership_id(organization, user);
+        match tx.get(MEMBERS, &id).await? {
+            Some(doc) if doc.data["source"] != FROM_IDENTITY_PROVIDER => continue, // set by a person: theirs
+            Some(_) => {}
+            None => {
+                let membership = Membership {
+                    organization_id: organization.clone(),
+                    user_id: user.to_string(),
+                    role: *role,
+                    updated_at: now_ms(),
+                    source: Some(FROM_IDENTITY_PROVIDER.into()),
+                };
+                tx.insert(MEMBERS, &id, to_value(&membership)?).await?;
+                member_changed(tx, organization, user, Some(*role)).await?;
+            }
+        }
+        held.push((organization.clone(), *role));
+    }
+    Ok(held)
+}
+
+async fn member_changed(tx: &Tx, organization: &str, user: &str, role: Option<OrgRole>) -> Result<()> {
+    let username =
+        tx.get(capstan_auth::USERS, user).await?.and_then(|u| u.data["username"].as_str().map(str::to_string)).unwrap_or_default();
+    emit(
+        tx,
+        "organization.memberChanged",
+        organization,
+        json!({ "organizationId": organization, "userId": user, "username": username, "role": role, "source": FROM_IDENTITY_PROVIDER }),
+    )
+    .await
+}
+
 /// Register the `organizations.*` methods.
 pub fn register(registry: &mut Registry, cx: Context) {
     let mut registry = registry.with(cx);
+    registry.add("organizations.create", "Create an organization (administrator)", Access::Admin, create).refuses(&[
+        "name-invalid",
+        "exists",
+        "identity-provider-organization-linked",
+    ]);
     registry
-        .add("organizations.create", "Create an organization (administrator)", Access::Admin, create)
-        .refuses(&["name-invalid", "exists"]);
+        .add(
+            "organizations.linkIdentityProvider",
+            "Link an organization to an organization of the platform's identity provider, or unlink it (administrator)",
+            Access::Admin,
+            link_identity_provider,
+        )
+        .refuses(&["organization-not-found", "conflict", "identity-provider-organization-linked"]);
     registry
         .add("organizations.list", "Organizations: all for an administrator, the caller's own for anyone else", Access::Authenticated, list)
         .read_only();

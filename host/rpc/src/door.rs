@@ -204,17 +204,32 @@ pub trait Coordination: Send + Sync {
     async fn forward(&self, call: Forward<'_>, forwarded: bool) -> Result<Option<Forwarded>>;
 }
 
+/// Asked before every owner method a caller runs here: whether an authority that lives outside
+/// Capstan (the platform's identity provider) still stands behind the caller. It may bring the
+/// caller's memberships in step first, so the method's own role check reads them as they are.
+#[async_trait::async_trait]
+pub trait LiveAuthority: Send + Sync {
+    /// `Ok` to go on; a refusal stops the call.
+    async fn confirm(&self, identity: &Identity) -> Result<()>;
+}
+
 /// What the door is handed at assembly.
 #[derive(Default, Clone)]
 pub(crate) struct Keepers {
     pub authenticator: Option<Arc<dyn Authenticator>>,
     pub coordination: Option<Arc<dyn Coordination>>,
+    pub live_authority: Option<Arc<dyn LiveAuthority>>,
 }
 
 impl Registry {
     /// Authenticate bearer tokens with `authenticator`.
     pub fn set_authenticator(&mut self, authenticator: Arc<dyn Authenticator>) {
         self.keepers.authenticator = Some(authenticator);
+    }
+
+    /// Ask `authority` before every owner method (see [`LiveAuthority`]).
+    pub fn set_live_authority(&mut self, authority: Arc<dyn LiveAuthority>) {
+        self.keepers.live_authority = Some(authority);
     }
 
     /// Send coordinator-only calls where `coordination` says.
@@ -293,6 +308,12 @@ impl Registry {
             }
         };
         let call = Call { identity, source, request_id, body_text };
+        if let (Access::Owner, Some(authority), Some(identity)) = (method.access, &self.keepers.live_authority, &call.identity)
+            && let Err(refusal) = authority.confirm(identity).await
+        {
+            self.refused(&method, &call, &refusal).await;
+            return Err(refusal);
+        }
         Ok(Invoked::Here { answer: self.answer(&method, call, input).await?, answered_by })
     }
 

@@ -13,6 +13,7 @@ pub use capstan_auth as auth;
 pub use capstan_blobs as blobs;
 pub use capstan_core::refusal;
 pub use capstan_events as events;
+pub use capstan_federation as federation;
 pub use capstan_fleet as fleet;
 pub use capstan_inventory as inventory;
 pub use capstan_keyring as keyring;

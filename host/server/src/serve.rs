@@ -99,11 +99,20 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     capstan_registry::declare(&store).await?;
     capstan_rpc::audit::declare(&store).await?;
     capstan_gateway::declare(&store).await?;
+    for spec in capstan_federation::collections() {
+        store.declare(spec).await?;
+    }
     bootstrap_admin(&config, &store, &blobs).await?;
     let fleet = join_fleet(&config, &blobs, identity, bound).await?;
     let keyring = Arc::new(keyring);
     let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
     let scheduler = start_scheduler(&store, &blobs, &fleet, &plugins).await?;
+    let federation = match config.platform_oidc.clone() {
+        Some(settings) => {
+            Some(capstan_federation::Federation::start(settings, store.clone(), blobs.clone(), keyring.clone(), auth.clone()).await?)
+        }
+        None => None,
+    };
     let first_retention = scheduler.clone();
     tokio::spawn(async move {
         // the registry's first retention pass after a start (then hourly checks: docs/registry.md)
@@ -127,6 +136,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         metrics_token: config.metrics_token.clone(),
         route_check: config.route_check.clone(),
         image_mirrors: config.image_mirrors.clone(),
+        federation,
     });
     let logs_runtime = state.runtime.clone();
     scheduler.register(
@@ -272,10 +282,14 @@ async fn start_scheduler(store: &Store, blobs: &Blobs, fleet: &Arc<Fleet>, plugi
                 log.line(format!("removed {reaped} expired sessions"));
                 let forgotten = auth::attempts::reap(&store).await?;
                 log.line(format!("forgot {forgotten} counts of failed logins past their window"));
+                let federated = capstan_federation::reap_expired(&store).await?;
+                log.line(format!("removed {federated} expired identity-provider logins, handoffs and sessions"));
                 Ok(())
             }
         })
-        .description("Deletes sessions whose expiry has passed, and counts of failed logins past their window."),
+        .description(
+            "Deletes sessions whose expiry has passed, counts of failed logins past their window, and identity-provider logins, handoffs and sessions past theirs.",
+        ),
     )?;
     let registry_storage = capstan_registry::storage::Storage { store: store.clone(), blobs: blobs.clone() };
     scheduler.register(

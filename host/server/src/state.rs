@@ -64,6 +64,8 @@ pub struct AppState {
     pub registry: Arc<capstan_registry::Registry>,
     /// Capstan's enrollment at the external gateway.
     pub gateway: capstan_gateway::Context,
+    /// The platform login through an identity provider, when configured.
+    pub federation: Option<Arc<capstan_federation::Federation>>,
 }
 
 /// Everything the host state is made of, assembled by `serve` (or a test) before the state.
@@ -96,6 +98,8 @@ pub struct Parts {
     pub route_check: capstan_registry::route_check::RouteCheck,
     /// Where image tags are resolved instead of their registries (`CAPSTAN_IMAGE_MIRRORS`).
     pub image_mirrors: Vec<capstan_runtime::images::Mirror>,
+    /// The platform login through an identity provider, when configured.
+    pub federation: Option<Arc<capstan_federation::Federation>>,
 }
 
 impl AppState {
@@ -116,6 +120,7 @@ impl AppState {
             metrics_token,
             route_check,
             image_mirrors,
+            federation,
         } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
@@ -181,6 +186,10 @@ impl AppState {
         registry.set_audit(capstan_rpc::audit::AuditLog::new(store.clone()));
         registry.set_authenticator(auth.clone());
         registry.set_coordination(fleet.clone());
+        capstan_federation::methods::register(&mut registry, federation.clone());
+        if let Some(federation) = &federation {
+            registry.set_live_authority(federation.clone());
+        }
         plugins.set_agent_dispatch(Arc::new(crate::plugins::agents::AgentCalls { relays: relays.clone(), runtime: runtime.clone() }));
         plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
         plugins.set_public_origin(&public_origin);
@@ -203,6 +212,7 @@ impl AppState {
             metrics: Metrics::new(metrics_token.as_ref()),
             registry: oci,
             gateway,
+            federation,
         }
     }
 }
@@ -224,7 +234,21 @@ impl AppState {
 impl AppState {
     /// The same host with another keyring (as `capstan keyring rotate` and a restart give).
     pub fn with_keyring(self, keyring: Arc<Keyring>) -> AppState {
-        let AppState { store, blobs, auth, chain, max_body_bytes, public_origin, plugins, scheduler, fleet, nodes, registry, .. } = self;
+        let AppState {
+            store,
+            blobs,
+            auth,
+            chain,
+            max_body_bytes,
+            public_origin,
+            plugins,
+            scheduler,
+            fleet,
+            nodes,
+            registry,
+            federation,
+            ..
+        } = self;
         let route_check = registry.route_check.clone();
         let chain = Arc::try_unwrap(chain).unwrap_or_else(|shared| (*shared).clone());
         let dev = nodes.dev;
@@ -244,6 +268,7 @@ impl AppState {
             metrics_token,
             route_check,
             image_mirrors: Vec::new(),
+            federation,
         })
     }
 }
@@ -306,6 +331,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
         metrics_token: None,
         route_check: Default::default(),
         image_mirrors: Vec::new(),
+        federation: None,
     })
 }
 

@@ -63,8 +63,15 @@ pub struct LoginArgs {
     #[arg(long, value_name = "NAME")]
     pub username: Option<String>,
     /// Read the password from standard input (needed when standard input is not a terminal)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "oidc")]
     pub password_stdin: bool,
+    /// Sign in through the identity provider the server is configured with, in a browser: the
+    /// command listens on a loopback port for the browser to come back (docs/identity.md)
+    #[arg(long, conflicts_with = "username")]
+    pub oidc: bool,
+    /// With --oidc: print the sign-in address instead of opening a browser
+    #[arg(long, requires = "oidc")]
+    pub no_browser: bool,
     /// Print exact JSON instead of text
     #[arg(long)]
     pub json: bool,
@@ -529,6 +536,10 @@ fn run_login(args: LoginArgs) -> Result<()> {
     let path = credentials_path()?;
     // a broken credentials file is found before asking anything
     let mut credentials = Credentials::load(&path)?;
+    if args.oidc {
+        let answer = super::oidc_login::sign_in(&client, &mut credentials, !args.no_browser)?;
+        return report_login(&args, &client, &path, &answer, "");
+    }
     let stdin = std::io::stdin();
     let (username, password) = if args.password_stdin {
         let username = args.username.clone().ok_or_else(|| {
@@ -539,7 +550,12 @@ fn run_login(args: LoginArgs) -> Result<()> {
         ask_on_terminal(&client, args.username.clone())?
     };
     let answer = log_in(&client, &mut credentials, &username, &password)?;
-    let who = answer["username"].as_str().unwrap_or(&username).to_string();
+    report_login(&args, &client, &path, &answer, &username)
+}
+
+/// What a login prints: who, until when, where the token went.
+fn report_login(args: &LoginArgs, client: &Client, path: &std::path::Path, answer: &Value, username: &str) -> Result<()> {
+    let who = answer["username"].as_str().unwrap_or(username).to_string();
     let admin = answer["admin"].as_bool().unwrap_or(false);
     let expires_at = answer["expiresAt"].as_u64();
     if args.json {

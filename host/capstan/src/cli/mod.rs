@@ -12,6 +12,7 @@ mod gateway;
 mod inventory;
 mod keyring;
 mod nodes;
+mod oidc_login;
 mod output;
 mod plugin;
 mod plugin_commands;

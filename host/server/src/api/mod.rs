@@ -109,6 +109,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .route(crate::relays::forward::PATH, post(relay_call).fallback(method_not_allowed))
         .merge(mcp::routes(state.methods.clone(), state.auth.clone(), state.max_body_bytes))
         .merge(nodes::routes(pages.jump))
+        .merge(capstan_federation::routes::routes(state.federation.clone()))
         .merge(capstan_registry::routes(state.registry.clone()))
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)

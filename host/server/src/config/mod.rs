@@ -70,6 +70,20 @@ pub const ROUTE_CHECK_RESOLVE: &str = "CAPSTAN_ROUTE_CHECK_RESOLVE";
 pub const DEV_ENGINE: &str = "CAPSTAN_DEV_ENGINE";
 /// `registry=origin` pairs, comma-separated: image tags of that registry are resolved there.
 pub const IMAGE_MIRRORS: &str = "CAPSTAN_IMAGE_MIRRORS";
+/// The identity provider people sign in through (its issuer URL); unset: password login only.
+pub const PLATFORM_OIDC_ISSUER: &str = "CAPSTAN_PLATFORM_OIDC_ISSUER";
+/// Capstan's client id at that identity provider.
+pub const PLATFORM_OIDC_CLIENT_ID: &str = "CAPSTAN_PLATFORM_OIDC_CLIENT_ID";
+/// Capstan's client secret at that identity provider (never shown).
+pub const PLATFORM_OIDC_CLIENT_SECRET: &str = "CAPSTAN_PLATFORM_OIDC_CLIENT_SECRET";
+/// The scopes a platform login asks for, space-separated.
+pub const PLATFORM_OIDC_SCOPES: &str = "CAPSTAN_PLATFORM_OIDC_SCOPES";
+/// The claim naming a person's organizations.
+pub const PLATFORM_OIDC_ORGANIZATION_CLAIM: &str = "CAPSTAN_PLATFORM_OIDC_ORGANIZATION_CLAIM";
+/// The claim naming a person's application roles (`admin`: infrastructure administrator).
+pub const PLATFORM_OIDC_ROLES_CLAIM: &str = "CAPSTAN_PLATFORM_OIDC_ROLES_CLAIM";
+/// The name the dashboard's "Sign in with …" button shows.
+pub const PLATFORM_OIDC_NAME: &str = "CAPSTAN_PLATFORM_OIDC_NAME";
 /// `lan`, `wireguard` or `public` (`--network`); required when an address reaches beyond loopback.
 pub const NETWORK: &str = "CAPSTAN_NETWORK";
 /// `host:port` other nodes dial this one on; by default the listen address.
@@ -203,6 +217,48 @@ pub const VARS: &[Var] = &[
         required: false,
         default: "none (each image's own registry)",
         help: "Registry mirrors the runtime asks what an image tag names, as registry=origin pairs, comma-separated (docker.io=https://mirror.example)",
+    },
+    Var {
+        env: PLATFORM_OIDC_ISSUER,
+        required: false,
+        default: "none (password login only)",
+        help: "Issuer URL of the OpenID Connect identity provider people sign in through (docs/identity.md); checked at start, failing closed",
+    },
+    Var {
+        env: PLATFORM_OIDC_CLIENT_ID,
+        required: false,
+        default: "none (required with the issuer)",
+        help: "Capstan's client id at the identity provider; register <public origin>/auth/oidc/callback as its redirect URI",
+    },
+    Var {
+        env: PLATFORM_OIDC_CLIENT_SECRET,
+        required: false,
+        default: "none (required with the issuer)",
+        help: "Capstan's client secret at the identity provider (never shown or logged)",
+    },
+    Var {
+        env: PLATFORM_OIDC_SCOPES,
+        required: false,
+        default: "openid profile organizations roles",
+        help: "The scopes a platform login asks for, space-separated; the issuer must advertise each",
+    },
+    Var {
+        env: PLATFORM_OIDC_ORGANIZATION_CLAIM,
+        required: false,
+        default: "organizations",
+        help: "The userinfo claim naming a person's organizations at the identity provider (and their owner role)",
+    },
+    Var {
+        env: PLATFORM_OIDC_ROLES_CLAIM,
+        required: false,
+        default: "roles",
+        help: "The userinfo claim naming a person's application roles; admin makes an infrastructure administrator",
+    },
+    Var {
+        env: PLATFORM_OIDC_NAME,
+        required: false,
+        default: "the issuer's host",
+        help: "The name the dashboard's \"Sign in with …\" button shows",
     },
     Var {
         env: PLUGIN_HTTP_CA_FILE,
@@ -437,6 +493,8 @@ pub struct ServeConfig {
     pub trusted_proxies: crate::listener::TrustedProxies,
     /// Root certificates plugins' outbound HTTPS trusts besides the platform's.
     pub plugin_http_ca: Option<CaFile>,
+    /// The platform login through an identity provider (`CAPSTAN_PLATFORM_OIDC_*`), when set.
+    pub platform_oidc: Option<capstan_federation::Settings>,
     /// Registry mirrors image tags are resolved at (`CAPSTAN_IMAGE_MIRRORS`).
     pub image_mirrors: Vec<capstan_runtime::images::Mirror>,
     /// Networks plugins' outbound HTTP may reach despite the address guard
@@ -649,6 +707,32 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             missing.push(S3_SECRET_KEY);
         }
     }
+    let platform_oidc = lookup(PLATFORM_OIDC_ISSUER).filter(|v| !v.trim().is_empty()).map(|issuer| {
+        let client_id = lookup(PLATFORM_OIDC_CLIENT_ID).unwrap_or_default();
+        let client_secret = lookup(PLATFORM_OIDC_CLIENT_SECRET).unwrap_or_default();
+        if client_id.is_empty() {
+            missing.push(PLATFORM_OIDC_CLIENT_ID);
+        }
+        if client_secret.is_empty() {
+            missing.push(PLATFORM_OIDC_CLIENT_SECRET);
+        }
+        let host = url::Url::parse(&issuer).ok().and_then(|u| u.host_str().map(str::to_string)).unwrap_or_else(|| issuer.clone());
+        capstan_federation::Settings {
+            issuer: issuer.trim().to_string(),
+            client_id,
+            client_secret: SecretString::new(client_secret),
+            scopes: lookup(PLATFORM_OIDC_SCOPES)
+                .map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+                .unwrap_or_else(|| capstan_federation::DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect()),
+            organization_claim: lookup(PLATFORM_OIDC_ORGANIZATION_CLAIM).unwrap_or_else(|| "organizations".into()),
+            roles_claim: lookup(PLATFORM_OIDC_ROLES_CLAIM).unwrap_or_else(|| "roles".into()),
+            display_name: lookup(PLATFORM_OIDC_NAME).unwrap_or(host),
+            public_origin: public_origin.trim_end_matches('/').to_string(),
+        }
+    });
+    if platform_oidc.as_ref().is_some_and(|s| !s.scopes.iter().any(|s| s == "openid")) {
+        return Err(Refusal::new("config-invalid", format!("{PLATFORM_OIDC_SCOPES} must include openid")));
+    }
     if !missing.is_empty() {
         return Err(Refusal::new(
             "config-missing",
@@ -746,6 +830,7 @@ pub fn resolve(flags: &Flags, env: &BTreeMap<String, String>) -> Result<ServeCon
             .map(|v| v.split(',').map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect())
             .unwrap_or_default(),
         plugin_http_ca,
+        platform_oidc,
         image_mirrors: capstan_runtime::images::parse_mirrors(&lookup(IMAGE_MIRRORS).unwrap_or_default())
             .map_err(|e| Refusal::new("config-invalid", format!("{IMAGE_MIRRORS}: {e}")))?,
         plugin_http_allow,
