@@ -37,6 +37,10 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "capstan-auth",
         &["capstan-core", "capstan-store", "capstan-blobs", "capstan-keyring", "capstan-rpc", "capstan-fleet", "capstan-events"],
     ),
+    // the OpenID provider of hosted apps: its clients, role assignments, codes and tokens in the
+    // store, its RS256 signing keys sealed under the keyring, the dashboard's handoff as methods;
+    // it names Capstan users by id and takes the signed-in person as the rpc's Identity
+    ("capstan-hosted-oidc", &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc"]),
     // the inventory reaches the areas above it (secrets, plugins) only through its Dependents trait
     (
         "capstan-inventory",
@@ -45,6 +49,12 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     (
         "capstan-secrets",
         &["capstan-core", "capstan-store", "capstan-keyring", "capstan-rpc", "capstan-events", "capstan-auth", "capstan-inventory"],
+    ),
+    // the platform login through an identity provider: its pending logins and sealed tokens in
+    // the store, people made by auth, provider-granted memberships kept by the inventory
+    (
+        "capstan-federation",
+        &["capstan-core", "capstan-store", "capstan-blobs", "capstan-keyring", "capstan-rpc", "capstan-auth", "capstan-inventory"],
     ),
     // cluster relays: the credential (a system secret), registrations and liveness in the store,
     // the election, calls carried to the fleet node holding a relay, the configuration pushed;
@@ -156,6 +166,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-links",
             "capstan-gateway",
             "capstan-runtime",
+            "capstan-hosted-oidc",
+            "capstan-federation",
         ],
     ),
     // presentation: the dashboard acts through the server's registered methods (its tests
