@@ -346,6 +346,9 @@ fn basic_credentials(headers: &HeaderMap) -> std::result::Result<Option<(String,
 async fn token(State(oidc): State<Arc<HostedOidc>>, headers: HeaderMap, body: Bytes) -> Response {
     match oidc.token(&headers, &body).await {
         Ok(answer) => {
+            // RFC 6749 §5.1 takes the type case-insensitively; written as RFC 6750 does
+            let mut answer = serde_json::to_value(&answer).unwrap_or_default();
+            answer["token_type"] = Value::from("Bearer");
             let mut response = json_response(StatusCode::OK, &answer, "no-store");
             response.headers_mut().insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
             response

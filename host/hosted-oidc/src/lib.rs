@@ -27,6 +27,7 @@ pub mod methods;
 mod token;
 
 pub use methods::register;
+pub use token::{HostedIdToken, HostedTokenResponse, HostedUserInfo, RolesClaim};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
@@ -254,13 +255,14 @@ struct TokenRecord {
 pub fn collections() -> Vec<CollectionSpec> {
     vec![
         CollectionSpec::new(CLIENTS).unique("by_client_id", &["clientId"]),
-        CollectionSpec::new(ASSIGNMENTS).index("by_service", &["serviceId"]),
+        CollectionSpec::new(ASSIGNMENTS).index("by_service", &["serviceId"]).index("by_user", &["userId"]),
         CollectionSpec::new(REQUESTS).index("by_service", &["serviceId"]),
         CollectionSpec::new(CODES).index("by_service", &["serviceId"]),
         CollectionSpec::new(TOKENS)
             .index("by_service", &["serviceId"])
             .index("by_code", &["codeId"])
-            .index("by_service_user", &["serviceId", "userId"]),
+            .index("by_service_user", &["serviceId", "userId"])
+            .index("by_user", &["userId"]),
         CollectionSpec::new(KEYS),
     ]
 }
@@ -437,8 +439,12 @@ impl HostedOidc {
         for uri in &input.redirect_uris {
             validate_redirect_uri(uri)?;
         }
-        let mut roles = input.roles.clone();
-        roles.dedup();
+        let mut roles: Vec<String> = Vec::new();
+        for role in &input.roles {
+            if !roles.contains(role) {
+                roles.push(role.clone());
+            }
+        }
         if roles.is_empty() || roles.len() > 32 || !roles.iter().all(|r| validate_role(r)) {
             return Err(Refusal::invalid_field("roles", "an app declares 1 to 32 roles, each 1 to 64 of A-Z a-z 0-9 - _ . :"));
         }
@@ -571,6 +577,28 @@ impl HostedOidc {
             .await?;
         tracing::info!(service = %service_id, user = %user_id, role = role.unwrap_or("-"), "hosted app role assigned");
         Ok(())
+    }
+
+    /// Take every role `user_id` has in any app away and end their access tokens: for a user
+    /// who is deleted or disabled. How many assignments and tokens went.
+    pub async fn forget_user(&self, user_id: &str) -> Result<usize> {
+        let removed = self
+            .store
+            .transact(|tx| async move {
+                let mut removed = 0;
+                for collection in [ASSIGNMENTS, TOKENS] {
+                    for doc in tx.find_all(collection, "by_user", &[json!(user_id)]).await? {
+                        tx.delete(collection, &doc.id, doc.revision).await?;
+                        removed += 1;
+                    }
+                }
+                Ok(removed)
+            })
+            .await?;
+        if removed > 0 {
+            tracing::info!(user = %user_id, removed, "a user's hosted app roles and tokens removed");
+        }
+        Ok(removed)
     }
 
     /// The role assignments of the app of `service_id`, by user id.

@@ -316,7 +316,7 @@ async fn the_code_flow_issues_verifiable_tokens_with_the_users_role() {
     let (status, headers, body) = exchange(&f, &code, &s.verifier).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(headers.get(header::CACHE_CONTROL).unwrap(), "no-store");
-    assert_eq!(body["token_type"].as_str().map(str::to_ascii_lowercase).as_deref(), Some("bearer"));
+    assert_eq!(body["token_type"], "Bearer");
     assert_eq!(body["expires_in"], 3600);
     assert!(body.get("refresh_token").is_none());
     let answer: HostedTokenResponse = serde_json::from_value(body).unwrap();
@@ -666,7 +666,8 @@ async fn client_registration_is_validated_and_replacing_it_changes_the_secret() 
     ] {
         assert_eq!(f.oidc.enable_client(input).await.unwrap_err().code, code);
     }
-    let enabled = f.oidc.enable_client(spec("svc-app", "https://app.example/cb", &["user"])).await.unwrap();
+    let enabled = f.oidc.enable_client(spec("svc-app", "https://app.example/cb", &["user", "admin", "user"])).await.unwrap();
+    assert_eq!(enabled.roles, vec!["user", "admin"], "declared once each, in order");
     assert_eq!(enabled.issuer, "http://capstan.test/oidc");
     assert_eq!(B64URL.decode(&enabled.client_secret).unwrap().len(), 32);
     assert!(!format!("{enabled:?}").contains(&enabled.client_secret), "Debug hides the secret");
@@ -727,6 +728,11 @@ async fn the_methods_hand_off_to_the_dashboard_and_rotate_for_a_fresh_admin() {
     assert_eq!((view["appName"].as_str(), view["role"].as_str()), (Some("Grafana"), Some("Editor")));
     let unknown = call("hostedOidc.getAuthorization", &f.alice, json!({"requestId": "nope"})).await.unwrap_err();
     assert_eq!(unknown.code, "hosted-oidc-request-unknown");
+    assert!(registry.get("hostedOidc.getAuthorization").unwrap().declares(&unknown), "declared, with its status");
+    let bob = person("user_bob", "bob");
+    let denied = call("hostedOidc.completeAuthorization", &bob, json!({"requestId": request_id})).await.unwrap_err();
+    assert_eq!(denied.code, "hosted-app-access-denied");
+    assert!(registry.get("hostedOidc.completeAuthorization").unwrap().declares(&denied));
     let strict = call("hostedOidc.getAuthorization", &f.alice, json!({"requestId": request_id, "x": 1})).await.unwrap_err();
     assert_eq!(strict.code, "invalid-request");
     let done = call("hostedOidc.completeAuthorization", &f.alice, json!({"requestId": request_id})).await.unwrap();
@@ -738,11 +744,38 @@ async fn the_methods_hand_off_to_the_dashboard_and_rotate_for_a_fresh_admin() {
     let refused = call("hostedOidc.rotateSigningKey", &f.alice, json!({})).await.unwrap_err();
     assert_eq!(refused.code, "forbidden", "not an administrator");
     let stale = Identity { admin: true, authenticated_at: 0, ..f.alice.clone() };
-    assert_eq!(call("hostedOidc.rotateSigningKey", &stale, json!({})).await.unwrap_err().code, "admin-not-fresh");
+    let not_fresh = call("hostedOidc.rotateSigningKey", &stale, json!({})).await.unwrap_err();
+    assert_eq!(not_fresh.code, "admin-not-fresh");
+    assert!(registry.get("hostedOidc.rotateSigningKey").unwrap().declares(&not_fresh));
     let admin = Identity { admin: true, ..f.alice.clone() };
     let rotated = call("hostedOidc.rotateSigningKey", &admin, json!({})).await.unwrap();
     assert_eq!(rotated["kid"], f.oidc.signing_keys().await.unwrap()[0].kid);
     for name in ["hostedOidc.getAuthorization", "hostedOidc.completeAuthorization", "hostedOidc.cancelAuthorization"] {
         assert_eq!(registry.get(name).unwrap().access, capstan_rpc::Access::Authenticated);
     }
+}
+
+#[tokio::test]
+async fn forgetting_a_user_ends_their_roles_and_tokens_in_every_app() {
+    let f = fixture().await;
+    f.oidc
+        .enable_client(ClientSpec {
+            service_id: "svc-gitea".into(),
+            name: None,
+            redirect_uris: vec![REDIRECT.into()],
+            roles: vec!["user".into()],
+        })
+        .await
+        .unwrap();
+    f.oidc.assign_role("svc-gitea", "user_alice", Some("user")).await.unwrap();
+    f.oidc.assign_role("svc-gitea", "user_bob", Some("user")).await.unwrap();
+    let s = start();
+    let code = code_for(&f, &s, &f.alice).await;
+    let access = exchange(&f, &code, &s.verifier).await.2["access_token"].as_str().unwrap().to_string();
+    assert_eq!(f.oidc.forget_user("user_alice").await.unwrap(), 3, "two roles and a token");
+    assert_eq!(userinfo(&f, &access).await.0, StatusCode::UNAUTHORIZED);
+    assert!(f.oidc.assignments("svc-grafana").await.unwrap().is_empty());
+    let left: Vec<String> = f.oidc.assignments("svc-gitea").await.unwrap().into_iter().map(|a| a.user_id).collect();
+    assert_eq!(left, vec!["user_bob"]);
+    assert_eq!(f.oidc.forget_user("user_alice").await.unwrap(), 0);
 }
