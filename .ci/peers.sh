@@ -11,6 +11,11 @@
 #   CAPSTAN_TEST_REQUIRE_GATEWAY  the mail tests start tests/peers/gateway themselves (python3 with
 #                             aiosmtpd); set, they fail instead of skipping when it cannot start
 #   (the CoreMail tests start tests/peers/coremail themselves: python3's standard library only)
+#   CAPSTAN_TEST_IDP          absolute path of tests/peers/idp/server.mjs, the OpenID Connect
+#                             identity provider (oidc-provider on Node.js, docs/idp-peer.md) the
+#                             platform login tests start one of per test; its npm packages are
+#                             installed here (npm ci)
+#   CAPSTAN_TEST_REQUIRE_IDP  set, those tests fail instead of skipping when it cannot start
 #   CAPSTAN_TEST_REQUIRE_SKOPEO  the registry tests push and pull images with skopeo (Debian's
 #                             package, installed here when missing); set, they fail instead of
 #                             skipping when it is not on PATH
@@ -108,6 +113,18 @@ export CAPSTAN_TEST_NPM_REGISTRY="http://127.0.0.1:$NPM_PORT/"
 
 # aiosmtpd is installed above; the mail tests start their own gateway from tests/peers/gateway
 export CAPSTAN_TEST_REQUIRE_GATEWAY=1
+
+# The test identity provider's npm packages, pinned by its package-lock.json; the platform login
+# tests start their own instance of tests/peers/idp/server.mjs with node
+idp_started=$SECONDS
+if ! (cd tests/peers/idp && npm ci --no-audit --no-fund --loglevel=error) >"$PEERS_DIR/idp-npm.log" 2>&1; then
+    echo "npm ci in tests/peers/idp failed; its log:" >&2
+    cat "$PEERS_DIR/idp-npm.log" >&2
+    exit 1
+fi
+echo "test identity provider's packages installed (npm ci, node $(node --version)) in $((SECONDS - idp_started)) s"
+export CAPSTAN_TEST_IDP="$PWD/tests/peers/idp/server.mjs"
+export CAPSTAN_TEST_REQUIRE_IDP=1
 
 # From Debian when missing (the package lists are refreshed only if the install cannot find the
 # package): skopeo, the registry tests' OCI client; openssl, which the gateway test verifies the
