@@ -16,6 +16,9 @@
 #                             platform login tests start one of per test; its npm packages are
 #                             installed here (npm ci)
 #   CAPSTAN_TEST_REQUIRE_IDP  set, those tests fail instead of skipping when it cannot start
+#   CAPSTAN_TEST_REQUIRE_RELYING_PARTY  the hosted-app OpenID provider's test drives Python's
+#                             authlib as its relying party; set, it fails instead of skipping
+#                             when python3 or authlib is missing
 #   CAPSTAN_TEST_REQUIRE_SKOPEO  the registry tests push and pull images with skopeo (Debian's
 #                             package, installed here when missing); set, they fail instead of
 #                             skipping when it is not on PATH
@@ -125,6 +128,8 @@ fi
 echo "test identity provider's packages installed (npm ci, node $(node --version)) in $((SECONDS - idp_started)) s"
 export CAPSTAN_TEST_IDP="$PWD/tests/peers/idp/server.mjs"
 export CAPSTAN_TEST_REQUIRE_IDP=1
+# authlib (installed above) is the relying party host/hosted-oidc's test completes a code flow with
+export CAPSTAN_TEST_REQUIRE_RELYING_PARTY=1
 
 # From Debian when missing (the package lists are refreshed only if the install cannot find the
 # package): skopeo, the registry tests' OCI client; openssl, which the gateway test verifies the

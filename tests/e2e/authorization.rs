@@ -82,6 +82,9 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("auth.login", json!({ "username": "member", "password": MEMBER_PASSWORD }), anyone(Ran)),
         ("auth.exchangeToken", json!({ "token": DEPLOYER_TOKEN }), anyone(Ran)),
         ("auth.whoami", json!({}), signed_in(Ran)),
+        // the platform login: this host has no identity provider configured
+        ("federation.status", json!({}), anyone(Ran)),
+        ("federation.completeLogin", json!({ "handoff": "0", "verifier": "v" }), anyone(Past("platform-oidc-off"))),
         // a valid body would end the caller's session for the cells after it; an unknown field
         // is refused once the caller is authenticated, before the handler runs
         ("auth.logout", json!({ "matrix": true }), signed_in(Past("invalid-request"))),
@@ -258,6 +261,11 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("organizations.delete", json!({ "id": ORG, "expectedRevision": STALE }), admin(Past("conflict"))),
         ("organizations.get", json!({ "id": ORG }), [Ran, Ran, Ran, Denied, Denied, Denied, Anon]),
         ("organizations.list", json!({}), signed_in(Ran)),
+        (
+            "organizations.linkIdentityProvider",
+            json!({ "id": ORG, "expectedRevision": STALE, "identityProviderOrganization": "org-matrix" }),
+            admin(Past("conflict")),
+        ),
         ("organizations.listMembers", json!({ "organizationId": ORG }), [Ran, Ran, Ran, Denied, Denied, Denied, Anon]),
         // the role the member already holds
         (

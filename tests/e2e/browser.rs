@@ -1822,3 +1822,54 @@ fn managers_pages_are_task_pages_picking_by_name_and_the_audit_page_fits_1366_px
         save_screenshot(&shot, dir.path(), "audit.png", AUDIT_SCREENSHOT_COPY);
     });
 }
+
+/// The dashboard's "Sign in with …": an organization owner signs in at the development IdP
+/// (tests/peers/idp) in Chromium, comes back signed in as herself and finds her organization.
+#[test]
+fn a_browser_signs_in_through_the_identity_provider_and_finds_its_organization() {
+    if !browser_available() {
+        return;
+    }
+    let Some(script) = crate::federation::idp_script() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _idp) = crate::federation::capstan_with_idp(dir.path(), &script);
+    let admin = server.login(crate::support::TEST_ADMIN.0, crate::support::TEST_ADMIN.1);
+    crate::support::ok(&server, &admin, "organizations.create", json!({ "name": "acme", "identityProviderOrganization": "org-acme" }));
+    let driver = Driver::start(dir.path());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = runtime.block_on(async {
+        let client = driver.session(dir.path()).await;
+        let scenario = async {
+            client.goto(&server.url("/login")).await.unwrap();
+            assert_eq!(text_of(&client, "#login-oidc").await, "Sign in with Acme ID");
+            let shot = client.screenshot().await.unwrap();
+            save_screenshot(&shot, dir.path(), "login-oidc.png", "/tmp/capstan-login-oidc.png");
+            click(&client, "#login-oidc").await;
+            // the identity provider's own sign-in page
+            fill(&client, "#username", "olivia").await;
+            fill(&client, "#password", crate::federation::PERSONA_PASSWORD).await;
+            click(&client, "#login").await;
+            assert_eq!(text_of(&client, "#current-user").await, "olivia");
+            assert_eq!(path_of(&client).await, "/");
+            client.goto(&server.url("/services")).await.unwrap();
+            assert_eq!(text_of(&client, "#org-select option[selected]").await, "acme");
+            let shot = client.screenshot().await.unwrap();
+            save_screenshot(&shot, dir.path(), "services-oidc.png", "/tmp/capstan-services-oidc.png");
+            // signing out and in again needs no password at the IdP while its session lasts
+            click(&client, "#logout").await;
+            click(&client, "#login-oidc").await;
+            assert_eq!(text_of(&client, "#current-user").await, "olivia");
+        };
+        let outcome = AssertUnwindSafe(tokio::time::timeout(SCENARIO_TIMEOUT, scenario)).catch_unwind().await;
+        let _ = client.close().await;
+        outcome
+    });
+    drop(driver);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("the sign-in scenario did not finish within {SCENARIO_TIMEOUT:?}; server stderr:\n{}", server.stderr()),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+    let log = server.stderr();
+    assert!(!log.contains("eyJ"), "no JWT may be logged:\n{log}");
+}

@@ -18,6 +18,7 @@ mod coremail;
 mod crash;
 mod docs_plugins;
 mod events;
+mod federation;
 mod fleet;
 mod gateway;
 mod hostile;

@@ -3,7 +3,7 @@
 //! every other command is a client of its API (`cli`). See `ARCHITECTURE.md`.
 
 pub use capstan_server::{
-    api, auth, blobs, config, events, fleet, inventory, keyring, migrate, plugins, refusal, scheduler, secrets, store,
+    api, auth, blobs, config, events, federation, fleet, inventory, keyring, migrate, plugins, refusal, scheduler, secrets, store,
 };
 
 pub mod cli;

@@ -156,7 +156,8 @@ impl Provider {
         let introspection_endpoint = metadata.additional_metadata().introspection_endpoint.clone().unwrap_or_default();
         Ok(Provider {
             metadata: RwLock::new(metadata),
-            last_jwks_fetch: tokio::sync::Mutex::new(Instant::now()),
+            // the first unknown key may be fetched at once
+            last_jwks_fetch: tokio::sync::Mutex::new(Instant::now().checked_sub(JWKS_REFETCH_SPACING).unwrap_or_else(Instant::now)),
             introspection_endpoint,
             basic_auth,
             http: client,

@@ -223,11 +223,13 @@ pub fn organizations(claim: &str, value: Option<&Value>) -> Result<Vec<(String, 
     Ok(found)
 }
 
-/// The application roles a roles claim names: a list of strings, or one space-separated string.
+/// The application roles a roles claim names: a list of strings, one space-separated string, or
+/// an object keyed by role (as Zitadel's project roles claim is).
 pub fn roles(value: Option<&Value>) -> Vec<String> {
     match value {
         Some(Value::Array(items)) => items.iter().filter_map(|r| r.as_str().map(str::to_string)).collect(),
         Some(Value::String(text)) => text.split_whitespace().map(str::to_string).collect(),
+        Some(Value::Object(map)) => map.keys().cloned().collect(),
         _ => Vec::new(),
     }
 }
@@ -630,6 +632,7 @@ mod tests {
     fn roles_and_usernames_are_read_from_what_providers_send() {
         assert_eq!(roles(Some(&json!(["admin", "user"]))), vec!["admin", "user"]);
         assert_eq!(roles(Some(&json!("admin user"))), vec!["admin", "user"]);
+        assert_eq!(roles(Some(&json!({ "admin": { "org": "x" } }))), vec!["admin"]);
         assert!(roles(Some(&json!(3))).is_empty());
         assert_eq!(username_base(Some("olivia"), None), "olivia");
         assert_eq!(username_base(Some("Olivia Owner!"), None), "OliviaOwner");

@@ -29,7 +29,8 @@ const ALLOWED_LINES: &[(&str, &str, &str)] = &[
 ];
 
 /// The host's own words that contain a manager's name: a service's mail addresses (its own
-/// field, which the operator writes), and sealed input to the keyring's ingress recipient.
+/// field, which the operator writes), a person's e-mail address (an identity provider's claim),
+/// and sealed input to the keyring's ingress recipient.
 const HOST_WORDS: &[&str] = &[
     "mail_addresses",
     "mailaddresses",
@@ -41,6 +42,7 @@ const HOST_WORDS: &[&str] = &[
     "--mail",
     "clear_arg::mail",
     "cleararg::mail",
+    "email", // a person's e-mail address, as an identity provider's claims carry it
     "secrets::ingress",
     "ingress::",
     "ingressrecipient",
