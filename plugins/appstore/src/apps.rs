@@ -42,17 +42,24 @@ pub(crate) fn offered_version<'a>(app: &'a App, version: Option<&Version>) -> Re
     Ok(chosen)
 }
 
-/// The platform capabilities this manager can provide to an app (none yet): a version that
-/// requires another is refused rather than installed half-working.
+/// The platform capabilities this manager can provide to an app: `platform-oidc` (Capstan as
+/// the app's OpenID provider; the host reads the declaration from the service's snapshot when an
+/// administrator enables single sign-on). A version that requires another is refused, naming
+/// only those, rather than installed half-working.
+const SUPPORTED_CAPABILITIES: [&str; 1] = [capstan_catalog::PLATFORM_OIDC];
+
 fn check_capabilities(app: &App, version: &AppVersion) -> Result<()> {
-    if version.template.capabilities.is_empty() {
+    let unsupported: Vec<&String> =
+        version.template.capabilities.iter().filter(|c| !SUPPORTED_CAPABILITIES.contains(&c.as_str())).collect();
+    if unsupported.is_empty() {
         return Ok(());
     }
+    let names = unsupported.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ");
     Err(Refusal::new(
         "appstore-capability-unsupported",
-        format!("{} {} requires {} which this host cannot provide yet", app.id, version.version, version.template.capabilities.join(", ")),
+        format!("{} {} requires {names} which this host cannot provide yet", app.id, version.version),
     )
-    .with_data(json!({ "appId": app.id, "version": version.version.to_string(), "capabilities": version.template.capabilities })))
+    .with_data(json!({ "appId": app.id, "version": version.version.to_string(), "capabilities": unsupported })))
 }
 
 // ---- listing ----
@@ -458,6 +465,11 @@ pub struct Preview {
     environment_changed: Vec<String>,
     ports_changed: bool,
     volumes_changed: bool,
+    /// Whether the service's current version declares single sign-on (`platformOidc`) and the
+    /// new one declares it differently or not at all (roles, redirect path or variables): where
+    /// an administrator enabled single sign-on for the service, they disable it before the
+    /// upgrade and enable it again after (the App Store cannot see whether it is enabled).
+    oidc_contract_changes: bool,
     /// Release notes of every version passed, oldest first.
     notes: Vec<String>,
     /// Every offered version newer than the current one, oldest first (other targets).
@@ -532,6 +544,7 @@ fn plan(input: &UpgradeRequest) -> Result<Plan> {
             .collect(),
         ports_changed: from.template.ports != to.template.ports,
         volumes_changed: from.template.volumes != to.template.volumes,
+        oidc_contract_changes: from.template.platform_oidc.is_some() && from.template.platform_oidc != to.template.platform_oidc,
         notes: newer
             .iter()
             .filter(|v| v.version <= to.version && !v.notes.is_empty())

@@ -426,3 +426,87 @@ fn an_upgrade_to_a_tag_reports_the_rollout_of_the_digest_the_runtime_resolved_it
     let status = host.call("getServiceUpgradeStatus", json!({ "organizationId": org, "serviceId": id })).unwrap();
     assert_eq!(status["upgrade"]["rollout"], healthy, "{status}");
 }
+
+/// A Grafana-like version declaring single sign-on through Capstan (`platform-oidc`).
+fn oidc_version(v: &str, roles: &[&str], capabilities: &[&str]) -> Value {
+    json!({
+        "version": v,
+        "template": {
+            "image": format!("registry.example.com/grafana:{v}"),
+            "ports": [{ "port": 3000, "protocol": "http" }],
+            "environment": { "GF_AUTH_GENERIC_OAUTH_ENABLED": "true" },
+            "capabilities": capabilities,
+            "platformOidc": {
+                "roles": roles,
+                "redirectPath": "/login/generic_oauth",
+                "issuerVariable": "GF_AUTH_GENERIC_OAUTH_ISSUER",
+                "clientIdVariable": "GF_AUTH_GENERIC_OAUTH_CLIENT_ID",
+                "clientSecretVariable": "GF_AUTH_GENERIC_OAUTH_CLIENT_SECRET"
+            }
+        }
+    })
+}
+
+#[test]
+fn a_version_declaring_platform_oidc_installs_and_upgrades_with_its_declaration_and_others_are_still_refused() {
+    if capstan_sdk::testing::wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let publisher = key(7);
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
+    let oidc = ["platform-oidc"];
+    let mut mailing = version("3.0.0", "registry.example.com/grafana:3.0.0", "info");
+    mailing["template"]["capabilities"] = json!(["mail"]);
+    let catalog: Catalog = serde_json::from_value(json!({ "apps": [
+        { "id": "grafana", "name": "Grafana", "versions": [
+            oidc_version("1.0.0", &["Admin", "Editor", "Viewer"], &oidc),
+            oidc_version("1.1.0", &["Admin", "Editor", "Viewer"], &oidc),
+            oidc_version("2.0.0", &["Admin", "Viewer"], &oidc),
+            oidc_version("2.1.0", &["Admin", "Viewer"], &["mail", "platform-oidc"]),
+            mailing
+        ] }
+    ] }))
+    .unwrap();
+    host.call("importCatalog", json!({ "envelope": envelope(&catalog, 1, &publisher) })).unwrap();
+    let org = host.create_organization("acme");
+
+    // ---- installed with the declaration in its snapshot ----
+    let installed =
+        host.call("install", json!({ "organizationId": org, "appId": "grafana", "version": "1.0.0", "name": "dashboards" })).unwrap();
+    let id = installed["id"].as_str().unwrap().to_string();
+    let service = host.service(&id).unwrap();
+    let declared = &oidc_version("1.0.0", &["Admin", "Editor", "Viewer"], &oidc)["template"]["platformOidc"];
+    assert_eq!(&service["template"]["template"]["platformOidc"], declared, "{service}");
+    assert_eq!(service["template"]["template"]["capabilities"], json!(["platform-oidc"]));
+    assert!(service["environment"].get("GF_AUTH_GENERIC_OAUTH_CLIENT_SECRET").is_none(), "installing does not enable single sign-on");
+
+    // ---- an upgrade keeping the declaration: no contract change ----
+    let preview = host.call("getUpgradePreview", json!({ "organizationId": org, "serviceId": id, "version": "1.1.0" })).unwrap();
+    assert_eq!(preview["oidcContractChanges"], false, "{preview}");
+    let revision = service["revision"].clone();
+    host.call("upgrade", json!({ "organizationId": org, "serviceId": id, "version": "1.1.0", "expectedRevision": revision })).unwrap();
+
+    // ---- one changing it says so, and writes the new declaration ----
+    let preview = host.call("getUpgradePreview", json!({ "organizationId": org, "serviceId": id, "version": "2.0.0" })).unwrap();
+    assert_eq!(preview["oidcContractChanges"], true, "{preview}");
+    let revision = host.service(&id).unwrap()["revision"].clone();
+    host.call("upgrade", json!({ "organizationId": org, "serviceId": id, "version": "2.0.0", "expectedRevision": revision })).unwrap();
+    let service = host.service(&id).unwrap();
+    assert_eq!(service["template"]["template"]["platformOidc"]["roles"], json!(["Admin", "Viewer"]), "{service}");
+    assert_eq!(service["template"]["version"], "2.0.0");
+
+    // ---- any other capability is still refused, naming only the unsupported ones ----
+    for (version, status_target) in [("2.1.0", "2.1.0"), ("3.0.0", "3.0.0")] {
+        let refused =
+            host.call("install", json!({ "organizationId": org, "appId": "grafana", "version": version, "name": "g2" })).unwrap_err();
+        assert_eq!(refused.code(), "appstore-capability-unsupported", "{refused:?}");
+        assert_eq!(refused.data().unwrap()["capabilities"], json!(["mail"]), "{refused:?}");
+        assert!(refused.message().contains("requires mail which"), "{}", refused.message());
+        let upgrade = host.call("getUpgradePreview", json!({ "organizationId": org, "serviceId": id, "version": status_target }));
+        assert_eq!(upgrade.unwrap_err().code(), "appstore-capability-unsupported");
+    }
+    let status = host.call("getServiceUpgradeStatus", json!({ "organizationId": org, "serviceId": id })).unwrap();
+    assert_eq!(status["status"], "blocked", "{status}");
+    assert_eq!(status["blockers"][0]["code"], "appstore-capability-unsupported", "{status}");
+}

@@ -220,6 +220,27 @@ LOG_LEVEL = "info"
     }
 
     #[test]
+    fn a_definition_declares_single_sign_on_in_toml() {
+        let file = Path::new("/defs/wiki.toml");
+        let oidc = r#"capabilities = ["platform-oidc"]
+ports = [{ port = 8080, protocol = "http" }]
+[versions.template.platformOidc]
+roles = ["Admin", "Viewer"]
+redirectPath = "/login/generic_oauth"
+issuerVariable = "OIDC_ISSUER"
+clientIdVariable = "OIDC_CLIENT_ID"
+clientSecretVariable = "OIDC_CLIENT_SECRET"
+[versions.template.environment]"#;
+        let text = WIKI.replace("capabilities = [\"mail\"]\nports = [{ port = 8080, protocol = \"http\" }, { port = 25, protocol = \"tcp\", publicPort = 2525 }]", "")
+            .replace("[versions.template.environment]", oidc);
+        let app = parse_definition(file, &text).unwrap();
+        let declared = app.versions[1].template.platform_oidc.as_ref().unwrap();
+        assert_eq!((declared.roles.len(), declared.redirect_path.as_str()), (2, "/login/generic_oauth"));
+        let e = parse_definition(file, &text.replace("\"OIDC_CLIENT_ID\"", "\"LOG_LEVEL\"")).unwrap_err();
+        assert_eq!(e.data()["field"], "versions[1].template.platformOidc.clientIdVariable");
+    }
+
+    #[test]
     fn a_directory_without_definitions_or_unreadable_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let e = read_dir(dir.path()).unwrap_err();

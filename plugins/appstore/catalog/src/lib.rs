@@ -32,8 +32,9 @@ pub use envelope::{
 };
 pub use error::CatalogError;
 pub use model::{
-    App, AppVersion, Catalog, Invalid, MAX_APPS, MAX_CAPABILITIES, MAX_CATEGORIES, MAX_ENVIRONMENT, MAX_NAME_CHARS, MAX_PORTS,
-    MAX_TEMPLATE_BYTES, MAX_TEXT_BYTES, MAX_VERSIONS, MAX_VOLUMES, Port, Protocol, Snapshot, Template, Volume, Withdrawal,
+    App, AppVersion, Catalog, Invalid, MAX_APPS, MAX_CAPABILITIES, MAX_CATEGORIES, MAX_ENVIRONMENT, MAX_NAME_CHARS, MAX_OIDC_ROLES,
+    MAX_PORTS, MAX_REDIRECT_PATH_BYTES, MAX_TEMPLATE_BYTES, MAX_TEXT_BYTES, MAX_VERSIONS, MAX_VOLUMES, PLATFORM_OIDC, PlatformOidc, Port,
+    Protocol, Snapshot, Template, Volume, Withdrawal,
 };
 pub use succession::check_succession;
 

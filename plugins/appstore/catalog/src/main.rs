@@ -370,6 +370,7 @@ mod tests {
                     environment: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
                     volumes: vec![Volume { name: "data".into(), mount_path: "/var/lib/wiki".into() }],
                     capabilities: vec!["mail".into()],
+                    platform_oidc: None,
                 },
             }],
         }

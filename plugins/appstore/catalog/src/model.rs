@@ -115,6 +115,40 @@ pub struct Template {
     /// to install a version requiring one it does not know.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<String>,
+    /// How the app signs its users in through Capstan as its OpenID provider: present exactly
+    /// when `capabilities` lists `platform-oidc`. Omitted when absent, so the templates published
+    /// before it existed keep their digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform_oidc: Option<PlatformOidc>,
+}
+
+/// The capability a template declares when it carries [`Template::platform_oidc`].
+pub const PLATFORM_OIDC: &str = "platform-oidc";
+/// Most roles a [`PlatformOidc`] declares.
+pub const MAX_OIDC_ROLES: usize = 16;
+/// Longest [`PlatformOidc::redirect_path`], in bytes.
+pub const MAX_REDIRECT_PATH_BYTES: usize = 200;
+
+/// An app's single sign-on contract with Capstan as its OpenID provider (capability
+/// `platform-oidc`): the roles an administrator assigns people, where the app receives the
+/// authorization response, and the environment variables the app reads its client from. The
+/// host reads it from the service's snapshot when an administrator enables single sign-on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PlatformOidc {
+    /// The app's own roles an administrator assigns people (1–16, each 1–64 of A-Z a-z 0-9 _ - .,
+    /// unique).
+    pub roles: Vec<String>,
+    /// The path of the app's OpenID Connect redirect endpoint on its HTTPS domain, e.g.
+    /// `/login/generic_oauth` (starts with `/`, no `//`, no query or fragment, at most 200 bytes,
+    /// printable ASCII).
+    pub redirect_path: String,
+    /// The environment variable the app reads the issuer URL from.
+    pub issuer_variable: String,
+    /// The environment variable the app reads its client id from.
+    pub client_id_variable: String,
+    /// The environment variable the app reads its client secret from.
+    pub client_secret_variable: String,
 }
 
 /// A port, exactly as the inventory's `services.create` takes it.
@@ -317,8 +351,8 @@ impl AppVersion {
 
 impl Template {
     /// The canonical bytes: compact JSON, fields in declaration order (image, ports,
-    /// environment, volumes, capabilities), empty lists and maps and an absent `publicPort`
-    /// omitted, environment keys in byte order.
+    /// environment, volumes, capabilities, platformOidc), empty lists and maps and an absent
+    /// `publicPort` or `platformOidc` omitted, environment keys in byte order.
     pub fn canonical_json(&self) -> Vec<u8> {
         // serializing plain structs, strings and integers cannot fail
         serde_json::to_vec(self).unwrap_or_default()
@@ -377,9 +411,90 @@ impl Template {
                 return Err(Invalid::new(format!("capabilities[{i}]"), format!("the capability {capability} is listed twice")));
             }
         }
+        match (&self.platform_oidc, self.capabilities.iter().any(|c| c == PLATFORM_OIDC)) {
+            (Some(oidc), true) => oidc.validate(&self.environment).map_err(|e| e.within("platformOidc"))?,
+            (None, false) => {}
+            (None, true) => {
+                return Err(Invalid::new(
+                    "platformOidc",
+                    format!("a template requiring {PLATFORM_OIDC} declares how the app signs in (platformOidc)"),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(Invalid::new(
+                    "capabilities",
+                    format!("a template declaring platformOidc requires the capability {PLATFORM_OIDC}"),
+                ));
+            }
+        }
         let size = self.canonical_json().len();
         if size > MAX_TEMPLATE_BYTES {
             return Err(Invalid::new("", format!("the template is {size} bytes of JSON; the limit is {MAX_TEMPLATE_BYTES}")));
+        }
+        Ok(())
+    }
+}
+
+impl PlatformOidc {
+    /// The variables, each with its field name, in declaration order.
+    fn variables(&self) -> [(&'static str, &str); 3] {
+        [
+            ("issuerVariable", &self.issuer_variable),
+            ("clientIdVariable", &self.client_id_variable),
+            ("clientSecretVariable", &self.client_secret_variable),
+        ]
+    }
+
+    /// Check the declaration's rules against the template's `environment`; field paths are
+    /// relative to the declaration.
+    pub fn validate(&self, environment: &BTreeMap<String, String>) -> Checked {
+        if self.roles.is_empty() || self.roles.len() > MAX_OIDC_ROLES {
+            return Err(Invalid::new("roles", format!("an app declares 1 to {MAX_OIDC_ROLES} roles")));
+        }
+        let mut roles = BTreeSet::new();
+        for (i, role) in self.roles.iter().enumerate() {
+            let ok =
+                !role.is_empty() && role.len() <= 64 && role.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            if !ok {
+                return Err(Invalid::new(format!("roles[{i}]"), format!("{role:?} must be 1 to 64 of A-Z a-z 0-9 _ - .")));
+            }
+            if !roles.insert(role) {
+                return Err(Invalid::new(format!("roles[{i}]"), format!("the role {role} is listed twice")));
+            }
+        }
+        let path = &self.redirect_path;
+        let ok = path.starts_with('/')
+            && path.len() <= MAX_REDIRECT_PATH_BYTES
+            && !path.contains("//")
+            && path.chars().all(|c| c.is_ascii_graphic() && c != '?' && c != '#');
+        if !ok {
+            return Err(Invalid::new(
+                "redirectPath",
+                format!(
+                    "{path:?} must be a path starting with / of at most {MAX_REDIRECT_PATH_BYTES} bytes of printable ASCII, without //, a query or a fragment"
+                ),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (field, name) in self.variables() {
+            let ok = name.len() <= 64
+                && name.starts_with(|c: char| c.is_ascii_uppercase() || c == '_')
+                && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(Invalid::new(
+                    field,
+                    format!("{name:?} must be an environment variable name: [A-Z_][A-Z0-9_]*, at most 64 bytes"),
+                ));
+            }
+            if !seen.insert(name) {
+                return Err(Invalid::new(field, format!("{name} is named for two of the issuer, client id and client secret")));
+            }
+            if environment.contains_key(name) {
+                return Err(Invalid::new(
+                    field,
+                    format!("{name} is also set by the template's environment; Capstan sets it when single sign-on is enabled"),
+                ));
+            }
         }
         Ok(())
     }
@@ -454,6 +569,7 @@ pub(crate) mod tests {
                 environment: BTreeMap::from([("LOG_LEVEL".into(), "info".into())]),
                 volumes: vec![Volume { name: "data".into(), mount_path: "/var/lib/app".into() }],
                 capabilities: vec![],
+                platform_oidc: None,
             },
         }
     }
@@ -564,6 +680,128 @@ pub(crate) mod tests {
         );
         let too_many = Catalog { apps: (0..=MAX_APPS).map(|i| app(&format!("a{i}"), &["1.0.0"])).collect() };
         assert_eq!(too_many.validate().unwrap_err().field, "apps");
+    }
+
+    /// A Grafana-like declaration on `wiki` 1.0.0 of [`catalog`].
+    fn with_oidc() -> Catalog {
+        let mut c = catalog();
+        let template = &mut c.apps[0].versions[0].template;
+        template.capabilities = vec![PLATFORM_OIDC.into()];
+        template.platform_oidc = Some(PlatformOidc {
+            roles: vec!["Admin".into(), "Editor".into(), "Viewer".into()],
+            redirect_path: "/login/generic_oauth".into(),
+            issuer_variable: "GF_AUTH_GENERIC_OAUTH_ISSUER".into(),
+            client_id_variable: "GF_AUTH_GENERIC_OAUTH_CLIENT_ID".into(),
+            client_secret_variable: "GF_AUTH_GENERIC_OAUTH_CLIENT_SECRET".into(),
+        });
+        c
+    }
+
+    #[test]
+    fn a_template_without_platform_oidc_keeps_its_canonical_json_and_digest() {
+        let mut template = version("1.0.0", "registry.example.com/wiki:1.0.0").template;
+        template.capabilities = vec!["mail".into()];
+        let published = r#"{"image":"registry.example.com/wiki:1.0.0","ports":[{"port":8080,"protocol":"http"}],"environment":{"LOG_LEVEL":"info"},"volumes":[{"name":"data","mountPath":"/var/lib/app"}],"capabilities":["mail"]}"#;
+        assert_eq!(String::from_utf8(template.canonical_json()).unwrap(), published);
+        // the digest this template had before `platformOidc` existed
+        assert_eq!(template.digest_hex(), "38015c587091b0f80f695ce3d1350e6286f5a1dc0ccc4e343093bf500b52cac7");
+        let read: Template = serde_json::from_str(published).unwrap();
+        assert_eq!((read.platform_oidc.as_ref(), read.digest_hex()), (None, template.digest_hex()));
+    }
+
+    #[test]
+    fn platform_oidc_is_camel_case_after_the_capabilities_and_refuses_unknown_fields() {
+        let c = with_oidc();
+        let template = &c.apps[0].versions[0].template;
+        let value = serde_json::to_value(template).unwrap();
+        assert_eq!(
+            value["platformOidc"],
+            json!({
+                "roles": ["Admin", "Editor", "Viewer"],
+                "redirectPath": "/login/generic_oauth",
+                "issuerVariable": "GF_AUTH_GENERIC_OAUTH_ISSUER",
+                "clientIdVariable": "GF_AUTH_GENERIC_OAUTH_CLIENT_ID",
+                "clientSecretVariable": "GF_AUTH_GENERIC_OAUTH_CLIENT_SECRET",
+            })
+        );
+        let canonical = String::from_utf8(template.canonical_json()).unwrap();
+        assert!(canonical.ends_with(r#""capabilities":["platform-oidc"],"platformOidc":{"roles":["Admin","Editor","Viewer"],"redirectPath":"/login/generic_oauth","issuerVariable":"GF_AUTH_GENERIC_OAUTH_ISSUER","clientIdVariable":"GF_AUTH_GENERIC_OAUTH_CLIENT_ID","clientSecretVariable":"GF_AUTH_GENERIC_OAUTH_CLIENT_SECRET"}}"#), "{canonical}");
+        assert_eq!(serde_json::from_value::<Template>(value.clone()).unwrap(), *template);
+        let mut unknown = value;
+        unknown["platformOidc"]["scopes"] = json!(["openid"]);
+        assert!(serde_json::from_value::<Template>(unknown).is_err(), "unknown fields are refused");
+        // a snapshot carries the declaration
+        let snapshot = Snapshot::of(&c.apps[0], &c.apps[0].versions[0], 3);
+        assert_eq!(snapshot.to_value()["template"]["platformOidc"]["redirectPath"], "/login/generic_oauth");
+        assert!(snapshot.is_consistent());
+    }
+
+    #[test]
+    fn platform_oidc_rules_name_their_field() {
+        assert_eq!(with_oidc().validate(), Ok(()));
+        let field = |edit: &dyn Fn(&mut Template)| {
+            let mut c = with_oidc();
+            edit(&mut c.apps[0].versions[0].template);
+            c.validate().unwrap_err().field
+        };
+        fn oidc(t: &mut Template) -> &mut PlatformOidc {
+            t.platform_oidc.as_mut().unwrap()
+        }
+        const AT: &str = "apps[0].versions[0].template";
+        // the capability and the declaration go together
+        assert_eq!(field(&|t| t.platform_oidc = None), format!("{AT}.platformOidc"));
+        assert_eq!(field(&|t| t.capabilities = vec!["mail".into()]), format!("{AT}.capabilities"));
+        assert_eq!(field(&|t| t.capabilities.clear()), format!("{AT}.capabilities"));
+        let mut both = with_oidc();
+        both.apps[0].versions[0].template.capabilities.insert(0, "mail".into());
+        assert_eq!(both.validate(), Ok(()), "beside other capabilities");
+        // roles: 1 to 16, each 1 to 64 of A-Z a-z 0-9 _ - ., unique
+        assert_eq!(field(&|t| oidc(t).roles.clear()), format!("{AT}.platformOidc.roles"));
+        assert_eq!(field(&|t| oidc(t).roles = (0..=MAX_OIDC_ROLES).map(|i| format!("r{i}")).collect()), format!("{AT}.platformOidc.roles"));
+        assert_eq!(field(&|t| oidc(t).roles[1] = "Admin".into()), format!("{AT}.platformOidc.roles[1]"));
+        for bad in ["", "Power User", "admin:all", "é", &"r".repeat(65)] {
+            assert_eq!(field(&|t| oidc(t).roles[2] = bad.into()), format!("{AT}.platformOidc.roles[2]"), "{bad:?}");
+        }
+        let mut roles = with_oidc();
+        oidc(&mut roles.apps[0].versions[0].template).roles = vec!["a.b_c-D9".into(), "r".repeat(64)];
+        assert_eq!(roles.validate(), Ok(()));
+        // the redirect path
+        for bad in ["", "login", "//evil.example/cb", "/a//b", "/cb?next=1", "/cb#x", "/a b", "/\u{e9}", "/\t"] {
+            assert_eq!(field(&|t| oidc(t).redirect_path = bad.into()), format!("{AT}.platformOidc.redirectPath"), "{bad:?}");
+        }
+        assert_eq!(
+            field(&|t| oidc(t).redirect_path = format!("/{}", "a".repeat(MAX_REDIRECT_PATH_BYTES))),
+            format!("{AT}.platformOidc.redirectPath")
+        );
+        let mut path = with_oidc();
+        oidc(&mut path.apps[0].versions[0].template).redirect_path = format!("/{}", "a".repeat(MAX_REDIRECT_PATH_BYTES - 1));
+        assert_eq!(path.validate(), Ok(()), "200 bytes");
+        oidc(&mut path.apps[0].versions[0].template).redirect_path = "/".into();
+        assert_eq!(path.validate(), Ok(()));
+        // the variables: names, distinct, not the template's own
+        for bad in ["", "issuer", "1ISSUER", "OIDC-ISSUER", "OIDC ISSUER", &"A".repeat(65)] {
+            assert_eq!(field(&|t| oidc(t).issuer_variable = bad.into()), format!("{AT}.platformOidc.issuerVariable"), "{bad:?}");
+        }
+        assert_eq!(field(&|t| oidc(t).client_id_variable = "x".into()), format!("{AT}.platformOidc.clientIdVariable"));
+        assert_eq!(field(&|t| oidc(t).client_secret_variable = "".into()), format!("{AT}.platformOidc.clientSecretVariable"));
+        assert_eq!(
+            field(&|t| oidc(t).client_secret_variable = "GF_AUTH_GENERIC_OAUTH_CLIENT_ID".into()),
+            format!("{AT}.platformOidc.clientSecretVariable")
+        );
+        assert_eq!(
+            field(&|t| oidc(t).client_id_variable = "GF_AUTH_GENERIC_OAUTH_ISSUER".into()),
+            format!("{AT}.platformOidc.clientIdVariable")
+        );
+        assert_eq!(
+            field(&|t| {
+                t.environment.insert("GF_AUTH_GENERIC_OAUTH_CLIENT_ID".into(), "grafana".into());
+            }),
+            format!("{AT}.platformOidc.clientIdVariable")
+        );
+        let mut names = with_oidc();
+        let o = oidc(&mut names.apps[0].versions[0].template);
+        (o.issuer_variable, o.client_id_variable, o.client_secret_variable) = ("_I".into(), "A".repeat(64), "S9_".into());
+        assert_eq!(names.validate(), Ok(()));
     }
 
     #[test]
