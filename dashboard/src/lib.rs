@@ -23,6 +23,7 @@
 mod api_docs;
 pub mod assets;
 mod audit;
+mod authorize;
 mod clusters;
 mod fleet;
 mod forms;
@@ -220,6 +221,7 @@ pub fn router() -> Router<AppState> {
         .route("/static/{hash}/{*path}", get(assets::serve))
         .merge(people::routes())
         .merge(audit::routes())
+        .merge(authorize::routes())
         .merge(api_docs::routes())
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(middleware::from_fn(security_headers))
@@ -235,6 +237,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("entity_panels.html", include_str!("../templates/entity_panels.html")),
     ("login.html", include_str!("../templates/login.html")),
     ("login_continue.html", include_str!("../templates/login_continue.html")),
+    ("authorize.html", include_str!("../templates/authorize.html")),
     ("overview.html", include_str!("../templates/overview.html")),
     ("status.html", include_str!("../templates/status.html")),
     ("fleet.html", include_str!("../templates/fleet.html")),

@@ -52,6 +52,12 @@ const fn signed_in(answer: Cell) -> Cells {
     [answer, answer, answer, answer, answer, answer, Anon]
 }
 
+/// A person (administrator, owner, member, stranger); a machine is refused as one.
+const fn person(answer: Cell) -> Cells {
+    let machine = Past("hosted-oidc-human-required");
+    [answer, answer, answer, answer, machine, machine, Anon]
+}
+
 /// Anyone, with a token or without.
 const fn anyone(answer: Cell) -> Cells {
     [answer; 7]
@@ -88,6 +94,14 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         // a valid body would end the caller's session for the cells after it; an unknown field
         // is refused once the caller is authenticated, before the handler runs
         ("auth.logout", json!({ "matrix": true }), signed_in(Past("invalid-request"))),
+        // ---- hosted apps' single sign-on (the fixture's service declares none) ----
+        ("apps.getAccess", json!({ "serviceId": SERVICE }), admin(Ran)),
+        ("apps.setOidc", json!({ "serviceId": SERVICE, "enabled": true }), admin(Past("hosted-app-oidc-undeclared"))),
+        ("apps.assignRole", json!({ "serviceId": SERVICE, "userId": MEMBER, "role": "x" }), admin(Past("hosted-oidc-client-unknown"))),
+        ("hostedOidc.rotateSigningKey", json!({}), admin(Ran)),
+        ("hostedOidc.getAuthorization", json!({ "requestId": "req-missing" }), person(Past("hosted-oidc-request-unknown"))),
+        ("hostedOidc.completeAuthorization", json!({ "requestId": "req-missing" }), person(Past("hosted-oidc-request-unknown"))),
+        ("hostedOidc.cancelAuthorization", json!({ "requestId": "req-missing" }), person(Past("hosted-oidc-request-unknown"))),
         // ---- administrators' accounts ----
         ("admin.createMachineUser", json!({ "username": "deployer" }), admin(Past("exists"))),
         ("admin.createUser", json!({ "username": "member" }), admin(Past("exists"))),

@@ -21,6 +21,7 @@ mod events;
 mod federation;
 mod fleet;
 mod gateway;
+mod hosted_oidc;
 mod hostile;
 mod identity;
 mod ingress;

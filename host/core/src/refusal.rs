@@ -168,6 +168,8 @@ pub fn code_status(code: &str) -> Option<u16> {
         "oidc-claim-invalid" => 502,
         "identity-provider-unavailable" | "platform-oidc-issuer-unreachable" => 503,
         "platform-oidc-discovery-incomplete" => 409,
+        // single sign-on for a hosted app (apps.setOidc): nothing declared, no HTTPS domain
+        "hosted-app-oidc-undeclared" | "hosted-app-domain-required" => 409,
         // the OpenID provider of hosted apps (capstan-hosted-oidc): a sign-in request unknown or
         // lapsed, an app with no client, a person without a role in the app, a non-person
         "hosted-oidc-request-unknown" | "hosted-oidc-client-unknown" => 404,

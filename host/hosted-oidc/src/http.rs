@@ -43,7 +43,7 @@ type Metadata = ProviderMetadata<
     CoreSubjectIdentifierType,
 >;
 
-pub(crate) fn router(oidc: Arc<HostedOidc>) -> Router {
+pub(crate) fn router<S: Clone + Send + Sync + 'static>(oidc: Arc<HostedOidc>) -> Router<S> {
     Router::new()
         .route("/oidc/.well-known/openid-configuration", get(discovery))
         .route("/oidc/jwks", get(jwks))
@@ -307,7 +307,7 @@ impl HostedOidc {
             );
         }
         tracing::info!(service = %client.service_id, "hosted app authorization request pending in the dashboard");
-        see_other(&format!("{}/dashboard/#/authorize/{request_id}", self.origin))
+        see_other(&format!("{}/authorize/{request_id}", self.origin))
     }
 }
 

@@ -9,7 +9,7 @@
 //!
 //! The flow: the app sends the browser to `GET /oidc/authorize` ([`HostedOidc::router`]), which
 //! checks the request and parks it as a pending authorization (10 minutes), then sends the
-//! browser on to the dashboard at `/dashboard/#/authorize/<request id>`. There the user, logged
+//! browser on to the dashboard at `/authorize/<request id>`. There the user, logged
 //! in to Capstan, sees [`HostedOidc::authorization`] and approves
 //! ([`HostedOidc::complete_authorization`], the browser goes back to the app with a one-use
 //! code) or declines ([`HostedOidc::cancel_authorization`], `error=access_denied`). The app
@@ -249,6 +249,18 @@ struct TokenRecord {
     scopes: Vec<String>,
     created_at: u64,
     expires_at: u64,
+}
+
+/// Remove the client of `service_id` with its pending requests, codes, tokens and role
+/// assignments, in the caller's transaction (a deleted service's cleanup); whether there was one.
+pub async fn remove_service(tx: &Tx, service_id: &str) -> Result<bool> {
+    let Some(doc) = tx.get(CLIENTS, service_id).await? else { return Ok(false) };
+    forget_grants(tx, service_id).await?;
+    for doc in tx.find_all(ASSIGNMENTS, "by_service", &[json!(service_id)]).await? {
+        tx.delete(ASSIGNMENTS, &doc.id, doc.revision).await?;
+    }
+    tx.delete(CLIENTS, service_id, doc.revision).await?;
+    Ok(true)
 }
 
 /// The store collections (and their indexes) the provider declares.
@@ -502,18 +514,7 @@ impl HostedOidc {
     /// authorizations, codes, access tokens and role assignments. Whether there was one.
     pub async fn disable_client(&self, service_id: &str) -> Result<bool> {
         validate_service_id(service_id)?;
-        let removed = self
-            .store
-            .transact(|tx| async move {
-                let Some(doc) = tx.get(CLIENTS, service_id).await? else { return Ok(false) };
-                forget_grants(&tx, service_id).await?;
-                for doc in tx.find_all(ASSIGNMENTS, "by_service", &[json!(service_id)]).await? {
-                    tx.delete(ASSIGNMENTS, &doc.id, doc.revision).await?;
-                }
-                tx.delete(CLIENTS, service_id, doc.revision).await?;
-                Ok(true)
-            })
-            .await?;
+        let removed = self.store.transact(|tx| async move { remove_service(&tx, service_id).await }).await?;
         if removed {
             tracing::info!(service = %service_id, "hosted app OpenID client disabled");
         }
@@ -808,7 +809,7 @@ impl HostedOidc {
 
     /// The axum router of the public endpoints, under `/oidc`: discovery, JWKS, authorize,
     /// token and userinfo.
-    pub fn router(self: &Arc<Self>) -> axum::Router {
+    pub fn router<S: Clone + Send + Sync + 'static>(self: &Arc<Self>) -> axum::Router<S> {
         http::router(self.clone())
     }
 

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RequestRef {
-    /// The id the dashboard was sent with (`/dashboard/#/authorize/<request id>`).
+    /// The id the dashboard was sent with (`/authorize/<request id>`).
     pub request_id: String,
 }
 

@@ -118,7 +118,7 @@ async fn pending_request(f: &Fixture, start: &Start) -> String {
     let (status, headers, _) = get(&f.app, &authorize_uri(&f.client.client_id, &pairs)).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     let location = location(&headers);
-    let prefix = format!("{ORIGIN}/dashboard/#/authorize/");
+    let prefix = format!("{ORIGIN}/authorize/");
     location.strip_prefix(&prefix).unwrap_or_else(|| panic!("{location}")).to_string()
 }
 

@@ -89,7 +89,7 @@ async fn sign_in(oidc: &HostedOidc, client: &EnabledClient, who: &Identity, old:
     let answer = http.get(&authorize).send().await.unwrap();
     assert_eq!(answer.status().as_u16(), 303);
     let location = answer.headers()["location"].to_str().unwrap().to_string();
-    let request_id = location.split_once("/dashboard/#/authorize/").map(|(_, id)| id.to_string()).unwrap_or_else(|| panic!("{location}"));
+    let request_id = location.split_once("/authorize/").map(|(_, id)| id.to_string()).unwrap_or_else(|| panic!("{location}"));
     // the dashboard: the signed-in person approves
     let redirect = oidc.complete_authorization(&request_id, who).await.unwrap();
     let mut stdin = child.stdin.take().unwrap();

@@ -33,6 +33,11 @@ impl Dependents for HostDependents {
         // its own secrets are revoked and its SecretSet attachments go (the sets stay); its
         // registry repository is emptied by the next retention pass
         capstan_secrets::methods::forget_service(tx, service_id).await?;
+        // its single sign-on client, codes, tokens and role assignments (docs/identity.md)
+        #[cfg(feature = "registry")]
+        if tx.is_declared(capstan_hosted_oidc::CLIENTS) {
+            capstan_hosted_oidc::remove_service(tx, service_id).await?;
+        }
         #[cfg(feature = "registry")]
         capstan_registry::retention::retire_service_repository(tx, service_id).await?;
         Ok(())

@@ -31,6 +31,7 @@ pub mod config;
 pub mod demo;
 #[cfg(test)]
 mod host_tests;
+pub mod hosted_apps;
 pub mod listener;
 pub mod metrics;
 pub mod migrate;

@@ -107,6 +107,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     let keyring = Arc::new(keyring);
     let plugins = start_plugins(&config, &store, &blobs, &keyring, &fleet).await?;
     let scheduler = start_scheduler(&store, &blobs, &fleet, &plugins).await?;
+    let hosted_oidc = capstan_hosted_oidc::HostedOidc::new(store.clone(), keyring.clone(), &config.public_origin).await?;
     let federation = match config.platform_oidc.clone() {
         Some(settings) => {
             Some(capstan_federation::Federation::start(settings, store.clone(), blobs.clone(), keyring.clone(), auth.clone()).await?)
@@ -137,6 +138,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
         route_check: config.route_check.clone(),
         image_mirrors: config.image_mirrors.clone(),
         federation,
+        hosted_oidc: Some(hosted_oidc),
     });
     let logs_runtime = state.runtime.clone();
     scheduler.register(

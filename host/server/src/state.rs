@@ -66,6 +66,8 @@ pub struct AppState {
     pub gateway: capstan_gateway::Context,
     /// The platform login through an identity provider, when configured.
     pub federation: Option<Arc<capstan_federation::Federation>>,
+    /// The OpenID provider of hosted apps (`serve` always starts it; host tests may leave it out).
+    pub hosted_oidc: Option<Arc<capstan_hosted_oidc::HostedOidc>>,
 }
 
 /// Everything the host state is made of, assembled by `serve` (or a test) before the state.
@@ -100,6 +102,8 @@ pub struct Parts {
     pub image_mirrors: Vec<capstan_runtime::images::Mirror>,
     /// The platform login through an identity provider, when configured.
     pub federation: Option<Arc<capstan_federation::Federation>>,
+    /// The OpenID provider of hosted apps (`serve` always starts it; host tests may leave it out).
+    pub hosted_oidc: Option<Arc<capstan_hosted_oidc::HostedOidc>>,
 }
 
 impl AppState {
@@ -121,6 +125,7 @@ impl AppState {
             route_check,
             image_mirrors,
             federation,
+            hosted_oidc,
         } = parts;
         let chain = Arc::new(chain);
         let mut registry = Registry::default();
@@ -187,6 +192,9 @@ impl AppState {
         registry.set_authenticator(auth.clone());
         registry.set_coordination(fleet.clone());
         capstan_federation::methods::register(&mut registry, federation.clone());
+        if let Some(oidc) = &hosted_oidc {
+            crate::hosted_apps::register(&mut registry, crate::hosted_apps::Context { oidc: oidc.clone(), secrets: secrets.clone() });
+        }
         if let Some(federation) = &federation {
             registry.set_live_authority(federation.clone());
         }
@@ -213,6 +221,7 @@ impl AppState {
             registry: oci,
             gateway,
             federation,
+            hosted_oidc,
         }
     }
 }
@@ -269,6 +278,7 @@ impl AppState {
             route_check,
             image_mirrors: Vec::new(),
             federation,
+            hosted_oidc,
         })
     }
 }
@@ -332,6 +342,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
         route_check: Default::default(),
         image_mirrors: Vec::new(),
         federation: None,
+        hosted_oidc: None,
     })
 }
 

@@ -141,6 +141,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-plugin-host",
             "capstan-registry",
             "capstan-runtime",
+            "capstan-hosted-oidc",
         ],
     ),
     // the server: the HTTP API, the host state, configuration, the assembly of `serve`, and the

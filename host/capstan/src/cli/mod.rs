@@ -1,6 +1,7 @@
 //! The `capstan` command line. `serve` runs the host; later subcommands are clients of the API.
 
 mod admin;
+mod apps;
 mod audit;
 mod call;
 mod client;
@@ -118,6 +119,10 @@ enum Command {
     /// reset-password, revoke-sessions.
     #[command(subcommand)]
     Users(users::UsersCommand),
+    /// Hosted apps' single sign-on through Capstan: `apps access SERVICE` shows, turns on or
+    /// off, and gives people the app's roles (docs/identity.md).
+    #[command(subcommand)]
+    Apps(apps::AppsCommand),
     /// Cluster relays: enable (origin and credential, then what to run), export the bearer,
     /// list the registered relays, rotate, disable (docs/relays.md).
     #[command(subcommand)]
@@ -288,6 +293,7 @@ pub fn main() -> ExitCode {
         Command::Nodes(command) => nodes::run(command),
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => users::run(command),
+        Command::Apps(command) => apps::run(command),
         Command::Publishers(command) => publishers::run(command),
         Command::Relays(command) => relays::run(command),
         Command::Audit(command) => audit::run(command),

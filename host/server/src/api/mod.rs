@@ -110,6 +110,7 @@ pub fn router(state: AppState, pages: Pages) -> Router {
         .merge(mcp::routes(state.methods.clone(), state.auth.clone(), state.max_body_bytes))
         .merge(nodes::routes(pages.jump))
         .merge(capstan_federation::routes::routes(state.federation.clone()))
+        .merge(state.hosted_oidc.as_ref().map(|oidc| oidc.router()).unwrap_or_default())
         .merge(capstan_registry::routes(state.registry.clone()))
         .merge(pages.routes)
         .method_not_allowed_fallback(wrong_http_method)
