@@ -125,6 +125,7 @@ impl TestHost {
             created_by: self.caller.user_id.clone(),
             updated_at: now,
             facets: Default::default(),
+            identity_provider_organization: None,
         };
         self.insert(capstan_inventory::ORGANIZATIONS, &id, capstan_inventory::to_value(&organization)?).await?;
         Ok(id)
