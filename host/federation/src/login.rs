@@ -392,9 +392,9 @@ impl Federation {
             {
                 // the issuer rotated its keys: verify with the keys it publishes now
                 let client = self.provider.client(&self.settings)?;
-                id_token.claims(&client.id_token_verifier(), &nonce).map(|c| c.clone()).map_err(id_token_refusal)?
+                id_token.claims(&client.id_token_verifier(), &nonce).cloned().map_err(id_token_refusal)?
             }
-            verified => verified.map(|c| c.clone()).map_err(id_token_refusal)?,
+            verified => verified.cloned().map_err(id_token_refusal)?,
         };
         if let Some(expected) = claims.access_token_hash() {
             let client = self.provider.client(&self.settings)?;
@@ -445,7 +445,7 @@ impl Federation {
                     Some(doc) => {
                         let mut known: FederatedIdentity =
                             serde_json::from_value(doc.data).map_err(|e| refusal_internal("a federated identity", e))?;
-                        let user = tx.get(USERS, &known.user_id).await?.ok_or_else(|| disabled())?;
+                        let user = tx.get(USERS, &known.user_id).await?.ok_or_else(disabled)?;
                         let mut record: User = serde_json::from_value(user.data.clone()).map_err(|e| refusal_internal("a user", e))?;
                         if record.disabled || record.kind != "human" {
                             return Err(disabled());

@@ -256,6 +256,7 @@ impl AppState {
             nodes,
             registry,
             federation,
+            hosted_oidc,
             ..
         } = self;
         let route_check = registry.route_check.clone();
