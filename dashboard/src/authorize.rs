@@ -5,7 +5,7 @@
 //! (`hostedOidc.cancelAuthorization`). A person without a role in the app is told so and can only
 //! cancel.
 
-use super::forms::{ErrorView, Signed, call, post, status_of, str_of};
+use super::forms::{ErrorView, call, post, status_of, str_of};
 use super::{render, user_view};
 use crate::Host;
 use crate::state::AppState;
@@ -23,8 +23,16 @@ pub(super) fn routes() -> Router<AppState> {
     Router::new().route("/authorize/{id}", get(page).post(decide))
 }
 
-/// `GET /authorize/<id>`.
-async fn page(State(state): State<Host>, Signed(viewer): Signed, Path(id): Path<String>) -> Response {
+/// `GET /authorize/<id>`: a person not logged in goes to the login page, which comes back here.
+async fn page(State(state): State<Host>, headers: axum::http::HeaderMap, Path(id): Path<String>) -> Response {
+    let viewer = match super::current_identity(&state, &headers).await {
+        Ok(Some(viewer)) => viewer,
+        Ok(None) => {
+            let safe: String = id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').take(200).collect();
+            return super::forms::redirect(&format!("/login?next=%2Fauthorize%2F{safe}"));
+        }
+        Err(refusal) => return super::unavailable(refusal),
+    };
     match call(&state, &viewer, "hostedOidc.getAuthorization", json!({ "requestId": id })).await {
         Ok(view) => {
             let ctx = context! {

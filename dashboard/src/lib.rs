@@ -20,6 +20,7 @@
 //! host is refused. Every response carries a strict Content-Security-Policy: no inline
 //! script or style, nothing loaded from elsewhere, no framing.
 
+mod access;
 mod api_docs;
 pub mod assets;
 mod audit;
@@ -222,6 +223,7 @@ pub fn router() -> Router<AppState> {
         .merge(people::routes())
         .merge(audit::routes())
         .merge(authorize::routes())
+        .merge(access::routes())
         .merge(api_docs::routes())
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(middleware::from_fn(security_headers))
@@ -238,6 +240,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("login.html", include_str!("../templates/login.html")),
     ("login_continue.html", include_str!("../templates/login_continue.html")),
     ("authorize.html", include_str!("../templates/authorize.html")),
+    ("access.html", include_str!("../templates/access.html")),
     ("overview.html", include_str!("../templates/overview.html")),
     ("status.html", include_str!("../templates/status.html")),
     ("fleet.html", include_str!("../templates/fleet.html")),
@@ -717,15 +720,36 @@ async fn status_panel(State(state): State<Host>, State(system): State<System>, h
 /// The login form, with an error and the username typed so far (never the password), and the
 /// "Sign in with …" button when an identity provider is configured.
 async fn login_form(state: &Host, status: StatusCode, error: Option<&str>, username: &str) -> Response {
-    let username: String = username.chars().take(100).collect();
-    let oidc = identity_provider(state).await;
-    render(status, "login.html", context! { error, username, oidc })
+    login_form_to(state, status, error, username, None).await
 }
 
-/// The name of the identity provider people sign in through here (`federation.status`).
+/// [`login_form`] that goes on to `next` (a page a sign-in was asked for, [`next_page`]).
+async fn login_form_to(state: &Host, status: StatusCode, error: Option<&str>, username: &str, next: Option<&str>) -> Response {
+    let username: String = username.chars().take(100).collect();
+    let oidc = identity_provider(state).await;
+    let oidc_href = match next {
+        Some(next) => format!("/login/oidc?next={}", next.replace('/', "%2F")),
+        None => "/login/oidc".to_string(),
+    };
+    render(status, "login.html", context! { error, username, oidc, oidc_href, next })
+}
+
+/// Where a login may go on to besides the overview: a hosted app's sign-in page waiting for
+/// this person (`/authorize/<request id>`); anything else is ignored (no open redirect).
+fn next_page(text: &str) -> Option<&str> {
+    let id = text.strip_prefix("/authorize/")?;
+    (!id.is_empty() && id.len() <= 200 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')).then_some(text)
+}
+
+#[derive(Deserialize)]
+struct NextQuery {
+    next: Option<String>,
+}
+
+/// The name of the identity provider people sign in through here (`federation.getStatus`).
 async fn identity_provider(state: &Host) -> Option<String> {
     let invocation = capstan_rpc::Invocation {
-        method: "federation.status",
+        method: "federation.getStatus",
         caller: capstan_rpc::Caller::Bearer(None),
         source: None,
         request_id: "",
@@ -739,11 +763,16 @@ async fn identity_provider(state: &Host) -> Option<String> {
     status["displayName"].as_str().map(str::to_string)
 }
 
-/// `GET /login`: the form; a browser that is already logged in goes to the overview.
-async fn login_page(State(state): State<Host>, headers: HeaderMap) -> Response {
+/// `GET /login[?next=/authorize/…]`: the form; a browser that is already logged in goes on.
+async fn login_page(
+    State(state): State<Host>,
+    headers: HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<NextQuery>,
+) -> Response {
+    let next = query.next.as_deref().and_then(next_page);
     match current_identity(&state, &headers).await {
-        Ok(Some(_)) => see_other("/"),
-        _ => login_form(&state, StatusCode::OK, None, "").await,
+        Ok(Some(_)) => forms::redirect(next.unwrap_or("/")),
+        _ => login_form_to(&state, StatusCode::OK, None, "", next).await,
     }
 }
 
@@ -755,11 +784,16 @@ const OIDC_FINISH: &str = "/login/oidc/finish";
 /// `GET /login/oidc`: off to the identity provider. The browser keeps a fresh verifier in a
 /// cookie only this path reads (Lax: it must come back on the provider's redirect); the
 /// login carries its challenge, so a handoff code seen by anyone else is worth nothing.
-async fn login_oidc(State(state): State<Host>) -> Response {
+async fn login_oidc(State(state): State<Host>, axum::extract::Query(query): axum::extract::Query<NextQuery>) -> Response {
     use base64::Engine;
     let verifier = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
     let challenge = capstan_server::federation::login::challenge_of(&verifier);
-    let location = format!("/auth/oidc/start?challenge={challenge}&returnTo={}", OIDC_FINISH.replace('/', "%2F"));
+    let finish = match query.next.as_deref().and_then(next_page) {
+        Some(next) => format!("{OIDC_FINISH}?next={}", next.replace('/', "%2F")),
+        None => OIDC_FINISH.to_string(),
+    };
+    let finish: String = url::form_urlencoded::byte_serialize(finish.as_bytes()).collect();
+    let location = format!("/auth/oidc/start?challenge={challenge}&returnTo={finish}");
     let secure = if is_https(&state) { "; Secure" } else { "" };
     let cookie = format!("{OIDC_VERIFIER_COOKIE}={verifier}; HttpOnly; SameSite=Lax; Path=/login/oidc; Max-Age=600{secure}");
     let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response();
@@ -772,6 +806,7 @@ async fn login_oidc(State(state): State<Host>) -> Response {
 #[derive(Deserialize)]
 struct OidcFinish {
     handoff: Option<String>,
+    next: Option<String>,
 }
 
 /// `GET /login/oidc/finish?handoff=…`: the handoff and this browser's verifier for a session
@@ -806,7 +841,8 @@ async fn login_oidc_finish(
             };
             // a page of this site moves on: the session cookie (SameSite=Strict) is not sent on a
             // redirect chain that began at the identity provider's site
-            let mut response = render(StatusCode::OK, "login_continue.html", context! {});
+            let next = query.next.as_deref().and_then(next_page).unwrap_or("/");
+            let mut response = render(StatusCode::OK, "login_continue.html", context! { next });
             response.headers_mut().insert(header::SET_COOKIE, cookie);
             response
         }
@@ -828,6 +864,8 @@ struct LoginForm {
     #[serde(default)]
     username: String,
     #[serde(default)]
+    next: String,
+    #[serde(default)]
     password: String,
 }
 
@@ -847,7 +885,8 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
             return login_form(&state, status, Some("The login form could not be read. Reload the page and try again."), "").await;
         }
     };
-    let LoginForm { username, mut password } = form;
+    let LoginForm { username, mut password, next } = form;
+    let next = next_page(&next);
     let username = username.trim();
     // through the one door, as `auth.login` over the API: recorded in the audit log alike
     let body = serde_json::json!({ "username": username, "password": password.as_str() });
@@ -874,11 +913,13 @@ async fn login(State(state): State<Host>, request: Request) -> Response {
             let Ok(cookie) = HeaderValue::from_str(&cookie) else {
                 return unavailable(Refusal::internal("the session token is not a valid cookie value"));
             };
-            let mut response = see_other("/");
+            let mut response = forms::redirect(next.unwrap_or("/"));
             response.headers_mut().insert(header::SET_COOKIE, cookie);
             response
         }
-        Err(refusal) if refusal.is("unauthenticated") => login_form(&state, StatusCode::UNAUTHORIZED, Some(DENIAL), username).await,
+        Err(refusal) if refusal.is("unauthenticated") => {
+            login_form_to(&state, StatusCode::UNAUTHORIZED, Some(DENIAL), username, next).await
+        }
         Err(refusal) if refusal.is("rate-limited") => {
             let wait_ms = refusal.data.as_ref().and_then(|d| d.get("retryAfterMs")).and_then(|v| v.as_u64()).unwrap_or(1000);
             let seconds = wait_ms.div_ceil(1000).max(1);

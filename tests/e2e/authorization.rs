@@ -89,7 +89,7 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("auth.exchangeToken", json!({ "token": DEPLOYER_TOKEN }), anyone(Ran)),
         ("auth.whoami", json!({}), signed_in(Ran)),
         // the platform login: this host has no identity provider configured
-        ("federation.status", json!({}), anyone(Ran)),
+        ("federation.getStatus", json!({}), anyone(Ran)),
         ("federation.completeLogin", json!({ "handoff": "0", "verifier": "v" }), anyone(Past("platform-oidc-off"))),
         // a valid body would end the caller's session for the cells after it; an unknown field
         // is refused once the caller is authenticated, before the handler runs

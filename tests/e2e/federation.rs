@@ -314,7 +314,7 @@ fn people_sign_in_through_the_identity_provider_and_owner_writes_ask_it_again() 
     let dir = tempfile::tempdir().unwrap();
     let (server, idp) = capstan_with_idp(dir.path(), &script);
     let admin = server.login(TEST_ADMIN.0, TEST_ADMIN.1);
-    let status = server.call("federation.status", "{}").expect_json(200);
+    let status = server.call("federation.getStatus", "{}").expect_json(200);
     assert_eq!(status["enabled"], true);
     assert_eq!(status["displayName"], "Acme ID");
     assert_eq!(status["issuer"], idp.issuer.as_str());

@@ -104,6 +104,11 @@ fn flow(server: &Capstan, client_id: &str, secret: &str, person: &str, via_page:
     let back = if via_page {
         let cookie = format!("capstan_session={person}");
         let page_url = server.url(&format!("/authorize/{request_id}"));
+        // not logged in: to the login page, which comes back here
+        let (status, login, _) = raw("GET", &page_url, &[], None);
+        assert_eq!((status, login.as_deref()), (303, Some(format!("/login?next=%2Fauthorize%2F{request_id}").as_str())));
+        let (status, _, form) = raw("GET", &server.url(login.as_deref().unwrap()), &[], None);
+        assert!(status == 200 && form.contains("name=\"next\"") && form.contains(&request_id), "the login form goes on there: {form}");
         let (status, _, page) = raw("GET", &page_url, &[("cookie", &cookie)], None);
         assert_eq!(status, 200, "{page}");
         assert!(page.contains("Continue to grafana"), "{page}");
@@ -189,6 +194,25 @@ fn a_hosted_app_signs_its_people_in_through_capstan_and_authlib_verifies_it() {
     let assigned = ok(&server, &admin, "apps.assignRole", json!({ "serviceId": grafana, "userId": alice_id, "role": "Editor" }));
     assert_eq!(assigned["assignments"][0]["username"], "alice", "{assigned}");
 
+    // the dashboard's Access view shows it, and gives roles too
+    let cookie = format!("capstan_session={admin}");
+    let view = server.url(&format!("/services/{grafana}/access"));
+    let (status, _, page) = raw("GET", &view, &[("cookie", &cookie)], None);
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("id=\"access-state\">on<") && page.contains(&client_id) && page.contains("alice"), "{page}");
+    assert!(!page.contains(&client_secret), "the Access view never shows the secret");
+    let origin = server.url("");
+    let form = format!("userId={alice_id}&role=Viewer");
+    let headers =
+        [("cookie", cookie.as_str()), ("origin", origin.trim_end_matches('/')), ("content-type", "application/x-www-form-urlencoded")];
+    let (status, location, body) = raw("POST", &format!("{view}/assign"), &headers, Some(form.as_bytes()));
+    assert_eq!((status, location.as_deref()), (303, Some(format!("/services/{grafana}/access?done=assigned").as_str())), "{body}");
+    let access = ok(&server, &admin, "apps.getAccess", json!({ "serviceId": grafana }));
+    assert_eq!(access["assignments"][0]["role"], "Viewer", "{access}");
+    ok(&server, &admin, "apps.assignRole", json!({ "serviceId": grafana, "userId": alice_id, "role": "Editor" }));
+    let (status, _, page) = raw("GET", &server.url(&format!("/services/{grafana}")), &[("cookie", &cookie)], None);
+    assert!(status == 200 && page.contains("id=\"service-access\""), "the service page links the Access view: {page}");
+
     // authlib signs alice in, she continues on the dashboard's page
     let first = flow(&server, &client_id, &client_secret, &alice, true, None);
     assert_eq!(first["claims"]["preferred_username"], "alice", "{first}");
@@ -214,6 +238,14 @@ fn a_hosted_app_signs_its_people_in_through_capstan_and_authlib_verifies_it() {
     let on = ok(&server, &admin, "apps.setOidc", json!({ "serviceId": grafana, "enabled": true }));
     let (client_id, client_secret) =
         (on["clientId"].as_str().unwrap().to_string(), secret_value(&data, &grafana, "GF_AUTH_GENERIC_OAUTH_CLIENT_SECRET"));
+    // the CLI: `capstan apps access` beside the App Store's apps commands
+    let config = dir.path().join("config");
+    let shown = cli(&server, &admin, &config, &["apps", "access", &grafana, "--assign", "alice=Viewer"]);
+    let text = succeeded(&shown);
+    assert!(text.contains("single sign-on: on") && text.contains("alice") && text.contains("Viewer"), "{text}");
+    assert!(!text.contains(&client_secret), "{text}");
+    let wrong = cli(&server, &admin, &config, &["apps", "access", &grafana, "--assign", "alice"]);
+    wrong.assert_refused(1, "assign-invalid");
     let service = ok(&server, &admin, "services.get", json!({ "id": grafana }));
     ok(&server, &admin, "services.delete", json!({ "id": grafana, "expectedRevision": service["revision"] }));
     let token = token_call(&server, &client_id, &client_secret);

@@ -1,4 +1,4 @@
-//! `federation.status` (is the platform login on, and under which name) and
+//! `federation.getStatus` (is the platform login on, and under which name) and
 //! `federation.completeLogin` (a finished login's handoff to Capstan's session JWT).
 
 use crate::Federation;
@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-/// Answer of `federation.status`.
+/// Answer of `federation.getStatus`.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
@@ -40,7 +40,7 @@ pub fn register(registry: &mut Registry, federation: Option<Arc<Federation>>) {
     let mut registry = registry.with(federation);
     registry
         .add(
-            "federation.status",
+            "federation.getStatus",
             "Whether people sign in through an identity provider here, and its name",
             Access::Public,
             |federation: Option<Arc<Federation>>, _: Call, _: Empty| async move {

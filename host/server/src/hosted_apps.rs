@@ -124,14 +124,10 @@ pub fn declaration(service: &Value) -> std::result::Result<Declaration, String> 
     }
     let declaration: Declaration = serde_json::from_value(template["platformOidc"].clone())
         .map_err(|_| "its template's platformOidc declaration is not readable".to_string())?;
-    let env_name = |v: &str| {
-        !v.is_empty()
-            && v.len() <= 64
-            && v.starts_with(|c: char| c.is_ascii_uppercase() || c == '_')
-            && v.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-    };
+    // the catalog checked all of it when it was published; a snapshot written some other way is
+    // held to what this host relies on: variable names (the inventory's rule) and a path
     let variables = [&declaration.issuer_variable, &declaration.client_id_variable, &declaration.client_secret_variable];
-    if !variables.iter().all(|v| env_name(v))
+    if !variables.iter().all(|v| capstan_inventory::validate::env_key("variable", v).is_ok())
         || variables[0] == variables[1]
         || variables[1] == variables[2]
         || variables[0] == variables[2]

@@ -2,12 +2,16 @@
 //! single sign-on for a hosted app through Capstan's OpenID provider (docs/identity.md), a
 //! client of `apps.getAccess`, `apps.setOidc` and `apps.assignRole` (administrators). Without a
 //! change it shows the app's declaration, whether it is on, and who holds which role.
+//!
+//! The App Store adds its own `capstan apps …` commands (`plugins.listCommands`); `access` is the
+//! host's, taken before those are looked up.
 
 use super::client::{Client, Common, finish, print_json, print_table, text};
 use super::resolve;
 use crate::refusal::{Refusal, Result};
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -40,6 +44,27 @@ pub enum AppsCommand {
         #[command(flatten)]
         common: Common,
     },
+}
+
+/// `capstan apps …` as the host's own command group (only `access`).
+#[derive(Parser)]
+#[command(name = "capstan apps", about = "Hosted apps' single sign-on through Capstan (the App Store adds the other apps commands)")]
+struct AppsCli {
+    #[command(subcommand)]
+    command: AppsCommand,
+}
+
+/// Whether `args` (after `capstan`) are `apps access …`.
+pub fn is_access(args: &[OsString]) -> bool {
+    args.len() >= 2 && args[0] == "apps" && args[1] == "access"
+}
+
+/// Run `capstan apps access …` from its words after `capstan`.
+pub fn run_from(args: Vec<OsString>) -> ExitCode {
+    match AppsCli::try_parse_from(std::iter::once(OsString::from("capstan apps")).chain(args.into_iter().skip(1))) {
+        Ok(cli) => run(cli.command),
+        Err(usage) => usage.exit(),
+    }
 }
 
 pub fn run(command: AppsCommand) -> ExitCode {

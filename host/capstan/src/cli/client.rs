@@ -536,10 +536,6 @@ fn run_login(args: LoginArgs) -> Result<()> {
     let path = credentials_path()?;
     // a broken credentials file is found before asking anything
     let mut credentials = Credentials::load(&path)?;
-    if args.oidc {
-        let answer = super::oidc_login::sign_in(&client, &mut credentials, !args.no_browser)?;
-        return report_login(&args, &client, &path, &answer, "");
-    }
     let stdin = std::io::stdin();
     let (username, password) = if args.password_stdin {
         let username = args.username.clone().ok_or_else(|| {
@@ -554,7 +550,7 @@ fn run_login(args: LoginArgs) -> Result<()> {
 }
 
 /// What a login prints: who, until when, where the token went.
-fn report_login(args: &LoginArgs, client: &Client, path: &std::path::Path, answer: &Value, username: &str) -> Result<()> {
+pub fn report_login(args: &LoginArgs, client: &Client, path: &std::path::Path, answer: &Value, username: &str) -> Result<()> {
     let who = answer["username"].as_str().unwrap_or(username).to_string();
     let admin = answer["admin"].as_bool().unwrap_or(false);
     let expires_at = answer["expiresAt"].as_u64();

@@ -119,10 +119,6 @@ enum Command {
     /// reset-password, revoke-sessions.
     #[command(subcommand)]
     Users(users::UsersCommand),
-    /// Hosted apps' single sign-on through Capstan: `apps access SERVICE` shows, turns on or
-    /// off, and gives people the app's roles (docs/identity.md).
-    #[command(subcommand)]
-    Apps(apps::AppsCommand),
     /// Cluster relays: enable (origin and credential, then what to run), export the bearer,
     /// list the registered relays, rotate, disable (docs/relays.md).
     #[command(subcommand)]
@@ -284,6 +280,7 @@ pub fn main() -> ExitCode {
         Command::Wg(command) => fleet::run_wg(command),
         Command::Plugin(command) => plugin::run(command),
         Command::Tasks(command) => tasks::run(command),
+        Command::Login(args) if args.oidc => oidc_login::login(args),
         Command::Login(args) => client::login(args),
         Command::Logout(args) => client::logout(args),
         Command::Organizations(command) => inventory::organizations(command),
@@ -293,7 +290,6 @@ pub fn main() -> ExitCode {
         Command::Nodes(command) => nodes::run(command),
         Command::Settings(command) => inventory::settings(command),
         Command::Users(command) => users::run(command),
-        Command::Apps(command) => apps::run(command),
         Command::Publishers(command) => publishers::run(command),
         Command::Relays(command) => relays::run(command),
         Command::Audit(command) => audit::run(command),
@@ -302,6 +298,8 @@ pub fn main() -> ExitCode {
         Command::Gateway(command) => gateway::run(command),
         Command::Snapshot(command) => snapshot::run(command),
         Command::Call(args) => call::run(args),
+        // `capstan apps access …` is the host's, beside the App Store's `apps` commands
+        Command::Added(args) if apps::is_access(&args) => apps::run_from(args),
         Command::Added(args) => {
             let host: Vec<String> = Cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect();
             plugin_commands::run(args, &host)

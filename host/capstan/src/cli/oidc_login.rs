@@ -4,21 +4,35 @@
 //! knows, and waits for the browser to come back with the handoff code, which it exchanges with
 //! that verifier (`federation.completeLogin`) for the session token.
 
-use super::client::{Client, Credentials};
+use super::client::{Client, Credentials, LoginArgs, credentials_path, finish, report_login};
 use crate::refusal::{Refusal, Result};
 use base64::Engine;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 /// How long the command waits for the browser.
 const WAIT: Duration = Duration::from_secs(5 * 60);
 
+/// `capstan login --oidc`.
+pub fn login(args: LoginArgs) -> ExitCode {
+    let json = args.json;
+    let run = || {
+        let client = Client::anonymous(&args.connection)?;
+        let path = credentials_path()?;
+        let mut credentials = Credentials::load(&path)?;
+        let answer = sign_in(&client, &mut credentials, !args.no_browser)?;
+        report_login(&args, &client, &path, &answer, "")
+    };
+    finish(run(), json)
+}
+
 /// Sign in (see the module); the login's answer, its token stored in `credentials`.
 pub fn sign_in(client: &Client, credentials: &mut Credentials, open_browser: bool) -> Result<Value> {
-    let status = client.call_raw("federation.status", b"{}".to_vec())?;
+    let status = client.call_raw("federation.getStatus", b"{}".to_vec())?;
     if status["enabled"] != true {
         return Err(Refusal::new(
             "platform-oidc-off",
