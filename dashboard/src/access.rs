@@ -58,16 +58,7 @@ async fn show(state: &Host, viewer: &super::Viewer, id: &str, status: StatusCode
         Ok(access) => (access, None, status),
         Err(refusal) => (Value::Null, Some(ErrorView::from(&refusal)), status_of(&refusal)),
     };
-    let people: Vec<Person> = match call(state, viewer, "users.list", json!({ "limit": 200 })).await {
-        Ok(page) => page["users"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|u| u["disabled"] != true)
-            .map(|u| Person { user_id: str_of(u, "userId").into(), username: str_of(u, "username").into() })
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let people = people(state, viewer).await;
     let ctx = context! {
         page => "Single sign-on",
         nav => Serde(nav(state, "services")),
@@ -81,6 +72,27 @@ async fn show(state: &Host, viewer: &super::Viewer, id: &str, status: StatusCode
         error => Serde(error),
     };
     render(status, "access.html", ctx)
+}
+
+/// Every enabled person, page by page (at most 50 pages of 100), for the role form's choice.
+async fn people(state: &Host, viewer: &super::Viewer) -> Vec<Person> {
+    let (mut people, mut cursor) = (Vec::new(), None::<String>);
+    for _ in 0..50 {
+        let Ok(page) = call(state, viewer, "users.list", json!({ "cursor": cursor, "limit": 100 })).await else { break };
+        people.extend(
+            page["users"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|u| u["disabled"] != true)
+                .map(|u| Person { user_id: str_of(u, "userId").into(), username: str_of(u, "username").into() }),
+        );
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    people
 }
 
 async fn set_oidc(State(state): State<Host>, Path(id): Path<String>, request: Request) -> Response {

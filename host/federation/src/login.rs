@@ -423,7 +423,7 @@ impl Federation {
         let email = userinfo.email().map(|e| e.as_str().to_string());
 
         let at = now_ms();
-        let lifetime = response.expires_in().unwrap_or(Duration::from_secs(3600)).min(crate::MAX_SESSION);
+        let lifetime = session_lifetime(response.expires_in());
         let session_id = capstan_core::ids::new_id(crate::SESSION_PREFIX);
         let session_expires_at = at + millis(lifetime);
         let tokens = Tokens { access_token: response.access_token().secret().clone(), id_token: id_token.to_string() };
@@ -549,6 +549,12 @@ impl Federation {
     }
 }
 
+/// How long a federated session lasts: as long as the IdP's access token (1 hour when the IdP
+/// does not say), never more than [`crate::MAX_SESSION`].
+pub fn session_lifetime(access_token_expires_in: Option<Duration>) -> Duration {
+    access_token_expires_in.unwrap_or(Duration::from_secs(3600)).min(crate::MAX_SESSION)
+}
+
 fn disabled() -> Refusal {
     Refusal::new("user-disabled", "this person is disabled in Capstan: an administrator can enable them again")
 }
@@ -639,6 +645,13 @@ mod tests {
         assert_eq!(username_base(None, Some("o.w@acme.test")), "o.w");
         assert_eq!(username_base(Some("cluster-x"), None), "person");
         assert_eq!(username_base(Some("..."), None), "person");
+    }
+
+    #[test]
+    fn a_session_lasts_as_the_access_token_does_and_at_most_seven_days() {
+        assert_eq!(session_lifetime(Some(Duration::from_secs(600))), Duration::from_secs(600));
+        assert_eq!(session_lifetime(None), Duration::from_secs(3600));
+        assert_eq!(session_lifetime(Some(Duration::from_secs(30 * 24 * 3600))), crate::MAX_SESSION);
     }
 
     #[test]
