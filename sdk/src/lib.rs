@@ -89,7 +89,7 @@
 //! id = "hello"
 //! name = "Hello"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.3.5"
+//! wit = "capstan:plugin@0.3.6"
 //!
 //! [capabilities]
 //! requested = ["store", "log"]
@@ -117,6 +117,7 @@ pub mod runtime;
 pub mod secrets;
 pub mod settings;
 pub mod sign;
+pub mod storage;
 pub mod store;
 #[cfg(all(feature = "testing", not(target_family = "wasm")))]
 mod test_host;
@@ -129,7 +130,7 @@ pub mod transfers;
 #[allow(missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/0.3.5",
+        path: "../wit/0.3.6",
         world: "manager",
         pub_export_macro: true,
         default_bindings_module: "capstan_sdk::bindings",
@@ -137,7 +138,7 @@ pub mod bindings {
 
     // `generate!` reads the WIT without telling cargo: this makes a change of the contract
     // rebuild the SDK, and so every plugin built against it.
-    const _: &str = include_str!("../../wit/0.3.5/manager.wit");
+    const _: &str = include_str!("../../wit/0.3.6/manager.wit");
 }
 
 pub use context::{Caller, CallerKind, Context};
@@ -165,7 +166,7 @@ pub fn now_ms() -> u64 {
 /// Invoke it once, at the plugin crate's root.
 ///
 /// The exports exist only when building for `wasm32`: their symbol names
-/// (`capstan:plugin/guest@0.3.5#handle`) mean something only to a component, and a native
+/// (`capstan:plugin/guest@0.3.6#handle`) mean something only to a component, and a native
 /// `cdylib` cannot even link them. Native builds (unit tests, clippy) get everything else.
 #[macro_export]
 macro_rules! manager {

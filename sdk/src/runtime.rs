@@ -202,6 +202,14 @@ pub fn service_image_digest(service_id: &str) -> Result<Option<String>> {
     Ok(wit::service_image_digest(service_id)?)
 }
 
+/// Hold the service's replicas from starting while `waiting` names why (a kebab-case code such
+/// as `bindings-pending`); `None` lifts this plugin's gate. While a gate waits, every target of
+/// the service waits with that reason and decides nothing: no replica starts, none running
+/// stops. Capability `runtime:write` (contract 0.3.6); not from a read-only method.
+pub fn set_service_gate(service_id: &str, waiting: Option<&str>) -> Result<()> {
+    Ok(wit::set_service_gate(service_id, waiting)?)
+}
+
 /// Where a service's ready replicas are reached from other machines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reach {

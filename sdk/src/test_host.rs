@@ -43,6 +43,7 @@ impl TestHost {
             specs: Default::default(),
             rollouts: Default::default(),
             image_digests: Default::default(),
+            gates: Default::default(),
         });
         // as in dev mode, the plugin may reach a test server on loopback, and no other internal address
         let loopback = capstan_core::net::parse_networks("127.0.0.0/8, ::1").map_err(Refusal::internal)?;
@@ -252,6 +253,11 @@ impl TestHost {
         self.platform.replicas.write().expect("replicas lock").insert(service_id.to_string(), replicas);
     }
 
+    /// The reason the plugin's gate holds the service's replicas for, if it does.
+    pub fn service_gate(&self, service_id: &str) -> Option<String> {
+        self.platform.gates.read().expect("gates lock").get(service_id).cloned()
+    }
+
     /// Answer `runtime.service-image-digest` of `service_id` with `digest` from now on.
     pub fn set_service_image_digest(&self, service_id: &str, digest: &str) {
         self.platform.image_digests.write().expect("image digests lock").insert(service_id.to_string(), digest.to_string());
@@ -293,6 +299,8 @@ struct HarnessPlatform {
     /// Rollouts answered, by `<serviceId>@<digest>`.
     rollouts: RwLock<HashMap<String, Value>>,
     image_digests: RwLock<HashMap<String, String>>,
+    /// The gates plugins set, by service.
+    gates: RwLock<HashMap<String, String>>,
 }
 
 #[async_trait]
@@ -358,6 +366,17 @@ impl Platform for HarnessPlatform {
         let answer = self.inner.service_image_digest(service_id).await?;
         let seeded = self.image_digests.read().expect("image digests lock").get(service_id).cloned();
         Ok(seeded.or(answer))
+    }
+
+    /// Kept as asked (the service must exist and the reason be a code, as on a host).
+    async fn set_service_gate(&self, plugin: &str, service_id: &str, waiting: Option<&str>) -> Result<()> {
+        self.inner.set_service_gate(plugin, service_id, waiting).await?;
+        let mut gates = self.gates.write().expect("gates lock");
+        match waiting {
+            Some(reason) => drop(gates.insert(service_id.to_string(), reason.to_string())),
+            None => drop(gates.remove(service_id)),
+        }
+        Ok(())
     }
 
     /// Kept as asked, fenced by `expectedRevision` as the host fences it; the service must exist.

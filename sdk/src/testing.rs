@@ -239,6 +239,12 @@ impl TestHost {
         self.inner.set_service_replicas(service_id, replicas)
     }
 
+    /// The reason the plugin's gate (`runtime::set_service_gate`) holds the service's replicas
+    /// for, if it does.
+    pub fn service_gate(&self, service_id: &str) -> Option<String> {
+        self.inner.service_gate(service_id)
+    }
+
     /// `runtime::service_image_digest(service_id)` answers `digest` from now on (as if the
     /// runtime had resolved the service's image tag to it).
     pub fn set_service_image_digest(&self, service_id: &str, digest: &str) {

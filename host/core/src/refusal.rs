@@ -242,3 +242,11 @@ mod tests {
         }
     }
 }
+
+/// Stable refusal codes (and reasons of the same kind): lowercase words joined by single
+/// hyphens, at most 64 characters.
+pub fn valid_code(code: &str) -> bool {
+    !code.is_empty()
+        && code.len() <= 64
+        && code.split('-').all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+}

@@ -280,6 +280,15 @@ impl Platform for InventoryPlatform {
         of_service(&self.store, service_id, |tx, id| async move { image_digest_of(&tx, &id).await }).await
     }
 
+    async fn set_service_gate(&self, plugin: &str, service_id: &str, waiting: Option<&str>) -> Result<()> {
+        let holder = format!("plugin:{plugin}");
+        of_service(&self.store, service_id, |tx, id| {
+            let holder = holder.clone();
+            async move { set_gate(&tx, &id, &holder, waiting).await }
+        })
+        .await
+    }
+
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document> {
         let done = set_spec(&self.store, actor, body.clone()).await;
         self.record(actor, "runtime.setServiceSpec", &body, &done).await;
@@ -483,6 +492,23 @@ async fn rollout_of(_tx: &Tx, _service_id: &str, _digest: &str) -> Result<Value>
 async fn set_spec(store: &Store, actor: &Identity, body: Value) -> Result<Document> {
     let spec = capstan_runtime::spec::write(store, actor, capstan_rpc::decode(body)?).await?;
     Ok(Document { id: spec.id, revision: spec.revision, data: capstan_inventory::to_value(&spec.data)? })
+}
+
+#[cfg(feature = "registry")]
+async fn set_gate(tx: &Tx, service_id: &str, holder: &str, waiting: Option<&str>) -> Result<()> {
+    if !tx.is_declared(capstan_runtime::gates::RUNTIME_GATES) {
+        return Ok(());
+    }
+    capstan_runtime::gates::set(tx, service_id, holder, waiting).await.map(drop)
+}
+
+/// Without the runtime no service runs anywhere: a gate holds nothing back.
+#[cfg(not(feature = "registry"))]
+async fn set_gate(_tx: &Tx, _service_id: &str, _holder: &str, waiting: Option<&str>) -> Result<()> {
+    match waiting {
+        Some(reason) if !capstan_core::refusal::valid_code(reason) => Err(Refusal::invalid_request("a gate's reason is a kebab-case code")),
+        _ => Ok(()),
+    }
 }
 
 /// Without the runtime no service runs anywhere: a spec has nowhere to go.

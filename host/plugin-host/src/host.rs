@@ -292,6 +292,12 @@ impl PluginHost {
         self.services.set_gateway_dispatch(dispatch);
     }
 
+    /// Install how plugins' `storage` reaches the providers of nodes' storage endpoints (the
+    /// server does, at start; until then every call is refused `storage-unavailable`).
+    pub fn set_storage_dispatch(&self, dispatch: Arc<dyn crate::imports::StorageDispatch>) {
+        self.services.set_storage_dispatch(dispatch);
+    }
+
     /// Set the origin transfer tickets' URLs start with (`CAPSTAN_PUBLIC_ORIGIN`).
     pub fn set_public_origin(&self, origin: &str) {
         self.services.set_public_origin(origin);

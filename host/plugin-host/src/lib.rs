@@ -41,5 +41,6 @@ pub mod uploads;
 pub mod work;
 
 pub use imports::{
-    AgentDispatch, AgentReply, AgentRequest, GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse, NotConnected, NotEnrolled,
+    AgentDispatch, AgentReply, AgentRequest, BindingKind, GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse, NoStorage,
+    NotConnected, NotEnrolled, Provisioned, StorageBinding, StorageDispatch,
 };

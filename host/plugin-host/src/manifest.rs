@@ -9,7 +9,7 @@
 //! id = "example"
 //! name = "Example"
 //! version = "0.1.0"
-//! wit = "capstan:plugin@0.3.5"
+//! wit = "capstan:plugin@0.3.6"
 //! description = "What it manages"
 //! publisher = "Example Corp"          # optional display name
 //!
@@ -37,8 +37,8 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-/// The contract `capstan plugin new` and the SDK target (`wit/0.3.5`); it also serves plugins
-/// built for 0.3.0 to 0.3.4 (a patch adds to the contract, so the older names resolve to it).
+/// The contract `capstan plugin new` and the SDK target (`wit/0.3.6`); it also serves plugins
+/// built for 0.3.0 to 0.3.5 (a patch adds to the contract, so the older names resolve to it).
 pub const CURRENT_WIT: &str = capstan_core::build::PLUGIN_CONTRACT;
 /// The 0.2 contract (`wit/0.2.4`), served through its adapter; plugins built for 0.2.0 to
 /// 0.2.3 run on it too (a patch adds to the contract, so the older names resolve to it).
@@ -525,6 +525,9 @@ pub enum Capability {
     /// Capstan's enrolled client credential, on the paths that gateway scope covers
     /// ([`capstan_core::gateway_scopes`]); the scope is one of the six the credential holds.
     Gateway(String),
+    /// `storage`: databases and buckets for services on their nodes' storage endpoints,
+    /// provisioned by the host with credentials the plugin never sees (contract 0.3.6 on).
+    Storage,
     /// `events:publish`.
     EventsPublish,
     /// `sign`: the host signs with a key the plugin never sees.
@@ -558,6 +561,7 @@ impl fmt::Display for Capability {
             Capability::RuntimeRead => f.write_str("runtime:read"),
             Capability::RuntimeWrite => f.write_str("runtime:write"),
             Capability::Gateway(scope) => write!(f, "gateway:{scope}"),
+            Capability::Storage => f.write_str("storage"),
             Capability::EventsPublish => f.write_str("events:publish"),
             Capability::Sign => f.write_str("sign"),
             Capability::Log => f.write_str("log"),
@@ -599,6 +603,7 @@ impl FromStr for Capability {
             "agents" => Some(Capability::Agents),
             "runtime:read" => Some(Capability::RuntimeRead),
             "runtime:write" => Some(Capability::RuntimeWrite),
+            "storage" => Some(Capability::Storage),
             "events:publish" => Some(Capability::EventsPublish),
             "sign" => Some(Capability::Sign),
             "log" => Some(Capability::Log),
@@ -957,7 +962,7 @@ concurrency = 4
         assert_eq!(served_wit("capstan:plugin@0.3.2").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.3.3").unwrap(), CURRENT_WIT);
         assert_eq!(served_wit("capstan:plugin@0.3.4").unwrap(), CURRENT_WIT);
-        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.5", "the contract the SDK and `capstan plugin new` target");
+        assert_eq!(CURRENT_WIT, "capstan:plugin@0.3.6", "the contract the SDK and `capstan plugin new` target");
         for bad in [
             "capstan:plugin@0.1.1",
             "capstan:plugin@0.2.5",

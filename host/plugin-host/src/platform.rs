@@ -128,6 +128,10 @@ pub trait Platform: OrganizationAuthority {
     /// `actor`; the spec as stored. `runtime-unavailable` on a host that runs no services.
     async fn set_service_spec(&self, actor: &Identity, body: Value) -> Result<Document>;
 
+    /// Set (`Some(reason)`) or lift (`None`) `plugin`'s gate on the service's replicas
+    /// (docs/runtime.md, "Gates"). Refused `service-not-found`, `invalid-request`.
+    async fn set_service_gate(&self, plugin: &str, service_id: &str, waiting: Option<&str>) -> Result<()>;
+
     /// Create a service from `body` (the `services.create` input) as `actor`.
     async fn create_service(&self, actor: &Identity, body: Value) -> Result<Document>;
 

@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-/// The host side of the current `capstan:plugin` world, generated from `wit/0.3.5` (whose names
-/// a 0.3.0 to 0.3.4 component's resolve to: a patch only adds). Earlier versions run through their
+/// The host side of the current `capstan:plugin` world, generated from `wit/0.3.6` (whose names
+/// a 0.3.0 to 0.3.5 component's resolve to: a patch only adds). Earlier versions run through their
 /// adapters (`contract_0_2`, `contract_0_1`).
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "manager",
-        path: "../../wit/0.3.5",
+        path: "../../wit/0.3.6",
         imports: { default: async },
         exports: { default: async },
         with: {
@@ -914,12 +914,7 @@ pub fn host_caller() -> Caller {
     Caller { kind: CallerKind::Host, id: "capstan".into(), roles: vec!["host".into()] }
 }
 
-/// Stable refusal codes: lowercase words joined by single hyphens.
-pub fn valid_code(code: &str) -> bool {
-    !code.is_empty()
-        && code.len() <= 64
-        && code.split('-').all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
-}
+pub use capstan_core::refusal::valid_code;
 
 fn first_line(s: &str) -> String {
     truncate(s.lines().next().unwrap_or(""), 300)

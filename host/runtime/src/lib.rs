@@ -8,6 +8,7 @@
 //! The producer runs on one fleet node at a time (the placed workload [`PRODUCER_WORKLOAD`]);
 //! each fleet node delivers to the node sessions its own sockets carry.
 
+pub mod gates;
 pub mod history;
 pub mod images;
 pub mod logs;
@@ -67,7 +68,7 @@ pub fn collections() -> Vec<CollectionSpec> {
     ]
     .into_iter()
     .chain(logs::collections())
-    .chain([history::collection()])
+    .chain([history::collection(), gates::collection()])
     .collect()
 }
 

@@ -76,6 +76,8 @@ pub struct Target {
     pub image_organization: Option<String>,
     /// The service's image plan, when its image names a tag (`images`).
     pub image_plan: Option<ImagePlan>,
+    /// Why a manager's gate holds the service's replicas (`gates`), if one does.
+    pub gate: Option<String>,
 }
 
 /// One acting step of a plan.
@@ -192,6 +194,11 @@ pub fn plan(target: &Target, now: u64) -> Plan {
         _ if wants && desired.is_empty() && spec.replicas_per_node > 0 => Some("no-eligible-node"),
         _ => None,
     };
+    // a gated target decides nothing: no replica starts and none running stops (a refusal
+    // outranks the wait)
+    if let (None, true, Some(gate)) = (refused, wants, &target.gate) {
+        return Plan { work: None, steps: Vec::new(), verdict: Verdict::new("waiting", Some(gate)) };
+    }
     let by_name: BTreeMap<&str, &Entity<Slot>> = target.slots.iter().map(|s| (s.data.slot.as_str(), s)).collect();
     let names: BTreeSet<&str> = desired.keys().map(String::as_str).chain(by_name.keys().copied()).collect();
     let desire_of = |name: &str| desired.contains_key(name).then_some(key.as_deref()).flatten();
@@ -341,6 +348,7 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>
         None => None,
     };
     let status = tx.get(RUNTIME_STATUS, &spec.id).await?.as_ref().map(parse).transpose()?;
+    let gate = crate::gates::waiting(tx, &spec.data.service_id).await?;
     let image_plan = match service.as_ref().filter(|s| !is_pinned(&s.data.image)) {
         Some(s) => tx.get(RUNTIME_IMAGE_PLANS, &s.id).await?.as_ref().map(|doc| parse::<ImagePlan>(doc).map(|e| e.data)).transpose()?,
         None => None,
@@ -359,6 +367,7 @@ pub async fn read_target(tx: &Tx, spec: Entity<Spec>, cluster: &Arc<ClusterView>
         registry_host: registry_host.to_string(),
         image_organization,
         image_plan,
+        gate,
     })
 }
 
@@ -643,12 +652,13 @@ async fn finish_deleted(cx: &Context, spec: &Entity<Spec>) -> Result<usize> {
                     tx.delete(RUNTIME_STATUS, &id, doc.revision).await?;
                     removed += 1;
                 }
-                // the last spec of the service takes its image plan along
-                if spec::of_service(&tx, &service_id).await?.iter().all(|s| s.id == id)
-                    && let Some(doc) = tx.get(RUNTIME_IMAGE_PLANS, &service_id).await?
-                {
-                    tx.delete(RUNTIME_IMAGE_PLANS, &service_id, doc.revision).await?;
-                    removed += 1;
+                // the last spec of the service takes its image plan and its gates along
+                if spec::of_service(&tx, &service_id).await?.iter().all(|s| s.id == id) {
+                    if let Some(doc) = tx.get(RUNTIME_IMAGE_PLANS, &service_id).await? {
+                        tx.delete(RUNTIME_IMAGE_PLANS, &service_id, doc.revision).await?;
+                        removed += 1;
+                    }
+                    crate::gates::remove_service(&tx, &service_id).await?;
                 }
                 Ok(removed)
             }
@@ -711,6 +721,7 @@ mod tests {
             registry_host: "reg.example".into(),
             image_organization: Some("org_1".into()),
             image_plan: None,
+            gate: None,
         }
     }
 
@@ -772,6 +783,23 @@ mod tests {
         let p = plan(&t, 10_000_000);
         assert!(p.steps.is_empty(), "{:?}", p.steps);
         assert_eq!(p.verdict, Verdict::new("converged", None));
+    }
+
+    #[test]
+    fn a_gated_target_waits_and_decides_nothing_keeping_what_runs() {
+        let mut t = target(spec(every(), 1, false), DIGEST, vec![]);
+        t.gate = Some("bindings-pending".into());
+        let p = plan(&t, 0);
+        assert!(p.steps.is_empty(), "nothing starts: {:?}", p.steps);
+        assert_eq!(p.verdict, Verdict::new("waiting", Some("bindings-pending")));
+        // a replica already running keeps running while its target reports why
+        let slots = vec![running(&target(spec(every(), 1, false), DIGEST, vec![]), "node_a.0", "running", true)];
+        t.slots = slots.into_iter().map(|s| Entity { id: slot_id("svc_1", &s.slot), revision: 1, data: s }).collect();
+        let p = plan(&t, 10_000_000);
+        assert!(p.steps.is_empty(), "nothing stops: {:?}", p.steps);
+        // a refusal outranks the wait
+        t.image_organization = Some("org_other".into());
+        assert_eq!(plan(&t, 0).verdict, Verdict::new("refused", Some("image-repository-foreign")));
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub async fn run(mut config: ServeConfig, pages: api::Pages) -> Result<()> {
     capstan_registry::declare(&store).await?;
     capstan_rpc::audit::declare(&store).await?;
     capstan_gateway::declare(&store).await?;
+    capstan_storage::declare(&store).await?;
     for spec in capstan_federation::collections() {
         store.declare(spec).await?;
     }

@@ -156,6 +156,8 @@ impl AppState {
         crate::secrets::methods::register(&mut registry, secrets.clone());
         let gateway = capstan_gateway::Context::new(secrets.clone());
         capstan_gateway::register(&mut registry, gateway.clone());
+        let storage = capstan_storage::Context::new(secrets.clone());
+        capstan_storage::register(&mut registry, storage.clone());
         let nodes = crate::nodes::Context::new(store.clone(), public_origin.clone(), dev);
         crate::nodes::register(&mut registry, nodes.clone());
         let sockets = Arc::new(Hub::new(Limits::for_bodies(max_body_bytes)));
@@ -200,6 +202,7 @@ impl AppState {
         }
         plugins.set_agent_dispatch(Arc::new(crate::plugins::agents::AgentCalls { relays: relays.clone(), runtime: runtime.clone() }));
         plugins.set_gateway_dispatch(Arc::new(crate::plugins::gateway::GatewayCalls(gateway.clone())));
+        plugins.set_storage_dispatch(Arc::new(crate::plugins::storage::StorageCalls(storage)));
         plugins.set_public_origin(&public_origin);
         AppState {
             store,
@@ -312,6 +315,7 @@ pub async fn test_state_on(dir: &std::path::Path, store: Store, public_origin: &
     capstan_registry::declare(&store).await.unwrap();
     capstan_rpc::audit::declare(&store).await.unwrap();
     capstan_gateway::declare(&store).await.unwrap();
+    capstan_storage::declare(&store).await.unwrap();
     let audit = capstan_rpc::audit::AuditLog::new(store.clone());
     let platform =
         capstan_links::InventoryPlatform::audited(store.clone(), keyring.clone(), Arc::new(capstan_links::HostDependents), audit);

@@ -103,6 +103,12 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // the external gateway's enrollment: its settings from the inventory, its credential a
     // system secret, the admin token opened by the secrets' sealed-input path
     ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-relays"]),
+    // storage endpoints of nodes and the providers behind them: the nodes' records, the admin
+    // credentials as system secrets, the bindings' credentials as the services' own secrets
+    (
+        "capstan-storage",
+        &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-nodes"],
+    ),
     // the runtime: specs, slots and the producer over the inventory's services and the nodes'
     // records, pull credentials from the registry, a service's secrets opened under the keyring
     // and sealed to the node's recipient, pushes through the server's sockets (the relays'
@@ -166,6 +172,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "capstan-plugin-host",
             "capstan-links",
             "capstan-gateway",
+            "capstan-storage",
             "capstan-runtime",
             "capstan-hosted-oidc",
             "capstan-federation",
@@ -195,6 +202,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("capstan-plugin-appstore", &["capstan-sdk", "capstan-catalog"]),
     ("capstan-plugin-backups", &["capstan-sdk"]),
+    ("capstan-plugin-bindings", &["capstan-sdk"]),
     // what the two mail managers share of SMTP submission
     ("capstan-plugin-smtp", &[]),
     ("capstan-plugin-mail", &["capstan-sdk", "capstan-plugin-smtp"]),

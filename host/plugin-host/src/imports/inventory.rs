@@ -32,7 +32,7 @@ impl Reader {
 #[derive(Clone)]
 pub(super) struct ServiceWriter {
     pub(super) platform: Arc<dyn Platform>,
-    plugin: String,
+    pub(super) plugin: String,
 }
 
 impl ServiceWriter {

@@ -16,6 +16,7 @@ mod runtime;
 mod secrets;
 mod settings;
 mod sign;
+mod storage;
 mod store;
 mod transfers;
 
@@ -34,6 +35,7 @@ pub use gateway::{
 pub use http::{PluginHttp, origin_of};
 pub use settings::{DeclaredSetting, effective as effective_settings};
 pub use sign::PLUGIN_KEYS;
+pub use storage::{BindingKind, NoStorage, Provisioned, StorageBinding, StorageDispatch};
 pub use store::{collection_name, validate_plugin_collection};
 
 use crate::blobs::Blobs;
@@ -83,6 +85,9 @@ pub struct Services {
     /// How `gateway.request` reaches the external gateway under Capstan's enrolled credential:
     /// [`NotEnrolled`] until the server installs its own ([`Services::set_gateway_dispatch`]).
     gateway_dispatch: RwLock<Arc<dyn GatewayDispatch>>,
+    /// How `storage` reaches the providers of nodes' storage endpoints: [`NoStorage`] until the
+    /// server installs its own ([`Services::set_storage_dispatch`]).
+    storage_dispatch: RwLock<Arc<dyn StorageDispatch>>,
     /// The origin transfer tickets' URLs start with: none until the server sets it
     /// ([`Services::set_public_origin`]); `transfers` refuses `transfers-unavailable` before.
     public_origin: RwLock<Option<String>>,
@@ -116,6 +121,7 @@ impl Services {
             clock_ahead_ms: AtomicU64::new(0),
             agent_dispatch: RwLock::new(Arc::new(NotConnected)),
             gateway_dispatch: RwLock::new(Arc::new(NotEnrolled)),
+            storage_dispatch: RwLock::new(Arc::new(NoStorage)),
             public_origin: RwLock::new(None),
         })
     }
@@ -152,6 +158,16 @@ impl Services {
     /// The dispatcher `gateway.request` uses now.
     pub(crate) fn gateway_dispatch(&self) -> Arc<dyn GatewayDispatch> {
         self.gateway_dispatch.read().expect("gateway dispatch lock").clone()
+    }
+
+    /// Install how plugins' `storage` reaches the providers (the server does, at start).
+    pub fn set_storage_dispatch(&self, dispatch: Arc<dyn StorageDispatch>) {
+        *self.storage_dispatch.write().expect("storage dispatch lock") = dispatch;
+    }
+
+    /// The dispatcher `storage` uses now.
+    pub(crate) fn storage_dispatch(&self) -> Arc<dyn StorageDispatch> {
+        self.storage_dispatch.read().expect("storage dispatch lock").clone()
     }
 
     /// Move the wall clock plugins see `by` ahead (the host's own clock is untouched). For the
@@ -208,6 +224,7 @@ pub struct Grant {
     gateway: Option<gateway::Gateway>,
     runtime: Option<runtime::Reader>,
     runtime_write: Option<inventory::ServiceWriter>,
+    storage: Option<storage::Storage>,
 }
 
 impl Grant {
@@ -232,6 +249,7 @@ impl Grant {
             gateway: gateway::Gateway::new(services, plugin, grants),
             runtime: has(&Capability::RuntimeRead).then(|| runtime::Reader::new(services)),
             runtime_write: has(&Capability::RuntimeWrite).then(|| inventory::ServiceWriter::new(services, plugin)),
+            storage: has(&Capability::Storage).then(|| storage::Storage::new(services, plugin)),
         }
     }
 

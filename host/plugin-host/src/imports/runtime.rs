@@ -12,6 +12,8 @@
 //! `set-service-spec` (`runtime:write`, contract 0.3.2 on) writes a service's runtime spec as
 //! `runtime.setServiceSpec` does, as the acting identity (the caller, or the plugin's own
 //! authority outside a call), so a plugin sets specs only where that identity may.
+//! `set-service-gate` (`runtime:write`, 0.3.6 on) holds a service's replicas from starting
+//! while the plugin's gate names why (docs/runtime.md, "Gates").
 
 use super::{CallData, Services, WitResult, parse_object, to_wit};
 use crate::manifest::Capability;
@@ -63,6 +65,12 @@ impl runtime::Host for CallData {
         let body = parse_object(&body, "the runtime spec")?;
         let written = writer.platform.set_service_spec(&actor, body).await.map_err(to_wit)?;
         Ok(spec_json(written))
+    }
+
+    async fn set_service_gate(&mut self, service_id: String, waiting: Option<String>) -> WitResult<()> {
+        self.changing()?;
+        let writer = self.granted(&self.grant.runtime_write, Capability::RuntimeWrite)?;
+        writer.platform.set_service_gate(&writer.plugin, &service_id, waiting.as_deref()).await.map_err(to_wit)
     }
 }
 
