@@ -253,6 +253,14 @@ impl TestHost {
         self.platform.replicas.write().expect("replicas lock").insert(service_id.to_string(), replicas);
     }
 
+    /// Keep `body` as the spec of its service on its cluster (the next revision).
+    pub fn put_service_spec(&self, body: Value) {
+        let id = format!("{}@{}", body["serviceId"].as_str().unwrap_or_default(), body["clusterId"].as_str().unwrap_or_default());
+        let mut specs = self.platform.specs.write().expect("specs lock");
+        let revision = specs.get(&id).map_or(1, |(revision, _)| revision + 1);
+        specs.insert(id, (revision, body));
+    }
+
     /// The reason the plugin's gate holds the service's replicas for, if it does.
     pub fn service_gate(&self, service_id: &str) -> Option<String> {
         self.platform.gates.read().expect("gates lock").get(service_id).cloned()

@@ -27,6 +27,11 @@ pub use capstan_plugin_host::{AgentDispatch, AgentReply, AgentRequest};
 
 /// What a test implements to stand in for the external gateway ([`TestHost::set_gateway_dispatch`]).
 pub use capstan_plugin_host::{GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse};
+/// What a test installs in place of the storage providers ([`TestHost::set_storage_dispatch`]).
+pub use capstan_plugin_host::{BindingKind, Provisioned, StorageBinding, StorageDispatch};
+/// What a storage stand-in implements its trait with, and whom a call acts as.
+pub use capstan_plugin_host::platform::async_trait;
+pub use capstan_rpc::Identity;
 
 /// A refusal as the host passes it (what an [`AgentDispatch`] or a [`GatewayDispatch`] refuses
 /// with).
@@ -181,6 +186,12 @@ impl TestHost {
         self.inner.service_specs()
     }
 
+    /// Seed a runtime spec as an operator would set it (`body` is `runtime.setServiceSpec`'s
+    /// input: `serviceId`, `clusterId`, `placement`, …): `runtime::service_specs` answers it.
+    pub fn put_service_spec(&self, body: Value) {
+        self.inner.put_service_spec(body)
+    }
+
     /// Write a document of one of the plugin's collections, as another node sharing the store
     /// would (over whatever is there).
     pub fn put_document(&self, collection: &str, id: &str, data: Value) {
@@ -211,6 +222,13 @@ impl TestHost {
     /// `gateway-not-enrolled`.
     pub fn set_gateway_dispatch(&self, dispatch: Arc<dyn GatewayDispatch>) {
         self.inner.host.set_gateway_dispatch(dispatch)
+    }
+
+    /// Stand in for the storage providers: the plugin's `storage` calls reach `dispatch` (after
+    /// the host's checks: the grant, a read-only method), which answers in place of the nodes'
+    /// providers. Without one every call is refused `storage-unavailable`.
+    pub fn set_storage_dispatch(&self, dispatch: Arc<dyn StorageDispatch>) {
+        self.inner.host.set_storage_dispatch(dispatch)
     }
 
     /// Stand in for the runtime, which this host does not run: the plugin's

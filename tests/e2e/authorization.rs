@@ -442,6 +442,17 @@ fn rows() -> Vec<(&'static str, Value, Cells)> {
         ("domains.publishRelayNames", json!({}), admin(Past("gateway-not-enrolled"))),
         // listed for any caller: a relay name is also its cluster's relay's; any other name an administrator's
         ("domains.fetchCertificate", json!({ "name": "www.acme.example" }), admin(Past("gateway-not-enrolled"))),
+        ("nodes.setStorageEndpoint", json!({ "nodeId": "node_missing", "expectedRevision": null }), admin(Past("node-missing"))),
+        ("nodes.getStorageEndpoint", json!({ "nodeId": "node_missing" }), admin(Past("node-missing"))),
+        // ---- the bindings plugin (its refusals come before any provider is asked) ----
+        (
+            "bindings.create",
+            json!({ "organizationId": ORG, "serviceId": SERVICE, "kind": "database", "engine": "mongodb", "name": "main" }),
+            owner(Past("binding-engine-unsupported")),
+        ),
+        ("bindings.get", json!({ "organizationId": ORG, "bindingId": "bnd_missing" }), member(Past("binding-not-found"))),
+        ("bindings.list", json!({ "organizationId": ORG }), member(Ran)),
+        ("bindings.delete", json!({ "organizationId": ORG, "bindingId": "bnd_missing", "data": "keep" }), owner(Past("binding-not-found"))),
         // ---- the ingress plugin (nothing designated; the fixture's cluster has no relay) ----
         (
             "ingress.designate",

@@ -11,6 +11,7 @@ mod appstore_npm;
 mod audit;
 mod authorization;
 mod backups;
+mod bindings;
 mod browser;
 mod call;
 mod config;

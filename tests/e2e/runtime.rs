@@ -118,7 +118,7 @@ pub(crate) fn in_netns(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>
     }
 }
 
-fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
+pub(crate) fn forwarder(netns: Option<&str>, listen: &str, target: &str) -> Child {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers/forward/forward.py");
     let mut cmd = in_netns(netns, "python3");
     cmd.arg(&script).args([listen, target]).stdout(Stdio::piped()).stderr(Stdio::null());
@@ -194,6 +194,11 @@ impl Images {
             let script = context.join("rootfs/www/cgi-bin/digests");
             std::fs::write(&script, DIGESTS_CGI).unwrap();
             run("chmod", &["755", &script.display().to_string()]);
+            // /cgi-bin/database-url answers the DATABASE_URL a database binding delivered, so the
+            // test connects with exactly what the workload holds (tests/e2e/bindings.rs)
+            let database_url = context.join("rootfs/www/cgi-bin/database-url");
+            std::fs::write(&database_url, "#!/bin/busybox sh\necho \"Content-Type: text/plain\"\necho\nprintf '%s\\n' \"${DATABASE_URL-}\"\n").unwrap();
+            run("chmod", &["755", &database_url.display().to_string()]);
             let mail = context.join("rootfs/www/cgi-bin/mail");
             std::fs::write(&mail, MAIL_CGI).unwrap();
             run("chmod", &["755", &mail.display().to_string()]);
@@ -236,15 +241,15 @@ impl Images {
 
 /// A node: its namespace and link, its engine, the forwarders, its agent.
 pub(crate) struct Node {
-    netns: String,
+    pub(crate) netns: String,
     veth: String,
     node_ip: String,
     dir: PathBuf,
     engine: Child,
-    forwarders: Vec<Child>,
+    pub(crate) forwarders: Vec<Child>,
     agent: Option<Child>,
     node_id: String,
-    host_ip: String,
+    pub(crate) host_ip: String,
     /// The relay this node runs (`capstan-agent relay`), if it does.
     relay: Option<Child>,
     /// The relay its runtime session rides, if not Capstan's socket.
@@ -481,7 +486,7 @@ impl Node {
     }
 
     /// What the node's published port 18080 answers at `path` within `seconds`, if anything.
-    fn fetch(&self, path: &str, seconds: u32) -> Option<String> {
+    pub(crate) fn fetch(&self, path: &str, seconds: u32) -> Option<String> {
         self.fetch_at(18080, path, seconds)
     }
 

@@ -151,6 +151,9 @@ struct Binding {
     /// Where the workload reaches it, once provisioned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     endpoint: Option<String>,
+    /// The database (and its role) at the provider, once provisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resource: Option<String>,
     /// The service's secrets holding its credentials (names only).
     #[serde(default)]
     secret_keys: Vec<String>,
@@ -255,6 +258,7 @@ fn converge(doc: Doc<Binding>) -> Result<bool> {
                     next.state = State::Ready;
                     next.reason = None;
                     next.endpoint = Some(done.endpoint);
+                    next.resource = Some(done.name);
                     next.secret_keys = done.secret_keys;
                 }
                 Err(refusal) => {
@@ -394,6 +398,7 @@ fn create(_ctx: &Context, input: CreateInput) -> Result<Binding> {
         state: State::Pending,
         reason: Some("binding-unplaced".into()),
         endpoint: None,
+        resource: None,
         secret_keys: Vec::new(),
         data: None,
         created_at: now,

@@ -1,5 +1,5 @@
 //! `capstan nodes list | get | jump | credential | rotate | revoke | set-hostname |
-//! reset-hostname | retire | impact | delete`: clients of the `nodes.*` API methods of a running
+//! reset-hostname | retire | impact | delete | storage | set-database`: clients of the `nodes.*` API methods of a running
 //! host (administrators; docs/nodes.md).
 //!
 //! With `--json` each prints the API's answer exactly (one line); a refusal prints
@@ -9,6 +9,9 @@
 //! The jump code is the one secret shown here: `jump` prints it once, inside the command, and
 //! Capstan keeps only its SHA-256. A node's token never reaches the CLI (the API answers
 //! credential metadata only), and `rotate` takes the SHA-256 of material the agent drew.
+//!
+//! `set-database` reads the PostgreSQL admin password from standard input (or `--prompt`) and
+//! seals it to the server's ingress recipient for this node; it is never printed.
 //!
 //! Revoking, retiring and deleting ask for confirmation on a terminal; when standard input is
 //! not a terminal they are refused `confirmation-required` unless `--yes` says so, before
@@ -195,6 +198,46 @@ pub enum NodesCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// The storage endpoints a node states (`nodes.getStorageEndpoint`): its PostgreSQL server
+    /// and admin role, never the password (docs/bindings.md).
+    Storage {
+        /// The node's id
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// State the node's PostgreSQL server, where database bindings of services on it are made
+    /// (`nodes.setStorageEndpoint`; docs/bindings.md).
+    ///
+    /// The admin role needs CREATEROLE and CREATEDB (not superuser). Its password is read from
+    /// standard input (`capstan nodes set-database node_… --host 10.0.0.5 --user capstan_admin <
+    /// password-file`), or typed with --prompt; it is sealed for this node, checked against the
+    /// server before anything is kept (`database-admin-rejected`, `database-endpoint-unreachable`)
+    /// and never printed. --keep-password keeps the one held for the same user; --clear removes
+    /// the endpoint.
+    SetDatabase {
+        /// The node's id
+        id: String,
+        /// Where workloads on the node (and Capstan) reach the server: an IP literal or a DNS name
+        #[arg(long, required_unless_present = "clear")]
+        host: Option<String>,
+        /// The server's port
+        #[arg(long, default_value_t = 5432)]
+        port: u16,
+        /// The admin role
+        #[arg(long, required_unless_present = "clear")]
+        user: Option<String>,
+        /// Keep the password held for this user instead of reading a new one
+        #[arg(long, conflicts_with = "clear")]
+        keep_password: bool,
+        /// Remove the node's database endpoint (bindings placed there then wait)
+        #[arg(long, conflicts_with_all = ["host", "user"])]
+        clear: bool,
+        #[command(flatten)]
+        input: super::secrets::ValueInput,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Delete a retired node and its credential (`nodes.delete`); a cluster can be deleted
     /// once none of its nodes is left.
     ///
@@ -235,6 +278,15 @@ pub fn run(command: NodesCommand) -> ExitCode {
         NodesCommand::Retire { id, expected, confirm, common } => (retire(&id, &expected, &confirm, &common), common.json),
         NodesCommand::Impact { id, common } => (impact(&id, &common), common.json),
         NodesCommand::Delete { id, expected, confirm, common } => (delete(&id, &expected, &confirm, &common), common.json),
+        NodesCommand::Storage { id, common } => (storage(&id, &common), common.json),
+        NodesCommand::SetDatabase { id, host, port, user, keep_password, clear, input, common } => {
+            // clap requires --host and --user unless --clear
+            let database = match (clear, host, user) {
+                (false, Some(host), Some(user)) => Some(DatabaseArgs { host, port, user, keep_password }),
+                _ => None,
+            };
+            (set_database(&id, database, &input, &common), common.json)
+        }
     };
     finish(result, json)
 }
@@ -404,6 +456,72 @@ fn get(id: &str, common: &Common) -> Result<()> {
         print_json(&n);
     } else {
         print_node(&n, &Names::clusters(&client));
+    }
+    Ok(())
+}
+
+// ---- storage endpoints ----
+
+fn print_storage(answer: &Value) {
+    match answer.get("database") {
+        Some(db) => println!(
+            "database: {} at {}:{} as {}",
+            text(db, "engine"),
+            text(db, "host"),
+            db["port"].as_u64().unwrap_or(0),
+            text(db, "user")
+        ),
+        None => println!("database: none stated (database bindings placed on this node wait)"),
+    }
+}
+
+fn storage(id: &str, common: &Common) -> Result<()> {
+    let client = Client::new(&common.connection)?;
+    let answer = client.call("nodes.getStorageEndpoint", &json!({ "nodeId": id }))?;
+    if common.json {
+        print_json(&answer);
+    } else {
+        print_storage(&answer);
+    }
+    Ok(())
+}
+
+struct DatabaseArgs {
+    host: String,
+    port: u16,
+    user: String,
+    keep_password: bool,
+}
+
+fn set_database(id: &str, database: Option<DatabaseArgs>, input: &super::secrets::ValueInput, common: &Common) -> Result<()> {
+    // the password is read (and refused when empty or oversized) before anything is sent
+    let password = match &database {
+        Some(db) if !db.keep_password => Some(super::secrets::read_input(input, "the admin password")?),
+        _ => None,
+    };
+    let client = Client::new(&common.connection)?;
+    let held = client.call("nodes.getStorageEndpoint", &json!({ "nodeId": id }))?;
+    let database = match database {
+        None => Value::Null,
+        Some(db) => {
+            let mut body = json!({ "engine": "postgresql", "host": db.host, "port": db.port, "user": db.user });
+            if let Some(password) = password {
+                let (recipient_id, public) = super::secrets::recipient(&client)?;
+                let target = crate::secrets::ingress::target("nodes.setStorageEndpoint", id, "database");
+                let sealed = crate::secrets::ingress::seal_to(&recipient_id, &public, &target, &password);
+                body["sealedPassword"] = serde_json::to_value(sealed).map_err(crate::refusal::Refusal::internal)?;
+            }
+            body
+        }
+    };
+    let answer = client.call(
+        "nodes.setStorageEndpoint",
+        &json!({ "nodeId": id, "expectedRevision": held["revision"], "database": database }),
+    )?;
+    if common.json {
+        print_json(&answer);
+    } else {
+        print_storage(&answer);
     }
     Ok(())
 }
