@@ -22,6 +22,11 @@
 #   CAPSTAN_TEST_REQUIRE_SKOPEO  the registry tests push and pull images with skopeo (Debian's
 #                             package, installed here when missing); set, they fail instead of
 #                             skipping when it is not on PATH
+#   CAPSTAN_TEST_POSTGRES_URL a PostgreSQL server (Debian's package, installed here when missing;
+#                             docs/postgres-peer.md): postgres://capstan_admin:<pw>@127.0.0.1:<port>/postgres,
+#                             capstan_admin having CREATEROLE and CREATEDB, not a superuser
+#   CAPSTAN_TEST_POSTGRES_BIN its binaries' directory (psql, pg_dump, …), also put on PATH
+#   CAPSTAN_TEST_REQUIRE_POSTGRES  set, the PostgreSQL tests fail instead of skipping without it
 #   CAPSTAN_TEST_ENGINE_*     a container engine (Podman's Docker-API service, .ci/engine.sh): _SOCKET,
 #                             _IMAGE (a test image built locally), _CONTAINERS_CONF; with
 #                             CAPSTAN_TEST_REQUIRE_ENGINE=1 the engine tests fail instead of skipping
@@ -146,4 +151,61 @@ done
 skopeo --version
 openssl version
 export CAPSTAN_TEST_REQUIRE_SKOPEO=1
+
+# PostgreSQL for the database bindings' tests (host/storage, docs/postgres-peer.md): Debian's
+# package when missing, a cluster of its own under $PEERS_DIR run as the package's postgres
+# user (initdb refuses root), on 127.0.0.1 only, its socket in its data directory. The tests
+# connect as capstan_admin: CREATEROLE and CREATEDB, not a superuser, as on a node.
+postgres_started=$SECONDS
+postgres_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+PG_BIN="$(postgres_bin)"
+if [ -z "$PG_BIN" ] || [ ! -x "$PG_BIN/initdb" ] || [ ! -x "$PG_BIN/pg_ctl" ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q postgresql; then
+        apt-get update -q
+        apt-get install -y -q postgresql
+    fi
+    PG_BIN="$(postgres_bin)"
+fi
+PG_DIR="$PEERS_DIR/postgres"
+chmod 711 "$PEERS_DIR" # the postgres user reaches its data directory through it
+mkdir -p "$PG_DIR"
+chown postgres:postgres "$PG_DIR"
+chmod 700 "$PG_DIR"
+# from / : the postgres user may not read the clone's directory
+if ! (cd / && runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR" -U postgres -E UTF8 --locale=C \
+    --auth-local=trust --auth-host=scram-sha-256) >"$PEERS_DIR/postgres-initdb.log" 2>&1; then
+    echo "initdb failed; its log:" >&2
+    cat "$PEERS_DIR/postgres-initdb.log" >&2
+    exit 1
+fi
+# trust on the socket (only the postgres user reaches it, for the setup below), passwords as
+# SCRAM over TCP from loopback
+cat >"$PG_DIR/pg_hba.conf" <<'HBA'
+local all all trust
+host all all 127.0.0.1/32 scram-sha-256
+HBA
+PG_PORT="$(free_port)"
+# in the foreground of its own background job, so PEER_PIDS stops it
+(cd / && exec runuser -u postgres -- "$PG_BIN/postgres" -D "$PG_DIR" -k "$PG_DIR" -h 127.0.0.1 -p "$PG_PORT" \
+    -c password_encryption=scram-sha-256) >"$PEERS_DIR/postgres.log" 2>&1 &
+PEER_PIDS+=($!)
+wait_for_port "PostgreSQL" "$PG_PORT" "$PEERS_DIR/postgres.log"
+for _ in $(seq 1 50); do
+    "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" && break
+    sleep 0.2
+done
+PG_ADMIN_PASSWORD="$(python3 -c 'import secrets, string; print("".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32)))')"
+if ! (cd / && runuser -u postgres -- "$PG_BIN/psql" -h "$PG_DIR" -p "$PG_PORT" -U postgres -d postgres -q \
+    -v ON_ERROR_STOP=1 -c "CREATE ROLE capstan_admin WITH LOGIN CREATEROLE CREATEDB PASSWORD '$PG_ADMIN_PASSWORD'"); then
+    echo "creating PostgreSQL's capstan_admin role failed; the server's log:" >&2
+    cat "$PEERS_DIR/postgres.log" >&2
+    exit 1
+fi
+export CAPSTAN_TEST_POSTGRES_URL="postgres://capstan_admin:$PG_ADMIN_PASSWORD@127.0.0.1:$PG_PORT/postgres"
+export CAPSTAN_TEST_REQUIRE_POSTGRES=1
+export CAPSTAN_TEST_POSTGRES_BIN="$PG_BIN"
+export PATH="$PG_BIN:$PATH"
+echo "PostgreSQL $("$PG_BIN/postgres" --version | sed 's/^postgres (PostgreSQL) //') up on 127.0.0.1:$PG_PORT in $((SECONDS - postgres_started)) s"
+
 source .ci/engine.sh
