@@ -6,6 +6,10 @@
 #   CAPSTAN_TEST_S3_ENDPOINT  an S3 server (moto), path-style, any credentials
 #   CAPSTAN_TEST_S3_AUTH_*    an S3 server checking credentials (moto with IAM authentication):
 #                             _ENDPOINT, _BUCKET, and a key pair it knows (_ACCESS_KEY, _SECRET_KEY)
+#   CAPSTAN_TEST_S3_ADMIN_*   a third moto checking credentials, for the object-storage bindings
+#                             (host/storage): _ENDPOINT (S3 and IAM on one port) and an admin key
+#                             pair allowed every S3 and IAM action (_ACCESS_KEY, _SECRET_KEY)
+#   CAPSTAN_TEST_REQUIRE_S3_ADMIN  set, those tests fail instead of skipping without it
 #   CAPSTAN_TEST_NPM_REGISTRY an npm registry (verdaccio) taking anonymous publishes, no uplink:
 #                             the App Store's catalog package is published to it
 #   CAPSTAN_TEST_REQUIRE_GATEWAY  the mail tests start tests/peers/gateway themselves (python3 with
@@ -93,6 +97,24 @@ if [ -z "${CAPSTAN_TEST_S3_AUTH_SECRET_KEY:-}" ]; then
     exit 1
 fi
 export CAPSTAN_TEST_S3_AUTH_ACCESS_KEY CAPSTAN_TEST_S3_AUTH_SECRET_KEY
+
+# A third one for the object-storage bindings (host/storage/tests/s3.rs): its first three
+# requests create the admin user, its key and its policy (every S3 and IAM action); the
+# bindings' users and buckets the tests make are then held to their policies.
+S3_ADMIN_PORT="$(free_port)"
+INITIAL_NO_AUTH_ACTION_COUNT=3 moto_server -H 127.0.0.1 -p "$S3_ADMIN_PORT" >"$PEERS_DIR/moto-admin.log" 2>&1 &
+PEER_PIDS+=($!)
+wait_for_port "S3 and IAM server for bindings (moto)" "$S3_ADMIN_PORT" "$PEERS_DIR/moto-admin.log"
+export CAPSTAN_TEST_S3_ADMIN_ENDPOINT="http://127.0.0.1:$S3_ADMIN_PORT"
+read -r CAPSTAN_TEST_S3_ADMIN_ACCESS_KEY CAPSTAN_TEST_S3_ADMIN_SECRET_KEY \
+    < <(python3 .ci/s3-auth-setup.py --admin "$CAPSTAN_TEST_S3_ADMIN_ENDPOINT")
+if [ -z "${CAPSTAN_TEST_S3_ADMIN_SECRET_KEY:-}" ]; then
+    echo "setting up the S3 and IAM server for bindings failed; its log:" >&2
+    cat "$PEERS_DIR/moto-admin.log" >&2
+    exit 1
+fi
+export CAPSTAN_TEST_S3_ADMIN_ACCESS_KEY CAPSTAN_TEST_S3_ADMIN_SECRET_KEY
+export CAPSTAN_TEST_REQUIRE_S3_ADMIN=1
 
 # verdaccio from the npm registry, into the peers directory: anonymous publish and no uplinks,
 # so nothing it serves comes from the internet

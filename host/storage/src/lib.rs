@@ -6,6 +6,7 @@
 pub mod bindings;
 pub mod endpoints;
 pub mod postgres;
+pub mod s3;
 
 use capstan_core::refusal::Result;
 use capstan_rpc::Registry;
