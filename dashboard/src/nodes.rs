@@ -249,6 +249,8 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
     let head = super::live::head(state, identity).await;
     let read = call(state, identity, "nodes.get", json!({ "id": id })).await;
     let credential = call(state, identity, "nodes.getCredential", json!({ "nodeId": id })).await;
+    // where the node's database bindings are made: never a credential (docs/bindings.md)
+    let storage = call(state, identity, "nodes.getStorageEndpoint", json!({ "nodeId": id })).await.ok();
     let status = match (&read, status) {
         (Err(refusal), StatusCode::OK) => status_of(refusal),
         _ => status,
@@ -290,6 +292,14 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
             key => str_of(r, "publicKey").chars().take(12).collect::<String>(),
         }),
         credential_error => Serde(credential.as_ref().err().map(ErrorView::from)),
+        storage => storage.as_ref().map(|s| context! {
+            database => s.get("database").map(|d| context! {
+                engine => str_of(d, "engine"),
+                host => str_of(d, "host"),
+                port => u64_of(d, "port"),
+                user => str_of(d, "user"),
+            }),
+        }),
         cluster => context! { id => &cluster_id, name => cluster, href => format!("/clusters/{}/nodes", encode(&cluster_id)) },
         action => format!("/nodes/{}", encode(id)),
         ..context! { ..super::live::element(head, AREAS), ..runtime }

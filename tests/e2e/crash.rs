@@ -667,3 +667,81 @@ fn a_migration_killed_inside_and_after_a_step_resumes_to_a_ledger_matching_the_d
     );
     assert_eq!((items, stamped), (ITEM_COUNT, ITEM_COUNT), "the data matches the ledger");
 }
+
+/// A database binding killed between "role ready" and "secrets published"
+/// (`storage-provision:role-ready`): after the restart the manager's pass provisions it again,
+/// and there is one role at the server and one set of the service's secrets — not a second
+/// role, not a secret for a password the role does not hold.
+#[test]
+fn a_database_binding_killed_between_its_role_and_its_secrets_resumes_to_one_role_and_one_secret() {
+    let Some(((admin_user, admin_password, pg_port), bin)) = crate::bindings::postgres() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (server, token) = dev(&data, None);
+    let org = ok(&server, &token, "organizations.create", json!({ "name": "acme" }))["id"].as_str().unwrap().to_string();
+    let cluster = ok(&server, &token, "clusters.create", json!({ "name": "edge" }))["cluster"]["id"].as_str().unwrap().to_string();
+    // a node enrolled as an agent does it (no agent needs to run: provisioning is the host's)
+    let code = ok(&server, &token, "nodes.createJumpCommand", json!({ "clusterId": cluster }))["code"].as_str().unwrap().to_string();
+    let enroll = json!({ "protocol": "capstan-agent/1", "code": code, "hostname": "db-node", "tokenSha256": sha256_hex("node-token"),
+        "agentVersion": env!("CARGO_PKG_VERSION") });
+    let node = server
+        .request("POST", "/agent/v1/enroll", &[("content-type", "application/json")], Some(enroll.to_string().as_bytes()))
+        .expect_json(200)["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let service = ok(&server, &token, "services.create", json!({ "name": "ledger", "organizationId": org, "image": "nginx:1.27" }));
+    let service = service["id"].as_str().unwrap().to_string();
+    let spec = json!({ "serviceId": service, "clusterId": cluster, "expectedRevision": null,
+                       "placement": { "everyNode": false, "nodes": [node] }, "replicasPerNode": 1 });
+    ok(&server, &token, "runtime.setServiceSpec", spec);
+    let recipient = ok(&server, &token, "secrets.getIngressRecipient", json!({}));
+    let sealed = crate::secrets::seal(&recipient, "nodes.setStorageEndpoint", &node, "database", admin_password.as_bytes())["sealed"].clone();
+    let endpoint = json!({ "nodeId": node, "expectedRevision": null,
+        "database": { "engine": "postgresql", "host": "127.0.0.1", "port": pg_port, "user": admin_user, "sealedPassword": sealed } });
+    ok(&server, &token, "nodes.setStorageEndpoint", endpoint);
+    server.stop();
+
+    // killed once the role and its database exist, before any secret
+    let (server, token) = dev(&data, Some("storage-provision:role-ready"));
+    eventually("the bindings plugin running", RESUME, || {
+        let reply = server.call_as(&token, "plugins.get", &json!({ "id": "bindings" }));
+        if reply.status == 200 && reply.json()["status"] == "running" { Ok(()) } else { Err(reply.body.clone()) }
+    });
+    let create = json!({ "organizationId": org, "serviceId": service, "kind": "database", "engine": "postgresql", "name": "main" });
+    call_dying(&server, &token, "bindings.create", &create);
+    crashed_at(server, "storage-provision:role-ready");
+
+    // restarted: the pass provisions it again, to one role and one set of secrets
+    let (server, token) = dev(&data, None);
+    let ready = eventually("the binding is ready after the restart", RESUME, || {
+        let reply = server.call_as(&token, "bindings.list", &json!({ "organizationId": org, "serviceId": service }));
+        let listed = reply.json();
+        match listed["bindings"].as_array().map(Vec::as_slice) {
+            Some([b]) if b["state"] == "ready" => Ok(b.clone()),
+            _ => Err(listed.to_string()),
+        }
+    });
+    let role = ready["resource"].as_str().unwrap();
+    let admin_url = format!("postgres://{admin_user}:{admin_password}@127.0.0.1:{pg_port}/postgres");
+    let count = |sql: String| {
+        let out = Command::new(bin.join("psql")).args([admin_url.as_str(), "-X", "-A", "-t", "-c", &sql]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(count(format!("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'capstan\\_%' AND rolname = '{role}'")), "1");
+    assert_eq!(count(format!("SELECT count(*) FROM pg_database WHERE datname = '{role}'")), "1");
+    let listed = ok(&server, &token, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": service }, "limit": 200 }));
+    let active: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "active")
+        .filter_map(|s| s["key"].as_str())
+        .collect();
+    let mut sorted = active;
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["DATABASE_URL", "PGDATABASE", "PGHOST", "PGPASSWORD", "PGPORT", "PGUSER"], "one secret per name: {listed}");
+    ok(&server, &token, "bindings.delete", json!({ "organizationId": org, "bindingId": ready["id"], "data": "drop" }));
+    assert_eq!(count(format!("SELECT count(*) FROM pg_roles WHERE rolname = '{role}'")), "0");
+}

@@ -146,6 +146,17 @@ for file in /run/secrets/*; do
 done
 "#;
 
+/// A CGI script answering `NAME=value` for each variable a binding delivers (a test image's
+/// own credentials, shown to the test that checks them).
+const BINDING_ENV_CGI: &str = r#"#!/bin/busybox sh
+echo "Content-Type: text/plain"
+echo
+for name in DATABASE_URL S3_ENDPOINT S3_BUCKET S3_ACCESS_KEY_ID S3_SECRET_ACCESS_KEY S3_REGION; do
+  eval "value=\${$name-}"
+  printf '%s=%s\n' "$name" "$value"
+done
+"#;
+
 /// A CGI script submitting one message over SMTP (`AUTH PLAIN`) with the `SMTP_*` the container
 /// was given, as `MAIL FROM:<QUERY_STRING>`; it answers the server's replies (busybox has no
 /// sendmail applet here, so the dialogue is paced by hand through `nc`).
@@ -194,11 +205,11 @@ impl Images {
             let script = context.join("rootfs/www/cgi-bin/digests");
             std::fs::write(&script, DIGESTS_CGI).unwrap();
             run("chmod", &["755", &script.display().to_string()]);
-            // /cgi-bin/database-url answers the DATABASE_URL a database binding delivered, so the
-            // test connects with exactly what the workload holds (tests/e2e/bindings.rs)
-            let database_url = context.join("rootfs/www/cgi-bin/database-url");
-            std::fs::write(&database_url, "#!/bin/busybox sh\necho \"Content-Type: text/plain\"\necho\nprintf '%s\\n' \"${DATABASE_URL-}\"\n").unwrap();
-            run("chmod", &["755", &database_url.display().to_string()]);
+            // /cgi-bin/binding-env answers what the service's bindings delivered, so the test
+            // connects with exactly what the workload holds (tests/e2e/bindings.rs)
+            let binding_env = context.join("rootfs/www/cgi-bin/binding-env");
+            std::fs::write(&binding_env, BINDING_ENV_CGI).unwrap();
+            run("chmod", &["755", &binding_env.display().to_string()]);
             let mail = context.join("rootfs/www/cgi-bin/mail");
             std::fs::write(&mail, MAIL_CGI).unwrap();
             run("chmod", &["755", &mail.display().to_string()]);

@@ -1,10 +1,11 @@
 //! The storage endpoints nodes state (`storage_endpoints`, id = node id): where a workload on
-//! the node reaches its PostgreSQL server, and as whom Capstan administers it — the admin
-//! password kept as a system secret (`storage:<nodeId>`), entered sealed, never shown.
+//! the node reaches its PostgreSQL server and its S3 endpoint, and as whom Capstan administers
+//! them — the admin password and secret key kept as system secrets (`storage:<nodeId>`),
+//! entered sealed, never shown.
 //! `nodes.setStorageEndpoint` checks the credential against the server before anything is
 //! written, so a wrong one is refused and the endpoint stays as it was.
 
-use super::{Context, postgres};
+use super::{Context, postgres, s3};
 use capstan_core::clock::now_ms;
 use capstan_core::refusal::{Refusal, Result};
 use capstan_nodes::records::{NodeState, require_node};
@@ -23,6 +24,8 @@ pub const STORAGE_ENDPOINTS: &str = "storage_endpoints";
 pub const ADMIN_SCOPE: &str = "storage";
 /// The key of a node's PostgreSQL admin password.
 pub const POSTGRES_ADMIN_KEY: &str = "POSTGRES_ADMIN_PASSWORD";
+/// The key of a node's S3 admin secret key.
+pub const S3_ADMIN_KEY: &str = "S3_ADMIN_SECRET_ACCESS_KEY";
 const SET_METHOD: &str = "nodes.setStorageEndpoint";
 
 /// The endpoints' collection.
@@ -47,6 +50,20 @@ pub struct DatabaseEndpoint {
     pub secret_id: String,
 }
 
+/// A node's S3 endpoint, as stored (value-free).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStorageEndpoint {
+    /// The origin workloads on the node (and Capstan) reach it at: `http(s)://host[:port]`.
+    pub endpoint: String,
+    /// Its region (lowercase).
+    pub region: String,
+    /// The admin key pair's id (S3 and IAM rights).
+    pub access_key_id: String,
+    /// The system secret holding the admin secret key.
+    pub secret_id: String,
+}
+
 /// What a node states (`storage_endpoints`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -58,6 +75,9 @@ pub struct Endpoints {
     /// Its PostgreSQL server, if it states one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database: Option<DatabaseEndpoint>,
+    /// Its S3 endpoint, if it states one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_storage: Option<ObjectStorageEndpoint>,
     /// When it last changed (milliseconds).
     pub updated_at: u64,
     /// Who changed it.
@@ -69,6 +89,9 @@ pub fn view(node_id: &str, cluster_id: &str, stored: Option<(u64, &Endpoints)>) 
     let mut out = json!({ "nodeId": node_id, "clusterId": cluster_id, "revision": stored.map(|(r, _)| r) });
     if let Some(db) = stored.and_then(|(_, e)| e.database.as_ref()) {
         out["database"] = json!({ "engine": db.engine, "host": db.host, "port": db.port, "user": db.user });
+    }
+    if let Some(o) = stored.and_then(|(_, e)| e.object_storage.as_ref()) {
+        out["objectStorage"] = json!({ "endpoint": o.endpoint, "region": o.region, "accessKeyId": o.access_key_id });
     }
     out
 }
@@ -94,6 +117,26 @@ pub struct SetInput {
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "Option<DatabaseInput>")]
     pub database: Option<Option<DatabaseInput>>,
+    /// The node's S3 endpoint; `null` clears it; absent keeps it.
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<ObjectStorageInput>")]
+    pub object_storage: Option<Option<ObjectStorageInput>>,
+}
+
+/// A node's S3 endpoint as an administrator states it.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ObjectStorageInput {
+    /// A canonical `http:` or `https:` origin: no path, query, userinfo or trailing slash.
+    pub endpoint: String,
+    /// Its region, lowercase (`us-east-1`).
+    pub region: String,
+    /// The admin key pair's id: S3 and IAM rights (a bucket, a user and a key pair per binding).
+    pub access_key_id: String,
+    /// Its secret key, sealed to the ingress recipient for `{"method":"nodes.setStorageEndpoint",
+    /// "owner":<nodeId>,"key":"objectStorage"}`; absent keeps the one held (same key id).
+    #[serde(default)]
+    pub sealed_secret_access_key: Option<SealedInput>,
 }
 
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
@@ -206,6 +249,7 @@ async fn set(cx: Context, call: Call, input: SetInput) -> Result<Value> {
         node_id: node_id.clone(),
         cluster_id: cluster_id.clone(),
         database: None,
+        object_storage: None,
         updated_at: 0,
         updated_by: String::new(),
     });
@@ -213,6 +257,11 @@ async fn set(cx: Context, call: Call, input: SetInput) -> Result<Value> {
         None => {}
         Some(None) => next.database = None,
         Some(Some(db)) => next.database = Some(database(&cx, &node_id, next.database.as_ref(), db).await?),
+    }
+    match input.object_storage {
+        None => {}
+        Some(None) => next.object_storage = None,
+        Some(Some(o)) => next.object_storage = Some(object_storage(&cx, &node_id, next.object_storage.as_ref(), o).await?),
     }
     next.cluster_id = cluster_id.clone();
     next.updated_at = now_ms();
@@ -273,6 +322,59 @@ async fn database(cx: &Context, node_id: &str, held: Option<&DatabaseEndpoint>, 
     Ok(DatabaseEndpoint { engine: db.engine, host: db.host, port: db.port, user: db.user, secret_id: secret.id })
 }
 
+/// Check the stated S3 endpoint with its admin key pair, keep the secret key as the node's
+/// system secret, and answer what is stored.
+async fn object_storage(
+    cx: &Context,
+    node_id: &str,
+    held: Option<&ObjectStorageEndpoint>,
+    o: ObjectStorageInput,
+) -> Result<ObjectStorageEndpoint> {
+    s3::check_endpoint(&o.endpoint, &o.region)?;
+    if o.access_key_id.is_empty() || o.access_key_id.len() > 128 || !o.access_key_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(Refusal::invalid_request("an access key id is 1–128 letters and digits"));
+    }
+    let secret = match (&o.sealed_secret_access_key, held) {
+        (Some(sealed), _) => {
+            let opened = ingress::open(&cx.secrets.keyring, &ingress::target(SET_METHOD, node_id, "objectStorage"), sealed)?;
+            Zeroizing::new(String::from_utf8(opened.to_vec()).map_err(|_| Refusal::invalid_request("the secret key must be UTF-8"))?)
+        }
+        (None, Some(held)) if held.access_key_id == o.access_key_id => s3_admin(cx, node_id).await?.1.secret_access_key,
+        (None, _) => return Err(Refusal::invalid_request("a new admin key pair needs its secret key (sealedSecretAccessKey)")),
+    };
+    let admin = s3::Admin { endpoint: o.endpoint.clone(), region: o.region.clone(), access_key_id: o.access_key_id.clone(), secret_access_key: secret };
+    // a key pair that does not work, or an endpoint without users and policies, is refused
+    // before anything is kept
+    s3::check(&admin).await?;
+    let kept = managed::put(
+        &cx.secrets,
+        &host_identity(),
+        ADMIN_SCOPE,
+        ManagedOwner::System(system_id(node_id)),
+        S3_ADMIN_KEY,
+        Zeroizing::new(admin.secret_access_key.as_bytes().to_vec()),
+    )
+    .await?;
+    Ok(ObjectStorageEndpoint { endpoint: o.endpoint, region: o.region, access_key_id: o.access_key_id, secret_id: kept.id })
+}
+
+/// The admin of the node's S3 endpoint, its secret key opened: `objectstorage-endpoint-missing`
+/// when the node states none.
+pub async fn s3_admin(cx: &Context, node_id: &str) -> Result<(ObjectStorageEndpoint, s3::Admin)> {
+    let stored = cx.store().transact(|tx| async move { read(&tx, node_id).await }).await?;
+    let Some(o) = stored.and_then(|(_, e)| e.object_storage) else {
+        return Err(Refusal::new(
+            "objectstorage-endpoint-missing",
+            format!("node {node_id} states no object-storage endpoint (nodes.setStorageEndpoint)"),
+        )
+        .with_data(json!({ "nodeId": node_id })));
+    };
+    let secret = managed::reveal(&cx.secrets, &host_identity(), "host:storage", ADMIN_SCOPE, &o.secret_id).await?;
+    let secret = Zeroizing::new(String::from_utf8(secret.to_vec()).map_err(|_| Refusal::internal("the admin secret key is not UTF-8"))?);
+    let admin = s3::Admin { endpoint: o.endpoint.clone(), region: o.region.clone(), access_key_id: o.access_key_id.clone(), secret_access_key: secret };
+    Ok((o, admin))
+}
+
 async fn get(cx: Context, _call: Call, input: GetInput) -> Result<Value> {
     endpoints_view(cx.store(), &input.node_id).await
 }
@@ -299,6 +401,8 @@ pub async fn require_active_node(tx: &Tx, node_id: &str) -> Result<String> {
 
 /// Every refusal of `nodes.setStorageEndpoint` of its own.
 pub const SET_REFUSALS: &[&str] = &[
+    "admin-not-fresh",
+    "conflict",
     "node-missing",
     "host-invalid",
     "binding-engine-unsupported",
@@ -306,6 +410,11 @@ pub const SET_REFUSALS: &[&str] = &[
     "database-admin-rejected",
     "database-admin-insufficient",
     "database-provider-failed",
+    "objectstorage-endpoint-invalid",
+    "objectstorage-endpoint-unreachable",
+    "objectstorage-admin-rejected",
+    "objectstorage-users-unsupported",
+    "objectstorage-provider-failed",
     "sealed-input-recipient-unknown",
     "sealed-input-invalid",
 ];
@@ -316,10 +425,13 @@ pub fn register(registry: &mut Registry, cx: Context) {
     registry
         .add(
             SET_METHOD,
-            "State where a node's PostgreSQL server is and its admin role (password sealed, checked against the server, kept as a system secret, never shown); null clears it (administrator)",
+            "State where a node's PostgreSQL server and S3 endpoint are, with their admin credentials (sealed, checked against the provider, kept as system secrets, never shown); null clears one (administrator)",
             Access::Admin,
             set,
         )
         .refuses(SET_REFUSALS);
-    registry.add("nodes.getStorageEndpoint", "The storage endpoints a node states, without any credential (administrator)", Access::Admin, get).read_only();
+    registry
+        .add("nodes.getStorageEndpoint", "The storage endpoints a node states, without any credential (administrator)", Access::Admin, get)
+        .refuses(&["node-missing"])
+        .read_only();
 }

@@ -1,13 +1,16 @@
-//! The bindings manager (docs/bindings.md): a service asks for a database and gets one.
+//! The bindings manager (docs/bindings.md): a service asks for a database or a bucket and gets
+//! one.
 //!
-//! - `bindings.create` records a binding of a service (`database` on `postgresql`), places it on
+//! - `bindings.create` records a binding of a service (`database` on `postgresql`,
+//!   `objectstorage` on `s3`), places it on
 //!   the one node the service's runtime spec pins (a spec on every node or on several is refused
 //!   `binding-placement-ambiguous`; without a spec it waits `binding-unplaced`), holds the
 //!   service (its deletion waits until its bindings are deleted, the data kept or dropped by
 //!   explicit choice) and gates its replicas (`bindings-pending`) until the binding is ready.
 //! - The host provisions it (`storage.provision`: a role and a database on the node's PostgreSQL
-//!   server, the credentials published as the service's secrets `DATABASE_URL`, `PG*`); the
-//!   plugin sees no credential. Provisioning is idempotent, so the reconcile pass simply asks
+//!   server, or a bucket and a key pair limited to it on its S3 endpoint, the credentials
+//!   published as the service's secrets `DATABASE_URL`, `PG*` or `S3_*`); the plugin sees no
+//!   credential. Provisioning is idempotent, so the reconcile pass simply asks
 //!   again for every binding not ready, after a crash or an unreachable server.
 //! - `bindings.delete` revokes the credentials first (secrets revoked, login disabled, sessions
 //!   ended), then drops the data when asked (`data: drop`) or keeps it (`data: keep`).
@@ -28,6 +31,8 @@ use std::time::Duration;
 const BINDINGS: &str = "bindings";
 /// The reason a service's replicas wait while a binding of it is not ready.
 const PENDING: &str = "bindings-pending";
+/// What has a provider: (kind, engine).
+const SUPPORTED: &[(&str, &str)] = &[("database", "postgresql"), ("objectstorage", "s3")];
 /// At most this many bindings per service.
 const MAX_PER_SERVICE: usize = 8;
 
@@ -39,10 +44,10 @@ impl Manager for BindingsManager {
             .refusal("binding-placement-ambiguous", 409, "The service runs on every node or on several: a binding lives on one node")
             .refusal("binding-exists", 409, "The service already has a binding of that name")
             .refusal("binding-environment-conflict", 409, "The service already has a binding of that kind: its secrets would collide")
-            .refusal("binding-engine-unsupported", 422, "No provider of that engine: Capstan provides database bindings on postgresql")
+            .refusal("binding-engine-unsupported", 422, "No provider of that engine: Capstan provides database on postgresql and objectstorage on s3")
             .refusal("binding-not-found", 404, "No such binding in this organization")
             .refusal("binding-limit", 409, "The service has as many bindings as it may")
-            .method("create", "Give a service a database on the storage endpoint of the node it runs on.", Role::Owner, create)
+            .method("create", "Give a service a database or a bucket on the storage endpoint of the node it runs on.", Role::Owner, create)
             .method("get", "One binding: kind, engine, node, state, the names of its secrets.", Role::Member, get)
             .read_only()
             .method("list", "The bindings of a service, or of the organization.", Role::Member, list)
@@ -103,7 +108,7 @@ capstan_sdk::manager!(BindingsManager);
 enum BindingKind {
     /// A PostgreSQL role and a database of its own.
     Database,
-    /// A bucket and a key pair limited to it (no provider yet: refused by the host).
+    /// A bucket and a key pair limited to it.
     Objectstorage,
 }
 
@@ -183,7 +188,9 @@ struct FacetEntry {
     state: State,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
-    secret_keys: Vec<String>,
+    /// The names of the variables its secrets set (a facet names no credential, only where
+    /// they go).
+    variables: Vec<String>,
 }
 
 /// The part of a service this manager reads.
@@ -319,7 +326,7 @@ fn publish(service_id: &str) -> Result<()> {
                 node_id: d.data.node_id.clone(),
                 state: d.data.state,
                 reason: d.data.reason.clone(),
-                secret_keys: d.data.secret_keys.clone(),
+                variables: d.data.secret_keys.clone(),
             })
             .collect(),
     };
@@ -334,9 +341,9 @@ struct CreateInput {
     /// The organization the service belongs to.
     organization_id: String,
     service_id: String,
-    /// `database` (`objectstorage` has no provider yet).
+    /// `database` or `objectstorage`.
     kind: BindingKind,
-    /// `postgresql`.
+    /// `postgresql` for a database, `s3` for object storage.
     engine: String,
     /// The binding's name, unique per service: 1–40 of a-z 0-9 -.
     name: String,
@@ -361,12 +368,13 @@ fn check_name(name: &str) -> Result<()> {
 
 fn create(_ctx: &Context, input: CreateInput) -> Result<Binding> {
     check_name(&input.name)?;
-    if input.kind != BindingKind::Database || input.engine != "postgresql" {
+    let provided = matches!((input.kind, input.engine.as_str()), (BindingKind::Database, "postgresql") | (BindingKind::Objectstorage, "s3"));
+    if !provided {
         return Err(Refusal::new(
             "binding-engine-unsupported",
-            format!("no provider of {:?} on {:?}: Capstan provides database bindings on postgresql", input.kind, input.engine),
+            format!("no provider of {:?} on {:?}: Capstan provides database on postgresql and objectstorage on s3", input.kind, input.engine),
         )
-        .with_data(json!({ "kind": input.kind, "engine": input.engine, "supported": [{ "kind": "database", "engine": "postgresql" }] })));
+        .with_data(json!({ "kind": input.kind, "engine": input.engine, "supported": SUPPORTED })));
     }
     service_in(&input.organization_id, &input.service_id)?;
     let existing = of_service(&input.service_id)?;
@@ -374,9 +382,13 @@ fn create(_ctx: &Context, input: CreateInput) -> Result<Binding> {
         return Err(Refusal::new("binding-exists", format!("the service already has a binding named {}", input.name)));
     }
     if existing.iter().any(|b| b.data.kind == input.kind) {
+        let names = match input.kind {
+            BindingKind::Database => "DATABASE_URL and PG*",
+            BindingKind::Objectstorage => "S3_*",
+        };
         return Err(Refusal::new(
             "binding-environment-conflict",
-            "the service already has a database binding: a second would set the same DATABASE_URL and PG* names",
+            format!("the service already has a binding of that kind: a second would set the same {names} names"),
         ));
     }
     if existing.len() >= MAX_PER_SERVICE {

@@ -103,6 +103,18 @@ fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
         json!({ "organizationId": org, "serviceId": service, "kind": "database", "engine": "mongodb", "name": "docs" }),
     );
     assert_eq!(mongo.unwrap_err().code(), "binding-engine-unsupported");
+    // a bucket beside the database: provisioned at once on the same node
+    let bucket = |engine: &str, name: &str| {
+        host.call(
+            "create",
+            json!({ "organizationId": org, "serviceId": service, "kind": "objectstorage", "engine": engine, "name": name }),
+        )
+    };
+    assert_eq!(bucket("minio", "files").unwrap_err().code(), "binding-engine-unsupported");
+    let files = bucket("s3", "files").unwrap();
+    assert_eq!((files["state"].as_str(), files["kind"].as_str()), (Some("ready"), Some("objectstorage")), "{files}");
+    assert_eq!(bucket("s3", "more").unwrap_err().code(), "binding-environment-conflict");
+    let files_id = files["id"].as_str().unwrap().to_string();
     let stranger = host.call("get", json!({ "organizationId": "org_other", "bindingId": id }));
     assert_eq!(stranger.unwrap_err().code(), "binding-not-found", "another organization cannot read it");
 
@@ -131,8 +143,10 @@ fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
     assert_eq!(dropped["state"], "deleted", "{dropped}");
     let kept = host.call("delete", json!({ "organizationId": org, "bindingId": second_id, "data": "keep" })).unwrap();
     assert_eq!(kept["state"], "deleted", "{kept}");
+    assert_eq!(host.service_gate(&service), None, "the bucket is still ready");
+    host.call("delete", json!({ "organizationId": org, "bindingId": files_id, "data": "drop" })).unwrap();
     let asked = providers.asked();
-    assert_eq!(asked[asked.len() - 2..], [format!("destroy {id}"), format!("revoke {second_id}")]);
+    assert_eq!(asked[asked.len() - 3..], [format!("destroy {id}"), format!("revoke {second_id}"), format!("destroy {files_id}")]);
     let listed = host.call("list", json!({ "organizationId": org })).unwrap();
     assert_eq!(listed["bindings"], json!([]), "{listed}");
     assert!(host.service(&service).unwrap()["facets"].get("bindings").is_none(), "the facet goes with the last binding");

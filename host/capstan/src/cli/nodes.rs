@@ -1,5 +1,5 @@
 //! `capstan nodes list | get | jump | credential | rotate | revoke | set-hostname |
-//! reset-hostname | retire | impact | delete | storage | set-database`: clients of the `nodes.*` API methods of a running
+//! reset-hostname | retire | impact | delete | storage | set-database | set-object-storage`: clients of the `nodes.*` API methods of a running
 //! host (administrators; docs/nodes.md).
 //!
 //! With `--json` each prints the API's answer exactly (one line); a refusal prints
@@ -10,8 +10,9 @@
 //! Capstan keeps only its SHA-256. A node's token never reaches the CLI (the API answers
 //! credential metadata only), and `rotate` takes the SHA-256 of material the agent drew.
 //!
-//! `set-database` reads the PostgreSQL admin password from standard input (or `--prompt`) and
-//! seals it to the server's ingress recipient for this node; it is never printed.
+//! `set-database` and `set-object-storage` read the provider's admin password or secret key
+//! from standard input (or `--prompt`) and seal it to the server's ingress recipient for this
+//! node; it is never printed.
 //!
 //! Revoking, retiring and deleting ask for confirmation on a terminal; when standard input is
 //! not a terminal they are refused `confirmation-required` unless `--yes` says so, before
@@ -238,6 +239,36 @@ pub enum NodesCommand {
         #[command(flatten)]
         common: Common,
     },
+    /// State the node's S3 endpoint, where object-storage bindings of services on it are made
+    /// (`nodes.setStorageEndpoint`; docs/bindings.md).
+    ///
+    /// The admin key pair needs S3 and IAM rights (a bucket, a user and a key pair limited to
+    /// the bucket per binding); its secret key is read from standard input (or typed with
+    /// --prompt), sealed for this node, checked against the endpoint before anything is kept
+    /// (`objectstorage-admin-rejected`, `objectstorage-users-unsupported`) and never printed.
+    SetObjectStorage {
+        /// The node's id
+        id: String,
+        /// The origin workloads on the node (and Capstan) reach it at: http(s)://host[:port]
+        #[arg(long, required_unless_present = "clear")]
+        endpoint: Option<String>,
+        /// Its region
+        #[arg(long, default_value = "us-east-1")]
+        region: String,
+        /// The admin key pair's id
+        #[arg(long, required_unless_present = "clear")]
+        access_key_id: Option<String>,
+        /// Keep the secret key held for this key id instead of reading a new one
+        #[arg(long, conflicts_with = "clear")]
+        keep_secret: bool,
+        /// Remove the node's S3 endpoint (bindings placed there then wait)
+        #[arg(long, conflicts_with_all = ["endpoint", "access_key_id"])]
+        clear: bool,
+        #[command(flatten)]
+        input: super::secrets::ValueInput,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Delete a retired node and its credential (`nodes.delete`); a cluster can be deleted
     /// once none of its nodes is left.
     ///
@@ -286,6 +317,14 @@ pub fn run(command: NodesCommand) -> ExitCode {
                 _ => None,
             };
             (set_database(&id, database, &input, &common), common.json)
+        }
+        NodesCommand::SetObjectStorage { id, endpoint, region, access_key_id, keep_secret, clear, input, common } => {
+            // clap requires --endpoint and --access-key-id unless --clear
+            let stated = match (clear, endpoint, access_key_id) {
+                (false, Some(endpoint), Some(key)) => Some((json!({ "endpoint": endpoint, "region": region, "accessKeyId": key }), keep_secret)),
+                _ => None,
+            };
+            (set_endpoint(&id, "objectStorage", "sealedSecretAccessKey", "the admin secret key", stated, &input, &common), common.json)
         }
     };
     finish(result, json)
@@ -473,6 +512,10 @@ fn print_storage(answer: &Value) {
         ),
         None => println!("database: none stated (database bindings placed on this node wait)"),
     }
+    match answer.get("objectStorage") {
+        Some(o) => println!("object storage: {} ({}) as {}", text(o, "endpoint"), text(o, "region"), text(o, "accessKeyId")),
+        None => println!("object storage: none stated (object-storage bindings placed on this node wait)"),
+    }
 }
 
 fn storage(id: &str, common: &Common) -> Result<()> {
@@ -494,30 +537,42 @@ struct DatabaseArgs {
 }
 
 fn set_database(id: &str, database: Option<DatabaseArgs>, input: &super::secrets::ValueInput, common: &Common) -> Result<()> {
-    // the password is read (and refused when empty or oversized) before anything is sent
-    let password = match &database {
-        Some(db) if !db.keep_password => Some(super::secrets::read_input(input, "the admin password")?),
+    let stated = database.map(|db| (json!({ "engine": "postgresql", "host": db.host, "port": db.port, "user": db.user }), db.keep_password));
+    set_endpoint(id, "database", "sealedPassword", "the admin password", stated, input, common)
+}
+
+/// `nodes.setStorageEndpoint` for one of the node's endpoints (`field`): `stated` (and whether
+/// to keep the credential held), or `None` to clear it; the credential read from `input` and
+/// sealed for this node as `sealed_field`.
+fn set_endpoint(
+    id: &str,
+    field: &str,
+    sealed_field: &str,
+    what: &str,
+    stated: Option<(Value, bool)>,
+    input: &super::secrets::ValueInput,
+    common: &Common,
+) -> Result<()> {
+    // the credential is read (and refused when empty or oversized) before anything is sent
+    let credential = match &stated {
+        Some((_, false)) => Some(super::secrets::read_input(input, what)?),
         _ => None,
     };
     let client = Client::new(&common.connection)?;
     let held = client.call("nodes.getStorageEndpoint", &json!({ "nodeId": id }))?;
-    let database = match database {
+    let endpoint = match stated {
         None => Value::Null,
-        Some(db) => {
-            let mut body = json!({ "engine": "postgresql", "host": db.host, "port": db.port, "user": db.user });
-            if let Some(password) = password {
+        Some((mut body, _)) => {
+            if let Some(credential) = credential {
                 let (recipient_id, public) = super::secrets::recipient(&client)?;
-                let target = crate::secrets::ingress::target("nodes.setStorageEndpoint", id, "database");
-                let sealed = crate::secrets::ingress::seal_to(&recipient_id, &public, &target, &password);
-                body["sealedPassword"] = serde_json::to_value(sealed).map_err(crate::refusal::Refusal::internal)?;
+                let target = crate::secrets::ingress::target("nodes.setStorageEndpoint", id, field);
+                let sealed = crate::secrets::ingress::seal_to(&recipient_id, &public, &target, &credential);
+                body[sealed_field] = serde_json::to_value(sealed).map_err(crate::refusal::Refusal::internal)?;
             }
             body
         }
     };
-    let answer = client.call(
-        "nodes.setStorageEndpoint",
-        &json!({ "nodeId": id, "expectedRevision": held["revision"], "database": database }),
-    )?;
+    let answer = client.call("nodes.setStorageEndpoint", &json!({ "nodeId": id, "expectedRevision": held["revision"], field: endpoint }))?;
     if common.json {
         print_json(&answer);
     } else {
