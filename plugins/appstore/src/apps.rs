@@ -42,11 +42,12 @@ pub(crate) fn offered_version<'a>(app: &'a App, version: Option<&Version>) -> Re
     Ok(chosen)
 }
 
-/// The platform capabilities this manager can provide to an app: `platform-oidc` (Capstan as
-/// the app's OpenID provider; the host reads the declaration from the service's snapshot when an
-/// administrator enables single sign-on). A version that requires another is refused, naming
-/// only those, rather than installed half-working.
-const SUPPORTED_CAPABILITIES: [&str; 1] = [capstan_catalog::PLATFORM_OIDC];
+/// The platform capabilities an app can be given: `platform-oidc` (Capstan as the app's OpenID
+/// provider; the host reads the declaration from the service's snapshot when an administrator
+/// enables single sign-on), `database` and `objectstorage` (the bindings manager makes them from
+/// the same snapshot: [`crate::needs`]). A version that requires another is refused, naming only
+/// those, rather than installed half-working.
+const SUPPORTED_CAPABILITIES: [&str; 3] = [capstan_catalog::PLATFORM_OIDC, crate::needs::STORAGE[0], crate::needs::STORAGE[1]];
 
 fn check_capabilities(app: &App, version: &AppVersion) -> Result<()> {
     let unsupported: Vec<&String> =
@@ -57,7 +58,12 @@ fn check_capabilities(app: &App, version: &AppVersion) -> Result<()> {
     let names = unsupported.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ");
     Err(Refusal::new(
         "appstore-capability-unsupported",
-        format!("{} {} requires {names} which this host cannot provide yet", app.id, version.version),
+        format!(
+            "{} {} requires {names}, which no manager of this host provides (it provides {})",
+            app.id,
+            version.version,
+            SUPPORTED_CAPABILITIES.join(", ")
+        ),
     )
     .with_data(json!({ "appId": app.id, "version": version.version.to_string(), "capabilities": unsupported })))
 }
@@ -254,12 +260,15 @@ pub(crate) fn placement_for(template: &Template, cluster_id: &str, node_id: Opti
         Some(node) if active.iter().any(|n| n == node) => Ok(json!({ "nodes": [node] })),
         Some(node) => Err(Refusal::new("node-not-in-cluster", format!("{node} is not an active node of cluster {cluster_id}"))
             .with_data(json!({ "field": "nodeId" }))),
-        None if template.volumes.is_empty() => Ok(json!({ "everyNode": true })),
+        None if template.volumes.is_empty() && crate::needs::of(template).is_empty() => Ok(json!({ "everyNode": true })),
         None => match active.as_slice() {
             [only] => Ok(json!({ "nodes": [only] })),
             _ => Err(Refusal::new(
                 "appstore-node-required",
-                format!("the app keeps its data in volumes, so it runs on one node: name it (nodeId, one of the {} active nodes of the cluster)", active.len()),
+                format!(
+                    "the app keeps its data in volumes or in a database or bucket of its node, so it runs on one node: name it (nodeId, one of the {} active nodes of the cluster)",
+                    active.len()
+                ),
             )
             .with_data(json!({ "field": "nodeId", "nodes": active }))),
         },
@@ -340,6 +349,13 @@ pub fn install(_ctx: &Context, input: Install) -> Result<Value> {
         "appId": app.id,
         "version": version.version.to_string()
     });
+    // its databases and buckets are made by the bindings manager from the snapshot: the app
+    // waits for them before its first replica starts
+    let needs = crate::needs::of(template);
+    if !needs.is_empty() {
+        crate::needs::gate(&service.id, &needs)?;
+        answer["waitsFor"] = json!(needs);
+    }
     if let (Some(cluster), Some(placement)) = (&input.cluster_id, placement) {
         match start(&service.id, template, cluster, placement) {
             Ok(revision) => {

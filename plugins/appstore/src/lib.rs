@@ -19,6 +19,7 @@ mod active;
 mod apps;
 mod demo;
 mod loader;
+mod needs;
 mod npm;
 mod rollouts;
 mod settings;
@@ -136,6 +137,7 @@ impl Manager for AppStore {
             .collection(loader::LOADER)
             .collection(demo::DEMO)
             .collection(rollouts::UPGRADES)
+            .collection(needs::AWAITING)
             .reconcile_every(Duration::from_secs(60))
     }
 
@@ -154,6 +156,12 @@ impl Manager for AppStore {
                 Ok(_) => {}
                 Err(e) => capstan_sdk::warn!("cleaning up catalog chunks failed: {} ({})", e.message(), e.code()),
             }
+        }
+        // apps whose databases and buckets are ready start
+        match needs::release_ready() {
+            Ok(0) => {}
+            Ok(released) => summary.push(format!("{released} apps' bindings ready")),
+            Err(e) => capstan_sdk::warn!("releasing apps waiting for their bindings failed: {} ({})", e.message(), e.code()),
         }
         let mut deferred = 0;
         if let Ok((catalog, _)) = active::current()? {

@@ -502,11 +502,42 @@ fn a_version_declaring_platform_oidc_installs_and_upgrades_with_its_declaration_
             host.call("install", json!({ "organizationId": org, "appId": "grafana", "version": version, "name": "g2" })).unwrap_err();
         assert_eq!(refused.code(), "appstore-capability-unsupported", "{refused:?}");
         assert_eq!(refused.data().unwrap()["capabilities"], json!(["mail"]), "{refused:?}");
-        assert!(refused.message().contains("requires mail which"), "{}", refused.message());
+        assert!(refused.message().contains("requires mail, which no manager"), "{}", refused.message());
         let upgrade = host.call("getUpgradePreview", json!({ "organizationId": org, "serviceId": id, "version": status_target }));
         assert_eq!(upgrade.unwrap_err().code(), "appstore-capability-unsupported");
     }
     let status = host.call("getServiceUpgradeStatus", json!({ "organizationId": org, "serviceId": id })).unwrap();
     assert_eq!(status["status"], "blocked", "{status}");
     assert_eq!(status["blockers"][0]["code"], "appstore-capability-unsupported", "{status}");
+}
+
+#[test]
+fn an_app_needing_a_database_installs_on_one_node_and_waits_for_its_bindings() {
+    if capstan_sdk::testing::wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let publisher = key(7);
+    host.set_settings(json!({ "appstore.trustedCatalogKeys": [public(&publisher)] }));
+    let mut wiki = version("1.0.0", "registry.example.com/wiki:1.0.0", "info");
+    wiki["template"]["capabilities"] = json!(["database", "objectstorage"]);
+    let catalog: Catalog = serde_json::from_value(json!({ "apps": [{ "id": "wiki", "name": "Wiki", "versions": [wiki] }] })).unwrap();
+    host.call("importCatalog", json!({ "envelope": envelope(&catalog, 1, &publisher) })).unwrap();
+    let org = host.create_organization("acme");
+
+    // a cluster: the app keeps data in its node's database, so it runs on one node, named
+    let cluster = host.create_cluster("edge");
+    let everywhere = host.call("install", json!({ "organizationId": org, "appId": "wiki", "clusterId": cluster, "name": "w1" }));
+    assert_eq!(everywhere.unwrap_err().code(), "appstore-node-required");
+
+    // installed: its replicas are gated until its bindings are ready, the declaration in its snapshot
+    let installed = host.call("install", json!({ "organizationId": org, "appId": "wiki", "name": "w2" })).unwrap();
+    assert_eq!(installed["waitsFor"], json!(["database", "objectstorage"]), "{installed}");
+    let id = installed["id"].as_str().unwrap().to_string();
+    assert_eq!(host.service_gate(&id).as_deref(), Some("bindings-pending"));
+    assert_eq!(host.service(&id).unwrap()["template"]["template"]["capabilities"], json!(["database", "objectstorage"]));
+    // no bindings manager has said they are ready: the gate stays
+    host.reconcile(&[]).unwrap();
+    assert_eq!(host.service_gate(&id).as_deref(), Some("bindings-pending"));
+    assert_eq!(host.documents("awaiting_bindings").len(), 1);
 }

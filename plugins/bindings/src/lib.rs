@@ -12,6 +12,9 @@
 //!   published as the service's secrets `DATABASE_URL`, `PG*` or `S3_*`); the plugin sees no
 //!   credential. Provisioning is idempotent, so the reconcile pass simply asks
 //!   again for every binding not ready, after a crash or an unreachable server.
+//! - A service whose template snapshot (an App Store install) declares `database` or
+//!   `objectstorage` among its capabilities is given those bindings when it is created or
+//!   updated (`main` on postgresql, `files` on s3), as the manager's own work.
 //! - `bindings.delete` revokes the credentials first (secrets revoked, login disabled, sessions
 //!   ended), then drops the data when asked (`data: drop`) or keeps it (`data: keep`).
 //! - The service's facet (`facets.bindings`) lists its bindings for the Bindings card: kind,
@@ -56,13 +59,19 @@ impl Manager for BindingsManager {
             .facet::<ServiceFacet>(EntityKind::Service, "The service's bindings: kind, engine, node, state and the names of their secrets")
             .panel(EntityKind::Service, "Bindings", "service-panel")
             .collection(CollectionSpec::new(BINDINGS).index("by_service", &["serviceId"]).index("by_org", &["organizationId"]))
+            .subscribe("service.created")
+            .subscribe("service.updated")
             .subscribe("service.deleting")
             .subscribe("runtime.spec-set")
             .reconcile_every(Duration::from_secs(10))
     }
 
-    /// A spec changed or a service is going: the delivery already hints the reconcile loop.
-    fn on_event(_ctx: &Context, _event: Event) -> Result<()> {
+    /// A service created or updated gets the bindings its template declares; anything else
+    /// (a spec set, a service going) only hints the reconcile loop.
+    fn on_event(_ctx: &Context, event: Event) -> Result<()> {
+        if event.kind == "service.created" || event.kind == "service.updated" {
+            declared(&event.subject)?;
+        }
         Ok(())
     }
 
@@ -200,6 +209,48 @@ struct Service {
     organization_id: String,
     #[serde(default)]
     state: Option<String>,
+    /// The App Store's snapshot of the template it was installed from, if it was.
+    #[serde(default)]
+    template: Option<serde_json::Value>,
+}
+
+/// The bindings a template declares: (kind, engine, name) for each storage capability.
+fn declared_by(template: &serde_json::Value) -> Vec<(BindingKind, &'static str, &'static str)> {
+    let capabilities = template["template"]["capabilities"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let has = |name: &str| capabilities.iter().any(|c| c == name);
+    let mut out = Vec::new();
+    if has("database") {
+        out.push((BindingKind::Database, "postgresql", "main"));
+    }
+    if has("objectstorage") {
+        out.push((BindingKind::Objectstorage, "s3", "files"));
+    }
+    out
+}
+
+/// Give the service the bindings its template declares that it has no binding of that kind for.
+fn declared(service_id: &str) -> Result<()> {
+    let Some(service) = inventory::get::<Service>(EntityKind::Service, service_id)? else { return Ok(()) };
+    if service.data.state.as_deref() == Some("deleting") {
+        return Ok(());
+    }
+    let Some(template) = &service.data.template else { return Ok(()) };
+    let existing = of_service(service_id)?;
+    for (kind, engine, name) in declared_by(template) {
+        if existing.iter().any(|b| b.data.kind == kind) {
+            continue;
+        }
+        let input = CreateInput {
+            organization_id: service.data.organization_id.clone(),
+            service_id: service_id.to_string(),
+            kind,
+            engine: engine.into(),
+            name: name.into(),
+        };
+        let made = add(input)?;
+        log::info(&format!("binding {} ({name}) made for service {service_id}, as its template declares", made.id));
+    }
+    Ok(())
 }
 
 // ---- placement and provisioning ----
@@ -367,6 +418,12 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 fn create(_ctx: &Context, input: CreateInput) -> Result<Binding> {
+    add(input)
+}
+
+/// Record, place, gate, and provision when it can: what `create` does, for a caller or for a
+/// template's declaration.
+fn add(input: CreateInput) -> Result<Binding> {
     check_name(&input.name)?;
     let provided = matches!((input.kind, input.engine.as_str()), (BindingKind::Database, "postgresql") | (BindingKind::Objectstorage, "s3"));
     if !provided {

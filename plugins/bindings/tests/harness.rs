@@ -153,3 +153,39 @@ fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
     let no_choice = host.call("delete", json!({ "organizationId": org, "bindingId": id }));
     assert_eq!(no_choice.unwrap_err().code(), "invalid-request", "the data's fate is never defaulted");
 }
+
+#[test]
+fn a_service_whose_template_declares_storage_is_given_those_bindings() {
+    if capstan_sdk::testing::wasm_target_missing() {
+        return;
+    }
+    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
+    let providers = Arc::new(Providers::default());
+    host.set_storage_dispatch(providers.clone());
+    let org = host.create_organization("acme");
+    let snapshot = json!({ "appId": "wiki", "version": "1.0.0",
+                           "template": { "image": "registry.example.com/wiki:1", "capabilities": ["database", "objectstorage", "platform-oidc"] } });
+    let wiki = host.create_service(&org, json!({ "name": "wiki", "image": "registry.example.com/wiki:1", "template": snapshot }));
+    host.put_service_spec(spec(&wiki, json!({ "everyNode": false, "nodes": ["node_a"] })));
+    host.publish("service.created", &wiki, json!({}));
+    host.deliver_events().unwrap();
+    let listed = host.call("list", json!({ "organizationId": org, "serviceId": wiki })).unwrap();
+    let made: Vec<(&str, &str, &str)> = listed["bindings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["kind"].as_str().unwrap(), b["engine"].as_str().unwrap(), b["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(made.len(), 2, "{listed}");
+    assert!(made.contains(&("database", "postgresql", "ready")) && made.contains(&("objectstorage", "s3", "ready")), "{listed}");
+    // delivered again (at least once): nothing more is made
+    host.publish("service.updated", &wiki, json!({}));
+    host.deliver_events().unwrap();
+    assert_eq!(host.call("list", json!({ "organizationId": org, "serviceId": wiki })).unwrap()["bindings"].as_array().unwrap().len(), 2);
+    assert_eq!(providers.asked().len(), 2);
+    // a service without a template is left alone
+    let plain = host.create_service(&org, json!({ "name": "plain", "image": "registry.example.com/p:1" }));
+    host.publish("service.created", &plain, json!({}));
+    host.deliver_events().unwrap();
+    assert_eq!(host.call("list", json!({ "organizationId": org, "serviceId": plain })).unwrap()["bindings"], json!([]));
+}
