@@ -25,12 +25,12 @@ use std::sync::Arc;
 /// What a test implements to stand in for a cluster's relay ([`TestHost::set_agent_dispatch`]).
 pub use capstan_plugin_host::{AgentDispatch, AgentReply, AgentRequest};
 
-/// What a test implements to stand in for the external gateway ([`TestHost::set_gateway_dispatch`]).
-pub use capstan_plugin_host::{GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse};
-/// What a test installs in place of the storage providers ([`TestHost::set_storage_dispatch`]).
-pub use capstan_plugin_host::{BindingKind, Provisioned, StorageBinding, StorageDispatch};
 /// What a storage stand-in implements its trait with, and whom a call acts as.
 pub use capstan_plugin_host::platform::async_trait;
+/// What a test installs in place of the storage providers ([`TestHost::set_storage_dispatch`]).
+pub use capstan_plugin_host::{BindingKind, Provisioned, StorageBinding, StorageDispatch};
+/// What a test implements to stand in for the external gateway ([`TestHost::set_gateway_dispatch`]).
+pub use capstan_plugin_host::{GatewayDispatch, GatewayReply, GatewayRequest, GatewayResponse};
 pub use capstan_rpc::Identity;
 
 /// A refusal as the host passes it (what an [`AgentDispatch`] or a [`GatewayDispatch`] refuses

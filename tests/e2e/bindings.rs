@@ -90,7 +90,8 @@ try:
 except botocore.exceptions.ClientError as e:
     print("OTHER-DENIED", e.response["Error"]["Code"])
 "#;
-    let out = std::process::Command::new("python3").args(["-c", SCRIPT, other]).envs(env.iter().cloned()).output().expect("running python3");
+    let out =
+        std::process::Command::new("python3").args(["-c", SCRIPT, other]).envs(env.iter().cloned()).output().expect("running python3");
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
@@ -197,7 +198,8 @@ fn a_service_gets_its_own_postgresql_database_through_its_secrets_and_loses_it_w
     }
 
     // ---- the URL the workload holds writes and reads a row, from the node's network ----
-    let (ok, out) = psql(&bin, &nodes[0], &url, "CREATE TABLE entries (note text); INSERT INTO entries VALUES ('paid'); SELECT note FROM entries;");
+    let (ok, out) =
+        psql(&bin, &nodes[0], &url, "CREATE TABLE entries (note text); INSERT INTO entries VALUES ('paid'); SELECT note FROM entries;");
     assert!(ok && out.lines().any(|l| l.trim() == "paid"), "{out}");
 
     // ---- another service's binding: its role cannot reach this database ----
@@ -234,7 +236,8 @@ fn a_service_gets_its_own_postgresql_database_through_its_secrets_and_loses_it_w
 
     // ---- a bucket: the keys the replica holds reach its bucket and no other ----
     if let Some((s3_endpoint, s3_key, s3_secret)) = s3_admin() {
-        let sealed = crate::secrets::seal(&recipient, "nodes.setStorageEndpoint", &node, "objectStorage", s3_secret.as_bytes())["sealed"].clone();
+        let sealed =
+            crate::secrets::seal(&recipient, "nodes.setStorageEndpoint", &node, "objectStorage", s3_secret.as_bytes())["sealed"].clone();
         let revision = w.ok("nodes.getStorageEndpoint", json!({ "nodeId": node }))["revision"].clone();
         let stated = w.ok(
             "nodes.setStorageEndpoint",

@@ -696,7 +696,8 @@ fn a_database_binding_killed_between_its_role_and_its_secrets_resumes_to_one_rol
                        "placement": { "everyNode": false, "nodes": [node] }, "replicasPerNode": 1 });
     ok(&server, &token, "runtime.setServiceSpec", spec);
     let recipient = ok(&server, &token, "secrets.getIngressRecipient", json!({}));
-    let sealed = crate::secrets::seal(&recipient, "nodes.setStorageEndpoint", &node, "database", admin_password.as_bytes())["sealed"].clone();
+    let sealed =
+        crate::secrets::seal(&recipient, "nodes.setStorageEndpoint", &node, "database", admin_password.as_bytes())["sealed"].clone();
     let endpoint = json!({ "nodeId": node, "expectedRevision": null,
         "database": { "engine": "postgresql", "host": "127.0.0.1", "port": pg_port, "user": admin_user, "sealedPassword": sealed } });
     ok(&server, &token, "nodes.setStorageEndpoint", endpoint);
@@ -732,13 +733,8 @@ fn a_database_binding_killed_between_its_role_and_its_secrets_resumes_to_one_rol
     assert_eq!(count(format!("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'capstan\\_%' AND rolname = '{role}'")), "1");
     assert_eq!(count(format!("SELECT count(*) FROM pg_database WHERE datname = '{role}'")), "1");
     let listed = ok(&server, &token, "secrets.list", json!({ "owner": { "kind": "service", "serviceId": service }, "limit": 200 }));
-    let active: Vec<&str> = listed["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["state"] == "active")
-        .filter_map(|s| s["key"].as_str())
-        .collect();
+    let active: Vec<&str> =
+        listed["items"].as_array().unwrap().iter().filter(|s| s["state"] == "active").filter_map(|s| s["key"].as_str()).collect();
     let mut sorted = active;
     sorted.sort_unstable();
     assert_eq!(sorted, ["DATABASE_URL", "PGDATABASE", "PGHOST", "PGPASSWORD", "PGPORT", "PGUSER"], "one secret per name: {listed}");

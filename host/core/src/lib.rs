@@ -1,6 +1,7 @@
 //! Capstan's foundation: what every other crate of the host stands on and nothing else.
 //!
 //! - [`refusal`]: the one error shape every subsystem returns and every client sees;
+//! - [`bindings`]: a storage binding as the plugin host and the providers both name it;
 //! - [`build`]: the plugin contract and engine this build serves;
 //! - [`clock`]: the one wall clock;
 //! - [`crash`]: crash points, where a debug build kills itself on request (the kill -9 tests);
@@ -13,6 +14,7 @@
 //!   property tests.
 //! - [`wire`]: the agent wire's bodies the node agent and the host share (the heartbeat's report).
 
+pub mod bindings;
 pub mod build;
 pub mod causes;
 pub mod clock;

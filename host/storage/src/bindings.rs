@@ -19,40 +19,7 @@ use rand::Rng;
 use serde_json::json;
 use zeroize::Zeroizing;
 
-/// What a binding gives a service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A PostgreSQL role and its database.
-    Database,
-    /// A bucket and a key pair limited to it.
-    ObjectStorage,
-}
-
-/// One binding, as a manager names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Binding {
-    /// Its id: the provider's names derive from it.
-    pub binding_id: String,
-    /// The service whose secrets receive its credentials.
-    pub service_id: String,
-    /// The node whose storage endpoint provides it.
-    pub node_id: String,
-    /// What it gives.
-    pub kind: Kind,
-    /// `postgresql` or `s3`.
-    pub engine: String,
-}
-
-/// A provisioned binding, value-free.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Provisioned {
-    /// Where the workload reaches it.
-    pub endpoint: String,
-    /// The database (= its role).
-    pub name: String,
-    /// The service's secrets holding its credentials.
-    pub secret_keys: Vec<String>,
-}
+pub use capstan_core::bindings::{BindingKind as Kind, Provisioned, StorageBinding as Binding};
 
 /// The keys a PostgreSQL binding publishes, `PGPASSWORD` first (the others are derived from it).
 pub const POSTGRES_KEYS: &[&str] = &["PGPASSWORD", "DATABASE_URL", "PGHOST", "PGPORT", "PGDATABASE", "PGUSER"];
@@ -197,7 +164,11 @@ async fn provision_bucket(cx: &Context, actor: &Identity, binding: &Binding) -> 
     }
     publish(cx, actor, binding, S3_KEYS, &values).await?;
     tracing::info!(binding = %binding.binding_id, service = %binding.service_id, node = %binding.node_id, "object-storage binding provisioned");
-    Ok(Provisioned { endpoint: endpoint.endpoint, name: granted.bucket.clone(), secret_keys: S3_KEYS.iter().map(|k| k.to_string()).collect() })
+    Ok(Provisioned {
+        endpoint: endpoint.endpoint,
+        name: granted.bucket.clone(),
+        secret_keys: S3_KEYS.iter().map(|k| k.to_string()).collect(),
+    })
 }
 
 /// The binding's credentials stop working at once: its secrets revoked, its role's login

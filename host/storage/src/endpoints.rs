@@ -217,8 +217,11 @@ pub fn host_identity() -> Identity {
 pub async fn postgres_admin(cx: &Context, node_id: &str) -> Result<(DatabaseEndpoint, postgres::Admin)> {
     let stored = cx.store().transact(|tx| async move { read(&tx, node_id).await }).await?;
     let Some(db) = stored.and_then(|(_, e)| e.database) else {
-        return Err(Refusal::new("database-endpoint-missing", format!("node {node_id} states no database endpoint (nodes.setStorageEndpoint)"))
-            .with_data(json!({ "nodeId": node_id })));
+        return Err(Refusal::new(
+            "database-endpoint-missing",
+            format!("node {node_id} states no database endpoint (nodes.setStorageEndpoint)"),
+        )
+        .with_data(json!({ "nodeId": node_id })));
     };
     let password = managed::reveal(&cx.secrets, &host_identity(), "host:storage", ADMIN_SCOPE, &db.secret_id).await?;
     let password = Zeroizing::new(String::from_utf8(password.to_vec()).map_err(|_| Refusal::internal("the admin password is not UTF-8"))?);
@@ -342,7 +345,12 @@ async fn object_storage(
         (None, Some(held)) if held.access_key_id == o.access_key_id => s3_admin(cx, node_id).await?.1.secret_access_key,
         (None, _) => return Err(Refusal::invalid_request("a new admin key pair needs its secret key (sealedSecretAccessKey)")),
     };
-    let admin = s3::Admin { endpoint: o.endpoint.clone(), region: o.region.clone(), access_key_id: o.access_key_id.clone(), secret_access_key: secret };
+    let admin = s3::Admin {
+        endpoint: o.endpoint.clone(),
+        region: o.region.clone(),
+        access_key_id: o.access_key_id.clone(),
+        secret_access_key: secret,
+    };
     // a key pair that does not work, or an endpoint without users and policies, is refused
     // before anything is kept
     s3::check(&admin).await?;
@@ -371,7 +379,12 @@ pub async fn s3_admin(cx: &Context, node_id: &str) -> Result<(ObjectStorageEndpo
     };
     let secret = managed::reveal(&cx.secrets, &host_identity(), "host:storage", ADMIN_SCOPE, &o.secret_id).await?;
     let secret = Zeroizing::new(String::from_utf8(secret.to_vec()).map_err(|_| Refusal::internal("the admin secret key is not UTF-8"))?);
-    let admin = s3::Admin { endpoint: o.endpoint.clone(), region: o.region.clone(), access_key_id: o.access_key_id.clone(), secret_access_key: secret };
+    let admin = s3::Admin {
+        endpoint: o.endpoint.clone(),
+        region: o.region.clone(),
+        access_key_id: o.access_key_id.clone(),
+        secret_access_key: secret,
+    };
     Ok((o, admin))
 }
 

@@ -13,7 +13,7 @@ use capstan_sdk::{Result, Value, json, runtime};
 /// The capabilities a binding provides, as a template declares them.
 pub const STORAGE: [&str; 2] = ["database", "objectstorage"];
 /// Installed apps whose replicas wait for their bindings: id = service id, `{serviceId, needs}`.
-pub const AWAITING: &str = "awaiting_bindings";
+pub const AWAITING: &str = "awaiting";
 /// The gate's reason while they wait.
 const PENDING: &str = "bindings-pending";
 

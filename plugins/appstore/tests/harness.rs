@@ -539,5 +539,5 @@ fn an_app_needing_a_database_installs_on_one_node_and_waits_for_its_bindings() {
     // no bindings manager has said they are ready: the gate stays
     host.reconcile(&[]).unwrap();
     assert_eq!(host.service_gate(&id).as_deref(), Some("bindings-pending"));
-    assert_eq!(host.documents("awaiting_bindings").len(), 1);
+    assert_eq!(host.documents("awaiting").len(), 1);
 }

@@ -47,7 +47,11 @@ impl Manager for BindingsManager {
             .refusal("binding-placement-ambiguous", 409, "The service runs on every node or on several: a binding lives on one node")
             .refusal("binding-exists", 409, "The service already has a binding of that name")
             .refusal("binding-environment-conflict", 409, "The service already has a binding of that kind: its secrets would collide")
-            .refusal("binding-engine-unsupported", 422, "No provider of that engine: Capstan provides database on postgresql and objectstorage on s3")
+            .refusal(
+                "binding-engine-unsupported",
+                422,
+                "No provider of that engine: Capstan provides database on postgresql and objectstorage on s3",
+            )
             .refusal("binding-not-found", 404, "No such binding in this organization")
             .refusal("binding-limit", 409, "The service has as many bindings as it may")
             .method("create", "Give a service a database or a bucket on the storage endpoint of the node it runs on.", Role::Owner, create)
@@ -261,8 +265,11 @@ fn declared(service_id: &str) -> Result<()> {
 fn placement(service_id: &str) -> Result<Option<String>> {
     let specs = runtime::service_specs(service_id)?;
     let ambiguous = |why: &str| {
-        Refusal::new("binding-placement-ambiguous", format!("service {service_id} {why}: a binding lives on the one node its runtime spec pins"))
-            .with_data(json!({ "serviceId": service_id }))
+        Refusal::new(
+            "binding-placement-ambiguous",
+            format!("service {service_id} {why}: a binding lives on the one node its runtime spec pins"),
+        )
+        .with_data(json!({ "serviceId": service_id }))
     };
     match specs.as_slice() {
         [] => Ok(None),
@@ -425,11 +432,15 @@ fn create(_ctx: &Context, input: CreateInput) -> Result<Binding> {
 /// template's declaration.
 fn add(input: CreateInput) -> Result<Binding> {
     check_name(&input.name)?;
-    let provided = matches!((input.kind, input.engine.as_str()), (BindingKind::Database, "postgresql") | (BindingKind::Objectstorage, "s3"));
+    let provided =
+        matches!((input.kind, input.engine.as_str()), (BindingKind::Database, "postgresql") | (BindingKind::Objectstorage, "s3"));
     if !provided {
         return Err(Refusal::new(
             "binding-engine-unsupported",
-            format!("no provider of {:?} on {:?}: Capstan provides database on postgresql and objectstorage on s3", input.kind, input.engine),
+            format!(
+                "no provider of {:?} on {:?}: Capstan provides database on postgresql and objectstorage on s3",
+                input.kind, input.engine
+            ),
         )
         .with_data(json!({ "kind": input.kind, "engine": input.engine, "supported": SUPPORTED })));
     }

@@ -98,17 +98,12 @@ fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
     // one database binding per service; names unique; engines provided only
     assert_eq!(create(&service, "main").unwrap_err().code(), "binding-exists");
     assert_eq!(create(&service, "second").unwrap_err().code(), "binding-environment-conflict");
-    let mongo = host.call(
-        "create",
-        json!({ "organizationId": org, "serviceId": service, "kind": "database", "engine": "mongodb", "name": "docs" }),
-    );
+    let mongo = host
+        .call("create", json!({ "organizationId": org, "serviceId": service, "kind": "database", "engine": "mongodb", "name": "docs" }));
     assert_eq!(mongo.unwrap_err().code(), "binding-engine-unsupported");
     // a bucket beside the database: provisioned at once on the same node
     let bucket = |engine: &str, name: &str| {
-        host.call(
-            "create",
-            json!({ "organizationId": org, "serviceId": service, "kind": "objectstorage", "engine": engine, "name": name }),
-        )
+        host.call("create", json!({ "organizationId": org, "serviceId": service, "kind": "objectstorage", "engine": engine, "name": name }))
     };
     assert_eq!(bucket("minio", "files").unwrap_err().code(), "binding-engine-unsupported");
     let files = bucket("s3", "files").unwrap();
@@ -127,8 +122,7 @@ fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
     // the provider down: the binding waits with the provider's reason, the gate holds
     let second = host.create_service(&org, json!({ "name": "second", "image": "registry.example.com/s:1" }));
     host.put_service_spec(spec(&second, json!({ "everyNode": false, "nodes": ["node_b"] })));
-    *providers.failing.lock().unwrap() =
-        Some(HostRefusal::new("database-endpoint-unreachable", "the server did not answer").retryable());
+    *providers.failing.lock().unwrap() = Some(HostRefusal::new("database-endpoint-unreachable", "the server did not answer").retryable());
     let waiting = create(&second, "main").unwrap();
     assert_eq!((waiting["state"].as_str(), waiting["reason"].as_str()), (Some("pending"), Some("database-endpoint-unreachable")));
     assert_eq!(host.service_gate(&second).as_deref(), Some("bindings-pending"));

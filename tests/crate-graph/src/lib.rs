@@ -105,10 +105,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("capstan-gateway", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-relays"]),
     // storage endpoints of nodes and the providers behind them: the nodes' records, the admin
     // credentials as system secrets, the bindings' credentials as the services' own secrets
-    (
-        "capstan-storage",
-        &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-nodes"],
-    ),
+    ("capstan-storage", &["capstan-core", "capstan-store", "capstan-rpc", "capstan-inventory", "capstan-secrets", "capstan-nodes"]),
     // the runtime: specs, slots and the producer over the inventory's services and the nodes'
     // records, pull credentials from the registry, a service's secrets opened under the keyring
     // and sealed to the node's recipient, pushes through the server's sockets (the relays'

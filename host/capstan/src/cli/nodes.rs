@@ -321,7 +321,9 @@ pub fn run(command: NodesCommand) -> ExitCode {
         NodesCommand::SetObjectStorage { id, endpoint, region, access_key_id, keep_secret, clear, input, common } => {
             // clap requires --endpoint and --access-key-id unless --clear
             let stated = match (clear, endpoint, access_key_id) {
-                (false, Some(endpoint), Some(key)) => Some((json!({ "endpoint": endpoint, "region": region, "accessKeyId": key }), keep_secret)),
+                (false, Some(endpoint), Some(key)) => {
+                    Some((json!({ "endpoint": endpoint, "region": region, "accessKeyId": key }), keep_secret))
+                }
                 _ => None,
             };
             (set_endpoint(&id, "objectStorage", "sealedSecretAccessKey", "the admin secret key", stated, &input, &common), common.json)
@@ -537,7 +539,8 @@ struct DatabaseArgs {
 }
 
 fn set_database(id: &str, database: Option<DatabaseArgs>, input: &super::secrets::ValueInput, common: &Common) -> Result<()> {
-    let stated = database.map(|db| (json!({ "engine": "postgresql", "host": db.host, "port": db.port, "user": db.user }), db.keep_password));
+    let stated =
+        database.map(|db| (json!({ "engine": "postgresql", "host": db.host, "port": db.port, "user": db.user }), db.keep_password));
     set_endpoint(id, "database", "sealedPassword", "the admin password", stated, input, common)
 }
 
@@ -572,7 +575,8 @@ fn set_endpoint(
             body
         }
     };
-    let answer = client.call("nodes.setStorageEndpoint", &json!({ "nodeId": id, "expectedRevision": held["revision"], field: endpoint }))?;
+    let answer =
+        client.call("nodes.setStorageEndpoint", &json!({ "nodeId": id, "expectedRevision": held["revision"], field: endpoint }))?;
     if common.json {
         print_json(&answer);
     } else {

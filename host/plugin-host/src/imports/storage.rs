@@ -13,40 +13,7 @@ use capstan_rpc::Identity;
 use serde_json::Value;
 use std::sync::Arc;
 
-/// What a binding gives a service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BindingKind {
-    /// A PostgreSQL role and its database.
-    Database,
-    /// A bucket and a key pair limited to it.
-    ObjectStorage,
-}
-
-/// One binding, as the plugin names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageBinding {
-    /// Its id: the provider's names derive from it.
-    pub binding_id: String,
-    /// The service whose secrets receive its credentials.
-    pub service_id: String,
-    /// The node whose storage endpoint provides it.
-    pub node_id: String,
-    /// What it gives.
-    pub kind: BindingKind,
-    /// `postgresql` or `s3`.
-    pub engine: String,
-}
-
-/// A provisioned binding, value-free.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Provisioned {
-    /// Where the workload reaches it.
-    pub endpoint: String,
-    /// The database or the bucket.
-    pub name: String,
-    /// The service's secrets holding its credentials, by key.
-    pub secret_keys: Vec<String>,
-}
+pub use capstan_core::bindings::{BindingKind, Provisioned, StorageBinding};
 
 /// How the `storage` import reaches the providers; the server installs its own with
 /// [`Services::set_storage_dispatch`]. No credential may appear in a refusal or a log line.
