@@ -17,7 +17,7 @@
 use crate::runtime::{Images, Node, World, forwarder, in_netns, skipped};
 use crate::support::eventually;
 use serde_json::{Value, json};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const CONVERGE: Duration = Duration::from_secs(120);
@@ -41,7 +41,7 @@ pub(crate) fn postgres() -> Option<((String, String, u16), PathBuf)> {
 }
 
 /// `psql <url> -c <sql>` from the node's network namespace: (success, output).
-fn psql(bin: &PathBuf, node: &Node, url: &str, sql: &str) -> (bool, String) {
+fn psql(bin: &Path, node: &Node, url: &str, sql: &str) -> (bool, String) {
     let out = in_netns(Some(&node.netns), bin.join("psql"))
         .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
         .output()

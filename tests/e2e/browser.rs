@@ -1873,3 +1873,43 @@ fn a_browser_signs_in_through_the_identity_provider_and_finds_its_organization()
     let log = server.stderr();
     assert!(!log.contains("eyJ"), "no JWT may be logged:\n{log}");
 }
+
+/// A service's Bindings card and a node's Storage endpoints card: a binding waiting to be
+/// placed shows its kind, engine, state and why, and the node states no database yet; neither
+/// page shows a credential.
+#[test]
+fn a_services_bindings_and_a_nodes_storage_endpoints_show_on_their_pages() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Capstan::start(crate::support::with_test_admin(crate::support::dev_command(&dir.path().join("data"))));
+    let api = ApiClient::log_in(&server, crate::support::TEST_ADMIN.1);
+    let (_, service, node) = service_and_node(&server, &api, &"5e".repeat(32));
+    let org = api.call("services.get", json!({ "id": service }))["organizationId"].as_str().unwrap().to_string();
+    let create = json!({ "organizationId": org, "serviceId": service, "kind": "database", "engine": "postgresql", "name": "main" });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        // the first-party plugins load in the background at start
+        let (status, answer) = api.status_of("bindings.create", create.clone());
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline && answer["error"]["code"] == "plugin-not-loaded", "bindings.create: {answer}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    signed_in_browser(&server, dir.path(), "bindings", async |client| {
+        client.goto(&server.url(&format!("/services/{service}"))).await.unwrap();
+        let card = text_of(client, "#bindings-service-list").await;
+        for shown in ["main", "database", "postgresql", "pending", "binding-unplaced"] {
+            assert!(card.contains(shown), "the Bindings card shows {shown}: {card}");
+        }
+        let shot = client.screenshot().await.expect("a screenshot of a service's bindings");
+        save_screenshot(&shot, dir.path(), "service-bindings.png", "/tmp/capstan-service-bindings.png");
+        client.goto(&server.url(&format!("/nodes/{node}"))).await.unwrap();
+        let storage = text_of(client, "#node-storage-database").await;
+        assert!(storage.contains("No database stated") && storage.contains("capstan nodes set-database"), "{storage}");
+        let shot = client.screenshot().await.expect("a screenshot of a node's storage endpoints");
+        save_screenshot(&shot, dir.path(), "node-storage.png", "/tmp/capstan-node-storage.png");
+    });
+}

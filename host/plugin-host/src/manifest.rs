@@ -966,7 +966,7 @@ concurrency = 4
         for bad in [
             "capstan:plugin@0.1.1",
             "capstan:plugin@0.2.5",
-            "capstan:plugin@0.3.6",
+            "capstan:plugin@0.3.7",
             "capstan:plugin@0.4.0",
             "capstan:plugin@0.0.9",
             "capstan:plugin@1.1.0",
