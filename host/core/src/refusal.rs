@@ -195,6 +195,14 @@ impl std::error::Error for Refusal {}
 /// A result whose error is a [`Refusal`].
 pub type Result<T, E = Refusal> = std::result::Result<T, E>;
 
+/// Stable refusal codes (and reasons of the same kind): lowercase words joined by single
+/// hyphens, at most 64 characters.
+pub fn valid_code(code: &str) -> bool {
+    !code.is_empty()
+        && code.len() <= 64
+        && code.split('-').all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,12 +249,4 @@ mod tests {
             assert_eq!(code_status(code), Some(status), "{code}");
         }
     }
-}
-
-/// Stable refusal codes (and reasons of the same kind): lowercase words joined by single
-/// hyphens, at most 64 characters.
-pub fn valid_code(code: &str) -> bool {
-    !code.is_empty()
-        && code.len() <= 64
-        && code.split('-').all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
 }
