@@ -299,6 +299,11 @@ async fn node_page(state: &Host, identity: &Viewer, id: &str, status: StatusCode
                 port => u64_of(d, "port"),
                 user => str_of(d, "user"),
             }),
+            object_storage => s.get("objectStorage").map(|o| context! {
+                endpoint => str_of(o, "endpoint"),
+                region => str_of(o, "region"),
+                key => str_of(o, "accessKeyId"),
+            }),
         }),
         cluster => context! { id => &cluster_id, name => cluster, href => format!("/clusters/{}/nodes", encode(&cluster_id)) },
         action => format!("/nodes/{}", encode(id)),

@@ -1904,11 +1904,15 @@ fn a_services_bindings_and_a_nodes_storage_endpoints_show_on_their_pages() {
         for shown in ["main", "database", "postgresql", "pending", "binding-unplaced"] {
             assert!(card.contains(shown), "the Bindings card shows {shown}: {card}");
         }
+        client.execute("document.getElementById('bindings-service-panel').scrollIntoView()", vec![]).await.unwrap();
         let shot = client.screenshot().await.expect("a screenshot of a service's bindings");
         save_screenshot(&shot, dir.path(), "service-bindings.png", "/tmp/capstan-service-bindings.png");
         client.goto(&server.url(&format!("/nodes/{node}"))).await.unwrap();
         let storage = text_of(client, "#node-storage-database").await;
         assert!(storage.contains("No database stated") && storage.contains("capstan nodes set-database"), "{storage}");
+        let object = text_of(client, "#node-storage-object").await;
+        assert!(object.contains("No S3 endpoint stated"), "{object}");
+        client.execute("document.getElementById('node-storage').scrollIntoView()", vec![]).await.unwrap();
         let shot = client.screenshot().await.expect("a screenshot of a node's storage endpoints");
         save_screenshot(&shot, dir.path(), "node-storage.png", "/tmp/capstan-node-storage.png");
     });
