@@ -533,24 +533,33 @@ fn get(_ctx: &Context, input: GetInput) -> Result<Binding> {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ListInput {
     organization_id: String,
-    /// Only this service's.
+    /// Only this service's (all of them: a service has at most a few).
     #[serde(default)]
     service_id: Option<String>,
+    /// The organization's: continue after this cursor (`nextCursor` of the page before).
+    #[serde(default)]
+    cursor: Option<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 struct Listed {
     bindings: Vec<Binding>,
+    /// Pass back as `cursor` for the next page; absent when the listing is complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 fn list(_ctx: &Context, input: ListInput) -> Result<Listed> {
-    let docs = match &input.service_id {
-        Some(service_id) => of_service(service_id)?,
-        None => store::find::<Binding>(BINDINGS, "by_org", &[json!(input.organization_id)], None, 100)?.documents,
+    let (docs, next_cursor) = match &input.service_id {
+        Some(service_id) => (of_service(service_id)?, None),
+        None => {
+            let page = store::find::<Binding>(BINDINGS, "by_org", &[json!(input.organization_id)], input.cursor.as_deref(), 100)?;
+            (page.documents, page.next_cursor)
+        }
     };
     let bindings = docs.into_iter().map(|d| d.data).filter(|b| b.organization_id == input.organization_id).collect();
-    Ok(Listed { bindings })
+    Ok(Listed { bindings, next_cursor })
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -57,15 +57,21 @@ fn spec(service: &str, placement: Value) -> Value {
     json!({ "serviceId": service, "clusterId": "cluster_a", "placement": placement, "replicasPerNode": 1 })
 }
 
-#[test]
-fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
+/// The manager on a host whose providers `Providers` stands in for, and an organization.
+fn host() -> Option<(TestHost, Arc<Providers>, String)> {
     if capstan_sdk::testing::wasm_target_missing() {
-        return;
+        return None;
     }
     let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
     let providers = Arc::new(Providers::default());
     host.set_storage_dispatch(providers.clone());
     let org = host.create_organization("acme");
+    Some((host, providers, org))
+}
+
+#[test]
+fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
+    let Some((host, providers, org)) = host() else { return };
     let service = host.create_service(&org, json!({ "name": "ledger", "image": "registry.example.com/ledger:1" }));
     let create = |service: &str, name: &str| {
         host.call(
@@ -150,13 +156,7 @@ fn a_binding_is_placed_provisioned_gated_and_deleted_by_choice() {
 
 #[test]
 fn a_service_whose_template_declares_storage_is_given_those_bindings() {
-    if capstan_sdk::testing::wasm_target_missing() {
-        return;
-    }
-    let host = TestHost::build(env!("CARGO_MANIFEST_DIR"));
-    let providers = Arc::new(Providers::default());
-    host.set_storage_dispatch(providers.clone());
-    let org = host.create_organization("acme");
+    let Some((host, providers, org)) = host() else { return };
     let snapshot = json!({ "appId": "wiki", "version": "1.0.0",
                            "template": { "image": "registry.example.com/wiki:1", "capabilities": ["database", "objectstorage", "platform-oidc"] } });
     let wiki = host.create_service(&org, json!({ "name": "wiki", "image": "registry.example.com/wiki:1", "template": snapshot }));
